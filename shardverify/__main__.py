@@ -1,0 +1,5 @@
+import sys
+
+from shardverify.cli.main import main
+
+sys.exit(main())

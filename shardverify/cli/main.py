@@ -1,0 +1,30 @@
+"""`shardverify` entry point: each subcommand module exposes `add_parser(subparsers)`,
+which registers its parser and sets `func(args) -> int` as the handler."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand modules, in the order `--help` lists them.
+SUBCOMMANDS = ("verify", "generate", "list", "explore")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardverify",
+                                     description="Declarative, numerically verified sharding strategies.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"shardverify.cli.{name}_cmd")
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

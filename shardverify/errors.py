@@ -1,0 +1,99 @@
+"""Every exception shardverify raises, so callers can catch by kind and messages stay uniform."""
+
+from __future__ import annotations
+
+
+class ShardVerifyError(Exception):
+    """Base class of all shardverify errors."""
+
+
+class InvalidArgument(ShardVerifyError, ValueError):
+    """An argument was rejected eagerly; the message names the value and what was expected."""
+
+
+class MeshError(InvalidArgument):
+    """An impossible device mesh (bad shape, ids, axes)."""
+
+
+class ShardingSpecError(InvalidArgument):
+    """A tensor layout that cannot exist on the given tensor and mesh."""
+
+
+class DuplicateMeshAxisError(ShardingSpecError):
+    """A mesh axis shards two tensor dims (or one dim twice)."""
+
+
+class DimOutOfRangeError(ShardingSpecError):
+    """A tensor dim outside the tensor's rank."""
+
+
+class MeshAxisOutOfRangeError(ShardingSpecError):
+    """A mesh axis outside the mesh's rank."""
+
+
+class ShardingNotDivisibleError(ShardingSpecError):
+    """A dim size not divisible by the number of shards laid on it."""
+
+
+class SequenceParseError(ShardingSpecError):
+    """A sharding sequence string such as "[R, S0]" that does not parse."""
+
+
+class StrategyError(ShardVerifyError):
+    """A strategy or strategy generator is inconsistent."""
+
+
+class HandlerError(ShardVerifyError):
+    """No handler, or a handler that cannot read the node it was given."""
+
+
+class SpecError(ShardVerifyError):
+    """A malformed YAML spec; carries the file, line and field."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 field: str | None = None) -> None:
+        self.file, self.line, self.field, self.reason = file, line, field, message
+        where = file or "<spec>"
+        if line is not None:
+            where += f":{line}"
+        if field:
+            where += f": field '{field}'"
+        super().__init__(f"{where}: {message}")
+
+
+class CollectiveError(ShardVerifyError):
+    """A collective called with inconsistent arguments across ranks or impossible shapes."""
+
+
+class BackendError(ShardVerifyError):
+    """A rank failed while running an SPMD function."""
+
+
+class RankError(BackendError):
+    """A rank raised; carries the rank and its formatted traceback."""
+
+    def __init__(self, rank: int, message: str, traceback_text: str = "") -> None:
+        self.rank, self.ranks, self.traceback_text = rank, (rank,), traceback_text
+        super().__init__(f"rank {rank} raised: {message}")
+
+
+class RankTimeout(BackendError):
+    """Ranks did not finish within the timeout (a hang or a deadlock)."""
+
+    def __init__(self, ranks: tuple[int, ...], timeout: float, what: str = "") -> None:
+        self.ranks, self.rank, self.timeout = tuple(ranks), (ranks[0] if ranks else -1), timeout
+        suffix = f" while running {what}" if what else ""
+        super().__init__(f"rank(s) {list(ranks)} did not finish within {timeout:g}s{suffix}")
+
+
+class RankDied(BackendError):
+    """A rank's process exited unexpectedly."""
+
+    def __init__(self, rank: int, exitcode: int | None, what: str = "") -> None:
+        self.rank, self.ranks, self.exitcode = rank, (rank,), exitcode
+        suffix = f" while running {what}" if what else ""
+        super().__init__(f"rank {rank} died (exit code {exitcode}){suffix}")
+
+
+class VerificationError(ShardVerifyError):
+    """A strategy's numbers or communication differ from the single-device reference."""

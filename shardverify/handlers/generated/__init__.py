@@ -1,0 +1,1 @@
+"""Handler modules generated from specs/*.yaml by `shardverify generate`; never edit by hand."""
