@@ -1,1 +1,9 @@
+"""Generic strategy generators; importing this package registers them all."""
 
+from shardverify.generators import following, linear_projection, replicated  # noqa: F401
+from shardverify.generators.registry import (  # noqa: F401
+    GeneratorContext,
+    generator_names,
+    get_generator,
+    register_generator,
+)

@@ -1,0 +1,370 @@
+"""A persistent pool of worker processes, one per mesh rank, joined by torch.distributed.
+
+Starting processes and process groups costs seconds; a check must not.  The pool starts
+once (forkserver or spawn context, rendezvous through a ``FileStore`` in a fresh temporary
+directory, never a port), builds one process group per set of mesh axes, then streams tasks
+``(fn, args)`` to every rank and collects the per-rank results.
+
+Any failure (a rank raised while others are stuck, a rank died, a timeout) tears the pool
+down; the next ``run`` starts a new one.  A rank that raises while the others finish keeps
+the pool.  ``close()``, the context manager, dropping the backend and interpreter exit
+leave no process behind; workers also exit on their own when this process disappears.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shardverify.backends.base import RankResult, check_fn, check_timeout
+from shardverify.errors import BackendError, RankDied, RankError, RankTimeout
+from shardverify.mesh import DeviceMesh
+
+DIST_BACKENDS = ("gloo", "nccl")
+#: "forkserver" (default) imports torch once in a server process and forks workers from it,
+#: so a pool (re)start costs well under a second after the first; "spawn" re-imports per worker
+START_METHODS = ("forkserver", "spawn")
+#: how long the other ranks may take to finish after one raised, before the pool is rebuilt
+GRACE_SECONDS = 1.0
+#: start-up (process start, import torch, rendezvous, groups) is bounded separately from a run
+STARTUP_TIMEOUT = 120.0
+
+
+def default_dist_backend(mesh: DeviceMesh, device_ids: Sequence[int] | None = None) -> str:
+    """nccl when every rank can have its own GPU, gloo otherwise."""
+    if not torch.cuda.is_available():
+        return "gloo"
+    return "nccl" if device_ids is not None or torch.cuda.device_count() >= mesh.size else "gloo"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to join the world (picklable, sent at process start)."""
+
+    rank: int
+    mesh: DeviceMesh
+    store_path: str
+    dist_backend: str
+    device: str
+    check_metadata: bool
+    parent_pid: int
+    collective_timeout: float
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the backend's process is gone, even if stuck in a collective."""
+    while True:
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:
+            pass
+        time.sleep(0.5)
+
+
+def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connection, busy: Any) -> None:
+    """Entry point of a pool worker: join the world, then run tasks until told to stop."""
+    import torch.distributed as dist
+
+    from shardverify.backends.distributed import ProcessCommunicator, build_groups
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+    threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
+    torch.set_num_threads(1)
+    rank, mesh = config.rank, config.mesh
+    try:
+        device = torch.device(config.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        store = dist.FileStore(config.store_path, mesh.size)
+        dist.init_process_group(config.dist_backend, store=store, rank=rank, world_size=mesh.size,
+                                timeout=datetime.timedelta(seconds=config.collective_timeout))
+        groups = build_groups(mesh, rank)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        _reply(conn, "setup", RankResult.failure(rank, exc))
+        return
+    _reply(conn, "setup", RankResult(rank, True))
+    while True:
+        try:
+            task_id, blob = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break
+        if task_id is None:
+            break
+        try:
+            fn, args = pickle.loads(blob)
+            comm = ProcessCommunicator(mesh, rank, device, groups, check_metadata=config.check_metadata,
+                                       native_reduce_scatter=config.dist_backend == "nccl", busy=busy)
+            result = RankResult(rank, True, fn(comm, *args))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            result = RankResult.failure(rank, exc)
+        finally:
+            busy[rank] = 0
+        _reply(conn, task_id, result)
+    dist.destroy_process_group()
+
+
+def _reply(conn: multiprocessing.connection.Connection, key: object, result: RankResult) -> None:
+    try:
+        data = pickle.dumps((key, result))
+    except Exception as exc:  # noqa: BLE001 - an unpicklable return value
+        data = pickle.dumps((key, RankResult.failure(
+            result.rank, TypeError(f"the value returned by rank {result.rank} cannot be pickled: {exc}"))))
+    conn.send_bytes(data)
+
+
+class _Pool:
+    """One generation of worker processes and their pipes."""
+
+    def __init__(self, mesh: DeviceMesh, dist_backend: str, devices: Sequence[str], check_metadata: bool,
+                 collective_timeout: float, start_method: str) -> None:
+        ctx = multiprocessing.get_context(start_method)
+        if start_method == "forkserver":   # import torch once in the server, not in every worker
+            ctx.set_forkserver_preload([__name__, "torch.distributed"])
+        self.tmpdir = tempfile.mkdtemp(prefix="shardverify-pool-")
+        self.busy = ctx.RawArray("b", mesh.size)
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.conns: list[multiprocessing.connection.Connection] = []
+        try:
+            for rank in mesh.ranks:
+                config = WorkerConfig(rank, mesh, os.path.join(self.tmpdir, "store"), dist_backend,
+                                      devices[rank], check_metadata, os.getpid(), collective_timeout)
+                parent_end, child_end = ctx.Pipe()
+                proc = ctx.Process(target=worker_main, args=(config, child_end, self.busy),
+                                   name=f"shardverify-rank{rank}", daemon=True)
+                proc.start()
+                child_end.close()
+                self.procs.append(proc)
+                self.conns.append(parent_end)
+        except BaseException:
+            self.kill()
+            raise
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self, wait: float = 2.0) -> None:
+        """Ask the workers to leave, then kill whoever did not."""
+        stop = pickle.dumps((None, None))
+        for conn in self.conns:
+            try:
+                conn.send_bytes(stop)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs:
+            proc.join(5.0)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+class ProcessBackend:
+    """Run SPMD checks on real torch.distributed ranks kept alive between runs.
+
+    ``backend``: "gloo" (CPU by default) or "nccl" (rank r on ``cuda:device_ids[r]``;
+    ``device_ids`` defaults to ``mesh.device_ids``, pass a subset to partition GPUs between
+    pytest-xdist workers).  ``device`` overrides the gloo device ("cpu").  ``timeout`` bounds
+    every run; ``check_metadata`` compares call metadata before each collective (turn it
+    off only to benchmark raw collectives).  The pool starts on the first ``run`` or on
+    ``start()``; ``startup_seconds`` is the time the last start took, ``starts`` counts them.
+    """
+
+    def __init__(self, mesh: DeviceMesh, backend: str = "gloo", device: str | None = None, timeout: float = 30.0,
+                 *, device_ids: Sequence[int] | None = None, check_metadata: bool = True,
+                 grace: float = GRACE_SECONDS, start_method: str = "forkserver") -> None:
+        if not isinstance(mesh, DeviceMesh):
+            raise BackendError(f"ProcessBackend needs a DeviceMesh, got {mesh!r}")
+        if backend not in DIST_BACKENDS:
+            raise BackendError(f"ProcessBackend backend must be one of {DIST_BACKENDS}, got {backend!r}")
+        self.mesh = mesh
+        self.backend = backend
+        self.timeout = check_timeout(timeout, 30.0)
+        self.grace = check_timeout(grace, GRACE_SECONDS)
+        self.check_metadata = bool(check_metadata)
+        if start_method not in START_METHODS:
+            raise BackendError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+        self.start_method = start_method
+        self.devices = _rank_devices(mesh, backend, device, device_ids)
+        self.startup_seconds: float | None = None
+        self.starts = 0
+        self._pool: _Pool | None = None
+        self._task_id = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._finalizer: weakref.finalize | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the pool now (otherwise the first ``run`` does); a no-op when running."""
+        with self._lock:
+            self._ensure_pool()
+
+    def _ensure_pool(self) -> _Pool:
+        if self._closed:
+            raise BackendError("this ProcessBackend is closed")
+        if self._pool is not None:
+            return self._pool
+        began = time.perf_counter()
+        self._pool = _Pool(self.mesh, self.backend, self.devices, self.check_metadata,
+                           collective_timeout=max(self.timeout, 60.0), start_method=self.start_method)
+        # kill the workers if this backend is dropped unclosed, or at interpreter exit
+        self._finalizer = weakref.finalize(self, self._pool.kill)
+        limit = max(STARTUP_TIMEOUT, self.timeout)
+        self._collect("setup", time.monotonic() + limit, "start-up", limit)
+        self.startup_seconds = time.perf_counter() - began
+        self.starts += 1
+        return self._pool
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers (empty when no pool is running)."""
+        return self._pool.pids() if self._pool is not None else []
+
+    def close(self) -> None:
+        """Stop every worker process; idempotent."""
+        with self._lock:
+            self._closed = True
+            self._teardown(graceful=True)
+
+    def _teardown(self, graceful: bool = False) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._finalizer.detach()
+            pool.stop() if graceful else pool.kill()
+
+    def __enter__(self) -> ProcessBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ProcessBackend(mesh={self.mesh.shape}, backend={self.backend!r}, devices={self.devices})"
+
+    # ---- running --------------------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
+        """``fn(comm, *args)`` on every rank; the list of return values, indexed by rank.
+
+        ``fn`` and ``args`` are pickled once (``fn`` by reference: a module-level function).
+        """
+        check_fn(fn)
+        timeout = check_timeout(timeout, self.timeout)
+        try:
+            blob = pickle.dumps((fn, args))
+        except Exception as exc:  # noqa: BLE001
+            raise BackendError(f"cannot send {_name(fn)} and its args to the workers: {exc} "
+                               f"(fn must be a module-level function, args picklable)") from exc
+        with self._lock:
+            pool = self._ensure_pool()
+            self._task_id += 1
+            message = pickle.dumps((self._task_id, blob))
+            try:
+                for conn in pool.conns:
+                    conn.send_bytes(message)
+            except OSError:
+                pass   # a dead worker: _collect reports it
+            results = self._collect(self._task_id, time.monotonic() + timeout, _name(fn), timeout)
+            return [r.value for r in results]
+
+    def _collect(self, key: object, deadline: float, what: str, timeout: float) -> list[RankResult]:
+        """Wait for every rank's answer to ``key``.  On failure raise a death if any, else the
+        lowest rank's error, tearing the pool down unless every rank still answered."""
+        pool = self._pool
+        assert pool is not None
+        pending = set(self.mesh.ranks)
+        results: dict[int, RankResult] = {}
+        failure: BaseException | None = None
+        grace_end: float | None = None
+        broken = False   # a rank died: the others cannot finish
+        try:
+            while pending and not broken:
+                left = (deadline if grace_end is None else min(deadline, grace_end)) - time.monotonic()
+                if left <= 0:
+                    break
+                conns = {pool.conns[r]: r for r in pending}
+                sentinels = {pool.procs[r].sentinel: r for r in pending}
+                ready = multiprocessing.connection.wait([*conns, *sentinels], timeout=left)
+                for rank in sorted({conns.get(obj, sentinels.get(obj)) for obj in ready}):
+                    conn = pool.conns[rank]
+                    try:
+                        if not conn.poll():   # only the sentinel fired: nothing left to read
+                            raise EOFError
+                        got_key, result = pickle.loads(conn.recv_bytes())
+                    except (EOFError, OSError):   # the process is gone (its last answers were read)
+                        pool.procs[rank].join(1.0)
+                        if not isinstance(failure, RankDied):   # a death explains its peers' errors
+                            failure = RankDied(rank, pool.procs[rank].exitcode, what)
+                        broken = True
+                        continue
+                    if got_key != key:
+                        continue   # an answer to an earlier, abandoned task
+                    results[rank] = result
+                    pending.discard(rank)
+                    if not result.ok:   # report the lowest failing rank: deterministic
+                        if failure is None or (isinstance(failure, RankError) and rank < failure.rank):
+                            failure = result.error()
+                        grace_end = grace_end or time.monotonic() + self.grace
+        except BaseException:   # Ctrl-C or an internal error: the pool's state is unknown
+            self._teardown()
+            raise
+        if failure is not None:
+            if pending or broken or key == "setup":
+                self._teardown()
+            raise failure
+        if pending:   # blame ranks busy outside collectives; a pure deadlock blames all
+            late = sorted(pending)
+            culprits = [r for r in late if not pool.busy[r]] or late
+            self._teardown()
+            raise RankTimeout(tuple(culprits), timeout, what)
+        return [results[r] for r in self.mesh.ranks]
+
+
+def _rank_devices(mesh: DeviceMesh, backend: str, device: str | None, device_ids: Sequence[int] | None) -> list[str]:
+    if backend == "gloo":
+        if device_ids is not None:
+            raise BackendError("device_ids only apply to backend='nccl'")
+        try:
+            torch.device(device or "cpu")
+        except (RuntimeError, TypeError) as exc:
+            raise BackendError(f"device must name a torch device, got {device!r}") from exc
+        return [str(device or "cpu")] * mesh.size
+    if device is not None:
+        raise BackendError(f"backend='nccl' puts rank r on cuda:device_ids[r]; pass device_ids, not device={device!r}")
+    ids = list(mesh.device_ids if device_ids is None else device_ids)
+    if len(ids) != mesh.size:
+        raise BackendError(f"device_ids {ids} must have one GPU id per rank ({mesh.size})")
+    if len(set(ids)) != len(ids):
+        raise BackendError(f"device_ids {ids} repeat a GPU; NCCL needs one GPU per rank")
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if any(not 0 <= i < available for i in ids):
+        raise BackendError(f"backend='nccl' needs GPUs {ids}, but this machine has {available}")
+    return [f"cuda:{i}" for i in ids]
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+

@@ -1,0 +1,330 @@
+"""The simulated mesh: every rank is a thread of this process, sharing one exchange.
+
+Collectives are rendezvous: each member deposits its payload and the description of its
+call, waits for the whole group, then reads everybody's payload and computes its own
+result, so the semantics (blocking, group order, agreement) match real process groups and
+the same SPMD code runs on both.  Point-to-point sends block until received, as on gloo.
+
+Each rank thread disables autograd's multithreaded backward for itself, so the backward of
+a differentiable collective runs on the rank's own thread, even for CUDA tensors (the
+engine's shared device threads would otherwise deadlock waiting for the other ranks).
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from shardverify.backends.base import (
+    CommunicatorBase,
+    RankResult,
+    check_fn,
+    check_timeout,
+    describe,
+    disagreement,
+    p2p_mismatch,
+    reduce_tensors,
+)
+from shardverify.errors import BackendError, RankTimeout
+from shardverify.mesh import DeviceMesh
+
+#: how long, after a failure or a timeout, the other ranks get to unwind before being abandoned
+GRACE_SECONDS = 0.25
+
+
+class _Aborted(BaseException):
+    """Unwinds a rank blocked in a collective once the run failed (not an ``Exception``,
+    so a check's own ``except Exception`` cannot swallow it)."""
+
+
+class _Letter:
+    """One point-to-point message waiting for its receiver."""
+
+    __slots__ = ("data", "desc", "error", "taken")   # error: what the receiver expected instead
+
+    def __init__(self, data: torch.Tensor, desc: str) -> None:
+        self.data, self.desc = data, desc
+        self.error: str | None = None
+        self.taken = False
+
+
+class _Exchange:
+    """The rendezvous of one run: collective slots, mailboxes, abort flag, busy ranks."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.slots: dict[tuple, dict[int, tuple[str, Any]]] = {}
+        self.reads: collections.Counter = collections.Counter()
+        self.mail: dict[tuple[int, int], collections.deque[_Letter]] = collections.defaultdict(collections.deque)
+        self.waiting: set[int] = set()   # ranks blocked in a collective right now
+        self.aborted = False
+
+    def abort(self) -> None:
+        with self.cond:
+            self.aborted = True
+            self.cond.notify_all()
+
+    def _wait(self, rank: int, ready: Callable[[], bool]) -> None:
+        """Block (holding ``cond``) until ``ready()``; unwinds when the run is aborted."""
+        self.waiting.add(rank)
+        try:
+            while not ready():
+                if self.aborted:
+                    raise _Aborted()
+                self.cond.wait()
+        finally:
+            self.waiting.discard(rank)
+
+    def gather(self, key: tuple, group: tuple[int, ...], rank: int, desc: str, payload: Any) -> list[Any]:
+        """Deposit, wait for the group, return every payload in group order (after
+        checking that all members made the same call)."""
+        with self.cond:
+            if self.aborted:
+                raise _Aborted()
+            slot = self.slots.setdefault(key, {})
+            slot[rank] = (desc, payload)
+            self.cond.notify_all()
+            self._wait(rank, lambda: len(slot) == len(group))
+            entries = [slot[r] for r in group]
+            self.reads[key] += 1
+            if self.reads[key] == len(group):
+                del self.slots[key], self.reads[key]
+        descs = {r: entry[0] for r, entry in zip(group, entries)}
+        if len(set(descs.values())) > 1:
+            raise disagreement(f"a collective over group {list(group)}", descs)
+        return [entry[1] for entry in entries]
+
+    def post(self, src: int, dst: int, letter: _Letter) -> None:
+        with self.cond:
+            if self.aborted:
+                raise _Aborted()
+            self.mail[(src, dst)].append(letter)
+            self.cond.notify_all()
+            self._wait(src, lambda: letter.taken)
+
+    def take(self, src: int, dst: int, check: Callable[[_Letter], str | None]) -> _Letter:
+        with self.cond:
+            box = self.mail[(src, dst)]
+            self._wait(dst, lambda: bool(box))
+            letter = box.popleft()
+            letter.error = check(letter)
+            letter.taken = True
+            self.cond.notify_all()
+            return letter
+
+
+class SimulatedCommunicator(CommunicatorBase):
+    """One rank of a simulated run; every result is a tensor no other rank holds."""
+
+    def __init__(self, mesh: DeviceMesh, rank: int, device: torch.device | str, exchange: _Exchange) -> None:
+        super().__init__(mesh, rank, device)
+        self._exchange = exchange
+        self._calls: collections.Counter = collections.Counter()  # per rank set: n-th collective
+
+    def _gather(self, group: tuple[int, ...], desc: str, payload: Any) -> list[Any]:
+        """Exchange snapshots (clones), so a rank may modify its input as soon as it returns."""
+        members = tuple(sorted(group))   # same rank set = same process group, as on real backends
+        self._calls[members] += 1
+        return self._exchange.gather((members, self._calls[members]), group, self.rank, desc, payload)
+
+    def _all_reduce(self, t, group, op, desc):
+        return reduce_tensors(self._gather(group, desc, _snapshot(t)), op)
+
+    def _all_gather(self, t, group, desc):
+        return [x.clone() for x in self._gather(group, desc, _snapshot(t))]
+
+    def _reduce_scatter(self, chunks, group, op, desc):
+        index = group.index(self.rank)
+        lists = self._gather(group, desc, [_snapshot(c) for c in chunks])
+        return reduce_tensors([chunk_list[index] for chunk_list in lists], op)
+
+    def _all_to_all(self, chunks, group, desc):
+        index = group.index(self.rank)
+        lists = self._gather(group, desc, [_snapshot(c) for c in chunks])
+        return [chunk_list[index].clone() for chunk_list in lists]
+
+    def _broadcast(self, t, group, src, desc):
+        payload = _snapshot(t) if group[src] == self.rank else None
+        return self._gather(group, desc, payload)[src].clone()
+
+    def _barrier(self, group, desc):
+        self._gather(group, desc, None)
+
+    def _send(self, t, dst):
+        letter = _Letter(t.detach().clone(), describe(t))
+        self._exchange.post(self.rank, dst, letter)
+        if letter.error is not None:
+            raise p2p_mismatch(self.rank, dst, letter.desc, letter.error)
+
+    def _recv(self, like, src):
+        expected = describe(like)
+        letter = self._exchange.take(src, self.rank, lambda l: None if l.desc == expected else expected)
+        if letter.error is not None:
+            raise p2p_mismatch(src, self.rank, letter.desc, expected)
+        return letter.data
+
+
+class _RankThread:
+    """A persistent daemon thread running one rank's tasks; replaced if it ever hangs."""
+
+    def __init__(self, rank: int, device: torch.device) -> None:
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, args=(device,), name=f"shardverify-rank{rank}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _loop(self, device: torch.device) -> None:
+        torch.autograd.set_multithreading_enabled(False)   # thread-local: backward runs here
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)   # the current device is per thread
+        while (task := self.tasks.get()) is not None:
+            task()
+
+
+class _Run:
+    """Outcomes of one run, filled in by the rank threads."""
+
+    def __init__(self, world: int) -> None:
+        self.cond = threading.Condition()
+        self.results: dict[int, RankResult | None] = {}   # None: unwound by an abort
+        self.failures: list[RankResult] = []               # in the order they happened
+        self.world = world
+
+    def finish(self, rank: int, result: RankResult | None) -> None:
+        with self.cond:
+            self.results[rank] = result
+            if result is not None and not result.ok:
+                self.failures.append(result)
+            self.cond.notify_all()
+
+    def wait(self, until: Callable[[], bool], deadline: float) -> bool:
+        with self.cond:
+            while not until():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
+
+    def all_done(self) -> bool:
+        return len(self.results) == self.world
+
+    def pending(self) -> list[int]:
+        return [r for r in range(self.world) if r not in self.results]
+
+
+class SimulatedBackend:
+    """Run SPMD checks on a simulated mesh: one thread per rank, all on ``device``.
+
+    ``timeout`` (seconds) bounds every ``run``; a rank that raises aborts the others'
+    collectives at once.  Each rank gets its own deep copy of ``args``, as it would
+    across processes.  The backend stays usable after any failure.
+    """
+
+    def __init__(self, mesh: DeviceMesh, device: torch.device | str = "cpu", timeout: float = 30.0) -> None:
+        if not isinstance(mesh, DeviceMesh):
+            raise BackendError(f"SimulatedBackend needs a DeviceMesh, got {mesh!r}")
+        self.mesh = mesh
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise BackendError(f"SimulatedBackend device must name a torch device, got {device!r}") from exc
+        self.timeout = check_timeout(timeout, 30.0)
+        self._lock = threading.Lock()
+        self._threads: list[_RankThread | None] = [None] * mesh.size
+        self._closed = False
+        start = time.perf_counter()
+        self._start_threads()
+        self.startup_seconds = time.perf_counter() - start
+
+    def _start_threads(self) -> None:
+        for rank, worker in enumerate(self._threads):
+            if worker is None:
+                self._threads[rank] = _RankThread(rank, self.device)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
+        """``fn(comm, *args)`` on every rank; the list of return values, indexed by rank."""
+        check_fn(fn)
+        timeout = check_timeout(timeout, self.timeout)
+        if threading.current_thread().name.startswith("shardverify-rank"):
+            raise BackendError("SimulatedBackend.run cannot be called from inside a rank")
+        with self._lock:
+            if self._closed:
+                raise BackendError("this SimulatedBackend is closed")
+            self._start_threads()
+            exchange, run = _Exchange(), _Run(self.mesh.size)
+            for rank, worker in enumerate(self._threads):
+                worker.tasks.put(self._task(fn, copy.deepcopy(args), rank, exchange, run))
+            try:
+                finished = run.wait(lambda: run.all_done() or bool(run.failures),
+                                    time.monotonic() + timeout)
+                with exchange.cond, run.cond:   # who was inside a collective when time ran out
+                    blocked, late = set(exchange.waiting), run.pending()
+                if not finished or run.failures:
+                    exchange.abort()
+                    run.wait(run.all_done, time.monotonic() + GRACE_SECONDS)
+            except BaseException:   # Ctrl-C while waiting: unblock the ranks, then propagate
+                exchange.abort()
+                raise
+            with run.cond:
+                stuck = run.pending()
+                failures = list(run.failures)
+                results = dict(run.results)
+            for rank in stuck:      # still running user code: abandon the thread, start a new one later
+                self._threads[rank].tasks.put(None)
+                self._threads[rank] = None
+            if failures:   # the lowest failing rank: deterministic when several fail alike
+                raise min(failures, key=lambda f: f.rank).error()
+            if not finished:   # blame ranks busy outside collectives; a pure deadlock blames all
+                culprits = [r for r in late if r not in blocked] or late
+                raise RankTimeout(tuple(culprits), timeout, _name(fn))
+            return [results[rank].value for rank in range(self.mesh.size)]
+
+    def _task(self, fn, args, rank, exchange, run) -> Callable[[], None]:
+        comm = SimulatedCommunicator(self.mesh, rank, self.device, exchange)
+
+        def task() -> None:
+            try:
+                value = fn(comm, *args)
+            except _Aborted:
+                run.finish(rank, None)
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller as RankError
+                run.finish(rank, RankResult.failure(rank, exc))
+                exchange.abort()
+            else:
+                run.finish(rank, RankResult(rank, True, value))
+
+        return task
+
+    def close(self) -> None:
+        """Stop the rank threads (a thread stuck in user code is left to die with the process)."""
+        with self._lock:
+            self._closed = True
+            for rank, worker in enumerate(self._threads):
+                if worker is not None:
+                    worker.tasks.put(None)
+                    self._threads[rank] = None
+
+    def __enter__(self) -> SimulatedBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SimulatedBackend(mesh={self.mesh.shape}, device={str(self.device)!r})"
+
+
+def _snapshot(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)

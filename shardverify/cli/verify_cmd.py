@@ -1,0 +1,245 @@
+"""`shardverify verify [SPEC ...]`: verify every strategy of the op specs numerically.
+
+One row per (case, mesh): how many strategies were checked, how many failed, how long it
+took. The exit status is 1 when anything failed, so CI can run it as the main job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardverify.errors import ShardVerifyError, SpecError
+
+BACKENDS = ("simulated", "gloo", "nccl")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify", help="verify every strategy of the op specs numerically",
+        description="Check every sharding strategy of every op spec (every target, grid point and "
+                    "mesh) against the single-device reference, forward and backward. "
+                    "Exit status 1 when any strategy fails.")
+    parser.add_argument("specs", nargs="*", metavar="SPEC",
+                        help="op spec paths or names, e.g. sum or specs/linear.yaml (default: every op spec)")
+    parser.add_argument("--backend", choices=BACKENDS, default="simulated",
+                        help="simulated: all ranks as threads of this process (default); gloo/nccl: "
+                             "a pool of torch.distributed worker processes")
+    parser.add_argument("--mesh", action="append", type=parse_mesh, metavar="SHAPE", default=None,
+                        help="mesh shape such as 2,2 or 4 (repeatable; default: the meshes each spec lists)")
+    parser.add_argument("--device", default=None,
+                        help="device the shards live on (default: cpu; cuda for nccl)")
+    parser.add_argument("--timeout", type=parse_timeout, default=60.0, metavar="S",
+                        help="seconds one strategy check may take before its ranks count as hung (default: 60)")
+    parser.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
+    parser.add_argument("--root", type=Path, default=Path("."),
+                        help="repository root (default: .)")
+    parser.add_argument("--specs-dir", type=Path, default=None, help="folder holding the specs (default: ROOT/specs)")
+    parser.set_defaults(func=run)
+
+
+def parse_mesh(text: str) -> tuple[int, ...]:
+    """``"2,2"`` -> ``(2, 2)``; sizes are positive ints."""
+    try:
+        shape = tuple(int(part) for part in text.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(size <= 0 for size in shape):
+        raise argparse.ArgumentTypeError(f"mesh shape {text!r} is not a list of positive ints such as 2,2 or 4")
+    return shape
+
+
+def parse_timeout(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"timeout {text!r} is not a positive number of seconds")
+    return seconds
+
+
+# ------------------------------------------------------------------------------ spec -> cases
+
+def op_cases(spec) -> list[tuple[str, object]]:
+    """(case id, OpCase) for every target and grid point of an op spec, as the generated
+    tests build them."""
+    from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+
+    def module(init):
+        return None if init is None else ModuleDecl(init.target, args=init.args, kwargs=init.kwargs)
+
+    verify = spec.verify
+    return [(case.id, OpCase(op=spec.name, target=case.target,
+                             inputs=tuple(InputDecl(i.role, i.shape, i.dtype) for i in case.inputs),
+                             params=case.params, module=module(case.module),
+                             predecessor=module(verify.predecessor), seed=verify.seed,
+                             rtol=verify.rtol, atol=verify.atol))
+            for case in spec.cases()]
+
+
+def load_op_specs(root: Path, specs_dir: Path | None, names: list[str]) -> list:
+    """The parsed op specs (all, or the named ones); SpecError on a missing or invalid spec."""
+    from shardverify.codegen.generate import discover_specs, load_kinds, load_specs, select_specs
+
+    specs_dir = specs_dir if specs_dir is not None else root / "specs"
+    if not specs_dir.is_dir():
+        raise SpecError(f"no spec folder {specs_dir}; pass --specs-dir or --root")
+    sources = discover_specs(specs_dir, root, load_kinds())
+    if names:
+        sources = select_specs(sources, names)
+        others = [s.display for s in sources if s.kind.name != "op"]
+        if others:
+            raise SpecError(f"`shardverify verify` checks op specs; {', '.join(others)} "
+                            f"is a {sources[0].kind.name if len(others) == 1 else 'non-op'} spec")
+    else:
+        sources = [s for s in sources if s.kind.name == "op"]
+    return [spec for _, spec in load_specs(sources)]
+
+
+# ------------------------------------------------------------------------------ running
+
+@dataclass
+class Row:
+    """One (case, mesh) line of the table."""
+
+    op: str
+    case: str
+    mesh: tuple[int, ...]
+    verified: int = 0
+    failures: int = 0
+    seconds: float = 0.0
+    error: str = ""
+    results: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "verified": self.verified,
+                "failures": self.failures, "seconds": round(self.seconds, 4), "error": self.error or None,
+                "checks": [r.to_json() for r in self.results]}
+
+
+class Progress:
+    """A one-line progress indicator on stderr, only when stderr is a terminal."""
+
+    def __init__(self, total: int, stream=sys.stderr) -> None:
+        self.total, self.done, self.stream = total, 0, stream
+        self.enabled = total > 1 and hasattr(stream, "isatty") and stream.isatty()
+
+    def show(self, label: str) -> None:
+        if self.enabled:
+            width = 24
+            filled = width * self.done // max(self.total, 1)
+            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label[:60]:<60}")
+            self.stream.flush()
+
+    def step(self) -> None:
+        self.done += 1
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.flush()
+
+
+def make_backend(kind: str, mesh_shape: tuple[int, ...], device: str | None, timeout: float):
+    """A backend by CLI name: simulated threads, or a gloo/nccl process pool."""
+    from shardverify.backends import get_backend
+    from shardverify.mesh import DeviceMesh
+
+    options = {"timeout": timeout} if device is None else {"timeout": timeout, "device": device}
+    backend = get_backend(kind, DeviceMesh(mesh_shape), **options)
+    if callable(getattr(backend, "start", None)):
+        backend.start()   # a process pool starts now, so no row's time includes it
+    return backend
+
+
+def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] | None, *,
+                 device: str | None = None, timeout: float = 60.0, progress: Progress | None = None) -> list[Row]:
+    """Verify every case of every spec on every mesh; one backend per mesh shape, reused."""
+    from shardverify.verify.engine import verify_case
+
+    plan = [(spec, case_id, case, mesh) for spec in specs for case_id, case in op_cases(spec)
+            for mesh in (meshes or spec.verify.meshes)]
+    progress = progress or Progress(0)
+    backends: dict = {}
+    rows = []
+    try:
+        for spec, case_id, case, mesh in plan:
+            row = Row(spec.name, case_id, tuple(mesh))
+            progress.show(f"{spec.name} {case_id} mesh {list(mesh)}")
+            if mesh not in backends:   # a backend that cannot be built ends the run (caller reports it)
+                backends[mesh] = make_backend(backend_kind, mesh, device, timeout)
+            start = time.perf_counter()
+            try:
+                row.results = verify_case(backends[mesh], case, timeout=timeout)
+            except ShardVerifyError as exc:
+                row.error = f"{type(exc).__name__}: {exc}"
+            row.seconds = time.perf_counter() - start
+            row.verified = len(row.results)
+            row.failures = sum(not r.passed for r in row.results) + bool(row.error)
+            rows.append(row)
+            progress.step()
+    finally:
+        progress.close()
+        for backend in backends.values():
+            backend.close()
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    header = ("op", "case", "mesh", "strategies", "failures", "time")
+    body = [(r.op, r.case, "x".join(map(str, r.mesh)), str(r.verified), str(r.failures), f"{r.seconds:.2f}s")
+            for r in rows]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    right = {3, 4, 5}
+
+    def fmt(line):
+        return "  ".join(cell.rjust(w) if i in right else cell.ljust(w)
+                         for i, (cell, w) in enumerate(zip(line, widths))).rstrip()
+
+    return "\n".join([fmt(header), fmt(tuple("-" * w for w in widths)), *map(fmt, body)])
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardverify.verify.report import format_results
+
+    try:
+        specs = load_op_specs(args.root, args.specs_dir, args.specs)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not specs:
+        print("error: no op specs to verify", file=sys.stderr)
+        return 1
+    meshes = args.mesh
+    total = sum(len(spec.cases()) * len(meshes or spec.verify.meshes) for spec in specs)
+    start = time.perf_counter()
+    try:
+        rows = verify_specs(specs, args.backend, meshes, device=args.device, timeout=args.timeout,
+                            progress=None if args.json else Progress(total))
+    except ShardVerifyError as exc:   # a mesh or backend that cannot exist here
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    elapsed = time.perf_counter() - start
+    failed = sum(r.failures for r in rows)
+    checks = sum(r.verified for r in rows)
+    if args.json:
+        json.dump({"backend": args.backend, "passed": failed == 0, "strategies": checks,
+                   "failures": failed, "seconds": round(elapsed, 3), "rows": [r.to_json() for r in rows]},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 1 if failed else 0
+    print(format_table(rows))
+    for row in rows:
+        if row.error:
+            print(f"\n{row.op} {row.case} on mesh {row.mesh}: {row.error}")
+        if any(not r.passed for r in row.results):
+            print("\n" + format_results(row.results))
+    verdict = "FAILED" if failed else "passed"
+    print(f"\n{verdict}: {checks} strategy check(s) on the {args.backend} backend, "
+          f"{failed} failure(s), {elapsed:.1f}s")
+    return 1 if failed else 0

@@ -1,0 +1,203 @@
+"""Strict readers for spec values: every check names the file, line and field it rejects.
+
+These are the only gates between YAML and generated code, so each returns a value that is
+safe to emit: an identifier, a tuple of ints, a known dtype name, or a dotted torch name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import keyword
+import math
+import re
+import types
+from typing import Any
+
+from shardverify.codegen.loader import Node
+from shardverify.errors import SpecError
+
+__all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "resolve_target", "type_name",
+           "check_type", "describe", "finite_number", "lookup"]
+
+_TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
+               float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def type_name(kind: type) -> str:
+    """How a YAML type is called in messages ("a mapping", "an integer")."""
+    return _TYPE_NAMES.get(kind, kind.__name__)
+
+
+def describe(node: Node) -> str:
+    """Short description of a node's value for messages: "the string 'abc'"."""
+    value = node.value
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    noun = {str: "string", int: "integer", float: "number", bool: "boolean"}.get(type(value), type(value).__name__)
+    return f"{noun} {value!r}"
+
+
+def _matches(value: object, kinds: tuple[type, ...]) -> bool:
+    if object in kinds:
+        return True
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, int) and float in kinds and int not in kinds:
+        return True  # 1 is a fine float
+    return isinstance(value, kinds)
+
+
+def check_type(node: Node, kind: type | tuple[type, ...]) -> Node:
+    """Return `node` if its value is of `kind` (bool is not int; an int passes for float)."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not _matches(node.value, kinds):
+        wanted = " or ".join(type_name(k) for k in kinds)
+        raise node.error(f"expected {wanted}, got {describe(node)}")
+    return node
+
+
+class Fields:
+    """Reads one mapping node key by key; `finish()` rejects every key nobody asked for."""
+
+    def __init__(self, node: Node) -> None:
+        if not isinstance(node.value, dict):
+            raise node.error(f"expected a mapping, got {describe(node)}")
+        self.node = node
+        self._asked: list[str] = []
+
+    def _ask(self, key: str) -> Node | None:
+        if key not in self._asked:
+            self._asked.append(key)
+        return self.node.value.get(key)  # type: ignore[union-attr]
+
+    def required(self, key: str, kind: type | tuple[type, ...]) -> Node:
+        """The value under `key`, which must exist and be of `kind`."""
+        child = self._ask(key)
+        if child is None:
+            where = f" in '{self.node.path}'" if self.node.path else ""
+            raise SpecError(f"missing required key '{key}'{where}", file=self.node.file,
+                            line=self.node.key_line or self.node.line, field=self.node.child_path(key))
+        return check_type(child, kind)
+
+    def optional(self, key: str, kind: type | tuple[type, ...]) -> Node | None:
+        """The value under `key` if present (it must then be of `kind`), else None."""
+        child = self._ask(key)
+        return None if child is None else check_type(child, kind)
+
+    def keys(self) -> list[str]:
+        """Every key of the mapping, in document order (for mappings of user-chosen names)."""
+        return list(self.node.value)  # type: ignore[arg-type]
+
+    def finish(self) -> None:
+        """Raise on the first key that no `required`/`optional` call asked for."""
+        for key, child in self.node.value.items():  # type: ignore[union-attr]
+            if key in self._asked:
+                continue
+            allowed = ", ".join(self._asked) or "none"
+            close = difflib.get_close_matches(key, self._asked, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise SpecError(f"unknown key '{key}'{hint}; allowed keys: {allowed}", file=child.file,
+                            line=child.key_line or child.line, field=child.path)
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def as_identifier(node: Node) -> str:
+    """A plain ASCII Python identifier that is not a keyword (safe to emit as code)."""
+    check_type(node, str)
+    value = node.value
+    assert isinstance(value, str)
+    if not _IDENTIFIER.match(value) or keyword.iskeyword(value):
+        raise node.error(f"expected a Python identifier (letters, digits, '_', not a keyword), got {value!r}")
+    return value
+
+
+def as_shape(node: Node, *, allow_empty: bool = True) -> tuple[int, ...]:
+    """A list of positive ints, e.g. a tensor shape or a mesh shape."""
+    check_type(node, list)
+    items = node.value
+    assert isinstance(items, list)
+    if not items and not allow_empty:
+        raise node.error("expected a non-empty list of positive integers, got []")
+    for item in items:
+        if isinstance(item.value, bool) or not isinstance(item.value, int) or item.value <= 0:
+            raise item.error(f"expected a positive integer, got {describe(item)}")
+    return tuple(item.value for item in items)  # type: ignore[misc]
+
+
+@functools.lru_cache(maxsize=1)
+def _dtype_names() -> tuple[str, ...]:
+    import torch
+
+    return tuple(sorted(name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)))
+
+
+def as_dtype(node: Node) -> str:
+    """A torch dtype name such as "float32" ("torch.float32" is accepted too)."""
+    check_type(node, str)
+    name = str(node.value)
+    name = name[len("torch."):] if name.startswith("torch.") else name
+    names = _dtype_names()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise node.error(f"unknown torch dtype {node.value!r}{hint}")
+    return name
+
+
+_DOTTED = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*\Z")
+
+
+def lookup(dotted: str) -> Any:
+    """Resolve a dotted name under `torch`, importing torch submodules as needed."""
+    parts = dotted.split(".")
+    obj: Any = importlib.import_module(parts[0])
+    for index, part in enumerate(parts[1:], start=1):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        if isinstance(obj, types.ModuleType):
+            try:
+                obj = importlib.import_module(".".join(parts[: index + 1]))
+                continue
+            except ImportError:
+                pass
+        raise LookupError(f"'{'.'.join(parts[:index])}' has no attribute '{part}'")
+    return obj
+
+
+def resolve_target(node: Node) -> str:
+    """A dotted name under `torch` that names a real callable or class; returns the name.
+
+    Only `torch.*` is resolved (importing arbitrary modules named by a spec would run their
+    code) and private names are refused (they are not a stable surface to verify)."""
+    check_type(node, str)
+    name = str(node.value)
+    if not _DOTTED.match(name):
+        raise node.error(f"expected a dotted name such as 'torch.sum' (no private parts), got {name!r}")
+    if name.split(".")[0] != "torch":
+        raise node.error(f"target {name!r} is not under 'torch'; expected e.g. 'torch.sum', "
+                         "'torch.Tensor.sum' or 'torch.nn.Linear'")
+    try:
+        obj = lookup(name)
+    except LookupError as exc:
+        raise node.error(f"target {name!r} does not resolve: {exc}") from None
+    if isinstance(obj, types.ModuleType) or not callable(obj):
+        raise node.error(f"target {name!r} resolves to {type(obj).__name__}, not a callable or class")
+    return name
+
+
+def finite_number(node: Node) -> float:
+    """A finite int or float (tolerances); NaN and infinities are rejected."""
+    check_type(node, float)
+    value = float(node.value)  # type: ignore[arg-type]
+    if not math.isfinite(value):
+        raise node.error(f"expected a finite number, got {node.value!r}")
+    return value

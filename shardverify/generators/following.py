@@ -1,0 +1,82 @@
+"""Strategies for an op whose layout follows its predecessor's (a reduction, an elementwise op).
+
+One strategy per predecessor strategy, in the same order, named
+``<input layout> -> <output layout>_<predecessor index>`` (ColossalAI's convention).
+The input takes the layout the predecessor produces, except that a shard on a reduced dim
+is dropped (the input is gathered there), so no communication is needed: every kept shard
+maps to the same shard of the output.
+
+Options (all op knowledge stays in the handler's data):
+``follow``            role of the operand whose producer is followed (default ``"input"``);
+``reduce_dims_param`` call parameter naming the reduced dims (int, sequence, or None/() = all);
+                      without it the op keeps every dim (elementwise);
+``keepdim_param``     call parameter that keeps reduced dims as size 1 (their layout R).
+"""
+
+from __future__ import annotations
+
+from shardverify.errors import HandlerError, StrategyError
+from shardverify.generators.common import make_strategy
+from shardverify.generators.registry import GeneratorContext, register_generator
+from shardverify.sharding import ShardingSpec
+from shardverify.strategy import ShardingStrategy
+
+
+def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ...]:
+    """Reduced dims as sorted non-negative ints; None or () mean every dim."""
+    if value is None:
+        return tuple(range(ndim))
+    items = (value,) if isinstance(value, int) else value
+    try:
+        items = tuple(items)  # type: ignore[arg-type]
+    except TypeError:
+        raise StrategyError(f"{what}={value!r} must be an int, a sequence of ints or None") from None
+    if not items:
+        return tuple(range(ndim))
+    dims = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise StrategyError(f"{what}={value!r} must contain ints, got {item!r}")
+        if not -max(ndim, 1) <= item < max(ndim, 1):
+            raise StrategyError(f"{what}={value!r}: dim {item} is out of range for a {ndim}-D input")
+        dims.append(item % max(ndim, 1))
+    if len(set(dims)) != len(dims):
+        raise StrategyError(f"{what}={value!r} names a dim twice")
+    return tuple(sorted(dims))
+
+
+@register_generator("following")
+def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
+    role = str(ctx.option("follow", "input"))
+    inp, out = ctx.operand(role), ctx.operand("output")
+    extra = [r for r in ctx.operands if r not in (role, "output")]
+    if extra:
+        raise HandlerError(f"{ctx.handler_name}: the following generator takes one tensor operand, "
+                           f"node {ctx.node.name!r} also has {extra}")
+    ndim = len(inp.shape)
+    reduce_param, keepdim_param = ctx.option("reduce_dims_param"), ctx.option("keepdim_param")
+    reduced = normalize_dims(ctx.params.get(reduce_param), ndim, str(reduce_param)) if reduce_param else ()
+    keepdim = bool(ctx.params.get(keepdim_param, False)) if keepdim_param else False
+    if keepdim or not reduce_param:
+        out_dim = {d: d for d in range(ndim)}
+    else:
+        kept = [d for d in range(ndim) if d not in reduced]
+        out_dim = {d: i for i, d in enumerate(kept)}
+    if len(out_dim) != len(out.shape):
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} reduces dims {reduced} of {inp.shape} "
+                            f"(keepdim={keepdim}) but its output has shape {out.shape}")
+
+    operands = [inp, out]
+    strategies = []
+    for index, pred in enumerate(ctx.predecessor_strategies(role)):
+        produced = pred.get_sharding_spec_by_name(inp.name).partition_dict()
+        in_part = {d: axes for d, axes in produced.items() if d not in reduced}
+        out_part = {out_dim[d]: axes for d, axes in in_part.items()}
+        specs = {
+            inp.name: ShardingSpec.from_partition(ctx.mesh.shape, inp.shape, in_part),
+            out.name: ShardingSpec.from_partition(ctx.mesh.shape, out.shape, out_part),
+        }
+        name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}_{index}"
+        work = specs[inp.name].local_numel()
+        strategies.append(make_strategy(ctx, name, operands, specs, (), (work, work)))
+    return strategies

@@ -1,0 +1,401 @@
+"""pytest integration: markers, AUTO_PARALLEL gating, options, and the `sv_backend` fixture.
+
+Why a plugin rather than conftest code: generated tests, the harness's own tests and users'
+suites must all obey the same rules -- multi-process tests run only when asked for
+(AUTO_PARALLEL=1), a hung collective fails one test instead of blocking CI, every worker
+process is gone when the session ends, and `pytest -n 4` never shares a port or a GPU.
+
+Loaded through the `pytest11` entry point when shardverify is installed, and by the
+repository's top-level conftest.py from a plain checkout (same plugin name, so never twice).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import types
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from shardverify.errors import BackendError, InvalidArgument, RankError, RankTimeout
+from shardverify.mesh import DeviceMesh
+
+if TYPE_CHECKING:
+    from shardverify.backends.base import Backend
+
+ENV_FLAG = "AUTO_PARALLEL"
+BACKEND_KINDS = ("simulated", "process")
+DEVICE_POLICIES = ("auto", "cpu", "cuda")
+DEFAULT_BACKEND = "simulated"
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_DEVICE = "auto"
+# Process pools kept alive per xdist worker; the least recently used is closed beyond this,
+# so a suite touching many mesh shapes holds a bounded number of processes (one per rank,
+# about 70 MB each). Four covers the usual meshes ((2,), (4,), (2, 2), ...) without restarts.
+MAX_PROCESS_POOLS = 4
+
+ENABLE_HINT = f"run them with {ENV_FLAG}=1 pytest ..."
+SKIP_REASON = f"multi-process test (marked dist): {ENABLE_HINT}"
+_DIST_SKIPPED = "shardverify_dist_skipped"
+
+
+# --------------------------------------------------------------------------- settings
+
+@dataclass(frozen=True)
+class Settings:
+    """The plugin's resolved configuration (command line over ini over defaults)."""
+
+    auto_parallel: bool
+    backend: str        # default kind for tests not marked dist: "simulated" | "process"
+    timeout: float      # seconds per check (one backend.run)
+    device: str         # process backend placement: "auto" | "cpu" | "cuda"
+
+
+def parse_auto_parallel(value: str | None) -> bool:
+    """AUTO_PARALLEL: unset or "0" skips dist tests, "1" runs them; anything else is a typo
+    that would otherwise skip silently, so it is rejected."""
+    if value is None or value == "0":
+        return False
+    if value == "1":
+        return True
+    raise pytest.UsageError(
+        f"{ENV_FLAG}={value!r} is not a valid value: expected it unset, '0' (skip multi-process "
+        f"tests) or '1' (run them), e.g. {ENV_FLAG}=1 pytest -n 4")
+
+
+def parse_timeout(value: object, source: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise pytest.UsageError(f"{source}={value!r} is not a valid timeout: expected a positive "
+                                f"number of seconds, e.g. 60")
+    return seconds
+
+
+def parse_choice(value: str, choices: Sequence[str], source: str) -> str:
+    if value not in choices:
+        raise pytest.UsageError(f"{source}={value!r} is not valid: expected one of "
+                                f"{', '.join(repr(c) for c in choices)}")
+    return value
+
+
+def resolve_settings(config: pytest.Config, environ: Mapping[str, str] = os.environ) -> Settings:
+    """Read and validate every setting once, at startup, so mistakes stop the run."""
+    def pick(option: str, ini: str) -> tuple[object, str]:
+        value = config.getoption(option)
+        if value is not None:
+            return value, "--" + option.replace("_", "-")
+        return config.getini(ini) or None, f"ini {ini}"
+
+    backend, backend_src = pick("sv_backend", "sv_backend")
+    backend = parse_choice(str(backend), BACKEND_KINDS, backend_src) if backend else DEFAULT_BACKEND
+    device, src = pick("sv_device", "sv_device")
+    device = parse_choice(str(device), DEVICE_POLICIES, src) if device else DEFAULT_DEVICE
+    timeout, src = pick("sv_timeout", "sv_timeout")
+    timeout = parse_timeout(timeout, src) if timeout is not None else DEFAULT_TIMEOUT
+    settings = Settings(parse_auto_parallel(environ.get(ENV_FLAG)), backend, timeout, device)
+    if settings.backend == "process" and not settings.auto_parallel:
+        raise pytest.UsageError(f"{backend_src}='process' starts worker processes, which "
+                                f"{ENV_FLAG}=1 must allow: {ENV_FLAG}=1 pytest --sv-backend process")
+    return settings
+
+
+# --------------------------------------------------------------------------- GPU placement
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """Where a process pool runs: gloo on CPU, or NCCL on these (logical) CUDA devices."""
+
+    backend: str                          # "gloo" | "nccl"
+    device_ids: tuple[int, ...] | None    # one GPU per rank for nccl; None on CPU
+
+
+class NotEnoughDevices(InvalidArgument):
+    """--sv-device cuda asked for GPUs this xdist worker does not have (the test skips)."""
+
+
+def worker_gpu_slice(device_count: int, worker: str | None,
+                     worker_count: str | None) -> tuple[int, ...]:
+    """The GPUs owned by this xdist worker: worker k of n gets the k-th of n disjoint, equal
+    slices, so no two workers' pools ever share a device. Outside xdist: every GPU."""
+    if device_count < 0:
+        raise InvalidArgument(f"device_count={device_count!r} must be >= 0")
+    if not worker:
+        return tuple(range(device_count))
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        raise InvalidArgument(f"PYTEST_XDIST_WORKER={worker!r}: expected 'gw<k>', e.g. 'gw0'")
+    if not (worker_count or "").isdigit() or int(worker_count) < 1:  # type: ignore[arg-type]
+        raise InvalidArgument(f"PYTEST_XDIST_WORKER_COUNT={worker_count!r}: expected a positive "
+                              f"integer alongside PYTEST_XDIST_WORKER={worker!r}")
+    index, count = int(worker[2:]), int(worker_count)  # type: ignore[arg-type]
+    if index >= count:
+        raise InvalidArgument(f"PYTEST_XDIST_WORKER={worker!r} is outside "
+                              f"PYTEST_XDIST_WORKER_COUNT={count}")
+    per_worker = device_count // count
+    return tuple(range(index * per_worker, (index + 1) * per_worker))
+
+
+def plan_process_backend(mesh_size: int, gpus: tuple[int, ...], device_count: int,
+                         policy: str, workers: int = 1) -> ProcessPlan:
+    """NCCL when this worker's GPU slice has one GPU per rank; otherwise gloo on CPU
+    ("auto"), or NotEnoughDevices ("cuda"). "cpu" always uses gloo."""
+    parse_choice(policy, DEVICE_POLICIES, "sv_device")
+    if policy != "cpu" and len(gpus) >= mesh_size:
+        return ProcessPlan("nccl", tuple(gpus[:mesh_size]))
+    if policy == "cuda":
+        among = f" shared among {workers} xdist workers" if workers > 1 else ""
+        raise NotEnoughDevices(
+            f"a mesh of {mesh_size} ranks needs {mesh_size} GPUs, but this worker has "
+            f"{len(gpus)} (of {device_count} visible{among}); use fewer xdist workers or "
+            f"--sv-device auto to fall back to gloo on CPU")
+    return ProcessPlan("gloo", None)
+
+
+def _visible_gpus() -> int:
+    import torch  # imported late: collecting tests must not pay for torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+# --------------------------------------------------------------------------- backend pool
+
+class BackendPool:
+    """The backends of one pytest process (one xdist worker), cached per (kind, mesh shape)
+    and all closed at session end -- by the session fixture, the session-finish hook, and
+    atexit as a last resort (Ctrl-C, internal errors)."""
+
+    def __init__(self, settings: Settings,
+                 factory: Callable[..., Backend] | None = None) -> None:
+        self.settings = settings
+        self._factory = factory
+        self._backends: OrderedDict[tuple[str, tuple[int, ...]], Backend] = OrderedDict()
+        atexit.register(self.close_all)
+
+    def get(self, mesh: DeviceMesh, kind: str) -> Backend:
+        """The cached backend of this kind for `mesh.shape`, built on first use."""
+        __tracebackhide__ = True
+        key = (kind, mesh.shape)
+        if key in self._backends:
+            self._backends.move_to_end(key)
+            return self._backends[key]
+        backend = self._build(mesh, kind)
+        self._backends[key] = backend
+        if kind == "process":
+            self._evict_process_pools()
+        return backend
+
+    def _build(self, mesh: DeviceMesh, kind: str) -> Backend:
+        build = self._factory
+        if build is None:
+            from shardverify.backends import get_backend as build
+        timeout = self.settings.timeout
+        if kind == "simulated":
+            return build("simulated", mesh, timeout=timeout)
+        count = _visible_gpus() if self.settings.device != "cpu" else 0
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+        gpus = worker_gpu_slice(count, worker, workers)
+        plan = plan_process_backend(mesh.size, gpus, count, self.settings.device,
+                                    int(workers) if worker else 1)
+        if plan.backend == "nccl":
+            return build("nccl", mesh, device_ids=plan.device_ids, timeout=timeout)
+        return build("gloo", mesh, timeout=timeout)
+
+    def _evict_process_pools(self) -> None:
+        process_keys = [k for k in self._backends if k[0] == "process"]
+        for key in process_keys[:-MAX_PROCESS_POOLS]:
+            self._backends.pop(key).close()
+
+    def close_all(self) -> None:
+        """Close every backend; idempotent, and one failing close does not stop the rest."""
+        errors = []
+        while self._backends:
+            _, backend = self._backends.popitem()
+            try:
+                backend.close()
+            except Exception as exc:  # noqa: BLE001 -- report after closing the others
+                errors.append(exc)
+        atexit.unregister(self.close_all)
+        if errors:
+            raise errors[0]
+
+
+def resolve_kind(kind: str | None, is_dist: bool, settings: Settings, nodeid: str) -> str:
+    """dist tests always get processes; other tests the --sv-backend default, and may ask
+    for "process" explicitly only if they are marked dist (so AUTO_PARALLEL gates them)."""
+    if kind is None:
+        return "process" if is_dist else settings.backend
+    if kind not in BACKEND_KINDS:
+        raise InvalidArgument(f"kind={kind!r}: expected one of {BACKEND_KINDS} or None "
+                              f"(the --sv-backend default, {settings.backend!r})")
+    if kind == "process" and not is_dist and settings.backend != "process":
+        raise InvalidArgument(f"{nodeid} asks for the process backend but is not marked "
+                              f"@pytest.mark.dist; mark it so that {ENV_FLAG} gates it")
+    return kind
+
+
+# --------------------------------------------------------------------------- hooks
+
+_SETTINGS = pytest.StashKey[Settings]()
+_POOL = pytest.StashKey[BackendPool]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("shardverify", "shardverify sharding verification")
+    group.addoption("--sv-backend", dest="sv_backend", default=None, choices=BACKEND_KINDS,
+                    help=f"backend for tests not marked dist (default {DEFAULT_BACKEND}); "
+                         "dist tests always use processes")
+    group.addoption("--sv-timeout", dest="sv_timeout", default=None, metavar="SECONDS",
+                    help=f"seconds one check may run before it fails (default {DEFAULT_TIMEOUT:g})")
+    group.addoption("--sv-device", dest="sv_device", default=None, choices=DEVICE_POLICIES,
+                    help="process backend placement: auto = NCCL when this xdist worker's GPU "
+                         "share fits the mesh, else gloo on CPU; cpu = always gloo; cuda = NCCL "
+                         "or skip (default auto)")
+    parser.addini("sv_backend", f"default of --sv-backend ({DEFAULT_BACKEND})", default="")
+    parser.addini("sv_timeout", f"default of --sv-timeout ({DEFAULT_TIMEOUT:g})", default="")
+    parser.addini("sv_device", f"default of --sv-device ({DEFAULT_DEVICE})", default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"dist: needs real process groups (worker processes); skipped unless "
+                   f"{ENV_FLAG}=1")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.stash[_SETTINGS] = resolve_settings(config)
+    config.pluginmanager.register(_SkipSummary(), "shardverify-skip-summary")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    s = config.stash[_SETTINGS]
+    dist = "dist tests run" if s.auto_parallel else "dist tests skipped"
+    return (f"shardverify: {ENV_FLAG}={int(s.auto_parallel)} ({dist}), "
+            f"sv_backend={s.backend}, sv_timeout={s.timeout:g}s, sv_device={s.device}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.stash[_SETTINGS].auto_parallel:
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if item.get_closest_marker("dist") is not None:
+            item.add_marker(skip)
+
+
+_BACKENDS_DIR = Path(__file__).resolve().parent / "backends"
+
+
+def _without_backend_frames(excinfo: pytest.ExceptionInfo) -> pytest.ExceptionInfo:
+    """A failed rank is explained by its message (and the rank's own traceback, added as a
+    report section); the frames of the pool machinery that relayed it only bury that.
+    pytest re-walks the raw traceback when it cuts it, so the chain itself is rebuilt."""
+    kept = []
+    tb = excinfo.tb
+    while tb is not None:
+        if _BACKENDS_DIR not in Path(tb.tb_frame.f_code.co_filename).resolve().parents:
+            kept.append(tb)
+        tb = tb.tb_next
+    if not kept:
+        return excinfo
+    chain = None
+    for tb in reversed(kept):
+        chain = types.TracebackType(chain, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+    return pytest.ExceptionInfo.from_exc_info((excinfo.type, excinfo.value, chain))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator:
+    if (call.excinfo is not None and isinstance(call.excinfo.value, BackendError)
+            and not item.config.getoption("fulltrace", False)):
+        call.excinfo = _without_backend_frames(call.excinfo)
+    report = yield
+    settings = item.config.stash[_SETTINGS]
+    if (report.skipped and call.when == "setup" and not settings.auto_parallel
+            and item.get_closest_marker("dist") is not None):
+        report.user_properties.append((_DIST_SKIPPED, True))  # travels back from xdist workers
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(exc, RankTimeout):
+        report.sections.append((
+            "shardverify timeout",
+            f"check {item.nodeid} timed out: {exc}\n"
+            f"a hang or deadlock in a collective, or a check slower than sv_timeout="
+            f"{settings.timeout:g}s (raise it with --sv-timeout SECONDS if the check is just slow)"))
+    elif isinstance(exc, RankError) and exc.traceback_text:
+        report.sections.append((f"shardverify rank {exc.rank} traceback", exc.traceback_text))
+    elif isinstance(exc, BackendError):
+        report.sections.append(("shardverify backend", f"check {item.nodeid}: {exc}"))
+    return report
+
+
+class _SkipSummary:
+    """Counts dist tests skipped for want of AUTO_PARALLEL=1 (also those reported by xdist
+    workers) and says so at the end of the run, so such skips never go unnoticed."""
+
+    def __init__(self) -> None:
+        self.nodeids: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if any(prop[0] == _DIST_SKIPPED for prop in report.user_properties):
+            self.nodeids.append(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.nodeids:
+            terminalreporter.write_line(
+                f"shardverify: {len(self.nodeids)} multi-process (dist) test(s) skipped because "
+                f"{ENV_FLAG} is not 1; {ENABLE_HINT}", yellow=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    pool = session.config.stash.get(_POOL, None)
+    if pool is not None:
+        pool.close_all()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    pool = config.stash.get(_POOL, None)
+    if pool is not None:
+        pool.close_all()
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session")
+def sv_backend_pool(pytestconfig: pytest.Config) -> Iterator[BackendPool]:
+    """This worker's backends, cached per (kind, mesh shape), closed at session end."""
+    pool = pytestconfig.stash.get(_POOL, None)
+    if pool is None:
+        pool = pytestconfig.stash[_POOL] = BackendPool(pytestconfig.stash[_SETTINGS])
+    yield pool
+    pool.close_all()
+
+
+@pytest.fixture
+def sv_backend(request: pytest.FixtureRequest,
+               sv_backend_pool: BackendPool) -> Callable[..., Backend]:
+    """`sv_backend(mesh_shape, kind=None) -> Backend`: a cached backend for this mesh.
+
+    kind None means processes for a test marked dist, else --sv-backend (default simulated).
+    The factory is per test (it needs the test's markers); the backends behind it live for the
+    session. The backend's default per-check timeout is --sv-timeout."""
+    is_dist = request.node.get_closest_marker("dist") is not None
+    settings = sv_backend_pool.settings
+
+    def factory(mesh_shape: Sequence[int], kind: str | None = None) -> Backend:
+        __tracebackhide__ = True
+        mesh = DeviceMesh(mesh_shape)  # validates the shape, naming the bad value
+        resolved = resolve_kind(kind, is_dist, settings, request.node.nodeid)
+        try:
+            return sv_backend_pool.get(mesh, resolved)
+        except NotEnoughDevices as exc:
+            pytest.skip(str(exc))
+
+    return factory

@@ -1,0 +1,238 @@
+"""The strategy model: operands, layouts, costs and communication as plain frozen data.
+
+A strategy is complete on its own: every collective it needs is listed as a
+:class:`CommAction`, because the numerical verifier executes exactly those and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import KW_ONLY, dataclass
+from enum import Enum
+from typing import NamedTuple
+
+import torch
+
+from shardverify.errors import StrategyError
+from shardverify.sharding import ShardingSpec
+
+
+class OperationDataType(Enum):
+    INPUT = "input"      # a graph input (placeholder) fed to the op
+    ARG = "arg"          # an activation produced by another node
+    PARAM = "param"      # a trainable parameter
+    BUFFER = "buffer"    # a non-trainable module buffer
+    OUTPUT = "output"    # the node's own result
+
+
+LOCATOR_KINDS = ("arg", "kwarg", "param", "buffer", "output")
+
+
+@dataclass(frozen=True)
+class OperandLocator:
+    """Where an operand sits in the node's call, so a runner can swap in local shards:
+    positional ``arg`` index, ``kwarg`` name, module ``param``/``buffer`` attribute, or the ``output``."""
+
+    kind: str
+    key: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOCATOR_KINDS:
+            raise StrategyError(f"locator kind {self.kind!r} is not one of {LOCATOR_KINDS}")
+        expected = {"arg": int, "kwarg": str, "param": str, "buffer": str, "output": type(None)}[self.kind]
+        if not isinstance(self.key, expected) or isinstance(self.key, bool):
+            raise StrategyError(f"locator of kind {self.kind!r} needs a {expected.__name__} key, got {self.key!r}")
+
+
+@dataclass(frozen=True)
+class OperationData:
+    """One operand of a node: its name (as strategies refer to it), kind, role and shapes.
+
+    ``logical_shape`` is the view the generator reasons on (a linear input (4, 4, 4, 16) is
+    (64, 16)); it defaults to the physical ``shape``.
+    """
+
+    name: str
+    type: OperationDataType
+    role: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    _: KW_ONLY
+    logical_shape: tuple[int, ...] | None = None
+    locator: OperandLocator
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        logical = self.shape if self.logical_shape is None else tuple(int(s) for s in self.logical_shape)
+        if math.prod(logical) != math.prod(self.shape):
+            raise StrategyError(f"operand {self.name!r}: logical shape {logical} does not hold the "
+                                f"{math.prod(self.shape)} elements of shape {self.shape}")
+        object.__setattr__(self, "logical_shape", logical)
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def is_param(self) -> bool:
+        return self.type in (OperationDataType.PARAM, OperationDataType.BUFFER)
+
+
+class CommPattern(Enum):
+    ALLREDUCE_FWD_IDENTITY_BWD = "allreduce_fwd_identity_bwd"
+    IDENTITY_FWD_ALLREDUCE_BWD = "identity_fwd_allreduce_bwd"
+    GATHER_FWD_SPLIT_BWD = "gather_fwd_split_bwd"
+    SPLIT_FWD_GATHER_BWD = "split_fwd_gather_bwd"
+    ALL2ALL_FWD_ALL2ALL_BWD = "all2all_fwd_all2all_bwd"
+
+
+class CommWhere(Enum):
+    BEFORE = "before"   # on an operand before the op runs
+    AFTER = "after"     # on the output after the op
+    HOOK = "hook"       # on a parameter's gradient
+
+
+_DIMS_NEEDED = {
+    CommPattern.ALLREDUCE_FWD_IDENTITY_BWD: 0,
+    CommPattern.IDENTITY_FWD_ALLREDUCE_BWD: 0,
+    CommPattern.GATHER_FWD_SPLIT_BWD: 1,
+    CommPattern.SPLIT_FWD_GATHER_BWD: 1,
+    CommPattern.ALL2ALL_FWD_ALL2ALL_BWD: 2,
+}
+
+
+@dataclass(frozen=True)
+class CommAction:
+    """One collective a strategy needs; ``dims`` are tensor dims (gather/split: 1, all-to-all:
+    (split_dim, concat_dim), all-reduce: none)."""
+
+    pattern: CommPattern
+    axes: tuple[int, ...]
+    operand: str
+    where: CommWhere
+    dims: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "axes", tuple(self.axes))
+        object.__setattr__(self, "dims", tuple(self.dims))
+        if not self.axes or len(set(self.axes)) != len(self.axes):
+            raise StrategyError(f"comm action on {self.operand!r} needs distinct mesh axes, got {self.axes}")
+        if len(self.dims) != _DIMS_NEEDED[self.pattern]:
+            raise StrategyError(f"{self.pattern.name} on {self.operand!r} takes {_DIMS_NEEDED[self.pattern]} "
+                                f"tensor dim(s), got {self.dims}")
+        if self.where is CommWhere.HOOK and self.pattern is not CommPattern.IDENTITY_FWD_ALLREDUCE_BWD:
+            raise StrategyError(f"a gradient HOOK can only all-reduce (IDENTITY_FWD_ALLREDUCE_BWD), "
+                                f"got {self.pattern.name} on {self.operand!r}")
+
+
+@dataclass(frozen=True)
+class TrainCycleItem:
+    fwd: float
+    bwd: float
+    total: float
+
+
+@dataclass(frozen=True)
+class MemoryCost:
+    """Bytes per device."""
+
+    activation: int = 0
+    parameter: int = 0
+
+    def __add__(self, other: MemoryCost) -> MemoryCost:
+        return MemoryCost(self.activation + other.activation, self.parameter + other.parameter)
+
+    @property
+    def total(self) -> int:
+        return self.activation + self.parameter
+
+
+class MemoryCycle(NamedTuple):
+    """Memory per device in the forward pass, the backward pass and in total."""
+
+    fwd: MemoryCost
+    bwd: MemoryCost
+    total: MemoryCost
+
+
+@dataclass(frozen=True)
+class ShardingStrategy:
+    """One way to run a node on a mesh: a layout per operand (inputs..., output last)."""
+
+    name: str
+    sharding_specs: tuple[tuple[str, ShardingSpec], ...]
+    operands: tuple[OperationData, ...]
+    compute_cost: TrainCycleItem
+    memory_cost: MemoryCycle
+    communication_cost: TrainCycleItem
+    communication_actions: tuple[CommAction, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [n for n, _ in self.sharding_specs]
+        if names != [op.name for op in self.operands]:
+            raise StrategyError(f"strategy {self.name!r}: sharding specs {names} do not match operands "
+                                f"{[op.name for op in self.operands]}")
+        if len(set(names)) != len(names):
+            raise StrategyError(f"strategy {self.name!r}: operand names repeat: {names}")
+        for (name, spec), op in zip(self.sharding_specs, self.operands):
+            if spec.tensor_shape != op.shape:
+                raise StrategyError(f"strategy {self.name!r}: spec {spec} of {name!r} is for shape "
+                                    f"{spec.tensor_shape}, operand has shape {op.shape}")
+        for action in self.communication_actions:
+            if action.operand not in names:
+                raise StrategyError(f"strategy {self.name!r}: comm action names unknown operand "
+                                    f"{action.operand!r}; operands are {names}")
+        if not isinstance(self.memory_cost, MemoryCycle):
+            object.__setattr__(self, "memory_cost", MemoryCycle(*self.memory_cost))
+
+    def get_sharding_spec_by_name(self, name: str) -> ShardingSpec:
+        for operand, spec in self.sharding_specs:
+            if operand == name:
+                return spec
+        raise StrategyError(f"strategy {self.name!r} has no operand {name!r}; "
+                            f"operands are {[n for n, _ in self.sharding_specs]}")
+
+    def get_op_data_by_name(self, name: str) -> OperationData:
+        for op in self.operands:
+            if op.name == name:
+                return op
+        raise StrategyError(f"strategy {self.name!r} has no operand {name!r}; "
+                            f"operands are {[op.name for op in self.operands]}")
+
+    def get_op_data_by_role(self, role: str) -> OperationData | None:
+        return next((op for op in self.operands if op.role == role), None)
+
+    @property
+    def output(self) -> OperationData:
+        return self.operands[-1]
+
+    @property
+    def output_sharding_spec(self) -> ShardingSpec:
+        return self.sharding_specs[-1][1]
+
+    def replace(self, **changes: object) -> ShardingStrategy:
+        return dataclasses.replace(self, **changes)
+
+    def __str__(self) -> str:
+        layouts = ", ".join(f"{n}: {s}" for n, s in self.sharding_specs)
+        return f"{self.name} ({layouts})"
+
+
+class StrategiesVector(list):
+    """The strategies of one graph node, in generation order."""
+
+    def __init__(self, node: object = None, strategies=(), predecessor_nodes=()) -> None:
+        super().__init__(strategies)
+        self.node = node
+        self.predecessor_nodes = list(predecessor_nodes)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self]
+
+    def by_name(self, name: str) -> ShardingStrategy:
+        for strategy in self:
+            if strategy.name == name:
+                return strategy
+        raise StrategyError(f"no strategy named {name!r}; have {self.names}")

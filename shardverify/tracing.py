@@ -1,0 +1,73 @@
+"""Trace a module with torch.fx and annotate every node with its shape, using meta tensors.
+
+Shapes are propagated with torch's own ``ShapeProp`` on a meta copy of the module, so no
+real memory is allocated for activations however large the inputs are described to be.
+The returned graph module keeps the original (real) parameters for later verification.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import torch
+from torch.fx import GraphModule, symbolic_trace
+from torch.fx.passes.shape_prop import ShapeProp
+
+from shardverify.errors import InvalidArgument
+
+__all__ = ["trace"]
+
+
+def _as_meta(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise InvalidArgument(f"meta_args[{name!r}] must be a tensor (meta or real), got {type(value).__name__}")
+    return value if value.is_meta else torch.empty_like(value, device="meta")
+
+
+def _meta_memo(module: torch.nn.Module) -> dict[int, object]:
+    """A deepcopy memo that maps every parameter and buffer to a meta twin, so copying the
+    module for shape propagation allocates no real memory for its weights either."""
+    memo: dict[int, object] = {}
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        twin = torch.empty_like(tensor, device="meta")
+        if isinstance(tensor, torch.nn.Parameter):
+            twin = torch.nn.Parameter(twin, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = twin
+    return memo
+
+
+def trace(module: torch.nn.Module, meta_args: Mapping[str, torch.Tensor] | None = None) -> GraphModule:
+    """``symbolic_trace(module)`` with ``node.meta['tensor_meta']`` set on every tensor node.
+
+    ``meta_args`` maps forward argument names to tensors (meta tensors are enough); an
+    argument with a default may be omitted.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise InvalidArgument(f"trace() needs a torch.nn.Module, got {type(module).__name__}")
+    meta_args = dict(meta_args or {})
+    graph_module = module if isinstance(module, GraphModule) else symbolic_trace(module)
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    known = {str(n.target).lstrip("*") for n in placeholders}
+    unknown = sorted(set(meta_args) - known)
+    if unknown:
+        raise InvalidArgument(f"meta_args names {unknown} are not forward arguments; expected some of {sorted(known)}")
+
+    args = []
+    for node in placeholders:
+        name = str(node.target)
+        if name in meta_args:
+            args.append(_as_meta(name, meta_args[name]))
+        elif node.args:  # the argument's default value
+            args.append(node.args[0])
+        else:
+            raise InvalidArgument(f"meta_args is missing forward argument {name!r}; given {sorted(meta_args)}")
+
+    meta_module = copy.deepcopy(graph_module, _meta_memo(graph_module))
+    ShapeProp(meta_module).propagate(*args)
+    by_name = {n.name: n for n in meta_module.graph.nodes}
+    for node in graph_module.graph.nodes:
+        for key in ("tensor_meta", "type"):
+            if key in by_name[node.name].meta:
+                node.meta[key] = by_name[node.name].meta[key]
+    return graph_module

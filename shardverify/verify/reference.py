@@ -1,0 +1,187 @@
+"""The single-device reference of an OpCase: deterministic values, output and gradients.
+
+Every rank builds the same reference (same seed, CPU generator, same graph), so no rank
+needs another's data. Values are drawn in float64 and rounded through the dtype the check
+runs in, so the reference and the sharded run start from identical numbers; the reference
+itself is computed in float64. One reference per (case, dtype, device) is kept per process.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from shardverify.errors import VerificationError
+from shardverify.verify.case import OpCase, cached
+
+__all__ = ["Reference", "Locator", "reference", "call_op"]
+
+Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The single-device truth for one case and dtype, shared read-only by every check."""
+
+    graph_module: fx.GraphModule     # real float64 copy of the traced harness
+    node: fx.Node                    # the op's node in that copy
+    values: dict                     # Locator -> float64 tensor (rounded through its check dtype)
+    dtypes: dict                     # Locator -> dtype the rank uses for that operand
+    output: torch.Tensor             # float64
+    grad_output: torch.Tensor        # float64, rounded through the output's dtype
+    grads: dict                      # Locator -> float64 gradient (floating operands only)
+
+
+_REFERENCE_LOCK = threading.Lock()
+_REFERENCES: dict = {}
+
+
+def _rounded(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` made exactly representable in ``dtype`` and held in float64 (or as is if not floating)."""
+    if not dtype.is_floating_point:
+        return value.to(dtype)
+    return value.to(dtype).to(torch.float64)
+
+
+def _check_dtype(traced: torch.dtype, override: torch.dtype | None) -> torch.dtype:
+    return override if override is not None and traced.is_floating_point else traced
+
+
+def _random(shape: Sequence[int], dtype: torch.dtype, gen: torch.Generator, positive: bool = False) -> torch.Tensor:
+    """Deterministic values for a tensor of ``dtype`` (CPU generator: the same on every device);
+    ``positive`` for buffers such as running variances."""
+    if dtype.is_floating_point:
+        if positive:
+            return torch.rand(tuple(shape), generator=gen, dtype=torch.float64) + 0.5
+        return torch.randn(tuple(shape), generator=gen, dtype=torch.float64)
+    if dtype == torch.bool:
+        return torch.rand(tuple(shape), generator=gen) < 0.5
+    return torch.randint(0, 8, tuple(shape), generator=gen, dtype=dtype)
+
+
+def _operand_nodes(node: fx.Node) -> dict:
+    """Locator -> graph node for every graph value the op's call takes directly."""
+    found = {("arg", i): a for i, a in enumerate(node.args) if isinstance(a, fx.Node)}
+    found.update({("kwarg", k): a for k, a in node.kwargs.items() if isinstance(a, fx.Node)})
+    return found
+
+
+def _module_tensors(module: torch.nn.Module | None) -> dict:
+    """Locator -> tensor for every parameter and buffer of the op's module."""
+    if module is None:
+        return {}
+    found: dict = {("param", n): p for n, p in module.named_parameters()}
+    found.update({("buffer", n): b for n, b in module.named_buffers()})
+    return found
+
+
+def reference(case: OpCase, override: torch.dtype | None, device: torch.device) -> Reference:
+    """The case's reference for a check run in ``override`` (None: the traced dtypes) on
+    ``device``; built once per process, under a lock so simulated ranks share one."""
+    key = (case, override, str(device))
+    with _REFERENCE_LOCK:
+        return cached(_REFERENCES, key, lambda: _buildreference(case, override, device))
+
+
+def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.device) -> Reference:
+    traced, node_name = case.build()
+    gen = torch.Generator().manual_seed(case.seed)
+    real = copy.deepcopy(traced)
+    with torch.no_grad():
+        buffers = dict(real.named_buffers())
+        for name, tensor in [*real.named_parameters(), *buffers.items()]:
+            dtype = _check_dtype(tensor.dtype, override)
+            value = _rounded(_random(tensor.shape, dtype, gen, positive=name in buffers), dtype)
+            _set_tensor(real, name, value if dtype.is_floating_point else value.to(tensor.dtype))
+    real = real.to(device)
+    inputs = []
+    for decl in case.inputs:
+        dtype = _check_dtype(decl.torch_dtype, override)
+        inputs.append(_rounded(_random(decl.shape, dtype, gen), dtype).to(device))
+    interpreter = fx.Interpreter(real, garbage_collect_values=False)
+    with torch.no_grad():
+        interpreter.run(*inputs)
+    node = next(n for n in real.graph.nodes if n.name == node_name)
+    module = real.get_submodule(node.target) if node.op == "call_module" else None
+
+    values, dtypes = {}, {}
+    for loc, arg in _operand_nodes(node).items():
+        dtypes[loc] = _check_dtype(_meta_dtype(traced, arg.name), override)
+        values[loc] = _rounded(interpreter.env[arg], dtypes[loc])
+    traced_module = traced.get_submodule(node.target) if node.op == "call_module" else None
+    for loc, tensor in _module_tensors(module).items():
+        dtypes[loc] = _check_dtype(_module_tensors(traced_module)[loc].dtype, override)
+        values[loc] = tensor.detach()
+
+    leaves = {loc: v.clone().requires_grad_(v.is_floating_point()) for loc, v in values.items()}
+    output = call_op(node, module, leaves)
+    out_dtype = _check_dtype(_meta_dtype(traced, node_name), override)
+    grad_output = _rounded(_random(output.shape, out_dtype, gen), out_dtype).to(device)
+    grads = {}
+    differentiable = [loc for loc, leaf in leaves.items() if leaf.requires_grad]
+    if differentiable and output.requires_grad:
+        found = torch.autograd.grad(output, [leaves[loc] for loc in differentiable],
+                                    grad_output.to(output.dtype), allow_unused=True)
+        grads = {loc: (torch.zeros_like(leaves[loc]) if g is None else g.detach())
+                 for loc, g in zip(differentiable, found)}
+    return Reference(real, node, values, dtypes, output.detach(), grad_output, grads)
+
+
+def _meta_dtype(graph_module: fx.GraphModule, node_name: str) -> torch.dtype:
+    node = next(n for n in graph_module.graph.nodes if n.name == node_name)
+    meta = node.meta.get("tensor_meta")
+    if meta is None or not hasattr(meta, "dtype"):
+        raise VerificationError(f"node {node_name!r} has no single-tensor shape metadata; "
+                                "the verifier checks ops with one tensor result")
+    return meta.dtype
+
+
+def _set_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> None:
+    owner_name, _, attr = dotted.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    if attr in owner._parameters:
+        owner._parameters[attr] = torch.nn.Parameter(value, requires_grad=owner._parameters[attr].requires_grad)
+    else:
+        owner._buffers[attr] = value
+
+
+def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict) -> torch.Tensor:
+    """Run the node's op with ``values`` (Locator -> tensor) at its operands; non-tensor
+    arguments are passed as recorded in the node."""
+
+    def pick(loc: Locator, recorded: object) -> object:
+        if loc in values:
+            return values[loc]
+        nested: list = []
+        fx.node.map_arg(recorded, nested.append)
+        if nested:
+            raise VerificationError(f"node {node.name!r}: {loc[0]} {loc[1]!r} takes graph value(s) "
+                                    f"{[n.name for n in nested]} that the strategy has no operand for")
+        return recorded
+
+    args = tuple(pick(("arg", i), a) for i, a in enumerate(node.args))
+    kwargs = {k: pick(("kwarg", k), a) for k, a in node.kwargs.items()}
+    if node.op == "call_module":
+        assert module is not None
+        tensors = {}
+        for loc in _module_tensors(module):
+            if loc not in values:
+                raise VerificationError(f"node {node.name!r}: module {loc[0]} {loc[1]!r} has no operand "
+                                        "in the strategy, so its layout is undeclared")
+            tensors[loc[1]] = values[loc]
+        result = torch.func.functional_call(module, tensors, args, kwargs)
+    elif node.op == "call_function":
+        result = node.target(*args, **kwargs)
+    elif node.op == "call_method":
+        result = getattr(args[0], node.target)(*args[1:], **kwargs)
+    else:
+        raise VerificationError(f"node {node.name!r} is a {node.op!r} node, not an op")
+    if not isinstance(result, torch.Tensor):
+        raise VerificationError(f"node {node.name!r} returned {type(result).__name__}; "
+                                "the verifier checks ops with one tensor result")
+    return result

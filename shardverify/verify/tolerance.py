@@ -1,0 +1,88 @@
+"""Comparison tolerances per dtype, and the one closeness rule every check uses.
+
+The defaults follow ``torch.testing.assert_close`` so a sharded result is held to the
+same standard as any other PyTorch numerical test; a spec may override them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shardverify.errors import InvalidArgument
+
+__all__ = ["Tolerance", "DEFAULT_TOLERANCES", "tolerance_for", "dtype_from_name", "compare"]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|actual - expected| <= atol + rtol * |expected|`` elementwise."""
+
+    rtol: float
+    atol: float
+
+    def __post_init__(self) -> None:
+        for field in ("rtol", "atol"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise InvalidArgument(f"{field} must be a number >= 0, got {value!r}")
+            object.__setattr__(self, field, float(value))
+
+    def __str__(self) -> str:
+        return f"rtol={self.rtol:.3g}, atol={self.atol:.3g}"
+
+
+DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(rtol=1e-7, atol=1e-7),
+    torch.float32: Tolerance(rtol=1.3e-6, atol=1e-5),
+    torch.bfloat16: Tolerance(rtol=1.6e-2, atol=1e-5),
+    torch.float16: Tolerance(rtol=1e-3, atol=1e-5),
+}
+
+
+def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
+    """``"float32"`` -> ``torch.float32``; a dtype is returned as is."""
+    if isinstance(name, torch.dtype):
+        return name
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise InvalidArgument(f"{name!r} is not a torch dtype name (expected e.g. 'float32', 'bfloat16')")
+    return dtype
+
+
+def tolerance_for(dtype: str | torch.dtype, rtol: float | None = None, atol: float | None = None) -> Tolerance:
+    """The default tolerance of a floating dtype, with ``rtol``/``atol`` overriding either part."""
+    dtype = dtype_from_name(dtype)
+    if dtype not in DEFAULT_TOLERANCES:
+        if dtype.is_floating_point or dtype.is_complex:
+            raise InvalidArgument(f"no default tolerance for {dtype}; pass rtol and atol")
+        base = Tolerance(0.0, 0.0)  # integer and bool results must be exact
+    else:
+        base = DEFAULT_TOLERANCES[dtype]
+    return Tolerance(base.rtol if rtol is None else rtol, base.atol if atol is None else atol)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome of comparing one tensor with its reference."""
+
+    close: bool
+    max_abs_err: float
+    max_rel_err: float
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Comparison:
+    """Compare in float64 (``expected`` is the float64 reference); shapes must already match."""
+    actual = actual.detach().to(torch.float64)
+    expected = expected.detach().to(torch.float64)
+    if actual.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+    diff = (actual - expected).abs()
+    nonfinite = ~torch.isfinite(actual)
+    if nonfinite.any():  # NaN or inf where the reference is finite is never close
+        diff = torch.where(nonfinite & torch.isfinite(expected), torch.full_like(diff, float("inf")), diff)
+        diff = torch.nan_to_num(diff, nan=float("inf"))
+    bound = tol.atol + tol.rtol * expected.abs()
+    rel = diff / expected.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    return Comparison(bool((diff <= bound).all()), float(diff.max()), float(rel.max()))

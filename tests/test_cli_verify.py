@@ -1,0 +1,125 @@
+"""`shardverify verify`: the table, --json, the exit status, and failures that must surface."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardverify import DeviceMesh
+from shardverify.api import strategies_for_node
+from shardverify.cli import verify_cmd
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*argv: str) -> int:
+    """Run the verify subcommand as `shardverify` would (its own parser, nothing else)."""
+    parser = argparse.ArgumentParser(prog="shardverify")
+    verify_cmd.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["verify", *argv])
+    return args.func(args)
+
+
+def test_json_lists_every_case_and_strategy(capsys):
+    assert cli("sum", "--mesh", "4", "--json", "--root", str(REPO)) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is True and report["failures"] == 0 and report["backend"] == "simulated"
+    spec, = verify_cmd.load_op_specs(REPO, None, ["sum"])
+    cases = verify_cmd.op_cases(spec)
+    assert [row["case"] for row in report["rows"]] == [case_id for case_id, _ in cases]
+    for row, (_, case) in zip(report["rows"], cases):
+        graph_module, node_name = case.build()
+        names = [s.name for s in strategies_for_node(graph_module, node_name, DeviceMesh((4,)))]
+        assert row["mesh"] == [4] and row["verified"] == len(names) > 0
+        assert [check["strategy"] for check in row["checks"]] == names
+        assert all(check["passed"] for check in row["checks"])
+    assert report["strategies"] == sum(row["verified"] for row in report["rows"])
+
+
+def test_table_has_one_row_per_case_and_mesh(capsys):
+    assert cli("sum", "--mesh", "2,2", "--mesh", "4", "--root", str(REPO)) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["op", "case", "mesh", "strategies", "failures", "time"]
+    rows = [line.split() for line in out[2:] if line.startswith("sum ")]
+    assert len(rows) == 2 * len(verify_cmd.op_cases(verify_cmd.load_op_specs(REPO, None, ["sum"])[0]))
+    assert {row[2] for row in rows} == {"2x2", "4"} and {row[4] for row in rows} == {"0"}
+    assert out[-1].startswith("passed: ") and "0 failure(s)" in out[-1]
+
+
+def test_a_broken_communication_layer_fails_the_run(capsys, monkeypatch):
+    """Gradient hooks that do nothing: exactly the linear strategies that declare a gradient
+    hook must fail, be counted in the table, reported in full, and the exit status is 1."""
+    from shardverify.collectives import patterns
+    from shardverify.strategy import CommWhere
+
+    monkeypatch.setattr(patterns, "apply_grad_hook", lambda comm, action, grad: grad)
+    assert cli("linear", "--mesh", "4", "--root", str(REPO)) == 1
+    out = capsys.readouterr().out
+    failures = {row[1]: int(row[4]) for row in map(str.split, out.splitlines()) if row and row[0] == "linear"}
+    expected = {}
+    for case_id, case in verify_cmd.op_cases(verify_cmd.load_op_specs(REPO, None, ["linear"])[0]):
+        graph_module, node_name = case.build()
+        expected[case_id] = sum(any(a.where is CommWhere.HOOK for a in s.communication_actions)
+                                for s in strategies_for_node(graph_module, node_name, DeviceMesh((4,))))
+    assert failures == expected and sum(expected.values()) > 0
+    assert "FAILED" in out and "grad of weight" in out and "rank 0" in out
+    assert out.rstrip().splitlines()[-1].startswith("FAILED: ")
+
+
+def test_an_op_without_handler_is_a_failure(tmp_path, capsys):
+    """A newcomer's spec that was never generated: the row says why, the exit status is 1."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    text = (REPO / "specs" / "sum.yaml").read_text()
+    (specs / "mean.yaml").write_text(text.replace("op: sum", "op: mean")
+                                     .replace("torch.sum\n", "torch.mean\n").replace("torch.Tensor.sum", "torch.Tensor.mean"))
+    assert cli("--specs-dir", str(specs), "--root", str(tmp_path), "--mesh", "4", "--json") == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is False
+    assert all(row["error"] and "no handler" in row["error"] and row["failures"] == 1 for row in report["rows"])
+
+
+def test_bad_arguments_are_named(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli("--mesh", "2,x")
+    assert exit_info.value.code == 2 and "mesh shape '2,x' is not a list of positive ints" in capsys.readouterr().err
+    assert cli("nosuchop", "--root", str(REPO)) == 1
+    assert "no spec named 'nosuchop'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli("--timeout", "0")
+    assert "timeout '0' is not a positive number" in capsys.readouterr().err
+
+
+def test_progress_only_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, pipe = Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        progress = verify_cmd.Progress(4, stream)
+        progress.step()
+        progress.show("sum case")
+        progress.close()
+    assert "1/4 sum case" in terminal.getvalue() and pipe.getvalue() == ""
+
+
+def test_python_dash_m_entry_point(tmp_path):
+    """`python -m shardverify verify` works from the CPU default with nothing else running."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    shutil.copy(REPO / "specs" / "sum.yaml", specs / "sum.yaml")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-m", "shardverify", "verify", "--specs-dir", str(specs),
+                           "--root", str(REPO), "--mesh", "4", "--json"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["passed"] is True

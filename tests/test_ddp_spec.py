@@ -1,0 +1,134 @@
+"""The "model" spec kind: parsing specs/models/*.yaml strictly (errors name file, line and
+field), expanding plan grids, and rendering generated tests whose plans equal the parsed ones."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shardverify.codegen.kinds import get_spec_kind
+from shardverify.codegen.loader import load_yaml, load_yaml_text
+from shardverify.codegen.render import Renderer
+from shardverify.ddp import DDPOptions
+from shardverify.ddp.spec import parse_model_spec, render_model_spec
+from shardverify.errors import SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((ROOT / "specs" / "models").glob("*.yaml"))
+
+GOOD = """\
+name: tiny
+model:
+  layers:
+    - {module: torch.nn.Linear, args: [4, 5]}
+    - torch.nn.ReLU
+    - {module: torch.nn.Linear, args: [5, 2], kwargs: {bias: false}}
+data:
+  input: [8, 4]
+  target: [8, 2]
+loss: {name: mse, reduction: sum}
+optimizer: {name: sgd, lr: 0.1, momentum: 0.5}
+steps: 2
+meshes: [[2], [4]]
+plans:
+  - {}
+  - {accumulate: [2, 3], static_graph: [false, true]}
+  - {comm_hook: fp16_compress, tolerance: {rtol: 0.1}}
+  - {comm_hook: sum_without_average, expect: differ}
+"""
+
+
+def parse(text: str):
+    return parse_model_spec(load_yaml_text(textwrap.dedent(text), "specs/models/tiny.yaml"))
+
+
+def edit(old: str, new: str) -> str:
+    assert old in GOOD, old
+    return GOOD.replace(old, new)
+
+
+def test_good_spec_expands_each_plan_entry_as_a_product():
+    spec = parse(GOOD)
+    assert spec.name == "tiny" and spec.meshes == ((2,), (4,)) and spec.base.steps == 2
+    assert [p.options for p in spec.plans[1:5]] == [
+        DDPOptions(accumulate=a, static_graph=s) for a in (2, 3) for s in (False, True)]
+    assert spec.plans[0].options == DDPOptions() and spec.plans[-1].expect == "differ"
+    fp16 = spec.plan(spec.plans[5])
+    assert (fp16.options.comm_hook, fp16.rtol, fp16.atol) == ("fp16_compress", 0.1, None)
+    assert spec.base.model.layers[2].kwargs == (("bias", False),)
+
+
+@pytest.mark.parametrize("old, new, line, field, message", [
+    ("  - {}\n", "  - {acumulate: 2}\n", 15, "plans[0].acumulate", "unknown key 'acumulate' (did you mean 'accumulate'?)"),
+    ("  - {}\n", "  - {accumulate: 0}\n", 15, "plans[0]", "accumulate must be an int >= 1, got 0"),
+    ("  - {}\n", "  - {comm_hook: fp8}\n", 15, "plans[0]", "comm_hook must be one of"),
+    ("  - {}\n", "  - {static_graph: yes please}\n", 15, "plans[0].static_graph", "expected a boolean"),
+    ("  - {}\n", "  - {expect: maybe}\n", 15, "plans[0].expect", "expected one of equal, differ"),
+    ("  - {}\n", "  - {accumulate: 2}\n", 16, "plans[1]", "is already listed at plans[0]"),
+    ("torch.nn.ReLU", "torch.nn.Relu", 5, "model.layers[1]", "does not resolve"),
+    ("torch.nn.ReLU", "torch.relu", 5, "model.layers[1]", "is not a torch.nn.Module class"),
+    ("input: [8, 4]", "input: [8, 3]", 2, "model", "does not run on the declared data"),
+    ("target: [8, 2]", "target: [8]", 2, "model", "mse needs the model output shape (8, 2) to equal the target shape (8,)"),
+    ("meshes: [[2], [4]]", "meshes: [[2], [3]]", 13, "meshes[1]", "not divisible by the data-parallel world size 3"),
+    ("loss: {name: mse, reduction: sum}", "loss: {name: mae}", 10, "loss.name", "unknown loss 'mae'"),
+    ("momentum: 0.5", "momentun: 0.5", 11, "optimizer.momentun", "unknown key 'momentun'"),
+    ("momentum: 0.5", "momentum: -1", 11, "optimizer", "Invalid momentum value"),
+    ("  target: [8, 2]\n", "", 7, "data", "loss 'mse' needs target_shape"),
+])
+def test_bad_specs_name_file_line_and_field(old, new, line, field, message):
+    with pytest.raises(SpecError) as info:
+        parse(edit(old, new))
+    error = info.value
+    assert (error.file, error.line, error.field) == ("specs/models/tiny.yaml", line, field), str(error)
+    assert message in error.reason
+
+
+def test_model_needs_exactly_one_of_layers_and_factory():
+    both = edit("model:\n", "model:\n  factory: shardverify.ddp.zoo:unused_branch_model\n")
+    with pytest.raises(SpecError, match="exactly one of 'layers'"):
+        parse(both)
+    with pytest.raises(SpecError, match="has no attribute 'nope'"):
+        parse(GOOD.replace(GOOD[GOOD.index("  layers:"):GOOD.index("data:")],
+                           "  factory: shardverify.ddp.zoo:nope\n"))
+
+
+def test_rendered_test_module_rebuilds_exactly_the_parsed_plans():
+    spec = parse(GOOD)
+    (path, text), = render_model_spec(spec, Renderer()).items()
+    assert path == "generated_tests/test_model_tiny.py"
+    namespace: dict = {}
+    exec(compile(text, path, "exec"), namespace)  # noqa: S102 - our own generated code
+    plans = [param.values[0] for param in namespace["PLANS"]]
+    assert plans == [spec.plan(point) for point in spec.plans]
+    assert [param.id for param in namespace["PLANS"]] == [point.id for point in spec.plans]
+    assert [param.values[0] for param in namespace["MESH_SHAPES"]] == [(2,), (4,)]
+    test = namespace["test_model_tiny"]
+    assert any(mark.name == "dist" for mark in test.pytestmark)
+
+
+def test_model_kind_is_registered_for_specs_models():
+    kind = get_spec_kind("model")
+    assert kind.subdir == "models" and kind.parse is parse_model_spec
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_specs_parse_and_their_generated_tests_are_current(path):
+    spec = parse_model_spec(load_yaml(path, display=f"specs/models/{path.name}"))
+    assert spec.meshes == ((2,), (4,))
+    (out, text), = render_model_spec(spec, Renderer()).items()
+    on_disk = (ROOT / out).read_text()
+    assert on_disk.endswith(text), f"{out} is stale: run `shardverify generate`"
+
+
+def test_shipped_specs_cover_the_issue():
+    specs = {p.stem: parse_model_spec(load_yaml(p)) for p in SHIPPED}
+    options = [(name, point) for name, spec in specs.items() for point in spec.plans]
+    assert specs["mlp"].base.loss.name == "sum"
+    assert any(point.options.accumulate > 1 for _, point in options)
+    assert any(point.options.find_unused_parameters for _, point in options)
+    assert any(point.options.comm_hook == "fp16_compress" for _, point in options)
+    assert any(point.options.join for _, point in options)
+    bn = {(point.options.sync_batchnorm, point.expect) for point in specs["conv_bn"].plans}
+    assert {(False, "differ"), (True, "equal")} <= bn

@@ -1,0 +1,90 @@
+"""The handler interface: declarations are data, registration is by torch target."""
+
+import pytest
+import torch
+
+from shardverify import DeviceMesh, HandlerError, strategies_for_node, trace
+from shardverify.generators import generator_names, get_generator
+from shardverify.handlers import (
+    HandlerDef,
+    OperandDecl,
+    ParamDecl,
+    handler_for_node,
+    register_handler,
+    registered_handlers,
+    resolve_params,
+)
+from shardverify.handlers.base import target_key, unregister_handler
+
+
+def test_generated_handlers_are_registered_on_import():
+    handlers = registered_handlers()
+    assert {"linear", "sum"} <= set(handlers)
+    assert handlers["linear"].generator == "linear_projection"
+    assert {"linear_projection", "following", "replicated"} <= set(generator_names())
+
+
+def test_targets_map_to_fx_node_targets():
+    assert target_key(torch.Tensor.sum) == "sum"
+    assert target_key(torch.sum) is torch.sum
+    assert target_key(torch.nn.Linear) is torch.nn.Linear
+
+
+def test_handler_for_node_by_module_class_function_and_method():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.sum(self.proj(x), 0) + self.proj(x).sum() + torch.relu(x).sum(0)
+
+    gm = trace(M(), meta_args={"x": torch.empty(2, 4, device="meta")})
+    found = {n.name: getattr(handler_for_node(n, gm), "name", None) for n in gm.graph.nodes}
+    assert found["proj"] == "linear" and found["sum_1"] == "sum" and found["sum_2"] == "sum"
+    assert found["relu"] is None and found["x"] is None
+    sum_node = next(n for n in gm.graph.nodes if n.name == "sum_1")
+    assert resolve_params(registered_handlers()["sum"], sum_node) == {"dim": 0, "keepdim": False}
+
+
+def test_a_spec_only_op_needs_no_engine_change():
+    """torch.mean registered purely as data reuses the following generator."""
+    defn = HandlerDef(name="mean_test", targets=(torch.mean,),
+                      operands=(OperandDecl("input", "input", index=0), OperandDecl("output", "output")),
+                      params=(ParamDecl("dim", 1, "dim", None), ParamDecl("keepdim", 2, "keepdim", False)),
+                      generator="following", options=(("reduce_dims_param", "dim"), ("keepdim_param", "keepdim")))
+    register_handler(defn)
+    try:
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(16, 32)
+
+            def forward(self, x):
+                return torch.mean(self.linear(x), dim=1, keepdim=True)
+        gm = trace(M(), meta_args={"x": torch.empty(4, 4, 16, device="meta")})
+        vector = strategies_for_node(gm, "mean", DeviceMesh((2, 2)))
+        assert vector[0].name == "[S0, R, S1] -> [S0, R, S1]_0"
+    finally:
+        unregister_handler("mean_test")
+
+
+def test_conflicting_registration_is_rejected():
+    clash = HandlerDef(name="other_sum", targets=("sum",),
+                       operands=(OperandDecl("input", "input", index=0), OperandDecl("output", "output")),
+                       generator="following")
+    with pytest.raises(HandlerError, match="'sum'.*already handled by 'sum'"):
+        register_handler(clash)
+
+
+@pytest.mark.parametrize("build,needle", [
+    (lambda: OperandDecl("x", "tensor", index=0), "kind 'tensor'"),
+    (lambda: OperandDecl("x", "input"), "index or a keyword"),
+    (lambda: HandlerDef("h", (), (OperandDecl("o", "output"),), generator="following"), "no targets"),
+    (lambda: HandlerDef("h", (torch.sum,), (OperandDecl("i", "input", 0),), generator="following"), "one output"),
+    (lambda: HandlerDef("h", (torch.sum,), (OperandDecl("o", "output"),)), "no generator"),
+    (lambda: get_generator("nope"), "unknown strategy generator 'nope'"),
+])
+def test_bad_declarations_are_rejected(build, needle):
+    with pytest.raises(HandlerError, match=needle):
+        build()

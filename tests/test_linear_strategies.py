@@ -1,0 +1,277 @@
+"""Strategies of the linear handler (linear_projection generator)."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shardverify import (
+    CommPattern,
+    CommWhere,
+    DeviceMesh,
+    HandlerError,
+    InvalidArgument,
+    OperationDataType,
+    strategies_for_node,
+    trace,
+)
+from shardverify.generators.linear_projection import logical_families, logical_name
+
+# ColossalAI's names for nn.Linear(16, 32) on a (4, 4, 4, 16) input on a (2, 2) mesh, in its order.
+REFERENCE_2D = [
+    "S0S1 = S0R x RS1_0", "S0S1 = S0R x RS1_1", "S0S1 = S0R x RS1_2",
+    "S1S0 = S1R x RS0_0", "S1S0 = S1R x RS0_1", "S1S0 = S1R x RS0_2",
+    "S0R = S0S1 x S1R_0", "S0R = S0S1 x S1R_1", "S0R = S0S1 x S1R_2",
+    "S1R = S1S0 x S0R_0", "S1R = S1S0 x S0R_1", "S1R = S1S0 x S0R_2",
+    "RS1 = RS0 x S0S1", "RS0 = RS1 x S1S0",
+    "RR = RS0 x S0R", "RR = RS1 x S1R",
+    "RS0 = RR x RS0", "RS1 = RR x RS1",
+    "S01R = S01R x RR_0", "S01R = S01R x RR_1", "S01R = S01R x RR_2",
+    "RR = RS01 x S01R",
+    "RS01 = RR x RS01",
+    "RR = RR x RR",
+]
+CONTRACTION_SHARDED = ("SR = SS x SR", "RS = RS x SS", "RR = RS x SR", "RR = RS01 x S01R")
+
+
+class ModuleModel(torch.nn.Module):
+    def __init__(self, bias):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 32, bias=bias)
+
+    def forward(self, input):
+        return self.linear(input)
+
+
+class FunctionModel(torch.nn.Module):
+    def forward(self, input, others, bias=None):
+        return F.linear(input, others, bias=bias)
+
+
+def module_strategies(mesh_shape, input_shape=(4, 4, 4, 16), bias=False):
+    model = ModuleModel(bias)
+    gm = trace(model, meta_args={"input": torch.empty(input_shape, device="meta")})
+    return gm, strategies_for_node(gm, "linear", DeviceMesh(mesh_shape))
+
+
+def test_module_op_data_mapping():
+    _, vector = module_strategies((2, 2), bias=True)
+    ops = {op.role: op for op in vector[0].operands}
+    assert [op.role for op in vector[0].operands] == ["input", "other", "bias", "output"]
+    assert (ops["input"].name, ops["input"].type, ops["input"].shape, ops["input"].logical_shape) == (
+        "input_1", OperationDataType.ARG, (4, 4, 4, 16), (64, 16))
+    assert (ops["other"].name, ops["other"].type, ops["other"].shape, ops["other"].logical_shape) == (
+        "weight", OperationDataType.PARAM, (32, 16), (16, 32))
+    assert (ops["bias"].name, ops["bias"].type, ops["bias"].logical_shape) == ("bias", OperationDataType.PARAM, (32,))
+    assert (ops["output"].name, ops["output"].type, ops["output"].logical_shape) == (
+        "linear", OperationDataType.OUTPUT, (64, 32))
+    assert [(op.locator.kind, op.locator.key) for op in vector[0].operands] == [
+        ("arg", 0), ("param", "weight"), ("param", "bias"), ("output", None)]
+
+
+def test_function_op_data_mapping_locates_call_arguments():
+    gm = trace(FunctionModel(), meta_args={"input": torch.empty(4, 4, 4, 16, device="meta"),
+                                           "others": torch.empty(32, 16, device="meta"),
+                                           "bias": torch.empty(32, device="meta")})
+    vector = strategies_for_node(gm, "linear", DeviceMesh((2, 2)))
+    ops = {op.role: op for op in vector[0].operands}
+    assert (ops["other"].name, ops["other"].type, ops["other"].logical_shape) == ("others", OperationDataType.ARG,
+                                                                                  (16, 32))
+    assert (ops["other"].locator.kind, ops["other"].locator.key) == ("arg", 1)
+    assert (ops["bias"].locator.kind, ops["bias"].locator.key) == ("kwarg", "bias")
+    # activations (not parameters) get their partial gradients all-reduced BEFORE the op, not by a hook
+    ss = vector.by_name("S0S1 = S0R x RS1_0")
+    assert {(a.operand, a.where) for a in ss.communication_actions} == {
+        ("input_1", CommWhere.BEFORE), ("others", CommWhere.BEFORE), ("bias", CommWhere.BEFORE)}
+
+
+def test_reference_names_and_order_on_2d_mesh():
+    _, vector = module_strategies((2, 2))
+    assert vector.names == REFERENCE_2D
+    assert len({s.name for s in vector}) == 24
+
+
+def test_non_divisible_layouts_are_dropped():
+    _, vector = module_strategies((2, 2), input_shape=(1, 4, 4, 16))
+    assert vector.names == [n for n in REFERENCE_2D if not n.endswith("_0")]
+
+
+def test_with_bias_contraction_sharded_families_are_dropped():
+    _, vector = module_strategies((2, 2), bias=True)
+    # keep exactly the reference strategies whose K dim (input's last) is replicated
+    kept = [n for n in REFERENCE_2D if n.split(" x ")[0].split(" = ")[1].endswith("R")]
+    assert vector.names == kept and len(kept) == 13
+    for strategy in vector:
+        assert str(strategy.get_sharding_spec_by_name("bias").sharding_sequence[-1]) == \
+            str(strategy.get_sharding_spec_by_name("linear").sharding_sequence[-1])
+
+
+@pytest.mark.parametrize("mesh_shape,input_shape", [((2, 2), (4, 4, 4, 16)), ((4,), (8, 16)), ((1, 4), (4, 4, 16)),
+                                                    ((2, 2, 2), (8, 4, 16)), ((2, 2), (16,))])
+def test_layouts_agree_across_operands(mesh_shape, input_shape):
+    _, vector = module_strategies(mesh_shape, input_shape)
+    assert vector, "no strategy at all"
+    for strategy in vector:
+        x = strategy.get_sharding_spec_by_name("input_1").sharding_sequence
+        w = strategy.get_sharding_spec_by_name("weight").sharding_sequence
+        y = strategy.get_sharding_spec_by_name("linear").sharding_sequence
+        assert x[:-1] == y[:-1], strategy.name
+        assert w[1] == x[-1] and w[0] == y[-1], strategy.name
+
+
+def test_one_dimensional_mesh_families():
+    _, vector = module_strategies((4,), input_shape=(8, 2, 16))
+    assert vector.names == ["RR = RS0 x S0R", "RS0 = RR x RS0", "S0R = S0R x RR_0", "RR = RR x RR"]
+
+
+def test_one_by_four_mesh_keeps_trivial_axis():
+    _, vector = module_strategies((1, 4), input_shape=(2, 4, 16))
+    # axis 0 has size 1 so S0 always divides; S1 and S01 (4 shards) do not fit dim 0 of size 2
+    dropped = {"S1S0 = S1R x RS0_0", "S1R = S1S0 x S0R_0", "S01R = S01R x RR_0"}
+    assert vector.names == [n for n in REFERENCE_2D if not n.endswith("_2") and n not in dropped]
+
+
+def test_three_dimensional_mesh_families():
+    _, vector = module_strategies((2, 2, 2), input_shape=(8, 4, 16))
+    names = vector.names
+    pairs = list(itertools.permutations(range(3), 2))
+    expected_logical = (
+        [f"S{x}S{y} = S{x}R x RS{y}" for x, y in pairs] + [f"S{x}R = S{x}S{y} x S{y}R" for x, y in pairs]
+        + [f"RS{y} = RS{x} x S{x}S{y}" for x, y in pairs] + [f"RR = RS{x} x S{x}R" for x in range(3)]
+        + [f"RS{x} = RR x RS{x}" for x in range(3)] + ["S012R = S012R x RR", "RR = RS012 x S012R",
+                                                     "RS012 = RR x RS012", "RR = RR x RR"])
+    assert [logical_name(*t) for t in logical_families(3)] == expected_logical
+    # batch-sharded families expand over the two leading dims; S012 (8 shards) fits only dim 0
+    assert "S0S2 = S0R x RS2_0" in names and "S0S2 = S0R x RS2_1" in names
+    assert "S012R = S012R x RR_0" in names and "S012R = S012R x RR_1" not in names
+    assert len(names) == 6 * 2 + 6 * 2 + 6 + 3 + 3 + 1 + 1 + 1 + 1
+
+
+def test_comm_actions_follow_from_the_layout():
+    _, vector = module_strategies((2, 2), bias=False)
+    def actions(name):
+        return [(a.pattern, a.axes, a.operand, a.where) for a in vector.by_name(name).communication_actions]
+    IF, AF = CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, CommPattern.ALLREDUCE_FWD_IDENTITY_BWD
+    assert actions("S0S1 = S0R x RS1_1") == [(IF, (1,), "input_1", CommWhere.BEFORE), (IF, (0,), "weight", CommWhere.HOOK)]
+    assert actions("S1R = S1S0 x S0R_2") == [(IF, (1,), "weight", CommWhere.HOOK), (AF, (0,), "linear", CommWhere.AFTER)]
+    assert actions("RS0 = RS1 x S1S0") == [(IF, (0,), "input_1", CommWhere.BEFORE), (AF, (1,), "linear", CommWhere.AFTER)]
+    assert actions("S01R = S01R x RR_0") == [(IF, (0, 1), "weight", CommWhere.HOOK)]
+    assert actions("RR = RS01 x S01R") == [(AF, (0, 1), "linear", CommWhere.AFTER)]
+    assert actions("RR = RR x RR") == []
+
+
+def _dominates(a, b):
+    """Every operand of ``a`` is split at least as finely as in ``b``, one strictly more."""
+    ca = [s.shard_counts() for _, s in a.sharding_specs]
+    cb = [s.shard_counts() for _, s in b.sharding_specs]
+    pairs = [(x, y) for u, v in zip(ca, cb) for x, y in zip(u, v)]
+    return all(x >= y for x, y in pairs) and any(x > y for x, y in pairs)
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2), (4,), (1, 4), (2, 2, 2)])
+def test_costs_positive_and_consistent(mesh_shape):
+    _, vector = module_strategies(mesh_shape, input_shape=(8, 4, 16), bias=True)
+    mesh = DeviceMesh(mesh_shape)
+    for s in vector:
+        assert s.compute_cost.fwd > 0 and s.compute_cost.bwd > 0
+        assert s.compute_cost.total == s.compute_cost.fwd + s.compute_cost.bwd
+        mem = s.memory_cost
+        assert mem.fwd.activation > 0 and mem.fwd.parameter > 0
+        assert mem.total.activation == mem.fwd.activation + mem.bwd.activation
+        assert mem.total.parameter == mem.fwd.parameter + mem.bwd.parameter
+        comm = s.communication_cost
+        assert comm.total == pytest.approx(comm.fwd + comm.bwd)
+        moves = any(mesh.axes_size(a.axes) > 1 for a in s.communication_actions)
+        assert (comm.total > 0) == moves, s.name
+    replicated = vector.by_name("RR = RR x RR")
+    for a, b in itertools.permutations(vector, 2):
+        if _dominates(a, b):
+            assert a.memory_cost.total.activation + a.memory_cost.total.parameter < \
+                b.memory_cost.total.activation + b.memory_cost.total.parameter, (a.name, b.name)
+            assert a.compute_cost.fwd <= b.compute_cost.fwd
+    assert all(s.compute_cost.fwd <= replicated.compute_cost.fwd for s in vector)
+
+
+# ---- numerical check of the declared communication, ranks simulated one after another ----
+
+def _simulate(strategy, mesh, full, call, out_name, grad_out):
+    """Run every rank on its local shards, apply the strategy's CommActions, return per-rank
+    (output, {operand: grad}) as the ranks would hold them."""
+    locals_ = []
+    for rank in mesh.ranks:
+        leaves = {name: spec.local_shard(full[name], mesh, rank).clone().requires_grad_()
+                  for name, spec in strategy.sharding_specs if name != out_name}
+        locals_.append((leaves, call(leaves)))
+    outputs = [out.detach() for _, out in locals_]
+    for action in strategy.communication_actions:
+        if action.where is CommWhere.AFTER:
+            assert action.pattern is CommPattern.ALLREDUCE_FWD_IDENTITY_BWD
+            outputs = [sum(outputs[g] for g in mesh.group_ranks(r, action.axes)) for r in mesh.ranks]
+    out_spec = strategy.get_sharding_spec_by_name(out_name)
+    for rank, (_, out) in enumerate(locals_):  # identity backward through the AFTER all-reduce
+        out.backward(out_spec.local_shard(grad_out, mesh, rank))
+    grads = [{n: leaf.grad for n, leaf in leaves.items()} for leaves, _ in locals_]
+    reduced = [dict(g) for g in grads]
+    for action in strategy.communication_actions:
+        if action.where in (CommWhere.BEFORE, CommWhere.HOOK):
+            assert action.pattern is CommPattern.IDENTITY_FWD_ALLREDUCE_BWD
+            for r in mesh.ranks:
+                reduced[r][action.operand] = sum(grads[g][action.operand] for g in mesh.group_ranks(r, action.axes))
+    return outputs, reduced
+
+
+@pytest.mark.parametrize("mesh_shape,bias", [((2, 2), False), ((2, 2), True), ((2, 2, 2), True), ((4,), True)])
+def test_every_strategy_is_numerically_exact_with_its_comm_actions(mesh_shape, bias):
+    torch.manual_seed(0)
+    mesh = DeviceMesh(mesh_shape)
+    _, vector = module_strategies(mesh_shape, input_shape=(8, 4, 16), bias=bias)
+    full = {"input_1": torch.randn(8, 4, 16, dtype=torch.float64),
+            "weight": torch.randn(32, 16, dtype=torch.float64), "bias": torch.randn(32, dtype=torch.float64)}
+    leaves = {k: v.clone().requires_grad_() for k, v in full.items()}
+    call = (lambda t: F.linear(t["input_1"], t["weight"], t.get("bias"))) if bias else \
+        (lambda t: F.linear(t["input_1"], t["weight"]))
+    ref = call(leaves)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    for strategy in vector:
+        outputs, grads = _simulate(strategy, mesh, full, call, "linear", grad_out)
+        for rank in mesh.ranks:
+            spec = strategy.get_sharding_spec_by_name("linear")
+            torch.testing.assert_close(outputs[rank], spec.local_shard(ref.detach(), mesh, rank),
+                                       msg=f"{strategy.name}: output on rank {rank}")
+            for name, grad in grads[rank].items():
+                expected = strategy.get_sharding_spec_by_name(name).local_shard(leaves[name].grad, mesh, rank)
+                torch.testing.assert_close(grad, expected, msg=f"{strategy.name}: grad of {name} on rank {rank}")
+
+
+def test_dropping_an_action_breaks_the_numbers():
+    """The simulation above can fail: a strategy missing its all-reduce is caught."""
+    mesh = DeviceMesh((2, 2))
+    _, vector = module_strategies((2, 2), input_shape=(8, 4, 16))
+    strategy = vector.by_name("S0R = S0S1 x S1R_0").replace(communication_actions=())
+    full = {"input_1": torch.randn(8, 4, 16, dtype=torch.float64), "weight": torch.randn(32, 16, dtype=torch.float64)}
+    call = lambda t: F.linear(t["input_1"], t["weight"])  # noqa: E731
+    ref = call(full)
+    outputs, _ = _simulate(strategy, mesh, full, call, "linear", torch.ones_like(ref))
+    assert not torch.allclose(outputs[0], strategy.output_sharding_spec.local_shard(ref, mesh, 0))
+
+
+def test_api_errors_name_the_problem():
+    gm, _ = module_strategies((2, 2))
+    with pytest.raises(InvalidArgument, match="'nope'"):
+        strategies_for_node(gm, "nope", DeviceMesh((2, 2)))
+    with pytest.raises(InvalidArgument, match="out of range"):
+        strategies_for_node(gm, 7, DeviceMesh((2, 2)))
+    with pytest.raises(InvalidArgument, match="DeviceMesh"):
+        strategies_for_node(gm, 1, (2, 2))
+    assert strategies_for_node(gm, 1, DeviceMesh((2, 2))) is strategies_for_node(gm, "linear", DeviceMesh((2, 2)))
+
+
+def test_node_without_handler_is_an_error():
+    class Relu(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+    gm = trace(Relu(), meta_args={"x": torch.empty(4, device="meta")})
+    with pytest.raises(HandlerError, match="no handler for node 'relu'"):
+        strategies_for_node(gm, "relu", DeviceMesh((2,)))

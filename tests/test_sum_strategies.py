@@ -1,0 +1,112 @@
+"""Strategies of the sum handler (following generator)."""
+
+import pytest
+import torch
+
+from shardverify import DeviceMesh, StrategyError, strategies_for_node, trace
+from shardverify.generators.following import normalize_dims
+
+
+class LinearThen(torch.nn.Module):
+    def __init__(self, reduce):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 32, bias=False)
+        self.reduce = reduce
+
+    def forward(self, input):
+        return self.reduce(self.linear(input))
+
+
+def sum_strategies(reduce, mesh_shape=(2, 2), input_shape=(4, 4, 4, 16)):
+    gm = trace(LinearThen(reduce), meta_args={"input": torch.empty(input_shape, device="meta")})
+    node = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")][0]
+    mesh = DeviceMesh(mesh_shape)
+    return strategies_for_node(gm, "linear", mesh), strategies_for_node(gm, node.name, mesh), node.name
+
+
+def expected_name(pred_output_seq: str, dims, keepdim, index):
+    """The reference naming, written independently on sequence strings."""
+    items = pred_output_seq.strip("[]").split(", ")
+    inp = ["R" if d in dims else s for d, s in enumerate(items)]
+    out = ["R" if d in dims else s for d, s in enumerate(items)] if keepdim else \
+        [s for d, s in enumerate(items) if d not in dims]
+    return f"[{', '.join(inp)}] -> [{', '.join(out)}]_{index}"
+
+
+@pytest.mark.parametrize("reduce,dims,keepdim", [
+    (lambda y: torch.sum(y, dim=(0, 2)), (0, 2), False),
+    (lambda y: y.sum(dim=(-4, -2)), (0, 2), False),
+    (lambda y: torch.sum(y, (0, 2), True), (0, 2), True),
+    (lambda y: y.sum(1, keepdim=True), (1,), True),
+    (lambda y: y.sum(-1), (3,), False),
+    (lambda y: torch.sum(y), (0, 1, 2, 3), False),
+    (lambda y: y.sum(dim=[]), (0, 1, 2, 3), False),
+])
+def test_one_strategy_per_predecessor_strategy_in_order(reduce, dims, keepdim):
+    linear, vector, node_name = sum_strategies(reduce)
+    assert len(vector) == len(linear) == 24
+    names = [expected_name(str(p.get_sharding_spec_by_name("linear").sharding_sequence), dims, keepdim, i)
+             for i, p in enumerate(linear)]
+    assert vector.names == names
+    for strategy in vector:
+        assert strategy.communication_actions == ()
+        assert [op.name for op in strategy.operands] == ["linear", node_name]
+
+
+def test_reference_example():
+    _, vector, _ = sum_strategies(lambda y: torch.sum(y, dim=(0, 2)))
+    assert vector[1].name == "[R, S0, R, S1] -> [S0, S1]_1"
+    assert str(vector[1].get_sharding_spec_by_name("sum_1").sharding_sequence) == "[S0, S1]"
+    assert str(vector[1].get_sharding_spec_by_name("linear").sharding_sequence) == "[R, S0, R, S1]"
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2), (4,), (1, 4), (2, 2, 2)])
+def test_costs_positive_and_consistent(mesh_shape):
+    _, vector, _ = sum_strategies(lambda y: y.sum(dim=1), mesh_shape=mesh_shape, input_shape=(8, 4, 16))
+    assert vector
+    for s in vector:
+        assert s.compute_cost.fwd > 0 and s.compute_cost.total == s.compute_cost.fwd + s.compute_cost.bwd
+        assert s.memory_cost.fwd.activation > 0 and s.memory_cost.fwd.parameter == 0
+        assert s.communication_cost.total == 0
+    most = max(vector, key=lambda s: s.get_sharding_spec_by_name("linear").local_numel())
+    least = min(vector, key=lambda s: s.get_sharding_spec_by_name("linear").local_numel())
+    if most.get_sharding_spec_by_name("linear").local_numel() > least.get_sharding_spec_by_name("linear").local_numel():
+        assert least.memory_cost.total.activation < most.memory_cost.total.activation
+
+
+@pytest.mark.parametrize("dims,keepdim", [((0, 2), False), ((1,), True), (None, False)])
+def test_local_sums_are_the_output_shards(dims, keepdim):
+    """No communication is needed: each rank's local sum is exactly its output shard."""
+    mesh = DeviceMesh((2, 2))
+    reduce = (lambda y: torch.sum(y)) if dims is None else (lambda y: torch.sum(y, dims, keepdim))
+    _, vector, name = sum_strategies(reduce)
+    x = torch.randn(4, 4, 4, 32, dtype=torch.float64)
+    ref = reduce(x)
+    for s in vector:
+        in_spec, out_spec = s.get_sharding_spec_by_name("linear"), s.get_sharding_spec_by_name(name)
+        for rank in mesh.ranks:
+            local = reduce(in_spec.local_shard(x, mesh, rank))
+            torch.testing.assert_close(local, out_spec.local_shard(ref, mesh, rank), msg=f"{s.name} rank {rank}")
+
+
+def test_sum_of_a_graph_input_follows_the_replicated_placeholder():
+    class Sum(torch.nn.Module):
+        def forward(self, x):
+            return x.sum(0)
+    gm = trace(Sum(), meta_args={"x": torch.empty(4, 6, device="meta")})
+    vector = strategies_for_node(gm, "sum_1", DeviceMesh((2,)))
+    assert vector.names == ["[R, R] -> [R]_0"]
+    assert strategies_for_node(gm, "x", DeviceMesh((2,))).names == ["Replica Placeholder"]
+
+
+def test_normalize_dims():
+    assert normalize_dims(None, 3) == (0, 1, 2)
+    assert normalize_dims((), 3) == (0, 1, 2)
+    assert normalize_dims(-1, 3) == (2,)
+    assert normalize_dims([2, -3], 3) == (0, 2)
+    with pytest.raises(StrategyError, match="dim 3 is out of range"):
+        normalize_dims((3,), 3)
+    with pytest.raises(StrategyError, match="twice"):
+        normalize_dims((0, -3), 3)
+    with pytest.raises(StrategyError, match="'a'"):
+        normalize_dims(("a",), 3)

@@ -1,0 +1,62 @@
+import pytest
+import torch
+
+from shardverify import InvalidArgument, trace
+
+
+class LinearSum(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 32)
+
+    def forward(self, input, scale=2.0):
+        return self.linear(input).sum(dim=(0, 2)) * scale
+
+
+def test_every_node_gets_its_shape_from_meta_tensors():
+    module = LinearSum()
+    gm = trace(module, meta_args={"input": torch.empty(4, 4, 4, 16, device="meta")})
+    shapes = {n.name: tuple(n.meta["tensor_meta"].shape) for n in gm.graph.nodes if "tensor_meta" in n.meta}
+    assert shapes["input_1"] == (4, 4, 4, 16)
+    assert shapes["linear"] == (4, 4, 4, 32)
+    assert shapes["sum_1"] == (4, 32)
+    # parameters stay real (the verifier needs their values), nothing was moved to meta
+    assert gm.linear.weight.device.type == "cpu"
+    assert torch.equal(gm.linear.weight, module.linear.weight)
+
+
+def test_huge_inputs_allocate_nothing():
+    # 2**40 floats would be 4 TiB if any activation were real
+    gm = trace(torch.nn.Sequential(torch.nn.Linear(16, 8)), meta_args={"input": torch.empty(2 ** 36, 16, device="meta")})
+    out = [n for n in gm.graph.nodes if n.op == "call_module"][0]
+    assert tuple(out.meta["tensor_meta"].shape) == (2 ** 36, 8)
+
+
+def test_real_tensors_are_accepted_as_shape_examples():
+    gm = trace(torch.nn.Sequential(torch.nn.Linear(16, 8)), meta_args={"input": torch.ones(3, 16)})
+    assert tuple(list(gm.graph.nodes)[1].meta["tensor_meta"].shape) == (3, 8)
+
+
+def test_bad_meta_args_are_named():
+    with pytest.raises(InvalidArgument, match="'x'"):
+        trace(LinearSum(), meta_args={"input": torch.empty(2, 16, device="meta"), "x": torch.empty(1)})
+    with pytest.raises(InvalidArgument, match="missing forward argument 'input'"):
+        trace(LinearSum(), meta_args={})
+    with pytest.raises(InvalidArgument, match="must be a tensor"):
+        trace(LinearSum(), meta_args={"input": [1, 2]})
+    with pytest.raises(InvalidArgument, match="torch.nn.Module"):
+        trace(lambda x: x, meta_args={})
+
+
+def test_modules_built_on_meta_trace_too():
+    # a 2**34-float weight (64 GiB if real) that only exists as meta
+    module = torch.nn.Sequential(torch.nn.Linear(2 ** 17, 2 ** 17, device="meta"))
+    gm = trace(module, meta_args={"input": torch.empty(2, 2 ** 17, device="meta")})
+    assert tuple(list(gm.graph.nodes)[1].meta["tensor_meta"].shape) == (2, 2 ** 17)
+
+
+def test_buffers_and_parameters_of_the_original_are_untouched():
+    module = torch.nn.Sequential(torch.nn.BatchNorm1d(4))
+    gm = trace(module, meta_args={"input": torch.empty(3, 4, device="meta")})
+    assert gm.get_buffer("0.running_mean").device.type == "cpu"
+    assert tuple(list(gm.graph.nodes)[1].meta["tensor_meta"].shape) == (3, 4)
