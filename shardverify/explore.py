@@ -24,6 +24,7 @@ shapes (non-divisible layouts must be absent, never run and fail) and verifies e
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -37,9 +38,9 @@ from shardverify.codegen.op_kind import InputSpec, ModuleInit, OpSpec, parse_op_
 from shardverify.errors import InvalidArgument
 
 __all__ = ["SIZES", "MAX_MESH_SIZE", "DEFAULT_MESH_MAX_SIZE", "PROFILE_ENV", "PROFILES", "load_profile",
-           "profile_settings", "load_spec", "Example", "Failure", "SizeSlot", "size_groups",
-           "param_strategies", "dims_strategy", "mesh_shapes", "examples", "divisibility_problems",
-           "check_example", "replay", "search", "world_size"]
+           "profile_settings", "world_size", "load_spec", "SizeSlot", "size_groups", "dims_strategy",
+           "param_strategies", "all_mesh_shapes", "mesh_shapes", "Example", "examples",
+           "divisibility_problems", "check_example", "replay", "Failure", "search"]
 
 # Small sizes mixing divisors of 2, 3 and 4 (hypothesis shrinks towards the first).
 SIZES = (1, 2, 3, 4, 6, 8)
@@ -232,20 +233,23 @@ def param_strategies(spec: OpSpec) -> tuple[tuple[str, st.SearchStrategy], ...]:
 
 # --------------------------------------------------------------------------- meshes
 
-@st.composite
-def mesh_shapes(draw, max_size: int = DEFAULT_MESH_MAX_SIZE, max_ndim: int = MAX_MESH_NDIM) -> tuple[int, ...]:
-    """Mesh shapes of 1 to ``max_ndim`` axes (sizes >= 1) and at most ``max_size`` devices."""
-    ndim = draw(st.integers(1, max_ndim))
-    shape, room = [], max_size
-    for _ in range(ndim):
-        size = draw(st.integers(1, room))
-        shape.append(size)
-        room //= size
-    return tuple(shape)
+def all_mesh_shapes(max_size: int = DEFAULT_MESH_MAX_SIZE,
+                    max_ndim: int = MAX_MESH_NDIM) -> tuple[tuple[int, ...], ...]:
+    """Every mesh shape of 1 to ``max_ndim`` axes (sizes >= 1) with at most ``max_size``
+    devices, simplest first: fewer axes, then fewer devices."""
+    shapes = [shape for ndim in range(1, max_ndim + 1)
+              for shape in itertools.product(range(1, max_size + 1), repeat=ndim) if math.prod(shape) <= max_size]
+    return tuple(sorted(shapes, key=lambda shape: (len(shape), math.prod(shape), shape)))
+
+
+def mesh_shapes(max_size: int = DEFAULT_MESH_MAX_SIZE, max_ndim: int = MAX_MESH_NDIM) -> st.SearchStrategy:
+    """Mesh shapes drawn evenly from :func:`all_mesh_shapes` (shrinking towards ``(1,)``)."""
+    return st.sampled_from(all_mesh_shapes(max_size, max_ndim))
 
 
 def _check_mesh_max_size(mesh_max_size: object) -> int:
-    if isinstance(mesh_max_size, bool) or not isinstance(mesh_max_size, int) or not 1 <= mesh_max_size <= MAX_MESH_SIZE:
+    if isinstance(mesh_max_size, bool) or not isinstance(mesh_max_size, int) or not (
+            1 <= mesh_max_size <= MAX_MESH_SIZE):
         raise InvalidArgument(f"mesh_max_size={mesh_max_size!r} must be an int from 1 to {MAX_MESH_SIZE}")
     return mesh_max_size
 
@@ -282,9 +286,7 @@ class Example:
 
     def case(self):
         """The OpCase the generated grid tests would build for this point."""
-        from shardverify.cli.verify_cmd import op_cases
-
-        (_, case), = op_cases(self.spec)
+        (_, case), = self.spec.op_cases()
         return case
 
     def describe(self) -> str:
@@ -341,7 +343,7 @@ def _narrowed(spec: OpSpec, target, sizes, point, mesh) -> Example:
 
 
 def examples(spec: OpSpec, *, mesh_max_size: int = DEFAULT_MESH_MAX_SIZE) -> st.SearchStrategy[Example]:
-    """Examples drawn from ``spec``: target, sizes, parameters, then mesh (shrinking in that order)."""
+    """Examples drawn from ``spec``: mesh, target, sizes, then parameters (shrinking in that order)."""
     if not isinstance(spec, OpSpec):
         raise InvalidArgument(f"examples() needs an OpSpec (see load_spec), got {type(spec).__name__}")
     _check_mesh_max_size(mesh_max_size)
@@ -350,10 +352,10 @@ def examples(spec: OpSpec, *, mesh_max_size: int = DEFAULT_MESH_MAX_SIZE) -> st.
 
     @st.composite
     def draw_example(draw) -> Example:
+        mesh = draw(mesh_shapes(mesh_max_size))
         target = draw(st.sampled_from(spec.targets))
         sizes = [draw(st.sampled_from(SIZES)) for _ in groups]
         point = tuple((key, draw(strategy)) for key, strategy in params)
-        mesh = draw(mesh_shapes(mesh_max_size))
         return _narrowed(spec, target, sizes, point, mesh)
 
     return draw_example()
@@ -373,8 +375,9 @@ def divisibility_problems(strategies, mesh) -> list[str]:
                                 f"{tuple(layout.mesh_shape)}, not for this operand on mesh {tuple(mesh.shape)}")
             for dim, axes in layout.partition_dict().items():
                 ways = math.prod(mesh.shape[a] for a in axes if 0 <= a < mesh.ndim)
-                if dim >= len(data.shape) or data.shape[dim] % ways:
-                    problems.append(f"{where}: dim {dim} of size {data.shape[dim] if dim < len(data.shape) else None} is split {ways} ways over "
+                size = data.shape[dim] if dim < len(data.shape) else None
+                if size is None or size % ways:
+                    problems.append(f"{where}: dim {dim} of size {size} is split {ways} ways over "
                                     f"mesh axes {axes} of mesh {tuple(mesh.shape)}")
     return problems
 
@@ -389,7 +392,8 @@ def check_example(backend, example: Example, *, first_failure: bool = False) -> 
     from shardverify.verify.report import assert_passed
 
     if tuple(backend.mesh.shape) != example.mesh_shape:
-        raise InvalidArgument(f"backend mesh {tuple(backend.mesh.shape)} is not the example's mesh {example.mesh_shape}")
+        raise InvalidArgument(f"backend mesh {tuple(backend.mesh.shape)} is not the example's mesh "
+                              f"{example.mesh_shape}")
     case = example.case()
     try:
         graph_module, node_name = case.build()

@@ -270,7 +270,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"dist: needs real process groups (worker processes); skipped unless "
                    f"{ENV_FLAG}=1")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    # Registered by pytest-xdist too; repeated here so --strict-markers holds without xdist.
+    config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
     config.stash[_SETTINGS] = resolve_settings(config)
+    if config.getoption("hypothesis_profile", None) is None:
+        from shardverify.explore import load_profile
+
+        load_profile()   # $SV_HYPOTHESIS_PROFILE, default "ci": bounded, derandomized, no deadline
     config.pluginmanager.register(_SkipSummary(), "shardverify-skip-summary")
 
 

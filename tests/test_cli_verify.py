@@ -33,7 +33,7 @@ def test_json_lists_every_case_and_strategy(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] is True and report["failures"] == 0 and report["backend"] == "simulated"
     spec, = verify_cmd.load_op_specs(REPO, None, ["sum"])
-    cases = verify_cmd.op_cases(spec)
+    cases = spec.op_cases()
     assert [row["case"] for row in report["rows"]] == [case_id for case_id, _ in cases]
     for row, (_, case) in zip(report["rows"], cases):
         graph_module, node_name = case.build()
@@ -49,7 +49,7 @@ def test_table_has_one_row_per_case_and_mesh(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["op", "case", "mesh", "strategies", "failures", "time"]
     rows = [line.split() for line in out[2:] if line.startswith("sum ")]
-    assert len(rows) == 2 * len(verify_cmd.op_cases(verify_cmd.load_op_specs(REPO, None, ["sum"])[0]))
+    assert len(rows) == 2 * len(verify_cmd.load_op_specs(REPO, None, ["sum"])[0].op_cases())
     assert {row[2] for row in rows} == {"2x2", "4"} and {row[4] for row in rows} == {"0"}
     assert out[-1].startswith("passed: ") and "0 failure(s)" in out[-1]
 
@@ -65,7 +65,7 @@ def test_a_broken_communication_layer_fails_the_run(capsys, monkeypatch):
     out = capsys.readouterr().out
     failures = {row[1]: int(row[4]) for row in map(str.split, out.splitlines()) if row and row[0] == "linear"}
     expected = {}
-    for case_id, case in verify_cmd.op_cases(verify_cmd.load_op_specs(REPO, None, ["linear"])[0]):
+    for case_id, case in verify_cmd.load_op_specs(REPO, None, ["linear"])[0].op_cases():
         graph_module, node_name = case.build()
         expected[case_id] = sum(any(a.where is CommWhere.HOOK for a in s.communication_actions)
                                 for s in strategies_for_node(graph_module, node_name, DeviceMesh((4,))))

@@ -20,7 +20,6 @@ from shardverify import explore
 from shardverify.api import strategies_for_node
 from shardverify.backends import get_backend
 from shardverify.cli.main import main
-from shardverify.cli.verify_cmd import op_cases
 from shardverify.codegen.loader import load_yaml_text
 from shardverify.codegen.op_kind import HANDLER_DIR, parse_op_spec, render_op_spec
 from shardverify.codegen.render import Renderer
@@ -123,7 +122,7 @@ def _variant(example: explore.Example, *, point=None, predecessor_args=None, mes
 
 def test_the_planted_bug_passes_the_listed_grid(planted_spec, backends):
     checked = 0
-    for _, case in op_cases(planted_spec):
+    for _, case in planted_spec.op_cases():
         for mesh in planted_spec.verify.meshes:
             results = verify_case(backends(mesh), case)
             assert_passed(results)
@@ -173,7 +172,7 @@ def test_the_reproductions_reproduce_the_failure(planted_failure, planted_spec, 
     start = lines.index("    verify:")
     block = "\n".join(line[4:] for line in lines[start:] if line.startswith("    "))
     narrowed = parse_op_spec(load_yaml_text(PLANTED_SPEC.split("verify:")[0] + block, "repro.yaml"))
-    (_, case), = op_cases(narrowed)
+    (_, case), = narrowed.op_cases()
     assert narrowed.verify.meshes == ((2,),)
     with pytest.raises(AssertionError, match="max abs error"):
         assert_passed(verify_case(backends((2,)), case))

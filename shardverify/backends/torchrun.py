@@ -47,6 +47,8 @@ class TorchrunBackend:
     gloo otherwise.  Initialises the default process group unless already initialised.
     """
 
+    _instances = 0   # every rank builds its backends in the same order, so ids agree
+
     def __init__(self, mesh: DeviceMesh, backend: str | None = None, timeout: float = 30.0,
                  *, check_metadata: bool = True) -> None:
         if not isinstance(mesh, DeviceMesh):
@@ -76,6 +78,8 @@ class TorchrunBackend:
         self.startup_seconds = time.perf_counter() - began
         self._runs = 0
         self._closed = False
+        TorchrunBackend._instances += 1
+        self._id = TorchrunBackend._instances   # keeps store keys of two backends apart
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
         """Run ``fn(comm, *args)`` here and return every rank's value (on every rank)."""
@@ -93,7 +97,7 @@ class TorchrunBackend:
             data = pickle.dumps(mine)
         except Exception as exc:  # noqa: BLE001 - shared with the other ranks
             data = pickle.dumps(RankResult.failure(self.rank, exc))
-        prefix = f"run{self._runs}/"
+        prefix = f"backend{self._id}/run{self._runs}/"
         self._store.set(f"{prefix}{self.rank}", data)
         keys = [f"{prefix}{r}" for r in self.mesh.ranks]
         while not self._store.check(keys):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from shardverify.errors import ShardVerifyError, SpecError
 
-BACKENDS = ("simulated", "gloo", "nccl")
+BACKENDS = ("simulated", "gloo", "nccl", "torchrun")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="op spec paths or names, e.g. sum or specs/linear.yaml (default: every op spec)")
     parser.add_argument("--backend", choices=BACKENDS, default="simulated",
                         help="simulated: all ranks as threads of this process (default); gloo/nccl: "
-                             "a pool of torch.distributed worker processes")
+                             "a pool of torch.distributed worker processes; torchrun: this process is "
+                             "one rank of a world started by torchrun (rank 0 prints)")
     parser.add_argument("--mesh", action="append", type=parse_mesh, metavar="SHAPE", default=None,
                         help="mesh shape such as 2,2 or 4 (repeatable; default: the meshes each spec lists)")
     parser.add_argument("--device", default=None,
@@ -64,23 +67,6 @@ def parse_timeout(text: str) -> float:
 
 
 # ------------------------------------------------------------------------------ spec -> cases
-
-def op_cases(spec) -> list[tuple[str, object]]:
-    """(case id, OpCase) for every target and grid point of an op spec, as the generated
-    tests build them."""
-    from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
-
-    def module(init):
-        return None if init is None else ModuleDecl(init.target, args=init.args, kwargs=init.kwargs)
-
-    verify = spec.verify
-    return [(case.id, OpCase(op=spec.name, target=case.target,
-                             inputs=tuple(InputDecl(i.role, i.shape, i.dtype) for i in case.inputs),
-                             params=case.params, module=module(case.module),
-                             predecessor=module(verify.predecessor), seed=verify.seed,
-                             rtol=verify.rtol, atol=verify.atol))
-            for case in spec.cases()]
-
 
 def load_op_specs(root: Path, specs_dir: Path | None, names: list[str]) -> list:
     """The parsed op specs (all, or the named ones); SpecError on a missing or invalid spec."""
@@ -162,8 +148,8 @@ def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] |
     """Verify every case of every spec on every mesh; one backend per mesh shape, reused."""
     from shardverify.verify.engine import verify_case
 
-    plan = [(spec, case_id, case, mesh) for spec in specs for case_id, case in op_cases(spec)
-            for mesh in (meshes or spec.verify.meshes)]
+    plan = [(spec, case_id, case, mesh) for spec in specs for case_id, case in spec.op_cases()
+            for mesh in (meshes or _runnable(spec.verify.meshes, backend_kind))]
     progress = progress or Progress(0)
     backends: dict = {}
     rows = []
@@ -188,6 +174,14 @@ def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] |
         for backend in backends.values():
             backend.close()
     return rows
+
+
+def _runnable(meshes, backend_kind: str) -> list:
+    """A torchrun world has a fixed size: of a spec's meshes, only those of that size run."""
+    if backend_kind != "torchrun":
+        return list(meshes)
+    world = int(os.environ.get("WORLD_SIZE", "0"))
+    return [mesh for mesh in meshes if math.prod(mesh) == world]
 
 
 def format_table(rows: list[Row]) -> str:
@@ -216,14 +210,22 @@ def run(args: argparse.Namespace) -> int:
         print("error: no op specs to verify", file=sys.stderr)
         return 1
     meshes = args.mesh
-    total = sum(len(spec.cases()) * len(meshes or spec.verify.meshes) for spec in specs)
+    total = sum(len(spec.cases()) * len(meshes or _runnable(spec.verify.meshes, args.backend)) for spec in specs)
+    if total == 0:
+        print(f"error: no spec lists a mesh of WORLD_SIZE={os.environ.get('WORLD_SIZE')} ranks; "
+              f"pass --mesh", file=sys.stderr)
+        return 1
+    # Under torchrun every rank verifies; rank 0 alone reports (all ranks share the verdict).
+    reporting = args.backend != "torchrun" or os.environ.get("RANK", "0") == "0"
     start = time.perf_counter()
     try:
         rows = verify_specs(specs, args.backend, meshes, device=args.device, timeout=args.timeout,
-                            progress=None if args.json else Progress(total))
+                            progress=None if args.json or not reporting else Progress(total))
     except ShardVerifyError as exc:   # a mesh or backend that cannot exist here
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if not reporting:
+        return 1 if any(r.failures for r in rows) else 0
     elapsed = time.perf_counter() - start
     failed = sum(r.failures for r in rows)
     checks = sum(r.verified for r in rows)

@@ -145,6 +145,22 @@ class OpSpec:
                 cases.append(_case(self, target, tuple(zip(keys, values))))
         return tuple(cases)
 
+    def op_cases(self) -> list[tuple[str, "OpCase"]]:
+        """(case id, OpCase) for every case: the one mapping the generated tests, the CLI
+        and the explorer all use."""
+        from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+
+        def module(init: ModuleInit | None) -> ModuleDecl | None:
+            return None if init is None else ModuleDecl(init.target, args=init.args, kwargs=init.kwargs)
+
+        verify = self.verify
+        return [(case.id, OpCase(op=self.name, target=case.target,
+                                 inputs=tuple(InputDecl(i.role, i.shape, i.dtype) for i in case.inputs),
+                                 params=case.params, module=module(case.module),
+                                 predecessor=module(verify.predecessor), seed=verify.seed,
+                                 rtol=verify.rtol, atol=verify.atol))
+                for case in self.cases()]
+
 
 # --------------------------------------------------------------------------------- parsing
 
@@ -594,7 +610,7 @@ def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
               for count in spec.verify.counts
               for index, case in enumerate(cases) if _matches(count, case)]
     handler = renderer.render("op_handler.py.j2", spec=spec)
-    test = renderer.render("op_test.py.j2", spec=spec, cases=cases, counts=counts,
+    test = renderer.render("op_test.py.j2", spec=spec, cases=spec.op_cases(), counts=counts,
                            meshes=[(mesh, _mesh_id(mesh)) for mesh in spec.verify.meshes])
     outputs = {f"{HANDLER_DIR}/{spec.name}.py": handler, f"{TEST_DIR}/test_{spec.name}.py": test}
     # --- property tests (shardverify.explore, issue 7): hypothesis beyond the listed grid ---
