@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from shardverify.cli.generate_cmd import add_location_options
-from shardverify.codegen.generate import InvalidSpecs, discover_specs, load_kinds, load_specs
+from shardverify.codegen.generate import InvalidSpecs, load_specs, spec_sources
 from shardverify.errors import SpecError
 
 
@@ -18,12 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    specs_dir = args.specs_dir if args.specs_dir is not None else args.root / "specs"
-    if not specs_dir.is_dir():
-        print(f"error: no spec folder {specs_dir}; pass --specs-dir or --root", file=sys.stderr)
-        return 1
     try:
-        parsed = load_specs(discover_specs(specs_dir, args.root, load_kinds()))
+        parsed = load_specs(spec_sources(args.root, args.specs_dir))
     except InvalidSpecs as exc:
         for error in exc.errors:
             print(f"error: {error}", file=sys.stderr)

@@ -70,14 +70,10 @@ def parse_timeout(text: str) -> float:
 
 def load_op_specs(root: Path, specs_dir: Path | None, names: list[str]) -> list:
     """The parsed op specs (all, or the named ones); SpecError on a missing or invalid spec."""
-    from shardverify.codegen.generate import discover_specs, load_kinds, load_specs, select_specs
+    from shardverify.codegen.generate import load_specs, spec_sources
 
-    specs_dir = specs_dir if specs_dir is not None else root / "specs"
-    if not specs_dir.is_dir():
-        raise SpecError(f"no spec folder {specs_dir}; pass --specs-dir or --root")
-    sources = discover_specs(specs_dir, root, load_kinds())
+    sources = spec_sources(root, specs_dir, names)
     if names:
-        sources = select_specs(sources, names)
         others = [s.display for s in sources if s.kind.name != "op"]
         if others:
             raise SpecError(f"`shardverify verify` checks op specs; {', '.join(others)} "

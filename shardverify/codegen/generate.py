@@ -253,17 +253,20 @@ def apply_changes(changes: list[Change], root: Path) -> None:
             _write_atomic(target, change.new)
 
 
-def generate(root: Path, specs_dir: Path | None = None, names: list[str] | None = None, *,
-             check: bool = False) -> list[Change]:
-    """Validate every (or every named) spec, then either apply the changes or, with `check`,
-    only return them. Orphans are only considered when no names are given."""
+def spec_sources(root: Path, specs_dir: Path | None = None, names: list[str] | None = None) -> list:
+    """The spec files under `specs_dir` (default ROOT/specs) of every kind, or the named ones."""
     specs_dir = specs_dir if specs_dir is not None else root / "specs"
     if not specs_dir.is_dir():
         raise SpecError(f"no spec folder {specs_dir}; pass --specs-dir or --root")
     sources = discover_specs(specs_dir, root, load_kinds())
-    if names:
-        sources = select_specs(sources, names)
-    outputs = render_outputs(load_specs(sources))
+    return select_specs(sources, names) if names else sources
+
+
+def generate(root: Path, specs_dir: Path | None = None, names: list[str] | None = None, *,
+             check: bool = False) -> list[Change]:
+    """Validate every (or every named) spec, then either apply the changes or, with `check`,
+    only return them. Orphans are only considered when no names are given."""
+    outputs = render_outputs(load_specs(spec_sources(root, specs_dir, names)))
     changes = plan_changes(outputs, root, orphans=not names)
     if not check:
         apply_changes(changes, root)

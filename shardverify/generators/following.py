@@ -7,7 +7,7 @@ is dropped (the input is gathered there), so no communication is needed: every k
 maps to the same shard of the output.
 
 Options (all op knowledge stays in the handler's data):
-``follow``            role of the operand whose producer is followed (default ``"input"``);
+``follow_operand``    role of the operand whose producer is followed (default ``"input"``);
 ``reduce_dims_param`` call parameter naming the reduced dims (int, sequence, or None/() = all);
                       without it the op keeps every dim (elementwise);
 ``keepdim_param``     call parameter that keeps reduced dims as size 1 (their layout R).
@@ -47,7 +47,7 @@ def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ..
 
 @register_generator("following")
 def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
-    role = str(ctx.option("follow", "input"))
+    role = str(ctx.option("follow_operand", "input"))
     inp, out = ctx.operand(role), ctx.operand("output")
     extra = [r for r in ctx.operands if r not in (role, "output")]
     if extra:
