@@ -464,6 +464,14 @@ def test_interrupted(sv_backend):
 """
 
 
+def _terminal_sigint() -> None:
+    """Give the inner run the SIGINT handling a terminal gives its programs. A shell that
+    starts this test run in the background (`cmd &` without job control) ignores SIGINT, the
+    children inherit that, and Python then never turns Ctrl-C into KeyboardInterrupt."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @needs_proc
 @pytest.mark.dist
 @pytest.mark.slow
@@ -475,7 +483,8 @@ def test_ctrl_c_during_a_check_leaves_no_process_behind(pytester, clean_env):
     env = {**os.environ, "AUTO_PARALLEL": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                              "test_suite.py"], cwd=pytester.path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_terminal_sigint)
     try:
         deadline = time.monotonic() + 240
         while len(list(ready.iterdir())) < 2:
