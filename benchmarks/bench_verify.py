@@ -21,7 +21,7 @@ from pathlib import Path
 from shardverify.api import strategies_for_node
 from shardverify.backends import SimulatedBackend
 from shardverify.backends.process import ProcessBackend
-from shardverify.cli.verify_cmd import load_op_specs, op_cases, parse_mesh
+from shardverify.cli.verify_cmd import load_op_specs, parse_mesh
 from shardverify.mesh import DeviceMesh
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
@@ -71,7 +71,7 @@ def main() -> None:
                         help="verify only the first N cases in the pool-versus-fresh comparison")
     args = parser.parse_args()
     mesh = DeviceMesh(args.mesh)
-    cases = [case for spec in load_op_specs(REPO, None, args.specs) for _, case in op_cases(spec)]
+    cases = [case for spec in load_op_specs(REPO, None, args.specs) for _, case in spec.op_cases()]
     for case in cases:   # trace once here so neither pass pays for this process's tracing
         graph_module, node_name = case.build()
         strategies_for_node(graph_module, node_name, mesh)
