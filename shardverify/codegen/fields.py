@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import keyword
 import math
 import re
@@ -17,6 +16,7 @@ from typing import Any
 
 from shardverify.codegen.loader import Node
 from shardverify.errors import SpecError
+from shardverify.names import resolve_dotted
 
 __all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "resolve_target", "type_name",
            "check_type", "describe", "finite_number", "lookup"]
@@ -156,21 +156,8 @@ _DOTTED = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*\Z")
 
 
 def lookup(dotted: str) -> Any:
-    """Resolve a dotted name under `torch`, importing torch submodules as needed."""
-    parts = dotted.split(".")
-    obj: Any = importlib.import_module(parts[0])
-    for index, part in enumerate(parts[1:], start=1):
-        if hasattr(obj, part):
-            obj = getattr(obj, part)
-            continue
-        if isinstance(obj, types.ModuleType):
-            try:
-                obj = importlib.import_module(".".join(parts[: index + 1]))
-                continue
-            except ImportError:
-                pass
-        raise LookupError(f"'{'.'.join(parts[:index])}' has no attribute '{part}'")
-    return obj
+    """Resolve a dotted name (the shared resolver; raises a LookupError)."""
+    return resolve_dotted(dotted)
 
 
 def resolve_target(node: Node) -> str:

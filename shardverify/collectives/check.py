@@ -19,7 +19,6 @@ of *all* ranks' inputs that the backend computes, with the SPMD backward as its 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from torch import Tensor
 
 from shardverify.collectives.references import Reference, get_reference
 from shardverify.errors import CollectiveError
+from shardverify.names import UnresolvedName, resolve_dotted
 from shardverify.verify.tolerance import Tolerance, compare, dtype_from_name, tolerance_for
 
 __all__ = ["CollectiveCase", "CollectiveReport", "resolve_implementation", "make_input",
@@ -84,22 +84,11 @@ class CollectiveReport:
 
 
 def resolve_implementation(dotted: str) -> Callable:
-    """Import ``package.module.function`` (the longest importable module prefix)."""
-    parts = dotted.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        try:
-            for part in parts[cut:]:
-                obj = getattr(obj, part)
-        except AttributeError:
-            break
-        if callable(obj):
-            return obj
-        break
-    raise LookupError(f"{dotted!r} does not name an importable callable")
+    """The callable ``package.module.function`` names (a LookupError when it names none)."""
+    obj = resolve_dotted(dotted)
+    if not callable(obj):
+        raise UnresolvedName(f"{dotted!r} names a {type(obj).__name__}, not a callable")
+    return obj
 
 
 def _generator(case: CollectiveCase, rank: int, salt: int) -> torch.Generator:

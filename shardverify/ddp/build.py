@@ -6,33 +6,16 @@ data), which is what lets the single-device reference run on every rank without 
 
 from __future__ import annotations
 
-import importlib
 
 import torch
 from torch import nn
 
 from shardverify.ddp.plan import LayerDecl, ModelDecl, ModelPlan, OptimizerDecl
 from shardverify.errors import InvalidArgument
+from shardverify.names import resolve_dotted
 
-__all__ = ["resolve_dotted", "build_model", "make_batch", "per_sample_loss", "elements_per_sample",
+__all__ = ["build_model", "make_batch", "per_sample_loss", "elements_per_sample",
            "build_optimizer"]
-
-
-def resolve_dotted(name: str) -> object:
-    """The object named "package.module.attr" or "package.module:attr"."""
-    if ":" in name:
-        module_name, _, attr_path = name.partition(":")
-    else:
-        module_name, _, attr_path = name.rpartition(".")
-    try:
-        obj: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgument(f"cannot import module {module_name!r} of {name!r}: {exc}") from None
-    for attr in attr_path.split("."):
-        if not hasattr(obj, attr):
-            raise InvalidArgument(f"{name!r}: {module_name!r} has no attribute {attr_path!r}")
-        obj = getattr(obj, attr)
-    return obj
 
 
 def _build_layer(layer: LayerDecl) -> nn.Module:

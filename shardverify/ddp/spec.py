@@ -21,7 +21,8 @@ from shardverify.codegen.fields import (Fields, as_identifier, as_shape, check_t
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.codegen.loader import Node
 from shardverify.codegen.render import Renderer, py_identifier, py_literal
-from shardverify.ddp.build import build_model, build_optimizer, make_batch, per_sample_loss, resolve_dotted
+from shardverify.ddp.build import build_model, build_optimizer, make_batch, per_sample_loss
+from shardverify.names import resolve_dotted
 from shardverify.ddp.plan import (EXPECTATIONS, LOSSES, OPTIMIZERS, DDPOptions, LayerDecl, LossDecl,
                                   ModelDecl, ModelPlan, OptimizerDecl)
 from shardverify.errors import InvalidArgument

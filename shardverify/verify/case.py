@@ -8,7 +8,6 @@ predecessor module (whose strategies a following op such as sum takes up).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import keyword
 import threading
@@ -20,6 +19,7 @@ import torch
 from torch import fx
 
 from shardverify.errors import InvalidArgument
+from shardverify.names import resolve_dotted
 from shardverify.verify.tolerance import dtype_from_name
 
 __all__ = ["InputDecl", "ModuleDecl", "OpCase", "resolve", "cached"]
@@ -28,22 +28,9 @@ T = TypeVar("T")
 
 
 def resolve(dotted: str) -> object:
-    """The object a dotted name such as ``"torch.nn.Linear"`` or ``"torch.Tensor.sum"`` names."""
-    if not isinstance(dotted, str) or not dotted or any(not p.isidentifier() for p in dotted.split(".")):
-        raise InvalidArgument(f"target must be a dotted name such as 'torch.sum', got {dotted!r}")
-    parts = dotted.split(".")
-    for split in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        try:
-            for attr in parts[split:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            break
-        return obj
-    raise InvalidArgument(f"target {dotted!r} does not name an importable object")
+    """The object a dotted name such as ``"torch.nn.Linear"`` or ``"torch.Tensor.sum"`` names
+    (InvalidArgument when it names nothing)."""
+    return resolve_dotted(dotted)
 
 
 def _tupled(value: object) -> object:

@@ -1,0 +1,42 @@
+"""Resolving dotted names ("torch.nn.functional.linear", "torch.Tensor.sum",
+"pkg.module:factory") to objects: one resolver for spec targets, harness cases, collective
+implementations and model factories, so they all accept and reject the same names."""
+
+from __future__ import annotations
+
+import importlib
+
+from shardverify.errors import InvalidArgument
+
+__all__ = ["UnresolvedName", "resolve_dotted"]
+
+
+class UnresolvedName(InvalidArgument, LookupError):
+    """A dotted name that names no importable object (a LookupError too, for callers that
+    treat any failed lookup alike)."""
+
+
+def resolve_dotted(name: str) -> object:
+    """The object named ``name``: the longest importable module prefix, then attributes.
+    ``"package.module:attr.sub"`` names the module explicitly."""
+    module_part, colon, attr_part = name.partition(":") if isinstance(name, str) else ("", "", "")
+    parts = module_part.split(".") + (attr_part.split(".") if colon else [])
+    if not isinstance(name, str) or any(not p.isidentifier() for p in parts):
+        raise UnresolvedName(f"expected a dotted name such as 'torch.sum' or 'package.module:attr', got {name!r}")
+    cuts = [len(module_part.split("."))] if colon else range(len(parts), 0, -1)
+    for cut in cuts:
+        prefix = ".".join(parts[:cut])
+        try:
+            obj: object = importlib.import_module(prefix)
+        except ModuleNotFoundError as exc:
+            if colon or not (exc.name == prefix or prefix.startswith(f"{exc.name}.")):
+                raise UnresolvedName(f"{name!r} does not name an importable object: cannot import "
+                                     f"{prefix!r}: {exc}") from None
+            continue
+        for index, attr in enumerate(parts[cut:], start=cut):
+            if not hasattr(obj, attr):
+                raise UnresolvedName(f"{name!r} does not name an importable object: "
+                                     f"{'.'.join(parts[:index])!r} has no attribute {attr!r}")
+            obj = getattr(obj, attr)
+        return obj
+    raise UnresolvedName(f"{name!r} does not name an importable object")
