@@ -194,11 +194,11 @@ def test_declared_memory_cost_is_checked(mesh4):
 
 def test_a_rank_that_raises_fails_its_strategy_and_the_run_goes_on(mesh4):
     good = strategies(LINEAR, mesh4)
-    layouts = dict(good[0].sharding_specs)
+    layouts = dict(good[-1].sharding_specs)
     # Shard the input on its contracted dim while the weight stays whole: the local op cannot run.
     from shardverify.sharding import ShardingSpec
 
-    broken = good[0].replace(name="broken", sharding_specs=tuple(
+    broken = good[-1].replace(name="broken", sharding_specs=tuple(
         (n, ShardingSpec.from_partition((4,), spec.tensor_shape, {3: (0,)}) if n == "input_1" else spec)
         for n, spec in layouts.items()))
     results = verify_case(mesh4, LINEAR, [broken, good[1]])
@@ -247,7 +247,7 @@ def _hand_made(mesh: DeviceMesh, name: str, layouts: dict, actions: tuple) -> Sh
     base = strategies(LINEAR, mesh)[0]
     specs = {n: ShardingSpec.from_partition(mesh.shape, s.tensor_shape, layouts.get(n, {}))
              for n, s in base.sharding_specs}
-    return base.replace(name=name, sharding_specs=tuple(specs.items()), communication_actions=actions,
+    return base.replace(name=name, sharding_specs=tuple(specs.items()), communication_actions=actions, post_add=(),
                         memory_cost=memory_cost(base.operands, specs))
 
 
