@@ -1,0 +1,164 @@
+"""The rule notation and the one `rules` generator: parse/str round trip, binding errors, and
+for each family a deliberately wrong rule that the numerical verification catches, naming the
+strategy and the tensor."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import pytest
+import torch
+
+import shardverify.handlers.base as handlers
+from shardverify.api import strategies_for_node
+from shardverify.backends.simulated import SimulatedBackend
+from shardverify.errors import InvalidArgument
+from shardverify.handlers.base import HandlerDef, OperandDecl, ParamDecl, target_key
+from shardverify.mesh import DeviceMesh
+from shardverify.rules.notation import parse_equation
+from shardverify.rules.rule import bind
+from shardverify.rules.spec import RuleOptions
+from shardverify.verify.case import InputDecl, OpCase
+from shardverify.verify.engine import verify_case
+
+
+# ------------------------------------------------------------------------------ notation
+
+@pytest.mark.parametrize("text", ["mk,kn->mn", "bmk,bkn->bmn", "...k, nk, n -> ...n", "n i h w, o i kh kw, o -> n o oh ow",
+                                  "a (b c) -> a b c", "a 1 b -> a b", "mk,kn->mn,m"])
+def test_equations_round_trip(text):
+    eq = parse_equation(text)
+    assert parse_equation(str(eq)) == eq
+
+
+@pytest.mark.parametrize("text,fragment", [("mk,kn", "exactly one '->'"), ("mm,mn->mn", "appear twice"),
+                                           ("m(k,kn->mn", "unclosed"), ("m-k->m", "not a factor name"),
+                                           ("a ... ... -> a", "once per term")])
+def test_bad_equations_name_the_problem(text, fragment):
+    with pytest.raises(InvalidArgument, match=fragment.replace("(", r"\(")):
+        parse_equation(text)
+
+
+def test_binding_broadcasts_and_reduces():
+    rule = bind(parse_equation("...k, nk, n -> ...n"), [(4, 4, 16), (32, 16), (32,)], [(4, 4, 32)], additive=[2])
+    assert rule.size == {"_b0": 4, "_b1": 4, "k": 16, "n": 32}
+    assert dict(rule.reduce) == {"k": "sum"} and rule.additive == (2,)
+    broadcast = bind(parse_equation("a b, a b -> a b"), [(8, 16), (1, 16)], [(8, 16)])
+    assert broadcast.inputs[1] == ((), ("b",))      # the size-1 dim holds no factor
+    with pytest.raises(InvalidArgument, match="factor 'k' has size 16 and 8"):
+        bind(parse_equation("mk,kn->mn"), [(8, 16), (8, 8)], [(8, 8)])
+    conv = bind(parse_equation("n i h w, o i kh kw -> n o oh ow"), [(2, 4, 8, 8), (6, 4, 3, 3)], [(2, 6, 6, 6)],
+                whole=("h", "w", "kh", "kw"))
+    assert {"oh", "ow"} <= conv.whole                 # only an output holds them
+
+
+def test_rule_options_are_validated_eagerly():
+    with pytest.raises(InvalidArgument, match="exactly one of"):
+        RuleOptions.from_options({"einsum": "mk,kn->mn", "pointwise": True})
+    with pytest.raises(InvalidArgument, match="factor"):
+        RuleOptions.from_options({"einsum": "mk,kn->mn", "whole": ["q"]})
+    with pytest.raises(InvalidArgument, match="reduce_op"):
+        RuleOptions.from_options({"reduce_dims_param": "dim", "reduce_op": "prod"})
+    with pytest.raises(InvalidArgument, match="unknown rule option"):
+        RuleOptions.from_options({"pointwise": True, "wohle": ["x"]})
+
+
+# ---------------------------------------------------------------- planted wrong rules
+
+@contextlib.contextmanager
+def handler(name: str, target, operands, options, params=()):
+    """Register a handler for ``target`` in place of the shipped one, for one test."""
+    defn = HandlerDef(name=name, targets=(target,), operands=tuple(operands), params=tuple(params),
+                      generator="rules", options=tuple(options.items()))
+    key = target_key(target)
+    saved = handlers._REGISTRY.get(key)
+    handlers._REGISTRY[key] = defn
+    try:
+        yield defn
+    finally:
+        if saved is None:
+            handlers._REGISTRY.pop(key, None)
+        else:
+            handlers._REGISTRY[key] = saved
+
+
+IN0 = OperandDecl("input", "input", 0, "input")
+IN1 = OperandDecl("other", "input", 1, "other")
+OUT = OperandDecl("output", "output")
+
+
+def failures(case: OpCase, mesh_shape=(2, 2)):
+    backend = SimulatedBackend(DeviceMesh(mesh_shape))
+    try:
+        results = verify_case(backend, case)
+    finally:
+        backend.close()
+    return [r for r in results if not r.passed], results
+
+
+def test_a_sharded_softmax_dim_is_caught():
+    case = OpCase(op="wrong_softmax", target="torch.softmax", inputs=(InputDecl("x", (8, 16)),), params=(("dim", 1),))
+    with handler("wrong_softmax", torch.softmax, [IN0, OUT], {"pointwise": True},   # forgot whole_dims_param: dim
+                 [ParamDecl("dim", 1, "dim")]):
+        failed, results = failures(case)
+    assert failed and len(results) > len(failed)
+    # exactly the strategies that shard the softmax dim (dim 1 of the input) fail
+    input_dims = {r.strategy: re.findall(r"R|S\d+", r.strategy.split(" -> ")[0]) for r in results}
+    assert {r.strategy for r in failed} == {name for name, dims in input_dims.items() if dims[1] != "R"}
+    report = failed[0].report()
+    assert failed[0].strategy in report and "output" in report
+
+
+def test_a_contraction_combined_with_the_wrong_op_is_caught():
+    case = OpCase(op="wrong_mm", target="torch.mm", inputs=(InputDecl("a", (8, 16)), InputDecl("b", (16, 8))))
+    with handler("wrong_mm", torch.mm, [IN0, OperandDecl("mat2", "input", 1, "mat2"), OUT],
+                 {"einsum": "mk,kn->mn", "reduce": (("k", "max"),)}):
+        failed, _ = failures(case)
+    assert failed and all("| P" in r.strategy and "max" in r.strategy for r in failed)
+    assert "output" in failed[0].report()
+
+
+def test_a_contraction_without_its_all_reduce_is_caught():
+    case = OpCase(op="mm", target="torch.mm", inputs=(InputDecl("a", (8, 16)), InputDecl("b", (16, 8))))
+    with handler("mm_rule", torch.mm, [IN0, OperandDecl("mat2", "input", 1, "mat2"), OUT], {"einsum": "mk,kn->mn"}):
+        graph_module, node = case.build()
+        mesh = DeviceMesh((2, 2))
+        partial = [s for s in strategies_for_node(graph_module, node, mesh) if "| P" in s.name]
+        stripped = [s.replace(communication_actions=tuple(a for a in s.communication_actions
+                                                          if a.where.name != "AFTER")) for s in partial]
+        backend = SimulatedBackend(mesh)
+        try:
+            results = verify_case(backend, case, stripped)
+        finally:
+            backend.close()
+    assert partial and all(not r.passed for r in results)
+
+
+def test_a_broadcast_operand_given_the_wrong_dim_is_caught():
+    # other (16,) broadcasts along x's LAST dim; the rule wrongly aligns it with the first.
+    case = OpCase(op="wrong_add", target="torch.add", inputs=(InputDecl("x", (16, 16)), InputDecl("y", (16,))))
+    with handler("wrong_add", torch.add, [IN0, IN1, OUT], {"einsum": "a b, a -> a b"}):
+        failed, _ = failures(case)
+    assert failed
+    assert any("output" in r.report() or "grad of" in r.report() for r in failed)
+
+
+def test_a_view_map_sending_a_shard_to_the_wrong_dim_is_caught():
+    case = OpCase(op="wrong_transpose", target="torch.transpose", inputs=(InputDecl("x", (8, 8, 4)),),
+                  params=(("dim0", 0), ("dim1", 1)))
+    with handler("wrong_transpose", torch.transpose, [IN0, OUT], {"einsum": "a b c -> a b c"},   # identity map
+                 [ParamDecl("dim0", 1, "dim0"), ParamDecl("dim1", 2, "dim1")]):
+        failed, results = failures(case)
+    assert failed and any(r.passed for r in results)      # shards of c still pass through correctly
+    assert "output" in failed[0].report() and failed[0].strategy in failed[0].report()
+
+
+def test_the_right_rules_pass_where_the_wrong_ones_fail():
+    case = OpCase(op="transpose_rule", target="torch.transpose", inputs=(InputDecl("x", (8, 8, 4)),),
+                  params=(("dim0", 0), ("dim1", 1)))
+    with handler("transpose_rule", torch.transpose, [IN0, OUT],
+                 {"view": "transpose", "dim0_param": "dim0", "dim1_param": "dim1"},
+                 [ParamDecl("dim0", 1, "dim0"), ParamDecl("dim1", 2, "dim1")]):
+        failed, results = failures(case)
+    assert not failed and len(results) > 1
