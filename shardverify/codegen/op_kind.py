@@ -128,6 +128,7 @@ class OpSpec:
     options: tuple[tuple[str, Literal], ...]
     verify: VerifySpec
     description: str = ""
+    audit_accept: tuple = ()       # shardverify.audit.accept.AcceptEntry: known, accepted gaps
 
     def grid_size(self) -> int:
         size = 1
@@ -365,6 +366,7 @@ def parse_op_spec(root: Node) -> OpSpec:
     params_node = f.optional("params", dict)
     generator_node = f.required("generator", dict)
     verify_node = f.required("verify", dict)
+    audit_node = f.optional("audit", dict)
     f.finish()
 
     if not targets_node.value:
@@ -410,9 +412,11 @@ def parse_op_spec(root: Node) -> OpSpec:
         _check_option_refs(options_node, {p.name for p in params}, roles)
 
     verify = _parse_verify(verify_node, targets, operands, params)
+    from shardverify.audit.accept import parse_audit
+    accept = parse_audit(audit_node, roles, dict(verify.grid))
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
-                  description=str(desc_node.value) if desc_node else "")
+                  description=str(desc_node.value) if desc_node else "", audit_accept=accept)
 
 
 def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,
