@@ -26,21 +26,33 @@ class OperationDataType(Enum):
     OUTPUT = "output"    # the node's own result
 
 
-LOCATOR_KINDS = ("arg", "kwarg", "param", "buffer", "output")
+LOCATOR_KINDS = ("arg", "kwarg", "param", "buffer", "output", "item")
 
 
 @dataclass(frozen=True)
 class OperandLocator:
     """Where an operand sits in the node's call, so a runner can swap in local shards:
-    positional ``arg`` index, ``kwarg`` name, module ``param``/``buffer`` attribute, or the ``output``."""
+    positional ``arg`` index, ``kwarg`` name, module ``param``/``buffer`` attribute, the ``output``
+    (key None; the tuple index when the op returns a tuple), or an ``item`` of a list argument
+    (key ``(arg index, element index)``, torch.cat's tensors)."""
 
     kind: str
-    key: int | str | None = None
+    key: int | str | tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in LOCATOR_KINDS:
             raise StrategyError(f"locator kind {self.kind!r} is not one of {LOCATOR_KINDS}")
-        expected = {"arg": int, "kwarg": str, "param": str, "buffer": str, "output": type(None)}[self.kind]
+        if self.kind == "output":
+            if self.key is not None and (isinstance(self.key, bool) or not isinstance(self.key, int)):
+                raise StrategyError(f"output locator key must be None or a tuple index, got {self.key!r}")
+            return
+        if self.kind == "item":
+            key = self.key
+            if not (isinstance(key, tuple) and len(key) == 2
+                    and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in key)):
+                raise StrategyError(f"item locator needs an (arg index, element index) key, got {key!r}")
+            return
+        expected = {"arg": int, "kwarg": str, "param": str, "buffer": str}[self.kind]
         if not isinstance(self.key, expected) or isinstance(self.key, bool):
             raise StrategyError(f"locator of kind {self.kind!r} needs a {expected.__name__} key, got {self.key!r}")
 
@@ -102,20 +114,32 @@ _DIMS_NEEDED = {
 }
 
 
+REDUCE_OPS = ("sum", "avg", "max", "min")
+
+
 @dataclass(frozen=True)
 class CommAction:
     """One collective a strategy needs; ``dims`` are tensor dims (gather/split: 1, all-to-all:
-    (split_dim, concat_dim), all-reduce: none)."""
+    (split_dim, concat_dim), all-reduce: none). ``op`` says how an ALLREDUCE_FWD_IDENTITY_BWD
+    combines a partial output: ``sum`` (a sharded contraction), ``avg`` (a mean over a sharded
+    dim), ``max``/``min`` (amax/amin; backward sends the gradient to the rank(s) holding the
+    extremum, which costs one all-reduce in backward)."""
 
     pattern: CommPattern
     axes: tuple[int, ...]
     operand: str
     where: CommWhere
     dims: tuple[int, ...] = ()
+    op: str = "sum"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "axes", tuple(self.axes))
         object.__setattr__(self, "dims", tuple(self.dims))
+        if self.op not in REDUCE_OPS:
+            raise StrategyError(f"comm action on {self.operand!r}: op {self.op!r} is not one of {REDUCE_OPS}")
+        if self.op != "sum" and self.pattern is not CommPattern.ALLREDUCE_FWD_IDENTITY_BWD:
+            raise StrategyError(f"comm action on {self.operand!r}: op {self.op!r} applies only to "
+                                f"ALLREDUCE_FWD_IDENTITY_BWD, not {self.pattern.name}")
         if not self.axes or len(set(self.axes)) != len(self.axes):
             raise StrategyError(f"comm action on {self.operand!r} needs distinct mesh axes, got {self.axes}")
         if len(self.dims) != _DIMS_NEEDED[self.pattern]:
@@ -124,6 +148,23 @@ class CommAction:
         if self.where is CommWhere.HOOK and self.pattern is not CommPattern.IDENTITY_FWD_ALLREDUCE_BWD:
             raise StrategyError(f"a gradient HOOK can only all-reduce (IDENTITY_FWD_ALLREDUCE_BWD), "
                                 f"got {self.pattern.name} on {self.operand!r}")
+
+
+@dataclass(frozen=True)
+class PostAdd:
+    """An additive operand (a bias) that is *not* passed to the op (zeros are passed in its
+    place) and is added to the output after the output's AFTER actions, so a partial output is
+    reduced before the bias is added once (row-parallel Linear with bias). Dim ``i`` of the
+    operand lines up with output dim ``dims[i]``; the other output dims broadcast."""
+
+    operand: str
+    dims: tuple[int, ...]
+    output: int = 0            # which output (tuple index) it is added to
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", tuple(self.dims))
+        if len(set(self.dims)) != len(self.dims) or any(d < 0 for d in self.dims):
+            raise StrategyError(f"post-add of {self.operand!r}: output dims {self.dims} must be distinct and >= 0")
 
 
 @dataclass(frozen=True)
@@ -158,7 +199,8 @@ class MemoryCycle(NamedTuple):
 
 @dataclass(frozen=True)
 class ShardingStrategy:
-    """One way to run a node on a mesh: a layout per operand (inputs..., output last)."""
+    """One way to run a node on a mesh: a layout per operand (inputs..., then the output, or
+    the outputs in tuple order when the op returns several tensors)."""
 
     name: str
     sharding_specs: tuple[tuple[str, ShardingSpec], ...]
@@ -167,6 +209,7 @@ class ShardingStrategy:
     memory_cost: MemoryCycle
     communication_cost: TrainCycleItem
     communication_actions: tuple[CommAction, ...] = ()
+    post_add: tuple[PostAdd, ...] = ()
 
     def __post_init__(self) -> None:
         names = [n for n, _ in self.sharding_specs]
@@ -183,6 +226,14 @@ class ShardingStrategy:
             if action.operand not in names:
                 raise StrategyError(f"strategy {self.name!r}: comm action names unknown operand "
                                     f"{action.operand!r}; operands are {names}")
+        for add in self.post_add:
+            data = next((op for op in self.operands if op.name == add.operand), None)
+            if data is None or data.type is OperationDataType.OUTPUT:
+                raise StrategyError(f"strategy {self.name!r}: post-add names {add.operand!r}, which is not "
+                                    f"an input of {names}")
+            if len(add.dims) != len(data.shape):
+                raise StrategyError(f"strategy {self.name!r}: post-add of {add.operand!r} maps {len(add.dims)} "
+                                    f"dims, the operand has {len(data.shape)}")
         if not isinstance(self.memory_cost, MemoryCycle):
             object.__setattr__(self, "memory_cost", MemoryCycle(*self.memory_cost))
 
@@ -206,6 +257,22 @@ class ShardingStrategy:
     @property
     def output(self) -> OperationData:
         return self.operands[-1]
+
+    @property
+    def outputs(self) -> tuple[OperationData, ...]:
+        """The trailing OUTPUT operands, in tuple order (one for a single-tensor op)."""
+        n = 0
+        while n < len(self.operands) and self.operands[-1 - n].type is OperationDataType.OUTPUT:
+            n += 1
+        return self.operands[len(self.operands) - n:]
+
+    @property
+    def inputs(self) -> tuple[OperationData, ...]:
+        """Every operand before the outputs."""
+        return self.operands[:len(self.operands) - len(self.outputs)]
+
+    def post_added(self, name: str) -> PostAdd | None:
+        return next((add for add in self.post_add if add.operand == name), None)
 
     @property
     def output_sharding_spec(self) -> ShardingSpec:

@@ -50,7 +50,7 @@ def test_operation_data_logical_shape_defaults_to_shape():
                       locator=OperandLocator("arg", 0))
 
 
-@pytest.mark.parametrize("kind,key", [("arg", "x"), ("kwarg", 1), ("param", None), ("output", 0), ("slot", 0)])
+@pytest.mark.parametrize("kind,key", [("arg", "x"), ("kwarg", 1), ("param", None), ("output", "x"), ("output", True), ("item", 0), ("item", (0, -1)), ("slot", 0)])
 def test_bad_locators_are_rejected(kind, key):
     with pytest.raises(StrategyError, match=repr(kind) if kind == "slot" else "key"):
         OperandLocator(kind, key)

@@ -61,6 +61,14 @@ def _all_reduce(comm, action: CommAction, t: Tensor) -> Tensor:
     return comm.all_reduce(t.contiguous(), action.axes, "sum")
 
 
+def _reduce_partial(comm, action: CommAction, t: Tensor) -> Tensor:
+    """Forward half of ALLREDUCE_FWD_IDENTITY_BWD with ``action.op``: avg divides the sum by
+    the group size; max/min reduce elementwise."""
+    if action.op == "avg":
+        return comm.all_reduce(t.contiguous(), action.axes, "sum") / group_size(comm, action.axes)
+    return comm.all_reduce(t.contiguous(), action.axes, action.op)
+
+
 def _gather(comm, action: CommAction, t: Tensor) -> Tensor:
     dim = _dim(action, t, 0)
     return torch.cat(comm.all_gather(t.contiguous(), action.axes), dim)
@@ -99,12 +107,39 @@ _HALVES: dict[CommPattern, tuple[Half, Half]] = {
 
 def forward_half(comm, action: CommAction, t: Tensor) -> Tensor:
     """The forward exchange of ``action`` on ``t``, outside autograd."""
+    if action.op != "sum":
+        return _reduce_partial(comm, action, t)
     return _HALVES[action.pattern][0](comm, action, t)
 
 
 def backward_half(comm, action: CommAction, grad: Tensor) -> Tensor:
     """The backward exchange of ``action`` on a gradient, outside autograd."""
     return _HALVES[action.pattern][1](comm, action, grad)
+
+
+class _ReducePartial(torch.autograd.Function):
+    """A partial output reduced with avg/max/min. The output is then replicated over the
+    axes, so its gradient is the same on every rank: avg hands each rank ``grad / p``;
+    max/min hand it to the rank(s) whose local value is the extremum, split evenly among
+    ties (as torch.amax does), counting the holders with one all-reduce."""
+
+    @staticmethod
+    def forward(ctx, t, comm, action):
+        out = _reduce_partial(comm, action, t)
+        ctx.comm, ctx.action = comm, action
+        if action.op in ("max", "min"):
+            ctx.save_for_backward(t, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        comm, action = ctx.comm, ctx.action
+        if action.op == "avg":
+            return grad / group_size(comm, action.axes), None, None
+        local, reduced = ctx.saved_tensors
+        holds = (local == reduced).to(grad.dtype)
+        ties = comm.all_reduce(holds.contiguous(), action.axes, "sum")
+        return grad * holds / ties.clamp_min(1), None, None
 
 
 class _Pattern(torch.autograd.Function):
@@ -133,6 +168,8 @@ def apply_comm_action(comm, action: CommAction, tensor: Tensor) -> Tensor:
     if not isinstance(tensor, Tensor):
         raise CollectiveError(
             f"{action.pattern.name} on {action.operand!r} expects a tensor, got {type(tensor).__name__}")
+    if action.op != "sum":
+        return _ReducePartial.apply(tensor, comm, action)
     return _Pattern.apply(tensor, comm, action)
 
 

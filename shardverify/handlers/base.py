@@ -34,7 +34,12 @@ class OperandDecl:
     ``kind="input"``: a call argument at positional ``index`` or ``keyword``.
     ``kind="param"``: on a ``call_module`` node the module attribute ``attribute``; on a
     function/method call the argument at ``index``/``keyword`` (F.linear's weight).
-    ``kind="output"``: the node's result. For ``call_method`` nodes index 0 is ``self``.
+    ``kind="output"``: the node's result; with ``index`` the element ``index`` of a tuple
+    result (``torch.max(x, dim)``: values 0, indices 1); without it a tuple result gives one
+    operand per element (split/chunk), with roles ``<role>.<i>``.
+    ``element``: the operand is element ``element`` of the list argument at ``index``
+    (torch.cat's tensors). For ``call_method`` nodes index 0 is ``self``. An optional input
+    that the call fills with a number (``torch.add(x, 2.0)``) is absent, like an omitted one.
     """
 
     role: str
@@ -43,6 +48,7 @@ class OperandDecl:
     keyword: str | None = None
     attribute: str | None = None
     optional: bool = False
+    element: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in OPERAND_KINDS:
@@ -79,8 +85,11 @@ class HandlerDef:
         roles = [d.role for d in self.operands]
         if len(set(roles)) != len(roles):
             raise HandlerError(f"handler {self.name!r} repeats an operand role: {roles}")
-        if [d.kind for d in self.operands].count("output") != 1:
-            raise HandlerError(f"handler {self.name!r} needs exactly one output operand, got roles {roles}")
+        outputs = [d for d in self.operands if d.kind == "output"]
+        if not outputs:
+            raise HandlerError(f"handler {self.name!r} needs an output operand, got roles {roles}")
+        if len(outputs) > 1 and any(d.index is None for d in outputs):
+            raise HandlerError(f"handler {self.name!r}: with several outputs each needs its tuple index")
         if not self.generator:
             raise HandlerError(f"handler {self.name!r} names no generator")
 
@@ -142,11 +151,42 @@ def handler_for_node(node: Node, graph_module: GraphModule) -> HandlerDef | None
 
 # ---- reading operands and parameters off a node ---------------------------------------
 
-def _tensor_meta(node: Node) -> tuple[tuple[int, ...], torch.dtype]:
+def _tensor_metas(node: Node) -> list[tuple[tuple[int, ...], torch.dtype]] | None:
+    """(shape, dtype) of each tensor of a tuple result, or None for a single tensor."""
     meta = node.meta.get("tensor_meta")
+    if isinstance(meta, (list, tuple)) and not hasattr(meta, "shape"):
+        if not all(hasattr(m, "shape") for m in meta):
+            raise HandlerError(f"node {node.name!r} returns a tuple holding non-tensors; only tensors are supported")
+        return [(tuple(m.shape), m.dtype) for m in meta]
+    return None
+
+
+def _tensor_meta(node: Node, index: int | None = None) -> tuple[tuple[int, ...], torch.dtype]:
+    meta = node.meta.get("tensor_meta")
+    if index is not None:
+        metas = _tensor_metas(node)
+        if metas is None or not 0 <= index < len(metas):
+            raise HandlerError(f"node {node.name!r} has no tuple result element {index}")
+        return metas[index]
     if meta is None or not hasattr(meta, "shape"):
         raise HandlerError(f"node {node.name!r} has no tensor shape; trace the module with shardverify.trace()")
     return tuple(meta.shape), meta.dtype
+
+
+def _resolve_outputs(decl: OperandDecl, node: Node) -> list[tuple[str, OperationData]]:
+    """(role, data) of the output(s) a declaration stands for."""
+    if decl.index is not None:
+        shape, dtype = _tensor_meta(node, decl.index)
+        return [(decl.role, OperationData(f"{node.name}.{decl.index}", OperationDataType.OUTPUT, decl.role,
+                                          shape, dtype, locator=OperandLocator("output", decl.index)))]
+    metas = _tensor_metas(node)
+    if metas is None:
+        shape, dtype = _tensor_meta(node)
+        return [(decl.role, OperationData(node.name, OperationDataType.OUTPUT, decl.role, shape, dtype,
+                                          locator=OperandLocator("output")))]
+    return [(f"{decl.role}.{i}", OperationData(f"{node.name}.{i}", OperationDataType.OUTPUT, f"{decl.role}.{i}",
+                                               shape, dtype, locator=OperandLocator("output", i)))
+            for i, (shape, dtype) in enumerate(metas)]
 
 
 def _call_value(node: Node, index: int | None, keyword: str | None) -> tuple[object, OperandLocator | None]:
@@ -167,10 +207,6 @@ def _attr_kind(graph_module: GraphModule, target: str) -> OperationDataType:
 
 def _resolve_one(decl: OperandDecl, handler: HandlerDef, node: Node,
                  graph_module: GraphModule) -> OperationData | None:
-    if decl.kind == "output":
-        shape, dtype = _tensor_meta(node)
-        return OperationData(node.name, OperationDataType.OUTPUT, decl.role, shape, dtype,
-                             locator=OperandLocator("output"))
     if node.op == "call_module" and decl.attribute is not None:
         module = graph_module.get_submodule(str(node.target))
         value = getattr(module, decl.attribute, None)
@@ -187,7 +223,14 @@ def _resolve_one(decl: OperandDecl, handler: HandlerDef, node: Node,
                              decl.role, tuple(value.shape), value.dtype,
                              locator=OperandLocator("param" if is_param else "buffer", decl.attribute))
     value, locator = _call_value(node, decl.index, decl.keyword)
-    if value is _MISSING or value is None:
+    if decl.element is not None and value is not _MISSING:
+        if not isinstance(value, (list, tuple)) or not 0 <= decl.element < len(value):
+            if decl.optional:
+                return None
+            raise HandlerError(f"handler {handler.name!r}: operand {decl.role!r} is element {decl.element} of "
+                               f"a list argument, node {node.name!r} passes {value!r}")
+        value, locator = value[decl.element], OperandLocator("item", (locator.key, decl.element))
+    if value is _MISSING or value is None or (decl.optional and isinstance(value, (bool, int, float, complex))):
         if decl.optional:
             return None
         raise HandlerError(f"handler {handler.name!r}: node {node.name!r} has no argument for operand "
@@ -204,6 +247,9 @@ def resolve_operands(handler: HandlerDef, node: Node, graph_module: GraphModule)
     """Operand data by role, in declaration order with the output last; absent optionals omitted."""
     found: dict[str, OperationData] = {}
     for decl in sorted(handler.operands, key=lambda d: d.kind == "output"):
+        if decl.kind == "output":
+            found.update(_resolve_outputs(decl, node))
+            continue
         data = _resolve_one(decl, handler, node, graph_module)
         if data is not None:
             found[decl.role] = data

@@ -21,7 +21,7 @@ import torch
 from shardverify.errors import BackendError, InvalidArgument, RankError, VerificationError
 from shardverify.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 from shardverify.verify.case import OpCase
-from shardverify.verify.reference import Reference, call_op, reference
+from shardverify.verify.reference import Reference, as_outputs, call_op, reference
 from shardverify.verify.report import CheckResult, Mismatch
 from shardverify.verify.tolerance import Tolerance, compare, dtype_from_name, tolerance_for
 
@@ -50,9 +50,8 @@ class RankReport:
 def strategy_problems(strategy: ShardingStrategy, mesh_ndim: int) -> list[str]:
     """Reasons a strategy cannot even be run (checked once, before any rank starts)."""
     problems = []
-    output = strategy.operands[-1]
-    if output.type is not OperationDataType.OUTPUT:
-        problems.append(f"the last operand {output.name!r} is not the output")
+    if strategy.operands[-1].type is not OperationDataType.OUTPUT:
+        problems.append(f"the last operand {strategy.operands[-1].name!r} is not the output")
     for action in strategy.communication_actions:
         data = strategy.get_op_data_by_name(action.operand)
         what = f"{action.pattern.name} on {action.operand!r} over mesh axes {action.axes}"
@@ -64,12 +63,22 @@ def strategy_problems(strategy: ShardingStrategy, mesh_ndim: int) -> list[str]:
             problems.append(f"{what}: BEFORE applies to an input, {action.operand!r} is the output")
         if action.where is CommWhere.HOOK and data.type is not OperationDataType.PARAM:
             problems.append(f"{what}: a gradient HOOK applies to a parameter, {action.operand!r} is not one")
+    outputs = strategy.outputs
+    for add in strategy.post_add:
+        if not 0 <= add.output < len(outputs):
+            problems.append(f"post-add of {add.operand!r} targets output {add.output}; the op has {len(outputs)}")
+            continue
+        out_rank = len(outputs[add.output].shape)
+        if any(d >= out_rank for d in add.dims):
+            problems.append(f"post-add of {add.operand!r}: output dims {add.dims} out of range for a "
+                            f"{out_rank}-D output")
     return problems
 
 
 def expected_collectives(strategy: ShardingStrategy, carrying_grad: Iterable[str]) -> Counter:
     """(kind, axes) -> count that the declared actions issue; a backward half only runs on an
-    operand in ``carrying_grad`` (the differentiable inputs and parameters, and the output)."""
+    operand in ``carrying_grad`` (the differentiable inputs and parameters, and the outputs
+    whose gradient flows back)."""
     differentiable = set(carrying_grad)
     expected: Counter = Counter()
     for action in strategy.communication_actions:
@@ -79,8 +88,12 @@ def expected_collectives(strategy: ShardingStrategy, carrying_grad: Iterable[str
             continue
         if action.pattern in _FWD:
             expected[(_FWD[action.pattern], action.axes)] += 1
-        if action.pattern in _BWD and action.operand in differentiable:
+        if action.operand not in differentiable:
+            continue
+        if action.pattern in _BWD:
             expected[(_BWD[action.pattern], action.axes)] += 1
+        elif action.op in ("max", "min"):   # the holders of the extremum are counted in backward
+            expected[("all_reduce", action.axes)] += 1
     return expected
 
 
@@ -92,6 +105,10 @@ def _format_counts(counts: Counter) -> str:
 
 # -------------------------------------------------------------------------- rank check
 
+def _output_label(strategy: ShardingStrategy, index: int) -> str:
+    return "output" if len(strategy.outputs) == 1 else f"output {index} ({strategy.outputs[index].name})"
+
+
 def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None = None,
                tol: Tolerance | None = None) -> RankReport:
     """The SPMD check of ``strategy`` on this rank (module-level so process workers import it)."""
@@ -102,14 +119,26 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     def tolerance(t: torch.dtype) -> Tolerance:
         return tol if tol is not None else tolerance_for(t, case.rtol, case.atol)
 
-    leaves, output = _local_forward(comm, ref, strategy)
-    out_name, out_spec = strategy.sharding_specs[-1]
-    found = _compare(rank, "output", output, out_spec.local_shard(ref.output, mesh, rank), tolerance)
-    shape_ok = tuple(output.shape) == out_spec.local_shape()   # else backward cannot run
-    differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if output.requires_grad else []
+    leaves, outputs = _local_forward(comm, ref, strategy)
+    out_data = strategy.outputs
+    found: list[Mismatch] = []
+    if len(outputs) != len(out_data):
+        found.append(Mismatch("shape", rank, "outputs",
+                              detail=f"the op returned {len(outputs)} tensor(s), the strategy lays out "
+                                     f"{len(out_data)}"))
+        outputs = outputs[:len(out_data)]
+    shape_ok = len(outputs) == len(out_data)   # else backward cannot run
+    for index, (data, output) in enumerate(zip(out_data, outputs)):
+        spec = strategy.get_sharding_spec_by_name(data.name)
+        found += _compare(rank, _output_label(strategy, index), output,
+                          spec.local_shard(ref.outputs[index], mesh, rank), tolerance)
+        shape_ok = shape_ok and tuple(output.shape) == spec.local_shape()
+    carrying = [(data, out) for data, out, g in zip(out_data, outputs, ref.grad_outputs)
+                if g is not None and out.requires_grad]
+    differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
     if differentiable and shape_ok:
-        grads = _local_backward(comm, ref, strategy, leaves, differentiable, output)
-        for data in strategy.operands[:-1]:
+        grads = _local_backward(comm, ref, strategy, leaves, differentiable, carrying)
+        for data in strategy.inputs:
             if data.name in grads:
                 spec = strategy.get_sharding_spec_by_name(data.name)
                 expected = spec.local_shard(ref.grads[(data.locator.kind, data.locator.key)], mesh, rank)
@@ -117,12 +146,13 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
 
     issued = _counted(comm) - before
     if shape_ok:
-        expected = expected_collectives(strategy, differentiable + [out_name] if differentiable else [])
+        expected = expected_collectives(strategy, differentiable + [d.name for d, _ in carrying]
+                                        if differentiable else [])
         if issued != expected:
             found.append(Mismatch("collectives", rank, "collectives",
                                   detail=f"issued {_format_counts(issued)}; the declared actions "
                                          f"imply {_format_counts(expected)}"))
-    found += _memory_mismatches(strategy, rank, leaves, output)
+    found += _memory_mismatches(strategy, rank, leaves, outputs)
     return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
 
 
@@ -130,14 +160,15 @@ def _counted(comm) -> Counter:
     return Counter({key: n for key, n in comm.counts.items() if key[0] in _COUNTED and n})
 
 
-def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[dict, torch.Tensor]:
-    """This rank's operand shards as leaves, the BEFORE actions, the op, the AFTER actions."""
+def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[dict, tuple]:
+    """This rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
+    replaced by zeros), the AFTER actions, then the post-added operands."""
     from shardverify.collectives.patterns import apply_comm_action
 
     node = ref.node
     module = copy.deepcopy(ref.graph_module.get_submodule(node.target)) if node.op == "call_module" else None
-    leaves, local = {}, {}
-    for data in strategy.operands[:-1]:
+    leaves, local, late = {}, {}, {}
+    for data in strategy.inputs:
         loc = (data.locator.kind, data.locator.key)
         if loc not in ref.values:
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
@@ -149,23 +180,45 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
         for action in strategy.communication_actions:
             if action.operand == data.name and action.where is CommWhere.BEFORE:
                 tensor = apply_comm_action(comm, action, tensor)
+        if strategy.post_added(data.name) is not None:
+            late[data.name] = tensor
+            tensor = torch.zeros_like(tensor.detach())
         local[loc] = tensor
-    output = call_op(node, module, local)
-    for action in strategy.communication_actions:
-        if action.operand == strategy.operands[-1].name and action.where is CommWhere.AFTER:
-            output = apply_comm_action(comm, action, output)
-    return leaves, output
+    outputs = list(as_outputs(node, call_op(node, module, local)))
+    for index, data in enumerate(strategy.outputs[:len(outputs)]):
+        for action in strategy.communication_actions:
+            if action.operand == data.name and action.where is CommWhere.AFTER:
+                outputs[index] = apply_comm_action(comm, action, outputs[index])
+    for add in strategy.post_add:
+        if add.output < len(outputs):
+            outputs[add.output] = outputs[add.output] + _aligned(late[add.operand], add.dims,
+                                                                 outputs[add.output].dim())
+    return leaves, tuple(outputs)
+
+
+def _aligned(tensor: torch.Tensor, dims: tuple[int, ...], out_rank: int) -> torch.Tensor:
+    """``tensor`` viewed so its dim i sits at output dim ``dims[i]`` (size 1 elsewhere)."""
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    moved = tensor.permute(order) if order != list(range(len(dims))) else tensor
+    shape = [1] * out_rank
+    for i in order:
+        shape[dims[i]] = tensor.shape[i]
+    return moved.reshape(shape)
 
 
 def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, leaves: dict,
-                    differentiable: list[str], output: torch.Tensor) -> dict:
-    """Gradients of the leaves for the reference output gradient (sharded like the output),
+                    differentiable: list[str], carrying: list) -> dict:
+    """Gradients of the leaves for the reference output gradients (sharded like the outputs),
     with the HOOK actions applied to the parameter gradients."""
     from shardverify.collectives.patterns import apply_grad_hook
 
-    out_spec = strategy.sharding_specs[-1][1]
-    grad_out = out_spec.local_shard(ref.grad_output, comm.mesh, comm.rank).to(output.dtype)
-    found = torch.autograd.grad(output, [leaves[n] for n in differentiable], grad_out, allow_unused=True)
+    index = {data.name: i for i, data in enumerate(strategy.outputs)}
+    grad_outs = []
+    for data, output in carrying:
+        spec = strategy.get_sharding_spec_by_name(data.name)
+        grad_outs.append(spec.local_shard(ref.grad_outputs[index[data.name]], comm.mesh, comm.rank).to(output.dtype))
+    found = torch.autograd.grad([out for _, out in carrying], [leaves[n] for n in differentiable], grad_outs,
+                                allow_unused=True)
     grads = {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(differentiable, found)}
     for action in strategy.communication_actions:
         if action.where is CommWhere.HOOK and action.operand in grads:
@@ -188,19 +241,19 @@ def _compare(rank: int, label: str, actual: torch.Tensor, expected: torch.Tensor
 
 
 def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict,
-                       output: torch.Tensor) -> list[Mismatch]:
+                       outputs: tuple) -> list[Mismatch]:
     """The declared memory cost against the bytes of the shards this rank really holds:
     forward holds every operand's shard, backward a gradient of each input and parameter."""
     from shardverify.strategy import MemoryCost
 
     activation = parameter = 0
-    for data in strategy.operands[:-1]:
+    for data in strategy.inputs:
         size = leaves[data.name].numel() * data.itemsize
         if data.is_param:
             parameter += size
         else:
             activation += size
-    out_bytes = output.numel() * strategy.operands[-1].itemsize
+    out_bytes = sum(out.numel() * data.itemsize for out, data in zip(outputs, strategy.outputs))
     fwd = MemoryCost(activation + out_bytes, parameter)
     bwd = MemoryCost(activation, parameter)
     held = (fwd, bwd, fwd + bwd)

@@ -19,7 +19,7 @@ from torch import fx
 from shardverify.errors import VerificationError
 from shardverify.verify.case import OpCase, cached
 
-__all__ = ["Reference", "Locator", "reference", "call_op"]
+__all__ = ["Reference", "Locator", "reference", "call_op", "as_outputs"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
 
@@ -32,9 +32,17 @@ class Reference:
     node: fx.Node                    # the op's node in that copy
     values: dict                     # Locator -> float64 tensor (rounded through its check dtype)
     dtypes: dict                     # Locator -> dtype the rank uses for that operand
-    output: torch.Tensor             # float64
-    grad_output: torch.Tensor        # float64, rounded through the output's dtype
+    outputs: tuple                   # float64 result(s), in tuple order (one for a single-tensor op)
+    grad_outputs: tuple              # float64 gradient per output (rounded through its dtype); None if not floating
     grads: dict                      # Locator -> float64 gradient (floating operands only)
+
+    @property
+    def output(self) -> torch.Tensor:
+        return self.outputs[0]
+
+    @property
+    def grad_output(self) -> torch.Tensor | None:
+        return self.grad_outputs[0]
 
 
 _REFERENCE_LOCK = threading.Lock()
@@ -65,8 +73,14 @@ def _random(shape: Sequence[int], dtype: torch.dtype, gen: torch.Generator, posi
 
 
 def _operand_nodes(node: fx.Node) -> dict:
-    """Locator -> graph node for every graph value the op's call takes directly."""
-    found = {("arg", i): a for i, a in enumerate(node.args) if isinstance(a, fx.Node)}
+    """Locator -> graph node for every graph value the op's call takes directly, and for each
+    element of a list argument (torch.cat's tensors) as ("item", (arg index, element index))."""
+    found: dict = {}
+    for i, a in enumerate(node.args):
+        if isinstance(a, fx.Node):
+            found[("arg", i)] = a
+        elif isinstance(a, (list, tuple)):
+            found.update({("item", (i, j)): e for j, e in enumerate(a) if isinstance(e, fx.Node)})
     found.update({("kwarg", k): a for k, a in node.kwargs.items() if isinstance(a, fx.Node)})
     return found
 
@@ -119,26 +133,43 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
         values[loc] = tensor.detach()
 
     leaves = {loc: v.clone().requires_grad_(v.is_floating_point()) for loc, v in values.items()}
-    output = call_op(node, module, leaves)
-    out_dtype = _check_dtype(_meta_dtype(traced, node_name), override)
-    grad_output = _rounded(_random(output.shape, out_dtype, gen), out_dtype).to(device)
+    outputs = as_outputs(node, call_op(node, module, leaves))
+    out_dtypes = [_check_dtype(dtype, override) for dtype in _meta_dtypes(traced, node_name)]
+    grad_outputs = tuple(_rounded(_random(out.shape, dtype, gen), dtype).to(device) if dtype.is_floating_point
+                         else None for out, dtype in zip(outputs, out_dtypes))
     grads = {}
     differentiable = [loc for loc, leaf in leaves.items() if leaf.requires_grad]
-    if differentiable and output.requires_grad:
-        found = torch.autograd.grad(output, [leaves[loc] for loc in differentiable],
-                                    grad_output.to(output.dtype), allow_unused=True)
+    carrying = [(out, g) for out, g in zip(outputs, grad_outputs) if g is not None and out.requires_grad]
+    if differentiable and carrying:
+        found = torch.autograd.grad([out for out, _ in carrying], [leaves[loc] for loc in differentiable],
+                                    [g.to(out.dtype) for out, g in carrying], allow_unused=True)
         grads = {loc: (torch.zeros_like(leaves[loc]) if g is None else g.detach())
                  for loc, g in zip(differentiable, found)}
-    return Reference(real, node, values, dtypes, output.detach(), grad_output, grads)
+    return Reference(real, node, values, dtypes, tuple(out.detach() for out in outputs), grad_outputs, grads)
+
+
+def _meta_dtypes(graph_module: fx.GraphModule, node_name: str) -> list[torch.dtype]:
+    """The dtype of each tensor the node returns (one, or one per tuple element)."""
+    node = next(n for n in graph_module.graph.nodes if n.name == node_name)
+    meta = node.meta.get("tensor_meta")
+    metas = meta if isinstance(meta, (list, tuple)) and not hasattr(meta, "dtype") else [meta]
+    if not metas or any(m is None or not hasattr(m, "dtype") for m in metas):
+        raise VerificationError(f"node {node_name!r} has no tensor shape metadata for its result(s); "
+                                "the verifier checks ops that return tensors or tuples of tensors")
+    return [m.dtype for m in metas]
 
 
 def _meta_dtype(graph_module: fx.GraphModule, node_name: str) -> torch.dtype:
-    node = next(n for n in graph_module.graph.nodes if n.name == node_name)
-    meta = node.meta.get("tensor_meta")
-    if meta is None or not hasattr(meta, "dtype"):
-        raise VerificationError(f"node {node_name!r} has no single-tensor shape metadata; "
-                                "the verifier checks ops with one tensor result")
-    return meta.dtype
+    return _meta_dtypes(graph_module, node_name)[0]
+
+
+def as_outputs(node: fx.Node, result: object) -> tuple[torch.Tensor, ...]:
+    """The op's result as a tuple of tensors (a single tensor becomes a 1-tuple)."""
+    items = tuple(result) if isinstance(result, (list, tuple)) else (result,)
+    if not items or not all(isinstance(t, torch.Tensor) for t in items):
+        raise VerificationError(f"node {node.name!r} returned {type(result).__name__}; the verifier checks "
+                                "ops that return a tensor or a tuple of tensors")
+    return items
 
 
 def _set_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> None:
@@ -150,9 +181,9 @@ def _set_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> No
         owner._buffers[attr] = value
 
 
-def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict) -> torch.Tensor:
+def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict) -> object:
     """Run the node's op with ``values`` (Locator -> tensor) at its operands; non-tensor
-    arguments are passed as recorded in the node."""
+    arguments are passed as recorded in the node. Returns what the op returns (see as_outputs)."""
 
     def pick(loc: Locator, recorded: object) -> object:
         if loc in values:
@@ -164,7 +195,12 @@ def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict) -> torc
                                     f"{[n.name for n in nested]} that the strategy has no operand for")
         return recorded
 
-    args = tuple(pick(("arg", i), a) for i, a in enumerate(node.args))
+    def pick_arg(i: int, recorded: object) -> object:
+        if isinstance(recorded, (list, tuple)) and any(("item", (i, j)) in values for j in range(len(recorded))):
+            return type(recorded)(pick(("item", (i, j)), e) for j, e in enumerate(recorded))
+        return pick(("arg", i), recorded)
+
+    args = tuple(pick_arg(i, a) for i, a in enumerate(node.args))
     kwargs = {k: pick(("kwarg", k), a) for k, a in node.kwargs.items()}
     if node.op == "call_module":
         assert module is not None
@@ -181,7 +217,4 @@ def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict) -> torc
         result = getattr(args[0], node.target)(*args[1:], **kwargs)
     else:
         raise VerificationError(f"node {node.name!r} is a {node.op!r} node, not an op")
-    if not isinstance(result, torch.Tensor):
-        raise VerificationError(f"node {node.name!r} returned {type(result).__name__}; "
-                                "the verifier checks ops with one tensor result")
     return result
