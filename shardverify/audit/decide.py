@@ -63,6 +63,7 @@ class Problem:
     module: object
     values: dict
     outputs: tuple[torch.Tensor, ...]
+    out_index: tuple[int, ...] = (0,)   # the tuple elements audited (the spec's output operands)
     seed: int = 0
     _coords: list = field(default_factory=list)
     _local: dict = field(default_factory=dict)
@@ -165,8 +166,8 @@ class Problem:
             return Outcome(None, outs)
         found = []
         refs = self.target(combo)
-        for k, ref in enumerate(refs):
-            layout = self.detect([o[k] for o in outs], k, ref)
+        for k in self.out_index:
+            layout = self.detect([o[k] for o in outs], k, refs[k])
             if layout is None:
                 which = "the output" if len(self.outputs) == 1 else f"output {k}"
                 return Outcome(None, f"{which} matches no sharded, replicated or partial layout")
@@ -192,7 +193,8 @@ class Problem:
             return all(self._close(t, ref[self.slices(layout, ref.shape, r)], k) for r, t in enumerate(tensors))
         for group in self.mesh.groups(layout.partial):
             stacked = torch.stack([tensors[r].to(torch.float64) for r in group])
-            reduced = {"sum": lambda s: s.sum(0), "max": lambda s: s.amax(0), "min": lambda s: s.amin(0)}
+            reduced = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
+                       "min": lambda s: s.amin(0)}
             value = reduced[layout.reduce](stacked)
             if not self._close(value, ref[self.slices(layout, ref.shape, group[0])], k):
                 return False
@@ -228,12 +230,12 @@ class Problem:
         return None
 
 
-def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand]) -> Problem:
+def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
+            out_index: Sequence[int] = (0,)) -> Problem:
     """The float64 reference of ``case`` and the op's node, ready for :meth:`Problem.decide`."""
     ref = reference(case, torch.float64, torch.device("cpu"))
     node = ref.node
     module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
     values = {loc: v.detach() for loc, v in ref.values.items()}
-    outputs = ref.output if isinstance(ref.output, (tuple, list)) else (ref.output,)
-    return Problem(case, mesh, tuple(operands), node, module, values,
-                   tuple(o.detach().to(torch.float64) for o in outputs), seed=case.seed)
+    outputs = tuple(o.detach().to(torch.float64) for o in ref.outputs)
+    return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed)

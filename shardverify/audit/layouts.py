@@ -16,7 +16,7 @@ from shardverify.sharding import DimSpec, ShardingSequence, ShardingSpec
 
 __all__ = ["Layout", "tensor_layouts", "axis_symmetries", "spec_layout", "REDUCE_OPS"]
 
-REDUCE_OPS = ("sum", "max", "min")
+REDUCE_OPS = ("sum", "avg", "max", "min")   # how a partial value reduces (CommAction.op)
 Axes = tuple[int, ...]
 
 

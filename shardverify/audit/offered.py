@@ -17,12 +17,12 @@ __all__ = ["Offered", "offered_combination"]
 
 @dataclass(frozen=True)
 class Offered:
-    """One strategy as a combination: ``inputs`` by operand name, ``outputs`` in order;
+    """One strategy as a combination: ``inputs`` and ``outputs`` as (operand name, layout);
     ``problem`` says why it cannot be expressed as one (then the rest is meaningless)."""
 
     strategy: str
     inputs: tuple[tuple[str, Layout], ...]
-    outputs: tuple[Layout, ...]
+    outputs: tuple[tuple[str, Layout], ...]
     problem: str = ""
 
 
@@ -50,17 +50,14 @@ def _split(layout: Layout, dim: int, axes: tuple[int, ...]) -> Layout:
 
 
 def _outputs(strategy: ShardingStrategy) -> list:
-    outputs = getattr(strategy, "outputs", None)
-    if outputs is None:
-        outputs = [strategy.operands[-1]]
-    return list(outputs)
+    return list(strategy.outputs)
 
 
 def offered_combination(strategy: ShardingStrategy) -> Offered:
     """The combination ``strategy`` runs the op on (see the module docstring)."""
     outputs = _outputs(strategy)
     out_names = {o.name for o in outputs}
-    post_added = {p.operand for p in getattr(strategy, "post_add", ())}
+    post_added = {p.operand for p in strategy.post_add}
     seen: dict[str, Layout] = {}
     for data in strategy.operands:
         if data.name in out_names or data.type is OperationDataType.OUTPUT:
@@ -101,7 +98,7 @@ def offered_combination(strategy: ShardingStrategy) -> Offered:
             if layout.partial:
                 problem = problem or f"{what}: two reductions of one output"
                 continue
-            raw[action.operand] = Layout(layout.dims, tuple(sorted(action.axes)), getattr(action, "op", "sum"))
+            raw[action.operand] = Layout(layout.dims, tuple(sorted(action.axes)), action.op)
         elif action.pattern is CommPattern.GATHER_FWD_SPLIT_BWD:
             raw[action.operand] = _split(layout, action.dims[0], action.axes)
         elif action.pattern is CommPattern.SPLIT_FWD_GATHER_BWD:
@@ -116,4 +113,4 @@ def offered_combination(strategy: ShardingStrategy) -> Offered:
                 problem = problem or f"{what}: the declared output is not split over {action.axes}"
             else:
                 raw[action.operand] = _split(undone, action.dims[1], action.axes)
-    return Offered(strategy.name, tuple(seen.items()), tuple(raw[o.name] for o in outputs), problem)
+    return Offered(strategy.name, tuple(seen.items()), tuple((o.name, raw[o.name]) for o in outputs), problem)

@@ -130,8 +130,11 @@ class _Audit:
             Operand(d.name, d.role, (d.locator.kind, d.locator.key), d.shape, d.dtype.is_floating_point,
                     d.role in optional)
             for d in by_role.values() if d.type is not OperationDataType.OUTPUT)
-        self.output_roles = [d.role for d in by_role.values() if d.type is OperationDataType.OUTPUT]
-        self.problem: Problem = prepare(case, self.mesh, self.operands)
+        outputs = [d for d in by_role.values() if d.type is OperationDataType.OUTPUT]
+        self.output_roles = [d.role for d in outputs]
+        self.output_names = [d.name for d in outputs]
+        self.problem: Problem = prepare(case, self.mesh, self.operands,
+                                        [d.locator.key or 0 for d in outputs])
         self.choices = [tensor_layouts(o.shape, self.mesh.shape, partial=partial_inputs and o.floating,
                                        absent=o.optional) for o in self.operands]
         self.results: dict[tuple[Layout, ...], Outcome] = {}
@@ -217,7 +220,13 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
                                             f"{sorted(names)}", strategy=strategy.name))
             continue
         combo = tuple(seen[n] for n in names)
-        text, layouts, _ = audit.describe(combo, offered.outputs)
+        claimed = dict(offered.outputs)
+        if set(claimed) != set(audit.output_names):
+            result.incorrect.append(Finding("incorrect", line + f"outputs {sorted(claimed)} are not the op's "
+                                            f"{sorted(audit.output_names)}", strategy=strategy.name))
+            continue
+        assumed = tuple(claimed[n] for n in audit.output_names)
+        text, layouts, _ = audit.describe(combo, assumed)
         key = _key(combo)
         if key not in valid:
             outcome = audit.results.get(combo) or audit.problem.decide(combo)
@@ -225,9 +234,9 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
                                             f"({outcome.reason})", layouts, strategy=strategy.name))
             continue
         example, outputs = valid[key]
-        if outputs != offered.outputs and not _outputs_hold(audit.problem, example, offered.outputs):
+        if outputs != assumed and not _outputs_hold(audit.problem, example, assumed):
             result.incorrect.append(Finding("incorrect", f"{line}{text}: the op gives {_outputs_text(outputs)}",
-                                            layouts, _outputs_text(offered.outputs), strategy=strategy.name))
+                                            layouts, _outputs_text(assumed), strategy=strategy.name))
             continue
         covered.add(key)
     result.covered = len(covered & set(needed))
@@ -250,10 +259,11 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
 
 def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...]) -> bool:
     outs = problem.run(combo)
-    if isinstance(outs, str) or len(outputs) != len(problem.outputs):
+    if isinstance(outs, str):
         return False
     refs = problem.target(combo)
-    return all(problem.holds([o[k] for o in outs], layout, k, refs[k]) for k, layout in enumerate(outputs))
+    return all(problem.holds([o[k] for o in outs], layout, k, refs[k])
+               for k, layout in zip(problem.out_index, outputs))
 
 
 def audit_spec(spec, meshes: list[tuple[int, ...]] | None = None, *, partial_inputs: bool = True,
