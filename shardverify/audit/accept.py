@@ -10,7 +10,8 @@ audit:
       where: {bias: true}               # optional: only at these grid values
 ```
 A glob's only wildcard is ``*`` (any text); everything else, brackets included, is literal,
-so ``"[S0, *]"`` reads like the layouts the audit prints.
+so ``"[S0, *]"`` reads like the layouts the audit prints. A role may take a list of globs
+(any of them matches); every role listed must match.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class AcceptEntry:
     """One accepted gap: combinations whose layouts match every glob of ``match``."""
 
     reason: str
-    match: tuple[tuple[str, str], ...]
+    match: tuple[tuple[str, tuple[str, ...]], ...]
     meshes: tuple[tuple[int, ...], ...] = ()
     where: tuple[tuple[str, object], ...] = ()
     file: str = ""
@@ -44,13 +45,14 @@ class AcceptEntry:
             return False
         if any(key not in point or point[key] != value for key, value in self.where):
             return False
-        for role, pattern in self.match:
+        for role, patterns in self.match:
             if role == "output":
-                ok = glob_matches(pattern, outputs)
+                texts = [outputs]
             elif role == "any_input":
-                ok = any(glob_matches(pattern, text) for text in layouts.values())
+                texts = list(layouts.values())
             else:
-                ok = role in layouts and glob_matches(pattern, layouts[role])
+                texts = [layouts[role]] if role in layouts else []
+            ok = any(glob_matches(p, text) for p in patterns for text in texts)
             if not ok:
                 return False
         return True
@@ -89,8 +91,12 @@ def parse_audit(node: Node | None, roles: set[str], grid: dict[str, tuple]) -> t
             if role not in roles and role not in SPECIAL_ROLES:
                 raise glob_node.error(f"'{role}' is not an operand role; use one of "
                                       f"{', '.join(sorted(roles | set(SPECIAL_ROLES)))}")
-            check_type(glob_node, str)
-            match.append((role, str(glob_node.value)))
+            items = glob_node.value if isinstance(glob_node.value, list) else [glob_node]
+            if not items:
+                raise glob_node.error(f"list at least one layout glob for '{role}'")
+            for glob in items:  # type: ignore[union-attr]
+                check_type(glob, str)
+            match.append((role, tuple(str(glob.value) for glob in items)))  # type: ignore[union-attr]
         if not match:
             raise match_node.error("match at least one role's layout (e.g. {any_input: \"* P(*\"})")
         meshes: tuple[tuple[int, ...], ...] = ()
