@@ -219,7 +219,8 @@ class Problem:
             if self.holds(tensors, Layout(dims), k, ref):
                 return Layout(dims)
         for dims in candidates:
-            free = [a for a in range(self.mesh.ndim) if all(a not in axes for axes in dims)]
+            free = [a for a in range(self.mesh.ndim)
+                    if self.mesh.shape[a] > 1 and all(a not in axes for axes in dims)]
             for reduce in REDUCE_OPS:
                 if reduce != "sum" and not tensors[0].is_floating_point():
                     continue

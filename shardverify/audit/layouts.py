@@ -46,9 +46,13 @@ class Layout:
         return Layout(tuple(tuple(perm[a] for a in axes) for axes in self.dims),
                       tuple(sorted(perm[a] for a in self.partial)), self.reduce, self.absent)
 
-    def sharding(self) -> Layout:
-        """Only the sharding: no partial, not absent."""
-        return Layout(self.dims)
+    def normalized(self, mesh_shape: Sequence[int]) -> Layout:
+        """Without mesh axes of size 1, which split and reduce nothing (S0 on a (1, 4) mesh is R)."""
+        def keep(axes: Axes) -> Axes:
+            return tuple(a for a in axes if mesh_shape[a] > 1)
+        partial = keep(self.partial)
+        return Layout(tuple(keep(axes) for axes in self.dims), partial, self.reduce if partial else "sum",
+                      self.absent)
 
     def spec(self, shape: Sequence[int], mesh_shape: Sequence[int]) -> ShardingSpec:
         return ShardingSpec(tuple(mesh_shape), tuple(shape),
@@ -75,7 +79,9 @@ def spec_layout(spec: ShardingSpec) -> Layout:
 def _shardings(shape: Sequence[int], mesh_shape: Sequence[int]) -> Iterator[tuple[Axes, ...]]:
     """Every even sharding: each mesh axis unused or on one dim, every order on a shared dim."""
     ndim = len(shape)
-    for placement in itertools.product(range(-1, ndim), repeat=len(mesh_shape)):
+    # an axis of size 1 shards nothing: it is never placed (see Layout.normalized)
+    options = [range(-1, ndim) if size > 1 else (-1,) for size in mesh_shape]
+    for placement in itertools.product(*options):
         groups: list[list[int]] = [[] for _ in range(ndim)]
         for axis, dim in enumerate(placement):
             if dim >= 0:
@@ -100,7 +106,7 @@ def tensor_layouts(shape: Sequence[int], mesh_shape: Sequence[int], *, partial: 
     for dims in shardings:
         found.append(Layout(dims))
         if partial:
-            free = [a for a in range(len(mesh_shape)) if all(a not in axes for axes in dims)]
+            free = [a for a in range(len(mesh_shape)) if mesh_shape[a] > 1 and all(a not in axes for axes in dims)]
             found += [Layout(dims, p, "sum") for p in _subsets(free)]
     if absent:
         found += [Layout(dims, absent=True) for dims in shardings]

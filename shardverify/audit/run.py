@@ -219,8 +219,8 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
             result.incorrect.append(Finding("incorrect", line + f"operands {sorted(seen)} are not the op's "
                                             f"{sorted(names)}", strategy=strategy.name))
             continue
-        combo = tuple(seen[n] for n in names)
-        claimed = dict(offered.outputs)
+        combo = tuple(seen[n].normalized(audit.mesh.shape) for n in names)
+        claimed = {name: layout.normalized(audit.mesh.shape) for name, layout in offered.outputs}
         if set(claimed) != set(audit.output_names):
             result.incorrect.append(Finding("incorrect", line + f"outputs {sorted(claimed)} are not the op's "
                                             f"{sorted(audit.output_names)}", strategy=strategy.name))
