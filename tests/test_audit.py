@@ -202,3 +202,36 @@ def test_a_rule_omitting_row_parallel_linear_is_reported_missing(tmp_path, capsy
     assert "input=[R, R, R, S0] other=[R, S0] -> output=[R, R, R, R] P(sum:0)" in missing
     assert all(f["layouts"]["input"].endswith(("S0]", "S1]", "S01]")) for row in report["rows"]
                for f in row["missing"])
+
+
+@register_generator("audit_test_forgets_the_all_reduce")
+def _forgets_the_all_reduce(ctx):
+    """linear_projection whose row-parallel strategies lose their AFTER all-reduce."""
+    from shardverify.strategy import CommWhere
+
+    return [s.replace(communication_actions=tuple(a for a in s.communication_actions if a.where is not CommWhere.AFTER))
+            for s in get_generator("linear_projection")(ctx)]
+
+
+def test_an_offered_strategy_with_a_wrong_output_layout_is_incorrect(tmp_path, capsys):
+    planted = _without_bias(LINEAR).replace("family: linear_projection", "family: audit_test_forgets_the_all_reduce")
+    _write(tmp_path, planted)
+    code, report = _audit_json(tmp_path, "4", capsys)
+    assert code == 1
+    incorrect = [f for row in report["rows"] for f in row["incorrect"]]
+    assert {f["strategy"] for f in incorrect} == {"RR = RS0 x S0R"}
+    assert all("the op gives [R, R, R, R] P(sum:0)" in f["line"] for f in incorrect)
+
+
+def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
+    import torch.distributed as dist
+
+    from shardverify.audit.dtensor import compare_case
+    from shardverify.cli.verify_cmd import load_op_specs
+
+    spec = load_op_specs(REPO, None, ["linear"])[0]
+    case_id, case = next((cid, c) for cid, c in spec.op_cases() if cid == "torch.nn.functional.linear-bias_False")
+    report = compare_case(spec, case_id, case, (4,))
+    assert report.disagreements == [] and report.counts["agree: same output"] >= 4
+    assert report.counts["agree: invalid"] > 0
+    assert not dist.is_initialized()

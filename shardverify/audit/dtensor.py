@@ -10,6 +10,8 @@ DTensor's claimed output layout on the real local outputs decides who is right.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,7 +24,6 @@ from shardverify.audit.run import _Audit
 __all__ = ["Disagreement", "DTensorReport", "compare_case", "compare_specs", "format_disagreements"]
 
 _LOCK = threading.Lock()
-_WORLD: list[int] = []
 
 
 @dataclass(frozen=True)
@@ -54,25 +55,22 @@ class DTensorReport:
                 "disagreements": [d.to_json() for d in self.disagreements], "note": self.note or None}
 
 
-def _device_mesh(mesh_shape: tuple[int, ...]):
-    """A DeviceMesh on a fake process group of the mesh's size (re-made when the size changes)."""
+@contextlib.contextmanager
+def _fake_mesh(mesh_shape: tuple[int, ...]):
+    """A DeviceMesh on a fake process group of the mesh's size, torn down afterwards so the
+    process is left as it was (no process group initialised)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    size = 1
-    for extent in mesh_shape:
-        size *= extent
-    if _WORLD and _WORLD[0] != size:
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process; the DTensor "
+                           "comparison needs its own fake one")
+    dist.init_process_group("fake", rank=0, world_size=math.prod(mesh_shape), store=FakeStore())
+    try:
+        yield init_device_mesh("cpu", tuple(mesh_shape))
+    finally:
         dist.destroy_process_group()
-        _WORLD.clear()
-    if not _WORLD:
-        if dist.is_initialized():
-            raise RuntimeError("a real process group is initialised in this process; the DTensor "
-                               "comparison needs its own fake one")
-        dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
-        _WORLD.append(size)
-    return init_device_mesh("cpu", tuple(mesh_shape))
 
 
 def _placements(layout: Layout, ndim: int):
@@ -187,8 +185,7 @@ def compare_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: d
     audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs=True)
     audit.enumerate()
     perms = axis_symmetries(audit.mesh.shape)
-    with _LOCK:
-        mesh = _device_mesh(tuple(mesh_shape))
+    with _LOCK, _fake_mesh(tuple(mesh_shape)) as mesh:
         for combo, outcome in audit.results.items():
             if any(layout.absent for layout in combo):
                 continue
