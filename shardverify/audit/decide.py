@@ -134,8 +134,11 @@ class Problem:
             try:
                 with torch.no_grad():
                     out = call_op(self.node, self.module, values)
-            except Exception as exc:  # the op refuses these local shapes: not a valid combination
+            except Exception as exc:  # the op refuses these local inputs: not a valid combination
                 reason = f"the local op fails: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                # Rank 0 holds the first shard of every layout; what it refuses is a matter of
+                # local shapes (mismatched contraction, broadcast), so every combination with
+                # the same local shapes is refused without running it again.
                 if rank == 0:
                     self._shape_errors[shapes] = reason
                 return reason
