@@ -72,6 +72,7 @@ class Problem:
     _candidates: dict = field(default_factory=dict)
     _scales: tuple = ()
     _targets: dict = field(default_factory=dict)
+    _groups: dict = field(default_factory=dict)
     decided: int = 0
 
     def __post_init__(self) -> None:
@@ -194,7 +195,9 @@ class Problem:
             return False
         if not layout.partial:
             return all(self._close(t, ref[self.slices(layout, ref.shape, r)], k) for r, t in enumerate(tensors))
-        for group in self.mesh.groups(layout.partial):
+        if layout.partial not in self._groups:
+            self._groups[layout.partial] = self.mesh.groups(layout.partial)
+        for group in self._groups[layout.partial]:
             stacked = torch.stack([tensors[r].to(torch.float64) for r in group])
             reduced = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
                        "min": lambda s: s.amin(0)}
