@@ -235,3 +235,50 @@ def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
     assert report.disagreements == [] and report.counts["agree: same output"] >= 4
     assert report.counts["agree: invalid"] > 0
     assert not dist.is_initialized()
+
+
+@register_generator("audit_test_post_add")
+def _with_post_added_bias(ctx):
+    """linear_projection plus, with a bias, every partial-output family of the bias-less
+    projection with the bias post-added (what row-parallel Linear with bias needs)."""
+    import dataclasses
+
+    from shardverify.sharding import ShardingSpec
+    from shardverify.strategy import CommPattern, CommWhere, PostAdd
+
+    strategies = get_generator("linear_projection")(ctx)
+    bias = ctx.operands.get("bias")
+    if bias is None:
+        return strategies
+    out = ctx.operand("output")
+    last = len(out.shape) - 1
+    no_bias = dataclasses.replace(ctx, operands={r: d for r, d in ctx.operands.items() if r != "bias"})
+    for s in get_generator("linear_projection")(no_bias):
+        if not any(a.pattern is CommPattern.ALLREDUCE_FWD_IDENTITY_BWD and a.where is CommWhere.AFTER
+                   for a in s.communication_actions):
+            continue
+        axes = s.get_sharding_spec_by_name(out.name).partition_dict().get(last, ())
+        bias_spec = ShardingSpec.from_partition(ctx.mesh.shape, bias.shape, {0: axes})
+        strategies.append(s.replace(name=s.name + " + bias", operands=s.operands[:-1] + (bias, s.operands[-1]),
+                                    sharding_specs=s.sharding_specs[:-1] + ((bias.name, bias_spec),)
+                                    + s.sharding_specs[-1:], post_add=(PostAdd(bias.name, (last,)),)))
+    return strategies
+
+
+@register_generator("audit_test_no_post_add")
+def _without_post_add(ctx):
+    """linear_projection without any post-added strategy (whether or not it offers them)."""
+    return [s for s in get_generator("linear_projection")(ctx) if not s.post_add]
+
+
+def test_post_added_bias_covers_row_parallel_linear_with_bias(tmp_path, capsys):
+    _write(tmp_path, LINEAR.replace("family: linear_projection", "family: audit_test_post_add"))
+    code, report = _audit_json(tmp_path, "4", capsys)
+    assert code == 0, [f["line"] for row in report["rows"] for f in row["missing"] + row["incorrect"]]
+    with_bias = [row for row in report["rows"] if row["case"].endswith("bias_True")]
+    assert with_bias and all(row["covered"] == row["valid"] - len(row["accepted"]) for row in with_bias)
+    _write(tmp_path, LINEAR.replace("family: linear_projection", "family: audit_test_no_post_add"))
+    code, report = _audit_json(tmp_path, "4", capsys)
+    assert code == 1
+    missing = {f["line"] for row in report["rows"] for f in row["missing"]}
+    assert "input=[R, R, R, S0] other=[R, S0] bias=absent (post-added) -> output=[R, R, R, R] P(sum:0)" in missing
