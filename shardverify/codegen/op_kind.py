@@ -129,6 +129,7 @@ class OpSpec:
     options: tuple[tuple[str, Literal], ...]
     verify: VerifySpec
     description: str = ""
+    audit_accept: tuple = ()       # shardverify.audit.accept.AcceptEntry: known, accepted gaps
 
     def grid_size(self) -> int:
         size = 1
@@ -384,6 +385,7 @@ def parse_op_spec(root: Node) -> OpSpec:
     params_node = f.optional("params", dict)
     generator_node = f.required("generator", dict)
     verify_node = f.required("verify", dict)
+    audit_node = f.optional("audit", dict)
     f.finish()
 
     if not targets_node.value:
@@ -434,9 +436,11 @@ def parse_op_spec(root: Node) -> OpSpec:
         _check_rule(options_node or generator_node, options, roles)
 
     verify = _parse_verify(verify_node, targets, operands, params)
+    from shardverify.audit.accept import parse_audit
+    accept = parse_audit(audit_node, roles, dict(verify.grid))
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
-                  description=str(desc_node.value) if desc_node else "")
+                  description=str(desc_node.value) if desc_node else "", audit_accept=accept)
 
 
 def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,
@@ -644,6 +648,13 @@ def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
     # --- property tests (shardverify.explore, issue 7): hypothesis beyond the listed grid ---
     outputs[f"{TEST_DIR}/test_{spec.name}_properties.py"] = renderer.render("op_property_test.py.j2", spec=spec)
     # --- end property tests ---
+    # --- completeness audit (shardverify.audit, issue 12): no valid strategy missing ---
+    from shardverify.audit.check import audit_meshes
+    audit = [(mesh, _mesh_id(mesh)) for mesh in audit_meshes(spec.verify.meshes)]
+    if audit:
+        outputs[f"{TEST_DIR}/test_{spec.name}_audit.py"] = renderer.render(
+            "op_audit_test.py.j2", spec=spec, cases=spec.op_cases(), meshes=audit)
+    # --- end completeness audit ---
     return outputs
 
 

@@ -1,0 +1,248 @@
+"""The audit's numerical decision: does an op, run on every rank's local inputs with no
+communication, produce a consistent output layout, and which one?
+
+Everything happens in one thread: one float64 reference per case, every rank's local
+inputs cut from it (partial values split into random pieces that reduce to it), the op called
+once per rank, the local outputs compared with the reference under each candidate output
+layout. No backend, no collectives, no process: deciding a combination costs a few local op
+calls, which is what makes enumerating every layout combination affordable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from shardverify.audit.layouts import REDUCE_OPS, Layout, _shardings, _subsets
+from shardverify.mesh import DeviceMesh
+from shardverify.verify.case import OpCase
+from shardverify.verify.reference import call_op, reference
+
+__all__ = ["Operand", "Problem", "Outcome", "prepare"]
+
+# float64 throughout: reordered sums differ by ~1e-15, a wrong layout by O(1).
+RTOL = 1e-9
+ATOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One tensor the op takes: its strategy name, role, call locator and shape."""
+
+    name: str
+    role: str
+    locator: tuple[str, object]
+    shape: tuple[int, ...]
+    floating: bool
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The decision for one combination: the output layouts, or why there is none."""
+
+    outputs: tuple[Layout, ...] | None
+    reason: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return self.outputs is not None
+
+
+@dataclass
+class Problem:
+    """One case on one mesh, ready to decide combinations of its operands' layouts."""
+
+    case: OpCase
+    mesh: DeviceMesh
+    operands: tuple[Operand, ...]
+    node: object
+    module: object
+    values: dict
+    outputs: tuple[torch.Tensor, ...]
+    out_index: tuple[int, ...] = (0,)   # the tuple elements audited (the spec's output operands)
+    seed: int = 0
+    _coords: list = field(default_factory=list)
+    _local: dict = field(default_factory=dict)
+    _pieces: dict = field(default_factory=dict)
+    _shape_errors: dict = field(default_factory=dict)
+    _candidates: dict = field(default_factory=dict)
+    _scales: tuple = ()
+    _targets: dict = field(default_factory=dict)
+    _groups: dict = field(default_factory=dict)
+    decided: int = 0
+
+    def __post_init__(self) -> None:
+        self._coords = [self.mesh.coordinate(r) for r in self.mesh.ranks]
+        self._scales = tuple(max(1.0, float(y.abs().max())) if y.numel() else 1.0 for y in self.outputs)
+
+    # ---- local inputs -----------------------------------------------------------------
+    def _index(self, rank: int, axes: Sequence[int]) -> int:
+        coord, index = self._coords[rank], 0
+        for axis in axes:
+            index = index * self.mesh.shape[axis] + coord[axis]
+        return index
+
+    def slices(self, layout: Layout, shape: Sequence[int], rank: int) -> tuple[slice, ...]:
+        out = []
+        for size, axes in zip(shape, layout.dims):
+            if not axes:
+                out.append(slice(None))
+                continue
+            chunk = size // math.prod(self.mesh.shape[a] for a in axes)
+            start = self._index(rank, axes) * chunk
+            out.append(slice(start, start + chunk))
+        return tuple(out)
+
+    def _piece(self, operand: Operand, layout: Layout, rank: int) -> torch.Tensor:
+        """The full-size value this rank holds before sharding: the value, zeros when absent,
+        or one random piece of a partial sum (the pieces of a group sum to the value)."""
+        value = self.values[operand.locator]
+        if layout.absent:
+            return torch.zeros_like(value)
+        if not layout.partial:
+            return value
+        key = (operand.name, layout.partial)
+        if key not in self._pieces:
+            n = math.prod(self.mesh.shape[a] for a in layout.partial)
+            gen = torch.Generator().manual_seed(self.seed + 7919 * len(self._pieces) + 1)
+            noise = torch.randn((n, *value.shape), generator=gen, dtype=torch.float64)
+            self._pieces[key] = noise - noise.mean(dim=0, keepdim=True) + value / n
+        return self._pieces[key][self._index(rank, layout.partial)]
+
+    def local(self, position: int, layout: Layout) -> list[torch.Tensor]:
+        """Every rank's local input for operand ``position`` in ``layout`` (cached)."""
+        key = (position, layout)
+        if key not in self._local:
+            operand = self.operands[position]
+            self._local[key] = [self._piece(operand, layout, r)[self.slices(layout, operand.shape, r)]
+                                for r in self.mesh.ranks]
+        return self._local[key]
+
+    # ---- running the op ---------------------------------------------------------------------
+    def run(self, combo: Sequence[Layout]) -> list[tuple[torch.Tensor, ...]] | str:
+        """Every rank's local outputs for ``combo`` (one layout per operand), or why the op failed."""
+        locals_ = [self.local(i, layout) for i, layout in enumerate(combo)]
+        shapes = tuple(tuple(t[0].shape) for t in locals_)
+        if shapes in self._shape_errors:
+            return self._shape_errors[shapes]
+        results = []
+        for rank in self.mesh.ranks:
+            values = {op.locator: t[rank] for op, t in zip(self.operands, locals_)}
+            try:
+                with torch.no_grad():
+                    out = call_op(self.node, self.module, values)
+            except Exception as exc:  # the op refuses these local inputs: not a valid combination
+                reason = f"the local op fails: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                # Rank 0 holds the first shard of every layout; what it refuses is a matter of
+                # local shapes (mismatched contraction, broadcast), so every combination with
+                # the same local shapes is refused without running it again.
+                if rank == 0:
+                    self._shape_errors[shapes] = reason
+                return reason
+            results.append(tuple(out) if isinstance(out, (tuple, list)) else (out,))
+        return results
+
+    def target(self, combo: Sequence[Layout]) -> tuple[torch.Tensor, ...]:
+        """The full outputs the ranks must form: the reference, or with an absent (post-added)
+        operand the op on the full values with zeros there (the operand is added afterwards)."""
+        absent = tuple(i for i, layout in enumerate(combo) if layout.absent)
+        if not absent:
+            return self.outputs
+        if absent not in self._targets:
+            values = dict(self.values)
+            for i in absent:
+                loc = self.operands[i].locator
+                values[loc] = torch.zeros_like(values[loc])
+            with torch.no_grad():
+                out = call_op(self.node, self.module, values)
+            out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            self._targets[absent] = tuple(o.detach().to(torch.float64) for o in out)
+        return self._targets[absent]
+
+    def decide(self, combo: Sequence[Layout]) -> Outcome:
+        self.decided += 1
+        outs = self.run(combo)
+        if isinstance(outs, str):
+            return Outcome(None, outs)
+        found = []
+        refs = self.target(combo)
+        for k in self.out_index:
+            layout = self.detect([o[k] for o in outs], k, refs[k])
+            if layout is None:
+                which = "the output" if len(self.outputs) == 1 else f"output {k}"
+                return Outcome(None, f"{which} matches no sharded, replicated or partial layout")
+            found.append(layout)
+        return Outcome(tuple(found))
+
+    # ---- output layouts --------------------------------------------------------------------
+    def _close(self, actual: torch.Tensor, expected: torch.Tensor, k: int) -> bool:
+        if actual.shape != expected.shape:
+            return False
+        if actual.dtype != torch.float64:
+            actual = actual.to(torch.float64)
+        diff = (actual - expected).abs()
+        return bool((diff <= ATOL * self._scales[k] + RTOL * expected.abs()).all()) if diff.numel() else True
+
+    def holds(self, tensors: Sequence[torch.Tensor], layout: Layout, k: int, ref: torch.Tensor) -> bool:
+        """Do the ranks' local outputs ``tensors`` form ``ref`` (output ``k``) in ``layout``?"""
+        if len(layout.dims) != ref.dim():
+            return False
+        if any(size % c for size, c in zip(ref.shape, layout.shard_counts(self.mesh.shape))):
+            return False
+        if not layout.partial:
+            return all(self._close(t, ref[self.slices(layout, ref.shape, r)], k) for r, t in enumerate(tensors))
+        if layout.partial not in self._groups:
+            self._groups[layout.partial] = self.mesh.groups(layout.partial)
+        for group in self._groups[layout.partial]:
+            stacked = torch.stack([tensors[r].to(torch.float64) for r in group])
+            reduced = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
+                       "min": lambda s: s.amin(0)}
+            value = reduced[layout.reduce](stacked)
+            if not self._close(value, ref[self.slices(layout, ref.shape, group[0])], k):
+                return False
+        return True
+
+    def _candidate_dims(self, k: int, local_shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], ...]]:
+        key = (k, local_shape)
+        if key not in self._candidates:
+            ref = self.outputs[k]
+            self._candidates[key] = [dims for dims in _shardings(tuple(ref.shape), self.mesh.shape)
+                                     if Layout(dims).local_shape(ref.shape, self.mesh.shape) == local_shape]
+        return self._candidates[key]
+
+    def detect(self, tensors: Sequence[torch.Tensor], k: int, ref: torch.Tensor) -> Layout | None:
+        """The simplest layout the local outputs form: sharded/replicated, else a partial
+        sum, max or min over the fewest free mesh axes."""
+        shape = tuple(tensors[0].shape)
+        if any(tuple(t.shape) != shape for t in tensors) or len(shape) != self.outputs[k].dim():
+            return None
+        candidates = self._candidate_dims(k, shape)
+        for dims in candidates:
+            if self.holds(tensors, Layout(dims), k, ref):
+                return Layout(dims)
+        for dims in candidates:
+            free = [a for a in range(self.mesh.ndim)
+                    if self.mesh.shape[a] > 1 and all(a not in axes for axes in dims)]
+            for reduce in REDUCE_OPS:
+                if reduce != "sum" and not tensors[0].is_floating_point():
+                    continue
+                for axes in _subsets(free):
+                    layout = Layout(dims, axes, reduce)
+                    if self.holds(tensors, layout, k, ref):
+                        return layout
+        return None
+
+
+def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
+            out_index: Sequence[int] = (0,)) -> Problem:
+    """The float64 reference of ``case`` and the op's node, ready for :meth:`Problem.decide`."""
+    ref = reference(case, torch.float64, torch.device("cpu"))
+    node = ref.node
+    module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
+    values = {loc: v.detach() for loc, v in ref.values.items()}
+    outputs = tuple(o.detach().to(torch.float64) for o in ref.outputs)
+    return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed)

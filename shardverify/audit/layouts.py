@@ -1,0 +1,120 @@
+"""Layouts the audit enumerates: a sharding per tensor dim plus, beyond the strategy model,
+a partial value (sum/max/min over mesh axes) and the "absent" operand of a post-added bias.
+
+A :class:`Layout` is a plain value so combinations can be hashed, permuted by mesh-axis
+symmetries and printed; the enumeration only yields layouts whose shards divide evenly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from shardverify.sharding import DimSpec, ShardingSequence, ShardingSpec
+
+__all__ = ["Layout", "tensor_layouts", "axis_symmetries", "spec_layout", "REDUCE_OPS"]
+
+REDUCE_OPS = ("sum", "avg", "max", "min")   # how a partial value reduces (CommAction.op)
+Axes = tuple[int, ...]
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """``dims[d]``: the mesh axes sharding tensor dim d (axes[0] most significant, () = R);
+    ``partial``: mesh axes over which the value is a partial ``reduce`` still to be reduced;
+    ``absent``: the op is given zeros here and the operand is added after (post_add)."""
+
+    dims: tuple[Axes, ...]
+    partial: Axes = ()
+    reduce: str = "sum"
+    absent: bool = False
+
+    @property
+    def used_axes(self) -> set[int]:
+        return {a for axes in self.dims for a in axes}
+
+    def shard_counts(self, mesh_shape: Sequence[int]) -> tuple[int, ...]:
+        return tuple(math.prod(mesh_shape[a] for a in axes) for axes in self.dims)
+
+    def local_shape(self, shape: Sequence[int], mesh_shape: Sequence[int]) -> tuple[int, ...]:
+        return tuple(size // count for size, count in zip(shape, self.shard_counts(mesh_shape)))
+
+    def permuted(self, perm: Sequence[int]) -> Layout:
+        """The same layout with mesh axis a renamed perm[a] (a symmetry of the mesh)."""
+        return Layout(tuple(tuple(perm[a] for a in axes) for axes in self.dims),
+                      tuple(sorted(perm[a] for a in self.partial)), self.reduce, self.absent)
+
+    def normalized(self, mesh_shape: Sequence[int]) -> Layout:
+        """Without mesh axes of size 1, which split and reduce nothing (S0 on a (1, 4) mesh is R)."""
+        def keep(axes: Axes) -> Axes:
+            return tuple(a for a in axes if mesh_shape[a] > 1)
+        partial = keep(self.partial)
+        return Layout(tuple(keep(axes) for axes in self.dims), partial, self.reduce if partial else "sum",
+                      self.absent)
+
+    def spec(self, shape: Sequence[int], mesh_shape: Sequence[int]) -> ShardingSpec:
+        return ShardingSpec(tuple(mesh_shape), tuple(shape),
+                            tuple((d, axes) for d, axes in enumerate(self.dims) if axes))
+
+    def key(self) -> str:
+        """What coverage compares: an absent operand's sharding is irrelevant (it is zeros)."""
+        return "absent" if self.absent else str(self)
+
+    def __str__(self) -> str:
+        text = str(ShardingSequence(DimSpec(axes) for axes in self.dims))
+        if self.absent:
+            return "absent (post-added)"
+        if self.partial:
+            text += f" P({self.reduce}:{''.join(map(str, self.partial))})"
+        return text
+
+
+def spec_layout(spec: ShardingSpec) -> Layout:
+    partition = spec.partition_dict()
+    return Layout(tuple(partition.get(d, ()) for d in range(len(spec.tensor_shape))))
+
+
+def _shardings(shape: Sequence[int], mesh_shape: Sequence[int]) -> Iterator[tuple[Axes, ...]]:
+    """Every even sharding: each mesh axis unused or on one dim, every order on a shared dim."""
+    ndim = len(shape)
+    # an axis of size 1 shards nothing: it is never placed (see Layout.normalized)
+    options = [range(-1, ndim) if size > 1 else (-1,) for size in mesh_shape]
+    for placement in itertools.product(*options):
+        groups: list[list[int]] = [[] for _ in range(ndim)]
+        for axis, dim in enumerate(placement):
+            if dim >= 0:
+                groups[dim].append(axis)
+        if any(shape[d] % math.prod(mesh_shape[a] for a in groups[d]) for d in range(ndim)):
+            continue
+        for orders in itertools.product(*(itertools.permutations(g) for g in groups)):
+            yield tuple(tuple(o) for o in orders)
+
+
+def _subsets(axes: Sequence[int]) -> Iterator[Axes]:
+    for size in range(1, len(axes) + 1):
+        yield from itertools.combinations(axes, size)
+
+
+def tensor_layouts(shape: Sequence[int], mesh_shape: Sequence[int], *, partial: bool = True,
+                   absent: bool = False) -> list[Layout]:
+    """The layouts of one operand: every even sharding, with ``partial`` each partial sum over
+    a subset of the axes the sharding leaves free, with ``absent`` the zeros of a post-add."""
+    found = []
+    shardings = list(_shardings(tuple(shape), tuple(mesh_shape)))
+    for dims in shardings:
+        found.append(Layout(dims))
+        if partial:
+            free = [a for a in range(len(mesh_shape)) if mesh_shape[a] > 1 and all(a not in axes for axes in dims)]
+            found += [Layout(dims, p, "sum") for p in _subsets(free)]
+    if absent:
+        found += [Layout(dims, absent=True) for dims in shardings]
+    return found
+
+
+def axis_symmetries(mesh_shape: Sequence[int]) -> list[tuple[int, ...]]:
+    """Permutations of the mesh axes that keep the mesh shape (swap axes of equal size)."""
+    n = len(mesh_shape)
+    return [perm for perm in itertools.permutations(range(n))
+            if all(mesh_shape[perm[a]] == mesh_shape[a] for a in range(n))]

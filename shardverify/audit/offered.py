@@ -1,0 +1,116 @@
+"""What an offered strategy asks of the op: the layouts the op *sees* once the BEFORE
+actions ran (and a post-added operand is absent), and the raw output layouts before the
+AFTER actions (an all-reduce after the op means a partial output).
+
+That pair is what the audit's enumeration decides, so coverage is a plain lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardverify.audit.layouts import Layout, spec_layout
+from shardverify.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
+
+__all__ = ["Offered", "offered_combination"]
+
+
+@dataclass(frozen=True)
+class Offered:
+    """One strategy as a combination: ``inputs`` and ``outputs`` as (operand name, layout);
+    ``problem`` says why it cannot be expressed as one (then the rest is meaningless)."""
+
+    strategy: str
+    inputs: tuple[tuple[str, Layout], ...]
+    outputs: tuple[tuple[str, Layout], ...]
+    problem: str = ""
+
+
+def _drop_suffix(layout: Layout, dim: int, axes: tuple[int, ...]) -> Layout | None:
+    held = layout.dims[dim]
+    if len(held) < len(axes) or held[len(held) - len(axes):] != axes:
+        return None
+    dims = list(layout.dims)
+    dims[dim] = held[:len(held) - len(axes)]
+    return Layout(tuple(dims), layout.partial, layout.reduce, layout.absent)
+
+
+def _append(layout: Layout, dim: int, axes: tuple[int, ...]) -> Layout:
+    dims = list(layout.dims)
+    dims[dim] = dims[dim] + axes
+    return Layout(tuple(dims), layout.partial, layout.reduce, layout.absent)
+
+
+def _gather(layout: Layout, dim: int, axes: tuple[int, ...]) -> Layout | None:
+    return _drop_suffix(layout, dim % len(layout.dims), axes)
+
+
+def _split(layout: Layout, dim: int, axes: tuple[int, ...]) -> Layout:
+    return _append(layout, dim % len(layout.dims), axes)
+
+
+def _outputs(strategy: ShardingStrategy) -> list:
+    return list(strategy.outputs)
+
+
+def offered_combination(strategy: ShardingStrategy) -> Offered:
+    """The combination ``strategy`` runs the op on (see the module docstring)."""
+    outputs = _outputs(strategy)
+    out_names = {o.name for o in outputs}
+    post_added = {p.operand for p in strategy.post_add}
+    seen: dict[str, Layout] = {}
+    for data in strategy.operands:
+        if data.name in out_names or data.type is OperationDataType.OUTPUT:
+            continue
+        layout = spec_layout(strategy.get_sharding_spec_by_name(data.name))
+        if data.name in post_added:
+            layout = Layout(layout.dims, absent=True)
+        seen[data.name] = layout
+    raw = {o.name: spec_layout(strategy.get_sharding_spec_by_name(o.name)) for o in outputs}
+    problem = ""
+
+    for action in strategy.communication_actions:
+        if action.where is not CommWhere.BEFORE or action.operand not in seen:
+            continue
+        layout, what = seen[action.operand], f"{action.pattern.name} before the op on {action.operand!r}"
+        if action.pattern is CommPattern.GATHER_FWD_SPLIT_BWD:
+            new = _gather(layout, action.dims[0], action.axes)
+        elif action.pattern is CommPattern.SPLIT_FWD_GATHER_BWD:
+            new = _split(layout, action.dims[0], action.axes)
+        elif action.pattern is CommPattern.ALL2ALL_FWD_ALL2ALL_BWD:
+            gathered = _gather(layout, action.dims[1], action.axes)
+            new = None if gathered is None else _split(gathered, action.dims[0], action.axes)
+        elif action.pattern is CommPattern.ALLREDUCE_FWD_IDENTITY_BWD:
+            new, problem = layout, problem or f"{what}: all-reduces an input the strategy holds as a full value"
+        else:
+            new = layout   # identity forward
+        if new is None:
+            problem = problem or f"{what}: gathers mesh axes {action.axes} that do not end dim {action.dims}'s sharding"
+            new = layout
+        seen[action.operand] = new
+
+    # AFTER actions turn the raw output into the declared one: undo them, last first.
+    for action in reversed(strategy.communication_actions):
+        if action.where is not CommWhere.AFTER or action.operand not in raw:
+            continue
+        layout, what = raw[action.operand], f"{action.pattern.name} after the op on {action.operand!r}"
+        if action.pattern is CommPattern.ALLREDUCE_FWD_IDENTITY_BWD:
+            if layout.partial:
+                problem = problem or f"{what}: two reductions of one output"
+                continue
+            raw[action.operand] = Layout(layout.dims, tuple(sorted(action.axes)), action.op)
+        elif action.pattern is CommPattern.GATHER_FWD_SPLIT_BWD:
+            raw[action.operand] = _split(layout, action.dims[0], action.axes)
+        elif action.pattern is CommPattern.SPLIT_FWD_GATHER_BWD:
+            new = _gather(layout, action.dims[0], action.axes)
+            if new is None:
+                problem = problem or f"{what}: splits over axes the declared output does not end with"
+            else:
+                raw[action.operand] = new
+        elif action.pattern is CommPattern.ALL2ALL_FWD_ALL2ALL_BWD:
+            undone = _gather(layout, action.dims[0], action.axes)
+            if undone is None:
+                problem = problem or f"{what}: the declared output is not split over {action.axes}"
+            else:
+                raw[action.operand] = _split(undone, action.dims[1], action.axes)
+    return Offered(strategy.name, tuple(seen.items()), tuple((o.name, raw[o.name]) for o in outputs), problem)

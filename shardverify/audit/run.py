@@ -1,0 +1,283 @@
+"""The completeness audit of one op spec: every layout combination of its operands, decided
+numerically, against the combinations its strategies offer.
+
+Per case and mesh: enumerate every operand's layouts (shardings that divide, partial sums,
+an absent post-added operand), decide one combination per orbit of the mesh's axis
+symmetries (the others follow by renaming axes), and compare with what the offered
+strategies run the op on. A valid combination no strategy covers is *missing* (unless an
+``audit: accept:`` entry of the spec names it); an offered strategy whose combination is
+invalid, or whose assumed output layout the local outputs do not form, is *incorrect*.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from shardverify.audit.decide import Operand, Outcome, Problem, prepare
+from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
+from shardverify.audit.offered import offered_combination
+from shardverify.mesh import DeviceMesh
+from shardverify.strategy import OperationDataType
+
+__all__ = ["Finding", "CaseAudit", "audit_spec", "audit_case", "spec_handler", "offered_strategies"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One missing combination or one incorrect strategy, as a printable line."""
+
+    kind: str                      # "missing" | "incorrect"
+    line: str
+    layouts: tuple[tuple[str, str], ...] = ()
+    outputs: str = ""
+    strategy: str = ""
+    accepted: str = ""             # the reason of the accept entry that covers it (file:line: reason)
+
+    def to_json(self) -> dict:
+        found = {"kind": self.kind, "line": self.line, "layouts": dict(self.layouts), "outputs": self.outputs}
+        if self.strategy:
+            found["strategy"] = self.strategy
+        if self.accepted:
+            found["accepted"] = self.accepted
+        return found
+
+
+@dataclass
+class CaseAudit:
+    """The audit of one case on one mesh."""
+
+    op: str
+    case: str
+    mesh: tuple[int, ...]
+    combinations: int = 0          # every combination enumerated
+    decided: int = 0               # decided numerically (one per symmetry orbit)
+    offered: int = 0
+    valid: int = 0
+    covered: int = 0
+    missing: list[Finding] = field(default_factory=list)     # new: not accepted
+    accepted: list[Finding] = field(default_factory=list)
+    incorrect: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.missing or self.incorrect or self.error)
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "combinations": self.combinations,
+                "decided": self.decided, "offered": self.offered, "valid": self.valid, "covered": self.covered,
+                "missing": [f.to_json() for f in self.missing], "accepted": [f.to_json() for f in self.accepted],
+                "incorrect": [f.to_json() for f in self.incorrect], "seconds": round(self.seconds, 3),
+                "error": self.error or None}
+
+
+def spec_handler(spec):
+    """The HandlerDef a spec's generated module registers, built here without registering,
+    so a spec on disk (or a test's planted one) is audited as written."""
+    from shardverify.handlers.base import HandlerDef, OperandDecl, ParamDecl
+
+    return HandlerDef(
+        name=spec.name, targets=tuple(t.name for t in spec.targets),
+        operands=tuple(OperandDecl(o.role, o.kind, o.index, o.keyword, o.attribute, o.optional)
+                       for o in spec.operands),
+        params=tuple(ParamDecl(p.name, p.index, p.keyword, p.default) for p in spec.params),
+        generator=spec.generator, options=spec.options, spec_file=spec.source)
+
+
+def offered_strategies(spec, graph_module, node, mesh: DeviceMesh) -> tuple[dict, list]:
+    """(operand data by role, strategies) that the spec's generator offers for ``node``."""
+    from shardverify import generators as _generators  # noqa: F401  (registers the families)
+    from shardverify.api import strategies_for_node
+    from shardverify.generators.registry import GeneratorContext, get_generator
+    from shardverify.handlers.base import resolve_operands, resolve_params
+
+    handler = spec_handler(spec)
+    operands = resolve_operands(handler, node, graph_module)
+    ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands,
+                           params=resolve_params(handler, node), options=handler.option_dict,
+                           handler_name=spec.name,
+                           strategies_of=lambda producer: strategies_for_node(graph_module, producer.name, mesh))
+    return operands, list(get_generator(spec.generator)(ctx))
+
+
+def _permuted(outcome: Outcome, perm: tuple[int, ...]) -> Outcome:
+    if outcome.outputs is None:
+        return outcome
+    return Outcome(tuple(layout.permuted(perm) for layout in outcome.outputs), outcome.reason)
+
+
+def _key(combo) -> tuple[str, ...]:
+    return tuple(layout.key() for layout in combo)
+
+
+def _outputs_text(outputs: tuple[Layout, ...]) -> str:
+    return ", ".join(str(layout) for layout in outputs)
+
+
+class _Audit:
+    """The state of one case's audit on one mesh."""
+
+    def __init__(self, spec, case, mesh_shape: tuple[int, ...], partial_inputs: bool) -> None:
+        self.spec, self.case, self.mesh = spec, case, DeviceMesh(tuple(mesh_shape))
+        graph_module, node_name = case.build()
+        node = next(n for n in graph_module.graph.nodes if n.name == node_name)
+        by_role, self.strategies = offered_strategies(spec, graph_module, node, self.mesh)
+        optional = {o.role for o in spec.operands if o.optional}
+        self.operands = tuple(
+            Operand(d.name, d.role, (d.locator.kind, d.locator.key), d.shape, d.dtype.is_floating_point,
+                    d.role in optional)
+            for d in by_role.values() if d.type is not OperationDataType.OUTPUT)
+        outputs = [d for d in by_role.values() if d.type is OperationDataType.OUTPUT]
+        self.output_roles = [d.role for d in outputs]
+        self.output_names = [d.name for d in outputs]
+        self.problem: Problem = prepare(case, self.mesh, self.operands,
+                                        [d.locator.key or 0 for d in outputs])
+        self.choices = [tensor_layouts(o.shape, self.mesh.shape, partial=partial_inputs and o.floating,
+                                       absent=o.optional) for o in self.operands]
+        self.results: dict[tuple[Layout, ...], Outcome] = {}
+
+    def enumerate(self) -> int:
+        perms = axis_symmetries(self.mesh.shape)
+        total = 0
+        for combo in itertools.product(*self.choices):
+            total += 1
+            if combo in self.results:
+                continue
+            outcome = self.problem.decide(combo)
+            for perm in perms:
+                self.results.setdefault(tuple(layout.permuted(perm) for layout in combo), _permuted(outcome, perm))
+        return total
+
+    def valid(self) -> dict[tuple[str, ...], tuple[tuple[Layout, ...], tuple[Layout, ...]]]:
+        """key -> (a combination, its outputs) for every valid combination."""
+        found: dict = {}
+        for combo, outcome in self.results.items():
+            if outcome.valid:
+                found.setdefault(_key(combo), (combo, outcome.outputs))
+        return found
+
+    @staticmethod
+    def needed(valid: dict) -> dict:
+        """The valid combinations a spec should offer: an absent (post-added) operand is only
+        needed when no combination passing it in, as a full value, gives the same output."""
+        present: dict = {}
+        for key, (_, outputs) in valid.items():
+            present.setdefault(tuple(k == "absent" for k in key), None)
+        index: dict = {}
+        for absent_at in present:
+            if not any(absent_at):
+                continue
+            index[absent_at] = {}
+            for key, (combo, outputs) in valid.items():
+                if not any(layout.absent or layout.partial for layout, a in zip(combo, absent_at) if a):
+                    masked = tuple(None if a else k for k, a in zip(key, absent_at))
+                    index[absent_at].setdefault(masked, set()).add(outputs)
+        kept = {}
+        for key, value in valid.items():
+            absent_at = tuple(k == "absent" for k in key)
+            if any(absent_at):
+                masked = tuple(None if a else k for k, a in zip(key, absent_at))
+                if value[1] in index[absent_at].get(masked, ()):
+                    continue
+            kept[key] = value
+        return kept
+
+    def describe(self, combo, outputs) -> tuple[str, tuple[tuple[str, str], ...], str]:
+        layouts = tuple((o.role, str(layout)) for o, layout in zip(self.operands, combo))
+        out_text = _outputs_text(outputs)
+        outs = " ".join(f"{role}={layout}" for role, layout in zip(self.output_roles, outputs))
+        line = " ".join(f"{role}={text}" for role, text in layouts) + f" -> {outs}"
+        return line, layouts, out_text
+
+
+def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dict | None = None, *,
+               partial_inputs: bool = True) -> CaseAudit:
+    """Audit one case of ``spec`` on one mesh (see the module docstring)."""
+    start = time.perf_counter()
+    result = CaseAudit(spec.name, case_id, tuple(mesh_shape))
+    audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs)
+    result.combinations = audit.enumerate()
+    result.decided = audit.problem.decided
+    result.offered = len(audit.strategies)
+    valid = audit.valid()
+    needed = audit.needed(valid)
+    result.valid = len(needed)
+
+    names = [o.name for o in audit.operands]
+    covered: set = set()
+    for strategy in audit.strategies:
+        offered = offered_combination(strategy)
+        seen = dict(offered.inputs)
+        line = f"{strategy.name}: "
+        if offered.problem:
+            result.incorrect.append(Finding("incorrect", line + offered.problem, strategy=strategy.name))
+            continue
+        if set(seen) != set(names):
+            result.incorrect.append(Finding("incorrect", line + f"operands {sorted(seen)} are not the op's "
+                                            f"{sorted(names)}", strategy=strategy.name))
+            continue
+        combo = tuple(seen[n].normalized(audit.mesh.shape) for n in names)
+        claimed = {name: layout.normalized(audit.mesh.shape) for name, layout in offered.outputs}
+        if set(claimed) != set(audit.output_names):
+            result.incorrect.append(Finding("incorrect", line + f"outputs {sorted(claimed)} are not the op's "
+                                            f"{sorted(audit.output_names)}", strategy=strategy.name))
+            continue
+        assumed = tuple(claimed[n] for n in audit.output_names)
+        text, layouts, _ = audit.describe(combo, assumed)
+        key = _key(combo)
+        if key not in valid:
+            outcome = audit.results.get(combo) or audit.problem.decide(combo)
+            result.incorrect.append(Finding("incorrect", f"{line}{text}: not valid without communication "
+                                            f"({outcome.reason})", layouts, strategy=strategy.name))
+            continue
+        example, outputs = valid[key]
+        if outputs != assumed and not _outputs_hold(audit.problem, example, assumed):
+            result.incorrect.append(Finding("incorrect", f"{line}{text}: the op gives {_outputs_text(outputs)}",
+                                            layouts, _outputs_text(assumed), strategy=strategy.name))
+            continue
+        covered.add(key)
+    result.covered = len(covered & set(needed))
+
+    point = point or {}
+    for key, (combo, outputs) in needed.items():
+        if key in covered:
+            continue
+        text, layouts, out_text = audit.describe(combo, outputs)
+        entry = next((e for e in spec.audit_accept
+                      if e.applies(result.mesh, point, dict(layouts), out_text)), None)
+        if entry is None:
+            result.missing.append(Finding("missing", text, layouts, out_text))
+        else:
+            result.accepted.append(Finding("missing", text, layouts, out_text,
+                                           accepted=f"{entry.where_text()}: {entry.reason}"))
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...]) -> bool:
+    outs = problem.run(combo)
+    if isinstance(outs, str):
+        return False
+    refs = problem.target(combo)
+    return all(problem.holds([o[k] for o in outs], layout, k, refs[k])
+               for k, layout in zip(problem.out_index, outputs))
+
+
+def audit_spec(spec, meshes: list[tuple[int, ...]] | None = None, *, partial_inputs: bool = True,
+               on_result=None) -> list[CaseAudit]:
+    """Audit every case of ``spec`` on ``meshes`` (default: the spec's meshes)."""
+    results = []
+    for case_spec, (case_id, case) in zip(spec.cases(), spec.op_cases()):
+        for mesh in meshes or spec.verify.meshes:
+            try:
+                found = audit_case(spec, case_id, case, tuple(mesh), dict(case_spec.point),
+                                   partial_inputs=partial_inputs)
+            except Exception as exc:  # a case the audit cannot run is reported, never skipped silently
+                found = CaseAudit(spec.name, case_id, tuple(mesh), error=f"{type(exc).__name__}: {exc}")
+            results.append(found)
+            if on_result is not None:
+                on_result(found)
+    return results

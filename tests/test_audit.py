@@ -1,0 +1,287 @@
+"""The completeness audit: layout enumeration, the numerical decision, what offered strategies
+cover, accepted gaps, and the CLI failing on a planted generator that omits row-parallel Linear."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shardverify.audit.accept import glob_matches
+from shardverify.audit.decide import Operand, prepare
+from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
+from shardverify.audit.offered import offered_combination
+from shardverify.cli.main import main
+from shardverify.errors import SpecError
+from shardverify.generators.registry import get_generator, register_generator
+from shardverify.mesh import DeviceMesh
+from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+
+REPO = Path(__file__).resolve().parents[1]
+LINEAR = (REPO / "specs" / "linear.yaml").read_text()
+
+
+def L(*dims, partial=(), reduce="sum", absent=False) -> Layout:
+    return Layout(tuple(tuple(d) for d in dims), tuple(partial), reduce, absent)
+
+
+# ------------------------------------------------------------------ layouts
+
+def test_layouts_of_a_matrix_on_a_1d_mesh():
+    found = {str(layout) for layout in tensor_layouts((4, 6), (2,))}
+    assert found == {"[R, R]", "[S0, R]", "[R, S0]", "[R, R] P(sum:0)"}
+
+
+def test_layouts_respect_divisibility_and_order_of_axes():
+    found = {str(layout) for layout in tensor_layouts((4, 3), (2, 2), partial=False)}
+    assert "[S01, R]" in found and "[S10, R]" in found
+    assert not any("S0]" in text or "S1]" in text for text in found)   # 3 does not split in 2
+
+
+def test_symmetries_swap_only_equal_axes():
+    assert axis_symmetries((2, 2)) == [(0, 1), (1, 0)]
+    assert axis_symmetries((2, 4)) == [(0, 1)]
+    assert L((0, 1), ()).permuted((1, 0)) == L((1, 0), ())
+
+
+# ------------------------------------------------------------------ the numerical decision
+
+def _mm_problem(mesh_shape, bias=False):
+    inputs = (InputDecl("x", (8, 12)), InputDecl("w", (16, 12))) + ((InputDecl("b", (16,)),) if bias else ())
+    case = OpCase(op="linear", target="torch.nn.functional.linear", inputs=inputs)
+    operands = [Operand("x", "input", ("arg", 0), (8, 12), True), Operand("w", "other", ("arg", 1), (16, 12), True)]
+    if bias:
+        operands.append(Operand("b", "bias", ("arg", 2), (16,), True, optional=True))
+    return prepare(case, DeviceMesh(mesh_shape), operands)
+
+
+def test_contraction_sharded_linear_gives_a_partial_sum():
+    problem = _mm_problem((2, 2))
+    outcome = problem.decide((L((), (0,)), L((), (0,))))
+    assert outcome.outputs == (L((), (), partial=(0,)),)
+
+
+def test_mismatched_shards_are_invalid_with_a_reason():
+    problem = _mm_problem((2,))
+    outcome = problem.decide((L((), (0,)), L((), ())))
+    assert not outcome.valid and "local op fails" in outcome.reason
+    outcome = problem.decide((L((0,), ()), L((0,), ())))  # shapes fit, values do not
+    assert not outcome.valid and "matches no" in outcome.reason
+
+
+def test_sharded_and_multi_axis_outputs_are_detected():
+    problem = _mm_problem((2, 2))
+    assert problem.decide((L((1, 0), ()), L((), ()))).outputs == (L((1, 0), ()),)
+    assert problem.decide((L((0,), ()), L((1,), ()))).outputs == (L((0,), (1,)),)
+
+
+def test_partial_inputs_sum_to_a_partial_output():
+    problem = _mm_problem((2, 2))
+    outcome = problem.decide((L((), (), partial=(1,)), L((0,), ())))
+    assert outcome.outputs == (L((), (0,), partial=(1,)),)
+
+
+def test_an_absent_bias_is_judged_against_the_output_without_it():
+    problem = _mm_problem((2,), bias=True)
+    row_parallel = (L((), (0,)), L((), (0,)))
+    assert problem.decide(row_parallel + (L(()),)).valid is False        # bias added on every rank
+    assert problem.decide(row_parallel + (L((), absent=True),)).outputs == (L((), (), partial=(0,)),)
+
+
+def test_max_over_a_sharded_dim_is_a_partial_max():
+    case = OpCase(op="amax", target="torch.amax", inputs=(InputDecl("x", (8, 6)),), params=(("dim", 0),))
+    problem = prepare(case, DeviceMesh((2,)), [Operand("x", "input", ("arg", 0), (8, 6), True)])
+    assert problem.decide((L((0,), ()),)).outputs == (L((), partial=(0,), reduce="max"),)
+
+
+# ------------------------------------------------------------------ offered strategies
+
+def _linear_strategies(mesh_shape, bias):
+    from shardverify.api import strategies_for_node
+
+    case = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("x", (4, 16)),),
+                  module=ModuleDecl("torch.nn.Linear", args=(16, 32), kwargs=(("bias", bias),)))
+    graph_module, node = case.build()
+    return strategies_for_node(graph_module, node, DeviceMesh(mesh_shape))
+
+
+def test_an_after_all_reduce_is_a_partial_raw_output():
+    strategy = next(s for s in _linear_strategies((2,), False) if s.name.startswith("RR = RS0 x S0R"))
+    offered = offered_combination(strategy)
+    assert dict(offered.inputs)["x"] == L((), (0,))
+    assert offered.outputs[0][1] == L((), (), partial=(0,))
+
+
+def test_a_before_gather_changes_the_layout_the_op_sees():
+    from shardverify.strategy import CommAction, CommPattern, CommWhere
+
+    strategy = next(s for s in _linear_strategies((2,), False) if s.name.startswith("S0R = S0R x RR"))
+    gather = CommAction(CommPattern.GATHER_FWD_SPLIT_BWD, (0,), "x", CommWhere.BEFORE, dims=(0,))
+    offered = offered_combination(strategy.replace(communication_actions=(gather,)))
+    assert dict(offered.inputs)["x"] == L((), ())
+    bad = CommAction(CommPattern.GATHER_FWD_SPLIT_BWD, (0,), "x", CommWhere.BEFORE, dims=(1,))
+    assert "do not end" in offered_combination(strategy.replace(communication_actions=(bad,))).problem
+
+
+# ------------------------------------------------------------------ accepted gaps
+
+def test_globs_have_only_a_star():
+    assert glob_matches("[S0, *]", "[S0, R, R]")
+    assert not glob_matches("[S0, *]", "[S1, R]")
+    assert glob_matches("* P(*", "[R] P(sum:0)")
+
+
+def _write(tmp_path: Path, text: str, name: str = "linear.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_accept_entries_name_file_and_line_on_mistakes(tmp_path):
+    from shardverify.cli.verify_cmd import load_op_specs
+
+    base = LINEAR.split("\naudit:")[0]
+    bad_role = base + "\naudit:\n  accept:\n    - reason: r\n      match: {weight: \"*\"}\n"
+    _write(tmp_path, bad_role)
+    with pytest.raises(SpecError) as info:
+        load_op_specs(tmp_path, tmp_path, [])
+    text = str(info.value)
+    assert "linear.yaml" in text and "'weight' is not an operand role" in text
+    line = base.count("\n") + 5
+    assert f":{line}" in text
+    no_reason = base + "\naudit:\n  accept:\n    - reason: ' '\n      match: {input: \"*\"}\n"
+    _write(tmp_path, no_reason)
+    with pytest.raises(SpecError, match="needs a reason"):
+        load_op_specs(tmp_path, tmp_path, [])
+    bad_where = base + "\naudit:\n  accept:\n    - reason: r\n      match: {input: \"*\"}\n      where: {dim: 1}\n"
+    _write(tmp_path, bad_where)
+    with pytest.raises(SpecError, match="not a grid key"):
+        load_op_specs(tmp_path, tmp_path, [])
+
+
+# ------------------------------------------------------------------ the CLI on a planted gap
+
+@register_generator("audit_test_no_row_parallel")
+def _no_row_parallel(ctx):
+    """linear_projection without the strategies that shard the contraction dim K."""
+    strategies = get_generator("linear_projection")(ctx)
+    return [s for s in strategies if not s.get_sharding_spec_by_name(ctx.operand("input").name).partition_dict()
+            .get(len(ctx.operand("input").shape) - 1)]
+
+
+def _audit_json(spec_dir: Path, mesh: str, capsys) -> tuple[int, dict]:
+    code = main(["audit", str(spec_dir / "linear.yaml"), "--root", str(spec_dir), "--specs-dir", str(spec_dir),
+                 "--mesh", mesh, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _without_bias(text: str) -> str:
+    return text.replace("bias: [false, true]", "bias: [false]").replace("      where: {bias: true}\n", "").replace(
+        textwrap.dedent("""\
+            - mesh: [2, 2]
+              where:
+                bias: false
+              count: 24"""), "")
+
+
+def test_linear_without_bias_has_no_missing_strategy_outside_the_accepted_list(tmp_path, capsys):
+    _write(tmp_path, _without_bias(LINEAR))
+    code, report = _audit_json(tmp_path, "2,2", capsys)
+    assert code == 0, [f["line"] for row in report["rows"] for f in row["missing"] + row["incorrect"]]
+    assert all(row["valid"] > row["offered"] > 0 and row["accepted"] for row in report["rows"])
+
+
+def test_a_rule_omitting_row_parallel_linear_is_reported_missing(tmp_path, capsys):
+    planted = _without_bias(LINEAR).replace("family: linear_projection", "family: audit_test_no_row_parallel")
+    _write(tmp_path, planted)
+    code, report = _audit_json(tmp_path, "2,2", capsys)
+    assert code == 1
+    missing = [f["line"] for row in report["rows"] for f in row["missing"]]
+    assert "input=[R, R, R, S0] other=[R, S0] -> output=[R, R, R, R] P(sum:0)" in missing
+    assert all(f["layouts"]["input"].endswith(("S0]", "S1]", "S01]")) for row in report["rows"]
+               for f in row["missing"])
+
+
+@register_generator("audit_test_forgets_the_all_reduce")
+def _forgets_the_all_reduce(ctx):
+    """linear_projection whose row-parallel strategies lose their AFTER all-reduce."""
+    from shardverify.strategy import CommWhere
+
+    return [s.replace(communication_actions=tuple(a for a in s.communication_actions if a.where is not CommWhere.AFTER))
+            for s in get_generator("linear_projection")(ctx)]
+
+
+def test_an_offered_strategy_with_a_wrong_output_layout_is_incorrect(tmp_path, capsys):
+    planted = _without_bias(LINEAR).replace("family: linear_projection", "family: audit_test_forgets_the_all_reduce")
+    _write(tmp_path, planted)
+    code, report = _audit_json(tmp_path, "4", capsys)
+    assert code == 1
+    incorrect = [f for row in report["rows"] for f in row["incorrect"]]
+    assert {f["strategy"] for f in incorrect} == {"RR = RS0 x S0R"}
+    assert all("the op gives [R, R, R, R] P(sum:0)" in f["line"] for f in incorrect)
+
+
+def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
+    import torch.distributed as dist
+
+    from shardverify.audit.dtensor import compare_case
+    from shardverify.cli.verify_cmd import load_op_specs
+
+    spec = load_op_specs(REPO, None, ["linear"])[0]
+    case_id, case = next((cid, c) for cid, c in spec.op_cases() if cid == "torch.nn.functional.linear-bias_False")
+    report = compare_case(spec, case_id, case, (4,))
+    assert report.disagreements == [] and report.counts["agree: same output"] >= 4
+    assert report.counts["agree: invalid"] > 0
+    assert not dist.is_initialized()
+
+
+@register_generator("audit_test_post_add")
+def _with_post_added_bias(ctx):
+    """linear_projection plus, with a bias, every partial-output family of the bias-less
+    projection with the bias post-added (what row-parallel Linear with bias needs). The audit
+    looks at forward layouts only: these strategies omit the bias gradient's all-reduce and
+    its memory, which `verify` would (rightly) fail."""
+    import dataclasses
+
+    from shardverify.sharding import ShardingSpec
+    from shardverify.strategy import CommPattern, CommWhere, PostAdd
+
+    strategies = get_generator("linear_projection")(ctx)
+    bias = ctx.operands.get("bias")
+    if bias is None:
+        return strategies
+    out = ctx.operand("output")
+    last = len(out.shape) - 1
+    no_bias = dataclasses.replace(ctx, operands={r: d for r, d in ctx.operands.items() if r != "bias"})
+    for s in get_generator("linear_projection")(no_bias):
+        if not any(a.pattern is CommPattern.ALLREDUCE_FWD_IDENTITY_BWD and a.where is CommWhere.AFTER
+                   for a in s.communication_actions):
+            continue
+        axes = s.get_sharding_spec_by_name(out.name).partition_dict().get(last, ())
+        bias_spec = ShardingSpec.from_partition(ctx.mesh.shape, bias.shape, {0: axes})
+        strategies.append(s.replace(name=s.name + " + bias", operands=s.operands[:-1] + (bias, s.operands[-1]),
+                                    sharding_specs=s.sharding_specs[:-1] + ((bias.name, bias_spec),)
+                                    + s.sharding_specs[-1:], post_add=(PostAdd(bias.name, (last,)),)))
+    return strategies
+
+
+@register_generator("audit_test_no_post_add")
+def _without_post_add(ctx):
+    """linear_projection without any post-added strategy (whether or not it offers them)."""
+    return [s for s in get_generator("linear_projection")(ctx) if not s.post_add]
+
+
+def test_post_added_bias_covers_row_parallel_linear_with_bias(tmp_path, capsys):
+    _write(tmp_path, LINEAR.replace("family: linear_projection", "family: audit_test_post_add"))
+    code, report = _audit_json(tmp_path, "4", capsys)
+    assert code == 0, [f["line"] for row in report["rows"] for f in row["missing"] + row["incorrect"]]
+    with_bias = [row for row in report["rows"] if row["case"].endswith("bias_True")]
+    assert with_bias and all(row["covered"] == row["valid"] - len(row["accepted"]) for row in with_bias)
+    without_accepts = LINEAR.split("\naudit:")[0]
+    _write(tmp_path, without_accepts.replace("family: linear_projection", "family: audit_test_no_post_add"))
+    code, report = _audit_json(tmp_path, "4", capsys)
+    assert code == 1
+    missing = {f["line"] for row in report["rows"] for f in row["missing"]}
+    assert "input=[R, R, R, S0] other=[R, S0] bias=absent (post-added) -> output=[R, R, R, R] P(sum:0)" in missing
