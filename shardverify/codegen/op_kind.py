@@ -130,6 +130,7 @@ class OpSpec:
     verify: VerifySpec
     description: str = ""
     audit_accept: tuple = ()       # shardverify.audit.accept.AcceptEntry: known, accepted gaps
+    audited: bool = False          # the spec has an `audit:` section: CI audits it (test_<op>_audit.py)
 
     def grid_size(self) -> int:
         size = 1
@@ -440,7 +441,8 @@ def parse_op_spec(root: Node) -> OpSpec:
     accept = parse_audit(audit_node, roles, dict(verify.grid))
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
-                  description=str(desc_node.value) if desc_node else "", audit_accept=accept)
+                  description=str(desc_node.value) if desc_node else "", audit_accept=accept,
+                  audited=audit_node is not None)
 
 
 def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,
@@ -651,7 +653,7 @@ def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
     # --- completeness audit (shardverify.audit, issue 12): no valid strategy missing ---
     from shardverify.audit.check import audit_meshes
     audit = [(mesh, _mesh_id(mesh)) for mesh in audit_meshes(spec.verify.meshes)]
-    if audit:
+    if audit and spec.audited:
         outputs[f"{TEST_DIR}/test_{spec.name}_audit.py"] = renderer.render(
             "op_audit_test.py.j2", spec=spec, cases=spec.op_cases(), meshes=audit)
     # --- end completeness audit ---
