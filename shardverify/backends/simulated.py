@@ -5,6 +5,10 @@ call, waits for the whole group, then reads everybody's payload and computes its
 result, so the semantics (blocking, group order, agreement) match real process groups and
 the same SPMD code runs on both.  Point-to-point sends block until received, as on gloo.
 
+Only one rank runs at a time: a rank holds the turn until it blocks in a collective or ends,
+then the next runnable rank takes it.  The ranks share one GIL anyway; letting them all run
+would only make every tensor op (each releases the GIL) a thread switch.
+
 Each rank thread disables autograd's multithreaded backward for itself, so the backward of
 a differentiable collective runs on the rank's own thread, even for CUDA tensors (the
 engine's shared device threads would otherwise deadlock waiting for the other ranks).
@@ -13,7 +17,6 @@ engine's shared device threads would otherwise deadlock waiting for the other ra
 from __future__ import annotations
 
 import collections
-import copy
 import queue
 import threading
 import time
@@ -30,6 +33,7 @@ from shardverify.backends.base import (
     describe,
     disagreement,
     p2p_mismatch,
+    private_copy,
     reduce_tensors,
 )
 from shardverify.errors import BackendError, RankTimeout
@@ -56,42 +60,90 @@ class _Letter:
 
 
 class _Exchange:
-    """The rendezvous of one run: collective slots, mailboxes, abort flag, busy ranks."""
+    """The rendezvous of one run: collective slots, mailboxes, abort flag, and the turn.
 
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
+    Only the rank holding the turn runs.  It keeps it until it must wait (a collective whose
+    members have not all arrived, a send not yet received, a receive with nothing posted)
+    or its task ends; then the turn goes to the next rank, in rank order, whose wait is over.
+    Each rank sleeps on its own condition, so a hand-over wakes exactly one thread.
+    """
+
+    def __init__(self, world: int) -> None:
+        self.lock = threading.Lock()
+        self.conds = [threading.Condition(self.lock) for _ in range(world)]
         self.slots: dict[tuple, dict[int, tuple[str, Any]]] = {}
         self.reads: collections.Counter = collections.Counter()
         self.mail: dict[tuple[int, int], collections.deque[_Letter]] = collections.defaultdict(collections.deque)
-        self.waiting: set[int] = set()   # ranks blocked in a collective right now
+        self.blocked: dict[int, Callable[[], bool]] = {}   # rank -> what it waits for
+        self.waiting: set[int] = set()   # ranks blocked in a collective (or for the turn) right now
+        self.entered: dict[int, tuple] = {}   # rank -> (slot key, group, desc) of the collective it waits in
+        self.holder: int | None = None   # the rank whose turn it is to run
         self.aborted = False
+        self.world = world
 
     def abort(self) -> None:
-        with self.cond:
+        with self.lock:
             self.aborted = True
-            self.cond.notify_all()
+            for cond in self.conds:
+                cond.notify_all()
+
+    def _pass_turn(self, rank: int) -> None:
+        """Hand the turn (held by ``rank``, lock held) to the next rank whose wait is over."""
+        self.holder = None
+        for step in range(1, self.world + 1):
+            other = (rank + step) % self.world
+            ready = self.blocked.get(other)
+            if ready is not None and ready():
+                self.holder = other
+                self.conds[other].notify()
+                return
 
     def _wait(self, rank: int, ready: Callable[[], bool]) -> None:
-        """Block (holding ``cond``) until ``ready()``; unwinds when the run is aborted."""
+        """Block (lock held) until ``ready()`` and this rank's turn; unwinds on abort."""
+        if self.aborted:
+            raise _Aborted()
+        if self.holder in (None, rank) and ready():
+            self.holder = rank
+            return
+        self.blocked[rank] = ready
         self.waiting.add(rank)
         try:
-            while not ready():
+            if self.holder == rank:
+                self._pass_turn(rank)
+            while self.holder != rank:
                 if self.aborted:
                     raise _Aborted()
-                self.cond.wait()
+                if self.holder is None and ready():
+                    self.holder = rank
+                    break
+                self.conds[rank].wait()
         finally:
+            del self.blocked[rank]
             self.waiting.discard(rank)
+
+    def take_turn(self, rank: int) -> None:
+        """Wait for this rank's first turn (before its task runs)."""
+        with self.lock:
+            self._wait(rank, lambda: True)
+
+    def end_turn(self, rank: int) -> None:
+        with self.lock:
+            if self.holder == rank:
+                self._pass_turn(rank)
 
     def gather(self, key: tuple, group: tuple[int, ...], rank: int, desc: str, payload: Any) -> list[Any]:
         """Deposit, wait for the group, return every payload in group order (after
         checking that all members made the same call)."""
-        with self.cond:
+        with self.lock:
             if self.aborted:
                 raise _Aborted()
             slot = self.slots.setdefault(key, {})
             slot[rank] = (desc, payload)
-            self.cond.notify_all()
-            self._wait(rank, lambda: len(slot) == len(group))
+            self.entered[rank] = (key, group, desc)
+            try:
+                self._wait(rank, lambda: len(slot) == len(group))
+            finally:
+                self.entered.pop(rank, None)
             entries = [slot[r] for r in group]
             self.reads[key] += 1
             if self.reads[key] == len(group):
@@ -102,22 +154,33 @@ class _Exchange:
         return [entry[1] for entry in entries]
 
     def post(self, src: int, dst: int, letter: _Letter) -> None:
-        with self.cond:
+        with self.lock:
             if self.aborted:
                 raise _Aborted()
             self.mail[(src, dst)].append(letter)
-            self.cond.notify_all()
             self._wait(src, lambda: letter.taken)
 
     def take(self, src: int, dst: int, check: Callable[[_Letter], str | None]) -> _Letter:
-        with self.cond:
+        with self.lock:
             box = self.mail[(src, dst)]
             self._wait(dst, lambda: bool(box))
             letter = box.popleft()
             letter.error = check(letter)
             letter.taken = True
-            self.cond.notify_all()
             return letter
+
+    def never_entered(self) -> tuple[tuple[int, ...], str]:
+        """For a timeout: the members of the collectives ranks wait in that never entered
+        them, and a text naming both sides."""
+        lines, absent = [], set()
+        for key, group, desc in sorted({(k, g, d) for k, g, d in self.entered.values()}, key=repr):
+            inside = sorted(r for r, (k, _, _) in self.entered.items() if k == key)
+            missing = sorted(r for r in group if r not in inside)
+            absent.update(missing)
+            if missing:
+                lines.append(f"rank(s) {inside} wait in {desc} (call {key[1]} on group {list(key[0])}); "
+                             f"rank(s) {missing} never entered it")
+        return tuple(sorted(absent)), "; ".join(lines)
 
 
 class SimulatedCommunicator(CommunicatorBase):
@@ -225,7 +288,7 @@ class SimulatedBackend:
 
     ``timeout`` (seconds) bounds every ``run``; a rank that raises aborts the others'
     collectives at once.  Each rank gets its own deep copy of ``args``, as it would
-    across processes.  The backend stays usable after any failure.
+    across processes (frozen values, which cannot change, are shared).  The backend stays usable after any failure.
     """
 
     def __init__(self, mesh: DeviceMesh, device: torch.device | str = "cpu", timeout: float = 30.0) -> None:
@@ -259,14 +322,15 @@ class SimulatedBackend:
             if self._closed:
                 raise BackendError("this SimulatedBackend is closed")
             self._start_threads()
-            exchange, run = _Exchange(), _Run(self.mesh.size)
+            exchange, run = _Exchange(self.mesh.size), _Run(self.mesh.size)
             for rank, worker in enumerate(self._threads):
-                worker.tasks.put(self._task(fn, copy.deepcopy(args), rank, exchange, run))
+                worker.tasks.put(self._task(fn, private_copy(args), rank, exchange, run))
             try:
                 finished = run.wait(lambda: run.all_done() or bool(run.failures),
                                     time.monotonic() + timeout)
-                with exchange.cond, run.cond:   # who was inside a collective when time ran out
+                with exchange.lock, run.cond:   # who was inside a collective when time ran out
                     blocked, late = set(exchange.waiting), run.pending()
+                    absent, where = exchange.never_entered()
                 if not finished or run.failures:
                     exchange.abort()
                     run.wait(run.all_done, time.monotonic() + GRACE_SECONDS)
@@ -284,7 +348,7 @@ class SimulatedBackend:
                 raise min(failures, key=lambda f: f.rank).error()
             if not finished:   # blame ranks busy outside collectives; a pure deadlock blames all
                 culprits = [r for r in late if r not in blocked] or late
-                raise RankTimeout(tuple(culprits), timeout, _name(fn))
+                raise RankTimeout(tuple(culprits), timeout, _name(fn), never_entered=absent, detail=where)
             return [results[rank].value for rank in range(self.mesh.size)]
 
     def _task(self, fn, args, rank, exchange, run) -> Callable[[], None]:
@@ -292,13 +356,17 @@ class SimulatedBackend:
 
         def task() -> None:
             try:
+                exchange.take_turn(rank)
                 value = fn(comm, *args)
             except _Aborted:
+                exchange.end_turn(rank)
                 run.finish(rank, None)
             except BaseException as exc:  # noqa: BLE001 - reported to the caller as RankError
+                exchange.end_turn(rank)
                 run.finish(rank, RankResult.failure(rank, exc))
                 exchange.abort()
             else:
+                exchange.end_turn(rank)
                 run.finish(rank, RankResult(rank, True, value))
 
         return task
