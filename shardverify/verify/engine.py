@@ -329,48 +329,63 @@ def _run_check(backend, case: OpCase, strategy: ShardingStrategy, dtype: str | N
     return [m for report in reports for m in report.mismatches]
 
 
-def verify_strategy(backend, case: OpCase, strategy: ShardingStrategy, *, dtype: str | None = None,
-                    tol: Tolerance | None = None, timeout: float | None = None) -> CheckResult:
-    """Check one strategy on every rank of ``backend``; never raises for a wrong strategy
-    (the result says what is wrong), only for a strategy made for another mesh."""
+def _run_checks(backend, case: OpCase, strategies: Sequence[ShardingStrategy], dtype: str | None,
+                tol: Tolerance | None, timeout: float | None) -> list[list[Mismatch]]:
+    """The mismatches of each strategy: one batch (one hand-over to the ranks) where the
+    backend has ``run_batch``, each failure still its own strategy's, each check still under
+    its own timeout."""
+    run_batch = getattr(backend, "run_batch", None)
+    if run_batch is None or len(strategies) < 2:
+        return [_run_check(backend, case, s, dtype, tol, timeout) for s in strategies]
+    outcomes = run_batch(rank_check, [(case, s, dtype, tol) for s in strategies], timeout=timeout)
+    return [_error_mismatches(outcome) if isinstance(outcome, BackendError)
+            else [m for report in outcome for m in report.mismatches] for outcome in outcomes]
+
+
+def _checked_dtype(dtype: str | None) -> str | None:
+    if dtype is None:
+        return None
+    if not dtype_from_name(dtype).is_floating_point:
+        raise InvalidArgument(f"dtype must be a floating dtype to run the check in, got {dtype!r}")
+    return str(dtype_from_name(dtype)).removeprefix("torch.")
+
+
+def _check_mesh(backend, strategy: ShardingStrategy) -> None:
     mesh_shape = tuple(backend.mesh.shape)
     for name, spec in strategy.sharding_specs:
         if tuple(spec.mesh_shape) != mesh_shape:
             raise InvalidArgument(f"strategy {strategy.name!r}: layout of {name!r} is for mesh "
                                   f"{spec.mesh_shape}, the backend's mesh is {mesh_shape}")
-    if dtype is not None:
-        if not dtype_from_name(dtype).is_floating_point:
-            raise InvalidArgument(f"dtype must be a floating dtype to run the check in, got {dtype!r}")
-        dtype = str(dtype_from_name(dtype)).removeprefix("torch.")
-    shown_dtype = dtype or case.inputs[0].dtype
-    start = time.perf_counter()
 
-    def result(mismatches: Sequence[Mismatch], note: str = "") -> CheckResult:
-        return CheckResult(op=case.op, case=case.describe(), strategy=strategy.name, mesh_shape=mesh_shape,
-                           backend=_backend_name(backend), dtype=shown_dtype, mismatches=tuple(mismatches),
-                           seconds=time.perf_counter() - start, note=note)
 
-    problems = strategy_problems(strategy, len(mesh_shape))
-    if problems:
-        return result([Mismatch("error", -1, "strategy", detail=p) for p in problems])
-    mismatches = _run_check(backend, case, strategy, dtype, tol, timeout)
-    rounding_suspect = mismatches and all(m.kind == "values" and m.dtype != "float64" for m in mismatches)
-    if not rounding_suspect:
-        return result(mismatches)
-    # Low-precision differences may be reordered sums: the same check in float64 decides.
-    recheck = _run_check(backend, case, strategy, "float64", None, timeout)
+def _rounding_suspect(mismatches: Sequence[Mismatch]) -> bool:
+    return bool(mismatches) and all(m.kind == "values" and m.dtype != "float64" for m in mismatches)
+
+
+def _verdict(mismatches: list[Mismatch], recheck: list[Mismatch] | None, shown_dtype: str) -> tuple[list, str]:
+    """Mismatches and note of a check; ``recheck``: the float64 re-check of a check whose only
+    differences were low-precision values (reordered sums may be rounding)."""
+    if recheck is None:
+        return mismatches, ""
     worst = max(m.max_abs_err for m in mismatches)
     if not recheck:
-        return result([], note=f"{shown_dtype} differences up to {worst:.3g} are rounding: "
-                               "the float64 re-check passed")
+        return [], f"{shown_dtype} differences up to {worst:.3g} are rounding: the float64 re-check passed"
     worst64 = max((m.max_abs_err or 0.0) for m in recheck)
-    return result(mismatches, note=f"not rounding: the float64 re-check fails too (max abs error {worst64:.3g})")
+    return mismatches, f"not rounding: the float64 re-check fails too (max abs error {worst64:.3g})"
+
+
+def verify_strategy(backend, case: OpCase, strategy: ShardingStrategy, *, dtype: str | None = None,
+                    tol: Tolerance | None = None, timeout: float | None = None) -> CheckResult:
+    """Check one strategy on every rank of ``backend``; never raises for a wrong strategy
+    (the result says what is wrong), only for a strategy made for another mesh."""
+    return verify_case(backend, case, [strategy], dtype=dtype, tol=tol, timeout=timeout)[0]
 
 
 def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | None = None, *,
                 dtype: str | None = None, tol: Tolerance | None = None, timeout: float | None = None,
                 on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    """Check every strategy (default: all of the op node's strategies on the backend's mesh)."""
+    """Check every strategy (default: all of the op node's strategies on the backend's mesh),
+    the runnable ones dispatched to the ranks as one batch."""
     if strategies is None:
         from shardverify.api import strategies_for_node
 
@@ -380,9 +395,28 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     if not strategies:
         raise VerificationError(f"{case.op}: no strategy to verify for {case.describe()} on mesh "
                                 f"{tuple(backend.mesh.shape)}")
-    results = []
     for strategy in strategies:
-        results.append(verify_strategy(backend, case, strategy, dtype=dtype, tol=tol, timeout=timeout))
+        _check_mesh(backend, strategy)
+    dtype = _checked_dtype(dtype)
+    shown_dtype = dtype or case.inputs[0].dtype
+    mesh_shape = tuple(backend.mesh.shape)
+    start = time.perf_counter()
+    problems = [strategy_problems(s, len(mesh_shape)) for s in strategies]
+    runnable = [s for s, p in zip(strategies, problems) if not p]
+    found = iter(_run_checks(backend, case, runnable, dtype, tol, timeout))
+    mismatches = [[Mismatch("error", -1, "strategy", detail=text) for text in p] if p else next(found)
+                  for p in problems]
+    # Low-precision differences may be reordered sums: the same check in float64 decides.
+    suspects = [i for i, (m, p) in enumerate(zip(mismatches, problems)) if not p and _rounding_suspect(m)]
+    rechecked = _run_checks(backend, case, [strategies[i] for i in suspects], "float64", None, timeout)
+    rechecks = dict(zip(suspects, rechecked))
+    seconds = (time.perf_counter() - start) / len(strategies)   # a batch's time, shared evenly
+    results = []
+    for i, strategy in enumerate(strategies):
+        final, note = _verdict(mismatches[i], rechecks.get(i), shown_dtype)
+        results.append(CheckResult(op=case.op, case=case.describe(), strategy=strategy.name,
+                                   mesh_shape=mesh_shape, backend=_backend_name(backend), dtype=shown_dtype,
+                                   mismatches=tuple(final), seconds=seconds, note=note))
         if on_result is not None:
             on_result(results[-1])
     return results
