@@ -9,6 +9,7 @@ same axes (``(0, 1)`` and ``(1, 0)``); the communicator permutes between group o
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 from collections.abc import Sequence
@@ -80,12 +81,15 @@ class ProcessCommunicator(CommunicatorBase):
     """
 
     def __init__(self, mesh: DeviceMesh, rank: int, device: torch.device | str, groups: MeshGroups,
-                 *, check_metadata: bool = True, native_reduce_scatter: bool = False, busy: Any = None) -> None:
+                 *, check_metadata: bool = True, native_reduce_scatter: bool = False, busy: Any = None,
+                 where: Any = None) -> None:
         super().__init__(mesh, rank, device)
         self.groups = groups
         self.check_metadata = check_metadata
         self.native_reduce_scatter = native_reduce_scatter
         self._busy = busy
+        self._where = where if mesh.size < 63 else None   # member bitmasks must fit an int64
+        self._calls: collections.Counter = collections.Counter()   # per member set: n-th collective
 
     def process_group(self, axes: Sequence[int]) -> Any:
         """The real process group over ``axes`` (ranks sorted), e.g. for DDP."""
@@ -102,7 +106,11 @@ class ProcessCommunicator(CommunicatorBase):
         order = sorted(range(len(group)), key=lambda i: group[i])
         return self.groups.get(axes), order
 
-    def _enter(self) -> None:
+    def _enter(self, group: tuple[int, ...] = ()) -> None:
+        if self._where is not None:   # which collective: what a timeout report names
+            mask = sum(1 << r for r in group)
+            self._calls[mask] += 1
+            self._where[2 * self.rank], self._where[2 * self.rank + 1] = mask, self._calls[mask]
         if self._busy is not None:
             self._busy[self.rank] = 1
 
@@ -122,7 +130,7 @@ class ProcessCommunicator(CommunicatorBase):
 
     def _collective(self, group, desc, body):
         pg, order = self._pg(group)
-        self._enter()
+        self._enter(group)
         try:
             self._agree(pg, group, desc)
             return body(pg, order)
