@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import os
 import threading
 import time
 from collections import Counter
@@ -461,4 +462,14 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
                                    mismatches=tuple(final), seconds=seconds, note=note))
         if on_result is not None:
             on_result(results[-1])
+    _log_checks(len(results))
     return results
+
+
+def _log_checks(count: int) -> None:
+    """Append the number of checks to $SHARDVERIFY_CHECK_LOG when set (CI sums the lines to
+    print how many strategy checks its suite ran, over every pytest-xdist worker)."""
+    path = os.environ.get("SHARDVERIFY_CHECK_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:   # one short line per write: appends do not interleave
+            log.write(f"{count}\n")
