@@ -93,9 +93,9 @@ class _Turns:
                 self.conds[other].notify()
                 return
 
-    def wait(self, rank: int, ready: Callable[[], bool], exchange: _Exchange | None) -> None:
+    def wait(self, rank: int, ready: Callable[[], bool], exchange: Any) -> None:
         """Block (lock held) until ``ready()`` and this rank's turn; unwinds when ``exchange``
-        is aborted."""
+        (an _Exchange, or a _Batch between checks) is aborted."""
         def over() -> bool:
             return ready() or (exchange is not None and exchange.aborted)
 
@@ -302,6 +302,10 @@ class _Batch:
                 self.cond.wait(left)
             return True
 
+    @property
+    def aborted(self) -> bool:   # read by _Turns.wait like an exchange's flag
+        return self.cancelled
+
     def done(self, index: int) -> bool:
         return len(self.results[index]) == self.world
 
@@ -434,6 +438,11 @@ class SimulatedBackend:
                         exchange.abort()
                     else:
                         batch.finish(index, rank, RankResult(rank, True, value))
+                    if index + 1 < len(items):   # no rank starts a check before all left the last
+                        with turns.lock:
+                            turns.wait(rank, lambda: batch.done(index), batch)
+            except _Aborted:   # the batch was given up while this rank waited between checks
+                return
             finally:
                 turns.release(rank)
 

@@ -454,9 +454,14 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     rechecked = _run_checks(backend, case, [strategies[i] for i in suspects], "float64", None, timeout)
     rechecks = dict(zip(suspects, rechecked))
     seconds = (time.perf_counter() - start) / len(strategies)   # a batch's time, shared evenly
+    # what happened to the backend outside any check (a worker found dead and replaced): said,
+    # on the first result, without failing anything
+    incidents = getattr(backend, "take_notices", lambda: [])()
     results = []
     for i, strategy in enumerate(strategies):
         final, note = _verdict(mismatches[i], rechecks.get(i), shown_dtype)
+        if i == 0 and incidents:
+            note = "; ".join([*incidents, note] if note else incidents)
         results.append(CheckResult(op=case.op, case=case.describe(), strategy=strategy.name,
                                    mesh_shape=mesh_shape, backend=_backend_name(backend), dtype=shown_dtype,
                                    mismatches=tuple(final), seconds=seconds, note=note))
