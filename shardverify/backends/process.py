@@ -39,6 +39,11 @@ DIST_BACKENDS = ("gloo", "nccl")
 #: "forkserver" (default) imports torch once in a server process and forks workers from it,
 #: so a pool (re)start costs well under a second after the first; "spawn" re-imports per worker
 START_METHODS = ("forkserver", "spawn")
+#: what the forkserver imports once, so no worker imports it again: torch, and the verifier's
+#: own modules with the symbolic-shapes machinery its tracing pulls in (sympy), which a
+#: worker would otherwise import during its first check
+FORKSERVER_PRELOAD = (__name__, "torch.distributed", "shardverify.verify.engine", "shardverify.api",
+                      "torch.fx.experimental.symbolic_shapes")
 #: how long the other ranks may take to finish after one raised, before the pool is rebuilt
 GRACE_SECONDS = 1.0
 #: start-up (process start, import torch, rendezvous, groups) is bounded separately from a run
@@ -162,8 +167,8 @@ class _Pool:
     def __init__(self, mesh: DeviceMesh, dist_backend: str, devices: Sequence[str], check_metadata: bool,
                  collective_timeout: float, start_method: str) -> None:
         ctx = multiprocessing.get_context(start_method)
-        if start_method == "forkserver":   # import torch once in the server, not in every worker
-            ctx.set_forkserver_preload([__name__, "torch.distributed"])
+        if start_method == "forkserver":   # import once in the server, not in every worker
+            ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         self.tmpdir = tempfile.mkdtemp(prefix="shardverify-pool-")
         self.shared = SharedState(ctx, mesh.size)
         self.procs: list[multiprocessing.process.BaseProcess] = []
