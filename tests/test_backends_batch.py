@@ -177,3 +177,33 @@ def _die_on_rank_1(comm):
     if comm.rank == 1:
         os._exit(3)
     comm.barrier()
+
+
+# ---- a case's strategies as one batch: verdicts stay with their strategy ------------------------
+
+def mixed_strategies(mesh):
+    """Good, broken (its output all-reduce dropped), good, broken, good."""
+    from test_verify_broken import LINEAR, drop_required_all_reduces, generated
+
+    good = generated(LINEAR, mesh)
+    broken = [b for b, _ in drop_required_all_reduces(good)]
+    return LINEAR, [good[0], broken[0], good[1], broken[-1], good[-1]]
+
+
+def check_mixed(backend) -> None:
+    from shardverify.verify.engine import verify_case
+
+    case, strategies = mixed_strategies(backend.mesh)
+    results = verify_case(backend, case, strategies)
+    assert [r.strategy for r in results] == [s.name for s in strategies]
+    assert [r.passed for r in results] == [True, False, True, False, True], [r.report() for r in results]
+
+
+def test_simulated_batch_keeps_verdicts_with_their_strategy():
+    with SimulatedBackend(DeviceMesh((2, 2)), timeout=30.0) as backend:
+        check_mixed(backend)
+
+
+@pytest.mark.dist
+def test_process_batch_keeps_verdicts_with_their_strategy(pool):
+    check_mixed(pool((2, 2)))
