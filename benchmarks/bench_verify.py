@@ -14,7 +14,8 @@ counted, memory checked) on
 then, on the first mesh, the fresh-processes-per-case baseline (a new gloo pool started and
 closed for every case), and the pool start-up against a bare spawn of as many gloo processes
 (each imports torch.distributed, joins a gloo group through a file store, and reports back).
-Every figure is measured in this one run and the ratios between them are printed;
+Every figure is measured in this one run (ms per check of the median pass over the checks, so
+a burst of other load moves it little) and the ratios between them are printed;
 ``--json`` prints them as one JSON document instead.
 
 Usage: .venv/bin/python benchmarks/bench_verify.py [--meshes 2,2 2,2,2] [--specs linear sum]
@@ -27,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -75,21 +77,27 @@ def bare_spawn_seconds(world: int) -> float:
 
 
 # ------------------------------------------------------------------------- measurements
+def _median_ms(pass_seconds: list[float], checks_per_pass: int) -> float:
+    """Milliseconds per check of the median pass: a pass slowed by other load on the machine
+    moves it less than it moves the mean."""
+    return statistics.median(pass_seconds) / checks_per_pass * 1e3
+
+
 def ms_per_check(backend, cases_and_strategies, min_seconds: float) -> tuple[float, int]:
-    """Verify every (case, strategies) over and over after one warm-up pass, for at least
-    ``min_seconds``; every check must pass."""
+    """Verify every (case, strategies) pass after pass, after one warm-up pass, for at least
+    ``min_seconds``; every check must pass.  ms per check of the median pass, checks timed."""
     from shardverify.verify.engine import verify_case
     from shardverify.verify.report import assert_passed
 
     for case, strategies in cases_and_strategies:
         assert_passed(verify_case(backend, case, strategies))
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < min_seconds or done == 0:
+    passes, per_pass, start = [], sum(len(s) for _, s in cases_and_strategies), time.perf_counter()
+    while time.perf_counter() - start < min_seconds or len(passes) < 3:
+        began = time.perf_counter()
         for case, strategies in cases_and_strategies:
-            results = verify_case(backend, case, strategies)
-            assert_passed(results)
-            done += len(results)
-    return (time.perf_counter() - start) / done * 1e3, done
+            assert_passed(verify_case(backend, case, strategies))
+        passes.append(time.perf_counter() - began)
+    return _median_ms(passes, per_pass), per_pass * len(passes)
 
 
 def _placements(spec, mesh_ndim: int):
@@ -158,12 +166,13 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float) -
                     refused += 1
                 else:
                     runnable.append((case, strategy))
-        done, start = 0, time.perf_counter()
-        while runnable and (time.perf_counter() - start < min_seconds or done == 0):
+        passes, start = [], time.perf_counter()
+        while runnable and (time.perf_counter() - start < min_seconds or len(passes) < 3):
+            began = time.perf_counter()
             for case, strategy in runnable:
                 check(case, strategy)
-                done += 1
-        return (time.perf_counter() - start) / max(done, 1) * 1e3, done, refused
+            passes.append(time.perf_counter() - began)
+        return _median_ms(passes, max(len(runnable), 1)), len(runnable) * len(passes), refused
     finally:
         dist.destroy_process_group()
 

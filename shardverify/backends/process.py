@@ -113,15 +113,17 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
     _reply(conn, ("setup", 0), RankResult(rank, True))
     while True:
         try:
-            task_id, first, blob = pickle.loads(conn.recv_bytes())
+            task_id, first, count, blob = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             break
         if task_id is None:
             break
         try:
             fn, items = pickle.loads(blob)
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            _reply(conn, (task_id, 0), RankResult.failure(rank, exc))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, for every check of the task
+            for index in range(count):
+                _reply(conn, (task_id, index), RankResult.failure(rank, exc))
+            shared.progress[rank] = first + count
             continue
         for index, args in enumerate(items):
             try:
@@ -197,7 +199,7 @@ class _Pool:
 
     def stop(self, wait: float = 2.0) -> None:
         """Ask the workers to leave, then kill whoever did not."""
-        stop = pickle.dumps((None, None, None))
+        stop = pickle.dumps((None, None, None, None))
         for conn in self.conns:
             try:
                 conn.send_bytes(stop)
@@ -347,7 +349,7 @@ class ProcessBackend:
                 self._task_id += 1
                 first = self._sequence
                 self._sequence += len(rest)
-                message = pickle.dumps((self._task_id, first, blob))
+                message = pickle.dumps((self._task_id, first, len(rest), blob))
                 try:
                     for conn in pool.conns:
                         conn.send_bytes(message)
