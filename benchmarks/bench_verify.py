@@ -9,7 +9,9 @@ counted, memory checked) on
   * PyTorch DTensor under LocalTensorMode (torch.distributed.tensor on a fake process group):
     the same op on the same reference values, each strategy's input and parameter layouts
     given as DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else
-    Replicate), forward and backward, output and gradients reconciled and compared,
+    Replicate), forward and backward, output and gradients reconciled and compared (layouts
+    DTensor cannot run, or whose first check takes it over --dtensor-budget seconds, are left
+    out of its timing and counted),
 
 then, on the first mesh, the fresh-processes-per-case baseline (a new gloo pool started and
 closed for every case), and the pool start-up against a bare spawn of as many gloo processes
@@ -25,9 +27,11 @@ Usage: .venv/bin/python benchmarks/bench_verify.py [--meshes 2,2 2,2,2] [--specs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -112,9 +116,31 @@ def _plain(tensor):
     return tensor.reconcile() if hasattr(tensor, "reconcile") else tensor
 
 
-def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float) -> tuple[float, int, int]:
+class _TooSlow(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise _TooSlow in this (main) thread after ``seconds``."""
+    def expire(signum, frame):
+        raise _TooSlow(f"over {seconds:g}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
+                         budget: float = 2.0) -> tuple[float, int, int]:
     """DTensor LocalTensorMode on the same ops, values and layouts (see the module docstring):
-    ms per check, checks timed, and how many layouts DTensor refused (left out of the timing)."""
+    ms per check, checks timed, and how many layouts were left out of the timing because
+    DTensor cannot run them or needs over ``budget`` seconds for its first check of them
+    (its sharding propagation searches redistribution paths, which explodes on 3-D meshes)."""
     import torch
     import torch.distributed as dist
     from torch.distributed._local_tensor import LocalTensorMode
@@ -159,7 +185,8 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float) -
         for case, strategies in cases_and_strategies:   # warm-up: DTensor caches sharding propagation
             for strategy in strategies:
                 try:
-                    check(case, strategy)
+                    with _time_limit(budget):
+                        check(case, strategy)
                 except Exception as exc:  # noqa: BLE001 - a layout DTensor cannot run (e.g. a view of a doubly sharded dim)
                     if os.environ.get("BENCH_DEBUG"):
                         print(strategy.name, type(exc).__name__, str(exc).splitlines()[0][:200], file=sys.stderr)
@@ -203,6 +230,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per figure")
     parser.add_argument("--skip-gloo", action="store_true", help="no process pools (no start-up, no fresh baseline)")
     parser.add_argument("--skip-dtensor", action="store_true", help="no DTensor LocalTensorMode figures")
+    parser.add_argument("--dtensor-budget", type=float, default=2.0,
+                        help="seconds DTensor may take for its first check of a layout before the layout is "
+                             "left out (default 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
     args = parser.parse_args()
 
@@ -252,7 +282,7 @@ def main() -> None:
                 row["simulated_ms"], row["simulated_checks"] = ms_per_check(simulated, chosen, args.seconds)
             if not args.skip_dtensor:
                 row["dtensor_ms"], row["dtensor_checks"], row["dtensor_refused"] = dtensor_ms_per_check(
-                    mesh.shape, chosen, args.seconds)
+                    mesh.shape, chosen, args.seconds, args.dtensor_budget)
                 row["dtensor_over_simulated"] = row["dtensor_ms"] / row["simulated_ms"]
             if not args.skip_gloo:
                 with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
@@ -263,7 +293,7 @@ def main() -> None:
                     f"simulated {row['simulated_ms']:.2f} ms/check")
             if "dtensor_ms" in row:
                 text += (f", DTensor LocalTensorMode {row['dtensor_ms']:.1f} ms ({row['dtensor_over_simulated']:.0f}x; "
-                         f"{row['dtensor_refused']} layouts it cannot run left out)")
+                         f"{row['dtensor_refused']} layouts it cannot run in time left out)")
             if "gloo_ms" in row:
                 text += f", gloo pool warm {row['gloo_ms']:.2f} ms/check"
             say(text)
