@@ -10,7 +10,12 @@ and the group-of-one shortcut live here once, so the simulated and the real
 from __future__ import annotations
 
 import collections
+import copy
+import dataclasses
+import enum
+import functools
 import traceback
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -78,6 +83,46 @@ class RankResult:
 
     def error(self) -> RankError:
         return RankError(self.rank, self.message, self.traceback_text)
+
+
+#: objects already found deeply immutable, by id (kept alive here so an id is never reused)
+_FROZEN: dict[int, object] = {}
+_FROZEN_LIMIT = 4096
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, range, torch.dtype, torch.device, enum.Enum,
+          type, types.FunctionType, types.BuiltinFunctionType)
+
+
+def is_frozen(value: object) -> bool:
+    """Whether ``value`` can never change: scalars, strings, dtypes, enums, functions, and tuples,
+    frozensets and frozen dataclasses made only of such values.  Ranks may share these
+    instead of each deep-copying them (the bulk of a check's arguments: case, strategy)."""
+    if isinstance(value, _ATOMS) or id(value) in _FROZEN:
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        if getattr(value, "__dict__", None):   # a tuple subclass carrying mutable attributes
+            return False
+        ok = all(is_frozen(v) for v in value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type) \
+            and value.__dataclass_params__.frozen:
+        names = {f.name for f in dataclasses.fields(value)}
+        extra = set(getattr(value, "__dict__", {})) - names
+        ok = all(is_frozen(getattr(value, n)) for n in names) and \
+            all(is_frozen(getattr(value, n)) for n in extra)
+    else:
+        return False
+    if ok:
+        if len(_FROZEN) >= _FROZEN_LIMIT:
+            _FROZEN.clear()
+        _FROZEN[id(value)] = value
+    return ok
+
+
+def private_copy(args: tuple) -> tuple:
+    """What one rank gets of a run's arguments: frozen values shared, everything else deep-copied,
+    as if the arguments had crossed into another process."""
+    if all(is_frozen(a) for a in args):
+        return args
+    return tuple(a if is_frozen(a) else copy.deepcopy(a) for a in args)
 
 
 def check_timeout(timeout: float | None, default: float) -> float:
@@ -203,9 +248,13 @@ class CommunicatorBase:
 
     # ---- helpers ----------------------------------------------------------------------
     def _begin(self, kind: str, axes: Sequence[int]) -> tuple[Axes, tuple[int, ...]]:
-        axes = self.mesh.check_axes(axes)
+        try:
+            axes, group = _group_of(self.mesh, self.rank, tuple(axes))
+        except TypeError:   # unhashable axes: let the mesh say what is wrong with them
+            axes = self.mesh.check_axes(axes)
+            group = self.mesh.group_ranks(self.rank, axes)
         self.counts[(kind, axes)] += 1
-        return axes, self.mesh.group_ranks(self.rank, axes)
+        return axes, group
 
     def _check_peer(self, peer: int, kind: str, name: str) -> None:
         if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.mesh.size:
@@ -237,6 +286,13 @@ class CommunicatorBase:
 
     def _barrier(self, group, desc):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+@functools.lru_cache(maxsize=1024)
+def _group_of(mesh: DeviceMesh, rank: int, axes: tuple) -> tuple[Axes, tuple[int, ...]]:
+    """Validated axes and the group of ``rank`` over them (asked for by every collective)."""
+    axes = mesh.check_axes(axes)
+    return axes, mesh.group_ranks(rank, axes)
 
 
 def reduce_tensors(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:

@@ -11,6 +11,10 @@ declared communication or memory cost disagrees with what it really needs fails 
 from __future__ import annotations
 
 import copy
+import functools
+import math
+import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -117,7 +121,7 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     ref = reference(case, dtype_from_name(dtype) if dtype is not None else None, torch.device(comm.device))
 
     def tolerance(t: torch.dtype) -> Tolerance:
-        return tol if tol is not None else tolerance_for(t, case.rtol, case.atol)
+        return tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
 
     leaves, outputs = _local_forward(comm, ref, strategy)
     out_data = strategy.outputs
@@ -131,8 +135,8 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     for index, (data, output) in enumerate(zip(out_data, outputs)):
         spec = strategy.get_sharding_spec_by_name(data.name)
         found += _compare(rank, _output_label(strategy, index), output,
-                          spec.local_shard(ref.outputs[index], mesh, rank), tolerance)
-        shape_ok = shape_ok and tuple(output.shape) == spec.local_shape()
+                          _shard(spec, ref.outputs[index], mesh, rank), tolerance)
+        shape_ok = shape_ok and tuple(output.shape) == _local_shape(spec)
     carrying = [(data, out) for data, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
     differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
@@ -141,7 +145,7 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
         for data in strategy.inputs:
             if data.name in grads:
                 spec = strategy.get_sharding_spec_by_name(data.name)
-                expected = spec.local_shard(ref.grads[(data.locator.kind, data.locator.key)], mesh, rank)
+                expected = _shard(spec, ref.grads[(data.locator.kind, data.locator.key)], mesh, rank)
                 found += _compare(rank, f"grad of {data.name}", grads[data.name], expected, tolerance)
 
     issued = _counted(comm) - before
@@ -156,6 +160,28 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
 
 
+@functools.lru_cache(maxsize=4096)
+def _slices(spec, mesh, rank: int) -> tuple[slice, ...]:
+    return spec.local_slices(mesh, rank)
+
+
+@functools.lru_cache(maxsize=4096)
+def _local_shape(spec) -> tuple[int, ...]:
+    return spec.local_shape()
+
+
+def _shard(spec, tensor: torch.Tensor, mesh, rank: int) -> torch.Tensor:
+    """``spec.local_shard`` with the slices remembered (every strategy asks for the same few)."""
+    if tuple(tensor.shape) != spec.tensor_shape:
+        return spec.local_shard(tensor, mesh, rank)   # raises, naming both shapes
+    return tensor[_slices(spec, mesh, rank)]
+
+
+@functools.lru_cache(maxsize=256)
+def _tolerance_for(dtype: torch.dtype, rtol: float | None, atol: float | None) -> Tolerance:
+    return tolerance_for(dtype, rtol, atol)
+
+
 def _counted(comm) -> Counter:
     return Counter({key: n for key, n in comm.counts.items() if key[0] in _COUNTED and n})
 
@@ -166,7 +192,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
     from shardverify.collectives.patterns import apply_comm_action
 
     node = ref.node
-    module = copy.deepcopy(ref.graph_module.get_submodule(node.target)) if node.op == "call_module" else None
+    module = _private_module(ref) if node.op == "call_module" else None
     leaves, local, late = {}, {}, {}
     for data in strategy.inputs:
         loc = (data.locator.kind, data.locator.key)
@@ -174,7 +200,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
                                     f"{node.name!r} does not have")
         spec = strategy.get_sharding_spec_by_name(data.name)
-        leaf = spec.local_shard(ref.values[loc].to(ref.dtypes[loc]), comm.mesh, comm.rank).clone()
+        leaf = _shard(spec, ref.typed(loc), comm.mesh, comm.rank).clone()
         leaves[data.name] = leaf.requires_grad_() if leaf.is_floating_point() else leaf
         tensor = leaf
         for action in strategy.communication_actions:
@@ -184,7 +210,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
             late[data.name] = tensor
             tensor = torch.zeros_like(tensor.detach())
         local[loc] = tensor
-    outputs = list(as_outputs(node, call_op(node, module, local)))
+    outputs = list(as_outputs(node, call_op(node, module, local, owned=module is not None)))
     for index, data in enumerate(strategy.outputs[:len(outputs)]):
         for action in strategy.communication_actions:
             if action.operand == data.name and action.where is CommWhere.AFTER:
@@ -194,6 +220,23 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
             outputs[add.output] = outputs[add.output] + _aligned(late[add.operand], add.dims,
                                                                  outputs[add.output].dim())
     return leaves, tuple(outputs)
+
+
+_OWN = threading.local()
+
+
+def _private_module(ref: Reference) -> torch.nn.Module:
+    """This thread's own copy of the op's module (one per reference and thread, reused by every
+    strategy): ``call_op`` swaps the rank's shards into it, so no two ranks may share one."""
+    cache = getattr(_OWN, "modules", None)
+    if cache is None:
+        cache = _OWN.modules = {}
+    found = cache.get(id(ref))
+    if found is None or found[0] is not ref:
+        if len(cache) >= 8:
+            cache.clear()
+        found = cache[id(ref)] = (ref, copy.deepcopy(ref.graph_module.get_submodule(ref.node.target)))
+    return found[1]
 
 
 def _aligned(tensor: torch.Tensor, dims: tuple[int, ...], out_rank: int) -> torch.Tensor:
@@ -216,7 +259,7 @@ def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, leaves: di
     grad_outs = []
     for data, output in carrying:
         spec = strategy.get_sharding_spec_by_name(data.name)
-        grad_outs.append(spec.local_shard(ref.grad_outputs[index[data.name]], comm.mesh, comm.rank).to(output.dtype))
+        grad_outs.append(_shard(spec, ref.grad_outputs[index[data.name]], comm.mesh, comm.rank).to(output.dtype))
     found = torch.autograd.grad([out for _, out in carrying], [leaves[n] for n in differentiable], grad_outs,
                                 allow_unused=True)
     grads = {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(differentiable, found)}
@@ -232,12 +275,46 @@ def _compare(rank: int, label: str, actual: torch.Tensor, expected: torch.Tensor
     if tuple(actual.shape) != tuple(expected.shape):
         return [Mismatch("shape", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape))]
     tol = tolerance(actual.dtype)
+    if _plainly_close(actual, expected, tol):
+        return []
     found = compare(actual, expected, tol)
     if found.close:
         return []
     return [Mismatch("values", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape),
                      max_abs_err=found.max_abs_err, max_rel_err=found.max_rel_err, rtol=tol.rtol, atol=tol.atol,
                      dtype=str(actual.dtype).removeprefix("torch."))]
+
+
+_BOUNDS: dict = {}
+
+
+def _bound(expected: torch.Tensor, tol: Tolerance) -> torch.Tensor | None:
+    """``atol + rtol * |expected|`` for a slice of a reference tensor, remembered per slice
+    (every check of a case compares against the same few slices); None when the slice holds
+    an inf or NaN.  The entry keeps the reference tensor alive, so its memory, and with it
+    the key, cannot be reused by another tensor."""
+    base = expected if expected._base is None else expected._base
+    key = (expected.data_ptr(), tuple(expected.shape), expected.stride(), expected.dtype, tol.rtol, tol.atol)
+    hit = _BOUNDS.get(key)
+    if hit is None or hit[0] is not base:
+        finite = bool(torch.isfinite(expected).all())
+        bound = expected.abs().mul_(tol.rtol).add_(tol.atol) if finite else None
+        if len(_BOUNDS) >= 8192:
+            _BOUNDS.clear()
+        hit = _BOUNDS[key] = (base, bound)
+    return hit[1]
+
+
+def _plainly_close(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> bool:
+    """The cheap path of the common passing comparison: every value finite and within
+    ``atol + rtol * |expected|``, the difference taken in float64.  False only means "ask
+    ``compare``", which alone decides, and reports, everything else (non-finite values too)."""
+    if not (actual.is_floating_point() and expected.dtype == torch.float64) or actual.numel() == 0:
+        return False
+    bound = _bound(expected, tol)
+    if bound is None:
+        return False
+    return bool((torch.sub(actual.detach(), expected).abs_() <= bound).all())   # NaN compares False
 
 
 def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict,
@@ -295,48 +372,63 @@ def _run_check(backend, case: OpCase, strategy: ShardingStrategy, dtype: str | N
     return [m for report in reports for m in report.mismatches]
 
 
-def verify_strategy(backend, case: OpCase, strategy: ShardingStrategy, *, dtype: str | None = None,
-                    tol: Tolerance | None = None, timeout: float | None = None) -> CheckResult:
-    """Check one strategy on every rank of ``backend``; never raises for a wrong strategy
-    (the result says what is wrong), only for a strategy made for another mesh."""
+def _run_checks(backend, case: OpCase, strategies: Sequence[ShardingStrategy], dtype: str | None,
+                tol: Tolerance | None, timeout: float | None) -> list[list[Mismatch]]:
+    """The mismatches of each strategy: one batch (one hand-over to the ranks) where the
+    backend has ``run_batch``, each failure still its own strategy's, each check still under
+    its own timeout."""
+    run_batch = getattr(backend, "run_batch", None)
+    if run_batch is None or len(strategies) < 2:
+        return [_run_check(backend, case, s, dtype, tol, timeout) for s in strategies]
+    outcomes = run_batch(rank_check, [(case, s, dtype, tol) for s in strategies], timeout=timeout)
+    return [_error_mismatches(outcome) if isinstance(outcome, BackendError)
+            else [m for report in outcome for m in report.mismatches] for outcome in outcomes]
+
+
+def _checked_dtype(dtype: str | None) -> str | None:
+    if dtype is None:
+        return None
+    if not dtype_from_name(dtype).is_floating_point:
+        raise InvalidArgument(f"dtype must be a floating dtype to run the check in, got {dtype!r}")
+    return str(dtype_from_name(dtype)).removeprefix("torch.")
+
+
+def _check_mesh(backend, strategy: ShardingStrategy) -> None:
     mesh_shape = tuple(backend.mesh.shape)
     for name, spec in strategy.sharding_specs:
         if tuple(spec.mesh_shape) != mesh_shape:
             raise InvalidArgument(f"strategy {strategy.name!r}: layout of {name!r} is for mesh "
                                   f"{spec.mesh_shape}, the backend's mesh is {mesh_shape}")
-    if dtype is not None:
-        if not dtype_from_name(dtype).is_floating_point:
-            raise InvalidArgument(f"dtype must be a floating dtype to run the check in, got {dtype!r}")
-        dtype = str(dtype_from_name(dtype)).removeprefix("torch.")
-    shown_dtype = dtype or case.inputs[0].dtype
-    start = time.perf_counter()
 
-    def result(mismatches: Sequence[Mismatch], note: str = "") -> CheckResult:
-        return CheckResult(op=case.op, case=case.describe(), strategy=strategy.name, mesh_shape=mesh_shape,
-                           backend=_backend_name(backend), dtype=shown_dtype, mismatches=tuple(mismatches),
-                           seconds=time.perf_counter() - start, note=note)
 
-    problems = strategy_problems(strategy, len(mesh_shape))
-    if problems:
-        return result([Mismatch("error", -1, "strategy", detail=p) for p in problems])
-    mismatches = _run_check(backend, case, strategy, dtype, tol, timeout)
-    rounding_suspect = mismatches and all(m.kind == "values" and m.dtype != "float64" for m in mismatches)
-    if not rounding_suspect:
-        return result(mismatches)
-    # Low-precision differences may be reordered sums: the same check in float64 decides.
-    recheck = _run_check(backend, case, strategy, "float64", None, timeout)
+def _rounding_suspect(mismatches: Sequence[Mismatch]) -> bool:
+    return bool(mismatches) and all(m.kind == "values" and m.dtype != "float64" for m in mismatches)
+
+
+def _verdict(mismatches: list[Mismatch], recheck: list[Mismatch] | None, shown_dtype: str) -> tuple[list, str]:
+    """Mismatches and note of a check; ``recheck``: the float64 re-check of a check whose only
+    differences were low-precision values (reordered sums may be rounding)."""
+    if recheck is None:
+        return mismatches, ""
     worst = max(m.max_abs_err for m in mismatches)
     if not recheck:
-        return result([], note=f"{shown_dtype} differences up to {worst:.3g} are rounding: "
-                               "the float64 re-check passed")
+        return [], f"{shown_dtype} differences up to {worst:.3g} are rounding: the float64 re-check passed"
     worst64 = max((m.max_abs_err or 0.0) for m in recheck)
-    return result(mismatches, note=f"not rounding: the float64 re-check fails too (max abs error {worst64:.3g})")
+    return mismatches, f"not rounding: the float64 re-check fails too (max abs error {worst64:.3g})"
+
+
+def verify_strategy(backend, case: OpCase, strategy: ShardingStrategy, *, dtype: str | None = None,
+                    tol: Tolerance | None = None, timeout: float | None = None) -> CheckResult:
+    """Check one strategy on every rank of ``backend``; never raises for a wrong strategy
+    (the result says what is wrong), only for a strategy made for another mesh."""
+    return verify_case(backend, case, [strategy], dtype=dtype, tol=tol, timeout=timeout)[0]
 
 
 def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | None = None, *,
                 dtype: str | None = None, tol: Tolerance | None = None, timeout: float | None = None,
                 on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    """Check every strategy (default: all of the op node's strategies on the backend's mesh)."""
+    """Check every strategy (default: all of the op node's strategies on the backend's mesh),
+    the runnable ones dispatched to the ranks as one batch."""
     if strategies is None:
         from shardverify.api import strategies_for_node
 
@@ -346,9 +438,43 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     if not strategies:
         raise VerificationError(f"{case.op}: no strategy to verify for {case.describe()} on mesh "
                                 f"{tuple(backend.mesh.shape)}")
-    results = []
     for strategy in strategies:
-        results.append(verify_strategy(backend, case, strategy, dtype=dtype, tol=tol, timeout=timeout))
+        _check_mesh(backend, strategy)
+    dtype = _checked_dtype(dtype)
+    shown_dtype = dtype or case.inputs[0].dtype
+    mesh_shape = tuple(backend.mesh.shape)
+    start = time.perf_counter()
+    problems = [strategy_problems(s, len(mesh_shape)) for s in strategies]
+    runnable = [s for s, p in zip(strategies, problems) if not p]
+    found = iter(_run_checks(backend, case, runnable, dtype, tol, timeout))
+    mismatches = [[Mismatch("error", -1, "strategy", detail=text) for text in p] if p else next(found)
+                  for p in problems]
+    # Low-precision differences may be reordered sums: the same check in float64 decides.
+    suspects = [i for i, (m, p) in enumerate(zip(mismatches, problems)) if not p and _rounding_suspect(m)]
+    rechecked = _run_checks(backend, case, [strategies[i] for i in suspects], "float64", None, timeout)
+    rechecks = dict(zip(suspects, rechecked))
+    seconds = (time.perf_counter() - start) / len(strategies)   # a batch's time, shared evenly
+    # what happened to the backend outside any check (a worker found dead and replaced): said,
+    # on the first result, without failing anything
+    incidents = getattr(backend, "take_notices", lambda: [])()
+    results = []
+    for i, strategy in enumerate(strategies):
+        final, note = _verdict(mismatches[i], rechecks.get(i), shown_dtype)
+        if i == 0 and incidents:
+            note = "; ".join([*incidents, note] if note else incidents)
+        results.append(CheckResult(op=case.op, case=case.describe(), strategy=strategy.name,
+                                   mesh_shape=mesh_shape, backend=_backend_name(backend), dtype=shown_dtype,
+                                   mismatches=tuple(final), seconds=seconds, note=note))
         if on_result is not None:
             on_result(results[-1])
+    _log_checks(len(results))
     return results
+
+
+def _log_checks(count: int) -> None:
+    """Append the number of checks to $SHARDVERIFY_CHECK_LOG when set (CI sums the lines to
+    print how many strategy checks its suite ran, over every pytest-xdist worker)."""
+    path = os.environ.get("SHARDVERIFY_CHECK_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:   # one short line per write: appends do not interleave
+            log.write(f"{count}\n")
