@@ -35,7 +35,7 @@ from shardverify.strategy import (
 )
 
 __all__ = ["local_bytes", "memory_cost", "communication_cost", "action_traffic", "compute_cost",
-           "op_call_shapes", "local_compute_cost", "make_strategy"]
+           "op_call_shapes", "local_compute_cost", "make_strategy", "with_declared_costs"]
 
 
 def local_bytes(data: OperationData, spec: ShardingSpec) -> int:
@@ -214,3 +214,16 @@ def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[Operation
         communication_cost=communication_cost(ctx.mesh, actions, by_name, specs),
         communication_actions=tuple(actions),
     )
+
+
+def with_declared_costs(strategy: ShardingStrategy, graph_module, node_name: str, mesh) -> ShardingStrategy:
+    """``strategy`` with all three costs restated by the rules above (compute measured on meta
+    tensors), for strategies whose layouts or actions were edited by hand."""
+    node = next(n for n in graph_module.graph.nodes if n.name == node_name)
+    ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands={}, handler_name=strategy.name)
+    specs = dict(strategy.sharding_specs)
+    actions = strategy.communication_actions
+    return strategy.replace(
+        compute_cost=local_compute_cost(ctx, strategy.operands, specs, actions),
+        memory_cost=memory_cost(strategy.operands, specs),
+        communication_cost=communication_cost(mesh, actions, {d.name: d for d in strategy.operands}, specs))
