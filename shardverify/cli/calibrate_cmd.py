@@ -47,7 +47,8 @@ def rank_linear(backend, mesh, repeats: int) -> dict:
     """Calibrated cost against measured time of every Linear strategy's collectives (fwd + bwd)."""
     from shardverify.api import strategies_for_node
     from shardverify.calibration import replay_times, spearman
-    from shardverify.generators.common import action_traffic
+    from shardverify.generators.common import action_traffic, communication_cost
+    from shardverify.mesh import DeviceMesh
     from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
 
     case = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("input", RANK_INPUT),),
@@ -61,9 +62,13 @@ def rank_linear(backend, mesh, repeats: int) -> dict:
         plans.append([(kind, axes, size) for _, kind, axes, size in traffic])
     measured = replay_times(backend, plans, repeats=repeats)
     predicted = [s.communication_cost.total for s in strategies]
+    default = DeviceMesh(mesh.shape)   # the same strategies priced with the uncalibrated defaults
+    uncalibrated = [communication_cost(default, s.communication_actions, {d.name: d for d in s.operands},
+                                       dict(s.sharding_specs)).total for s in strategies]
     rows = [{"strategy": s.name, "predicted_s": p, "measured_s": m}
             for s, p, m in zip(strategies, predicted, measured)]
-    return {"case": case.describe(), "spearman": spearman(predicted, measured), "strategies": rows}
+    return {"case": case.describe(), "spearman": spearman(predicted, measured),
+            "spearman_uncalibrated": spearman(uncalibrated, measured), "strategies": rows}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,5 +115,6 @@ def run(args: argparse.Namespace) -> int:
         for row in sorted(ranking["strategies"], key=lambda r: r["predicted_s"]):
             print(f"  {row['strategy']:<24} predicted {row['predicted_s'] * 1e3:8.3f} ms   "
                   f"measured {row['measured_s'] * 1e3:8.3f} ms")
-        print(f"Spearman rank correlation: {ranking['spearman']:.3f}")
+        print(f"Spearman rank correlation: {ranking['spearman']:.3f} "
+              f"(default alpha/beta: {ranking['spearman_uncalibrated']:.3f})")
     return 0
