@@ -130,3 +130,42 @@ def test_priced_traffic_uses_the_mesh_model():
     traffic = Counter({("all_reduce", (0,), 1000): 2, ("all_gather", (1,), 100): 1})
     expected = 2 * mesh.all_reduce_cost(1000, (0,)) + mesh.all_gather_cost(400, (1,))
     assert price_traffic(mesh, traffic) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("target, op", [("torch.amax", "max"), ("torch.mean", "avg"), ("torch.sum", "sum")])
+def test_partial_reductions_declare_their_backward_collectives(mesh22, target, op):
+    """A reduced dim kept sharded: the partial output is all-reduced with ``op``; max/min also
+    all-reduce once in backward (to find the holders), which the declared cost must include."""
+    from shardverify.generators.common import with_declared_costs
+    from shardverify.sharding import ShardingSpec
+    from shardverify.strategy import OperandLocator, OperationData, OperationDataType, ShardingStrategy
+
+    case = OpCase(op=target, target=target, inputs=INPUT, params=(("dim", (0,)), ("keepdim", False)),
+                  predecessor=ModuleDecl("torch.nn.Linear", (16, 32), (("bias", False),)))
+    graph_module, node_name = case.build()
+    node = next(n for n in graph_module.graph.nodes if n.name == node_name)
+    producer = node.args[0]
+    inp = OperationData(producer.name, OperationDataType.ARG, "input", (4, 4, 4, 32), torch.float32,
+                        locator=OperandLocator("arg", 0))
+    out = OperationData(node_name, OperationDataType.OUTPUT, "output", (4, 4, 32), torch.float32,
+                        locator=OperandLocator("output"))
+    mesh = mesh22.mesh
+    specs = {inp.name: ShardingSpec.from_partition(mesh.shape, inp.shape, {0: (0,)}),
+             out.name: ShardingSpec.from_partition(mesh.shape, out.shape, {})}
+    action = CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, (0,), out.name, CommWhere.AFTER, op=op)
+    draft = ShardingStrategy(name=f"partial {op}", sharding_specs=tuple(specs.items()), operands=(inp, out),
+                             compute_cost=TrainCycleItem(0, 0, 0), memory_cost=strategy_memory(inp, out, specs),
+                             communication_cost=TrainCycleItem(0, 0, 0), communication_actions=(action,))
+    strategy = with_declared_costs(draft, graph_module, node_name, mesh)
+    assert (strategy.communication_cost.bwd > 0) == (op == "max")
+    result = verify_strategy(mesh22, case, strategy)
+    assert result.passed, result.report()
+    wrong = strategy.replace(communication_cost=TrainCycleItem(strategy.communication_cost.fwd, 0.0,
+                                                               strategy.communication_cost.fwd))
+    assert verify_strategy(mesh22, case, wrong).passed == (op != "max")
+
+
+def strategy_memory(inp, out, specs):
+    from shardverify.generators.common import memory_cost
+
+    return memory_cost((inp, out), specs)
