@@ -173,18 +173,28 @@ def local_compute_cost(ctx: GeneratorContext, operands: Sequence[OperationData],
     from shardverify.verify.reference import call_op
 
     shapes = op_call_shapes(ctx.mesh, operands, specs, actions)
-    values = {(d.locator.kind, d.locator.key): torch.empty(shapes[d.name], dtype=d.dtype, device="meta")
-              for d in operands if d.type is not OperationDataType.OUTPUT}
-    module = ctx.graph_module.get_submodule(ctx.node.target) if ctx.node.op == "call_module" else None
-    try:
-        with LocalFlopCounter() as counter:
-            result = call_op(ctx.node, module, values)
-    except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
-        raise StrategyError(f"{ctx.handler_name}: cannot run node {ctx.node.name!r} on meta tensors of the "
-                            f"local shapes {shapes}: {exc}") from exc
-    outs = result if isinstance(result, (list, tuple)) else (result,)
-    numels = [v.numel() for v in values.values()] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
-    return compute_cost(counter.get_total_flops(), numels)
+    inputs = [d for d in operands if d.type is not OperationDataType.OUTPUT]
+    key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs))
+    found = _META_CALLS.get(key)
+    if found is None:   # meta kernels take milliseconds; strategies share few distinct local shapes
+        values = {(d.locator.kind, d.locator.key): torch.empty(shapes[d.name], dtype=d.dtype, device="meta")
+                  for d in inputs}
+        module = ctx.graph_module.get_submodule(ctx.node.target) if ctx.node.op == "call_module" else None
+        try:
+            with LocalFlopCounter() as counter:
+                result = call_op(ctx.node, module, values)
+        except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
+            raise StrategyError(f"{ctx.handler_name}: cannot run node {ctx.node.name!r} on meta tensors of the "
+                                f"local shapes {shapes}: {exc}") from exc
+        outs = result if isinstance(result, (list, tuple)) else (result,)
+        numels = [v.numel() for v in values.values()] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
+        if len(_META_CALLS) >= 4096:
+            _META_CALLS.clear()
+        found = _META_CALLS[key] = compute_cost(counter.get_total_flops(), numels)
+    return found
+
+
+_META_CALLS: dict = {}
 
 
 def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[OperationData],
