@@ -69,7 +69,7 @@ def _resized(pattern: CommPattern, shape: list[int], dims: tuple[int, ...], n: i
         shape[split], shape[concat] = shape[split] // n, shape[concat] * n
 
 
-def _chain(mesh, data: OperationData, spec: ShardingSpec, actions: Sequence[CommAction]):
+def _chain(mesh, spec: ShardingSpec, actions: Sequence[CommAction]):
     """The actions on one operand in execution order, each with the local shape entering it.
     BEFORE actions start from the operand's layout; AFTER actions end in the output's layout."""
     shape = list(spec.local_shape())
@@ -97,7 +97,7 @@ def action_traffic(mesh, actions: Sequence[CommAction], operands: Mapping[str, O
     for (name, where), chain in by_operand.items():
         data = operands[name]
         grads = data.dtype.is_floating_point
-        for action, shape in _chain(mesh, data, specs[name], chain):
+        for action, shape in _chain(mesh, specs[name], chain):
             size, n = math.prod(shape) * data.itemsize, mesh.axes_size(action.axes)
             pattern, axes = action.pattern, action.axes
             if where is CommWhere.HOOK:
