@@ -241,14 +241,14 @@ def test_format_results_counts_failures():
 def _hand_made(mesh: DeviceMesh, name: str, layouts: dict, actions: tuple) -> ShardingStrategy:
     """A linear strategy written by hand from the first generated one (operands and costs
     recomputed), to exercise the patterns the generators do not use yet."""
-    from shardverify.generators.common import memory_cost
+    from shardverify.generators.common import with_declared_costs
     from shardverify.sharding import ShardingSpec
 
     base = next(s for s in strategies(LINEAR, mesh) if not s.post_add)   # the bias added inside the op
     specs = {n: ShardingSpec.from_partition(mesh.shape, s.tensor_shape, layouts.get(n, {}))
              for n, s in base.sharding_specs}
-    return base.replace(name=name, sharding_specs=tuple(specs.items()), communication_actions=actions,
-                        memory_cost=memory_cost(base.operands, specs))
+    return with_declared_costs(base.replace(name=name, sharding_specs=tuple(specs.items()),
+                                            communication_actions=actions), *LINEAR.build(), mesh)
 
 
 def _action(pattern, operand, where, dims=()):

@@ -169,6 +169,9 @@ class CommunicatorBase:
         self.rank = rank
         self.device = torch.device(device)
         self.counts: collections.Counter = collections.Counter()
+        #: (kind, axes, payload bytes) -> number issued; the bytes this rank passed in, which
+        #: ``DeviceMesh.collective_cost`` prices (the verifier checks declared costs with it)
+        self.traffic: collections.Counter = collections.Counter()
 
     # ---- public collectives -------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, axes: Sequence[int], op: str = "sum") -> torch.Tensor:
@@ -176,6 +179,7 @@ class CommunicatorBase:
         axes, group = self._begin("all_reduce", axes)
         _check_tensor(t, "all_reduce")
         _check_op(op, "all_reduce")
+        self.traffic[("all_reduce", axes, _nbytes(t))] += 1
         if len(group) == 1:
             return _fresh(t)
         return self._all_reduce(t, group, op, f"all_reduce(op={op}) over axes {axes}: {describe(t)}")
@@ -184,6 +188,7 @@ class CommunicatorBase:
         """Every group member's tensor, in group order (``mesh.group_ranks``)."""
         axes, group = self._begin("all_gather", axes)
         _check_tensor(t, "all_gather")
+        self.traffic[("all_gather", axes, _nbytes(t))] += 1
         if len(group) == 1:
             return [_fresh(t)]
         return self._all_gather(t, group, f"all_gather over axes {axes}: {describe(t)}")
@@ -193,6 +198,7 @@ class CommunicatorBase:
         axes, group = self._begin("reduce_scatter", axes)
         chunks = _check_chunks(chunks, len(group), "reduce_scatter")
         _check_op(op, "reduce_scatter")
+        self.traffic[("reduce_scatter", axes, sum(_nbytes(c) for c in chunks))] += 1
         if len(group) == 1:
             return _fresh(chunks[0])
         desc = f"reduce_scatter(op={op}) over axes {axes}: {[describe(c) for c in chunks]}"
@@ -205,6 +211,7 @@ class CommunicatorBase:
         """
         axes, group = self._begin("all_to_all", axes)
         chunks = _check_chunks(chunks, len(group), "all_to_all")
+        self.traffic[("all_to_all", axes, sum(_nbytes(c) for c in chunks))] += 1
         if len(group) == 1:
             return [_fresh(chunks[0])]
         desc = f"all_to_all over axes {axes}: {[describe(c) for c in chunks]}"
@@ -218,6 +225,7 @@ class CommunicatorBase:
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < len(group):
             raise CollectiveError(f"broadcast src must be a group index in 0..{len(group) - 1} "
                                   f"for axes {axes} of mesh {self.mesh.shape}, got {src!r}")
+        self.traffic[("broadcast", axes, _nbytes(t))] += 1
         if len(group) == 1:
             return _fresh(t)
         return self._broadcast(t, group, src, f"broadcast(src={src}) over axes {axes}: {describe(t)}")
@@ -227,6 +235,7 @@ class CommunicatorBase:
         _check_tensor(t, "send")
         self._check_peer(dst, "send", "dst")
         self.counts[("send", ())] += 1
+        self.traffic[("send", (), _nbytes(t))] += 1
         self._send(t, dst)
 
     def recv(self, like: torch.Tensor, src: int) -> torch.Tensor:
@@ -234,6 +243,7 @@ class CommunicatorBase:
         _check_tensor(like, "recv")
         self._check_peer(src, "recv", "src")
         self.counts[("recv", ())] += 1
+        self.traffic[("recv", (), _nbytes(like))] += 1
         return self._recv(like, src)
 
     def barrier(self, axes: Sequence[int] | None = None) -> None:
@@ -306,6 +316,10 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
         else:
             torch.minimum(out, other, out=out)
     return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _fresh(t: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 from shardverify.errors import BackendError, InvalidArgument, RankError, VerificationError
 from shardverify.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 from shardverify.verify.case import OpCase
+from shardverify.verify.costs import OpMeter, communication_mismatches, compute_mismatches
 from shardverify.verify.reference import Reference, as_outputs, call_op, reference
 from shardverify.verify.report import CheckResult, Mismatch
 from shardverify.verify.tolerance import Tolerance, compare, dtype_from_name, tolerance_for
@@ -123,7 +124,9 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     def tolerance(t: torch.dtype) -> Tolerance:
         return tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
 
-    leaves, outputs = _local_forward(comm, ref, strategy)
+    traffic_start, meter = Counter(comm.traffic), OpMeter()
+    leaves, outputs = _local_forward(comm, ref, strategy, meter)
+    traffic_fwd = Counter(comm.traffic)
     out_data = strategy.outputs
     found: list[Mismatch] = []
     if len(outputs) != len(out_data):
@@ -140,7 +143,8 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     carrying = [(data, out) for data, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
     differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
-    if differentiable and shape_ok:
+    backward_ran = bool(differentiable and shape_ok)
+    if backward_ran:
         grads = _local_backward(comm, ref, strategy, leaves, differentiable, carrying)
         for data in strategy.inputs:
             if data.name in grads:
@@ -156,6 +160,11 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
             found.append(Mismatch("collectives", rank, "collectives",
                                   detail=f"issued {_format_counts(issued)}; the declared actions "
                                          f"imply {_format_counts(expected)}"))
+        elif dtype is None or all(decl.dtype == dtype for decl in case.inputs):
+            # the declared actions ran as declared, on the declared dtypes: their price is the cost
+            found += communication_mismatches(strategy, mesh, rank, traffic_fwd - traffic_start,
+                                              Counter(comm.traffic) - traffic_fwd if backward_ran else None)
+        found += compute_mismatches(strategy, rank, meter.work)
     found += _memory_mismatches(strategy, rank, leaves, outputs)
     return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
 
@@ -186,9 +195,10 @@ def _counted(comm) -> Counter:
     return Counter({key: n for key, n in comm.counts.items() if key[0] in _COUNTED and n})
 
 
-def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[dict, tuple]:
+def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
+                   meter: OpMeter | None = None) -> tuple[dict, tuple]:
     """This rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
-    replaced by zeros), the AFTER actions, then the post-added operands."""
+    replaced by zeros; measured by ``meter``), the AFTER actions, then the post-added operands."""
     from shardverify.collectives.patterns import apply_comm_action
 
     node = ref.node
@@ -210,7 +220,8 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
             late[data.name] = tensor
             tensor = torch.zeros_like(tensor.detach())
         local[loc] = tensor
-    outputs = list(as_outputs(node, call_op(node, module, local, owned=module is not None)))
+    outputs = list(as_outputs(node, (meter or OpMeter()).call(call_op, node, module, local,
+                                                               owned=module is not None)))
     for index, data in enumerate(strategy.outputs[:len(outputs)]):
         for action in strategy.communication_actions:
             if action.operand == data.name and action.where is CommWhere.AFTER:
