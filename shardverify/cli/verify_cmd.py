@@ -70,9 +70,10 @@ def parse_timeout(text: str) -> float:
 
 def load_op_specs(root: Path, specs_dir: Path | None, names: list[str]) -> list:
     """The parsed op specs (all, or the named ones); SpecError on a missing or invalid spec."""
-    from shardverify.codegen.generate import load_specs, spec_sources
+    from shardverify.codegen.generate import load_specs, select_specs, spec_folder_sources
 
-    sources = spec_sources(root, specs_dir, names)
+    folder = spec_folder_sources(root, specs_dir)
+    sources = select_specs(folder, names) if names else folder
     if names:
         others = [s.display for s in sources if s.kind.name != "op"]
         if others:
@@ -80,7 +81,44 @@ def load_op_specs(root: Path, specs_dir: Path | None, names: list[str]) -> list:
                             f"is a {sources[0].kind.name if len(others) == 1 else 'non-op'} spec")
     else:
         sources = [s for s in sources if s.kind.name == "op"]
-    return [spec for _, spec in load_specs(sources)]
+    return [spec for _, spec in load_specs(sources, context=folder if names else None)]
+
+
+# ------------------------------------------------------------------------------ coverage
+
+def only_replicated(strategies) -> bool:
+    """No strategy shards anything: the case checks no sharding at all on that mesh."""
+    return all(not spec.dim_partition for s in strategies for _, spec in s.sharding_specs)
+
+
+def replicated_warning(case_id: str, mesh: tuple[int, ...]) -> str:
+    return (f"{case_id} on mesh {list(mesh)}: only the replicated strategy exists, so no sharding is "
+            "verified (the grid's shapes may not divide by the mesh axes, or the generator has no "
+            "sharded strategy for this case)")
+
+
+def coverage_warnings(spec) -> list[str]:
+    """For `shardverify list`: each (case, mesh) of an op spec whose strategies shard nothing,
+    or that cannot even be built (then `verify` reports it as a failed row)."""
+    from shardverify.api import strategies_for_node
+    from shardverify.mesh import DeviceMesh
+
+    warnings = []
+    for case_id, case in spec.op_cases():
+        try:
+            graph_module, node_name = case.build()
+        except Exception as exc:  # noqa: BLE001 - any failure is reported, the listing goes on
+            warnings.append(f"{case_id}: cannot be built: {type(exc).__name__}: {exc}")
+            continue
+        for mesh in spec.verify.meshes:
+            try:
+                strategies = strategies_for_node(graph_module, node_name, DeviceMesh(mesh))
+            except Exception as exc:  # noqa: BLE001
+                warnings.append(f"{case_id} on mesh {list(mesh)}: no strategies: {type(exc).__name__}: {exc}")
+                continue
+            if only_replicated(strategies):
+                warnings.append(replicated_warning(case_id, mesh))
+    return warnings
 
 
 # ------------------------------------------------------------------------------ running
