@@ -8,6 +8,7 @@ command must leave `git status` exactly as it was."""
 from __future__ import annotations
 
 import ast
+import re
 import os
 import shutil
 import subprocess
@@ -279,8 +280,8 @@ def verify_rows(capsys, root, text):
 def test_a_target_that_cannot_be_traced_is_a_failed_row(root, capsys):
     code, out = verify_rows(capsys, root, op().replace("  - torch.prod\n  - torch.Tensor.prod\n",
                                                        "  - torch.is_tensor\n"))
-    assert code == 1 and "FAILED" in out
-    assert "evil torch.is_tensor" in out
+    assert code == 1
+    assert "evil torch.is_tensor-dim_1-keepdim_False on mesh (2,): FAILED:" in out
     assert "\nsum " in out            # the other specs' rows still ran
     assert git(root, "status", "--porcelain", "--untracked-files=all").strip() == "?? specs/evil.yaml"
 
@@ -291,13 +292,14 @@ def test_a_grid_value_the_op_rejects_is_a_failed_row(root, capsys):
 
 
 def test_a_module_kwarg_the_constructor_rejects_is_a_failed_row(root, capsys):
-    text = (REPO / "specs" / "linear.yaml").read_text().replace("op: linear", "op: evil").replace(
-        "torch.nn.Linear", "torch.nn.Bilinear").replace("  - torch.nn.functional.linear\n", "")
-    text = text.replace("module:\n", "module:\n    kwargs:\n      device: nonsense\n", 1) \
-        if "module:\n    args" in text else text
-    spec(root, text)
-    code, out = run(capsys, "verify", "--root", str(root), "--mesh", "2")
-    assert code == 1 and "Traceback" not in out
+    text = (REPO / "specs" / "linear.yaml").read_text().replace("op: linear", "op: linear").replace(
+        "    args: [16, 32]\n", "    args: [16, 32]\n    kwargs:\n      device: nonsense\n")
+    spec(root, text, "linear.yaml")
+    code, out = run(capsys, "verify", "--root", str(root), "--mesh", "4")
+    assert code == 1
+    assert "torch.nn.Linear-bias_False on mesh (4,): FAILED:" in out and "nonsense" in out
+    assert re.search(r"linear +torch.nn.functional.linear-bias_False +4 +\d+ +0 ", out)   # other rows ran
+    assert "passed" not in out.splitlines()[-1]
 
 
 # ------------------------------------- already solid: injections, traversal, tags, aliases
