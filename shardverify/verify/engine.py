@@ -27,7 +27,7 @@ from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
 from shardverify.verify.report import CheckResult, Mismatch
 from shardverify.verify.tolerance import Tolerance, compare, dtype_from_name, tolerance_for
 
-__all__ = ["RankReport", "rank_check", "verify_strategy", "verify_case", "expected_collectives",
+__all__ = ["RankReport", "OpCallError", "rank_check", "verify_strategy", "verify_case", "expected_collectives",
            "strategy_problems"]
 
 # Collectives each pattern issues in the forward pass and in the backward pass.
@@ -186,7 +186,10 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
             late[data.name] = tensor
             tensor = torch.zeros_like(tensor.detach())
         local[loc] = tensor
-    outputs = list(as_outputs(node, call_op(node, module, local)))
+    try:
+        outputs = list(as_outputs(node, call_op(node, module, local)))
+    except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
+        raise OpCallError(_op_context(comm, node, strategy, leaves, local, exc)) from exc
     for index, data in enumerate(strategy.outputs[:len(outputs)]):
         for action in strategy.communication_actions:
             if action.operand == data.name and action.where is CommWhere.AFTER:
@@ -196,6 +199,53 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
             outputs[add.output] = outputs[add.output] + _aligned(late[add.operand], add.dims,
                                                                  outputs[add.output].dim())
     return leaves, tuple(outputs)
+
+
+class OpCallError(VerificationError):
+    """The op raised on a rank; the message says what each operand looked like when it got there."""
+
+
+def _op_context(comm, node, strategy: ShardingStrategy, leaves: dict, local: dict, exc: Exception) -> str:
+    """The op's error, then for each operand: its layout, the local shard it gave this rank,
+    the BEFORE actions applied, and the shape and dtype that reached the op."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    every = _fails_on_shapes(node, strategy, local)
+    lines = [f"{OP_FAILED} on rank {comm.rank}: {type(exc).__name__}: {reason}"
+             + (f"\n{EVERY_RANK}" if every else "")]
+    for data in strategy.inputs:
+        spec = strategy.get_sharding_spec_by_name(data.name)
+        actions = [f"{a.pattern.name} over mesh axes {a.axes}" + (f" on dims {a.dims}" if a.dims else "")
+                   for a in strategy.communication_actions if a.operand == data.name and a.where is CommWhere.BEFORE]
+        reached = local.get((data.locator.kind, data.locator.key))
+        leaf = leaves.get(data.name)
+        got = "not passed" if reached is None else f"{tuple(reached.shape)} {str(reached.dtype).removeprefix('torch.')}"
+        if strategy.post_added(data.name) is not None:
+            got += " (zeros: added after the op)"
+        lines.append(f"{data.name}: layout {spec} of {tuple(data.shape)} -> local shard "
+                     f"{tuple(leaf.shape) if leaf is not None else '?'}"
+                     + (f", then {', then '.join(actions)}" if actions else ", no actions")
+                     + f" -> reached the op as {got}")
+    return "\n".join(lines)
+
+
+OP_FAILED = "the op raised"
+EVERY_RANK = ("it fails on shapes alone (meta tensors), and every rank's operands reach the op with "
+              "the same shapes, so every rank fails alike")
+
+
+def _fails_on_shapes(node, strategy: ShardingStrategy, local: dict) -> bool:
+    """Whether the op also fails on meta tensors of the same shapes and dtypes. Layouts
+    shard evenly and actions are the same on every rank, so a shape-only failure is every
+    rank's; a value-dependent one (an index out of range) is only known for this rank."""
+    meta = {loc: torch.empty(t.shape, dtype=t.dtype, device="meta") for loc, t in local.items()}
+    module = None
+    if node.op == "call_module":
+        module = copy.deepcopy(node.graph.owning_module.get_submodule(node.target)).to("meta")
+    try:
+        call_op(node, module, meta)
+    except Exception:  # noqa: BLE001 - any failure on meta tensors is a shape failure
+        return True
+    return False
 
 
 def _aligned(tensor: torch.Tensor, dims: tuple[int, ...], out_rank: int) -> torch.Tensor:
@@ -330,13 +380,30 @@ def _backend_name(backend) -> str:
     return name if device == "cpu" else f"{name}/{device}"
 
 
-def _error_mismatches(error: BackendError) -> list[Mismatch]:
-    ranks = tuple(getattr(error, "ranks", ()) or (getattr(error, "rank", -1),))
-    detail = str(error)
-    if isinstance(error, RankError) and error.traceback_text:
-        tail = [line for line in error.traceback_text.strip().splitlines() if line.strip()][-3:]
-        detail += "\n        " + "\n        ".join(tail)
-    return [Mismatch("error", int(r), "rank", detail=detail) for r in ranks]
+def _error_mismatches(error: BackendError, mesh_ranks: Sequence[int] = ()) -> list[Mismatch]:
+    """One "error" mismatch per failing rank: every rank the backend names (and each failure
+    it carries, when it reports several), with the op's context for a failure inside the op
+    or the last lines of the traceback otherwise."""
+    failures = [e for e in getattr(error, "failures", ()) if isinstance(e, BackendError)] or [error]
+    found, seen = [], set()
+    for failure in failures:
+        ranks = tuple(getattr(failure, "ranks", ()) or (getattr(failure, "rank", -1),))
+        detail = str(failure)
+        if EVERY_RANK in detail and mesh_ranks:
+            ranks = tuple(mesh_ranks)
+        traceback_text = getattr(failure, "traceback_text", "") if isinstance(failure, RankError) else ""
+        if traceback_text and OP_FAILED not in detail:
+            tail = [line for line in traceback_text.strip().splitlines() if line.strip()][-3:]
+            detail += "\n        " + "\n        ".join(tail)
+        detail = detail.replace("\n", "\n        ")
+        first = None
+        for rank in ranks:
+            if int(rank) not in seen:
+                seen.add(int(rank))
+                shown = detail if first is None else f"the same failure as rank {first}"
+                found.append(Mismatch("error", int(rank), "rank", detail=shown))
+                first = int(rank) if first is None else first
+    return found
 
 
 def _run_check(backend, case: OpCase, strategy: ShardingStrategy, dtype: str | None,
@@ -344,7 +411,7 @@ def _run_check(backend, case: OpCase, strategy: ShardingStrategy, dtype: str | N
     try:
         reports = backend.run(rank_check, case, strategy, dtype, tol, timeout=timeout)
     except BackendError as error:
-        return _error_mismatches(error)
+        return _error_mismatches(error, backend.mesh.ranks)
     return [m for report in reports for m in report.mismatches]
 
 
