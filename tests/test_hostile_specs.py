@@ -316,6 +316,9 @@ REFUSED = {
     "merge key": (op().replace("  input:\n    kind: input\n", "  base: &m {kind: input}\n  input:\n    <<: *m\n"),
                   "alias"),
     "keyword as name": (op().replace("op: evil", "op: import"), "not a keyword"),
+    "infinite tolerance": (op().replace("  meshes:", "  tolerance:\n    rtol: .inf\n  meshes:"), "finite number"),
+    "NaN tolerance": (op().replace("  meshes:", "  tolerance:\n    atol: .nan\n  meshes:"), "finite number"),
+    "NaN grid value": (op().replace("dim: [[0, 2], 1, -1, null]", "dim: [.nan, 1]"), "finite number"),
 }
 
 
