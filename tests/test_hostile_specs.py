@@ -339,3 +339,11 @@ def test_injection_through_free_text_stays_an_inert_string(root, capsys):
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         assert "os" not in names
     assert not (root / "pwned").exists()
+
+
+@pytest.mark.parametrize("name", ["../../../etc/passwd", "/etc/passwd", "specs/../../x.yaml"])
+def test_path_traversal_in_a_named_spec_is_an_error(root, capsys, name):
+    for command in (["generate", name], ["generate", "--check", name], ["verify", name]):
+        code, text = run(capsys, *command, "--root", str(root))
+        assert code == 1 and "no spec named" in text
+    assert git(root, "status", "--porcelain", "--untracked-files=all") == ""
