@@ -284,6 +284,9 @@ def test_a_target_that_cannot_be_traced_is_a_failed_row(root, capsys):
     assert "evil torch.is_tensor-dim_1-keepdim_False on mesh (2,): FAILED:" in out
     assert "\nsum " in out            # the other specs' rows still ran
     assert git(root, "status", "--porcelain", "--untracked-files=all").strip() == "?? specs/evil.yaml"
+    code, out = run(capsys, "list", "--root", str(root))
+    assert code == 0 and "warning: torch.is_tensor-dim_1-keepdim_False: cannot be built: " in out
+    assert "unexpected keyword argument 'dim'" in out
 
 
 def test_a_grid_value_the_op_rejects_is_a_failed_row(root, capsys):

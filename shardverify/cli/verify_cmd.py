@@ -109,13 +109,13 @@ def coverage_warnings(spec) -> list[str]:
         try:
             graph_module, node_name = case.build()
         except Exception as exc:  # noqa: BLE001 - any failure is reported, the listing goes on
-            warnings.append(f"{case_id}: cannot be built: {type(exc).__name__}: {exc}")
+            warnings.append(f"{case_id}: cannot be built: {describe_error(exc)}")
             continue
         for mesh in spec.verify.meshes:
             try:
                 strategies = strategies_for_node(graph_module, node_name, DeviceMesh(mesh))
             except Exception as exc:  # noqa: BLE001
-                warnings.append(f"{case_id} on mesh {list(mesh)}: no strategies: {type(exc).__name__}: {exc}")
+                warnings.append(f"{case_id} on mesh {list(mesh)}: no strategies: {describe_error(exc)}")
                 continue
             if only_replicated(strategies):
                 warnings.append(replicated_warning(case_id, mesh))
