@@ -350,3 +350,21 @@ def test_path_traversal_in_a_named_spec_is_an_error(root, capsys, name):
         code, text = run(capsys, *command, "--root", str(root))
         assert code == 1 and "no spec named" in text
     assert git(root, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+# ------------------------------------------ smaller: shapes that divide no mesh, a warning
+
+def test_a_case_with_only_the_replicated_strategy_is_a_warning(root, capsys):
+    """sum.yaml with odd shapes: the Linear before the sum has only its replicated strategy on
+    a 2 x 2 mesh, so the sum has only one too."""
+    text = SUM.replace("shape: [4, 4, 4, 16]", "shape: [3, 5, 7, 9]").replace("args: [16, 32]", "args: [9, 11]")
+    text = text.replace("    dim: [[0, 2], 1, -1, null]\n    keepdim: [false, true]\n", "    dim: [1]\n    keepdim: [false]\n")
+    text = text.replace("      count: 24\n", "      count: 1\n")
+    spec(root, text, "sum.yaml")
+    code, out = run(capsys, "list", "--root", str(root))
+    assert code == 0
+    assert "warning: torch.sum-dim_1-keepdim_False on mesh [2, 2]: only the replicated strategy exists" in out
+    assert "torch.nn.Linear-bias_False on mesh [2, 2]: only the replicated" not in out   # linear's shapes divide
+    code, out = run(capsys, "verify", "sum", "--root", str(root), "--mesh", "2,2")
+    assert code == 0
+    assert "warning: sum torch.sum-dim_1-keepdim_False on mesh [2, 2]: only the replicated strategy exists" in out
