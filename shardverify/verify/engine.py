@@ -301,18 +301,16 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     buffer), never from what the strategy says about its operands."""
     from shardverify.strategy import MemoryCost
 
-    state, out_sizes = _real_operands(case)
+    real, out_dtypes = _real_operands(case)
     activation = parameter = 0
     for data in strategy.inputs:
-        loc = (data.locator.kind, data.locator.key)
-        itemsize, is_state = state.get(loc, (leaves[data.name].element_size(), data.is_param))
-        size = leaves[data.name].numel() * itemsize
+        dtype, is_state = real[(data.locator.kind, data.locator.key)]
+        size = leaves[data.name].numel() * _element_size(dtype)
         if is_state:
             parameter += size
         else:
             activation += size
-    out_bytes = sum(out.numel() * (out_sizes[i] if i < len(out_sizes) else out.element_size())
-                    for i, out in enumerate(outputs))
+    out_bytes = sum(out.numel() * _element_size(dtype) for out, dtype in zip(outputs, out_dtypes))
     fwd = MemoryCost(activation + out_bytes, parameter)
     bwd = MemoryCost(activation, parameter)
     held = (fwd, bwd, fwd + bwd)
@@ -320,53 +318,33 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     problems = [f"{phase}: declared {d.activation} activation + {d.parameter} parameter bytes, "
                 f"local shards hold {h.activation} + {h.parameter}"
                 for phase, d, h in zip(("fwd", "bwd", "total"), declared, held) if d != h]
+    lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in strategy.inputs]
+    lies += list(zip(strategy.outputs, out_dtypes))
     problems += [f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}"
-                 for data, dtype in _declared_dtypes_differ(strategy, case)]
+                 for data, dtype in lies if data.dtype != dtype]
     if not problems:
         return []
     return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))]
 
 
-def _real_operands(case: OpCase) -> tuple[dict, list[int]]:
-    """({operand locator: (element size, is module state)}, [element size of each output]) of
-    the traced harness: the real tensors whatever dtype a check runs in."""
+def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
+    """({operand locator: (dtype, is module state)}, [dtype of each output]) of the traced
+    harness: the real tensors the strategy describes, whatever dtype a check runs in."""
     from shardverify.verify.reference import _meta_dtypes, _operand_nodes
 
     traced, node_name = case.build()
     node = next(n for n in traced.graph.nodes if n.name == node_name)
-    found = {}
-    for loc, arg in _operand_nodes(node).items():
-        meta = arg.meta.get("tensor_meta")
-        if hasattr(meta, "dtype"):
-            found[loc] = (_element_size(meta.dtype), arg.op == "get_attr")
+    found = {loc: (arg.meta["tensor_meta"].dtype, arg.op == "get_attr")
+             for loc, arg in _operand_nodes(node).items() if hasattr(arg.meta.get("tensor_meta"), "dtype")}
     if node.op == "call_module":
         module = traced.get_submodule(str(node.target))
-        found.update({("param", n): (p.element_size(), True) for n, p in module.named_parameters()})
-        found.update({("buffer", n): (b.element_size(), True) for n, b in module.named_buffers()})
-    return found, [_element_size(dtype) for dtype in _meta_dtypes(traced, node_name)]
+        found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})
+        found.update({("buffer", n): (b.dtype, True) for n, b in module.named_buffers()})
+    return found, _meta_dtypes(traced, node_name)
 
 
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _declared_dtypes_differ(strategy: ShardingStrategy, case: OpCase) -> list:
-    """(operand, real dtype) where the strategy declares another dtype than the traced tensor."""
-    from shardverify.verify.reference import _meta_dtypes, _operand_nodes
-
-    traced, node_name = case.build()
-    node = next(n for n in traced.graph.nodes if n.name == node_name)
-    real = {loc: arg.meta["tensor_meta"].dtype for loc, arg in _operand_nodes(node).items()
-            if hasattr(arg.meta.get("tensor_meta"), "dtype")}
-    if node.op == "call_module":
-        module = traced.get_submodule(str(node.target))
-        real.update({("param", n): p.dtype for n, p in module.named_parameters()})
-        real.update({("buffer", n): b.dtype for n, b in module.named_buffers()})
-    found = [(data, real[(data.locator.kind, data.locator.key)]) for data in strategy.inputs
-             if real.get((data.locator.kind, data.locator.key), data.dtype) != data.dtype]
-    outs = _meta_dtypes(traced, node_name)
-    found += [(data, outs[i]) for i, data in enumerate(strategy.outputs) if i < len(outs) and outs[i] != data.dtype]
-    return found
 
 
 # ------------------------------------------------------------------------- orchestration
