@@ -46,8 +46,10 @@ class Mismatch:
     def describe(self) -> str:
         who = "all ranks" if self.rank < 0 else f"rank {self.rank}"
         if self.kind == "values":
-            return (f"{who}: {self.tensor} (local shape {self.actual_shape}, {self.dtype}): "
-                    f"max abs error {self.max_abs_err:.3g}, max rel error {self.max_rel_err:.3g} "
+            where = f"{who}: {self.tensor} (local shape {self.actual_shape}, {self.dtype}): "
+            if self.detail:   # a non-finite disagreement, or a low-precision error budget
+                return where + self.detail
+            return (where + f"max abs error {self.max_abs_err:.3g}, max rel error {self.max_rel_err:.3g} "
                     f"exceed rtol={self.rtol:.3g}, atol={self.atol:.3g}")
         if self.kind == "shape":
             return (f"{who}: {self.tensor}: local shape {self.actual_shape} but the reference slice "
