@@ -55,7 +55,7 @@ def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh) -> Strategie
     handler = handler_for_node(node, graph_module)
     if handler is not None:
         operands = resolve_operands(handler, node, graph_module)
-        params, options, name = resolve_params(handler, node), handler.option_dict, handler.name
+        params, options, name = resolve_params(handler, node, graph_module), handler.option_dict, handler.name
         generate = get_generator(handler.generator)
     elif node.op in _SOURCE_OPS:
         meta = node.meta.get("tensor_meta")

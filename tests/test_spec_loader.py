@@ -260,8 +260,8 @@ def test_optional_operand_grid_drives_module_kwargs_and_inputs():
      ("positional index 1 of 'keepdim' is already used by 'dim'",)),
     ("  dim: {index: 1, keyword: dim,", "  dim: {index: 1, keyword: input,", "keyword: input, default",
      ("keyword 'input' of 'dim' is already used by 'input'",)),
-    ("  output: {kind: output}", "  output: {kind: output, index: 3}", "kind: output, index: 3",
-     ("takes no index",)),
+    ("  output: {kind: output}", "  output: {kind: output, keyword: out}", "kind: output, keyword: out",
+     ("takes no keyword",)),
     ("  input: {kind: input, index: 0, keyword: input}", "  input: {kind: input}", "input: {kind: input}",
      ("needs an 'index' or a 'keyword'",)),
 ])

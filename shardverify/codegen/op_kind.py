@@ -42,6 +42,7 @@ class OperandSpec:
     keyword: str | None = None
     attribute: str | None = None
     optional: bool = False
+    element: int | None = None     # element of the list argument at `index` (torch.cat)
 
 
 @dataclass(frozen=True)
@@ -230,13 +231,17 @@ def _parse_operand(role: str, node: Node) -> OperandSpec:
     kw_node = f.optional("keyword", str)
     attr_node = f.optional("attribute", str)
     opt_node = f.optional("optional", bool)
+    element = _index(f.optional("element", int))
     f.finish()
     operand = OperandSpec(role=role, kind=str(kind_node.value), index=index,
                           keyword=as_identifier(kw_node) if kw_node else None,
                           attribute=as_identifier(attr_node) if attr_node else None,
-                          optional=bool(opt_node.value) if opt_node else False)
-    if operand.kind == "output" and (index is not None or kw_node or attr_node or operand.optional):
-        raise node.error(f"output operand '{role}' takes no index, keyword, attribute or optional")
+                          optional=bool(opt_node.value) if opt_node else False, element=element)
+    if operand.kind == "output" and (kw_node or attr_node or operand.optional or element is not None):
+        raise node.error(f"output operand '{role}' takes no keyword, attribute, element or optional "
+                         "(an index picks an element of a tuple result)")
+    if element is not None and (operand.kind != "input" or index is None):
+        raise node.error(f"operand '{role}': 'element' needs an input operand with an 'index' (the list argument)")
     if operand.kind == "input" and index is None and kw_node is None:
         raise node.error(f"input operand '{role}' needs an 'index' or a 'keyword'")
     if operand.kind == "input" and attr_node is not None:
@@ -347,6 +352,20 @@ def _check_option_refs(node: Node, params: set[str], roles: set[str]) -> None:
                                      f"not declare; declared: {', '.join(sorted(declared)) or 'none'}")
 
 
+def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set[str]) -> None:
+    """A `rules` generator's options form a valid rule (see shardverify/rules/spec.py)."""
+    from shardverify.errors import InvalidArgument
+    from shardverify.rules.spec import RuleOptions
+
+    try:
+        rule = RuleOptions.from_options(dict(options))
+    except InvalidArgument as exc:
+        raise node.error(f"invalid sharding rule: {exc}") from None
+    missing = sorted(set(rule.additive) - roles)
+    if missing:
+        raise node.error(f"additive_operands names {missing}, which are not operands; declared: {sorted(roles)}")
+
+
 def _check_generator(node: Node) -> str:
     family = as_identifier(node)
     from shardverify.generators.registry import get_generator
@@ -381,8 +400,11 @@ def parse_op_spec(root: Node) -> OpSpec:
     forms = {t.form for t in targets}
 
     operands = [_parse_operand(role, value) for role, value in _names(operands_node)]
-    if sum(o.kind == "output" for o in operands) != 1:
-        raise operands_node.error("declare exactly one operand of kind 'output'")
+    outputs = [o for o in operands if o.kind == "output"]
+    if not outputs:
+        raise operands_node.error("declare an operand of kind 'output'")
+    if len(outputs) > 1 and any(o.index is None for o in outputs):
+        raise operands_node.error("several outputs each need an 'index' (their position in the tuple result)")
     params = [_parse_param(pname, value) for pname, value in _names(params_node)] if params_node else []
     roles = {o.role for o in operands}
     for p in params:
@@ -411,6 +433,8 @@ def parse_op_spec(root: Node) -> OpSpec:
     options = tuple((key, _option(value)) for key, value in _names(options_node)) if options_node else ()
     if options_node is not None:
         _check_option_refs(options_node, {p.name for p in params}, roles)
+    if family == "rules":
+        _check_rule(options_node or generator_node, options, roles)
 
     verify = _parse_verify(verify_node, targets, operands, params)
     points = math.prod(len(values) for _, values in verify.grid)
@@ -432,7 +456,8 @@ def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_
     """Positional indices and keywords are each used once across operands and params."""
     seen_index: dict[int, str] = {}
     seen_kw: dict[str, str] = {}
-    entries = [(o.role, o.index, o.keyword, operands_node) for o in operands]
+    entries = [(o.role, o.index if o.element is None else (o.index, o.element), o.keyword, operands_node)
+               for o in operands if o.kind != "output"]
     entries += [(p.name, p.index, p.keyword, params_node) for p in params]
     for name, index, kw, parent in entries:
         node = parent.value[name]  # type: ignore[union-attr,index]
@@ -499,9 +524,10 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
             continue
         if operand is not None and operand.optional:
             for value_node, value in zip(item.value, values):
-                if not isinstance(value, bool):
-                    raise value_node.error(f"optional operand '{key}' takes true/false in the grid, "
-                                           f"got {describe(value_node)}")
+                scalar = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if not isinstance(value, bool) and not (scalar and operand.kind == "input" and operand.keyword):
+                    raise value_node.error(f"optional operand '{key}' takes true/false in the grid, or a number "
+                                           f"passed in its place (an input with a keyword), got {describe(value_node)}")
             continue
         if forms == {"module"}:
             continue  # a plain constructor keyword, e.g. torch.nn.Softmax(dim=...)
@@ -565,7 +591,7 @@ def _check_positional(targets: list[TargetSpec], operands: list[OperandSpec], in
             raise inputs_node.value[role].error(  # type: ignore[index]
                 f"operand '{role}' is passed positionally to the function target(s), so the harness "
                 f"operands need indices 0..{len(placed) - 1}; it has index {index}")
-    droppable = {key for key, values in grid if key in by_role and False in values}
+    droppable = {key for key, values in grid if key in by_role and any(v is not True for v in values)}
     seen_dropped = False
     for _, role in placed:
         if role in droppable:
@@ -582,7 +608,9 @@ def _case(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal], ..
     by_role = {o.role: o for o in spec.operands}
     param_names = {p.name for p in spec.params}
     verify = spec.verify
-    dropped = {key for key, value in point if key in by_role and value is False}
+    dropped = {key for key, value in point if key in by_role and value is not True}
+    scalars = tuple((by_role[key].keyword, value) for key, value in point      # torch.add(x, other=2.5)
+                    if key in by_role and not isinstance(value, bool))
     if target.form == "module":
         inputs = tuple(i for i in verify.inputs if by_role[i.role].kind == "input")
         assert verify.module is not None
@@ -594,7 +622,7 @@ def _case(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal], ..
         inputs = tuple(sorted((i for i in verify.inputs if i.role not in dropped),
                               key=lambda i: by_role[i.role].index))  # type: ignore[arg-type,return-value]
         module = None
-        params = tuple((key, value) for key, value in point if key in param_names)
+        params = tuple((key, value) for key, value in point if key in param_names) + scalars  # type: ignore[operator]
     case_id = target.name + "".join(f"-{key}_{_id_token(value)}" for key, value in point)
     return CaseSpec(id=case_id, target=target.name, inputs=inputs, params=params, module=module, point=point)
 

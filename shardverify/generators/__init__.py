@@ -7,3 +7,5 @@ from shardverify.generators.registry import (  # noqa: F401
     get_generator,
     register_generator,
 )
+
+from shardverify.rules import generator as _rules  # noqa: E402,F401  (the declarative `rules` family)

@@ -256,11 +256,17 @@ def resolve_operands(handler: HandlerDef, node: Node, graph_module: GraphModule)
     return found
 
 
-def resolve_params(handler: HandlerDef, node: Node) -> dict[str, object]:
-    """Call parameters by name, defaults filled in (values exactly as written in the call)."""
+def resolve_params(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> dict[str, object]:
+    """Call parameters by name, defaults filled in (values exactly as written in the call); on a
+    module call, a parameter the call does not pass is read from the module's attribute of
+    the same name."""
     params: dict[str, object] = {}
+    module = graph_module.get_submodule(str(node.target)) if graph_module is not None and \
+        node.op == "call_module" else None
     for decl in handler.params:
         value, _ = _call_value(node, decl.index, decl.keyword)
+        if value is _MISSING and module is not None and hasattr(module, decl.name):
+            value = getattr(module, decl.name)      # nn.Softmax(dim=...), nn.LayerNorm.normalized_shape
         if isinstance(value, torch.fx.Node):
             raise HandlerError(f"handler {handler.name!r}: parameter {decl.name!r} of node {node.name!r} "
                                f"is computed by node {value.name!r}; only constants are supported")

@@ -11,9 +11,9 @@ HANDLER = register_handler(HandlerDef(
     targets=(torch.sum, torch.Tensor.sum),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
-                    attribute=None, optional=False),
+                    attribute=None, optional=False, element=None),
         OperandDecl(role='output', kind='output', index=None, keyword=None,
-                    attribute=None, optional=False),
+                    attribute=None, optional=False, element=None),
     ),
     params=(
         ParamDecl(name='dim', index=1, keyword='dim', default=None),

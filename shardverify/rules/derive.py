@@ -1,0 +1,109 @@
+"""Equations a spec does not write out, derived from the call: pointwise broadcasting,
+reductions over a ``dim`` parameter, and views (reshape by shapes, permute, transpose).
+
+Each returns an :class:`Equation` plus the factors it knows must stay whole; the generator
+binds it to the shapes like a written equation, so every rule family shares one engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from shardverify.errors import InvalidArgument
+from shardverify.generators.following import normalize_dims
+from shardverify.rules.notation import Dim, Equation, Term
+
+__all__ = ["pointwise", "reduction", "reshape", "permute", "dims_of"]
+
+Shape = tuple[int, ...]
+
+
+def dims_of(value: object, ndim: int, what: str) -> tuple[int, ...]:
+    """A dim parameter (int or sequence; None = every dim) as sorted non-negative dims."""
+    return normalize_dims(value, ndim, what)
+
+
+def pointwise(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> tuple[Equation, set[str]]:
+    """Every tensor aligned from the right with the first output (broadcasting). A dim whose
+    size differs from the first output's (and is not 1) gets a factor of its own, kept whole:
+    the cat/split dim."""
+    rank = len(outputs[0])
+    base = outputs[0]
+    whole: set[str] = set()
+
+    def term(shape: Shape, label: str) -> Term:
+        dims: list[Dim] = []
+        offset = rank - len(shape)
+        if offset < 0:
+            raise InvalidArgument(f"{label} {shape} has more dims than the output {base}")
+        for i, size in enumerate(shape):
+            j = i + offset
+            if size == base[j] or size == 1:
+                dims.append((f"d{j}",) if size == base[j] else ())
+            else:
+                name = f"{label}_{j}"
+                whole.add(name)
+                dims.append((name,))
+        return tuple(dims)
+
+    eq = Equation(tuple(term(s, f"in{i}") for i, s in enumerate(inputs)),
+                  tuple(term(s, f"out{i}") for i, s in enumerate(outputs)))
+    return eq, whole
+
+
+def reduction(input_shape: Shape, n_outputs: int, dims: tuple[int, ...], keepdim: bool) -> Equation:
+    """``d0 d1 d2 -> d0 d2`` (or ``d0 1 d2`` with keepdim) for each output."""
+    inp = tuple((f"d{i}",) for i in range(len(input_shape)))
+    out = tuple(() if i in dims else (f"d{i}",) for i in range(len(input_shape)) if keepdim or i not in dims)
+    return Equation((inp,), (out,) * n_outputs)
+
+
+def permute(rank: int, order: Sequence[int]) -> Equation:
+    order = [d % rank for d in order] if rank else []
+    if sorted(order) != list(range(rank)):
+        raise InvalidArgument(f"permutation {list(order)} is not a permutation of {rank} dims")
+    inp = tuple((f"d{i}",) for i in range(rank))
+    return Equation((inp,), (tuple(inp[d] for d in order),))
+
+
+def reshape(input_shape: Shape, output_shape: Shape) -> tuple[Equation, set[str]]:
+    """Match the two shapes into groups of equal products. A group of one input dim and
+    several output dims (unflatten) or the reverse (flatten) becomes a compound dim; a group
+    many-to-many keeps all its factors whole; size-1 dims hold no factor."""
+    if math.prod(input_shape) != math.prod(output_shape):
+        raise InvalidArgument(f"cannot view {input_shape} as {output_shape}")
+    ins = [(i, s) for i, s in enumerate(input_shape) if s != 1]
+    outs = [(j, s) for j, s in enumerate(output_shape) if s != 1]
+    in_term: list[Dim] = [()] * len(input_shape)
+    out_term: list[Dim] = [()] * len(output_shape)
+    whole: set[str] = set()
+    a = b = 0
+    group = 0
+    while a < len(ins) or b < len(outs):
+        ga, gb = [ins[a]], [outs[b]]
+        a, b = a + 1, b + 1
+        pa, pb = ga[0][1], gb[0][1]
+        while pa != pb:
+            if pa < pb:
+                ga.append(ins[a]); pa *= ins[a][1]; a += 1          # noqa: E702
+            else:
+                gb.append(outs[b]); pb *= outs[b][1]; b += 1        # noqa: E702
+        names = [f"g{group}_{k}" for k in range(max(len(ga), len(gb)))]
+        if len(ga) == 1:
+            for (j, _), name in zip(gb, names):
+                out_term[j] = (name,)
+            in_term[ga[0][0]] = tuple(names[:len(gb)])
+        elif len(gb) == 1:
+            for (i, _), name in zip(ga, names):
+                in_term[i] = (name,)
+            out_term[gb[0][0]] = tuple(names[:len(ga)])
+        else:
+            for k, (i, _) in enumerate(ga):
+                in_term[i] = (f"g{group}_in{k}",)
+                whole.add(f"g{group}_in{k}")
+            for k, (j, _) in enumerate(gb):
+                out_term[j] = (f"g{group}_out{k}",)
+                whole.add(f"g{group}_out{k}")
+        group += 1
+    return Equation((tuple(in_term),), (tuple(out_term),)), whole

@@ -1,0 +1,130 @@
+"""The ``rules`` generator family: one engine that turns a declarative rule into every
+strategy on any mesh.
+
+It binds the spec's rule to the call's shapes (:mod:`shardverify.rules.rule`), gives each
+mesh axis to at most one shardable factor (a factor takes its axes in ascending order:
+``S01``), drops assignments whose sizes do not divide, and derives each strategy's layouts
+and communication from the rule's semantics alone. Strategies are named
+``<input layouts> -> <output layouts>`` with one ``S``/``R`` group per tensor dim
+(``S0R x RS1 -> S0S1``), plus ``| P<axes> <op>`` when the output is reduced after the op.
+The fully replicated strategy comes last.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from shardverify.errors import HandlerError, InvalidArgument, StrategyError
+from shardverify.generators.common import make_strategy
+from shardverify.generators.registry import GeneratorContext, register_generator
+from shardverify.rules.rule import Rule, bind
+from shardverify.rules.spec import RuleOptions, equation_for
+from shardverify.sharding import ShardingSpec
+from shardverify.strategy import (
+    CommAction,
+    CommPattern,
+    CommWhere,
+    OperationData,
+    OperationDataType,
+    PostAdd,
+    ShardingStrategy,
+)
+
+__all__ = ["generate", "bound_rule", "assignments"]
+
+
+def bound_rule(ctx: GeneratorContext) -> tuple[Rule, list[OperationData], list[OperationData]]:
+    """The spec's rule bound to this call, with its input operands (term order) and outputs."""
+    from shardverify.handlers.base import handler_for_node
+
+    options = RuleOptions.from_options(ctx.options)
+    handler = handler_for_node(ctx.node, ctx.graph_module)
+    declared = [d.role for d in handler.operands if d.kind != "output"] if handler else []
+    inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
+    outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
+    present = [role in ctx.operands for role in declared]
+    try:
+        equation, whole, reduce = equation_for(options, [d.shape for d in inputs], [d.shape for d in outputs],
+                                       ctx.params, present)
+        additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
+        rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
+                    reduce=reduce, whole=tuple(whole), additive=additive)
+    except InvalidArgument as exc:
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
+    return rule, inputs, outputs
+
+
+def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
+    """Every map factor -> mesh axes (each axis used once, ascending) whose sizes divide;
+    the empty map (replicated) last."""
+    shardable = rule.shardable()
+    sizes = rule.size
+    found = []
+    for choice in itertools.product(range(len(shardable) + 1), repeat=len(mesh_shape)):
+        axes: dict[str, tuple[int, ...]] = {}
+        for axis, pick in enumerate(choice):
+            if pick:
+                axes[shardable[pick - 1]] = axes.get(shardable[pick - 1], ()) + (axis,)
+        if all(sizes[f] % math.prod(mesh_shape[a] for a in ax) == 0 for f, ax in axes.items()):
+            found.append(axes)
+    found.sort(key=lambda a: not a)      # stable: the replicated assignment last
+    return found
+
+
+def _layout(term, axes: dict[str, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    return {d: axes[dim[0]] for d, dim in enumerate(term) if dim and dim[0] in axes}
+
+
+def _seq(spec: ShardingSpec) -> str:
+    return "".join(str(dim) for dim in spec.sharding_sequence) or "-"
+
+
+def _grad_sync(data: OperationData, axes: tuple[int, ...]) -> list[CommAction]:
+    if not axes or data.type is OperationDataType.BUFFER or not data.dtype.is_floating_point:
+        return []
+    where = CommWhere.HOOK if data.type is OperationDataType.PARAM else CommWhere.BEFORE
+    return [CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, axes, data.name, where)]
+
+
+@register_generator("rules")
+def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
+    rule, inputs, outputs = bound_rule(ctx)
+    if not outputs:
+        raise HandlerError(f"{ctx.handler_name}: node {ctx.node.name!r} has no output operand")
+    mesh_shape = ctx.mesh.shape
+    operands = inputs + outputs
+    reduce_ops = dict(rule.reduce)
+    strategies: dict[str, ShardingStrategy] = {}
+    for axes in assignments(rule, mesh_shape):
+        partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops}
+        if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
+            continue
+        terms = rule.inputs + rule.outputs
+        specs = {data.name: ShardingSpec.from_partition(mesh_shape, data.shape, _layout(term, axes))
+                 for data, term in zip(operands, terms)}
+        actions: list[CommAction] = []
+        for data, term in zip(inputs, rule.inputs):
+            held = {f for dim in term for f in dim}
+            missing = tuple(sorted(a for f, ax in axes.items() if f not in held for a in ax))
+            actions += _grad_sync(data, missing)
+        partial_axes = tuple(sorted(a for f, ax in axes.items() if f in reduce_ops for a in ax))
+        post_add: list[PostAdd] = []
+        if partial_axes:
+            op = partial_ops.pop()
+            actions += [CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, partial_axes, out.name, CommWhere.AFTER,
+                                   op=op) for out in outputs]
+            for index in rule.additive:
+                rank = len(inputs[index].shape)
+                out_rank = len(outputs[0].shape)
+                post_add.append(PostAdd(inputs[index].name, tuple(range(out_rank - rank, out_rank))))
+        name = " x ".join(_seq(specs[d.name]) for d in inputs) + " -> " + \
+            ", ".join(_seq(specs[d.name]) for d in outputs)
+        if partial_axes:
+            name += f" | P{''.join(map(str, partial_axes))} {op}"
+        if name in strategies:
+            continue
+        # compute cost by the checked rule: the op measured on meta tensors of the local shapes
+        strategy = make_strategy(ctx, name, operands, specs, actions)
+        strategies[name] = strategy.replace(post_add=tuple(post_add)) if post_add else strategy
+    return list(strategies.values())

@@ -1,0 +1,180 @@
+"""The rule as a spec writes it (``generator: {family: rules, options: {...}}``): validated
+once at spec load (errors carry the YAML file and line) and turned into an equation for each
+call.
+
+One source of factors, exactly one of:
+
+``einsum: "mk,kn->mn"``        written out (see :mod:`shardverify.rules.notation`); one term
+                               per tensor operand in declaration order (absent optional
+                               operands drop their term), one per output
+``pointwise: true``            every operand broadcast against the output
+``reduce_dims_param: dim``     a reduction over the dims a call parameter names, with
+                               ``keepdim_param`` and ``reduce_op`` (sum | avg | max | min |
+                               none: the reduced dims must stay whole)
+``view: reshape``              factors matched by the input and output shapes
+``view: permute``              with ``dims_param``; ``view: transpose`` with ``dim0_param``/``dim1_param``
+
+and modifiers: ``whole: [k]`` (factors never sharded), ``whole_dims_param: dim`` (output
+dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
+normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
+(how a reduced factor of an einsum combines; default sum; none = whole),
+``additive_operands: [bias]`` (added once after a partial output is reduced).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shardverify.errors import InvalidArgument
+from shardverify.rules import derive
+from shardverify.rules.notation import ELLIPSIS, Equation, parse_equation
+from shardverify.strategy import REDUCE_OPS
+
+__all__ = ["RuleOptions", "equation_for", "SOURCES", "OPTION_KEYS"]
+
+SOURCES = ("einsum", "pointwise", "reduce_dims_param", "view")
+VIEWS = ("reshape", "permute", "transpose")
+OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "whole",
+                         "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands")
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    source: str
+    einsum: Equation | None = None
+    view: str = ""
+    reduce_dims_param: str = ""
+    keepdim_param: str = ""
+    reduce_op: str | None = "sum"
+    dims_param: str = ""
+    dim0_param: str = ""
+    dim1_param: str = ""
+    whole: tuple[str, ...] = ()
+    whole_dims_param: str = ""
+    whole_trailing_param: str = ""
+    reduce: tuple[tuple[str, str | None], ...] = ()
+    additive: tuple[str, ...] = ()
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
+        """Validate generator options; InvalidArgument names the option and the bad value."""
+        unknown = sorted(set(options) - set(OPTION_KEYS))
+        if unknown:
+            raise InvalidArgument(f"unknown rule option(s) {unknown}; known: {', '.join(OPTION_KEYS)}")
+        sources = [k for k in SOURCES if k in options and options[k] not in (None, False)]
+        if len(sources) != 1:
+            raise InvalidArgument(f"a rule needs exactly one of {', '.join(SOURCES)}; got {sources or 'none'}")
+        source = sources[0]
+
+        def text(key: str) -> str:
+            value = options.get(key, "")
+            if not isinstance(value, str):
+                raise InvalidArgument(f"rule option {key!r} must be a string, got {value!r}")
+            return value
+
+        def names(key: str) -> tuple[str, ...]:
+            value = options.get(key, ())
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or \
+                    not all(isinstance(v, str) for v in value):
+                raise InvalidArgument(f"rule option {key!r} must be a list of names, got {value!r}")
+            return tuple(value)
+
+        def op(value: object, what: str) -> str | None:
+            if value in (None, "none"):
+                return None
+            if value not in REDUCE_OPS:
+                raise InvalidArgument(f"{what} must be one of {', '.join(REDUCE_OPS)} or none, got {value!r}")
+            return str(value)
+
+        einsum = parse_equation(text("einsum")) if source == "einsum" else None
+        if source == "pointwise" and options["pointwise"] is not True:
+            raise InvalidArgument(f"rule option 'pointwise' must be true, got {options['pointwise']!r}")
+        view = text("view")
+        if source == "view" and view not in VIEWS:
+            raise InvalidArgument(f"rule option 'view' must be one of {', '.join(VIEWS)}, got {view!r}")
+        if view == "permute" and not text("dims_param"):
+            raise InvalidArgument("view: permute needs dims_param (the parameter holding the order)")
+        if view == "transpose" and not (text("dim0_param") and text("dim1_param")):
+            raise InvalidArgument("view: transpose needs dim0_param and dim1_param")
+        reduce_map = options.get("reduce", ())
+        pairs = reduce_map.items() if isinstance(reduce_map, Mapping) else reduce_map
+        try:
+            reduce = tuple((str(k), op(v, f"reduce op of factor {k!r}")) for k, v in pairs)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"rule option 'reduce' must map factors to ops, got {reduce_map!r}") from None
+        if reduce and source != "einsum":
+            raise InvalidArgument("rule option 'reduce' applies to einsum rules; a reduction uses reduce_op")
+        whole = names("whole")
+        if whole and source != "einsum":
+            raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
+                                  "or whole_trailing_param")
+        if einsum is not None:
+            letters = set(einsum.letters)
+            bad = sorted((set(whole) | {k for k, _ in reduce}) - letters)
+            if bad:
+                raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
+        return cls(source=source, einsum=einsum, view=view, reduce_dims_param=text("reduce_dims_param"),
+                   keepdim_param=text("keepdim_param"), reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"),
+                   dims_param=text("dims_param"), dim0_param=text("dim0_param"), dim1_param=text("dim1_param"),
+                   whole=whole, whole_dims_param=text("whole_dims_param"),
+                   whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
+                   additive=names("additive_operands"))
+
+
+def _param(params: Mapping[str, object], name: str) -> object:
+    if name not in params:
+        raise InvalidArgument(f"the rule reads call parameter {name!r}, which the spec does not declare")
+    return params[name]
+
+
+def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], outputs: Sequence[tuple[int, ...]],
+                 params: Mapping[str, object], present: Sequence[bool]
+                 ) -> tuple[Equation, set[str], dict[str, str | None]]:
+    """The equation for one call, the factors that must stay whole and how reduced factors combine."""
+    whole: set[str] = set(options.whole)
+    reduce: dict[str, str | None] = dict(options.reduce)
+    if options.source == "einsum":
+        eq = options.einsum
+        assert eq is not None
+        if len(eq.inputs) != len(present):
+            raise InvalidArgument(f"einsum {str(eq)!r} has {len(eq.inputs)} input term(s); the spec declares "
+                                  f"{len(present)} tensor operand(s)")
+        eq = Equation(tuple(t for t, here in zip(eq.inputs, present) if here), eq.outputs)
+        if len(outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
+            eq = Equation(eq.inputs, eq.outputs * len(outputs))
+    elif options.source == "pointwise":
+        eq, whole = derive.pointwise(inputs, outputs)
+    elif options.source == "reduce_dims_param":
+        dims = derive.dims_of(_param(params, options.reduce_dims_param), len(inputs[0]), options.reduce_dims_param)
+        keepdim = bool(_param(params, options.keepdim_param)) if options.keepdim_param else False
+        eq = derive.reduction(inputs[0], len(outputs), dims, keepdim)
+        if options.reduce_op is None:
+            whole |= {f"d{d}" for d in dims}
+    elif options.view == "reshape":
+        eq, whole = derive.reshape(inputs[0], outputs[0])
+    elif options.view == "permute":
+        eq = derive.permute(len(inputs[0]), list(_param(params, options.dims_param)))  # type: ignore[call-overload]
+    else:
+        rank = len(inputs[0])
+        d0, d1 = (int(_param(params, p)) % max(rank, 1) for p in (options.dim0_param, options.dim1_param))  # type: ignore[call-overload]
+        order = list(range(rank))
+        order[d0], order[d1] = order[d1], order[d0]
+        eq = derive.permute(rank, order)
+    out_rank = len(outputs[0]) if outputs else 0
+    names = [dim[0] if len(dim) == 1 else None for dim in eq.outputs[0]] if eq.outputs else []
+    positions: tuple[int, ...] = ()
+    if options.whole_dims_param:
+        positions = derive.dims_of(_param(params, options.whole_dims_param), out_rank, options.whole_dims_param)
+    if options.whole_trailing_param:
+        value = _param(params, options.whole_trailing_param)
+        count = 1 if isinstance(value, int) else len(value)  # type: ignore[arg-type]
+        positions += tuple(range(out_rank - count, out_rank))
+    if positions:
+        if any((ELLIPSIS,) == dim for dim in eq.outputs[0]):
+            raise InvalidArgument("whole_dims_param/whole_trailing_param need an output term without '...'")
+        whole |= {names[p] for p in positions if names[p] is not None}
+    if options.source == "reduce_dims_param" and options.reduce_op is not None:
+        reduce = {f"d{d}": options.reduce_op for d in range(len(inputs[0]))
+                  if all((f"d{d}",) not in term for term in eq.outputs)}
+    return eq, whole, reduce
