@@ -1,113 +1,324 @@
-"""How fast is verification, and what does the persistent worker pool buy?
+"""How fast is one strategy check, and how does it compare with its baselines in this run?
 
-Prints:
-  * pool start-up: spawning the gloo ranks and joining their process groups, then the first
-    check (each worker's one-off imports and tracing warm-up) separately;
-  * steady-state strategy checks per second on the simulated mesh and on the gloo pool;
-  * the time to verify every case of the linear and sum specs with one persistent pool
-    versus a fresh pool started for each case, and their ratio, measured in this one run.
+For each op (linear, sum: the first cases of their specs) and mesh ((2,2), (2,2,2)) it measures
+the milliseconds per strategy check (forward, backward, parameter gradients, collectives
+counted, memory checked) on
 
-Usage: .venv/bin/python benchmarks/bench_verify.py [--mesh 2,2] [--specs linear sum] [--fresh-cases N]
-(--fresh-cases limits how many cases the slow fresh-pool pass runs; the persistent pass then
-runs the same cases, so the ratio stays like for like).
+  * the simulated backend (one thread per rank in this process),
+  * the gloo pool, warm (persistent worker processes, a case's strategies sent as one batch),
+  * PyTorch DTensor under LocalTensorMode (torch.distributed.tensor on a fake process group):
+    the same op on the same reference values, each strategy's input and parameter layouts
+    given as DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else
+    Replicate), forward and backward, output and gradients reconciled and compared (layouts
+    DTensor cannot run, or whose first check takes it over --dtensor-budget seconds, are left
+    out of its timing and counted),
+
+then, on the first mesh, the fresh-processes-per-case baseline (a new gloo pool started and
+closed for every case), and the pool start-up against a bare spawn of as many gloo processes
+(each imports torch.distributed, joins a gloo group through a file store, and reports back).
+Every figure is measured in this one run (ms per check of the median pass over the checks, so
+a burst of other load moves it little) and the ratios between them are printed;
+``--json`` prints them as one JSON document instead.
+
+Usage: .venv/bin/python benchmarks/bench_verify.py [--meshes 2,2 2,2,2] [--specs linear sum]
+       [--cases 1] [--fresh-cases 2] [--seconds 2] [--skip-gloo] [--skip-dtensor] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
-
-from shardverify.api import strategies_for_node
-from shardverify.backends import SimulatedBackend
-from shardverify.backends.process import ProcessBackend
-from shardverify.cli.verify_cmd import load_op_specs, parse_mesh
-from shardverify.mesh import DeviceMesh
-from shardverify.verify.engine import verify_case
-from shardverify.verify.report import assert_passed
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def checks_per_second(backend, cases, min_seconds: float = 3.0) -> tuple[float, int]:
-    """Verify the cases over and over (after one warm-up pass) for at least ``min_seconds``."""
-    for case in cases:
-        assert_passed(verify_case(backend, case))
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < min_seconds:
-        for case in cases:
-            results = verify_case(backend, case)
-            assert_passed(results)
-            done += len(results)
-    return done / (time.perf_counter() - start), done
+# ---------------------------------------------------------------------- bare gloo spawn
+def _bare_rank(rank: int, world: int, store_path: str, conn) -> None:
+    """One bare gloo process: import torch.distributed, join the group, say so, leave."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    conn.send(rank)
+    conn.recv()   # stay in the group until every rank has joined
+    dist.destroy_process_group()
 
 
-def verify_all(make_backend, cases, fresh: bool) -> tuple[float, int]:
-    """Seconds to verify every case: one backend for all, or a new one per case."""
-    start, checks = time.perf_counter(), 0
-    backend = None if fresh else make_backend()
+def bare_spawn_seconds(world: int) -> float:
+    """Seconds until ``world`` freshly spawned gloo processes have all joined one group."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    folder = tempfile.mkdtemp(prefix="bench-bare-")
+    began = time.perf_counter()
+    procs, conns = [], []
+    for rank in range(world):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_bare_rank, args=(rank, world, os.path.join(folder, "store"), child))
+        proc.start()
+        procs.append(proc)
+        conns.append(parent)
+    for conn in conns:
+        conn.recv()
+    seconds = time.perf_counter() - began
+    for conn in conns:
+        conn.send(None)
+    for proc in procs:
+        proc.join(30)
+    return seconds
+
+
+# ------------------------------------------------------------------------- measurements
+def _median_ms(pass_seconds: list[float], checks_per_pass: int) -> float:
+    """Milliseconds per check of the median pass: a pass slowed by other load on the machine
+    moves it less than it moves the mean."""
+    return statistics.median(pass_seconds) / checks_per_pass * 1e3
+
+
+def ms_per_check(backend, cases_and_strategies, min_seconds: float) -> tuple[float, int]:
+    """Verify every (case, strategies) pass after pass, after one warm-up pass, for at least
+    ``min_seconds``; every check must pass.  ms per check of the median pass, checks timed."""
+    from shardverify.verify.engine import verify_case
+    from shardverify.verify.report import assert_passed
+
+    for case, strategies in cases_and_strategies:
+        assert_passed(verify_case(backend, case, strategies))
+    passes, per_pass, start = [], sum(len(s) for _, s in cases_and_strategies), time.perf_counter()
+    while time.perf_counter() - start < min_seconds or len(passes) < 3:
+        began = time.perf_counter()
+        for case, strategies in cases_and_strategies:
+            assert_passed(verify_case(backend, case, strategies))
+        passes.append(time.perf_counter() - began)
+    return _median_ms(passes, per_pass), per_pass * len(passes)
+
+
+def _placements(spec, mesh_ndim: int):
+    from torch.distributed.tensor import Replicate, Shard
+
+    owner = {axis: dim for dim, axes in spec.dim_partition for axis in axes}
+    return [Shard(owner[m]) if m in owner else Replicate() for m in range(mesh_ndim)]
+
+
+def _plain(tensor):
+    """One tensor from every rank's identical copy (a LocalTensor), or the tensor itself."""
+    return tensor.reconcile() if hasattr(tensor, "reconcile") else tensor
+
+
+class _TooSlow(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise _TooSlow in this (main) thread after ``seconds``."""
+    def expire(signum, frame):
+        raise _TooSlow(f"over {seconds:g}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        for case in cases:
-            if fresh:
-                backend = make_backend()
-            try:
-                results = verify_case(backend, case)
-                assert_passed(results)
-                checks += len(results)
-            finally:
-                if fresh:
-                    backend.close()
+        yield
     finally:
-        if not fresh:
-            backend.close()
-    return time.perf_counter() - start, checks
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
+                         budget: float = 2.0) -> tuple[float, int, int]:
+    """DTensor LocalTensorMode on the same ops, values and layouts (see the module docstring):
+    ms per check, checks timed, and how many layouts were left out of the timing because
+    DTensor cannot run them or needs over ``budget`` seconds for its first check of them
+    (its sharding propagation searches redistribution paths, which explodes on 3-D meshes)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.tensor import DeviceMesh, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from shardverify.verify.reference import as_outputs, call_op, reference
+
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)   # "suboptimal" notes
+    world = 1
+    for size in mesh_shape:
+        world *= size
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        mesh = DeviceMesh("cpu", torch.arange(world).reshape(mesh_shape))
+
+        def check(case, strategy) -> None:
+            ref = reference(case, None, torch.device("cpu"))
+            module = (ref.graph_module.get_submodule(ref.node.target) if ref.node.op == "call_module" else None)
+            with LocalTensorMode(frozenset(range(world))):
+                leaves = {}
+                for data in strategy.inputs:
+                    loc = (data.locator.kind, data.locator.key)
+                    spec = strategy.get_sharding_spec_by_name(data.name)
+                    value = distribute_tensor(ref.typed(loc), mesh, _placements(spec, len(mesh_shape)))
+                    leaves[loc] = value.requires_grad_() if value.is_floating_point() else value
+                outputs = as_outputs(ref.node, call_op(ref.node, module, leaves))
+                grad_outs = [distribute_tensor(g.to(out.dtype), mesh, out.placements)
+                             for out, g in zip(outputs, ref.grad_outputs)]
+                wanted = [loc for loc, leaf in leaves.items() if leaf.requires_grad]
+                grads = torch.autograd.grad(outputs, [leaves[loc] for loc in wanted], grad_outs)
+                full_out = [out.full_tensor() for out in outputs]
+                full_grads = [g.full_tensor() for g in grads]
+            for got, want in zip(full_out, ref.outputs):
+                torch.testing.assert_close(_plain(got).double(), want, rtol=1e-5, atol=1e-4)
+            for loc, got in zip(wanted, full_grads):
+                torch.testing.assert_close(_plain(got).double(), ref.grads[loc], rtol=1e-5, atol=1e-4)
+
+        runnable, refused = [], 0
+        for case, strategies in cases_and_strategies:   # warm-up: DTensor caches sharding propagation
+            for strategy in strategies:
+                try:
+                    with _time_limit(budget):
+                        check(case, strategy)
+                except Exception as exc:  # noqa: BLE001 - a layout DTensor cannot run (e.g. a view of a doubly sharded dim)
+                    if os.environ.get("BENCH_DEBUG"):
+                        print(strategy.name, type(exc).__name__, str(exc).splitlines()[0][:200], file=sys.stderr)
+                    refused += 1
+                else:
+                    runnable.append((case, strategy))
+        passes, start = [], time.perf_counter()
+        while runnable and (time.perf_counter() - start < min_seconds or len(passes) < 3):
+            began = time.perf_counter()
+            for case, strategy in runnable:
+                check(case, strategy)
+            passes.append(time.perf_counter() - began)
+        return _median_ms(passes, max(len(runnable), 1)), len(runnable) * len(passes), refused
+    finally:
+        dist.destroy_process_group()
+
+
+def fresh_vs_pool(mesh, cases_and_strategies) -> dict:
+    """Every case on a fresh gloo pool (started and closed per case) against one warm pool."""
+    from shardverify.backends.process import ProcessBackend
+    from shardverify.verify.engine import verify_case
+    from shardverify.verify.report import assert_passed
+
+    checks, start = 0, time.perf_counter()
+    for case, strategies in cases_and_strategies:
+        with ProcessBackend(mesh, backend="gloo", timeout=120) as backend:
+            results = verify_case(backend, case, strategies)
+            assert_passed(results)
+            checks += len(results)
+    fresh = (time.perf_counter() - start) / checks * 1e3
+    return {"fresh_ms_per_check": fresh, "fresh_checks": checks}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mesh", type=parse_mesh, default=(2, 2))
+    parser.add_argument("--meshes", nargs="+", default=["2,2", "2,2,2"], help="mesh shapes, e.g. 2,2 2,2,2")
     parser.add_argument("--specs", nargs="+", default=["linear", "sum"])
-    parser.add_argument("--fresh-cases", type=int, default=None,
-                        help="verify only the first N cases in the pool-versus-fresh comparison")
+    parser.add_argument("--cases", type=int, default=1, help="cases per spec (the first N of its grid)")
+    parser.add_argument("--fresh-cases", type=int, default=2,
+                        help="cases per spec in the fresh-processes-per-case baseline (first mesh only)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per figure")
+    parser.add_argument("--skip-gloo", action="store_true", help="no process pools (no start-up, no fresh baseline)")
+    parser.add_argument("--skip-dtensor", action="store_true", help="no DTensor LocalTensorMode figures")
+    parser.add_argument("--dtensor-budget", type=float, default=2.0,
+                        help="seconds DTensor may take for its first check of a layout before the layout is "
+                             "left out (default 2)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
     args = parser.parse_args()
-    mesh = DeviceMesh(args.mesh)
-    cases = [case for spec in load_op_specs(REPO, None, args.specs) for _, case in spec.op_cases()]
-    for case in cases:   # trace once here so neither pass pays for this process's tracing
-        graph_module, node_name = case.build()
-        strategies_for_node(graph_module, node_name, mesh)
-    print(f"mesh {mesh.shape}, specs {args.specs}: {len(cases)} cases")
 
-    began = time.perf_counter()
-    pool = ProcessBackend(mesh, backend="gloo", timeout=120)
-    pool.start()
-    startup = time.perf_counter() - began
-    began = time.perf_counter()
-    assert_passed(verify_case(pool, cases[0]))
-    first = time.perf_counter() - began
-    print(f"gloo pool start-up ({mesh.size} ranks): {startup:.2f}s; first case (worker warm-up): {first:.2f}s")
+    import torch
 
-    sample = cases[:2]
-    with SimulatedBackend(mesh, timeout=120) as simulated:
-        rate, n = checks_per_second(simulated, sample)
-    print(f"simulated: {rate:.1f} strategy checks/s ({n} checks)")
-    rate, n = checks_per_second(pool, sample)
-    print(f"gloo pool: {rate:.1f} strategy checks/s ({n} checks)")
-    pool.close()
+    from shardverify.api import strategies_for_node
+    from shardverify.backends import SimulatedBackend
+    from shardverify.backends.process import ProcessBackend
+    from shardverify.cli.verify_cmd import load_op_specs, parse_mesh
+    from shardverify.mesh import DeviceMesh
 
-    chosen = cases if args.fresh_cases is None else cases[:args.fresh_cases]
+    torch.set_num_threads(1)
+    meshes = [DeviceMesh(parse_mesh(text)) for text in args.meshes]
+    specs = load_op_specs(REPO, None, args.specs)
+    report: dict = {"load_average": list(os.getloadavg()), "cpus": os.cpu_count(), "torch": torch.__version__,
+                    "figures": []}
+    say = (lambda *a: None) if args.json else print
+    say(f"load average {report['load_average']}, {report['cpus']} CPUs, torch {torch.__version__}")
 
-    def make():
-        backend = ProcessBackend(mesh, backend="gloo", timeout=120)
-        backend.start()
-        return backend
+    if not args.skip_gloo:   # first, while this process has started no pool (no forkserver yet)
+        mesh = meshes[0]
+        began = time.perf_counter()
+        with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
+            pool.start()
+            first_start = time.perf_counter() - began
+        began = time.perf_counter()
+        with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
+            pool.start()
+            later_start = time.perf_counter() - began
+        bare = bare_spawn_seconds(mesh.size)
+        startup = {"mesh": list(mesh.shape), "pool_first_start_s": first_start, "pool_later_start_s": later_start,
+                   "bare_spawn_s": bare, "first_over_bare": first_start / bare, "later_over_bare": later_start / bare}
+        report["startup"] = startup
+        say(f"pool start-up on {mesh.shape}: first {first_start:.2f}s (starting the forkserver included), later "
+            f"{later_start:.2f}s; bare spawn of {mesh.size} gloo processes {bare:.2f}s "
+            f"(ratios {startup['first_over_bare']:.2f}x, {startup['later_over_bare']:.2f}x)")
 
-    persistent, checks = verify_all(make, chosen, fresh=False)
-    fresh, fresh_checks = verify_all(make, chosen, fresh=True)
-    assert checks == fresh_checks
-    print(f"verify {len(chosen)} cases ({checks} strategy checks) of {'+'.join(args.specs)} on gloo:")
-    print(f"  persistent pool (started once, included): {persistent:.1f}s")
-    print(f"  fresh processes for each case:            {fresh:.1f}s")
-    print(f"  ratio fresh / persistent:                 {fresh / persistent:.1f}x")
+    for mesh in meshes:
+        for spec in specs:
+            chosen = []
+            for _, case in list(spec.op_cases())[:args.cases]:
+                graph_module, node_name = case.build()
+                chosen.append((case, list(strategies_for_node(graph_module, node_name, mesh))))
+            row = {"op": spec.name, "mesh": list(mesh.shape), "cases": len(chosen),
+                   "strategies": sum(len(s) for _, s in chosen)}
+            with SimulatedBackend(mesh, timeout=120) as simulated:
+                row["simulated_ms"], row["simulated_checks"] = ms_per_check(simulated, chosen, args.seconds)
+            if not args.skip_dtensor:
+                row["dtensor_ms"], row["dtensor_checks"], row["dtensor_refused"] = dtensor_ms_per_check(
+                    mesh.shape, chosen, args.seconds, args.dtensor_budget)
+                row["dtensor_over_simulated"] = row["dtensor_ms"] / row["simulated_ms"]
+            if not args.skip_gloo:
+                with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
+                    pool.start()
+                    row["gloo_ms"], row["gloo_checks"] = ms_per_check(pool, chosen, args.seconds)
+            report["figures"].append(row)
+            text = (f"{spec.name:8s} mesh {str(mesh.shape):10s} {row['strategies']:3d} strategies: "
+                    f"simulated {row['simulated_ms']:.2f} ms/check")
+            if "dtensor_ms" in row:
+                text += (f", DTensor LocalTensorMode {row['dtensor_ms']:.1f} ms ({row['dtensor_over_simulated']:.0f}x; "
+                         f"{row['dtensor_refused']} layouts it cannot run in time left out)")
+            if "gloo_ms" in row:
+                text += f", gloo pool warm {row['gloo_ms']:.2f} ms/check"
+            say(text)
+
+    if not args.skip_gloo:
+        mesh = meshes[0]
+        baseline = []
+        for spec in specs:
+            for _, case in list(spec.op_cases())[:args.fresh_cases]:
+                graph_module, node_name = case.build()
+                baseline.append((case, list(strategies_for_node(graph_module, node_name, mesh))))
+        fresh = fresh_vs_pool(mesh, baseline)
+        warm = [row["gloo_ms"] for row in report["figures"] if row["mesh"] == list(mesh.shape)]
+        fresh["warm_gloo_ms_per_check"] = sum(warm) / len(warm)
+        fresh["fresh_over_warm"] = fresh["fresh_ms_per_check"] / fresh["warm_gloo_ms_per_check"]
+        report["fresh_processes"] = fresh
+        say(f"fresh processes per case on {mesh.shape}: {fresh['fresh_ms_per_check']:.1f} ms/check "
+            f"({fresh['fresh_checks']} checks) against the warm pool's {fresh['warm_gloo_ms_per_check']:.2f}: "
+            f"{fresh['fresh_over_warm']:.0f}x")
+    report["load_average_after"] = list(os.getloadavg())
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"load average after: {report['load_average_after']}")
 
 
 if __name__ == "__main__":

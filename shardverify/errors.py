@@ -80,10 +80,13 @@ class RankError(BackendError):
 class RankTimeout(BackendError):
     """Ranks did not finish within the timeout (a hang or a deadlock)."""
 
-    def __init__(self, ranks: tuple[int, ...], timeout: float, what: str = "") -> None:
+    def __init__(self, ranks: tuple[int, ...], timeout: float, what: str = "", *,
+                 never_entered: tuple[int, ...] = (), detail: str = "") -> None:
         self.ranks, self.rank, self.timeout = tuple(ranks), (ranks[0] if ranks else -1), timeout
+        self.never_entered = tuple(never_entered)   # ranks that skipped the collective the others wait in
         suffix = f" while running {what}" if what else ""
-        super().__init__(f"rank(s) {list(ranks)} did not finish within {timeout:g}s{suffix}")
+        detail = f": {detail}" if detail else ""
+        super().__init__(f"rank(s) {list(ranks)} did not finish within {timeout:g}s{suffix}{detail}")
 
 
 class RankDied(BackendError):

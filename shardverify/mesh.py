@@ -178,3 +178,36 @@ class DeviceMesh:
         n, alpha, beta = self._link(axes)
         num_bytes = self._check_bytes(num_bytes)
         return 0.0 if n == 1 else alpha * (n - 1) + beta * num_bytes * (n - 1) / (n * n)
+
+    def collective_cost(self, kind: str, payload_bytes: float, axes: Sequence[int]) -> float:
+        """Seconds of one collective of ``kind`` over ``axes``, from the bytes one rank passes in
+        (its payload: the tensor it all-reduces, the shard it contributes to an all-gather, the sum
+        of its chunks for a reduce-scatter or an all-to-all). The verifier prices the collectives a
+        rank really issued with this, the generators price their declared actions with it."""
+        n = self.axes_size(axes)
+        if kind == "all_reduce":
+            return self.all_reduce_cost(payload_bytes, axes)
+        if kind == "all_gather":
+            return self.all_gather_cost(payload_bytes * n, axes)
+        if kind == "reduce_scatter":
+            return self.reduce_scatter_cost(payload_bytes, axes)
+        if kind == "all_to_all":
+            return self.all_to_all_cost(payload_bytes * n, axes)
+        raise MeshError(f"no alpha-beta model for collective {kind!r}; priced kinds are "
+                        f"{PRICED_KINDS}")
+
+    # ---- calibration ----------------------------------------------------------------
+    @classmethod
+    def calibrated(cls, shape: Sequence[int], path: str | None = None,
+                   device_ids: Sequence[int] | None = None) -> DeviceMesh:
+        """A mesh whose per-axis alpha and beta come from a ``shardverify calibrate`` file: ``path``,
+        else ``$SHARDVERIFY_CALIBRATION``, else ``~/.cache/shardverify/calibration.json``."""
+        from shardverify.calibration import load_calibration
+
+        alpha, beta = load_calibration(tuple(shape), path)
+        return cls(tuple(shape), device_ids=None if device_ids is None else tuple(device_ids),
+                   alpha=alpha, beta=beta)
+
+
+#: collective kinds :meth:`DeviceMesh.collective_cost` can price
+PRICED_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")

@@ -8,7 +8,10 @@ import importlib
 
 from shardverify.errors import InvalidArgument
 
-__all__ = ["UnresolvedName", "resolve_dotted"]
+__all__ = ["UnresolvedName", "resolve_dotted", "MAX_NAME_CHARS"]
+
+#: Longest dotted name accepted (no real module path comes near it).
+MAX_NAME_CHARS = 200
 
 
 class UnresolvedName(InvalidArgument, LookupError):
@@ -19,6 +22,9 @@ class UnresolvedName(InvalidArgument, LookupError):
 def resolve_dotted(name: str) -> object:
     """The object named ``name``: the longest importable module prefix, then attributes.
     ``"package.module:attr.sub"`` names the module explicitly."""
+    if isinstance(name, str) and len(name) > MAX_NAME_CHARS:
+        raise UnresolvedName(f"a dotted name of {len(name)} characters is longer than {MAX_NAME_CHARS}: "
+                             f"{name[:60]!r}...")
     module_part, colon, attr_part = name.partition(":") if isinstance(name, str) else ("", "", "")
     parts = module_part.split(".") + (attr_part.split(".") if colon else [])
     if not isinstance(name, str) or any(not p.isidentifier() for p in parts):
@@ -33,6 +39,9 @@ def resolve_dotted(name: str) -> object:
                 raise UnresolvedName(f"{name!r} does not name an importable object: cannot import "
                                      f"{prefix!r}: {exc}") from None
             continue
+        except Exception as exc:  # noqa: BLE001 - a module that fails while importing names nothing usable
+            raise UnresolvedName(f"{name!r} does not name an importable object: importing {prefix!r} "
+                                 f"failed: {type(exc).__name__}: {exc}") from None
         for index, attr in enumerate(parts[cut:], start=cut):
             if not hasattr(obj, attr):
                 raise UnresolvedName(f"{name!r} does not name an importable object: "

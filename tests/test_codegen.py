@@ -282,7 +282,7 @@ NAME_FIELDS = {
     "dtype": (SUM, "      dtype: float32", "      dtype: {}"),
     "grid key": (SUM, "    keepdim: [false, true]", "    {}: [false, true]"),
     "count where key": (LINEAR, "        bias: false", "        {}: false"),
-    "count target": (LINEAR, "      count: 24", "      count: 24\n      target: {}"),
+    "count target": (LINEAR, "        bias: true\n      count: 24", "        bias: true\n      count: 24\n      target: {}"),
 }
 
 # Fields whose strings are data: the payload must reach the output only as a string constant.

@@ -16,7 +16,7 @@ import pytest
 from shardverify import DeviceMesh
 from shardverify.api import strategies_for_node
 from shardverify.backends import SimulatedBackend
-from shardverify.generators.common import memory_cost
+from shardverify.generators.common import memory_cost, with_declared_costs
 from shardverify.sharding import ShardingSpec
 from shardverify.strategy import CommAction, CommPattern, CommWhere, ShardingStrategy
 from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
@@ -111,10 +111,10 @@ def partial_sum(sum_strategy: ShardingStrategy, mesh: DeviceMesh) -> ShardingStr
     (in_name, in_spec), (out_name, out_spec) = sum_strategy.sharding_specs
     specs = {in_name: ShardingSpec.from_partition(mesh.shape, in_spec.tensor_shape, {0: (0,)}),
              out_name: ShardingSpec.from_partition(mesh.shape, out_spec.tensor_shape, {})}
-    return sum_strategy.replace(
+    return with_declared_costs(sum_strategy.replace(
         name="partial sum over axis 0", sharding_specs=tuple(specs.items()),
-        memory_cost=memory_cost(sum_strategy.operands, specs),
-        communication_actions=(CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, (0,), out_name, CommWhere.AFTER),))
+        communication_actions=(CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, (0,), out_name, CommWhere.AFTER),)),
+        *SUM.build(), mesh)
 
 
 # ----------------------------------------------------------------------------- checks

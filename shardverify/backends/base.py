@@ -10,7 +10,12 @@ and the group-of-one shortcut live here once, so the simulated and the real
 from __future__ import annotations
 
 import collections
+import copy
+import dataclasses
+import enum
+import functools
 import traceback
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -80,6 +85,46 @@ class RankResult:
         return RankError(self.rank, self.message, self.traceback_text)
 
 
+#: objects already found deeply immutable, by id (kept alive here so an id is never reused)
+_FROZEN: dict[int, object] = {}
+_FROZEN_LIMIT = 4096
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, range, torch.dtype, torch.device, enum.Enum,
+          type, types.FunctionType, types.BuiltinFunctionType)
+
+
+def is_frozen(value: object) -> bool:
+    """Whether ``value`` can never change: scalars, strings, dtypes, enums, functions, and tuples,
+    frozensets and frozen dataclasses made only of such values.  Ranks may share these
+    instead of each deep-copying them (the bulk of a check's arguments: case, strategy)."""
+    if isinstance(value, _ATOMS) or id(value) in _FROZEN:
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        if getattr(value, "__dict__", None):   # a tuple subclass carrying mutable attributes
+            return False
+        ok = all(is_frozen(v) for v in value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type) \
+            and value.__dataclass_params__.frozen:
+        names = {f.name for f in dataclasses.fields(value)}
+        extra = set(getattr(value, "__dict__", {})) - names
+        ok = all(is_frozen(getattr(value, n)) for n in names) and \
+            all(is_frozen(getattr(value, n)) for n in extra)
+    else:
+        return False
+    if ok:
+        if len(_FROZEN) >= _FROZEN_LIMIT:
+            _FROZEN.clear()
+        _FROZEN[id(value)] = value
+    return ok
+
+
+def private_copy(args: tuple) -> tuple:
+    """What one rank gets of a run's arguments: frozen values shared, everything else deep-copied,
+    as if the arguments had crossed into another process."""
+    if all(is_frozen(a) for a in args):
+        return args
+    return tuple(a if is_frozen(a) else copy.deepcopy(a) for a in args)
+
+
 def check_timeout(timeout: float | None, default: float) -> float:
     """The effective timeout: ``default`` when None, else a positive number."""
     if timeout is None:
@@ -124,6 +169,9 @@ class CommunicatorBase:
         self.rank = rank
         self.device = torch.device(device)
         self.counts: collections.Counter = collections.Counter()
+        #: (kind, axes, payload bytes) -> number issued; the bytes this rank passed in, which
+        #: ``DeviceMesh.collective_cost`` prices (the verifier checks declared costs with it)
+        self.traffic: collections.Counter = collections.Counter()
 
     # ---- public collectives -------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, axes: Sequence[int], op: str = "sum") -> torch.Tensor:
@@ -131,6 +179,7 @@ class CommunicatorBase:
         axes, group = self._begin("all_reduce", axes)
         _check_tensor(t, "all_reduce")
         _check_op(op, "all_reduce")
+        self.traffic[("all_reduce", axes, _nbytes(t))] += 1
         if len(group) == 1:
             return _fresh(t)
         return self._all_reduce(t, group, op, f"all_reduce(op={op}) over axes {axes}: {describe(t)}")
@@ -139,6 +188,7 @@ class CommunicatorBase:
         """Every group member's tensor, in group order (``mesh.group_ranks``)."""
         axes, group = self._begin("all_gather", axes)
         _check_tensor(t, "all_gather")
+        self.traffic[("all_gather", axes, _nbytes(t))] += 1
         if len(group) == 1:
             return [_fresh(t)]
         return self._all_gather(t, group, f"all_gather over axes {axes}: {describe(t)}")
@@ -148,6 +198,7 @@ class CommunicatorBase:
         axes, group = self._begin("reduce_scatter", axes)
         chunks = _check_chunks(chunks, len(group), "reduce_scatter")
         _check_op(op, "reduce_scatter")
+        self.traffic[("reduce_scatter", axes, sum(_nbytes(c) for c in chunks))] += 1
         if len(group) == 1:
             return _fresh(chunks[0])
         desc = f"reduce_scatter(op={op}) over axes {axes}: {[describe(c) for c in chunks]}"
@@ -160,6 +211,7 @@ class CommunicatorBase:
         """
         axes, group = self._begin("all_to_all", axes)
         chunks = _check_chunks(chunks, len(group), "all_to_all")
+        self.traffic[("all_to_all", axes, sum(_nbytes(c) for c in chunks))] += 1
         if len(group) == 1:
             return [_fresh(chunks[0])]
         desc = f"all_to_all over axes {axes}: {[describe(c) for c in chunks]}"
@@ -173,6 +225,7 @@ class CommunicatorBase:
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < len(group):
             raise CollectiveError(f"broadcast src must be a group index in 0..{len(group) - 1} "
                                   f"for axes {axes} of mesh {self.mesh.shape}, got {src!r}")
+        self.traffic[("broadcast", axes, _nbytes(t))] += 1
         if len(group) == 1:
             return _fresh(t)
         return self._broadcast(t, group, src, f"broadcast(src={src}) over axes {axes}: {describe(t)}")
@@ -182,6 +235,7 @@ class CommunicatorBase:
         _check_tensor(t, "send")
         self._check_peer(dst, "send", "dst")
         self.counts[("send", ())] += 1
+        self.traffic[("send", (), _nbytes(t))] += 1
         self._send(t, dst)
 
     def recv(self, like: torch.Tensor, src: int) -> torch.Tensor:
@@ -189,6 +243,7 @@ class CommunicatorBase:
         _check_tensor(like, "recv")
         self._check_peer(src, "recv", "src")
         self.counts[("recv", ())] += 1
+        self.traffic[("recv", (), _nbytes(like))] += 1
         return self._recv(like, src)
 
     def barrier(self, axes: Sequence[int] | None = None) -> None:
@@ -203,9 +258,13 @@ class CommunicatorBase:
 
     # ---- helpers ----------------------------------------------------------------------
     def _begin(self, kind: str, axes: Sequence[int]) -> tuple[Axes, tuple[int, ...]]:
-        axes = self.mesh.check_axes(axes)
+        try:
+            axes, group = _group_of(self.mesh, self.rank, tuple(axes))
+        except TypeError:   # unhashable axes: let the mesh say what is wrong with them
+            axes = self.mesh.check_axes(axes)
+            group = self.mesh.group_ranks(self.rank, axes)
         self.counts[(kind, axes)] += 1
-        return axes, self.mesh.group_ranks(self.rank, axes)
+        return axes, group
 
     def _check_peer(self, peer: int, kind: str, name: str) -> None:
         if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.mesh.size:
@@ -239,6 +298,13 @@ class CommunicatorBase:
         raise NotImplementedError
 
 
+@functools.lru_cache(maxsize=1024)
+def _group_of(mesh: DeviceMesh, rank: int, axes: tuple) -> tuple[Axes, tuple[int, ...]]:
+    """Validated axes and the group of ``rank`` over them (asked for by every collective)."""
+    axes = mesh.check_axes(axes)
+    return axes, mesh.group_ranks(rank, axes)
+
+
 def reduce_tensors(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
     """Reduce in the given (group) order, so every rank computes bit-identical results."""
     out = tensors[0].detach().clone()
@@ -250,6 +316,10 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
         else:
             torch.minimum(out, other, out=out)
     return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _fresh(t: torch.Tensor) -> torch.Tensor:

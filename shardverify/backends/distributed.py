@@ -9,10 +9,11 @@ same axes (``(0, 1)`` and ``(1, 0)``); the communicator permutes between group o
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ class MeshGroups:
     """This rank's process group for every non-empty set of mesh axes."""
 
     by_axes: dict[frozenset[int], Any]
+    lookups: dict = field(default_factory=dict)   # group in mesh order -> (process group, order)
 
     def get(self, axes: Sequence[int]) -> Any:
         return self.by_axes[frozenset(axes)]
@@ -72,20 +74,25 @@ def decode_header(header: torch.Tensor) -> str:
 class ProcessCommunicator(CommunicatorBase):
     """One rank of a torch.distributed world laid out as ``mesh``.
 
-    With ``check_metadata`` every collective first all-gathers a 128-byte header describing
-    each member's call (kind, axes, op, dtype, shapes): a mismatch raises CollectiveError
-    on every member instead of hanging or mixing bytes.  Turn it off only for benchmarks.
+    With ``check_metadata`` every collective first agrees on a digest of each member's call
+    (kind, axes, op, dtype, shapes) with one small all-reduce; on a mismatch the members
+    all-gather 128-byte headers describing their calls and raise CollectiveError on every
+    member instead of hanging or mixing bytes.  Turn it off only for benchmarks.
     ``busy`` (a shared byte array, optional) records which ranks sit inside a collective, so
     the pool can tell a hung rank from the ranks waiting for it.
     """
 
     def __init__(self, mesh: DeviceMesh, rank: int, device: torch.device | str, groups: MeshGroups,
-                 *, check_metadata: bool = True, native_reduce_scatter: bool = False, busy: Any = None) -> None:
+                 *, check_metadata: bool = True, native_reduce_scatter: bool = False, busy: Any = None,
+                 where: Any = None) -> None:
         super().__init__(mesh, rank, device)
         self.groups = groups
         self.check_metadata = check_metadata
         self.native_reduce_scatter = native_reduce_scatter
         self._busy = busy
+        self._where = where if mesh.size < 63 else None   # member bitmasks must fit an int64
+        self._calls: collections.Counter = collections.Counter()   # per member set: n-th collective
+        self._pgs: dict[tuple[int, ...], tuple[Any, list[int]]] = groups.lookups   # shared by this rank's checks
 
     def process_group(self, axes: Sequence[int]) -> Any:
         """The real process group over ``axes`` (ranks sorted), e.g. for DDP."""
@@ -97,12 +104,19 @@ class ProcessCommunicator(CommunicatorBase):
     # ---- plumbing -----------------------------------------------------------------------
     def _pg(self, group: tuple[int, ...]) -> tuple[Any, list[int]]:
         """The process group and, for each process-group rank, its index in ``group``."""
-        axes = [a for a in range(self.mesh.ndim)
-                if len({self.mesh.coordinate(r)[a] for r in group}) > 1]
-        order = sorted(range(len(group)), key=lambda i: group[i])
-        return self.groups.get(axes), order
+        found = self._pgs.get(group)
+        if found is None:
+            axes = [a for a in range(self.mesh.ndim)
+                    if len({self.mesh.coordinate(r)[a] for r in group}) > 1]
+            order = sorted(range(len(group)), key=lambda i: group[i])
+            found = self._pgs[group] = (self.groups.get(axes), order)
+        return found
 
-    def _enter(self) -> None:
+    def _enter(self, group: tuple[int, ...] = ()) -> None:
+        if self._where is not None:   # which collective: what a timeout report names
+            mask = sum(1 << r for r in group)
+            self._calls[mask] += 1
+            self._where[2 * self.rank], self._where[2 * self.rank + 1] = mask, self._calls[mask]
         if self._busy is not None:
             self._busy[self.rank] = 1
 
@@ -111,18 +125,27 @@ class ProcessCommunicator(CommunicatorBase):
             self._busy[self.rank] = 0
 
     def _agree(self, pg: Any, group: tuple[int, ...], desc: str) -> None:
+        """Every member's call must be the same: one small all-reduce (max) of this call's
+        digest and its negation gives the largest and smallest digest of the group, equal
+        only when every member made the same call.  Otherwise every member sees it, and all
+        exchange their headers to say who called what."""
         if not self.check_metadata:
+            return
+        digest = int.from_bytes(hashlib.blake2b(desc.encode(), digest_size=7).digest(), "big")
+        probe = torch.tensor([digest, -digest], dtype=torch.int64, device=self.device)
+        dist.all_reduce(probe, dist.ReduceOp.MAX, group=pg)
+        high, low = probe.tolist()
+        if high == digest == -low:
             return
         header = encode_header(desc, self.device)
         headers = [torch.empty_like(header) for _ in group]
         dist.all_gather(headers, header, group=pg)
-        if any(not torch.equal(h, header) for h in headers):
-            descs = dict(zip(sorted(group), (decode_header(h) for h in headers)))
-            raise disagreement(f"a collective over group {sorted(group)}", descs)
+        descs = dict(zip(sorted(group), (decode_header(h) for h in headers)))
+        raise disagreement(f"a collective over group {sorted(group)}", descs)
 
     def _collective(self, group, desc, body):
         pg, order = self._pg(group)
-        self._enter()
+        self._enter(group)
         try:
             self._agree(pg, group, desc)
             return body(pg, order)

@@ -23,6 +23,7 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,11 @@ DIST_BACKENDS = ("gloo", "nccl")
 #: "forkserver" (default) imports torch once in a server process and forks workers from it,
 #: so a pool (re)start costs well under a second after the first; "spawn" re-imports per worker
 START_METHODS = ("forkserver", "spawn")
+#: what the forkserver imports once, so no worker imports it again: torch, and the verifier's
+#: own modules with the symbolic-shapes machinery its tracing pulls in (sympy), which a
+#: worker would otherwise import during its first check
+FORKSERVER_PRELOAD = (__name__, "torch.distributed", "shardverify.verify.engine", "shardverify.api",
+                      "torch.fx.experimental.symbolic_shapes")
 #: how long the other ranks may take to finish after one raised, before the pool is rebuilt
 GRACE_SECONDS = 1.0
 #: start-up (process start, import torch, rendezvous, groups) is bounded separately from a run
@@ -77,8 +83,14 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connection, busy: Any) -> None:
-    """Entry point of a pool worker: join the world, then run tasks until told to stop."""
+def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connection, shared: Any) -> None:
+    """Entry point of a pool worker: join the world, then run tasks until told to stop.
+
+    A task is a batch of checks ``(fn, [args, ...])``; each check's result is sent as soon as
+    it is known.  A rank whose check raised goes on to the next check only once every rank
+    has left that check (``shared.progress``): a rank still blocked in one of its collectives
+    must never meet a collective of the next check instead.
+    """
     import torch.distributed as dist
 
     from shardverify.backends.distributed import ProcessCommunicator, build_groups
@@ -96,26 +108,38 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
                                 timeout=datetime.timedelta(seconds=config.collective_timeout))
         groups = build_groups(mesh, rank)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        _reply(conn, "setup", RankResult.failure(rank, exc))
+        _reply(conn, ("setup", 0), RankResult.failure(rank, exc))
         return
-    _reply(conn, "setup", RankResult(rank, True))
+    _reply(conn, ("setup", 0), RankResult(rank, True))
     while True:
         try:
-            task_id, blob = pickle.loads(conn.recv_bytes())
+            task_id, first, count, blob = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             break
         if task_id is None:
             break
         try:
-            fn, args = pickle.loads(blob)
-            comm = ProcessCommunicator(mesh, rank, device, groups, check_metadata=config.check_metadata,
-                                       native_reduce_scatter=config.dist_backend == "nccl", busy=busy)
-            result = RankResult(rank, True, fn(comm, *args))
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            result = RankResult.failure(rank, exc)
-        finally:
-            busy[rank] = 0
-        _reply(conn, task_id, result)
+            fn, items = pickle.loads(blob)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, for every check of the task
+            for index in range(count):
+                _reply(conn, (task_id, index), RankResult.failure(rank, exc))
+            shared.progress[rank] = first + count
+            continue
+        for index, args in enumerate(items):
+            try:
+                comm = ProcessCommunicator(mesh, rank, device, groups, check_metadata=config.check_metadata,
+                                           native_reduce_scatter=config.dist_backend == "nccl",
+                                           busy=shared.busy, where=shared.where)
+                result = RankResult(rank, True, fn(comm, *args))
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                result = RankResult.failure(rank, exc)
+            finally:
+                shared.busy[rank] = 0
+            _reply(conn, (task_id, index), result)
+            shared.progress[rank] = first + index + 1
+            if not result.ok and index + 1 < len(items):
+                while min(shared.progress) < first + index + 1:
+                    time.sleep(0.001)
     dist.destroy_process_group()
 
 
@@ -128,16 +152,27 @@ def _reply(conn: multiprocessing.connection.Connection, key: object, result: Ran
     conn.send_bytes(data)
 
 
+class SharedState:
+    """Shared memory between the pool's parent and workers: who sits inside a collective
+    (``busy``), which one (``where``: member bitmask and call number per rank, for blame),
+    and how many checks each rank has finished (``progress``)."""
+
+    def __init__(self, ctx: Any, world: int) -> None:
+        self.busy = ctx.RawArray("b", world)
+        self.where = ctx.RawArray("q", 2 * world)
+        self.progress = ctx.RawArray("q", world)
+
+
 class _Pool:
     """One generation of worker processes and their pipes."""
 
     def __init__(self, mesh: DeviceMesh, dist_backend: str, devices: Sequence[str], check_metadata: bool,
                  collective_timeout: float, start_method: str) -> None:
         ctx = multiprocessing.get_context(start_method)
-        if start_method == "forkserver":   # import torch once in the server, not in every worker
-            ctx.set_forkserver_preload([__name__, "torch.distributed"])
+        if start_method == "forkserver":   # import once in the server, not in every worker
+            ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         self.tmpdir = tempfile.mkdtemp(prefix="shardverify-pool-")
-        self.busy = ctx.RawArray("b", mesh.size)
+        self.shared = SharedState(ctx, mesh.size)
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[multiprocessing.connection.Connection] = []
         try:
@@ -145,7 +180,7 @@ class _Pool:
                 config = WorkerConfig(rank, mesh, os.path.join(self.tmpdir, "store"), dist_backend,
                                       devices[rank], check_metadata, os.getpid(), collective_timeout)
                 parent_end, child_end = ctx.Pipe()
-                proc = ctx.Process(target=worker_main, args=(config, child_end, self.busy),
+                proc = ctx.Process(target=worker_main, args=(config, child_end, self.shared),
                                    name=f"shardverify-rank{rank}", daemon=True)
                 proc.start()
                 child_end.close()
@@ -158,9 +193,13 @@ class _Pool:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
+    def dead(self) -> list[int]:
+        """Ranks whose process has exited."""
+        return [rank for rank, proc in enumerate(self.procs) if not proc.is_alive()]
+
     def stop(self, wait: float = 2.0) -> None:
         """Ask the workers to leave, then kill whoever did not."""
-        stop = pickle.dumps((None, None))
+        stop = pickle.dumps((None, None, None, None))
         for conn in self.conns:
             try:
                 conn.send_bytes(stop)
@@ -214,6 +253,8 @@ class ProcessBackend:
         self.starts = 0
         self._pool: _Pool | None = None
         self._task_id = 0
+        self._sequence = 0   # checks sent to the current pool (the workers count their progress in it)
+        self.notices: list[str] = []
         self._lock = threading.Lock()
         self._closed = False
         self._finalizer: weakref.finalize | None = None
@@ -230,12 +271,15 @@ class ProcessBackend:
         if self._pool is not None:
             return self._pool
         began = time.perf_counter()
+        self._sequence = 0
         self._pool = _Pool(self.mesh, self.backend, self.devices, self.check_metadata,
                            collective_timeout=max(self.timeout, 60.0), start_method=self.start_method)
         # kill the workers if this backend is dropped unclosed, or at interpreter exit
         self._finalizer = weakref.finalize(self, self._pool.kill)
         limit = max(STARTUP_TIMEOUT, self.timeout)
-        self._collect("setup", time.monotonic() + limit, "start-up", limit)
+        outcome = self._collect("setup", 1, "start-up", limit)[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
         self.startup_seconds = time.perf_counter() - began
         self.starts += 1
         return self._pool
@@ -271,76 +315,155 @@ class ProcessBackend:
 
         ``fn`` and ``args`` are pickled once (``fn`` by reference: a module-level function).
         """
+        outcome = self.run_batch(fn, [args], timeout=timeout)[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def run_batch(self, fn: Callable[..., Any], items: Sequence[tuple], *,
+                  timeout: float | None = None) -> list[list[Any] | BackendError]:
+        """``fn(comm, *args)`` on every rank for each ``args`` of ``items``, sent to the workers
+        as one message.  Per item: the values indexed by rank, or the BackendError ``run``
+        would have raised for it; each item has the whole ``timeout`` from the moment the one
+        before it finished.  When a failure costs the pool, the items after it run on the
+        rebuilt pool."""
         check_fn(fn)
         timeout = check_timeout(timeout, self.timeout)
-        try:
-            blob = pickle.dumps((fn, args))
-        except Exception as exc:  # noqa: BLE001
-            raise BackendError(f"cannot send {_name(fn)} and its args to the workers: {exc} "
-                               f"(fn must be a module-level function, args picklable)") from exc
+        items = [tuple(args) for args in items]
+        outcomes: list[list[Any] | BackendError] = []
         with self._lock:
-            pool = self._ensure_pool()
-            self._task_id += 1
-            message = pickle.dumps((self._task_id, blob))
-            try:
-                for conn in pool.conns:
-                    conn.send_bytes(message)
-            except OSError:
-                pass   # a dead worker: _collect reports it
-            results = self._collect(self._task_id, time.monotonic() + timeout, _name(fn), timeout)
-            return [r.value for r in results]
+            while len(outcomes) < len(items):
+                rest = items[len(outcomes):]
+                try:
+                    blob = pickle.dumps((fn, rest))
+                except Exception as exc:  # noqa: BLE001
+                    raise BackendError(f"cannot send {_name(fn)} and its args to the workers: {exc} "
+                                       f"(fn must be a module-level function, args picklable)") from exc
+                pool = self._ensure_pool()
+                if pool.dead():   # killed between checks: not the next check's fault
+                    self._note(f"worker(s) of rank(s) {pool.dead()} were found dead before "
+                               f"{_name(fn)} started (exit codes "
+                               f"{[pool.procs[r].exitcode for r in pool.dead()]}); the pool was rebuilt")
+                    self._teardown()
+                    pool = self._ensure_pool()
+                self._task_id += 1
+                first = self._sequence
+                self._sequence += len(rest)
+                message = pickle.dumps((self._task_id, first, len(rest), blob))
+                try:
+                    for conn in pool.conns:
+                        conn.send_bytes(message)
+                except OSError:
+                    pass   # a dead worker: _collect reports it
+                outcomes += self._collect(self._task_id, len(rest), _name(fn), timeout)
+        return outcomes
 
-    def _collect(self, key: object, deadline: float, what: str, timeout: float) -> list[RankResult]:
-        """Wait for every rank's answer to ``key``.  On failure raise a death if any, else the
-        lowest rank's error, tearing the pool down unless every rank still answered."""
+    def _note(self, text: str) -> None:
+        self.notices.append(text)
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
+
+    def take_notices(self) -> list[str]:
+        """What happened to the pool outside any check since the last call (and is no check's
+        fault), e.g. a worker found dead and replaced; the verifier adds it to the next result."""
+        found, self.notices = self.notices, []
+        return found
+
+    def _collect(self, key: object, count: int, what: str, timeout: float) -> list[list[Any] | BackendError]:
+        """Every rank's answer to each of the ``count`` items of task ``key``, item after item.
+        An item's outcome is its values, or on failure a death if any, else the lowest rank's
+        error.  The pool is torn down (and the outcomes end there) unless every rank answered."""
         pool = self._pool
         assert pool is not None
-        pending = set(self.mesh.ranks)
-        results: dict[int, RankResult] = {}
-        failure: BaseException | None = None
-        grace_end: float | None = None
-        broken = False   # a rank died: the others cannot finish
+        replies: list[dict[int, RankResult]] = [{} for _ in range(count)]
+        outcomes: list[list[Any] | BackendError] = []
         try:
-            while pending and not broken:
-                left = (deadline if grace_end is None else min(deadline, grace_end)) - time.monotonic()
-                if left <= 0:
+            for index in range(count):
+                outcome, keep = self._collect_one(pool, key, index, replies, what, timeout)
+                outcomes.append(outcome)
+                if not keep:
+                    self._teardown()
                     break
-                conns = {pool.conns[r]: r for r in pending}
-                sentinels = {pool.procs[r].sentinel: r for r in pending}
-                ready = multiprocessing.connection.wait([*conns, *sentinels], timeout=left)
-                for rank in sorted({conns.get(obj, sentinels.get(obj)) for obj in ready}):
-                    conn = pool.conns[rank]
-                    try:
-                        if not conn.poll():   # only the sentinel fired: nothing left to read
-                            raise EOFError
-                        got_key, result = pickle.loads(conn.recv_bytes())
-                    except (EOFError, OSError):   # the process is gone (its last answers were read)
-                        pool.procs[rank].join(1.0)
-                        if not isinstance(failure, RankDied):   # a death explains its peers' errors
-                            failure = RankDied(rank, pool.procs[rank].exitcode, what)
-                        broken = True
-                        continue
-                    if got_key != key:
-                        continue   # an answer to an earlier, abandoned task
-                    results[rank] = result
-                    pending.discard(rank)
-                    if not result.ok:   # report the lowest failing rank: deterministic
-                        if failure is None or (isinstance(failure, RankError) and rank < failure.rank):
-                            failure = result.error()
-                        grace_end = grace_end or time.monotonic() + self.grace
         except BaseException:   # Ctrl-C or an internal error: the pool's state is unknown
             self._teardown()
             raise
+        return outcomes
+
+    def _collect_one(self, pool: _Pool, key: object, index: int, replies: list[dict[int, RankResult]],
+                     what: str, timeout: float) -> tuple[list[Any] | BackendError, bool]:
+        """Wait for item ``index``; returns its outcome and whether the pool is still sound."""
+        deadline = time.monotonic() + timeout
+        pending = set(self.mesh.ranks) - set(replies[index])
+        failure: BackendError | None = None
+        for rank in sorted(set(self.mesh.ranks) - pending):
+            failure = _worse(failure, replies[index][rank])
+        grace_end: float | None = None if failure is None else time.monotonic() + self.grace
+        broken = False   # a rank died: the others cannot finish
+        while pending and not broken:
+            left = (deadline if grace_end is None else min(deadline, grace_end)) - time.monotonic()
+            if left <= 0:
+                break
+            conns = {pool.conns[r]: r for r in pending}
+            sentinels = {pool.procs[r].sentinel: r for r in pending}
+            ready = multiprocessing.connection.wait([*conns, *sentinels], timeout=left)
+            for rank in sorted({conns.get(obj, sentinels.get(obj)) for obj in ready}):
+                conn = pool.conns[rank]
+                try:
+                    while conn.poll():   # read everything this rank has sent so far
+                        (got_key, got_index), result = pickle.loads(conn.recv_bytes())
+                        if got_key == key and got_index < len(replies):
+                            replies[got_index][rank] = result
+                    if rank not in replies[index] and not pool.procs[rank].is_alive():
+                        raise EOFError
+                except (EOFError, OSError):   # the process is gone (its last answers were read)
+                    pool.procs[rank].join(1.0)
+                    if rank in replies[index]:
+                        pending.discard(rank)
+                        failure = _worse(failure, replies[index][rank])
+                    if not isinstance(failure, RankDied):   # a death explains its peers' errors
+                        failure = RankDied(rank, pool.procs[rank].exitcode, what)
+                    broken = True
+                    continue
+                if rank in replies[index]:
+                    pending.discard(rank)
+                    failure = _worse(failure, replies[index][rank])
+                    if failure is not None and grace_end is None:
+                        grace_end = time.monotonic() + self.grace
         if failure is not None:
-            if pending or broken or key == "setup":
-                self._teardown()
-            raise failure
+            return failure, not (pending or broken or key == "setup")
         if pending:   # blame ranks busy outside collectives; a pure deadlock blames all
             late = sorted(pending)
-            culprits = [r for r in late if not pool.busy[r]] or late
-            self._teardown()
-            raise RankTimeout(tuple(culprits), timeout, what)
-        return [results[r] for r in self.mesh.ranks]
+            culprits = [r for r in late if not pool.shared.busy[r]] or late
+            absent, where = _never_entered(self.mesh, pool.shared, late)
+            return RankTimeout(tuple(culprits), timeout, what, never_entered=absent, detail=where), False
+        return [replies[index][r].value for r in self.mesh.ranks], True
+
+
+def _worse(failure: BackendError | None, result: RankResult) -> BackendError | None:
+    """The failure to report: a death wins, else the lowest failing rank (deterministic)."""
+    if result.ok or isinstance(failure, RankDied):
+        return failure
+    if failure is None or (isinstance(failure, RankError) and result.rank < failure.rank):
+        return result.error()
+    return failure
+
+
+def _never_entered(mesh: DeviceMesh, shared: SharedState, late: list[int]) -> tuple[tuple[int, ...], str]:
+    """For a timeout: the members of each collective the late ranks wait in that never entered
+    it (from the member bitmask and call number each rank publishes on entering)."""
+    inside: dict[tuple[int, int], list[int]] = {}
+    for rank in late:
+        mask, call = shared.where[2 * rank], shared.where[2 * rank + 1]
+        if shared.busy[rank] and mask:
+            inside.setdefault((mask, call), []).append(rank)
+    absent, lines = set(), []
+    for (mask, call), ranks in sorted(inside.items()):
+        members = [r for r in mesh.ranks if mask >> r & 1]
+        missing = [r for r in members if r not in ranks]
+        if missing:
+            absent.update(missing)
+            lines.append(f"rank(s) {ranks} wait in collective call {call} on group {members}; "
+                         f"rank(s) {missing} never entered it")
+    return tuple(sorted(absent)), "; ".join(lines)
 
 
 def _rank_devices(mesh: DeviceMesh, backend: str, device: str | None, device_ids: Sequence[int] | None) -> list[str]:

@@ -5,6 +5,10 @@ call, waits for the whole group, then reads everybody's payload and computes its
 result, so the semantics (blocking, group order, agreement) match real process groups and
 the same SPMD code runs on both.  Point-to-point sends block until received, as on gloo.
 
+Only one rank runs at a time: a rank holds the turn until it blocks in a collective or ends,
+then the next runnable rank takes it.  The ranks share one GIL anyway; letting them all run
+would only make every tensor op (each releases the GIL) a thread switch.
+
 Each rank thread disables autograd's multithreaded backward for itself, so the backward of
 a differentiable collective runs on the rank's own thread, even for CUDA tensors (the
 engine's shared device threads would otherwise deadlock waiting for the other ranks).
@@ -13,11 +17,10 @@ engine's shared device threads would otherwise deadlock waiting for the other ra
 from __future__ import annotations
 
 import collections
-import copy
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,6 +33,7 @@ from shardverify.backends.base import (
     describe,
     disagreement,
     p2p_mismatch,
+    private_copy,
     reduce_tensors,
 )
 from shardverify.errors import BackendError, RankTimeout
@@ -55,43 +59,115 @@ class _Letter:
         self.taken = False
 
 
-class _Exchange:
-    """The rendezvous of one run: collective slots, mailboxes, abort flag, busy ranks."""
+class _Turns:
+    """Who may run: only the rank holding the turn does.
 
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
+    It keeps the turn until it must wait (a collective whose members have not all arrived,
+    a send not yet received, a receive with nothing posted) or its task ends; then the turn
+    goes to the next rank, in rank order, whose wait is over.  Each rank sleeps on its own
+    condition, so a hand-over wakes exactly one thread.  One ``_Turns`` serves every check
+    of a batch; each check has its own ``_Exchange``.
+    """
+
+    def __init__(self, world: int) -> None:
+        self.lock = threading.Lock()
+        self.conds = [threading.Condition(self.lock) for _ in range(world)]
+        self.blocked: dict[int, Callable[[], bool]] = {}   # rank -> what it waits for
+        self.waiting: set[int] = set()   # ranks blocked in a collective (or for the turn) right now
+        self.holder: int | None = None   # the rank whose turn it is to run
+        self.world = world
+
+    def wake_all(self) -> None:
+        """Lock held: let every sleeping rank look at its exchange again (after an abort)."""
+        for cond in self.conds:
+            cond.notify_all()
+
+    def _pass(self, rank: int) -> None:
+        """Hand the turn (held by ``rank``, lock held) to the next rank whose wait is over."""
+        self.holder = None
+        for step in range(1, self.world + 1):
+            other = (rank + step) % self.world
+            ready = self.blocked.get(other)
+            if ready is not None and ready():
+                self.holder = other
+                self.conds[other].notify()
+                return
+
+    def wait(self, rank: int, ready: Callable[[], bool], exchange: Any) -> None:
+        """Block (lock held) until ``ready()`` and this rank's turn; unwinds when ``exchange``
+        (an _Exchange, or a _Batch between checks) is aborted."""
+        def over() -> bool:
+            return ready() or (exchange is not None and exchange.aborted)
+
+        if exchange is not None and exchange.aborted:
+            raise _Aborted()
+        if self.holder in (None, rank) and ready():
+            self.holder = rank
+            return
+        self.blocked[rank] = over
+        self.waiting.add(rank)
+        try:
+            if self.holder in (rank, None):   # nobody else runs: wake whoever can go on
+                self._pass(rank)
+            while True:
+                if exchange is not None and exchange.aborted:
+                    if self.holder == rank:
+                        self._pass(rank)
+                    raise _Aborted()
+                if self.holder == rank:
+                    break
+                if self.holder is None and over():
+                    self.holder = rank
+                    continue
+                self.conds[rank].wait()
+        finally:
+            del self.blocked[rank]
+            self.waiting.discard(rank)
+
+    def take(self, rank: int) -> None:
+        """Wait for this rank's turn (before its tasks run)."""
+        with self.lock:
+            self.wait(rank, lambda: True, None)
+
+    def release(self, rank: int) -> None:
+        with self.lock:
+            if self.holder == rank:
+                self._pass(rank)
+
+
+class _Exchange:
+    """The rendezvous of one check: collective slots, mailboxes, abort flag."""
+
+    def __init__(self, turns: _Turns) -> None:
+        self.turns = turns
+        self.lock = turns.lock
         self.slots: dict[tuple, dict[int, tuple[str, Any]]] = {}
         self.reads: collections.Counter = collections.Counter()
         self.mail: dict[tuple[int, int], collections.deque[_Letter]] = collections.defaultdict(collections.deque)
-        self.waiting: set[int] = set()   # ranks blocked in a collective right now
+        self.entered: dict[int, tuple] = {}   # rank -> (slot key, group, desc) of the collective it waits in
         self.aborted = False
 
     def abort(self) -> None:
-        with self.cond:
+        with self.lock:
             self.aborted = True
-            self.cond.notify_all()
+            self.turns.wake_all()
 
     def _wait(self, rank: int, ready: Callable[[], bool]) -> None:
-        """Block (holding ``cond``) until ``ready()``; unwinds when the run is aborted."""
-        self.waiting.add(rank)
-        try:
-            while not ready():
-                if self.aborted:
-                    raise _Aborted()
-                self.cond.wait()
-        finally:
-            self.waiting.discard(rank)
+        self.turns.wait(rank, ready, self)
 
     def gather(self, key: tuple, group: tuple[int, ...], rank: int, desc: str, payload: Any) -> list[Any]:
         """Deposit, wait for the group, return every payload in group order (after
         checking that all members made the same call)."""
-        with self.cond:
+        with self.lock:
             if self.aborted:
                 raise _Aborted()
             slot = self.slots.setdefault(key, {})
             slot[rank] = (desc, payload)
-            self.cond.notify_all()
-            self._wait(rank, lambda: len(slot) == len(group))
+            self.entered[rank] = (key, group, desc)
+            try:
+                self._wait(rank, lambda: len(slot) == len(group))
+            finally:
+                self.entered.pop(rank, None)
             entries = [slot[r] for r in group]
             self.reads[key] += 1
             if self.reads[key] == len(group):
@@ -102,22 +178,33 @@ class _Exchange:
         return [entry[1] for entry in entries]
 
     def post(self, src: int, dst: int, letter: _Letter) -> None:
-        with self.cond:
+        with self.lock:
             if self.aborted:
                 raise _Aborted()
             self.mail[(src, dst)].append(letter)
-            self.cond.notify_all()
             self._wait(src, lambda: letter.taken)
 
     def take(self, src: int, dst: int, check: Callable[[_Letter], str | None]) -> _Letter:
-        with self.cond:
+        with self.lock:
             box = self.mail[(src, dst)]
             self._wait(dst, lambda: bool(box))
             letter = box.popleft()
             letter.error = check(letter)
             letter.taken = True
-            self.cond.notify_all()
             return letter
+
+    def never_entered(self) -> tuple[tuple[int, ...], str]:
+        """For a timeout (lock held): the members of the collectives ranks wait in that never
+        entered them, and a text naming both sides."""
+        lines, absent = [], set()
+        for key, group, desc in sorted({(k, g, d) for k, g, d in self.entered.values()}, key=repr):
+            inside = sorted(r for r, (k, _, _) in self.entered.items() if k == key)
+            missing = sorted(r for r in group if r not in inside)
+            absent.update(missing)
+            if missing:
+                lines.append(f"rank(s) {inside} wait in {desc} (call {key[1]} on group {list(key[0])}); "
+                             f"rank(s) {missing} never entered it")
+        return tuple(sorted(absent)), "; ".join(lines)
 
 
 class SimulatedCommunicator(CommunicatorBase):
@@ -188,21 +275,23 @@ class _RankThread:
             task()
 
 
-class _Run:
-    """Outcomes of one run, filled in by the rank threads."""
+class _Batch:
+    """Outcomes of one batch of checks, filled in by the rank threads."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, size: int) -> None:
         self.cond = threading.Condition()
-        self.results: dict[int, RankResult | None] = {}   # None: unwound by an abort
-        self.failures: list[RankResult] = []               # in the order they happened
+        self.results: list[dict[int, RankResult | None]] = [{} for _ in range(size)]   # None: aborted
+        self.failed: list[bool] = [False] * size
+        self.cancelled = False   # the caller gave up on this batch: ranks stop at the next check
         self.world = world
 
-    def finish(self, rank: int, result: RankResult | None) -> None:
+    def finish(self, index: int, rank: int, result: RankResult | None) -> None:
         with self.cond:
-            self.results[rank] = result
-            if result is not None and not result.ok:
-                self.failures.append(result)
-            self.cond.notify_all()
+            self.results[index][rank] = result
+            failed = result is not None and not result.ok
+            self.failed[index] = self.failed[index] or failed
+            if failed or len(self.results[index]) == self.world:   # what the caller waits for
+                self.cond.notify_all()
 
     def wait(self, until: Callable[[], bool], deadline: float) -> bool:
         with self.cond:
@@ -213,19 +302,24 @@ class _Run:
                 self.cond.wait(left)
             return True
 
-    def all_done(self) -> bool:
-        return len(self.results) == self.world
+    @property
+    def aborted(self) -> bool:   # read by _Turns.wait like an exchange's flag
+        return self.cancelled
 
-    def pending(self) -> list[int]:
-        return [r for r in range(self.world) if r not in self.results]
+    def done(self, index: int) -> bool:
+        return len(self.results[index]) == self.world
+
+    def pending(self, index: int) -> list[int]:
+        return [r for r in range(self.world) if r not in self.results[index]]
 
 
 class SimulatedBackend:
     """Run SPMD checks on a simulated mesh: one thread per rank, all on ``device``.
 
-    ``timeout`` (seconds) bounds every ``run``; a rank that raises aborts the others'
-    collectives at once.  Each rank gets its own deep copy of ``args``, as it would
-    across processes.  The backend stays usable after any failure.
+    ``timeout`` (seconds) bounds every check; a rank that raises aborts the others'
+    collectives of that check at once.  Each rank gets its own deep copy of ``args``, as it
+    would across processes (frozen values, which cannot change, are shared).  The backend
+    stays usable after any failure.
     """
 
     def __init__(self, mesh: DeviceMesh, device: torch.device | str = "cpu", timeout: float = 30.0) -> None:
@@ -251,55 +345,106 @@ class SimulatedBackend:
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
         """``fn(comm, *args)`` on every rank; the list of return values, indexed by rank."""
+        outcome = self.run_batch(fn, [args], timeout=timeout)[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def run_batch(self, fn: Callable[..., Any], items: Sequence[tuple], *,
+                  timeout: float | None = None) -> list[list[Any] | BackendError]:
+        """``fn(comm, *args)`` on every rank for each ``args`` of ``items``, one check after
+        the other, in one hand-over to the rank threads.  Per item: the values indexed by
+        rank, or the BackendError that ``run`` would have raised for it; each item has the
+        whole ``timeout`` from the moment the one before it finished."""
         check_fn(fn)
         timeout = check_timeout(timeout, self.timeout)
+        items = [tuple(args) for args in items]
         if threading.current_thread().name.startswith("shardverify-rank"):
             raise BackendError("SimulatedBackend.run cannot be called from inside a rank")
+        outcomes: list[list[Any] | BackendError] = []
         with self._lock:
-            if self._closed:
-                raise BackendError("this SimulatedBackend is closed")
-            self._start_threads()
-            exchange, run = _Exchange(), _Run(self.mesh.size)
-            for rank, worker in enumerate(self._threads):
-                worker.tasks.put(self._task(fn, copy.deepcopy(args), rank, exchange, run))
-            try:
-                finished = run.wait(lambda: run.all_done() or bool(run.failures),
-                                    time.monotonic() + timeout)
-                with exchange.cond, run.cond:   # who was inside a collective when time ran out
-                    blocked, late = set(exchange.waiting), run.pending()
-                if not finished or run.failures:
+            while len(outcomes) < len(items):   # a timeout abandons the rest; they run again
+                if self._closed:
+                    raise BackendError("this SimulatedBackend is closed")
+                outcomes += self._run_batch(fn, items[len(outcomes):], timeout)
+        return outcomes
+
+    def _run_batch(self, fn, items: list[tuple], timeout: float) -> list[list[Any] | BackendError]:
+        """Run ``items`` until the first timeout (included in the outcomes, the rest is not)."""
+        self._start_threads()
+        turns = _Turns(self.mesh.size)
+        exchanges = [_Exchange(turns) for _ in items]
+        batch = _Batch(self.mesh.size, len(items))
+        for rank, worker in enumerate(self._threads):
+            copies = [private_copy(args) for args in items]
+            worker.tasks.put(self._task(fn, copies, rank, turns, exchanges, batch))
+        outcomes: list[list[Any] | BackendError] = []
+        try:
+            for index, exchange in enumerate(exchanges):
+                finished = batch.wait(lambda: batch.done(index) or batch.failed[index],
+                                      time.monotonic() + timeout)
+                with turns.lock, batch.cond:   # who was inside a collective when time ran out
+                    blocked, late = set(turns.waiting), batch.pending(index)
+                    absent, where = exchange.never_entered()
+                if not finished or batch.failed[index]:
                     exchange.abort()
-                    run.wait(run.all_done, time.monotonic() + GRACE_SECONDS)
-            except BaseException:   # Ctrl-C while waiting: unblock the ranks, then propagate
-                exchange.abort()
-                raise
-            with run.cond:
-                stuck = run.pending()
-                failures = list(run.failures)
-                results = dict(run.results)
-            for rank in stuck:      # still running user code: abandon the thread, start a new one later
-                self._threads[rank].tasks.put(None)
-                self._threads[rank] = None
-            if failures:   # the lowest failing rank: deterministic when several fail alike
-                raise min(failures, key=lambda f: f.rank).error()
-            if not finished:   # blame ranks busy outside collectives; a pure deadlock blames all
-                culprits = [r for r in late if r not in blocked] or late
-                raise RankTimeout(tuple(culprits), timeout, _name(fn))
-            return [results[rank].value for rank in range(self.mesh.size)]
+                    batch.wait(lambda: batch.done(index), time.monotonic() + GRACE_SECONDS)
+                with batch.cond:
+                    stuck = batch.pending(index)
+                    results = dict(batch.results[index])
+                failures = [r for r in results.values() if r is not None and not r.ok]
+                if failures:   # the lowest failing rank: deterministic when several fail alike
+                    outcomes.append(min(failures, key=lambda f: f.rank).error())
+                elif not finished:   # blame ranks busy outside collectives; a pure deadlock blames all
+                    culprits = [r for r in late if r not in blocked] or late
+                    outcomes.append(RankTimeout(tuple(culprits), timeout, _name(fn),
+                                                never_entered=absent, detail=where))
+                else:
+                    outcomes.append([results[rank].value for rank in range(self.mesh.size)])
+                if stuck:   # still running user code: abandon the batch and those threads
+                    self._abandon(batch, exchanges, stuck)
+                    break
+        except BaseException:   # Ctrl-C while waiting: unblock the ranks, then propagate
+            self._abandon(batch, exchanges, [])
+            raise
+        return outcomes
 
-    def _task(self, fn, args, rank, exchange, run) -> Callable[[], None]:
-        comm = SimulatedCommunicator(self.mesh, rank, self.device, exchange)
+    def _abandon(self, batch: _Batch, exchanges: list[_Exchange], stuck: list[int]) -> None:
+        with batch.cond:
+            batch.cancelled = True
+        for exchange in exchanges:
+            exchange.abort()
+        for rank in stuck:   # a new thread takes the rank's place on the next run
+            self._threads[rank].tasks.put(None)
+            self._threads[rank] = None
 
+    def _task(self, fn, items, rank, turns, exchanges, batch) -> Callable[[], None]:
         def task() -> None:
             try:
-                value = fn(comm, *args)
-            except _Aborted:
-                run.finish(rank, None)
-            except BaseException as exc:  # noqa: BLE001 - reported to the caller as RankError
-                run.finish(rank, RankResult.failure(rank, exc))
-                exchange.abort()
-            else:
-                run.finish(rank, RankResult(rank, True, value))
+                turns.take(rank)
+            except _Aborted:   # pragma: no cover - take() never aborts
+                return
+            try:
+                for index, (args, exchange) in enumerate(zip(items, exchanges)):
+                    if batch.cancelled:
+                        return
+                    comm = SimulatedCommunicator(self.mesh, rank, self.device, exchange)
+                    try:
+                        value = fn(comm, *args)
+                    except _Aborted:
+                        batch.finish(index, rank, None)
+                    except BaseException as exc:  # noqa: BLE001 - reported to the caller as RankError
+                        batch.finish(index, rank, RankResult.failure(rank, exc))
+                        exchange.abort()
+                    else:
+                        batch.finish(index, rank, RankResult(rank, True, value))
+                    if index + 1 < len(items):   # no rank starts a check before all left the last
+                        with turns.lock:
+                            turns.wait(rank, lambda: batch.done(index), batch)
+            except _Aborted:   # the batch was given up while this rank waited between checks
+                return
+            finally:
+                turns.release(rank)
 
         return task
 

@@ -44,12 +44,18 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        print(f"error: cannot write the generated files: {exc}", file=sys.stderr)
+        return 1
+    problems = broken_handlers(args.root)
     if args.check:
         for change in changes:
             sys.stdout.write(change.diff())
         for change in changes:
             print(f"{change.status}: {change.path}", file=sys.stderr)
-        if changes:
+        for problem in problems:
+            print(f"broken: {problem}", file=sys.stderr)
+        if changes or problems:
             print("generated files are out of date; run `shardverify generate`", file=sys.stderr)
             return 1
         print("generated files are up to date", file=sys.stderr)
@@ -57,6 +63,20 @@ def run(args: argparse.Namespace) -> int:
     verbs = {"missing": "created", "stale": "updated", "orphan": "removed orphan"}
     for change in changes:
         print(f"{verbs[change.status]} {change.path}")
+    for problem in problems:   # as found when this process imported shardverify
+        print(f"note: at start-up {problem}; `shardverify generate --check` confirms the repair",
+              file=sys.stderr)
     if not changes:
         print("generated files are up to date")
     return 0
+
+
+def broken_handlers(root: Path) -> list[str]:
+    """The generated handlers of this checkout that did not register when shardverify was
+    imported (stale or conflicting files), when `root` is the checkout that was imported."""
+    import shardverify.handlers as handlers
+
+    package_dir = Path(handlers.__file__).resolve().parent / "generated"
+    if (root / "shardverify" / "handlers" / "generated").resolve() != package_dir:
+        return []
+    return handlers.handler_problems()

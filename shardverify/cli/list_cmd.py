@@ -5,19 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shardverify.cli.generate_cmd import add_location_options
+from shardverify.cli.generate_cmd import add_location_options, broken_handlers
 from shardverify.codegen.generate import InvalidSpecs, load_specs, spec_sources
 from shardverify.errors import SpecError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("list", help="list specs: ops, targets, generators, grid sizes",
-                                   description="List every spec with its kind and summary.")
+                                   description="List every spec with its kind and summary, and warn about "
+                                               "op cases that only the replicated strategy covers on a mesh.")
     add_location_options(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from shardverify.cli.verify_cmd import coverage_warnings
+
     try:
         parsed = load_specs(spec_sources(args.root, args.specs_dir))
     except InvalidSpecs as exc:
@@ -32,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
         summary = source.kind.summary(spec) if source.kind.summary else {}
         for column, text in summary.items():
             print(f"    {column + ':':<11} {text}")
-    if not parsed:
-        print(f"no specs in {specs_dir}")
+        if source.kind.name == "op":
+            for warning in coverage_warnings(spec):
+                print(f"    warning: {warning}")
+    for problem in broken_handlers(args.root):
+        print(f"warning: {problem}; run `shardverify generate`", file=sys.stderr)
     return 0

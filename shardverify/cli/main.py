@@ -9,7 +9,7 @@ import os
 import sys
 
 # Subcommand modules, in the order `--help` lists them.
-SUBCOMMANDS = ("verify", "generate", "list", "explore", "audit")
+SUBCOMMANDS = ("verify", "generate", "list", "explore", "audit", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -70,9 +70,10 @@ def parse_timeout(text: str) -> float:
 
 def load_op_specs(root: Path, specs_dir: Path | None, names: list[str]) -> list:
     """The parsed op specs (all, or the named ones); SpecError on a missing or invalid spec."""
-    from shardverify.codegen.generate import load_specs, spec_sources
+    from shardverify.codegen.generate import load_specs, select_specs, spec_folder_sources
 
-    sources = spec_sources(root, specs_dir, names)
+    folder = spec_folder_sources(root, specs_dir)
+    sources = select_specs(folder, names) if names else folder
     if names:
         others = [s.display for s in sources if s.kind.name != "op"]
         if others:
@@ -80,7 +81,45 @@ def load_op_specs(root: Path, specs_dir: Path | None, names: list[str]) -> list:
                             f"is a {sources[0].kind.name if len(others) == 1 else 'non-op'} spec")
     else:
         sources = [s for s in sources if s.kind.name == "op"]
-    return [spec for _, spec in load_specs(sources)]
+    return [spec for _, spec in load_specs(sources, context=folder if names else None)]
+
+
+# ------------------------------------------------------------------------------ coverage
+
+def only_replicated(strategies) -> bool:
+    """No strategy shards anything: the case checks no sharding at all on that mesh."""
+    return all(not spec.dim_partition for s in strategies for _, spec in s.sharding_specs)
+
+
+def replicated_warning(case_id: str, mesh: tuple[int, ...]) -> str:
+    return (f"{case_id} on mesh {list(mesh)}: only the replicated strategy exists, so no sharding is "
+            "verified (the grid's shapes may not divide by the mesh axes, or the generator has no "
+            "sharded strategy for this case)")
+
+
+def coverage_warnings(spec) -> list[str]:
+    """For `shardverify list`: each (case, mesh) of an op spec whose strategies shard nothing,
+    or that cannot even be built (then `verify` reports it as a failed row)."""
+    from shardverify.api import strategies_for_node
+    from shardverify.mesh import DeviceMesh
+
+    quiet_tracing()
+    warnings = []
+    for case_id, case in spec.op_cases():
+        try:
+            graph_module, node_name = case.build()
+        except Exception as exc:  # noqa: BLE001 - any failure is reported, the listing goes on
+            warnings.append(f"{case_id}: cannot be built: {describe_error(exc)}")
+            continue
+        for mesh in spec.verify.meshes:
+            try:
+                strategies = strategies_for_node(graph_module, node_name, DeviceMesh(mesh))
+            except Exception as exc:  # noqa: BLE001
+                warnings.append(f"{case_id} on mesh {list(mesh)}: no strategies: {describe_error(exc)}")
+                continue
+            if only_replicated(strategies):
+                warnings.append(replicated_warning(case_id, mesh))
+    return warnings
 
 
 # ------------------------------------------------------------------------------ running
@@ -96,18 +135,21 @@ class Row:
     failures: int = 0
     seconds: float = 0.0
     error: str = ""
+    warning: str = ""
     results: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "verified": self.verified,
                 "failures": self.failures, "seconds": round(self.seconds, 4), "error": self.error or None,
+                "warning": self.warning or None,
                 "checks": [r.to_json() for r in self.results]}
 
 
 class Progress:
     """A one-line progress indicator on stderr, only when stderr is a terminal."""
 
-    def __init__(self, total: int, stream=sys.stderr) -> None:
+    def __init__(self, total: int, stream=None) -> None:
+        stream = sys.stderr if stream is None else stream   # looked up now: it may have been replaced
         self.total, self.done, self.stream = total, 0, stream
         self.enabled = total > 1 and hasattr(stream, "isatty") and stream.isatty()
 
@@ -142,6 +184,7 @@ def make_backend(kind: str, mesh_shape: tuple[int, ...], device: str | None, tim
 def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] | None, *,
                  device: str | None = None, timeout: float = 60.0, progress: Progress | None = None) -> list[Row]:
     """Verify every case of every spec on every mesh; one backend per mesh shape, reused."""
+    from shardverify.api import strategies_for_node
     from shardverify.verify.engine import verify_case
 
     plan = [(spec, case_id, case, mesh) for spec in specs for case_id, case in spec.op_cases()
@@ -153,13 +196,19 @@ def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] |
         for spec, case_id, case, mesh in plan:
             row = Row(spec.name, case_id, tuple(mesh))
             progress.show(f"{spec.name} {case_id} mesh {list(mesh)}")
-            if mesh not in backends:   # a backend that cannot be built ends the run (caller reports it)
-                backends[mesh] = make_backend(backend_kind, mesh, device, timeout)
             start = time.perf_counter()
             try:
-                row.results = verify_case(backends[mesh], case, timeout=timeout)
-            except ShardVerifyError as exc:
-                row.error = f"{type(exc).__name__}: {exc}"
+                backend = _backend_for(backends, backend_kind, tuple(mesh), device, timeout)
+                graph_module, node_name = case.build()
+                _check_case_size(case, graph_module)
+                strategies = strategies_for_node(graph_module, node_name, backend.mesh)
+                if only_replicated(strategies):
+                    row.warning = replicated_warning(case_id, tuple(mesh))
+                row.results = verify_case(backend, case, strategies, timeout=timeout)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one case that cannot run fails its row, not the run
+                row.error = describe_error(exc)
             row.seconds = time.perf_counter() - start
             row.verified = len(row.results)
             row.failures = sum(not r.passed for r in row.results) + bool(row.error)
@@ -168,8 +217,70 @@ def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] |
     finally:
         progress.close()
         for backend in backends.values():
-            backend.close()
+            if backend is not None:
+                backend.close()
     return rows
+
+
+class _NoPrintedTraceback:
+    """Stands in for the ``traceback`` module inside torch's ShapeProp, which prints the
+    traceback of an op that fails to trace before re-raising it with the cause attached:
+    the CLI reports that cause on the case's row, and prints no traceback."""
+
+    @staticmethod
+    def print_exc(*args, **kwargs) -> None:
+        return None
+
+
+def quiet_tracing() -> None:
+    from torch.fx.passes import shape_prop
+
+    if hasattr(shape_prop, "traceback"):
+        shape_prop.traceback = _NoPrintedTraceback   # type: ignore[attr-defined]
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception and its causes, one clause each: shardverify's own messages in full,
+    others by their first line (torch wraps the real cause, e.g. an IndexError, in a long
+    tracing message that embeds a traceback of its own)."""
+    clauses, seen = [], set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(clauses) < 4:
+        seen.add(id(current))
+        text = str(current).strip()
+        if not isinstance(current, ShardVerifyError):
+            text = text.splitlines()[0][:300] if text else ""
+        clauses.append(f"{type(current).__name__}: {text}" if text else type(current).__name__)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return "; caused by ".join(clauses)
+
+
+def _backend_for(backends: dict, kind: str, mesh: tuple[int, ...], device: str | None, timeout: float):
+    """The backend of a mesh, built once; a mesh that is too big, or a backend that cannot be
+    built, fails every row on that mesh with the same error (and the run goes on)."""
+    from shardverify.codegen.limits import MAX_MESH_RANKS
+
+    if mesh not in backends:
+        backends[mesh] = None
+        too_big = MAX_MESH_RANKS.exceeded(math.prod(mesh))
+        if too_big:
+            raise ShardVerifyError(f"mesh {list(mesh)}: {too_big}")
+        backends[mesh] = make_backend(kind, mesh, device, timeout)
+    if backends[mesh] is None:
+        raise ShardVerifyError(f"no backend for mesh {list(mesh)} (it failed to start for an earlier case)")
+    return backends[mesh]
+
+
+def _check_case_size(case, graph_module) -> None:
+    """Every tensor the case builds (inputs, module weights) within MAX_TENSOR_ELEMENTS,
+    checked on the meta-traced graph before any real memory is allocated."""
+    from shardverify.codegen.limits import tensor_size_problems
+
+    shapes = [(f"parameter {name}", tuple(t.shape)) for name, t in graph_module.named_parameters()]
+    shapes += [(f"input {decl.name}", tuple(decl.shape)) for decl in case.inputs]
+    problems = tensor_size_problems(shapes)
+    if problems:
+        raise ShardVerifyError("; ".join(problems))
 
 
 def _runnable(meshes, backend_kind: str) -> list:
@@ -197,6 +308,7 @@ def format_table(rows: list[Row]) -> str:
 def run(args: argparse.Namespace) -> int:
     from shardverify.verify.report import format_results
 
+    quiet_tracing()
     try:
         specs = load_op_specs(args.root, args.specs_dir, args.specs)
     except SpecError as exc:
@@ -205,6 +317,10 @@ def run(args: argparse.Namespace) -> int:
     if not specs:
         print("error: no op specs to verify", file=sys.stderr)
         return 1
+    from shardverify.cli.generate_cmd import broken_handlers
+
+    for problem in broken_handlers(args.root):
+        print(f"warning: {problem}; run `shardverify generate`", file=sys.stderr)
     meshes = args.mesh
     total = sum(len(spec.cases()) * len(meshes or _runnable(spec.verify.meshes, args.backend)) for spec in specs)
     if total == 0:
@@ -232,9 +348,12 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 1 if failed else 0
     print(format_table(rows))
+    warnings = [f"warning: {row.op} {row.warning}" for row in rows if row.warning]
+    if warnings:
+        print("\n" + "\n".join(warnings))
     for row in rows:
         if row.error:
-            print(f"\n{row.op} {row.case} on mesh {row.mesh}: {row.error}")
+            print(f"\n{row.op} {row.case} on mesh {row.mesh}: FAILED: {row.error}")
         if any(not r.passed for r in row.results):
             print("\n" + format_results(row.results))
     verdict = "FAILED" if failed else "passed"

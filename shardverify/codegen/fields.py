@@ -19,7 +19,7 @@ from shardverify.errors import SpecError
 from shardverify.names import resolve_dotted
 
 __all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "resolve_target", "type_name",
-           "check_type", "describe", "finite_number", "lookup"]
+           "check_type", "describe", "finite_number", "lookup", "MAX_NAME_CHARS"]
 
 _TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
                float: "a number", bool: "a boolean", type(None): "null"}
@@ -107,6 +107,8 @@ class Fields:
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: Longest op, operand, parameter or option name: names become file names and code.
+MAX_NAME_CHARS = 64
 
 
 def as_identifier(node: Node) -> str:
@@ -114,6 +116,8 @@ def as_identifier(node: Node) -> str:
     check_type(node, str)
     value = node.value
     assert isinstance(value, str)
+    if len(value) > MAX_NAME_CHARS:
+        raise node.error(f"the name {value[:40]!r}... has {len(value)} characters; at most {MAX_NAME_CHARS}")
     if not _IDENTIFIER.match(value) or keyword.iskeyword(value):
         raise node.error(f"expected a Python identifier (letters, digits, '_', not a keyword), got {value!r}")
     return value
@@ -167,7 +171,7 @@ def resolve_target(node: Node) -> str:
     code) and private names are refused (they are not a stable surface to verify)."""
     check_type(node, str)
     name = str(node.value)
-    if not _DOTTED.match(name):
+    if len(name) > 200 or not _DOTTED.match(name):
         raise node.error(f"expected a dotted name such as 'torch.sum' (no private parts), got {name!r}")
     if name.split(".")[0] != "torch":
         raise node.error(f"target {name!r} is not under 'torch'; expected e.g. 'torch.sum', "

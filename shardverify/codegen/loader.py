@@ -8,13 +8,26 @@ using its constructor, which silently lets a duplicate key overwrite the first o
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 import yaml
 
 from shardverify.errors import SpecError
 
-__all__ = ["Node", "load_yaml", "load_yaml_text"]
+__all__ = ["Node", "load_yaml", "load_yaml_text", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_INT_BITS",
+           "MAX_STRING_CHARS"]
+
+# Limits on what a spec file may hold: far above any real spec, low enough that a hostile
+# one ends in a SpecError instead of a RecursionError, a memory blow-up or a huge literal
+# written into generated code (documented in specs/README.md).
+MAX_FILE_BYTES = 1 << 20        # 1 MiB
+MAX_DEPTH = 32                  # nested mappings and lists
+MAX_INT_BITS = 64               # integers fit a signed 64-bit value
+MAX_STRING_CHARS = 4096         # one string value
+# Characters YAML does not allow or that only hide things: C0 controls but tab, newline and
+# carriage return; DEL; C1 controls; bidi overrides; the BOM anywhere but the start.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ufeff\ufffe\uffff]")
 
 
 @dataclass(frozen=True)
@@ -69,16 +82,24 @@ def _mark_line(mark: object) -> int | None:
 
 def load_yaml_text(text: str, file: str) -> Node:
     """Parse YAML text (named `file` in messages) into a Node tree; see `load_yaml`."""
-    loader = _Loader(text)
+    text = text.removeprefix("\ufeff")
+    _check_characters(text, file)
+    try:
+        _check_depth(text, file)
+        loader = _Loader(text)
+    except yaml.MarkedYAMLError as exc:
+        raise _syntax_error(exc, file) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"invalid YAML: {exc}", file=file) from None
     try:
         try:
             root = loader.get_single_node()
         except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            reason = " ".join(part for part in (exc.context, exc.problem) if part)
-            raise SpecError(f"invalid YAML: {reason}", file=file, line=_mark_line(mark)) from None
+            raise _syntax_error(exc, file) from None
         except yaml.YAMLError as exc:
             raise SpecError(f"invalid YAML: {exc}", file=file) from None
+        except RecursionError:
+            raise SpecError(f"the YAML nests deeper than {MAX_DEPTH} levels", file=file) from None
         if root is None:
             raise SpecError("the file is empty; expected a mapping", file=file, line=1)
         return _convert(loader, root, file, "", None)
@@ -86,16 +107,59 @@ def load_yaml_text(text: str, file: str) -> Node:
         loader.dispose()
 
 
+def _syntax_error(exc: yaml.MarkedYAMLError, file: str) -> SpecError:
+    mark = exc.problem_mark or exc.context_mark
+    reason = " ".join(part for part in (exc.context, exc.problem) if part)
+    return SpecError(f"invalid YAML: {reason}", file=file, line=_mark_line(mark))
+
+
+def _check_characters(text: str, file: str) -> None:
+    """Control characters are errors, named by code point and line, before YAML sees them."""
+    found = _CONTROL.search(text)
+    if found:
+        line = text.count("\n", 0, found.start()) + 1
+        raise SpecError(f"control character U+{ord(found.group()):04X} is not allowed in a spec",
+                        file=file, line=line)
+
+
+def _check_depth(text: str, file: str) -> None:
+    """Nesting deeper than MAX_DEPTH is an error found from the event stream (which, unlike
+    composing the tree, does not recurse), so no spec can exhaust the stack."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise SpecError(f"the YAML nests deeper than {MAX_DEPTH} levels", file=file,
+                                line=_mark_line(event.start_mark))
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            raise SpecError(f"YAML aliases (*{event.anchor}) are not supported; write the value out",
+                            file=file, line=_mark_line(event.start_mark))
+
+
 def load_yaml(path: str | os.PathLike[str], *, display: str | None = None) -> Node:
     """Read one YAML file strictly: syntax errors, duplicate keys, non-string keys, tags and
     merge keys are SpecErrors naming the file and line. `display` is the file name used in
     messages (default: the path as given)."""
     name = display if display is not None else os.fspath(path)
+    if os.path.islink(path):
+        raise SpecError("the spec is a symbolic link; specs must be regular files (copy it instead)",
+                        file=name)
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read the file: {exc}", file=name) from None
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"cannot read the file: {exc.strerror or exc}", file=name) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SpecError(f"the file is larger than {MAX_FILE_BYTES} bytes", file=name)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SpecError(f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x})", file=name,
+                        line=line) from None
     return load_yaml_text(text, name)
 
 
@@ -137,9 +201,17 @@ def _convert(loader: _Loader, node: yaml.Node, file: str, path: str, key_line: i
         return Node(items, file, line, path, key_line)
     if node.tag not in _PLAIN_TAGS:
         raise SpecError(f"YAML tag {node.tag!r} is not allowed", file=file, line=line, field=path or None)
+    shown = node.value if len(node.value) <= 40 else node.value[:40] + "..."
+    if len(node.value) > MAX_STRING_CHARS:
+        raise SpecError(f"a value of {len(node.value)} characters is longer than the limit of "
+                        f"{MAX_STRING_CHARS}", file=file, line=line, field=path or None)
     try:
         value = loader.construct_object(node, deep=True)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"invalid YAML scalar {node.value!r}: {exc}", file=file, line=line,
+    except (yaml.YAMLError, ValueError, OverflowError) as exc:   # ValueError: int beyond 4300 digits
+        reason = exc if isinstance(exc, yaml.YAMLError) else "not a representable number"
+        raise SpecError(f"invalid YAML scalar {shown!r}: {reason}", file=file, line=line,
                         field=path or None) from None
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() >= MAX_INT_BITS:
+        raise SpecError(f"integer {shown} does not fit in {MAX_INT_BITS} bits", file=file, line=line,
+                        field=path or None)
     return Node(value, file, line, path, key_line)

@@ -9,6 +9,7 @@ See specs/README.md for the format.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from shardverify.codegen.fields import (
     Fields, as_dtype, as_identifier, as_shape, check_type, describe, finite_number, resolve_target)
 from shardverify.codegen.fields import lookup
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
+from shardverify.codegen.limits import MAX_CASES, MAX_MESH_RANKS, tensor_size_problems
 from shardverify.codegen.loader import Node
 from shardverify.codegen.render import Renderer
 
@@ -289,6 +291,7 @@ def _parse_grid(node: Node) -> tuple[tuple[str, tuple[Literal, ...]], ...]:
     grid = []
     for key, values in _names(node):
         check_type(values, list)
+        _within(values, [MAX_CASES.exceeded(len(values.value))])   # before the pairwise duplicate check
         if not values.value:
             raise values.error(f"grid values for '{key}' are empty; list at least one value")
         literals = tuple(_literal(item) for item in values.value)  # type: ignore[union-attr]
@@ -439,10 +442,19 @@ def parse_op_spec(root: Node) -> OpSpec:
     verify = _parse_verify(verify_node, targets, operands, params)
     from shardverify.audit.accept import parse_audit
     accept = parse_audit(audit_node, roles, dict(verify.grid))
+    points = math.prod(len(values) for _, values in verify.grid)
+    _within(verify_node, [MAX_CASES.exceeded(len(targets) * points)])
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
                   description=str(desc_node.value) if desc_node else "", audit_accept=accept,
                   audited=audit_node is not None)
+
+
+def _within(node: Node, problems: list[str]) -> None:
+    """A SpecError at ``node`` for the first limit exceeded (see codegen/limits.py)."""
+    for problem in problems:
+        if problem:
+            raise node.error(problem)
 
 
 def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,
@@ -490,6 +502,7 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
         shape = as_shape(fi.required("shape", list))
         dtype_node = fi.optional("dtype", str)
         fi.finish()
+        _within(value, tensor_size_problems([(f"input '{role}'", shape)]))
         inputs.append(InputSpec(role, shape, as_dtype(dtype_node) if dtype_node else "float32"))
     given = {i.role for i in inputs}
     for o in operands:
@@ -543,6 +556,7 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
     meshes: list[tuple[int, ...]] = []
     for item in meshes_node.value:  # type: ignore[union-attr]
         mesh = as_shape(item, allow_empty=False)
+        _within(item, [MAX_MESH_RANKS.exceeded(math.prod(mesh))])
         if mesh in meshes:
             raise item.error(f"mesh {list(mesh)} is listed twice")
         meshes.append(mesh)

@@ -16,7 +16,7 @@ Options (all op knowledge stays in the handler's data):
 from __future__ import annotations
 
 from shardverify.errors import HandlerError, StrategyError
-from shardverify.generators.common import make_strategy
+from shardverify.generators.common import compute_cost, make_strategy
 from shardverify.generators.registry import GeneratorContext, register_generator
 from shardverify.sharding import ShardingSpec
 from shardverify.strategy import ShardingStrategy
@@ -77,6 +77,8 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             out.name: ShardingSpec.from_partition(ctx.mesh.shape, out.shape, out_part),
         }
         name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}_{index}"
-        work = specs[inp.name].local_numel()
-        strategies.append(make_strategy(ctx, name, operands, specs, (), (work, work)))
+        # FlopCounterMode counts only ops of two or more tensors (matmul, conv, attention), never a
+        # one-tensor op: the rule's figure is the larger local operand (the verifier re-checks it)
+        compute = compute_cost(0, [specs[inp.name].local_numel(), specs[out.name].local_numel()])
+        strategies.append(make_strategy(ctx, name, operands, specs, (), compute))
     return strategies

@@ -39,7 +39,7 @@ import itertools
 import math
 
 from shardverify.errors import ShardingNotDivisibleError, StrategyError
-from shardverify.generators.common import make_strategy
+from shardverify.generators.common import compute_cost, make_strategy
 from shardverify.generators.registry import GeneratorContext, register_generator
 from shardverify.sharding import DimSpec, ShardingSpec
 from shardverify.strategy import (
@@ -140,9 +140,9 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
                 actions.append(CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, b, out.name, CommWhere.AFTER))
             m_local = math.prod(specs[inp.name].local_shape()[:-1])
             k_local, n_local = specs[inp.name].local_shape()[-1], specs[out.name].local_shape()[-1]
-            flops = m_local * k_local * n_local
+            compute = compute_cost(2 * m_local * k_local * n_local, ())   # FLOPs of the local matmul
             name = logical_name(a, b, c) + (f"_{dim}" if dim is not None else "")
-            strategy = make_strategy(ctx, name, operands, specs, actions, (flops, 2 * flops))
+            strategy = make_strategy(ctx, name, operands, specs, actions, compute)
             if bias is not None and b:
                 strategy = strategy.replace(post_add=(PostAdd(bias.name, (len(out.shape) - 1,)),))
             strategies.append(strategy)

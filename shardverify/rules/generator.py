@@ -95,7 +95,6 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     mesh_shape = ctx.mesh.shape
     operands = inputs + outputs
     reduce_ops = dict(rule.reduce)
-    sizes = rule.size
     strategies: dict[str, ShardingStrategy] = {}
     for axes in assignments(rule, mesh_shape):
         partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops}
@@ -125,8 +124,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
         if name in strategies:
             continue
-        local = {f: sizes[f] // math.prod(mesh_shape[a] for a in axes.get(f, ())) for f in sizes}
-        work = math.prod(local.values())
-        strategy = make_strategy(ctx, name, operands, specs, actions, (work, 2 * work))
+        # compute cost by the checked rule: the op measured on meta tensors of the local shapes
+        strategy = make_strategy(ctx, name, operands, specs, actions)
         strategies[name] = strategy.replace(post_add=tuple(post_add)) if post_add else strategy
     return list(strategies.values())

@@ -11,6 +11,11 @@ declared communication or memory cost disagrees with what it really needs fails 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
+import math
+import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -21,11 +26,13 @@ import torch
 from shardverify.errors import BackendError, InvalidArgument, RankError, VerificationError
 from shardverify.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 from shardverify.verify.case import OpCase
+from shardverify.verify.costs import OpMeter, communication_mismatches, compute_mismatches
 from shardverify.verify.reference import Reference, as_outputs, call_op, reference
+from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
 from shardverify.verify.report import CheckResult, Mismatch
 from shardverify.verify.tolerance import Tolerance, compare, dtype_from_name, tolerance_for
 
-__all__ = ["RankReport", "rank_check", "verify_strategy", "verify_case", "expected_collectives",
+__all__ = ["RankReport", "OpCallError", "rank_check", "verify_strategy", "verify_case", "expected_collectives",
            "strategy_problems"]
 
 # Collectives each pattern issues in the forward pass and in the backward pass.
@@ -117,9 +124,11 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     ref = reference(case, dtype_from_name(dtype) if dtype is not None else None, torch.device(comm.device))
 
     def tolerance(t: torch.dtype) -> Tolerance:
-        return tol if tol is not None else tolerance_for(t, case.rtol, case.atol)
+        return tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
 
-    leaves, outputs = _local_forward(comm, ref, strategy)
+    traffic_start, meter = Counter(comm.traffic), OpMeter()
+    leaves, outputs = _local_forward(comm, ref, strategy, meter)
+    traffic_fwd = Counter(comm.traffic)
     out_data = strategy.outputs
     found: list[Mismatch] = []
     if len(outputs) != len(out_data):
@@ -131,17 +140,18 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     for index, (data, output) in enumerate(zip(out_data, outputs)):
         spec = strategy.get_sharding_spec_by_name(data.name)
         found += _compare(rank, _output_label(strategy, index), output,
-                          spec.local_shard(ref.outputs[index], mesh, rank), tolerance)
-        shape_ok = shape_ok and tuple(output.shape) == spec.local_shape()
+                          _shard(spec, ref.outputs[index], mesh, rank), tolerance)
+        shape_ok = shape_ok and tuple(output.shape) == _local_shape(spec)
     carrying = [(data, out) for data, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
     differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
-    if differentiable and shape_ok:
+    backward_ran = bool(differentiable and shape_ok)
+    if backward_ran:
         grads = _local_backward(comm, ref, strategy, leaves, differentiable, carrying)
         for data in strategy.inputs:
             if data.name in grads:
                 spec = strategy.get_sharding_spec_by_name(data.name)
-                expected = spec.local_shard(ref.grads[(data.locator.kind, data.locator.key)], mesh, rank)
+                expected = _shard(spec, ref.grads[(data.locator.kind, data.locator.key)], mesh, rank)
                 found += _compare(rank, f"grad of {data.name}", grads[data.name], expected, tolerance)
 
     issued = _counted(comm) - before
@@ -152,21 +162,49 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
             found.append(Mismatch("collectives", rank, "collectives",
                                   detail=f"issued {_format_counts(issued)}; the declared actions "
                                          f"imply {_format_counts(expected)}"))
-    found += _memory_mismatches(strategy, rank, leaves, outputs)
+        elif dtype is None or all(decl.dtype == dtype for decl in case.inputs):
+            # the declared actions ran as declared, on the declared dtypes: their price is the cost
+            found += communication_mismatches(strategy, mesh, rank, traffic_fwd - traffic_start,
+                                              Counter(comm.traffic) - traffic_fwd if backward_ran else None)
+        found += compute_mismatches(strategy, rank, meter.work)
+    found += _memory_mismatches(strategy, rank, leaves, outputs, case)
     return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _slices(spec, mesh, rank: int) -> tuple[slice, ...]:
+    return spec.local_slices(mesh, rank)
+
+
+@functools.lru_cache(maxsize=4096)
+def _local_shape(spec) -> tuple[int, ...]:
+    return spec.local_shape()
+
+
+def _shard(spec, tensor: torch.Tensor, mesh, rank: int) -> torch.Tensor:
+    """``spec.local_shard`` with the slices remembered (every strategy asks for the same few)."""
+    if tuple(tensor.shape) != spec.tensor_shape:
+        return spec.local_shard(tensor, mesh, rank)   # raises, naming both shapes
+    return tensor[_slices(spec, mesh, rank)]
+
+
+@functools.lru_cache(maxsize=256)
+def _tolerance_for(dtype: torch.dtype, rtol: float | None, atol: float | None) -> Tolerance:
+    return tolerance_for(dtype, rtol, atol)
 
 
 def _counted(comm) -> Counter:
     return Counter({key: n for key, n in comm.counts.items() if key[0] in _COUNTED and n})
 
 
-def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[dict, tuple]:
+def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
+                   meter: OpMeter | None = None) -> tuple[dict, tuple]:
     """This rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
-    replaced by zeros), the AFTER actions, then the post-added operands."""
+    replaced by zeros; measured by ``meter``), the AFTER actions, then the post-added operands."""
     from shardverify.collectives.patterns import apply_comm_action
 
     node = ref.node
-    module = copy.deepcopy(ref.graph_module.get_submodule(node.target)) if node.op == "call_module" else None
+    module = _private_module(ref) if node.op == "call_module" else None
     leaves, local, late = {}, {}, {}
     for data in strategy.inputs:
         loc = (data.locator.kind, data.locator.key)
@@ -174,7 +212,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
                                     f"{node.name!r} does not have")
         spec = strategy.get_sharding_spec_by_name(data.name)
-        leaf = spec.local_shard(ref.values[loc].to(ref.dtypes[loc]), comm.mesh, comm.rank).clone()
+        leaf = _shard(spec, ref.typed(loc), comm.mesh, comm.rank).clone()
         leaves[data.name] = leaf.requires_grad_() if leaf.is_floating_point() else leaf
         tensor = leaf
         for action in strategy.communication_actions:
@@ -184,7 +222,11 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
             late[data.name] = tensor
             tensor = torch.zeros_like(tensor.detach())
         local[loc] = tensor
-    outputs = list(as_outputs(node, call_op(node, module, local)))
+    try:
+        outputs = list(as_outputs(node, (meter or OpMeter()).call(call_op, node, module, local,
+                                                                   owned=module is not None)))
+    except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
+        raise OpCallError(_op_context(comm, node, strategy, leaves, local, exc)) from exc
     for index, data in enumerate(strategy.outputs[:len(outputs)]):
         for action in strategy.communication_actions:
             if action.operand == data.name and action.where is CommWhere.AFTER:
@@ -194,6 +236,70 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy) -> tuple[di
             outputs[add.output] = outputs[add.output] + _aligned(late[add.operand], add.dims,
                                                                  outputs[add.output].dim())
     return leaves, tuple(outputs)
+
+
+_OWN = threading.local()
+
+
+def _private_module(ref: Reference) -> torch.nn.Module:
+    """This thread's own copy of the op's module (one per reference and thread, reused by every
+    strategy): ``call_op`` swaps the rank's shards into it, so no two ranks may share one."""
+    cache = getattr(_OWN, "modules", None)
+    if cache is None:
+        cache = _OWN.modules = {}
+    found = cache.get(id(ref))
+    if found is None or found[0] is not ref:
+        if len(cache) >= 8:
+            cache.clear()
+        found = cache[id(ref)] = (ref, copy.deepcopy(ref.graph_module.get_submodule(ref.node.target)))
+    return found[1]
+
+
+class OpCallError(VerificationError):
+    """The op raised on a rank; the message says what each operand looked like when it got there."""
+
+
+def _op_context(comm, node, strategy: ShardingStrategy, leaves: dict, local: dict, exc: Exception) -> str:
+    """The op's error, then for each operand: its layout, the local shard it gave this rank,
+    the BEFORE actions applied, and the shape and dtype that reached the op."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    every = _fails_on_shapes(node, strategy, local)
+    lines = [f"{OP_FAILED} on rank {comm.rank}: {type(exc).__name__}: {reason}"
+             + (f"\n{EVERY_RANK}" if every else "")]
+    for data in strategy.inputs:
+        spec = strategy.get_sharding_spec_by_name(data.name)
+        actions = [f"{a.pattern.name} over mesh axes {a.axes}" + (f" on dims {a.dims}" if a.dims else "")
+                   for a in strategy.communication_actions if a.operand == data.name and a.where is CommWhere.BEFORE]
+        reached = local.get((data.locator.kind, data.locator.key))
+        leaf = leaves.get(data.name)
+        got = "not passed" if reached is None else f"{tuple(reached.shape)} {str(reached.dtype).removeprefix('torch.')}"
+        if strategy.post_added(data.name) is not None:
+            got += " (zeros: added after the op)"
+        lines.append(f"{data.name}: layout {spec} of {tuple(data.shape)} -> local shard "
+                     f"{tuple(leaf.shape) if leaf is not None else '?'}"
+                     + (f", then {', then '.join(actions)}" if actions else ", no actions")
+                     + f" -> reached the op as {got}")
+    return "\n".join(lines)
+
+
+OP_FAILED = "the op raised"
+EVERY_RANK = ("it fails on shapes alone (meta tensors), and every rank's operands reach the op with "
+              "the same shapes, so every rank fails alike")
+
+
+def _fails_on_shapes(node, strategy: ShardingStrategy, local: dict) -> bool:
+    """Whether the op also fails on meta tensors of the same shapes and dtypes. Layouts
+    shard evenly and actions are the same on every rank, so a shape-only failure is every
+    rank's; a value-dependent one (an index out of range) is only known for this rank."""
+    meta = {loc: torch.empty(t.shape, dtype=t.dtype, device="meta") for loc, t in local.items()}
+    module = None
+    if node.op == "call_module":
+        module = copy.deepcopy(node.graph.owning_module.get_submodule(node.target)).to("meta")
+    try:
+        call_op(node, module, meta)
+    except Exception:  # noqa: BLE001 - any failure on meta tensors is a shape failure
+        return True
+    return False
 
 
 def _aligned(tensor: torch.Tensor, dims: tuple[int, ...], out_rank: int) -> torch.Tensor:
@@ -216,7 +322,7 @@ def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, leaves: di
     grad_outs = []
     for data, output in carrying:
         spec = strategy.get_sharding_spec_by_name(data.name)
-        grad_outs.append(spec.local_shard(ref.grad_outputs[index[data.name]], comm.mesh, comm.rank).to(output.dtype))
+        grad_outs.append(_shard(spec, ref.grad_outputs[index[data.name]], comm.mesh, comm.rank).to(output.dtype))
     found = torch.autograd.grad([out for _, out in carrying], [leaves[n] for n in differentiable], grad_outs,
                                 allow_unused=True)
     grads = {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(differentiable, found)}
@@ -232,28 +338,67 @@ def _compare(rank: int, label: str, actual: torch.Tensor, expected: torch.Tensor
     if tuple(actual.shape) != tuple(expected.shape):
         return [Mismatch("shape", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape))]
     tol = tolerance(actual.dtype)
+    if _plainly_close(actual, expected, tol):
+        return []
     found = compare(actual, expected, tol)
     if found.close:
         return []
     return [Mismatch("values", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape),
                      max_abs_err=found.max_abs_err, max_rel_err=found.max_rel_err, rtol=tol.rtol, atol=tol.atol,
-                     dtype=str(actual.dtype).removeprefix("torch."))]
+                     dtype=str(actual.dtype).removeprefix("torch."), detail=found.nonfinite)]
 
 
-def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict,
-                       outputs: tuple) -> list[Mismatch]:
-    """The declared memory cost against the bytes of the shards this rank really holds:
-    forward holds every operand's shard, backward a gradient of each input and parameter."""
+_BOUNDS: dict = {}
+
+
+def _bound(expected: torch.Tensor, tol: Tolerance) -> torch.Tensor | None:
+    """``atol + rtol * |expected|`` for a slice of a reference tensor, remembered per slice
+    (every check of a case compares against the same few slices); None when the slice holds
+    an inf or NaN.  The entry keeps the reference tensor alive, so its memory, and with it
+    the key, cannot be reused by another tensor."""
+    base = expected if expected._base is None else expected._base
+    key = (expected.data_ptr(), tuple(expected.shape), expected.stride(), expected.dtype, tol.rtol, tol.atol)
+    hit = _BOUNDS.get(key)
+    if hit is None or hit[0] is not base:
+        finite = bool(torch.isfinite(expected).all())
+        bound = expected.abs().mul_(tol.rtol).add_(tol.atol) if finite else None
+        if len(_BOUNDS) >= 8192:
+            _BOUNDS.clear()
+        hit = _BOUNDS[key] = (base, bound)
+    return hit[1]
+
+
+def _plainly_close(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> bool:
+    """The cheap path of the common passing comparison: every value finite and within
+    ``atol + rtol * |expected|``, the difference taken in float64.  False only means "ask
+    ``compare``", which alone decides, and reports, everything else (non-finite values too)."""
+    if not (actual.is_floating_point() and expected.dtype == torch.float64) or actual.numel() == 0:
+        return False
+    bound = _bound(expected, tol)
+    if bound is None:
+        return False
+    return bool((torch.sub(actual.detach(), expected).abs_() <= bound).all())   # NaN compares False
+
+
+def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple,
+                       case: OpCase) -> list[Mismatch]:
+    """The declared memory cost against the bytes this rank really holds: forward holds
+    every operand's local shard, backward a gradient of each input and parameter. Sizes come
+    from the real tensors (local shard elements x the traced tensor's element size) and the
+    parameter/activation split from whether the tensor is module state (a parameter or
+    buffer), never from what the strategy says about its operands."""
     from shardverify.strategy import MemoryCost
 
+    real, out_dtypes = _real_operands(case)
     activation = parameter = 0
     for data in strategy.inputs:
-        size = leaves[data.name].numel() * data.itemsize
-        if data.is_param:
+        dtype, is_state = real[(data.locator.kind, data.locator.key)]
+        size = leaves[data.name].numel() * _element_size(dtype)
+        if is_state:
             parameter += size
         else:
             activation += size
-    out_bytes = sum(out.numel() * data.itemsize for out, data in zip(outputs, strategy.outputs))
+    out_bytes = sum(out.numel() * _element_size(dtype) for out, dtype in zip(outputs, out_dtypes))
     fwd = MemoryCost(activation + out_bytes, parameter)
     bwd = MemoryCost(activation, parameter)
     held = (fwd, bwd, fwd + bwd)
@@ -261,9 +406,33 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict,
     problems = [f"{phase}: declared {d.activation} activation + {d.parameter} parameter bytes, "
                 f"local shards hold {h.activation} + {h.parameter}"
                 for phase, d, h in zip(("fwd", "bwd", "total"), declared, held) if d != h]
+    lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in strategy.inputs]
+    lies += list(zip(strategy.outputs, out_dtypes))
+    problems += [f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}"
+                 for data, dtype in lies if data.dtype != dtype]
     if not problems:
         return []
     return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))]
+
+
+def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
+    """({operand locator: (dtype, is module state)}, [dtype of each output]) of the traced
+    harness: the real tensors the strategy describes, whatever dtype a check runs in."""
+    from shardverify.verify.reference import _meta_dtypes, _operand_nodes
+
+    traced, node_name = case.build()
+    node = next(n for n in traced.graph.nodes if n.name == node_name)
+    found = {loc: (arg.meta["tensor_meta"].dtype, arg.op == "get_attr")
+             for loc, arg in _operand_nodes(node).items() if hasattr(arg.meta.get("tensor_meta"), "dtype")}
+    if node.op == "call_module":
+        module = traced.get_submodule(str(node.target))
+        found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})
+        found.update({("buffer", n): (b.dtype, True) for n, b in module.named_buffers()})
+    return found, _meta_dtypes(traced, node_name)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 # ------------------------------------------------------------------------- orchestration
@@ -277,13 +446,30 @@ def _backend_name(backend) -> str:
     return name if device == "cpu" else f"{name}/{device}"
 
 
-def _error_mismatches(error: BackendError) -> list[Mismatch]:
-    ranks = tuple(getattr(error, "ranks", ()) or (getattr(error, "rank", -1),))
-    detail = str(error)
-    if isinstance(error, RankError) and error.traceback_text:
-        tail = [line for line in error.traceback_text.strip().splitlines() if line.strip()][-3:]
-        detail += "\n        " + "\n        ".join(tail)
-    return [Mismatch("error", int(r), "rank", detail=detail) for r in ranks]
+def _error_mismatches(error: BackendError, mesh_ranks: Sequence[int] = ()) -> list[Mismatch]:
+    """One "error" mismatch per failing rank: every rank the backend names (and each failure
+    it carries, when it reports several), with the op's context for a failure inside the op
+    or the last lines of the traceback otherwise."""
+    failures = [e for e in getattr(error, "failures", ()) if isinstance(e, BackendError)] or [error]
+    found, seen = [], set()
+    for failure in failures:
+        ranks = tuple(getattr(failure, "ranks", ()) or (getattr(failure, "rank", -1),))
+        detail = str(failure)
+        if EVERY_RANK in detail and mesh_ranks:
+            ranks = tuple(mesh_ranks)
+        traceback_text = getattr(failure, "traceback_text", "") if isinstance(failure, RankError) else ""
+        if traceback_text and OP_FAILED not in detail:
+            tail = [line for line in traceback_text.strip().splitlines() if line.strip()][-3:]
+            detail += "\n        " + "\n        ".join(tail)
+        detail = detail.replace("\n", "\n        ")
+        first = None
+        for rank in ranks:
+            if int(rank) not in seen:
+                seen.add(int(rank))
+                shown = detail if first is None else f"the same failure as rank {first}"
+                found.append(Mismatch("error", int(rank), "rank", detail=shown))
+                first = int(rank) if first is None else first
+    return found
 
 
 def _run_check(backend, case: OpCase, strategy: ShardingStrategy, dtype: str | None,
@@ -291,52 +477,93 @@ def _run_check(backend, case: OpCase, strategy: ShardingStrategy, dtype: str | N
     try:
         reports = backend.run(rank_check, case, strategy, dtype, tol, timeout=timeout)
     except BackendError as error:
-        return _error_mismatches(error)
+        return _error_mismatches(error, backend.mesh.ranks)
     return [m for report in reports for m in report.mismatches]
+
+
+def _run_checks(backend, case: OpCase, strategies: Sequence[ShardingStrategy], dtype: str | None,
+                tol: Tolerance | None, timeout: float | None) -> list[list[Mismatch]]:
+    """The mismatches of each strategy: one batch (one hand-over to the ranks) where the
+    backend has ``run_batch``, each failure still its own strategy's, each check still under
+    its own timeout."""
+    run_batch = getattr(backend, "run_batch", None)
+    if run_batch is None or len(strategies) < 2:
+        return [_run_check(backend, case, s, dtype, tol, timeout) for s in strategies]
+    outcomes = run_batch(rank_check, [(case, s, dtype, tol) for s in strategies], timeout=timeout)
+    return [_error_mismatches(outcome, backend.mesh.ranks) if isinstance(outcome, BackendError)
+            else [m for report in outcome for m in report.mismatches] for outcome in outcomes]
+
+
+def _checked_dtype(dtype: str | None) -> str | None:
+    if dtype is None:
+        return None
+    if not dtype_from_name(dtype).is_floating_point:
+        raise InvalidArgument(f"dtype must be a floating dtype to run the check in, got {dtype!r}")
+    return str(dtype_from_name(dtype)).removeprefix("torch.")
+
+
+def _check_mesh(backend, strategy: ShardingStrategy) -> None:
+    mesh_shape = tuple(backend.mesh.shape)
+    for name, spec in strategy.sharding_specs:
+        if tuple(spec.mesh_shape) != mesh_shape:
+            raise InvalidArgument(f"strategy {strategy.name!r}: layout of {name!r} is for mesh "
+                                  f"{spec.mesh_shape}, the backend's mesh is {mesh_shape}")
+
+
+def _rounding_suspect(mismatches: Sequence[Mismatch]) -> bool:
+    """Only low-precision value differences, none of them about inf/NaN (those are compared exactly)."""
+    return bool(mismatches) and all(m.kind == "values" and m.dtype != "float64" and not m.detail
+                                    for m in mismatches)
+
+
+def _verdict(mismatches: list[Mismatch], budget: tuple[list[Mismatch], float] | None,
+             recheck: list[Mismatch] | None, shown_dtype: str) -> tuple[list, str]:
+    """Mismatches and note of a check. ``budget``: for a check whose only differences were
+    low-precision values, those beyond BUDGET_FACTOR x the single-device op's own error in that
+    dtype and the worst ratio; ``recheck``: the float64 re-check of a check over budget, which
+    only tells wrong maths from too much rounding."""
+    if budget is None:
+        return mismatches, ""
+    over, worst = budget
+    if not over:
+        return [], (f"{shown_dtype} differences are within {BUDGET_FACTOR:g} x the single-device "
+                    f"op's own {shown_dtype} error (worst ratio {worst:.2g})")
+    if recheck:
+        worst64 = max((m.max_abs_err or 0.0) for m in recheck)
+        return over, f"wrong maths: the float64 re-check fails too (max abs error {worst64:.3g})"
+    return over, (f"too much rounding: exact in float64, but the sharded {shown_dtype} error exceeds "
+                  f"{BUDGET_FACTOR:g} x the single-device op's own {shown_dtype} error")
 
 
 def verify_strategy(backend, case: OpCase, strategy: ShardingStrategy, *, dtype: str | None = None,
                     tol: Tolerance | None = None, timeout: float | None = None) -> CheckResult:
     """Check one strategy on every rank of ``backend``; never raises for a wrong strategy
     (the result says what is wrong), only for a strategy made for another mesh."""
-    mesh_shape = tuple(backend.mesh.shape)
-    for name, spec in strategy.sharding_specs:
-        if tuple(spec.mesh_shape) != mesh_shape:
-            raise InvalidArgument(f"strategy {strategy.name!r}: layout of {name!r} is for mesh "
-                                  f"{spec.mesh_shape}, the backend's mesh is {mesh_shape}")
-    if dtype is not None:
-        if not dtype_from_name(dtype).is_floating_point:
-            raise InvalidArgument(f"dtype must be a floating dtype to run the check in, got {dtype!r}")
-        dtype = str(dtype_from_name(dtype)).removeprefix("torch.")
-    shown_dtype = dtype or case.inputs[0].dtype
-    start = time.perf_counter()
+    return verify_case(backend, case, [strategy], dtype=dtype, tol=tol, timeout=timeout)[0]
 
-    def result(mismatches: Sequence[Mismatch], note: str = "") -> CheckResult:
-        return CheckResult(op=case.op, case=case.describe(), strategy=strategy.name, mesh_shape=mesh_shape,
-                           backend=_backend_name(backend), dtype=shown_dtype, mismatches=tuple(mismatches),
-                           seconds=time.perf_counter() - start, note=note)
 
-    problems = strategy_problems(strategy, len(mesh_shape))
-    if problems:
-        return result([Mismatch("error", -1, "strategy", detail=p) for p in problems])
-    mismatches = _run_check(backend, case, strategy, dtype, tol, timeout)
-    rounding_suspect = mismatches and all(m.kind == "values" and m.dtype != "float64" for m in mismatches)
-    if not rounding_suspect:
-        return result(mismatches)
-    # Low-precision differences may be reordered sums: the same check in float64 decides.
-    recheck = _run_check(backend, case, strategy, "float64", None, timeout)
-    worst = max(m.max_abs_err for m in mismatches)
-    if not recheck:
-        return result([], note=f"{shown_dtype} differences up to {worst:.3g} are rounding: "
-                               "the float64 re-check passed")
-    worst64 = max((m.max_abs_err or 0.0) for m in recheck)
-    return result(mismatches, note=f"not rounding: the float64 re-check fails too (max abs error {worst64:.3g})")
+def _over_budget(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype,
+                 mismatches: Sequence[Mismatch]) -> tuple[list[Mismatch], float]:
+    """The value mismatches beyond BUDGET_FACTOR x the single-device error (+ atol), each
+    restated against its budget, and the worst error/budget ratio seen."""
+    budgets = error_budgets(case, strategy, dtype)
+    over, worst = [], 0.0
+    for m in mismatches:
+        budget = budgets.get(m.tensor, 0.0)
+        allowed = BUDGET_FACTOR * budget + (m.atol or 0.0)
+        worst = max(worst, m.max_abs_err / allowed if allowed > 0 else float("inf"))
+        if m.max_abs_err > allowed:
+            over.append(dataclasses.replace(m, detail=(
+                f"max abs error {m.max_abs_err:.3g} exceeds {BUDGET_FACTOR:g} x {budget:.3g} (the single-device "
+                f"op's own {m.dtype} error) + atol {m.atol or 0.0:.3g}")))
+    return over, worst
 
 
 def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | None = None, *,
                 dtype: str | None = None, tol: Tolerance | None = None, timeout: float | None = None,
                 on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    """Check every strategy (default: all of the op node's strategies on the backend's mesh)."""
+    """Check every strategy (default: all of the op node's strategies on the backend's mesh),
+    the runnable ones dispatched to the ranks as one batch."""
     if strategies is None:
         from shardverify.api import strategies_for_node
 
@@ -346,9 +573,46 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     if not strategies:
         raise VerificationError(f"{case.op}: no strategy to verify for {case.describe()} on mesh "
                                 f"{tuple(backend.mesh.shape)}")
-    results = []
     for strategy in strategies:
-        results.append(verify_strategy(backend, case, strategy, dtype=dtype, tol=tol, timeout=timeout))
+        _check_mesh(backend, strategy)
+    dtype = _checked_dtype(dtype)
+    shown_dtype = dtype or case.inputs[0].dtype
+    mesh_shape = tuple(backend.mesh.shape)
+    start = time.perf_counter()
+    problems = [strategy_problems(s, len(mesh_shape)) for s in strategies]
+    runnable = [s for s, p in zip(strategies, problems) if not p]
+    found = iter(_run_checks(backend, case, runnable, dtype, tol, timeout))
+    mismatches = [[Mismatch("error", -1, "strategy", detail=text) for text in p] if p else next(found)
+                  for p in problems]
+    # Below float64 the budget is the single-device op's own error in that dtype; the float64
+    # re-check (one batch) only tells wrong maths from too much rounding.
+    suspects = [i for i, (m, p) in enumerate(zip(mismatches, problems)) if not p and _rounding_suspect(m)]
+    budgets = {i: _over_budget(case, strategies[i], dtype_from_name(mismatches[i][0].dtype), mismatches[i])
+               for i in suspects}
+    over = [i for i in suspects if budgets[i][0]]
+    rechecks = dict(zip(over, _run_checks(backend, case, [strategies[i] for i in over], "float64", None, timeout)))
+    seconds = (time.perf_counter() - start) / len(strategies)   # a batch's time, shared evenly
+    # what happened to the backend outside any check (a worker found dead and replaced): said,
+    # on the first result, without failing anything
+    incidents = getattr(backend, "take_notices", lambda: [])()
+    results = []
+    for i, strategy in enumerate(strategies):
+        final, note = _verdict(mismatches[i], budgets.get(i), rechecks.get(i), shown_dtype)
+        if i == 0 and incidents:
+            note = "; ".join([*incidents, note] if note else incidents)
+        results.append(CheckResult(op=case.op, case=case.describe(), strategy=strategy.name,
+                                   mesh_shape=mesh_shape, backend=_backend_name(backend), dtype=shown_dtype,
+                                   mismatches=tuple(final), seconds=seconds, note=note))
         if on_result is not None:
             on_result(results[-1])
+    _log_checks(len(results))
     return results
+
+
+def _log_checks(count: int) -> None:
+    """Append the number of checks to $SHARDVERIFY_CHECK_LOG when set (CI sums the lines to
+    print how many strategy checks its suite ran, over every pytest-xdist worker)."""
+    path = os.environ.get("SHARDVERIFY_CHECK_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:   # one short line per write: appends do not interleave
+            log.write(f"{count}\n")

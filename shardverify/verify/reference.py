@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import threading
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx
@@ -35,6 +36,16 @@ class Reference:
     outputs: tuple                   # float64 result(s), in tuple order (one for a single-tensor op)
     grad_outputs: tuple              # float64 gradient per output (rounded through its dtype); None if not floating
     grads: dict                      # Locator -> float64 gradient (floating operands only)
+    # Locator -> the value in its check dtype, filled on first use (every strategy's ranks
+    # slice the same converted tensor instead of converting the whole operand per check)
+    _typed: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def typed(self, loc: Locator) -> torch.Tensor:
+        """The operand at ``loc`` in the dtype the ranks compute in (shared: never modify it)."""
+        found = self._typed.get(loc)
+        if found is None:
+            found = self._typed.setdefault(loc, self.values[loc].to(self.dtypes[loc]))
+        return found
 
     @property
     def output(self) -> torch.Tensor:
@@ -181,9 +192,32 @@ def _set_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> No
         owner._buffers[attr] = value
 
 
-def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict) -> object:
+_LOCATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _module_locators(module: torch.nn.Module) -> tuple:
+    """The locators of the module's parameters and buffers (remembered: walking a module's
+    parameters costs more than the small op under test)."""
+    found = _LOCATORS.get(module)
+    if found is None:
+        found = _LOCATORS[module] = tuple(_module_tensors(module))
+    return found
+
+
+def _put_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> None:
+    """Make ``value`` (any tensor, not necessarily a Parameter) the module's tensor ``dotted``."""
+    owner_name, _, attr = dotted.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    (owner._parameters if attr in owner._parameters else owner._buffers)[attr] = value
+
+
+def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owned: bool = False) -> object:
     """Run the node's op with ``values`` (Locator -> tensor) at its operands; non-tensor
-    arguments are passed as recorded in the node. Returns what the op returns (see as_outputs)."""
+    arguments are passed as recorded in the node. Returns what the op returns (see as_outputs).
+
+    ``owned``: ``module`` is the caller's private copy, so its parameters and buffers are
+    replaced in place (cheap) instead of through ``functional_call`` (which restores them).
+    """
 
     def pick(loc: Locator, recorded: object) -> object:
         if loc in values:
@@ -205,12 +239,17 @@ def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict) -> obje
     if node.op == "call_module":
         assert module is not None
         tensors = {}
-        for loc in _module_tensors(module):
+        for loc in _module_locators(module):
             if loc not in values:
                 raise VerificationError(f"node {node.name!r}: module {loc[0]} {loc[1]!r} has no operand "
                                         "in the strategy, so its layout is undeclared")
             tensors[loc[1]] = values[loc]
-        result = torch.func.functional_call(module, tensors, args, kwargs)
+        if owned:
+            for name, tensor in tensors.items():
+                _put_tensor(module, name, tensor)
+            result = module(*args, **kwargs)
+        else:
+            result = torch.func.functional_call(module, tensors, args, kwargs)
     elif node.op == "call_function":
         result = node.target(*args, **kwargs)
     elif node.op == "call_method":

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 __all__ = ["Mismatch", "CheckResult", "format_results", "assert_passed"]
 
 # Mismatch kinds, in the order a report lists them.
-KINDS = ("error", "shape", "values", "collectives", "memory")
+KINDS = ("error", "shape", "values", "collectives", "memory", "cost")
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,8 @@ class Mismatch:
 
     ``kind``: "values" (numbers out of tolerance), "shape" (the local shard has the wrong
     shape), "collectives" (issued collectives differ from the declared actions), "memory"
-    (declared memory cost differs from the local shard bytes), "error" (the rank raised,
+    (declared memory cost differs from the local shard bytes), "cost" (declared compute or
+    communication cost differs from the measured op call and collectives), "error" (the rank raised,
     died or hung; ``rank`` is -1 when every rank is concerned).
     """
 
@@ -45,8 +46,10 @@ class Mismatch:
     def describe(self) -> str:
         who = "all ranks" if self.rank < 0 else f"rank {self.rank}"
         if self.kind == "values":
-            return (f"{who}: {self.tensor} (local shape {self.actual_shape}, {self.dtype}): "
-                    f"max abs error {self.max_abs_err:.3g}, max rel error {self.max_rel_err:.3g} "
+            where = f"{who}: {self.tensor} (local shape {self.actual_shape}, {self.dtype}): "
+            if self.detail:   # a non-finite disagreement, or a low-precision error budget
+                return where + self.detail
+            return (where + f"max abs error {self.max_abs_err:.3g}, max rel error {self.max_rel_err:.3g} "
                     f"exceed rtol={self.rtol:.3g}, atol={self.atol:.3g}")
         if self.kind == "shape":
             return (f"{who}: {self.tensor}: local shape {self.actual_shape} but the reference slice "

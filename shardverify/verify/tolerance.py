@@ -65,24 +65,58 @@ def tolerance_for(dtype: str | torch.dtype, rtol: float | None = None, atol: flo
 
 @dataclass(frozen=True)
 class Comparison:
-    """The outcome of comparing one tensor with its reference."""
+    """The outcome of comparing one tensor with its reference; ``nonfinite`` describes the
+    first non-finite disagreement (inf against a number, +inf against -inf, NaN where the
+    reference is not NaN or the reverse), with its index, when there is one."""
 
     close: bool
     max_abs_err: float
     max_rel_err: float
+    nonfinite: str = ""
+
+
+def _index_of(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        flat_index, rest = divmod(flat_index, size)
+        index.append(rest)
+    return tuple(reversed(index))
+
+
+def _nonfinite_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:
+    """"" when the non-finite values agree exactly (inf with inf of the same sign, NaN with
+    NaN, at the same positions); else what differs at the first such index."""
+    a_nan, e_nan = actual.isnan(), expected.isnan()
+    a_inf, e_inf = actual.isinf(), expected.isinf()
+    bad = (a_inf | e_inf) & (actual != expected)          # inf vs number, or +inf vs -inf
+    bad |= a_nan ^ e_nan                                  # NaN on one side only
+    if not bad.any():
+        return ""
+    flat = int(bad.flatten().nonzero()[0])
+    index = _index_of(flat, tuple(actual.shape))
+    got, want = float(actual.flatten()[flat]), float(expected.flatten()[flat])
+    return (f"{int(bad.sum())} non-finite mismatch(es), first at index {list(index)}: "
+            f"got {got!r}, expected {want!r}")
 
 
 def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Comparison:
-    """Compare in float64 (``expected`` is the float64 reference); shapes must already match."""
+    """Compare in float64 (``expected`` is the float64 reference); shapes must already match.
+
+    Finite values must be within ``tol``; non-finite values must agree exactly: an inf
+    matches only an inf of the same sign at the same position, a NaN only a NaN at the same
+    position (an op whose reference legitimately has NaN, log of a negative number, passes
+    when the sharded run has NaN exactly there)."""
     actual = actual.detach().to(torch.float64)
     expected = expected.detach().to(torch.float64)
     if actual.numel() == 0:
         return Comparison(True, 0.0, 0.0)
-    diff = (actual - expected).abs()
-    nonfinite = ~torch.isfinite(actual)
-    if nonfinite.any():  # NaN or inf where the reference is finite is never close
-        diff = torch.where(nonfinite & torch.isfinite(expected), torch.full_like(diff, float("inf")), diff)
-        diff = torch.nan_to_num(diff, nan=float("inf"))
-    bound = tol.atol + tol.rtol * expected.abs()
-    rel = diff / expected.abs().clamp_min(torch.finfo(torch.float64).tiny)
-    return Comparison(bool((diff <= bound).all()), float(diff.max()), float(rel.max()))
+    both_finite = torch.isfinite(actual) & torch.isfinite(expected)
+    nonfinite = "" if bool(both_finite.all()) else _nonfinite_mismatch(actual, expected)
+    zero = torch.zeros((), dtype=torch.float64)
+    diff = torch.where(both_finite, actual - expected, zero).abs()
+    bound = tol.atol + tol.rtol * torch.where(both_finite, expected, zero).abs()
+    rel = diff / torch.where(both_finite, expected, zero).abs().clamp_min(torch.finfo(torch.float64).tiny)
+    max_abs, max_rel = float(diff.max()), float(rel.max())
+    if nonfinite:
+        max_abs = max_rel = float("inf")
+    return Comparison(not nonfinite and bool((diff <= bound).all()), max_abs, max_rel, nonfinite)

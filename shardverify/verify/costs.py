@@ -1,0 +1,148 @@
+"""Checks a strategy's declared compute and communication costs against what the rank really did.
+
+Communication: every collective a rank issues is recorded by its communicator as
+``(kind, axes, payload bytes)`` (``Communicator.traffic``); the verifier prices what was issued
+in the forward pass and in the backward pass with the mesh's alpha-beta model
+(``DeviceMesh.collective_cost``) and compares with the declared ``communication_cost``.
+
+Compute: the real local op call runs under ``torch.utils.flop_counter.FlopCounterMode``
+(:class:`OpMeter`); the figures the strategy must declare follow from the rule
+:func:`shardverify.generators.common.compute_cost` (forward = counted FLOPs / 2, or the numel
+of the largest local operand when the counter does not count the op; backward = 2 x forward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
+
+from shardverify.strategy import ShardingStrategy, TrainCycleItem
+from shardverify.verify.report import Mismatch
+
+__all__ = ["LocalFlopCounter", "OpMeter", "OpWork", "price_traffic", "communication_mismatches", "compute_mismatches",
+           "REL_TOL"]
+
+#: relative tolerance of a cost comparison (the figures are sums of floats added in other orders)
+REL_TOL = 1e-6
+_ABS_TOL = 1e-15
+
+
+class LocalFlopCounter(FlopCounterMode):
+    """``FlopCounterMode`` counting exactly as torch does (its registry, its decompositions) but
+    without its ``ModuleTracker``, whose process-global module hooks would also fire in the other
+    simulated ranks' threads and hang backward hooks on their tensors. Only the global total is
+    kept; the dispatch mode itself is thread-local."""
+
+    def __init__(self) -> None:
+        super().__init__(display=False)
+
+    def __enter__(self) -> LocalFlopCounter:
+        self.flop_counts.clear()
+        self.mode = _FlopCounterMode(self)
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *args: object) -> bool | None:
+        done = self.mode.__exit__(*args)
+        self.mode = None
+        return done
+
+
+@dataclass(frozen=True)
+class OpWork:
+    """What one local op call did: FLOPs as the counter counts them, and the numel of its
+    largest tensor operand (inputs as passed, outputs as returned)."""
+
+    flops: int
+    largest_numel: int
+
+
+class OpMeter:
+    """Wraps the real local op call (``meter.call(fn, *args)``) and keeps its :class:`OpWork`."""
+
+    def __init__(self) -> None:
+        self.work: OpWork | None = None
+
+    def call(self, fn, *args, **kwargs):
+        with LocalFlopCounter() as counter:
+            result = fn(*args, **kwargs)
+        largest = max((t.numel() for t in _tensors((args, kwargs, result))), default=0)
+        self.work = OpWork(int(counter.get_total_flops()), largest)
+        return result
+
+
+def _tensors(value: object) -> Iterable[torch.Tensor]:
+    """Tensors inside nested tuples, lists and dicts (a module's own parameters are not operands:
+    the local call passes the rank's shards in their place)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def price_traffic(mesh, traffic: Counter) -> float:
+    """Seconds of the collectives in ``traffic`` ((kind, axes, payload bytes) -> count)."""
+    return sum(n * mesh.collective_cost(kind, nbytes, axes) for (kind, axes, nbytes), n in traffic.items())
+
+
+def _close(declared: float, expected: float) -> bool:
+    return math.isclose(declared, expected, rel_tol=REL_TOL, abs_tol=_ABS_TOL)
+
+
+def _describe(traffic: Counter) -> str:
+    if not traffic:
+        return "no collectives"
+    return ", ".join(f"{n} x {kind} of {nbytes} B over axes {axes}"
+                     for (kind, axes, nbytes), n in sorted(traffic.items()))
+
+
+def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: Counter,
+                             bwd: Counter | None) -> list[Mismatch]:
+    """The declared communication cost against the priced collectives this rank issued in the
+    forward pass (``fwd``) and the backward pass (``bwd``; None when backward did not run, then
+    only the forward figure is checked)."""
+    expected = {"fwd": price_traffic(mesh, fwd)}
+    if bwd is not None:
+        expected["bwd"] = price_traffic(mesh, bwd)
+        expected["total"] = expected["fwd"] + expected["bwd"]
+    issued = {"fwd": fwd, "bwd": bwd, "total": None}
+    problems = []
+    for phase, want in expected.items():
+        declared = getattr(strategy.communication_cost, phase)
+        if not _close(declared, want):
+            what = f" ({_describe(issued[phase])})" if issued[phase] is not None else ""
+            problems.append(f"{phase}: declared {declared:.6g} s, expected {want:.6g} s for the collectives "
+                            f"issued{what}")
+    if not problems:
+        return []
+    return [Mismatch("cost", rank, "communication cost",
+                     detail=f"strategy {strategy.name!r}: " + "; ".join(problems)
+                            + f" (mesh alpha={mesh.alpha}, beta={mesh.beta})")]
+
+
+def compute_mismatches(strategy: ShardingStrategy, rank: int, work: OpWork | None) -> list[Mismatch]:
+    """The declared compute cost against :func:`~shardverify.generators.common.compute_cost` of
+    the measured local op call."""
+    from shardverify.generators.common import compute_cost
+
+    if work is None:
+        return []
+    want = compute_cost(work.flops, [work.largest_numel])
+    declared: TrainCycleItem = strategy.compute_cost
+    problems = [f"{phase}: declared {getattr(declared, phase):.6g}, expected {getattr(want, phase):.6g}"
+                for phase in ("fwd", "bwd", "total") if not _close(getattr(declared, phase), getattr(want, phase))]
+    if not problems:
+        return []
+    basis = (f"{work.flops} FLOPs counted / 2" if work.flops
+             else f"no FLOPs counted: largest local operand has {work.largest_numel} elements")
+    return [Mismatch("cost", rank, "compute cost",
+                     detail=f"strategy {strategy.name!r}: " + "; ".join(problems) + f" ({basis}; bwd = 2 x fwd)")]

@@ -1,0 +1,79 @@
+"""What a low-precision check may lose: the single-device op's own error in that dtype.
+
+A sharded run in float16 cannot be held to float64 tolerances, and a fixed rtol either
+fails correct strategies (partial sums rounded before they are reduced) or passes sloppy
+ones. So, as PyTorch's own tests do for half precision (a decomposition's error against a
+float64 reference is compared with the original op's error), each output and gradient gets
+a budget: the error of the op run on one device in the check's dtype against the float64
+reference. A strategy fails when its sharded error exceeds ``BUDGET_FACTOR`` times that
+budget (plus the dtype's atol). The factor covers what sharding legitimately adds: each
+partial result rounded once more, and the reduction of the partials in the dtype.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from shardverify.strategy import ShardingStrategy
+from shardverify.verify.case import OpCase, cached
+from shardverify.verify.reference import Reference, as_outputs, call_op, reference
+
+__all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets"]
+
+#: A sharded low-precision result may be this many times as far from the float64
+#: reference as the single-device op in the same dtype (documented in specs/README.md).
+BUDGET_FACTOR = 8.0
+
+_LOCK = threading.Lock()
+_ERRORS: dict = {}
+
+
+def single_device_errors(case: OpCase, dtype: torch.dtype) -> tuple[tuple[float, ...], dict]:
+    """(max abs error of each output, {operand locator: max abs error of its gradient}) of
+    the op run on one CPU device in ``dtype``, against the float64 reference of that dtype."""
+    with _LOCK:
+        return cached(_ERRORS, (case, dtype), lambda: _measure(reference(case, dtype, torch.device("cpu"))))
+
+
+def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
+    node = ref.node
+    module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
+    leaves = {}
+    for loc, value in ref.values.items():
+        leaf = value.to(ref.dtypes[loc])
+        leaves[loc] = leaf.requires_grad_() if leaf.is_floating_point() else leaf
+    outputs = as_outputs(node, call_op(node, module, leaves))
+    out_errors = tuple(_max_abs(out, want) for out, want in zip(outputs, ref.outputs))
+    carrying = [(out, g) for out, g in zip(outputs, ref.grad_outputs) if g is not None and out.requires_grad]
+    wanted = [loc for loc in ref.grads if leaves[loc].requires_grad]
+    grad_errors = {}
+    if carrying and wanted:
+        found = torch.autograd.grad([out for out, _ in carrying], [leaves[loc] for loc in wanted],
+                                    [g.to(out.dtype) for out, g in carrying], allow_unused=True)
+        grad_errors = {loc: _max_abs(torch.zeros_like(leaves[loc]) if g is None else g, ref.grads[loc])
+                       for loc, g in zip(wanted, found)}
+    return out_errors, grad_errors
+
+
+def _max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    diff = (actual.detach().to(torch.float64) - expected.to(torch.float64)).abs()
+    finite = diff[torch.isfinite(diff)]
+    return float(finite.max()) if finite.numel() else 0.0
+
+
+def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype) -> dict[str, float]:
+    """Single-device error by the tensor labels a check reports ("output", "grad of weight")."""
+    out_errors, grad_errors = single_device_errors(case, dtype)
+    outputs = strategy.outputs
+    budgets = {}
+    for index, data in enumerate(outputs):
+        label = "output" if len(outputs) == 1 else f"output {index} ({data.name})"
+        if index < len(out_errors):
+            budgets[label] = out_errors[index]
+    for data in strategy.inputs:
+        loc = (data.locator.kind, data.locator.key)
+        if loc in grad_errors:
+            budgets[f"grad of {data.name}"] = grad_errors[loc]
+    return budgets

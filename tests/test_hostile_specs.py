@@ -1,0 +1,370 @@
+"""Hostile and malformed specs: every one ends in a clear error or an inert generated file.
+
+Each case runs `generate`, `generate --check`, `list` (and `verify` where the spec loads)
+in-process against a temporary git checkout holding a copy of the real specs and generated
+files: the command must not raise (no traceback), must name the problem, and a failing
+command must leave `git status` exactly as it was."""
+
+from __future__ import annotations
+
+import ast
+import re
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardverify.cli.main import main
+
+REPO = Path(__file__).resolve().parents[1]
+SUM = (REPO / "specs" / "sum.yaml").read_text()
+GENERATED = ("shardverify/handlers/generated", "generated_tests")
+
+
+def git(root: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A git checkout with the op specs and their generated files (committed)."""
+    (tmp_path / "specs").mkdir()
+    for name in ("sum.yaml", "linear.yaml"):
+        shutil.copy(REPO / "specs" / name, tmp_path / "specs" / name)
+    for folder in GENERATED:
+        (tmp_path / folder).mkdir(parents=True)
+        for name in ("sum", "linear"):
+            prefix = "test_" if folder == "generated_tests" else ""
+            shutil.copy(REPO / folder / f"{prefix}{name}.py", tmp_path / folder / f"{prefix}{name}.py")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "base")
+    return tmp_path
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    """Run the CLI in-process; any exception escaping it fails the test (it would be a traceback)."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out + err
+
+
+def fails_cleanly(capsys, root: Path, *needles: str, commands=("generate", "check", "list")) -> None:
+    """Every command exits 1 naming each needle, and leaves git status as it was."""
+    before = git(root, "status", "--porcelain", "--untracked-files=all")
+    argv = {"generate": ["generate"], "check": ["generate", "--check"], "list": ["list"],
+            "verify": ["verify", "--mesh", "2"]}
+    for command in commands:
+        code, text = run(capsys, *argv[command], "--root", str(root))
+        assert code == 1, f"{command}: {text}"
+        for needle in needles:
+            assert needle in text, f"{command}: {needle!r} not in\n{text}"
+        assert git(root, "status", "--porcelain", "--untracked-files=all") == before, command
+
+
+def spec(root: Path, text: str | bytes, name: str = "evil.yaml") -> Path:
+    path = root / "specs" / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def op(text: str = SUM, **replace: str) -> str:
+    """sum.yaml renamed to op `evil` with torch.prod targets, then the given replacements."""
+    text = text.replace("op: sum", "op: evil").replace("torch.sum", "torch.prod").replace(
+        "torch.Tensor.sum", "torch.Tensor.prod").replace("torch.Tensor.prod\n", "torch.Tensor.prod\n", 1)
+    for old, new in replace.items():
+        assert old.replace("_", " ") in text or old in text, old
+        text = text.replace(old if old in text else old.replace("_", " "), new)
+    return text
+
+
+# ---------------------------------------------- group 2: two specs claiming one target
+
+def test_a_second_spec_for_a_handled_target_names_both_files(root, capsys):
+    spec(root, SUM.replace("op: sum", "op: mysum"), "mysum.yaml")
+    fails_cleanly(capsys, root, "specs/mysum.yaml", "specs/sum.yaml", "torch.sum",
+                  commands=("generate", "check", "list", "verify"))
+
+
+def test_verify_of_one_named_spec_still_checks_the_others(root, capsys):
+    spec(root, SUM.replace("op: sum", "op: mysum"), "mysum.yaml")
+    code, text = run(capsys, "verify", "mysum", "--root", str(root))
+    assert code == 1 and "specs/sum.yaml" in text and "specs/mysum.yaml" in text and "already handled" in text
+
+
+def test_one_target_under_two_names_is_one_target(root, capsys):
+    spec(root, SUM.replace("op: sum", "op: mysum").replace("  - torch.Tensor.sum\n", "")
+         .replace("torch.sum", "torch.functional.torch.sum"), "mysum.yaml")
+    fails_cleanly(capsys, root, "specs/sum.yaml", "specs/mysum.yaml", "is already handled by",
+                  commands=("check",))
+
+
+def test_a_conflicting_generated_handler_cannot_break_import(root):
+    """Written by an older shardverify: a handler claiming torch.sum next to sum.py. Importing
+    shardverify still works, `generate --check` reports it, `generate` removes it."""
+    bad = (root / GENERATED[0] / "sum.py").read_text().replace("name='sum'", "name='mysum'").replace(
+        "specs/sum.yaml", "specs/mysum.yaml")
+    shutil.copytree(REPO / "shardverify", root / "shardverify", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "generated"))
+    (root / GENERATED[0] / "__init__.py").write_text((REPO / GENERATED[0] / "__init__.py").read_text())
+    (root / GENERATED[0] / "mysum.py").write_text(bad)
+    script = "import shardverify, sys\nfrom shardverify.cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def cli(*argv):
+        done = subprocess.run([sys.executable, "-c", script, *argv, "--root", str(root)], capture_output=True,
+                              text=True, env=env, cwd=root, timeout=300)
+        assert "Traceback" not in done.stdout + done.stderr, done.stderr
+        return done
+
+    checked = cli("generate", "--check")
+    assert checked.returncode == 1
+    assert "is not registered" in checked.stderr and "already handled" in checked.stderr
+    assert "orphan: shardverify/handlers/generated/mysum.py" in checked.stderr
+    fixed = cli("generate")    # its header names specs/mysum.yaml, gone from specs/: removed
+    assert fixed.returncode == 0 and "removed orphan shardverify/handlers/generated/mysum.py" in fixed.stdout
+    again = cli("generate", "--check")
+    assert again.returncode == 0, again.stderr
+
+
+# --------------------------------------- group 3: generate never deletes without a reason
+
+def test_an_empty_specs_dir_is_an_error_and_deletes_nothing(root, tmp_path_factory, capsys):
+    empty = tmp_path_factory.mktemp("empty")
+    for command in (["generate"], ["generate", "--check"], ["list"], ["verify"]):
+        code, text = run(capsys, *command, "--root", str(root), "--specs-dir", str(empty))
+        assert code == 1 and "no spec files" in text
+    assert git(root, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def test_a_missing_specs_dir_is_an_error(root, capsys):
+    code, text = run(capsys, "generate", "--root", str(root), "--specs-dir", str(root / "nope"))
+    assert code == 1 and "no spec folder" in text
+    assert git(root, "status", "--porcelain") == ""
+
+
+def test_another_specs_dir_leaves_files_generated_from_elsewhere(root, tmp_path_factory, capsys):
+    other = tmp_path_factory.mktemp("other")
+    shutil.copy(root / "specs" / "linear.yaml", other / "linear.yaml")
+    code, text = run(capsys, "generate", "--root", str(root), "--specs-dir", str(other))
+    assert "removed" not in text
+    assert (root / "generated_tests/test_sum.py").exists()
+    assert (root / GENERATED[0] / "sum.py").exists()
+
+
+def test_a_deleted_spec_still_has_its_files_removed(root, capsys):
+    (root / "specs" / "sum.yaml").unlink()
+    code, text = run(capsys, "generate", "--root", str(root))
+    assert code == 0 and "removed orphan generated_tests/test_sum.py" in text
+
+
+def test_a_renamed_op_removes_the_files_of_its_old_name(root, capsys):
+    spec(root, SUM.replace("op: sum", "op: total"), "sum.yaml")
+    code, text = run(capsys, "generate", "--root", str(root))
+    assert code == 0, text
+    assert "removed orphan shardverify/handlers/generated/sum.py" in text
+    assert (root / GENERATED[0] / "total.py").exists()
+
+
+# ----------------------------------------------- group 4: malformed input, one SpecError
+
+MALFORMED = {
+    "nul byte": (op().replace("description:", "description: a\x00b\n_x:"), "U+0000", ":6"),
+    "escape char": (op().replace("Sum over", "Sum\x1b[2J over"), "U+001B", ":6"),
+    "bidi override": (op().replace("Sum over", "Sum \u202e over"), "U+202E", ":6"),
+    "deep flow list": (op().replace("dim: [[0, 2], 1, -1, null]", "dim: " + "[" * 5000 + "]" * 5000),
+                       "nests deeper than 32", ""),
+    "deep block mapping": ("op: evil\nx:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 60)) + "  " * 60 + "v\n",
+                           "nests deeper than 32", ""),
+    "5000-digit int": (op().replace("  meshes:", "  seed: " + "9" * 5000 + "\n  meshes:"),
+                       "longer than the limit", ""),
+    "4000-digit int": (op().replace("  meshes:", "  seed: " + "9" * 4000 + "\n  meshes:"),
+                       "does not fit in 64 bits", ""),
+    "int beyond 64 bits": (op().replace("count: 24", "count: 123456789012345678901234567890"),
+                           "does not fit in 64 bits", ""),
+    "300-char op name": (op().replace("op: evil", "op: " + "a" * 300), "at most 64", ":5"),
+    "300-char operand": (op().replace("  input:\n    kind", "  " + "b" * 300 + ":\n    kind"), "at most 64", ""),
+    "huge string": (op().replace("Sum over dims", "x" * 5000), "longer than the limit", ":6"),
+    "not utf-8": (op().encode().replace(b"Sum over", b"Sum \xff over"), "not UTF-8", ":6"),
+    "tab indentation": (op().replace("  input:\n    kind", "\tinput:\n    kind"), "invalid YAML", ""),
+}
+
+
+@pytest.mark.parametrize("text, needle, line", MALFORMED.values(), ids=list(MALFORMED))
+def test_malformed_specs_are_one_spec_error(root, capsys, text, needle, line):
+    spec(root, text)
+    fails_cleanly(capsys, root, "specs/evil.yaml" + line, needle)
+
+
+def test_a_file_over_a_mebibyte_is_refused(root, capsys):
+    spec(root, op() + "#" * (1 << 20) + "\n")
+    fails_cleanly(capsys, root, "specs/evil.yaml", "larger than")
+
+
+@pytest.mark.parametrize("target", ["dangling", "loop", "valid"])
+def test_any_symlinked_spec_is_an_error(root, capsys, target):
+    link = root / "specs" / "evil.yaml"
+    if target == "dangling":
+        link.symlink_to(root / "specs" / "gone.yaml")
+    elif target == "loop":
+        link.symlink_to(link)
+    else:
+        (root.parent / "outside.yaml").write_text(op())
+        link.symlink_to(root.parent / "outside.yaml")
+    fails_cleanly(capsys, root, "specs/evil.yaml", "symbolic link")
+
+
+def test_a_directory_named_like_a_spec_is_an_error(root, capsys):
+    (root / "specs" / "evil.yaml").mkdir()
+    (root / "specs" / "evil.yaml" / "keep").write_text("")
+    fails_cleanly(capsys, root, "specs/evil.yaml", "not a regular file")
+
+
+# ----------------------------------------------------------------------- group 6: limits
+
+def test_a_million_point_grid_is_refused_quickly(root, capsys):
+    grid = "".join(f"    k{i}: [{', '.join(str(v) for v in range(10))}]\n" for i in range(6))
+    text = op().replace("    dim: [[0, 2], 1, -1, null]\n    keepdim: [false, true]\n", grid)
+    text = text.replace("  input:\n    kind: input", "  input:\n    kind: input").replace(
+        "  dim:\n    index: 1", "".join(f"  k{i}:\n    index: {i + 3}\n" for i in range(6)) + "  dim:\n    index: 1")
+    spec(root, text)
+    fails_cleanly(capsys, root, "specs/evil.yaml", "2000000 cases", "exceed the limit of 512",
+                  "SHARDVERIFY_MAX_CASES")
+
+
+def test_a_million_rank_mesh_is_refused(root, capsys):
+    spec(root, op().replace("    - [4]\n", "    - [1000000]\n"))
+    fails_cleanly(capsys, root, "specs/evil.yaml", "1000000 ranks in one mesh exceed the limit of 64",
+                  "SHARDVERIFY_MAX_RANKS")
+
+
+def test_verify_refuses_a_mesh_beyond_the_limit_as_failed_rows(capsys):
+    code, text = run(capsys, "verify", "sum", "--mesh", "1000000", "--root", str(REPO))
+    assert code == 1 and "exceed the limit of 64" in text
+
+
+def test_a_huge_input_is_refused(root, capsys):
+    spec(root, op().replace("shape: [4, 4, 4, 16]", "shape: [100000, 100000, 4, 16]"))
+    fails_cleanly(capsys, root, "specs/evil.yaml", "exceed the limit of 16777216",
+                  "SHARDVERIFY_MAX_TENSOR_ELEMENTS")
+
+
+def test_limits_can_be_raised(root, capsys, monkeypatch):
+    spec(root, op().replace("    - [4]\n", "    - [128]\n"))
+    fails_cleanly(capsys, root, "128 ranks", commands=("check",))
+    monkeypatch.setenv("SHARDVERIFY_MAX_RANKS", "256")
+    code, text = run(capsys, "generate", "--check", "--root", str(root))
+    assert "128 ranks" not in text and "missing: generated_tests/test_evil.py" in text
+
+
+def test_a_bad_limit_override_is_a_clear_error(root, capsys, monkeypatch):
+    monkeypatch.setenv("SHARDVERIFY_MAX_RANKS", "lots")
+    fails_cleanly(capsys, root, "SHARDVERIFY_MAX_RANKS", "not a positive integer", commands=("check", "list"))
+
+
+# ------------------------------------------------ group 5: cases that cannot run
+
+def verify_rows(capsys, root, text):
+    spec(root, text)
+    code, out = run(capsys, "verify", "--root", str(root), "--mesh", "2")
+    return code, out
+
+
+def test_a_target_that_cannot_be_traced_is_a_failed_row(root, capsys):
+    code, out = verify_rows(capsys, root, op().replace("  - torch.prod\n  - torch.Tensor.prod\n",
+                                                       "  - torch.is_tensor\n"))
+    assert code == 1
+    assert "evil torch.is_tensor-dim_1-keepdim_False on mesh (2,): FAILED:" in out
+    assert "\nsum " in out            # the other specs' rows still ran
+    assert git(root, "status", "--porcelain", "--untracked-files=all").strip() == "?? specs/evil.yaml"
+    code, out = run(capsys, "list", "--root", str(root))
+    assert code == 0 and "warning: torch.is_tensor-dim_1-keepdim_False: cannot be built: " in out
+    assert "unexpected keyword argument 'dim'" in out
+
+
+def test_a_grid_value_the_op_rejects_is_a_failed_row(root, capsys):
+    code, out = verify_rows(capsys, root, op().replace("dim: [[0, 2], 1, -1, null]", "dim: [7, 1]"))
+    assert code == 1 and "torch.prod-dim_7" in out and "FAILED" in out
+
+
+def test_a_module_kwarg_the_constructor_rejects_is_a_failed_row(root, capsys):
+    text = (REPO / "specs" / "linear.yaml").read_text().replace("op: linear", "op: linear").replace(
+        "    args: [16, 32]\n", "    args: [16, 32]\n    kwargs:\n      device: nonsense\n")
+    spec(root, text, "linear.yaml")
+    code, out = run(capsys, "verify", "--root", str(root), "--mesh", "4")
+    assert code == 1
+    assert "torch.nn.Linear-bias_False on mesh (4,): FAILED:" in out and "nonsense" in out
+    assert re.search(r"linear +torch.nn.functional.linear-bias_False +4 +\d+ +0 ", out)   # other rows ran
+    assert "passed" not in out.splitlines()[-1]
+
+
+# ------------------------------------- already solid: injections, traversal, tags, aliases
+
+REFUSED = {
+    "op name with code": (op().replace("op: evil", 'op: "x; import os"'), "Python identifier"),
+    "path traversal op": (op().replace("op: evil", "op: ../../etc/passwd"), "Python identifier"),
+    "target outside torch": (op().replace("  - torch.prod\n", "  - os.system\n"), "not under 'torch'"),
+    "private target": (op().replace("  - torch.prod\n", "  - torch._C._nn\n"), "dotted name"),
+    "python tag": (op().replace("description: ", "description: !!python/object/apply:os.system ['true'] #"),
+                   "tag"),
+    "custom tag": (op().replace("description: ", "description: !evil "), "tag"),
+    "alias bomb": ("a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n" + op(), "aliases"),
+    "merge key": (op().replace("  input:\n    kind: input\n", "  base: &m {kind: input}\n  input:\n    <<: *m\n"),
+                  "alias"),
+    "keyword as name": (op().replace("op: evil", "op: import"), "not a keyword"),
+    "infinite tolerance": (op().replace("  meshes:", "  tolerance:\n    rtol: .inf\n  meshes:"), "finite number"),
+    "NaN tolerance": (op().replace("  meshes:", "  tolerance:\n    atol: .nan\n  meshes:"), "finite number"),
+    "NaN grid value": (op().replace("dim: [[0, 2], 1, -1, null]", "dim: [.nan, 1]"), "finite number"),
+}
+
+
+@pytest.mark.parametrize("text, needle", REFUSED.values(), ids=list(REFUSED))
+def test_hostile_values_are_refused(root, capsys, text, needle):
+    spec(root, text)
+    fails_cleanly(capsys, root, "specs/evil.yaml", needle)
+
+
+def test_injection_through_free_text_stays_an_inert_string(root, capsys):
+    payload = '"""; import os; os.system(\'touch pwned\'); x = """'
+    spec(root, op().replace("description: Sum over dims, following the layout of the producing op.",
+                            "description: " + repr(payload).replace("\\'", "''")))
+    code, text = run(capsys, "generate", "--root", str(root))
+    assert code == 0, text
+    for path in (root / GENERATED[0] / "evil.py", root / "generated_tests" / "test_evil.py"):
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert "os" not in names
+    assert not (root / "pwned").exists()
+
+
+@pytest.mark.parametrize("name", ["../../../etc/passwd", "/etc/passwd", "specs/../../x.yaml"])
+def test_path_traversal_in_a_named_spec_is_an_error(root, capsys, name):
+    for command in (["generate", name], ["generate", "--check", name], ["verify", name]):
+        code, text = run(capsys, *command, "--root", str(root))
+        assert code == 1 and "no spec named" in text
+    assert git(root, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+# ------------------------------------------ smaller: shapes that divide no mesh, a warning
+
+def test_a_case_with_only_the_replicated_strategy_is_a_warning(root, capsys):
+    """sum.yaml with odd shapes: the Linear before the sum has only its replicated strategy on
+    a 2 x 2 mesh, so the sum has only one too."""
+    text = SUM.replace("shape: [4, 4, 4, 16]", "shape: [3, 5, 7, 9]").replace("args: [16, 32]", "args: [9, 11]")
+    text = text.replace("    dim: [[0, 2], 1, -1, null]\n    keepdim: [false, true]\n", "    dim: [1]\n    keepdim: [false]\n")
+    text = text.replace("      count: 24\n", "      count: 1\n")
+    spec(root, text, "sum.yaml")
+    code, out = run(capsys, "list", "--root", str(root))
+    assert code == 0
+    assert "warning: torch.sum-dim_1-keepdim_False on mesh [2, 2]: only the replicated strategy exists" in out
+    assert "torch.nn.Linear-bias_False on mesh [2, 2]: only the replicated" not in out   # linear's shapes divide
+    code, out = run(capsys, "verify", "sum", "--root", str(root), "--mesh", "2,2")
+    assert code == 0
+    assert "warning: sum torch.sum-dim_1-keepdim_False on mesh [2, 2]: only the replicated strategy exists" in out
