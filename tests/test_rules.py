@@ -136,12 +136,17 @@ def test_a_contraction_without_its_all_reduce_is_caught():
 
 
 def test_a_broadcast_operand_given_the_wrong_dim_is_caught():
-    # other (16,) broadcasts along x's LAST dim; the rule wrongly aligns it with the first.
+    # other (16,) broadcasts along x's LAST dim; the rule wrongly aligns it with the first. A
+    # shard of `a` then gives y a local shape the op cannot broadcast: the strategy is refused
+    # when its local call is sized up, naming the node and the local shapes.
+    from shardverify.errors import StrategyError
+
     case = OpCase(op="wrong_add", target="torch.add", inputs=(InputDecl("x", (16, 16)), InputDecl("y", (16,))))
     with handler("wrong_add", torch.add, [IN0, IN1, OUT], {"einsum": "a b, a -> a b"}):
-        failed, _ = failures(case)
-    assert failed
-    assert any("output" in r.report() or "grad of" in r.report() for r in failed)
+        graph_module, node = case.build()
+        with pytest.raises(StrategyError, match=r"wrong_add: cannot run node 'add' on meta tensors of the local "
+                                                r"shapes \{'x': \((8|4), 16\), 'y': \((8|4),\)"):
+            strategies_for_node(graph_module, node, DeviceMesh((2, 2)))
 
 
 def test_a_view_map_sending_a_shard_to_the_wrong_dim_is_caught():

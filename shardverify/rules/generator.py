@@ -87,6 +87,21 @@ def _grad_sync(data: OperationData, axes: tuple[int, ...]) -> list[CommAction]:
     return [CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, axes, data.name, where)]
 
 
+def _positions(term, out_term) -> tuple[int, ...]:
+    """Output dim of each dim of an additive operand: where its factor sits in the output (a
+    conv's bias [O] lands on dim 1), a factorless size-1 dim aligned from the right."""
+    where = {dim[0]: j for j, dim in enumerate(out_term) if dim}
+    offset = len(out_term) - len(term)
+    return tuple(where[dim[0]] if dim else i + offset for i, dim in enumerate(term))
+
+
+def _view_safe(rule: Rule, axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]) -> bool:
+    """A view op decides from the local sizes what a size-1 dim is (squeeze drops it): a shard
+    that leaves one element of a larger dim would change the local op, so it is not offered."""
+    sizes = rule.size
+    return all(sizes[f] // math.prod(mesh_shape[a] for a in ax) > 1 for f, ax in axes.items())
+
+
 @register_generator("rules")
 def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     rule, inputs, outputs = bound_rule(ctx)
@@ -96,7 +111,10 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     operands = inputs + outputs
     reduce_ops = dict(rule.reduce)
     strategies: dict[str, ShardingStrategy] = {}
+    view = RuleOptions.from_options(ctx.options).source == "view"
     for axes in assignments(rule, mesh_shape):
+        if view and not _view_safe(rule, axes, mesh_shape):
+            continue
         partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops}
         if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
             continue
@@ -104,9 +122,12 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         specs = {data.name: ShardingSpec.from_partition(mesh_shape, data.shape, _layout(term, axes))
                  for data, term in zip(operands, terms)}
         actions: list[CommAction] = []
-        for data, term in zip(inputs, rule.inputs):
+        for index, (data, term) in enumerate(zip(inputs, rule.inputs)):
             held = {f for dim in term for f in dim}
-            missing = tuple(sorted(a for f, ax in axes.items() if f not in held for a in ax))
+            # an additive operand is added after the partial output is reduced: the reduced
+            # factors' axes leave its gradient whole
+            missing = tuple(sorted(a for f, ax in axes.items() if f not in held for a in ax
+                                   if not (index in rule.additive and f in reduce_ops)))
             actions += _grad_sync(data, missing)
         partial_axes = tuple(sorted(a for f, ax in axes.items() if f in reduce_ops for a in ax))
         post_add: list[PostAdd] = []
@@ -115,9 +136,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             actions += [CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, partial_axes, out.name, CommWhere.AFTER,
                                    op=op) for out in outputs]
             for index in rule.additive:
-                rank = len(inputs[index].shape)
-                out_rank = len(outputs[0].shape)
-                post_add.append(PostAdd(inputs[index].name, tuple(range(out_rank - rank, out_rank))))
+                post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
         name = " x ".join(_seq(specs[d.name]) for d in inputs) + " -> " + \
             ", ".join(_seq(specs[d.name]) for d in outputs)
         if partial_axes:
