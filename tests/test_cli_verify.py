@@ -79,8 +79,8 @@ def test_an_op_without_handler_is_a_failure(tmp_path, capsys):
     specs = tmp_path / "specs"
     specs.mkdir()
     text = (REPO / "specs" / "sum.yaml").read_text()
-    (specs / "mean.yaml").write_text(text.replace("op: sum", "op: mean")
-                                     .replace("torch.sum\n", "torch.mean\n").replace("torch.Tensor.sum", "torch.Tensor.mean"))
+    (specs / "nansum.yaml").write_text(text.replace("op: sum", "op: nansum")
+                                       .replace("torch.sum\n", "torch.nansum\n").replace("torch.Tensor.sum", "torch.Tensor.nansum"))
     assert cli("--specs-dir", str(specs), "--root", str(tmp_path), "--mesh", "4", "--json") == 1
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] is False

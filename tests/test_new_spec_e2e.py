@@ -1,4 +1,4 @@
-"""A newcomer adds torch.mean by copying specs/sum.yaml, generates, and runs the generated
+"""A newcomer adds torch.nansum by copying specs/sum.yaml, generates, and runs the generated
 test to green, all in a temporary copy of the repository."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 # The newcomer's edits to a copy of specs/sum.yaml: the op and its targets (the grid is
 # trimmed only to keep this test quick).
 EDITS = [
-    ("op: sum", "op: mean"),
-    ("  - torch.sum\n", "  - torch.mean\n"),
-    ("  - torch.Tensor.sum\n", "  - torch.Tensor.mean\n"),
+    ("op: sum", "op: nansum"),
+    ("  - torch.sum\n", "  - torch.nansum\n"),
+    ("  - torch.Tensor.sum\n", "  - torch.Tensor.nansum\n"),
     ("    dim: [[0, 2], 1, -1, null]", "    dim: [[0, 2], -1]"),
 ]
 
@@ -48,18 +48,18 @@ def test_a_new_op_spec_generates_and_verifies(tmp_path):
     for old, new in EDITS:
         assert text.count(old) == 1, old
         text = text.replace(old, new)
-    (tmp_path / "specs" / "mean.yaml").write_text(text)
+    (tmp_path / "specs" / "nansum.yaml").write_text(text)
 
     generated = _run(["-m", "shardverify", "generate"], tmp_path, 120)
     assert generated.returncode == 0, generated.stdout + generated.stderr
-    assert "created generated_tests/test_mean.py" in generated.stdout
-    assert "created shardverify/handlers/generated/mean.py" in generated.stdout
-    test_file = tmp_path / "generated_tests" / "test_mean.py"
-    assert "from specs/mean.yaml" in test_file.read_text().splitlines()[0]
+    assert "created generated_tests/test_nansum.py" in generated.stdout
+    assert "created shardverify/handlers/generated/nansum.py" in generated.stdout
+    test_file = tmp_path / "generated_tests" / "test_nansum.py"
+    assert "from specs/nansum.yaml" in test_file.read_text().splitlines()[0]
     checked = _run(["-m", "shardverify", "generate", "--check"], tmp_path, 120)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
-    result = _run(["-m", "pytest", "generated_tests/test_mean.py", "-q", "-rs"], tmp_path, 540)
+    result = _run(["-m", "pytest", "generated_tests/test_nansum.py", "-q", "-rs"], tmp_path, 540)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     passed = re.search(r"(\d+) passed", output)
