@@ -23,23 +23,9 @@ CASES = [
         rtol=None,
         atol=None,
     ),
-    OpCase(
-        op='conv2d',
-        target='torch.nn.Conv2d',
-        inputs=(
-            InputDecl('input', (8, 8, 8, 8), 'float32'),
-        ),
-        params=(),
-        module=ModuleDecl('torch.nn.Conv2d', args=(8, 16, 3), kwargs=(('padding', 1), ('bias', True))),
-        predecessor=None,
-        seed=0,
-        rtol=None,
-        atol=None,
-    ),
 ]
 CASE_IDS = [
     'torch.nn.Conv2d-bias_False',
-    'torch.nn.Conv2d-bias_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -64,7 +50,6 @@ def test_conv2d_process(sv_backend, case, mesh_shape):
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 16, id='torch.nn.Conv2d-bias_False-mesh2x2'),
-    pytest.param(1, (2, 2), 16, id='torch.nn.Conv2d-bias_True-mesh2x2'),
 ]
 
 

@@ -18,7 +18,7 @@ CASES = [
             InputDecl('key', (8, 8, 8, 8), 'float32'),
             InputDecl('value', (8, 8, 8, 8), 'float32'),
         ),
-        params=(('is_causal', False),),
+        params=(('scale', None),),
         module=None,
         predecessor=None,
         seed=0,
@@ -33,7 +33,7 @@ CASES = [
             InputDecl('key', (8, 8, 8, 8), 'float32'),
             InputDecl('value', (8, 8, 8, 8), 'float32'),
         ),
-        params=(('is_causal', True),),
+        params=(('scale', 0.5),),
         module=None,
         predecessor=None,
         seed=0,
@@ -42,8 +42,8 @@ CASES = [
     ),
 ]
 CASE_IDS = [
-    'torch.nn.functional.scaled_dot_product_attention-is_causal_False',
-    'torch.nn.functional.scaled_dot_product_attention-is_causal_True',
+    'torch.nn.functional.scaled_dot_product_attention-scale_None',
+    'torch.nn.functional.scaled_dot_product_attention-scale_0.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -67,8 +67,8 @@ def test_scaled_dot_product_attention_process(sv_backend, case, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 25, id='torch.nn.functional.scaled_dot_product_attention-is_causal_False-mesh2x2'),
-    pytest.param(1, (2, 2), 25, id='torch.nn.functional.scaled_dot_product_attention-is_causal_True-mesh2x2'),
+    pytest.param(0, (2, 2), 25, id='torch.nn.functional.scaled_dot_product_attention-scale_None-mesh2x2'),
+    pytest.param(1, (2, 2), 25, id='torch.nn.functional.scaled_dot_product_attention-scale_0.5-mesh2x2'),
 ]
 
 

@@ -21,6 +21,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(
         ParamDecl(name='is_causal', index=None, keyword='is_causal', default=False),
+        ParamDecl(name='scale', index=None, keyword='scale', default=None),
     ),
     generator='rules',
     options=(('einsum', 'b h s d, b h t d, b h t e -> b h s e'), ('whole', ('d', 't'))),
