@@ -25,7 +25,7 @@ CASES = [
     ),
 ]
 CASE_IDS = [
-    'torch.nn.Conv2d-bias_False',
+    'torch.nn.Conv2d',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -49,7 +49,7 @@ def test_conv2d_process(sv_backend, case, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 16, id='torch.nn.Conv2d-bias_False-mesh2x2'),
+    pytest.param(0, (2, 2), 16, id='torch.nn.Conv2d-mesh2x2'),
 ]
 
 

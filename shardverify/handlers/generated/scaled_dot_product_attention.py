@@ -20,7 +20,6 @@ HANDLER = register_handler(HandlerDef(
                     attribute=None, optional=False, element=None),
     ),
     params=(
-        ParamDecl(name='is_causal', index=None, keyword='is_causal', default=False),
         ParamDecl(name='scale', index=None, keyword='scale', default=None),
     ),
     generator='rules',
