@@ -32,6 +32,17 @@ REL_TOL = 1e-6
 _ABS_TOL = 1e-15
 
 
+def _cpu_flash_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# Kernels torch's counter does not know: the CPU flash attention that scaled_dot_product_attention
+# picks on real CPU tensors (meta tensors take a counted kernel), counted like the GPU flash kernel.
+_EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_sdpa_flop}
+
+
 class LocalFlopCounter(FlopCounterMode):
     """``FlopCounterMode`` counting exactly as torch does (its registry, its decompositions) but
     without its ``ModuleTracker``, whose process-global module hooks would also fire in the other
@@ -39,7 +50,7 @@ class LocalFlopCounter(FlopCounterMode):
     kept; the dispatch mode itself is thread-local."""
 
     def __init__(self) -> None:
-        super().__init__(display=False)
+        super().__init__(display=False, custom_mapping=_EXTRA_FORMULAS)
 
     def __enter__(self) -> LocalFlopCounter:
         self.flop_counts.clear()
