@@ -20,7 +20,7 @@ __all__ = ["SpecKind", "register_spec_kind", "spec_kinds", "get_spec_kind", "KIN
 
 # Modules that register a SpecKind on import, in the order `generate` and `list` use them.
 KIND_MODULES = ("shardverify.codegen.op_kind", "shardverify.collectives.spec", "shardverify.ddp.spec",
-                "shardverify.reshard_spec")
+                "shardverify.reshard_spec", "shardverify.plan.spec")
 
 
 @dataclass(frozen=True)
