@@ -108,22 +108,16 @@ def _shard(layout, value, mesh, rank):
     return value
 
 
-def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
-    """The SPMD run of ``plan`` on this rank (module-level so process workers import it)."""
-    mesh, rank = comm.mesh, comm.rank
-    # torch.fx tracing patches nn.Module.__call__ process-wide: simulated ranks (threads) trace
-    # one at a time and start running only when every rank has finished tracing.
-    with _TRACE_LOCK:
-        ref_gm, ref_values, ref_grads, ref_input_grads, ref_param_grads = reference_run(recipe)
-        gm = _traced(recipe)
-    comm.barrier()
+def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, on_node=None):
+    """This rank's forward pass under ``plan``; ``on_node(order, node, out, layout)`` sees each
+    op node's local output. Returns (env, layouts, param leaves, input leaves, result)."""
+    mesh = comm.mesh
     by_name = {n.name: n for n in gm.graph.nodes}
     params = dict(gm.named_parameters())
     env: dict[str, object] = {}
     layouts: dict[str, object] = {}
     leaves: dict[str, tuple[torch.Tensor, Layout | None, int, str]] = {}   # param name -> leaf, layout, order, node
     input_leaves = []
-    found: list[PlanMismatch] = []
     result = None
     for order, item in enumerate(plan.nodes):
         node = by_name[item.node]
@@ -135,7 +129,7 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
             return apply_reshard(comm, steps.get((operand, producer.name), ()), value)
 
         if node.op == "placeholder":
-            leaf = recipe.inputs[len(input_leaves)].detach().to(torch.float64).clone()
+            leaf = recipe.inputs[len(input_leaves)].detach().clone()
             leaf.requires_grad_(leaf.is_floating_point())
             input_leaves.append(leaf)
             env[node.name], layouts[node.name] = leaf, Layout.replicated(mesh.shape, tuple(leaf.shape))
@@ -158,6 +152,23 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
         for tensor in (out if isinstance(out, (tuple, list)) else [out]):
             if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
                 tensor.retain_grad()
+        if on_node is not None:
+            on_node(order, node, out, layout)
+    return env, layouts, leaves, input_leaves, result
+
+
+def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
+    """The SPMD run of ``plan`` on this rank (module-level so process workers import it)."""
+    mesh, rank = comm.mesh, comm.rank
+    # torch.fx tracing patches nn.Module.__call__ process-wide: simulated ranks (threads) trace
+    # one at a time and start running only when every rank has finished tracing.
+    with _TRACE_LOCK:
+        ref_gm, ref_values, ref_grads, ref_input_grads, ref_param_grads = reference_run(recipe)
+        gm = _traced(recipe)
+    comm.barrier()
+    found: list[PlanMismatch] = []
+
+    def check(order, node, out, layout):
         expected = ref_values[node.name]
         if isinstance(out, torch.Tensor):
             _cmp(found, "forward", order, node.name, "output", rank, out, _shard(layout, expected, mesh, rank))
@@ -166,6 +177,8 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
                 if isinstance(o, torch.Tensor):
                     _cmp(found, "forward", order, node.name, f"output {i}", rank, o,
                          _shard(lay, expected[i], mesh, rank))
+
+    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check)
     if found:
         return found   # backward would only repeat the forward divergence
     out_t = result if isinstance(result, torch.Tensor) else result[0]
@@ -250,3 +263,23 @@ def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
         tensors[name] = _param_leaf(comm, f"{node.target}.{name}", p, None, leaves, order, node.name)
     tensors.update(dict(module.named_buffers()))
     return torch.func.functional_call(module, tensors, args, kwargs)
+
+
+def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> float:
+    """Mean seconds of one sharded training step (forward + backward) on this rank, float32."""
+    import time
+
+    with _TRACE_LOCK:
+        gm = _traced(recipe).float()
+    recipe = ModelRecipe(recipe.module, tuple(x.float() for x in recipe.inputs), recipe.seed)
+    comm.barrier()
+    seconds = []
+    for _ in range(steps + 1):
+        comm.barrier()
+        start = time.perf_counter()
+        *_, result = _sharded_forward(comm, gm, recipe, plan)
+        out = result if isinstance(result, torch.Tensor) else result[0]
+        out.backward(torch.ones_like(out))
+        comm.barrier()
+        seconds.append(time.perf_counter() - start)
+    return sum(seconds[1:]) / steps
