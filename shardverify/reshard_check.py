@@ -11,6 +11,7 @@ Every rank runs all selected pairs in one SPMD call and returns what went wrong.
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -89,44 +90,77 @@ class ReshardCase:
     seed: int = 0
 
 
-def _local(layout: Layout, full: torch.Tensor, mesh: DeviceMesh, rank: int, gen: torch.Generator) -> torch.Tensor:
-    """This rank's local tensor of ``full`` in ``layout``: a partial layout splits the shard into
-    random addends that sum to it over the partial axes (same draws on every rank)."""
-    shard = layout.spec.local_shard(full, mesh, rank)
+@dataclass(frozen=True)
+class _Prepared:
+    """What every rank of a pair shares: layouts, steps, the global tensor and gradient, and
+    the random addends of a partial source (drawn once per process, not once per rank)."""
+
+    source: Layout
+    target: Layout
+    steps: tuple
+    full: torch.Tensor
+    grad: torch.Tensor
+    addends: torch.Tensor | None
+
+
+_PREPARED: dict = {}
+_PREPARED_LOCK = threading.Lock()
+
+
+def _prepare(case: ReshardCase) -> list[_Prepared]:
+    with _PREPARED_LOCK:
+        if case not in _PREPARED:
+            mesh = DeviceMesh(case.mesh_shape)
+            items = []
+            for index, (src_text, tgt_text) in enumerate(case.pairs):
+                src = Layout.parse(src_text, case.tensor_shape, mesh.shape)
+                tgt = Layout.parse(tgt_text, case.tensor_shape, mesh.shape)
+                gen = torch.Generator().manual_seed(case.seed * 100003 + index)
+                full = torch.randn(case.tensor_shape, generator=gen, dtype=torch.float64)
+                grad = torch.randn(case.tensor_shape, generator=gen, dtype=torch.float64)
+                addends = None
+                if src.partial:
+                    noise = torch.randn((mesh.axes_size(src.partial), *src.local_shape()), generator=gen,
+                                        dtype=torch.float64)
+                    addends = noise - noise.mean(0, keepdim=True)
+                items.append(_Prepared(src, tgt, plan_reshard(src, tgt), full, grad, addends))
+            _PREPARED.clear()   # one case at a time is enough
+            _PREPARED[case] = items
+        return _PREPARED[case]
+
+
+def _local(item: _Prepared, mesh: DeviceMesh, rank: int) -> torch.Tensor:
+    """This rank's source tensor: a partial layout splits the shard into random addends that
+    sum to it over the partial axes."""
+    layout = item.source
+    shard = layout.spec.local_shard(item.full, mesh, rank)
     if not layout.partial:
         return shard.clone()
     n = mesh.axes_size(layout.partial)
-    noise = torch.randn((n, *shard.shape), generator=gen, dtype=full.dtype)
-    noise = noise - noise.mean(0, keepdim=True)
-    return shard / n + noise[mesh.group_index(rank, layout.partial)]
+    return shard / n + item.addends[mesh.group_index(rank, layout.partial)]
 
 
 def rank_check_pairs(comm, case: ReshardCase) -> list[str]:
     """Run every pair forward and backward on this rank; return one line per failure."""
     mesh, rank = comm.mesh, comm.rank
     failures = []
-    for index, (src_text, tgt_text) in enumerate(case.pairs):
-        src = Layout.parse(src_text, case.tensor_shape, mesh.shape)
-        tgt = Layout.parse(tgt_text, case.tensor_shape, mesh.shape)
-        gen = torch.Generator().manual_seed(case.seed * 100003 + index)
-        full = torch.randn(case.tensor_shape, generator=gen, dtype=torch.float64)
-        grad = torch.randn(case.tensor_shape, generator=gen, dtype=torch.float64)
-        leaf = _local(src, full, mesh, rank, gen).requires_grad_()
-        steps = plan_reshard(src, tgt)
-        what = f"{src} -> {tgt} via {', '.join(map(str, steps)) or 'nothing'} on rank {rank}"
+    for item in _prepare(case):
+        src, tgt = item.source, item.target
+        leaf = _local(item, mesh, rank).requires_grad_()
+        what = f"{src} -> {tgt} via {', '.join(map(str, item.steps)) or 'nothing'} on rank {rank}"
         try:
-            out = apply_reshard(comm, steps, leaf)
+            out = apply_reshard(comm, item.steps, leaf)
             value = out.detach()
             if tgt.partial:
                 value = comm.all_reduce(value.contiguous(), tgt.partial, "sum")
-            expected = tgt.spec.local_shard(full, mesh, rank)
+            expected = tgt.spec.local_shard(item.full, mesh, rank)
             if value.shape != expected.shape or not torch.allclose(value, expected, rtol=1e-10, atol=1e-10):
                 failures.append(f"{what}: forward output differs")
                 continue
-            out.backward(tgt.spec.local_shard(grad, mesh, rank).clone())
-            if not torch.allclose(leaf.grad, src.spec.local_shard(grad, mesh, rank), rtol=1e-10, atol=1e-10):
+            out.backward(tgt.spec.local_shard(item.grad, mesh, rank).clone())
+            if not torch.allclose(leaf.grad, src.spec.local_shard(item.grad, mesh, rank), rtol=1e-10, atol=1e-10):
                 failures.append(f"{what}: backward gradient differs")
-        except Exception as error:  # noqa: BLE001 - reported with the pair, then the next pair runs
+        except Exception as error:  # noqa: BLE001 - reported with the pair
             failures.append(f"{what}: {type(error).__name__}: {error}")
             break   # the ranks may be out of step after an error; stop here
     return failures
