@@ -3,7 +3,10 @@
 For the shipped MLP spec (specs/plans/mlp.yaml, Linear-GELU-Linear) on a (2, 2) mesh of gloo
 processes, times one float32 training step (forward + backward, the slowest rank, after a
 warm-up) under the solver's plan and the hand-written plans, and prints each plan's declared
-cost beside it, both relative to the replicated plan measured in the same run::
+cost beside it, both relative to the replicated plan measured in the same run. Costs are
+declared twice: with the mesh's default alpha-beta and multiply rate, and with values
+calibrated on the same gloo pool in the same run (a small and a large all-reduce per mesh
+axis, a local matmul); the solver is run under both::
 
     .venv/bin/python benchmarks/bench_plan.py              # the spec's sizes, 10 steps
     .venv/bin/python benchmarks/bench_plan.py --quick      # 3 steps
@@ -21,6 +24,7 @@ import yaml
 
 from shardverify.backends.process import ProcessBackend
 from shardverify.mesh import DeviceMesh
+from shardverify.plan.calibrate import calibrated_mesh
 from shardverify.plan.execute import ModelRecipe, rank_time_plan
 from shardverify.plan.spec import SOLVER, build_spec_model
 from shardverify.plan.verify import make_plan
@@ -41,23 +45,39 @@ def main(argv: list[str] | None = None) -> int:
     mesh = DeviceMesh(tuple(raw["mesh"]))
     module, example = build_spec_model(raw["model"]["factory"], kwargs, inputs)
     steps = 3 if args.quick else 10
-    rows = []
+    rows, choices = [], []
     backend = ProcessBackend(mesh, backend="gloo")
     try:
-        for name, plan in raw["plans"].items():
-            chosen = make_plan(module, example, mesh.shape, None if plan == SOLVER else plan)
+        calibrated, rate = calibrated_mesh(backend)
+        print(f"calibrated: alpha {['%.3g' % a for a in calibrated.alpha]} s, beta "
+              f"{['%.3g' % b for b in calibrated.beta]} s/B, {rate:.3g} multiplies/s "
+              f"(defaults: alpha {mesh.alpha[0]:.3g}, beta {mesh.beta[0]:.3g}, 1e10)")
+        plans = [(name, None if plan == SOLVER else plan) for name, plan in raw["plans"].items()]
+        plans.append(("solver_calib", "calibrated"))
+        for name, plan in plans:
+            if plan == "calibrated":
+                chosen = make_plan(module, example, calibrated, None, flop_rate=rate)
+            else:
+                chosen = make_plan(module, example, mesh, plan)
+            recosted = make_plan(module, example, calibrated, chosen.choices(), flop_rate=rate)
+            same = next((r[0] for r, c in zip(rows, choices) if c == chosen.choices()), None)
+            choices.append(chosen.choices())
+            name = name if same is None else f"{name}(={same})"
             times = backend.run(rank_time_plan, ModelRecipe(module, example), chosen, steps)
-            rows.append((name, chosen.cost.total, max(times)))
+            declared = make_plan(module, example, mesh, chosen.choices()).cost.total
+            rows.append((name, declared, recosted.cost.total, max(times)))
     finally:
         backend.close()
-    base = dict((n, (c, t)) for n, c, t in rows).get("replicated", (rows[0][1], rows[0][2]))
-    print(f"{'plan':<16}{'declared s':>12}{'vs repl.':>10}{'measured s':>12}{'vs repl.':>10}")
-    for name, cost, seconds in rows:
-        print(f"{name:<16}{cost:>12.3g}{cost / base[0]:>10.2f}{seconds:>12.4g}{seconds / base[1]:>10.2f}")
-    by_cost = [n for n, _, _ in sorted(rows, key=lambda r: r[1])]
-    by_time = [n for n, _, _ in sorted(rows, key=lambda r: r[2])]
-    same = "yes" if by_cost == by_time else "no"
-    print(f"declared order: {' < '.join(by_cost)}\nmeasured order: {' < '.join(by_time)}\nsame ranking: {same}")
+    base = next((r for r in rows if r[0] == "replicated"), rows[0])
+    print(f"{'plan':<24}{'declared s':>11}{'vs repl':>8}{'calibr. s':>11}{'vs repl':>8}{'measured s':>12}{'vs repl':>8}")
+    for name, cost, calib, seconds in rows:
+        print(f"{name:<24}{cost:>11.3g}{cost / base[1]:>8.2f}{calib:>11.3g}{calib / base[2]:>8.2f}"
+              f"{seconds:>12.4g}{seconds / base[3]:>8.2f}")
+    for label, index in (("declared", 1), ("calibrated", 2), ("measured", 3)):
+        print(f"{label + ' order:':<20}{' < '.join(r[0] for r in sorted(rows, key=lambda r: r[index]))}")
+    order = [[r[0] for r in sorted(rows, key=lambda r: r[i])] for i in (1, 2, 3)]
+    print(f"same ranking as measured: declared {'yes' if order[0] == order[2] else 'no'}, "
+          f"calibrated {'yes' if order[1] == order[2] else 'no'}")
     return 0
 
 
