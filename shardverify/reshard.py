@@ -7,7 +7,7 @@ strategy's output before its AFTER all-reduce, or a contraction's result.
 :func:`plan_reshard` returns the steps, in order:
 
 1. every source-partial axis the target does not keep is reduced: a reduce-scatter onto a
-   dim whose target sharding continues with that axis, else an all-reduce;
+   dim whose target sharding continues with that axis, else one all-reduce over all the rest;
 2. each dim keeps the longest prefix of its mesh axes it shares with the target; the rest is
    moved with one all-to-all when a single axis moves to a dim that wants it next, else
    all-gathered (the suffix of a dim's axes in one collective);
@@ -132,7 +132,8 @@ def plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
                 cur[dim] = cur[dim] + (p,)
                 pending.remove(p)
                 progress = True
-    steps += [ReshardStep("all_reduce", (p,)) for p in pending]
+    if pending:   # one all-reduce over every axis left, as a strategy's AFTER action would do
+        steps.append(ReshardStep("all_reduce", tuple(pending)))
     # 2. keep the common prefix of each dim; move a single trailing axis with an all-to-all to a
     #    dim that wants it next (repeated to a fixpoint), gather whatever else does not fit
     progress = True

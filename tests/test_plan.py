@@ -110,3 +110,36 @@ def test_cli_plan_factory_json_and_exit_status(tmp_path, capsys):
 def test_user_module_on_gloo(sv_backend):
     model, x = ResidualMLP(), torch.randn(8, 16)
     assert verify_plan(model, x, (2, 2), backend=sv_backend((2, 2), "process")).passed
+
+
+class TwoProjections(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32, bias=False)
+        self.down = nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        return self.down(self.up(x))
+
+
+def test_deferred_reduction_becomes_a_reduce_scatter(sv_backend):
+    model, x = TwoProjections(), torch.randn(8, 16)
+    plan = {"up": {"strategy": "RR = RS0 x S0R", "defer": True}, "down": "S0S1 = S0R x RS1_0"}
+    result = verify_plan(model, x, (2, 2), plan, backend=sv_backend((2, 2), "simulated"))
+    assert result.passed, result.summary()
+    (reshard,) = result.plan.node("down").reshards
+    assert str(reshard.source) == "[R, R] P0"
+    assert reshard.steps == (ReshardStep("reduce_scatter", (0,), (0,)),)
+    eager = make_plan(model, (x,), (2, 2), {**plan, "up": "RR = RS0 x S0R"})
+    assert result.plan.cost.total < eager.cost.total
+
+
+def test_solver_with_deferral_is_never_worse():
+    module, inputs = _chain(64, 256)
+    gm = _traced(ModelRecipe(module, inputs))
+    mesh = DeviceMesh((2, 2))
+    options = node_options(gm, mesh)
+    with_defer = solve_plan(gm, mesh, options=options)
+    without = solve_plan(gm, mesh, options=options, defer_reductions=False)
+    assert with_defer.cost.total <= without.cost.total + 1e-12
+    assert not any(n.deferred for n in without.nodes)

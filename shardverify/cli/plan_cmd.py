@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         plan = None
         if args.plan:
             with open(args.plan) as handle:
-                plan = {str(k): str(v) for k, v in (yaml.safe_load(handle) or {}).items()}
+                plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
         module, example = build_spec_model(factory, kwargs, inputs)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:

@@ -18,9 +18,9 @@ from shardverify.api import strategies_for_node
 from shardverify.errors import ShardVerifyError, StrategyError
 from shardverify.mesh import DeviceMesh
 from shardverify.reshard import Layout, ReshardStep, plan_reshard, reshard_cost
-from shardverify.strategy import OperandLocator, ShardingStrategy
+from shardverify.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
 
-__all__ = ["GENERIC", "FLOP_RATE", "Reshard", "NodePlan", "Plan", "PlanCost", "node_options", "build_plan",
+__all__ = ["deferrable", "deferred_saving", "GENERIC", "FLOP_RATE", "Reshard", "NodePlan", "Plan", "PlanCost", "node_options", "build_plan",
            "operand_producer", "node_layouts", "replicated_choice"]
 
 GENERIC = "replicated (no handler)"
@@ -65,10 +65,13 @@ class NodePlan:
     node: str
     strategy: ShardingStrategy | None
     reshards: tuple[Reshard, ...] = ()
+    deferred: tuple[int, ...] = ()   # mesh axes of the output's AFTER all-reduce left to the resharding
 
     @property
     def strategy_name(self) -> str:
-        return GENERIC if self.strategy is None else self.strategy.name
+        if self.strategy is None:
+            return GENERIC
+        return self.strategy.name + (f" (all-reduce over {self.deferred} deferred)" if self.deferred else "")
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ class Plan:
 
     def choices(self) -> dict[str, str]:
         """node name -> strategy name, for the nodes that have strategies (a user plan file's content)."""
-        return {n.node: n.strategy.name for n in self.nodes if n.strategy is not None}
+        return {n.node: ({"strategy": n.strategy.name, "defer": True} if n.deferred else n.strategy.name)
+                for n in self.nodes if n.strategy is not None}
 
     def replace_node(self, name: str, **changes) -> Plan:
         """A copy with one node's strategy or reshards replaced (tests plant mistakes this way)."""
@@ -136,10 +140,29 @@ def _meta_shapes(node: fx.Node):
     return None
 
 
-def node_layouts(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceMesh):
+def deferrable(strategy: ShardingStrategy | None) -> tuple[int, ...]:
+    """Mesh axes of a single-output strategy's AFTER sum all-reduce that the plan may leave to
+    the resharding (so a consumer that wants the tensor sharded over those axes gets a
+    reduce-scatter instead of an all-reduce and a split); () when there is none to defer."""
+    if strategy is None or len(strategy.outputs) != 1 or strategy.post_add:
+        return ()
+    after = [a for a in strategy.communication_actions if a.where is CommWhere.AFTER]
+    if len(after) != 1 or after[0].pattern is not CommPattern.ALLREDUCE_FWD_IDENTITY_BWD or after[0].op != "sum":
+        return ()
+    return after[0].axes
+
+
+def deferred_saving(strategy: ShardingStrategy, axes: tuple[int, ...], mesh: DeviceMesh) -> float:
+    """The declared seconds of the AFTER all-reduce that deferring removes from the strategy."""
+    out = strategy.outputs[0]
+    size = strategy.get_sharding_spec_by_name(out.name).local_numel() * out.itemsize
+    return mesh.all_reduce_cost(size, axes)
+
+
+def node_layouts(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceMesh, deferred: tuple[int, ...] = ()):
     """The node's output layout: a Layout, a list of them for a tuple, or None (not a tensor)."""
     if strategy is not None:
-        layouts = [Layout(strategy.get_sharding_spec_by_name(d.name)) for d in strategy.outputs]
+        layouts = [Layout(strategy.get_sharding_spec_by_name(d.name), deferred) for d in strategy.outputs]
         return layouts[0] if len(layouts) == 1 else layouts
     shapes = _meta_shapes(node)
     if shapes is None:
@@ -191,7 +214,18 @@ def replicated_choice(options: list[ShardingStrategy]) -> ShardingStrategy | Non
     return None
 
 
-def build_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, choice: Mapping[str, str],
+def _parse_choice(value, node: str, where: str) -> tuple[str, bool]:
+    """A plan entry: a strategy name, or ``{strategy: NAME, defer: true}`` to leave the
+    strategy's AFTER all-reduce to the resharding that follows."""
+    if isinstance(value, str):
+        return value, False
+    if isinstance(value, Mapping) and set(value) <= {"strategy", "defer"} and isinstance(value.get("strategy"), str):
+        return value["strategy"], bool(value.get("defer", False))
+    raise StrategyError(f"{where}: node {node!r}: expected a strategy name or {{strategy: NAME, defer: BOOL}}, "
+                        f"got {value!r}")
+
+
+def build_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, choice: Mapping[str, object],
                options: Mapping[str, list[ShardingStrategy] | None] | None = None,
                flop_rate: float = FLOP_RATE, where: str = "plan") -> Plan:
     """The plan for ``choice`` (node name -> strategy name). A node with strategies that
@@ -208,36 +242,45 @@ def build_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, choice: Mapping[s
             if found is None:
                 raise StrategyError(f"{where}: node {node.name!r} has no strategies (it runs replicated); "
                                     f"leave it out of the plan")
+            wanted, defer = _parse_choice(choice[node.name], node.name, where)
             names = [s.name for s in found]
-            if choice[node.name] not in names:
-                raise StrategyError(f"{where}: node {node.name!r} has no strategy {choice[node.name]!r}; "
+            if wanted not in names:
+                raise StrategyError(f"{where}: node {node.name!r} has no strategy {wanted!r}; "
                                     f"its strategies are {names}")
-            chosen[node.name] = found[names.index(choice[node.name])]
+            strategy = found[names.index(wanted)]
+            if defer and not deferrable(strategy):
+                raise StrategyError(f"{where}: node {node.name!r}: strategy {wanted!r} has no AFTER sum "
+                                    f"all-reduce of its output to defer")
+            chosen[node.name] = (strategy, deferrable(strategy) if defer else ())
         elif found is not None:
-            chosen[node.name] = replicated_choice(found)
-            if chosen[node.name] is None:
+            chosen[node.name] = (replicated_choice(found), ())
+            if chosen[node.name][0] is None:
                 raise StrategyError(f"{where}: node {node.name!r} is not in the plan and has no fully "
                                     f"replicated strategy to default to; pick one of {[s.name for s in found]}")
         else:
-            chosen[node.name] = None
+            chosen[node.name] = (None, ())
     return assemble_plan(graph_module, mesh, chosen, flop_rate)
 
 
 def assemble_plan(graph_module: fx.GraphModule, mesh: DeviceMesh,
-                  chosen: Mapping[str, ShardingStrategy | None], flop_rate: float = FLOP_RATE) -> Plan:
+                  chosen: Mapping[str, tuple[ShardingStrategy | None, tuple[int, ...]]],
+                  flop_rate: float = FLOP_RATE) -> Plan:
+    """The plan for ``chosen``: node name -> (strategy or None, deferred all-reduce axes)."""
     layouts = {}
     nodes = []
     compute = communication = resharding = 0.0
     memory = 0
     for node in graph_module.graph.nodes:
-        strategy = chosen[node.name]
+        strategy, deferred = chosen[node.name]
         reshards = tuple(make_reshard(node, operand, producer, layouts[producer.name], target, mesh)
                          for operand, producer, target in edge_targets(node, strategy, mesh))
-        layouts[node.name] = node_layouts(node, strategy, mesh)
-        nodes.append(NodePlan(node.name, strategy, reshards))
+        layouts[node.name] = node_layouts(node, strategy, mesh, deferred)
+        nodes.append(NodePlan(node.name, strategy, reshards, deferred))
         resharding += sum(r.cost for r in reshards)
         if strategy is not None:
             compute += strategy.compute_cost.total / flop_rate
             communication += strategy.communication_cost.total
+            if deferred:
+                communication -= deferred_saving(strategy, deferred, mesh)
             memory += strategy.memory_cost.total.total
     return Plan(tuple(mesh.shape), tuple(nodes), PlanCost(compute, communication, resharding, memory), flop_rate)

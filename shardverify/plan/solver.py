@@ -20,8 +20,8 @@ from torch import fx
 
 from shardverify.errors import StrategyError
 from shardverify.mesh import DeviceMesh
-from shardverify.plan.model import (FLOP_RATE, Plan, assemble_plan, edge_targets, make_reshard, node_layouts,
-                                    node_options)
+from shardverify.plan.model import (FLOP_RATE, Plan, assemble_plan, deferrable, deferred_saving, edge_targets,
+                                    make_reshard, node_layouts, node_options)
 from shardverify.strategy import ShardingStrategy
 
 __all__ = ["solve_plan", "PlanInfeasible"]
@@ -31,20 +31,37 @@ class PlanInfeasible(StrategyError):
     """No choice of strategies fits the memory limit."""
 
 
-def _own_cost(strategy: ShardingStrategy | None, flop_rate: float) -> float:
+def _own_cost(option, flop_rate: float, mesh: DeviceMesh) -> float:
+    strategy, deferred = option
     if strategy is None:
         return 0.0
-    return strategy.compute_cost.total / flop_rate + strategy.communication_cost.total
+    saving = deferred_saving(strategy, deferred, mesh) if deferred else 0.0
+    return strategy.compute_cost.total / flop_rate + strategy.communication_cost.total - saving
+
+
+def _variants(strategies, defer: bool) -> list:
+    """(strategy, deferred axes) options of a node: each strategy as declared and, with
+    ``defer``, also with its output left partial for the resharding to reduce."""
+    if not strategies:
+        return [(None, ())]
+    found = []
+    for strategy in strategies:
+        found.append((strategy, ()))
+        if defer and deferrable(strategy):
+            found.append((strategy, deferrable(strategy)))
+    return found
 
 
 def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int | None = None,
                flop_rate: float = FLOP_RATE,
-               options: Mapping[str, list[ShardingStrategy] | None] | None = None) -> Plan:
+               options: Mapping[str, list[ShardingStrategy] | None] | None = None,
+               defer_reductions: bool = True) -> Plan:
     """The cheapest plan by declared cost; ``memory_limit`` bounds the summed declared memory
-    (bytes per device) of the chosen strategies."""
+    (bytes per device) of the chosen strategies. With ``defer_reductions`` a strategy's AFTER
+    all-reduce may be left to the resharding (a reduce-scatter when the consumer shards)."""
     options = node_options(graph_module, mesh) if options is None else options
     nodes = list(graph_module.graph.nodes)
-    choices = {n.name: (options[n.name] or [None]) for n in nodes}
+    choices = {n.name: _variants(options[n.name], defer_reductions) for n in nodes}
     problem = pulp.LpProblem("shardverify_plan", pulp.LpMinimize)
     x = {name: [pulp.LpVariable(f"x_{i}_{k}", cat="Binary") for k in range(len(opts))]
          for i, (name, opts) in enumerate(choices.items())}
@@ -52,18 +69,18 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
     memory = []
     for name, opts in choices.items():
         problem += pulp.lpSum(x[name]) == 1, f"one_{name}"
-        for var, strategy in zip(x[name], opts):
-            objective.append(_own_cost(strategy, flop_rate) * var)
+        for var, (strategy, deferred) in zip(x[name], opts):
+            objective.append(_own_cost((strategy, deferred), flop_rate, mesh) * var)
             if strategy is not None:
                 memory.append(strategy.memory_cost.total.total * var)
     for c_index, node in enumerate(nodes):
         c_opts = choices[node.name]
         # cost[p][(sp, sc)] summed over the operands fed by producer p
         costs: dict[str, dict[tuple[int, int], float]] = {}
-        for sc, strategy in enumerate(c_opts):
+        for sc, (strategy, _) in enumerate(c_opts):
             for operand, producer, target in edge_targets(node, strategy, mesh):
-                for sp, source_strategy in enumerate(choices[producer.name]):
-                    source = node_layouts(producer, source_strategy, mesh)
+                for sp, (source_strategy, deferred) in enumerate(choices[producer.name]):
+                    source = node_layouts(producer, source_strategy, mesh, deferred)
                     cost = make_reshard(node, operand, producer, source, target, mesh).cost
                     table = costs.setdefault(producer.name, {})
                     table[(sp, sc)] = table.get((sp, sc), 0.0) + cost
