@@ -131,8 +131,8 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
         strategy = item.strategy
         steps = {(r.operand, r.producer): r.steps for r in item.reshards}
 
-        def fetch(operand: str, producer: fx.Node):
-            value = env[producer.name]
+        def fetch(operand: str, producer: fx.Node, value=None):
+            value = env[producer.name] if value is None else value
             return apply_reshard(comm, steps.get((operand, producer.name), ()), value)
 
         if node.op == "placeholder":
@@ -256,7 +256,13 @@ def _run_strategy(comm, gm, node, strategy, fetch, params, leaves, order, deferr
 
 def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
     def value(a):
-        return fetch(a.name, a) if isinstance(env.get(a.name), torch.Tensor) else env[a.name]
+        held = env.get(a.name)
+        if isinstance(held, torch.Tensor):
+            return fetch(a.name, a)
+        if isinstance(held, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in held):
+            return type(held)(fetch(f"{a.name}[{i}]", a, t) if isinstance(t, torch.Tensor) else t
+                              for i, t in enumerate(held))
+        return held
 
     args = fx.node.map_arg(node.args, value)
     kwargs = fx.node.map_arg(node.kwargs, value)

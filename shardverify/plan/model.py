@@ -181,23 +181,31 @@ def _itemsize(node: fx.Node) -> int:
 
 
 def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceMesh):
-    """(operand name, producer node, target layout) for every tensor input the node takes."""
+    """(operand name, producer node, element index or None, target layout) for every tensor the
+    node takes; a generic node takes each tensor of a tuple-valued producer (split, chunk)
+    replicated, as operand ``producer[i]``."""
     edges = []
     if strategy is not None:
         for data in strategy.inputs:
             producer = operand_producer(node, data.locator)
             if producer is not None:
-                edges.append((data.name, producer, Layout(strategy.get_sharding_spec_by_name(data.name))))
+                edges.append((data.name, producer, None, Layout(strategy.get_sharding_spec_by_name(data.name))))
         return edges
     for producer in node.all_input_nodes:
         shapes = _meta_shapes(producer)
-        if shapes is not None and not isinstance(shapes, list):
-            edges.append((producer.name, producer, Layout.replicated(mesh.shape, shapes)))
+        if isinstance(shapes, list):
+            edges += [(f"{producer.name}[{i}]", producer, i, Layout.replicated(mesh.shape, shape))
+                      for i, shape in enumerate(shapes)]
+        elif shapes is not None:
+            edges.append((producer.name, producer, None, Layout.replicated(mesh.shape, shapes)))
     return edges
 
 
 def make_reshard(node: fx.Node, operand: str, producer: fx.Node, source, target: Layout,
-                 mesh: DeviceMesh) -> Reshard:
+                 mesh: DeviceMesh, index: int | None = None) -> Reshard:
+    """The resharding of ``producer``'s output (element ``index`` of a tuple) into ``target``."""
+    if index is not None and isinstance(source, list):
+        source = source[index]
     if not isinstance(source, Layout):
         raise StrategyError(f"node {node.name!r}: operand {operand!r} comes from {producer.name!r}, whose "
                             f"output is not a single tensor with a layout")
@@ -272,8 +280,8 @@ def assemble_plan(graph_module: fx.GraphModule, mesh: DeviceMesh,
     memory = 0
     for node in graph_module.graph.nodes:
         strategy, deferred = chosen[node.name]
-        reshards = tuple(make_reshard(node, operand, producer, layouts[producer.name], target, mesh)
-                         for operand, producer, target in edge_targets(node, strategy, mesh))
+        reshards = tuple(make_reshard(node, operand, producer, layouts[producer.name], target, mesh, index)
+                         for operand, producer, index, target in edge_targets(node, strategy, mesh))
         layouts[node.name] = node_layouts(node, strategy, mesh, deferred)
         nodes.append(NodePlan(node.name, strategy, reshards, deferred))
         resharding += sum(r.cost for r in reshards)

@@ -78,10 +78,10 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
         # cost[p][(sp, sc)] summed over the operands fed by producer p
         costs: dict[str, dict[tuple[int, int], float]] = {}
         for sc, (strategy, _) in enumerate(c_opts):
-            for operand, producer, target in edge_targets(node, strategy, mesh):
+            for operand, producer, index, target in edge_targets(node, strategy, mesh):
                 for sp, (source_strategy, deferred) in enumerate(choices[producer.name]):
                     source = node_layouts(producer, source_strategy, mesh, deferred)
-                    cost = make_reshard(node, operand, producer, source, target, mesh).cost
+                    cost = make_reshard(node, operand, producer, source, target, mesh, index).cost
                     table = costs.setdefault(producer.name, {})
                     table[(sp, sc)] = table.get((sp, sc), 0.0) + cost
         for p_index, (producer, table) in enumerate(costs.items()):
