@@ -143,3 +143,16 @@ def test_solver_with_deferral_is_never_worse():
     without = solve_plan(gm, mesh, options=options, defer_reductions=False)
     assert with_defer.cost.total <= without.cost.total + 1e-12
     assert not any(n.deferred for n in without.nodes)
+
+
+def test_plan_spec_error_names_file_line_and_plan(tmp_path):
+    from shardverify.codegen.loader import load_yaml
+    from shardverify.errors import SpecError
+    from shardverify.plan.spec import parse_plan_spec
+
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: bad\nmodel: {factory: shardverify.plan.zoo.linear_chain}\ninputs: {x: [8, 32]}\n"
+                    "mesh: [2, 2]\nplans:\n  solver: solver\n  mine: {fc1: nope}\n")
+    with pytest.raises(SpecError) as info:
+        parse_plan_spec(load_yaml(str(spec)))
+    assert "bad.yaml" in str(info.value) and ":7" in str(info.value) and "no strategy 'nope'" in str(info.value)

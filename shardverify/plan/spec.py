@@ -88,14 +88,17 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     for b in beats:
         if b not in names:
             raise beats_node.error(f"solver_beats names {b!r}, which is not one of the plans {names}")
+    from shardverify.plan.verify import make_plan
+
     try:
         module, example = build_spec_model(str(factory_node.value), kwargs, inputs)
-        from shardverify.plan.verify import make_plan
-
-        for key, plan in plans:
-            make_plan(module, example, mesh, None if plan == SOLVER else dict(plan))
     except (ShardVerifyError, LookupError, TypeError) as error:
-        raise factory_node.error(f"cannot plan the model: {error}") from None
+        raise factory_node.error(f"cannot build the model: {error}") from None
+    for key, plan in plans:
+        try:
+            make_plan(module, example, mesh, None if plan == SOLVER else dict(plan))
+        except ShardVerifyError as error:
+            raise plans_node.value[key].error(f"plan {key!r}: {error}") from None
     return PlanSpec(name, root.file, "" if description is None else str(description.value), str(factory_node.value),
                     kwargs, inputs, mesh, tuple(plans), beats)
 

@@ -101,7 +101,9 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
     if tuple(plan.mesh_shape) != tuple(backend.mesh.shape):
         raise InvalidArgument(f"plan is for mesh {plan.mesh_shape}, the backend's mesh is {backend.mesh.shape}")
     recipe = ModelRecipe(module, tuple(t.detach().cpu().double() for t in example_inputs), seed)
-    name = getattr(backend, "name", None) or type(backend).__name__
+    from shardverify.verify.engine import _backend_name
+
+    name = _backend_name(backend)
     try:
         reports = backend.run(rank_run_plan, recipe, plan, timeout=timeout)
     except BackendError as error:
