@@ -22,7 +22,7 @@ from shardverify.plan.model import Plan, operand_producer
 from shardverify.reshard import Layout, apply_reshard
 from shardverify.strategy import CommWhere
 from shardverify.tracing import trace
-from shardverify.verify.reference import as_outputs, call_op
+from shardverify.verify.reference import _operand_nodes, as_outputs, call_op
 
 __all__ = ["ModelRecipe", "PlanMismatch", "rank_run_plan", "RTOL", "ATOL"]
 
@@ -152,7 +152,7 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
                       else [Layout.replicated(mesh.shape, tuple(t.shape)) if isinstance(t, torch.Tensor) else None
                             for t in out] if isinstance(out, (tuple, list)) else None)
         else:
-            out = _run_strategy(comm, gm, node, strategy, fetch, params, leaves, order, item.deferred)
+            out = _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, item.deferred)
             specs = [Layout(strategy.get_sharding_spec_by_name(d.name), item.deferred) for d in strategy.outputs]
             layout = specs[0] if len(specs) == 1 else specs
         env[node.name], layouts[node.name] = out, layout
@@ -217,7 +217,7 @@ def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: Layout | None, 
     return leaf
 
 
-def _run_strategy(comm, gm, node, strategy, fetch, params, leaves, order, deferred=()):
+def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, deferred=()):
     module = gm.get_submodule(node.target) if node.op == "call_module" else None
     values, late = {}, {}
     for data in strategy.inputs:
@@ -240,6 +240,9 @@ def _run_strategy(comm, gm, node, strategy, fetch, params, leaves, order, deferr
             late[data.name] = tensor
             tensor = torch.zeros_like(tensor.detach())
         values[loc] = tensor
+    for loc, arg in _operand_nodes(node).items():   # non-tensor graph values (x.shape[0]) as computed
+        if loc not in values and not isinstance(env.get(arg.name), torch.Tensor):
+            values[loc] = env.get(arg.name)
     outputs = list(as_outputs(node, call_op(node, module, values)))
     for index, data in enumerate(strategy.outputs[:len(outputs)]):
         for action in strategy.communication_actions:
