@@ -23,6 +23,7 @@ all-reduce of a partial -> identity, all-to-all -> the reverse all-to-all.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -109,7 +110,13 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 def plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
-    """The steps converting ``source`` into ``target`` (same tensor and mesh shape)."""
+    """The steps converting ``source`` into ``target`` (same tensor and mesh shape); memoised,
+    since the plan solver asks for every (producer strategy, consumer strategy) pair."""
+    return _plan_reshard(source, target)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
     if source.spec.tensor_shape != target.spec.tensor_shape or source.spec.mesh_shape != target.spec.mesh_shape:
         raise InvalidArgument(f"cannot reshard {source} of shape {source.spec.tensor_shape} on mesh "
                               f"{source.spec.mesh_shape} into {target} of shape {target.spec.tensor_shape} on "
