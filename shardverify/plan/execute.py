@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from shardverify.collectives.patterns import apply_comm_action, apply_grad_hook
+from shardverify.errors import VerificationError
 from shardverify.plan.model import Plan, operand_producer
 from shardverify.reshard import Layout, apply_reshard
 from shardverify.strategy import CommWhere
@@ -208,6 +209,10 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
 def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: Layout | None, leaves: dict, order: int,
                 node: str, hooks=()) -> torch.Tensor:
     if qualname in leaves:
+        if leaves[qualname][1] != layout:
+            raise VerificationError(f"parameter {qualname!r} is used by node {leaves[qualname][3]!r} laid out as "
+                                    f"{leaves[qualname][1]} and by node {node!r} as {layout}; shared parameters "
+                                    "need one layout")
         return leaves[qualname][0]
     local = full.detach() if layout is None else layout.spec.local_shard(full.detach(), comm.mesh, comm.rank)
     leaf = local.clone().requires_grad_(full.requires_grad and full.is_floating_point())
