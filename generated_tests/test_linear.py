@@ -96,7 +96,9 @@ def test_linear_process(sv_backend, case, mesh_shape):
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 24, id='torch.nn.Linear-bias_False-mesh2x2'),
+    pytest.param(1, (2, 2), 24, id='torch.nn.Linear-bias_True-mesh2x2'),
     pytest.param(2, (2, 2), 24, id='torch.nn.functional.linear-bias_False-mesh2x2'),
+    pytest.param(3, (2, 2), 24, id='torch.nn.functional.linear-bias_True-mesh2x2'),
 ]
 
 

@@ -81,7 +81,7 @@ def test_conflicting_registration_is_rejected():
     (lambda: OperandDecl("x", "tensor", index=0), "kind 'tensor'"),
     (lambda: OperandDecl("x", "input"), "index or a keyword"),
     (lambda: HandlerDef("h", (), (OperandDecl("o", "output"),), generator="following"), "no targets"),
-    (lambda: HandlerDef("h", (torch.sum,), (OperandDecl("i", "input", 0),), generator="following"), "one output"),
+    (lambda: HandlerDef("h", (torch.sum,), (OperandDecl("i", "input", 0),), generator="following"), "an output"),
     (lambda: HandlerDef("h", (torch.sum,), (OperandDecl("o", "output"),)), "no generator"),
     (lambda: get_generator("nope"), "unknown strategy generator 'nope'"),
 ])

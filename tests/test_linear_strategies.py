@@ -97,14 +97,16 @@ def test_non_divisible_layouts_are_dropped():
     assert vector.names == [n for n in REFERENCE_2D if not n.endswith("_0")]
 
 
-def test_with_bias_contraction_sharded_families_are_dropped():
+def test_with_bias_every_reference_strategy_is_kept_and_the_bias_is_added_after_the_reduce():
     _, vector = module_strategies((2, 2), bias=True)
-    # keep exactly the reference strategies whose K dim (input's last) is replicated
-    kept = [n for n in REFERENCE_2D if n.split(" x ")[0].split(" = ")[1].endswith("R")]
-    assert vector.names == kept and len(kept) == 13
+    assert vector.names == REFERENCE_2D and len(vector) == 24
     for strategy in vector:
         assert str(strategy.get_sharding_spec_by_name("bias").sharding_sequence[-1]) == \
             str(strategy.get_sharding_spec_by_name("linear").sharding_sequence[-1])
+        contraction_sharded = not strategy.name.split(" x ")[0].split(" = ")[1].endswith("R")
+        assert bool(strategy.post_add) == contraction_sharded, strategy.name
+        if contraction_sharded:
+            assert strategy.post_add[0].operand == "bias" and strategy.post_add[0].dims == (3,)
 
 
 @pytest.mark.parametrize("mesh_shape,input_shape", [((2, 2), (4, 4, 4, 16)), ((4,), (8, 16)), ((1, 4), (4, 4, 16)),
@@ -198,19 +200,21 @@ def test_costs_positive_and_consistent(mesh_shape):
 def _simulate(strategy, mesh, full, call, out_name, grad_out):
     """Run every rank on its local shards, apply the strategy's CommActions, return per-rank
     (output, {operand: grad}) as the ranks would hold them."""
+    late = {add.operand for add in strategy.post_add}   # added after the reduce, not by the op
     locals_ = []
     for rank in mesh.ranks:
         leaves = {name: spec.local_shard(full[name], mesh, rank).clone().requires_grad_()
                   for name, spec in strategy.sharding_specs if name != out_name}
-        locals_.append((leaves, call(leaves)))
+        locals_.append((leaves, call({n: torch.zeros_like(v) if n in late else v for n, v in leaves.items()})))
     outputs = [out.detach() for _, out in locals_]
     for action in strategy.communication_actions:
         if action.where is CommWhere.AFTER:
             assert action.pattern is CommPattern.ALLREDUCE_FWD_IDENTITY_BWD
             outputs = [sum(outputs[g] for g in mesh.group_ranks(r, action.axes)) for r in mesh.ranks]
+    outputs = [out + sum(locals_[r][0][n].detach() for n in late) for r, out in enumerate(outputs)]
     out_spec = strategy.get_sharding_spec_by_name(out_name)
-    for rank, (_, out) in enumerate(locals_):  # identity backward through the AFTER all-reduce
-        out.backward(out_spec.local_shard(grad_out, mesh, rank))
+    for rank, (leaves, out) in enumerate(locals_):  # identity backward through the AFTER all-reduce
+        (out + sum(leaves[n] for n in late)).backward(out_spec.local_shard(grad_out, mesh, rank))
     grads = [{n: leaf.grad for n, leaf in leaves.items()} for leaves, _ in locals_]
     reduced = [dict(g) for g in grads]
     for action in strategy.communication_actions:

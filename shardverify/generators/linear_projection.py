@@ -24,11 +24,12 @@ A sharded M is laid on one physical leading input dim ``i`` at a time, giving on
 per ``i`` named with the suffix ``_i`` (``S0S1 = S0R x RS1_1``); layouts that do not divide
 are dropped.
 
-Bias: it follows the output's last dim. When ``B`` is sharded the bias would be added on
-every rank before the all-reduce (counted ``|B|`` times), and none of the five patterns can
-undo that, so with a bias the families ``SR = SS x SR``, ``RS = RS x SS``, ``RR = RS x SR``
-and ``RR = RS01 x S01R`` are not generated (ColossalAI avoids it by splitting the bias add
-off the linear in its tracer). Without a bias the set is exactly ColossalAI's.
+Bias: it follows the output's last dim. When ``B`` is sharded, adding the bias inside the
+op would count it ``|B|`` times in the all-reduced sum, so those strategies declare the bias
+as a :class:`~shardverify.strategy.PostAdd`: the op runs without it and the bias is added
+once, after the partial output is reduced (Megatron's row-parallel Linear; ColossalAI gets
+the same by splitting the bias add off the linear in its tracer). So a Linear with a bias
+has exactly the strategies, names and order of one without.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from shardverify.strategy import (
     CommWhere,
     OperationData,
     OperationDataType,
+    PostAdd,
     ShardingStrategy,
 )
 
@@ -115,8 +117,6 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
 
     strategies: list[ShardingStrategy] = []
     for a, b, c in logical_families(ctx.mesh.ndim):
-        if bias is not None and b:
-            continue
         batch_dims: list[int | None] = list(range(len(inp.shape) - 1)) if a else [None]
         for dim in batch_dims:
             other_part = {0: b, 1: c} if layout == "in_out" else {0: c, 1: b}
@@ -142,5 +142,8 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             k_local, n_local = specs[inp.name].local_shape()[-1], specs[out.name].local_shape()[-1]
             flops = m_local * k_local * n_local
             name = logical_name(a, b, c) + (f"_{dim}" if dim is not None else "")
-            strategies.append(make_strategy(ctx, name, operands, specs, actions, (flops, 2 * flops)))
+            strategy = make_strategy(ctx, name, operands, specs, actions, (flops, 2 * flops))
+            if bias is not None and b:
+                strategy = strategy.replace(post_add=(PostAdd(bias.name, (len(out.shape) - 1,)),))
+            strategies.append(strategy)
     return strategies
