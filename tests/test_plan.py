@@ -156,3 +156,11 @@ def test_plan_spec_error_names_file_line_and_plan(tmp_path):
     with pytest.raises(SpecError) as info:
         parse_plan_spec(load_yaml(str(spec)))
     assert "bad.yaml" in str(info.value) and ":7" in str(info.value) and "no strategy 'nope'" in str(info.value)
+
+
+def test_row_parallel_linear_with_bias_post_add(sv_backend):
+    model, x = ResidualMLP(), torch.randn(8, 16)
+    plan = make_plan(model, (x,), (2, 2), {"up": "RR = RS01 x S01R", "down": "RR = RS01 x S01R"})
+    assert plan.node("up").strategy.post_add, "the row-parallel Linear with a bias adds it after the reduce"
+    result = run_plan(sv_backend((2, 2), "simulated"), model, (x,), plan)
+    assert result.passed, result.summary()
