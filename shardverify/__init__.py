@@ -18,3 +18,4 @@ from shardverify.strategy import (
 )
 from shardverify.tracing import trace
 from shardverify.api import strategies_for_node
+from shardverify.plan import verify_plan

@@ -9,7 +9,7 @@ import os
 import sys
 
 # Subcommand modules, in the order `--help` lists them.
-SUBCOMMANDS = ("verify", "generate", "list", "explore", "audit", "calibrate")
+SUBCOMMANDS = ("verify", "generate", "list", "explore", "audit", "calibrate", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:

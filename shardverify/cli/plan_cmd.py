@@ -1,0 +1,66 @@
+"""`shardverify plan SPEC`: plan a model (the solver's plan, or a user's plan file) and verify it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+from shardverify.errors import ShardVerifyError
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("plan", help="plan a model on a mesh and verify the plan end to end",
+                            description="SPEC is a specs/plans/*.yaml file or a model factory's dotted path "
+                                        "(then --input gives the input shapes).")
+    parser.add_argument("spec")
+    parser.add_argument("--mesh", help="mesh shape, e.g. 2,2 (default: the spec's)")
+    parser.add_argument("--plan", help="YAML file: node name -> strategy name (default: the solver's plan)")
+    parser.add_argument("--input", action="append", default=[], help="input shape for a factory, e.g. 64,128")
+    parser.add_argument("--backend", default="simulated", help="simulated | gloo | nccl | process")
+    parser.add_argument("--memory-limit", type=int, help="bytes per device for the solver")
+    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    parser.set_defaults(func=run)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(s) for s in text.split(",") if s.strip())
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardverify.plan.spec import build_spec_model
+    from shardverify.plan.verify import describe_plan, verify_plan
+
+    try:
+        if args.spec.endswith((".yaml", ".yml")):
+            with open(args.spec) as handle:
+                raw = yaml.safe_load(handle)
+            factory, kwargs = raw["model"]["factory"], tuple((raw["model"].get("kwargs") or {}).items())
+            inputs = tuple((k, tuple(v)) for k, v in raw["inputs"].items())
+            mesh = _shape(args.mesh) if args.mesh else tuple(raw["mesh"])
+        else:
+            factory, kwargs = args.spec, ()
+            if not args.input:
+                print(f"shardverify plan: {args.spec} is a factory; give its input shapes with --input", file=sys.stderr)
+                return 2
+            inputs = tuple((f"input_{i}", _shape(s)) for i, s in enumerate(args.input))
+            mesh = _shape(args.mesh or "2,2")
+        plan = None
+        if args.plan:
+            with open(args.plan) as handle:
+                plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
+        module, example = build_spec_model(factory, kwargs, inputs)
+        result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit)
+    except (ShardVerifyError, OSError, KeyError, LookupError) as error:
+        print(f"shardverify plan: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(describe_plan(result.plan))
+        print(f"verification on {result.backend}: {result.summary()}")
+    return 0 if result.passed else 1

@@ -1,0 +1,8 @@
+"""Whole-model plans: a strategy per node, resharding between nodes, end-to-end verification."""
+
+from shardverify.plan.model import GENERIC, NodePlan, Plan, PlanCost, Reshard, build_plan, node_options
+from shardverify.plan.solver import PlanInfeasible, solve_plan
+from shardverify.plan.verify import PlanResult, describe_plan, make_plan, run_plan, verify_plan
+
+__all__ = ["GENERIC", "NodePlan", "Plan", "PlanCost", "Reshard", "build_plan", "node_options", "PlanInfeasible",
+           "solve_plan", "PlanResult", "describe_plan", "make_plan", "run_plan", "verify_plan"]

@@ -1,0 +1,309 @@
+"""Run a whole model sharded by a plan on one rank, forward and backward, and compare every
+node's output, every output gradient, the input gradients and every parameter gradient with
+the single-device model (all in float64, so any difference is a bug, not rounding).
+
+Each node with a strategy: its inputs are resharded as the plan says, the strategy's BEFORE
+actions run, post-added operands are held back (zeros passed), the op runs on local shards,
+then the AFTER actions and the post-adds; parameters are local shards whose gradient passes
+through the strategy's HOOK actions. Generic nodes run on full (replicated) tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from shardverify.collectives.patterns import apply_comm_action, apply_grad_hook
+from shardverify.errors import VerificationError
+from shardverify.plan.model import Plan, operand_producer
+from shardverify.reshard import Layout, apply_reshard
+from shardverify.strategy import CommWhere
+from shardverify.tracing import trace
+from shardverify.verify.reference import _operand_nodes, as_outputs, call_op
+
+__all__ = ["ModelRecipe", "PlanMismatch", "rank_run_plan", "RTOL", "ATOL"]
+
+RTOL, ATOL = 1e-7, 1e-9
+_TRACE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """The model and example inputs (picklable: sent to worker processes)."""
+
+    module: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PlanMismatch:
+    phase: str          # "forward" (a node's output), "backward" (a node's output gradient), "grad", "error"
+    order: int          # the node's position in the graph (for "grad": of the node using the tensor)
+    node: str
+    what: str
+    rank: int
+    max_abs_err: float = 0.0
+
+    def __str__(self) -> str:
+        err = f": max abs error {self.max_abs_err:.3g}" if self.phase != "error" else ""
+        return f"rank {self.rank}: {self.phase} {self.what} at node {self.node!r}{err}"
+
+
+def _traced(recipe: ModelRecipe) -> fx.GraphModule:
+    module = copy.deepcopy(recipe.module).double()
+    names = [n.target for n in fx.symbolic_trace(module).graph.nodes if n.op == "placeholder"]
+    meta = {str(name): x.to(torch.float64) for name, x in zip(names, recipe.inputs)}
+    return trace(module, meta)
+
+
+def _grad_seed(shape, seed: int, index: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed * 7919 + index)
+    return torch.randn(tuple(shape), generator=gen, dtype=torch.float64)
+
+
+def reference_run(recipe: ModelRecipe):
+    """Single-device values and gradients of every node, the inputs and the parameters."""
+    gm = _traced(recipe)
+    inputs = [x.detach().to(torch.float64).clone().requires_grad_(x.is_floating_point()) for x in recipe.inputs]
+    values: dict[str, object] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.retain_grad()
+            values[n.name] = out
+            return out
+
+    out = Recorder(gm).run(*inputs)
+    out_t = out if isinstance(out, torch.Tensor) else out[0]
+    out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
+    grads = {name: v.grad for name, v in values.items() if isinstance(v, torch.Tensor) and v.grad is not None}
+    params = {name: p.grad for name, p in gm.named_parameters()}
+    return gm, values, grads, [x.grad for x in inputs], params
+
+
+def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, actual, expected) -> None:
+    if actual is None or expected is None:
+        if (actual is None) != (expected is None):
+            found.append(PlanMismatch(phase, order, node, what + " (gradient missing on one side)", rank))
+        return
+    if tuple(actual.shape) != tuple(expected.shape):
+        found.append(PlanMismatch(phase, order, node, f"{what} (shape {tuple(actual.shape)}, expected "
+                                  f"{tuple(expected.shape)})", rank, float("inf")))
+        return
+    err = (actual.detach().double() - expected.detach().double()).abs()
+    bound = ATOL + RTOL * expected.detach().double().abs()
+    if bool((err > bound).any()):
+        found.append(PlanMismatch(phase, order, node, what, rank, float(err.max())))
+
+
+def _summed(comm, layout, value):
+    """A partial local tensor summed over its partial axes (for comparison only)."""
+    if isinstance(layout, Layout) and layout.partial and isinstance(value, torch.Tensor):
+        return comm.all_reduce(value.detach().contiguous(), layout.partial, "sum")
+    return value
+
+
+def _shard(layout, value, mesh, rank):
+    if isinstance(layout, Layout) and isinstance(value, torch.Tensor):
+        return layout.spec.local_shard(value, mesh, rank)
+    return value
+
+
+def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, on_node=None):
+    """This rank's forward pass under ``plan``; ``on_node(order, node, out, layout)`` sees each
+    op node's local output. Returns (env, layouts, param leaves, input leaves, result)."""
+    mesh = comm.mesh
+    by_name = {n.name: n for n in gm.graph.nodes}
+    params = dict(gm.named_parameters())
+    env: dict[str, object] = {}
+    layouts: dict[str, object] = {}
+    leaves: dict[str, tuple[torch.Tensor, Layout | None, int, str]] = {}   # param name -> leaf, layout, order, node
+    input_leaves = []
+    result = None
+    for order, item in enumerate(plan.nodes):
+        node = by_name[item.node]
+        strategy = item.strategy
+        steps = {(r.operand, r.producer): r.steps for r in item.reshards}
+
+        def fetch(operand: str, producer: fx.Node, value=None):
+            value = env[producer.name] if value is None else value
+            return apply_reshard(comm, steps.get((operand, producer.name), ()), value)
+
+        if node.op == "placeholder":
+            leaf = recipe.inputs[len(input_leaves)].detach().clone()
+            leaf.requires_grad_(leaf.is_floating_point())
+            input_leaves.append(leaf)
+            env[node.name], layouts[node.name] = leaf, Layout.replicated(mesh.shape, tuple(leaf.shape))
+            continue
+        if node.op == "output":
+            def gather(a):
+                return fetch(a.name, a) if isinstance(env.get(a.name), torch.Tensor) else env[a.name]
+            result = fx.node.map_arg(node.args[0], gather)
+            continue
+        if strategy is None:
+            out = _run_generic(comm, gm, node, env, fetch, params, leaves, order)
+            layout = (Layout.replicated(mesh.shape, tuple(out.shape)) if isinstance(out, torch.Tensor)
+                      else [Layout.replicated(mesh.shape, tuple(t.shape)) if isinstance(t, torch.Tensor) else None
+                            for t in out] if isinstance(out, (tuple, list)) else None)
+        else:
+            out = _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, item.deferred)
+            specs = [Layout(strategy.get_sharding_spec_by_name(d.name), item.deferred) for d in strategy.outputs]
+            layout = specs[0] if len(specs) == 1 else specs
+        env[node.name], layouts[node.name] = out, layout
+        for tensor in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                tensor.retain_grad()
+        if on_node is not None:
+            on_node(order, node, out, layout)
+    return env, layouts, leaves, input_leaves, result
+
+
+def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
+    """The SPMD run of ``plan`` on this rank (module-level so process workers import it)."""
+    mesh, rank = comm.mesh, comm.rank
+    # torch.fx tracing patches nn.Module.__call__ process-wide: simulated ranks (threads) trace
+    # one at a time and start running only when every rank has finished tracing.
+    with _TRACE_LOCK:
+        ref_gm, ref_values, ref_grads, ref_input_grads, ref_param_grads = reference_run(recipe)
+        gm = _traced(recipe)
+    comm.barrier()
+    found: list[PlanMismatch] = []
+
+    def check(order, node, out, layout):
+        expected = ref_values[node.name]
+        if isinstance(out, torch.Tensor):
+            _cmp(found, "forward", order, node.name, "output", rank, _summed(comm, layout, out),
+             _shard(layout, expected, mesh, rank))
+        elif isinstance(out, (tuple, list)):
+            for i, (o, lay) in enumerate(zip(out, layout or [None] * len(out))):
+                if isinstance(o, torch.Tensor):
+                    _cmp(found, "forward", order, node.name, f"output {i}", rank, o,
+                         _shard(lay, expected[i], mesh, rank))
+
+    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check)
+    if found:
+        return found   # backward would only repeat the forward divergence
+    out_t = result if isinstance(result, torch.Tensor) else result[0]
+    out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
+    for order, item in enumerate(plan.nodes):
+        value = env.get(item.node)
+        if isinstance(value, torch.Tensor) and value.requires_grad and item.node in ref_grads:
+            _cmp(found, "backward", order, item.node, "output gradient", rank, value.grad,
+                 _shard(layouts[item.node], ref_grads[item.node], mesh, rank))
+    for i, (leaf, expected) in enumerate(zip(input_leaves, ref_input_grads)):
+        _cmp(found, "grad", 0, plan.nodes[i].node, f"grad of input {plan.nodes[i].node}", rank, leaf.grad, expected)
+    for name, (leaf, layout, order, node_name) in leaves.items():
+        expected = ref_param_grads.get(name)
+        _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad,
+             _shard(layout, expected, mesh, rank) if expected is not None else None)
+    return found
+
+
+def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: Layout | None, leaves: dict, order: int,
+                node: str, hooks=()) -> torch.Tensor:
+    if qualname in leaves:
+        if leaves[qualname][1] != layout:
+            raise VerificationError(f"parameter {qualname!r} is used by node {leaves[qualname][3]!r} laid out as "
+                                    f"{leaves[qualname][1]} and by node {node!r} as {layout}; shared parameters "
+                                    "need one layout")
+        return leaves[qualname][0]
+    local = full.detach() if layout is None else layout.spec.local_shard(full.detach(), comm.mesh, comm.rank)
+    leaf = local.clone().requires_grad_(full.requires_grad and full.is_floating_point())
+    for action in hooks:
+        leaf.register_hook(lambda g, action=action: apply_grad_hook(comm, action, g))
+    leaves[qualname] = (leaf, layout, order, node)
+    return leaf
+
+
+def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, deferred=()):
+    module = gm.get_submodule(node.target) if node.op == "call_module" else None
+    values, late = {}, {}
+    for data in strategy.inputs:
+        loc = (data.locator.kind, data.locator.key)
+        layout = Layout(strategy.get_sharding_spec_by_name(data.name))
+        if data.locator.kind in ("param", "buffer"):
+            qualname = f"{node.target}.{data.locator.key}"
+            full = params.get(qualname)
+            if full is None:
+                full = gm.get_buffer(qualname)
+            hooks = [a for a in strategy.communication_actions if a.operand == data.name and a.where is CommWhere.HOOK]
+            tensor = _param_leaf(comm, qualname, full, layout, leaves, order, node.name, hooks)
+        else:
+            producer = operand_producer(node, data.locator)
+            tensor = fetch(data.name, producer)
+        for action in strategy.communication_actions:
+            if action.operand == data.name and action.where is CommWhere.BEFORE:
+                tensor = apply_comm_action(comm, action, tensor)
+        if strategy.post_added(data.name) is not None:
+            late[data.name] = tensor
+            tensor = torch.zeros_like(tensor.detach())
+        values[loc] = tensor
+    for loc, arg in _operand_nodes(node).items():   # non-tensor graph values (x.shape[0]) as computed
+        if loc not in values and not isinstance(env.get(arg.name), torch.Tensor):
+            values[loc] = env.get(arg.name)
+    outputs = list(as_outputs(node, call_op(node, module, values)))
+    for index, data in enumerate(strategy.outputs[:len(outputs)]):
+        for action in strategy.communication_actions:
+            if action.operand == data.name and action.where is CommWhere.AFTER:
+                if deferred and action.axes == deferred:
+                    continue   # the plan's resharding reduces this partial output
+                outputs[index] = apply_comm_action(comm, action, outputs[index])
+    from shardverify.verify.engine import _aligned
+
+    for add in strategy.post_add:
+        outputs[add.output] = outputs[add.output] + _aligned(late[add.operand], add.dims, outputs[add.output].dim())
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
+    def value(a):
+        held = env.get(a.name)
+        if isinstance(held, torch.Tensor):
+            return fetch(a.name, a)
+        if isinstance(held, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in held):
+            return type(held)(fetch(f"{a.name}[{i}]", a, t) if isinstance(t, torch.Tensor) else t
+                              for i, t in enumerate(held))
+        return held
+
+    args = fx.node.map_arg(node.args, value)
+    kwargs = fx.node.map_arg(node.kwargs, value)
+    if node.op == "get_attr":
+        full = gm.get_parameter(node.target) if node.target in params else getattr(gm, node.target)
+        return _param_leaf(comm, node.target, full, None, leaves, order, node.name) if node.target in params else full
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)
+    if node.op == "call_method":
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+    module = gm.get_submodule(node.target)
+    tensors = {}
+    for name, p in module.named_parameters():
+        tensors[name] = _param_leaf(comm, f"{node.target}.{name}", p, None, leaves, order, node.name)
+    tensors.update(dict(module.named_buffers()))
+    return torch.func.functional_call(module, tensors, args, kwargs)
+
+
+def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> float:
+    """Mean seconds of one sharded training step (forward + backward) on this rank, float32."""
+    import time
+
+    with _TRACE_LOCK:
+        gm = _traced(recipe).float()
+    recipe = ModelRecipe(recipe.module, tuple(x.float() for x in recipe.inputs), recipe.seed)
+    comm.barrier()
+    seconds = []
+    for _ in range(steps + 1):
+        comm.barrier()
+        start = time.perf_counter()
+        *_, result = _sharded_forward(comm, gm, recipe, plan)
+        out = result if isinstance(result, torch.Tensor) else result[0]
+        out.backward(torch.ones_like(out))
+        comm.barrier()
+        seconds.append(time.perf_counter() - start)
+    return sum(seconds[1:]) / steps

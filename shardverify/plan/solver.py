@@ -1,0 +1,114 @@
+"""The plan solver: one strategy per node minimising declared compute + communication +
+resharding seconds, under an optional per-device memory limit.
+
+It is an integer linear program solved by CBC through PuLP (pinned in pyproject.toml; the
+wheel bundles the CBC binary, so it runs offline). Why an ILP and not dynamic programming:
+models are DAGs, not chains (a residual add consumes two branches, attention feeds q, k, v
+from one input), and the memory limit couples every node; an exact DP needs a chain and no
+global constraint. The formulation is the usual one (as in Alpa/ColossalAI): a binary
+``x[n, s]`` per node and strategy, summing to 1 per node; for an edge whose two ends both
+have a choice, continuous ``y[e, sp, sc] >= 0`` with ``sum_sc y = x[p, sp]`` and
+``sum_sp y = x[c, sc]`` (so ``y`` is 1 exactly on the chosen pair) carries the resharding cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pulp
+from torch import fx
+
+from shardverify.errors import StrategyError
+from shardverify.mesh import DeviceMesh
+from shardverify.plan.model import (FLOP_RATE, Plan, assemble_plan, deferrable, deferred_saving, edge_targets,
+                                    make_reshard, node_layouts, node_options)
+from shardverify.strategy import ShardingStrategy
+
+__all__ = ["solve_plan", "PlanInfeasible"]
+
+
+class PlanInfeasible(StrategyError):
+    """No choice of strategies fits the memory limit."""
+
+
+def _own_cost(option, flop_rate: float, mesh: DeviceMesh) -> float:
+    strategy, deferred = option
+    if strategy is None:
+        return 0.0
+    saving = deferred_saving(strategy, deferred, mesh) if deferred else 0.0
+    return strategy.compute_cost.total / flop_rate + strategy.communication_cost.total - saving
+
+
+def _variants(strategies, defer: bool) -> list:
+    """(strategy, deferred axes) options of a node: each strategy as declared and, with
+    ``defer``, also with its output left partial for the resharding to reduce."""
+    if not strategies:
+        return [(None, ())]
+    found = []
+    for strategy in strategies:
+        found.append((strategy, ()))
+        if defer and deferrable(strategy):
+            found.append((strategy, deferrable(strategy)))
+    return found
+
+
+def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int | None = None,
+               flop_rate: float = FLOP_RATE,
+               options: Mapping[str, list[ShardingStrategy] | None] | None = None,
+               defer_reductions: bool = True) -> Plan:
+    """The cheapest plan by declared cost; ``memory_limit`` bounds the summed declared memory
+    (bytes per device) of the chosen strategies. With ``defer_reductions`` a strategy's AFTER
+    all-reduce may be left to the resharding (a reduce-scatter when the consumer shards)."""
+    options = node_options(graph_module, mesh) if options is None else options
+    nodes = list(graph_module.graph.nodes)
+    choices = {n.name: _variants(options[n.name], defer_reductions) for n in nodes}
+    problem = pulp.LpProblem("shardverify_plan", pulp.LpMinimize)
+    x = {name: [pulp.LpVariable(f"x_{i}_{k}", cat="Binary") for k in range(len(opts))]
+         for i, (name, opts) in enumerate(choices.items())}
+    objective = []
+    memory = []
+    for name, opts in choices.items():
+        problem += pulp.lpSum(x[name]) == 1, f"one_{name}"
+        for var, (strategy, deferred) in zip(x[name], opts):
+            objective.append(_own_cost((strategy, deferred), flop_rate, mesh) * var)
+            if strategy is not None:
+                memory.append(strategy.memory_cost.total.total * var)
+    for c_index, node in enumerate(nodes):
+        c_opts = choices[node.name]
+        # cost[p][(sp, sc)] summed over the operands fed by producer p
+        costs: dict[str, dict[tuple[int, int], float]] = {}
+        for sc, (strategy, _) in enumerate(c_opts):
+            for operand, producer, index, target in edge_targets(node, strategy, mesh):
+                for sp, (source_strategy, deferred) in enumerate(choices[producer.name]):
+                    source = node_layouts(producer, source_strategy, mesh, deferred)
+                    cost = make_reshard(node, operand, producer, source, target, mesh, index).cost
+                    table = costs.setdefault(producer.name, {})
+                    table[(sp, sc)] = table.get((sp, sc), 0.0) + cost
+        for p_index, (producer, table) in enumerate(costs.items()):
+            p_opts = choices[producer]
+            if len(p_opts) == 1 or len(c_opts) == 1:
+                for (sp, sc), cost in table.items():
+                    var = x[node.name][sc] if len(p_opts) == 1 else x[producer][sp]
+                    objective.append(cost * var)
+                continue
+            y = {(sp, sc): pulp.LpVariable(f"y_{c_index}_{p_index}_{sp}_{sc}", lowBound=0)
+                 for sp in range(len(p_opts)) for sc in range(len(c_opts))}
+            for sp in range(len(p_opts)):
+                problem += pulp.lpSum(y[sp, sc] for sc in range(len(c_opts))) == x[producer][sp]
+            for sc in range(len(c_opts)):
+                problem += pulp.lpSum(y[sp, sc] for sp in range(len(p_opts))) == x[node.name][sc]
+            objective += [cost * y[key] for key, cost in table.items() if cost]
+    problem += pulp.lpSum(objective)
+    if memory_limit is not None:
+        problem += pulp.lpSum(memory) <= memory_limit, "memory"
+    status = problem.solve(pulp.PULP_CBC_CMD(msg=0))
+    if pulp.LpStatus[status] != "Optimal":
+        if memory_limit is not None:
+            raise PlanInfeasible(f"no plan fits the memory limit of {memory_limit} bytes per device on mesh "
+                                 f"{mesh.shape} (solver status {pulp.LpStatus[status]})")
+        raise StrategyError(f"the plan solver ended with status {pulp.LpStatus[status]}")
+    chosen = {}
+    for name, opts in choices.items():
+        best = max(range(len(opts)), key=lambda k: x[name][k].value() or 0.0)
+        chosen[name] = opts[best]
+    return assemble_plan(graph_module, mesh, chosen, flop_rate)

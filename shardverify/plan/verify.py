@@ -1,0 +1,134 @@
+"""``verify_plan``: choose (or take) a plan for a model and verify it end to end on a backend."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from shardverify.errors import BackendError, InvalidArgument
+from shardverify.mesh import DeviceMesh
+from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, rank_run_plan
+from shardverify.plan.model import FLOP_RATE, Plan, build_plan, node_options
+from shardverify.plan.solver import solve_plan
+
+__all__ = ["PlanResult", "make_plan", "verify_plan", "run_plan"]
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    backend: str
+    mismatches: tuple[PlanMismatch, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.mismatches
+
+    def first_divergence(self) -> PlanMismatch | None:
+        """The first node (graph order) whose output diverges in forward; else, in backward, the
+        last node whose output gradient diverges (the first the gradient reaches); else a grad."""
+        for phase, pick in (("forward", min), ("backward", max), ("grad", min), ("error", min)):
+            found = [m for m in self.mismatches if m.phase == phase]
+            if found:
+                return pick(found, key=lambda m: m.order)
+        return None
+
+    def summary(self) -> str:
+        first = self.first_divergence()
+        if first is None:
+            return "PASS"
+        item = self.plan.node(first.node) if first.phase != "error" else None
+        lines = [f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}"
+                 + (f" (max abs error {first.max_abs_err:.3g})" if first.phase != "error" else "")]
+        if item is not None:
+            lines.append(f"  strategy: {item.strategy_name}")
+            lines += [f"  resharding before it: {r}" for r in item.reshards] or ["  resharding before it: none"]
+        ranks = sorted({m.rank for m in self.mismatches if m.node == first.node})
+        lines.append(f"  ranks: {ranks}; {len(self.mismatches)} mismatch(es) in all")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        first = self.first_divergence()
+        return {
+            "mesh": list(self.plan.mesh_shape), "backend": self.backend, "passed": self.passed,
+            "cost": {"compute": self.plan.cost.compute, "communication": self.plan.cost.communication,
+                     "resharding": self.plan.cost.resharding, "total": self.plan.cost.total,
+                     "memory_bytes": self.plan.cost.memory},
+            "nodes": [{"node": n.node, "strategy": n.strategy_name,
+                       "resharding": [{"operand": r.operand, "from": r.producer, "source": str(r.source),
+                                       "target": str(r.target), "steps": [str(s) for s in r.steps]}
+                                      for r in n.reshards if r.steps]} for n in self.plan.nodes],
+            "first_divergence": None if first is None else {"node": first.node, "phase": first.phase,
+                                                            "what": first.what},
+            "mismatches": [str(m) for m in self.mismatches],
+        }
+
+
+def describe_plan(plan: Plan) -> str:
+    lines = [f"plan on mesh {list(plan.mesh_shape)}:"]
+    for item in plan.nodes:
+        lines.append(f"  {item.node:<16} {item.strategy_name}")
+        lines += [f"      reshard {r.operand}: {r.source} -> {r.target} via "
+                  f"{', '.join(map(str, r.steps))} ({r.cost:.3g} s)" for r in item.reshards if r.steps]
+    c = plan.cost
+    lines.append(f"  declared cost: {c.total:.4g} s (compute {c.compute:.3g} + communication "
+                 f"{c.communication:.3g} + resharding {c.resharding:.3g}); memory {c.memory} B/device")
+    return "\n".join(lines)
+
+
+def _as_mesh(mesh) -> DeviceMesh:
+    return mesh if isinstance(mesh, DeviceMesh) else DeviceMesh(tuple(mesh))
+
+
+def make_plan(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
+              plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
+              flop_rate: float = FLOP_RATE) -> Plan:
+    """The solver's plan (``plan=None``), or the user's ``{node: strategy name}`` completed."""
+    if isinstance(plan, Plan):
+        return plan
+    mesh = _as_mesh(mesh)
+    gm = _traced(ModelRecipe(module, tuple(example_inputs)))
+    options = node_options(gm, mesh)
+    if plan is None:
+        return solve_plan(gm, mesh, memory_limit, flop_rate, options)
+    return build_plan(gm, mesh, dict(plan), options, flop_rate)
+
+
+def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
+             timeout: float | None = None) -> PlanResult:
+    if tuple(plan.mesh_shape) != tuple(backend.mesh.shape):
+        raise InvalidArgument(f"plan is for mesh {plan.mesh_shape}, the backend's mesh is {backend.mesh.shape}")
+    recipe = ModelRecipe(module, tuple(t.detach().cpu().double() for t in example_inputs), seed)
+    from shardverify.verify.engine import _backend_name
+
+    name = _backend_name(backend)
+    try:
+        reports = backend.run(rank_run_plan, recipe, plan, timeout=timeout)
+    except BackendError as error:
+        ranks = getattr(error, "ranks", ()) or (getattr(error, "rank", -1),)
+        return PlanResult(plan, str(name), tuple(PlanMismatch("error", 0, "?", str(error), int(r)) for r in ranks))
+    return PlanResult(plan, str(name), tuple(m for report in reports for m in report))
+
+
+def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, backend: str | object = "simulated",
+                memory_limit: int | None = None, seed: int = 0) -> PlanResult:
+    """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
+    ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
+    the single-device model, forward and backward."""
+    from shardverify.backends import get_backend
+
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    mesh = _as_mesh(mesh)
+    chosen = make_plan(model, example_inputs, mesh, plan, memory_limit)
+    if isinstance(backend, str):
+        runner = get_backend(backend, mesh)
+        try:
+            return run_plan(runner, model, example_inputs, chosen, seed)
+        finally:
+            runner.close()
+    return run_plan(backend, model, example_inputs, chosen, seed)
+
+

@@ -1,0 +1,181 @@
+"""Numerical check of resharding: every (source, target) layout pair of a tensor on a mesh.
+
+Layouts are enumerated exhaustively (each mesh axis unused, partial, or splitting one tensor
+dim, in every order on a dim). Pairs are pruned by symmetry: permuting mesh axes of equal
+size (with equal alpha/beta) and tensor dims of equal size maps a pair onto another whose
+plan is the permuted plan (``plan_reshard`` compares axes and dims only for equality and
+reaches a fixpoint independent of iteration order), so one pair per orbit is run.
+Every rank runs all selected pairs in one SPMD call and returns what went wrong.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from shardverify.errors import ShardingSpecError
+from shardverify.mesh import DeviceMesh
+from shardverify.reshard import Layout, apply_reshard, plan_reshard
+from shardverify.sharding import ShardingSpec
+
+__all__ = ["enumerate_layouts", "layout_pairs", "pair_count", "ReshardCase", "rank_check_pairs", "check_reshard"]
+
+
+def enumerate_layouts(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...],
+                      partial: bool = True) -> list[Layout]:
+    """Every valid layout (divisible shards), partial ones included when ``partial``."""
+    choices = [None, "P", *range(len(tensor_shape))] if partial else [None, *range(len(tensor_shape))]
+    found: dict[str, Layout] = {}
+    for assign in itertools.product(choices, repeat=len(mesh_shape)):
+        per_dim = {d: [a for a, c in enumerate(assign) if c == d] for d in range(len(tensor_shape))}
+        part = tuple(a for a, c in enumerate(assign) if c == "P")
+        for orders in itertools.product(*(itertools.permutations(per_dim[d]) for d in per_dim)):
+            try:
+                spec = ShardingSpec.from_partition(mesh_shape, tensor_shape,
+                                                   {d: axes for d, axes in zip(per_dim, orders) if axes})
+            except ShardingSpecError:
+                continue
+            layout = Layout(spec, part)
+            found.setdefault(str(layout), layout)
+    return list(found.values())
+
+
+def _permute(layout: Layout, axis_perm: tuple[int, ...], dim_perm: tuple[int, ...]) -> str:
+    """The layout with mesh axis a renamed axis_perm[a] and tensor dim d moved to dim_perm[d]."""
+    dims = [()] * len(dim_perm)
+    for d, axes in layout.axes.items():
+        dims[dim_perm[d]] = tuple(axis_perm[a] for a in axes)
+    seq = "[" + ", ".join("S" + "".join(map(str, a)) if a else "R" for a in dims) + "]"
+    partial = sorted(axis_perm[a] for a in layout.partial)
+    return seq + (" P" + "".join(map(str, partial)) if partial else "")
+
+
+def _symmetries(mesh: DeviceMesh, tensor_shape: tuple[int, ...]):
+    def keeps(perm, values):
+        return all(values[p] == values[i] for i, p in enumerate(perm))
+    link = [(s, mesh.alpha[i], mesh.beta[i]) for i, s in enumerate(mesh.shape)]
+    axis_perms = [p for p in itertools.permutations(range(mesh.ndim)) if keeps(p, link)]
+    dim_perms = [p for p in itertools.permutations(range(len(tensor_shape))) if keeps(p, tensor_shape)]
+    return list(itertools.product(axis_perms, dim_perms))
+
+
+def layout_pairs(mesh: DeviceMesh, tensor_shape: tuple[int, ...], prune: bool = True) -> list[tuple[str, str]]:
+    """(source, target) pairs as layout strings; with ``prune`` one per symmetry orbit."""
+    layouts = enumerate_layouts(mesh.shape, tensor_shape)
+    pairs = [(str(s), str(t)) for s in layouts for t in layouts]
+    if not prune:
+        return pairs
+    by_name = {str(l): l for l in layouts}
+    group = _symmetries(mesh, tensor_shape)
+    seen, kept = set(), []
+    for src, tgt in pairs:
+        if (src, tgt) in seen:
+            continue
+        kept.append((src, tgt))
+        for ap, dp in group:
+            seen.add((_permute(by_name[src], ap, dp), _permute(by_name[tgt], ap, dp)))
+    return kept
+
+
+@dataclass(frozen=True)
+class ReshardCase:
+    """Pairs to check for one tensor shape on one mesh (picklable for process backends)."""
+
+    mesh_shape: tuple[int, ...]
+    tensor_shape: tuple[int, ...]
+    pairs: tuple[tuple[str, str], ...]
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What every rank of a pair shares: layouts, steps, the global tensor and gradient, and
+    the random addends of a partial source (drawn once per process, not once per rank)."""
+
+    source: Layout
+    target: Layout
+    steps: tuple
+    full: torch.Tensor
+    grad: torch.Tensor
+    addends: torch.Tensor | None
+
+
+_PREPARED: dict = {}
+_PREPARED_LOCK = threading.Lock()
+
+
+def _prepare(case: ReshardCase) -> list[_Prepared]:
+    with _PREPARED_LOCK:
+        if case not in _PREPARED:
+            mesh = DeviceMesh(case.mesh_shape)
+            items = []
+            for index, (src_text, tgt_text) in enumerate(case.pairs):
+                src = Layout.parse(src_text, case.tensor_shape, mesh.shape)
+                tgt = Layout.parse(tgt_text, case.tensor_shape, mesh.shape)
+                gen = torch.Generator().manual_seed(case.seed * 100003 + index)
+                full = torch.randn(case.tensor_shape, generator=gen, dtype=torch.float64)
+                grad = torch.randn(case.tensor_shape, generator=gen, dtype=torch.float64)
+                addends = None
+                if src.partial:
+                    noise = torch.randn((mesh.axes_size(src.partial), *src.local_shape()), generator=gen,
+                                        dtype=torch.float64)
+                    addends = noise - noise.mean(0, keepdim=True)
+                items.append(_Prepared(src, tgt, plan_reshard(src, tgt), full, grad, addends))
+            _PREPARED.clear()   # one case at a time is enough
+            _PREPARED[case] = items
+        return _PREPARED[case]
+
+
+def _local(item: _Prepared, mesh: DeviceMesh, rank: int) -> torch.Tensor:
+    """This rank's source tensor: a partial layout splits the shard into random addends that
+    sum to it over the partial axes."""
+    layout = item.source
+    shard = layout.spec.local_shard(item.full, mesh, rank)
+    if not layout.partial:
+        return shard.clone()
+    n = mesh.axes_size(layout.partial)
+    return shard / n + item.addends[mesh.group_index(rank, layout.partial)]
+
+
+def rank_check_pairs(comm, case: ReshardCase) -> list[str]:
+    """Run every pair forward and backward on this rank; return one line per failure."""
+    mesh, rank = comm.mesh, comm.rank
+    failures = []
+    for item in _prepare(case):
+        src, tgt = item.source, item.target
+        leaf = _local(item, mesh, rank).requires_grad_()
+        what = f"{src} -> {tgt} via {', '.join(map(str, item.steps)) or 'nothing'} on rank {rank}"
+        try:
+            out = apply_reshard(comm, item.steps, leaf)
+            value = out.detach()
+            if tgt.partial:
+                value = comm.all_reduce(value.contiguous(), tgt.partial, "sum")
+            expected = tgt.spec.local_shard(item.full, mesh, rank)
+            if value.shape != expected.shape or not torch.allclose(value, expected, rtol=1e-10, atol=1e-10):
+                failures.append(f"{what}: forward output differs")
+                continue
+            out.backward(tgt.spec.local_shard(item.grad, mesh, rank).clone())
+            if not torch.allclose(leaf.grad, src.spec.local_shard(item.grad, mesh, rank), rtol=1e-10, atol=1e-10):
+                failures.append(f"{what}: backward gradient differs")
+        except Exception as error:  # noqa: BLE001 - reported with the pair
+            failures.append(f"{what}: {type(error).__name__}: {error}")
+            break   # the ranks may be out of step after an error; stop here
+    return failures
+
+
+def check_reshard(backend, tensor_shape: tuple[int, ...], prune: bool = True, seed: int = 0) -> tuple[int, list[str]]:
+    """Check every (pruned) pair on ``backend``'s mesh; returns (pairs run, failure lines)."""
+    mesh = backend.mesh
+    pairs = tuple(layout_pairs(mesh, tuple(tensor_shape), prune))
+    results = backend.run(rank_check_pairs, ReshardCase(tuple(mesh.shape), tuple(tensor_shape), pairs, seed))
+    failures = sorted({line for lines in results for line in lines})
+    return len(pairs), failures
+
+
+def pair_count(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...], prune: bool = True) -> int:
+    return len(layout_pairs(DeviceMesh(mesh_shape), tensor_shape, prune))
+
+

@@ -1,0 +1,166 @@
+"""Whole-model plans: solver, user plans, planted mistakes that must be caught and named."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from shardverify.cli.main import main
+from shardverify.mesh import DeviceMesh
+from shardverify.plan import PlanInfeasible, build_plan, make_plan, node_options, run_plan, solve_plan, verify_plan
+from shardverify.plan.execute import ModelRecipe, _traced
+from shardverify.plan.spec import build_spec_model
+from shardverify.reshard import ReshardStep
+from shardverify.strategy import CommPattern
+
+
+def _chain(d_in=16, d_hidden=32):
+    return build_spec_model("shardverify.plan.zoo.linear_chain", (("d_in", d_in), ("d_hidden", d_hidden),
+                                                                   ("d_out", d_in)), (("x", (8, d_in)),))
+
+
+def test_wrong_gather_axis_is_named(sv_backend):
+    module, inputs = _chain()
+    plan = make_plan(module, inputs, (2, 2), {"fc1": "RS0 = RR x RS0", "fc2": "RR = RR x RR"})
+    (reshard,) = plan.node("fc2").reshards
+    assert reshard.steps == (ReshardStep("all_gather", (0,), (1,)),)
+    assert run_plan(sv_backend((2, 2), "simulated"), module, inputs, plan).passed
+    wrong = reshard.__class__(**{**reshard.__dict__, "steps": (ReshardStep("all_gather", (1,), (1,)),)})
+    result = run_plan(sv_backend((2, 2), "simulated"), module, inputs, plan.replace_node("fc2", reshards=(wrong,)))
+    assert not result.passed
+    first = result.first_divergence()
+    assert (first.node, first.phase) == ("fc2", "forward")
+    assert "all_gather(axes=(1,), dim=1)" in result.summary() and "RR = RR x RR" in result.summary()
+
+
+def test_partial_output_never_reduced_is_named(sv_backend):
+    module, inputs = _chain()
+    plan = make_plan(module, inputs, (2, 2), {"fc1": "RS01 = RR x RS01", "fc2": "RR = RS01 x S01R"})
+    strategy = plan.node("fc2").strategy
+    kept = tuple(a for a in strategy.communication_actions if a.pattern is not CommPattern.ALLREDUCE_FWD_IDENTITY_BWD)
+    assert len(kept) < len(strategy.communication_actions)
+    broken = plan.replace_node("fc2", strategy=strategy.replace(communication_actions=kept))
+    result = run_plan(sv_backend((2, 2), "simulated"), module, inputs, broken)
+    assert not result.passed and result.first_divergence().node == "fc2"
+    assert "RR = RS01 x S01R" in result.summary()
+
+
+def test_solver_finds_the_cheapest_plan_by_brute_force():
+    module, inputs = _chain(64, 256)
+    mesh = DeviceMesh((4,))
+    gm = _traced(ModelRecipe(module, inputs))
+    options = node_options(gm, mesh)
+    solved = solve_plan(gm, mesh, options=options)
+    best = min(build_plan(gm, mesh, {"fc1": a.name, "fc2": b.name}, options).cost.total
+               for a, b in itertools.product(options["fc1"], options["fc2"]))
+    assert solved.cost.total == pytest.approx(best)
+
+
+def test_solver_respects_the_memory_limit():
+    module, inputs = _chain(64, 256)
+    free = make_plan(module, inputs, (2, 2))
+    replicated = make_plan(module, inputs, (2, 2), {})
+    limit = min(free.cost.memory, replicated.cost.memory) - 1
+    tight = make_plan(module, inputs, (2, 2), memory_limit=limit)
+    assert tight.cost.memory <= limit
+    with pytest.raises(PlanInfeasible, match="memory limit"):
+        make_plan(module, inputs, (2, 2), memory_limit=1000)
+
+
+class ResidualMLP(nn.Module):
+    """A model no spec ships: a residual add and a ReLU (no handlers: they run replicated)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.down = nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def test_user_module_under_the_solver_and_a_user_plan(sv_backend):
+    model, x = ResidualMLP(), torch.randn(8, 16)
+    assert verify_plan(model, x, (2, 2), backend=sv_backend((2, 2), "simulated")).passed
+    result = verify_plan(model, x, (2, 2), {"up": "S01R = S01R x RR_0", "down": "S0S1 = S0R x RS1_0"},
+                         backend=sv_backend((2, 2), "simulated"))
+    assert result.passed, result.summary()
+
+
+def test_unknown_strategy_names_the_node():
+    model, x = ResidualMLP(), torch.randn(8, 16)
+    with pytest.raises(Exception, match="node 'up' has no strategy 'nope'"):
+        make_plan(model, (x,), (2, 2), {"up": "nope"})
+
+
+def test_cli_plan_factory_json_and_exit_status(tmp_path, capsys):
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text('fc1: "RS0 = RR x RS0"\nfc2: "RR = RS0 x S0R"\n')
+    assert main(["plan", "shardverify.plan.zoo.linear_chain", "--input", "8,32", "--mesh", "4",
+                 "--plan", str(plan_file), "--json"]) == 0
+    assert '"passed": true' in capsys.readouterr().out
+    assert main(["plan", "specs/plans/linear_chain.yaml"]) == 0
+    assert "declared cost" in capsys.readouterr().out
+
+
+@pytest.mark.dist
+def test_user_module_on_gloo(sv_backend):
+    model, x = ResidualMLP(), torch.randn(8, 16)
+    assert verify_plan(model, x, (2, 2), backend=sv_backend((2, 2), "process")).passed
+
+
+class TwoProjections(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32, bias=False)
+        self.down = nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        return self.down(self.up(x))
+
+
+def test_deferred_reduction_becomes_a_reduce_scatter(sv_backend):
+    model, x = TwoProjections(), torch.randn(8, 16)
+    plan = {"up": {"strategy": "RR = RS0 x S0R", "defer": True}, "down": "S0S1 = S0R x RS1_0"}
+    result = verify_plan(model, x, (2, 2), plan, backend=sv_backend((2, 2), "simulated"))
+    assert result.passed, result.summary()
+    (reshard,) = result.plan.node("down").reshards
+    assert str(reshard.source) == "[R, R] P0"
+    assert reshard.steps == (ReshardStep("reduce_scatter", (0,), (0,)),)
+    eager = make_plan(model, (x,), (2, 2), {**plan, "up": "RR = RS0 x S0R"})
+    assert result.plan.cost.total < eager.cost.total
+
+
+def test_solver_with_deferral_is_never_worse():
+    module, inputs = _chain(64, 256)
+    gm = _traced(ModelRecipe(module, inputs))
+    mesh = DeviceMesh((2, 2))
+    options = node_options(gm, mesh)
+    with_defer = solve_plan(gm, mesh, options=options)
+    without = solve_plan(gm, mesh, options=options, defer_reductions=False)
+    assert with_defer.cost.total <= without.cost.total + 1e-12
+    assert not any(n.deferred for n in without.nodes)
+
+
+def test_plan_spec_error_names_file_line_and_plan(tmp_path):
+    from shardverify.codegen.loader import load_yaml
+    from shardverify.errors import SpecError
+    from shardverify.plan.spec import parse_plan_spec
+
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: bad\nmodel: {factory: shardverify.plan.zoo.linear_chain}\ninputs: {x: [8, 32]}\n"
+                    "mesh: [2, 2]\nplans:\n  solver: solver\n  mine: {fc1: nope}\n")
+    with pytest.raises(SpecError) as info:
+        parse_plan_spec(load_yaml(str(spec)))
+    assert "bad.yaml" in str(info.value) and ":7" in str(info.value) and "no strategy 'nope'" in str(info.value)
+
+
+def test_row_parallel_linear_with_bias_post_add(sv_backend):
+    model, x = ResidualMLP(), torch.randn(8, 16)
+    plan = make_plan(model, (x,), (2, 2), {"up": "RR = RS01 x S01R", "down": "RR = RS01 x S01R"})
+    assert plan.node("up").strategy.post_add, "the row-parallel Linear with a bias adds it after the reduce"
+    result = run_plan(sv_backend((2, 2), "simulated"), model, (x,), plan)
+    assert result.passed, result.summary()
