@@ -104,6 +104,7 @@ class VerifySpec:
     rtol: float | None = None
     atol: float | None = None
     seed: int = 0
+    explore: bool = True           # generate hypothesis property tests beyond the grid
 
 
 @dataclass(frozen=True)
@@ -488,6 +489,7 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
     counts_node = f.optional("strategies", list)
     tol_node = f.optional("tolerance", dict)
     seed_node = f.optional("seed", int)
+    explore_node = f.optional("explore", bool)
     f.finish()
     forms = {t.form for t in targets}
     by_role = {o.role: o for o in operands}
@@ -580,7 +582,8 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
         seed = int(seed_node.value)  # type: ignore[arg-type]
 
     _check_positional(targets, operands, inputs, grid, inputs_node)
-    return VerifySpec(inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
+    return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
+                      inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
                       predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed)
 
 
@@ -662,7 +665,8 @@ def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
                            meshes=[(mesh, _mesh_id(mesh)) for mesh in spec.verify.meshes])
     outputs = {f"{HANDLER_DIR}/{spec.name}.py": handler, f"{TEST_DIR}/test_{spec.name}.py": test}
     # --- property tests (shardverify.explore, issue 7): hypothesis beyond the listed grid ---
-    outputs[f"{TEST_DIR}/test_{spec.name}_properties.py"] = renderer.render("op_property_test.py.j2", spec=spec)
+    if spec.verify.explore:
+        outputs[f"{TEST_DIR}/test_{spec.name}_properties.py"] = renderer.render("op_property_test.py.j2", spec=spec)
     # --- end property tests ---
     # --- completeness audit (shardverify.audit, issue 12): no valid strategy missing ---
     from shardverify.audit.check import audit_meshes
