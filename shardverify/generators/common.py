@@ -34,7 +34,7 @@ from shardverify.strategy import (
     TrainCycleItem,
 )
 
-__all__ = ["local_bytes", "memory_cost", "communication_cost", "action_traffic", "compute_cost",
+__all__ = ["grad_sync", "local_bytes", "memory_cost", "communication_cost", "action_traffic", "compute_cost",
            "op_call_shapes", "local_compute_cost", "make_strategy", "with_declared_costs"]
 
 
@@ -237,3 +237,12 @@ def with_declared_costs(strategy: ShardingStrategy, graph_module, node_name: str
         compute_cost=local_compute_cost(ctx, strategy.operands, specs, actions),
         memory_cost=memory_cost(strategy.operands, specs),
         communication_cost=communication_cost(mesh, actions, {d.name: d for d in strategy.operands}, specs))
+
+
+def grad_sync(data: OperationData, axes: tuple[int, ...]) -> list[CommAction]:
+    """All-reduce of a gradient that is partial over ``axes``: a hook on a parameter, before
+    the op on an activation, nothing for a buffer or an integer operand (no gradient)."""
+    if not axes or data.type is OperationDataType.BUFFER or not data.dtype.is_floating_point:
+        return []
+    where = CommWhere.HOOK if data.type is OperationDataType.PARAM else CommWhere.BEFORE
+    return [CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, axes, data.name, where)]

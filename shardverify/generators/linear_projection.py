@@ -39,15 +39,13 @@ import itertools
 import math
 
 from shardverify.errors import ShardingNotDivisibleError, StrategyError
-from shardverify.generators.common import compute_cost, make_strategy
+from shardverify.generators.common import compute_cost, grad_sync, make_strategy
 from shardverify.generators.registry import GeneratorContext, register_generator
 from shardverify.sharding import DimSpec, ShardingSpec
 from shardverify.strategy import (
     CommAction,
     CommPattern,
     CommWhere,
-    OperationData,
-    OperationDataType,
     PostAdd,
     ShardingStrategy,
 )
@@ -94,15 +92,6 @@ def _validate(ctx: GeneratorContext, layout: str) -> tuple[int, int]:
     return k, n
 
 
-def _grad_sync(data: OperationData, axes: Axes) -> list[CommAction]:
-    """All-reduce of a gradient that is partial over ``axes``: a hook on a parameter,
-    before the op on an activation, nothing for a buffer (no gradient)."""
-    if not axes or data.type is OperationDataType.BUFFER:
-        return []
-    where = CommWhere.HOOK if data.type is OperationDataType.PARAM else CommWhere.BEFORE
-    return [CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, axes, data.name, where)]
-
-
 @register_generator("linear_projection")
 def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     layout = str(ctx.option("other_layout", "in_out"))
@@ -133,9 +122,9 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             actions = []
             if c:
                 actions.append(CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, c, inp.name, CommWhere.BEFORE))
-            actions += _grad_sync(other, a)
+            actions += grad_sync(other, a)
             if bias is not None:
-                actions += _grad_sync(bias, a)
+                actions += grad_sync(bias, a)
             if b:
                 actions.append(CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, b, out.name, CommWhere.AFTER))
             m_local = math.prod(specs[inp.name].local_shape()[:-1])

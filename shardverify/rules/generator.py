@@ -16,7 +16,7 @@ import itertools
 import math
 
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
-from shardverify.generators.common import make_strategy
+from shardverify.generators.common import grad_sync, make_strategy
 from shardverify.generators.registry import GeneratorContext, register_generator
 from shardverify.rules.rule import Rule, bind
 from shardverify.rules.spec import RuleOptions, equation_for
@@ -80,13 +80,6 @@ def _seq(spec: ShardingSpec) -> str:
     return "".join(str(dim) for dim in spec.sharding_sequence) or "-"
 
 
-def _grad_sync(data: OperationData, axes: tuple[int, ...]) -> list[CommAction]:
-    if not axes or data.type is OperationDataType.BUFFER or not data.dtype.is_floating_point:
-        return []
-    where = CommWhere.HOOK if data.type is OperationDataType.PARAM else CommWhere.BEFORE
-    return [CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, axes, data.name, where)]
-
-
 def _positions(term, out_term) -> tuple[int, ...]:
     """Output dim of each dim of an additive operand: where its factor sits in the output (a
     conv's bias [O] lands on dim 1), a factorless size-1 dim aligned from the right."""
@@ -128,7 +121,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             # factors' axes leave its gradient whole
             missing = tuple(sorted(a for f, ax in axes.items() if f not in held for a in ax
                                    if not (index in rule.additive and f in reduce_ops)))
-            actions += _grad_sync(data, missing)
+            actions += grad_sync(data, missing)
         partial_axes = tuple(sorted(a for f, ax in axes.items() if f in reduce_ops for a in ax))
         post_add: list[PostAdd] = []
         if partial_axes:
