@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from shardverify.codegen.fields import Fields, as_shape, check_type
 from shardverify.codegen.loader import Node
+from shardverify.codegen.op_kind import parse_where
 
 __all__ = ["AcceptEntry", "parse_audit", "glob_matches"]
 
@@ -105,14 +106,5 @@ def parse_audit(node: Node | None, roles: set[str], grid: dict[str, tuple]) -> t
             nested = items and all(isinstance(i.value, list) for i in items)  # type: ignore[union-attr]
             meshes = (tuple(as_shape(i, allow_empty=False) for i in items) if nested  # type: ignore[union-attr]
                       else (as_shape(mesh_node, allow_empty=False),))
-        where = []
-        for key, value_node in (where_node.value.items() if where_node else []):  # type: ignore[union-attr]
-            if key not in grid:
-                raise value_node.error(f"'{key}' is not a grid key; grid keys: {', '.join(grid) or 'none'}")
-            value = value_node.plain()
-            value = tuple(value) if isinstance(value, list) else value
-            if not any(value == v and type(value) is type(v) for v in grid[key]):
-                raise value_node.error(f"{value!r} is not one of the grid values {list(grid[key])} of '{key}'")
-            where.append((key, value))
-        entries.append(AcceptEntry(reason, tuple(match), meshes, tuple(where), item.file, item.line))
+        entries.append(AcceptEntry(reason, tuple(match), meshes, parse_where(where_node, grid), item.file, item.line))
     return tuple(entries)

@@ -303,6 +303,20 @@ def _parse_grid(node: Node) -> tuple[tuple[str, tuple[Literal, ...]], ...]:
     return tuple(grid)
 
 
+def parse_where(node: Node | None, grid: dict[str, tuple[Literal, ...]]) -> tuple[tuple[str, Literal], ...]:
+    """A ``where:`` mapping selecting grid points: each key a grid key, each value one of its values
+    (shared by ``verify.strategies`` and ``audit.accept``)."""
+    where = []
+    for key, value_node in (_names(node) if node else []):
+        if key not in grid:
+            raise value_node.error(f"'{key}' is not a grid key; grid keys: {', '.join(grid) or 'none'}")
+        value = _literal(value_node)
+        if not any(value == v and type(value) is type(v) for v in grid[key]):
+            raise value_node.error(f"{value!r} is not one of the grid values {list(grid[key])} of '{key}'")
+        where.append((key, value))
+    return tuple(where)
+
+
 def _parse_counts(node: Node, grid: dict[str, tuple[Literal, ...]], meshes: tuple[tuple[int, ...], ...],
                   targets: tuple[TargetSpec, ...]) -> tuple[CountSpec, ...]:
     counts = []
@@ -319,21 +333,14 @@ def _parse_counts(node: Node, grid: dict[str, tuple[Literal, ...]], meshes: tupl
                                   f"{[list(m) for m in meshes]}")
         if count_node.value < 0:  # type: ignore[operator]
             raise count_node.error(f"expected a non-negative count, got {count_node.value!r}")
-        where = []
-        for key, value_node in (_names(where_node) if where_node else []):
-            if key not in grid:
-                raise value_node.error(f"'{key}' is not a grid key; grid keys: {', '.join(grid) or 'none'}")
-            value = _literal(value_node)
-            if not any(value == v and type(value) is type(v) for v in grid[key]):
-                raise value_node.error(f"{value!r} is not one of the grid values {list(grid[key])} of '{key}'")
-            where.append((key, value))
+        where = parse_where(where_node, grid)
         target = None
         if target_node is not None:
             target = str(target_node.value)
             if target not in [t.name for t in targets]:
                 raise target_node.error(f"target {target!r} is not one of the spec's targets "
                                         f"{[t.name for t in targets]}")
-        counts.append(CountSpec(mesh=mesh, count=int(count_node.value), where=tuple(where),  # type: ignore[arg-type]
+        counts.append(CountSpec(mesh=mesh, count=int(count_node.value), where=where,  # type: ignore[arg-type]
                                 target=target))
     return tuple(counts)
 

@@ -32,7 +32,8 @@ from shardverify.collectives.functional import group_position, group_size, split
 from shardverify.errors import CollectiveError
 from shardverify.strategy import CommAction, CommPattern, CommWhere
 
-__all__ = ["apply_comm_action", "apply_grad_hook", "forward_half", "backward_half"]
+__all__ = ["apply_comm_action", "apply_grad_hook", "forward_half", "backward_half", "before_op", "after_op",
+           "aligned"]
 
 Half = Callable[[object, CommAction, Tensor], Tensor]
 
@@ -180,3 +181,39 @@ def apply_grad_hook(comm, action: CommAction, grad: Tensor) -> Tensor:
         raise CollectiveError(f"apply_grad_hook expects a CommAction with where=HOOK, got {action!r}")
     with torch.no_grad():
         return backward_half(comm, action, grad)
+
+
+def before_op(comm, strategy, name: str, tensor: Tensor, late: dict) -> Tensor:
+    """What the op sees of input ``name``: ``tensor`` after its BEFORE actions. An operand the
+    strategy post-adds is kept in ``late`` for :func:`after_op`, and the op sees zeros instead."""
+    for action in strategy.communication_actions:
+        if action.operand == name and action.where is CommWhere.BEFORE:
+            tensor = apply_comm_action(comm, action, tensor)
+    if strategy.post_added(name) is not None:
+        late[name] = tensor
+        tensor = torch.zeros_like(tensor.detach())
+    return tensor
+
+
+def after_op(comm, strategy, outputs: list, late: dict, keep_partial: tuple[int, ...] | None = None) -> list:
+    """The op's outputs (in place) after their AFTER actions, then the post-added operands.
+    An all-reduce over ``keep_partial`` axes is left out: a plan's resharding reduces it."""
+    for index, data in enumerate(strategy.outputs[:len(outputs)]):
+        for action in strategy.communication_actions:
+            if action.operand == data.name and action.where is CommWhere.AFTER and action.axes != keep_partial:
+                outputs[index] = apply_comm_action(comm, action, outputs[index])
+    for add in strategy.post_add:
+        if add.output < len(outputs):
+            out = outputs[add.output]
+            outputs[add.output] = out + aligned(late[add.operand], add.dims, out.dim())
+    return outputs
+
+
+def aligned(tensor: Tensor, dims: tuple[int, ...], out_rank: int) -> Tensor:
+    """``tensor`` viewed so its dim i sits at output dim ``dims[i]`` (size 1 elsewhere)."""
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    moved = tensor.permute(order) if order != list(range(len(dims))) else tensor
+    shape = [1] * out_rank
+    for i in order:
+        shape[dims[i]] = tensor.shape[i]
+    return moved.reshape(shape)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from shardverify.collectives.patterns import apply_comm_action, apply_grad_hook
+from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.errors import VerificationError
 from shardverify.plan.model import Plan, operand_producer
 from shardverify.reshard import Layout, apply_reshard
@@ -238,27 +238,13 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
         else:
             producer = operand_producer(node, data.locator)
             tensor = fetch(data.name, producer)
-        for action in strategy.communication_actions:
-            if action.operand == data.name and action.where is CommWhere.BEFORE:
-                tensor = apply_comm_action(comm, action, tensor)
-        if strategy.post_added(data.name) is not None:
-            late[data.name] = tensor
-            tensor = torch.zeros_like(tensor.detach())
-        values[loc] = tensor
+        values[loc] = before_op(comm, strategy, data.name, tensor, late)
     for loc, arg in _operand_nodes(node).items():   # non-tensor graph values (x.shape[0]) as computed
         if loc not in values and not isinstance(env.get(arg.name), torch.Tensor):
             values[loc] = env.get(arg.name)
     outputs = list(as_outputs(node, call_op(node, module, values)))
-    for index, data in enumerate(strategy.outputs[:len(outputs)]):
-        for action in strategy.communication_actions:
-            if action.operand == data.name and action.where is CommWhere.AFTER:
-                if deferred and action.axes == deferred:
-                    continue   # the plan's resharding reduces this partial output
-                outputs[index] = apply_comm_action(comm, action, outputs[index])
-    from shardverify.verify.engine import _aligned
-
-    for add in strategy.post_add:
-        outputs[add.output] = outputs[add.output] + _aligned(late[add.operand], add.dims, outputs[add.output].dim())
+    # a deferred partial output is reduced by the plan's resharding after this node
+    outputs = after_op(comm, strategy, outputs, late, keep_partial=deferred or None)
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 

@@ -201,7 +201,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
                    meter: OpMeter | None = None) -> tuple[dict, tuple]:
     """This rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
     replaced by zeros; measured by ``meter``), the AFTER actions, then the post-added operands."""
-    from shardverify.collectives.patterns import apply_comm_action
+    from shardverify.collectives.patterns import after_op, before_op
 
     node = ref.node
     module = _private_module(ref) if node.op == "call_module" else None
@@ -214,28 +214,13 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
         spec = strategy.get_sharding_spec_by_name(data.name)
         leaf = _shard(spec, ref.typed(loc), comm.mesh, comm.rank).clone()
         leaves[data.name] = leaf.requires_grad_() if leaf.is_floating_point() else leaf
-        tensor = leaf
-        for action in strategy.communication_actions:
-            if action.operand == data.name and action.where is CommWhere.BEFORE:
-                tensor = apply_comm_action(comm, action, tensor)
-        if strategy.post_added(data.name) is not None:
-            late[data.name] = tensor
-            tensor = torch.zeros_like(tensor.detach())
-        local[loc] = tensor
+        local[loc] = before_op(comm, strategy, data.name, leaf, late)
     try:
         outputs = list(as_outputs(node, (meter or OpMeter()).call(call_op, node, module, local,
                                                                    owned=module is not None)))
     except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
         raise OpCallError(_op_context(comm, node, strategy, leaves, local, exc)) from exc
-    for index, data in enumerate(strategy.outputs[:len(outputs)]):
-        for action in strategy.communication_actions:
-            if action.operand == data.name and action.where is CommWhere.AFTER:
-                outputs[index] = apply_comm_action(comm, action, outputs[index])
-    for add in strategy.post_add:
-        if add.output < len(outputs):
-            outputs[add.output] = outputs[add.output] + _aligned(late[add.operand], add.dims,
-                                                                 outputs[add.output].dim())
-    return leaves, tuple(outputs)
+    return leaves, tuple(after_op(comm, strategy, outputs, late))
 
 
 _OWN = threading.local()
@@ -300,16 +285,6 @@ def _fails_on_shapes(node, strategy: ShardingStrategy, local: dict) -> bool:
     except Exception:  # noqa: BLE001 - any failure on meta tensors is a shape failure
         return True
     return False
-
-
-def _aligned(tensor: torch.Tensor, dims: tuple[int, ...], out_rank: int) -> torch.Tensor:
-    """``tensor`` viewed so its dim i sits at output dim ``dims[i]`` (size 1 elsewhere)."""
-    order = sorted(range(len(dims)), key=lambda i: dims[i])
-    moved = tensor.permute(order) if order != list(range(len(dims))) else tensor
-    shape = [1] * out_rank
-    for i in order:
-        shape[dims[i]] = tensor.shape[i]
-    return moved.reshape(shape)
 
 
 def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, leaves: dict,
