@@ -11,17 +11,11 @@ import math
 from collections.abc import Sequence
 
 from shardverify.errors import InvalidArgument
-from shardverify.generators.following import normalize_dims
 from shardverify.rules.notation import Dim, Equation, Term
 
-__all__ = ["pointwise", "reduction", "reshape", "permute", "dims_of"]
+__all__ = ["pointwise", "reduction", "reshape", "permute"]
 
 Shape = tuple[int, ...]
-
-
-def dims_of(value: object, ndim: int, what: str) -> tuple[int, ...]:
-    """A dim parameter (int or sequence; None = every dim) as sorted non-negative dims."""
-    return normalize_dims(value, ndim, what)
 
 
 def pointwise(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> tuple[Equation, set[str]]:

@@ -34,8 +34,8 @@ from shardverify.strategy import (
 __all__ = ["generate", "bound_rule", "assignments"]
 
 
-def bound_rule(ctx: GeneratorContext) -> tuple[Rule, list[OperationData], list[OperationData]]:
-    """The spec's rule bound to this call, with its input operands (term order) and outputs."""
+def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[OperationData], list[OperationData]]:
+    """The spec's rule bound to this call, its options, its input operands (term order) and outputs."""
     from shardverify.handlers.base import handler_for_node
 
     options = RuleOptions.from_options(ctx.options)
@@ -52,7 +52,7 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, list[OperationData], list[O
                     reduce=reduce, whole=tuple(whole), additive=additive)
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
-    return rule, inputs, outputs
+    return rule, options, inputs, outputs
 
 
 def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
@@ -97,14 +97,14 @@ def _view_safe(rule: Rule, axes: dict[str, tuple[int, ...]], mesh_shape: tuple[i
 
 @register_generator("rules")
 def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
-    rule, inputs, outputs = bound_rule(ctx)
+    rule, options, inputs, outputs = bound_rule(ctx)
     if not outputs:
         raise HandlerError(f"{ctx.handler_name}: node {ctx.node.name!r} has no output operand")
     mesh_shape = ctx.mesh.shape
     operands = inputs + outputs
     reduce_ops = dict(rule.reduce)
     strategies: dict[str, ShardingStrategy] = {}
-    view = RuleOptions.from_options(ctx.options).source == "view"
+    view = options.source == "view"
     for axes in assignments(rule, mesh_shape):
         if view and not _view_safe(rule, axes, mesh_shape):
             continue

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
+from shardverify.generators.following import normalize_dims
 from shardverify.rules import derive
 from shardverify.rules.notation import ELLIPSIS, Equation, parse_equation
 from shardverify.strategy import REDUCE_OPS
@@ -146,7 +147,7 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
     elif options.source == "pointwise":
         eq, whole = derive.pointwise(inputs, outputs)
     elif options.source == "reduce_dims_param":
-        dims = derive.dims_of(_param(params, options.reduce_dims_param), len(inputs[0]), options.reduce_dims_param)
+        dims = normalize_dims(_param(params, options.reduce_dims_param), len(inputs[0]), options.reduce_dims_param)
         keepdim = bool(_param(params, options.keepdim_param)) if options.keepdim_param else False
         eq = derive.reduction(inputs[0], len(outputs), dims, keepdim)
         if options.reduce_op is None:
@@ -165,7 +166,7 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
     names = [dim[0] if len(dim) == 1 else None for dim in eq.outputs[0]] if eq.outputs else []
     positions: tuple[int, ...] = ()
     if options.whole_dims_param:
-        positions = derive.dims_of(_param(params, options.whole_dims_param), out_rank, options.whole_dims_param)
+        positions = normalize_dims(_param(params, options.whole_dims_param), out_rank, options.whole_dims_param)
     if options.whole_trailing_param:
         value = _param(params, options.whole_trailing_param)
         count = 1 if isinstance(value, int) else len(value)  # type: ignore[arg-type]
