@@ -34,7 +34,7 @@ import hypothesis
 from hypothesis import HealthCheck, Verbosity, settings
 from hypothesis import strategies as st
 
-from shardverify.codegen.op_kind import InputSpec, ModuleInit, OpSpec, parse_op_spec
+from shardverify.spec.op import InputSpec, ModuleInit, OpSpec, parse_op_spec
 from shardverify.errors import InvalidArgument
 
 __all__ = ["SIZES", "MAX_MESH_SIZE", "DEFAULT_MESH_MAX_SIZE", "PROFILE_ENV", "PROFILES", "load_profile",
@@ -95,7 +95,7 @@ def world_size(default: int = DEFAULT_MESH_MAX_SIZE) -> int:
 
 def load_spec(path: str | os.PathLike[str], *, display: str | None = None) -> OpSpec:
     """Parse one op spec file (``display`` is the name used in messages)."""
-    from shardverify.codegen.loader import load_yaml
+    from shardverify.spec.loader import load_yaml
 
     return parse_op_spec(load_yaml(path, display=display))
 

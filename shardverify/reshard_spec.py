@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardverify.codegen.fields import Fields, as_identifier, as_shape
+from shardverify.spec.fields import Fields, as_identifier, as_shape
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
-from shardverify.codegen.loader import Node
+from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
 from shardverify.errors import ShardingSpecError
 from shardverify.mesh import DeviceMesh

@@ -13,8 +13,9 @@ import pytest
 
 from shardverify.cli import generate_cmd, list_cmd
 from shardverify.codegen.generate import HEADER_MARK, generate, is_generated, load_kinds
-from shardverify.codegen.loader import load_yaml_text
-from shardverify.codegen.op_kind import parse_op_spec, render_op_spec
+from shardverify.spec.loader import load_yaml_text
+from shardverify.codegen.op_kind import render_op_spec
+from shardverify.spec.op import parse_op_spec
 from shardverify.codegen.render import Renderer, py_dotted, py_identifier, py_literal
 from shardverify.errors import InvalidArgument, SpecError
 

@@ -345,7 +345,7 @@ shapes: [[3]]
      "implementation: shardverify.collectives.algorithms.nope", ["does not import"]),
 ])
 def test_collective_spec_errors_name_file_line_and_problem(change, line, words):
-    from shardverify.codegen.loader import load_yaml_text
+    from shardverify.spec.loader import load_yaml_text
     from shardverify.collectives.spec import parse_collective_spec
     from shardverify.errors import SpecError
 
@@ -360,7 +360,7 @@ def test_collective_spec_errors_name_file_line_and_problem(change, line, words):
 
 
 def test_collective_spec_grid_keeps_impossible_points_as_error_cases():
-    from shardverify.codegen.loader import load_yaml_text
+    from shardverify.spec.loader import load_yaml_text
     from shardverify.collectives.spec import case_id, parse_collective_spec
 
     text = SPEC.replace("naive_all_reduce", "ring_all_reduce").replace("shapes: [[3]]", "shapes: [[3], []]")

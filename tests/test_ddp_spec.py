@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardverify.codegen.kinds import get_spec_kind
-from shardverify.codegen.loader import load_yaml, load_yaml_text
+from shardverify.spec.loader import load_yaml, load_yaml_text
 from shardverify.codegen.render import Renderer
 from shardverify.ddp import DDPOptions
 from shardverify.ddp.spec import parse_model_spec, render_model_spec

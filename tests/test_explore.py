@@ -20,8 +20,9 @@ from shardverify import explore
 from shardverify.api import strategies_for_node
 from shardverify.backends import get_backend
 from shardverify.cli.main import main
-from shardverify.codegen.loader import load_yaml_text
-from shardverify.codegen.op_kind import HANDLER_DIR, parse_op_spec, render_op_spec
+from shardverify.spec.loader import load_yaml_text
+from shardverify.codegen.op_kind import HANDLER_DIR, render_op_spec
+from shardverify.spec.op import parse_op_spec
 from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument
 from shardverify.generators.registry import get_generator, register_generator

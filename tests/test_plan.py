@@ -146,7 +146,7 @@ def test_solver_with_deferral_is_never_worse():
 
 
 def test_plan_spec_error_names_file_line_and_plan(tmp_path):
-    from shardverify.codegen.loader import load_yaml
+    from shardverify.spec.loader import load_yaml
     from shardverify.errors import SpecError
     from shardverify.plan.spec import parse_plan_spec
 

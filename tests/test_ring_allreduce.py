@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shardverify.backends.simulated import SimulatedBackend
-from shardverify.codegen.loader import load_yaml
+from shardverify.spec.loader import load_yaml
 from shardverify.collectives import algorithms
 from shardverify.collectives.algorithms import RingStep, chunk_bounds, naive_all_reduce, ring_all_reduce, ring_schedule
 from shardverify.collectives.check import check_collective

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shardverify.codegen.fields import Fields, as_dtype, as_identifier, as_shape, resolve_target
-from shardverify.codegen.loader import Node, load_yaml, load_yaml_text
-from shardverify.codegen.op_kind import parse_op_spec
+from shardverify.spec.fields import Fields, as_dtype, as_identifier, as_shape, resolve_target
+from shardverify.spec.loader import Node, load_yaml, load_yaml_text
+from shardverify.spec.op import parse_op_spec
 from shardverify.errors import SpecError
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"

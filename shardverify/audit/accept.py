@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shardverify.codegen.fields import Fields, as_shape, check_type
-from shardverify.codegen.loader import Node
-from shardverify.codegen.op_kind import parse_where
+from shardverify.spec.fields import Fields, as_shape, check_type
+from shardverify.spec.loader import Node
+from shardverify.spec.op import parse_where
 
 __all__ = ["AcceptEntry", "parse_audit", "glob_matches"]
 

@@ -258,7 +258,7 @@ def describe_error(exc: BaseException) -> str:
 def _backend_for(backends: dict, kind: str, mesh: tuple[int, ...], device: str | None, timeout: float):
     """The backend of a mesh, built once; a mesh that is too big, or a backend that cannot be
     built, fails every row on that mesh with the same error (and the run goes on)."""
-    from shardverify.codegen.limits import MAX_MESH_RANKS
+    from shardverify.spec.limits import MAX_MESH_RANKS
 
     if mesh not in backends:
         backends[mesh] = None
@@ -274,7 +274,7 @@ def _backend_for(backends: dict, kind: str, mesh: tuple[int, ...], device: str |
 def _check_case_size(case, graph_module) -> None:
     """Every tensor the case builds (inputs, module weights) within MAX_TENSOR_ELEMENTS,
     checked on the meta-traced graph before any real memory is allocated."""
-    from shardverify.codegen.limits import tensor_size_problems
+    from shardverify.spec.limits import tensor_size_problems
 
     shapes = [(f"parameter {name}", tuple(t.shape)) for name, t in graph_module.named_parameters()]
     shapes += [(f"input {decl.name}", tuple(decl.shape)) for decl in case.inputs]

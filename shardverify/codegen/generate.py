@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardverify.codegen.kinds import KIND_MODULES, SpecKind, spec_kinds
-from shardverify.codegen.loader import load_yaml
+from shardverify.spec.loader import load_yaml
 from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, SpecError
 

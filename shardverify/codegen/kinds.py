@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from shardverify.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from shardverify.codegen.loader import Node
+    from shardverify.spec.loader import Node
     from shardverify.codegen.render import Renderer
 
 __all__ = ["SpecKind", "register_spec_kind", "spec_kinds", "get_spec_kind", "KIND_MODULES"]

@@ -33,9 +33,9 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from shardverify.codegen.fields import Fields, as_dtype, as_identifier, as_shape, check_type, describe, finite_number
+from shardverify.spec.fields import Fields, as_dtype, as_identifier, as_shape, check_type, describe, finite_number
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
-from shardverify.codegen.loader import Node
+from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
 from shardverify.collectives.check import CollectiveCase, resolve_implementation
 from shardverify.collectives.references import REFERENCES, REQUIRED, get_reference

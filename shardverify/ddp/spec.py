@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from shardverify.codegen.fields import (Fields, as_identifier, as_shape, check_type, finite_number,
+from shardverify.spec.fields import (Fields, as_identifier, as_shape, check_type, finite_number,
                                         resolve_target)
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
-from shardverify.codegen.loader import Node
+from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer, py_identifier, py_literal
 from shardverify.ddp.build import build_model, build_optimizer, make_batch, per_sample_loss
 from shardverify.names import resolve_dotted

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from shardverify.codegen.fields import Fields, as_identifier, as_shape
+from shardverify.spec.fields import Fields, as_identifier, as_shape
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
-from shardverify.codegen.loader import Node
+from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
 from shardverify.errors import ShardVerifyError
 from shardverify.names import resolve_dotted

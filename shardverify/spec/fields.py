@@ -14,7 +14,7 @@ import re
 import types
 from typing import Any
 
-from shardverify.codegen.loader import Node
+from shardverify.spec.loader import Node
 from shardverify.errors import SpecError
 from shardverify.names import resolve_dotted
 
