@@ -8,7 +8,7 @@ from shardverify import generators as _generators  # noqa: F401  (registers the 
 from shardverify import handlers as _handlers  # noqa: F401  (registers the generated handlers)
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.generators.registry import GeneratorContext, get_generator
-from shardverify.handlers.base import handler_for_node, resolve_operands, resolve_params
+from shardverify.handlers.base import HandlerDef, handler_for_node, resolve_operands, resolve_params
 from shardverify.mesh import DeviceMesh
 from shardverify.strategy import OperandLocator, OperationData, OperationDataType, StrategiesVector
 
@@ -51,13 +51,26 @@ def _strategies(graph_module: GraphModule, node: Node, mesh: DeviceMesh) -> Stra
     return cache[mesh]
 
 
+def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Node,
+                       mesh: DeviceMesh) -> tuple[dict[str, OperationData], list]:
+    """(operand data by role, strategies) that ``handler`` generates for ``node``: the one path
+    from a handler to its strategies, shared by the registry lookup below and the audit (which
+    runs a spec's handler that need not be registered)."""
+    operands = resolve_operands(handler, node, graph_module)
+    ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands,
+                           params=resolve_params(handler, node, graph_module), options=handler.option_dict,
+                           handler_name=handler.name,
+                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh))
+    return operands, list(get_generator(handler.generator)(ctx))
+
+
 def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh) -> StrategiesVector:
     handler = handler_for_node(node, graph_module)
     if handler is not None:
-        operands = resolve_operands(handler, node, graph_module)
-        params, options, name = resolve_params(handler, node, graph_module), handler.option_dict, handler.name
-        generate = get_generator(handler.generator)
-    elif node.op in _SOURCE_OPS:
+        _, strategies = handler_strategies(handler, graph_module, node, mesh)
+        _check_unique(strategies, handler.name, node)
+        return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)
+    if node.op in _SOURCE_OPS:
         meta = node.meta.get("tensor_meta")
         if meta is None or not hasattr(meta, "shape"):
             raise HandlerError(f"node {node.name!r} has no tensor shape; trace the module with shardverify.trace()")
@@ -74,8 +87,12 @@ def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh) -> Strategie
                            options=options, handler_name=name,
                            strategies_of=lambda producer: _strategies(graph_module, producer, mesh))
     strategies = generate(ctx)
+    _check_unique(strategies, name, node)
+    return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)
+
+
+def _check_unique(strategies: list, name: str, node: Node) -> None:
     names = [s.name for s in strategies]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise StrategyError(f"handler {name!r} produced duplicate strategy names {duplicates} for node {node.name!r}")
-    return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)

@@ -287,3 +287,75 @@ def test_post_added_bias_covers_row_parallel_linear_with_bias(tmp_path, capsys):
     assert code == 1
     missing = {f["line"] for row in report["rows"] for f in row["missing"]}
     assert "input=[R, R, R, S0] other=[R, S0] bias=absent (post-added) -> output=[R, R, R, R] P(sum:0)" in missing
+
+
+# ------------------------------------------------------------------ absent operands, family gaps
+
+def _op_spec(name: str):
+    from shardverify.cli.verify_cmd import load_op_specs
+
+    return load_op_specs(REPO, None, [name])[0]
+
+
+def _audit(name: str, case_id: str, mesh_shape):
+    from shardverify.audit.run import audit_case
+
+    spec = _op_spec(name)
+    point = {cid: dict(cs.point) for cs, (cid, _) in zip(spec.cases(), spec.op_cases())}
+    case = dict(spec.op_cases())[case_id]
+    return audit_case(spec, case_id, case, tuple(mesh_shape), point[case_id])
+
+
+def test_a_bias_is_post_addable_and_a_factor_is_not():
+    problem = _mm_problem((2,), bias=True)
+    assert problem.post_addable(2)            # F.linear(x, w, 0) + b == F.linear(x, w, b)
+    case = OpCase(op="mul", target="torch.mul", inputs=(InputDecl("x", (4, 6)), InputDecl("y", (4, 6))))
+    operands = [Operand("x", "input", ("arg", 0), (4, 6), True), Operand("y", "other", ("arg", 1), (4, 6), True, True)]
+    assert not prepare(case, DeviceMesh((2,)), operands).post_addable(1)   # x * 0 + y != x * y
+
+
+def test_mul_never_leaves_its_other_factor_out():
+    """With the factor given as zeros every layout "forms" the zero output: such combinations
+    are no strategy at all, and the audit must not call them missing."""
+    result = _audit("mul", "torch.mul-other_True", (4,))
+    lines = [f.line for f in result.missing + result.accepted]
+    assert lines and not any("absent" in line for line in lines)
+
+
+def test_a_post_added_input_that_is_not_optional_is_audited():
+    """addmm's bias `input` is a plain input that the rules post-add: its row-parallel
+    strategies (input absent) are correct, not 'incorrect'."""
+    result = _audit("addmm", "torch.addmm", (2, 2))
+    assert result.incorrect == [] and result.missing == [] and result.covered == result.offered == 16
+
+
+def test_a_module_target_reads_its_parameters_like_the_verifier():
+    """nn.Softmax(dim=-1) keeps only its dim whole: the audit sees the same strategies as verify."""
+    result = _audit("softmax", "torch.nn.Softmax-dim_-1", (4,))
+    assert result.offered == 3 and result.missing == [] and result.covered == 3
+
+
+def test_the_rules_family_declares_its_gaps_once():
+    from shardverify.audit.accept import family_gaps
+
+    gaps = family_gaps("rules")
+    assert [g.match[0][0] for g in gaps] == ["any_input", "any_input"] and all(g.reason for g in gaps)
+    result = _audit("relu", "torch.relu", (2, 2))
+    assert result.missing == [] and result.accepted
+    assert all("the 'rules' generator family" in f.accepted for f in result.accepted)
+
+
+def test_a_rules_spec_that_keeps_a_shardable_dim_whole_fails_its_audit(tmp_path, capsys):
+    """The family's gaps cover only partial inputs and reversed axis orders: a spec that stops
+    offering a valid plain layout (softmax keeping its batch dim whole too) is reported missing."""
+    text = (REPO / "specs" / "relu.yaml").read_text()
+    assert "pointwise: true" in text
+    planted = re.sub(r"generator:.*?\nverify:", "generator:\n  family: rules\n  options:\n"
+                     "    einsum: \"a b c -> a b c\"\n    whole: [a]\nverify:", text, flags=re.S)
+    (tmp_path / "relu.yaml").write_text(planted)
+    code = main(["audit", str(tmp_path / "relu.yaml"), "--root", str(tmp_path), "--specs-dir", str(tmp_path),
+                 "--mesh", "4", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1
+    missing = {f["layouts"]["input"] for row in report["rows"] for f in row["missing"]}
+    assert "[S0, R, R]" in missing and all(layout.startswith("[S") for layout in missing)

@@ -23,7 +23,7 @@ from shardverify.spec.fields import Fields, as_shape, check_type
 from shardverify.spec.loader import Node
 from shardverify.spec.op import parse_where
 
-__all__ = ["AcceptEntry", "parse_audit", "glob_matches"]
+__all__ = ["AcceptEntry", "parse_audit", "glob_matches", "family_gaps"]
 
 SPECIAL_ROLES = ("output", "any_input")
 
@@ -59,7 +59,18 @@ class AcceptEntry:
         return True
 
     def where_text(self) -> str:
-        return f"{self.file}:{self.line}"
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+
+def family_gaps(family: str) -> tuple[AcceptEntry, ...]:
+    """The gaps generator family ``family`` declares for every spec using it (KnownGap), as
+    accept entries naming the family."""
+    from shardverify import generators as _generators  # noqa: F401  (registers the families)
+    from shardverify.generators.registry import known_gaps
+    from shardverify.rules import generator as _rules  # noqa: F401  (registers `rules`)
+
+    return tuple(AcceptEntry(gap.reason, gap.match, file=f"the {family!r} generator family")
+                 for gap in known_gaps(family))
 
 
 def glob_matches(pattern: str, text: str) -> bool:

@@ -163,6 +163,38 @@ class Problem:
             self._targets[absent] = tuple(o.detach().to(torch.float64) for o in out)
         return self._targets[absent]
 
+    def post_addable(self, position: int, dims: Sequence[int] | None = None) -> bool:
+        """Can operand ``position`` be left out of the op (zeros passed) and added to the first
+        output afterwards? Only then is its "absent" layout meaningful: a bias is, ``mul``'s
+        other factor is not (the op with zeros there gives zeros, which any layout "forms").
+        Decided numerically, never taken from the spec: ``dims`` (a strategy's PostAdd) maps
+        operand dim i to output dim dims[i]; without it every alignment is tried (right-aligned
+        broadcasting, or a 1-D operand on any output dim of its size)."""
+        operand, ref = self.operands[position], self.outputs[0]
+        if not operand.floating or not ref.is_floating_point():
+            return False
+        without = self.target([Layout(((),) * len(operand.shape), absent=(i == position))
+                               for i in range(len(self.operands))])[0]
+        value = self.values[operand.locator].to(torch.float64)
+        if dims is not None:
+            options = [tuple(dims)]
+        else:
+            options = [tuple(range(ref.dim() - value.dim(), ref.dim()))] if value.dim() <= ref.dim() else []
+            if value.dim() == 1:
+                options += [(d,) for d in range(ref.dim()) if ref.shape[d] == value.shape[0]]
+        for option in options:
+            if len(option) != value.dim() or any(not 0 <= d < ref.dim() for d in option):
+                continue
+            shape = [1] * ref.dim()
+            for i, d in enumerate(option):
+                shape[d] = value.shape[i]
+            try:
+                if self._close(without + value.reshape(shape), ref, 0):
+                    return True
+            except RuntimeError:   # the operand does not broadcast that way
+                continue
+        return False
+
     def decide(self, combo: Sequence[Layout]) -> Outcome:
         self.decided += 1
         outs = self.run(combo)

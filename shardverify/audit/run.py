@@ -15,6 +15,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from shardverify.audit.accept import family_gaps
 from shardverify.audit.decide import Operand, Outcome, Problem, prepare
 from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
 from shardverify.audit.offered import offered_combination
@@ -88,19 +89,11 @@ def spec_handler(spec):
 
 
 def offered_strategies(spec, graph_module, node, mesh: DeviceMesh) -> tuple[dict, list]:
-    """(operand data by role, strategies) that the spec's generator offers for ``node``."""
-    from shardverify import generators as _generators  # noqa: F401  (registers the families)
-    from shardverify.api import strategies_for_node
-    from shardverify.generators.registry import GeneratorContext, get_generator
-    from shardverify.handlers.base import resolve_operands, resolve_params
+    """(operand data by role, strategies) that the spec's generator offers for ``node``: the
+    verifier's own path (a module's attributes read as its parameters included)."""
+    from shardverify.api import handler_strategies
 
-    handler = spec_handler(spec)
-    operands = resolve_operands(handler, node, graph_module)
-    ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands,
-                           params=resolve_params(handler, node), options=handler.option_dict,
-                           handler_name=spec.name,
-                           strategies_of=lambda producer: strategies_for_node(graph_module, producer.name, mesh))
-    return operands, list(get_generator(spec.generator)(ctx))
+    return handler_strategies(spec_handler(spec), graph_module, node, mesh)
 
 
 def _permuted(outcome: Outcome, perm: tuple[int, ...]) -> Outcome:
@@ -125,18 +118,23 @@ class _Audit:
         graph_module, node_name = case.build()
         node = next(n for n in graph_module.graph.nodes if n.name == node_name)
         by_role, self.strategies = offered_strategies(spec, graph_module, node, self.mesh)
+        # an operand may be absent (added after the reduce) when it is optional or when a
+        # strategy post-adds it (addmm's `input` bias is neither optional nor a parameter)
         optional = {o.role for o in spec.operands if o.optional}
+        aligned = {add.operand: add.dims for strategy in self.strategies for add in strategy.post_add}
         self.operands = tuple(
             Operand(d.name, d.role, (d.locator.kind, d.locator.key), d.shape, d.dtype.is_floating_point,
-                    d.role in optional)
+                    d.role in optional or d.name in aligned)
             for d in by_role.values() if d.type is not OperationDataType.OUTPUT)
         outputs = [d for d in by_role.values() if d.type is OperationDataType.OUTPUT]
         self.output_roles = [d.role for d in outputs]
         self.output_names = [d.name for d in outputs]
         self.problem: Problem = prepare(case, self.mesh, self.operands,
                                         [d.locator.key or 0 for d in outputs])
+        # ... and only when the op really is additive in it (checked numerically)
         self.choices = [tensor_layouts(o.shape, self.mesh.shape, partial=partial_inputs and o.floating,
-                                       absent=o.optional) for o in self.operands]
+                                       absent=o.optional and self.problem.post_addable(i, aligned.get(o.name)))
+                        for i, o in enumerate(self.operands)]
         self.results: dict[tuple[Layout, ...], Outcome] = {}
 
     def enumerate(self) -> int:
@@ -242,12 +240,12 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
     result.covered = len(covered & set(needed))
 
     point = point or {}
+    accept = spec.audit_accept + family_gaps(spec.generator)
     for key, (combo, outputs) in needed.items():
         if key in covered:
             continue
         text, layouts, out_text = audit.describe(combo, outputs)
-        entry = next((e for e in spec.audit_accept
-                      if e.applies(result.mesh, point, dict(layouts), out_text)), None)
+        entry = next((e for e in accept if e.applies(result.mesh, point, dict(layouts), out_text)), None)
         if entry is None:
             result.missing.append(Finding("missing", text, layouts, out_text))
         else:

@@ -43,7 +43,7 @@ def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
     # --- completeness audit (shardverify.audit, issue 12): no valid strategy missing ---
     from shardverify.audit.check import audit_meshes
     audit = [(mesh, _mesh_id(mesh)) for mesh in audit_meshes(spec.verify.meshes)]
-    if audit and spec.audited:
+    if audit:
         outputs[f"{TEST_DIR}/test_{spec.name}_audit.py"] = renderer.render(
             "op_audit_test.py.j2", spec=spec, cases=spec.op_cases(), meshes=audit)
     # --- end completeness audit ---

@@ -169,6 +169,24 @@ def local_compute_cost(ctx: GeneratorContext, operands: Sequence[OperationData],
                        specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction]) -> TrainCycleItem:
     """:func:`compute_cost` of the node's op called on meta tensors of the local shapes (what the
     verifier measures on the real shards), for generators that have no formula of their own."""
+    return _meta_call(ctx, operands, specs, actions)[0]
+
+
+def local_output_shapes(ctx: GeneratorContext, operands: Sequence[OperationData],
+                        specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction]) -> tuple | None:
+    """The shapes the node's op really gives on meta tensors of the local input shapes (None when
+    it refuses them): a generator compares them with its layouts' local output shapes, since an
+    op that reads sizes from its input (squeeze of a dim a shard left with one element) can
+    disagree with a layout that is right for the global tensor."""
+    try:
+        return _meta_call(ctx, operands, specs, actions)[1]
+    except StrategyError:
+        return None
+
+
+def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec],
+               actions: Sequence[CommAction]) -> tuple[TrainCycleItem, tuple]:
+    """(compute cost, output shapes) of the op on meta tensors of the local shapes, cached."""
     from shardverify.verify.costs import LocalFlopCounter
     from shardverify.verify.reference import call_op
 
@@ -190,7 +208,8 @@ def local_compute_cost(ctx: GeneratorContext, operands: Sequence[OperationData],
         numels = [v.numel() for v in values.values()] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
         if len(_META_CALLS) >= 4096:
             _META_CALLS.clear()
-        found = _META_CALLS[key] = compute_cost(counter.get_total_flops(), numels)
+        found = _META_CALLS[key] = (compute_cost(counter.get_total_flops(), numels),
+                                    tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in outs))
     return found
 
 

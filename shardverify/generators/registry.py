@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from shardverify.mesh import DeviceMesh
     from shardverify.strategy import OperationData, ShardingStrategy, StrategiesVector
 
-__all__ = ["GeneratorContext", "Generator", "register_generator", "get_generator", "generator_names"]
+__all__ = ["GeneratorContext", "Generator", "KnownGap", "register_generator", "get_generator", "generator_names",
+           "known_gaps"]
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,38 @@ class GeneratorContext:
 
 Generator = Callable[[GeneratorContext], "list[ShardingStrategy]"]
 _GENERATORS: dict[str, Generator] = {}
+_GAPS: dict[str, tuple[KnownGap, ...]] = {}
 
 
-def register_generator(name: str) -> Callable[[Generator], Generator]:
+@dataclass(frozen=True)
+class KnownGap:
+    """Valid layout combinations a whole family never offers, and why that is acceptable.
+
+    A gap of the family's strategy model (not of one op) is declared once, next to the family,
+    instead of in every spec that uses it; the completeness audit reports the combinations it
+    covers as accepted with this reason. ``match`` is as in a spec's ``audit: accept:`` entry:
+    (role or ``any_input`` / ``output``, layout globs)."""
+
+    reason: str
+    match: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def register_generator(name: str, *, known_gaps: tuple[KnownGap, ...] = ()) -> Callable[[Generator], Generator]:
     def decorate(fn: Generator) -> Generator:
         if name in _GENERATORS and _GENERATORS[name] is not fn:
             owner = _GENERATORS[name]
             if (owner.__module__, owner.__qualname__) != (fn.__module__, fn.__qualname__):
                 raise HandlerError(f"generator name {name!r} is already registered by {owner.__module__}")
         _GENERATORS[name] = fn
+        _GAPS[name] = tuple(known_gaps)
         return fn
     return decorate
+
+
+def known_gaps(name: str) -> tuple[KnownGap, ...]:
+    """The gaps family ``name`` declares (see KnownGap)."""
+    get_generator(name)
+    return _GAPS.get(name, ())
 
 
 def get_generator(name: str) -> Generator:

@@ -16,8 +16,8 @@ import itertools
 import math
 
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
-from shardverify.generators.common import grad_sync, make_strategy
-from shardverify.generators.registry import GeneratorContext, register_generator
+from shardverify.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
+from shardverify.generators.registry import GeneratorContext, KnownGap, register_generator
 from shardverify.rules.rule import Rule, bind
 from shardverify.rules.spec import RuleOptions, equation_for
 from shardverify.sharding import ShardingSpec
@@ -88,14 +88,24 @@ def _positions(term, out_term) -> tuple[int, ...]:
     return tuple(where[dim[0]] if dim else i + offset for i, dim in enumerate(term))
 
 
-def _view_safe(rule: Rule, axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]) -> bool:
-    """A view op decides from the local sizes what a size-1 dim is (squeeze drops it): a shard
-    that leaves one element of a larger dim would change the local op, so it is not offered."""
-    sizes = rule.size
-    return all(sizes[f] // math.prod(mesh_shape[a] for a in ax) > 1 for f, ax in axes.items())
+# Orders of several mesh axes on one dim that are not ascending (3-D meshes at most here).
+_REVERSED_ORDERS = ("S10", "S20", "S21", "S021", "S102", "S120", "S201", "S210")
+
+KNOWN_GAPS = (
+    KnownGap(
+        reason="partial input layouts are not in the strategy model (a ShardingSpec holds full "
+               "values): a producer's partial output is all-reduced before the op, so an op linear "
+               "in an input (a contraction, add, a view) is never offered a partial one",
+        match=(("any_input", ("* P(*",)),)),
+    KnownGap(
+        reason="a factor takes its mesh axes in ascending order only (S01, not S10): a reversed order "
+               "does the same local work on a permuted device assignment, and no strategy of any "
+               "family produces such a layout, so no producer hands one to this op",
+        match=(("any_input", tuple(f"*{order}*" for order in _REVERSED_ORDERS)),)),
+)
 
 
-@register_generator("rules")
+@register_generator("rules", known_gaps=KNOWN_GAPS)
 def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     rule, options, inputs, outputs = bound_rule(ctx)
     if not outputs:
@@ -106,8 +116,6 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     strategies: dict[str, ShardingStrategy] = {}
     view = options.source == "view"
     for axes in assignments(rule, mesh_shape):
-        if view and not _view_safe(rule, axes, mesh_shape):
-            continue
         partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops}
         if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
             continue
@@ -136,7 +144,18 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
         if name in strategies:
             continue
+        if view and not _local_view_fits(ctx, operands, outputs, specs, actions):
+            continue
         # compute cost by the checked rule: the op measured on meta tensors of the local shapes
         strategy = make_strategy(ctx, name, operands, specs, actions)
         strategies[name] = strategy.replace(post_add=tuple(post_add)) if post_add else strategy
     return list(strategies.values())
+
+
+def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions) -> bool:
+    """A view op reads sizes from its local input (squeeze drops every size-1 dim, a shape
+    argument is the global one): a layout is offered only when the op on meta tensors of the
+    local input shapes gives the layout's local output shapes."""
+    got = local_output_shapes(ctx, operands, specs, actions)
+    want = op_call_shapes(ctx.mesh, operands, specs, actions)
+    return got is not None and tuple(got[:len(outputs)]) == tuple(want[o.name] for o in outputs)

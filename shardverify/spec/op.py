@@ -126,7 +126,6 @@ class OpSpec:
     verify: VerifySpec
     description: str = ""
     audit_accept: tuple = ()       # shardverify.audit.accept.AcceptEntry: known, accepted gaps
-    audited: bool = False          # the spec has an `audit:` section: CI audits it (test_<op>_audit.py)
 
     def grid_size(self) -> int:
         size = 1
@@ -447,8 +446,7 @@ def parse_op_spec(root: Node) -> OpSpec:
     _within(verify_node, [MAX_CASES.exceeded(len(targets) * points)])
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
-                  description=str(desc_node.value) if desc_node else "", audit_accept=accept,
-                  audited=audit_node is not None)
+                  description=str(desc_node.value) if desc_node else "", audit_accept=accept)
 
 
 def _within(node: Node, problems: list[str]) -> None:
