@@ -4,7 +4,8 @@ For every case of each op spec and every mesh, the audit enumerates the operands
 decides numerically which combinations the op runs on with no communication (and which
 output layout they give), and compares with the strategies the spec generates. Exit status
 1 when a strategy is incorrect or a valid combination is missing that the spec's
-``audit: accept:`` list does not name; ``--dtensor`` also compares with DTensor's rules.
+``audit: accept:`` list (or its generator family's known gaps) does not name; ``--dtensor``
+also compares with DTensor's rules.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "numerically which ones are valid without communication, and report the valid "
                     "ones no strategy offers (missing) and offered strategies that are not valid "
                     "(incorrect). Exit status 1 on any incorrect strategy or missing combination "
-                    "that the spec's `audit: accept:` list does not name.")
+                    "that neither the spec's `audit: accept:` list nor its generator family's "
+                    "known gaps name.")
     parser.add_argument("specs", nargs="*", metavar="SPEC",
                         help="op spec paths or names, e.g. linear (default: every op spec)")
     parser.add_argument("--mesh", action="append", type=parse_mesh, metavar="SHAPE", default=None,

@@ -450,7 +450,7 @@ def parse_op_spec(root: Node) -> OpSpec:
 
 
 def _within(node: Node, problems: list[str]) -> None:
-    """A SpecError at ``node`` for the first limit exceeded (see codegen/limits.py)."""
+    """A SpecError at ``node`` for the first limit exceeded (see spec/limits.py)."""
     for problem in problems:
         if problem:
             raise node.error(problem)
