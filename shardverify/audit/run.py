@@ -82,7 +82,7 @@ def spec_handler(spec):
 
     return HandlerDef(
         name=spec.name, targets=tuple(t.name for t in spec.targets),
-        operands=tuple(OperandDecl(o.role, o.kind, o.index, o.keyword, o.attribute, o.optional)
+        operands=tuple(OperandDecl(o.role, o.kind, o.index, o.keyword, o.attribute, o.optional, o.element)
                        for o in spec.operands),
         params=tuple(ParamDecl(p.name, p.index, p.keyword, p.default) for p in spec.params),
         generator=spec.generator, options=spec.options, spec_file=spec.source)

@@ -7,6 +7,9 @@ One source of factors, exactly one of:
 ``einsum: "mk,kn->mn"``        written out (see :mod:`shardverify.rules.notation`); one term
                                per tensor operand in declaration order (absent optional
                                operands drop their term), one per output
+``einsum_param: equation``     the equation a call parameter holds, in torch.einsum's
+                               notation (one letter per dim, spaces ignored, implicit
+                               output when there is no ``->``): torch.einsum itself
 ``pointwise: true``            every operand broadcast against the output
 ``reduce_dims_param: dim``     a reduction over the dims a call parameter names, with
                                ``keepdim_param`` and ``reduce_op`` (sum | avg | max | min |
@@ -32,9 +35,9 @@ from shardverify.rules import derive
 from shardverify.rules.notation import ELLIPSIS, Equation, parse_equation
 from shardverify.strategy import REDUCE_OPS
 
-__all__ = ["RuleOptions", "equation_for", "SOURCES", "OPTION_KEYS"]
+__all__ = ["RuleOptions", "equation_for", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
 
-SOURCES = ("einsum", "pointwise", "reduce_dims_param", "view")
+SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "whole",
                          "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands")
@@ -44,6 +47,7 @@ OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param
 class RuleOptions:
     source: str
     einsum: Equation | None = None
+    einsum_param: str = ""
     view: str = ""
     reduce_dims_param: str = ""
     keepdim_param: str = ""
@@ -104,10 +108,10 @@ class RuleOptions:
             reduce = tuple((str(k), op(v, f"reduce op of factor {k!r}")) for k, v in pairs)
         except (TypeError, ValueError):
             raise InvalidArgument(f"rule option 'reduce' must map factors to ops, got {reduce_map!r}") from None
-        if reduce and source != "einsum":
+        if reduce and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'reduce' applies to einsum rules; a reduction uses reduce_op")
         whole = names("whole")
-        if whole and source != "einsum":
+        if whole and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
                                   "or whole_trailing_param")
         if einsum is not None:
@@ -115,12 +119,26 @@ class RuleOptions:
             bad = sorted((set(whole) | {k for k, _ in reduce}) - letters)
             if bad:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
-        return cls(source=source, einsum=einsum, view=view, reduce_dims_param=text("reduce_dims_param"),
+        return cls(source=source, einsum=einsum, einsum_param=text("einsum_param"), view=view, reduce_dims_param=text("reduce_dims_param"),
                    keepdim_param=text("keepdim_param"), reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"),
                    dims_param=text("dims_param"), dim0_param=text("dim0_param"), dim1_param=text("dim1_param"),
                    whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
                    additive=names("additive_operands"))
+
+
+def torch_einsum_equation(text: object) -> Equation:
+    """An equation written for ``torch.einsum``: one letter per dim, whitespace ignored, and
+    without ``->`` the implicit output (the letters used once, in alphabetical order, after
+    ``...`` when there is one)."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"torch.einsum's equation must be a string, got {text!r}")
+    compact = "".join(text.split())
+    if "->" not in compact:
+        letters = [c for c in compact.replace("...", "") if c.isalpha()]
+        once = sorted(c for c in set(letters) if letters.count(c) == 1)
+        compact += "->" + ("..." if "..." in compact else "") + "".join(once)
+    return parse_equation(compact)
 
 
 def _param(params: Mapping[str, object], name: str) -> object:
@@ -135,9 +153,12 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
     """The equation for one call, the factors that must stay whole and how reduced factors combine."""
     whole: set[str] = set(options.whole)
     reduce: dict[str, str | None] = dict(options.reduce)
-    if options.source == "einsum":
-        eq = options.einsum
-        assert eq is not None
+    if options.source in ("einsum", "einsum_param"):
+        eq = options.einsum if options.einsum is not None else \
+            torch_einsum_equation(_param(params, options.einsum_param))
+        unknown = sorted((set(whole) | set(reduce)) - set(eq.letters))
+        if unknown:
+            raise InvalidArgument(f"rule names factor(s) {unknown} that einsum {str(eq)!r} does not have")
         if len(eq.inputs) != len(present):
             raise InvalidArgument(f"einsum {str(eq)!r} has {len(eq.inputs)} input term(s); the spec declares "
                                   f"{len(present)} tensor operand(s)")

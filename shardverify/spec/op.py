@@ -110,6 +110,7 @@ class CaseSpec:
     params: tuple[tuple[str, Literal], ...]
     module: ModuleInit | None
     point: tuple[tuple[str, Literal], ...]
+    positional: tuple[tuple[str, Literal], ...] = ()   # (kind, value) per argument: see CallArg
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class OpSpec:
     def op_cases(self) -> list[tuple[str, "OpCase"]]:
         """(case id, OpCase) for every case: the one mapping the generated tests, the CLI
         and the explorer all use."""
-        from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+        from shardverify.verify.case import CallArg, InputDecl, ModuleDecl, OpCase
 
         def module(init: ModuleInit | None) -> ModuleDecl | None:
             return None if init is None else ModuleDecl(init.target, args=init.args, kwargs=init.kwargs)
@@ -156,7 +157,8 @@ class OpSpec:
                                  inputs=tuple(InputDecl(i.role, i.shape, i.dtype) for i in case.inputs),
                                  params=case.params, module=module(case.module),
                                  predecessor=module(verify.predecessor), seed=verify.seed,
-                                 rtol=verify.rtol, atol=verify.atol))
+                                 rtol=verify.rtol, atol=verify.atol,
+                                 positional=tuple(CallArg(kind, value) for kind, value in case.positional)))
                 for case in self.cases()]
 
 
@@ -579,34 +581,43 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
             raise seed_node.error(f"expected a non-negative seed, got {seed_node.value!r}")
         seed = int(seed_node.value)  # type: ignore[arg-type]
 
-    _check_positional(targets, operands, inputs, grid, inputs_node)
+    _check_positional(targets, operands, params, inputs, inputs_node)
     return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
                       inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
                       predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed)
 
 
-def _check_positional(targets: list[TargetSpec], operands: list[OperandSpec], inputs: list[InputSpec],
-                      grid: tuple[tuple[str, tuple[Literal, ...]], ...], inputs_node: Node) -> None:
-    """Function targets get their tensors positionally (target(x, *others)): the harness
-    operands must sit at indices 0..n-1 and only trailing ones may be dropped by the grid."""
+def _check_positional(targets: list[TargetSpec], operands: list[OperandSpec], params: list[ParamSpec],
+                      inputs: list[InputSpec], inputs_node: Node) -> None:
+    """Function targets get their arguments positionally up to the last tensor
+    (``target(x, *others)``, ``torch.einsum(eq, a, b)``, ``torch.cat([a, b], dim)``): every
+    position before a tensor must be an operand or a parameter, and the elements of a list
+    argument must be 0, 1, 2, ..."""
     if not any(t.form in ("function", "method") for t in targets):
         return
     by_role = {o.role: o for o in operands}
-    placed = sorted((by_role[i.role].index, i.role) for i in inputs if by_role[i.role].kind != "output")
-    for position, (index, role) in enumerate(placed):
-        if index != position:
+    tensors = [by_role[i.role] for i in inputs if by_role[i.role].kind != "output"]
+    last = max(o.index for o in tensors if o.index is not None) if any(o.index is not None for o in tensors) else -1
+    held = {o.index for o in operands if o.kind != "output" and o.index is not None}
+    held |= {p.index for p in params if p.index is not None}
+    for role in (i.role for i in inputs):
+        operand = by_role[role]
+        if operand.index is None:
             raise inputs_node.value[role].error(  # type: ignore[index]
-                f"operand '{role}' is passed positionally to the function target(s), so the harness "
-                f"operands need indices 0..{len(placed) - 1}; it has index {index}")
-    droppable = {key for key, values in grid if key in by_role and any(v is not True for v in values)}
-    seen_dropped = False
-    for _, role in placed:
-        if role in droppable:
-            seen_dropped = True
-        elif seen_dropped:
-            raise inputs_node.value[role].error(  # type: ignore[index]
-                f"operand '{role}' follows an optional operand the grid can drop; only trailing "
-                "operands can be optional for function targets")
+                f"operand '{role}' is passed positionally to the function target(s), so it needs an 'index'")
+    for position in range(last + 1):
+        if position not in held:
+            raise inputs_node.error(f"the function target(s) take their arguments positionally up to the last "
+                                    f"tensor (index {last}), but nothing is declared at index {position}: "
+                                    "declare the operand or parameter that sits there")
+    lists: dict[int, list[int]] = {}
+    for o in tensors:
+        if o.element is not None:
+            lists.setdefault(o.index, []).append(o.element)  # type: ignore[arg-type]
+    for index, elements in lists.items():
+        if sorted(elements) != list(range(len(elements))):
+            raise inputs_node.error(f"the list argument at index {index} holds elements {sorted(elements)}; "
+                                    f"they must be 0..{len(elements) - 1}")
 
 
 # ------------------------------------------------------------------------------- cases
@@ -618,6 +629,7 @@ def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal]
     dropped = {key for key, value in point if key in by_role and value is not True}
     scalars = tuple((by_role[key].keyword, value) for key, value in point      # torch.add(x, other=2.5)
                     if key in by_role and not isinstance(value, bool))
+    positional: tuple[tuple[str, Literal], ...] = ()
     if target.form == "module":
         inputs = tuple(i for i in verify.inputs if by_role[i.role].kind == "input")
         assert verify.module is not None
@@ -627,11 +639,45 @@ def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal]
         params: tuple[tuple[str, Literal], ...] = ()
     else:
         inputs = tuple(sorted((i for i in verify.inputs if i.role not in dropped),
-                              key=lambda i: by_role[i.role].index))  # type: ignore[arg-type,return-value]
+                              key=lambda i: (by_role[i.role].index, by_role[i.role].element or 0)))  # type: ignore[arg-type,return-value]
         module = None
         params = tuple((key, value) for key, value in point if key in param_names) + scalars  # type: ignore[operator]
+        positional, taken = _positional(spec, inputs, dict(point))
+        params = tuple((key, value) for key, value in params if key not in taken)
     case_id = target.name + "".join(f"-{key}_{_id_token(value)}" for key, value in point)
-    return CaseSpec(id=case_id, target=target.name, inputs=inputs, params=params, module=module, point=point)
+    return CaseSpec(id=case_id, target=target.name, inputs=inputs, params=params, module=module, point=point,
+                    positional=positional)
+
+
+def _positional(spec: OpSpec, inputs: tuple[InputSpec, ...], point: dict[str, Literal]
+                ) -> tuple[tuple[tuple[str, Literal], ...], set[str]]:
+    """The positional arguments of a function/method call up to its last tensor, and the
+    parameter/keyword names they take from the keyword arguments; ``()`` when they are
+    just the tensors in order (the plain ``target(x, *others)``)."""
+    by_role = {o.role: o for o in spec.operands}
+    present = [by_role[i.role] for i in inputs]
+    last = max(o.index for o in present)  # type: ignore[type-var]
+    slots: dict[int, tuple[str, Literal]] = {}
+    taken: set[str] = set()
+    for o in present:
+        if o.element is None:
+            slots[o.index] = ("tensor", o.role)  # type: ignore[index]
+        else:
+            names = slots.get(o.index, ("list", ()))[1]  # type: ignore[arg-type]
+            slots[o.index] = ("list", names + (o.role,))  # type: ignore[index,operator]
+    for o in spec.operands:      # a dropped optional tensor before the last one: None, or its number
+        if o.kind != "output" and o.role in point and point[o.role] is not True and \
+                o.index is not None and o.index < last and o.index not in slots:
+            value = point[o.role]
+            slots[o.index] = ("value", None if isinstance(value, bool) else value)
+            taken.add(o.keyword or o.role)
+    for p in spec.params:
+        if p.index is not None and p.index < last:
+            slots[p.index] = ("value", point.get(p.name, p.default))
+            taken.add(p.name)
+    if all(slots.get(i) == ("tensor", o.role) for i, o in enumerate(present)) and len(slots) == len(present):
+        return (), set()
+    return tuple(slots[i] for i in range(last + 1)), taken
 
 
 def _id_token(value: Literal) -> str:

@@ -3,7 +3,9 @@
 The harness model around the op is generic, with no per-op code:
 module target ``module(pred(x), *others)``, function target ``target(pred(x), *others, **params)``,
 ``torch.Tensor.<name>`` target ``pred(x).<name>(*others, **params)``; ``pred`` is the optional
-predecessor module (whose strategies a following op such as sum takes up).
+predecessor module (whose strategies a following op such as sum takes up). A call whose
+positional arguments are not just its tensors in order (``torch.einsum(eq, a, b)``,
+``torch.cat([a, b], 1)``, ``F.layer_norm(x, shape, weight)``) lists them in ``positional``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from shardverify.errors import InvalidArgument
 from shardverify.names import resolve_dotted
 from shardverify.verify.tolerance import dtype_from_name
 
-__all__ = ["InputDecl", "ModuleDecl", "OpCase", "resolve", "cached"]
+__all__ = ["InputDecl", "ModuleDecl", "CallArg", "OpCase", "resolve", "cached"]
 
 T = TypeVar("T")
 
@@ -102,6 +104,33 @@ class ModuleDecl:
         return f"{self.target.rsplit('.', 1)[-1]}({', '.join(parts)})"
 
 
+ARG_KINDS = ("tensor", "list", "value")
+
+
+@dataclass(frozen=True)
+class CallArg:
+    """One positional argument of the op's call: ``tensor`` (an input by name), ``list`` (a
+    tuple of input names, passed as a list: torch.cat's tensors) or ``value`` (a constant:
+    einsum's equation, layer_norm's normalized_shape, None for a dropped optional tensor)."""
+
+    kind: str
+    value: object
+
+    def __post_init__(self) -> None:
+        if self.kind not in ARG_KINDS:
+            raise InvalidArgument(f"call argument kind must be one of {', '.join(ARG_KINDS)}, got {self.kind!r}")
+        value = _tupled(self.value)
+        if self.kind == "tensor" and not isinstance(value, str):
+            raise InvalidArgument(f"a tensor argument names an input, got {self.value!r}")
+        if self.kind == "list" and not (isinstance(value, tuple) and value and all(isinstance(v, str) for v in value)):
+            raise InvalidArgument(f"a list argument names one or more inputs, got {self.value!r}")
+        object.__setattr__(self, "value", value)
+
+    def names(self) -> tuple[str, ...]:
+        """The inputs this argument passes."""
+        return (self.value,) if self.kind == "tensor" else self.value if self.kind == "list" else ()  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class OpCase:
     """One grid point of an op spec: the harness model, its inputs, the call's parameters."""
@@ -115,6 +144,7 @@ class OpCase:
     seed: int = 0
     rtol: float | None = None
     atol: float | None = None
+    positional: tuple[CallArg, ...] = ()   # empty: the inputs in order
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, str) or not self.op:
@@ -143,10 +173,30 @@ class OpCase:
             raise InvalidArgument(f"case {self.op!r}: predecessor must be a ModuleDecl, got {self.predecessor!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InvalidArgument(f"case {self.op!r}: seed must be an int >= 0, got {self.seed!r}")
+        self._check_positional(is_module)
         for name in ("rtol", "atol"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise InvalidArgument(f"case {self.op!r}: {name} must be None or a number >= 0, got {value!r}")
+
+    def _check_positional(self, is_module: bool) -> None:
+        positional = tuple(self.positional)
+        if not positional:
+            return
+        if is_module:
+            raise InvalidArgument(f"case {self.op!r}: a module target takes its inputs in order; "
+                                  f"positional={positional!r} applies to function and method targets")
+        if not all(isinstance(a, CallArg) for a in positional):
+            raise InvalidArgument(f"case {self.op!r}: positional must be a tuple of CallArg, got {positional!r}")
+        passed = [name for arg in positional for name in arg.names()]
+        names = [i.name for i in self.inputs]
+        if sorted(passed) != sorted(names):
+            raise InvalidArgument(f"case {self.op!r}: positional arguments pass inputs {passed}; every input "
+                                  f"{names} must be passed exactly once")
+        if self.target.startswith("torch.Tensor.") and positional[0].kind != "tensor":
+            raise InvalidArgument(f"case {self.op!r}: method target {self.target!r} needs a tensor first (self), "
+                                  f"got {positional[0]!r}")
+        object.__setattr__(self, "positional", positional)
 
     # ---- the harness ---------------------------------------------------------------
     def harness(self) -> fx.GraphModule:
@@ -161,15 +211,21 @@ class OpCase:
             x = graph.call_module(pred_name, (x,))
         else:
             pred_name = None
+        if self.positional:
+            by_name = {i.name: p for i, p in zip(self.inputs, (x, *others))}
+            args = tuple(by_name[a.value] if a.kind == "tensor" else [by_name[n] for n in a.value]
+                         if a.kind == "list" else a.value for a in self.positional)  # type: ignore[union-attr]
+        else:
+            args = (x, *others)
         if self.module is not None:
             name = _attribute_name(self.target)
             name = f"{name}_op" if name == pred_name else name
             root.add_module(name, self.module.instantiate())
             out = graph.call_module(name, (x, *others))
         elif self.target.startswith("torch.Tensor."):
-            out = graph.call_method(self.target.rsplit(".", 1)[1], (x, *others), dict(self.params))
+            out = graph.call_method(self.target.rsplit(".", 1)[1], args, dict(self.params))
         else:
-            out = graph.call_function(resolve(self.target), (x, *others), dict(self.params))
+            out = graph.call_function(resolve(self.target), args, dict(self.params))
         graph.output(out)
         return fx.GraphModule(root, graph)
 
@@ -194,7 +250,12 @@ class OpCase:
 
     def describe(self) -> str:
         """A one-line human name: ``sum(x: float32[4, 8], dim=(0,), keepdim=True) after Linear(8, 16)``."""
-        inputs = ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in self.inputs)
+        shown = {i.name: f"{i.name}: {i.dtype}{list(i.shape)}" for i in self.inputs}
+        inputs = ", ".join(shown.values())
+        if self.positional:
+            inputs = ", ".join(shown[a.value] if a.kind == "tensor" else  # type: ignore[index]
+                               f"[{', '.join(shown[n] for n in a.value)}]" if a.kind == "list"  # type: ignore[union-attr]
+                               else repr(a.value) for a in self.positional)
         if self.module is not None:
             head = f"{self.module.describe()}({inputs})"
         else:
