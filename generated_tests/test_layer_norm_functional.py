@@ -5,7 +5,7 @@ grid point and mesh shape of its spec, on the simulated and the process backend.
 
 import pytest
 
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.verify.case import CallArg, InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 
@@ -15,13 +15,60 @@ CASES = [
         target='torch.nn.functional.layer_norm',
         inputs=(
             InputDecl('input', (8, 8, 16), 'float32'),
+            InputDecl('weight', (8, 16), 'float32'),
+            InputDecl('bias', (8, 16), 'float32'),
         ),
-        params=(('normalized_shape', (16,)),),
+        params=(),
         module=None,
         predecessor=None,
         seed=0,
         rtol=None,
         atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', (8, 16)),
+            CallArg('tensor', 'weight'),
+            CallArg('tensor', 'bias'),
+        ),
+    ),
+    OpCase(
+        op='layer_norm_functional',
+        target='torch.nn.functional.layer_norm',
+        inputs=(
+            InputDecl('input', (8, 8, 16), 'float32'),
+            InputDecl('weight', (8, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', (8, 16)),
+            CallArg('tensor', 'weight'),
+        ),
+    ),
+    OpCase(
+        op='layer_norm_functional',
+        target='torch.nn.functional.layer_norm',
+        inputs=(
+            InputDecl('input', (8, 8, 16), 'float32'),
+            InputDecl('bias', (8, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', (8, 16)),
+            CallArg('value', None),
+            CallArg('tensor', 'bias'),
+        ),
     ),
     OpCase(
         op='layer_norm_functional',
@@ -38,8 +85,10 @@ CASES = [
     ),
 ]
 CASE_IDS = [
-    'torch.nn.functional.layer_norm-normalized_shape_16',
-    'torch.nn.functional.layer_norm-normalized_shape_8.16',
+    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_True',
+    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False',
+    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_True',
+    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -59,3 +108,22 @@ def test_layer_norm_functional_simulated(sv_backend, case, mesh_shape):
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_layer_norm_functional_process(sv_backend, case, mesh_shape):
     assert_passed(verify_case(sv_backend(mesh_shape, "process"), case))
+
+
+# (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
+STRATEGY_COUNTS = [
+    pytest.param(0, (2, 2), 4, id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_True-mesh2x2'),
+    pytest.param(1, (2, 2), 4, id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False-mesh2x2'),
+    pytest.param(2, (2, 2), 4, id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_True-mesh2x2'),
+    pytest.param(3, (2, 2), 4, id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False-mesh2x2'),
+]
+
+
+@pytest.mark.parametrize("case_index, mesh_shape, expected", STRATEGY_COUNTS)
+def test_layer_norm_functional_strategy_count(case_index, mesh_shape, expected):
+    from shardverify.api import strategies_for_node
+    from shardverify.mesh import DeviceMesh
+
+    graph_module, node_name = CASES[case_index].build()
+    strategies = strategies_for_node(graph_module, node_name, DeviceMesh(mesh_shape))
+    assert len(strategies) == expected, [strategy.name for strategy in strategies]

@@ -13,8 +13,10 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/layer_norm_functional.yaml'
 CASE_IDS = [
-    'torch.nn.functional.layer_norm-normalized_shape_16',
-    'torch.nn.functional.layer_norm-normalized_shape_8.16',
+    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_True',
+    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False',
+    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_True',
+    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -5,7 +5,7 @@ grid point and mesh shape of its spec, on the simulated and the process backend.
 
 import pytest
 
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.verify.case import CallArg, InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 
@@ -15,13 +15,19 @@ CASES = [
         target='torch.nn.functional.rms_norm',
         inputs=(
             InputDecl('input', (8, 8, 16), 'float32'),
+            InputDecl('weight', (8, 16), 'float32'),
         ),
-        params=(('normalized_shape', (16,)),),
+        params=(),
         module=None,
         predecessor=None,
         seed=0,
         rtol=None,
         atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', (8, 16)),
+            CallArg('tensor', 'weight'),
+        ),
     ),
     OpCase(
         op='rms_norm_functional',
@@ -38,8 +44,8 @@ CASES = [
     ),
 ]
 CASE_IDS = [
-    'torch.nn.functional.rms_norm-normalized_shape_16',
-    'torch.nn.functional.rms_norm-normalized_shape_8.16',
+    'torch.nn.functional.rms_norm-normalized_shape_8.16-weight_True',
+    'torch.nn.functional.rms_norm-normalized_shape_8.16-weight_False',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -63,7 +69,8 @@ def test_rms_norm_functional_process(sv_backend, case, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(1, (2, 2), 4, id='torch.nn.functional.rms_norm-normalized_shape_8.16-mesh2x2'),
+    pytest.param(0, (2, 2), 4, id='torch.nn.functional.rms_norm-normalized_shape_8.16-weight_True-mesh2x2'),
+    pytest.param(1, (2, 2), 4, id='torch.nn.functional.rms_norm-normalized_shape_8.16-weight_False-mesh2x2'),
 ]
 
 

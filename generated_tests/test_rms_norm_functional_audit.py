@@ -13,8 +13,8 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/rms_norm_functional.yaml'
 CASE_IDS = [
-    'torch.nn.functional.rms_norm-normalized_shape_16',
-    'torch.nn.functional.rms_norm-normalized_shape_8.16',
+    'torch.nn.functional.rms_norm-normalized_shape_8.16-weight_True',
+    'torch.nn.functional.rms_norm-normalized_shape_8.16-weight_False',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -12,6 +12,10 @@ HANDLER = register_handler(HandlerDef(
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
+        OperandDecl(role='weight', kind='param', index=2, keyword='weight',
+                    attribute=None, optional=True, element=None),
+        OperandDecl(role='bias', kind='param', index=3, keyword='bias',
+                    attribute=None, optional=True, element=None),
         OperandDecl(role='output', kind='output', index=None, keyword=None,
                     attribute=None, optional=False, element=None),
     ),

@@ -12,6 +12,8 @@ HANDLER = register_handler(HandlerDef(
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
+        OperandDecl(role='weight', kind='param', index=2, keyword='weight',
+                    attribute=None, optional=True, element=None),
         OperandDecl(role='output', kind='output', index=None, keyword=None,
                     attribute=None, optional=False, element=None),
     ),
