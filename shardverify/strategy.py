@@ -26,15 +26,16 @@ class OperationDataType(Enum):
     OUTPUT = "output"    # the node's own result
 
 
-LOCATOR_KINDS = ("arg", "kwarg", "param", "buffer", "output", "item")
+LOCATOR_KINDS = ("arg", "kwarg", "param", "buffer", "output", "item", "varargs")
 
 
 @dataclass(frozen=True)
 class OperandLocator:
     """Where an operand sits in the node's call, so a runner can swap in local shards:
     positional ``arg`` index, ``kwarg`` name, module ``param``/``buffer`` attribute, the ``output``
-    (key None; the tuple index when the op returns a tuple), or an ``item`` of a list argument
-    (key ``(arg index, element index)``, torch.cat's tensors)."""
+    (key None; the tuple index when the op returns a tuple), an ``item`` of a list argument
+    (key ``(arg index, element index)``, torch.cat's tensors), or ``varargs``: every positional
+    argument from index ``key`` on, passed unpacked (``x.view(8, 16)``)."""
 
     kind: str
     key: int | str | tuple[int, int] | None = None
@@ -52,7 +53,7 @@ class OperandLocator:
                     and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in key)):
                 raise StrategyError(f"item locator needs an (arg index, element index) key, got {key!r}")
             return
-        expected = {"arg": int, "kwarg": str, "param": str, "buffer": str}[self.kind]
+        expected = {"arg": int, "kwarg": str, "param": str, "buffer": str, "varargs": int}[self.kind]
         if not isinstance(self.key, expected) or isinstance(self.key, bool):
             raise StrategyError(f"locator of kind {self.kind!r} needs a {expected.__name__} key, got {self.key!r}")
 
@@ -168,6 +169,24 @@ class PostAdd:
 
 
 @dataclass(frozen=True)
+class LocalArg:
+    """A non-tensor argument every rank passes in place of the one the call recorded: a view's
+    target shape is the *local* output shape (``x.view(8, 16)`` on a shard of rows is
+    ``x_local.view(4, 16)``). The verifier checks the op's local output against the reference
+    slice, so a wrong local argument fails like a wrong layout."""
+
+    locator: OperandLocator
+    value: object
+
+    def __post_init__(self) -> None:
+        if self.locator.kind not in ("arg", "kwarg", "varargs"):
+            raise StrategyError(f"a local argument replaces a call argument (arg, kwarg or varargs), "
+                                f"got locator {self.locator}")
+        if isinstance(self.value, torch.Tensor):
+            raise StrategyError(f"local argument at {self.locator} is a tensor; tensors are operands with layouts")
+
+
+@dataclass(frozen=True)
 class TrainCycleItem:
     fwd: float
     bwd: float
@@ -210,6 +229,7 @@ class ShardingStrategy:
     communication_cost: TrainCycleItem
     communication_actions: tuple[CommAction, ...] = ()
     post_add: tuple[PostAdd, ...] = ()
+    local_args: tuple[LocalArg, ...] = ()   # non-tensor arguments each rank passes instead (a view's shape)
 
     def __post_init__(self) -> None:
         names = [n for n, _ in self.sharding_specs]

@@ -290,10 +290,10 @@ def test_module_targets_need_module_init_and_attributes():
         parse(text)
 
 
-def test_function_targets_need_contiguous_positional_operands():
+def test_function_targets_need_every_position_before_a_tensor():
     linear = (SPECS / "linear.yaml").read_text()
     text = edit("    index: 2\n    keyword: bias", "    index: 3\n    keyword: bias", linear)
-    with pytest.raises(SpecError, match=r"operand 'bias' is passed positionally .* it has index 3") as info:
+    with pytest.raises(SpecError, match=r"operand 'bias' is passed positionally .* at index 3, but nothing is declared at index 2") as info:
         parse(text)
     assert info.value.line == text.splitlines().index("    bias:") + 1
     assert info.value.field == "verify.inputs.bias"

@@ -65,6 +65,8 @@ class Problem:
     outputs: tuple[torch.Tensor, ...]
     out_index: tuple[int, ...] = (0,)   # the tuple elements audited (the spec's output operands)
     seed: int = 0
+    # the call argument the ranks set to the first output's local shape (a view's shape), or None
+    shape_arg: tuple[str, object] | None = None
     _coords: list = field(default_factory=list)
     _local: dict = field(default_factory=dict)
     _pieces: dict = field(default_factory=dict)
@@ -123,15 +125,17 @@ class Problem:
         return self._local[key]
 
     # ---- running the op ---------------------------------------------------------------------
-    def run(self, combo: Sequence[Layout]) -> list[tuple[torch.Tensor, ...]] | str:
-        """Every rank's local outputs for ``combo`` (one layout per operand), or why the op failed."""
+    def run(self, combo: Sequence[Layout], arguments: dict | None = None) -> list[tuple[torch.Tensor, ...]] | str:
+        """Every rank's local outputs for ``combo`` (one layout per operand), or why the op failed;
+        ``arguments``: non-tensor call arguments every rank passes instead of the recorded ones."""
         locals_ = [self.local(i, layout) for i, layout in enumerate(combo)]
-        shapes = tuple(tuple(t[0].shape) for t in locals_)
+        shapes = (tuple(tuple(t[0].shape) for t in locals_), tuple((arguments or {}).items()))
         if shapes in self._shape_errors:
             return self._shape_errors[shapes]
         results = []
         for rank in self.mesh.ranks:
             values = {op.locator: t[rank] for op, t in zip(self.operands, locals_)}
+            values.update(arguments or {})
             try:
                 with torch.no_grad():
                     out = call_op(self.node, self.module, values)
@@ -197,7 +201,27 @@ class Problem:
 
     def decide(self, combo: Sequence[Layout]) -> Outcome:
         self.decided += 1
-        outs = self.run(combo)
+        if self.shape_arg is None:
+            return self._decide(combo, None)
+        # a view told its output shape: each local output shape a layout of the output can have
+        # is passed in turn, and the first that the ranks' outputs form is the combination's
+        outcome = Outcome(None, "no local output shape fits")
+        for shape in self._local_output_shapes():
+            outcome = self._decide(combo, {self.shape_arg: shape})
+            if outcome.valid:
+                return outcome
+        return outcome
+
+    def _local_output_shapes(self) -> list[tuple[int, ...]]:
+        if "shapes" not in self._candidates:
+            ref = self.outputs[0]
+            self._candidates["shapes"] = list(dict.fromkeys(
+                Layout(dims).local_shape(ref.shape, self.mesh.shape)
+                for dims in _shardings(tuple(ref.shape), self.mesh.shape)))
+        return self._candidates["shapes"]
+
+    def _decide(self, combo: Sequence[Layout], arguments: dict | None) -> Outcome:
+        outs = self.run(combo, arguments)
         if isinstance(outs, str):
             return Outcome(None, outs)
         found = []

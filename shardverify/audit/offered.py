@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from shardverify.audit.layouts import Layout, spec_layout
 from shardverify.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 
-__all__ = ["Offered", "offered_combination"]
+__all__ = ["Offered", "offered_combination", "output_shape_argument"]
 
 
 @dataclass(frozen=True)
@@ -114,3 +114,16 @@ def offered_combination(strategy: ShardingStrategy) -> Offered:
             else:
                 raw[action.operand] = _split(undone, action.dims[1], action.axes)
     return Offered(strategy.name, tuple(seen.items()), tuple((o.name, raw[o.name]) for o in outputs), problem)
+
+
+def output_shape_argument(strategies) -> tuple[str, object] | None:
+    """The call argument every strategy that localizes one sets to its first output's local
+    shape (a view's ``shape``), as a (kind, key) locator; None when there is none. The audit
+    passes each candidate output layout's local shape there, as such a strategy would."""
+    found = set()
+    for strategy in strategies:
+        out = strategy.outputs[0]
+        local = strategy.get_sharding_spec_by_name(out.name).local_shape()
+        found |= {(arg.locator.kind, arg.locator.key) for arg in strategy.local_args
+                  if isinstance(arg.value, (tuple, list)) and tuple(arg.value) == local}
+    return found.pop() if len(found) == 1 else None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from shardverify.audit.accept import family_gaps
 from shardverify.audit.decide import Operand, Outcome, Problem, prepare
 from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
-from shardverify.audit.offered import offered_combination
+from shardverify.audit.offered import offered_combination, output_shape_argument
 from shardverify.mesh import DeviceMesh
 from shardverify.strategy import OperationDataType
 
@@ -84,7 +84,7 @@ def spec_handler(spec):
         name=spec.name, targets=tuple(t.name for t in spec.targets),
         operands=tuple(OperandDecl(o.role, o.kind, o.index, o.keyword, o.attribute, o.optional, o.element)
                        for o in spec.operands),
-        params=tuple(ParamDecl(p.name, p.index, p.keyword, p.default) for p in spec.params),
+        params=tuple(ParamDecl(p.name, p.index, p.keyword, p.default, p.varargs) for p in spec.params),
         generator=spec.generator, options=spec.options, spec_file=spec.source)
 
 
@@ -131,6 +131,7 @@ class _Audit:
         self.output_names = [d.name for d in outputs]
         self.problem: Problem = prepare(case, self.mesh, self.operands,
                                         [d.locator.key or 0 for d in outputs])
+        self.problem.shape_arg = output_shape_argument(self.strategies)
         # ... and only when the op really is additive in it (checked numerically)
         self.choices = [tensor_layouts(o.shape, self.mesh.shape, partial=partial_inputs and o.floating,
                                        absent=o.optional and self.problem.post_addable(i, aligned.get(o.name)))

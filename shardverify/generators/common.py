@@ -26,6 +26,7 @@ from shardverify.strategy import (
     CommAction,
     CommPattern,
     CommWhere,
+    LocalArg,
     MemoryCost,
     MemoryCycle,
     OperationData,
@@ -166,37 +167,41 @@ def op_call_shapes(mesh, operands: Sequence[OperationData], specs: Mapping[str, 
 
 
 def local_compute_cost(ctx: GeneratorContext, operands: Sequence[OperationData],
-                       specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction]) -> TrainCycleItem:
+                       specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
+                       local_args: Sequence[LocalArg] = ()) -> TrainCycleItem:
     """:func:`compute_cost` of the node's op called on meta tensors of the local shapes (what the
     verifier measures on the real shards), for generators that have no formula of their own."""
-    return _meta_call(ctx, operands, specs, actions)[0]
+    return _meta_call(ctx, operands, specs, actions, local_args)[0]
 
 
 def local_output_shapes(ctx: GeneratorContext, operands: Sequence[OperationData],
-                        specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction]) -> tuple | None:
+                        specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
+                        local_args: Sequence[LocalArg] = ()) -> tuple | None:
     """The shapes the node's op really gives on meta tensors of the local input shapes (None when
     it refuses them): a generator compares them with its layouts' local output shapes, since an
     op that reads sizes from its input (squeeze of a dim a shard left with one element) can
     disagree with a layout that is right for the global tensor."""
     try:
-        return _meta_call(ctx, operands, specs, actions)[1]
+        return _meta_call(ctx, operands, specs, actions, local_args)[1]
     except StrategyError:
         return None
 
 
 def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec],
-               actions: Sequence[CommAction]) -> tuple[TrainCycleItem, tuple]:
+               actions: Sequence[CommAction], local_args: Sequence[LocalArg] = ()) -> tuple[TrainCycleItem, tuple]:
     """(compute cost, output shapes) of the op on meta tensors of the local shapes, cached."""
     from shardverify.verify.costs import LocalFlopCounter
     from shardverify.verify.reference import call_op
 
     shapes = op_call_shapes(ctx.mesh, operands, specs, actions)
     inputs = [d for d in operands if d.type is not OperationDataType.OUTPUT]
-    key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs))
+    key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), tuple(local_args))
     found = _META_CALLS.get(key)
     if found is None:   # meta kernels take milliseconds; strategies share few distinct local shapes
         values = {(d.locator.kind, d.locator.key): torch.empty(shapes[d.name], dtype=d.dtype, device="meta")
                   for d in inputs}
+        tensors = list(values.values())
+        values.update({(a.locator.kind, a.locator.key): a.value for a in local_args})
         module = ctx.graph_module.get_submodule(ctx.node.target) if ctx.node.op == "call_module" else None
         try:
             with LocalFlopCounter() as counter:
@@ -205,7 +210,7 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
             raise StrategyError(f"{ctx.handler_name}: cannot run node {ctx.node.name!r} on meta tensors of the "
                                 f"local shapes {shapes}: {exc}") from exc
         outs = result if isinstance(result, (list, tuple)) else (result,)
-        numels = [v.numel() for v in values.values()] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
+        numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
         if len(_META_CALLS) >= 4096:
             _META_CALLS.clear()
         found = _META_CALLS[key] = (compute_cost(counter.get_total_flops(), numels),
@@ -218,19 +223,21 @@ _META_CALLS: dict = {}
 
 def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[OperationData],
                   specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
-                  compute: TrainCycleItem | tuple[float, float] | None = None) -> ShardingStrategy:
+                  compute: TrainCycleItem | tuple[float, float] | None = None,
+                  local_args: Sequence[LocalArg] = ()) -> ShardingStrategy:
     """Assemble a strategy over ``operands`` (output last) with all three costs filled in.
 
     ``compute``: None (the default) measures :func:`local_compute_cost` on meta tensors; a
     generator with a closed formula passes ``compute_cost(flops, numels)`` of the local call
-    (a ``(fwd, bwd)`` pair is taken as is, for nodes that are not ops).
+    (a ``(fwd, bwd)`` pair is taken as is, for nodes that are not ops). ``local_args``: the
+    non-tensor arguments the ranks pass instead of the recorded ones (a view's local shape).
     """
     missing = [d.name for d in operands if d.name not in specs]
     if missing:
         raise StrategyError(f"{ctx.handler_name}: strategy {name!r} has no layout for {missing}")
     by_name = {d.name: d for d in operands}
     if compute is None:
-        compute = local_compute_cost(ctx, operands, specs, actions)
+        compute = local_compute_cost(ctx, operands, specs, actions, local_args)
     elif not isinstance(compute, TrainCycleItem):
         fwd, bwd = compute
         compute = TrainCycleItem(float(fwd), float(bwd), float(fwd + bwd))
@@ -242,6 +249,7 @@ def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[Operation
         memory_cost=memory_cost(operands, specs),
         communication_cost=communication_cost(ctx.mesh, actions, by_name, specs),
         communication_actions=tuple(actions),
+        local_args=tuple(local_args),
     )
 
 
@@ -253,7 +261,7 @@ def with_declared_costs(strategy: ShardingStrategy, graph_module, node_name: str
     specs = dict(strategy.sharding_specs)
     actions = strategy.communication_actions
     return strategy.replace(
-        compute_cost=local_compute_cost(ctx, strategy.operands, specs, actions),
+        compute_cost=local_compute_cost(ctx, strategy.operands, specs, actions, strategy.local_args),
         memory_cost=memory_cost(strategy.operands, specs),
         communication_cost=communication_cost(mesh, actions, {d.name: d for d in strategy.operands}, specs))
 

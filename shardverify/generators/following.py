@@ -18,6 +18,7 @@ from __future__ import annotations
 from shardverify.errors import HandlerError, StrategyError
 from shardverify.generators.common import compute_cost, make_strategy
 from shardverify.generators.registry import GeneratorContext, register_generator
+from shardverify.handlers.base import Computed
 from shardverify.sharding import ShardingSpec
 from shardverify.strategy import ShardingStrategy
 
@@ -55,6 +56,9 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
                            f"node {ctx.node.name!r} also has {extra}")
     ndim = len(inp.shape)
     reduce_param, keepdim_param = ctx.option("reduce_dims_param"), ctx.option("keepdim_param")
+    for name in (reduce_param, keepdim_param):
+        if isinstance(ctx.params.get(name), Computed):
+            raise ctx.params[name].refuse(ctx.handler_name, ctx.node.name)
     reduced = normalize_dims(ctx.params.get(reduce_param), ndim, str(reduce_param)) if reduce_param else ()
     keepdim = bool(ctx.params.get(keepdim_param, False)) if keepdim_param else False
     if keepdim or not reduce_param:

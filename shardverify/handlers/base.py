@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
 __all__ = [
-    "HandlerDef", "OperandDecl", "ParamDecl", "register_handler", "unregister_handler",
-    "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "target_key",
+    "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
+    "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
 ]
 
 OPERAND_KINDS = ("input", "param", "output")
@@ -61,12 +61,29 @@ class OperandDecl:
 
 @dataclass(frozen=True)
 class ParamDecl:
-    """A non-tensor call parameter (``dim``, ``keepdim``) read from the call, else ``default``."""
+    """A non-tensor call parameter (``dim``, ``keepdim``) read from the call, else ``default``.
+    ``varargs``: the parameter is every positional argument from ``index`` on when the call
+    passes them unpacked (``x.view(8, 16)``), or the one sequence there (``x.view((8, 16))``)."""
 
     name: str
     index: int | None = None
     keyword: str | None = None
     default: object = None
+    varargs: bool = False
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A call parameter computed by graph nodes (``x.reshape(x.shape[0], 4, 4)``): known only at
+    run time, so a rule that needs its value refuses the node, naming the nodes; a rule that
+    only needs where it sits (a view's shape, replaced by the local one) takes it."""
+
+    name: str
+    nodes: tuple[str, ...]
+
+    def refuse(self, handler: str, node: str) -> HandlerError:
+        return HandlerError(f"handler {handler!r}: parameter {self.name!r} of node {node!r} is computed by "
+                            f"node(s) {', '.join(self.nodes)}; only constants are supported")
 
 
 @dataclass(frozen=True)
@@ -189,7 +206,12 @@ def _resolve_outputs(decl: OperandDecl, node: Node) -> list[tuple[str, Operation
             for i, (shape, dtype) in enumerate(metas)]
 
 
-def _call_value(node: Node, index: int | None, keyword: str | None) -> tuple[object, OperandLocator | None]:
+def _call_value(node: Node, index: int | None, keyword: str | None,
+                varargs: bool = False) -> tuple[object, OperandLocator | None]:
+    if varargs and index is not None and len(node.args) > index:
+        rest = node.args[index:]
+        if len(rest) > 1 or not isinstance(rest[0], (list, tuple, torch.Size)):
+            return tuple(rest), OperandLocator("varargs", index)
     if index is not None and index < len(node.args):
         return node.args[index], OperandLocator("arg", index)
     if keyword is not None and keyword in node.kwargs:
@@ -259,16 +281,26 @@ def resolve_operands(handler: HandlerDef, node: Node, graph_module: GraphModule)
 def resolve_params(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> dict[str, object]:
     """Call parameters by name, defaults filled in (values exactly as written in the call); on a
     module call, a parameter the call does not pass is read from the module's attribute of
-    the same name."""
+    the same name. A parameter computed by graph nodes is a :class:`Computed`."""
     params: dict[str, object] = {}
     module = graph_module.get_submodule(str(node.target)) if graph_module is not None and \
         node.op == "call_module" else None
     for decl in handler.params:
-        value, _ = _call_value(node, decl.index, decl.keyword)
+        value, _ = _call_value(node, decl.index, decl.keyword, decl.varargs)
         if value is _MISSING and module is not None and hasattr(module, decl.name):
             value = getattr(module, decl.name)      # nn.Softmax(dim=...), nn.LayerNorm.normalized_shape
-        if isinstance(value, torch.fx.Node):
-            raise HandlerError(f"handler {handler.name!r}: parameter {decl.name!r} of node {node.name!r} "
-                               f"is computed by node {value.name!r}; only constants are supported")
-        params[decl.name] = decl.default if value is _MISSING else value
+        nested: list = []
+        if value is not _MISSING:
+            torch.fx.node.map_arg(value, nested.append)
+        params[decl.name] = Computed(decl.name, tuple(n.name for n in nested)) if nested else \
+            decl.default if value is _MISSING else value
     return params
+
+
+def param_locator(handler: HandlerDef, node: Node, name: str) -> OperandLocator | None:
+    """Where the call passes parameter ``name`` (None when it relies on the default), so a
+    strategy can give the ranks a local value for it (:class:`shardverify.strategy.LocalArg`)."""
+    decl = next((d for d in handler.params if d.name == name), None)
+    if decl is None:
+        raise HandlerError(f"handler {handler.name!r} declares no parameter {name!r}")
+    return _call_value(node, decl.index, decl.keyword, decl.varargs)[1]

@@ -23,6 +23,7 @@ from shardverify.plan.model import Plan, operand_producer
 from shardverify.reshard import Layout, apply_reshard
 from shardverify.strategy import CommWhere
 from shardverify.tracing import trace
+from shardverify.verify.engine import local_arguments
 from shardverify.verify.reference import _operand_nodes, as_outputs, call_op
 
 __all__ = ["ModelRecipe", "PlanMismatch", "rank_run_plan", "RTOL", "ATOL"]
@@ -242,6 +243,7 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
     for loc, arg in _operand_nodes(node).items():   # non-tensor graph values (x.shape[0]) as computed
         if loc not in values and not isinstance(env.get(arg.name), torch.Tensor):
             values[loc] = env.get(arg.name)
+    values.update(local_arguments(strategy))       # a view's local shape in place of the global one
     outputs = list(as_outputs(node, call_op(node, module, values)))
     # a deferred partial output is reduced by the plan's resharding after this node
     outputs = after_op(comm, strategy, outputs, late, keep_partial=deferred or None)

@@ -61,10 +61,13 @@ def permute(rank: int, order: Sequence[int]) -> Equation:
     return Equation((inp,), (tuple(inp[d] for d in order),))
 
 
-def reshape(input_shape: Shape, output_shape: Shape) -> tuple[Equation, set[str]]:
+def reshape(input_shape: Shape, output_shape: Shape) -> tuple[Equation, set[str], dict[str, int]]:
     """Match the two shapes into groups of equal products. A group of one input dim and
-    several output dims (unflatten) or the reverse (flatten) becomes a compound dim; a group
-    many-to-many keeps all its factors whole; size-1 dims hold no factor."""
+    several output dims (unflatten) or the reverse (flatten) becomes a compound dim; in a group
+    many-to-many (8x4 -> 4x8) the leading input and output dims share a leading factor of
+    size gcd (a shard of it is the same contiguous block of the flattened group on both
+    sides) and every other factor stays whole; size-1 dims hold no factor. Returns the
+    equation, the whole factors and the sizes of factors only compounds hold."""
     if math.prod(input_shape) != math.prod(output_shape):
         raise InvalidArgument(f"cannot view {input_shape} as {output_shape}")
     ins = [(i, s) for i, s in enumerate(input_shape) if s != 1]
@@ -72,6 +75,7 @@ def reshape(input_shape: Shape, output_shape: Shape) -> tuple[Equation, set[str]
     in_term: list[Dim] = [()] * len(input_shape)
     out_term: list[Dim] = [()] * len(output_shape)
     whole: set[str] = set()
+    sizes: dict[str, int] = {}
     a = b = 0
     group = 0
     while a < len(ins) or b < len(outs):
@@ -93,11 +97,19 @@ def reshape(input_shape: Shape, output_shape: Shape) -> tuple[Equation, set[str]
                 in_term[i] = (name,)
             out_term[gb[0][0]] = tuple(names[:len(ga)])
         else:
-            for k, (i, _) in enumerate(ga):
-                in_term[i] = (f"g{group}_in{k}",)
-                whole.add(f"g{group}_in{k}")
-            for k, (j, _) in enumerate(gb):
-                out_term[j] = (f"g{group}_out{k}",)
-                whole.add(f"g{group}_out{k}")
+            lead = f"g{group}_lead"
+            sizes[lead] = math.gcd(ga[0][1], gb[0][1])
+            for side, members, term in (("in", ga, in_term), ("out", gb, out_term)):
+                for k, (i, size) in enumerate(members):
+                    name = f"g{group}_{side}{k}"
+                    if k == 0 and size == sizes[lead]:
+                        term[i] = (lead,)
+                        continue
+                    whole.add(name)
+                    if k == 0:
+                        term[i] = (lead, name)
+                        sizes[name] = size // sizes[lead]
+                    else:
+                        term[i] = (name,)
         group += 1
-    return Equation((tuple(in_term),), (tuple(out_term),)), whole
+    return Equation((tuple(in_term),), (tuple(out_term),)), whole, sizes

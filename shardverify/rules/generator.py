@@ -25,6 +25,8 @@ from shardverify.strategy import (
     CommAction,
     CommPattern,
     CommWhere,
+    LocalArg,
+    OperandLocator,
     OperationData,
     OperationDataType,
     PostAdd,
@@ -45,11 +47,11 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
     outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
     present = [role in ctx.operands for role in declared]
     try:
-        equation, whole, reduce = equation_for(options, [d.shape for d in inputs], [d.shape for d in outputs],
-                                       ctx.params, present)
+        equation, whole, reduce, sizes = equation_for(options, [d.shape for d in inputs],
+                                                      [d.shape for d in outputs], ctx.params, present)
         additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
         rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
-                    reduce=reduce, whole=tuple(whole), additive=additive)
+                    reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes)
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     return rule, options, inputs, outputs
@@ -115,6 +117,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     reduce_ops = dict(rule.reduce)
     strategies: dict[str, ShardingStrategy] = {}
     view = options.source == "view"
+    shape_at = _shape_locator(ctx, options)
     for axes in assignments(rule, mesh_shape):
         partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops}
         if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
@@ -144,18 +147,34 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
         if name in strategies:
             continue
-        if view and not _local_view_fits(ctx, operands, outputs, specs, actions):
+        local_args = (LocalArg(shape_at, specs[outputs[0].name].local_shape()),) if shape_at else ()
+        if view and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args):
             continue
         # compute cost by the checked rule: the op measured on meta tensors of the local shapes
-        strategy = make_strategy(ctx, name, operands, specs, actions)
+        strategy = make_strategy(ctx, name, operands, specs, actions, local_args=local_args)
         strategies[name] = strategy.replace(post_add=tuple(post_add)) if post_add else strategy
     return list(strategies.values())
 
 
-def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions) -> bool:
-    """A view op reads sizes from its local input (squeeze drops every size-1 dim, a shape
-    argument is the global one): a layout is offered only when the op on meta tensors of the
-    local input shapes gives the layout's local output shapes."""
-    got = local_output_shapes(ctx, operands, specs, actions)
+def _shape_locator(ctx: GeneratorContext, options: RuleOptions) -> OperandLocator | None:
+    """Where the call passes the output shape that each rank replaces by its local one
+    (``shape_param``); None without one."""
+    from shardverify.handlers.base import handler_for_node, param_locator
+
+    if not options.shape_param:
+        return None
+    handler = handler_for_node(ctx.node, ctx.graph_module)
+    locator = param_locator(handler, ctx.node, options.shape_param) if handler else None
+    if locator is None:
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the shape parameter "
+                            f"{options.shape_param!r} that the rule replaces by each rank's local shape")
+    return locator
+
+
+def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions, local_args=()) -> bool:
+    """A view op reads sizes from its local input (squeeze drops every size-1 dim) and from its
+    shape argument (each rank's local output shape, ``local_args``): a layout is offered only
+    when the op on meta tensors of the local input shapes gives the layout's local output shapes."""
+    got = local_output_shapes(ctx, operands, specs, actions, local_args)
     want = op_call_shapes(ctx.mesh, operands, specs, actions)
     return got is not None and tuple(got[:len(outputs)]) == tuple(want[o.name] for o in outputs)

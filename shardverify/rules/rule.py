@@ -66,8 +66,9 @@ def _expand(term: Term, rank: int, width: int, where: str) -> Term:
 
 def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shapes: Sequence[Sequence[int]], *,
          reduce: Mapping[str, str | None] | None = None, whole: Sequence[str] = (),
-         additive: Sequence[int] = ()) -> Rule:
-    """Bind ``equation`` to the operands' shapes; InvalidArgument when they disagree."""
+         additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None) -> Rule:
+    """Bind ``equation`` to the operands' shapes; InvalidArgument when they disagree.
+    ``sizes``: factor sizes the shapes cannot tell (two unknown factors in one compound)."""
     if len(equation.inputs) != len(input_shapes):
         raise InvalidArgument(f"rule {equation} has {len(equation.inputs)} input term(s) for "
                               f"{len(input_shapes)} tensor operand(s)")
@@ -79,7 +80,7 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     width = max([len(s) - (len(t) - 1) for t, s in zip(terms, shapes) if (ELLIPSIS,) in t] or [0])
     terms = [_expand(t, len(s), width, f"rule {equation}, shape {s}") for t, s in zip(terms, shapes)]
 
-    sizes: dict[str, int] = {}
+    sizes = dict(sizes or {})
     for term, shape in zip(terms, shapes):          # single-factor dims fix sizes (1 broadcasts)
         for dim, size in zip(term, shape):
             if len(dim) == 1 and size != 1:

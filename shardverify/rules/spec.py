@@ -14,7 +14,9 @@ One source of factors, exactly one of:
 ``reduce_dims_param: dim``     a reduction over the dims a call parameter names, with
                                ``keepdim_param`` and ``reduce_op`` (sum | avg | max | min |
                                none: the reduced dims must stay whole)
-``view: reshape``              factors matched by the input and output shapes
+``view: reshape``              factors matched by the input and output shapes; with
+                               ``shape_param`` the call parameter holding the output shape,
+                               which each rank passes as its local output shape
 ``view: permute``              with ``dims_param``; ``view: transpose`` with ``dim0_param``/``dim1_param``
 
 and modifiers: ``whole: [k]`` (factors never sharded), ``whole_dims_param: dim`` (output
@@ -39,7 +41,7 @@ __all__ = ["RuleOptions", "equation_for", "torch_einsum_equation", "SOURCES", "O
 
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
 VIEWS = ("reshape", "permute", "transpose")
-OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "whole",
+OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param", "whole",
                          "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands")
 
 
@@ -55,6 +57,7 @@ class RuleOptions:
     dims_param: str = ""
     dim0_param: str = ""
     dim1_param: str = ""
+    shape_param: str = ""
     whole: tuple[str, ...] = ()
     whole_dims_param: str = ""
     whole_trailing_param: str = ""
@@ -102,6 +105,9 @@ class RuleOptions:
             raise InvalidArgument("view: permute needs dims_param (the parameter holding the order)")
         if view == "transpose" and not (text("dim0_param") and text("dim1_param")):
             raise InvalidArgument("view: transpose needs dim0_param and dim1_param")
+        if text("shape_param") and view != "reshape":
+            raise InvalidArgument("rule option 'shape_param' (the output shape a rank passes locally) "
+                                  "applies to view: reshape")
         reduce_map = options.get("reduce", ())
         pairs = reduce_map.items() if isinstance(reduce_map, Mapping) else reduce_map
         try:
@@ -121,7 +127,7 @@ class RuleOptions:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
         return cls(source=source, einsum=einsum, einsum_param=text("einsum_param"), view=view, reduce_dims_param=text("reduce_dims_param"),
                    keepdim_param=text("keepdim_param"), reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"),
-                   dims_param=text("dims_param"), dim0_param=text("dim0_param"), dim1_param=text("dim1_param"),
+                   dims_param=text("dims_param"), dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
                    whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
                    additive=names("additive_operands"))
@@ -142,16 +148,24 @@ def torch_einsum_equation(text: object) -> Equation:
 
 
 def _param(params: Mapping[str, object], name: str) -> object:
+    from shardverify.handlers.base import Computed
+
     if name not in params:
         raise InvalidArgument(f"the rule reads call parameter {name!r}, which the spec does not declare")
-    return params[name]
+    value = params[name]
+    if isinstance(value, Computed):
+        raise InvalidArgument(f"the rule reads call parameter {name!r}, which node(s) {', '.join(value.nodes)} "
+                              "compute; only constants are supported")
+    return value
 
 
 def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], outputs: Sequence[tuple[int, ...]],
                  params: Mapping[str, object], present: Sequence[bool]
-                 ) -> tuple[Equation, set[str], dict[str, str | None]]:
-    """The equation for one call, the factors that must stay whole and how reduced factors combine."""
+                 ) -> tuple[Equation, set[str], dict[str, str | None], dict[str, int]]:
+    """The equation for one call, the factors that must stay whole, how reduced factors combine
+    and the sizes of factors the shapes alone do not fix."""
     whole: set[str] = set(options.whole)
+    sizes: dict[str, int] = {}
     reduce: dict[str, str | None] = dict(options.reduce)
     if options.source in ("einsum", "einsum_param"):
         eq = options.einsum if options.einsum is not None else \
@@ -174,7 +188,7 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         if options.reduce_op is None:
             whole |= {f"d{d}" for d in dims}
     elif options.view == "reshape":
-        eq, whole = derive.reshape(inputs[0], outputs[0])
+        eq, whole, sizes = derive.reshape(inputs[0], outputs[0])
     elif options.view == "permute":
         eq = derive.permute(len(inputs[0]), list(_param(params, options.dims_param)))  # type: ignore[call-overload]
     else:
@@ -199,4 +213,4 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
     if options.source == "reduce_dims_param" and options.reduce_op is not None:
         reduce = {f"d{d}": options.reduce_op for d in range(len(inputs[0]))
                   if all((f"d{d}",) not in term for term in eq.outputs)}
-    return eq, whole, reduce
+    return eq, whole, reduce, sizes

@@ -46,6 +46,7 @@ class ParamSpec:
     index: int | None = None
     keyword: str | None = None
     default: Literal = None
+    varargs: bool = False          # the positional arguments from index on, when passed unpacked
 
 
 @dataclass(frozen=True)
@@ -253,11 +254,16 @@ def _parse_param(name: str, node: Node) -> ParamSpec:
     index = _index(f.optional("index", int))
     kw_node = f.optional("keyword", str)
     default = f.optional("default", object)
+    varargs = f.optional("varargs", bool)
     f.finish()
     if index is None and kw_node is None:
         raise node.error(f"parameter '{name}' needs an 'index' or a 'keyword'")
+    if varargs is not None and varargs.value and index is None:
+        raise varargs.error(f"parameter '{name}': 'varargs' reads the positional arguments from 'index' on; "
+                            "give it an index")
     return ParamSpec(name=name, index=index, keyword=as_identifier(kw_node) if kw_node else None,
-                     default=_literal(default) if default is not None else None)
+                     default=_literal(default) if default is not None else None,
+                     varargs=bool(varargs.value) if varargs is not None else False)
 
 
 def _names(node: Node) -> list[tuple[str, Node]]:
@@ -607,9 +613,11 @@ def _check_positional(targets: list[TargetSpec], operands: list[OperandSpec], pa
                 f"operand '{role}' is passed positionally to the function target(s), so it needs an 'index'")
     for position in range(last + 1):
         if position not in held:
-            raise inputs_node.error(f"the function target(s) take their arguments positionally up to the last "
-                                    f"tensor (index {last}), but nothing is declared at index {position}: "
-                                    "declare the operand or parameter that sits there")
+            after = min((o for o in tensors if o.index > position), key=lambda o: o.index)  # type: ignore[operator]
+            raise inputs_node.value[after.role].error(  # type: ignore[index]
+                f"operand '{after.role}' is passed positionally to the function target(s) at index "
+                f"{after.index}, but nothing is declared at index {position}: declare the operand or "
+                "parameter that sits there")
     lists: dict[int, list[int]] = {}
     for o in tensors:
         if o.element is not None:

@@ -33,7 +33,7 @@ from shardverify.verify.report import CheckResult, Mismatch
 from shardverify.verify.tolerance import Tolerance, compare, dtype_from_name, tolerance_for
 
 __all__ = ["RankReport", "OpCallError", "rank_check", "verify_strategy", "verify_case", "expected_collectives",
-           "strategy_problems"]
+           "strategy_problems", "local_arguments"]
 
 # Collectives each pattern issues in the forward pass and in the backward pass.
 _FWD = {CommPattern.ALLREDUCE_FWD_IDENTITY_BWD: "all_reduce", CommPattern.GATHER_FWD_SPLIT_BWD: "all_gather",
@@ -215,12 +215,19 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
         leaf = _shard(spec, ref.typed(loc), comm.mesh, comm.rank).clone()
         leaves[data.name] = leaf.requires_grad_() if leaf.is_floating_point() else leaf
         local[loc] = before_op(comm, strategy, data.name, leaf, late)
+    local.update(local_arguments(strategy))
     try:
         outputs = list(as_outputs(node, (meter or OpMeter()).call(call_op, node, module, local,
                                                                    owned=module is not None)))
     except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
         raise OpCallError(_op_context(comm, node, strategy, leaves, local, exc)) from exc
     return leaves, tuple(after_op(comm, strategy, outputs, late))
+
+
+def local_arguments(strategy: ShardingStrategy) -> dict:
+    """Locator -> value of the non-tensor arguments the strategy's ranks pass in place of the
+    recorded ones (a view's local shape), in the form ``call_op`` takes."""
+    return {(arg.locator.kind, arg.locator.key): arg.value for arg in strategy.local_args}
 
 
 _OWN = threading.local()
@@ -251,6 +258,7 @@ def _op_context(comm, node, strategy: ShardingStrategy, leaves: dict, local: dic
     every = _fails_on_shapes(node, strategy, local)
     lines = [f"{OP_FAILED} on rank {comm.rank}: {type(exc).__name__}: {reason}"
              + (f"\n{EVERY_RANK}" if every else "")]
+    lines += [f"local argument {arg.locator.kind} {arg.locator.key!r}: {arg.value!r}" for arg in strategy.local_args]
     for data in strategy.inputs:
         spec = strategy.get_sharding_spec_by_name(data.name)
         actions = [f"{a.pattern.name} over mesh axes {a.axes}" + (f" on dims {a.dims}" if a.dims else "")
@@ -276,7 +284,8 @@ def _fails_on_shapes(node, strategy: ShardingStrategy, local: dict) -> bool:
     """Whether the op also fails on meta tensors of the same shapes and dtypes. Layouts
     shard evenly and actions are the same on every rank, so a shape-only failure is every
     rank's; a value-dependent one (an index out of range) is only known for this rank."""
-    meta = {loc: torch.empty(t.shape, dtype=t.dtype, device="meta") for loc, t in local.items()}
+    meta = {loc: torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
+            for loc, t in local.items()}
     module = None
     if node.op == "call_module":
         module = copy.deepcopy(node.graph.owning_module.get_submodule(node.target)).to("meta")

@@ -212,8 +212,8 @@ def _put_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> No
 
 
 def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owned: bool = False) -> object:
-    """Run the node's op with ``values`` (Locator -> tensor) at its operands; non-tensor
-    arguments are passed as recorded in the node. Returns what the op returns (see as_outputs).
+    """Run the node's op with ``values`` (Locator -> tensor, or a strategy's local value for a
+    non-tensor argument) at its operands; other arguments are passed as recorded in the node. Returns what the op returns (see as_outputs).
 
     ``owned``: ``module`` is the caller's private copy, so its parameters and buffers are
     replaced in place (cheap) instead of through ``functional_call`` (which restores them).
@@ -234,7 +234,11 @@ def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owne
             return type(recorded)(pick(("item", (i, j)), e) for j, e in enumerate(recorded))
         return pick(("arg", i), recorded)
 
-    args = tuple(pick_arg(i, a) for i, a in enumerate(node.args))
+    unpacked = [key for kind, key in values if kind == "varargs"]   # a local x.view(4, 16)
+    recorded = node.args[:unpacked[0]] if unpacked else node.args
+    args = tuple(pick_arg(i, a) for i, a in enumerate(recorded))
+    if unpacked:
+        args += tuple(values[("varargs", unpacked[0])])  # type: ignore[arg-type]
     kwargs = {k: pick(("kwarg", k), a) for k, a in node.kwargs.items()}
     if node.op == "call_module":
         assert module is not None
