@@ -169,6 +169,27 @@ class PostAdd:
 
 
 @dataclass(frozen=True)
+class IndexShard:
+    """Integer operand ``index`` holds positions along dim ``dim`` of operand ``table``, which
+    the strategy shards over mesh axes ``axes`` (vocab-parallel embedding): each rank shifts
+    the ids into its shard, looks up the ids it does not hold at row 0 and zeroes their output
+    (:mod:`shardverify.indexing`), so output ``output`` is a partial sum over ``axes``, which
+    the strategy all-reduces like any other (an AFTER action)."""
+
+    index: str
+    table: str
+    dim: int
+    axes: tuple[int, ...]
+    output: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "axes", tuple(self.axes))
+        if not self.axes or self.dim < 0 or self.output < 0:
+            raise StrategyError(f"index shard of {self.index!r} into {self.table!r}: needs mesh axes and a "
+                                f"non-negative dim and output, got axes {self.axes}, dim {self.dim}")
+
+
+@dataclass(frozen=True)
 class LocalArg:
     """A non-tensor argument every rank passes in place of the one the call recorded: a view's
     target shape is the *local* output shape (``x.view(8, 16)`` on a shard of rows is
@@ -230,6 +251,7 @@ class ShardingStrategy:
     communication_actions: tuple[CommAction, ...] = ()
     post_add: tuple[PostAdd, ...] = ()
     local_args: tuple[LocalArg, ...] = ()   # non-tensor arguments each rank passes instead (a view's shape)
+    index_shards: tuple[IndexShard, ...] = ()   # ids into a sharded dim, masked per rank (vocab parallel)
 
     def __post_init__(self) -> None:
         names = [n for n, _ in self.sharding_specs]
@@ -254,6 +276,19 @@ class ShardingStrategy:
             if len(add.dims) != len(data.shape):
                 raise StrategyError(f"strategy {self.name!r}: post-add of {add.operand!r} maps {len(add.dims)} "
                                     f"dims, the operand has {len(data.shape)}")
+        for shard in self.index_shards:
+            index = next((op for op in self.operands if op.name == shard.index), None)
+            table = next((op for op in self.operands if op.name == shard.table), None)
+            if index is None or table is None or index.type is OperationDataType.OUTPUT or \
+                    table.type is OperationDataType.OUTPUT:
+                raise StrategyError(f"strategy {self.name!r}: index shard names {shard.index!r} into "
+                                    f"{shard.table!r}; both must be inputs of {names}")
+            if index.dtype.is_floating_point or index.dtype.is_complex:
+                raise StrategyError(f"strategy {self.name!r}: index shard operand {shard.index!r} is "
+                                    f"{index.dtype}, not an integer tensor of ids")
+            if shard.dim >= len(table.shape):
+                raise StrategyError(f"strategy {self.name!r}: index shard dim {shard.dim} is out of range for "
+                                    f"{shard.table!r} of shape {table.shape}")
         if not isinstance(self.memory_cost, MemoryCycle):
             object.__setattr__(self, "memory_cost", MemoryCycle(*self.memory_cost))
 
@@ -293,6 +328,10 @@ class ShardingStrategy:
 
     def post_added(self, name: str) -> PostAdd | None:
         return next((add for add in self.post_add if add.operand == name), None)
+
+    def index_shard(self, name: str) -> IndexShard | None:
+        """The index shard whose ids operand ``name`` holds, if any."""
+        return next((shard for shard in self.index_shards if shard.index == name), None)
 
     @property
     def output_sharding_spec(self) -> ShardingSpec:

@@ -167,3 +167,120 @@ def test_the_right_rules_pass_where_the_wrong_ones_fail():
                  [ParamDecl("dim0", 1, "dim0"), ParamDecl("dim1", 2, "dim1")]):
         failed, results = failures(case)
     assert not failed and len(results) > 1
+
+
+# ------------------------------------------- equations from the call, local shapes, masked ids
+
+def test_torch_einsum_equations_read_like_torch():
+    from shardverify.rules.spec import torch_einsum_equation
+
+    assert torch_einsum_equation("bij, bjk -> bik") == parse_equation("bij,bjk->bik")
+    assert torch_einsum_equation("ij,jk") == parse_equation("ij,jk->ik")         # implicit: letters used once
+    assert torch_einsum_equation("...ij,...jk") == parse_equation("...ij,...jk->...ik")
+    with pytest.raises(InvalidArgument, match="must be a string"):
+        torch_einsum_equation(3)
+
+
+EINSUM_OPERANDS = [OperandDecl("a", "input", 1), OperandDecl("b", "input", 2), OUT]
+
+
+def einsum_case(equation: str, op: str = "einsum") -> OpCase:
+    """A torch.einsum case; a distinct ``op`` gets its own traced graph (strategies are cached on it)."""
+    from shardverify.verify.case import CallArg
+
+    return OpCase(op=op, target="torch.einsum", inputs=(InputDecl("a", (4, 8, 8)), InputDecl("b", (4, 8, 8))),
+                  positional=(CallArg("value", equation), CallArg("tensor", "a"), CallArg("tensor", "b")))
+
+
+def test_an_einsum_read_from_the_call_is_verified_and_a_wrong_one_is_caught():
+    right = einsum_case("bij,bjk->bik")
+    with handler("einsum_rule", torch.einsum, EINSUM_OPERANDS, {"einsum_param": "equation"}, [ParamDecl("equation", 0)]):
+        failed, results = failures(right)
+    assert not failed and any("| P" in r.strategy for r in results)
+    # the same equation with its contraction combined by max instead of sum
+    with handler("wrong_einsum", torch.einsum, EINSUM_OPERANDS, {"einsum_param": "equation", "reduce": {"j": "max"}},
+                 [ParamDecl("equation", 0)]):
+        failed, results = failures(einsum_case("bij,bjk->bik", op="wrong_einsum"))
+    assert failed and {r.strategy for r in failed} == {r.strategy for r in results if "| P" in r.strategy}
+    assert "output" in failed[0].report()
+
+
+RESHAPE_PARAMS = [ParamDecl("shape", 1, "shape", varargs=True)]
+
+
+def test_a_reshape_passes_each_ranks_local_shape_and_a_wrong_one_is_caught():
+    from shardverify.strategy import LocalArg
+
+    case = OpCase(op="reshape", target="torch.reshape", inputs=(InputDecl("x", (8, 4, 16)),),
+                  params=(("shape", (32, 16)),))
+    with handler("reshape_rule", torch.reshape, [IN0, OUT], {"view": "reshape", "shape_param": "shape"},
+                 RESHAPE_PARAMS):
+        graph_module, node = case.build()
+        mesh = DeviceMesh((2, 2))
+        strategies = strategies_for_node(graph_module, node, mesh)
+        sharded = [s for s in strategies if s.local_args and s.local_args[0].value != (32, 16)
+                   and s.local_args[0].value[0] != s.local_args[0].value[1]]
+        assert sharded and all(s.local_args[0].value == s.output_sharding_spec.local_shape() for s in strategies)
+        # the same local element count in another shape: the op runs, the values land wrong
+        lying = [s.replace(local_args=(LocalArg(s.local_args[0].locator, tuple(reversed(s.local_args[0].value))),))
+                 for s in sharded]
+        backend = SimulatedBackend(mesh)
+        try:
+            good, bad = verify_case(backend, case, strategies), verify_case(backend, case, lying)
+        finally:
+            backend.close()
+    assert all(r.passed for r in good)
+    assert all(not r.passed for r in bad) and "output" in bad[0].report()
+
+
+def test_a_reshape_without_local_shapes_offers_only_what_the_global_shape_allows():
+    case = OpCase(op="reshape_global", target="torch.reshape", inputs=(InputDecl("x", (8, 4, 16)),),
+                  params=(("shape", (32, 16)),))
+    with handler("reshape_global", torch.reshape, [IN0, OUT], {"view": "reshape"}, RESHAPE_PARAMS):
+        graph_module, node = case.build()
+        names = [s.name for s in strategies_for_node(graph_module, node, DeviceMesh((2, 2)))]
+    assert names == ["RRR -> RR"]      # every shard breaks the global shape: never offered, never wrong
+
+
+EMBEDDING_OPERANDS = [OperandDecl("input", "input", 0, "input"), OperandDecl("weight", "param", 1, "weight"), OUT]
+
+
+def embedding_case(op: str = "embedding") -> OpCase:
+    return OpCase(op=op, target="torch.nn.functional.embedding",
+                  inputs=(InputDecl("input", (8, 8), "int64"), InputDecl("weight", (16, 16))))
+
+
+def test_vocab_parallel_embedding_masks_ids_and_without_indices_it_is_caught():
+    case = embedding_case()
+    target = torch.nn.functional.embedding
+    with handler("embedding_rule", target, EMBEDDING_OPERANDS, {"einsum": "b s, v e -> b s e", "indices": {"input": "v"}}):
+        failed, results = failures(case)
+    vocab = [r for r in results if r.strategy.split(" x ")[1].startswith("S")]
+    assert not failed and vocab and all("| P" in r.strategy for r in vocab)
+    # the same rule without `indices`: v is a plain contraction, the ranks look up global ids
+    # in their local rows, and every vocab-parallel strategy fails
+    with handler("wrong_embedding", target, EMBEDDING_OPERANDS, {"einsum": "b s, v e -> b s e"}):
+        failed, results = failures(embedding_case("wrong_embedding"))
+    assert failed and {r.strategy for r in failed} == {r.strategy for r in results
+                                                       if r.strategy.split(" x ")[1].startswith("S")}
+    assert "rank" in failed[0].report()
+
+
+def test_an_index_shard_that_disagrees_with_the_table_layout_cannot_run():
+    from shardverify.strategy import IndexShard
+
+    case = embedding_case("embedding_index_shard")
+    with handler("embedding_rule", torch.nn.functional.embedding, EMBEDDING_OPERANDS,
+                 {"einsum": "b s, v e -> b s e", "indices": {"input": "v"}}):
+        graph_module, node = case.build()
+        mesh = DeviceMesh((2, 2))
+        strategy = next(s for s in strategies_for_node(graph_module, node, mesh) if s.index_shards)
+        shard = strategy.index_shards[0]
+        wrong = strategy.replace(index_shards=(IndexShard(shard.index, shard.table, shard.dim,
+                                                          tuple(1 - a for a in shard.axes)),))
+        backend = SimulatedBackend(mesh)
+        try:
+            (result,) = verify_case(backend, case, [wrong])
+        finally:
+            backend.close()
+    assert not result.passed and "index shard" in result.report()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shardverify.audit.layouts import REDUCE_OPS, Layout, _shardings, _subsets
+from shardverify.indexing import shift_into_shard, zero_outside_shard
 from shardverify.mesh import DeviceMesh
 from shardverify.verify.case import OpCase
 from shardverify.verify.reference import call_op, reference
@@ -125,17 +126,27 @@ class Problem:
         return self._local[key]
 
     # ---- running the op ---------------------------------------------------------------------
-    def run(self, combo: Sequence[Layout], arguments: dict | None = None) -> list[tuple[torch.Tensor, ...]] | str:
+    def run(self, combo: Sequence[Layout], arguments: dict | None = None,
+            masked: Sequence[tuple[int, int, int]] = ()) -> list[tuple[torch.Tensor, ...]] | str:
         """Every rank's local outputs for ``combo`` (one layout per operand), or why the op failed;
-        ``arguments``: non-tensor call arguments every rank passes instead of the recorded ones."""
+        ``arguments``: non-tensor call arguments every rank passes instead of the recorded ones;
+        ``masked``: (ids operand, table operand, table dim) whose ids each rank shifts into its
+        rows of the table, zeroing the first output of the ids it does not hold (IndexShard)."""
         locals_ = [self.local(i, layout) for i, layout in enumerate(combo)]
-        shapes = (tuple(tuple(t[0].shape) for t in locals_), tuple((arguments or {}).items()))
+        shapes = (tuple(tuple(t[0].shape) for t in locals_), tuple((arguments or {}).items()), tuple(masked))
         if shapes in self._shape_errors:
             return self._shape_errors[shapes]
         results = []
         for rank in self.mesh.ranks:
             values = {op.locator: t[rank] for op, t in zip(self.operands, locals_)}
             values.update(arguments or {})
+            outside = []
+            for ids, table, dim in masked:
+                rows = self.slices(combo[table], self.operands[table].shape, rank)[dim]
+                size = (rows.stop if rows.stop is not None else self.operands[table].shape[dim]) - (rows.start or 0)
+                loc = self.operands[ids].locator
+                values[loc], mask = shift_into_shard(values[loc], rows.start or 0, size)
+                outside.append(mask)
             try:
                 with torch.no_grad():
                     out = call_op(self.node, self.module, values)
@@ -147,7 +158,10 @@ class Problem:
                 if rank == 0:
                     self._shape_errors[shapes] = reason
                 return reason
-            results.append(tuple(out) if isinstance(out, (tuple, list)) else (out,))
+            out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            for mask in outside:
+                out = (zero_outside_shard(out[0], mask),) + out[1:]
+            results.append(out)
         return results
 
     def target(self, combo: Sequence[Layout]) -> tuple[torch.Tensor, ...]:
@@ -199,15 +213,15 @@ class Problem:
                 continue
         return False
 
-    def decide(self, combo: Sequence[Layout]) -> Outcome:
+    def decide(self, combo: Sequence[Layout], masked: Sequence[tuple[int, int, int]] = ()) -> Outcome:
         self.decided += 1
         if self.shape_arg is None:
-            return self._decide(combo, None)
+            return self._decide(combo, None, masked)
         # a view told its output shape: each local output shape a layout of the output can have
         # is passed in turn, and the first that the ranks' outputs form is the combination's
         outcome = Outcome(None, "no local output shape fits")
         for shape in self._local_output_shapes():
-            outcome = self._decide(combo, {self.shape_arg: shape})
+            outcome = self._decide(combo, {self.shape_arg: shape}, masked)
             if outcome.valid:
                 return outcome
         return outcome
@@ -220,8 +234,9 @@ class Problem:
                 for dims in _shardings(tuple(ref.shape), self.mesh.shape)))
         return self._candidates["shapes"]
 
-    def _decide(self, combo: Sequence[Layout], arguments: dict | None) -> Outcome:
-        outs = self.run(combo, arguments)
+    def _decide(self, combo: Sequence[Layout], arguments: dict | None,
+                masked: Sequence[tuple[int, int, int]] = ()) -> Outcome:
+        outs = self.run(combo, arguments, masked)
         if isinstance(outs, str):
             return Outcome(None, outs)
         found = []

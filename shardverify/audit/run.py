@@ -57,6 +57,7 @@ class CaseAudit:
     offered: int = 0
     valid: int = 0
     covered: int = 0
+    masked: int = 0                # offered strategies with ids masked into a sharded dim, found correct
     missing: list[Finding] = field(default_factory=list)     # new: not accepted
     accepted: list[Finding] = field(default_factory=list)
     incorrect: list[Finding] = field(default_factory=list)
@@ -70,6 +71,7 @@ class CaseAudit:
     def to_json(self) -> dict:
         return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "combinations": self.combinations,
                 "decided": self.decided, "offered": self.offered, "valid": self.valid, "covered": self.covered,
+                "masked": self.masked,
                 "missing": [f.to_json() for f in self.missing], "accepted": [f.to_json() for f in self.accepted],
                 "incorrect": [f.to_json() for f in self.incorrect], "seconds": round(self.seconds, 3),
                 "error": self.error or None}
@@ -227,6 +229,19 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
         assumed = tuple(claimed[n] for n in audit.output_names)
         text, layouts, _ = audit.describe(combo, assumed)
         key = _key(combo)
+        if strategy.index_shards:
+            # ids into a sharded dim run the op with masking, which the enumeration of raw
+            # layouts does not do: this offered combination is decided on its own, as offered
+            masked = tuple((names.index(s.index), names.index(s.table), s.dim) for s in strategy.index_shards)
+            outcome = audit.problem.decide(combo, masked)
+            if not outcome.valid or (outcome.outputs != assumed and not _outputs_hold(audit.problem, combo, assumed,
+                                                                                      masked)):
+                result.incorrect.append(Finding("incorrect", f"{line}{text}: with masked ids the op gives "
+                                                f"{outcome.reason or _outputs_text(outcome.outputs)}",
+                                                layouts, _outputs_text(assumed), strategy=strategy.name))
+            else:
+                result.masked += 1
+            continue
         if key not in valid:
             outcome = audit.results.get(combo) or audit.problem.decide(combo)
             result.incorrect.append(Finding("incorrect", f"{line}{text}: not valid without communication "
@@ -256,8 +271,8 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
     return result
 
 
-def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...]) -> bool:
-    outs = problem.run(combo)
+def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...], masked=()) -> bool:
+    outs = problem.run(combo, None, masked)
     if isinstance(outs, str):
         return False
     refs = problem.target(combo)

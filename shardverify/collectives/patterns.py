@@ -30,6 +30,7 @@ from torch import Tensor
 
 from shardverify.collectives.functional import group_position, group_size, split_along
 from shardverify.errors import CollectiveError
+from shardverify.indexing import shift_into_shard, zero_outside_shard
 from shardverify.strategy import CommAction, CommPattern, CommWhere
 
 __all__ = ["apply_comm_action", "apply_grad_hook", "forward_half", "backward_half", "before_op", "after_op",
@@ -185,19 +186,28 @@ def apply_grad_hook(comm, action: CommAction, grad: Tensor) -> Tensor:
 
 def before_op(comm, strategy, name: str, tensor: Tensor, late: dict) -> Tensor:
     """What the op sees of input ``name``: ``tensor`` after its BEFORE actions. An operand the
-    strategy post-adds is kept in ``late`` for :func:`after_op`, and the op sees zeros instead."""
+    strategy post-adds is kept in ``late`` for :func:`after_op`, and the op sees zeros instead;
+    ids into a sharded dim are shifted into this rank's shard (their mask kept in ``late``)."""
     for action in strategy.communication_actions:
         if action.operand == name and action.where is CommWhere.BEFORE:
             tensor = apply_comm_action(comm, action, tensor)
     if strategy.post_added(name) is not None:
         late[name] = tensor
         tensor = torch.zeros_like(tensor.detach())
+    shard = strategy.index_shard(name)
+    if shard is not None:
+        rows = strategy.get_sharding_spec_by_name(shard.table).local_slices(comm.mesh, comm.rank)[shard.dim]
+        tensor, late[("outside", name)] = shift_into_shard(tensor, rows.start, rows.stop - rows.start)
     return tensor
 
 
 def after_op(comm, strategy, outputs: list, late: dict, keep_partial: tuple[int, ...] | None = None) -> list:
     """The op's outputs (in place) after their AFTER actions, then the post-added operands.
-    An all-reduce over ``keep_partial`` axes is left out: a plan's resharding reduces it."""
+    An all-reduce over ``keep_partial`` axes is left out: a plan's resharding reduces it.
+    The outputs of ids outside this rank's shard are zeroed first (see :func:`before_op`)."""
+    for shard in strategy.index_shards:
+        if shard.output < len(outputs) and ("outside", shard.index) in late:
+            outputs[shard.output] = zero_outside_shard(outputs[shard.output], late[("outside", shard.index)])
     for index, data in enumerate(strategy.outputs[:len(outputs)]):
         for action in strategy.communication_actions:
             if action.operand == data.name and action.where is CommWhere.AFTER and action.axes != keep_partial:

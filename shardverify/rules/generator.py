@@ -25,6 +25,7 @@ from shardverify.strategy import (
     CommAction,
     CommPattern,
     CommWhere,
+    IndexShard,
     LocalArg,
     OperandLocator,
     OperationData,
@@ -148,12 +149,34 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         if name in strategies:
             continue
         local_args = (LocalArg(shape_at, specs[outputs[0].name].local_shape()),) if shape_at else ()
+        index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
         if view and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args):
             continue
         # compute cost by the checked rule: the op measured on meta tensors of the local shapes
         strategy = make_strategy(ctx, name, operands, specs, actions, local_args=local_args)
-        strategies[name] = strategy.replace(post_add=tuple(post_add)) if post_add else strategy
+        if post_add or index_shards:
+            strategy = strategy.replace(post_add=tuple(post_add), index_shards=index_shards)
+        strategies[name] = strategy
     return list(strategies.values())
+
+
+def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],
+                  axes: dict[str, tuple[int, ...]], handler: str) -> tuple[IndexShard, ...]:
+    """For each ``indices`` operand whose factor this assignment shards: the operand holding
+    that factor as a whole dim (the table), and where."""
+    found = []
+    roles = [d.role for d in inputs]
+    for role, factor in options.indices:
+        if factor not in axes or role not in roles:
+            continue
+        tables = [(data, d) for data, term in zip(inputs, rule.inputs) for d, dim in enumerate(term)
+                  if dim == (factor,) and data.role != role]
+        if len(tables) != 1:
+            raise StrategyError(f"{handler}: indices: factor {factor!r} of operand {role!r} must be a whole dim "
+                                f"of exactly one other operand, found {len(tables)}")
+        table, dim = tables[0]
+        found.append(IndexShard(inputs[roles.index(role)].name, table.name, dim, axes[factor]))
+    return tuple(found)
 
 
 def _shape_locator(ctx: GeneratorContext, options: RuleOptions) -> OperandLocator | None:

@@ -23,7 +23,10 @@ and modifiers: ``whole: [k]`` (factors never sharded), ``whole_dims_param: dim``
 dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
 normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default sum; none = whole),
-``additive_operands: [bias]`` (added once after a partial output is reduced).
+``additive_operands: [bias]`` (added once after a partial output is reduced), ``indices:
+{input: v}`` (an integer operand holds ids into factor ``v`` of another operand: sharding
+``v`` shifts the ids into each rank's rows and masks the others, a partial sum: vocab-parallel
+embedding).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ __all__ = ["RuleOptions", "equation_for", "torch_einsum_equation", "SOURCES", "O
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param", "whole",
-                         "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands")
+                         "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "indices")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class RuleOptions:
     whole_trailing_param: str = ""
     reduce: tuple[tuple[str, str | None], ...] = ()
     additive: tuple[str, ...] = ()
+    indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
 
     @classmethod
     def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
@@ -116,13 +120,21 @@ class RuleOptions:
             raise InvalidArgument(f"rule option 'reduce' must map factors to ops, got {reduce_map!r}") from None
         if reduce and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'reduce' applies to einsum rules; a reduction uses reduce_op")
+        index_map = options.get("indices", ())
+        index_pairs = index_map.items() if isinstance(index_map, Mapping) else index_map
+        try:
+            indices = tuple((str(role), str(factor)) for role, factor in index_pairs)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"rule option 'indices' must map operands to factors, got {index_map!r}") from None
+        if indices and source not in ("einsum", "einsum_param"):
+            raise InvalidArgument("rule option 'indices' names einsum factors: it needs an einsum rule")
         whole = names("whole")
         if whole and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
                                   "or whole_trailing_param")
         if einsum is not None:
             letters = set(einsum.letters)
-            bad = sorted((set(whole) | {k for k, _ in reduce}) - letters)
+            bad = sorted((set(whole) | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
             if bad:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
         return cls(source=source, einsum=einsum, einsum_param=text("einsum_param"), view=view, reduce_dims_param=text("reduce_dims_param"),
@@ -130,7 +142,7 @@ class RuleOptions:
                    dims_param=text("dims_param"), dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
                    whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
-                   additive=names("additive_operands"))
+                   additive=names("additive_operands"), indices=indices)
 
 
 def torch_einsum_equation(text: object) -> Equation:

@@ -374,6 +374,9 @@ def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set
     missing = sorted(set(rule.additive) - roles)
     if missing:
         raise node.error(f"additive_operands names {missing}, which are not operands; declared: {sorted(roles)}")
+    missing = sorted({role for role, _ in rule.indices} - roles)
+    if missing:
+        raise node.error(f"indices names {missing}, which are not operands; declared: {sorted(roles)}")
 
 
 def _check_generator(node: Node) -> str:

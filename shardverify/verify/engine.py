@@ -71,6 +71,14 @@ def strategy_problems(strategy: ShardingStrategy, mesh_ndim: int) -> list[str]:
         if action.where is CommWhere.HOOK and data.type is not OperationDataType.PARAM:
             problems.append(f"{what}: a gradient HOOK applies to a parameter, {action.operand!r} is not one")
     outputs = strategy.outputs
+    for shard in strategy.index_shards:
+        table = strategy.get_sharding_spec_by_name(shard.table)
+        held = dict(table.dim_partition).get(shard.dim, ())
+        if tuple(held) != shard.axes:
+            problems.append(f"index shard of {shard.index!r}: {shard.table!r} is laid out {table}, which shards "
+                            f"dim {shard.dim} over mesh axes {tuple(held)}, not {shard.axes}")
+        if shard.output >= len(outputs):
+            problems.append(f"index shard of {shard.index!r} masks output {shard.output}; the op has {len(outputs)}")
     for add in strategy.post_add:
         if not 0 <= add.output < len(outputs):
             problems.append(f"post-add of {add.operand!r} targets output {add.output}; the op has {len(outputs)}")

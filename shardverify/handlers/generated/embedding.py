@@ -19,6 +19,6 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('einsum', 'b s, v e -> b s e'), ('whole', ('v',))),
+    options=(('einsum', 'b s, v e -> b s e'), ('indices', (('input', 'v'),))),
     spec_file='specs/embedding.yaml',
 ))
