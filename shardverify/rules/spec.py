@@ -44,8 +44,8 @@ __all__ = ["RuleOptions", "equation_for", "torch_einsum_equation", "SOURCES", "O
 
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
 VIEWS = ("reshape", "permute", "transpose")
-OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param", "whole",
-                         "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "indices")
+OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
+                         "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "indices")
 
 
 @dataclass(frozen=True)
@@ -112,22 +112,19 @@ class RuleOptions:
         if text("shape_param") and view != "reshape":
             raise InvalidArgument("rule option 'shape_param' (the output shape a rank passes locally) "
                                   "applies to view: reshape")
-        reduce_map = options.get("reduce", ())
-        pairs = reduce_map.items() if isinstance(reduce_map, Mapping) else reduce_map
-        try:
-            reduce = tuple((str(k), op(v, f"reduce op of factor {k!r}")) for k, v in pairs)
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"rule option 'reduce' must map factors to ops, got {reduce_map!r}") from None
-        if reduce and source not in ("einsum", "einsum_param"):
-            raise InvalidArgument("rule option 'reduce' applies to einsum rules; a reduction uses reduce_op")
-        index_map = options.get("indices", ())
-        index_pairs = index_map.items() if isinstance(index_map, Mapping) else index_map
-        try:
-            indices = tuple((str(role), str(factor)) for role, factor in index_pairs)
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"rule option 'indices' must map operands to factors, got {index_map!r}") from None
-        if indices and source not in ("einsum", "einsum_param"):
-            raise InvalidArgument("rule option 'indices' names einsum factors: it needs an einsum rule")
+        def mapping(key: str, what: str) -> tuple[tuple[str, object], ...]:
+            value = options.get(key, ())
+            try:
+                found = tuple((str(k), v) for k, v in (value.items() if isinstance(value, Mapping) else value))
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"rule option {key!r} must map {what}, got {value!r}") from None
+            if found and source not in ("einsum", "einsum_param"):
+                raise InvalidArgument(f"rule option {key!r} names einsum factors: it needs an einsum rule "
+                                      "(a reduction uses reduce_op)")
+            return found
+
+        reduce = tuple((k, op(v, f"reduce op of factor {k!r}")) for k, v in mapping("reduce", "factors to ops"))
+        indices = tuple((role, str(factor)) for role, factor in mapping("indices", "operands to factors"))
         whole = names("whole")
         if whole and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
@@ -137,9 +134,10 @@ class RuleOptions:
             bad = sorted((set(whole) | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
             if bad:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
-        return cls(source=source, einsum=einsum, einsum_param=text("einsum_param"), view=view, reduce_dims_param=text("reduce_dims_param"),
-                   keepdim_param=text("keepdim_param"), reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"),
-                   dims_param=text("dims_param"), dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
+        return cls(source=source, einsum=einsum, einsum_param=text("einsum_param"), view=view,
+                   reduce_dims_param=text("reduce_dims_param"), keepdim_param=text("keepdim_param"),
+                   reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"), dims_param=text("dims_param"),
+                   dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
                    whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
                    additive=names("additive_operands"), indices=indices)
