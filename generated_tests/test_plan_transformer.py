@@ -13,7 +13,7 @@ FACTORY = 'shardverify.plan.zoo.transformer_block'
 KWARGS = (('d_model', 32), ('n_heads', 4), ('d_hidden', 64))
 INPUTS = (('x', (4, 8, 32)),)
 MESH = (2, 2)
-PLANS = {'solver': 'solver', 'replicated': {}, 'data_parallel': {'q': 'S01R = S01R x RR_0', 'k': 'S01R = S01R x RR_0', 'v': 'S01R = S01R x RR_0', 'out': 'S01R = S01R x RR_0', 'fc1': 'S01R = S01R x RR_0', 'fc2': 'S01R = S01R x RR_0'}, 'megatron': {'q': 'RS01 = RR x RS01', 'k': 'RS01 = RR x RS01', 'v': 'RS01 = RR x RS01', 'out': 'RR = RS01 x S01R', 'fc1': 'RS01 = RR x RS01', 'fc2': 'RR = RS01 x S01R'}}
+PLANS = {'solver': 'solver', 'replicated': {}, 'data_parallel': {'q': 'S01R = S01R x RR_0', 'k': 'S01R = S01R x RR_0', 'v': 'S01R = S01R x RR_0', 'out': 'S01R = S01R x RR_0', 'fc1': 'S01R = S01R x RR_0', 'fc2': 'S01R = S01R x RR_0'}, 'megatron': {'q': 'RS01 = RR x RS01', 'k': 'RS01 = RR x RS01', 'v': 'RS01 = RR x RS01', 'out': 'RR = RS01 x S01R', 'fc1': 'RS01 = RR x RS01', 'act': 'RRS01 -> RRS01', 'fc2': 'RR = RS01 x S01R'}, 'megatron_heads': {'q': 'RS01 = RR x RS01', 'k': 'RS01 = RR x RS01', 'v': 'RS01 = RR x RS01', 'reshape': 'RRS01 -> RRS01R', 'reshape_1': 'RRS01 -> RRS01R', 'reshape_2': 'RRS01 -> RRS01R', 'transpose': 'RRS01R -> RS01RR', 'transpose_1': 'RRS01R -> RS01RR', 'transpose_2': 'RRS01R -> RS01RR', 'transpose_3': 'RS01RR -> RS01RR', 'matmul': 'RS01RR x RS01RR -> RS01RR', 'softmax': 'RS01RR -> RS01RR', 'matmul_1': 'RS01RR x RS01RR -> RS01RR', 'transpose_4': 'RS01RR -> RRS01R', 'reshape_3': 'RRS01R -> RRS01', 'out': 'RR = RS01 x S01R', 'fc1': 'RS01 = RR x RS01', 'act': 'RRS01 -> RRS01', 'fc2': 'RR = RS01 x S01R'}}
 SOLVER_BEATS = ()
 
 
