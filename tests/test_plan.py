@@ -164,3 +164,31 @@ def test_row_parallel_linear_with_bias_post_add(sv_backend):
     assert plan.node("up").strategy.post_add, "the row-parallel Linear with a bias adds it after the reduce"
     result = run_plan(sv_backend((2, 2), "simulated"), model, (x,), plan)
     assert result.passed, result.summary()
+
+
+class _Heads(nn.Module):
+    """Column-parallel projection, then heads split by a reshape whose shape the model computes
+    from its input's shape (x.size(0), x.shape[1], x.dim())."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y.reshape(x.size(0), x.shape[1], 4, 16 // 4 + 0 * x.dim()).sum()
+
+
+def test_shape_reads_cost_no_resharding_and_heads_stay_sharded(sv_backend):
+    from shardverify.plan.model import metadata_read
+    from shardverify.tracing import trace
+
+    module, inputs = _Heads(), (torch.randn(4, 8, 16),)
+    plan = make_plan(module, inputs, (2, 2), {"proj": "RS01 = RR x RS01", "reshape": "RRS01 -> RRS01R"})
+    reads = [n for n in plan.nodes if n.node.startswith(("size", "getattr", "dim"))]
+    assert len(reads) == 3 and all(not n.reshards for n in reads)   # x.shape never gathers anything
+    assert all(not r.steps for r in plan.node("reshape").reshards)     # the head shard passes straight in
+    assert run_plan(sv_backend((2, 2), "simulated"), module, inputs, plan).passed
+    gm = trace(module, meta_args={"x": torch.empty(4, 8, 16, device="meta")})
+    values = {n.name: metadata_read(n) for n in gm.graph.nodes if n.name.startswith(("size", "getattr", "dim"))}
+    assert values["size"] == 4 and tuple(values["getattr"]) == (4, 8, 16) and values["dim"] == 3
