@@ -191,4 +191,4 @@ def test_shape_reads_cost_no_resharding_and_heads_stay_sharded(sv_backend):
     assert run_plan(sv_backend((2, 2), "simulated"), module, inputs, plan).passed
     gm = trace(module, meta_args={"x": torch.empty(4, 8, 16, device="meta")})
     values = {n.name: metadata_read(n) for n in gm.graph.nodes if n.name.startswith(("size", "getattr", "dim"))}
-    assert values["size"] == 4 and tuple(values["getattr"]) == (4, 8, 16) and values["dim"] == 3
+    assert values["size"] == 4 and tuple(values["getattr_1"]) == (4, 8, 16) and values["dim"] == 3
