@@ -148,7 +148,10 @@ def _dtensor_outputs(audit: _Audit, mesh, combo) -> tuple[str, tuple[Layout, ...
     for operand, layout in zip(audit.operands, combo):
         full = problem.values[operand.locator]
         placements = _placements(layout, problem.mesh.ndim)
-        local = full[problem.slices(layout, operand.shape, 0)].to(torch.float32).contiguous()
+        local = full[problem.slices(layout, operand.shape, 0)]
+        if local.is_floating_point():
+            local = local.to(torch.float32)   # integer operands (indices, targets) keep their dtype
+        local = local.contiguous()
         values[operand.locator] = DTensor.from_local(local, mesh, placements, run_check=False,
                                                      shape=full.shape, stride=full.contiguous().stride())
     resharded: list[bool] = []
