@@ -252,6 +252,20 @@ def test_dtensor_gets_integer_operands_as_integers():
     assert report.counts["agree: same output"] >= 2   # [R, R] and [S0, R] indices with a replicated table
 
 
+def test_a_strided_dtensor_output_is_counted_apart_from_errors():
+    """flatten of a tensor sharded on an inner merged dim: DTensor answers with a _StridedShard
+    (interleaved slices), which is no block layout of the audit's: neither an error of
+    DTensor's nor a disagreement while the audit finds no block output either."""
+    from shardverify.audit.dtensor import STRIDED, compare_case
+    from shardverify.cli.verify_cmd import load_op_specs
+
+    spec = load_op_specs(REPO, None, ["flatten"])[0]
+    case_id, case = spec.op_cases()[0]
+    report = compare_case(spec, case_id, case, (4,))
+    assert report.counts[STRIDED] >= 1 and report.counts["DTensor error"] == 0, report.counts
+    assert report.disagreements == []
+
+
 @register_generator("audit_test_post_add")
 def _with_post_added_bias(ctx):
     """linear_projection plus, with a bias, every partial-output family of the bias-less

@@ -26,13 +26,14 @@ def test_the_audit_report_has_one_row_per_op_and_mesh_summed_over_cases():
 
 def test_the_dtensor_report_counts_agreements_and_names_who_is_right():
     agreeing = DTensorReport("mm", "a", (4,), Counter({"agree: same output": 3, "agree: invalid": 2,
-                                                       "DTensor error": 1, "not expressible in DTensor": 4}))
+                                                       "DTensor error": 1, "DTensor output strided": 2,
+                                                       "not expressible in DTensor": 4}))
     wrong = Disagreement("dtensor-error", "input=[R, S01]", "[R, S01]", "error: RuntimeError: no", "shardverify")
     disagreeing = DTensorReport("mm", "a", (2, 2), Counter({"agree: same output": 1, "DTensor error": 1}),
                                 [wrong], note="")
     text = dtensor_markdown([agreeing, disagreeing])
     lines = text.splitlines()
-    assert "| mm | 4 | 6 | 5 | 0 | 1 | 4 |  |" in lines
-    assert "| mm | 2x2 | 2 | 1 | 1 | 0 | 0 |  |" in lines
+    assert "| mm | 4 | 8 | 5 | 0 | 1 | 2 | 4 |  |" in lines
+    assert "| mm | 2x2 | 2 | 1 | 1 | 0 | 0 | 0 |  |" in lines
     assert "- 1 x DTensor raises on a valid combination (shardverify right in 1), e.g." in lines
     assert "`input=[R, S01]`" in text and "DTensor `error: RuntimeError: no`" in text

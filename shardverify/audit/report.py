@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from shardverify.audit.dtensor import STRIDED
+
 __all__ = ["markdown_report", "dtensor_markdown"]
 
 FAMILY = "the '"   # accept reasons of family gaps start "the 'rules' generator family: ..."
@@ -68,7 +70,8 @@ AGREE = ("agree: same output", "agree: equivalent output", "agree: invalid")
 SIDES = {"dtensor-missing": "DTensor redistributes a valid combination",
          "dtensor-wrong": "DTensor's output placement is wrong",
          "dtensor-error": "DTensor raises on a valid combination",
-         "shardverify-wrong": "the audit called a valid combination invalid"}
+         "shardverify-wrong": "the audit called a valid combination invalid",
+         "dtensor-strided": "DTensor gives a _StridedShard output for a combination with a block output"}
 
 
 def dtensor_markdown(reports, show: int = 3) -> str:
@@ -78,8 +81,9 @@ def dtensor_markdown(reports, show: int = 3) -> str:
     by_op: dict[str, list] = defaultdict(list)
     for report in reports:
         by_op[report.op].append(report)
-    out = ["| op | mesh | compared | agree | disagree | DTensor refuses an invalid one | not expressible | note |",
-           "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    out = ["| op | mesh | compared | agree | disagree | DTensor refuses an invalid one | DTensor output strided | "
+           "input not expressible | note |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     sections = []
     for op, rs in by_op.items():
         for mesh in dict.fromkeys(r.mesh for r in rs):
@@ -91,8 +95,11 @@ def dtensor_markdown(reports, show: int = 3) -> str:
             agree = sum(counts[k] for k in AGREE)
             refused = counts["DTensor error"] - sum(d.kind == "dtensor-error" for r in on_mesh for d in r.disagreements)
             notes = "; ".join(dict.fromkeys(r.note.splitlines()[0][:100] for r in on_mesh if r.note))
-            out.append(f"| {op} | {_mesh_text([mesh])} | {agree + disagree + refused} | {agree} | {disagree} | "
-                       f"{refused} | {counts['not expressible in DTensor']} | {notes} |")
+            strided = counts[STRIDED]
+            compared = agree + disagree + refused + strided - sum(d.kind == "dtensor-strided" for r in on_mesh
+                                                                  for d in r.disagreements)
+            out.append(f"| {op} | {_mesh_text([mesh])} | {compared} | {agree} | {disagree} | {refused} | {strided} | "
+                       f"{counts['not expressible in DTensor']} | {notes} |")
         kinds: dict[str, list] = defaultdict(list)
         for r in rs:
             for d in r.disagreements:
