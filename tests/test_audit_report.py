@@ -29,11 +29,14 @@ def test_the_dtensor_report_counts_agreements_and_names_who_is_right():
                                                        "DTensor error": 1, "DTensor output strided": 2,
                                                        "not expressible in DTensor": 4}))
     wrong = Disagreement("dtensor-error", "input=[R, S01]", "[R, S01]", "error: RuntimeError: no", "shardverify")
-    disagreeing = DTensorReport("mm", "a", (2, 2), Counter({"agree: same output": 1, "DTensor error": 1}),
-                                [wrong], note="")
+    claims = Disagreement("dtensor-wrong", "input=[S0, S0]", "invalid (no layout)", "[R, R]", "shardverify")
+    disagreeing = DTensorReport("mm", "a", (2, 2), Counter({"agree: same output": 1, "DTensor error": 1,
+                                                            "DTensor wrong": 1}), [wrong, claims], note="")
     text = dtensor_markdown([agreeing, disagreeing])
     lines = text.splitlines()
-    assert "| mm | 4 | 8 | 5 | 0 | 1 | 2 | 4 |  |" in lines
-    assert "| mm | 2x2 | 2 | 1 | 1 | 0 | 0 | 0 |  |" in lines
+    assert "| mm | 4 | 8 | 3 | 2 | 0 | 1 | 2 | 4 |  |" in lines
+    assert "| mm | 2x2 | 3 | 1 | 0 | 2 | 0 | 0 | 0 |  |" in lines
     assert "- 1 x DTensor raises on a valid combination (shardverify right in 1), e.g." in lines
+    assert any(line.startswith("- 1 x DTensor runs a combination that is invalid without communication")
+               for line in lines)
     assert "`input=[R, S01]`" in text and "DTensor `error: RuntimeError: no`" in text

@@ -69,6 +69,8 @@ def markdown_report(rows) -> str:
 AGREE = ("agree: same output", "agree: equivalent output", "agree: invalid")
 SIDES = {"dtensor-missing": "DTensor redistributes a valid combination",
          "dtensor-wrong": "DTensor's output placement is wrong",
+         "dtensor-wrong-invalid": "DTensor runs a combination that is invalid without communication, "
+                                  "claiming an output placement the local outputs do not form",
          "dtensor-error": "DTensor raises on a valid combination",
          "shardverify-wrong": "the audit called a valid combination invalid",
          "dtensor-strided": "DTensor gives a _StridedShard output for a combination with a block output"}
@@ -81,9 +83,9 @@ def dtensor_markdown(reports, show: int = 3) -> str:
     by_op: dict[str, list] = defaultdict(list)
     for report in reports:
         by_op[report.op].append(report)
-    out = ["| op | mesh | compared | agree | disagree | DTensor refuses an invalid one | DTensor output strided | "
-           "input not expressible | note |",
-           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    out = ["| op | mesh | compared | agree: same output | agree: both invalid | disagree | "
+           "DTensor refuses an invalid one | DTensor output strided | input not expressible | note |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     sections = []
     for op, rs in by_op.items():
         for mesh in dict.fromkeys(r.mesh for r in rs):
@@ -98,12 +100,14 @@ def dtensor_markdown(reports, show: int = 3) -> str:
             strided = counts[STRIDED]
             compared = agree + disagree + refused + strided - sum(d.kind == "dtensor-strided" for r in on_mesh
                                                                   for d in r.disagreements)
-            out.append(f"| {op} | {_mesh_text([mesh])} | {compared} | {agree} | {disagree} | {refused} | {strided} | "
-                       f"{counts['not expressible in DTensor']} | {notes} |")
+            invalid = counts["agree: invalid"]
+            out.append(f"| {op} | {_mesh_text([mesh])} | {compared} | {agree - invalid} | {invalid} | {disagree} | "
+                       f"{refused} | {strided} | {counts['not expressible in DTensor']} | {notes} |")
         kinds: dict[str, list] = defaultdict(list)
         for r in rs:
             for d in r.disagreements:
-                kinds[d.kind].append((r, d))
+                on_invalid = d.kind == "dtensor-wrong" and d.shardverify.startswith("invalid")
+                kinds["dtensor-wrong-invalid" if on_invalid else d.kind].append((r, d))
         if not kinds:
             continue
         sections += ["", f"### {op} (DTensor)", ""]
