@@ -76,6 +76,22 @@ SIDES = {"dtensor-missing": "DTensor redistributes a valid combination",
          "dtensor-strided": "DTensor gives a _StridedShard output for a combination with a block output"}
 
 
+def _dtensor_row(op: str, mesh: tuple[int, ...], reports) -> str:
+    counts: Counter = Counter()
+    for r in reports:
+        counts.update(r.counts)
+    kinds = Counter(d.kind for r in reports for d in r.disagreements)
+    disagree = sum(kinds.values())
+    agree = sum(counts[k] for k in AGREE)
+    invalid = counts["agree: invalid"]
+    refused = counts["DTensor error"] - kinds["dtensor-error"]
+    strided = counts[STRIDED]
+    compared = agree + disagree + refused + strided - kinds["dtensor-strided"]
+    notes = "; ".join(dict.fromkeys(r.note.splitlines()[0][:100] for r in reports if r.note))
+    return (f"| {op} | {_mesh_text([mesh])} | {compared} | {agree - invalid} | {invalid} | {disagree} | "
+            f"{refused} | {strided} | {counts['not expressible in DTensor']} | {notes} |")
+
+
 def dtensor_markdown(reports, show: int = 3) -> str:
     """Markdown for ``--dtensor``: per op and mesh the combinations compared, agreed on and
     disagreed on (and those DTensor cannot express), then per op with disagreements a few
@@ -89,20 +105,7 @@ def dtensor_markdown(reports, show: int = 3) -> str:
     sections = []
     for op, rs in by_op.items():
         for mesh in dict.fromkeys(r.mesh for r in rs):
-            on_mesh = [r for r in rs if r.mesh == mesh]
-            counts: Counter = Counter()
-            for r in on_mesh:
-                counts.update(r.counts)
-            disagree = sum(len(r.disagreements) for r in on_mesh)
-            agree = sum(counts[k] for k in AGREE)
-            refused = counts["DTensor error"] - sum(d.kind == "dtensor-error" for r in on_mesh for d in r.disagreements)
-            notes = "; ".join(dict.fromkeys(r.note.splitlines()[0][:100] for r in on_mesh if r.note))
-            strided = counts[STRIDED]
-            compared = agree + disagree + refused + strided - sum(d.kind == "dtensor-strided" for r in on_mesh
-                                                                  for d in r.disagreements)
-            invalid = counts["agree: invalid"]
-            out.append(f"| {op} | {_mesh_text([mesh])} | {compared} | {agree - invalid} | {invalid} | {disagree} | "
-                       f"{refused} | {strided} | {counts['not expressible in DTensor']} | {notes} |")
+            out.append(_dtensor_row(op, mesh, [r for r in rs if r.mesh == mesh]))
         kinds: dict[str, list] = defaultdict(list)
         for r in rs:
             for d in r.disagreements:
