@@ -40,3 +40,18 @@ def test_the_dtensor_report_counts_agreements_and_names_who_is_right():
     assert any(line.startswith("- 1 x DTensor runs a combination that is invalid without communication")
                for line in lines)
     assert "`input=[R, S01]`" in text and "DTensor `error: RuntimeError: no`" in text
+
+
+def test_markdown_with_dtensor_prints_both_tables(capsys):
+    from pathlib import Path
+
+    from shardverify.cli.main import main
+
+    repo = Path(__file__).resolve().parents[1]
+    code = main(["audit", "relu", "--root", str(repo), "--mesh", "4", "--markdown", "--dtensor"])
+    out = capsys.readouterr().out
+    assert code == 0
+    audit_table, _, dtensor_table = out.partition("DTensor comparison")
+    assert any(line.startswith("| relu | 4 | ") for line in audit_table.splitlines())
+    rows = [line for line in dtensor_table.splitlines() if line.startswith("| relu | 4 | ")]
+    assert len(rows) == 1 and rows[0].split(" | ")[5] == "0", rows   # relu: no disagreement
