@@ -239,6 +239,33 @@ def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
     assert not dist.is_initialized()
 
 
+def test_dtensor_gets_integer_operands_as_integers():
+    """embedding's indices stay int64 in DTensor (a float cast once made DTensor refuse every
+    combination, each reported as a DTensor error on a valid one)."""
+    from shardverify.audit.dtensor import compare_case
+    from shardverify.cli.verify_cmd import load_op_specs
+
+    spec = load_op_specs(REPO, None, ["embedding"])[0]
+    case_id, case = spec.op_cases()[0]
+    report = compare_case(spec, case_id, case, (4,))
+    assert not [d for d in report.disagreements if d.kind == "dtensor-error"], report.disagreements
+    assert report.counts["agree: same output"] >= 2   # [R, R] and [S0, R] indices with a replicated table
+
+
+def test_a_strided_dtensor_output_is_counted_apart_from_errors():
+    """flatten of a tensor sharded on an inner merged dim: DTensor answers with a _StridedShard
+    (interleaved slices), which is no block layout of the audit's: neither an error of
+    DTensor's nor a disagreement while the audit finds no block output either."""
+    from shardverify.audit.dtensor import STRIDED, compare_case
+    from shardverify.cli.verify_cmd import load_op_specs
+
+    spec = load_op_specs(REPO, None, ["flatten"])[0]
+    case_id, case = spec.op_cases()[0]
+    report = compare_case(spec, case_id, case, (4,))
+    assert report.counts[STRIDED] >= 1 and report.counts["DTensor error"] == 0, report.counts
+    assert report.disagreements == []
+
+
 @register_generator("audit_test_post_add")
 def _with_post_added_bias(ctx):
     """linear_projection plus, with a bias, every partial-output family of the bias-less

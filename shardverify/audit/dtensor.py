@@ -24,13 +24,14 @@ from shardverify.audit.run import _Audit
 __all__ = ["Disagreement", "DTensorReport", "compare_case", "compare_specs", "format_disagreements"]
 
 _LOCK = threading.Lock()
+STRIDED = "DTensor output strided"   # a _StridedShard output: outside the audit's block layouts
 
 
 @dataclass(frozen=True)
 class Disagreement:
     """One input combination where DTensor and shardverify's numerical decision differ."""
 
-    kind: str          # "dtensor-missing" | "dtensor-wrong" | "shardverify-wrong" | "dtensor-error"
+    kind: str          # "dtensor-missing" | "dtensor-wrong" | "shardverify-wrong" | "dtensor-error" | "dtensor-strided"
     line: str
     shardverify: str
     dtensor: str
@@ -137,7 +138,8 @@ class _watch_resharding:
 
 def _dtensor_outputs(audit: _Audit, mesh, combo) -> tuple[str, tuple[Layout, ...] | None]:
     """("ok", output layouts) when DTensor runs the op with no collective, ("comm", None) when it
-    redistributes, ("error: ...", None) when it refuses."""
+    redistributes, ("strided: ...", None) when its output is a _StridedShard (interleaved, no
+    block layout), ("error: ...", None) when it refuses."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -148,7 +150,10 @@ def _dtensor_outputs(audit: _Audit, mesh, combo) -> tuple[str, tuple[Layout, ...
     for operand, layout in zip(audit.operands, combo):
         full = problem.values[operand.locator]
         placements = _placements(layout, problem.mesh.ndim)
-        local = full[problem.slices(layout, operand.shape, 0)].to(torch.float32).contiguous()
+        local = full[problem.slices(layout, operand.shape, 0)]
+        if local.is_floating_point():
+            local = local.to(torch.float32)   # integer operands (indices, targets) keep their dtype
+        local = local.contiguous()
         values[operand.locator] = DTensor.from_local(local, mesh, placements, run_check=False,
                                                      shape=full.shape, stride=full.contiguous().stride())
     resharded: list[bool] = []
@@ -167,7 +172,9 @@ def _dtensor_outputs(audit: _Audit, mesh, combo) -> tuple[str, tuple[Layout, ...
             return "error: a non-DTensor output", None
         layout = _layout(item.placements, item.dim())
         if layout is None:
-            return f"error: placements {item.placements} have no shardverify layout", None
+            # a _StridedShard: every rank holds an interleaved slice, not a block; a layout of its
+            # own that no shardverify layout (blocks only) is, so the comparison cannot judge it
+            return f"strided: {', '.join(map(str, item.placements))}", None
         found.append(layout.normalized(problem.mesh.shape))
     return "ok", tuple(found)
 
@@ -204,6 +211,12 @@ def compare_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: d
                                                              "redistributes first", "shardverify"))
                 else:
                     report.counts["agree: invalid"] += 1
+                continue
+            if status.startswith("strided"):
+                report.counts[STRIDED] += 1
+                if outcome.valid:
+                    report.disagreements.append(Disagreement("dtensor-strided", line, ours, status,
+                                                             "undecided (a strided layout is outside the audit's)"))
                 continue
             if status != "ok":
                 report.counts["DTensor error"] += 1

@@ -1,12 +1,14 @@
-"""The per-op audit report for the docs: one summary row per op (what is offered, valid,
-covered, missing, accepted), the accepted gaps with their reasons (a family's once, a spec's
+"""The per-op audit report for the docs: one summary row per op and mesh (what is offered,
+valid, covered, missing, accepted), the accepted gaps with their reasons (a family's once, a spec's
 under its op), and the missing combinations and errors of each op that has any."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-__all__ = ["markdown_report"]
+from shardverify.audit.dtensor import STRIDED
+
+__all__ = ["markdown_report", "dtensor_markdown"]
 
 FAMILY = "the '"   # accept reasons of family gaps start "the 'rules' generator family: ..."
 
@@ -15,27 +17,32 @@ def _mesh_text(meshes) -> str:
     return " ".join("x".join(map(str, mesh)) for mesh in meshes)
 
 
+def _summary_row(op: str, mesh: tuple[int, ...], rows) -> str:
+    accepted = [f.accepted for r in rows for f in r.accepted]
+    family = sum(1 for reason in accepted if reason.startswith(FAMILY))
+    return (f"| {op} | {_mesh_text([mesh])} | {len({r.case for r in rows})} | {sum(r.offered for r in rows)} | "
+            f"{sum(r.valid for r in rows)} | {sum(r.covered for r in rows)} | "
+            f"{sum(len(r.missing) for r in rows)} | {family} | {len(accepted) - family} | "
+            f"{sum(len(r.incorrect) for r in rows)} |")
+
+
 def markdown_report(rows) -> str:
-    """Markdown: a table with one row per op (summed over its cases and meshes), then the
+    """Markdown: a table with one row per op and mesh (summed over the op's cases), then the
     accepted gaps and what is missing."""
     by_op: dict[str, list] = defaultdict(list)
     for row in rows:
         by_op[row.op].append(row)
-    out = ["| op | meshes | cases | offered | valid | covered | missing | accepted (family) | "
+    out = ["| op | mesh | cases | offered | valid | covered | missing | accepted (family) | "
            "accepted (spec) | incorrect |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     family_reasons: Counter = Counter()
     sections = []
     for op, rs in by_op.items():
         accepted = [f.accepted for r in rs for f in r.accepted]
-        family = [reason for reason in accepted if reason.startswith(FAMILY)]
-        family_reasons.update(family)
-        meshes = list(dict.fromkeys(r.mesh for r in rs))
-        cases = len({r.case for r in rs})
-        out.append(f"| {op} | {_mesh_text(meshes)} | {cases} | {sum(r.offered for r in rs)} | "
-                   f"{sum(r.valid for r in rs)} | {sum(r.covered for r in rs)} | "
-                   f"{sum(len(r.missing) for r in rs)} | {len(family)} | {len(accepted) - len(family)} | "
-                   f"{sum(len(r.incorrect) for r in rs)} |")
+        family_reasons.update(reason for reason in accepted if reason.startswith(FAMILY))
+        for mesh in dict.fromkeys(r.mesh for r in rs):
+            on_mesh = [r for r in rs if r.mesh == mesh]
+            out.append(_summary_row(op, mesh, on_mesh))
         section = []
         spec_reasons = Counter(reason for reason in accepted if not reason.startswith(FAMILY))
         if spec_reasons:
@@ -56,4 +63,62 @@ def markdown_report(rows) -> str:
     if family_reasons:
         out += ["", "Accepted by the generator family (combinations over every op above):", ""]
         out += [f"- {n} x {' '.join(reason.split())}" for reason, n in family_reasons.most_common()]
+    return "\n".join(out + sections) + "\n"
+
+
+AGREE = ("agree: same output", "agree: equivalent output", "agree: invalid")
+SIDES = {"dtensor-missing": "DTensor redistributes a valid combination",
+         "dtensor-wrong": "DTensor's output placement is wrong",
+         "dtensor-wrong-invalid": "DTensor runs a combination that is invalid without communication, "
+                                  "claiming an output placement the local outputs do not form",
+         "dtensor-error": "DTensor raises on a valid combination",
+         "shardverify-wrong": "the audit called a valid combination invalid",
+         "dtensor-strided": "DTensor gives a _StridedShard output for a combination with a block output"}
+
+
+def _dtensor_row(op: str, mesh: tuple[int, ...], reports) -> str:
+    counts: Counter = Counter()
+    for r in reports:
+        counts.update(r.counts)
+    kinds = Counter(d.kind for r in reports for d in r.disagreements)
+    disagree = sum(kinds.values())
+    agree = sum(counts[k] for k in AGREE)
+    invalid = counts["agree: invalid"]
+    refused = counts["DTensor error"] - kinds["dtensor-error"]
+    strided = counts[STRIDED]
+    compared = agree + disagree + refused + strided - kinds["dtensor-strided"]
+    notes = "; ".join(dict.fromkeys(r.note.splitlines()[0][:100] for r in reports if r.note))
+    return (f"| {op} | {_mesh_text([mesh])} | {compared} | {agree - invalid} | {invalid} | {disagree} | "
+            f"{refused} | {strided} | {counts['not expressible in DTensor']} | {notes} |")
+
+
+def dtensor_markdown(reports, show: int = 3) -> str:
+    """Markdown for ``--dtensor``: per op and mesh the combinations compared, agreed on and
+    disagreed on (and those DTensor cannot express), then per op with disagreements a few
+    examples of each kind with who the numerical check says is right."""
+    by_op: dict[str, list] = defaultdict(list)
+    for report in reports:
+        by_op[report.op].append(report)
+    out = ["| op | mesh | compared | agree: same output | agree: both invalid | disagree | "
+           "DTensor refuses an invalid one | DTensor output strided | input not expressible | note |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    sections = []
+    for op, rs in by_op.items():
+        for mesh in dict.fromkeys(r.mesh for r in rs):
+            out.append(_dtensor_row(op, mesh, [r for r in rs if r.mesh == mesh]))
+        kinds: dict[str, list] = defaultdict(list)
+        for r in rs:
+            for d in r.disagreements:
+                on_invalid = d.kind == "dtensor-wrong" and d.shardverify.startswith("invalid")
+                kinds["dtensor-wrong-invalid" if on_invalid else d.kind].append((r, d))
+        if not kinds:
+            continue
+        sections += ["", f"### {op} (DTensor)", ""]
+        for kind, found in kinds.items():
+            right = Counter(d.right for _, d in found)
+            verdict = ", ".join(f"{who} right in {n}" for who, n in right.most_common())
+            sections.append(f"- {len(found)} x {SIDES.get(kind, kind)} ({verdict}), e.g.")
+            for r, d in found[:show]:
+                sections.append(f"  - {r.case} on {_mesh_text([r.mesh])}: `{d.line}`: shardverify `{d.shardverify}`, "
+                                f"DTensor `{d.dtensor}`")
     return "\n".join(out + sections) + "\n"

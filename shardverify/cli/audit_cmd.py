@@ -35,7 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="mesh shape such as 2,2 or 4 (repeatable; default: the meshes each spec lists)")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the report")
     parser.add_argument("--markdown", action="store_true",
-                        help="print the per-op report (offered / valid / missing / accepted with reasons) as Markdown")
+                        help="print the per-op report (offered / valid / missing / accepted with reasons) as Markdown; "
+                             "with --dtensor, the comparison per op too")
     parser.add_argument("--dtensor", action="store_true",
                         help="also compare with the output placements DTensor propagates (1-D and 2-D meshes)")
     parser.add_argument("--no-partial-inputs", dest="partial_inputs", action="store_false",
@@ -112,9 +113,12 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 1 if failed else 0
     if args.markdown:
-        from shardverify.audit.report import markdown_report
+        from shardverify.audit.report import dtensor_markdown, markdown_report
 
         print(markdown_report(rows))
+        if args.dtensor:
+            print("DTensor comparison (fake process group, in-process):\n")
+            print(dtensor_markdown(disagreements))
         return 1 if failed else 0
     print(format_table(rows))
     for line in _details(rows, args.show):
