@@ -10,17 +10,17 @@ from shardverify.audit.report import dtensor_markdown, markdown_report
 from shardverify.audit.run import CaseAudit, Finding
 
 
-def _row(case: str, mesh: tuple[int, ...], offered: int, valid: int, accepted: int = 0) -> CaseAudit:
-    row = CaseAudit("mm", case, mesh, offered=offered, valid=valid, covered=offered)
+def _row(case: str, mesh: tuple[int, ...], offered: int, valid: int, accepted: int = 0, masked: int = 0) -> CaseAudit:
+    row = CaseAudit("mm", case, mesh, offered=offered, valid=valid, covered=offered - masked, masked=masked)
     row.accepted = [Finding("missing", f"line {i}", accepted="specs/mm.yaml:9: a reason") for i in range(accepted)]
     return row
 
 
 def test_the_audit_report_has_one_row_per_op_and_mesh_summed_over_cases():
-    rows = [_row("a", (4,), 2, 3, 1), _row("b", (4,), 2, 2), _row("a", (2, 2), 5, 9, 4)]
+    rows = [_row("a", (4,), 2, 3, 1), _row("b", (4,), 2, 2), _row("a", (2, 2), 5, 9, 4, masked=1)]
     lines = markdown_report(rows).splitlines()
-    assert "| mm | 4 | 2 | 4 | 5 | 4 | 0 | 0 | 1 | 0 |" in lines
-    assert "| mm | 2x2 | 1 | 5 | 9 | 5 | 0 | 0 | 4 | 0 |" in lines
+    assert "| mm | 4 | 2 | 4 | 5 | 4 | 0 | 0 | 0 | 1 | 0 |" in lines
+    assert "| mm | 2x2 | 1 | 5 | 9 | 4 | 1 | 0 | 0 | 4 | 0 |" in lines
     assert "- 5 x specs/mm.yaml:9: a reason" in lines
 
 

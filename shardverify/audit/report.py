@@ -21,7 +21,7 @@ def _summary_row(op: str, mesh: tuple[int, ...], rows) -> str:
     accepted = [f.accepted for r in rows for f in r.accepted]
     family = sum(1 for reason in accepted if reason.startswith(FAMILY))
     return (f"| {op} | {_mesh_text([mesh])} | {len({r.case for r in rows})} | {sum(r.offered for r in rows)} | "
-            f"{sum(r.valid for r in rows)} | {sum(r.covered for r in rows)} | "
+            f"{sum(r.valid for r in rows)} | {sum(r.covered for r in rows)} | {sum(r.masked for r in rows)} | "
             f"{sum(len(r.missing) for r in rows)} | {family} | {len(accepted) - family} | "
             f"{sum(len(r.incorrect) for r in rows)} |")
 
@@ -32,9 +32,9 @@ def markdown_report(rows) -> str:
     by_op: dict[str, list] = defaultdict(list)
     for row in rows:
         by_op[row.op].append(row)
-    out = ["| op | mesh | cases | offered | valid | covered | missing | accepted (family) | "
+    out = ["| op | mesh | cases | offered | valid | covered | masked ids | missing | accepted (family) | "
            "accepted (spec) | incorrect |",
-           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     family_reasons: Counter = Counter()
     sections = []
     for op, rs in by_op.items():

@@ -49,11 +49,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def format_table(rows) -> str:
-    header = ("op", "case", "mesh", "combos", "decided", "offered", "valid", "covered", "missing", "accepted",
-              "incorrect", "time")
+    header = ("op", "case", "mesh", "combos", "decided", "offered", "valid", "covered", "masked", "missing",
+              "accepted", "incorrect", "time")
     body = [(r.op, r.case, "x".join(map(str, r.mesh)), str(r.combinations), str(r.decided), str(r.offered),
-             str(r.valid), str(r.covered), str(len(r.missing)), str(len(r.accepted)), str(len(r.incorrect)), f"{r.seconds:.2f}s")
-            for r in rows]
+             str(r.valid), str(r.covered), str(r.masked), str(len(r.missing)), str(len(r.accepted)),
+             str(len(r.incorrect)), f"{r.seconds:.2f}s") for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
 
     def fmt(line):
