@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -73,17 +73,38 @@ class OpWork:
     largest_numel: int
 
 
-class OpMeter:
-    """Wraps the real local op call (``meter.call(fn, *args)``) and keeps its :class:`OpWork`."""
+#: counted FLOPs by call signature (see OpMeter); bounded, cleared when full
+_FLOPS: dict[Hashable, int] = {}
+_FLOPS_LIMIT = 8192
 
-    def __init__(self) -> None:
+
+class OpMeter:
+    """Wraps the real local op call (``meter.call(fn, *args)``) and keeps its :class:`OpWork`.
+
+    ``signature``: everything the count depends on (the op's node and the shape, stride,
+    dtype and device of every tensor that reaches it), or None to always count.  The counter's
+    formulas read only shapes, and running a small op under FlopCounterMode costs several
+    times the op, so a signature seen before reuses its count and the call runs bare; the
+    largest operand is always measured on the real call."""
+
+    def __init__(self, signature: Hashable | None = None) -> None:
         self.work: OpWork | None = None
+        self.signature = signature
 
     def call(self, fn, *args, **kwargs):
-        with LocalFlopCounter() as counter:
+        flops = _FLOPS.get(self.signature) if self.signature is not None else None
+        if flops is None:
+            with LocalFlopCounter() as counter:
+                result = fn(*args, **kwargs)
+            flops = int(counter.get_total_flops())
+            if self.signature is not None:
+                if len(_FLOPS) >= _FLOPS_LIMIT:
+                    _FLOPS.clear()
+                _FLOPS[self.signature] = flops
+        else:
             result = fn(*args, **kwargs)
         largest = max((t.numel() for t in _tensors((args, kwargs, result))), default=0)
-        self.work = OpWork(int(counter.get_total_flops()), largest)
+        self.work = OpWork(flops, largest)
         return result
 
 

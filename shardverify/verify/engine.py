@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import math
 import os
 import threading
 import time
@@ -24,9 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from shardverify.errors import BackendError, InvalidArgument, RankError, VerificationError
-from shardverify.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
+from shardverify.strategy import CommWhere, OperationDataType, ShardingStrategy
 from shardverify.verify.case import OpCase
-from shardverify.verify.costs import OpMeter, communication_mismatches, compute_mismatches
+from shardverify.verify.costs import OpMeter, OpWork, communication_mismatches, compute_mismatches
+from shardverify.verify.layout import RankLayout, expected_collectives, rank_layout
 from shardverify.verify.reference import Reference, as_outputs, call_op, reference
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
 from shardverify.verify.report import CheckResult, Mismatch
@@ -35,11 +35,6 @@ from shardverify.verify.tolerance import Tolerance, compare, dtype_from_name, to
 __all__ = ["RankReport", "OpCallError", "rank_check", "verify_strategy", "verify_case", "expected_collectives",
            "strategy_problems"]
 
-# Collectives each pattern issues in the forward pass and in the backward pass.
-_FWD = {CommPattern.ALLREDUCE_FWD_IDENTITY_BWD: "all_reduce", CommPattern.GATHER_FWD_SPLIT_BWD: "all_gather",
-        CommPattern.ALL2ALL_FWD_ALL2ALL_BWD: "all_to_all"}
-_BWD = {CommPattern.IDENTITY_FWD_ALLREDUCE_BWD: "all_reduce", CommPattern.SPLIT_FWD_GATHER_BWD: "all_gather",
-        CommPattern.ALL2ALL_FWD_ALL2ALL_BWD: "all_to_all"}
 _COUNTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
 
 
@@ -82,28 +77,6 @@ def strategy_problems(strategy: ShardingStrategy, mesh_ndim: int) -> list[str]:
     return problems
 
 
-def expected_collectives(strategy: ShardingStrategy, carrying_grad: Iterable[str]) -> Counter:
-    """(kind, axes) -> count that the declared actions issue; a backward half only runs on an
-    operand in ``carrying_grad`` (the differentiable inputs and parameters, and the outputs
-    whose gradient flows back)."""
-    differentiable = set(carrying_grad)
-    expected: Counter = Counter()
-    for action in strategy.communication_actions:
-        if action.where is CommWhere.HOOK:
-            if action.operand in differentiable:
-                expected[("all_reduce", action.axes)] += 1
-            continue
-        if action.pattern in _FWD:
-            expected[(_FWD[action.pattern], action.axes)] += 1
-        if action.operand not in differentiable:
-            continue
-        if action.pattern in _BWD:
-            expected[(_BWD[action.pattern], action.axes)] += 1
-        elif action.op in ("max", "min"):   # the holders of the extremum are counted in backward
-            expected[("all_reduce", action.axes)] += 1
-    return expected
-
-
 def _format_counts(counts: Counter) -> str:
     if not counts:
         return "none"
@@ -121,15 +94,16 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     """The SPMD check of ``strategy`` on this rank (module-level so process workers import it)."""
     mesh, rank = comm.mesh, comm.rank
     before = _counted(comm)
-    ref = reference(case, dtype_from_name(dtype) if dtype is not None else None, torch.device(comm.device))
+    ref = _reference(case, dtype, comm.device)
+    layout = rank_layout(strategy, mesh, rank)
 
     def tolerance(t: torch.dtype) -> Tolerance:
         return tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
 
-    traffic_start, meter = Counter(comm.traffic), OpMeter()
-    leaves, outputs = _local_forward(comm, ref, strategy, meter)
+    traffic_start = Counter(comm.traffic)
+    leaves, outputs, work = _local_forward(comm, ref, strategy, layout)
     traffic_fwd = Counter(comm.traffic)
-    out_data = strategy.outputs
+    out_data = layout.outputs
     found: list[Mismatch] = []
     if len(outputs) != len(out_data):
         found.append(Mismatch("shape", rank, "outputs",
@@ -137,27 +111,26 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
                                      f"{len(out_data)}"))
         outputs = outputs[:len(out_data)]
     shape_ok = len(outputs) == len(out_data)   # else backward cannot run
-    for index, (data, output) in enumerate(zip(out_data, outputs)):
-        spec = strategy.get_sharding_spec_by_name(data.name)
+    for index, (operand, output) in enumerate(zip(out_data, outputs)):
         found += _compare(rank, _output_label(strategy, index), output,
-                          _shard(spec, ref.outputs[index], mesh, rank), tolerance)
-        shape_ok = shape_ok and tuple(output.shape) == _local_shape(spec)
-    carrying = [(data, out) for data, out, g in zip(out_data, outputs, ref.grad_outputs)
+                          operand.shard(ref.outputs[index], mesh, rank), tolerance)
+        shape_ok = shape_ok and tuple(output.shape) == operand.local_shape
+    carrying = [(operand.data, out) for operand, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
     differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
     backward_ran = bool(differentiable and shape_ok)
     if backward_ran:
-        grads = _local_backward(comm, ref, strategy, leaves, differentiable, carrying)
-        for data in strategy.inputs:
+        grads = _local_backward(comm, ref, strategy, layout, leaves, differentiable, carrying)
+        for operand in layout.inputs:
+            data = operand.data
             if data.name in grads:
-                spec = strategy.get_sharding_spec_by_name(data.name)
-                expected = _shard(spec, ref.grads[(data.locator.kind, data.locator.key)], mesh, rank)
+                expected = operand.shard(ref.grads[(data.locator.kind, data.locator.key)], mesh, rank)
                 found += _compare(rank, f"grad of {data.name}", grads[data.name], expected, tolerance)
 
     issued = _counted(comm) - before
     if shape_ok:
-        expected = expected_collectives(strategy, differentiable + [d.name for d, _ in carrying]
-                                        if differentiable else [])
+        expected = layout.expected_collectives(tuple(differentiable + [d.name for d, _ in carrying])
+                                               if differentiable else ())
         if issued != expected:
             found.append(Mismatch("collectives", rank, "collectives",
                                   detail=f"issued {_format_counts(issued)}; the declared actions "
@@ -166,26 +139,24 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
             # the declared actions ran as declared, on the declared dtypes: their price is the cost
             found += communication_mismatches(strategy, mesh, rank, traffic_fwd - traffic_start,
                                               Counter(comm.traffic) - traffic_fwd if backward_ran else None)
-        found += compute_mismatches(strategy, rank, meter.work)
-    found += _memory_mismatches(strategy, rank, leaves, outputs, case)
+        found += compute_mismatches(strategy, rank, work)
+    found += _memory_mismatches(strategy, rank, leaves, outputs, case, layout)
     return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
 
 
-@functools.lru_cache(maxsize=4096)
-def _slices(spec, mesh, rank: int) -> tuple[slice, ...]:
-    return spec.local_slices(mesh, rank)
+_LAST_REFERENCE = threading.local()
 
 
-@functools.lru_cache(maxsize=4096)
-def _local_shape(spec) -> tuple[int, ...]:
-    return spec.local_shape()
-
-
-def _shard(spec, tensor: torch.Tensor, mesh, rank: int) -> torch.Tensor:
-    """``spec.local_shard`` with the slices remembered (every strategy asks for the same few)."""
-    if tuple(tensor.shape) != spec.tensor_shape:
-        return spec.local_shard(tensor, mesh, rank)   # raises, naming both shapes
-    return tensor[_slices(spec, mesh, rank)]
+def _reference(case: OpCase, dtype: str | None, device: torch.device) -> Reference:
+    """``reference(case, dtype, device)``, with this thread's last answer reused while the
+    same case object asks again (every strategy of a batch does): looking it up hashes the
+    whole frozen case, which costs more than slicing its values."""
+    last = getattr(_LAST_REFERENCE, "entry", None)
+    if last is not None and last[0] is case and last[1] == dtype and last[2] == device:
+        return last[3]
+    ref = reference(case, dtype_from_name(dtype) if dtype is not None else None, torch.device(device))
+    _LAST_REFERENCE.entry = (case, dtype, device, ref)
+    return ref
 
 
 @functools.lru_cache(maxsize=256)
@@ -198,29 +169,38 @@ def _counted(comm) -> Counter:
 
 
 def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
-                   meter: OpMeter | None = None) -> tuple[dict, tuple]:
+                   layout: RankLayout | None = None) -> tuple[dict, tuple, OpWork | None]:
     """This rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
-    replaced by zeros; measured by ``meter``), the AFTER actions, then the post-added operands."""
+    replaced by zeros; its work measured), the AFTER actions, then the post-added operands."""
     from shardverify.collectives.patterns import after_op, before_op
 
     node = ref.node
+    layout = layout or rank_layout(strategy, comm.mesh, comm.rank)
     module = _private_module(ref) if node.op == "call_module" else None
     leaves, local, late = {}, {}, {}
-    for data in strategy.inputs:
+    for operand in layout.inputs:
+        data = operand.data
         loc = (data.locator.kind, data.locator.key)
         if loc not in ref.values:
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
                                     f"{node.name!r} does not have")
-        spec = strategy.get_sharding_spec_by_name(data.name)
-        leaf = _shard(spec, ref.typed(loc), comm.mesh, comm.rank).clone()
+        leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone()
         leaves[data.name] = leaf.requires_grad_() if leaf.is_floating_point() else leaf
         local[loc] = before_op(comm, strategy, data.name, leaf, late)
+    meter = OpMeter(_call_signature(node, local))
     try:
-        outputs = list(as_outputs(node, (meter or OpMeter()).call(call_op, node, module, local,
-                                                                   owned=module is not None)))
+        outputs = list(as_outputs(node, meter.call(call_op, node, module, local, owned=module is not None)))
     except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
         raise OpCallError(_op_context(comm, node, strategy, leaves, local, exc)) from exc
-    return leaves, tuple(after_op(comm, strategy, outputs, late))
+    return leaves, tuple(after_op(comm, strategy, outputs, late)), meter.work
+
+
+def _call_signature(node, local: dict) -> tuple:
+    """What the op's FLOP count depends on: the node (its op and non-tensor arguments) and
+    the shape, stride, dtype, device and grad requirement of every tensor reaching it."""
+    return (node, torch.is_grad_enabled(),
+            tuple((loc, tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad) if isinstance(t, torch.Tensor)
+                  else (loc, type(t)) for loc, t in local.items()))
 
 
 _OWN = threading.local()
@@ -287,17 +267,17 @@ def _fails_on_shapes(node, strategy: ShardingStrategy, local: dict) -> bool:
     return False
 
 
-def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, leaves: dict,
+def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, layout: RankLayout, leaves: dict,
                     differentiable: list[str], carrying: list) -> dict:
     """Gradients of the leaves for the reference output gradients (sharded like the outputs),
     with the HOOK actions applied to the parameter gradients."""
     from shardverify.collectives.patterns import apply_grad_hook
 
-    index = {data.name: i for i, data in enumerate(strategy.outputs)}
+    index = {operand.data.name: i for i, operand in enumerate(layout.outputs)}
     grad_outs = []
     for data, output in carrying:
-        spec = strategy.get_sharding_spec_by_name(data.name)
-        grad_outs.append(_shard(spec, ref.grad_outputs[index[data.name]], comm.mesh, comm.rank).to(output.dtype))
+        i = index[data.name]
+        grad_outs.append(layout.outputs[i].shard(ref.grad_outputs[i], comm.mesh, comm.rank).to(output.dtype))
     found = torch.autograd.grad([out for _, out in carrying], [leaves[n] for n in differentiable], grad_outs,
                                 allow_unused=True)
     grads = {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(differentiable, found)}
@@ -356,7 +336,7 @@ def _plainly_close(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance)
 
 
 def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple,
-                       case: OpCase) -> list[Mismatch]:
+                       case: OpCase, layout: RankLayout | None = None) -> list[Mismatch]:
     """The declared memory cost against the bytes this rank really holds: forward holds
     every operand's local shard, backward a gradient of each input and parameter. Sizes come
     from the real tensors (local shard elements x the traced tensor's element size) and the
@@ -365,15 +345,17 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     from shardverify.strategy import MemoryCost
 
     real, out_dtypes = _real_operands(case)
+    inputs = [operand.data for operand in layout.inputs] if layout is not None else strategy.inputs
+    outs = [operand.data for operand in layout.outputs] if layout is not None else strategy.outputs
     activation = parameter = 0
-    for data in strategy.inputs:
+    for data in inputs:
         dtype, is_state = real[(data.locator.kind, data.locator.key)]
-        size = leaves[data.name].numel() * _element_size(dtype)
+        size = leaves[data.name].numel() * dtype.itemsize
         if is_state:
             parameter += size
         else:
             activation += size
-    out_bytes = sum(out.numel() * _element_size(dtype) for out, dtype in zip(outputs, out_dtypes))
+    out_bytes = sum(out.numel() * dtype.itemsize for out, dtype in zip(outputs, out_dtypes))
     fwd = MemoryCost(activation + out_bytes, parameter)
     bwd = MemoryCost(activation, parameter)
     held = (fwd, bwd, fwd + bwd)
@@ -381,8 +363,8 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     problems = [f"{phase}: declared {d.activation} activation + {d.parameter} parameter bytes, "
                 f"local shards hold {h.activation} + {h.parameter}"
                 for phase, d, h in zip(("fwd", "bwd", "total"), declared, held) if d != h]
-    lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in strategy.inputs]
-    lies += list(zip(strategy.outputs, out_dtypes))
+    lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in inputs]
+    lies += list(zip(outs, out_dtypes))
     problems += [f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}"
                  for data, dtype in lies if data.dtype != dtype]
     if not problems:
@@ -390,9 +372,16 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))]
 
 
+_REAL: dict[int, tuple] = {}
+
+
 def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
     """({operand locator: (dtype, is module state)}, [dtype of each output]) of the traced
-    harness: the real tensors the strategy describes, whatever dtype a check runs in."""
+    harness: the real tensors the strategy describes, whatever dtype a check runs in.
+    Remembered per case object (the entry holds the case, so its id is not reused)."""
+    hit = _REAL.get(id(case))
+    if hit is not None and hit[0] is case:
+        return hit[1]
     from shardverify.verify.reference import _meta_dtypes, _operand_nodes
 
     traced, node_name = case.build()
@@ -403,11 +392,11 @@ def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
         module = traced.get_submodule(str(node.target))
         found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})
         found.update({("buffer", n): (b.dtype, True) for n, b in module.named_buffers()})
-    return found, _meta_dtypes(traced, node_name)
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    answer = (found, _meta_dtypes(traced, node_name))
+    if len(_REAL) >= 256:
+        _REAL.clear()
+    _REAL[id(case)] = (case, answer)
+    return answer
 
 
 # ------------------------------------------------------------------------- orchestration
