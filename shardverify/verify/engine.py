@@ -26,7 +26,7 @@ from shardverify.errors import BackendError, InvalidArgument, RankError, Verific
 from shardverify.strategy import CommWhere, OperationDataType, ShardingStrategy
 from shardverify.verify.case import OpCase
 from shardverify.verify.costs import OpMeter, OpWork, communication_mismatches, compute_mismatches
-from shardverify.verify.layout import RankLayout, expected_collectives, rank_layout
+from shardverify.verify.layout import LocalOperand, RankLayout, expected_collectives, rank_layout
 from shardverify.verify.reference import Reference, as_outputs, call_op, reference
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
 from shardverify.verify.report import CheckResult, Mismatch
@@ -85,22 +85,18 @@ def _format_counts(counts: Counter) -> str:
 
 # -------------------------------------------------------------------------- rank check
 
-def _output_label(strategy: ShardingStrategy, index: int) -> str:
-    return "output" if len(strategy.outputs) == 1 else f"output {index} ({strategy.outputs[index].name})"
-
-
 def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None = None,
                tol: Tolerance | None = None) -> RankReport:
     """The SPMD check of ``strategy`` on this rank (module-level so process workers import it)."""
     mesh, rank = comm.mesh, comm.rank
-    before = _counted(comm)
+    before = _counted(comm) if comm.counts else None   # a fresh communicator has issued nothing
     ref = _reference(case, dtype, comm.device)
     layout = rank_layout(strategy, mesh, rank)
 
     def tolerance(t: torch.dtype) -> Tolerance:
         return tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
 
-    traffic_start = Counter(comm.traffic)
+    traffic_start = Counter(comm.traffic) if comm.traffic else None
     leaves, outputs, work = _local_forward(comm, ref, strategy, layout)
     traffic_fwd = Counter(comm.traffic)
     out_data = layout.outputs
@@ -112,8 +108,8 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
         outputs = outputs[:len(out_data)]
     shape_ok = len(outputs) == len(out_data)   # else backward cannot run
     for index, (operand, output) in enumerate(zip(out_data, outputs)):
-        found += _compare(rank, _output_label(strategy, index), output,
-                          operand.shard(ref.outputs[index], mesh, rank), tolerance)
+        label = "output" if len(out_data) == 1 else f"output {index} ({operand.data.name})"
+        found += _compare(rank, label, output, ref.outputs[index], operand, mesh, tolerance)
         shape_ok = shape_ok and tuple(output.shape) == operand.local_shape
     carrying = [(operand.data, out) for operand, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
@@ -124,10 +120,10 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
         for operand in layout.inputs:
             data = operand.data
             if data.name in grads:
-                expected = operand.shard(ref.grads[(data.locator.kind, data.locator.key)], mesh, rank)
-                found += _compare(rank, f"grad of {data.name}", grads[data.name], expected, tolerance)
+                found += _compare(rank, f"grad of {data.name}", grads[data.name],
+                                  ref.grads[(data.locator.kind, data.locator.key)], operand, mesh, tolerance)
 
-    issued = _counted(comm) - before
+    issued = _counted(comm) if before is None else _counted(comm) - before
     if shape_ok:
         expected = layout.expected_collectives(tuple(differentiable + [d.name for d, _ in carrying])
                                                if differentiable else ())
@@ -137,7 +133,8 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
                                          f"imply {_format_counts(expected)}"))
         elif dtype is None or all(decl.dtype == dtype for decl in case.inputs):
             # the declared actions ran as declared, on the declared dtypes: their price is the cost
-            found += communication_mismatches(strategy, mesh, rank, traffic_fwd - traffic_start,
+            found += communication_mismatches(strategy, mesh, rank,
+                                              traffic_fwd if traffic_start is None else traffic_fwd - traffic_start,
                                               Counter(comm.traffic) - traffic_fwd if backward_ran else None)
         found += compute_mismatches(strategy, rank, work)
     found += _memory_mismatches(strategy, rank, leaves, outputs, case, layout)
@@ -287,14 +284,20 @@ def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, layout: Ra
     return grads
 
 
-def _compare(rank: int, label: str, actual: torch.Tensor, expected: torch.Tensor,
+def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, operand: LocalOperand, mesh,
              tolerance: Callable[[torch.dtype], Tolerance]) -> list[Mismatch]:
-    """[] when ``actual`` matches the reference slice, else the one mismatch found."""
-    if tuple(actual.shape) != tuple(expected.shape):
+    """[] when ``actual`` matches this rank's slice of the reference tensor ``full``, else the
+    one mismatch found."""
+    expected, bounds = _reference_slice(full, operand, mesh, rank)
+    if actual.shape != expected.shape:
         return [Mismatch("shape", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape))]
     tol = tolerance(actual.dtype)
-    if _plainly_close(actual, expected, tol):
-        return []
+    if actual.is_floating_point() and actual.numel():   # the cheap path of the common passing comparison
+        bound = bounds.get((tol.rtol, tol.atol), False)
+        if bound is False:
+            bound = bounds[(tol.rtol, tol.atol)] = _bound(expected, tol)
+        if bound is not None and bool(torch.sub(actual.detach(), expected).abs_().le_(bound).all()):
+            return []   # NaN compares False: ``compare`` alone decides, and reports, everything else
     found = compare(actual, expected, tol)
     if found.close:
         return []
@@ -303,36 +306,30 @@ def _compare(rank: int, label: str, actual: torch.Tensor, expected: torch.Tensor
                      dtype=str(actual.dtype).removeprefix("torch."), detail=found.nonfinite)]
 
 
-_BOUNDS: dict = {}
+_SLICES: dict = {}
+
+
+def _reference_slice(full: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> tuple[torch.Tensor, dict]:
+    """This rank's slice of the reference tensor ``full`` laid out as ``operand``, and its
+    bounds by tolerance (filled by ``_compare``).  Remembered per (tensor, layout, rank):
+    every strategy laying the tensor out alike compares against the same slice.  The entry
+    keeps ``full`` alive, so its id is not reused while remembered."""
+    key = (id(full), operand.spec, rank)
+    hit = _SLICES.get(key)
+    if hit is None or hit[0] is not full:
+        if len(_SLICES) >= 8192:
+            _SLICES.clear()
+        hit = _SLICES[key] = (full, operand.shard(full, mesh, rank), {})
+    return hit[1], hit[2]
 
 
 def _bound(expected: torch.Tensor, tol: Tolerance) -> torch.Tensor | None:
-    """``atol + rtol * |expected|`` for a slice of a reference tensor, remembered per slice
-    (every check of a case compares against the same few slices); None when the slice holds
-    an inf or NaN.  The entry keeps the reference tensor alive, so its memory, and with it
-    the key, cannot be reused by another tensor."""
-    base = expected if expected._base is None else expected._base
-    key = (expected.data_ptr(), tuple(expected.shape), expected.stride(), expected.dtype, tol.rtol, tol.atol)
-    hit = _BOUNDS.get(key)
-    if hit is None or hit[0] is not base:
-        finite = bool(torch.isfinite(expected).all())
-        bound = expected.abs().mul_(tol.rtol).add_(tol.atol) if finite else None
-        if len(_BOUNDS) >= 8192:
-            _BOUNDS.clear()
-        hit = _BOUNDS[key] = (base, bound)
-    return hit[1]
-
-
-def _plainly_close(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> bool:
-    """The cheap path of the common passing comparison: every value finite and within
-    ``atol + rtol * |expected|``, the difference taken in float64.  False only means "ask
-    ``compare``", which alone decides, and reports, everything else (non-finite values too)."""
-    if not (actual.is_floating_point() and expected.dtype == torch.float64) or actual.numel() == 0:
-        return False
-    bound = _bound(expected, tol)
-    if bound is None:
-        return False
-    return bool((torch.sub(actual.detach(), expected).abs_() <= bound).all())   # NaN compares False
+    """``atol + rtol * |expected|`` for the cheap passing comparison (the difference taken in
+    float64), or None where only ``compare`` may decide: a slice that is not float64 or
+    holds an inf or NaN."""
+    if expected.dtype != torch.float64 or not bool(torch.isfinite(expected).all()):
+        return None
+    return expected.abs().mul_(tol.rtol).add_(tol.atol)
 
 
 def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple,

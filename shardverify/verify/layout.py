@@ -9,6 +9,7 @@ while the strategy lives instead of scanning operands and re-hashing layouts per
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -104,9 +105,20 @@ def rank_layout(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> Rank
 
 
 def _build(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> RankLayout:
-    def local(data: OperationData) -> LocalOperand:
-        spec = strategy.get_sharding_spec_by_name(data.name)
-        return LocalOperand(data, spec, spec.local_slices(mesh, rank), spec.local_shape())
+    specs = dict(strategy.sharding_specs)
+    outputs = strategy.outputs
+    inputs = strategy.operands[:len(strategy.operands) - len(outputs)]
+    return RankLayout(strategy, mesh, rank, tuple(_local(d, specs[d.name], mesh, rank) for d in inputs),
+                      tuple(_local(d, specs[d.name], mesh, rank) for d in outputs))
 
-    return RankLayout(strategy, mesh, rank, tuple(local(d) for d in strategy.inputs),
-                      tuple(local(d) for d in strategy.outputs))
+
+def _local(data: OperationData, spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> LocalOperand:
+    slices, shape = _geometry(spec, mesh, rank)
+    return LocalOperand(data, spec, slices, shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> tuple[tuple[slice, ...], tuple[int, ...]]:
+    """A layout's local slices and shape on ``rank`` (the strategies of a case share a few
+    layouts, and a suite hands every check new strategy objects)."""
+    return spec.local_slices(mesh, rank), spec.local_shape()
