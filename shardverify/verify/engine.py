@@ -184,7 +184,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
         leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone()
         leaves[data.name] = leaf.requires_grad_() if leaf.is_floating_point() else leaf
         local[loc] = before_op(comm, strategy, data.name, leaf, late)
-    meter = OpMeter(_call_signature(node, local))
+    meter = OpMeter(node, _call_signature(local))
     try:
         outputs = list(as_outputs(node, meter.call(call_op, node, module, local, owned=module is not None)))
     except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
@@ -192,10 +192,11 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
     return leaves, tuple(after_op(comm, strategy, outputs, late)), meter.work
 
 
-def _call_signature(node, local: dict) -> tuple:
-    """What the op's FLOP count depends on: the node (its op and non-tensor arguments) and
-    the shape, stride, dtype, device and grad requirement of every tensor reaching it."""
-    return (node, torch.is_grad_enabled(),
+def _call_signature(local: dict) -> tuple:
+    """Besides the node (its op and non-tensor arguments), what the op's FLOP count depends
+    on: grad mode and the shape, stride, dtype, device and grad requirement of every tensor
+    reaching it."""
+    return (torch.is_grad_enabled(),
             tuple((loc, tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad) if isinstance(t, torch.Tensor)
                   else (loc, type(t)) for loc, t in local.items()))
 
