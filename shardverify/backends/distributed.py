@@ -134,16 +134,15 @@ class ProcessCommunicator(CommunicatorBase):
         """Every member's call must be the same: one small all-reduce (max) of this call's
         digest and its negation gives the largest and smallest digest of the group, equal
         only when every member made the same call (in a pool, the shared-memory agreement
-        hands every member every digest instead).  Otherwise every member sees it, and all
-        exchange their headers to say who called what."""
+        compares the digests and tells every member instead).  Otherwise every member sees
+        it, and all exchange their headers to say who called what."""
         if not self.check_metadata:
             return
         digest = int.from_bytes(hashlib.blake2b(desc.encode(), digest_size=7).digest(), "big")
         if self._agreement is not None:
             members = tuple(sorted(group))
             self._agreed[members] += 1
-            if all(d == digest for d in self._agreement.agree(self.rank, members, self._check,
-                                                              self._agreed[members], digest)):
+            if self._agreement.agree(self.rank, members, self._check, self._agreed[members], digest):
                 return
         else:
             probe = torch.tensor([digest, -digest], dtype=torch.int64, device=self.device)
