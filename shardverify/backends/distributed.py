@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardverify.backends.agreement import SharedAgreement
 from shardverify.backends.base import CommunicatorBase, describe, disagreement, p2p_mismatch
 from shardverify.errors import CollectiveError
 from shardverify.mesh import DeviceMesh
@@ -84,13 +85,18 @@ class ProcessCommunicator(CommunicatorBase):
 
     def __init__(self, mesh: DeviceMesh, rank: int, device: torch.device | str, groups: MeshGroups,
                  *, check_metadata: bool = True, native_reduce_scatter: bool = False, busy: Any = None,
-                 where: Any = None) -> None:
+                 where: Any = None, agreement: SharedAgreement | None = None, check: int = 0) -> None:
         super().__init__(mesh, rank, device)
         self.groups = groups
         self.check_metadata = check_metadata
         self.native_reduce_scatter = native_reduce_scatter
         self._busy = busy
         self._where = where if mesh.size < 63 else None   # member bitmasks must fit an int64
+        # a pool's shared memory agrees on calls without a collective (see agreement.py);
+        # ``check`` (unique per pool) keeps one check's calls apart from the next one's
+        self._agreement = agreement if mesh.size < 63 else None
+        self._check = check
+        self._agreed: collections.Counter = collections.Counter()   # per member set: n-th agreement
         self._calls: collections.Counter = collections.Counter()   # per member set: n-th collective
         self._pgs: dict[tuple[int, ...], tuple[Any, list[int]]] = groups.lookups   # shared by this rank's checks
 
@@ -127,16 +133,23 @@ class ProcessCommunicator(CommunicatorBase):
     def _agree(self, pg: Any, group: tuple[int, ...], desc: str) -> None:
         """Every member's call must be the same: one small all-reduce (max) of this call's
         digest and its negation gives the largest and smallest digest of the group, equal
-        only when every member made the same call.  Otherwise every member sees it, and all
-        exchange their headers to say who called what."""
+        only when every member made the same call (in a pool, the shared-memory agreement
+        compares the digests and tells every member instead).  Otherwise every member sees
+        it, and all exchange their headers to say who called what."""
         if not self.check_metadata:
             return
         digest = int.from_bytes(hashlib.blake2b(desc.encode(), digest_size=7).digest(), "big")
-        probe = torch.tensor([digest, -digest], dtype=torch.int64, device=self.device)
-        dist.all_reduce(probe, dist.ReduceOp.MAX, group=pg)
-        high, low = probe.tolist()
-        if high == digest == -low:
-            return
+        if self._agreement is not None:
+            members = tuple(sorted(group))
+            self._agreed[members] += 1
+            if self._agreement.agree(self.rank, members, self._check, self._agreed[members], digest):
+                return
+        else:
+            probe = torch.tensor([digest, -digest], dtype=torch.int64, device=self.device)
+            dist.all_reduce(probe, dist.ReduceOp.MAX, group=pg)
+            high, low = probe.tolist()
+            if high == digest == -low:
+                return
         header = encode_header(desc, self.device)
         headers = [torch.empty_like(header) for _ in group]
         dist.all_gather(headers, header, group=pg)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from shardverify.backends.agreement import SharedAgreement
 from shardverify.backends.base import RankResult, check_fn, check_timeout
 from shardverify.errors import BackendError, RankDied, RankError, RankTimeout
 from shardverify.mesh import DeviceMesh
@@ -129,7 +130,8 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
             try:
                 comm = ProcessCommunicator(mesh, rank, device, groups, check_metadata=config.check_metadata,
                                            native_reduce_scatter=config.dist_backend == "nccl",
-                                           busy=shared.busy, where=shared.where)
+                                           busy=shared.busy, where=shared.where, agreement=shared.agreement,
+                                           check=first + index)
                 result = RankResult(rank, True, fn(comm, *args))
             except BaseException as exc:  # noqa: BLE001 - reported to the parent
                 result = RankResult.failure(rank, exc)
@@ -155,12 +157,14 @@ def _reply(conn: multiprocessing.connection.Connection, key: object, result: Ran
 class SharedState:
     """Shared memory between the pool's parent and workers: who sits inside a collective
     (``busy``), which one (``where``: member bitmask and call number per rank, for blame),
-    and how many checks each rank has finished (``progress``)."""
+    how many checks each rank has finished (``progress``), and the workers' call agreement
+    (``agreement``: no extra collective per checked call)."""
 
     def __init__(self, ctx: Any, world: int) -> None:
         self.busy = ctx.RawArray("b", world)
         self.where = ctx.RawArray("q", 2 * world)
         self.progress = ctx.RawArray("q", world)
+        self.agreement = SharedAgreement(ctx, world)
 
 
 class _Pool:

@@ -14,8 +14,9 @@ of the largest local operand when the counter does not count the op; backward = 
 from __future__ import annotations
 
 import math
+import weakref
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -73,17 +74,39 @@ class OpWork:
     largest_numel: int
 
 
-class OpMeter:
-    """Wraps the real local op call (``meter.call(fn, *args)``) and keeps its :class:`OpWork`."""
+#: counted FLOPs: owner (the op's node, held weakly) -> call signature -> FLOPs
+_FLOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def __init__(self) -> None:
+
+class OpMeter:
+    """Wraps the real local op call (``meter.call(fn, *args)``) and keeps its :class:`OpWork`.
+
+    ``owner`` and ``signature``: the op (its fx node: the op and its non-tensor arguments) and
+    everything else the count depends on (the shape, stride, dtype and device of every tensor
+    that reaches it), or None to always count.  The counter's formulas read only shapes, and
+    running a small op under FlopCounterMode costs several times the op, so a signature seen
+    before reuses its count and the call runs bare; the largest operand is always measured on
+    the real call.  Counts go away with their owner."""
+
+    def __init__(self, owner: object | None = None, signature: Hashable | None = None) -> None:
         self.work: OpWork | None = None
+        self.owner, self.signature = owner, signature
 
     def call(self, fn, *args, **kwargs):
-        with LocalFlopCounter() as counter:
+        known = _FLOPS.get(self.owner) if self.owner is not None else None
+        flops = known.get(self.signature) if known is not None else None
+        if flops is None:
+            with LocalFlopCounter() as counter:
+                result = fn(*args, **kwargs)
+            flops = int(counter.get_total_flops())
+            if self.owner is not None:
+                if known is None:
+                    known = _FLOPS.setdefault(self.owner, {})
+                known[self.signature] = flops
+        else:
             result = fn(*args, **kwargs)
         largest = max((t.numel() for t in _tensors((args, kwargs, result))), default=0)
-        self.work = OpWork(int(counter.get_total_flops()), largest)
+        self.work = OpWork(flops, largest)
         return result
 
 

@@ -1,0 +1,124 @@
+"""What a check needs of a strategy on one rank, worked out once per (strategy, mesh, rank).
+
+Every check asks the same questions of its strategy on every rank: where each operand sits,
+which slice of it the rank holds and its local shape, which collectives the declared actions
+imply.  The answers depend only on the strategy, the mesh and the rank, so they are kept
+while the strategy lives instead of scanning operands and re-hashing layouts per check
+(in a 1 ms check that bookkeeping costs as much as the op).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from shardverify.mesh import DeviceMesh
+from shardverify.sharding import ShardingSpec
+from shardverify.strategy import CommPattern, CommWhere, OperationData, ShardingStrategy
+
+__all__ = ["LocalOperand", "RankLayout", "rank_layout", "expected_collectives"]
+
+# Collectives each pattern issues in the forward pass and in the backward pass.
+_FWD = {CommPattern.ALLREDUCE_FWD_IDENTITY_BWD: "all_reduce", CommPattern.GATHER_FWD_SPLIT_BWD: "all_gather",
+        CommPattern.ALL2ALL_FWD_ALL2ALL_BWD: "all_to_all"}
+_BWD = {CommPattern.IDENTITY_FWD_ALLREDUCE_BWD: "all_reduce", CommPattern.SPLIT_FWD_GATHER_BWD: "all_gather",
+        CommPattern.ALL2ALL_FWD_ALL2ALL_BWD: "all_to_all"}
+
+
+def expected_collectives(strategy: ShardingStrategy, carrying_grad: Iterable[str]) -> Counter:
+    """(kind, axes) -> count that the declared actions issue; a backward half only runs on an
+    operand in ``carrying_grad`` (the differentiable inputs and parameters, and the outputs
+    whose gradient flows back)."""
+    differentiable = set(carrying_grad)
+    expected: Counter = Counter()
+    for action in strategy.communication_actions:
+        if action.where is CommWhere.HOOK:
+            if action.operand in differentiable:
+                expected[("all_reduce", action.axes)] += 1
+            continue
+        if action.pattern in _FWD:
+            expected[(_FWD[action.pattern], action.axes)] += 1
+        if action.operand not in differentiable:
+            continue
+        if action.pattern in _BWD:
+            expected[(_BWD[action.pattern], action.axes)] += 1
+        elif action.op in ("max", "min"):   # the holders of the extremum are counted in backward
+            expected[("all_reduce", action.axes)] += 1
+    return expected
+
+
+@dataclass(frozen=True)
+class LocalOperand:
+    """One operand as this rank holds it: its layout, the slice of the full tensor, the shape."""
+
+    data: OperationData
+    spec: ShardingSpec
+    slices: tuple[slice, ...]
+    local_shape: tuple[int, ...]
+
+    def shard(self, tensor: torch.Tensor, mesh: DeviceMesh, rank: int) -> torch.Tensor:
+        """``spec.local_shard`` with the slices known (a view of ``tensor``)."""
+        if tuple(tensor.shape) != self.spec.tensor_shape:
+            return self.spec.local_shard(tensor, mesh, rank)   # raises, naming both shapes
+        return tensor[self.slices]
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """A strategy's operands on one rank of ``mesh``, inputs then outputs (tuple order)."""
+
+    strategy: ShardingStrategy
+    mesh: DeviceMesh
+    rank: int
+    inputs: tuple[LocalOperand, ...]
+    outputs: tuple[LocalOperand, ...]
+    # differentiable operand names -> expected_collectives, filled on first use
+    _expected: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def expected_collectives(self, carrying_grad: tuple[str, ...]) -> Counter:
+        """``expected_collectives(strategy, carrying_grad)``, remembered (shared: never modify it)."""
+        found = self._expected.get(carrying_grad)
+        if found is None:
+            found = self._expected[carrying_grad] = expected_collectives(self.strategy, carrying_grad)
+        return found
+
+
+_LAYOUTS: dict[tuple[int, int], RankLayout] = {}
+_LAYOUTS_LIMIT = 8192
+
+
+def rank_layout(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> RankLayout:
+    """The strategy's :class:`RankLayout` on ``rank``, built once while the strategy lives
+    (the entry holds the strategy, so its id is not reused while remembered)."""
+    key = (id(strategy), rank)
+    found = _LAYOUTS.get(key)
+    if found is None or found.strategy is not strategy or found.mesh is not mesh:
+        found = _build(strategy, mesh, rank)
+        if len(_LAYOUTS) >= _LAYOUTS_LIMIT:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = found
+    return found
+
+
+def _build(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> RankLayout:
+    specs = dict(strategy.sharding_specs)
+    outputs = strategy.outputs
+    inputs = strategy.operands[:len(strategy.operands) - len(outputs)]
+    return RankLayout(strategy, mesh, rank, tuple(_local(d, specs[d.name], mesh, rank) for d in inputs),
+                      tuple(_local(d, specs[d.name], mesh, rank) for d in outputs))
+
+
+def _local(data: OperationData, spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> LocalOperand:
+    slices, shape = _geometry(spec, mesh, rank)
+    return LocalOperand(data, spec, slices, shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> tuple[tuple[slice, ...], tuple[int, ...]]:
+    """A layout's local slices and shape on ``rank`` (the strategies of a case share a few
+    layouts, and a suite hands every check new strategy objects)."""
+    return spec.local_slices(mesh, rank), spec.local_shape()
