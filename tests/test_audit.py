@@ -386,3 +386,18 @@ def test_a_rules_spec_that_keeps_a_shardable_dim_whole_fails_its_audit(tmp_path,
     assert code == 1
     missing = {f["layouts"]["input"] for row in report["rows"] for f in row["missing"]}
     assert "[S0, R, R]" in missing and all(layout.startswith("[S") for layout in missing)
+
+
+def test_a_view_told_its_shape_is_judged_with_the_local_shape_of_the_layout_asked_about():
+    from shardverify.audit.run import _Audit, _outputs_hold
+    from shardverify.spec.loader import load_yaml_text
+    from shardverify.spec.op import parse_op_spec
+
+    root = Path(__file__).resolve().parents[1]
+    spec = parse_op_spec(load_yaml_text((root / "specs/reshape.yaml").read_text(), "specs/reshape.yaml"))
+    case = dict(spec.op_cases())["torch.reshape-shape_32.16"]
+    audit = _Audit(spec, case, (4,), partial_inputs=False)
+    assert audit.problem.shape_arg is not None
+    rows = Layout(((0,), (), ()))                    # input [S0, R, R]
+    assert _outputs_hold(audit.problem, (rows,), (Layout(((0,), ())),))          # -> [S0, R]
+    assert not _outputs_hold(audit.problem, (rows,), (Layout(((), (0,))),))      # not [R, S0]

@@ -19,7 +19,7 @@ from torch import fx
 
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.errors import VerificationError
-from shardverify.plan.model import Plan, is_metadata_read, metadata_read, operand_producer
+from shardverify.plan.model import Plan, metadata_read, operand_producer
 from shardverify.reshard import Layout, apply_reshard
 from shardverify.strategy import CommWhere
 from shardverify.tracing import trace
@@ -251,8 +251,9 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
 
 
 def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
-    if is_metadata_read(node):
-        return metadata_read(node)               # x.shape: the global shape, whatever x's layout
+    shape = metadata_read(node)
+    if shape is not None:
+        return shape                             # x.shape: the global shape, whatever x's layout
 
     def value(a):
         held = env.get(a.name)

@@ -23,8 +23,7 @@ from shardverify.reshard import Layout, ReshardStep, plan_reshard, reshard_cost
 from shardverify.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
 
 __all__ = ["deferrable", "deferred_saving", "GENERIC", "FLOP_RATE", "Reshard", "NodePlan", "Plan", "PlanCost",
-           "node_options", "build_plan", "operand_producer", "node_layouts", "replicated_choice", "metadata_read",
-           "is_metadata_read"]
+           "node_options", "build_plan", "operand_producer", "node_layouts", "replicated_choice", "metadata_read"]
 
 GENERIC = "replicated (no handler)"
 FLOP_RATE = 1e10   # multiplies per second: turns declared compute (multiply counts) into seconds
@@ -183,28 +182,22 @@ def _itemsize(node: fx.Node) -> int:
     return torch.empty((), dtype=dtype).element_size() if dtype is not None else 4
 
 
-_NO_VALUE = object()
-
-
-def metadata_read(node: fx.Node) -> object:
+def metadata_read(node: fx.Node) -> object | None:
     """What a read of a tensor's metadata (``x.shape``, ``x.size()``, ``x.size(d)``, ``x.dim()``,
-    ``x.ndim``) gives, from the traced global shape of the tensor; ``_NO_VALUE`` for any
-    other node. Every rank reads the global shape, as the single-device model does."""
+    ``x.ndim``) gives, from the traced global shape of the tensor; None for any other node
+    (no metadata read gives None). Every rank reads the global shape, as the single-device
+    model does."""
     source = node.args[0] if node.args else None
     if not isinstance(source, fx.Node) or not hasattr(source.meta.get("tensor_meta"), "shape"):
-        return _NO_VALUE
+        return None
     shape = source.meta["tensor_meta"].shape
     if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
-        return {"shape": shape, "ndim": len(shape)}.get(node.args[1], _NO_VALUE)  # type: ignore[call-overload]
+        return {"shape": shape, "ndim": len(shape)}.get(node.args[1])  # type: ignore[call-overload]
     if node.op == "call_method" and node.target == "size" and not node.kwargs:
-        return shape if len(node.args) == 1 else shape[node.args[1]] if isinstance(node.args[1], int) else _NO_VALUE
+        return shape if len(node.args) == 1 else shape[node.args[1]] if isinstance(node.args[1], int) else None
     if node.op == "call_method" and node.target == "dim" and len(node.args) == 1:
         return len(shape)
-    return _NO_VALUE
-
-
-def is_metadata_read(node: fx.Node) -> bool:
-    return metadata_read(node) is not _NO_VALUE
+    return None
 
 
 def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceMesh):
@@ -218,7 +211,7 @@ def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceM
             if producer is not None:
                 edges.append((data.name, producer, None, Layout(strategy.get_sharding_spec_by_name(data.name))))
         return edges
-    if is_metadata_read(node):
+    if metadata_read(node) is not None:
         return edges                                 # the global shape needs none of the data
     for producer in node.all_input_nodes:
         shapes = _meta_shapes(producer)

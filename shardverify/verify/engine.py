@@ -174,13 +174,12 @@ def _counted(comm) -> Counter:
 
 
 def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
-                   layout: RankLayout | None = None) -> tuple[dict, tuple, OpWork | None]:
+                   layout: RankLayout) -> tuple[dict, tuple, OpWork | None]:
     """This rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
     replaced by zeros; its work measured), the AFTER actions, then the post-added operands."""
     from shardverify.collectives.patterns import after_op, before_op
 
     node = ref.node
-    layout = layout or rank_layout(strategy, comm.mesh, comm.rank)
     module = _private_module(ref) if node.op == "call_module" else None
     leaves, local, late = {}, {}, {}
     for operand in layout.inputs:
@@ -360,7 +359,7 @@ def _bound(expected: torch.Tensor, tol: Tolerance) -> torch.Tensor | None:
 
 
 def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple,
-                       case: OpCase, layout: RankLayout | None = None) -> list[Mismatch]:
+                       case: OpCase, layout: RankLayout) -> list[Mismatch]:
     """The declared memory cost against the bytes this rank really holds: forward holds
     every operand's local shard, backward a gradient of each input and parameter. Sizes come
     from the real tensors (local shard elements x the traced tensor's element size) and the
@@ -369,8 +368,8 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     from shardverify.strategy import MemoryCost
 
     real, out_dtypes = _real_operands(case)
-    inputs = [operand.data for operand in layout.inputs] if layout is not None else strategy.inputs
-    outs = [operand.data for operand in layout.outputs] if layout is not None else strategy.outputs
+    inputs = [operand.data for operand in layout.inputs]
+    outs = [operand.data for operand in layout.outputs]
     activation = parameter = 0
     for data in inputs:
         dtype, is_state = real[(data.locator.kind, data.locator.key)]
