@@ -272,6 +272,27 @@ def test_unchecked_pool_and_close_leaves_no_process():
         backend.run(body_rank)
 
 
+def body_modules(comm):
+    return sorted(sys.modules)
+
+
+def test_a_fresh_workers_first_check_imports_nothing_the_forkserver_could_have():
+    """Each pool worker is forked from the forkserver with its preloads imported: a module the
+    first check still has to import (torch._dynamo, which torch imports on the first call of
+    a dynamo-disabled function, costs about a second of CPU) is paid by every worker of every
+    pool, which on a busy machine made the process tests four times slower."""
+    from test_verify_broken import LINEAR
+
+    from shardverify.verify.engine import verify_case
+    from shardverify.verify.report import assert_passed
+
+    with ProcessBackend(DeviceMesh((2,)), timeout=60.0) as backend:
+        before = backend.run(body_modules)[0]
+        assert_passed(verify_case(backend, LINEAR))
+        imported = sorted(set(backend.run(body_modules)[0]) - set(before))
+    assert not [m for m in imported if m.startswith("torch")], imported
+
+
 def test_spawned_pool_dies_with_its_backend():
     backend = ProcessBackend(DeviceMesh((2,)), timeout=60.0, start_method="spawn")
     assert backend.run(body_rank) == [0, 1]

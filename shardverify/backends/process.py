@@ -40,11 +40,12 @@ DIST_BACKENDS = ("gloo", "nccl")
 #: "forkserver" (default) imports torch once in a server process and forks workers from it,
 #: so a pool (re)start costs well under a second after the first; "spawn" re-imports per worker
 START_METHODS = ("forkserver", "spawn")
-#: what the forkserver imports once, so no worker imports it again: torch, and the verifier's
-#: own modules with the symbolic-shapes machinery its tracing pulls in (sympy), which a
-#: worker would otherwise import during its first check
+#: what the forkserver imports once, so no worker imports it again: torch, the verifier's own
+#: modules with the symbolic-shapes machinery its tracing pulls in (sympy), and torch._dynamo,
+#: which torch imports on the first call of any dynamo-disabled function (nn.Linear's forward
+#: among them): about a second of CPU per worker, paid by every worker of every pool otherwise
 FORKSERVER_PRELOAD = (__name__, "torch.distributed", "shardverify.verify.engine", "shardverify.api",
-                      "torch.fx.experimental.symbolic_shapes")
+                      "torch.fx.experimental.symbolic_shapes", "torch._dynamo")
 #: how long the other ranks may take to finish after one raised, before the pool is rebuilt
 GRACE_SECONDS = 1.0
 #: start-up (process start, import torch, rendezvous, groups) is bounded separately from a run
