@@ -13,9 +13,10 @@ counted, memory checked) on
     DTensor cannot run, or whose first check takes it over --dtensor-budget seconds, are left
     out of its timing and counted),
 
-then, on the first mesh, the fresh-processes-per-case baseline (the first --fresh-cases cases
-of each spec, each on a new gloo pool started, used for its batch and closed) against one warm
-pool running the same checks, and the pool start-up against a bare spawn of as many gloo
+then, on the first mesh, the fresh-processes-per-case baselines (the first --fresh-cases cases
+of each spec, each on new gloo processes started, used for its batch and closed: spawned per
+case, each importing torch, and a forkserver pool started per case) against one warm pool
+running the same checks, and the pool start-up against a bare spawn of as many gloo
 processes (each imports torch.distributed, joins a gloo group through a file store, and
 reports back).  Every pass of a timed figure checks fresh copies of the strategies (a suite
 checks each strategy object once, so nothing remembered per strategy object may flatter the
@@ -219,25 +220,31 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
 
 
 def fresh_vs_pool(mesh, cases_and_strategies, min_seconds: float) -> dict:
-    """The same checks on a fresh gloo pool per case (started, used for the case's batch and
-    closed: the processes, their process groups and the case's reference are all new, as
-    when every case starts its own processes) and on one warm pool."""
+    """The same checks on fresh processes per case and on one warm pool.  Fresh processes are
+    measured two ways: spawned per case (``start_method="spawn"``: every case starts its own
+    processes, each importing torch and joining a new gloo group, as a test that spawns its
+    ranks does), and a forkserver pool started per case (what a pool restart costs once this
+    process has its forkserver).  Each is started, used for the case's batch and closed."""
     from shardverify.backends.process import ProcessBackend
     from shardverify.verify.engine import verify_case
     from shardverify.verify.report import assert_passed
 
-    checks, start = 0, time.perf_counter()
-    for case, strategies in cases_and_strategies:
-        with ProcessBackend(mesh, backend="gloo", timeout=120) as backend:
-            results = verify_case(backend, case, strategies)
-            assert_passed(results)
-            checks += len(results)
-    fresh = (time.perf_counter() - start) / checks * 1e3
+    def per_case(start_method: str) -> tuple[float, int]:
+        checks, start = 0, time.perf_counter()
+        for case, strategies in cases_and_strategies:
+            with ProcessBackend(mesh, backend="gloo", timeout=120, start_method=start_method) as backend:
+                results = verify_case(backend, case, _fresh(strategies))
+                assert_passed(results)
+                checks += len(results)
+        return (time.perf_counter() - start) / checks * 1e3, checks
+
+    spawned, checks = per_case("spawn")
+    restarted, _ = per_case("forkserver")
     with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
         pool.start()
         warm, _ = ms_per_check(pool, cases_and_strategies, min_seconds)
-    return {"fresh_ms_per_check": fresh, "fresh_checks": checks, "warm_gloo_ms_per_check": warm,
-            "fresh_over_warm": fresh / warm}
+    return {"fresh_ms_per_check": spawned, "fresh_checks": checks, "restarted_pool_ms_per_check": restarted,
+            "warm_gloo_ms_per_check": warm, "fresh_over_warm": spawned / warm, "restarted_over_warm": restarted / warm}
 
 
 def main() -> None:
@@ -327,10 +334,10 @@ def main() -> None:
                 baseline.append((case, list(strategies_for_node(graph_module, node_name, mesh))))
         fresh = fresh_vs_pool(mesh, baseline, args.seconds)
         report["fresh_processes"] = fresh
-        say(f"fresh processes per case on {mesh.shape}: {fresh['fresh_ms_per_check']:.1f} ms/check "
-            f"({fresh['fresh_checks']} checks) against a warm pool's {fresh['warm_gloo_ms_per_check']:.2f} on the "
-            f"same checks: "
-            f"{fresh['fresh_over_warm']:.0f}x")
+        say(f"fresh processes per case on {mesh.shape} ({fresh['fresh_checks']} checks): spawned per case "
+            f"{fresh['fresh_ms_per_check']:.1f} ms/check, a forkserver pool started per case "
+            f"{fresh['restarted_pool_ms_per_check']:.1f}, against a warm pool's {fresh['warm_gloo_ms_per_check']:.2f} "
+            f"on the same checks: {fresh['fresh_over_warm']:.0f}x and {fresh['restarted_over_warm']:.1f}x")
     report["load_average_after"] = list(os.getloadavg())
     if args.json:
         json.dump(report, sys.stdout, indent=2)
