@@ -81,7 +81,11 @@ def load_op_specs(root: Path, specs_dir: Path | None, names: list[str]) -> list:
                             f"is a {sources[0].kind.name if len(others) == 1 else 'non-op'} spec")
     else:
         sources = [s for s in sources if s.kind.name == "op"]
-    return [spec for _, spec in load_specs(sources, context=folder if names else None)]
+    # the named specs are checked against the folder's other op specs (one name per kind, one
+    # spec per op target): specs of other kinds cannot conflict with them, and parsing those
+    # (plans are solved, models dry-run) would cost seconds per call
+    others = [s for s in folder if s.kind.name == "op"] if names else None
+    return [spec for _, spec in load_specs(sources, context=others)]
 
 
 # ------------------------------------------------------------------------------ coverage
