@@ -414,9 +414,10 @@ class SimulatedBackend:
             for index, exchange in enumerate(exchanges):
                 finished = batch.wait(lambda: batch.done(index) or batch.failed[index],
                                       time.monotonic() + timeout)
-                with turns.lock, batch.cond:   # who was inside a collective when time ran out
-                    blocked, late = set(turns.waiting), batch.pending(index)
-                    absent, where = exchange.never_entered()
+                if not finished:
+                    with turns.lock, batch.cond:   # who was inside a collective when time ran out
+                        blocked, late = set(turns.waiting), batch.pending(index)
+                        absent, where = exchange.never_entered()
                 if not finished or batch.failed[index]:
                     exchange.abort()
                     batch.wait(lambda: batch.done(index), time.monotonic() + GRACE_SECONDS)
