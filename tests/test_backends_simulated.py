@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -374,19 +375,14 @@ def test_each_rank_gets_its_own_args(backends):
     assert backends[(3,)].run(body, []) == [[0], [1], [2]]
 
 
-
 def body_cpu_set(comm):
-    import os
-
     return sorted(os.sched_getaffinity(0))
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="CPU placement is Linux-only")
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU placement is Linux-only")
 def test_rank_threads_share_one_cpu_unless_told_not_to():
     """One rank runs at a time, so they are kept on one CPU (hand-overs never wait for another
     core to wake); ``same_cpu=False`` leaves them wherever the OS puts them."""
-    import os
-
     allowed = sorted(os.sched_getaffinity(0))
     mesh = DeviceMesh((2, 2))
     with SimulatedBackend(mesh) as kept:
