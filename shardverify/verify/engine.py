@@ -27,6 +27,7 @@ from shardverify.strategy import CommWhere, OperationDataType, ShardingStrategy
 from shardverify.verify.case import OpCase
 from shardverify.verify.costs import OpMeter, OpWork, communication_mismatches, compute_mismatches
 from shardverify.verify.layout import LocalOperand, RankLayout, expected_collectives, rank_layout
+from shardverify.verify.memo import remembered
 from shardverify.verify.reference import Reference, as_outputs, call_op, reference
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
 from shardverify.verify.report import CheckResult, Mismatch
@@ -233,12 +234,8 @@ def _private_module(ref: Reference) -> torch.nn.Module:
     cache = getattr(_OWN, "modules", None)
     if cache is None:
         cache = _OWN.modules = {}
-    found = cache.get(id(ref))
-    if found is None or found[0] is not ref:
-        if len(cache) >= 8:
-            cache.clear()
-        found = cache[id(ref)] = (ref, copy.deepcopy(ref.graph_module.get_submodule(ref.node.target)))
-    return found[1]
+    return remembered(cache, id(ref), ref, lambda: copy.deepcopy(ref.graph_module.get_submodule(ref.node.target)),
+                      limit=8)
 
 
 class OpCallError(VerificationError):
@@ -338,15 +335,9 @@ _SLICES: dict = {}
 def _reference_slice(full: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> tuple[torch.Tensor, dict]:
     """This rank's slice of the reference tensor ``full`` laid out as ``operand``, and its
     bounds by tolerance (filled by ``_compare``).  Remembered per (tensor, layout, rank):
-    every strategy laying the tensor out alike compares against the same slice.  The entry
-    keeps ``full`` alive, so its id is not reused while remembered."""
-    key = (id(full), operand.spec, rank)
-    hit = _SLICES.get(key)
-    if hit is None or hit[0] is not full:
-        if len(_SLICES) >= 8192:
-            _SLICES.clear()
-        hit = _SLICES[key] = (full, operand.shard(full, mesh, rank), {})
-    return hit[1], hit[2]
+    every strategy laying the tensor out alike compares against the same slice."""
+    return remembered(_SLICES, (id(full), operand.spec, rank), full, lambda: (operand.shard(full, mesh, rank), {}),
+                      limit=8192)
 
 
 def _bound(expected: torch.Tensor, tol: Tolerance) -> torch.Tensor | None:
@@ -395,16 +386,17 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))]
 
 
-_REAL: dict[int, tuple] = {}
+_REAL: dict = {}
 
 
 def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
     """({operand locator: (dtype, is module state)}, [dtype of each output]) of the traced
     harness: the real tensors the strategy describes, whatever dtype a check runs in.
-    Remembered per case object (the entry holds the case, so its id is not reused)."""
-    hit = _REAL.get(id(case))
-    if hit is not None and hit[0] is case:
-        return hit[1]
+    Remembered per case object."""
+    return remembered(_REAL, id(case), case, lambda: _traced_operands(case), limit=256)
+
+
+def _traced_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
     from shardverify.verify.reference import _meta_dtypes, _operand_nodes
 
     traced, node_name = case.build()
@@ -415,11 +407,7 @@ def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
         module = traced.get_submodule(str(node.target))
         found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})
         found.update({("buffer", n): (b.dtype, True) for n, b in module.named_buffers()})
-    answer = (found, _meta_dtypes(traced, node_name))
-    if len(_REAL) >= 256:
-        _REAL.clear()
-    _REAL[id(case)] = (case, answer)
-    return answer
+    return found, _meta_dtypes(traced, node_name)
 
 
 # ------------------------------------------------------------------------- orchestration

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shardverify.mesh import DeviceMesh
+from shardverify.verify.memo import remembered
 from shardverify.sharding import ShardingSpec
 from shardverify.strategy import CommPattern, CommWhere, OperationData, ShardingStrategy
 
@@ -87,21 +88,14 @@ class RankLayout:
         return found
 
 
-_LAYOUTS: dict[tuple[int, int], RankLayout] = {}
-_LAYOUTS_LIMIT = 8192
+_LAYOUTS: dict = {}
 
 
 def rank_layout(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> RankLayout:
-    """The strategy's :class:`RankLayout` on ``rank``, built once while the strategy lives
-    (the entry holds the strategy, so its id is not reused while remembered)."""
-    key = (id(strategy), rank)
-    found = _LAYOUTS.get(key)
-    if found is None or found.strategy is not strategy or found.mesh is not mesh:
-        found = _build(strategy, mesh, rank)
-        if len(_LAYOUTS) >= _LAYOUTS_LIMIT:
-            _LAYOUTS.clear()
-        _LAYOUTS[key] = found
-    return found
+    """The strategy's :class:`RankLayout` on ``rank`` of ``mesh``, built once while the
+    strategy lives (the layout holds the mesh, so its id is not reused either)."""
+    return remembered(_LAYOUTS, (id(strategy), id(mesh), rank), strategy, lambda: _build(strategy, mesh, rank),
+                      limit=8192)
 
 
 def _build(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> RankLayout:

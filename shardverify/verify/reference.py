@@ -213,7 +213,8 @@ def _put_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> No
 
 def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owned: bool = False) -> object:
     """Run the node's op with ``values`` (Locator -> tensor, or a strategy's local value for a
-    non-tensor argument) at its operands; other arguments are passed as recorded in the node. Returns what the op returns (see as_outputs).
+    non-tensor argument) at its operands; other arguments are passed as recorded in the node.
+    Returns what the op returns (see as_outputs).
 
     ``owned``: ``module`` is the caller's private copy, so its parameters and buffers are
     replaced in place (cheap) instead of through ``functional_call`` (which restores them).
