@@ -26,23 +26,31 @@ def _summary_row(op: str, mesh: tuple[int, ...], rows) -> str:
             f"{sum(len(r.incorrect) for r in rows)} |")
 
 
+def _by_op(items) -> dict[str, list]:
+    """Audit rows or DTensor reports by op, in the order the ops first appear."""
+    found: dict[str, list] = defaultdict(list)
+    for item in items:
+        found[item.op].append(item)
+    return found
+
+
+def _by_mesh(items) -> list[tuple[tuple[int, ...], list]]:
+    """(mesh, the items on it), in the order the meshes first appear."""
+    return [(mesh, [i for i in items if i.mesh == mesh]) for mesh in dict.fromkeys(i.mesh for i in items)]
+
+
 def markdown_report(rows) -> str:
     """Markdown: a table with one row per op and mesh (summed over the op's cases), then the
     accepted gaps and what is missing."""
-    by_op: dict[str, list] = defaultdict(list)
-    for row in rows:
-        by_op[row.op].append(row)
     out = ["| op | mesh | cases | offered | valid | covered | masked ids | missing | accepted (family) | "
            "accepted (spec) | incorrect |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     family_reasons: Counter = Counter()
     sections = []
-    for op, rs in by_op.items():
+    for op, rs in _by_op(rows).items():
         accepted = [f.accepted for r in rs for f in r.accepted]
         family_reasons.update(reason for reason in accepted if reason.startswith(FAMILY))
-        for mesh in dict.fromkeys(r.mesh for r in rs):
-            on_mesh = [r for r in rs if r.mesh == mesh]
-            out.append(_summary_row(op, mesh, on_mesh))
+        out += [_summary_row(op, mesh, on_mesh) for mesh, on_mesh in _by_mesh(rs)]
         section = []
         spec_reasons = Counter(reason for reason in accepted if not reason.startswith(FAMILY))
         if spec_reasons:
@@ -96,16 +104,12 @@ def dtensor_markdown(reports, show: int = 3) -> str:
     """Markdown for ``--dtensor``: per op and mesh the combinations compared, agreed on and
     disagreed on (and those DTensor cannot express), then per op with disagreements a few
     examples of each kind with who the numerical check says is right."""
-    by_op: dict[str, list] = defaultdict(list)
-    for report in reports:
-        by_op[report.op].append(report)
     out = ["| op | mesh | compared | agree: same output | agree: both invalid | disagree | "
            "DTensor refuses an invalid one | DTensor output strided | input not expressible | note |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     sections = []
-    for op, rs in by_op.items():
-        for mesh in dict.fromkeys(r.mesh for r in rs):
-            out.append(_dtensor_row(op, mesh, [r for r in rs if r.mesh == mesh]))
+    for op, rs in _by_op(reports).items():
+        out += [_dtensor_row(op, mesh, on_mesh) for mesh, on_mesh in _by_mesh(rs)]
         kinds: dict[str, list] = defaultdict(list)
         for r in rs:
             for d in r.disagreements:
