@@ -375,22 +375,28 @@ def test_each_rank_gets_its_own_args(backends):
     assert backends[(3,)].run(body, []) == [[0], [1], [2]]
 
 
-def body_cpu_set(comm):
-    return sorted(os.sched_getaffinity(0))
+def body_cpu_set(comm, caller: int | None = None):
+    """This rank thread's CPU set, and the calling thread's (by native id) while the batch runs."""
+    mine = sorted(os.sched_getaffinity(0))
+    return mine if caller is None else (mine, sorted(os.sched_getaffinity(caller)))
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU placement is Linux-only")
 def test_rank_threads_share_one_cpu_unless_told_not_to():
     """One rank runs at a time, so they are kept on one CPU (hand-overs never wait for another
-    core to wake); ``same_cpu=False`` leaves them wherever the OS puts them."""
+    core to wake), and so is the caller while the batch runs (it wakes as each check ends),
+    its own CPU set given back afterwards; ``same_cpu=False`` leaves every thread wherever
+    the OS puts it."""
     allowed = sorted(os.sched_getaffinity(0))
+    caller = threading.get_native_id()
     mesh = DeviceMesh((2, 2))
     with SimulatedBackend(mesh) as kept:
-        placed = kept.run(body_cpu_set)
-        assert all(cpus == placed[0] for cpus in placed) and len(placed[0]) == 1, placed
-        assert placed[0][0] in allowed
+        placed = kept.run(body_cpu_set, caller)
+        assert all(found == placed[0] for found in placed) and len(placed[0][0]) == 1, placed
+        assert placed[0][0][0] in allowed and placed[0][1] == placed[0][0], placed
+        assert sorted(os.sched_getaffinity(0)) == allowed
         assert kept.run(lambda comm: comm.all_reduce(torch.ones(2), (0, 1)).tolist()) == [[4.0, 4.0]] * 4
     with SimulatedBackend(mesh, same_cpu=False) as free:
-        assert free.run(body_cpu_set) == [allowed] * 4
+        assert free.run(body_cpu_set, caller) == [(allowed, allowed)] * 4
     with pytest.raises(BackendError, match="same_cpu must be True or False"):
         SimulatedBackend(mesh, same_cpu="yes")

@@ -14,21 +14,22 @@ a differentiable collective runs on the rank's own thread, even for CUDA tensors
 engine's shared device threads would otherwise deadlock waiting for the other ranks).
 
 Since one rank runs at a time, the rank threads are kept on the CPU the calling thread runs
-on (Linux; re-chosen per batch, so they follow the caller wherever the OS moves it): a
-hand-over to a thread sleeping on another, idle core waits for that core to wake, which on
-a check of small tensors costs a third of the check.
+on (Linux; re-chosen per batch, so they follow the caller wherever the OS moves it), and so is
+the caller until the batch ends: a hand-over to a thread sleeping on another, idle core waits
+for that core to wake, which on a check of small tensors costs a third of the check.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import functools
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -389,20 +390,20 @@ class SimulatedBackend:
         if threading.current_thread().name.startswith("shardverify-rank"):
             raise BackendError("SimulatedBackend.run cannot be called from inside a rank")
         outcomes: list[list[Any] | BackendError] = []
-        with self._lock:
+        with self._lock, _kept_on_this_cpu(self.same_cpu) as cpu:
             while len(outcomes) < len(items):   # a timeout abandons the rest; they run again
                 if self._closed:
                     raise BackendError("this SimulatedBackend is closed")
-                outcomes += self._run_batch(fn, items[len(outcomes):], timeout)
+                outcomes += self._run_batch(fn, items[len(outcomes):], timeout, cpu)
         return outcomes
 
-    def _run_batch(self, fn, items: list[tuple], timeout: float) -> list[list[Any] | BackendError]:
-        """Run ``items`` until the first timeout (included in the outcomes, the rest is not)."""
+    def _run_batch(self, fn, items: list[tuple], timeout: float,
+                   cpu: int | None) -> list[list[Any] | BackendError]:
+        """Run ``items`` (the rank threads kept on ``cpu`` unless None) until the first
+        timeout (included in the outcomes, the rest is not)."""
         self._start_threads()
-        if self.same_cpu:
-            cpu = _current_cpu()
-            for worker in self._threads:
-                worker.keep_on(cpu)
+        for worker in self._threads:
+            worker.keep_on(cpu)
         turns = _Turns(self.mesh.size)
         exchanges = [_Exchange(turns) for _ in items]
         batch = _Batch(self.mesh.size, len(items))
@@ -502,6 +503,29 @@ class SimulatedBackend:
 
     def __repr__(self) -> str:
         return f"SimulatedBackend(mesh={self.mesh.shape}, device={str(self.device)!r})"
+
+
+@contextlib.contextmanager
+def _kept_on_this_cpu(enabled: bool) -> Iterator[int | None]:
+    """The CPU the calling thread runs on, the thread kept there until the block ends (its
+    CPU set restored then); None, and nothing changed, when not ``enabled`` or not Linux.
+
+    The caller sleeps while the ranks run, but wakes as each check ends: kept off the ranks'
+    CPU, that wake-up crossed cores too (a linear check on (2,2): 2.0 ms -> 1.8 ms)."""
+    cpu = _current_cpu() if enabled else None
+    if cpu is None:
+        yield None
+        return
+    try:
+        before = os.sched_getaffinity(0)   # 0: the calling thread
+        os.sched_setaffinity(0, {cpu})
+    except OSError:   # not ours to change: the ranks are still kept together
+        yield cpu
+        return
+    try:
+        yield cpu
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _current_cpu() -> int | None:
