@@ -3,3 +3,11 @@ installed, its `pytest11` entry point does not exist). Installed, the entry poin
 registered the plugin under this same name, so pytest does not load it twice."""
 
 pytest_plugins = ["shardverify.pytest_plugin"]
+
+
+def pytest_configure(config) -> None:
+    """This session exists to check strategies: the collector thresholds of a checking
+    process (see shardverify.gc_policy; each pytest-xdist worker loads this file too)."""
+    from shardverify.gc_policy import tune_for_checking
+
+    tune_for_checking()

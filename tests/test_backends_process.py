@@ -321,17 +321,20 @@ def test_gloo_io_threads_run_as_batch_and_the_ranks_do_not(pool):
         assert set(rest) == {os.SCHED_OTHER}, threads
 
 
-def body_frozen_objects(comm):
+def body_collector(comm):
     import gc
 
-    return gc.get_freeze_count()
+    return gc.get_freeze_count(), gc.get_threshold()
 
 
 def test_workers_freeze_what_they_hold_at_start(pool):
     """A worker's start-up objects (torch, the verifier, its process groups) live as long as
     it does: frozen out of the garbage collector, a full collection does not walk them again
-    (0.35 s per collection and worker otherwise)."""
-    assert all(count > 100_000 for count in pool((2,)).run(body_frozen_objects))
+    (0.35 s per collection and worker otherwise); and it collects as a checking process does."""
+    from shardverify.gc_policy import CHECKING_THRESHOLDS
+
+    for frozen, thresholds in pool((2,)).run(body_collector):
+        assert frozen > 100_000 and thresholds == CHECKING_THRESHOLDS
 
 
 def test_spawned_pool_dies_with_its_backend():

@@ -123,3 +123,17 @@ def test_python_dash_m_entry_point(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["passed"] is True
+
+
+def test_the_command_line_runs_with_the_collector_thresholds_of_a_checking_process():
+    """A check's short-lived objects reached the old generation under the default thresholds,
+    and full collections took 15% of `shardverify verify` (see shardverify.gc_policy)."""
+    script = ("import gc, sys\n"
+              "from shardverify.cli.main import main\n"
+              "before = gc.get_threshold()\n"
+              "try:\n    main(['verify', '--help'])\nexcept SystemExit:\n    pass\n"
+              "print(before, gc.get_threshold(), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    from shardverify.gc_policy import CHECKING_THRESHOLDS
+
+    assert done.stderr.strip().splitlines()[-1] == f"(700, 10, 10) {CHECKING_THRESHOLDS}", done.stderr
