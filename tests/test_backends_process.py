@@ -324,17 +324,16 @@ def test_gloo_io_threads_run_as_batch_and_the_ranks_do_not(pool):
 def body_collector(comm):
     import gc
 
-    return gc.get_freeze_count(), gc.get_threshold()
+    return gc.get_threshold()
 
 
-def test_workers_freeze_what_they_hold_at_start(pool):
-    """A worker's start-up objects (torch, the verifier, its process groups) live as long as
-    it does: frozen out of the garbage collector, a full collection does not walk them again
-    (0.35 s per collection and worker otherwise); and it collects as a checking process does."""
+def test_workers_collect_as_checking_processes(pool):
+    """A check's short-lived objects reached the old generation under the default thresholds:
+    a full collection walked the whole worker (torch, the verifier) again, 0.35 s per worker
+    every few seconds of checks (see shardverify.gc_policy)."""
     from shardverify.gc_policy import CHECKING_THRESHOLDS
 
-    for frozen, thresholds in pool((2,)).run(body_collector):
-        assert frozen > 100_000 and thresholds == CHECKING_THRESHOLDS
+    assert pool((2,)).run(body_collector) == [CHECKING_THRESHOLDS] * 2
 
 
 def test_spawned_pool_dies_with_its_backend():

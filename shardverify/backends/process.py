@@ -14,7 +14,6 @@ leave no process behind; workers also exit on their own when this process disapp
 from __future__ import annotations
 
 import datetime
-import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -146,12 +145,7 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
                                 timeout=datetime.timedelta(seconds=config.collective_timeout))
         groups = build_groups(mesh, rank)
         batch_io_threads()   # every group's I/O thread exists now
-        # What the worker holds now (torch, the verifier, its groups) lives as long as it
-        # does: a full collection that walks it all again took 0.35 s per worker every few
-        # seconds of checks; frozen, 0.02-0.05 s.  And fewer full collections (gc_policy).
-        gc.collect()
-        gc.freeze()
-        tune_for_checking()
+        tune_for_checking()   # fewer full collections (see gc_policy)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         _reply(conn, ("setup", 0), RankResult.failure(rank, exc))
         return
