@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -162,6 +164,31 @@ def test_worker_killed_between_checks_is_not_blamed_on_the_next(pool):
         assert backend.run(body_rank) == [0, 1, 2, 3]   # the check itself passes
     notices = backend.take_notices()
     assert len(notices) == 1 and "pool was rebuilt" in notices[0]
+
+
+def test_a_reaped_worker_counts_as_dead_before_its_exit_status_arrives():
+    """The forkserver reaps a killed worker, then writes its exit status: in between,
+    ``is_alive()`` still says True, and a check sent then was blamed for the death."""
+    from shardverify.backends.process import _Pool
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)   # reaped by run(): that pid no longer exists
+
+    class StatusNotYetWritten:
+        pid = int(done.stdout)
+
+        def is_alive(self) -> bool:
+            return True
+
+    class Alive:
+        pid = os.getpid()
+
+        def is_alive(self) -> bool:
+            return True
+
+    pool = object.__new__(_Pool)
+    pool.procs = [Alive(), StatusNotYetWritten()]
+    assert pool.dead() == [1]
 
 
 @pytest.mark.dist

@@ -76,15 +76,24 @@ class WorkerConfig:
     collective_timeout: float
 
 
+def _exists(pid: int | None) -> bool:
+    """Whether a process ``pid`` exists (a zombie not yet reaped still does)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _watch_parent(parent_pid: int) -> None:
     """Exit when the backend's process is gone, even if stuck in a collective."""
     while True:
-        try:
-            os.kill(parent_pid, 0)
-        except ProcessLookupError:
+        if not _exists(parent_pid):
             os._exit(1)
-        except PermissionError:
-            pass
         time.sleep(0.5)
 
 
@@ -236,8 +245,10 @@ class _Pool:
         return [p.pid for p in self.procs]
 
     def dead(self) -> list[int]:
-        """Ranks whose process has exited."""
-        return [rank for rank, proc in enumerate(self.procs) if not proc.is_alive()]
+        """Ranks whose process has exited.  A forkserver child's exit status reaches us
+        through the forkserver, which reaps the child first and writes the status after:
+        a process already reaped (no such pid) counts as dead before its status arrives."""
+        return [rank for rank, proc in enumerate(self.procs) if not proc.is_alive() or not _exists(proc.pid)]
 
     def stop(self, wait: float = 2.0) -> None:
         """Ask the workers to leave, then kill whoever did not."""
