@@ -295,11 +295,9 @@ def test_a_fresh_workers_first_check_imports_nothing_the_forkserver_could_have()
 
 def body_thread_policies(comm):
     """(thread name, scheduling policy) of every thread of this worker."""
-    found = []
-    for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as name:
-            found.append((name.read().strip(), os.sched_getscheduler(int(tid))))
-    return found
+    from shardverify.backends.process import thread_names
+
+    return [(name, os.sched_getscheduler(tid)) for tid, name in thread_names().items()]
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="scheduling policies are Linux's")

@@ -97,9 +97,24 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def batch_io_threads(name: str = GLOO_IO_THREAD) -> list[int]:
-    """Put this process's threads called ``name`` under SCHED_BATCH (Linux; elsewhere a
-    no-op) and return their thread ids.
+def thread_names() -> dict[int, str]:
+    """Thread id -> name of this process's threads (Linux's /proc; empty elsewhere)."""
+    found = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as comm:
+                found[int(tid)] = comm.read().strip()
+        except OSError:   # the thread has gone
+            continue
+    return found
+
+
+def batch_io_threads(name: str = GLOO_IO_THREAD) -> None:
+    """Put this process's threads called ``name`` under SCHED_BATCH (Linux; elsewhere a no-op).
 
     While a collective is pending, gloo's I/O thread keeps polling its sockets: over 4
     processes one 64-float all-reduce costs each of them 1.4 ms of that thread's CPU (0.2 ms
@@ -111,22 +126,14 @@ def batch_io_threads(name: str = GLOO_IO_THREAD) -> list[int]:
     thread under load: 15x slower).  The ranks' own threads keep the normal policy.
     """
     if not hasattr(os, "SCHED_BATCH"):
-        return []
-    changed = []
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return []
-    for tid in tids:
+        return
+    for tid, thread in thread_names().items():
+        if thread != name:
+            continue
         try:
-            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as comm:
-                if comm.read().strip() != name:
-                    continue
-            os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
         except OSError:   # the thread is gone, or the policy is not ours to set: only speed is lost
             continue
-        changed.append(int(tid))
-    return changed
 
 
 def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connection, shared: Any) -> None:
