@@ -253,7 +253,8 @@ def main() -> None:
     parser.add_argument("--specs", nargs="+", default=["linear", "sum"])
     parser.add_argument("--cases", type=int, default=1, help="cases per spec (the first N of its grid)")
     parser.add_argument("--fresh-cases", type=int, default=2,
-                        help="cases per spec in the fresh-processes-per-case baseline (first mesh only)")
+                        help="cases per spec in the fresh-processes-per-case baseline (first mesh only; 0 "
+                             "leaves the baseline out)")
     parser.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per figure")
     parser.add_argument("--skip-gloo", action="store_true", help="no process pools (no start-up, no fresh baseline)")
     parser.add_argument("--skip-dtensor", action="store_true", help="no DTensor LocalTensorMode figures")
@@ -262,6 +263,10 @@ def main() -> None:
                              "left out (default 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
     args = parser.parse_args()
+    if args.cases < 1:
+        parser.error(f"--cases must be at least 1, got {args.cases}")
+    if args.fresh_cases < 0:
+        parser.error(f"--fresh-cases must be 0 or more, got {args.fresh_cases}")
 
     import torch
 
@@ -325,7 +330,7 @@ def main() -> None:
                 text += f", gloo pool warm {row['gloo_ms']:.2f} ms/check"
             say(text)
 
-    if not args.skip_gloo:
+    if not args.skip_gloo and args.fresh_cases:
         mesh = meshes[0]
         baseline = []
         for spec in specs:

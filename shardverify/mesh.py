@@ -6,6 +6,7 @@ communication separately, so strategy generation and cost models stay testable a
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -88,13 +89,9 @@ class DeviceMesh:
 
     def check_axes(self, axes: Sequence[int]) -> tuple[int, ...]:
         """Validate a tuple of distinct mesh axes; returns it as a tuple."""
-        axes = _as_int_tuple(axes, "mesh axes")
-        for axis in axes:
-            if not 0 <= axis < self.ndim:
-                raise MeshError(f"mesh axis {axis} is out of range for mesh shape {self.shape}")
-        if len(set(axes)) != len(axes):
-            raise MeshError(f"mesh axes {axes} repeat an axis")
-        return axes
+        if _plain_axes(axes):
+            return _checked_axes(self.shape, axes)
+        return _checked_axes.__wrapped__(self.shape, _as_int_tuple(axes, "mesh axes"))
 
     def coordinate(self, rank: int) -> tuple[int, ...]:
         """Row-major coordinate of ``rank``."""
@@ -183,7 +180,13 @@ class DeviceMesh:
         """Seconds of one collective of ``kind`` over ``axes``, from the bytes one rank passes in
         (its payload: the tensor it all-reduces, the shard it contributes to an all-gather, the sum
         of its chunks for a reduce-scatter or an all-to-all). The verifier prices the collectives a
-        rank really issued with this, the generators price their declared actions with it."""
+        rank really issued with this, the generators price their declared actions with it (the
+        same few prices over and over: remembered)."""
+        if _plain_axes(axes) and type(kind) is str and type(payload_bytes) in (int, float):
+            return _collective_cost(self, kind, payload_bytes, axes)
+        return self._collective_cost(kind, payload_bytes, axes)
+
+    def _collective_cost(self, kind: str, payload_bytes: float, axes: Sequence[int]) -> float:
         n = self.axes_size(axes)
         if kind == "all_reduce":
             return self.all_reduce_cost(payload_bytes, axes)
@@ -207,6 +210,28 @@ class DeviceMesh:
         alpha, beta = load_calibration(tuple(shape), path)
         return cls(tuple(shape), device_ids=None if device_ids is None else tuple(device_ids),
                    alpha=alpha, beta=beta)
+
+
+def _plain_axes(axes: object) -> bool:
+    """A tuple of ints (not bools, which hash like 0 and 1): safe as a cache key of axes."""
+    return type(axes) is tuple and all(type(a) is int for a in axes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_axes(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+    """``axes`` when they are distinct axes of a mesh of ``shape``; else a MeshError naming them
+    (a collective validates its axes on every call: the answers are remembered)."""
+    for axis in axes:
+        if not 0 <= axis < len(shape):
+            raise MeshError(f"mesh axis {axis} is out of range for mesh shape {shape}")
+    if len(set(axes)) != len(axes):
+        raise MeshError(f"mesh axes {axes} repeat an axis")
+    return axes
+
+
+@functools.lru_cache(maxsize=4096)
+def _collective_cost(mesh: DeviceMesh, kind: str, payload_bytes: float, axes: tuple[int, ...]) -> float:
+    return mesh._collective_cost(kind, payload_bytes, axes)
 
 
 #: collective kinds :meth:`DeviceMesh.collective_cost` can price

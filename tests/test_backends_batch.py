@@ -102,6 +102,12 @@ class _FrozenHoldingList:
     items: list
 
 
+@dataclass(frozen=True)
+class _FrozenSlots:
+    __slots__ = ("sizes",)
+    sizes: tuple
+
+
 def test_frozen_values_are_shared_and_the_rest_copied():
     frozen, box = _Frozen("a", (1, (2, 3))), []
     assert is_frozen(frozen) and is_frozen((frozen, torch.float32, None, "x"))
@@ -109,6 +115,17 @@ def test_frozen_values_are_shared_and_the_rest_copied():
     copied = private_copy((frozen, box, _FrozenHoldingList([1])))
     assert copied[0] is frozen and copied[1] is not box and copied[2].items is not None
     assert copied[2] is not None and copied[2].items == [1]
+
+
+def test_a_frozen_dataclass_is_only_frozen_all_the_way_down():
+    """Field names are remembered per type, never the verdict: each instance is walked (its
+    fields, any attribute set besides them, slots too)."""
+    assert is_frozen(_Frozen("a", (1, 2))) and not is_frozen(_Frozen("a", (1, [2])))
+    smuggled = _Frozen("b", ())
+    object.__setattr__(smuggled, "extra", [])   # an attribute that is not a field
+    assert not is_frozen(smuggled)
+    assert is_frozen(_FrozenSlots((1, "x", 2.0, None, True))) and not is_frozen(_FrozenSlots(({},)))
+    assert is_frozen(((1, "x"), frozenset({2.5}), _Frozen("c", ((None,),))))
 
 
 # ---- process pool ------------------------------------------------------------------------------

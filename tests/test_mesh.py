@@ -81,3 +81,26 @@ def test_bad_ranks_and_axes_are_named():
         mesh.axes_size((0, 0))
     with pytest.raises(MeshError, match="outside"):
         mesh.rank_at((2, 0))
+
+
+def test_remembered_axes_and_prices_validate_like_the_first_call():
+    """check_axes and collective_cost remember their answers: a bool axis (which hashes like
+    0 or 1) must still be refused after the int was accepted, a refused call must stay refused,
+    and a remembered price must equal the one worked out afresh."""
+    mesh = DeviceMesh((2, 4), alpha=(1e-5, 2e-5), beta=(1e-10, 3e-10))
+    assert mesh.check_axes((1,)) == (1,) and mesh.check_axes([0, 1]) == (0, 1)
+    for _ in range(2):
+        with pytest.raises(MeshError, match="True"):
+            mesh.check_axes((True,))
+        with pytest.raises(MeshError, match="repeat"):
+            mesh.check_axes((1, 1))
+        with pytest.raises(MeshError, match="True"):
+            mesh.collective_cost("all_reduce", 64, (True,))
+        with pytest.raises(MeshError, match="no alpha-beta model"):
+            mesh.collective_cost("gossip", 64, (0,))
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for axes in ((0,), (1,), (0, 1), (1, 0), ()):
+            fresh = mesh._collective_cost(kind, 4096, axes)
+            assert mesh.collective_cost(kind, 4096, axes) == fresh == mesh.collective_cost(kind, 4096.0, list(axes))
+    other = DeviceMesh((2, 4), alpha=(1e-5, 2e-5), beta=(1e-10, 1e-10))   # another mesh, another price
+    assert other.collective_cost("all_reduce", 4096, (1,)) != mesh.collective_cost("all_reduce", 4096, (1,))

@@ -16,7 +16,7 @@ import enum
 import functools
 import traceback
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -92,6 +92,10 @@ _ATOMS = (type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
           type, types.FunctionType, types.BuiltinFunctionType)
 
 
+#: the atoms a walk meets most (checked by exact type before calling is_frozen on a part)
+_SCALARS = frozenset({int, str, float, bool, type(None)})
+
+
 def is_frozen(value: object) -> bool:
     """Whether ``value`` can never change: scalars, strings, dtypes, enums, functions, and tuples,
     frozensets and frozen dataclasses made only of such values.  Ranks may share these
@@ -101,20 +105,38 @@ def is_frozen(value: object) -> bool:
     if isinstance(value, (tuple, frozenset)):
         if getattr(value, "__dict__", None):   # a tuple subclass carrying mutable attributes
             return False
-        ok = all(is_frozen(v) for v in value)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type) \
-            and value.__dataclass_params__.frozen:
-        names = {f.name for f in dataclasses.fields(value)}
-        extra = set(getattr(value, "__dict__", {})) - names
-        ok = all(is_frozen(getattr(value, n)) for n in names) and \
-            all(is_frozen(getattr(value, n)) for n in extra)
+        parts: Iterable[object] = value
     else:
-        return False
-    if ok:
-        if len(_FROZEN) >= _FROZEN_LIMIT:
-            _FROZEN.clear()
-        _FROZEN[id(value)] = value
-    return ok
+        names = _frozen_fields(type(value))
+        if names is None:
+            return False
+        attrs = getattr(value, "__dict__", None)
+        if attrs is None:   # slots
+            parts = [getattr(value, n) for n in names]
+        else:   # every field, and any attribute set besides them
+            parts = list(attrs.values()) + [getattr(value, n) for n in names if n not in attrs]
+    for part in parts:
+        if type(part) not in _SCALARS and not is_frozen(part):
+            return False
+    if len(_FROZEN) >= _FROZEN_LIMIT:
+        _FROZEN.clear()
+    _FROZEN[id(value)] = value
+    return True
+
+
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _frozen_fields(cls: type) -> tuple[str, ...] | None:
+    """The field names of a frozen dataclass type, None for any other type (remembered: a new
+    strategy's walk asks it of a hundred objects of a few types)."""
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        pass
+    frozen = dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+    names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls)) if frozen else None
+    return names
 
 
 def private_copy(args: tuple) -> tuple:

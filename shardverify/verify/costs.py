@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections import Counter
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -105,22 +105,24 @@ class OpMeter:
                 known[self.signature] = flops
         else:
             result = fn(*args, **kwargs)
-        largest = max((t.numel() for t in _tensors((args, kwargs, result))), default=0)
-        self.work = OpWork(flops, largest)
+        self.work = OpWork(flops, _largest_numel((args, kwargs, result)))
         return result
 
 
-def _tensors(value: object) -> Iterable[torch.Tensor]:
-    """Tensors inside nested tuples, lists and dicts (a module's own parameters are not operands:
-    the local call passes the rank's shards in their place)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
+def _largest_numel(value: object) -> int:
+    """The numel of the largest tensor inside nested tuples, lists and dicts, 0 without one (a
+    module's own parameters are not operands: the local call passes the rank's shards in their
+    place)."""
+    largest, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            largest = max(largest, item.numel())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+    return largest
 
 
 def price_traffic(mesh, traffic: Counter) -> float:
