@@ -274,9 +274,11 @@ def main() -> None:
     from shardverify.backends import SimulatedBackend
     from shardverify.backends.process import ProcessBackend
     from shardverify.cli.verify_cmd import load_op_specs, parse_mesh
+    from shardverify.gc_policy import tune_for_checking
     from shardverify.mesh import DeviceMesh
 
     torch.set_num_threads(1)
+    tune_for_checking()   # the collector settings `shardverify verify` and the suite check under
     meshes = [DeviceMesh(parse_mesh(text)) for text in args.meshes]
     specs = load_op_specs(REPO, None, args.specs)
     report: dict = {"load_average": list(os.getloadavg()), "cpus": os.cpu_count(), "torch": torch.__version__,
