@@ -208,6 +208,48 @@ def test_a_reaped_worker_counts_as_dead_before_its_exit_status_arrives():
     assert pool.dead() == [1]
 
 
+def test_the_pool_waits_only_for_the_ranks_it_is_told_to():
+    """``_Pool.ready`` reports the ranks waited for that sent something or whose process
+    ended, never another rank (a rank already answered may have sent its next results, or
+    died: waking for it would spin), follows a changing set of ranks, and takes any timeout."""
+    import multiprocessing
+
+    from shardverify.backends.process import _Pool
+
+    class Proc:
+        def __init__(self) -> None:
+            self.sentinel, self._end = os.pipe()   # readable once "the process ended"
+
+        def end(self) -> None:
+            os.close(self._end)
+            self._end = None
+
+        def close(self) -> None:
+            for fd in (self.sentinel, self._end):
+                if fd is not None:
+                    os.close(fd)
+
+    pipes = [multiprocessing.Pipe() for _ in range(3)]
+    pool = object.__new__(_Pool)
+    pool.conns, pool.procs = [parent for parent, _ in pipes], [Proc() for _ in pipes]
+    pool._poller, pool._watched, pool._owner, pool._pipes = None, {}, {}, {}
+    try:
+        assert pool.ready({0, 1, 2}, 0.0) == [] and not pool.has_message(1)
+        pipes[1][1].send_bytes(b"next")
+        pool.procs[2].end()
+        assert pool.ready({0}, 0.05) == []   # rank 1's message and rank 2's end are not waited for
+        assert pool.ready({0, 1, 2}, 1e12) == [1, 2]   # a timeout beyond poll's range is waited in slices
+        assert pool.has_message(1) and pool.conns[1].recv_bytes() == b"next" and not pool.has_message(1)
+        assert pool.ready({1, 2}, 0.0) == [2]
+        pipes[0][1].close()   # the worker's end of its pipe is gone: readable, and reading says EOF
+        assert pool.ready({0}, 0.0) == [0] and pool.has_message(0)
+    finally:
+        for (parent, child), proc in zip(pipes, pool.procs):
+            parent.close()
+            child.close()
+            proc.close()
+
+
 @pytest.mark.dist
 def test_worker_dying_inside_a_check_is_still_blamed(pool):
     backend = pool((2, 2))

@@ -14,10 +14,12 @@ leave no process behind; workers also exit on their own when this process disapp
 from __future__ import annotations
 
 import datetime
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import select
 import shutil
 import signal
 import tempfile
@@ -25,7 +27,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +223,9 @@ class SharedState:
         self.agreement = SharedAgreement(ctx, world)
 
 
+_LONGEST_POLL = 3600.0   # seconds
+
+
 class _Pool:
     """One generation of worker processes and their pipes."""
 
@@ -233,6 +238,10 @@ class _Pool:
         self.shared = SharedState(ctx, mesh.size)
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[multiprocessing.connection.Connection] = []
+        self._poller: Any = None   # select.poll of the watched ranks' pipes and sentinels
+        self._watched: dict[int, tuple[int, int]] = {}   # rank -> its (pipe, sentinel) fds in the poller
+        self._owner: dict[int, int] = {}   # fd in the poller -> rank
+        self._pipes: dict[int, Any] = {}   # rank -> select.poll of its pipe alone
         try:
             for rank in mesh.ranks:
                 config = WorkerConfig(rank, mesh, os.path.join(self.tmpdir, "store"), dist_backend,
@@ -250,6 +259,41 @@ class _Pool:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
+
+    def ready(self, ranks: Iterable[int], timeout: float) -> list[int]:
+        """Those of ``ranks`` that have sent something or whose process has ended, after waiting
+        up to ``timeout`` seconds for one.  One poll object serves the pool, re-aimed only when
+        the ranks waited for change: ``multiprocessing.connection.wait`` builds and fills a
+        selector per call, which cost the parent more CPU than the rest of its work per check."""
+        wanted = set(ranks)
+        if not hasattr(select, "poll"):   # no poll(2) here: the portable wait
+            owner = {self.conns[r]: r for r in wanted} | {self.procs[r].sentinel: r for r in wanted}
+            return sorted({owner[obj] for obj in multiprocessing.connection.wait(list(owner), timeout)})
+        if self._poller is None:
+            self._poller = select.poll()
+        for rank in set(self._watched) - wanted:   # unwatched, not masked: a hang-up is always reported
+            for fd in self._watched.pop(rank):
+                self._poller.unregister(fd)
+                del self._owner[fd]
+        for rank in wanted - set(self._watched):
+            fds = self._watched[rank] = (self.conns[rank].fileno(), self.procs[rank].sentinel)
+            for fd in fds:
+                self._poller.register(fd, select.POLLIN)
+                self._owner[fd] = rank
+        # poll(2) takes an int of milliseconds: a longer wait ends early, and the caller waits again
+        events = self._poller.poll(math.ceil(min(max(0.0, timeout), _LONGEST_POLL) * 1000))
+        return sorted({self._owner[fd] for fd, _ in events})
+
+    def has_message(self, rank: int) -> bool:
+        """Whether rank's pipe can be read without waiting (a message, or the end of the pipe
+        when the worker is gone): ``Connection.poll`` with a poll object kept per pipe."""
+        if not hasattr(select, "poll"):
+            return self.conns[rank].poll()
+        poller = self._pipes.get(rank)
+        if poller is None:
+            poller = self._pipes[rank] = select.poll()
+            poller.register(self.conns[rank].fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     def dead(self) -> list[int]:
         """Ranks whose process has exited.  A forkserver child's exit status reaches us
@@ -271,6 +315,7 @@ class _Pool:
         self.kill()
 
     def kill(self) -> None:
+        self._poller, self._watched, self._owner, self._pipes = None, {}, {}, {}
         for proc in self.procs:
             if proc.is_alive():
                 proc.kill()
@@ -462,13 +507,10 @@ class ProcessBackend:
             left = (deadline if grace_end is None else min(deadline, grace_end)) - time.monotonic()
             if left <= 0:
                 break
-            conns = {pool.conns[r]: r for r in pending}
-            sentinels = {pool.procs[r].sentinel: r for r in pending}
-            ready = multiprocessing.connection.wait([*conns, *sentinels], timeout=left)
-            for rank in sorted({conns.get(obj, sentinels.get(obj)) for obj in ready}):
+            for rank in pool.ready(pending, left):
                 conn = pool.conns[rank]
                 try:
-                    while conn.poll():   # read everything this rank has sent so far
+                    while pool.has_message(rank):   # read everything this rank has sent so far
                         (got_key, got_index), result = pickle.loads(conn.recv_bytes())
                         if got_key == key and got_index < len(replies):
                             replies[got_index][rank] = result
