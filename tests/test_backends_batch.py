@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -26,11 +27,14 @@ from shardverify.mesh import DeviceMesh
 def body_item(comm, what: str, value: float):
     """One batch item: ``ok`` all-reduces, ``raise`` fails on rank 1 after the collective,
     ``raise_alone`` fails on rank 1 before it (the others wait), ``hang`` sleeps on rank 2,
-    ``skip`` leaves rank 3 out of the collective the others enter."""
+    ``slow`` sleeps ``value`` seconds on rank 0, ``skip`` leaves rank 3 out of the collective
+    the others enter."""
     if what == "raise_alone" and comm.rank == 1:
         raise ValueError("rank 1 fails before the collective")
     if what == "hang" and comm.rank == 2:
         time.sleep(30)
+    if what == "slow" and comm.rank == 0:
+        time.sleep(value)
     if what == "skip" and comm.rank == 3:
         return None
     out = comm.all_reduce(torch.full((2,), value), (0, 1))
@@ -79,6 +83,36 @@ def test_simulated_batch_hang_times_out_its_item_only():
         assert outcomes[0] == [4.0] * 4
         assert isinstance(outcomes[1], RankTimeout) and outcomes[1].ranks == (2,)
         assert outcomes[2] == [12.0] * 4
+
+
+def test_simulated_batch_gives_each_item_its_timeout_from_the_last_finish():
+    """The caller is not woken per check, yet every check keeps its whole timeout from the
+    moment the one before it finished: slow checks that together outlast the timeout pass,
+    and a hang after checks the caller slept through still times out, alone."""
+    with SimulatedBackend(DeviceMesh((2, 2)), timeout=10.0) as backend:
+        outcomes = backend.run_batch(body_item, [("slow", 0.25)] * 4, timeout=0.6)
+        assert outcomes == [[1.0] * 4] * 4
+        started = time.monotonic()
+        outcomes = backend.run_batch(body_item, [("ok", 1.0)] * 3 + [("hang", 2.0), ("ok", 3.0)], timeout=0.5)
+        assert time.monotonic() - started < 5.0
+        assert outcomes[:3] == [[4.0] * 4] * 3 and outcomes[4] == [12.0] * 4
+        assert isinstance(outcomes[3], RankTimeout) and outcomes[3].ranks == (2,)
+
+
+def test_the_caller_is_woken_when_the_check_it_unwinds_is_over():
+    """After a failure the caller waits for the check's other ranks to unwind: it must be
+    woken when they have, not sleep out its grace period (nor, here, the minute it allows)."""
+    from shardverify.backends.simulated import _Batch
+
+    batch = _Batch(world=2, size=3)
+    batch.grace = 0
+    unwinding = threading.Timer(0.05, lambda: [batch.finish(0, rank, None) for rank in (0, 1)])
+    unwinding.start()
+    started = time.monotonic()
+    assert batch.wait(lambda: batch.done(0), started + 60.0)
+    assert time.monotonic() - started < 30.0
+    unwinding.join()
+    assert batch.finished_at[0] is not None and batch.started(1, started) == batch.finished_at[0]
 
 
 def test_simulated_timeout_names_ranks_that_never_entered():

@@ -298,12 +298,20 @@ class _RankThread:
 
 
 class _Batch:
-    """Outcomes of one batch of checks, filled in by the rank threads."""
+    """Outcomes of one batch of checks, filled in by the rank threads.
+
+    The caller is woken only when it must act: a check failed, the check it unwinds after a
+    failure or a timeout (``grace``) is complete, or the whole batch is.  Each check's
+    completion time is kept, so the caller, waking late, still gives every check its timeout
+    from the moment the one before it finished (woken per check, it cost every check a thread
+    switch while the ranks ran)."""
 
     def __init__(self, world: int, size: int) -> None:
         self.cond = threading.Condition()
         self.results: list[dict[int, RankResult | None]] = [{} for _ in range(size)]   # None: aborted
         self.failed: list[bool] = [False] * size
+        self.finished_at: list[float | None] = [None] * size   # time.monotonic() when every rank was done
+        self.grace: int | None = None   # the check the caller waits to see unwound
         self.cancelled = False   # the caller gave up on this batch: ranks stop at the next check
         self.world = world
 
@@ -312,7 +320,10 @@ class _Batch:
             self.results[index][rank] = result
             failed = result is not None and not result.ok
             self.failed[index] = self.failed[index] or failed
-            if failed or len(self.results[index]) == self.world:   # what the caller waits for
+            complete = len(self.results[index]) == self.world
+            if complete:
+                self.finished_at[index] = time.monotonic()
+            if failed or (complete and (index == len(self.results) - 1 or index == self.grace)):
                 self.cond.notify_all()
 
     def wait(self, until: Callable[[], bool], deadline: float) -> bool:
@@ -323,6 +334,12 @@ class _Batch:
                     return False
                 self.cond.wait(left)
             return True
+
+    def started(self, index: int, began: float) -> float:
+        """When check ``index`` could start: when the one before it finished (``began`` for the first)."""
+        with self.cond:
+            before = self.finished_at[index - 1] if index else None
+        return began if before is None else before
 
     @property
     def aborted(self) -> bool:   # read by _Turns.wait like an exchange's flag
@@ -411,15 +428,18 @@ class SimulatedBackend:
             copies = [private_copy(args) for args in items]
             worker.tasks.put(self._task(fn, copies, rank, turns, exchanges, batch))
         outcomes: list[list[Any] | BackendError] = []
+        began = time.monotonic()
         try:
             for index, exchange in enumerate(exchanges):
                 finished = batch.wait(lambda: batch.done(index) or batch.failed[index],
-                                      time.monotonic() + timeout)
+                                      batch.started(index, began) + timeout)
                 if not finished:
                     with turns.lock, batch.cond:   # who was inside a collective when time ran out
                         blocked, late = set(turns.waiting), batch.pending(index)
                         absent, where = exchange.never_entered()
                 if not finished or batch.failed[index]:
+                    with batch.cond:
+                        batch.grace = index
                     exchange.abort()
                     batch.wait(lambda: batch.done(index), time.monotonic() + GRACE_SECONDS)
                 with batch.cond:
