@@ -266,7 +266,7 @@ def test_the_pool_waits_only_for_the_ranks_it_is_told_to():
     pipes = [multiprocessing.Pipe() for _ in range(3)]
     pool = object.__new__(_Pool)
     pool.conns, pool.procs = [parent for parent, _ in pipes], [Proc() for _ in pipes]
-    pool._poller, pool._watched, pool._owner, pool._pipes = None, {}, {}, {}
+    pool._poller, pool._watched, pool._pipes = None, {}, {}
     try:
         assert pool.ready({0, 1, 2}, 0.0) == [] and not pool.has_message(1)
         pipes[1][1].send_bytes(b"next")

@@ -384,7 +384,7 @@ def body_cpu_set(comm, caller: int | None = None):
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU placement is Linux-only")
 def test_rank_threads_share_one_cpu_unless_told_not_to():
     """One rank runs at a time, so they are kept on one CPU (hand-overs never wait for another
-    core to wake), and so is the caller while the batch runs (it wakes as each check ends),
+    core to wake), and so is the caller while the batch runs (it wakes when the batch ends),
     its own CPU set given back afterwards; ``same_cpu=False`` leaves every thread wherever
     the OS puts it."""
     allowed = sorted(os.sched_getaffinity(0))

@@ -239,8 +239,7 @@ class _Pool:
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[multiprocessing.connection.Connection] = []
         self._poller: Any = None   # select.poll of the watched ranks' pipes and sentinels
-        self._watched: dict[int, tuple[int, int]] = {}   # rank -> its (pipe, sentinel) fds in the poller
-        self._owner: dict[int, int] = {}   # fd in the poller -> rank
+        self._watched: dict[int, int] = {}   # fd in the poller (a rank's pipe or sentinel) -> rank
         self._pipes: dict[int, Any] = {}   # rank -> select.poll of its pipe alone
         try:
             for rank in mesh.ranks:
@@ -271,18 +270,18 @@ class _Pool:
             return sorted({owner[obj] for obj in multiprocessing.connection.wait(list(owner), timeout)})
         if self._poller is None:
             self._poller = select.poll()
-        for rank in set(self._watched) - wanted:   # unwatched, not masked: a hang-up is always reported
-            for fd in self._watched.pop(rank):
+        watched = set(self._watched.values())
+        for fd, rank in list(self._watched.items()):
+            if rank not in wanted:   # unwatched, not masked: a hang-up is always reported
                 self._poller.unregister(fd)
-                del self._owner[fd]
-        for rank in wanted - set(self._watched):
-            fds = self._watched[rank] = (self.conns[rank].fileno(), self.procs[rank].sentinel)
-            for fd in fds:
+                del self._watched[fd]
+        for rank in wanted - watched:
+            for fd in (self.conns[rank].fileno(), self.procs[rank].sentinel):
                 self._poller.register(fd, select.POLLIN)
-                self._owner[fd] = rank
+                self._watched[fd] = rank
         # poll(2) takes an int of milliseconds: a longer wait ends early, and the caller waits again
         events = self._poller.poll(math.ceil(min(max(0.0, timeout), _LONGEST_POLL) * 1000))
-        return sorted({self._owner[fd] for fd, _ in events})
+        return sorted({self._watched[fd] for fd, _ in events})
 
     def has_message(self, rank: int) -> bool:
         """Whether rank's pipe can be read without waiting (a message, or the end of the pipe
@@ -315,7 +314,7 @@ class _Pool:
         self.kill()
 
     def kill(self) -> None:
-        self._poller, self._watched, self._owner, self._pipes = None, {}, {}, {}
+        self._poller, self._watched, self._pipes = None, {}, {}
         for proc in self.procs:
             if proc.is_alive():
                 proc.kill()
