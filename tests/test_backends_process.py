@@ -365,6 +365,7 @@ def test_constructor_validation():
 TORCHRUN_SCRIPT = '''
 import gc
 import json
+import os
 import torch
 from shardverify.backends import get_backend
 from shardverify.errors import RankError
@@ -390,7 +391,8 @@ if __name__ == "__main__":
     except RankError as exc:
         err = [exc.rank, str(exc)]
     again = backend.run(gather)
-    print("RESULT", backend.rank, json.dumps({"out": out, "err": err, "again": again}), flush=True)
+    line = f"RESULT {backend.rank} {json.dumps({'out': out, 'err': err, 'again': again})}\n"
+    os.write(1, line.encode())   # one write, atomic on the pipe: print's pieces interleaved across ranks
     backend.close()
 '''
 
