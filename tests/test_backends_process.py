@@ -391,7 +391,7 @@ if __name__ == "__main__":
     except RankError as exc:
         err = [exc.rank, str(exc)]
     again = backend.run(gather)
-    line = f"RESULT {backend.rank} {json.dumps({'out': out, 'err': err, 'again': again})}\n"
+    line = f"RESULT {backend.rank} {json.dumps({'out': out, 'err': err, 'again': again})}\\n"
     os.write(1, line.encode())   # one write, atomic on the pipe: print's pieces interleaved across ranks
     backend.close()
 '''
