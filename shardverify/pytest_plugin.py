@@ -206,9 +206,11 @@ class BackendPool:
         gpus = worker_gpu_slice(count, worker, workers)
         plan = plan_process_backend(mesh.size, gpus, count, self.settings.device,
                                     int(workers) if worker else 1)
+        # other xdist workers' pools share the CPUs: the OS must be free to balance them all
+        keep_cpus = not worker or int(workers) == 1
         if plan.backend == "nccl":
-            return build("nccl", mesh, device_ids=plan.device_ids, timeout=timeout)
-        return build("gloo", mesh, timeout=timeout)
+            return build("nccl", mesh, device_ids=plan.device_ids, timeout=timeout, keep_cpus=keep_cpus)
+        return build("gloo", mesh, timeout=timeout, keep_cpus=keep_cpus)
 
     def _evict_process_pools(self) -> None:
         process_keys = [k for k in self._backends if k[0] == "process"]

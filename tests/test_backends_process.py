@@ -319,6 +319,43 @@ def test_gloo_io_threads_run_as_batch_and_the_ranks_do_not(pool):
         assert set(rest) == {os.SCHED_OTHER}, threads
 
 
+def body_cpus(comm):
+    """The CPUs each thread of this worker may run on."""
+    from shardverify.backends.process import thread_names
+
+    return {(tid, name): frozenset(os.sched_getaffinity(tid)) for tid, name in thread_names().items()}
+
+
+def test_worker_cpus_keeps_blocks_of_ranks_only_when_workers_outnumber_cpus():
+    """Oversubscribed, the OS moved woken workers between cores at every collective; a
+    block of neighbouring ranks per CPU, every CPU used, and nothing kept otherwise."""
+    from shardverify.backends.process import worker_cpus
+
+    assert worker_cpus(4, {0, 1}) == [0, 0, 1, 1]
+    assert worker_cpus(8, {5, 3}) == [3, 3, 3, 3, 5, 5, 5, 5]
+    assert worker_cpus(4, {0, 2, 7}) == [0, 0, 2, 7]
+    assert worker_cpus(4, range(4)) == [None] * 4
+    assert worker_cpus(2, range(16)) == [None] * 2
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_workers_keep_to_their_cpus_threads_included():
+    """Each worker, gloo's threads included (they inherit it), keeps to worker_cpus' CPU;
+    keep_cpus=False leaves every worker on the CPUs this process may use."""
+    from shardverify.backends.process import worker_cpus
+
+    mine = os.sched_getaffinity(0)
+    mesh = DeviceMesh((2, 2))
+    wanted = worker_cpus(mesh.size, mine)
+    with ProcessBackend(mesh, timeout=60.0) as kept:
+        for rank, threads in enumerate(kept.run(body_cpus)):
+            expected = mine if wanted[rank] is None else {wanted[rank]}
+            assert set(threads.values()) == {frozenset(expected)}, (rank, threads)
+    with ProcessBackend(mesh, timeout=60.0, keep_cpus=False) as free:
+        for threads in free.run(body_cpus):
+            assert set(threads.values()) == {frozenset(mine)}, threads
+
+
 def body_collector(comm):
     import gc
 
@@ -357,6 +394,8 @@ def test_constructor_validation():
         ProcessBackend(mesh, timeout=-1)
     with pytest.raises(BackendError, match="start_method must be one of"):
         ProcessBackend(mesh, start_method="fork")
+    with pytest.raises(BackendError, match="keep_cpus must be True or False, got 1"):
+        ProcessBackend(mesh, keep_cpus=1)
     if not torch.cuda.is_available():
         with pytest.raises(BackendError, match="this machine has 0"):
             ProcessBackend(mesh, backend="nccl")

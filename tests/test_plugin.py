@@ -220,7 +220,7 @@ def test_pool_caches_per_kind_and_shape_and_passes_the_timeout(clean_env):
         assert pool.get(DeviceMesh((4,)), "simulated") is not first
         process = pool.get(DeviceMesh((2, 2)), "process")
         assert process is not first
-        assert (process.kind, process.options) == ("gloo", {"timeout": 5.0})
+        assert (process.kind, process.options) == ("gloo", {"timeout": 5.0, "keep_cpus": True})
         assert first.options == {"timeout": 5.0}
     finally:
         pool.close_all()
@@ -237,8 +237,9 @@ def test_pool_places_process_pools_on_this_workers_gpus(clean_env):
         too_big = pool.get(DeviceMesh((2, 2)), "process")
     finally:
         pool.close_all()
-    assert (fits.kind, fits.options) == ("nccl", {"device_ids": (2, 3), "timeout": 5.0})
-    assert (too_big.kind, too_big.options) == ("gloo", {"timeout": 5.0})   # documented fallback
+    # other xdist workers' pools share the CPUs, so no pool keeps its workers in place
+    assert (fits.kind, fits.options) == ("nccl", {"device_ids": (2, 3), "timeout": 5.0, "keep_cpus": False})
+    assert (too_big.kind, too_big.options) == ("gloo", {"timeout": 5.0, "keep_cpus": False})   # documented fallback
     strict = BackendPool(Settings(True, "simulated", 5.0, "cuda"), factory=FakeBackend)
     with pytest.raises(NotEnoughDevices, match="needs 4 GPUs, but this worker has 2"):
         strict.get(DeviceMesh((4,)), "process")
@@ -309,7 +310,7 @@ def test_sv_backend_fixture_caches_for_the_session_and_closes_at_the_end(pyteste
     assert "kind='mpi': expected one of ('simulated', 'process')" in failures
     assert "test_process_needs_the_dist_marker asks for the process backend" in failures
     assert [(b.kind, b.options) for b in built] == [
-        ("simulated", {"timeout": 9.0}), ("gloo", {"timeout": 9.0})]
+        ("simulated", {"timeout": 9.0}), ("gloo", {"timeout": 9.0, "keep_cpus": True})]
     assert [b.closed for b in built] == [1, 1]
 
 
