@@ -251,6 +251,9 @@ class SharedState:
 
 
 _LONGEST_POLL = 3600.0   # seconds
+#: how long a worker whose pipe has closed may take to report its exit code: the forkserver
+#: reaps it and passes the code on, which took over a second once on a loaded CI machine
+_REAP_SECONDS = 10.0
 
 
 class _Pool:
@@ -552,7 +555,7 @@ class ProcessBackend:
                     if rank not in replies[index] and not pool.procs[rank].is_alive():
                         raise EOFError
                 except (EOFError, OSError):   # the process is gone (its last answers were read)
-                    pool.procs[rank].join(1.0)
+                    pool.procs[rank].join(_REAP_SECONDS)   # returns once the exit code is known
                     if rank in replies[index]:
                         pending.discard(rank)
                         failure = _worse(failure, replies[index][rank])
