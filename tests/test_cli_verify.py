@@ -98,6 +98,70 @@ def test_bad_arguments_are_named(capsys):
     assert "timeout '0' is not a positive number" in capsys.readouterr().err
 
 
+def _without_seconds(value):
+    if isinstance(value, dict):
+        return {k: _without_seconds(v) for k, v in value.items() if k != "seconds"}
+    if isinstance(value, list):
+        return [_without_seconds(v) for v in value]
+    return value
+
+
+def test_jobs_give_the_report_of_one_process(capsys):
+    """Rows shared among worker processes come back in plan order with every check's result:
+    the same document as one process gives, but for the timings."""
+    reports = []
+    for jobs in ("1", "2"):
+        assert cli("sum", "--mesh", "2,2", "--mesh", "4", "--json", "--jobs", jobs, "--root", str(REPO)) == 0
+        reports.append(_without_seconds(json.loads(capsys.readouterr().out)))
+    assert reports[0] == reports[1] and reports[0]["strategies"] > 0
+
+
+KILLER = """
+import os
+
+
+class KillsItsProcess:
+    \"\"\"A case whose build ends the process that builds it (an op crashing the interpreter).\"\"\"
+
+    def build(self):
+        os._exit(3)
+"""
+
+
+def test_a_row_that_kills_its_worker_fails_alone(tmp_path, monkeypatch):
+    """Only the row that kills its worker fails, with the reason; the rows in flight beside it
+    run again and pass, and every row keeps its place."""
+    from shardverify.cli.verify_jobs import verify_rows_in_workers
+
+    (tmp_path / "killer_case.py").write_text(KILLER)
+    monkeypatch.syspath_prepend(str(tmp_path))   # the workers get this process's sys.path
+    from killer_case import KillsItsProcess
+
+    spec, = verify_cmd.load_op_specs(REPO, None, ["sum"])
+    (good_id, good), (other_id, other) = spec.op_cases()[:2]
+    plan = [("sum", good_id, good, (2,)), ("sum", "killer", KillsItsProcess(), (2,)), ("sum", other_id, other, (2,)),
+            ("sum", good_id, good, (4,))]
+    rows = verify_rows_in_workers(plan, 2, device=None, timeout=60.0, progress=verify_cmd.Progress(0))
+    assert [(r.case, r.mesh) for r in rows] == [(case_id, mesh) for _, case_id, _, mesh in plan]
+    killed = rows[1]
+    assert killed.failures == 1 and killed.verified == 0
+    assert "its worker process died, also when it ran alone" in killed.error and "BrokenProcessPool" in killed.error
+    for row in rows[:1] + rows[2:]:
+        assert row.error == "" and row.failures == 0 and row.verified > 0, row
+
+
+def test_jobs_are_for_the_simulated_backend(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli("--jobs", "0")
+    assert exit_info.value.code == 2
+    assert "jobs '0' is not a positive number of processes or 'auto'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli("-j", "many")
+    assert "jobs 'many' is not a positive number" in capsys.readouterr().err
+    assert cli("sum", "--jobs", "2", "--backend", "gloo", "--root", str(REPO)) == 1
+    assert "--jobs 2 shares rows among processes of simulated ranks; the gloo backend" in capsys.readouterr().err
+
+
 def test_progress_only_on_a_terminal():
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -38,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="device the shards live on (default: cpu; cuda for nccl)")
     parser.add_argument("--timeout", type=parse_timeout, default=60.0, metavar="S",
                         help="seconds one strategy check may take before its ranks count as hung (default: 60)")
+    parser.add_argument("--jobs", "-j", type=parse_jobs, default=1, metavar="N",
+                        help="share the (case, mesh) rows among N worker processes, one core each "
+                             "(simulated backend; 'auto': one per CPU; default: 1, this process alone)")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
     parser.add_argument("--root", type=Path, default=Path("."),
                         help="repository root (default: .)")
@@ -54,6 +57,21 @@ def parse_mesh(text: str) -> tuple[int, ...]:
     if not shape or any(size <= 0 for size in shape):
         raise argparse.ArgumentTypeError(f"mesh shape {text!r} is not a list of positive ints such as 2,2 or 4")
     return shape
+
+
+def parse_jobs(text: str) -> int:
+    """``"auto"`` -> the CPUs this process may use; otherwise a positive int."""
+    if text == "auto":
+        from shardverify.cli.verify_jobs import usable_cpus
+
+        return len(usable_cpus())
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs <= 0:
+        raise argparse.ArgumentTypeError(f"jobs {text!r} is not a positive number of processes or 'auto'")
+    return jobs
 
 
 def parse_timeout(text: str) -> float:
@@ -186,44 +204,74 @@ def make_backend(kind: str, mesh_shape: tuple[int, ...], device: str | None, tim
 
 
 def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] | None, *,
-                 device: str | None = None, timeout: float = 60.0, progress: Progress | None = None) -> list[Row]:
-    """Verify every case of every spec on every mesh; one backend per mesh shape, reused."""
-    from shardverify.api import strategies_for_node
-    from shardverify.verify.engine import verify_case
-
-    plan = [(spec, case_id, case, mesh) for spec in specs for case_id, case in spec.op_cases()
+                 device: str | None = None, timeout: float = 60.0, progress: Progress | None = None,
+                 jobs: int = 1) -> list[Row]:
+    """Verify every case of every spec on every mesh, rows in that order; one backend per mesh
+    shape, reused.  ``jobs`` > 1 (simulated backend only) shares the rows among that many
+    worker processes (see verify_jobs)."""
+    plan = [(spec.name, case_id, case, tuple(mesh)) for spec in specs for case_id, case in spec.op_cases()
             for mesh in (meshes or _runnable(spec.verify.meshes, backend_kind))]
     progress = progress or Progress(0)
+    if jobs > 1:
+        from shardverify.cli.verify_jobs import verify_rows_in_workers
+
+        if backend_kind != "simulated":
+            raise ShardVerifyError(f"--jobs {jobs} shares rows among processes of simulated ranks; the "
+                                   f"{backend_kind} backend runs its ranks as processes already (leave --jobs out)")
+
+        try:
+            return verify_rows_in_workers(plan, jobs, device=device, timeout=timeout, progress=progress)
+        finally:
+            progress.close()
     backends: dict = {}
     rows = []
     try:
-        for spec, case_id, case, mesh in plan:
-            row = Row(spec.name, case_id, tuple(mesh))
-            progress.show(f"{spec.name} {case_id} mesh {list(mesh)}")
-            start = time.perf_counter()
-            try:
-                backend = _backend_for(backends, backend_kind, tuple(mesh), device, timeout)
-                graph_module, node_name = case.build()
-                _check_case_size(case, graph_module)
-                strategies = strategies_for_node(graph_module, node_name, backend.mesh)
-                if only_replicated(strategies):
-                    row.warning = replicated_warning(case_id, tuple(mesh))
-                row.results = verify_case(backend, case, strategies, timeout=timeout)
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one case that cannot run fails its row, not the run
-                row.error = describe_error(exc)
-            row.seconds = time.perf_counter() - start
-            row.verified = len(row.results)
-            row.failures = sum(not r.passed for r in row.results) + bool(row.error)
-            rows.append(row)
+        for item in plan:
+            progress.show(row_label(item))
+            rows.append(verify_row(item, backends, backend_kind, device, timeout))
             progress.step()
     finally:
         progress.close()
-        for backend in backends.values():
-            if backend is not None:
-                backend.close()
+        close_backends(backends)
     return rows
+
+
+def row_label(item: tuple) -> str:
+    op, case_id, _, mesh = item
+    return f"{op} {case_id} mesh {list(mesh)}"
+
+
+def verify_row(item: tuple, backends: dict, backend_kind: str, device: str | None, timeout: float) -> Row:
+    """One (op, case id, case, mesh) row: its strategies built and checked on the mesh's backend
+    (built once into ``backends``); whatever keeps the case from running fails the row alone."""
+    from shardverify.api import strategies_for_node
+    from shardverify.verify.engine import verify_case
+
+    op, case_id, case, mesh = item
+    row = Row(op, case_id, mesh)
+    start = time.perf_counter()
+    try:
+        backend = _backend_for(backends, backend_kind, mesh, device, timeout)
+        graph_module, node_name = case.build()
+        _check_case_size(case, graph_module)
+        strategies = strategies_for_node(graph_module, node_name, backend.mesh)
+        if only_replicated(strategies):
+            row.warning = replicated_warning(case_id, mesh)
+        row.results = verify_case(backend, case, strategies, timeout=timeout)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one case that cannot run fails its row, not the run
+        row.error = describe_error(exc)
+    row.seconds = time.perf_counter() - start
+    row.verified = len(row.results)
+    row.failures = sum(not r.passed for r in row.results) + bool(row.error)
+    return row
+
+
+def close_backends(backends: dict) -> None:
+    for backend in backends.values():
+        if backend is not None:
+            backend.close()
 
 
 class _NoPrintedTraceback:
@@ -336,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         rows = verify_specs(specs, args.backend, meshes, device=args.device, timeout=args.timeout,
-                            progress=None if args.json or not reporting else Progress(total))
+                            progress=None if args.json or not reporting else Progress(total), jobs=args.jobs)
     except ShardVerifyError as exc:   # a mesh or backend that cannot exist here
         print(f"error: {exc}", file=sys.stderr)
         return 1

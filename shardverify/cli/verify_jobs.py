@@ -1,0 +1,131 @@
+"""`shardverify verify --jobs N`: the (case, mesh) rows shared among N worker processes.
+
+A simulated check runs one rank at a time (the GIL), so one process keeps one core busy;
+rows are independent, so N processes keep N cores busy.  Each worker keeps one simulated
+backend per mesh shape for all its rows, on a CPU of its own while there are enough.  At
+most N rows are in flight.  A worker that dies (an op that crashes the interpreter) loses
+only the rows it was running: each of them runs again by itself, and a row that kills its
+worker even alone fails with that error while every other row is still verified.  Rows
+come back in plan order, as the sequential run gives them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import multiprocessing.util
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from shardverify.cli.verify_cmd import Progress, Row, close_backends, describe_error, row_label, verify_row
+from shardverify.errors import ShardVerifyError
+
+#: what every worker imports anyway, imported once in the forkserver instead
+_PRELOAD = ("shardverify.cli.verify_cmd", "shardverify.verify.engine", "shardverify.api", "torch._dynamo")
+
+_BACKENDS: dict = {}   # this worker's simulated backends by mesh shape
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (every CPU where the platform does not say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | None, timeout: float,
+                           progress: Progress) -> list[Row]:
+    """``verify_row`` of every plan item on simulated backends in ``jobs`` processes."""
+    rows: list[Row | None] = [None] * len(plan)
+    queue = list(range(len(plan)))   # not run yet, in plan order
+    alone: list[int] = []   # in flight when a worker died: each runs again by itself
+    counter = multiprocessing.get_context("forkserver").Value("i", 0)   # numbers the workers (their CPUs)
+    while queue or alone:
+        if queue:
+            alone += [index for index, _ in _run(plan, queue, min(jobs, len(queue)), rows, counter, jobs,
+                                                 device, timeout, progress)]
+            continue
+        index = alone.pop(0)
+        lost = _run(plan, [index], 1, rows, counter, jobs, device, timeout, progress)
+        if lost:
+            op, case_id, _, mesh = plan[index]
+            rows[index] = Row(op, case_id, mesh, error=f"its worker process died, also when it ran alone: {lost[0][1]}",
+                              failures=1)
+            progress.step()
+    unset = [row_label(plan[i]) for i, row in enumerate(rows) if row is None]
+    if unset:   # every row is run until it has a result: a gap is a bug here, never a silent omission
+        raise ShardVerifyError(f"--jobs left rows without a result: {', '.join(unset)}")
+    return rows  # type: ignore[return-value]
+
+
+def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | None], counter: Any, jobs: int,
+         device: str | None, timeout: float, progress: Progress) -> list[Any]:
+    """Run ``queue``'s rows (taken from its front) with at most ``width`` in flight, until it is
+    empty or a worker dies; the rows in flight then are returned as (index, error) pairs (their
+    rows left unset), every other finished row is set in ``rows``."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(_PRELOAD))
+    cpus = usable_cpus()
+    pool = cf.ProcessPoolExecutor(width, mp_context=ctx, initializer=_start_worker,
+                                  initargs=(counter, cpus if jobs <= len(cpus) else [], max(1, len(cpus) // jobs)))
+    running: dict[cf.Future, int] = {}
+    lost: list[Any] = []
+    try:
+        while (queue or running) and not lost:
+            while queue and len(running) < width:
+                index = queue.pop(0)
+                running[pool.submit(_worker_row, plan[index], device, timeout)] = index
+            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                index = running.pop(future)
+                try:
+                    rows[index] = future.result()
+                except cf.process.BrokenProcessPool as exc:
+                    lost.append((index, describe_error(exc)))
+                    continue
+                except Exception as exc:  # noqa: BLE001 - e.g. a row that cannot travel back: fails alone
+                    op, case_id, _, mesh = plan[index]
+                    rows[index] = Row(op, case_id, mesh, error=describe_error(exc), failures=1)
+                progress.show(row_label(plan[index]))
+                progress.step()
+        for future, index in running.items():   # the pool is broken: these were lost with it
+            lost.append((index, "the worker pool broke while it ran"))
+        return lost
+    except BaseException:   # Ctrl-C: stop the workers now, not after their rows
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(counter: Any, cpus: list[int], threads: int) -> None:
+    """A worker's set-up: its own CPU (the n-th worker started, the n-th CPU) when there is one
+    per worker, torch's share of the CPUs, the collector settings of a checking process, and
+    its backends closed at exit."""
+    import torch
+
+    from shardverify.cli.verify_cmd import quiet_tracing
+    from shardverify.gc_policy import tune_for_checking
+
+    with counter.get_lock():
+        number = counter.value
+        counter.value += 1
+    if cpus:
+        try:
+            os.sched_setaffinity(0, {cpus[number % len(cpus)]})
+        except OSError:   # the CPU is no longer ours: only speed is lost
+            pass
+    torch.set_num_threads(threads)
+    tune_for_checking()
+    quiet_tracing()
+    # multiprocessing ends its workers with os._exit: atexit would never run
+    multiprocessing.util.Finalize(None, close_backends, args=(_BACKENDS,), exitpriority=10)
+
+
+def _worker_row(item: tuple, device: str | None, timeout: float) -> Row:
+    return verify_row(item, _BACKENDS, "simulated", device, timeout)
+
+
+__all__ = ["usable_cpus", "verify_rows_in_workers"]
