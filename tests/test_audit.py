@@ -401,3 +401,20 @@ def test_a_view_told_its_shape_is_judged_with_the_local_shape_of_the_layout_aske
     rows = Layout(((0,), (), ()))                    # input [S0, R, R]
     assert _outputs_hold(audit.problem, (rows,), (Layout(((0,), ())),))          # -> [S0, R]
     assert not _outputs_hold(audit.problem, (rows,), (Layout(((), (0,))),))      # not [R, S0]
+
+
+def test_an_unflatten_is_judged_with_the_local_sizes_of_its_split_dim():
+    """unflatten's sizes are a run of the output shape (dims 2 and 3 when the last of three
+    dims splits): the audit passes that run of each candidate's local shape."""
+    from shardverify.audit.run import _Audit, _outputs_hold
+    from shardverify.spec.loader import load_yaml_text
+    from shardverify.spec.op import parse_op_spec
+
+    root = Path(__file__).resolve().parents[1]
+    spec = parse_op_spec(load_yaml_text((root / "specs/unflatten.yaml").read_text(), "specs/unflatten.yaml"))
+    case = dict(spec.op_cases())["torch.unflatten-dim_-1-sizes_4.4"]
+    audit = _Audit(spec, case, (4,), partial_inputs=False)
+    assert audit.problem.shape_arg is not None and audit.problem.shape_arg[1] == slice(2, 4)
+    last = Layout(((), (), (0,)))                                                   # input [R, R, S0]
+    assert _outputs_hold(audit.problem, (last,), (Layout(((), (), (0,), ())),))       # -> [R, R, S0, R]
+    assert not _outputs_hold(audit.problem, (last,), (Layout(((), (), (), (0,))),))   # not [R, R, R, S0]

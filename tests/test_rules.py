@@ -208,9 +208,23 @@ def test_an_einsum_read_from_the_call_is_verified_and_a_wrong_one_is_caught():
 RESHAPE_PARAMS = [ParamDecl("shape", 1, "shape", varargs=True)]
 
 
-def test_a_reshape_passes_each_ranks_local_shape_and_a_wrong_one_is_caught():
+def _the_true_local_shape_passes_a_reversed_one_fails(case, mesh, strategies, sharded) -> None:
+    """Every strategy passes; each of ``sharded`` with its local shape argument reversed (the
+    same element count, so the op runs) fails on its output."""
     from shardverify.strategy import LocalArg
 
+    lying = [s.replace(local_args=(LocalArg(s.local_args[0].locator, tuple(reversed(s.local_args[0].value))),))
+             for s in sharded]
+    backend = SimulatedBackend(mesh)
+    try:
+        good, bad = verify_case(backend, case, strategies), verify_case(backend, case, lying)
+    finally:
+        backend.close()
+    assert all(r.passed for r in good)
+    assert all(not r.passed for r in bad) and "output" in bad[0].report()
+
+
+def test_a_reshape_passes_each_ranks_local_shape_and_a_wrong_one_is_caught():
     case = OpCase(op="reshape", target="torch.reshape", inputs=(InputDecl("x", (8, 4, 16)),),
                   params=(("shape", (32, 16)),))
     with handler("reshape_rule", torch.reshape, [IN0, OUT], {"view": "reshape", "shape_param": "shape"},
@@ -222,15 +236,42 @@ def test_a_reshape_passes_each_ranks_local_shape_and_a_wrong_one_is_caught():
                    and s.local_args[0].value[0] != s.local_args[0].value[1]]
         assert sharded and all(s.local_args[0].value == s.output_sharding_spec.local_shape() for s in strategies)
         # the same local element count in another shape: the op runs, the values land wrong
-        lying = [s.replace(local_args=(LocalArg(s.local_args[0].locator, tuple(reversed(s.local_args[0].value))),))
-                 for s in sharded]
-        backend = SimulatedBackend(mesh)
-        try:
-            good, bad = verify_case(backend, case, strategies), verify_case(backend, case, lying)
-        finally:
-            backend.close()
-    assert all(r.passed for r in good)
-    assert all(not r.passed for r in bad) and "output" in bad[0].report()
+        _the_true_local_shape_passes_a_reversed_one_fails(case, mesh, strategies, sharded)
+
+
+UNFLATTEN_PARAMS = [ParamDecl("dim", 1, "dim"), ParamDecl("sizes", 2, "sizes")]
+UNFLATTEN_OPTIONS = {"view": "reshape", "shape_param": "sizes", "shape_dim_param": "dim"}
+
+
+def test_an_unflatten_passes_each_ranks_local_sizes_and_a_wrong_one_is_caught():
+    """torch.unflatten's sizes are the split dim's part of the output shape: each rank passes
+    its local sizes of those output dims (dims 2 and 3 of 16 x 4 x 4 x 4 here)."""
+    case = OpCase(op="unflatten", target="torch.unflatten", inputs=(InputDecl("x", (16, 4, 16)),),
+                  params=(("dim", -1), ("sizes", (4, 4))))
+    with handler("unflatten_rule", torch.unflatten, [IN0, OUT], UNFLATTEN_OPTIONS, UNFLATTEN_PARAMS):
+        graph_module, node = case.build()
+        mesh = DeviceMesh((2, 2))
+        strategies = strategies_for_node(graph_module, node, mesh)
+        assert all(s.local_args[0].value == s.output_sharding_spec.local_shape()[2:4] for s in strategies)
+        sharded = [s for s in strategies if s.local_args[0].value[0] != s.local_args[0].value[1]]
+        assert sharded
+        # the same local element count split the other way: the op runs, the values land wrong
+        _the_true_local_shape_passes_a_reversed_one_fails(case, mesh, strategies, sharded)
+
+
+def test_the_split_dim_must_be_one_int_and_needs_the_sizes_param():
+    from shardverify.errors import StrategyError
+
+    with pytest.raises(InvalidArgument, match="'shape_dim_param' .* needs shape_param"):
+        RuleOptions.from_options({"view": "reshape", "shape_dim_param": "dim"})
+    case = OpCase(op="unflatten_bad", target="torch.unflatten", inputs=(InputDecl("x", (16, 4, 16)),),
+                  params=(("dim", -1), ("sizes", (4, 4))))
+    options = {**UNFLATTEN_OPTIONS, "shape_dim_param": "sizes"}   # names the sizes, a tuple, as the dim
+    with handler("unflatten_bad", torch.unflatten, [IN0, OUT], options, UNFLATTEN_PARAMS):
+        graph_module, node = case.build()
+        with pytest.raises(StrategyError, match=r"unflatten_bad: node .*: call parameter 'sizes' must be one dim "
+                                                r"\(an int\), got \(4, 4\)"):
+            strategies_for_node(graph_module, node, DeviceMesh((2,)))
 
 
 def test_a_reshape_without_local_shapes_offers_only_what_the_global_shape_allows():

@@ -66,8 +66,9 @@ class Problem:
     outputs: tuple[torch.Tensor, ...]
     out_index: tuple[int, ...] = (0,)   # the tuple elements audited (the spec's output operands)
     seed: int = 0
-    # the call argument the ranks set to the first output's local shape (a view's shape), or None
-    shape_arg: tuple[str, object] | None = None
+    # the call argument the ranks set to the first output's local shape (a view's shape) or to
+    # a run of it (unflatten's sizes), and that run; None without one
+    shape_arg: tuple[tuple[str, object], slice] | None = None
     _coords: list = field(default_factory=list)
     _local: dict = field(default_factory=dict)
     _pieces: dict = field(default_factory=dict)
@@ -220,8 +221,9 @@ class Problem:
         # a view told its output shape: each local output shape a layout of the output can have
         # is passed in turn, and the first that the ranks' outputs form is the combination's
         outcome = Outcome(None, "no local output shape fits")
+        locator, part = self.shape_arg
         for shape in self._local_output_shapes():
-            outcome = self._decide(combo, {self.shape_arg: shape}, masked)
+            outcome = self._decide(combo, {locator: shape[part]}, masked)
             if outcome.valid:
                 return outcome
         return outcome

@@ -116,14 +116,25 @@ def offered_combination(strategy: ShardingStrategy) -> Offered:
     return Offered(strategy.name, tuple(seen.items()), tuple((o.name, raw[o.name]) for o in outputs), problem)
 
 
-def output_shape_argument(strategies) -> tuple[str, object] | None:
+def output_shape_argument(strategies) -> tuple[tuple[str, object], slice] | None:
     """The call argument every strategy that localizes one sets to its first output's local
-    shape (a view's ``shape``), as a (kind, key) locator; None when there is none. The audit
-    passes each candidate output layout's local shape there, as such a strategy would."""
-    found = set()
+    shape (a view's ``shape``) or to a run of it (the sizes unflatten splits a dim into), as
+    a (kind, key) locator and the slice of the local shape; None when there is none.  The
+    audit passes that part of each candidate output layout's local shape there, as such a
+    strategy would.  Where several runs of the shape fit every strategy, the first is taken."""
+    fits: dict[tuple[str, object], set[tuple[int, int]]] = {}
     for strategy in strategies:
         out = strategy.outputs[0]
         local = strategy.get_sharding_spec_by_name(out.name).local_shape()
-        found |= {(arg.locator.kind, arg.locator.key) for arg in strategy.local_args
-                  if isinstance(arg.value, (tuple, list)) and tuple(arg.value) == local}
-    return found.pop() if len(found) == 1 else None
+        for arg in strategy.local_args:
+            if not isinstance(arg.value, (tuple, list)) or not arg.value:
+                continue
+            value, width = tuple(arg.value), len(arg.value)
+            runs = {(i, i + width) for i in range(len(local) - width + 1) if local[i:i + width] == value}
+            key = (arg.locator.kind, arg.locator.key)
+            fits[key] = runs if key not in fits else fits[key] & runs
+    found = [(key, min(runs)) for key, runs in fits.items() if runs]
+    if len(found) != 1:
+        return None
+    key, (start, stop) = found[0]
+    return key, slice(start, stop)

@@ -19,7 +19,7 @@ from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
 from shardverify.generators.registry import GeneratorContext, KnownGap, register_generator
 from shardverify.rules.rule import Rule, bind
-from shardverify.rules.spec import RuleOptions, equation_for
+from shardverify.rules.spec import RuleOptions, equation_for, local_shape_part
 from shardverify.sharding import ShardingSpec
 from shardverify.strategy import (
     CommAction,
@@ -119,6 +119,10 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     strategies: dict[str, ShardingStrategy] = {}
     view = options.source == "view"
     shape_at = _shape_locator(ctx, options)
+    try:
+        shape_part = local_shape_part(options, inputs[0].shape, outputs[0].shape, ctx.params) if shape_at else None
+    except InvalidArgument as exc:
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     for axes in assignments(rule, mesh_shape):
         partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops}
         if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
@@ -148,7 +152,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
         if name in strategies:
             continue
-        local_args = (LocalArg(shape_at, specs[outputs[0].name].local_shape()),) if shape_at else ()
+        local_args = (LocalArg(shape_at, specs[outputs[0].name].local_shape()[shape_part]),) if shape_at else ()
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
         if view and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args):
             continue

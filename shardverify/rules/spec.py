@@ -16,7 +16,9 @@ One source of factors, exactly one of:
                                none: the reduced dims must stay whole)
 ``view: reshape``              factors matched by the input and output shapes; with
                                ``shape_param`` the call parameter holding the output shape,
-                               which each rank passes as its local output shape
+                               which each rank passes as its local output shape, or with
+                               ``shape_dim_param`` too only the sizes that the input dim it
+                               names splits into (torch.unflatten's ``dim`` and ``sizes``)
 ``view: permute``              with ``dims_param``; ``view: transpose`` with ``dim0_param``/``dim1_param``
 
 and modifiers: ``whole: [k]`` (factors never sharded), ``whole_dims_param: dim`` (output
@@ -40,12 +42,12 @@ from shardverify.rules import derive
 from shardverify.rules.notation import ELLIPSIS, Equation, parse_equation
 from shardverify.strategy import REDUCE_OPS
 
-__all__ = ["RuleOptions", "equation_for", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
+__all__ = ["RuleOptions", "equation_for", "local_shape_part", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
 
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
-                         "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "indices")
+                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "indices")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class RuleOptions:
     dim0_param: str = ""
     dim1_param: str = ""
     shape_param: str = ""
+    shape_dim_param: str = ""   # with shape_param: it holds the sizes the input dim this names splits into
     whole: tuple[str, ...] = ()
     whole_dims_param: str = ""
     whole_trailing_param: str = ""
@@ -112,6 +115,9 @@ class RuleOptions:
         if text("shape_param") and view != "reshape":
             raise InvalidArgument("rule option 'shape_param' (the output shape a rank passes locally) "
                                   "applies to view: reshape")
+        if text("shape_dim_param") and not text("shape_param"):
+            raise InvalidArgument("rule option 'shape_dim_param' (the input dim whose split sizes shape_param "
+                                  "holds) needs shape_param")
         def mapping(key: str, what: str) -> tuple[tuple[str, object], ...]:
             value = options.get(key, ())
             try:
@@ -138,7 +144,7 @@ class RuleOptions:
                    reduce_dims_param=text("reduce_dims_param"), keepdim_param=text("keepdim_param"),
                    reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"), dims_param=text("dims_param"),
                    dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
-                   whole=whole, whole_dims_param=text("whole_dims_param"),
+                   shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
                    additive=names("additive_operands"), indices=indices)
 
@@ -167,6 +173,24 @@ def _param(params: Mapping[str, object], name: str) -> object:
         raise InvalidArgument(f"the rule reads call parameter {name!r}, which node(s) {', '.join(value.nodes)} "
                               "compute; only constants are supported")
     return value
+
+
+def local_shape_part(options: RuleOptions, input_shape: tuple[int, ...], output_shape: tuple[int, ...],
+                     params: Mapping[str, object]) -> slice:
+    """The part of a rank's local output shape it passes for ``shape_param``: all of it, or with
+    ``shape_dim_param`` the sizes that the named input dim splits into (``x.unflatten(1, (4,
+    -1))`` on a ``[8, 16]`` input: output dims 1 and 2)."""
+    if not options.shape_dim_param:
+        return slice(None)
+    value = _param(params, options.shape_dim_param)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"call parameter {options.shape_dim_param!r} must be one dim (an int), got {value!r}")
+    (dim,) = normalize_dims(value, len(input_shape), options.shape_dim_param)
+    parts = len(output_shape) - len(input_shape) + 1
+    if parts < 1:
+        raise InvalidArgument(f"an output of shape {list(output_shape)} does not split a dim of an input of shape "
+                              f"{list(input_shape)}")
+    return slice(dim, dim + parts)
 
 
 def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], outputs: Sequence[tuple[int, ...]],
