@@ -159,6 +159,41 @@ def test_a_view_map_sending_a_shard_to_the_wrong_dim_is_caught():
     assert "output" in failed[0].report() and failed[0].strategy in failed[0].report()
 
 
+def test_a_compound_dim_spreads_its_shard_only_while_each_rank_holds_one_block():
+    """16 viewed as 2 x 8 on (2,2): the 2 over axis 0 and the 8 over axis 1 is S01 of the
+    16, offered; the 8 sharded while the 2 is not (rank j: rows j*4..j*4+3 of both 8-row
+    halves) is no block of the 16, never offered."""
+    from shardverify.rules.derive import reshape
+    from shardverify.rules.generator import assignments
+
+    equation, whole, sizes = reshape((16,), (2, 8))
+    rule = bind(equation, [(16,)], [(2, 8)], whole=tuple(whole), sizes=sizes)
+    found = assignments(rule, (2, 2))
+    assert {"g0_0": (0,), "g0_1": (1,)} in found and {"g0_0": (1,), "g0_1": (0,)} in found
+    assert not any("g0_1" in axes and "g0_0" not in axes for axes in found)
+    assert rule.contiguous({"g0_0": 2, "g0_1": 4}) and not rule.contiguous({"g0_1": 2})
+
+
+def test_a_spread_that_leaves_a_rank_no_single_block_is_caught(monkeypatch):
+    """Without the contiguity rule, a view offers the later part of a split dim sharded while
+    the leading part is not: those layouts put different elements on a rank on each side,
+    and the verifier fails exactly them."""
+    from shardverify.rules.rule import Rule
+
+    def check(op: str):
+        case = OpCase(op=op, target="torch.reshape", inputs=(InputDecl("x", (8, 16)),), params=(("shape", (8, 2, 8)),))
+        with handler(op, torch.reshape, [IN0, OUT], {"view": "reshape", "shape_param": "shape"}, RESHAPE_PARAMS):
+            return failures(case)
+
+    honest, offered = check("view_spread")
+    monkeypatch.setattr(Rule, "contiguous", lambda self, ways: True)
+    failed, results = check("view_spread_planted")
+    assert not honest and failed and len(results) > len(failed) and len(offered) == len(results) - len(failed)
+    # exactly the strategies with the 8 of the split (output dim 2) sharded and the 2 (dim 1) not
+    out_dims = {r.strategy: re.findall(r"R|S\d+", r.strategy.split(" -> ")[1]) for r in results}
+    assert {r.strategy for r in failed} == {name for name, dims in out_dims.items() if dims[2] != "R" and dims[1] == "R"}
+
+
 def test_the_right_rules_pass_where_the_wrong_ones_fail():
     case = OpCase(op="transpose_rule", target="torch.transpose", inputs=(InputDecl("x", (8, 8, 4)),),
                   params=(("dim0", 0), ("dim1", 1)))

@@ -59,8 +59,9 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
 
 
 def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
-    """Every map factor -> mesh axes (each axis used once, ascending) whose sizes divide;
-    the empty map (replicated) last."""
+    """Every map factor -> mesh axes (each axis used once, ascending) whose sizes divide and
+    that leave every compound dim one contiguous block per rank; the empty map (replicated)
+    last."""
     shardable = rule.shardable()
     sizes = rule.size
     found = []
@@ -69,14 +70,17 @@ def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple
         for axis, pick in enumerate(choice):
             if pick:
                 axes[shardable[pick - 1]] = axes.get(shardable[pick - 1], ()) + (axis,)
-        if all(sizes[f] % math.prod(mesh_shape[a] for a in ax) == 0 for f, ax in axes.items()):
+        ways = {f: math.prod(mesh_shape[a] for a in ax) for f, ax in axes.items()}
+        if all(sizes[f] % n == 0 for f, n in ways.items()) and rule.contiguous(ways):
             found.append(axes)
     found.sort(key=lambda a: not a)      # stable: the replicated assignment last
     return found
 
 
 def _layout(term, axes: dict[str, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
-    return {d: axes[dim[0]] for d, dim in enumerate(term) if dim and dim[0] in axes}
+    """Tensor dim -> mesh axes: a compound dim takes its factors' axes in factor order."""
+    layout = {d: tuple(a for f in dim if f in axes for a in axes[f]) for d, dim in enumerate(term)}
+    return {d: held for d, held in layout.items() if held}
 
 
 def _seq(spec: ShardingSpec) -> str:
@@ -102,8 +106,8 @@ KNOWN_GAPS = (
         match=(("any_input", ("* P(*",)),)),
     KnownGap(
         reason="a factor takes its mesh axes in ascending order only (S01, not S10): a reversed order "
-               "does the same local work on a permuted device assignment, and no strategy of any "
-               "family produces such a layout, so no producer hands one to this op",
+               "does the same local work on a permuted device assignment; only a view spreading a "
+               "shard over the parts of a split dim (S1 on a part, S0 on the next) produces one",
         match=(("any_input", tuple(f"*{order}*" for order in _REVERSED_ORDERS)),)),
 )
 

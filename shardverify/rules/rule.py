@@ -3,8 +3,11 @@ size, and what sharding a factor means.
 
 Semantics (one mechanism for every op; see specs/README.md):
 
-* A factor sharded over mesh axes ``A`` shards every tensor dim that holds it (the leading
-  factor of a compound dim shards the dim; the others in a compound are *whole*).
+* A factor sharded over mesh axes ``A`` shards every tensor dim that holds it.  A compound
+  dim ``(a b)`` is sharded over the axes of its factors in order (``a`` over 0 and ``b`` over
+  1: the dim over ``(0, 1)``), which is the same contiguous block only when every factor
+  before the last sharded one is split into single elements: ``b`` may be sharded only if
+  ``a`` is sharded as many ways as its size (``contiguous``).
 * An operand without a sharded factor is replicated over its axes, so its gradient is a
   partial sum there: ``IDENTITY_FWD_ALLREDUCE_BWD`` before the op (a gradient hook for a
   parameter). That covers broadcasting (a size-1 dim holds no factor) and the weight of a
@@ -48,6 +51,19 @@ class Rule:
         """Factors a strategy may shard, in order of first appearance."""
         sizes = self.size
         return tuple(name for name, _ in self.sizes if name not in self.whole and sizes[name] > 1)
+
+    def contiguous(self, ways: Mapping[str, int]) -> bool:
+        """Whether sharding each factor ``ways[f]`` ways (absent: 1) gives every compound dim a
+        contiguous block per rank: each factor before the dim's last sharded one is sharded as
+        many ways as its size, so it holds one element (``(a b)`` of 2 x 8 over 2 x 2 ranks: a
+        whole a-index and 4 of b, rows 0-3, 4-7, 8-11, 12-15)."""
+        sizes = self.size
+        for term in self.inputs + self.outputs:
+            for dim in term:
+                sharded = [i for i, f in enumerate(dim) if ways.get(f, 1) > 1]
+                if sharded and any(ways.get(f, 1) != sizes[f] for f in dim[:sharded[-1]]):
+                    return False
+        return True
 
 
 def _expand(term: Term, rank: int, width: int, where: str) -> Term:
@@ -124,7 +140,6 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
         if op is not None and op not in REDUCE_OPS:
             raise InvalidArgument(f"rule {equation}: reduce op {op!r} of {name!r} is not one of {REDUCE_OPS} or none")
     whole_set = set(whole) | (in_outputs - in_inputs)
-    whole_set |= {f for term in bound for dim in term for f in dim[1:]}           # non-leading in a compound
     reduced: list[tuple[str, str]] = []
     for name in order:
         if name in in_outputs:
