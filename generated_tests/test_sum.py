@@ -254,34 +254,3 @@ def test_sum_simulated(sv_backend, case, mesh_shape):
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_sum_process(sv_backend, case, mesh_shape):
     assert_passed(verify_case(sv_backend(mesh_shape, "process"), case))
-
-
-# (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
-STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 24, id='torch.sum-dim_0.2-keepdim_False-mesh2x2'),
-    pytest.param(1, (2, 2), 24, id='torch.sum-dim_0.2-keepdim_True-mesh2x2'),
-    pytest.param(2, (2, 2), 24, id='torch.sum-dim_1-keepdim_False-mesh2x2'),
-    pytest.param(3, (2, 2), 24, id='torch.sum-dim_1-keepdim_True-mesh2x2'),
-    pytest.param(4, (2, 2), 24, id='torch.sum-dim_-1-keepdim_False-mesh2x2'),
-    pytest.param(5, (2, 2), 24, id='torch.sum-dim_-1-keepdim_True-mesh2x2'),
-    pytest.param(6, (2, 2), 24, id='torch.sum-dim_None-keepdim_False-mesh2x2'),
-    pytest.param(7, (2, 2), 24, id='torch.sum-dim_None-keepdim_True-mesh2x2'),
-    pytest.param(8, (2, 2), 24, id='torch.Tensor.sum-dim_0.2-keepdim_False-mesh2x2'),
-    pytest.param(9, (2, 2), 24, id='torch.Tensor.sum-dim_0.2-keepdim_True-mesh2x2'),
-    pytest.param(10, (2, 2), 24, id='torch.Tensor.sum-dim_1-keepdim_False-mesh2x2'),
-    pytest.param(11, (2, 2), 24, id='torch.Tensor.sum-dim_1-keepdim_True-mesh2x2'),
-    pytest.param(12, (2, 2), 24, id='torch.Tensor.sum-dim_-1-keepdim_False-mesh2x2'),
-    pytest.param(13, (2, 2), 24, id='torch.Tensor.sum-dim_-1-keepdim_True-mesh2x2'),
-    pytest.param(14, (2, 2), 24, id='torch.Tensor.sum-dim_None-keepdim_False-mesh2x2'),
-    pytest.param(15, (2, 2), 24, id='torch.Tensor.sum-dim_None-keepdim_True-mesh2x2'),
-]
-
-
-@pytest.mark.parametrize("case_index, mesh_shape, expected", STRATEGY_COUNTS)
-def test_sum_strategy_count(case_index, mesh_shape, expected):
-    from shardverify.api import strategies_for_node
-    from shardverify.mesh import DeviceMesh
-
-    graph_module, node_name = CASES[case_index].build()
-    strategies = strategies_for_node(graph_module, node_name, DeviceMesh(mesh_shape))
-    assert len(strategies) == expected, [strategy.name for strategy in strategies]

@@ -187,7 +187,8 @@ MALFORMED = {
                        "longer than the limit", ""),
     "4000-digit int": (op().replace("  meshes:", "  seed: " + "9" * 4000 + "\n  meshes:"),
                        "does not fit in 64 bits", ""),
-    "int beyond 64 bits": (op().replace("count: 24", "count: 123456789012345678901234567890"),
+    "int beyond 64 bits": (op().replace("    - [4]\n", "    - [4]\n  strategies: [{mesh: [2, 2], count: "
+                                        "123456789012345678901234567890}]\n"),
                            "does not fit in 64 bits", ""),
     "300-char op name": (op().replace("op: evil", "op: " + "a" * 300), "at most 64", ":5"),
     "300-char operand": (op().replace("  input:\n    kind", "  " + "b" * 300 + ":\n    kind"), "at most 64", ""),
@@ -359,7 +360,7 @@ def test_a_case_with_only_the_replicated_strategy_is_a_warning(root, capsys):
     a 2 x 2 mesh, so the sum has only one too."""
     text = SUM.replace("shape: [4, 4, 4, 16]", "shape: [3, 5, 7, 9]").replace("args: [16, 32]", "args: [9, 11]")
     text = text.replace("    dim: [[0, 2], 1, -1, null]\n    keepdim: [false, true]\n", "    dim: [1]\n    keepdim: [false]\n")
-    text = text.replace("      count: 24\n", "      count: 1\n")
+    text = text.replace("    - [4]\n", "    - [4]\n  strategies:\n    - mesh: [2, 2]\n      count: 1\n")
     spec(root, text, "sum.yaml")
     code, out = run(capsys, "list", "--root", str(root))
     assert code == 0

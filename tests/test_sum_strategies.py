@@ -1,5 +1,8 @@
 """Strategies of the sum handler (following generator)."""
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -24,13 +27,18 @@ def sum_strategies(reduce, mesh_shape=(2, 2), input_shape=(4, 4, 4, 16)):
     return strategies_for_node(gm, "linear", mesh), strategies_for_node(gm, node.name, mesh), node.name
 
 
-def expected_name(pred_output_seq: str, dims, keepdim, index):
-    """The reference naming, written independently on sequence strings."""
+def expected_names(pred_output_seq: str, dims, keepdim, index) -> list[str]:
+    """The reference naming, written independently on sequence strings: the gathered strategy,
+    then the partial one when the predecessor shards a reduced dim."""
     items = pred_output_seq.strip("[]").split(", ")
     inp = ["R" if d in dims else s for d, s in enumerate(items)]
     out = ["R" if d in dims else s for d, s in enumerate(items)] if keepdim else \
         [s for d, s in enumerate(items) if d not in dims]
-    return f"[{', '.join(inp)}] -> [{', '.join(out)}]_{index}"
+    names = [f"[{', '.join(inp)}] -> [{', '.join(out)}]_{index}"]
+    partial = sorted(int(axis) for d, s in enumerate(items) if d in dims and s != "R" for axis in s[1:])
+    if partial:
+        names.append(f"[{', '.join(items)}] -> [{', '.join(out)}] | P{''.join(map(str, partial))} sum_{index}")
+    return names
 
 
 @pytest.mark.parametrize("reduce,dims,keepdim", [
@@ -42,22 +50,30 @@ def expected_name(pred_output_seq: str, dims, keepdim, index):
     (lambda y: torch.sum(y), (0, 1, 2, 3), False),
     (lambda y: y.sum(dim=[]), (0, 1, 2, 3), False),
 ])
-def test_one_strategy_per_predecessor_strategy_in_order(reduce, dims, keepdim):
+def test_per_predecessor_strategy_in_order_a_gathered_and_a_partial_one(reduce, dims, keepdim):
+    """The gathered strategy needs no communication; its partial sibling keeps the shards of
+    the reduced dims and all-reduces (sum) over exactly their mesh axes after the op."""
     linear, vector, node_name = sum_strategies(reduce)
-    assert len(vector) == len(linear) == 24
-    names = [expected_name(str(p.get_sharding_spec_by_name("linear").sharding_sequence), dims, keepdim, i)
-             for i, p in enumerate(linear)]
-    assert vector.names == names
+    assert len(linear) == 24
+    names = [name for i, p in enumerate(linear)
+             for name in expected_names(str(p.get_sharding_spec_by_name("linear").sharding_sequence), dims, keepdim, i)]
+    assert vector.names == names and len(vector) > 24
     for strategy in vector:
-        assert strategy.communication_actions == ()
         assert [op.name for op in strategy.operands] == ["linear", node_name]
+        if " | P" not in strategy.name:
+            assert strategy.communication_actions == ()
+            continue
+        action, = strategy.communication_actions
+        axes = tuple(int(a) for a in strategy.name.split(" | P")[1].split()[0])
+        assert (action.pattern.name, action.where.name, action.operand, action.axes, action.op) == \
+            ("ALLREDUCE_FWD_IDENTITY_BWD", "AFTER", node_name, axes, "sum")
 
 
 def test_reference_example():
     _, vector, _ = sum_strategies(lambda y: torch.sum(y, dim=(0, 2)))
-    assert vector[1].name == "[R, S0, R, S1] -> [S0, S1]_1"
-    assert str(vector[1].get_sharding_spec_by_name("sum_1").sharding_sequence) == "[S0, S1]"
-    assert str(vector[1].get_sharding_spec_by_name("linear").sharding_sequence) == "[R, S0, R, S1]"
+    strategy = vector.names.index("[R, S0, R, S1] -> [S0, S1]_1")
+    assert str(vector[strategy].get_sharding_spec_by_name("sum_1").sharding_sequence) == "[S0, S1]"
+    assert str(vector[strategy].get_sharding_spec_by_name("linear").sharding_sequence) == "[R, S0, R, S1]"
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (4,), (1, 4), (2, 2, 2)])
@@ -67,7 +83,7 @@ def test_costs_positive_and_consistent(mesh_shape):
     for s in vector:
         assert s.compute_cost.fwd > 0 and s.compute_cost.total == s.compute_cost.fwd + s.compute_cost.bwd
         assert s.memory_cost.fwd.activation > 0 and s.memory_cost.fwd.parameter == 0
-        assert s.communication_cost.total == 0
+        assert (s.communication_cost.total > 0) == bool(s.communication_actions)
     most = max(vector, key=lambda s: s.get_sharding_spec_by_name("linear").local_numel())
     least = min(vector, key=lambda s: s.get_sharding_spec_by_name("linear").local_numel())
     if most.get_sharding_spec_by_name("linear").local_numel() > least.get_sharding_spec_by_name("linear").local_numel():
@@ -76,7 +92,8 @@ def test_costs_positive_and_consistent(mesh_shape):
 
 @pytest.mark.parametrize("dims,keepdim", [((0, 2), False), ((1,), True), (None, False)])
 def test_local_sums_are_the_output_shards(dims, keepdim):
-    """No communication is needed: each rank's local sum is exactly its output shard."""
+    """Each rank's local sum is exactly its output shard, or, for a partial strategy, the sum
+    of the local sums over its all-reduce group is."""
     mesh = DeviceMesh((2, 2))
     reduce = (lambda y: torch.sum(y)) if dims is None else (lambda y: torch.sum(y, dims, keepdim))
     _, vector, name = sum_strategies(reduce)
@@ -84,9 +101,48 @@ def test_local_sums_are_the_output_shards(dims, keepdim):
     ref = reduce(x)
     for s in vector:
         in_spec, out_spec = s.get_sharding_spec_by_name("linear"), s.get_sharding_spec_by_name(name)
+        axes = s.communication_actions[0].axes if s.communication_actions else ()
         for rank in mesh.ranks:
-            local = reduce(in_spec.local_shard(x, mesh, rank))
+            group = next(g for g in mesh.groups(axes) if rank in g) if axes else [rank]
+            local = sum(reduce(in_spec.local_shard(x, mesh, r)) for r in group)
             torch.testing.assert_close(local, out_spec.local_shard(ref, mesh, rank), msg=f"{s.name} rank {rank}")
+
+
+def test_a_partial_sum_without_its_all_reduce_or_with_another_op_is_caught():
+    from shardverify.backends import SimulatedBackend
+    from shardverify.cli.verify_cmd import load_op_specs
+    from shardverify.verify.engine import verify_case
+
+    spec, = load_op_specs(Path(__file__).resolve().parents[1], None, ["sum"])
+    case = dict(spec.op_cases())["torch.sum-dim_0.2-keepdim_False"]
+    graph_module, node = case.build()
+    with SimulatedBackend(DeviceMesh((2, 2))) as backend:
+        partial = [s for s in strategies_for_node(graph_module, node, backend.mesh) if " | P" in s.name]
+        forgotten = [s.replace(communication_actions=()) for s in partial]
+        as_max = [s.replace(communication_actions=tuple(dataclasses.replace(a, op="max")
+                                                        for a in s.communication_actions)) for s in partial]
+        results = [verify_case(backend, case, chosen) for chosen in (partial, forgotten, as_max)]
+    good, without, wrong_op = results
+    assert partial and all(r.passed for r in good)
+    assert all(not r.passed and "output" in r.report() for r in without + wrong_op)
+    assert {r.strategy for r in without} == {s.name for s in partial}
+
+
+def test_reduce_op_is_validated():
+    from shardverify.errors import HandlerError
+    from shardverify.generators.registry import get_generator
+
+    class Context:
+        handler_name = "sum_handler"
+
+        def option(self, key, default=None):
+            return {"reduce_op": "mean"}.get(key, default)
+
+        def operand(self, role):
+            raise AssertionError("validated before any operand is read")
+
+    with pytest.raises(HandlerError, match="sum_handler: option reduce_op must be one of .*got 'mean'"):
+        get_generator("following")(Context())
 
 
 def test_sum_of_a_graph_input_follows_the_replicated_placeholder():

@@ -1,26 +1,31 @@
 """Strategies for an op whose layout follows its predecessor's (a reduction, an elementwise op).
 
-One strategy per predecessor strategy, in the same order, named
-``<input layout> -> <output layout>_<predecessor index>`` (ColossalAI's convention).
-The input takes the layout the predecessor produces, except that a shard on a reduced dim
-is dropped (the input is gathered there), so no communication is needed: every kept shard
-maps to the same shard of the output.
+For each predecessor strategy, in the same order: one strategy named
+``<input layout> -> <output layout>_<predecessor index>`` (ColossalAI's convention) whose
+input takes the layout the predecessor produces except that a shard on a reduced dim is
+dropped (the input is gathered there), so no communication is needed: every kept shard maps
+to the same shard of the output.  When the predecessor shards a reduced dim, a second one,
+``... | P<axes> <op>_<index>``, keeps that shard: each rank reduces its part and the partial
+output is all-reduced over those mesh axes after the op (``reduce_op``).
 
 Options (all op knowledge stays in the handler's data):
 ``follow_operand``    role of the operand whose producer is followed (default ``"input"``);
 ``reduce_dims_param`` call parameter naming the reduced dims (int, sequence, or None/() = all);
                       without it the op keeps every dim (elementwise);
-``keepdim_param``     call parameter that keeps reduced dims as size 1 (their layout R).
+``keepdim_param``     call parameter that keeps reduced dims as size 1 (their layout R);
+``reduce_op``         how partial results combine: ``sum`` (default), ``avg``, ``max``, ``min``.
 """
 
 from __future__ import annotations
+
+import math
 
 from shardverify.errors import HandlerError, StrategyError
 from shardverify.generators.common import compute_cost, make_strategy
 from shardverify.generators.registry import GeneratorContext, register_generator
 from shardverify.handlers.base import Computed
 from shardverify.sharding import ShardingSpec
-from shardverify.strategy import ShardingStrategy
+from shardverify.strategy import REDUCE_OPS, CommAction, CommPattern, CommWhere, ShardingStrategy
 
 
 def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ...]:
@@ -48,6 +53,10 @@ def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ..
 
 @register_generator("following")
 def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
+    reduce_op = ctx.option("reduce_op", "sum")
+    if reduce_op not in REDUCE_OPS:
+        raise HandlerError(f"{ctx.handler_name}: option reduce_op must be one of {', '.join(REDUCE_OPS)}, "
+                           f"got {reduce_op!r}")
     role = str(ctx.option("follow_operand", "input"))
     inp, out = ctx.operand(role), ctx.operand("output")
     extra = [r for r in ctx.operands if r not in (role, "output")]
@@ -80,9 +89,22 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             inp.name: ShardingSpec.from_partition(ctx.mesh.shape, inp.shape, in_part),
             out.name: ShardingSpec.from_partition(ctx.mesh.shape, out.shape, out_part),
         }
-        name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}_{index}"
-        # FlopCounterMode counts only ops of two or more tensors (matmul, conv, attention), never a
-        # one-tensor op: the rule's figure is the larger local operand (the verifier re-checks it)
-        compute = compute_cost(0, [specs[inp.name].local_numel(), specs[out.name].local_numel()])
-        strategies.append(make_strategy(ctx, name, operands, specs, (), compute))
+        name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}"
+        strategies.append(_strategy(ctx, f"{name}_{index}", operands, specs, ()))
+        partial = tuple(sorted(a for d, axes in produced.items() if d in reduced for a in axes))
+        # keep the shard, reduce the partial output after the op (over size-1 axes alone it is the gathered one)
+        if math.prod(ctx.mesh.shape[a] for a in partial) > 1 and out.dtype.is_floating_point:
+            specs = {**specs, inp.name: ShardingSpec.from_partition(ctx.mesh.shape, inp.shape, produced)}
+            name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}"
+            action = CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, partial, out.name, CommWhere.AFTER,
+                                op=reduce_op)
+            strategies.append(_strategy(ctx, f"{name} | P{''.join(map(str, partial))} {reduce_op}_{index}",
+                                        operands, specs, (action,)))
     return strategies
+
+
+def _strategy(ctx: GeneratorContext, name: str, operands, specs: dict, actions: tuple) -> ShardingStrategy:
+    # FlopCounterMode counts only ops of two or more tensors (matmul, conv, attention), never a
+    # one-tensor op: the rule's figure is the larger local operand (the verifier re-checks it)
+    compute = compute_cost(0, [spec.local_numel() for spec in specs.values()])
+    return make_strategy(ctx, name, operands, specs, actions, compute)
