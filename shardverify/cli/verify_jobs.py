@@ -60,7 +60,7 @@ def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | No
 
 
 def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | None], counter: Any, jobs: int,
-         device: str | None, timeout: float, progress: Progress) -> list[Any]:
+         device: str | None, timeout: float, progress: Progress) -> list[tuple[int, str]]:
     """Run ``queue``'s rows (taken from its front) with at most ``width`` in flight, until it is
     empty or a worker dies; the rows in flight then are returned as (index, error) pairs (their
     rows left unset), every other finished row is set in ``rows``."""
@@ -70,7 +70,7 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
     pool = cf.ProcessPoolExecutor(width, mp_context=ctx, initializer=_start_worker,
                                   initargs=(counter, cpus if jobs <= len(cpus) else [], max(1, len(cpus) // jobs)))
     running: dict[cf.Future, int] = {}
-    lost: list[Any] = []
+    lost: list[tuple[int, str]] = []
     try:
         while (queue or running) and not lost:
             while queue and len(running) < width:
