@@ -127,7 +127,7 @@ def output_shape_argument(strategies) -> tuple[tuple[str, object], slice] | None
         out = strategy.outputs[0]
         local = strategy.get_sharding_spec_by_name(out.name).local_shape()
         for arg in strategy.local_args:
-            if not isinstance(arg.value, (tuple, list)) or not arg.value:
+            if not isinstance(arg.value, (tuple, list)):
                 continue
             value, width = tuple(arg.value), len(arg.value)
             runs = {(i, i + width) for i in range(len(local) - width + 1) if local[i:i + width] == value}
