@@ -35,6 +35,7 @@ import torch
 
 from shardverify.backends.agreement import SharedAgreement
 from shardverify.backends.base import RankResult, check_fn, check_timeout
+from shardverify.cpus import can_keep, keep_to_cpu, usable_cpus
 from shardverify.errors import BackendError, RankDied, RankError, RankTimeout
 from shardverify.gc_policy import tune_for_checking
 from shardverify.mesh import DeviceMesh
@@ -112,9 +113,9 @@ def worker_cpus(world: int, cpus: Iterable[int] | None = None) -> list[int | Non
     collectives, was unchanged).  Nothing was measured with a core per worker, so there the
     OS keeps its say."""
     if cpus is None:
-        if not hasattr(os, "sched_getaffinity"):
+        if not can_keep():
             return [None] * world
-        cpus = os.sched_getaffinity(0)
+        cpus = usable_cpus()
     ordered = sorted(cpus)
     if world <= len(ordered):
         return [None] * world
@@ -172,11 +173,7 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
 
     from shardverify.backends.distributed import ProcessCommunicator, build_groups
 
-    if config.cpu is not None:   # first: the threads started below (gloo's among them) inherit it
-        try:
-            os.sched_setaffinity(0, {config.cpu})
-        except OSError:   # the CPU was taken away from us since: only speed is lost
-            pass
+    keep_to_cpu(config.cpu)   # first: the threads started below (gloo's among them) inherit it
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
     threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
     torch.set_num_threads(1)

@@ -45,6 +45,7 @@ from shardverify.backends.base import (
     private_copy,
     reduce_tensors,
 )
+from shardverify.cpus import can_keep, keep_to_cpu
 from shardverify.errors import BackendError, RankTimeout
 from shardverify.mesh import DeviceMesh
 
@@ -283,11 +284,8 @@ class _RankThread:
         """Run this thread on ``cpu`` from now on (a no-op where that cannot be done)."""
         if cpu is None or cpu == self.cpu or self.thread.native_id is None:
             return
-        try:
-            os.sched_setaffinity(self.thread.native_id, {cpu})
-        except OSError:   # the thread is gone, or the CPU is not ours to use: only speed is lost
-            return
-        self.cpu = cpu
+        if keep_to_cpu(cpu, self.thread.native_id):
+            self.cpu = cpu
 
     def _loop(self, device: torch.device) -> None:
         torch.autograd.set_multithreading_enabled(False)   # thread-local: backward runs here
@@ -561,7 +559,7 @@ def _current_cpu() -> int | None:
 @functools.lru_cache(maxsize=1)
 def _sched_getcpu() -> Callable[[], int] | None:
     """The C library's ``sched_getcpu``, None without it or without ``os.sched_setaffinity``."""
-    if not hasattr(os, "sched_setaffinity"):
+    if not can_keep():
         return None
     try:
         getcpu = ctypes.CDLL(None).sched_getcpu

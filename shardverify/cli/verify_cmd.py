@@ -62,7 +62,7 @@ def parse_mesh(text: str) -> tuple[int, ...]:
 def parse_jobs(text: str) -> int:
     """``"auto"`` -> the CPUs this process may use; otherwise a positive int."""
     if text == "auto":
-        from shardverify.cli.verify_jobs import usable_cpus
+        from shardverify.cpus import usable_cpus
 
         return len(usable_cpus())
     try:

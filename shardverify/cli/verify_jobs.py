@@ -14,24 +14,17 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import multiprocessing.util
-import os
 from collections.abc import Sequence
 from typing import Any
 
 from shardverify.cli.verify_cmd import Progress, Row, close_backends, describe_error, row_label, verify_row
+from shardverify.cpus import keep_to_cpu, usable_cpus
 from shardverify.errors import ShardVerifyError
 
 #: what every worker imports anyway, imported once in the forkserver instead
 _PRELOAD = ("shardverify.cli.verify_cmd", "shardverify.verify.engine", "shardverify.api", "torch._dynamo")
 
 _BACKENDS: dict = {}   # this worker's simulated backends by mesh shape
-
-
-def usable_cpus() -> list[int]:
-    """The CPUs this process may run on (every CPU where the platform does not say)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
 
 
 def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | None, timeout: float,
@@ -113,10 +106,7 @@ def _start_worker(counter: Any, cpus: list[int], threads: int) -> None:
         number = counter.value
         counter.value += 1
     if cpus:
-        try:
-            os.sched_setaffinity(0, {cpus[number % len(cpus)]})
-        except OSError:   # the CPU is no longer ours: only speed is lost
-            pass
+        keep_to_cpu(cpus[number % len(cpus)])
     torch.set_num_threads(threads)
     tune_for_checking()
     quiet_tracing()
@@ -128,4 +118,4 @@ def _worker_row(item: tuple, device: str | None, timeout: float) -> Row:
     return verify_row(item, _BACKENDS, "simulated", device, timeout)
 
 
-__all__ = ["usable_cpus", "verify_rows_in_workers"]
+__all__ = ["verify_rows_in_workers"]
