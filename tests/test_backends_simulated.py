@@ -400,3 +400,42 @@ def test_rank_threads_share_one_cpu_unless_told_not_to():
         assert free.run(body_cpu_set, caller) == [(allowed, allowed)] * 4
     with pytest.raises(BackendError, match="same_cpu must be True or False"):
         SimulatedBackend(mesh, same_cpu="yes")
+
+
+def _intra_op_threads(comm) -> int:
+    return torch.get_num_threads()
+
+
+def _fresh_thread_intra_op() -> int:
+    """What a thread started now gets: torch's default for new threads."""
+    found = []
+    thread = threading.Thread(target=lambda: found.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return found[0]
+
+
+@pytest.mark.parametrize("caller_threads", [1, 2, 3])
+def test_rank_threads_take_the_intra_op_threads_of_their_placement(caller_threads):
+    """A rank thread's OpenMP team follows OpenMP's default (one thread per CPU), not
+    ``torch.set_num_threads``: kept on one CPU it ran BLAS calls as a team spinning on that
+    CPU, left free it ignored the caller's setting.  Ranks kept on one CPU get one intra-op
+    thread, free ones the caller's count; the caller's own count, and torch's default for
+    threads started later, stay the caller's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(caller_threads)
+    try:
+        kept_one = hasattr(os, "sched_setaffinity")
+        with SimulatedBackend(DeviceMesh((2, 2))) as kept:
+            assert kept.run(_intra_op_threads) == [1 if kept_one else caller_threads] * 4
+            assert torch.get_num_threads() == caller_threads
+            assert _fresh_thread_intra_op() == caller_threads
+            assert kept.run(_intra_op_threads) == [1 if kept_one else caller_threads] * 4   # still, and once
+        with SimulatedBackend(DeviceMesh((2, 2)), same_cpu=False) as free:
+            assert free.run(_intra_op_threads) == [caller_threads] * 4
+            torch.set_num_threads(caller_threads + 1)   # the caller changes its mind: the next batch follows
+            assert free.run(_intra_op_threads) == [caller_threads + 1] * 4
+            assert torch.get_num_threads() == caller_threads + 1
+            assert _fresh_thread_intra_op() == caller_threads + 1
+    finally:
+        torch.set_num_threads(before)

@@ -276,6 +276,7 @@ class _RankThread:
     def __init__(self, rank: int, device: torch.device) -> None:
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
         self.cpu: int | None = None   # the CPU this thread is kept on, None: wherever the OS puts it
+        self.intra_op: int | None = None   # torch's intra-op thread count this thread took last
         self.thread = threading.Thread(target=self._loop, args=(device,), name=f"shardverify-rank{rank}",
                                        daemon=True)
         self.thread.start()
@@ -286,6 +287,19 @@ class _RankThread:
             return
         if keep_to_cpu(cpu, self.thread.native_id):
             self.cpu = cpu
+
+    def take_intra_op(self, count: int) -> threading.Event:
+        """Have this thread's ops use ``count`` intra-op threads from now on; set once it has."""
+        taken = threading.Event()
+
+        def take() -> None:
+            torch.get_num_threads()   # torch's first look in a thread sets it to the default: now, not later
+            torch.set_num_threads(count)   # this thread's OpenMP and MKL settings (and torch's default)
+            self.intra_op = count
+            taken.set()
+
+        self.tasks.put(take)
+        return taken
 
     def _loop(self, device: torch.device) -> None:
         torch.autograd.set_multithreading_enabled(False)   # thread-local: backward runs here
@@ -419,6 +433,7 @@ class SimulatedBackend:
         self._start_threads()
         for worker in self._threads:
             worker.keep_on(cpu)
+        self._match_intra_op(1 if cpu is not None else torch.get_num_threads())
         turns = _Turns(self.mesh.size)
         exchanges = [_Exchange(turns) for _ in items]
         batch = _Batch(self.mesh.size, len(items))
@@ -459,6 +474,24 @@ class SimulatedBackend:
             self._abandon(batch, exchanges, [])
             raise
         return outcomes
+
+    def _match_intra_op(self, count: int) -> None:
+        """Give every rank thread ``count`` intra-op threads: 1 when kept on one CPU, else the
+        caller's.  A thread's own OpenMP team otherwise follows OpenMP's default (one per CPU),
+        not ``torch.set_num_threads``: a rank kept on one CPU ran BLAS calls as a team of two
+        threads on that one CPU (linear on (2,2): 3.7 -> 3.2 ms per check with one), and a
+        free rank ignored the caller's setting.  Done once per thread and count; torch's
+        default for threads started later is the caller's again afterwards."""
+        stale = [worker for worker in self._threads if worker.intra_op != count]
+        if not stale:
+            return
+        caller = torch.get_num_threads()
+        taken = [worker.take_intra_op(count) for worker in stale]
+        deadline = time.monotonic() + CLOSE_SECONDS
+        for event in taken:   # idle threads: at once (one that is late takes it before its next task)
+            event.wait(max(0.0, deadline - time.monotonic()))
+        if count != caller:
+            torch.set_num_threads(caller)
 
     def _abandon(self, batch: _Batch, exchanges: list[_Exchange], stuck: list[int]) -> None:
         with batch.cond:
