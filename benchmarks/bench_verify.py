@@ -6,6 +6,10 @@ counted, memory checked) on
 
   * the simulated backend (one thread per rank in this process),
   * the gloo pool, warm (persistent worker processes, a case's strategies sent as one batch),
+  * the bare local op, the floor: every rank's forward and backward on its shards (sliced
+    before the clock starts), back to back in one thread, with no harness, collectives or comparison (what torch itself charges
+    for the check's arithmetic; layouts whose op cannot run without their collectives are
+    left out and counted),
   * PyTorch DTensor under LocalTensorMode (torch.distributed.tensor on a fake process group):
     the same op on the same reference values, each strategy's input and parameter layouts
     given as DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else
@@ -219,6 +223,66 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
         dist.destroy_process_group()
 
 
+def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[float, int, int]:
+    """What torch itself charges for a check's arithmetic: for every strategy and rank, the
+    rank's input shards cloned as leaves, the op on them, and its backward for the rank's
+    shard of the reference output gradient, back to back in this thread, with nothing else
+    (no harness, no collectives, no comparison; the shards are sliced before the clock
+    starts).  ms per check, checks timed, and how many layouts were left out: those whose op
+    cannot run without its declared collectives (a shard the op cannot take, an output the
+    gradient shard does not fit)."""
+    import copy
+
+    import torch
+
+    from shardverify.verify.engine import local_arguments
+    from shardverify.verify.reference import as_outputs, call_op, reference
+
+    def prepared(case, strategy) -> list:
+        """Per rank: (node, module, input shards by locator, argument values, grad-output shards)."""
+        ref = reference(case, None, torch.device("cpu"))
+        if id(ref) not in modules:
+            modules[id(ref)] = (ref, copy.deepcopy(ref.graph_module.get_submodule(ref.node.target))
+                                if ref.node.op == "call_module" else None)
+        module = modules[id(ref)][1]
+        ranks = []
+        for rank in range(mesh.size):
+            shards = {(d.locator.kind, d.locator.key): strategy.get_sharding_spec_by_name(d.name).local_shard(
+                ref.typed((d.locator.kind, d.locator.key)), mesh, rank) for d in strategy.inputs}
+            grads = [strategy.get_sharding_spec_by_name(d.name).local_shard(g, mesh, rank)
+                     for d, g in zip(strategy.outputs, ref.grad_outputs)]
+            ranks.append((ref.node, module, shards, local_arguments(strategy), grads))
+        return ranks
+
+    def work(ranks: list) -> None:
+        for node, module, shards, arguments, grads in ranks:
+            local = {loc: t.clone() for loc, t in shards.items()}
+            leaves = [t.requires_grad_() for t in local.values() if t.is_floating_point()]
+            local.update(arguments)
+            outputs = as_outputs(node, call_op(node, module, local, owned=module is not None))
+            torch.autograd.grad(outputs, leaves, [g.to(out.dtype) for out, g in zip(outputs, grads)],
+                                allow_unused=True)
+
+    modules: dict = {}
+    runnable, left_out = [], 0
+    for case, strategies in cases_and_strategies:   # warm-up, and which layouts run bare
+        for strategy in strategies:
+            try:
+                ranks = prepared(case, strategy)
+                work(ranks)
+            except Exception:  # noqa: BLE001 - a layout whose op needs its collectives
+                left_out += 1
+            else:
+                runnable.append(ranks)
+    passes, start = [], time.perf_counter()
+    while runnable and (time.perf_counter() - start < min_seconds or len(passes) < 3):
+        began = time.perf_counter()
+        for ranks in runnable:
+            work(ranks)
+        passes.append(time.perf_counter() - began)
+    return _median_ms(passes, max(len(runnable), 1)), len(runnable) * len(passes), left_out
+
+
 def fresh_vs_pool(mesh, cases_and_strategies, min_seconds: float) -> dict:
     """The same checks on fresh processes per case and on one warm pool.  Fresh processes are
     measured two ways: spawned per case (``start_method="spawn"``: every case starts its own
@@ -314,6 +378,8 @@ def main() -> None:
                    "strategies": sum(len(s) for _, s in chosen)}
             with SimulatedBackend(mesh, timeout=120) as simulated:
                 row["simulated_ms"], row["simulated_checks"] = ms_per_check(simulated, chosen, args.seconds)
+            row["floor_ms"], row["floor_checks"], row["floor_left_out"] = floor_ms_per_check(mesh, chosen, args.seconds)
+            row["simulated_over_floor"] = row["simulated_ms"] / row["floor_ms"]
             if not args.skip_dtensor:
                 row["dtensor_ms"], row["dtensor_checks"], row["dtensor_refused"] = dtensor_ms_per_check(
                     mesh.shape, chosen, args.seconds, args.dtensor_budget)
@@ -324,7 +390,8 @@ def main() -> None:
                     row["gloo_ms"], row["gloo_checks"] = ms_per_check(pool, chosen, args.seconds)
             report["figures"].append(row)
             text = (f"{spec.name:8s} mesh {str(mesh.shape):10s} {row['strategies']:3d} strategies: "
-                    f"simulated {row['simulated_ms']:.2f} ms/check")
+                    f"simulated {row['simulated_ms']:.2f} ms/check (the bare local op {row['floor_ms']:.2f} ms: "
+                    f"{row['simulated_over_floor']:.1f}x; {row['floor_left_out']} layouts it cannot run bare left out)")
             if "dtensor_ms" in row:
                 text += (f", DTensor LocalTensorMode {row['dtensor_ms']:.1f} ms ({row['dtensor_over_simulated']:.0f}x; "
                          f"{row['dtensor_refused']} layouts it cannot run in time left out)")

@@ -16,7 +16,8 @@ engine's shared device threads would otherwise deadlock waiting for the other ra
 Since one rank runs at a time, the rank threads are kept on the CPU the calling thread runs
 on (Linux; re-chosen per batch, so they follow the caller wherever the OS moves it), and so is
 the caller until the batch ends: a hand-over to a thread sleeping on another, idle core waits
-for that core to wake, which on a check of small tensors costs a third of the check.
+for that core to wake, which on a check of small tensors costs a third of the check.  Kept on
+one CPU, a rank runs its ops with one intra-op thread; spread, with the caller's count.
 """
 
 from __future__ import annotations
@@ -370,9 +371,9 @@ class SimulatedBackend:
     ``timeout`` (seconds) bounds every check; a rank that raises aborts the others'
     collectives of that check at once.  Each rank gets its own deep copy of ``args``, as it
     would across processes (frozen values, which cannot change, are shared).  The backend
-    stays usable after any failure.  ``same_cpu`` keeps the rank threads on the caller's CPU
-    (see the module docstring); turn it off for ops big enough to want torch's intra-op
-    threads, which a rank thread's parallel regions would start on its one CPU.
+    stays usable after any failure.  ``same_cpu`` keeps the rank threads on the caller's CPU,
+    each with one intra-op thread (see the module docstring); turn it off for ops big enough
+    to want torch's intra-op threads: the ranks then use the caller's count.
     """
 
     def __init__(self, mesh: DeviceMesh, device: torch.device | str = "cpu", timeout: float = 30.0,
