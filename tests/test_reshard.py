@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import shardverify.reshard as reshard
 from shardverify.mesh import DeviceMesh
 from shardverify.reshard import Layout, ReshardStep, plan_reshard, reshard_cost
-from shardverify.reshard_check import ReshardCase, enumerate_layouts, layout_pairs, rank_check_pairs
+from shardverify.reshard_check import ReshardCase, check_reshard, enumerate_layouts, layout_pairs, rank_check_pairs
 
 MESH = (2, 2)
 
@@ -63,3 +64,36 @@ def test_pair_check_catches_a_wrong_step(sv_backend, monkeypatch):
     planted = ReshardCase(MESH, (8, 8), case.pairs, seed=1)   # a new case: plans are cached per case
     failures = [line for lines in backend.run(rank_check_pairs, planted) for line in lines]
     assert failures and "[S0, R] -> [R, R]" in failures[0]
+
+
+def _fails_in_the_second_chunk(comm, case):
+    if case.first and comm.rank == 1:
+        raise RuntimeError("planted")
+    return []
+
+
+def test_check_reshard_checks_chunks_with_each_pairs_own_values(sv_backend, monkeypatch):
+    """The pairs go to the ranks CHUNK_PAIRS at a time, one check each in one batch (each under
+    the per-check timeout); a pair's values are seeded by its place among all the pairs, so a
+    chunk checks exactly what one call over every pair would, and a chunk that fails as a
+    whole raises the backend's error."""
+    from shardverify import reshard_check
+    from shardverify.errors import RankError
+
+    pairs = tuple(layout_pairs(DeviceMesh(MESH), (8, 8)))
+    monkeypatch.setattr(reshard_check, "CHUNK_PAIRS", 5)
+    whole = reshard_check._prepare(ReshardCase(MESH, (8, 8), pairs, seed=3))[5:10]
+    chunk = reshard_check._prepare(ReshardCase(MESH, (8, 8), pairs[5:10], seed=3, first=5))
+    assert [(a.source, a.target) for a in whole] == [(b.source, b.target) for b in chunk]
+    assert all(torch.equal(a.full, b.full) and torch.equal(a.grad, b.grad) for a, b in zip(whole, chunk))
+
+    backend = sv_backend(MESH, "simulated")
+    batches, real = [], backend.run_batch
+    monkeypatch.setattr(backend, "run_batch", lambda fn, items, **kw: batches.append(items) or real(fn, items, **kw))
+    assert check_reshard(backend, (8, 8), seed=3) == (len(pairs), [])
+    assert [[case.first for case, in items] for items in batches] == [list(range(0, len(pairs), 5))]
+    assert sum(len(case.pairs) for case, in batches[0]) == len(pairs)
+
+    monkeypatch.setattr(reshard_check, "rank_check_pairs", _fails_in_the_second_chunk)
+    with pytest.raises(RankError, match="planted"):
+        check_reshard(backend, (8, 8), seed=3)
