@@ -7,9 +7,9 @@ counted, memory checked) on
   * the simulated backend (one thread per rank in this process),
   * the gloo pool, warm (persistent worker processes, a case's strategies sent as one batch),
   * the bare local op, the floor: every rank's forward and backward on its shards (sliced
-    before the clock starts), back to back in one thread, with no harness, collectives or comparison (what torch itself charges
-    for the check's arithmetic; layouts whose op cannot run without their collectives are
-    left out and counted),
+    before the clock starts), back to back in one thread, with no harness, collectives or
+    comparison (what torch itself charges for the check's arithmetic; layouts whose op
+    cannot run without their collectives are left out and counted),
   * PyTorch DTensor under LocalTensorMode (torch.distributed.tensor on a fake process group):
     the same op on the same reference values, each strategy's input and parameter layouts
     given as DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else
