@@ -241,7 +241,7 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
     def prepared(case, strategy) -> list:
         """Per rank: (node, module, input shards by locator, argument values, grad-output shards)."""
         ref = reference(case, None, torch.device("cpu"))
-        if id(ref) not in modules:
+        if id(ref) not in modules:   # the reference is kept with its module copy, so its id stays its own
             modules[id(ref)] = (ref, copy.deepcopy(ref.graph_module.get_submodule(ref.node.target))
                                 if ref.node.op == "call_module" else None)
         module = modules[id(ref)][1]

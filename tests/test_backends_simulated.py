@@ -419,8 +419,8 @@ def _fresh_thread_intra_op() -> int:
 @pytest.mark.parametrize("caller_threads", [1, 2, 3])
 def test_rank_threads_take_the_intra_op_threads_of_their_placement(caller_threads):
     """A rank thread's OpenMP team follows OpenMP's default (one thread per CPU), not
-    ``torch.set_num_threads``: kept on one CPU it ran BLAS calls as a team spinning on that
-    CPU, left free it ignored the caller's setting.  Ranks kept on one CPU get one intra-op
+    ``torch.set_num_threads``: kept on one CPU it ran BLAS calls as a team of two threads on
+    that CPU, left free it ignored the caller's setting.  Ranks kept on one CPU get one intra-op
     thread, free ones the caller's count; the caller's own count, and torch's default for
     threads started later, stay the caller's."""
     before = torch.get_num_threads()

@@ -489,7 +489,7 @@ class SimulatedBackend:
         caller = torch.get_num_threads()
         taken = [worker.take_intra_op(count) for worker in stale]
         deadline = time.monotonic() + CLOSE_SECONDS
-        for event in taken:   # idle threads: at once (one that is late takes it before its next task)
+        for event in taken:   # idle threads answer at once; one still unwinding takes it before its next task
             event.wait(max(0.0, deadline - time.monotonic()))
         if count != caller:
             torch.set_num_threads(caller)
