@@ -129,8 +129,19 @@ def worker_gpu_slice(device_count: int, worker: str | None,
     slices, so no two workers' pools ever share a device. Outside xdist: every GPU."""
     if device_count < 0:
         raise InvalidArgument(f"device_count={device_count!r} must be >= 0")
-    if not worker:
+    identity = xdist_identity(worker, worker_count)
+    if identity is None:
         return tuple(range(device_count))
+    index, count = identity
+    per_worker = device_count // count
+    return tuple(range(index * per_worker, (index + 1) * per_worker))
+
+
+def xdist_identity(worker: str | None, worker_count: str | None) -> tuple[int, int] | None:
+    """(k, n) for xdist worker 'gw<k>' of n, from PYTEST_XDIST_WORKER and
+    PYTEST_XDIST_WORKER_COUNT; None outside xdist."""
+    if not worker:
+        return None
     if not worker.startswith("gw") or not worker[2:].isdigit():
         raise InvalidArgument(f"PYTEST_XDIST_WORKER={worker!r}: expected 'gw<k>', e.g. 'gw0'")
     if not (worker_count or "").isdigit() or int(worker_count) < 1:  # type: ignore[arg-type]
@@ -140,8 +151,23 @@ def worker_gpu_slice(device_count: int, worker: str | None,
     if index >= count:
         raise InvalidArgument(f"PYTEST_XDIST_WORKER={worker!r} is outside "
                               f"PYTEST_XDIST_WORKER_COUNT={count}")
-    per_worker = device_count // count
-    return tuple(range(index * per_worker, (index + 1) * per_worker))
+    return index, count
+
+
+#: where a user sets the intra-op thread count themselves; the plugin then leaves it alone
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def worker_threads(environ: Mapping[str, str] = os.environ) -> int | None:
+    """torch's intra-op threads for this xdist worker: its share of the CPUs among the
+    workers (see shardverify.cpus.thread_share). None outside xdist, or where the
+    environment sets a thread count (THREAD_VARIABLES): the user's choice stands."""
+    identity = xdist_identity(environ.get("PYTEST_XDIST_WORKER"), environ.get("PYTEST_XDIST_WORKER_COUNT"))
+    if identity is None or any(environ.get(name) for name in THREAD_VARIABLES):
+        return None
+    from shardverify.cpus import thread_share
+
+    return thread_share(identity[1])
 
 
 def plan_process_backend(mesh_size: int, gpus: tuple[int, ...], device_count: int,
@@ -275,6 +301,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered by pytest-xdist too; repeated here so --strict-markers holds without xdist.
     config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
     config.stash[_SETTINGS] = resolve_settings(config)
+    threads = worker_threads()
+    if threads is not None:
+        import torch  # an xdist worker runs tests that import it anyway
+
+        # n workers on fewer cores, each with torch's default of a thread per core, make every
+        # OpenMP team wait on members whose core another worker holds
+        torch.set_num_threads(threads)
     if config.getoption("hypothesis_profile", None) is None:
         from shardverify.explore import load_profile
 

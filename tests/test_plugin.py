@@ -23,8 +23,10 @@ from shardverify.pytest_plugin import (
     Settings,
     parse_auto_parallel,
     plan_process_backend,
+    THREAD_VARIABLES,
     resolve_kind,
     worker_gpu_slice,
+    worker_threads,
 )
 
 pytest_plugins = ["pytester"]
@@ -177,6 +179,54 @@ def test_xdist_workers_get_disjoint_equal_gpu_slices():
 def test_bad_xdist_identity_is_rejected(worker, count):
     with pytest.raises(InvalidArgument, match="PYTEST_XDIST_WORKER"):
         worker_gpu_slice(4, worker, count)
+
+
+def test_thread_share_splits_the_usable_cpus_among_the_processes(monkeypatch):
+    from shardverify import cpus
+
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: list(range(8)))
+    assert [cpus.thread_share(n) for n in (1, 2, 3, 4, 8, 16)] == [8, 4, 2, 2, 1, 1]
+    for bad in (0, -1, 2.0, True, "2"):
+        with pytest.raises(InvalidArgument, match=f"processes={bad!r}"):
+            cpus.thread_share(bad)
+
+
+def test_xdist_workers_get_their_share_of_the_cpus_unless_the_environment_sets_threads(monkeypatch):
+    from shardverify import cpus
+
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: list(range(8)))
+    worker = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "4"}
+    assert worker_threads(worker) == 2
+    assert worker_threads({**worker, "PYTEST_XDIST_WORKER_COUNT": "16"}) == 1
+    assert worker_threads({}) is None                  # not an xdist worker: torch's default
+    for name in THREAD_VARIABLES:
+        assert worker_threads({**worker, name: "3"}) is None
+    assert worker_threads({**worker, "OMP_NUM_THREADS": ""}) == 2   # set but empty says nothing
+    with pytest.raises(InvalidArgument, match="PYTEST_XDIST_WORKER_COUNT='0'"):
+        worker_threads({**worker, "PYTEST_XDIST_WORKER_COUNT": "0"})
+
+
+def test_pytest_n_gives_each_worker_its_share_of_torch_threads(pytester, clean_env):
+    for name in THREAD_VARIABLES:
+        clean_env.delenv(name, raising=False)
+    pytester.makepyfile(test_threads="""
+        import os
+        import pathlib
+
+        import pytest
+        import torch
+
+
+        @pytest.mark.parametrize("n", range(4))
+        def test_threads(n):
+            pathlib.Path(f"threads_{os.environ['PYTEST_XDIST_WORKER']}").write_text(str(torch.get_num_threads()))
+    """)
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=4)
+    from shardverify.cpus import thread_share
+
+    seen = {path.name: int(path.read_text()) for path in pytester.path.glob("threads_gw*")}
+    assert seen and set(seen.values()) == {thread_share(2)}, seen
 
 
 def test_process_plan_uses_nccl_only_when_the_slice_fits_the_mesh():

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardverify.cli.verify_cmd import Progress, Row, close_backends, describe_error, row_label, verify_row
-from shardverify.cpus import keep_to_cpu, usable_cpus
+from shardverify.cpus import keep_to_cpu, thread_share, usable_cpus
 from shardverify.errors import ShardVerifyError
 
 #: what every worker imports anyway, imported once in the forkserver instead
@@ -61,7 +61,7 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
     ctx.set_forkserver_preload(list(_PRELOAD))
     cpus = usable_cpus()
     pool = cf.ProcessPoolExecutor(width, mp_context=ctx, initializer=_start_worker,
-                                  initargs=(counter, cpus if jobs <= len(cpus) else [], max(1, len(cpus) // jobs)))
+                                  initargs=(counter, cpus if jobs <= len(cpus) else [], thread_share(jobs)))
     running: dict[cf.Future, int] = {}
     lost: list[tuple[int, str]] = []
     try:
