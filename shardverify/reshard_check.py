@@ -66,18 +66,17 @@ def _symmetries(mesh: DeviceMesh, tensor_shape: tuple[int, ...]):
 def layout_pairs(mesh: DeviceMesh, tensor_shape: tuple[int, ...], prune: bool = True) -> list[tuple[str, str]]:
     """(source, target) pairs as layout strings; with ``prune`` one per symmetry orbit."""
     layouts = enumerate_layouts(mesh.shape, tensor_shape)
-    pairs = [(str(s), str(t)) for s in layouts for t in layouts]
+    names = [str(layout) for layout in layouts]   # each named once, not once per pair
     if not prune:
-        return pairs
-    by_name = {str(l): l for l in layouts}
+        return [(src, tgt) for src in names for tgt in names]
     group = _symmetries(mesh, tensor_shape)
+    images = [[_permute(layout, ap, dp) for ap, dp in group] for layout in layouts]   # g(layout), for each g
     seen, kept = set(), []
-    for src, tgt in pairs:
-        if (src, tgt) in seen:
-            continue
-        kept.append((src, tgt))
-        for ap, dp in group:
-            seen.add((_permute(by_name[src], ap, dp), _permute(by_name[tgt], ap, dp)))
+    for i, src in enumerate(names):
+        for j, tgt in enumerate(names):
+            if (src, tgt) not in seen:
+                kept.append((src, tgt))
+                seen.update(zip(images[i], images[j]))   # the pair's orbit: (g(src), g(tgt)) for each g
     return kept
 
 
