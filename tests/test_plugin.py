@@ -17,13 +17,13 @@ from shardverify.errors import InvalidArgument
 from shardverify.mesh import DeviceMesh
 from shardverify.pytest_plugin import (
     MAX_PROCESS_POOLS,
+    THREAD_VARIABLES,
     BackendPool,
     NotEnoughDevices,
     ProcessPlan,
     Settings,
     parse_auto_parallel,
     plan_process_backend,
-    THREAD_VARIABLES,
     resolve_kind,
     worker_gpu_slice,
     worker_threads,
