@@ -3,7 +3,8 @@
 Why a plugin rather than conftest code: generated tests, the harness's own tests and users'
 suites must all obey the same rules -- multi-process tests run only when asked for
 (AUTO_PARALLEL=1), a hung collective fails one test instead of blocking CI, every worker
-process is gone when the session ends, and `pytest -n 4` never shares a port or a GPU.
+process is gone when the session ends, and `pytest -n 4` never shares a port or a GPU, nor
+runs more torch threads than the workers have CPUs.
 
 Loaded through the `pytest11` entry point when shardverify is installed, and by the
 repository's top-level conftest.py from a plain checkout (same plugin name, so never twice).
