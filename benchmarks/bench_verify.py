@@ -231,20 +231,15 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
     starts).  ms per check, checks timed, and how many layouts were left out: those whose op
     cannot run without its declared collectives (a shard the op cannot take, an output the
     gradient shard does not fit)."""
-    import copy
-
     import torch
 
-    from shardverify.verify.engine import local_arguments
+    from shardverify.verify.engine import _private_module, local_arguments
     from shardverify.verify.reference import as_outputs, call_op, reference
 
     def prepared(case, strategy) -> list:
         """Per rank: (node, module, input shards by locator, argument values, grad-output shards)."""
         ref = reference(case, None, torch.device("cpu"))
-        if id(ref) not in modules:   # the reference is kept with its module copy, so its id stays its own
-            modules[id(ref)] = (ref, copy.deepcopy(ref.graph_module.get_submodule(ref.node.target))
-                                if ref.node.op == "call_module" else None)
-        module = modules[id(ref)][1]
+        module = _private_module(ref) if ref.node.op == "call_module" else None   # this thread's copy, as a rank's
         ranks = []
         for rank in range(mesh.size):
             shards = {(d.locator.kind, d.locator.key): strategy.get_sharding_spec_by_name(d.name).local_shard(
@@ -263,7 +258,6 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
             torch.autograd.grad(outputs, leaves, [g.to(out.dtype) for out, g in zip(outputs, grads)],
                                 allow_unused=True)
 
-    modules: dict = {}
     runnable, left_out = [], 0
     for case, strategies in cases_and_strategies:   # warm-up, and which layouts run bare
         for strategy in strategies:

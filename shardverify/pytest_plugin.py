@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from shardverify.cpus import thread_share
 from shardverify.errors import BackendError, InvalidArgument, RankError, RankTimeout
 from shardverify.mesh import DeviceMesh
 
@@ -166,8 +167,6 @@ def worker_threads(environ: Mapping[str, str] = os.environ) -> int | None:
     identity = xdist_identity(environ.get("PYTEST_XDIST_WORKER"), environ.get("PYTEST_XDIST_WORKER_COUNT"))
     if identity is None or any(environ.get(name) for name in THREAD_VARIABLES):
         return None
-    from shardverify.cpus import thread_share
-
     return thread_share(identity[1])
 
 
