@@ -7,7 +7,7 @@ pytest_plugins = ["shardverify.pytest_plugin"]
 
 def pytest_configure(config) -> None:
     """This session exists to check strategies: the collector thresholds of a checking
-    process (see shardverify.gc_policy; each pytest-xdist worker loads this file too)."""
-    from shardverify.gc_policy import tune_for_checking
+    process (see shardverify.backends.gc_policy; each pytest-xdist worker loads this file too)."""
+    from shardverify.backends.gc_policy import tune_for_checking
 
     tune_for_checking()

@@ -21,8 +21,8 @@ import time
 import torch
 
 from shardverify.backends.process import ProcessBackend
-from shardverify.collectives.algorithms import naive_all_reduce, ring_all_reduce
-from shardverify.mesh import DeviceMesh
+from shardverify.algorithms.implementations import naive_all_reduce, ring_all_reduce
+from shardverify.sharding.mesh import DeviceMesh
 
 ALGORITHMS = ("builtin", "ring", "naive")
 FULL_SIZES = tuple(4096 * 4 ** i for i in range(8))          # 4 KiB .. 64 MiB

@@ -24,8 +24,8 @@ import time
 from shardverify.audit.decide import Operand, prepare
 from shardverify.audit.layouts import tensor_layouts
 from shardverify.cli.verify_cmd import parse_mesh
-from shardverify.mesh import DeviceMesh
-from shardverify.verify.case import InputDecl, OpCase
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.spec.case import InputDecl, OpCase
 
 CASES = {
     "sum": (OpCase(op="sum", target="torch.sum", inputs=(InputDecl("x", (8, 12)),), params=(("dim", 1),)),

@@ -23,7 +23,7 @@ import sys
 import yaml
 
 from shardverify.backends.process import ProcessBackend
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.calibrate import calibrated_mesh
 from shardverify.plan.execute import ModelRecipe, rank_time_plan
 from shardverify.plan.spec import SOLVER, build_spec_model

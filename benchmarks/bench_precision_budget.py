@@ -23,10 +23,10 @@ def main() -> None:
 
     import torch
 
-    from shardverify.api import strategies_for_node
+    from shardverify.strategies.for_node import strategies_for_node
     from shardverify.backends import SimulatedBackend
-    from shardverify.cli.verify_cmd import load_op_specs
-    from shardverify.mesh import DeviceMesh
+    from shardverify.codegen.generate import load_op_specs
+    from shardverify.sharding.mesh import DeviceMesh
     from shardverify.verify.engine import _run_check
     from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
     from shardverify.verify.tolerance import Tolerance

@@ -166,7 +166,8 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
     from torch.distributed.tensor import DeviceMesh, distribute_tensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from shardverify.verify.reference import as_outputs, call_op, reference
+    from shardverify.capture.call import as_outputs, call_op
+    from shardverify.verify.reference import reference
 
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)   # "suboptimal" notes
     world = 1
@@ -234,7 +235,8 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
     import torch
 
     from shardverify.verify.engine import _private_module, local_arguments
-    from shardverify.verify.reference import as_outputs, call_op, reference
+    from shardverify.capture.call import as_outputs, call_op
+    from shardverify.verify.reference import reference
 
     def prepared(case, strategy) -> list:
         """Per rank: (node, module, input shards by locator, argument values, grad-output shards)."""
@@ -328,12 +330,13 @@ def main() -> None:
 
     import torch
 
-    from shardverify.api import strategies_for_node
+    from shardverify.strategies.for_node import strategies_for_node
     from shardverify.backends import SimulatedBackend
     from shardverify.backends.process import ProcessBackend
-    from shardverify.cli.verify_cmd import load_op_specs, parse_mesh
-    from shardverify.gc_policy import tune_for_checking
-    from shardverify.mesh import DeviceMesh
+    from shardverify.cli.verify_cmd import parse_mesh
+    from shardverify.codegen.generate import load_op_specs
+    from shardverify.backends.gc_policy import tune_for_checking
+    from shardverify.sharding.mesh import DeviceMesh
 
     torch.set_num_threads(1)
     tune_for_checking()   # the collector settings `shardverify verify` and the suite check under

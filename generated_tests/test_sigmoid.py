@@ -5,7 +5,7 @@ grid point and mesh shape of its spec, on the simulated and the process backend.
 
 import pytest
 
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 
@@ -100,8 +100,8 @@ STRATEGY_COUNTS = [
 
 @pytest.mark.parametrize("case_index, mesh_shape, expected", STRATEGY_COUNTS)
 def test_sigmoid_strategy_count(case_index, mesh_shape, expected):
-    from shardverify.api import strategies_for_node
-    from shardverify.mesh import DeviceMesh
+    from shardverify.strategies.for_node import strategies_for_node
+    from shardverify.sharding.mesh import DeviceMesh
 
     graph_module, node_name = CASES[case_index].build()
     strategies = strategies_for_node(graph_module, node_name, DeviceMesh(mesh_shape))

@@ -5,7 +5,7 @@ grid point and mesh shape of its spec, on the simulated and the process backend.
 
 import pytest
 
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 

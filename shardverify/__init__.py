@@ -1,9 +1,9 @@
 """shardverify: declarative, numerically verified tensor-sharding strategies."""
 
 from shardverify.errors import *  # noqa: F401,F403
-from shardverify.mesh import DeviceMesh
-from shardverify.sharding import DimSpec, ShardingSequence, ShardingSpec
-from shardverify.strategy import (
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.sharding_spec import DimSpec, ShardingSequence, ShardingSpec
+from shardverify.sharding.strategy import (
     CommAction,
     CommPattern,
     CommWhere,
@@ -16,6 +16,6 @@ from shardverify.strategy import (
     StrategiesVector,
     TrainCycleItem,
 )
-from shardverify.tracing import trace
-from shardverify.api import strategies_for_node
+from shardverify.capture.fx import trace
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.plan import verify_plan

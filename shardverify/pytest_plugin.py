@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from shardverify.cpus import thread_share
+from shardverify.backends.cpus import thread_share
 from shardverify.errors import BackendError, InvalidArgument, RankError, RankTimeout
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 if TYPE_CHECKING:
     from shardverify.backends.base import Backend
@@ -162,7 +162,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 def worker_threads(environ: Mapping[str, str] = os.environ) -> int | None:
     """torch's intra-op threads for this xdist worker: its share of the CPUs among the
-    workers (see shardverify.cpus.thread_share). None outside xdist, or where the
+    workers (see shardverify.backends.cpus.thread_share). None outside xdist, or where the
     environment sets a thread count (THREAD_VARIABLES): the user's choice stands."""
     identity = xdist_identity(environ.get("PYTEST_XDIST_WORKER"), environ.get("PYTEST_XDIST_WORKER_COUNT"))
     if identity is None or any(environ.get(name) for name in THREAD_VARIABLES):
@@ -309,7 +309,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # OpenMP team wait on members whose core another worker holds
         torch.set_num_threads(threads)
     if config.getoption("hypothesis_profile", None) is None:
-        from shardverify.explore import load_profile
+        from shardverify.explore.strategies import load_profile
 
         load_profile()   # $SV_HYPOTHESIS_PROFILE, default "ci": bounded, derandomized, no deadline
     config.pluginmanager.register(_SkipSummary(), "shardverify-skip-summary")

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from shardverify.audit.accept import glob_matches
+from shardverify.spec.accept import glob_matches
 from shardverify.audit.decide import Operand, prepare
 from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
 from shardverify.audit.offered import offered_combination
 from shardverify.cli.main import main
 from shardverify.errors import SpecError
-from shardverify.generators.registry import get_generator, register_generator
-from shardverify.mesh import DeviceMesh
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.strategies.generators.registry import get_generator, register_generator
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 
 REPO = Path(__file__).resolve().parents[1]
 LINEAR = (REPO / "specs" / "linear.yaml").read_text()
@@ -100,7 +100,7 @@ def test_max_over_a_sharded_dim_is_a_partial_max():
 # ------------------------------------------------------------------ offered strategies
 
 def _linear_strategies(mesh_shape, bias):
-    from shardverify.api import strategies_for_node
+    from shardverify.strategies.for_node import strategies_for_node
 
     case = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("x", (4, 16)),),
                   module=ModuleDecl("torch.nn.Linear", args=(16, 32), kwargs=(("bias", bias),)))
@@ -116,7 +116,7 @@ def test_an_after_all_reduce_is_a_partial_raw_output():
 
 
 def test_a_before_gather_changes_the_layout_the_op_sees():
-    from shardverify.strategy import CommAction, CommPattern, CommWhere
+    from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere
 
     strategy = next(s for s in _linear_strategies((2,), False) if s.name.startswith("S0R = S0R x RR"))
     gather = CommAction(CommPattern.GATHER_FWD_SPLIT_BWD, (0,), "x", CommWhere.BEFORE, dims=(0,))
@@ -141,7 +141,7 @@ def _write(tmp_path: Path, text: str, name: str = "linear.yaml") -> Path:
 
 
 def test_accept_entries_name_file_and_line_on_mistakes(tmp_path):
-    from shardverify.cli.verify_cmd import load_op_specs
+    from shardverify.codegen.generate import load_op_specs
 
     base = LINEAR.split("\naudit:")[0]
     bad_role = base + "\naudit:\n  accept:\n    - reason: r\n      match: {weight: \"*\"}\n"
@@ -209,7 +209,7 @@ def test_a_rule_omitting_row_parallel_linear_is_reported_missing(tmp_path, capsy
 @register_generator("audit_test_forgets_the_all_reduce")
 def _forgets_the_all_reduce(ctx):
     """linear_projection whose row-parallel strategies lose their AFTER all-reduce."""
-    from shardverify.strategy import CommWhere
+    from shardverify.sharding.strategy import CommWhere
 
     return [s.replace(communication_actions=tuple(a for a in s.communication_actions if a.where is not CommWhere.AFTER))
             for s in get_generator("linear_projection")(ctx)]
@@ -229,7 +229,7 @@ def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
     import torch.distributed as dist
 
     from shardverify.audit.dtensor import compare_case
-    from shardverify.cli.verify_cmd import load_op_specs
+    from shardverify.codegen.generate import load_op_specs
 
     spec = load_op_specs(REPO, None, ["linear"])[0]
     case_id, case = next((cid, c) for cid, c in spec.op_cases() if cid == "torch.nn.functional.linear-bias_False")
@@ -243,7 +243,7 @@ def test_dtensor_gets_integer_operands_as_integers():
     """embedding's indices stay int64 in DTensor (a float cast once made DTensor refuse every
     combination, each reported as a DTensor error on a valid one)."""
     from shardverify.audit.dtensor import compare_case
-    from shardverify.cli.verify_cmd import load_op_specs
+    from shardverify.codegen.generate import load_op_specs
 
     spec = load_op_specs(REPO, None, ["embedding"])[0]
     case_id, case = spec.op_cases()[0]
@@ -257,7 +257,7 @@ def test_a_strided_dtensor_output_is_counted_apart_from_errors():
     (interleaved slices), which is no block layout of the audit's: neither an error of
     DTensor's nor a disagreement while the audit finds no block output either."""
     from shardverify.audit.dtensor import STRIDED, compare_case
-    from shardverify.cli.verify_cmd import load_op_specs
+    from shardverify.codegen.generate import load_op_specs
 
     spec = load_op_specs(REPO, None, ["flatten"])[0]
     case_id, case = spec.op_cases()[0]
@@ -274,8 +274,8 @@ def _with_post_added_bias(ctx):
     its memory, which `verify` would (rightly) fail."""
     import dataclasses
 
-    from shardverify.sharding import ShardingSpec
-    from shardverify.strategy import CommPattern, CommWhere, PostAdd
+    from shardverify.sharding.sharding_spec import ShardingSpec
+    from shardverify.sharding.strategy import CommPattern, CommWhere, PostAdd
 
     strategies = get_generator("linear_projection")(ctx)
     bias = ctx.operands.get("bias")
@@ -319,7 +319,7 @@ def test_post_added_bias_covers_row_parallel_linear_with_bias(tmp_path, capsys):
 # ------------------------------------------------------------------ absent operands, family gaps
 
 def _op_spec(name: str):
-    from shardverify.cli.verify_cmd import load_op_specs
+    from shardverify.codegen.generate import load_op_specs
 
     return load_op_specs(REPO, None, [name])[0]
 
@@ -363,7 +363,7 @@ def test_a_module_target_reads_its_parameters_like_the_verifier():
 
 
 def test_the_rules_family_declares_its_gaps_once():
-    from shardverify.audit.accept import family_gaps
+    from shardverify.spec.accept import family_gaps
 
     gaps = family_gaps("rules")
     assert [g.match[0][0] for g in gaps] == ["any_input", "any_input"] and all(g.reason for g in gaps)

@@ -19,7 +19,7 @@ import torch
 from shardverify.backends import SimulatedBackend
 from shardverify.backends.base import is_frozen, private_copy
 from shardverify.errors import RankDied, RankError, RankTimeout
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 
 # ---- SPMD bodies (module level: the process pool imports them) ---------------------------------

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from shardverify.backends import SimulatedBackend, get_backend
 from shardverify.backends.process import ProcessBackend
 from shardverify.errors import BackendError, RankDied, RankError, RankTimeout
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 # one xdist group: under `--dist loadgroup` these pools live on a single worker
 pytestmark = [pytest.mark.dist, pytest.mark.xdist_group("shardverify-backends-process")]
@@ -365,8 +365,8 @@ def body_collector(comm):
 def test_workers_collect_as_checking_processes(pool):
     """A check's short-lived objects reached the old generation under the default thresholds:
     a full collection walked the whole worker (torch, the verifier) again, 0.35 s per worker
-    every few seconds of checks (see shardverify.gc_policy)."""
-    from shardverify.gc_policy import CHECKING_THRESHOLDS
+    every few seconds of checks (see shardverify.backends.gc_policy)."""
+    from shardverify.backends.gc_policy import CHECKING_THRESHOLDS
 
     assert pool((2,)).run(body_collector) == [CHECKING_THRESHOLDS] * 2
 
@@ -408,7 +408,7 @@ import os
 import torch
 from shardverify.backends import get_backend
 from shardverify.errors import RankError
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 
 def gather(comm):

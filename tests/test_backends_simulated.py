@@ -13,7 +13,7 @@ from shardverify.backends import SimulatedBackend, get_backend
 from shardverify.backends.base import Backend, Communicator
 from shardverify.backends.simulated import _current_cpu
 from shardverify.errors import BackendError, RankError, RankTimeout
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 MESHES = [(2, 2), (4,), (3,)]
 AXES = {(2, 2): [(0,), (1,), (0, 1), (1, 0)], (4,): [(0,)], (3,): [(0,)]}

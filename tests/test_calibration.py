@@ -8,7 +8,7 @@ import json
 import pytest
 
 from shardverify import DeviceMesh
-from shardverify.calibration import (
+from shardverify.backends.calibration import (
     ENV_VAR,
     Sample,
     calibration_path,

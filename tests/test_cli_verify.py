@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardverify import DeviceMesh
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.cli import verify_cmd
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def test_a_broken_communication_layer_fails_the_run(capsys, monkeypatch):
     """Gradient hooks that do nothing: exactly the linear strategies that declare a gradient
     hook must fail, be counted in the table, reported in full, and the exit status is 1."""
     from shardverify.collectives import patterns
-    from shardverify.strategy import CommWhere
+    from shardverify.sharding.strategy import CommWhere
 
     monkeypatch.setattr(patterns, "apply_grad_hook", lambda comm, action, grad: grad)
     assert cli("linear", "--mesh", "4", "--root", str(REPO)) == 1
@@ -191,13 +191,13 @@ def test_python_dash_m_entry_point(tmp_path):
 
 def test_the_command_line_runs_with_the_collector_thresholds_of_a_checking_process():
     """A check's short-lived objects reached the old generation under the default thresholds,
-    and full collections took 15% of `shardverify verify` (see shardverify.gc_policy)."""
+    and full collections took 15% of `shardverify verify` (see shardverify.backends.gc_policy)."""
     script = ("import gc, sys\n"
               "from shardverify.cli.main import main\n"
               "before = gc.get_threshold()\n"
               "try:\n    main(['verify', '--help'])\nexcept SystemExit:\n    pass\n"
               "print(before, gc.get_threshold(), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
-    from shardverify.gc_policy import CHECKING_THRESHOLDS
+    from shardverify.backends.gc_policy import CHECKING_THRESHOLDS
 
     assert done.stderr.strip().splitlines()[-1] == f"(700, 10, 10) {CHECKING_THRESHOLDS}", done.stderr

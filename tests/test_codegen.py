@@ -21,7 +21,7 @@ from shardverify.errors import InvalidArgument, SpecError
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = ("generated_tests/test_linear.py", "generated_tests/test_sum.py",
-           "shardverify/handlers/generated/linear.py", "shardverify/handlers/generated/sum.py")
+           "shardverify/strategies/handlers/generated/linear.py", "shardverify/strategies/handlers/generated/sum.py")
 
 
 @pytest.fixture
@@ -101,13 +101,13 @@ def test_rendering_twice_gives_the_same_bytes():
 
 def test_check_catches_a_hand_edited_file(root, capsys):
     generate(root)
-    handler = root / "shardverify/handlers/generated/sum.py"
+    handler = root / "shardverify/strategies/handlers/generated/sum.py"
     handler.write_text(handler.read_text().replace("generator='following'", "generator='replicated'"))
     assert run_cli("generate", "--check", "--root", str(root)) == 1
     out, err = capsys.readouterr()
     assert "--- a/shardverify/handlers/generated/sum.py" in out
     assert "-    generator='replicated'," in out and "+    generator='following'," in out
-    assert "stale: shardverify/handlers/generated/sum.py" in err
+    assert "stale: shardverify/strategies/handlers/generated/sum.py" in err
     assert "replicated" in handler.read_text()       # --check writes nothing
     assert run_cli("generate", "--root", str(root)) == 0
     assert run_cli("generate", "--check", "--root", str(root)) == 0
@@ -131,7 +131,7 @@ def test_check_catches_an_orphan_and_generate_removes_it(root, capsys):
     assert run_cli("generate", "--check", "--root", str(root)) == 1
     out, err = capsys.readouterr()
     assert "orphan: generated_tests/test_sum.py" in err
-    assert "orphan: shardverify/handlers/generated/sum.py" in err
+    assert "orphan: shardverify/strategies/handlers/generated/sum.py" in err
     assert "conftest.py" not in err                  # no header: not ours
     assert "+++ /dev/null" in out
     assert run_cli("generate", "--root", str(root)) == 0
@@ -168,7 +168,7 @@ def test_generate_named_specs_only(root, capsys):
     assert run_cli("generate", "sum", "--root", str(root)) == 0
     out = capsys.readouterr().out
     assert "created generated_tests/test_sum.py" in out
-    assert "created shardverify/handlers/generated/sum.py" in out
+    assert "created shardverify/strategies/handlers/generated/sum.py" in out
     assert "linear" not in out and not (root / "generated_tests/test_linear.py").exists()
     assert run_cli("generate", "nope", "--root", str(root)) == 1
     assert "no spec named 'nope'" in capsys.readouterr().err
@@ -192,7 +192,7 @@ def test_generated_handler_registers_the_spec():
     """The committed handler modules (imported through the registry) carry the spec's data."""
     import torch
 
-    from shardverify.handlers import registered_handlers
+    from shardverify.strategies.handlers import registered_handlers
 
     handlers = registered_handlers()
     total, linear = handlers["sum"], handlers["linear"]

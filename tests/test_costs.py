@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from shardverify import DeviceMesh
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import SimulatedBackend
-from shardverify.generators.common import action_traffic, compute_cost, op_call_shapes
-from shardverify.strategy import CommAction, CommPattern, CommWhere, TrainCycleItem
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.strategies.generators.common import action_traffic, compute_cost, op_call_shapes
+from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere, TrainCycleItem
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.costs import OpMeter, price_traffic
 from shardverify.verify.engine import verify_case, verify_strategy
 
@@ -136,9 +136,9 @@ def test_priced_traffic_uses_the_mesh_model():
 def test_partial_reductions_declare_their_backward_collectives(mesh22, target, op):
     """A reduced dim kept sharded: the partial output is all-reduced with ``op``; max/min also
     all-reduce once in backward (to find the holders), which the declared cost must include."""
-    from shardverify.generators.common import with_declared_costs
-    from shardverify.sharding import ShardingSpec
-    from shardverify.strategy import OperandLocator, OperationData, OperationDataType, ShardingStrategy
+    from shardverify.strategies.generators.common import with_declared_costs
+    from shardverify.sharding.sharding_spec import ShardingSpec
+    from shardverify.sharding.strategy import OperandLocator, OperationData, OperationDataType, ShardingStrategy
 
     case = OpCase(op=target, target=target, inputs=INPUT, params=(("dim", (0,)), ("keepdim", False)),
                   predecessor=ModuleDecl("torch.nn.Linear", (16, 32), (("bias", False),)))
@@ -166,6 +166,6 @@ def test_partial_reductions_declare_their_backward_collectives(mesh22, target, o
 
 
 def strategy_memory(inp, out, specs):
-    from shardverify.generators.common import memory_cost
+    from shardverify.strategies.generators.common import memory_cost
 
     return memory_cost((inp, out), specs)

@@ -1,4 +1,4 @@
-"""CPU placement (shardverify.cpus): a placement that cannot be made costs speed, never a check."""
+"""CPU placement (shardverify.backends.cpus): a placement that cannot be made costs speed, never a check."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from shardverify import cpus
+from shardverify.backends import cpus
 from shardverify.backends.process import worker_cpus
 
 

@@ -1,4 +1,4 @@
-"""shardverify.explore: strategies derived from a spec, the property check, the CLI search.
+"""shardverify.explore.strategies: strategies derived from a spec, the property check, the CLI search.
 
 The central test plants a bug that the spec's grid cannot see: a generator registered under a
 test-only family name that forgets to gather a reduced dim when the dim is given as a negative
@@ -17,7 +17,7 @@ from hypothesis import find, given, settings
 from hypothesis.errors import NoSuchExample
 
 from shardverify import explore
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import get_backend
 from shardverify.cli.main import main
 from shardverify.spec.loader import load_yaml_text
@@ -25,10 +25,10 @@ from shardverify.codegen.op_kind import HANDLER_DIR, render_op_spec
 from shardverify.spec.op import parse_op_spec
 from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument
-from shardverify.generators.registry import get_generator, register_generator
-from shardverify.handlers.base import unregister_handler
-from shardverify.mesh import DeviceMesh
-from shardverify.sharding import ShardingSpec
+from shardverify.strategies.generators.registry import get_generator, register_generator
+from shardverify.strategies.handlers.base import unregister_handler
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from shardverify import DeviceMesh, HandlerError, strategies_for_node, trace
-from shardverify.generators import generator_names, get_generator
-from shardverify.handlers import (
+from shardverify.strategies.generators import generator_names, get_generator
+from shardverify.strategies.handlers import (
     HandlerDef,
     OperandDecl,
     ParamDecl,
@@ -14,7 +14,7 @@ from shardverify.handlers import (
     registered_handlers,
     resolve_params,
 )
-from shardverify.handlers.base import target_key, unregister_handler
+from shardverify.strategies.handlers.base import target_key, unregister_handler
 
 
 def test_generated_handlers_are_registered_on_import():

@@ -12,7 +12,7 @@ import torch
 from shardverify.errors import InvalidArgument, SpecError
 from shardverify.spec.loader import load_yaml_text
 from shardverify.spec.op import parse_op_spec
-from shardverify.verify.case import CallArg, InputDecl, OpCase
+from shardverify.spec.case import CallArg, InputDecl, OpCase
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 

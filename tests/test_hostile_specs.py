@@ -21,7 +21,7 @@ from shardverify.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 SUM = (REPO / "specs" / "sum.yaml").read_text()
-GENERATED = ("shardverify/handlers/generated", "generated_tests")
+GENERATED = ("shardverify/strategies/handlers/generated", "generated_tests")
 
 
 def git(root: Path, *args: str) -> str:
@@ -127,9 +127,9 @@ def test_a_conflicting_generated_handler_cannot_break_import(root):
     checked = cli("generate", "--check")
     assert checked.returncode == 1
     assert "is not registered" in checked.stderr and "already handled" in checked.stderr
-    assert "orphan: shardverify/handlers/generated/mysum.py" in checked.stderr
+    assert "orphan: shardverify/strategies/handlers/generated/mysum.py" in checked.stderr
     fixed = cli("generate")    # its header names specs/mysum.yaml, gone from specs/: removed
-    assert fixed.returncode == 0 and "removed orphan shardverify/handlers/generated/mysum.py" in fixed.stdout
+    assert fixed.returncode == 0 and "removed orphan shardverify/strategies/handlers/generated/mysum.py" in fixed.stdout
     again = cli("generate", "--check")
     assert again.returncode == 0, again.stderr
 
@@ -169,7 +169,7 @@ def test_a_renamed_op_removes_the_files_of_its_old_name(root, capsys):
     spec(root, SUM.replace("op: sum", "op: total"), "sum.yaml")
     code, text = run(capsys, "generate", "--root", str(root))
     assert code == 0, text
-    assert "removed orphan shardverify/handlers/generated/sum.py" in text
+    assert "removed orphan shardverify/strategies/handlers/generated/sum.py" in text
     assert (root / GENERATED[0] / "total.py").exists()
 
 

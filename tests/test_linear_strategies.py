@@ -16,7 +16,7 @@ from shardverify import (
     strategies_for_node,
     trace,
 )
-from shardverify.generators.linear_projection import logical_families, logical_name
+from shardverify.strategies.generators.linear_projection import logical_families, logical_name
 
 # ColossalAI's names for nn.Linear(16, 32) on a (4, 4, 4, 16) input on a (2, 2) mesh, in its order.
 REFERENCE_2D = [

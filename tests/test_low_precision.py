@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from shardverify import DeviceMesh
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import SimulatedBackend
 from shardverify.collectives import patterns
-from shardverify.strategy import CommPattern, CommWhere
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.sharding.strategy import CommPattern, CommWhere
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_strategy
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets, single_device_errors
 

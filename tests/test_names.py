@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from shardverify.errors import InvalidArgument
-from shardverify.names import UnresolvedName, resolve_dotted
+from shardverify.spec.names import UnresolvedName, resolve_dotted
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -36,14 +36,14 @@ def test_unresolvable_names_say_why(name, message):
 
 
 def test_overlong_names_are_refused_before_any_import():
-    from shardverify.names import MAX_NAME_CHARS, UnresolvedName, resolve_dotted
+    from shardverify.spec.names import MAX_NAME_CHARS, UnresolvedName, resolve_dotted
 
     with pytest.raises(UnresolvedName, match=f"longer than {MAX_NAME_CHARS}"):
         resolve_dotted("torch." + "a" * 300)
 
 
 def test_a_module_that_fails_while_importing_is_an_unresolved_name(tmp_path, monkeypatch):
-    from shardverify.names import UnresolvedName, resolve_dotted
+    from shardverify.spec.names import UnresolvedName, resolve_dotted
 
     (tmp_path / "sv_broken_mod.py").write_text("raise RuntimeError('broken at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

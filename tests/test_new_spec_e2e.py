@@ -53,7 +53,7 @@ def test_a_new_op_spec_generates_and_verifies(tmp_path):
     generated = _run(["-m", "shardverify", "generate"], tmp_path, 120)
     assert generated.returncode == 0, generated.stdout + generated.stderr
     assert "created generated_tests/test_nansum.py" in generated.stdout
-    assert "created shardverify/handlers/generated/nansum.py" in generated.stdout
+    assert "created shardverify/strategies/handlers/generated/nansum.py" in generated.stdout
     test_file = tmp_path / "generated_tests" / "test_nansum.py"
     assert "from specs/nansum.yaml" in test_file.read_text().splitlines()[0]
     checked = _run(["-m", "shardverify", "generate", "--check"], tmp_path, 120)

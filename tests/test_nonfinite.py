@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from shardverify import DeviceMesh
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import SimulatedBackend
 from shardverify.collectives import patterns
-from shardverify.generators.common import with_declared_costs
-from shardverify.sharding import ShardingSpec
-from shardverify.strategy import CommAction, CommPattern, CommWhere
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.strategies.generators.common import with_declared_costs
+from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_case, verify_strategy
 from shardverify.verify.report import assert_passed
 from shardverify.verify.tolerance import Tolerance, compare

@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from shardverify.cli.main import main
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan import PlanInfeasible, build_plan, make_plan, node_options, run_plan, solve_plan, verify_plan
 from shardverify.plan.execute import ModelRecipe, _traced
 from shardverify.plan.spec import build_spec_model
-from shardverify.reshard import ReshardStep
-from shardverify.strategy import CommPattern
+from shardverify.sharding.reshard_plan import ReshardStep
+from shardverify.sharding.strategy import CommPattern
 
 
 def _chain(d_in=16, d_hidden=32):
@@ -181,7 +181,7 @@ class _Heads(nn.Module):
 
 def test_shape_reads_cost_no_resharding_and_heads_stay_sharded(sv_backend):
     from shardverify.plan.model import metadata_read
-    from shardverify.tracing import trace
+    from shardverify.capture.fx import trace
 
     module, inputs = _Heads(), (torch.randn(4, 8, 16),)
     plan = make_plan(module, inputs, (2, 2), {"proj": "RS01 = RR x RS01", "reshape": "RRS01 -> RRS01R"})

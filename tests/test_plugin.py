@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardverify.errors import InvalidArgument
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 from shardverify.pytest_plugin import (
     MAX_PROCESS_POOLS,
     THREAD_VARIABLES,
@@ -182,7 +182,7 @@ def test_bad_xdist_identity_is_rejected(worker, count):
 
 
 def test_thread_share_splits_the_usable_cpus_among_the_processes(monkeypatch):
-    from shardverify import cpus
+    from shardverify.backends import cpus
 
     monkeypatch.setattr(cpus, "usable_cpus", lambda: list(range(8)))
     assert [cpus.thread_share(n) for n in (1, 2, 3, 4, 8, 16)] == [8, 4, 2, 2, 1, 1]
@@ -192,7 +192,7 @@ def test_thread_share_splits_the_usable_cpus_among_the_processes(monkeypatch):
 
 
 def test_xdist_workers_get_their_share_of_the_cpus_unless_the_environment_sets_threads(monkeypatch):
-    from shardverify import cpus
+    from shardverify.backends import cpus
 
     monkeypatch.setattr(cpus, "usable_cpus", lambda: list(range(8)))
     worker = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "4"}
@@ -223,7 +223,7 @@ def test_pytest_n_gives_each_worker_its_share_of_torch_threads(pytester, clean_e
     """)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", timeout=300)
     result.assert_outcomes(passed=4)
-    from shardverify.cpus import thread_share
+    from shardverify.backends.cpus import thread_share
 
     seen = {path.name: int(path.read_text()) for path in pytester.path.glob("threads_gw*")}
     assert seen and set(seen.values()) == {thread_share(2)}, seen

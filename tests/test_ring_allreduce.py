@@ -13,11 +13,11 @@ import torch
 from shardverify.backends.simulated import SimulatedBackend
 from shardverify.spec.loader import load_yaml
 from shardverify.collectives import algorithms
-from shardverify.collectives.algorithms import RingStep, chunk_bounds, naive_all_reduce, ring_all_reduce, ring_schedule
-from shardverify.collectives.check import check_collective
-from shardverify.collectives.spec import parse_collective_spec
+from shardverify.algorithms.implementations import RingStep, chunk_bounds, naive_all_reduce, ring_all_reduce, ring_schedule
+from shardverify.algorithms.check import check_collective
+from shardverify.algorithms.spec import parse_collective_spec
 from shardverify.errors import CollectiveError
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 RING_SPEC = Path(__file__).resolve().parents[1] / "specs" / "collectives" / "ring_all_reduce.yaml"
 

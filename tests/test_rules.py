@@ -10,16 +10,16 @@ import re
 import pytest
 import torch
 
-import shardverify.handlers.base as handlers
-from shardverify.api import strategies_for_node
+import shardverify.strategies.handlers.base as handlers
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends.simulated import SimulatedBackend
 from shardverify.errors import InvalidArgument
-from shardverify.handlers.base import HandlerDef, OperandDecl, ParamDecl, target_key
-from shardverify.mesh import DeviceMesh
-from shardverify.rules.notation import parse_equation
-from shardverify.rules.rule import bind
-from shardverify.rules.spec import RuleOptions
-from shardverify.verify.case import InputDecl, OpCase
+from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl, target_key
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.strategies.rules.notation import parse_equation
+from shardverify.strategies.rules.rule import bind
+from shardverify.strategies.rules.spec import RuleOptions
+from shardverify.spec.case import InputDecl, OpCase
 from shardverify.verify.engine import verify_case
 
 
@@ -163,8 +163,8 @@ def test_a_compound_dim_spreads_its_shard_only_while_each_rank_holds_one_block()
     """16 viewed as 2 x 8 on (2,2): the 2 over axis 0 and the 8 over axis 1 is S01 of the
     16, offered; the 8 sharded while the 2 is not (rank j: rows j*4..j*4+3 of both 8-row
     halves) is no block of the 16, never offered."""
-    from shardverify.rules.derive import reshape
-    from shardverify.rules.generator import assignments
+    from shardverify.strategies.rules.derive import reshape
+    from shardverify.strategies.rules.generator import assignments
 
     equation, whole, sizes = reshape((16,), (2, 8))
     rule = bind(equation, [(16,)], [(2, 8)], whole=tuple(whole), sizes=sizes)
@@ -178,7 +178,7 @@ def test_a_spread_that_leaves_a_rank_no_single_block_is_caught(monkeypatch):
     """Without the contiguity rule, a view offers the later part of a split dim sharded while
     the leading part is not: those layouts put different elements on a rank on each side,
     and the verifier fails exactly them."""
-    from shardverify.rules.rule import Rule
+    from shardverify.strategies.rules.rule import Rule
 
     def check(op: str):
         case = OpCase(op=op, target="torch.reshape", inputs=(InputDecl("x", (8, 16)),), params=(("shape", (8, 2, 8)),))
@@ -207,7 +207,7 @@ def test_the_right_rules_pass_where_the_wrong_ones_fail():
 # ------------------------------------------- equations from the call, local shapes, masked ids
 
 def test_torch_einsum_equations_read_like_torch():
-    from shardverify.rules.spec import torch_einsum_equation
+    from shardverify.strategies.rules.spec import torch_einsum_equation
 
     assert torch_einsum_equation("bij, bjk -> bik") == parse_equation("bij,bjk->bik")
     assert torch_einsum_equation("ij,jk") == parse_equation("ij,jk->ik")         # implicit: letters used once
@@ -221,7 +221,7 @@ EINSUM_OPERANDS = [OperandDecl("a", "input", 1), OperandDecl("b", "input", 2), O
 
 def einsum_case(equation: str, op: str = "einsum") -> OpCase:
     """A torch.einsum case; a distinct ``op`` gets its own traced graph (strategies are cached on it)."""
-    from shardverify.verify.case import CallArg
+    from shardverify.spec.case import CallArg
 
     return OpCase(op=op, target="torch.einsum", inputs=(InputDecl("a", (4, 8, 8)), InputDecl("b", (4, 8, 8))),
                   positional=(CallArg("value", equation), CallArg("tensor", "a"), CallArg("tensor", "b")))
@@ -246,7 +246,7 @@ RESHAPE_PARAMS = [ParamDecl("shape", 1, "shape", varargs=True)]
 def _the_true_local_shape_passes_a_reversed_one_fails(case, mesh, strategies, sharded) -> None:
     """Every strategy passes; each of ``sharded`` with its local shape argument reversed (the
     same element count, so the op runs) fails on its output."""
-    from shardverify.strategy import LocalArg
+    from shardverify.sharding.strategy import LocalArg
 
     lying = [s.replace(local_args=(LocalArg(s.local_args[0].locator, tuple(reversed(s.local_args[0].value))),))
              for s in sharded]
@@ -343,7 +343,7 @@ def test_vocab_parallel_embedding_masks_ids_and_without_indices_it_is_caught():
 
 
 def test_an_index_shard_that_disagrees_with_the_table_layout_cannot_run():
-    from shardverify.strategy import IndexShard
+    from shardverify.sharding.strategy import IndexShard
 
     case = embedding_case("embedding_index_shard")
     with handler("embedding_rule", torch.nn.functional.embedding, EMBEDDING_OPERANDS,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shardverify import DeviceMesh, StrategyError, strategies_for_node, trace
-from shardverify.generators.following import normalize_dims
+from shardverify.strategies.generators.following import normalize_dims
 
 
 class LinearThen(torch.nn.Module):
@@ -110,7 +110,7 @@ def test_local_sums_are_the_output_shards(dims, keepdim):
 
 def test_a_partial_sum_without_its_all_reduce_or_with_another_op_is_caught():
     from shardverify.backends import SimulatedBackend
-    from shardverify.cli.verify_cmd import load_op_specs
+    from shardverify.codegen.generate import load_op_specs
     from shardverify.verify.engine import verify_case
 
     spec, = load_op_specs(Path(__file__).resolve().parents[1], None, ["sum"])
@@ -130,7 +130,7 @@ def test_a_partial_sum_without_its_all_reduce_or_with_another_op_is_caught():
 
 def test_reduce_op_is_validated():
     from shardverify.errors import HandlerError
-    from shardverify.generators.registry import get_generator
+    from shardverify.strategies.generators.registry import get_generator
 
     class Context:
         handler_name = "sum_handler"

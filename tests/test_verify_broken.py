@@ -14,12 +14,12 @@ import dataclasses
 import pytest
 
 from shardverify import DeviceMesh
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import SimulatedBackend
-from shardverify.generators.common import memory_cost, with_declared_costs
-from shardverify.sharding import ShardingSpec
-from shardverify.strategy import CommAction, CommPattern, CommWhere, ShardingStrategy
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.strategies.generators.common import memory_cost, with_declared_costs
+from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere, ShardingStrategy
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import CheckResult, assert_passed
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from shardverify import DeviceMesh
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import SimulatedBackend
 from shardverify.errors import InvalidArgument, RankTimeout
-from shardverify.strategy import CommAction, CommPattern, CommWhere, MemoryCost, MemoryCycle, ShardingStrategy
+from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere, MemoryCost, MemoryCycle, ShardingStrategy
 from shardverify.verify import engine
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import expected_collectives, verify_case, verify_strategy
 from shardverify.verify.report import CheckResult, Mismatch, assert_passed, format_results
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
@@ -196,7 +196,7 @@ def test_a_rank_that_raises_fails_its_strategy_and_the_run_goes_on(mesh4):
     good = strategies(LINEAR, mesh4)
     layouts = dict(good[-1].sharding_specs)
     # Shard the input on its contracted dim while the weight stays whole: the local op cannot run.
-    from shardverify.sharding import ShardingSpec
+    from shardverify.sharding.sharding_spec import ShardingSpec
 
     broken = good[-1].replace(name="broken", sharding_specs=tuple(
         (n, ShardingSpec.from_partition((4,), spec.tensor_shape, {3: (0,)}) if n == "input_1" else spec)
@@ -241,8 +241,8 @@ def test_format_results_counts_failures():
 def _hand_made(mesh: DeviceMesh, name: str, layouts: dict, actions: tuple) -> ShardingStrategy:
     """A linear strategy written by hand from the first generated one (operands and costs
     recomputed), to exercise the patterns the generators do not use yet."""
-    from shardverify.generators.common import with_declared_costs
-    from shardverify.sharding import ShardingSpec
+    from shardverify.strategies.generators.common import with_declared_costs
+    from shardverify.sharding.sharding_spec import ShardingSpec
 
     base = strategies(LINEAR, mesh)[0]
     specs = {n: ShardingSpec.from_partition(mesh.shape, s.tensor_shape, layouts.get(n, {}))

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from shardverify import DeviceMesh
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import SimulatedBackend
 from shardverify.errors import RankError, RankTimeout
-from shardverify.generators.common import memory_cost
-from shardverify.sharding import ShardingSpec
-from shardverify.strategy import CommPattern
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.strategies.generators.common import memory_cost
+from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.strategy import CommPattern
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import _error_mismatches, verify_strategy
 
 LINEAR = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("input", (4, 16, 32)),),

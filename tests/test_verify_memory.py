@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from shardverify import DeviceMesh
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import SimulatedBackend
-from shardverify.generators.common import memory_cost
-from shardverify.strategy import OperationDataType
-from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+from shardverify.strategies.generators.common import memory_cost
+from shardverify.sharding.strategy import OperationDataType
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_strategy
 
 LINEAR = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("input", (4, 16)),),

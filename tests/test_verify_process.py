@@ -23,7 +23,7 @@ from test_verify_broken import (
     wrong_output_layout,
 )
 
-from shardverify.sharding import ShardingSpec
+from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 

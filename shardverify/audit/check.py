@@ -22,7 +22,7 @@ def audit_meshes(meshes) -> list[tuple[int, ...]]:
 
 
 def _spec(root: Path, spec_path: str):
-    from shardverify.cli.verify_cmd import load_op_specs
+    from shardverify.codegen.generate import load_op_specs
 
     key = (str(root), spec_path)
     with _LOCK:

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import torch
 
 from shardverify.audit.layouts import REDUCE_OPS, Layout, _shardings, _subsets
-from shardverify.indexing import shift_into_shard, zero_outside_shard
-from shardverify.mesh import DeviceMesh
-from shardverify.verify.case import OpCase
-from shardverify.verify.reference import call_op, reference
+from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.spec.case import OpCase
+from shardverify.capture.call import call_op
+from shardverify.verify.reference import reference
 
 __all__ = ["Operand", "Problem", "Outcome", "prepare"]
 

@@ -143,7 +143,7 @@ def _dtensor_outputs(audit: _Audit, mesh, combo) -> tuple[str, tuple[Layout, ...
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from shardverify.verify.reference import call_op
+    from shardverify.capture.call import call_op
 
     problem = audit.problem
     values = {}

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from shardverify.sharding import DimSpec, ShardingSequence, ShardingSpec
+from shardverify.sharding.sharding_spec import DimSpec, ShardingSequence, ShardingSpec
 
 __all__ = ["Layout", "tensor_layouts", "axis_symmetries", "spec_layout", "REDUCE_OPS"]
 

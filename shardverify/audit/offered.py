@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardverify.audit.layouts import Layout, spec_layout
-from shardverify.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
+from shardverify.sharding.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 
 __all__ = ["Offered", "offered_combination", "output_shape_argument"]
 

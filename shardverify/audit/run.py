@@ -15,12 +15,12 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from shardverify.audit.accept import family_gaps
+from shardverify.spec.accept import family_gaps
 from shardverify.audit.decide import Operand, Outcome, Problem, prepare
 from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
 from shardverify.audit.offered import offered_combination, output_shape_argument
-from shardverify.mesh import DeviceMesh
-from shardverify.strategy import OperationDataType
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.strategy import OperationDataType
 
 __all__ = ["Finding", "CaseAudit", "audit_spec", "audit_case", "spec_handler", "offered_strategies"]
 
@@ -80,7 +80,7 @@ class CaseAudit:
 def spec_handler(spec):
     """The HandlerDef a spec's generated module registers, built here without registering,
     so a spec on disk (or a test's planted one) is audited as written."""
-    from shardverify.handlers.base import HandlerDef, OperandDecl, ParamDecl
+    from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl
 
     return HandlerDef(
         name=spec.name, targets=tuple(t.name for t in spec.targets),
@@ -93,7 +93,7 @@ def spec_handler(spec):
 def offered_strategies(spec, graph_module, node, mesh: DeviceMesh) -> tuple[dict, list]:
     """(operand data by role, strategies) that the spec's generator offers for ``node``: the
     verifier's own path (a module's attributes read as its parameters included)."""
-    from shardverify.api import handler_strategies
+    from shardverify.strategies.for_node import handler_strategies
 
     return handler_strategies(spec_handler(spec), graph_module, node, mesh)
 

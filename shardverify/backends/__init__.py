@@ -7,7 +7,7 @@ from typing import Any
 from shardverify.backends.base import Backend, Communicator, CommunicatorBase, RankResult
 from shardverify.backends.simulated import SimulatedBackend, SimulatedCommunicator
 from shardverify.errors import BackendError
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 #: names accepted by ``get_backend``
 BACKEND_NAMES = ("simulated", "process", "gloo", "nccl", "torchrun")

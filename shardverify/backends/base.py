@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 from shardverify.errors import BackendError, CollectiveError, RankError
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup

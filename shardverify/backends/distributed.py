@@ -22,7 +22,7 @@ import torch.distributed as dist
 from shardverify.backends.agreement import SharedAgreement
 from shardverify.backends.base import CommunicatorBase, describe, disagreement, p2p_mismatch
 from shardverify.errors import CollectiveError
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 #: bytes of the metadata header every member contributes before a checked collective

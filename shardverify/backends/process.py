@@ -35,10 +35,10 @@ import torch
 
 from shardverify.backends.agreement import SharedAgreement
 from shardverify.backends.base import RankResult, check_fn, check_timeout
-from shardverify.cpus import can_keep, keep_to_cpu, usable_cpus
+from shardverify.backends.cpus import can_keep, keep_to_cpu, usable_cpus
 from shardverify.errors import BackendError, RankDied, RankError, RankTimeout
-from shardverify.gc_policy import tune_for_checking
-from shardverify.mesh import DeviceMesh
+from shardverify.backends.gc_policy import tune_for_checking
+from shardverify.sharding.mesh import DeviceMesh
 
 DIST_BACKENDS = ("gloo", "nccl")
 #: "forkserver" (default) imports torch once in a server process and forks workers from it,
@@ -48,7 +48,7 @@ START_METHODS = ("forkserver", "spawn")
 #: modules with the symbolic-shapes machinery its tracing pulls in (sympy), and torch._dynamo,
 #: which torch imports on the first call of any dynamo-disabled function (nn.Linear's forward
 #: among them): about a second of CPU per worker, paid by every worker of every pool otherwise
-FORKSERVER_PRELOAD = (__name__, "torch.distributed", "shardverify.verify.engine", "shardverify.api",
+FORKSERVER_PRELOAD = (__name__, "torch.distributed", "shardverify.verify.engine", "shardverify.strategies.for_node",
                       "torch.fx.experimental.symbolic_shapes", "torch._dynamo")
 #: how long the other ranks may take to finish after one raised, before the pool is rebuilt
 GRACE_SECONDS = 1.0

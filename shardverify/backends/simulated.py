@@ -46,9 +46,9 @@ from shardverify.backends.base import (
     private_copy,
     reduce_tensors,
 )
-from shardverify.cpus import can_keep, keep_to_cpu
+from shardverify.backends.cpus import can_keep, keep_to_cpu
 from shardverify.errors import BackendError, RankTimeout
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 #: how long, after a failure or a timeout, the other ranks get to unwind before being abandoned
 GRACE_SECONDS = 0.25

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from shardverify.backends.base import RankResult, check_fn, check_timeout
 from shardverify.backends.distributed import ProcessCommunicator, build_groups
 from shardverify.errors import BackendError, RankTimeout
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 _POLL = 0.01
 

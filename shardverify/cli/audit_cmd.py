@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from shardverify.cli.verify_cmd import load_op_specs, parse_mesh
+from shardverify.cli.verify_cmd import parse_mesh
+from shardverify.codegen.generate import load_op_specs
 from shardverify.errors import SpecError
 
 

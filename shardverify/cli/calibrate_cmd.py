@@ -45,11 +45,11 @@ def payload_sizes(max_bytes: int) -> list[int]:
 
 def rank_linear(backend, mesh, repeats: int) -> dict:
     """Calibrated cost against measured time of every Linear strategy's collectives (fwd + bwd)."""
-    from shardverify.api import strategies_for_node
-    from shardverify.calibration import replay_times, spearman
-    from shardverify.generators.common import action_traffic, communication_cost
-    from shardverify.mesh import DeviceMesh
-    from shardverify.verify.case import InputDecl, ModuleDecl, OpCase
+    from shardverify.strategies.for_node import strategies_for_node
+    from shardverify.backends.calibration import replay_times, spearman
+    from shardverify.strategies.generators.common import action_traffic, communication_cost
+    from shardverify.sharding.mesh import DeviceMesh
+    from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 
     case = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("input", RANK_INPUT),),
                   module=ModuleDecl("torch.nn.Linear", (RANK_IN, RANK_OUT), (("bias", False),)))
@@ -73,8 +73,8 @@ def rank_linear(backend, mesh, repeats: int) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from shardverify.backends import get_backend
-    from shardverify.calibration import fit_mesh, measure, save_calibration
-    from shardverify.mesh import DeviceMesh
+    from shardverify.backends.calibration import fit_mesh, measure, save_calibration
+    from shardverify.sharding.mesh import DeviceMesh
 
     if args.repeats < 1 or args.max_bytes < 1024:
         print("shardverify calibrate: --repeats must be >= 1 and --max-bytes >= 1024", file=sys.stderr)

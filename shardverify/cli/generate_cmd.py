@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 def broken_handlers(root: Path) -> list[str]:
     """The generated handlers of this checkout that did not register when shardverify was
     imported (stale or conflicting files), when `root` is the checkout that was imported."""
-    import shardverify.handlers as handlers
+    import shardverify.strategies.handlers as handlers
 
     package_dir = Path(handlers.__file__).resolve().parent / "generated"
     if (root / "shardverify" / "handlers" / "generated").resolve() != package_dir:

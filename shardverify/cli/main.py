@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shardverify.gc_policy import tune_for_checking
+    from shardverify.backends.gc_policy import tune_for_checking
 
     tune_for_checking()   # this process exists to check: see gc_policy
     args = build_parser().parse_args(argv)

@@ -17,12 +17,12 @@ import multiprocessing.util
 from collections.abc import Sequence
 from typing import Any
 
-from shardverify.cli.verify_cmd import Progress, Row, close_backends, describe_error, row_label, verify_row
-from shardverify.cpus import keep_to_cpu, thread_share, usable_cpus
+from shardverify.cli.verify_rows import Progress, Row, close_backends, describe_error, row_label, verify_row
+from shardverify.backends.cpus import keep_to_cpu, thread_share, usable_cpus
 from shardverify.errors import ShardVerifyError
 
 #: what every worker imports anyway, imported once in the forkserver instead
-_PRELOAD = ("shardverify.cli.verify_cmd", "shardverify.verify.engine", "shardverify.api", "torch._dynamo")
+_PRELOAD = ("shardverify.cli.verify_rows", "shardverify.verify.engine", "shardverify.strategies.for_node", "torch._dynamo")
 
 _BACKENDS: dict = {}   # this worker's simulated backends by mesh shape
 
@@ -99,8 +99,8 @@ def _start_worker(counter: Any, cpus: list[int], threads: int) -> None:
     its backends closed at exit."""
     import torch
 
-    from shardverify.cli.verify_cmd import quiet_tracing
-    from shardverify.gc_policy import tune_for_checking
+    from shardverify.cli.verify_rows import quiet_tracing
+    from shardverify.backends.gc_policy import tune_for_checking
 
     with counter.get_lock():
         number = counter.value

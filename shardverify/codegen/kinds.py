@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 __all__ = ["SpecKind", "register_spec_kind", "spec_kinds", "get_spec_kind", "KIND_MODULES"]
 
 # Modules that register a SpecKind on import, in the order `generate` and `list` use them.
-KIND_MODULES = ("shardverify.codegen.op_kind", "shardverify.collectives.spec", "shardverify.ddp.spec",
-                "shardverify.reshard_spec", "shardverify.plan.spec")
+KIND_MODULES = ("shardverify.codegen.op_kind", "shardverify.algorithms.spec", "shardverify.ddp.spec",
+                "shardverify.reshard.spec", "shardverify.plan.spec")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,7 @@
-"""Collectives over mesh axes: differentiable functional ops, the CommPattern executors,
-and all-reduce algorithms written on send/recv. Verification lives in ``check`` and the
-"collective" spec kind in ``spec`` (imported on demand, they pull in the code generator)."""
+"""Collectives over mesh axes: differentiable functional ops (``functional``), the CommPattern
+executors (``patterns``) and the execution of a planned reshard (``reshard``). User-written
+collective algorithms and their verification live in :mod:`shardverify.algorithms`."""
 
-from shardverify.collectives.algorithms import naive_all_reduce, ring_all_reduce
 from shardverify.collectives.functional import (
     all_gather,
     all_reduce,
@@ -18,5 +17,4 @@ from shardverify.collectives.functional import (
 from shardverify.collectives.patterns import apply_comm_action, apply_grad_hook
 
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather",
-           "scatter", "send", "recv", "apply_comm_action", "apply_grad_hook", "ring_all_reduce",
-           "naive_all_reduce"]
+           "scatter", "send", "recv", "apply_comm_action", "apply_grad_hook"]

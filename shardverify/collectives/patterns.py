@@ -1,6 +1,6 @@
-"""Execute a strategy's :class:`~shardverify.strategy.CommAction` with SPMD semantics.
+"""Execute a strategy's :class:`~shardverify.sharding.strategy.CommAction` with SPMD semantics.
 
-Each :class:`~shardverify.strategy.CommPattern` is a pair (forward half, backward half) of
+Each :class:`~shardverify.sharding.strategy.CommPattern` is a pair (forward half, backward half) of
 raw exchanges, run by one ``autograd.Function`` so the same code serves both backends:
 
 ================================  ======================  ========================
@@ -30,8 +30,8 @@ from torch import Tensor
 
 from shardverify.collectives.functional import group_position, group_size, split_along
 from shardverify.errors import CollectiveError
-from shardverify.indexing import shift_into_shard, zero_outside_shard
-from shardverify.strategy import CommAction, CommPattern, CommWhere
+from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
+from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere
 
 __all__ = ["apply_comm_action", "apply_grad_hook", "forward_half", "backward_half", "before_op", "after_op",
            "aligned"]

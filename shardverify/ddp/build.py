@@ -12,7 +12,7 @@ from torch import nn
 
 from shardverify.ddp.plan import LayerDecl, ModelDecl, ModelPlan, OptimizerDecl
 from shardverify.errors import InvalidArgument
-from shardverify.names import resolve_dotted
+from shardverify.spec.names import resolve_dotted
 
 __all__ = ["build_model", "make_batch", "per_sample_loss", "elements_per_sample",
            "build_optimizer"]

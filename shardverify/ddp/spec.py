@@ -22,7 +22,7 @@ from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer, py_identifier, py_literal
 from shardverify.ddp.build import build_model, build_optimizer, make_batch, per_sample_loss
-from shardverify.names import resolve_dotted
+from shardverify.spec.names import resolve_dotted
 from shardverify.ddp.plan import (EXPECTATIONS, LOSSES, OPTIMIZERS, DDPOptions, LayerDecl, LossDecl,
                                   ModelDecl, ModelPlan, OptimizerDecl)
 from shardverify.errors import InvalidArgument

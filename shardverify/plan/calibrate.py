@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 
 __all__ = ["rank_link_seconds", "rank_flop_rate", "calibrated_mesh"]
 

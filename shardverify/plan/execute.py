@@ -20,11 +20,12 @@ from torch import fx
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.errors import VerificationError
 from shardverify.plan.model import Plan, metadata_read, operand_producer
-from shardverify.reshard import Layout, apply_reshard
-from shardverify.strategy import CommWhere
-from shardverify.tracing import trace
+from shardverify.collectives.reshard import apply_reshard
+from shardverify.sharding.reshard_plan import Layout
+from shardverify.sharding.strategy import CommWhere
+from shardverify.capture.fx import trace
 from shardverify.verify.engine import local_arguments
-from shardverify.verify.reference import _operand_nodes, as_outputs, call_op
+from shardverify.capture.call import as_outputs, call_op, operand_nodes
 
 __all__ = ["ModelRecipe", "PlanMismatch", "rank_run_plan", "RTOL", "ATOL"]
 
@@ -240,7 +241,7 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
             producer = operand_producer(node, data.locator)
             tensor = fetch(data.name, producer)
         values[loc] = before_op(comm, strategy, data.name, tensor, late)
-    for loc, arg in _operand_nodes(node).items():   # non-tensor graph values (x.shape[0]) as computed
+    for loc, arg in operand_nodes(node).items():   # non-tensor graph values (x.shape[0]) as computed
         if loc not in values and not isinstance(env.get(arg.name), torch.Tensor):
             values[loc] = env.get(arg.name)
     values.update(local_arguments(strategy))       # a view's local shape in place of the global one

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from shardverify.api import strategies_for_node
+from shardverify.strategies.for_node import strategies_for_node
 from shardverify.errors import ShardVerifyError, StrategyError
-from shardverify.mesh import DeviceMesh
-from shardverify.reshard import Layout, ReshardStep, plan_reshard, reshard_cost
-from shardverify.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.reshard_plan import Layout, ReshardStep, plan_reshard, reshard_cost
+from shardverify.sharding.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
 
 __all__ = ["deferrable", "deferred_saving", "GENERIC", "FLOP_RATE", "Reshard", "NodePlan", "Plan", "PlanCost",
            "node_options", "build_plan", "operand_producer", "node_layouts", "replicated_choice", "metadata_read"]

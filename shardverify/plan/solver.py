@@ -19,10 +19,10 @@ import pulp
 from torch import fx
 
 from shardverify.errors import StrategyError
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.model import (FLOP_RATE, Plan, assemble_plan, deferrable, deferred_saving, edge_targets,
                                     make_reshard, node_layouts, node_options)
-from shardverify.strategy import ShardingStrategy
+from shardverify.sharding.strategy import ShardingStrategy
 
 __all__ = ["solve_plan", "PlanInfeasible"]
 

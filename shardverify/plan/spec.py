@@ -29,7 +29,7 @@ from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
 from shardverify.errors import ShardVerifyError
-from shardverify.names import resolve_dotted
+from shardverify.spec.names import resolve_dotted
 
 __all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "SOLVER"]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from shardverify.errors import BackendError, InvalidArgument
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, rank_run_plan
 from shardverify.plan.model import FLOP_RATE, Plan, build_plan, node_options
 from shardverify.plan.solver import solve_plan

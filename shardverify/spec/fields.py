@@ -15,8 +15,8 @@ import types
 from typing import Any
 
 from shardverify.spec.loader import Node
-from shardverify.errors import SpecError
-from shardverify.names import resolve_dotted
+from shardverify.errors import InvalidArgument, SpecError
+from shardverify.spec.names import resolve_dotted
 
 __all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "resolve_target", "type_name",
            "check_type", "describe", "finite_number", "lookup", "MAX_NAME_CHARS"]
@@ -154,6 +154,18 @@ def as_dtype(node: Node) -> str:
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise node.error(f"unknown torch dtype {node.value!r}{hint}")
     return name
+
+
+def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
+    """``"float32"`` -> ``torch.float32``; a dtype is returned as is."""
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise InvalidArgument(f"{name!r} is not a torch dtype name (expected e.g. 'float32', 'bfloat16')")
+    return dtype
 
 
 _DOTTED = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*\Z")

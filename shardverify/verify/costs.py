@@ -7,7 +7,7 @@ in the forward pass and in the backward pass with the mesh's alpha-beta model
 
 Compute: the real local op call runs under ``torch.utils.flop_counter.FlopCounterMode``
 (:class:`OpMeter`); the figures the strategy must declare follow from the rule
-:func:`shardverify.generators.common.compute_cost` (forward = counted FLOPs / 2, or the numel
+:func:`shardverify.strategies.generators.flops.compute_cost` (forward = counted FLOPs / 2, or the numel
 of the largest local operand when the counter does not count the op; backward = 2 x forward).
 """
 
@@ -20,49 +20,17 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
-from shardverify.strategy import ShardingStrategy, TrainCycleItem
+from shardverify.sharding.strategy import ShardingStrategy, TrainCycleItem
+from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
 from shardverify.verify.report import Mismatch
 
-__all__ = ["LocalFlopCounter", "OpMeter", "OpWork", "price_traffic", "communication_mismatches", "compute_mismatches",
+__all__ = ["OpMeter", "OpWork", "price_traffic", "communication_mismatches", "compute_mismatches",
            "REL_TOL"]
 
 #: relative tolerance of a cost comparison (the figures are sums of floats added in other orders)
 REL_TOL = 1e-6
 _ABS_TOL = 1e-15
-
-
-def _cpu_flash_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-
-# Kernels torch's counter does not know: the CPU flash attention that scaled_dot_product_attention
-# picks on real CPU tensors (meta tensors take a counted kernel), counted like the GPU flash kernel.
-_EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_sdpa_flop}
-
-
-class LocalFlopCounter(FlopCounterMode):
-    """``FlopCounterMode`` counting exactly as torch does (its registry, its decompositions) but
-    without its ``ModuleTracker``, whose process-global module hooks would also fire in the other
-    simulated ranks' threads and hang backward hooks on their tensors. Only the global total is
-    kept; the dispatch mode itself is thread-local."""
-
-    def __init__(self) -> None:
-        super().__init__(display=False, custom_mapping=_EXTRA_FORMULAS)
-
-    def __enter__(self) -> LocalFlopCounter:
-        self.flop_counts.clear()
-        self.mode = _FlopCounterMode(self)
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *args: object) -> bool | None:
-        done = self.mode.__exit__(*args)
-        self.mode = None
-        return done
 
 
 @dataclass(frozen=True)
@@ -166,10 +134,8 @@ def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: C
 
 
 def compute_mismatches(strategy: ShardingStrategy, rank: int, work: OpWork | None) -> list[Mismatch]:
-    """The declared compute cost against :func:`~shardverify.generators.common.compute_cost` of
+    """The declared compute cost against :func:`~shardverify.strategies.generators.flops.compute_cost` of
     the measured local op call."""
-    from shardverify.generators.common import compute_cost
-
     if work is None:
         return []
     want = compute_cost(work.flops, [work.largest_numel])

@@ -23,15 +23,17 @@ from dataclasses import dataclass
 import torch
 
 from shardverify.errors import BackendError, InvalidArgument, RankError, VerificationError
-from shardverify.strategy import CommWhere, OperationDataType, ShardingStrategy
-from shardverify.verify.case import OpCase
+from shardverify.sharding.strategy import CommWhere, OperationDataType, ShardingStrategy
+from shardverify.spec.case import OpCase
 from shardverify.verify.costs import OpMeter, OpWork, communication_mismatches, compute_mismatches
 from shardverify.verify.layout import LocalOperand, RankLayout, expected_collectives, rank_layout
 from shardverify.verify.memo import remembered
-from shardverify.verify.reference import Reference, as_outputs, call_op, reference
+from shardverify.capture.call import as_outputs, call_op, operand_nodes
+from shardverify.verify.reference import Reference, reference
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
 from shardverify.verify.report import CheckResult, Mismatch
-from shardverify.verify.tolerance import Tolerance, compare, dtype_from_name, tolerance_for
+from shardverify.spec.fields import dtype_from_name
+from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
 
 __all__ = ["RankReport", "OpCallError", "rank_check", "verify_strategy", "verify_case", "expected_collectives",
            "strategy_problems", "local_arguments"]
@@ -356,7 +358,7 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     from the real tensors (local shard elements x the traced tensor's element size) and the
     parameter/activation split from whether the tensor is module state (a parameter or
     buffer), never from what the strategy says about its operands."""
-    from shardverify.strategy import MemoryCost
+    from shardverify.sharding.strategy import MemoryCost
 
     real, out_dtypes = _real_operands(case)
     inputs = [operand.data for operand in layout.inputs]
@@ -397,12 +399,12 @@ def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
 
 
 def _traced_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
-    from shardverify.verify.reference import _meta_dtypes, _operand_nodes
+    from shardverify.verify.reference import _meta_dtypes
 
     traced, node_name = case.build()
     node = next(n for n in traced.graph.nodes if n.name == node_name)
     found = {loc: (arg.meta["tensor_meta"].dtype, arg.op == "get_attr")
-             for loc, arg in _operand_nodes(node).items() if hasattr(arg.meta.get("tensor_meta"), "dtype")}
+             for loc, arg in operand_nodes(node).items() if hasattr(arg.meta.get("tensor_meta"), "dtype")}
     if node.op == "call_module":
         module = traced.get_submodule(str(node.target))
         found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})
@@ -540,7 +542,7 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     """Check every strategy (default: all of the op node's strategies on the backend's mesh),
     the runnable ones dispatched to the ranks as one batch."""
     if strategies is None:
-        from shardverify.api import strategies_for_node
+        from shardverify.strategies.for_node import strategies_for_node
 
         graph_module, node_name = case.build()
         strategies = strategies_for_node(graph_module, node_name, backend.mesh)

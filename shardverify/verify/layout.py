@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shardverify.mesh import DeviceMesh
+from shardverify.sharding.mesh import DeviceMesh
 from shardverify.verify.memo import remembered
-from shardverify.sharding import ShardingSpec
-from shardverify.strategy import CommPattern, CommWhere, OperationData, ShardingStrategy
+from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.strategy import CommPattern, CommWhere, OperationData, ShardingStrategy
 
 __all__ = ["LocalOperand", "RankLayout", "rank_layout", "expected_collectives"]
 

@@ -16,9 +16,10 @@ import threading
 
 import torch
 
-from shardverify.strategy import ShardingStrategy
-from shardverify.verify.case import OpCase, cached
-from shardverify.verify.reference import Reference, as_outputs, call_op, reference
+from shardverify.sharding.strategy import ShardingStrategy
+from shardverify.spec.case import OpCase, cached
+from shardverify.capture.call import as_outputs, call_op
+from shardverify.verify.reference import Reference, reference
 
 __all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets"]
 

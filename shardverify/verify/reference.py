@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import copy
 import threading
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import fx
 
+from shardverify.capture.call import Locator, as_outputs, call_op, module_tensors, operand_nodes
 from shardverify.errors import VerificationError
-from shardverify.verify.case import OpCase, cached
+from shardverify.spec.case import OpCase, cached
 
-__all__ = ["Reference", "Locator", "reference", "call_op", "as_outputs"]
+__all__ = ["Reference", "reference"]
 
-Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
 
 
 @dataclass(frozen=True)
@@ -83,28 +82,6 @@ def _random(shape: Sequence[int], dtype: torch.dtype, gen: torch.Generator, posi
     return torch.randint(0, 8, tuple(shape), generator=gen, dtype=dtype)
 
 
-def _operand_nodes(node: fx.Node) -> dict:
-    """Locator -> graph node for every graph value the op's call takes directly, and for each
-    element of a list argument (torch.cat's tensors) as ("item", (arg index, element index))."""
-    found: dict = {}
-    for i, a in enumerate(node.args):
-        if isinstance(a, fx.Node):
-            found[("arg", i)] = a
-        elif isinstance(a, (list, tuple)):
-            found.update({("item", (i, j)): e for j, e in enumerate(a) if isinstance(e, fx.Node)})
-    found.update({("kwarg", k): a for k, a in node.kwargs.items() if isinstance(a, fx.Node)})
-    return found
-
-
-def _module_tensors(module: torch.nn.Module | None) -> dict:
-    """Locator -> tensor for every parameter and buffer of the op's module."""
-    if module is None:
-        return {}
-    found: dict = {("param", n): p for n, p in module.named_parameters()}
-    found.update({("buffer", n): b for n, b in module.named_buffers()})
-    return found
-
-
 def reference(case: OpCase, override: torch.dtype | None, device: torch.device) -> Reference:
     """The case's reference for a check run in ``override`` (None: the traced dtypes) on
     ``device``; built once per process, under a lock so simulated ranks share one."""
@@ -135,12 +112,12 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
     module = real.get_submodule(node.target) if node.op == "call_module" else None
 
     values, dtypes = {}, {}
-    for loc, arg in _operand_nodes(node).items():
+    for loc, arg in operand_nodes(node).items():
         dtypes[loc] = _check_dtype(_meta_dtype(traced, arg.name), override)
         values[loc] = _rounded(interpreter.env[arg], dtypes[loc])
     traced_module = traced.get_submodule(node.target) if node.op == "call_module" else None
-    for loc, tensor in _module_tensors(module).items():
-        dtypes[loc] = _check_dtype(_module_tensors(traced_module)[loc].dtype, override)
+    for loc, tensor in module_tensors(module).items():
+        dtypes[loc] = _check_dtype(module_tensors(traced_module)[loc].dtype, override)
         values[loc] = tensor.detach()
 
     leaves = {loc: v.clone().requires_grad_(v.is_floating_point()) for loc, v in values.items()}
@@ -174,15 +151,6 @@ def _meta_dtype(graph_module: fx.GraphModule, node_name: str) -> torch.dtype:
     return _meta_dtypes(graph_module, node_name)[0]
 
 
-def as_outputs(node: fx.Node, result: object) -> tuple[torch.Tensor, ...]:
-    """The op's result as a tuple of tensors (a single tensor becomes a 1-tuple)."""
-    items = tuple(result) if isinstance(result, (list, tuple)) else (result,)
-    if not items or not all(isinstance(t, torch.Tensor) for t in items):
-        raise VerificationError(f"node {node.name!r} returned {type(result).__name__}; the verifier checks "
-                                "ops that return a tensor or a tuple of tensors")
-    return items
-
-
 def _set_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> None:
     owner_name, _, attr = dotted.rpartition(".")
     owner = module.get_submodule(owner_name) if owner_name else module
@@ -190,75 +158,3 @@ def _set_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> No
         owner._parameters[attr] = torch.nn.Parameter(value, requires_grad=owner._parameters[attr].requires_grad)
     else:
         owner._buffers[attr] = value
-
-
-_LOCATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _module_locators(module: torch.nn.Module) -> tuple:
-    """The locators of the module's parameters and buffers (remembered: walking a module's
-    parameters costs more than the small op under test)."""
-    found = _LOCATORS.get(module)
-    if found is None:
-        found = _LOCATORS[module] = tuple(_module_tensors(module))
-    return found
-
-
-def _put_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> None:
-    """Make ``value`` (any tensor, not necessarily a Parameter) the module's tensor ``dotted``."""
-    owner_name, _, attr = dotted.rpartition(".")
-    owner = module.get_submodule(owner_name) if owner_name else module
-    (owner._parameters if attr in owner._parameters else owner._buffers)[attr] = value
-
-
-def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owned: bool = False) -> object:
-    """Run the node's op with ``values`` (Locator -> tensor, or a strategy's local value for a
-    non-tensor argument) at its operands; other arguments are passed as recorded in the node.
-    Returns what the op returns (see as_outputs).
-
-    ``owned``: ``module`` is the caller's private copy, so its parameters and buffers are
-    replaced in place (cheap) instead of through ``functional_call`` (which restores them).
-    """
-
-    def pick(loc: Locator, recorded: object) -> object:
-        if loc in values:
-            return values[loc]
-        nested: list = []
-        fx.node.map_arg(recorded, nested.append)
-        if nested:
-            raise VerificationError(f"node {node.name!r}: {loc[0]} {loc[1]!r} takes graph value(s) "
-                                    f"{[n.name for n in nested]} that the strategy has no operand for")
-        return recorded
-
-    def pick_arg(i: int, recorded: object) -> object:
-        if isinstance(recorded, (list, tuple)) and any(("item", (i, j)) in values for j in range(len(recorded))):
-            return type(recorded)(pick(("item", (i, j)), e) for j, e in enumerate(recorded))
-        return pick(("arg", i), recorded)
-
-    unpacked = [key for kind, key in values if kind == "varargs"]   # a local x.view(4, 16)
-    recorded = node.args[:unpacked[0]] if unpacked else node.args
-    args = tuple(pick_arg(i, a) for i, a in enumerate(recorded))
-    if unpacked:
-        args += tuple(values[("varargs", unpacked[0])])  # type: ignore[arg-type]
-    kwargs = {k: pick(("kwarg", k), a) for k, a in node.kwargs.items()}
-    if node.op == "call_module":
-        assert module is not None
-        tensors = {}
-        for loc in _module_locators(module):
-            if loc not in values:
-                raise VerificationError(f"node {node.name!r}: module {loc[0]} {loc[1]!r} has no operand "
-                                        "in the strategy, so its layout is undeclared")
-            tensors[loc[1]] = values[loc]
-        if owned:
-            for name, tensor in tensors.items():
-                _put_tensor(module, name, tensor)
-            result = module(*args, **kwargs)
-        else:
-            result = torch.func.functional_call(module, tensors, args, kwargs)
-    elif node.op == "call_function":
-        result = node.target(*args, **kwargs)
-    elif node.op == "call_method":
-        result = getattr(args[0], node.target)(*args[1:], **kwargs)
-    else:
-        raise VerificationError(f"node {node.name!r} is a {node.op!r} node, not an op")
-    return result

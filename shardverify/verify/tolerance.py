@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from shardverify.errors import InvalidArgument
+from shardverify.spec.fields import dtype_from_name
 
-__all__ = ["Tolerance", "DEFAULT_TOLERANCES", "tolerance_for", "dtype_from_name", "compare"]
+__all__ = ["Tolerance", "DEFAULT_TOLERANCES", "tolerance_for", "compare"]
 
 
 @dataclass(frozen=True)
@@ -39,16 +40,6 @@ DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.bfloat16: Tolerance(rtol=1.6e-2, atol=1e-5),
     torch.float16: Tolerance(rtol=1e-3, atol=1e-5),
 }
-
-
-def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
-    """``"float32"`` -> ``torch.float32``; a dtype is returned as is."""
-    if isinstance(name, torch.dtype):
-        return name
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
-        raise InvalidArgument(f"{name!r} is not a torch dtype name (expected e.g. 'float32', 'bfloat16')")
-    return dtype
 
 
 def tolerance_for(dtype: str | torch.dtype, rtol: float | None = None, atol: float | None = None) -> Tolerance:

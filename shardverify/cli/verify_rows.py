@@ -1,0 +1,182 @@
+"""One row of `shardverify verify`'s table: a (case, mesh) verified on a backend, the backends
+kept per mesh for the rows, the progress line, and error texts as a row shows them. Shared by the
+sequential run (`verify_cmd`) and the worker processes of `--jobs` (`verify_jobs`)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+from shardverify.errors import ShardVerifyError
+
+__all__ = ["Row", "Progress", "make_backend", "row_label", "verify_row", "close_backends", "quiet_tracing",
+           "describe_error", "only_replicated", "replicated_warning"]
+
+
+def only_replicated(strategies) -> bool:
+    """No strategy shards anything: the case checks no sharding at all on that mesh."""
+    return all(not spec.dim_partition for s in strategies for _, spec in s.sharding_specs)
+
+
+def replicated_warning(case_id: str, mesh: tuple[int, ...]) -> str:
+    return (f"{case_id} on mesh {list(mesh)}: only the replicated strategy exists, so no sharding is "
+            "verified (the grid's shapes may not divide by the mesh axes, or the generator has no "
+            "sharded strategy for this case)")
+
+
+@dataclass
+class Row:
+    """One (case, mesh) line of the table."""
+
+    op: str
+    case: str
+    mesh: tuple[int, ...]
+    verified: int = 0
+    failures: int = 0
+    seconds: float = 0.0
+    error: str = ""
+    warning: str = ""
+    results: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "verified": self.verified,
+                "failures": self.failures, "seconds": round(self.seconds, 4), "error": self.error or None,
+                "warning": self.warning or None,
+                "checks": [r.to_json() for r in self.results]}
+
+
+class Progress:
+    """A one-line progress indicator on stderr, only when stderr is a terminal."""
+
+    def __init__(self, total: int, stream=None) -> None:
+        stream = sys.stderr if stream is None else stream   # looked up now: it may have been replaced
+        self.total, self.done, self.stream = total, 0, stream
+        self.enabled = total > 1 and hasattr(stream, "isatty") and stream.isatty()
+
+    def show(self, label: str) -> None:
+        if self.enabled:
+            width = 24
+            filled = width * self.done // max(self.total, 1)
+            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label[:60]:<60}")
+            self.stream.flush()
+
+    def step(self) -> None:
+        self.done += 1
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.flush()
+
+
+def make_backend(kind: str, mesh_shape: tuple[int, ...], device: str | None, timeout: float):
+    """A backend by CLI name: simulated threads, or a gloo/nccl process pool."""
+    from shardverify.backends import get_backend
+    from shardverify.sharding.mesh import DeviceMesh
+
+    options = {"timeout": timeout} if device is None else {"timeout": timeout, "device": device}
+    backend = get_backend(kind, DeviceMesh(mesh_shape), **options)
+    if callable(getattr(backend, "start", None)):
+        backend.start()   # a process pool starts now, so no row's time includes it
+    return backend
+
+
+def row_label(item: tuple) -> str:
+    op, case_id, _, mesh = item
+    return f"{op} {case_id} mesh {list(mesh)}"
+
+
+def verify_row(item: tuple, backends: dict, backend_kind: str, device: str | None, timeout: float) -> Row:
+    """One (op, case id, case, mesh) row: its strategies built and checked on the mesh's backend
+    (built once into ``backends``); whatever keeps the case from running fails the row alone."""
+    from shardverify.strategies.for_node import strategies_for_node
+    from shardverify.verify.engine import verify_case
+
+    op, case_id, case, mesh = item
+    row = Row(op, case_id, mesh)
+    start = time.perf_counter()
+    try:
+        backend = _backend_for(backends, backend_kind, mesh, device, timeout)
+        graph_module, node_name = case.build()
+        _check_case_size(case, graph_module)
+        strategies = strategies_for_node(graph_module, node_name, backend.mesh)
+        if only_replicated(strategies):
+            row.warning = replicated_warning(case_id, mesh)
+        row.results = verify_case(backend, case, strategies, timeout=timeout)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one case that cannot run fails its row, not the run
+        row.error = describe_error(exc)
+    row.seconds = time.perf_counter() - start
+    row.verified = len(row.results)
+    row.failures = sum(not r.passed for r in row.results) + bool(row.error)
+    return row
+
+
+def close_backends(backends: dict) -> None:
+    for backend in backends.values():
+        if backend is not None:
+            backend.close()
+
+
+class _NoPrintedTraceback:
+    """Stands in for the ``traceback`` module inside torch's ShapeProp, which prints the
+    traceback of an op that fails to trace before re-raising it with the cause attached:
+    the CLI reports that cause on the case's row, and prints no traceback."""
+
+    @staticmethod
+    def print_exc(*args, **kwargs) -> None:
+        return None
+
+
+def quiet_tracing() -> None:
+    from torch.fx.passes import shape_prop
+
+    if hasattr(shape_prop, "traceback"):
+        shape_prop.traceback = _NoPrintedTraceback   # type: ignore[attr-defined]
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception and its causes, one clause each: shardverify's own messages in full,
+    others by their first line (torch wraps the real cause, e.g. an IndexError, in a long
+    tracing message that embeds a traceback of its own)."""
+    clauses, seen = [], set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(clauses) < 4:
+        seen.add(id(current))
+        text = str(current).strip()
+        if not isinstance(current, ShardVerifyError):
+            text = text.splitlines()[0][:300] if text else ""
+        clauses.append(f"{type(current).__name__}: {text}" if text else type(current).__name__)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return "; caused by ".join(clauses)
+
+
+def _backend_for(backends: dict, kind: str, mesh: tuple[int, ...], device: str | None, timeout: float):
+    """The backend of a mesh, built once; a mesh that is too big, or a backend that cannot be
+    built, fails every row on that mesh with the same error (and the run goes on)."""
+    from shardverify.spec.limits import MAX_MESH_RANKS
+
+    if mesh not in backends:
+        backends[mesh] = None
+        too_big = MAX_MESH_RANKS.exceeded(math.prod(mesh))
+        if too_big:
+            raise ShardVerifyError(f"mesh {list(mesh)}: {too_big}")
+        backends[mesh] = make_backend(kind, mesh, device, timeout)
+    if backends[mesh] is None:
+        raise ShardVerifyError(f"no backend for mesh {list(mesh)} (it failed to start for an earlier case)")
+    return backends[mesh]
+
+
+def _check_case_size(case, graph_module) -> None:
+    """Every tensor the case builds (inputs, module weights) within MAX_TENSOR_ELEMENTS,
+    checked on the meta-traced graph before any real memory is allocated."""
+    from shardverify.spec.limits import tensor_size_problems
+
+    shapes = [(f"parameter {name}", tuple(t.shape)) for name, t in graph_module.named_parameters()]
+    shapes += [(f"input {decl.name}", tuple(decl.shape)) for decl in case.inputs]
+    problems = tensor_size_problems(shapes)
+    if problems:
+        raise ShardVerifyError("; ".join(problems))

@@ -1,0 +1,519 @@
+"""Property-based exploration of an op spec with hypothesis: shapes, parameters and meshes
+beyond the grid its author listed.
+
+Everything is derived from the spec itself, with no per-op code:
+
+* sizes: every int in ``verify.inputs`` shapes and in the ``module``/``predecessor``
+  constructor args is a slot. A value that appears in two or more places (the K of a Linear
+  in the input's last dim, the weight and ``Linear(K, N)``) is one tied size, so the harness
+  stays consistent; any other occurrence varies on its own. Sizes come from ``SIZES`` so
+  some layouts divide and others do not. Ranks never change.
+* parameters: each grid key (and each boolean parameter the grid leaves out) is drawn from
+  what its values look like: booleans and optional operands both ways; a dims parameter (its
+  name or a generator option about dims says so) as any int dim, positive or negative, a
+  tuple of distinct dims if the grid lists a tuple, None (all) if it lists None; anything
+  else from the listed values.
+* meshes: 1-D to 3-D, axes of size 1 included, at most ``mesh_max_size`` devices.
+
+A drawn :class:`Example` is the spec narrowed to one target, one grid point and one mesh, so
+it turns into the same ``OpCase`` the generated grid tests use, and into a ``verify:`` block
+that reproduces it. :func:`check_example` asserts that every strategy divides its operands'
+shapes (non-divisible layouts must be absent, never run and fail) and verifies every strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import hypothesis
+from hypothesis import HealthCheck, Verbosity, settings
+from hypothesis import strategies as st
+
+from shardverify.spec.op import InputSpec, ModuleInit, OpSpec, parse_op_spec
+from shardverify.errors import InvalidArgument
+
+__all__ = ["SIZES", "MAX_MESH_SIZE", "DEFAULT_MESH_MAX_SIZE", "PROFILE_ENV", "PROFILES", "load_profile",
+           "profile_settings", "world_size", "load_spec", "SizeSlot", "size_groups", "dims_strategy",
+           "param_strategies", "all_mesh_shapes", "mesh_shapes", "Example", "examples",
+           "divisibility_problems", "check_example", "replay", "Failure", "search"]
+
+# Small sizes mixing divisors of 2, 3 and 4 (hypothesis shrinks towards the first).
+SIZES = (1, 2, 3, 4, 6, 8)
+MAX_MESH_SIZE = 8
+DEFAULT_MESH_MAX_SIZE = 4
+MAX_MESH_NDIM = 3
+PROFILE_ENV = "SV_HYPOTHESIS_PROFILE"
+
+# --------------------------------------------------------------------------- profiles
+
+# ci: few, reproducible examples; every check is a multi-rank run, so no deadline and no
+# "too slow" health check (both would make CI flaky on a busy machine), no example database.
+settings.register_profile("ci", max_examples=8, derandomize=True, deadline=None, database=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+# dev: a wider random search, failures remembered in .hypothesis/ and replayed first.
+settings.register_profile("dev", max_examples=100, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+PROFILES = ("ci", "dev")
+
+
+def _profile_name(name: str | None) -> str:
+    name = name if name is not None else os.environ.get(PROFILE_ENV, "ci")
+    if name not in PROFILES:
+        raise InvalidArgument(f"hypothesis profile {name!r} (from {PROFILE_ENV} or the argument) "
+                              f"is not one of {PROFILES}")
+    return name
+
+
+def load_profile(name: str | None = None) -> str:
+    """Load the ``ci`` or ``dev`` profile (default: $SV_HYPOTHESIS_PROFILE, else ``ci``)."""
+    name = _profile_name(name)
+    settings.load_profile(name)
+    return name
+
+
+def profile_settings(name: str | None = None, *, fraction: float = 1.0, **changes) -> settings:
+    """The named profile (default as in :func:`load_profile`), with ``max_examples`` scaled by
+    ``fraction`` (at least 1) -- the multi-process tests run fewer examples."""
+    if not 0 < fraction <= 1:
+        raise InvalidArgument(f"fraction={fraction!r} must be in (0, 1]")
+    parent = settings.get_profile(_profile_name(name))
+    examples = max(1, int(parent.max_examples * fraction))
+    return settings(parent, max_examples=examples, **changes)
+
+
+def world_size(default: int = DEFAULT_MESH_MAX_SIZE) -> int:
+    """Devices a drawn mesh may use: $WORLD_SIZE when set (torchrun), else ``default``."""
+    text = os.environ.get("WORLD_SIZE")
+    value = int(text) if text and text.isdigit() else default
+    return max(1, min(value, MAX_MESH_SIZE))
+
+
+def load_spec(path: str | os.PathLike[str], *, display: str | None = None) -> OpSpec:
+    """Parse one op spec file (``display`` is the name used in messages)."""
+    from shardverify.spec.loader import load_yaml
+
+    return parse_op_spec(load_yaml(path, display=display))
+
+
+# --------------------------------------------------------------------------- sizes
+
+@dataclass(frozen=True)
+class SizeSlot:
+    """One int of the harness: ``place`` is ``"inputs.<role>"``, ``"module"`` or
+    ``"predecessor"``; ``index`` the position in the shape or args (a kwarg name for kwargs)."""
+
+    place: str
+    index: int | str
+    value: int
+
+
+def _is_size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _init_slots(place: str, init: ModuleInit | None) -> list[SizeSlot]:
+    if init is None:
+        return []
+    slots = [SizeSlot(place, i, v) for i, v in enumerate(init.args) if _is_size(v)]
+    return slots + [SizeSlot(place, k, v) for k, v in init.kwargs if _is_size(v)]
+
+
+def size_groups(spec: OpSpec) -> tuple[tuple[SizeSlot, ...], ...]:
+    """Slots that take one drawn size together: a value seen in two or more places is one
+    group (all its occurrences), any other occurrence is a group of its own."""
+    slots = [SizeSlot(f"inputs.{i.role}", d, v) for i in spec.verify.inputs for d, v in enumerate(i.shape)]
+    slots += _init_slots("module", spec.verify.module) + _init_slots("predecessor", spec.verify.predecessor)
+    places: dict[int, set[str]] = {}
+    for slot in slots:
+        places.setdefault(slot.value, set()).add(slot.place)
+    groups: list[tuple[SizeSlot, ...]] = []
+    tied: dict[int, int] = {}
+    for slot in slots:
+        if len(places[slot.value]) < 2:
+            groups.append((slot,))
+        elif slot.value in tied:
+            groups[tied[slot.value]] += (slot,)
+        else:
+            tied[slot.value] = len(groups)
+            groups.append((slot,))
+    return tuple(groups)
+
+
+def _resized(spec: OpSpec, groups: Sequence[tuple[SizeSlot, ...]], sizes: Sequence[int]
+             ) -> tuple[tuple[InputSpec, ...], ModuleInit | None, ModuleInit | None]:
+    """The spec's inputs, module and predecessor with every slot set to its group's size."""
+    new = {(slot.place, slot.index): size for group, size in zip(groups, sizes) for slot in group}
+
+    def init(place: str, value: ModuleInit | None) -> ModuleInit | None:
+        if value is None:
+            return None
+        args = tuple(new.get((place, i), a) for i, a in enumerate(value.args))
+        kwargs = tuple((k, new.get((place, k), v)) for k, v in value.kwargs)
+        return dataclasses.replace(value, args=args, kwargs=kwargs)
+
+    inputs = tuple(dataclasses.replace(i, shape=tuple(new[(f"inputs.{i.role}", d)] for d in range(len(i.shape))))
+                   for i in spec.verify.inputs)
+    return inputs, init("module", spec.verify.module), init("predecessor", spec.verify.predecessor)
+
+
+# --------------------------------------------------------------------------- parameters
+
+def dims_strategy(ndim: int, *, allow_all: bool, allow_tuple: bool = True) -> st.SearchStrategy:
+    """Dims of an ``ndim``-D tensor: an int, a tuple of distinct dims when ``allow_tuple``
+    (each positive or negative), or None (all dims) when ``allow_all``; shrinks to None, else
+    ``0``. The form is the last choice, so the shrinker turns ``(d,)`` into ``d`` in one step."""
+    if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
+        raise InvalidArgument(f"dims_strategy needs a tensor of rank >= 1, got ndim={ndim!r}")
+
+    @st.composite
+    def dims(draw) -> int | tuple[int, ...] | None:
+        if allow_all and draw(st.booleans()):
+            return None
+        chosen = draw(st.lists(st.tuples(st.integers(0, ndim - 1), st.booleans()), min_size=1,
+                               max_size=ndim if allow_tuple else 1, unique_by=lambda pair: pair[0]))
+        signed = tuple(d - ndim if negative else d for d, negative in chosen)
+        if not allow_tuple:
+            return signed[0]
+        as_tuple = draw(st.booleans()) or len(signed) > 1   # always drawn: choices stay aligned
+        return signed if as_tuple else signed[0]
+
+    return dims()
+
+
+def _is_dims_value(value: object) -> bool:
+    if isinstance(value, tuple):
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _names_dims(spec: OpSpec, key: str) -> bool:
+    """A parameter holds dims when its name says so (dim, dims, reduce_dim...) or a generator
+    option about dims names it (``reduce_dims_param: dim``)."""
+    if "dim" in key.lower():
+        return True
+    for option, value in spec.options:
+        named = value if isinstance(value, tuple) else (value,)
+        if "dim" in option.lower() and key in named:
+            return True
+    return False
+
+
+def _op_rank(spec: OpSpec) -> int:
+    """Rank of the tensor the op acts on: the input operand with the lowest index."""
+    by_role = {o.role: o for o in spec.operands}
+    inputs = [i for i in spec.verify.inputs if by_role[i.role].kind == "input"]
+    first = min(inputs, key=lambda i: by_role[i.role].index if by_role[i.role].index is not None else 0)
+    return len(first.shape)
+
+
+def param_strategies(spec: OpSpec) -> tuple[tuple[str, st.SearchStrategy], ...]:
+    """(grid key, strategy) for every grid key and every boolean parameter outside the grid."""
+    by_role = {o.role: o for o in spec.operands}
+    defaults = {p.name: p.default for p in spec.params}
+    keys = list(spec.verify.grid)
+    keys += [(p.name, ()) for p in spec.params
+             if isinstance(p.default, bool) and p.name not in dict(spec.verify.grid)]
+    found = []
+    for key, values in keys:
+        known = list(values) + ([defaults[key]] if key in defaults else [])
+        if (key in by_role and by_role[key].optional) or (known and all(isinstance(v, bool) for v in known)):
+            found.append((key, st.booleans()))
+        elif _names_dims(spec, key) and all(_is_dims_value(v) for v in known):
+            found.append((key, dims_strategy(_op_rank(spec), allow_all=None in known,
+                                             allow_tuple=any(isinstance(v, tuple) for v in known))))
+        else:
+            found.append((key, st.sampled_from(values)))
+    return tuple(found)
+
+
+# --------------------------------------------------------------------------- meshes
+
+def all_mesh_shapes(max_size: int = DEFAULT_MESH_MAX_SIZE,
+                    max_ndim: int = MAX_MESH_NDIM) -> tuple[tuple[int, ...], ...]:
+    """Every mesh shape of 1 to ``max_ndim`` axes (sizes >= 1) with at most ``max_size``
+    devices, simplest first: fewer axes, then fewer devices."""
+    shapes = [shape for ndim in range(1, max_ndim + 1)
+              for shape in itertools.product(range(1, max_size + 1), repeat=ndim) if math.prod(shape) <= max_size]
+    return tuple(sorted(shapes, key=lambda shape: (len(shape), math.prod(shape), shape)))
+
+
+def mesh_shapes(max_size: int = DEFAULT_MESH_MAX_SIZE, max_ndim: int = MAX_MESH_NDIM) -> st.SearchStrategy:
+    """Mesh shapes drawn evenly from :func:`all_mesh_shapes` (shrinking towards ``(1,)``)."""
+    return st.sampled_from(all_mesh_shapes(max_size, max_ndim))
+
+
+def _check_mesh_max_size(mesh_max_size: object) -> int:
+    if isinstance(mesh_max_size, bool) or not isinstance(mesh_max_size, int) or not (
+            1 <= mesh_max_size <= MAX_MESH_SIZE):
+        raise InvalidArgument(f"mesh_max_size={mesh_max_size!r} must be an int from 1 to {MAX_MESH_SIZE}")
+    return mesh_max_size
+
+
+# --------------------------------------------------------------------------- examples
+
+def _plain(value: object) -> object:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, repr=False)
+class Example:
+    """One drawn instance: ``spec`` narrowed to one target, one grid point and one mesh."""
+
+    spec: OpSpec
+
+    @property
+    def target(self) -> str:
+        return self.spec.targets[0].name
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return self.spec.verify.meshes[0]
+
+    @property
+    def point(self) -> tuple[tuple[str, object], ...]:
+        return tuple((key, values[0]) for key, values in self.spec.verify.grid)
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {i.role: i.shape for i in self.spec.verify.inputs}
+
+    def case(self):
+        """The OpCase the generated grid tests would build for this point."""
+        (_, case), = self.spec.op_cases()
+        return case
+
+    def describe(self) -> str:
+        return f"{self.case().describe()} on mesh {self.mesh_shape}"
+
+    __repr__ = describe
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        """How hypothesis prints a falsifying example (instead of every field of the spec)."""
+        printer.text(self.describe())
+
+    def verify_block(self) -> str:
+        """The spec's ``verify:`` section narrowed to this example, as YAML."""
+        import yaml
+
+        verify = self.spec.verify
+        block: dict[str, object] = {}
+        for key, init in (("predecessor", verify.predecessor), ("module", verify.module)):
+            if init is not None:
+                entry: dict[str, object] = {"target": init.target} if init.target else {}
+                entry["args"] = _plain(init.args)
+                if init.kwargs:
+                    entry["kwargs"] = {k: _plain(v) for k, v in init.kwargs}
+                block[key] = entry
+        block["inputs"] = {i.role: {"shape": list(i.shape), "dtype": i.dtype} for i in verify.inputs}
+        if verify.grid:
+            block["grid"] = {key: [_plain(values[0])] for key, values in verify.grid}
+        block["meshes"] = [list(self.mesh_shape)]
+        tolerance = {k: v for k, v in (("rtol", verify.rtol), ("atol", verify.atol)) if v is not None}
+        if tolerance:
+            block["tolerance"] = tolerance
+        if verify.seed:
+            block["seed"] = verify.seed
+        return yaml.safe_dump({"verify": block}, sort_keys=False, default_flow_style=None).rstrip()
+
+    def reproduction(self) -> str:
+        """Copy-pastable reproductions: a spec ``verify:`` block with the command that runs it,
+        and the equivalent one-line Python check."""
+        mesh = ",".join(map(str, self.mesh_shape))
+        block = "\n".join("    " + line for line in self.verify_block().splitlines())
+        return (f"Reproduce ({self.target} failed): replace the `verify:` section of {self.spec.source} "
+                f"with\n{block}\n"
+                f"  and run: shardverify verify {self.spec.name} --mesh {mesh}\n"
+                f"  or run: python -c \"from shardverify.spec.case import *; from shardverify.explore.strategies "
+                f"import replay; replay({self.case()!r}, {self.mesh_shape!r})\"")
+
+
+def _narrowed(spec: OpSpec, target, sizes, point, mesh) -> Example:
+    inputs, module, predecessor = _resized(spec, size_groups(spec), sizes)
+    verify = dataclasses.replace(spec.verify, inputs=inputs, module=module, predecessor=predecessor,
+                                 grid=tuple((key, (value,)) for key, value in point), meshes=(mesh,),
+                                 counts=())
+    return Example(dataclasses.replace(spec, targets=(target,), verify=verify))
+
+
+def examples(spec: OpSpec, *, mesh_max_size: int = DEFAULT_MESH_MAX_SIZE) -> st.SearchStrategy[Example]:
+    """Examples drawn from ``spec``: mesh, target, sizes, then parameters (shrinking in that order)."""
+    if not isinstance(spec, OpSpec):
+        raise InvalidArgument(f"examples() needs an OpSpec (see load_spec), got {type(spec).__name__}")
+    _check_mesh_max_size(mesh_max_size)
+    groups = size_groups(spec)
+    params = param_strategies(spec)
+
+    @st.composite
+    def draw_example(draw) -> Example:
+        mesh = draw(mesh_shapes(mesh_max_size))
+        target = draw(st.sampled_from(spec.targets))
+        sizes = [draw(st.sampled_from(SIZES)) for _ in groups]
+        point = tuple((key, draw(strategy)) for key, strategy in params)
+        return _narrowed(spec, target, sizes, point, mesh)
+
+    return draw_example()
+
+
+# --------------------------------------------------------------------------- checking
+
+def divisibility_problems(strategies, mesh) -> list[str]:
+    """Every layout of ``strategies`` that does not split its operand evenly on ``mesh``."""
+    problems = []
+    for strategy in strategies:
+        for data in strategy.operands:
+            layout = strategy.get_sharding_spec_by_name(data.name)
+            where = f"strategy {strategy.name!r}, operand {data.name!r} {tuple(data.shape)}"
+            if tuple(layout.tensor_shape) != tuple(data.shape) or tuple(layout.mesh_shape) != tuple(mesh.shape):
+                problems.append(f"{where}: layout {layout} is for tensor {tuple(layout.tensor_shape)} on mesh "
+                                f"{tuple(layout.mesh_shape)}, not for this operand on mesh {tuple(mesh.shape)}")
+            for dim, axes in layout.partition_dict().items():
+                ways = math.prod(mesh.shape[a] for a in axes if 0 <= a < mesh.ndim)
+                size = data.shape[dim] if dim < len(data.shape) else None
+                if size is None or size % ways:
+                    problems.append(f"{where}: dim {dim} of size {size} is split {ways} ways over "
+                                    f"mesh axes {axes} of mesh {tuple(mesh.shape)}")
+    return problems
+
+
+def check_example(backend, example: Example, *, first_failure: bool = False) -> list:
+    """Every strategy of the example's op node divides its operands and passes on ``backend``;
+    raises AssertionError with the report otherwise (the reproduction is a hypothesis note).
+    ``first_failure`` stops at the first failing strategy (a search shrinks much faster)."""
+    __tracebackhide__ = True
+    from shardverify.strategies.for_node import strategies_for_node
+    from shardverify.verify.engine import verify_case
+    from shardverify.verify.report import assert_passed
+
+    if tuple(backend.mesh.shape) != example.mesh_shape:
+        raise InvalidArgument(f"backend mesh {tuple(backend.mesh.shape)} is not the example's mesh "
+                              f"{example.mesh_shape}")
+    case = example.case()
+    try:
+        graph_module, node_name = case.build()
+    except Exception as exc:  # noqa: BLE001 -- sizes the harness itself refuses are not a case
+        hypothesis.note(f"the harness refuses these sizes: {type(exc).__name__}: {exc}")
+        hypothesis.reject()
+    try:
+        strategies = strategies_for_node(graph_module, node_name, backend.mesh)
+        problems = divisibility_problems(strategies, backend.mesh)
+        if problems:
+            raise AssertionError(f"{example.spec.name}: {len(problems)} layout(s) do not divide their tensor; "
+                                 "such strategies must be left out of the vector:\n  " + "\n  ".join(problems))
+        results = []
+        for strategy in strategies:
+            results += verify_case(backend, case, [strategy])
+            if first_failure and not results[-1].passed:
+                break
+        assert_passed(results)
+    except Exception:
+        _note(example.reproduction())   # printed with hypothesis' falsifying example
+        raise
+    return results
+
+
+def _note(text: str) -> None:
+    """hypothesis.note inside a test, nothing outside one (check_example is callable directly)."""
+    try:
+        hypothesis.note(text)
+    except hypothesis.errors.InvalidArgument:
+        pass
+
+
+def replay(case, mesh_shape: Sequence[int], backend: str = "simulated") -> list:
+    """Verify one case on one mesh and fail with the report (the reproduction line calls it)."""
+    from shardverify.backends import get_backend
+    from shardverify.sharding.mesh import DeviceMesh
+    from shardverify.verify.engine import verify_case
+    from shardverify.verify.report import assert_passed
+
+    runner = get_backend(backend, DeviceMesh(tuple(mesh_shape)))
+    try:
+        results = verify_case(runner, case)
+    finally:
+        runner.close()
+    assert_passed(results)
+    return results
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The shrunk failing example of a search, the error it raised and its reproduction."""
+
+    example: Example
+    error: str
+    reproduction: str
+
+
+def search(spec: OpSpec, *, examples_count: int = 50, mesh_max_size: int = DEFAULT_MESH_MAX_SIZE,
+           seed: int | None = None, backend_factory: Callable | None = None,
+           on_example: Callable[[Example], None] | None = None) -> Failure | None:
+    """Run the property over ``examples_count`` drawn examples on the simulated backend (or
+    ``backend_factory(mesh_shape)``); the shrunk failure, or None when every example passed.
+    Without ``seed`` the search is derandomized (the same examples every run)."""
+    if isinstance(examples_count, bool) or not isinstance(examples_count, int) or examples_count < 1:
+        raise InvalidArgument(f"examples_count={examples_count!r} must be a positive int")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise InvalidArgument(f"seed={seed!r} must be an int or None")
+    strategy = examples(spec, mesh_max_size=mesh_max_size)
+    failures: list[tuple[Example, BaseException]] = []
+    with _backends(backend_factory) as backend_for:
+
+        @settings(max_examples=examples_count, derandomize=seed is None, database=None, deadline=None,
+                  verbosity=Verbosity.quiet, report_multiple_bugs=False,
+                  suppress_health_check=[HealthCheck.too_slow])
+        @hypothesis.given(strategy)
+        def prop(example: Example) -> None:
+            if on_example is not None:
+                on_example(example)
+            try:
+                check_example(backend_for(example.mesh_shape), example, first_failure=True)
+            except Exception as exc:
+                if not isinstance(exc, hypothesis.errors.HypothesisException):
+                    failures.append((example, exc))
+                raise
+
+        if seed is not None:
+            prop = hypothesis.seed(seed)(prop)
+        try:
+            prop()
+        except Exception:
+            if not failures:
+                raise
+            example, error = failures[-1]   # hypothesis replays the shrunk example last
+            message = str(error) if isinstance(error, AssertionError) else f"{type(error).__name__}: {error}"
+            return Failure(example, message, example.reproduction())
+    return None
+
+
+class _backends:
+    """Simulated backends per mesh shape for one search, closed at the end."""
+
+    def __init__(self, factory: Callable | None) -> None:
+        self.factory = factory
+        self.made: dict[tuple[int, ...], object] = {}
+
+    def __enter__(self) -> Callable[[tuple[int, ...]], object]:
+        def backend_for(mesh_shape: tuple[int, ...]):
+            if mesh_shape not in self.made:
+                if self.factory is not None:
+                    self.made[mesh_shape] = self.factory(mesh_shape)
+                else:
+                    from shardverify.backends import get_backend
+                    from shardverify.sharding.mesh import DeviceMesh
+
+                    self.made[mesh_shape] = get_backend("simulated", DeviceMesh(mesh_shape))
+            return self.made[mesh_shape]
+        return backend_for
+
+    def __exit__(self, *exc_info) -> None:
+        if self.factory is None:
+            for backend in self.made.values():
+                backend.close()
+        self.made.clear()

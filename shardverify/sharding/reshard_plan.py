@@ -1,0 +1,196 @@
+"""Resharding maths: the collectives that convert a tensor from one layout on a mesh to another,
+and their alpha-beta price (running them is :mod:`shardverify.collectives.reshard`'s job).
+
+A :class:`Layout` is a :class:`~shardverify.sharding.sharding_spec.ShardingSpec` plus the mesh axes over
+which the local tensors are *partial* (summing them over those axes gives the shard): a
+strategy's output before its AFTER all-reduce, or a contraction's result.
+
+:func:`plan_reshard` returns the steps, in order:
+
+1. every source-partial axis the target does not keep is reduced: a reduce-scatter onto a
+   dim whose target sharding continues with that axis, else one all-reduce over all the rest;
+2. each dim keeps the longest prefix of its mesh axes it shares with the target; the rest is
+   moved with one all-to-all when a single axis moves to a dim that wants it next, else
+   all-gathered (the suffix of a dim's axes in one collective);
+3. each dim is split locally over the axes the target adds after the kept prefix;
+4. target-partial axes the source lacks keep the value on group position 0 and zeros elsewhere.
+
+Gradients follow the Megatron convention the strategies use (patterns.py): the gradient of a
+tensor laid out as ``(spec, partial)`` is laid out as ``spec`` (a partial tensor's gradient is
+replicated over its partial axes). Every step's backward is the adjoint of its forward under
+the inner product of the global tensors: gather <-> split, reduce-scatter -> all-gather,
+all-reduce of a partial -> identity, all-to-all -> the reverse all-to-all.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from shardverify.errors import InvalidArgument, ShardingSpecError
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.sharding_spec import ShardingSpec
+
+__all__ = ["Layout", "ReshardStep", "plan_reshard", "reshard_cost", "STEP_KINDS"]
+
+STEP_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "split", "zero_partial")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A sharding spec plus the mesh axes the local tensors are partial (sum) over."""
+
+    spec: ShardingSpec
+    partial: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        partial = tuple(sorted(int(a) for a in self.partial))
+        object.__setattr__(self, "partial", partial)
+        if len(set(partial)) != len(partial) or any(not 0 <= a < len(self.spec.mesh_shape) for a in partial):
+            raise ShardingSpecError(f"partial axes {self.partial} are not distinct axes of mesh {self.spec.mesh_shape}")
+        shared = set(partial) & self.spec.sharded_axes()
+        if shared:
+            raise ShardingSpecError(f"layout {self.spec} is both sharded and partial over mesh axes {sorted(shared)}")
+
+    @classmethod
+    def replicated(cls, mesh_shape, tensor_shape) -> Layout:
+        return cls(ShardingSpec.replicated(mesh_shape, tensor_shape))
+
+    @classmethod
+    def parse(cls, text: str, tensor_shape, mesh_shape) -> Layout:
+        """``"[S0, R]"`` or ``"[R, R] P01"`` (partial over axes 0 and 1)."""
+        seq, _, partial = text.strip().partition("]")
+        partial = partial.strip()
+        if partial and not (partial.startswith("P") and partial[1:].isdigit()):
+            raise ShardingSpecError(f"layout {text!r}: expected 'P<axes>' after the sequence, got {partial!r}")
+        return cls(ShardingSpec.parse(seq + "]", tensor_shape, mesh_shape), tuple(int(c) for c in partial[1:]))
+
+    @property
+    def axes(self) -> dict[int, tuple[int, ...]]:
+        return self.spec.partition_dict()
+
+    def local_shape(self) -> tuple[int, ...]:
+        return self.spec.local_shape()
+
+    def __str__(self) -> str:
+        return str(self.spec) + (" P" + "".join(map(str, self.partial)) if self.partial else "")
+
+
+@dataclass(frozen=True)
+class ReshardStep:
+    """One collective or local step; ``dims`` = (dim,) or (split_dim, concat_dim) for all-to-all."""
+
+    kind: str
+    axes: tuple[int, ...]
+    dims: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in STEP_KINDS:
+            raise InvalidArgument(f"reshard step kind {self.kind!r} is not one of {STEP_KINDS}")
+
+    def __str__(self) -> str:
+        dims = ""
+        if self.kind == "all_to_all":
+            dims = f", split_dim={self.dims[0]}, concat_dim={self.dims[1]}"
+        elif self.dims:
+            dims = f", dim={self.dims[0]}"
+        return f"{self.kind}(axes={self.axes}{dims})"
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
+    """The steps converting ``source`` into ``target`` (same tensor and mesh shape); memoised,
+    since the plan solver asks for every (producer strategy, consumer strategy) pair."""
+    return _plan_reshard(source, target)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
+    if source.spec.tensor_shape != target.spec.tensor_shape or source.spec.mesh_shape != target.spec.mesh_shape:
+        raise InvalidArgument(f"cannot reshard {source} of shape {source.spec.tensor_shape} on mesh "
+                              f"{source.spec.mesh_shape} into {target} of shape {target.spec.tensor_shape} on "
+                              f"mesh {target.spec.mesh_shape}")
+    ndim = len(source.spec.tensor_shape)
+    cur = {d: source.axes.get(d, ()) for d in range(ndim)}
+    want = {d: target.axes.get(d, ()) for d in range(ndim)}
+    steps: list[ReshardStep] = []
+
+    # 1. reduce the partial axes the target does not keep; a reduce-scatter may enable another
+    #    one (S1 then S12), so repeat until none applies: the result does not depend on axis order
+    pending = [p for p in source.partial if p not in target.partial]
+    progress = True
+    while progress:
+        progress = False
+        for p in list(pending):
+            dim = next((d for d in range(ndim) if want[d][:len(cur[d]) + 1] == cur[d] + (p,)), None)
+            if dim is not None:
+                steps.append(ReshardStep("reduce_scatter", (p,), (dim,)))
+                cur[dim] = cur[dim] + (p,)
+                pending.remove(p)
+                progress = True
+    if pending:   # one all-reduce over every axis left, as a strategy's AFTER action would do
+        steps.append(ReshardStep("all_reduce", tuple(pending)))
+    # 2. keep the common prefix of each dim; move a single trailing axis with an all-to-all to a
+    #    dim that wants it next (repeated to a fixpoint), gather whatever else does not fit
+    progress = True
+    while progress:
+        progress = False
+        for d in range(ndim):
+            extra = cur[d][_common_prefix(cur[d], want[d]):]
+            if len(extra) != 1:
+                continue
+            dest = next((e for e in range(ndim) if e != d and _common_prefix(cur[e], want[e]) == len(cur[e])
+                         and want[e][len(cur[e]):len(cur[e]) + 1] == extra), None)
+            if dest is not None:
+                steps.append(ReshardStep("all_to_all", extra, (dest, d)))
+                cur[d], cur[dest] = cur[d][:-1], cur[dest] + extra
+                progress = True
+    for d in range(ndim):
+        keep = _common_prefix(cur[d], want[d])
+        if cur[d][keep:]:
+            steps.append(ReshardStep("all_gather", cur[d][keep:], (d,)))
+            cur[d] = cur[d][:keep]
+    # 3. split locally over what the target adds
+    for d in range(ndim):
+        add = want[d][len(cur[d]):]
+        if add:
+            steps.append(ReshardStep("split", add, (d,)))
+            cur[d] = want[d]
+    # 4. make the new partial axes
+    for q in target.partial:
+        if q not in source.partial:
+            steps.append(ReshardStep("zero_partial", (q,)))
+    return tuple(steps)
+
+
+def reshard_cost(mesh: DeviceMesh, source: Layout, steps, itemsize: int) -> float:
+    """Alpha-beta seconds of ``steps`` (forward plus backward) starting from ``source``."""
+    shape = list(source.local_shape())
+    total = 0.0
+    for step in steps:
+        n = mesh.axes_size(step.axes)
+        nbytes = itemsize
+        for s in shape:
+            nbytes *= s
+        if step.kind == "all_reduce":
+            total += mesh.all_reduce_cost(nbytes, step.axes)          # backward: identity
+        elif step.kind == "reduce_scatter":
+            total += 2 * mesh.reduce_scatter_cost(nbytes, step.axes)  # backward: all-gather
+            shape[step.dims[0]] //= n
+        elif step.kind == "all_gather":
+            total += mesh.all_gather_cost(nbytes * n, step.axes)      # backward: local split
+            shape[step.dims[0]] *= n
+        elif step.kind == "split":
+            total += mesh.all_gather_cost(nbytes, step.axes)          # backward: all-gather
+            shape[step.dims[0]] //= n
+        elif step.kind == "all_to_all":
+            total += 2 * mesh.all_to_all_cost(nbytes, step.axes)
+            shape[step.dims[0]] //= n
+            shape[step.dims[1]] *= n
+    return total

@@ -1,0 +1,199 @@
+"""Tensor layouts on a device mesh: which mesh axes split which tensor dims.
+
+A layout is stored as a sorted dim -> axes mapping (hashable, canonical) and printed as
+a sharding sequence such as ``[R, S0, R, S1]``; ``S01`` is one dim split over axes 0 then 1.
+Every constructor validates eagerly so an impossible layout never reaches a generator.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shardverify.errors import (
+    DimOutOfRangeError,
+    DuplicateMeshAxisError,
+    MeshAxisOutOfRangeError,
+    SequenceParseError,
+    ShardingNotDivisibleError,
+    ShardingSpecError,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from shardverify.sharding.mesh import DeviceMesh
+
+_DIM_RE = re.compile(r"^(R|S(\d+))$")
+
+
+@dataclass(frozen=True)
+class DimSpec:
+    """The mesh axes one tensor dim is split over; ``()`` is replicated (R)."""
+
+    axes: tuple[int, ...] = ()
+
+    @property
+    def is_replica(self) -> bool:
+        return not self.axes
+
+    @classmethod
+    def parse(cls, text: str) -> DimSpec:
+        """``"R"`` -> ``DimSpec(())``, ``"S01"`` -> ``DimSpec((0, 1))`` (one digit per axis)."""
+        text = text.strip()
+        match = _DIM_RE.match(text)
+        if not match:
+            raise SequenceParseError(f"cannot parse dim spec {text!r}: expected 'R' or 'S' followed by axis digits")
+        return cls(tuple(int(d) for d in match.group(2) or ""))
+
+    def __str__(self) -> str:
+        return "S" + "".join(str(a) for a in self.axes) if self.axes else "R"
+
+    __repr__ = __str__
+
+
+class ShardingSequence(tuple):
+    """A tuple of :class:`DimSpec`, printed as ``[S0, R, R, S1]``."""
+
+    def __new__(cls, dims: Sequence[DimSpec] = ()) -> ShardingSequence:
+        return super().__new__(cls, dims)
+
+    def __getitem__(self, item):  # slices stay ShardingSequences so they print the same way
+        result = super().__getitem__(item)
+        return ShardingSequence(result) if isinstance(item, slice) else result
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(str(d) for d in self) + "]"
+
+    __repr__ = __str__
+
+
+def parse_sequence(text: str) -> ShardingSequence:
+    """Parse ``"[R, S0, R, S1]"`` (brackets required, comma separated)."""
+    stripped = text.strip()
+    if not (stripped.startswith("[") and stripped.endswith("]")):
+        raise SequenceParseError(f"sharding sequence {text!r} must be bracketed, like '[R, S0]'")
+    body = stripped[1:-1].strip()
+    if not body:
+        return ShardingSequence()
+    return ShardingSequence(DimSpec.parse(part) for part in body.split(","))
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """The layout of one tensor of ``tensor_shape`` on a mesh of ``mesh_shape``."""
+
+    mesh_shape: tuple[int, ...]
+    tensor_shape: tuple[int, ...]
+    dim_partition: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        mesh_shape = tuple(int(s) for s in self.mesh_shape)
+        tensor_shape = tuple(int(s) for s in self.tensor_shape)
+        object.__setattr__(self, "mesh_shape", mesh_shape)
+        object.__setattr__(self, "tensor_shape", tensor_shape)
+        where = f"tensor shape {tensor_shape} on mesh {mesh_shape}"
+        partition: dict[int, tuple[int, ...]] = {}
+        used: dict[int, int] = {}
+        for dim, axes in self.dim_partition:
+            axes = tuple(int(a) for a in axes)
+            if not -len(tensor_shape) <= dim < len(tensor_shape):
+                raise DimOutOfRangeError(f"dim {dim} is out of range for {where}")
+            dim = dim % len(tensor_shape)
+            if dim in partition:
+                raise DimOutOfRangeError(f"dim {dim} is given twice for {where}")
+            if not axes:
+                continue
+            for axis in axes:
+                if not 0 <= axis < len(mesh_shape):
+                    raise MeshAxisOutOfRangeError(
+                        f"mesh axis {axis} (sharding dim {dim}) is out of range for {where}")
+                if axis in used:
+                    raise DuplicateMeshAxisError(
+                        f"mesh axis {axis} shards both dim {used[axis]} and dim {dim} of {where}"
+                        if used[axis] != dim else f"mesh axis {axis} is used twice on dim {dim} of {where}")
+                used[axis] = dim
+            count = math.prod(mesh_shape[a] for a in axes)
+            if tensor_shape[dim] % count:
+                raise ShardingNotDivisibleError(
+                    f"dim {dim} of size {tensor_shape[dim]} is not divisible into {count} shards "
+                    f"(S{''.join(map(str, axes))}) for {where}")
+            partition[dim] = axes
+        object.__setattr__(self, "dim_partition", tuple(sorted(partition.items())))
+
+    # ---- construction -------------------------------------------------------------
+    @classmethod
+    def from_partition(cls, mesh_shape: Sequence[int], tensor_shape: Sequence[int],
+                       partition: Mapping[int, Sequence[int]]) -> ShardingSpec:
+        """Build from ``{dim: axes}``; negative dims are normalised, empty axes mean R."""
+        return cls(tuple(mesh_shape), tuple(tensor_shape),
+                   tuple((int(d), tuple(a)) for d, a in partition.items()))
+
+    @classmethod
+    def replicated(cls, mesh_shape: Sequence[int], tensor_shape: Sequence[int]) -> ShardingSpec:
+        return cls(tuple(mesh_shape), tuple(tensor_shape), ())
+
+    @classmethod
+    def from_sequence(cls, sequence: Sequence[DimSpec], tensor_shape: Sequence[int],
+                      mesh_shape: Sequence[int]) -> ShardingSpec:
+        if len(sequence) != len(tensor_shape):
+            raise SequenceParseError(
+                f"sharding sequence {ShardingSequence(sequence)} has {len(sequence)} dims, "
+                f"tensor shape {tuple(tensor_shape)} has {len(tensor_shape)}")
+        return cls(tuple(mesh_shape), tuple(tensor_shape),
+                   tuple((d, spec.axes) for d, spec in enumerate(sequence) if spec.axes))
+
+    @classmethod
+    def parse(cls, text: str, tensor_shape: Sequence[int], mesh_shape: Sequence[int]) -> ShardingSpec:
+        """Parse ``"[R, S0, R, S1]"`` for a tensor of ``tensor_shape`` on ``mesh_shape``."""
+        return cls.from_sequence(parse_sequence(text), tensor_shape, mesh_shape)
+
+    # ---- views ---------------------------------------------------------------------
+    @property
+    def sharding_sequence(self) -> ShardingSequence:
+        partition = dict(self.dim_partition)
+        return ShardingSequence(DimSpec(partition.get(d, ())) for d in range(len(self.tensor_shape)))
+
+    def partition_dict(self) -> dict[int, tuple[int, ...]]:
+        return dict(self.dim_partition)
+
+    def shard_counts(self) -> tuple[int, ...]:
+        partition = dict(self.dim_partition)
+        return tuple(math.prod(self.mesh_shape[a] for a in partition.get(d, ()))
+                     for d in range(len(self.tensor_shape)))
+
+    def local_shape(self) -> tuple[int, ...]:
+        return tuple(size // count for size, count in zip(self.tensor_shape, self.shard_counts()))
+
+    def local_numel(self) -> int:
+        return math.prod(self.local_shape())
+
+    def sharded_axes(self) -> set[int]:
+        return {a for _, axes in self.dim_partition for a in axes}
+
+    def local_slices(self, mesh: DeviceMesh, rank: int) -> tuple[slice, ...]:
+        """The slice of the full tensor that ``rank`` holds."""
+        if tuple(mesh.shape) != self.mesh_shape:
+            raise ShardingSpecError(f"spec for mesh {self.mesh_shape} used with mesh {mesh.shape}")
+        partition = dict(self.dim_partition)
+        slices = []
+        for dim, size in enumerate(self.tensor_shape):
+            axes = partition.get(dim, ())
+            if not axes:
+                slices.append(slice(0, size))
+                continue
+            chunk = size // mesh.axes_size(axes)
+            start = mesh.group_index(rank, axes) * chunk
+            slices.append(slice(start, start + chunk))
+        return tuple(slices)
+
+    def local_shard(self, tensor: torch.Tensor, mesh: DeviceMesh, rank: int) -> torch.Tensor:
+        if tuple(tensor.shape) != self.tensor_shape:
+            raise ShardingSpecError(f"tensor of shape {tuple(tensor.shape)} given to a spec for {self.tensor_shape}")
+        return tensor[self.local_slices(mesh, rank)]
+
+    def __str__(self) -> str:
+        return str(self.sharding_sequence)

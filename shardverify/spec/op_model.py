@@ -1,0 +1,216 @@
+"""The op spec model: frozen dataclasses a validated op spec is made of (parsed by
+:func:`shardverify.spec.op.parse_op_spec`), and its expansion into cases: one per target and
+grid point, each turning into the :class:`~shardverify.spec.case.OpCase` the verifier runs."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from shardverify.spec.case import CallArg, InputDecl, ModuleDecl, OpCase
+from shardverify.spec.values import Literal
+
+__all__ = ["OperandSpec", "ParamSpec", "TargetSpec", "InputSpec", "ModuleInit", "CountSpec",
+           "VerifySpec", "OpSpec", "CaseSpec", "case_spec"]
+
+
+@dataclass(frozen=True)
+class OperandSpec:
+    """How one operand is read from the call: positional index, keyword, module attribute."""
+
+    role: str
+    kind: str                      # "input" | "param" | "output"
+    index: int | None = None
+    keyword: str | None = None
+    attribute: str | None = None
+    optional: bool = False
+    element: int | None = None     # element of the list argument at `index` (torch.cat)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A non-tensor call parameter (dim, keepdim): where it is read from and its default."""
+
+    name: str
+    index: int | None = None
+    keyword: str | None = None
+    default: Literal = None
+    varargs: bool = False          # the positional arguments from index on, when passed unpacked
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A torch target and how it appears in a traced graph."""
+
+    name: str                      # "torch.sum", "torch.Tensor.sum", "torch.nn.Linear"
+    form: str                      # "function" | "method" | "module"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Shape and dtype of a harness placeholder for an operand role."""
+
+    role: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class ModuleInit:
+    """Constructor call of a module: torch.nn.Linear(16, 32, bias=False)."""
+
+    target: str | None             # None for `verify.module` (each module target fills it in)
+    args: tuple[Literal, ...] = ()
+    kwargs: tuple[tuple[str, Literal], ...] = ()
+
+
+@dataclass(frozen=True)
+class CountSpec:
+    """An expected number of strategies on one mesh for the grid points matching `where`."""
+
+    mesh: tuple[int, ...]
+    count: int
+    where: tuple[tuple[str, Literal], ...] = ()
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    """The harness around the op and the grid of instances to verify."""
+
+    inputs: tuple[InputSpec, ...]
+    grid: tuple[tuple[str, tuple[Literal, ...]], ...]
+    meshes: tuple[tuple[int, ...], ...]
+    module: ModuleInit | None = None
+    predecessor: ModuleInit | None = None
+    counts: tuple[CountSpec, ...] = ()
+    rtol: float | None = None
+    atol: float | None = None
+    seed: int = 0
+    explore: bool = True           # generate hypothesis property tests beyond the grid
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One op instance to verify: a target at one grid point (rendered as an OpCase literal)."""
+
+    id: str
+    target: str
+    inputs: tuple[InputSpec, ...]
+    params: tuple[tuple[str, Literal], ...]
+    module: ModuleInit | None
+    point: tuple[tuple[str, Literal], ...]
+    positional: tuple[tuple[str, Literal], ...] = ()   # (kind, value) per argument: see CallArg
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """A validated op spec."""
+
+    name: str
+    source: str
+    targets: tuple[TargetSpec, ...]
+    operands: tuple[OperandSpec, ...]
+    params: tuple[ParamSpec, ...]
+    generator: str
+    options: tuple[tuple[str, Literal], ...]
+    verify: VerifySpec
+    description: str = ""
+    audit_accept: tuple = ()       # shardverify.spec.accept.AcceptEntry: known, accepted gaps
+
+    def grid_size(self) -> int:
+        size = 1
+        for _, values in self.verify.grid:
+            size *= len(values)
+        return size
+
+    def cases(self) -> tuple[CaseSpec, ...]:
+        """Every (target, grid point) instance, targets in spec order, grid row-major."""
+        keys = [key for key, _ in self.verify.grid]
+        points = list(itertools.product(*(values for _, values in self.verify.grid)))
+        cases = []
+        for target in self.targets:
+            for values in points:
+                cases.append(case_spec(self, target, tuple(zip(keys, values))))
+        return tuple(cases)
+
+    def op_cases(self) -> list[tuple[str, "OpCase"]]:
+        """(case id, OpCase) for every case: the one mapping the generated tests, the CLI
+        and the explorer all use."""
+        def module(init: ModuleInit | None) -> ModuleDecl | None:
+            return None if init is None else ModuleDecl(init.target, args=init.args, kwargs=init.kwargs)
+
+        verify = self.verify
+        return [(case.id, OpCase(op=self.name, target=case.target,
+                                 inputs=tuple(InputDecl(i.role, i.shape, i.dtype) for i in case.inputs),
+                                 params=case.params, module=module(case.module),
+                                 predecessor=module(verify.predecessor), seed=verify.seed,
+                                 rtol=verify.rtol, atol=verify.atol,
+                                 positional=tuple(CallArg(kind, value) for kind, value in case.positional)))
+                for case in self.cases()]
+
+
+def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal], ...]) -> CaseSpec:
+    by_role = {o.role: o for o in spec.operands}
+    param_names = {p.name for p in spec.params}
+    verify = spec.verify
+    dropped = {key for key, value in point if key in by_role and value is not True}
+    scalars = tuple((by_role[key].keyword, value) for key, value in point      # torch.add(x, other=2.5)
+                    if key in by_role and not isinstance(value, bool))
+    positional: tuple[tuple[str, Literal], ...] = ()
+    if target.form == "module":
+        inputs = tuple(i for i in verify.inputs if by_role[i.role].kind == "input")
+        assert verify.module is not None
+        extra = tuple((by_role[key].attribute if key in by_role else key, value)  # type: ignore[misc]
+                      for key, value in point)
+        module = ModuleInit(target.name, verify.module.args, verify.module.kwargs + extra)
+        params: tuple[tuple[str, Literal], ...] = ()
+    else:
+        inputs = tuple(sorted((i for i in verify.inputs if i.role not in dropped),
+                              key=lambda i: (by_role[i.role].index, by_role[i.role].element or 0)))  # type: ignore[arg-type,return-value]
+        module = None
+        params = tuple((key, value) for key, value in point if key in param_names) + scalars  # type: ignore[operator]
+        positional, taken = _positional(spec, inputs, dict(point))
+        params = tuple((key, value) for key, value in params if key not in taken)
+    case_id = target.name + "".join(f"-{key}_{_id_token(value)}" for key, value in point)
+    return CaseSpec(id=case_id, target=target.name, inputs=inputs, params=params, module=module, point=point,
+                    positional=positional)
+
+
+def _positional(spec: OpSpec, inputs: tuple[InputSpec, ...], point: dict[str, Literal]
+                ) -> tuple[tuple[tuple[str, Literal], ...], set[str]]:
+    """The positional arguments of a function/method call up to its last tensor, and the
+    parameter/keyword names they take from the keyword arguments; ``()`` when they are
+    just the tensors in order (the plain ``target(x, *others)``)."""
+    by_role = {o.role: o for o in spec.operands}
+    present = [by_role[i.role] for i in inputs]
+    last = max(o.index for o in present)  # type: ignore[type-var]
+    slots: dict[int, tuple[str, Literal]] = {}
+    taken: set[str] = set()
+    for o in present:
+        if o.element is None:
+            slots[o.index] = ("tensor", o.role)  # type: ignore[index]
+        else:
+            names = slots.get(o.index, ("list", ()))[1]  # type: ignore[arg-type]
+            slots[o.index] = ("list", names + (o.role,))  # type: ignore[index,operator]
+    for o in spec.operands:      # a dropped optional tensor before the last one: None, or its number
+        if o.kind != "output" and o.role in point and point[o.role] is not True and \
+                o.index is not None and o.index < last and o.index not in slots:
+            value = point[o.role]
+            slots[o.index] = ("value", None if isinstance(value, bool) else value)
+            taken.add(o.keyword or o.role)
+    for p in spec.params:
+        if p.index is not None and p.index < last:
+            slots[p.index] = ("value", point.get(p.name, p.default))
+            taken.add(p.name)
+    if all(slots.get(i) == ("tensor", o.role) for i, o in enumerate(present)) and len(slots) == len(present):
+        return (), set()
+    return tuple(slots[i] for i in range(last + 1)), taken
+
+
+def _id_token(value: Literal) -> str:
+    """A test-id piece that `pytest -k` can match: (0, 2) -> "0.2", -1 -> "-1"."""
+    if isinstance(value, tuple):
+        return ".".join(_id_token(item) for item in value) or "empty"
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", str(value))

@@ -1,0 +1,263 @@
+"""Cost model and strategy assembly shared by every generator.
+
+Costs are per device and are checked by the verifier (``shardverify.verify.costs``):
+
+* compute, :func:`~shardverify.strategies.generators.flops.compute_cost` of the local op call: forward = the FLOPs
+  ``torch.utils.flop_counter.FlopCounterMode`` counts for the call, halved (multiply-accumulates),
+  or, when the counter does not count the op (reductions, elementwise ops), the numel of the
+  largest local operand (inputs as the op receives them after the BEFORE actions, outputs as it
+  returns them before the AFTER actions); backward = 2 x forward;
+* memory, bytes of the local shards (:func:`memory_cost`);
+* communication, seconds of the collectives the declared actions issue, each priced by
+  ``DeviceMesh.collective_cost`` from the bytes the rank passes in (:func:`action_traffic`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from shardverify.capture.call import call_op
+from shardverify.errors import StrategyError
+from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
+from shardverify.strategies.generators.registry import GeneratorContext
+from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.strategy import (
+    CommAction,
+    CommPattern,
+    CommWhere,
+    LocalArg,
+    MemoryCost,
+    MemoryCycle,
+    OperationData,
+    OperationDataType,
+    ShardingStrategy,
+    TrainCycleItem,
+)
+
+__all__ = ["grad_sync", "local_bytes", "memory_cost", "communication_cost", "action_traffic", "compute_cost",
+           "op_call_shapes", "local_compute_cost", "make_strategy", "with_declared_costs"]
+
+
+def local_bytes(data: OperationData, spec: ShardingSpec) -> int:
+    return spec.local_numel() * data.itemsize
+
+
+def memory_cost(operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec]) -> MemoryCycle:
+    """Forward keeps every operand's shard; backward adds a gradient for every input and parameter."""
+    fwd, bwd = MemoryCost(), MemoryCost()
+    for data in operands:
+        size = local_bytes(data, specs[data.name])
+        if data.is_param:
+            fwd += MemoryCost(parameter=size)
+            bwd += MemoryCost(parameter=size)
+        else:
+            fwd += MemoryCost(activation=size)
+            if data.type is not OperationDataType.OUTPUT:
+                bwd += MemoryCost(activation=size)
+    return MemoryCycle(fwd, bwd, fwd + bwd)
+
+
+def _resized(pattern: CommPattern, shape: list[int], dims: tuple[int, ...], n: int, forward: bool) -> None:
+    """Apply (or, ``forward=False``, undo) the forward shape change of one action in place."""
+    grow, shrink = (lambda d: shape[d] * n), (lambda d: shape[d] // n)
+    if pattern is CommPattern.GATHER_FWD_SPLIT_BWD:
+        shape[dims[0]] = (grow if forward else shrink)(dims[0])
+    elif pattern is CommPattern.SPLIT_FWD_GATHER_BWD:
+        shape[dims[0]] = (shrink if forward else grow)(dims[0])
+    elif pattern is CommPattern.ALL2ALL_FWD_ALL2ALL_BWD:
+        split, concat = dims if forward else dims[::-1]
+        shape[split], shape[concat] = shape[split] // n, shape[concat] * n
+
+
+def _chain(mesh, spec: ShardingSpec, actions: Sequence[CommAction]):
+    """The actions on one operand in execution order, each with the local shape entering it.
+    BEFORE actions start from the operand's layout; AFTER actions end in the output's layout."""
+    shape = list(spec.local_shape())
+    if actions and actions[0].where is CommWhere.AFTER:
+        for action in reversed(actions):
+            _resized(action.pattern, shape, _norm(action.dims, len(shape)), mesh.axes_size(action.axes), False)
+    for action in actions:
+        yield action, tuple(shape)
+        _resized(action.pattern, shape, _norm(action.dims, len(shape)), mesh.axes_size(action.axes), True)
+
+
+def _norm(dims: tuple[int, ...], ndim: int) -> tuple[int, ...]:
+    return tuple(d % ndim for d in dims) if ndim else dims
+
+
+def action_traffic(mesh, actions: Sequence[CommAction], operands: Mapping[str, OperationData],
+                   specs: Mapping[str, ShardingSpec]) -> list[tuple[str, str, tuple[int, ...], int]]:
+    """``(phase, kind, axes, payload bytes)`` of every collective the declared actions issue on a
+    rank (phase "fwd" or "bwd"); backward halves only for floating operands (the others carry no
+    gradient). Payload = the bytes the rank passes to the collective."""
+    found = []
+    by_operand: dict[tuple[str, CommWhere], list[CommAction]] = {}
+    for action in actions:
+        by_operand.setdefault((action.operand, action.where), []).append(action)
+    for (name, where), chain in by_operand.items():
+        data = operands[name]
+        grads = data.dtype.is_floating_point
+        for action, shape in _chain(mesh, specs[name], chain):
+            size, n = math.prod(shape) * data.itemsize, mesh.axes_size(action.axes)
+            pattern, axes = action.pattern, action.axes
+            if where is CommWhere.HOOK:
+                if grads:
+                    found.append(("bwd", "all_reduce", axes, size))
+            elif pattern is CommPattern.ALLREDUCE_FWD_IDENTITY_BWD:
+                found.append(("fwd", "all_reduce", axes, size))
+                if grads and action.op in ("max", "min"):   # counting the holders of the extremum
+                    found.append(("bwd", "all_reduce", axes, size))
+            elif pattern is CommPattern.IDENTITY_FWD_ALLREDUCE_BWD:
+                if grads:
+                    found.append(("bwd", "all_reduce", axes, size))
+            elif pattern is CommPattern.GATHER_FWD_SPLIT_BWD:
+                found.append(("fwd", "all_gather", axes, size))
+            elif pattern is CommPattern.SPLIT_FWD_GATHER_BWD:
+                if grads:
+                    found.append(("bwd", "all_gather", axes, size // n))
+            else:
+                found.append(("fwd", "all_to_all", axes, size))
+                if grads:
+                    found.append(("bwd", "all_to_all", axes, size))
+    return found
+
+
+def communication_cost(mesh, actions: Sequence[CommAction], operands: Mapping[str, OperationData],
+                       specs: Mapping[str, ShardingSpec]) -> TrainCycleItem:
+    """Seconds spent in the collectives the declared actions issue, priced per collective by
+    ``mesh.collective_cost`` (the figure the verifier checks against the real collectives)."""
+    fwd = bwd = 0.0
+    for phase, kind, axes, size in action_traffic(mesh, actions, operands, specs):
+        cost = mesh.collective_cost(kind, size, axes)
+        if phase == "fwd":
+            fwd += cost
+        else:
+            bwd += cost
+    return TrainCycleItem(fwd, bwd, fwd + bwd)
+
+
+def op_call_shapes(mesh, operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec],
+                   actions: Sequence[CommAction]) -> dict[str, tuple[int, ...]]:
+    """Local shape of each operand at the op call: inputs after their BEFORE actions, outputs
+    before their AFTER actions."""
+    shapes = {}
+    for data in operands:
+        where = CommWhere.AFTER if data.type is OperationDataType.OUTPUT else CommWhere.BEFORE
+        chain = [a for a in actions if a.operand == data.name and a.where is where]
+        shape = list(specs[data.name].local_shape())
+        steps = reversed(chain) if where is CommWhere.AFTER else chain
+        for action in steps:
+            _resized(action.pattern, shape, _norm(action.dims, len(shape)), mesh.axes_size(action.axes),
+                     where is CommWhere.BEFORE)
+        shapes[data.name] = tuple(shape)
+    return shapes
+
+
+def local_compute_cost(ctx: GeneratorContext, operands: Sequence[OperationData],
+                       specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
+                       local_args: Sequence[LocalArg] = ()) -> TrainCycleItem:
+    """:func:`compute_cost` of the node's op called on meta tensors of the local shapes (what the
+    verifier measures on the real shards), for generators that have no formula of their own."""
+    return _meta_call(ctx, operands, specs, actions, local_args)[0]
+
+
+def local_output_shapes(ctx: GeneratorContext, operands: Sequence[OperationData],
+                        specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
+                        local_args: Sequence[LocalArg] = ()) -> tuple | None:
+    """The shapes the node's op really gives on meta tensors of the local input shapes (None when
+    it refuses them): a generator compares them with its layouts' local output shapes, since an
+    op that reads sizes from its input (squeeze of a dim a shard left with one element) can
+    disagree with a layout that is right for the global tensor."""
+    try:
+        return _meta_call(ctx, operands, specs, actions, local_args)[1]
+    except StrategyError:
+        return None
+
+
+def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec],
+               actions: Sequence[CommAction], local_args: Sequence[LocalArg] = ()) -> tuple[TrainCycleItem, tuple]:
+    """(compute cost, output shapes) of the op on meta tensors of the local shapes, cached."""
+
+    shapes = op_call_shapes(ctx.mesh, operands, specs, actions)
+    inputs = [d for d in operands if d.type is not OperationDataType.OUTPUT]
+    key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), tuple(local_args))
+    found = _META_CALLS.get(key)
+    if found is None:   # meta kernels take milliseconds; strategies share few distinct local shapes
+        values = {(d.locator.kind, d.locator.key): torch.empty(shapes[d.name], dtype=d.dtype, device="meta")
+                  for d in inputs}
+        tensors = list(values.values())
+        values.update({(a.locator.kind, a.locator.key): a.value for a in local_args})
+        module = ctx.graph_module.get_submodule(ctx.node.target) if ctx.node.op == "call_module" else None
+        try:
+            with LocalFlopCounter() as counter:
+                result = call_op(ctx.node, module, values)
+        except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
+            raise StrategyError(f"{ctx.handler_name}: cannot run node {ctx.node.name!r} on meta tensors of the "
+                                f"local shapes {shapes}: {exc}") from exc
+        outs = result if isinstance(result, (list, tuple)) else (result,)
+        numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
+        if len(_META_CALLS) >= 4096:
+            _META_CALLS.clear()
+        found = _META_CALLS[key] = (compute_cost(counter.get_total_flops(), numels),
+                                    tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in outs))
+    return found
+
+
+_META_CALLS: dict = {}
+
+
+def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[OperationData],
+                  specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
+                  compute: TrainCycleItem | tuple[float, float] | None = None,
+                  local_args: Sequence[LocalArg] = ()) -> ShardingStrategy:
+    """Assemble a strategy over ``operands`` (output last) with all three costs filled in.
+
+    ``compute``: None (the default) measures :func:`local_compute_cost` on meta tensors; a
+    generator with a closed formula passes ``compute_cost(flops, numels)`` of the local call
+    (a ``(fwd, bwd)`` pair is taken as is, for nodes that are not ops). ``local_args``: the
+    non-tensor arguments the ranks pass instead of the recorded ones (a view's local shape).
+    """
+    missing = [d.name for d in operands if d.name not in specs]
+    if missing:
+        raise StrategyError(f"{ctx.handler_name}: strategy {name!r} has no layout for {missing}")
+    by_name = {d.name: d for d in operands}
+    if compute is None:
+        compute = local_compute_cost(ctx, operands, specs, actions, local_args)
+    elif not isinstance(compute, TrainCycleItem):
+        fwd, bwd = compute
+        compute = TrainCycleItem(float(fwd), float(bwd), float(fwd + bwd))
+    return ShardingStrategy(
+        name=name,
+        sharding_specs=tuple((d.name, specs[d.name]) for d in operands),
+        operands=tuple(operands),
+        compute_cost=compute,
+        memory_cost=memory_cost(operands, specs),
+        communication_cost=communication_cost(ctx.mesh, actions, by_name, specs),
+        communication_actions=tuple(actions),
+        local_args=tuple(local_args),
+    )
+
+
+def with_declared_costs(strategy: ShardingStrategy, graph_module, node_name: str, mesh) -> ShardingStrategy:
+    """``strategy`` with all three costs restated by the rules above (compute measured on meta
+    tensors), for strategies whose layouts or actions were edited by hand."""
+    node = next(n for n in graph_module.graph.nodes if n.name == node_name)
+    ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands={}, handler_name=strategy.name)
+    specs = dict(strategy.sharding_specs)
+    actions = strategy.communication_actions
+    return strategy.replace(
+        compute_cost=local_compute_cost(ctx, strategy.operands, specs, actions, strategy.local_args),
+        memory_cost=memory_cost(strategy.operands, specs),
+        communication_cost=communication_cost(mesh, actions, {d.name: d for d in strategy.operands}, specs))
+
+
+def grad_sync(data: OperationData, axes: tuple[int, ...]) -> list[CommAction]:
+    """All-reduce of a gradient that is partial over ``axes``: a hook on a parameter, before
+    the op on an activation, nothing for a buffer or an integer operand (no gradient)."""
+    if not axes or data.type is OperationDataType.BUFFER or not data.dtype.is_floating_point:
+        return []
+    where = CommWhere.HOOK if data.type is OperationDataType.PARAM else CommWhere.BEFORE
+    return [CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, axes, data.name, where)]

@@ -1,0 +1,59 @@
+"""How a strategy's compute cost is counted: FLOPs of the local op call as torch's own counter
+counts them (:class:`LocalFlopCounter`), and the rule every generator declares and the verifier
+checks (:func:`compute_cost`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
+
+from shardverify.sharding.strategy import TrainCycleItem
+
+__all__ = ["LocalFlopCounter", "compute_cost"]
+
+
+def _cpu_flash_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# Kernels torch's counter does not know: the CPU flash attention that scaled_dot_product_attention
+# picks on real CPU tensors (meta tensors take a counted kernel), counted like the GPU flash kernel.
+_EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_sdpa_flop}
+
+
+class LocalFlopCounter(FlopCounterMode):
+    """``FlopCounterMode`` counting exactly as torch does (its registry, its decompositions) but
+    without its ``ModuleTracker``, whose process-global module hooks would also fire in the other
+    simulated ranks' threads and hang backward hooks on their tensors. Only the global total is
+    kept; the dispatch mode itself is thread-local."""
+
+    def __init__(self) -> None:
+        super().__init__(display=False, custom_mapping=_EXTRA_FORMULAS)
+
+    def __enter__(self) -> LocalFlopCounter:
+        self.flop_counts.clear()
+        self.mode = _FlopCounterMode(self)
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *args: object) -> bool | None:
+        done = self.mode.__exit__(*args)
+        self.mode = None
+        return done
+
+
+
+def compute_cost(flops: float, operand_numels: Iterable[int]) -> TrainCycleItem:
+    """The compute-cost rule every generator declares and the verifier checks, per device.
+
+    ``flops``: what ``FlopCounterMode`` counts for the local op call (2 per multiply-accumulate;
+    0 when it does not count the op); ``operand_numels``: numels of the local tensors the op is
+    called with and returns. Forward = flops / 2 when flops > 0, else the largest numel;
+    backward = 2 x forward.
+    """
+    fwd = float(flops) / 2 if flops else float(max(operand_numels, default=0))
+    return TrainCycleItem(fwd, 2 * fwd, 3 * fwd)

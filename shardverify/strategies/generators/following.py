@@ -1,0 +1,110 @@
+"""Strategies for an op whose layout follows its predecessor's (a reduction, an elementwise op).
+
+For each predecessor strategy, in the same order: one strategy named
+``<input layout> -> <output layout>_<predecessor index>`` (ColossalAI's convention) whose
+input takes the layout the predecessor produces except that a shard on a reduced dim is
+dropped (the input is gathered there), so no communication is needed: every kept shard maps
+to the same shard of the output.  When the predecessor shards a reduced dim, a second one,
+``... | P<axes> <op>_<index>``, keeps that shard: each rank reduces its part and the partial
+output is all-reduced over those mesh axes after the op (``reduce_op``).
+
+Options (all op knowledge stays in the handler's data):
+``follow_operand``    role of the operand whose producer is followed (default ``"input"``);
+``reduce_dims_param`` call parameter naming the reduced dims (int, sequence, or None/() = all);
+                      without it the op keeps every dim (elementwise);
+``keepdim_param``     call parameter that keeps reduced dims as size 1 (their layout R);
+``reduce_op``         how partial results combine: ``sum`` (default), ``avg``, ``max``, ``min``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardverify.errors import HandlerError, StrategyError
+from shardverify.strategies.generators.common import compute_cost, make_strategy
+from shardverify.strategies.generators.registry import GeneratorContext, register_generator
+from shardverify.strategies.handlers.base import Computed
+from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.strategy import REDUCE_OPS, CommAction, CommPattern, CommWhere, ShardingStrategy
+
+
+def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ...]:
+    """Reduced dims as sorted non-negative ints; None or () mean every dim."""
+    if value is None:
+        return tuple(range(ndim))
+    items = (value,) if isinstance(value, int) else value
+    try:
+        items = tuple(items)  # type: ignore[arg-type]
+    except TypeError:
+        raise StrategyError(f"{what}={value!r} must be an int, a sequence of ints or None") from None
+    if not items:
+        return tuple(range(ndim))
+    dims = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise StrategyError(f"{what}={value!r} must contain ints, got {item!r}")
+        if not -max(ndim, 1) <= item < max(ndim, 1):
+            raise StrategyError(f"{what}={value!r}: dim {item} is out of range for a {ndim}-D input")
+        dims.append(item % max(ndim, 1))
+    if len(set(dims)) != len(dims):
+        raise StrategyError(f"{what}={value!r} names a dim twice")
+    return tuple(sorted(dims))
+
+
+@register_generator("following")
+def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
+    reduce_op = ctx.option("reduce_op", "sum")
+    if reduce_op not in REDUCE_OPS:
+        raise HandlerError(f"{ctx.handler_name}: option reduce_op must be one of {', '.join(REDUCE_OPS)}, "
+                           f"got {reduce_op!r}")
+    role = str(ctx.option("follow_operand", "input"))
+    inp, out = ctx.operand(role), ctx.operand("output")
+    extra = [r for r in ctx.operands if r not in (role, "output")]
+    if extra:
+        raise HandlerError(f"{ctx.handler_name}: the following generator takes one tensor operand, "
+                           f"node {ctx.node.name!r} also has {extra}")
+    ndim = len(inp.shape)
+    reduce_param, keepdim_param = ctx.option("reduce_dims_param"), ctx.option("keepdim_param")
+    for name in (reduce_param, keepdim_param):
+        if isinstance(ctx.params.get(name), Computed):
+            raise ctx.params[name].refuse(ctx.handler_name, ctx.node.name)
+    reduced = normalize_dims(ctx.params.get(reduce_param), ndim, str(reduce_param)) if reduce_param else ()
+    keepdim = bool(ctx.params.get(keepdim_param, False)) if keepdim_param else False
+    if keepdim or not reduce_param:
+        out_dim = {d: d for d in range(ndim)}
+    else:
+        kept = [d for d in range(ndim) if d not in reduced]
+        out_dim = {d: i for i, d in enumerate(kept)}
+    if len(out_dim) != len(out.shape):
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} reduces dims {reduced} of {inp.shape} "
+                            f"(keepdim={keepdim}) but its output has shape {out.shape}")
+
+    operands = [inp, out]
+    strategies = []
+    for index, pred in enumerate(ctx.predecessor_strategies(role)):
+        produced = pred.get_sharding_spec_by_name(inp.name).partition_dict()
+        in_part = {d: axes for d, axes in produced.items() if d not in reduced}
+        out_part = {out_dim[d]: axes for d, axes in in_part.items()}
+        specs = {
+            inp.name: ShardingSpec.from_partition(ctx.mesh.shape, inp.shape, in_part),
+            out.name: ShardingSpec.from_partition(ctx.mesh.shape, out.shape, out_part),
+        }
+        name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}"
+        strategies.append(_strategy(ctx, f"{name}_{index}", operands, specs, ()))
+        partial = tuple(sorted(a for d, axes in produced.items() if d in reduced for a in axes))
+        # keep the shard, reduce the partial output after the op (over size-1 axes alone it is the gathered one)
+        if math.prod(ctx.mesh.shape[a] for a in partial) > 1 and out.dtype.is_floating_point:
+            specs = {**specs, inp.name: ShardingSpec.from_partition(ctx.mesh.shape, inp.shape, produced)}
+            name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}"
+            action = CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, partial, out.name, CommWhere.AFTER,
+                                op=reduce_op)
+            strategies.append(_strategy(ctx, f"{name} | P{''.join(map(str, partial))} {reduce_op}_{index}",
+                                        operands, specs, (action,)))
+    return strategies
+
+
+def _strategy(ctx: GeneratorContext, name: str, operands, specs: dict, actions: tuple) -> ShardingStrategy:
+    # FlopCounterMode counts only ops of two or more tensors (matmul, conv, attention), never a
+    # one-tensor op: the rule's figure is the larger local operand (the verifier re-checks it)
+    compute = compute_cost(0, [spec.local_numel() for spec in specs.values()])
+    return make_strategy(ctx, name, operands, specs, actions, compute)

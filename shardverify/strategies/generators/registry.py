@@ -1,0 +1,103 @@
+"""Strategy generators registered by family name; a handler names its generator in data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shardverify.errors import HandlerError
+
+if TYPE_CHECKING:
+    from torch.fx import GraphModule, Node
+
+    from shardverify.sharding.mesh import DeviceMesh
+    from shardverify.sharding.strategy import OperationData, ShardingStrategy, StrategiesVector
+
+__all__ = ["GeneratorContext", "Generator", "KnownGap", "register_generator", "get_generator", "generator_names",
+           "known_gaps"]
+
+
+@dataclass(frozen=True)
+class GeneratorContext:
+    """Everything a generator may look at for one node.
+
+    ``operands`` maps role -> OperationData in call order with the output last (absent
+    optional operands are missing); ``params`` are the call's parameters with defaults
+    filled in; ``options`` come from the handler definition.
+    """
+
+    node: Node
+    graph_module: GraphModule
+    mesh: DeviceMesh
+    operands: dict[str, OperationData]
+    params: dict[str, object] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)
+    handler_name: str = ""
+    strategies_of: Callable[[Node], StrategiesVector] | None = None
+
+    def operand(self, role: str) -> OperationData:
+        try:
+            return self.operands[role]
+        except KeyError:
+            raise HandlerError(f"{self.handler_name or 'handler'}: node {self.node.name!r} has no operand "
+                               f"with role {role!r}; roles are {list(self.operands)}") from None
+
+    def option(self, name: str, default: object = None) -> object:
+        return self.options.get(name, default)
+
+    def predecessor_strategies(self, role: str = "input") -> StrategiesVector:
+        """Strategies of the node producing operand ``role`` (built on demand)."""
+        data = self.operand(role)
+        producer = next((n for n in self.node.all_input_nodes if n.name == data.name), None)
+        if producer is None or self.strategies_of is None:
+            raise HandlerError(f"{self.handler_name or 'handler'}: operand {role!r} of node {self.node.name!r} "
+                               f"is not produced by a graph node whose strategies can be built")
+        return self.strategies_of(producer)
+
+
+Generator = Callable[[GeneratorContext], "list[ShardingStrategy]"]
+_GENERATORS: dict[str, Generator] = {}
+_GAPS: dict[str, tuple[KnownGap, ...]] = {}
+
+
+@dataclass(frozen=True)
+class KnownGap:
+    """Valid layout combinations a whole family never offers, and why that is acceptable.
+
+    A gap of the family's strategy model (not of one op) is declared once, next to the family,
+    instead of in every spec that uses it; the completeness audit reports the combinations it
+    covers as accepted with this reason. ``match`` is as in a spec's ``audit: accept:`` entry:
+    (role or ``any_input`` / ``output``, layout globs)."""
+
+    reason: str
+    match: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def register_generator(name: str, *, known_gaps: tuple[KnownGap, ...] = ()) -> Callable[[Generator], Generator]:
+    def decorate(fn: Generator) -> Generator:
+        if name in _GENERATORS and _GENERATORS[name] is not fn:
+            owner = _GENERATORS[name]
+            if (owner.__module__, owner.__qualname__) != (fn.__module__, fn.__qualname__):
+                raise HandlerError(f"generator name {name!r} is already registered by {owner.__module__}")
+        _GENERATORS[name] = fn
+        _GAPS[name] = tuple(known_gaps)
+        return fn
+    return decorate
+
+
+def known_gaps(name: str) -> tuple[KnownGap, ...]:
+    """The gaps family ``name`` declares (see KnownGap)."""
+    get_generator(name)
+    return _GAPS.get(name, ())
+
+
+def get_generator(name: str) -> Generator:
+    try:
+        return _GENERATORS[name]
+    except KeyError:
+        raise HandlerError(f"unknown strategy generator {name!r}; known: {sorted(_GENERATORS)}") from None
+
+
+def generator_names() -> list[str]:
+    return sorted(_GENERATORS)

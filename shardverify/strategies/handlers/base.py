@@ -1,0 +1,306 @@
+"""Handlers are data: which torch targets an op covers, where its operands and parameters
+sit in the call, and which generic strategy generator builds its strategies.
+
+Generated handler modules (``handlers/generated/``) only call :func:`register_handler`;
+all op knowledge lives in the :class:`HandlerDef` and the generator options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from shardverify.errors import HandlerError
+from shardverify.sharding.strategy import OperandLocator, OperationData, OperationDataType
+
+if TYPE_CHECKING:
+    from torch.fx import GraphModule, Node
+
+__all__ = [
+    "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
+    "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
+]
+
+OPERAND_KINDS = ("input", "param", "output")
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class OperandDecl:
+    """Where one operand comes from.
+
+    ``kind="input"``: a call argument at positional ``index`` or ``keyword``.
+    ``kind="param"``: on a ``call_module`` node the module attribute ``attribute``; on a
+    function/method call the argument at ``index``/``keyword`` (F.linear's weight).
+    ``kind="output"``: the node's result; with ``index`` the element ``index`` of a tuple
+    result (``torch.max(x, dim)``: values 0, indices 1); without it a tuple result gives one
+    operand per element (split/chunk), with roles ``<role>.<i>``.
+    ``element``: the operand is element ``element`` of the list argument at ``index``
+    (torch.cat's tensors). For ``call_method`` nodes index 0 is ``self``. An optional input
+    that the call fills with a number (``torch.add(x, 2.0)``) is absent, like an omitted one.
+    """
+
+    role: str
+    kind: str
+    index: int | None = None
+    keyword: str | None = None
+    attribute: str | None = None
+    optional: bool = False
+    element: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPERAND_KINDS:
+            raise HandlerError(f"operand {self.role!r}: kind {self.kind!r} is not one of {OPERAND_KINDS}")
+        if self.kind == "input" and self.index is None and self.keyword is None:
+            raise HandlerError(f"input operand {self.role!r} needs an index or a keyword")
+        if self.kind == "param" and self.index is None and self.keyword is None and self.attribute is None:
+            raise HandlerError(f"param operand {self.role!r} needs an attribute, an index or a keyword")
+
+
+@dataclass(frozen=True)
+class ParamDecl:
+    """A non-tensor call parameter (``dim``, ``keepdim``) read from the call, else ``default``.
+    ``varargs``: the parameter is every positional argument from ``index`` on when the call
+    passes them unpacked (``x.view(8, 16)``), or the one sequence there (``x.view((8, 16))``)."""
+
+    name: str
+    index: int | None = None
+    keyword: str | None = None
+    default: object = None
+    varargs: bool = False
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A call parameter computed by graph nodes (``x.reshape(x.shape[0], 4, 4)``): known only at
+    run time, so a rule that needs its value refuses the node, naming the nodes; a rule that
+    only needs where it sits (a view's shape, replaced by the local one) takes it."""
+
+    name: str
+    nodes: tuple[str, ...]
+
+    def refuse(self, handler: str, node: str) -> HandlerError:
+        return HandlerError(f"handler {handler!r}: parameter {self.name!r} of node {node!r} is computed by "
+                            f"node(s) {', '.join(self.nodes)}; only constants are supported")
+
+
+@dataclass(frozen=True)
+class HandlerDef:
+    name: str
+    targets: tuple[object, ...]
+    operands: tuple[OperandDecl, ...]
+    params: tuple[ParamDecl, ...] = ()
+    generator: str = ""
+    options: tuple[tuple[str, object], ...] = ()
+    spec_file: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise HandlerError(f"handler {self.name!r} declares no targets")
+        roles = [d.role for d in self.operands]
+        if len(set(roles)) != len(roles):
+            raise HandlerError(f"handler {self.name!r} repeats an operand role: {roles}")
+        outputs = [d for d in self.operands if d.kind == "output"]
+        if not outputs:
+            raise HandlerError(f"handler {self.name!r} needs an output operand, got roles {roles}")
+        if len(outputs) > 1 and any(d.index is None for d in outputs):
+            raise HandlerError(f"handler {self.name!r}: with several outputs each needs its tuple index")
+        if not self.generator:
+            raise HandlerError(f"handler {self.name!r} names no generator")
+
+    @property
+    def option_dict(self) -> dict[str, object]:
+        return dict(self.options)
+
+
+_REGISTRY: dict[object, HandlerDef] = {}
+
+
+def target_key(target: object) -> object:
+    """Registry key: method descriptors such as ``torch.Tensor.sum`` become the method name
+    (how ``call_method`` nodes name their target); callables and classes are used as is."""
+    if isinstance(target, str):
+        return target
+    if type(target).__name__ in ("method_descriptor", "getset_descriptor") or (
+            getattr(target, "__qualname__", "").startswith(("Tensor.", "TensorBase."))):
+        return target.__name__  # type: ignore[attr-defined]
+    return target
+
+
+def register_handler(defn: HandlerDef) -> HandlerDef:
+    """Register ``defn`` for every target; another handler claiming a target is an error."""
+    keys = [target_key(t) for t in defn.targets]
+    for key in keys:
+        owner = _REGISTRY.get(key)
+        if owner is not None and owner.name != defn.name:
+            raise HandlerError(f"target {key!r} of handler {defn.name!r} is already handled by {owner.name!r}")
+    for key in keys:
+        _REGISTRY[key] = defn
+    return defn
+
+
+def unregister_handler(name: str) -> None:
+    for key in [k for k, d in _REGISTRY.items() if d.name == name]:
+        del _REGISTRY[key]
+
+
+def registered_handlers() -> dict[str, HandlerDef]:
+    return {d.name: d for d in _REGISTRY.values()}
+
+
+def handler_for_node(node: Node, graph_module: GraphModule) -> HandlerDef | None:
+    """The handler registered for the node's target, or None."""
+    if node.op == "call_module":
+        module_type = type(graph_module.get_submodule(str(node.target)))
+        for cls in module_type.__mro__:
+            if cls in _REGISTRY:
+                return _REGISTRY[cls]
+        return None
+    if node.op in ("call_function", "call_method"):
+        try:
+            return _REGISTRY.get(node.target)
+        except TypeError:  # unhashable target
+            return None
+    return None
+
+
+# ---- reading operands and parameters off a node ---------------------------------------
+
+def _tensor_metas(node: Node) -> list[tuple[tuple[int, ...], torch.dtype]] | None:
+    """(shape, dtype) of each tensor of a tuple result, or None for a single tensor."""
+    meta = node.meta.get("tensor_meta")
+    if isinstance(meta, (list, tuple)) and not hasattr(meta, "shape"):
+        if not all(hasattr(m, "shape") for m in meta):
+            raise HandlerError(f"node {node.name!r} returns a tuple holding non-tensors; only tensors are supported")
+        return [(tuple(m.shape), m.dtype) for m in meta]
+    return None
+
+
+def _tensor_meta(node: Node, index: int | None = None) -> tuple[tuple[int, ...], torch.dtype]:
+    meta = node.meta.get("tensor_meta")
+    if index is not None:
+        metas = _tensor_metas(node)
+        if metas is None or not 0 <= index < len(metas):
+            raise HandlerError(f"node {node.name!r} has no tuple result element {index}")
+        return metas[index]
+    if meta is None or not hasattr(meta, "shape"):
+        raise HandlerError(f"node {node.name!r} has no tensor shape; trace the module with shardverify.trace()")
+    return tuple(meta.shape), meta.dtype
+
+
+def _resolve_outputs(decl: OperandDecl, node: Node) -> list[tuple[str, OperationData]]:
+    """(role, data) of the output(s) a declaration stands for."""
+    if decl.index is not None:
+        shape, dtype = _tensor_meta(node, decl.index)
+        return [(decl.role, OperationData(f"{node.name}.{decl.index}", OperationDataType.OUTPUT, decl.role,
+                                          shape, dtype, locator=OperandLocator("output", decl.index)))]
+    metas = _tensor_metas(node)
+    if metas is None:
+        shape, dtype = _tensor_meta(node)
+        return [(decl.role, OperationData(node.name, OperationDataType.OUTPUT, decl.role, shape, dtype,
+                                          locator=OperandLocator("output")))]
+    return [(f"{decl.role}.{i}", OperationData(f"{node.name}.{i}", OperationDataType.OUTPUT, f"{decl.role}.{i}",
+                                               shape, dtype, locator=OperandLocator("output", i)))
+            for i, (shape, dtype) in enumerate(metas)]
+
+
+def _call_value(node: Node, index: int | None, keyword: str | None,
+                varargs: bool = False) -> tuple[object, OperandLocator | None]:
+    if varargs and index is not None and len(node.args) > index:
+        rest = node.args[index:]
+        if len(rest) > 1 or not isinstance(rest[0], (list, tuple, torch.Size)):
+            return tuple(rest), OperandLocator("varargs", index)
+    if index is not None and index < len(node.args):
+        return node.args[index], OperandLocator("arg", index)
+    if keyword is not None and keyword in node.kwargs:
+        return node.kwargs[keyword], OperandLocator("kwarg", keyword)
+    return _MISSING, None
+
+
+def _attr_kind(graph_module: GraphModule, target: str) -> OperationDataType:
+    try:
+        graph_module.get_parameter(target)
+    except AttributeError:
+        return OperationDataType.BUFFER
+    return OperationDataType.PARAM
+
+
+def _resolve_one(decl: OperandDecl, handler: HandlerDef, node: Node,
+                 graph_module: GraphModule) -> OperationData | None:
+    if node.op == "call_module" and decl.attribute is not None:
+        module = graph_module.get_submodule(str(node.target))
+        value = getattr(module, decl.attribute, None)
+        if value is None:
+            if decl.optional:
+                return None
+            raise HandlerError(f"handler {handler.name!r}: module {node.target!r} ({type(module).__name__}) "
+                               f"has no tensor attribute {decl.attribute!r} for operand {decl.role!r}")
+        if not isinstance(value, torch.Tensor):
+            raise HandlerError(f"handler {handler.name!r}: {node.target}.{decl.attribute} is a "
+                               f"{type(value).__name__}, not a tensor")
+        is_param = isinstance(value, torch.nn.Parameter)
+        return OperationData(decl.attribute, OperationDataType.PARAM if is_param else OperationDataType.BUFFER,
+                             decl.role, tuple(value.shape), value.dtype,
+                             locator=OperandLocator("param" if is_param else "buffer", decl.attribute))
+    value, locator = _call_value(node, decl.index, decl.keyword)
+    if decl.element is not None and value is not _MISSING:
+        if not isinstance(value, (list, tuple)) or not 0 <= decl.element < len(value):
+            if decl.optional:
+                return None
+            raise HandlerError(f"handler {handler.name!r}: operand {decl.role!r} is element {decl.element} of "
+                               f"a list argument, node {node.name!r} passes {value!r}")
+        value, locator = value[decl.element], OperandLocator("item", (locator.key, decl.element))
+    if value is _MISSING or value is None or (decl.optional and isinstance(value, (bool, int, float, complex))):
+        if decl.optional:
+            return None
+        raise HandlerError(f"handler {handler.name!r}: node {node.name!r} has no argument for operand "
+                           f"{decl.role!r} (index {decl.index}, keyword {decl.keyword!r})")
+    if not isinstance(value, torch.fx.Node):
+        raise HandlerError(f"handler {handler.name!r}: operand {decl.role!r} of node {node.name!r} is "
+                           f"{value!r}, not a traced tensor")
+    shape, dtype = _tensor_meta(value)
+    kind = _attr_kind(graph_module, str(value.target)) if value.op == "get_attr" else OperationDataType.ARG
+    return OperationData(value.name, kind, decl.role, shape, dtype, locator=locator)
+
+
+def resolve_operands(handler: HandlerDef, node: Node, graph_module: GraphModule) -> dict[str, OperationData]:
+    """Operand data by role, in declaration order with the output last; absent optionals omitted."""
+    found: dict[str, OperationData] = {}
+    for decl in sorted(handler.operands, key=lambda d: d.kind == "output"):
+        if decl.kind == "output":
+            found.update(_resolve_outputs(decl, node))
+            continue
+        data = _resolve_one(decl, handler, node, graph_module)
+        if data is not None:
+            found[decl.role] = data
+    return found
+
+
+def resolve_params(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> dict[str, object]:
+    """Call parameters by name, defaults filled in (values exactly as written in the call); on a
+    module call, a parameter the call does not pass is read from the module's attribute of
+    the same name. A parameter computed by graph nodes is a :class:`Computed`."""
+    params: dict[str, object] = {}
+    module = graph_module.get_submodule(str(node.target)) if graph_module is not None and \
+        node.op == "call_module" else None
+    for decl in handler.params:
+        value, _ = _call_value(node, decl.index, decl.keyword, decl.varargs)
+        if value is _MISSING and module is not None and hasattr(module, decl.name):
+            value = getattr(module, decl.name)      # nn.Softmax(dim=...), nn.LayerNorm.normalized_shape
+        nested: list = []
+        if value is not _MISSING:
+            torch.fx.node.map_arg(value, nested.append)
+        params[decl.name] = Computed(decl.name, tuple(n.name for n in nested)) if nested else \
+            decl.default if value is _MISSING else value
+    return params
+
+
+def param_locator(handler: HandlerDef, node: Node, name: str) -> OperandLocator | None:
+    """Where the call passes parameter ``name`` (None when it relies on the default), so a
+    strategy can give the ranks a local value for it (:class:`shardverify.sharding.strategy.LocalArg`)."""
+    decl = next((d for d in handler.params if d.name == name), None)
+    if decl is None:
+        raise HandlerError(f"handler {handler.name!r} declares no parameter {name!r}")
+    return _call_value(node, decl.index, decl.keyword, decl.varargs)[1]

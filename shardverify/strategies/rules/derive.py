@@ -1,0 +1,115 @@
+"""Equations a spec does not write out, derived from the call: pointwise broadcasting,
+reductions over a ``dim`` parameter, and views (reshape by shapes, permute, transpose).
+
+Each returns an :class:`Equation` plus the factors it knows must stay whole; the generator
+binds it to the shapes like a written equation, so every rule family shares one engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from shardverify.errors import InvalidArgument
+from shardverify.strategies.rules.notation import Dim, Equation, Term
+
+__all__ = ["pointwise", "reduction", "reshape", "permute"]
+
+Shape = tuple[int, ...]
+
+
+def pointwise(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> tuple[Equation, set[str]]:
+    """Every tensor aligned from the right with the first output (broadcasting). A dim whose
+    size differs from the first output's (and is not 1) gets a factor of its own, kept whole:
+    the cat/split dim."""
+    rank = len(outputs[0])
+    base = outputs[0]
+    whole: set[str] = set()
+
+    def term(shape: Shape, label: str) -> Term:
+        dims: list[Dim] = []
+        offset = rank - len(shape)
+        if offset < 0:
+            raise InvalidArgument(f"{label} {shape} has more dims than the output {base}")
+        for i, size in enumerate(shape):
+            j = i + offset
+            if size == base[j] or size == 1:
+                dims.append((f"d{j}",) if size == base[j] else ())
+            else:
+                name = f"{label}_{j}"
+                whole.add(name)
+                dims.append((name,))
+        return tuple(dims)
+
+    eq = Equation(tuple(term(s, f"in{i}") for i, s in enumerate(inputs)),
+                  tuple(term(s, f"out{i}") for i, s in enumerate(outputs)))
+    return eq, whole
+
+
+def reduction(input_shape: Shape, n_outputs: int, dims: tuple[int, ...], keepdim: bool) -> Equation:
+    """``d0 d1 d2 -> d0 d2`` (or ``d0 1 d2`` with keepdim) for each output."""
+    inp = tuple((f"d{i}",) for i in range(len(input_shape)))
+    out = tuple(() if i in dims else (f"d{i}",) for i in range(len(input_shape)) if keepdim or i not in dims)
+    return Equation((inp,), (out,) * n_outputs)
+
+
+def permute(rank: int, order: Sequence[int]) -> Equation:
+    order = [d % rank for d in order] if rank else []
+    if sorted(order) != list(range(rank)):
+        raise InvalidArgument(f"permutation {list(order)} is not a permutation of {rank} dims")
+    inp = tuple((f"d{i}",) for i in range(rank))
+    return Equation((inp,), (tuple(inp[d] for d in order),))
+
+
+def reshape(input_shape: Shape, output_shape: Shape) -> tuple[Equation, set[str], dict[str, int]]:
+    """Match the two shapes into groups of equal products. A group of one input dim and
+    several output dims (unflatten) or the reverse (flatten) becomes a compound dim; in a group
+    many-to-many (8x4 -> 4x8) the leading input and output dims share a leading factor of
+    size gcd (a shard of it is the same contiguous block of the flattened group on both
+    sides) and every other factor stays whole; size-1 dims hold no factor. Returns the
+    equation, the whole factors and the sizes of factors only compounds hold."""
+    if math.prod(input_shape) != math.prod(output_shape):
+        raise InvalidArgument(f"cannot view {input_shape} as {output_shape}")
+    ins = [(i, s) for i, s in enumerate(input_shape) if s != 1]
+    outs = [(j, s) for j, s in enumerate(output_shape) if s != 1]
+    in_term: list[Dim] = [()] * len(input_shape)
+    out_term: list[Dim] = [()] * len(output_shape)
+    whole: set[str] = set()
+    sizes: dict[str, int] = {}
+    a = b = 0
+    group = 0
+    while a < len(ins) or b < len(outs):
+        ga, gb = [ins[a]], [outs[b]]
+        a, b = a + 1, b + 1
+        pa, pb = ga[0][1], gb[0][1]
+        while pa != pb:
+            if pa < pb:
+                ga.append(ins[a]); pa *= ins[a][1]; a += 1          # noqa: E702
+            else:
+                gb.append(outs[b]); pb *= outs[b][1]; b += 1        # noqa: E702
+        names = [f"g{group}_{k}" for k in range(max(len(ga), len(gb)))]
+        if len(ga) == 1:
+            for (j, _), name in zip(gb, names):
+                out_term[j] = (name,)
+            in_term[ga[0][0]] = tuple(names[:len(gb)])
+        elif len(gb) == 1:
+            for (i, _), name in zip(ga, names):
+                in_term[i] = (name,)
+            out_term[gb[0][0]] = tuple(names[:len(ga)])
+        else:
+            lead = f"g{group}_lead"
+            sizes[lead] = math.gcd(ga[0][1], gb[0][1])
+            for side, members, term in (("in", ga, in_term), ("out", gb, out_term)):
+                for k, (i, size) in enumerate(members):
+                    name = f"g{group}_{side}{k}"
+                    if k == 0 and size == sizes[lead]:
+                        term[i] = (lead,)
+                        continue
+                    whole.add(name)
+                    if k == 0:
+                        term[i] = (lead, name)
+                        sizes[name] = size // sizes[lead]
+                    else:
+                        term[i] = (name,)
+        group += 1
+    return Equation((tuple(in_term),), (tuple(out_term),)), whole, sizes

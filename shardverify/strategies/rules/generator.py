@@ -1,0 +1,211 @@
+"""The ``rules`` generator family: one engine that turns a declarative rule into every
+strategy on any mesh.
+
+It binds the spec's rule to the call's shapes (:mod:`shardverify.strategies.rules.rule`), gives each
+mesh axis to at most one shardable factor (a factor takes its axes in ascending order:
+``S01``), drops assignments whose sizes do not divide, and derives each strategy's layouts
+and communication from the rule's semantics alone. Strategies are named
+``<input layouts> -> <output layouts>`` with one ``S``/``R`` group per tensor dim
+(``S0R x RS1 -> S0S1``), plus ``| P<axes> <op>`` when the output is reduced after the op.
+The fully replicated strategy comes last.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from shardverify.errors import HandlerError, InvalidArgument, StrategyError
+from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
+from shardverify.strategies.generators.registry import GeneratorContext, KnownGap, register_generator
+from shardverify.strategies.rules.rule import Rule, bind
+from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
+from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.strategy import (
+    CommAction,
+    CommPattern,
+    CommWhere,
+    IndexShard,
+    LocalArg,
+    OperandLocator,
+    OperationData,
+    OperationDataType,
+    PostAdd,
+    ShardingStrategy,
+)
+
+__all__ = ["generate", "bound_rule", "assignments"]
+
+
+def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[OperationData], list[OperationData]]:
+    """The spec's rule bound to this call, its options, its input operands (term order) and outputs."""
+    from shardverify.strategies.handlers.base import handler_for_node
+
+    options = RuleOptions.from_options(ctx.options)
+    handler = handler_for_node(ctx.node, ctx.graph_module)
+    declared = [d.role for d in handler.operands if d.kind != "output"] if handler else []
+    inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
+    outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
+    present = [role in ctx.operands for role in declared]
+    try:
+        equation, whole, reduce, sizes = equation_for(options, [d.shape for d in inputs],
+                                                      [d.shape for d in outputs], ctx.params, present)
+        additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
+        rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
+                    reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes)
+    except InvalidArgument as exc:
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
+    return rule, options, inputs, outputs
+
+
+def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
+    """Every map factor -> mesh axes (each axis used once, ascending) whose sizes divide and
+    that leave every compound dim one contiguous block per rank; the empty map (replicated)
+    last."""
+    shardable = rule.shardable()
+    sizes = rule.size
+    found = []
+    for choice in itertools.product(range(len(shardable) + 1), repeat=len(mesh_shape)):
+        axes: dict[str, tuple[int, ...]] = {}
+        for axis, pick in enumerate(choice):
+            if pick:
+                axes[shardable[pick - 1]] = axes.get(shardable[pick - 1], ()) + (axis,)
+        ways = {f: math.prod(mesh_shape[a] for a in ax) for f, ax in axes.items()}
+        if all(sizes[f] % n == 0 for f, n in ways.items()) and rule.contiguous(ways):
+            found.append(axes)
+    found.sort(key=lambda a: not a)      # stable: the replicated assignment last
+    return found
+
+
+def _layout(term, axes: dict[str, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    """Tensor dim -> mesh axes: a compound dim takes its factors' axes in factor order."""
+    layout = {d: tuple(a for f in dim if f in axes for a in axes[f]) for d, dim in enumerate(term)}
+    return {d: held for d, held in layout.items() if held}
+
+
+def _seq(spec: ShardingSpec) -> str:
+    return "".join(str(dim) for dim in spec.sharding_sequence) or "-"
+
+
+def _positions(term, out_term) -> tuple[int, ...]:
+    """Output dim of each dim of an additive operand: where its factor sits in the output (a
+    conv's bias [O] lands on dim 1), a factorless size-1 dim aligned from the right."""
+    where = {dim[0]: j for j, dim in enumerate(out_term) if dim}
+    offset = len(out_term) - len(term)
+    return tuple(where[dim[0]] if dim else i + offset for i, dim in enumerate(term))
+
+
+# Orders of several mesh axes on one dim that are not ascending (3-D meshes at most here).
+_REVERSED_ORDERS = ("S10", "S20", "S21", "S021", "S102", "S120", "S201", "S210")
+
+KNOWN_GAPS = (
+    KnownGap(
+        reason="partial input layouts are not in the strategy model (a ShardingSpec holds full "
+               "values): a producer's partial output is all-reduced before the op, so an op linear "
+               "in an input (a contraction, add, a view) is never offered a partial one",
+        match=(("any_input", ("* P(*",)),)),
+    KnownGap(
+        reason="a factor takes its mesh axes in ascending order only (S01, not S10): a reversed order "
+               "does the same local work on a permuted device assignment; only a view spreading a "
+               "shard over the parts of a split dim (S1 on a part, S0 on the next) produces one",
+        match=(("any_input", tuple(f"*{order}*" for order in _REVERSED_ORDERS)),)),
+)
+
+
+@register_generator("rules", known_gaps=KNOWN_GAPS)
+def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
+    rule, options, inputs, outputs = bound_rule(ctx)
+    if not outputs:
+        raise HandlerError(f"{ctx.handler_name}: node {ctx.node.name!r} has no output operand")
+    mesh_shape = ctx.mesh.shape
+    operands = inputs + outputs
+    reduce_ops = dict(rule.reduce)
+    strategies: dict[str, ShardingStrategy] = {}
+    view = options.source == "view"
+    shape_at = _shape_locator(ctx, options)
+    try:
+        shape_part = local_shape_part(options, inputs[0].shape, outputs[0].shape, ctx.params) if shape_at else None
+    except InvalidArgument as exc:
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
+    for axes in assignments(rule, mesh_shape):
+        partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops}
+        if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
+            continue
+        terms = rule.inputs + rule.outputs
+        specs = {data.name: ShardingSpec.from_partition(mesh_shape, data.shape, _layout(term, axes))
+                 for data, term in zip(operands, terms)}
+        actions: list[CommAction] = []
+        for index, (data, term) in enumerate(zip(inputs, rule.inputs)):
+            held = {f for dim in term for f in dim}
+            # an additive operand is added after the partial output is reduced: the reduced
+            # factors' axes leave its gradient whole
+            missing = tuple(sorted(a for f, ax in axes.items() if f not in held for a in ax
+                                   if not (index in rule.additive and f in reduce_ops)))
+            actions += grad_sync(data, missing)
+        partial_axes = tuple(sorted(a for f, ax in axes.items() if f in reduce_ops for a in ax))
+        post_add: list[PostAdd] = []
+        if partial_axes:
+            op = partial_ops.pop()
+            actions += [CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, partial_axes, out.name, CommWhere.AFTER,
+                                   op=op) for out in outputs]
+            for index in rule.additive:
+                post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
+        name = " x ".join(_seq(specs[d.name]) for d in inputs) + " -> " + \
+            ", ".join(_seq(specs[d.name]) for d in outputs)
+        if partial_axes:
+            name += f" | P{''.join(map(str, partial_axes))} {op}"
+        if name in strategies:
+            continue
+        local_args = (LocalArg(shape_at, specs[outputs[0].name].local_shape()[shape_part]),) if shape_at else ()
+        index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
+        if view and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args):
+            continue
+        # compute cost by the checked rule: the op measured on meta tensors of the local shapes
+        strategy = make_strategy(ctx, name, operands, specs, actions, local_args=local_args)
+        if post_add or index_shards:
+            strategy = strategy.replace(post_add=tuple(post_add), index_shards=index_shards)
+        strategies[name] = strategy
+    return list(strategies.values())
+
+
+def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],
+                  axes: dict[str, tuple[int, ...]], handler: str) -> tuple[IndexShard, ...]:
+    """For each ``indices`` operand whose factor this assignment shards: the operand holding
+    that factor as a whole dim (the table), and where."""
+    found = []
+    roles = [d.role for d in inputs]
+    for role, factor in options.indices:
+        if factor not in axes or role not in roles:
+            continue
+        tables = [(data, d) for data, term in zip(inputs, rule.inputs) for d, dim in enumerate(term)
+                  if dim == (factor,) and data.role != role]
+        if len(tables) != 1:
+            raise StrategyError(f"{handler}: indices: factor {factor!r} of operand {role!r} must be a whole dim "
+                                f"of exactly one other operand, found {len(tables)}")
+        table, dim = tables[0]
+        found.append(IndexShard(inputs[roles.index(role)].name, table.name, dim, axes[factor]))
+    return tuple(found)
+
+
+def _shape_locator(ctx: GeneratorContext, options: RuleOptions) -> OperandLocator | None:
+    """Where the call passes the output shape that each rank replaces by its local one
+    (``shape_param``); None without one."""
+    from shardverify.strategies.handlers.base import handler_for_node, param_locator
+
+    if not options.shape_param:
+        return None
+    handler = handler_for_node(ctx.node, ctx.graph_module)
+    locator = param_locator(handler, ctx.node, options.shape_param) if handler else None
+    if locator is None:
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the shape parameter "
+                            f"{options.shape_param!r} that the rule replaces by each rank's local shape")
+    return locator
+
+
+def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions, local_args=()) -> bool:
+    """A view op reads sizes from its local input (squeeze drops every size-1 dim) and from its
+    shape argument (each rank's local output shape, ``local_args``): a layout is offered only
+    when the op on meta tensors of the local input shapes gives the layout's local output shapes."""
+    got = local_output_shapes(ctx, operands, specs, actions, local_args)
+    want = op_call_shapes(ctx.mesh, operands, specs, actions)
+    return got is not None and tuple(got[:len(outputs)]) == tuple(want[o.name] for o in outputs)

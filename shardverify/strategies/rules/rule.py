@@ -1,0 +1,158 @@
+"""A rule bound to the shapes of one call: which factor each tensor dim holds, each factor's
+size, and what sharding a factor means.
+
+Semantics (one mechanism for every op; see specs/README.md):
+
+* A factor sharded over mesh axes ``A`` shards every tensor dim that holds it.  A compound
+  dim ``(a b)`` is sharded over the axes of its factors in order (``a`` over 0 and ``b`` over
+  1: the dim over ``(0, 1)``), which is the same contiguous block only when every factor
+  before the last sharded one is split into single elements: ``b`` may be sharded only if
+  ``a`` is sharded as many ways as its size (``contiguous``).
+* An operand without a sharded factor is replicated over its axes, so its gradient is a
+  partial sum there: ``IDENTITY_FWD_ALLREDUCE_BWD`` before the op (a gradient hook for a
+  parameter). That covers broadcasting (a size-1 dim holds no factor) and the weight of a
+  data-parallel Linear alike.
+* A factor that no output holds is *reduced*: sharding it leaves a partial output, reduced
+  after the op by ``ALLREDUCE_FWD_IDENTITY_BWD`` with the factor's op (``sum`` for a
+  contraction, ``avg`` for a mean, ``max``/``min``); a reduced factor whose op is ``None``
+  (softmax's dim, an argmax) must stay whole.
+* A factor only an output holds (a conv's output height) is whole: no input could be cut
+  to produce one slice of it.
+* Additive operands (a bias) are added once after a partial output is reduced (PostAdd).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shardverify.errors import InvalidArgument
+from shardverify.strategies.rules.notation import ELLIPSIS, Dim, Equation, Term
+from shardverify.sharding.strategy import REDUCE_OPS
+
+__all__ = ["Rule", "bind"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    inputs: tuple[Term, ...]                  # per input operand, per tensor dim: factors (no ellipsis)
+    outputs: tuple[Term, ...]
+    sizes: tuple[tuple[str, int], ...]        # factor -> size
+    reduce: tuple[tuple[str, str], ...]       # reduced factor -> op it combines with
+    whole: frozenset[str]                     # factors that are never sharded
+    additive: tuple[int, ...] = ()            # input indices added to the output (a bias)
+
+    @property
+    def size(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+    def shardable(self) -> tuple[str, ...]:
+        """Factors a strategy may shard, in order of first appearance."""
+        sizes = self.size
+        return tuple(name for name, _ in self.sizes if name not in self.whole and sizes[name] > 1)
+
+    def contiguous(self, ways: Mapping[str, int]) -> bool:
+        """Whether sharding each factor ``ways[f]`` ways (absent: 1) gives every compound dim a
+        contiguous block per rank: each factor before the dim's last sharded one is sharded as
+        many ways as its size, so it holds one element (``(a b)`` of 2 x 8 over 2 x 2 ranks: a
+        whole a-index and 4 of b, rows 0-3, 4-7, 8-11, 12-15)."""
+        sizes = self.size
+        for term in self.inputs + self.outputs:
+            for dim in term:
+                sharded = [i for i, f in enumerate(dim) if ways.get(f, 1) > 1]
+                if sharded and any(ways.get(f, 1) != sizes[f] for f in dim[:sharded[-1]]):
+                    return False
+        return True
+
+
+def _expand(term: Term, rank: int, width: int, where: str) -> Term:
+    """Replace ``...`` by ``width`` batch factors aligned from the right (``_b0`` ... )."""
+    if (ELLIPSIS,) not in term:
+        if len(term) != rank:
+            raise InvalidArgument(f"{where}: term has {len(term)} dims, the tensor has {rank}")
+        return term
+    n = rank - (len(term) - 1)
+    if n < 0:
+        raise InvalidArgument(f"{where}: term needs at least {len(term) - 1} dims, the tensor has {rank}")
+    at = term.index((ELLIPSIS,))
+    batch = tuple((f"_b{i}",) for i in range(width - n, width))
+    return term[:at] + batch + term[at + 1:]
+
+
+def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shapes: Sequence[Sequence[int]], *,
+         reduce: Mapping[str, str | None] | None = None, whole: Sequence[str] = (),
+         additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None) -> Rule:
+    """Bind ``equation`` to the operands' shapes; InvalidArgument when they disagree.
+    ``sizes``: factor sizes the shapes cannot tell (two unknown factors in one compound)."""
+    if len(equation.inputs) != len(input_shapes):
+        raise InvalidArgument(f"rule {equation} has {len(equation.inputs)} input term(s) for "
+                              f"{len(input_shapes)} tensor operand(s)")
+    if len(equation.outputs) != len(output_shapes):
+        raise InvalidArgument(f"rule {equation} has {len(equation.outputs)} output term(s) for "
+                              f"{len(output_shapes)} output(s)")
+    terms = equation.inputs + equation.outputs
+    shapes = [tuple(s) for s in (*input_shapes, *output_shapes)]
+    width = max([len(s) - (len(t) - 1) for t, s in zip(terms, shapes) if (ELLIPSIS,) in t] or [0])
+    terms = [_expand(t, len(s), width, f"rule {equation}, shape {s}") for t, s in zip(terms, shapes)]
+
+    sizes = dict(sizes or {})
+    for term, shape in zip(terms, shapes):          # single-factor dims fix sizes (1 broadcasts)
+        for dim, size in zip(term, shape):
+            if len(dim) == 1 and size != 1:
+                if sizes.setdefault(dim[0], size) != size:
+                    raise InvalidArgument(f"rule {equation}: factor {dim[0]!r} has size {sizes[dim[0]]} "
+                                          f"and {size} (shapes {shapes})")
+    for term, shape in zip(terms, shapes):          # compounds: infer at most one unknown factor
+        for dim, size in zip(term, shape):
+            if len(dim) < 2:
+                continue
+            unknown = [f for f in dim if f not in sizes]
+            known = math.prod(sizes[f] for f in dim if f in sizes)
+            if len(unknown) > 1 or (unknown and size % known) or (not unknown and known != size):
+                raise InvalidArgument(f"rule {equation}: compound dim ({' '.join(dim)}) cannot hold size {size}")
+            if unknown:
+                sizes[unknown[0]] = size // known
+    bound: list[Term] = []
+    for term, shape in zip(terms, shapes):
+        dims: list[Dim] = []
+        for dim, size in zip(term, shape):
+            if not dim:
+                if size != 1:
+                    raise InvalidArgument(f"rule {equation}: a '1' dim has size {size}")
+            elif len(dim) == 1:
+                sizes.setdefault(dim[0], 1)
+                dim = () if size == 1 and sizes[dim[0]] != 1 else dim   # broadcast: holds no factor
+            dims.append(dim)
+        bound.append(tuple(dims))
+    inputs, outputs = tuple(bound[:len(input_shapes)]), tuple(bound[len(input_shapes):])
+
+    order = list(dict.fromkeys(f for term in bound for dim in term for f in dim))
+    in_inputs = {f for term in inputs for dim in term for f in dim}
+    in_outputs = {f for term in outputs for dim in term for f in dim}
+    reduce = dict(reduce or {})
+    unknown = sorted(set(reduce) - set(order)) + sorted(set(whole) - set(order))
+    if unknown:
+        raise InvalidArgument(f"rule {equation}: reduce/whole name factor(s) {unknown} it does not have")
+    for name, op in reduce.items():
+        if name in in_outputs:
+            raise InvalidArgument(f"rule {equation}: factor {name!r} is in an output, so it is not reduced")
+        if op is not None and op not in REDUCE_OPS:
+            raise InvalidArgument(f"rule {equation}: reduce op {op!r} of {name!r} is not one of {REDUCE_OPS} or none")
+    whole_set = set(whole) | (in_outputs - in_inputs)
+    reduced: list[tuple[str, str]] = []
+    for name in order:
+        if name in in_outputs:
+            continue
+        op = reduce.get(name, "sum")
+        if op is None:
+            whole_set.add(name)
+        else:
+            reduced.append((name, op))
+    for index in additive:
+        if not 0 <= index < len(inputs):
+            raise InvalidArgument(f"rule {equation}: additive operand {index} is not an input")
+        if any(f not in in_outputs for dim in inputs[index] for f in dim):
+            raise InvalidArgument(f"rule {equation}: additive operand {index} holds a factor no output holds")
+    return Rule(inputs, outputs, tuple((f, sizes[f]) for f in order), tuple(reduced), frozenset(whole_set),
+                tuple(additive))

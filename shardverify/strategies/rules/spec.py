@@ -1,0 +1,250 @@
+"""The rule as a spec writes it (``generator: {family: rules, options: {...}}``): validated
+once at spec load (errors carry the YAML file and line) and turned into an equation for each
+call.
+
+One source of factors, exactly one of:
+
+``einsum: "mk,kn->mn"``        written out (see :mod:`shardverify.strategies.rules.notation`); one term
+                               per tensor operand in declaration order (absent optional
+                               operands drop their term), one per output
+``einsum_param: equation``     the equation a call parameter holds, in torch.einsum's
+                               notation (one letter per dim, spaces ignored, implicit
+                               output when there is no ``->``): torch.einsum itself
+``pointwise: true``            every operand broadcast against the output
+``reduce_dims_param: dim``     a reduction over the dims a call parameter names, with
+                               ``keepdim_param`` and ``reduce_op`` (sum | avg | max | min |
+                               none: the reduced dims must stay whole)
+``view: reshape``              factors matched by the input and output shapes; with
+                               ``shape_param`` the call parameter holding the output shape,
+                               which each rank passes as its local output shape, or with
+                               ``shape_dim_param`` too only the sizes that the input dim it
+                               names splits into (torch.unflatten's ``dim`` and ``sizes``)
+``view: permute``              with ``dims_param``; ``view: transpose`` with ``dim0_param``/``dim1_param``
+
+and modifiers: ``whole: [k]`` (factors never sharded), ``whole_dims_param: dim`` (output
+dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
+normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
+(how a reduced factor of an einsum combines; default sum; none = whole),
+``additive_operands: [bias]`` (added once after a partial output is reduced), ``indices:
+{input: v}`` (an integer operand holds ids into factor ``v`` of another operand: sharding
+``v`` shifts the ids into each rank's rows and masks the others, a partial sum: vocab-parallel
+embedding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shardverify.errors import InvalidArgument
+from shardverify.strategies.generators.following import normalize_dims
+from shardverify.strategies.rules import derive
+from shardverify.strategies.rules.notation import ELLIPSIS, Equation, parse_equation
+from shardverify.sharding.strategy import REDUCE_OPS
+
+__all__ = ["RuleOptions", "equation_for", "local_shape_part", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
+
+SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
+VIEWS = ("reshape", "permute", "transpose")
+OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
+                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "indices")
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    source: str
+    einsum: Equation | None = None
+    einsum_param: str = ""
+    view: str = ""
+    reduce_dims_param: str = ""
+    keepdim_param: str = ""
+    reduce_op: str | None = "sum"
+    dims_param: str = ""
+    dim0_param: str = ""
+    dim1_param: str = ""
+    shape_param: str = ""
+    shape_dim_param: str = ""   # with shape_param: it holds the sizes the input dim this names splits into
+    whole: tuple[str, ...] = ()
+    whole_dims_param: str = ""
+    whole_trailing_param: str = ""
+    reduce: tuple[tuple[str, str | None], ...] = ()
+    additive: tuple[str, ...] = ()
+    indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
+        """Validate generator options; InvalidArgument names the option and the bad value."""
+        unknown = sorted(set(options) - set(OPTION_KEYS))
+        if unknown:
+            raise InvalidArgument(f"unknown rule option(s) {unknown}; known: {', '.join(OPTION_KEYS)}")
+        sources = [k for k in SOURCES if k in options and options[k] not in (None, False)]
+        if len(sources) != 1:
+            raise InvalidArgument(f"a rule needs exactly one of {', '.join(SOURCES)}; got {sources or 'none'}")
+        source = sources[0]
+
+        def text(key: str) -> str:
+            value = options.get(key, "")
+            if not isinstance(value, str):
+                raise InvalidArgument(f"rule option {key!r} must be a string, got {value!r}")
+            return value
+
+        def names(key: str) -> tuple[str, ...]:
+            value = options.get(key, ())
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or \
+                    not all(isinstance(v, str) for v in value):
+                raise InvalidArgument(f"rule option {key!r} must be a list of names, got {value!r}")
+            return tuple(value)
+
+        def op(value: object, what: str) -> str | None:
+            if value in (None, "none"):
+                return None
+            if value not in REDUCE_OPS:
+                raise InvalidArgument(f"{what} must be one of {', '.join(REDUCE_OPS)} or none, got {value!r}")
+            return str(value)
+
+        einsum = parse_equation(text("einsum")) if source == "einsum" else None
+        if source == "pointwise" and options["pointwise"] is not True:
+            raise InvalidArgument(f"rule option 'pointwise' must be true, got {options['pointwise']!r}")
+        view = text("view")
+        if source == "view" and view not in VIEWS:
+            raise InvalidArgument(f"rule option 'view' must be one of {', '.join(VIEWS)}, got {view!r}")
+        if view == "permute" and not text("dims_param"):
+            raise InvalidArgument("view: permute needs dims_param (the parameter holding the order)")
+        if view == "transpose" and not (text("dim0_param") and text("dim1_param")):
+            raise InvalidArgument("view: transpose needs dim0_param and dim1_param")
+        if text("shape_param") and view != "reshape":
+            raise InvalidArgument("rule option 'shape_param' (the output shape a rank passes locally) "
+                                  "applies to view: reshape")
+        if text("shape_dim_param") and not text("shape_param"):
+            raise InvalidArgument("rule option 'shape_dim_param' (the input dim whose split sizes shape_param "
+                                  "holds) needs shape_param")
+        def mapping(key: str, what: str) -> tuple[tuple[str, object], ...]:
+            value = options.get(key, ())
+            try:
+                found = tuple((str(k), v) for k, v in (value.items() if isinstance(value, Mapping) else value))
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"rule option {key!r} must map {what}, got {value!r}") from None
+            if found and source not in ("einsum", "einsum_param"):
+                raise InvalidArgument(f"rule option {key!r} names einsum factors: it needs an einsum rule "
+                                      "(a reduction uses reduce_op)")
+            return found
+
+        reduce = tuple((k, op(v, f"reduce op of factor {k!r}")) for k, v in mapping("reduce", "factors to ops"))
+        indices = tuple((role, str(factor)) for role, factor in mapping("indices", "operands to factors"))
+        whole = names("whole")
+        if whole and source not in ("einsum", "einsum_param"):
+            raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
+                                  "or whole_trailing_param")
+        if einsum is not None:
+            letters = set(einsum.letters)
+            bad = sorted((set(whole) | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
+            if bad:
+                raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
+        return cls(source=source, einsum=einsum, einsum_param=text("einsum_param"), view=view,
+                   reduce_dims_param=text("reduce_dims_param"), keepdim_param=text("keepdim_param"),
+                   reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"), dims_param=text("dims_param"),
+                   dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
+                   shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
+                   whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
+                   additive=names("additive_operands"), indices=indices)
+
+
+def torch_einsum_equation(text: object) -> Equation:
+    """An equation written for ``torch.einsum``: one letter per dim, whitespace ignored, and
+    without ``->`` the implicit output (the letters used once, in alphabetical order, after
+    ``...`` when there is one)."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"torch.einsum's equation must be a string, got {text!r}")
+    compact = "".join(text.split())
+    if "->" not in compact:
+        letters = [c for c in compact.replace("...", "") if c.isalpha()]
+        once = sorted(c for c in set(letters) if letters.count(c) == 1)
+        compact += "->" + ("..." if "..." in compact else "") + "".join(once)
+    return parse_equation(compact)
+
+
+def _param(params: Mapping[str, object], name: str) -> object:
+    from shardverify.strategies.handlers.base import Computed
+
+    if name not in params:
+        raise InvalidArgument(f"the rule reads call parameter {name!r}, which the spec does not declare")
+    value = params[name]
+    if isinstance(value, Computed):
+        raise InvalidArgument(f"the rule reads call parameter {name!r}, which node(s) {', '.join(value.nodes)} "
+                              "compute; only constants are supported")
+    return value
+
+
+def local_shape_part(options: RuleOptions, input_shape: tuple[int, ...], output_shape: tuple[int, ...],
+                     params: Mapping[str, object]) -> slice:
+    """The part of a rank's local output shape it passes for ``shape_param``: all of it, or with
+    ``shape_dim_param`` the sizes that the named input dim splits into (``x.unflatten(1, (4,
+    -1))`` on a ``[8, 16]`` input: output dims 1 and 2)."""
+    if not options.shape_dim_param:
+        return slice(None)
+    value = _param(params, options.shape_dim_param)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"call parameter {options.shape_dim_param!r} must be one dim (an int), got {value!r}")
+    (dim,) = normalize_dims(value, len(input_shape), options.shape_dim_param)
+    parts = len(output_shape) - len(input_shape) + 1
+    if parts < 1:
+        raise InvalidArgument(f"an output of shape {list(output_shape)} does not split a dim of an input of shape "
+                              f"{list(input_shape)}")
+    return slice(dim, dim + parts)
+
+
+def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], outputs: Sequence[tuple[int, ...]],
+                 params: Mapping[str, object], present: Sequence[bool]
+                 ) -> tuple[Equation, set[str], dict[str, str | None], dict[str, int]]:
+    """The equation for one call, the factors that must stay whole, how reduced factors combine
+    and the sizes of factors the shapes alone do not fix."""
+    whole: set[str] = set(options.whole)
+    sizes: dict[str, int] = {}
+    reduce: dict[str, str | None] = dict(options.reduce)
+    if options.source in ("einsum", "einsum_param"):
+        eq = options.einsum if options.einsum is not None else \
+            torch_einsum_equation(_param(params, options.einsum_param))
+        unknown = sorted((set(whole) | set(reduce)) - set(eq.letters))
+        if unknown:
+            raise InvalidArgument(f"rule names factor(s) {unknown} that einsum {str(eq)!r} does not have")
+        if len(eq.inputs) != len(present):
+            raise InvalidArgument(f"einsum {str(eq)!r} has {len(eq.inputs)} input term(s); the spec declares "
+                                  f"{len(present)} tensor operand(s)")
+        eq = Equation(tuple(t for t, here in zip(eq.inputs, present) if here), eq.outputs)
+        if len(outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
+            eq = Equation(eq.inputs, eq.outputs * len(outputs))
+    elif options.source == "pointwise":
+        eq, whole = derive.pointwise(inputs, outputs)
+    elif options.source == "reduce_dims_param":
+        dims = normalize_dims(_param(params, options.reduce_dims_param), len(inputs[0]), options.reduce_dims_param)
+        keepdim = bool(_param(params, options.keepdim_param)) if options.keepdim_param else False
+        eq = derive.reduction(inputs[0], len(outputs), dims, keepdim)
+        if options.reduce_op is None:
+            whole |= {f"d{d}" for d in dims}
+    elif options.view == "reshape":
+        eq, whole, sizes = derive.reshape(inputs[0], outputs[0])
+    elif options.view == "permute":
+        eq = derive.permute(len(inputs[0]), list(_param(params, options.dims_param)))  # type: ignore[call-overload]
+    else:
+        rank = len(inputs[0])
+        d0, d1 = (int(_param(params, p)) % max(rank, 1) for p in (options.dim0_param, options.dim1_param))  # type: ignore[call-overload]
+        order = list(range(rank))
+        order[d0], order[d1] = order[d1], order[d0]
+        eq = derive.permute(rank, order)
+    out_rank = len(outputs[0]) if outputs else 0
+    names = [dim[0] if len(dim) == 1 else None for dim in eq.outputs[0]] if eq.outputs else []
+    positions: tuple[int, ...] = ()
+    if options.whole_dims_param:
+        positions = normalize_dims(_param(params, options.whole_dims_param), out_rank, options.whole_dims_param)
+    if options.whole_trailing_param:
+        value = _param(params, options.whole_trailing_param)
+        count = 1 if isinstance(value, int) else len(value)  # type: ignore[arg-type]
+        positions += tuple(range(out_rank - count, out_rank))
+    if positions:
+        if any((ELLIPSIS,) == dim for dim in eq.outputs[0]):
+            raise InvalidArgument("whole_dims_param/whole_trailing_param need an output term without '...'")
+        whole |= {names[p] for p in positions if names[p] is not None}
+    if options.source == "reduce_dims_param" and options.reduce_op is not None:
+        reduce = {f"d{d}": options.reduce_op for d in range(len(inputs[0]))
+                  if all((f"d{d}",) not in term for term in eq.outputs)}
+    return eq, whole, reduce, sizes

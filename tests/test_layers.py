@@ -1,0 +1,133 @@
+"""The package's dependency rule (docs/DESIGN.md, "Layers"): no import circle between its
+modules, and every import runs from a room to a room on a lower floor or its own. Read from the
+source with ``ast`` (every import statement, at any depth, ``TYPE_CHECKING`` blocks included),
+so a late import inside a function counts as much as one at the top."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "shardverify"
+
+#: floor of every room (a top-level module or package of shardverify), lowest first; a room may
+#: import only from rooms on its own floor or below. Keep in step with docs/DESIGN.md.
+FLOORS: dict[str, int] = {
+    "errors": 0,
+    "sharding": 1, "capture": 1,
+    "collectives": 2, "backends": 2,
+    "strategies": 3,
+    "spec": 4,
+    "verify": 5,
+    "audit": 6, "explore": 6, "reshard": 6, "algorithms": 6, "ddp": 6, "plan": 6, "codegen": 6,
+    "pytest_plugin": 7, "cli": 7,
+    "__init__": 8, "__main__": 8,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py") if "generated" not in p.parts}
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """The package's modules that ``path`` imports (``from a.b import c`` names ``a.b.c`` when
+    that is a module, else ``a.b``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in known else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name in known}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    known = set(modules)
+    return {name: imports_of(path, known) - {name} for name, path in modules.items()}
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        stack.append(name)
+        for nxt in sorted(graph.get(name, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            found = visit(name)
+            if found:
+                return found
+    return None
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if target == "shardverify":   # the package face re-exports; importing it is a user's view
+                problems.append(f"{name} imports the package face `shardverify`; import the module itself")
+                continue
+            low, high = room(target), room(name)
+            if FLOORS[low] > FLOORS[high]:
+                problems.append(f"{name} (room {high!r}, floor {FLOORS[high]}) imports {target} "
+                                f"(room {low!r}, floor {FLOORS[low]})")
+    return problems
+
+
+def test_every_room_has_a_floor():
+    rooms = {room(name) for name in package_modules() if name != "shardverify"} | {"__init__"}
+    assert rooms == set(FLOORS), f"rooms without a floor: {sorted(rooms - set(FLOORS))}; " \
+                                 f"floors without a room: {sorted(set(FLOORS) - rooms)}"
+
+
+def test_no_import_circle():
+    circle = find_circle(import_graph())
+    assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def test_imports_run_downward():
+    problems = upward_imports(import_graph())
+    assert not problems, "imports that run up a floor:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("graph, circle", [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
+    ({"a": {"b"}, "b": set(), "c": {"b"}}, None),
+    ({"a": {"a2"}, "a2": {"b"}, "b": {"a2"}}, ["a2", "b", "a2"]),
+])
+def test_find_circle_finds_what_is_there(graph, circle):
+    assert find_circle(graph) == circle
+
+
+def test_an_upward_import_is_named(tmp_path):
+    graph = {"shardverify.sharding.mesh": {"shardverify.verify.engine"}, "shardverify.verify.engine": set()}
+    (problem,) = upward_imports(graph)
+    assert "shardverify.sharding.mesh" in problem and "shardverify.verify.engine" in problem
