@@ -234,7 +234,7 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
     gradient shard does not fit)."""
     import torch
 
-    from shardverify.verify.engine import _private_module, local_arguments
+    from shardverify.verify.rank import _private_module, local_arguments
     from shardverify.capture.call import as_outputs, call_op
     from shardverify.verify.reference import reference
 

@@ -309,7 +309,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # OpenMP team wait on members whose core another worker holds
         torch.set_num_threads(threads)
     if config.getoption("hypothesis_profile", None) is None:
-        from shardverify.explore.strategies import load_profile
+        from shardverify.explore import load_profile
 
         load_profile()   # $SV_HYPOTHESIS_PROFILE, default "ci": bounded, derandomized, no deadline
     config.pluginmanager.register(_SkipSummary(), "shardverify-skip-summary")

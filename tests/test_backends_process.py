@@ -295,7 +295,7 @@ def test_a_fresh_workers_first_check_imports_nothing_the_forkserver_could_have()
 
 def body_thread_policies(comm):
     """(thread name, scheduling policy) of every thread of this worker."""
-    from shardverify.backends.process import thread_names
+    from shardverify.backends.process_worker import thread_names
 
     return [(name, os.sched_getscheduler(tid)) for tid, name in thread_names().items()]
 
@@ -306,7 +306,7 @@ def test_gloo_io_threads_run_as_batch_and_the_ranks_do_not(pool):
     pending; under SCHED_BATCH their wake-ups stop preempting the ranks doing the work (a
     linear check on a (2,2) pool of this 2-core machine: 5.8 ms -> 3.3 ms).  The rank's own
     threads must keep the normal policy, or a loaded machine slows the checks down."""
-    from shardverify.backends.process import GLOO_IO_THREAD
+    from shardverify.backends.process_worker import GLOO_IO_THREAD
 
     backend = pool((2, 2))
     if backend.backend != "gloo":
@@ -321,7 +321,7 @@ def test_gloo_io_threads_run_as_batch_and_the_ranks_do_not(pool):
 
 def body_cpus(comm):
     """The CPUs each thread of this worker may run on."""
-    from shardverify.backends.process import thread_names
+    from shardverify.backends.process_worker import thread_names
 
     return {(tid, name): frozenset(os.sched_getaffinity(tid)) for tid, name in thread_names().items()}
 
@@ -329,7 +329,7 @@ def body_cpus(comm):
 def test_worker_cpus_keeps_blocks_of_ranks_only_when_workers_outnumber_cpus():
     """Oversubscribed, the OS moved woken workers between cores at every collective; a
     block of neighbouring ranks per CPU, every CPU used, and nothing kept otherwise."""
-    from shardverify.backends.process import worker_cpus
+    from shardverify.backends.process_worker import worker_cpus
 
     assert worker_cpus(4, {0, 1}) == [0, 0, 1, 1]
     assert worker_cpus(8, {5, 3}) == [3, 3, 3, 3, 5, 5, 5, 5]
@@ -342,7 +342,7 @@ def test_worker_cpus_keeps_blocks_of_ranks_only_when_workers_outnumber_cpus():
 def test_workers_keep_to_their_cpus_threads_included():
     """Each worker, gloo's threads included (they inherit it), keeps to worker_cpus' CPU;
     keep_cpus=False leaves every worker on the CPUs this process may use."""
-    from shardverify.backends.process import worker_cpus
+    from shardverify.backends.process_worker import worker_cpus
 
     mine = os.sched_getaffinity(0)
     mesh = DeviceMesh((2, 2))

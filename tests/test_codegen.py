@@ -105,7 +105,7 @@ def test_check_catches_a_hand_edited_file(root, capsys):
     handler.write_text(handler.read_text().replace("generator='following'", "generator='replicated'"))
     assert run_cli("generate", "--check", "--root", str(root)) == 1
     out, err = capsys.readouterr()
-    assert "--- a/shardverify/handlers/generated/sum.py" in out
+    assert "--- a/shardverify/strategies/handlers/generated/sum.py" in out
     assert "-    generator='replicated'," in out and "+    generator='following'," in out
     assert "stale: shardverify/strategies/handlers/generated/sum.py" in err
     assert "replicated" in handler.read_text()       # --check writes nothing

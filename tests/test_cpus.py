@@ -7,7 +7,7 @@ import os
 import pytest
 
 from shardverify.backends import cpus
-from shardverify.backends.process import worker_cpus
+from shardverify.backends.process_worker import worker_cpus
 
 
 def test_without_the_platform_calls_nothing_is_kept_and_every_cpu_counts(monkeypatch):

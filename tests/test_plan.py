@@ -180,7 +180,7 @@ class _Heads(nn.Module):
 
 
 def test_shape_reads_cost_no_resharding_and_heads_stay_sharded(sv_backend):
-    from shardverify.plan.model import metadata_read
+    from shardverify.plan.graph import metadata_read
     from shardverify.capture.fx import trace
 
     module, inputs = _Heads(), (torch.randn(4, 8, 16),)

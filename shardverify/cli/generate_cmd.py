@@ -75,8 +75,9 @@ def broken_handlers(root: Path) -> list[str]:
     """The generated handlers of this checkout that did not register when shardverify was
     imported (stale or conflicting files), when `root` is the checkout that was imported."""
     import shardverify.strategies.handlers as handlers
+    from shardverify.codegen.op_kind import HANDLER_DIR
 
     package_dir = Path(handlers.__file__).resolve().parent / "generated"
-    if (root / "shardverify" / "handlers" / "generated").resolve() != package_dir:
+    if (root / HANDLER_DIR).resolve() != package_dir:
         return []
     return handlers.handler_problems()

@@ -36,7 +36,7 @@ def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
     test = renderer.render("op_test.py.j2", spec=spec, cases=spec.op_cases(), counts=counts,
                            meshes=[(mesh, _mesh_id(mesh)) for mesh in spec.verify.meshes])
     outputs = {f"{HANDLER_DIR}/{spec.name}.py": handler, f"{TEST_DIR}/test_{spec.name}.py": test}
-    # --- property tests (shardverify.explore.strategies, issue 7): hypothesis beyond the listed grid ---
+    # --- property tests (shardverify.explore, issue 7): hypothesis beyond the listed grid ---
     if spec.verify.explore:
         outputs[f"{TEST_DIR}/test_{spec.name}_properties.py"] = renderer.render("op_property_test.py.j2", spec=spec)
     # --- end property tests ---

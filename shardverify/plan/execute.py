@@ -19,7 +19,8 @@ from torch import fx
 
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.errors import VerificationError
-from shardverify.plan.model import Plan, metadata_read, operand_producer
+from shardverify.plan.graph import metadata_read, operand_producer
+from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
 from shardverify.sharding.reshard_plan import Layout
 from shardverify.sharding.strategy import CommWhere

@@ -20,8 +20,9 @@ from torch import fx
 
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.plan.model import (FLOP_RATE, Plan, assemble_plan, deferrable, deferred_saving, edge_targets,
-                                    make_reshard, node_layouts, node_options)
+from shardverify.plan.build import assemble_plan
+from shardverify.plan.graph import deferrable, deferred_saving, edge_targets, make_reshard, node_layouts, node_options
+from shardverify.plan.model import FLOP_RATE, Plan
 from shardverify.sharding.strategy import ShardingStrategy
 
 __all__ = ["solve_plan", "PlanInfeasible"]

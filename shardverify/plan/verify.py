@@ -10,7 +10,9 @@ import torch
 from shardverify.errors import BackendError, InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, rank_run_plan
-from shardverify.plan.model import FLOP_RATE, Plan, build_plan, node_options
+from shardverify.plan.build import build_plan
+from shardverify.plan.graph import node_options
+from shardverify.plan.model import FLOP_RATE, Plan
 from shardverify.plan.solver import solve_plan
 
 __all__ = ["PlanResult", "make_plan", "verify_plan", "run_plan"]

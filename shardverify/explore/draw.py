@@ -27,11 +27,10 @@ import dataclasses
 import itertools
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import hypothesis
-from hypothesis import HealthCheck, Verbosity, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from shardverify.spec.op import InputSpec, ModuleInit, OpSpec, parse_op_spec
@@ -39,8 +38,7 @@ from shardverify.errors import InvalidArgument
 
 __all__ = ["SIZES", "MAX_MESH_SIZE", "DEFAULT_MESH_MAX_SIZE", "PROFILE_ENV", "PROFILES", "load_profile",
            "profile_settings", "world_size", "load_spec", "SizeSlot", "size_groups", "dims_strategy",
-           "param_strategies", "all_mesh_shapes", "mesh_shapes", "Example", "examples",
-           "divisibility_problems", "check_example", "replay", "Failure", "search"]
+           "param_strategies", "all_mesh_shapes", "mesh_shapes", "Example", "examples"]
 
 # Small sizes mixing divisors of 2, 3 and 4 (hypothesis shrinks towards the first).
 SIZES = (1, 2, 3, 4, 6, 8)
@@ -330,7 +328,7 @@ class Example:
         return (f"Reproduce ({self.target} failed): replace the `verify:` section of {self.spec.source} "
                 f"with\n{block}\n"
                 f"  and run: shardverify verify {self.spec.name} --mesh {mesh}\n"
-                f"  or run: python -c \"from shardverify.spec.case import *; from shardverify.explore.strategies "
+                f"  or run: python -c \"from shardverify.spec.case import *; from shardverify.explore "
                 f"import replay; replay({self.case()!r}, {self.mesh_shape!r})\"")
 
 
@@ -359,161 +357,3 @@ def examples(spec: OpSpec, *, mesh_max_size: int = DEFAULT_MESH_MAX_SIZE) -> st.
         return _narrowed(spec, target, sizes, point, mesh)
 
     return draw_example()
-
-
-# --------------------------------------------------------------------------- checking
-
-def divisibility_problems(strategies, mesh) -> list[str]:
-    """Every layout of ``strategies`` that does not split its operand evenly on ``mesh``."""
-    problems = []
-    for strategy in strategies:
-        for data in strategy.operands:
-            layout = strategy.get_sharding_spec_by_name(data.name)
-            where = f"strategy {strategy.name!r}, operand {data.name!r} {tuple(data.shape)}"
-            if tuple(layout.tensor_shape) != tuple(data.shape) or tuple(layout.mesh_shape) != tuple(mesh.shape):
-                problems.append(f"{where}: layout {layout} is for tensor {tuple(layout.tensor_shape)} on mesh "
-                                f"{tuple(layout.mesh_shape)}, not for this operand on mesh {tuple(mesh.shape)}")
-            for dim, axes in layout.partition_dict().items():
-                ways = math.prod(mesh.shape[a] for a in axes if 0 <= a < mesh.ndim)
-                size = data.shape[dim] if dim < len(data.shape) else None
-                if size is None or size % ways:
-                    problems.append(f"{where}: dim {dim} of size {size} is split {ways} ways over "
-                                    f"mesh axes {axes} of mesh {tuple(mesh.shape)}")
-    return problems
-
-
-def check_example(backend, example: Example, *, first_failure: bool = False) -> list:
-    """Every strategy of the example's op node divides its operands and passes on ``backend``;
-    raises AssertionError with the report otherwise (the reproduction is a hypothesis note).
-    ``first_failure`` stops at the first failing strategy (a search shrinks much faster)."""
-    __tracebackhide__ = True
-    from shardverify.strategies.for_node import strategies_for_node
-    from shardverify.verify.engine import verify_case
-    from shardverify.verify.report import assert_passed
-
-    if tuple(backend.mesh.shape) != example.mesh_shape:
-        raise InvalidArgument(f"backend mesh {tuple(backend.mesh.shape)} is not the example's mesh "
-                              f"{example.mesh_shape}")
-    case = example.case()
-    try:
-        graph_module, node_name = case.build()
-    except Exception as exc:  # noqa: BLE001 -- sizes the harness itself refuses are not a case
-        hypothesis.note(f"the harness refuses these sizes: {type(exc).__name__}: {exc}")
-        hypothesis.reject()
-    try:
-        strategies = strategies_for_node(graph_module, node_name, backend.mesh)
-        problems = divisibility_problems(strategies, backend.mesh)
-        if problems:
-            raise AssertionError(f"{example.spec.name}: {len(problems)} layout(s) do not divide their tensor; "
-                                 "such strategies must be left out of the vector:\n  " + "\n  ".join(problems))
-        results = []
-        for strategy in strategies:
-            results += verify_case(backend, case, [strategy])
-            if first_failure and not results[-1].passed:
-                break
-        assert_passed(results)
-    except Exception:
-        _note(example.reproduction())   # printed with hypothesis' falsifying example
-        raise
-    return results
-
-
-def _note(text: str) -> None:
-    """hypothesis.note inside a test, nothing outside one (check_example is callable directly)."""
-    try:
-        hypothesis.note(text)
-    except hypothesis.errors.InvalidArgument:
-        pass
-
-
-def replay(case, mesh_shape: Sequence[int], backend: str = "simulated") -> list:
-    """Verify one case on one mesh and fail with the report (the reproduction line calls it)."""
-    from shardverify.backends import get_backend
-    from shardverify.sharding.mesh import DeviceMesh
-    from shardverify.verify.engine import verify_case
-    from shardverify.verify.report import assert_passed
-
-    runner = get_backend(backend, DeviceMesh(tuple(mesh_shape)))
-    try:
-        results = verify_case(runner, case)
-    finally:
-        runner.close()
-    assert_passed(results)
-    return results
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The shrunk failing example of a search, the error it raised and its reproduction."""
-
-    example: Example
-    error: str
-    reproduction: str
-
-
-def search(spec: OpSpec, *, examples_count: int = 50, mesh_max_size: int = DEFAULT_MESH_MAX_SIZE,
-           seed: int | None = None, backend_factory: Callable | None = None,
-           on_example: Callable[[Example], None] | None = None) -> Failure | None:
-    """Run the property over ``examples_count`` drawn examples on the simulated backend (or
-    ``backend_factory(mesh_shape)``); the shrunk failure, or None when every example passed.
-    Without ``seed`` the search is derandomized (the same examples every run)."""
-    if isinstance(examples_count, bool) or not isinstance(examples_count, int) or examples_count < 1:
-        raise InvalidArgument(f"examples_count={examples_count!r} must be a positive int")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise InvalidArgument(f"seed={seed!r} must be an int or None")
-    strategy = examples(spec, mesh_max_size=mesh_max_size)
-    failures: list[tuple[Example, BaseException]] = []
-    with _backends(backend_factory) as backend_for:
-
-        @settings(max_examples=examples_count, derandomize=seed is None, database=None, deadline=None,
-                  verbosity=Verbosity.quiet, report_multiple_bugs=False,
-                  suppress_health_check=[HealthCheck.too_slow])
-        @hypothesis.given(strategy)
-        def prop(example: Example) -> None:
-            if on_example is not None:
-                on_example(example)
-            try:
-                check_example(backend_for(example.mesh_shape), example, first_failure=True)
-            except Exception as exc:
-                if not isinstance(exc, hypothesis.errors.HypothesisException):
-                    failures.append((example, exc))
-                raise
-
-        if seed is not None:
-            prop = hypothesis.seed(seed)(prop)
-        try:
-            prop()
-        except Exception:
-            if not failures:
-                raise
-            example, error = failures[-1]   # hypothesis replays the shrunk example last
-            message = str(error) if isinstance(error, AssertionError) else f"{type(error).__name__}: {error}"
-            return Failure(example, message, example.reproduction())
-    return None
-
-
-class _backends:
-    """Simulated backends per mesh shape for one search, closed at the end."""
-
-    def __init__(self, factory: Callable | None) -> None:
-        self.factory = factory
-        self.made: dict[tuple[int, ...], object] = {}
-
-    def __enter__(self) -> Callable[[tuple[int, ...]], object]:
-        def backend_for(mesh_shape: tuple[int, ...]):
-            if mesh_shape not in self.made:
-                if self.factory is not None:
-                    self.made[mesh_shape] = self.factory(mesh_shape)
-                else:
-                    from shardverify.backends import get_backend
-                    from shardverify.sharding.mesh import DeviceMesh
-
-                    self.made[mesh_shape] = get_backend("simulated", DeviceMesh(mesh_shape))
-            return self.made[mesh_shape]
-        return backend_for
-
-    def __exit__(self, *exc_info) -> None:
-        if self.factory is None:
-            for backend in self.made.values():
-                backend.close()
-        self.made.clear()

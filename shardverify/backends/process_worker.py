@@ -1,0 +1,215 @@
+"""The worker side of the process pool: one process per mesh rank, started by
+:mod:`shardverify.backends.process`. A worker joins the torch.distributed world through the
+pool's file store, builds a process group per set of mesh axes, keeps gloo's I/O threads out of
+the ranks' way, then runs the ``(fn, args)`` tasks it is sent until told to stop or until the
+pool's process disappears."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shardverify.backends.agreement import SharedAgreement
+from shardverify.backends.base import RankResult
+from shardverify.backends.cpus import can_keep, keep_to_cpu, usable_cpus
+from shardverify.backends.gc_policy import tune_for_checking
+from shardverify.sharding.mesh import DeviceMesh
+
+__all__ = ["WorkerConfig", "SharedState", "worker_main", "worker_cpus", "thread_names", "batch_io_threads",
+           "GLOO_IO_THREAD"]
+
+#: gloo's TCP I/O threads (one per process group), which a worker runs under SCHED_BATCH
+GLOO_IO_THREAD = "gloo_tcp_loop"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to join the world (picklable, sent at process start)."""
+
+    rank: int
+    mesh: DeviceMesh
+    store_path: str
+    dist_backend: str
+    device: str
+    check_metadata: bool
+    parent_pid: int
+    collective_timeout: float
+    cpu: int | None = None   # the CPU the worker keeps to (see worker_cpus), None: where the OS puts it
+
+
+def _exists(pid: int | None) -> bool:
+    """Whether a process ``pid`` exists (a zombie not yet reaped still does)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the backend's process is gone, even if stuck in a collective."""
+    while True:
+        if not _exists(parent_pid):
+            os._exit(1)
+        time.sleep(0.5)
+
+
+def worker_cpus(world: int, cpus: Iterable[int] | None = None) -> list[int | None]:
+    """The CPU each of ``world`` workers keeps to: when they outnumber ``cpus`` (default: the
+    CPUs this thread may run on; Linux), rank r on the ``r * n // world``-th of those n, so
+    each CPU holds a block of neighbouring ranks; otherwise None for every rank (the OS
+    places them).
+
+    With more workers than cores the scheduler kept moving woken workers between cores at
+    every collective.  Kept in place, a linear check on a warm (2,2) gloo pool on 2 cores
+    took 2.5 ms instead of 3.4, and on (2,2,2) 5.4 ms instead of 6.5 (sum, with fewer
+    collectives, was unchanged).  Nothing was measured with a core per worker, so there the
+    OS keeps its say."""
+    if cpus is None:
+        if not can_keep():
+            return [None] * world
+        cpus = usable_cpus()
+    ordered = sorted(cpus)
+    if world <= len(ordered):
+        return [None] * world
+    return [ordered[rank * len(ordered) // world] for rank in range(world)]
+
+
+def thread_names() -> dict[int, str]:
+    """Thread id -> name of this process's threads (Linux's /proc; empty elsewhere)."""
+    found = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as comm:
+                found[int(tid)] = comm.read().strip()
+        except OSError:   # the thread has gone
+            continue
+    return found
+
+
+def batch_io_threads(name: str = GLOO_IO_THREAD) -> None:
+    """Put this process's threads called ``name`` under SCHED_BATCH (Linux; elsewhere a no-op).
+
+    While a collective is pending, gloo's I/O thread keeps polling its sockets: over 4
+    processes one 64-float all-reduce costs each of them 1.4 ms of that thread's CPU (0.2 ms
+    over 2).  When the processes outnumber the cores, every wake-up of a polling thread
+    preempts a rank that has real work, so the all-reduce took 5 ms on 2 cores.  A batch
+    thread still gets its fair share of CPU but never preempts on waking: the same
+    all-reduce, and a linear check on a (2,2) pool, then take about half as long, and under
+    full load from other processes they are no slower (SCHED_IDLE, tried too, starves the
+    thread under load: 15x slower).  The ranks' own threads keep the normal policy.
+    """
+    if not hasattr(os, "SCHED_BATCH"):
+        return
+    for tid, thread in thread_names().items():
+        if thread != name:
+            continue
+        try:
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+        except OSError:   # the thread is gone, or the policy is not ours to set: only speed is lost
+            continue
+
+
+def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connection, shared: Any) -> None:
+    """Entry point of a pool worker: join the world, then run tasks until told to stop.
+
+    A task is a batch of checks ``(fn, [args, ...])``; each check's result is sent as soon as
+    it is known.  A rank whose check raised goes on to the next check only once every rank
+    has left that check (``shared.progress``): a rank still blocked in one of its collectives
+    must never meet a collective of the next check instead.
+    """
+    import torch.distributed as dist
+
+    from shardverify.backends.distributed import ProcessCommunicator, build_groups
+
+    keep_to_cpu(config.cpu)   # first: the threads started below (gloo's among them) inherit it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+    threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
+    torch.set_num_threads(1)
+    rank, mesh = config.rank, config.mesh
+    try:
+        device = torch.device(config.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        store = dist.FileStore(config.store_path, mesh.size)
+        dist.init_process_group(config.dist_backend, store=store, rank=rank, world_size=mesh.size,
+                                timeout=datetime.timedelta(seconds=config.collective_timeout))
+        groups = build_groups(mesh, rank)
+        batch_io_threads()   # every group's I/O thread exists now
+        tune_for_checking()   # fewer full collections (see gc_policy)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        _reply(conn, ("setup", 0), RankResult.failure(rank, exc))
+        return
+    _reply(conn, ("setup", 0), RankResult(rank, True))
+    while True:
+        try:
+            task_id, first, count, blob = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break
+        if task_id is None:
+            break
+        try:
+            fn, items = pickle.loads(blob)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, for every check of the task
+            for index in range(count):
+                _reply(conn, (task_id, index), RankResult.failure(rank, exc))
+            shared.progress[rank] = first + count
+            continue
+        for index, args in enumerate(items):
+            try:
+                comm = ProcessCommunicator(mesh, rank, device, groups, check_metadata=config.check_metadata,
+                                           native_reduce_scatter=config.dist_backend == "nccl",
+                                           busy=shared.busy, where=shared.where, agreement=shared.agreement,
+                                           check=first + index)
+                result = RankResult(rank, True, fn(comm, *args))
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                result = RankResult.failure(rank, exc)
+            finally:
+                shared.busy[rank] = 0
+            _reply(conn, (task_id, index), result)
+            shared.progress[rank] = first + index + 1
+            if not result.ok and index + 1 < len(items):
+                while min(shared.progress) < first + index + 1:
+                    time.sleep(0.001)
+    dist.destroy_process_group()
+
+
+def _reply(conn: multiprocessing.connection.Connection, key: object, result: RankResult) -> None:
+    try:
+        data = pickle.dumps((key, result))
+    except Exception as exc:  # noqa: BLE001 - an unpicklable return value
+        data = pickle.dumps((key, RankResult.failure(
+            result.rank, TypeError(f"the value returned by rank {result.rank} cannot be pickled: {exc}"))))
+    conn.send_bytes(data)
+
+
+class SharedState:
+    """Shared memory between the pool's parent and workers: who sits inside a collective
+    (``busy``), which one (``where``: member bitmask and call number per rank, for blame),
+    how many checks each rank has finished (``progress``), and the workers' call agreement
+    (``agreement``: no extra collective per checked call)."""
+
+    def __init__(self, ctx: Any, world: int) -> None:
+        self.busy = ctx.RawArray("b", world)
+        self.where = ctx.RawArray("q", 2 * world)
+        self.progress = ctx.RawArray("q", world)
+        self.agreement = SharedAgreement(ctx, world)

@@ -1,0 +1,161 @@
+"""The planning problem a traced model poses on a mesh: each node's options (its strategies, or
+none for a node that runs generically), the layout each strategy gives a node's operands and
+output, and what every edge costs to reshard. A read of a tensor's metadata (``x.shape``,
+``x.size(1)``, ``x.dim()``) is answered from the traced global shape: it moves no data, so it
+costs no resharding whatever the tensor's layout. Both the plan builder and the solver read it."""
+
+from __future__ import annotations
+
+
+from torch import fx
+
+from shardverify.strategies.for_node import strategies_for_node
+from shardverify.errors import ShardVerifyError, StrategyError
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.reshard_plan import Layout, plan_reshard, reshard_cost
+from shardverify.plan.model import Reshard
+from shardverify.sharding.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
+
+__all__ = ["node_options", "operand_producer", "deferrable", "deferred_saving", "node_layouts", "metadata_read",
+           "edge_targets", "make_reshard", "replicated_choice"]
+
+
+def node_options(graph_module: fx.GraphModule, mesh: DeviceMesh) -> dict[str, list[ShardingStrategy] | None]:
+    """node name -> its strategies, or None for a node that runs generically."""
+    options: dict[str, list[ShardingStrategy] | None] = {}
+    for node in graph_module.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            options[node.name] = None
+            continue
+        try:
+            found = list(strategies_for_node(graph_module, node.name, mesh))
+        except ShardVerifyError:
+            found = []
+        options[node.name] = found or None
+    return options
+
+
+def operand_producer(node: fx.Node, locator: OperandLocator) -> fx.Node | None:
+    """The graph node feeding an operand at ``locator`` (None for module parameters)."""
+    value = None
+    if locator.kind == "arg" and isinstance(locator.key, int) and locator.key < len(node.args):
+        value = node.args[locator.key]
+    elif locator.kind == "kwarg":
+        value = node.kwargs.get(locator.key)
+    elif locator.kind == "item":
+        i, j = locator.key  # type: ignore[misc]
+        value = node.args[i][j] if i < len(node.args) else None
+    return value if isinstance(value, fx.Node) else None
+
+
+def _meta_shapes(node: fx.Node):
+    meta = node.meta.get("tensor_meta")
+    if meta is None:
+        return None
+    if hasattr(meta, "shape"):
+        return tuple(meta.shape)
+    if isinstance(meta, (list, tuple)) and all(hasattr(m, "shape") for m in meta):
+        return [tuple(m.shape) for m in meta]
+    return None
+
+
+def deferrable(strategy: ShardingStrategy | None) -> tuple[int, ...]:
+    """Mesh axes of a single-output strategy's AFTER sum all-reduce that the plan may leave to
+    the resharding (so a consumer that wants the tensor sharded over those axes gets a
+    reduce-scatter instead of an all-reduce and a split); () when there is none to defer."""
+    if strategy is None or len(strategy.outputs) != 1 or strategy.post_add:
+        return ()
+    after = [a for a in strategy.communication_actions if a.where is CommWhere.AFTER]
+    if len(after) != 1 or after[0].pattern is not CommPattern.ALLREDUCE_FWD_IDENTITY_BWD or after[0].op != "sum":
+        return ()
+    return after[0].axes
+
+
+def deferred_saving(strategy: ShardingStrategy, axes: tuple[int, ...], mesh: DeviceMesh) -> float:
+    """The declared seconds of the AFTER all-reduce that deferring removes from the strategy."""
+    out = strategy.outputs[0]
+    size = strategy.get_sharding_spec_by_name(out.name).local_numel() * out.itemsize
+    return mesh.all_reduce_cost(size, axes)
+
+
+def node_layouts(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceMesh, deferred: tuple[int, ...] = ()):
+    """The node's output layout: a Layout, a list of them for a tuple, or None (not a tensor)."""
+    if strategy is not None:
+        layouts = [Layout(strategy.get_sharding_spec_by_name(d.name), deferred) for d in strategy.outputs]
+        return layouts[0] if len(layouts) == 1 else layouts
+    shapes = _meta_shapes(node)
+    if shapes is None:
+        return None
+    if isinstance(shapes, list):
+        return [Layout.replicated(mesh.shape, s) for s in shapes]
+    return Layout.replicated(mesh.shape, shapes)
+
+
+def _itemsize(node: fx.Node) -> int:
+    meta = node.meta.get("tensor_meta")
+    dtype = getattr(meta, "dtype", None)
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size() if dtype is not None else 4
+
+
+def metadata_read(node: fx.Node) -> object | None:
+    """What a read of a tensor's metadata (``x.shape``, ``x.size()``, ``x.size(d)``, ``x.dim()``,
+    ``x.ndim``) gives, from the traced global shape of the tensor; None for any other node
+    (no metadata read gives None). Every rank reads the global shape, as the single-device
+    model does."""
+    source = node.args[0] if node.args else None
+    if not isinstance(source, fx.Node) or not hasattr(source.meta.get("tensor_meta"), "shape"):
+        return None
+    shape = source.meta["tensor_meta"].shape
+    if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
+        return {"shape": shape, "ndim": len(shape)}.get(node.args[1])  # type: ignore[call-overload]
+    if node.op == "call_method" and node.target == "size" and not node.kwargs:
+        return shape if len(node.args) == 1 else shape[node.args[1]] if isinstance(node.args[1], int) else None
+    if node.op == "call_method" and node.target == "dim" and len(node.args) == 1:
+        return len(shape)
+    return None
+
+
+def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceMesh):
+    """(operand name, producer node, element index or None, target layout) for every tensor the
+    node takes; a generic node takes each tensor of a tuple-valued producer (split, chunk)
+    replicated, as operand ``producer[i]``."""
+    edges = []
+    if strategy is not None:
+        for data in strategy.inputs:
+            producer = operand_producer(node, data.locator)
+            if producer is not None:
+                edges.append((data.name, producer, None, Layout(strategy.get_sharding_spec_by_name(data.name))))
+        return edges
+    if metadata_read(node) is not None:
+        return edges                                 # the global shape needs none of the data
+    for producer in node.all_input_nodes:
+        shapes = _meta_shapes(producer)
+        if isinstance(shapes, list):
+            edges += [(f"{producer.name}[{i}]", producer, i, Layout.replicated(mesh.shape, shape))
+                      for i, shape in enumerate(shapes)]
+        elif shapes is not None:
+            edges.append((producer.name, producer, None, Layout.replicated(mesh.shape, shapes)))
+    return edges
+
+
+def make_reshard(node: fx.Node, operand: str, producer: fx.Node, source, target: Layout,
+                 mesh: DeviceMesh, index: int | None = None) -> Reshard:
+    """The resharding of ``producer``'s output (element ``index`` of a tuple) into ``target``."""
+    if index is not None and isinstance(source, list):
+        source = source[index]
+    if not isinstance(source, Layout):
+        raise StrategyError(f"node {node.name!r}: operand {operand!r} comes from {producer.name!r}, whose "
+                            f"output is not a single tensor with a layout")
+    steps = plan_reshard(source, target)
+    return Reshard(node.name, operand, producer.name, source, target, steps,
+                   reshard_cost(mesh, source, steps, _itemsize(producer)))
+
+
+def replicated_choice(options: list[ShardingStrategy]) -> ShardingStrategy | None:
+    """The strategy with every operand replicated and no communication, if there is one."""
+    for strategy in options:
+        if not strategy.communication_actions and all(not spec.dim_partition for _, spec in strategy.sharding_specs):
+            return strategy
+    return None

@@ -1,0 +1,410 @@
+"""The numerical check of one sharding strategy on one rank, run identically on every rank of
+any backend.
+
+Every rank rebuilds the same single-device reference (same seed, values rounded to the
+check's dtype and computed in float64), takes the local shards its strategy gives it,
+executes exactly the strategy's declared communication actions and nothing else, runs the
+op locally, and compares its output shard and every gradient shard with the reference
+slice. It also counts the collectives it issued and the bytes it holds, so a strategy whose
+declared communication or memory cost disagrees with what it really needs fails too.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from shardverify.errors import VerificationError
+from shardverify.sharding.strategy import CommWhere, OperationDataType, ShardingStrategy
+from shardverify.spec.case import OpCase
+from shardverify.verify.costs import OpMeter, OpWork, communication_mismatches, compute_mismatches
+from shardverify.verify.layout import LocalOperand, RankLayout, rank_layout
+from shardverify.verify.memo import remembered
+from shardverify.capture.call import as_outputs, call_op, operand_nodes
+from shardverify.verify.reference import Reference, reference
+from shardverify.verify.report import Mismatch
+from shardverify.spec.fields import dtype_from_name
+from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
+
+__all__ = ["RankReport", "OpCallError", "rank_check", "strategy_problems", "local_arguments"]
+
+_COUNTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What one rank found: its mismatches and the collectives it issued (kind, axes, count)."""
+
+    rank: int
+    mismatches: tuple[Mismatch, ...]
+    collectives: tuple[tuple[str, tuple[int, ...], int], ...]
+
+
+# ------------------------------------------------------------------ strategy consistency
+
+def strategy_problems(strategy: ShardingStrategy, mesh_ndim: int) -> list[str]:
+    """Reasons a strategy cannot even be run (checked once, before any rank starts)."""
+    problems = []
+    if strategy.operands[-1].type is not OperationDataType.OUTPUT:
+        problems.append(f"the last operand {strategy.operands[-1].name!r} is not the output")
+    for action in strategy.communication_actions:
+        data = strategy.get_op_data_by_name(action.operand)
+        what = f"{action.pattern.name} on {action.operand!r} over mesh axes {action.axes}"
+        if any(not 0 <= a < mesh_ndim for a in action.axes):
+            problems.append(f"{what}: mesh axes out of range for a {mesh_ndim}-D mesh")
+        if action.where is CommWhere.AFTER and data.type is not OperationDataType.OUTPUT:
+            problems.append(f"{what}: AFTER applies to the output, {action.operand!r} is an input")
+        if action.where is CommWhere.BEFORE and data.type is OperationDataType.OUTPUT:
+            problems.append(f"{what}: BEFORE applies to an input, {action.operand!r} is the output")
+        if action.where is CommWhere.HOOK and data.type is not OperationDataType.PARAM:
+            problems.append(f"{what}: a gradient HOOK applies to a parameter, {action.operand!r} is not one")
+    outputs = strategy.outputs
+    for shard in strategy.index_shards:
+        table = strategy.get_sharding_spec_by_name(shard.table)
+        held = dict(table.dim_partition).get(shard.dim, ())
+        if tuple(held) != shard.axes:
+            problems.append(f"index shard of {shard.index!r}: {shard.table!r} is laid out {table}, which shards "
+                            f"dim {shard.dim} over mesh axes {tuple(held)}, not {shard.axes}")
+        if shard.output >= len(outputs):
+            problems.append(f"index shard of {shard.index!r} masks output {shard.output}; the op has {len(outputs)}")
+    for add in strategy.post_add:
+        if not 0 <= add.output < len(outputs):
+            problems.append(f"post-add of {add.operand!r} targets output {add.output}; the op has {len(outputs)}")
+            continue
+        out_rank = len(outputs[add.output].shape)
+        if any(d >= out_rank for d in add.dims):
+            problems.append(f"post-add of {add.operand!r}: output dims {add.dims} out of range for a "
+                            f"{out_rank}-D output")
+    return problems
+
+
+def _format_counts(counts: Counter) -> str:
+    if not counts:
+        return "none"
+    return ", ".join(f"{n} x {kind} over axes {axes}" for (kind, axes), n in sorted(counts.items()))
+
+
+# -------------------------------------------------------------------------- rank check
+
+def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None = None,
+               tol: Tolerance | None = None) -> RankReport:
+    """The SPMD check of ``strategy`` on this rank (module-level so process workers import it)."""
+    mesh, rank = comm.mesh, comm.rank
+    before = _counted(comm) if comm.counts else None   # a fresh communicator has issued nothing
+    ref = _reference(case, dtype, comm.device)
+    layout = rank_layout(strategy, mesh, rank)
+
+    def tolerance(t: torch.dtype) -> Tolerance:
+        return tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
+
+    traffic_start = Counter(comm.traffic) if comm.traffic else None
+    leaves, outputs, work = _local_forward(comm, ref, strategy, layout)
+    traffic_fwd = Counter(comm.traffic)
+    out_data = layout.outputs
+    found: list[Mismatch] = []
+    if len(outputs) != len(out_data):
+        found.append(Mismatch("shape", rank, "outputs",
+                              detail=f"the op returned {len(outputs)} tensor(s), the strategy lays out "
+                                     f"{len(out_data)}"))
+        outputs = outputs[:len(out_data)]
+    shape_ok = len(outputs) == len(out_data)   # else backward cannot run
+    for index, (operand, output) in enumerate(zip(out_data, outputs)):
+        label = "output" if len(out_data) == 1 else f"output {index} ({operand.data.name})"
+        found += _compare(rank, label, output, ref.outputs[index], operand, mesh, tolerance)
+        shape_ok = shape_ok and tuple(output.shape) == operand.local_shape
+    carrying = [(operand.data, out) for operand, out, g in zip(out_data, outputs, ref.grad_outputs)
+                if g is not None and out.requires_grad]
+    differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
+    backward_ran = bool(differentiable and shape_ok)
+    if backward_ran:
+        grads = _local_backward(comm, ref, strategy, layout, leaves, differentiable, carrying)
+        for operand in layout.inputs:
+            data = operand.data
+            if data.name in grads:
+                found += _compare(rank, f"grad of {data.name}", grads[data.name],
+                                  ref.grads[(data.locator.kind, data.locator.key)], operand, mesh, tolerance)
+
+    issued = _counted(comm) if before is None else _counted(comm) - before
+    if shape_ok:
+        expected = layout.expected_collectives(tuple(differentiable + [d.name for d, _ in carrying])
+                                               if differentiable else ())
+        if issued != expected:
+            found.append(Mismatch("collectives", rank, "collectives",
+                                  detail=f"issued {_format_counts(issued)}; the declared actions "
+                                         f"imply {_format_counts(expected)}"))
+        elif dtype is None or all(decl.dtype == dtype for decl in case.inputs):
+            # the declared actions ran as declared, on the declared dtypes: their price is the cost
+            found += communication_mismatches(strategy, mesh, rank,
+                                              traffic_fwd if traffic_start is None else traffic_fwd - traffic_start,
+                                              Counter(comm.traffic) - traffic_fwd if backward_ran else None)
+        found += compute_mismatches(strategy, rank, work)
+    found += _memory_mismatches(strategy, rank, leaves, outputs, case, layout)
+    return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
+
+
+_LAST_REFERENCE = threading.local()
+
+
+def _reference(case: OpCase, dtype: str | None, device: torch.device) -> Reference:
+    """``reference(case, dtype, device)``, with this thread's last answer reused while the
+    same case object asks again (every strategy of a batch does): looking it up hashes the
+    whole frozen case, which costs more than slicing its values."""
+    last = getattr(_LAST_REFERENCE, "entry", None)
+    if last is not None and last[0] is case and last[1] == dtype and last[2] == device:
+        return last[3]
+    ref = reference(case, dtype_from_name(dtype) if dtype is not None else None, torch.device(device))
+    _LAST_REFERENCE.entry = (case, dtype, device, ref)
+    return ref
+
+
+@functools.lru_cache(maxsize=256)
+def _tolerance_for(dtype: torch.dtype, rtol: float | None, atol: float | None) -> Tolerance:
+    return tolerance_for(dtype, rtol, atol)
+
+
+def _counted(comm) -> Counter:
+    return Counter({key: n for key, n in comm.counts.items() if key[0] in _COUNTED and n})
+
+
+def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
+                   layout: RankLayout) -> tuple[dict, tuple, OpWork | None]:
+    """This rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
+    replaced by zeros; its work measured), the AFTER actions, then the post-added operands."""
+    from shardverify.collectives.patterns import after_op, before_op
+
+    node = ref.node
+    module = _private_module(ref) if node.op == "call_module" else None
+    leaves, local, late = {}, {}, {}
+    for operand in layout.inputs:
+        data = operand.data
+        loc = (data.locator.kind, data.locator.key)
+        if loc not in ref.values:
+            raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
+                                    f"{node.name!r} does not have")
+        leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone()
+        leaves[data.name] = leaf.requires_grad_() if leaf.is_floating_point() else leaf
+        local[loc] = before_op(comm, strategy, data.name, leaf, late)
+    local.update(local_arguments(strategy))
+    meter = OpMeter(node, _call_signature(local))
+    try:
+        outputs = list(as_outputs(node, meter.call(call_op, node, module, local, owned=module is not None)))
+    except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
+        raise OpCallError(_op_context(comm, node, strategy, leaves, local, exc)) from exc
+    return leaves, tuple(after_op(comm, strategy, outputs, late)), meter.work
+
+
+def _call_signature(local: dict) -> tuple:
+    """Besides the node (its op and recorded non-tensor arguments), what the op's FLOP count
+    depends on: grad mode, the shape, stride, dtype, device and grad requirement of every
+    tensor reaching it, and the non-tensor arguments a strategy passes instead (a view's local
+    shape)."""
+    return (torch.is_grad_enabled(),
+            tuple((loc, tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad) if isinstance(t, torch.Tensor)
+                  else (loc, _hashable(t)) for loc, t in local.items()))
+
+
+def _hashable(value: object) -> object:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def local_arguments(strategy: ShardingStrategy) -> dict:
+    """Locator -> value of the non-tensor arguments the strategy's ranks pass in place of the
+    recorded ones (a view's local shape), in the form ``call_op`` takes."""
+    return {(arg.locator.kind, arg.locator.key): arg.value for arg in strategy.local_args}
+
+
+_OWN = threading.local()
+
+
+def _private_module(ref: Reference) -> torch.nn.Module:
+    """This thread's own copy of the op's module (one per reference and thread, reused by every
+    strategy): ``call_op`` swaps the rank's shards into it, so no two ranks may share one."""
+    cache = getattr(_OWN, "modules", None)
+    if cache is None:
+        cache = _OWN.modules = {}
+    return remembered(cache, id(ref), ref, lambda: copy.deepcopy(ref.graph_module.get_submodule(ref.node.target)),
+                      limit=8)
+
+
+class OpCallError(VerificationError):
+    """The op raised on a rank; the message says what each operand looked like when it got there."""
+
+
+def _op_context(comm, node, strategy: ShardingStrategy, leaves: dict, local: dict, exc: Exception) -> str:
+    """The op's error, then for each operand: its layout, the local shard it gave this rank,
+    the BEFORE actions applied, and the shape and dtype that reached the op."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    every = _fails_on_shapes(node, strategy, local)
+    lines = [f"{OP_FAILED} on rank {comm.rank}: {type(exc).__name__}: {reason}"
+             + (f"\n{EVERY_RANK}" if every else "")]
+    lines += [f"local argument {arg.locator.kind} {arg.locator.key!r}: {arg.value!r}" for arg in strategy.local_args]
+    for data in strategy.inputs:
+        spec = strategy.get_sharding_spec_by_name(data.name)
+        actions = [f"{a.pattern.name} over mesh axes {a.axes}" + (f" on dims {a.dims}" if a.dims else "")
+                   for a in strategy.communication_actions if a.operand == data.name and a.where is CommWhere.BEFORE]
+        reached = local.get((data.locator.kind, data.locator.key))
+        leaf = leaves.get(data.name)
+        got = "not passed" if reached is None else f"{tuple(reached.shape)} {str(reached.dtype).removeprefix('torch.')}"
+        if strategy.post_added(data.name) is not None:
+            got += " (zeros: added after the op)"
+        lines.append(f"{data.name}: layout {spec} of {tuple(data.shape)} -> local shard "
+                     f"{tuple(leaf.shape) if leaf is not None else '?'}"
+                     + (f", then {', then '.join(actions)}" if actions else ", no actions")
+                     + f" -> reached the op as {got}")
+    return "\n".join(lines)
+
+
+OP_FAILED = "the op raised"
+EVERY_RANK = ("it fails on shapes alone (meta tensors), and every rank's operands reach the op with "
+              "the same shapes, so every rank fails alike")
+
+
+def _fails_on_shapes(node, strategy: ShardingStrategy, local: dict) -> bool:
+    """Whether the op also fails on meta tensors of the same shapes and dtypes. Layouts
+    shard evenly and actions are the same on every rank, so a shape-only failure is every
+    rank's; a value-dependent one (an index out of range) is only known for this rank."""
+    meta = {loc: torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
+            for loc, t in local.items()}
+    module = None
+    if node.op == "call_module":
+        module = copy.deepcopy(node.graph.owning_module.get_submodule(node.target)).to("meta")
+    try:
+        call_op(node, module, meta)
+    except Exception:  # noqa: BLE001 - any failure on meta tensors is a shape failure
+        return True
+    return False
+
+
+def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, layout: RankLayout, leaves: dict,
+                    differentiable: list[str], carrying: list) -> dict:
+    """Gradients of the leaves for the reference output gradients (sharded like the outputs),
+    with the HOOK actions applied to the parameter gradients."""
+    from shardverify.collectives.patterns import apply_grad_hook
+
+    index = {operand.data.name: i for i, operand in enumerate(layout.outputs)}
+    grad_outs = []
+    for data, output in carrying:
+        i = index[data.name]
+        grad_outs.append(layout.outputs[i].shard(ref.grad_outputs[i], comm.mesh, comm.rank).to(output.dtype))
+    found = torch.autograd.grad([out for _, out in carrying], [leaves[n] for n in differentiable], grad_outs,
+                                allow_unused=True)
+    grads = {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(differentiable, found)}
+    for action in strategy.communication_actions:
+        if action.where is CommWhere.HOOK and action.operand in grads:
+            grads[action.operand] = apply_grad_hook(comm, action, grads[action.operand])
+    return grads
+
+
+def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, operand: LocalOperand, mesh,
+             tolerance: Callable[[torch.dtype], Tolerance]) -> list[Mismatch]:
+    """[] when ``actual`` matches this rank's slice of the reference tensor ``full``, else the
+    one mismatch found."""
+    expected, bounds = _reference_slice(full, operand, mesh, rank)
+    if actual.shape != expected.shape:
+        return [Mismatch("shape", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape))]
+    tol = tolerance(actual.dtype)
+    if actual.is_floating_point() and actual.numel():   # the cheap path of the common passing comparison
+        bound = bounds.get((tol.rtol, tol.atol), False)
+        if bound is False:
+            bound = bounds[(tol.rtol, tol.atol)] = _bound(expected, tol)
+        if bound is not None and bool(torch.sub(actual.detach(), expected).abs_().le_(bound).all()):
+            return []   # NaN compares False: ``compare`` alone decides, and reports, everything else
+    found = compare(actual, expected, tol)
+    if found.close:
+        return []
+    return [Mismatch("values", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape),
+                     max_abs_err=found.max_abs_err, max_rel_err=found.max_rel_err, rtol=tol.rtol, atol=tol.atol,
+                     dtype=str(actual.dtype).removeprefix("torch."), detail=found.nonfinite)]
+
+
+_SLICES: dict = {}
+
+
+def _reference_slice(full: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> tuple[torch.Tensor, dict]:
+    """This rank's slice of the reference tensor ``full`` laid out as ``operand``, and its
+    bounds by tolerance (filled by ``_compare``).  Remembered per (tensor, layout, rank):
+    every strategy laying the tensor out alike compares against the same slice."""
+    return remembered(_SLICES, (id(full), operand.spec, rank), full, lambda: (operand.shard(full, mesh, rank), {}),
+                      limit=8192)
+
+
+def _bound(expected: torch.Tensor, tol: Tolerance) -> torch.Tensor | None:
+    """``atol + rtol * |expected|`` for the cheap passing comparison (the difference taken in
+    float64), or None where only ``compare`` may decide: a slice that is not float64 or
+    holds an inf or NaN."""
+    if expected.dtype != torch.float64 or not bool(torch.isfinite(expected).all()):
+        return None
+    return expected.abs().mul_(tol.rtol).add_(tol.atol)
+
+
+def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple,
+                       case: OpCase, layout: RankLayout) -> list[Mismatch]:
+    """The declared memory cost against the bytes this rank really holds: forward holds
+    every operand's local shard, backward a gradient of each input and parameter. Sizes come
+    from the real tensors (local shard elements x the traced tensor's element size) and the
+    parameter/activation split from whether the tensor is module state (a parameter or
+    buffer), never from what the strategy says about its operands."""
+    from shardverify.sharding.strategy import MemoryCost
+
+    real, out_dtypes = _real_operands(case)
+    inputs = [operand.data for operand in layout.inputs]
+    outs = [operand.data for operand in layout.outputs]
+    activation = parameter = 0
+    for data in inputs:
+        dtype, is_state = real[(data.locator.kind, data.locator.key)]
+        size = leaves[data.name].numel() * dtype.itemsize
+        if is_state:
+            parameter += size
+        else:
+            activation += size
+    out_bytes = sum(out.numel() * dtype.itemsize for out, dtype in zip(outputs, out_dtypes))
+    fwd = MemoryCost(activation + out_bytes, parameter)
+    bwd = MemoryCost(activation, parameter)
+    held = (fwd, bwd, fwd + bwd)
+    declared = tuple(strategy.memory_cost)
+    problems = [f"{phase}: declared {d.activation} activation + {d.parameter} parameter bytes, "
+                f"local shards hold {h.activation} + {h.parameter}"
+                for phase, d, h in zip(("fwd", "bwd", "total"), declared, held) if d != h]
+    lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in inputs]
+    lies += list(zip(outs, out_dtypes))
+    problems += [f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}"
+                 for data, dtype in lies if data.dtype != dtype]
+    if not problems:
+        return []
+    return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))]
+
+
+_REAL: dict = {}
+
+
+def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
+    """({operand locator: (dtype, is module state)}, [dtype of each output]) of the traced
+    harness: the real tensors the strategy describes, whatever dtype a check runs in.
+    Remembered per case object."""
+    return remembered(_REAL, id(case), case, lambda: _traced_operands(case), limit=256)
+
+
+def _traced_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
+    from shardverify.verify.reference import _meta_dtypes
+
+    traced, node_name = case.build()
+    node = next(n for n in traced.graph.nodes if n.name == node_name)
+    found = {loc: (arg.meta["tensor_meta"].dtype, arg.op == "get_attr")
+             for loc, arg in operand_nodes(node).items() if hasattr(arg.meta.get("tensor_meta"), "dtype")}
+    if node.op == "call_module":
+        module = traced.get_submodule(str(node.target))
+        found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})
+        found.update({("buffer", n): (b.dtype, True) for n, b in module.named_buffers()})
+    return found, _meta_dtypes(traced, node_name)
+
+
