@@ -131,3 +131,26 @@ def test_an_upward_import_is_named(tmp_path):
     graph = {"shardverify.sharding.mesh": {"shardverify.verify.engine"}, "shardverify.verify.engine": set()}
     (problem,) = upward_imports(graph)
     assert "shardverify.sharding.mesh" in problem and "shardverify.verify.engine" in problem
+
+
+def module_map() -> str:
+    """The module map block of docs/DESIGN.md."""
+    text = (PACKAGE.parent / "docs" / "DESIGN.md").read_text()
+    section = text.split("## Module map", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_the_module_map_matches_the_tree():
+    import re
+
+    block = module_map()
+    words = set(re.findall(r"[A-Za-z_][\w]*", block))
+    files = [p for p in PACKAGE.rglob("*.py") if "generated" not in p.parts and p.name != "__init__.py"]
+    unnamed = sorted(str(p.relative_to(PACKAGE)) for p in files if p.stem not in words)
+    rooms = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__" and (p.is_dir() or p.suffix == ".py")}
+    unlisted = sorted(r for r in rooms if not re.search(rf"^  {re.escape(r)}(/|\s)", block, re.M))
+    named = set(re.findall(r"([A-Za-z_]\w*)\.py\b", block))
+    stale = sorted(n for n in named if not any(p.stem == n for p in PACKAGE.rglob(f"{n}.py")))
+    assert not (unnamed or unlisted or stale), (
+        f"docs/DESIGN.md's module map is out of date: modules it does not name {unnamed}, top-level rooms "
+        f"not listed at the top level {unlisted}, files it names that do not exist {stale}")

@@ -16,7 +16,7 @@ HANDLER = register_handler(HandlerDef(
                     attribute=None, optional=False, element=None),
     ),
     params=(
-        ParamDecl(name='dims', index=1, keyword='dims', default=None),
+        ParamDecl(name='dims', index=1, keyword='dims', default=None, varargs=True),
     ),
     generator='rules',
     options=(('view', 'permute'), ('dims_param', 'dims')),
