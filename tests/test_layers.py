@@ -113,6 +113,20 @@ def test_no_import_circle():
     assert circle is None, "import circle: " + " -> ".join(circle)
 
 
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Room -> the other rooms its modules import."""
+    rooms: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        rooms.setdefault(room(name), set()).update(room(t) for t in targets if room(t) != room(name))
+    return rooms
+
+
+def test_no_circle_between_rooms():
+    """Rooms on one floor may import each other one way only, so the floors stay a drawing."""
+    circle = find_circle(room_graph(import_graph()))
+    assert circle is None, "rooms importing each other: " + " -> ".join(circle)
+
+
 def test_imports_run_downward():
     problems = upward_imports(import_graph())
     assert not problems, "imports that run up a floor:\n  " + "\n  ".join(problems)

@@ -9,16 +9,10 @@ from pathlib import Path
 
 from shardverify.audit.run import CaseAudit, audit_case
 
-__all__ = ["audit_generated_case", "assert_complete", "audit_meshes"]
+__all__ = ["audit_generated_case", "assert_complete"]
 
 _LOCK = threading.Lock()
 _SPECS: dict = {}
-
-
-def audit_meshes(meshes) -> list[tuple[int, ...]]:
-    """The meshes a generated audit test runs on: the spec's 1-D and 2-D ones (a 3-D audit of a
-    3-operand op takes minutes: run it with ``shardverify audit --mesh 2,2,2``)."""
-    return [tuple(mesh) for mesh in meshes if len(mesh) <= 2]
 
 
 def _spec(root: Path, spec_path: str):
