@@ -6,7 +6,6 @@ costs no resharding whatever the tensor's layout. Both the plan builder and the 
 
 from __future__ import annotations
 
-
 from torch import fx
 
 from shardverify.strategies.for_node import strategies_for_node
