@@ -17,6 +17,8 @@ CASE_IDS = [
     'torch.add-other_2.5',
     'torch.Tensor.add-other_True',
     'torch.Tensor.add-other_2.5',
+    'torch.ops.aten.add.Tensor-other_True',
+    'torch.ops.aten.add.Tensor-other_2.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

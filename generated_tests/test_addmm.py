@@ -40,10 +40,26 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='addmm',
+        target='torch.ops.aten.addmm.default',
+        inputs=(
+            InputDecl('input', (8,), 'float32'),
+            InputDecl('mat1', (8, 16), 'float32'),
+            InputDecl('mat2', (16, 8), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.addmm',
     'torch.Tensor.addmm',
+    'torch.ops.aten.addmm.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -69,6 +85,7 @@ def test_addmm_process(sv_backend, case, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 16, id='torch.addmm-mesh2x2'),
     pytest.param(1, (2, 2), 16, id='torch.Tensor.addmm-mesh2x2'),
+    pytest.param(2, (2, 2), 16, id='torch.ops.aten.addmm.default-mesh2x2'),
 ]
 
 

@@ -15,6 +15,7 @@ SPEC = 'specs/addmm.yaml'
 CASE_IDS = [
     'torch.addmm',
     'torch.Tensor.addmm',
+    'torch.ops.aten.addmm.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -114,6 +114,58 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='amax',
+        target='torch.ops.aten.amax.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', (0, 2)), ('keepdim', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='amax',
+        target='torch.ops.aten.amax.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', (0, 2)), ('keepdim', True)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='amax',
+        target='torch.ops.aten.amax.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', -1), ('keepdim', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='amax',
+        target='torch.ops.aten.amax.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', -1), ('keepdim', True)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.amax-dim_0.2-keepdim_False',
@@ -124,6 +176,10 @@ CASE_IDS = [
     'torch.Tensor.amax-dim_0.2-keepdim_True',
     'torch.Tensor.amax-dim_-1-keepdim_False',
     'torch.Tensor.amax-dim_-1-keepdim_True',
+    'torch.ops.aten.amax.default-dim_0.2-keepdim_False',
+    'torch.ops.aten.amax.default-dim_0.2-keepdim_True',
+    'torch.ops.aten.amax.default-dim_-1-keepdim_False',
+    'torch.ops.aten.amax.default-dim_-1-keepdim_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -155,6 +211,10 @@ STRATEGY_COUNTS = [
     pytest.param(5, (2, 2), 16, id='torch.Tensor.amax-dim_0.2-keepdim_True-mesh2x2'),
     pytest.param(6, (2, 2), 16, id='torch.Tensor.amax-dim_-1-keepdim_False-mesh2x2'),
     pytest.param(7, (2, 2), 16, id='torch.Tensor.amax-dim_-1-keepdim_True-mesh2x2'),
+    pytest.param(8, (2, 2), 16, id='torch.ops.aten.amax.default-dim_0.2-keepdim_False-mesh2x2'),
+    pytest.param(9, (2, 2), 16, id='torch.ops.aten.amax.default-dim_0.2-keepdim_True-mesh2x2'),
+    pytest.param(10, (2, 2), 16, id='torch.ops.aten.amax.default-dim_-1-keepdim_False-mesh2x2'),
+    pytest.param(11, (2, 2), 16, id='torch.ops.aten.amax.default-dim_-1-keepdim_True-mesh2x2'),
 ]
 
 

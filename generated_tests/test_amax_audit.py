@@ -21,6 +21,10 @@ CASE_IDS = [
     'torch.Tensor.amax-dim_0.2-keepdim_True',
     'torch.Tensor.amax-dim_-1-keepdim_False',
     'torch.Tensor.amax-dim_-1-keepdim_True',
+    'torch.ops.aten.amax.default-dim_0.2-keepdim_False',
+    'torch.ops.aten.amax.default-dim_0.2-keepdim_True',
+    'torch.ops.aten.amax.default-dim_-1-keepdim_False',
+    'torch.ops.aten.amax.default-dim_-1-keepdim_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

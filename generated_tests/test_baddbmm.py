@@ -40,10 +40,26 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='baddbmm',
+        target='torch.ops.aten.baddbmm.default',
+        inputs=(
+            InputDecl('input', (4, 8, 8), 'float32'),
+            InputDecl('batch1', (4, 8, 16), 'float32'),
+            InputDecl('batch2', (4, 16, 8), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.baddbmm',
     'torch.Tensor.baddbmm',
+    'torch.ops.aten.baddbmm.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -69,6 +85,7 @@ def test_baddbmm_process(sv_backend, case, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 25, id='torch.baddbmm-mesh2x2'),
     pytest.param(1, (2, 2), 25, id='torch.Tensor.baddbmm-mesh2x2'),
+    pytest.param(2, (2, 2), 25, id='torch.ops.aten.baddbmm.default-mesh2x2'),
 ]
 
 

@@ -15,6 +15,7 @@ SPEC = 'specs/baddbmm.yaml'
 CASE_IDS = [
     'torch.baddbmm',
     'torch.Tensor.baddbmm',
+    'torch.ops.aten.baddbmm.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

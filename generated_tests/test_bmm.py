@@ -38,10 +38,25 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='bmm',
+        target='torch.ops.aten.bmm.default',
+        inputs=(
+            InputDecl('input', (4, 8, 16), 'float32'),
+            InputDecl('mat2', (4, 16, 8), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.bmm',
     'torch.Tensor.bmm',
+    'torch.ops.aten.bmm.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -67,6 +82,7 @@ def test_bmm_process(sv_backend, case, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 25, id='torch.bmm-mesh2x2'),
     pytest.param(1, (2, 2), 25, id='torch.Tensor.bmm-mesh2x2'),
+    pytest.param(2, (2, 2), 25, id='torch.ops.aten.bmm.default-mesh2x2'),
 ]
 
 

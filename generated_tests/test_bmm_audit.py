@@ -15,6 +15,7 @@ SPEC = 'specs/bmm.yaml'
 CASE_IDS = [
     'torch.bmm',
     'torch.Tensor.bmm',
+    'torch.ops.aten.bmm.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -163,6 +163,57 @@ CASES = [
             CallArg('list', ('a', 'b')),
         ),
     ),
+    OpCase(
+        op='cat',
+        target='torch.ops.aten.cat.default',
+        inputs=(
+            InputDecl('a', (8, 4, 16), 'float32'),
+            InputDecl('b', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 0),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('list', ('a', 'b')),
+        ),
+    ),
+    OpCase(
+        op='cat',
+        target='torch.ops.aten.cat.default',
+        inputs=(
+            InputDecl('a', (8, 4, 16), 'float32'),
+            InputDecl('b', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('list', ('a', 'b')),
+        ),
+    ),
+    OpCase(
+        op='cat',
+        target='torch.ops.aten.cat.default',
+        inputs=(
+            InputDecl('a', (8, 4, 16), 'float32'),
+            InputDecl('b', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', -1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('list', ('a', 'b')),
+        ),
+    ),
 ]
 CASE_IDS = [
     'torch.cat-dim_0',
@@ -174,6 +225,9 @@ CASE_IDS = [
     'torch.concatenate-dim_0',
     'torch.concatenate-dim_1',
     'torch.concatenate-dim_-1',
+    'torch.ops.aten.cat.default-dim_0',
+    'torch.ops.aten.cat.default-dim_1',
+    'torch.ops.aten.cat.default-dim_-1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -200,6 +254,7 @@ STRATEGY_COUNTS = [
     pytest.param(1, (2, 2), 9, id='torch.cat-dim_1-mesh2x2'),
     pytest.param(4, (2, 2), 9, id='torch.concat-dim_1-mesh2x2'),
     pytest.param(7, (2, 2), 9, id='torch.concatenate-dim_1-mesh2x2'),
+    pytest.param(10, (2, 2), 9, id='torch.ops.aten.cat.default-dim_1-mesh2x2'),
 ]
 
 

@@ -22,6 +22,9 @@ CASE_IDS = [
     'torch.concatenate-dim_0',
     'torch.concatenate-dim_1',
     'torch.concatenate-dim_-1',
+    'torch.ops.aten.cat.default-dim_0',
+    'torch.ops.aten.cat.default-dim_1',
+    'torch.ops.aten.cat.default-dim_-1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

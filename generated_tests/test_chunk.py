@@ -62,12 +62,40 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='chunk',
+        target='torch.ops.aten.chunk.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('chunks', 2), ('dim', 0)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='chunk',
+        target='torch.ops.aten.chunk.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('chunks', 2), ('dim', -1)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.chunk-chunks_2-dim_0',
     'torch.chunk-chunks_2-dim_-1',
     'torch.Tensor.chunk-chunks_2-dim_0',
     'torch.Tensor.chunk-chunks_2-dim_-1',
+    'torch.ops.aten.chunk.default-chunks_2-dim_0',
+    'torch.ops.aten.chunk.default-chunks_2-dim_-1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

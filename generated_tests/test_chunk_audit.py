@@ -17,6 +17,8 @@ CASE_IDS = [
     'torch.chunk-chunks_2-dim_-1',
     'torch.Tensor.chunk-chunks_2-dim_0',
     'torch.Tensor.chunk-chunks_2-dim_-1',
+    'torch.ops.aten.chunk.default-chunks_2-dim_0',
+    'torch.ops.aten.chunk.default-chunks_2-dim_-1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -17,6 +17,8 @@ CASE_IDS = [
     'torch.div-other_2.5',
     'torch.Tensor.div-other_True',
     'torch.Tensor.div-other_2.5',
+    'torch.ops.aten.div.Tensor-other_True',
+    'torch.ops.aten.div.Tensor-other_2.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

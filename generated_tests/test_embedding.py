@@ -37,10 +37,25 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='embedding',
+        target='torch.ops.aten.embedding.default',
+        inputs=(
+            InputDecl('weight', (16, 16), 'float32'),
+            InputDecl('input', (8, 8), 'int64'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.nn.functional.embedding',
     'torch.nn.Embedding',
+    'torch.ops.aten.embedding.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -66,6 +81,7 @@ def test_embedding_process(sv_backend, case, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 25, id='torch.nn.functional.embedding-mesh2x2'),
     pytest.param(1, (2, 2), 25, id='torch.nn.Embedding-mesh2x2'),
+    pytest.param(2, (2, 2), 25, id='torch.ops.aten.embedding.default-mesh2x2'),
 ]
 
 

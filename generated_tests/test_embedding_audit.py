@@ -15,6 +15,7 @@ SPEC = 'specs/embedding.yaml'
 CASE_IDS = [
     'torch.nn.functional.embedding',
     'torch.nn.Embedding',
+    'torch.ops.aten.embedding.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -88,6 +88,32 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='flatten',
+        target='torch.ops.aten.flatten.using_ints',
+        inputs=(
+            InputDecl('input', (8, 4, 4, 8), 'float32'),
+        ),
+        params=(('start_dim', 1), ('end_dim', -1)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='flatten',
+        target='torch.ops.aten.flatten.using_ints',
+        inputs=(
+            InputDecl('input', (8, 4, 4, 8), 'float32'),
+        ),
+        params=(('start_dim', 1), ('end_dim', 2)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.flatten-start_dim_1-end_dim_-1',
@@ -96,6 +122,8 @@ CASE_IDS = [
     'torch.Tensor.flatten-start_dim_1-end_dim_2',
     'torch.nn.Flatten-start_dim_1-end_dim_-1',
     'torch.nn.Flatten-start_dim_1-end_dim_2',
+    'torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_-1',
+    'torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

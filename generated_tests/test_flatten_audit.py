@@ -19,6 +19,8 @@ CASE_IDS = [
     'torch.Tensor.flatten-start_dim_1-end_dim_2',
     'torch.nn.Flatten-start_dim_1-end_dim_-1',
     'torch.nn.Flatten-start_dim_1-end_dim_2',
+    'torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_-1',
+    'torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

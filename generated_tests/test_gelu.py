@@ -62,12 +62,40 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='gelu',
+        target='torch.ops.aten.gelu.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('approximate', 'none'),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='gelu',
+        target='torch.ops.aten.gelu.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('approximate', 'tanh'),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.nn.functional.gelu-approximate_none',
     'torch.nn.functional.gelu-approximate_tanh',
     'torch.nn.GELU-approximate_none',
     'torch.nn.GELU-approximate_tanh',
+    'torch.ops.aten.gelu.default-approximate_none',
+    'torch.ops.aten.gelu.default-approximate_tanh',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -95,6 +123,8 @@ STRATEGY_COUNTS = [
     pytest.param(1, (2, 2), 16, id='torch.nn.functional.gelu-approximate_tanh-mesh2x2'),
     pytest.param(2, (2, 2), 16, id='torch.nn.GELU-approximate_none-mesh2x2'),
     pytest.param(3, (2, 2), 16, id='torch.nn.GELU-approximate_tanh-mesh2x2'),
+    pytest.param(4, (2, 2), 16, id='torch.ops.aten.gelu.default-approximate_none-mesh2x2'),
+    pytest.param(5, (2, 2), 16, id='torch.ops.aten.gelu.default-approximate_tanh-mesh2x2'),
 ]
 
 

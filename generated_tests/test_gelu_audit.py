@@ -17,6 +17,8 @@ CASE_IDS = [
     'torch.nn.functional.gelu-approximate_tanh',
     'torch.nn.GELU-approximate_none',
     'torch.nn.GELU-approximate_tanh',
+    'torch.ops.aten.gelu.default-approximate_none',
+    'torch.ops.aten.gelu.default-approximate_tanh',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -48,10 +48,30 @@ CASES = [
             CallArg('tensor', 'index'),
         ),
     ),
+    OpCase(
+        op='index_select',
+        target='torch.ops.aten.index_select.default',
+        inputs=(
+            InputDecl('input', (16, 8), 'float32'),
+            InputDecl('index', (8,), 'int64'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', 0),
+            CallArg('tensor', 'index'),
+        ),
+    ),
 ]
 CASE_IDS = [
     'torch.index_select-dim_0',
     'torch.Tensor.index_select-dim_0',
+    'torch.ops.aten.index_select.default-dim_0',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -77,6 +97,7 @@ def test_index_select_process(sv_backend, case, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 16, id='torch.index_select-dim_0-mesh2x2'),
     pytest.param(1, (2, 2), 16, id='torch.Tensor.index_select-dim_0-mesh2x2'),
+    pytest.param(2, (2, 2), 16, id='torch.ops.aten.index_select.default-dim_0-mesh2x2'),
 ]
 
 

@@ -15,6 +15,7 @@ SPEC = 'specs/index_select.yaml'
 CASE_IDS = [
     'torch.index_select-dim_0',
     'torch.Tensor.index_select-dim_0',
+    'torch.ops.aten.index_select.default-dim_0',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

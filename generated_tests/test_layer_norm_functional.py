@@ -83,12 +83,89 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='layer_norm_functional',
+        target='torch.ops.aten.layer_norm.default',
+        inputs=(
+            InputDecl('input', (8, 8, 16), 'float32'),
+            InputDecl('weight', (8, 16), 'float32'),
+            InputDecl('bias', (8, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', (8, 16)),
+            CallArg('tensor', 'weight'),
+            CallArg('tensor', 'bias'),
+        ),
+    ),
+    OpCase(
+        op='layer_norm_functional',
+        target='torch.ops.aten.layer_norm.default',
+        inputs=(
+            InputDecl('input', (8, 8, 16), 'float32'),
+            InputDecl('weight', (8, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', (8, 16)),
+            CallArg('tensor', 'weight'),
+        ),
+    ),
+    OpCase(
+        op='layer_norm_functional',
+        target='torch.ops.aten.layer_norm.default',
+        inputs=(
+            InputDecl('input', (8, 8, 16), 'float32'),
+            InputDecl('bias', (8, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', (8, 16)),
+            CallArg('value', None),
+            CallArg('tensor', 'bias'),
+        ),
+    ),
+    OpCase(
+        op='layer_norm_functional',
+        target='torch.ops.aten.layer_norm.default',
+        inputs=(
+            InputDecl('input', (8, 8, 16), 'float32'),
+        ),
+        params=(('normalized_shape', (8, 16)),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_True',
     'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False',
     'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_True',
     'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False',
+    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_True',
+    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_False',
+    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_True',
+    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_False',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -116,6 +193,10 @@ STRATEGY_COUNTS = [
     pytest.param(1, (2, 2), 4, id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False-mesh2x2'),
     pytest.param(2, (2, 2), 4, id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_True-mesh2x2'),
     pytest.param(3, (2, 2), 4, id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False-mesh2x2'),
+    pytest.param(4, (2, 2), 4, id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_True-mesh2x2'),
+    pytest.param(5, (2, 2), 4, id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_False-mesh2x2'),
+    pytest.param(6, (2, 2), 4, id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_True-mesh2x2'),
+    pytest.param(7, (2, 2), 4, id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_False-mesh2x2'),
 ]
 
 

@@ -17,6 +17,10 @@ CASE_IDS = [
     'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False',
     'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_True',
     'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False',
+    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_True',
+    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_False',
+    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_True',
+    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_False',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -114,6 +114,32 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='log_softmax',
+        target='torch.ops.aten.log_softmax.int',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', -1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='log_softmax',
+        target='torch.ops.aten.log_softmax.int',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.log_softmax-dim_-1',
@@ -124,6 +150,8 @@ CASE_IDS = [
     'torch.Tensor.log_softmax-dim_1',
     'torch.nn.LogSoftmax-dim_-1',
     'torch.nn.LogSoftmax-dim_1',
+    'torch.ops.aten.log_softmax.int-dim_-1',
+    'torch.ops.aten.log_softmax.int-dim_1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -155,6 +183,8 @@ STRATEGY_COUNTS = [
     pytest.param(5, (2, 2), 9, id='torch.Tensor.log_softmax-dim_1-mesh2x2'),
     pytest.param(6, (2, 2), 9, id='torch.nn.LogSoftmax-dim_-1-mesh2x2'),
     pytest.param(7, (2, 2), 9, id='torch.nn.LogSoftmax-dim_1-mesh2x2'),
+    pytest.param(8, (2, 2), 9, id='torch.ops.aten.log_softmax.int-dim_-1-mesh2x2'),
+    pytest.param(9, (2, 2), 9, id='torch.ops.aten.log_softmax.int-dim_1-mesh2x2'),
 ]
 
 

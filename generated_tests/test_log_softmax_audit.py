@@ -21,6 +21,8 @@ CASE_IDS = [
     'torch.Tensor.log_softmax-dim_1',
     'torch.nn.LogSoftmax-dim_-1',
     'torch.nn.LogSoftmax-dim_1',
+    'torch.ops.aten.log_softmax.int-dim_-1',
+    'torch.ops.aten.log_softmax.int-dim_1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

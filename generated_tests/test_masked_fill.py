@@ -38,10 +38,25 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='masked_fill',
+        target='torch.ops.aten.masked_fill.Scalar',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+            InputDecl('mask', (4, 1), 'bool'),
+        ),
+        params=(('value', -1.5),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.masked_fill-value_-1.5',
     'torch.Tensor.masked_fill-value_-1.5',
+    'torch.ops.aten.masked_fill.Scalar-value_-1.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -15,6 +15,7 @@ SPEC = 'specs/masked_fill.yaml'
 CASE_IDS = [
     'torch.masked_fill-value_-1.5',
     'torch.Tensor.masked_fill-value_-1.5',
+    'torch.ops.aten.masked_fill.Scalar-value_-1.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -38,10 +38,25 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='matmul',
+        target='torch.ops.aten.matmul.default',
+        inputs=(
+            InputDecl('input', (4, 8, 16), 'float32'),
+            InputDecl('other', (16, 8), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.matmul',
     'torch.Tensor.matmul',
+    'torch.ops.aten.matmul.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -67,6 +82,7 @@ def test_matmul_process(sv_backend, case, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 25, id='torch.matmul-mesh2x2'),
     pytest.param(1, (2, 2), 25, id='torch.Tensor.matmul-mesh2x2'),
+    pytest.param(2, (2, 2), 25, id='torch.ops.aten.matmul.default-mesh2x2'),
 ]
 
 

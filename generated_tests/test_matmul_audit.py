@@ -15,6 +15,7 @@ SPEC = 'specs/matmul.yaml'
 CASE_IDS = [
     'torch.matmul',
     'torch.Tensor.matmul',
+    'torch.ops.aten.matmul.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

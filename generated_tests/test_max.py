@@ -114,6 +114,58 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='max',
+        target='torch.ops.aten.max.dim',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 1), ('keepdim', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='max',
+        target='torch.ops.aten.max.dim',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 1), ('keepdim', True)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='max',
+        target='torch.ops.aten.max.dim',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', -1), ('keepdim', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='max',
+        target='torch.ops.aten.max.dim',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', -1), ('keepdim', True)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.max-dim_1-keepdim_False',
@@ -124,6 +176,10 @@ CASE_IDS = [
     'torch.Tensor.max-dim_1-keepdim_True',
     'torch.Tensor.max-dim_-1-keepdim_False',
     'torch.Tensor.max-dim_-1-keepdim_True',
+    'torch.ops.aten.max.dim-dim_1-keepdim_False',
+    'torch.ops.aten.max.dim-dim_1-keepdim_True',
+    'torch.ops.aten.max.dim-dim_-1-keepdim_False',
+    'torch.ops.aten.max.dim-dim_-1-keepdim_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -21,6 +21,10 @@ CASE_IDS = [
     'torch.Tensor.max-dim_1-keepdim_True',
     'torch.Tensor.max-dim_-1-keepdim_False',
     'torch.Tensor.max-dim_-1-keepdim_True',
+    'torch.ops.aten.max.dim-dim_1-keepdim_False',
+    'torch.ops.aten.max.dim-dim_1-keepdim_True',
+    'torch.ops.aten.max.dim-dim_-1-keepdim_False',
+    'torch.ops.aten.max.dim-dim_-1-keepdim_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

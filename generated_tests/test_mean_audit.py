@@ -21,6 +21,10 @@ CASE_IDS = [
     'torch.Tensor.mean-dim_0.2-keepdim_True',
     'torch.Tensor.mean-dim_-1-keepdim_False',
     'torch.Tensor.mean-dim_-1-keepdim_True',
+    'torch.ops.aten.mean.dim-dim_0.2-keepdim_False',
+    'torch.ops.aten.mean.dim-dim_0.2-keepdim_True',
+    'torch.ops.aten.mean.dim-dim_-1-keepdim_False',
+    'torch.ops.aten.mean.dim-dim_-1-keepdim_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

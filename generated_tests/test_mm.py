@@ -38,10 +38,25 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='mm',
+        target='torch.ops.aten.mm.default',
+        inputs=(
+            InputDecl('input', (8, 16), 'float32'),
+            InputDecl('mat2', (16, 8), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.mm',
     'torch.Tensor.mm',
+    'torch.ops.aten.mm.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -15,6 +15,7 @@ SPEC = 'specs/mm.yaml'
 CASE_IDS = [
     'torch.mm',
     'torch.Tensor.mm',
+    'torch.ops.aten.mm.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -17,6 +17,8 @@ CASE_IDS = [
     'torch.mul-other_2.5',
     'torch.Tensor.mul-other_True',
     'torch.Tensor.mul-other_2.5',
+    'torch.ops.aten.mul.Tensor-other_True',
+    'torch.ops.aten.mul.Tensor-other_2.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

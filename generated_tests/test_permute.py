@@ -36,10 +36,24 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='permute',
+        target='torch.ops.aten.permute.default',
+        inputs=(
+            InputDecl('input', (8, 16, 8), 'float32'),
+        ),
+        params=(('dims', (2, 0, 1)),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.permute-dims_2.0.1',
     'torch.Tensor.permute-dims_2.0.1',
+    'torch.ops.aten.permute.default-dims_2.0.1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -65,6 +79,7 @@ def test_permute_process(sv_backend, case, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 16, id='torch.permute-dims_2.0.1-mesh2x2'),
     pytest.param(1, (2, 2), 16, id='torch.Tensor.permute-dims_2.0.1-mesh2x2'),
+    pytest.param(2, (2, 2), 16, id='torch.ops.aten.permute.default-dims_2.0.1-mesh2x2'),
 ]
 
 

@@ -15,6 +15,7 @@ SPEC = 'specs/permute.yaml'
 CASE_IDS = [
     'torch.permute-dims_2.0.1',
     'torch.Tensor.permute-dims_2.0.1',
+    'torch.ops.aten.permute.default-dims_2.0.1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -62,12 +62,26 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='relu',
+        target='torch.ops.aten.relu.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.relu',
     'torch.Tensor.relu',
     'torch.nn.functional.relu',
     'torch.nn.ReLU',
+    'torch.ops.aten.relu.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -95,6 +109,7 @@ STRATEGY_COUNTS = [
     pytest.param(1, (2, 2), 16, id='torch.Tensor.relu-mesh2x2'),
     pytest.param(2, (2, 2), 16, id='torch.nn.functional.relu-mesh2x2'),
     pytest.param(3, (2, 2), 16, id='torch.nn.ReLU-mesh2x2'),
+    pytest.param(4, (2, 2), 16, id='torch.ops.aten.relu.default-mesh2x2'),
 ]
 
 

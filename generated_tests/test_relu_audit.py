@@ -17,6 +17,7 @@ CASE_IDS = [
     'torch.Tensor.relu',
     'torch.nn.functional.relu',
     'torch.nn.ReLU',
+    'torch.ops.aten.relu.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

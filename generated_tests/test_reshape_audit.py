@@ -25,6 +25,12 @@ CASE_IDS = [
     'torch.Tensor.reshape-shape_4.2.4.16',
     'torch.Tensor.reshape-shape_4.8.16',
     'torch.Tensor.reshape-shape_-1.16',
+    'torch.ops.aten.reshape.default-shape_32.16',
+    'torch.ops.aten.reshape.default-shape_8.64',
+    'torch.ops.aten.reshape.default-shape_8.4.4.4',
+    'torch.ops.aten.reshape.default-shape_4.2.4.16',
+    'torch.ops.aten.reshape.default-shape_4.8.16',
+    'torch.ops.aten.reshape.default-shape_-1.16',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

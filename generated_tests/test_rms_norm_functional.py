@@ -42,10 +42,44 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='rms_norm_functional',
+        target='torch.ops.aten.rms_norm.default',
+        inputs=(
+            InputDecl('input', (8, 8, 16), 'float32'),
+            InputDecl('weight', (8, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', (8, 16)),
+            CallArg('tensor', 'weight'),
+        ),
+    ),
+    OpCase(
+        op='rms_norm_functional',
+        target='torch.ops.aten.rms_norm.default',
+        inputs=(
+            InputDecl('input', (8, 8, 16), 'float32'),
+        ),
+        params=(('normalized_shape', (8, 16)),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.nn.functional.rms_norm-normalized_shape_8.16-weight_True',
     'torch.nn.functional.rms_norm-normalized_shape_8.16-weight_False',
+    'torch.ops.aten.rms_norm.default-normalized_shape_8.16-weight_True',
+    'torch.ops.aten.rms_norm.default-normalized_shape_8.16-weight_False',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -71,6 +105,8 @@ def test_rms_norm_functional_process(sv_backend, case, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 4, id='torch.nn.functional.rms_norm-normalized_shape_8.16-weight_True-mesh2x2'),
     pytest.param(1, (2, 2), 4, id='torch.nn.functional.rms_norm-normalized_shape_8.16-weight_False-mesh2x2'),
+    pytest.param(2, (2, 2), 4, id='torch.ops.aten.rms_norm.default-normalized_shape_8.16-weight_True-mesh2x2'),
+    pytest.param(3, (2, 2), 4, id='torch.ops.aten.rms_norm.default-normalized_shape_8.16-weight_False-mesh2x2'),
 ]
 
 

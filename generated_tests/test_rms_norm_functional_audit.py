@@ -15,6 +15,8 @@ SPEC = 'specs/rms_norm_functional.yaml'
 CASE_IDS = [
     'torch.nn.functional.rms_norm-normalized_shape_8.16-weight_True',
     'torch.nn.functional.rms_norm-normalized_shape_8.16-weight_False',
+    'torch.ops.aten.rms_norm.default-normalized_shape_8.16-weight_True',
+    'torch.ops.aten.rms_norm.default-normalized_shape_8.16-weight_False',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -15,6 +15,8 @@ SPEC = 'specs/scaled_dot_product_attention.yaml'
 CASE_IDS = [
     'torch.nn.functional.scaled_dot_product_attention-scale_None',
     'torch.nn.functional.scaled_dot_product_attention-scale_0.5',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_None',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_0.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

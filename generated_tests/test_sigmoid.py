@@ -62,12 +62,26 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='sigmoid',
+        target='torch.ops.aten.sigmoid.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.sigmoid',
     'torch.Tensor.sigmoid',
     'torch.nn.functional.sigmoid',
     'torch.nn.Sigmoid',
+    'torch.ops.aten.sigmoid.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -95,6 +109,7 @@ STRATEGY_COUNTS = [
     pytest.param(1, (2, 2), 16, id='torch.Tensor.sigmoid-mesh2x2'),
     pytest.param(2, (2, 2), 16, id='torch.nn.functional.sigmoid-mesh2x2'),
     pytest.param(3, (2, 2), 16, id='torch.nn.Sigmoid-mesh2x2'),
+    pytest.param(4, (2, 2), 16, id='torch.ops.aten.sigmoid.default-mesh2x2'),
 ]
 
 

@@ -17,6 +17,7 @@ CASE_IDS = [
     'torch.Tensor.sigmoid',
     'torch.nn.functional.sigmoid',
     'torch.nn.Sigmoid',
+    'torch.ops.aten.sigmoid.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

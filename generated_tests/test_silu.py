@@ -36,10 +36,24 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='silu',
+        target='torch.ops.aten.silu.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.nn.functional.silu',
     'torch.nn.SiLU',
+    'torch.ops.aten.silu.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -65,6 +79,7 @@ def test_silu_process(sv_backend, case, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 16, id='torch.nn.functional.silu-mesh2x2'),
     pytest.param(1, (2, 2), 16, id='torch.nn.SiLU-mesh2x2'),
+    pytest.param(2, (2, 2), 16, id='torch.ops.aten.silu.default-mesh2x2'),
 ]
 
 

@@ -15,6 +15,7 @@ SPEC = 'specs/silu.yaml'
 CASE_IDS = [
     'torch.nn.functional.silu',
     'torch.nn.SiLU',
+    'torch.ops.aten.silu.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

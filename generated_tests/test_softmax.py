@@ -114,6 +114,32 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='softmax',
+        target='torch.ops.aten.softmax.int',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', -1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='softmax',
+        target='torch.ops.aten.softmax.int',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.softmax-dim_-1',
@@ -124,6 +150,8 @@ CASE_IDS = [
     'torch.Tensor.softmax-dim_1',
     'torch.nn.Softmax-dim_-1',
     'torch.nn.Softmax-dim_1',
+    'torch.ops.aten.softmax.int-dim_-1',
+    'torch.ops.aten.softmax.int-dim_1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -21,6 +21,8 @@ CASE_IDS = [
     'torch.Tensor.softmax-dim_1',
     'torch.nn.Softmax-dim_-1',
     'torch.nn.Softmax-dim_1',
+    'torch.ops.aten.softmax.int-dim_-1',
+    'torch.ops.aten.softmax.int-dim_1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

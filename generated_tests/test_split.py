@@ -23,9 +23,23 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='split',
+        target='torch.ops.aten.split.Tensor',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('split_size', 8), ('dim', 2)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.split-split_size_or_sections_8-dim_2',
+    'torch.ops.aten.split.Tensor-split_size_or_sections_8-dim_2',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/split.yaml'
 CASE_IDS = [
     'torch.split-split_size_or_sections_8-dim_2',
+    'torch.ops.aten.split.Tensor-split_size_or_sections_8-dim_2',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

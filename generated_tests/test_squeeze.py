@@ -62,12 +62,40 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='squeeze',
+        target='torch.ops.aten.squeeze.dim',
+        inputs=(
+            InputDecl('input', (8, 1, 16), 'float32'),
+        ),
+        params=(('dim', 1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='squeeze',
+        target='torch.ops.aten.squeeze.dims',
+        inputs=(
+            InputDecl('input', (8, 1, 16), 'float32'),
+        ),
+        params=(('dim', (1, 2)),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.squeeze-dim_1',
     'torch.squeeze-dim_1.2',
     'torch.Tensor.squeeze-dim_1',
     'torch.Tensor.squeeze-dim_1.2',
+    'torch.ops.aten.squeeze.dim-dim_1',
+    'torch.ops.aten.squeeze.dims-dim_1.2',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -17,6 +17,8 @@ CASE_IDS = [
     'torch.squeeze-dim_1.2',
     'torch.Tensor.squeeze-dim_1',
     'torch.Tensor.squeeze-dim_1.2',
+    'torch.ops.aten.squeeze.dim-dim_1',
+    'torch.ops.aten.squeeze.dims-dim_1.2',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -62,12 +62,26 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='tanh',
+        target='torch.ops.aten.tanh.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.tanh',
     'torch.Tensor.tanh',
     'torch.nn.functional.tanh',
     'torch.nn.Tanh',
+    'torch.ops.aten.tanh.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -95,6 +109,7 @@ STRATEGY_COUNTS = [
     pytest.param(1, (2, 2), 16, id='torch.Tensor.tanh-mesh2x2'),
     pytest.param(2, (2, 2), 16, id='torch.nn.functional.tanh-mesh2x2'),
     pytest.param(3, (2, 2), 16, id='torch.nn.Tanh-mesh2x2'),
+    pytest.param(4, (2, 2), 16, id='torch.ops.aten.tanh.default-mesh2x2'),
 ]
 
 

@@ -17,6 +17,7 @@ CASE_IDS = [
     'torch.Tensor.tanh',
     'torch.nn.functional.tanh',
     'torch.nn.Tanh',
+    'torch.ops.aten.tanh.default',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

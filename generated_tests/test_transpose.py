@@ -62,12 +62,40 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='transpose',
+        target='torch.ops.aten.transpose.int',
+        inputs=(
+            InputDecl('input', (8, 16, 8), 'float32'),
+        ),
+        params=(('dim0', 0), ('dim1', -1)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='transpose',
+        target='torch.ops.aten.transpose.int',
+        inputs=(
+            InputDecl('input', (8, 16, 8), 'float32'),
+        ),
+        params=(('dim0', 0), ('dim1', 1)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.transpose-dim0_0-dim1_-1',
     'torch.transpose-dim0_0-dim1_1',
     'torch.Tensor.transpose-dim0_0-dim1_-1',
     'torch.Tensor.transpose-dim0_0-dim1_1',
+    'torch.ops.aten.transpose.int-dim0_0-dim1_-1',
+    'torch.ops.aten.transpose.int-dim0_0-dim1_1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -17,6 +17,8 @@ CASE_IDS = [
     'torch.transpose-dim0_0-dim1_1',
     'torch.Tensor.transpose-dim0_0-dim1_-1',
     'torch.Tensor.transpose-dim0_0-dim1_1',
+    'torch.ops.aten.transpose.int-dim0_0-dim1_-1',
+    'torch.ops.aten.transpose.int-dim0_0-dim1_1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -25,6 +25,12 @@ CASE_IDS = [
     'torch.Tensor.unflatten-dim_-1-sizes_4.4',
     'torch.Tensor.unflatten-dim_-1-sizes_8.-1',
     'torch.Tensor.unflatten-dim_-1-sizes_2.2.4',
+    'torch.ops.aten.unflatten.int-dim_0-sizes_4.4',
+    'torch.ops.aten.unflatten.int-dim_0-sizes_8.-1',
+    'torch.ops.aten.unflatten.int-dim_0-sizes_2.2.4',
+    'torch.ops.aten.unflatten.int-dim_-1-sizes_4.4',
+    'torch.ops.aten.unflatten.int-dim_-1-sizes_8.-1',
+    'torch.ops.aten.unflatten.int-dim_-1-sizes_2.2.4',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -62,12 +62,40 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='unsqueeze',
+        target='torch.ops.aten.unsqueeze.default',
+        inputs=(
+            InputDecl('input', (8, 16), 'float32'),
+        ),
+        params=(('dim', 1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='unsqueeze',
+        target='torch.ops.aten.unsqueeze.default',
+        inputs=(
+            InputDecl('input', (8, 16), 'float32'),
+        ),
+        params=(('dim', -1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.unsqueeze-dim_1',
     'torch.unsqueeze-dim_-1',
     'torch.Tensor.unsqueeze-dim_1',
     'torch.Tensor.unsqueeze-dim_-1',
+    'torch.ops.aten.unsqueeze.default-dim_1',
+    'torch.ops.aten.unsqueeze.default-dim_-1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -95,6 +123,8 @@ STRATEGY_COUNTS = [
     pytest.param(1, (2, 2), 9, id='torch.unsqueeze-dim_-1-mesh2x2'),
     pytest.param(2, (2, 2), 9, id='torch.Tensor.unsqueeze-dim_1-mesh2x2'),
     pytest.param(3, (2, 2), 9, id='torch.Tensor.unsqueeze-dim_-1-mesh2x2'),
+    pytest.param(4, (2, 2), 9, id='torch.ops.aten.unsqueeze.default-dim_1-mesh2x2'),
+    pytest.param(5, (2, 2), 9, id='torch.ops.aten.unsqueeze.default-dim_-1-mesh2x2'),
 ]
 
 

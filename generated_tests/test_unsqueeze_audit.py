@@ -17,6 +17,8 @@ CASE_IDS = [
     'torch.unsqueeze-dim_-1',
     'torch.Tensor.unsqueeze-dim_1',
     'torch.Tensor.unsqueeze-dim_-1',
+    'torch.ops.aten.unsqueeze.default-dim_1',
+    'torch.ops.aten.unsqueeze.default-dim_-1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

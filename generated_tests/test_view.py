@@ -49,11 +49,53 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='view',
+        target='torch.ops.aten.view.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('size', (32, 16)),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='view',
+        target='torch.ops.aten.view.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('size', (8, 4, 2, 8)),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='view',
+        target='torch.ops.aten.view.default',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('size', (8, -1)),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.Tensor.view-size_32.16',
     'torch.Tensor.view-size_8.4.2.8',
     'torch.Tensor.view-size_8.-1',
+    'torch.ops.aten.view.default-size_32.16',
+    'torch.ops.aten.view.default-size_8.4.2.8',
+    'torch.ops.aten.view.default-size_8.-1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

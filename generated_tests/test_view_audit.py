@@ -16,6 +16,9 @@ CASE_IDS = [
     'torch.Tensor.view-size_32.16',
     'torch.Tensor.view-size_8.4.2.8',
     'torch.Tensor.view-size_8.-1',
+    'torch.ops.aten.view.default-size_32.16',
+    'torch.ops.aten.view.default-size_8.4.2.8',
+    'torch.ops.aten.view.default-size_8.-1',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -25,9 +25,25 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='where',
+        target='torch.ops.aten.where.self',
+        inputs=(
+            InputDecl('condition', (8, 1, 16), 'bool'),
+            InputDecl('input', (8, 4, 16), 'float32'),
+            InputDecl('other', (16,), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.where',
+    'torch.ops.aten.where.self',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

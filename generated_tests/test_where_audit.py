@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/where.yaml'
 CASE_IDS = [
     'torch.where',
+    'torch.ops.aten.where.self',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -82,20 +82,31 @@ def spec_handler(spec):
     so a spec on disk (or a test's planted one) is audited as written."""
     from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl
 
+    def operands(specs) -> tuple:
+        return tuple(OperandDecl(o.role, o.kind, o.index, o.keyword, o.attribute, o.optional, o.element)
+                     for o in specs)
+
+    def params(specs) -> tuple:
+        return tuple(ParamDecl(p.name, p.index, p.keyword, p.default, p.varargs) for p in specs)
+
     return HandlerDef(
-        name=spec.name, targets=tuple(t.name for t in spec.targets),
-        operands=tuple(OperandDecl(o.role, o.kind, o.index, o.keyword, o.attribute, o.optional, o.element)
-                       for o in spec.operands),
-        params=tuple(ParamDecl(p.name, p.index, p.keyword, p.default, p.varargs) for p in spec.params),
-        generator=spec.generator, options=spec.options, spec_file=spec.source)
+        name=spec.name, targets=tuple(t.name for t in spec.targets), operands=operands(spec.operands),
+        params=params(spec.params), generator=spec.generator, options=spec.options, spec_file=spec.source,
+        overrides=tuple((t.name, operands(t.operands), params(t.params)) for t in spec.targets if t.aten))
 
 
 def offered_strategies(spec, graph_module, node, mesh: DeviceMesh) -> tuple[dict, list]:
     """(operand data by role, strategies) that the spec's generator offers for ``node``: the
     verifier's own path (a module's attributes read as its parameters included)."""
+    from shardverify.spec.names import resolve_dotted
     from shardverify.strategies.for_node import handler_strategies
 
-    return handler_strategies(spec_handler(spec), graph_module, node, mesh)
+    handler = spec_handler(spec)
+    if node.op == "call_function":
+        for target in spec.targets:
+            if target.aten and resolve_dotted(target.name) is node.target:
+                handler = handler.for_target(target.name)
+    return handler_strategies(handler, graph_module, node, mesh)
 
 
 def _permuted(outcome: Outcome, perm: tuple[int, ...]) -> Outcome:

@@ -64,7 +64,7 @@ def summarize_op_spec(spec: OpSpec) -> dict[str, str]:
         "targets": ", ".join(t.name for t in spec.targets),
         "generator": spec.generator + (f" ({options})" if options else ""),
         "grid": f"{spec.grid_size()} point(s): {grid}",
-        "cases": f"{len(spec.targets) * spec.grid_size()} (targets x grid points)",
+        "cases": f"{len(spec.cases())} (targets x the grid points each takes)",
         "meshes": " ".join(str(list(mesh)) for mesh in spec.verify.meshes),
     }
     if spec.verify.counts:

@@ -12,11 +12,14 @@ import keyword
 import math
 import re
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, SpecError
 from shardverify.spec.names import resolve_dotted
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "resolve_target", "type_name",
            "check_type", "describe", "finite_number", "lookup", "MAX_NAME_CHARS"]

@@ -8,10 +8,12 @@ read validated values. See specs/README.md for the format.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from shardverify.errors import InvalidArgument
 from shardverify.spec.accept import parse_audit
+from shardverify.spec.aten import aten_positions, is_aten, parse_target_entry
 from shardverify.spec.fields import (
     Fields, as_dtype, as_identifier, as_shape, check_type, describe, finite_number, lookup, resolve_target)
 from shardverify.spec.limits import MAX_CASES, MAX_MESH_RANKS, tensor_size_problems
@@ -191,11 +193,21 @@ def parse_op_spec(root: Node) -> OpSpec:
     if not targets_node.value:
         raise targets_node.error("list at least one target")
     targets = []
+    aten_args: dict[str, tuple[Node, Node | None]] = {}
+    target_where: dict[str, Node] = {}
     for item in targets_node.value:  # type: ignore[union-attr]
-        target = resolve_target(item)
+        name_node, args_node, where_node = parse_target_entry(item)
+        target = resolve_target(name_node)
         if any(t.name == target for t in targets):
             raise item.error(f"target {target!r} is listed twice")
-        targets.append(TargetSpec(target, _target_form(item, target)))
+        if is_aten(target):
+            aten_args[target] = (name_node, args_node)
+        elif args_node is not None:
+            raise args_node.error(f"'args' places the spec's operands at an ATen overload's positions; "
+                                  f"{target!r} is not one (torch.ops.aten.<op>.<overload>)")
+        if where_node is not None:
+            target_where[target] = where_node
+        targets.append(TargetSpec(target, _target_form(name_node, target), aten=is_aten(target)))
     forms = {t.form for t in targets}
 
     operands = [_parse_operand(role, value) for role, value in names_of(operands_node)]
@@ -211,6 +223,12 @@ def parse_op_spec(root: Node) -> OpSpec:
             raise params_node.value[p.name].error(  # type: ignore[union-attr,index]
                 f"'{p.name}' is declared both as an operand and as a parameter")
     _check_slots(operands, params, operands_node, params_node)
+    for position, target in enumerate(targets):
+        if target.aten:
+            name_node, args_node = aten_args[target.name]
+            at_operands, at_params = aten_positions(name_node, target.name, args_node, operands, params)
+            targets[position] = dataclasses.replace(target, operands=at_operands, params=at_params)
+    forms = {t.form for t in targets if not t.aten}
     if "module" in forms:
         for o in operands:
             if o.kind == "param" and o.attribute is None:
@@ -236,6 +254,12 @@ def parse_op_spec(root: Node) -> OpSpec:
         _check_rule(options_node or generator_node, options, roles)
 
     verify = _parse_verify(verify_node, targets, operands, params)
+    for position, target in enumerate(targets):
+        if target.name in target_where:
+            where = parse_where(target_where[target.name], dict(verify.grid))
+            if not where:
+                raise target_where[target.name].error("'where' selects grid points: name at least one grid key")
+            targets[position] = dataclasses.replace(target, where=where)
     accept = parse_audit(audit_node, roles, dict(verify.grid))
     points = math.prod(len(values) for _, values in verify.grid)
     within(verify_node, [MAX_CASES.exceeded(len(targets) * points)])
@@ -367,20 +391,22 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
             raise seed_node.error(f"expected a non-negative seed, got {seed_node.value!r}")
         seed = int(seed_node.value)  # type: ignore[arg-type]
 
-    _check_positional(targets, operands, params, inputs, inputs_node)
+    if any(t.form in ("function", "method") and not t.aten for t in targets):
+        _check_positional(operands, params, inputs, inputs_node, "the function target(s)")
+    for target in targets:
+        if target.aten:
+            _check_positional(list(target.operands), list(target.params), inputs, inputs_node, target.name)
     return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
                       inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
                       predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed)
 
 
-def _check_positional(targets: list[TargetSpec], operands: list[OperandSpec], params: list[ParamSpec],
-                      inputs: list[InputSpec], inputs_node: Node) -> None:
-    """Function targets get their arguments positionally up to the last tensor
+def _check_positional(operands: list[OperandSpec], params: list[ParamSpec], inputs: list[InputSpec],
+                      inputs_node: Node, what: str) -> None:
+    """Function targets (``what``) get their arguments positionally up to the last tensor
     (``target(x, *others)``, ``torch.einsum(eq, a, b)``, ``torch.cat([a, b], dim)``): every
     position before a tensor must be an operand or a parameter, and the elements of a list
     argument must be 0, 1, 2, ..."""
-    if not any(t.form in ("function", "method") for t in targets):
-        return
     by_role = {o.role: o for o in operands}
     tensors = [by_role[i.role] for i in inputs if by_role[i.role].kind != "output"]
     last = max(o.index for o in tensors if o.index is not None) if any(o.index is not None for o in tensors) else -1
@@ -390,12 +416,12 @@ def _check_positional(targets: list[TargetSpec], operands: list[OperandSpec], pa
         operand = by_role[role]
         if operand.index is None:
             raise inputs_node.value[role].error(  # type: ignore[index]
-                f"operand '{role}' is passed positionally to the function target(s), so it needs an 'index'")
+                f"operand '{role}' is passed positionally to {what}, so it needs an 'index'")
     for position in range(last + 1):
         if position not in held:
             after = min((o for o in tensors if o.index > position), key=lambda o: o.index)  # type: ignore[operator]
             raise inputs_node.value[after.role].error(  # type: ignore[index]
-                f"operand '{after.role}' is passed positionally to the function target(s) at index "
+                f"operand '{after.role}' is passed positionally to {what} at index "
                 f"{after.index}, but nothing is declared at index {position}: declare the operand or "
                 "parameter that sits there")
     lists: dict[int, list[int]] = {}

@@ -41,10 +41,21 @@ class ParamSpec:
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """A torch target and how it appears in a traced graph."""
+    """A torch target and how it appears in a traced graph; an ATen overload carries the spec's
+    operands and parameters at its own schema's positions (``spec.aten``)."""
 
-    name: str                      # "torch.sum", "torch.Tensor.sum", "torch.nn.Linear"
+    name: str                      # "torch.sum", "torch.Tensor.sum", "torch.nn.Linear", "torch.ops.aten.sum.dim_IntList"
     form: str                      # "function" | "method" | "module"
+    operands: tuple[OperandSpec, ...] = ()   # empty: the spec's own
+    params: tuple[ParamSpec, ...] = ()
+    aten: bool = False
+    where: tuple[tuple[str, Literal], ...] = ()   # the grid points this target takes (empty: all)
+
+    def takes(self, point: tuple[tuple[str, Literal], ...]) -> bool:
+        """Is grid ``point`` one of this target's?"""
+        values = dict(point)
+        return all(key in values and values[key] == value and type(values[key]) is type(value)
+                   for key, value in self.where)
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,13 @@ class OpSpec:
     description: str = ""
     audit_accept: tuple = ()       # shardverify.spec.accept.AcceptEntry: known, accepted gaps
 
+    def operands_for(self, target: TargetSpec) -> tuple[OperandSpec, ...]:
+        """The operands as ``target``'s calls take them."""
+        return target.operands if target.aten else self.operands
+
+    def params_for(self, target: TargetSpec) -> tuple[ParamSpec, ...]:
+        return target.params if target.aten else self.params
+
     def grid_size(self) -> int:
         size = 1
         for _, values in self.verify.grid:
@@ -132,7 +150,9 @@ class OpSpec:
         cases = []
         for target in self.targets:
             for values in points:
-                cases.append(case_spec(self, target, tuple(zip(keys, values))))
+                point = tuple(zip(keys, values))
+                if target.takes(point):
+                    cases.append(case_spec(self, target, point))
         return tuple(cases)
 
     def op_cases(self) -> list[tuple[str, "OpCase"]]:
@@ -152,8 +172,9 @@ class OpSpec:
 
 
 def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal], ...]) -> CaseSpec:
-    by_role = {o.role: o for o in spec.operands}
-    param_names = {p.name for p in spec.params}
+    operands, declared = spec.operands_for(target), spec.params_for(target)
+    by_role = {o.role: o for o in operands}
+    keywords = {p.name: p.keyword or p.name for p in declared}
     verify = spec.verify
     dropped = {key for key, value in point if key in by_role and value is not True}
     scalars = tuple((by_role[key].keyword, value) for key, value in point      # torch.add(x, other=2.5)
@@ -170,20 +191,20 @@ def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal]
         inputs = tuple(sorted((i for i in verify.inputs if i.role not in dropped),
                               key=lambda i: (by_role[i.role].index, by_role[i.role].element or 0)))  # type: ignore[arg-type,return-value]
         module = None
-        params = tuple((key, value) for key, value in point if key in param_names) + scalars  # type: ignore[operator]
-        positional, taken = _positional(spec, inputs, dict(point))
+        params = tuple((keywords[key], value) for key, value in point if key in keywords) + scalars  # type: ignore[operator]
+        positional, taken = _positional(operands, declared, inputs, dict(point))
         params = tuple((key, value) for key, value in params if key not in taken)
     case_id = target.name + "".join(f"-{key}_{_id_token(value)}" for key, value in point)
     return CaseSpec(id=case_id, target=target.name, inputs=inputs, params=params, module=module, point=point,
                     positional=positional)
 
 
-def _positional(spec: OpSpec, inputs: tuple[InputSpec, ...], point: dict[str, Literal]
-                ) -> tuple[tuple[tuple[str, Literal], ...], set[str]]:
+def _positional(operands: tuple[OperandSpec, ...], params: tuple[ParamSpec, ...], inputs: tuple[InputSpec, ...],
+                point: dict[str, Literal]) -> tuple[tuple[tuple[str, Literal], ...], set[str]]:
     """The positional arguments of a function/method call up to its last tensor, and the
-    parameter/keyword names they take from the keyword arguments; ``()`` when they are
-    just the tensors in order (the plain ``target(x, *others)``)."""
-    by_role = {o.role: o for o in spec.operands}
+    keywords they take from the keyword arguments; ``()`` when they are just the tensors in
+    order (the plain ``target(x, *others)``)."""
+    by_role = {o.role: o for o in operands}
     present = [by_role[i.role] for i in inputs]
     last = max(o.index for o in present)  # type: ignore[type-var]
     slots: dict[int, tuple[str, Literal]] = {}
@@ -194,16 +215,16 @@ def _positional(spec: OpSpec, inputs: tuple[InputSpec, ...], point: dict[str, Li
         else:
             names = slots.get(o.index, ("list", ()))[1]  # type: ignore[arg-type]
             slots[o.index] = ("list", names + (o.role,))  # type: ignore[index,operator]
-    for o in spec.operands:      # a dropped optional tensor before the last one: None, or its number
+    for o in operands:      # a dropped optional tensor before the last one: None, or its number
         if o.kind != "output" and o.role in point and point[o.role] is not True and \
                 o.index is not None and o.index < last and o.index not in slots:
             value = point[o.role]
             slots[o.index] = ("value", None if isinstance(value, bool) else value)
             taken.add(o.keyword or o.role)
-    for p in spec.params:
+    for p in params:
         if p.index is not None and p.index < last:
             slots[p.index] = ("value", point.get(p.name, p.default))
-            taken.add(p.name)
+            taken.add(p.keyword or p.name)
     if all(slots.get(i) == ("tensor", o.role) for i, o in enumerate(present)) and len(slots) == len(present):
         return (), set()
     return tuple(slots[i] for i in range(last + 1)), taken

@@ -7,6 +7,7 @@ all op knowledge lives in the :class:`HandlerDef` and the generator options.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,10 +96,16 @@ class HandlerDef:
     generator: str = ""
     options: tuple[tuple[str, object], ...] = ()
     spec_file: str = ""
+    #: (target, operands, params) for a target that takes them at other positions than the
+    #: handler's own (an ATen overload whose schema orders them differently)
+    overrides: tuple[tuple[object, tuple[OperandDecl, ...], tuple[ParamDecl, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.targets:
             raise HandlerError(f"handler {self.name!r} declares no targets")
+        strange = [target for target, _, _ in self.overrides if target not in self.targets]
+        if strange:
+            raise HandlerError(f"handler {self.name!r} overrides positions of {strange}, which are not its targets")
         roles = [d.role for d in self.operands]
         if len(set(roles)) != len(roles):
             raise HandlerError(f"handler {self.name!r} repeats an operand role: {roles}")
@@ -114,8 +121,16 @@ class HandlerDef:
     def option_dict(self) -> dict[str, object]:
         return dict(self.options)
 
+    def for_target(self, target: object) -> HandlerDef:
+        """The handler as ``target``'s calls are read: its positions overridden where it has them."""
+        for overridden, operands, params in self.overrides:
+            if overridden == target:
+                return dataclasses.replace(self, targets=(target,), operands=operands, params=params, overrides=())
+        return self
 
-_REGISTRY: dict[object, HandlerDef] = {}
+
+_REGISTRY: dict[object, HandlerDef] = {}   # target key -> the handler as that target's calls are read
+_DEFS: dict[str, HandlerDef] = {}          # name -> the handler as registered
 
 
 def target_key(target: object) -> object:
@@ -136,18 +151,20 @@ def register_handler(defn: HandlerDef) -> HandlerDef:
         owner = _REGISTRY.get(key)
         if owner is not None and owner.name != defn.name:
             raise HandlerError(f"target {key!r} of handler {defn.name!r} is already handled by {owner.name!r}")
-    for key in keys:
-        _REGISTRY[key] = defn
+    for target, key in zip(defn.targets, keys):
+        _REGISTRY[key] = defn.for_target(target)
+    _DEFS[defn.name] = defn
     return defn
 
 
 def unregister_handler(name: str) -> None:
     for key in [k for k, d in _REGISTRY.items() if d.name == name]:
         del _REGISTRY[key]
+    _DEFS.pop(name, None)
 
 
 def registered_handlers() -> dict[str, HandlerDef]:
-    return {d.name: d for d in _REGISTRY.values()}
+    return dict(_DEFS)
 
 
 def handler_for_node(node: Node, graph_module: GraphModule) -> HandlerDef | None:

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='addmm',
-    targets=(torch.addmm, torch.Tensor.addmm),
+    targets=(torch.addmm, torch.Tensor.addmm, torch.ops.aten.addmm.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -23,4 +23,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('einsum', 'n, m k, k n -> m n'), ('additive_operands', ('input',))),
     spec_file='specs/addmm.yaml',
+    overrides=(
+        (torch.ops.aten.addmm.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='mat1', kind='input', index=1, keyword='mat1',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='mat2', kind='input', index=2, keyword='mat2',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='baddbmm',
-    targets=(torch.baddbmm, torch.Tensor.baddbmm),
+    targets=(torch.baddbmm, torch.Tensor.baddbmm, torch.ops.aten.baddbmm.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -23,4 +23,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('einsum', 'b m n, b m k, b k n -> b m n'), ('additive_operands', ('input',))),
     spec_file='specs/baddbmm.yaml',
+    overrides=(
+        (torch.ops.aten.baddbmm.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='batch1', kind='input', index=1, keyword='batch1',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='batch2', kind='input', index=2, keyword='batch2',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))

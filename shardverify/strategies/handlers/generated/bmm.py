@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='bmm',
-    targets=(torch.bmm, torch.Tensor.bmm),
+    targets=(torch.bmm, torch.Tensor.bmm, torch.ops.aten.bmm.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('einsum', 'bmk,bkn->bmn'),),
     spec_file='specs/bmm.yaml',
+    overrides=(
+        (torch.ops.aten.bmm.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='mat2', kind='input', index=1, keyword='mat2',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='cat',
-    targets=(torch.cat, torch.concat, torch.concatenate),
+    targets=(torch.cat, torch.concat, torch.concatenate, torch.ops.aten.cat.default),
     operands=(
         OperandDecl(role='a', kind='input', index=0, keyword=None,
                     attribute=None, optional=False, element=0),
@@ -23,4 +23,16 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/cat.yaml',
+    overrides=(
+        (torch.ops.aten.cat.default, (
+            OperandDecl(role='a', kind='input', index=0, keyword='tensors',
+                        attribute=None, optional=False, element=0),
+            OperandDecl(role='b', kind='input', index=0, keyword='tensors',
+                        attribute=None, optional=False, element=1),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim', index=1, keyword='dim', default=0),
+        )),
+    ),
 ))

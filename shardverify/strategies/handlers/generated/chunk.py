@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='chunk',
-    targets=(torch.chunk, torch.Tensor.chunk),
+    targets=(torch.chunk, torch.Tensor.chunk, torch.ops.aten.chunk.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -22,4 +22,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/chunk.yaml',
+    overrides=(
+        (torch.ops.aten.chunk.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='chunks', index=1, keyword='chunks', default=None),
+            ParamDecl(name='dim', index=2, keyword='dim', default=0),
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='div',
-    targets=(torch.div, torch.Tensor.div),
+    targets=(torch.div, torch.Tensor.div, torch.ops.aten.div.Tensor),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/div.yaml',
+    overrides=(
+        (torch.ops.aten.div.Tensor, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='other', kind='input', index=1, keyword='other',
+                        attribute=None, optional=True, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='embedding',
-    targets=(torch.nn.functional.embedding, torch.nn.Embedding),
+    targets=(torch.nn.functional.embedding, torch.nn.Embedding, torch.ops.aten.embedding.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('einsum', 'b s, v e -> b s e'), ('indices', (('input', 'v'),))),
     spec_file='specs/embedding.yaml',
+    overrides=(
+        (torch.ops.aten.embedding.default, (
+            OperandDecl(role='input', kind='input', index=1, keyword='indices',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='weight', kind='param', index=0, keyword='weight',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='flatten',
-    targets=(torch.flatten, torch.Tensor.flatten, torch.nn.Flatten),
+    targets=(torch.flatten, torch.Tensor.flatten, torch.nn.Flatten, torch.ops.aten.flatten.using_ints),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -22,4 +22,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('view', 'reshape'),),
     spec_file='specs/flatten.yaml',
+    overrides=(
+        (torch.ops.aten.flatten.using_ints, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='start_dim', index=1, keyword='start_dim', default=0),
+            ParamDecl(name='end_dim', index=2, keyword='end_dim', default=-1),
+        )),
+    ),
 ))

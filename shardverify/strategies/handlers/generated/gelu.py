@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='gelu',
-    targets=(torch.nn.functional.gelu, torch.nn.GELU),
+    targets=(torch.nn.functional.gelu, torch.nn.GELU, torch.ops.aten.gelu.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,14 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/gelu.yaml',
+    overrides=(
+        (torch.ops.aten.gelu.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='approximate', index=None, keyword='approximate', default='none'),
+        )),
+    ),
 ))

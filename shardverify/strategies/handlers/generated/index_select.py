@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='index_select',
-    targets=(torch.index_select, torch.Tensor.index_select),
+    targets=(torch.index_select, torch.Tensor.index_select, torch.ops.aten.index_select.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -23,4 +23,16 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('einsum', 'v e, b -> b e'), ('indices', (('index', 'v'),))),
     spec_file='specs/index_select.yaml',
+    overrides=(
+        (torch.ops.aten.index_select.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='index', kind='input', index=2, keyword='index',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim', index=1, keyword='dim', default=None),
+        )),
+    ),
 ))

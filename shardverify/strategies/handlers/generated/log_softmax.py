@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='log_softmax',
-    targets=(torch.log_softmax, torch.nn.functional.log_softmax, torch.Tensor.log_softmax, torch.nn.LogSoftmax),
+    targets=(torch.log_softmax, torch.nn.functional.log_softmax, torch.Tensor.log_softmax, torch.nn.LogSoftmax, torch.ops.aten.log_softmax.int),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,14 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/log_softmax.yaml',
+    overrides=(
+        (torch.ops.aten.log_softmax.int, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim', index=1, keyword='dim', default=None),
+        )),
+    ),
 ))

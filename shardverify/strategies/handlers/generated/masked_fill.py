@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='masked_fill',
-    targets=(torch.masked_fill, torch.Tensor.masked_fill),
+    targets=(torch.masked_fill, torch.Tensor.masked_fill, torch.ops.aten.masked_fill.Scalar),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -23,4 +23,16 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/masked_fill.yaml',
+    overrides=(
+        (torch.ops.aten.masked_fill.Scalar, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='mask', kind='input', index=1, keyword='mask',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='value', index=2, keyword='value', default=None),
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='max',
-    targets=(torch.max, torch.Tensor.max),
+    targets=(torch.max, torch.Tensor.max, torch.ops.aten.max.dim),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -24,4 +24,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('reduce_op', 'none')),
     spec_file='specs/max.yaml',
+    overrides=(
+        (torch.ops.aten.max.dim, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='values', kind='output', index=0, keyword=None,
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='indices', kind='output', index=1, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim', index=1, keyword='dim', default=None),
+            ParamDecl(name='keepdim', index=2, keyword='keepdim', default=False),
+        )),
+    ),
 ))

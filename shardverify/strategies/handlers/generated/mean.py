@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='mean',
-    targets=(torch.mean, torch.Tensor.mean),
+    targets=(torch.mean, torch.Tensor.mean, torch.ops.aten.mean.dim),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -22,4 +22,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('reduce_op', 'avg')),
     spec_file='specs/mean.yaml',
+    overrides=(
+        (torch.ops.aten.mean.dim, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim', index=1, keyword='dim', default=None),
+            ParamDecl(name='keepdim', index=2, keyword='keepdim', default=False),
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='mm',
-    targets=(torch.mm, torch.Tensor.mm),
+    targets=(torch.mm, torch.Tensor.mm, torch.ops.aten.mm.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('einsum', 'mk,kn->mn'),),
     spec_file='specs/mm.yaml',
+    overrides=(
+        (torch.ops.aten.mm.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='mat2', kind='input', index=1, keyword='mat2',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='permute',
-    targets=(torch.permute, torch.Tensor.permute),
+    targets=(torch.permute, torch.Tensor.permute, torch.ops.aten.permute.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,14 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('view', 'permute'), ('dims_param', 'dims')),
     spec_file='specs/permute.yaml',
+    overrides=(
+        (torch.ops.aten.permute.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dims', index=1, keyword='dims', default=None, varargs=True),
+        )),
+    ),
 ))

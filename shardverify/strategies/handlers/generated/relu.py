@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='relu',
-    targets=(torch.relu, torch.Tensor.relu, torch.nn.functional.relu, torch.nn.ReLU),
+    targets=(torch.relu, torch.Tensor.relu, torch.nn.functional.relu, torch.nn.ReLU, torch.ops.aten.relu.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -19,4 +19,13 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/relu.yaml',
+    overrides=(
+        (torch.ops.aten.relu.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='reshape',
-    targets=(torch.reshape, torch.Tensor.reshape),
+    targets=(torch.reshape, torch.Tensor.reshape, torch.ops.aten.reshape.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,14 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('view', 'reshape'), ('shape_param', 'shape')),
     spec_file='specs/reshape.yaml',
+    overrides=(
+        (torch.ops.aten.reshape.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='shape', index=1, keyword='shape', default=None, varargs=True),
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='rms_norm_functional',
-    targets=(torch.nn.functional.rms_norm,),
+    targets=(torch.nn.functional.rms_norm, torch.ops.aten.rms_norm.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -23,4 +23,16 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True), ('whole_trailing_param', 'normalized_shape')),
     spec_file='specs/rms_norm_functional.yaml',
+    overrides=(
+        (torch.ops.aten.rms_norm.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='input',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='weight', kind='param', index=2, keyword='weight',
+                        attribute=None, optional=True, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='normalized_shape', index=1, keyword='normalized_shape', default=None),
+        )),
+    ),
 ))

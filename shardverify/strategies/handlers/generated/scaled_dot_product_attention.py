@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='scaled_dot_product_attention',
-    targets=(torch.nn.functional.scaled_dot_product_attention,),
+    targets=(torch.nn.functional.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default),
     operands=(
         OperandDecl(role='query', kind='input', index=0, keyword='query',
                     attribute=None, optional=False, element=None),
@@ -25,4 +25,18 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('einsum', 'b h s d, b h t d, b h t e -> b h s e'), ('whole', ('d', 't'))),
     spec_file='specs/scaled_dot_product_attention.yaml',
+    overrides=(
+        (torch.ops.aten.scaled_dot_product_attention.default, (
+            OperandDecl(role='query', kind='input', index=0, keyword='query',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='key', kind='input', index=1, keyword='key',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='value', kind='input', index=2, keyword='value',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='scale', index=None, keyword='scale', default=None),
+        )),
+    ),
 ))

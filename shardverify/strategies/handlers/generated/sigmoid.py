@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='sigmoid',
-    targets=(torch.sigmoid, torch.Tensor.sigmoid, torch.nn.functional.sigmoid, torch.nn.Sigmoid),
+    targets=(torch.sigmoid, torch.Tensor.sigmoid, torch.nn.functional.sigmoid, torch.nn.Sigmoid, torch.ops.aten.sigmoid.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -19,4 +19,13 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/sigmoid.yaml',
+    overrides=(
+        (torch.ops.aten.sigmoid.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))

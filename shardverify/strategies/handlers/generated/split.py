@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='split',
-    targets=(torch.split,),
+    targets=(torch.split, torch.ops.aten.split.Tensor),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='tensor',
                     attribute=None, optional=False, element=None),
@@ -22,4 +22,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/split.yaml',
+    overrides=(
+        (torch.ops.aten.split.Tensor, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='split_size_or_sections', index=1, keyword='split_size', default=None),
+            ParamDecl(name='dim', index=2, keyword='dim', default=0),
+        )),
+    ),
 ))

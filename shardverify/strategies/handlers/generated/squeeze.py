@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='squeeze',
-    targets=(torch.squeeze, torch.Tensor.squeeze),
+    targets=(torch.squeeze, torch.Tensor.squeeze, torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,22 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('view', 'reshape'),),
     spec_file='specs/squeeze.yaml',
+    overrides=(
+        (torch.ops.aten.squeeze.dim, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim', index=1, keyword='dim', default=None),
+        )),
+        (torch.ops.aten.squeeze.dims, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim', index=1, keyword='dim', default=None),
+        )),
+    ),
 ))

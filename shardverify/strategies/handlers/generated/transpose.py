@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='transpose',
-    targets=(torch.transpose, torch.Tensor.transpose),
+    targets=(torch.transpose, torch.Tensor.transpose, torch.ops.aten.transpose.int),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -22,4 +22,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('view', 'transpose'), ('dim0_param', 'dim0'), ('dim1_param', 'dim1')),
     spec_file='specs/transpose.yaml',
+    overrides=(
+        (torch.ops.aten.transpose.int, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim0', index=1, keyword='dim0', default=None),
+            ParamDecl(name='dim1', index=2, keyword='dim1', default=None),
+        )),
+    ),
 ))

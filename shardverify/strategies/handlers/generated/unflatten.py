@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='unflatten',
-    targets=(torch.unflatten, torch.Tensor.unflatten),
+    targets=(torch.unflatten, torch.Tensor.unflatten, torch.ops.aten.unflatten.int),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -22,4 +22,15 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('view', 'reshape'), ('shape_param', 'sizes'), ('shape_dim_param', 'dim')),
     spec_file='specs/unflatten.yaml',
+    overrides=(
+        (torch.ops.aten.unflatten.int, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim', index=1, keyword='dim', default=None),
+            ParamDecl(name='sizes', index=2, keyword='sizes', default=None),
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='unsqueeze',
-    targets=(torch.unsqueeze, torch.Tensor.unsqueeze),
+    targets=(torch.unsqueeze, torch.Tensor.unsqueeze, torch.ops.aten.unsqueeze.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,14 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('view', 'reshape'),),
     spec_file='specs/unsqueeze.yaml',
+    overrides=(
+        (torch.ops.aten.unsqueeze.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='dim', index=1, keyword='dim', default=None),
+        )),
+    ),
 ))

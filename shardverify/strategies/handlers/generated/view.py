@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='view',
-    targets=(torch.Tensor.view,),
+    targets=(torch.Tensor.view, torch.ops.aten.view.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword=None,
                     attribute=None, optional=False, element=None),
@@ -21,4 +21,14 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('view', 'reshape'), ('shape_param', 'size')),
     spec_file='specs/view.yaml',
+    overrides=(
+        (torch.ops.aten.view.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='size', index=1, keyword='size', default=None, varargs=True),
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='where',
-    targets=(torch.where,),
+    targets=(torch.where, torch.ops.aten.where.self),
     operands=(
         OperandDecl(role='condition', kind='input', index=0, keyword='condition',
                     attribute=None, optional=False, element=None),
@@ -23,4 +23,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/where.yaml',
+    overrides=(
+        (torch.ops.aten.where.self, (
+            OperandDecl(role='condition', kind='input', index=0, keyword='condition',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='input', kind='input', index=1, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='other', kind='input', index=2, keyword='other',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))
