@@ -23,6 +23,12 @@ def add_parser(sub) -> None:
     parser.add_argument("--input", action="append", default=[], help="input shape for a factory, e.g. 64,128")
     parser.add_argument("--backend", default="simulated", help="simulated | gloo | nccl | process")
     parser.add_argument("--memory-limit", type=int, help="bytes per device for the solver")
+    parser.add_argument("--capture", choices=("fx", "export"), default="fx",
+                        help="fx: torch.fx symbolic tracing (default); export: torch.export's ATen graph, "
+                             "for models fx cannot trace (HF transformers)")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail (exit 1) when a tensor op runs replicated for want of strategies "
+                             "(refused or without a handler), or when the plan shards nothing")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     parser.set_defaults(func=run)
 
@@ -54,13 +60,19 @@ def run(args: argparse.Namespace) -> int:
             with open(args.plan) as handle:
                 plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
         module, example = build_spec_model(factory, kwargs, inputs)
-        result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit)
+        result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
+                             capture=args.capture)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         print(f"shardverify plan: {error}", file=sys.stderr)
         return 2
+    strict_failure = args.strict and (result.shards_nothing or bool(result.coverage and result.coverage.fallbacks))
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps({**result.to_json(), "strict_failure": strict_failure}, indent=2))
     else:
         print(describe_plan(result.plan))
+        if result.coverage is not None:
+            print("\n".join(result.coverage.lines()))
         print(f"verification on {result.backend}: {result.summary()}")
-    return 0 if result.passed else 1
+        if strict_failure:
+            print("--strict: tensor ops ran without strategies or nothing was sharded (see coverage)")
+    return 0 if result.passed and not strict_failure else 1

@@ -11,6 +11,7 @@ through the strategy's HOOK actions. Generic nodes run on full (replicated) tens
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -18,7 +19,8 @@ import torch
 from torch import fx
 
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
-from shardverify.errors import VerificationError
+from shardverify.capture.export import export_graph
+from shardverify.errors import InvalidArgument, VerificationError
 from shardverify.plan.graph import metadata_read, operand_producer
 from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
@@ -28,19 +30,35 @@ from shardverify.capture.fx import trace
 from shardverify.verify.engine import local_arguments
 from shardverify.capture.call import as_outputs, call_op, operand_nodes
 
-__all__ = ["ModelRecipe", "PlanMismatch", "rank_run_plan", "RTOL", "ATOL"]
+__all__ = ["CAPTURES", "ModelRecipe", "PlanMismatch", "rank_run_plan", "as_float64", "RTOL", "ATOL"]
 
 RTOL, ATOL = 1e-7, 1e-9
 _TRACE_LOCK = threading.Lock()
 
 
+#: how a model is captured: torch.export's ATen graph, or torch.fx symbolic tracing (torch-level
+#: calls, the reference strategy names of the seed ops)
+CAPTURES = ("export", "fx")
+
+
 @dataclass(frozen=True)
 class ModelRecipe:
-    """The model and example inputs (picklable: sent to worker processes)."""
+    """The model and example inputs (picklable: sent to worker processes). Floating inputs run
+    in float64; other inputs (token ids) keep their dtype."""
 
     module: torch.nn.Module
     inputs: tuple[torch.Tensor, ...]
     seed: int = 0
+    capture: str = "fx"
+
+    def __post_init__(self) -> None:
+        if self.capture not in CAPTURES:
+            raise InvalidArgument(f"capture must be one of {', '.join(CAPTURES)}, got {self.capture!r}")
+
+
+def as_float64(x: torch.Tensor) -> torch.Tensor:
+    """A floating input in float64 (the plan check compares in float64); any other as it is."""
+    return x.to(torch.float64) if x.is_floating_point() else x
 
 
 @dataclass(frozen=True)
@@ -59,9 +77,11 @@ class PlanMismatch:
 
 def _traced(recipe: ModelRecipe) -> fx.GraphModule:
     module = copy.deepcopy(recipe.module).double()
+    inputs = [as_float64(x) for x in recipe.inputs]
+    if recipe.capture == "export":
+        return export_graph(module, inputs)
     names = [n.target for n in fx.symbolic_trace(module).graph.nodes if n.op == "placeholder"]
-    meta = {str(name): x.to(torch.float64) for name, x in zip(names, recipe.inputs)}
-    return trace(module, meta)
+    return trace(module, {str(name): x for name, x in zip(names, inputs)})
 
 
 def _grad_seed(shape, seed: int, index: int) -> torch.Tensor:
@@ -72,7 +92,7 @@ def _grad_seed(shape, seed: int, index: int) -> torch.Tensor:
 def reference_run(recipe: ModelRecipe):
     """Single-device values and gradients of every node, the inputs and the parameters."""
     gm = _traced(recipe)
-    inputs = [x.detach().to(torch.float64).clone().requires_grad_(x.is_floating_point()) for x in recipe.inputs]
+    inputs = [as_float64(x.detach()).clone().requires_grad_(x.is_floating_point()) for x in recipe.inputs]
     values: dict[str, object] = {}
 
     class Recorder(fx.Interpreter):
@@ -195,8 +215,12 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
         return found   # backward would only repeat the forward divergence
     out_t = result if isinstance(result, torch.Tensor) else result[0]
     out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
+    by_name = {n.name: n for n in gm.graph.nodes}
+    blamed = _weight_consumers(gm, plan)
     for order, item in enumerate(plan.nodes):
         value = env.get(item.node)
+        if by_name[item.node].op == "get_attr":
+            continue   # a weight: its gradient is checked below, blamed on the op that reduces it
         if isinstance(value, torch.Tensor) and value.requires_grad and item.node in ref_grads:
             _cmp(found, "backward", order, item.node, "output gradient", rank, value.grad,
                  _shard(layouts[item.node], ref_grads[item.node], mesh, rank))
@@ -204,8 +228,25 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
         _cmp(found, "grad", 0, plan.nodes[i].node, f"grad of input {plan.nodes[i].node}", rank, leaf.grad, expected)
     for name, (leaf, layout, order, node_name) in leaves.items():
         expected = ref_param_grads.get(name)
+        order, node_name = blamed.get(node_name, (order, node_name))
         _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad,
              _shard(layout, expected, mesh, rank) if expected is not None else None)
+    return found
+
+
+def _weight_consumers(gm: fx.GraphModule, plan: Plan) -> dict[str, tuple[int, str]]:
+    """get_attr node -> (order, name) of the first op with a strategy that takes it: the node whose
+    declared gradient reduction a wrong weight gradient points at (the get_attr itself runs
+    generically and declares nothing)."""
+    order = {item.node: i for i, item in enumerate(plan.nodes)}
+    chosen = {item.node for item in plan.nodes if item.strategy is not None}
+    found = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            users = [u for u in node.users if u.name in chosen]
+            if users:
+                first = min(users, key=lambda u: order[u.name])
+                found[node.name] = (order[first.name], first.name)
     return found
 
 
@@ -241,6 +282,11 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
         else:
             producer = operand_producer(node, data.locator)
             tensor = fetch(data.name, producer)
+            # a weight that reaches the op as a graph value (a get_attr, every weight of an exported
+            # graph) gets its declared gradient reduction on the local operand the op takes
+            for action in strategy.communication_actions:
+                if action.operand == data.name and action.where is CommWhere.HOOK and tensor.requires_grad:
+                    tensor.register_hook(lambda g, action=action: apply_grad_hook(comm, action, g))
         values[loc] = before_op(comm, strategy, data.name, tensor, late)
     for loc, arg in operand_nodes(node).items():   # non-tensor graph values (x.shape[0]) as computed
         if loc not in values and not isinstance(env.get(arg.name), torch.Tensor):
@@ -269,7 +315,8 @@ def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
     args = fx.node.map_arg(node.args, value)
     kwargs = fx.node.map_arg(node.kwargs, value)
     if node.op == "get_attr":
-        full = gm.get_parameter(node.target) if node.target in params else getattr(gm, node.target)
+        full = gm.get_parameter(node.target) if node.target in params else \
+            functools.reduce(getattr, str(node.target).split("."), gm)
         return _param_leaf(comm, node.target, full, None, leaves, order, node.name) if node.target in params else full
     if node.op == "call_function":
         return node.target(*args, **kwargs)
@@ -289,7 +336,8 @@ def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> flo
 
     with _TRACE_LOCK:
         gm = _traced(recipe).float()
-    recipe = ModelRecipe(recipe.module, tuple(x.float() for x in recipe.inputs), recipe.seed)
+    recipe = ModelRecipe(recipe.module, tuple(x.float() if x.is_floating_point() else x for x in recipe.inputs),
+                         recipe.seed, recipe.capture)
     comm.barrier()
     seconds = []
     for _ in range(steps + 1):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from torch import fx
 
-from shardverify.strategies.for_node import strategies_for_node
-from shardverify.errors import ShardVerifyError, StrategyError
+from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.reshard_plan import Layout, plan_reshard, reshard_cost
+from shardverify.plan.coverage import classify_nodes
 from shardverify.plan.model import Reshard
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
 
@@ -20,18 +20,9 @@ __all__ = ["node_options", "operand_producer", "deferrable", "deferred_saving", 
 
 
 def node_options(graph_module: fx.GraphModule, mesh: DeviceMesh) -> dict[str, list[ShardingStrategy] | None]:
-    """node name -> its strategies, or None for a node that runs generically."""
-    options: dict[str, list[ShardingStrategy] | None] = {}
-    for node in graph_module.graph.nodes:
-        if node.op in ("placeholder", "get_attr", "output"):
-            options[node.name] = None
-            continue
-        try:
-            found = list(strategies_for_node(graph_module, node.name, mesh))
-        except ShardVerifyError:
-            found = []
-        options[node.name] = found or None
-    return options
+    """node name -> its strategies, or None for a node that runs generically (why: see
+    :func:`shardverify.plan.coverage.classify_nodes`)."""
+    return classify_nodes(graph_module, mesh)[0]
 
 
 def operand_producer(node: fx.Node, locator: OperandLocator) -> fx.Node | None:

@@ -9,13 +9,13 @@ import torch
 
 from shardverify.errors import BackendError, InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, rank_run_plan
+from shardverify.plan.coverage import Coverage, classify_nodes
+from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, as_float64, rank_run_plan
 from shardverify.plan.build import build_plan
-from shardverify.plan.graph import node_options
 from shardverify.plan.model import FLOP_RATE, Plan
 from shardverify.plan.solver import solve_plan
 
-__all__ = ["PlanResult", "make_plan", "verify_plan", "run_plan"]
+__all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan"]
 
 
 @dataclass(frozen=True)
@@ -23,10 +23,16 @@ class PlanResult:
     plan: Plan
     backend: str
     mismatches: tuple[PlanMismatch, ...]
+    coverage: Coverage | None = None
 
     @property
     def passed(self) -> bool:
         return not self.mismatches
+
+    @property
+    def shards_nothing(self) -> bool:
+        """The plan runs every op replicated: a pass then checked no sharding at all."""
+        return self.coverage is not None and not self.coverage.sharded
 
     def first_divergence(self) -> PlanMismatch | None:
         """The first node (graph order) whose output diverges in forward; else, in backward, the
@@ -40,7 +46,10 @@ class PlanResult:
     def summary(self) -> str:
         first = self.first_divergence()
         if first is None:
-            return "PASS"
+            if self.shards_nothing:
+                return "PASS, but the plan shards nothing: no sharding was checked"
+            fallbacks = len(self.coverage.fallbacks) if self.coverage is not None else 0
+            return f"PASS ({fallbacks} tensor op(s) ran replicated without strategies)" if fallbacks else "PASS"
         item = self.plan.node(first.node) if first.phase != "error" else None
         lines = [f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}"
                  + (f" (max abs error {first.max_abs_err:.3g})" if first.phase != "error" else "")]
@@ -64,6 +73,7 @@ class PlanResult:
                                       for r in n.reshards if r.steps]} for n in self.plan.nodes],
             "first_divergence": None if first is None else {"node": first.node, "phase": first.phase,
                                                             "what": first.what},
+            "coverage": None if self.coverage is None else self.coverage.to_json(),
             "mismatches": [str(m) for m in self.mismatches],
         }
 
@@ -86,23 +96,29 @@ def _as_mesh(mesh) -> DeviceMesh:
 
 def make_plan(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-              flop_rate: float = FLOP_RATE) -> Plan:
+              flop_rate: float = FLOP_RATE, capture: str = "fx") -> Plan:
     """The solver's plan (``plan=None``), or the user's ``{node: strategy name}`` completed."""
-    if isinstance(plan, Plan):
-        return plan
+    return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture)[0]
+
+
+def plan_with_coverage(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
+                       plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
+                       flop_rate: float = FLOP_RATE, capture: str = "fx") -> tuple[Plan, Coverage]:
+    """:func:`make_plan` and the account of the model's op nodes under it (from one capture)."""
     mesh = _as_mesh(mesh)
-    gm = _traced(ModelRecipe(module, tuple(example_inputs)))
-    options = node_options(gm, mesh)
-    if plan is None:
-        return solve_plan(gm, mesh, memory_limit, flop_rate, options)
-    return build_plan(gm, mesh, dict(plan), options, flop_rate)
+    gm = _traced(ModelRecipe(module, tuple(example_inputs), capture=capture))
+    options, statuses = classify_nodes(gm, mesh)
+    if not isinstance(plan, Plan):
+        plan = solve_plan(gm, mesh, memory_limit, flop_rate, options) if plan is None else \
+            build_plan(gm, mesh, dict(plan), options, flop_rate)
+    return plan, Coverage.of(statuses, plan)
 
 
 def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
-             timeout: float | None = None) -> PlanResult:
+             timeout: float | None = None, *, capture: str = "fx", coverage: Coverage | None = None) -> PlanResult:
     if tuple(plan.mesh_shape) != tuple(backend.mesh.shape):
         raise InvalidArgument(f"plan is for mesh {plan.mesh_shape}, the backend's mesh is {backend.mesh.shape}")
-    recipe = ModelRecipe(module, tuple(t.detach().cpu().double() for t in example_inputs), seed)
+    recipe = ModelRecipe(module, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed, capture)
     from shardverify.verify.engine import _backend_name
 
     name = _backend_name(backend)
@@ -110,27 +126,30 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
         reports = backend.run(rank_run_plan, recipe, plan, timeout=timeout)
     except BackendError as error:
         ranks = getattr(error, "ranks", ()) or (getattr(error, "rank", -1),)
-        return PlanResult(plan, str(name), tuple(PlanMismatch("error", 0, "?", str(error), int(r)) for r in ranks))
-    return PlanResult(plan, str(name), tuple(m for report in reports for m in report))
+        return PlanResult(plan, str(name), tuple(PlanMismatch("error", 0, "?", str(error), int(r)) for r in ranks),
+                          coverage)
+    return PlanResult(plan, str(name), tuple(m for report in reports for m in report), coverage)
 
 
 def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, backend: str | object = "simulated",
-                memory_limit: int | None = None, seed: int = 0) -> PlanResult:
+                memory_limit: int | None = None, seed: int = 0, capture: str = "fx") -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
-    the single-device model, forward and backward."""
+    the single-device model, forward and backward. ``capture``: ``"fx"`` (torch.fx symbolic
+    tracing, the torch-level graph) or ``"export"`` (torch.export's ATen graph, which models
+    that cannot be traced need). The result counts the nodes that ran without strategies."""
     from shardverify.backends import get_backend
 
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     mesh = _as_mesh(mesh)
-    chosen = make_plan(model, example_inputs, mesh, plan, memory_limit)
+    chosen, coverage = plan_with_coverage(model, example_inputs, mesh, plan, memory_limit, capture=capture)
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:
-            return run_plan(runner, model, example_inputs, chosen, seed)
+            return run_plan(runner, model, example_inputs, chosen, seed, capture=capture, coverage=coverage)
         finally:
             runner.close()
-    return run_plan(backend, model, example_inputs, chosen, seed)
+    return run_plan(backend, model, example_inputs, chosen, seed, capture=capture, coverage=coverage)
 
 

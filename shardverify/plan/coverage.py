@@ -1,0 +1,139 @@
+"""What a plan check covers: for every node of the captured model, whether a handler serves it,
+refused it (and why), or is missing, and whether the plan shards it. A node without strategies
+runs replicated, which is correct but checks no sharding; a plan check says so, with counts, so
+that a pass over a model whose ops fall back is never mistaken for a check of its sharding.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from torch import fx
+
+from shardverify.errors import ShardVerifyError
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.strategy import ShardingStrategy
+from shardverify.strategies.for_node import strategies_for_node
+from shardverify.strategies.handlers.base import handler_for_node
+
+__all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "STATUSES"]
+
+#: a tensor op with strategies / whose handler refused it / that no spec covers; a node that
+#: returns no tensor (``x.size(1)``, an assertion) is not an op a strategy could shard
+STATUSES = ("handled", "refused", "unhandled", "no tensor output")
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    target: str
+    status: str
+    reason: str = ""
+
+
+def target_name(node: fx.Node) -> str:
+    """A node's target as a user reads it: ``aten.linear.default``, ``torch.nn.Linear``, ``view``."""
+    if node.op == "call_module":
+        module = node.graph.owning_module.get_submodule(str(node.target))
+        return f"{type(module).__module__}.{type(module).__qualname__}"
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    target = node.target
+    return str(target) if not callable(target) or hasattr(target, "_schema") else \
+        f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__qualname__', repr(target))}".lstrip(".")
+
+
+def _returns_tensor(node: fx.Node) -> bool:
+    meta = node.meta.get("tensor_meta")
+    return meta is not None and (hasattr(meta, "shape") or (
+        isinstance(meta, (list, tuple)) and bool(meta) and all(hasattr(m, "shape") for m in meta)))
+
+
+def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
+                   ) -> tuple[dict[str, list[ShardingStrategy] | None], tuple[NodeStatus, ...]]:
+    """(node name -> its strategies or None for a node that runs generically, the status of every
+    op node): the plan's options and the account of the ones that fall back, from one pass."""
+    options: dict[str, list[ShardingStrategy] | None] = {}
+    statuses: list[NodeStatus] = []
+    for node in graph_module.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            options[node.name] = None
+            continue
+        name = target_name(node)
+        if not _returns_tensor(node):
+            options[node.name] = None
+            statuses.append(NodeStatus(node.name, name, "no tensor output"))
+            continue
+        if handler_for_node(node, graph_module) is None:
+            options[node.name] = None
+            statuses.append(NodeStatus(node.name, name, "unhandled", f"no spec has target {name}"))
+            continue
+        try:
+            found = list(strategies_for_node(graph_module, node.name, mesh))
+        except ShardVerifyError as error:
+            options[node.name] = None
+            statuses.append(NodeStatus(node.name, name, "refused", str(error).splitlines()[0]))
+            continue
+        options[node.name] = found or None
+        statuses.append(NodeStatus(node.name, name, "handled") if found else
+                        NodeStatus(node.name, name, "refused", "its handler offers no strategy"))
+    return options, tuple(statuses)
+
+
+def _shards(strategy: ShardingStrategy | None) -> bool:
+    """Does the strategy split a tensor or communicate (a partial result)?"""
+    return strategy is not None and (any(spec.dim_partition for _, spec in strategy.sharding_specs)
+                                     or bool(strategy.communication_actions))
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The statuses of a plan's op nodes and the nodes its plan shards."""
+
+    statuses: tuple[NodeStatus, ...]
+    sharded: tuple[str, ...]        # op nodes whose chosen strategy lays out a tensor sharded
+
+    @classmethod
+    def of(cls, statuses: tuple[NodeStatus, ...], plan) -> Coverage:
+        chosen = {item.node: item.strategy for item in plan.nodes}
+        return cls(statuses, tuple(s.node for s in statuses if s.status == "handled" and _shards(chosen.get(s.node))))
+
+    def count(self, status: str) -> int:
+        return sum(1 for s in self.statuses if s.status == status)
+
+    @property
+    def tensor_ops(self) -> int:
+        return sum(1 for s in self.statuses if s.status != "no tensor output")
+
+    @property
+    def fallbacks(self) -> tuple[NodeStatus, ...]:
+        """Tensor ops that run replicated because no strategy serves them."""
+        return tuple(s for s in self.statuses if s.status in ("refused", "unhandled"))
+
+    def unhandled_targets(self) -> Counter:
+        return Counter(s.target for s in self.statuses if s.status == "unhandled")
+
+    def headline(self) -> str:
+        handled = self.count("handled")
+        return (f"{self.tensor_ops} tensor op(s): {handled} handled ({len(self.sharded)} sharded by the plan, "
+                f"{handled - len(self.sharded)} replicated), {self.count('refused')} refused, "
+                f"{self.count('unhandled')} without a handler; {self.count('no tensor output')} other node(s)")
+
+    def lines(self, show: int = 12) -> list[str]:
+        lines = [f"coverage: {self.headline()}"]
+        targets = self.unhandled_targets()
+        if targets:
+            lines.append("  without a handler: " + ", ".join(f"{t} x{n}" for t, n in targets.most_common(show))
+                         + (f", ... {len(targets) - show} more target(s)" if len(targets) > show else ""))
+        refused = [s for s in self.statuses if s.status == "refused"]
+        lines += [f"  refused: node {s.node!r} ({s.target}): {s.reason}" for s in refused[:show]]
+        if len(refused) > show:
+            lines.append(f"  ... {len(refused) - show} more refused node(s)")
+        return lines
+
+    def to_json(self) -> dict:
+        return {"tensor_ops": self.tensor_ops, **{s.replace(" ", "_"): self.count(s) for s in STATUSES},
+                "sharded": len(self.sharded), "unhandled_targets": dict(self.unhandled_targets()),
+                "refused": [{"node": s.node, "target": s.target, "reason": s.reason}
+                            for s in self.statuses if s.status == "refused"]}

@@ -1,0 +1,108 @@
+"""Whole-model plans on both captures (torch.fx and torch.export): weights that reach their op
+as graph values get the gradient reduction their strategy declares, integer inputs keep their
+dtype, and the report counts what ran without strategies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shardverify import verify_plan
+from shardverify.capture.export import CaptureError, export_graph
+from shardverify.plan.execute import ModelRecipe
+from shardverify.plan.verify import plan_with_coverage
+
+MESH = (4,)
+
+
+class FunctionalBlock(torch.nn.Module):
+    """Weights used through functional calls: get_attr nodes under fx, every weight under export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(16, 8))
+        self.ln_w = torch.nn.Parameter(torch.randn(16))
+        self.ln_b = torch.nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return F.layer_norm(torch.relu(F.linear(x, self.w1)), (16,), self.ln_w, self.ln_b)
+
+
+DATA_PARALLEL = {"linear": "S0R = S0R x RR_0", "relu": "S0R -> S0R", "layer_norm": "S0R x R x R -> S0R"}
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_data_parallel_reduces_the_gradients_of_graph_value_weights(capture):
+    """Each rank sees a quarter of the batch: without the declared all-reduce of the weights'
+    gradients (hooked on the local operand, as the get_attr weight has no module to hook), every
+    weight gradient is a quarter of the truth."""
+    result = verify_plan(FunctionalBlock(), torch.randn(8, 8), MESH, DATA_PARALLEL, capture=capture)
+    assert result.passed, result.summary()
+    assert set(result.coverage.sharded) == set(DATA_PARALLEL)
+
+
+def test_a_dropped_gradient_reduction_is_caught(monkeypatch):
+    """The planted bug: no HOOK on graph-value weights; the check names a weight's gradient."""
+    from shardverify.plan import execute
+
+    monkeypatch.setattr(execute, "apply_grad_hook", lambda comm, action, grad: grad)
+    result = verify_plan(FunctionalBlock(), torch.randn(8, 8), MESH, DATA_PARALLEL, capture="export")
+    assert not result.passed
+    first = result.first_divergence()
+    assert first.phase == "grad" and "grad of" in first.what and first.node in DATA_PARALLEL
+
+
+class Lookup(torch.nn.Module):
+    """Token ids in, as a language model starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 16)
+        self.proj = torch.nn.Linear(16, 8)
+
+    def forward(self, ids):
+        return self.proj(self.embed(ids))
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_integer_inputs_keep_their_dtype(capture):
+    ids = torch.arange(16).reshape(2, 8) * 2 % 32      # every id below the table's 32 rows
+    result = verify_plan(Lookup(), ids, MESH, capture=capture)
+    assert result.passed, result.summary()
+    assert result.coverage.count("handled") == 2
+
+
+class Mixed(torch.nn.Module):
+    def forward(self, x):
+        y = torch.nn.functional.softplus(x)             # no spec covers softplus
+        return torch.cat((y, y), dim=-1).mean(dim=-1)
+
+
+def test_coverage_counts_and_names_what_falls_back():
+    x = torch.randn(8, 4)
+    plan, coverage = plan_with_coverage(Mixed(), (x,), MESH, capture="export")
+    assert coverage.count("unhandled") == 1 and "aten.softplus.default" in coverage.unhandled_targets()
+    refused = [s for s in coverage.statuses if s.status == "refused"]
+    assert [s.target for s in refused] == ["aten.cat.default"] and "repeat" in refused[0].reason
+    assert "1 without a handler" in coverage.headline() and "1 refused" in coverage.headline()
+
+
+def test_a_plan_that_shards_nothing_says_so():
+    result = verify_plan(Mixed(), torch.randn(8, 4), MESH, capture="export")
+    assert result.passed and result.shards_nothing
+    assert "shards nothing" in result.summary()
+
+
+def test_a_model_export_cannot_capture_is_a_capture_error():
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            return x[x > 0].sum() if x.sum() > 0 else x.sum()   # control flow on values
+
+    with pytest.raises(CaptureError, match="torch.export cannot capture DataDependent"):
+        export_graph(DataDependent(), (torch.randn(4),), strict=True)
+
+
+def test_unknown_capture_is_refused():
+    with pytest.raises(Exception, match="capture must be one of"):
+        ModelRecipe(Lookup(), (torch.zeros(2, 8, dtype=torch.long),), capture="jit")
