@@ -62,6 +62,38 @@ CASES = [
             InputDecl('query', (8, 8, 8, 8), 'float32'),
             InputDecl('key', (8, 8, 8, 8), 'float32'),
             InputDecl('value', (8, 8, 8, 8), 'float32'),
+            InputDecl('attn_mask', (8, 1, 8, 8), 'bool'),
+        ),
+        params=(('scale', None),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='scaled_dot_product_attention',
+        target='torch.ops.aten.scaled_dot_product_attention.default',
+        inputs=(
+            InputDecl('query', (8, 8, 8, 8), 'float32'),
+            InputDecl('key', (8, 8, 8, 8), 'float32'),
+            InputDecl('value', (8, 8, 8, 8), 'float32'),
+        ),
+        params=(('scale', 0.5),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='scaled_dot_product_attention',
+        target='torch.ops.aten.scaled_dot_product_attention.default',
+        inputs=(
+            InputDecl('query', (8, 8, 8, 8), 'float32'),
+            InputDecl('key', (8, 8, 8, 8), 'float32'),
+            InputDecl('value', (8, 8, 8, 8), 'float32'),
+            InputDecl('attn_mask', (8, 1, 8, 8), 'bool'),
         ),
         params=(('scale', 0.5),),
         module=None,
@@ -72,10 +104,12 @@ CASES = [
     ),
 ]
 CASE_IDS = [
-    'torch.nn.functional.scaled_dot_product_attention-scale_None',
-    'torch.nn.functional.scaled_dot_product_attention-scale_0.5',
-    'torch.ops.aten.scaled_dot_product_attention.default-scale_None',
-    'torch.ops.aten.scaled_dot_product_attention.default-scale_0.5',
+    'torch.nn.functional.scaled_dot_product_attention-scale_None-attn_mask_False',
+    'torch.nn.functional.scaled_dot_product_attention-scale_0.5-attn_mask_False',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_False',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_True',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_False',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -99,10 +133,10 @@ def test_scaled_dot_product_attention_process(sv_backend, case, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 25, id='torch.nn.functional.scaled_dot_product_attention-scale_None-mesh2x2'),
-    pytest.param(1, (2, 2), 25, id='torch.nn.functional.scaled_dot_product_attention-scale_0.5-mesh2x2'),
-    pytest.param(2, (2, 2), 25, id='torch.ops.aten.scaled_dot_product_attention.default-scale_None-mesh2x2'),
-    pytest.param(3, (2, 2), 25, id='torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-mesh2x2'),
+    pytest.param(0, (2, 2), 25, id='torch.nn.functional.scaled_dot_product_attention-scale_None-attn_mask_False-mesh2x2'),
+    pytest.param(1, (2, 2), 25, id='torch.nn.functional.scaled_dot_product_attention-scale_0.5-attn_mask_False-mesh2x2'),
+    pytest.param(2, (2, 2), 25, id='torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_False-mesh2x2'),
+    pytest.param(4, (2, 2), 25, id='torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_False-mesh2x2'),
 ]
 
 

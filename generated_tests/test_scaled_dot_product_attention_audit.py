@@ -13,10 +13,12 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/scaled_dot_product_attention.yaml'
 CASE_IDS = [
-    'torch.nn.functional.scaled_dot_product_attention-scale_None',
-    'torch.nn.functional.scaled_dot_product_attention-scale_0.5',
-    'torch.ops.aten.scaled_dot_product_attention.default-scale_None',
-    'torch.ops.aten.scaled_dot_product_attention.default-scale_0.5',
+    'torch.nn.functional.scaled_dot_product_attention-scale_None-attn_mask_False',
+    'torch.nn.functional.scaled_dot_product_attention-scale_0.5-attn_mask_False',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_False',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_True',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_False',
+    'torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -144,7 +144,7 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
     op node's local output. Returns (env, layouts, param leaves, input leaves, result)."""
     mesh = comm.mesh
     by_name = {n.name: n for n in gm.graph.nodes}
-    params = dict(gm.named_parameters())
+    params = parameter_names(gm)
     env: dict[str, object] = {}
     layouts: dict[str, object] = {}
     leaves: dict[str, tuple[torch.Tensor, Layout | None, int, str]] = {}   # param name -> leaf, layout, order, node
@@ -250,6 +250,14 @@ def _weight_consumers(gm: fx.GraphModule, plan: Plan) -> dict[str, tuple[int, st
     return found
 
 
+def parameter_names(gm: fx.GraphModule) -> dict[str, str]:
+    """Every name a parameter is reachable by -> the name ``named_parameters()`` gives it (a tied
+    weight, GPT-2's embedding and LM head, is one parameter under two names: one leaf, one
+    gradient, compared with the reference's)."""
+    first: dict[int, str] = {}
+    return {name: first.setdefault(id(p), name) for name, p in gm.named_parameters(remove_duplicate=False)}
+
+
 def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: Layout | None, leaves: dict, order: int,
                 node: str, hooks=()) -> torch.Tensor:
     if qualname in leaves:
@@ -274,9 +282,8 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
         layout = Layout(strategy.get_sharding_spec_by_name(data.name))
         if data.locator.kind in ("param", "buffer"):
             qualname = f"{node.target}.{data.locator.key}"
-            full = params.get(qualname)
-            if full is None:
-                full = gm.get_buffer(qualname)
+            qualname = params.get(qualname, qualname)
+            full = gm.get_parameter(qualname) if qualname in params else gm.get_buffer(qualname)
             hooks = [a for a in strategy.communication_actions if a.operand == data.name and a.where is CommWhere.HOOK]
             tensor = _param_leaf(comm, qualname, full, layout, leaves, order, node.name, hooks)
         else:
@@ -315,9 +322,10 @@ def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
     args = fx.node.map_arg(node.args, value)
     kwargs = fx.node.map_arg(node.kwargs, value)
     if node.op == "get_attr":
-        full = gm.get_parameter(node.target) if node.target in params else \
-            functools.reduce(getattr, str(node.target).split("."), gm)
-        return _param_leaf(comm, node.target, full, None, leaves, order, node.name) if node.target in params else full
+        if node.target in params:   # a parameter: one leaf per parameter, whatever name reaches it
+            name = params[node.target]
+            return _param_leaf(comm, name, gm.get_parameter(name), None, leaves, order, node.name)
+        return functools.reduce(getattr, str(node.target).split("."), gm)
     if node.op == "call_function":
         return node.target(*args, **kwargs)
     if node.op == "call_method":
@@ -325,7 +333,8 @@ def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
     module = gm.get_submodule(node.target)
     tensors = {}
     for name, p in module.named_parameters():
-        tensors[name] = _param_leaf(comm, f"{node.target}.{name}", p, None, leaves, order, node.name)
+        qualname = f"{node.target}.{name}"
+        tensors[name] = _param_leaf(comm, params.get(qualname, qualname), p, None, leaves, order, node.name)
     tensors.update(dict(module.named_buffers()))
     return torch.func.functional_call(module, tensors, args, kwargs)
 

@@ -214,18 +214,19 @@ class OpCase:
         if self.positional:
             by_name = {i.name: p for i, p in zip(self.inputs, (x, *others))}
             args = tuple(by_name[a.value] if a.kind == "tensor" else [by_name[n] for n in a.value]
-                         if a.kind == "list" else a.value for a in self.positional)  # type: ignore[union-attr]
+                         if a.kind == "list" else call_value(a.value) for a in self.positional)  # type: ignore[union-attr]
         else:
             args = (x, *others)
+        params = {key: call_value(value) for key, value in self.params}
         if self.module is not None:
             name = _attribute_name(self.target)
             name = f"{name}_op" if name == pred_name else name
             root.add_module(name, self.module.instantiate())
             out = graph.call_module(name, (x, *others))
         elif self.target.startswith("torch.Tensor."):
-            out = graph.call_method(self.target.rsplit(".", 1)[1], args, dict(self.params))
+            out = graph.call_method(self.target.rsplit(".", 1)[1], args, params)
         else:
-            out = graph.call_function(resolve(self.target), args, dict(self.params))
+            out = graph.call_function(resolve(self.target), args, params)
         graph.output(out)
         return fx.GraphModule(root, graph)
 
@@ -283,6 +284,16 @@ def cached(cache: dict, key: object, make: Callable[[], T]) -> T:
     if len(cache) >= CACHE_SIZE:
         cache.pop(next(iter(cache)))
     cache[key] = value
+    return value
+
+
+def call_value(value: object) -> object:
+    """A spec literal as the call takes it: ``"torch.float64"`` is that dtype (a YAML spec has no
+    other way to write one: ``aten.to.dtype``'s argument); anything else as written."""
+    if isinstance(value, str) and value.startswith("torch."):
+        dtype = getattr(torch, value[len("torch."):], None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
     return value
 
 

@@ -171,7 +171,8 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
     return dtype
 
 
-_DOTTED = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*\Z")
+#: dotted names of public parts; a dunder part is public too (Python's operators: aten.__and__.Tensor)
+_DOTTED = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.([A-Za-z][A-Za-z0-9_]*|__[a-z]+__))*\Z")
 
 
 def lookup(dotted: str) -> Any:

@@ -16,6 +16,8 @@ HANDLER = register_handler(HandlerDef(
                     attribute=None, optional=False, element=None),
         OperandDecl(role='value', kind='input', index=2, keyword='value',
                     attribute=None, optional=False, element=None),
+        OperandDecl(role='attn_mask', kind='input', index=3, keyword='attn_mask',
+                    attribute=None, optional=True, element=None),
         OperandDecl(role='output', kind='output', index=None, keyword=None,
                     attribute=None, optional=False, element=None),
     ),
@@ -23,7 +25,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='scale', index=None, keyword='scale', default=None),
     ),
     generator='rules',
-    options=(('einsum', 'b h s d, b h t d, b h t e -> b h s e'), ('whole', ('d', 't'))),
+    options=(('einsum', 'b h s d, b h t d, b h t e, b h s t -> b h s e'), ('whole', ('d', 't'))),
     spec_file='specs/scaled_dot_product_attention.yaml',
     overrides=(
         (torch.ops.aten.scaled_dot_product_attention.default, (
@@ -33,6 +35,8 @@ HANDLER = register_handler(HandlerDef(
                         attribute=None, optional=False, element=None),
             OperandDecl(role='value', kind='input', index=2, keyword='value',
                         attribute=None, optional=False, element=None),
+            OperandDecl(role='attn_mask', kind='input', index=3, keyword='attn_mask',
+                        attribute=None, optional=True, element=None),
             OperandDecl(role='output', kind='output', index=None, keyword=None,
                         attribute=None, optional=False, element=None),
         ), (
