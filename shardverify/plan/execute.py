@@ -95,20 +95,33 @@ def reference_run(recipe: ModelRecipe):
     inputs = [as_float64(x.detach()).clone().requires_grad_(x.is_floating_point()) for x in recipe.inputs]
     values: dict[str, object] = {}
 
+    tensors: dict[str, torch.Tensor] = {}
+
     class Recorder(fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 out.retain_grad()
-            values[n.name] = out
+                tensors[n.name] = out
+            # a copy: a later in-place op (ResNet's `x += residual`, ReLU(inplace=True)) must not
+            # change the value this node is compared with
+            values[n.name] = _snapshot(out)
             return out
 
     out = Recorder(gm).run(*inputs)
     out_t = out if isinstance(out, torch.Tensor) else out[0]
     out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
-    grads = {name: v.grad for name, v in values.items() if isinstance(v, torch.Tensor) and v.grad is not None}
+    grads = {name: v.grad for name, v in tensors.items() if v.grad is not None}
     params = {name: p.grad for name, p in gm.named_parameters()}
     return gm, values, grads, [x.grad for x in inputs], params
+
+
+def _snapshot(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_snapshot(v) for v in value)
+    return value
 
 
 def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, actual, expected) -> None:
