@@ -213,6 +213,7 @@ def param_strategies(spec: OpSpec) -> tuple[tuple[str, st.SearchStrategy], ...]:
     """(grid key, strategy) for every grid key and every boolean parameter outside the grid."""
     by_role = {o.role: o for o in spec.operands}
     defaults = {p.name: p.default for p in spec.params}
+    options = dict(spec.options)
     keys = list(spec.verify.grid)
     keys += [(p.name, ()) for p in spec.params
              if isinstance(p.default, bool) and p.name not in dict(spec.verify.grid)]
@@ -221,6 +222,9 @@ def param_strategies(spec: OpSpec) -> tuple[tuple[str, st.SearchStrategy], ...]:
         known = list(values) + ([defaults[key]] if key in defaults else [])
         if (key in by_role and by_role[key].optional) or (known and all(isinstance(v, bool) for v in known)):
             found.append((key, st.booleans()))
+        elif options.get("view") == "permute" and options.get("dims_param") == key:
+            # a permutation of every dim, as the op requires (any other tuple is refused by torch)
+            found.append((key, st.permutations(range(_op_rank(spec))).map(tuple)))
         elif _names_dims(spec, key) and all(_is_dims_value(v) for v in known):
             found.append((key, dims_strategy(_op_rank(spec), allow_all=None in known,
                                              allow_tuple=any(isinstance(v, tuple) for v in known))))
@@ -353,7 +357,8 @@ def examples(spec: OpSpec, *, mesh_max_size: int = DEFAULT_MESH_MAX_SIZE) -> st.
         mesh = draw(mesh_shapes(mesh_max_size))
         target = draw(st.sampled_from(spec.targets))
         sizes = [draw(st.sampled_from(SIZES)) for _ in groups]
-        point = tuple((key, draw(strategy)) for key, strategy in params)
+        fixed = dict(target.where)    # a target that takes only some grid values (aten.squeeze.dim)
+        point = tuple((key, fixed[key] if key in fixed else draw(strategy)) for key, strategy in params)
         return _narrowed(spec, target, sizes, point, mesh)
 
     return draw_example()
