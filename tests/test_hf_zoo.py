@@ -17,6 +17,9 @@ from shardverify.plan.hf_zoo import HF_MODELS, hf_model  # noqa: E402
 
 #: tensor ops handled today on (2,2), a floor that coverage must not fall below
 HANDLED = {"gpt2": 66, "llama": 89, "bert": 45, "vit": 45, "resnet": 7}
+#: weight matrices (linear, addmm, embedding, conv) in each model: all sharded under shard_weights
+WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8),
+           "bert": ("aten.linear.default", 6), "vit": ("aten.linear.default", 7), "resnet": ("aten.linear.default", 1)}
 
 
 @pytest.mark.parametrize("name", sorted(HF_MODELS))
@@ -28,6 +31,28 @@ def test_the_solvers_plan_of_a_real_model_verifies(name):
     assert result.coverage.count("handled") >= HANDLED[name], result.coverage.lines()
     # every op node is accounted for, and a fallback always carries its reason
     assert all(s.reason for s in result.coverage.fallbacks)
+
+
+@pytest.mark.parametrize("mesh", [(2, 2), (4,)], ids=["mesh2x2", "mesh4"])
+@pytest.mark.parametrize("name", sorted(HF_MODELS))
+def test_a_plan_sharding_every_weight_of_a_real_model_verifies(name, mesh):
+    """At this size the cheapest plan shards little (a collective costs more than the compute it
+    saves); asked to shard every weight it can, the solver makes every projection tensor
+    parallel, and the whole model still matches the single-device run, forward and backward."""
+    model, inputs = hf_model(name)
+    result = verify_plan(model, inputs, mesh, capture="export", shard_weights=True)
+    assert result.passed, result.summary()
+    target, count = WEIGHTS[name]
+    by_node = {s.node: s.target for s in result.coverage.statuses}
+    assert sum(by_node[node] == target for node in result.coverage.sharded) == count, result.coverage.lines()
+
+
+def test_a_minimum_the_model_cannot_meet_is_refused():
+    from shardverify.plan import PlanInfeasible
+
+    model, inputs = hf_model("resnet")
+    with pytest.raises(PlanInfeasible, match="min_sharded=1000, but only"):
+        verify_plan(model, inputs, (4,), capture="export", min_sharded=1000)
 
 
 def _llama_mlp(mesh: DeviceMesh):

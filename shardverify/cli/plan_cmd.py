@@ -23,6 +23,11 @@ def add_parser(sub) -> None:
     parser.add_argument("--input", action="append", default=[], help="input shape for a factory, e.g. 64,128")
     parser.add_argument("--backend", default="simulated", help="simulated | gloo | nccl | process")
     parser.add_argument("--memory-limit", type=int, help="bytes per device for the solver")
+    parser.add_argument("--min-sharded", type=int, default=0, metavar="N",
+                        help="the solver's plan shards at least N nodes (on a small model the cheapest plan "
+                             "is often all replicated, which checks no sharding)")
+    parser.add_argument("--shard-weights", action="store_true",
+                        help="the solver's plan shards every weight that a strategy can shard (tensor parallelism)")
     parser.add_argument("--capture", choices=("fx", "export"), default="fx",
                         help="fx: torch.fx symbolic tracing (default); export: torch.export's ATen graph, "
                              "for models fx cannot trace (HF transformers)")
@@ -61,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
                 plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
         module, example = build_spec_model(factory, kwargs, inputs)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
-                             capture=args.capture)
+                             capture=args.capture, min_sharded=args.min_sharded,
+                             shard_weights=args.shard_weights)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         print(f"shardverify plan: {error}", file=sys.stderr)
         return 2

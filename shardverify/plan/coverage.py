@@ -17,7 +17,7 @@ from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.strategies.handlers.base import handler_for_node
 
-__all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "STATUSES"]
+__all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", "STATUSES"]
 
 #: a tensor op with strategies / whose handler refused it / that no spec covers; a node that
 #: returns no tensor (``x.size(1)``, an assertion) is not an op a strategy could shard
@@ -81,7 +81,7 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
     return options, tuple(statuses)
 
 
-def _shards(strategy: ShardingStrategy | None) -> bool:
+def shards(strategy: ShardingStrategy | None) -> bool:
     """Does the strategy split a tensor or communicate (a partial result)?"""
     return strategy is not None and (any(spec.dim_partition for _, spec in strategy.sharding_specs)
                                      or bool(strategy.communication_actions))
@@ -97,7 +97,7 @@ class Coverage:
     @classmethod
     def of(cls, statuses: tuple[NodeStatus, ...], plan) -> Coverage:
         chosen = {item.node: item.strategy for item in plan.nodes}
-        return cls(statuses, tuple(s.node for s in statuses if s.status == "handled" and _shards(chosen.get(s.node))))
+        return cls(statuses, tuple(s.node for s in statuses if s.status == "handled" and shards(chosen.get(s.node))))
 
     def count(self, status: str) -> int:
         return sum(1 for s in self.statuses if s.status == status)

@@ -21,7 +21,9 @@ from torch import fx
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.build import assemble_plan
-from shardverify.plan.graph import deferrable, deferred_saving, edge_targets, make_reshard, node_layouts, node_options
+from shardverify.plan.coverage import shards
+from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, node_layouts,
+                                    node_options, operand_producer)
 from shardverify.plan.model import FLOP_RATE, Plan
 from shardverify.sharding.strategy import ShardingStrategy
 
@@ -53,13 +55,39 @@ def _variants(strategies, defer: bool) -> list:
     return found
 
 
+def _weight_takers(graph_module: fx.GraphModule, choices: dict, x: dict) -> dict[str, list]:
+    """Weight (a parameter's get_attr node, or a module parameter) -> the option variables that
+    lay it out sharded; weights no option shards are left out."""
+    params = {name for name, _ in graph_module.named_parameters(remove_duplicate=False)}
+    by_name = {n.name: n for n in graph_module.graph.nodes}
+    takers: dict[str, list] = {}
+    for name, opts in choices.items():
+        node = by_name[name]
+        for var, (strategy, _) in zip(x[name], opts):
+            for data in strategy.inputs if strategy is not None else ():
+                if not strategy.get_sharding_spec_by_name(data.name).dim_partition:
+                    continue
+                if data.locator.kind == "param":
+                    takers.setdefault(f"{node.target}.{data.locator.key}", []).append(var)
+                    continue
+                producer = operand_producer(node, data.locator)
+                if producer is not None and producer.op == "get_attr" and producer.target in params:
+                    takers.setdefault(str(producer.target), []).append(var)
+    return takers
+
+
 def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int | None = None,
                flop_rate: float = FLOP_RATE,
                options: Mapping[str, list[ShardingStrategy] | None] | None = None,
-               defer_reductions: bool = True) -> Plan:
+               defer_reductions: bool = True, min_sharded: int = 0, shard_weights: bool = False) -> Plan:
     """The cheapest plan by declared cost; ``memory_limit`` bounds the summed declared memory
     (bytes per device) of the chosen strategies. With ``defer_reductions`` a strategy's AFTER
-    all-reduce may be left to the resharding (a reduce-scatter when the consumer shards)."""
+    all-reduce may be left to the resharding (a reduce-scatter when the consumer shards).
+    ``min_sharded``: at least that many nodes take a strategy that shards (or communicates), so
+    that on a small model, where a collective costs more than the compute it saves and the
+    cheapest plan is all replicated, the check still checks sharding. ``shard_weights``: every
+    weight that some strategy can lay out sharded is sharded by at least one of the ops taking
+    it (tensor parallelism wherever the model allows it, so a check covers the matmuls)."""
     options = node_options(graph_module, mesh) if options is None else options
     nodes = list(graph_module.graph.nodes)
     choices = {n.name: _variants(options[n.name], defer_reductions) for n in nodes}
@@ -102,6 +130,17 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
     problem += pulp.lpSum(objective)
     if memory_limit is not None:
         problem += pulp.lpSum(memory) <= memory_limit, "memory"
+    if min_sharded:
+        shardable = [var for name, opts in choices.items() for var, (strategy, _) in zip(x[name], opts)
+                     if shards(strategy)]
+        available = sum(1 for opts in choices.values() if any(shards(s) for s, _ in opts))
+        if available < min_sharded:
+            raise PlanInfeasible(f"min_sharded={min_sharded}, but only {available} node(s) of the model have a "
+                                 f"strategy that shards on mesh {mesh.shape}")
+        problem += pulp.lpSum(shardable) >= min_sharded, "min_sharded"
+    if shard_weights:
+        for index, takers in enumerate(_weight_takers(graph_module, choices, x).values()):
+            problem += pulp.lpSum(takers) >= 1, f"shard_weight_{index}"
     status = problem.solve(pulp.PULP_CBC_CMD(msg=0))
     if pulp.LpStatus[status] != "Optimal":
         if memory_limit is not None:
