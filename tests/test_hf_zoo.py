@@ -126,3 +126,22 @@ def test_llama_mlp_tensor_parallel_verifies_on_gloo(sv_backend):
                          backend=sv_backend((4,)))
     assert result.passed, result.summary()
     assert result.backend.startswith(("gloo", "nccl", "process")), result.backend
+
+
+def test_the_plan_command_runs_a_zoo_model_and_reports_its_coverage(capsys):
+    from shardverify.cli.main import main
+
+    assert main(["plan", "zoo:gpt2", "--mesh", "4", "--shard-weights"]) == 0
+    out = capsys.readouterr().out
+    assert "coverage: 90 tensor op(s)" in out and "without a handler:" in out and "PASS" in out
+    # --strict: ops that ran replicated for want of strategies fail the command
+    assert main(["plan", "zoo:gpt2", "--mesh", "4", "--shard-weights", "--strict"]) == 1
+    assert "--strict:" in capsys.readouterr().out
+
+
+def test_an_unknown_zoo_model_is_a_usage_error(capsys):
+    from shardverify.cli.main import main
+
+    assert main(["plan", "zoo:gpt5"]) == 2
+    err = capsys.readouterr().err
+    assert "no zoo model 'gpt5'" in err and err.count("\n") == 1

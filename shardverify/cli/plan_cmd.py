@@ -15,8 +15,10 @@ __all__ = ["add_parser"]
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("plan", help="plan a model on a mesh and verify the plan end to end",
-                            description="SPEC is a specs/plans/*.yaml file or a model factory's dotted path "
-                                        "(then --input gives the input shapes).")
+                            description="SPEC is a specs/plans/*.yaml file, a model factory's dotted path "
+                                        "(then --input gives the input shapes), or zoo:NAME, a tiny HF "
+                                        "transformers model (gpt2, llama, bert, vit, resnet; the models extra) "
+                                        "with its own inputs, captured with torch.export.")
     parser.add_argument("spec")
     parser.add_argument("--mesh", help="mesh shape, e.g. 2,2 (default: the spec's)")
     parser.add_argument("--plan", help="YAML file: node name -> strategy name (default: the solver's plan)")
@@ -28,9 +30,9 @@ def add_parser(sub) -> None:
                              "is often all replicated, which checks no sharding)")
     parser.add_argument("--shard-weights", action="store_true",
                         help="the solver's plan shards every weight that a strategy can shard (tensor parallelism)")
-    parser.add_argument("--capture", choices=("fx", "export"), default="fx",
-                        help="fx: torch.fx symbolic tracing (default); export: torch.export's ATen graph, "
-                             "for models fx cannot trace (HF transformers)")
+    parser.add_argument("--capture", choices=("fx", "export"),
+                        help="fx: torch.fx symbolic tracing (the default); export: torch.export's ATen graph, "
+                             "for models fx cannot trace (HF transformers; the default for zoo:NAME)")
     parser.add_argument("--strict", action="store_true",
                         help="fail (exit 1) when a tensor op runs replicated for want of strategies "
                              "(refused or without a handler), or when the plan shards nothing")
@@ -47,7 +49,13 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.plan.verify import describe_plan, verify_plan
 
     try:
-        if args.spec.endswith((".yaml", ".yml")):
+        capture = args.capture or ("export" if args.spec.startswith("zoo:") else "fx")
+        if args.spec.startswith("zoo:"):
+            from shardverify.plan.hf_zoo import hf_model
+
+            zoo_model = hf_model(args.spec[len("zoo:"):])
+            mesh = _shape(args.mesh or "2,2")
+        elif args.spec.endswith((".yaml", ".yml")):
             with open(args.spec) as handle:
                 raw = yaml.safe_load(handle)
             factory, kwargs = raw["model"]["factory"], tuple((raw["model"].get("kwargs") or {}).items())
@@ -64,9 +72,9 @@ def run(args: argparse.Namespace) -> int:
         if args.plan:
             with open(args.plan) as handle:
                 plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
-        module, example = build_spec_model(factory, kwargs, inputs)
+        module, example = zoo_model if args.spec.startswith("zoo:") else build_spec_model(factory, kwargs, inputs)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
-                             capture=args.capture, min_sharded=args.min_sharded,
+                             capture=capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         print(f"shardverify plan: {error}", file=sys.stderr)
