@@ -106,3 +106,24 @@ def test_a_model_export_cannot_capture_is_a_capture_error():
 def test_unknown_capture_is_refused():
     with pytest.raises(Exception, match="capture must be one of"):
         ModelRecipe(Lookup(), (torch.zeros(2, 8, dtype=torch.long),), capture="jit")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["shardverify.plan.zoo.linear_chain", "--input", "8,32", "--mesh", "abc"], "got 'abc'"),
+    (["shardverify.plan.zoo.linear_chain", "--input", "a,b"], "got 'a,b'"),
+    (["torch.nn.functional.relu", "--input", "4,4"], "TypeError: relu() missing"),
+    (["shardverify.plan.zoo.linear_chain", "--input", "8,31"], "a and b must have same reduction dim"),
+])
+def test_plan_command_input_errors_are_one_line_with_status_2(capsys, argv, message):
+    from shardverify.cli.main import main
+
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_plan_command_debug_shows_the_error_itself():
+    from shardverify.cli.main import main
+
+    with pytest.raises(TypeError, match="relu"):
+        main(["plan", "torch.nn.functional.relu", "--input", "4,4", "--debug"])

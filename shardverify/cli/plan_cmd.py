@@ -8,6 +8,7 @@ import sys
 
 import yaml
 
+from shardverify.cli.verify_rows import describe_error, quiet_tracing
 from shardverify.errors import ShardVerifyError
 
 __all__ = ["add_parser"]
@@ -37,17 +38,27 @@ def add_parser(sub) -> None:
                         help="fail (exit 1) when a tensor op runs replicated for want of strategies "
                              "(refused or without a handler), or when the plan shards nothing")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error in the model, its capture or the plan, show the whole traceback")
     parser.set_defaults(func=run)
 
 
 def _shape(text: str) -> tuple[int, ...]:
-    return tuple(int(s) for s in text.split(",") if s.strip())
+    """``"2,2"`` -> (2, 2); anything else is a usage error naming the text."""
+    try:
+        shape = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        shape = ()
+    if not shape or any(size <= 0 for size in shape):
+        raise ShardVerifyError(f"expected a shape of positive integers such as 2,2, got {text!r}")
+    return shape
 
 
 def run(args: argparse.Namespace) -> int:
     from shardverify.plan.spec import build_spec_model
     from shardverify.plan.verify import describe_plan, verify_plan
 
+    quiet_tracing()   # a model that fails to trace is reported in one line, not torch's printed traceback
     try:
         capture = args.capture or ("export" if args.spec.startswith("zoo:") else "fx")
         if args.spec.startswith("zoo:"):
@@ -77,7 +88,17 @@ def run(args: argparse.Namespace) -> int:
                              capture=capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
-        print(f"shardverify plan: {error}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"shardverify plan: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("shardverify plan: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the user's model or factory raised: an input error
+        if args.debug:
+            raise
+        print(f"shardverify plan: {describe_error(error)} (--debug shows the traceback)", file=sys.stderr)
         return 2
     strict_failure = args.strict and (result.shards_nothing or bool(result.coverage and result.coverage.fallbacks))
     if args.json:
@@ -90,3 +111,8 @@ def run(args: argparse.Namespace) -> int:
         if strict_failure:
             print("--strict: tensor ops ran without strategies or nothing was sharded (see coverage)")
     return 0 if result.passed and not strict_failure else 1
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
