@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shardverify import verify_plan
+from shardverify import DeviceMesh, verify_plan
 from shardverify.capture.export import CaptureError, export_graph
-from shardverify.plan.execute import ModelRecipe
+from shardverify.plan.execute import ModelRecipe, _traced
 from shardverify.plan.verify import plan_with_coverage
 
 MESH = (4,)
@@ -79,13 +79,35 @@ class Mixed(torch.nn.Module):
         return torch.cat((y, y), dim=-1).mean(dim=-1)
 
 
+class Computed(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x).sum(dim=x.dim() - 1)      # a dim computed in the graph: sum refuses it
+
+
 def test_coverage_counts_and_names_what_falls_back():
     x = torch.randn(8, 4)
     plan, coverage = plan_with_coverage(Mixed(), (x,), MESH, capture="export")
     assert coverage.count("unhandled") == 1 and "aten.softplus.default" in coverage.unhandled_targets()
+    assert "1 without a handler" in coverage.headline() and coverage.count("refused") == 0
+    plan, coverage = plan_with_coverage(Computed(), (x,), MESH, capture="fx")
     refused = [s for s in coverage.statuses if s.status == "refused"]
-    assert [s.target for s in refused] == ["aten.cat.default"] and "repeat" in refused[0].reason
-    assert "1 without a handler" in coverage.headline() and "1 refused" in coverage.headline()
+    assert [s.target for s in refused] == ["Tensor.sum"] and "computed by node" in refused[0].reason
+    assert "1 refused" in coverage.headline()
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_one_value_in_two_operand_slots_is_two_operands(capture):
+    """torch.cat((y, y)): each slot has its own layout and resharding; sharded, it verifies."""
+    from shardverify.plan.coverage import classify_nodes
+
+    x = torch.randn(8, 4)
+    graph_module = _traced(ModelRecipe(Mixed(), (x,), capture=capture))
+    options, statuses = classify_nodes(graph_module, DeviceMesh(MESH))
+    cat = next(s.node for s in statuses if "cat" in s.target)
+    sharded = [s.name for s in options[cat] if "S0" in s.name]
+    assert sharded, [s.name for s in options[cat]]
+    result = verify_plan(Mixed(), x, MESH, {cat: sharded[0]}, capture=capture)
+    assert result.passed and cat in result.coverage.sharded, result.summary()
 
 
 def test_a_plan_that_shards_nothing_says_so():

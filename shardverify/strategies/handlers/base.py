@@ -291,6 +291,10 @@ def resolve_operands(handler: HandlerDef, node: Node, graph_module: GraphModule)
             continue
         data = _resolve_one(decl, handler, node, graph_module)
         if data is not None:
+            if any(other.name == data.name for other in found.values()):
+                # one graph value in two operand slots (torch.cat((x, x))): each slot is its own
+                # operand, with its own layout and resharding, named by its role
+                data = dataclasses.replace(data, name=f"{data.name}@{decl.role}")
             found[decl.role] = data
     return found
 
