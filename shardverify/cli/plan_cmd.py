@@ -24,6 +24,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--mesh", help="mesh shape, e.g. 2,2 (default: the spec's)")
     parser.add_argument("--plan", help="YAML file: node name -> strategy name (default: the solver's plan)")
     parser.add_argument("--input", action="append", default=[], help="input shape for a factory, e.g. 64,128")
+    parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a keyword argument of the factory, its value read as YAML (d_hidden=128, bias=false)")
     parser.add_argument("--backend", default="simulated", help="simulated | gloo | nccl | process")
     parser.add_argument("--memory-limit", type=int, help="bytes per device for the solver")
     parser.add_argument("--min-sharded", type=int, default=0, metavar="N",
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             inputs = tuple((k, tuple(v)) for k, v in raw["inputs"].items())
             mesh = _shape(args.mesh) if args.mesh else tuple(raw["mesh"])
         else:
-            factory, kwargs = args.spec, ()
+            factory, kwargs = args.spec, _kwargs(args.kwarg)
             if not args.input:
                 print(f"shardverify plan: {args.spec} is a factory; give its input shapes with --input", file=sys.stderr)
                 return 2
@@ -104,13 +106,28 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**result.to_json(), "strict_failure": strict_failure}, indent=2))
     else:
-        print(describe_plan(result.plan))
+        print(describe_plan(result.plan, result.coverage))
         if result.coverage is not None:
             print("\n".join(result.coverage.lines()))
         print(f"verification on {result.backend}: {result.summary()}")
         if strict_failure:
             print("--strict: tensor ops ran without strategies or nothing was sharded (see coverage)")
     return 0 if result.passed and not strict_failure else 1
+
+
+def _kwargs(items: list[str]) -> tuple[tuple[str, object], ...]:
+    """``["d_hidden=128", "bias=false"]`` -> (("d_hidden", 128), ("bias", False))."""
+    found = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ShardVerifyError(f"--kwarg expects KEY=VALUE with KEY an identifier, got {item!r}")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ShardVerifyError(f"--kwarg {item!r}: the value is not YAML: {_one_line(exc)}") from None
+        found.append((key.strip(), parsed))
+    return tuple(found)
 
 
 def _one_line(error: BaseException) -> str:

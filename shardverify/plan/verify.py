@@ -54,7 +54,7 @@ class PlanResult:
         lines = [f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}"
                  + (f" (max abs error {first.max_abs_err:.3g})" if first.phase != "error" else "")]
         if item is not None:
-            lines.append(f"  strategy: {item.strategy_name}")
+            lines.append(f"  strategy: {node_label(item, self.coverage)}")
             lines += [f"  resharding before it: {r}" for r in item.reshards] or ["  resharding before it: none"]
         ranks = sorted({m.rank for m in self.mismatches if m.node == first.node})
         lines.append(f"  ranks: {ranks}; {len(self.mismatches)} mismatch(es) in all")
@@ -78,10 +78,23 @@ class PlanResult:
         }
 
 
-def describe_plan(plan: Plan) -> str:
+def node_label(item, coverage: Coverage | None = None) -> str:
+    """A node's strategy, or why it has none: no handler for its target, or its handler's refusal."""
+    status = None if coverage is None or item.strategy is not None else \
+        next((s for s in coverage.statuses if s.node == item.node), None)
+    if status is None or status.status == "handled":
+        return item.strategy_name
+    if status.status == "unhandled":
+        return f"replicated: no handler for {status.target}"
+    if status.status == "refused":
+        return f"replicated: {status.target} refused: {status.reason[:160]}"
+    return "runs as is (no tensor output)"
+
+
+def describe_plan(plan: Plan, coverage: Coverage | None = None) -> str:
     lines = [f"plan on mesh {list(plan.mesh_shape)}:"]
     for item in plan.nodes:
-        lines.append(f"  {item.node:<16} {item.strategy_name}")
+        lines.append(f"  {item.node:<16} {node_label(item, coverage)}")
         lines += [f"      reshard {r.operand}: {r.source} -> {r.target} via "
                   f"{', '.join(map(str, r.steps))} ({r.cost:.3g} s)" for r in item.reshards if r.steps]
     c = plan.cost
