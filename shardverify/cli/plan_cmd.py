@@ -62,11 +62,12 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_tracing()   # a model that fails to trace is reported in one line, not torch's printed traceback
     try:
-        capture = args.capture or ("export" if args.spec.startswith("zoo:") else "fx")
-        if args.spec.startswith("zoo:"):
+        zoo = args.spec.startswith("zoo:")
+        capture = args.capture or ("export" if zoo else "fx")
+        if zoo:
             from shardverify.plan.hf_zoo import hf_model
 
-            zoo_model = hf_model(args.spec[len("zoo:"):])
+            module, example = hf_model(args.spec[len("zoo:"):])
             mesh = _shape(args.mesh or "2,2")
         elif args.spec.endswith((".yaml", ".yml")):
             with open(args.spec) as handle:
@@ -85,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         if args.plan:
             with open(args.plan) as handle:
                 plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
-        module, example = zoo_model if args.spec.startswith("zoo:") else build_spec_model(factory, kwargs, inputs)
+        if not zoo:
+            module, example = build_spec_model(factory, kwargs, inputs)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
                              capture=capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights)

@@ -17,7 +17,7 @@ from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.strategies.handlers.base import handler_for_node
 
-__all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", "STATUSES"]
+__all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", "meta_shapes", "STATUSES"]
 
 #: a tensor op with strategies / whose handler refused it / that no spec covers; a node that
 #: returns no tensor (``x.size(1)``, an assertion) is not an op a strategy could shard
@@ -44,10 +44,16 @@ def target_name(node: fx.Node) -> str:
         f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__qualname__', repr(target))}".lstrip(".")
 
 
-def _returns_tensor(node: fx.Node) -> bool:
+def meta_shapes(node: fx.Node) -> tuple[int, ...] | list[tuple[int, ...]] | None:
+    """The node's output shape, a list of them for a tuple of tensors, None for a non-tensor."""
     meta = node.meta.get("tensor_meta")
-    return meta is not None and (hasattr(meta, "shape") or (
-        isinstance(meta, (list, tuple)) and bool(meta) and all(hasattr(m, "shape") for m in meta)))
+    if meta is None:
+        return None
+    if hasattr(meta, "shape"):
+        return tuple(meta.shape)
+    if isinstance(meta, (list, tuple)) and all(hasattr(m, "shape") for m in meta):
+        return [tuple(m.shape) for m in meta]
+    return None
 
 
 def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
@@ -61,7 +67,7 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
             options[node.name] = None
             continue
         name = target_name(node)
-        if not _returns_tensor(node):
+        if meta_shapes(node) in (None, []):   # no tensor, or an empty tuple of them (a 0-d tensor is one)
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "no tensor output"))
             continue

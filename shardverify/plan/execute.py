@@ -21,7 +21,7 @@ from torch import fx
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.capture.export import export_graph
 from shardverify.errors import InvalidArgument, VerificationError
-from shardverify.plan.graph import metadata_read, operand_producer
+from shardverify.plan.graph import metadata_read, operand_producer, parameter_names
 from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
 from shardverify.sharding.reshard_plan import Layout
@@ -261,14 +261,6 @@ def _weight_consumers(gm: fx.GraphModule, plan: Plan) -> dict[str, tuple[int, st
                 first = min(users, key=lambda u: order[u.name])
                 found[node.name] = (order[first.name], first.name)
     return found
-
-
-def parameter_names(gm: fx.GraphModule) -> dict[str, str]:
-    """Every name a parameter is reachable by -> the name ``named_parameters()`` gives it (a tied
-    weight, GPT-2's embedding and LM head, is one parameter under two names: one leaf, one
-    gradient, compared with the reference's)."""
-    first: dict[int, str] = {}
-    return {name: first.setdefault(id(p), name) for name, p in gm.named_parameters(remove_duplicate=False)}
 
 
 def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: Layout | None, leaves: dict, order: int,

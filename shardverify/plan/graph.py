@@ -11,12 +11,12 @@ from torch import fx
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.reshard_plan import Layout, plan_reshard, reshard_cost
-from shardverify.plan.coverage import classify_nodes
+from shardverify.plan.coverage import classify_nodes, meta_shapes
 from shardverify.plan.model import Reshard
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
 
-__all__ = ["node_options", "operand_producer", "deferrable", "deferred_saving", "node_layouts", "metadata_read",
-           "edge_targets", "make_reshard", "replicated_choice"]
+__all__ = ["node_options", "operand_producer", "parameter_names", "deferrable", "deferred_saving", "node_layouts",
+           "metadata_read", "edge_targets", "make_reshard", "replicated_choice"]
 
 
 def node_options(graph_module: fx.GraphModule, mesh: DeviceMesh) -> dict[str, list[ShardingStrategy] | None]:
@@ -38,15 +38,12 @@ def operand_producer(node: fx.Node, locator: OperandLocator) -> fx.Node | None:
     return value if isinstance(value, fx.Node) else None
 
 
-def _meta_shapes(node: fx.Node):
-    meta = node.meta.get("tensor_meta")
-    if meta is None:
-        return None
-    if hasattr(meta, "shape"):
-        return tuple(meta.shape)
-    if isinstance(meta, (list, tuple)) and all(hasattr(m, "shape") for m in meta):
-        return [tuple(m.shape) for m in meta]
-    return None
+def parameter_names(gm: fx.GraphModule) -> dict[str, str]:
+    """Every name a parameter is reachable by -> the name ``named_parameters()`` gives it (a tied
+    weight, GPT-2's embedding and LM head, is one parameter under two names: one leaf, one
+    gradient, compared with the reference's)."""
+    first: dict[int, str] = {}
+    return {name: first.setdefault(id(p), name) for name, p in gm.named_parameters(remove_duplicate=False)}
 
 
 def deferrable(strategy: ShardingStrategy | None) -> tuple[int, ...]:
@@ -73,7 +70,7 @@ def node_layouts(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceM
     if strategy is not None:
         layouts = [Layout(strategy.get_sharding_spec_by_name(d.name), deferred) for d in strategy.outputs]
         return layouts[0] if len(layouts) == 1 else layouts
-    shapes = _meta_shapes(node)
+    shapes = meta_shapes(node)
     if shapes is None:
         return None
     if isinstance(shapes, list):
@@ -121,7 +118,7 @@ def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceM
     if metadata_read(node) is not None:
         return edges                                 # the global shape needs none of the data
     for producer in node.all_input_nodes:
-        shapes = _meta_shapes(producer)
+        shapes = meta_shapes(producer)
         if isinstance(shapes, list):
             edges += [(f"{producer.name}[{i}]", producer, i, Layout.replicated(mesh.shape, shape))
                       for i, shape in enumerate(shapes)]

@@ -23,7 +23,7 @@ from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.build import assemble_plan
 from shardverify.plan.coverage import shards
 from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, node_layouts,
-                                    node_options, operand_producer)
+                                    node_options, operand_producer, parameter_names)
 from shardverify.plan.model import FLOP_RATE, Plan
 from shardverify.sharding.strategy import ShardingStrategy
 
@@ -58,7 +58,7 @@ def _variants(strategies, defer: bool) -> list:
 def _weight_takers(graph_module: fx.GraphModule, choices: dict, x: dict) -> dict[str, list]:
     """Weight (a parameter's get_attr node, or a module parameter) -> the option variables that
     lay it out sharded; weights no option shards are left out."""
-    params = {name for name, _ in graph_module.named_parameters(remove_duplicate=False)}
+    params = parameter_names(graph_module)   # a tied weight is one weight, whichever name reaches it
     by_name = {n.name: n for n in graph_module.graph.nodes}
     takers: dict[str, list] = {}
     for name, opts in choices.items():
@@ -68,11 +68,12 @@ def _weight_takers(graph_module: fx.GraphModule, choices: dict, x: dict) -> dict
                 if not strategy.get_sharding_spec_by_name(data.name).dim_partition:
                     continue
                 if data.locator.kind == "param":
-                    takers.setdefault(f"{node.target}.{data.locator.key}", []).append(var)
-                    continue
-                producer = operand_producer(node, data.locator)
-                if producer is not None and producer.op == "get_attr" and producer.target in params:
-                    takers.setdefault(str(producer.target), []).append(var)
+                    weight = f"{node.target}.{data.locator.key}"
+                else:
+                    producer = operand_producer(node, data.locator)
+                    weight = str(producer.target) if producer is not None and producer.op == "get_attr" else ""
+                if weight in params:
+                    takers.setdefault(params[weight], []).append(var)
     return takers
 
 

@@ -18,7 +18,7 @@ from shardverify.spec.loader import Node
 from shardverify.spec.op_model import OperandSpec, ParamSpec
 from shardverify.spec.values import index_value, names_of
 
-__all__ = ["ATEN_PREFIX", "is_aten", "aten_schema_text", "aten_positions"]
+__all__ = ["ATEN_PREFIX", "is_aten", "aten_positions", "parse_target_entry"]
 
 ATEN_PREFIX = "torch.ops.aten."
 
@@ -28,18 +28,14 @@ def is_aten(name: str) -> bool:
     return name.startswith(ATEN_PREFIX) and name.count(".") == 4
 
 
-def aten_schema_text(name: str) -> str:
-    return str(lookup(name)._schema)  # type: ignore[attr-defined]
-
-
-def _arguments(node: Node, name: str) -> list:
+def _schema(node: Node, name: str):
     import torch
 
     overload = lookup(name)
     if not isinstance(overload, torch._ops.OpOverload):
         raise node.error(f"target {name!r} is not an ATen overload; name one with its overload, e.g. "
                          f"'torch.ops.aten.linear.default' (see torch.ops.aten.<op>.overloads())")
-    return list(overload._schema.arguments)
+    return overload._schema
 
 
 def _kind(argument) -> str:
@@ -55,8 +51,8 @@ def aten_positions(node: Node, name: str, args_node: Node | None, operands: list
                    params: list[ParamSpec]) -> tuple[tuple[OperandSpec, ...], tuple[ParamSpec, ...]]:
     """The spec's operands and parameters as the overload ``name`` takes them: positions from
     ``args:`` (role or parameter -> schema position) or the spec's own, keywords the schema's."""
-    arguments = _arguments(node, name)
-    schema = aten_schema_text(name)
+    schema = _schema(node, name)
+    arguments = list(schema.arguments)
     declared = {o.role for o in operands if o.kind != "output"} | {p.name for p in params}
     moved: dict[str, tuple[int, Node]] = {}
     if args_node is not None:

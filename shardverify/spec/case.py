@@ -291,9 +291,10 @@ def call_value(value: object) -> object:
     """A spec literal as the call takes it: ``"torch.float64"`` is that dtype (a YAML spec has no
     other way to write one: ``aten.to.dtype``'s argument); anything else as written."""
     if isinstance(value, str) and value.startswith("torch."):
-        dtype = getattr(torch, value[len("torch."):], None)
-        if isinstance(dtype, torch.dtype):
-            return dtype
+        try:
+            return dtype_from_name(value.removeprefix("torch."))
+        except InvalidArgument:
+            pass
     return value
 
 

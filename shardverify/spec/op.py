@@ -193,22 +193,17 @@ def parse_op_spec(root: Node) -> OpSpec:
     if not targets_node.value:
         raise targets_node.error("list at least one target")
     targets = []
-    aten_args: dict[str, tuple[Node, Node | None]] = {}
-    target_where: dict[str, Node] = {}
+    entries: list[tuple[Node, Node | None, Node | None]] = []   # per target: its name, args and where nodes
     for item in targets_node.value:  # type: ignore[union-attr]
         name_node, args_node, where_node = parse_target_entry(item)
         target = resolve_target(name_node)
         if any(t.name == target for t in targets):
             raise item.error(f"target {target!r} is listed twice")
-        if is_aten(target):
-            aten_args[target] = (name_node, args_node)
-        elif args_node is not None:
+        if args_node is not None and not is_aten(target):
             raise args_node.error(f"'args' places the spec's operands at an ATen overload's positions; "
                                   f"{target!r} is not one (torch.ops.aten.<op>.<overload>)")
-        if where_node is not None:
-            target_where[target] = where_node
         targets.append(TargetSpec(target, _target_form(name_node, target), aten=is_aten(target)))
-    forms = {t.form for t in targets}
+        entries.append((name_node, args_node, where_node))
 
     operands = [_parse_operand(role, value) for role, value in names_of(operands_node)]
     outputs = [o for o in operands if o.kind == "output"]
@@ -223,9 +218,8 @@ def parse_op_spec(root: Node) -> OpSpec:
             raise params_node.value[p.name].error(  # type: ignore[union-attr,index]
                 f"'{p.name}' is declared both as an operand and as a parameter")
     _check_slots(operands, params, operands_node, params_node)
-    for position, target in enumerate(targets):
+    for position, (target, (name_node, args_node, _)) in enumerate(zip(targets, entries)):
         if target.aten:
-            name_node, args_node = aten_args[target.name]
             at_operands, at_params = aten_positions(name_node, target.name, args_node, operands, params)
             targets[position] = dataclasses.replace(target, operands=at_operands, params=at_params)
     forms = {t.form for t in targets if not t.aten}
@@ -254,11 +248,11 @@ def parse_op_spec(root: Node) -> OpSpec:
         _check_rule(options_node or generator_node, options, roles)
 
     verify = _parse_verify(verify_node, targets, operands, params)
-    for position, target in enumerate(targets):
-        if target.name in target_where:
-            where = parse_where(target_where[target.name], dict(verify.grid))
+    for position, (target, (_, _, where_node)) in enumerate(zip(targets, entries)):
+        if where_node is not None:
+            where = parse_where(where_node, dict(verify.grid))
             if not where:
-                raise target_where[target.name].error("'where' selects grid points: name at least one grid key")
+                raise where_node.error("'where' selects grid points: name at least one grid key")
             targets[position] = dataclasses.replace(target, where=where)
     accept = parse_audit(audit_node, roles, dict(verify.grid))
     points = math.prod(len(values) for _, values in verify.grid)
