@@ -23,9 +23,85 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='conv2d',
+        target='torch.nn.Conv2d',
+        inputs=(
+            InputDecl('input', (8, 8, 8, 8), 'float32'),
+        ),
+        params=(),
+        module=ModuleDecl('torch.nn.Conv2d', args=(8, 16, 3), kwargs=(('padding', 1), ('bias', True))),
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='conv2d',
+        target='torch.nn.functional.conv2d',
+        inputs=(
+            InputDecl('input', (8, 8, 8, 8), 'float32'),
+            InputDecl('weight', (16, 8, 3, 3), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='conv2d',
+        target='torch.nn.functional.conv2d',
+        inputs=(
+            InputDecl('input', (8, 8, 8, 8), 'float32'),
+            InputDecl('weight', (16, 8, 3, 3), 'float32'),
+            InputDecl('bias', (16,), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='conv2d',
+        target='torch.ops.aten.conv2d.default',
+        inputs=(
+            InputDecl('input', (8, 8, 8, 8), 'float32'),
+            InputDecl('weight', (16, 8, 3, 3), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='conv2d',
+        target='torch.ops.aten.conv2d.default',
+        inputs=(
+            InputDecl('input', (8, 8, 8, 8), 'float32'),
+            InputDecl('weight', (16, 8, 3, 3), 'float32'),
+            InputDecl('bias', (16,), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
-    'torch.nn.Conv2d',
+    'torch.nn.Conv2d-bias_False',
+    'torch.nn.Conv2d-bias_True',
+    'torch.nn.functional.conv2d-bias_False',
+    'torch.nn.functional.conv2d-bias_True',
+    'torch.ops.aten.conv2d.default-bias_False',
+    'torch.ops.aten.conv2d.default-bias_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -49,7 +125,12 @@ def test_conv2d_process(sv_backend, case, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 16, id='torch.nn.Conv2d-mesh2x2'),
+    pytest.param(0, (2, 2), 16, id='torch.nn.Conv2d-bias_False-mesh2x2'),
+    pytest.param(1, (2, 2), 16, id='torch.nn.Conv2d-bias_True-mesh2x2'),
+    pytest.param(2, (2, 2), 16, id='torch.nn.functional.conv2d-bias_False-mesh2x2'),
+    pytest.param(3, (2, 2), 16, id='torch.nn.functional.conv2d-bias_True-mesh2x2'),
+    pytest.param(4, (2, 2), 16, id='torch.ops.aten.conv2d.default-bias_False-mesh2x2'),
+    pytest.param(5, (2, 2), 16, id='torch.ops.aten.conv2d.default-bias_True-mesh2x2'),
 ]
 
 

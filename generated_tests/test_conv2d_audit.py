@@ -13,7 +13,12 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/conv2d.yaml'
 CASE_IDS = [
-    'torch.nn.Conv2d',
+    'torch.nn.Conv2d-bias_False',
+    'torch.nn.Conv2d-bias_True',
+    'torch.nn.functional.conv2d-bias_False',
+    'torch.nn.functional.conv2d-bias_True',
+    'torch.ops.aten.conv2d.default-bias_False',
+    'torch.ops.aten.conv2d.default-bias_True',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -73,7 +73,7 @@ def handler(name: str, target, operands, options, params=()):
                       generator="rules", options=tuple(options.items()))
     key = target_key(target)
     saved = handlers._REGISTRY.get(key)
-    handlers._REGISTRY[key] = defn
+    handlers._REGISTRY[key] = (defn,)
     try:
         yield defn
     finally:

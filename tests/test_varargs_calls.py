@@ -21,6 +21,7 @@ CALLS = {
     "view": (lambda x: x.view(8, 64), lambda x: x.view((8, 64))),
     "reshape": (lambda x: x.reshape(8, 64), lambda x: x.reshape((8, 64))),
     "view_inferred": (lambda x: x.view(-1, 16), lambda x: x.view((-1, 16))),
+    "expand": (lambda x: x.expand(2, 8, 4, 16), lambda x: x.expand((2, 8, 4, 16))),
 }
 
 

@@ -12,7 +12,7 @@ from torch import fx
 
 from shardverify.errors import VerificationError
 
-__all__ = ["Locator", "operand_nodes", "module_tensors", "as_outputs", "call_op"]
+__all__ = ["Locator", "operand_nodes", "module_tensors", "as_outputs", "call_op", "meta_devices"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
 
@@ -46,6 +46,19 @@ def as_outputs(node: fx.Node, result: object) -> tuple[torch.Tensor, ...]:
         raise VerificationError(f"node {node.name!r} returned {type(result).__name__}; the verifier checks "
                                 "ops that return a tensor or a tuple of tensors")
     return items
+
+
+def meta_devices(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call's device arguments moved to "meta": an op that copies to a device
+    (``x.to("cpu", torch.float32)``, ``arange(8, device="cpu")``) runs on meta tensors as on real ones,
+    instead of failing to copy data out of a meta tensor."""
+    meta = torch.device("meta")
+
+    def swap(value: object) -> object:
+        return meta if isinstance(value, torch.device) else value
+
+    return tuple(swap(a) for a in args), {k: meta if k == "device" and v is not None else swap(v)
+                                          for k, v in kwargs.items()}
 
 
 _LOCATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -97,6 +110,8 @@ def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owne
     if unpacked:
         args += tuple(values[("varargs", unpacked[0])])  # type: ignore[arg-type]
     kwargs = {k: pick(("kwarg", k), a) for k, a in node.kwargs.items()}
+    if any(isinstance(v, torch.Tensor) and v.is_meta for v in values.values()):
+        args, kwargs = meta_devices(args, kwargs)
     if node.op == "call_module":
         assert module is not None
         tensors = {}

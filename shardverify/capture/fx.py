@@ -14,6 +14,7 @@ import torch
 from torch.fx import GraphModule, symbolic_trace
 from torch.fx.passes.shape_prop import ShapeProp
 
+from shardverify.capture.call import meta_devices
 from shardverify.errors import InvalidArgument
 
 __all__ = ["trace"]
@@ -35,6 +36,16 @@ def _meta_memo(module: torch.nn.Module) -> dict[int, object]:
             twin = torch.nn.Parameter(twin, requires_grad=tensor.requires_grad)
         memo[id(tensor)] = twin
     return memo
+
+
+class _MetaShapeProp(ShapeProp):
+    """Shape propagation on meta tensors, with device arguments moved to meta too."""
+
+    def call_function(self, target, args, kwargs):  # type: ignore[no-untyped-def]
+        return super().call_function(target, *meta_devices(tuple(args), dict(kwargs)))
+
+    def call_method(self, target, args, kwargs):  # type: ignore[no-untyped-def]
+        return super().call_method(target, *meta_devices(tuple(args), dict(kwargs)))
 
 
 def trace(module: torch.nn.Module, meta_args: Mapping[str, torch.Tensor] | None = None) -> GraphModule:
@@ -64,7 +75,7 @@ def trace(module: torch.nn.Module, meta_args: Mapping[str, torch.Tensor] | None 
             raise InvalidArgument(f"meta_args is missing forward argument {name!r}; given {sorted(meta_args)}")
 
     meta_module = copy.deepcopy(graph_module, _meta_memo(graph_module))
-    ShapeProp(meta_module).propagate(*args)
+    _MetaShapeProp(meta_module).propagate(*args)
     by_name = {n.name: n for n in meta_module.graph.nodes}
     for node in graph_module.graph.nodes:
         for key in ("tensor_meta", "type"):

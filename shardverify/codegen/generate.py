@@ -199,11 +199,12 @@ def _parse_all(sources: list[SpecSource]) -> tuple[list[tuple[SpecSource, object
 
 def _conflicts(parsed: list[tuple[SpecSource, object]],
                others: list[tuple[SpecSource, object]]) -> list[SpecError]:
-    """A spec name defined twice per kind, or an op target claimed by two specs: each is an
-    error naming both files (the handler registry could hold only one of them)."""
+    """A spec name defined twice per kind, or an op target claimed by two specs that are not
+    bound to disjoint values of one parameter there: each is an error naming both files (the
+    registry could not tell which rule serves a call)."""
     errors = []
     names: dict[tuple[str, str], str] = {}
-    targets: dict[object, tuple[str, str]] = {}
+    targets: dict[object, tuple[str, str, object, object]] = {}
     for index, (source, spec) in enumerate([*others, *parsed]):
         mine = index >= len(others)
         key = (source.kind.name, spec.name)  # type: ignore[attr-defined]
@@ -216,13 +217,23 @@ def _conflicts(parsed: list[tuple[SpecSource, object]],
             if not isinstance(name, str):
                 continue
             claimed = _target_identity(name)
-            if claimed in targets and targets[claimed][0] != source.display and mine:
-                other_file, other_name = targets[claimed]
+            if claimed in targets and targets[claimed][0] != source.display and mine and \
+                    not _bound_apart(spec, target, *targets[claimed][2:]):
+                other_file, other_name = targets[claimed][:2]
                 errors.append(SpecError(f"target {name!r} is already handled by {other_file} "
-                                        f"({other_name!r}); one op target, one spec",
+                                        f"({other_name!r}); one op target, one spec, unless both are "
+                                        f"bound to disjoint values of a parameter (batch_norm.yaml)",
                                         file=source.display, field="targets"))
-            targets.setdefault(claimed, (source.display, name))
+            targets.setdefault(claimed, (source.display, name, spec, target))
     return errors
+
+
+def _bound_apart(spec: object, target: object, other_spec: object, other_target: object) -> bool:
+    """Do the two specs serve ``target`` only for disjoint values of some parameter?"""
+    mine = dict(spec.bindings(target)) if hasattr(spec, "bindings") else {}  # type: ignore[attr-defined]
+    theirs = dict(other_spec.bindings(other_target)) if hasattr(other_spec, "bindings") else {}  # type: ignore[attr-defined]
+    return any(not set(map(repr, values)) & set(map(repr, theirs[name]))
+               for name, values in mine.items() if name in theirs)
 
 
 def _target_identity(name: str) -> object:

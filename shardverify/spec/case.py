@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import keyword
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +64,11 @@ class InputDecl:
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    #: [low, high) the values are drawn from (ids below a vocabulary, positive variances);
+    #: None: the dtype's default draw
+    values: tuple[float, float] | None = None
+    #: False: the op takes no gradient for it (batch norm's running statistics)
+    grad: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier() or keyword.iskeyword(self.name):
@@ -74,7 +80,17 @@ class InputDecl:
         object.__setattr__(self, "shape", shape)
         if isinstance(self.dtype, torch.dtype):
             object.__setattr__(self, "dtype", str(self.dtype).removeprefix("torch."))
-        dtype_from_name(self.dtype)
+        dtype = dtype_from_name(self.dtype)
+        if self.values is not None:
+            low, high = _tupled(self.values) if isinstance(self.values, (list, tuple)) else (None, None)
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                       for v in (low, high)) or not low < high:  # type: ignore[operator]
+                raise InvalidArgument(f"input {self.name!r}: values must be [low, high) with low < high, "
+                                      f"got {self.values!r}")
+            if not dtype.is_floating_point and not (float(low).is_integer() and float(high).is_integer()):  # type: ignore[arg-type]
+                raise InvalidArgument(f"input {self.name!r}: values of an integer input are integer bounds, "
+                                      f"got {self.values!r}")
+            object.__setattr__(self, "values", (low, high))
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -15,7 +15,8 @@ from shardverify.errors import InvalidArgument
 from shardverify.spec.accept import parse_audit
 from shardverify.spec.aten import aten_positions, is_aten, parse_target_entry
 from shardverify.spec.fields import (
-    Fields, as_dtype, as_identifier, as_shape, check_type, describe, finite_number, lookup, resolve_target)
+    Fields, as_dtype, as_identifier, as_shape, check_type, describe, dtype_from_name, finite_number, lookup,
+    resolve_target)
 from shardverify.spec.limits import MAX_CASES, MAX_MESH_RANKS, tensor_size_problems
 from shardverify.spec.loader import Node
 from shardverify.spec.op_model import (
@@ -82,7 +83,12 @@ def _parse_param(name: str, node: Node) -> ParamSpec:
     kw_node = f.optional("keyword", str)
     default = f.optional("default", object)
     varargs = f.optional("varargs", bool)
+    serves = f.optional("serves", str)
     f.finish()
+    if serves is not None and serves.value != "any":
+        raise serves.error(f"parameter '{name}': 'serves' is 'any' (the rule holds for every value: say why "
+                           f"in a comment) or left out (the rule serves the values the grid verifies), "
+                           f"got {serves.value!r}")
     if index is None and kw_node is None:
         raise node.error(f"parameter '{name}' needs an 'index' or a 'keyword'")
     if varargs is not None and varargs.value and index is None:
@@ -90,7 +96,7 @@ def _parse_param(name: str, node: Node) -> ParamSpec:
                             "give it an index")
     return ParamSpec(name=name, index=index, keyword=as_identifier(kw_node) if kw_node else None,
                      default=literal(default) if default is not None else None,
-                     varargs=bool(varargs.value) if varargs is not None else False)
+                     varargs=bool(varargs.value) if varargs is not None else False, any_value=serves is not None)
 
 
 def _parse_module_init(node: Node, *, with_target: bool) -> ModuleInit:
@@ -160,9 +166,10 @@ def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set
         rule = RuleOptions.from_options(dict(options))
     except InvalidArgument as exc:
         raise node.error(f"invalid sharding rule: {exc}") from None
-    missing = sorted(set(rule.additive) - roles)
-    if missing:
-        raise node.error(f"additive_operands names {missing}, which are not operands; declared: {sorted(roles)}")
+    for key, named in (("additive_operands", rule.additive), ("constant_operands", rule.constant)):
+        missing = sorted(set(named) - roles)
+        if missing:
+            raise node.error(f"{key} names {missing}, which are not operands; declared: {sorted(roles)}")
     missing = sorted({role for role, _ in rule.indices} - roles)
     if missing:
         raise node.error(f"indices names {missing}, which are not operands; declared: {sorted(roles)}")
@@ -188,7 +195,9 @@ def parse_op_spec(root: Node) -> OpSpec:
     generator_node = f.required("generator", dict)
     verify_node = f.required("verify", dict)
     audit_node = f.optional("audit", dict)
+    ignores_node = f.optional("ignores", list)
     f.finish()
+    ignores = tuple(as_identifier(check_type(item, str)) for item in ignores_node.value) if ignores_node else ()  # type: ignore[union-attr]
 
     if not targets_node.value:
         raise targets_node.error("list at least one target")
@@ -247,7 +256,8 @@ def parse_op_spec(root: Node) -> OpSpec:
     if family == "rules":
         _check_rule(options_node or generator_node, options, roles)
 
-    verify = _parse_verify(verify_node, targets, operands, params)
+    constant = tuple(dict(options).get("constant_operands", ())) if family == "rules" else ()  # type: ignore[arg-type]
+    verify = _parse_verify(verify_node, targets, operands, params, constant)
     for position, (target, (_, _, where_node)) in enumerate(zip(targets, entries)):
         if where_node is not None:
             where = parse_where(where_node, dict(verify.grid))
@@ -259,7 +269,7 @@ def parse_op_spec(root: Node) -> OpSpec:
     within(verify_node, [MAX_CASES.exceeded(len(targets) * points)])
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
-                  description=str(desc_node.value) if desc_node else "", audit_accept=accept)
+                  description=str(desc_node.value) if desc_node else "", audit_accept=accept, ignores=ignores)
 
 
 def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,
@@ -283,7 +293,9 @@ def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_
 
 
 def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSpec],
-                  params: list[ParamSpec]) -> VerifySpec:
+                  params: list[ParamSpec], constant: tuple[str, ...] = ()) -> VerifySpec:
+    """``constant``: the operands the op takes no gradient for (the rule's ``constant_operands``),
+    drawn without one."""
     f = Fields(node)
     inputs_node = f.required("inputs", dict)
     module_node = f.optional("module", dict)
@@ -307,9 +319,12 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
         fi = Fields(value)
         shape = as_shape(fi.required("shape", list))
         dtype_node = fi.optional("dtype", str)
+        values_node = fi.optional("values", list)
         fi.finish()
         within(value, tensor_size_problems([(f"input '{role}'", shape)]))
-        inputs.append(InputSpec(role, shape, as_dtype(dtype_node) if dtype_node else "float32"))
+        dtype = as_dtype(dtype_node) if dtype_node else "float32"
+        inputs.append(InputSpec(role, shape, dtype, _value_range(values_node, dtype) if values_node else None,
+                                grad=role not in constant))
     given = {i.role for i in inputs}
     for o in operands:
         needed = o.kind == "input" or (o.kind == "param" and forms & {"function", "method"})
@@ -393,6 +408,21 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
     return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
                       inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
                       predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed)
+
+
+def _value_range(node: Node, dtype: str) -> tuple[float, float]:
+    """``values: [low, high)``: finite numbers, low below high, integers for an integer dtype."""
+    items = node.value  # type: ignore[union-attr]
+    if len(items) != 2:  # type: ignore[arg-type]
+        raise node.error(f"'values' is [low, high), two numbers; got {len(items)} item(s)")  # type: ignore[arg-type]
+    low, high = (finite_number(item) for item in items)  # type: ignore[union-attr]
+    if not low < high:
+        raise node.error(f"'values' is [low, high) with low below high, got [{low}, {high}]")
+    if not dtype_from_name(dtype).is_floating_point:
+        if not all(isinstance(item.value, int) and not isinstance(item.value, bool) for item in items):  # type: ignore[union-attr]
+            raise node.error(f"'values' of a {dtype} input are integers, got [{low}, {high}]")
+        return int(low), int(high)  # type: ignore[return-value]
+    return low, high
 
 
 def _check_positional(operands: list[OperandSpec], params: list[ParamSpec], inputs: list[InputSpec],

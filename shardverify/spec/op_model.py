@@ -37,6 +37,7 @@ class ParamSpec:
     keyword: str | None = None
     default: Literal = None
     varargs: bool = False          # the positional arguments from index on, when passed unpacked
+    any_value: bool = False        # `serves: any`: the rule holds for every value, not only the grid's
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class InputSpec:
     role: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    values: tuple[float, float] | None = None   # [low, high) the values are drawn from
+    grad: bool = True                            # False: the op takes no gradient for it
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,27 @@ class OpSpec:
     verify: VerifySpec
     description: str = ""
     audit_accept: tuple = ()       # shardverify.spec.accept.AcceptEntry: known, accepted gaps
+    ignores: tuple[str, ...] = ()  # undeclared keyword arguments that leave the rule unchanged
+
+    def bound_targets(self) -> tuple[TargetSpec, ...]:
+        """The targets with a bound parameter (see :meth:`bindings`)."""
+        return tuple(t for t in self.targets if self.bindings(t))
+
+    def bindings(self, target: TargetSpec) -> tuple[tuple[str, tuple[Literal, ...]], ...]:
+        """(parameter, values verified) for each parameter whose values ``target`` serves only as
+        verified: the grid's values at the target's grid points, or the default when the grid
+        does not vary it. A parameter the rule reads (named by a ``*_param`` option: the
+        engine derives the layouts from its value) or declared ``serves: any`` serves every value."""
+        read = set(_read_params(self.options))
+        grid = dict(self.verify.grid)
+        where = dict(target.where)
+        bound = []
+        for param in self.params:
+            if param.any_value or param.name in read:
+                continue
+            values = (where[param.name],) if param.name in where else grid.get(param.name, (param.default,))
+            bound.append((param.name, tuple(values)))
+        return tuple(bound)
 
     def operands_for(self, target: TargetSpec) -> tuple[OperandSpec, ...]:
         """The operands as ``target``'s calls take them."""
@@ -163,12 +187,25 @@ class OpSpec:
 
         verify = self.verify
         return [(case.id, OpCase(op=self.name, target=case.target,
-                                 inputs=tuple(InputDecl(i.role, i.shape, i.dtype) for i in case.inputs),
+                                 inputs=tuple(InputDecl(i.role, i.shape, i.dtype, i.values, i.grad) for i in case.inputs),
                                  params=case.params, module=module(case.module),
                                  predecessor=module(verify.predecessor), seed=verify.seed,
                                  rtol=verify.rtol, atol=verify.atol,
                                  positional=tuple(CallArg(kind, value) for kind, value in case.positional)))
                 for case in self.cases()]
+
+
+def _read_params(options: object) -> list[str]:
+    """Parameter names that ``*_param`` / ``*_params`` options name, at any depth."""
+    names: list[str] = []
+    if isinstance(options, tuple) and all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                                          for item in options):
+        for key, value in options:
+            if key.endswith(("_param", "_params")):
+                names += [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]  # type: ignore[union-attr]
+            else:
+                names += _read_params(value)
+    return names
 
 
 def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal], ...]) -> CaseSpec:

@@ -8,7 +8,7 @@ from shardverify.strategies import generators as _generators  # noqa: F401  (reg
 from shardverify.strategies import handlers as _handlers  # noqa: F401  (registers the generated handlers)
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.registry import GeneratorContext, get_generator
-from shardverify.strategies.handlers.base import HandlerDef, handler_for_node, resolve_operands, resolve_params
+from shardverify.strategies.handlers.base import HandlerDef, handler_for_node, refusal, resolve_operands, resolve_params
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import OperandLocator, OperationData, OperationDataType, StrategiesVector
 
@@ -56,10 +56,13 @@ def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Nod
     """(operand data by role, strategies) that ``handler`` generates for ``node``: the one path
     from a handler to its strategies, shared by the registry lookup below and the audit (which
     runs a spec's handler that need not be registered)."""
+    why = refusal(handler, node, graph_module)
+    if why is not None:
+        raise HandlerError(why)
     operands = resolve_operands(handler, node, graph_module)
     ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands,
                            params=resolve_params(handler, node, graph_module), options=handler.option_dict,
-                           handler_name=handler.name,
+                           handler_name=handler.name, handler=handler,
                            strategies_of=lambda producer: _strategies(graph_module, producer, mesh))
     return operands, list(get_generator(handler.generator)(ctx))
 

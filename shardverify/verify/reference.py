@@ -35,6 +35,7 @@ class Reference:
     outputs: tuple                   # float64 result(s), in tuple order (one for a single-tensor op)
     grad_outputs: tuple              # float64 gradient per output (rounded through its dtype); None if not floating
     grads: dict                      # Locator -> float64 gradient (floating operands only)
+    constant: frozenset = frozenset()  # Locators the op takes no gradient for (running statistics)
     # Locator -> the value in its check dtype, filled on first use (every strategy's ranks
     # slice the same converted tensor instead of converting the whole operand per check)
     _typed: dict = field(default_factory=dict, compare=False, repr=False)
@@ -70,9 +71,15 @@ def _check_dtype(traced: torch.dtype, override: torch.dtype | None) -> torch.dty
     return override if override is not None and traced.is_floating_point else traced
 
 
-def _random(shape: Sequence[int], dtype: torch.dtype, gen: torch.Generator, positive: bool = False) -> torch.Tensor:
+def _random(shape: Sequence[int], dtype: torch.dtype, gen: torch.Generator, positive: bool = False,
+            values: tuple[float, float] | None = None) -> torch.Tensor:
     """Deterministic values for a tensor of ``dtype`` (CPU generator: the same on every device);
-    ``positive`` for buffers such as running variances."""
+    ``positive`` for buffers such as running variances, ``values`` a spec's [low, high)."""
+    if values is not None:
+        low, high = values
+        if dtype.is_floating_point:
+            return torch.rand(tuple(shape), generator=gen, dtype=torch.float64) * (high - low) + low
+        return torch.randint(int(low), int(high), tuple(shape), generator=gen, dtype=dtype)
     if dtype.is_floating_point:
         if positive:
             return torch.rand(tuple(shape), generator=gen, dtype=torch.float64) + 0.5
@@ -104,7 +111,7 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
     inputs = []
     for decl in case.inputs:
         dtype = _check_dtype(decl.torch_dtype, override)
-        inputs.append(_rounded(_random(decl.shape, dtype, gen), dtype).to(device))
+        inputs.append(_rounded(_random(decl.shape, dtype, gen, values=decl.values), dtype).to(device))
     interpreter = fx.Interpreter(real, garbage_collect_values=False)
     with torch.no_grad():
         interpreter.run(*inputs)
@@ -120,7 +127,9 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
         dtypes[loc] = _check_dtype(module_tensors(traced_module)[loc].dtype, override)
         values[loc] = tensor.detach()
 
-    leaves = {loc: v.clone().requires_grad_(v.is_floating_point()) for loc, v in values.items()}
+    no_grad = {i.name for i in case.inputs if not i.grad}
+    constant = frozenset(loc for loc, arg in operand_nodes(node).items() if arg.name in no_grad)
+    leaves = {loc: v.clone().requires_grad_(v.is_floating_point() and loc not in constant) for loc, v in values.items()}
     outputs = as_outputs(node, call_op(node, module, leaves))
     out_dtypes = [_check_dtype(dtype, override) for dtype in _meta_dtypes(traced, node_name)]
     grad_outputs = tuple(_rounded(_random(out.shape, dtype, gen), dtype).to(device) if dtype.is_floating_point
@@ -133,7 +142,8 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
                                     [g.to(out.dtype) for out, g in carrying], allow_unused=True)
         grads = {loc: (torch.zeros_like(leaves[loc]) if g is None else g.detach())
                  for loc, g in zip(differentiable, found)}
-    return Reference(real, node, values, dtypes, tuple(out.detach() for out in outputs), grad_outputs, grads)
+    return Reference(real, node, values, dtypes, tuple(out.detach() for out in outputs), grad_outputs, grads,
+                     constant)
 
 
 def _meta_dtypes(graph_module: fx.GraphModule, node_name: str) -> list[torch.dtype]:

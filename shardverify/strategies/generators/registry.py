@@ -34,6 +34,7 @@ class GeneratorContext:
     params: dict[str, object] = field(default_factory=dict)
     options: dict[str, object] = field(default_factory=dict)
     handler_name: str = ""
+    handler: object | None = None           # the HandlerDef serving the call (one of several for a target)
     strategies_of: Callable[[Node], StrategiesVector] | None = None
 
     def operand(self, role: str) -> OperationData:

@@ -22,10 +22,14 @@ if TYPE_CHECKING:
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
     "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
+    "refusal", "ANY",
 ]
 
 OPERAND_KINDS = ("input", "param", "output")
 _MISSING = object()
+#: a parameter whose every value the rule serves (the rule reads it, or the spec says it does
+#: not change the rule): not listed in a handler's bindings
+ANY = "any"
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,11 @@ class HandlerDef:
     #: (target, operands, params) for a target that takes them at other positions than the
     #: handler's own (an ATen overload whose schema orders them differently)
     overrides: tuple[tuple[object, tuple[OperandDecl, ...], tuple[ParamDecl, ...]], ...] = ()
+    #: (target, ((parameter, the values verified), ...)) per target: a call passing another
+    #: value of a listed parameter is refused (:func:`refusal`); unlisted parameters serve any value
+    bindings: tuple[tuple[object, tuple[tuple[str, tuple[object, ...]], ...]], ...] = ()
+    #: keyword arguments the spec does not declare that leave its rule unchanged (a device)
+    ignores: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -122,14 +131,24 @@ class HandlerDef:
         return dict(self.options)
 
     def for_target(self, target: object) -> HandlerDef:
-        """The handler as ``target``'s calls are read: its positions overridden where it has them."""
+        """The handler as ``target``'s calls are read: its positions overridden where it has them,
+        its bindings that target's."""
+        bindings = tuple((t, b) for t, b in self.bindings if t == target)
+        narrowed = dataclasses.replace(self, targets=(target,), bindings=bindings, overrides=())
         for overridden, operands, params in self.overrides:
             if overridden == target:
-                return dataclasses.replace(self, targets=(target,), operands=operands, params=params, overrides=())
-        return self
+                return dataclasses.replace(narrowed, operands=operands, params=params)
+        return narrowed
+
+    def bound(self) -> dict[str, tuple[object, ...]]:
+        """The verified values of each bound parameter, for the handler of one target
+        (:meth:`for_target`: the registry holds one per target)."""
+        if len(self.targets) != 1:
+            return {}
+        return {name: values for target, bound in self.bindings if target == self.targets[0] for name, values in bound}
 
 
-_REGISTRY: dict[object, HandlerDef] = {}   # target key -> the handler as that target's calls are read
+_REGISTRY: dict[object, tuple[HandlerDef, ...]] = {}   # target key -> the handlers as that target's calls are read
 _DEFS: dict[str, HandlerDef] = {}          # name -> the handler as registered
 
 
@@ -145,21 +164,35 @@ def target_key(target: object) -> object:
 
 
 def register_handler(defn: HandlerDef) -> HandlerDef:
-    """Register ``defn`` for every target; another handler claiming a target is an error."""
-    keys = [target_key(t) for t in defn.targets]
-    for key in keys:
-        owner = _REGISTRY.get(key)
-        if owner is not None and owner.name != defn.name:
-            raise HandlerError(f"target {key!r} of handler {defn.name!r} is already handled by {owner.name!r}")
-    for target, key in zip(defn.targets, keys):
-        _REGISTRY[key] = defn.for_target(target)
+    """Register ``defn`` for every target. Another handler may claim a target only when both
+    are bound to disjoint values of one parameter there (batch norm in training and in eval
+    mode: two rules, each served only the calls it was verified on); otherwise it is an error."""
+    narrowed = [(target_key(t), defn.for_target(t)) for t in defn.targets]
+    for key, mine in narrowed:
+        for owner in _REGISTRY.get(key, ()):
+            if owner.name != defn.name and not _disjoint(owner, mine):
+                raise HandlerError(f"target {key!r} of handler {defn.name!r} is already handled by {owner.name!r}"
+                                   f" (two handlers of one target must be bound to disjoint values of a parameter)")
+    for key, mine in narrowed:
+        others = tuple(d for d in _REGISTRY.get(key, ()) if d.name != defn.name)
+        _REGISTRY[key] = others + (mine,)
     _DEFS[defn.name] = defn
     return defn
 
 
+def _disjoint(a: HandlerDef, b: HandlerDef) -> bool:
+    bound_a, bound_b = a.bound(), b.bound()
+    return any(not set(map(_normal, bound_a[name])) & set(map(_normal, values))
+               for name, values in bound_b.items() if name in bound_a)
+
+
 def unregister_handler(name: str) -> None:
-    for key in [k for k, d in _REGISTRY.items() if d.name == name]:
-        del _REGISTRY[key]
+    for key in list(_REGISTRY):
+        kept = tuple(d for d in _REGISTRY[key] if d.name != name)
+        if kept:
+            _REGISTRY[key] = kept
+        else:
+            del _REGISTRY[key]
     _DEFS.pop(name, None)
 
 
@@ -167,20 +200,102 @@ def registered_handlers() -> dict[str, HandlerDef]:
     return dict(_DEFS)
 
 
-def handler_for_node(node: Node, graph_module: GraphModule) -> HandlerDef | None:
-    """The handler registered for the node's target, or None."""
+def _candidates(node: Node, graph_module: GraphModule) -> tuple[HandlerDef, ...]:
     if node.op == "call_module":
         module_type = type(graph_module.get_submodule(str(node.target)))
         for cls in module_type.__mro__:
             if cls in _REGISTRY:
                 return _REGISTRY[cls]
-        return None
+        return ()
     if node.op in ("call_function", "call_method"):
         try:
-            return _REGISTRY.get(node.target)
+            return _REGISTRY.get(node.target, ())
         except TypeError:  # unhashable target
-            return None
+            return ()
+    return ()
+
+
+def handler_for_node(node: Node, graph_module: GraphModule) -> HandlerDef | None:
+    """The handler registered for the node's target that serves this call, or None when the
+    target has none. With several (rules bound to parameter values), the first that serves the
+    call; when none does, the first, whose strategies then refuse the call (:func:`refusal`)."""
+    found = _candidates(node, graph_module)
+    if len(found) > 1:
+        for handler in found:
+            if refusal(handler, node, graph_module) is None:
+                return handler
+    return found[0] if found else None
+
+
+def refusal(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> str | None:
+    """Why ``handler`` must not serve this call, or None: a rule serves only what it was
+    verified on, so a bound parameter's value outside the verified ones, or an argument the
+    spec does not declare (unless it leaves the rule unchanged), is refused with its name."""
+    params = resolve_params(handler, node, graph_module)
+    for name, values in handler.bound().items():
+        value = params.get(name)
+        if isinstance(value, Computed):
+            return (f"{handler.name}: parameter {name!r} of node {node.name!r} is computed by node(s) "
+                    f"{', '.join(value.nodes)}; the rule was verified for {name} in {_shown(values)}")
+        if _normal(value) not in {_normal(v) for v in values}:
+            return (f"{handler.name}: node {node.name!r} passes {name}={_show(value)}; the rule was verified "
+                    f"for {name} in {_shown(values)} only ({handler.spec_file or 'its spec'})")
+    extra = _undeclared_arguments(handler, node)
+    if extra:
+        return (f"{handler.name}: node {node.name!r} passes {', '.join(extra)}, which "
+                f"{handler.spec_file or 'its spec'} does not declare; the rule may not hold with "
+                f"{'it' if len(extra) == 1 else 'them'} (declare it, or list it under 'ignores' if it does not change the rule)")
     return None
+
+
+def _undeclared_arguments(handler: HandlerDef, node: Node) -> list[str]:
+    """Arguments of the call that no operand or parameter declares and ``ignores`` does not
+    list, an ATen argument equal to its schema default excepted."""
+    if node.op not in ("call_function", "call_method"):
+        return []
+    decls = [*handler.operands, *handler.params]
+    keywords = {d.keyword for d in decls if d.keyword} | set(handler.ignores)
+    indices = {d.index for d in decls if d.index is not None}
+    if any(getattr(d, "varargs", False) for d in handler.params):
+        indices |= set(range(min(d.index for d in handler.params if d.varargs), len(node.args)))  # type: ignore[type-var]
+    schema = getattr(node.target, "_schema", None)
+    arguments = list(schema.arguments) if schema is not None else []
+
+    def schema_default(position: int | None, keyword: str | None, value: object) -> bool:
+        for i, argument in enumerate(arguments):
+            if (position == i or keyword == argument.name) and argument.has_default_value():
+                if argument.name in handler.ignores:
+                    return True
+                return _normal(value) == _normal(argument.default_value)
+        return False
+
+    extra = [f"argument {i} ({_show(value)})" for i, value in enumerate(node.args)
+             if i not in indices and not schema_default(i, None, value)]
+    extra += [f"keyword {key}={_show(value)}" for key, value in node.kwargs.items()
+              if key not in keywords and not schema_default(None, key, value)]
+    return extra
+
+
+def _normal(value: object) -> object:
+    """A parameter value as comparable: sequences as tuples, dtypes by name, numbers as numbers."""
+    if isinstance(value, (list, tuple, torch.Size)):
+        return tuple(_normal(v) for v in value)
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, bool) or value is None:
+        return (type(value).__name__, value)
+    if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
+        return str(value)
+    return value
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _shown(values: tuple[object, ...]) -> str:
+    return "{" + ", ".join(_show(v) for v in values) + "}"
 
 
 # ---- reading operands and parameters off a node ---------------------------------------

@@ -42,7 +42,7 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
     from shardverify.strategies.handlers.base import handler_for_node
 
     options = RuleOptions.from_options(ctx.options)
-    handler = handler_for_node(ctx.node, ctx.graph_module)
+    handler = ctx.handler or handler_for_node(ctx.node, ctx.graph_module)
     declared = [d.role for d in handler.operands if d.kind != "output"] if handler else []
     inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
     outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
@@ -141,7 +141,8 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             # factors' axes leave its gradient whole
             missing = tuple(sorted(a for f, ax in axes.items() if f not in held for a in ax
                                    if not (index in rule.additive and f in reduce_ops)))
-            actions += grad_sync(data, missing)
+            if data.role not in options.constant:
+                actions += grad_sync(data, missing)
         partial_axes = tuple(sorted(a for f, ax in axes.items() if f in reduce_ops for a in ax))
         post_add: list[PostAdd] = []
         if partial_axes:
@@ -158,7 +159,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             continue
         local_args = (LocalArg(shape_at, specs[outputs[0].name].local_shape()[shape_part]),) if shape_at else ()
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if view and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args):
+        if (view or shape_at) and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args):
             continue
         # compute cost by the checked rule: the op measured on meta tensors of the local shapes
         strategy = make_strategy(ctx, name, operands, specs, actions, local_args=local_args)
@@ -194,7 +195,7 @@ def _shape_locator(ctx: GeneratorContext, options: RuleOptions) -> OperandLocato
 
     if not options.shape_param:
         return None
-    handler = handler_for_node(ctx.node, ctx.graph_module)
+    handler = ctx.handler or handler_for_node(ctx.node, ctx.graph_module)
     locator = param_locator(handler, ctx.node, options.shape_param) if handler else None
     if locator is None:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the shape parameter "

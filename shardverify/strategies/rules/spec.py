@@ -25,7 +25,8 @@ and modifiers: ``whole: [k]`` (factors never sharded), ``whole_dims_param: dim``
 dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
 normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default sum; none = whole),
-``additive_operands: [bias]`` (added once after a partial output is reduced), ``indices:
+``additive_operands: [bias]`` (added once after a partial output is reduced),
+``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``indices:
 {input: v}`` (an integer operand holds ids into factor ``v`` of another operand: sharding
 ``v`` shifts the ids into each rank's rows and masks the others, a partial sum: vocab-parallel
 embedding).
@@ -47,7 +48,7 @@ __all__ = ["RuleOptions", "equation_for", "local_shape_part", "torch_einsum_equa
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
-                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "indices")
+                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class RuleOptions:
     whole_trailing_param: str = ""
     reduce: tuple[tuple[str, str | None], ...] = ()
     additive: tuple[str, ...] = ()
+    constant: tuple[str, ...] = ()                # operand roles the op takes no gradient for
     indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
 
     @classmethod
@@ -112,9 +114,9 @@ class RuleOptions:
             raise InvalidArgument("view: permute needs dims_param (the parameter holding the order)")
         if view == "transpose" and not (text("dim0_param") and text("dim1_param")):
             raise InvalidArgument("view: transpose needs dim0_param and dim1_param")
-        if text("shape_param") and view != "reshape":
+        if text("shape_param") and view != "reshape" and source != "pointwise":
             raise InvalidArgument("rule option 'shape_param' (the output shape a rank passes locally) "
-                                  "applies to view: reshape")
+                                  "applies to view: reshape and to pointwise (expand)")
         if text("shape_dim_param") and not text("shape_param"):
             raise InvalidArgument("rule option 'shape_dim_param' (the input dim whose split sizes shape_param "
                                   "holds) needs shape_param")
@@ -146,7 +148,7 @@ class RuleOptions:
                    dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
                    shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
-                   additive=names("additive_operands"), indices=indices)
+                   additive=names("additive_operands"), constant=names("constant_operands"), indices=indices)
 
 
 def torch_einsum_equation(text: object) -> Equation:

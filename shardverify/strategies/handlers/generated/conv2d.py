@@ -8,17 +8,47 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='conv2d',
-    targets=(torch.nn.Conv2d,),
+    targets=(torch.nn.Conv2d, torch.nn.functional.conv2d, torch.ops.aten.conv2d.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
         OperandDecl(role='weight', kind='param', index=1, keyword='weight',
                     attribute='weight', optional=False, element=None),
+        OperandDecl(role='bias', kind='param', index=2, keyword='bias',
+                    attribute='bias', optional=True, element=None),
         OperandDecl(role='output', kind='output', index=None, keyword=None,
                     attribute=None, optional=False, element=None),
     ),
-    params=(),
+    params=(
+        ParamDecl(name='groups', index=6, keyword='groups', default=1),
+    ),
     generator='rules',
-    options=(('einsum', 'n i h w, o i kh kw -> n o oh ow'), ('whole', ('h', 'w', 'kh', 'kw'))),
+    options=(('einsum', 'n i h w, o i kh kw, o -> n o oh ow'), ('whole', ('h', 'w', 'kh', 'kw')), ('additive_operands', ('bias',))),
     spec_file='specs/conv2d.yaml',
+    bindings=(
+        (torch.nn.Conv2d, (
+            ('groups', (1,)),
+        )),
+        (torch.nn.functional.conv2d, (
+            ('groups', (1,)),
+        )),
+        (torch.ops.aten.conv2d.default, (
+            ('groups', (1,)),
+        )),
+    ),
+    ignores=('stride', 'padding', 'dilation', 'padding_mode'),
+    overrides=(
+        (torch.ops.aten.conv2d.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='input',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='weight', kind='param', index=1, keyword='weight',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='bias', kind='param', index=2, keyword='bias',
+                        attribute=None, optional=True, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='groups', index=6, keyword='groups', default=1),
+        )),
+    ),
 ))

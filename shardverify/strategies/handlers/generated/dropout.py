@@ -21,4 +21,12 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/dropout.yaml',
+    bindings=(
+        (torch.nn.functional.dropout, (
+            ('p', (0.0,)),
+        )),
+        (torch.nn.Dropout, (
+            ('p', (0.0,)),
+        )),
+    ),
 ))

@@ -22,6 +22,11 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/dropout_aten.yaml',
+    bindings=(
+        (torch.ops.aten.dropout.default, (
+            ('train', (False,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.dropout.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input',

@@ -21,6 +21,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/gelu.yaml',
+    bindings=(
+        (torch.nn.functional.gelu, (
+            ('approximate', ('none', 'tanh')),
+        )),
+        (torch.nn.GELU, (
+            ('approximate', ('none', 'tanh')),
+        )),
+        (torch.ops.aten.gelu.default, (
+            ('approximate', ('none', 'tanh')),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.gelu.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -23,6 +23,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('einsum', 'v e, b -> b e'), ('indices', (('index', 'v'),))),
     spec_file='specs/index_select.yaml',
+    bindings=(
+        (torch.index_select, (
+            ('dim', (0,)),
+        )),
+        (torch.Tensor.index_select, (
+            ('dim', (0,)),
+        )),
+        (torch.ops.aten.index_select.default, (
+            ('dim', (0,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.index_select.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

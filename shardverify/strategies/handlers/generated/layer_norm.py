@@ -23,6 +23,6 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='normalized_shape', index=1, keyword='normalized_shape', default=None),
     ),
     generator='rules',
-    options=(('einsum', '... d, d, d -> ... d'), ('whole', ('d',))),
+    options=(('pointwise', True), ('whole_trailing_param', 'normalized_shape')),
     spec_file='specs/layer_norm.yaml',
 ))

@@ -25,6 +25,7 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True), ('whole_trailing_param', 'normalized_shape')),
     spec_file='specs/layer_norm_functional.yaml',
+    ignores=('eps', 'cudnn_enable'),
     overrides=(
         (torch.ops.aten.layer_norm.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input',

@@ -21,6 +21,7 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/to_dtype.yaml',
+    ignores=('layout', 'device', 'pin_memory', 'non_blocking', 'copy', 'memory_format'),
     overrides=(
         (torch.ops.aten.to.dtype, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

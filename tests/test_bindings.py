@@ -1,0 +1,102 @@
+"""A rule serves only the calls it was verified on: a parameter value outside the verified ones,
+or an argument the spec does not declare, is refused with its name, and the node falls back
+loudly; two rules of one target bound to disjoint values each serve their own calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shardverify import DeviceMesh, strategies_for_node, trace
+from shardverify.capture.export import annotate
+from shardverify.errors import HandlerError
+from shardverify.plan.coverage import classify_nodes
+from shardverify.spec.case import InputDecl
+from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl, handler_for_node, refusal
+
+MESH = DeviceMesh((2, 2))
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+class Fn2(Fn):
+    def forward(self, x, y):
+        return self.fn(x, y)
+
+
+def _node(fn, *shapes, dtypes=None):
+    names = ["x", "y"][:len(shapes)]
+    dtypes = dtypes or [torch.float32] * len(shapes)
+    graph_module = trace((Fn if len(shapes) == 1 else Fn2)(fn), {n: torch.empty(s, dtype=d) for n, s, d in zip(names, shapes, dtypes)})
+    node = next(n for n in graph_module.graph.nodes if n.op in ("call_function", "call_method"))
+    return graph_module, node
+
+
+def test_a_parameter_value_outside_the_grid_is_refused_naming_it():
+    # index_select's rule is written for dim 0 (its einsum "v e, b -> b e"): dim=1 is another op
+    graph_module, node = _node(lambda t, i: torch.index_select(t, 1, i), (4, 8), (3,),
+                               dtypes=[torch.float32, torch.int64])
+    with pytest.raises(HandlerError, match=r"passes dim=1; the rule was verified for dim in \{0\} only"):
+        strategies_for_node(graph_module, node.name, MESH)
+    ok_module, ok_node = _node(lambda t, i: torch.index_select(t, 0, i), (8, 4), (3,),
+                               dtypes=[torch.float32, torch.int64])
+    assert len(strategies_for_node(ok_module, ok_node.name, MESH)) > 1
+
+
+def test_an_undeclared_keyword_is_refused_and_counted_as_a_fallback():
+    # causal attention is another rule: the spec does not declare is_causal, so it is not served
+    def attention(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    graph_module, node = _node(attention, (2, 2, 8, 4))
+    with pytest.raises(HandlerError, match="is_causal=True, which specs/scaled_dot_product_attention.yaml "
+                                           "does not declare"):
+        strategies_for_node(graph_module, node.name, MESH)
+    _, statuses = classify_nodes(graph_module, MESH)
+    (status,) = [s for s in statuses if s.node == node.name]
+    assert status.status == "refused" and "is_causal" in status.reason
+
+
+def test_a_planted_rule_verified_on_one_value_is_not_served_another():
+    # triu written as pointwise and verified on diagonal=-8 (the identity on 8x8): wrong elsewhere
+    triu = HandlerDef(name="triu_pointwise", targets=(torch.triu,),
+                      operands=(OperandDecl("input", "input", 0, "input"), OperandDecl("output", "output")),
+                      params=(ParamDecl("diagonal", 1, "diagonal", 0),), generator="rules",
+                      options=(("pointwise", True),), bindings=((torch.triu, (("diagonal", (-8,)),)),))
+    graph_module, node = _node(lambda t: torch.triu(t, 1), (8, 8))
+    assert "passes diagonal=1; the rule was verified for diagonal in {-8}" in refusal(triu, node, graph_module)
+    graph_module, node = _node(lambda t: torch.triu(t, -8), (8, 8))
+    assert refusal(triu, node, graph_module) is None
+
+
+@pytest.mark.parametrize("training, handler", [(False, "batch_norm"), (True, "batch_norm_train")])
+def test_two_rules_of_one_target_each_serve_their_own_calls(training, handler):
+    def norm(x):
+        c = x.shape[1]
+        return torch.ops.aten.batch_norm.default(x, torch.ones(c), torch.zeros(c), torch.zeros(c), torch.ones(c),
+                                                 training, 0.1, 1e-5, False)
+
+    program = torch.export.export(Fn(norm), (torch.randn(8, 4, 6, 6),))
+    graph_module = annotate(program.module())
+    node = next(n for n in graph_module.graph.nodes if n.target is torch.ops.aten.batch_norm.default)
+    assert handler_for_node(node, graph_module).name == handler
+    names = [s.name for s in strategies_for_node(graph_module, node.name, MESH)]
+    batch_sharded = [n for n in names if n.startswith("S")]
+    assert bool(batch_sharded) is (not training)      # eval shards the batch, training never does
+
+
+def test_input_value_ranges_are_validated():
+    assert InputDecl("ids", (4,), "int64", values=(0, 16)).values == (0, 16)
+    with pytest.raises(Exception, match="low < high"):
+        InputDecl("x", (4,), values=(2.0, 1.0))
+    with pytest.raises(Exception, match="integer bounds"):
+        InputDecl("ids", (4,), "int64", values=(0, 2.5))
+
