@@ -14,7 +14,7 @@ CASES = [
         op='embedding',
         target='torch.nn.functional.embedding',
         inputs=(
-            InputDecl('input', (8, 8), 'int64'),
+            InputDecl('input', (8, 8), 'int64', values=(0, 16)),
             InputDecl('weight', (16, 16), 'float32'),
         ),
         params=(),
@@ -28,7 +28,7 @@ CASES = [
         op='embedding',
         target='torch.nn.Embedding',
         inputs=(
-            InputDecl('input', (8, 8), 'int64'),
+            InputDecl('input', (8, 8), 'int64', values=(0, 16)),
         ),
         params=(),
         module=ModuleDecl('torch.nn.Embedding', args=(16, 16), kwargs=()),
@@ -42,7 +42,7 @@ CASES = [
         target='torch.ops.aten.embedding.default',
         inputs=(
             InputDecl('weight', (16, 16), 'float32'),
-            InputDecl('input', (8, 8), 'int64'),
+            InputDecl('input', (8, 8), 'int64', values=(0, 16)),
         ),
         params=(),
         module=None,

@@ -173,3 +173,23 @@ def test_plan_report_says_why_a_node_has_no_strategy():
     assert "replicated: no handler for aten.softplus.default" in text
     result = verify_plan(Computed(), torch.randn(8, 4), MESH, capture="fx")
     assert "replicated: Tensor.sum refused:" in describe_plan(result.plan, result.coverage)
+
+
+class TiedHead(torch.nn.Module):
+    """One weight used twice (GPT-2's embedding and LM head): its gradient is the sum of two
+    contributions, each partial under data parallelism."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+
+    def forward(self, ids):
+        return F.linear(torch.tanh(self.embed(ids)), self.embed.weight)
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_a_tied_weight_under_data_parallelism_reduces_each_use_once(capture):
+    ids = torch.randint(0, 16, (8, 4), generator=torch.Generator().manual_seed(0))
+    result = verify_plan(TiedHead(), (ids,), (4,), capture=capture, data_parallel=True)
+    assert result.passed, result.summary()
+    assert not result.shards_nothing

@@ -12,6 +12,7 @@ gives, from the shapes export propagated, so the handlers read both graphs alike
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -20,7 +21,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from shardverify.errors import InvalidArgument
 
-__all__ = ["export_graph", "CaptureError"]
+__all__ = ["export_graph", "CaptureError", "annotate", "tuple_views_as_slices", "inplace_as_functional"]
 
 
 class CaptureError(InvalidArgument):
@@ -51,7 +52,105 @@ def export_graph(module: torch.nn.Module, args: Sequence[object] = (), kwargs: M
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CaptureError(f"torch.export cannot capture {type(module).__name__}: "
                                f"{type(exc).__name__}: {first}") from exc
-    return annotate(program.module())
+    return tuple_views_as_slices(inplace_as_functional(annotate(program.module())))
+
+
+def _out_of_place(target: object) -> object | None:
+    """``aten.add.Tensor`` for ``aten.add_.Tensor``: the same overload without the mutation."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    arguments = target._schema.arguments
+    if not arguments or arguments[0].alias_info is None or not arguments[0].alias_info.is_write:
+        return None
+    name = target.overloadpacket.__name__
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    return getattr(packet, target._overloadname, None) if packet is not None else None
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """Does ``node`` return a view of (share memory with) one of its inputs?"""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return True                          # unknown: assume it may alias
+    return any(r.alias_info is not None for r in node.target._schema.returns)
+
+
+def inplace_as_functional(graph_module: GraphModule) -> GraphModule:
+    """An in-place op on an intermediate value that nothing reads afterwards (ResNet's
+    ``hidden += residual``: ``aten.add_``) becomes its out-of-place twin (``aten.add``): the same
+    values, and no rank's or the reference's recorded tensor is mutated behind the verifier's back.
+    An in-place op on a model input, a weight, a view, or a value read again later stays as it is."""
+    graph = graph_module.graph
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        twin = _out_of_place(node.target) if node.op == "call_function" else None
+        mutated = node.args[0] if node.args else None
+        if twin is None or not isinstance(mutated, torch.fx.Node) or mutated.op != "call_function" or \
+                _is_view(mutated) or any(order[u] > order[node] for u in mutated.users if u is not node):
+            continue
+        with graph.inserting_before(node):
+            functional = graph.call_function(twin, node.args, node.kwargs)
+        functional.meta.update(node.meta)
+        node.replace_all_uses_with(functional)
+        graph.erase_node(node)
+    graph_module.recompile()
+    return graph_module
+
+
+def _pieces(node: torch.fx.Node) -> list[tuple[int, int]] | None:
+    """(start, end) of each piece a split returns along its dim, from the input's shape."""
+    source = node.args[0]
+    shape = getattr(source.meta.get("tensor_meta"), "shape", None) if isinstance(source, torch.fx.Node) else None
+    if shape is None:
+        return None
+    args = list(node.args) + [None] * 3
+    dim = args[2] if args[2] is not None else node.kwargs.get("dim", 0)
+    size = shape[dim]
+    if node.target is torch.ops.aten.split_with_sizes.default:
+        lengths = list(args[1] if args[1] is not None else node.kwargs["split_sizes"])
+    else:
+        step = args[1] if args[1] is not None else node.kwargs["split_size"]
+        lengths = [min(step, size - start) for start in range(0, size, step)] if step > 0 else []
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    return [(start, start + length) for start, length in zip(starts, lengths)]
+
+
+_SPLITS = (torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.unbind.int)
+
+
+def tuple_views_as_slices(graph_module: GraphModule) -> GraphModule:
+    """Each piece taken from a split (``q, k, v = x.split(d, dim=2)``: ``split`` then
+    ``getitem`` nodes) becomes the slice it is (``aten.slice``; ``aten.select`` for ``unbind``),
+    the same view of the same values, so the rule of one slice serves each piece and no piece
+    falls back for want of a handler for a tuple element."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _SPLITS or not node.users:
+            continue
+        users = list(node.users)
+        if not all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
+                   for u in users):
+            continue
+        dim = (list(node.args) + [None] * 3)[1 if node.target is torch.ops.aten.unbind.int else 2]
+        dim = node.kwargs.get("dim", 0) if dim is None else dim
+        pieces = None if node.target is torch.ops.aten.unbind.int else _pieces(node)
+        if node.target is not torch.ops.aten.unbind.int and pieces is None:
+            continue
+        for user in users:
+            index = user.args[1]
+            with graph.inserting_before(user):
+                if pieces is None:
+                    piece = graph.call_function(torch.ops.aten.select.int, (node.args[0], dim, index))
+                else:
+                    start, end = pieces[index]
+                    piece = graph.call_function(torch.ops.aten.slice.Tensor, (node.args[0], dim, start, end))
+            piece.meta.update(user.meta)
+            user.replace_all_uses_with(piece)
+            graph.erase_node(user)
+        graph.erase_node(node)
+    graph_module.recompile()
+    return graph_module
 
 
 def annotate(graph_module: GraphModule) -> GraphModule:

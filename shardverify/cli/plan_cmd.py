@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
                              "is often all replicated, which checks no sharding)")
     parser.add_argument("--shard-weights", action="store_true",
                         help="the solver's plan shards every weight that a strategy can shard (tensor parallelism)")
+    parser.add_argument("--data-parallel", action="store_true",
+                        help="the solver's plan keeps every weight replicated and splits the batch (dim 0) of "
+                             "every model input (data parallelism)")
     parser.add_argument("--capture", choices=("fx", "export"),
                         help="fx: torch.fx symbolic tracing (the default); export: torch.export's ATen graph, "
                              "for models fx cannot trace (HF transformers; the default for zoo:NAME)")
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             module, example = build_spec_model(factory, kwargs, inputs)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
                              capture=capture, min_sharded=args.min_sharded,
-                             shard_weights=args.shard_weights)
+                             shard_weights=args.shard_weights, data_parallel=args.data_parallel)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         if args.debug:
             raise

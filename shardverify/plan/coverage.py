@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import torch
 from torch import fx
 
 from shardverify.errors import ShardVerifyError
@@ -19,9 +20,20 @@ from shardverify.strategies.handlers.base import handler_for_node
 
 __all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", "meta_shapes", "STATUSES"]
 
-#: a tensor op with strategies / whose handler refused it / that no spec covers; a node that
-#: returns no tensor (``x.size(1)``, an assertion) is not an op a strategy could shard
-STATUSES = ("handled", "refused", "unhandled", "no tensor output")
+#: a tensor op with strategies / whose handler refused it / that no spec covers / an ATen
+#: factory that builds a tensor from constants alone; a node that returns no tensor
+#: (``x.size(1)``, an assertion) is not an op a strategy could shard
+STATUSES = ("handled", "refused", "unhandled", "constant", "no tensor output")
+CONSTANT = ("built from constants alone (no tensor input, not random): every rank builds the whole tensor, "
+            "as the single device does, and its consumers take their shards of it locally")
+
+
+def is_constant(node: fx.Node) -> bool:
+    """An ATen factory (``arange``, ``full``, ``zeros``) called with no graph value and not seeded
+    by the random generator: its value is the same on every rank and on the single device."""
+    tags = getattr(node.target, "tags", None)
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and not node.all_input_nodes
+            and tags is not None and torch.Tag.nondeterministic_seeded not in tags)
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,10 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "no tensor output"))
             continue
+        if handler_for_node(node, graph_module) is None and is_constant(node):
+            options[node.name] = None
+            statuses.append(NodeStatus(node.name, name, "constant", CONSTANT))
+            continue
         if handler_for_node(node, graph_module) is None:
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "unhandled", f"no spec has target {name}"))
@@ -110,6 +126,7 @@ class Coverage:
 
     @property
     def tensor_ops(self) -> int:
+        """Nodes that return a tensor: the ops a plan could shard, and the constants."""
         return sum(1 for s in self.statuses if s.status != "no tensor output")
 
     @property
@@ -124,7 +141,8 @@ class Coverage:
         handled = self.count("handled")
         return (f"{self.tensor_ops} tensor op(s): {handled} handled ({len(self.sharded)} sharded by the plan, "
                 f"{handled - len(self.sharded)} replicated), {self.count('refused')} refused, "
-                f"{self.count('unhandled')} without a handler; {self.count('no tensor output')} other node(s)")
+                f"{self.count('unhandled')} without a handler, {self.count('constant')} built from constants; "
+                f"{self.count('no tensor output')} other node(s)")
 
     def lines(self, show: int = 12) -> list[str]:
         lines = [f"coverage: {self.headline()}"]

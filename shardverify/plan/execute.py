@@ -264,7 +264,11 @@ def _weight_consumers(gm: fx.GraphModule, plan: Plan) -> dict[str, tuple[int, st
 
 
 def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: Layout | None, leaves: dict, order: int,
-                node: str, hooks=()) -> torch.Tensor:
+                node: str) -> torch.Tensor:
+    """The rank's leaf of parameter ``qualname`` laid out as ``layout`` (None: whole), one per
+    parameter however many nodes take it."""
+    if layout is not None and not layout.spec.dim_partition and not layout.partial:
+        layout = None          # replicated is whole: the same leaf as a get_attr's
     if qualname in leaves:
         if leaves[qualname][1] != layout:
             raise VerificationError(f"parameter {qualname!r} is used by node {leaves[qualname][3]!r} laid out as "
@@ -273,8 +277,6 @@ def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: Layout | None, 
         return leaves[qualname][0]
     local = full.detach() if layout is None else layout.spec.local_shard(full.detach(), comm.mesh, comm.rank)
     leaf = local.clone().requires_grad_(full.requires_grad and full.is_floating_point())
-    for action in hooks:
-        leaf.register_hook(lambda g, action=action: apply_grad_hook(comm, action, g))
     leaves[qualname] = (leaf, layout, order, node)
     return leaf
 
@@ -289,16 +291,17 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
             qualname = f"{node.target}.{data.locator.key}"
             qualname = params.get(qualname, qualname)
             full = gm.get_parameter(qualname) if qualname in params else gm.get_buffer(qualname)
-            hooks = [a for a in strategy.communication_actions if a.operand == data.name and a.where is CommWhere.HOOK]
-            tensor = _param_leaf(comm, qualname, full, layout, leaves, order, node.name, hooks)
+            tensor = _param_leaf(comm, qualname, full, layout, leaves, order, node.name)
         else:
-            producer = operand_producer(node, data.locator)
-            tensor = fetch(data.name, producer)
-            # a weight that reaches the op as a graph value (a get_attr, every weight of an exported
-            # graph) gets its declared gradient reduction on the local operand the op takes
-            for action in strategy.communication_actions:
-                if action.operand == data.name and action.where is CommWhere.HOOK and tensor.requires_grad:
-                    tensor.register_hook(lambda g, action=action: apply_grad_hook(comm, action, g))
+            tensor = fetch(data.name, operand_producer(node, data.locator))
+        # a weight's declared gradient reduction acts on this op's own contribution to its gradient,
+        # so it hooks an alias the op alone takes: a weight used twice (GPT-2's tied embedding and
+        # LM head) sums two reduced contributions, instead of reducing the sum once per use
+        hooks = [a for a in strategy.communication_actions if a.operand == data.name and a.where is CommWhere.HOOK]
+        if hooks and tensor.requires_grad:
+            tensor = tensor.view_as(tensor)
+            for action in hooks:
+                tensor.register_hook(lambda g, action=action: apply_grad_hook(comm, action, g))
         values[loc] = before_op(comm, strategy, data.name, tensor, late)
     for loc, arg in operand_nodes(node).items():   # non-tensor graph values (x.shape[0]) as computed
         if loc not in values and not isinstance(env.get(arg.name), torch.Tensor):

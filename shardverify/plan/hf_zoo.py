@@ -1,6 +1,8 @@
-"""Real models for whole-model plans: tiny builds of HF transformers' GPT-2, Llama, BERT, ViT and
+"""Real models for whole-model plans: small builds of HF transformers' GPT-2, Llama, BERT, ViT and
 ResNet, random weights from a config (nothing is downloaded), and example inputs of the kind
-each takes (token ids, pixel values). They cannot be symbolically traced; capture them with
+each takes (token ids, pixel values). The language models are just large enough (width 64, 16
+tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attention and the MLP:
+smaller, a collective costs more than the compute it saves and the cheapest plan shards nothing. They cannot be symbolically traced; capture them with
 ``torch.export`` (``verify_plan(..., capture="export")``). Needs the ``models`` extra
 (``pip install -e '.[models]'``: transformers, pinned).
 """
@@ -15,7 +17,7 @@ from shardverify.errors import InvalidArgument
 
 __all__ = ["HF_MODELS", "hf_model"]
 
-VOCAB, SEQ, BATCH = 128, 8, 2
+VOCAB, SEQ, BATCH, WIDTH = 128, 16, 4, 64
 
 
 def _transformers():
@@ -38,21 +40,21 @@ def _pixels(seed: int) -> tuple[torch.Tensor, ...]:
 
 def gpt2() -> torch.nn.Module:
     t = _transformers()
-    return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, n_positions=32,
+    return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=1, n_head=4, n_positions=32,
                                           attn_implementation="sdpa", use_cache=False))
 
 
 def llama() -> torch.nn.Module:
     t = _transformers()
-    return t.LlamaForCausalLM(t.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+    return t.LlamaForCausalLM(t.LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
                                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
                                             max_position_embeddings=32, attn_implementation="sdpa", use_cache=False))
 
 
 def bert() -> torch.nn.Module:
     t = _transformers()
-    return t.BertModel(t.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                    intermediate_size=64, max_position_embeddings=32, attn_implementation="sdpa"),
+    return t.BertModel(t.BertConfig(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=1, num_attention_heads=4,
+                                    intermediate_size=2 * WIDTH, max_position_embeddings=32, attn_implementation="sdpa"),
                        add_pooling_layer=False)
 
 

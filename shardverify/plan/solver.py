@@ -55,32 +55,83 @@ def _variants(strategies, defer: bool) -> list:
     return found
 
 
+def _weight_of(node: fx.Node, data, params: dict[str, str]) -> str | None:
+    """The parameter an operand is (a module parameter, or a parameter's get_attr node), by the
+    name ``named_parameters()`` gives it; None for an activation or a buffer."""
+    if data.locator.kind == "param":
+        weight = f"{node.target}.{data.locator.key}"
+    else:
+        producer = operand_producer(node, data.locator)
+        weight = str(producer.target) if producer is not None and producer.op == "get_attr" else ""
+    return params.get(weight)
+
+
+def _operand_options(graph_module: fx.GraphModule, choices: dict, x: dict):
+    """(node, option variable, operand data, its sharding spec) for every input operand of every
+    option: what the plan shapes below constrain."""
+    by_name = {n.name: n for n in graph_module.graph.nodes}
+    for name, opts in choices.items():
+        for var, (strategy, _) in zip(x[name], opts):
+            for data in strategy.inputs if strategy is not None else ():
+                yield by_name[name], var, data, strategy.get_sharding_spec_by_name(data.name)
+
+
 def _weight_takers(graph_module: fx.GraphModule, choices: dict, x: dict) -> dict[str, list]:
     """Weight (a parameter's get_attr node, or a module parameter) -> the option variables that
     lay it out sharded; weights no option shards are left out."""
     params = parameter_names(graph_module)   # a tied weight is one weight, whichever name reaches it
-    by_name = {n.name: n for n in graph_module.graph.nodes}
     takers: dict[str, list] = {}
-    for name, opts in choices.items():
-        node = by_name[name]
-        for var, (strategy, _) in zip(x[name], opts):
-            for data in strategy.inputs if strategy is not None else ():
-                if not strategy.get_sharding_spec_by_name(data.name).dim_partition:
-                    continue
-                if data.locator.kind == "param":
-                    weight = f"{node.target}.{data.locator.key}"
-                else:
-                    producer = operand_producer(node, data.locator)
-                    weight = str(producer.target) if producer is not None and producer.op == "get_attr" else ""
-                if weight in params:
-                    takers.setdefault(params[weight], []).append(var)
+    for node, var, data, spec in _operand_options(graph_module, choices, x):
+        weight = _weight_of(node, data, params)
+        if spec.dim_partition and weight is not None:
+            takers.setdefault(weight, []).append(var)
     return takers
+
+
+def _not_data_parallel(graph_module: fx.GraphModule, choices: dict, x: dict, mesh: DeviceMesh) -> dict[str, list]:
+    """Node name -> the option variables a data-parallel plan rules out: those laying a weight out
+    sharded, and, on every node that carries the batch, those whose output does not keep dim 0
+    split over every mesh axis. A node carries the batch when a model input or a node carrying
+    it feeds it and one of its strategies keeps the split (a node that cannot, a loss or a
+    fallback, ends the batch's path: what follows is the solver's choice)."""
+    params = parameter_names(graph_module)
+    every_axis = tuple(range(len(mesh.shape)))
+
+    def splits_batch(strategy) -> bool:
+        spec = strategy.get_sharding_spec_by_name(strategy.outputs[0].name)
+        return tuple(sorted(dict(spec.dim_partition).get(0, ()))) == every_axis
+
+    ruled_out: dict[str, list] = {}
+
+    def rule_out(name: str, var) -> None:
+        found = ruled_out.setdefault(name, [])
+        if not any(var is other for other in found):
+            found.append(var)
+
+    for node, var, data, spec in _operand_options(graph_module, choices, x):
+        if spec.dim_partition and _weight_of(node, data, params) is not None:
+            rule_out(node.name, var)
+    carrying: set[str] = set()
+    for node in graph_module.graph.nodes:
+        if node.op == "placeholder":
+            carrying.add(node.name)
+            continue
+        opts = [(var, strategy) for var, (strategy, _) in zip(x[node.name], choices[node.name]) if strategy is not None]
+        if not any(n.name in carrying for n in node.all_input_nodes) or \
+                not any(splits_batch(strategy) for _, strategy in opts):
+            continue
+        carrying.add(node.name)
+        for var, strategy in opts:
+            if not splits_batch(strategy):
+                rule_out(node.name, var)
+    return ruled_out
 
 
 def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int | None = None,
                flop_rate: float = FLOP_RATE,
                options: Mapping[str, list[ShardingStrategy] | None] | None = None,
-               defer_reductions: bool = True, min_sharded: int = 0, shard_weights: bool = False) -> Plan:
+               defer_reductions: bool = True, min_sharded: int = 0, shard_weights: bool = False,
+               data_parallel: bool = False) -> Plan:
     """The cheapest plan by declared cost; ``memory_limit`` bounds the summed declared memory
     (bytes per device) of the chosen strategies. With ``defer_reductions`` a strategy's AFTER
     all-reduce may be left to the resharding (a reduce-scatter when the consumer shards).
@@ -88,7 +139,9 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
     that on a small model, where a collective costs more than the compute it saves and the
     cheapest plan is all replicated, the check still checks sharding. ``shard_weights``: every
     weight that some strategy can lay out sharded is sharded by at least one of the ops taking
-    it (tensor parallelism wherever the model allows it, so a check covers the matmuls)."""
+    it (tensor parallelism wherever the model allows it, so a check covers the matmuls).
+    ``data_parallel``: every weight replicated and the batch (dim 0) split over every mesh axis
+    along its whole path from the model inputs."""
     options = node_options(graph_module, mesh) if options is None else options
     nodes = list(graph_module.graph.nodes)
     choices = {n.name: _variants(options[n.name], defer_reductions) for n in nodes}
@@ -142,6 +195,12 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
     if shard_weights:
         for index, takers in enumerate(_weight_takers(graph_module, choices, x).values()):
             problem += pulp.lpSum(takers) >= 1, f"shard_weight_{index}"
+    if data_parallel:
+        for name, ruled_out in _not_data_parallel(graph_module, choices, x, mesh).items():
+            if len(ruled_out) == len(x[name]):
+                raise PlanInfeasible(f"data_parallel: node {name!r} has no strategy that keeps the batch (dim 0) "
+                                     f"split over every mesh axis with its weights replicated on mesh {mesh.shape}")
+            problem += pulp.lpSum(ruled_out) == 0, f"data_parallel_{name}"
     status = problem.solve(pulp.PULP_CBC_CMD(msg=0))
     if pulp.LpStatus[status] != "Optimal":
         if memory_limit is not None:

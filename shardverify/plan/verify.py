@@ -88,6 +88,8 @@ def node_label(item, coverage: Coverage | None = None) -> str:
         return f"replicated: no handler for {status.target}"
     if status.status == "refused":
         return f"replicated: {status.target} refused: {status.reason[:160]}"
+    if status.status == "constant":
+        return f"replicated: {status.target} built from constants on every rank"
     return "runs as is (no tensor output)"
 
 
@@ -110,23 +112,23 @@ def _as_mesh(mesh) -> DeviceMesh:
 def make_plan(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
               flop_rate: float = FLOP_RATE, capture: str = "fx", min_sharded: int = 0,
-              shard_weights: bool = False) -> Plan:
+              shard_weights: bool = False, data_parallel: bool = False) -> Plan:
     """The solver's plan (``plan=None``), or the user's ``{node: strategy name}`` completed."""
     return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, min_sharded,
-                              shard_weights)[0]
+                              shard_weights, data_parallel)[0]
 
 
 def plan_with_coverage(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
                        plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
                        flop_rate: float = FLOP_RATE, capture: str = "fx", min_sharded: int = 0,
-                       shard_weights: bool = False) -> tuple[Plan, Coverage]:
+                       shard_weights: bool = False, data_parallel: bool = False) -> tuple[Plan, Coverage]:
     """:func:`make_plan` and the account of the model's op nodes under it (from one capture)."""
     mesh = _as_mesh(mesh)
     gm = _traced(ModelRecipe(module, tuple(example_inputs), capture=capture))
     options, statuses = classify_nodes(gm, mesh)
     if not isinstance(plan, Plan):
         plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, min_sharded=min_sharded,
-                                                 shard_weights=shard_weights) if plan is None else \
+                          shard_weights=shard_weights, data_parallel=data_parallel) if plan is None else \
             build_plan(gm, mesh, dict(plan), options, flop_rate)
     return plan, Coverage.of(statuses, plan)
 
@@ -150,21 +152,23 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
 
 def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, backend: str | object = "simulated",
                 memory_limit: int | None = None, seed: int = 0, capture: str = "fx",
-                min_sharded: int = 0, shard_weights: bool = False) -> PlanResult:
+                min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
     the single-device model, forward and backward. ``capture``: ``"fx"`` (torch.fx symbolic
     tracing, the torch-level graph) or ``"export"`` (torch.export's ATen graph, which models
     that cannot be traced need). ``min_sharded``: the solver's plan shards at least that many
-    nodes; ``shard_weights``: every weight a strategy can shard is sharded by one of its ops. The
-    result counts the nodes that ran without strategies."""
+    nodes; ``shard_weights``: every weight a strategy can shard is sharded by one of its ops;
+    ``data_parallel``: weights replicated, the batch of every model input split. The result
+    counts the nodes that ran without strategies."""
     from shardverify.backends import get_backend
 
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     mesh = _as_mesh(mesh)
     chosen, coverage = plan_with_coverage(model, example_inputs, mesh, plan, memory_limit, capture=capture,
-                                          min_sharded=min_sharded, shard_weights=shard_weights)
+                                          min_sharded=min_sharded, shard_weights=shard_weights,
+                                          data_parallel=data_parallel)
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:

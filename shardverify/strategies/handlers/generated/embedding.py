@@ -17,10 +17,23 @@ HANDLER = register_handler(HandlerDef(
         OperandDecl(role='output', kind='output', index=None, keyword=None,
                     attribute=None, optional=False, element=None),
     ),
-    params=(),
+    params=(
+        ParamDecl(name='padding_idx', index=2, keyword='padding_idx', default=None),
+    ),
     generator='rules',
     options=(('einsum', 'b s, v e -> b s e'), ('indices', (('input', 'v'),))),
     spec_file='specs/embedding.yaml',
+    bindings=(
+        (torch.nn.functional.embedding, (
+            ('padding_idx', (None,)),
+        )),
+        (torch.nn.Embedding, (
+            ('padding_idx', (None,)),
+        )),
+        (torch.ops.aten.embedding.default, (
+            ('padding_idx', (None,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.embedding.default, (
             OperandDecl(role='input', kind='input', index=1, keyword='indices',
@@ -30,6 +43,7 @@ HANDLER = register_handler(HandlerDef(
             OperandDecl(role='output', kind='output', index=None, keyword=None,
                         attribute=None, optional=False, element=None),
         ), (
+            ParamDecl(name='padding_idx', index=2, keyword='padding_idx', default=None),
         )),
     ),
 ))
