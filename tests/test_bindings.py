@@ -100,3 +100,18 @@ def test_input_value_ranges_are_validated():
     with pytest.raises(Exception, match="integer bounds"):
         InputDecl("ids", (4,), "int64", values=(0, 2.5))
 
+
+
+def test_strategies_of_a_copy_traced_for_other_shapes_are_its_own():
+    """A deepcopy keeps node.meta, the strategies cache included: the cache is keyed by the shapes
+    and dtypes, so the copy traced for another batch gets strategies of its own shapes."""
+    import copy
+
+    graph_module = trace(Fn(torch.nn.Linear(8, 8)), {"x": torch.empty(12, 8)})
+    node = next(n for n in graph_module.graph.nodes if n.op == "call_module")
+    before = strategies_for_node(graph_module, node.name, MESH)
+    again = trace(copy.deepcopy(graph_module), {"x": torch.empty(4, 8, dtype=torch.float64)})
+    after = strategies_for_node(again, node.name, MESH)
+    shapes = {tuple(spec.tensor_shape) for s in after for _, spec in s.sharding_specs}
+    assert (4, 8) in shapes and (12, 8) not in shapes
+    assert {tuple(spec.tensor_shape) for s in before for _, spec in s.sharding_specs} >= {(12, 8)}

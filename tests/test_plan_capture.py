@@ -193,3 +193,22 @@ def test_a_tied_weight_under_data_parallelism_reduces_each_use_once(capture):
     result = verify_plan(TiedHead(), (ids,), (4,), capture=capture, data_parallel=True)
     assert result.passed, result.summary()
     assert not result.shards_nothing
+
+
+def test_an_op_that_raises_on_a_rank_is_reported_at_its_node_with_its_frames(monkeypatch):
+    """A rank's exception names the node it ran, its step and strategy, and its last frames."""
+    from shardverify.plan import execute
+
+    real = execute.call_op
+
+    def failing(node, module, values, **kwargs):
+        if node.name == "tanh":
+            raise RuntimeError("planted failure")
+        return real(node, module, values, **kwargs)
+
+    monkeypatch.setattr(execute, "call_op", failing)
+    ids = torch.randint(0, 16, (8, 4), generator=torch.Generator().manual_seed(0))
+    result = verify_plan(TiedHead(), (ids,), (2,), capture="fx")
+    first = result.first_divergence()
+    assert first is not None and first.phase == "error" and first.node == "tanh", result.summary()
+    assert "planted failure" in first.what and "File " in first.what, first.what

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import threading
 from dataclasses import dataclass
 
@@ -152,6 +153,21 @@ def _shard(layout, value, mesh, rank):
     return value
 
 
+class NodeFailure(VerificationError):
+    """A node raised while a rank ran it: the message names the node, its step and its strategy,
+    so the report blames it (:func:`failed_node` reads them back from another process's text)."""
+
+    def __init__(self, node: str, order: int, strategy: str, cause: BaseException) -> None:
+        self.node, self.order = node, order
+        super().__init__(f"node {node!r} (step {order}, {strategy}) raised {type(cause).__name__}: {cause}")
+
+
+def failed_node(message: str) -> tuple[str, int] | None:
+    """(node, step) a :class:`NodeFailure` message names, or None."""
+    found = re.search(r"node '([^']+)' \(step (\d+), ", message)
+    return (found.group(1), int(found.group(2))) if found else None
+
+
 def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, on_node=None):
     """This rank's forward pass under ``plan``; ``on_node(order, node, out, layout)`` sees each
     op node's local output. Returns (env, layouts, param leaves, input leaves, result)."""
@@ -183,15 +199,18 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
                 return fetch(a.name, a) if isinstance(env.get(a.name), torch.Tensor) else env[a.name]
             result = fx.node.map_arg(node.args[0], gather)
             continue
-        if strategy is None:
-            out = _run_generic(comm, gm, node, env, fetch, params, leaves, order)
-            layout = (Layout.replicated(mesh.shape, tuple(out.shape)) if isinstance(out, torch.Tensor)
-                      else [Layout.replicated(mesh.shape, tuple(t.shape)) if isinstance(t, torch.Tensor) else None
-                            for t in out] if isinstance(out, (tuple, list)) else None)
-        else:
-            out = _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, item.deferred)
-            specs = [Layout(strategy.get_sharding_spec_by_name(d.name), item.deferred) for d in strategy.outputs]
-            layout = specs[0] if len(specs) == 1 else specs
+        try:
+            if strategy is None:
+                out = _run_generic(comm, gm, node, env, fetch, params, leaves, order)
+                layout = (Layout.replicated(mesh.shape, tuple(out.shape)) if isinstance(out, torch.Tensor)
+                          else [Layout.replicated(mesh.shape, tuple(t.shape)) if isinstance(t, torch.Tensor)
+                                else None for t in out] if isinstance(out, (tuple, list)) else None)
+            else:
+                out = _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, item.deferred)
+                specs = [Layout(strategy.get_sharding_spec_by_name(d.name), item.deferred) for d in strategy.outputs]
+                layout = specs[0] if len(specs) == 1 else specs
+        except Exception as exc:  # noqa: BLE001 - any failure is this node's, said with its name
+            raise NodeFailure(node.name, order, item.strategy_name, exc) from exc
         env[node.name], layouts[node.name] = out, layout
         for tensor in (out if isinstance(out, (tuple, list)) else [out]):
             if isinstance(tensor, torch.Tensor) and tensor.requires_grad:

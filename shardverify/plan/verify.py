@@ -10,7 +10,7 @@ import torch
 from shardverify.errors import BackendError, InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
-from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, as_float64, rank_run_plan
+from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, as_float64, failed_node, rank_run_plan
 from shardverify.plan.build import build_plan
 from shardverify.plan.model import FLOP_RATE, Plan
 from shardverify.plan.solver import solve_plan
@@ -145,7 +145,11 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
         reports = backend.run(rank_run_plan, recipe, plan, timeout=timeout)
     except BackendError as error:
         ranks = getattr(error, "ranks", ()) or (getattr(error, "rank", -1),)
-        return PlanResult(plan, str(name), tuple(PlanMismatch("error", 0, "?", str(error), int(r)) for r in ranks),
+        node, order = failed_node(str(error)) or ("?", 0)
+        frames = [line.strip() for line in getattr(error, "traceback_text", "").splitlines()
+                  if line.strip().startswith("File ")][-3:]
+        detail = str(error) + ("".join(f"\n      {frame}" for frame in frames) if frames else "")
+        return PlanResult(plan, str(name), tuple(PlanMismatch("error", order, node, detail, int(r)) for r in ranks),
                           coverage)
     return PlanResult(plan, str(name), tuple(m for report in reports for m in report), coverage)
 

@@ -14,7 +14,7 @@ from shardverify.sharding.strategy import OperandLocator, OperationData, Operati
 
 __all__ = ["strategies_for_node", "find_node"]
 
-CACHE_KEY = "shardverify_strategies"   # node.meta[CACHE_KEY][mesh] -> StrategiesVector
+CACHE_KEY = "shardverify_strategies"   # node.meta[CACHE_KEY][(mesh, shapes)] -> StrategiesVector
 _SOURCE_OPS = {"placeholder": "Replica Placeholder", "get_attr": "Replica Attribute"}
 
 
@@ -44,11 +44,25 @@ def strategies_for_node(graph_module: GraphModule, node_name_or_index: str | int
     return _strategies(graph_module, find_node(graph_module, node_name_or_index), mesh)
 
 
+def _shapes(node: Node) -> tuple:
+    """The shapes and dtypes a node's strategies are computed from: its own and its inputs'."""
+    def of(n: Node) -> object:
+        meta = n.meta.get("tensor_meta")
+        metas = meta if isinstance(meta, (list, tuple)) and not hasattr(meta, "shape") else (meta,)
+        return tuple((tuple(m.shape), m.dtype) if hasattr(m, "shape") else None for m in metas)
+
+    return (of(node),) + tuple((n.name, of(n)) for n in node.all_input_nodes)
+
+
 def _strategies(graph_module: GraphModule, node: Node, mesh: DeviceMesh) -> StrategiesVector:
+    """The node's strategies, cached in ``node.meta`` by mesh and by the shapes and dtypes they
+    were computed from: a copy of the graph traced again for other inputs (``deepcopy`` keeps
+    ``node.meta``) gets its own, not the strategies of the old shapes."""
     cache = node.meta.setdefault(CACHE_KEY, {})
-    if mesh not in cache:
-        cache[mesh] = _build(graph_module, node, mesh)
-    return cache[mesh]
+    key = (mesh, _shapes(node))
+    if key not in cache:
+        cache[key] = _build(graph_module, node, mesh)
+    return cache[key]
 
 
 def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Node,
