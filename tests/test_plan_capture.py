@@ -212,3 +212,41 @@ def test_an_op_that_raises_on_a_rank_is_reported_at_its_node_with_its_frames(mon
     first = result.first_divergence()
     assert first is not None and first.phase == "error" and first.node == "tanh", result.summary()
     assert "planted failure" in first.what and "File " in first.what, first.what
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.scale = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * self.scale
+
+
+def _graph_with_an_unused_node() -> torch.fx.GraphModule:
+    """A user's GraphModule holding an unused get_attr, which regenerating it from its code drops
+    (and the used one is renamed): ViT's graph had such nodes."""
+    graph_module = torch.fx.symbolic_trace(Scaled())
+    with graph_module.graph.inserting_before(list(graph_module.graph.nodes)[1]):
+        graph_module.graph.get_attr("scale")
+    graph_module.recompile()
+    return graph_module
+
+
+def test_a_graph_module_reaches_a_worker_intact():
+    import pickle
+
+    graph_module = _graph_with_an_unused_node()
+    recipe = ModelRecipe(graph_module, (torch.randn(4, 8),))
+    shipped = pickle.loads(pickle.dumps(recipe))
+    assert [n.name for n in shipped.module.graph.nodes] == [n.name for n in graph_module.graph.nodes]
+    assert [name for name, _ in shipped.module.named_parameters()] == \
+        [name for name, _ in graph_module.named_parameters()]
+
+
+@pytest.mark.dist
+def test_a_graph_module_with_an_unused_node_verifies_on_gloo(sv_backend):
+    result = verify_plan(_graph_with_an_unused_node(), (torch.randn(4, 8),), (2,), backend=sv_backend((2,)),
+                         min_sharded=1)
+    assert result.passed, result.summary()

@@ -56,6 +56,30 @@ class ModelRecipe:
         if self.capture not in CAPTURES:
             raise InvalidArgument(f"capture must be one of {', '.join(CAPTURES)}, got {self.capture!r}")
 
+    def __reduce__(self):
+        """A GraphModule travels to a worker as its graph and the attributes its nodes name, so the
+        worker runs the very graph the plan was made for: pickling a GraphModule itself regenerates
+        it from its code, which drops unused nodes and can rename the others."""
+        if isinstance(self.module, fx.GraphModule):
+            return _graph_recipe, (_graph_attributes(self.module), self.module.graph, self.inputs, self.seed,
+                                   self.capture)
+        return ModelRecipe, (self.module, self.inputs, self.seed, self.capture)
+
+
+def _graph_attributes(graph_module: fx.GraphModule) -> dict[str, object]:
+    """Every submodule, parameter or buffer a node of the graph names, by its qualified name."""
+    found: dict[str, object] = {}
+    for node in graph_module.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            target = str(node.target)
+            owner, _, attr = target.rpartition(".")
+            found[target] = getattr(graph_module.get_submodule(owner) if owner else graph_module, attr)
+    return found
+
+
+def _graph_recipe(attributes: dict, graph: fx.Graph, inputs, seed: int, capture: str) -> ModelRecipe:
+    return ModelRecipe(fx.GraphModule(attributes, graph), inputs, seed, capture)
+
 
 def as_float64(x: torch.Tensor) -> torch.Tensor:
     """A floating input in float64 (the plan check compares in float64); any other as it is."""
