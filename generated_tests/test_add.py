@@ -91,6 +91,33 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='add',
+        target='torch.Tensor.__add__',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+            InputDecl('other', (4, 1), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='add',
+        target='torch.Tensor.__add__',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('other', 2.5),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.add-other_True',
@@ -99,6 +126,8 @@ CASE_IDS = [
     'torch.Tensor.add-other_2.5',
     'torch.ops.aten.add.Tensor-other_True',
     'torch.ops.aten.add.Tensor-other_2.5',
+    'torch.Tensor.__add__-other_True',
+    'torch.Tensor.__add__-other_2.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -19,6 +19,8 @@ CASE_IDS = [
     'torch.Tensor.add-other_2.5',
     'torch.ops.aten.add.Tensor-other_True',
     'torch.ops.aten.add.Tensor-other_2.5',
+    'torch.Tensor.__add__-other_True',
+    'torch.Tensor.__add__-other_2.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

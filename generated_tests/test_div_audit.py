@@ -19,6 +19,8 @@ CASE_IDS = [
     'torch.Tensor.div-other_2.5',
     'torch.ops.aten.div.Tensor-other_True',
     'torch.ops.aten.div.Tensor-other_2.5',
+    'torch.Tensor.__truediv__-other_True',
+    'torch.Tensor.__truediv__-other_2.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

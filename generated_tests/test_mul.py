@@ -91,6 +91,33 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='mul',
+        target='torch.Tensor.__mul__',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+            InputDecl('other', (4, 1), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='mul',
+        target='torch.Tensor.__mul__',
+        inputs=(
+            InputDecl('input', (8, 4, 16), 'float32'),
+        ),
+        params=(('other', 2.5),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 CASE_IDS = [
     'torch.mul-other_True',
@@ -99,6 +126,8 @@ CASE_IDS = [
     'torch.Tensor.mul-other_2.5',
     'torch.ops.aten.mul.Tensor-other_True',
     'torch.ops.aten.mul.Tensor-other_2.5',
+    'torch.Tensor.__mul__-other_True',
+    'torch.Tensor.__mul__-other_2.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
@@ -128,6 +157,8 @@ STRATEGY_COUNTS = [
     pytest.param(3, (2, 2), 16, id='torch.Tensor.mul-other_2.5-mesh2x2'),
     pytest.param(4, (2, 2), 16, id='torch.ops.aten.mul.Tensor-other_True-mesh2x2'),
     pytest.param(5, (2, 2), 16, id='torch.ops.aten.mul.Tensor-other_2.5-mesh2x2'),
+    pytest.param(6, (2, 2), 16, id='torch.Tensor.__mul__-other_True-mesh2x2'),
+    pytest.param(7, (2, 2), 16, id='torch.Tensor.__mul__-other_2.5-mesh2x2'),
 ]
 
 

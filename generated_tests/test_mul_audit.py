@@ -19,6 +19,8 @@ CASE_IDS = [
     'torch.Tensor.mul-other_2.5',
     'torch.ops.aten.mul.Tensor-other_True',
     'torch.ops.aten.mul.Tensor-other_2.5',
+    'torch.Tensor.__mul__-other_True',
+    'torch.Tensor.__mul__-other_2.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -19,6 +19,8 @@ CASE_IDS = [
     'torch.Tensor.sub-other_2.5',
     'torch.ops.aten.sub.Tensor-other_True',
     'torch.ops.aten.sub.Tensor-other_2.5',
+    'torch.Tensor.__sub__-other_True',
+    'torch.Tensor.__sub__-other_2.5',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),

@@ -12,6 +12,32 @@ from shardverify.verify.report import assert_passed
 CASES = [
     OpCase(
         op='to_dtype',
+        target='torch.Tensor.to',
+        inputs=(
+            InputDecl('input', (8, 4, 6), 'float32'),
+        ),
+        params=(('dtype', 'torch.float64'),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='to_dtype',
+        target='torch.Tensor.to',
+        inputs=(
+            InputDecl('input', (8, 4, 6), 'float32'),
+        ),
+        params=(('dtype', 'torch.float32'),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='to_dtype',
         target='torch.ops.aten.to.dtype',
         inputs=(
             InputDecl('input', (8, 4, 6), 'float32'),
@@ -64,6 +90,8 @@ CASES = [
     ),
 ]
 CASE_IDS = [
+    'torch.Tensor.to-dtype_torch.float64',
+    'torch.Tensor.to-dtype_torch.float32',
     'torch.ops.aten.to.dtype-dtype_torch.float64',
     'torch.ops.aten.to.dtype-dtype_torch.float32',
     'torch.ops.aten.to.dtype_layout-dtype_torch.float64',

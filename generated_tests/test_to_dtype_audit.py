@@ -13,6 +13,8 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/to_dtype.yaml'
 CASE_IDS = [
+    'torch.Tensor.to-dtype_torch.float64',
+    'torch.Tensor.to-dtype_torch.float32',
     'torch.ops.aten.to.dtype-dtype_torch.float64',
     'torch.ops.aten.to.dtype-dtype_torch.float32',
     'torch.ops.aten.to.dtype_layout-dtype_torch.float64',

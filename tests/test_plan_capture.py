@@ -250,3 +250,28 @@ def test_a_graph_module_with_an_unused_node_verifies_on_gloo(sv_backend):
     result = verify_plan(_graph_with_an_unused_node(), (torch.randn(4, 8),), (2,), backend=sv_backend((2,)),
                          min_sharded=1)
     assert result.passed, result.summary()
+
+
+class OptionalMask(torch.nn.Module):
+    """An optional input and a keyword default, written with Python operators."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x, mask=None, scale: float = 2.0):
+        y = self.lin(x)
+        if mask is not None:
+            y = y * mask
+        return torch.relu(y) / scale + x
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+@pytest.mark.parametrize("with_mask", [False, True], ids=["mask_left_none", "mask_given"])
+def test_an_optional_input_left_none_or_given_verifies(capture, with_mask):
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    inputs = (x, torch.randn(4, 8)) if with_mask else (x,)
+    result = verify_plan(OptionalMask(), inputs, (2,), capture=capture, min_sharded=2)
+    assert result.passed, result.summary()
+    # `y * mask`, `/ scale` and `+ x` are served by the mul, div and add specs at both levels
+    assert not result.coverage.fallbacks, result.coverage.lines()

@@ -8,6 +8,7 @@ The returned graph module keeps the original (real) parameters for later verific
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Mapping
 
 import torch
@@ -17,7 +18,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from shardverify.capture.call import meta_devices
 from shardverify.errors import InvalidArgument
 
-__all__ = ["trace"]
+__all__ = ["trace", "forward_names", "omitted_defaults"]
 
 
 def _as_meta(name: str, value: object) -> torch.Tensor:
@@ -48,16 +49,40 @@ class _MetaShapeProp(ShapeProp):
         return super().call_method(target, *meta_devices(tuple(args), dict(kwargs)))
 
 
+def omitted_defaults(module: torch.nn.Module, given) -> dict[str, object]:
+    """The forward arguments not in ``given`` that have a default, with it."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in parameters if p.name not in given and p.default is not inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def forward_names(module: torch.nn.Module, count: int) -> list[str]:
+    """The names of the first ``count`` positional forward arguments (a GraphModule's placeholders)."""
+    if isinstance(module, GraphModule):
+        return [str(n.target) for n in module.graph.nodes if n.op == "placeholder"][:count]
+    parameters = [p for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(parameters) < count:
+        raise InvalidArgument(f"{type(module).__name__}.forward takes {len(parameters)} positional argument(s), "
+                              f"given {count} input(s)")
+    return [p.name for p in parameters[:count]]
+
+
 def trace(module: torch.nn.Module, meta_args: Mapping[str, torch.Tensor] | None = None) -> GraphModule:
     """``symbolic_trace(module)`` with ``node.meta['tensor_meta']`` set on every tensor node.
 
     ``meta_args`` maps forward argument names to tensors (meta tensors are enough); an
-    argument with a default may be omitted.
+    argument with a default may be omitted, and is then traced as its default
+    (``forward(x, mask=None)`` without a mask: ``if mask is not None`` is decided, not traced).
     """
     if not isinstance(module, torch.nn.Module):
         raise InvalidArgument(f"trace() needs a torch.nn.Module, got {type(module).__name__}")
     meta_args = dict(meta_args or {})
-    graph_module = module if isinstance(module, GraphModule) else symbolic_trace(module)
+    graph_module = module if isinstance(module, GraphModule) else \
+        symbolic_trace(module, concrete_args=omitted_defaults(module, meta_args) or None)
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     known = {str(n.target).lstrip("*") for n in placeholders}
     unknown = sorted(set(meta_args) - known)

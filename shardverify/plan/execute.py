@@ -27,7 +27,7 @@ from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
 from shardverify.sharding.reshard_plan import Layout
 from shardverify.sharding.strategy import CommWhere
-from shardverify.capture.fx import trace
+from shardverify.capture.fx import forward_names, trace
 from shardverify.verify.engine import local_arguments
 from shardverify.capture.call import as_outputs, call_op, operand_nodes
 
@@ -105,8 +105,7 @@ def _traced(recipe: ModelRecipe) -> fx.GraphModule:
     inputs = [as_float64(x) for x in recipe.inputs]
     if recipe.capture == "export":
         return export_graph(module, inputs)
-    names = [n.target for n in fx.symbolic_trace(module).graph.nodes if n.op == "placeholder"]
-    return trace(module, {str(name): x for name, x in zip(names, inputs)})
+    return trace(module, dict(zip(forward_names(module, len(inputs)), inputs)))
 
 
 def _grad_seed(shape, seed: int, index: int) -> torch.Tensor:
@@ -212,6 +211,9 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
             value = env[producer.name] if value is None else value
             return apply_reshard(comm, steps.get((operand, producer.name), ()), value)
 
+        if node.op == "placeholder" and len(input_leaves) == len(recipe.inputs):
+            env[node.name], layouts[node.name] = node.args[0] if node.args else None, None   # an omitted argument's default
+            continue
         if node.op == "placeholder":
             leaf = recipe.inputs[len(input_leaves)].detach().clone()
             leaf.requires_grad_(leaf.is_floating_point())

@@ -263,6 +263,9 @@ class OpCase:
         node = output.args[0]
         if not isinstance(node, fx.Node):
             raise InvalidArgument(f"case {self.describe()}: the op's result is not a single node")
+        if "tensor_meta" not in node.meta:   # x.__truediv__() without its operand: NotImplemented
+            raise InvalidArgument(f"case {self.describe()}: the op returns {node.meta.get('type', 'no tensor')}, "
+                                  f"not a tensor")
         return graph_module, node.name
 
     def describe(self) -> str:

@@ -8,6 +8,7 @@ all op knowledge lives in the :class:`HandlerDef` and the generator options.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -163,11 +164,23 @@ def target_key(target: object) -> object:
     return target
 
 
+def _operator_twin(target: object) -> object | None:
+    """``operator.mul`` for ``torch.Tensor.__mul__``: a torch.fx graph records ``x * y`` as a call
+    of the Python operator, the same call as the method; None for any other target."""
+    name = getattr(target, "__name__", "")
+    if not (name.startswith("__") and name.endswith("__")) or not str(
+            getattr(target, "__qualname__", "")).startswith(("Tensor.", "TensorBase.")):
+        return None
+    return getattr(operator, name, None)
+
+
 def register_handler(defn: HandlerDef) -> HandlerDef:
     """Register ``defn`` for every target. Another handler may claim a target only when both
     are bound to disjoint values of one parameter there (batch norm in training and in eval
     mode: two rules, each served only the calls it was verified on); otherwise it is an error."""
     narrowed = [(target_key(t), defn.for_target(t)) for t in defn.targets]
+    narrowed += [(twin, mine) for t, (_, mine) in zip(defn.targets, list(narrowed))
+                 if (twin := _operator_twin(t)) is not None]
     for key, mine in narrowed:
         for owner in _REGISTRY.get(key, ()):
             if owner.name != defn.name and not _disjoint(owner, mine):

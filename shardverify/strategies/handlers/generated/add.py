@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='add',
-    targets=(torch.add, torch.Tensor.add, torch.ops.aten.add.Tensor),
+    targets=(torch.add, torch.Tensor.add, torch.ops.aten.add.Tensor, torch.Tensor.__add__),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='div',
-    targets=(torch.div, torch.Tensor.div, torch.ops.aten.div.Tensor),
+    targets=(torch.div, torch.Tensor.div, torch.ops.aten.div.Tensor, torch.Tensor.__truediv__),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='mul',
-    targets=(torch.mul, torch.Tensor.mul, torch.ops.aten.mul.Tensor),
+    targets=(torch.mul, torch.Tensor.mul, torch.ops.aten.mul.Tensor, torch.Tensor.__mul__),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='sub',
-    targets=(torch.sub, torch.Tensor.sub, torch.ops.aten.sub.Tensor),
+    targets=(torch.sub, torch.Tensor.sub, torch.ops.aten.sub.Tensor, torch.Tensor.__sub__),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='to_dtype',
-    targets=(torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout),
+    targets=(torch.Tensor.to, torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='self',
                     attribute=None, optional=False, element=None),
