@@ -48,7 +48,7 @@ def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
         outputs[f"{TEST_DIR}/test_{spec.name}_properties.py"] = renderer.render("op_property_test.py.j2", spec=spec)
     # --- end property tests ---
     # --- completeness audit (shardverify.audit, issue 12): no valid strategy missing ---
-    audit = [(mesh, _mesh_id(mesh)) for mesh in audit_meshes(spec.verify.meshes)]
+    audit = [(mesh, _mesh_id(mesh)) for mesh in (spec.audit_meshes or audit_meshes(spec.verify.meshes))]
     if audit:
         outputs[f"{TEST_DIR}/test_{spec.name}_audit.py"] = renderer.render(
             "op_audit_test.py.j2", spec=spec, cases=spec.op_cases(), meshes=audit)

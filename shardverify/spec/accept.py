@@ -78,12 +78,29 @@ def glob_matches(pattern: str, text: str) -> bool:
     return re.fullmatch(regex, text) is not None
 
 
+def parse_audit_meshes(node: Node | None, meshes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...] | None:
+    """``audit: meshes:``, the meshes the generated audit test runs on, each one of the spec's
+    (None: the default, its 1-D and 2-D meshes). An op with many operands enumerates layouts
+    combinatorially: its audit on a 2-D mesh can take a minute, which a spec may leave to
+    ``shardverify audit --mesh``."""
+    if node is None or not isinstance(node.value, dict) or "meshes" not in node.value:
+        return None
+    meshes_node = node.value["meshes"]  # type: ignore[index]
+    chosen = tuple(as_shape(item, allow_empty=False) for item in check_type(meshes_node, list).value)  # type: ignore[union-attr]
+    strange = [list(m) for m in chosen if m not in meshes]
+    if not chosen or strange:
+        raise meshes_node.error(f"audit meshes are some of the spec's meshes {[list(m) for m in meshes]}, "
+                                f"got {[list(m) for m in chosen]}")
+    return chosen
+
+
 def parse_audit(node: Node | None, roles: set[str], grid: dict[str, tuple]) -> tuple[AcceptEntry, ...]:
     """The accepted gaps of an ``audit:`` mapping (SpecError naming file:line on any mistake)."""
     if node is None:
         return ()
     fields = Fields(node)
     accept_node = fields.optional("accept", list)
+    fields.optional("meshes", list)          # read by parse_audit_meshes
     fields.finish()
     if accept_node is None:
         return ()

@@ -12,7 +12,7 @@ import dataclasses
 import math
 
 from shardverify.errors import InvalidArgument
-from shardverify.spec.accept import parse_audit
+from shardverify.spec.accept import parse_audit, parse_audit_meshes
 from shardverify.spec.aten import aten_positions, is_aten, parse_target_entry
 from shardverify.spec.fields import (
     Fields, as_dtype, as_identifier, as_shape, check_type, describe, dtype_from_name, finite_number, lookup,
@@ -265,11 +265,13 @@ def parse_op_spec(root: Node) -> OpSpec:
                 raise where_node.error("'where' selects grid points: name at least one grid key")
             targets[position] = dataclasses.replace(target, where=where)
     accept = parse_audit(audit_node, roles, dict(verify.grid))
+    audit_meshes = parse_audit_meshes(audit_node, verify.meshes)
     points = math.prod(len(values) for _, values in verify.grid)
     within(verify_node, [MAX_CASES.exceeded(len(targets) * points)])
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
-                  description=str(desc_node.value) if desc_node else "", audit_accept=accept, ignores=ignores)
+                  description=str(desc_node.value) if desc_node else "", audit_accept=accept, ignores=ignores,
+                  audit_meshes=audit_meshes)
 
 
 def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,

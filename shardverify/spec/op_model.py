@@ -132,6 +132,7 @@ class OpSpec:
     verify: VerifySpec
     description: str = ""
     audit_accept: tuple = ()       # shardverify.spec.accept.AcceptEntry: known, accepted gaps
+    audit_meshes: tuple[tuple[int, ...], ...] | None = None   # None: the 1-D and 2-D meshes
     ignores: tuple[str, ...] = ()  # undeclared keyword arguments that leave the rule unchanged
 
     def bound_targets(self) -> tuple[TargetSpec, ...]:

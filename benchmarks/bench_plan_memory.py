@@ -1,0 +1,75 @@
+"""Peak memory of one plan check, per parameter of the model checked.
+
+Builds an MLP of four 1024x1024 linear layers (4.2 M parameters) and, in a fresh process per
+figure so that peaks do not mix, runs ``verify_plan`` on the simulated backend (every rank a
+thread of this process) on a (2, 2) mesh, under the replicated plan, a data-parallel plan and a
+plan sharding every weight. Prints the peak resident memory the check added over the model
+alone, in bytes per parameter, beside the model's own float32 size (4 B per parameter), and
+the machine's load::
+
+    .venv/bin/python benchmarks/bench_plan_memory.py            # 4 layers of 1024
+    .venv/bin/python benchmarks/bench_plan_memory.py --width 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+
+PLANS = ("replicated", "data_parallel", "shard_weights")
+
+
+def _peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def child(plan: str, width: int, layers: int) -> None:
+    import torch
+
+    from shardverify import verify_plan
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    params = sum(p.numel() for p in model.parameters())
+    inputs = (torch.randn(8, width),)
+    before = _rss_bytes()
+    kwargs = {"data_parallel": plan == "data_parallel", "shard_weights": plan == "shard_weights"}
+    chosen = {} if plan == "replicated" else None       # {}: every node replicated
+    result = verify_plan(model, inputs, (2, 2), chosen, **kwargs)
+    print(json.dumps({"plan": plan, "params": params, "passed": result.passed,
+                      "added": max(0, _peak_bytes() - before)}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--child", choices=PLANS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args.width, args.layers)
+        return 0
+    print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"{'plan':<16}{'parameters':>12}{'added MiB':>11}{'B/param':>9}{'vs float32 model':>18}  verdict")
+    for plan in PLANS:
+        out = subprocess.run([sys.executable, __file__, "--child", plan, "--width", str(args.width),
+                              "--layers", str(args.layers)], capture_output=True, text=True, check=True)
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        per = row["added"] / row["params"]
+        print(f"{plan:<16}{row['params']:>12,}{row['added'] / 2**20:>11.0f}{per:>9.1f}{per / 4:>17.1f}x  "
+              f"{'PASS' if row['passed'] else 'FAIL'}")
+    print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
