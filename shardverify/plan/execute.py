@@ -14,6 +14,7 @@ import copy
 import functools
 import re
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -101,11 +102,24 @@ class PlanMismatch:
 
 
 def _traced(recipe: ModelRecipe) -> fx.GraphModule:
-    module = copy.deepcopy(recipe.module).double()
+    module = _float64_copy(recipe.module)
     inputs = [as_float64(x) for x in recipe.inputs]
     if recipe.capture == "export":
         return export_graph(module, inputs)
     return trace(module, dict(zip(forward_names(module, len(inputs)), inputs)))
+
+
+def _float64_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy with floating parameters and buffers in float64, each copied once straight
+    into float64 (``deepcopy(m).double()`` holds a float32 copy of the whole model first)."""
+    memo: dict[int, object] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if id(tensor) in memo:
+            continue
+        value = tensor.detach().to(torch.float64, copy=True) if tensor.is_floating_point() else tensor.detach().clone()
+        memo[id(tensor)] = torch.nn.Parameter(value, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) \
+            else value
+    return copy.deepcopy(module, memo).double()
 
 
 def _grad_seed(shape, seed: int, index: int) -> torch.Tensor:
@@ -132,12 +146,33 @@ def reference_run(recipe: ModelRecipe):
             values[n.name] = _snapshot(out)
             return out
 
+    initial = {name: b.clone() for name, b in gm.named_buffers()}   # batch norm's statistics move
     out = Recorder(gm).run(*inputs)
     out_t = out if isinstance(out, torch.Tensor) else out[0]
     out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
     grads = {name: v.grad for name, v in tensors.items() if v.grad is not None}
     params = {name: p.grad for name, p in gm.named_parameters()}
+    with torch.no_grad():       # the ranks start from the buffers the reference started from
+        for name, b in gm.named_buffers():
+            b.copy_(initial[name])
     return gm, values, grads, [x.grad for x in inputs], params
+
+
+_SHARED: dict[int, tuple] = {}   # id(recipe) -> (recipe's weak reference, reference_run's result)
+
+
+def shared_reference(recipe: ModelRecipe) -> tuple:
+    """:func:`reference_run` once per process and recipe: the simulated ranks (threads of one
+    process, given one recipe) share one single-device run and one traced graph, which each rank
+    only reads (its weights are its own leaves, cut from the graph's), instead of a copy each; a
+    worker process has its own. Dropped with the recipe."""
+    with _TRACE_LOCK:   # torch.fx tracing patches nn.Module.__call__ process-wide: one at a time
+        key = id(recipe)
+        found = _SHARED.get(key)
+        if found is None or found[0]() is not recipe:
+            found = _SHARED[key] = (weakref.ref(recipe), reference_run(recipe))
+            weakref.finalize(recipe, _SHARED.pop, key, None)
+        return found[1]
 
 
 def _snapshot(value: object) -> object:
@@ -157,10 +192,12 @@ def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, a
         found.append(PlanMismatch(phase, order, node, f"{what} (shape {tuple(actual.shape)}, expected "
                                   f"{tuple(expected.shape)})", rank, float("inf")))
         return
-    err = (actual.detach().double() - expected.detach().double()).abs()
-    bound = ATOL + RTOL * expected.detach().double().abs()
-    if bool((err > bound).any()):
-        found.append(PlanMismatch(phase, order, node, what, rank, float(err.max())))
+    with torch.no_grad():   # two temporaries per element, computed in place (a weight is most of a model)
+        want = expected.detach().double()      # no copy for float64; bool and int data as numbers
+        err = actual.detach().double().sub(want).abs_()
+        bound = want.abs().mul_(RTOL).add_(ATOL)
+        if bool(err.gt(bound).any()):
+            found.append(PlanMismatch(phase, order, node, what, rank, float(err.max())))
 
 
 def _summed(comm, layout, value):
@@ -251,9 +288,7 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
     mesh, rank = comm.mesh, comm.rank
     # torch.fx tracing patches nn.Module.__call__ process-wide: simulated ranks (threads) trace
     # one at a time and start running only when every rank has finished tracing.
-    with _TRACE_LOCK:
-        ref_gm, ref_values, ref_grads, ref_input_grads, ref_param_grads = reference_run(recipe)
-        gm = _traced(recipe)
+    gm, ref_values, ref_grads, ref_input_grads, ref_param_grads = shared_reference(recipe)
     comm.barrier()
     found: list[PlanMismatch] = []
 
@@ -321,7 +356,9 @@ def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: Layout | None, 
                                     "need one layout")
         return leaves[qualname][0]
     local = full.detach() if layout is None else layout.spec.local_shard(full.detach(), comm.mesh, comm.rank)
-    leaf = local.clone().requires_grad_(full.requires_grad and full.is_floating_point())
+    # a view of the shared graph's weight, not a copy: a leaf of its own (its gradient is this
+    # rank's) over values no rank writes (an in-place op on a weight that needs a gradient raises)
+    leaf = local.detach().requires_grad_(full.requires_grad and full.is_floating_point())
     leaves[qualname] = (leaf, layout, order, node)
     return leaf
 
