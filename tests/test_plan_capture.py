@@ -275,3 +275,18 @@ def test_an_optional_input_left_none_or_given_verifies(capture, with_mask):
     assert result.passed, result.summary()
     # `y * mask`, `/ scale` and `+ x` are served by the mul, div and add specs at both levels
     assert not result.coverage.fallbacks, result.coverage.lines()
+
+
+@pytest.mark.parametrize("mesh", [(2, 2), (4,)], ids=["mesh2x2", "mesh4"])
+def test_the_solver_shards_attention_and_mlp_of_a_transformer_encoder_layer(mesh):
+    """torch's own nn.TransformerEncoderLayer as the root module, captured with torch.export: every
+    op handled, and the solver's cheapest plan shards the attention and the feed-forward matmuls."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0,
+                                             batch_first=True).eval()
+    result = verify_plan(layer, (torch.randn(4, 16, 64),), mesh, capture="export")
+    assert result.passed, result.summary()
+    assert not result.coverage.fallbacks, result.coverage.lines()
+    targets = {s.node: s.target for s in result.coverage.statuses}
+    sharded = {targets[node] for node in result.coverage.sharded}
+    assert {"aten.scaled_dot_product_attention.default", "aten.linear.default"} <= sharded, sharded
