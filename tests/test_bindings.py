@@ -115,3 +115,41 @@ def test_strategies_of_a_copy_traced_for_other_shapes_are_its_own():
     shapes = {tuple(spec.tensor_shape) for s in after for _, spec in s.sharding_specs}
     assert (4, 8) in shapes and (12, 8) not in shapes
     assert {tuple(spec.tensor_shape) for s in before for _, spec in s.sharding_specs} >= {(12, 8)}
+
+
+def test_gather_with_a_smaller_index_outside_the_gathered_dim_is_refused():
+    # the index's block of dim 0 would meet another block of the input: no strategy is offered
+    graph_module, node = _node(lambda t, i: torch.gather(t, 1, i), (8, 6), (4, 6),
+                               dtypes=[torch.float32, torch.int64])
+    with pytest.raises(Exception, match=r"does not match the output .* at dim\(s\) \[0\]"):
+        strategies_for_node(graph_module, node.name, MESH)
+    graph_module, node = _node(lambda t, i: torch.gather(t, 1, i), (8, 6), (8, 3),
+                               dtypes=[torch.float32, torch.int64])
+    assert len(strategies_for_node(graph_module, node.name, MESH)) > 1
+
+
+def test_the_vocab_parallel_rule_is_wrong_with_a_padding_row_so_it_is_bound_to_none():
+    """Why embedding.yaml binds padding_idx to None: verified with a padding row, its vocab-parallel
+    strategy fails (each rank zeroes the gradient of another row), and the padded calls go to
+    embedding_padded.yaml, which keeps the vocab whole."""
+    from pathlib import Path
+
+    from shardverify.audit.run import offered_strategies
+    from shardverify.backends import SimulatedBackend
+    from shardverify.spec.loader import load_yaml_text
+    from shardverify.spec.op import parse_op_spec
+    from shardverify.verify.engine import verify_case
+
+    text = (Path(__file__).parents[1] / "specs" / "embedding.yaml").read_text()
+    text = text.split("  meshes:")[0] + "  grid:\n    padding_idx: [3]\n  meshes: [[4]]\n"
+    spec = parse_op_spec(load_yaml_text(text, "embedding_padding_probe.yaml"))
+    mesh = DeviceMesh((4,))
+    (case_id, case), *_ = spec.op_cases()
+    graph_module, name = case.build()
+    node = next(n for n in graph_module.graph.nodes if n.name == name)
+    _, strategies = offered_strategies(spec, graph_module, node, mesh)
+    failed = [r for r in verify_case(SimulatedBackend(mesh), case, strategies) if not r.passed]
+    assert [str(r).splitlines()[0].split("'")[1] for r in failed] == ["RR x S0R -> RRR | P0 sum"], case_id
+    graph_module, node = _node(lambda ids: F.embedding(ids, torch.ones(16, 4), padding_idx=3), (8, 8),
+                               dtypes=[torch.int64])
+    assert handler_for_node(node, graph_module).name == "embedding_padded"

@@ -8,6 +8,7 @@ all op knowledge lives in the :class:`HandlerDef` and the generator options.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -271,15 +272,12 @@ def _undeclared_arguments(handler: HandlerDef, node: Node) -> list[str]:
     indices = {d.index for d in decls if d.index is not None}
     if any(getattr(d, "varargs", False) for d in handler.params):
         indices |= set(range(min(d.index for d in handler.params if d.varargs), len(node.args)))  # type: ignore[type-var]
-    schema = getattr(node.target, "_schema", None)
-    arguments = list(schema.arguments) if schema is not None else []
+    defaults = _defaults(node)
 
     def schema_default(position: int | None, keyword: str | None, value: object) -> bool:
-        for i, argument in enumerate(arguments):
-            if (position == i or keyword == argument.name) and argument.has_default_value():
-                if argument.name in handler.ignores:
-                    return True
-                return _normal(value) == _normal(argument.default_value)
+        for i, (name, default) in enumerate(defaults):
+            if position == i or keyword == name:
+                return name in handler.ignores or (default is not _MISSING and _normal(value) == _normal(default))
         return False
 
     extra = [f"argument {i} ({_show(value)})" for i, value in enumerate(node.args)
@@ -287,6 +285,20 @@ def _undeclared_arguments(handler: HandlerDef, node: Node) -> list[str]:
     extra += [f"keyword {key}={_show(value)}" for key, value in node.kwargs.items()
               if key not in keywords and not schema_default(None, key, value)]
     return extra
+
+
+def _defaults(node: Node) -> list[tuple[str, object]]:
+    """(name, default or _MISSING) of each argument of the node's op, in order: from an ATen
+    overload's schema, else from the Python signature (torch.fx records F.embedding's defaults)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None:
+        return [(a.name, a.default_value if a.has_default_value() else _MISSING) for a in schema.arguments]
+    try:
+        parameters = inspect.signature(node.target).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return []
+    return [(p.name, _MISSING if p.default is inspect.Parameter.empty else p.default) for p in parameters
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def _normal(value: object) -> object:

@@ -26,7 +26,9 @@ dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
 normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default sum; none = whole),
 ``additive_operands: [bias]`` (added once after a partial output is reduced),
-``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``indices:
+``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``aligned: true``
+(pointwise without broadcasting: every operand has the output's sizes outside the whole dims,
+else the call is refused: gather's index and input), ``indices:
 {input: v}`` (an integer operand holds ids into factor ``v`` of another operand: sharding
 ``v`` shifts the ids into each rank's rows and masks the others, a partial sum: vocab-parallel
 embedding).
@@ -48,7 +50,7 @@ __all__ = ["RuleOptions", "equation_for", "local_shape_part", "torch_einsum_equa
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
-                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices")
+                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class RuleOptions:
     reduce: tuple[tuple[str, str | None], ...] = ()
     additive: tuple[str, ...] = ()
     constant: tuple[str, ...] = ()                # operand roles the op takes no gradient for
+    aligned: bool = False                         # pointwise without broadcasting (gather)
     indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
 
     @classmethod
@@ -148,7 +151,8 @@ class RuleOptions:
                    dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
                    shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
-                   additive=names("additive_operands"), constant=names("constant_operands"), indices=indices)
+                   additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
+                   aligned=options.get("aligned") is True)
 
 
 def torch_einsum_equation(text: object) -> Equation:
@@ -246,6 +250,15 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         if any((ELLIPSIS,) == dim for dim in eq.outputs[0]):
             raise InvalidArgument("whole_dims_param/whole_trailing_param need an output term without '...'")
         whole |= {names[p] for p in positions if names[p] is not None}
+    if options.aligned:
+        for i, term in enumerate(eq.inputs):
+            offset = out_rank - len(term)
+            strange = [j + offset for j, dim in enumerate(term) if dim != (f"d{j + offset}",)
+                       and j + offset not in positions]
+            if strange:
+                raise InvalidArgument(f"operand {i} of shape {tuple(inputs[i])} does not match the output "
+                                      f"{tuple(outputs[0])} at dim(s) {strange} outside the whole dims "
+                                      f"{list(positions)}: the rule (aligned) holds only for equal sizes there")
     if options.source == "reduce_dims_param" and options.reduce_op is not None:
         reduce = {f"d{d}": options.reduce_op for d in range(len(inputs[0]))
                   if all((f"d{d}",) not in term for term in eq.outputs)}
