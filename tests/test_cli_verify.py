@@ -91,7 +91,7 @@ def test_bad_arguments_are_named(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli("--mesh", "2,x")
     assert exit_info.value.code == 2 and "mesh shape '2,x' is not a list of positive ints" in capsys.readouterr().err
-    assert cli("nosuchop", "--root", str(REPO)) == 1
+    assert cli("nosuchop", "--root", str(REPO)) == 2
     assert "no spec named 'nosuchop'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli("--timeout", "0")
@@ -158,7 +158,7 @@ def test_jobs_are_for_the_simulated_backend(capsys):
     with pytest.raises(SystemExit):
         cli("-j", "many")
     assert "jobs 'many' is not a positive number" in capsys.readouterr().err
-    assert cli("sum", "--jobs", "2", "--backend", "gloo", "--root", str(REPO)) == 1
+    assert cli("sum", "--jobs", "2", "--backend", "gloo", "--root", str(REPO)) == 2
     assert "--jobs 2 shares rows among processes of simulated ranks; the gloo backend" in capsys.readouterr().err
 
 

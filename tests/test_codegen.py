@@ -144,7 +144,7 @@ def test_nothing_is_written_when_any_spec_is_invalid(root, capsys):
     bad = (root / "specs/sum.yaml").read_text().replace("    keepdim: [false, true]", "    keepdim: []")
     (root / "specs/zz_bad.yaml").write_text(bad.replace("op: sum", "op: bad_sum"))
     (root / "specs/zz_worse.yaml").write_text("op: worse\nop: again\n")
-    assert run_cli("generate", "--root", str(root)) == 1
+    assert run_cli("generate", "--root", str(root)) == 2
     err = capsys.readouterr().err
     assert "error: specs/zz_bad.yaml:" in err and "grid values for 'keepdim' are empty" in err
     assert "error: specs/zz_worse.yaml:2: field 'op': duplicate key 'op'" in err
@@ -170,7 +170,7 @@ def test_generate_named_specs_only(root, capsys):
     assert "created generated_tests/test_sum.py" in out
     assert "created shardverify/strategies/handlers/generated/sum.py" in out
     assert "linear" not in out and not (root / "generated_tests/test_linear.py").exists()
-    assert run_cli("generate", "nope", "--root", str(root)) == 1
+    assert run_cli("generate", "nope", "--root", str(root)) == 2
     assert "no spec named 'nope'" in capsys.readouterr().err
 
 
@@ -184,7 +184,7 @@ def test_list_prints_ops_targets_generators_grids(root, capsys):
 
 
 def test_missing_specs_dir_is_a_clear_error(tmp_path, capsys):
-    assert run_cli("generate", "--root", str(tmp_path)) == 1
+    assert run_cli("generate", "--root", str(tmp_path)) == 2
     assert "no spec folder" in capsys.readouterr().err
 
 

@@ -203,7 +203,7 @@ def test_cli_explore_rejects_bad_options(capsys):
     with pytest.raises(SystemExit):
         main(["explore", "sum", "--mesh-max-size", "9"])
     assert "--mesh-max-size '9' is not an integer from 1 to 8" in capsys.readouterr().err
-    assert main(["explore", "no_such_op"]) == 1
+    assert main(["explore", "no_such_op"]) == 2
     assert "no spec named 'no_such_op'" in capsys.readouterr().err
 
 

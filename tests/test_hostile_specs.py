@@ -57,13 +57,13 @@ def run(capsys, *argv: str) -> tuple[int, str]:
 
 
 def fails_cleanly(capsys, root: Path, *needles: str, commands=("generate", "check", "list")) -> None:
-    """Every command exits 1 naming each needle, and leaves git status as it was."""
+    """Every command exits 2 (an input error) naming each needle, and leaves git status as it was."""
     before = git(root, "status", "--porcelain", "--untracked-files=all")
     argv = {"generate": ["generate"], "check": ["generate", "--check"], "list": ["list"],
             "verify": ["verify", "--mesh", "2"]}
     for command in commands:
         code, text = run(capsys, *argv[command], "--root", str(root))
-        assert code == 1, f"{command}: {text}"
+        assert code == 2, f"{command}: {text}"
         for needle in needles:
             assert needle in text, f"{command}: {needle!r} not in\n{text}"
         assert git(root, "status", "--porcelain", "--untracked-files=all") == before, command
@@ -96,7 +96,7 @@ def test_a_second_spec_for_a_handled_target_names_both_files(root, capsys):
 def test_verify_of_one_named_spec_still_checks_the_others(root, capsys):
     spec(root, SUM.replace("op: sum", "op: mysum"), "mysum.yaml")
     code, text = run(capsys, "verify", "mysum", "--root", str(root))
-    assert code == 1 and "specs/sum.yaml" in text and "specs/mysum.yaml" in text and "already handled" in text
+    assert code == 2 and "specs/sum.yaml" in text and "specs/mysum.yaml" in text and "already handled" in text
 
 
 def test_one_target_under_two_names_is_one_target(root, capsys):
@@ -140,13 +140,13 @@ def test_an_empty_specs_dir_is_an_error_and_deletes_nothing(root, tmp_path_facto
     empty = tmp_path_factory.mktemp("empty")
     for command in (["generate"], ["generate", "--check"], ["list"], ["verify"]):
         code, text = run(capsys, *command, "--root", str(root), "--specs-dir", str(empty))
-        assert code == 1 and "no spec files" in text
+        assert code == 2 and "no spec files" in text
     assert git(root, "status", "--porcelain", "--untracked-files=all") == ""
 
 
 def test_a_missing_specs_dir_is_an_error(root, capsys):
     code, text = run(capsys, "generate", "--root", str(root), "--specs-dir", str(root / "nope"))
-    assert code == 1 and "no spec folder" in text
+    assert code == 2 and "no spec folder" in text
     assert git(root, "status", "--porcelain") == ""
 
 
@@ -349,7 +349,7 @@ def test_injection_through_free_text_stays_an_inert_string(root, capsys):
 def test_path_traversal_in_a_named_spec_is_an_error(root, capsys, name):
     for command in (["generate", name], ["generate", "--check", name], ["verify", name]):
         code, text = run(capsys, *command, "--root", str(root))
-        assert code == 1 and "no spec named" in text
+        assert code == 2 and "no spec named" in text
     assert git(root, "status", "--porcelain", "--untracked-files=all") == ""
 
 

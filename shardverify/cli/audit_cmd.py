@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from shardverify.cli import USAGE
 from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.codegen.generate import load_op_specs
 from shardverify.errors import SpecError
@@ -86,10 +87,10 @@ def run(args: argparse.Namespace) -> int:
         specs = load_op_specs(args.root, args.specs_dir, args.specs)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return USAGE
     if not specs:
         print("error: no op specs to audit", file=sys.stderr)
-        return 1
+        return USAGE
     start = time.perf_counter()
     rows = []
     for spec in specs:

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from shardverify.cli import USAGE
 from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.errors import ShardVerifyError
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1 or args.max_bytes < 1024:
         print("shardverify calibrate: --repeats must be >= 1 and --max-bytes >= 1024", file=sys.stderr)
-        return 2
+        return USAGE
     try:
         mesh = DeviceMesh(args.mesh)
         if mesh.size < 2:

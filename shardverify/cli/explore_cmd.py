@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from shardverify.cli import USAGE
 from shardverify.errors import InvalidArgument, SpecError
 
 
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         (spec,) = load_op_specs(args.root, args.specs_dir, [args.spec])
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return USAGE
     drawn = [0]
 
     def count(_example) -> None:
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                          seed=args.seed, on_example=count)
     except InvalidArgument as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return USAGE
     elapsed = time.perf_counter() - start
     if failure is None:
         print(f"passed: {spec.name}: {drawn[0]} drawn case(s) on meshes of up to {args.mesh_max_size} "

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from shardverify.cli import USAGE
 from shardverify.codegen.generate import InvalidSpecs, generate
 from shardverify.errors import SpecError
 
@@ -40,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
         for error in exc.errors:
             print(f"error: {error}", file=sys.stderr)
         print(f"{len(exc.errors)} invalid spec(s); nothing was written", file=sys.stderr)
-        return 1
+        return USAGE
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return USAGE
     except OSError as exc:
         print(f"error: cannot write the generated files: {exc}", file=sys.stderr)
         return 1

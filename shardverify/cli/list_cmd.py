@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from shardverify.cli import USAGE
 from shardverify.cli.generate_cmd import add_location_options, broken_handlers
 from shardverify.codegen.generate import InvalidSpecs, load_specs, spec_sources
 from shardverify.errors import SpecError
@@ -26,10 +27,10 @@ def run(args: argparse.Namespace) -> int:
     except InvalidSpecs as exc:
         for error in exc.errors:
             print(f"error: {error}", file=sys.stderr)
-        return 1
+        return USAGE
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return USAGE
     for source, spec in parsed:
         print(f"{source.kind.name} {spec.name}  ({source.display})")  # type: ignore[attr-defined]
         summary = source.kind.summary(spec) if source.kind.summary else {}

@@ -8,6 +8,7 @@ import sys
 
 import yaml
 
+from shardverify.cli import USAGE
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
 from shardverify.errors import ShardVerifyError
 
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             factory, kwargs = args.spec, _kwargs(args.kwarg)
             if not args.input:
                 print(f"shardverify plan: {args.spec} is a factory; give its input shapes with --input", file=sys.stderr)
-                return 2
+                return USAGE
             inputs = tuple((f"input_{i}", _shape(s)) for i, s in enumerate(args.input))
             mesh = _shape(args.mesh or "2,2")
         plan = None
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         if args.debug:
             raise
         print(f"shardverify plan: {_one_line(error)}", file=sys.stderr)
-        return 2
+        return USAGE
     except KeyboardInterrupt:
         print("shardverify plan: interrupted", file=sys.stderr)
         return 130
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         if args.debug:
             raise
         print(f"shardverify plan: {describe_error(error)} (--debug shows the traceback)", file=sys.stderr)
-        return 2
+        return USAGE
     strict_failure = args.strict and (result.shards_nothing or bool(result.coverage and result.coverage.fallbacks))
     if args.json:
         print(json.dumps({**result.to_json(), "strict_failure": strict_failure}, indent=2))

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from shardverify.cli import USAGE
 from shardverify.cli.verify_rows import (Progress, Row, close_backends, describe_error, only_replicated, quiet_tracing,
                                           replicated_warning, row_label, verify_row)
 from shardverify.codegen.generate import load_op_specs
@@ -183,10 +184,10 @@ def run(args: argparse.Namespace) -> int:
         specs = load_op_specs(args.root, args.specs_dir, args.specs)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return USAGE
     if not specs:
         print("error: no op specs to verify", file=sys.stderr)
-        return 1
+        return USAGE
     from shardverify.cli.generate_cmd import broken_handlers
 
     for problem in broken_handlers(args.root):
@@ -196,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     if total == 0:
         print(f"error: no spec lists a mesh of WORLD_SIZE={os.environ.get('WORLD_SIZE')} ranks; "
               f"pass --mesh", file=sys.stderr)
-        return 1
+        return USAGE
     # Under torchrun every rank verifies; rank 0 alone reports (all ranks share the verdict).
     reporting = args.backend != "torchrun" or os.environ.get("RANK", "0") == "0"
     start = time.perf_counter()
@@ -205,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
                             progress=None if args.json or not reporting else Progress(total), jobs=args.jobs)
     except ShardVerifyError as exc:   # a mesh or backend that cannot exist here
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return USAGE
     if not reporting:
         return 1 if any(r.failures for r in rows) else 0
     elapsed = time.perf_counter() - start
