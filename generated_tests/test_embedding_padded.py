@@ -31,20 +31,6 @@ CASES = [
             InputDecl('input', (8, 8), 'int64', values=(0, 16)),
             InputDecl('weight', (16, 16), 'float32'),
         ),
-        params=(('padding_idx', 1),),
-        module=None,
-        predecessor=None,
-        seed=0,
-        rtol=None,
-        atol=None,
-    ),
-    OpCase(
-        op='embedding_padded',
-        target='torch.nn.functional.embedding',
-        inputs=(
-            InputDecl('input', (8, 8), 'int64', values=(0, 16)),
-            InputDecl('weight', (16, 16), 'float32'),
-        ),
         params=(('padding_idx', 3),),
         module=None,
         predecessor=None,
@@ -60,19 +46,6 @@ CASES = [
         ),
         params=(),
         module=ModuleDecl('torch.nn.Embedding', args=(16, 16), kwargs=(('padding_idx', 0),)),
-        predecessor=None,
-        seed=0,
-        rtol=None,
-        atol=None,
-    ),
-    OpCase(
-        op='embedding_padded',
-        target='torch.nn.Embedding',
-        inputs=(
-            InputDecl('input', (8, 8), 'int64', values=(0, 16)),
-        ),
-        params=(),
-        module=ModuleDecl('torch.nn.Embedding', args=(16, 16), kwargs=(('padding_idx', 1),)),
         predecessor=None,
         seed=0,
         rtol=None,
@@ -112,20 +85,6 @@ CASES = [
             InputDecl('weight', (16, 16), 'float32'),
             InputDecl('input', (8, 8), 'int64', values=(0, 16)),
         ),
-        params=(('padding_idx', 1),),
-        module=None,
-        predecessor=None,
-        seed=0,
-        rtol=None,
-        atol=None,
-    ),
-    OpCase(
-        op='embedding_padded',
-        target='torch.ops.aten.embedding.default',
-        inputs=(
-            InputDecl('weight', (16, 16), 'float32'),
-            InputDecl('input', (8, 8), 'int64', values=(0, 16)),
-        ),
         params=(('padding_idx', 3),),
         module=None,
         predecessor=None,
@@ -136,19 +95,15 @@ CASES = [
 ]
 CASE_IDS = [
     'torch.nn.functional.embedding-padding_idx_0',
-    'torch.nn.functional.embedding-padding_idx_1',
     'torch.nn.functional.embedding-padding_idx_3',
     'torch.nn.Embedding-padding_idx_0',
-    'torch.nn.Embedding-padding_idx_1',
     'torch.nn.Embedding-padding_idx_3',
     'torch.ops.aten.embedding.default-padding_idx_0',
-    'torch.ops.aten.embedding.default-padding_idx_1',
     'torch.ops.aten.embedding.default-padding_idx_3',
 ]
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
     pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 2, 2), id='mesh2x2x2'),
 ]
 
 

@@ -14,13 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/embedding_padded.yaml'
 CASE_IDS = [
     'torch.nn.functional.embedding-padding_idx_0',
-    'torch.nn.functional.embedding-padding_idx_1',
     'torch.nn.functional.embedding-padding_idx_3',
     'torch.nn.Embedding-padding_idx_0',
-    'torch.nn.Embedding-padding_idx_1',
     'torch.nn.Embedding-padding_idx_3',
     'torch.ops.aten.embedding.default-padding_idx_0',
-    'torch.ops.aten.embedding.default-padding_idx_1',
     'torch.ops.aten.embedding.default-padding_idx_3',
 ]
 MESH_SHAPES = [

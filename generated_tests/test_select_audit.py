@@ -13,23 +13,14 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/select.yaml'
 CASE_IDS = [
-    'torch.select-dim_0-index_1',
     'torch.select-dim_0-index_-1',
-    'torch.select-dim_1-index_1',
     'torch.select-dim_1-index_-1',
-    'torch.select-dim_-1-index_1',
     'torch.select-dim_-1-index_-1',
-    'torch.Tensor.select-dim_0-index_1',
     'torch.Tensor.select-dim_0-index_-1',
-    'torch.Tensor.select-dim_1-index_1',
     'torch.Tensor.select-dim_1-index_-1',
-    'torch.Tensor.select-dim_-1-index_1',
     'torch.Tensor.select-dim_-1-index_-1',
-    'torch.ops.aten.select.int-dim_0-index_1',
     'torch.ops.aten.select.int-dim_0-index_-1',
-    'torch.ops.aten.select.int-dim_1-index_1',
     'torch.ops.aten.select.int-dim_1-index_-1',
-    'torch.ops.aten.select.int-dim_-1-index_1',
     'torch.ops.aten.select.int-dim_-1-index_-1',
 ]
 MESH_SHAPES = [

@@ -25,13 +25,13 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/embedding_padded.yaml',
     bindings=(
         (torch.nn.functional.embedding, (
-            ('padding_idx', (0, 1, 3)),
+            ('padding_idx', (0, 3)),
         )),
         (torch.nn.Embedding, (
-            ('padding_idx', (0, 1, 3)),
+            ('padding_idx', (0, 3)),
         )),
         (torch.ops.aten.embedding.default, (
-            ('padding_idx', (0, 1, 3)),
+            ('padding_idx', (0, 3)),
         )),
     ),
     overrides=(
