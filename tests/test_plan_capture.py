@@ -290,3 +290,27 @@ def test_the_solver_shards_attention_and_mlp_of_a_transformer_encoder_layer(mesh
     targets = {s.node: s.target for s in result.coverage.statuses}
     sharded = {targets[node] for node in result.coverage.sharded}
     assert {"aten.scaled_dot_product_attention.default", "aten.linear.default"} <= sharded, sharded
+
+
+def test_an_inplace_op_becomes_functional_only_where_nothing_observes_the_change():
+    """`h += r` on a dead intermediate becomes aten.add; kept in place where a view of the value
+    taken before would see the change."""
+    class Residual(torch.nn.Module):
+        def forward(self, x):
+            h = torch.relu(x)
+            h += x
+            return torch.tanh(h)
+
+    class Viewed(torch.nn.Module):
+        def forward(self, x):
+            h = torch.relu(x)
+            v = h.view(-1)
+            h += x
+            return torch.tanh(h) + v.view(4, 8)
+
+    def targets(model):
+        graph = export_graph(model, (torch.randn(4, 8),)).graph
+        return {str(n.target) for n in graph.nodes if n.op == "call_function"}
+
+    assert "aten.add.Tensor" in targets(Residual()) and "aten.add_.Tensor" not in targets(Residual())
+    assert "aten.add_.Tensor" in targets(Viewed())

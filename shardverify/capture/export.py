@@ -80,14 +80,15 @@ def inplace_as_functional(graph_module: GraphModule) -> GraphModule:
     """An in-place op on an intermediate value that nothing reads afterwards (ResNet's
     ``hidden += residual``: ``aten.add_``) becomes its out-of-place twin (``aten.add``): the same
     values, and no rank's or the reference's recorded tensor is mutated behind the verifier's back.
-    An in-place op on a model input, a weight, a view, or a value read again later stays as it is."""
+    An in-place op on a model input, a weight, a view, a value read again later, or a value a
+    view was taken of (the view would see the change) stays as it is."""
     graph = graph_module.graph
     order = {node: i for i, node in enumerate(graph.nodes)}
     for node in list(graph.nodes):
         twin = _out_of_place(node.target) if node.op == "call_function" else None
         mutated = node.args[0] if node.args else None
         if twin is None or not isinstance(mutated, torch.fx.Node) or mutated.op != "call_function" or \
-                _is_view(mutated) or any(order[u] > order[node] for u in mutated.users if u is not node):
+                _is_view(mutated) or any(order[u] > order[node] or _is_view(u) for u in mutated.users if u is not node):
             continue
         with graph.inserting_before(node):
             functional = graph.call_function(twin, node.args, node.kwargs)

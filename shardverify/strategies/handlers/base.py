@@ -24,14 +24,11 @@ if TYPE_CHECKING:
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
     "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
-    "refusal", "ANY",
+    "refusal",
 ]
 
 OPERAND_KINDS = ("input", "param", "output")
 _MISSING = object()
-#: a parameter whose every value the rule serves (the rule reads it, or the spec says it does
-#: not change the rule): not listed in a handler's bindings
-ANY = "any"
 
 
 @dataclass(frozen=True)
@@ -311,6 +308,10 @@ def _normal(value: object) -> object:
         return (type(value).__name__, value)
     if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
         return str(value)
+    try:
+        hash(value)
+    except TypeError:                   # a mapping or another unhashable value: by its text
+        return repr(value)
     return value
 
 
