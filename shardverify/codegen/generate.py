@@ -230,10 +230,12 @@ def _conflicts(parsed: list[tuple[SpecSource, object]],
 
 def _bound_apart(spec: object, target: object, other_spec: object, other_target: object) -> bool:
     """Do the two specs serve ``target`` only for disjoint values of some parameter?"""
-    mine = dict(spec.bindings(target)) if hasattr(spec, "bindings") else {}  # type: ignore[attr-defined]
-    theirs = dict(other_spec.bindings(other_target)) if hasattr(other_spec, "bindings") else {}  # type: ignore[attr-defined]
-    return any(not set(map(repr, values)) & set(map(repr, theirs[name]))
-               for name, values in mine.items() if name in theirs)
+    from shardverify.strategies.handlers.base import bound_apart   # the registry's own test
+
+    def bindings(owner: object, of: object) -> dict:
+        return dict(owner.bindings(of)) if hasattr(owner, "bindings") else {}  # type: ignore[attr-defined]
+
+    return bound_apart(bindings(spec, target), bindings(other_spec, other_target))
 
 
 def _target_identity(name: str) -> object:

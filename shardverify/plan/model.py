@@ -19,7 +19,7 @@ from shardverify.errors import StrategyError
 from shardverify.sharding.reshard_plan import Layout, ReshardStep
 from shardverify.sharding.strategy import ShardingStrategy
 
-__all__ = ["GENERIC", "FLOP_RATE", "Reshard", "NodePlan", "Plan", "PlanCost"]
+__all__ = ["GENERIC", "FLOP_RATE", "Reshard", "NodePlan", "Plan", "PlanCost", "PlanGoals"]
 
 GENERIC = "replicated (no handler)"
 FLOP_RATE = 1e10   # multiplies per second: turns declared compute (multiply counts) into seconds
@@ -40,6 +40,21 @@ class Reshard:
     def __str__(self) -> str:
         how = ", ".join(map(str, self.steps)) if self.steps else "no communication"
         return f"{self.producer} {self.source} -> {self.operand}@{self.node} {self.target}: {how}"
+
+
+@dataclass(frozen=True)
+class PlanGoals:
+    """What the solver's plan must do besides costing least: on a small model the cheapest plan
+    shards little (a collective costs more than the compute it saves), so a check can ask for one
+    that checks sharding. ``min_sharded``: at least that many nodes take a strategy that shards
+    (or communicates); ``shard_weights``: every weight some strategy can shard is sharded by one
+    of the ops taking it (tensor parallelism wherever the model allows it); ``data_parallel``:
+    every weight replicated and the batch (dim 0) split over every mesh axis along its whole
+    path from the model inputs."""
+
+    min_sharded: int = 0
+    shard_weights: bool = False
+    data_parallel: bool = False
 
 
 @dataclass(frozen=True)

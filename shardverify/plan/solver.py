@@ -24,7 +24,7 @@ from shardverify.plan.build import assemble_plan
 from shardverify.plan.coverage import shards
 from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, node_layouts,
                                     node_options, operand_producer, parameter_names)
-from shardverify.plan.model import FLOP_RATE, Plan
+from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
 from shardverify.sharding.strategy import ShardingStrategy
 
 __all__ = ["solve_plan", "PlanInfeasible"]
@@ -130,18 +130,11 @@ def _not_data_parallel(graph_module: fx.GraphModule, choices: dict, x: dict, mes
 def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int | None = None,
                flop_rate: float = FLOP_RATE,
                options: Mapping[str, list[ShardingStrategy] | None] | None = None,
-               defer_reductions: bool = True, min_sharded: int = 0, shard_weights: bool = False,
-               data_parallel: bool = False) -> Plan:
+               defer_reductions: bool = True, goals: PlanGoals = PlanGoals()) -> Plan:
     """The cheapest plan by declared cost; ``memory_limit`` bounds the summed declared memory
     (bytes per device) of the chosen strategies. With ``defer_reductions`` a strategy's AFTER
     all-reduce may be left to the resharding (a reduce-scatter when the consumer shards).
-    ``min_sharded``: at least that many nodes take a strategy that shards (or communicates), so
-    that on a small model, where a collective costs more than the compute it saves and the
-    cheapest plan is all replicated, the check still checks sharding. ``shard_weights``: every
-    weight that some strategy can lay out sharded is sharded by at least one of the ops taking
-    it (tensor parallelism wherever the model allows it, so a check covers the matmuls).
-    ``data_parallel``: every weight replicated and the batch (dim 0) split over every mesh axis
-    along its whole path from the model inputs."""
+    ``goals``: what the plan must do besides costing least (:class:`PlanGoals`)."""
     options = node_options(graph_module, mesh) if options is None else options
     nodes = list(graph_module.graph.nodes)
     choices = {n.name: _variants(options[n.name], defer_reductions) for n in nodes}
@@ -184,6 +177,7 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
     problem += pulp.lpSum(objective)
     if memory_limit is not None:
         problem += pulp.lpSum(memory) <= memory_limit, "memory"
+    min_sharded = goals.min_sharded
     if min_sharded:
         shardable = [var for name, opts in choices.items() for var, (strategy, _) in zip(x[name], opts)
                      if shards(strategy)]
@@ -192,10 +186,10 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
             raise PlanInfeasible(f"min_sharded={min_sharded}, but only {available} node(s) of the model have a "
                                  f"strategy that shards on mesh {mesh.shape}")
         problem += pulp.lpSum(shardable) >= min_sharded, "min_sharded"
-    if shard_weights:
+    if goals.shard_weights:
         for index, takers in enumerate(_weight_takers(graph_module, choices, x).values()):
             problem += pulp.lpSum(takers) >= 1, f"shard_weight_{index}"
-    if data_parallel:
+    if goals.data_parallel:
         for name, ruled_out in _not_data_parallel(graph_module, choices, x, mesh).items():
             if len(ruled_out) == len(x[name]):
                 raise PlanInfeasible(f"data_parallel: node {name!r} has no strategy that keeps the batch (dim 0) "

@@ -12,7 +12,7 @@ from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
 from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, as_float64, failed_node, rank_run_plan
 from shardverify.plan.build import build_plan
-from shardverify.plan.model import FLOP_RATE, Plan
+from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
 from shardverify.plan.solver import solve_plan
 
 __all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan"]
@@ -111,24 +111,21 @@ def _as_mesh(mesh) -> DeviceMesh:
 
 def make_plan(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-              flop_rate: float = FLOP_RATE, capture: str = "fx", min_sharded: int = 0,
-              shard_weights: bool = False, data_parallel: bool = False) -> Plan:
+              flop_rate: float = FLOP_RATE, capture: str = "fx", goals: PlanGoals = PlanGoals()) -> Plan:
     """The solver's plan (``plan=None``), or the user's ``{node: strategy name}`` completed."""
-    return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, min_sharded,
-                              shard_weights, data_parallel)[0]
+    return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, goals)[0]
 
 
 def plan_with_coverage(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
                        plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-                       flop_rate: float = FLOP_RATE, capture: str = "fx", min_sharded: int = 0,
-                       shard_weights: bool = False, data_parallel: bool = False) -> tuple[Plan, Coverage]:
+                       flop_rate: float = FLOP_RATE, capture: str = "fx",
+                       goals: PlanGoals = PlanGoals()) -> tuple[Plan, Coverage]:
     """:func:`make_plan` and the account of the model's op nodes under it (from one capture)."""
     mesh = _as_mesh(mesh)
     gm = _traced(ModelRecipe(module, tuple(example_inputs), capture=capture))
     options, statuses = classify_nodes(gm, mesh)
     if not isinstance(plan, Plan):
-        plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, min_sharded=min_sharded,
-                          shard_weights=shard_weights, data_parallel=data_parallel) if plan is None else \
+        plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
             build_plan(gm, mesh, dict(plan), options, flop_rate)
     return plan, Coverage.of(statuses, plan)
 
@@ -161,18 +158,17 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
     the single-device model, forward and backward. ``capture``: ``"fx"`` (torch.fx symbolic
     tracing, the torch-level graph) or ``"export"`` (torch.export's ATen graph, which models
-    that cannot be traced need). ``min_sharded``: the solver's plan shards at least that many
-    nodes; ``shard_weights``: every weight a strategy can shard is sharded by one of its ops;
-    ``data_parallel``: weights replicated, the batch of every model input split. The result
-    counts the nodes that ran without strategies."""
+    that cannot be traced need). ``min_sharded``, ``shard_weights``, ``data_parallel``: what the
+    solver's plan must do besides costing least (:class:`~shardverify.plan.model.PlanGoals`). The
+    result counts the nodes that ran without strategies."""
     from shardverify.backends import get_backend
 
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     mesh = _as_mesh(mesh)
+    goals = PlanGoals(min_sharded, shard_weights, data_parallel)
     chosen, coverage = plan_with_coverage(model, example_inputs, mesh, plan, memory_limit, capture=capture,
-                                          min_sharded=min_sharded, shard_weights=shard_weights,
-                                          data_parallel=data_parallel)
+                                          goals=goals)
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:

@@ -78,32 +78,27 @@ def glob_matches(pattern: str, text: str) -> bool:
     return re.fullmatch(regex, text) is not None
 
 
-def parse_audit_meshes(node: Node | None, meshes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...] | None:
-    """``audit: meshes:``, the meshes the generated audit test runs on, each one of the spec's
-    (None: the default, its 1-D and 2-D meshes). An op with many operands enumerates layouts
-    combinatorially: its audit on a 2-D mesh can take a minute, which a spec may leave to
-    ``shardverify audit --mesh``."""
-    if node is None or not isinstance(node.value, dict) or "meshes" not in node.value:
-        return None
-    meshes_node = node.value["meshes"]  # type: ignore[index]
-    chosen = tuple(as_shape(item, allow_empty=False) for item in check_type(meshes_node, list).value)  # type: ignore[union-attr]
-    strange = [list(m) for m in chosen if m not in meshes]
-    if not chosen or strange:
-        raise meshes_node.error(f"audit meshes are some of the spec's meshes {[list(m) for m in meshes]}, "
-                                f"got {[list(m) for m in chosen]}")
-    return chosen
-
-
-def parse_audit(node: Node | None, roles: set[str], grid: dict[str, tuple]) -> tuple[AcceptEntry, ...]:
-    """The accepted gaps of an ``audit:`` mapping (SpecError naming file:line on any mistake)."""
+def parse_audit(node: Node | None, roles: set[str], grid: dict[str, tuple], meshes: tuple[tuple[int, ...], ...]
+                ) -> tuple[tuple[AcceptEntry, ...], tuple[tuple[int, ...], ...] | None]:
+    """An ``audit:`` mapping: its accepted gaps, and the meshes the generated audit test runs on
+    (``meshes:``, some of the spec's ``meshes``; None: the default, its 1-D and 2-D ones: an op
+    with many operands enumerates layouts combinatorially, and its audit on a 2-D mesh can take a
+    minute, which a spec may leave to ``shardverify audit --mesh``). SpecError naming file:line
+    on any mistake."""
     if node is None:
-        return ()
+        return (), None
     fields = Fields(node)
     accept_node = fields.optional("accept", list)
-    fields.optional("meshes", list)          # read by parse_audit_meshes
+    meshes_node = fields.optional("meshes", list)
     fields.finish()
+    chosen = None
+    if meshes_node is not None:
+        chosen = tuple(as_shape(item, allow_empty=False) for item in meshes_node.value)  # type: ignore[union-attr]
+        if not chosen or any(m not in meshes for m in chosen):
+            raise meshes_node.error(f"audit meshes are some of the spec's meshes {[list(m) for m in meshes]}, "
+                                    f"got {[list(m) for m in chosen]}")
     if accept_node is None:
-        return ()
+        return (), chosen
     entries = []
     for item in check_type(accept_node, list).value:  # type: ignore[union-attr]
         f = Fields(item)
@@ -135,4 +130,4 @@ def parse_audit(node: Node | None, roles: set[str], grid: dict[str, tuple]) -> t
             meshes = (tuple(as_shape(i, allow_empty=False) for i in items) if nested  # type: ignore[union-attr]
                       else (as_shape(mesh_node, allow_empty=False),))
         entries.append(AcceptEntry(reason, tuple(match), meshes, parse_where(where_node, grid), item.file, item.line))
-    return tuple(entries)
+    return tuple(entries), chosen

@@ -12,7 +12,7 @@ import dataclasses
 import math
 
 from shardverify.errors import InvalidArgument
-from shardverify.spec.accept import parse_audit, parse_audit_meshes
+from shardverify.spec.accept import parse_audit
 from shardverify.spec.aten import aten_positions, is_aten, parse_target_entry
 from shardverify.spec.fields import (
     Fields, as_dtype, as_identifier, as_shape, check_type, describe, dtype_from_name, finite_number, lookup,
@@ -160,8 +160,9 @@ def _check_option_refs(node: Node, params: set[str], roles: set[str]) -> None:
                                      f"not declare; declared: {', '.join(sorted(declared)) or 'none'}")
 
 
-def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set[str]) -> None:
-    """A `rules` generator's options form a valid rule (see shardverify/strategies/rules/spec.py)."""
+def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set[str]) -> RuleOptions:
+    """A `rules` generator's options form a valid rule (see shardverify/strategies/rules/spec.py);
+    returns it."""
     try:
         rule = RuleOptions.from_options(dict(options))
     except InvalidArgument as exc:
@@ -173,6 +174,7 @@ def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set
     missing = sorted({role for role, _ in rule.indices} - roles)
     if missing:
         raise node.error(f"indices names {missing}, which are not operands; declared: {sorted(roles)}")
+    return rule
 
 
 def _check_generator(node: Node) -> str:
@@ -253,19 +255,15 @@ def parse_op_spec(root: Node) -> OpSpec:
     options = tuple((key, option(value)) for key, value in names_of(options_node)) if options_node else ()
     if options_node is not None:
         _check_option_refs(options_node, {p.name for p in params}, roles)
-    if family == "rules":
-        _check_rule(options_node or generator_node, options, roles)
-
-    constant = tuple(dict(options).get("constant_operands", ())) if family == "rules" else ()  # type: ignore[arg-type]
-    verify = _parse_verify(verify_node, targets, operands, params, constant)
+    rule = _check_rule(options_node or generator_node, options, roles) if family == "rules" else None
+    verify = _parse_verify(verify_node, targets, operands, params, rule.constant if rule is not None else ())
     for position, (target, (_, _, where_node)) in enumerate(zip(targets, entries)):
         if where_node is not None:
             where = parse_where(where_node, dict(verify.grid))
             if not where:
                 raise where_node.error("'where' selects grid points: name at least one grid key")
             targets[position] = dataclasses.replace(target, where=where)
-    accept = parse_audit(audit_node, roles, dict(verify.grid))
-    audit_meshes = parse_audit_meshes(audit_node, verify.meshes)
+    accept, audit_meshes = parse_audit(audit_node, roles, dict(verify.grid), verify.meshes)
     points = math.prod(len(values) for _, values in verify.grid)
     within(verify_node, [MAX_CASES.exceeded(len(targets) * points)])
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),

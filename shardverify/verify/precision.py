@@ -44,7 +44,7 @@ def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
     leaves = {}
     for loc, value in ref.values.items():
         leaf = value.to(ref.dtypes[loc])
-        leaves[loc] = leaf.requires_grad_() if leaf.is_floating_point() and loc not in ref.constant else leaf
+        leaves[loc] = ref.leaf(loc, leaf)
     outputs = as_outputs(node, call_op(node, module, leaves))
     out_errors = tuple(_max_abs(out, want) for out, want in zip(outputs, ref.outputs))
     carrying = [(out, g) for out, g in zip(outputs, ref.grad_outputs) if g is not None and out.requires_grad]

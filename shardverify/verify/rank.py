@@ -188,7 +188,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
                                     f"{node.name!r} does not have")
         leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone()
-        leaves[data.name] = leaf.requires_grad_() if leaf.is_floating_point() and loc not in ref.constant else leaf
+        leaves[data.name] = ref.leaf(loc, leaf)
         local[loc] = before_op(comm, strategy, data.name, leaf, late)
     local.update(local_arguments(strategy))
     meter = OpMeter(node, _call_signature(local))

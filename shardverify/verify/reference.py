@@ -47,6 +47,11 @@ class Reference:
             found = self._typed.setdefault(loc, self.values[loc].to(self.dtypes[loc]))
         return found
 
+    def leaf(self, loc: Locator, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` made a leaf of the op's call at ``loc``: asking for a gradient where the op
+        gives one (a floating operand, not a constant such as a running statistic)."""
+        return _as_leaf(tensor, loc, self.constant)
+
     @property
     def output(self) -> torch.Tensor:
         return self.outputs[0]
@@ -65,6 +70,10 @@ def _rounded(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if not dtype.is_floating_point:
         return value.to(dtype)
     return value.to(dtype).to(torch.float64)
+
+
+def _as_leaf(tensor: torch.Tensor, loc: Locator, constant: frozenset) -> torch.Tensor:
+    return tensor.requires_grad_() if tensor.is_floating_point() and loc not in constant else tensor
 
 
 def _check_dtype(traced: torch.dtype, override: torch.dtype | None) -> torch.dtype:
@@ -129,7 +138,7 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
 
     no_grad = {i.name for i in case.inputs if not i.grad}
     constant = frozenset(loc for loc, arg in operand_nodes(node).items() if arg.name in no_grad)
-    leaves = {loc: v.clone().requires_grad_(v.is_floating_point() and loc not in constant) for loc, v in values.items()}
+    leaves = {loc: _as_leaf(v.clone(), loc, constant) for loc, v in values.items()}
     outputs = as_outputs(node, call_op(node, module, leaves))
     out_dtypes = [_check_dtype(dtype, override) for dtype in _meta_dtypes(traced, node_name)]
     grad_outputs = tuple(_rounded(_random(out.shape, dtype, gen), dtype).to(device) if dtype.is_floating_point

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
     "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
-    "refusal",
+    "refusal", "bound_apart",
 ]
 
 OPERAND_KINDS = ("input", "param", "output")
@@ -181,7 +182,7 @@ def register_handler(defn: HandlerDef) -> HandlerDef:
                  if (twin := _operator_twin(t)) is not None]
     for key, mine in narrowed:
         for owner in _REGISTRY.get(key, ()):
-            if owner.name != defn.name and not _disjoint(owner, mine):
+            if owner.name != defn.name and not bound_apart(owner.bound(), mine.bound()):
                 raise HandlerError(f"target {key!r} of handler {defn.name!r} is already handled by {owner.name!r}"
                                    f" (two handlers of one target must be bound to disjoint values of a parameter)")
     for key, mine in narrowed:
@@ -191,10 +192,12 @@ def register_handler(defn: HandlerDef) -> HandlerDef:
     return defn
 
 
-def _disjoint(a: HandlerDef, b: HandlerDef) -> bool:
-    bound_a, bound_b = a.bound(), b.bound()
-    return any(not set(map(_normal, bound_a[name])) & set(map(_normal, values))
-               for name, values in bound_b.items() if name in bound_a)
+def bound_apart(a: Mapping[str, tuple], b: Mapping[str, tuple]) -> bool:
+    """Do two bindings (parameter -> the values a rule serves) serve disjoint values of some
+    parameter, so that no call could be served by both? The one test, for the registry and for
+    the specs that ``generate`` checks."""
+    return any(not {_normal(v) for v in a[name]} & {_normal(v) for v in values}
+               for name, values in b.items() if name in a)
 
 
 def unregister_handler(name: str) -> None:

@@ -39,11 +39,8 @@ __all__ = ["generate", "bound_rule", "assignments"]
 
 def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[OperationData], list[OperationData]]:
     """The spec's rule bound to this call, its options, its input operands (term order) and outputs."""
-    from shardverify.strategies.handlers.base import handler_for_node
-
     options = RuleOptions.from_options(ctx.options)
-    handler = ctx.handler or handler_for_node(ctx.node, ctx.graph_module)
-    declared = [d.role for d in handler.operands if d.kind != "output"] if handler else []
+    declared = [d.role for d in _handler(ctx).operands if d.kind != "output"]
     inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
     outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
     present = [role in ctx.operands for role in declared]
@@ -188,15 +185,23 @@ def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],
     return tuple(found)
 
 
+def _handler(ctx: GeneratorContext):
+    """The handler serving the call (one of several a target may have, each bound to its own
+    parameter values): the context carries it, a registry lookup could pick another."""
+    if ctx.handler is None:
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: the rules generator runs for a handler; "
+                            f"call it through strategies_for_node")
+    return ctx.handler
+
+
 def _shape_locator(ctx: GeneratorContext, options: RuleOptions) -> OperandLocator | None:
     """Where the call passes the output shape that each rank replaces by its local one
     (``shape_param``); None without one."""
-    from shardverify.strategies.handlers.base import handler_for_node, param_locator
+    from shardverify.strategies.handlers.base import param_locator
 
     if not options.shape_param:
         return None
-    handler = ctx.handler or handler_for_node(ctx.node, ctx.graph_module)
-    locator = param_locator(handler, ctx.node, options.shape_param) if handler else None
+    locator = param_locator(_handler(ctx), ctx.node, options.shape_param)
     if locator is None:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the shape parameter "
                             f"{options.shape_param!r} that the rule replaces by each rank's local shape")
