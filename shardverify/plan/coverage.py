@@ -83,13 +83,10 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "no tensor output"))
             continue
-        if handler_for_node(node, graph_module) is None and is_constant(node):
-            options[node.name] = None
-            statuses.append(NodeStatus(node.name, name, "constant", CONSTANT))
-            continue
         if handler_for_node(node, graph_module) is None:
             options[node.name] = None
-            statuses.append(NodeStatus(node.name, name, "unhandled", f"no spec has target {name}"))
+            statuses.append(NodeStatus(node.name, name, "constant", CONSTANT) if is_constant(node) else
+                            NodeStatus(node.name, name, "unhandled", f"no spec has target {name}"))
             continue
         try:
             found = list(strategies_for_node(graph_module, node.name, mesh))
