@@ -6,8 +6,8 @@ against the single-device model."""
 
 import pytest
 
-from shardverify.plan.spec import SOLVER, build_spec_model
-from shardverify.plan.verify import make_plan, run_plan
+from shardverify.plan.spec import build_spec_model, spec_plan
+from shardverify.plan.verify import run_plan
 
 FACTORY = 'shardverify.plan.zoo.small_cnn'
 KWARGS = (('channels', 8), ('classes', 16), ('size', 8))
@@ -15,12 +15,12 @@ INPUTS = (('x', (8, 3, 8, 8)),)
 MESH = (2, 2)
 PLANS = {'solver': 'solver', 'replicated': {}, 'data_parallel': {'fc': 'S01R = S01R x RR_0'}, 'column_parallel': {'fc': 'RS01 = RR x RS01'}}
 SOLVER_BEATS = ()
+WHERE = {'factory': ('specs/plans/cnn.yaml', 5, 'model.factory'), 'solver': ('specs/plans/cnn.yaml', 11, 'plans.solver'), 'replicated': ('specs/plans/cnn.yaml', 12, 'plans.replicated'), 'data_parallel': ('specs/plans/cnn.yaml', 13, 'plans.data_parallel'), 'column_parallel': ('specs/plans/cnn.yaml', 14, 'plans.column_parallel')}   # the spec's (file, line, field) of the factory and of each plan, for errors
 
 
 def _plan(name):
-    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS)
-    plan = PLANS[name]
-    return module, inputs, make_plan(module, inputs, MESH, None if plan == SOLVER else dict(plan))
+    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS, where=WHERE["factory"])
+    return module, inputs, spec_plan(module, inputs, MESH, PLANS[name], where=WHERE[name])
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -6,8 +6,8 @@ against the single-device model."""
 
 import pytest
 
-from shardverify.plan.spec import SOLVER, build_spec_model
-from shardverify.plan.verify import make_plan, run_plan
+from shardverify.plan.spec import SOLVER, build_spec_model, spec_plan
+from shardverify.plan.verify import run_plan
 
 FACTORY = 'shardverify.plan.zoo.linear_chain'
 KWARGS = (('d_in', 128), ('d_hidden', 512), ('d_out', 128))
@@ -15,12 +15,12 @@ INPUTS = (('x', (64, 128)),)
 MESH = (2, 2)
 PLANS = {'solver': 'solver', 'replicated': {}, 'data_parallel': {'fc1': 'S01R = S01R x RR_0', 'fc2': 'S01R = S01R x RR_0'}, 'megatron': {'fc1': 'RS01 = RR x RS01', 'fc2': 'RR = RS01 x S01R'}, 'dp_x_megatron': {'fc1': 'S0S1 = S0R x RS1_0', 'fc2': 'S0R = S0S1 x S1R_0'}}
 SOLVER_BEATS = ('replicated', 'data_parallel')
+WHERE = {'factory': ('specs/plans/linear_chain.yaml', 5, 'model.factory'), 'solver': ('specs/plans/linear_chain.yaml', 11, 'plans.solver'), 'replicated': ('specs/plans/linear_chain.yaml', 12, 'plans.replicated'), 'data_parallel': ('specs/plans/linear_chain.yaml', 13, 'plans.data_parallel'), 'megatron': ('specs/plans/linear_chain.yaml', 14, 'plans.megatron'), 'dp_x_megatron': ('specs/plans/linear_chain.yaml', 15, 'plans.dp_x_megatron')}   # the spec's (file, line, field) of the factory and of each plan, for errors
 
 
 def _plan(name):
-    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS)
-    plan = PLANS[name]
-    return module, inputs, make_plan(module, inputs, MESH, None if plan == SOLVER else dict(plan))
+    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS, where=WHERE["factory"])
+    return module, inputs, spec_plan(module, inputs, MESH, PLANS[name], where=WHERE[name])
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -6,8 +6,8 @@ against the single-device model."""
 
 import pytest
 
-from shardverify.plan.spec import SOLVER, build_spec_model
-from shardverify.plan.verify import make_plan, run_plan
+from shardverify.plan.spec import SOLVER, build_spec_model, spec_plan
+from shardverify.plan.verify import run_plan
 
 FACTORY = 'shardverify.plan.zoo.mlp_block'
 KWARGS = (('d_in', 128), ('d_hidden', 512))
@@ -15,12 +15,12 @@ INPUTS = (('x', (64, 128)),)
 MESH = (2, 2)
 PLANS = {'solver': 'solver', 'replicated': {}, 'data_parallel': {'fc1': 'S01R = S01R x RR_0', 'fc2': 'S01R = S01R x RR_0'}, 'megatron': {'fc1': 'RS01 = RR x RS01', 'fc2': 'RR = RS01 x S01R'}}
 SOLVER_BEATS = ('replicated', 'data_parallel')
+WHERE = {'factory': ('specs/plans/mlp.yaml', 6, 'model.factory'), 'solver': ('specs/plans/mlp.yaml', 12, 'plans.solver'), 'replicated': ('specs/plans/mlp.yaml', 13, 'plans.replicated'), 'data_parallel': ('specs/plans/mlp.yaml', 14, 'plans.data_parallel'), 'megatron': ('specs/plans/mlp.yaml', 15, 'plans.megatron')}   # the spec's (file, line, field) of the factory and of each plan, for errors
 
 
 def _plan(name):
-    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS)
-    plan = PLANS[name]
-    return module, inputs, make_plan(module, inputs, MESH, None if plan == SOLVER else dict(plan))
+    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS, where=WHERE["factory"])
+    return module, inputs, spec_plan(module, inputs, MESH, PLANS[name], where=WHERE[name])
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -6,8 +6,8 @@ against the single-device model."""
 
 import pytest
 
-from shardverify.plan.spec import SOLVER, build_spec_model
-from shardverify.plan.verify import make_plan, run_plan
+from shardverify.plan.spec import build_spec_model, spec_plan
+from shardverify.plan.verify import run_plan
 
 FACTORY = 'shardverify.plan.zoo.transformer_block'
 KWARGS = (('d_model', 32), ('n_heads', 4), ('d_hidden', 64))
@@ -15,12 +15,12 @@ INPUTS = (('x', (4, 8, 32)),)
 MESH = (2, 2)
 PLANS = {'solver': 'solver', 'replicated': {}, 'data_parallel': {'q': 'S01R = S01R x RR_0', 'k': 'S01R = S01R x RR_0', 'v': 'S01R = S01R x RR_0', 'out': 'S01R = S01R x RR_0', 'fc1': 'S01R = S01R x RR_0', 'fc2': 'S01R = S01R x RR_0'}, 'megatron': {'q': 'RS01 = RR x RS01', 'k': 'RS01 = RR x RS01', 'v': 'RS01 = RR x RS01', 'out': 'RR = RS01 x S01R', 'fc1': 'RS01 = RR x RS01', 'act': 'RRS01 -> RRS01', 'fc2': 'RR = RS01 x S01R'}, 'megatron_heads': {'q': 'RS01 = RR x RS01', 'k': 'RS01 = RR x RS01', 'v': 'RS01 = RR x RS01', 'reshape': 'RRS01 -> RRS01R', 'reshape_1': 'RRS01 -> RRS01R', 'reshape_2': 'RRS01 -> RRS01R', 'transpose': 'RRS01R -> RS01RR', 'transpose_1': 'RRS01R -> RS01RR', 'transpose_2': 'RRS01R -> RS01RR', 'transpose_3': 'RS01RR -> RS01RR', 'matmul': 'RS01RR x RS01RR -> RS01RR', 'softmax': 'RS01RR -> RS01RR', 'matmul_1': 'RS01RR x RS01RR -> RS01RR', 'transpose_4': 'RS01RR -> RRS01R', 'reshape_3': 'RRS01R -> RRS01', 'out': 'RR = RS01 x S01R', 'fc1': 'RS01 = RR x RS01', 'act': 'RRS01 -> RRS01', 'fc2': 'RR = RS01 x S01R'}}
 SOLVER_BEATS = ()
+WHERE = {'factory': ('specs/plans/transformer.yaml', 9, 'model.factory'), 'solver': ('specs/plans/transformer.yaml', 15, 'plans.solver'), 'replicated': ('specs/plans/transformer.yaml', 16, 'plans.replicated'), 'data_parallel': ('specs/plans/transformer.yaml', 17, 'plans.data_parallel'), 'megatron': ('specs/plans/transformer.yaml', 24, 'plans.megatron'), 'megatron_heads': ('specs/plans/transformer.yaml', 32, 'plans.megatron_heads')}   # the spec's (file, line, field) of the factory and of each plan, for errors
 
 
 def _plan(name):
-    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS)
-    plan = PLANS[name]
-    return module, inputs, make_plan(module, inputs, MESH, None if plan == SOLVER else dict(plan))
+    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS, where=WHERE["factory"])
+    return module, inputs, spec_plan(module, inputs, MESH, PLANS[name], where=WHERE[name])
 
 
 @pytest.mark.parametrize("name", list(PLANS))

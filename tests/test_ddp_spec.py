@@ -13,7 +13,8 @@ from shardverify.spec.loader import load_yaml, load_yaml_text
 from shardverify.codegen.render import Renderer
 from shardverify.ddp import DDPOptions
 from shardverify.ddp.spec import parse_model_spec, render_model_spec
-from shardverify.errors import SpecError
+from shardverify.ddp.check import dry_run
+from shardverify.errors import InvalidArgument, SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "specs" / "models").glob("*.yaml"))
@@ -69,8 +70,6 @@ def test_good_spec_expands_each_plan_entry_as_a_product():
     ("  - {}\n", "  - {accumulate: 2}\n", 16, "plans[1]", "is already listed at plans[0]"),
     ("torch.nn.ReLU", "torch.nn.Relu", 5, "model.layers[1]", "does not resolve"),
     ("torch.nn.ReLU", "torch.relu", 5, "model.layers[1]", "is not a torch.nn.Module class"),
-    ("input: [8, 4]", "input: [8, 3]", 2, "model", "does not run on the declared data"),
-    ("target: [8, 2]", "target: [8]", 2, "model", "mse needs the model output shape (8, 2) to equal the target shape (8,)"),
     ("meshes: [[2], [4]]", "meshes: [[2], [3]]", 13, "meshes[1]", "not divisible by the data-parallel world size 3"),
     ("loss: {name: mse, reduction: sum}", "loss: {name: mae}", 10, "loss.name", "unknown loss 'mae'"),
     ("momentum: 0.5", "momentun: 0.5", 11, "optimizer.momentun", "unknown key 'momentun'"),
@@ -83,6 +82,34 @@ def test_bad_specs_name_file_line_and_field(old, new, line, field, message):
     error = info.value
     assert (error.file, error.line, error.field) == ("specs/models/tiny.yaml", line, field), str(error)
     assert message in error.reason
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("input: [8, 4]", "input: [8, 3]", "does not run on the declared data"),
+    ("target: [8, 2]", "target: [8]", "mse needs the model output shape (8, 2) to equal the target shape (8,)"),
+])
+def test_a_model_that_does_not_run_is_found_when_checked_not_when_read(old, new, message):
+    """Reading a spec builds no model (it would run the factory); the check's dry run, in the
+    calling process before any rank starts, names the model and the problem in one line."""
+    spec = parse(edit(old, new))
+    with pytest.raises(InvalidArgument) as info:
+        dry_run(spec.plan(spec.plans[0]))
+    assert "model 'tiny" in str(info.value) and message in str(info.value)
+
+
+def test_reading_a_factory_spec_runs_nothing(tmp_path, monkeypatch):
+    """The factory's module is read, not imported: its top-level code (here: writing a file)
+    does not run, and its parameters are still checked against the spec's kwargs."""
+    marker = tmp_path / "ran"
+    (tmp_path / "evil_models.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\n\ndef make(width=4):\n    raise SystemExit('called')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = GOOD.replace(GOOD[GOOD.index("  layers:"):GOOD.index("data:")], "  factory: evil_models:make\n")
+    spec = parse(text)
+    assert spec.base.model.factory == "evil_models:make" and not marker.exists()
+    with pytest.raises(SpecError, match="does not bind"):
+        parse(text.replace("factory: evil_models:make\n", "factory: evil_models:make\n  kwargs: {depth: 2}\n"))
+    assert not marker.exists()
 
 
 def test_model_needs_exactly_one_of_layers_and_factory():

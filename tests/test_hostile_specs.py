@@ -280,14 +280,14 @@ def verify_rows(capsys, root, text):
 
 def test_a_target_that_cannot_be_traced_is_a_failed_row(root, capsys):
     code, out = verify_rows(capsys, root, op().replace("  - torch.prod\n  - torch.Tensor.prod\n",
-                                                       "  - torch.is_tensor\n"))
+                                                       "  - torch.numel\n"))
     assert code == 1
-    assert "evil torch.is_tensor-dim_1-keepdim_False on mesh (2,): FAILED:" in out
+    assert "evil torch.numel-dim_1-keepdim_False on mesh (2,): FAILED:" in out
+    assert "unexpected keyword argument 'dim'" in out
     assert "\nsum " in out            # the other specs' rows still ran
     assert git(root, "status", "--porcelain", "--untracked-files=all").strip() == "?? specs/evil.yaml"
-    code, out = run(capsys, "list", "--root", str(root))
-    assert code == 0 and "warning: torch.is_tensor-dim_1-keepdim_False: cannot be built: " in out
-    assert "unexpected keyword argument 'dim'" in out
+    code, out = run(capsys, "list", "--root", str(root))    # listing runs no op: nothing to say of it
+    assert code == 0 and "evil" in out and "cannot be built" not in out
 
 
 def test_a_grid_value_the_op_rejects_is_a_failed_row(root, capsys):
@@ -357,15 +357,126 @@ def test_path_traversal_in_a_named_spec_is_an_error(root, capsys, name):
 
 def test_a_case_with_only_the_replicated_strategy_is_a_warning(root, capsys):
     """sum.yaml with odd shapes: the Linear before the sum has only its replicated strategy on
-    a 2 x 2 mesh, so the sum has only one too."""
+    a 2 x 2 mesh, so the sum has only one too. `verify` says so (`list` runs no op)."""
     text = SUM.replace("shape: [4, 4, 4, 16]", "shape: [3, 5, 7, 9]").replace("args: [16, 32]", "args: [9, 11]")
     text = text.replace("    dim: [[0, 2], 1, -1, null]\n    keepdim: [false, true]\n", "    dim: [1]\n    keepdim: [false]\n")
     text = text.replace("    - [4]\n", "    - [4]\n  strategies:\n    - mesh: [2, 2]\n      count: 1\n")
     spec(root, text, "sum.yaml")
-    code, out = run(capsys, "list", "--root", str(root))
-    assert code == 0
-    assert "warning: torch.sum-dim_1-keepdim_False on mesh [2, 2]: only the replicated strategy exists" in out
-    assert "torch.nn.Linear-bias_False on mesh [2, 2]: only the replicated" not in out   # linear's shapes divide
     code, out = run(capsys, "verify", "sum", "--root", str(root), "--mesh", "2,2")
     assert code == 0
     assert "warning: sum torch.sum-dim_1-keepdim_False on mesh [2, 2]: only the replicated strategy exists" in out
+
+
+# ------------------------------------- reading a spec runs nothing (op targets, factories)
+
+PLAN = """\
+name: evil
+model:
+  factory: {factory}
+  kwargs: {kwargs}
+inputs: {{x: [4, 8]}}
+mesh: [2]
+plans:
+  solver: solver
+"""
+
+
+def trap_module(tmp_path: Path, monkeypatch, body: str) -> Path:
+    """A module `trap` on sys.path whose import writes the returned marker file (a module of
+    that name imported by an earlier test is forgotten)."""
+    marker = tmp_path / "imported"
+    (tmp_path / "trap.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n\n{body}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "trap", raising=False)
+    return marker
+
+
+@pytest.mark.parametrize("target, needle", [
+    ("torch.save", "defined in torch.serialization"),
+    ("torch.load", "defined in torch.serialization"),
+    ("torch.from_file", "takes a file name ('filename')"),
+    ("torch.ops.aten.save.default", "takes a file name ('filename')"),
+    ("torch.os.system", "defined in posix"),
+    ("torch.serialization.pickle.loads", "is not a tensor op"),
+    ("torch.compile", "not a tensor op"),
+    ("torch.hub.load", "defined in torch.hub"),
+])
+def test_an_op_target_that_is_no_tensor_op_is_refused_unrun(root, capsys, tmp_path, target, needle):
+    """torch.save with a file name in the grid: before, `list` built the case and wrote the file."""
+    written = tmp_path / "written.pt"
+    text = op().replace("  - torch.prod\n  - torch.Tensor.prod\n", f"  - {target}\n")
+    text = text.replace("dim: [[0, 2], 1, -1, null]", f"dim: [{str(written)!r}]")
+    spec(root, text)
+    fails_cleanly(capsys, root, "specs/evil.yaml", f"target '{target}'", needle,
+                  commands=("generate", "check", "list", "verify"))
+    assert not written.exists()
+
+
+def test_a_trusted_module_may_hold_targets(root, capsys, monkeypatch):
+    """The machine, never the spec, may trust a module of the user's for targets."""
+    text = op().replace("  - torch.prod\n  - torch.Tensor.prod\n", "  - shardverify.plan.zoo.mlp_block\n")
+    spec(root, text)
+    fails_cleanly(capsys, root, "is not under 'torch'", "SHARDVERIFY_TRUSTED_TARGETS", commands=("check",))
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "os")
+    fails_cleanly(capsys, root, "SHARDVERIFY_TRUSTED_TARGETS", "cannot be trusted", commands=("check",))
+
+
+@pytest.mark.parametrize("factory, kwargs, needle", [
+    ("os.system", "{command: 'touch x'}", "lies in 'os'"),
+    ("subprocess.run", "{args: [ls]}", "lies in 'subprocess'"),
+    ("torch.hub.load", "{}", "lies in 'torch.hub'"),
+    ("trap.make", "{width: 2}", None),           # read, not imported: accepted, nothing ran
+    ("trap.make", "{depth: 2}", "does not bind"),
+    ("trap.nope", "{}", "has no attribute 'nope'"),
+])
+def test_a_plan_spec_is_read_not_run(root, capsys, tmp_path, monkeypatch, factory, kwargs, needle):
+    marker = trap_module(tmp_path, monkeypatch, "def make(width=4):\n    open('/dev/null')\n")
+    spec(root, PLAN.format(factory=factory, kwargs=kwargs), "plans/evil.yaml") \
+        if (root / "specs" / "plans").mkdir(exist_ok=True) is None else None
+    if needle is None:
+        code, text = run(capsys, "list", "--root", str(root))
+        assert code == 0 and "plan evil" in text, text
+    else:
+        fails_cleanly(capsys, root, "specs/plans/evil.yaml:3: field 'model.factory'"
+                      if "bind" not in needle else "specs/plans/evil.yaml:4", needle)
+    assert not marker.exists() and not (root / "x").exists()
+
+
+def test_a_collective_implementation_is_read_not_imported(root, capsys, tmp_path, monkeypatch):
+    marker = trap_module(tmp_path, monkeypatch, "def my_all_reduce(comm, t, axes):\n    return t\n")
+    text = (REPO / "specs" / "collectives" / "all_reduce.yaml").read_text()
+    text = text.replace("shardverify.collectives.functional.all_reduce", "trap.my_all_reduce")
+    (root / "specs" / "collectives").mkdir()
+    spec(root, text, "collectives/all_reduce.yaml")
+    code, out = run(capsys, "generate", "--check", "--root", str(root))
+    assert "implementation" not in out and not marker.exists(), out
+
+
+@pytest.mark.parametrize("body, kwargs, needle", [
+    ("def make(width=4):\n    raise RuntimeError('boom')\n", "{}", "raised RuntimeError: boom"),
+    ("def make(width=4):\n    return 3\n", "{}", "returned a int, not a torch.nn.Module"),
+    ("import torch\ndef make(width=4):\n    return torch.nn.Linear(width, 4)\n", "{width: -3}",
+     "raised RuntimeError"),
+    ("import torch\ndef make(width=4):\n    return torch.nn.Linear(width, width)\n", "{width: 120000}",
+     "exceed the limit of 1073741824 (raise it with SHARDVERIFY_MAX_MODEL_BYTES=N)"),
+    ("import torch\ndef make(width=4):\n    return torch.nn.Linear(3, 4)\n", "{}", "must have same reduction dim"),
+])
+def test_a_failing_factory_is_one_line_naming_the_spec(tmp_path, monkeypatch, capsys, body, kwargs, needle):
+    """Built only by `shardverify plan` (and the generated test): every failure is one line
+    naming the spec's factory field, exit 2; a 57 GB model is refused before any allocation."""
+    trap_module(tmp_path, monkeypatch, body)
+    path = tmp_path / "evil.yaml"
+    path.write_text(PLAN.format(factory="trap.make", kwargs=kwargs))
+    code, text = run(capsys, "plan", str(path), "--backend", "simulated")
+    assert code == 2, text
+    assert needle in text and text.count("\n") == 1, text
+    if "reduction dim" not in needle:   # the model ran: the node that failed is named
+        assert "evil.yaml:3: field 'model.factory'" in text, text
+
+
+def test_a_reshard_spec_on_six_axes_is_refused_at_once(root, capsys):
+    (root / "specs" / "reshard").mkdir()
+    spec(root, "name: six\nmesh: [2, 2, 2, 2, 2, 2]\nshapes: [[8, 8, 8]]\n", "reshard/six.yaml")
+    fails_cleanly(capsys, root, "specs/reshard/six.yaml:3", "SHARDVERIFY_MAX_RESHARD_PAIRS")
+    spec(root, "name: six\nmesh: [4, 4, 4]\nshapes: [[4096, 4096, 4096]]\n", "reshard/six.yaml")
+    fails_cleanly(capsys, root, "specs/reshard/six.yaml:3", "SHARDVERIFY_MAX_TENSOR_ELEMENTS")

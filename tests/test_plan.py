@@ -146,16 +146,22 @@ def test_solver_with_deferral_is_never_worse():
 
 
 def test_plan_spec_error_names_file_line_and_plan(tmp_path):
+    """Reading the spec builds nothing; making its plan (the generated test, `shardverify plan`)
+    finds the misspelt strategy and names the spec's file, line and plan."""
     from shardverify.spec.loader import load_yaml
     from shardverify.errors import SpecError
-    from shardverify.plan.spec import parse_plan_spec
+    from shardverify.plan.spec import build_spec_model, parse_plan_spec, spec_plan
 
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: bad\nmodel: {factory: shardverify.plan.zoo.linear_chain}\ninputs: {x: [8, 32]}\n"
                     "mesh: [2, 2]\nplans:\n  solver: solver\n  mine: {fc1: nope}\n")
+    parsed = parse_plan_spec(load_yaml(str(spec)))
+    where = dict(parsed.where)
+    module, inputs = build_spec_model(parsed.factory, parsed.kwargs, parsed.inputs, where=where["factory"])
     with pytest.raises(SpecError) as info:
-        parse_plan_spec(load_yaml(str(spec)))
-    assert "bad.yaml" in str(info.value) and ":7" in str(info.value) and "no strategy 'nope'" in str(info.value)
+        spec_plan(module, inputs, parsed.mesh, dict(parsed.plans)["mine"], where=where["mine"])
+    text = str(info.value)
+    assert "bad.yaml:7: field 'plans.mine'" in text and "no strategy 'nope'" in text
 
 
 def test_row_parallel_linear_with_bias_post_add(sv_backend):

@@ -28,6 +28,7 @@ from torch import Tensor
 from shardverify.algorithms.references import Reference, get_reference
 from shardverify.errors import CollectiveError
 from shardverify.spec.names import UnresolvedName, resolve_dotted
+from shardverify.spec.trust import callable_refusal
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
 
@@ -87,9 +88,10 @@ class CollectiveReport:
 def resolve_implementation(dotted: str) -> Callable:
     """The callable ``package.module.function`` names (a LookupError when it names none)."""
     obj = resolve_dotted(dotted)
-    if not callable(obj):
-        raise UnresolvedName(f"{dotted!r} names a {type(obj).__name__}, not a callable")
-    return obj
+    refusal = callable_refusal(dotted, obj)
+    if refusal:
+        raise UnresolvedName(refusal)
+    return obj  # type: ignore[return-value]
 
 
 def _generator(case: CollectiveCase, rank: int, salt: int) -> torch.Generator:

@@ -28,7 +28,6 @@ left out (the grid already checks their error).
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import re
 from dataclasses import dataclass
@@ -36,8 +35,10 @@ from dataclasses import dataclass
 from shardverify.spec.fields import Fields, as_dtype, as_identifier, as_shape, check_type, describe, finite_number
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
+from shardverify.spec.trust import find_definition
+from shardverify.errors import InvalidArgument
 from shardverify.codegen.render import Renderer
-from shardverify.algorithms.check import CollectiveCase, resolve_implementation
+from shardverify.algorithms.check import CollectiveCase
 from shardverify.algorithms.references import REFERENCES, REQUIRED, get_reference
 
 __all__ = ["MeshSpec", "CollectiveSpec", "parse_collective_spec", "render_collective_spec",
@@ -130,10 +131,12 @@ def _implementation(node: Node) -> str:
     name = str(node.value)
     if not _DOTTED.match(name):
         raise node.error(f"expected a dotted name 'package.module.function', got {name!r}")
-    try:
-        resolve_implementation(name)
-    except Exception as exc:  # an import error of the user's module is a spec problem here
-        raise node.error(f"implementation {name!r} does not import: {exc}") from None
+    try:   # read from its module's source, not imported: a spec that is read runs nothing
+        definition = find_definition(name)
+    except InvalidArgument as exc:
+        raise node.error(f"implementation: {exc}") from None
+    if definition.kind != "function":
+        raise node.error(f"implementation {name!r} is a class; expected a function fn(comm, t, axes, ...)")
     return name
 
 
@@ -195,9 +198,8 @@ def _params(node: Node | None) -> tuple[tuple[str, tuple[Literal, ...]], ...]:
 
 def _check_signature(implementation: str, params, node: Node, points) -> None:
     """Every grid point must bind to ``fn(comm, t, axes, **point)``."""
-    try:
-        signature = inspect.signature(resolve_implementation(implementation))
-    except (TypeError, ValueError):
+    signature = find_definition(implementation).signature
+    if signature is None:
         return   # builtins without a signature: checked when the tests run
     for point in points:
         try:

@@ -1,4 +1,7 @@
-"""`shardverify list`: every spec with what it generates (ops: targets, generator, grid)."""
+"""`shardverify list`: every spec with what it generates (ops: targets, generator, grid).
+
+Listing reads the specs and runs nothing they name (no op, no model factory): which cases have
+only the replicated strategy is said by `shardverify verify`, which runs them."""
 
 from __future__ import annotations
 
@@ -13,15 +16,14 @@ from shardverify.errors import SpecError
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("list", help="list specs: ops, targets, generators, grid sizes",
-                                   description="List every spec with its kind and summary, and warn about "
-                                               "op cases that only the replicated strategy covers on a mesh.")
+                                   description="List every spec with its kind and summary. Nothing a spec "
+                                               "names is run: `shardverify verify` warns about op cases "
+                                               "that only the replicated strategy covers on a mesh.")
     add_location_options(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardverify.cli.verify_cmd import coverage_warnings
-
     try:
         parsed = load_specs(spec_sources(args.root, args.specs_dir))
     except InvalidSpecs as exc:
@@ -36,9 +38,6 @@ def run(args: argparse.Namespace) -> int:
         summary = source.kind.summary(spec) if source.kind.summary else {}
         for column, text in summary.items():
             print(f"    {column + ':':<11} {text}")
-        if source.kind.name == "op":
-            for warning in coverage_warnings(spec):
-                print(f"    warning: {warning}")
     for problem in broken_handlers(args.root):
         print(f"warning: {problem}; run `shardverify generate`", file=sys.stderr)
     return 0

@@ -61,7 +61,8 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardverify.plan.spec import build_spec_model
+    from shardverify.plan.spec import build_spec_model, parse_plan_spec
+    from shardverify.spec.loader import load_yaml
     from shardverify.plan.verify import describe_plan, verify_plan
 
     quiet_tracing()   # a model that fails to trace is reported in one line, not torch's printed traceback
@@ -74,24 +75,23 @@ def run(args: argparse.Namespace) -> int:
             module, example = hf_model(args.spec[len("zoo:"):])
             mesh = _shape(args.mesh or "2,2")
         elif args.spec.endswith((".yaml", ".yml")):
-            with open(args.spec) as handle:
-                raw = yaml.safe_load(handle)
-            factory, kwargs = raw["model"]["factory"], tuple((raw["model"].get("kwargs") or {}).items())
-            inputs = tuple((k, tuple(v)) for k, v in raw["inputs"].items())
-            mesh = _shape(args.mesh) if args.mesh else tuple(raw["mesh"])
+            spec = parse_plan_spec(load_yaml(args.spec))
+            factory, kwargs, inputs, where = spec.factory, spec.kwargs, spec.inputs, dict(spec.where)["factory"]
+            mesh = _shape(args.mesh) if args.mesh else spec.mesh
         else:
             factory, kwargs = args.spec, _kwargs(args.kwarg)
             if not args.input:
                 print(f"shardverify plan: {args.spec} is a factory; give its input shapes with --input", file=sys.stderr)
                 return USAGE
             inputs = tuple((f"input_{i}", _shape(s)) for i, s in enumerate(args.input))
+            where = None
             mesh = _shape(args.mesh or "2,2")
         plan = None
         if args.plan:
             with open(args.plan) as handle:
                 plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
         if not zoo:
-            module, example = build_spec_model(factory, kwargs, inputs)
+            module, example = build_spec_model(factory, kwargs, inputs, where=where)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
                              capture=capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights, data_parallel=args.data_parallel)

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 from shardverify.cli import USAGE
-from shardverify.cli.verify_rows import (Progress, Row, close_backends, describe_error, only_replicated, quiet_tracing,
-                                          replicated_warning, row_label, verify_row)
+from shardverify.cli.verify_rows import Progress, Row, close_backends, quiet_tracing, row_label, verify_row
 from shardverify.codegen.generate import load_op_specs
 from shardverify.errors import ShardVerifyError, SpecError
 
@@ -85,37 +84,6 @@ def parse_timeout(text: str) -> float:
     if not 0 < seconds < float("inf"):
         raise argparse.ArgumentTypeError(f"timeout {text!r} is not a positive number of seconds")
     return seconds
-
-
-# ------------------------------------------------------------------------------ spec -> cases
-
-
-# ------------------------------------------------------------------------------ coverage
-
-
-def coverage_warnings(spec) -> list[str]:
-    """For `shardverify list`: each (case, mesh) of an op spec whose strategies shard nothing,
-    or that cannot even be built (then `verify` reports it as a failed row)."""
-    from shardverify.strategies.for_node import strategies_for_node
-    from shardverify.sharding.mesh import DeviceMesh
-
-    quiet_tracing()
-    warnings = []
-    for case_id, case in spec.op_cases():
-        try:
-            graph_module, node_name = case.build()
-        except Exception as exc:  # noqa: BLE001 - any failure is reported, the listing goes on
-            warnings.append(f"{case_id}: cannot be built: {describe_error(exc)}")
-            continue
-        for mesh in spec.verify.meshes:
-            try:
-                strategies = strategies_for_node(graph_module, node_name, DeviceMesh(mesh))
-            except Exception as exc:  # noqa: BLE001
-                warnings.append(f"{case_id} on mesh {list(mesh)}: no strategies: {describe_error(exc)}")
-                continue
-            if only_replicated(strategies):
-                warnings.append(replicated_warning(case_id, mesh))
-    return warnings
 
 
 # ------------------------------------------------------------------------------ running

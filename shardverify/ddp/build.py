@@ -13,6 +13,7 @@ from torch import nn
 from shardverify.ddp.plan import LayerDecl, ModelDecl, ModelPlan, OptimizerDecl
 from shardverify.errors import InvalidArgument
 from shardverify.spec.names import resolve_dotted
+from shardverify.spec.trust import build_checked, call_factory
 
 __all__ = ["build_model", "make_batch", "per_sample_loss", "elements_per_sample",
            "build_optimizer"]
@@ -32,14 +33,9 @@ def _build_layer(layer: LayerDecl) -> nn.Module:
 def build_model(decl: ModelDecl) -> nn.Module:
     """A fresh model; parameters come from the current torch RNG state (seed it first)."""
     if decl.factory is None:
-        return nn.Sequential(*(_build_layer(layer) for layer in decl.layers))
-    factory = resolve_dotted(decl.factory)
-    if not callable(factory):
-        raise InvalidArgument(f"factory {decl.factory!r} is not callable")
-    model = factory(**dict(decl.factory_kwargs))
-    if not isinstance(model, nn.Module):
-        raise InvalidArgument(f"factory {decl.factory!r} returned {type(model).__name__}, not an nn.Module")
-    return model
+        return build_checked(lambda: nn.Sequential(*(_build_layer(layer) for layer in decl.layers)),
+                             "the model's layers")
+    return call_factory(decl.factory, dict(decl.factory_kwargs))
 
 
 def make_batch(plan: ModelPlan, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -284,9 +284,25 @@ def _compare_states(comparer: _Comparer, step: int | None, module: nn.Module, ex
         comparer.tensor(step, "buffer", name, buffers[name], value)
 
 
+def dry_run(plan: ModelPlan) -> None:
+    """Build the model and run one forward + loss on the declared shapes in this process, so a
+    factory that fails or a shape mistake is one error naming the plan, not a traceback from
+    every rank. (Reading the spec runs none of this: only checking it does.)"""
+    try:
+        torch.manual_seed(plan.seed)
+        model = build_model(plan.model)
+        inputs, target = make_batch(plan, 0, 0)
+        per_sample_loss(plan, model(inputs), target).sum()
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"model {plan.name!r}: {exc}") from None
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        raise InvalidArgument(f"model {plan.name!r} does not run on the declared data: {exc}") from None
+
+
 def verify_model(backend, plan: ModelPlan, *, timeout: float | None = None) -> ModelResult:  # noqa: ANN001
     """Run the model check on every rank of `backend` and gather one result."""
     plan.check_world(backend.mesh.size)
+    dry_run(plan)
     per_rank = backend.run(ddp_rank_check, plan, timeout=timeout)
     mismatches = tuple(sorted((m for found, _ in per_rank for m in found), key=Mismatch.sort_key))
     compared = sum(count for _, count in per_rank)

@@ -21,8 +21,9 @@ from shardverify.spec.fields import (Fields, as_identifier, as_shape, check_type
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer, py_identifier, py_literal
-from shardverify.ddp.build import build_model, build_optimizer, make_batch, per_sample_loss
+from shardverify.ddp.build import build_optimizer
 from shardverify.spec.names import resolve_dotted
+from shardverify.spec.trust import find_definition
 from shardverify.ddp.plan import (EXPECTATIONS, LOSSES, OPTIMIZERS, DDPOptions, LayerDecl, LossDecl,
                                   ModelDecl, ModelPlan, OptimizerDecl)
 from shardverify.errors import InvalidArgument
@@ -124,12 +125,18 @@ def _parse_model(node: Node) -> ModelDecl:
     name = str(factory_node.value)
     if not _FACTORY.match(name):
         raise factory_node.error(f"expected 'package.module:function', got {name!r}")
-    try:
-        if not callable(resolve_dotted(name)):
-            raise factory_node.error(f"factory {name!r} is not callable")
+    try:   # read from its module's source: a spec that is read runs nothing (spec/trust.py)
+        definition = find_definition(name)
     except InvalidArgument as exc:
-        raise factory_node.error(str(exc)) from None
-    return ModelDecl(factory=name, factory_kwargs=_kwargs(kwargs_node))
+        raise factory_node.error(f"factory: {exc}") from None
+    factory_kwargs = _kwargs(kwargs_node)
+    if definition.signature is not None:
+        try:
+            definition.signature.bind(**dict(factory_kwargs))
+        except TypeError as exc:
+            raise (kwargs_node or factory_node).error(f"{name}(**{dict(factory_kwargs)!r}) does not bind: "
+                                                      f"{exc}") from None
+    return ModelDecl(factory=name, factory_kwargs=factory_kwargs)
 
 
 def _parse_loss(node: Node) -> LossDecl:
@@ -223,20 +230,6 @@ def _parse_plans(node: Node, base: ModelPlan) -> tuple[PlanPoint, ...]:
     return tuple(points)
 
 
-def _dry_run(plan: ModelPlan, node: Node) -> None:
-    """Build the model and run one forward + loss on the declared shapes, so shape mistakes are
-    reported against the spec rather than as a traceback from every rank."""
-    try:
-        torch.manual_seed(plan.seed)
-        model = build_model(plan.model)
-        inputs, target = make_batch(plan, 0, 0)
-        per_sample_loss(plan, model(inputs), target).sum()
-    except InvalidArgument as exc:
-        raise node.error(str(exc)) from None
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        raise node.error(f"the model does not run on the declared data: {exc}") from None
-
-
 def parse_model_spec(root: Node) -> ModelSpec:
     """Validate one model spec tree; raises a SpecError naming file, line and field."""
     f = Fields(root)
@@ -274,7 +267,6 @@ def parse_model_spec(root: Node) -> ModelSpec:
             rtol=tolerance[0], atol=tolerance[1])
     except InvalidArgument as exc:
         raise data_node.error(str(exc)) from None
-    _dry_run(base, model_node)
 
     if not meshes_node.value:
         raise meshes_node.error("list at least one mesh shape, e.g. [[2], [4]]")

@@ -16,24 +16,33 @@
     solver_beats: [replicated]                     # plans whose declared cost the solver's must beat
 
 Every plan is verified end to end on the simulated backend and (marked ``dist``) on gloo.
+Reading the spec runs nothing: the factory is found in its module's source; the model is built
+and each plan made (misspelt nodes and strategies found) by those tests and `shardverify plan`,
+every error naming the spec's file, line and field.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from shardverify.spec.fields import Fields, as_identifier, as_shape
+from shardverify.spec.limits import MAX_MESH_RANKS, tensor_size_problems
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
-from shardverify.errors import ShardVerifyError
-from shardverify.spec.names import resolve_dotted
+from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
+from shardverify.spec.trust import call_factory, find_definition
 
-__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "SOLVER"]
+__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "spec_plan", "SOLVER", "Where"]
 
 SOLVER = "solver"
+
+#: where a spec says something: (file, line, field), for errors raised when the spec is used
+Where = tuple[str, "int | None", str]
 
 
 @dataclass(frozen=True)
@@ -47,20 +56,55 @@ class PlanSpec:
     mesh: tuple[int, ...]
     plans: tuple[tuple[str, object], ...]        # name -> "solver" or ((node, strategy), ...)
     solver_beats: tuple[str, ...] = ()
+    where: tuple[tuple[str, Where], ...] = ()    # "factory" and each plan name -> its place in the file
 
 
-def build_spec_model(factory: str, kwargs, inputs, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """The model (parameters drawn from ``seed``) and its example inputs."""
-    make = resolve_dotted(factory)
+def _at(node: Node) -> Where:
+    return (node.file, node.key_line if node.key_line is not None else node.line, node.path)
+
+
+def _error(where: Where | None, message: str) -> ShardVerifyError:
+    if where is None:
+        return ShardVerifyError(message)
+    return SpecError(message, file=where[0], line=where[1], field=where[2] or None)
+
+
+def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where | None = None,
+                     ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """The model (parameters drawn from ``seed``) and its example inputs. The factory is
+    imported and called only here, never when a spec is read (spec/trust.py's call_factory:
+    a model over its size limit is refused before anything is allocated); every failure is
+    one error naming ``where`` (the spec's factory field)."""
+    problems = tensor_size_problems([(f"input {name!r}", tuple(shape)) for name, shape in inputs])
+    if problems:
+        raise _error(where, "; ".join(problems))
+    try:
+        module = call_factory(factory, dict(kwargs))
+    except InvalidArgument as error:
+        raise _error(where, str(error)) from None
     gen = torch.Generator().manual_seed(seed)
-    module = make(**dict(kwargs))
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
     return module, tuple(torch.randn(shape, generator=gen) for _, shape in inputs)
 
 
+def spec_plan(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tuple[int, ...],
+              plan: str | Mapping[str, str], where: Where | None = None):
+    """A spec's plan made for its model: the solver's (``"solver"``) or the listed strategies
+    completed; a misspelt node or strategy is an error naming ``where`` (the plan's field)."""
+    from shardverify.plan.verify import make_plan
+
+    try:
+        return make_plan(module, inputs, mesh, None if plan == SOLVER else dict(plan))  # type: ignore[arg-type]
+    except ShardVerifyError as error:
+        raise _error(where, str(error)) from None
+
+
 def parse_plan_spec(root: Node) -> PlanSpec:
+    """Read a plan spec without running it: the factory is found in its module's source and its
+    keyword arguments bound to its parameters, but nothing is imported or called; the model is
+    built, and its plans made, by the tests and `shardverify plan` (see :func:`build_spec_model`)."""
     fields = Fields(root)
     name = as_identifier(fields.required("name", str))
     description = fields.optional("description", str)
@@ -69,9 +113,26 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     kwargs_node = model.optional("kwargs", dict)
     model.finish()
     kwargs = () if kwargs_node is None else tuple((k, v.plain()) for k, v in kwargs_node.value.items())
+    try:
+        definition = find_definition(str(factory_node.value))
+    except InvalidArgument as error:
+        raise factory_node.error(f"factory: {error}") from None
+    if definition.signature is not None:
+        try:
+            definition.signature.bind(**dict(kwargs))
+        except TypeError as error:
+            raise (kwargs_node or factory_node).error(f"{definition.name}(**{dict(kwargs)!r}) does not bind: "
+                                                      f"{error}") from None
     inputs_node = fields.required("inputs", dict)
     inputs = tuple((k, as_shape(v, allow_empty=False)) for k, v in inputs_node.value.items())
-    mesh = as_shape(fields.required("mesh", list), allow_empty=False)
+    problems = tensor_size_problems([(f"input {k!r}", shape) for k, shape in inputs])
+    if problems:
+        raise inputs_node.error("; ".join(problems))
+    mesh_node = fields.required("mesh", list)
+    mesh = as_shape(mesh_node, allow_empty=False)
+    too_many = MAX_MESH_RANKS.exceeded(math.prod(mesh))
+    if too_many:
+        raise mesh_node.error(too_many)
     plans_node = fields.required("plans", dict)
     plans = []
     for key, child in plans_node.value.items():
@@ -88,24 +149,15 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     for b in beats:
         if b not in names:
             raise beats_node.error(f"solver_beats names {b!r}, which is not one of the plans {names}")
-    from shardverify.plan.verify import make_plan
-
-    try:
-        module, example = build_spec_model(str(factory_node.value), kwargs, inputs)
-    except (ShardVerifyError, LookupError, TypeError) as error:
-        raise factory_node.error(f"cannot build the model: {error}") from None
-    for key, plan in plans:
-        try:
-            make_plan(module, example, mesh, None if plan == SOLVER else dict(plan))
-        except ShardVerifyError as error:
-            raise plans_node.value[key].error(f"plan {key!r}: {error}") from None
+    where = (("factory", _at(factory_node)), *((key, _at(plans_node.value[key])) for key in names))
     return PlanSpec(name, root.file, "" if description is None else str(description.value), str(factory_node.value),
-                    kwargs, inputs, mesh, tuple(plans), beats)
+                    kwargs, inputs, mesh, tuple(plans), beats, where)
 
 
 def render_plan_spec(spec: PlanSpec, renderer: Renderer) -> dict[str, str]:
     plans = {k: (v if v == SOLVER else dict(v)) for k, v in spec.plans}
-    return {f"generated_tests/test_plan_{spec.name}.py": renderer.render("plan_test.py.j2", spec=spec, plans=plans)}
+    return {f"generated_tests/test_plan_{spec.name}.py": renderer.render("plan_test.py.j2", spec=spec, plans=plans,
+                                                                         where=dict(spec.where))}
 
 
 def summarize_plan_spec(spec: PlanSpec) -> dict[str, str]:

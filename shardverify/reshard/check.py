@@ -12,18 +12,37 @@ per-check timeout) and returns what went wrong.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from dataclasses import dataclass
 
 import torch
 
-from shardverify.errors import ShardingSpecError
+from shardverify.errors import InvalidArgument, ShardingSpecError
+from shardverify.spec.limits import MAX_RESHARD_PAIRS
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.collectives.reshard import apply_reshard
 from shardverify.sharding.reshard_plan import Layout, plan_reshard
 from shardverify.sharding.sharding_spec import ShardingSpec
 
-__all__ = ["enumerate_layouts", "layout_pairs", "pair_count", "ReshardCase", "rank_check_pairs", "check_reshard"]
+__all__ = ["enumerate_layouts", "layout_bound", "check_pair_limit", "layout_pairs", "pair_count", "ReshardCase", "rank_check_pairs", "check_reshard"]
+
+
+def layout_bound(mesh_ndim: int, tensor_ndim: int) -> int:
+    """How many layouts :func:`enumerate_layouts` can find, computed without enumerating them
+    (exact when every size divides): each of c sharding axes goes to one of the dims, the axes of
+    a dim in any order (c! * C(c+D-1, D-1) ways), every other axis replicates or is partial."""
+    return sum(math.comb(mesh_ndim, c) * 2 ** (mesh_ndim - c) * math.factorial(c) * math.comb(c + tensor_ndim - 1, c)
+               for c in range(mesh_ndim + 1))
+
+
+def check_pair_limit(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...]) -> None:
+    """Refuse, before enumerating anything, a mesh and shape whose layout pairs exceed the
+    limit (6 mesh axes give ~10^9 pairs: minutes and gigabytes just to list them)."""
+    too_many = MAX_RESHARD_PAIRS.exceeded(layout_bound(len(mesh_shape), len(tensor_shape)) ** 2)
+    if too_many:
+        raise InvalidArgument(f"resharding a {len(tensor_shape)}-D tensor on mesh {list(mesh_shape)}: up to "
+                              f"{too_many}")
 
 
 def enumerate_layouts(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...],
@@ -66,6 +85,7 @@ def _symmetries(mesh: DeviceMesh, tensor_shape: tuple[int, ...]):
 
 def layout_pairs(mesh: DeviceMesh, tensor_shape: tuple[int, ...], prune: bool = True) -> list[tuple[str, str]]:
     """(source, target) pairs as layout strings; with ``prune`` one per symmetry orbit."""
+    check_pair_limit(tuple(mesh.shape), tensor_shape)
     layouts = enumerate_layouts(mesh.shape, tensor_shape)
     names = [str(layout) for layout in layouts]   # each named once, not once per pair
     if not prune:

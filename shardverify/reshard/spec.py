@@ -12,13 +12,16 @@ backward (pruned to one pair per symmetry orbit unless ``prune: false``)::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from shardverify.spec.fields import Fields, as_identifier, as_shape
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
-from shardverify.errors import ShardingSpecError
+from shardverify.errors import InvalidArgument, ShardingSpecError
+from shardverify.reshard.check import check_pair_limit
+from shardverify.spec.limits import MAX_MESH_RANKS, tensor_size_problems
 from shardverify.sharding.mesh import DeviceMesh
 
 __all__ = ["ReshardSpec", "parse_reshard_spec", "render_reshard_spec", "RESHARD_KIND"]
@@ -58,6 +61,17 @@ def parse_reshard_spec(root: Node) -> ReshardSpec:
         DeviceMesh(mesh)
     except ShardingSpecError as error:   # pragma: no cover - as_shape already refuses bad sizes
         raise mesh_node.error(str(error)) from None
+    too_many = MAX_MESH_RANKS.exceeded(math.prod(mesh))
+    if too_many:
+        raise mesh_node.error(too_many)
+    problems = tensor_size_problems([(f"shape {i}", shape) for i, shape in enumerate(shapes)])
+    if problems:
+        raise shapes_node.error("; ".join(problems))
+    for item, shape in zip(shapes_node.value, shapes):  # type: ignore[arg-type]
+        try:
+            check_pair_limit(mesh, shape)
+        except InvalidArgument as error:
+            raise item.error(str(error)) from None
     seed = 0 if seed_node is None else int(seed_node.value)  # type: ignore[arg-type]
     if seed < 0:
         raise seed_node.error(f"expected a seed >= 0, got {seed}")  # type: ignore[union-attr]

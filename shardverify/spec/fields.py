@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, SpecError
 from shardverify.spec.names import resolve_dotted
+from shardverify.spec.trust import TRUSTED_ENV, op_target_refusal, trusted_modules, under
 
 if TYPE_CHECKING:
     import torch
@@ -184,20 +185,28 @@ def resolve_target(node: Node) -> str:
     """A dotted name under `torch` that names a real callable or class; returns the name.
 
     Only `torch.*` is resolved (importing arbitrary modules named by a spec would run their
-    code) and private names are refused (they are not a stable surface to verify)."""
+    code), only tensor ops are accepted (spec/trust.py: no file, process or network function)
+    and private names are refused (they are not a stable surface to verify)."""
     check_type(node, str)
     name = str(node.value)
     if len(name) > 200 or not _DOTTED.match(name):
         raise node.error(f"expected a dotted name such as 'torch.sum' (no private parts), got {name!r}")
-    if name.split(".")[0] != "torch":
+    try:
+        trusted = under(name, trusted_modules())
+    except InvalidArgument as exc:
+        raise node.error(str(exc)) from None
+    if name.split(".")[0] != "torch" and not trusted:
         raise node.error(f"target {name!r} is not under 'torch'; expected e.g. 'torch.sum', "
-                         "'torch.Tensor.sum' or 'torch.nn.Linear'")
+                         f"'torch.Tensor.sum' or 'torch.nn.Linear' (or trust its module in {TRUSTED_ENV})")
     try:
         obj = lookup(name)
     except LookupError as exc:
         raise node.error(f"target {name!r} does not resolve: {exc}") from None
     if isinstance(obj, types.ModuleType) or not callable(obj):
         raise node.error(f"target {name!r} resolves to {type(obj).__name__}, not a callable or class")
+    refusal = op_target_refusal(name, obj)
+    if refusal:
+        raise node.error(f"target {refusal}")
     return name
 
 

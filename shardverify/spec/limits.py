@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from shardverify.errors import SpecError
 
-__all__ = ["Limit", "MAX_CASES", "MAX_MESH_RANKS", "MAX_TENSOR_ELEMENTS", "tensor_size_problems"]
+__all__ = ["Limit", "MAX_CASES", "MAX_MESH_RANKS", "MAX_TENSOR_ELEMENTS", "MAX_MODEL_BYTES", "MAX_RESHARD_PAIRS",
+           "tensor_size_problems"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Limit:
 MAX_CASES = Limit("cases (targets x grid points)", 512, "SHARDVERIFY_MAX_CASES")
 MAX_MESH_RANKS = Limit("ranks in one mesh", 64, "SHARDVERIFY_MAX_RANKS")
 MAX_TENSOR_ELEMENTS = Limit("elements in one tensor", 1 << 24, "SHARDVERIFY_MAX_TENSOR_ELEMENTS")
+#: (source, target) layout pairs a reshard spec may enumerate for one tensor, before pruning
+MAX_RESHARD_PAIRS = Limit("layout pairs (before symmetry pruning)", 1 << 17, "SHARDVERIFY_MAX_RESHARD_PAIRS")
+#: what a plan or model spec's factory may build (measured on meta tensors before anything is allocated)
+MAX_MODEL_BYTES = Limit("bytes of parameters and buffers", 1 << 30, "SHARDVERIFY_MAX_MODEL_BYTES")
 
 
 def tensor_size_problems(shapes: Iterable[tuple[str, tuple[int, ...]]]) -> list[str]:
