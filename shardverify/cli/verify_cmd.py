@@ -7,6 +7,7 @@ took. The exit status is 1 when anything failed, so CI can run it as the main jo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -43,6 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--jobs", "-j", type=parse_jobs, default=1, metavar="N",
                         help="share the (case, mesh) rows among N worker processes, one core each "
                              "(simulated backend; 'auto': one per CPU; default: 1, this process alone)")
+    parser.add_argument("--seed", type=parse_seed, default=None, metavar="N",
+                        help="draw every case's values from seed N instead of the spec's (the verdicts must "
+                             "not depend on it: data that cannot tell two blocks apart gets more seeds anyway)")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
     parser.add_argument("--root", type=Path, default=Path("."),
                         help="repository root (default: .)")
@@ -76,6 +80,16 @@ def parse_jobs(text: str) -> int:
     return jobs
 
 
+def parse_seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer >= 0")
+    return seed
+
+
 def parse_timeout(text: str) -> float:
     try:
         seconds = float(text)
@@ -91,11 +105,12 @@ def parse_timeout(text: str) -> float:
 
 def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] | None, *,
                  device: str | None = None, timeout: float = 60.0, progress: Progress | None = None,
-                 jobs: int = 1) -> list[Row]:
+                 jobs: int = 1, seed: int | None = None) -> list[Row]:
     """Verify every case of every spec on every mesh, rows in that order; one backend per mesh
     shape, reused.  ``jobs`` > 1 (simulated backend only) shares the rows among that many
-    worker processes (see verify_jobs)."""
-    plan = [(spec.name, case_id, case, tuple(mesh)) for spec in specs for case_id, case in spec.op_cases()
+    worker processes (see verify_jobs); ``seed`` replaces every case's seed."""
+    plan = [(spec.name, case_id, case if seed is None else dataclasses.replace(case, seed=seed), tuple(mesh))
+            for spec in specs for case_id, case in spec.op_cases()
             for mesh in (meshes or _runnable(spec.verify.meshes, backend_kind))]
     progress = progress or Progress(0)
     if jobs > 1:
@@ -171,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         rows = verify_specs(specs, args.backend, meshes, device=args.device, timeout=args.timeout,
-                            progress=None if args.json or not reporting else Progress(total), jobs=args.jobs)
+                            progress=None if args.json or not reporting else Progress(total), jobs=args.jobs,
+                            seed=args.seed)
     except ShardVerifyError as exc:   # a mesh or backend that cannot exist here
         print(f"error: {exc}", file=sys.stderr)
         return USAGE

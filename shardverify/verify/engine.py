@@ -15,6 +15,7 @@ from shardverify.errors import BackendError, InvalidArgument, RankError, Verific
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.spec.case import OpCase
 from shardverify.spec.fields import dtype_from_name
+from shardverify.verify.distinct import distinguishing_seeds
 from shardverify.verify.layout import expected_collectives
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
 from shardverify.verify.rank import (  # noqa: F401  (re-exported: the engine's API)
@@ -171,17 +172,27 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     mesh_shape = tuple(backend.mesh.shape)
     start = time.perf_counter()
     problems = [strategy_problems(s, len(mesh_shape)) for s in strategies]
-    runnable = [s for s, p in zip(strategies, problems) if not p]
-    found = iter(_run_checks(backend, case, runnable, dtype, tol, timeout))
-    mismatches = [[Mismatch("error", -1, "strategy", detail=text) for text in p] if p else next(found)
-                  for p in problems]
+    runnable = [i for i, p in enumerate(problems) if not p]
+    found = _run_checks(backend, case, [strategies[i] for i in runnable], dtype, tol, timeout)
+    mismatches = [[Mismatch("error", -1, "strategy", detail=text) for text in p] for p in problems]
+    for i, found_i in zip(runnable, found):
+        mismatches[i] = found_i
+    # data that cannot tell two blocks apart on one seed gets more seeds (verify/distinct.py):
+    # a strategy that passed is checked again under each, and fails under the first that shows it
+    seeds = distinguishing_seeds(case, mesh_shape)
+    checked = [case] * len(strategies)
+    for seed in seeds.seeds[1:]:
+        variant, passed = dataclasses.replace(case, seed=seed), [i for i in runnable if not mismatches[i]]
+        for i, found_i in zip(passed, _run_checks(backend, variant, [strategies[i] for i in passed], dtype, tol,
+                                                  timeout)):
+            mismatches[i], checked[i] = (found_i, variant) if found_i else (mismatches[i], checked[i])
     # Below float64 the budget is the single-device op's own error in that dtype; the float64
-    # re-check (one batch) only tells wrong maths from too much rounding.
+    # re-check only tells wrong maths from too much rounding.
     suspects = [i for i, (m, p) in enumerate(zip(mismatches, problems)) if not p and _rounding_suspect(m)]
-    budgets = {i: _over_budget(case, strategies[i], dtype_from_name(mismatches[i][0].dtype), mismatches[i])
+    budgets = {i: _over_budget(checked[i], strategies[i], dtype_from_name(mismatches[i][0].dtype), mismatches[i])
                for i in suspects}
     over = [i for i in suspects if budgets[i][0]]
-    rechecks = dict(zip(over, _run_checks(backend, case, [strategies[i] for i in over], "float64", None, timeout)))
+    rechecks = {i: _run_check(backend, checked[i], strategies[i], "float64", None, timeout) for i in over}
     seconds = (time.perf_counter() - start) / len(strategies)   # a batch's time, shared evenly
     # what happened to the backend outside any check (a worker found dead and replaced): said,
     # on the first result, without failing anything
@@ -189,9 +200,8 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     results = []
     for i, strategy in enumerate(strategies):
         final, note = _verdict(mismatches[i], budgets.get(i), rechecks.get(i), shown_dtype)
-        if i == 0 and incidents:
-            note = "; ".join([*incidents, note] if note else incidents)
-        results.append(CheckResult(op=case.op, case=case.describe(), strategy=strategy.name,
+        note = "; ".join(part for part in ("; ".join(incidents) if i == 0 else "", seeds.note(), note) if part)
+        results.append(CheckResult(op=case.op, case=checked[i].describe(), strategy=strategy.name,
                                    mesh_shape=mesh_shape, backend=_backend_name(backend), dtype=shown_dtype,
                                    mismatches=tuple(final), seconds=seconds, note=note))
         if on_result is not None:

@@ -1,0 +1,136 @@
+"""Test data that can tell layouts apart.
+
+A wrong layout hands a rank another rank's block. The check sees it only if the two blocks
+hold different values: a bool mask of shape [4, 1] on 4 ranks gives each rank one element, and
+two ranks' elements are equal half the time, so a strategy that swaps the mask's shard order
+(S10 for S01) passes by coincidence on one draw and fails on another.
+
+So before a case is checked on a mesh, every operand of the op (its values as the reference
+computes them, predecessors included) is split into the blocks of every layout the mesh can
+give it: each mesh axis on one dim or none, evenly divided. Every pair of blocks of one split
+must differ. Where one draw leaves a pair equal (low-entropy dtypes, one-element blocks, ids
+drawn from a small range), further seeds are added until every pair differs in at least one of
+them, and the case is checked under each; where even :data:`MAX_SEEDS` seeds cannot separate a
+pair, that is said in the result. Floating operands drawn from a normal distribution separate
+on the first seed; nothing is added for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from shardverify.spec.case import OpCase, cached
+from shardverify.verify.reference import reference
+
+__all__ = ["MAX_SEEDS", "Seeds", "splits", "equal_pairs", "distinguishing_seeds"]
+
+#: seeds tried, the case's own first, before a pair of equal blocks is reported as inseparable
+MAX_SEEDS = 8
+
+_LOCK = threading.Lock()
+_SEEDS: dict = {}
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """The seeds a case is checked under on one mesh, and what could not be told apart."""
+
+    seeds: tuple[int, ...]
+    reasons: tuple[str, ...] = ()     # why more than one seed was needed (operand, shape, split)
+    inseparable: tuple[str, ...] = ()  # block pairs equal under every seed tried
+
+    def note(self) -> str:
+        """"" for one seed; otherwise a sentence for the check's result."""
+        parts = []
+        if len(self.seeds) > 1:
+            parts.append(f"checked under seeds {', '.join(map(str, self.seeds))} so that every two blocks a layout "
+                         f"gives differ ({'; '.join(self.reasons[:3])})")
+        if self.inseparable:
+            parts.append(f"blocks equal under all {len(self.seeds)} seeds, a wrong layout swapping them would pass: "
+                         f"{'; '.join(self.inseparable[:3])}")
+        return "; ".join(parts)
+
+
+def splits(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Each distinct (blocks per dim) a layout on ``mesh_shape`` can give a tensor of ``shape``:
+    every mesh axis on one dim or none, dims divided evenly, more than one block in all."""
+    found = set()
+    for assign in itertools.product(range(len(shape) + 1), repeat=len(mesh_shape)):
+        counts = [1] * len(shape)
+        for axis, dim in enumerate(assign):
+            if dim < len(shape):
+                counts[dim] *= mesh_shape[axis]
+        if math.prod(counts) > 1 and all(n % k == 0 for n, k in zip(shape, counts)):
+            found.add(tuple(counts))
+    return sorted(found)
+
+
+def _blocks(tensor: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+    """One row per block (blocks in row-major order of their coordinates)."""
+    split = []
+    for n, k in zip(tensor.shape, counts):
+        split += [k, n // k]
+    ndim = tensor.dim()
+    order = [2 * d for d in range(ndim)] + [2 * d + 1 for d in range(ndim)]
+    return tensor.reshape(split).permute(order).reshape(math.prod(counts), -1)
+
+
+def equal_pairs(tensor: torch.Tensor, counts: tuple[int, ...]) -> set[tuple[int, int]]:
+    """The pairs of blocks (by index) of the split ``counts`` that hold the same values."""
+    rows = _blocks(tensor.detach().cpu(), counts)
+    if rows.is_floating_point():
+        rows = torch.where(rows.isnan(), torch.full_like(rows, float("inf")), rows)  # NaN equals NaN here
+    _, label = torch.unique(rows, dim=0, return_inverse=True)
+    groups: dict[int, list[int]] = {}
+    for index, value in enumerate(label.tolist()):
+        groups.setdefault(value, []).append(index)
+    return {pair for members in groups.values() if len(members) > 1 for pair in itertools.combinations(members, 2)}
+
+
+def _open_pairs(case: OpCase, mesh_shape: tuple[int, ...]) -> dict[tuple[str, tuple[int, ...]], set]:
+    ref = reference(case, None, torch.device("cpu"))
+    found = {}
+    for loc, value in ref.values.items():
+        if value.dim() == 0:
+            continue
+        for counts in splits(tuple(value.shape), mesh_shape):
+            pairs = equal_pairs(value, counts)
+            if pairs:
+                found[(f"{loc} {str(value.dtype).removeprefix('torch.')}{list(value.shape)}", counts)] = pairs
+    return found
+
+
+def _describe(key: tuple[str, tuple[int, ...]], pairs: set) -> str:
+    (operand, counts), (i, j) = key, min(pairs)
+    return f"{operand} in {'x'.join(map(str, counts))} blocks: {len(pairs)} equal pair(s), e.g. blocks {i} and {j}"
+
+
+def distinguishing_seeds(case: OpCase, mesh_shape: tuple[int, ...]) -> Seeds:
+    """The case's seed, and as many more (of the next ones, up to MAX_SEEDS in all) as it takes
+    for every pair of blocks of every operand split to differ under one of them."""
+    key = (case, tuple(mesh_shape))
+    with _LOCK:
+        return cached(_SEEDS, key, lambda: _search(case, tuple(mesh_shape)))
+
+
+def _search(case: OpCase, mesh_shape: tuple[int, ...]) -> Seeds:
+    open_pairs = _open_pairs(case, mesh_shape)
+    if not open_pairs:
+        return Seeds((case.seed,))
+    reasons = tuple(_describe(k, v) for k, v in open_pairs.items())
+    seeds = [case.seed]
+    for seed in range(case.seed + 1, case.seed + 4 * MAX_SEEDS):
+        if not open_pairs or len(seeds) == MAX_SEEDS:
+            break
+        found = _open_pairs(dataclasses.replace(case, seed=seed), mesh_shape)
+        narrowed = {k: pairs & found.get(k, set()) for k, pairs in open_pairs.items()}
+        if narrowed != open_pairs:    # this seed separates a pair no earlier one did
+            seeds.append(seed)
+            open_pairs = {k: v for k, v in narrowed.items() if v}
+    return Seeds(tuple(seeds), reasons, tuple(_describe(k, v) for k, v in open_pairs.items()))
