@@ -153,3 +153,92 @@ def test_the_vocab_parallel_rule_is_wrong_with_a_padding_row_so_it_is_bound_to_n
     graph_module, node = _node(lambda ids: F.embedding(ids, torch.ones(16, 4), padding_idx=3), (8, 8),
                                dtypes=[torch.int64])
     assert handler_for_node(node, graph_module).name == "embedding_padded"
+
+
+WRONG_RULES = {
+    # triu as pointwise: the identity on 8x8 at diagonal=-8, wrong at any diagonal that cuts the matrix
+    "triu": """\
+op: triu_pointwise
+description: triu written as pointwise.
+targets: [torch.triu]
+operands:
+  input: {kind: input, index: 0, keyword: input}
+  output: {kind: output}
+params:
+  diagonal: {index: 1, keyword: diagonal, default: 0}
+generator: {family: rules, options: {pointwise: true}}
+verify:
+  inputs: {input: {shape: [8, 8]}}
+  grid: {diagonal: [%s]}
+  meshes: [[2]]
+""",
+    # vector_norm with a partial sum: right for ord=1 (a sum of |x|), wrong for the default ord=2
+    "vector_norm": """\
+op: norm_partial_sum
+description: vector_norm with a partial sum over a sharded reduced dim.
+targets: [torch.linalg.vector_norm]
+operands:
+  input: {kind: input, index: 0, keyword: x}
+  output: {kind: output}
+params:
+  ord: {index: 1, keyword: ord, default: 2}
+  dim: {index: 2, keyword: dim, default: null}
+  keepdim: {index: 3, keyword: keepdim, default: false}
+ignores: [dtype]
+generator: {family: rules, options: {reduce_dims_param: dim, keepdim_param: keepdim, reduce_op: sum}}
+verify:
+  inputs: {input: {shape: [8, 8]}}
+  grid: {ord: [%s], dim: [-1]}
+  meshes: [[2]]
+""",
+}
+
+
+def _verify_spec_text(text: str):
+    """Every strategy the spec's rule offers for its first case on its first mesh, verified."""
+    from shardverify.audit.run import offered_strategies
+    from shardverify.backends import SimulatedBackend
+    from shardverify.spec.loader import load_yaml_text
+    from shardverify.spec.op import parse_op_spec
+    from shardverify.verify.engine import verify_case
+
+    spec = parse_op_spec(load_yaml_text(text, "planted.yaml"))
+    mesh = DeviceMesh(spec.verify.meshes[0])
+    (_, case), *_ = spec.op_cases()
+    graph_module, name = case.build()
+    node = next(n for n in graph_module.graph.nodes if n.name == name)
+    _, strategies = offered_strategies(spec, graph_module, node, mesh)
+    return spec, verify_case(SimulatedBackend(mesh), case, strategies)
+
+
+@pytest.mark.parametrize("rule, verified, wrong, failing", [
+    ("triu", "-8", "1", {"S0R -> S0R", "RS0 -> RS0"}),
+    ("vector_norm", "1", "2", {"RS0 -> R | P0 sum"}),
+])
+def test_a_wrong_rule_passes_its_own_value_and_fails_the_next(rule, verified, wrong, failing):
+    """The rule holds on the value it was verified on, so binding it to that value is what keeps
+    it from other calls; verified on the value it is wrong for, it fails naming the strategy."""
+    _, results = _verify_spec_text(WRONG_RULES[rule] % verified)
+    assert all(r.passed for r in results)
+    _, results = _verify_spec_text(WRONG_RULES[rule] % wrong)
+    assert {r.strategy for r in results if not r.passed} == failing, [str(r) for r in results]
+
+
+def test_a_pool_rule_bound_to_its_window_refuses_another():
+    """A pooling rule that shards the rows is right only for windows inside a shard
+    (kernel 2, stride 2); bound to that window, a MaxPool2d(3, stride=2, padding=1) is refused.
+    (The shipped max_pool2d.yaml keeps the planes whole, right for every window.)"""
+    pool = HandlerDef(name="pool_rows", targets=(F.max_pool2d,),
+                      operands=(OperandDecl("input", "input", 0, "input"), OperandDecl("output", "output")),
+                      params=(ParamDecl("kernel_size", 1, "kernel_size", None), ParamDecl("stride", 2, "stride", None),
+                              ParamDecl("padding", 3, "padding", 0), ParamDecl("dilation", 4, "dilation", 1),
+                              ParamDecl("ceil_mode", 5, "ceil_mode", False),
+                              ParamDecl("return_indices", 6, "return_indices", False)),
+                      generator="rules", options=(("pointwise", True),),
+                      bindings=((F.max_pool2d, (("kernel_size", (2,)), ("stride", (2,)), ("padding", (0,)),
+                                                ("dilation", (1,)), ("ceil_mode", (False,)),
+                                                ("return_indices", (False,)))),))
+    graph_module, node = _node(lambda t: F.max_pool2d(t, 3, stride=2, padding=1), (2, 2, 8, 8))
+    assert "kernel_size=3; the rule was verified for kernel_size in {2}" in refusal(pool, node, graph_module)
+    graph_module, node = _node(lambda t: F.max_pool2d(t, 2, stride=2), (2, 2, 8, 8))
+    assert refusal(pool, node, graph_module) is None
