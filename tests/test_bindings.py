@@ -242,3 +242,43 @@ def test_a_pool_rule_bound_to_its_window_refuses_another():
     assert "kernel_size=3; the rule was verified for kernel_size in {2}" in refusal(pool, node, graph_module)
     graph_module, node = _node(lambda t: F.max_pool2d(t, 2, stride=2), (2, 2, 8, 8))
     assert refusal(pool, node, graph_module) is None
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.m = module
+
+    def forward(self, x, y=None):
+        return self.m(x) if y is None else self.m(x, y)
+
+
+def _module_status(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor | None = None):
+    graph_module = trace(_Wrap(module), {"x": x} if y is None else {"x": x, "y": y})
+    _, statuses = classify_nodes(graph_module, MESH)
+    (status,) = [s for s in statuses if s.node == "m"]
+    return status
+
+
+@pytest.mark.parametrize("module, attribute", [
+    (torch.nn.Embedding(16, 8, max_norm=1.0), "max_norm=1.0"),
+    (torch.nn.CrossEntropyLoss(reduction="sum"), "reduction='sum'"),
+    (torch.nn.CrossEntropyLoss(label_smoothing=0.1), "label_smoothing=0.1"),
+    (torch.nn.ReLU(inplace=True), "inplace=True"),
+])
+def test_a_module_whose_undeclared_attribute_changes_its_maths_is_refused(module, attribute):
+    """A module target's constructor arguments count like a call's: one the spec neither
+    declares nor ignores, set away from its default, is refused by name."""
+    if isinstance(module, torch.nn.CrossEntropyLoss):
+        status = _module_status(module, torch.zeros(4, 8), torch.zeros(4, dtype=torch.long))
+    elif isinstance(module, torch.nn.Embedding):
+        status = _module_status(module, torch.zeros(4, 4, dtype=torch.long))
+    else:
+        status = _module_status(module, torch.zeros(4, 8))
+    assert status.status == "refused" and f"attribute {attribute}" in status.reason, status
+
+
+def test_attributes_the_spec_ignores_or_that_are_operands_are_served():
+    """LayerNorm's eps is listed under `ignores`; a bias flag is the bias operand's business."""
+    for module in (torch.nn.LayerNorm(8, eps=1e-6), torch.nn.Linear(8, 8, bias=False)):
+        assert _module_status(module, torch.zeros(4, 8)).status == "handled"

@@ -254,7 +254,7 @@ def refusal(handler: HandlerDef, node: Node, graph_module: GraphModule | None = 
         if _normal(value) not in {_normal(v) for v in values}:
             return (f"{handler.name}: node {node.name!r} passes {name}={_show(value)}; the rule was verified "
                     f"for {name} in {_shown(values)} only ({handler.spec_file or 'its spec'})")
-    extra = _undeclared_arguments(handler, node)
+    extra = _undeclared_arguments(handler, node) or _undeclared_attributes(handler, node, graph_module)
     if extra:
         return (f"{handler.name}: node {node.name!r} passes {', '.join(extra)}, which "
                 f"{handler.spec_file or 'its spec'} does not declare; the rule may not hold with "
@@ -284,6 +284,35 @@ def _undeclared_arguments(handler: HandlerDef, node: Node) -> list[str]:
              if i not in indices and not schema_default(i, None, value)]
     extra += [f"keyword {key}={_show(value)}" for key, value in node.kwargs.items()
               if key not in keywords and not schema_default(None, key, value)]
+    return extra
+
+
+def _undeclared_attributes(handler: HandlerDef, node: Node, graph_module: GraphModule | None) -> list[str]:
+    """For a module call: the constructor arguments the spec neither declares nor ignores whose
+    value on this module differs from the constructor's default (``CrossEntropyLoss(
+    reduction="sum")``, ``Embedding(max_norm=1.0)``): the module's maths changed, the rule was
+    not verified for it. A flag whose attribute is a tensor slot (``bias=True`` -> a Parameter
+    or None) is the operand's business, resolved with the operands."""
+    if node.op != "call_module" or graph_module is None:
+        return []
+    module = graph_module.get_submodule(str(node.target))
+    try:
+        parameters = inspect.signature(type(module).__init__).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    declared = {d.name for d in handler.params} | {d.keyword for d in handler.params if d.keyword} | set(handler.ignores)
+    extra = []
+    for p in parameters:
+        if p.default is inspect.Parameter.empty or p.name in declared or p.name in ("device", "dtype") \
+                or p.name.startswith("_") or not hasattr(module, p.name):
+            continue
+        value = getattr(module, p.name)
+        if isinstance(p.default, bool) and (value is None or isinstance(value, torch.Tensor)):
+            continue
+        same = _normal(value) == _normal(p.default) or (
+            isinstance(value, tuple) and value and all(_normal(v) == _normal(p.default) for v in value))
+        if not same:
+            extra.append(f"attribute {p.name}={_show(value)}")
     return extra
 
 

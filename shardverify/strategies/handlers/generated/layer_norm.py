@@ -25,4 +25,5 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True), ('whole_trailing_param', 'normalized_shape')),
     spec_file='specs/layer_norm.yaml',
+    ignores=('eps',),
 ))
