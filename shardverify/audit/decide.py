@@ -22,6 +22,7 @@ from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import OpCase
 from shardverify.capture.call import call_op
 from shardverify.verify.reference import reference
+from shardverify.verify.tolerance import Tolerance, is_close
 
 __all__ = ["Operand", "Problem", "Outcome", "prepare"]
 
@@ -75,14 +76,15 @@ class Problem:
     _pieces: dict = field(default_factory=dict)
     _shape_errors: dict = field(default_factory=dict)
     _candidates: dict = field(default_factory=dict)
-    _scales: tuple = ()
+    _tols: tuple = ()
     _targets: dict = field(default_factory=dict)
     _groups: dict = field(default_factory=dict)
+    _finiteness: dict = field(default_factory=dict)
     decided: int = 0
 
     def __post_init__(self) -> None:
         self._coords = [self.mesh.coordinate(r) for r in self.mesh.ranks]
-        self._scales = tuple(max(1.0, float(y.abs().max())) if y.numel() else 1.0 for y in self.outputs)
+        self._tols = tuple(Tolerance(RTOL, ATOL * _scale(y)) for y in self.outputs)
 
     # ---- local inputs -----------------------------------------------------------------
     def _index(self, rank: int, axes: Sequence[int]) -> int:
@@ -209,7 +211,7 @@ class Problem:
             for i, d in enumerate(option):
                 shape[d] = value.shape[i]
             try:
-                if self._close(without + value.reshape(shape), ref, 0):
+                if self._close(without + value.reshape(shape), ref, 0, None):
                     return True
             except RuntimeError:   # the operand does not broadcast that way
                 continue
@@ -253,13 +255,19 @@ class Problem:
         return Outcome(tuple(found))
 
     # ---- output layouts --------------------------------------------------------------------
-    def _close(self, actual: torch.Tensor, expected: torch.Tensor, k: int) -> bool:
-        if actual.shape != expected.shape:
-            return False
-        if actual.dtype != torch.float64:
-            actual = actual.to(torch.float64)
-        diff = (actual - expected).abs()
-        return bool((diff <= ATOL * self._scales[k] + RTOL * expected.abs()).all()) if diff.numel() else True
+    def _close(self, actual: torch.Tensor, expected: torch.Tensor, k: int, finite: bool | None) -> bool:
+        """verify's rule (``compare``), so both agree on what is correct: finite values within
+        the float64 tolerance, inf and NaN exactly where the reference has them; ``finite``:
+        whether ``expected`` is, when known (checked once per reference, not per rank)."""
+        return is_close(actual, expected, self._tols[k], finite=finite)
+
+    def _finite(self, ref: torch.Tensor) -> bool:
+        """Is the reference ``ref`` all finite? Remembered per tensor (kept alive with its answer,
+        so its id stays its own): each is checked once, not once per layout it is matched in."""
+        known = self._finiteness.get(id(ref))
+        if known is None or known[0] is not ref:
+            known = self._finiteness[id(ref)] = (ref, bool(torch.isfinite(ref).all()))
+        return known[1]
 
     def holds(self, tensors: Sequence[torch.Tensor], layout: Layout, k: int, ref: torch.Tensor) -> bool:
         """Do the ranks' local outputs ``tensors`` form ``ref`` (output ``k``) in ``layout``?"""
@@ -267,8 +275,10 @@ class Problem:
             return False
         if any(size % c for size, c in zip(ref.shape, layout.shard_counts(self.mesh.shape))):
             return False
+        finite = self._finite(ref)
         if not layout.partial:
-            return all(self._close(t, ref[self.slices(layout, ref.shape, r)], k) for r, t in enumerate(tensors))
+            return all(self._close(t, ref[self.slices(layout, ref.shape, r)], k, finite)
+                       for r, t in enumerate(tensors))
         if layout.partial not in self._groups:
             self._groups[layout.partial] = self.mesh.groups(layout.partial)
         for group in self._groups[layout.partial]:
@@ -276,7 +286,7 @@ class Problem:
             reduced = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
                        "min": lambda s: s.amin(0)}
             value = reduced[layout.reduce](stacked)
-            if not self._close(value, ref[self.slices(layout, ref.shape, group[0])], k):
+            if not self._close(value, ref[self.slices(layout, ref.shape, group[0])], k, finite):
                 return False
         return True
 
@@ -309,6 +319,13 @@ class Problem:
                     if self.holds(tensors, layout, k, ref):
                         return layout
         return None
+
+
+def _scale(output: torch.Tensor) -> float:
+    """The magnitude the absolute tolerance scales with: the largest finite value, at least 1
+    (an inf would make every finite difference pass, a NaN every one fail)."""
+    finite = output[torch.isfinite(output)]
+    return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
 
 
 def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],

@@ -6,6 +6,7 @@ same standard as any other PyTorch numerical test; a spec may override them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from shardverify.errors import InvalidArgument
 from shardverify.spec.fields import dtype_from_name
 
-__all__ = ["Tolerance", "DEFAULT_TOLERANCES", "tolerance_for", "compare"]
+__all__ = ["Tolerance", "DEFAULT_TOLERANCES", "tolerance_for", "compare", "is_close"]
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,35 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Com
     nonfinite = "" if bool(both_finite.all()) else _nonfinite_mismatch(actual, expected)
     zero = torch.zeros((), dtype=torch.float64)
     diff = torch.where(both_finite, actual - expected, zero).abs()
-    bound = tol.atol + tol.rtol * torch.where(both_finite, expected, zero).abs()
-    rel = diff / torch.where(both_finite, expected, zero).abs().clamp_min(torch.finfo(torch.float64).tiny)
+    finite_expected = torch.where(both_finite, expected, zero)
+    rel = diff / finite_expected.abs().clamp_min(torch.finfo(torch.float64).tiny)
     max_abs, max_rel = float(diff.max()), float(rel.max())
     if nonfinite:
         max_abs = max_rel = float("inf")
-    return Comparison(not nonfinite and bool((diff <= bound).all()), max_abs, max_rel, nonfinite)
+    return Comparison(not nonfinite and _within(diff, finite_expected, tol), max_abs, max_rel, nonfinite)
+
+
+def _within(diff: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> bool:
+    """The finite part of the rule: ``diff <= atol + rtol * |expected|`` everywhere."""
+    return bool((diff <= tol.atol + tol.rtol * expected.abs()).all())
+
+
+def is_close(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, *, finite: bool | None = None) -> bool:
+    """``compare(actual, expected, tol).close`` (False for another shape), cheaply: callers that
+    only need the verdict, many times over (the audit), get verify's rule without the error
+    figures.  Where ``expected`` is finite the tolerance check alone is that rule (a NaN or inf
+    in ``actual`` breaks it); an inf or NaN in ``expected`` goes through :func:`compare`.
+    ``finite``: whether ``expected`` is all finite, when the caller knows (None: checked here)."""
+    if actual.shape != expected.shape:
+        return False
+    if not actual.numel():
+        return True
+    if actual.dtype != torch.float64:
+        actual = actual.to(torch.float64)
+    if expected.dtype != torch.float64:
+        expected = expected.to(torch.float64)
+    if finite is None:
+        finite = bool(torch.isfinite(expected).all())
+    if finite and math.isfinite(tol.atol) and math.isfinite(tol.rtol):
+        return _within((actual - expected).abs(), expected, tol)
+    return compare(actual, expected, tol).close
