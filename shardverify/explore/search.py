@@ -41,7 +41,9 @@ def divisibility_problems(strategies, mesh) -> list[str]:
 
 def check_example(backend, example: Example, *, first_failure: bool = False) -> list:
     """Every strategy of the example's op node divides its operands and passes on ``backend``;
-    raises AssertionError with the report otherwise (the reproduction is a hypothesis note).
+    raises AssertionError naming the drawn call, with the report, otherwise (the reproduction
+    is a hypothesis note). A call the harness or the op's handler refuses is rejected, never
+    a failure (the handler serves only the parameter values its rule was verified on).
     ``first_failure`` stops at the first failing strategy (a search shrinks much faster)."""
     __tracebackhide__ = True
     from shardverify.strategies.for_node import strategies_for_node
@@ -55,7 +57,11 @@ def check_example(backend, example: Example, *, first_failure: bool = False) -> 
     try:
         graph_module, node_name = case.build()
     except Exception as exc:  # noqa: BLE001 -- sizes the harness itself refuses are not a case
-        hypothesis.note(f"the harness refuses these sizes: {type(exc).__name__}: {exc}")
+        _note(f"the harness refuses these sizes: {type(exc).__name__}: {exc}")
+        hypothesis.reject()
+    why = _refused(graph_module, node_name)
+    if why is not None:   # a call outside what the rule was verified on is no failure of it
+        _note(f"the handler refuses the drawn call: {why}")
         hypothesis.reject()
     try:
         strategies = strategies_for_node(graph_module, node_name, backend.mesh)
@@ -69,10 +75,29 @@ def check_example(backend, example: Example, *, first_failure: bool = False) -> 
             if first_failure and not results[-1].passed:
                 break
         assert_passed(results)
-    except Exception:
-        _note(example.reproduction())   # printed with hypothesis' falsifying example
+    except hypothesis.errors.HypothesisException:
         raise
+    except Exception as exc:
+        _note(example.reproduction())   # printed with hypothesis' falsifying example
+        raise _naming_the_call(example, exc) from (None if isinstance(exc, AssertionError) else exc)
     return results
+
+
+def _naming_the_call(example: Example, exc: Exception) -> AssertionError:
+    """The failure as an AssertionError whose message starts with the drawn call (target,
+    shapes, parameter values, mesh), then the report or the error raised."""
+    text = str(exc) if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {exc}"
+    return AssertionError(f"drawn call: {example.describe()}\n{text}")
+
+
+def _refused(graph_module, node_name: str) -> str | None:
+    """Why the handler of the op's node refuses the call (see ``refusal``), or None."""
+    from shardverify.strategies.for_node import find_node
+    from shardverify.strategies.handlers.base import handler_for_node, refusal
+
+    node = find_node(graph_module, node_name)
+    handler = handler_for_node(node, graph_module)
+    return None if handler is None else refusal(handler, node, graph_module)
 
 
 def _note(text: str) -> None:

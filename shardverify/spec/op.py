@@ -20,7 +20,8 @@ from shardverify.spec.fields import (
 from shardverify.spec.limits import MAX_CASES, MAX_MESH_RANKS, tensor_size_problems
 from shardverify.spec.loader import Node
 from shardverify.spec.op_model import (
-    CaseSpec, CountSpec, InputSpec, ModuleInit, OperandSpec, OpSpec, ParamSpec, TargetSpec, VerifySpec, case_spec)
+    CaseSpec, CountSpec, InputSpec, ModuleInit, OperandSpec, OpSpec, ParamSpec, TargetSpec, VerifySpec, case_spec,
+    value_length)
 from shardverify.spec.values import (
     Literal, index_value, literal, names_of, option, parse_grid, parse_where, within)
 from shardverify.strategies.generators.registry import get_generator
@@ -263,6 +264,7 @@ def parse_op_spec(root: Node) -> OpSpec:
             if not where:
                 raise where_node.error("'where' selects grid points: name at least one grid key")
             targets[position] = dataclasses.replace(target, where=where)
+            _check_where_lengths(where_node, target.name, dict(where), verify, params)
     accept, audit_meshes = parse_audit(audit_node, roles, dict(verify.grid), verify.meshes)
     points = math.prod(len(values) for _, values in verify.grid)
     within(verify_node, [MAX_CASES.exceeded(len(targets) * points)])
@@ -306,6 +308,7 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
     tol_node = f.optional("tolerance", dict)
     seed_node = f.optional("seed", int)
     explore_node = f.optional("explore", bool)
+    same_length_node = f.optional("same_length", list)
     f.finish()
     forms = {t.form for t in targets}
     by_role = {o.role: o for o in operands}
@@ -383,6 +386,7 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
         meshes.append(mesh)
 
     counts = _parse_counts(counts_node, dict(grid), tuple(meshes), tuple(targets)) if counts_node else ()
+    same_length = _parse_same_length(same_length_node, params, grid, grid_node) if same_length_node else ()
 
     rtol = atol = None
     if tol_node is not None:
@@ -407,7 +411,77 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
             _check_positional(list(target.operands), list(target.params), inputs, inputs_node, target.name)
     return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
                       inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
-                      predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed)
+                      predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed,
+                      same_length=same_length)
+
+
+def _parse_same_length(node: Node, params: list[ParamSpec], grid: tuple[tuple[str, tuple[Literal, ...]], ...],
+                       grid_node: Node | None) -> tuple[tuple[str, ...], ...]:
+    """``same_length: [shifts, dims]`` (one group) or ``[[a, b], [c, d]]`` (several): parameters
+    whose values have equal lengths in every call (a list its length, any other value one).
+    Each name is a declared parameter, in one group only, and every grid value of one is
+    matched by a value of the same length of each other parameter of its group (the grid's
+    values, else the default), so each stays in some grid point."""
+    items = node.value  # type: ignore[union-attr]
+    if not items:
+        raise node.error("same_length lists the parameters whose values have equal lengths, e.g. "
+                         "[shifts, dims]; got []")
+    nested = [isinstance(item.value, list) for item in items]  # type: ignore[union-attr]
+    if any(nested) and not all(nested):
+        raise node.error("same_length is one group of parameter names ([shifts, dims]) or a list of groups "
+                         "([[a, b], [c, d]]), not a mix of names and lists")
+    group_nodes = list(items) if all(nested) else [node]  # type: ignore[arg-type]
+    declared = {p.name: p for p in params}
+    seen: dict[str, int] = {}
+    groups = []
+    for position, group_node in enumerate(group_nodes):
+        names: list[str] = []
+        for item in group_node.value:  # type: ignore[union-attr]
+            name = as_identifier(check_type(item, str))
+            if name not in declared:
+                raise item.error(f"same_length names '{name}', which is not a parameter of the spec; "
+                                 f"parameters: {', '.join(sorted(declared)) or 'none'}")
+            if name in names:
+                raise item.error(f"same_length names '{name}' twice in one group")
+            if name in seen:
+                raise item.error(f"'{name}' is in two same_length groups; make them one group")
+            seen[name] = position
+            names.append(name)
+        if len(names) < 2:
+            raise group_node.error(f"a same_length group names at least two parameters, got {names}")
+        groups.append(tuple(names))
+    values = {name: (declared[name].default,) for name in declared} | dict(grid)
+    for group in groups:
+        for name in group:
+            if name not in dict(grid):
+                continue
+            for item, value in zip(grid_node.value[name].value, values[name]):  # type: ignore[union-attr,index]
+                length = value_length(value)
+                for other in group:
+                    lengths = sorted({value_length(v) for v in values[other]})
+                    if other != name and length not in lengths:
+                        where = "its grid values" if other in dict(grid) else "its default"
+                        raise item.error(
+                            f"grid value {_shown(value)} of '{name}' has length {length}, but no value of '{other}' has "
+                            f"(same_length: [{', '.join(group)}]; '{other}' takes length(s) "
+                            f"{', '.join(map(str, lengths))}: {where}), so this value would be in no case")
+    return tuple(groups)
+
+
+def _shown(value: Literal) -> str:
+    """A value as the spec writes it: lists in brackets."""
+    return repr(list(value)) if isinstance(value, tuple) else repr(value)
+
+
+def _check_where_lengths(node: Node, target: str, where: dict[str, Literal], verify: VerifySpec,
+                         params: list[ParamSpec]) -> None:
+    """A target's ``where:`` leaves it some grid point that keeps every same_length group."""
+    values = {p.name: (p.default,) for p in params} | dict(verify.grid) | {k: (v,) for k, v in where.items()}
+    for group in verify.same_length:
+        common = set.intersection(*({value_length(v) for v in values[name]} for name in group))
+        if not common:
+            raise node.error(f"target {target!r} takes no grid point: its 'where' values break "
+                             f"same_length: [{', '.join(group)}]")
 
 
 def _value_range(node: Node, dtype: str) -> tuple[float, float]:

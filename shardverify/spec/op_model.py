@@ -12,7 +12,13 @@ from shardverify.spec.case import CallArg, InputDecl, ModuleDecl, OpCase
 from shardverify.spec.values import Literal
 
 __all__ = ["OperandSpec", "ParamSpec", "TargetSpec", "InputSpec", "ModuleInit", "CountSpec",
-           "VerifySpec", "OpSpec", "CaseSpec", "case_spec"]
+           "VerifySpec", "OpSpec", "CaseSpec", "case_spec", "value_length"]
+
+
+def value_length(value: Literal) -> int:
+    """The length ``verify.same_length`` compares: a list's (a tuple's) length; any other value (a
+    number, null) counts as one, as torch takes ``roll(x, 1, 0)`` for ``roll(x, (1,), (0,))``."""
+    return len(value) if isinstance(value, tuple) else 1
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,9 @@ class VerifySpec:
     atol: float | None = None
     seed: int = 0
     explore: bool = True           # generate hypothesis property tests beyond the grid
+    # groups of parameters whose values have equal lengths in every call (roll's shifts and
+    # dims): grid points that break one are no cases, and the property tests draw them so
+    same_length: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,16 +153,27 @@ class OpSpec:
         verified: the grid's values at the target's grid points, or the default when the grid
         does not vary it. A parameter the rule reads (named by a ``*_param`` option: the
         engine derives the layouts from its value) or declared ``serves: any`` serves every value."""
-        read = set(_read_params(self.options))
         grid = dict(self.verify.grid)
         where = dict(target.where)
         bound = []
         for param in self.params:
-            if param.any_value or param.name in read:
+            if self.serves_every_value(param.name):
                 continue
             values = (where[param.name],) if param.name in where else grid.get(param.name, (param.default,))
             bound.append((param.name, tuple(values)))
         return tuple(bound)
+
+    def serves_every_value(self, name: str) -> bool:
+        """Does the rule hold for every value of parameter ``name`` (``serves: any``, or named by a
+        ``*_param`` option: the engine derives the layouts from its value)? Else it serves only
+        the values it was verified on (:meth:`bindings`)."""
+        return any(p.name == name and p.any_value for p in self.params) or name in _read_params(self.options)
+
+    def keeps(self, point: tuple[tuple[str, Literal], ...]) -> bool:
+        """Does a call with these parameter values (the defaults for the others) keep every
+        ``verify.same_length`` group?"""
+        values = {p.name: p.default for p in self.params} | dict(point)
+        return all(len({value_length(values[name]) for name in group}) == 1 for group in self.verify.same_length)
 
     def operands_for(self, target: TargetSpec) -> tuple[OperandSpec, ...]:
         """The operands as ``target``'s calls take them."""
@@ -163,20 +183,26 @@ class OpSpec:
         return target.params if target.aten else self.params
 
     def grid_size(self) -> int:
+        """The grid's points: its product, less the points that break a ``same_length`` group."""
+        if self.verify.same_length:
+            keys = [key for key, _ in self.verify.grid]
+            return sum(self.keeps(tuple(zip(keys, values)))
+                       for values in itertools.product(*(values for _, values in self.verify.grid)))
         size = 1
         for _, values in self.verify.grid:
             size *= len(values)
         return size
 
     def cases(self) -> tuple[CaseSpec, ...]:
-        """Every (target, grid point) instance, targets in spec order, grid row-major."""
+        """Every (target, grid point) instance, targets in spec order, grid row-major; a point
+        that breaks a ``same_length`` group is no call, so no case."""
         keys = [key for key, _ in self.verify.grid]
         points = list(itertools.product(*(values for _, values in self.verify.grid)))
         cases = []
         for target in self.targets:
             for values in points:
                 point = tuple(zip(keys, values))
-                if target.takes(point):
+                if target.takes(point) and self.keeps(point):
                     cases.append(case_spec(self, target, point))
         return tuple(cases)
 
