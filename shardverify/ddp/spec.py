@@ -16,14 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from shardverify.spec.fields import (Fields, as_identifier, as_shape, check_type, finite_number,
+from shardverify.spec.fields import (Fields, as_factory, as_identifier, as_shape, check_type, finite_number,
                                         resolve_target)
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer, py_identifier, py_literal
 from shardverify.ddp.build import build_optimizer
 from shardverify.spec.names import resolve_dotted
-from shardverify.spec.trust import find_definition
 from shardverify.ddp.plan import (EXPECTATIONS, LOSSES, OPTIMIZERS, DDPOptions, LayerDecl, LossDecl,
                                   ModelDecl, ModelPlan, OptimizerDecl)
 from shardverify.errors import InvalidArgument
@@ -125,17 +124,8 @@ def _parse_model(node: Node) -> ModelDecl:
     name = str(factory_node.value)
     if not _FACTORY.match(name):
         raise factory_node.error(f"expected 'package.module:function', got {name!r}")
-    try:   # read from its module's source: a spec that is read runs nothing (spec/trust.py)
-        definition = find_definition(name)
-    except InvalidArgument as exc:
-        raise factory_node.error(f"factory: {exc}") from None
     factory_kwargs = _kwargs(kwargs_node)
-    if definition.signature is not None:
-        try:
-            definition.signature.bind(**dict(factory_kwargs))
-        except TypeError as exc:
-            raise (kwargs_node or factory_node).error(f"{name}(**{dict(factory_kwargs)!r}) does not bind: "
-                                                      f"{exc}") from None
+    as_factory(factory_node, kwargs_node, dict(factory_kwargs))   # read, not run: a spec that is read runs nothing
     return ModelDecl(factory=name, factory_kwargs=factory_kwargs)
 
 

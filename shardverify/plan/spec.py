@@ -29,13 +29,13 @@ from dataclasses import dataclass
 
 import torch
 
-from shardverify.spec.fields import Fields, as_identifier, as_shape
+from shardverify.spec.fields import Fields, as_factory, as_identifier, as_shape
 from shardverify.spec.limits import MAX_MESH_RANKS, tensor_size_problems
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
-from shardverify.spec.trust import call_factory, find_definition
+from shardverify.spec.trust import call_factory
 
 __all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "spec_plan", "SOLVER", "Where"]
 
@@ -113,16 +113,7 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     kwargs_node = model.optional("kwargs", dict)
     model.finish()
     kwargs = () if kwargs_node is None else tuple((k, v.plain()) for k, v in kwargs_node.value.items())
-    try:
-        definition = find_definition(str(factory_node.value))
-    except InvalidArgument as error:
-        raise factory_node.error(f"factory: {error}") from None
-    if definition.signature is not None:
-        try:
-            definition.signature.bind(**dict(kwargs))
-        except TypeError as error:
-            raise (kwargs_node or factory_node).error(f"{definition.name}(**{dict(kwargs)!r}) does not bind: "
-                                                      f"{error}") from None
+    factory = as_factory(factory_node, kwargs_node, dict(kwargs))
     inputs_node = fields.required("inputs", dict)
     inputs = tuple((k, as_shape(v, allow_empty=False)) for k, v in inputs_node.value.items())
     problems = tensor_size_problems([(f"input {k!r}", shape) for k, shape in inputs])
@@ -150,7 +141,7 @@ def parse_plan_spec(root: Node) -> PlanSpec:
         if b not in names:
             raise beats_node.error(f"solver_beats names {b!r}, which is not one of the plans {names}")
     where = (("factory", _at(factory_node)), *((key, _at(plans_node.value[key])) for key in names))
-    return PlanSpec(name, root.file, "" if description is None else str(description.value), str(factory_node.value),
+    return PlanSpec(name, root.file, "" if description is None else str(description.value), factory,
                     kwargs, inputs, mesh, tuple(plans), beats, where)
 
 

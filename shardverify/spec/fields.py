@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, SpecError
 from shardverify.spec.names import resolve_dotted
-from shardverify.spec.trust import TRUSTED_ENV, op_target_refusal, trusted_modules, under
+from shardverify.spec.trust import TRUSTED_ENV, find_definition, op_target_refusal, trusted_modules, under
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "resolve_target", "type_name",
+__all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "as_factory", "resolve_target", "type_name",
            "check_type", "describe", "finite_number", "lookup", "MAX_NAME_CHARS"]
 
 _TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
@@ -207,6 +207,23 @@ def resolve_target(node: Node) -> str:
     refusal = op_target_refusal(name, obj)
     if refusal:
         raise node.error(f"target {refusal}")
+    return name
+
+
+def as_factory(node: Node, kwargs_node: Node | None, kwargs: dict[str, object]) -> str:
+    """A factory's dotted name (plan and model specs), found in its module's source without
+    importing or calling anything (spec/trust.py), the spec's keyword arguments bound to its
+    parameters; errors name the factory's or the kwargs' line."""
+    name = str(node.value)
+    try:
+        definition = find_definition(name)
+    except InvalidArgument as error:
+        raise node.error(f"factory: {error}") from None
+    if definition.signature is not None:
+        try:
+            definition.signature.bind(**kwargs)
+        except TypeError as error:
+            raise (kwargs_node or node).error(f"{name}(**{kwargs!r}) does not bind: {error}") from None
     return name
 
 
