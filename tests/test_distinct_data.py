@@ -91,3 +91,21 @@ def test_blocks_no_seed_can_separate_are_said():
     note = Seeds((0, 1), ("x bool[2] in 2 blocks: 1 equal pair(s), e.g. blocks 0 and 1",),
                  ("x bool[2] in 2 blocks: 1 equal pair(s), e.g. blocks 0 and 1",)).note()
     assert "checked under seeds 0, 1" in note and "a wrong layout swapping them would pass" in note
+
+
+def test_the_audit_decides_validity_under_every_seed_the_data_needs():
+    """The audit finds valid layouts numerically, so equal blocks fool it the same way: with the
+    spec's seed alone, the mask in the other shard order than the input looks valid; under the
+    seeds that tell the mask's blocks apart it is not."""
+    from shardverify.audit.layouts import Layout
+    from shardverify.audit.run import _Audit
+
+    spec = parse_op_spec(load_yaml(SPECS / "masked_fill.yaml", display="specs/masked_fill.yaml"))
+    case = next(case for case_id, case in spec.op_cases() if case_id.startswith("torch.masked_fill"))
+    audit = _Audit(spec, case, (2, 2), partial_inputs=False)
+    assert len(audit.problems) > 1
+    swapped = (Layout(((), (0, 1), ())), Layout(((1, 0), ())))    # input [R, S01, R], mask [S10, R]
+    assert audit.problem.decide(swapped).valid                     # seed 0's mask: the swapped blocks are equal
+    outcome = audit.decide(swapped)
+    assert not outcome.valid and "not with seed" in outcome.reason
+    assert audit.decide((Layout(((), (0, 1), ())), Layout(((0, 1), ())))).valid

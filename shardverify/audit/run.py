@@ -11,6 +11,7 @@ invalid, or whose assumed output layout the local outputs do not form, is *incor
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
 from shardverify.audit.offered import offered_combination, output_shape_argument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import OperationDataType
+from shardverify.verify.distinct import distinguishing_seeds
 
 __all__ = ["Finding", "CaseAudit", "audit_spec", "audit_case", "spec_handler", "offered_strategies"]
 
@@ -142,9 +144,14 @@ class _Audit:
         outputs = [d for d in by_role.values() if d.type is OperationDataType.OUTPUT]
         self.output_roles = [d.role for d in outputs]
         self.output_names = [d.name for d in outputs]
-        self.problem: Problem = prepare(case, self.mesh, self.operands,
-                                        [d.locator.key or 0 for d in outputs])
-        self.problem.shape_arg = output_shape_argument(self.strategies)
+        # one problem per seed the data needs to tell every two blocks apart (verify/distinct.py):
+        # a combination is valid only where it holds on every one of them
+        self.problems: list[Problem] = [
+            prepare(dataclasses.replace(case, seed=seed), self.mesh, self.operands, [d.locator.key or 0 for d in outputs])
+            for seed in distinguishing_seeds(case, tuple(mesh_shape)).seeds]
+        self.problem = self.problems[0]
+        for problem in self.problems:
+            problem.shape_arg = output_shape_argument(self.strategies)
         # ... and only when the op really is additive in it (checked numerically)
         self.choices = [tensor_layouts(o.shape, self.mesh.shape, partial=partial_inputs and o.floating,
                                        absent=o.optional and self.problem.post_addable(i, aligned.get(o.name)))
@@ -158,10 +165,26 @@ class _Audit:
             total += 1
             if combo in self.results:
                 continue
-            outcome = self.problem.decide(combo)
+            outcome = self.decide(combo)
             for perm in perms:
                 self.results.setdefault(tuple(layout.permuted(perm) for layout in combo), _permuted(outcome, perm))
         return total
+
+    def decide(self, combo, masked=()) -> Outcome:
+        """The combination's outcome on the first seed, kept only if every other seed's data
+        gives the same (a layout mixing up two equal blocks holds on one draw, not on all)."""
+        outcome = self.problem.decide(combo, masked)
+        for other in self.problems[1:]:
+            if not outcome.valid:
+                break
+            again = other.decide(combo, masked)
+            if again.outputs != outcome.outputs:
+                outcome = Outcome(None, f"holds with seed {self.problem.case.seed}'s data but not with seed "
+                                        f"{other.case.seed}'s ({again.reason or _outputs_text(again.outputs)})")
+        return outcome
+
+    def outputs_hold(self, combo, outputs: tuple[Layout, ...], masked=()) -> bool:
+        return all(_outputs_hold(problem, combo, outputs, masked) for problem in self.problems)
 
     def valid(self) -> dict[tuple[str, ...], tuple[tuple[Layout, ...], tuple[Layout, ...]]]:
         """key -> (a combination, its outputs) for every valid combination."""
@@ -244,9 +267,8 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
             # ids into a sharded dim run the op with masking, which the enumeration of raw
             # layouts does not do: this offered combination is decided on its own, as offered
             masked = tuple((names.index(s.index), names.index(s.table), s.dim) for s in strategy.index_shards)
-            outcome = audit.problem.decide(combo, masked)
-            if not outcome.valid or (outcome.outputs != assumed and not _outputs_hold(audit.problem, combo, assumed,
-                                                                                      masked)):
+            outcome = audit.decide(combo, masked)
+            if not outcome.valid or (outcome.outputs != assumed and not audit.outputs_hold(combo, assumed, masked)):
                 result.incorrect.append(Finding("incorrect", f"{line}{text}: with masked ids the op gives "
                                                 f"{outcome.reason or _outputs_text(outcome.outputs)}",
                                                 layouts, _outputs_text(assumed), strategy=strategy.name))
@@ -254,12 +276,12 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
                 result.masked += 1
             continue
         if key not in valid:
-            outcome = audit.results.get(combo) or audit.problem.decide(combo)
+            outcome = audit.results.get(combo) or audit.decide(combo)
             result.incorrect.append(Finding("incorrect", f"{line}{text}: not valid without communication "
                                             f"({outcome.reason})", layouts, strategy=strategy.name))
             continue
         example, outputs = valid[key]
-        if outputs != assumed and not _outputs_hold(audit.problem, example, assumed):
+        if outputs != assumed and not audit.outputs_hold(example, assumed):
             result.incorrect.append(Finding("incorrect", f"{line}{text}: the op gives {_outputs_text(outputs)}",
                                             layouts, _outputs_text(assumed), strategy=strategy.name))
             continue
