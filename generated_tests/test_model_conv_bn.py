@@ -20,6 +20,7 @@ MODEL = ModelDecl(
         LayerDecl(target='torch.nn.Flatten'),
         LayerDecl(target='torch.nn.Linear', args=(4, 3)),
     ),
+    where="specs/models/conv_bn.yaml:7: field 'model'",
 )
 BASE = ModelPlan(
     name='conv_bn',

@@ -17,6 +17,7 @@ MODEL = ModelDecl(
         LayerDecl(target='torch.nn.Tanh'),
         LayerDecl(target='torch.nn.Linear', args=(12, 3)),
     ),
+    where="specs/models/fp16_hook.yaml:7: field 'model'",
 )
 BASE = ModelPlan(
     name='fp16_hook',

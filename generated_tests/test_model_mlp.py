@@ -17,6 +17,7 @@ MODEL = ModelDecl(
         LayerDecl(target='torch.nn.ReLU'),
         LayerDecl(target='torch.nn.Linear', args=(12, 3)),
     ),
+    where="specs/models/mlp.yaml:7: field 'model'",
 )
 BASE = ModelPlan(
     name='mlp',

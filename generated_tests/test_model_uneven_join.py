@@ -17,6 +17,7 @@ MODEL = ModelDecl(
         LayerDecl(target='torch.nn.ReLU'),
         LayerDecl(target='torch.nn.Linear', args=(12, 3)),
     ),
+    where="specs/models/uneven_join.yaml:7: field 'model'",
 )
 BASE = ModelPlan(
     name='uneven_join',

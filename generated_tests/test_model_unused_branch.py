@@ -14,6 +14,7 @@ from shardverify.ddp import (DDPOptions, LayerDecl, LossDecl, ModelDecl, ModelPl
 MODEL = ModelDecl(
     factory='shardverify.ddp.zoo:unused_branch_model',
     factory_kwargs=(('in_features', 6), ('hidden', 8), ('out_features', 3)),
+    where="specs/models/unused_branch.yaml:6: field 'model'",
 )
 BASE = ModelPlan(
     name='unused_branch',

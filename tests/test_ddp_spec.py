@@ -94,7 +94,7 @@ def test_a_model_that_does_not_run_is_found_when_checked_not_when_read(old, new,
     spec = parse(edit(old, new))
     with pytest.raises(InvalidArgument) as info:
         dry_run(spec.plan(spec.plans[0]))
-    assert "model 'tiny" in str(info.value) and message in str(info.value)
+    assert "specs/models/tiny.yaml:2: field 'model': model 'tiny" in str(info.value) and message in str(info.value)
 
 
 def test_reading_a_factory_spec_runs_nothing(tmp_path, monkeypatch):

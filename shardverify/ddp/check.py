@@ -288,15 +288,16 @@ def dry_run(plan: ModelPlan) -> None:
     """Build the model and run one forward + loss on the declared shapes in this process, so a
     factory that fails or a shape mistake is one error naming the plan, not a traceback from
     every rank. (Reading the spec runs none of this: only checking it does.)"""
+    where = f"{plan.model.where}: " if plan.model.where else ""
     try:
         torch.manual_seed(plan.seed)
         model = build_model(plan.model)
         inputs, target = make_batch(plan, 0, 0)
         per_sample_loss(plan, model(inputs), target).sum()
     except InvalidArgument as exc:
-        raise InvalidArgument(f"model {plan.name!r}: {exc}") from None
+        raise InvalidArgument(f"{where}model {plan.name!r}: {exc}") from None
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        raise InvalidArgument(f"model {plan.name!r} does not run on the declared data: {exc}") from None
+        raise InvalidArgument(f"{where}model {plan.name!r} does not run on the declared data: {exc}") from None
 
 
 def verify_model(backend, plan: ModelPlan, *, timeout: float | None = None) -> ModelResult:  # noqa: ANN001

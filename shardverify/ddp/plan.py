@@ -59,6 +59,7 @@ class ModelDecl:
     layers: tuple[LayerDecl, ...] = ()
     factory: str | None = None
     factory_kwargs: tuple[tuple[str, object], ...] = ()
+    where: str = ""      # the spec's "file:line: field 'model'", for errors found when the model is built
 
     def __post_init__(self) -> None:
         _check(bool(self.layers) != (self.factory is not None),

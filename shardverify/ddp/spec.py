@@ -119,14 +119,20 @@ def _parse_model(node: Node) -> ModelDecl:
             raise layers_node.error("list at least one layer")
         if kwargs_node is not None:
             raise kwargs_node.error("'kwargs' goes with 'factory'; give layer arguments per layer")
-        return ModelDecl(layers=tuple(_parse_layer(item) for item in layers_node.value))  # type: ignore[union-attr]
+        return ModelDecl(layers=tuple(_parse_layer(item) for item in layers_node.value),  # type: ignore[union-attr]
+                         where=_where(node))
     assert factory_node is not None
     name = str(factory_node.value)
     if not _FACTORY.match(name):
         raise factory_node.error(f"expected 'package.module:function', got {name!r}")
     factory_kwargs = _kwargs(kwargs_node)
     as_factory(factory_node, kwargs_node, dict(factory_kwargs))   # read, not run: a spec that is read runs nothing
-    return ModelDecl(factory=name, factory_kwargs=factory_kwargs)
+    return ModelDecl(factory=name, factory_kwargs=factory_kwargs, where=_where(node))
+
+
+def _where(node: Node) -> str:
+    """``file:line: field 'model'`` (as a SpecError would say it), kept for the model's build."""
+    return str(node.error("").args[0]).removesuffix(": ")
 
 
 def _parse_loss(node: Node) -> LossDecl:
