@@ -342,7 +342,7 @@ shapes: [[3]]
     ("reference: all_reduce", "reference: all_to_all", ["needs the parameter 'split_dim'"]),
     ("group_sizes: [2]", "group_sizes: [1]", ["group size >= 2"]),
     ("implementation: shardverify.algorithms.implementations.naive_all_reduce",
-     "implementation: shardverify.algorithms.implementations.nope", ["does not import"]),
+     "implementation: shardverify.algorithms.implementations.nope", ["has no attribute 'nope'"]),
 ])
 def test_collective_spec_errors_name_file_line_and_problem(change, line, words):
     from shardverify.spec.loader import load_yaml_text

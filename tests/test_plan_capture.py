@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from shardverify import DeviceMesh, verify_plan
 from shardverify.capture.export import CaptureError, export_graph
+from shardverify.errors import ShardVerifyError
 from shardverify.plan.execute import ModelRecipe, _traced
 from shardverify.plan.verify import plan_with_coverage
 
@@ -147,8 +148,9 @@ def test_plan_command_input_errors_are_one_line_with_status_2(capsys, argv, mess
 def test_plan_command_debug_shows_the_error_itself():
     from shardverify.cli.main import main
 
-    with pytest.raises(TypeError, match="relu"):
+    with pytest.raises(ShardVerifyError, match="relu") as info:   # the factory's own error is its cause
         main(["plan", "torch.nn.functional.relu", "--input", "4,4", "--debug"])
+    assert isinstance(info.value.__cause__, TypeError) and "relu" in str(info.value.__cause__)
 
 
 def test_plan_command_passes_factory_keyword_arguments(capsys):

@@ -94,6 +94,7 @@ def spec_handler(spec):
     return HandlerDef(
         name=spec.name, targets=tuple(t.name for t in spec.targets), operands=operands(spec.operands),
         params=params(spec.params), generator=spec.generator, options=spec.options, spec_file=spec.source,
+        ignores=tuple(spec.ignores),
         overrides=tuple((t.name, operands(t.operands), params(t.params)) for t in spec.targets if t.aten))
 
 

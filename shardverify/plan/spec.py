@@ -81,7 +81,7 @@ def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where |
     try:
         module = call_factory(factory, dict(kwargs))
     except InvalidArgument as error:
-        raise _error(where, str(error)) from None
+        raise _error(where, str(error)) from error.__cause__   # the factory's own error, for --debug
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():

@@ -272,7 +272,7 @@ def build_checked(build, what: str):
                 module = build()
         except Exception as error:  # noqa: BLE001 - the user's factory raised: said in one line
             text = str(error).strip().splitlines()
-            raise InvalidArgument(f"{what} raised {type(error).__name__}{': ' + text[0] if text else ''}") from None
+            raise InvalidArgument(f"{what} raised {type(error).__name__}{': ' + text[0] if text else ''}") from error
         if not isinstance(module, torch.nn.Module):
             raise InvalidArgument(f"{what} returned a {type(module).__name__}, not a torch.nn.Module")
         if device == "meta":

@@ -116,7 +116,8 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     shape_ok = len(outputs) == len(out_data)   # else backward cannot run
     for index, (operand, output) in enumerate(zip(out_data, outputs)):
         label = "output" if len(out_data) == 1 else f"output {index} ({operand.data.name})"
-        found += _compare(rank, label, output, ref.outputs[index], operand, mesh, tolerance)
+        found += _kind_mismatch(rank, label, output, ref.out_dtypes[index], comm.device) or \
+            _compare(rank, label, output, ref.outputs[index], operand, mesh, tolerance)
         shape_ok = shape_ok and tuple(output.shape) == operand.local_shape
     carrying = [(operand.data, out) for operand, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
@@ -127,8 +128,10 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
         for operand in layout.inputs:
             data = operand.data
             if data.name in grads:
-                found += _compare(rank, f"grad of {data.name}", grads[data.name],
-                                  ref.grads[(data.locator.kind, data.locator.key)], operand, mesh, tolerance)
+                loc = (data.locator.kind, data.locator.key)
+                found += _kind_mismatch(rank, f"grad of {data.name}", grads[data.name], ref.dtypes[loc],
+                                        comm.device) or \
+                    _compare(rank, f"grad of {data.name}", grads[data.name], ref.grads[loc], operand, mesh, tolerance)
 
     issued = _counted(comm) if before is None else _counted(comm) - before
     if shape_ok:
@@ -303,6 +306,18 @@ def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, layout: Ra
         if action.where is CommWhere.HOOK and action.operand in grads:
             grads[action.operand] = apply_grad_hook(comm, action, grads[action.operand])
     return grads
+
+
+def _kind_mismatch(rank: int, label: str, actual: torch.Tensor, dtype: torch.dtype, device) -> list[Mismatch]:
+    """[] when ``actual`` has the dtype the single-device op gives (a rank returning float64 for
+    float32 would pass a values check) and lives on the rank's device."""
+    problems = []
+    if actual.dtype != dtype:
+        problems.append(f"dtype {str(actual.dtype).removeprefix('torch.')}, the single-device op gives "
+                        f"{str(dtype).removeprefix('torch.')}")
+    if torch.device(device).type != actual.device.type:
+        problems.append(f"on device {actual.device}, the rank's device is {device}")
+    return [Mismatch("dtype", rank, label, detail="; ".join(problems))] if problems else []
 
 
 def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, operand: LocalOperand, mesh,

@@ -36,6 +36,7 @@ class Reference:
     grad_outputs: tuple              # float64 gradient per output (rounded through its dtype); None if not floating
     grads: dict                      # Locator -> float64 gradient (floating operands only)
     constant: frozenset = frozenset()  # Locators the op takes no gradient for (running statistics)
+    out_dtypes: tuple = ()             # the dtype each output has in the check (a rank's must match)
     # Locator -> the value in its check dtype, filled on first use (every strategy's ranks
     # slice the same converted tensor instead of converting the whole operand per check)
     _typed: dict = field(default_factory=dict, compare=False, repr=False)
@@ -139,7 +140,10 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
     no_grad = {i.name for i in case.inputs if not i.grad}
     constant = frozenset(loc for loc, arg in operand_nodes(node).items() if arg.name in no_grad)
     leaves = {loc: _as_leaf(v.clone(), loc, constant) for loc, v in values.items()}
-    outputs = as_outputs(node, call_op(node, module, leaves))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(case.seed)
+        outputs = as_outputs(node, call_op(node, module, leaves))
+        _refuse_random(case, node, module, values, outputs)
     out_dtypes = [_check_dtype(dtype, override) for dtype in _meta_dtypes(traced, node_name)]
     grad_outputs = tuple(_rounded(_random(out.shape, dtype, gen), dtype).to(device) if dtype.is_floating_point
                          else None for out, dtype in zip(outputs, out_dtypes))
@@ -152,7 +156,25 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
         grads = {loc: (torch.zeros_like(leaves[loc]) if g is None else g.detach())
                  for loc, g in zip(differentiable, found)}
     return Reference(real, node, values, dtypes, tuple(out.detach() for out in outputs), grad_outputs, grads,
-                     constant)
+                     constant, tuple(out_dtypes))
+
+
+def _refuse_random(case: OpCase, node: fx.Node, module, values: dict, outputs: Sequence[torch.Tensor]) -> None:
+    """Raise if the op gives another result under another random state (dropout with p > 0 in
+    training): a rank's random numbers are not the reference's, and the gap between two draws
+    would be taken for rounding, so a wrong rule would pass. Verify such an op where it is
+    deterministic (p=0, train=False), which is what the rule is bound to."""
+    torch.manual_seed(case.seed + 1)
+    with torch.no_grad():
+        again = as_outputs(node, call_op(node, module, {loc: v.clone() for loc, v in values.items()}))
+    for first, second in zip(outputs, again):
+        same = (first.detach() == second) | (first.detach().isnan() & second.isnan()) \
+            if first.is_floating_point() else first.detach() == second
+        if not bool(same.all()):
+            raise VerificationError(f"{case.describe()}: the op is random (two runs on the same values differ "
+                                    f"at {int((~same).sum())} of {same.numel()} elements), so no layout can be "
+                                    "checked against it; verify it where it is deterministic (dropout: p=0 or "
+                                    "train=False) and bind the rule to those values")
 
 
 def _meta_dtypes(graph_module: fx.GraphModule, node_name: str) -> list[torch.dtype]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 __all__ = ["Mismatch", "CheckResult", "format_results", "assert_passed"]
 
 # Mismatch kinds, in the order a report lists them.
-KINDS = ("error", "shape", "values", "collectives", "memory", "cost")
+KINDS = ("error", "shape", "dtype", "values", "collectives", "memory", "cost")
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Mismatch:
     """One thing that differs from the single-device reference on one rank.
 
     ``kind``: "values" (numbers out of tolerance), "shape" (the local shard has the wrong
-    shape), "collectives" (issued collectives differ from the declared actions), "memory"
+    shape), "dtype" (the local result has another dtype or device than the op gives), "collectives" (issued collectives differ from the declared actions), "memory"
     (declared memory cost differs from the local shard bytes), "cost" (declared compute or
     communication cost differs from the measured op call and collectives), "error" (the rank raised,
     died or hung; ``rank`` is -1 when every rank is concerned).

@@ -1,0 +1,98 @@
+"""Soundness of the check itself (#32): a rank's result must have the single-device op's dtype
+and the rank's device, and a random op cannot be checked against a reference (the gap between
+two draws would be taken for rounding and a wrong rule would pass)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardverify import DeviceMesh, strategies_for_node
+from shardverify.backends import SimulatedBackend
+from shardverify.errors import VerificationError
+from shardverify.spec.loader import load_yaml_text
+from shardverify.spec.op import parse_op_spec
+from shardverify.verify import rank as rank_module
+from shardverify.verify.engine import verify_case
+
+RELU = """\
+op: relu_probe
+description: relu.
+targets: [torch.relu]
+operands:
+  input: {kind: input, index: 0, keyword: input}
+  output: {kind: output}
+generator: {family: rules, options: {pointwise: true}}
+verify:
+  inputs: {input: {shape: [8, 4]}}
+  meshes: [[2]]
+"""
+
+DROPOUT = """\
+op: dropout_probe
+description: dropout in training, p > 0.
+targets: [torch.nn.functional.dropout]
+operands:
+  input: {kind: input, index: 0, keyword: input}
+  output: {kind: output}
+params:
+  p: {index: 1, keyword: p, default: 0.5}
+generator: {family: rules, options: {%s}}
+verify:
+  inputs: {input: {shape: [4, 4, 4]}}
+  grid: {p: [%s]}
+  meshes: [[2]]
+"""
+
+
+def _case(text: str):
+    spec = parse_op_spec(load_yaml_text(text, "probe.yaml"))
+    (_, case), *_ = spec.op_cases()
+    return case
+
+
+def _offered(text: str, mesh=(2,)):
+    """The case and the strategies the spec's own rule offers (no registered handler involved)."""
+    from shardverify.audit.run import offered_strategies
+
+    spec = parse_op_spec(load_yaml_text(text, "probe.yaml"))
+    (_, case), *_ = spec.op_cases()
+    graph_module, name = case.build()
+    node = next(n for n in graph_module.graph.nodes if n.name == name)
+    return case, offered_strategies(spec, graph_module, node, DeviceMesh(mesh))[1]
+
+
+def test_a_rank_returning_float64_for_float32_fails(monkeypatch):
+    case = _case(RELU)
+    graph_module, name = case.build()
+    strategies = strategies_for_node(graph_module, name, DeviceMesh((2,)))
+    real = rank_module.call_op
+
+    def widened(node, module, local, **kwargs):   # the planted bug: exact values, wrong dtype
+        out = real(node, module, local, **kwargs)
+        return out.double() if isinstance(out, torch.Tensor) else out
+
+    monkeypatch.setattr(rank_module, "call_op", widened)
+    results = verify_case(SimulatedBackend(DeviceMesh((2,))), case, strategies)
+    assert results and not any(r.passed for r in results)
+    assert "output: dtype float64, the single-device op gives float32" in str(results[0])
+
+
+@pytest.mark.parametrize("options", ["pointwise: true", 'einsum: "a b c -> c b a"'])
+def test_a_random_op_is_refused_not_passed(options):
+    """dropout(p=0.5) in training: before, every strategy passed, a wrong one (`a b c -> c b a`)
+    included, because the gap between two random masks set the allowance."""
+    case, strategies = _offered(DROPOUT % (options, "0.5"))
+    with pytest.raises(VerificationError, match="the op is random"):
+        verify_case(SimulatedBackend(DeviceMesh((2,))), case, strategies)
+
+
+def test_the_same_op_where_it_is_deterministic_verifies():
+    case, strategies = _offered(DROPOUT % ("pointwise: true", "0.0"))
+    assert all(r.passed for r in verify_case(SimulatedBackend(DeviceMesh((2,))), case, strategies))
+
+
+def test_a_wrong_rule_fails_where_the_op_is_deterministic():
+    case, strategies = _offered(DROPOUT % ('einsum: "a b c -> c b a"', "0.0"))
+    results = verify_case(SimulatedBackend(DeviceMesh((2,))), case, strategies)
+    assert any(not r.passed for r in results)
