@@ -156,7 +156,20 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
         grads = {loc: (torch.zeros_like(leaves[loc]) if g is None else g.detach())
                  for loc, g in zip(differentiable, found)}
     return Reference(real, node, values, dtypes, tuple(out.detach() for out in outputs), grad_outputs, grads,
-                     constant, tuple(out_dtypes))
+                     constant, _result_dtypes(node, module, values, dtypes, out_dtypes))
+
+
+def _result_dtypes(node: fx.Node, module, values: dict, dtypes: dict,
+                   fallback: Sequence[torch.dtype]) -> tuple[torch.dtype, ...]:
+    """The dtype each output of the op has on a rank in this check: the op run on meta
+    tensors of the operands' check dtypes (``x.to(float32)`` stays float32 in a bfloat16
+    check, a matmul follows its inputs); the traced dtypes where the op cannot run on meta."""
+    meta = {loc: torch.empty(v.shape, dtype=dtypes[loc], device="meta") for loc, v in values.items()}
+    try:
+        with torch.no_grad():
+            return tuple(out.dtype for out in as_outputs(node, call_op(node, module, meta)))
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: the traced dtypes
+        return tuple(fallback)
 
 
 def _refuse_random(case: OpCase, node: fx.Node, module, values: dict, outputs: Sequence[torch.Tensor]) -> None:
