@@ -397,6 +397,7 @@ def trap_module(tmp_path: Path, monkeypatch, body: str) -> Path:
     ("torch.from_file", "takes a file name ('filename')"),
     ("torch.ops.aten.save.default", "takes a file name ('filename')"),
     ("torch.os.system", "defined in posix"),
+    ("torch.sys.exit", "defined in sys"),
     ("torch.serialization.pickle.loads", "is not a tensor op"),
     ("torch.compile", "not a tensor op"),
     ("torch.hub.load", "defined in torch.hub"),
@@ -480,3 +481,23 @@ def test_a_reshard_spec_on_six_axes_is_refused_at_once(root, capsys):
     fails_cleanly(capsys, root, "specs/reshard/six.yaml:3", "SHARDVERIFY_MAX_RESHARD_PAIRS")
     spec(root, "name: six\nmesh: [4, 4, 4]\nshapes: [[4096, 4096, 4096]]\n", "reshard/six.yaml")
     fails_cleanly(capsys, root, "specs/reshard/six.yaml:3", "SHARDVERIFY_MAX_TENSOR_ELEMENTS")
+
+
+@pytest.mark.parametrize("argv", [
+    ["calibrate", "--backend", "gloo", "--mesh", "128"],
+    ["plan", "shardverify.plan.zoo.mlp_block", "--input", "8,32", "--mesh", "128"],
+])
+def test_a_command_starting_a_process_per_rank_refuses_128_ranks(capsys, argv):
+    """`calibrate --mesh 128` started 131 processes; every command now applies the rank limit."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv) if argv[0] == "calibrate" else sys.exit(main(argv))
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and "128 ranks in one mesh exceed the limit of 64" in out + err
+    assert "Traceback" not in out + err
+
+
+def test_a_model_spec_has_the_rank_limit(root, capsys):
+    text = (REPO / "specs" / "models" / "mlp.yaml").read_text()
+    (root / "specs" / "models").mkdir()
+    spec(root, text.replace("meshes: [[2], [4]]", "meshes: [[2], [128]]"), "models/mlp.yaml")
+    fails_cleanly(capsys, root, "specs/models/mlp.yaml", "128 ranks in one mesh exceed the limit of 64")

@@ -253,7 +253,8 @@ def test_optional_operand_grid_drives_module_kwargs_and_inputs():
     ("    - {mesh: [2, 2], where", "    - {mesh: [8], where", "mesh: [8]", ("not one of verify.meshes",)),
     ("where: {dim: 1}", "where: {dim: 3}", "dim: 3}", ("3 is not one of the grid values",)),
     ("where: {dim: 1}", "where: {dims: 1}", "dims: 1}", ("'dims' is not a grid key",)),
-    ("tolerance: {rtol: 1.0e-5,", "tolerance: {rtol: -1.0,", "rtol: -1.0", ("non-negative tolerance",)),
+    ("tolerance: {rtol: 1.0e-5,", "tolerance: {rtol: -1.0,", "rtol: -1.0", ("expected a tolerance in [0, 0.1]",)),
+    ("tolerance: {rtol: 1.0e-5,", "tolerance: {rtol: 1.0e+6,", "rtol: 1.0e+6", ("a looser one lets a wrong rule pass",)),
     ("tolerance: {rtol: 1.0e-5,", "tolerance: {rtol: .nan,", "rtol: .nan", ("finite number",)),
     # operands and params
     ("  keepdim: {index: 2,", "  keepdim: {index: 1,", "keepdim: {index: 1",

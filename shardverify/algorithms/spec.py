@@ -32,8 +32,10 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from shardverify.spec.fields import Fields, as_dtype, as_identifier, as_shape, check_type, describe, finite_number
+from shardverify.spec.fields import (Fields, as_dtype, as_identifier, as_mesh, as_shape, as_tolerance, check_type, describe,
+                                     finite_number)
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
+from shardverify.spec.limits import MAX_MESH_RANKS
 from shardverify.spec.loader import Node
 from shardverify.spec.trust import find_definition
 from shardverify.errors import InvalidArgument
@@ -142,7 +144,7 @@ def _implementation(node: Node) -> str:
 
 def _mesh(node: Node) -> MeshSpec:
     fields = Fields(node)
-    shape = as_shape(fields.required("shape", list), allow_empty=False)
+    shape = as_mesh(fields.required("shape", list))
     axes_node = fields.required("axes", list)
     fields.finish()
     axes = []
@@ -163,6 +165,9 @@ def _meshes(fields: Fields, root: Node) -> tuple[MeshSpec, ...]:
         for item in _list(sizes, "group sizes"):
             if isinstance(item.value, bool) or not isinstance(item.value, int) or item.value < 2:
                 raise item.error(f"expected a group size >= 2, got {describe(item)}")
+            too_many = MAX_MESH_RANKS.exceeded(item.value)
+            if too_many:
+                raise item.error(too_many)
             meshes.append(MeshSpec((item.value,), (0,)))
     extra = fields.optional("meshes", list)
     if extra is not None:
@@ -208,14 +213,9 @@ def _check_signature(implementation: str, params, node: Node, points) -> None:
             raise node.error(f"{implementation}(comm, t, axes, **{dict(point)!r}) does not bind: {exc}") from None
 
 
-def _number(fields: Fields, key: str) -> float | None:
+def _tolerance(fields: Fields, key: str) -> float | None:
     node = fields.optional(key, float)
-    if node is None:
-        return None
-    value = finite_number(node)
-    if value < 0:
-        raise node.error(f"expected a number >= 0, got {value!r}")
-    return value
+    return None if node is None else as_tolerance(node)
 
 
 def parse_collective_spec(root: Node) -> CollectiveSpec:
@@ -250,7 +250,7 @@ def parse_collective_spec(root: Node) -> CollectiveSpec:
     seed = 0 if seed_node is None else int(seed_node.value)  # type: ignore[arg-type]
     if seed < 0:
         raise seed_node.error(f"expected a seed >= 0, got {seed}")
-    rtol, atol = _number(fields, "rtol"), _number(fields, "atol")
+    rtol, atol = _tolerance(fields, "rtol"), _tolerance(fields, "atol")
     fields.finish()
 
     ref = get_reference(reference)

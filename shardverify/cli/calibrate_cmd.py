@@ -9,7 +9,7 @@ import json
 import sys
 
 from shardverify.cli import USAGE
-from shardverify.cli.verify_cmd import parse_mesh
+from shardverify.cli.verify_cmd import parse_bounded_mesh
 from shardverify.errors import ShardVerifyError
 
 #: the Linear whose strategies are ranked: big enough that bytes, not only latency, count
@@ -24,7 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "DeviceMesh.calibrated() loads them, and rank the strategies of Linear by "
                     "calibrated cost against their measured communication times (Spearman).")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
-    parser.add_argument("--mesh", type=parse_mesh, default=(2, 2), metavar="SHAPE", help="mesh shape (default: 2,2)")
+    parser.add_argument("--mesh", type=parse_bounded_mesh, default=(2, 2), metavar="SHAPE", help="mesh shape (default: 2,2)")
     parser.add_argument("--out", default=None, metavar="FILE",
                         help="calibration file (default: $SHARDVERIFY_CALIBRATION or "
                              "~/.cache/shardverify/calibration.json); other meshes' entries are kept")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 import yaml
@@ -11,6 +12,7 @@ import yaml
 from shardverify.cli import USAGE
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
 from shardverify.errors import ShardVerifyError
+from shardverify.spec.limits import MAX_MESH_RANKS
 
 __all__ = ["add_parser"]
 
@@ -86,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
             inputs = tuple((f"input_{i}", _shape(s)) for i, s in enumerate(args.input))
             where = None
             mesh = _shape(args.mesh or "2,2")
+        too_many = MAX_MESH_RANKS.exceeded(math.prod(mesh))
+        if too_many:
+            raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")
         plan = None
         if args.plan:
             with open(args.plan) as handle:

@@ -65,6 +65,17 @@ def parse_mesh(text: str) -> tuple[int, ...]:
     return shape
 
 
+def parse_bounded_mesh(text: str) -> tuple[int, ...]:
+    """:func:`parse_mesh` within the rank limit (a command that starts one process per rank)."""
+    from shardverify.spec.limits import MAX_MESH_RANKS
+
+    shape = parse_mesh(text)
+    too_many = MAX_MESH_RANKS.exceeded(math.prod(shape))
+    if too_many:
+        raise argparse.ArgumentTypeError(f"mesh {text!r}: {too_many}")
+    return shape
+
+
 def parse_jobs(text: str) -> int:
     """``"auto"`` -> the CPUs this process may use; otherwise a positive int."""
     if text == "auto":

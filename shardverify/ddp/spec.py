@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shardverify.spec.fields import (Fields, as_factory, as_identifier, as_shape, check_type, finite_number,
+from shardverify.spec.fields import (Fields, as_factory, as_identifier, as_mesh, as_shape, as_tolerance, check_type,
                                         resolve_target)
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
@@ -177,13 +177,7 @@ def _tolerance(node: Node | None) -> tuple[float | None, float | None]:
     f = Fields(node)
     rtol, atol = f.optional("rtol", float), f.optional("atol", float)
     f.finish()
-    values = []
-    for child in (rtol, atol):
-        value = None if child is None else finite_number(child)
-        if value is not None and value < 0:
-            raise child.error(f"expected a number >= 0, got {value!r}")  # type: ignore[union-attr]
-        values.append(value)
-    return values[0], values[1]
+    return (None if rtol is None else as_tolerance(rtol)), (None if atol is None else as_tolerance(atol))
 
 
 def _option_values(key: str, node: Node) -> tuple[object, ...]:
@@ -268,7 +262,7 @@ def parse_model_spec(root: Node) -> ModelSpec:
         raise meshes_node.error("list at least one mesh shape, e.g. [[2], [4]]")
     meshes = []
     for item in meshes_node.value:  # type: ignore[union-attr]
-        mesh = as_shape(item, allow_empty=False)
+        mesh = as_mesh(item)
         try:
             base.check_world(math.prod(mesh))
         except InvalidArgument as exc:

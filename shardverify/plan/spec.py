@@ -23,14 +23,13 @@ every error naming the spec's file, line and field.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from shardverify.spec.fields import Fields, as_factory, as_identifier, as_shape
-from shardverify.spec.limits import MAX_MESH_RANKS, tensor_size_problems
+from shardverify.spec.fields import Fields, as_factory, as_identifier, as_mesh, as_shape
+from shardverify.spec.limits import tensor_size_problems
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
@@ -120,10 +119,7 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     if problems:
         raise inputs_node.error("; ".join(problems))
     mesh_node = fields.required("mesh", list)
-    mesh = as_shape(mesh_node, allow_empty=False)
-    too_many = MAX_MESH_RANKS.exceeded(math.prod(mesh))
-    if too_many:
-        raise mesh_node.error(too_many)
+    mesh = as_mesh(mesh_node)
     plans_node = fields.required("plans", dict)
     plans = []
     for key, child in plans_node.value.items():

@@ -12,16 +12,15 @@ backward (pruned to one pair per symmetry orbit unless ``prune: false``)::
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from shardverify.spec.fields import Fields, as_identifier, as_shape
+from shardverify.spec.fields import Fields, as_identifier, as_mesh, as_shape
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, ShardingSpecError
 from shardverify.reshard.check import check_pair_limit
-from shardverify.spec.limits import MAX_MESH_RANKS, tensor_size_problems
+from shardverify.spec.limits import tensor_size_problems
 from shardverify.sharding.mesh import DeviceMesh
 
 __all__ = ["ReshardSpec", "parse_reshard_spec", "render_reshard_spec", "RESHARD_KIND"]
@@ -49,7 +48,7 @@ def parse_reshard_spec(root: Node) -> ReshardSpec:
     name = as_identifier(fields.required("name", str))
     description = fields.optional("description", str)
     mesh_node = fields.required("mesh", list)
-    mesh = as_shape(mesh_node, allow_empty=False)
+    mesh = as_mesh(mesh_node)
     shapes_node = fields.required("shapes", list)
     shapes = tuple(as_shape(item, allow_empty=False) for item in shapes_node.value)  # type: ignore[union-attr]
     if not shapes:
@@ -61,9 +60,6 @@ def parse_reshard_spec(root: Node) -> ReshardSpec:
         DeviceMesh(mesh)
     except ShardingSpecError as error:   # pragma: no cover - as_shape already refuses bad sizes
         raise mesh_node.error(str(error)) from None
-    too_many = MAX_MESH_RANKS.exceeded(math.prod(mesh))
-    if too_many:
-        raise mesh_node.error(too_many)
     problems = tensor_size_problems([(f"shape {i}", shape) for i, shape in enumerate(shapes)])
     if problems:
         raise shapes_node.error("; ".join(problems))

@@ -22,7 +22,8 @@ from shardverify.spec.trust import TRUSTED_ENV, find_definition, op_target_refus
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "as_factory", "resolve_target", "type_name",
+__all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "as_factory", "as_mesh", "as_tolerance", "MAX_TOLERANCE",
+           "resolve_target", "type_name",
            "check_type", "describe", "finite_number", "lookup", "MAX_NAME_CHARS"]
 
 _TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
@@ -140,6 +141,18 @@ def as_shape(node: Node, *, allow_empty: bool = True) -> tuple[int, ...]:
     return tuple(item.value for item in items)  # type: ignore[misc]
 
 
+def as_mesh(node: Node) -> tuple[int, ...]:
+    """A mesh shape: positive sizes, at most MAX_MESH_RANKS ranks in all (every spec kind and
+    command applies the one limit)."""
+    from shardverify.spec.limits import MAX_MESH_RANKS
+
+    shape = as_shape(node, allow_empty=False)
+    too_many = MAX_MESH_RANKS.exceeded(math.prod(shape))
+    if too_many:
+        raise node.error(too_many)
+    return shape
+
+
 @functools.lru_cache(maxsize=1)
 def _dtype_names() -> tuple[str, ...]:
     import torch
@@ -225,6 +238,21 @@ def as_factory(node: Node, kwargs_node: Node | None, kwargs: dict[str, object]) 
         except TypeError as error:
             raise (kwargs_node or node).error(f"{name}(**{kwargs!r}) does not bind: {error}") from None
     return name
+
+
+#: the loosest rtol or atol a spec may ask for: bfloat16's own default rtol is 1.6e-2, and a
+#: tolerance near 1 lets results that are wrong by a whole value pass (a wrong mean rule passed
+#: every check with 1e6)
+MAX_TOLERANCE = 0.1
+
+
+def as_tolerance(node: Node) -> float:
+    """An rtol or atol: a finite number in [0, MAX_TOLERANCE]."""
+    value = finite_number(node)
+    if not 0 <= value <= MAX_TOLERANCE:
+        raise node.error(f"expected a tolerance in [0, {MAX_TOLERANCE}], got {node.value!r}: a looser one lets "
+                         "a wrong rule pass")
+    return value
 
 
 def finite_number(node: Node) -> float:

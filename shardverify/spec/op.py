@@ -15,7 +15,7 @@ from shardverify.errors import InvalidArgument
 from shardverify.spec.accept import parse_audit
 from shardverify.spec.aten import aten_positions, is_aten, parse_target_entry
 from shardverify.spec.fields import (
-    Fields, as_dtype, as_identifier, as_shape, check_type, describe, dtype_from_name, finite_number, lookup,
+    Fields, as_dtype, as_identifier, as_shape, as_tolerance, check_type, describe, dtype_from_name, finite_number, lookup,
     resolve_target)
 from shardverify.spec.limits import MAX_CASES, MAX_MESH_RANKS, tensor_size_problems
 from shardverify.spec.loader import Node
@@ -393,11 +393,8 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
         ft = Fields(tol_node)
         rtol_node, atol_node = ft.optional("rtol", float), ft.optional("atol", float)
         ft.finish()
-        for tol in (rtol_node, atol_node):
-            if tol is not None and finite_number(tol) < 0:
-                raise tol.error(f"expected a non-negative tolerance, got {tol.value!r}")
-        rtol = float(rtol_node.value) if rtol_node else None  # type: ignore[arg-type]
-        atol = float(atol_node.value) if atol_node else None  # type: ignore[arg-type]
+        rtol = as_tolerance(rtol_node) if rtol_node else None
+        atol = as_tolerance(atol_node) if atol_node else None
     seed = 0
     if seed_node is not None:
         if seed_node.value < 0:  # type: ignore[operator]
