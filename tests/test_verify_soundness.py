@@ -96,3 +96,21 @@ def test_a_wrong_rule_fails_where_the_op_is_deterministic():
     case, strategies = _offered(DROPOUT % ('einsum: "a b c -> c b a"', "0.0"))
     results = verify_case(SimulatedBackend(DeviceMesh((2,))), case, strategies)
     assert any(not r.passed for r in results)
+
+
+def test_a_partial_max_rule_fails_on_the_shipped_amax_data_which_ties():
+    """amax splits the gradient among tied maxima; a rank splits it among its own ties only, so a
+    partial max is wrong wherever the maximum ties across ranks. The shipped spec's data ties
+    (a Hardtanh clips to +-2), so the old rule fails on it, and the shipped rule keeps the
+    reduced dims whole."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "specs" / "amax.yaml").read_text()
+    assert "reduce_op: none" in text and "torch.nn.Hardtanh" in text
+    partial = text.replace("reduce_op: none", "reduce_op: max").split("  strategies:")[0].replace(
+        "  meshes: [[4], [2, 2], [2, 2, 2]]", "  meshes: [[2, 2]]")
+    case, strategies = _offered(partial, (2, 2))
+    results = verify_case(SimulatedBackend(DeviceMesh((2, 2))), case, strategies)
+    failed = [r for r in results if not r.passed]
+    assert failed and all("P" in r.strategy for r in failed), [r.strategy for r in failed]
+    assert "grad of" in str(failed[0])

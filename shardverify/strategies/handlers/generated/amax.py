@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='keepdim', index=2, keyword='keepdim', default=False),
     ),
     generator='rules',
-    options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('reduce_op', 'max')),
+    options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('reduce_op', 'none')),
     spec_file='specs/amax.yaml',
     overrides=(
         (torch.ops.aten.amax.default, (
