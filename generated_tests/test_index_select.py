@@ -15,7 +15,7 @@ CASES = [
         target='torch.index_select',
         inputs=(
             InputDecl('input', (16, 8), 'float32'),
-            InputDecl('index', (8,), 'int64'),
+            InputDecl('index', (8,), 'int64', values=(0, 16)),
         ),
         params=(),
         module=None,
@@ -34,7 +34,7 @@ CASES = [
         target='torch.Tensor.index_select',
         inputs=(
             InputDecl('input', (16, 8), 'float32'),
-            InputDecl('index', (8,), 'int64'),
+            InputDecl('index', (8,), 'int64', values=(0, 16)),
         ),
         params=(),
         module=None,
@@ -53,7 +53,7 @@ CASES = [
         target='torch.ops.aten.index_select.default',
         inputs=(
             InputDecl('input', (16, 8), 'float32'),
-            InputDecl('index', (8,), 'int64'),
+            InputDecl('index', (8,), 'int64', values=(0, 16)),
         ),
         params=(),
         module=None,
