@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from shardverify.cli.main import main
 
@@ -501,3 +502,18 @@ def test_a_model_spec_has_the_rank_limit(root, capsys):
     (root / "specs" / "models").mkdir()
     spec(root, text.replace("meshes: [[2], [4]]", "meshes: [[2], [128]]"), "models/mlp.yaml")
     fails_cleanly(capsys, root, "specs/models/mlp.yaml", "128 ranks in one mesh exceed the limit of 64")
+
+
+def test_a_spec_problem_is_one_error_not_every_strategy_failing(root, capsys):
+    """A complex dtype, a CUDA device on a machine without one, exploring a spec that says
+    `explore: false`: before, each showed up as every strategy failing with torch's error."""
+    spec(root, op().replace("      dtype: float32\n", "      dtype: complex64\n", 1))
+    fails_cleanly(capsys, root, "torch.complex64 is a dtype a check cannot draw values in",
+                  commands=("generate", "check", "list", "verify"))
+    (root / "specs" / "evil.yaml").unlink()
+    if not torch.cuda.is_available():
+        code, text = run(capsys, "verify", "sum", "--root", str(root), "--device", "cuda")
+        assert code == 2 and "needs a CUDA GPU" in text and text.count("\n") == 1, text
+    spec(root, SUM.replace("verify:\n", "verify:\n  explore: false\n", 1), "sum.yaml")
+    code, text = run(capsys, "explore", "sum", "--root", str(root))
+    assert code == 2 and "says `explore: false`" in text, text

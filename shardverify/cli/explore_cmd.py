@@ -60,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
+    if not spec.verify.explore:
+        print(f"error: {spec.source} says `explore: false` (its comment says why); the explorer would draw cases "
+              "its author ruled out. Remove the line to explore it anyway.", file=sys.stderr)
+        return USAGE
     drawn = [0]
 
     def count(_example) -> None:

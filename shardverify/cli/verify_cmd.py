@@ -91,6 +91,24 @@ def parse_jobs(text: str) -> int:
     return jobs
 
 
+def _device_problem(device: str | None, backend: str) -> str:
+    """Why the shards cannot live on ``device`` here ("" when they can): one error, not every
+    strategy failing with torch's."""
+    import torch
+
+    wanted = device or ("cuda" if backend == "nccl" else "cpu")
+    try:
+        kind = torch.device(wanted).type
+    except RuntimeError as exc:
+        return f"--device {wanted!r} is not a device: {exc}"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return (f"--device {wanted!r}" if device else f"the {backend} backend") + \
+            " needs a CUDA GPU, and this torch sees none (torch.cuda.is_available() is False)"
+    if kind not in ("cpu", "cuda"):
+        return f"--device {wanted!r}: shards live on cpu or cuda"
+    return ""
+
+
 def parse_seed(text: str) -> int:
     try:
         seed = int(text)
@@ -186,6 +204,10 @@ def run(args: argparse.Namespace) -> int:
 
     for problem in broken_handlers(args.root):
         print(f"warning: {problem}; run `shardverify generate`", file=sys.stderr)
+    device_problem = _device_problem(args.device, args.backend)
+    if device_problem:
+        print(f"error: {device_problem}", file=sys.stderr)
+        return USAGE
     meshes = args.mesh
     total = sum(len(spec.cases()) * len(meshes or _runnable(spec.verify.meshes, args.backend)) for spec in specs)
     if total == 0:

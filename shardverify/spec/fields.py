@@ -157,7 +157,14 @@ def as_mesh(node: Node) -> tuple[int, ...]:
 def _dtype_names() -> tuple[str, ...]:
     import torch
 
-    return tuple(sorted(name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)))
+    return tuple(sorted(name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)
+                        and name in _CHECKABLE_DTYPES))
+
+
+#: the dtypes a check can draw values in and compare: real floats, integers and bool (complex,
+#: quantized and float8 dtypes have no random draw or no comparison to verify against)
+_CHECKABLE_DTYPES = ("float16", "bfloat16", "float32", "float64", "half", "float", "double",
+                     "int8", "int16", "int32", "int64", "uint8", "short", "int", "long", "bool")
 
 
 def as_dtype(node: Node) -> str:
@@ -166,6 +173,12 @@ def as_dtype(node: Node) -> str:
     name = str(node.value)
     name = name[len("torch."):] if name.startswith("torch.") else name
     names = _dtype_names()
+    import torch
+
+    if name not in names and isinstance(getattr(torch, name, None), torch.dtype):
+        raise node.error(f"torch.{name} is a dtype a check cannot draw values in and compare; use a real "
+                         f"floating, integer or bool dtype ({', '.join(n for n in names if n in _CHECKABLE_DTYPES[:4])}, "
+                         "int64, bool, ...)")
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
