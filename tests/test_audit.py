@@ -418,3 +418,26 @@ def test_an_unflatten_is_judged_with_the_local_sizes_of_its_split_dim():
     last = Layout(((), (), (0,)))                                                   # input [R, R, S0]
     assert _outputs_hold(audit.problem, (last,), (Layout(((), (), (0,), ())),))       # -> [R, R, S0, R]
     assert not _outputs_hold(audit.problem, (last,), (Layout(((), (), (), (0,))),))   # not [R, R, R, S0]
+
+
+def test_a_case_too_large_to_enumerate_is_bounded_and_said(monkeypatch):
+    """baddbmm on (2,2,2) has 7.8 million combinations with partial inputs: the audit grew past
+    7 GB. Over the limit it leaves the partial inputs out (a gap every family accepts, so no
+    verdict changes) and says so; still over, the case is an error naming the limit."""
+    from shardverify.audit.run import audit_case
+    from shardverify.codegen.generate import load_op_specs
+
+    (spec,) = load_op_specs(Path(__file__).resolve().parents[1], None, ["mul"])
+    case_id, case = spec.op_cases()[0]
+    full = audit_case(spec, case_id, case, (2, 2))
+    assert not full.note and not full.error
+    monkeypatch.setenv("SHARDVERIFY_MAX_AUDIT_COMBINATIONS", str(full.combinations - 1))
+    reduced = audit_case(spec, case_id, case, (2, 2))
+    assert "partial-input layouts not enumerated" in reduced.note and reduced.combinations < full.combinations
+    assert (len(reduced.missing), len(reduced.incorrect)) == (len(full.missing), len(full.incorrect))
+    monkeypatch.setenv("SHARDVERIFY_MAX_AUDIT_COMBINATIONS", "3")
+    from shardverify.audit.run import audit_spec
+
+    (refused, *_) = audit_spec(spec, [(2, 2)])
+    assert "exceed the limit of 3 (raise it with SHARDVERIFY_MAX_AUDIT_COMBINATIONS=N)" in refused.error
+    assert refused.failed

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +21,9 @@ from shardverify.spec.accept import family_gaps
 from shardverify.audit.decide import Operand, Outcome, Problem, prepare
 from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
 from shardverify.audit.offered import offered_combination, output_shape_argument
+from shardverify.errors import InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
+from shardverify.spec.limits import MAX_AUDIT_COMBINATIONS
 from shardverify.sharding.strategy import OperationDataType
 from shardverify.verify.distinct import distinguishing_seeds
 
@@ -65,6 +68,7 @@ class CaseAudit:
     incorrect: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""
+    note: str = ""                 # what was left out, and why (never silent)
 
     @property
     def failed(self) -> bool:
@@ -76,7 +80,7 @@ class CaseAudit:
                 "masked": self.masked,
                 "missing": [f.to_json() for f in self.missing], "accepted": [f.to_json() for f in self.accepted],
                 "incorrect": [f.to_json() for f in self.incorrect], "seconds": round(self.seconds, 3),
-                "error": self.error or None}
+                "error": self.error or None, "note": self.note or None}
 
 
 def spec_handler(spec):
@@ -154,10 +158,27 @@ class _Audit:
         for problem in self.problems:
             problem.shape_arg = output_shape_argument(self.strategies)
         # ... and only when the op really is additive in it (checked numerically)
-        self.choices = [tensor_layouts(o.shape, self.mesh.shape, partial=partial_inputs and o.floating,
-                                       absent=o.optional and self.problem.post_addable(i, aligned.get(o.name)))
-                        for i, o in enumerate(self.operands)]
+        self.choices = self._choices(partial_inputs, aligned)
+        self.note = ""
+        count = math.prod(len(c) for c in self.choices)
+        if partial_inputs and MAX_AUDIT_COMBINATIONS.exceeded(count):
+            # partial inputs are a gap every family accepts today: leaving them out changes no
+            # verdict, only the accepted count; said in the result
+            self.choices = self._choices(False, aligned)
+            self.note = (f"partial-input layouts not enumerated: with them {count} combinations exceed the limit of "
+                         f"{MAX_AUDIT_COMBINATIONS.value} (raise it with {MAX_AUDIT_COMBINATIONS.env}=N)")
+        too_many = MAX_AUDIT_COMBINATIONS.exceeded(math.prod(len(c) for c in self.choices))
+        if too_many:
+            raise InvalidArgument(f"{too_many}; the audit holds one outcome per combination (about 1 KB each) "
+                                  "and decides one per symmetry orbit (a few ms each)")
         self.results: dict[tuple[Layout, ...], Outcome] = {}
+
+    def _choices(self, partial_inputs: bool, aligned: dict) -> list:
+        """Each operand's layouts (partial ones where ``partial_inputs`` and the operand is
+        floating; absent where it may be added after the op, which is checked numerically)."""
+        return [tensor_layouts(o.shape, self.mesh.shape, partial=partial_inputs and o.floating,
+                               absent=o.optional and self.problem.post_addable(i, aligned.get(o.name)))
+                for i, o in enumerate(self.operands)]
 
     def enumerate(self) -> int:
         perms = axis_symmetries(self.mesh.shape)
@@ -235,6 +256,7 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
     start = time.perf_counter()
     result = CaseAudit(spec.name, case_id, tuple(mesh_shape))
     audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs)
+    result.note = audit.note
     result.combinations = audit.enumerate()
     result.decided = audit.problem.decided
     result.offered = len(audit.strategies)

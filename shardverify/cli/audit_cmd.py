@@ -70,6 +70,8 @@ def _details(rows, show: int) -> list[str]:
     for r in rows:
         if r.error:
             lines.append(f"\n{r.op} {r.case} on mesh {list(r.mesh)}: error: {r.error}")
+        if r.note:
+            lines.append(f"\n{r.op} {r.case} on mesh {list(r.mesh)}: note: {r.note}")
         for kind, found in (("incorrect", r.incorrect), ("missing", r.missing)):
             if not found:
                 continue

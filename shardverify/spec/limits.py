@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from shardverify.errors import SpecError
 
-__all__ = ["Limit", "MAX_CASES", "MAX_MESH_RANKS", "MAX_TENSOR_ELEMENTS", "MAX_MODEL_BYTES", "MAX_RESHARD_PAIRS",
+__all__ = ["Limit", "MAX_CASES", "MAX_MESH_RANKS", "MAX_TENSOR_ELEMENTS", "MAX_MODEL_BYTES", "MAX_RESHARD_PAIRS", "MAX_AUDIT_COMBINATIONS",
            "tensor_size_problems"]
 
 
@@ -54,6 +54,8 @@ MAX_MESH_RANKS = Limit("ranks in one mesh", 64, "SHARDVERIFY_MAX_RANKS")
 MAX_TENSOR_ELEMENTS = Limit("elements in one tensor", 1 << 24, "SHARDVERIFY_MAX_TENSOR_ELEMENTS")
 #: (source, target) layout pairs a reshard spec may enumerate for one tensor, before pruning
 MAX_RESHARD_PAIRS = Limit("layout pairs (before symmetry pruning)", 1 << 17, "SHARDVERIFY_MAX_RESHARD_PAIRS")
+#: layout combinations the audit enumerates for one case on one mesh (each holds an outcome)
+MAX_AUDIT_COMBINATIONS = Limit("layout combinations of one case", 500_000, "SHARDVERIFY_MAX_AUDIT_COMBINATIONS")
 #: what a plan or model spec's factory may build (measured on meta tensors before anything is allocated)
 MAX_MODEL_BYTES = Limit("bytes of parameters and buffers", 1 << 30, "SHARDVERIFY_MAX_MODEL_BYTES")
 
