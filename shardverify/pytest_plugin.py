@@ -301,6 +301,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered by pytest-xdist too; repeated here so --strict-markers holds without xdist.
     config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
     config.stash[_SETTINGS] = resolve_settings(config)
+    # SIGTERM to the run (a CI timeout, `kill` of pytest -n 4's group) ends each process as an
+    # exception: the session's pools close and their folders go (backends/signals.py)
+    from shardverify.backends.signals import exit_on_sigterm
+
+    exit_on_sigterm()
     threads = worker_threads()
     if threads is not None:
         import torch  # an xdist worker runs tests that import it anyway

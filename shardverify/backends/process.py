@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import multiprocessing.util
 import multiprocessing.connection
 import os
 import pickle
@@ -83,7 +84,8 @@ class _Pool:
             cpus = worker_cpus(mesh.size) if keep_cpus else [None] * mesh.size
             for rank, cpu in zip(mesh.ranks, cpus):
                 config = WorkerConfig(rank, mesh, os.path.join(self.tmpdir, "store"), dist_backend,
-                                      devices[rank], check_metadata, os.getpid(), collective_timeout, cpu)
+                                      devices[rank], check_metadata, os.getpid(), collective_timeout, cpu,
+                                      (self.tmpdir, multiprocessing.util.get_temp_dir()))
                 parent_end, child_end = ctx.Pipe()
                 proc = ctx.Process(target=worker_main, args=(config, child_end, self.shared),
                                    name=f"shardverify-rank{rank}", daemon=True)

@@ -11,6 +11,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import shutil
 import signal
 import threading
 import time
@@ -46,6 +47,7 @@ class WorkerConfig:
     parent_pid: int
     collective_timeout: float
     cpu: int | None = None   # the CPU the worker keeps to (see worker_cpus), None: where the OS puts it
+    leftovers: tuple[str, ...] = ()   # folders the worker removes if the backend's process dies (SIGKILL)
 
 
 def _exists(pid: int | None) -> bool:
@@ -61,10 +63,24 @@ def _exists(pid: int | None) -> bool:
     return True
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the backend's process is gone, even if stuck in a collective."""
+def _clean_up_after(parent_pid: int, leftovers: Iterable[str], wait: float = 2.0) -> None:
+    """Remove ``leftovers`` if the process ``parent_pid`` is gone within ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while _exists(parent_pid):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+    for folder in leftovers:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def watch_parent(parent_pid: int, leftovers: Iterable[str] = ()) -> None:
+    """Exit when the process that started this worker is gone, even if stuck in a collective,
+    removing the folders it can no longer remove itself (its pool's store, multiprocessing's
+    ``pymp-*``): a SIGKILL of that process leaves no process and no temp folder behind."""
     while True:
         if not _exists(parent_pid):
+            _clean_up_after(parent_pid, leftovers, 0.0)
             os._exit(1)
         time.sleep(0.5)
 
@@ -143,7 +159,7 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
 
     keep_to_cpu(config.cpu)   # first: the threads started below (gloo's among them) inherit it
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
-    threading.Thread(target=_watch_parent, args=(config.parent_pid,), daemon=True).start()
+    threading.Thread(target=watch_parent, args=(config.parent_pid, config.leftovers), daemon=True).start()
     torch.set_num_threads(1)
     rank, mesh = config.rank, config.mesh
     try:
@@ -163,7 +179,8 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
     while True:
         try:
             task_id, first, count, blob = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
+        except (EOFError, OSError):   # the pipe closed without a stop: the backend's process may be dead
+            _clean_up_after(config.parent_pid, config.leftovers)
             break
         if task_id is None:
             break

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+
+from shardverify.backends.signals import exit_on_sigterm
 
 # Subcommand modules, in the order `--help` lists them.
 SUBCOMMANDS = ("verify", "generate", "list", "explore", "audit", "calibrate", "plan")
@@ -27,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_for_checking()   # this process exists to check: see gc_policy
     args = build_parser().parse_args(argv)
+    previous = exit_on_sigterm()   # a `kill` cleans up like Ctrl-C (backends/signals.py)
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:
@@ -34,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover
