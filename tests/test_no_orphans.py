@@ -6,11 +6,13 @@ Before: SIGTERM or SIGKILL of `--jobs` left the forkserver, its workers and the 
 (about 1 GB), a `pymp-*` folder and 6-8 `sem.mp-*` files; SIGKILL of a gloo run left its
 `shardverify-pool-*` and `pymp-*` folders. Each case runs a real `shardverify` process in its
 own session, with TMPDIR pointed at a fresh folder so that only its own leftovers are counted.
+Ctrl-C prints the rows finished so far and exits 130, without a traceback.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,3 +91,25 @@ def test_a_stopped_run_leaves_nothing_behind(tmp_path, argv, sig):
     assert not processes and not folders and not semaphores, (
         f"after {signal.Signals(sig).name}: processes {sorted(processes)}, temp folders {folders}, "
         f"/dev/shm {sorted(semaphores)}")
+
+
+def _terminal_sigint() -> None:
+    """The SIGINT handling a terminal gives its programs (a background shell ignores SIGINT,
+    and children inherit that)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("jobs", [[], ["--jobs", "2"]], ids=["sequential", "jobs"])
+def test_ctrl_c_prints_the_rows_so_far_and_exits_130(tmp_path, jobs):
+    proc = subprocess.Popen([sys.executable, "-m", "shardverify", "verify", *jobs], start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_sigint,
+                            cwd=Path(__file__).resolve().parents[1])
+    time.sleep(12)              # past start-up, some rows done, most still to run
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in out + err
+    assert re.search(r"interrupted after [1-9]\d* of \d+ row\(s\); exit 130", err), err
+    assert out.splitlines()[0].split()[:2] == ["op", "case"], out[:300]

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from shardverify.cli import USAGE
-from shardverify.cli.verify_rows import Progress, Row, close_backends, quiet_tracing, row_label, verify_row
+from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, quiet_tracing, row_label,
+                                          verify_row)
 from shardverify.codegen.generate import load_op_specs
 from shardverify.errors import ShardVerifyError, SpecError
 
@@ -160,10 +161,13 @@ def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] |
             progress.show(row_label(item))
             rows.append(verify_row(item, backends, backend_kind, device, timeout))
             progress.step()
+    except KeyboardInterrupt:
+        raise Interrupted(rows, len(plan)) from None
     finally:
         progress.close()
         close_backends(backends)
     return rows
+
 
 
 def _runnable(meshes, backend_kind: str) -> list:
@@ -224,6 +228,12 @@ def run(args: argparse.Namespace) -> int:
     except ShardVerifyError as exc:   # a mesh or backend that cannot exist here
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
+    except KeyboardInterrupt as exc:   # Ctrl-C: the rows finished so far, no traceback
+        rows = getattr(exc, "rows", [])
+        if reporting and rows and not args.json:
+            print(format_table(rows))
+        print(f"\nshardverify verify: {exc or 'interrupted'}; exit 130", file=sys.stderr)
+        return 130
     if not reporting:
         return 1 if any(r.failures for r in rows) else 0
     elapsed = time.perf_counter() - start

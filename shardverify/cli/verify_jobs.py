@@ -18,7 +18,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from shardverify.cli.verify_rows import Progress, Row, close_backends, describe_error, row_label, verify_row
+from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, describe_error, row_label,
+                                          verify_row)
 from shardverify.backends.cpus import keep_to_cpu, thread_share, usable_cpus
 from shardverify.backends.process_worker import watch_parent
 from shardverify.errors import ShardVerifyError
@@ -36,18 +37,21 @@ def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | No
     queue = list(range(len(plan)))   # not run yet, in plan order
     alone: list[int] = []   # in flight when a worker died: each runs again by itself
     counter = multiprocessing.get_context("forkserver").Value("i", 0)   # numbers the workers (their CPUs)
-    while queue or alone:
-        if queue:
-            alone += [index for index, _ in _run(plan, queue, min(jobs, len(queue)), rows, counter, jobs,
-                                                 device, timeout, progress)]
-            continue
-        index = alone.pop(0)
-        lost = _run(plan, [index], 1, rows, counter, jobs, device, timeout, progress)
-        if lost:
-            op, case_id, _, mesh = plan[index]
-            rows[index] = Row(op, case_id, mesh, error=f"its worker process died, also when it ran alone: {lost[0][1]}",
-                              failures=1)
-            progress.step()
+    try:
+        while queue or alone:
+            if queue:
+                alone += [index for index, _ in _run(plan, queue, min(jobs, len(queue)), rows, counter, jobs,
+                                                     device, timeout, progress)]
+                continue
+            index = alone.pop(0)
+            lost = _run(plan, [index], 1, rows, counter, jobs, device, timeout, progress)
+            if lost:
+                op, case_id, _, mesh = plan[index]
+                rows[index] = Row(op, case_id, mesh,
+                                  error=f"its worker process died, also when it ran alone: {lost[0][1]}", failures=1)
+                progress.step()
+    except KeyboardInterrupt:
+        raise Interrupted([row for row in rows if row is not None], len(plan)) from None
     unset = [row_label(plan[i]) for i, row in enumerate(rows) if row is None]
     if unset:   # every row is run until it has a result: a gap is a bug here, never a silent omission
         raise ShardVerifyError(f"--jobs left rows without a result: {', '.join(unset)}")

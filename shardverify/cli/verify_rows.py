@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from shardverify.errors import ShardVerifyError
 
 __all__ = ["Row", "Progress", "make_backend", "row_label", "verify_row", "close_backends", "quiet_tracing",
-           "describe_error", "only_replicated", "replicated_warning"]
+           "describe_error", "only_replicated", "replicated_warning", "Interrupted"]
 
 
 def only_replicated(strategies) -> bool:
@@ -113,6 +113,14 @@ def verify_row(item: tuple, backends: dict, backend_kind: str, device: str | Non
     row.verified = len(row.results)
     row.failures = sum(not r.passed for r in row.results) + bool(row.error)
     return row
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during `verify`: the rows finished before it, for the partial table."""
+
+    def __init__(self, rows: list[Row], planned: int) -> None:
+        super().__init__(f"interrupted after {len(rows)} of {planned} row(s)")
+        self.rows, self.planned = rows, planned
 
 
 def close_backends(backends: dict) -> None:
