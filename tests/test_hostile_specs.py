@@ -517,3 +517,20 @@ def test_a_spec_problem_is_one_error_not_every_strategy_failing(root, capsys):
     spec(root, SUM.replace("verify:\n", "verify:\n  explore: false\n", 1), "sum.yaml")
     code, text = run(capsys, "explore", "sum", "--root", str(root))
     assert code == 2 and "says `explore: false`" in text, text
+
+
+@pytest.mark.parametrize("text, argv, needle", [
+    ("", [], "the file is empty; expected a mapping"),
+    ("- a\n- b\n", [], "expected a mapping, got a list"),
+    ("name: [\n", [], "invalid YAML"),
+    (None, ["--input", "a,b"], "expected a shape of positive integers such as 2,2, got 'a,b'"),
+    (None, ["--input", "8,32", "--mesh", "abc"], "got 'abc'"),
+])
+def test_plan_command_bad_input_is_one_line_exit_2(tmp_path, capsys, text, argv, needle):
+    if text is None:
+        target = "shardverify.plan.zoo.mlp_block"
+    else:
+        target = str(tmp_path / "plan.yaml")
+        (tmp_path / "plan.yaml").write_text(text)
+    code, out = run(capsys, "plan", target, *argv)
+    assert code == 2 and needle in out and out.count("\n") == 1, out

@@ -114,3 +114,22 @@ def test_a_partial_max_rule_fails_on_the_shipped_amax_data_which_ties():
     failed = [r for r in results if not r.passed]
     assert failed and all("P" in r.strategy for r in failed), [r.strategy for r in failed]
     assert "grad of" in str(failed[0])
+
+
+def test_embedding_ids_look_up_every_row_of_the_table():
+    """Ids drawn in [0, 8) never looked up rows 8-15 of a 16-row table, so a wrong vocab-parallel
+    rule for those rows passed; the shipped specs draw ids over the whole table."""
+    from pathlib import Path
+
+    from shardverify.spec.loader import load_yaml
+    from shardverify.verify.reference import reference
+
+    specs = Path(__file__).resolve().parents[1] / "specs"
+    for name, rows in (("embedding", 16), ("embedding_padded", 16), ("index_select", 16)):
+        spec = parse_op_spec(load_yaml(specs / f"{name}.yaml", display=f"specs/{name}.yaml"))
+        (_, case), *_ = spec.op_cases()
+        ref = reference(case, None, torch.device("cpu"))
+        ids = [v for v in ref.values.values() if not v.is_floating_point()][0]
+        assert int(ids.min()) >= 0 and int(ids.max()) == rows - 1, name
+        if name != "index_select":          # 8 ids cannot cover 16 rows; 64 can
+            assert set(ids.flatten().tolist()) == set(range(rows)), name
