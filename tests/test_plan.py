@@ -198,3 +198,29 @@ def test_shape_reads_cost_no_resharding_and_heads_stay_sharded(sv_backend):
     gm = trace(module, meta_args={"x": torch.empty(4, 8, 16, device="meta")})
     values = {n.name: metadata_read(n) for n in gm.graph.nodes if n.name.startswith(("size", "getattr", "dim"))}
     assert values["size"] == 4 and tuple(values["getattr_1"]) == (4, 8, 16) and values["dim"] == 3
+
+
+def test_a_node_failing_on_one_rank_is_named_with_that_rank_at_once(monkeypatch, sv_backend):
+    """A failure on some ranks only (the others wait in the node's collective): reported at once,
+    naming the node and the failing rank, not after the backend's timeout as node '?'."""
+    import time
+
+    from shardverify.plan import execute
+    from shardverify.plan.zoo import mlp_block
+
+    real = execute._run_strategy
+
+    def planted(comm, gm, node, *args, **kwargs):
+        if node.name == "fc2" and comm.rank == 1:
+            raise RuntimeError("planted: only rank 1 fails here")
+        return real(comm, gm, node, *args, **kwargs)
+
+    monkeypatch.setattr(execute, "_run_strategy", planted)
+    model, x = mlp_block(d_in=32, d_hidden=64), torch.randn(8, 32)
+    plan = make_plan(model, (x,), (2, 2), {"fc1": "RS01 = RR x RS01", "fc2": "RR = RS01 x S01R"})
+    start = time.monotonic()
+    result = run_plan(sv_backend((2, 2), "simulated"), model, (x,), plan, timeout=30)
+    assert time.monotonic() - start < 10
+    assert not result.passed
+    text = result.summary()
+    assert "node 'fc2'" in text and "planted: only rank 1 fails here" in text and "ranks: [1]" in text, text
