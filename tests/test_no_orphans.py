@@ -100,16 +100,40 @@ def _terminal_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("jobs", [[], ["--jobs", "2"]], ids=["sequential", "jobs"])
-def test_ctrl_c_prints_the_rows_so_far_and_exits_130(tmp_path, jobs):
-    proc = subprocess.Popen([sys.executable, "-m", "shardverify", "verify", *jobs], start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(tmp_path)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_sigint,
+@pytest.mark.parametrize("argv", [["verify"], ["verify", "--jobs", "2"]], ids=["verify", "jobs"])
+def test_ctrl_c_prints_the_rows_so_far_and_exits_130(tmp_path, argv):
+    checks = tmp_path / "checks.log"      # each strategy batch verified appends a line (SHARDVERIFY_CHECK_LOG)
+    proc = subprocess.Popen([sys.executable, "-m", "shardverify", *argv], start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path), "SHARDVERIFY_CHECK_LOG": str(checks)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_sigint,
                             cwd=Path(__file__).resolve().parents[1])
-    time.sleep(12)              # past start-up, some rows done, most still to run
+    deadline = time.monotonic() + 120
+    while not checks.exists() or len(checks.read_text().splitlines()) < 3:   # some rows done, most to run
+        assert proc.poll() is None and time.monotonic() < deadline, "the run never verified anything"
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in out + err
-    assert re.search(r"interrupted after [1-9]\d* of \d+ row\(s\); exit 130", err), err
+    assert re.search(r"interrupted after \d+ of \d+ row\(s\); exit 130", err), err
     assert out.splitlines()[0].split()[:2] == ["op", "case"], out[:300]
+
+
+def test_ctrl_c_during_the_audit_prints_the_cases_so_far(monkeypatch, capsys):
+    from shardverify.audit import run as audit_run
+    from shardverify.cli.main import main
+
+    real = audit_run.audit_case
+    done = []
+
+    def interrupted_after_two(*args, **kwargs):
+        if len(done) == 2:
+            raise KeyboardInterrupt
+        done.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(audit_run, "audit_case", interrupted_after_two)
+    assert main(["audit", "relu", "--mesh", "2"]) == 130
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].split()[:2] == ["op", "case"] and len(out.splitlines()) == 4, out
+    assert "interrupted after 2 case(s); exit 130" in err and "Traceback" not in out + err

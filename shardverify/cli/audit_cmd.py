@@ -94,9 +94,15 @@ def run(args: argparse.Namespace) -> int:
         print("error: no op specs to audit", file=sys.stderr)
         return USAGE
     start = time.perf_counter()
-    rows = []
-    for spec in specs:
-        rows += audit_spec(spec, args.mesh, partial_inputs=args.partial_inputs)
+    rows: list = []
+    try:
+        for spec in specs:
+            audit_spec(spec, args.mesh, partial_inputs=args.partial_inputs, on_result=rows.append)
+    except KeyboardInterrupt:   # Ctrl-C: the cases audited so far, no traceback
+        if rows and not args.json:
+            print(format_table(rows))
+        print(f"\nshardverify audit: interrupted after {len(rows)} case(s); exit 130", file=sys.stderr)
+        return 130
     elapsed = time.perf_counter() - start
     disagreements = []
     if args.dtensor:
