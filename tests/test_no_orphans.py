@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,6 +44,15 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+@pytest.fixture
+def short_tmp():
+    """A fresh TMPDIR for the run, short enough for the forkserver's socket path (AF_UNIX
+    paths hold 108 bytes; pytest's tmp_path under xdist does not fit)."""
+    folder = Path(tempfile.mkdtemp(prefix="svo-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _semaphores() -> set[str]:
     """The multiprocessing semaphores in /dev/shm that no live process has mapped: leaked ones
     (another test's, still in use, are mapped by its processes)."""
@@ -59,9 +70,8 @@ def _semaphores() -> set[str]:
 @pytest.mark.parametrize("argv", [["verify", "--jobs", "2"], ["verify", "--backend", "gloo", "relu", "linear"]],
                          ids=["jobs", "gloo"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_stopped_run_leaves_nothing_behind(tmp_path, argv, sig):
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+def test_a_stopped_run_leaves_nothing_behind(short_tmp, argv, sig):
+    temp = short_tmp
     shm_before = _semaphores()
     env = {**os.environ, "TMPDIR": str(temp)}
     proc = subprocess.Popen([sys.executable, "-m", "shardverify", *argv], env=env, start_new_session=True,
@@ -101,10 +111,10 @@ def _terminal_sigint() -> None:
 
 
 @pytest.mark.parametrize("argv", [["verify"], ["verify", "--jobs", "2"]], ids=["verify", "jobs"])
-def test_ctrl_c_prints_the_rows_so_far_and_exits_130(tmp_path, argv):
-    checks = tmp_path / "checks.log"      # each strategy batch verified appends a line (SHARDVERIFY_CHECK_LOG)
+def test_ctrl_c_prints_the_rows_so_far_and_exits_130(short_tmp, argv):
+    checks = short_tmp / "checks.log"      # each strategy batch verified appends a line (SHARDVERIFY_CHECK_LOG)
     proc = subprocess.Popen([sys.executable, "-m", "shardverify", *argv], start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(tmp_path), "SHARDVERIFY_CHECK_LOG": str(checks)},
+                            env={**os.environ, "TMPDIR": str(short_tmp), "SHARDVERIFY_CHECK_LOG": str(checks)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_sigint,
                             cwd=Path(__file__).resolve().parents[1])
     deadline = time.monotonic() + 120
