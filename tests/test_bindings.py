@@ -282,3 +282,20 @@ def test_attributes_the_spec_ignores_or_that_are_operands_are_served():
     """LayerNorm's eps is listed under `ignores`; a bias flag is the bias operand's business."""
     for module in (torch.nn.LayerNorm(8, eps=1e-6), torch.nn.Linear(8, 8, bias=False)):
         assert _module_status(module, torch.zeros(4, 8)).status == "handled"
+
+
+def test_a_factory_reading_only_its_arguments_metadata_is_built_from_constants():
+    """`mask.new_ones(...)` (HF's mask code) and `zeros_like` read their tensor's dtype, device
+    and shape, never its values: the same on every rank; `empty_like` is not (its values are the
+    memory's) and stays a fallback."""
+    from shardverify.capture.export import export_graph
+
+    class Masks(torch.nn.Module):
+        def forward(self, x):
+            return x.new_ones(4, 4) + torch.zeros_like(x) + torch.empty_like(x) * 0
+
+    graph_module = export_graph(Masks(), (torch.randn(4, 4),))
+    _, statuses = classify_nodes(graph_module, MESH)
+    by_target = {s.target: s.status for s in statuses}
+    assert by_target["aten.new_ones.default"] == "constant" and by_target["aten.zeros_like.default"] == "constant"
+    assert by_target["aten.empty_like.default"] != "constant"

@@ -24,16 +24,28 @@ __all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", 
 #: factory that builds a tensor from constants alone; a node that returns no tensor
 #: (``x.size(1)``, an assertion) is not an op a strategy could shard
 STATUSES = ("handled", "refused", "unhandled", "constant", "no tensor output")
-CONSTANT = ("built from constants alone (no tensor input, not random): every rank builds the whole tensor, "
-            "as the single device does, and its consumers take their shards of it locally")
+CONSTANT = ("built from constants alone (no tensor input, or only its dtype, device and shape; not random): every "
+            "rank builds the whole tensor, as the single device does, and its consumers take their shards of it "
+            "locally")
+
+
+#: ATen factories that read only the dtype, device and (for ``*_like``) shape of their tensor
+#: argument, never its values (``mask.new_ones(...)`` in HF's attention-mask code); the
+#: ``empty`` variants are left out: their values are whatever the memory held
+_METADATA_ONLY = ("aten::new_ones", "aten::new_zeros", "aten::new_full", "aten::ones_like", "aten::zeros_like",
+                  "aten::full_like")
 
 
 def is_constant(node: fx.Node) -> bool:
-    """An ATen factory (``arange``, ``full``, ``zeros``) called with no graph value and not seeded
-    by the random generator: its value is the same on every rank and on the single device."""
+    """An ATen factory (``arange``, ``full``, ``zeros``) called with no graph value, or one that
+    reads only its tensor argument's dtype, device and shape (``new_ones``, ``zeros_like``), and
+    not seeded by the random generator: its value is the same on every rank and on the single
+    device."""
     tags = getattr(node.target, "tags", None)
-    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and not node.all_input_nodes
-            and tags is not None and torch.Tag.nondeterministic_seeded not in tags)
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or tags is None \
+            or torch.Tag.nondeterministic_seeded in tags:
+        return False
+    return not node.all_input_nodes or node.target.name() in _METADATA_ONLY
 
 
 @dataclass(frozen=True)
