@@ -53,12 +53,17 @@ class SpecError(ShardVerifyError):
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
                  field: str | None = None) -> None:
         self.file, self.line, self.field, self.reason = file, line, field, message
-        where = file or "<spec>"
-        if line is not None:
-            where += f":{line}"
-        if field:
-            where += f": field '{field}'"
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{spec_location(file, line, field)}: {message}")
+
+
+def spec_location(file: str | None, line: int | None = None, field: str | None = None) -> str:
+    """``file:line: field 'x'``, as a SpecError names a place in a spec."""
+    where = file or "<spec>"
+    if line is not None:
+        where += f":{line}"
+    if field:
+        where += f": field '{field}'"
+    return where
 
 
 class CollectiveError(ShardVerifyError):

@@ -25,7 +25,7 @@ from shardverify.ddp.build import build_optimizer
 from shardverify.spec.names import resolve_dotted
 from shardverify.ddp.plan import (EXPECTATIONS, LOSSES, OPTIMIZERS, DDPOptions, LayerDecl, LossDecl,
                                   ModelDecl, ModelPlan, OptimizerDecl)
-from shardverify.errors import InvalidArgument
+from shardverify.errors import InvalidArgument, spec_location
 
 __all__ = ["PlanPoint", "ModelSpec", "parse_model_spec", "render_model_spec", "summarize_model_spec",
            "plan_source", "plan_arguments", "MODEL_KIND", "TEST_DIR"]
@@ -132,7 +132,7 @@ def _parse_model(node: Node) -> ModelDecl:
 
 def _where(node: Node) -> str:
     """``file:line: field 'model'`` (as a SpecError would say it), kept for the model's build."""
-    return str(node.error("").args[0]).removesuffix(": ")
+    return spec_location(*node.where())
 
 
 def _parse_loss(node: Node) -> LossDecl:

@@ -41,7 +41,7 @@ __all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model"
 SOLVER = "solver"
 
 #: where a spec says something: (file, line, field), for errors raised when the spec is used
-Where = tuple[str, "int | None", str]
+Where = tuple[str, "int | None", "str | None"]
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,10 @@ class PlanSpec:
     where: tuple[tuple[str, Where], ...] = ()    # "factory" and each plan name -> its place in the file
 
 
-def _at(node: Node) -> Where:
-    return (node.file, node.key_line if node.key_line is not None else node.line, node.path)
-
-
 def _error(where: Where | None, message: str) -> ShardVerifyError:
     if where is None:
         return ShardVerifyError(message)
-    return SpecError(message, file=where[0], line=where[1], field=where[2] or None)
+    return SpecError(message, file=where[0], line=where[1], field=where[2])
 
 
 def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where | None = None,
@@ -136,7 +132,7 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     for b in beats:
         if b not in names:
             raise beats_node.error(f"solver_beats names {b!r}, which is not one of the plans {names}")
-    where = (("factory", _at(factory_node)), *((key, _at(plans_node.value[key])) for key in names))
+    where = (("factory", factory_node.where()), *((key, plans_node.value[key].where()) for key in names))
     return PlanSpec(name, root.file, "" if description is None else str(description.value), factory,
                     kwargs, inputs, mesh, tuple(plans), beats, where)
 

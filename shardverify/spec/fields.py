@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, SpecError
+from shardverify.spec.limits import MAX_MESH_RANKS
 from shardverify.spec.names import resolve_dotted
 from shardverify.spec.trust import TRUSTED_ENV, find_definition, op_target_refusal, trusted_modules, under
 
@@ -144,8 +145,6 @@ def as_shape(node: Node, *, allow_empty: bool = True) -> tuple[int, ...]:
 def as_mesh(node: Node) -> tuple[int, ...]:
     """A mesh shape: positive sizes, at most MAX_MESH_RANKS ranks in all (every spec kind and
     command applies the one limit)."""
-    from shardverify.spec.limits import MAX_MESH_RANKS
-
     shape = as_shape(node, allow_empty=False)
     too_many = MAX_MESH_RANKS.exceeded(math.prod(shape))
     if too_many:

@@ -48,11 +48,15 @@ class Node:
             return [child.plain() for child in self.value]
         return self.value
 
+    def where(self) -> tuple[str, int | None, str | None]:
+        """(file, line, field path) of this node; a value under a key is placed on the key's
+        line, where a block mapping or list starts."""
+        return self.file, self.key_line if self.key_line is not None else self.line, self.path or None
+
     def error(self, message: str) -> SpecError:
-        """A SpecError naming this node's file, line and field path (raise it); a value
-        under a key is reported on the key's line, where a block mapping or list starts."""
-        line = self.key_line if self.key_line is not None else self.line
-        return SpecError(message, file=self.file, line=line, field=self.path or None)
+        """A SpecError naming this node's file, line and field path (raise it)."""
+        file, line, field = self.where()
+        return SpecError(message, file=file, line=line, field=field)
 
     def child_path(self, key: str | int) -> str:
         """The dotted field path of a child: "verify.grid" + "dim" -> "verify.grid.dim"."""

@@ -29,6 +29,8 @@ import types
 from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
+from shardverify.spec.limits import MAX_MODEL_BYTES
+from shardverify.spec.names import resolve_dotted
 
 __all__ = ["TRUSTED_ENV", "DENIED_MODULES", "trusted_modules", "under", "op_target_refusal", "Definition",
            "find_definition", "callable_refusal", "call_factory", "build_checked"]
@@ -246,8 +248,6 @@ def call_factory(name: str, kwargs: dict[str, object]):
     """The ``torch.nn.Module`` the factory ``name`` builds from ``kwargs``: the one way a spec's
     factory is called (by the commands and tests that verify it, never when it is read). The
     factory must pass :func:`callable_refusal`; see :func:`build_checked`."""
-    from shardverify.spec.names import resolve_dotted
-
     try:
         make = resolve_dotted(name)
     except LookupError as error:
@@ -263,8 +263,6 @@ def build_checked(build, what: str):
     model over MAX_MODEL_BYTES is refused before anything is allocated. Any failure is an
     InvalidArgument in one line naming ``what``."""
     import torch
-
-    from shardverify.spec.limits import MAX_MODEL_BYTES
 
     for device in ("meta", None):
         try:
