@@ -31,10 +31,6 @@ class MeshAxisOutOfRangeError(ShardingSpecError):
     """A mesh axis outside the mesh's rank."""
 
 
-class ShardingNotDivisibleError(ShardingSpecError):
-    """A dim size not divisible by the number of shards laid on it."""
-
-
 class SequenceParseError(ShardingSpecError):
     """A sharding sequence string such as "[R, S0]" that does not parse."""
 

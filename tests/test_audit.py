@@ -35,10 +35,12 @@ def test_layouts_of_a_matrix_on_a_1d_mesh():
     assert found == {"[R, R]", "[S0, R]", "[R, S0]", "[R, R] P(sum:0)"}
 
 
-def test_layouts_respect_divisibility_and_order_of_axes():
+def test_layouts_include_uneven_blocks_and_every_order_of_axes_but_never_split_one_element():
     found = {str(layout) for layout in tensor_layouts((4, 3), (2, 2), partial=False)}
     assert "[S01, R]" in found and "[S10, R]" in found
-    assert not any("S0]" in text or "S1]" in text for text in found)   # 3 does not split in 2
+    assert "[R, S0]" in found and "[R, S10]" in found and "[S0, S1]" in found   # 3 cut 2 + 1
+    found = {str(layout) for layout in tensor_layouts((4, 1), (2, 2), partial=False)}
+    assert not any(text.endswith("S0]") or text.endswith("S1]") for text in found)
 
 
 def test_symmetries_swap_only_equal_axes():

@@ -273,31 +273,38 @@ def test_meshes_reach_3d_with_size_1_axes_and_shrink_to_one_device():
         explore.examples(explore.load_spec("specs/sum.yaml"), mesh_max_size=9)
 
 
-# ------------------------------------------------------------------------ divisibility
+# ------------------------------------------------------------------------ layouts that fit
 
-def test_a_layout_that_does_not_divide_its_operand_is_reported():
+def test_a_layout_splitting_a_one_element_dim_or_of_another_shape_is_reported():
     spec = explore.load_spec("specs/sum.yaml")
     example = explore.Example(dataclasses.replace(spec, targets=spec.targets[:1], verify=dataclasses.replace(
         spec.verify, grid=(("dim", (1,)), ("keepdim", (False,))), meshes=((2,),), counts=())))
     graph_module, node = example.case().build()
     mesh = DeviceMesh((2,))
     strategies = list(strategies_for_node(graph_module, node, mesh))
-    assert explore.divisibility_problems(strategies, mesh) == []
-    # The strategy model refuses such a strategy outright, so a generator could only smuggle
-    # one in by other means: an unvalidated stand-in whose input is (3, 4, 4, 32) while its
-    # layout still splits dim 0 in two must be reported.
+    assert explore.layout_problems(strategies, mesh) == []
+    # An uneven layout is a layout (DTensor cuts 3 rows 2 + 1); splitting one row is not, and
+    # neither is a layout of another shape than its operand: a stand-in without the model's
+    # validation smuggles both in.
     sharded = next(s for s in strategies if s.sharding_specs[0][1].partition_dict().get(0))
     inp = sharded.operands[0]
+    for rows, reported in ((3, False), (1, True)):
+        spec0 = ShardingSpec.from_partition((2,), (rows,) + inp.shape[1:], {0: (0,)})
+        odd = _Unvalidated(sharded.name, (dataclasses.replace(inp, shape=(rows,) + inp.shape[1:], logical_shape=None),)
+                           + sharded.operands[1:], {**dict(sharded.sharding_specs), inp.name: spec0})
+        problems = explore.layout_problems([odd], mesh)
+        assert any(f"dim 0 of size {rows} is split 2 ways over mesh axes (0,)" in p for p in problems) == reported, \
+            problems
     odd = _Unvalidated(sharded.name, (dataclasses.replace(inp, shape=(3,) + inp.shape[1:], logical_shape=None),)
                        + sharded.operands[1:], dict(sharded.sharding_specs))
-    problems = explore.divisibility_problems([odd], mesh)
-    assert any("dim 0 of size 3 is split 2 ways over mesh axes (0,)" in p for p in problems), problems
+    problems = explore.layout_problems([odd], mesh)
+    assert any("is for tensor (4, 4, 4, 32)" in p for p in problems), problems
     assert all(p.startswith(f"strategy {odd.name!r}, operand {inp.name!r}") for p in problems)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Unvalidated:
-    """Just what divisibility_problems reads of a strategy, without the model's validation."""
+    """Just what layout_problems reads of a strategy, without the model's validation."""
 
     name: str
     operands: tuple

@@ -357,9 +357,10 @@ def test_path_traversal_in_a_named_spec_is_an_error(root, capsys, name):
 # ------------------------------------------ smaller: shapes that divide no mesh, a warning
 
 def test_a_case_with_only_the_replicated_strategy_is_a_warning(root, capsys):
-    """sum.yaml with odd shapes: the Linear before the sum has only its replicated strategy on
-    a 2 x 2 mesh, so the sum has only one too. `verify` says so (`list` runs no op)."""
-    text = SUM.replace("shape: [4, 4, 4, 16]", "shape: [3, 5, 7, 9]").replace("args: [16, 32]", "args: [9, 11]")
+    """sum.yaml with one-element dims: the Linear before the sum has only its replicated strategy
+    on a 2 x 2 mesh (a dim of one element is never split), so the sum has only one too. `verify`
+    says so (`list` runs no op)."""
+    text = SUM.replace("shape: [4, 4, 4, 16]", "shape: [1, 1, 1, 1]").replace("args: [16, 32]", "args: [1, 1]")
     text = text.replace("    dim: [[0, 2], 1, -1, null]\n    keepdim: [false, true]\n", "    dim: [1]\n    keepdim: [false]\n")
     text = text.replace("    - [4]\n", "    - [4]\n  strategies:\n    - mesh: [2, 2]\n      count: 1\n")
     spec(root, text, "sum.yaml")

@@ -92,7 +92,7 @@ def test_reference_names_and_order_on_2d_mesh():
     assert len({s.name for s in vector}) == 24
 
 
-def test_non_divisible_layouts_are_dropped():
+def test_a_one_element_dim_is_never_split():
     _, vector = module_strategies((2, 2), input_shape=(1, 4, 4, 16))
     assert vector.names == [n for n in REFERENCE_2D if not n.endswith("_0")]
 
@@ -124,14 +124,17 @@ def test_layouts_agree_across_operands(mesh_shape, input_shape):
 
 def test_one_dimensional_mesh_families():
     _, vector = module_strategies((4,), input_shape=(8, 2, 16))
-    assert vector.names == ["RR = RS0 x S0R", "RS0 = RR x RS0", "S0R = S0R x RR_0", "RR = RR x RR"]
+    # dim 1 (2 rows over 4 ranks) is cut as DTensor cuts it: 1, 1, 0, 0
+    assert vector.names == ["RR = RS0 x S0R", "RS0 = RR x RS0", "S0R = S0R x RR_0", "S0R = S0R x RR_1",
+                            "RR = RR x RR"]
+    uneven = vector.names.index("S0R = S0R x RR_1")
+    assert not vector[uneven].sharding_specs[0][1].is_even
 
 
 def test_one_by_four_mesh_keeps_trivial_axis():
     _, vector = module_strategies((1, 4), input_shape=(2, 4, 16))
-    # axis 0 has size 1 so S0 always divides; S1 and S01 (4 shards) do not fit dim 0 of size 2
-    dropped = {"S1S0 = S1R x RS0_0", "S1R = S1S0 x S0R_0", "S01R = S01R x RR_0"}
-    assert vector.names == [n for n in REFERENCE_2D if not n.endswith("_2") and n not in dropped]
+    # axis 0 has size 1 so S0 splits nothing; S1 and S01 (4 ranks) cut dim 0 of size 2 unevenly
+    assert vector.names == [n for n in REFERENCE_2D if not n.endswith("_2")]
 
 
 def test_three_dimensional_mesh_families():
@@ -144,10 +147,10 @@ def test_three_dimensional_mesh_families():
         + [f"RS{x} = RR x RS{x}" for x in range(3)] + ["S012R = S012R x RR", "RR = RS012 x S012R",
                                                      "RS012 = RR x RS012", "RR = RR x RR"])
     assert [logical_name(*t) for t in logical_families(3)] == expected_logical
-    # batch-sharded families expand over the two leading dims; S012 (8 shards) fits only dim 0
+    # batch-sharded families expand over the two leading dims; S012 (8 ranks) cuts dim 1 (4) unevenly
     assert "S0S2 = S0R x RS2_0" in names and "S0S2 = S0R x RS2_1" in names
-    assert "S012R = S012R x RR_0" in names and "S012R = S012R x RR_1" not in names
-    assert len(names) == 6 * 2 + 6 * 2 + 6 + 3 + 3 + 1 + 1 + 1 + 1
+    assert "S012R = S012R x RR_0" in names and "S012R = S012R x RR_1" in names
+    assert len(names) == 6 * 2 + 6 * 2 + 6 + 3 + 3 + 2 + 1 + 1 + 1
 
 
 def test_comm_actions_follow_from_the_layout():

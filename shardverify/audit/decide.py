@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shardverify.audit.layouts import REDUCE_OPS, Layout, _shardings, _subsets
+from shardverify.sharding.blocks import nested_block
 from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import OpCase
@@ -94,15 +95,25 @@ class Problem:
         return index
 
     def slices(self, layout: Layout, shape: Sequence[int], rank: int) -> tuple[slice, ...]:
-        out = []
+        """The block ``rank`` holds, cut as DTensor cuts it (uneven blocks, any shard order)."""
+        coord, out = self._coords[rank], []
         for size, axes in zip(shape, layout.dims):
             if not axes:
                 out.append(slice(None))
                 continue
-            chunk = size // math.prod(self.mesh.shape[a] for a in axes)
-            start = self._index(rank, axes) * chunk
-            out.append(slice(start, start + chunk))
+            start, length = nested_block(size, [(self.mesh.shape[a], coord[a]) for a in axes])
+            out.append(slice(start, start + length))
         return tuple(out)
+
+    def local_shapes(self, layout: Layout, shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """Every rank's block shape under ``layout``."""
+        key = ("blocks", layout.dims, tuple(shape))
+        if key not in self._candidates:
+            self._candidates[key] = tuple(
+                tuple(size if s.start is None else s.stop - s.start
+                      for size, s in zip(shape, self.slices(layout, shape, rank)))
+                for rank in self.mesh.ranks)
+        return self._candidates[key]
 
     def _piece(self, operand: Operand, layout: Layout, rank: int) -> torch.Tensor:
         """The full-size value this rank holds before sharding: the value, zeros when absent,
@@ -234,9 +245,10 @@ class Problem:
     def _local_output_shapes(self) -> list[tuple[int, ...]]:
         if "shapes" not in self._candidates:
             ref = self.outputs[0]
+            # one shape argument serves every rank: only even layouts can be told theirs
             self._candidates["shapes"] = list(dict.fromkeys(
                 Layout(dims).local_shape(ref.shape, self.mesh.shape)
-                for dims in _shardings(tuple(ref.shape), self.mesh.shape)))
+                for dims in _shardings(tuple(ref.shape), self.mesh.shape, even=True)))
         return self._candidates["shapes"]
 
     def _decide(self, combo: Sequence[Layout], arguments: dict | None,
@@ -273,7 +285,7 @@ class Problem:
         """Do the ranks' local outputs ``tensors`` form ``ref`` (output ``k``) in ``layout``?"""
         if len(layout.dims) != ref.dim():
             return False
-        if any(size % c for size, c in zip(ref.shape, layout.shard_counts(self.mesh.shape))):
+        if tuple(tuple(t.shape) for t in tensors) != self.local_shapes(layout, ref.shape):
             return False
         finite = self._finite(ref)
         if not layout.partial:
@@ -290,21 +302,22 @@ class Problem:
                 return False
         return True
 
-    def _candidate_dims(self, k: int, local_shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], ...]]:
-        key = (k, local_shape)
+    def _candidate_dims(self, k: int, shapes: tuple[tuple[int, ...], ...]) -> list[tuple[tuple[int, ...], ...]]:
+        """The output shardings whose every rank's block has the shape that rank's output has."""
+        key = (k, shapes)
         if key not in self._candidates:
             ref = self.outputs[k]
             self._candidates[key] = [dims for dims in _shardings(tuple(ref.shape), self.mesh.shape)
-                                     if Layout(dims).local_shape(ref.shape, self.mesh.shape) == local_shape]
+                                     if self.local_shapes(Layout(dims), ref.shape) == shapes]
         return self._candidates[key]
 
     def detect(self, tensors: Sequence[torch.Tensor], k: int, ref: torch.Tensor) -> Layout | None:
         """The simplest layout the local outputs form: sharded/replicated, else a partial
         sum, max or min over the fewest free mesh axes."""
-        shape = tuple(tensors[0].shape)
-        if any(tuple(t.shape) != shape for t in tensors) or len(shape) != self.outputs[k].dim():
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        if any(len(shape) != self.outputs[k].dim() for shape in shapes):
             return None
-        candidates = self._candidate_dims(k, shape)
+        candidates = self._candidate_dims(k, shapes)
         for dims in candidates:
             if self.holds(tensors, Layout(dims), k, ref):
                 return Layout(dims)

@@ -2,7 +2,9 @@
 a partial value (sum/max/min over mesh axes) and the "absent" operand of a post-added bias.
 
 A :class:`Layout` is a plain value so combinations can be hashed, permuted by mesh-axis
-symmetries and printed; the enumeration only yields layouts whose shards divide evenly.
+symmetries and printed. The enumeration yields uneven layouts too (blocks cut as DTensor cuts
+them, :mod:`shardverify.sharding.blocks`), on every dim of two or more elements: a size-1 dim
+split is one rank holding it and the others nothing, which no rule offers.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from shardverify.sharding.blocks import nested_block
 from shardverify.sharding.sharding_spec import DimSpec, ShardingSequence, ShardingSpec
 
 __all__ = ["Layout", "tensor_layouts", "axis_symmetries", "spec_layout", "REDUCE_OPS"]
@@ -39,7 +42,12 @@ class Layout:
         return tuple(math.prod(mesh_shape[a] for a in axes) for axes in self.dims)
 
     def local_shape(self, shape: Sequence[int], mesh_shape: Sequence[int]) -> tuple[int, ...]:
-        return tuple(size // count for size, count in zip(shape, self.shard_counts(mesh_shape)))
+        """The largest block's shape (coordinate 0 of every axis)."""
+        return tuple(nested_block(size, [(mesh_shape[a], 0) for a in axes])[1]
+                     for size, axes in zip(shape, self.dims))
+
+    def is_even(self, shape: Sequence[int], mesh_shape: Sequence[int]) -> bool:
+        return all(size % count == 0 for size, count in zip(shape, self.shard_counts(mesh_shape)))
 
     def permuted(self, perm: Sequence[int]) -> Layout:
         """The same layout with mesh axis a renamed perm[a] (a symmetry of the mesh)."""
@@ -76,17 +84,18 @@ def spec_layout(spec: ShardingSpec) -> Layout:
     return Layout(tuple(partition.get(d, ()) for d in range(len(spec.tensor_shape))))
 
 
-def _shardings(shape: Sequence[int], mesh_shape: Sequence[int]) -> Iterator[tuple[Axes, ...]]:
-    """Every even sharding: each mesh axis unused or on one dim, every order on a shared dim."""
+def _shardings(shape: Sequence[int], mesh_shape: Sequence[int], even: bool = False) -> Iterator[tuple[Axes, ...]]:
+    """Every sharding (only the even ones with ``even``): each mesh axis unused or on one dim of
+    two or more elements, every order on a shared dim."""
     ndim = len(shape)
     # an axis of size 1 shards nothing: it is never placed (see Layout.normalized)
-    options = [range(-1, ndim) if size > 1 else (-1,) for size in mesh_shape]
+    options = [[-1] + [d for d in range(ndim) if shape[d] > 1] if size > 1 else (-1,) for size in mesh_shape]
     for placement in itertools.product(*options):
         groups: list[list[int]] = [[] for _ in range(ndim)]
         for axis, dim in enumerate(placement):
             if dim >= 0:
                 groups[dim].append(axis)
-        if any(shape[d] % math.prod(mesh_shape[a] for a in groups[d]) for d in range(ndim)):
+        if even and any(shape[d] % math.prod(mesh_shape[a] for a in groups[d]) for d in range(ndim)):
             continue
         for orders in itertools.product(*(itertools.permutations(g) for g in groups)):
             yield tuple(tuple(o) for o in orders)
@@ -99,7 +108,7 @@ def _subsets(axes: Sequence[int]) -> Iterator[Axes]:
 
 def tensor_layouts(shape: Sequence[int], mesh_shape: Sequence[int], *, partial: bool = True,
                    absent: bool = False) -> list[Layout]:
-    """The layouts of one operand: every even sharding, with ``partial`` each partial sum over
+    """The layouts of one operand: every sharding, with ``partial`` each partial sum over
     a subset of the axes the sharding leaves free, with ``absent`` the zeros of a post-add."""
     found = []
     shardings = list(_shardings(tuple(shape), tuple(mesh_shape)))

@@ -6,9 +6,9 @@ from shardverify.explore.draw import (DEFAULT_MESH_MAX_SIZE, MAX_MESH_SIZE, PROF
                                       ParamDraw, SizeSlot, all_mesh_shapes, dims_strategy, examples, load_profile,
                                       load_spec, mesh_shapes, param_draws, param_strategies, profile_settings,
                                       size_groups, world_size)
-from shardverify.explore.search import Failure, check_example, divisibility_problems, replay, search
+from shardverify.explore.search import Failure, check_example, layout_problems, replay, search
 
 __all__ = ["SIZES", "MAX_MESH_SIZE", "DEFAULT_MESH_MAX_SIZE", "PROFILE_ENV", "PROFILES", "load_profile",
            "profile_settings", "world_size", "load_spec", "SizeSlot", "size_groups", "dims_strategy",
            "ParamDraw", "param_draws", "param_strategies", "all_mesh_shapes", "mesh_shapes", "Example", "examples",
-           "divisibility_problems", "check_example", "replay", "Failure", "search"]
+           "layout_problems", "check_example", "replay", "Failure", "search"]

@@ -7,7 +7,7 @@ Everything is derived from the spec itself, with no per-op code:
   constructor args is a slot. A value that appears in two or more places (the K of a Linear
   in the input's last dim, the weight and ``Linear(K, N)``) is one tied size, so the harness
   stays consistent; any other occurrence varies on its own. Sizes come from ``SIZES`` so
-  some layouts divide and others do not. Ranks never change.
+  some layouts divide and others are uneven. Ranks never change.
 * parameters: every grid key is drawn (and each boolean parameter the grid leaves out that
   serves any value). A parameter bound to the values it was
   verified on (its handler refuses any other call) takes only those. One that serves any
@@ -22,8 +22,8 @@ Everything is derived from the spec itself, with no per-op code:
 
 A drawn :class:`Example` is the spec narrowed to one target, one grid point and one mesh, so
 it turns into the same ``OpCase`` the generated grid tests use, and into a ``verify:`` block
-that reproduces it. :func:`check_example` asserts that every strategy divides its operands'
-shapes (non-divisible layouts must be absent, never run and fail) and verifies every strategy.
+that reproduces it. :func:`check_example` asserts that every layout fits its operand (no
+layout of another shape, no split of a one-element dim) and verifies every strategy.
 """
 
 from __future__ import annotations

@@ -15,13 +15,15 @@ from shardverify.errors import InvalidArgument
 from shardverify.explore.draw import DEFAULT_MESH_MAX_SIZE, Example, examples
 from shardverify.spec.op import OpSpec
 
-__all__ = ["divisibility_problems", "check_example", "replay", "Failure", "search"]
+__all__ = ["layout_problems", "check_example", "replay", "Failure", "search"]
 
 
 # --------------------------------------------------------------------------- checking
 
-def divisibility_problems(strategies, mesh) -> list[str]:
-    """Every layout of ``strategies`` that does not split its operand evenly on ``mesh``."""
+def layout_problems(strategies, mesh) -> list[str]:
+    """Every layout of ``strategies`` that is not a layout of its operand on ``mesh``, or that
+    splits a dim of one element (one rank holds it, the others nothing: no sharding at all).
+    A size that does not divide is no problem: its blocks are cut as DTensor cuts them."""
     problems = []
     for strategy in strategies:
         for data in strategy.operands:
@@ -33,14 +35,14 @@ def divisibility_problems(strategies, mesh) -> list[str]:
             for dim, axes in layout.partition_dict().items():
                 ways = math.prod(mesh.shape[a] for a in axes if 0 <= a < mesh.ndim)
                 size = data.shape[dim] if dim < len(data.shape) else None
-                if size is None or size % ways:
+                if size is None or (size < 2 and ways > 1):
                     problems.append(f"{where}: dim {dim} of size {size} is split {ways} ways over "
                                     f"mesh axes {axes} of mesh {tuple(mesh.shape)}")
     return problems
 
 
 def check_example(backend, example: Example, *, first_failure: bool = False) -> list:
-    """Every strategy of the example's op node divides its operands and passes on ``backend``;
+    """Every strategy of the example's op node fits its operands and passes on ``backend``;
     raises AssertionError naming the drawn call, with the report, otherwise (the reproduction
     is a hypothesis note). A call the harness or the op's handler refuses is rejected, never
     a failure (the handler serves only the parameter values its rule was verified on).
@@ -65,9 +67,9 @@ def check_example(backend, example: Example, *, first_failure: bool = False) -> 
         hypothesis.reject()
     try:
         strategies = strategies_for_node(graph_module, node_name, backend.mesh)
-        problems = divisibility_problems(strategies, backend.mesh)
+        problems = layout_problems(strategies, backend.mesh)
         if problems:
-            raise AssertionError(f"{example.spec.name}: {len(problems)} layout(s) do not divide their tensor; "
+            raise AssertionError(f"{example.spec.name}: {len(problems)} layout(s) do not fit their tensor; "
                                  "such strategies must be left out of the vector:\n  " + "\n  ".join(problems))
         results = []
         for strategy in strategies:

@@ -54,6 +54,7 @@ class NodeStatus:
     target: str
     status: str
     reason: str = ""
+    uneven: int = 0     # strategies left out: their blocks are uneven (see classify_nodes)
 
 
 def target_name(node: fx.Node) -> str:
@@ -106,8 +107,11 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "refused", str(error).splitlines()[0]))
             continue
-        options[node.name] = found or None
-        statuses.append(NodeStatus(node.name, name, "handled") if found else
+        # a plan reshards between its nodes' layouts with even blocks only: a strategy cutting a
+        # dim unevenly is verified on its own but left out of plans, and counted
+        even = [s for s in found if all(spec.is_even for _, spec in s.sharding_specs)]
+        options[node.name] = even or None
+        statuses.append(NodeStatus(node.name, name, "handled", uneven=len(found) - len(even)) if even else
                         NodeStatus(node.name, name, "refused", "its handler offers no strategy"))
     return options, tuple(statuses)
 
@@ -159,6 +163,10 @@ class Coverage:
         if targets:
             lines.append("  without a handler: " + ", ".join(f"{t} x{n}" for t, n in targets.most_common(show))
                          + (f", ... {len(targets) - show} more target(s)" if len(targets) > show else ""))
+        uneven = [s for s in self.statuses if s.uneven]
+        if uneven:
+            lines.append(f"  left out: {sum(s.uneven for s in uneven)} strategy(ies) of {len(uneven)} node(s) cut a "
+                         f"dim into uneven blocks, and plans reshard even blocks only")
         refused = [s for s in self.statuses if s.status == "refused"]
         lines += [f"  refused: node {s.node!r} ({s.target}): {s.reason}" for s in refused[:show]]
         if len(refused) > show:
@@ -168,5 +176,6 @@ class Coverage:
     def to_json(self) -> dict:
         return {"tensor_ops": self.tensor_ops, **{s.replace(" ", "_"): self.count(s) for s in STATUSES},
                 "sharded": len(self.sharded), "unhandled_targets": dict(self.unhandled_targets()),
+                "uneven_strategies_left_out": sum(s.uneven for s in self.statuses),
                 "refused": [{"node": s.node, "target": s.target, "reason": s.reason}
                             for s in self.statuses if s.status == "refused"]}

@@ -47,7 +47,8 @@ def check_pair_limit(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...])
 
 def enumerate_layouts(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...],
                       partial: bool = True) -> list[Layout]:
-    """Every valid layout (divisible shards), partial ones included when ``partial``."""
+    """Every valid layout with even blocks, partial ones included when ``partial`` (resharding
+    uneven blocks is not planned yet: plans leave uneven strategies out and say so)."""
     choices = [None, "P", *range(len(tensor_shape))] if partial else [None, *range(len(tensor_shape))]
     found: dict[str, Layout] = {}
     for assign in itertools.product(choices, repeat=len(mesh_shape)):
@@ -58,6 +59,8 @@ def enumerate_layouts(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...]
                 spec = ShardingSpec.from_partition(mesh_shape, tensor_shape,
                                                    {d: axes for d, axes in zip(per_dim, orders) if axes})
             except ShardingSpecError:
+                continue
+            if not spec.is_even:
                 continue
             layout = Layout(spec, part)
             found.setdefault(str(layout), layout)

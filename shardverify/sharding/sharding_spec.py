@@ -1,8 +1,16 @@
 """Tensor layouts on a device mesh: which mesh axes split which tensor dims.
 
 A layout is stored as a sorted dim -> axes mapping (hashable, canonical) and printed as
-a sharding sequence such as ``[R, S0, R, S1]``; ``S01`` is one dim split over axes 0 then 1.
-Every constructor validates eagerly so an impossible layout never reaches a generator.
+a sharding sequence such as ``[R, S0, R, S1]``; ``S01`` is one dim split over axes 0 then 1,
+``S10`` the same dim split over axis 1 first (DTensor's shard order).
+
+Blocks follow DTensor (``torch.chunk``): a dim of size n split k ways gives blocks of
+ceil(n/k), the last ones smaller or empty; a dim split over several axes is split over the
+first axis, then each block over the next (:mod:`shardverify.sharding.blocks`). So a size need not divide:
+``is_even`` tells whether every block has the same size, and :meth:`ShardingSpec.local_shape`
+is the largest block (the rank at coordinate 0 of every axis holds it), which is what costs
+and memory are declared for. Every constructor validates eagerly so an impossible layout
+never reaches a generator.
 """
 
 from __future__ import annotations
@@ -13,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shardverify.sharding.blocks import nested_block
 from shardverify.errors import (
     DimOutOfRangeError,
     DuplicateMeshAxisError,
     MeshAxisOutOfRangeError,
     SequenceParseError,
-    ShardingNotDivisibleError,
     ShardingSpecError,
 )
 
@@ -116,11 +124,6 @@ class ShardingSpec:
                         f"mesh axis {axis} shards both dim {used[axis]} and dim {dim} of {where}"
                         if used[axis] != dim else f"mesh axis {axis} is used twice on dim {dim} of {where}")
                 used[axis] = dim
-            count = math.prod(mesh_shape[a] for a in axes)
-            if tensor_shape[dim] % count:
-                raise ShardingNotDivisibleError(
-                    f"dim {dim} of size {tensor_shape[dim]} is not divisible into {count} shards "
-                    f"(S{''.join(map(str, axes))}) for {where}")
             partition[dim] = axes
         object.__setattr__(self, "dim_partition", tuple(sorted(partition.items())))
 
@@ -165,11 +168,30 @@ class ShardingSpec:
         return tuple(math.prod(self.mesh_shape[a] for a in partition.get(d, ()))
                      for d in range(len(self.tensor_shape)))
 
+    @property
+    def is_even(self) -> bool:
+        """Whether every rank's block has the same shape (each split size divides)."""
+        return all(size % count == 0 for size, count in zip(self.tensor_shape, self.shard_counts()))
+
+    def uneven_dims(self) -> tuple[int, ...]:
+        """The dims whose blocks differ in size between ranks."""
+        return tuple(d for d, (size, count) in enumerate(zip(self.tensor_shape, self.shard_counts()))
+                     if size % count)
+
     def local_shape(self) -> tuple[int, ...]:
-        return tuple(size // count for size, count in zip(self.tensor_shape, self.shard_counts()))
+        """The largest local shape: the block at coordinate 0 of every mesh axis (every rank's
+        shape when ``is_even``)."""
+        partition = dict(self.dim_partition)
+        return tuple(nested_block(size, [(self.mesh_shape[a], 0) for a in partition.get(d, ())])[1]
+                     for d, size in enumerate(self.tensor_shape))
 
     def local_numel(self) -> int:
         return math.prod(self.local_shape())
+
+    def local_shape_on(self, mesh: DeviceMesh, rank: int) -> tuple[int, ...]:
+        """The shape of the block ``rank`` holds (smaller than ``local_shape`` or empty on the
+        last ranks of an uneven dim)."""
+        return tuple(s.stop - s.start for s in self.local_slices(mesh, rank))
 
     def sharded_axes(self) -> set[int]:
         return {a for _, axes in self.dim_partition for a in axes}
@@ -179,15 +201,11 @@ class ShardingSpec:
         if tuple(mesh.shape) != self.mesh_shape:
             raise ShardingSpecError(f"spec for mesh {self.mesh_shape} used with mesh {mesh.shape}")
         partition = dict(self.dim_partition)
+        coord = mesh.coordinate(rank)
         slices = []
         for dim, size in enumerate(self.tensor_shape):
-            axes = partition.get(dim, ())
-            if not axes:
-                slices.append(slice(0, size))
-                continue
-            chunk = size // mesh.axes_size(axes)
-            start = mesh.group_index(rank, axes) * chunk
-            slices.append(slice(start, start + chunk))
+            start, length = nested_block(size, [(mesh.shape[a], coord[a]) for a in partition.get(dim, ())])
+            slices.append(slice(start, start + length))
         return tuple(slices)
 
     def local_shard(self, tensor: torch.Tensor, mesh: DeviceMesh, rank: int) -> torch.Tensor:

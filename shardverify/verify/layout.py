@@ -80,6 +80,12 @@ class RankLayout:
     # differentiable operand names -> expected_collectives, filled on first use
     _expected: dict = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def holds_largest(self) -> bool:
+        """Whether this rank holds the largest block of every operand (the one the strategy's
+        costs are declared for; every rank when the blocks are even)."""
+        return all(op.local_shape == op.spec.local_shape() for op in self.inputs + self.outputs)
+
     def expected_collectives(self, carrying_grad: tuple[str, ...]) -> Counter:
         """``expected_collectives(strategy, carrying_grad)``, remembered (shared: never modify it)."""
         found = self._expected.get(carrying_grad)
@@ -115,4 +121,5 @@ def _local(data: OperationData, spec: ShardingSpec, mesh: DeviceMesh, rank: int)
 def _geometry(spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> tuple[tuple[slice, ...], tuple[int, ...]]:
     """A layout's local slices and shape on ``rank`` (the strategies of a case share a few
     layouts, and a suite hands every check new strategy objects)."""
-    return spec.local_slices(mesh, rank), spec.local_shape()
+    slices = spec.local_slices(mesh, rank)
+    return slices, tuple(s.stop - s.start for s in slices)

@@ -145,8 +145,9 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
             # the declared actions ran as declared, on the declared dtypes: their price is the cost
             found += communication_mismatches(strategy, mesh, rank,
                                               traffic_fwd if traffic_start is None else traffic_fwd - traffic_start,
-                                              Counter(comm.traffic) - traffic_fwd if backward_ran else None)
-        found += compute_mismatches(strategy, rank, work)
+                                              Counter(comm.traffic) - traffic_fwd if backward_ran else None,
+                                              layout.holds_largest)
+        found += compute_mismatches(strategy, rank, work, layout.holds_largest)
     found += _memory_mismatches(strategy, rank, leaves, outputs, case, layout)
     return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
 
@@ -368,7 +369,8 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     every operand's local shard, backward a gradient of each input and parameter. Sizes come
     from the real tensors (local shard elements x the traced tensor's element size) and the
     parameter/activation split from whether the tensor is module state (a parameter or
-    buffer), never from what the strategy says about its operands."""
+    buffer), never from what the strategy says about its operands. Uneven blocks: the rank
+    holding the largest blocks holds exactly the declared bytes, any other no more."""
     from shardverify.sharding.strategy import MemoryCost
 
     real, out_dtypes = _real_operands(case)
@@ -387,9 +389,12 @@ def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outp
     bwd = MemoryCost(activation, parameter)
     held = (fwd, bwd, fwd + bwd)
     declared = tuple(strategy.memory_cost)
+    largest = layout.holds_largest
     problems = [f"{phase}: declared {d.activation} activation + {d.parameter} parameter bytes, "
                 f"local shards hold {h.activation} + {h.parameter}"
-                for phase, d, h in zip(("fwd", "bwd", "total"), declared, held) if d != h]
+                + ("" if largest else " (a rank with smaller blocks than the largest may hold less, never more)")
+                for phase, d, h in zip(("fwd", "bwd", "total"), declared, held)
+                if (d != h if largest else (h.activation > d.activation or h.parameter > d.parameter))]
     lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in inputs]
     lies += list(zip(outs, out_dtypes))
     problems += [f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}"

@@ -140,14 +140,15 @@ def communication_cost(mesh, actions: Sequence[CommAction], operands: Mapping[st
 
 
 def op_call_shapes(mesh, operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec],
-                   actions: Sequence[CommAction]) -> dict[str, tuple[int, ...]]:
+                   actions: Sequence[CommAction], rank: int | None = None) -> dict[str, tuple[int, ...]]:
     """Local shape of each operand at the op call: inputs after their BEFORE actions, outputs
-    before their AFTER actions."""
+    before their AFTER actions; on ``rank``, or the largest blocks (None)."""
     shapes = {}
     for data in operands:
         where = CommWhere.AFTER if data.type is OperationDataType.OUTPUT else CommWhere.BEFORE
         chain = [a for a in actions if a.operand == data.name and a.where is where]
-        shape = list(specs[data.name].local_shape())
+        spec = specs[data.name]
+        shape = list(spec.local_shape() if rank is None else spec.local_shape_on(mesh, rank))
         steps = reversed(chain) if where is CommWhere.AFTER else chain
         for action in steps:
             _resized(action.pattern, shape, _norm(action.dims, len(shape)), mesh.axes_size(action.axes),
@@ -166,22 +167,24 @@ def local_compute_cost(ctx: GeneratorContext, operands: Sequence[OperationData],
 
 def local_output_shapes(ctx: GeneratorContext, operands: Sequence[OperationData],
                         specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
-                        local_args: Sequence[LocalArg] = ()) -> tuple | None:
+                        local_args: Sequence[LocalArg] = (), rank: int | None = None) -> tuple | None:
     """The shapes the node's op really gives on meta tensors of the local input shapes (None when
     it refuses them): a generator compares them with its layouts' local output shapes, since an
     op that reads sizes from its input (squeeze of a dim a shard left with one element) can
-    disagree with a layout that is right for the global tensor."""
+    disagree with a layout that is right for the global tensor. ``rank``: that rank's blocks,
+    else the largest."""
     try:
-        return _meta_call(ctx, operands, specs, actions, local_args)[1]
+        return _meta_call(ctx, operands, specs, actions, local_args, rank)[1]
     except StrategyError:
         return None
 
 
 def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec],
-               actions: Sequence[CommAction], local_args: Sequence[LocalArg] = ()) -> tuple[TrainCycleItem, tuple]:
+               actions: Sequence[CommAction], local_args: Sequence[LocalArg] = (),
+               rank: int | None = None) -> tuple[TrainCycleItem, tuple]:
     """(compute cost, output shapes) of the op on meta tensors of the local shapes, cached."""
 
-    shapes = op_call_shapes(ctx.mesh, operands, specs, actions)
+    shapes = op_call_shapes(ctx.mesh, operands, specs, actions, rank)
     inputs = [d for d in operands if d.type is not OperationDataType.OUTPUT]
     key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), tuple(local_args))
     found = _META_CALLS.get(key)

@@ -6,7 +6,9 @@ input takes the layout the predecessor produces except that a shard on a reduced
 dropped (the input is gathered there), so no communication is needed: every kept shard maps
 to the same shard of the output.  When the predecessor shards a reduced dim, a second one,
 ``... | P<axes> <op>_<index>``, keeps that shard: each rank reduces its part and the partial
-output is all-reduced over those mesh axes after the op (``reduce_op``).
+output is all-reduced over those mesh axes after the op (``reduce_op``), unless the blocks
+forbid it (an avg over blocks of unequal size, a max or min with an empty block:
+:func:`~shardverify.sharding.blocks.partial_refusal`).
 
 Options (all op knowledge stays in the handler's data):
 ``follow_operand``    role of the operand whose producer is followed (default ``"input"``);
@@ -24,6 +26,7 @@ from shardverify.errors import HandlerError, StrategyError
 from shardverify.strategies.generators.common import compute_cost, make_strategy
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
 from shardverify.strategies.handlers.base import Computed
+from shardverify.sharding.blocks import partial_refusal
 from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import REDUCE_OPS, CommAction, CommPattern, CommWhere, ShardingStrategy
 
@@ -93,7 +96,9 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         strategies.append(_strategy(ctx, f"{name}_{index}", operands, specs, ()))
         partial = tuple(sorted(a for d, axes in produced.items() if d in reduced for a in axes))
         # keep the shard, reduce the partial output after the op (over size-1 axes alone it is the gathered one)
-        if math.prod(ctx.mesh.shape[a] for a in partial) > 1 and out.dtype.is_floating_point:
+        refused = any(partial_refusal(reduce_op, inp.shape[d], [ctx.mesh.shape[a] for a in axes])
+                      for d, axes in produced.items() if d in reduced)
+        if math.prod(ctx.mesh.shape[a] for a in partial) > 1 and out.dtype.is_floating_point and not refused:
             specs = {**specs, inp.name: ShardingSpec.from_partition(ctx.mesh.shape, inp.shape, produced)}
             name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}"
             action = CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, partial, out.name, CommWhere.AFTER,

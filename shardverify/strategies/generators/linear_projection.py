@@ -21,8 +21,10 @@ order (``S012`` on a 3-D mesh); ``RR = RR x RR``. Duplicates by name are dropped
 mesh has ``RR = RS0 x S0R``, ``RS0 = RR x RS0``, ``S0R = S0R x RR`` and ``RR = RR x RR``.
 
 A sharded M is laid on one physical leading input dim ``i`` at a time, giving one strategy
-per ``i`` named with the suffix ``_i`` (``S0S1 = S0R x RS1_1``); layouts that do not divide
-are dropped.
+per ``i`` named with the suffix ``_i`` (``S0S1 = S0R x RS1_1``). A size that does not divide
+is split as DTensor splits it (blocks of ceil(n/k), the last smaller or empty): M, K and N are
+whole dims of every operand, so each is cut the same way wherever it appears. A dim of one
+element is never split (one rank would hold it, the others nothing).
 
 Bias: it follows the output's last dim. When ``B`` is sharded, adding the bias inside the
 op would count it ``|B|`` times in the all-reduced sum, so those strategies declare the bias
@@ -38,7 +40,7 @@ import dataclasses
 import itertools
 import math
 
-from shardverify.errors import ShardingNotDivisibleError, StrategyError
+from shardverify.errors import StrategyError
 from shardverify.strategies.generators.common import compute_cost, grad_sync, make_strategy
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
 from shardverify.sharding.sharding_spec import DimSpec, ShardingSpec
@@ -106,19 +108,21 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
 
     strategies: list[ShardingStrategy] = []
     for a, b, c in logical_families(ctx.mesh.ndim):
-        batch_dims: list[int | None] = list(range(len(inp.shape) - 1)) if a else [None]
+        def splits_one(axes: Axes, size: int) -> bool:    # a one-element dim split is no sharding
+            return size < 2 and math.prod(mesh_shape[x] for x in axes) > 1
+        if splits_one(b, k) or splits_one(c, n):
+            continue
+        batch_dims: list[int | None] = [d for d in range(len(inp.shape) - 1) if not splits_one(a, inp.shape[d])] \
+            if a else [None]
         for dim in batch_dims:
             other_part = {0: b, 1: c} if layout == "in_out" else {0: c, 1: b}
-            try:
-                specs = {
-                    inp.name: ShardingSpec.from_partition(mesh_shape, inp.shape, {-1: b, **({dim: a} if a else {})}),
-                    other.name: ShardingSpec.from_partition(mesh_shape, other.shape, other_part),
-                    out.name: ShardingSpec.from_partition(mesh_shape, out.shape, {-1: c, **({dim: a} if a else {})}),
-                }
-                if bias is not None:
-                    specs[bias.name] = ShardingSpec.from_partition(mesh_shape, bias.shape, {-1: c})
-            except ShardingNotDivisibleError:
-                continue
+            specs = {
+                inp.name: ShardingSpec.from_partition(mesh_shape, inp.shape, {-1: b, **({dim: a} if a else {})}),
+                other.name: ShardingSpec.from_partition(mesh_shape, other.shape, other_part),
+                out.name: ShardingSpec.from_partition(mesh_shape, out.shape, {-1: c, **({dim: a} if a else {})}),
+            }
+            if bias is not None:
+                specs[bias.name] = ShardingSpec.from_partition(mesh_shape, bias.shape, {-1: c})
             actions = []
             if c:
                 actions.append(CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, c, inp.name, CommWhere.BEFORE))

@@ -3,8 +3,11 @@ strategy on any mesh.
 
 It binds the spec's rule to the call's shapes (:mod:`shardverify.strategies.rules.rule`), gives each
 mesh axis to at most one shardable factor (a factor takes its axes in ascending order:
-``S01``), drops assignments whose sizes do not divide, and derives each strategy's layouts
-and communication from the rule's semantics alone. Strategies are named
+``S01``), and derives each strategy's layouts and communication from the rule's semantics
+alone. A size that does not divide is cut as DTensor cuts it (:mod:`shardverify.sharding.blocks`),
+except where that would be wrong: a factor inside a compound dim, a partial avg over unequal
+blocks or a partial max/min with an empty block, a shape argument, and a view whose local
+call gives another shape on some rank (``UNEVEN_REFUSALS`` names each). Strategies are named
 ``<input layouts> -> <output layouts>`` with one ``S``/``R`` group per tensor dim
 (``S0R x RS1 -> S0S1``), plus ``| P<axes> <op>`` when the output is reduced after the op.
 The fully replicated strategy comes last.
@@ -20,6 +23,7 @@ from shardverify.strategies.generators.common import grad_sync, local_output_sha
 from shardverify.strategies.generators.registry import GeneratorContext, KnownGap, register_generator
 from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
+from shardverify.sharding.blocks import partial_refusal
 from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import (
     CommAction,
@@ -56,11 +60,14 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
 
 
 def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
-    """Every map factor -> mesh axes (each axis used once, ascending) whose sizes divide and
-    that leave every compound dim one contiguous block per rank; the empty map (replicated)
-    last."""
+    """Every map factor -> mesh axes (each axis used once, ascending) that leaves every compound
+    dim one contiguous block per rank, a factor in a compound dim cut evenly, and a reduced
+    factor's partial value reducible by its op (:func:`partial_refusal`); the empty map
+    (replicated) last."""
     shardable = rule.shardable()
     sizes = rule.size
+    compound = rule.in_compound()
+    reduce_ops = dict(rule.reduce)
     found = []
     for choice in itertools.product(range(len(shardable) + 1), repeat=len(mesh_shape)):
         axes: dict[str, tuple[int, ...]] = {}
@@ -68,8 +75,12 @@ def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple
             if pick:
                 axes[shardable[pick - 1]] = axes.get(shardable[pick - 1], ()) + (axis,)
         ways = {f: math.prod(mesh_shape[a] for a in ax) for f, ax in axes.items()}
-        if all(sizes[f] % n == 0 for f, n in ways.items()) and rule.contiguous(ways):
-            found.append(axes)
+        if any(sizes[f] % n for f, n in ways.items() if f in compound) or not rule.contiguous(ways):
+            continue
+        if any(partial_refusal(reduce_ops[f], sizes[f], [mesh_shape[a] for a in ax])
+               for f, ax in axes.items() if f in reduce_ops):
+            continue
+        found.append(axes)
     found.sort(key=lambda a: not a)      # stable: the replicated assignment last
     return found
 
@@ -154,9 +165,13 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
         if name in strategies:
             continue
+        uneven = not all(spec.is_even for spec in specs.values())
+        if uneven and shape_at:     # one shape argument serves every rank
+            continue
         local_args = (LocalArg(shape_at, specs[outputs[0].name].local_shape()[shape_part]),) if shape_at else ()
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if (view or shape_at) and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args):
+        if (view or shape_at or uneven) and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args,
+                                                                uneven):
             continue
         # compute cost by the checked rule: the op measured on meta tensors of the local shapes
         strategy = make_strategy(ctx, name, operands, specs, actions, local_args=local_args)
@@ -208,10 +223,16 @@ def _shape_locator(ctx: GeneratorContext, options: RuleOptions) -> OperandLocato
     return locator
 
 
-def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions, local_args=()) -> bool:
+def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions, local_args=(),
+                     uneven: bool = False) -> bool:
     """A view op reads sizes from its local input (squeeze drops every size-1 dim) and from its
     shape argument (each rank's local output shape, ``local_args``): a layout is offered only
-    when the op on meta tensors of the local input shapes gives the layout's local output shapes."""
-    got = local_output_shapes(ctx, operands, specs, actions, local_args)
-    want = op_call_shapes(ctx.mesh, operands, specs, actions)
-    return got is not None and tuple(got[:len(outputs)]) == tuple(want[o.name] for o in outputs)
+    when the op on meta tensors of the local input shapes gives the layout's local output shapes.
+    With uneven blocks every rank's shapes are tried (a block of one element squeezes away, an
+    empty one may make the op refuse)."""
+    for rank in (ctx.mesh.ranks if uneven else (None,)):
+        got = local_output_shapes(ctx, operands, specs, actions, local_args, rank=rank)
+        want = op_call_shapes(ctx.mesh, operands, specs, actions, rank=rank)
+        if got is None or tuple(got[:len(outputs)]) != tuple(want[o.name] for o in outputs):
+            return False
+    return True

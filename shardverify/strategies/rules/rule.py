@@ -52,6 +52,13 @@ class Rule:
         sizes = self.size
         return tuple(name for name, _ in self.sizes if name not in self.whole and sizes[name] > 1)
 
+    def in_compound(self) -> frozenset[str]:
+        """Factors that share a tensor dim with another factor of size > 1 (a flatten's parts):
+        cut unevenly, such a factor's blocks are not the blocks of the dim holding it."""
+        sizes = self.size
+        return frozenset(f for term in self.inputs + self.outputs for dim in term
+                         if sum(sizes[g] > 1 for g in dim) > 1 for f in dim)
+
     def contiguous(self, ways: Mapping[str, int]) -> bool:
         """Whether sharding each factor ``ways[f]`` ways (absent: 1) gives every compound dim a
         contiguous block per rank: each factor before the dim's last sharded one is sharded as
