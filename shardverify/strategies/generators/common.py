@@ -167,40 +167,52 @@ def local_compute_cost(ctx: GeneratorContext, operands: Sequence[OperationData],
 
 def local_output_shapes(ctx: GeneratorContext, operands: Sequence[OperationData],
                         specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
-                        local_args: Sequence[LocalArg] = (), rank: int | None = None) -> tuple | None:
+                        local_args: Sequence[LocalArg] = (), rank: int | None = None,
+                        probe: bool = False) -> tuple | None:
     """The shapes the node's op really gives on meta tensors of the local input shapes (None when
     it refuses them): a generator compares them with its layouts' local output shapes, since an
     op that reads sizes from its input (squeeze of a dim a shard left with one element) can
     disagree with a layout that is right for the global tensor. ``rank``: that rank's blocks,
-    else the largest."""
+    else the largest. ``probe``: a rank holding an empty block, where meta kernels are no guide
+    (a conv with no output channel runs on meta, and raises on the CPU; adaptive pooling's
+    backward refuses an empty channel dim): the op runs forward and backward on real CPU
+    tensors of the local shapes, and beyond ``PROBE_ELEMENTS`` elements the layout is not
+    offered at all."""
     try:
-        return _meta_call(ctx, operands, specs, actions, local_args, rank)[1]
+        return _meta_call(ctx, operands, specs, actions, local_args, rank, probe)[1]
     except StrategyError:
         return None
 
 
 def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec],
                actions: Sequence[CommAction], local_args: Sequence[LocalArg] = (),
-               rank: int | None = None) -> tuple[TrainCycleItem, tuple]:
-    """(compute cost, output shapes) of the op on meta tensors of the local shapes, cached."""
+               rank: int | None = None, probe: bool = False) -> tuple[TrainCycleItem, tuple]:
+    """(compute cost, output shapes) of the op on meta tensors of the local shapes, cached;
+    ``probe``: on CPU tensors, backward included (see :func:`local_output_shapes`)."""
 
     shapes = op_call_shapes(ctx.mesh, operands, specs, actions, rank)
     inputs = [d for d in operands if d.type is not OperationDataType.OUTPUT]
-    key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), tuple(local_args))
+    key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), tuple(local_args), probe)
     found = _META_CALLS.get(key)
     if found is None:   # meta kernels take milliseconds; strategies share few distinct local shapes
-        values = {(d.locator.kind, d.locator.key): torch.empty(shapes[d.name], dtype=d.dtype, device="meta")
-                  for d in inputs}
+        if probe and sum(math.prod(shapes[d.name]) for d in inputs) > PROBE_ELEMENTS:
+            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: an empty block is offered only when the "
+                                f"op, probed on the CPU, takes it; local shapes {shapes} exceed the probe's "
+                                f"{PROBE_ELEMENTS} elements")
+        values = {(d.locator.kind, d.locator.key): _probe_tensor(shapes[d.name], d.dtype, probe) for d in inputs}
         tensors = list(values.values())
         values.update({(a.locator.kind, a.locator.key): a.value for a in local_args})
         module = ctx.graph_module.get_submodule(ctx.node.target) if ctx.node.op == "call_module" else None
         try:
             with LocalFlopCounter() as counter:
                 result = call_op(ctx.node, module, values)
+            outs = result if isinstance(result, (list, tuple)) else (result,)
+            if probe:
+                _probe_backward(tensors, outs)
         except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
-            raise StrategyError(f"{ctx.handler_name}: cannot run node {ctx.node.name!r} on meta tensors of the "
+            raise StrategyError(f"{ctx.handler_name}: cannot run node {ctx.node.name!r} "
+                                f"{'forward and backward on CPU' if probe else 'on meta'} tensors of the "
                                 f"local shapes {shapes}: {exc}") from exc
-        outs = result if isinstance(result, (list, tuple)) else (result,)
         numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
         if len(_META_CALLS) >= 4096:
             _META_CALLS.clear()
@@ -210,6 +222,26 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
 
 
 _META_CALLS: dict = {}
+
+
+#: the most input elements a CPU probe of an empty block allocates (16 MB of float32)
+PROBE_ELEMENTS = 1 << 22
+
+
+def _probe_tensor(shape: tuple[int, ...], dtype: torch.dtype, probe: bool) -> torch.Tensor:
+    if not probe:
+        return torch.empty(shape, dtype=dtype, device="meta")
+    if dtype.is_floating_point:
+        return torch.rand(shape, dtype=dtype).add_(0.5).requires_grad_()
+    return torch.zeros(shape, dtype=dtype)   # ids and masks: zero is a valid one
+
+
+def _probe_backward(inputs: Sequence[torch.Tensor], outputs: Sequence[object]) -> None:
+    """The backward of a probe call, from gradients of ones on every differentiable output."""
+    leaves = [t for t in inputs if t.requires_grad]
+    outs = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if leaves and outs:
+        torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)
 
 
 def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[OperationData],
