@@ -144,17 +144,19 @@ class Problem:
     def run(self, combo: Sequence[Layout], arguments: dict | None = None,
             masked: Sequence[tuple[int, int, int]] = ()) -> list[tuple[torch.Tensor, ...]] | str:
         """Every rank's local outputs for ``combo`` (one layout per operand), or why the op failed;
-        ``arguments``: non-tensor call arguments every rank passes instead of the recorded ones;
+        ``arguments``: non-tensor call arguments every rank passes instead of the recorded ones
+        (a list: each rank's own);
         ``masked``: (ids operand, table operand, table dim) whose ids each rank shifts into its
         rows of the table, zeroing the first output of the ids it does not hold (IndexShard)."""
         locals_ = [self.local(i, layout) for i, layout in enumerate(combo)]
-        shapes = (tuple(tuple(t[0].shape) for t in locals_), tuple((arguments or {}).items()), tuple(masked))
+        per_rank = arguments if isinstance(arguments, list) else [arguments or {}] * self.mesh.size
+        shapes = (tuple(tuple(t[0].shape) for t in locals_), tuple(per_rank[0].items()), tuple(masked))
         if shapes in self._shape_errors:
             return self._shape_errors[shapes]
         results = []
         for rank in self.mesh.ranks:
             values = {op.locator: t[rank] for op, t in zip(self.operands, locals_)}
-            values.update(arguments or {})
+            values.update(per_rank[rank])
             outside = []
             for ids, table, dim in masked:
                 rows = self.slices(combo[table], self.operands[table].shape, rank)[dim]
@@ -235,20 +237,27 @@ class Problem:
         # a view told its output shape: each local output shape a layout of the output can have
         # is passed in turn, and the first that the ranks' outputs form is the combination's
         outcome = Outcome(None, "no local output shape fits")
-        locator, part = self.shape_arg
-        for shape in self._local_output_shapes():
-            outcome = self._decide(combo, {locator: shape[part]}, masked)
+        for arguments in self._shape_arguments():
+            outcome = self._decide(combo, list(arguments), masked)
             if outcome.valid:
                 return outcome
         return outcome
 
-    def _local_output_shapes(self) -> list[tuple[int, ...]]:
+    def shape_arguments(self, layout: Layout) -> list[dict]:
+        """Each rank's shape argument when the first output is laid out ``layout``: that part of
+        its own block's shape."""
+        locator, part = self.shape_arg
+        return [{locator: shape[part]} for shape in self.local_shapes(layout, self.outputs[0].shape)]
+
+    def _shape_arguments(self) -> list[tuple[dict, ...]]:
+        """Every distinct per-rank set of shape arguments an output layout gives."""
         if "shapes" not in self._candidates:
             ref = self.outputs[0]
-            # one shape argument serves every rank: only even layouts can be told theirs
-            self._candidates["shapes"] = list(dict.fromkeys(
-                Layout(dims).local_shape(ref.shape, self.mesh.shape)
-                for dims in _shardings(tuple(ref.shape), self.mesh.shape, even=True)))
+            found: dict = {}
+            for dims in _shardings(tuple(ref.shape), self.mesh.shape):
+                arguments = self.shape_arguments(Layout(dims))
+                found.setdefault(tuple(tuple(a.items()) for a in arguments), tuple(arguments))
+            self._candidates["shapes"] = list(found.values())
         return self._candidates["shapes"]
 
     def _decide(self, combo: Sequence[Layout], arguments: dict | None,

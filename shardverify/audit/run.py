@@ -329,10 +329,7 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
 
 def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...], masked=()) -> bool:
     # a view told its shape is run with the local shape of the layout it is asked about
-    arguments = None
-    if problem.shape_arg is not None:
-        locator, part = problem.shape_arg
-        arguments = {locator: outputs[0].local_shape(problem.outputs[0].shape, problem.mesh.shape)[part]}
+    arguments = problem.shape_arguments(outputs[0]) if problem.shape_arg is not None else None
     outs = problem.run(combo, arguments, masked)
     if isinstance(outs, str):
         return False

@@ -388,7 +388,7 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
     for loc, arg in operand_nodes(node).items():   # non-tensor graph values (x.shape[0]) as computed
         if loc not in values and not isinstance(env.get(arg.name), torch.Tensor):
             values[loc] = env.get(arg.name)
-    values.update(local_arguments(strategy))       # a view's local shape in place of the global one
+    values.update(local_arguments(strategy, comm.rank))   # a view's local shape in place of the global one
     outputs = list(as_outputs(node, call_op(node, module, values)))
     # a deferred partial output is reduced by the plan's resharding after this node
     outputs = after_op(comm, strategy, outputs, late, keep_partial=deferred or None)

@@ -198,8 +198,17 @@ class LocalArg:
 
     locator: OperandLocator
     value: object
+    # one value per rank where blocks are uneven (rank r's local shape); ``value`` is rank 0's
+    per_rank: tuple = ()
+
+    def value_on(self, rank: int) -> object:
+        """What ``rank`` passes."""
+        return self.per_rank[rank] if self.per_rank else self.value
 
     def __post_init__(self) -> None:
+        if self.per_rank and self.per_rank[0] != self.value:
+            raise StrategyError(f"local argument at {self.locator}: value {self.value!r} is not rank 0's "
+                                f"{self.per_rank[0]!r}")
         if self.locator.kind not in ("arg", "kwarg", "varargs"):
             raise StrategyError(f"a local argument replaces a call argument (arg, kwarg or varargs), "
                                 f"got locator {self.locator}")

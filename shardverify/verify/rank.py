@@ -194,7 +194,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
         leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone()
         leaves[data.name] = ref.leaf(loc, leaf)
         local[loc] = before_op(comm, strategy, data.name, leaf, late)
-    local.update(local_arguments(strategy))
+    local.update(local_arguments(strategy, comm.rank))
     meter = OpMeter(node, _call_signature(local))
     try:
         outputs = list(as_outputs(node, meter.call(call_op, node, module, local, owned=module is not None)))
@@ -221,10 +221,10 @@ def _hashable(value: object) -> object:
     return value
 
 
-def local_arguments(strategy: ShardingStrategy) -> dict:
-    """Locator -> value of the non-tensor arguments the strategy's ranks pass in place of the
-    recorded ones (a view's local shape), in the form ``call_op`` takes."""
-    return {(arg.locator.kind, arg.locator.key): arg.value for arg in strategy.local_args}
+def local_arguments(strategy: ShardingStrategy, rank: int) -> dict:
+    """Locator -> value of the non-tensor arguments ``rank`` passes in place of the recorded
+    ones (a view's local shape, its own where blocks are uneven), in the form ``call_op`` takes."""
+    return {(arg.locator.kind, arg.locator.key): arg.value_on(rank) for arg in strategy.local_args}
 
 
 _OWN = threading.local()
@@ -251,7 +251,8 @@ def _op_context(comm, node, strategy: ShardingStrategy, leaves: dict, local: dic
     every = _fails_on_shapes(node, strategy, local)
     lines = [f"{OP_FAILED} on rank {comm.rank}: {type(exc).__name__}: {reason}"
              + (f"\n{EVERY_RANK}" if every else "")]
-    lines += [f"local argument {arg.locator.kind} {arg.locator.key!r}: {arg.value!r}" for arg in strategy.local_args]
+    lines += [f"local argument {arg.locator.kind} {arg.locator.key!r}: {arg.value_on(comm.rank)!r}"
+              for arg in strategy.local_args]
     for data in strategy.inputs:
         spec = strategy.get_sharding_spec_by_name(data.name)
         actions = [f"{a.pattern.name} over mesh axes {a.axes}" + (f" on dims {a.dims}" if a.dims else "")

@@ -192,7 +192,8 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
 
     shapes = op_call_shapes(ctx.mesh, operands, specs, actions, rank)
     inputs = [d for d in operands if d.type is not OperationDataType.OUTPUT]
-    key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), tuple(local_args), probe)
+    args = tuple((a.locator, a.value if rank is None else a.value_on(rank)) for a in local_args)
+    key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), args, probe)
     found = _META_CALLS.get(key)
     if found is None:   # meta kernels take milliseconds; strategies share few distinct local shapes
         if probe and sum(math.prod(shapes[d.name]) for d in inputs) > PROBE_ELEMENTS:
@@ -201,7 +202,8 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
                                 f"{PROBE_ELEMENTS} elements")
         values = {(d.locator.kind, d.locator.key): _probe_tensor(shapes[d.name], d.dtype, probe) for d in inputs}
         tensors = list(values.values())
-        values.update({(a.locator.kind, a.locator.key): a.value for a in local_args})
+        values.update({(a.locator.kind, a.locator.key): a.value if rank is None else a.value_on(rank)
+                       for a in local_args})
         module = ctx.graph_module.get_submodule(ctx.node.target) if ctx.node.op == "call_module" else None
         try:
             with LocalFlopCounter() as counter:

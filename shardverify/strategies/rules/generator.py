@@ -6,8 +6,9 @@ mesh axis to at most one shardable factor (a factor takes its axes in ascending 
 ``S01``), and derives each strategy's layouts and communication from the rule's semantics
 alone. A size that does not divide is cut as DTensor cuts it (:mod:`shardverify.sharding.blocks`),
 except where that would be wrong: a factor inside a compound dim, a partial avg over unequal
-blocks or a partial max/min with an empty block, a shape argument, and a view whose local
-call gives another shape on some rank (``UNEVEN_REFUSALS`` names each). Strategies are named
+blocks or a partial max/min with an empty block, and a layout whose local call gives another
+shape on some rank or refuses an empty block (probed on the CPU). A shape argument is each
+rank's own block's shape. Strategies are named
 ``<input layouts> -> <output layouts>`` with one ``S``/``R`` group per tensor dim
 (``S0R x RS1 -> S0S1``), plus ``| P<axes> <op>`` when the output is reduced after the op.
 The fully replicated strategy comes last.
@@ -166,9 +167,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         if name in strategies:
             continue
         uneven = not all(spec.is_even for spec in specs.values())
-        if uneven and shape_at:     # one shape argument serves every rank
-            continue
-        local_args = (LocalArg(shape_at, specs[outputs[0].name].local_shape()[shape_part]),) if shape_at else ()
+        local_args = (_shape_argument(ctx, shape_at, specs[outputs[0].name], shape_part, uneven),) if shape_at else ()
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
         if (view or shape_at or uneven) and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args,
                                                                 uneven):
@@ -179,6 +178,15 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             strategy = strategy.replace(post_add=tuple(post_add), index_shards=index_shards)
         strategies[name] = strategy
     return list(strategies.values())
+
+
+def _shape_argument(ctx: GeneratorContext, at: OperandLocator, out: ShardingSpec, part: slice,
+                    uneven: bool) -> LocalArg:
+    """The shape argument each rank passes: its own block's part of the output shape."""
+    value = out.local_shape()[part]
+    if not uneven:
+        return LocalArg(at, value)
+    return LocalArg(at, value, tuple(out.local_shape_on(ctx.mesh, rank)[part] for rank in ctx.mesh.ranks))
 
 
 def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],
