@@ -164,9 +164,13 @@ class Problem:
                 loc = self.operands[ids].locator
                 values[loc], mask = shift_into_shard(values[loc], rows.start or 0, size)
                 outside.append(mask)
+            empty = any(t[rank].numel() == 0 for t in locals_)
             try:
-                with torch.no_grad():
-                    out = call_op(self.node, self.module, values)
+                if empty:   # a kernel may take an empty block forward and refuse it backward
+                    out = _call_with_backward(self.node, self.module, values)
+                else:
+                    with torch.no_grad():
+                        out = call_op(self.node, self.module, values)
             except Exception as exc:  # the op refuses these local inputs: not a valid combination
                 reason = f"the local op fails: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 # Rank 0 holds the first shard of every layout; what it refuses is a matter of
@@ -341,6 +345,22 @@ class Problem:
                     if self.holds(tensors, layout, k, ref):
                         return layout
         return None
+
+
+def _call_with_backward(node, module, values: dict):
+    """The op on ``values`` with its backward run from gradients of ones (what a training step
+    does with a rank's empty block); the outputs, detached."""
+    values = {k: v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in values.items()}
+    out = call_op(node, module, values)
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
+            if isinstance(o, torch.Tensor) and o.requires_grad]
+    leaves = [v for v in values.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    if outs and leaves:
+        torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
+    def detached(o):
+        return o.detach() if isinstance(o, torch.Tensor) else o
+    return tuple(detached(o) for o in out) if isinstance(out, (tuple, list)) else detached(out)
 
 
 def _scale(output: torch.Tensor) -> float:

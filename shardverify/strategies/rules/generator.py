@@ -5,10 +5,10 @@ It binds the spec's rule to the call's shapes (:mod:`shardverify.strategies.rule
 mesh axis to at most one shardable factor (a factor takes its axes in ascending order:
 ``S01``), and derives each strategy's layouts and communication from the rule's semantics
 alone. A size that does not divide is cut as DTensor cuts it (:mod:`shardverify.sharding.blocks`),
-except where that would be wrong: a factor inside a compound dim, a partial avg over unequal
-blocks or a partial max/min with an empty block, and a layout whose local call gives another
-shape on some rank or refuses an empty block (probed on the CPU). A shape argument is each
-rank's own block's shape. Strategies are named
+except where that would be wrong: a compound dim whose own cut differs from its factor's, a
+partial avg over unequal blocks or a partial max/min with an empty block, and a layout whose
+local call gives another shape on some rank or refuses an empty block (probed on the CPU). A
+shape argument is each rank's own block's shape. Strategies are named
 ``<input layouts> -> <output layouts>`` with one ``S``/``R`` group per tensor dim
 (``S0R x RS1 -> S0S1``), plus ``| P<axes> <op>`` when the output is reduced after the op.
 The fully replicated strategy comes last.
@@ -62,12 +62,11 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
 
 def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
     """Every map factor -> mesh axes (each axis used once, ascending) that leaves every compound
-    dim one contiguous block per rank, a factor in a compound dim cut evenly, and a reduced
+    dim one contiguous block per rank, the block DTensor's cut of that dim gives, and a reduced
     factor's partial value reducible by its op (:func:`partial_refusal`); the empty map
     (replicated) last."""
     shardable = rule.shardable()
     sizes = rule.size
-    compound = rule.in_compound()
     reduce_ops = dict(rule.reduce)
     found = []
     for choice in itertools.product(range(len(shardable) + 1), repeat=len(mesh_shape)):
@@ -76,7 +75,7 @@ def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple
             if pick:
                 axes[shardable[pick - 1]] = axes.get(shardable[pick - 1], ()) + (axis,)
         ways = {f: math.prod(mesh_shape[a] for a in ax) for f, ax in axes.items()}
-        if any(sizes[f] % n for f, n in ways.items() if f in compound) or not rule.contiguous(ways):
+        if not rule.contiguous(ways) or not rule.compound_blocks_agree(axes, mesh_shape):
             continue
         if any(partial_refusal(reduce_ops[f], sizes[f], [mesh_shape[a] for a in ax])
                for f, ax in axes.items() if f in reduce_ops):
