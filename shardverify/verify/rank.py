@@ -275,9 +275,13 @@ EVERY_RANK = ("it fails on shapes alone (meta tensors), and every rank's operand
 
 
 def _fails_on_shapes(node, strategy: ShardingStrategy, local: dict) -> bool:
-    """Whether the op also fails on meta tensors of the same shapes and dtypes. Layouts
-    shard evenly and actions are the same on every rank, so a shape-only failure is every
-    rank's; a value-dependent one (an index out of range) is only known for this rank."""
+    """Whether the op also fails on meta tensors of the same shapes and dtypes, when every rank
+    passes the same shapes (even layouts: the actions are the same on every rank too), so a
+    shape-only failure is every rank's; a value-dependent one (an index out of range), or one
+    on uneven blocks (each rank has its own shapes), is only known for this rank."""
+    if not all(spec.is_even for _, spec in strategy.sharding_specs) or \
+            any(arg.per_rank for arg in strategy.local_args):
+        return False
     meta = {loc: torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
             for loc, t in local.items()}
     module = None
