@@ -22,8 +22,8 @@ def only_replicated(strategies) -> bool:
 
 def replicated_warning(case_id: str, mesh: tuple[int, ...]) -> str:
     return (f"{case_id} on mesh {list(mesh)}: only the replicated strategy exists, so no sharding is "
-            "verified (the grid's shapes may not divide by the mesh axes, or the generator has no "
-            "sharded strategy for this case)")
+            "verified (the generator offers no sharded strategy for this case: dims of one element, an "
+            "avg that unequal blocks cannot keep partial, a layout the op refuses on some rank's block)")
 
 
 @dataclass
