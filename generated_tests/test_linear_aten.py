@@ -49,6 +49,7 @@ MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
     pytest.param((1, 4), id='mesh1x4'),
     pytest.param((2, 2, 2), id='mesh2x2x2'),
+    pytest.param((2, 3), id='mesh2x3'),
 ]
 
 
