@@ -17,10 +17,9 @@ CASE_IDS = [
     'torch.ops.aten.linear.default-bias_True',
 ]
 MESH_SHAPES = [
-    pytest.param((2, 2), id='mesh2x2'),
     pytest.param((4,), id='mesh4'),
+    pytest.param((2, 2), id='mesh2x2'),
     pytest.param((1, 4), id='mesh1x4'),
-    pytest.param((2, 3), id='mesh2x3'),
 ]
 
 

@@ -46,9 +46,6 @@ class Layout:
         return tuple(nested_block(size, [(mesh_shape[a], 0) for a in axes])[1]
                      for size, axes in zip(shape, self.dims))
 
-    def is_even(self, shape: Sequence[int], mesh_shape: Sequence[int]) -> bool:
-        return all(size % count == 0 for size, count in zip(shape, self.shard_counts(mesh_shape)))
-
     def permuted(self, perm: Sequence[int]) -> Layout:
         """The same layout with mesh axis a renamed perm[a] (a symmetry of the mesh)."""
         return Layout(tuple(tuple(perm[a] for a in axes) for axes in self.dims),
@@ -84,9 +81,9 @@ def spec_layout(spec: ShardingSpec) -> Layout:
     return Layout(tuple(partition.get(d, ()) for d in range(len(spec.tensor_shape))))
 
 
-def _shardings(shape: Sequence[int], mesh_shape: Sequence[int], even: bool = False) -> Iterator[tuple[Axes, ...]]:
-    """Every sharding (only the even ones with ``even``): each mesh axis unused or on one dim of
-    two or more elements, every order on a shared dim."""
+def _shardings(shape: Sequence[int], mesh_shape: Sequence[int]) -> Iterator[tuple[Axes, ...]]:
+    """Every sharding, even or not: each mesh axis unused or on one dim of two or more elements,
+    every order on a shared dim."""
     ndim = len(shape)
     # an axis of size 1 shards nothing: it is never placed (see Layout.normalized)
     options = [[-1] + [d for d in range(ndim) if shape[d] > 1] if size > 1 else (-1,) for size in mesh_shape]
@@ -95,8 +92,6 @@ def _shardings(shape: Sequence[int], mesh_shape: Sequence[int], even: bool = Fal
         for axis, dim in enumerate(placement):
             if dim >= 0:
                 groups[dim].append(axis)
-        if even and any(shape[d] % math.prod(mesh_shape[a] for a in groups[d]) for d in range(ndim)):
-            continue
         for orders in itertools.product(*(itertools.permutations(g) for g in groups)):
             yield tuple(tuple(o) for o in orders)
 

@@ -6,8 +6,8 @@ a sharding sequence such as ``[R, S0, R, S1]``; ``S01`` is one dim split over ax
 
 Blocks follow DTensor (``torch.chunk``): a dim of size n split k ways gives blocks of
 ceil(n/k), the last ones smaller or empty; a dim split over several axes is split over the
-first axis, then each block over the next (:mod:`shardverify.sharding.blocks`). So a size need not divide:
-``is_even`` tells whether every block has the same size, and :meth:`ShardingSpec.local_shape`
+first axis, then each block over the next (:mod:`shardverify.sharding.blocks`). So a size need
+not divide: ``is_even`` tells whether every block has the same size, and :meth:`ShardingSpec.local_shape`
 is the largest block (the rank at coordinate 0 of every axis holds it), which is what costs
 and memory are declared for. Every constructor validates eagerly so an impossible layout
 never reaches a generator.
@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardverify.sharding.blocks import nested_block
 from shardverify.errors import (
     DimOutOfRangeError,
     DuplicateMeshAxisError,
@@ -29,6 +28,7 @@ from shardverify.errors import (
     SequenceParseError,
     ShardingSpecError,
 )
+from shardverify.sharding.blocks import nested_block
 
 if TYPE_CHECKING:
     import torch
@@ -172,11 +172,6 @@ class ShardingSpec:
     def is_even(self) -> bool:
         """Whether every rank's block has the same shape (each split size divides)."""
         return all(size % count == 0 for size, count in zip(self.tensor_shape, self.shard_counts()))
-
-    def uneven_dims(self) -> tuple[int, ...]:
-        """The dims whose blocks differ in size between ranks."""
-        return tuple(d for d, (size, count) in enumerate(zip(self.tensor_shape, self.shard_counts()))
-                     if size % count)
 
     def local_shape(self) -> tuple[int, ...]:
         """The largest local shape: the block at coordinate 0 of every mesh axis (every rank's
