@@ -8,12 +8,9 @@ ceil(n/k), a dim split over two mesh axes in the other order (``S10`` read as ``
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
-import shardverify.strategies.handlers.base as handlers
 import shardverify.strategies.rules.generator as rules_generator
 from shardverify.backends.simulated import SimulatedBackend
 from shardverify.sharding.blocks import block_lengths, chunk_block, partial_refusal
@@ -22,28 +19,9 @@ from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import LocalArg
 from shardverify.spec.case import InputDecl, OpCase
 from shardverify.strategies.for_node import CACHE_KEY, strategies_for_node
-from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl, target_key
+from shardverify.strategies.handlers.base import OperandDecl, ParamDecl
 from shardverify.verify.engine import verify_case
-
-IN0 = OperandDecl("input", "input", 0, "input")
-OUT = OperandDecl("output", "output")
-
-
-@contextlib.contextmanager
-def handler(name: str, target, operands, options, params=()):
-    """A rules handler for ``target`` in place of the shipped one, for one test."""
-    defn = HandlerDef(name=name, targets=(target,), operands=tuple(operands), params=tuple(params),
-                      generator="rules", options=tuple(options.items()))
-    key = target_key(target)
-    saved = handlers._REGISTRY.get(key)
-    handlers._REGISTRY[key] = (defn,)
-    try:
-        yield defn
-    finally:
-        if saved is None:
-            handlers._REGISTRY.pop(key, None)
-        else:
-            handlers._REGISTRY[key] = saved
+from test_rules import IN0, OUT, handler   # a rules handler in place of the shipped one, for one test
 
 
 def verify(case: OpCase, mesh_shape, strategies=None):
