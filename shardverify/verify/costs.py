@@ -111,7 +111,8 @@ def _close(declared: float, expected: float, largest: bool = True) -> bool:
 
 
 def _claim(largest: bool) -> str:
-    return "expected" if largest else "expected at least (a smaller block than the largest measured)"
+    """How a mismatch reads: the largest blocks' rank must measure the figure, another no more."""
+    return "expected" if largest else "but this rank, holding smaller blocks than the largest, measured"
 
 
 def _describe(traffic: Counter) -> str:
