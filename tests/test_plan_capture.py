@@ -316,3 +316,22 @@ def test_an_inplace_op_becomes_functional_only_where_nothing_observes_the_change
 
     assert "aten.add.Tensor" in targets(Residual()) and "aten.add_.Tensor" not in targets(Residual())
     assert "aten.add_.Tensor" in targets(Viewed())
+
+
+def test_strategies_cutting_uneven_blocks_are_left_out_of_plans_and_counted():
+    """A Linear(6, 10) on 3 ranks: its batch of 8 and N of 10 do not divide. Those strategies are
+    verified op by op, but a plan reshards even blocks only: it leaves them out, says how many,
+    and still offers the even ones (K of 6)."""
+    from shardverify.plan.coverage import Coverage, classify_nodes
+
+    graph_module = _traced(ModelRecipe(torch.nn.Linear(6, 10), (torch.randn(8, 6),), capture="export"))
+    options, statuses = classify_nodes(graph_module, DeviceMesh((3,)))
+    linear = next(s for s in statuses if "linear" in s.target)
+    assert linear.status == "handled" and linear.uneven > 0
+    kept = options[linear.node]
+    assert kept and all(spec.is_even for s in kept for _, spec in s.sharding_specs)
+    assert any(spec.dim_partition for s in kept for _, spec in s.sharding_specs)   # K split 2 + 2 + 2
+    coverage = Coverage(statuses, ())
+    assert any(f"left out: {linear.uneven} strategy(ies) of 1 node(s) cut a dim into uneven blocks" in line
+               for line in coverage.lines())
+    assert coverage.to_json()["uneven_strategies_left_out"] == linear.uneven
