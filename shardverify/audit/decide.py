@@ -358,9 +358,9 @@ def _call_with_backward(node, module, values: dict):
     leaves = [v for v in values.values() if isinstance(v, torch.Tensor) and v.requires_grad]
     if outs and leaves:
         torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
-    def detached(o):
-        return o.detach() if isinstance(o, torch.Tensor) else o
-    return tuple(detached(o) for o in out) if isinstance(out, (tuple, list)) else detached(out)
+    if isinstance(out, (tuple, list)):
+        return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in out)
+    return out.detach() if isinstance(out, torch.Tensor) else out
 
 
 def _scale(output: torch.Tensor) -> float:
