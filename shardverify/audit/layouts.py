@@ -14,7 +14,6 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from shardverify.sharding.blocks import nested_block
 from shardverify.sharding.sharding_spec import DimSpec, ShardingSequence, ShardingSpec
 
 __all__ = ["Layout", "tensor_layouts", "axis_symmetries", "spec_layout", "REDUCE_OPS"]
@@ -40,11 +39,6 @@ class Layout:
 
     def shard_counts(self, mesh_shape: Sequence[int]) -> tuple[int, ...]:
         return tuple(math.prod(mesh_shape[a] for a in axes) for axes in self.dims)
-
-    def local_shape(self, shape: Sequence[int], mesh_shape: Sequence[int]) -> tuple[int, ...]:
-        """The largest block's shape (coordinate 0 of every axis)."""
-        return tuple(nested_block(size, [(mesh_shape[a], 0) for a in axes])[1]
-                     for size, axes in zip(shape, self.dims))
 
     def permuted(self, perm: Sequence[int]) -> Layout:
         """The same layout with mesh axis a renamed perm[a] (a symmetry of the mesh)."""
