@@ -21,7 +21,7 @@ from shardverify.sharding.blocks import nested_block
 from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import OpCase
-from shardverify.capture.call import call_op
+from shardverify.capture.call import backward_from_ones, call_op
 from shardverify.verify.reference import reference
 from shardverify.verify.tolerance import Tolerance, is_close
 
@@ -353,11 +353,7 @@ def _call_with_backward(node, module, values: dict):
     values = {k: v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
               for k, v in values.items()}
     out = call_op(node, module, values)
-    outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
-            if isinstance(o, torch.Tensor) and o.requires_grad]
-    leaves = [v for v in values.values() if isinstance(v, torch.Tensor) and v.requires_grad]
-    if outs and leaves:
-        torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
+    backward_from_ones(list(values.values()), out if isinstance(out, (tuple, list)) else (out,))
     if isinstance(out, (tuple, list)):
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in out)
     return out.detach() if isinstance(out, torch.Tensor) else out

@@ -12,7 +12,8 @@ from torch import fx
 
 from shardverify.errors import VerificationError
 
-__all__ = ["Locator", "operand_nodes", "module_tensors", "as_outputs", "call_op", "meta_devices"]
+__all__ = ["Locator", "operand_nodes", "module_tensors", "as_outputs", "call_op", "meta_devices",
+           "backward_from_ones"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
 
@@ -133,3 +134,13 @@ def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owne
     else:
         raise VerificationError(f"node {node.name!r} is a {node.op!r} node, not an op")
     return result
+
+
+def backward_from_ones(inputs, outputs) -> None:
+    """Run the backward of an op call from gradients of ones on every differentiable output, to
+    the inputs that require grad: whether a kernel takes a layout in training, not just forward
+    (adaptive pooling runs an empty channel block forward and refuses it backward)."""
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    outs = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if leaves and outs:
+        torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from shardverify.capture.call import call_op
+from shardverify.capture.call import backward_from_ones, call_op
 from shardverify.errors import StrategyError
 from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
 from shardverify.strategies.generators.registry import GeneratorContext
@@ -210,7 +210,7 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
                 result = call_op(ctx.node, module, values)
             outs = result if isinstance(result, (list, tuple)) else (result,)
             if probe:
-                _probe_backward(tensors, outs)
+                backward_from_ones(tensors, outs)
         except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
             raise StrategyError(f"{ctx.handler_name}: cannot run node {ctx.node.name!r} "
                                 f"{'forward and backward on CPU' if probe else 'on meta'} tensors of the "
@@ -236,14 +236,6 @@ def _probe_tensor(shape: tuple[int, ...], dtype: torch.dtype, probe: bool) -> to
     if dtype.is_floating_point:
         return torch.rand(shape, dtype=dtype).add_(0.5).requires_grad_()
     return torch.zeros(shape, dtype=dtype)   # ids and masks: zero is a valid one
-
-
-def _probe_backward(inputs: Sequence[torch.Tensor], outputs: Sequence[object]) -> None:
-    """The backward of a probe call, from gradients of ones on every differentiable output."""
-    leaves = [t for t in inputs if t.requires_grad]
-    outs = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad]
-    if leaves and outs:
-        torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)
 
 
 def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[OperationData],
