@@ -57,7 +57,9 @@ def test_unpacked_call_gets_the_strategies_of_the_tuple_call(form):
 def test_every_strategy_of_an_unpacked_call_verifies(form):
     model = Call(CALLS[form][0])
     graph_module, node = _method_node(model)
-    strategies = strategies_for_node(graph_module, node.name, MESH)
+    # plans feed every node full values: the strategies taking a partial-sum input are verified
+    # by the op suite, and left out of plans (plan coverage counts them)
+    strategies = [s for s in strategies_for_node(graph_module, node.name, MESH) if not s.partial_inputs]
     x = torch.randn(SHAPE)
     backend = SimulatedBackend(MESH)
     try:

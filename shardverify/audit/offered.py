@@ -1,6 +1,6 @@
 """What an offered strategy asks of the op: the layouts the op *sees* once the BEFORE
-actions ran (and a post-added operand is absent), and the raw output layouts before the
-AFTER actions (an all-reduce after the op means a partial output).
+actions ran (a post-added operand is absent, a partial input partial), and the raw output
+layouts before the AFTER actions (an all-reduce after the op means a partial output).
 
 That pair is what the audit's enumeration decides, so coverage is a plain lookup.
 """
@@ -65,6 +65,8 @@ def offered_combination(strategy: ShardingStrategy) -> Offered:
         layout = spec_layout(strategy.get_sharding_spec_by_name(data.name))
         if data.name in post_added:
             layout = Layout(layout.dims, absent=True)
+        elif strategy.partial_axes(data.name):
+            layout = Layout(layout.dims, strategy.partial_axes(data.name), "sum")
         seen[data.name] = layout
     raw = {o.name: spec_layout(strategy.get_sharding_spec_by_name(o.name)) for o in outputs}
     problem = ""

@@ -10,7 +10,7 @@ from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.codegen.render import Renderer
 from shardverify.spec.op import CaseSpec, CountSpec, OpSpec, parse_op_spec
 
-__all__ = ["render_op_spec", "summarize_op_spec", "audit_meshes", "OP_KIND", "HANDLER_DIR", "TEST_DIR"]
+__all__ = ["render_op_spec", "process_runs", "summarize_op_spec", "audit_meshes", "OP_KIND", "HANDLER_DIR", "TEST_DIR"]
 
 HANDLER_DIR = "shardverify/strategies/handlers/generated"
 TEST_DIR = "generated_tests"
@@ -33,6 +33,23 @@ def _mesh_id(mesh: tuple[int, ...]) -> str:
     return "mesh" + "x".join(str(size) for size in mesh)
 
 
+def process_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple[int, ...], str]]:
+    """(case index, mesh, test id) of the process-backend runs: each grid point on each mesh
+    once, the targets taking that point in turns (shifted per point, so each target meets
+    real collectives on its share of the meshes). The targets of a spec share its rule and
+    strategies; what the process backend adds is real collectives, which do not depend on
+    the target, and the simulated backend runs every target on every mesh."""
+    by_point: dict[str, list[int]] = {}
+    for index, case in enumerate(cases):
+        by_point.setdefault(repr(case.point), []).append(index)
+    runs = []
+    for shift, indices in enumerate(by_point.values()):
+        for at, mesh in enumerate(meshes):
+            index = indices[(at + shift) % len(indices)]
+            runs.append((index, tuple(mesh), f"{cases[index].id}-{_mesh_id(mesh)}"))
+    return sorted(runs)
+
+
 def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
     """{handler module path: text, test module path: text} for one op spec."""
     cases = spec.cases()
@@ -41,7 +58,8 @@ def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
               for index, case in enumerate(cases) if _matches(count, case)]
     handler = renderer.render("op_handler.py.j2", spec=spec)
     test = renderer.render("op_test.py.j2", spec=spec, cases=spec.op_cases(), counts=counts,
-                           meshes=[(mesh, _mesh_id(mesh)) for mesh in spec.verify.meshes])
+                           meshes=[(mesh, _mesh_id(mesh)) for mesh in spec.verify.meshes],
+                           process=process_runs(cases, spec.verify.meshes))
     outputs = {f"{HANDLER_DIR}/{spec.name}.py": handler, f"{TEST_DIR}/test_{spec.name}.py": test}
     # --- property tests (shardverify.explore, issue 7): hypothesis beyond the listed grid ---
     if spec.verify.explore:

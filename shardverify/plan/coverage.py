@@ -55,6 +55,7 @@ class NodeStatus:
     status: str
     reason: str = ""
     uneven: int = 0     # strategies left out: their blocks are uneven (see classify_nodes)
+    partial: int = 0    # strategies left out: they take a partial-sum input
 
 
 def target_name(node: fx.Node) -> str:
@@ -107,11 +108,14 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "refused", str(error).splitlines()[0]))
             continue
-        # a plan reshards between its nodes' layouts with even blocks only: a strategy cutting a
-        # dim unevenly is verified on its own but left out of plans, and counted
+        # a plan reshards between its nodes' layouts with even blocks only, and feeds each node
+        # full values: a strategy cutting a dim unevenly or taking a partial-sum input is
+        # verified on its own but left out of plans, and counted
         even = [s for s in found if all(spec.is_even for _, spec in s.sharding_specs)]
-        options[node.name] = even or None
-        statuses.append(NodeStatus(node.name, name, "handled", uneven=len(found) - len(even)) if even else
+        kept = [s for s in even if not s.partial_inputs]
+        options[node.name] = kept or None
+        statuses.append(NodeStatus(node.name, name, "handled", uneven=len(found) - len(even),
+                                   partial=len(even) - len(kept)) if kept else
                         NodeStatus(node.name, name, "refused", "its handler offers no strategy"))
     return options, tuple(statuses)
 
@@ -167,6 +171,10 @@ class Coverage:
         if uneven:
             lines.append(f"  left out: {sum(s.uneven for s in uneven)} strategy(ies) of {len(uneven)} node(s) cut a "
                          f"dim into uneven blocks, and plans reshard even blocks only")
+        partial = [s for s in self.statuses if s.partial]
+        if partial:
+            lines.append(f"  left out: {sum(s.partial for s in partial)} strategy(ies) of {len(partial)} node(s) take a "
+                         f"partial-sum input, and plans feed every node full values")
         refused = [s for s in self.statuses if s.status == "refused"]
         lines += [f"  refused: node {s.node!r} ({s.target}): {s.reason}" for s in refused[:show]]
         if len(refused) > show:
@@ -177,5 +185,6 @@ class Coverage:
         return {"tensor_ops": self.tensor_ops, **{s.replace(" ", "_"): self.count(s) for s in STATUSES},
                 "sharded": len(self.sharded), "unhandled_targets": dict(self.unhandled_targets()),
                 "uneven_strategies_left_out": sum(s.uneven for s in self.statuses),
+                "partial_input_strategies_left_out": sum(s.partial for s in self.statuses),
                 "refused": [{"node": s.node, "target": s.target, "reason": s.reason}
                             for s in self.statuses if s.status == "refused"]}

@@ -190,6 +190,24 @@ class IndexShard:
 
 
 @dataclass(frozen=True)
+class PartialInput:
+    """Input ``operand`` arrives as a partial sum over mesh axes ``axes``: each rank of a group
+    over ``axes`` holds one piece of its block, and the pieces sum to the block (DTensor's
+    ``Partial("sum")``). Only an op linear in the operand may take it so: the output is then a
+    partial sum over ``axes`` too, which the strategy all-reduces after the op (an AFTER action).
+    The gradient of a partial value is the full gradient on every rank of the group (the
+    adjoint of a sum), so the operand needs no gradient all-reduce over ``axes``."""
+
+    operand: str
+    axes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "axes", tuple(sorted(self.axes)))
+        if not self.axes or len(set(self.axes)) != len(self.axes) or min(self.axes) < 0:
+            raise StrategyError(f"partial input {self.operand!r}: needs distinct mesh axes, got {self.axes}")
+
+
+@dataclass(frozen=True)
 class LocalArg:
     """A non-tensor argument every rank passes in place of the one the call recorded: a view's
     target shape is the *local* output shape (``x.view(8, 16)`` on a shard of rows is
@@ -261,6 +279,7 @@ class ShardingStrategy:
     post_add: tuple[PostAdd, ...] = ()
     local_args: tuple[LocalArg, ...] = ()   # non-tensor arguments each rank passes instead (a view's shape)
     index_shards: tuple[IndexShard, ...] = ()   # ids into a sharded dim, masked per rank (vocab parallel)
+    partial_inputs: tuple[PartialInput, ...] = ()   # inputs held as partial sums (pieces per rank)
 
     def __post_init__(self) -> None:
         names = [n for n, _ in self.sharding_specs]
@@ -298,6 +317,22 @@ class ShardingStrategy:
             if shard.dim >= len(table.shape):
                 raise StrategyError(f"strategy {self.name!r}: index shard dim {shard.dim} is out of range for "
                                     f"{shard.table!r} of shape {table.shape}")
+        for partial in self.partial_inputs:
+            data = next((op for op in self.operands if op.name == partial.operand), None)
+            if data is None or data.type is OperationDataType.OUTPUT or not data.dtype.is_floating_point:
+                raise StrategyError(f"strategy {self.name!r}: partial input {partial.operand!r} must be a "
+                                    f"floating-point input of {names}")
+            spec = self.get_sharding_spec_by_name(partial.operand)
+            shared = set(partial.axes) & spec.sharded_axes()
+            if shared or max(partial.axes) >= len(spec.mesh_shape):
+                raise StrategyError(f"strategy {self.name!r}: partial input {partial.operand!r} over mesh axes "
+                                    f"{partial.axes}: " + (f"its layout {spec} shards axes {sorted(shared)} already"
+                                                           if shared else f"not axes of mesh {spec.mesh_shape}"))
+            if self.post_added(partial.operand) is not None:
+                raise StrategyError(f"strategy {self.name!r}: {partial.operand!r} is post-added, so the op never "
+                                    f"sees it; it cannot be a partial input")
+        if len({p.operand for p in self.partial_inputs}) != len(self.partial_inputs):
+            raise StrategyError(f"strategy {self.name!r}: an operand is a partial input twice")
         if not isinstance(self.memory_cost, MemoryCycle):
             object.__setattr__(self, "memory_cost", MemoryCycle(*self.memory_cost))
 
@@ -338,6 +373,10 @@ class ShardingStrategy:
     def post_added(self, name: str) -> PostAdd | None:
         return next((add for add in self.post_add if add.operand == name), None)
 
+    def partial_axes(self, name: str) -> tuple[int, ...]:
+        """The mesh axes input ``name`` is a partial sum over (``()``: a full value)."""
+        return next((p.axes for p in self.partial_inputs if p.operand == name), ())
+
     def index_shard(self, name: str) -> IndexShard | None:
         """The index shard whose ids operand ``name`` holds, if any."""
         return next((shard for shard in self.index_shards if shard.index == name), None)
@@ -350,7 +389,8 @@ class ShardingStrategy:
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:
-        layouts = ", ".join(f"{n}: {s}" for n, s in self.sharding_specs)
+        layouts = ", ".join(f"{n}: {s}" + (f" P{''.join(map(str, self.partial_axes(n)))}" if self.partial_axes(n) else "")
+                            for n, s in self.sharding_specs)
         return f"{self.name} ({layouts})"
 
 

@@ -172,6 +172,12 @@ def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set
         missing = sorted(set(named) - roles)
         if missing:
             raise node.error(f"{key} names {missing}, which are not operands; declared: {sorted(roles)}")
+    linear = {role for group in rule.linear_in for role in group}
+    if sorted(linear - roles):
+        raise node.error(f"linear_in names {sorted(linear - roles)}, which are not operands; declared: {sorted(roles)}")
+    if linear & set(rule.additive):
+        raise node.error(f"linear_in names additive operand(s) {sorted(linear & set(rule.additive))}: they are added "
+                         f"after a partial output is reduced, so they never reach the op as partial sums")
     missing = sorted({role for role, _ in rule.indices} - roles)
     if missing:
         raise node.error(f"indices names {missing}, which are not operands; declared: {sorted(roles)}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from shardverify.errors import VerificationError
+from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.strategy import CommWhere, OperationDataType, ShardingStrategy
 from shardverify.spec.case import OpCase
 from shardverify.verify.costs import OpMeter, OpWork, communication_mismatches, compute_mismatches
@@ -185,13 +187,16 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
     node = ref.node
     module = _private_module(ref) if node.op == "call_module" else None
     leaves, local, late = {}, {}, {}
-    for operand in layout.inputs:
+    for position, operand in enumerate(layout.inputs):
         data = operand.data
         loc = (data.locator.kind, data.locator.key)
         if loc not in ref.values:
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
                                     f"{node.name!r} does not have")
-        leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone()
+        partial = strategy.partial_axes(data.name)
+        leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone() if not partial else \
+            partial_piece(operand.shard(ref.values[loc], comm.mesh, comm.rank), comm.mesh, comm.rank, partial,
+                          seed=position).to(ref.dtypes[loc])
         leaves[data.name] = ref.leaf(loc, leaf)
         local[loc] = before_op(comm, strategy, data.name, leaf, late)
     local.update(local_arguments(strategy, comm.rank))
@@ -219,6 +224,13 @@ def _hashable(value: object) -> object:
     except TypeError:
         return repr(value)
     return value
+
+
+def partial_piece(block: torch.Tensor, mesh, rank: int, axes: tuple[int, ...], seed: int) -> torch.Tensor:
+    """This rank's piece of ``block`` held as a partial sum over mesh ``axes``: every rank of the
+    group makes the same pieces (same block, same seed) and keeps the one at its position."""
+    count = math.prod(mesh.shape[a] for a in axes)
+    return partial_pieces(block, count, seed)[mesh.group_index(rank, axes)]
 
 
 def local_arguments(strategy: ShardingStrategy, rank: int) -> dict:
@@ -262,6 +274,8 @@ def _op_context(comm, node, strategy: ShardingStrategy, leaves: dict, local: dic
         got = "not passed" if reached is None else f"{tuple(reached.shape)} {str(reached.dtype).removeprefix('torch.')}"
         if strategy.post_added(data.name) is not None:
             got += " (zeros: added after the op)"
+        if strategy.partial_axes(data.name):
+            got += f" (a piece of a partial sum over mesh axes {strategy.partial_axes(data.name)})"
         lines.append(f"{data.name}: layout {spec} of {tuple(data.shape)} -> local shard "
                      f"{tuple(leaf.shape) if leaf is not None else '?'}"
                      + (f", then {', then '.join(actions)}" if actions else ", no actions")

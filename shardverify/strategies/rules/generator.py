@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Container
 
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
@@ -35,11 +36,12 @@ from shardverify.sharding.strategy import (
     OperandLocator,
     OperationData,
     OperationDataType,
+    PartialInput,
     PostAdd,
     ShardingStrategy,
 )
 
-__all__ = ["generate", "bound_rule", "assignments"]
+__all__ = ["generate", "bound_rule", "assignments", "partial_choices"]
 
 
 def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[OperationData], list[OperationData]]:
@@ -91,8 +93,10 @@ def _layout(term, axes: dict[str, tuple[int, ...]]) -> dict[int, tuple[int, ...]
     return {d: held for d, held in layout.items() if held}
 
 
-def _seq(spec: ShardingSpec) -> str:
-    return "".join(str(dim) for dim in spec.sharding_sequence) or "-"
+def _seq(spec: ShardingSpec, partial: tuple[int, ...] = ()) -> str:
+    """``S0R``; ``RR+P1`` for a partial sum over mesh axis 1."""
+    text = "".join(str(dim) for dim in spec.sharding_sequence) or "-"
+    return text + (f"+P{''.join(map(str, partial))}" if partial else "")
 
 
 def _positions(term, out_term) -> tuple[int, ...]:
@@ -125,58 +129,119 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     rule, options, inputs, outputs = bound_rule(ctx)
     if not outputs:
         raise HandlerError(f"{ctx.handler_name}: node {ctx.node.name!r} has no output operand")
-    mesh_shape = ctx.mesh.shape
-    operands = inputs + outputs
-    reduce_ops = dict(rule.reduce)
-    strategies: dict[str, ShardingStrategy] = {}
-    view = options.source == "view"
     shape_at = _shape_locator(ctx, options)
     try:
         shape_part = local_shape_part(options, inputs[0].shape, outputs[0].shape, ctx.params) if shape_at else None
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
-    for axes in assignments(rule, mesh_shape):
+    call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
+    strategies: dict[str, ShardingStrategy] = {}
+    for axes in assignments(rule, ctx.mesh.shape):
+        for partial in partial_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape):
+            strategy = call.strategy(axes, partial, strategies)
+            if strategy is not None:
+                strategies[strategy.name] = strategy
+    # the replicated assignment's partial variants come after it: keep the replicated one last
+    return sorted(strategies.values(), key=lambda s: not any(spec.dim_partition for _, spec in s.sharding_specs)
+                  and not s.partial_inputs and not s.communication_actions)
+
+
+def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData], outputs: list[OperationData],
+                    axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
+    """For one assignment: no partial input (``{}``, first), then every way to give each mesh
+    axis the assignment leaves free to one ``linear_in`` group or none; a group's operands are
+    partial sums over its axes. The op is linear in each group with the others fixed, so it
+    is multilinear in the groups: with pieces ``a_i`` over one axis and ``b_j`` over another,
+    rank (i, j) computes ``f(a_i, b_j)`` and the sum over both axes is ``f(a, b)``. The output
+    is a partial sum over every such axis: offered only where every output is floating point
+    and the assignment's own partial output, if any, is a sum."""
+    found: list[dict[str, tuple[int, ...]]] = [{}]
+    reduce_ops = dict(rule.reduce)
+    if any(reduce_ops[f] != "sum" for f in axes if f in reduce_ops) or \
+            any(not o.dtype.is_floating_point for o in outputs):
+        return found
+    used = {a for held in axes.values() for a in held}
+    free = [a for a, size in enumerate(mesh_shape) if size > 1 and a not in used]
+    by_role = {d.role: d for d in inputs}
+    # an absent optional operand, or a scalar in its place, leaves its group out of this call
+    groups = [group for group in options.linear_in
+              if all(role in by_role and by_role[role].dtype.is_floating_point for role in group)]
+    for picks in itertools.product(range(len(groups) + 1), repeat=len(free)):
+        partial: dict[str, tuple[int, ...]] = {}
+        for g, group in enumerate(groups, start=1):
+            held = tuple(a for a, pick in zip(free, picks) if pick == g)
+            for role in group if held else ():
+                partial[by_role[role].name] = partial.get(by_role[role].name, ()) + held
+        if partial:
+            found.append(partial)
+    return found
+
+
+class _Call:
+    """One call's rule and operands, turned into a strategy per (assignment, partial inputs)."""
+
+    def __init__(self, ctx: GeneratorContext, rule: Rule, options: RuleOptions, inputs: list[OperationData],
+                 outputs: list[OperationData], shape_at: OperandLocator | None, shape_part: slice | None) -> None:
+        self.ctx, self.rule, self.options = ctx, rule, options
+        self.inputs, self.outputs = inputs, outputs
+        self.shape_at, self.shape_part = shape_at, shape_part
+
+    def strategy(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
+                 taken: Container[str]) -> ShardingStrategy | None:
+        """The strategy sharding each factor over ``axes`` with inputs ``partial`` (name ->
+        mesh axes of their partial sum); None where the layout does not fit the call or its
+        name is ``taken``."""
+        ctx, rule, options, inputs, outputs = self.ctx, self.rule, self.options, self.inputs, self.outputs
+        mesh_shape = ctx.mesh.shape
+        operands = inputs + outputs
+        reduce_ops = dict(rule.reduce)
         partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops}
         if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
-            continue
+            return None
         terms = rule.inputs + rule.outputs
         specs = {data.name: ShardingSpec.from_partition(mesh_shape, data.shape, _layout(term, axes))
                  for data, term in zip(operands, terms)}
+        pieces = tuple(sorted({a for held in partial.values() for a in held}))
         actions: list[CommAction] = []
         for index, (data, term) in enumerate(zip(inputs, rule.inputs)):
             held = {f for dim in term for f in dim}
             # an additive operand is added after the partial output is reduced: the reduced
-            # factors' axes leave its gradient whole
+            # factors' axes, and those of partial inputs, leave its gradient whole; so do a
+            # partial input's own axes (a partial value's gradient is whole on every rank), but
+            # the other partial inputs' axes leave it partial
             missing = tuple(sorted(a for f, ax in axes.items() if f not in held for a in ax
                                    if not (index in rule.additive and f in reduce_ops)))
+            if index not in rule.additive:       # partial over the other groups' axes
+                missing = tuple(sorted(set(missing) | (set(pieces) - set(partial.get(data.name, ())))))
             if data.role not in options.constant:
                 actions += grad_sync(data, missing)
-        partial_axes = tuple(sorted(a for f, ax in axes.items() if f in reduce_ops for a in ax))
+        partial_axes = tuple(sorted({a for f, ax in axes.items() if f in reduce_ops for a in ax} | set(pieces)))
         post_add: list[PostAdd] = []
+        op = partial_ops.pop() if partial_ops else "sum"
         if partial_axes:
-            op = partial_ops.pop()
             actions += [CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, partial_axes, out.name, CommWhere.AFTER,
                                    op=op) for out in outputs]
             for index in rule.additive:
                 post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
-        name = " x ".join(_seq(specs[d.name]) for d in inputs) + " -> " + \
+        name = " x ".join(_seq(specs[d.name], partial.get(d.name, ())) for d in inputs) + " -> " + \
             ", ".join(_seq(specs[d.name]) for d in outputs)
         if partial_axes:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
-        if name in strategies:
-            continue
+        if name in taken:
+            return None
         uneven = not all(spec.is_even for spec in specs.values())
-        local_args = (_shape_argument(ctx, shape_at, specs[outputs[0].name], shape_part, uneven),) if shape_at else ()
+        local_args = (_shape_argument(ctx, self.shape_at, specs[outputs[0].name], self.shape_part, uneven),) \
+            if self.shape_at else ()
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if (view or shape_at or uneven) and not _local_view_fits(ctx, operands, outputs, specs, actions, local_args,
-                                                                uneven):
-            continue
+        if (options.source == "view" or self.shape_at or uneven) and \
+                not _local_view_fits(ctx, operands, outputs, specs, actions, local_args, uneven):
+            return None
         # compute cost by the checked rule: the op measured on meta tensors of the local shapes
         strategy = make_strategy(ctx, name, operands, specs, actions, local_args=local_args)
-        if post_add or index_shards:
-            strategy = strategy.replace(post_add=tuple(post_add), index_shards=index_shards)
-        strategies[name] = strategy
-    return list(strategies.values())
+        if post_add or index_shards or partial:
+            strategy = strategy.replace(post_add=tuple(post_add), index_shards=index_shards,
+                                        partial_inputs=tuple(PartialInput(n, a) for n, a in partial.items()))
+        return strategy
 
 
 def _shape_argument(ctx: GeneratorContext, at: OperandLocator, out: ShardingSpec, part: slice,

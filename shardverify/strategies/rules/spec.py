@@ -26,7 +26,10 @@ dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
 normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default sum; none = whole),
 ``additive_operands: [bias]`` (added once after a partial output is reduced),
-``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``aligned: true``
+``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``linear_in:
+[input, mat2]`` or ``[[input, other]]`` (the operands the op is linear in: a name alone, or
+a group the op is linear in jointly, as add in both its terms; such inputs are also offered
+as partial sums over free mesh axes, the output then partial too), ``aligned: true``
 (pointwise without broadcasting: every operand has the output's sizes outside the whole dims,
 else the call is refused: gather's index and input), ``indices:
 {input: v}`` (an integer operand holds ids into factor ``v`` of another operand: sharding
@@ -50,7 +53,8 @@ __all__ = ["RuleOptions", "equation_for", "local_shape_part", "torch_einsum_equa
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
-                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned")
+                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
+                         "linear_in")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class RuleOptions:
     constant: tuple[str, ...] = ()                # operand roles the op takes no gradient for
     aligned: bool = False                         # pointwise without broadcasting (gather)
     indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
+    linear_in: tuple[tuple[str, ...], ...] = ()   # groups of operand roles the op is (jointly) linear in
 
     @classmethod
     def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
@@ -145,6 +150,15 @@ class RuleOptions:
             bad = sorted((set(whole) | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
             if bad:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
+        linear_in = options.get("linear_in", ())
+        if isinstance(linear_in, str) or not isinstance(linear_in, (list, tuple)):
+            raise InvalidArgument(f"rule option 'linear_in' must be a list of operand names or of groups "
+                                  f"(lists) of names, got {linear_in!r}")
+        groups = tuple((item,) if isinstance(item, str) else tuple(item) if isinstance(item, (list, tuple)) and
+                       item and all(isinstance(v, str) for v in item) else None for item in linear_in)
+        if None in groups:
+            raise InvalidArgument(f"rule option 'linear_in': each item must be an operand name or a non-empty "
+                                  f"list of names, got {linear_in!r}")
         return cls(source=source, einsum=einsum, einsum_param=text("einsum_param"), view=view,
                    reduce_dims_param=text("reduce_dims_param"), keepdim_param=text("keepdim_param"),
                    reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"), dims_param=text("dims_param"),
@@ -152,7 +166,7 @@ class RuleOptions:
                    shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
-                   aligned=options.get("aligned") is True)
+                   aligned=options.get("aligned") is True, linear_in=groups)
 
 
 def torch_einsum_equation(text: object) -> Equation:

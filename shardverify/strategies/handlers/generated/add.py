@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('pointwise', True),),
+    options=(('linear_in', (('input', 'other'),)), ('pointwise', True)),
     spec_file='specs/add.yaml',
     overrides=(
         (torch.ops.aten.add.Tensor, (

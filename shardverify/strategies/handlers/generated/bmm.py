@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('einsum', 'bmk,bkn->bmn'),),
+    options=(('linear_in', ('input', 'mat2')), ('einsum', 'bmk,bkn->bmn')),
     spec_file='specs/bmm.yaml',
     overrides=(
         (torch.ops.aten.bmm.default, (

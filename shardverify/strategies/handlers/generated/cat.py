@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=0),
     ),
     generator='rules',
-    options=(('pointwise', True), ('whole_dims_param', 'dim')),
+    options=(('linear_in', (('a', 'b'),)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/cat.yaml',
     overrides=(
         (torch.ops.aten.cat.default, (

@@ -17,7 +17,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('pointwise', True),),
+    options=(('linear_in', ('input',)), ('pointwise', True)),
     spec_file='specs/clone.yaml',
     overrides=(
         (torch.ops.aten.clone.default, (

@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=None),
     ),
     generator='rules',
-    options=(('pointwise', True), ('whole_dims_param', 'dim')),
+    options=(('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/cumsum.yaml',
     ignores=('dtype',),
     overrides=(

@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('pointwise', True),),
+    options=(('linear_in', ('input',)), ('pointwise', True)),
     spec_file='specs/div.yaml',
     overrides=(
         (torch.ops.aten.div.Tensor, (

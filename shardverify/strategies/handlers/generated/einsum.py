@@ -21,6 +21,6 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='equation', index=0, keyword=None, default=None),
     ),
     generator='rules',
-    options=(('einsum_param', 'equation'),),
+    options=(('linear_in', ('a', 'b')), ('einsum_param', 'equation')),
     spec_file='specs/einsum.yaml',
 ))

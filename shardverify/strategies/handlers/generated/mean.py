@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='keepdim', index=2, keyword='keepdim', default=False),
     ),
     generator='rules',
-    options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('reduce_op', 'avg')),
+    options=(('linear_in', ('input',)), ('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('reduce_op', 'avg')),
     spec_file='specs/mean.yaml',
     overrides=(
         (torch.ops.aten.mean.dim, (

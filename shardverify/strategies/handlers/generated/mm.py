@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('einsum', 'mk,kn->mn'),),
+    options=(('einsum', 'mk,kn->mn'), ('linear_in', ('input', 'mat2'))),
     spec_file='specs/mm.yaml',
     overrides=(
         (torch.ops.aten.mm.default, (

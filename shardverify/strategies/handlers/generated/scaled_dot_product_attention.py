@@ -25,7 +25,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='scale', index=None, keyword='scale', default=None),
     ),
     generator='rules',
-    options=(('einsum', 'b h s d, b h t d, b h t e, b h s t -> b h s e'), ('whole', ('d', 't'))),
+    options=(('linear_in', ('value',)), ('einsum', 'b h s d, b h t d, b h t e, b h s t -> b h s e'), ('whole', ('d', 't'))),
     spec_file='specs/scaled_dot_product_attention.yaml',
     overrides=(
         (torch.ops.aten.scaled_dot_product_attention.default, (
