@@ -4,7 +4,7 @@ acceptable, so the audit (and CI) fails only on a *new* gap.
 ```yaml
 audit:
   accept:
-    - reason: partial inputs are not in the strategy model yet
+    - reason: the bias is post-added, never a partial sum
       match: {any_input: "* P(*"}      # role (or output / any_input) -> glob on its layout
       mesh: [2, 2]                      # optional: only on this mesh
       where: {bias: true}               # optional: only at these grid values

@@ -172,7 +172,7 @@ def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set
         missing = sorted(set(named) - roles)
         if missing:
             raise node.error(f"{key} names {missing}, which are not operands; declared: {sorted(roles)}")
-    linear = {role for group in rule.linear_in for role in group}
+    linear = {role.rstrip("?") for group in rule.linear_in for role in group}
     if sorted(linear - roles):
         raise node.error(f"linear_in names {sorted(linear - roles)}, which are not operands; declared: {sorted(roles)}")
     if linear & set(rule.additive):

@@ -409,6 +409,20 @@ def _call_value(node: Node, index: int | None, keyword: str | None,
     return _MISSING, None
 
 
+def passes_nothing(handler: HandlerDef, node: Node, graph_module: GraphModule, role: str) -> bool:
+    """Whether the call leaves operand ``role`` out altogether (omitted, None, a module
+    attribute that is None), as opposed to filling its place with a number (``x + 2.0``): an op
+    linear in a group of operands stays linear in the rest when one is left out, not when a
+    constant takes its place."""
+    decl = next(d for d in handler.operands if d.role == role)
+    if node.op == "call_module" and decl.attribute is not None:
+        return getattr(graph_module.get_submodule(str(node.target)), decl.attribute, None) is None
+    value, _ = _call_value(node, decl.index, decl.keyword)
+    if decl.element is not None and isinstance(value, (list, tuple)):
+        value = value[decl.element] if 0 <= decl.element < len(value) else None
+    return value is _MISSING or value is None
+
+
 def _attr_kind(graph_module: GraphModule, target: str) -> OperationDataType:
     try:
         graph_module.get_parameter(target)

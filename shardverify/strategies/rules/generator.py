@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
@@ -112,11 +112,6 @@ _REVERSED_ORDERS = ("S10", "S20", "S21", "S021", "S102", "S120", "S201", "S210")
 
 KNOWN_GAPS = (
     KnownGap(
-        reason="partial input layouts are not in the strategy model (a ShardingSpec holds full "
-               "values): a producer's partial output is all-reduced before the op, so an op linear "
-               "in an input (a contraction, add, a view) is never offered a partial one",
-        match=(("any_input", ("* P(*",)),)),
-    KnownGap(
         reason="a factor takes its mesh axes in ascending order only (S01, not S10): a reversed order "
                "does the same local work on a permuted device assignment; only a view spreading a "
                "shard over the parts of a split dim (S1 on a part, S0 on the next) produces one",
@@ -135,9 +130,15 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
+    handler = _handler(ctx)
+    from shardverify.strategies.handlers.base import passes_nothing
+
+    def left_out(role: str) -> bool:
+        return passes_nothing(handler, ctx.node, ctx.graph_module, role)
+
     strategies: dict[str, ShardingStrategy] = {}
     for axes in assignments(rule, ctx.mesh.shape):
-        for partial in partial_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape):
+        for partial in partial_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape, left_out):
             strategy = call.strategy(axes, partial, strategies)
             if strategy is not None:
                 strategies[strategy.name] = strategy
@@ -147,7 +148,8 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
 
 
 def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData], outputs: list[OperationData],
-                    axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
+                    axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...],
+                    left_out: Callable[[str], bool]) -> list[dict[str, tuple[int, ...]]]:
     """For one assignment: no partial input (``{}``, first), then every way to give each mesh
     axis the assignment leaves free to one ``linear_in`` group or none; a group's operands are
     partial sums over its axes. The op is linear in each group with the others fixed, so it
@@ -163,9 +165,7 @@ def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData
     used = {a for held in axes.values() for a in held}
     free = [a for a, size in enumerate(mesh_shape) if size > 1 and a not in used]
     by_role = {d.role: d for d in inputs}
-    # an absent optional operand, or a scalar in its place, leaves its group out of this call
-    groups = [group for group in options.linear_in
-              if all(role in by_role and by_role[role].dtype.is_floating_point for role in group)]
+    groups = [group for group in (_present(group, by_role, left_out) for group in options.linear_in) if group]
     for picks in itertools.product(range(len(groups) + 1), repeat=len(free)):
         partial: dict[str, tuple[int, ...]] = {}
         for g, group in enumerate(groups, start=1):
@@ -175,6 +175,24 @@ def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData
         if partial:
             found.append(partial)
     return found
+
+
+def _present(group: tuple[str, ...], by_role: dict[str, OperationData],
+             left_out: Callable[[str], bool]) -> tuple[str, ...]:
+    """The roles of a ``linear_in`` group this call passes as floating tensors, or ``()`` when
+    the group does not hold for the call: a member is missing that is not marked ``?`` (a
+    left-out weight of layer_norm means ones, so the op is affine in its bias), a ``?``
+    member holds a number instead (``x + 2.0`` is affine in x), or one is an integer tensor."""
+    found = []
+    for member in group:
+        role, may_go = member.rstrip("?"), member.endswith("?")
+        if role in by_role:
+            if not by_role[role].dtype.is_floating_point:
+                return ()
+            found.append(role)
+        elif not (may_go and left_out(role)):
+            return ()
+    return tuple(found)
 
 
 class _Call:

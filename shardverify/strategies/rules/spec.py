@@ -28,8 +28,9 @@ normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: 
 ``additive_operands: [bias]`` (added once after a partial output is reduced),
 ``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``linear_in:
 [input, mat2]`` or ``[[input, other]]`` (the operands the op is linear in: a name alone, or
-a group the op is linear in jointly, as add in both its terms; such inputs are also offered
-as partial sums over free mesh axes, the output then partial too), ``aligned: true``
+a group the op is linear in jointly, as add in both its terms, ``bias?`` for a member whose
+absence adds nothing; such inputs are also offered as partial sums over free mesh axes, the
+output then partial too), ``aligned: true``
 (pointwise without broadcasting: every operand has the output's sizes outside the whole dims,
 else the call is refused: gather's index and input), ``indices:
 {input: v}`` (an integer operand holds ids into factor ``v`` of another operand: sharding

@@ -24,7 +24,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=2, keyword='dim', default=-1),
     ),
     generator='rules',
-    options=(('pointwise', True), ('whole_dims_param', 'dim')),
+    options=(('linear_in', (('input', 'prepend?', 'append?'),)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/diff.yaml',
     overrides=(
         (torch.ops.aten.diff.default, (
