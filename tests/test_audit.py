@@ -356,7 +356,7 @@ def test_a_post_added_input_that_is_not_optional_is_audited():
     """addmm's bias `input` is a plain input that the rules post-add: its row-parallel
     strategies (input absent) are correct, not 'incorrect'."""
     result = _audit("addmm", "torch.addmm", (2, 2))
-    assert result.incorrect == [] and result.missing == [] and result.covered == result.offered == 36
+    assert result.incorrect == [] and result.missing == [] and result.covered == result.offered == 39
 
 
 def test_a_module_target_reads_its_parameters_like_the_verifier():
@@ -365,18 +365,27 @@ def test_a_module_target_reads_its_parameters_like_the_verifier():
     assert result.offered == 3 and result.missing == [] and result.covered == 3
 
 
-def test_the_rules_family_declares_its_gaps_once():
+def test_the_rules_family_declares_no_gap_and_a_family_gap_becomes_an_accept_entry():
+    """Partial inputs (linear_in) and both shard orders are offered, so the rules family accepts
+    nothing on behalf of its specs: relu covers every valid combination."""
     from shardverify.spec.accept import family_gaps
+    from shardverify.strategies.generators import registry
 
-    gaps = family_gaps("rules")
-    assert [g.match[0][0] for g in gaps] == ["any_input", "any_input"] and all(g.reason for g in gaps)
+    assert family_gaps("rules") == ()
     result = _audit("relu", "torch.relu", (2, 2))
-    assert result.missing == [] and result.accepted
-    assert all("the 'rules' generator family" in f.accepted for f in result.accepted)
+    assert result.missing == [] and result.accepted == [] and result.covered == result.valid > 0
+    gap = registry.KnownGap(reason="planted", match=(("any_input", ("*S10*",)),))
+    registry.register_generator("planted_family", known_gaps=(gap,))(lambda ctx: [])
+    try:
+        (entry,) = family_gaps("planted_family")
+        assert entry.reason == "planted" and entry.applies((2, 2), {}, {"input": "[S10, R]"}, "[S10, R]")
+    finally:
+        registry._GAPS.pop("planted_family", None)
+        registry._GENERATORS.pop("planted_family", None)
 
 
 def test_a_rules_spec_that_keeps_a_shardable_dim_whole_fails_its_audit(tmp_path, capsys):
-    """The family's gaps cover only partial inputs and reversed axis orders: a spec that stops
+    """The family's gap covers only reversed axis orders: a spec that stops
     offering a valid plain layout (softmax keeping its batch dim whole too) is reported missing."""
     text = (REPO / "specs" / "relu.yaml").read_text()
     assert "pointwise: true" in text

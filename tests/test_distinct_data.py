@@ -40,9 +40,20 @@ def _swapped_order(case, operand_index: int, mesh=(2, 2)):
 
 
 def test_splits_are_the_block_grids_a_mesh_can_give():
-    assert splits((4, 1), (2, 2)) == [(2, 1), (4, 1)]
-    assert set(splits((8, 6), (2, 3))) == {(2, 1), (1, 2), (1, 3), (2, 3), (1, 6)}   # 3 divides 6, not 8
-    assert splits((3,), (2,)) == []                                              # uneven: not enumerated yet
+    assert splits((4, 1), (2, 2)) == [((2,), ()), ((2, 2), ())]       # S0 (or S1), S01 (or S10): blocks alike
+    assert set(splits((8, 6), (2, 3))) == {((2,), ()), ((3,), ()), ((2, 3), ()), ((3, 2), ()), ((), (2,)),
+                                           ((), (3,)), ((2,), (3,)), ((3,), (2,)), ((), (2, 3)), ((), (3, 2))}
+    assert splits((3,), (2,)) == [((2,),)]                             # uneven: blocks of 2 and 1
+
+
+def test_the_two_orders_of_a_dim_over_2_x_3_ranks_give_other_blocks_and_both_are_told_apart():
+    """4 rows over (2, 3): S01 gives ranks (a, b) rows 0, 1, -, 2, 3, - and S10 rows 0, 2, -, 1,
+    3, -, so rank (0, 1) holds row 1 of an input S01 and row 2 of a mask S10: a mask whose rows 1
+    and 2 are equal lets that pass. The (3, 2) cut's blocks are rows 0, 1, 2, 3 in order, so
+    that pair is one to separate."""
+    mask = torch.tensor([[True], [False], [False], [True]])
+    assert equal_pairs(mask, ((2, 3), ())) == {(0, 4), (1, 3)}    # rows 0 and 3, rows 1 and 2; empty blocks never
+    assert equal_pairs(mask, ((3, 2), ())) == {(0, 3), (1, 2)}
 
 
 def test_equal_blocks_are_found_pair_by_pair():
@@ -56,7 +67,7 @@ def test_a_bool_mask_of_one_element_blocks_gets_seeds_until_every_pair_differs()
     case = _case("masked_fill", "torch.masked_fill")
     seeds = distinguishing_seeds(case, (2, 2))
     assert 1 < len(seeds.seeds) <= MAX_SEEDS and seeds.seeds[0] == case.seed and not seeds.inseparable
-    assert "bool[4, 1] in 4x1 blocks" in seeds.note()
+    assert "bool[4, 1] in 2*2x1 blocks" in seeds.note()
     blocks = [[] for _ in range(4)]
     from shardverify.verify.reference import reference
 

@@ -146,3 +146,17 @@ def test_a_contraction_split_in_the_other_order_on_one_operand_is_caught(k):
     assert right.name in report
     # even blocks: the op runs and the output is wrong; uneven: the blocks do not even pair up
     assert ("output" in report) if k == 16 else (f"{b}: layout [S10, R]" in report and "rank 1 raised" in report)
+
+
+def test_the_rules_offer_both_shard_orders_of_a_dim_and_each_passes_on_its_own_blocks():
+    """7 rows over (2, 3): S01 cuts over axis 0 first (4 + 3, then each 3 ways), S10 over axis 1
+    first (3 + 3 + 1, then each 2 ways): other rows on most ranks, both offered, both verified."""
+    case = OpCase(op="mm", target="torch.mm", inputs=(InputDecl("a", (7, 5)), InputDecl("b", (5, 3))))
+    with handler("mm_rule", torch.mm, [IN0, OperandDecl("mat2", "input", 1, "mat2"), OUT],
+                 {"einsum": "mk,kn->mn"}):
+        offered = strategies(case, (2, 3), fresh=True)
+        results = verify(case, (2, 3), offered)
+    names = {s.name for s in offered}
+    assert {"S01R x RR -> S01R", "S10R x RR -> S10R", "RS01 x S01R -> RR | P01 sum",
+            "RS10 x S10R -> RR | P01 sum"} <= names
+    assert all(r.passed for r in results), [r.report() for r in results if not r.passed]

@@ -34,19 +34,20 @@ def _mesh_id(mesh: tuple[int, ...]) -> str:
 
 
 def process_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple[int, ...], str]]:
-    """(case index, mesh, test id) of the process-backend runs: each grid point on each mesh
-    once, the targets taking that point in turns (shifted per point, so each target meets
-    real collectives on its share of the meshes). The targets of a spec share its rule and
-    strategies; what the process backend adds is real collectives, which do not depend on
-    the target, and the simulated backend runs every target on every mesh."""
+    """(case index, mesh, test id) of the process-backend runs: every mesh and every grid point
+    at least once (run j takes point j and mesh j, each modulo its count), the targets taking
+    each point in turns. The process backend adds real collectives over the mesh's groups,
+    which depend on the mesh and not on the target or the grid point; the simulated backend,
+    with the same semantics, runs every case on every mesh."""
     by_point: dict[str, list[int]] = {}
     for index, case in enumerate(cases):
         by_point.setdefault(repr(case.point), []).append(index)
-    runs = []
-    for shift, indices in enumerate(by_point.values()):
-        for at, mesh in enumerate(meshes):
-            index = indices[(at + shift) % len(indices)]
-            runs.append((index, tuple(mesh), f"{cases[index].id}-{_mesh_id(mesh)}"))
+    points = list(by_point.values())
+    runs = set()
+    for j in range(max(len(points), len(meshes))):
+        indices, mesh = points[j % len(points)], tuple(meshes[j % len(meshes)])
+        index = indices[(j // len(points)) % len(indices)]
+        runs.add((index, mesh, f"{cases[index].id}-{_mesh_id(mesh)}"))
     return sorted(runs)
 
 

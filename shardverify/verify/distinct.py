@@ -7,8 +7,8 @@ two ranks' elements are equal half the time, so a strategy that swaps the mask's
 
 So before a case is checked on a mesh, every operand of the op (its values as the reference
 computes them, predecessors included) is split into the blocks of every layout the mesh can
-give it: each mesh axis on one dim or none, evenly divided. Every pair of blocks of one split
-must differ. Where one draw leaves a pair equal (low-entropy dtypes, one-element blocks, ids
+give it: each mesh axis on one dim or none, a dim's axes in every order, cut as DTensor cuts
+(uneven blocks included). Every pair of blocks of one split of the same shape must differ. Where one draw leaves a pair equal (low-entropy dtypes, one-element blocks, ids
 drawn from a small range), further seeds are added until every pair differs in at least one of
 them, and the case is checked under each; where even :data:`MAX_SEEDS` seeds cannot separate a
 pair, that is said in the result. Floating operands drawn from a normal distribution separate
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardverify.sharding.blocks import nested_block
 from shardverify.spec.case import OpCase, cached
 from shardverify.verify.reference import reference
 
@@ -57,58 +58,68 @@ class Seeds:
         return "; ".join(parts)
 
 
-def splits(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Each distinct (blocks per dim) a layout on ``mesh_shape`` can give a tensor of ``shape``:
-    every mesh axis on one dim or none, dims divided evenly, more than one block in all."""
+Split = tuple[tuple[int, ...], ...]     # per dim, the sizes of the mesh axes cutting it, in order
+
+
+def splits(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[Split]:
+    """Each distinct way a layout on ``mesh_shape`` can cut a tensor of ``shape``: every mesh
+    axis (of two or more ranks) on one dim (of two or more elements) or none, a dim's axes in every order (``S01`` and
+    ``S10`` cut a dim of 4 over (2, 3) into other blocks), sizes that do not divide cut as
+    DTensor cuts them, more than one block in all."""
+    ndim = len(shape)
     found = set()
-    for assign in itertools.product(range(len(shape) + 1), repeat=len(mesh_shape)):
-        counts = [1] * len(shape)
+    for assign in itertools.product(range(ndim + 1), repeat=len(mesh_shape)):
+        groups: list[list[int]] = [[] for _ in range(ndim)]
         for axis, dim in enumerate(assign):
-            if dim < len(shape):
-                counts[dim] *= mesh_shape[axis]
-        if math.prod(counts) > 1 and all(n % k == 0 for n, k in zip(shape, counts)):
-            found.add(tuple(counts))
+            if dim < ndim and mesh_shape[axis] > 1 and shape[dim] > 1:
+                groups[dim].append(mesh_shape[axis])
+        for orders in itertools.product(*(itertools.permutations(g) for g in groups)):
+            if math.prod(math.prod(o) for o in orders) > 1:
+                found.add(tuple(tuple(o) for o in orders))
     return sorted(found)
 
 
-def _blocks(tensor: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
-    """One row per block (blocks in row-major order of their coordinates)."""
-    split = []
-    for n, k in zip(tensor.shape, counts):
-        split += [k, n // k]
-    ndim = tensor.dim()
-    order = [2 * d for d in range(ndim)] + [2 * d + 1 for d in range(ndim)]
-    return tensor.reshape(split).permute(order).reshape(math.prod(counts), -1)
+def _blocks(tensor: torch.Tensor, split: Split) -> list[torch.Tensor]:
+    """Every block of ``split`` (in row-major order of their coordinates), flattened."""
+    per_dim = [[nested_block(n, list(zip(sizes, coord))) for coord in itertools.product(*(range(k) for k in sizes))]
+               for n, sizes in zip(tensor.shape, split)]
+    return [tensor[tuple(slice(start, start + length) for start, length in block)].reshape(-1)
+            for block in itertools.product(*per_dim)]
 
 
-def equal_pairs(tensor: torch.Tensor, counts: tuple[int, ...]) -> set[tuple[int, int]]:
-    """The pairs of blocks (by index) of the split ``counts`` that hold the same values."""
-    rows = _blocks(tensor.detach().cpu(), counts)
-    if rows.is_floating_point():
-        rows = torch.where(rows.isnan(), torch.full_like(rows, float("inf")), rows)  # NaN equals NaN here
-    _, label = torch.unique(rows, dim=0, return_inverse=True)
-    groups: dict[int, list[int]] = {}
-    for index, value in enumerate(label.tolist()):
-        groups.setdefault(value, []).append(index)
+def equal_pairs(tensor: torch.Tensor, split) -> set[tuple[int, int]]:
+    """The pairs of blocks (by index) of ``split`` (per dim a count, or the axis sizes cutting
+    it in order) that hold the same values; blocks of different shapes, and empty ones, never
+    pair up."""
+    split = tuple((k,) if isinstance(k, int) else tuple(k) for k in split)
+    blocks = _blocks(tensor.detach().cpu(), split)
+    groups: dict[tuple, list[int]] = {}
+    for index, block in enumerate(blocks):
+        if not block.numel():      # empty blocks (uneven cuts) hold nothing to swap
+            continue
+        if block.is_floating_point():
+            block = torch.where(block.isnan(), torch.full_like(block, float("inf")), block)  # NaN equals NaN here
+        groups.setdefault((block.numel(), tuple(block.tolist())), []).append(index)
     return {pair for members in groups.values() if len(members) > 1 for pair in itertools.combinations(members, 2)}
 
 
-def _open_pairs(case: OpCase, mesh_shape: tuple[int, ...]) -> dict[tuple[str, tuple[int, ...]], set]:
+def _open_pairs(case: OpCase, mesh_shape: tuple[int, ...]) -> dict[tuple[str, Split], set]:
     ref = reference(case, None, torch.device("cpu"))
     found = {}
     for loc, value in ref.values.items():
         if value.dim() == 0:
             continue
-        for counts in splits(tuple(value.shape), mesh_shape):
-            pairs = equal_pairs(value, counts)
+        for split in splits(tuple(value.shape), mesh_shape):
+            pairs = equal_pairs(value, split)
             if pairs:
-                found[(f"{loc} {str(value.dtype).removeprefix('torch.')}{list(value.shape)}", counts)] = pairs
+                found[(f"{loc} {str(value.dtype).removeprefix('torch.')}{list(value.shape)}", split)] = pairs
     return found
 
 
-def _describe(key: tuple[str, tuple[int, ...]], pairs: set) -> str:
-    (operand, counts), (i, j) = key, min(pairs)
-    return f"{operand} in {'x'.join(map(str, counts))} blocks: {len(pairs)} equal pair(s), e.g. blocks {i} and {j}"
+def _describe(key: tuple[str, Split], pairs: set) -> str:
+    (operand, split), (i, j) = key, min(pairs)
+    cut = "x".join("*".join(map(str, sizes)) if sizes else "1" for sizes in split)
+    return f"{operand} in {cut} blocks: {len(pairs)} equal pair(s), e.g. blocks {i} and {j}"
 
 
 def distinguishing_seeds(case: OpCase, mesh_shape: tuple[int, ...]) -> Seeds:

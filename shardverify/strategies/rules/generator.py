@@ -2,15 +2,17 @@
 strategy on any mesh.
 
 It binds the spec's rule to the call's shapes (:mod:`shardverify.strategies.rules.rule`), gives each
-mesh axis to at most one shardable factor (a factor takes its axes in ascending order:
-``S01``), and derives each strategy's layouts and communication from the rule's semantics
+mesh axis to at most one shardable factor (its axes in every order: ``S01`` and ``S10``, DTensor's
+shard order), offers the operands of a ``linear_in`` group as partial sums over the axes left
+free, and derives each strategy's layouts and communication from the rule's semantics
 alone. A size that does not divide is cut as DTensor cuts it (:mod:`shardverify.sharding.blocks`),
 except where that would be wrong: a compound dim whose own cut differs from its factor's, a
 partial avg over unequal blocks or a partial max/min with an empty block, and a layout whose
 local call gives another shape on some rank or refuses an empty block (probed on the CPU). A
 shape argument is each rank's own block's shape. Strategies are named
 ``<input layouts> -> <output layouts>`` with one ``S``/``R`` group per tensor dim
-(``S0R x RS1 -> S0S1``), plus ``| P<axes> <op>`` when the output is reduced after the op.
+(``S0R x RS1 -> S0S1``), ``+P<axes>`` after a partial-sum input, plus ``| P<axes> <op>`` when
+the output is reduced after the op.
 The fully replicated strategy comes last.
 """
 
@@ -22,7 +24,7 @@ from collections.abc import Callable, Container
 
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
-from shardverify.strategies.generators.registry import GeneratorContext, KnownGap, register_generator
+from shardverify.strategies.generators.registry import GeneratorContext, register_generator
 from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
 from shardverify.sharding.blocks import partial_refusal
@@ -63,28 +65,42 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
 
 
 def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
-    """Every map factor -> mesh axes (each axis used once, ascending) that leaves every compound
-    dim one contiguous block per rank, the block DTensor's cut of that dim gives, and a reduced
-    factor's partial value reducible by its op (:func:`partial_refusal`); the empty map
-    (replicated) last."""
+    """Every map factor -> mesh axes (each axis used once; a factor's axes in every order, the
+    ascending one first: ``S01`` then ``S10``) that leaves every compound dim one contiguous
+    block per rank, the block DTensor's cut of that dim gives, and a reduced factor's partial
+    value reducible by its op (:func:`partial_refusal`); the empty map (replicated) last.
+    The order is DTensor's shard order: the dim is cut over the first axis, then each block
+    over the next, so ``S10`` puts other rows on each rank than ``S01``."""
     shardable = rule.shardable()
     sizes = rule.size
     reduce_ops = dict(rule.reduce)
     found = []
     for choice in itertools.product(range(len(shardable) + 1), repeat=len(mesh_shape)):
-        axes: dict[str, tuple[int, ...]] = {}
+        ascending: dict[str, tuple[int, ...]] = {}
         for axis, pick in enumerate(choice):
             if pick:
-                axes[shardable[pick - 1]] = axes.get(shardable[pick - 1], ()) + (axis,)
-        ways = {f: math.prod(mesh_shape[a] for a in ax) for f, ax in axes.items()}
-        if not rule.contiguous(ways) or not rule.compound_blocks_agree(axes, mesh_shape):
+                ascending[shardable[pick - 1]] = ascending.get(shardable[pick - 1], ()) + (axis,)
+        ways = {f: math.prod(mesh_shape[a] for a in ax) for f, ax in ascending.items()}
+        if not rule.contiguous(ways):
             continue
-        if any(partial_refusal(reduce_ops[f], sizes[f], [mesh_shape[a] for a in ax])
-               for f, ax in axes.items() if f in reduce_ops):
-            continue
-        found.append(axes)
+        for orders in itertools.product(*(_orders(ax, mesh_shape) for ax in ascending.values())):
+            axes = dict(zip(ascending, orders))
+            if not rule.compound_blocks_agree(axes, mesh_shape):
+                continue
+            if any(partial_refusal(reduce_ops[f], sizes[f], [mesh_shape[a] for a in ax])
+                   for f, ax in axes.items() if f in reduce_ops):
+                continue
+            found.append(axes)
     found.sort(key=lambda a: not a)      # stable: the replicated assignment last
     return found
+
+
+def _orders(axes: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The orders of one factor's mesh axes, ascending first; axes of size 1 split nothing, so
+    their place in the order changes no block and only the ascending one is kept."""
+    if any(mesh_shape[a] == 1 for a in axes):
+        return [axes]
+    return list(itertools.permutations(axes))
 
 
 def _layout(term, axes: dict[str, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
@@ -107,19 +123,7 @@ def _positions(term, out_term) -> tuple[int, ...]:
     return tuple(where[dim[0]] if dim else i + offset for i, dim in enumerate(term))
 
 
-# Orders of several mesh axes on one dim that are not ascending (3-D meshes at most here).
-_REVERSED_ORDERS = ("S10", "S20", "S21", "S021", "S102", "S120", "S201", "S210")
-
-KNOWN_GAPS = (
-    KnownGap(
-        reason="a factor takes its mesh axes in ascending order only (S01, not S10): a reversed order "
-               "does the same local work on a permuted device assignment; only a view spreading a "
-               "shard over the parts of a split dim (S1 on a part, S0 on the next) produces one",
-        match=(("any_input", tuple(f"*{order}*" for order in _REVERSED_ORDERS)),)),
-)
-
-
-@register_generator("rules", known_gaps=KNOWN_GAPS)
+@register_generator("rules")
 def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     rule, options, inputs, outputs = bound_rule(ctx)
     if not outputs:
