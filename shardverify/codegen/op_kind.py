@@ -6,11 +6,13 @@ validated values.
 
 from __future__ import annotations
 
+import math
+
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.codegen.render import Renderer
 from shardverify.spec.op import CaseSpec, CountSpec, OpSpec, parse_op_spec
 
-__all__ = ["render_op_spec", "process_runs", "summarize_op_spec", "audit_meshes", "OP_KIND", "HANDLER_DIR", "TEST_DIR"]
+__all__ = ["render_op_spec", "process_runs", "simulated_runs", "EVERY_TARGET_UP_TO_RANKS", "summarize_op_spec", "audit_meshes", "OP_KIND", "HANDLER_DIR", "TEST_DIR"]
 
 HANDLER_DIR = "shardverify/strategies/handlers/generated"
 TEST_DIR = "generated_tests"
@@ -51,6 +53,31 @@ def process_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple[i
     return sorted(runs)
 
 
+#: meshes of more ranks than this verify each grid point once on the simulated backend, the
+#: targets taking turns: their layouts multiply (a product of two factors has 216 strategies on
+#: (2, 2, 2)), while what tells targets apart (how the call is captured and its operands found)
+#: does not depend on the mesh and is checked for every target on the smaller meshes
+EVERY_TARGET_UP_TO_RANKS = 4
+
+
+def simulated_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple[int, ...], str]]:
+    """(case index, mesh, test id) of the simulated-backend runs: every case on every mesh of
+    at most :data:`EVERY_TARGET_UP_TO_RANKS` ranks; on a larger mesh every grid point once, the
+    targets taking it in turns (shifted per mesh)."""
+    by_point: dict[str, list[int]] = {}
+    for index, case in enumerate(cases):
+        by_point.setdefault(repr(case.point), []).append(index)
+    runs = []
+    for at, mesh in enumerate(meshes):
+        mesh = tuple(mesh)
+        if math.prod(mesh) <= EVERY_TARGET_UP_TO_RANKS:
+            chosen = range(len(cases))
+        else:
+            chosen = [indices[(at + shift) % len(indices)] for shift, indices in enumerate(by_point.values())]
+        runs += [(index, mesh, f"{cases[index].id}-{_mesh_id(mesh)}") for index in chosen]
+    return runs
+
+
 def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
     """{handler module path: text, test module path: text} for one op spec."""
     cases = spec.cases()
@@ -60,6 +87,7 @@ def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
     handler = renderer.render("op_handler.py.j2", spec=spec)
     test = renderer.render("op_test.py.j2", spec=spec, cases=spec.op_cases(), counts=counts,
                            meshes=[(mesh, _mesh_id(mesh)) for mesh in spec.verify.meshes],
+                           simulated=simulated_runs(cases, spec.verify.meshes),
                            process=process_runs(cases, spec.verify.meshes))
     outputs = {f"{HANDLER_DIR}/{spec.name}.py": handler, f"{TEST_DIR}/test_{spec.name}.py": test}
     # --- property tests (shardverify.explore, issue 7): hypothesis beyond the listed grid ---
