@@ -91,7 +91,7 @@ def test_generate_is_deterministic_and_writes_only_when_changed(root):
         if rel not in rewritten:
             assert after[rel] == state, rel
     assert after["generated_tests/test_sum.py"][1:] != before["generated_tests/test_sum.py"][1:]
-    assert "pytest.param((1, 2), id='mesh1x2')" in (root / "generated_tests/test_sum.py").read_text()
+    assert "(1, 2), id='torch.sum-dim_0.2-keepdim_False-mesh1x2')" in (root / "generated_tests/test_sum.py").read_text()
 
 
 def test_rendering_twice_gives_the_same_bytes():
