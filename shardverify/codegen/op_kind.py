@@ -35,16 +35,21 @@ def _mesh_id(mesh: tuple[int, ...]) -> str:
     return "mesh" + "x".join(str(size) for size in mesh)
 
 
+def _cases_by_point(cases: tuple[CaseSpec, ...]) -> list[list[int]]:
+    """The case indices of each grid point (one per target taking it), points in case order."""
+    by_point: dict[str, list[int]] = {}
+    for index, case in enumerate(cases):
+        by_point.setdefault(repr(case.point), []).append(index)
+    return list(by_point.values())
+
+
 def process_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple[int, ...], str]]:
     """(case index, mesh, test id) of the process-backend runs: every mesh and every grid point
     at least once (run j takes point j and mesh j, each modulo its count), the targets taking
     each point in turns. The process backend adds real collectives over the mesh's groups,
     which depend on the mesh and not on the target or the grid point; the simulated backend,
-    with the same semantics, runs every case on every mesh."""
-    by_point: dict[str, list[int]] = {}
-    for index, case in enumerate(cases):
-        by_point.setdefault(repr(case.point), []).append(index)
-    points = list(by_point.values())
+    with the same semantics, runs the cases :func:`simulated_runs` lists."""
+    points = _cases_by_point(cases)
     runs = set()
     for j in range(max(len(points), len(meshes))):
         indices, mesh = points[j % len(points)], tuple(meshes[j % len(meshes)])
@@ -54,7 +59,7 @@ def process_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple[i
 
 
 #: meshes of more ranks than this verify each grid point once on the simulated backend, the
-#: targets taking turns: their layouts multiply (a product of two factors has 216 strategies on
+#: targets taking turns: their layouts multiply (a product of two factors has 276 strategies on
 #: (2, 2, 2)), while what tells targets apart (how the call is captured and its operands found)
 #: does not depend on the mesh and is checked for every target on the smaller meshes
 EVERY_TARGET_UP_TO_RANKS = 4
@@ -64,16 +69,14 @@ def simulated_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple
     """(case index, mesh, test id) of the simulated-backend runs: every case on every mesh of
     at most :data:`EVERY_TARGET_UP_TO_RANKS` ranks; on a larger mesh every grid point once, the
     targets taking it in turns (shifted per mesh)."""
-    by_point: dict[str, list[int]] = {}
-    for index, case in enumerate(cases):
-        by_point.setdefault(repr(case.point), []).append(index)
+    points = _cases_by_point(cases)
     runs = []
     for at, mesh in enumerate(meshes):
         mesh = tuple(mesh)
         if math.prod(mesh) <= EVERY_TARGET_UP_TO_RANKS:
             chosen = range(len(cases))
         else:
-            chosen = [indices[(at + shift) % len(indices)] for shift, indices in enumerate(by_point.values())]
+            chosen = [indices[(at + shift) % len(indices)] for shift, indices in enumerate(points)]
         runs += [(index, mesh, f"{cases[index].id}-{_mesh_id(mesh)}") for index in chosen]
     return runs
 
