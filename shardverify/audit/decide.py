@@ -18,6 +18,7 @@ import torch
 
 from shardverify.audit.layouts import REDUCE_OPS, Layout, _shardings, _subsets
 from shardverify.sharding.blocks import nested_block
+from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import OpCase
@@ -126,9 +127,7 @@ class Problem:
         key = (operand.name, layout.partial)
         if key not in self._pieces:
             n = math.prod(self.mesh.shape[a] for a in layout.partial)
-            gen = torch.Generator().manual_seed(self.seed + 7919 * len(self._pieces) + 1)
-            noise = torch.randn((n, *value.shape), generator=gen, dtype=torch.float64)
-            self._pieces[key] = noise - noise.mean(dim=0, keepdim=True) + value / n
+            self._pieces[key] = partial_pieces(value, n, self.seed + 7919 * len(self._pieces) + 1)
         return self._pieces[key][self._index(rank, layout.partial)]
 
     def local(self, position: int, layout: Layout) -> list[torch.Tensor]:
