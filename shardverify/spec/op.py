@@ -168,13 +168,12 @@ def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set
         rule = RuleOptions.from_options(dict(options))
     except InvalidArgument as exc:
         raise node.error(f"invalid sharding rule: {exc}") from None
-    for key, named in (("additive_operands", rule.additive), ("constant_operands", rule.constant)):
+    linear = {role.rstrip("?") for group in rule.linear_in for role in group}
+    for key, named in (("additive_operands", rule.additive), ("constant_operands", rule.constant),
+                       ("linear_in", linear)):
         missing = sorted(set(named) - roles)
         if missing:
             raise node.error(f"{key} names {missing}, which are not operands; declared: {sorted(roles)}")
-    linear = {role.rstrip("?") for group in rule.linear_in for role in group}
-    if sorted(linear - roles):
-        raise node.error(f"linear_in names {sorted(linear - roles)}, which are not operands; declared: {sorted(roles)}")
     if linear & set(rule.additive):
         raise node.error(f"linear_in names additive operand(s) {sorted(linear & set(rule.additive))}: they are added "
                          f"after a partial output is reduced, so they never reach the op as partial sums")

@@ -207,6 +207,9 @@ class _Call:
         self.ctx, self.rule, self.options = ctx, rule, options
         self.inputs, self.outputs = inputs, outputs
         self.shape_at, self.shape_part = shape_at, shape_part
+        # assignment -> whether its layout fits the call: the same for each of its partial-input
+        # variants (they add only all-reduces, which change no local shape)
+        self._fits: dict[tuple, bool] = {}
 
     def strategy(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
                  taken: Container[str]) -> ShardingStrategy | None:
@@ -255,9 +258,12 @@ class _Call:
         local_args = (_shape_argument(ctx, self.shape_at, specs[outputs[0].name], self.shape_part, uneven),) \
             if self.shape_at else ()
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if (options.source == "view" or self.shape_at or uneven) and \
-                not _local_view_fits(ctx, operands, outputs, specs, actions, local_args, uneven):
-            return None
+        if options.source == "view" or self.shape_at or uneven:
+            key = tuple(axes.items())
+            if key not in self._fits:
+                self._fits[key] = _local_view_fits(ctx, operands, outputs, specs, actions, local_args, uneven)
+            if not self._fits[key]:
+                return None
         # compute cost by the checked rule: the op measured on meta tensors of the local shapes
         strategy = make_strategy(ctx, name, operands, specs, actions, local_args=local_args)
         if post_add or index_shards or partial:
