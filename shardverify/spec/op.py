@@ -183,6 +183,18 @@ def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set
     return rule
 
 
+def _check_index_list(node: Node, operands: list[OperandSpec]) -> None:
+    """``advanced_index`` reads the tensor operands as the indexed input followed by the
+    elements of one index list in order, so the spec must declare them so."""
+    tensors = [o for o in operands if o.kind != "output"]
+    first, rest = tensors[0], tensors[1:]
+    if first.element is not None or not rest or \
+            any(o.element != k or o.index != rest[0].index for k, o in enumerate(rest)):
+        raise node.error("advanced_index needs the indexed input first, then the index tensors as elements "
+                         "0, 1, ... of one list argument, in that order; declared: " +
+                         ", ".join(f"{o.role} (index {o.index}, element {o.element})" for o in tensors))
+
+
 def _check_generator(node: Node) -> str:
     family = as_identifier(node)
     try:
@@ -262,6 +274,8 @@ def parse_op_spec(root: Node) -> OpSpec:
     if options_node is not None:
         _check_option_refs(options_node, {p.name for p in params}, roles)
     rule = _check_rule(options_node or generator_node, options, roles) if family == "rules" else None
+    if rule is not None and rule.source == "advanced_index":
+        _check_index_list(options_node or generator_node, operands)
     verify = _parse_verify(verify_node, targets, operands, params, rule.constant if rule is not None else ())
     for position, (target, (_, _, where_node)) in enumerate(zip(targets, entries)):
         if where_node is not None:

@@ -456,6 +456,10 @@ def _resolve_one(decl: OperandDecl, handler: HandlerDef, node: Node,
             raise HandlerError(f"handler {handler.name!r}: operand {decl.role!r} is element {decl.element} of "
                                f"a list argument, node {node.name!r} passes {value!r}")
         value, locator = value[decl.element], OperandLocator("item", (locator.key, decl.element))
+        if value is None and not decl.optional:
+            raise HandlerError(f"handler {handler.name!r}: node {node.name!r} passes None as element "
+                               f"{decl.element} of its list argument, where the spec requires a tensor for "
+                               f"operand {decl.role!r}")
     if value is _MISSING or value is None or (decl.optional and isinstance(value, (bool, int, float, complex))):
         if decl.optional:
             return None

@@ -1,5 +1,6 @@
 """Equations a spec does not write out, derived from the call: pointwise broadcasting,
-reductions over a ``dim`` parameter, and views (reshape by shapes, permute, transpose).
+reductions over a ``dim`` parameter, views (reshape by shapes, permute, transpose) and
+advanced indexing (``x[i, j]``).
 
 Each returns an :class:`Equation` plus the factors it knows must stay whole; the generator
 binds it to the shapes like a written equation, so every rule family shares one engine.
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from shardverify.errors import InvalidArgument
 from shardverify.strategies.rules.notation import Dim, Equation, Term
 
-__all__ = ["pointwise", "reduction", "reshape", "permute"]
+__all__ = ["pointwise", "reduction", "reshape", "permute", "advanced_index", "indexed_factor"]
 
 Shape = tuple[int, ...]
 
@@ -44,6 +45,61 @@ def pointwise(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> tuple[Equati
     eq = Equation(tuple(term(s, f"in{i}") for i, s in enumerate(inputs)),
                   tuple(term(s, f"out{i}") for i, s in enumerate(outputs)))
     return eq, whole
+
+
+def indexed_factor(dim: int) -> str:
+    """The factor of input dim ``dim`` when an index tensor indexes it."""
+    return f"x{dim}"
+
+
+def advanced_index(input_shape: Shape, indices: Sequence[tuple[int, Shape]], output_shape: Shape
+                   ) -> tuple[Equation, set[str]]:
+    """``x[i0, i1]`` (``aten.index.Tensor``): ``indices`` holds (input dim, shape) of each index
+    tensor. The index tensors broadcast against each other into the block ``B`` (factors
+    ``b<j>``, an index dim of size 1 holding none), which replaces the indexed dims in the
+    output: in their place when they are adjacent, in front otherwise, as torch places it.
+    Every other input dim passes its factor to the output. An indexed dim holds a factor of
+    its own (:func:`indexed_factor`) that no output holds: its ids index it, and sharding it
+    masks the ids a rank does not hold (a partial sum). It stays whole where a rank's mask
+    would not line up with the output's leading dims: an index with fewer dims than ``B``, or
+    ``B`` not in front."""
+    if not indices:
+        raise InvalidArgument("advanced indexing needs at least one index tensor")
+    dims = [d for d, _ in indices]
+    if len(set(dims)) != len(dims) or any(not 0 <= d < len(input_shape) for d in dims):
+        raise InvalidArgument(f"index tensors at dims {dims} do not index distinct dims of an input of shape "
+                              f"{tuple(input_shape)}")
+    block = tuple(torch_broadcast([shape for _, shape in indices]))
+    rest = [d for d in range(len(input_shape)) if d not in dims]
+    adjacent = sorted(dims) == list(range(min(dims), max(dims) + 1))
+    front = min(dims) if adjacent else 0
+    out_dims: list[Dim] = [(f"d{d}",) if input_shape[d] != 1 else () for d in rest]
+    b_dims: list[Dim] = [(f"b{j}",) if size != 1 else () for j, size in enumerate(block)]
+    out_term = tuple(out_dims[:front] + b_dims + out_dims[front:])
+    expected = tuple([input_shape[d] for d in rest][:front]) + block + tuple([input_shape[d] for d in rest][front:])
+    if tuple(output_shape) != expected:
+        raise InvalidArgument(f"indexing an input of shape {tuple(input_shape)} at dims {dims} gives "
+                              f"{list(expected)}, the call's output is {list(output_shape)}")
+    in_term = tuple((indexed_factor(d),) if d in dims else (f"d{d}",) if input_shape[d] != 1 else ()
+                    for d in range(len(input_shape)))
+    index_terms = tuple(tuple(b_dims[len(block) - len(shape) + i] if size != 1 else ()
+                              for i, size in enumerate(shape)) for _, shape in indices)
+    whole = set()
+    if front != 0 or any(len(shape) != len(block) for _, shape in indices):
+        whole = {indexed_factor(d) for d in dims}
+    return Equation((in_term,) + index_terms, (out_term,)), whole
+
+
+def torch_broadcast(shapes: Sequence[Shape]) -> Shape:
+    """The shape ``shapes`` broadcast to, as torch broadcasts them."""
+    rank = max(len(s) for s in shapes)
+    found = []
+    for j in range(rank):
+        sizes = {s[j - rank + len(s)] for s in shapes if j - rank + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise InvalidArgument(f"index shapes {[list(s) for s in shapes]} do not broadcast")
+        found.append(sizes.pop() if sizes else 1)
+    return tuple(found)
 
 
 def reduction(input_shape: Shape, n_outputs: int, dims: tuple[int, ...], keepdim: bool) -> Equation:

@@ -18,6 +18,7 @@ The fully replicated strategy comes last.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Container
@@ -25,6 +26,7 @@ from collections.abc import Callable, Container
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
+from shardverify.strategies.rules import derive
 from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
 from shardverify.sharding.blocks import partial_refusal
@@ -53,6 +55,9 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
     inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
     outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
     present = [role in ctx.operands for role in declared]
+    if options.source == "advanced_index":      # element k of the index list holds ids into dim k
+        options = dataclasses.replace(options, indices=tuple((role, derive.indexed_factor(k))
+                                                             for k, role in enumerate(declared[1:])))
     try:
         equation, whole, reduce, sizes = equation_for(options, [d.shape for d in inputs],
                                                       [d.shape for d in outputs], ctx.params, present)

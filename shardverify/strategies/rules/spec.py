@@ -20,6 +20,11 @@ One source of factors, exactly one of:
                                ``shape_dim_param`` too only the sizes that the input dim it
                                names splits into (torch.unflatten's ``dim`` and ``sizes``)
 ``view: permute``              with ``dims_param``; ``view: transpose`` with ``dim0_param``/``dim1_param``
+``advanced_index: true``       ``x[i0, i1]`` (``aten.index.Tensor``): the first operand is
+                               indexed, the others are the elements of the index list in
+                               order (element k indexes dim k, an absent one is ``:``); each
+                               index's ids index its dim as ``indices`` says (a shard of the
+                               dim masks the ids a rank does not hold)
 
 and modifiers: ``whole: [k]`` (factors never sharded), ``whole_dims_param: dim`` (output
 dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
@@ -51,7 +56,7 @@ from shardverify.sharding.strategy import REDUCE_OPS
 
 __all__ = ["RuleOptions", "equation_for", "local_shape_part", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
 
-SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view")
+SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "advanced_index")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
@@ -114,8 +119,9 @@ class RuleOptions:
             return str(value)
 
         einsum = parse_equation(text("einsum")) if source == "einsum" else None
-        if source == "pointwise" and options["pointwise"] is not True:
-            raise InvalidArgument(f"rule option 'pointwise' must be true, got {options['pointwise']!r}")
+        for flag in ("pointwise", "advanced_index"):
+            if source == flag and options[flag] is not True:
+                raise InvalidArgument(f"rule option {flag!r} must be true, got {options[flag]!r}")
         view = text("view")
         if source == "view" and view not in VIEWS:
             raise InvalidArgument(f"rule option 'view' must be one of {', '.join(VIEWS)}, got {view!r}")
@@ -236,6 +242,9 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
             eq = Equation(eq.inputs, eq.outputs * len(outputs))
     elif options.source == "pointwise":
         eq, whole = derive.pointwise(inputs, outputs)
+    elif options.source == "advanced_index":
+        at = [k for k, here in enumerate(present[1:]) if here]
+        eq, whole = derive.advanced_index(inputs[0], list(zip(at, inputs[1:])), outputs[0])
     elif options.source == "reduce_dims_param":
         dims = normalize_dims(_param(params, options.reduce_dims_param), len(inputs[0]), options.reduce_dims_param)
         keepdim = bool(_param(params, options.keepdim_param)) if options.keepdim_param else False
