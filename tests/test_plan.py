@@ -159,9 +159,40 @@ def test_plan_spec_error_names_file_line_and_plan(tmp_path):
     where = dict(parsed.where)
     module, inputs = build_spec_model(parsed.factory, parsed.kwargs, parsed.inputs, where=where["factory"])
     with pytest.raises(SpecError) as info:
-        spec_plan(module, inputs, parsed.mesh, dict(parsed.plans)["mine"], where=where["mine"])
+        spec_plan(module, inputs, parsed.meshes[0], dict(parsed.plans)["mine"], where=where["mine"])
     text = str(info.value)
     assert "bad.yaml:7: field 'plans.mine'" in text and "no strategy 'nope'" in text
+
+
+@pytest.mark.parametrize("text, line, fragment", [
+    ("model: {factory: shardverify.plan.zoo.mlp_block, zoo: gpt2}\ninputs: {x: [8, 32]}\nmesh: [2]\n", 2,
+     "'factory' (a dotted path) or 'zoo'"),
+    ("model: {zoo: gpt5}\nmesh: [2]\n", 2, "no zoo model 'gpt5'; the zoo has gpt2, llama"),
+    ("model: {zoo: gpt2}\ninputs: {x: [8, 32]}\nmesh: [2]\n", 3, "a zoo model brings its own inputs"),
+    ("model: {zoo: gpt2}\nmeshes: [[2, 2], [4]]\ncapture: jit\n", 4, "capture must be one of fx, export"),
+    ("model: {zoo: gpt2}\nmesh: [4]\nmeshes: [[2, 2], [4]]\n", 1, "'mesh' (one mesh shape) or 'meshes'"),
+    ("model: {zoo: gpt2}\nmeshes: [[2, 2], [2, 2]]\n", 3, "meshes must be distinct"),
+    ("model: {zoo: gpt2}\nmeshes: [[2, 2], [4]]\n", 5, "a plan that names strategies is for one mesh"),
+])
+def test_a_plan_spec_of_a_zoo_model_is_read_strictly(tmp_path, text, line, fragment):
+    from shardverify.spec.loader import load_yaml
+    from shardverify.errors import SpecError
+    from shardverify.plan.spec import parse_plan_spec
+
+    spec = tmp_path / "zoo.yaml"
+    spec.write_text(f"name: zoo\n{text}plans:\n  mine: {{addmm: RR}}\n" if "names strategies" in fragment else
+                    f"name: zoo\n{text}plans:\n  solver: solver\n")
+    with pytest.raises(SpecError) as info:
+        parse_plan_spec(load_yaml(str(spec)))
+    assert info.value.line == line and fragment in str(info.value), str(info.value)
+
+
+def test_a_zoo_plan_spec_runs_from_the_plan_command(capsys):
+    from shardverify.cli.main import main
+
+    assert main(["plan", "specs/plans/vit.yaml", "--mesh", "4", "--data-parallel", "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert "0 refused, 0 without a handler" in out and "verification on simulated: PASS" in out
 
 
 def test_row_parallel_linear_with_bias_post_add(sv_backend):

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                                         "transformers model (gpt2, llama, bert, vit, resnet; the models extra) "
                                         "with its own inputs, captured with torch.export.")
     parser.add_argument("spec")
-    parser.add_argument("--mesh", help="mesh shape, e.g. 2,2 (default: the spec's)")
+    parser.add_argument("--mesh", help="mesh shape, e.g. 2,2 (default: the spec's first)")
     parser.add_argument("--plan", help="YAML file: node name -> strategy name (default: the solver's plan)")
     parser.add_argument("--input", action="append", default=[], help="input shape for a factory, e.g. 64,128")
     parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         zoo = args.spec.startswith("zoo:")
         capture = args.capture or ("export" if zoo else "fx")
+        spec_zoo = ""
         if zoo:
             from shardverify.plan.hf_zoo import hf_model
 
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         elif args.spec.endswith((".yaml", ".yml")):
             spec = parse_plan_spec(load_yaml(args.spec))
             factory, kwargs, inputs, where = spec.factory, spec.kwargs, spec.inputs, dict(spec.where)["factory"]
-            mesh = _shape(args.mesh) if args.mesh else spec.mesh
+            spec_zoo, capture = spec.zoo, args.capture or spec.capture
+            mesh = _shape(args.mesh) if args.mesh else spec.meshes[0]
         else:
             factory, kwargs = args.spec, _kwargs(args.kwarg)
             if not args.input:
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             with open(args.plan) as handle:
                 plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
         if not zoo:
-            module, example = build_spec_model(factory, kwargs, inputs, where=where)
+            module, example = build_spec_model(factory, kwargs, inputs, where=where, zoo=spec_zoo)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
                              capture=capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights, data_parallel=args.data_parallel)

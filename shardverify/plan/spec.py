@@ -4,18 +4,24 @@
 
     name: mlp                                      # required, an identifier
     description: ...
-    model:                                         # required
+    model:                                         # required: a factory, or zoo: NAME
       factory: shardverify.plan.zoo:mlp_block      # dotted path of a function or nn.Module class
       kwargs: {d_in: 64}
-    inputs: {x: [32, 64]}                          # required: forward argument -> shape (float32)
-    mesh: [2, 2]                                   # required
-    plans:                                         # required: plan name -> {node: strategy name}
+    inputs: {x: [32, 64]}                          # forward argument -> shape (float32); not with zoo
+    capture: fx                                    # fx (the default) | export (the default for zoo)
+    mesh: [2, 2]                                   # or meshes: [[2, 2], [4]]
+    plans:                                         # required: plan name -> how it is made
       solver: solver                               # the built-in solver's plan
+      dp: data_parallel                            # the solver's plan, weights replicated, batch split
+      tp: shard_weights                            # the solver's plan, every weight it can shard sharded
       replicated: {}                               # nodes left out take their replicated strategy
-      megatron: {fc1: "RS01 = RR x RS01", fc2: "RR = RS01 x S01R"}
+      megatron: {fc1: "RS01 = RR x RS01", fc2: "RR = RS01 x S01R"}   # one mesh only
     solver_beats: [replicated]                     # plans whose declared cost the solver's must beat
+    strict: true                                   # every tensor op has strategies (none falls back)
 
-Every plan is verified end to end on the simulated backend and (marked ``dist``) on gloo.
+``model: {zoo: gpt2}`` is a tiny HF transformers model of :mod:`shardverify.plan.hf_zoo` with its
+own example inputs (token ids, pixels), captured with torch.export. Every plan is verified end to
+end on every mesh on the simulated backend and (marked ``dist``) on gloo.
 Reading the spec runs nothing: the factory is found in its module's source; the model is built
 and each plan made (misspelt nodes and strategies found) by those tests and `shardverify plan`,
 every error naming the spec's file, line and field.
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardverify.plan.model import PlanGoals
 from shardverify.spec.fields import Fields, as_factory, as_identifier, as_mesh, as_shape
 from shardverify.spec.limits import tensor_size_problems
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
@@ -36,9 +43,13 @@ from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
 from shardverify.spec.trust import call_factory
 
-__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "spec_plan", "SOLVER", "Where"]
+__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "spec_plan", "SOLVER", "GOALS",
+           "Where"]
 
 SOLVER = "solver"
+#: plans the solver makes under a goal besides the least cost (see PlanGoals)
+GOALS = {"data_parallel": PlanGoals(data_parallel=True), "shard_weights": PlanGoals(shard_weights=True)}
+CAPTURES = ("fx", "export")
 
 #: where a spec says something: (file, line, field), for errors raised when the spec is used
 Where = tuple[str, "int | None", "str | None"]
@@ -49,13 +60,16 @@ class PlanSpec:
     name: str
     source: str
     description: str
-    factory: str
+    factory: str                                 # "" for a zoo model
     kwargs: tuple[tuple[str, object], ...]
     inputs: tuple[tuple[str, tuple[int, ...]], ...]
-    mesh: tuple[int, ...]
-    plans: tuple[tuple[str, object], ...]        # name -> "solver" or ((node, strategy), ...)
+    meshes: tuple[tuple[int, ...], ...]
+    plans: tuple[tuple[str, object], ...]        # name -> "solver", a GOALS key or ((node, strategy), ...)
     solver_beats: tuple[str, ...] = ()
     where: tuple[tuple[str, Where], ...] = ()    # "factory" and each plan name -> its place in the file
+    zoo: str = ""                                # a model of shardverify.plan.hf_zoo, its inputs its own
+    capture: str = "fx"
+    strict: bool = False                         # every tensor op has strategies
 
 
 def _error(where: Where | None, message: str) -> ShardVerifyError:
@@ -64,12 +78,20 @@ def _error(where: Where | None, message: str) -> ShardVerifyError:
     return SpecError(message, file=where[0], line=where[1], field=where[2])
 
 
-def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where | None = None,
+def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where | None = None, zoo: str = "",
                      ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """The model (parameters drawn from ``seed``) and its example inputs. The factory is
     imported and called only here, never when a spec is read (spec/trust.py's call_factory:
     a model over its size limit is refused before anything is allocated); every failure is
-    one error naming ``where`` (the spec's factory field)."""
+    one error naming ``where`` (the spec's factory field). A ``zoo`` model comes with its own
+    weights and inputs (:func:`shardverify.plan.hf_zoo.hf_model`)."""
+    if zoo:
+        from shardverify.plan.hf_zoo import hf_model
+
+        try:
+            return hf_model(zoo, seed)
+        except InvalidArgument as error:
+            raise _error(where, str(error)) from None
     problems = tensor_size_problems([(f"input {name!r}", tuple(shape)) for name, shape in inputs])
     if problems:
         raise _error(where, "; ".join(problems))
@@ -85,13 +107,16 @@ def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where |
 
 
 def spec_plan(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tuple[int, ...],
-              plan: str | Mapping[str, str], where: Where | None = None):
-    """A spec's plan made for its model: the solver's (``"solver"``) or the listed strategies
-    completed; a misspelt node or strategy is an error naming ``where`` (the plan's field)."""
-    from shardverify.plan.verify import make_plan
+              plan: str | Mapping[str, str], where: Where | None = None, capture: str = "fx"):
+    """A spec's plan made for its model and the account of its nodes (a Coverage): the solver's
+    (``"solver"``, or under a goal of :data:`GOALS`) or the listed strategies completed; a
+    misspelt node or strategy is an error naming ``where`` (the plan's field)."""
+    from shardverify.plan.verify import plan_with_coverage
 
+    solved = isinstance(plan, str)      # "solver" or a goal; parse_plan_spec allows no other word
     try:
-        return make_plan(module, inputs, mesh, None if plan == SOLVER else dict(plan))  # type: ignore[arg-type]
+        return plan_with_coverage(module, inputs, mesh, None if solved else dict(plan),  # type: ignore[arg-type]
+                                  capture=capture, goals=GOALS.get(plan, PlanGoals()) if solved else PlanGoals())  # type: ignore[arg-type]
     except ShardVerifyError as error:
         raise _error(where, str(error)) from None
 
@@ -103,48 +128,101 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     fields = Fields(root)
     name = as_identifier(fields.required("name", str))
     description = fields.optional("description", str)
-    model = Fields(fields.required("model", dict))
-    factory_node = model.required("factory", str)
+    model_node = fields.required("model", dict)
+    model = Fields(model_node)
+    factory_node = model.optional("factory", str)
+    zoo_node = model.optional("zoo", str)
     kwargs_node = model.optional("kwargs", dict)
     model.finish()
+    if (factory_node is None) == (zoo_node is None):
+        raise model_node.error("give the model as 'factory' (a dotted path) or 'zoo' (a model of "
+                               "shardverify.plan.hf_zoo), exactly one")
     kwargs = () if kwargs_node is None else tuple((k, v.plain()) for k, v in kwargs_node.value.items())
-    factory = as_factory(factory_node, kwargs_node, dict(kwargs))
-    inputs_node = fields.required("inputs", dict)
-    inputs = tuple((k, as_shape(v, allow_empty=False)) for k, v in inputs_node.value.items())
+    factory, zoo = "", ""
+    if factory_node is not None:
+        factory = as_factory(factory_node, kwargs_node, dict(kwargs))
+    else:
+        from shardverify.plan.hf_zoo import HF_MODELS
+
+        zoo = str(zoo_node.value)  # type: ignore[union-attr]
+        if zoo not in HF_MODELS:
+            raise zoo_node.error(f"no zoo model {zoo!r}; the zoo has {', '.join(HF_MODELS)}")  # type: ignore[union-attr]
+        if kwargs_node is not None:
+            raise kwargs_node.error("a zoo model takes no kwargs: its config is fixed (shardverify/plan/hf_zoo.py)")
+    inputs_node = fields.optional("inputs", dict)
+    if (inputs_node is None) != bool(zoo):
+        raise (inputs_node or root).error("a zoo model brings its own inputs; a factory needs 'inputs' "
+                                          "(forward argument -> shape)")
+    inputs = () if inputs_node is None else \
+        tuple((k, as_shape(v, allow_empty=False)) for k, v in inputs_node.value.items())
     problems = tensor_size_problems([(f"input {k!r}", shape) for k, shape in inputs])
     if problems:
-        raise inputs_node.error("; ".join(problems))
-    mesh_node = fields.required("mesh", list)
-    mesh = as_mesh(mesh_node)
+        raise inputs_node.error("; ".join(problems))  # type: ignore[union-attr]
+    capture_node = fields.optional("capture", str)
+    capture = "export" if zoo else "fx"
+    if capture_node is not None:
+        capture = str(capture_node.value)
+        if capture not in CAPTURES:
+            raise capture_node.error(f"capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
+    mesh_node, meshes_node = fields.optional("mesh", list), fields.optional("meshes", list)
+    if (mesh_node is None) == (meshes_node is None):
+        raise root.error("give 'mesh' (one mesh shape) or 'meshes' (a list of them), exactly one")
+    meshes = (as_mesh(mesh_node),) if mesh_node is not None else \
+        tuple(as_mesh(m) for m in meshes_node.value)  # type: ignore[union-attr]
+    if not meshes or len(set(meshes)) != len(meshes):
+        raise (meshes_node or mesh_node).error("meshes must be distinct, at least one")  # type: ignore[union-attr]
     plans_node = fields.required("plans", dict)
-    plans = []
+    plans: list[tuple[str, object]] = []
     for key, child in plans_node.value.items():
-        if child.value == SOLVER:
-            plans.append((key, SOLVER))
+        if isinstance(child.value, str) and (child.value == SOLVER or child.value in GOALS):
+            plans.append((key, str(child.value)))
         elif isinstance(child.value, dict):
+            if len(meshes) > 1:
+                raise child.error("a plan that names strategies is for one mesh (their names differ between "
+                                  "meshes); this spec lists several")
             plans.append((key, tuple((n, str(v.value)) for n, v in child.value.items())))
         else:
-            raise child.error(f"a plan is '{SOLVER}' or a mapping node name -> strategy name")
+            raise child.error(f"a plan is one of {', '.join((SOLVER, *GOALS))} or a mapping node name -> "
+                              f"strategy name, got {child.value!r}")
     beats_node = fields.optional("solver_beats", list)
     beats = () if beats_node is None else tuple(str(b.value) for b in beats_node.value)
+    strict_node = fields.optional("strict", bool)
     fields.finish()
     names = [k for k, _ in plans]
     for b in beats:
         if b not in names:
-            raise beats_node.error(f"solver_beats names {b!r}, which is not one of the plans {names}")
-    where = (("factory", factory_node.where()), *((key, plans_node.value[key].where()) for key in names))
+            raise beats_node.error(f"solver_beats names {b!r}, which is not one of the plans {names}")  # type: ignore[union-attr]
+    model_at = factory_node if factory_node is not None else zoo_node
+    where = (("factory", model_at.where()), *((key, plans_node.value[key].where()) for key in names))  # type: ignore[union-attr]
     return PlanSpec(name, root.file, "" if description is None else str(description.value), factory,
-                    kwargs, inputs, mesh, tuple(plans), beats, where)
+                    kwargs, inputs, meshes, tuple(plans), beats, where, zoo, capture,
+                    bool(strict_node.value) if strict_node is not None else False)
+
+
+def simulated_runs(spec: PlanSpec) -> list[tuple[tuple[int, ...], str]]:
+    """(mesh, plan) of every run on the simulated backend: every plan on every mesh."""
+    return [(mesh, name) for mesh in spec.meshes for name, _ in spec.plans]
+
+
+def process_runs(spec: PlanSpec) -> list[tuple[tuple[int, ...], str]]:
+    """(mesh, plan) of the runs on real process groups, which cost a start of processes each:
+    every plan once and every mesh at least once, the meshes in turns (the simulated backend
+    runs every pair, with the same semantics)."""
+    names = [name for name, _ in spec.plans]
+    count = max(len(names), len(spec.meshes))
+    return [(spec.meshes[i % len(spec.meshes)], names[i % len(names)]) for i in range(count)]
 
 
 def render_plan_spec(spec: PlanSpec, renderer: Renderer) -> dict[str, str]:
-    plans = {k: (v if v == SOLVER else dict(v)) for k, v in spec.plans}
-    return {f"generated_tests/test_plan_{spec.name}.py": renderer.render("plan_test.py.j2", spec=spec, plans=plans,
-                                                                         where=dict(spec.where))}
+    plans = {k: (v if isinstance(v, str) else dict(v)) for k, v in spec.plans}
+    return {f"generated_tests/test_plan_{spec.name}.py": renderer.render(
+        "plan_test.py.j2", spec=spec, plans=plans, where=dict(spec.where), simulated=simulated_runs(spec),
+        process=process_runs(spec))}
 
 
 def summarize_plan_spec(spec: PlanSpec) -> dict[str, str]:
-    return {"model": spec.factory, "mesh": str(list(spec.mesh)), "plans": ", ".join(k for k, _ in spec.plans)}
+    return {"model": spec.factory or f"zoo:{spec.zoo}", "meshes": ", ".join(str(list(m)) for m in spec.meshes),
+            "plans": ", ".join(k for k, _ in spec.plans)}
 
 
 PLAN_KIND = register_spec_kind(SpecKind(
