@@ -5,8 +5,10 @@ figure so that peaks do not mix, runs ``verify_plan`` on the simulated backend (
 thread of this process) on a (2, 2) mesh, under the replicated plan, a data-parallel plan and a
 plan sharding every weight, after a warm-up check of a tiny model (so one-time imports are not
 counted). Prints the peak resident memory the check added over the model alone, in bytes per
-parameter, beside the model's own float32 size (4 B per parameter), and
-the machine's load::
+parameter, beside the model's own float32 size (4 B per parameter), and the machine's load; each
+plan twice: in a process that sets itself up to check as `shardverify plan` and the test session
+do (``tune_for_checking``: large freed blocks go back to the OS), and in a plain program calling
+the library, whose C allocator keeps freed blocks in each rank thread's heap::
 
     .venv/bin/python benchmarks/bench_plan_memory.py            # 4 layers of 1024
     .venv/bin/python benchmarks/bench_plan_memory.py --width 2048
@@ -33,10 +35,14 @@ def _rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(plan: str, width: int, layers: int) -> None:
+def child(plan: str, width: int, layers: int, tuned: bool) -> None:
     import torch
 
     from shardverify import verify_plan
+    from shardverify.backends.gc_policy import tune_for_checking
+
+    if tuned:
+        tune_for_checking()
 
     # warm-up: the first check imports and initialises torch machinery (about 80 MB, whatever
     # the model) that is not the check's cost per parameter
@@ -60,19 +66,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--child", choices=PLANS, help=argparse.SUPPRESS)
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.width, args.layers)
+        child(args.child, args.width, args.layers, not args.plain)
         return 0
     print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print(f"{'plan':<16}{'parameters':>12}{'added MiB':>11}{'B/param':>9}{'vs float32 model':>18}  verdict")
+    print(f"{'plan':<16}{'process':<18}{'parameters':>12}{'added MiB':>11}{'B/param':>9}{'vs float32 model':>18}"
+          "  verdict")
     for plan in PLANS:
-        out = subprocess.run([sys.executable, __file__, "--child", plan, "--width", str(args.width),
-                              "--layers", str(args.layers)], capture_output=True, text=True, check=True)
-        row = json.loads(out.stdout.strip().splitlines()[-1])
-        per = row["added"] / row["params"]
-        print(f"{plan:<16}{row['params']:>12,}{row['added'] / 2**20:>11.0f}{per:>9.1f}{per / 4:>17.1f}x  "
-              f"{'PASS' if row['passed'] else 'FAIL'}")
+        for process, extra in (("checking", []), ("plain library", ["--plain"])):
+            out = subprocess.run([sys.executable, __file__, "--child", plan, "--width", str(args.width),
+                                  "--layers", str(args.layers), *extra], capture_output=True, text=True, check=True)
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            per = row["added"] / row["params"]
+            print(f"{plan:<16}{process:<18}{row['params']:>12,}{row['added'] / 2**20:>11.0f}{per:>9.1f}"
+                  f"{per / 4:>17.1f}x  {'PASS' if row['passed'] else 'FAIL'}")
     print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return 0
 

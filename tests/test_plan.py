@@ -195,6 +195,19 @@ def test_a_zoo_plan_spec_runs_from_the_plan_command(capsys):
     assert "0 refused, 0 without a handler" in out and "verification on simulated: PASS" in out
 
 
+def test_the_simulated_ranks_share_one_single_device_reference(monkeypatch):
+    """The ranks (threads) read one recipe and one reference run of it, not a copy each: a plan
+    check of a model holds one float64 copy of its weights and gradients, not one per rank."""
+    from shardverify.plan import execute
+
+    calls = []
+    real = execute.reference_run
+    monkeypatch.setattr(execute, "reference_run", lambda recipe: calls.append(recipe) or real(recipe))
+    result = verify_plan(ResidualMLP(), torch.randn(8, 16), (2, 2), data_parallel=True)
+    assert result.passed, result.summary()
+    assert len(calls) == 1
+
+
 def test_row_parallel_linear_with_bias_post_add(sv_backend):
     model, x = ResidualMLP(), torch.randn(8, 16)
     plan = make_plan(model, (x,), (2, 2), {"up": "RR = RS01 x S01R", "down": "RR = RS01 x S01R"})

@@ -143,10 +143,13 @@ def _frozen_fields(cls: type) -> tuple[str, ...] | None:
 
 def private_copy(args: tuple) -> tuple:
     """What one rank gets of a run's arguments: frozen values shared, everything else deep-copied,
-    as if the arguments had crossed into another process."""
-    if all(is_frozen(a) for a in args):
+    as if the arguments had crossed into another process. An argument whose class declares
+    ``ranks_only_read = True`` is shared too: the class promises that rank code never changes it
+    (a whole model's recipe, which each rank copies before running: a deep copy per rank would
+    hold a model per rank, and defeat the reference the ranks of one process share)."""
+    if all(is_frozen(a) or getattr(a, "ranks_only_read", False) for a in args):
         return args
-    return tuple(a if is_frozen(a) else copy.deepcopy(a) for a in args)
+    return tuple(a if is_frozen(a) or getattr(a, "ranks_only_read", False) else copy.deepcopy(a) for a in args)
 
 
 def check_timeout(timeout: float | None, default: float) -> float:

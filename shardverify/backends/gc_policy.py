@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import gc
 
+from shardverify.backends.allocator import return_large_frees
+
 __all__ = ["CHECKING_THRESHOLDS", "tune_for_checking"]
 
 #: (young, middle, old) thresholds, as ``gc.set_threshold`` takes them
@@ -26,5 +28,7 @@ CHECKING_THRESHOLDS = (50_000, 20, 10)
 
 
 def tune_for_checking() -> None:
-    """Give this process the collector thresholds of a checking process."""
+    """Give this process the collector thresholds of a checking process, and its allocator's
+    (large blocks returned to the OS when freed: see allocator)."""
     gc.set_threshold(*CHECKING_THRESHOLDS)
+    return_large_frees()

@@ -46,7 +46,11 @@ CAPTURES = ("export", "fx")
 @dataclass(frozen=True)
 class ModelRecipe:
     """The model and example inputs (picklable: sent to worker processes). Floating inputs run
-    in float64; other inputs (token ids) keep their dtype."""
+    in float64; other inputs (token ids) keep their dtype. Rank code only reads it (it runs a
+    float64 copy of the module and clones of the inputs), so the simulated ranks share one
+    (``ranks_only_read``) and with it one single-device reference (:func:`shared_reference`)."""
+
+    ranks_only_read = True    # a class attribute, not a field
 
     module: torch.nn.Module
     inputs: tuple[torch.Tensor, ...]
@@ -306,10 +310,17 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
     env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check)
     if found:
         return found   # backward would only repeat the forward divergence
+    blamed = _weight_consumers(gm, plan)
+    checked: set[str] = set()
+    for name, (leaf, layout, order, node_name) in leaves.items():
+        if leaf.requires_grad:
+            expected = ref_param_grads.get(name)
+            leaf.register_post_accumulate_grad_hook(functools.partial(
+                _check_weight_grad, found, checked, rank, name, *blamed.get(node_name, (order, node_name)),
+                _shard(layout, expected, mesh, rank) if expected is not None else None))
     out_t = result if isinstance(result, torch.Tensor) else result[0]
     out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
     by_name = {n.name: n for n in gm.graph.nodes}
-    blamed = _weight_consumers(gm, plan)
     for order, item in enumerate(plan.nodes):
         value = env.get(item.node)
         if by_name[item.node].op == "get_attr":
@@ -321,10 +332,21 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
         _cmp(found, "grad", 0, plan.nodes[i].node, f"grad of input {plan.nodes[i].node}", rank, leaf.grad, expected)
     for name, (leaf, layout, order, node_name) in leaves.items():
         expected = ref_param_grads.get(name)
-        order, node_name = blamed.get(node_name, (order, node_name))
-        _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad,
-             _shard(layout, expected, mesh, rank) if expected is not None else None)
+        if name not in checked:    # no gradient reached it (or none was wanted)
+            order, node_name = blamed.get(node_name, (order, node_name))
+            _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad,
+                 _shard(layout, expected, mesh, rank) if expected is not None else None)
     return found
+
+
+def _check_weight_grad(found: list, checked: set, rank: int, name: str, order: int, node: str, expected,
+                       leaf: torch.Tensor) -> None:
+    """Weight ``name``'s gradient compared as soon as backward has summed it (autograd accumulates
+    a leaf once per backward, every use included), then freed: the ranks' gradients of a whole
+    model are never all held at once, only the one being compared."""
+    _cmp(found, "grad", order, node, f"grad of {name}", rank, leaf.grad, expected)
+    checked.add(name)
+    leaf.grad = None
 
 
 def _weight_consumers(gm: fx.GraphModule, plan: Plan) -> dict[str, tuple[int, str]]:

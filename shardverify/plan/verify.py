@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -127,6 +129,10 @@ def plan_with_coverage(module: torch.nn.Module, example_inputs: Sequence[torch.T
     if not isinstance(plan, Plan):
         plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
             build_plan(gm, mesh, dict(plan), options, flop_rate)
+    # the captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
+    # export's state): collected now, not whenever the collector next runs, mid-check
+    del gm, options
+    gc.collect()
     return plan, Coverage.of(statuses, plan)
 
 
