@@ -3,6 +3,7 @@
 """Resharding on mesh (4,): every (source, target) layout pair, forward and backward.
 Tensor (8, 8): 10 of 16 pairs run (one per symmetry orbit).
 Tensor (8, 8, 8): 10 of 25 pairs run (one per symmetry orbit).
+Tensor (6, 5): 16 of 16 pairs run.
 """
 
 import pytest
@@ -10,8 +11,8 @@ import pytest
 from shardverify.reshard.check import check_reshard, pair_count
 
 MESH = (4,)
-SHAPES = ((8, 8), (8, 8, 8))
-PAIRS = (10, 10)
+SHAPES = ((8, 8), (8, 8, 8), (6, 5))
+PAIRS = (10, 10, 16)
 
 
 @pytest.mark.parametrize("shape, pairs", list(zip(SHAPES, PAIRS)), ids=[str(list(s)) for s in SHAPES])

@@ -318,20 +318,50 @@ def test_an_inplace_op_becomes_functional_only_where_nothing_observes_the_change
     assert "aten.add_.Tensor" in targets(Viewed())
 
 
-def test_strategies_cutting_uneven_blocks_are_left_out_of_plans_and_counted():
-    """A Linear(6, 10) on 3 ranks: its batch of 8 and N of 10 do not divide. Those strategies are
-    verified op by op, but a plan reshards even blocks only: it leaves them out, says how many,
-    and still offers the even ones (K of 6)."""
-    from shardverify.plan.coverage import Coverage, classify_nodes
+class _Chain(torch.nn.Module):
+    """Linear(6, 10) -> ReLU -> Linear(10, 5) on a batch of 7: on 3 ranks no size but 6 divides."""
 
-    graph_module = _traced(ModelRecipe(torch.nn.Linear(6, 10), (torch.randn(8, 6),), capture="export"))
-    options, statuses = classify_nodes(graph_module, DeviceMesh((3,)))
-    linear = next(s for s in statuses if "linear" in s.target)
-    assert linear.status == "handled" and linear.uneven > 0
-    kept = options[linear.node]
-    assert kept and all(spec.is_even for s in kept for _, spec in s.sharding_specs)
-    assert any(spec.dim_partition for s in kept for _, spec in s.sharding_specs)   # K split 2 + 2 + 2
-    coverage = Coverage(statuses, ())
-    assert any(f"left out: {linear.uneven} strategy(ies) of 1 node(s) cut a dim into uneven blocks" in line
-               for line in coverage.lines())
-    assert coverage.to_json()["uneven_strategies_left_out"] == linear.uneven
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(6, 10), torch.nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.parametrize("goal", ["data_parallel", "shard_weights"])
+def test_plans_take_strategies_that_cut_uneven_blocks_and_reshard_them(goal):
+    """A batch of 7 and widths of 10 and 5 on 3 ranks, cut as DTensor cuts them (3, 3, 1; 4, 4, 2;
+    2, 2, 1): the plans take such strategies, and the resharding between nodes moves blocks of
+    unequal length (padded collectives), forward and backward."""
+    from shardverify.plan.coverage import classify_nodes
+
+    model, x = _Chain(), torch.randn(7, 6)
+    graph_module = _traced(ModelRecipe(model, (x,), capture="export"))
+    options, _ = classify_nodes(graph_module, DeviceMesh((3,)))
+    assert any(not spec.is_even for strategies in options.values() if strategies
+               for s in strategies for _, spec in s.sharding_specs)
+    result = verify_plan(model, x, (3,), capture="export", **{goal: True})
+    assert result.passed, result.summary()
+    uneven = [item.node for item in result.plan.nodes if item.strategy is not None
+              and not all(spec.is_even for _, spec in item.strategy.sharding_specs)]
+    assert uneven, [item.strategy_name for item in result.plan.nodes]
+
+
+def test_an_off_by_one_block_boundary_in_uneven_resharding_is_caught(monkeypatch):
+    """The planted bug: blocks of floor(n/k) (the remainder on the last rank) where DTensor cuts
+    ceil(n/k) first: resharding hands ranks the wrong rows, and the plan check names a node."""
+    from shardverify.collectives import reshard
+
+    real = reshard.block_lengths
+
+    def floor_blocks(comm, step, dim, prefix, group):
+        lengths = real(comm, step, dim, prefix, group)
+        total, k = sum(lengths), len(lengths)
+        return [total // k] * (k - 1) + [total - (total // k) * (k - 1)]
+
+    model, x = _Chain(), torch.randn(7, 6)
+    assert verify_plan(model, x, (3,), capture="export", data_parallel=True).passed
+    monkeypatch.setattr(reshard, "block_lengths", floor_blocks)
+    result = verify_plan(model, x, (3,), capture="export", data_parallel=True)
+    assert not result.passed and result.first_divergence() is not None, result.summary()

@@ -54,7 +54,6 @@ class NodeStatus:
     target: str
     status: str
     reason: str = ""
-    uneven: int = 0     # strategies left out: their blocks are uneven (see classify_nodes)
     partial: int = 0    # strategies left out: they take a partial-sum input
 
 
@@ -108,14 +107,11 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "refused", str(error).splitlines()[0]))
             continue
-        # a plan reshards between its nodes' layouts with even blocks only, and feeds each node
-        # full values: a strategy cutting a dim unevenly or taking a partial-sum input is
-        # verified on its own but left out of plans, and counted
-        even = [s for s in found if all(spec.is_even for _, spec in s.sharding_specs)]
-        kept = [s for s in even if not s.partial_inputs]
+        # a plan feeds each node full values: a strategy taking a partial-sum input is verified
+        # on its own but left out of plans, and counted
+        kept = [s for s in found if not s.partial_inputs]
         options[node.name] = kept or None
-        statuses.append(NodeStatus(node.name, name, "handled", uneven=len(found) - len(even),
-                                   partial=len(even) - len(kept)) if kept else
+        statuses.append(NodeStatus(node.name, name, "handled", partial=len(found) - len(kept)) if kept else
                         NodeStatus(node.name, name, "refused", "its handler offers no strategy"))
     return options, tuple(statuses)
 
@@ -167,10 +163,6 @@ class Coverage:
         if targets:
             lines.append("  without a handler: " + ", ".join(f"{t} x{n}" for t, n in targets.most_common(show))
                          + (f", ... {len(targets) - show} more target(s)" if len(targets) > show else ""))
-        uneven = [s for s in self.statuses if s.uneven]
-        if uneven:
-            lines.append(f"  left out: {sum(s.uneven for s in uneven)} strategy(ies) of {len(uneven)} node(s) cut a "
-                         f"dim into uneven blocks, and plans reshard even blocks only")
         partial = [s for s in self.statuses if s.partial]
         if partial:
             lines.append(f"  left out: {sum(s.partial for s in partial)} strategy(ies) of {len(partial)} node(s) take a "
@@ -184,7 +176,6 @@ class Coverage:
     def to_json(self) -> dict:
         return {"tensor_ops": self.tensor_ops, **{s.replace(" ", "_"): self.count(s) for s in STATUSES},
                 "sharded": len(self.sharded), "unhandled_targets": dict(self.unhandled_targets()),
-                "uneven_strategies_left_out": sum(s.uneven for s in self.statuses),
                 "partial_input_strategies_left_out": sum(s.partial for s in self.statuses),
                 "refused": [{"node": s.node, "target": s.target, "reason": s.reason}
                             for s in self.statuses if s.status == "refused"]}

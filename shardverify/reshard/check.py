@@ -47,8 +47,8 @@ def check_pair_limit(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...])
 
 def enumerate_layouts(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...],
                       partial: bool = True) -> list[Layout]:
-    """Every valid layout with even blocks, partial ones included when ``partial`` (resharding
-    uneven blocks is not planned yet: plans leave uneven strategies out and say so)."""
+    """Every valid layout, partial ones included when ``partial``; a size that does not divide is
+    cut DTensor's way (blocks of ceil(n/k), the last ones smaller or empty)."""
     choices = [None, "P", *range(len(tensor_shape))] if partial else [None, *range(len(tensor_shape))]
     found: dict[str, Layout] = {}
     for assign in itertools.product(choices, repeat=len(mesh_shape)):
@@ -59,8 +59,6 @@ def enumerate_layouts(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...]
                 spec = ShardingSpec.from_partition(mesh_shape, tensor_shape,
                                                    {d: axes for d, axes in zip(per_dim, orders) if axes})
             except ShardingSpecError:
-                continue
-            if not spec.is_even:
                 continue
             layout = Layout(spec, part)
             found.setdefault(str(layout), layout)
@@ -162,7 +160,8 @@ def _local(item: _Prepared, mesh: DeviceMesh, rank: int) -> torch.Tensor:
     if not layout.partial:
         return shard.clone()
     n = mesh.axes_size(layout.partial)
-    return shard / n + item.addends[mesh.group_index(rank, layout.partial)]
+    addend = item.addends[mesh.group_index(rank, layout.partial)]   # drawn for the largest block
+    return shard / n + addend[tuple(slice(0, size) for size in shard.shape)]
 
 
 def rank_check_pairs(comm, case: ReshardCase) -> list[str]:

@@ -25,7 +25,7 @@ all-reduce of a partial -> identity, all-to-all -> the reverse all-to-all.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardverify.errors import InvalidArgument, ShardingSpecError
 from shardverify.sharding.mesh import DeviceMesh
@@ -78,11 +78,16 @@ class Layout:
 
 @dataclass(frozen=True)
 class ReshardStep:
-    """One collective or local step; ``dims`` = (dim,) or (split_dim, concat_dim) for all-to-all."""
+    """One collective or local step; ``dims`` = (dim,) or (split_dim, concat_dim) for all-to-all.
+    ``shape`` is the global tensor's and ``held`` each dim's mesh axes just before the step: with
+    them every rank knows the length of every block the step moves, when sizes do not divide
+    (each rank's block of ``S<held[d]>``, DTensor's cut)."""
 
     kind: str
     axes: tuple[int, ...]
     dims: tuple[int, ...] = ()
+    shape: tuple[int, ...] = field(default=(), compare=False)              # context, not the step's identity
+    held: tuple[tuple[int, ...], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in STEP_KINDS:
@@ -121,6 +126,9 @@ def _plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
     want = {d: target.axes.get(d, ()) for d in range(ndim)}
     steps: list[ReshardStep] = []
 
+    def step(kind: str, axes: tuple[int, ...], dims: tuple[int, ...] = ()) -> ReshardStep:
+        return ReshardStep(kind, axes, dims, source.spec.tensor_shape, tuple(cur[d] for d in range(ndim)))
+
     # 1. reduce the partial axes the target does not keep; a reduce-scatter may enable another
     #    one (S1 then S12), so repeat until none applies: the result does not depend on axis order
     pending = [p for p in source.partial if p not in target.partial]
@@ -130,12 +138,12 @@ def _plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
         for p in list(pending):
             dim = next((d for d in range(ndim) if want[d][:len(cur[d]) + 1] == cur[d] + (p,)), None)
             if dim is not None:
-                steps.append(ReshardStep("reduce_scatter", (p,), (dim,)))
+                steps.append(step("reduce_scatter", (p,), (dim,)))
                 cur[dim] = cur[dim] + (p,)
                 pending.remove(p)
                 progress = True
     if pending:   # one all-reduce over every axis left, as a strategy's AFTER action would do
-        steps.append(ReshardStep("all_reduce", tuple(pending)))
+        steps.append(step("all_reduce", tuple(pending)))
     # 2. keep the common prefix of each dim; move a single trailing axis with an all-to-all to a
     #    dim that wants it next (repeated to a fixpoint), gather whatever else does not fit
     progress = True
@@ -148,29 +156,30 @@ def _plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
             dest = next((e for e in range(ndim) if e != d and _common_prefix(cur[e], want[e]) == len(cur[e])
                          and want[e][len(cur[e]):len(cur[e]) + 1] == extra), None)
             if dest is not None:
-                steps.append(ReshardStep("all_to_all", extra, (dest, d)))
+                steps.append(step("all_to_all", extra, (dest, d)))
                 cur[d], cur[dest] = cur[d][:-1], cur[dest] + extra
                 progress = True
     for d in range(ndim):
         keep = _common_prefix(cur[d], want[d])
         if cur[d][keep:]:
-            steps.append(ReshardStep("all_gather", cur[d][keep:], (d,)))
+            steps.append(step("all_gather", cur[d][keep:], (d,)))
             cur[d] = cur[d][:keep]
     # 3. split locally over what the target adds
     for d in range(ndim):
         add = want[d][len(cur[d]):]
         if add:
-            steps.append(ReshardStep("split", add, (d,)))
+            steps.append(step("split", add, (d,)))
             cur[d] = want[d]
     # 4. make the new partial axes
     for q in target.partial:
         if q not in source.partial:
-            steps.append(ReshardStep("zero_partial", (q,)))
+            steps.append(step("zero_partial", (q,)))
     return tuple(steps)
 
 
 def reshard_cost(mesh: DeviceMesh, source: Layout, steps, itemsize: int) -> float:
-    """Alpha-beta seconds of ``steps`` (forward plus backward) starting from ``source``."""
+    """Alpha-beta seconds of ``steps`` (forward plus backward) starting from ``source``: the
+    largest block's (uneven blocks are padded to it)."""
     shape = list(source.local_shape())
     total = 0.0
     for step in steps:
@@ -182,15 +191,15 @@ def reshard_cost(mesh: DeviceMesh, source: Layout, steps, itemsize: int) -> floa
             total += mesh.all_reduce_cost(nbytes, step.axes)          # backward: identity
         elif step.kind == "reduce_scatter":
             total += 2 * mesh.reduce_scatter_cost(nbytes, step.axes)  # backward: all-gather
-            shape[step.dims[0]] //= n
+            shape[step.dims[0]] = -(-shape[step.dims[0]] // n)
         elif step.kind == "all_gather":
             total += mesh.all_gather_cost(nbytes * n, step.axes)      # backward: local split
             shape[step.dims[0]] *= n
         elif step.kind == "split":
             total += mesh.all_gather_cost(nbytes, step.axes)          # backward: all-gather
-            shape[step.dims[0]] //= n
+            shape[step.dims[0]] = -(-shape[step.dims[0]] // n)
         elif step.kind == "all_to_all":
             total += 2 * mesh.all_to_all_cost(nbytes, step.axes)
-            shape[step.dims[0]] //= n
+            shape[step.dims[0]] = -(-shape[step.dims[0]] // n)
             shape[step.dims[1]] *= n
     return total
