@@ -59,8 +59,6 @@ SIMULATED_RUNS = [
     pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i1_False-mesh2x2'),
     pytest.param(0, (2, 3), id='torch.ops.aten.index.Tensor-i1_True-mesh2x3'),
     pytest.param(1, (2, 3), id='torch.ops.aten.index.Tensor-i1_False-mesh2x3'),
-    pytest.param(0, (2, 2, 2), id='torch.ops.aten.index.Tensor-i1_True-mesh2x2x2'),
-    pytest.param(1, (2, 2, 2), id='torch.ops.aten.index.Tensor-i1_False-mesh2x2x2'),
 ]
 
 
@@ -74,7 +72,6 @@ PROCESS_RUNS = [
     pytest.param(0, (2, 3), id='torch.ops.aten.index.Tensor-i1_True-mesh2x3'),
     pytest.param(0, (4,), id='torch.ops.aten.index.Tensor-i1_True-mesh4'),
     pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i1_False-mesh2x2'),
-    pytest.param(1, (2, 2, 2), id='torch.ops.aten.index.Tensor-i1_False-mesh2x2x2'),
 ]
 
 

@@ -32,13 +32,13 @@ WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_the_solvers_plan_of_a_language_model_shards_attention_and_the_mlp(name):
-    """At this size the cheapest plan is not all replicated: attention and the MLP shard."""
+    """At this size the cheapest plan is not all replicated: attention and the MLP shard (the plan
+    itself is verified by specs/plans/{gpt2,llama}.yaml)."""
     model, inputs = hf_model(name)
-    result = verify_plan(model, inputs, (2, 2), capture="export")
-    assert result.passed, result.summary()
-    assert not result.coverage.fallbacks, result.coverage.lines()
-    by_node = {s.node: s.target for s in result.coverage.statuses}
-    sharded = Counter(by_node[node] for node in result.coverage.sharded)
+    _, coverage = plan_with_coverage(model, inputs, (2, 2), capture="export")
+    assert not coverage.fallbacks, coverage.lines()
+    by_node = {s.node: s.target for s in coverage.statuses}
+    sharded = Counter(by_node[node] for node in coverage.sharded)
     matmul = "aten.addmm.default" if name == "gpt2" else "aten.linear.default"
     assert sharded["aten.scaled_dot_product_attention.default"] == 1, sharded
     assert sharded[matmul] >= 2, sharded
