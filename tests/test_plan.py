@@ -208,6 +208,17 @@ def test_the_simulated_ranks_share_one_single_device_reference(monkeypatch):
     assert len(calls) == 1
 
 
+def test_the_check_takes_the_time_it_is_given(capsys):
+    """A large model's check outlasts the backend's default timeout: verify_plan and `plan
+    --timeout` pass a longer one; an impossible one is reported, naming the limit."""
+    result = verify_plan(ResidualMLP(), torch.randn(8, 16), (2, 2), timeout=1e-4)
+    assert not result.passed and "did not finish within 0.0001s" in result.summary(), result.summary()
+    assert verify_plan(ResidualMLP(), torch.randn(8, 16), (2, 2), timeout=600).passed
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "shardverify.plan.zoo.linear_chain", "--input", "8,32", "--timeout", "soon"])
+    assert info.value.code == 2 and "timeout 'soon'" in capsys.readouterr().err
+
+
 def test_row_parallel_linear_with_bias_post_add(sv_backend):
     model, x = ResidualMLP(), torch.randn(8, 16)
     plan = make_plan(model, (x,), (2, 2), {"up": "RR = RS01 x S01R", "down": "RR = RS01 x S01R"})

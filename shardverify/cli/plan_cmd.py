@@ -10,6 +10,7 @@ import sys
 import yaml
 
 from shardverify.cli import USAGE
+from shardverify.cli.verify_cmd import parse_timeout
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
 from shardverify.errors import ShardVerifyError
 from shardverify.spec.limits import MAX_MESH_RANKS
@@ -42,6 +43,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--capture", choices=("fx", "export"),
                         help="fx: torch.fx symbolic tracing (the default); export: torch.export's ATen graph, "
                              "for models fx cannot trace (HF transformers; the default for zoo:NAME)")
+    parser.add_argument("--timeout", type=parse_timeout, metavar="S",
+                        help="seconds the check may take on the backend (default: the backend's; a model of "
+                             "a hundred million parameters wants minutes)")
     parser.add_argument("--strict", action="store_true",
                         help="fail (exit 1) when a tensor op runs replicated for want of strategies "
                              "(refused or without a handler), or when the plan shards nothing")
@@ -101,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
             module, example = build_spec_model(factory, kwargs, inputs, where=where, zoo=spec_zoo)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
                              capture=capture, min_sharded=args.min_sharded,
-                             shard_weights=args.shard_weights, data_parallel=args.data_parallel)
+                             shard_weights=args.shard_weights, data_parallel=args.data_parallel,
+                             timeout=args.timeout)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         if args.debug:
             raise

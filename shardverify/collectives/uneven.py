@@ -81,37 +81,18 @@ def _all_to_all(comm, t: Tensor, axes, split_dim: int, split_lengths: Sequence[i
                       for piece, n in zip(got, concat_lengths)], concat_dim)
 
 
-class _Gather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, comm, axes, dim, lengths):
-        ctx.args = comm, axes, dim, lengths
-        return _gather(comm, t, axes, dim, lengths)
+class _Blocks(torch.autograd.Function):
+    """One padded exchange of the blocks of ``dim`` forward (``forward``), its adjoint backward."""
 
     @staticmethod
-    def backward(ctx, grad):
-        return _own(*ctx.args[:1], grad, *ctx.args[1:]), None, None, None, None
-
-
-class _Split(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, comm, axes, dim, lengths):
-        ctx.args = comm, axes, dim, lengths
-        return _own(comm, t, axes, dim, lengths)
+    def forward(ctx, t, comm, axes, dim, lengths, forward, backward):
+        ctx.args, ctx.adjoint = (axes, dim, lengths), backward
+        ctx.comm = comm
+        return forward(comm, t, axes, dim, lengths)
 
     @staticmethod
     def backward(ctx, grad):
-        return _gather(*ctx.args[:1], grad, *ctx.args[1:]), None, None, None, None
-
-
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, comm, axes, dim, lengths):
-        ctx.args = comm, axes, dim, lengths
-        return _reduce_scatter(comm, t, axes, dim, lengths)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather(*ctx.args[:1], grad.contiguous(), *ctx.args[1:]), None, None, None, None
+        return (ctx.adjoint(ctx.comm, grad.contiguous(), *ctx.args),) + (None,) * 6
 
 
 class _AllToAll(torch.autograd.Function):
@@ -129,17 +110,17 @@ class _AllToAll(torch.autograd.Function):
 
 def gather(comm, t: Tensor, axes: tuple[int, ...], dim: int, lengths: Sequence[int]) -> Tensor:
     """Every member's block of ``dim`` (``lengths`` in group order), concatenated."""
-    return _Gather.apply(t, comm, axes, dim, tuple(lengths))
+    return _Blocks.apply(t, comm, axes, dim, tuple(lengths), _gather, _own)
 
 
 def split(comm, t: Tensor, axes: tuple[int, ...], dim: int, lengths: Sequence[int]) -> Tensor:
     """This rank's block of ``dim``, cut into blocks of ``lengths`` in group order."""
-    return _Split.apply(t, comm, axes, dim, tuple(lengths))
+    return _Blocks.apply(t, comm, axes, dim, tuple(lengths), _own, _gather)
 
 
 def reduce_scatter(comm, t: Tensor, axes: tuple[int, ...], dim: int, lengths: Sequence[int]) -> Tensor:
     """The sum over the group of each member's block of ``dim``, this rank's block kept."""
-    return _ReduceScatter.apply(t, comm, axes, dim, tuple(lengths))
+    return _Blocks.apply(t, comm, axes, dim, tuple(lengths), _reduce_scatter, _gather)
 
 
 def all_to_all(comm, t: Tensor, axes: tuple[int, ...], split_dim: int, split_lengths: Sequence[int],

@@ -159,14 +159,17 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
 
 def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, backend: str | object = "simulated",
                 memory_limit: int | None = None, seed: int = 0, capture: str = "fx",
-                min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False) -> PlanResult:
+                min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False,
+                timeout: float | None = None) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
     the single-device model, forward and backward. ``capture``: ``"fx"`` (torch.fx symbolic
     tracing, the torch-level graph) or ``"export"`` (torch.export's ATen graph, which models
     that cannot be traced need). ``min_sharded``, ``shard_weights``, ``data_parallel``: what the
-    solver's plan must do besides costing least (:class:`~shardverify.plan.model.PlanGoals`). The
-    result counts the nodes that ran without strategies."""
+    solver's plan must do besides costing least (:class:`~shardverify.plan.model.PlanGoals`).
+    ``timeout``: seconds the check may take on the backend (its default when None; a model of a
+    hundred million parameters wants minutes). The result counts the nodes that ran without
+    strategies."""
     from shardverify.backends import get_backend
 
     if isinstance(example_inputs, torch.Tensor):
@@ -178,9 +181,9 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:
-            return run_plan(runner, model, example_inputs, chosen, seed, capture=capture, coverage=coverage)
+            return run_plan(runner, model, example_inputs, chosen, seed, timeout, capture=capture, coverage=coverage)
         finally:
             runner.close()
-    return run_plan(backend, model, example_inputs, chosen, seed, capture=capture, coverage=coverage)
+    return run_plan(backend, model, example_inputs, chosen, seed, timeout, capture=capture, coverage=coverage)
 
 
