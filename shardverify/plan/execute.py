@@ -32,7 +32,7 @@ from shardverify.capture.fx import forward_names, trace
 from shardverify.verify.engine import local_arguments
 from shardverify.capture.call import as_outputs, call_op, operand_nodes
 
-__all__ = ["CAPTURES", "ModelRecipe", "PlanMismatch", "rank_run_plan", "as_float64", "RTOL", "ATOL"]
+__all__ = ["CAPTURES", "ModelRecipe", "PlanMismatch", "rank_run_plan", "as_float64", "weights_only", "RTOL", "ATOL"]
 
 RTOL, ATOL = 1e-7, 1e-9
 _TRACE_LOCK = threading.Lock()
@@ -131,17 +131,36 @@ def _grad_seed(shape, seed: int, index: int) -> torch.Tensor:
     return torch.randn(tuple(shape), generator=gen, dtype=torch.float64)
 
 
+def weights_only(gm: fx.GraphModule) -> frozenset[str]:
+    """Nodes whose value depends on no model input: the weights (get_attr) and what is computed
+    from them and constants alone (a transposed weight, ``arange``). Neither their values nor
+    their gradients are compared node by node: a weight is its own value on every rank, its
+    gradient is compared at the weight, and a wrong layout of a transposed weight shows at the
+    first node that takes it. Recording them would hold a copy of every weight and, on every
+    rank, of every weight gradient again (half the memory of an exported model's check)."""
+    found: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" or (node.op in ("call_function", "call_method", "call_module")
+                                     and all(a.name in found for a in node.all_input_nodes)):
+            found.add(node.name)
+    return frozenset(found)
+
+
 def reference_run(recipe: ModelRecipe):
-    """Single-device values and gradients of every node, the inputs and the parameters."""
+    """Single-device values and gradients of every node (but :func:`weights_only`), the inputs
+    and the parameters."""
     gm = _traced(recipe)
     inputs = [as_float64(x.detach()).clone().requires_grad_(x.is_floating_point()) for x in recipe.inputs]
     values: dict[str, object] = {}
+    skipped = weights_only(gm)
 
     tensors: dict[str, torch.Tensor] = {}
 
     class Recorder(fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
+            if n.name in skipped:
+                return out
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 out.retain_grad()
                 tensors[n.name] = out
@@ -232,9 +251,11 @@ def failed_node(message: str) -> tuple[str, int] | None:
     return (found.group(1), int(found.group(2))) if found else None
 
 
-def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, on_node=None):
+def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, on_node=None,
+                     unobserved: frozenset[str] = frozenset()):
     """This rank's forward pass under ``plan``; ``on_node(order, node, out, layout)`` sees each
-    op node's local output. Returns (env, layouts, param leaves, input leaves, result)."""
+    op node's local output but those of ``unobserved`` (whose gradients are not kept either).
+    Returns (env, layouts, param leaves, input leaves, result)."""
     mesh = comm.mesh
     by_name = {n.name: n for n in gm.graph.nodes}
     params = parameter_names(gm)
@@ -279,6 +300,8 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
         except Exception as exc:  # noqa: BLE001 - any failure is this node's, said with its name
             raise NodeFailure(node.name, order, item.strategy_name, exc) from exc
         env[node.name], layouts[node.name] = out, layout
+        if node.name in unobserved:
+            continue
         for tensor in (out if isinstance(out, (tuple, list)) else [out]):
             if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
                 tensor.retain_grad()
@@ -307,7 +330,7 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
                     _cmp(found, "forward", order, node.name, f"output {i}", rank, o,
                          _shard(lay, expected[i], mesh, rank))
 
-    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check)
+    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, weights_only(gm))
     if found:
         return found   # backward would only repeat the forward divergence
     blamed = _weight_consumers(gm, plan)
