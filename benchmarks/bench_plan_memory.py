@@ -12,6 +12,7 @@ the library, whose C allocator keeps freed blocks in each rank thread's heap::
 
     .venv/bin/python benchmarks/bench_plan_memory.py            # 4 layers of 1024
     .venv/bin/python benchmarks/bench_plan_memory.py --width 2048
+    .venv/bin/python benchmarks/bench_plan_memory.py --gpt2-small   # HF GPT-2 small (124 M), torch.export, minutes
 """
 
 from __future__ import annotations
@@ -35,7 +36,16 @@ def _rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(plan: str, width: int, layers: int, tuned: bool) -> None:
+def _gpt2_small():
+    """HF transformers' GPT-2 small (124 M parameters, random weights) and a batch of 4 x 16 ids."""
+    import torch
+    import transformers
+
+    config = transformers.GPT2Config(attn_implementation="sdpa", use_cache=False)
+    return transformers.GPT2LMHeadModel(config).eval(), (torch.randint(0, config.vocab_size, (4, 16)),)
+
+
+def child(plan: str, width: int, layers: int, tuned: bool, gpt2_small: bool = False) -> None:
     import torch
 
     from shardverify import verify_plan
@@ -50,13 +60,17 @@ def child(plan: str, width: int, layers: int, tuned: bool) -> None:
     verify_plan(tiny, (torch.randn(4, 8),), (2, 2), None, data_parallel=True)
     verify_plan(tiny, (torch.randn(4, 8),), (2, 2), None, shard_weights=True)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    if gpt2_small:
+        model, inputs = _gpt2_small()
+    else:
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+        inputs = (torch.randn(8, width),)
     params = sum(p.numel() for p in model.parameters())
-    inputs = (torch.randn(8, width),)
     before = _rss_bytes()
     kwargs = {"data_parallel": plan == "data_parallel", "shard_weights": plan == "shard_weights"}
     chosen = {} if plan == "replicated" else None       # {}: every node replicated
-    result = verify_plan(model, inputs, (2, 2), chosen, **kwargs)
+    result = verify_plan(model, inputs, (2, 2), chosen, capture="export" if gpt2_small else "fx",
+                         timeout=1800 if gpt2_small else None, **kwargs)
     print(json.dumps({"plan": plan, "params": params, "passed": result.passed,
                       "added": max(0, _peak_bytes() - before)}))
 
@@ -66,18 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--child", choices=PLANS, help=argparse.SUPPRESS)
+    parser.add_argument("--gpt2-small", action="store_true",
+                        help="HF GPT-2 small (124 M parameters; the models extra) in place of the MLP, in a "
+                             "checking process only")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.width, args.layers, not args.plain)
+        child(args.child, args.width, args.layers, not args.plain, args.gpt2_small)
         return 0
     print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"{'plan':<16}{'process':<18}{'parameters':>12}{'added MiB':>11}{'B/param':>9}{'vs float32 model':>18}"
           "  verdict")
     for plan in PLANS:
-        for process, extra in (("checking", []), ("plain library", ["--plain"])):
+        kinds = (("checking", []),) if args.gpt2_small else (("checking", []), ("plain library", ["--plain"]))
+        for process, extra in kinds:
             out = subprocess.run([sys.executable, __file__, "--child", plan, "--width", str(args.width),
-                                  "--layers", str(args.layers), *extra], capture_output=True, text=True, check=True)
+                                  "--layers", str(args.layers), *extra, *(["--gpt2-small"] if args.gpt2_small else [])],
+                                 capture_output=True, text=True, check=True)
             row = json.loads(out.stdout.strip().splitlines()[-1])
             per = row["added"] / row["params"]
             print(f"{plan:<16}{process:<18}{row['params']:>12,}{row['added'] / 2**20:>11.0f}{per:>9.1f}"
