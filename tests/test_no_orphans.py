@@ -30,10 +30,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reas
 
 
 def test_a_stopped_run_leaves_nothing_behind():
-    # alone, each case is clean within 4-5 s; inside the suite (pytest -n 4 on 2 cores, its
-    # op tests heavier since the rules offer partial inputs and both shard orders) a gloo run
-    # stopped by SIGTERM took past 60 s in two runs of three, so the bound here is 120 s
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_orphans.py"), "--within", "120",
+    # alone, each case is clean within 4-5 s; inside the suite (pytest -n 4 on 2 cores, gloo pools
+    # of the op tests and of the real-model plans beside it) the stopped run's forkserver first
+    # finishes importing torch before it sees its parent gone: a gloo run stopped by SIGTERM took
+    # past 60 s in two runs of three, one stopped by SIGKILL past 120 s in two of three (all four
+    # cases 28-42 s in the same run), so the bound here is 240 s: what is checked is that nothing
+    # is left behind, and benchmarks/bench_orphans.py measures how fast on a quiet machine
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_orphans.py"), "--within", "240",
                            "--ignore-shm"], capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("nothing left after") == 4, done.stdout
