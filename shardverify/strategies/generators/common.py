@@ -15,6 +15,7 @@ Costs are per device and are checked by the verifier (``shardverify.verify.costs
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -193,8 +194,9 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
     shapes = op_call_shapes(ctx.mesh, operands, specs, actions, rank)
     inputs = [d for d in operands if d.type is not OperationDataType.OUTPUT]
     args = tuple((a.locator, a.value if rank is None else a.value_on(rank)) for a in local_args)
-    key = (ctx.node, tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), args, probe)
-    found = _META_CALLS.get(key)
+    key = (tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), args, probe)
+    calls = _META_CALLS.setdefault(ctx.node, {})
+    found = calls.get(key)
     if found is None:   # meta kernels take milliseconds; strategies share few distinct local shapes
         if probe and sum(math.prod(shapes[d.name]) for d in inputs) > PROBE_ELEMENTS:
             raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: an empty block is offered only when the "
@@ -216,14 +218,17 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
                                 f"{'forward and backward on CPU' if probe else 'on meta'} tensors of the "
                                 f"local shapes {shapes}: {exc}") from exc
         numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
-        if len(_META_CALLS) >= 4096:
-            _META_CALLS.clear()
-        found = _META_CALLS[key] = (compute_cost(counter.get_total_flops(), numels),
+        if len(calls) >= 4096:
+            calls.clear()
+        found = calls[key] = (compute_cost(counter.get_total_flops(), numels),
                                     tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in outs))
     return found
 
 
-_META_CALLS: dict = {}
+#: node -> {(local shapes, local arguments, probe): (compute cost, output shapes)}; weakly keyed:
+#: a node holds its graph and the graph its module, whose weights (a float64 copy of a whole
+#: model, when a plan is made) must go with the graph, not stay as long as the cache does
+_META_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 #: the most input elements a CPU probe of an empty block allocates (16 MB of float32)
