@@ -147,9 +147,10 @@ def private_copy(args: tuple) -> tuple:
     ``ranks_only_read = True`` is shared too: the class promises that rank code never changes it
     (a whole model's recipe, which each rank copies before running: a deep copy per rank would
     hold a model per rank, and defeat the reference the ranks of one process share)."""
-    if all(is_frozen(a) or getattr(a, "ranks_only_read", False) for a in args):
+    shared = [is_frozen(a) or getattr(a, "ranks_only_read", False) for a in args]
+    if all(shared):
         return args
-    return tuple(a if is_frozen(a) or getattr(a, "ranks_only_read", False) else copy.deepcopy(a) for a in args)
+    return tuple(a if keep else copy.deepcopy(a) for a, keep in zip(args, shared))
 
 
 def check_timeout(timeout: float | None, default: float) -> float:

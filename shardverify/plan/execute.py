@@ -147,8 +147,8 @@ def weights_only(gm: fx.GraphModule) -> frozenset[str]:
 
 
 def reference_run(recipe: ModelRecipe):
-    """Single-device values and gradients of every node (but :func:`weights_only`), the inputs
-    and the parameters."""
+    """Single-device values and gradients of every node (but :func:`weights_only`, returned last
+    so the ranks skip the same nodes), the inputs and the parameters."""
     gm = _traced(recipe)
     inputs = [as_float64(x.detach()).clone().requires_grad_(x.is_floating_point()) for x in recipe.inputs]
     values: dict[str, object] = {}
@@ -178,7 +178,7 @@ def reference_run(recipe: ModelRecipe):
     with torch.no_grad():       # the ranks start from the buffers the reference started from
         for name, b in gm.named_buffers():
             b.copy_(initial[name])
-    return gm, values, grads, [x.grad for x in inputs], params
+    return gm, values, grads, [x.grad for x in inputs], params, skipped
 
 
 _SHARED: dict[int, tuple] = {}   # id(recipe) -> (recipe's weak reference, reference_run's result)
@@ -315,7 +315,7 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
     mesh, rank = comm.mesh, comm.rank
     # torch.fx tracing patches nn.Module.__call__ process-wide: simulated ranks (threads) trace
     # one at a time and start running only when every rank has finished tracing.
-    gm, ref_values, ref_grads, ref_input_grads, ref_param_grads = shared_reference(recipe)
+    gm, ref_values, ref_grads, ref_input_grads, ref_param_grads, unobserved = shared_reference(recipe)
     comm.barrier()
     found: list[PlanMismatch] = []
 
@@ -330,17 +330,19 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
                     _cmp(found, "forward", order, node.name, f"output {i}", rank, o,
                          _shard(lay, expected[i], mesh, rank))
 
-    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, weights_only(gm))
+    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, unobserved)
     if found:
         return found   # backward would only repeat the forward divergence
     blamed = _weight_consumers(gm, plan)
     checked: set[str] = set()
+    weights = {}   # parameter name -> (order, node blamed, this rank's expected gradient)
     for name, (leaf, layout, order, node_name) in leaves.items():
+        expected = ref_param_grads.get(name)
+        weights[name] = (*blamed.get(node_name, (order, node_name)),
+                         _shard(layout, expected, mesh, rank) if expected is not None else None)
         if leaf.requires_grad:
-            expected = ref_param_grads.get(name)
             leaf.register_post_accumulate_grad_hook(functools.partial(
-                _check_weight_grad, found, checked, rank, name, *blamed.get(node_name, (order, node_name)),
-                _shard(layout, expected, mesh, rank) if expected is not None else None))
+                _check_weight_grad, found, checked, rank, name, *weights[name]))
     out_t = result if isinstance(result, torch.Tensor) else result[0]
     out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
     by_name = {n.name: n for n in gm.graph.nodes}
@@ -353,12 +355,10 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
                  _shard(layouts[item.node], ref_grads[item.node], mesh, rank))
     for i, (leaf, expected) in enumerate(zip(input_leaves, ref_input_grads)):
         _cmp(found, "grad", 0, plan.nodes[i].node, f"grad of input {plan.nodes[i].node}", rank, leaf.grad, expected)
-    for name, (leaf, layout, order, node_name) in leaves.items():
-        expected = ref_param_grads.get(name)
+    for name, (leaf, *_) in leaves.items():
         if name not in checked:    # no gradient reached it (or none was wanted)
-            order, node_name = blamed.get(node_name, (order, node_name))
-            _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad,
-                 _shard(layout, expected, mesh, rank) if expected is not None else None)
+            order, node_name, expected = weights[name]
+            _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad, expected)
     return found
 
 

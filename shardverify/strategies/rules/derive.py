@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
+
 from shardverify.errors import InvalidArgument
 from shardverify.strategies.rules.notation import Dim, Equation, Term
 
@@ -69,14 +71,18 @@ def advanced_index(input_shape: Shape, indices: Sequence[tuple[int, Shape]], out
     if len(set(dims)) != len(dims) or any(not 0 <= d < len(input_shape) for d in dims):
         raise InvalidArgument(f"index tensors at dims {dims} do not index distinct dims of an input of shape "
                               f"{tuple(input_shape)}")
-    block = tuple(torch_broadcast([shape for _, shape in indices]))
+    try:
+        block = tuple(torch.broadcast_shapes(*(shape for _, shape in indices)))
+    except RuntimeError:
+        raise InvalidArgument(f"index shapes {[list(s) for _, s in indices]} do not broadcast") from None
     rest = [d for d in range(len(input_shape)) if d not in dims]
     adjacent = sorted(dims) == list(range(min(dims), max(dims) + 1))
     front = min(dims) if adjacent else 0
     out_dims: list[Dim] = [(f"d{d}",) if input_shape[d] != 1 else () for d in rest]
     b_dims: list[Dim] = [(f"b{j}",) if size != 1 else () for j, size in enumerate(block)]
     out_term = tuple(out_dims[:front] + b_dims + out_dims[front:])
-    expected = tuple([input_shape[d] for d in rest][:front]) + block + tuple([input_shape[d] for d in rest][front:])
+    sizes = [input_shape[d] for d in rest]
+    expected = tuple(sizes[:front]) + block + tuple(sizes[front:])
     if tuple(output_shape) != expected:
         raise InvalidArgument(f"indexing an input of shape {tuple(input_shape)} at dims {dims} gives "
                               f"{list(expected)}, the call's output is {list(output_shape)}")
@@ -88,18 +94,6 @@ def advanced_index(input_shape: Shape, indices: Sequence[tuple[int, Shape]], out
     if front != 0 or any(len(shape) != len(block) for _, shape in indices):
         whole = {indexed_factor(d) for d in dims}
     return Equation((in_term,) + index_terms, (out_term,)), whole
-
-
-def torch_broadcast(shapes: Sequence[Shape]) -> Shape:
-    """The shape ``shapes`` broadcast to, as torch broadcasts them."""
-    rank = max(len(s) for s in shapes)
-    found = []
-    for j in range(rank):
-        sizes = {s[j - rank + len(s)] for s in shapes if j - rank + len(s) >= 0} - {1}
-        if len(sizes) > 1:
-            raise InvalidArgument(f"index shapes {[list(s) for s in shapes]} do not broadcast")
-        found.append(sizes.pop() if sizes else 1)
-    return tuple(found)
 
 
 def reduction(input_shape: Shape, n_outputs: int, dims: tuple[int, ...], keepdim: bool) -> Equation:
