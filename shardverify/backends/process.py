@@ -33,7 +33,7 @@ import torch
 
 from shardverify.backends.base import RankResult, check_fn, check_timeout
 from shardverify.errors import BackendError, RankDied, RankError, RankTimeout
-from shardverify.backends.process_worker import SharedState, WorkerConfig, _exists, worker_cpus, worker_main
+from shardverify.backends.process_worker import SharedState, WorkerConfig, _exists, process_start, worker_cpus, worker_main
 from shardverify.sharding.mesh import DeviceMesh
 
 DIST_BACKENDS = ("gloo", "nccl")
@@ -85,7 +85,7 @@ class _Pool:
             for rank, cpu in zip(mesh.ranks, cpus):
                 config = WorkerConfig(rank, mesh, os.path.join(self.tmpdir, "store"), dist_backend,
                                       devices[rank], check_metadata, os.getpid(), collective_timeout, cpu,
-                                      (self.tmpdir, multiprocessing.util.get_temp_dir()))
+                                      (self.tmpdir, multiprocessing.util.get_temp_dir()), process_start(os.getpid()))
                 parent_end, child_end = ctx.Pipe()
                 proc = ctx.Process(target=worker_main, args=(config, child_end, self.shared),
                                    name=f"shardverify-rank{rank}", daemon=True)

@@ -48,10 +48,22 @@ class WorkerConfig:
     collective_timeout: float
     cpu: int | None = None   # the CPU the worker keeps to (see worker_cpus), None: where the OS puts it
     leftovers: tuple[str, ...] = ()   # folders the worker removes if the backend's process dies (SIGKILL)
+    parent_started: int | None = None   # the parent's start time (process_start), to tell it from a reused pid
 
 
-def _exists(pid: int | None) -> bool:
-    """Whether a process ``pid`` exists (a zombie not yet reaped still does)."""
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, Linux's /proc), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _exists(pid: int | None, started: int | None = None) -> bool:
+    """Whether a process ``pid`` exists (a zombie not yet reaped still does) and, when ``started``
+    is known, is the one that started then: a busy machine reuses a dead process's pid within
+    minutes (pid_max 32768), and a worker watching the reused pid would never exit."""
     if pid is None:
         return False
     try:
@@ -60,13 +72,14 @@ def _exists(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return started is None or process_start(pid) in (None, started)
 
 
-def _clean_up_after(parent_pid: int, leftovers: Iterable[str], wait: float = 2.0) -> None:
+def _clean_up_after(parent_pid: int, leftovers: Iterable[str], wait: float = 2.0,
+                    parent_started: int | None = None) -> None:
     """Remove ``leftovers`` if the process ``parent_pid`` is gone within ``wait`` seconds."""
     deadline = time.monotonic() + wait
-    while _exists(parent_pid):
+    while _exists(parent_pid, parent_started):
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
@@ -74,13 +87,13 @@ def _clean_up_after(parent_pid: int, leftovers: Iterable[str], wait: float = 2.0
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def watch_parent(parent_pid: int, leftovers: Iterable[str] = ()) -> None:
+def watch_parent(parent_pid: int, leftovers: Iterable[str] = (), parent_started: int | None = None) -> None:
     """Exit when the process that started this worker is gone, even if stuck in a collective,
     removing the folders it can no longer remove itself (its pool's store, multiprocessing's
     ``pymp-*``): a SIGKILL of that process leaves no process and no temp folder behind."""
     while True:
-        if not _exists(parent_pid):
-            _clean_up_after(parent_pid, leftovers, 0.0)
+        if not _exists(parent_pid, parent_started):
+            _clean_up_after(parent_pid, leftovers, 0.0, parent_started)
             os._exit(1)
         time.sleep(0.5)
 
@@ -159,7 +172,8 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
 
     keep_to_cpu(config.cpu)   # first: the threads started below (gloo's among them) inherit it
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
-    threading.Thread(target=watch_parent, args=(config.parent_pid, config.leftovers), daemon=True).start()
+    threading.Thread(target=watch_parent, args=(config.parent_pid, config.leftovers, config.parent_started),
+                     daemon=True).start()
     torch.set_num_threads(1)
     rank, mesh = config.rank, config.mesh
     try:
@@ -180,7 +194,7 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
         try:
             task_id, first, count, blob = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):   # the pipe closed without a stop: the backend's process may be dead
-            _clean_up_after(config.parent_pid, config.leftovers)
+            _clean_up_after(config.parent_pid, config.leftovers, parent_started=config.parent_started)
             break
         if task_id is None:
             break
