@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reas
 def test_a_stopped_run_leaves_nothing_behind():
     # alone, each case is clean within 4-5 s; inside the suite (pytest -n 4 on 2 cores, gloo pools
     # of the op tests and of the real-model plans beside it) the cases took 11-49 s, and a gloo
-    # run stopped by SIGKILL left its workers for good in three runs of five: the suite starts
+    # run stopped by SIGKILL left its workers for good in three runs of six: the suite starts
     # processes fast enough to reuse the dead parent's pid, which the workers watched alone
     # (now with its start time: see the test below). The bound stays 240 s: what is checked is
     # that nothing is left behind; benchmarks/bench_orphans.py measures how fast, on a quiet machine
