@@ -1,6 +1,6 @@
 """The exchange of the simulated mesh: the turn every rank thread waits for (one runs at a time),
 the rendezvous each collective and point-to-point call is (every member deposits its payload and
-call, waits for the group, reads everybody's payload), and :class:`SimulatedCommunicator`, the
+call and waits for the group; the last to arrive computes everybody's result), and :class:`SimulatedCommunicator`, the
 rank's side of it. :mod:`shardverify.backends.simulated` runs the threads."""
 
 from __future__ import annotations
@@ -130,27 +130,41 @@ class _Exchange:
     def _wait(self, rank: int, ready: Callable[[], bool]) -> None:
         self.turns.wait(rank, ready, self)
 
-    def gather(self, key: tuple, group: tuple[int, ...], rank: int, desc: str, payload: Any) -> list[Any]:
-        """Deposit, wait for the group, return every payload in group order (after
-        checking that all members made the same call)."""
+    def meet(self, key: tuple, group: tuple[int, ...], rank: int, desc: str, payload: Any,
+             results: Callable[[list[Any]], list[Any]]) -> Any:
+        """Deposit, wait for the group, return this member's result.
+
+        The last member to arrive checks that all made the same call and computes every
+        member's result at once (``results(payloads in group order)``, in group order).  No
+        member has left the collective yet, so no input can have changed since it was
+        deposited: the payloads are the ranks' own tensors, never snapshots, and are dropped
+        as soon as the results exist (a 4-rank all-reduce holds 4 inputs and 4 results at its
+        peak, not also 4 copies of the inputs).
+        """
         with self.lock:
             if self.aborted:
                 raise _Aborted()
             slot = self.slots.setdefault(key, {})
             slot[rank] = (desc, payload)
+            if len(slot) == len(group):
+                slot["done"] = _settle([slot.pop(r) for r in group], group, results)
             self.entered[rank] = (key, group, desc)
             try:
-                self._wait(rank, lambda: len(slot) == len(group))
+                self._wait(rank, lambda: "done" in slot)
             finally:
                 self.entered.pop(rank, None)
-            entries = [slot[r] for r in group]
+            descs, outs = slot["done"]
             self.reads[key] += 1
             if self.reads[key] == len(group):
                 del self.slots[key], self.reads[key]
-        descs = {r: entry[0] for r, entry in zip(group, entries)}
+            mine = outs[group.index(rank)] if isinstance(outs, list) else None
+            if isinstance(outs, list):
+                outs[group.index(rank)] = None   # the slot keeps no reference to a taken result
         if len(set(descs.values())) > 1:
             raise disagreement(f"a collective over group {list(group)}", descs)
-        return [entry[1] for entry in entries]
+        if isinstance(outs, BaseException):
+            raise outs
+        return mine
 
     def post(self, src: int, dst: int, letter: _Letter) -> None:
         with self.lock:
@@ -190,34 +204,37 @@ class SimulatedCommunicator(CommunicatorBase):
         self._exchange = exchange
         self._calls: collections.Counter = collections.Counter()  # per rank set: n-th collective
 
-    def _gather(self, group: tuple[int, ...], desc: str, payload: Any) -> list[Any]:
-        """Exchange snapshots (clones), so a rank may modify its input as soon as it returns."""
+    def _meet(self, group: tuple[int, ...], desc: str, payload: Any,
+              results: Callable[[list[Any]], list[Any]]) -> Any:
         members = tuple(sorted(group))   # same rank set = same process group, as on real backends
         self._calls[members] += 1
-        return self._exchange.gather((members, self._calls[members]), group, self.rank, desc, payload)
+        return self._exchange.meet((members, self._calls[members]), group, self.rank, desc, payload, results)
 
     def _all_reduce(self, t, group, op, desc):
-        return reduce_tensors(self._gather(group, desc, _snapshot(t)), op)
+        def results(ts):
+            out = reduce_tensors(ts, op)
+            return [out] + [out.clone() for _ in ts[1:]]
+        return self._meet(group, desc, t.detach(), results)
 
     def _all_gather(self, t, group, desc):
-        return [x.clone() for x in self._gather(group, desc, _snapshot(t))]
+        return self._meet(group, desc, t.detach(), lambda ts: [[x.clone() for x in ts] for _ in ts])
 
     def _reduce_scatter(self, chunks, group, op, desc):
-        index = group.index(self.rank)
-        lists = self._gather(group, desc, [_snapshot(c) for c in chunks])
-        return reduce_tensors([chunk_list[index] for chunk_list in lists], op)
+        def results(lists):
+            return [reduce_tensors([chunk_list[i] for chunk_list in lists], op) for i in range(len(lists))]
+        return self._meet(group, desc, [c.detach() for c in chunks], results)
 
     def _all_to_all(self, chunks, group, desc):
-        index = group.index(self.rank)
-        lists = self._gather(group, desc, [_snapshot(c) for c in chunks])
-        return [chunk_list[index].clone() for chunk_list in lists]
+        def results(lists):
+            return [[chunk_list[i].clone() for chunk_list in lists] for i in range(len(lists))]
+        return self._meet(group, desc, [c.detach() for c in chunks], results)
 
     def _broadcast(self, t, group, src, desc):
-        payload = _snapshot(t) if group[src] == self.rank else None
-        return self._gather(group, desc, payload)[src].clone()
+        payload = t.detach() if group[src] == self.rank else None
+        return self._meet(group, desc, payload, lambda ps: [ps[src].clone() for _ in ps])
 
     def _barrier(self, group, desc):
-        self._gather(group, desc, None)
+        self._meet(group, desc, None, lambda ps: [None for _ in ps])
 
     def _send(self, t, dst):
         letter = _Letter(t.detach().clone(), describe(t))
@@ -233,5 +250,14 @@ class SimulatedCommunicator(CommunicatorBase):
         return letter.data
 
 
-def _snapshot(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().clone()
+def _settle(entries: list[tuple[str, Any]], group: tuple[int, ...],
+            results: Callable[[list[Any]], list[Any]]) -> tuple[dict[int, str], Any]:
+    """Every member's call, and every member's result (or the error computing them raised,
+    which each member re-raises): nothing is computed for calls that disagree."""
+    descs = {r: desc for r, (desc, _) in zip(group, entries)}
+    if len(set(descs.values())) > 1:
+        return descs, None
+    try:
+        return descs, results([payload for _, payload in entries])
+    except Exception as exc:  # every member raises it, none waits forever
+        return descs, exc
