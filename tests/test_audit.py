@@ -230,7 +230,7 @@ def test_an_offered_strategy_with_a_wrong_output_layout_is_incorrect(tmp_path, c
 def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
     import torch.distributed as dist
 
-    from shardverify.audit.dtensor import compare_case
+    from shardverify.dtensor.propagation import compare_case
     from shardverify.codegen.generate import load_op_specs
 
     spec = load_op_specs(REPO, None, ["linear"])[0]
@@ -244,7 +244,7 @@ def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
 def test_dtensor_gets_integer_operands_as_integers():
     """embedding's indices stay int64 in DTensor (a float cast once made DTensor refuse every
     combination, each reported as a DTensor error on a valid one)."""
-    from shardverify.audit.dtensor import compare_case
+    from shardverify.dtensor.propagation import compare_case
     from shardverify.codegen.generate import load_op_specs
 
     spec = load_op_specs(REPO, None, ["embedding"])[0]
@@ -258,7 +258,7 @@ def test_a_strided_dtensor_output_is_counted_apart_from_errors():
     """flatten of a tensor sharded on an inner merged dim: DTensor answers with a _StridedShard
     (interleaved slices), which is no block layout of the audit's: neither an error of
     DTensor's nor a disagreement while the audit finds no block output either."""
-    from shardverify.audit.dtensor import STRIDED, compare_case
+    from shardverify.dtensor.propagation import STRIDED, compare_case
     from shardverify.codegen.generate import load_op_specs
 
     spec = load_op_specs(REPO, None, ["flatten"])[0]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shardverify.audit.dtensor import Disagreement, DTensorReport
-from shardverify.audit.report import dtensor_markdown, markdown_report
+from shardverify.dtensor.propagation import Disagreement, DTensorReport
+from shardverify.audit.report import markdown_report
+from shardverify.dtensor.propagation_report import dtensor_markdown
 from shardverify.audit.run import CaseAudit, Finding
 
 

@@ -12,7 +12,7 @@ from torch import fx
 
 from shardverify.errors import VerificationError
 
-__all__ = ["Locator", "operand_nodes", "module_tensors", "as_outputs", "call_op", "meta_devices",
+__all__ = ["Locator", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op", "meta_devices",
            "backward_from_ones"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
@@ -81,14 +81,9 @@ def _put_tensor(module: torch.nn.Module, dotted: str, value: torch.Tensor) -> No
     (owner._parameters if attr in owner._parameters else owner._buffers)[attr] = value
 
 
-def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owned: bool = False) -> object:
-    """Run the node's op with ``values`` (Locator -> tensor, or a strategy's local value for a
-    non-tensor argument) at its operands; other arguments are passed as recorded in the node.
-    Returns what the op returns (see as_outputs).
-
-    ``owned``: ``module`` is the caller's private copy, so its parameters and buffers are
-    replaced in place (cheap) instead of through ``functional_call`` (which restores them).
-    """
+def call_parts(node: fx.Node, module: torch.nn.Module | None, values: dict) -> tuple[tuple, dict, dict | None]:
+    """The call :func:`call_op` makes: ``(args, kwargs, module tensors)``, the last None unless
+    the node calls a module (name -> value of each parameter and buffer)."""
 
     def pick(loc: Locator, recorded: object) -> object:
         if loc in values:
@@ -113,14 +108,29 @@ def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owne
     kwargs = {k: pick(("kwarg", k), a) for k, a in node.kwargs.items()}
     if any(isinstance(v, torch.Tensor) and v.is_meta for v in values.values()):
         args, kwargs = meta_devices(args, kwargs)
+    if node.op != "call_module":
+        return args, kwargs, None
+    assert module is not None
+    tensors = {}
+    for loc in _module_locators(module):
+        if loc not in values:
+            raise VerificationError(f"node {node.name!r}: module {loc[0]} {loc[1]!r} has no operand "
+                                    "in the strategy, so its layout is undeclared")
+        tensors[loc[1]] = values[loc]
+    return args, kwargs, tensors
+
+
+def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owned: bool = False) -> object:
+    """Run the node's op with ``values`` (Locator -> tensor, or a strategy's local value for a
+    non-tensor argument) at its operands; other arguments are passed as recorded in the node.
+    Returns what the op returns (see as_outputs).
+
+    ``owned``: ``module`` is the caller's private copy, so its parameters and buffers are
+    replaced in place (cheap) instead of through ``functional_call`` (which restores them).
+    """
+    args, kwargs, tensors = call_parts(node, module, values)
     if node.op == "call_module":
-        assert module is not None
-        tensors = {}
-        for loc in _module_locators(module):
-            if loc not in values:
-                raise VerificationError(f"node {node.name!r}: module {loc[0]} {loc[1]!r} has no operand "
-                                        "in the strategy, so its layout is undeclared")
-            tensors[loc[1]] = values[loc]
+        assert module is not None and tensors is not None
         if owned:
             for name, tensor in tensors.items():
                 _put_tensor(module, name, tensor)

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     disagreements = []
     if args.dtensor:
-        from shardverify.audit.dtensor import compare_specs
+        from shardverify.dtensor.propagation import compare_specs
 
         disagreements = compare_specs(specs, args.mesh)
     failed = any(r.failed for r in rows)
@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 1 if failed else 0
     if args.markdown:
-        from shardverify.audit.report import dtensor_markdown, markdown_report
+        from shardverify.audit.report import markdown_report
+        from shardverify.dtensor.propagation_report import dtensor_markdown
 
         print(markdown_report(rows))
         if args.dtensor:
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     for line in _details(rows, args.show):
         print(line)
     if args.dtensor:
-        from shardverify.audit.dtensor import format_disagreements
+        from shardverify.dtensor.propagation import format_disagreements
 
         print("\n" + format_disagreements(disagreements))
     missing = sum(len(r.missing) for r in rows)

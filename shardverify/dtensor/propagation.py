@@ -10,9 +10,6 @@ DTensor's claimed output layout on the real local outputs decides who is right.
 
 from __future__ import annotations
 
-import contextlib
-import math
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -20,10 +17,11 @@ import torch
 
 from shardverify.audit.layouts import Layout, axis_symmetries
 from shardverify.audit.run import _Audit
+from shardverify.dtensor.placements import layout_of
+from shardverify.dtensor.world import fake_world
 
 __all__ = ["Disagreement", "DTensorReport", "compare_case", "compare_specs", "format_disagreements"]
 
-_LOCK = threading.Lock()
 STRIDED = "DTensor output strided"   # a _StridedShard output: outside the audit's block layouts
 
 
@@ -56,24 +54,6 @@ class DTensorReport:
                 "disagreements": [d.to_json() for d in self.disagreements], "note": self.note or None}
 
 
-@contextlib.contextmanager
-def _fake_mesh(mesh_shape: tuple[int, ...]):
-    """A DeviceMesh on a fake process group of the mesh's size, torn down afterwards so the
-    process is left as it was (no process group initialised)."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise RuntimeError("a process group is already initialised in this process; the DTensor "
-                           "comparison needs its own fake one")
-    dist.init_process_group("fake", rank=0, world_size=math.prod(mesh_shape), store=FakeStore())
-    try:
-        yield init_device_mesh("cpu", tuple(mesh_shape))
-    finally:
-        dist.destroy_process_group()
-
-
 def _placements(layout: Layout, ndim: int):
     """DTensor placements for ``layout`` (None where DTensor has no plain equivalent: S10)."""
     from torch.distributed.tensor import Partial, Replicate, Shard
@@ -87,22 +67,6 @@ def _placements(layout: Layout, ndim: int):
     for axis in layout.partial:
         placements[axis] = Partial(layout.reduce)
     return placements
-
-
-def _layout(placements, tensor_ndim: int) -> Layout | None:
-    from torch.distributed.tensor import Partial, Replicate, Shard
-
-    dims: list[list[int]] = [[] for _ in range(tensor_ndim)]
-    partial, reduce = [], "sum"
-    for axis, placement in enumerate(placements):
-        if isinstance(placement, Shard) and type(placement) is Shard:
-            dims[placement.dim % max(tensor_ndim, 1)].append(axis)
-        elif isinstance(placement, Partial):
-            partial.append(axis)
-            reduce = str(placement.reduce_op)
-        elif not isinstance(placement, Replicate):
-            return None
-    return Layout(tuple(tuple(d) for d in dims), tuple(partial), reduce)
 
 
 class _watch_resharding:
@@ -170,7 +134,7 @@ def _dtensor_outputs(audit: _Audit, mesh, combo) -> tuple[str, tuple[Layout, ...
         item = outs[k]
         if not isinstance(item, DTensor):
             return "error: a non-DTensor output", None
-        layout = _layout(item.placements, item.dim())
+        layout = layout_of(item.placements, item.dim())
         if layout is None:
             # a _StridedShard: every rank holds an interleaved slice, not a block; a layout of its
             # own that no shardverify layout (blocks only) is, so the comparison cannot judge it
@@ -192,7 +156,7 @@ def compare_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: d
     audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs=True)
     audit.enumerate()
     perms = axis_symmetries(audit.mesh.shape)
-    with _LOCK, _fake_mesh(tuple(mesh_shape)) as mesh:
+    with fake_world(tuple(mesh_shape)) as mesh:
         for combo, outcome in audit.results.items():
             if any(layout.absent for layout in combo):
                 continue

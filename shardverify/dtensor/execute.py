@@ -1,0 +1,398 @@
+"""Run one op call on DTensor, on every rank at once, forward and backward, and compare every
+rank's values with the single-device reference.
+
+The inputs are the audit's own per-rank blocks (:class:`shardverify.audit.decide.Problem`):
+sharded as DTensor cuts (uneven blocks, either shard order), partial sums made of real
+per-rank contributions (random pieces, never zeros or equal shares). Each becomes a DTensor with
+the placements of :mod:`shardverify.dtensor.placements`; DTensor's own reading of it
+(``full_tensor()``) must give back the full value, or the layout is not expressible and nothing
+is claimed about the op.
+
+What one execution records: the forward's output placements and collectives, every rank's
+output as ``full_tensor()`` gives it compared with the reference (values and shapes), then the
+backward of ``sum(output * g)`` for a random ``g`` and every rank's input gradients likewise;
+and, for the aten op the call dispatches to, what DTensor's sharding rule says (run locally or
+redistribute first, and into which output placement) beside whether the runtime redistributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from shardverify.audit.layouts import Layout
+from shardverify.capture.call import call_op
+from shardverify.dtensor.placements import placements_of, placements_text
+from shardverify.verify.tolerance import Tolerance, compare
+
+__all__ = ["RuleVerdict", "Execution", "CaseRunner", "quiet_dtensor"]
+
+GRAD_SEED = 4099
+
+
+@dataclass(frozen=True)
+class RuleVerdict:
+    """What DTensor's sharding rule for the call's aten op says for these input placements."""
+
+    op: str
+    local: bool | None            # True: runs on the inputs as placed; False: redistributes first; None: no rule
+    inputs: str = ""              # the input placements the rule asks for (when it redistributes)
+    output: str = ""              # the output placements it propagates
+    error: str = ""               # why the rule gives no answer
+    redistributed: bool | None = None   # whether the runtime changed any input's placements
+
+    def __str__(self) -> str:
+        if self.local is None:
+            return f"{self.op}: no rule ({self.error})"
+        how = "runs locally" if self.local else f"redistributes inputs to {self.inputs}"
+        text = f"{self.op}: rule {how} -> {self.output}"
+        if not self.local and self.redistributed is False:
+            text += "; the runtime did not redistribute"
+        return text
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One combination executed on DTensor.
+
+    ``failed``: "" (values and gradients right), "inputs" (the layout is not expressible),
+    "forward-raises", "forward-wrong", "backward-raises", "backward-wrong".
+    """
+
+    failed: str
+    detail: str = ""                        # the exception, or the wrong tensor/rank/error
+    output: str = ""                        # output placements DTensor gave
+    forward_comms: tuple[tuple[str, int], ...] = ()
+    backward_comms: tuple[tuple[str, int], ...] = ()
+    resharded: bool = False                 # DTensor changed an input's placements in the forward
+    rule: RuleVerdict | None = None
+
+    @property
+    def communicated(self) -> bool:
+        return bool(self.forward_comms) or self.resharded
+
+
+def _comm_counts(comm) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((getattr(op, "__name__", str(op)).split(".")[-1], n)
+                        for op, n in comm.get_comm_counts().items() if n))
+
+
+@contextlib.contextmanager
+def quiet_dtensor():
+    """DTensor's redistribution warns (suboptimal all-gathers) on layouts this check chooses."""
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.tensor",
+                                                    "torch.distributed.tensor._redistribute")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+class _watch_redistribution:
+    """Records whether DTensor's runtime changes any input's placements before an op (a local
+    slice R -> S is no collective, so counting collectives alone would miss it)."""
+
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+
+    def __enter__(self) -> "_watch_redistribution":
+        from torch.distributed.tensor import DTensor
+
+        self.dispatcher = DTensor._op_dispatcher
+        original = type(self.dispatcher).redistribute_local_args
+        ops = self.ops
+
+        def watched(op_info, schema, use_val):
+            ops.append(str(schema.op))
+            return original(op_info, schema, use_val)
+
+        self.dispatcher.redistribute_local_args = watched
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.dispatcher.redistribute_local_args
+
+
+class _AtenCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops a plain call dispatches (to find the one DTensor's rule is looked up for)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _text(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:200]}"
+
+
+@dataclass
+class CaseRunner:
+    """One case of an op on one mesh: its reference (outputs and input gradients, float64), and
+    DTensor executions of input combinations."""
+
+    problem: object                     # shardverify.audit.decide.Problem
+    operands: tuple                     # shardverify.audit.decide.Operand, in combo order
+    mesh: object                        # a DeviceMesh made in ``mode``
+    mode: object                        # the LocalTensorMode
+    grad_outputs: tuple = ()
+    ref_grads: dict = field(default_factory=dict)      # operand position -> reference gradient
+    backward: bool = True
+    aten: tuple | None = None            # (op, args, kwargs) of the one aten op the call is, or None
+    _inputs: dict = field(default_factory=dict)         # (position, layout) -> DTensor or why not
+    _held: list = field(default_factory=list)
+    _passed: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._reference_gradients()
+
+    # ---- the reference -----------------------------------------------------------------
+    def _reference_gradients(self) -> None:
+        problem = self.problem
+        values = dict(problem.values)
+        leaves = {}
+        for i, operand in enumerate(self.operands):
+            if operand.floating:
+                leaves[i] = values[operand.locator] = problem.values[operand.locator].clone().requires_grad_()
+        # the tensors the call takes, by identity: the recorded aten call names them
+        self._held = [values[o.locator] for o in self.operands]
+        self._passed = {id(t): i for i, t in enumerate(self._held)}
+        with _AtenCalls() as calls:
+            out = call_op(problem.node, problem.module, values)
+        tensor_calls = [c for c in calls.calls if not str(c[0]).startswith(("aten.detach", "aten.alias"))]
+        self.aten = tensor_calls[0] if len(tensor_calls) == 1 else None
+        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        picked = [outs[k] for k in problem.out_index]
+        differentiable = [o for o in picked if o.requires_grad and o.is_floating_point()]
+        if not differentiable or not leaves:
+            self.backward = False
+            return
+        generator = torch.Generator().manual_seed(GRAD_SEED)
+        self.grad_outputs = tuple(torch.randn(o.shape, generator=generator, dtype=torch.float64)
+                                  if o.requires_grad and o.is_floating_point() else None for o in picked)
+        pairs = [(o, g) for o, g in zip(picked, self.grad_outputs) if g is not None]
+        grads = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs],
+                                    allow_unused=True)
+        self.ref_grads = {i: (g.detach() if g is not None else torch.zeros_like(leaves[i]))
+                          for i, g in zip(leaves, grads)}
+
+    # ---- inputs -------------------------------------------------------------------------
+    def _input(self, position: int, layout: Layout):
+        """The DTensor of operand ``position`` in ``layout``, or a str saying why DTensor cannot
+        hold it (its placements read the blocks back as another value)."""
+        key = (position, layout)
+        if key in self._inputs:
+            return self._inputs[key]
+        from torch.distributed._local_tensor import LocalTensor
+        from torch.distributed.tensor import DTensor
+
+        operand = self.operands[position]
+        full = self.problem.values[operand.locator]
+        blocks = self.problem.local(position, layout)
+        placements = placements_of(layout, self.problem.mesh.shape)
+        try:
+            with self.mode:
+                local = LocalTensor({r: b.clone() for r, b in enumerate(blocks)})
+                made = DTensor.from_local(local, self.mesh, placements, run_check=False, shape=full.shape,
+                                          stride=full.contiguous().stride())
+                per_rank = dict(made.full_tensor()._local_tensors)
+        except Exception as exc:  # noqa: BLE001 - DTensor cannot even gather these blocks
+            found = (f"DTensor cannot read {placements_text(placements)} back from these blocks "
+                     f"({_text(exc)}): the layout {layout} is not expressible so")
+            self._inputs[key] = found
+            return found
+        scale = float(full.abs().max()) if full.numel() and full.is_floating_point() else 0.0
+        tol = Tolerance(1e-9, 1e-9 * scale)
+        bad = [r for r, t in sorted(per_rank.items()) if t.shape != full.shape or not compare(t, full, tol).close]
+        if bad:
+            found = (f"DTensor reads {placements_text(placements)} back as another value on rank(s) {bad}: "
+                     f"the layout {layout} is not expressible so")
+        else:
+            found = made
+        self._inputs[key] = found
+        return found
+
+    # ---- one execution ---------------------------------------------------------------------
+    def run(self, combo: tuple[Layout, ...]) -> Execution:
+        from torch.distributed.tensor.debug import CommDebugMode
+
+        problem = self.problem
+        values: dict = {}
+        leaves: dict = {}
+        for i, (operand, layout) in enumerate(zip(self.operands, combo)):
+            made = self._input(i, layout)
+            if isinstance(made, str):
+                return Execution("inputs", made)
+            if operand.floating and self.backward:
+                with self.mode:
+                    made = made.detach().requires_grad_()
+                leaves[i] = made
+            values[operand.locator] = made
+        rule = self._rule(values)
+        with self.mode:
+            try:
+                with CommDebugMode() as comm, _watch_redistribution() as watch:
+                    out = call_op(problem.node, problem.module, values)
+            except Exception as exc:  # DTensor refuses: its own error, reported
+                return Execution("forward-raises", _text(exc), rule=_redistributed(rule, watch.ops))
+            rule = _redistributed(rule, watch.ops)
+            outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            picked = [outs[k] for k in problem.out_index]
+            gathered = self._gather_outputs(picked)
+        shown = ", ".join(placements_text(o.placements) if hasattr(o, "placements") else type(o).__name__
+                          for o in picked)
+        base = dict(output=shown, forward_comms=_comm_counts(comm), resharded=bool(watch.ops), rule=rule)
+        # compared outside the mode: plain tensor ops under LocalTensorMode cost 10x
+        wrong = gathered if isinstance(gathered, str) else self._compare_outputs(gathered)
+        if wrong:
+            return Execution("forward-wrong", wrong, **base)
+        if not self.backward:
+            return Execution("", **base)
+        with self.mode:
+            try:
+                with CommDebugMode() as comm:
+                    self._backward(picked)
+            except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses
+                return Execution("backward-raises", _text(exc), **base)
+            grads = {i: (placements_text(leaf.grad.placements), dict(leaf.grad.full_tensor()._local_tensors))
+                     if leaf.grad is not None else None for i, leaf in leaves.items()}
+        base["backward_comms"] = _comm_counts(comm)
+        wrong = self._compare_grads(grads)
+        return Execution("backward-wrong" if wrong else "", wrong, **base)
+
+    def _gather_outputs(self, picked) -> list | str:
+        """Every output's placements and each rank's ``full_tensor()`` of it (inside the mode),
+        or what is wrong with an output before its values are looked at."""
+        from torch.distributed.tensor import DTensor
+
+        found = []
+        for k, (item, expected) in enumerate(zip(picked, self.problem.outputs)):
+            if not isinstance(item, DTensor):
+                return f"output {k} is a {type(item).__name__}, not a DTensor"
+            if tuple(item.shape) != tuple(expected.shape):
+                return f"output {k} claims global shape {tuple(item.shape)}, the reference has {tuple(expected.shape)}"
+            try:
+                full = item.full_tensor()
+            except Exception as exc:  # noqa: BLE001 - the output's metadata does not fit its locals
+                return f"output {k} {placements_text(item.placements)}: full_tensor() raises {_text(exc)}"
+            found.append((placements_text(item.placements), dict(full._local_tensors)))
+        return found
+
+    def _compare_outputs(self, gathered: list) -> str:
+        """"" when every rank's full value of every output is the reference; else the first
+        output, rank and error that is not."""
+        for k, ((shown, per_rank), expected, tol) in enumerate(zip(gathered, self.problem.outputs,
+                                                                     self.problem._tols)):
+            problem = _first_mismatch(per_rank, expected, tol)
+            if problem:
+                return f"output {k} {shown}: {problem}"
+        return ""
+
+    def _backward(self, picked) -> None:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        total = None
+        for item, g in zip(picked, self.grad_outputs):
+            if g is None or not isinstance(item, DTensor) or not item.requires_grad:
+                continue
+            full = item.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)
+            term = (full * DTensor.from_local(_replicated(g, self.mesh.size()), self.mesh,
+                                              [Replicate()] * self.mesh.ndim, run_check=False)).sum()
+            total = term if total is None else total + term
+        if total is not None:
+            total.backward()
+
+    def _compare_grads(self, grads: dict) -> str:
+        for i, found in grads.items():
+            expected = self.ref_grads.get(i)
+            if expected is None:
+                continue
+            role = self.operands[i].role
+            if found is None:
+                if bool(expected.abs().max() > 0):
+                    return f"no gradient reached {role}"
+                continue
+            shown, per_rank = found
+            tol = Tolerance(1e-7, 1e-7 * max(float(expected.abs().max()), 1.0))
+            problem = _first_mismatch(per_rank, expected, tol)
+            if problem:
+                return f"gradient of {role} {shown}: {problem}"
+        return ""
+
+    # ---- DTensor's rule ---------------------------------------------------------------------
+    def _rule(self, values: dict) -> RuleVerdict | None:
+        """What DTensor's sharding rule says for the call's one aten op (None when the call is
+        several aten ops, or one of its tensor arguments is not an operand itself)."""
+        if self.aten is None:
+            return None
+        from torch.distributed.tensor import DTensor
+
+        func, args, kwargs = self.aten
+        missing = []
+
+        def swap(value):
+            if isinstance(value, torch.Tensor):
+                position = self._passed.get(id(value))
+                if position is None:
+                    missing.append(value)
+                    return value
+                return values[self.operands[position].locator]
+            if isinstance(value, (list, tuple)):
+                return type(value)(swap(v) for v in value)
+            return value
+
+        dargs, dkwargs = swap(args), {k: swap(v) for k, v in kwargs.items()}
+        if missing:
+            return None
+        dispatcher = DTensor._op_dispatcher
+        try:
+            with self.mode:
+                info = dispatcher.unwrap_to_op_info(func, dargs, dkwargs)
+                dispatcher.sharding_propagator.propagate(info)
+        except Exception as exc:  # noqa: BLE001 - no rule, or the rule raises
+            return RuleVerdict(str(func), None, error=_text(exc))
+        sharding = info.output_sharding
+        spec = sharding.output_spec
+        specs = spec if isinstance(spec, (tuple, list)) else (spec,)
+        output = ", ".join(placements_text(s.placements) if s is not None else "None" for s in specs)
+        inputs = ""
+        if sharding.needs_redistribute and sharding.redistribute_schema is not None:
+            inputs = ", ".join(placements_text(s.placements) for s in sharding.redistribute_schema.args_spec)
+        return RuleVerdict(str(func), not sharding.needs_redistribute, inputs, output)
+
+
+def _redistributed(rule: RuleVerdict | None, ops: list[str]) -> RuleVerdict | None:
+    """``rule`` with whether the runtime redistributed (said only where the rule asks it to)."""
+    if rule is None or rule.local is not False:
+        return rule
+    return RuleVerdict(rule.op, rule.local, rule.inputs, rule.output, rule.error, redistributed=bool(ops))
+
+
+def _replicated(value: torch.Tensor, world: int):
+    from torch.distributed._local_tensor import LocalTensor
+
+    return LocalTensor({r: value.clone() for r in range(world)})
+
+
+def _first_mismatch(per_rank: dict, expected: torch.Tensor, tol: Tolerance) -> str:
+    """"" when every rank's value matches ``expected``; else the first rank's shape or error."""
+    for rank, got in sorted(per_rank.items()):
+        if tuple(got.shape) != tuple(expected.shape):
+            return f"rank {rank} holds shape {tuple(got.shape)}, the reference {tuple(expected.shape)}"
+        found = compare(got, expected, tol)
+        if not found.close:
+            return (f"rank {rank} differs from the reference (max abs error {found.max_abs_err:.3g}"
+                    f"{', ' + found.nonfinite if found.nonfinite else ''})")
+    return ""

@@ -1,0 +1,146 @@
+"""Execute DTensor on every input combination of an op spec's cases, one per symmetry orbit,
+and classify each (:mod:`shardverify.dtensor.verdicts`).
+
+The combinations are the audit's (:class:`shardverify.audit.run._Audit`): every layout of every
+operand, uneven blocks, both shard orders and partial-sum inputs included, decided numerically
+first, so a correct DTensor result that communicated can be told from one that did not need
+to. A case with more combinations than ``limit`` executes an evenly spaced sample of them, and
+says how many it left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from shardverify.audit.layouts import axis_symmetries
+from shardverify.audit.run import _Audit
+from shardverify.dtensor.execute import CaseRunner, quiet_dtensor
+from shardverify.dtensor.placements import placements_of, placements_text
+from shardverify.dtensor.repro import render_repro
+from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
+from shardverify.dtensor.world import local_world
+
+__all__ = ["CaseResult", "run_case", "run_spec", "DEFAULT_LIMIT"]
+
+DEFAULT_LIMIT = 600
+
+
+@dataclass
+class CaseResult:
+    op: str
+    case: str
+    mesh: tuple[int, ...]
+    combinations: int = 0          # input combinations (one per orbit), absent operands left out
+    executed: int = 0
+    counts: Counter = field(default_factory=Counter)
+    findings: list[Finding] = field(default_factory=list)     # every class but "agrees"
+    note: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "combinations": self.combinations,
+                "executed": self.executed, "counts": dict(self.counts), "note": self.note or None,
+                "seconds": round(self.seconds, 3), "findings": [f.to_json() for f in self.findings]}
+
+
+def _sample(items: list, limit: int | None) -> list:
+    if limit is None or len(items) <= limit:
+        return items
+    step = len(items) / limit
+    return [items[int(i * step)] for i in range(limit)]
+
+
+def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: int | None = DEFAULT_LIMIT,
+             partial_inputs: bool = True) -> CaseResult:
+    """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``."""
+    start = time.perf_counter()
+    result = CaseResult(spec.name, case_id, tuple(mesh_shape))
+    audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs=partial_inputs)
+    audit.enumerate()
+    result.note = audit.note
+    combos = orbit_representatives(audit.results, audit.mesh.shape)
+    execute_combos(result, audit.problem, audit.operands, combos, audit.results.__getitem__, limit)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def orbit_representatives(combos, mesh_shape) -> list:
+    """One combination per orbit of the mesh's axis symmetries, absent (post-added) operands left out."""
+    perms = axis_symmetries(mesh_shape)
+    return [combo for combo in combos
+            if not any(layout.absent for layout in combo)
+            and min(tuple(layout.permuted(p) for layout in combo) for p in perms) == combo]
+
+
+def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None) -> None:
+    """Execute ``combos`` (or a sample of ``limit``) on DTensor, classifying each against the
+    audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``."""
+    mesh_shape = result.mesh
+    result.combinations = len(combos)
+    chosen = _sample(combos, limit)
+    if len(chosen) < len(combos):
+        left = f"{len(combos) - len(chosen)} of {len(combos)} combinations not executed (limit {limit})"
+        result.note = f"{result.note}; {left}" if result.note else left
+    rendered: set[str] = set()
+    with quiet_dtensor(), local_world(tuple(mesh_shape)) as (mesh, mode):
+        runner = CaseRunner(problem, operands, mesh, mode)
+        for combo in chosen:
+            outcome = outcome_of(combo)
+            execution = runner.run(combo)
+            klass, phase = classify(execution, bool(outcome.valid))
+            result.executed += 1
+            result.counts[klass] += 1
+            if klass == "agrees":
+                continue
+            finding = Finding(
+                result.op, result.case, tuple(mesh_shape),
+                tuple((o.role, str(layout)) for o, layout in zip(operands, combo)),
+                tuple((o.role, placements_text(placements_of(layout, mesh_shape))) for o, layout in zip(operands, combo)),
+                klass, phase, execution.detail, str(execution.rule) if execution.rule else "",
+                runtime_against_rule(execution, klass),
+                ", ".join(map(str, outcome.outputs)) if outcome.valid else f"none ({outcome.reason})",
+                _comms(execution))
+            if klass == "silent-wrong" and finding.key() not in rendered:
+                rendered.add(finding.key())
+                finding = dataclasses.replace(finding, repro=_repro(problem, operands, combo, mesh_shape, finding))
+            result.findings.append(finding)
+
+
+def _comms(execution) -> str:
+    parts = [f"{phase} " + ", ".join(f"{n} {name}" for name, n in counts)
+             for phase, counts in (("forward", execution.forward_comms), ("backward", execution.backward_comms))
+             if counts]
+    if execution.resharded and not execution.forward_comms:
+        parts.insert(0, "re-slices an input locally")
+    return "; ".join(parts)
+
+
+def _repro(problem, operands, combo, mesh_shape, finding: Finding) -> str:
+    import torch
+
+    title = (f"DTensor (torch {torch.__version__}) computes wrong "
+             f"{'gradients' if finding.phase == 'backward' else 'values or shapes'} silently: "
+             f"{finding.op} ({finding.case}) on mesh {tuple(mesh_shape)}, {finding.line}.\n{finding.detail}")
+    try:
+        return render_repro(problem, operands, combo, tuple(mesh_shape), title)
+    except Exception as exc:  # noqa: BLE001 - a call this renderer cannot write as source
+        return f"# no repro: {type(exc).__name__}: {exc}\n"
+
+
+def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, on_result=None) -> list[CaseResult]:
+    """Every case of ``spec`` on every mesh; a case that cannot run is a result with its error
+    as the note, never left out."""
+    results = []
+    for case_id, case in spec.op_cases():
+        for mesh in meshes or spec.verify.meshes:
+            try:
+                found = run_case(spec, case_id, case, tuple(mesh), limit=limit)
+            except Exception as exc:  # noqa: BLE001 - reported with the case, not skipped
+                found = CaseResult(spec.name, case_id, tuple(mesh), note=f"error: {type(exc).__name__}: {exc}")
+            results.append(found)
+            if on_result is not None:
+                on_result(found)
+    return results

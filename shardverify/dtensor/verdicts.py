@@ -1,0 +1,106 @@
+"""What one DTensor execution means: its class, its rule-level verdict beside it, and the key a
+silent-corruption finding is accepted under.
+
+The classes, most important first:
+
+* ``silent-wrong``: DTensor returns wrong values or shapes (forward) or wrong gradients
+  (backward) and raises nothing: what corrupts training.
+* ``raises``: DTensor raises on these input placements (every placement is a legal DTensor input;
+  it should compute, redistributing if it must).
+* ``backward-raises``: the forward is right, its backward raises.
+* ``missed-optimisation``: right, but DTensor communicates (or re-slices an input) where the audit
+  found a strategy that runs on these layouts with no communication.
+* ``agrees``: right values and gradients, communicating only where no local strategy exists.
+* ``not-expressible``: DTensor's placements do not hold the layout (nothing is claimed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardverify.dtensor.execute import Execution
+
+__all__ = ["CLASSES", "Finding", "classify", "class_key"]
+
+CLASSES: dict[str, str] = {
+    "silent-wrong": "DTensor computes wrong values or shapes silently",
+    "raises": "DTensor raises",
+    "backward-raises": "DTensor's backward raises",
+    "missed-optimisation": "DTensor communicates where a local strategy exists",
+    "agrees": "DTensor computes the right values and gradients",
+    "not-expressible": "the layout is not expressible in DTensor placements",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One (op, case, mesh, input layouts) executed on DTensor, classified."""
+
+    op: str
+    case: str
+    mesh: tuple[int, ...]
+    layouts: tuple[tuple[str, str], ...]        # (role, shardverify layout)
+    placements: tuple[tuple[str, str], ...]     # (role, DTensor placements)
+    klass: str
+    phase: str                                  # "forward" | "backward" | ""
+    detail: str
+    rule: str                                   # DTensor's rule-level verdict, "" when not determined
+    runtime: str                                # what the runtime did against the rule
+    local_strategy: str                         # the audit: the local strategy's outputs, or why none
+    comms: str                                  # collectives DTensor ran (forward; backward)
+    repro: str = ""                             # a standalone script (the first silent finding of its class)
+
+    @property
+    def line(self) -> str:
+        return " ".join(f"{role}={text}" for role, text in self.placements)
+
+    def key(self) -> str:
+        return class_key(self.op, self.phase, self.placements)
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "class": self.klass,
+                "phase": self.phase or None, "layouts": dict(self.layouts), "placements": dict(self.placements),
+                "detail": self.detail or None, "rule": self.rule or None, "runtime": self.runtime or None,
+                "local_strategy": self.local_strategy, "comms": self.comms or None, "key": self.key()}
+
+
+def class_key(op: str, phase: str, placements: tuple[tuple[str, str], ...]) -> str:
+    """The silent-corruption class a finding belongs to, the same on every mesh: the op, the
+    phase and, per operand, the set of placements other than R it holds (``weight=S(0)`` on
+    (4,) and on (2, 2) as ``[R, S(0)]`` are one class)."""
+    parts = []
+    for role, text in placements:
+        kinds = sorted({p.strip() for p in text.strip("[]").split(",") if p.strip() and p.strip() != "R"})
+        parts.append(f"{role}={'+'.join(kinds) or 'R'}")
+    return f"{op} {phase or '-'} {' '.join(parts)}"
+
+
+def classify(execution: Execution, valid_locally: bool) -> tuple[str, str]:
+    """(class, phase) of an execution; ``valid_locally``: the audit found a strategy running
+    these input layouts with no communication."""
+    failed = execution.failed
+    if failed == "inputs":
+        return "not-expressible", ""
+    if failed == "forward-raises":
+        return "raises", "forward"
+    if failed == "forward-wrong":
+        return "silent-wrong", "forward"
+    if failed == "backward-raises":
+        return "backward-raises", "backward"
+    if failed == "backward-wrong":
+        return "silent-wrong", "backward"
+    if execution.communicated and valid_locally:
+        return "missed-optimisation", ""
+    return "agrees", ""
+
+
+def runtime_against_rule(execution: Execution, klass: str) -> str:
+    """Says where the fault lies when the rule and the runtime part ways."""
+    rule = execution.rule
+    if rule is None or klass != "silent-wrong":
+        return ""
+    if rule.local is False and rule.redistributed is False:
+        return "the rule asks for a redistribution the runtime never applies: the rule is right, the runtime wrong"
+    if rule.local:
+        return "the rule runs these placements locally: the rule is wrong"
+    return ""

@@ -1,0 +1,148 @@
+"""DTensor executed (shardverify/dtensor): real DTensor under LocalTensorMode, forward and
+backward, every rank's values against the reference; classes, the rule beside the runtime, the
+repro script, a user's own op and rule, and the accepted-file gate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardverify.audit.layouts import Layout
+from shardverify.cli.main import main
+from shardverify.codegen.generate import load_op_specs
+from shardverify.dtensor.accepted import load_accepted
+from shardverify.dtensor.custom import load_custom, run_custom
+from shardverify.dtensor.placements import placements_of, placements_text
+from shardverify.dtensor.run import run_case
+from shardverify.errors import SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+CUSTOM = ROOT / "tests" / "dtensor_custom"
+
+
+def _case(name: str, case_id: str):
+    spec = load_op_specs(ROOT, None, [name])[0]
+    return spec, dict(spec.op_cases())[case_id]
+
+
+@pytest.fixture(scope="module")
+def conv2d_on_4():
+    spec, case = _case("conv2d", "torch.ops.aten.conv2d.default-bias_False")
+    return run_case(spec, "torch.ops.aten.conv2d.default-bias_False", case, (4,), limit=None)
+
+
+def test_conv2d_with_a_sharded_weight_is_silently_wrong_and_the_runtime_is_to_blame(conv2d_on_4):
+    by_line = {f.line: f for f in conv2d_on_4.findings}
+    found = by_line["input=[R] weight=[S(0)]"]
+    assert found.klass == "silent-wrong" and found.phase == "forward"
+    assert "holds shape (8, 4, 6, 6), the reference (8, 16, 6, 6)" in found.detail
+    # the rule asks for a redistribution; the convolution handler never applies it
+    assert "rule redistributes inputs to [R], [R]" in found.rule
+    assert "the runtime did not redistribute" in found.rule
+    assert found.runtime.startswith("the rule asks for a redistribution the runtime never applies")
+    # a partial weight gives wrong values (not only shapes)
+    assert "differs from the reference" in by_line["input=[R] weight=[P(sum)]"].detail
+    # a batch shard is right, with no communication
+    assert conv2d_on_4.counts["agrees"] >= 1 and "input=[S(0)] weight=[R]" not in by_line
+
+
+def test_the_repro_reproduces_with_torch_alone(conv2d_on_4, tmp_path):
+    found = next(f for f in conv2d_on_4.findings if f.line == "input=[R] weight=[S(0)]")
+    assert found.repro and "shardverify" not in found.repro.split('"""', 2)[2]   # nothing of ours is imported
+    script = tmp_path / "repro.py"
+    script.write_text(found.repro)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "WRONG" in run.stdout and "output shape (8, 4, 6, 6)" in run.stdout
+
+
+def test_right_dtensor_results_agree_and_a_partial_input_it_reduces_first_is_a_missed_optimisation():
+    spec, case = _case("mean", "torch.ops.aten.mean.dim-dim_-1-keepdim_False")
+    result = run_case(spec, "torch.ops.aten.mean.dim-dim_-1-keepdim_False", case, (4,), limit=None)
+    assert result.executed == result.combinations == 5
+    assert result.counts == {"agrees": 4, "missed-optimisation": 1}
+    missed, = result.findings
+    # mean is linear in its input: the audit runs a partial sum through it; DTensor all-reduces first
+    assert missed.line == "input=[P(sum)]" and missed.comms == "forward 1 all_reduce"
+    assert missed.local_strategy == "[R, R] P(sum:0)"
+
+
+def test_both_shard_orders_and_uneven_blocks_reach_dtensor_as_the_audit_cut_them():
+    from torch.distributed._local_tensor import LocalTensor
+    from torch.distributed.tensor import DTensor
+
+    from shardverify.audit.decide import Operand, prepare
+    from shardverify.dtensor.world import local_world
+    from shardverify.sharding.mesh import DeviceMesh
+    from shardverify.spec.case import InputDecl, OpCase
+
+    layout = Layout(((1, 0), ()))   # S10: cut by axis 1, then by axis 0
+    assert placements_text(placements_of(layout, (2, 3))) == "[_S(0, sf=3), S(0)]"
+    case = OpCase(op="neg", target="torch.neg", inputs=(InputDecl("x", (7, 5), "float64"),))
+    operand = Operand("x", "x", ("arg", 0), (7, 5), True)
+    problem = prepare(case, DeviceMesh((2, 3)), (operand,))
+    full = problem.values[("arg", 0)]
+    blocks = problem.local(0, layout)
+    assert sorted(b.shape[0] for b in blocks) == [0, 1, 1, 1, 2, 2]   # 7 rows: 3/2/2 by axis 1, then halves
+    with local_world((2, 3)) as (mesh, mode):
+        with mode:
+            back = DTensor.from_local(LocalTensor(dict(enumerate(blocks))), mesh, placements_of(layout, (2, 3)),
+                                      run_check=False, shape=full.shape, stride=full.stride()).full_tensor()
+        assert all(torch.equal(t, full) for t in back._local_tensors.values())
+        # ... while the mesh-order placements cannot read the same blocks back
+        with mode, pytest.raises(RuntimeError):
+            DTensor.from_local(LocalTensor(dict(enumerate(blocks))), mesh, placements_of(Layout(((0, 1), ())), (2, 3)),
+                               run_check=False, shape=full.shape, stride=full.stride()).full_tensor()
+
+
+def test_a_planted_wrong_rule_for_a_custom_op_is_reported_as_silent_corruption():
+    right = run_custom(load_custom(CUSTOM / "row_normalize.yaml"))
+    assert sum(r.counts["silent-wrong"] for r in right) == 0
+    assert all(r.executed == r.combinations > 0 and not r.note for r in right)
+    bad = run_custom(load_custom(CUSTOM / "row_normalize_bad.yaml"))
+    findings = {(f.case, f.mesh, f.line): f for r in bad for f in r.findings}
+    found = findings[("8x6", (4,), "x=[S(1)]")]
+    assert found.klass == "silent-wrong" and "differs from the reference" in found.detail
+    assert found.runtime == "the rule runs these placements locally: the rule is wrong"
+    # the uneven case and the 2-D mesh find it too (7 columns of 5 cut 2/2/1/0 on (4,))
+    assert ("7x5", (4,), "x=[S(1)]") in findings and ("8x6", (2, 2), "x=[S(0), S(1)]") in findings
+
+
+def _accepted(tmp_path, keys, reason="planted in a test"):
+    path = tmp_path / "accepted.yaml"
+    path.write_text("accepted:\n  - reason: " + reason + "\n    keys:\n" + "".join(f"      - \"{k}\"\n" for k in keys))
+    return path
+
+
+def test_the_command_fails_on_a_silent_class_the_accepted_file_does_not_list(tmp_path, capsys):
+    spec = str(CUSTOM / "row_normalize_bad.yaml")
+    assert main(["dtensor", "--custom", spec, "--mesh", "4", "--accepted", str(_accepted(tmp_path, ["x y z"]))]) == 1
+    out = capsys.readouterr().out
+    assert "[NEW] svtest::row_normalize_bad forward x=S(1)" in out and "FAILED" in out
+    listed = _accepted(tmp_path, ["svtest::row_normalize_bad forward x=S(1)"])
+    assert main(["dtensor", "--custom", spec, "--mesh", "4", "--accepted", str(listed),
+                 "--write", str(tmp_path / "dtensor.md"), "--repros", str(tmp_path / "repros")]) == 0
+    page = (tmp_path / "dtensor.md").read_text()
+    assert "`svtest::row_normalize_bad forward x=S(1)`" in page and "accepted: planted in a test" in page
+    assert len(list((tmp_path / "repros").glob("*.py"))) == 1
+
+
+def test_a_malformed_accepted_file_is_a_usage_error_naming_file_and_line(tmp_path, capsys):
+    path = tmp_path / "accepted.yaml"
+    path.write_text("accepted:\n  - reason: x\n    keys: [conv2d]\n")
+    with pytest.raises(SpecError, match="class key"):
+        load_accepted(path)
+    assert main(["dtensor", "--custom", str(CUSTOM / "row_normalize.yaml"), "--accepted", str(path)]) == 2
+    assert "accepted.yaml:3" in capsys.readouterr().err
+
+
+def test_a_custom_spec_that_cannot_import_its_module_is_a_usage_error(tmp_path, capsys):
+    path = tmp_path / "custom.yaml"
+    path.write_text("op: nope::op\nimport: no_such_module_here\ninputs:\n  x: {}\ncases:\n  - {x: [4]}\n"
+                    "meshes: [[2]]\n")
+    assert main(["dtensor", "--custom", str(path)]) == 2
+    assert "no_such_module_here" in capsys.readouterr().err
