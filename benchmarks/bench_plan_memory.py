@@ -72,7 +72,7 @@ def child(plan: str, width: int, layers: int, tuned: bool, gpt2_small: bool = Fa
     result = verify_plan(model, inputs, (2, 2), chosen, capture="export" if gpt2_small else "fx",
                          timeout=1800 if gpt2_small else None, **kwargs)
     print(json.dumps({"plan": plan, "params": params, "passed": result.passed,
-                      "added": max(0, _peak_bytes() - before)}))
+                      "added": max(0, _peak_bytes() - before), "peak": _peak_bytes()}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"{'plan':<16}{'process':<18}{'parameters':>12}{'added MiB':>11}{'B/param':>9}{'vs float32 model':>18}"
-          "  verdict")
+          f"{'process peak MiB':>18}  verdict")
     for plan in PLANS:
         kinds = (("checking", []),) if args.gpt2_small else (("checking", []), ("plain library", ["--plain"]))
         for process, extra in kinds:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             row = json.loads(out.stdout.strip().splitlines()[-1])
             per = row["added"] / row["params"]
             print(f"{plan:<16}{process:<18}{row['params']:>12,}{row['added'] / 2**20:>11.0f}{per:>9.1f}"
-                  f"{per / 4:>17.1f}x  {'PASS' if row['passed'] else 'FAIL'}")
+                  f"{per / 4:>17.1f}x{row['peak'] / 2**20:>18.0f}  {'PASS' if row['passed'] else 'FAIL'}")
     print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return 0
 

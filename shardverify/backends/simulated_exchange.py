@@ -138,8 +138,10 @@ class _Exchange:
         member's result at once (``results(payloads in group order)``, in group order).  No
         member has left the collective yet, so no input can have changed since it was
         deposited: the payloads are the ranks' own tensors, never snapshots, and are dropped
-        as soon as the results exist (a 4-rank all-reduce holds 4 inputs and 4 results at its
-        peak, not also 4 copies of the inputs).
+        as soon as the results exist.  A result every member gets alike (an all-reduce's sum)
+        is computed once (:class:`_Shared`): each member copies it when it takes it and the last
+        takes it itself, so members that free their result before the next one runs (a
+        gradient compared and dropped) never hold all copies at once.
         """
         with self.lock:
             if self.aborted:
@@ -155,11 +157,14 @@ class _Exchange:
                 self.entered.pop(rank, None)
             descs, outs = slot["done"]
             self.reads[key] += 1
-            if self.reads[key] == len(group):
+            last = self.reads[key] == len(group)
+            if last:
                 del self.slots[key], self.reads[key]
             mine = outs[group.index(rank)] if isinstance(outs, list) else None
             if isinstance(outs, list):
                 outs[group.index(rank)] = None   # the slot keeps no reference to a taken result
+            if isinstance(mine, _Shared):
+                mine = mine.take(last)
         if len(set(descs.values())) > 1:
             raise disagreement(f"a collective over group {list(group)}", descs)
         if isinstance(outs, BaseException):
@@ -212,12 +217,11 @@ class SimulatedCommunicator(CommunicatorBase):
 
     def _all_reduce(self, t, group, op, desc):
         def results(ts):
-            out = reduce_tensors(ts, op)
-            return [out] + [out.clone() for _ in ts[1:]]
+            return [_Shared(reduce_tensors(ts, op))] * len(ts)
         return self._meet(group, desc, t.detach(), results)
 
     def _all_gather(self, t, group, desc):
-        return self._meet(group, desc, t.detach(), lambda ts: [[x.clone() for x in ts] for _ in ts])
+        return self._meet(group, desc, t.detach(), lambda ts: [_Shared([x.clone() for x in ts])] * len(ts))
 
     def _reduce_scatter(self, chunks, group, op, desc):
         def results(lists):
@@ -231,7 +235,7 @@ class SimulatedCommunicator(CommunicatorBase):
 
     def _broadcast(self, t, group, src, desc):
         payload = t.detach() if group[src] == self.rank else None
-        return self._meet(group, desc, payload, lambda ps: [ps[src].clone() for _ in ps])
+        return self._meet(group, desc, payload, lambda ps: [_Shared(ps[src].clone())] * len(ps))
 
     def _barrier(self, group, desc):
         self._meet(group, desc, None, lambda ps: [None for _ in ps])
@@ -248,6 +252,23 @@ class SimulatedCommunicator(CommunicatorBase):
         if letter.error is not None:
             raise p2p_mismatch(src, self.rank, letter.desc, expected)
         return letter.data
+
+
+class _Shared:
+    """One result every member of a collective gets: copied for each member that takes it but
+    the last, which takes the value itself (every result is still a tensor no other rank holds)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def take(self, last: bool) -> Any:
+        if last:
+            return self.value
+        if isinstance(self.value, list):
+            return [t.clone() for t in self.value]
+        return self.value.clone()
 
 
 def _settle(entries: list[tuple[str, Any]], group: tuple[int, ...],
