@@ -60,6 +60,20 @@ def test_the_repro_reproduces_with_torch_alone(conv2d_on_4, tmp_path):
     assert "WRONG" in run.stdout and "output shape (8, 4, 6, 6)" in run.stdout
 
 
+@pytest.mark.dist
+def test_the_repro_reproduces_on_real_gloo_processes_under_torchrun(conv2d_on_4, tmp_path):
+    found = next(f for f in conv2d_on_4.findings if f.line == "input=[R] weight=[P(sum)]")
+    script = tmp_path / "repro.py"
+    script.write_text(found.repro)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                          "--standalone", str(script)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert run.returncode != 0
+    # every real rank holds the full shape, with wrong values (a partial weight never summed)
+    assert sorted(line for line in run.stdout.splitlines() if line.startswith("rank ")) == [
+        f"rank {r}: output shape (8, 16, 6, 6), WRONG" for r in range(4)]
+
+
 def test_right_dtensor_results_agree_and_a_partial_input_it_reduces_first_is_a_missed_optimisation():
     spec, case = _case("mean", "torch.ops.aten.mean.dim-dim_-1-keepdim_False")
     result = run_case(spec, "torch.ops.aten.mean.dim-dim_-1-keepdim_False", case, (4,), limit=None)

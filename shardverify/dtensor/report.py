@@ -76,6 +76,8 @@ then the backward of `sum(output * g)` and every rank's input gradients likewise
 are counted with `CommDebugMode`. Beside the execution, DTensor's *rule* for the call's aten op
 is asked what it decides (run locally, or redistribute the inputs first), and the runtime is
 watched for whether it redistributed: "the rule is right, the runtime wrong" is said as such.
+`--repros DIR` writes a script per silent-corruption class that needs torch alone: `python
+script.py` runs it as here, `torchrun --nproc-per-node N script.py` on N real gloo processes.
 
 Classes, most important first:
 {classes}
