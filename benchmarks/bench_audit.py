@@ -67,6 +67,20 @@ def dtensor_rate() -> tuple[int, float] | str:
     return combos, float(total.group(1)) if total else wall
 
 
+def dtensor_baseline() -> float | None:
+    """Run DTensor's validator, print its figures, return its ms per combination (None when
+    it could not run: the reason is printed)."""
+    found = dtensor_rate()
+    if isinstance(found, str):
+        print(found)
+        return None
+    combos, seconds = found
+    baseline = 1000 * seconds / max(combos, 1)
+    print(f"DTensor validator (sum, mm, softmax; 1-D mesh of 4, forward): {combos} combinations in "
+          f"{seconds:.1f}s = {baseline:.2f} ms each")
+    return baseline
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--meshes", nargs="+", type=parse_mesh, default=[(4,), (2, 2), (2, 2, 2)],
@@ -74,16 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-dtensor", action="store_true", help="skip DTensor's validator")
     args = parser.parse_args(argv)
 
-    baseline = None
-    if not args.no_dtensor:
-        found = dtensor_rate()
-        if isinstance(found, str):
-            print(found)
-        else:
-            combos, seconds = found
-            baseline = 1000 * seconds / max(combos, 1)
-            print(f"DTensor validator (sum, mm, softmax; 1-D mesh of 4): {combos} combinations in "
-                  f"{seconds:.1f}s = {baseline:.2f} ms each")
+    baseline = None if args.no_dtensor else dtensor_baseline()
     for mesh in args.meshes:
         decided, seconds = audit_rate(tuple(mesh))
         ms = 1000 * seconds / max(decided, 1)

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from bench_audit import CASES, dtensor_rate
+from bench_audit import CASES, dtensor_baseline
 
 from shardverify.audit.decide import Operand, prepare
 from shardverify.audit.layouts import tensor_layouts
@@ -59,16 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    baseline = None
-    if not args.no_dtensor:
-        found = dtensor_rate()
-        if isinstance(found, str):
-            print(found)
-        else:
-            combos, seconds = found
-            baseline = 1000 * seconds / max(combos, 1)
-            print(f"DTensor validator (sum, mm, softmax; 1-D mesh of 4, forward): {combos} combinations in "
-                  f"{seconds:.1f}s = {baseline:.2f} ms each")
+    baseline = None if args.no_dtensor else dtensor_baseline()
     for mesh in args.meshes:
         executed, seconds, counts = execution_rate(tuple(mesh))
         ms = 1000 * seconds / max(executed, 1)

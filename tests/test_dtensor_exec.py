@@ -160,3 +160,18 @@ def test_a_custom_spec_that_cannot_import_its_module_is_a_usage_error(tmp_path, 
                     "meshes: [[2]]\n")
     assert main(["dtensor", "--custom", str(path)]) == 2
     assert "no_such_module_here" in capsys.readouterr().err
+
+
+def test_a_class_key_is_the_same_on_every_mesh_and_the_accepted_file_round_trips(tmp_path):
+    from shardverify.dtensor.accepted import render_accepted
+    from shardverify.dtensor.verdicts import class_key
+
+    on_4 = class_key("conv2d", "forward", (("input", "[R]"), ("weight", "[S(0)]")))
+    on_2x2 = class_key("conv2d", "forward", (("input", "[R, R]"), ("weight", "[R, S(0)]")))
+    assert on_4 == on_2x2 == "conv2d forward input=R weight=S(0)"
+    assert class_key("mm", "backward", (("a", "[S(0), P(sum)]"),)) == "mm backward a=P(sum)+S(0)"
+    path = tmp_path / "accepted.yaml"
+    path.write_text(render_accepted({'the "runtime" skips it': [on_4, on_4 + " bias=R"]}, "2.13.0"))
+    accepted = load_accepted(path)
+    assert accepted.torch == "2.13.0"
+    assert accepted.reasons == {on_4: 'the "runtime" skips it', on_4 + " bias=R": 'the "runtime" skips it'}

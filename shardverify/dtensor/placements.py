@@ -55,37 +55,25 @@ def layout_of(placements, tensor_ndim: int) -> Layout | None:
     return Layout(tuple(tuple(d) for d in dims), tuple(partial), reduce)
 
 
-def placement_text(placement) -> str:
-    """``S(0)``, ``R``, ``P(sum)``, ``_S(0, sf=2)``: DTensor's short names."""
+def placement_text(placement, *, source: bool = False) -> str:
+    """DTensor's short name (``S(0)``, ``R``, ``P(sum)``, ``_S(0, sf=2)``), or with ``source``
+    the Python that builds the placement (for a repro script)."""
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
     if isinstance(placement, _StridedShard):
-        return f"_S({placement.dim}, sf={placement.split_factor})"
+        return (f"_StridedShard({placement.dim}, split_factor={placement.split_factor})" if source
+                else f"_S({placement.dim}, sf={placement.split_factor})")
     if isinstance(placement, Shard):
-        return f"S({placement.dim})"
+        return f"Shard({placement.dim})" if source else f"S({placement.dim})"
     if isinstance(placement, Replicate):
-        return "R"
+        return "Replicate()" if source else "R"
     if isinstance(placement, Partial):
-        return f"P({placement.reduce_op})"
+        return f"Partial({str(placement.reduce_op)!r})" if source else f"P({placement.reduce_op})"
+    if source:
+        raise ValueError(f"no source for placement {placement!r}")
     return str(placement)
 
 
 def placements_text(placements) -> str:
     return "[" + ", ".join(placement_text(p) for p in placements) + "]"
-
-
-def placement_source(placement) -> str:
-    """Python source building ``placement`` (for a repro script)."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    if isinstance(placement, _StridedShard):
-        return f"_StridedShard({placement.dim}, split_factor={placement.split_factor})"
-    if isinstance(placement, Shard):
-        return f"Shard({placement.dim})"
-    if isinstance(placement, Replicate):
-        return "Replicate()"
-    if isinstance(placement, Partial):
-        return f"Partial({str(placement.reduce_op)!r})"
-    raise ValueError(f"no source for placement {placement!r}")

@@ -18,7 +18,8 @@ from torch import fx
 
 from shardverify.audit.layouts import Layout
 from shardverify.capture.call import call_parts
-from shardverify.dtensor.placements import placement_source, placements_of
+from shardverify.codegen.render import py_literal
+from shardverify.dtensor.placements import placement_text, placements_of
 
 __all__ = ["render_repro"]
 
@@ -50,9 +51,7 @@ def _source(value: object) -> str:
         return "[" + ", ".join(_source(v) for v in value) + "]"
     if isinstance(value, float) and not math.isfinite(value):
         return f"float({str(value)!r})"
-    if isinstance(value, (int, float, bool, str)) or value is None:
-        return repr(value)
-    raise ValueError(f"no source for a call argument of type {type(value).__name__}: {value!r}")
+    return py_literal(value)
 
 
 def _callee(node: fx.Node, module) -> tuple[str, str]:
@@ -134,7 +133,7 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
             own = f"parts[{index!r}[r]]"
         lines.append(f"blocks = {block_src}")
         lines.append(f"local_{o.role} = {{r: {own}[blocks[r]].clone() for r in range(WORLD)}}")
-        shown = "[" + ", ".join(placement_source(p) for p in placements_of(layout, mesh_shape)) + "]"
+        shown = "[" + ", ".join(placement_text(p, source=True) for p in placements_of(layout, mesh_shape)) + "]"
         made.append(f"    d_{o.role} = DTensor.from_local(place(local_{o.role}), mesh, {shown}, run_check=False, "
                     f"shape={o.role}.shape, stride={o.role}.stride())")
         if o.role in floating:
