@@ -38,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help="combinations executed per case and mesh, an evenly spaced sample beyond "
                              "(default: 600; 0: all)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="seconds DTensor may take on one combination before the case's rest is left out "
+                             "(default: 20; 0: no limit)")
     parser.add_argument("--accepted", type=Path, default=None, metavar="FILE",
                         help=f"the accepted silent-corruption classes (default: {ACCEPTED} if it exists)")
     parser.add_argument("--write-accepted", type=Path, default=None, metavar="FILE",
@@ -47,6 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repros", type=Path, default=None, metavar="DIR",
                         help="write a standalone repro script per silent-corruption class into DIR")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the report")
+    parser.add_argument("--quiet", action="store_true", help="no progress line per case on stderr")
     parser.add_argument("--show", type=int, default=5, metavar="N", help="classes shown in the summary (default 5)")
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
     parser.add_argument("--specs-dir", type=Path, default=None, help="folder holding the specs (default: ROOT/specs)")
@@ -60,11 +64,15 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.dtensor.accepted import load_accepted, render_accepted
     from shardverify.dtensor.custom import load_custom, run_custom
     from shardverify.dtensor.report import markdown, new_silent, summary
-    from shardverify.dtensor.run import DEFAULT_LIMIT, run_spec
+    from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT, run_spec
 
     limit = DEFAULT_LIMIT if args.limit is None else (None if args.limit == 0 else args.limit)
     if limit is not None and limit < 0:
         print(f"error: --limit must be >= 0, got {args.limit}", file=sys.stderr)
+        return USAGE
+    budget = DEFAULT_BUDGET if args.budget is None else (args.budget or None)
+    if budget is not None and budget < 0:
+        print(f"error: --budget must be >= 0, got {args.budget}", file=sys.stderr)
         return USAGE
     try:
         specs = load_op_specs(args.root, args.specs_dir, args.specs) if args.specs or not args.custom else []
@@ -82,11 +90,20 @@ def run(args: argparse.Namespace) -> int:
         return USAGE
     start = time.perf_counter()
     results: list = []
+
+    def done(result) -> None:   # progress on stderr: a full run takes a while
+        results.append(result)
+        if not args.quiet:
+            counts = ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items()))
+            print(f"[{time.perf_counter() - start:7.1f}s] {result.op} {result.case} on {list(result.mesh)}: "
+                  f"{result.executed} executed in {result.seconds:.1f}s ({counts or result.note[:100]})",
+                  file=sys.stderr, flush=True)
+
     try:
         for spec in specs:
-            run_spec(spec, args.mesh, limit=limit, on_result=results.append)
+            run_spec(spec, args.mesh, limit=limit, budget=budget, on_result=done)
         for custom in customs:
-            run_custom(custom, args.mesh, limit=limit, on_result=results.append)
+            run_custom(custom, args.mesh, limit=limit, budget=budget, on_result=done)
     except SpecError as exc:   # a custom spec's module cannot be imported
         print(f"error: {exc}", file=sys.stderr)
         return USAGE

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from shardverify.audit.decide import Operand, prepare
 from shardverify.audit.layouts import tensor_layouts
-from shardverify.dtensor.run import CaseResult, execute_combos, orbit_representatives
+from shardverify.dtensor.run import DEFAULT_BUDGET, CaseResult, execute_combos, orbit_representatives
 from shardverify.errors import SpecError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import InputDecl, OpCase
@@ -97,7 +97,8 @@ def _import(spec: CustomSpec) -> None:
         sys.path.remove(str(spec.folder.resolve()))
 
 
-def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, on_result=None) -> list[CaseResult]:
+def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, budget: float | None = DEFAULT_BUDGET,
+               on_result=None) -> list[CaseResult]:
     """Every case of the custom op on every mesh, executed on DTensor and classified."""
     _import(spec)
     results = []
@@ -115,7 +116,7 @@ def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, on_re
                 problem = prepare(case, mesh, operands)
                 choices = [tensor_layouts(o.shape, mesh.shape, partial=o.floating) for o in operands]
                 combos = orbit_representatives(itertools.product(*choices), mesh.shape)
-                execute_combos(result, problem, operands, combos, problem.decide, limit)
+                execute_combos(result, problem, operands, combos, problem.decide, limit, budget)
             except SpecError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reported with the case, never skipped

@@ -162,13 +162,13 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
                   wrong = False
                   for rank, got in sorted(ranks_of(t).items()):
                       ok = got.shape == want.shape and torch.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
-                      print(f"rank {rank}: {what} shape {tuple(got.shape)}, " + ("matches" if ok else "WRONG"))
+                      print(f"rank {rank}: {what} shape {tuple(got.shape)}, " + ("matches" if ok else "WRONG"), flush=True)
                       wrong |= not ok
                   return wrong
               '''),
               "with world:", '    mesh = init_device_mesh("cpu", MESH)', *made]
     lines += [f"    out = {dt_call}", "    out = out[0] if isinstance(out, (tuple, list)) else out",
-              '    print("DTensor output placements:", out.placements, "global shape:", tuple(out.shape))',
+              '    print("DTensor output placements:", out.placements, "global shape:", tuple(out.shape), flush=True)',
               "    try:",
               "        wrong = check(\"output\", out.full_tensor(), expected.detach())",
               "    except Exception as exc:   # the output's metadata does not fit what the ranks hold",
@@ -180,6 +180,8 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
               f"        for name, leaf, want in zip({floating!r}, [{', '.join('d_' + r for r in floating)}], expected_grads):",
               "            if want is not None:",
               "                wrong |= leaf.grad is None or check(f\"gradient of {name}\", leaf.grad.full_tensor(), want)",
+              "if REAL:",
+              "    dist.barrier()   # every rank has printed before one exits (torchrun stops the rest)",
               "dist.destroy_process_group()",
               "raise SystemExit(1 if wrong else 0)", ""]
     return "\n".join(line for line in lines if line is not None)

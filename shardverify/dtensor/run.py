@@ -2,15 +2,16 @@
 and classify each (:mod:`shardverify.dtensor.verdicts`).
 
 The combinations are the audit's (:class:`shardverify.audit.run._Audit`): every layout of every
-operand, uneven blocks, both shard orders and partial-sum inputs included, decided numerically
-first, so a correct DTensor result that communicated can be told from one that did not need
-to. A case with more combinations than ``limit`` executes an evenly spaced sample of them, and
+operand, uneven blocks, both shard orders and partial-sum inputs included, each executed one
+decided numerically as the audit decides it, so a correct DTensor result that communicated can
+be told from one that did not need to. A case with more combinations than ``limit`` executes an evenly spaced sample of them, and
 says how many it left out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,9 +24,11 @@ from shardverify.dtensor.repro import render_repro
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
-__all__ = ["CaseResult", "run_case", "run_spec", "DEFAULT_LIMIT"]
+__all__ = ["CaseResult", "run_case", "run_spec", "execute_combos", "orbit_representatives", "DEFAULT_LIMIT",
+           "DEFAULT_BUDGET"]
 
 DEFAULT_LIMIT = 600
+DEFAULT_BUDGET = 20.0   # seconds one combination may take
 
 
 @dataclass
@@ -54,15 +57,16 @@ def _sample(items: list, limit: int | None) -> list:
 
 
 def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: int | None = DEFAULT_LIMIT,
-             partial_inputs: bool = True) -> CaseResult:
+             partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET) -> CaseResult:
     """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``."""
     start = time.perf_counter()
     result = CaseResult(spec.name, case_id, tuple(mesh_shape))
     audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs=partial_inputs)
-    audit.enumerate()
     result.note = audit.note
-    combos = orbit_representatives(audit.results, audit.mesh.shape)
-    execute_combos(result, audit.problem, audit.operands, combos, audit.results.__getitem__, limit)
+    # only the combinations executed are decided: a sample of attention's 4 operands on (2, 2)
+    # needs a few hundred decisions, not the tens of thousands of the whole audit
+    combos = orbit_representatives(itertools.product(*audit.choices), audit.mesh.shape)
+    execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -75,7 +79,8 @@ def orbit_representatives(combos, mesh_shape) -> list:
             and min(tuple(layout.permuted(p) for layout in combo) for p in perms) == combo]
 
 
-def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None) -> None:
+def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None,
+                   budget: float | None = DEFAULT_BUDGET) -> None:
     """Execute ``combos`` (or a sample of ``limit``) on DTensor, classifying each against the
     audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``."""
     mesh_shape = result.mesh
@@ -86,13 +91,18 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
         result.note = f"{result.note}; {left}" if result.note else left
     rendered: set[str] = set()
     with quiet_dtensor(), local_world(tuple(mesh_shape)) as (mesh, mode):
-        runner = CaseRunner(problem, operands, mesh, mode)
-        for combo in chosen:
+        runner = CaseRunner(problem, operands, mesh, mode, budget=budget)
+        for done, combo in enumerate(chosen):
             outcome = outcome_of(combo)
             execution = runner.run(combo)
             klass, phase = classify(execution, bool(outcome.valid))
             result.executed += 1
             result.counts[klass] += 1
+            if klass == "too-slow" and len(chosen) > done + 1:
+                left = (f"DTensor took over {budget:g} s on {_line(operands, combo, mesh_shape)}; the case's "
+                        f"other {len(chosen) - done - 1} chosen combination(s) not executed")
+                result.note = f"{result.note}; {left}" if result.note else left
+                break
             if klass == "agrees":
                 continue
             finding = Finding(
@@ -107,6 +117,10 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 rendered.add(finding.key())
                 finding = dataclasses.replace(finding, repro=_repro(problem, operands, combo, mesh_shape, finding))
             result.findings.append(finding)
+
+
+def _line(operands, combo, mesh_shape) -> str:
+    return " ".join(f"{o.role}={placements_text(placements_of(layout, mesh_shape))}" for o, layout in zip(operands, combo))
 
 
 def _comms(execution) -> str:
@@ -130,14 +144,15 @@ def _repro(problem, operands, combo, mesh_shape, finding: Finding) -> str:
         return f"# no repro: {type(exc).__name__}: {exc}\n"
 
 
-def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, on_result=None) -> list[CaseResult]:
+def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float | None = DEFAULT_BUDGET,
+             on_result=None) -> list[CaseResult]:
     """Every case of ``spec`` on every mesh; a case that cannot run is a result with its error
     as the note, never left out."""
     results = []
     for case_id, case in spec.op_cases():
         for mesh in meshes or spec.verify.meshes:
             try:
-                found = run_case(spec, case_id, case, tuple(mesh), limit=limit)
+                found = run_case(spec, case_id, case, tuple(mesh), limit=limit, budget=budget)
             except Exception as exc:  # noqa: BLE001 - reported with the case, not skipped
                 found = CaseResult(spec.name, case_id, tuple(mesh), note=f"error: {type(exc).__name__}: {exc}")
             results.append(found)

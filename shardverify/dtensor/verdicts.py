@@ -12,6 +12,8 @@ The classes, most important first:
   found a strategy that runs on these layouts with no communication.
 * ``agrees``: right values and gradients, communicating only where no local strategy exists.
 * ``not-expressible``: DTensor's placements do not hold the layout (nothing is claimed).
+* ``too-slow``: DTensor did not finish within the budget (nothing is claimed; the case's other
+  combinations are not executed, and the report says how many).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ CLASSES: dict[str, str] = {
     "missed-optimisation": "DTensor communicates where a local strategy exists",
     "agrees": "DTensor computes the right values and gradients",
     "not-expressible": "the layout is not expressible in DTensor placements",
+    "too-slow": "DTensor did not finish the combination within the time budget",
 }
 
 
@@ -81,6 +84,8 @@ def classify(execution: Execution, valid_locally: bool) -> tuple[str, str]:
     failed = execution.failed
     if failed == "inputs":
         return "not-expressible", ""
+    if failed == "too-slow":
+        return "too-slow", ""
     if failed == "forward-raises":
         return "raises", "forward"
     if failed == "forward-wrong":
