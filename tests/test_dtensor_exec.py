@@ -170,8 +170,24 @@ def test_a_class_key_is_the_same_on_every_mesh_and_the_accepted_file_round_trips
     on_2x2 = class_key("conv2d", "forward", (("input", "[R, R]"), ("weight", "[R, S(0)]")))
     assert on_4 == on_2x2 == "conv2d forward input=R weight=S(0)"
     assert class_key("mm", "backward", (("a", "[S(0), P(sum)]"),)) == "mm backward a=P(sum)+S(0)"
+    assert class_key("cumsum", "forward", (("x", "[_S(2, sf=3), S(2)]"),)) == "cumsum forward x=S(2)+_S(2, sf=3)"
     path = tmp_path / "accepted.yaml"
     path.write_text(render_accepted({'the "runtime" skips it': [on_4, on_4 + " bias=R"]}, "2.13.0"))
     accepted = load_accepted(path)
     assert accepted.torch == "2.13.0"
     assert accepted.reasons == {on_4: 'the "runtime" skips it', on_4 + " bias=R": 'the "runtime" skips it'}
+
+
+def test_a_saved_run_is_reported_again_against_another_accepted_file(tmp_path, capsys):
+    spec = str(CUSTOM / "row_normalize_bad.yaml")
+    assert main(["dtensor", "--custom", spec, "--mesh", "4", "--json", "--quiet",
+                 "--accepted", str(_accepted(tmp_path, ["x y z"]))]) == 1
+    saved = tmp_path / "run.json"
+    saved.write_text(capsys.readouterr().out)
+    listed = _accepted(tmp_path, ["svtest::row_normalize_bad forward x=S(1)"])
+    assert main(["dtensor", "--from-json", str(saved), "--accepted", str(listed),
+                 "--write", str(tmp_path / "page.md")]) == 0
+    page = (tmp_path / "page.md").read_text()
+    assert f"`shardverify dtensor --custom {spec} --mesh 4`" in page and "accepted: planted in a test" in page
+    (tmp_path / "broken.json").write_text("{}")
+    assert main(["dtensor", "--from-json", str(tmp_path / "broken.json")]) == 2

@@ -50,6 +50,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repros", type=Path, default=None, metavar="DIR",
                         help="write a standalone repro script per silent-corruption class into DIR")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the report")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
+                        help="report on the results a --json run saved instead of running again (with --write, "
+                             "--accepted: the page and the verdict against another accepted file)")
     parser.add_argument("--quiet", action="store_true", help="no progress line per case on stderr")
     parser.add_argument("--show", type=int, default=5, metavar="N", help="classes shown in the summary (default 5)")
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
@@ -85,11 +88,15 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
+    if args.from_json is not None:
+        return _report_saved(args, accepted)
     if not specs and not customs:
         print("error: no op specs to run", file=sys.stderr)
         return USAGE
     start = time.perf_counter()
     results: list = []
+    command = _command_line(args)
+    torch_version = torch.__version__
 
     def done(result) -> None:   # progress on stderr: a full run takes a while
         results.append(result)
@@ -121,11 +128,11 @@ def run(args: argparse.Namespace) -> int:
         args.write_accepted.parent.mkdir(parents=True, exist_ok=True)
         args.write_accepted.write_text(render_accepted(keys, torch.__version__))
     if args.write is not None:
-        command = "shardverify dtensor " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["dtensor"] else "shardverify dtensor"
         args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(markdown(results, accepted, command, torch.__version__))
+        args.write.write_text(markdown(results, accepted, command, torch_version))
     if args.json:
-        json.dump({"passed": not fresh, "seconds": round(time.perf_counter() - start, 3),
+        json.dump({"passed": not fresh, "seconds": round(time.perf_counter() - start, 3), "command": command,
+                   "torch": torch.__version__,
                    "new_silent_classes": [f.key() for f in fresh],
                    "results": [r.to_json() for r in results]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -137,6 +144,38 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{verdict}: {executed} combination(s) executed on DTensor, {silent} silently wrong, "
           f"{len(fresh)} new silent-corruption class(es), {time.perf_counter() - start:.1f}s")
     return 1 if fresh else 0
+
+
+def _report_saved(args: argparse.Namespace, accepted) -> int:
+    """--from-json: the summary, page and verdict of a saved run."""
+    from shardverify.dtensor.report import markdown, new_silent, summary
+    from shardverify.dtensor.run import CaseResult
+
+    try:
+        saved = json.loads(args.from_json.read_text())
+        results = [CaseResult.from_json(item) for item in saved["results"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: {args.from_json}: not a saved `shardverify dtensor --json` run ({exc})", file=sys.stderr)
+        return USAGE
+    if args.write is not None:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(markdown(results, accepted, saved.get("command", "shardverify dtensor"),
+                                       saved.get("torch", "?")))
+    fresh = new_silent(results, accepted)
+    print(summary(results, accepted, args.show))
+    print(f"\n{'FAILED' if fresh else 'passed'} (saved run {args.from_json}): {len(fresh)} new silent-corruption "
+          "class(es)")
+    return 1 if fresh else 0
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The run's command: what was run, not where its output went."""
+    words = ["shardverify dtensor", *args.specs]
+    words += [f"--custom {path}" for path in args.custom]
+    words += [f"--mesh {','.join(map(str, mesh))}" for mesh in args.mesh or ()]
+    words += [f"--limit {args.limit}"] if args.limit is not None else []
+    words += [f"--budget {args.budget:g}"] if args.budget is not None else []
+    return " ".join(words)
 
 
 def _write_repros(folder: Path, results) -> None:

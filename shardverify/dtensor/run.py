@@ -43,6 +43,13 @@ class CaseResult:
     note: str = ""
     seconds: float = 0.0
 
+    @classmethod
+    def from_json(cls, item: dict) -> "CaseResult":
+        """A result as :meth:`to_json` saved it (findings without their repro scripts)."""
+        return cls(item["op"], item["case"], tuple(item["mesh"]), item["combinations"], item["executed"],
+                   Counter(item["counts"]), [Finding.from_json(f) for f in item["findings"]], item["note"] or "",
+                   item["seconds"])
+
     def to_json(self) -> dict:
         return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "combinations": self.combinations,
                 "executed": self.executed, "counts": dict(self.counts), "note": self.note or None,

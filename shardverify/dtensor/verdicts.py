@@ -18,11 +18,14 @@ The classes, most important first:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from shardverify.dtensor.execute import Execution
 
 __all__ = ["CLASSES", "Finding", "classify", "class_key"]
+
+_PLACEMENT = re.compile(r"_S\(\d+, sf=\d+\)|S\(\d+\)|P\(\w+\)|R")   # placements_text's names
 
 CLASSES: dict[str, str] = {
     "silent-wrong": "DTensor computes wrong values or shapes silently",
@@ -60,6 +63,12 @@ class Finding:
     def key(self) -> str:
         return class_key(self.op, self.phase, self.placements)
 
+    @classmethod
+    def from_json(cls, item: dict) -> "Finding":
+        return cls(item["op"], item["case"], tuple(item["mesh"]), tuple(item["layouts"].items()),
+                   tuple(item["placements"].items()), item["class"], item["phase"] or "", item["detail"] or "",
+                   item["rule"] or "", item["runtime"] or "", item["local_strategy"], item["comms"] or "")
+
     def to_json(self) -> dict:
         return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "class": self.klass,
                 "phase": self.phase or None, "layouts": dict(self.layouts), "placements": dict(self.placements),
@@ -73,7 +82,7 @@ def class_key(op: str, phase: str, placements: tuple[tuple[str, str], ...]) -> s
     (4,) and on (2, 2) as ``[R, S(0)]`` are one class)."""
     parts = []
     for role, text in placements:
-        kinds = sorted({p.strip() for p in text.strip("[]").split(",") if p.strip() and p.strip() != "R"})
+        kinds = sorted(set(_PLACEMENT.findall(text)) - {"R"})
         parts.append(f"{role}={'+'.join(kinds) or 'R'}")
     return f"{op} {phase or '-'} {' '.join(parts)}"
 
