@@ -2,10 +2,10 @@
 and classify each (:mod:`shardverify.dtensor.verdicts`).
 
 The combinations are the audit's (:class:`shardverify.audit.run._Audit`): every layout of every
-operand, uneven blocks, both shard orders and partial-sum inputs included, each executed one
-decided numerically as the audit decides it, so a correct DTensor result that communicated can
-be told from one that did not need to. A case with more combinations than ``limit`` executes an evenly spaced sample of them, and
-says how many it left out.
+operand, uneven blocks, both shard orders and partial-sum inputs included. Each one executed is
+also decided numerically as the audit decides it, so a correct DTensor result that communicated
+can be told from one that did not need to. A case with more combinations than ``limit``
+executes an evenly spaced sample of them and says how many it left out.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ DEFAULT_BUDGET = 20.0   # seconds one combination may take
 
 @dataclass
 class CaseResult:
+    """One (op, case, mesh): how many combinations there were and ran, the count per class and
+    every finding that is not "agrees"."""
+
     op: str
     case: str
     mesh: tuple[int, ...]
