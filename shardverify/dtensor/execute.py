@@ -186,15 +186,10 @@ class CaseRunner:
         generator = torch.Generator().manual_seed(GRAD_SEED)
         self.grad_outputs = tuple(torch.randn(o.shape, generator=generator, dtype=torch.float64)
                                   if o.requires_grad and o.is_floating_point() else None for o in picked)
-        pairs = [(o, g) for o, g in zip(picked, self.grad_outputs) if g is not None]
         try:
-            grads = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs],
-                                        allow_unused=True)
+            self.ref_grads = _input_grads(picked, self.grad_outputs, leaves)
         except RuntimeError:   # the op has no derivative on one device either: forward only
             self.backward = False
-            return
-        self.ref_grads = {i: (g.detach() if g is not None else torch.zeros_like(leaves[i]))
-                          for i, g in zip(leaves, grads)}
 
     # ---- inputs -------------------------------------------------------------------------
     def _input(self, position: int, layout: Layout):
@@ -328,13 +323,7 @@ class CaseRunner:
         out = call_op(self.problem.node, self.problem.module, values)
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         picked = [outs[k] for k in self.problem.out_index]
-        grads = {}
-        pairs = [(o, g) for o, g in zip(picked, self.grad_outputs) if g is not None and o.requires_grad]
-        if pairs and leaves:
-            found = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs],
-                                        allow_unused=True)
-            grads = {i: (g.detach() if g is not None else torch.zeros_like(leaves[i])) for i, g in zip(leaves, found)}
-        return tuple(o.detach() for o in picked), grads
+        return tuple(o.detach() for o in picked), _input_grads(picked, self.grad_outputs, leaves)
 
     def _compare_outputs(self, gathered: list, alt: tuple | None = None) -> str:
         """"" when every rank's full value of every output is the reference (or the op at the
@@ -446,6 +435,16 @@ def _deadline(seconds: float | None):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _input_grads(outputs, grad_outputs, leaves: dict) -> dict:
+    """position -> gradient of ``sum(output * g)`` for each leaf (zeros where none reaches it)."""
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None and o.requires_grad]
+    if not pairs or not leaves:
+        return {}
+    found = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs],
+                                allow_unused=True)
+    return {i: (g.detach() if g is not None else torch.zeros_like(leaves[i])) for i, g in zip(leaves, found)}
 
 
 def _redistributed(rule: RuleVerdict | None, ops: list[str]) -> RuleVerdict | None:
