@@ -81,8 +81,8 @@ def test_linear_aten_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 24, id='torch.ops.aten.linear.default-bias_False-mesh2x2'),
-    pytest.param(1, (2, 2), 24, id='torch.ops.aten.linear.default-bias_True-mesh2x2'),
+    pytest.param(0, (2, 2), 69, id='torch.ops.aten.linear.default-bias_False-mesh2x2'),
+    pytest.param(1, (2, 2), 109, id='torch.ops.aten.linear.default-bias_True-mesh2x2'),
 ]
 
 

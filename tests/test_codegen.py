@@ -180,8 +180,8 @@ def test_list_prints_ops_targets_generators_grids(root, capsys):
     out = capsys.readouterr().out
     assert "op sum  (specs/sum.yaml)" in out and "op linear  (specs/linear.yaml)" in out
     assert "torch.sum, torch.Tensor.sum" in out and "following" in out
-    assert "8 point(s): dim[4] x keepdim[2]" in out and "[2, 2] [4] [1, 4] [2, 2, 2]" in out
-    assert "24 on [2, 2], bias=False" in out
+    assert "8 point(s): dim[4] x keepdim[2]" in out and "[2, 2] [4] [1, 4]" in out
+    assert "69 on [2, 2], bias=False" in out
 
 
 def test_missing_specs_dir_is_a_clear_error(tmp_path, capsys):
@@ -200,7 +200,7 @@ def test_generated_handler_registers_the_spec():
     assert total.targets == (torch.sum, torch.Tensor.sum) and total.spec_file == "specs/sum.yaml"
     assert [(p.name, p.index, p.keyword, p.default) for p in total.params] == [
         ("dim", 1, "dim", None), ("keepdim", 2, "keepdim", False)]
-    assert total.option_dict == {"reduce_dims_param": "dim", "keepdim_param": "keepdim"}
+    assert total.option_dict == {"reduce_dims_param": "dim", "keepdim_param": "keepdim", "linear_in": ("input",)}
     assert linear.targets == (torch.nn.Linear, torch.nn.functional.linear)
     assert [(o.role, o.kind, o.attribute, o.optional) for o in linear.operands] == [
         ("input", "input", None, False), ("other", "param", "weight", False),
@@ -284,7 +284,7 @@ NAME_FIELDS = {
     "dtype": (SUM, "      dtype: float32", "      dtype: {}"),
     "grid key": (SUM, "    keepdim: [false, true]", "    {}: [false, true]"),
     "count where key": (LINEAR, "        bias: false", "        {}: false"),
-    "count target": (LINEAR, "        bias: true\n      count: 24", "        bias: true\n      count: 24\n      target: {}"),
+    "count target": (LINEAR, "        bias: true\n      count: 109", "        bias: true\n      count: 109\n      target: {}"),
 }
 
 # Fields whose strings are data: the payload must reach the output only as a string constant.

@@ -16,7 +16,7 @@ from shardverify import (
     strategies_for_node,
     trace,
 )
-from shardverify.strategies.generators.linear_projection import logical_families, logical_name
+from shardverify.strategies.generators.linear_projection import every_family, logical_families, logical_name
 
 # ColossalAI's names for nn.Linear(16, 32) on a (4, 4, 4, 16) input on a (2, 2) mesh, in its order.
 REFERENCE_2D = [
@@ -86,26 +86,73 @@ def test_function_op_data_mapping_locates_call_arguments():
         ("input_1", CommWhere.BEFORE), ("others", CommWhere.BEFORE), ("bias", CommWhere.BEFORE)}
 
 
+def colossal(names, count=24):
+    """ColossalAI's ``count`` strategies: the generator offers them first, in its order, the replicated one last."""
+    return names[:count - 1] + names[-1:]
+
+
+def layout_key(strategy):
+    return tuple(str(spec) for _, spec in strategy.sharding_specs), tuple(strategy.partial_inputs)
+
+
 def test_reference_names_and_order_on_2d_mesh():
     _, vector = module_strategies((2, 2))
-    assert vector.names == REFERENCE_2D
-    assert len({s.name for s in vector}) == 24
+    assert colossal(vector.names) == REFERENCE_2D
+    assert len({s.name for s in vector}) == len(vector) == len({layout_key(s) for s in vector}) == 69
+
+
+def test_beyond_colossalai_every_order_every_placement_and_partial_inputs():
+    """The layouts ColossalAI's families leave out: a reversed shard order, data parallel over
+    one axis of a 2-D mesh, M over two leading dims, and inputs held as partial sums."""
+    _, vector = module_strategies((2, 2))
+    extra = vector.names[23:-1]
+    for name in ("S10R = S10R x RR_0", "RR = RS10 x S10R", "RS10 = RR x RS10", "S0R = S0R x RR_2",
+                 "S01R = S01R x RR_0,1", "S01R = S01R x RR_1,0", "RR = RR+P0 x RR+P1", "RR = RR+P01 x RR",
+                 "RS1 = RR+P0 x RS1", "S0R = S0R x RR+P1_2"):
+        assert name in extra, name
+    assert "S10R = S10R x RR_1,0" not in extra        # the layout of S01R = S01R x RR_0,1
+    partial = vector.by_name("RS1 = RR+P0 x RS1")
+    assert [(p.operand, p.axes) for p in partial.partial_inputs] == [("input_1", (0,))]
+    assert [(a.pattern, a.axes, a.operand, a.where) for a in partial.communication_actions] == [
+        (CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, (1,), "input_1", CommWhere.BEFORE),
+        (CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, (0,), "weight", CommWhere.HOOK),
+        (CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, (0,), "linear", CommWhere.AFTER)]
+    weight_piece = vector.by_name("RR = RR x RR+P1")
+    assert [(a.pattern, a.axes, a.operand) for a in weight_piece.communication_actions] == [
+        (CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, (1,), "input_1"),
+        (CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, (1,), "linear")]
+
+
+def test_every_family_gives_each_axis_to_one_dim_in_every_order():
+    # sum over k used axes: C(n, k) ways to pick them, k! orders, C(k + 2, 2) ways to deal them to M, K, N
+    for ndim, count in ((1, 4), (2, 19), (3, 106)):
+        families = every_family(ndim)
+        assert len(families) == len(set(families)) == count
+        assert families[:len(logical_families(ndim))] == logical_families(ndim)
 
 
 def test_a_one_element_dim_is_never_split():
     _, vector = module_strategies((2, 2), input_shape=(1, 4, 4, 16))
-    assert vector.names == [n for n in REFERENCE_2D if not n.endswith("_0")]
+    expected = [n for n in REFERENCE_2D if not n.endswith("_0")]
+    assert colossal(vector.names, len(expected)) == expected
+    assert all(s.get_sharding_spec_by_name("input_1").partition_dict().get(0) is None for s in vector)
 
 
 def test_with_bias_every_reference_strategy_is_kept_and_the_bias_is_added_after_the_reduce():
     _, vector = module_strategies((2, 2), bias=True)
-    assert vector.names == REFERENCE_2D and len(vector) == 24
+    assert colossal(vector.names) == REFERENCE_2D
+    # each of the 69 layouts; those reducing the output (40) once more with the bias as a partial sum
+    assert len(vector) == 69 + 40
     for strategy in vector:
         assert str(strategy.get_sharding_spec_by_name("bias").sharding_sequence[-1]) == \
             str(strategy.get_sharding_spec_by_name("linear").sharding_sequence[-1])
-        contraction_sharded = not strategy.name.split(" x ")[0].split(" = ")[1].endswith("R")
-        assert bool(strategy.post_add) == contraction_sharded, strategy.name
-        if contraction_sharded:
+        reduced = [a.axes for a in strategy.communication_actions if a.where is CommWhere.AFTER]
+        if strategy.partial_axes("bias"):
+            assert strategy.name.endswith(", bias+P" + "".join(map(str, reduced[0])))
+            assert [strategy.partial_axes("bias")] == reduced and not strategy.post_add, strategy.name
+        else:
+            assert bool(strategy.post_add) == bool(reduced), strategy.name
+        if strategy.post_add:
             assert strategy.post_add[0].operand == "bias" and strategy.post_add[0].dims == (3,)
 
 
@@ -126,7 +173,7 @@ def test_one_dimensional_mesh_families():
     _, vector = module_strategies((4,), input_shape=(8, 2, 16))
     # dim 1 (2 rows over 4 ranks) is cut as DTensor cuts it: 1, 1, 0, 0
     assert vector.names == ["RR = RS0 x S0R", "RS0 = RR x RS0", "S0R = S0R x RR_0", "S0R = S0R x RR_1",
-                            "RR = RR x RR"]
+                            "RR = RR+P0 x RR", "RR = RR x RR+P0", "RR = RR x RR"]
     uneven = vector.names.index("S0R = S0R x RR_1")
     assert not vector[uneven].sharding_specs[0][1].is_even
 
@@ -134,7 +181,9 @@ def test_one_dimensional_mesh_families():
 def test_one_by_four_mesh_keeps_trivial_axis():
     _, vector = module_strategies((1, 4), input_shape=(2, 4, 16))
     # axis 0 has size 1 so S0 splits nothing; S1 and S01 (4 ranks) cut dim 0 of size 2 unevenly
-    assert vector.names == [n for n in REFERENCE_2D if not n.endswith("_2")]
+    expected = [n for n in REFERENCE_2D if not n.endswith("_2")]
+    assert colossal(vector.names, len(expected)) == expected
+    assert not any(0 in p.axes for s in vector for p in s.partial_inputs)   # a partial sum over one rank is none
 
 
 def test_three_dimensional_mesh_families():
@@ -150,7 +199,9 @@ def test_three_dimensional_mesh_families():
     # batch-sharded families expand over the two leading dims; S012 (8 ranks) cuts dim 1 (4) unevenly
     assert "S0S2 = S0R x RS2_0" in names and "S0S2 = S0R x RS2_1" in names
     assert "S012R = S012R x RR_0" in names and "S012R = S012R x RR_1" in names
-    assert len(names) == 6 * 2 + 6 * 2 + 6 + 3 + 3 + 2 + 1 + 1 + 1
+    colossal_count = 6 * 2 + 6 * 2 + 6 + 3 + 3 + 2 + 1 + 1 + 1
+    assert [n for n in names[:colossal_count - 1] if "," not in n and "P" not in n] == names[:colossal_count - 1]
+    assert len(names) == len({layout_key(s) for s in vector}) == 435
 
 
 def test_comm_actions_follow_from_the_layout():
@@ -190,7 +241,8 @@ def test_costs_positive_and_consistent(mesh_shape):
         moves = any(mesh.axes_size(a.axes) > 1 for a in s.communication_actions)
         assert (comm.total > 0) == moves, s.name
     replicated = vector.by_name("RR = RR x RR")
-    for a, b in itertools.permutations(vector, 2):
+    even = [s for s in vector if all(spec.is_even for _, spec in s.sharding_specs)]   # uneven: rank 0's block
+    for a, b in itertools.permutations(even, 2):
         if _dominates(a, b):
             assert a.memory_cost.total.activation + a.memory_cost.total.parameter < \
                 b.memory_cost.total.activation + b.memory_cost.total.parameter, (a.name, b.name)
@@ -200,13 +252,27 @@ def test_costs_positive_and_consistent(mesh_shape):
 
 # ---- numerical check of the declared communication, ranks simulated one after another ----
 
+def _piece(strategy, mesh, rank, name, block):
+    """``block``, or this rank's random piece of it where ``name`` is a partial sum: every rank
+    draws the same pieces (seeded by the operand alone, so two ranks holding the same block hold
+    the same pieces, as a multilinear op needs) and keeps the one at its place in its group."""
+    axes = strategy.partial_axes(name)
+    if not axes:
+        return block.clone()
+    group = mesh.group_ranks(rank, axes)
+    gen = torch.Generator().manual_seed(0)
+    pieces = [torch.randn(block.shape, generator=gen, dtype=block.dtype) for _ in group[1:]]
+    pieces.insert(0, block - sum(pieces))
+    return pieces[list(group).index(rank)]
+
+
 def _simulate(strategy, mesh, full, call, out_name, grad_out):
     """Run every rank on its local shards, apply the strategy's CommActions, return per-rank
     (output, {operand: grad}) as the ranks would hold them."""
     late = {add.operand for add in strategy.post_add}   # added after the reduce, not by the op
     locals_ = []
     for rank in mesh.ranks:
-        leaves = {name: spec.local_shard(full[name], mesh, rank).clone().requires_grad_()
+        leaves = {name: _piece(strategy, mesh, rank, name, spec.local_shard(full[name], mesh, rank)).requires_grad_()
                   for name, spec in strategy.sharding_specs if name != out_name}
         locals_.append((leaves, call({n: torch.zeros_like(v) if n in late else v for n, v in leaves.items()})))
     outputs = [out.detach() for _, out in locals_]

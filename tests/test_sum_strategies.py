@@ -1,6 +1,7 @@
 """Strategies of the sum handler (following generator)."""
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,30 @@ def expected_names(pred_output_seq: str, dims, keepdim, index) -> list[str]:
     return names
 
 
+def expected_pieces(pred_output_seq: str, dims, keepdim, index, mesh_axes=(0, 1)) -> list[str]:
+    """The same strategies again with the input a partial sum over each set of free mesh axes."""
+    items = pred_output_seq.strip("[]").split(", ")
+    inp = ["R" if d in dims else s for d, s in enumerate(items)]
+    out = ["R" if d in dims else s for d, s in enumerate(items)] if keepdim else \
+        [s for d, s in enumerate(items) if d not in dims]
+    partial = sorted(int(axis) for d, s in enumerate(items) if d in dims and s != "R" for axis in s[1:])
+    names = []
+    for layout, reduced in [(inp, [])] + ([(items, partial)] if partial else []):
+        used = {int(axis) for s in layout if s != "R" for axis in s[1:]}
+        free = [a for a in mesh_axes if a not in used]
+        for held in [h for k in range(1, len(free) + 1) for h in itertools.combinations(free, k)]:
+            both = "".join(map(str, sorted(set(held) | set(reduced))))
+            names.append(f"[{', '.join(layout)}]+P{''.join(map(str, held))} -> [{', '.join(out)}] | P{both} sum_{index}")
+    return names
+
+
+def first_of_each(names):
+    found = {}
+    for name in names:
+        found.setdefault(name.rpartition("_")[0], name)
+    return list(found.values())
+
+
 @pytest.mark.parametrize("reduce,dims,keepdim", [
     (lambda y: torch.sum(y, dim=(0, 2)), (0, 2), False),
     (lambda y: y.sum(dim=(-4, -2)), (0, 2), False),
@@ -54,10 +79,11 @@ def test_per_predecessor_strategy_in_order_a_gathered_and_a_partial_one(reduce, 
     """The gathered strategy needs no communication; its partial sibling keeps the shards of
     the reduced dims and all-reduces (sum) over exactly their mesh axes after the op."""
     linear, vector, node_name = sum_strategies(reduce)
-    assert len(linear) == 24
-    names = [name for i, p in enumerate(linear)
-             for name in expected_names(str(p.get_sharding_spec_by_name("linear").sharding_sequence), dims, keepdim, i)]
-    assert vector.names == names and len(vector) > 24
+    assert len(linear) == 69
+    produced = [str(p.get_sharding_spec_by_name("linear").sharding_sequence) for p in linear]
+    names = first_of_each([name for i, seq in enumerate(produced) for name in expected_names(seq, dims, keepdim, i)]
+                          + [name for i, seq in enumerate(produced) for name in expected_pieces(seq, dims, keepdim, i)])
+    assert vector.names == names and any(s.partial_inputs for s in vector)
     for strategy in vector:
         assert [op.name for op in strategy.operands] == ["linear", node_name]
         if " | P" not in strategy.name:
@@ -104,8 +130,20 @@ def test_local_sums_are_the_output_shards(dims, keepdim):
         axes = s.communication_actions[0].axes if s.communication_actions else ()
         for rank in mesh.ranks:
             group = next(g for g in mesh.groups(axes) if rank in g) if axes else [rank]
-            local = sum(reduce(in_spec.local_shard(x, mesh, r)) for r in group)
+            local = sum(reduce(_held(s, mesh, r, in_spec.local_shard(x, mesh, r))) for r in group)
             torch.testing.assert_close(local, out_spec.local_shard(ref, mesh, rank), msg=f"{s.name} rank {rank}")
+
+
+def _held(strategy, mesh, rank, block):
+    """What ``rank`` holds of its block: the block, or its random piece where the input is a
+    partial sum (the same pieces on every rank, seeded alike; they sum to the block)."""
+    axes = strategy.partial_axes("linear")
+    if not axes:
+        return block
+    group = list(mesh.group_ranks(rank, axes))
+    gen = torch.Generator().manual_seed(0)
+    pieces = [torch.randn(block.shape, generator=gen, dtype=block.dtype) for _ in group[1:]]
+    return ([block - sum(pieces)] + pieces)[group.index(rank)]
 
 
 def test_a_partial_sum_without_its_all_reduce_or_with_another_op_is_caught():
@@ -151,7 +189,7 @@ def test_sum_of_a_graph_input_follows_the_replicated_placeholder():
             return x.sum(0)
     gm = trace(Sum(), meta_args={"x": torch.empty(4, 6, device="meta")})
     vector = strategies_for_node(gm, "sum_1", DeviceMesh((2,)))
-    assert vector.names == ["[R, R] -> [R]_0"]
+    assert vector.names == ["[R, R] -> [R]_0", "[R, R]+P0 -> [R] | P0 sum_0"]
     assert strategies_for_node(gm, "x", DeviceMesh((2,))).names == ["Replica Placeholder"]
 
 
@@ -166,3 +204,30 @@ def test_normalize_dims():
         normalize_dims((0, -3), 3)
     with pytest.raises(StrategyError, match="'a'"):
         normalize_dims(("a",), 3)
+
+
+def test_a_following_op_declared_linear_that_is_not_is_caught_at_its_partial_inputs():
+    """sum's handler, with its ``linear_in``, planted on amax (partial results combined by max):
+    the max of pieces is not a piece of the max, so exactly the strategies taking a partial
+    input fail, each naming the output; the true sum passes them all."""
+    from shardverify.backends import SimulatedBackend
+    from shardverify.codegen.generate import load_op_specs
+    from shardverify.strategies.handlers import base
+    from shardverify.verify.engine import verify_case
+
+    spec, = load_op_specs(Path(__file__).resolve().parents[1], None, ["sum"])
+    case = dict(spec.op_cases())["torch.sum-dim_1-keepdim_False"]
+    planted = dataclasses.replace(base._REGISTRY[torch.sum][0], name="planted_amax", targets=(torch.amax,),
+                                  options=base._REGISTRY[torch.sum][0].options + (("reduce_op", "max"),))
+    saved = base._REGISTRY[torch.amax]
+    base._REGISTRY[torch.amax] = (planted,)
+    try:
+        with SimulatedBackend(DeviceMesh((2, 2))) as backend:
+            results = verify_case(backend, dataclasses.replace(case, op="amax", target="torch.amax"))
+            true_sum = verify_case(backend, case)
+    finally:
+        base._REGISTRY[torch.amax] = saved
+    failed = {r.strategy for r in results if not r.passed}
+    assert failed and failed == {r.strategy for r in results if "+P" in r.strategy}
+    assert all("output" in r.report() for r in results if not r.passed)
+    assert all(r.passed for r in true_sum) and any("+P" in r.strategy for r in true_sum)

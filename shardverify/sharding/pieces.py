@@ -20,9 +20,13 @@ def partial_pieces(value: torch.Tensor, count: int, seed: int) -> torch.Tensor:
     can make all of them and keep its own."""
     generator = torch.Generator().manual_seed(seed)
     full = value.detach().to(torch.float64)
+    finite = torch.isfinite(full)
     noise = torch.randn((count, *full.shape), generator=generator, dtype=torch.float64).to(full.device)
     # noise of one share's magnitude: each piece differs from its share by about the share,
     # yet the pieces do not cancel by much more than the value itself (rounding stays an op's)
-    scale = float(full.abs().mean()) / count if full.numel() else 0.0
+    scale = float(full[finite].abs().mean()) / count if finite.any() else 0.0
     noise = (noise - noise.mean(dim=0, keepdim=True)) * (scale if scale > 0 else 1.0)
-    return noise + full / count
+    pieces = noise + torch.where(finite, full, 0.0) / count
+    # an inf or NaN is no sum of finite pieces: the first piece holds it, the others their noise
+    pieces[0] = torch.where(finite, pieces[0], full)
+    return pieces

@@ -1,7 +1,8 @@
 """Strategies for an op whose layout follows its predecessor's (a reduction, an elementwise op).
 
 For each predecessor strategy, in the same order: one strategy named
-``<input layout> -> <output layout>_<predecessor index>`` (ColossalAI's convention) whose
+``<input layout> -> <output layout>_<predecessor index>`` (ColossalAI's convention; a layout an
+earlier predecessor strategy produced already is not offered again) whose
 input takes the layout the predecessor produces except that a shard on a reduced dim is
 dropped (the input is gathered there), so no communication is needed: every kept shard maps
 to the same shard of the output.  When the predecessor shards a reduced dim, a second one,
@@ -15,11 +16,17 @@ Options (all op knowledge stays in the handler's data):
 ``reduce_dims_param`` call parameter naming the reduced dims (int, sequence, or None/() = all);
                       without it the op keeps every dim (elementwise);
 ``keepdim_param``     call parameter that keeps reduced dims as size 1 (their layout R);
-``reduce_op``         how partial results combine: ``sum`` (default), ``avg``, ``max``, ``min``.
+``reduce_op``         how partial results combine: ``sum`` (default), ``avg``, ``max``, ``min``;
+``linear_in``         ``[<followed role>]`` where the op is linear in its operand (a sum, a mean):
+                      after the strategies above, each again with the operand held as a partial
+                      sum over mesh axes its layout leaves free, ``[S0, R]+P1 -> [S0] | P1 sum_i``
+                      (the output is a partial sum over those axes too, all-reduced after the op;
+                      a kept shard's own reduction joins it where that is a sum).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from shardverify.errors import HandlerError, StrategyError
@@ -28,7 +35,14 @@ from shardverify.strategies.generators.registry import GeneratorContext, registe
 from shardverify.strategies.handlers.base import Computed
 from shardverify.sharding.blocks import partial_refusal
 from shardverify.sharding.sharding_spec import ShardingSpec
-from shardverify.sharding.strategy import REDUCE_OPS, CommAction, CommPattern, CommWhere, ShardingStrategy
+from shardverify.sharding.strategy import (
+    REDUCE_OPS,
+    CommAction,
+    CommPattern,
+    CommWhere,
+    PartialInput,
+    ShardingStrategy,
+)
 
 
 def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ...]:
@@ -82,8 +96,9 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} reduces dims {reduced} of {inp.shape} "
                             f"(keepdim={keepdim}) but its output has shape {out.shape}")
 
+    linear = _linear_in(ctx, role)
     operands = [inp, out]
-    strategies = []
+    strategies, pieces = [], []
     for index, pred in enumerate(ctx.predecessor_strategies(role)):
         produced = pred.get_sharding_spec_by_name(inp.name).partition_dict()
         in_part = {d: axes for d, axes in produced.items() if d not in reduced}
@@ -94,6 +109,8 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         }
         name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}"
         strategies.append(_strategy(ctx, f"{name}_{index}", operands, specs, ()))
+        if linear:
+            pieces += _partial_variants(ctx, operands, specs, (), index)
         partial = tuple(sorted(a for d, axes in produced.items() if d in reduced for a in axes))
         # keep the shard, reduce the partial output after the op (over size-1 axes alone it is the gathered one)
         refused = any(partial_refusal(reduce_op, inp.shape[d], [ctx.mesh.shape[a] for a in axes])
@@ -105,7 +122,47 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
                                 op=reduce_op)
             strategies.append(_strategy(ctx, f"{name} | P{''.join(map(str, partial))} {reduce_op}_{index}",
                                         operands, specs, (action,)))
-    return strategies
+            if linear and reduce_op == "sum":
+                pieces += _partial_variants(ctx, operands, specs, partial, index)
+    return _first_of_each(strategies + pieces)
+
+
+def _first_of_each(strategies: list[ShardingStrategy]) -> list[ShardingStrategy]:
+    """The first strategy of each layout: its name without the predecessor index says every
+    layout and action (several predecessor strategies produce the same output layout)."""
+    found: dict[str, ShardingStrategy] = {}
+    for strategy in strategies:
+        found.setdefault(strategy.name.rpartition("_")[0], strategy)
+    return list(found.values())
+
+
+def _linear_in(ctx: GeneratorContext, role: str) -> bool:
+    """Whether the spec says the op is linear in the followed operand (option ``linear_in``)."""
+    value = ctx.option("linear_in", ())
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or any(v != role for v in value):
+        raise HandlerError(f"{ctx.handler_name}: option linear_in must be [] or [{role!r}] (the followed "
+                           f"operand), got {value!r}")
+    inp, out = ctx.operand(role), ctx.operand("output")
+    return bool(value) and inp.dtype.is_floating_point and out.dtype.is_floating_point
+
+
+def _partial_variants(ctx: GeneratorContext, operands, specs: dict, reduced: tuple[int, ...],
+                      index: int) -> list[ShardingStrategy]:
+    """The strategy with layouts ``specs`` (its output reduced by a sum over ``reduced``), again
+    with the input a partial sum over each set of mesh axes its layout leaves free."""
+    inp, out = operands
+    used = specs[inp.name].sharded_axes()
+    free = [a for a, size in enumerate(ctx.mesh.shape) if size > 1 and a not in used]
+    found = []
+    for k in range(1, len(free) + 1):
+        for held in itertools.combinations(free, k):
+            axes = tuple(sorted(set(held) | set(reduced)))
+            action = CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, axes, out.name, CommWhere.AFTER)
+            name = (f"{specs[inp.name].sharding_sequence}+P{''.join(map(str, held))} -> "
+                    f"{specs[out.name].sharding_sequence} | P{''.join(map(str, axes))} sum_{index}")
+            strategy = _strategy(ctx, name, operands, specs, (action,))
+            found.append(strategy.replace(partial_inputs=(PartialInput(inp.name, held),)))
+    return found
 
 
 def _strategy(ctx: GeneratorContext, name: str, operands, specs: dict, actions: tuple) -> ShardingStrategy:

@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='keepdim', index=2, keyword='keepdim', default=False),
     ),
     generator='following',
-    options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim')),
+    options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('linear_in', ('input',))),
     spec_file='specs/sum_aten.yaml',
     overrides=(
         (torch.ops.aten.sum.dim_IntList, (
