@@ -32,14 +32,16 @@ def L(*dims, partial=(), reduce="sum", absent=False) -> Layout:
 
 def test_layouts_of_a_matrix_on_a_1d_mesh():
     found = {str(layout) for layout in tensor_layouts((4, 6), (2,))}
-    assert found == {"[R, R]", "[S0, R]", "[R, S0]", "[R, R] P(sum:0)"}
+    assert found == {"[R, R]", "[S0, R]", "[R, S0]", "[R, R] P(sum:0)", "[R, R] P(max:0)", "[R, R] P(min:0)"}
+    assert {str(layout) for layout in tensor_layouts((4, 6), (2,), partial=("sum",))} == \
+        {"[R, R]", "[S0, R]", "[R, S0]", "[R, R] P(sum:0)"}
 
 
 def test_layouts_include_uneven_blocks_and_every_order_of_axes_but_never_split_one_element():
-    found = {str(layout) for layout in tensor_layouts((4, 3), (2, 2), partial=False)}
+    found = {str(layout) for layout in tensor_layouts((4, 3), (2, 2), partial=())}
     assert "[S01, R]" in found and "[S10, R]" in found
     assert "[R, S0]" in found and "[R, S10]" in found and "[S0, S1]" in found   # 3 cut 2 + 1
-    found = {str(layout) for layout in tensor_layouts((4, 1), (2, 2), partial=False)}
+    found = {str(layout) for layout in tensor_layouts((4, 1), (2, 2), partial=())}
     assert not any(text.endswith("S0]") or text.endswith("S1]") for text in found)
 
 
@@ -348,8 +350,11 @@ def test_mul_never_leaves_its_other_factor_out():
     are no strategy at all, and the audit must not call them missing."""
     result = _audit("mul", "torch.mul-other_True", (4,))
     lines = [f.line for f in result.missing + result.accepted]
-    # every valid combination is offered (partial inputs included), none with the factor absent
-    assert result.valid and result.covered == result.valid and not any("absent" in line for line in lines)
+    # every valid combination is offered (partial sums included) but the partial max/min ones this
+    # data's signs allow (accepted in the spec), none with the factor absent
+    assert result.valid and result.covered + len(result.accepted) == result.valid
+    assert not any("absent" in line for line in lines)
+    assert result.accepted and all("P(max:" in f.line or "P(min:" in f.line for f in result.accepted)
 
 
 def test_a_post_added_input_that_is_not_optional_is_audited():
@@ -390,7 +395,7 @@ def test_a_rules_spec_that_keeps_a_shardable_dim_whole_fails_its_audit(tmp_path,
     text = (REPO / "specs" / "relu.yaml").read_text()
     assert "pointwise: true" in text
     planted = re.sub(r"generator:.*?\nverify:", "generator:\n  family: rules\n  options:\n"
-                     "    einsum: \"a b c -> a b c\"\n    whole: [a]\nverify:", text, flags=re.S)
+                     "    einsum: \"a b c -> a b c\"\n    whole: [a]\n    monotone_in: [input]\nverify:", text, flags=re.S)
     (tmp_path / "relu.yaml").write_text(planted)
     code = main(["audit", str(tmp_path / "relu.yaml"), "--root", str(tmp_path), "--specs-dir", str(tmp_path),
                  "--mesh", "4", "--json"])
@@ -445,8 +450,12 @@ def test_a_case_too_large_to_enumerate_is_bounded_and_said(monkeypatch):
     full = audit_case(spec, case_id, case, (2, 2))
     assert not full.note and not full.error
     monkeypatch.setenv("SHARDVERIFY_MAX_AUDIT_COMBINATIONS", str(full.combinations - 1))
-    reduced = audit_case(spec, case_id, case, (2, 2))
-    assert "partial-input layouts not enumerated" in reduced.note and reduced.combinations < full.combinations
+    sums = audit_case(spec, case_id, case, (2, 2))       # the partial max/min layouts go first
+    assert "partial max/min layouts not enumerated" in sums.note and sums.combinations < full.combinations
+    assert (len(sums.missing), len(sums.incorrect)) == (len(full.missing), len(full.incorrect))
+    monkeypatch.setenv("SHARDVERIFY_MAX_AUDIT_COMBINATIONS", str(sums.combinations - 1))
+    reduced = audit_case(spec, case_id, case, (2, 2))    # then the partial sums
+    assert "partial-input layouts not enumerated" in reduced.note and reduced.combinations < sums.combinations
     assert (len(reduced.missing), len(reduced.incorrect)) == (len(full.missing), len(full.incorrect))
     monkeypatch.setenv("SHARDVERIFY_MAX_AUDIT_COMBINATIONS", "3")
     from shardverify.audit.run import audit_spec

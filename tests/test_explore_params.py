@@ -227,15 +227,15 @@ def test_roll_reproduction_block_keeps_the_constraint(roll_examples):
 
 
 @pytest.mark.parametrize("old, new, where, message", [
-    ("same_length: [shifts, dims]", "same_length: [shifts, dim]", "26: field 'verify.same_length[1]'",
+    ("same_length: [shifts, dims]", "same_length: [shifts, dim]", "27: field 'verify.same_length[1]'",
      "same_length names 'dim', which is not a parameter of the spec; parameters: dims, shifts"),
-    ("same_length: [shifts, dims]", "same_length: [shifts]", "26: field 'verify.same_length'",
+    ("same_length: [shifts, dims]", "same_length: [shifts]", "27: field 'verify.same_length'",
      "a same_length group names at least two parameters"),
-    ("same_length: [shifts, dims]", "same_length: [shifts, [dims]]", "26: field 'verify.same_length'",
+    ("same_length: [shifts, dims]", "same_length: [shifts, [dims]]", "27: field 'verify.same_length'",
      "not a mix of names and lists"),
     ("same_length: [shifts, dims]", "same_length: [[shifts, dims], [dims, shifts]]",
-     "26: field 'verify.same_length[1][0]'", "'dims' is in two same_length groups"),
-    ("shifts: [3, [1, -2]]", "shifts: [3, [1, -2], [1, 2, 3]]", "24: field 'verify.grid.shifts[2]'",
+     "27: field 'verify.same_length[1][0]'", "'dims' is in two same_length groups"),
+    ("shifts: [3, [1, -2]]", "shifts: [3, [1, -2], [1, 2, 3]]", "25: field 'verify.grid.shifts[2]'",
      "grid value [1, 2, 3] of 'shifts' has length 3, but no value of 'dims' has"),
     ("targets: [torch.roll, torch.Tensor.roll]",
      "targets: [torch.roll, {target: torch.Tensor.roll, where: {shifts: 3, dims: [0, -1]}}]",

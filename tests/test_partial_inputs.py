@@ -90,3 +90,92 @@ def test_a_partial_input_must_be_a_floating_input_on_axes_its_layout_leaves_free
         strategy.replace(partial_inputs=(PartialInput(a, (2,)),))
     with pytest.raises(StrategyError, match="floating-point input"):
         strategy.replace(partial_inputs=(PartialInput(strategy.output.name, (1,)),))
+
+
+# ------------------------------------------------------------------ partial max and min inputs
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_extremum_pieces_reduce_to_the_value_with_one_holder_and_no_near_tie(op):
+    value = torch.randn(5, 6, dtype=torch.float64)
+    pieces = partial_pieces(value, 3, seed=2, op=op)
+    assert torch.equal(pieces.amax(0) if op == "max" else pieces.amin(0), value)
+    assert torch.equal(pieces, partial_pieces(value, 3, seed=2, op=op))
+    holders = (pieces == value).sum(0)
+    assert torch.equal(holders, torch.ones_like(holders))                # exactly one rank holds each element
+    gaps = (pieces - value).abs()[pieces != value]
+    assert gaps.min() >= 0.1 * value.abs().mean()                          # no two pieces near a tie
+    assert len({int(h) for h in (pieces == value).int().argmax(0).flatten()}) == 3   # every rank holds some
+
+
+TANH = OpCase(op="tanh", target="torch.tanh", inputs=(InputDecl("x", (6, 5)),))
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2), (3,), (2, 3)])
+def test_a_monotone_op_takes_a_partial_max_or_min_and_each_rank_gets_the_gradient_of_its_piece(mesh_shape):
+    with handler("tanh_rule", torch.tanh, [IN0, OUT], {"pointwise": True, "monotone_in": ["input"]}):
+        offered = strategies(TANH, mesh_shape, fresh=True)
+        results = verify(TANH, mesh_shape, offered)
+    extremum = [s for s in offered if s.partial_inputs]
+    assert {p.op for s in extremum for p in s.partial_inputs} == {"max", "min"}
+    assert all(r.passed for r in results), [r.report() for r in results if not r.passed]
+    names = {s.name for s in extremum}
+    assert "RR+Pmax0 -> RR | P0 max" in names and "RR+Pmin0 -> RR | P0 min" in names
+    action = next(a for a in next(s for s in extremum if s.name == "RR+Pmax0 -> RR | P0 max").communication_actions)
+    assert (action.pattern.name, action.where.name, action.op) == ("ALLREDUCE_FWD_IDENTITY_BWD", "AFTER", "max")
+
+
+def test_add_takes_one_term_as_a_partial_max_and_the_other_terms_gradient_is_summed():
+    case = OpCase(op="add", target="torch.add", inputs=(InputDecl("x", (4, 6)), InputDecl("y", (4, 6))))
+    with handler("add_rule", torch.add, [IN0, IN1, OUT], {"pointwise": True, "monotone_in": ["input", "other"]}):
+        offered = strategies(case, (2, 2), fresh=True)
+        results = verify(case, (2, 2), offered)
+    extremum = [s for s in offered if s.partial_inputs]
+    assert extremum and all(len(s.partial_inputs) == 1 for s in extremum)
+    assert all(r.passed for r in results), [r.report() for r in results if not r.passed]
+    one = next(s for s in extremum if s.name == "RR+Pmax0 x RR -> RR | P0 max")
+    assert [(a.operand, a.axes) for a in one.communication_actions if a.where.name == "BEFORE"] == [(one.inputs[1].name, (0,))]
+
+
+@pytest.mark.parametrize("target,options", [
+    (torch.sin, {"pointwise": True, "monotone_in": ["input"]}),      # sin is not monotone
+    (torch.neg, {"pointwise": True, "monotone_in": ["input"]}),      # neg turns a max into a min
+    (torch.tanh, {"pointwise": True, "monotone_in": ["-input"]}),    # tanh does not
+], ids=["sin", "neg-as-increasing", "tanh-as-decreasing"])
+def test_a_partial_max_to_an_op_not_monotone_that_way_is_caught_naming_strategy_and_tensor(target, options):
+    case = OpCase(op=target.__name__, target=f"torch.{target.__name__}", inputs=(InputDecl("x", (4, 6)),))
+    with handler("planted", target, [IN0, OUT], options):
+        results = verify(case, (2, 2), strategies(case, (2, 2), fresh=True))
+    failed = [r for r in results if not r.passed]
+    extremum = [r for r in results if "+Pm" in r.strategy]
+    assert extremum and {r.strategy for r in failed} == {r.strategy for r in extremum}
+    assert "output" in failed[0].report() and failed[0].strategy in failed[0].report()
+
+
+def test_a_partial_max_whose_gradient_reaches_every_rank_is_caught():
+    """The gradient convention is checked: a piece's gradient lives where its rank holds the
+    maximum, so an AFTER reduce whose backward hands every rank the whole gradient (a sum's)
+    fails on the input's gradient, though its forward (an elementwise max) is right."""
+    from shardverify.collectives import patterns
+
+    with handler("tanh_rule", torch.tanh, [IN0, OUT], {"pointwise": True, "monotone_in": ["input"]}):
+        chosen = [s for s in strategies(TANH, (2,), fresh=True) if s.name == "RR+Pmax0 -> RR | P0 max"]
+        assert chosen
+        real = patterns._ReducePartial.backward
+        patterns._ReducePartial.backward = staticmethod(lambda ctx, grad: (grad, None, None))
+        try:
+            result, = verify(TANH, (2,), chosen)
+        finally:
+            patterns._ReducePartial.backward = real
+    assert not result.passed and "grad of x" in {m.tensor for m in result.mismatches}
+    assert "output" not in {m.tensor for m in result.mismatches}
+
+
+def test_monotone_in_names_operands_and_directions_or_the_spec_is_refused():
+    from shardverify.strategies.rules.spec import RuleOptions
+
+    rule = RuleOptions.from_options({"pointwise": True, "monotone_in": ["input", "-other:max"]})
+    assert rule.monotone_in == (("input", "max", "max"), ("input", "min", "min"), ("other", "max", "min"))
+    with pytest.raises(Exception, match="monotone_in.*'input:sum'"):
+        RuleOptions.from_options({"pointwise": True, "monotone_in": ["input:sum"]})
+    with pytest.raises(Exception, match="monotone_in.*list of operand names"):
+        RuleOptions.from_options({"pointwise": True, "monotone_in": "input"})

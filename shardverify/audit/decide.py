@@ -118,16 +118,16 @@ class Problem:
 
     def _piece(self, operand: Operand, layout: Layout, rank: int) -> torch.Tensor:
         """The full-size value this rank holds before sharding: the value, zeros when absent,
-        or one random piece of a partial sum (the pieces of a group sum to the value)."""
+        or one random piece of a partial value (the pieces of a group reduce to the value)."""
         value = self.values[operand.locator]
         if layout.absent:
             return torch.zeros_like(value)
         if not layout.partial:
             return value
-        key = (operand.name, layout.partial)
+        key = (operand.name, layout.partial, layout.reduce)
         if key not in self._pieces:
             n = math.prod(self.mesh.shape[a] for a in layout.partial)
-            self._pieces[key] = partial_pieces(value, n, self.seed + 7919 * len(self._pieces) + 1)
+            self._pieces[key] = partial_pieces(value, n, self.seed + 7919 * len(self._pieces) + 1, layout.reduce)
         return self._pieces[key][self._index(rank, layout.partial)]
 
     def local(self, position: int, layout: Layout) -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from shardverify.sharding.sharding_spec import DimSpec, ShardingSequence, ShardingSpec
 
-__all__ = ["Layout", "tensor_layouts", "axis_symmetries", "spec_layout", "REDUCE_OPS"]
+__all__ = ["Layout", "tensor_layouts", "axis_symmetries", "spec_layout", "is_extremum", "REDUCE_OPS", "PARTIAL_INPUTS"]
 
 REDUCE_OPS = ("sum", "avg", "max", "min")   # how a partial value reduces (CommAction.op)
 Axes = tuple[int, ...]
@@ -95,17 +95,20 @@ def _subsets(axes: Sequence[int]) -> Iterator[Axes]:
         yield from itertools.combinations(axes, size)
 
 
-def tensor_layouts(shape: Sequence[int], mesh_shape: Sequence[int], *, partial: bool = True,
+PARTIAL_INPUTS = ("sum", "max", "min")     # how a partial input's pieces may reduce
+
+
+def tensor_layouts(shape: Sequence[int], mesh_shape: Sequence[int], *, partial: Sequence[str] = PARTIAL_INPUTS,
                    absent: bool = False) -> list[Layout]:
-    """The layouts of one operand: every sharding, with ``partial`` each partial sum over
-    a subset of the axes the sharding leaves free, with ``absent`` the zeros of a post-add."""
+    """The layouts of one operand: every sharding, each partial value (reducing by each op in
+    ``partial``) over a subset of the axes the sharding leaves free, with ``absent`` the zeros
+    of a post-add."""
     found = []
     shardings = list(_shardings(tuple(shape), tuple(mesh_shape)))
     for dims in shardings:
         found.append(Layout(dims))
-        if partial:
-            free = [a for a in range(len(mesh_shape)) if mesh_shape[a] > 1 and all(a not in axes for axes in dims)]
-            found += [Layout(dims, p, "sum") for p in _subsets(free)]
+        free = [a for a in range(len(mesh_shape)) if mesh_shape[a] > 1 and all(a not in axes for axes in dims)]
+        found += [Layout(dims, p, op) for op in partial for p in _subsets(free)]
     if absent:
         found += [Layout(dims, absent=True) for dims in shardings]
     return found
@@ -116,3 +119,8 @@ def axis_symmetries(mesh_shape: Sequence[int]) -> list[tuple[int, ...]]:
     n = len(mesh_shape)
     return [perm for perm in itertools.permutations(range(n))
             if all(mesh_shape[perm[a]] == mesh_shape[a] for a in range(n))]
+
+
+def is_extremum(layout: Layout) -> bool:
+    """A partial max or min (of an input: at most one per combination is enumerated)."""
+    return bool(layout.partial) and layout.reduce in ("max", "min")

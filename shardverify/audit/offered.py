@@ -66,7 +66,7 @@ def offered_combination(strategy: ShardingStrategy) -> Offered:
         if data.name in post_added:
             layout = Layout(layout.dims, absent=True)
         elif strategy.partial_axes(data.name):
-            layout = Layout(layout.dims, strategy.partial_axes(data.name), "sum")
+            layout = Layout(layout.dims, strategy.partial_axes(data.name), strategy.partial_input(data.name).op)
         seen[data.name] = layout
     raw = {o.name: spec_layout(strategy.get_sharding_spec_by_name(o.name)) for o in outputs}
     problem = ""

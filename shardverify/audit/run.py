@@ -15,11 +15,12 @@ import dataclasses
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shardverify.spec.accept import family_gaps
 from shardverify.audit.decide import Operand, Outcome, Problem, prepare
-from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
+from shardverify.audit.layouts import PARTIAL_INPUTS, Layout, axis_symmetries, is_extremum, tensor_layouts
 from shardverify.audit.offered import offered_combination, output_shape_argument
 from shardverify.errors import InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
@@ -133,7 +134,8 @@ def _outputs_text(outputs: tuple[Layout, ...]) -> str:
 class _Audit:
     """The state of one case's audit on one mesh."""
 
-    def __init__(self, spec, case, mesh_shape: tuple[int, ...], partial_inputs: bool) -> None:
+    def __init__(self, spec, case, mesh_shape: tuple[int, ...], partial_inputs: bool,
+                 extremum_inputs: bool = True) -> None:
         self.spec, self.case, self.mesh = spec, case, DeviceMesh(tuple(mesh_shape))
         graph_module, node_name = case.build()
         node = next(n for n in graph_module.graph.nodes if n.name == node_name)
@@ -158,32 +160,50 @@ class _Audit:
         for problem in self.problems:
             problem.shape_arg = output_shape_argument(self.strategies)
         # ... and only when the op really is additive in it (checked numerically)
-        self.choices = self._choices(partial_inputs, aligned)
+        ops = (PARTIAL_INPUTS if extremum_inputs else ("sum",)) if partial_inputs else ()
+        self.choices = self._choices(ops, aligned)
         self.note = ""
-        count = math.prod(len(c) for c in self.choices)
-        if partial_inputs and MAX_AUDIT_COMBINATIONS.exceeded(count):
-            # without partial inputs no combination a spec must offer is lost but the partial
-            # ones, and an offered partial-input strategy is decided on its own; said in the result
-            self.choices = self._choices(False, aligned)
-            self.note = (f"partial-input layouts not enumerated: with them {count} combinations exceed the limit of "
+        # over the limit, the partial max/min layouts are left out first, then the partial sums:
+        # no combination a spec must offer is lost but those, and an offered partial-input
+        # strategy is decided on its own; said in the result
+        for fewer, what in ((("sum",), "partial max/min"), ((), "partial-input")):
+            count = self.count()
+            if not (set(ops) - set(fewer)) or not MAX_AUDIT_COMBINATIONS.exceeded(count):
+                continue
+            self.choices, ops = self._choices(fewer, aligned), fewer
+            self.note = (f"{what} layouts not enumerated: with them {count} combinations exceed the limit of "
                          f"{MAX_AUDIT_COMBINATIONS.value} (raise it with {MAX_AUDIT_COMBINATIONS.env}=N)")
-        too_many = MAX_AUDIT_COMBINATIONS.exceeded(math.prod(len(c) for c in self.choices))
+        too_many = MAX_AUDIT_COMBINATIONS.exceeded(self.count())
         if too_many:
             raise InvalidArgument(f"{too_many}; the audit holds one outcome per combination (about 1 KB each) "
                                   "and decides one per symmetry orbit (a few ms each)")
         self.results: dict[tuple[Layout, ...], Outcome] = {}
 
-    def _choices(self, partial_inputs: bool, aligned: dict) -> list:
-        """Each operand's layouts (partial ones where ``partial_inputs`` and the operand is
-        floating; absent where it may be added after the op, which is checked numerically)."""
-        return [tensor_layouts(o.shape, self.mesh.shape, partial=partial_inputs and o.floating,
+    def _choices(self, ops: Sequence[str], aligned: dict) -> list:
+        """Each operand's layouts (partial values reducing by each of ``ops`` where the operand
+        is floating; absent where it may be added after the op, which is checked numerically)."""
+        return [tensor_layouts(o.shape, self.mesh.shape, partial=ops if o.floating else (),
                                absent=o.optional and self.problem.post_addable(i, aligned.get(o.name)))
                 for i, o in enumerate(self.operands)]
+
+    def count(self) -> int:
+        """The combinations :meth:`combinations` gives: at most one partial max/min input each."""
+        plain = [sum(not is_extremum(layout) for layout in c) for c in self.choices]
+        return math.prod(plain) + sum((len(c) - n) * math.prod(plain[:i] + plain[i + 1:])
+                                      for i, (c, n) in enumerate(zip(self.choices, plain)))
+
+    def combinations(self):
+        """Every combination of the operands' layouts with at most one partial max or min input:
+        a pointwise op is monotone in one operand with the others fixed, never in two at once
+        (``max(a_i) + max(b_i)`` is no ``max(a_i + b_i)``), so two are not enumerated."""
+        for combo in itertools.product(*self.choices):
+            if sum(map(is_extremum, combo)) <= 1:
+                yield combo
 
     def enumerate(self) -> int:
         perms = axis_symmetries(self.mesh.shape)
         total = 0
-        for combo in itertools.product(*self.choices):
+        for combo in self.combinations():
             total += 1
             if combo in self.results:
                 continue

@@ -114,7 +114,7 @@ def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, budge
                 operands = tuple(Operand(name, name, ("arg", i), shape, dtype.startswith(("float", "bfloat")))
                                  for i, ((name, dtype), shape) in enumerate(zip(spec.inputs, shapes)))
                 problem = prepare(case, mesh, operands)
-                choices = [tensor_layouts(o.shape, mesh.shape, partial=o.floating) for o in operands]
+                choices = [tensor_layouts(o.shape, mesh.shape, partial=("sum",) if o.floating else ()) for o in operands]
                 combos = orbit_representatives(itertools.product(*choices), mesh.shape)
                 execute_combos(result, problem, operands, combos, problem.decide, limit, budget)
             except SpecError:

@@ -1,10 +1,15 @@
-"""A value split into random pieces that sum to it: how a partial-sum input is made.
+"""A value split into random pieces that sum to it (or whose max or min it is): how a
+partial input is made.
 
 A partial value must come from real per-rank contributions: zeros on all ranks but one, or
 equal shares, would let an op that is not linear in the value pass by coincidence (``relu``
 of a zero piece is zero; ``x * x`` of equal shares scales alike everywhere). Every piece here
 is the value's share plus noise of the share's own magnitude, and the noise sums to zero, so
 every piece differs from the value, from its share and from the others.
+
+A partial max gives each element to one rank picked at random, which holds the value itself;
+every other rank holds the value less a random gap of the value's own magnitude (a partial min:
+more), so no two pieces tie and the holder is known: the rank whose piece equals the value.
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ import torch
 __all__ = ["partial_pieces"]
 
 
-def partial_pieces(value: torch.Tensor, count: int, seed: int) -> torch.Tensor:
-    """``count`` pieces of ``value`` (stacked on a new dim 0, in float64) that sum to it; the
-    same ``seed`` and value give the same pieces in every process, so each rank of a group
-    can make all of them and keep its own."""
+def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum") -> torch.Tensor:
+    """``count`` pieces of ``value`` (stacked on a new dim 0, in float64) that reduce to it by
+    ``op`` (sum, max or min); the same ``seed`` and value give the same pieces in every process,
+    so each rank of a group can make all of them and keep its own."""
+    if op in ("max", "min"):
+        return _extremum_pieces(value, count, seed, op)
+    if op != "sum":
+        raise ValueError(f"partial pieces combine by sum, max or min, not {op!r}")
     generator = torch.Generator().manual_seed(seed)
     full = value.detach().to(torch.float64)
     finite = torch.isfinite(full)
@@ -30,3 +39,17 @@ def partial_pieces(value: torch.Tensor, count: int, seed: int) -> torch.Tensor:
     # an inf or NaN is no sum of finite pieces: the first piece holds it, the others their noise
     pieces[0] = torch.where(finite, pieces[0], full)
     return pieces
+
+
+def _extremum_pieces(value: torch.Tensor, count: int, seed: int, op: str) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    full = value.detach().to(torch.float64)
+    finite = torch.isfinite(full)
+    scale = float(full[finite].abs().mean()) if finite.any() else 1.0
+    holder = torch.randint(count, full.shape, generator=generator).to(full.device)
+    # gaps of at least a tenth of the magnitude: no piece comes near a tie in float32
+    gaps = (torch.rand((count, *full.shape), generator=generator, dtype=torch.float64).to(full.device) + 0.1) * \
+        (scale if scale > 0 else 1.0)
+    held = torch.arange(count, device=full.device).reshape(-1, *([1] * full.dim())) == holder
+    pieces = full - gaps if op == "max" else full + gaps
+    return torch.where(held | ~finite, full, pieces)

@@ -189,22 +189,39 @@ class IndexShard:
                                 f"non-negative dim and output, got axes {self.axes}, dim {self.dim}")
 
 
+PARTIAL_INPUT_OPS = ("sum", "max", "min")
+
+
 @dataclass(frozen=True)
 class PartialInput:
-    """Input ``operand`` arrives as a partial sum over mesh axes ``axes``: each rank of a group
-    over ``axes`` holds one piece of its block, and the pieces sum to the block (DTensor's
-    ``Partial("sum")``). Only an op linear in the operand may take it so: the output is then a
-    partial sum over ``axes`` too, which the strategy all-reduces after the op (an AFTER action).
-    The gradient of a partial value is the full gradient on every rank of the group (the
-    adjoint of a sum), so the operand needs no gradient all-reduce over ``axes``."""
+    """Input ``operand`` arrives as a partial value over mesh axes ``axes``: each rank of a group
+    over ``axes`` holds one piece of its block, and the pieces reduce by ``op`` to the block
+    (DTensor's ``Partial("sum")``, ``Partial("max")``...). Only an op linear in the operand may
+    take a partial sum (the output is then a partial sum over ``axes`` too), only an op monotone
+    in it a partial max or min (a nondecreasing op keeps the op, a nonincreasing one swaps max
+    and min); the strategy reduces the output after the op (an AFTER action).
+
+    The gradient a rank holds for its piece is the derivative of the loss with respect to that
+    piece: for a sum, the full gradient on every rank of the group (the adjoint of a sum); for a
+    max or min, the full gradient where this rank's piece is the extremum and zero elsewhere
+    (the derivative of the max over the pieces; DTensor defines no backward for a partial max).
+    Either way the operand needs no gradient all-reduce over ``axes``."""
 
     operand: str
     axes: tuple[int, ...]
+    op: str = "sum"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "axes", tuple(sorted(self.axes)))
         if not self.axes or len(set(self.axes)) != len(self.axes) or min(self.axes) < 0:
             raise StrategyError(f"partial input {self.operand!r}: needs distinct mesh axes, got {self.axes}")
+        if self.op not in PARTIAL_INPUT_OPS:
+            raise StrategyError(f"partial input {self.operand!r}: op {self.op!r} is not one of {PARTIAL_INPUT_OPS}")
+
+    @property
+    def label(self) -> str:
+        """``P01`` for a partial sum over mesh axes 0 and 1, ``Pmax1`` for a partial max over axis 1."""
+        return f"P{'' if self.op == 'sum' else self.op}{''.join(map(str, self.axes))}"
 
 
 @dataclass(frozen=True)
@@ -374,8 +391,12 @@ class ShardingStrategy:
         return next((add for add in self.post_add if add.operand == name), None)
 
     def partial_axes(self, name: str) -> tuple[int, ...]:
-        """The mesh axes input ``name`` is a partial sum over (``()``: a full value)."""
+        """The mesh axes input ``name`` is a partial value over (``()``: a full value)."""
         return next((p.axes for p in self.partial_inputs if p.operand == name), ())
+
+    def partial_input(self, name: str) -> PartialInput | None:
+        """How input ``name`` is partial, if it is."""
+        return next((p for p in self.partial_inputs if p.operand == name), None)
 
     def index_shard(self, name: str) -> IndexShard | None:
         """The index shard whose ids operand ``name`` holds, if any."""
@@ -389,7 +410,7 @@ class ShardingStrategy:
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:
-        layouts = ", ".join(f"{n}: {s}" + (f" P{''.join(map(str, self.partial_axes(n)))}" if self.partial_axes(n) else "")
+        layouts = ", ".join(f"{n}: {s}" + (f" {self.partial_input(n).label}" if self.partial_axes(n) else "")
                             for n, s in self.sharding_specs)
         return f"{self.name} ({layouts})"
 

@@ -170,7 +170,7 @@ def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set
         raise node.error(f"invalid sharding rule: {exc}") from None
     linear = {role.rstrip("?") for group in rule.linear_in for role in group}
     for key, named in (("additive_operands", rule.additive), ("constant_operands", rule.constant),
-                       ("linear_in", linear)):
+                       ("linear_in", linear), ("monotone_in", {role for role, _, _ in rule.monotone_in})):
         missing = sorted(set(named) - roles)
         if missing:
             raise node.error(f"{key} names {missing}, which are not operands; declared: {sorted(roles)}")

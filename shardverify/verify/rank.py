@@ -127,13 +127,14 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     backward_ran = bool(differentiable and shape_ok)
     if backward_ran:
         grads = _local_backward(comm, ref, strategy, layout, leaves, differentiable, carrying)
-        for operand in layout.inputs:
+        for position, operand in enumerate(layout.inputs):
             data = operand.data
             if data.name in grads:
                 loc = (data.locator.kind, data.locator.key)
                 found += _kind_mismatch(rank, f"grad of {data.name}", grads[data.name], ref.dtypes[loc],
                                         comm.device) or \
-                    _compare(rank, f"grad of {data.name}", grads[data.name], ref.grads[loc], operand, mesh, tolerance)
+                    _compare(rank, f"grad of {data.name}", grads[data.name], ref.grads[loc], operand, mesh, tolerance,
+                             _extremum_holder(strategy, ref, operand, position, mesh, rank))
 
     issued = _counted(comm) if before is None else _counted(comm) - before
     if shape_ok:
@@ -193,10 +194,10 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
         if loc not in ref.values:
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
                                     f"{node.name!r} does not have")
-        partial = strategy.partial_axes(data.name)
-        leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone() if not partial else \
-            partial_piece(operand.shard(ref.values[loc], comm.mesh, comm.rank), comm.mesh, comm.rank, partial,
-                          seed=position).to(ref.dtypes[loc])
+        partial = strategy.partial_input(data.name)
+        leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone() if partial is None else \
+            partial_piece(operand.shard(ref.values[loc], comm.mesh, comm.rank), comm.mesh, comm.rank, partial.axes,
+                          seed=position, op=partial.op).to(ref.dtypes[loc])
         leaves[data.name] = ref.leaf(loc, leaf)
         local[loc] = before_op(comm, strategy, data.name, leaf, late)
     local.update(local_arguments(strategy, comm.rank))
@@ -226,11 +227,25 @@ def _hashable(value: object) -> object:
     return value
 
 
-def partial_piece(block: torch.Tensor, mesh, rank: int, axes: tuple[int, ...], seed: int) -> torch.Tensor:
-    """This rank's piece of ``block`` held as a partial sum over mesh ``axes``: every rank of the
-    group makes the same pieces (same block, same seed) and keeps the one at its position."""
+def partial_piece(block: torch.Tensor, mesh, rank: int, axes: tuple[int, ...], seed: int,
+                  op: str = "sum") -> torch.Tensor:
+    """This rank's piece of ``block`` held as a partial value over mesh ``axes`` (its pieces
+    reduce by ``op``): every rank of the group makes the same pieces (same block, same seed)
+    and keeps the one at its position."""
     count = math.prod(mesh.shape[a] for a in axes)
-    return partial_pieces(block, count, seed)[mesh.group_index(rank, axes)]
+    return partial_pieces(block, count, seed, op)[mesh.group_index(rank, axes)]
+
+
+def _extremum_holder(strategy: ShardingStrategy, ref: Reference, operand, position: int, mesh,
+                     rank: int) -> torch.Tensor | None:
+    """Where this rank's piece of a partial max/min input is the value itself (the elements
+    whose gradient it receives), or None for any other input."""
+    data = operand.data
+    partial = strategy.partial_input(data.name)
+    if partial is None or partial.op == "sum":
+        return None
+    block = operand.shard(ref.values[(data.locator.kind, data.locator.key)], mesh, rank)
+    return partial_piece(block, mesh, rank, partial.axes, seed=position, op=partial.op) == block.to(torch.float64)
 
 
 def local_arguments(strategy: ShardingStrategy, rank: int) -> dict:
@@ -275,7 +290,8 @@ def _op_context(comm, node, strategy: ShardingStrategy, leaves: dict, local: dic
         if strategy.post_added(data.name) is not None:
             got += " (zeros: added after the op)"
         if strategy.partial_axes(data.name):
-            got += f" (a piece of a partial sum over mesh axes {strategy.partial_axes(data.name)})"
+            got += f" (a piece of a partial {strategy.partial_input(data.name).op} over mesh axes " \
+                   f"{strategy.partial_axes(data.name)})"
         lines.append(f"{data.name}: layout {spec} of {tuple(data.shape)} -> local shard "
                      f"{tuple(leaf.shape) if leaf is not None else '?'}"
                      + (f", then {', then '.join(actions)}" if actions else ", no actions")
@@ -341,10 +357,12 @@ def _kind_mismatch(rank: int, label: str, actual: torch.Tensor, dtype: torch.dty
 
 
 def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, operand: LocalOperand, mesh,
-             tolerance: Callable[[torch.dtype], Tolerance]) -> list[Mismatch]:
-    """[] when ``actual`` matches this rank's slice of the reference tensor ``full``, else the
-    one mismatch found."""
+             tolerance: Callable[[torch.dtype], Tolerance], holds: torch.Tensor | None = None) -> list[Mismatch]:
+    """[] when ``actual`` matches this rank's slice of the reference tensor ``full`` (zero
+    outside ``holds``: the gradient of a piece of a partial max/min), else the one mismatch found."""
     expected, bounds = _reference_slice(full, operand, mesh, rank)
+    if holds is not None:
+        expected, bounds = torch.where(holds, expected, torch.zeros((), dtype=expected.dtype)), {}
     if actual.shape != expected.shape:
         return [Mismatch("shape", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape))]
     tol = tolerance(actual.dtype)

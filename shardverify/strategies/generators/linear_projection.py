@@ -41,7 +41,9 @@ sum, so those strategies declare the bias as a :class:`~shardverify.sharding.str
 the op runs without it and the bias is added once, after the partial output is reduced
 (Megatron's row-parallel Linear; ColossalAI gets the same by splitting the bias add off the
 linear in its tracer). Each is offered once more (after ColossalAI's) with the bias itself a
-partial sum over every reduced axis (suffix ``, bias+P0``): each rank adds its own piece.
+partial sum over every reduced axis (suffix ``, bias+P0``): each rank adds its own piece. A
+strategy reducing nothing is offered again with the bias a partial max or min over free axes
+(``, bias+Pmax1``): adding it is nondecreasing in it, so the output is a partial max or min.
 """
 
 from __future__ import annotations
@@ -172,9 +174,35 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             biased[key] = strategy.replace(name=f"{name}, bias+P{''.join(map(str, reduced))}",
                                            partial_inputs=pieces + (PartialInput(bias.name, reduced),))
             strategy = strategy.replace(post_add=(PostAdd(bias.name, (len(out.shape) - 1,)),))
+        elif bias is not None and bias.dtype.is_floating_point and out.dtype.is_floating_point:
+            biased.update(_extremum_bias(ctx, name, operands, specs, compute, key, a, c))
         strategies[key] = strategy
     found = list(strategies.values())
     return found[:-1] + list(biased.values()) + found[-1:]
+
+
+def _extremum_bias(ctx: GeneratorContext, name: str, operands, specs: dict, compute, key: tuple, a: Axes,
+                   c: Axes) -> dict[tuple, ShardingStrategy]:
+    """A strategy reducing nothing, again with the bias a partial max or min over each set of
+    free mesh axes (``, bias+Pmax1``): the output is then one too, since adding a value is
+    nondecreasing in it. Each rank's output gradient reaches the elements its bias piece holds
+    the extremum of, so the input's and the weight's gradients are partial over those axes."""
+    inp, other, bias, out = operands
+    used = set(a) | set(c) | specs[inp.name].sharded_axes()
+    free = [x for x, size in enumerate(ctx.mesh.shape) if size > 1 and x not in used]
+    found = {}
+    for size in range(1, len(free) + 1):
+        for held in itertools.combinations(free, size):
+            for op in ("max", "min"):
+                actions = [CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, _union(c, held), inp.name,
+                                      CommWhere.BEFORE)]
+                actions += grad_sync(other, _union(a, held)) + grad_sync(bias, a)
+                actions.append(CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, held, out.name, CommWhere.AFTER,
+                                          op=op))
+                strategy = make_strategy(ctx, f"{name}, bias+P{op}{''.join(map(str, held))}", operands, specs,
+                                         actions, compute)
+                found[key + (op, held)] = strategy.replace(partial_inputs=(PartialInput(bias.name, held, op),))
+    return found
 
 
 def _choices(colossal: list[tuple[Axes, Axes, Axes]], mesh_ndim: int, mesh_shape: tuple[int, ...], lead: range):

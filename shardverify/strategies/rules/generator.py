@@ -4,14 +4,15 @@ strategy on any mesh.
 It binds the spec's rule to the call's shapes (:mod:`shardverify.strategies.rules.rule`), gives each
 mesh axis to at most one shardable factor (its axes in every order: ``S01`` and ``S10``, DTensor's
 shard order), offers the operands of a ``linear_in`` group as partial sums over the axes left
-free, and derives each strategy's layouts and communication from the rule's semantics
+free (and a ``monotone_in`` operand alone as a partial max or min), and derives each strategy's layouts and communication from the rule's semantics
 alone. A size that does not divide is cut as DTensor cuts it (:mod:`shardverify.sharding.blocks`),
 except where that would be wrong: a compound dim whose own cut differs from its factor's, a
 partial avg over unequal blocks or a partial max/min with an empty block, and a layout whose
 local call gives another shape on some rank or refuses an empty block (probed on the CPU). A
 shape argument is each rank's own block's shape. Strategies are named
 ``<input layouts> -> <output layouts>`` with one ``S``/``R`` group per tensor dim
-(``S0R x RS1 -> S0S1``), ``+P<axes>`` after a partial-sum input, plus ``| P<axes> <op>`` when
+(``S0R x RS1 -> S0S1``), ``+P<axes>`` after a partial-sum input (``+Pmax<axes>`` a partial
+max), plus ``| P<axes> <op>`` when
 the output is reduced after the op.
 The fully replicated strategy comes last.
 """
@@ -114,10 +115,10 @@ def _layout(term, axes: dict[str, tuple[int, ...]]) -> dict[int, tuple[int, ...]
     return {d: held for d, held in layout.items() if held}
 
 
-def _seq(spec: ShardingSpec, partial: tuple[int, ...] = ()) -> str:
-    """``S0R``; ``RR+P1`` for a partial sum over mesh axis 1."""
+def _seq(spec: ShardingSpec, partial: tuple[int, ...] = (), op: str = "sum") -> str:
+    """``S0R``; ``RR+P1`` for a partial sum over mesh axis 1, ``RR+Pmax1`` for a partial max."""
     text = "".join(str(dim) for dim in spec.sharding_sequence) or "-"
-    return text + (f"+P{''.join(map(str, partial))}" if partial else "")
+    return text + (f"+P{'' if op == 'sum' else op}{''.join(map(str, partial))}" if partial else "")
 
 
 def _positions(term, out_term) -> tuple[int, ...]:
@@ -149,6 +150,10 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     for axes in assignments(rule, ctx.mesh.shape):
         for partial in partial_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape, left_out):
             strategy = call.strategy(axes, partial, strategies)
+            if strategy is not None:
+                strategies[strategy.name] = strategy
+        for partial, in_op, out_op in extremum_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape):
+            strategy = call.strategy(axes, partial, strategies, in_op, out_op)
             if strategy is not None:
                 strategies[strategy.name] = strategy
     # the replicated assignment's partial variants come after it: keep the replicated one last
@@ -186,6 +191,31 @@ def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData
     return found
 
 
+def extremum_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData], outputs: list[OperationData],
+                     axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]
+                     ) -> list[tuple[dict[str, tuple[int, ...]], str, str]]:
+    """For one assignment: each ``monotone_in`` operand as a partial max or min over each set of
+    mesh axes the assignment leaves free, one operand at a time (``max(a_i) + max(b_i)`` is no
+    ``max(a_i + b_i)``), with the op the pieces reduce by and the one the output's do. Offered
+    only where every output is floating point and the assignment's own partial output, if any,
+    reduces by the output's op (amax over a sharded dim: max with max)."""
+    if not options.monotone_in or any(not o.dtype.is_floating_point for o in outputs):
+        return []
+    reduce_ops = dict(rule.reduce)
+    used = {a for held in axes.values() for a in held}
+    free = [a for a, size in enumerate(mesh_shape) if size > 1 and a not in used]
+    by_role = {d.role: d for d in inputs}
+    found = []
+    for role, in_op, out_op in options.monotone_in:
+        data = by_role.get(role)
+        if data is None or not data.dtype.is_floating_point or \
+                any(reduce_ops[f] != out_op for f in axes if f in reduce_ops):
+            continue
+        for size in range(1, len(free) + 1):
+            found += [({data.name: held}, in_op, out_op) for held in itertools.combinations(free, size)]
+    return found
+
+
 def _present(group: tuple[str, ...], by_role: dict[str, OperationData],
              left_out: Callable[[str], bool]) -> tuple[str, ...]:
     """The roles of a ``linear_in`` group this call passes as floating tensors, or ``()`` when
@@ -217,15 +247,15 @@ class _Call:
         self._fits: dict[tuple, bool] = {}
 
     def strategy(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
-                 taken: Container[str]) -> ShardingStrategy | None:
+                 taken: Container[str], in_op: str = "sum", out_op: str = "sum") -> ShardingStrategy | None:
         """The strategy sharding each factor over ``axes`` with inputs ``partial`` (name ->
-        mesh axes of their partial sum); None where the layout does not fit the call or its
-        name is ``taken``."""
+        mesh axes of their partial value, whose pieces reduce by ``in_op``; the output's by
+        ``out_op``); None where the layout does not fit the call or its name is ``taken``."""
         ctx, rule, options, inputs, outputs = self.ctx, self.rule, self.options, self.inputs, self.outputs
         mesh_shape = ctx.mesh.shape
         operands = inputs + outputs
         reduce_ops = dict(rule.reduce)
-        partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops}
+        partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops} | ({out_op} if partial else set())
         if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
             return None
         terms = rule.inputs + rule.outputs
@@ -253,7 +283,7 @@ class _Call:
                                    op=op) for out in outputs]
             for index in rule.additive:
                 post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
-        name = " x ".join(_seq(specs[d.name], partial.get(d.name, ())) for d in inputs) + " -> " + \
+        name = " x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in inputs) + " -> " + \
             ", ".join(_seq(specs[d.name]) for d in outputs)
         if partial_axes:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
@@ -273,7 +303,7 @@ class _Call:
         strategy = make_strategy(ctx, name, operands, specs, actions, local_args=local_args)
         if post_add or index_shards or partial:
             strategy = strategy.replace(post_add=tuple(post_add), index_shards=index_shards,
-                                        partial_inputs=tuple(PartialInput(n, a) for n, a in partial.items()))
+                                        partial_inputs=tuple(PartialInput(n, a, in_op) for n, a in partial.items()))
         return strategy
 
 

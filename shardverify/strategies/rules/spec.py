@@ -35,7 +35,11 @@ normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: 
 [input, mat2]`` or ``[[input, other]]`` (the operands the op is linear in: a name alone, or
 a group the op is linear in jointly, as add in both its terms, ``bias?`` for a member whose
 absence adds nothing; such inputs are also offered as partial sums over free mesh axes, the
-output then partial too), ``aligned: true``
+output then partial too), ``monotone_in: [input]`` (the op is nondecreasing in the operand,
+the others fixed, and each output element takes it elementwise or by a max/min: the operand is
+also offered as a partial max or min, the output then a partial max or min; ``-input`` for a
+nonincreasing op, which turns a max into a min; ``input:max`` where only a max passes, as
+through amax), ``aligned: true``
 (pointwise without broadcasting: every operand has the output's sizes outside the whole dims,
 else the call is refused: gather's index and input), ``indices:
 {input: v}`` (an integer operand holds ids into factor ``v`` of another operand: sharding
@@ -60,7 +64,7 @@ SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
-                         "linear_in")
+                         "linear_in", "monotone_in")
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class RuleOptions:
     aligned: bool = False                         # pointwise without broadcasting (gather)
     indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
     linear_in: tuple[tuple[str, ...], ...] = ()   # groups of operand roles the op is (jointly) linear in
+    # (operand role, partial op it may arrive as, partial op the output then is): max/min only
+    monotone_in: tuple[tuple[str, str, str], ...] = ()
 
     @classmethod
     def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
@@ -173,7 +179,25 @@ class RuleOptions:
                    shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
-                   aligned=options.get("aligned") is True, linear_in=groups)
+                   aligned=options.get("aligned") is True, linear_in=groups,
+                   monotone_in=_monotone(options.get("monotone_in", ())))
+
+
+def _monotone(value: object) -> tuple[tuple[str, str, str], ...]:
+    """``monotone_in`` items as (role, the partial op it may arrive as, the output's partial op)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise InvalidArgument(f"rule option 'monotone_in' must be a list of operand names, got {value!r}")
+    found = []
+    for item in value:
+        role, _, only = item.partition(":")
+        decreasing = role.startswith("-")
+        role = role.removeprefix("-")
+        if not role or only not in ("", "max", "min"):
+            raise InvalidArgument(f"rule option 'monotone_in': {item!r} is not `name`, `-name` (nonincreasing) or "
+                                  f"either with `:max` or `:min` (the only partial op that passes)")
+        for op in (only,) if only else ("max", "min"):
+            found.append((role, op, {"max": "min", "min": "max"}[op] if decreasing else op))
+    return tuple(found)
 
 
 def torch_einsum_equation(text: object) -> Equation:

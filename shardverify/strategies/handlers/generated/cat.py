@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=0),
     ),
     generator='rules',
-    options=(('linear_in', (('a', 'b'),)), ('pointwise', True), ('whole_dims_param', 'dim')),
+    options=(('monotone_in', ('a', 'b')), ('linear_in', (('a', 'b'),)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/cat.yaml',
     overrides=(
         (torch.ops.aten.cat.default, (

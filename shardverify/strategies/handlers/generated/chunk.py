@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=2, keyword='dim', default=0),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/chunk.yaml',
     overrides=(
         (torch.ops.aten.chunk.default, (

@@ -17,7 +17,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('linear_in', ('input',)), ('pointwise', True)),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True)),
     spec_file='specs/clone.yaml',
     overrides=(
         (torch.ops.aten.clone.default, (

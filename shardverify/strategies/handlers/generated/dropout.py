@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='p', index=1, keyword='p', default=0.5),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('pointwise', True)),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True)),
     spec_file='specs/dropout.yaml',
     bindings=(
         (torch.nn.functional.dropout, (

@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='train', index=2, keyword='train', default=None),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('pointwise', True)),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True)),
     spec_file='specs/dropout_aten.yaml',
     bindings=(
         (torch.ops.aten.dropout.default, (

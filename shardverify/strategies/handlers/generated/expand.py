@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='size', index=1, keyword='size', default=None, varargs=True),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('pointwise', True), ('shape_param', 'size')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('shape_param', 'size')),
     spec_file='specs/expand.yaml',
     ignores=('implicit',),
     overrides=(

@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='end_dim', index=2, keyword='end_dim', default=-1),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('view', 'reshape')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('view', 'reshape')),
     spec_file='specs/flatten.yaml',
     overrides=(
         (torch.ops.aten.flatten.using_ints, (

@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=None),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim'), ('aligned', True)),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim'), ('aligned', True)),
     spec_file='specs/gather.yaml',
     overrides=(
         (torch.ops.aten.gather.default, (

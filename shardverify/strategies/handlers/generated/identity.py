@@ -17,6 +17,6 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('linear_in', ('input',)), ('pointwise', True)),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True)),
     spec_file='specs/identity.yaml',
 ))

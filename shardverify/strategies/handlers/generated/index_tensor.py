@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('linear_in', ('input',)), ('advanced_index', True)),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('advanced_index', True)),
     spec_file='specs/index_tensor.yaml',
     overrides=(
         (torch.ops.aten.index.Tensor, (

@@ -23,7 +23,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='normalized_shape', index=1, keyword='normalized_shape', default=None),
     ),
     generator='rules',
-    options=(('linear_in', (('weight', 'bias?'),)), ('pointwise', True), ('whole_trailing_param', 'normalized_shape')),
+    options=(('monotone_in', ('bias',)), ('linear_in', (('weight', 'bias?'),)), ('pointwise', True), ('whole_trailing_param', 'normalized_shape')),
     spec_file='specs/layer_norm_functional.yaml',
     ignores=('eps', 'cudnn_enable'),
     overrides=(

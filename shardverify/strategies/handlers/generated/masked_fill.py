@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='value', index=2, keyword='value', default=None),
     ),
     generator='rules',
-    options=(('pointwise', True),),
+    options=(('monotone_in', ('input',)), ('pointwise', True)),
     spec_file='specs/masked_fill.yaml',
     overrides=(
         (torch.ops.aten.masked_fill.Scalar, (

@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dims', index=1, keyword='dims', default=None, varargs=True),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('view', 'permute'), ('dims_param', 'dims')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('view', 'permute'), ('dims_param', 'dims')),
     spec_file='specs/permute.yaml',
     overrides=(
         (torch.ops.aten.permute.default, (

@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='shape', index=1, keyword='shape', default=None, varargs=True),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('view', 'reshape'), ('shape_param', 'shape')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('view', 'reshape'), ('shape_param', 'shape')),
     spec_file='specs/reshape.yaml',
     overrides=(
         (torch.ops.aten.reshape.default, (

@@ -20,6 +20,6 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dims', index=2, keyword='dims', default=None),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dims')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dims')),
     spec_file='specs/roll.yaml',
 ))

@@ -17,7 +17,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('pointwise', True),),
+    options=(('monotone_in', ('-input:min',)), ('pointwise', True)),
     spec_file='specs/rsqrt.yaml',
     overrides=(
         (torch.ops.aten.rsqrt.default, (

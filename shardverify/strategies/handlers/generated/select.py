@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='index', index=2, keyword='index', default=None),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('reduce_dims_param', 'dim'), ('reduce_op', 'none')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('reduce_dims_param', 'dim'), ('reduce_op', 'none')),
     spec_file='specs/select.yaml',
     overrides=(
         (torch.ops.aten.select.int, (

@@ -17,7 +17,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('pointwise', True),),
+    options=(('monotone_in', ('input',)), ('pointwise', True)),
     spec_file='specs/sigmoid.yaml',
     overrides=(
         (torch.ops.aten.sigmoid.default, (

@@ -22,7 +22,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='step', index=4, keyword='step', default=1),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/slice.yaml',
     overrides=(
         (torch.ops.aten.slice.Tensor, (

@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('linear_in', (('input', 'other'),)), ('pointwise', True)),
+    options=(('monotone_in', ('input', '-other')), ('linear_in', (('input', 'other'),)), ('pointwise', True)),
     spec_file='specs/sub.yaml',
     overrides=(
         (torch.ops.aten.sub.Tensor, (

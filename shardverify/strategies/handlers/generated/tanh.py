@@ -17,7 +17,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('pointwise', True),),
+    options=(('monotone_in', ('input',)), ('pointwise', True)),
     spec_file='specs/tanh.yaml',
     overrides=(
         (torch.ops.aten.tanh.default, (

@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim1', index=2, keyword='dim1', default=None),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('view', 'transpose'), ('dim0_param', 'dim0'), ('dim1_param', 'dim1')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('view', 'transpose'), ('dim0_param', 'dim0'), ('dim1_param', 'dim1')),
     spec_file='specs/transpose.yaml',
     overrides=(
         (torch.ops.aten.transpose.int, (

@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='sizes', index=2, keyword='sizes', default=None),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('view', 'reshape'), ('shape_param', 'sizes'), ('shape_dim_param', 'dim')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('view', 'reshape'), ('shape_param', 'sizes'), ('shape_dim_param', 'dim')),
     spec_file='specs/unflatten.yaml',
     overrides=(
         (torch.ops.aten.unflatten.int, (

@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=None),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('view', 'reshape')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('view', 'reshape')),
     spec_file='specs/unsqueeze.yaml',
     overrides=(
         (torch.ops.aten.unsqueeze.default, (

@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('linear_in', (('input', 'other'),)), ('pointwise', True)),
+    options=(('monotone_in', ('input', 'other')), ('linear_in', (('input', 'other'),)), ('pointwise', True)),
     spec_file='specs/where.yaml',
     overrides=(
         (torch.ops.aten.where.self, (
