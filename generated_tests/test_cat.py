@@ -244,9 +244,9 @@ SIMULATED_RUNS = [
     pytest.param(9, (2, 2), id='torch.ops.aten.cat.default-dim_0-mesh2x2'),
     pytest.param(10, (2, 2), id='torch.ops.aten.cat.default-dim_1-mesh2x2'),
     pytest.param(11, (2, 2), id='torch.ops.aten.cat.default-dim_-1-mesh2x2'),
-    pytest.param(6, (2, 2, 2), id='torch.concatenate-dim_0-mesh2x2x2'),
-    pytest.param(10, (2, 2, 2), id='torch.ops.aten.cat.default-dim_1-mesh2x2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.cat-dim_-1-mesh2x2x2'),
+    pytest.param(6, (2, 3), id='torch.concatenate-dim_0-mesh2x3'),
+    pytest.param(10, (2, 3), id='torch.ops.aten.cat.default-dim_1-mesh2x3'),
+    pytest.param(2, (2, 3), id='torch.cat-dim_-1-mesh2x3'),
 ]
 
 
@@ -259,7 +259,7 @@ def test_cat_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.cat-dim_0-mesh4'),
     pytest.param(1, (2, 2), id='torch.cat-dim_1-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.cat-dim_-1-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.cat-dim_-1-mesh2x3'),
 ]
 
 
@@ -271,10 +271,10 @@ def test_cat_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(1, (2, 2), 18, id='torch.cat-dim_1-mesh2x2'),
-    pytest.param(4, (2, 2), 18, id='torch.concat-dim_1-mesh2x2'),
-    pytest.param(7, (2, 2), 18, id='torch.concatenate-dim_1-mesh2x2'),
-    pytest.param(10, (2, 2), 18, id='torch.ops.aten.cat.default-dim_1-mesh2x2'),
+    pytest.param(1, (2, 2), 46, id='torch.cat-dim_1-mesh2x2'),
+    pytest.param(4, (2, 2), 46, id='torch.concat-dim_1-mesh2x2'),
+    pytest.param(7, (2, 2), 46, id='torch.concatenate-dim_1-mesh2x2'),
+    pytest.param(10, (2, 2), 46, id='torch.ops.aten.cat.default-dim_1-mesh2x2'),
 ]
 
 

@@ -101,7 +101,6 @@ SIMULATED_RUNS = [
     pytest.param(4, (4,), id='torch.ops.aten.contiguous.default-mesh4'),
     pytest.param(5, (4,), id='torch.ops.aten.alias.default-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.clone-mesh2x3'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.contiguous-mesh2x2x2'),
 ]
 
 
@@ -114,7 +113,6 @@ def test_clone_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.clone-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.clone-mesh2x3'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.contiguous-mesh2x2x2'),
 ]
 
 

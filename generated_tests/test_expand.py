@@ -103,9 +103,6 @@ SIMULATED_RUNS = [
     pytest.param(3, (2, 3), id='torch.ops.aten.expand.default-size_8.4.6-mesh2x3'),
     pytest.param(1, (2, 3), id='torch.Tensor.expand-size_2.8.4.6-mesh2x3'),
     pytest.param(5, (2, 3), id='torch.ops.aten.expand.default-size_-1.4.-1-mesh2x3'),
-    pytest.param(0, (2, 2, 2), id='torch.Tensor.expand-size_8.4.6-mesh2x2x2'),
-    pytest.param(4, (2, 2, 2), id='torch.ops.aten.expand.default-size_2.8.4.6-mesh2x2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.expand-size_-1.4.-1-mesh2x2x2'),
 ]
 
 
@@ -118,7 +115,7 @@ def test_expand_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.Tensor.expand-size_8.4.6-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.expand-size_2.8.4.6-mesh2x3'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.expand-size_-1.4.-1-mesh2x2x2'),
+    pytest.param(2, (4,), id='torch.Tensor.expand-size_-1.4.-1-mesh4'),
 ]
 
 

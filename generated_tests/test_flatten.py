@@ -136,8 +136,8 @@ SIMULATED_RUNS = [
     pytest.param(5, (2, 2), id='torch.nn.Flatten-start_dim_1-end_dim_2-mesh2x2'),
     pytest.param(6, (2, 2), id='torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_-1-mesh2x2'),
     pytest.param(7, (2, 2), id='torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2-mesh2x2'),
-    pytest.param(4, (2, 2, 2), id='torch.nn.Flatten-start_dim_1-end_dim_-1-mesh2x2x2'),
-    pytest.param(7, (2, 2, 2), id='torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2-mesh2x2x2'),
+    pytest.param(4, (2, 3), id='torch.nn.Flatten-start_dim_1-end_dim_-1-mesh2x3'),
+    pytest.param(7, (2, 3), id='torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2-mesh2x3'),
 ]
 
 
@@ -150,7 +150,7 @@ def test_flatten_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.flatten-start_dim_1-end_dim_-1-mesh4'),
     pytest.param(1, (2, 2), id='torch.flatten-start_dim_1-end_dim_2-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.flatten-start_dim_1-end_dim_-1-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.Tensor.flatten-start_dim_1-end_dim_-1-mesh2x3'),
 ]
 
 

@@ -138,8 +138,6 @@ SIMULATED_RUNS = [
     pytest.param(5, (4,), id='torch.ops.aten.gather.default-dim_2-mesh4'),
     pytest.param(2, (2, 3), id='torch.Tensor.gather-dim_1-mesh2x3'),
     pytest.param(5, (2, 3), id='torch.ops.aten.gather.default-dim_2-mesh2x3'),
-    pytest.param(4, (2, 2, 2), id='torch.ops.aten.gather.default-dim_1-mesh2x2x2'),
-    pytest.param(1, (2, 2, 2), id='torch.gather-dim_2-mesh2x2x2'),
 ]
 
 
@@ -152,7 +150,6 @@ def test_gather_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.gather-dim_1-mesh4'),
     pytest.param(1, (2, 3), id='torch.gather-dim_2-mesh2x3'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.gather-dim_1-mesh2x2x2'),
 ]
 
 

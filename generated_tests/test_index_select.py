@@ -79,7 +79,7 @@ SIMULATED_RUNS = [
     pytest.param(0, (2, 2), id='torch.index_select-dim_0-mesh2x2'),
     pytest.param(1, (2, 2), id='torch.Tensor.index_select-dim_0-mesh2x2'),
     pytest.param(2, (2, 2), id='torch.ops.aten.index_select.default-dim_0-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.ops.aten.index_select.default-dim_0-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.index_select.default-dim_0-mesh2x3'),
 ]
 
 
@@ -92,7 +92,7 @@ def test_index_select_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.index_select-dim_0-mesh4'),
     pytest.param(1, (2, 2), id='torch.Tensor.index_select-dim_0-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.ops.aten.index_select.default-dim_0-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.index_select.default-dim_0-mesh2x3'),
 ]
 
 
@@ -104,9 +104,9 @@ def test_index_select_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 28, id='torch.index_select-dim_0-mesh2x2'),
-    pytest.param(1, (2, 2), 28, id='torch.Tensor.index_select-dim_0-mesh2x2'),
-    pytest.param(2, (2, 2), 28, id='torch.ops.aten.index_select.default-dim_0-mesh2x2'),
+    pytest.param(0, (2, 2), 42, id='torch.index_select-dim_0-mesh2x2'),
+    pytest.param(1, (2, 2), 42, id='torch.Tensor.index_select-dim_0-mesh2x2'),
+    pytest.param(2, (2, 2), 42, id='torch.ops.aten.index_select.default-dim_0-mesh2x2'),
 ]
 
 

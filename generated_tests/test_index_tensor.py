@@ -83,8 +83,8 @@ def test_index_tensor_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 54, id='torch.ops.aten.index.Tensor-i1_True-mesh2x2'),
-    pytest.param(1, (2, 2), 40, id='torch.ops.aten.index.Tensor-i1_False-mesh2x2'),
+    pytest.param(0, (2, 2), 72, id='torch.ops.aten.index.Tensor-i1_True-mesh2x2'),
+    pytest.param(1, (2, 2), 58, id='torch.ops.aten.index.Tensor-i1_False-mesh2x2'),
 ]
 
 

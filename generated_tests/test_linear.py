@@ -109,8 +109,8 @@ def test_linear_process(sv_backend, case_index, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 69, id='torch.nn.Linear-bias_False-mesh2x2'),
     pytest.param(2, (2, 2), 69, id='torch.nn.functional.linear-bias_False-mesh2x2'),
-    pytest.param(1, (2, 2), 109, id='torch.nn.Linear-bias_True-mesh2x2'),
-    pytest.param(3, (2, 2), 109, id='torch.nn.functional.linear-bias_True-mesh2x2'),
+    pytest.param(1, (2, 2), 131, id='torch.nn.Linear-bias_True-mesh2x2'),
+    pytest.param(3, (2, 2), 131, id='torch.nn.functional.linear-bias_True-mesh2x2'),
 ]
 
 

@@ -64,7 +64,7 @@ SIMULATED_RUNS = [
     pytest.param(0, (2, 2), id='torch.masked_fill-value_-1.5-mesh2x2'),
     pytest.param(1, (2, 2), id='torch.Tensor.masked_fill-value_-1.5-mesh2x2'),
     pytest.param(2, (2, 2), id='torch.ops.aten.masked_fill.Scalar-value_-1.5-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.ops.aten.masked_fill.Scalar-value_-1.5-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.masked_fill.Scalar-value_-1.5-mesh2x3'),
 ]
 
 
@@ -77,7 +77,7 @@ def test_masked_fill_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.masked_fill-value_-1.5-mesh4'),
     pytest.param(1, (2, 2), id='torch.Tensor.masked_fill-value_-1.5-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.ops.aten.masked_fill.Scalar-value_-1.5-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.masked_fill.Scalar-value_-1.5-mesh2x3'),
 ]
 
 

@@ -106,8 +106,8 @@ SIMULATED_RUNS = [
     pytest.param(3, (2, 2), id='torch.nn.functional.max_pool2d-kernel_size_3-stride_2-padding_1-mesh2x2'),
     pytest.param(4, (2, 2), id='torch.ops.aten.max_pool2d.default-kernel_size_2-stride_2-padding_1-mesh2x2'),
     pytest.param(5, (2, 2), id='torch.ops.aten.max_pool2d.default-kernel_size_3-stride_2-padding_1-mesh2x2'),
-    pytest.param(4, (2, 2, 2), id='torch.ops.aten.max_pool2d.default-kernel_size_2-stride_2-padding_1-mesh2x2x2'),
-    pytest.param(1, (2, 2, 2), id='torch.nn.MaxPool2d-kernel_size_3-stride_2-padding_1-mesh2x2x2'),
+    pytest.param(4, (2, 3), id='torch.ops.aten.max_pool2d.default-kernel_size_2-stride_2-padding_1-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.nn.MaxPool2d-kernel_size_3-stride_2-padding_1-mesh2x3'),
 ]
 
 
@@ -120,7 +120,7 @@ def test_max_pool2d_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.nn.MaxPool2d-kernel_size_2-stride_2-padding_1-mesh4'),
     pytest.param(1, (2, 2), id='torch.nn.MaxPool2d-kernel_size_3-stride_2-padding_1-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.nn.functional.max_pool2d-kernel_size_2-stride_2-padding_1-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.nn.functional.max_pool2d-kernel_size_2-stride_2-padding_1-mesh2x3'),
 ]
 
 

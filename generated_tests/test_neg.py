@@ -59,7 +59,6 @@ SIMULATED_RUNS = [
     pytest.param(1, (4,), id='torch.Tensor.neg-mesh4'),
     pytest.param(2, (4,), id='torch.ops.aten.neg.default-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.neg-mesh2x3'),
-    pytest.param(2, (2, 2, 2), id='torch.ops.aten.neg.default-mesh2x2x2'),
 ]
 
 
@@ -72,7 +71,6 @@ def test_neg_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.neg-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.neg-mesh2x3'),
-    pytest.param(2, (2, 2, 2), id='torch.ops.aten.neg.default-mesh2x2x2'),
 ]
 
 

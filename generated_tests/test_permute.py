@@ -61,7 +61,7 @@ SIMULATED_RUNS = [
     pytest.param(0, (2, 2), id='torch.permute-dims_2.0.1-mesh2x2'),
     pytest.param(1, (2, 2), id='torch.Tensor.permute-dims_2.0.1-mesh2x2'),
     pytest.param(2, (2, 2), id='torch.ops.aten.permute.default-dims_2.0.1-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.ops.aten.permute.default-dims_2.0.1-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.permute.default-dims_2.0.1-mesh2x3'),
 ]
 
 
@@ -74,7 +74,7 @@ def test_permute_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.permute-dims_2.0.1-mesh4'),
     pytest.param(1, (2, 2), id='torch.Tensor.permute-dims_2.0.1-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.ops.aten.permute.default-dims_2.0.1-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.permute.default-dims_2.0.1-mesh2x3'),
 ]
 
 
@@ -86,9 +86,9 @@ def test_permute_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 28, id='torch.permute-dims_2.0.1-mesh2x2'),
-    pytest.param(1, (2, 2), 28, id='torch.Tensor.permute-dims_2.0.1-mesh2x2'),
-    pytest.param(2, (2, 2), 28, id='torch.ops.aten.permute.default-dims_2.0.1-mesh2x2'),
+    pytest.param(0, (2, 2), 46, id='torch.permute-dims_2.0.1-mesh2x2'),
+    pytest.param(1, (2, 2), 46, id='torch.Tensor.permute-dims_2.0.1-mesh2x2'),
+    pytest.param(2, (2, 2), 46, id='torch.ops.aten.permute.default-dims_2.0.1-mesh2x2'),
 ]
 
 

@@ -116,11 +116,11 @@ def test_relu_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 19, id='torch.relu-mesh2x2'),
-    pytest.param(1, (2, 2), 19, id='torch.Tensor.relu-mesh2x2'),
-    pytest.param(2, (2, 2), 19, id='torch.nn.functional.relu-mesh2x2'),
-    pytest.param(3, (2, 2), 19, id='torch.nn.ReLU-mesh2x2'),
-    pytest.param(4, (2, 2), 19, id='torch.ops.aten.relu.default-mesh2x2'),
+    pytest.param(0, (2, 2), 37, id='torch.relu-mesh2x2'),
+    pytest.param(1, (2, 2), 37, id='torch.Tensor.relu-mesh2x2'),
+    pytest.param(2, (2, 2), 37, id='torch.nn.functional.relu-mesh2x2'),
+    pytest.param(3, (2, 2), 37, id='torch.nn.ReLU-mesh2x2'),
+    pytest.param(4, (2, 2), 37, id='torch.ops.aten.relu.default-mesh2x2'),
 ]
 
 

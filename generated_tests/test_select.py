@@ -145,9 +145,6 @@ SIMULATED_RUNS = [
     pytest.param(3, (2, 3), id='torch.Tensor.select-dim_0-index_-1-mesh2x3'),
     pytest.param(7, (2, 3), id='torch.ops.aten.select.int-dim_1-index_-1-mesh2x3'),
     pytest.param(2, (2, 3), id='torch.select-dim_-1-index_-1-mesh2x3'),
-    pytest.param(6, (2, 2, 2), id='torch.ops.aten.select.int-dim_0-index_-1-mesh2x2x2'),
-    pytest.param(1, (2, 2, 2), id='torch.select-dim_1-index_-1-mesh2x2x2'),
-    pytest.param(5, (2, 2, 2), id='torch.Tensor.select-dim_-1-index_-1-mesh2x2x2'),
 ]
 
 
@@ -160,7 +157,7 @@ def test_select_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.select-dim_0-index_-1-mesh4'),
     pytest.param(1, (2, 3), id='torch.select-dim_1-index_-1-mesh2x3'),
-    pytest.param(2, (2, 2, 2), id='torch.select-dim_-1-index_-1-mesh2x2x2'),
+    pytest.param(2, (4,), id='torch.select-dim_-1-index_-1-mesh4'),
 ]
 
 

@@ -91,7 +91,7 @@ SIMULATED_RUNS = [
     pytest.param(2, (2, 2), id='torch.nn.functional.sigmoid-mesh2x2'),
     pytest.param(3, (2, 2), id='torch.nn.Sigmoid-mesh2x2'),
     pytest.param(4, (2, 2), id='torch.ops.aten.sigmoid.default-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.nn.functional.sigmoid-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.nn.functional.sigmoid-mesh2x3'),
 ]
 
 
@@ -104,7 +104,7 @@ def test_sigmoid_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.sigmoid-mesh4'),
     pytest.param(1, (2, 2), id='torch.Tensor.sigmoid-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.nn.functional.sigmoid-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.nn.functional.sigmoid-mesh2x3'),
 ]
 
 
@@ -116,11 +116,11 @@ def test_sigmoid_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 19, id='torch.sigmoid-mesh2x2'),
-    pytest.param(1, (2, 2), 19, id='torch.Tensor.sigmoid-mesh2x2'),
-    pytest.param(2, (2, 2), 19, id='torch.nn.functional.sigmoid-mesh2x2'),
-    pytest.param(3, (2, 2), 19, id='torch.nn.Sigmoid-mesh2x2'),
-    pytest.param(4, (2, 2), 19, id='torch.ops.aten.sigmoid.default-mesh2x2'),
+    pytest.param(0, (2, 2), 37, id='torch.sigmoid-mesh2x2'),
+    pytest.param(1, (2, 2), 37, id='torch.Tensor.sigmoid-mesh2x2'),
+    pytest.param(2, (2, 2), 37, id='torch.nn.functional.sigmoid-mesh2x2'),
+    pytest.param(3, (2, 2), 37, id='torch.nn.Sigmoid-mesh2x2'),
+    pytest.param(4, (2, 2), 37, id='torch.ops.aten.sigmoid.default-mesh2x2'),
 ]
 
 

@@ -140,8 +140,8 @@ SIMULATED_RUNS = [
     pytest.param(5, (2, 2), id='torch.ops.aten.sub.Tensor-other_2.5-mesh2x2'),
     pytest.param(6, (2, 2), id='torch.Tensor.__sub__-other_True-mesh2x2'),
     pytest.param(7, (2, 2), id='torch.Tensor.__sub__-other_2.5-mesh2x2'),
-    pytest.param(4, (2, 2, 2), id='torch.ops.aten.sub.Tensor-other_True-mesh2x2x2'),
-    pytest.param(7, (2, 2, 2), id='torch.Tensor.__sub__-other_2.5-mesh2x2x2'),
+    pytest.param(4, (2, 3), id='torch.ops.aten.sub.Tensor-other_True-mesh2x3'),
+    pytest.param(7, (2, 3), id='torch.Tensor.__sub__-other_2.5-mesh2x3'),
 ]
 
 
@@ -154,7 +154,7 @@ def test_sub_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.sub-other_True-mesh4'),
     pytest.param(1, (2, 2), id='torch.sub-other_2.5-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.sub-other_True-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.Tensor.sub-other_True-mesh2x3'),
 ]
 
 
@@ -166,14 +166,14 @@ def test_sub_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 28, id='torch.sub-other_True-mesh2x2'),
-    pytest.param(2, (2, 2), 28, id='torch.Tensor.sub-other_True-mesh2x2'),
-    pytest.param(4, (2, 2), 28, id='torch.ops.aten.sub.Tensor-other_True-mesh2x2'),
-    pytest.param(6, (2, 2), 28, id='torch.Tensor.__sub__-other_True-mesh2x2'),
-    pytest.param(1, (2, 2), 19, id='torch.sub-other_2.5-mesh2x2'),
-    pytest.param(3, (2, 2), 19, id='torch.Tensor.sub-other_2.5-mesh2x2'),
-    pytest.param(5, (2, 2), 19, id='torch.ops.aten.sub.Tensor-other_2.5-mesh2x2'),
-    pytest.param(7, (2, 2), 19, id='torch.Tensor.__sub__-other_2.5-mesh2x2'),
+    pytest.param(0, (2, 2), 64, id='torch.sub-other_True-mesh2x2'),
+    pytest.param(2, (2, 2), 64, id='torch.Tensor.sub-other_True-mesh2x2'),
+    pytest.param(4, (2, 2), 64, id='torch.ops.aten.sub.Tensor-other_True-mesh2x2'),
+    pytest.param(6, (2, 2), 64, id='torch.Tensor.__sub__-other_True-mesh2x2'),
+    pytest.param(1, (2, 2), 37, id='torch.sub-other_2.5-mesh2x2'),
+    pytest.param(3, (2, 2), 37, id='torch.Tensor.sub-other_2.5-mesh2x2'),
+    pytest.param(5, (2, 2), 37, id='torch.ops.aten.sub.Tensor-other_2.5-mesh2x2'),
+    pytest.param(7, (2, 2), 37, id='torch.Tensor.__sub__-other_2.5-mesh2x2'),
 ]
 
 

@@ -106,8 +106,8 @@ SIMULATED_RUNS = [
     pytest.param(3, (2, 2), id='torch.Tensor.transpose-dim0_0-dim1_1-mesh2x2'),
     pytest.param(4, (2, 2), id='torch.ops.aten.transpose.int-dim0_0-dim1_-1-mesh2x2'),
     pytest.param(5, (2, 2), id='torch.ops.aten.transpose.int-dim0_0-dim1_1-mesh2x2'),
-    pytest.param(4, (2, 2, 2), id='torch.ops.aten.transpose.int-dim0_0-dim1_-1-mesh2x2x2'),
-    pytest.param(1, (2, 2, 2), id='torch.transpose-dim0_0-dim1_1-mesh2x2x2'),
+    pytest.param(4, (2, 3), id='torch.ops.aten.transpose.int-dim0_0-dim1_-1-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.transpose-dim0_0-dim1_1-mesh2x3'),
 ]
 
 
@@ -120,7 +120,7 @@ def test_transpose_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.transpose-dim0_0-dim1_-1-mesh4'),
     pytest.param(1, (2, 2), id='torch.transpose-dim0_0-dim1_1-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.transpose-dim0_0-dim1_-1-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.Tensor.transpose-dim0_0-dim1_-1-mesh2x3'),
 ]
 
 

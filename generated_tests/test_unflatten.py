@@ -286,12 +286,12 @@ SIMULATED_RUNS = [
     pytest.param(15, (2, 2), id='torch.ops.aten.unflatten.int-dim_-1-sizes_4.4-mesh2x2'),
     pytest.param(16, (2, 2), id='torch.ops.aten.unflatten.int-dim_-1-sizes_8.-1-mesh2x2'),
     pytest.param(17, (2, 2), id='torch.ops.aten.unflatten.int-dim_-1-sizes_2.2.4-mesh2x2'),
-    pytest.param(12, (2, 2, 2), id='torch.ops.aten.unflatten.int-dim_0-sizes_4.4-mesh2x2x2'),
-    pytest.param(1, (2, 2, 2), id='torch.unflatten-dim_0-sizes_8.-1-mesh2x2x2'),
-    pytest.param(8, (2, 2, 2), id='torch.Tensor.unflatten-dim_0-sizes_2.2.4-mesh2x2x2'),
-    pytest.param(15, (2, 2, 2), id='torch.ops.aten.unflatten.int-dim_-1-sizes_4.4-mesh2x2x2'),
-    pytest.param(4, (2, 2, 2), id='torch.unflatten-dim_-1-sizes_8.-1-mesh2x2x2'),
-    pytest.param(11, (2, 2, 2), id='torch.Tensor.unflatten-dim_-1-sizes_2.2.4-mesh2x2x2'),
+    pytest.param(12, (2, 3), id='torch.ops.aten.unflatten.int-dim_0-sizes_4.4-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.unflatten-dim_0-sizes_8.-1-mesh2x3'),
+    pytest.param(8, (2, 3), id='torch.Tensor.unflatten-dim_0-sizes_2.2.4-mesh2x3'),
+    pytest.param(15, (2, 3), id='torch.ops.aten.unflatten.int-dim_-1-sizes_4.4-mesh2x3'),
+    pytest.param(4, (2, 3), id='torch.unflatten-dim_-1-sizes_8.-1-mesh2x3'),
+    pytest.param(11, (2, 3), id='torch.Tensor.unflatten-dim_-1-sizes_2.2.4-mesh2x3'),
 ]
 
 
@@ -304,10 +304,10 @@ def test_unflatten_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.unflatten-dim_0-sizes_4.4-mesh4'),
     pytest.param(1, (2, 2), id='torch.unflatten-dim_0-sizes_8.-1-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.unflatten-dim_0-sizes_2.2.4-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.unflatten-dim_0-sizes_2.2.4-mesh2x3'),
     pytest.param(3, (4,), id='torch.unflatten-dim_-1-sizes_4.4-mesh4'),
     pytest.param(4, (2, 2), id='torch.unflatten-dim_-1-sizes_8.-1-mesh2x2'),
-    pytest.param(5, (2, 2, 2), id='torch.unflatten-dim_-1-sizes_2.2.4-mesh2x2x2'),
+    pytest.param(5, (2, 3), id='torch.unflatten-dim_-1-sizes_2.2.4-mesh2x3'),
 ]
 
 
@@ -319,7 +319,7 @@ def test_unflatten_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 28, id='torch.unflatten-dim_0-sizes_4.4-mesh2x2'),
+    pytest.param(0, (2, 2), 46, id='torch.unflatten-dim_0-sizes_4.4-mesh2x2'),
 ]
 
 

@@ -106,8 +106,8 @@ SIMULATED_RUNS = [
     pytest.param(3, (2, 2), id='torch.Tensor.unsqueeze-dim_-1-mesh2x2'),
     pytest.param(4, (2, 2), id='torch.ops.aten.unsqueeze.default-dim_1-mesh2x2'),
     pytest.param(5, (2, 2), id='torch.ops.aten.unsqueeze.default-dim_-1-mesh2x2'),
-    pytest.param(4, (2, 2, 2), id='torch.ops.aten.unsqueeze.default-dim_1-mesh2x2x2'),
-    pytest.param(1, (2, 2, 2), id='torch.unsqueeze-dim_-1-mesh2x2x2'),
+    pytest.param(4, (2, 3), id='torch.ops.aten.unsqueeze.default-dim_1-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.unsqueeze-dim_-1-mesh2x3'),
 ]
 
 
@@ -120,7 +120,7 @@ def test_unsqueeze_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.unsqueeze-dim_1-mesh4'),
     pytest.param(1, (2, 2), id='torch.unsqueeze-dim_-1-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.unsqueeze-dim_1-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.Tensor.unsqueeze-dim_1-mesh2x3'),
 ]
 
 
@@ -132,12 +132,12 @@ def test_unsqueeze_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 18, id='torch.unsqueeze-dim_1-mesh2x2'),
-    pytest.param(1, (2, 2), 18, id='torch.unsqueeze-dim_-1-mesh2x2'),
-    pytest.param(2, (2, 2), 18, id='torch.Tensor.unsqueeze-dim_1-mesh2x2'),
-    pytest.param(3, (2, 2), 18, id='torch.Tensor.unsqueeze-dim_-1-mesh2x2'),
-    pytest.param(4, (2, 2), 18, id='torch.ops.aten.unsqueeze.default-dim_1-mesh2x2'),
-    pytest.param(5, (2, 2), 18, id='torch.ops.aten.unsqueeze.default-dim_-1-mesh2x2'),
+    pytest.param(0, (2, 2), 32, id='torch.unsqueeze-dim_1-mesh2x2'),
+    pytest.param(1, (2, 2), 32, id='torch.unsqueeze-dim_-1-mesh2x2'),
+    pytest.param(2, (2, 2), 32, id='torch.Tensor.unsqueeze-dim_1-mesh2x2'),
+    pytest.param(3, (2, 2), 32, id='torch.Tensor.unsqueeze-dim_-1-mesh2x2'),
+    pytest.param(4, (2, 2), 32, id='torch.ops.aten.unsqueeze.default-dim_1-mesh2x2'),
+    pytest.param(5, (2, 2), 32, id='torch.ops.aten.unsqueeze.default-dim_-1-mesh2x2'),
 ]
 
 

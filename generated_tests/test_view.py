@@ -106,9 +106,9 @@ SIMULATED_RUNS = [
     pytest.param(3, (2, 2), id='torch.ops.aten.view.default-size_32.16-mesh2x2'),
     pytest.param(4, (2, 2), id='torch.ops.aten.view.default-size_8.4.2.8-mesh2x2'),
     pytest.param(5, (2, 2), id='torch.ops.aten.view.default-size_8.-1-mesh2x2'),
-    pytest.param(0, (2, 2, 2), id='torch.Tensor.view-size_32.16-mesh2x2x2'),
-    pytest.param(4, (2, 2, 2), id='torch.ops.aten.view.default-size_8.4.2.8-mesh2x2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.view-size_8.-1-mesh2x2x2'),
+    pytest.param(0, (2, 3), id='torch.Tensor.view-size_32.16-mesh2x3'),
+    pytest.param(4, (2, 3), id='torch.ops.aten.view.default-size_8.4.2.8-mesh2x3'),
+    pytest.param(2, (2, 3), id='torch.Tensor.view-size_8.-1-mesh2x3'),
 ]
 
 
@@ -121,7 +121,7 @@ def test_view_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.Tensor.view-size_32.16-mesh4'),
     pytest.param(1, (2, 2), id='torch.Tensor.view-size_8.4.2.8-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.view-size_8.-1-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.Tensor.view-size_8.-1-mesh2x3'),
 ]
 
 

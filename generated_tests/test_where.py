@@ -50,7 +50,7 @@ SIMULATED_RUNS = [
     pytest.param(1, (4,), id='torch.ops.aten.where.self-mesh4'),
     pytest.param(0, (2, 2), id='torch.where-mesh2x2'),
     pytest.param(1, (2, 2), id='torch.ops.aten.where.self-mesh2x2'),
-    pytest.param(0, (2, 2, 2), id='torch.where-mesh2x2x2'),
+    pytest.param(0, (2, 3), id='torch.where-mesh2x3'),
 ]
 
 
@@ -61,7 +61,7 @@ def test_where_simulated(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape): every mesh and every grid point at least once, the targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (2, 2, 2), id='torch.where-mesh2x2x2'),
+    pytest.param(0, (2, 3), id='torch.where-mesh2x3'),
     pytest.param(0, (4,), id='torch.where-mesh4'),
     pytest.param(1, (2, 2), id='torch.ops.aten.where.self-mesh2x2'),
 ]
