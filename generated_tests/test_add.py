@@ -140,8 +140,8 @@ SIMULATED_RUNS = [
     pytest.param(5, (2, 2), id='torch.ops.aten.add.Tensor-other_2.5-mesh2x2'),
     pytest.param(6, (2, 2), id='torch.Tensor.__add__-other_True-mesh2x2'),
     pytest.param(7, (2, 2), id='torch.Tensor.__add__-other_2.5-mesh2x2'),
-    pytest.param(4, (2, 2, 2), id='torch.ops.aten.add.Tensor-other_True-mesh2x2x2'),
-    pytest.param(7, (2, 2, 2), id='torch.Tensor.__add__-other_2.5-mesh2x2x2'),
+    pytest.param(4, (2, 3), id='torch.ops.aten.add.Tensor-other_True-mesh2x3'),
+    pytest.param(7, (2, 3), id='torch.Tensor.__add__-other_2.5-mesh2x3'),
 ]
 
 
@@ -154,7 +154,7 @@ def test_add_simulated(sv_backend, case_index, mesh_shape):
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.add-other_True-mesh4'),
     pytest.param(1, (2, 2), id='torch.add-other_2.5-mesh2x2'),
-    pytest.param(2, (2, 2, 2), id='torch.Tensor.add-other_True-mesh2x2x2'),
+    pytest.param(2, (2, 3), id='torch.Tensor.add-other_True-mesh2x3'),
 ]
 
 

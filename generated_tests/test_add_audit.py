@@ -25,6 +25,7 @@ CASE_IDS = [
 MESH_SHAPES = [
     pytest.param((4,), id='mesh4'),
     pytest.param((2, 2), id='mesh2x2'),
+    pytest.param((2, 3), id='mesh2x3'),
 ]
 
 

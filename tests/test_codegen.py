@@ -284,7 +284,7 @@ NAME_FIELDS = {
     "dtype": (SUM, "      dtype: float32", "      dtype: {}"),
     "grid key": (SUM, "    keepdim: [false, true]", "    {}: [false, true]"),
     "count where key": (LINEAR, "        bias: false", "        {}: false"),
-    "count target": (LINEAR, "        bias: true\n      count: 109", "        bias: true\n      count: 109\n      target: {}"),
+    "count target": (LINEAR, "        bias: true\n      count: 131", "        bias: true\n      count: 131\n      target: {}"),
 }
 
 # Fields whose strings are data: the payload must reach the output only as a string constant.
