@@ -20,7 +20,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dtype', index=2, keyword='dtype', default=None),
     ),
     generator='rules',
-    options=(('pointwise', True),),
+    options=(('monotone_in', ('input',)), ('pointwise', True)),
     spec_file='specs/to_device.yaml',
     ignores=('non_blocking', 'copy', 'memory_format'),
     overrides=(

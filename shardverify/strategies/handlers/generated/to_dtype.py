@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dtype', index=1, keyword='dtype', default=None),
     ),
     generator='rules',
-    options=(('pointwise', True),),
+    options=(('monotone_in', ('input',)), ('pointwise', True)),
     spec_file='specs/to_dtype.yaml',
     ignores=('layout', 'device', 'pin_memory', 'non_blocking', 'copy', 'memory_format'),
     overrides=(
