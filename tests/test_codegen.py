@@ -349,21 +349,23 @@ def test_module_keyword_set_twice_is_an_error():
 
 
 def test_the_generated_runs_cover_every_target_mesh_and_grid_point():
-    """Simulated: every case on the meshes of up to 4 ranks, every grid point on the larger
-    ones; process: every mesh and every grid point; between the two every target on a real
-    backend's share and every target on every small mesh."""
-    from shardverify.codegen.op_kind import EVERY_TARGET_UP_TO_RANKS, process_runs, simulated_runs
+    """Simulated: every case on the smallest mesh (fewest axes, then ranks), every grid point on
+    the others, the targets in turns; process: every mesh and every grid point; between the two
+    every target on a real backend's share."""
+    from shardverify.codegen.op_kind import process_runs, simulated_runs
 
     spec = parse_op_spec(load_yaml_text((REPO / "specs/conv2d.yaml").read_text(), "specs/conv2d.yaml"))
     cases, meshes = spec.cases(), [tuple(m) for m in spec.verify.meshes]
     points = {repr(c.point) for c in cases}
     simulated = simulated_runs(cases, meshes)
+    smallest = min(meshes, key=lambda m: (len(m), math.prod(m)))
     for mesh in meshes:
         ran = [cases[i] for i, m, _ in simulated if m == mesh]
-        if math.prod(mesh) <= EVERY_TARGET_UP_TO_RANKS:
+        if mesh == smallest:
             assert len(ran) == len(cases)
         else:
             assert {repr(c.point) for c in ran} == points and len(ran) == len(points)
+    assert len({cases[i].target for i, m, _ in simulated if m != smallest}) > 1   # in turns
     process = process_runs(cases, meshes)
     assert {m for _, m, _ in process} == set(meshes) and {repr(cases[i].point) for i, _, _ in process} == points
     assert len({cases[i].target for i, _, _ in process}) > 1          # the targets take turns

@@ -12,7 +12,7 @@ from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.codegen.render import Renderer
 from shardverify.spec.op import CaseSpec, CountSpec, OpSpec, parse_op_spec
 
-__all__ = ["render_op_spec", "process_runs", "simulated_runs", "EVERY_TARGET_UP_TO_RANKS", "summarize_op_spec", "audit_meshes", "OP_KIND", "HANDLER_DIR", "TEST_DIR"]
+__all__ = ["render_op_spec", "process_runs", "simulated_runs", "summarize_op_spec", "audit_meshes", "OP_KIND", "HANDLER_DIR", "TEST_DIR"]
 
 HANDLER_DIR = "shardverify/strategies/handlers/generated"
 TEST_DIR = "generated_tests"
@@ -58,22 +58,18 @@ def process_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple[i
     return sorted(runs)
 
 
-#: meshes of more ranks than this verify each grid point once on the simulated backend, the
-#: targets taking turns: their layouts multiply (a product of two factors has 276 strategies on
-#: (2, 2, 2)), while what tells targets apart (how the call is captured and its operands found)
-#: does not depend on the mesh and is checked for every target on the smaller meshes
-EVERY_TARGET_UP_TO_RANKS = 4
-
-
 def simulated_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple[int, ...], str]]:
-    """(case index, mesh, test id) of the simulated-backend runs: every case on every mesh of
-    at most :data:`EVERY_TARGET_UP_TO_RANKS` ranks; on a larger mesh every grid point once, the
-    targets taking it in turns (shifted per mesh)."""
+    """(case index, mesh, test id) of the simulated-backend runs: every case on the spec's
+    smallest mesh (fewest axes, then fewest ranks); on every other mesh each grid point once,
+    the targets taking it in turns (shifted per mesh). What tells targets apart (how the call
+    is captured and its operands found) does not depend on the mesh, while the layouts, which
+    do, multiply on larger meshes (a product of two factors has 276 strategies on (2, 2, 2))."""
     points = _cases_by_point(cases)
+    every = min((tuple(m) for m in meshes), key=lambda m: (len(m), math.prod(m)), default=None)
     runs = []
     for at, mesh in enumerate(meshes):
         mesh = tuple(mesh)
-        if math.prod(mesh) <= EVERY_TARGET_UP_TO_RANKS:
+        if mesh == every:
             chosen = range(len(cases))
         else:
             chosen = [indices[(at + shift) % len(indices)] for shift, indices in enumerate(points)]
