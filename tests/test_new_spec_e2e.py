@@ -64,8 +64,9 @@ def test_a_new_op_spec_generates_and_verifies(tmp_path):
     assert result.returncode == 0, output
     passed = re.search(r"(\d+) passed", output)
     skipped = re.search(r"(\d+) skipped", output)
-    # every case on every mesh on the simulated backend (2 targets x 4 grid points x 2 meshes;
-    # sum.yaml pins no strategy counts); the process-backend runs (every grid point and every
-    # mesh at least once: 4 runs, the targets taking turns) skip without AUTO_PARALLEL
-    assert passed is not None and int(passed.group(1)) == 2 * 4 * 2, output
+    # on the simulated backend every case on the smallest mesh (2 targets x 4 grid points) and
+    # every grid point once on the other, the targets in turns (sum.yaml pins no strategy
+    # counts); the process-backend runs (every grid point and every mesh at least once: 4 runs,
+    # the targets taking turns) skip without AUTO_PARALLEL
+    assert passed is not None and int(passed.group(1)) == 2 * 4 + 4, output
     assert skipped is not None and int(skipped.group(1)) == 4, output
