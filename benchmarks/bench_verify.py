@@ -37,12 +37,10 @@ Usage: .venv/bin/python benchmarks/bench_verify.py [--meshes 2,2 2,2,2] [--specs
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import pickle
-import signal
 import statistics
 import sys
 import tempfile
@@ -139,21 +137,6 @@ class _TooSlow(Exception):
     pass
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float):
-    """Raise _TooSlow in this (main) thread after ``seconds``."""
-    def expire(signum, frame):
-        raise _TooSlow(f"over {seconds:g}s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
                          budget: float = 2.0) -> tuple[float, int, int]:
     """DTensor LocalTensorMode on the same ops, values and layouts (see the module docstring):
@@ -166,6 +149,7 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
     from torch.distributed.tensor import DeviceMesh, distribute_tensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from shardverify.backends.signals import deadline
     from shardverify.capture.call import as_outputs, call_op
     from shardverify.verify.reference import reference
 
@@ -205,7 +189,7 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
         for case, strategies in cases_and_strategies:   # warm-up: DTensor caches sharding propagation
             for strategy in strategies:
                 try:
-                    with _time_limit(budget):
+                    with deadline(budget, lambda: _TooSlow(f"over {budget:g}s")):
                         check(case, strategy)
                 except Exception as exc:  # noqa: BLE001 - a layout DTensor cannot run (e.g. a view of a doubly sharded dim)
                     if os.environ.get("BENCH_DEBUG"):

@@ -1,5 +1,5 @@
 """SIGTERM as an exception, so that a checking process stopped by ``kill`` or a CI timeout
-cleans up like one stopped by Ctrl-C.
+cleans up like one stopped by Ctrl-C; and a time limit raised as an exception (SIGALRM).
 
 The default action of SIGTERM ends the process at once: its ``finally`` blocks and exit handlers
 never run, and the worker pools, forkservers, resource trackers, shared-memory semaphores and
@@ -9,10 +9,12 @@ in the main thread, they run.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Callable
 
-__all__ = ["exit_on_sigterm"]
+__all__ = ["exit_on_sigterm", "deadline"]
 
 
 def exit_on_sigterm():
@@ -25,3 +27,23 @@ def exit_on_sigterm():
         raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, terminate)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float | None, error: Callable[[], BaseException]):
+    """Raise ``error()`` in this (the main) thread after ``seconds``; off the main thread, where
+    no signal handler can be set, or with None, no limit."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):  # noqa: ANN001
+        raise error()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
-import threading
 from dataclasses import dataclass, field
 
 import torch
 
 from shardverify.audit.layouts import Layout
+from shardverify.backends.signals import deadline
 from shardverify.capture.call import call_op
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
@@ -234,7 +233,7 @@ class CaseRunner:
         """Execute ``combo``; "too-slow" when DTensor has not finished within ``self.budget``
         seconds (its sharding propagation of attention with a mask takes minutes a combination)."""
         try:
-            with _deadline(self.budget):
+            with deadline(self.budget, TooSlow):
                 return self._run(combo)
         except TooSlow:
             return Execution("too-slow", f"DTensor did not finish within {self.budget:g} s")
@@ -415,26 +414,6 @@ class CaseRunner:
 class TooSlow(BaseException):
     """Raised into DTensor when a combination's time is up (not an ``Exception``: DTensor's own
     handlers re-raise those as its errors)."""
-
-
-@contextlib.contextmanager
-def _deadline(seconds: float | None):
-    """Raise :class:`TooSlow` in this (the main) thread after ``seconds``; elsewhere, or with
-    None, no limit."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise TooSlow()
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _input_grads(outputs, grad_outputs, leaves: dict) -> dict:
