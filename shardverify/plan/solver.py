@@ -9,6 +9,9 @@ global constraint. The formulation is the usual one (as in Alpa/ColossalAI): a b
 ``x[n, s]`` per node and strategy, summing to 1 per node; for an edge whose two ends both
 have a choice, continuous ``y[e, sp, sc] >= 0`` with ``sum_sc y = x[p, sp]`` and
 ``sum_sp y = x[c, sc]`` (so ``y`` is 1 exactly on the chosen pair) carries the resharding cost.
+The pairs are taken by class: an edge's cost depends only on the producer's output layout and
+the layout the consumer wants, so options alike in those share one ``y`` (the marginals sum the
+class's ``x``), which keeps the program exact with a fraction of the variables.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from torch import fx
 
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.reshard_plan import Layout
 from shardverify.plan.build import assemble_plan
 from shardverify.plan.coverage import shards
 from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, node_layouts,
@@ -52,6 +56,47 @@ def _variants(strategies, defer: bool) -> list:
         found.append((strategy, ()))
         if defer and deferrable(strategy):
             found.append((strategy, deferrable(strategy)))
+    return found
+
+
+def _fed_as_partial(graph_module: fx.GraphModule, options: Mapping[str, list[ShardingStrategy] | None],
+                    mesh: DeviceMesh, defer: bool) -> dict[str, list[ShardingStrategy] | None]:
+    """The options worth a choice: a strategy taking a partial-sum input only where some producer
+    can hand that partial value over as it is (a deferred reduction, :func:`deferrable`). Fed
+    from a full value, it zeroes the value on all but one rank and reduces after the op what the
+    same layout without the partial input never needed to; left in, such options would multiply
+    the program's variables for nothing. Nodes are taken in graph order (producers first)."""
+    partial_out: dict[str, set[Layout]] = {}
+    kept: dict[str, list[ShardingStrategy] | None] = {}
+    for node in graph_module.graph.nodes:
+        found = options.get(node.name)
+        if not found:
+            kept[node.name] = found
+            continue
+
+        def fed(strategy: ShardingStrategy) -> bool:
+            wanted = {operand: (producer.name, target) for operand, producer, _, target
+                      in edge_targets(node, strategy, mesh)}
+            return any(p.operand in wanted and wanted[p.operand][1] in partial_out.get(wanted[p.operand][0], ())
+                       for p in strategy.partial_inputs)
+
+        chosen = [s for s in found if not s.partial_inputs or fed(s)] or list(found)
+        kept[node.name] = chosen
+        if defer:
+            partial_out[node.name] = {node_layouts(node, s, mesh, deferrable(s)) for s in chosen if deferrable(s)}
+    return kept
+
+
+def _hashable(layout):
+    """A node's output layout as a dict key (a tuple-valued node has a list of them)."""
+    return tuple(layout) if isinstance(layout, list) else layout
+
+
+def _classes(keys: list) -> dict:
+    """key -> the indices having it, in first-seen order."""
+    found: dict = {}
+    for index, key in enumerate(keys):
+        found.setdefault(key, []).append(index)
     return found
 
 
@@ -136,6 +181,7 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
     all-reduce may be left to the resharding (a reduce-scatter when the consumer shards).
     ``goals``: what the plan must do besides costing least (:class:`PlanGoals`)."""
     options = node_options(graph_module, mesh) if options is None else options
+    options = _fed_as_partial(graph_module, options, mesh, defer_reductions)
     nodes = list(graph_module.graph.nodes)
     choices = {n.name: _variants(options[n.name], defer_reductions) for n in nodes}
     problem = pulp.LpProblem("shardverify_plan", pulp.LpMinimize)
@@ -149,31 +195,54 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
             objective.append(_own_cost((strategy, deferred), flop_rate, mesh) * var)
             if strategy is not None:
                 memory.append(strategy.memory_cost.total.total * var)
+    layouts = {n.name: [node_layouts(n, strategy, mesh, deferred) for strategy, deferred in choices[n.name]]
+               for n in nodes}
+    edge_costs: dict[tuple, float] = {}   # (source, target, dtype) -> seconds: many edges share them
+
+    def edge_cost(node: fx.Node, producer: fx.Node, source, wanted: tuple) -> float:
+        total = 0.0
+        for operand, index, target in wanted:
+            picked = source[index] if index is not None and isinstance(source, list) else source
+            key = (_hashable(picked), target, getattr(producer.meta.get("tensor_meta"), "dtype", None))
+            if key not in edge_costs:    # (make_reshard names an output that is no single tensor)
+                edge_costs[key] = make_reshard(node, operand, producer, source, target, mesh, index).cost
+            total += edge_costs[key]
+        return total
+
     for c_index, node in enumerate(nodes):
         c_opts = choices[node.name]
-        # cost[p][(sp, sc)] summed over the operands fed by producer p
-        costs: dict[str, dict[tuple[int, int], float]] = {}
+        # producer -> what each option of this node wants of its output: ((operand, element, layout), ...)
+        wants: dict[str, list[tuple]] = {}
+        feeds: dict[str, fx.Node] = {}
         for sc, (strategy, _) in enumerate(c_opts):
             for operand, producer, index, target in edge_targets(node, strategy, mesh):
-                for sp, (source_strategy, deferred) in enumerate(choices[producer.name]):
-                    source = node_layouts(producer, source_strategy, mesh, deferred)
-                    cost = make_reshard(node, operand, producer, source, target, mesh, index).cost
-                    table = costs.setdefault(producer.name, {})
-                    table[(sp, sc)] = table.get((sp, sc), 0.0) + cost
-        for p_index, (producer, table) in enumerate(costs.items()):
-            p_opts = choices[producer]
-            if len(p_opts) == 1 or len(c_opts) == 1:
-                for (sp, sc), cost in table.items():
-                    var = x[node.name][sc] if len(p_opts) == 1 else x[producer][sp]
-                    objective.append(cost * var)
+                feeds[producer.name] = producer
+                wanted = wants.setdefault(producer.name, [()] * len(c_opts))
+                wanted[sc] += ((operand, index, target),)
+        for p_index, (name, wanted) in enumerate(wants.items()):
+            # the edge's cost depends only on the producer's output layout and on what the consumer
+            # wants of it: options alike on both are one class (exact, and far fewer variables)
+            sources = _classes([_hashable(layout) for layout in layouts[name]])
+            targets = _classes(wanted)
+            if len(sources) == 1 or len(targets) == 1:      # one end's choice decides the cost
+                for sps in sources.values():
+                    for t_key, scs in targets.items():
+                        cost = edge_cost(node, feeds[name], layouts[name][sps[0]], t_key)
+                        if cost:
+                            objective += ([cost * x[node.name][k] for k in scs] if len(sources) == 1 else
+                                          [cost * x[name][k] for k in sps])
                 continue
-            y = {(sp, sc): pulp.LpVariable(f"y_{c_index}_{p_index}_{sp}_{sc}", lowBound=0)
-                 for sp in range(len(p_opts)) for sc in range(len(c_opts))}
-            for sp in range(len(p_opts)):
-                problem += pulp.lpSum(y[sp, sc] for sc in range(len(c_opts))) == x[producer][sp]
-            for sc in range(len(c_opts)):
-                problem += pulp.lpSum(y[sp, sc] for sp in range(len(p_opts))) == x[node.name][sc]
-            objective += [cost * y[key] for key, cost in table.items() if cost]
+            y = {(i, j): pulp.LpVariable(f"y_{c_index}_{p_index}_{i}_{j}", lowBound=0)
+                 for i in range(len(sources)) for j in range(len(targets))}
+            for i, sps in enumerate(sources.values()):
+                problem += pulp.lpSum(y[i, j] for j in range(len(targets))) == pulp.lpSum(x[name][k] for k in sps)
+            for j, scs in enumerate(targets.values()):
+                problem += pulp.lpSum(y[i, j] for i in range(len(sources))) == pulp.lpSum(x[node.name][k] for k in scs)
+            for i, sps in enumerate(sources.values()):
+                for j, t_key in enumerate(targets):
+                    cost = edge_cost(node, feeds[name], layouts[name][sps[0]], t_key)
+                    if cost:
+                        objective.append(cost * y[i, j])
     problem += pulp.lpSum(objective)
     if memory_limit is not None:
         problem += pulp.lpSum(memory) <= memory_limit, "memory"
