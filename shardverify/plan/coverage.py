@@ -54,7 +54,7 @@ class NodeStatus:
     target: str
     status: str
     reason: str = ""
-    partial: int = 0    # strategies left out: they take a partial-sum input
+    partial: int = 0    # strategies left out: they take a partial max or min input
 
 
 def target_name(node: fx.Node) -> str:
@@ -107,9 +107,9 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "refused", str(error).splitlines()[0]))
             continue
-        # a plan feeds each node full values: a strategy taking a partial-sum input is verified
-        # on its own but left out of plans, and counted
-        kept = [s for s in found if not s.partial_inputs]
+        # a plan carries partial sums between nodes (a deferred reduction, a zeroed copy), not
+        # partial max/min: a strategy taking one is verified on its own but left out, and counted
+        kept = [s for s in found if all(p.op == "sum" for p in s.partial_inputs)]
         options[node.name] = kept or None
         statuses.append(NodeStatus(node.name, name, "handled", partial=len(found) - len(kept)) if kept else
                         NodeStatus(node.name, name, "refused", "its handler offers no strategy"))
@@ -166,7 +166,7 @@ class Coverage:
         partial = [s for s in self.statuses if s.partial]
         if partial:
             lines.append(f"  left out: {sum(s.partial for s in partial)} strategy(ies) of {len(partial)} node(s) take a "
-                         f"partial-sum input, and plans feed every node full values")
+                         f"partial max or min input, and plans carry partial sums only")
         refused = [s for s in self.statuses if s.status == "refused"]
         lines += [f"  refused: node {s.node!r} ({s.target}): {s.reason}" for s in refused[:show]]
         if len(refused) > show:
@@ -176,6 +176,6 @@ class Coverage:
     def to_json(self) -> dict:
         return {"tensor_ops": self.tensor_ops, **{s.replace(" ", "_"): self.count(s) for s in STATUSES},
                 "sharded": len(self.sharded), "unhandled_targets": dict(self.unhandled_targets()),
-                "partial_input_strategies_left_out": sum(s.partial for s in self.statuses),
+                "partial_extremum_strategies_left_out": sum(s.partial for s in self.statuses),
                 "refused": [{"node": s.node, "target": s.target, "reason": s.reason}
                             for s in self.statuses if s.status == "refused"]}

@@ -23,10 +23,10 @@ from torch import fx
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.capture.export import export_graph
 from shardverify.errors import InvalidArgument, VerificationError
-from shardverify.plan.graph import metadata_read, operand_producer, parameter_names
+from shardverify.plan.graph import metadata_read, operand_layout, operand_producer, parameter_names
 from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
-from shardverify.sharding.reshard_plan import Layout
+from shardverify.sharding.reshard_plan import Layout, plan_reshard
 from shardverify.sharding.strategy import CommWhere
 from shardverify.capture.fx import forward_names, trace
 from shardverify.verify.engine import local_arguments
@@ -423,12 +423,14 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
     values, late = {}, {}
     for data in strategy.inputs:
         loc = (data.locator.kind, data.locator.key)
-        layout = Layout(strategy.get_sharding_spec_by_name(data.name))
+        layout = operand_layout(strategy, data.name)
         if data.locator.kind in ("param", "buffer"):
             qualname = f"{node.target}.{data.locator.key}"
             qualname = params.get(qualname, qualname)
             full = gm.get_parameter(qualname) if qualname in params else gm.get_buffer(qualname)
-            tensor = _param_leaf(comm, qualname, full, layout, leaves, order, node.name)
+            whole = Layout(layout.spec)       # a weight is held full; taken as a partial sum, it is zeroed
+            tensor = _param_leaf(comm, qualname, full, whole, leaves, order, node.name)
+            tensor = apply_reshard(comm, plan_reshard(whole, layout), tensor)   # on all but one rank of a group
         else:
             tensor = fetch(data.name, operand_producer(node, data.locator))
         # a weight's declared gradient reduction acts on this op's own contribution to its gradient,

@@ -16,7 +16,7 @@ from shardverify.plan.model import Reshard
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
 
 __all__ = ["node_options", "operand_producer", "parameter_names", "deferrable", "deferred_saving", "node_layouts",
-           "metadata_read", "edge_targets", "make_reshard", "replicated_choice"]
+           "metadata_read", "edge_targets", "operand_layout", "make_reshard", "replicated_choice"]
 
 
 def node_options(graph_module: fx.GraphModule, mesh: DeviceMesh) -> dict[str, list[ShardingStrategy] | None]:
@@ -107,13 +107,15 @@ def metadata_read(node: fx.Node) -> object | None:
 def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceMesh):
     """(operand name, producer node, element index or None, target layout) for every tensor the
     node takes; a generic node takes each tensor of a tuple-valued producer (split, chunk)
-    replicated, as operand ``producer[i]``."""
+    replicated, as operand ``producer[i]``. An operand the strategy takes as a partial sum is
+    wanted partial: a producer's deferred reduction hands it over as it is, a full value is
+    zeroed on all but one rank of each group."""
     edges = []
     if strategy is not None:
         for data in strategy.inputs:
             producer = operand_producer(node, data.locator)
             if producer is not None:
-                edges.append((data.name, producer, None, Layout(strategy.get_sharding_spec_by_name(data.name))))
+                edges.append((data.name, producer, None, operand_layout(strategy, data.name)))
         return edges
     if metadata_read(node) is not None:
         return edges                                 # the global shape needs none of the data
@@ -125,6 +127,16 @@ def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceM
         elif shapes is not None:
             edges.append((producer.name, producer, None, Layout.replicated(mesh.shape, shapes)))
     return edges
+
+
+def operand_layout(strategy: ShardingStrategy, name: str) -> Layout:
+    """The layout ``strategy`` takes operand ``name`` in: its spec, partial over the axes of a
+    partial-sum input (plans carry no partial max or min)."""
+    held = strategy.partial_input(name)
+    if held is not None and held.op != "sum":
+        raise StrategyError(f"strategy {strategy.name!r} takes {name!r} as a partial {held.op}: plans carry "
+                            f"partial sums only")
+    return Layout(strategy.get_sharding_spec_by_name(name), held.axes if held is not None else ())
 
 
 def make_reshard(node: fx.Node, operand: str, producer: fx.Node, source, target: Layout,

@@ -206,11 +206,10 @@ def simulated_runs(spec: PlanSpec) -> list[tuple[tuple[int, ...], str]]:
 
 def process_runs(spec: PlanSpec) -> list[tuple[tuple[int, ...], str]]:
     """(mesh, plan) of the runs on real process groups, which cost a start of processes each:
-    every plan once and every mesh at least once, the meshes in turns (the simulated backend
-    runs every pair, with the same semantics)."""
+    every mesh once, the plans in turns (the simulated backend runs every pair, with the same
+    semantics; what the real groups add depends on the mesh, not on the plan)."""
     names = [name for name, _ in spec.plans]
-    count = max(len(names), len(spec.meshes))
-    return [(spec.meshes[i % len(spec.meshes)], names[i % len(names)]) for i in range(count)]
+    return [(mesh, names[i % len(names)]) for i, mesh in enumerate(spec.meshes)]
 
 
 def render_plan_spec(spec: PlanSpec, renderer: Renderer) -> dict[str, str]:
