@@ -2,7 +2,9 @@
 # Edit specs/adaptive_avg_pool2d.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'adaptive_avg_pool2d': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit adaptive_avg_pool2d --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,19 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/adaptive_avg_pool2d.yaml'
-CASE_IDS = [
-    'torch.nn.AdaptiveAvgPool2d-output_size_1.1',
-    'torch.nn.AdaptiveAvgPool2d-output_size_2.3',
-    'torch.nn.functional.adaptive_avg_pool2d-output_size_1.1',
-    'torch.nn.functional.adaptive_avg_pool2d-output_size_2.3',
-    'torch.ops.aten.adaptive_avg_pool2d.default-output_size_1.1',
-    'torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.AdaptiveAvgPool2d-output_size_1.1', (4,), id='torch.nn.AdaptiveAvgPool2d-output_size_1.1-mesh4'),
+    pytest.param('torch.nn.AdaptiveAvgPool2d-output_size_2.3', (4,), id='torch.nn.AdaptiveAvgPool2d-output_size_2.3-mesh4'),
+    pytest.param('torch.nn.functional.adaptive_avg_pool2d-output_size_1.1', (4,), id='torch.nn.functional.adaptive_avg_pool2d-output_size_1.1-mesh4'),
+    pytest.param('torch.nn.functional.adaptive_avg_pool2d-output_size_2.3', (4,), id='torch.nn.functional.adaptive_avg_pool2d-output_size_2.3-mesh4'),
+    pytest.param('torch.ops.aten.adaptive_avg_pool2d.default-output_size_1.1', (4,), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_1.1-mesh4'),
+    pytest.param('torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3', (4,), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3-mesh4'),
+    pytest.param('torch.nn.functional.adaptive_avg_pool2d-output_size_1.1', (2, 2), id='torch.nn.functional.adaptive_avg_pool2d-output_size_1.1-mesh2x2'),
+    pytest.param('torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3', (2, 2), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_adaptive_avg_pool2d_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/addmm.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'addmm': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit addmm --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,18 +14,15 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/addmm.yaml'
-CASE_IDS = [
-    'torch.addmm',
-    'torch.Tensor.addmm',
-    'torch.ops.aten.addmm.default',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.addmm', (4,), id='torch.addmm-mesh4'),
+    pytest.param('torch.Tensor.addmm', (4,), id='torch.Tensor.addmm-mesh4'),
+    pytest.param('torch.ops.aten.addmm.default', (4,), id='torch.ops.aten.addmm.default-mesh4'),
+    pytest.param('torch.Tensor.addmm', (2, 2), id='torch.Tensor.addmm-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_addmm_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/batch_norm_train.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'batch_norm_train': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit batch_norm_train --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,15 +14,12 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/batch_norm_train.yaml'
-CASE_IDS = [
-    'torch.ops.aten.batch_norm.default-training_True-momentum_0.1-eps_1e-05-cudnn_enabled_False',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.ops.aten.batch_norm.default-training_True-momentum_0.1-eps_1e-05-cudnn_enabled_False', (4,), id='torch.ops.aten.batch_norm.default-training_True-momentum_0.1-eps_1e-05-cudnn_enabled_False-mesh4'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_batch_norm_train_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

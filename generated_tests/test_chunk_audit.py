@@ -2,7 +2,9 @@
 # Edit specs/chunk.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'chunk': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit chunk --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,22 +14,21 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/chunk.yaml'
-CASE_IDS = [
-    'torch.chunk-chunks_2-dim_0',
-    'torch.chunk-chunks_2-dim_-1',
-    'torch.Tensor.chunk-chunks_2-dim_0',
-    'torch.Tensor.chunk-chunks_2-dim_-1',
-    'torch.ops.aten.chunk.default-chunks_2-dim_0',
-    'torch.ops.aten.chunk.default-chunks_2-dim_-1',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.chunk-chunks_2-dim_0', (4,), id='torch.chunk-chunks_2-dim_0-mesh4'),
+    pytest.param('torch.chunk-chunks_2-dim_-1', (4,), id='torch.chunk-chunks_2-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.chunk-chunks_2-dim_0', (4,), id='torch.Tensor.chunk-chunks_2-dim_0-mesh4'),
+    pytest.param('torch.Tensor.chunk-chunks_2-dim_-1', (4,), id='torch.Tensor.chunk-chunks_2-dim_-1-mesh4'),
+    pytest.param('torch.ops.aten.chunk.default-chunks_2-dim_0', (4,), id='torch.ops.aten.chunk.default-chunks_2-dim_0-mesh4'),
+    pytest.param('torch.ops.aten.chunk.default-chunks_2-dim_-1', (4,), id='torch.ops.aten.chunk.default-chunks_2-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.chunk-chunks_2-dim_0', (2, 2), id='torch.Tensor.chunk-chunks_2-dim_0-mesh2x2'),
+    pytest.param('torch.ops.aten.chunk.default-chunks_2-dim_-1', (2, 2), id='torch.ops.aten.chunk.default-chunks_2-dim_-1-mesh2x2'),
+    pytest.param('torch.ops.aten.chunk.default-chunks_2-dim_0', (2, 3), id='torch.ops.aten.chunk.default-chunks_2-dim_0-mesh2x3'),
+    pytest.param('torch.chunk-chunks_2-dim_-1', (2, 3), id='torch.chunk-chunks_2-dim_-1-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_chunk_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

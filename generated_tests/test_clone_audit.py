@@ -2,7 +2,9 @@
 # Edit specs/clone.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'clone': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit clone --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,18 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/clone.yaml'
-CASE_IDS = [
-    'torch.clone',
-    'torch.Tensor.clone',
-    'torch.Tensor.contiguous',
-    'torch.ops.aten.clone.default',
-    'torch.ops.aten.contiguous.default',
-    'torch.ops.aten.alias.default',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.clone', (4,), id='torch.clone-mesh4'),
+    pytest.param('torch.Tensor.clone', (4,), id='torch.Tensor.clone-mesh4'),
+    pytest.param('torch.Tensor.contiguous', (4,), id='torch.Tensor.contiguous-mesh4'),
+    pytest.param('torch.ops.aten.clone.default', (4,), id='torch.ops.aten.clone.default-mesh4'),
+    pytest.param('torch.ops.aten.contiguous.default', (4,), id='torch.ops.aten.contiguous.default-mesh4'),
+    pytest.param('torch.ops.aten.alias.default', (4,), id='torch.ops.aten.alias.default-mesh4'),
+    pytest.param('torch.Tensor.clone', (2, 3), id='torch.Tensor.clone-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_clone_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

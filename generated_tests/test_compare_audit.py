@@ -2,7 +2,9 @@
 # Edit specs/compare.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'compare': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit compare --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,23 +14,20 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/compare.yaml'
-CASE_IDS = [
-    'torch.ge',
-    'torch.gt',
-    'torch.le',
-    'torch.lt',
-    'torch.ops.aten.ge.Tensor',
-    'torch.ops.aten.gt.Tensor',
-    'torch.ops.aten.le.Tensor',
-    'torch.ops.aten.lt.Tensor',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.ge', (4,), id='torch.ge-mesh4'),
+    pytest.param('torch.gt', (4,), id='torch.gt-mesh4'),
+    pytest.param('torch.le', (4,), id='torch.le-mesh4'),
+    pytest.param('torch.lt', (4,), id='torch.lt-mesh4'),
+    pytest.param('torch.ops.aten.ge.Tensor', (4,), id='torch.ops.aten.ge.Tensor-mesh4'),
+    pytest.param('torch.ops.aten.gt.Tensor', (4,), id='torch.ops.aten.gt.Tensor-mesh4'),
+    pytest.param('torch.ops.aten.le.Tensor', (4,), id='torch.ops.aten.le.Tensor-mesh4'),
+    pytest.param('torch.ops.aten.lt.Tensor', (4,), id='torch.ops.aten.lt.Tensor-mesh4'),
+    pytest.param('torch.gt', (2, 3), id='torch.gt-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_compare_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

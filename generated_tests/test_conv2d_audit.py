@@ -2,7 +2,9 @@
 # Edit specs/conv2d.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'conv2d': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit conv2d --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,19 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/conv2d.yaml'
-CASE_IDS = [
-    'torch.nn.Conv2d-bias_False',
-    'torch.nn.Conv2d-bias_True',
-    'torch.nn.functional.conv2d-bias_False',
-    'torch.nn.functional.conv2d-bias_True',
-    'torch.ops.aten.conv2d.default-bias_False',
-    'torch.ops.aten.conv2d.default-bias_True',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.Conv2d-bias_False', (4,), id='torch.nn.Conv2d-bias_False-mesh4'),
+    pytest.param('torch.nn.Conv2d-bias_True', (4,), id='torch.nn.Conv2d-bias_True-mesh4'),
+    pytest.param('torch.nn.functional.conv2d-bias_False', (4,), id='torch.nn.functional.conv2d-bias_False-mesh4'),
+    pytest.param('torch.nn.functional.conv2d-bias_True', (4,), id='torch.nn.functional.conv2d-bias_True-mesh4'),
+    pytest.param('torch.ops.aten.conv2d.default-bias_False', (4,), id='torch.ops.aten.conv2d.default-bias_False-mesh4'),
+    pytest.param('torch.ops.aten.conv2d.default-bias_True', (4,), id='torch.ops.aten.conv2d.default-bias_True-mesh4'),
+    pytest.param('torch.nn.functional.conv2d-bias_False', (2, 2), id='torch.nn.functional.conv2d-bias_False-mesh2x2'),
+    pytest.param('torch.ops.aten.conv2d.default-bias_True', (2, 2), id='torch.ops.aten.conv2d.default-bias_True-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_conv2d_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

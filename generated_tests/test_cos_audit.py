@@ -2,7 +2,9 @@
 # Edit specs/cos.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'cos': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit cos --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,18 +14,15 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/cos.yaml'
-CASE_IDS = [
-    'torch.cos',
-    'torch.Tensor.cos',
-    'torch.ops.aten.cos.default',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.cos', (4,), id='torch.cos-mesh4'),
+    pytest.param('torch.Tensor.cos', (4,), id='torch.Tensor.cos-mesh4'),
+    pytest.param('torch.ops.aten.cos.default', (4,), id='torch.ops.aten.cos.default-mesh4'),
+    pytest.param('torch.Tensor.cos', (2, 3), id='torch.Tensor.cos-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_cos_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/cumsum.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'cumsum': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit cumsum --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,24 +14,23 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/cumsum.yaml'
-CASE_IDS = [
-    'torch.cumsum-dim_0',
-    'torch.cumsum-dim_1',
-    'torch.cumsum-dim_-1',
-    'torch.Tensor.cumsum-dim_0',
-    'torch.Tensor.cumsum-dim_1',
-    'torch.Tensor.cumsum-dim_-1',
-    'torch.ops.aten.cumsum.default-dim_0',
-    'torch.ops.aten.cumsum.default-dim_1',
-    'torch.ops.aten.cumsum.default-dim_-1',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.cumsum-dim_0', (4,), id='torch.cumsum-dim_0-mesh4'),
+    pytest.param('torch.cumsum-dim_1', (4,), id='torch.cumsum-dim_1-mesh4'),
+    pytest.param('torch.cumsum-dim_-1', (4,), id='torch.cumsum-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.cumsum-dim_0', (4,), id='torch.Tensor.cumsum-dim_0-mesh4'),
+    pytest.param('torch.Tensor.cumsum-dim_1', (4,), id='torch.Tensor.cumsum-dim_1-mesh4'),
+    pytest.param('torch.Tensor.cumsum-dim_-1', (4,), id='torch.Tensor.cumsum-dim_-1-mesh4'),
+    pytest.param('torch.ops.aten.cumsum.default-dim_0', (4,), id='torch.ops.aten.cumsum.default-dim_0-mesh4'),
+    pytest.param('torch.ops.aten.cumsum.default-dim_1', (4,), id='torch.ops.aten.cumsum.default-dim_1-mesh4'),
+    pytest.param('torch.ops.aten.cumsum.default-dim_-1', (4,), id='torch.ops.aten.cumsum.default-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.cumsum-dim_0', (2, 3), id='torch.Tensor.cumsum-dim_0-mesh2x3'),
+    pytest.param('torch.ops.aten.cumsum.default-dim_1', (2, 3), id='torch.ops.aten.cumsum.default-dim_1-mesh2x3'),
+    pytest.param('torch.cumsum-dim_-1', (2, 3), id='torch.cumsum-dim_-1-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_cumsum_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/diff.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'diff': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit diff --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,39 +14,43 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/diff.yaml'
-CASE_IDS = [
-    'torch.diff-prepend_False-append_False-n_2-dim_0',
-    'torch.diff-prepend_False-append_False-n_2-dim_-1',
-    'torch.diff-prepend_False-append_True-n_2-dim_0',
-    'torch.diff-prepend_False-append_True-n_2-dim_-1',
-    'torch.diff-prepend_True-append_False-n_2-dim_0',
-    'torch.diff-prepend_True-append_False-n_2-dim_-1',
-    'torch.diff-prepend_True-append_True-n_2-dim_0',
-    'torch.diff-prepend_True-append_True-n_2-dim_-1',
-    'torch.Tensor.diff-prepend_False-append_False-n_2-dim_0',
-    'torch.Tensor.diff-prepend_False-append_False-n_2-dim_-1',
-    'torch.Tensor.diff-prepend_False-append_True-n_2-dim_0',
-    'torch.Tensor.diff-prepend_False-append_True-n_2-dim_-1',
-    'torch.Tensor.diff-prepend_True-append_False-n_2-dim_0',
-    'torch.Tensor.diff-prepend_True-append_False-n_2-dim_-1',
-    'torch.Tensor.diff-prepend_True-append_True-n_2-dim_0',
-    'torch.Tensor.diff-prepend_True-append_True-n_2-dim_-1',
-    'torch.ops.aten.diff.default-prepend_False-append_False-n_2-dim_0',
-    'torch.ops.aten.diff.default-prepend_False-append_False-n_2-dim_-1',
-    'torch.ops.aten.diff.default-prepend_False-append_True-n_2-dim_0',
-    'torch.ops.aten.diff.default-prepend_False-append_True-n_2-dim_-1',
-    'torch.ops.aten.diff.default-prepend_True-append_False-n_2-dim_0',
-    'torch.ops.aten.diff.default-prepend_True-append_False-n_2-dim_-1',
-    'torch.ops.aten.diff.default-prepend_True-append_True-n_2-dim_0',
-    'torch.ops.aten.diff.default-prepend_True-append_True-n_2-dim_-1',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.diff-prepend_False-append_False-n_2-dim_0', (4,), id='torch.diff-prepend_False-append_False-n_2-dim_0-mesh4'),
+    pytest.param('torch.diff-prepend_False-append_False-n_2-dim_-1', (4,), id='torch.diff-prepend_False-append_False-n_2-dim_-1-mesh4'),
+    pytest.param('torch.diff-prepend_False-append_True-n_2-dim_0', (4,), id='torch.diff-prepend_False-append_True-n_2-dim_0-mesh4'),
+    pytest.param('torch.diff-prepend_False-append_True-n_2-dim_-1', (4,), id='torch.diff-prepend_False-append_True-n_2-dim_-1-mesh4'),
+    pytest.param('torch.diff-prepend_True-append_False-n_2-dim_0', (4,), id='torch.diff-prepend_True-append_False-n_2-dim_0-mesh4'),
+    pytest.param('torch.diff-prepend_True-append_False-n_2-dim_-1', (4,), id='torch.diff-prepend_True-append_False-n_2-dim_-1-mesh4'),
+    pytest.param('torch.diff-prepend_True-append_True-n_2-dim_0', (4,), id='torch.diff-prepend_True-append_True-n_2-dim_0-mesh4'),
+    pytest.param('torch.diff-prepend_True-append_True-n_2-dim_-1', (4,), id='torch.diff-prepend_True-append_True-n_2-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.diff-prepend_False-append_False-n_2-dim_0', (4,), id='torch.Tensor.diff-prepend_False-append_False-n_2-dim_0-mesh4'),
+    pytest.param('torch.Tensor.diff-prepend_False-append_False-n_2-dim_-1', (4,), id='torch.Tensor.diff-prepend_False-append_False-n_2-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.diff-prepend_False-append_True-n_2-dim_0', (4,), id='torch.Tensor.diff-prepend_False-append_True-n_2-dim_0-mesh4'),
+    pytest.param('torch.Tensor.diff-prepend_False-append_True-n_2-dim_-1', (4,), id='torch.Tensor.diff-prepend_False-append_True-n_2-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.diff-prepend_True-append_False-n_2-dim_0', (4,), id='torch.Tensor.diff-prepend_True-append_False-n_2-dim_0-mesh4'),
+    pytest.param('torch.Tensor.diff-prepend_True-append_False-n_2-dim_-1', (4,), id='torch.Tensor.diff-prepend_True-append_False-n_2-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.diff-prepend_True-append_True-n_2-dim_0', (4,), id='torch.Tensor.diff-prepend_True-append_True-n_2-dim_0-mesh4'),
+    pytest.param('torch.Tensor.diff-prepend_True-append_True-n_2-dim_-1', (4,), id='torch.Tensor.diff-prepend_True-append_True-n_2-dim_-1-mesh4'),
+    pytest.param('torch.ops.aten.diff.default-prepend_False-append_False-n_2-dim_0', (4,), id='torch.ops.aten.diff.default-prepend_False-append_False-n_2-dim_0-mesh4'),
+    pytest.param('torch.ops.aten.diff.default-prepend_False-append_False-n_2-dim_-1', (4,), id='torch.ops.aten.diff.default-prepend_False-append_False-n_2-dim_-1-mesh4'),
+    pytest.param('torch.ops.aten.diff.default-prepend_False-append_True-n_2-dim_0', (4,), id='torch.ops.aten.diff.default-prepend_False-append_True-n_2-dim_0-mesh4'),
+    pytest.param('torch.ops.aten.diff.default-prepend_False-append_True-n_2-dim_-1', (4,), id='torch.ops.aten.diff.default-prepend_False-append_True-n_2-dim_-1-mesh4'),
+    pytest.param('torch.ops.aten.diff.default-prepend_True-append_False-n_2-dim_0', (4,), id='torch.ops.aten.diff.default-prepend_True-append_False-n_2-dim_0-mesh4'),
+    pytest.param('torch.ops.aten.diff.default-prepend_True-append_False-n_2-dim_-1', (4,), id='torch.ops.aten.diff.default-prepend_True-append_False-n_2-dim_-1-mesh4'),
+    pytest.param('torch.ops.aten.diff.default-prepend_True-append_True-n_2-dim_0', (4,), id='torch.ops.aten.diff.default-prepend_True-append_True-n_2-dim_0-mesh4'),
+    pytest.param('torch.ops.aten.diff.default-prepend_True-append_True-n_2-dim_-1', (4,), id='torch.ops.aten.diff.default-prepend_True-append_True-n_2-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.diff-prepend_False-append_False-n_2-dim_0', (2, 3), id='torch.Tensor.diff-prepend_False-append_False-n_2-dim_0-mesh2x3'),
+    pytest.param('torch.ops.aten.diff.default-prepend_False-append_False-n_2-dim_-1', (2, 3), id='torch.ops.aten.diff.default-prepend_False-append_False-n_2-dim_-1-mesh2x3'),
+    pytest.param('torch.diff-prepend_False-append_True-n_2-dim_0', (2, 3), id='torch.diff-prepend_False-append_True-n_2-dim_0-mesh2x3'),
+    pytest.param('torch.Tensor.diff-prepend_False-append_True-n_2-dim_-1', (2, 3), id='torch.Tensor.diff-prepend_False-append_True-n_2-dim_-1-mesh2x3'),
+    pytest.param('torch.ops.aten.diff.default-prepend_True-append_False-n_2-dim_0', (2, 3), id='torch.ops.aten.diff.default-prepend_True-append_False-n_2-dim_0-mesh2x3'),
+    pytest.param('torch.diff-prepend_True-append_False-n_2-dim_-1', (2, 3), id='torch.diff-prepend_True-append_False-n_2-dim_-1-mesh2x3'),
+    pytest.param('torch.Tensor.diff-prepend_True-append_True-n_2-dim_0', (2, 3), id='torch.Tensor.diff-prepend_True-append_True-n_2-dim_0-mesh2x3'),
+    pytest.param('torch.ops.aten.diff.default-prepend_True-append_True-n_2-dim_-1', (2, 3), id='torch.ops.aten.diff.default-prepend_True-append_True-n_2-dim_-1-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_diff_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

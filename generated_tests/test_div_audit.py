@@ -2,7 +2,9 @@
 # Edit specs/div.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'div': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit div --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,23 +14,21 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/div.yaml'
-CASE_IDS = [
-    'torch.div-other_True',
-    'torch.div-other_2.5',
-    'torch.Tensor.div-other_True',
-    'torch.Tensor.div-other_2.5',
-    'torch.ops.aten.div.Tensor-other_True',
-    'torch.ops.aten.div.Tensor-other_2.5',
-    'torch.Tensor.__truediv__-other_True',
-    'torch.Tensor.__truediv__-other_2.5',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.div-other_True', (4,), id='torch.div-other_True-mesh4'),
+    pytest.param('torch.div-other_2.5', (4,), id='torch.div-other_2.5-mesh4'),
+    pytest.param('torch.Tensor.div-other_True', (4,), id='torch.Tensor.div-other_True-mesh4'),
+    pytest.param('torch.Tensor.div-other_2.5', (4,), id='torch.Tensor.div-other_2.5-mesh4'),
+    pytest.param('torch.ops.aten.div.Tensor-other_True', (4,), id='torch.ops.aten.div.Tensor-other_True-mesh4'),
+    pytest.param('torch.ops.aten.div.Tensor-other_2.5', (4,), id='torch.ops.aten.div.Tensor-other_2.5-mesh4'),
+    pytest.param('torch.Tensor.__truediv__-other_True', (4,), id='torch.Tensor.__truediv__-other_True-mesh4'),
+    pytest.param('torch.Tensor.__truediv__-other_2.5', (4,), id='torch.Tensor.__truediv__-other_2.5-mesh4'),
+    pytest.param('torch.Tensor.div-other_True', (2, 2), id='torch.Tensor.div-other_True-mesh2x2'),
+    pytest.param('torch.ops.aten.div.Tensor-other_2.5', (2, 2), id='torch.ops.aten.div.Tensor-other_2.5-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_div_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

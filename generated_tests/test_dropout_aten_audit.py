@@ -2,7 +2,9 @@
 # Edit specs/dropout_aten.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'dropout_aten': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit dropout_aten --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,17 +14,15 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/dropout_aten.yaml'
-CASE_IDS = [
-    'torch.ops.aten.dropout.default-p_0.0-train_False',
-    'torch.ops.aten.dropout.default-p_0.5-train_False',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.ops.aten.dropout.default-p_0.0-train_False', (4,), id='torch.ops.aten.dropout.default-p_0.0-train_False-mesh4'),
+    pytest.param('torch.ops.aten.dropout.default-p_0.5-train_False', (4,), id='torch.ops.aten.dropout.default-p_0.5-train_False-mesh4'),
+    pytest.param('torch.ops.aten.dropout.default-p_0.0-train_False', (2, 3), id='torch.ops.aten.dropout.default-p_0.0-train_False-mesh2x3'),
+    pytest.param('torch.ops.aten.dropout.default-p_0.5-train_False', (2, 3), id='torch.ops.aten.dropout.default-p_0.5-train_False-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_dropout_aten_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

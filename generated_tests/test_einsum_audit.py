@@ -2,7 +2,9 @@
 # Edit specs/einsum.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'einsum': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit einsum --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,20 +14,21 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/einsum.yaml'
-CASE_IDS = [
-    'torch.einsum-equation_bij_bjk-_bik',
-    'torch.einsum-equation_bij_bkj-_bik',
-    'torch.einsum-equation_bij_bjk-_ik',
-    'torch.einsum-equation_...ij_...jk-_...ik',
-    'torch.einsum-equation_bij_bij',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.einsum-equation_bij_bjk-_bik', (4,), id='torch.einsum-equation_bij_bjk-_bik-mesh4'),
+    pytest.param('torch.einsum-equation_bij_bkj-_bik', (4,), id='torch.einsum-equation_bij_bkj-_bik-mesh4'),
+    pytest.param('torch.einsum-equation_bij_bjk-_ik', (4,), id='torch.einsum-equation_bij_bjk-_ik-mesh4'),
+    pytest.param('torch.einsum-equation_...ij_...jk-_...ik', (4,), id='torch.einsum-equation_...ij_...jk-_...ik-mesh4'),
+    pytest.param('torch.einsum-equation_bij_bij', (4,), id='torch.einsum-equation_bij_bij-mesh4'),
+    pytest.param('torch.einsum-equation_bij_bjk-_bik', (2, 2), id='torch.einsum-equation_bij_bjk-_bik-mesh2x2'),
+    pytest.param('torch.einsum-equation_bij_bkj-_bik', (2, 2), id='torch.einsum-equation_bij_bkj-_bik-mesh2x2'),
+    pytest.param('torch.einsum-equation_bij_bjk-_ik', (2, 2), id='torch.einsum-equation_bij_bjk-_ik-mesh2x2'),
+    pytest.param('torch.einsum-equation_...ij_...jk-_...ik', (2, 2), id='torch.einsum-equation_...ij_...jk-_...ik-mesh2x2'),
+    pytest.param('torch.einsum-equation_bij_bij', (2, 2), id='torch.einsum-equation_bij_bij-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_einsum_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

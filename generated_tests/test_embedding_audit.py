@@ -2,7 +2,9 @@
 # Edit specs/embedding.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'embedding': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit embedding --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,18 +14,15 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/embedding.yaml'
-CASE_IDS = [
-    'torch.nn.functional.embedding',
-    'torch.nn.Embedding',
-    'torch.ops.aten.embedding.default',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.functional.embedding', (4,), id='torch.nn.functional.embedding-mesh4'),
+    pytest.param('torch.nn.Embedding', (4,), id='torch.nn.Embedding-mesh4'),
+    pytest.param('torch.ops.aten.embedding.default', (4,), id='torch.ops.aten.embedding.default-mesh4'),
+    pytest.param('torch.nn.Embedding', (2, 2), id='torch.nn.Embedding-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_embedding_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

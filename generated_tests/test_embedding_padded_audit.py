@@ -2,7 +2,9 @@
 # Edit specs/embedding_padded.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'embedding_padded': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit embedding_padded --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,19 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/embedding_padded.yaml'
-CASE_IDS = [
-    'torch.nn.functional.embedding-padding_idx_0',
-    'torch.nn.functional.embedding-padding_idx_3',
-    'torch.nn.Embedding-padding_idx_0',
-    'torch.nn.Embedding-padding_idx_3',
-    'torch.ops.aten.embedding.default-padding_idx_0',
-    'torch.ops.aten.embedding.default-padding_idx_3',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.functional.embedding-padding_idx_0', (4,), id='torch.nn.functional.embedding-padding_idx_0-mesh4'),
+    pytest.param('torch.nn.functional.embedding-padding_idx_3', (4,), id='torch.nn.functional.embedding-padding_idx_3-mesh4'),
+    pytest.param('torch.nn.Embedding-padding_idx_0', (4,), id='torch.nn.Embedding-padding_idx_0-mesh4'),
+    pytest.param('torch.nn.Embedding-padding_idx_3', (4,), id='torch.nn.Embedding-padding_idx_3-mesh4'),
+    pytest.param('torch.ops.aten.embedding.default-padding_idx_0', (4,), id='torch.ops.aten.embedding.default-padding_idx_0-mesh4'),
+    pytest.param('torch.ops.aten.embedding.default-padding_idx_3', (4,), id='torch.ops.aten.embedding.default-padding_idx_3-mesh4'),
+    pytest.param('torch.nn.Embedding-padding_idx_0', (2, 2), id='torch.nn.Embedding-padding_idx_0-mesh2x2'),
+    pytest.param('torch.ops.aten.embedding.default-padding_idx_3', (2, 2), id='torch.ops.aten.embedding.default-padding_idx_3-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_embedding_padded_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/equal.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'equal': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit equal --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,19 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/equal.yaml'
-CASE_IDS = [
-    'torch.eq-other_True',
-    'torch.eq-other_2',
-    'torch.ne-other_True',
-    'torch.ne-other_2',
-    'torch.ops.aten.eq.Tensor-other_True',
-    'torch.ops.aten.ne.Tensor-other_True',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.eq-other_True', (4,), id='torch.eq-other_True-mesh4'),
+    pytest.param('torch.eq-other_2', (4,), id='torch.eq-other_2-mesh4'),
+    pytest.param('torch.ne-other_True', (4,), id='torch.ne-other_True-mesh4'),
+    pytest.param('torch.ne-other_2', (4,), id='torch.ne-other_2-mesh4'),
+    pytest.param('torch.ops.aten.eq.Tensor-other_True', (4,), id='torch.ops.aten.eq.Tensor-other_True-mesh4'),
+    pytest.param('torch.ops.aten.ne.Tensor-other_True', (4,), id='torch.ops.aten.ne.Tensor-other_True-mesh4'),
+    pytest.param('torch.ne-other_True', (2, 3), id='torch.ne-other_True-mesh2x3'),
+    pytest.param('torch.eq-other_2', (2, 3), id='torch.eq-other_2-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_equal_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

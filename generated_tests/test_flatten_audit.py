@@ -2,7 +2,9 @@
 # Edit specs/flatten.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'flatten': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit flatten --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,24 +14,23 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/flatten.yaml'
-CASE_IDS = [
-    'torch.flatten-start_dim_1-end_dim_-1',
-    'torch.flatten-start_dim_1-end_dim_2',
-    'torch.Tensor.flatten-start_dim_1-end_dim_-1',
-    'torch.Tensor.flatten-start_dim_1-end_dim_2',
-    'torch.nn.Flatten-start_dim_1-end_dim_-1',
-    'torch.nn.Flatten-start_dim_1-end_dim_2',
-    'torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_-1',
-    'torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.flatten-start_dim_1-end_dim_-1', (4,), id='torch.flatten-start_dim_1-end_dim_-1-mesh4'),
+    pytest.param('torch.flatten-start_dim_1-end_dim_2', (4,), id='torch.flatten-start_dim_1-end_dim_2-mesh4'),
+    pytest.param('torch.Tensor.flatten-start_dim_1-end_dim_-1', (4,), id='torch.Tensor.flatten-start_dim_1-end_dim_-1-mesh4'),
+    pytest.param('torch.Tensor.flatten-start_dim_1-end_dim_2', (4,), id='torch.Tensor.flatten-start_dim_1-end_dim_2-mesh4'),
+    pytest.param('torch.nn.Flatten-start_dim_1-end_dim_-1', (4,), id='torch.nn.Flatten-start_dim_1-end_dim_-1-mesh4'),
+    pytest.param('torch.nn.Flatten-start_dim_1-end_dim_2', (4,), id='torch.nn.Flatten-start_dim_1-end_dim_2-mesh4'),
+    pytest.param('torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_-1', (4,), id='torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_-1-mesh4'),
+    pytest.param('torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2', (4,), id='torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2-mesh4'),
+    pytest.param('torch.Tensor.flatten-start_dim_1-end_dim_-1', (2, 2), id='torch.Tensor.flatten-start_dim_1-end_dim_-1-mesh2x2'),
+    pytest.param('torch.nn.Flatten-start_dim_1-end_dim_2', (2, 2), id='torch.nn.Flatten-start_dim_1-end_dim_2-mesh2x2'),
+    pytest.param('torch.nn.Flatten-start_dim_1-end_dim_-1', (2, 3), id='torch.nn.Flatten-start_dim_1-end_dim_-1-mesh2x3'),
+    pytest.param('torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2', (2, 3), id='torch.ops.aten.flatten.using_ints-start_dim_1-end_dim_2-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_flatten_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/gelu.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'gelu': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit gelu --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,19 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/gelu.yaml'
-CASE_IDS = [
-    'torch.nn.functional.gelu-approximate_none',
-    'torch.nn.functional.gelu-approximate_tanh',
-    'torch.nn.GELU-approximate_none',
-    'torch.nn.GELU-approximate_tanh',
-    'torch.ops.aten.gelu.default-approximate_none',
-    'torch.ops.aten.gelu.default-approximate_tanh',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.functional.gelu-approximate_none', (4,), id='torch.nn.functional.gelu-approximate_none-mesh4'),
+    pytest.param('torch.nn.functional.gelu-approximate_tanh', (4,), id='torch.nn.functional.gelu-approximate_tanh-mesh4'),
+    pytest.param('torch.nn.GELU-approximate_none', (4,), id='torch.nn.GELU-approximate_none-mesh4'),
+    pytest.param('torch.nn.GELU-approximate_tanh', (4,), id='torch.nn.GELU-approximate_tanh-mesh4'),
+    pytest.param('torch.ops.aten.gelu.default-approximate_none', (4,), id='torch.ops.aten.gelu.default-approximate_none-mesh4'),
+    pytest.param('torch.ops.aten.gelu.default-approximate_tanh', (4,), id='torch.ops.aten.gelu.default-approximate_tanh-mesh4'),
+    pytest.param('torch.nn.GELU-approximate_none', (2, 2), id='torch.nn.GELU-approximate_none-mesh2x2'),
+    pytest.param('torch.ops.aten.gelu.default-approximate_tanh', (2, 2), id='torch.ops.aten.gelu.default-approximate_tanh-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_gelu_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/index_select.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'index_select': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit index_select --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,19 +14,16 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/index_select.yaml'
-CASE_IDS = [
-    'torch.index_select-dim_0',
-    'torch.Tensor.index_select-dim_0',
-    'torch.ops.aten.index_select.default-dim_0',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.index_select-dim_0', (4,), id='torch.index_select-dim_0-mesh4'),
+    pytest.param('torch.Tensor.index_select-dim_0', (4,), id='torch.Tensor.index_select-dim_0-mesh4'),
+    pytest.param('torch.ops.aten.index_select.default-dim_0', (4,), id='torch.ops.aten.index_select.default-dim_0-mesh4'),
+    pytest.param('torch.Tensor.index_select-dim_0', (2, 2), id='torch.Tensor.index_select-dim_0-mesh2x2'),
+    pytest.param('torch.ops.aten.index_select.default-dim_0', (2, 3), id='torch.ops.aten.index_select.default-dim_0-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_index_select_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

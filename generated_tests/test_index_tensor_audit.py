@@ -2,7 +2,9 @@
 # Edit specs/index_tensor.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'index_tensor': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit index_tensor --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,18 +14,17 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/index_tensor.yaml'
-CASE_IDS = [
-    'torch.ops.aten.index.Tensor-i1_True',
-    'torch.ops.aten.index.Tensor-i1_False',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.ops.aten.index.Tensor-i1_True', (4,), id='torch.ops.aten.index.Tensor-i1_True-mesh4'),
+    pytest.param('torch.ops.aten.index.Tensor-i1_False', (4,), id='torch.ops.aten.index.Tensor-i1_False-mesh4'),
+    pytest.param('torch.ops.aten.index.Tensor-i1_True', (2, 2), id='torch.ops.aten.index.Tensor-i1_True-mesh2x2'),
+    pytest.param('torch.ops.aten.index.Tensor-i1_False', (2, 2), id='torch.ops.aten.index.Tensor-i1_False-mesh2x2'),
+    pytest.param('torch.ops.aten.index.Tensor-i1_True', (2, 3), id='torch.ops.aten.index.Tensor-i1_True-mesh2x3'),
+    pytest.param('torch.ops.aten.index.Tensor-i1_False', (2, 3), id='torch.ops.aten.index.Tensor-i1_False-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_index_tensor_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/layer_norm.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'layer_norm': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit layer_norm --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,17 +14,15 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/layer_norm.yaml'
-CASE_IDS = [
-    'torch.nn.LayerNorm-bias_False',
-    'torch.nn.LayerNorm-bias_True',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.LayerNorm-bias_False', (4,), id='torch.nn.LayerNorm-bias_False-mesh4'),
+    pytest.param('torch.nn.LayerNorm-bias_True', (4,), id='torch.nn.LayerNorm-bias_True-mesh4'),
+    pytest.param('torch.nn.LayerNorm-bias_False', (2, 2), id='torch.nn.LayerNorm-bias_False-mesh2x2'),
+    pytest.param('torch.nn.LayerNorm-bias_True', (2, 2), id='torch.nn.LayerNorm-bias_True-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_layer_norm_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

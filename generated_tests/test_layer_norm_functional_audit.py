@@ -2,7 +2,9 @@
 # Edit specs/layer_norm_functional.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'layer_norm_functional': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit layer_norm_functional --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,23 +14,23 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/layer_norm_functional.yaml'
-CASE_IDS = [
-    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_True',
-    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False',
-    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_True',
-    'torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False',
-    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_True',
-    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_False',
-    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_True',
-    'torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_False',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_True', (4,), id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_True-mesh4'),
+    pytest.param('torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False', (4,), id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False-mesh4'),
+    pytest.param('torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_True', (4,), id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_True-mesh4'),
+    pytest.param('torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False', (4,), id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False-mesh4'),
+    pytest.param('torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_True', (4,), id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_True-mesh4'),
+    pytest.param('torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_False', (4,), id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_False-mesh4'),
+    pytest.param('torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_True', (4,), id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_True-mesh4'),
+    pytest.param('torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_False', (4,), id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_False-mesh4'),
+    pytest.param('torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_True', (2, 2), id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_True-bias_True-mesh2x2'),
+    pytest.param('torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False', (2, 2), id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_True-bias_False-mesh2x2'),
+    pytest.param('torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_True', (2, 2), id='torch.ops.aten.layer_norm.default-normalized_shape_8.16-weight_False-bias_True-mesh2x2'),
+    pytest.param('torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False', (2, 2), id='torch.nn.functional.layer_norm-normalized_shape_8.16-weight_False-bias_False-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_layer_norm_functional_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/linear.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'linear': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit linear --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,20 +14,19 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/linear.yaml'
-CASE_IDS = [
-    'torch.nn.Linear-bias_False',
-    'torch.nn.Linear-bias_True',
-    'torch.nn.functional.linear-bias_False',
-    'torch.nn.functional.linear-bias_True',
-]
-MESH_SHAPES = [
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((4,), id='mesh4'),
-    pytest.param((1, 4), id='mesh1x4'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.Linear-bias_False', (2, 2), id='torch.nn.Linear-bias_False-mesh2x2'),
+    pytest.param('torch.nn.functional.linear-bias_True', (2, 2), id='torch.nn.functional.linear-bias_True-mesh2x2'),
+    pytest.param('torch.nn.Linear-bias_False', (4,), id='torch.nn.Linear-bias_False-mesh4'),
+    pytest.param('torch.nn.Linear-bias_True', (4,), id='torch.nn.Linear-bias_True-mesh4'),
+    pytest.param('torch.nn.functional.linear-bias_False', (4,), id='torch.nn.functional.linear-bias_False-mesh4'),
+    pytest.param('torch.nn.functional.linear-bias_True', (4,), id='torch.nn.functional.linear-bias_True-mesh4'),
+    pytest.param('torch.nn.Linear-bias_False', (1, 4), id='torch.nn.Linear-bias_False-mesh1x4'),
+    pytest.param('torch.nn.functional.linear-bias_True', (1, 4), id='torch.nn.functional.linear-bias_True-mesh1x4'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_linear_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

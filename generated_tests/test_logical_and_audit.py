@@ -2,7 +2,9 @@
 # Edit specs/logical_and.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'logical_and': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit logical_and --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,19 +14,16 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/logical_and.yaml'
-CASE_IDS = [
-    'torch.logical_and',
-    'torch.ops.aten.logical_and.default',
-    'torch.ops.aten.__and__.Tensor',
-    'torch.ops.aten.bitwise_and.Tensor',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.logical_and', (4,), id='torch.logical_and-mesh4'),
+    pytest.param('torch.ops.aten.logical_and.default', (4,), id='torch.ops.aten.logical_and.default-mesh4'),
+    pytest.param('torch.ops.aten.__and__.Tensor', (4,), id='torch.ops.aten.__and__.Tensor-mesh4'),
+    pytest.param('torch.ops.aten.bitwise_and.Tensor', (4,), id='torch.ops.aten.bitwise_and.Tensor-mesh4'),
+    pytest.param('torch.ops.aten.logical_and.default', (2, 3), id='torch.ops.aten.logical_and.default-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_logical_and_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

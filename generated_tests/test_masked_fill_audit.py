@@ -2,7 +2,9 @@
 # Edit specs/masked_fill.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'masked_fill': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit masked_fill --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,19 +14,16 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/masked_fill.yaml'
-CASE_IDS = [
-    'torch.masked_fill-value_-1.5',
-    'torch.Tensor.masked_fill-value_-1.5',
-    'torch.ops.aten.masked_fill.Scalar-value_-1.5',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.masked_fill-value_-1.5', (4,), id='torch.masked_fill-value_-1.5-mesh4'),
+    pytest.param('torch.Tensor.masked_fill-value_-1.5', (4,), id='torch.Tensor.masked_fill-value_-1.5-mesh4'),
+    pytest.param('torch.ops.aten.masked_fill.Scalar-value_-1.5', (4,), id='torch.ops.aten.masked_fill.Scalar-value_-1.5-mesh4'),
+    pytest.param('torch.Tensor.masked_fill-value_-1.5', (2, 2), id='torch.Tensor.masked_fill-value_-1.5-mesh2x2'),
+    pytest.param('torch.ops.aten.masked_fill.Scalar-value_-1.5', (2, 3), id='torch.ops.aten.masked_fill.Scalar-value_-1.5-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_masked_fill_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

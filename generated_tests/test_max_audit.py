@@ -2,7 +2,9 @@
 # Edit specs/max.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'max': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit max --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,27 +14,27 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/max.yaml'
-CASE_IDS = [
-    'torch.max-dim_1-keepdim_False',
-    'torch.max-dim_1-keepdim_True',
-    'torch.max-dim_-1-keepdim_False',
-    'torch.max-dim_-1-keepdim_True',
-    'torch.Tensor.max-dim_1-keepdim_False',
-    'torch.Tensor.max-dim_1-keepdim_True',
-    'torch.Tensor.max-dim_-1-keepdim_False',
-    'torch.Tensor.max-dim_-1-keepdim_True',
-    'torch.ops.aten.max.dim-dim_1-keepdim_False',
-    'torch.ops.aten.max.dim-dim_1-keepdim_True',
-    'torch.ops.aten.max.dim-dim_-1-keepdim_False',
-    'torch.ops.aten.max.dim-dim_-1-keepdim_True',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.max-dim_1-keepdim_False', (4,), id='torch.max-dim_1-keepdim_False-mesh4'),
+    pytest.param('torch.max-dim_1-keepdim_True', (4,), id='torch.max-dim_1-keepdim_True-mesh4'),
+    pytest.param('torch.max-dim_-1-keepdim_False', (4,), id='torch.max-dim_-1-keepdim_False-mesh4'),
+    pytest.param('torch.max-dim_-1-keepdim_True', (4,), id='torch.max-dim_-1-keepdim_True-mesh4'),
+    pytest.param('torch.Tensor.max-dim_1-keepdim_False', (4,), id='torch.Tensor.max-dim_1-keepdim_False-mesh4'),
+    pytest.param('torch.Tensor.max-dim_1-keepdim_True', (4,), id='torch.Tensor.max-dim_1-keepdim_True-mesh4'),
+    pytest.param('torch.Tensor.max-dim_-1-keepdim_False', (4,), id='torch.Tensor.max-dim_-1-keepdim_False-mesh4'),
+    pytest.param('torch.Tensor.max-dim_-1-keepdim_True', (4,), id='torch.Tensor.max-dim_-1-keepdim_True-mesh4'),
+    pytest.param('torch.ops.aten.max.dim-dim_1-keepdim_False', (4,), id='torch.ops.aten.max.dim-dim_1-keepdim_False-mesh4'),
+    pytest.param('torch.ops.aten.max.dim-dim_1-keepdim_True', (4,), id='torch.ops.aten.max.dim-dim_1-keepdim_True-mesh4'),
+    pytest.param('torch.ops.aten.max.dim-dim_-1-keepdim_False', (4,), id='torch.ops.aten.max.dim-dim_-1-keepdim_False-mesh4'),
+    pytest.param('torch.ops.aten.max.dim-dim_-1-keepdim_True', (4,), id='torch.ops.aten.max.dim-dim_-1-keepdim_True-mesh4'),
+    pytest.param('torch.Tensor.max-dim_1-keepdim_False', (2, 2), id='torch.Tensor.max-dim_1-keepdim_False-mesh2x2'),
+    pytest.param('torch.ops.aten.max.dim-dim_1-keepdim_True', (2, 2), id='torch.ops.aten.max.dim-dim_1-keepdim_True-mesh2x2'),
+    pytest.param('torch.max-dim_-1-keepdim_False', (2, 2), id='torch.max-dim_-1-keepdim_False-mesh2x2'),
+    pytest.param('torch.Tensor.max-dim_-1-keepdim_True', (2, 2), id='torch.Tensor.max-dim_-1-keepdim_True-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_max_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/max_pool2d.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'max_pool2d': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit max_pool2d --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,22 +14,21 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/max_pool2d.yaml'
-CASE_IDS = [
-    'torch.nn.MaxPool2d-kernel_size_2-stride_2-padding_1',
-    'torch.nn.MaxPool2d-kernel_size_3-stride_2-padding_1',
-    'torch.nn.functional.max_pool2d-kernel_size_2-stride_2-padding_1',
-    'torch.nn.functional.max_pool2d-kernel_size_3-stride_2-padding_1',
-    'torch.ops.aten.max_pool2d.default-kernel_size_2-stride_2-padding_1',
-    'torch.ops.aten.max_pool2d.default-kernel_size_3-stride_2-padding_1',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.MaxPool2d-kernel_size_2-stride_2-padding_1', (4,), id='torch.nn.MaxPool2d-kernel_size_2-stride_2-padding_1-mesh4'),
+    pytest.param('torch.nn.MaxPool2d-kernel_size_3-stride_2-padding_1', (4,), id='torch.nn.MaxPool2d-kernel_size_3-stride_2-padding_1-mesh4'),
+    pytest.param('torch.nn.functional.max_pool2d-kernel_size_2-stride_2-padding_1', (4,), id='torch.nn.functional.max_pool2d-kernel_size_2-stride_2-padding_1-mesh4'),
+    pytest.param('torch.nn.functional.max_pool2d-kernel_size_3-stride_2-padding_1', (4,), id='torch.nn.functional.max_pool2d-kernel_size_3-stride_2-padding_1-mesh4'),
+    pytest.param('torch.ops.aten.max_pool2d.default-kernel_size_2-stride_2-padding_1', (4,), id='torch.ops.aten.max_pool2d.default-kernel_size_2-stride_2-padding_1-mesh4'),
+    pytest.param('torch.ops.aten.max_pool2d.default-kernel_size_3-stride_2-padding_1', (4,), id='torch.ops.aten.max_pool2d.default-kernel_size_3-stride_2-padding_1-mesh4'),
+    pytest.param('torch.nn.functional.max_pool2d-kernel_size_2-stride_2-padding_1', (2, 2), id='torch.nn.functional.max_pool2d-kernel_size_2-stride_2-padding_1-mesh2x2'),
+    pytest.param('torch.ops.aten.max_pool2d.default-kernel_size_3-stride_2-padding_1', (2, 2), id='torch.ops.aten.max_pool2d.default-kernel_size_3-stride_2-padding_1-mesh2x2'),
+    pytest.param('torch.ops.aten.max_pool2d.default-kernel_size_2-stride_2-padding_1', (2, 3), id='torch.ops.aten.max_pool2d.default-kernel_size_2-stride_2-padding_1-mesh2x3'),
+    pytest.param('torch.nn.MaxPool2d-kernel_size_3-stride_2-padding_1', (2, 3), id='torch.nn.MaxPool2d-kernel_size_3-stride_2-padding_1-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_max_pool2d_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

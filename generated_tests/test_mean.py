@@ -2,8 +2,8 @@
 # Edit specs/mean.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Verifies every sharding strategy of the op 'mean' numerically, on every grid point and
 mesh shape of its spec: on the simulated backend for every target on its smallest mesh (on the
-others the targets take turns), on the process backend (real collectives) the targets taking
-turns."""
+others the targets take turns), on the process backend (real collectives) on its meshes of one
+or two axes, the targets taking turns."""
 
 import pytest
 
@@ -192,9 +192,6 @@ SIMULATED_RUNS = [
     pytest.param(1, (2, 3), id='torch.mean-dim_0.2-keepdim_True-mesh2x3'),
     pytest.param(6, (2, 3), id='torch.Tensor.mean-dim_-1-keepdim_False-mesh2x3'),
     pytest.param(11, (2, 3), id='torch.ops.aten.mean.dim-dim_-1-keepdim_True-mesh2x3'),
-    pytest.param(0, (2, 2, 2), id='torch.mean-dim_0.2-keepdim_False-mesh2x2x2'),
-    pytest.param(5, (2, 2, 2), id='torch.Tensor.mean-dim_0.2-keepdim_True-mesh2x2x2'),
-    pytest.param(10, (2, 2, 2), id='torch.ops.aten.mean.dim-dim_-1-keepdim_False-mesh2x2x2'),
     pytest.param(3, (2, 2, 2), id='torch.mean-dim_-1-keepdim_True-mesh2x2x2'),
 ]
 
@@ -204,12 +201,13 @@ def test_mean_simulated(sv_backend, case_index, mesh_shape):
     assert_passed(verify_case(sv_backend(mesh_shape, "simulated"), CASES[case_index]))
 
 
-# (case index, mesh shape): every mesh and every grid point at least once, the targets taking turns
+# (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
+# targets taking turns
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.mean-dim_0.2-keepdim_False-mesh4'),
     pytest.param(1, (2, 2), id='torch.mean-dim_0.2-keepdim_True-mesh2x2'),
     pytest.param(2, (2, 3), id='torch.mean-dim_-1-keepdim_False-mesh2x3'),
-    pytest.param(3, (2, 2, 2), id='torch.mean-dim_-1-keepdim_True-mesh2x2x2'),
+    pytest.param(3, (4,), id='torch.mean-dim_-1-keepdim_True-mesh4'),
 ]
 
 

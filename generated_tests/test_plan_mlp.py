@@ -19,7 +19,7 @@ SOLVER_BEATS = ('replicated', 'data_parallel')
 STRICT = False
 WHERE = {'factory': ('specs/plans/mlp.yaml', 6, 'model.factory'), 'solver': ('specs/plans/mlp.yaml', 12, 'plans.solver'), 'replicated': ('specs/plans/mlp.yaml', 13, 'plans.replicated'), 'data_parallel': ('specs/plans/mlp.yaml', 14, 'plans.data_parallel'), 'megatron': ('specs/plans/mlp.yaml', 15, 'plans.megatron')}   # the spec's (file, line, field) of the model and of each plan, for errors
 SIMULATED = [((2, 2), 'solver'), ((2, 2), 'replicated'), ((2, 2), 'data_parallel'), ((2, 2), 'megatron')]   # (mesh, plan): every plan on every mesh
-PROCESS = [((2, 2), 'solver'), ((2, 2), 'replicated'), ((2, 2), 'data_parallel'), ((2, 2), 'megatron')]   # every plan and every mesh at least once, the meshes in turns
+PROCESS = [((2, 2), 'solver')]   # every mesh once, the plans in turns
 
 
 def _plan(mesh, name):

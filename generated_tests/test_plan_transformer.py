@@ -19,7 +19,7 @@ SOLVER_BEATS = ()
 STRICT = False
 WHERE = {'factory': ('specs/plans/transformer.yaml', 9, 'model.factory'), 'solver': ('specs/plans/transformer.yaml', 15, 'plans.solver'), 'replicated': ('specs/plans/transformer.yaml', 16, 'plans.replicated'), 'data_parallel': ('specs/plans/transformer.yaml', 17, 'plans.data_parallel'), 'megatron': ('specs/plans/transformer.yaml', 24, 'plans.megatron'), 'megatron_heads': ('specs/plans/transformer.yaml', 32, 'plans.megatron_heads')}   # the spec's (file, line, field) of the model and of each plan, for errors
 SIMULATED = [((2, 2), 'solver'), ((2, 2), 'replicated'), ((2, 2), 'data_parallel'), ((2, 2), 'megatron'), ((2, 2), 'megatron_heads')]   # (mesh, plan): every plan on every mesh
-PROCESS = [((2, 2), 'solver'), ((2, 2), 'replicated'), ((2, 2), 'data_parallel'), ((2, 2), 'megatron'), ((2, 2), 'megatron_heads')]   # every plan and every mesh at least once, the meshes in turns
+PROCESS = [((2, 2), 'solver')]   # every mesh once, the plans in turns
 
 
 def _plan(mesh, name):

@@ -2,7 +2,9 @@
 # Edit specs/relu.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'relu': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit relu --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,20 +14,17 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/relu.yaml'
-CASE_IDS = [
-    'torch.relu',
-    'torch.Tensor.relu',
-    'torch.nn.functional.relu',
-    'torch.nn.ReLU',
-    'torch.ops.aten.relu.default',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.relu', (4,), id='torch.relu-mesh4'),
+    pytest.param('torch.Tensor.relu', (4,), id='torch.Tensor.relu-mesh4'),
+    pytest.param('torch.nn.functional.relu', (4,), id='torch.nn.functional.relu-mesh4'),
+    pytest.param('torch.nn.ReLU', (4,), id='torch.nn.ReLU-mesh4'),
+    pytest.param('torch.ops.aten.relu.default', (4,), id='torch.ops.aten.relu.default-mesh4'),
+    pytest.param('torch.Tensor.relu', (2, 2), id='torch.Tensor.relu-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_relu_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

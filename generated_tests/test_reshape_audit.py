@@ -2,7 +2,9 @@
 # Edit specs/reshape.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'reshape': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit reshape --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,34 +14,41 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/reshape.yaml'
-CASE_IDS = [
-    'torch.reshape-shape_32.16',
-    'torch.reshape-shape_8.64',
-    'torch.reshape-shape_8.4.4.4',
-    'torch.reshape-shape_4.2.4.16',
-    'torch.reshape-shape_4.8.16',
-    'torch.reshape-shape_-1.16',
-    'torch.Tensor.reshape-shape_32.16',
-    'torch.Tensor.reshape-shape_8.64',
-    'torch.Tensor.reshape-shape_8.4.4.4',
-    'torch.Tensor.reshape-shape_4.2.4.16',
-    'torch.Tensor.reshape-shape_4.8.16',
-    'torch.Tensor.reshape-shape_-1.16',
-    'torch.ops.aten.reshape.default-shape_32.16',
-    'torch.ops.aten.reshape.default-shape_8.64',
-    'torch.ops.aten.reshape.default-shape_8.4.4.4',
-    'torch.ops.aten.reshape.default-shape_4.2.4.16',
-    'torch.ops.aten.reshape.default-shape_4.8.16',
-    'torch.ops.aten.reshape.default-shape_-1.16',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.reshape-shape_32.16', (4,), id='torch.reshape-shape_32.16-mesh4'),
+    pytest.param('torch.reshape-shape_8.64', (4,), id='torch.reshape-shape_8.64-mesh4'),
+    pytest.param('torch.reshape-shape_8.4.4.4', (4,), id='torch.reshape-shape_8.4.4.4-mesh4'),
+    pytest.param('torch.reshape-shape_4.2.4.16', (4,), id='torch.reshape-shape_4.2.4.16-mesh4'),
+    pytest.param('torch.reshape-shape_4.8.16', (4,), id='torch.reshape-shape_4.8.16-mesh4'),
+    pytest.param('torch.reshape-shape_-1.16', (4,), id='torch.reshape-shape_-1.16-mesh4'),
+    pytest.param('torch.Tensor.reshape-shape_32.16', (4,), id='torch.Tensor.reshape-shape_32.16-mesh4'),
+    pytest.param('torch.Tensor.reshape-shape_8.64', (4,), id='torch.Tensor.reshape-shape_8.64-mesh4'),
+    pytest.param('torch.Tensor.reshape-shape_8.4.4.4', (4,), id='torch.Tensor.reshape-shape_8.4.4.4-mesh4'),
+    pytest.param('torch.Tensor.reshape-shape_4.2.4.16', (4,), id='torch.Tensor.reshape-shape_4.2.4.16-mesh4'),
+    pytest.param('torch.Tensor.reshape-shape_4.8.16', (4,), id='torch.Tensor.reshape-shape_4.8.16-mesh4'),
+    pytest.param('torch.Tensor.reshape-shape_-1.16', (4,), id='torch.Tensor.reshape-shape_-1.16-mesh4'),
+    pytest.param('torch.ops.aten.reshape.default-shape_32.16', (4,), id='torch.ops.aten.reshape.default-shape_32.16-mesh4'),
+    pytest.param('torch.ops.aten.reshape.default-shape_8.64', (4,), id='torch.ops.aten.reshape.default-shape_8.64-mesh4'),
+    pytest.param('torch.ops.aten.reshape.default-shape_8.4.4.4', (4,), id='torch.ops.aten.reshape.default-shape_8.4.4.4-mesh4'),
+    pytest.param('torch.ops.aten.reshape.default-shape_4.2.4.16', (4,), id='torch.ops.aten.reshape.default-shape_4.2.4.16-mesh4'),
+    pytest.param('torch.ops.aten.reshape.default-shape_4.8.16', (4,), id='torch.ops.aten.reshape.default-shape_4.8.16-mesh4'),
+    pytest.param('torch.ops.aten.reshape.default-shape_-1.16', (4,), id='torch.ops.aten.reshape.default-shape_-1.16-mesh4'),
+    pytest.param('torch.Tensor.reshape-shape_32.16', (2, 2), id='torch.Tensor.reshape-shape_32.16-mesh2x2'),
+    pytest.param('torch.ops.aten.reshape.default-shape_8.64', (2, 2), id='torch.ops.aten.reshape.default-shape_8.64-mesh2x2'),
+    pytest.param('torch.reshape-shape_8.4.4.4', (2, 2), id='torch.reshape-shape_8.4.4.4-mesh2x2'),
+    pytest.param('torch.Tensor.reshape-shape_4.2.4.16', (2, 2), id='torch.Tensor.reshape-shape_4.2.4.16-mesh2x2'),
+    pytest.param('torch.ops.aten.reshape.default-shape_4.8.16', (2, 2), id='torch.ops.aten.reshape.default-shape_4.8.16-mesh2x2'),
+    pytest.param('torch.reshape-shape_-1.16', (2, 2), id='torch.reshape-shape_-1.16-mesh2x2'),
+    pytest.param('torch.ops.aten.reshape.default-shape_32.16', (2, 3), id='torch.ops.aten.reshape.default-shape_32.16-mesh2x3'),
+    pytest.param('torch.reshape-shape_8.64', (2, 3), id='torch.reshape-shape_8.64-mesh2x3'),
+    pytest.param('torch.Tensor.reshape-shape_8.4.4.4', (2, 3), id='torch.Tensor.reshape-shape_8.4.4.4-mesh2x3'),
+    pytest.param('torch.ops.aten.reshape.default-shape_4.2.4.16', (2, 3), id='torch.ops.aten.reshape.default-shape_4.2.4.16-mesh2x3'),
+    pytest.param('torch.reshape-shape_4.8.16', (2, 3), id='torch.reshape-shape_4.8.16-mesh2x3'),
+    pytest.param('torch.Tensor.reshape-shape_-1.16', (2, 3), id='torch.Tensor.reshape-shape_-1.16-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_reshape_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

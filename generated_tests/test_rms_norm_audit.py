@@ -2,7 +2,9 @@
 # Edit specs/rms_norm.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'rms_norm': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit rms_norm --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,16 +14,13 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/rms_norm.yaml'
-CASE_IDS = [
-    'torch.nn.RMSNorm',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.RMSNorm', (4,), id='torch.nn.RMSNorm-mesh4'),
+    pytest.param('torch.nn.RMSNorm', (2, 2), id='torch.nn.RMSNorm-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_rms_norm_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/roll.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'roll': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit roll --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,19 +14,17 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/roll.yaml'
-CASE_IDS = [
-    'torch.roll-shifts_3-dims_1',
-    'torch.roll-shifts_1.-2-dims_0.-1',
-    'torch.Tensor.roll-shifts_3-dims_1',
-    'torch.Tensor.roll-shifts_1.-2-dims_0.-1',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.roll-shifts_3-dims_1', (4,), id='torch.roll-shifts_3-dims_1-mesh4'),
+    pytest.param('torch.roll-shifts_1.-2-dims_0.-1', (4,), id='torch.roll-shifts_1.-2-dims_0.-1-mesh4'),
+    pytest.param('torch.Tensor.roll-shifts_3-dims_1', (4,), id='torch.Tensor.roll-shifts_3-dims_1-mesh4'),
+    pytest.param('torch.Tensor.roll-shifts_1.-2-dims_0.-1', (4,), id='torch.Tensor.roll-shifts_1.-2-dims_0.-1-mesh4'),
+    pytest.param('torch.Tensor.roll-shifts_3-dims_1', (2, 3), id='torch.Tensor.roll-shifts_3-dims_1-mesh2x3'),
+    pytest.param('torch.roll-shifts_1.-2-dims_0.-1', (2, 3), id='torch.roll-shifts_1.-2-dims_0.-1-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_roll_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

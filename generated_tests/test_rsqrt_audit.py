@@ -2,7 +2,9 @@
 # Edit specs/rsqrt.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'rsqrt': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit rsqrt --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,18 +14,15 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/rsqrt.yaml'
-CASE_IDS = [
-    'torch.rsqrt',
-    'torch.Tensor.rsqrt',
-    'torch.ops.aten.rsqrt.default',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.rsqrt', (4,), id='torch.rsqrt-mesh4'),
+    pytest.param('torch.Tensor.rsqrt', (4,), id='torch.Tensor.rsqrt-mesh4'),
+    pytest.param('torch.ops.aten.rsqrt.default', (4,), id='torch.ops.aten.rsqrt.default-mesh4'),
+    pytest.param('torch.Tensor.rsqrt', (2, 3), id='torch.Tensor.rsqrt-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_rsqrt_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/scaled_dot_product_attention.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'scaled_dot_product_attention': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit scaled_dot_product_attention --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,21 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/scaled_dot_product_attention.yaml'
-CASE_IDS = [
-    'torch.nn.functional.scaled_dot_product_attention-scale_None-attn_mask_False',
-    'torch.nn.functional.scaled_dot_product_attention-scale_0.5-attn_mask_False',
-    'torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_False',
-    'torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_True',
-    'torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_False',
-    'torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_True',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.nn.functional.scaled_dot_product_attention-scale_None-attn_mask_False', (4,), id='torch.nn.functional.scaled_dot_product_attention-scale_None-attn_mask_False-mesh4'),
+    pytest.param('torch.nn.functional.scaled_dot_product_attention-scale_0.5-attn_mask_False', (4,), id='torch.nn.functional.scaled_dot_product_attention-scale_0.5-attn_mask_False-mesh4'),
+    pytest.param('torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_False', (4,), id='torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_False-mesh4'),
+    pytest.param('torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_True', (4,), id='torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_True-mesh4'),
+    pytest.param('torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_False', (4,), id='torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_False-mesh4'),
+    pytest.param('torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_True', (4,), id='torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_True-mesh4'),
+    pytest.param('torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_False', (2, 2), id='torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_False-mesh2x2'),
+    pytest.param('torch.nn.functional.scaled_dot_product_attention-scale_0.5-attn_mask_False', (2, 2), id='torch.nn.functional.scaled_dot_product_attention-scale_0.5-attn_mask_False-mesh2x2'),
+    pytest.param('torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_True', (2, 2), id='torch.ops.aten.scaled_dot_product_attention.default-scale_None-attn_mask_True-mesh2x2'),
+    pytest.param('torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_True', (2, 2), id='torch.ops.aten.scaled_dot_product_attention.default-scale_0.5-attn_mask_True-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_scaled_dot_product_attention_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

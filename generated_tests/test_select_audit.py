@@ -2,7 +2,9 @@
 # Edit specs/select.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'select': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit select --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,24 +14,23 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/select.yaml'
-CASE_IDS = [
-    'torch.select-dim_0-index_-1',
-    'torch.select-dim_1-index_-1',
-    'torch.select-dim_-1-index_-1',
-    'torch.Tensor.select-dim_0-index_-1',
-    'torch.Tensor.select-dim_1-index_-1',
-    'torch.Tensor.select-dim_-1-index_-1',
-    'torch.ops.aten.select.int-dim_0-index_-1',
-    'torch.ops.aten.select.int-dim_1-index_-1',
-    'torch.ops.aten.select.int-dim_-1-index_-1',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.select-dim_0-index_-1', (4,), id='torch.select-dim_0-index_-1-mesh4'),
+    pytest.param('torch.select-dim_1-index_-1', (4,), id='torch.select-dim_1-index_-1-mesh4'),
+    pytest.param('torch.select-dim_-1-index_-1', (4,), id='torch.select-dim_-1-index_-1-mesh4'),
+    pytest.param('torch.Tensor.select-dim_0-index_-1', (4,), id='torch.Tensor.select-dim_0-index_-1-mesh4'),
+    pytest.param('torch.Tensor.select-dim_1-index_-1', (4,), id='torch.Tensor.select-dim_1-index_-1-mesh4'),
+    pytest.param('torch.Tensor.select-dim_-1-index_-1', (4,), id='torch.Tensor.select-dim_-1-index_-1-mesh4'),
+    pytest.param('torch.ops.aten.select.int-dim_0-index_-1', (4,), id='torch.ops.aten.select.int-dim_0-index_-1-mesh4'),
+    pytest.param('torch.ops.aten.select.int-dim_1-index_-1', (4,), id='torch.ops.aten.select.int-dim_1-index_-1-mesh4'),
+    pytest.param('torch.ops.aten.select.int-dim_-1-index_-1', (4,), id='torch.ops.aten.select.int-dim_-1-index_-1-mesh4'),
+    pytest.param('torch.Tensor.select-dim_0-index_-1', (2, 3), id='torch.Tensor.select-dim_0-index_-1-mesh2x3'),
+    pytest.param('torch.ops.aten.select.int-dim_1-index_-1', (2, 3), id='torch.ops.aten.select.int-dim_1-index_-1-mesh2x3'),
+    pytest.param('torch.select-dim_-1-index_-1', (2, 3), id='torch.select-dim_-1-index_-1-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_select_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

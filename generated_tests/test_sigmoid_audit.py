@@ -2,7 +2,9 @@
 # Edit specs/sigmoid.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'sigmoid': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit sigmoid --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,18 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/sigmoid.yaml'
-CASE_IDS = [
-    'torch.sigmoid',
-    'torch.Tensor.sigmoid',
-    'torch.nn.functional.sigmoid',
-    'torch.nn.Sigmoid',
-    'torch.ops.aten.sigmoid.default',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.sigmoid', (4,), id='torch.sigmoid-mesh4'),
+    pytest.param('torch.Tensor.sigmoid', (4,), id='torch.Tensor.sigmoid-mesh4'),
+    pytest.param('torch.nn.functional.sigmoid', (4,), id='torch.nn.functional.sigmoid-mesh4'),
+    pytest.param('torch.nn.Sigmoid', (4,), id='torch.nn.Sigmoid-mesh4'),
+    pytest.param('torch.ops.aten.sigmoid.default', (4,), id='torch.ops.aten.sigmoid.default-mesh4'),
+    pytest.param('torch.Tensor.sigmoid', (2, 2), id='torch.Tensor.sigmoid-mesh2x2'),
+    pytest.param('torch.nn.functional.sigmoid', (2, 3), id='torch.nn.functional.sigmoid-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_sigmoid_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

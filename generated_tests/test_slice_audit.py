@@ -2,7 +2,9 @@
 # Edit specs/slice.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'slice': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit slice --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,23 +14,27 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/slice.yaml'
-CASE_IDS = [
-    'torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_1',
-    'torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_2',
-    'torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_1',
-    'torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_2',
-    'torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_1',
-    'torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_2',
-    'torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_1',
-    'torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_2',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_1', (4,), id='torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_1-mesh4'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_2', (4,), id='torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_2-mesh4'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_1', (4,), id='torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_1-mesh4'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_2', (4,), id='torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_2-mesh4'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_1', (4,), id='torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_1-mesh4'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_2', (4,), id='torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_2-mesh4'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_1', (4,), id='torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_1-mesh4'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_2', (4,), id='torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_2-mesh4'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_1', (2, 3), id='torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_1-mesh2x3'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_2', (2, 3), id='torch.ops.aten.slice.Tensor-dim_1-start_1-end_3-step_2-mesh2x3'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_1', (2, 3), id='torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_1-mesh2x3'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_2', (2, 3), id='torch.ops.aten.slice.Tensor-dim_1-start_1-end_9223372036854775807-step_2-mesh2x3'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_1', (2, 3), id='torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_1-mesh2x3'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_2', (2, 3), id='torch.ops.aten.slice.Tensor-dim_-1-start_1-end_3-step_2-mesh2x3'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_1', (2, 3), id='torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_1-mesh2x3'),
+    pytest.param('torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_2', (2, 3), id='torch.ops.aten.slice.Tensor-dim_-1-start_1-end_9223372036854775807-step_2-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_slice_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/split.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'split': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit split --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,17 +14,14 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/split.yaml'
-CASE_IDS = [
-    'torch.split-split_size_or_sections_8-dim_2',
-    'torch.ops.aten.split.Tensor-split_size_or_sections_8-dim_2',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.split-split_size_or_sections_8-dim_2', (4,), id='torch.split-split_size_or_sections_8-dim_2-mesh4'),
+    pytest.param('torch.ops.aten.split.Tensor-split_size_or_sections_8-dim_2', (4,), id='torch.ops.aten.split.Tensor-split_size_or_sections_8-dim_2-mesh4'),
+    pytest.param('torch.ops.aten.split.Tensor-split_size_or_sections_8-dim_2', (2, 2), id='torch.ops.aten.split.Tensor-split_size_or_sections_8-dim_2-mesh2x2'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_split_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/sub.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'sub': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit sub --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,24 +14,23 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/sub.yaml'
-CASE_IDS = [
-    'torch.sub-other_True',
-    'torch.sub-other_2.5',
-    'torch.Tensor.sub-other_True',
-    'torch.Tensor.sub-other_2.5',
-    'torch.ops.aten.sub.Tensor-other_True',
-    'torch.ops.aten.sub.Tensor-other_2.5',
-    'torch.Tensor.__sub__-other_True',
-    'torch.Tensor.__sub__-other_2.5',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.sub-other_True', (4,), id='torch.sub-other_True-mesh4'),
+    pytest.param('torch.sub-other_2.5', (4,), id='torch.sub-other_2.5-mesh4'),
+    pytest.param('torch.Tensor.sub-other_True', (4,), id='torch.Tensor.sub-other_True-mesh4'),
+    pytest.param('torch.Tensor.sub-other_2.5', (4,), id='torch.Tensor.sub-other_2.5-mesh4'),
+    pytest.param('torch.ops.aten.sub.Tensor-other_True', (4,), id='torch.ops.aten.sub.Tensor-other_True-mesh4'),
+    pytest.param('torch.ops.aten.sub.Tensor-other_2.5', (4,), id='torch.ops.aten.sub.Tensor-other_2.5-mesh4'),
+    pytest.param('torch.Tensor.__sub__-other_True', (4,), id='torch.Tensor.__sub__-other_True-mesh4'),
+    pytest.param('torch.Tensor.__sub__-other_2.5', (4,), id='torch.Tensor.__sub__-other_2.5-mesh4'),
+    pytest.param('torch.Tensor.sub-other_True', (2, 2), id='torch.Tensor.sub-other_True-mesh2x2'),
+    pytest.param('torch.ops.aten.sub.Tensor-other_2.5', (2, 2), id='torch.ops.aten.sub.Tensor-other_2.5-mesh2x2'),
+    pytest.param('torch.ops.aten.sub.Tensor-other_True', (2, 3), id='torch.ops.aten.sub.Tensor-other_True-mesh2x3'),
+    pytest.param('torch.Tensor.__sub__-other_2.5', (2, 3), id='torch.Tensor.__sub__-other_2.5-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_sub_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/sum_aten.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'sum_aten': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit sum_aten --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,24 +14,35 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/sum_aten.yaml'
-CASE_IDS = [
-    'torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_False',
-    'torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_True',
-    'torch.ops.aten.sum.dim_IntList-dim_1-keepdim_False',
-    'torch.ops.aten.sum.dim_IntList-dim_1-keepdim_True',
-    'torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_False',
-    'torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_True',
-    'torch.ops.aten.sum.dim_IntList-dim_None-keepdim_False',
-    'torch.ops.aten.sum.dim_IntList-dim_None-keepdim_True',
-]
-MESH_SHAPES = [
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_False', (2, 2), id='torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_False-mesh2x2'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_True', (2, 2), id='torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_True-mesh2x2'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_1-keepdim_False', (2, 2), id='torch.ops.aten.sum.dim_IntList-dim_1-keepdim_False-mesh2x2'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_1-keepdim_True', (2, 2), id='torch.ops.aten.sum.dim_IntList-dim_1-keepdim_True-mesh2x2'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_False', (2, 2), id='torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_False-mesh2x2'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_True', (2, 2), id='torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_True-mesh2x2'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_None-keepdim_False', (2, 2), id='torch.ops.aten.sum.dim_IntList-dim_None-keepdim_False-mesh2x2'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_None-keepdim_True', (2, 2), id='torch.ops.aten.sum.dim_IntList-dim_None-keepdim_True-mesh2x2'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_False', (4,), id='torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_False-mesh4'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_True', (4,), id='torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_True-mesh4'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_1-keepdim_False', (4,), id='torch.ops.aten.sum.dim_IntList-dim_1-keepdim_False-mesh4'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_1-keepdim_True', (4,), id='torch.ops.aten.sum.dim_IntList-dim_1-keepdim_True-mesh4'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_False', (4,), id='torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_False-mesh4'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_True', (4,), id='torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_True-mesh4'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_None-keepdim_False', (4,), id='torch.ops.aten.sum.dim_IntList-dim_None-keepdim_False-mesh4'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_None-keepdim_True', (4,), id='torch.ops.aten.sum.dim_IntList-dim_None-keepdim_True-mesh4'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_False', (2, 3), id='torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_False-mesh2x3'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_True', (2, 3), id='torch.ops.aten.sum.dim_IntList-dim_0.2-keepdim_True-mesh2x3'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_1-keepdim_False', (2, 3), id='torch.ops.aten.sum.dim_IntList-dim_1-keepdim_False-mesh2x3'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_1-keepdim_True', (2, 3), id='torch.ops.aten.sum.dim_IntList-dim_1-keepdim_True-mesh2x3'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_False', (2, 3), id='torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_False-mesh2x3'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_True', (2, 3), id='torch.ops.aten.sum.dim_IntList-dim_-1-keepdim_True-mesh2x3'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_None-keepdim_False', (2, 3), id='torch.ops.aten.sum.dim_IntList-dim_None-keepdim_False-mesh2x3'),
+    pytest.param('torch.ops.aten.sum.dim_IntList-dim_None-keepdim_True', (2, 3), id='torch.ops.aten.sum.dim_IntList-dim_None-keepdim_True-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_sum_aten_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/sum.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'sum': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit sum --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,31 +14,35 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/sum.yaml'
-CASE_IDS = [
-    'torch.sum-dim_0.2-keepdim_False',
-    'torch.sum-dim_0.2-keepdim_True',
-    'torch.sum-dim_1-keepdim_False',
-    'torch.sum-dim_1-keepdim_True',
-    'torch.sum-dim_-1-keepdim_False',
-    'torch.sum-dim_-1-keepdim_True',
-    'torch.sum-dim_None-keepdim_False',
-    'torch.sum-dim_None-keepdim_True',
-    'torch.Tensor.sum-dim_0.2-keepdim_False',
-    'torch.Tensor.sum-dim_0.2-keepdim_True',
-    'torch.Tensor.sum-dim_1-keepdim_False',
-    'torch.Tensor.sum-dim_1-keepdim_True',
-    'torch.Tensor.sum-dim_-1-keepdim_False',
-    'torch.Tensor.sum-dim_-1-keepdim_True',
-    'torch.Tensor.sum-dim_None-keepdim_False',
-    'torch.Tensor.sum-dim_None-keepdim_True',
-]
-MESH_SHAPES = [
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((4,), id='mesh4'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.sum-dim_0.2-keepdim_False', (2, 2), id='torch.sum-dim_0.2-keepdim_False-mesh2x2'),
+    pytest.param('torch.Tensor.sum-dim_0.2-keepdim_True', (2, 2), id='torch.Tensor.sum-dim_0.2-keepdim_True-mesh2x2'),
+    pytest.param('torch.sum-dim_1-keepdim_False', (2, 2), id='torch.sum-dim_1-keepdim_False-mesh2x2'),
+    pytest.param('torch.Tensor.sum-dim_1-keepdim_True', (2, 2), id='torch.Tensor.sum-dim_1-keepdim_True-mesh2x2'),
+    pytest.param('torch.sum-dim_-1-keepdim_False', (2, 2), id='torch.sum-dim_-1-keepdim_False-mesh2x2'),
+    pytest.param('torch.Tensor.sum-dim_-1-keepdim_True', (2, 2), id='torch.Tensor.sum-dim_-1-keepdim_True-mesh2x2'),
+    pytest.param('torch.sum-dim_None-keepdim_False', (2, 2), id='torch.sum-dim_None-keepdim_False-mesh2x2'),
+    pytest.param('torch.Tensor.sum-dim_None-keepdim_True', (2, 2), id='torch.Tensor.sum-dim_None-keepdim_True-mesh2x2'),
+    pytest.param('torch.sum-dim_0.2-keepdim_False', (4,), id='torch.sum-dim_0.2-keepdim_False-mesh4'),
+    pytest.param('torch.sum-dim_0.2-keepdim_True', (4,), id='torch.sum-dim_0.2-keepdim_True-mesh4'),
+    pytest.param('torch.sum-dim_1-keepdim_False', (4,), id='torch.sum-dim_1-keepdim_False-mesh4'),
+    pytest.param('torch.sum-dim_1-keepdim_True', (4,), id='torch.sum-dim_1-keepdim_True-mesh4'),
+    pytest.param('torch.sum-dim_-1-keepdim_False', (4,), id='torch.sum-dim_-1-keepdim_False-mesh4'),
+    pytest.param('torch.sum-dim_-1-keepdim_True', (4,), id='torch.sum-dim_-1-keepdim_True-mesh4'),
+    pytest.param('torch.sum-dim_None-keepdim_False', (4,), id='torch.sum-dim_None-keepdim_False-mesh4'),
+    pytest.param('torch.sum-dim_None-keepdim_True', (4,), id='torch.sum-dim_None-keepdim_True-mesh4'),
+    pytest.param('torch.Tensor.sum-dim_0.2-keepdim_False', (4,), id='torch.Tensor.sum-dim_0.2-keepdim_False-mesh4'),
+    pytest.param('torch.Tensor.sum-dim_0.2-keepdim_True', (4,), id='torch.Tensor.sum-dim_0.2-keepdim_True-mesh4'),
+    pytest.param('torch.Tensor.sum-dim_1-keepdim_False', (4,), id='torch.Tensor.sum-dim_1-keepdim_False-mesh4'),
+    pytest.param('torch.Tensor.sum-dim_1-keepdim_True', (4,), id='torch.Tensor.sum-dim_1-keepdim_True-mesh4'),
+    pytest.param('torch.Tensor.sum-dim_-1-keepdim_False', (4,), id='torch.Tensor.sum-dim_-1-keepdim_False-mesh4'),
+    pytest.param('torch.Tensor.sum-dim_-1-keepdim_True', (4,), id='torch.Tensor.sum-dim_-1-keepdim_True-mesh4'),
+    pytest.param('torch.Tensor.sum-dim_None-keepdim_False', (4,), id='torch.Tensor.sum-dim_None-keepdim_False-mesh4'),
+    pytest.param('torch.Tensor.sum-dim_None-keepdim_True', (4,), id='torch.Tensor.sum-dim_None-keepdim_True-mesh4'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_sum_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

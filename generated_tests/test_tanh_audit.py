@@ -2,7 +2,9 @@
 # Edit specs/tanh.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'tanh': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit tanh --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,18 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/tanh.yaml'
-CASE_IDS = [
-    'torch.tanh',
-    'torch.Tensor.tanh',
-    'torch.nn.functional.tanh',
-    'torch.nn.Tanh',
-    'torch.ops.aten.tanh.default',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.tanh', (4,), id='torch.tanh-mesh4'),
+    pytest.param('torch.Tensor.tanh', (4,), id='torch.Tensor.tanh-mesh4'),
+    pytest.param('torch.nn.functional.tanh', (4,), id='torch.nn.functional.tanh-mesh4'),
+    pytest.param('torch.nn.Tanh', (4,), id='torch.nn.Tanh-mesh4'),
+    pytest.param('torch.ops.aten.tanh.default', (4,), id='torch.ops.aten.tanh.default-mesh4'),
+    pytest.param('torch.Tensor.tanh', (2, 2), id='torch.Tensor.tanh-mesh2x2'),
+    pytest.param('torch.nn.functional.tanh', (2, 3), id='torch.nn.functional.tanh-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_tanh_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/to_dtype.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'to_dtype': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit to_dtype --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,21 +14,19 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/to_dtype.yaml'
-CASE_IDS = [
-    'torch.Tensor.to-dtype_torch.float64',
-    'torch.Tensor.to-dtype_torch.float32',
-    'torch.ops.aten.to.dtype-dtype_torch.float64',
-    'torch.ops.aten.to.dtype-dtype_torch.float32',
-    'torch.ops.aten.to.dtype_layout-dtype_torch.float64',
-    'torch.ops.aten.to.dtype_layout-dtype_torch.float32',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.Tensor.to-dtype_torch.float64', (4,), id='torch.Tensor.to-dtype_torch.float64-mesh4'),
+    pytest.param('torch.Tensor.to-dtype_torch.float32', (4,), id='torch.Tensor.to-dtype_torch.float32-mesh4'),
+    pytest.param('torch.ops.aten.to.dtype-dtype_torch.float64', (4,), id='torch.ops.aten.to.dtype-dtype_torch.float64-mesh4'),
+    pytest.param('torch.ops.aten.to.dtype-dtype_torch.float32', (4,), id='torch.ops.aten.to.dtype-dtype_torch.float32-mesh4'),
+    pytest.param('torch.ops.aten.to.dtype_layout-dtype_torch.float64', (4,), id='torch.ops.aten.to.dtype_layout-dtype_torch.float64-mesh4'),
+    pytest.param('torch.ops.aten.to.dtype_layout-dtype_torch.float32', (4,), id='torch.ops.aten.to.dtype_layout-dtype_torch.float32-mesh4'),
+    pytest.param('torch.ops.aten.to.dtype-dtype_torch.float64', (2, 3), id='torch.ops.aten.to.dtype-dtype_torch.float64-mesh2x3'),
+    pytest.param('torch.ops.aten.to.dtype_layout-dtype_torch.float32', (2, 3), id='torch.ops.aten.to.dtype_layout-dtype_torch.float32-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_to_dtype_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -2,7 +2,9 @@
 # Edit specs/unflatten.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'unflatten': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit unflatten --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,34 +14,41 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/unflatten.yaml'
-CASE_IDS = [
-    'torch.unflatten-dim_0-sizes_4.4',
-    'torch.unflatten-dim_0-sizes_8.-1',
-    'torch.unflatten-dim_0-sizes_2.2.4',
-    'torch.unflatten-dim_-1-sizes_4.4',
-    'torch.unflatten-dim_-1-sizes_8.-1',
-    'torch.unflatten-dim_-1-sizes_2.2.4',
-    'torch.Tensor.unflatten-dim_0-sizes_4.4',
-    'torch.Tensor.unflatten-dim_0-sizes_8.-1',
-    'torch.Tensor.unflatten-dim_0-sizes_2.2.4',
-    'torch.Tensor.unflatten-dim_-1-sizes_4.4',
-    'torch.Tensor.unflatten-dim_-1-sizes_8.-1',
-    'torch.Tensor.unflatten-dim_-1-sizes_2.2.4',
-    'torch.ops.aten.unflatten.int-dim_0-sizes_4.4',
-    'torch.ops.aten.unflatten.int-dim_0-sizes_8.-1',
-    'torch.ops.aten.unflatten.int-dim_0-sizes_2.2.4',
-    'torch.ops.aten.unflatten.int-dim_-1-sizes_4.4',
-    'torch.ops.aten.unflatten.int-dim_-1-sizes_8.-1',
-    'torch.ops.aten.unflatten.int-dim_-1-sizes_2.2.4',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.unflatten-dim_0-sizes_4.4', (4,), id='torch.unflatten-dim_0-sizes_4.4-mesh4'),
+    pytest.param('torch.unflatten-dim_0-sizes_8.-1', (4,), id='torch.unflatten-dim_0-sizes_8.-1-mesh4'),
+    pytest.param('torch.unflatten-dim_0-sizes_2.2.4', (4,), id='torch.unflatten-dim_0-sizes_2.2.4-mesh4'),
+    pytest.param('torch.unflatten-dim_-1-sizes_4.4', (4,), id='torch.unflatten-dim_-1-sizes_4.4-mesh4'),
+    pytest.param('torch.unflatten-dim_-1-sizes_8.-1', (4,), id='torch.unflatten-dim_-1-sizes_8.-1-mesh4'),
+    pytest.param('torch.unflatten-dim_-1-sizes_2.2.4', (4,), id='torch.unflatten-dim_-1-sizes_2.2.4-mesh4'),
+    pytest.param('torch.Tensor.unflatten-dim_0-sizes_4.4', (4,), id='torch.Tensor.unflatten-dim_0-sizes_4.4-mesh4'),
+    pytest.param('torch.Tensor.unflatten-dim_0-sizes_8.-1', (4,), id='torch.Tensor.unflatten-dim_0-sizes_8.-1-mesh4'),
+    pytest.param('torch.Tensor.unflatten-dim_0-sizes_2.2.4', (4,), id='torch.Tensor.unflatten-dim_0-sizes_2.2.4-mesh4'),
+    pytest.param('torch.Tensor.unflatten-dim_-1-sizes_4.4', (4,), id='torch.Tensor.unflatten-dim_-1-sizes_4.4-mesh4'),
+    pytest.param('torch.Tensor.unflatten-dim_-1-sizes_8.-1', (4,), id='torch.Tensor.unflatten-dim_-1-sizes_8.-1-mesh4'),
+    pytest.param('torch.Tensor.unflatten-dim_-1-sizes_2.2.4', (4,), id='torch.Tensor.unflatten-dim_-1-sizes_2.2.4-mesh4'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_0-sizes_4.4', (4,), id='torch.ops.aten.unflatten.int-dim_0-sizes_4.4-mesh4'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_0-sizes_8.-1', (4,), id='torch.ops.aten.unflatten.int-dim_0-sizes_8.-1-mesh4'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_0-sizes_2.2.4', (4,), id='torch.ops.aten.unflatten.int-dim_0-sizes_2.2.4-mesh4'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_-1-sizes_4.4', (4,), id='torch.ops.aten.unflatten.int-dim_-1-sizes_4.4-mesh4'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_-1-sizes_8.-1', (4,), id='torch.ops.aten.unflatten.int-dim_-1-sizes_8.-1-mesh4'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_-1-sizes_2.2.4', (4,), id='torch.ops.aten.unflatten.int-dim_-1-sizes_2.2.4-mesh4'),
+    pytest.param('torch.Tensor.unflatten-dim_0-sizes_4.4', (2, 2), id='torch.Tensor.unflatten-dim_0-sizes_4.4-mesh2x2'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_0-sizes_8.-1', (2, 2), id='torch.ops.aten.unflatten.int-dim_0-sizes_8.-1-mesh2x2'),
+    pytest.param('torch.unflatten-dim_0-sizes_2.2.4', (2, 2), id='torch.unflatten-dim_0-sizes_2.2.4-mesh2x2'),
+    pytest.param('torch.Tensor.unflatten-dim_-1-sizes_4.4', (2, 2), id='torch.Tensor.unflatten-dim_-1-sizes_4.4-mesh2x2'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_-1-sizes_8.-1', (2, 2), id='torch.ops.aten.unflatten.int-dim_-1-sizes_8.-1-mesh2x2'),
+    pytest.param('torch.unflatten-dim_-1-sizes_2.2.4', (2, 2), id='torch.unflatten-dim_-1-sizes_2.2.4-mesh2x2'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_0-sizes_4.4', (2, 3), id='torch.ops.aten.unflatten.int-dim_0-sizes_4.4-mesh2x3'),
+    pytest.param('torch.unflatten-dim_0-sizes_8.-1', (2, 3), id='torch.unflatten-dim_0-sizes_8.-1-mesh2x3'),
+    pytest.param('torch.Tensor.unflatten-dim_0-sizes_2.2.4', (2, 3), id='torch.Tensor.unflatten-dim_0-sizes_2.2.4-mesh2x3'),
+    pytest.param('torch.ops.aten.unflatten.int-dim_-1-sizes_4.4', (2, 3), id='torch.ops.aten.unflatten.int-dim_-1-sizes_4.4-mesh2x3'),
+    pytest.param('torch.unflatten-dim_-1-sizes_8.-1', (2, 3), id='torch.unflatten-dim_-1-sizes_8.-1-mesh2x3'),
+    pytest.param('torch.Tensor.unflatten-dim_-1-sizes_2.2.4', (2, 3), id='torch.Tensor.unflatten-dim_-1-sizes_2.2.4-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_unflatten_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

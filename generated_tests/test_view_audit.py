@@ -2,7 +2,9 @@
 # Edit specs/view.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """Completeness audit of the op 'view': every valid layout combination of its operands
 must be offered by a strategy, unless the spec's `audit: accept:` list names it with a reason,
-and no offered strategy may be incorrect (see `shardverify audit`)."""
+and no offered strategy may be incorrect (see `shardverify audit`). Every target is audited on
+the smallest mesh; on the others each grid point once, the targets taking turns (`shardverify
+audit view --mesh ...` audits every target on any mesh)."""
 
 from pathlib import Path
 
@@ -12,22 +14,23 @@ from shardverify.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/view.yaml'
-CASE_IDS = [
-    'torch.Tensor.view-size_32.16',
-    'torch.Tensor.view-size_8.4.2.8',
-    'torch.Tensor.view-size_8.-1',
-    'torch.ops.aten.view.default-size_32.16',
-    'torch.ops.aten.view.default-size_8.4.2.8',
-    'torch.ops.aten.view.default-size_8.-1',
-]
-MESH_SHAPES = [
-    pytest.param((4,), id='mesh4'),
-    pytest.param((2, 2), id='mesh2x2'),
-    pytest.param((2, 3), id='mesh2x3'),
+# (case id, mesh shape)
+RUNS = [
+    pytest.param('torch.Tensor.view-size_32.16', (4,), id='torch.Tensor.view-size_32.16-mesh4'),
+    pytest.param('torch.Tensor.view-size_8.4.2.8', (4,), id='torch.Tensor.view-size_8.4.2.8-mesh4'),
+    pytest.param('torch.Tensor.view-size_8.-1', (4,), id='torch.Tensor.view-size_8.-1-mesh4'),
+    pytest.param('torch.ops.aten.view.default-size_32.16', (4,), id='torch.ops.aten.view.default-size_32.16-mesh4'),
+    pytest.param('torch.ops.aten.view.default-size_8.4.2.8', (4,), id='torch.ops.aten.view.default-size_8.4.2.8-mesh4'),
+    pytest.param('torch.ops.aten.view.default-size_8.-1', (4,), id='torch.ops.aten.view.default-size_8.-1-mesh4'),
+    pytest.param('torch.ops.aten.view.default-size_32.16', (2, 2), id='torch.ops.aten.view.default-size_32.16-mesh2x2'),
+    pytest.param('torch.Tensor.view-size_8.4.2.8', (2, 2), id='torch.Tensor.view-size_8.4.2.8-mesh2x2'),
+    pytest.param('torch.ops.aten.view.default-size_8.-1', (2, 2), id='torch.ops.aten.view.default-size_8.-1-mesh2x2'),
+    pytest.param('torch.Tensor.view-size_32.16', (2, 3), id='torch.Tensor.view-size_32.16-mesh2x3'),
+    pytest.param('torch.ops.aten.view.default-size_8.4.2.8', (2, 3), id='torch.ops.aten.view.default-size_8.4.2.8-mesh2x3'),
+    pytest.param('torch.Tensor.view-size_8.-1', (2, 3), id='torch.Tensor.view-size_8.-1-mesh2x3'),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape", MESH_SHAPES)
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id, mesh_shape", RUNS)
 def test_view_audit(case_id, mesh_shape):
     assert_complete(audit_generated_case(ROOT, SPEC, case_id, mesh_shape))

@@ -350,8 +350,9 @@ def test_module_keyword_set_twice_is_an_error():
 
 def test_the_generated_runs_cover_every_target_mesh_and_grid_point():
     """Simulated: every case on the smallest mesh (fewest axes, then ranks), every grid point on
-    the others, the targets in turns; process: every mesh and every grid point; between the two
-    every target on a real backend's share."""
+    the other 2-D and 1-D ones, one on a 3-D one, the targets in turns; process: every mesh of one or two axes and every grid
+    point; between the two every target on a real backend's share. The audit tests take the
+    simulated runs over the audit's meshes."""
     from shardverify.codegen.op_kind import process_runs, simulated_runs
 
     spec = parse_op_spec(load_yaml_text((REPO / "specs/conv2d.yaml").read_text(), "specs/conv2d.yaml"))
@@ -363,9 +364,19 @@ def test_the_generated_runs_cover_every_target_mesh_and_grid_point():
         ran = [cases[i] for i, m, _ in simulated if m == mesh]
         if mesh == smallest:
             assert len(ran) == len(cases)
+        elif len(mesh) == 3:
+            assert len(ran) == 1                       # one grid point: the layouts multiply there
         else:
             assert {repr(c.point) for c in ran} == points and len(ran) == len(points)
     assert len({cases[i].target for i, m, _ in simulated if m != smallest}) > 1   # in turns
+    assert any(len(m) == 3 for m in meshes)
     process = process_runs(cases, meshes)
-    assert {m for _, m, _ in process} == set(meshes) and {repr(cases[i].point) for i, _, _ in process} == points
+    assert {m for _, m, _ in process} == {m for m in meshes if len(m) <= 2}
+    assert {repr(cases[i].point) for i, _, _ in process} == points
     assert len({cases[i].target for i, _, _ in process}) > 1          # the targets take turns
+    assert {m for _, m, _ in process_runs(cases, [(2, 2, 2)])} == {(2, 2, 2)}   # no smaller mesh: it runs
+    audit_file = REPO / "generated_tests/test_conv2d_audit.py"
+    namespace: dict = {"__file__": str(audit_file)}
+    exec(audit_file.read_text(), namespace)
+    audited = [(p.values[0], p.values[1]) for p in namespace["RUNS"]]
+    assert audited == [(cases[i].id, m) for i, m, _ in simulated_runs(cases, spec.audit_meshes)]

@@ -365,4 +365,4 @@ def test_every_op_spec_renders_a_property_test(planted_spec):
     compile(text, "test_planted_nansum_properties.py", "exec")
     assert "explore.load_spec(Path(__file__).resolve().parents[1] / 'specs/planted_nansum.yaml'" in text
     assert "def test_planted_nansum_properties_simulated(sv_backend, example):" in text
-    assert "@pytest.mark.dist\n@explore.profile_settings(fraction=0.25" in text
+    assert "@pytest.mark.dist\n@explore.profile_settings(fraction=0.125" in text

@@ -58,7 +58,11 @@ def _terminal_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("argv", [["verify"], ["verify", "--jobs", "2"]], ids=["verify", "jobs"])
+# a few specs, the quick ones first: rows come within seconds, and minutes of them are left to run
+SPECS = ["relu", "neg", "sigmoid", "einsum", "conv2d", "scaled_dot_product_attention"]
+
+
+@pytest.mark.parametrize("argv", [["verify", *SPECS], ["verify", *SPECS, "--jobs", "2"]], ids=["verify", "jobs"])
 def test_ctrl_c_prints_the_rows_so_far_and_exits_130(short_tmp, argv):
     checks = short_tmp / "checks.log"      # each strategy batch verified appends a line (SHARDVERIFY_CHECK_LOG)
     proc = subprocess.Popen([sys.executable, "-m", "shardverify", *argv], start_new_session=True,
