@@ -85,6 +85,26 @@ def test_right_dtensor_results_agree_and_a_partial_input_it_reduces_first_is_a_m
     assert missed.local_strategy == "[R, R] P(sum:0)"
 
 
+
+def test_a_combination_over_its_time_budget_is_counted_too_slow_and_ends_the_case(monkeypatch):
+    """DTensor's propagation of attention with a mask takes minutes a combination: over the budget
+    the combination is "too-slow" (nothing claimed), said in the case's note with what was left."""
+    import time as clock
+
+    from shardverify.dtensor import execute
+
+    real = execute.CaseRunner._run
+    monkeypatch.setattr(execute.CaseRunner, "_run", lambda self, combo: (clock.sleep(5), real(self, combo))[1])
+    spec, case = _case("mean", "torch.ops.aten.mean.dim-dim_-1-keepdim_False")
+    began = clock.monotonic()
+    result = run_case(spec, "torch.ops.aten.mean.dim-dim_-1-keepdim_False", case, (4,), limit=None, budget=0.2)
+    assert clock.monotonic() - began < 4                  # the first combination was stopped, not waited for
+    assert result.executed == 1 and result.counts == {"too-slow": 1}
+    assert "took over 0.2 s" in result.note and "other 4 chosen combination(s) not executed" in result.note
+    with execute.deadline(0.2, execute.TooSlow):          # the timer is gone: nothing fires afterwards
+        pass
+    clock.sleep(0.3)
+
 def test_both_shard_orders_and_uneven_blocks_reach_dtensor_as_the_audit_cut_them():
     from torch.distributed._local_tensor import LocalTensor
     from torch.distributed.tensor import DTensor
