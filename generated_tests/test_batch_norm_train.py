@@ -31,8 +31,8 @@ CASES = [
         atol=None,
     ),
 ]
-# (case index, mesh shape): every case on the smallest mesh; on every other mesh every grid
-# point once, the targets taking turns
+# (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
+# axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.ops.aten.batch_norm.default-training_True-momentum_0.1-eps_1e-05-cudnn_enabled_False-mesh4'),
     pytest.param(0, (2, 2), id='torch.ops.aten.batch_norm.default-training_True-momentum_0.1-eps_1e-05-cudnn_enabled_False-mesh2x2'),

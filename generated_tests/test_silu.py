@@ -53,8 +53,8 @@ CASES = [
         atol=None,
     ),
 ]
-# (case index, mesh shape): every case on the smallest mesh; on every other mesh every grid
-# point once, the targets taking turns
+# (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
+# axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.nn.functional.silu-mesh4'),
     pytest.param(1, (4,), id='torch.nn.SiLU-mesh4'),

@@ -222,8 +222,8 @@ CASES = [
         atol=None,
     ),
 ]
-# (case index, mesh shape): every case on the smallest mesh; on every other mesh every grid
-# point once, the targets taking turns
+# (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
+# axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (2, 2), id='torch.sum-dim_0.2-keepdim_False-mesh2x2'),
     pytest.param(9, (2, 2), id='torch.Tensor.sum-dim_0.2-keepdim_True-mesh2x2'),

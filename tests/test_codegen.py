@@ -350,9 +350,9 @@ def test_module_keyword_set_twice_is_an_error():
 
 def test_the_generated_runs_cover_every_target_mesh_and_grid_point():
     """Simulated: every case on the smallest mesh (fewest axes, then ranks), every grid point on
-    the other 2-D and 1-D ones, one on a 3-D one, the targets in turns; process: every mesh of one or two axes and every grid
-    point; between the two every target on a real backend's share. The audit tests take the
-    simulated runs over the audit's meshes."""
+    the other 2-D and 1-D ones, one on a 3-D one, the targets in turns; process: every mesh of
+    one or two axes and every grid point; between the two every target on a real backend's
+    share. The audit tests take the simulated runs over the audit's meshes."""
     from shardverify.codegen.op_kind import process_runs, simulated_runs
 
     spec = parse_op_spec(load_yaml_text((REPO / "specs/conv2d.yaml").read_text(), "specs/conv2d.yaml"))

@@ -430,7 +430,8 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
             full = gm.get_parameter(qualname) if qualname in params else gm.get_buffer(qualname)
             whole = Layout(layout.spec)       # a weight is held full; taken as a partial sum, it is zeroed
             tensor = _param_leaf(comm, qualname, full, whole, leaves, order, node.name)
-            tensor = apply_reshard(comm, plan_reshard(whole, layout), tensor)   # on all but one rank of a group
+            if layout.partial:                # on all but one rank of each group
+                tensor = apply_reshard(comm, plan_reshard(whole, layout), tensor)
         else:
             tensor = fetch(data.name, operand_producer(node, data.locator))
         # a weight's declared gradient reduction acts on this op's own contribution to its gradient,
