@@ -49,6 +49,10 @@ def add_parser(sub) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="fail (exit 1) when a tensor op runs replicated for want of strategies "
                              "(refused or without a handler), or when the plan shards nothing")
+    parser.add_argument("--verified-only", action="store_true",
+                        help="serve only calls the op specs' grids verified (refuse the others) instead of "
+                             "verifying a call outside its grid where it is met (the default; verdicts are "
+                             "kept in $SHARDVERIFY_CACHE_DIR, else ~/.cache/shardverify/verdicts)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     parser.add_argument("--debug", action="store_true",
                         help="on an error in the model, its capture or the plan, show the whole traceback")
@@ -106,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
                              capture=capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights, data_parallel=args.data_parallel,
-                             timeout=args.timeout)
+                             timeout=args.timeout, verified_only=args.verified_only)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         if args.debug:
             raise

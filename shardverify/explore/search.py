@@ -50,6 +50,7 @@ def check_example(backend, example: Example, *, first_failure: bool = False) -> 
     __tracebackhide__ = True
     from shardverify.strategies.for_node import strategies_for_node
     from shardverify.verify.engine import verify_case
+    from shardverify.verify.on_demand import every_strategy
     from shardverify.verify.report import assert_passed
 
     if tuple(backend.mesh.shape) != example.mesh_shape:
@@ -66,7 +67,9 @@ def check_example(backend, example: Example, *, first_failure: bool = False) -> 
         _note(f"the handler refuses the drawn call: {why}")
         hypothesis.reject()
     try:
-        strategies = strategies_for_node(graph_module, node_name, backend.mesh)
+        # every strategy the rule yields at the drawn call, a call outside the grid included: the
+        # explorer verifies them all (what on demand would verify before serving them)
+        strategies = strategies_for_node(graph_module, node_name, backend.mesh, on_demand=every_strategy)
         problems = layout_problems(strategies, backend.mesh)
         if problems:
             raise AssertionError(f"{example.spec.name}: {len(problems)} layout(s) do not fit their tensor; "

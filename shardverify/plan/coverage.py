@@ -15,7 +15,7 @@ from torch import fx
 from shardverify.errors import ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy
-from shardverify.strategies.for_node import strategies_for_node
+from shardverify.strategies.for_node import OnDemand, strategies_for_node
 from shardverify.strategies.handlers.base import handler_for_node
 
 __all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", "meta_shapes", "STATUSES"]
@@ -81,10 +81,12 @@ def meta_shapes(node: fx.Node) -> tuple[int, ...] | list[tuple[int, ...]] | None
     return None
 
 
-def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
+def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh, on_demand: OnDemand | None = None
                    ) -> tuple[dict[str, list[ShardingStrategy] | None], tuple[NodeStatus, ...]]:
     """(node name -> its strategies or None for a node that runs generically, the status of every
-    op node): the plan's options and the account of the ones that fall back, from one pass."""
+    op node): the plan's options and the account of the ones that fall back, from one pass. A
+    call outside its spec's grid is served through ``on_demand`` (its strategies that verified
+    at the call), refused without."""
     options: dict[str, list[ShardingStrategy] | None] = {}
     statuses: list[NodeStatus] = []
     for node in graph_module.graph.nodes:
@@ -102,7 +104,7 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh
                             NodeStatus(node.name, name, "unhandled", f"no spec has target {name}"))
             continue
         try:
-            found = list(strategies_for_node(graph_module, node.name, mesh))
+            found = list(strategies_for_node(graph_module, node.name, mesh, on_demand=on_demand))
         except ShardVerifyError as error:
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "refused", str(error).splitlines()[0]))
@@ -128,11 +130,18 @@ class Coverage:
 
     statuses: tuple[NodeStatus, ...]
     sharded: tuple[str, ...]        # op nodes whose chosen strategy lays out a tensor sharded
+    #: calls outside their spec's grid verified where they were met (OnDemandVerifier's summary
+    #: and lines); None when the plan served the grid's calls only (verified_only)
+    on_demand: dict | None = None
+    on_demand_lines: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, statuses: tuple[NodeStatus, ...], plan) -> Coverage:
+    def of(cls, statuses: tuple[NodeStatus, ...], plan, on_demand=None) -> Coverage:
+        """``on_demand``: the OnDemandVerifier that served the plan's calls outside their grid."""
         chosen = {item.node: item.strategy for item in plan.nodes}
-        return cls(statuses, tuple(s.node for s in statuses if s.status == "handled" and shards(chosen.get(s.node))))
+        return cls(statuses, tuple(s.node for s in statuses if s.status == "handled" and shards(chosen.get(s.node))),
+                   None if on_demand is None else on_demand.summary(),
+                   () if on_demand is None else tuple(on_demand.lines()))
 
     def count(self, status: str) -> int:
         return sum(1 for s in self.statuses if s.status == status)
@@ -167,6 +176,7 @@ class Coverage:
         if partial:
             lines.append(f"  left out: {sum(s.partial for s in partial)} strategy(ies) of {len(partial)} node(s) take a "
                          f"partial max or min input, and plans carry partial sums only")
+        lines += [f"  {line}" for line in self.on_demand_lines]
         refused = [s for s in self.statuses if s.status == "refused"]
         lines += [f"  refused: node {s.node!r} ({s.target}): {s.reason}" for s in refused[:show]]
         if len(refused) > show:
@@ -177,5 +187,6 @@ class Coverage:
         return {"tensor_ops": self.tensor_ops, **{s.replace(" ", "_"): self.count(s) for s in STATUSES},
                 "sharded": len(self.sharded), "unhandled_targets": dict(self.unhandled_targets()),
                 "partial_extremum_strategies_left_out": sum(s.partial for s in self.statuses),
+                "on_demand": self.on_demand,
                 "refused": [{"node": s.node, "target": s.target, "reason": s.reason}
                             for s in self.statuses if s.status == "refused"]}

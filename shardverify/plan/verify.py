@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, as_floa
 from shardverify.plan.build import build_plan
 from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
 from shardverify.plan.solver import solve_plan
+from shardverify.verify.on_demand import OnDemandVerifier
 
 __all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan"]
 
@@ -113,19 +115,24 @@ def _as_mesh(mesh) -> DeviceMesh:
 
 def make_plan(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-              flop_rate: float = FLOP_RATE, capture: str = "fx", goals: PlanGoals = PlanGoals()) -> Plan:
+              flop_rate: float = FLOP_RATE, capture: str = "fx", goals: PlanGoals = PlanGoals(),
+              verified_only: bool = False) -> Plan:
     """The solver's plan (``plan=None``), or the user's ``{node: strategy name}`` completed."""
-    return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, goals)[0]
+    return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
+                              verified_only)[0]
 
 
 def plan_with_coverage(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
                        plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
                        flop_rate: float = FLOP_RATE, capture: str = "fx",
-                       goals: PlanGoals = PlanGoals()) -> tuple[Plan, Coverage]:
-    """:func:`make_plan` and the account of the model's op nodes under it (from one capture)."""
+                       goals: PlanGoals = PlanGoals(), verified_only: bool = False) -> tuple[Plan, Coverage]:
+    """:func:`make_plan` and the account of the model's op nodes under it (from one capture).
+    A call outside its spec's grid is verified where it is met (its strategies that pass are
+    offered, the verdicts kept on disk), or refused with ``verified_only``."""
     mesh = _as_mesh(mesh)
     gm = _traced(ModelRecipe(module, tuple(example_inputs), capture=capture))
-    options, statuses = classify_nodes(gm, mesh)
+    with (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
+        options, statuses = classify_nodes(gm, mesh, on_demand)
     if not isinstance(plan, Plan):
         plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
             build_plan(gm, mesh, dict(plan), options, flop_rate)
@@ -133,7 +140,7 @@ def plan_with_coverage(module: torch.nn.Module, example_inputs: Sequence[torch.T
     # export's state): collected now, not whenever the collector next runs, mid-check
     del gm, options
     gc.collect()
-    return plan, Coverage.of(statuses, plan)
+    return plan, Coverage.of(statuses, plan, on_demand)
 
 
 def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
@@ -160,7 +167,7 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
 def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, backend: str | object = "simulated",
                 memory_limit: int | None = None, seed: int = 0, capture: str = "fx",
                 min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False,
-                timeout: float | None = None) -> PlanResult:
+                timeout: float | None = None, verified_only: bool = False) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
     the single-device model, forward and backward. ``capture``: ``"fx"`` (torch.fx symbolic
@@ -169,7 +176,8 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     solver's plan must do besides costing least (:class:`~shardverify.plan.model.PlanGoals`).
     ``timeout``: seconds the check may take on the backend (its default when None; a model of a
     hundred million parameters wants minutes). The result counts the nodes that ran without
-    strategies."""
+    strategies. A call outside its spec's grid is verified where it is met (the coverage counts
+    them, with any strategy found wrong there); ``verified_only`` refuses it instead."""
     from shardverify.backends import get_backend
 
     if isinstance(example_inputs, torch.Tensor):
@@ -177,7 +185,7 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     mesh = _as_mesh(mesh)
     goals = PlanGoals(min_sharded, shard_weights, data_parallel)
     chosen, coverage = plan_with_coverage(model, example_inputs, mesh, plan, memory_limit, capture=capture,
-                                          goals=goals)
+                                          goals=goals, verified_only=verified_only)
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:

@@ -152,12 +152,15 @@ class OpSpec:
         """(parameter, values verified) for each parameter whose values ``target`` serves only as
         verified: the grid's values at the target's grid points, or the default when the grid
         does not vary it. A parameter the rule reads (named by a ``*_param`` option: the
-        engine derives the layouts from its value) or declared ``serves: any`` serves every value."""
+        engine derives the layouts from its value, and the grid verifies the derivation) serves
+        every value. One declared ``serves: any`` is bound all the same: the declaration is a
+        claim, so a call at a value the grid never held is verified where it is met."""
         grid = dict(self.verify.grid)
         where = dict(target.where)
         bound = []
+        read = _read_params(self.options)
         for param in self.params:
-            if self.serves_every_value(param.name):
+            if param.name in read:
                 continue
             values = (where[param.name],) if param.name in where else grid.get(param.name, (param.default,))
             bound.append((param.name, tuple(values)))

@@ -1,6 +1,17 @@
-"""``strategies_for_node``: the strategies of one traced node, building its predecessors' on demand."""
+"""``strategies_for_node``: the strategies of one traced node, building its predecessors' on demand.
+
+A call the spec's grid never covered (a parameter value, an undeclared argument) is served only
+through an :class:`OnDemand` verifier given by the caller: the rule's strategies at that call are
+handed to it and it returns those that verified there. Without one, such a call is refused, as
+the strict grid binding (``--verified-only``) wants. This room only produces strategies; the
+verifier lives in ``shardverify.verify.on_demand``.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from torch.fx import GraphModule, Node
 
@@ -8,11 +19,36 @@ from shardverify.strategies import generators as _generators  # noqa: F401  (reg
 from shardverify.strategies import handlers as _handlers  # noqa: F401  (registers the generated handlers)
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.registry import GeneratorContext, get_generator
-from shardverify.strategies.handlers.base import HandlerDef, handler_for_node, refusal, resolve_operands, resolve_params
+from shardverify.strategies.handlers.base import (HandlerDef, handler_for_node, outside_grid, refusal,
+                                                  resolve_operands, resolve_params)
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.sharding.strategy import OperandLocator, OperationData, OperationDataType, StrategiesVector
+from shardverify.sharding.strategy import (OperandLocator, OperationData, OperationDataType, ShardingStrategy,
+                                           StrategiesVector)
 
-__all__ = ["strategies_for_node", "find_node"]
+__all__ = ["strategies_for_node", "find_node", "UnverifiedCall", "OnDemand", "handler_strategies"]
+
+
+@dataclass(frozen=True)
+class UnverifiedCall:
+    """A call outside its spec's grid, with the strategies its rule yields there, unverified."""
+
+    handler: HandlerDef
+    graph_module: GraphModule
+    node: Node
+    mesh: DeviceMesh
+    operands: dict
+    strategies: tuple[ShardingStrategy, ...]
+    reason: str            # why the grid does not cover it (the value, the argument)
+
+
+class OnDemand(Protocol):
+    """Verifies an :class:`UnverifiedCall`'s strategies at that call and returns those that passed
+    (raising HandlerError when the call cannot be checked at all). ``cache_key`` tells apart the
+    strategies cached in ``node.meta`` under different verifiers."""
+
+    cache_key: object
+
+    def __call__(self, call: UnverifiedCall) -> Sequence[ShardingStrategy]: ...
 
 CACHE_KEY = "shardverify_strategies"   # node.meta[CACHE_KEY][(mesh, shapes)] -> StrategiesVector
 _SOURCE_OPS = {"placeholder": "Replica Placeholder", "get_attr": "Replica Attribute"}
@@ -34,14 +70,15 @@ def find_node(graph_module: GraphModule, node_name_or_index: str | int) -> Node:
 
 
 def strategies_for_node(graph_module: GraphModule, node_name_or_index: str | int,
-                        mesh: DeviceMesh) -> StrategiesVector:
-    """The node's strategies on ``mesh`` (cached in ``node.meta``)."""
+                        mesh: DeviceMesh, *, on_demand: OnDemand | None = None) -> StrategiesVector:
+    """The node's strategies on ``mesh`` (cached in ``node.meta``). A call outside its spec's grid
+    is served through ``on_demand`` (its strategies that verified at the call), refused without."""
     if not isinstance(graph_module, GraphModule):
         raise InvalidArgument(f"graph_module must be a torch.fx.GraphModule (see shardverify.trace), "
                               f"got {type(graph_module).__name__}")
     if not isinstance(mesh, DeviceMesh):
         raise InvalidArgument(f"mesh must be a shardverify.DeviceMesh, got {mesh!r}; use DeviceMesh({mesh!r})")
-    return _strategies(graph_module, find_node(graph_module, node_name_or_index), mesh)
+    return _strategies(graph_module, find_node(graph_module, node_name_or_index), mesh, on_demand)
 
 
 def _shapes(node: Node) -> tuple:
@@ -54,37 +91,47 @@ def _shapes(node: Node) -> tuple:
     return (of(node),) + tuple((n.name, of(n)) for n in node.all_input_nodes)
 
 
-def _strategies(graph_module: GraphModule, node: Node, mesh: DeviceMesh) -> StrategiesVector:
+def _strategies(graph_module: GraphModule, node: Node, mesh: DeviceMesh,
+                on_demand: OnDemand | None = None) -> StrategiesVector:
     """The node's strategies, cached in ``node.meta`` by mesh and by the shapes and dtypes they
     were computed from: a copy of the graph traced again for other inputs (``deepcopy`` keeps
     ``node.meta``) gets its own, not the strategies of the old shapes."""
     cache = node.meta.setdefault(CACHE_KEY, {})
-    key = (mesh, _shapes(node))
+    key = (mesh, _shapes(node), getattr(on_demand, "cache_key", None))
     if key not in cache:
-        cache[key] = _build(graph_module, node, mesh)
+        cache[key] = _build(graph_module, node, mesh, on_demand)
     return cache[key]
 
 
-def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Node,
-                       mesh: DeviceMesh) -> tuple[dict[str, OperationData], list]:
+def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Node, mesh: DeviceMesh,
+                       on_demand: OnDemand | None = None) -> tuple[dict[str, OperationData], list]:
     """(operand data by role, strategies) that ``handler`` generates for ``node``: the one path
     from a handler to its strategies, shared by the registry lookup below and the audit (which
-    runs a spec's handler that need not be registered)."""
+    runs a spec's handler that need not be registered). A call outside the grid: refused
+    without ``on_demand``, else the strategies that verified at the call."""
     why = refusal(handler, node, graph_module)
     if why is not None:
         raise HandlerError(why)
+    unverified = outside_grid(handler, node, graph_module)
+    if unverified is not None and on_demand is None:
+        raise HandlerError(f"{unverified}; served only when verified at the call (strict grid binding: "
+                           f"--verified-only)")
     operands = resolve_operands(handler, node, graph_module)
     ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands,
                            params=resolve_params(handler, node, graph_module), options=handler.option_dict,
                            handler_name=handler.name, handler=handler,
-                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh))
-    return operands, list(get_generator(handler.generator)(ctx))
+                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh, on_demand))
+    strategies = list(get_generator(handler.generator)(ctx))
+    if unverified is not None and on_demand is not None:
+        strategies = list(on_demand(UnverifiedCall(handler, graph_module, node, mesh, operands, tuple(strategies),
+                                                   unverified)))
+    return operands, strategies
 
 
-def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh) -> StrategiesVector:
+def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh, on_demand: OnDemand | None) -> StrategiesVector:
     handler = handler_for_node(node, graph_module)
     if handler is not None:
-        _, strategies = handler_strategies(handler, graph_module, node, mesh)
+        _, strategies = handler_strategies(handler, graph_module, node, mesh, on_demand)
         _check_unique(strategies, handler.name, node)
         return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)
     if node.op in _SOURCE_OPS:
@@ -102,7 +149,7 @@ def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh) -> Strategie
                            f"in specs/ and run `shardverify generate`")
     ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands, params=params,
                            options=options, handler_name=name,
-                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh))
+                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh, on_demand))
     strategies = generate(ctx)
     _check_unique(strategies, name, node)
     return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)

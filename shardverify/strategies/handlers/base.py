@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
     "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
-    "refusal", "bound_apart",
+    "refusal", "outside_grid", "bound_apart",
 ]
 
 OPERAND_KINDS = ("input", "param", "output")
@@ -108,6 +108,10 @@ class HandlerDef:
     bindings: tuple[tuple[object, tuple[tuple[str, tuple[object, ...]], ...]], ...] = ()
     #: keyword arguments the spec does not declare that leave its rule unchanged (a device)
     ignores: tuple[str, ...] = ()
+    #: (role, [low, high) its values are drawn from or None, whether it takes a gradient) of each
+    #: operand the spec's grid draws: how a call outside the grid is given data when it is
+    #: verified where it is met (ids below a vocabulary, positive variances)
+    drawn: tuple[tuple[str, tuple[float, float] | None, bool], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -231,34 +235,57 @@ def _candidates(node: Node, graph_module: GraphModule) -> tuple[HandlerDef, ...]
 
 def handler_for_node(node: Node, graph_module: GraphModule) -> HandlerDef | None:
     """The handler registered for the node's target that serves this call, or None when the
-    target has none. With several (rules bound to parameter values), the first that serves the
-    call; when none does, the first, whose strategies then refuse the call (:func:`refusal`)."""
+    target has none. With several (rules bound to parameter values), the first whose grid
+    verified the call; when none did, the one whose verified values the call is nearest
+    (:func:`_distance`): its strategies are then verified at the call or refused
+    (:func:`outside_grid`)."""
     found = _candidates(node, graph_module)
     if len(found) > 1:
         for handler in found:
-            if refusal(handler, node, graph_module) is None:
+            if refusal(handler, node, graph_module) is None and outside_grid(handler, node, graph_module) is None:
                 return handler
+        return min(found, key=lambda handler: _distance(handler, node, graph_module))
     return found[0] if found else None
 
 
+def _distance(handler: HandlerDef, node: Node, graph_module: GraphModule) -> tuple[int, int]:
+    """How far a call is from what a handler verified: (bound parameters at a value the grid
+    never held, those of a type no verified value has); embedding with padding_idx=1 is
+    nearer the rule verified at padding_idx=0 than the one verified without it."""
+    params = resolve_params(handler, node, graph_module)
+    off = [(name, params.get(name), values) for name, values in handler.bound().items()
+           if _normal(params.get(name)) not in {_normal(v) for v in values}]
+    return len(off), sum(1 for _, value, values in off if type(value) not in {type(v) for v in values})
+
+
 def refusal(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> str | None:
-    """Why ``handler`` must not serve this call, or None: a rule serves only what it was
-    verified on, so a bound parameter's value outside the verified ones, or an argument the
-    spec does not declare (unless it leaves the rule unchanged), is refused with its name."""
+    """Why ``handler``'s strategies cannot be checked at this call at all, or None: a bound
+    parameter computed by graph nodes has no value before the call runs."""
     params = resolve_params(handler, node, graph_module)
     for name, values in handler.bound().items():
         value = params.get(name)
         if isinstance(value, Computed):
             return (f"{handler.name}: parameter {name!r} of node {node.name!r} is computed by node(s) "
                     f"{', '.join(value.nodes)}; the rule was verified for {name} in {_shown(values)}")
-        if _normal(value) not in {_normal(v) for v in values}:
-            return (f"{handler.name}: node {node.name!r} passes {name}={_show(value)}; the rule was verified "
-                    f"for {name} in {_shown(values)} only ({handler.spec_file or 'its spec'})")
+    return None
+
+
+def outside_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> str | None:
+    """Why this call is outside what ``handler``'s grid verified, or None: a bound parameter at a
+    value the grid never held, or an argument the spec does not declare (unless it leaves the
+    rule unchanged, or equals its schema default: a default spelled out is the default). Such
+    a call is verified when it is met (``strategies_for_node(..., on_demand=...)``) or refused."""
+    params = resolve_params(handler, node, graph_module)
+    for name, values in handler.bound().items():
+        value = params.get(name)
+        if not isinstance(value, Computed) and _normal(value) not in {_normal(v) for v in values}:
+            return (f"{handler.name}: node {node.name!r} passes {name}={_show(value)}; the grid verified "
+                    f"{name} in {_shown(values)} only ({handler.spec_file or 'its spec'})")
     extra = _undeclared_arguments(handler, node) or _undeclared_attributes(handler, node, graph_module)
     if extra:
         return (f"{handler.name}: node {node.name!r} passes {', '.join(extra)}, which "
-                f"{handler.spec_file or 'its spec'} does not declare; the rule may not hold with "
-                f"{'it' if len(extra) == 1 else 'them'} (declare it, or list it under 'ignores' if it does not change the rule)")
+                f"{handler.spec_file or 'its spec'} does not declare (declare it, or list it under 'ignores' "
+                f"if it does not change the rule)")
     return None
 
 
@@ -318,16 +345,49 @@ def _undeclared_attributes(handler: HandlerDef, node: Node, graph_module: GraphM
 
 def _defaults(node: Node) -> list[tuple[str, object]]:
     """(name, default or _MISSING) of each argument of the node's op, in order: from an ATen
-    overload's schema, else from the Python signature (torch.fx records F.embedding's defaults)."""
+    overload's schema, else from the Python signature (torch.fx records F.embedding's defaults;
+    F.max_pool2d's ``return_indices=False`` reads its dispatched function's), else from the
+    schemas of the ATen operator a builtin or a method calls (``torch.softmax``,
+    ``F.scaled_dot_product_attention``, ``x.to(...)``)."""
     schema = getattr(node.target, "_schema", None)
     if schema is not None:
-        return [(a.name, a.default_value if a.has_default_value() else _MISSING) for a in schema.arguments]
+        return _schema_defaults(schema)
+    target = node.target
+    dispatched = getattr(torch._jit_internal, "boolean_dispatched", {}).get(target) if callable(target) else None
     try:
-        parameters = inspect.signature(node.target).parameters.values()  # type: ignore[arg-type]
+        parameters = inspect.signature(dispatched["if_false"] if dispatched else target).parameters.values()  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return []
+        return _builtin_defaults(node)
     return [(p.name, _MISSING if p.default is inspect.Parameter.empty else p.default) for p in parameters
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _schema_defaults(schema) -> list[tuple[str, object]]:
+    return [(a.name, a.default_value if a.has_default_value() else _MISSING) for a in schema.arguments]
+
+
+def _builtin_defaults(node: Node) -> list[tuple[str, object]]:
+    """The defaults of the ATen overload a builtin function or a Tensor method resolves to: of
+    the operator's overloads, the first that can take the call's arguments (as many positions,
+    every keyword), ``self`` first as a method call passes it."""
+    if node.op == "call_method":
+        name = f"aten::{node.target}"
+    else:
+        try:
+            from torch.jit._builtins import _find_builtin
+
+            name = _find_builtin(node.target)
+        except Exception:  # noqa: BLE001 - not a builtin torch knows: no defaults
+            return []
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(name) if name else []
+    except RuntimeError:
+        return []
+    for schema in schemas:
+        names = [a.name for a in schema.arguments]
+        if len(names) >= len(node.args) and set(node.kwargs) <= set(names):
+            return _schema_defaults(schema)
+    return []
 
 
 def _normal(value: object) -> object:

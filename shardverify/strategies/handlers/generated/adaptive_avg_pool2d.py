@@ -21,6 +21,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('linear_in', ('input',)), ('einsum', 'n c h w -> n c oh ow'), ('whole', ('h', 'w'))),
     spec_file='specs/adaptive_avg_pool2d.yaml',
+    bindings=(
+        (torch.nn.AdaptiveAvgPool2d, (
+            ('output_size', ((1, 1), (2, 3))),
+        )),
+        (torch.nn.functional.adaptive_avg_pool2d, (
+            ('output_size', ((1, 1), (2, 3))),
+        )),
+        (torch.ops.aten.adaptive_avg_pool2d.default, (
+            ('output_size', ((1, 1), (2, 3))),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.adaptive_avg_pool2d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -35,7 +35,14 @@ HANDLER = register_handler(HandlerDef(
     bindings=(
         (torch.ops.aten.batch_norm.default, (
             ('training', (True,)),
+            ('momentum', (0.1,)),
+            ('eps', (1e-05,)),
+            ('cudnn_enabled', (False,)),
         )),
+    ),
+    drawn=(
+        ('running_mean', None, False),
+        ('running_var', (0.5, 2.0), False),
     ),
     overrides=(
         (torch.ops.aten.batch_norm.default, (

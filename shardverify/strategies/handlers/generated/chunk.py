@@ -22,6 +22,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/chunk.yaml',
+    bindings=(
+        (torch.chunk, (
+            ('chunks', (2,)),
+        )),
+        (torch.Tensor.chunk, (
+            ('chunks', (2,)),
+        )),
+        (torch.ops.aten.chunk.default, (
+            ('chunks', (2,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.chunk.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -21,6 +21,20 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/compare_scalar.yaml',
+    bindings=(
+        (torch.ops.aten.ge.Scalar, (
+            ('other', (0.25,)),
+        )),
+        (torch.ops.aten.gt.Scalar, (
+            ('other', (0.25,)),
+        )),
+        (torch.ops.aten.le.Scalar, (
+            ('other', (0.25,)),
+        )),
+        (torch.ops.aten.lt.Scalar, (
+            ('other', (0.25,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.ge.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

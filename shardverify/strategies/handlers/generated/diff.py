@@ -26,6 +26,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('linear_in', (('input', 'prepend?', 'append?'),)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/diff.yaml',
+    bindings=(
+        (torch.diff, (
+            ('n', (2,)),
+        )),
+        (torch.Tensor.diff, (
+            ('n', (2,)),
+        )),
+        (torch.ops.aten.diff.default, (
+            ('n', (2,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.diff.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

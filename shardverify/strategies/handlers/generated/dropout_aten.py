@@ -24,6 +24,7 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/dropout_aten.yaml',
     bindings=(
         (torch.ops.aten.dropout.default, (
+            ('p', (0.0, 0.5)),
             ('train', (False,)),
         )),
     ),

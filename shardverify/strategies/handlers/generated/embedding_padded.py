@@ -34,6 +34,9 @@ HANDLER = register_handler(HandlerDef(
             ('padding_idx', (0, 3)),
         )),
     ),
+    drawn=(
+        ('input', (0, 16), True),
+    ),
     overrides=(
         (torch.ops.aten.embedding.default, (
             OperandDecl(role='input', kind='input', index=1, keyword='indices',

@@ -21,6 +21,10 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/equal.yaml',
+    drawn=(
+        ('input', (0, 4), True),
+        ('other', (0, 4), True),
+    ),
     overrides=(
         (torch.ops.aten.eq.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

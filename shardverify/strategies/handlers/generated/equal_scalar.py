@@ -21,6 +21,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/equal_scalar.yaml',
+    bindings=(
+        (torch.ops.aten.eq.Scalar, (
+            ('other', (2,)),
+        )),
+        (torch.ops.aten.ne.Scalar, (
+            ('other', (2,)),
+        )),
+    ),
+    drawn=(
+        ('input', (0, 4), True),
+    ),
     overrides=(
         (torch.ops.aten.eq.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -22,6 +22,24 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('view', 'reshape')),
     spec_file='specs/flatten.yaml',
+    bindings=(
+        (torch.flatten, (
+            ('start_dim', (1,)),
+            ('end_dim', (-1, 2)),
+        )),
+        (torch.Tensor.flatten, (
+            ('start_dim', (1,)),
+            ('end_dim', (-1, 2)),
+        )),
+        (torch.nn.Flatten, (
+            ('start_dim', (1,)),
+            ('end_dim', (-1, 2)),
+        )),
+        (torch.ops.aten.flatten.using_ints, (
+            ('start_dim', (1,)),
+            ('end_dim', (-1, 2)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.flatten.using_ints, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

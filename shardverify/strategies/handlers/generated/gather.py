@@ -23,6 +23,9 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim'), ('aligned', True)),
     spec_file='specs/gather.yaml',
+    drawn=(
+        ('index', (0, 6), True),
+    ),
     overrides=(
         (torch.ops.aten.gather.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

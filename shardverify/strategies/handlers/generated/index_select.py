@@ -34,6 +34,9 @@ HANDLER = register_handler(HandlerDef(
             ('dim', (0,)),
         )),
     ),
+    drawn=(
+        ('index', (0, 16), True),
+    ),
     overrides=(
         (torch.ops.aten.index_select.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -23,6 +23,10 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('advanced_index', True)),
     spec_file='specs/index_tensor.yaml',
+    drawn=(
+        ('i0', (0, 8), True),
+        ('i1', (0, 6), True),
+    ),
     overrides=(
         (torch.ops.aten.index.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

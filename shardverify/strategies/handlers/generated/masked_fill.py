@@ -23,6 +23,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('pointwise', True)),
     spec_file='specs/masked_fill.yaml',
+    bindings=(
+        (torch.masked_fill, (
+            ('value', (-1.5,)),
+        )),
+        (torch.Tensor.masked_fill, (
+            ('value', (-1.5,)),
+        )),
+        (torch.ops.aten.masked_fill.Scalar, (
+            ('value', (-1.5,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.masked_fill.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

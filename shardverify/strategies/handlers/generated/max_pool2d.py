@@ -25,6 +25,29 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input:max',)), ('einsum', 'n c h w -> n c oh ow'), ('whole', ('h', 'w'))),
     spec_file='specs/max_pool2d.yaml',
+    bindings=(
+        (torch.nn.MaxPool2d, (
+            ('kernel_size', (2, 3)),
+            ('stride', (2,)),
+            ('padding', (1,)),
+            ('dilation', (1,)),
+            ('ceil_mode', (False,)),
+        )),
+        (torch.nn.functional.max_pool2d, (
+            ('kernel_size', (2, 3)),
+            ('stride', (2,)),
+            ('padding', (1,)),
+            ('dilation', (1,)),
+            ('ceil_mode', (False,)),
+        )),
+        (torch.ops.aten.max_pool2d.default, (
+            ('kernel_size', (2, 3)),
+            ('stride', (2,)),
+            ('padding', (1,)),
+            ('dilation', (1,)),
+            ('ceil_mode', (False,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.max_pool2d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -21,6 +21,11 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('pointwise', True),),
     spec_file='specs/pow.yaml',
+    bindings=(
+        (torch.ops.aten.pow.Tensor_Scalar, (
+            ('exponent', (2, 3, 0.5, -1)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.pow.Tensor_Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

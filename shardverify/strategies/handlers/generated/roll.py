@@ -22,4 +22,12 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dims')),
     spec_file='specs/roll.yaml',
+    bindings=(
+        (torch.roll, (
+            ('shifts', (3, (1, -2))),
+        )),
+        (torch.Tensor.roll, (
+            ('shifts', (3, (1, -2))),
+        )),
+    ),
 ))

@@ -27,6 +27,14 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('linear_in', ('value',)), ('einsum', 'b h s d, b h t d, b h t e, b h s t -> b h s e'), ('whole', ('d', 't'))),
     spec_file='specs/scaled_dot_product_attention.yaml',
+    bindings=(
+        (torch.nn.functional.scaled_dot_product_attention, (
+            ('scale', (None, 0.5)),
+        )),
+        (torch.ops.aten.scaled_dot_product_attention.default, (
+            ('scale', (None, 0.5)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.scaled_dot_product_attention.default, (
             OperandDecl(role='query', kind='input', index=0, keyword='query',

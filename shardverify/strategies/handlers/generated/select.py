@@ -22,6 +22,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('reduce_dims_param', 'dim'), ('reduce_op', 'none')),
     spec_file='specs/select.yaml',
+    bindings=(
+        (torch.select, (
+            ('index', (-1,)),
+        )),
+        (torch.Tensor.select, (
+            ('index', (-1,)),
+        )),
+        (torch.ops.aten.select.int, (
+            ('index', (-1,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.select.int, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -24,6 +24,13 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/slice.yaml',
+    bindings=(
+        (torch.ops.aten.slice.Tensor, (
+            ('start', (1,)),
+            ('end', (3, 9223372036854775807)),
+            ('step', (1, 2)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.slice.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -22,6 +22,14 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/split.yaml',
+    bindings=(
+        (torch.split, (
+            ('split_size_or_sections', (8,)),
+        )),
+        (torch.ops.aten.split.Tensor, (
+            ('split_size_or_sections', (8,)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.split.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -21,6 +21,20 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('view', 'reshape')),
     spec_file='specs/squeeze.yaml',
+    bindings=(
+        (torch.squeeze, (
+            ('dim', (1, (1, 2))),
+        )),
+        (torch.Tensor.squeeze, (
+            ('dim', (1, (1, 2))),
+        )),
+        (torch.ops.aten.squeeze.dim, (
+            ('dim', (1,)),
+        )),
+        (torch.ops.aten.squeeze.dims, (
+            ('dim', ((1, 2),)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.squeeze.dim, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

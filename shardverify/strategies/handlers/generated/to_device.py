@@ -22,6 +22,12 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('pointwise', True)),
     spec_file='specs/to_device.yaml',
+    bindings=(
+        (torch.ops.aten.to.device, (
+            ('device', ('cpu',)),
+            ('dtype', ('torch.float64', 'torch.float32')),
+        )),
+    ),
     ignores=('non_blocking', 'copy', 'memory_format'),
     overrides=(
         (torch.ops.aten.to.device, (

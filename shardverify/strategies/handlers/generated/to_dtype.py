@@ -21,6 +21,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('pointwise', True)),
     spec_file='specs/to_dtype.yaml',
+    bindings=(
+        (torch.Tensor.to, (
+            ('dtype', ('torch.float64', 'torch.float32')),
+        )),
+        (torch.ops.aten.to.dtype, (
+            ('dtype', ('torch.float64', 'torch.float32')),
+        )),
+        (torch.ops.aten.to.dtype_layout, (
+            ('dtype', ('torch.float64', 'torch.float32')),
+        )),
+    ),
     ignores=('layout', 'device', 'pin_memory', 'non_blocking', 'copy', 'memory_format'),
     overrides=(
         (torch.ops.aten.to.dtype, (

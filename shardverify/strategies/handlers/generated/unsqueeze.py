@@ -21,6 +21,17 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('view', 'reshape')),
     spec_file='specs/unsqueeze.yaml',
+    bindings=(
+        (torch.unsqueeze, (
+            ('dim', (1, -1)),
+        )),
+        (torch.Tensor.unsqueeze, (
+            ('dim', (1, -1)),
+        )),
+        (torch.ops.aten.unsqueeze.default, (
+            ('dim', (1, -1)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.unsqueeze.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

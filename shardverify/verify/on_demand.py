@@ -1,0 +1,321 @@
+"""Verification on demand: a call its spec's grid never covered is verified where it is met.
+
+A spec's grid verifies its rule at a few parameter values and shapes; real calls pass others
+(``groups=16``, ``alpha=2``, a ``dtype``, a 1-d id tensor). Refusing them kept every served
+strategy sound but served little. :class:`OnDemandVerifier` keeps the guarantee without the
+refusal: handed an :class:`~shardverify.strategies.for_node.UnverifiedCall` (the rule's strategies
+at that call), it verifies every one of them at that very call (its shapes, dtypes and argument
+values, the usual distinguishing data, forward and backward, on the call's mesh, simulated) and
+serves those that pass. Those that fail are a rule defect: never offered, and recorded with the
+spec, the call and the strategies, for plan reports and ``verify``. Verdicts are kept on disk by
+(the rule, the call's signature, the mesh, torch's version), so a model's second run verifies
+nothing again; the verifier counts calls verified, cache hits and the seconds spent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import fx
+
+from shardverify.backends.simulated import SimulatedBackend
+from shardverify.errors import HandlerError, InvalidArgument, ShardVerifyError
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.strategy import ShardingStrategy
+from shardverify.strategies.for_node import UnverifiedCall, find_node, handler_strategies
+from shardverify.strategies.handlers.base import HandlerDef, handler_for_node
+from shardverify.verify.call_case import CallCase, call_case, describe_call
+from shardverify.verify.engine import verify_case
+from shardverify.verify.reference import reference
+from shardverify.verify.report import CheckResult
+
+__all__ = ["CACHE_ENV", "OnDemandRecord", "OnDemandVerifier", "verify_node", "every_strategy", "default_cache_dir"]
+
+CACHE_ENV = "SHARDVERIFY_CACHE_DIR"
+#: bumped whenever what a verdict means changes: older verdicts on disk are then never read
+VERDICT_FORMAT = 1
+
+
+def default_cache_dir() -> Path:
+    """``$SHARDVERIFY_CACHE_DIR``, else ``~/.cache/shardverify/verdicts``."""
+    found = os.environ.get(CACHE_ENV)
+    return Path(found) if found else Path.home() / ".cache" / "shardverify" / "verdicts"
+
+
+@dataclass(frozen=True)
+class OnDemandRecord:
+    """What happened to one call outside its grid."""
+
+    spec_file: str
+    node: str
+    call: str                       # the call as captured, tensors by dtype and shape
+    reason: str                     # why the grid did not cover it
+    mesh_shape: tuple[int, ...]
+    offered: int                    # strategies the rule yields at the call
+    failed: tuple[tuple[str, str], ...] = ()   # (strategy, first mismatch) of each that failed
+    cached: bool = False
+    seconds: float = 0.0
+    refused: str = ""               # why the call could not be checked at all
+
+    @property
+    def passed(self) -> int:
+        return 0 if self.refused else self.offered - len(self.failed)
+
+    def defect(self) -> str:
+        """The rule defect, as a spec author reads it: ``specs/triu.yaml: 4 strategies wrong at
+        aten.triu.default(float64[4, 6], 0) on mesh (2, 2), not offered: '[S0, R] -> ...', ..."""
+        names = ", ".join(repr(name) for name, _ in self.failed[:4]) + (", ..." if len(self.failed) > 4 else "")
+        return (f"{self.spec_file}: {len(self.failed)} of {self.offered} strateg{'y' if self.offered == 1 else 'ies'} "
+                f"wrong at {self.call} on mesh {self.mesh_shape}, not offered: {names}")
+
+
+def every_strategy(call: UnverifiedCall) -> Sequence[ShardingStrategy]:
+    """The rule's strategies at a call, unverified: for callers that verify every one themselves
+    (:func:`verify_node`, the explorer)."""
+    return call.strategies
+
+
+every_strategy.cache_key = "unverified"   # type: ignore[attr-defined]
+
+
+def _drawn(handler: HandlerDef, operands: Mapping) -> dict[str, tuple[tuple[float, float] | None, bool]]:
+    """Placeholder name -> (values, grad) from the spec's declared data of the operand it is."""
+    declared = {role: (values, grad) for role, values, grad in handler.drawn}
+    found = {}
+    for role, data in operands.items():
+        if role in declared:
+            found.setdefault(str(data.name).split("@")[0], declared[role])
+    return found
+
+
+def _candidate_highs(case: CallCase, name: str, low: float, high: float) -> list[int]:
+    """Upper bounds to try for integer input ``name``, largest first: the declared one and every
+    dim size of the call's other tensors (ids below a table's rows, an index below its dim)."""
+    sizes = {int(s) for i in case.inputs if i.name != name for s in i.shape}
+    return sorted({int(high)} | {s for s in sizes if s > low}, reverse=True)
+
+
+def _with_working_data(case: CallCase) -> CallCase:
+    """The case with integer inputs drawn in the widest range the op accepts at this call: the
+    spec declares ids below its own grid's table; a call's table has its own rows. The
+    reference is built on the way (HandlerError when the op cannot run on any such data, or is
+    random: nothing could be checked)."""
+    import dataclasses
+
+    last: Exception | None = None
+    integer = [i for i in case.inputs if not i.torch_dtype.is_floating_point and i.torch_dtype != torch.bool
+               and not i.torch_dtype.is_complex]
+    tries = [case]
+    for decl in integer:
+        low, high = decl.values if decl.values is not None else (0, 8)
+        tries = [dataclasses.replace(t, inputs=tuple(dataclasses.replace(i, values=(low, h)) if i.name == decl.name
+                                                     else i for i in t.inputs))
+                 for t in tries for h in _candidate_highs(case, decl.name, low, high)] or tries
+    for attempt in tries[:16]:
+        try:
+            reference(attempt, None, torch.device("cpu"))
+            return attempt
+        except ShardVerifyError as error:     # the op is random: no layout can be checked against it
+            raise HandlerError(f"cannot be verified at this call: {str(error).splitlines()[0]}") from None
+        except Exception as error:  # noqa: BLE001 - the op refuses these data; try the next range
+            last = error
+    raise HandlerError(f"cannot be verified at this call: the op raised on every drawn input "
+                       f"({type(last).__name__}: {str(last).splitlines()[0] if str(last) else ''})")
+
+
+def _stable_target(node: fx.Node, graph_module: fx.GraphModule) -> str:
+    if node.op == "call_module":
+        module = graph_module.get_submodule(str(node.target))
+        return f"{type(module).__module__}.{type(module).__qualname__}:{module!r}"
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    return str(node.target) if hasattr(node.target, "_schema") else \
+        f"{getattr(node.target, '__module__', '')}.{getattr(node.target, '__qualname__', node.target)}"
+
+
+def _signature(value: object) -> object:
+    """A call's argument as stable text: a tensor by shape and dtype, a number by its repr."""
+    if isinstance(value, fx.Node):
+        meta = value.meta.get("tensor_meta")
+        return ["tensor", list(meta.shape), str(meta.dtype)] if hasattr(meta, "shape") else ["node", value.name]
+    if isinstance(value, (list, tuple)):
+        return [_signature(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _signature(v) for k, v in value.items()}
+    return repr(value)
+
+
+def _rule_text(handler: HandlerDef) -> str:
+    """What the strategies depend on, stably: the spec's text where it can be read, and the
+    handler's declarations (the rule's options, the operands and parameters, the data drawn)."""
+    spec_text = ""
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        path = base / handler.spec_file
+        if handler.spec_file and path.is_file():
+            spec_text = path.read_text(encoding="utf-8", errors="replace")
+            break
+    return json.dumps([handler.name, handler.generator, repr(handler.options), repr(handler.operands),
+                       repr(handler.params), repr(handler.drawn), repr(handler.ignores), spec_text])
+
+
+def verdict_key(call: UnverifiedCall) -> str:
+    """The disk cache's key of a call's verdict: rule, call signature, mesh, strategies, torch."""
+    node = call.node
+    text = json.dumps([VERDICT_FORMAT, torch.__version__, _rule_text(call.handler),
+                       _stable_target(node, call.graph_module), _signature(list(node.args)),
+                       _signature(dict(node.kwargs)), _signature(node), list(call.mesh.shape),
+                       sorted(s.name for s in call.strategies)], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class OnDemandVerifier:
+    """Serves the strategies of calls outside their grid that verify where they are met (an
+    :class:`~shardverify.strategies.for_node.OnDemand`). One simulated backend per mesh, made
+    when first needed; :meth:`close` ends them."""
+
+    cache_dir: Path | None = field(default_factory=default_cache_dir)   # None: no disk cache
+    timeout: float | None = None
+    records: list[OnDemandRecord] = field(default_factory=list)
+    _backends: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def cache_key(self) -> object:
+        return ("on-demand", id(self))
+
+    def __call__(self, call: UnverifiedCall) -> Sequence[ShardingStrategy]:
+        key = verdict_key(call)
+        found = self._load(key)
+        label = describe_call(call.graph_module, call.node)
+        common = dict(spec_file=call.handler.spec_file or call.handler.name, node=call.node.name, call=label,
+                      reason=call.reason, mesh_shape=tuple(call.mesh.shape), offered=len(call.strategies))
+        if found is not None:
+            record = OnDemandRecord(**common, failed=tuple(map(tuple, found["failed"])), cached=True,
+                                    refused=found["refused"])
+        else:
+            start = time.perf_counter()
+            try:
+                failed, refused = self._verify(call), ""
+            except HandlerError as error:
+                failed, refused = (), str(error)
+            record = OnDemandRecord(**common, failed=failed, seconds=time.perf_counter() - start, refused=refused)
+            self._store(key, {"failed": [list(f) for f in failed], "refused": refused, "call": label})
+        self.records.append(record)
+        if record.refused:
+            raise HandlerError(f"{call.reason}; {record.refused}")
+        wrong = {name for name, _ in record.failed}
+        kept = [s for s in call.strategies if s.name not in wrong]
+        if not kept:
+            raise HandlerError(f"{call.reason}; verified at the call, every strategy failed: {record.defect()}")
+        return kept
+
+    def _verify(self, call: UnverifiedCall) -> tuple[tuple[str, str], ...]:
+        case = _with_working_data(call_case(call.handler.name, call.graph_module, call.node,
+                                            _drawn(call.handler, call.operands)))
+        results = verify_case(self._backend(call.mesh), case, call.strategies, timeout=self.timeout)
+        return tuple((r.strategy, _first_problem(r)) for r in results if not r.passed)
+
+    def _backend(self, mesh: DeviceMesh) -> SimulatedBackend:
+        shape = tuple(mesh.shape)
+        if shape not in self._backends:
+            self._backends[shape] = SimulatedBackend(DeviceMesh(shape))
+        return self._backends[shape]
+
+    def close(self) -> None:
+        for backend in self._backends.values():
+            backend.close()
+        self._backends.clear()
+
+    def __enter__(self) -> OnDemandVerifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the verdicts on disk -----------------------------------------------------
+    def _path(self, key: str) -> Path | None:
+        return None if self.cache_dir is None else Path(self.cache_dir) / key[:2] / f"{key}.json"
+
+    def _load(self, key: str) -> dict | None:
+        path = self._path(key)
+        if path is None or not path.is_file():
+            return None
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None           # unreadable or half-written by a stopped run: verified again
+        if not isinstance(found, dict) or not isinstance(found.get("failed"), list) or \
+                not isinstance(found.get("refused"), str):
+            return None
+        return found
+
+    def _store(self, key: str, verdict: dict) -> None:
+        path = self._path(key)
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps(verdict), encoding="utf-8")
+            os.replace(partial, path)   # atomic: another process reads the whole verdict or none
+        except OSError:
+            pass                  # a read-only cache only costs the next run a verification
+
+    # ---- what a report says -------------------------------------------------------
+    def summary(self) -> dict:
+        fresh = [r for r in self.records if not r.cached]
+        return {"calls": len(self.records), "verified": len(fresh), "cache_hits": len(self.records) - len(fresh),
+                "seconds": round(sum(r.seconds for r in fresh), 3),
+                "strategies_verified": sum(r.offered for r in fresh if not r.refused),
+                "strategies_wrong": sum(len(r.failed) for r in self.records),
+                "refused": sum(1 for r in self.records if r.refused),
+                "defects": [r.defect() for r in self.records if r.failed]}
+
+    def lines(self) -> list[str]:
+        if not self.records:
+            return []
+        s = self.summary()
+        lines = [f"verified on demand: {s['calls']} call(s) outside their spec's grid, {s['verified']} verified now "
+                 f"({s['strategies_verified']} strategies, {s['seconds']:.1f} s), {s['cache_hits']} from the verdict "
+                 f"cache; {s['strategies_wrong']} wrong strateg{'y' if s['strategies_wrong'] == 1 else 'ies'} not "
+                 f"offered, {s['refused']} call(s) refused"]
+        lines += [f"  rule defect: {text}" for text in s["defects"]]
+        return lines
+
+
+def _first_problem(result: CheckResult) -> str:
+    if not result.mismatches:
+        return ""
+    m = result.mismatches[0]
+    return (f"rank {m.rank} {m.tensor}: {m.kind}" + (f", max abs error {m.max_abs_err:.3g}"
+                                                      if getattr(m, "max_abs_err", None) else "")
+            + (f" ({m.detail.splitlines()[0]})" if m.detail else ""))[:300]
+
+
+def verify_node(graph_module: fx.GraphModule, node: str | int | fx.Node, mesh, *, backend=None,
+                timeout: float | None = None) -> list[CheckResult]:
+    """Verify every strategy of one captured call, whatever its spec's grid covered: the call
+    cut out as it was captured (zero-size shapes, tensor keywords, ``None`` in a tensor list
+    included), on ``backend`` (default: simulated on ``mesh``). HandlerError when no handler
+    serves the call or it cannot be checked (a random op, data it always refuses)."""
+    if not isinstance(graph_module, fx.GraphModule):
+        raise InvalidArgument(f"graph_module must be a torch.fx.GraphModule, got {type(graph_module).__name__}")
+    mesh = mesh if isinstance(mesh, DeviceMesh) else DeviceMesh(tuple(mesh))
+    node = node if isinstance(node, fx.Node) else find_node(graph_module, node)
+    handler = handler_for_node(node, graph_module)
+    if handler is None:
+        raise HandlerError(f"no handler for node {node.name!r} ({describe_call(graph_module, node)}); "
+                           f"write a spec for it in specs/")
+    operands, strategies = handler_strategies(handler, graph_module, node, mesh, every_strategy)
+    case = _with_working_data(call_case(handler.name, graph_module, node, _drawn(handler, operands)))
+    if backend is not None:
+        return verify_case(backend, case, strategies, timeout=timeout)
+    with SimulatedBackend(mesh) as own:
+        return verify_case(own, case, strategies, timeout=timeout)
