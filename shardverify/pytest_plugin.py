@@ -320,6 +320,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
         load_profile()   # $SV_HYPOTHESIS_PROFILE, default "ci": bounded, derandomized, no deadline
     config.pluginmanager.register(_SkipSummary(), "shardverify-skip-summary")
+    _session_verdict_cache(config)
+
+
+_VERDICTS = pytest.StashKey[str]()
+
+
+def _session_verdict_cache(config: pytest.Config) -> None:
+    """Calls verified on demand keep their verdicts in a folder of this session's own, shared by
+    its xdist workers (they inherit the variable) and removed at its end, unless
+    $SHARDVERIFY_CACHE_DIR names one: a test run neither reads nor fills a user's cache."""
+    from shardverify.verify.on_demand import CACHE_ENV
+
+    if os.environ.get(CACHE_ENV) or hasattr(config, "workerinput"):
+        return
+    import tempfile
+
+    config.stash[_VERDICTS] = os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="shardverify-verdicts-")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -412,6 +429,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     pool = config.stash.get(_POOL, None)
     if pool is not None:
         pool.close_all()
+    folder = config.stash.get(_VERDICTS, None)
+    if folder is not None:
+        import shutil
+
+        from shardverify.verify.on_demand import CACHE_ENV
+
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(CACHE_ENV, None)
 
 
 # --------------------------------------------------------------------------- fixtures

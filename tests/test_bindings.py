@@ -13,7 +13,7 @@ from shardverify.capture.export import annotate
 from shardverify.errors import HandlerError
 from shardverify.plan.coverage import classify_nodes
 from shardverify.spec.case import InputDecl
-from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl, handler_for_node, refusal
+from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl, handler_for_node, outside_grid
 
 MESH = DeviceMesh((2, 2))
 
@@ -72,9 +72,9 @@ def test_a_planted_rule_verified_on_one_value_is_not_served_another():
                       params=(ParamDecl("diagonal", 1, "diagonal", 0),), generator="rules",
                       options=(("pointwise", True),), bindings=((torch.triu, (("diagonal", (-8,)),)),))
     graph_module, node = _node(lambda t: torch.triu(t, 1), (8, 8))
-    assert "passes diagonal=1; the rule was verified for diagonal in {-8}" in refusal(triu, node, graph_module)
+    assert "passes diagonal=1; the rule was verified for diagonal in {-8}" in outside_grid(triu, node, graph_module)
     graph_module, node = _node(lambda t: torch.triu(t, -8), (8, 8))
-    assert refusal(triu, node, graph_module) is None
+    assert outside_grid(triu, node, graph_module) is None
 
 
 @pytest.mark.parametrize("training, handler", [(False, "batch_norm"), (True, "batch_norm_train")])
@@ -239,9 +239,9 @@ def test_a_pool_rule_bound_to_its_window_refuses_another():
                                                 ("dilation", (1,)), ("ceil_mode", (False,)),
                                                 ("return_indices", (False,)))),))
     graph_module, node = _node(lambda t: F.max_pool2d(t, 3, stride=2, padding=1), (2, 2, 8, 8))
-    assert "kernel_size=3; the rule was verified for kernel_size in {2}" in refusal(pool, node, graph_module)
+    assert "kernel_size=3; the rule was verified for kernel_size in {2}" in outside_grid(pool, node, graph_module)
     graph_module, node = _node(lambda t: F.max_pool2d(t, 2, stride=2), (2, 2, 8, 8))
-    assert refusal(pool, node, graph_module) is None
+    assert outside_grid(pool, node, graph_module) is None
 
 
 class _Wrap(torch.nn.Module):

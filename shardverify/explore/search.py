@@ -4,6 +4,8 @@ verified (after checking that each divides its operands' shapes), a failure repl
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,7 +64,7 @@ def check_example(backend, example: Example, *, first_failure: bool = False) -> 
     except Exception as exc:  # noqa: BLE001 -- sizes the harness itself refuses are not a case
         _note(f"the harness refuses these sizes: {type(exc).__name__}: {exc}")
         hypothesis.reject()
-    why = _refused(graph_module, node_name)
+    why = _refused(graph_module, node_name, example.spec)
     if why is not None:   # a call outside what the rule was verified on is no failure of it
         _note(f"the handler refuses the drawn call: {why}")
         hypothesis.reject()
@@ -95,14 +97,23 @@ def _naming_the_call(example: Example, exc: Exception) -> AssertionError:
     return AssertionError(f"drawn call: {example.describe()}\n{text}")
 
 
-def _refused(graph_module, node_name: str) -> str | None:
-    """Why the handler of the op's node refuses the call (see ``refusal``), or None."""
+def _refused(graph_module, node_name: str, spec) -> str | None:
+    """Why the op's node is no case of the spec's rule, or None: its handler refuses the call
+    (see ``refusal``), or the call is outside the grid in a parameter the rule is bound to (a
+    value drawn beyond the grid of one declared ``serves: any`` is a case: the claim is tested)."""
     from shardverify.strategies.for_node import find_node
-    from shardverify.strategies.handlers.base import handler_for_node, refusal
+    from shardverify.strategies.handlers.base import handler_for_node, off_grid, outside_grid, refusal
 
     node = find_node(graph_module, node_name)
     handler = handler_for_node(node, graph_module)
-    return None if handler is None else refusal(handler, node, graph_module)
+    if handler is None:
+        return None
+    why = refusal(handler, node, graph_module)
+    if why is not None:
+        return why
+    if any(not spec.serves_every_value(name) for name in off_grid(handler, node, graph_module)):
+        return outside_grid(handler, node, graph_module)
+    return outside_grid(dataclasses.replace(handler, bindings=()), node, graph_module)   # undeclared arguments
 
 
 def _note(text: str) -> None:

@@ -114,8 +114,8 @@ def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Nod
         raise HandlerError(why)
     unverified = outside_grid(handler, node, graph_module)
     if unverified is not None and on_demand is None:
-        raise HandlerError(f"{unverified}; served only when verified at the call (strict grid binding: "
-                           f"--verified-only)")
+        raise HandlerError(f"{unverified}; strict grid binding (--verified-only): a call outside the grid is "
+                           f"served only when verified where it is met")
     operands = resolve_operands(handler, node, graph_module)
     ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands,
                            params=resolve_params(handler, node, graph_module), options=handler.option_dict,

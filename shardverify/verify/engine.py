@@ -94,6 +94,17 @@ def _checked_dtype(dtype: str | None) -> str | None:
     return str(dtype_from_name(dtype)).removeprefix("torch.")
 
 
+def _first_dtype(case) -> str:
+    """The dtype a case's check is shown in: its first input's, else (a call on module state
+    alone: a slice of a buffer) its result's."""
+    if case.inputs:
+        return case.inputs[0].dtype
+    graph_module, node_name = case.build()
+    meta = next(n for n in graph_module.graph.nodes if n.name == node_name).meta.get("tensor_meta")
+    meta = meta if hasattr(meta, "dtype") else meta[0]
+    return str(meta.dtype).removeprefix("torch.")
+
+
 def _check_mesh(backend, strategy: ShardingStrategy) -> None:
     mesh_shape = tuple(backend.mesh.shape)
     for name, spec in strategy.sharding_specs:
@@ -168,7 +179,7 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     for strategy in strategies:
         _check_mesh(backend, strategy)
     dtype = _checked_dtype(dtype)
-    shown_dtype = dtype or case.inputs[0].dtype
+    shown_dtype = dtype or _first_dtype(case)
     mesh_shape = tuple(backend.mesh.shape)
     start = time.perf_counter()
     problems = [strategy_problems(s, len(mesh_shape)) for s in strategies]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
     "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
-    "refusal", "outside_grid", "bound_apart",
+    "refusal", "outside_grid", "off_grid", "bound_apart",
 ]
 
 OPERAND_KINDS = ("input", "param", "output")
@@ -270,22 +270,29 @@ def refusal(handler: HandlerDef, node: Node, graph_module: GraphModule | None = 
     return None
 
 
+def off_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> tuple[str, ...]:
+    """The bound parameters this call passes at a value its grid never held (computed ones aside:
+    :func:`refusal` speaks for those)."""
+    params = resolve_params(handler, node, graph_module)
+    return tuple(name for name, values in handler.bound().items()
+                 if not isinstance(params.get(name), Computed)
+                 and _normal(params.get(name)) not in {_normal(v) for v in values})
+
+
 def outside_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> str | None:
     """Why this call is outside what ``handler``'s grid verified, or None: a bound parameter at a
     value the grid never held, or an argument the spec does not declare (unless it leaves the
     rule unchanged, or equals its schema default: a default spelled out is the default). Such
     a call is verified when it is met (``strategies_for_node(..., on_demand=...)``) or refused."""
     params = resolve_params(handler, node, graph_module)
-    for name, values in handler.bound().items():
-        value = params.get(name)
-        if not isinstance(value, Computed) and _normal(value) not in {_normal(v) for v in values}:
-            return (f"{handler.name}: node {node.name!r} passes {name}={_show(value)}; the grid verified "
-                    f"{name} in {_shown(values)} only ({handler.spec_file or 'its spec'})")
+    for name in off_grid(handler, node, graph_module):
+        return (f"{handler.name}: node {node.name!r} passes {name}={_show(params.get(name))}; the rule was verified "
+                f"for {name} in {_shown(handler.bound()[name])} only ({handler.spec_file or 'its spec'})")
     extra = _undeclared_arguments(handler, node) or _undeclared_attributes(handler, node, graph_module)
     if extra:
         return (f"{handler.name}: node {node.name!r} passes {', '.join(extra)}, which "
-                f"{handler.spec_file or 'its spec'} does not declare (declare it, or list it under 'ignores' "
-                f"if it does not change the rule)")
+                f"{handler.spec_file or 'its spec'} does not declare; the rule may not hold with "
+                f"{'it' if len(extra) == 1 else 'them'} (declare it, or list it under 'ignores' if it does not change the rule)")
     return None
 
 

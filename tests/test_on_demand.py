@@ -1,0 +1,163 @@
+"""Verification on demand (shardverify/verify/on_demand.py): a call outside its spec's grid is
+verified where it is met; its strategies that fail are a rule defect, never served, and named."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import pytest
+
+from shardverify import DeviceMesh, trace
+from shardverify.errors import HandlerError
+from shardverify.plan.coverage import classify_nodes
+from shardverify.plan.verify import verify_plan
+from shardverify.strategies.for_node import strategies_for_node
+from shardverify.strategies.handlers.base import (HandlerDef, OperandDecl, ParamDecl, handler_for_node, outside_grid,
+                                                  register_handler, unregister_handler)
+from shardverify.verify.on_demand import OnDemandVerifier, verify_node
+
+MESH = DeviceMesh((2, 2))
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _graph(fn, *shapes, dtypes=None):
+    dtypes = dtypes or [torch.float32] * len(shapes)
+    meta = {f"x{i}": torch.empty(s, dtype=d, device="meta") for i, (s, d) in enumerate(zip(shapes, dtypes))}
+    graph_module = trace(_Positional(fn, len(shapes)), meta_args=meta)
+    node = next(n for n in graph_module.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+    return graph_module, node
+
+
+def _Positional(fn, count):
+    """A module whose forward takes ``count`` named inputs and calls ``fn`` on them."""
+    names = ", ".join(f"x{i}" for i in range(count))
+    namespace: dict = {}
+    exec(f"def forward(self, {names}):\n    return self.fn({names})\n", namespace)
+    return type("Call", (Fn,), {"forward": namespace["forward"]})(fn)
+
+
+@pytest.fixture
+def planted():
+    """Wrong rules right only at the values their grid verified: triu written as pointwise
+    (verified at diagonal=-8, the identity on 8x8) and max pooling that shards the rows
+    (verified at kernel 1: each pixel its own window)."""
+    triu = register_handler(HandlerDef(
+        name="triu_pointwise", targets=(torch.triu,), spec_file="specs/triu_pointwise.yaml",
+        operands=(OperandDecl("input", "input", 0, "input"), OperandDecl("output", "output")),
+        params=(ParamDecl("diagonal", 1, "diagonal", 0),), generator="rules", options=(("pointwise", True),),
+        bindings=((torch.triu, (("diagonal", (-8,)),)),)))
+    pool = register_handler(HandlerDef(
+        name="avg_pool_rows", targets=(F.avg_pool2d,), spec_file="specs/avg_pool_rows.yaml",
+        operands=(OperandDecl("input", "input", 0, "input"), OperandDecl("output", "output")),
+        params=(ParamDecl("kernel_size", 1, "kernel_size", None), ParamDecl("stride", 2, "stride", None),
+                ParamDecl("padding", 3, "padding", 0)),
+        generator="rules", options=(("pointwise", True),),
+        bindings=((F.avg_pool2d, (("kernel_size", (1,)), ("stride", (1,)), ("padding", (0,)))),)))
+    yield triu, pool
+    unregister_handler(triu.name)
+    unregister_handler(pool.name)
+
+
+def test_a_wrong_rule_is_never_served_wrong_at_another_value(planted, tmp_path):
+    graph_module, node = _graph(lambda x: torch.triu(x, 1), (8, 8))
+    assert "passes diagonal=1" in outside_grid(handler_for_node(node, graph_module), node, graph_module)
+    with pytest.raises(HandlerError, match="--verified-only"):
+        strategies_for_node(graph_module, node.name, MESH)       # strict: refused
+    verifier = OnDemandVerifier(cache_dir=tmp_path)
+    with verifier:
+        served = strategies_for_node(graph_module, node.name, MESH, on_demand=verifier)
+    assert [s.name for s in served] == ["RR -> RR"]              # every sharded layout of triu is wrong
+    (record,) = verifier.records
+    assert record.offered > 1 and len(record.failed) == record.offered - 1
+    defect = record.defect()
+    assert defect.startswith("specs/triu_pointwise.yaml: ") and "wrong at torch.triu(float32[8, 8], 1)" in defect
+    assert "'S0R -> S0R'" in defect and "not offered" in defect
+    assert any("rule defect: specs/triu_pointwise.yaml" in line for line in verifier.lines())
+
+
+def test_a_row_sharded_pool_keeps_only_the_layouts_that_hold_at_the_call(planted, tmp_path):
+    graph_module, node = _graph(lambda x: F.avg_pool2d(x, 3, stride=1, padding=1), (4, 6, 8, 8))
+    with OnDemandVerifier(cache_dir=tmp_path) as verifier:
+        served = list(strategies_for_node(graph_module, node.name, MESH, on_demand=verifier))
+    wrong = {name for name, _ in verifier.records[0].failed}
+    assert wrong and not {s.name for s in served} & wrong
+    # the batch and channel shards hold (each rank pools its own planes), the rows and columns never
+    sharded = [set(dict(s.get_sharding_spec_by_name(s.inputs[0].name).dim_partition)) for s in served]
+    assert {0, 1} <= set().union(*sharded) and not any(dims & {2, 3} for dims in sharded)
+    results = verify_node(graph_module, node, MESH)                # every strategy, as the verifier saw them
+    assert {r.strategy for r in results if not r.passed} == wrong
+
+
+def test_verdicts_are_cached_on_disk(tmp_path):
+    graph_module, node = _graph(lambda x: torch.softmax(x, -1, dtype=torch.float64), (4, 6, 8))
+    first = OnDemandVerifier(cache_dir=tmp_path)
+    with first:
+        served = [s.name for s in strategies_for_node(graph_module, node.name, MESH, on_demand=first)]
+    assert first.summary()["verified"] == 1 and first.summary()["cache_hits"] == 0
+    assert first.summary()["strategies_wrong"] == 0
+    graph_module, node = _graph(lambda x: torch.softmax(x, -1, dtype=torch.float64), (4, 6, 8))   # a new capture
+    second = OnDemandVerifier(cache_dir=tmp_path)
+    again = [s.name for s in strategies_for_node(graph_module, node.name, MESH, on_demand=second)]
+    assert again == served
+    assert second.summary()["verified"] == 0 and second.summary()["cache_hits"] == 1
+    assert list(tmp_path.rglob("*.json"))
+
+
+def test_a_random_call_is_refused_with_its_reason(tmp_path):
+    graph_module, node = _graph(lambda x: torch.ops.aten.dropout.default(x, 0.5, True), (8, 8))
+    with OnDemandVerifier(cache_dir=tmp_path) as verifier, pytest.raises(HandlerError, match="the op is random"):
+        strategies_for_node(graph_module, node.name, MESH, on_demand=verifier)
+    assert verifier.summary()["refused"] == 1
+
+
+def test_a_default_spelled_out_is_the_default():
+    # torch.fx records F.max_pool2d's return_indices=False as a keyword; sdpa's defaults spelled out
+    graph_module, node = _graph(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=False), (2, 4, 8, 8))
+    assert node.kwargs.get("return_indices") is False
+    assert outside_grid(handler_for_node(node, graph_module), node, graph_module) is None
+    graph_module, node = _graph(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.0,
+                                                                                is_causal=False),
+                                (2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16))
+    assert outside_grid(handler_for_node(node, graph_module), node, graph_module) is None
+
+
+def test_verify_node_takes_what_a_grid_cannot_say():
+    # ids into a table of its own size (the spec's ids are drawn below its grid's 16 rows: here
+    # below the call's 11, every row looked up), and a zero-size dim
+    graph_module, node = _graph(lambda ids, table: F.embedding(ids, table), (3, 5), (11, 6),
+                                dtypes=[torch.int64, torch.float32])
+    results = verify_node(graph_module, node, MESH)
+    assert len(results) > 10 and all(r.passed for r in results)
+    graph_module, node = _graph(lambda x: torch.relu(x), (4, 0, 6))
+    results = verify_node(graph_module, node, MESH)
+    assert results and all(r.passed for r in results)
+
+
+def test_a_plan_serves_a_call_outside_the_grid_and_counts_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDVERIFY_CACHE_DIR", str(tmp_path))
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 16)
+
+        def forward(self, x):
+            return torch.log_softmax(self.fc(x), -1, dtype=torch.float64)
+
+    model, x = Model(), torch.randn(4, 8)
+    result = verify_plan(model, (x,), (2,), shard_weights=True)
+    assert result.passed
+    assert result.coverage.on_demand["verified"] == 1 and result.coverage.count("refused") == 0
+    assert any("verified on demand: 1 call(s)" in line for line in result.coverage.lines())
+    again = verify_plan(model, (x,), (2,), shard_weights=True)
+    assert again.coverage.on_demand["verified"] == 0 and again.coverage.on_demand["cache_hits"] == 1
+    strict = verify_plan(model, (x,), (2,), verified_only=True)
+    assert strict.coverage.on_demand is None and strict.coverage.count("refused") == 1
