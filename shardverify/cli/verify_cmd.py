@@ -49,6 +49,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="draw every case's values from seed N instead of the spec's (the verdicts must "
                              "not depend on it: data that cannot tell two blocks apart gets more seeds anyway)")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
+    parser.add_argument("--opinfo", action="store_true",
+                        help="instead of the specs' grids, serve every PyTorch OpInfo sample of their targets "
+                             "(torch.fx and torch.export captures, --mesh or (2,2) and (4,)) as a plan would, "
+                             "calls outside a grid verified on demand, grid-served strategies verified at the "
+                             "call; count served / on demand / refused by reason")
+    parser.add_argument("--opinfo-samples", type=parse_seed, default=24, metavar="N",
+                        help="with --opinfo: at most N samples per OpInfo entry, a fixed draw (0: every sample)")
+    parser.add_argument("--report", type=Path, default=None, metavar="FILE",
+                        help="with --opinfo: write the markdown report (docs/opinfo.md) to FILE")
     parser.add_argument("--root", type=Path, default=Path("."),
                         help="repository root (default: .)")
     parser.add_argument("--specs-dir", type=Path, default=None, help="folder holding the specs (default: ROOT/specs)")
@@ -204,6 +213,10 @@ def run(args: argparse.Namespace) -> int:
     if not specs:
         print("error: no op specs to verify", file=sys.stderr)
         return USAGE
+    if args.opinfo:
+        from shardverify.cli.opinfo_run import run_opinfo
+
+        return run_opinfo(args, specs)
     from shardverify.cli.generate_cmd import broken_handlers
 
     for problem in broken_handlers(args.root):

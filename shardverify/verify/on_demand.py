@@ -36,7 +36,8 @@ from shardverify.verify.engine import verify_case
 from shardverify.verify.reference import reference
 from shardverify.verify.report import CheckResult
 
-__all__ = ["CACHE_ENV", "OnDemandRecord", "OnDemandVerifier", "verify_node", "every_strategy", "default_cache_dir"]
+__all__ = ["CACHE_ENV", "OnDemandRecord", "OnDemandVerifier", "verify_node", "every_strategy", "default_cache_dir",
+           "checkable_case"]
 
 CACHE_ENV = "SHARDVERIFY_CACHE_DIR"
 #: bumped whenever what a verdict means changes: older verdicts on disk are then never read
@@ -130,6 +131,11 @@ def _with_working_data(case: CallCase) -> CallCase:
                        f"({type(last).__name__}: {str(last).splitlines()[0] if str(last) else ''})")
 
 
+def checkable_case(handler: HandlerDef, graph_module: fx.GraphModule, node: fx.Node, operands: Mapping) -> CallCase:
+    """The captured call as a case, with data the op accepts there (see :func:`_with_working_data`)."""
+    return _with_working_data(call_case(handler.name, graph_module, node, _drawn(handler, operands)))
+
+
 def _stable_target(node: fx.Node, graph_module: fx.GraphModule) -> str:
     if node.op == "call_module":
         module = graph_module.get_submodule(str(node.target))
@@ -217,12 +223,12 @@ class OnDemandVerifier:
         return kept
 
     def _verify(self, call: UnverifiedCall) -> tuple[tuple[str, str], ...]:
-        case = _with_working_data(call_case(call.handler.name, call.graph_module, call.node,
-                                            _drawn(call.handler, call.operands)))
-        results = verify_case(self._backend(call.mesh), case, call.strategies, timeout=self.timeout)
+        case = checkable_case(call.handler, call.graph_module, call.node, call.operands)
+        results = verify_case(self.backend(call.mesh), case, call.strategies, timeout=self.timeout)
         return tuple((r.strategy, _first_problem(r)) for r in results if not r.passed)
 
-    def _backend(self, mesh: DeviceMesh) -> SimulatedBackend:
+    def backend(self, mesh: DeviceMesh) -> SimulatedBackend:
+        """This verifier's simulated backend on ``mesh`` (made once)."""
         shape = tuple(mesh.shape)
         if shape not in self._backends:
             self._backends[shape] = SimulatedBackend(DeviceMesh(shape))
@@ -314,7 +320,7 @@ def verify_node(graph_module: fx.GraphModule, node: str | int | fx.Node, mesh, *
         raise HandlerError(f"no handler for node {node.name!r} ({describe_call(graph_module, node)}); "
                            f"write a spec for it in specs/")
     operands, strategies = handler_strategies(handler, graph_module, node, mesh, every_strategy)
-    case = _with_working_data(call_case(handler.name, graph_module, node, _drawn(handler, operands)))
+    case = checkable_case(handler, graph_module, node, operands)
     if backend is not None:
         return verify_case(backend, case, strategies, timeout=timeout)
     with SimulatedBackend(mesh) as own:

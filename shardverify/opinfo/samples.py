@@ -1,0 +1,113 @@
+"""PyTorch's OpInfo samples as calls to verify: the corpus DTensor's own op tests run, written by
+no one here. An op spec's targets name torch callables; the OpInfo entries whose function,
+method or ATen operator is one of them give sample inputs (``entry.sample_inputs``), each turned
+into a one-op module whose forward takes the sample's tensors and calls the op as the sample
+does, ready for torch.fx or torch.export."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+
+from shardverify.errors import InvalidArgument
+
+__all__ = ["Sample", "op_db", "entries_for", "samples_of", "OneOp"]
+
+
+def op_db() -> list:
+    """PyTorch's OpInfo database (imported when first asked for: it takes seconds)."""
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db as found
+    except ImportError as error:   # torch's test helpers need expecttest
+        raise InvalidArgument(f"PyTorch's OpInfo database cannot be imported ({error}); install expecttest") from None
+    return list(found)
+
+
+def _packet(target: object) -> object | None:
+    return target.overloadpacket if isinstance(target, torch._ops.OpOverload) else None
+
+
+def entries_for(targets: Sequence[object], names: Sequence[str] = ()) -> list:
+    """The OpInfo entries of an op spec: those named in ``names``, and those whose function or
+    method is one of ``targets`` or whose ATen operator holds one of the ATen targets."""
+    packets = {p for p in map(_packet, targets) if p is not None}
+    found = []
+    for entry in op_db():
+        aten = getattr(torch.ops.aten, entry.aten_name or "", None) if entry.aten_name else None
+        if entry.name in names or any(t is entry.op or (entry.method_variant is not None and t is entry.method_variant)
+                                      for t in targets) or (aten is not None and aten in packets):
+            found.append(entry)
+    return found
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One OpInfo sample: how to call the op, which tensors its forward takes."""
+
+    entry: str                       # the OpInfo entry's name (variant test name too, if any)
+    index: int                       # its position among the entry's samples
+    call: object                     # the callable (the entry's function, or its method variant)
+    tensors: tuple[torch.Tensor, ...]
+    spec: object                     # pytree spec of (input, args, kwargs) with tensors as leaves
+    constants: tuple                 # the non-tensor leaves, in order (None where a tensor sits)
+
+    def arguments(self, tensors: Sequence[object]) -> tuple[tuple, dict]:
+        """(args, kwargs) of the call with ``tensors`` (placeholders or real) in the tensors' places."""
+        given = iter(tensors)
+        leaves = [next(given) if c is _TENSOR else c for c in self.constants]
+        value, args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        return (value, *args), kwargs
+
+    def describe(self) -> str:
+        shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in self.tensors)
+        return f"{self.entry}#{self.index}({shapes})"
+
+
+_TENSOR = object()
+
+
+def samples_of(entry, dtype: torch.dtype = torch.float64, limit: int = 0, seed: int = 0) -> Iterator[Sample]:
+    """The entry's CPU samples in ``dtype`` (its first supported floating dtype when it lacks
+    ``dtype``); ``limit``: at most that many, drawn with a fixed seed (0: every sample)."""
+    supported = entry.supported_dtypes("cpu")
+    if dtype not in supported:
+        dtype = next((d for d in (torch.float64, torch.float32, torch.int64, torch.bool) if d in supported), None)
+        if dtype is None:
+            return
+    torch.manual_seed(seed)
+    samples = list(entry.sample_inputs("cpu", dtype, requires_grad=False))
+    chosen = list(range(len(samples)))
+    if limit and len(chosen) > limit:
+        chosen = sorted(random.Random(seed).sample(chosen, limit))
+    for index in chosen:
+        sample = samples[index]
+        leaves, spec = pytree.tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
+        tensors = tuple(leaf.detach() for leaf in leaves if isinstance(leaf, torch.Tensor))
+        constants = tuple(_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
+        name = entry.name + (f".{entry.variant_test_name}" if entry.variant_test_name else "")
+        yield Sample(name, index, entry.op, tensors, spec, constants)
+
+
+class OneOp(torch.nn.Module):
+    """A module whose forward takes a sample's tensors (``x0``, ``x1``, ...) and calls the op."""
+
+    def __init__(self, sample: Sample) -> None:
+        super().__init__()
+        self.sample = sample
+
+    def call(self, *tensors):
+        args, kwargs = self.sample.arguments(tensors)
+        return self.sample.call(*args, **kwargs)
+
+
+def one_op_module(sample: Sample) -> OneOp:
+    """A :class:`OneOp` whose ``forward`` names each tensor (torch.fx traces named arguments)."""
+    names = ", ".join(f"x{i}" for i in range(len(sample.tensors)))
+    namespace: dict = {}
+    exec(f"def forward(self, {names}):\n    return self.call({names})\n", namespace)   # noqa: S102 - a fixed text
+    cls = type(f"OneOp_{len(sample.tensors)}", (OneOp,), {"forward": namespace["forward"]})
+    return cls(sample)

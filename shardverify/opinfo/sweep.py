@@ -1,0 +1,159 @@
+"""The OpInfo sweep: every sample of an op spec's OpInfo entries captured (torch.fx and
+torch.export) as a one-op module, served as a plan would serve it, every served strategy verified
+at the call, and each call's outcome counted.
+
+Outcomes of a call: ``grid`` (its spec's grid covered it), ``on-demand`` (verified where it was
+met), ``refused`` (with the handler's reason), ``no-handler`` (the capture made it an op no spec
+covers: export's decompositions), ``not-captured`` (the capture itself failed), ``raw-error`` (a
+raw exception where a reason was owed: a bug). A strategy served on the grid is verified at the
+call too, so a wrong one shows as ``wrong``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from shardverify.capture.export import export_graph
+from shardverify.capture.fx import trace
+from shardverify.errors import ShardVerifyError
+from shardverify.opinfo.samples import Sample, entries_for, one_op_module, samples_of
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.spec.names import resolve_dotted
+from shardverify.strategies.for_node import strategies_for_node
+from shardverify.strategies.handlers.base import handler_for_node, resolve_operands, target_key
+from shardverify.verify.engine import verify_case
+from shardverify.verify.on_demand import OnDemandVerifier, checkable_case
+
+__all__ = ["CallOutcome", "SweepResult", "sweep_spec", "OUTCOMES"]
+
+OUTCOMES = ("grid", "on-demand", "refused", "no-handler", "not-captured", "raw-error")
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    op: str                          # the op spec
+    sample: str                      # entry#index(shapes)
+    capture: str                     # fx or export
+    mesh: tuple[int, ...]
+    outcome: str
+    reason: str = ""
+    strategies: int = 0              # served
+    sharded: int = 0                 # of those, ones that lay out a tensor sharded or communicate
+    checked: int = 0                 # strategies verified at the call by the sweep itself
+    wrong: tuple[str, ...] = ()      # served strategies that failed at the call
+
+
+@dataclass
+class SweepResult:
+    outcomes: list[CallOutcome] = field(default_factory=list)
+    defects: list[str] = field(default_factory=list)   # on-demand verification's rule defects
+    seconds: float = 0.0
+
+    def counts(self, op: str | None = None) -> Counter:
+        return Counter(o.outcome for o in self.outcomes if op is None or o.op == op)
+
+    @property
+    def wrong(self) -> list[CallOutcome]:
+        return [o for o in self.outcomes if o.wrong]
+
+    def served_share(self, capture: str) -> float:
+        mine = [o for o in self.outcomes if o.capture == capture]
+        return sum(o.outcome in ("grid", "on-demand") for o in mine) / len(mine) if mine else 0.0
+
+
+def _capture(sample: Sample, how: str) -> fx.GraphModule:
+    module = one_op_module(sample)
+    if how == "fx":
+        return trace(module, {f"x{i}": t for i, t in enumerate(sample.tensors)})
+    return export_graph(module, sample.tensors)
+
+
+def _op_nodes(graph_module: fx.GraphModule, targets: set) -> list[fx.Node]:
+    """The call nodes of the op under test: those whose target is a spec target, else every
+    call node that returns a tensor (the capture made the call into other ops)."""
+    calls = [n for n in graph_module.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+             and getattr(n.target, "__name__", "") != "getitem"]
+    mine = [n for n in calls if _is_target(n, targets)]
+    return mine or [n for n in calls if "tensor_meta" in n.meta]
+
+
+def _is_target(node: fx.Node, targets: set) -> bool:
+    try:
+        return node.target in targets
+    except TypeError:           # an unhashable target
+        return False
+
+
+def _sharded(strategy) -> bool:
+    return any(spec.dim_partition for _, spec in strategy.sharding_specs) or bool(strategy.communication_actions) \
+        or bool(strategy.partial_inputs)
+
+
+def _classify(spec, sample: Sample, how: str, mesh: DeviceMesh, verifier: OnDemandVerifier,
+              targets: set, check_grid: bool) -> list[CallOutcome]:
+    base = dict(op=spec.name, sample=sample.describe(), capture=how, mesh=tuple(mesh.shape))
+    try:
+        graph_module = _capture(sample, how)
+    except Exception as error:  # noqa: BLE001 - torch's capture refused the sample
+        return [CallOutcome(**base, outcome="not-captured", reason=f"{type(error).__name__}: "
+                                                                  f"{str(error).splitlines()[0][:160] if str(error) else ''}")]
+    found = []
+    for node in _op_nodes(graph_module, targets):
+        if handler_for_node(node, graph_module) is None:
+            found.append(CallOutcome(**base, outcome="no-handler", reason=f"captured as {node.target}"))
+            continue
+        before = len(verifier.records)
+        try:
+            served = list(strategies_for_node(graph_module, node.name, mesh, on_demand=verifier))
+        except ShardVerifyError as error:
+            found.append(CallOutcome(**base, outcome="refused", reason=str(error).splitlines()[0]))
+            continue
+        except Exception as error:  # noqa: BLE001 - a raw exception is a bug the sweep reports
+            found.append(CallOutcome(**base, outcome="raw-error", reason=f"{type(error).__name__}: {error}"[:300]))
+            continue
+        on_demand = len(verifier.records) > before
+        wrong, checked = (), 0
+        if check_grid and not on_demand:   # the grid's verdict, checked at this very call
+            handler = handler_for_node(node, graph_module)
+            try:
+                case = checkable_case(handler, graph_module, node, resolve_operands(handler, node, graph_module))
+                results = verify_case(verifier.backend(mesh), case, served)
+                checked, wrong = len(results), tuple(r.strategy for r in results if not r.passed)
+            except ShardVerifyError as error:
+                found.append(CallOutcome(**base, outcome="refused", reason=f"cannot check at the call: {error}"[:300]))
+                continue
+        found.append(CallOutcome(**base, outcome="on-demand" if on_demand else "grid", strategies=len(served),
+                                 sharded=sum(map(_sharded, served)), checked=checked, wrong=wrong))
+    return found
+
+
+def sweep_spec(spec, meshes: Sequence[tuple[int, ...]] = ((2, 2), (4,)), captures: Sequence[str] = ("fx", "export"),
+               limit: int = 24, verifier: OnDemandVerifier | None = None, check_grid: bool = True,
+               seed: int = 0) -> SweepResult:
+    """Every OpInfo sample (at most ``limit`` per entry, a fixed draw) of the spec's targets, under
+    each capture and mesh."""
+    start = time.perf_counter()
+    targets = [resolve_dotted(t.name) for t in spec.targets]
+    keys = {target_key(t) for t in targets} | set(targets)
+    own = verifier is None
+    verifier = verifier or OnDemandVerifier()
+    result = SweepResult()
+    try:
+        for entry in entries_for(targets):
+            for sample in samples_of(entry, torch.float64, limit, seed):
+                for how in captures:
+                    for shape in meshes:
+                        result.outcomes += _classify(spec, sample, how, DeviceMesh(tuple(shape)), verifier, keys,
+                                                     check_grid)
+    finally:
+        if own:
+            verifier.close()
+    result.defects = [r.defect() for r in verifier.records if r.failed]
+    result.seconds = time.perf_counter() - start
+    return result
