@@ -19,3 +19,4 @@ from shardverify.sharding.strategy import (
 from shardverify.capture.fx import trace
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.plan import verify_plan
+from shardverify.verify.on_demand import OnDemandVerifier, verify_node
