@@ -365,3 +365,21 @@ def test_an_off_by_one_block_boundary_in_uneven_resharding_is_caught(monkeypatch
     monkeypatch.setattr(reshard, "block_lengths", floor_blocks)
     result = verify_plan(model, x, (3,), capture="export", data_parallel=True)
     assert not result.passed and result.first_divergence() is not None, result.summary()
+
+
+def test_chunk_pieces_become_their_slices_and_a_plan_serves_them():
+    """export leaves ``x.chunk(3, 1)`` as ``aten.chunk`` and ``getitem`` nodes, which no rule serves;
+    each piece becomes the slice it is (pieces of ceil(9 / 3) = 3), as split's pieces do."""
+
+    class Chunks(torch.nn.Module):
+        def forward(self, x):
+            a, _, c = x.chunk(3, dim=1)
+            return a * 2 + c
+
+    x = torch.randn(4, 9)
+    graph_module = export_graph(Chunks(), (x,))
+    targets = [n.target for n in graph_module.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.chunk.default not in targets and targets.count(torch.ops.aten.slice.Tensor) == 2
+    assert torch.equal(graph_module(x), Chunks()(x))
+    result = verify_plan(Chunks(), (x,), MESH, capture="export")
+    assert result.passed and result.coverage.count("unhandled") == 0, result.coverage.lines()

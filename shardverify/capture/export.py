@@ -111,17 +111,22 @@ def _pieces(node: torch.fx.Node) -> list[tuple[int, int]] | None:
     if node.target is torch.ops.aten.split_with_sizes.default:
         lengths = list(args[1] if args[1] is not None else node.kwargs["split_sizes"])
     else:
-        step = args[1] if args[1] is not None else node.kwargs["split_size"]
+        if node.target is torch.ops.aten.chunk.default:    # torch.chunk: pieces of ceil(size / chunks)
+            chunks = args[1] if args[1] is not None else node.kwargs["chunks"]
+            step = -(-size // chunks) if chunks > 0 else 0
+        else:
+            step = args[1] if args[1] is not None else node.kwargs["split_size"]
         lengths = [min(step, size - start) for start in range(0, size, step)] if step > 0 else []
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     return [(start, start + length) for start, length in zip(starts, lengths)]
 
 
-_SPLITS = (torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.unbind.int)
+_SPLITS = (torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.chunk.default,
+           torch.ops.aten.unbind.int)
 
 
 def tuple_views_as_slices(graph_module: GraphModule) -> GraphModule:
-    """Each piece taken from a split (``q, k, v = x.split(d, dim=2)``: ``split`` then
+    """Each piece taken from a split or a chunk (``q, k, v = x.split(d, dim=2)``: ``split`` then
     ``getitem`` nodes) becomes the slice it is (``aten.slice``; ``aten.select`` for ``unbind``),
     the same view of the same values, so the rule of one slice serves each piece and no piece
     falls back for want of a handler for a tuple element."""
@@ -139,6 +144,9 @@ def tuple_views_as_slices(graph_module: GraphModule) -> GraphModule:
         if node.target is not torch.ops.aten.unbind.int and pieces is None:
             continue
         for user in users:
+            if not user.users:           # a piece nothing reads (``a, _, c = x.chunk(3)``) is no op
+                graph.erase_node(user)
+                continue
             index = user.args[1]
             with graph.inserting_before(user):
                 if pieces is None:
