@@ -55,6 +55,9 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
         print(f"raw exception: {o.op} {o.sample} [{o.capture}, mesh {o.mesh}]: {o.reason}")
     for o in total.wrong:
         print(f"WRONG: {o.op} {o.sample} [{o.capture}, mesh {o.mesh}]: {', '.join(o.wrong)}")
+    for o in [o for o in total.outcomes if o.wrong_extremum]:
+        print(f"wrong partial max/min (plans never serve these): {o.op} {o.sample} [{o.capture}, mesh {o.mesh}]: "
+              f"{', '.join(o.wrong_extremum)}")
     counts = total.counts()
     print(f"\n{sum(counts.values())} calls: " + ", ".join(f"{n} {k}" for k, n in counts.most_common())
           + f"; {total.seconds:.0f}s")

@@ -28,11 +28,12 @@ def _row(op: str, result: SweepResult) -> list[str]:
     served = counts["grid"] + counts["on-demand"]
     checked = sum(o.checked for o in result.outcomes if o.op == op)
     wrong = sum(len(o.wrong) for o in result.outcomes if o.op == op)
+    extremum = sum(len(o.wrong_extremum) for o in result.outcomes if o.op == op)
     return [op, str(calls), f"{served} ({100 * served / calls:.0f}%)" if calls else "0",
-            *(str(counts[k]) for k in OUTCOMES), str(checked), str(wrong)]
+            *(str(counts[k]) for k in OUTCOMES), str(checked), str(wrong), str(extremum)]
 
 
-HEADER = ["op", "calls", "served", *OUTCOMES, "grid strategies checked", "wrong"]
+HEADER = ["op", "calls", "served", *OUTCOMES, "grid strategies checked", "wrong", "wrong partial max/min"]
 
 
 def table(ops: Sequence[str], result: SweepResult) -> list[list[str]]:
@@ -77,4 +78,9 @@ def markdown(ops: Sequence[str], result: SweepResult, command: str, torch_versio
     if wrong:
         lines += ["", "## Grid-served strategies wrong at a call", ""]
         lines += [f"- {o.op} {o.sample} [{o.capture}, mesh {o.mesh}]: {', '.join(o.wrong)}" for o in wrong]
+    extremum = [o for o in result.outcomes if o.wrong_extremum]
+    if extremum:
+        lines += ["", "## Partial max/min strategies wrong at a call (plans never serve these)", ""]
+        lines += [f"- {o.op} {o.sample} [{o.capture}, mesh {o.mesh}]: {', '.join(o.wrong_extremum)}"
+                  for o in extremum]
     return "\n".join(lines) + "\n"

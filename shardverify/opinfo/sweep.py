@@ -47,6 +47,9 @@ class CallOutcome:
     sharded: int = 0                 # of those, ones that lay out a tensor sharded or communicate
     checked: int = 0                 # strategies verified at the call by the sweep itself
     wrong: tuple[str, ...] = ()      # served strategies that failed at the call
+    #: of the failures, strategies taking a partial max or min input: plans leave those out
+    #: (they carry partial sums only), so no plan is served them; counted apart
+    wrong_extremum: tuple[str, ...] = ()
 
 
 @dataclass
@@ -90,6 +93,10 @@ def _is_target(node: fx.Node, targets: set) -> bool:
         return False
 
 
+def _extremum(strategy) -> bool:
+    return any(p.op != "sum" for p in strategy.partial_inputs)
+
+
 def _sharded(strategy) -> bool:
     return any(spec.dim_partition for _, spec in strategy.sharding_specs) or bool(strategy.communication_actions) \
         or bool(strategy.partial_inputs)
@@ -118,18 +125,22 @@ def _classify(spec, sample: Sample, how: str, mesh: DeviceMesh, verifier: OnDema
             found.append(CallOutcome(**base, outcome="raw-error", reason=f"{type(error).__name__}: {error}"[:300]))
             continue
         on_demand = len(verifier.records) > before
-        wrong, checked = (), 0
+        wrong, extremum, checked = (), (), 0
         if check_grid and not on_demand:   # the grid's verdict, checked at this very call
             handler = handler_for_node(node, graph_module)
             try:
                 case = checkable_case(handler, graph_module, node, resolve_operands(handler, node, graph_module))
                 results = verify_case(verifier.backend(mesh), case, served)
-                checked, wrong = len(results), tuple(r.strategy for r in results if not r.passed)
+                failed = {r.strategy for r in results if not r.passed}
+                checked = len(results)
+                wrong = tuple(st.name for st in served if st.name in failed and not _extremum(st))
+                extremum = tuple(st.name for st in served if st.name in failed and _extremum(st))
             except ShardVerifyError as error:
                 found.append(CallOutcome(**base, outcome="refused", reason=f"cannot check at the call: {error}"[:300]))
                 continue
         found.append(CallOutcome(**base, outcome="on-demand" if on_demand else "grid", strategies=len(served),
-                                 sharded=sum(map(_sharded, served)), checked=checked, wrong=wrong))
+                                 sharded=sum(map(_sharded, served)), checked=checked, wrong=wrong,
+                                 wrong_extremum=extremum))
     return found
 
 

@@ -162,7 +162,9 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             actions.append(CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, reduced, out.name, CommWhere.AFTER))
         m_local = math.prod(specs[inp.name].local_shape()[:-1])
         k_local, n_local = specs[inp.name].local_shape()[-1], specs[out.name].local_shape()[-1]
-        compute = compute_cost(2 * m_local * k_local * n_local, ())   # FLOPs of the local matmul
+        # FLOPs of the local matmul; an empty one (no rows) costs its largest operand, as the check
+        # measures an op it counts no FLOPs for
+        compute = compute_cost(2 * m_local * k_local * n_local, [spec.local_numel() for spec in specs.values()])
         name = logical_name(a, b, c, p_in, p_other) + _placement_suffix(a, placement)
         strategy = make_strategy(ctx, name, operands, specs, actions, compute)
         pieces = tuple(PartialInput(data.name, axes) for data, axes in ((inp, p_in), (other, p_other)) if axes)
