@@ -62,7 +62,7 @@ class OnDemandRecord:
     offered: int                    # strategies the rule yields at the call
     failed: tuple[tuple[str, str], ...] = ()   # (strategy, first mismatch) of each that failed
     cached: bool = False
-    seconds: float = 0.0
+    seconds: float = 0.0            # verifying it, or (cached) finding its verdict
     refused: str = ""               # why the call could not be checked at all
 
     @property
@@ -197,6 +197,7 @@ class OnDemandVerifier:
         return ("on-demand", id(self))
 
     def __call__(self, call: UnverifiedCall) -> Sequence[ShardingStrategy]:
+        start = time.perf_counter()
         key = verdict_key(call)
         found = self._load(key)
         label = describe_call(call.graph_module, call.node)
@@ -204,9 +205,8 @@ class OnDemandVerifier:
                       reason=call.reason, mesh_shape=tuple(call.mesh.shape), offered=len(call.strategies))
         if found is not None:
             record = OnDemandRecord(**common, failed=tuple(map(tuple, found["failed"])), cached=True,
-                                    refused=found["refused"])
+                                    refused=found["refused"], seconds=time.perf_counter() - start)
         else:
-            start = time.perf_counter()
             try:
                 failed, refused = self._verify(call), ""
             except HandlerError as error:
@@ -279,6 +279,7 @@ class OnDemandVerifier:
         fresh = [r for r in self.records if not r.cached]
         return {"calls": len(self.records), "verified": len(fresh), "cache_hits": len(self.records) - len(fresh),
                 "seconds": round(sum(r.seconds for r in fresh), 3),
+                "cache_seconds": round(sum(r.seconds for r in self.records if r.cached), 3),
                 "strategies_verified": sum(r.offered for r in fresh if not r.refused),
                 "strategies_wrong": sum(len(r.failed) for r in self.records),
                 "refused": sum(1 for r in self.records if r.refused),
