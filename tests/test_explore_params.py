@@ -248,3 +248,21 @@ def test_same_length_errors_name_file_line_and_field(old, new, where, message):
     text = str(caught.value)
     assert text.startswith(f"specs/roll.yaml:{where}: "), text
     assert message in text, text
+
+
+# ------------------------------------------------------------------------ a string's choices
+
+GELU_CHOICES = open("specs/gelu.yaml").read().replace(
+    "approximate: {index: 1, keyword: approximate, default: none}",
+    "approximate: {index: 1, keyword: approximate, default: none, serves: any, choices: [none, tanh]}").replace(
+    "approximate: [none, tanh]", "approximate: [none]")
+
+
+def test_a_strings_choices_are_drawn_beyond_the_grid():
+    spec = parse_op_spec(load_yaml_text(GELU_CHOICES.replace("op: gelu", "op: gelu_choices"), "specs/gelu_choices.yaml"))
+    assert dict(spec.verify.grid)["approximate"] == ("none",)
+    (draw,) = [d for d in explore.param_draws(spec) if d.key == "approximate"]
+    assert set(draw.values) == {"none", "tanh"}
+    assert find(draw.strategy(), lambda v: v == "tanh", settings=QUICK) == "tanh"
+    with pytest.raises(SpecError, match="goes with 'serves: any'"):
+        parse_op_spec(load_yaml_text(GELU_CHOICES.replace(", serves: any", ""), "specs/gelu_choices.yaml"))

@@ -339,7 +339,8 @@ def param_draws(spec: OpSpec) -> tuple[ParamDraw, ...]:
     generator option about dims says so) as any int dim, positive or negative, a tuple of
     distinct dims if the grid lists a tuple, None (all) if it lists None; a permutation for
     ``view: permute``; numbers near the listed ones, of the same kinds (ints, floats, tuples
-    of ints); a shape, a string or a dtype from the listed values. An optional operand is
+    of ints); a shape, a string or a dtype from the listed values and the parameter's
+    ``choices`` (every value the op takes: kl_div's reductions). An optional operand is
     present or absent, or a number near a listed one."""
     by_role = {o.role: o for o in spec.operands}
     params = {p.name: p for p in spec.params}
@@ -354,6 +355,8 @@ def param_draws(spec: OpSpec) -> tuple[ParamDraw, ...]:
         param = params.get(key)
         bound = param is not None and not spec.serves_every_value(key)
         operand = key in by_role and by_role[key].optional
+        if param is not None and param.choices and not bound:   # every value the op takes (a string's)
+            values = tuple(values) + tuple(c for c in param.choices if c not in values)
         found.append(_param_draw(spec, key, tuple(values), param.default if param is not None else None, bound,
                                  operand, options, rank))
     return tuple(found)

@@ -85,7 +85,11 @@ def _parse_param(name: str, node: Node) -> ParamSpec:
     default = f.optional("default", object)
     varargs = f.optional("varargs", bool)
     serves = f.optional("serves", str)
+    choices = f.optional("choices", list)
     f.finish()
+    if choices is not None and (not choices.value or serves is None):
+        raise choices.error(f"parameter '{name}': 'choices' lists every value the op takes (non-empty), for the "
+                            f"property tests to draw beyond the grid; it goes with 'serves: any'")
     if serves is not None and serves.value != "any":
         raise serves.error(f"parameter '{name}': 'serves' is 'any' (the rule holds for every value: say why "
                            f"in a comment) or left out (the rule serves the values the grid verifies), "
@@ -97,7 +101,8 @@ def _parse_param(name: str, node: Node) -> ParamSpec:
                             "give it an index")
     return ParamSpec(name=name, index=index, keyword=as_identifier(kw_node) if kw_node else None,
                      default=literal(default) if default is not None else None,
-                     varargs=bool(varargs.value) if varargs is not None else False, any_value=serves is not None)
+                     varargs=bool(varargs.value) if varargs is not None else False, any_value=serves is not None,
+                     choices=literal(choices) if choices is not None else ())
 
 
 def _parse_module_init(node: Node, *, with_target: bool) -> ModuleInit:

@@ -44,6 +44,7 @@ class ParamSpec:
     default: Literal = None
     varargs: bool = False          # the positional arguments from index on, when passed unpacked
     any_value: bool = False        # `serves: any`: the rule holds for every value, not only the grid's
+    choices: tuple[Literal, ...] = ()   # every value the op takes (a string's), for the explorer to draw
 
 
 @dataclass(frozen=True)
