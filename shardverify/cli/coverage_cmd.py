@@ -63,5 +63,6 @@ def _print(result: Catalogue) -> None:
           f"{result.count(SERVED)} served by a spec ({result.count(SERVED, packets=False)} overloads), "
           f"{result.count(REASON)} unverifiable with a stated reason "
           f"({result.count(REASON, packets=False)} overloads), "
-          f"{result.count(NO_SPEC)} with no spec yet ({result.count(NO_SPEC, packets=False)} overloads); "
+          f"{result.count(NO_SPEC)} with no spec yet ({result.count(NO_SPEC, packets=False)} overloads; "
+          f"{result.partly_served} of these packets partly served); "
           f"{total - result.count(NO_SPEC)} of {total} accounted for")

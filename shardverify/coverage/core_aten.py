@@ -60,12 +60,18 @@ class Catalogue:
         items = self.packets if packets else [o for p in self.packets for o in p.overloads]
         return sum(1 for item in items if item.status == status)
 
+    @property
+    def partly_served(self) -> int:
+        """Packets with some overloads served and others with no spec yet (counted as NO_SPEC)."""
+        return sum(1 for p in self.packets if p.status == NO_SPEC and any(o.status == SERVED for o in p.overloads))
+
     def as_json(self) -> dict:
         return {"torch": self.torch_version,
                 "totals": {kind: {"packets": len(self.packets) if kind == "all" else self.count(kind),
                                   "overloads": (sum(len(p.overloads) for p in self.packets) if kind == "all"
                                                 else self.count(kind, packets=False))}
                            for kind in ("all", SERVED, REASON, NO_SPEC)},
+                "partly_served_packets": self.partly_served,
                 "packets": [{"packet": p.name, "status": p.status,
                              "overloads": [{"overload": o.name, "status": o.status, "specs": list(o.specs),
                                             "reason": o.reason or None} for o in p.overloads]}
