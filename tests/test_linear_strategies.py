@@ -353,9 +353,9 @@ def test_api_errors_name_the_problem():
 
 
 def test_node_without_handler_is_an_error():
-    class Sinh(torch.nn.Module):
+    class Sinc(torch.nn.Module):
         def forward(self, x):
-            return torch.sinh(x)
-    gm = trace(Sinh(), meta_args={"x": torch.empty(4, device="meta")})
-    with pytest.raises(HandlerError, match="no handler for node 'sinh'"):
-        strategies_for_node(gm, "sinh", DeviceMesh((2,)))
+            return torch.sinc(x)
+    gm = trace(Sinc(), meta_args={"x": torch.empty(4, device="meta")})
+    with pytest.raises(HandlerError, match="no handler for node 'sinc'"):
+        strategies_for_node(gm, "sinc", DeviceMesh((2,)))

@@ -155,6 +155,8 @@ def test_fields_reject_unknown_keys_and_wrong_types():
     ("x: torch.nope", resolve_target, "does not resolve"),
     ("x: os.system", resolve_target, "not under 'torch'"),
     ("x: torch._C._nn.linear", resolve_target, "no private parts"),
+    ("x: torch.ops.aten.__softmax.default", resolve_target, "no private parts"),   # one underscore only
+    ("x: torch.ops._aten.sum.default", resolve_target, "no private parts"),
     ("x: torch.float32", resolve_target, "not a callable or class"),
     ("x: torch.nn", resolve_target, "not a callable or class"),
 ])
@@ -176,6 +178,13 @@ def test_value_readers_accept_good_values():
     assert as_shape(node["d"]) == ()
     with pytest.raises(SpecError, match="non-empty"):
         as_shape(node["d"], allow_empty=False)
+
+
+def test_an_underscored_core_aten_overload_is_a_target():
+    """The Core ATen IR names some ops with a leading underscore (what torch.export emits)."""
+    node = load_yaml_text("a: [torch.ops.aten._softmax.default, torch.ops.aten._to_copy.default]\n", "f.yaml").value
+    assert [resolve_target(n) for n in node["a"].value] == ["torch.ops.aten._softmax.default",
+                                                           "torch.ops.aten._to_copy.default"]
 
 
 # ------------------------------------------------------------------------- op specs

@@ -12,7 +12,7 @@ import sys
 from shardverify.backends.signals import exit_on_sigterm
 
 # Subcommand modules, in the order `--help` lists them.
-SUBCOMMANDS = ("verify", "generate", "list", "explore", "audit", "dtensor", "calibrate", "plan")
+SUBCOMMANDS = ("verify", "generate", "list", "coverage", "explore", "audit", "dtensor", "calibrate", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from shardverify.capture.uninitialised import is_uninitialised
 from shardverify.errors import ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy
@@ -55,6 +56,7 @@ class NodeStatus:
     status: str
     reason: str = ""
     partial: int = 0    # strategies left out: they take a partial max or min input
+    uninitialised: bool = False   # allocates memory without values (empty_like): never compared
 
 
 def target_name(node: fx.Node) -> str:
@@ -94,6 +96,11 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh, on_demand: On
             options[node.name] = None
             continue
         name = target_name(node)
+        if is_uninitialised(node):   # its consumers are compared, never its leftover memory
+            options[node.name] = None
+            statuses.append(NodeStatus(node.name, name, "unhandled", f"no spec has target {name}",
+                                       uninitialised=True))
+            continue
         if meta_shapes(node) in (None, []):   # no tensor, or an empty tuple of them (a 0-d tensor is one)
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "no tensor output"))
@@ -156,6 +163,12 @@ class Coverage:
         """Tensor ops that run replicated because no strategy serves them."""
         return tuple(s for s in self.statuses if s.status in ("refused", "unhandled"))
 
+    @property
+    def uninitialised(self) -> tuple[str, ...]:
+        """Nodes of uninitialised memory (empty_like, new_empty): the plan check never compares their
+        values, which are the allocator's leftovers; it compares their consumers'."""
+        return tuple(s.node for s in self.statuses if s.uninitialised)
+
     def unhandled_targets(self) -> Counter:
         return Counter(s.target for s in self.statuses if s.status == "unhandled")
 
@@ -177,6 +190,12 @@ class Coverage:
             lines.append(f"  left out: {sum(s.partial for s in partial)} strategy(ies) of {len(partial)} node(s) take a "
                          f"partial max or min input, and plans carry partial sums only")
         lines += [f"  {line}" for line in self.on_demand_lines]
+        empty = [s for s in self.statuses if s.uninitialised]
+        if empty:
+            lines.append(f"  not compared: {len(empty)} node(s) of uninitialised memory ("
+                         + ", ".join(f"{s.node!r}: {s.target}" for s in empty[:show])
+                         + (", ..." if len(empty) > show else "") + "): their values are the allocator's "
+                         "leftovers; the consumers that write into them and read them are compared")
         refused = [s for s in self.statuses if s.status == "refused"]
         lines += [f"  refused: node {s.node!r} ({s.target}): {s.reason}" for s in refused[:show]]
         if len(refused) > show:
@@ -188,5 +207,6 @@ class Coverage:
                 "sharded": len(self.sharded), "unhandled_targets": dict(self.unhandled_targets()),
                 "partial_extremum_strategies_left_out": sum(s.partial for s in self.statuses),
                 "on_demand": self.on_demand,
+                "uninitialised_not_compared": list(self.uninitialised),
                 "refused": [{"node": s.node, "target": s.target, "reason": s.reason}
                             for s in self.statuses if s.status == "refused"]}

@@ -29,6 +29,7 @@ from shardverify.collectives.reshard import apply_reshard
 from shardverify.sharding.reshard_plan import Layout, plan_reshard
 from shardverify.sharding.strategy import CommWhere
 from shardverify.capture.fx import forward_names, trace
+from shardverify.capture.uninitialised import uninitialised_nodes
 from shardverify.verify.engine import local_arguments
 from shardverify.capture.call import as_outputs, call_op, operand_nodes
 
@@ -147,12 +148,13 @@ def weights_only(gm: fx.GraphModule) -> frozenset[str]:
 
 
 def reference_run(recipe: ModelRecipe):
-    """Single-device values and gradients of every node (but :func:`weights_only`, returned last
-    so the ranks skip the same nodes), the inputs and the parameters."""
+    """Single-device values and gradients of every node (but :func:`weights_only` and the nodes of
+    uninitialised memory, whose values are the allocator's leftovers: returned last so the ranks
+    skip the same nodes), the inputs and the parameters."""
     gm = _traced(recipe)
     inputs = [as_float64(x.detach()).clone().requires_grad_(x.is_floating_point()) for x in recipe.inputs]
     values: dict[str, object] = {}
-    skipped = weights_only(gm)
+    skipped = weights_only(gm) | uninitialised_nodes(gm)
 
     tensors: dict[str, torch.Tensor] = {}
 

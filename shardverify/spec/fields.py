@@ -199,6 +199,9 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
 
 #: dotted names of public parts; a dunder part is public too (Python's operators: aten.__and__.Tensor)
 _DOTTED = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.([A-Za-z][A-Za-z0-9_]*|__[a-z]+__))*\Z")
+#: an ATen overload whose op name starts with one underscore: the Core ATen IR names some so
+#: (aten._softmax.default, aten._to_copy.default), and it is the stable surface torch.export emits
+_ATEN_UNDERSCORED = re.compile(r"torch\.ops\.aten\._[a-z][a-z0-9_]*\.[A-Za-z][A-Za-z0-9_]*\Z")
 
 
 def lookup(dotted: str) -> Any:
@@ -214,7 +217,7 @@ def resolve_target(node: Node) -> str:
     and private names are refused (they are not a stable surface to verify)."""
     check_type(node, str)
     name = str(node.value)
-    if len(name) > 200 or not _DOTTED.match(name):
+    if len(name) > 200 or not (_DOTTED.match(name) or _ATEN_UNDERSCORED.match(name)):
         raise node.error(f"expected a dotted name such as 'torch.sum' (no private parts), got {name!r}")
     try:
         trusted = under(name, trusted_modules())
