@@ -84,15 +84,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="HF GPT-2 small (124 M parameters; the models extra) in place of the MLP, in a "
                              "checking process only")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true",
+                        help="CI's smoke run: 2 layers of 256, the plan sharding every weight, the checking process only")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.width, args.layers = 256, 2
     if args.child:
         child(args.child, args.width, args.layers, not args.plain, args.gpt2_small)
         return 0
     print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"{'plan':<16}{'process':<18}{'parameters':>12}{'added MiB':>11}{'B/param':>9}{'vs float32 model':>18}"
           f"{'process peak MiB':>18}  verdict")
-    for plan in PLANS:
-        kinds = (("checking", []),) if args.gpt2_small else (("checking", []), ("plain library", ["--plain"]))
+    for plan in ("shard_weights",) if args.quick else PLANS:
+        kinds = (("checking", []),) if args.gpt2_small or args.quick else (("checking", []), ("plain library", ["--plain"]))
         for process, extra in kinds:
             out = subprocess.run([sys.executable, __file__, "--child", plan, "--width", str(args.width),
                                   "--layers", str(args.layers), *extra, *(["--gpt2-small"] if args.gpt2_small else [])],

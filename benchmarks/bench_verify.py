@@ -32,6 +32,9 @@ printed; ``--json`` prints them as one JSON document instead.
 
 Usage: .venv/bin/python benchmarks/bench_verify.py [--meshes 2,2 2,2,2] [--specs linear sum]
        [--cases 1] [--fresh-cases 2] [--seconds 2] [--skip-gloo] [--skip-dtensor] [--json]
+       .venv/bin/python benchmarks/bench_verify.py --quick     # CI's smoke run (figures not for quoting)
+A figure it cannot measure (no layout ran bare or under DTensor, no pass timed) ends the run
+with exit status 1, never a row left out.
 """
 
 from __future__ import annotations
@@ -90,9 +93,15 @@ def bare_spawn_seconds(world: int) -> float:
 
 
 # ------------------------------------------------------------------------- measurements
+class Unmeasured(Exception):
+    """A figure this run could not measure: the benchmark fails rather than print a row without it."""
+
+
 def _median_ms(pass_seconds: list[float], checks_per_pass: int) -> float:
     """Milliseconds per check of the median pass: a pass slowed by other load on the machine
     moves it less than it moves the mean."""
+    if not pass_seconds:
+        raise Unmeasured("no pass was timed")
     return statistics.median(pass_seconds) / checks_per_pass * 1e3
 
 
@@ -197,6 +206,8 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
                     refused += 1
                 else:
                     runnable.append((case, strategy))
+        if not runnable:
+            raise Unmeasured(f"DTensor ran none of the {refused} layouts (BENCH_DEBUG=1 says why)")
         passes, start = [], time.perf_counter()
         while runnable and (time.perf_counter() - start < min_seconds or len(passes) < 3):
             began = time.perf_counter()
@@ -232,7 +243,7 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
                 ref.typed((d.locator.kind, d.locator.key)), mesh, rank) for d in strategy.inputs}
             grads = [strategy.get_sharding_spec_by_name(d.name).local_shard(g, mesh, rank)
                      for d, g in zip(strategy.outputs, ref.grad_outputs)]
-            ranks.append((ref.node, module, shards, local_arguments(strategy), grads))
+            ranks.append((ref.node, module, shards, local_arguments(strategy, rank), grads))
         return ranks
 
     def work(ranks: list) -> None:
@@ -247,13 +258,15 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
     runnable, left_out = [], 0
     for case, strategies in cases_and_strategies:   # warm-up, and which layouts run bare
         for strategy in strategies:
+            ranks = prepared(case, strategy)   # outside the try: a change of the harness's API fails the run
             try:
-                ranks = prepared(case, strategy)
                 work(ranks)
             except Exception:  # noqa: BLE001 - a layout whose op needs its collectives
                 left_out += 1
             else:
                 runnable.append(ranks)
+    if not runnable:
+        raise Unmeasured(f"the bare local op ran none of the {left_out} layouts")
     passes, start = [], time.perf_counter()
     while runnable and (time.perf_counter() - start < min_seconds or len(passes) < 3):
         began = time.perf_counter()
@@ -306,7 +319,13 @@ def main() -> None:
                         help="seconds DTensor may take for its first check of a layout before the layout is "
                              "left out (default 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
+    parser.add_argument("--quick", action="store_true",
+                        help="CI's smoke run: every figure once, briefly (mesh 2,2 only, the sum spec's first case, "
+                             "0.2 s per figure, fresh-processes baseline on one case); its ratios are not for quoting")
     args = parser.parse_args()
+    if args.quick:
+        args.meshes, args.specs, args.cases, args.seconds = ["2,2"], ["sum"], 1, 0.2
+        args.fresh_cases = min(args.fresh_cases, 1)
     if args.cases < 1:
         parser.error(f"--cases must be at least 1, got {args.cases}")
     if args.fresh_cases < 0:
@@ -402,4 +421,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Unmeasured as exc:
+        sys.exit(f"bench_verify: a figure could not be measured: {exc}")

@@ -1,5 +1,6 @@
 """The benchmark scripts are not timed in tests, but they must keep importing and parsing
-their arguments as the package changes under them."""
+their arguments as the package changes under them, and CI must run each one's quick mode
+(.ci/run runs ``--quick`` of every ``benchmarks/bench_*.py``: a figure it cannot measure fails CI)."""
 
 import subprocess
 import sys
@@ -7,11 +8,21 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("bench_*.py"))
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 
 
 def test_there_are_benchmarks():
     assert BENCHMARKS, "benchmarks/ has no bench_*.py script"
+
+
+def test_every_script_in_benchmarks_is_one_ci_runs():
+    """CI's step globs bench_*.py: a script named otherwise would be forgotten."""
+    scripts = sorted(p for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))
+    assert scripts == BENCHMARKS, f"not named bench_*.py, so CI skips: {sorted(set(scripts) - set(BENCHMARKS))}"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'for script in benchmarks/bench_*.py' in ci and '"$script" --quick' in ci, \
+        ".ci/run no longer runs every benchmark's --quick mode"
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.name)
@@ -19,3 +30,4 @@ def test_benchmark_script_starts(script):
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
+    assert "--quick" in done.stdout, f"{script.name} has no --quick mode for CI"

@@ -213,8 +213,9 @@ class SimulatedBackend:
         turns = _Turns(self.mesh.size)
         exchanges = [_Exchange(turns) for _ in items]
         batch = _Batch(self.mesh.size, len(items))
-        for rank, worker in enumerate(self._threads):
-            copies = [private_copy(args) for args in items]
+        first = [private_copy(args) for args in items]   # frozen arguments come back as they are:
+        for rank, worker in enumerate(self._threads):     # shared by every rank, walked once per batch
+            copies = first if rank == 0 else [c if c is args else private_copy(args) for c, args in zip(first, items)]
             worker.tasks.put(self._task(fn, copies, rank, turns, exchanges, batch))
         outcomes: list[list[Any] | BackendError] = []
         began = time.monotonic()

@@ -80,10 +80,11 @@ class RankLayout:
     # differentiable operand names -> expected_collectives, filled on first use
     _expected: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @functools.cached_property
     def holds_largest(self) -> bool:
         """Whether this rank holds the largest block of every operand (the one the strategy's
-        costs are declared for; every rank when the blocks are even)."""
+        costs are declared for; every rank when the blocks are even).  Worked out once per
+        layout: each check asks it three times (communication, compute and memory costs)."""
         return all(op.local_shape == op.spec.local_shape() for op in self.inputs + self.outputs)
 
     def expected_collectives(self, carrying_grad: tuple[str, ...]) -> Counter:

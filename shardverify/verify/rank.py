@@ -196,8 +196,8 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
                                     f"{node.name!r} does not have")
         partial = strategy.partial_input(data.name)
         leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone() if partial is None else \
-            partial_piece(operand.shard(ref.values[loc], comm.mesh, comm.rank), comm.mesh, comm.rank, partial.axes,
-                          seed=position, op=partial.op).to(ref.dtypes[loc])
+            _shared_piece(ref.values[loc], operand, comm.mesh, comm.rank, partial.axes, position,
+                          partial.op).to(ref.dtypes[loc], copy=True)
         leaves[data.name] = ref.leaf(loc, leaf)
         local[loc] = before_op(comm, strategy, data.name, leaf, late)
     local.update(local_arguments(strategy, comm.rank))
@@ -227,13 +227,22 @@ def _hashable(value: object) -> object:
     return value
 
 
-def partial_piece(block: torch.Tensor, mesh, rank: int, axes: tuple[int, ...], seed: int,
-                  op: str = "sum") -> torch.Tensor:
-    """This rank's piece of ``block`` held as a partial value over mesh ``axes`` (its pieces
-    reduce by ``op``): every rank of the group makes the same pieces (same block, same seed)
-    and keeps the one at its position."""
-    count = math.prod(mesh.shape[a] for a in axes)
-    return partial_pieces(block, count, seed, op)[mesh.group_index(rank, axes)]
+_PIECES: dict = {}
+
+
+def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, axes: tuple[int, ...], seed: int,
+                  op: str) -> torch.Tensor:
+    """This rank's piece of its block of the reference tensor ``full`` held as a partial value
+    over mesh ``axes`` (the pieces reduce by ``op``; every rank of the group makes the same
+    pieces from the same block and seed and keeps the one at its position).  The group's pieces
+    are made once per (tensor, block, mesh, axes, seed, op) and shared by every rank of the group
+    and every strategy of the case laying the tensor out alike (the same pieces each would make;
+    read only: callers copy)."""
+    block = tuple((s.start, s.stop, s.step) for s in operand.slices)
+    pieces = remembered(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full,
+                        lambda: partial_pieces(operand.shard(full, mesh, rank),
+                                               math.prod(mesh.shape[a] for a in axes), seed, op), limit=1024)
+    return pieces[mesh.group_index(rank, axes)]
 
 
 def _extremum_holder(strategy: ShardingStrategy, ref: Reference, operand, position: int, mesh,
@@ -244,8 +253,9 @@ def _extremum_holder(strategy: ShardingStrategy, ref: Reference, operand, positi
     partial = strategy.partial_input(data.name)
     if partial is None or partial.op == "sum":
         return None
-    block = operand.shard(ref.values[(data.locator.kind, data.locator.key)], mesh, rank)
-    return partial_piece(block, mesh, rank, partial.axes, seed=position, op=partial.op) == block.to(torch.float64)
+    full = ref.values[(data.locator.kind, data.locator.key)]
+    return _shared_piece(full, operand, mesh, rank, partial.axes, position, partial.op) == \
+        operand.shard(full, mesh, rank).to(torch.float64)
 
 
 def local_arguments(strategy: ShardingStrategy, rank: int) -> dict:
