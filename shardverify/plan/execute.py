@@ -23,6 +23,7 @@ from torch import fx
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.capture.export import export_graph
 from shardverify.errors import InvalidArgument, VerificationError
+from shardverify.plan.compare import ATOL, FLOAT64, RTOL, mismatch_error, precisions
 from shardverify.plan.graph import metadata_read, operand_layout, operand_producer, parameter_names
 from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
@@ -32,9 +33,9 @@ from shardverify.capture.fx import forward_names, trace
 from shardverify.verify.engine import local_arguments
 from shardverify.capture.call import as_outputs, call_op, operand_nodes
 
-__all__ = ["CAPTURES", "ModelRecipe", "PlanMismatch", "rank_run_plan", "as_float64", "weights_only", "RTOL", "ATOL"]
+__all__ = ["CAPTURES", "ModelRecipe", "PlanMismatch", "rank_run_plan", "as_float64", "weights_only", "RTOL", "ATOL",
+           "loss_output"]
 
-RTOL, ATOL = 1e-7, 1e-9
 _TRACE_LOCK = threading.Lock()
 
 
@@ -170,9 +171,9 @@ def reference_run(recipe: ModelRecipe):
             return out
 
     initial = {name: b.clone() for name, b in gm.named_buffers()}   # batch norm's statistics move
-    out = Recorder(gm).run(*inputs)
-    out_t = out if isinstance(out, torch.Tensor) else out[0]
-    out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
+    out_t = loss_output(Recorder(gm).run(*inputs))
+    if out_t is not None:
+        out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
     grads = {name: v.grad for name, v in tensors.items() if v.grad is not None}
     params = {name: p.grad for name, p in gm.named_parameters()}
     with torch.no_grad():       # the ranks start from the buffers the reference started from
@@ -206,10 +207,8 @@ def _snapshot(value: object) -> object:
     return value
 
 
-_CHUNK = 1 << 20
-
-
-def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, actual, expected) -> None:
+def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, actual, expected,
+         tolerance=FLOAT64) -> None:
     if actual is None or expected is None:
         if (actual is None) != (expected is None):
             found.append(PlanMismatch(phase, order, node, what + " (gradient missing on one side)", rank))
@@ -218,19 +217,19 @@ def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, a
         found.append(PlanMismatch(phase, order, node, f"{what} (shape {tuple(actual.shape)}, expected "
                                   f"{tuple(expected.shape)})", rank, float("inf")))
         return
-    with torch.no_grad():
-        # in chunks of a million elements, two temporaries each: comparing a whole weight at once
-        # held two float64 copies of it (GPT-2's tied embedding: 0.6 GB a rank)
-        got, want = actual.detach().reshape(-1), expected.detach().reshape(-1)
-        worst, bad = 0.0, False
-        for start in range(0, got.numel(), _CHUNK):
-            w = want[start:start + _CHUNK].double()      # no copy for float64; bool and int data as numbers
-            err = got[start:start + _CHUNK].double().sub(w).abs_()
-            bound = w.abs().mul_(RTOL).add_(ATOL)
-            if bool(err.gt(bound).any()):
-                bad, worst = True, max(worst, float(err.max()))
-        if bad:
-            found.append(PlanMismatch(phase, order, node, what, rank, worst))
+    worst = mismatch_error(actual, expected, tolerance)
+    if worst is not None:
+        found.append(PlanMismatch(phase, order, node, what, rank, worst))
+
+
+def loss_output(result) -> torch.Tensor | None:
+    """The model output backward starts from: its first floating output that needs a gradient
+    (a bool mask or integer ids beside it, or as the only output, are compared, never
+    differentiated); None when no output has a gradient."""
+    items = [result] if isinstance(result, torch.Tensor) else \
+        [t for t in (result.values() if isinstance(result, dict) else result) if isinstance(t, torch.Tensor)] \
+        if isinstance(result, (tuple, list, dict)) else []
+    return next((t for t in items if t.is_floating_point() and t.requires_grad), None)
 
 
 def _summed(comm, layout, value):
@@ -328,17 +327,19 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
     gm, ref_values, ref_grads, ref_input_grads, ref_param_grads, unobserved = shared_reference(recipe)
     comm.barrier()
     found: list[PlanMismatch] = []
+    tolerances = precisions(gm)
+    back = tolerances.backward
 
     def check(order, node, out, layout):
         expected = ref_values[node.name]
         if isinstance(out, torch.Tensor):
             _cmp(found, "forward", order, node.name, "output", rank, _summed(comm, layout, out),
-             _shard(layout, expected, mesh, rank))
+                 _shard(layout, expected, mesh, rank), tolerances.of(node.name))
         elif isinstance(out, (tuple, list)):
             for i, (o, lay) in enumerate(zip(out, layout or [None] * len(out))):
                 if isinstance(o, torch.Tensor):
                     _cmp(found, "forward", order, node.name, f"output {i}", rank, o,
-                         _shard(lay, expected[i], mesh, rank))
+                         _shard(lay, expected[i], mesh, rank), tolerances.of(node.name))
 
     env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, unobserved)
     if found:
@@ -352,9 +353,10 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
                          _shard(layout, expected, mesh, rank) if expected is not None else None)
         if leaf.requires_grad:
             leaf.register_post_accumulate_grad_hook(functools.partial(
-                _check_weight_grad, found, checked, rank, name, *weights[name]))
-    out_t = result if isinstance(result, torch.Tensor) else result[0]
-    out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
+                _check_weight_grad, found, checked, rank, back, name, *weights[name]))
+    out_t = loss_output(result)
+    if out_t is not None:
+        out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
     by_name = {n.name: n for n in gm.graph.nodes}
     for order, item in enumerate(plan.nodes):
         value = env.get(item.node)
@@ -362,22 +364,23 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
             continue   # a weight: its gradient is checked below, blamed on the op that reduces it
         if isinstance(value, torch.Tensor) and value.requires_grad and item.node in ref_grads:
             _cmp(found, "backward", order, item.node, "output gradient", rank, value.grad,
-                 _shard(layouts[item.node], ref_grads[item.node], mesh, rank))
+                 _shard(layouts[item.node], ref_grads[item.node], mesh, rank), back)
     for i, (leaf, expected) in enumerate(zip(input_leaves, ref_input_grads)):
-        _cmp(found, "grad", 0, plan.nodes[i].node, f"grad of input {plan.nodes[i].node}", rank, leaf.grad, expected)
+        _cmp(found, "grad", 0, plan.nodes[i].node, f"grad of input {plan.nodes[i].node}", rank, leaf.grad, expected,
+             back)
     for name, (leaf, *_) in leaves.items():
         if name not in checked:    # no gradient reached it (or none was wanted)
             order, node_name, expected = weights[name]
-            _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad, expected)
+            _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad, expected, back)
     return found
 
 
-def _check_weight_grad(found: list, checked: set, rank: int, name: str, order: int, node: str, expected,
-                       leaf: torch.Tensor) -> None:
+def _check_weight_grad(found: list, checked: set, rank: int, tolerance, name: str, order: int, node: str,
+                       expected, leaf: torch.Tensor) -> None:
     """Weight ``name``'s gradient compared as soon as backward has summed it (autograd accumulates
     a leaf once per backward, every use included), then freed: the ranks' gradients of a whole
     model are never all held at once, only the one being compared."""
-    _cmp(found, "grad", order, node, f"grad of {name}", rank, leaf.grad, expected)
+    _cmp(found, "grad", order, node, f"grad of {name}", rank, leaf.grad, expected, tolerance)
     checked.add(name)
     leaf.grad = None
 
