@@ -5,19 +5,21 @@ from __future__ import annotations
 import gc
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from shardverify.errors import BackendError, InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
-from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, as_float64, failed_node, rank_run_plan
+from shardverify.plan.capture_model import Captured, as_shardverify_error, capture_model
+from shardverify.plan.execute import ModelRecipe, PlanMismatch, as_float64, failed_node, rank_run_plan
+from shardverify.plan.inputs import with_keywords
 from shardverify.plan.build import build_plan
 from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
 from shardverify.plan.solver import solve_plan
 
-__all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan"]
+__all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan", "strict_problems"]
 
 
 @dataclass(frozen=True)
@@ -26,10 +28,18 @@ class PlanResult:
     backend: str
     mismatches: tuple[PlanMismatch, ...]
     coverage: Coverage | None = None
+    strict: bool = False            # a pass needs every tensor op handled and something sharded
+    notes: tuple[str, ...] = ()     # how the model was captured, when not as asked
 
     @property
     def passed(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and not (self.strict and self.strict_failures)
+
+    @property
+    def strict_failures(self) -> tuple[str, ...]:
+        """Why the plan is not a strict pass: ops that ran replicated for want of strategies, or
+        a plan that shards nothing (whether or not ``strict`` was asked)."""
+        return strict_problems(self.coverage)
 
     @property
     def shards_nothing(self) -> bool:
@@ -47,6 +57,8 @@ class PlanResult:
 
     def summary(self) -> str:
         first = self.first_divergence()
+        if first is None and self.strict and self.strict_failures:
+            return "FAIL (strict): " + "; ".join(self.strict_failures)
         if first is None:
             if self.shards_nothing:
                 return "PASS, but the plan shards nothing: no sharding was checked"
@@ -66,6 +78,7 @@ class PlanResult:
         first = self.first_divergence()
         return {
             "mesh": list(self.plan.mesh_shape), "backend": self.backend, "passed": self.passed,
+            "strict": self.strict, "strict_failures": list(self.strict_failures), "notes": list(self.notes),
             "cost": {"compute": self.plan.cost.compute, "communication": self.plan.cost.communication,
                      "resharding": self.plan.cost.resharding, "total": self.plan.cost.total,
                      "memory_bytes": self.plan.cost.memory},
@@ -78,6 +91,20 @@ class PlanResult:
             "coverage": None if self.coverage is None else self.coverage.to_json(),
             "mismatches": [str(m) for m in self.mismatches],
         }
+
+
+def strict_problems(coverage: Coverage | None) -> tuple[str, ...]:
+    """What strict refuses, the one definition the API, the plan spec and the CLI share: a tensor
+    op that ran replicated for want of strategies (refused, or without a handler), and a plan that
+    shards nothing (its pass checked no sharding)."""
+    if coverage is None:
+        return ()
+    found = []
+    if coverage.fallbacks:
+        found.append(f"{len(coverage.fallbacks)} tensor op(s) ran replicated without strategies (see coverage)")
+    if not coverage.sharded:
+        found.append("the plan shards nothing")
+    return tuple(found)
 
 
 def node_label(item, coverage: Coverage | None = None) -> str:
@@ -111,29 +138,39 @@ def _as_mesh(mesh) -> DeviceMesh:
     return mesh if isinstance(mesh, DeviceMesh) else DeviceMesh(tuple(mesh))
 
 
-def make_plan(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
+def make_plan(module: torch.nn.Module, example_inputs, mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-              flop_rate: float = FLOP_RATE, capture: str = "fx", goals: PlanGoals = PlanGoals()) -> Plan:
+              flop_rate: float = FLOP_RATE, capture: str = "auto", goals: PlanGoals = PlanGoals()) -> Plan:
     """The solver's plan (``plan=None``), or the user's ``{node: strategy name}`` completed."""
     return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, goals)[0]
 
 
-def plan_with_coverage(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
+def plan_with_coverage(module: torch.nn.Module, example_inputs, mesh,
                        plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-                       flop_rate: float = FLOP_RATE, capture: str = "fx",
+                       flop_rate: float = FLOP_RATE, capture: str = "auto",
                        goals: PlanGoals = PlanGoals()) -> tuple[Plan, Coverage]:
     """:func:`make_plan` and the account of the model's op nodes under it (from one capture)."""
+    module, inputs = with_keywords(module, example_inputs)
+    return _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals)[:2]
+
+
+def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals) -> tuple[Plan, Coverage, Captured]:
     mesh = _as_mesh(mesh)
-    gm = _traced(ModelRecipe(module, tuple(example_inputs), capture=capture))
-    options, statuses = classify_nodes(gm, mesh)
-    if not isinstance(plan, Plan):
-        plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
-            build_plan(gm, mesh, dict(plan), options, flop_rate)
+    captured = capture_model(module, tuple(inputs), capture)
+    gm = captured.graph
+    try:
+        options, statuses = classify_nodes(gm, mesh)
+        if not isinstance(plan, Plan):
+            plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
+                build_plan(gm, mesh, dict(plan), options, flop_rate)
+    except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
+        raise as_shardverify_error(error, f"planning {type(module).__name__}") from error
     # the captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
     # export's state): collected now, not whenever the collector next runs, mid-check
+    captured = Captured(None, captured.capture, captured.note)  # type: ignore[arg-type]
     del gm, options
     gc.collect()
-    return plan, Coverage.of(statuses, plan)
+    return plan, Coverage.of(statuses, plan), captured
 
 
 def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
@@ -158,32 +195,37 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
 
 
 def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, backend: str | object = "simulated",
-                memory_limit: int | None = None, seed: int = 0, capture: str = "fx",
+                memory_limit: int | None = None, seed: int = 0, capture: str = "auto",
                 min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False,
-                timeout: float | None = None) -> PlanResult:
+                timeout: float | None = None, strict: bool = False) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
-    the single-device model, forward and backward. ``capture``: ``"fx"`` (torch.fx symbolic
-    tracing, the torch-level graph) or ``"export"`` (torch.export's ATen graph, which models
-    that cannot be traced need). ``min_sharded``, ``shard_weights``, ``data_parallel``: what the
-    solver's plan must do besides costing least (:class:`~shardverify.plan.model.PlanGoals`).
+    the single-device model, forward and backward. ``example_inputs``: a tensor, a sequence of
+    them (by position), a mapping of keyword inputs (``{"decoder_input_ids": ...}``) or a
+    (positional, keyword) pair; integer and bool inputs keep their dtype. ``capture``: ``"auto"``
+    (torch.fx symbolic tracing, torch.export's ATen graph when fx cannot trace the model, said
+    in ``notes``), ``"fx"`` or ``"export"``. The model runs in the mode it is in; one that draws
+    random numbers (dropout in training mode) is refused before any strategy runs.
+    ``min_sharded``, ``shard_weights``, ``data_parallel``: what the solver's plan must do besides
+    costing least (:class:`~shardverify.plan.model.PlanGoals`). ``strict``: a pass also needs
+    every tensor op to have strategies and the plan to shard something (:func:`strict_problems`).
     ``timeout``: seconds the check may take on the backend (its default when None; a model of a
     hundred million parameters wants minutes). The result counts the nodes that ran without
-    strategies."""
+    strategies. Every error but a verification failure is a ShardVerifyError."""
     from shardverify.backends import get_backend
 
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
+    model, inputs = with_keywords(model, example_inputs)
     mesh = _as_mesh(mesh)
     goals = PlanGoals(min_sharded, shard_weights, data_parallel)
-    chosen, coverage = plan_with_coverage(model, example_inputs, mesh, plan, memory_limit, capture=capture,
-                                          goals=goals)
+    chosen, coverage, captured = _planned(model, inputs, mesh, plan, memory_limit, FLOP_RATE, capture, goals)
+    notes = (captured.note,) if captured.note else ()
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:
-            return run_plan(runner, model, example_inputs, chosen, seed, timeout, capture=capture, coverage=coverage)
+            result = run_plan(runner, model, inputs, chosen, seed, timeout, capture=captured.capture,
+                              coverage=coverage)
         finally:
             runner.close()
-    return run_plan(backend, model, example_inputs, chosen, seed, timeout, capture=capture, coverage=coverage)
-
-
+    else:
+        result = run_plan(backend, model, inputs, chosen, seed, timeout, capture=captured.capture, coverage=coverage)
+    return replace(result, strict=strict, notes=notes)
