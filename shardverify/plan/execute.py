@@ -23,6 +23,7 @@ from torch import fx
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.capture.export import export_graph
 from shardverify.errors import InvalidArgument, VerificationError
+from shardverify.plan.blame import owed_collectives, tapped_edges
 from shardverify.plan.compare import ATOL, FLOAT64, RTOL, mismatch_error, precisions
 from shardverify.plan.graph import metadata_read, operand_layout, operand_producer, parameter_names
 from shardverify.plan.model import Plan
@@ -156,8 +157,19 @@ def reference_run(recipe: ModelRecipe):
     skipped = weights_only(gm)
 
     tensors: dict[str, torch.Tensor] = {}
+    edges = tapped_edges(gm, skipped)
+    taps: dict[tuple[str, str], torch.Tensor] = {}
 
     class Recorder(fx.Interpreter):
+        def fetch_args_kwargs_from_env(self, n):
+            def get(a):
+                value = self.env[a]
+                if (n.name, a.name) in edges and isinstance(value, torch.Tensor) and value.requires_grad:
+                    value = taps[(n.name, a.name)] = value.view_as(value)   # this user's term of a's gradient
+                    value.retain_grad()
+                return value
+            return fx.node.map_arg(n.args, get), fx.node.map_arg(n.kwargs, get)
+
         def run_node(self, n):
             out = super().run_node(n)
             if n.name in skipped:
@@ -174,7 +186,8 @@ def reference_run(recipe: ModelRecipe):
     out_t = loss_output(Recorder(gm).run(*inputs))
     if out_t is not None:
         out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
-    grads = {name: v.grad for name, v in tensors.items() if v.grad is not None}
+    grads: dict = {name: v.grad for name, v in tensors.items() if v.grad is not None}
+    grads.update({edge: v.grad for edge, v in taps.items() if v.grad is not None})   # (user, producer) -> term
     params = {name: p.grad for name, p in gm.named_parameters()}
     with torch.no_grad():       # the ranks start from the buffers the reference started from
         for name, b in gm.named_buffers():
@@ -261,10 +274,11 @@ def failed_node(message: str) -> tuple[str, int] | None:
 
 
 def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, on_node=None,
-                     unobserved: frozenset[str] = frozenset()):
+                     unobserved: frozenset[str] = frozenset(), taps: dict | None = None):
     """This rank's forward pass under ``plan``; ``on_node(order, node, out, layout)`` sees each
-    op node's local output but those of ``unobserved`` (whose gradients are not kept either).
-    Returns (env, layouts, param leaves, input leaves, result)."""
+    op node's local output but those of ``unobserved`` (whose gradients are not kept either);
+    ``taps``: (user, producer) edges whose value the user takes as a view of its own, its
+    gradient kept (filled in). Returns (env, layouts, param leaves, input leaves, result)."""
     mesh = comm.mesh
     by_name = {n.name: n for n in gm.graph.nodes}
     params = parameter_names(gm)
@@ -278,8 +292,12 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
         strategy = item.strategy
         steps = {(r.operand, r.producer): r.steps for r in item.reshards}
 
-        def fetch(operand: str, producer: fx.Node, value=None):
-            value = env[producer.name] if value is None else value
+        def fetch(operand: str, producer: fx.Node, value=None, node=node):
+            if value is None:
+                value = env[producer.name]
+                if taps is not None and (node.name, producer.name) in taps and value.requires_grad:
+                    value = taps[(node.name, producer.name)] = value.view_as(value)
+                    value.retain_grad()
             return apply_reshard(comm, steps.get((operand, producer.name), ()), value)
 
         if node.op == "placeholder" and len(input_leaves) == len(recipe.inputs):
@@ -341,7 +359,8 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
                     _cmp(found, "forward", order, node.name, f"output {i}", rank, o,
                          _shard(lay, expected[i], mesh, rank), tolerances.of(node.name))
 
-    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, unobserved)
+    taps: dict = dict.fromkeys(tapped_edges(gm, unobserved))
+    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, unobserved, taps)
     if found:
         return found   # backward would only repeat the forward divergence
     blamed = _weight_consumers(gm, plan)
@@ -365,14 +384,45 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
         if isinstance(value, torch.Tensor) and value.requires_grad and item.node in ref_grads:
             _cmp(found, "backward", order, item.node, "output gradient", rank, value.grad,
                  _shard(layouts[item.node], ref_grads[item.node], mesh, rank), back)
-    for i, (leaf, expected) in enumerate(zip(input_leaves, ref_input_grads)):
-        _cmp(found, "grad", 0, plan.nodes[i].node, f"grad of input {plan.nodes[i].node}", rank, leaf.grad, expected,
-             back)
+    _blame(found, gm, plan, taps, layouts, ref_grads, comm, back)
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]   # export puts the weights first
+    for name, leaf, expected in zip(placeholders, input_leaves, ref_input_grads):
+        _cmp(found, "grad", 0, name, f"grad of input {name}", rank, leaf.grad, expected, back)
     for name, (leaf, *_) in leaves.items():
         if name not in checked:    # no gradient reached it (or none was wanted)
             order, node_name, expected = weights[name]
             _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad, expected, back)
     return found
+
+
+def _blame(found: list, gm: fx.GraphModule, plan: Plan, taps: dict, layouts: dict, ref_grads: dict, comm,
+           tolerance) -> None:
+    """An "owner" mismatch for the user that passes a wrong gradient back to the node backward
+    first finds wrong (see :mod:`shardverify.plan.blame`)."""
+    wrong = [m for m in found if m.phase == "backward"]
+    if not wrong:
+        return
+    first = max(wrong, key=lambda m: m.order)
+    order = {item.node: i for i, item in enumerate(plan.nodes)}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    users = sorted((u for u in by_name[first.node].users if u.op != "output"), key=lambda u: -order[u.name])
+    for user in users:
+        if len(users) == 1:
+            error = first.max_abs_err
+        else:
+            tap = taps.get((user.name, first.node))
+            expected = ref_grads.get((user.name, first.node))
+            if tap is None or expected is None:
+                continue
+            term: list = []
+            _cmp(term, "owner", 0, "", "", comm.rank, tap.grad, _shard(layouts[first.node], expected, comm.mesh,
+                                                                      comm.rank), tolerance)
+            if not term:
+                continue
+            error = term[0].max_abs_err
+        owes = owed_collectives(user, plan.node(user.name).strategy, first.node)
+        found.append(PlanMismatch("owner", order[user.name], user.name,
+                                  f"gradient passed back to {first.node!r} ({owes})", comm.rank, error))
 
 
 def _check_weight_grad(found: list, checked: set, rank: int, tolerance, name: str, order: int, node: str,

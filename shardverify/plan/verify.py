@@ -48,8 +48,10 @@ class PlanResult:
 
     def first_divergence(self) -> PlanMismatch | None:
         """The first node (graph order) whose output diverges in forward; else, in backward, the
-        last node whose output gradient diverges (the first the gradient reaches); else a grad."""
-        for phase, pick in (("forward", min), ("backward", max), ("grad", min), ("error", min)):
+        node that passes a wrong gradient back (the owner of the missing or wrong reduction:
+        :mod:`shardverify.plan.blame`); else the last node whose output gradient diverges (the
+        first the gradient reaches); else a grad."""
+        for phase, pick in (("forward", min), ("owner", max), ("backward", max), ("grad", min), ("error", min)):
             found = [m for m in self.mismatches if m.phase == phase]
             if found:
                 return pick(found, key=lambda m: m.order)
@@ -65,7 +67,8 @@ class PlanResult:
             fallbacks = len(self.coverage.fallbacks) if self.coverage is not None else 0
             return f"PASS ({fallbacks} tensor op(s) ran replicated without strategies)" if fallbacks else "PASS"
         item = self.plan.node(first.node) if first.phase != "error" else None
-        lines = [f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}"
+        lines = [f"FAIL: backward: node {first.node!r} is the first in backward order whose {first.what} diverges"
+                 if first.phase == "owner" else f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}"
                  + (f" (max abs error {first.max_abs_err:.3g})" if first.phase != "error" else "")]
         if item is not None:
             lines.append(f"  strategy: {node_label(item, self.coverage)}")
