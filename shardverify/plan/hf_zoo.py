@@ -60,8 +60,8 @@ def bert() -> torch.nn.Module:
 
 def vit() -> torch.nn.Module:
     t = _transformers()
-    return t.ViTForImageClassification(t.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
-                                                   num_attention_heads=4, intermediate_size=64, num_labels=10,
+    return t.ViTForImageClassification(t.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
+                                                   num_attention_heads=4, intermediate_size=128, num_labels=10,
                                                    attn_implementation="sdpa"))
 
 
