@@ -14,9 +14,10 @@ from __future__ import annotations
 from torch import fx
 
 from shardverify.sharding.strategy import CommPattern, CommWhere
+from shardverify.plan.compare import PlanMismatch, _cmp, _shard
 from shardverify.plan.graph import operand_producer
 
-__all__ = ["tapped_edges", "owed_collectives"]
+__all__ = ["tapped_edges", "owed_collectives", "blame_owner"]
 
 _BACKWARD = {
     CommPattern.IDENTITY_FWD_ALLREDUCE_BWD: "an all-reduce of its gradient",
@@ -49,3 +50,33 @@ def owed_collectives(node: fx.Node, strategy, producer: str) -> str:
     if not actions:
         return f"its strategy declares no collective on the gradient of operand {', '.join(operands) or '?'}"
     return "; ".join(f"operand {a.operand}: {_BACKWARD[a.pattern]} over mesh axes {list(a.axes)}" for a in actions)
+
+
+def blame_owner(found: list, gm: fx.GraphModule, plan: Plan, taps: dict, layouts: dict, ref_grads: dict, comm,
+           tolerance) -> None:
+    """An "owner" mismatch for the user that passes a wrong gradient back to the node backward
+    first finds wrong (see :mod:`shardverify.plan.blame`)."""
+    wrong = [m for m in found if m.phase == "backward"]
+    if not wrong:
+        return
+    first = max(wrong, key=lambda m: m.order)
+    order = {item.node: i for i, item in enumerate(plan.nodes)}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    users = sorted((u for u in by_name[first.node].users if u.op != "output"), key=lambda u: -order[u.name])
+    for user in users:
+        if len(users) == 1:
+            error = first.max_abs_err
+        else:
+            tap = taps.get((user.name, first.node))
+            expected = ref_grads.get((user.name, first.node))
+            if tap is None or expected is None:
+                continue
+            term: list = []
+            _cmp(term, "owner", 0, "", "", comm.rank, tap.grad, _shard(layouts[first.node], expected, comm.mesh,
+                                                                      comm.rank), tolerance)
+            if not term:
+                continue
+            error = term[0].max_abs_err
+        owes = owed_collectives(user, plan.node(user.name).strategy, first.node)
+        found.append(PlanMismatch("owner", order[user.name], user.name,
+                                  f"gradient passed back to {first.node!r} ({owes})", comm.rank, error))

@@ -66,7 +66,10 @@ def capture_model(module: torch.nn.Module, inputs: tuple, capture: str = "auto")
             "captured with torch.export (keyword inputs)" if not reasons else \
             f"captured with torch.export: torch.fx cannot trace {name} ({reasons[0][len('torch.fx: '):][:200]})"
         return Captured(graph, how, note)
-    problem = diagnose_inputs(module, inputs)
+    try:
+        problem = diagnose_inputs(module, inputs)
+    except Exception:  # noqa: BLE001 - the diagnosis is a better message, never a new failure
+        problem = None
     if problem:
         raise problem
     hint = ("give the model inputs it runs on (check model(*inputs) runs) or a capture that works: "

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from shardverify.sharding.reshard_plan import Layout
 from shardverify.verify.tolerance import DEFAULT_TOLERANCES, Tolerance
 
-__all__ = ["RTOL", "ATOL", "FLOAT64", "Precisions", "precisions", "mismatch_error"]
+__all__ = ["RTOL", "ATOL", "FLOAT64", "Precisions", "precisions", "mismatch_error", "PlanMismatch"]
 
 RTOL, ATOL = 1e-7, 1e-9
 FLOAT64 = Tolerance(RTOL, ATOL)
@@ -78,3 +79,38 @@ def mismatch_error(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tole
             if bool(err.gt(bound).any()):
                 bad, worst = True, max(worst, float(err.max()))
         return worst if bad else None
+
+
+@dataclass(frozen=True)
+class PlanMismatch:
+    phase: str          # "forward" (a node's output), "backward" (a node's output gradient), "grad", "error"
+    order: int          # the node's position in the graph (for "grad": of the node using the tensor)
+    node: str
+    what: str
+    rank: int
+    max_abs_err: float = 0.0
+
+    def __str__(self) -> str:
+        err = f": max abs error {self.max_abs_err:.3g}" if self.phase != "error" else ""
+        return f"rank {self.rank}: {self.phase} {self.what} at node {self.node!r}{err}"
+
+
+def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, actual, expected,
+         tolerance=FLOAT64) -> None:
+    if actual is None or expected is None:
+        if (actual is None) != (expected is None):
+            found.append(PlanMismatch(phase, order, node, what + " (gradient missing on one side)", rank))
+        return
+    if tuple(actual.shape) != tuple(expected.shape):
+        found.append(PlanMismatch(phase, order, node, f"{what} (shape {tuple(actual.shape)}, expected "
+                                  f"{tuple(expected.shape)})", rank, float("inf")))
+        return
+    worst = mismatch_error(actual, expected, tolerance)
+    if worst is not None:
+        found.append(PlanMismatch(phase, order, node, what, rank, worst))
+
+
+def _shard(layout, value, mesh, rank):
+    if isinstance(layout, Layout) and isinstance(value, torch.Tensor):
+        return layout.spec.local_shard(value, mesh, rank)
+    return value

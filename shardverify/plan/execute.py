@@ -23,8 +23,8 @@ from torch import fx
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.capture.export import export_graph
 from shardverify.errors import InvalidArgument, VerificationError
-from shardverify.plan.blame import owed_collectives, tapped_edges
-from shardverify.plan.compare import ATOL, FLOAT64, RTOL, mismatch_error, precisions
+from shardverify.plan.blame import blame_owner, tapped_edges
+from shardverify.plan.compare import ATOL, RTOL, PlanMismatch, _cmp, _shard, precisions
 from shardverify.plan.graph import metadata_read, operand_layout, operand_producer, parameter_names
 from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
@@ -91,20 +91,6 @@ def _graph_recipe(attributes: dict, graph: fx.Graph, inputs, seed: int, capture:
 def as_float64(x: torch.Tensor) -> torch.Tensor:
     """A floating input in float64 (the plan check compares in float64); any other as it is."""
     return x.to(torch.float64) if x.is_floating_point() else x
-
-
-@dataclass(frozen=True)
-class PlanMismatch:
-    phase: str          # "forward" (a node's output), "backward" (a node's output gradient), "grad", "error"
-    order: int          # the node's position in the graph (for "grad": of the node using the tensor)
-    node: str
-    what: str
-    rank: int
-    max_abs_err: float = 0.0
-
-    def __str__(self) -> str:
-        err = f": max abs error {self.max_abs_err:.3g}" if self.phase != "error" else ""
-        return f"rank {self.rank}: {self.phase} {self.what} at node {self.node!r}{err}"
 
 
 def _traced(recipe: ModelRecipe) -> fx.GraphModule:
@@ -220,21 +206,6 @@ def _snapshot(value: object) -> object:
     return value
 
 
-def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, actual, expected,
-         tolerance=FLOAT64) -> None:
-    if actual is None or expected is None:
-        if (actual is None) != (expected is None):
-            found.append(PlanMismatch(phase, order, node, what + " (gradient missing on one side)", rank))
-        return
-    if tuple(actual.shape) != tuple(expected.shape):
-        found.append(PlanMismatch(phase, order, node, f"{what} (shape {tuple(actual.shape)}, expected "
-                                  f"{tuple(expected.shape)})", rank, float("inf")))
-        return
-    worst = mismatch_error(actual, expected, tolerance)
-    if worst is not None:
-        found.append(PlanMismatch(phase, order, node, what, rank, worst))
-
-
 def loss_output(result) -> torch.Tensor | None:
     """The model output backward starts from: its first floating output that needs a gradient
     (a bool mask or integer ids beside it, or as the only output, are compared, never
@@ -249,12 +220,6 @@ def _summed(comm, layout, value):
     """A partial local tensor summed over its partial axes (for comparison only)."""
     if isinstance(layout, Layout) and layout.partial and isinstance(value, torch.Tensor):
         return comm.all_reduce(value.detach().contiguous(), layout.partial, "sum")
-    return value
-
-
-def _shard(layout, value, mesh, rank):
-    if isinstance(layout, Layout) and isinstance(value, torch.Tensor):
-        return layout.spec.local_shard(value, mesh, rank)
     return value
 
 
@@ -384,7 +349,7 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
         if isinstance(value, torch.Tensor) and value.requires_grad and item.node in ref_grads:
             _cmp(found, "backward", order, item.node, "output gradient", rank, value.grad,
                  _shard(layouts[item.node], ref_grads[item.node], mesh, rank), back)
-    _blame(found, gm, plan, taps, layouts, ref_grads, comm, back)
+    blame_owner(found, gm, plan, taps, layouts, ref_grads, comm, back)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]   # export puts the weights first
     for name, leaf, expected in zip(placeholders, input_leaves, ref_input_grads):
         _cmp(found, "grad", 0, name, f"grad of input {name}", rank, leaf.grad, expected, back)
@@ -393,36 +358,6 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
             order, node_name, expected = weights[name]
             _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad, expected, back)
     return found
-
-
-def _blame(found: list, gm: fx.GraphModule, plan: Plan, taps: dict, layouts: dict, ref_grads: dict, comm,
-           tolerance) -> None:
-    """An "owner" mismatch for the user that passes a wrong gradient back to the node backward
-    first finds wrong (see :mod:`shardverify.plan.blame`)."""
-    wrong = [m for m in found if m.phase == "backward"]
-    if not wrong:
-        return
-    first = max(wrong, key=lambda m: m.order)
-    order = {item.node: i for i, item in enumerate(plan.nodes)}
-    by_name = {n.name: n for n in gm.graph.nodes}
-    users = sorted((u for u in by_name[first.node].users if u.op != "output"), key=lambda u: -order[u.name])
-    for user in users:
-        if len(users) == 1:
-            error = first.max_abs_err
-        else:
-            tap = taps.get((user.name, first.node))
-            expected = ref_grads.get((user.name, first.node))
-            if tap is None or expected is None:
-                continue
-            term: list = []
-            _cmp(term, "owner", 0, "", "", comm.rank, tap.grad, _shard(layouts[first.node], expected, comm.mesh,
-                                                                      comm.rank), tolerance)
-            if not term:
-                continue
-            error = term[0].max_abs_err
-        owes = owed_collectives(user, plan.node(user.name).strategy, first.node)
-        found.append(PlanMismatch("owner", order[user.name], user.name,
-                                  f"gradient passed back to {first.node!r} ({owes})", comm.rank, error))
 
 
 def _check_weight_grad(found: list, checked: set, rank: int, tolerance, name: str, order: int, node: str,

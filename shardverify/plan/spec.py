@@ -17,7 +17,7 @@
       replicated: {}                               # nodes left out take their replicated strategy
       megatron: {fc1: "RS01 = RR x RS01", fc2: "RR = RS01 x S01R"}   # one mesh only
     solver_beats: [replicated]                     # plans whose declared cost the solver's must beat
-    strict: true                                   # every tensor op has strategies (none falls back)
+    strict: true                                   # every tensor op has strategies and the plan shards something
 
 ``model: {zoo: gpt2}`` is a tiny HF transformers model of :mod:`shardverify.plan.hf_zoo` with its
 own example inputs (token ids, pixels), captured with torch.export. Every plan is verified end to
@@ -70,7 +70,7 @@ class PlanSpec:
     where: tuple[tuple[str, Where], ...] = ()    # "factory" and each plan name -> its place in the file
     zoo: str = ""                                # a model of shardverify.plan.hf_zoo, its inputs its own
     capture: str = "fx"
-    strict: bool = False                         # every tensor op has strategies
+    strict: bool = False                         # every tensor op has strategies, and something is sharded
 
 
 def _error(where: Where | None, message: str) -> ShardVerifyError:

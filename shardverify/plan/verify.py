@@ -180,6 +180,8 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
              timeout: float | None = None, *, capture: str = "fx", coverage: Coverage | None = None) -> PlanResult:
     if tuple(plan.mesh_shape) != tuple(backend.mesh.shape):
         raise InvalidArgument(f"plan is for mesh {plan.mesh_shape}, the backend's mesh is {backend.mesh.shape}")
+    if capture == "auto":   # the capture the plan was made on: fx if it traces the model, else export
+        capture = capture_model(module, tuple(example_inputs), capture).capture
     recipe = ModelRecipe(module, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed, capture)
     from shardverify.verify.engine import _backend_name
 
