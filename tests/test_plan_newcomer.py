@@ -41,6 +41,15 @@ FACTORIES = textwrap.dedent('''
             use_cache=False))
 
 
+    def tagger():
+        """A factory whose model brings its own example inputs (keyword token ids)."""
+        import torch
+
+        model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 4))
+        model.example_inputs = lambda: {"input": torch.randint(0, 16, (2, 3))}
+        return model
+
+
     def convnext():
         return t.ConvNextForImageClassification(t.ConvNextConfig(
             num_channels=3, patch_size=4, num_stages=1, hidden_sizes=[8], depths=[1], num_labels=3))
@@ -69,6 +78,13 @@ def test_a_newcomers_cli_session_verifies_an_hf_model_from_their_factory(factori
     assert status == 0, captured.out + captured.err
     assert "note: captured with torch.export" in captured.out
     assert "verification on simulated: PASS" in captured.out
+
+
+def test_a_factorys_own_example_inputs_need_no_input_flag(factories, capsys):
+    assert main(["plan", f"{factories}.tagger", "--mesh", "2"]) == 0, capsys.readouterr().err
+    assert "PASS" in capsys.readouterr().out
+    assert main(["plan", "shardverify.plan.zoo.linear_chain", "--mesh", "2"]) == 2
+    assert "without example_inputs: give its inputs" in capsys.readouterr().err
 
 
 def test_inputs_take_dtypes_ranges_and_names_and_the_old_form():
