@@ -1,9 +1,10 @@
 """Real models for whole-model plans: small builds of HF transformers' GPT-2, Llama, BERT, ViT and
 ResNet, random weights from a config (nothing is downloaded), and example inputs of the kind
 each takes (token ids, pixel values). The language models are just large enough (width 64, 16
-tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attention and the MLP:
-smaller, a collective costs more than the compute it saves and the cheapest plan shards nothing. They cannot be symbolically traced; capture them with
-``torch.export`` (``verify_plan(..., capture="export")``). Needs the ``models`` extra
+tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attention and the MLP,
+and ViT (width 64) that it shards something on (2,2) and (4,), so their specs' strict holds:
+smaller, a collective costs more than the compute it saves and the cheapest plan shards nothing.
+They cannot be symbolically traced: ``verify_plan``'s capture falls back to ``torch.export``. Needs the ``models`` extra
 (``pip install -e '.[models]'``: transformers, pinned).
 """
 
