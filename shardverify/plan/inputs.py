@@ -164,22 +164,24 @@ def diagnose_inputs(module: torch.nn.Module, inputs: tuple) -> InputError | None
     except Exception as error:  # noqa: BLE001 - what the model raised is the diagnosis
         text = str(error).strip().splitlines()
         reason = f"{type(error).__name__}: {text[0] if text else ''}"
-        inner = [e for e in entered if e[0]]
-        given = ", ".join(f"{n} ({describe(v)})" for n, v in zip(names, inputs))
+        inner = [e for e in entered if e[0] and not isinstance(e[1], KeywordInputs)] or \
+            [e for e in entered if _wanted(e[1])]
+        given = ", ".join(f"{n!r} ({describe(v)})" for n, v in zip(names, inputs))
         if not inner:
             return InputError(f"{type(module).__name__} does not run on the inputs given ({given}): {reason}")
         qualname, layer, args = inner[-1]
         arg = next((a for a in args if isinstance(a, torch.Tensor)), None)
         which = next((n for n, v in zip(names, values) if arg is v), None)
         wanted = _wanted(layer)
-        wants = f", which wants {wanted}" if wanted else ""
+        wants = f"{type(layer).__name__}, which wants {wanted}" if wanted else type(layer).__name__
+        where = f"{qualname!r} ({wants})" if qualname else f"(the model itself: {wants})"
         if which is not None:
             original = inputs[names.index(which)]
             return InputError(f"input {which!r} ({describe(original)}) does not fit {type(module).__name__}: its "
-                              f"first layer {qualname!r} ({type(layer).__name__}{wants}) raised {reason}")
+                              f"first layer {where} raised {reason}")
         got = f" got {describe(arg)}" if arg is not None else ""
-        return InputError(f"{type(module).__name__} does not run on the inputs given ({given}): layer {qualname!r} "
-                          f"({type(layer).__name__}{wants}){got} and raised {reason}")
+        return InputError(f"{type(module).__name__} does not run on the inputs given ({given}): layer {where}{got} "
+                          f"and raised {reason}")
     finally:
         for handle in handles:
             handle.remove()
