@@ -7,7 +7,7 @@ and backward, against the single-device model."""
 import pytest
 
 from shardverify.plan.spec import GOALS, build_spec_model, spec_plan
-from shardverify.plan.verify import run_plan
+from shardverify.plan.verify import run_plan, strict_problems
 
 FACTORY = 'shardverify.plan.zoo.small_cnn'
 ZOO = ''
@@ -34,8 +34,8 @@ def _check(backend, mesh, name):
     assert result.passed, result.summary()
     if isinstance(PLANS[name], str) and PLANS[name] in GOALS:   # a plan asked to shard must shard something
         assert not result.shards_nothing, result.summary()
-    if STRICT:
-        assert not coverage.fallbacks, "\n".join(coverage.lines())
+    if STRICT:   # what verify_plan(strict=True) and `shardverify plan --strict` refuse
+        assert not strict_problems(coverage), "\n".join((*strict_problems(coverage), *coverage.lines()))
 
 
 @pytest.mark.parametrize("mesh, name", SIMULATED, ids=[f"{'x'.join(map(str, m))}-{n}" for m, n in SIMULATED])

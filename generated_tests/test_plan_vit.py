@@ -2,12 +2,13 @@
 # Edit specs/plans/vit.yaml and run `shardverify generate` (checked by `shardverify generate --check`).
 """End-to-end plans for 'zoo:vit' on 2 mesh(es): every rank
 runs the whole model sharded by the plan (strategies plus the resharding between nodes), forward
-and backward, against the single-device model; every tensor op has strategies."""
+and backward, against the single-device model; strict: every tensor op has strategies and the plan
+shards something."""
 
 import pytest
 
 from shardverify.plan.spec import GOALS, build_spec_model, spec_plan
-from shardverify.plan.verify import run_plan
+from shardverify.plan.verify import run_plan, strict_problems
 
 FACTORY = ''
 ZOO = 'vit'
@@ -34,8 +35,8 @@ def _check(backend, mesh, name):
     assert result.passed, result.summary()
     if isinstance(PLANS[name], str) and PLANS[name] in GOALS:   # a plan asked to shard must shard something
         assert not result.shards_nothing, result.summary()
-    if STRICT:
-        assert not coverage.fallbacks, "\n".join(coverage.lines())
+    if STRICT:   # what verify_plan(strict=True) and `shardverify plan --strict` refuse
+        assert not strict_problems(coverage), "\n".join((*strict_problems(coverage), *coverage.lines()))
 
 
 @pytest.mark.parametrize("mesh, name", SIMULATED, ids=[f"{'x'.join(map(str, m))}-{n}" for m, n in SIMULATED])

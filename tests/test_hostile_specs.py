@@ -462,7 +462,8 @@ def test_a_collective_implementation_is_read_not_imported(root, capsys, tmp_path
      "raised RuntimeError"),
     ("import torch\ndef make(width=4):\n    return torch.nn.Linear(width, width)\n", "{width: 120000}",
      "exceed the limit of 1073741824 (raise it with SHARDVERIFY_MAX_MODEL_BYTES=N)"),
-    ("import torch\ndef make(width=4):\n    return torch.nn.Linear(3, 4)\n", "{}", "must have same reduction dim"),
+    ("import torch\ndef make(width=4):\n    return torch.nn.Linear(3, 4)\n", "{}",
+     "does not fit Linear: its first layer (the model itself: Linear, which wants shape [..., 3])"),
 ])
 def test_a_failing_factory_is_one_line_naming_the_spec(tmp_path, monkeypatch, capsys, body, kwargs, needle):
     """Built only by `shardverify plan` (and the generated test): every failure is one line
@@ -473,7 +474,7 @@ def test_a_failing_factory_is_one_line_naming_the_spec(tmp_path, monkeypatch, ca
     code, text = run(capsys, "plan", str(path), "--backend", "simulated")
     assert code == 2, text
     assert needle in text and text.count("\n") == 1, text
-    if "reduction dim" not in needle:   # the model ran: the node that failed is named
+    if "does not fit" not in needle:   # the model was built: the input that does not fit is named instead
         assert "evil.yaml:3: field 'model.factory'" in text, text
 
 
@@ -524,7 +525,7 @@ def test_a_spec_problem_is_one_error_not_every_strategy_failing(root, capsys):
     ("", [], "the file is empty; expected a mapping"),
     ("- a\n- b\n", [], "expected a mapping, got a list"),
     ("name: [\n", [], "invalid YAML"),
-    (None, ["--input", "a,b"], "expected a shape of positive integers such as 2,2, got 'a,b'"),
+    (None, ["--input", "a,b"], "--input 'a,b': expected [NAME=][DTYPE][SHAPE][:LOW..HIGH]"),
     (None, ["--input", "8,32", "--mesh", "abc"], "got 'abc'"),
 ])
 def test_plan_command_bad_input_is_one_line_exit_2(tmp_path, capsys, text, argv, needle):

@@ -133,9 +133,13 @@ def test_unknown_capture_is_refused():
 
 @pytest.mark.parametrize("argv, message", [
     (["shardverify.plan.zoo.linear_chain", "--input", "8,32", "--mesh", "abc"], "got 'abc'"),
-    (["shardverify.plan.zoo.linear_chain", "--input", "a,b"], "got 'a,b'"),
+    (["shardverify.plan.zoo.linear_chain", "--input", "a,b"], "--input 'a,b': expected [NAME=][DTYPE][SHAPE]"),
     (["torch.nn.functional.relu", "--input", "4,4"], "TypeError: relu() missing"),
-    (["shardverify.plan.zoo.linear_chain", "--input", "8,31"], "a and b must have same reduction dim"),
+    # a wrong width names the input, its shape and what the first layer wanted (issue 47)
+    (["shardverify.plan.zoo.linear_chain", "--input", "8,31"],
+     "input 'x' (shape [8, 31], float32) does not fit LinearChain: its first layer 'fc1' (Linear, which wants "
+     "shape [..., 32])"),
+    (["shardverify.plan.zoo.linear_chain", "--input", "ids=int64[4,8]"], "an integer input needs its value range"),
 ])
 def test_plan_command_input_errors_are_one_line_with_status_2(capsys, argv, message):
     from shardverify.cli.main import main

@@ -21,13 +21,23 @@ __all__ = ["add_parser"]
 def add_parser(sub) -> None:
     parser = sub.add_parser("plan", help="plan a model on a mesh and verify the plan end to end",
                             description="SPEC is a specs/plans/*.yaml file, a model factory's dotted path "
-                                        "(then --input gives the input shapes), or zoo:NAME, a tiny HF "
-                                        "transformers model (gpt2, llama, bert, vit, resnet; the models extra) "
-                                        "with its own inputs, captured with torch.export.")
+                                        "(then --input gives the inputs, or the model's own example_inputs "
+                                        "attribute does), or zoo:NAME, a tiny HF transformers model (gpt2, llama, "
+                                        "bert, vit, resnet; the models extra) with its own inputs. A factory's "
+                                        "model is verified as the factory built it (its own weights, eval mode).")
     parser.add_argument("spec")
     parser.add_argument("--mesh", help="mesh shape, e.g. 2,2 (default: the spec's first)")
     parser.add_argument("--plan", help="YAML file: node name -> strategy name (default: the solver's plan)")
-    parser.add_argument("--input", action="append", default=[], help="input shape for a factory, e.g. 64,128")
+    parser.add_argument("--input", action="append", default=[], metavar="[NAME=][DTYPE][SHAPE][:LOW..HIGH]",
+                        help="an input of a factory's model, once per input: 64,128 (float32, by position); "
+                             "input_ids=int64[4,8]:0..128 (token ids below 128, passed as input_ids=); "
+                             "mask=bool[4,8]; x=float32[2,3]:-1..1")
+    parser.add_argument("--train", action="store_true",
+                        help="verify the model in training mode (default: eval mode; a model that draws random "
+                             "numbers in training mode, dropout, is refused)")
+    parser.add_argument("--redraw-weights", action="store_true",
+                        help="re-draw every parameter of a factory's model from randn * 0.2 (seeded) instead of "
+                             "keeping the factory's own initialisation")
     parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument of the factory, its value read as YAML (d_hidden=128, bias=false)")
     parser.add_argument("--backend", default="simulated", help="simulated | gloo | nccl | process")
@@ -40,15 +50,17 @@ def add_parser(sub) -> None:
     parser.add_argument("--data-parallel", action="store_true",
                         help="the solver's plan keeps every weight replicated and splits the batch (dim 0) of "
                              "every model input (data parallelism)")
-    parser.add_argument("--capture", choices=("fx", "export"),
-                        help="fx: torch.fx symbolic tracing (the default); export: torch.export's ATen graph, "
-                             "for models fx cannot trace (HF transformers; the default for zoo:NAME)")
+    parser.add_argument("--capture", choices=("auto", "fx", "export"),
+                        help="auto (the default for a factory): torch.fx symbolic tracing, torch.export's ATen "
+                             "graph when fx cannot trace the model (said in the report); fx; export (the default "
+                             "for zoo:NAME)")
     parser.add_argument("--timeout", type=parse_timeout, metavar="S",
                         help="seconds the check may take on the backend (default: the backend's; a model of "
                              "a hundred million parameters wants minutes)")
     parser.add_argument("--strict", action="store_true",
                         help="fail (exit 1) when a tensor op runs replicated for want of strategies "
-                             "(refused or without a handler), or when the plan shards nothing")
+                             "(refused or without a handler), or when the plan shards nothing (a plan spec's "
+                             "strict: true and verify_plan(strict=True) mean the same)")
     parser.add_argument("--verified-only", action="store_true",
                         help="serve only calls the op specs' grids verified (refuse the others) instead of "
                              "verifying a call outside its grid where it is met (the default; verdicts are "
@@ -73,13 +85,14 @@ def _shape(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from shardverify.plan.spec import build_spec_model, parse_plan_spec
     from shardverify.spec.loader import load_yaml
+    from shardverify.plan.inputs import parse_input
     from shardverify.plan.verify import describe_plan, verify_plan
 
     quiet_tracing()   # a model that fails to trace is reported in one line, not torch's printed traceback
     try:
         zoo = args.spec.startswith("zoo:")
-        capture = args.capture or ("export" if zoo else "fx")
-        spec_zoo = ""
+        capture = args.capture or ("export" if zoo else "auto")
+        spec_zoo, strict = "", args.strict
         if zoo:
             from shardverify.plan.hf_zoo import hf_model
 
@@ -88,14 +101,11 @@ def run(args: argparse.Namespace) -> int:
         elif args.spec.endswith((".yaml", ".yml")):
             spec = parse_plan_spec(load_yaml(args.spec))
             factory, kwargs, inputs, where = spec.factory, spec.kwargs, spec.inputs, dict(spec.where)["factory"]
-            spec_zoo, capture = spec.zoo, args.capture or spec.capture
+            spec_zoo, capture, strict = spec.zoo, args.capture or spec.capture, args.strict or spec.strict
             mesh = _shape(args.mesh) if args.mesh else spec.meshes[0]
         else:
             factory, kwargs = args.spec, _kwargs(args.kwarg)
-            if not args.input:
-                print(f"shardverify plan: {args.spec} is a factory; give its input shapes with --input", file=sys.stderr)
-                return USAGE
-            inputs = tuple((f"input_{i}", _shape(s)) for i, s in enumerate(args.input))
+            inputs = tuple(parse_input(text) for text in args.input)
             where = None
             mesh = _shape(args.mesh or "2,2")
         too_many = MAX_MESH_RANKS.exceeded(math.prod(mesh))
@@ -105,12 +115,16 @@ def run(args: argparse.Namespace) -> int:
         if args.plan:
             with open(args.plan) as handle:
                 plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
-        if not zoo:
-            module, example = build_spec_model(factory, kwargs, inputs, where=where, zoo=spec_zoo)
+        if zoo:
+            module.train(args.train)
+        else:
+            module, example = build_spec_model(factory, kwargs, inputs, where=where, zoo=spec_zoo,
+                                               redraw=args.redraw_weights, train=args.train)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
                              capture=capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights, data_parallel=args.data_parallel,
-                             timeout=args.timeout, verified_only=args.verified_only)
+                             timeout=args.timeout, strict=strict,
+                             verified_only=args.verified_only)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         if args.debug:
             raise
@@ -124,17 +138,17 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"shardverify plan: {describe_error(error)} (--debug shows the traceback)", file=sys.stderr)
         return USAGE
-    strict_failure = args.strict and (result.shards_nothing or bool(result.coverage and result.coverage.fallbacks))
+    strict_failure = result.strict and bool(result.strict_failures)
     if args.json:
         print(json.dumps({**result.to_json(), "strict_failure": strict_failure}, indent=2))
     else:
+        for note in result.notes:
+            print(f"note: {note}")
         print(describe_plan(result.plan, result.coverage))
         if result.coverage is not None:
             print("\n".join(result.coverage.lines()))
         print(f"verification on {result.backend}: {result.summary()}")
-        if strict_failure:
-            print("--strict: tensor ops ran without strategies or nothing was sharded (see coverage)")
-    return 0 if result.passed and not strict_failure else 1
+    return 0 if result.passed else 1
 
 
 def _kwargs(items: list[str]) -> tuple[tuple[str, object], ...]:

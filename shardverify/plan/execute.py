@@ -23,6 +23,8 @@ from torch import fx
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.capture.export import export_graph
 from shardverify.errors import InvalidArgument, VerificationError
+from shardverify.plan.blame import blame_owner, tapped_edges
+from shardverify.plan.compare import ATOL, RTOL, PlanMismatch, _cmp, _shard, precisions
 from shardverify.plan.graph import metadata_read, operand_layout, operand_producer, parameter_names
 from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
@@ -33,9 +35,9 @@ from shardverify.capture.uninitialised import uninitialised_nodes
 from shardverify.verify.engine import local_arguments
 from shardverify.capture.call import as_outputs, call_op, operand_nodes
 
-__all__ = ["CAPTURES", "ModelRecipe", "PlanMismatch", "rank_run_plan", "as_float64", "weights_only", "RTOL", "ATOL"]
+__all__ = ["CAPTURES", "ModelRecipe", "PlanMismatch", "rank_run_plan", "as_float64", "weights_only", "RTOL", "ATOL",
+           "loss_output"]
 
-RTOL, ATOL = 1e-7, 1e-9
 _TRACE_LOCK = threading.Lock()
 
 
@@ -92,20 +94,6 @@ def as_float64(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64) if x.is_floating_point() else x
 
 
-@dataclass(frozen=True)
-class PlanMismatch:
-    phase: str          # "forward" (a node's output), "backward" (a node's output gradient), "grad", "error"
-    order: int          # the node's position in the graph (for "grad": of the node using the tensor)
-    node: str
-    what: str
-    rank: int
-    max_abs_err: float = 0.0
-
-    def __str__(self) -> str:
-        err = f": max abs error {self.max_abs_err:.3g}" if self.phase != "error" else ""
-        return f"rank {self.rank}: {self.phase} {self.what} at node {self.node!r}{err}"
-
-
 def _traced(recipe: ModelRecipe) -> fx.GraphModule:
     module = _float64_copy(recipe.module)
     inputs = [as_float64(x) for x in recipe.inputs]
@@ -157,8 +145,19 @@ def reference_run(recipe: ModelRecipe):
     skipped = weights_only(gm) | uninitialised_nodes(gm)
 
     tensors: dict[str, torch.Tensor] = {}
+    edges = tapped_edges(gm, skipped)
+    taps: dict[tuple[str, str], torch.Tensor] = {}
 
     class Recorder(fx.Interpreter):
+        def fetch_args_kwargs_from_env(self, n):
+            def get(a):
+                value = self.env[a]
+                if (n.name, a.name) in edges and isinstance(value, torch.Tensor) and value.requires_grad:
+                    value = taps[(n.name, a.name)] = value.view_as(value)   # this user's term of a's gradient
+                    value.retain_grad()
+                return value
+            return fx.node.map_arg(n.args, get), fx.node.map_arg(n.kwargs, get)
+
         def run_node(self, n):
             out = super().run_node(n)
             if n.name in skipped:
@@ -172,10 +171,11 @@ def reference_run(recipe: ModelRecipe):
             return out
 
     initial = {name: b.clone() for name, b in gm.named_buffers()}   # batch norm's statistics move
-    out = Recorder(gm).run(*inputs)
-    out_t = out if isinstance(out, torch.Tensor) else out[0]
-    out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
-    grads = {name: v.grad for name, v in tensors.items() if v.grad is not None}
+    out_t = loss_output(Recorder(gm).run(*inputs))
+    if out_t is not None:
+        out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
+    grads: dict = {name: v.grad for name, v in tensors.items() if v.grad is not None}
+    grads.update({edge: v.grad for edge, v in taps.items() if v.grad is not None})   # (user, producer) -> term
     params = {name: p.grad for name, p in gm.named_parameters()}
     with torch.no_grad():       # the ranks start from the buffers the reference started from
         for name, b in gm.named_buffers():
@@ -208,43 +208,20 @@ def _snapshot(value: object) -> object:
     return value
 
 
-_CHUNK = 1 << 20
-
-
-def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, actual, expected) -> None:
-    if actual is None or expected is None:
-        if (actual is None) != (expected is None):
-            found.append(PlanMismatch(phase, order, node, what + " (gradient missing on one side)", rank))
-        return
-    if tuple(actual.shape) != tuple(expected.shape):
-        found.append(PlanMismatch(phase, order, node, f"{what} (shape {tuple(actual.shape)}, expected "
-                                  f"{tuple(expected.shape)})", rank, float("inf")))
-        return
-    with torch.no_grad():
-        # in chunks of a million elements, two temporaries each: comparing a whole weight at once
-        # held two float64 copies of it (GPT-2's tied embedding: 0.6 GB a rank)
-        got, want = actual.detach().reshape(-1), expected.detach().reshape(-1)
-        worst, bad = 0.0, False
-        for start in range(0, got.numel(), _CHUNK):
-            w = want[start:start + _CHUNK].double()      # no copy for float64; bool and int data as numbers
-            err = got[start:start + _CHUNK].double().sub(w).abs_()
-            bound = w.abs().mul_(RTOL).add_(ATOL)
-            if bool(err.gt(bound).any()):
-                bad, worst = True, max(worst, float(err.max()))
-        if bad:
-            found.append(PlanMismatch(phase, order, node, what, rank, worst))
+def loss_output(result) -> torch.Tensor | None:
+    """The model output backward starts from: its first floating output that needs a gradient
+    (a bool mask or integer ids beside it, or as the only output, are compared, never
+    differentiated); None when no output has a gradient."""
+    items = [result] if isinstance(result, torch.Tensor) else \
+        [t for t in (result.values() if isinstance(result, dict) else result) if isinstance(t, torch.Tensor)] \
+        if isinstance(result, (tuple, list, dict)) else []
+    return next((t for t in items if t.is_floating_point() and t.requires_grad), None)
 
 
 def _summed(comm, layout, value):
     """A partial local tensor summed over its partial axes (for comparison only)."""
     if isinstance(layout, Layout) and layout.partial and isinstance(value, torch.Tensor):
         return comm.all_reduce(value.detach().contiguous(), layout.partial, "sum")
-    return value
-
-
-def _shard(layout, value, mesh, rank):
-    if isinstance(layout, Layout) and isinstance(value, torch.Tensor):
-        return layout.spec.local_shard(value, mesh, rank)
     return value
 
 
@@ -264,10 +241,11 @@ def failed_node(message: str) -> tuple[str, int] | None:
 
 
 def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, on_node=None,
-                     unobserved: frozenset[str] = frozenset()):
+                     unobserved: frozenset[str] = frozenset(), taps: dict | None = None):
     """This rank's forward pass under ``plan``; ``on_node(order, node, out, layout)`` sees each
-    op node's local output but those of ``unobserved`` (whose gradients are not kept either).
-    Returns (env, layouts, param leaves, input leaves, result)."""
+    op node's local output but those of ``unobserved`` (whose gradients are not kept either);
+    ``taps``: (user, producer) edges whose value the user takes as a view of its own, its
+    gradient kept (filled in). Returns (env, layouts, param leaves, input leaves, result)."""
     mesh = comm.mesh
     by_name = {n.name: n for n in gm.graph.nodes}
     params = parameter_names(gm)
@@ -281,8 +259,12 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
         strategy = item.strategy
         steps = {(r.operand, r.producer): r.steps for r in item.reshards}
 
-        def fetch(operand: str, producer: fx.Node, value=None):
-            value = env[producer.name] if value is None else value
+        def fetch(operand: str, producer: fx.Node, value=None, node=node):
+            if value is None:
+                value = env[producer.name]
+                if taps is not None and (node.name, producer.name) in taps and value.requires_grad:
+                    value = taps[(node.name, producer.name)] = value.view_as(value)
+                    value.retain_grad()
             return apply_reshard(comm, steps.get((operand, producer.name), ()), value)
 
         if node.op == "placeholder" and len(input_leaves) == len(recipe.inputs):
@@ -330,19 +312,22 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
     gm, ref_values, ref_grads, ref_input_grads, ref_param_grads, unobserved = shared_reference(recipe)
     comm.barrier()
     found: list[PlanMismatch] = []
+    tolerances = precisions(gm)
+    back = tolerances.backward
 
     def check(order, node, out, layout):
         expected = ref_values[node.name]
         if isinstance(out, torch.Tensor):
             _cmp(found, "forward", order, node.name, "output", rank, _summed(comm, layout, out),
-             _shard(layout, expected, mesh, rank))
+                 _shard(layout, expected, mesh, rank), tolerances.of(node.name))
         elif isinstance(out, (tuple, list)):
             for i, (o, lay) in enumerate(zip(out, layout or [None] * len(out))):
                 if isinstance(o, torch.Tensor):
                     _cmp(found, "forward", order, node.name, f"output {i}", rank, o,
-                         _shard(lay, expected[i], mesh, rank))
+                         _shard(lay, expected[i], mesh, rank), tolerances.of(node.name))
 
-    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, unobserved)
+    taps: dict = dict.fromkeys(tapped_edges(gm, unobserved))
+    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, unobserved, taps)
     if found:
         return found   # backward would only repeat the forward divergence
     blamed = _weight_consumers(gm, plan)
@@ -354,9 +339,10 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
                          _shard(layout, expected, mesh, rank) if expected is not None else None)
         if leaf.requires_grad:
             leaf.register_post_accumulate_grad_hook(functools.partial(
-                _check_weight_grad, found, checked, rank, name, *weights[name]))
-    out_t = result if isinstance(result, torch.Tensor) else result[0]
-    out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
+                _check_weight_grad, found, checked, rank, back, name, *weights[name]))
+    out_t = loss_output(result)
+    if out_t is not None:
+        out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
     by_name = {n.name: n for n in gm.graph.nodes}
     for order, item in enumerate(plan.nodes):
         value = env.get(item.node)
@@ -364,22 +350,24 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
             continue   # a weight: its gradient is checked below, blamed on the op that reduces it
         if isinstance(value, torch.Tensor) and value.requires_grad and item.node in ref_grads:
             _cmp(found, "backward", order, item.node, "output gradient", rank, value.grad,
-                 _shard(layouts[item.node], ref_grads[item.node], mesh, rank))
-    for i, (leaf, expected) in enumerate(zip(input_leaves, ref_input_grads)):
-        _cmp(found, "grad", 0, plan.nodes[i].node, f"grad of input {plan.nodes[i].node}", rank, leaf.grad, expected)
+                 _shard(layouts[item.node], ref_grads[item.node], mesh, rank), back)
+    blame_owner(found, gm, plan, taps, layouts, ref_grads, comm, back)
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]   # export puts the weights first
+    for name, leaf, expected in zip(placeholders, input_leaves, ref_input_grads):
+        _cmp(found, "grad", 0, name, f"grad of input {name}", rank, leaf.grad, expected, back)
     for name, (leaf, *_) in leaves.items():
         if name not in checked:    # no gradient reached it (or none was wanted)
             order, node_name, expected = weights[name]
-            _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad, expected)
+            _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad, expected, back)
     return found
 
 
-def _check_weight_grad(found: list, checked: set, rank: int, name: str, order: int, node: str, expected,
-                       leaf: torch.Tensor) -> None:
+def _check_weight_grad(found: list, checked: set, rank: int, tolerance, name: str, order: int, node: str,
+                       expected, leaf: torch.Tensor) -> None:
     """Weight ``name``'s gradient compared as soon as backward has summed it (autograd accumulates
     a leaf once per backward, every use included), then freed: the ranks' gradients of a whole
     model are never all held at once, only the one being compared."""
-    _cmp(found, "grad", order, node, f"grad of {name}", rank, leaf.grad, expected)
+    _cmp(found, "grad", order, node, f"grad of {name}", rank, leaf.grad, expected, tolerance)
     checked.add(name)
     leaf.grad = None
 

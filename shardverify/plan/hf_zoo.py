@@ -1,9 +1,10 @@
 """Real models for whole-model plans: small builds of HF transformers' GPT-2, Llama, BERT, ViT and
 ResNet, random weights from a config (nothing is downloaded), and example inputs of the kind
 each takes (token ids, pixel values). The language models are just large enough (width 64, 16
-tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attention and the MLP:
-smaller, a collective costs more than the compute it saves and the cheapest plan shards nothing. They cannot be symbolically traced; capture them with
-``torch.export`` (``verify_plan(..., capture="export")``). Needs the ``models`` extra
+tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attention and the MLP,
+and ViT (width 64) that it shards something on (2,2) and (4,), so their specs' strict holds:
+smaller, a collective costs more than the compute it saves and the cheapest plan shards nothing.
+They cannot be symbolically traced: ``verify_plan``'s capture falls back to ``torch.export``. Needs the ``models`` extra
 (``pip install -e '.[models]'``: transformers, pinned).
 """
 
@@ -60,8 +61,8 @@ def bert() -> torch.nn.Module:
 
 def vit() -> torch.nn.Module:
     t = _transformers()
-    return t.ViTForImageClassification(t.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
-                                                   num_attention_heads=4, intermediate_size=64, num_labels=10,
+    return t.ViTForImageClassification(t.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
+                                                   num_attention_heads=4, intermediate_size=128, num_labels=10,
                                                    attn_implementation="sdpa"))
 
 

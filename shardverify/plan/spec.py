@@ -17,7 +17,7 @@
       replicated: {}                               # nodes left out take their replicated strategy
       megatron: {fc1: "RS01 = RR x RS01", fc2: "RR = RS01 x S01R"}   # one mesh only
     solver_beats: [replicated]                     # plans whose declared cost the solver's must beat
-    strict: true                                   # every tensor op has strategies (none falls back)
+    strict: true                                   # every tensor op has strategies and the plan shards something
 
 ``model: {zoo: gpt2}`` is a tiny HF transformers model of :mod:`shardverify.plan.hf_zoo` with its
 own example inputs (token ids, pixels), captured with torch.export. Every plan is verified end to
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardverify.plan.inputs import InputSpec, draw_inputs
 from shardverify.plan.model import PlanGoals
 from shardverify.spec.fields import Fields, as_factory, as_identifier, as_mesh, as_shape
 from shardverify.spec.limits import tensor_size_problems
@@ -69,7 +70,7 @@ class PlanSpec:
     where: tuple[tuple[str, Where], ...] = ()    # "factory" and each plan name -> its place in the file
     zoo: str = ""                                # a model of shardverify.plan.hf_zoo, its inputs its own
     capture: str = "fx"
-    strict: bool = False                         # every tensor op has strategies
+    strict: bool = False                         # every tensor op has strategies, and something is sharded
 
 
 def _error(where: Where | None, message: str) -> ShardVerifyError:
@@ -79,31 +80,52 @@ def _error(where: Where | None, message: str) -> ShardVerifyError:
 
 
 def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where | None = None, zoo: str = "",
-                     ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """The model (parameters drawn from ``seed``) and its example inputs. The factory is
-    imported and called only here, never when a spec is read (spec/trust.py's call_factory:
-    a model over its size limit is refused before anything is allocated); every failure is
-    one error naming ``where`` (the spec's factory field). A ``zoo`` model comes with its own
-    weights and inputs (:func:`shardverify.plan.hf_zoo.hf_model`)."""
+                     *, redraw: bool = False, train: bool = False):
+    """The model as its factory built it (its own initialisation, under ``torch.manual_seed(seed)``)
+    in eval mode (training mode with ``train``: a model that then draws random numbers, dropout,
+    is refused by the check), and its example inputs. ``redraw``: every parameter re-drawn from
+    the standard normal times 0.2 (seeded), for a factory whose own weights are all zeros or ones.
+    ``inputs``: (name, shape) pairs (float32, by position), :class:`~shardverify.plan.inputs.InputSpec`
+    (dtype, value range, by keyword when named), or empty: the model's own ``example_inputs``
+    attribute (a tensor, a tuple, a mapping of keyword inputs, or a function returning one),
+    which a factory sets. The factory is imported and called only here, never when a spec is read
+    (spec/trust.py's call_factory: a model over its size limit is refused before anything is
+    allocated); every failure is one error naming ``where`` (the spec's factory field). A
+    ``zoo`` model comes with its own weights and inputs (:func:`shardverify.plan.hf_zoo.hf_model`)."""
     if zoo:
         from shardverify.plan.hf_zoo import hf_model
 
         try:
-            return hf_model(zoo, seed)
+            module, example = hf_model(zoo, seed)
         except InvalidArgument as error:
             raise _error(where, str(error)) from None
-    problems = tensor_size_problems([(f"input {name!r}", tuple(shape)) for name, shape in inputs])
+        return module.train(train), example
+    specs = [spec if isinstance(spec, InputSpec) else InputSpec(spec[0], tuple(spec[1])) for spec in inputs]
+    problems = tensor_size_problems([(f"input {spec.name!r}", spec.shape) for spec in specs])
     if problems:
         raise _error(where, "; ".join(problems))
-    try:
-        module = call_factory(factory, dict(kwargs))
-    except InvalidArgument as error:
-        raise _error(where, str(error)) from error.__cause__   # the factory's own error, for --debug
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        try:
+            module = call_factory(factory, dict(kwargs))
+        except InvalidArgument as error:
+            raise _error(where, str(error)) from error.__cause__   # the factory's own error, for --debug
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    return module, tuple(torch.randn(shape, generator=gen) for _, shape in inputs)
+    if redraw:
+        with torch.no_grad():
+            for p in module.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    module.train(train)
+    if specs:
+        if any(isinstance(spec, InputSpec) for spec in inputs):
+            positional, keywords = draw_inputs(specs, gen)
+            return module, ((positional, keywords) if keywords else positional)
+        return module, tuple(torch.randn(spec.shape, generator=gen) for spec in specs)
+    own = getattr(module, "example_inputs", None)
+    if own is None:
+        raise _error(where, f"{factory} builds a {type(module).__name__} without example_inputs: give its inputs "
+                            "(--input, or the spec's 'inputs')")
+    return module, own() if callable(own) else own
 
 
 def spec_plan(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tuple[int, ...],

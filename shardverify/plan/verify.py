@@ -6,20 +6,22 @@ import gc
 
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from shardverify.errors import BackendError, InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
-from shardverify.plan.execute import ModelRecipe, PlanMismatch, _traced, as_float64, failed_node, rank_run_plan
+from shardverify.plan.capture_model import Captured, as_shardverify_error, capture_model
+from shardverify.plan.execute import ModelRecipe, PlanMismatch, as_float64, failed_node, rank_run_plan
+from shardverify.plan.inputs import with_keywords
 from shardverify.plan.build import build_plan
 from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
 from shardverify.plan.solver import solve_plan
 from shardverify.verify.on_demand import OnDemandVerifier
 
-__all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan"]
+__all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan", "strict_problems"]
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,18 @@ class PlanResult:
     backend: str
     mismatches: tuple[PlanMismatch, ...]
     coverage: Coverage | None = None
+    strict: bool = False            # a pass needs every tensor op handled and something sharded
+    notes: tuple[str, ...] = ()     # how the model was captured, when not as asked
 
     @property
     def passed(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and not (self.strict and self.strict_failures)
+
+    @property
+    def strict_failures(self) -> tuple[str, ...]:
+        """Why the plan is not a strict pass: ops that ran replicated for want of strategies, or
+        a plan that shards nothing (whether or not ``strict`` was asked)."""
+        return strict_problems(self.coverage)
 
     @property
     def shards_nothing(self) -> bool:
@@ -40,8 +50,10 @@ class PlanResult:
 
     def first_divergence(self) -> PlanMismatch | None:
         """The first node (graph order) whose output diverges in forward; else, in backward, the
-        last node whose output gradient diverges (the first the gradient reaches); else a grad."""
-        for phase, pick in (("forward", min), ("backward", max), ("grad", min), ("error", min)):
+        node that passes a wrong gradient back (the owner of the missing or wrong reduction:
+        :mod:`shardverify.plan.blame`); else the last node whose output gradient diverges (the
+        first the gradient reaches); else a grad."""
+        for phase, pick in (("forward", min), ("owner", max), ("backward", max), ("grad", min), ("error", min)):
             found = [m for m in self.mismatches if m.phase == phase]
             if found:
                 return pick(found, key=lambda m: m.order)
@@ -49,13 +61,16 @@ class PlanResult:
 
     def summary(self) -> str:
         first = self.first_divergence()
+        if first is None and self.strict and self.strict_failures:
+            return "FAIL (strict): " + "; ".join(self.strict_failures)
         if first is None:
             if self.shards_nothing:
                 return "PASS, but the plan shards nothing: no sharding was checked"
             fallbacks = len(self.coverage.fallbacks) if self.coverage is not None else 0
             return f"PASS ({fallbacks} tensor op(s) ran replicated without strategies)" if fallbacks else "PASS"
         item = self.plan.node(first.node) if first.phase != "error" else None
-        lines = [f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}"
+        lines = [f"FAIL: backward: node {first.node!r} is the first in backward order whose {first.what} diverges"
+                 if first.phase == "owner" else f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}"
                  + (f" (max abs error {first.max_abs_err:.3g})" if first.phase != "error" else "")]
         if item is not None:
             lines.append(f"  strategy: {node_label(item, self.coverage)}")
@@ -68,6 +83,7 @@ class PlanResult:
         first = self.first_divergence()
         return {
             "mesh": list(self.plan.mesh_shape), "backend": self.backend, "passed": self.passed,
+            "strict": self.strict, "strict_failures": list(self.strict_failures), "notes": list(self.notes),
             "cost": {"compute": self.plan.cost.compute, "communication": self.plan.cost.communication,
                      "resharding": self.plan.cost.resharding, "total": self.plan.cost.total,
                      "memory_bytes": self.plan.cost.memory},
@@ -80,6 +96,20 @@ class PlanResult:
             "coverage": None if self.coverage is None else self.coverage.to_json(),
             "mismatches": [str(m) for m in self.mismatches],
         }
+
+
+def strict_problems(coverage: Coverage | None) -> tuple[str, ...]:
+    """What strict refuses, the one definition the API, the plan spec and the CLI share: a tensor
+    op that ran replicated for want of strategies (refused, or without a handler), and a plan that
+    shards nothing (its pass checked no sharding)."""
+    if coverage is None:
+        return ()
+    found = []
+    if coverage.fallbacks:
+        found.append(f"{len(coverage.fallbacks)} tensor op(s) ran replicated without strategies (see coverage)")
+    if not coverage.sharded:
+        found.append("the plan shards nothing")
+    return tuple(found)
 
 
 def node_label(item, coverage: Coverage | None = None) -> str:
@@ -113,40 +143,53 @@ def _as_mesh(mesh) -> DeviceMesh:
     return mesh if isinstance(mesh, DeviceMesh) else DeviceMesh(tuple(mesh))
 
 
-def make_plan(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
+def make_plan(module: torch.nn.Module, example_inputs, mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-              flop_rate: float = FLOP_RATE, capture: str = "fx", goals: PlanGoals = PlanGoals(),
+              flop_rate: float = FLOP_RATE, capture: str = "auto", goals: PlanGoals = PlanGoals(),
               verified_only: bool = False) -> Plan:
     """The solver's plan (``plan=None``), or the user's ``{node: strategy name}`` completed."""
     return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
                               verified_only)[0]
 
 
-def plan_with_coverage(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh,
+def plan_with_coverage(module: torch.nn.Module, example_inputs, mesh,
                        plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-                       flop_rate: float = FLOP_RATE, capture: str = "fx",
+                       flop_rate: float = FLOP_RATE, capture: str = "auto",
                        goals: PlanGoals = PlanGoals(), verified_only: bool = False) -> tuple[Plan, Coverage]:
     """:func:`make_plan` and the account of the model's op nodes under it (from one capture).
     A call outside its spec's grid is verified where it is met (its strategies that pass are
     offered, the verdicts kept on disk), or refused with ``verified_only``."""
+    module, inputs = with_keywords(module, example_inputs)
+    return _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals, verified_only)[:2]
+
+
+def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
+             verified_only: bool = False) -> tuple[Plan, Coverage, Captured]:
     mesh = _as_mesh(mesh)
-    gm = _traced(ModelRecipe(module, tuple(example_inputs), capture=capture))
-    with (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
-        options, statuses = classify_nodes(gm, mesh, on_demand)
-    if not isinstance(plan, Plan):
-        plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
-            build_plan(gm, mesh, dict(plan), options, flop_rate)
+    captured = capture_model(module, tuple(inputs), capture)
+    gm = captured.graph
+    try:
+        with (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
+            options, statuses = classify_nodes(gm, mesh, on_demand)
+        if not isinstance(plan, Plan):
+            plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
+                build_plan(gm, mesh, dict(plan), options, flop_rate)
+    except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
+        raise as_shardverify_error(error, f"planning {type(module).__name__}") from error
     # the captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
     # export's state): collected now, not whenever the collector next runs, mid-check
+    captured = Captured(None, captured.capture, captured.note)  # type: ignore[arg-type]
     del gm, options
     gc.collect()
-    return plan, Coverage.of(statuses, plan, on_demand)
+    return plan, Coverage.of(statuses, plan, on_demand), captured
 
 
 def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
              timeout: float | None = None, *, capture: str = "fx", coverage: Coverage | None = None) -> PlanResult:
     if tuple(plan.mesh_shape) != tuple(backend.mesh.shape):
         raise InvalidArgument(f"plan is for mesh {plan.mesh_shape}, the backend's mesh is {backend.mesh.shape}")
+    if capture == "auto":   # the capture the plan was made on: fx if it traces the model, else export
+        capture = capture_model(module, tuple(example_inputs), capture).capture
     recipe = ModelRecipe(module, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed, capture)
     from shardverify.verify.engine import _backend_name
 
@@ -165,33 +208,41 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
 
 
 def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, backend: str | object = "simulated",
-                memory_limit: int | None = None, seed: int = 0, capture: str = "fx",
+                memory_limit: int | None = None, seed: int = 0, capture: str = "auto",
                 min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False,
-                timeout: float | None = None, verified_only: bool = False) -> PlanResult:
+                timeout: float | None = None, strict: bool = False,
+                verified_only: bool = False) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
-    the single-device model, forward and backward. ``capture``: ``"fx"`` (torch.fx symbolic
-    tracing, the torch-level graph) or ``"export"`` (torch.export's ATen graph, which models
-    that cannot be traced need). ``min_sharded``, ``shard_weights``, ``data_parallel``: what the
-    solver's plan must do besides costing least (:class:`~shardverify.plan.model.PlanGoals`).
+    the single-device model, forward and backward. ``example_inputs``: a tensor, a sequence of
+    them (by position), a mapping of keyword inputs (``{"decoder_input_ids": ...}``) or a
+    (positional, keyword) pair; integer and bool inputs keep their dtype. ``capture``: ``"auto"``
+    (torch.fx symbolic tracing, torch.export's ATen graph when fx cannot trace the model, said
+    in ``notes``), ``"fx"`` or ``"export"``. The model runs in the mode it is in; one that draws
+    random numbers (dropout in training mode) is refused before any strategy runs.
+    ``min_sharded``, ``shard_weights``, ``data_parallel``: what the solver's plan must do besides
+    costing least (:class:`~shardverify.plan.model.PlanGoals`). ``strict``: a pass also needs
+    every tensor op to have strategies and the plan to shard something (:func:`strict_problems`).
     ``timeout``: seconds the check may take on the backend (its default when None; a model of a
     hundred million parameters wants minutes). The result counts the nodes that ran without
     strategies. A call outside its spec's grid is verified where it is met (the coverage counts
-    them, with any strategy found wrong there); ``verified_only`` refuses it instead."""
+    them, with any strategy found wrong there); ``verified_only`` refuses it instead. Every error
+    but a verification failure is a ShardVerifyError."""
     from shardverify.backends import get_backend
 
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
+    model, inputs = with_keywords(model, example_inputs)
     mesh = _as_mesh(mesh)
     goals = PlanGoals(min_sharded, shard_weights, data_parallel)
-    chosen, coverage = plan_with_coverage(model, example_inputs, mesh, plan, memory_limit, capture=capture,
-                                          goals=goals, verified_only=verified_only)
+    chosen, coverage, captured = _planned(model, inputs, mesh, plan, memory_limit, FLOP_RATE, capture, goals,
+                                         verified_only)
+    notes = (captured.note,) if captured.note else ()
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:
-            return run_plan(runner, model, example_inputs, chosen, seed, timeout, capture=capture, coverage=coverage)
+            result = run_plan(runner, model, inputs, chosen, seed, timeout, capture=captured.capture,
+                              coverage=coverage)
         finally:
             runner.close()
-    return run_plan(backend, model, example_inputs, chosen, seed, timeout, capture=capture, coverage=coverage)
-
-
+    else:
+        result = run_plan(backend, model, inputs, chosen, seed, timeout, capture=captured.capture, coverage=coverage)
+    return replace(result, strict=strict, notes=notes)
