@@ -41,7 +41,7 @@ from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
-from shardverify.spec.trust import call_factory
+from shardverify.spec.allow import call_factory, project_of
 
 __all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "spec_plan", "SOLVER", "GOALS",
            "Where"]
@@ -81,7 +81,8 @@ def _error(where: Where | None, message: str) -> ShardVerifyError:
 def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where | None = None, zoo: str = "",
                      ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """The model (parameters drawn from ``seed``) and its example inputs. The factory is
-    imported and called only here, never when a spec is read (spec/trust.py's call_factory:
+    imported and called only here, never when a spec is read, and only as spec/allow.py allows (a
+    function of the spec's project, a torch.nn.Module class, a zoo's; spec/allow.py's call_factory:
     a model over its size limit is refused before anything is allocated); every failure is
     one error naming ``where`` (the spec's factory field). A ``zoo`` model comes with its own
     weights and inputs (:func:`shardverify.plan.hf_zoo.hf_model`)."""
@@ -96,7 +97,7 @@ def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where |
     if problems:
         raise _error(where, "; ".join(problems))
     try:
-        module = call_factory(factory, dict(kwargs))
+        module = call_factory(factory, dict(kwargs), project_of(where[0] if where else None))
     except InvalidArgument as error:
         raise _error(where, str(error)) from error.__cause__   # the factory's own error, for --debug
     gen = torch.Generator().manual_seed(seed)
