@@ -97,6 +97,8 @@ def test_a_target_under_a_main_module_is_not_imported():
     assert "torch.utils.model_dump.__main__" not in sys.modules
     with pytest.raises(Exception, match="does not resolve"):
         resolve_target(Node("torch.utils.model_dump.__main__.main", "specs/evil.yaml", 3, "targets[0]"))
+    with pytest.raises(Exception, match="has no attribute 'model_dump'"):   # not imported by its name either
+        resolve_target(Node("torch.utils.model_dump.burn", "specs/evil.yaml", 3, "targets[0]"))
     assert "torch.utils.model_dump.__main__" not in sys.modules
     assert "torch.utils.model_dump" not in sys.modules
 

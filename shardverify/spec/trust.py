@@ -7,8 +7,11 @@ runs `generate --check` on every submitted spec. So:
   ``torch.nn.functional.*``, ``torch.special.*``, ``torch.linalg.*``, ``torch.fft.*``), a
   ``torch.Tensor`` method, a ``torch.nn`` module class, or an overload of ``torch.ops``;
   never a serialization, file, process or network function (``torch.save``, ``torch.load``,
-  ``aten.from_file``, ``torch.os.system``). Modules the user lists in
-  ``SHARDVERIFY_TRUSTED_TARGETS`` (a setting of the machine, never of a spec) are allowed too.
+  ``aten.from_file``, ``torch.os.system``), never one of torch's settings (``torch.set_num_threads``:
+  a builtin with no ATen op of its name). A name under torch is reached by attribute, so no
+  module is imported by its name (names.resolve_torch). What the user lists in
+  ``SHARDVERIFY_TRUSTED_TARGETS`` (a setting of the machine, never of a spec) is allowed too,
+  matched as an object (:func:`trusted_object`), never by the path a spec reached it by.
 * a factory or implementation (plan, model and collective specs) is found by reading its
   module's source: :func:`find_definition` locates the module file without importing it (or
   uses the module already imported) and checks the name is a top-level ``def`` or ``class``.
