@@ -134,7 +134,8 @@ def test_unknown_capture_is_refused():
 @pytest.mark.parametrize("argv, message", [
     (["shardverify.plan.zoo.linear_chain", "--input", "8,32", "--mesh", "abc"], "got 'abc'"),
     (["shardverify.plan.zoo.linear_chain", "--input", "a,b"], "--input 'a,b': expected [NAME=][DTYPE][SHAPE]"),
-    (["torch.nn.functional.relu", "--input", "4,4"], "TypeError: relu() missing"),
+    (["torch.nn.Linear", "--input", "4,4"], "TypeError: Linear.__init__() missing"),
+    (["torch.nn.functional.relu", "--input", "4,4"], "defined in 'torch.nn.functional', outside the project"),
     # a wrong width names the input, its shape and what the first layer wanted (issue 47)
     (["shardverify.plan.zoo.linear_chain", "--input", "8,31"],
      "input 'x' (shape [8, 31], float32) does not fit LinearChain: its first layer 'fc1' (Linear, which wants "
@@ -152,9 +153,9 @@ def test_plan_command_input_errors_are_one_line_with_status_2(capsys, argv, mess
 def test_plan_command_debug_shows_the_error_itself():
     from shardverify.cli.main import main
 
-    with pytest.raises(ShardVerifyError, match="relu") as info:   # the factory's own error is its cause
-        main(["plan", "torch.nn.functional.relu", "--input", "4,4", "--debug"])
-    assert isinstance(info.value.__cause__, TypeError) and "relu" in str(info.value.__cause__)
+    with pytest.raises(ShardVerifyError, match="in_features") as info:   # the factory's own error is its cause
+        main(["plan", "torch.nn.Linear", "--input", "4,4", "--debug"])
+    assert isinstance(info.value.__cause__, TypeError) and "in_features" in str(info.value.__cause__)
 
 
 def test_plan_command_passes_factory_keyword_arguments(capsys):

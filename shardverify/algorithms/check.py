@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 
 from shardverify.algorithms.references import Reference, get_reference
-from shardverify.errors import CollectiveError
-from shardverify.spec.names import UnresolvedName, resolve_dotted
-from shardverify.spec.trust import callable_refusal
+from shardverify.errors import CollectiveError, InvalidArgument
+from shardverify.spec.names import UnresolvedName
+from shardverify.spec.allow import project_of, resolve_allowed
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
 
@@ -87,11 +87,10 @@ class CollectiveReport:
 
 def resolve_implementation(dotted: str) -> Callable:
     """The callable ``package.module.function`` names (a LookupError when it names none)."""
-    obj = resolve_dotted(dotted)
-    refusal = callable_refusal(dotted, obj)
-    if refusal:
-        raise UnresolvedName(refusal)
-    return obj  # type: ignore[return-value]
+    try:   # only what spec/allow.py allows, judged before the import and again on the object
+        return resolve_allowed(dotted, project_of(None))  # type: ignore[return-value]
+    except InvalidArgument as error:
+        raise UnresolvedName(str(error)) from None
 
 
 def _generator(case: CollectiveCase, rank: int, salt: int) -> torch.Generator:

@@ -37,6 +37,7 @@ from shardverify.spec.fields import (Fields, as_dtype, as_identifier, as_mesh, a
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.limits import MAX_MESH_RANKS
 from shardverify.spec.loader import Node
+from shardverify.spec.allow import name_refusal, project_of
 from shardverify.spec.trust import find_definition
 from shardverify.errors import InvalidArgument
 from shardverify.codegen.render import Renderer
@@ -135,8 +136,11 @@ def _implementation(node: Node) -> str:
         raise node.error(f"expected a dotted name 'package.module.function', got {name!r}")
     try:   # read from its module's source, not imported: a spec that is read runs nothing
         definition = find_definition(name)
+        refusal = name_refusal(name, project_of(node.file))   # and only what may run (spec/allow.py)
     except InvalidArgument as exc:
         raise node.error(f"implementation: {exc}") from None
+    if refusal:
+        raise node.error(f"implementation: {refusal}")
     if definition.kind != "function":
         raise node.error(f"implementation {name!r} is a class; expected a function fn(comm, t, axes, ...)")
     return name

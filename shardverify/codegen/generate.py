@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardverify.spec.allow import reading
 from shardverify.codegen.kinds import KIND_MODULES, SpecKind, spec_kinds
 from shardverify.spec.loader import load_yaml
 from shardverify.codegen.render import Renderer
@@ -189,7 +190,8 @@ def _parse_all(sources: list[SpecSource]) -> tuple[list[tuple[SpecSource, object
             if not _SPEC_PATH.match(source.display):
                 raise SpecError("the spec path (written into generated headers) may only use letters, "
                                 "digits, '_', '.', '-' and '/'", file=repr(source.display[:120]))
-            parsed.append((source, source.kind.parse(load_yaml(source.path, display=source.display))))
+            with reading(source.display, source.path):   # the spec's project: where its factories may lie
+                parsed.append((source, source.kind.parse(load_yaml(source.path, display=source.display))))
         except SpecError as exc:
             errors.append(exc)
         except RecursionError:
@@ -242,10 +244,10 @@ def _target_identity(name: str) -> object:
     """What the handler registry keys a target by (so torch.nn.Linear and its full module
     path, or two names of one function, count as the same target)."""
     from shardverify.strategies.handlers.base import target_key
-    from shardverify.spec.names import resolve_dotted
+    from shardverify.spec.fields import lookup
 
     try:
-        return target_key(resolve_dotted(name))
+        return target_key(lookup(name))   # by attribute under torch: reading specs imports nothing
     except (LookupError, TypeError):
         return name
 

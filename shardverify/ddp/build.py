@@ -13,7 +13,8 @@ from torch import nn
 from shardverify.ddp.plan import LayerDecl, ModelDecl, ModelPlan, OptimizerDecl
 from shardverify.errors import InvalidArgument
 from shardverify.spec.names import resolve_dotted
-from shardverify.spec.trust import build_checked, call_factory
+from shardverify.spec.allow import call_factory, project_of
+from shardverify.spec.trust import build_checked
 
 __all__ = ["build_model", "make_batch", "per_sample_loss", "elements_per_sample",
            "build_optimizer"]
@@ -35,7 +36,8 @@ def build_model(decl: ModelDecl) -> nn.Module:
     if decl.factory is None:
         return build_checked(lambda: nn.Sequential(*(_build_layer(layer) for layer in decl.layers)),
                              "the model's layers")
-    return call_factory(decl.factory, dict(decl.factory_kwargs))
+    spec_file = decl.where.split(":")[0] if decl.where else None   # the project whose code may be called
+    return call_factory(decl.factory, dict(decl.factory_kwargs), project_of(spec_file))
 
 
 def make_batch(plan: ModelPlan, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor | None]:

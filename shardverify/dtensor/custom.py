@@ -21,6 +21,7 @@ strategy exists is decided numerically from the op itself, with no rule of shard
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import itertools
 import sys
 import time
@@ -87,7 +88,37 @@ def load_custom(path: Path) -> CustomSpec:
     return CustomSpec(str(op.value), str(module.value), tuple(inputs), tuple(cases), meshes, Path(path).parent)
 
 
+def _module_refusal(spec: CustomSpec) -> str:
+    """"" when the module the spec names is a Python file in the spec's own folder (tree),
+    found without importing it; otherwise why it is not imported. Only the spec's own module
+    runs: ``import: pydoc`` or ``import: antigravity`` (stdlib, whose import has effects) never."""
+    folder = spec.folder.resolve()
+    parts = spec.module.split(".")
+    if not all(part.isidentifier() for part in parts) or "__main__" in parts:
+        return f"{spec.module!r} is not a dotted module name"
+    loaded = sys.modules.get(spec.module)
+    if loaded is not None:
+        where = getattr(loaded, "__file__", None)
+        return "" if where and Path(where).resolve().is_relative_to(folder) else \
+            f"{spec.module!r} is already imported from {where or 'no file'}, not from the spec's folder {folder}"
+    locations: list[str] = [str(folder)]
+    found = None
+    for depth in range(1, len(parts) + 1):
+        found = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), locations)
+        if found is None:
+            return f"{spec.module!r} is no Python module in the spec's folder {folder}: only the spec's own module is imported"
+        locations = list(found.submodule_search_locations or [])
+    origin = getattr(found, "origin", None)
+    if not origin or not Path(origin).resolve().is_relative_to(folder):
+        return f"{spec.module!r} lies outside the spec's folder {folder}"
+    return ""
+
+
 def _import(spec: CustomSpec) -> None:
+    """The spec's module imported (it registers the op and its rule), only from the spec's folder."""
+    refusal = _module_refusal(spec)
+    if refusal:
+        raise SpecError(f"custom op {spec.name}: {refusal}")
     sys.path.insert(0, str(spec.folder.resolve()))
     try:
         importlib.import_module(spec.module)

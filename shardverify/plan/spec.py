@@ -42,7 +42,7 @@ from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
 from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
-from shardverify.spec.trust import call_factory
+from shardverify.spec.allow import call_factory, project_of
 
 __all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "spec_plan", "SOLVER", "GOALS",
            "Where"]
@@ -89,7 +89,8 @@ def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where |
     (dtype, value range, by keyword when named), or empty: the model's own ``example_inputs``
     attribute (a tensor, a tuple, a mapping of keyword inputs, or a function returning one),
     which a factory sets. The factory is imported and called only here, never when a spec is read
-    (spec/trust.py's call_factory: a model over its size limit is refused before anything is
+    (spec/allow.py's call_factory, only as it allows: a function of the spec's
+    project, a torch.nn.Module class, a zoo's; a model over its size limit is refused before anything is
     allocated); every failure is one error naming ``where`` (the spec's factory field). A
     ``zoo`` model comes with its own weights and inputs (:func:`shardverify.plan.hf_zoo.hf_model`)."""
     if zoo:
@@ -107,7 +108,7 @@ def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where |
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         try:
-            module = call_factory(factory, dict(kwargs))
+            module = call_factory(factory, dict(kwargs), project_of(where[0] if where else None))
         except InvalidArgument as error:
             raise _error(where, str(error)) from error.__cause__   # the factory's own error, for --debug
     gen = torch.Generator().manual_seed(seed)

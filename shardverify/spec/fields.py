@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, SpecError
 from shardverify.spec.limits import MAX_MESH_RANKS
-from shardverify.spec.names import resolve_dotted
+from shardverify.spec.names import resolve_dotted, resolve_torch
 from shardverify.spec.trust import TRUSTED_ENV, find_definition, op_target_refusal, trusted_modules, under
 
 if TYPE_CHECKING:
@@ -205,16 +205,21 @@ _ATEN_UNDERSCORED = re.compile(r"torch\.ops\.aten\._[a-z][a-z0-9_]*\.[A-Za-z][A-
 
 
 def lookup(dotted: str) -> Any:
-    """Resolve a dotted name (the shared resolver; raises a LookupError)."""
+    """Resolve a target's dotted name while a spec is read (raises a LookupError): one under torch
+    by attribute from torch, importing no module by its name (names.resolve_torch); another only
+    where the machine trusts it (resolve_target checked), importing it as the machine asked."""
+    if isinstance(dotted, str) and dotted.split(".")[0] == "torch":
+        return resolve_torch(dotted)
     return resolve_dotted(dotted)
 
 
 def resolve_target(node: Node) -> str:
     """A dotted name under `torch` that names a real callable or class; returns the name.
 
-    Only `torch.*` is resolved (importing arbitrary modules named by a spec would run their
-    code), only tensor ops are accepted (spec/trust.py: no file, process or network function)
-    and private names are refused (they are not a stable surface to verify)."""
+    Only `torch.*` is resolved, by attribute (importing a module named by a spec would run its
+    code), and modules the machine trusts; only tensor ops are accepted (spec/trust.py: no file,
+    process or network function, no setting; a trusted one matched by object) and private names
+    are refused (they are not a stable surface to verify)."""
     check_type(node, str)
     name = str(node.value)
     if len(name) > 200 or not (_DOTTED.match(name) or _ATEN_UNDERSCORED.match(name)):
@@ -240,13 +245,19 @@ def resolve_target(node: Node) -> str:
 
 def as_factory(node: Node, kwargs_node: Node | None, kwargs: dict[str, object]) -> str:
     """A factory's dotted name (plan and model specs), found in its module's source without
-    importing or calling anything (spec/trust.py), the spec's keyword arguments bound to its
-    parameters; errors name the factory's or the kwargs' line."""
+    importing or calling anything (spec/trust.py) and allowed by spec/allow.py's rule (the
+    spec's project, a torch.nn.Module class, a zoo, a trusted module), the spec's keyword
+    arguments bound to its parameters; errors name the factory's or the kwargs' line."""
     name = str(node.value)
+    from shardverify.spec.allow import name_refusal, project_of
+
     try:
         definition = find_definition(name)
+        refusal = name_refusal(name, project_of(node.file))
     except InvalidArgument as error:
         raise node.error(f"factory: {error}") from None
+    if refusal:
+        raise node.error(f"factory: {refusal}")
     if definition.signature is not None:
         try:
             definition.signature.bind(**kwargs)

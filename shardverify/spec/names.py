@@ -8,7 +8,7 @@ import importlib
 
 from shardverify.errors import InvalidArgument
 
-__all__ = ["UnresolvedName", "resolve_dotted", "MAX_NAME_CHARS"]
+__all__ = ["UnresolvedName", "resolve_dotted", "resolve_torch", "MAX_NAME_CHARS"]
 
 #: Longest dotted name accepted (no real module path comes near it).
 MAX_NAME_CHARS = 200
@@ -49,3 +49,25 @@ def resolve_dotted(name: str) -> object:
             obj = getattr(obj, attr)
         return obj
     raise UnresolvedName(f"{name!r} does not name an importable object")
+
+
+def resolve_torch(name: str) -> object:
+    """The object a name under ``torch`` names, reached by attribute from the imported torch:
+    no module is imported by its name, so a name under a module torch does not itself import
+    (``torch.utils.model_dump.__main__``, whose import runs a command line) names nothing.
+    A lazy attribute of torch's own packages may load one of them; nothing outside torch runs."""
+    import torch
+
+    parts = name.split(".") if isinstance(name, str) else []
+    if not parts or parts[0] != "torch" or any(not p.isidentifier() for p in parts) or len(name) > MAX_NAME_CHARS:
+        raise UnresolvedName(f"expected a dotted name under 'torch' such as 'torch.sum', got {name!r}")
+    if "__main__" in parts:
+        raise UnresolvedName(f"{name!r} names a module's __main__, a command line, not an op")
+    obj: object = torch
+    for index, attr in enumerate(parts[1:], start=1):
+        try:
+            obj = getattr(obj, attr)
+        except Exception:  # noqa: BLE001 - AttributeError, or a lazy attribute that failed to load
+            raise UnresolvedName(f"{name!r} does not resolve: {'.'.join(parts[:index])!r} has no attribute "
+                                 f"{attr!r} (a module torch does not import is never imported for a spec)") from None
+    return obj

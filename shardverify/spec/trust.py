@@ -7,13 +7,15 @@ runs `generate --check` on every submitted spec. So:
   ``torch.nn.functional.*``, ``torch.special.*``, ``torch.linalg.*``, ``torch.fft.*``), a
   ``torch.Tensor`` method, a ``torch.nn`` module class, or an overload of ``torch.ops``;
   never a serialization, file, process or network function (``torch.save``, ``torch.load``,
-  ``aten.from_file``, ``torch.os.system``). Modules the user lists in
-  ``SHARDVERIFY_TRUSTED_TARGETS`` (a setting of the machine, never of a spec) are allowed too.
+  ``aten.from_file``, ``torch.os.system``), never one of torch's settings (``torch.set_num_threads``:
+  a builtin with no ATen op of its name). A name under torch is reached by attribute, so no
+  module is imported by its name (names.resolve_torch). What the user lists in
+  ``SHARDVERIFY_TRUSTED_TARGETS`` (a setting of the machine, never of a spec) is allowed too,
+  matched as an object (:func:`trusted_object`), never by the path a spec reached it by.
 * a factory or implementation (plan, model and collective specs) is found by reading its
   module's source: :func:`find_definition` locates the module file without importing it (or
   uses the module already imported) and checks the name is a top-level ``def`` or ``class``.
-  The commands and tests that verify a spec import and call it, and :func:`callable_refusal`
-  checks the object they get.
+  The commands and tests that verify a spec import and call it only as spec/allow.py allows.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
 from shardverify.spec.limits import MAX_MODEL_BYTES
-from shardverify.spec.names import resolve_dotted
+from shardverify.spec.names import UnresolvedName, resolve_dotted, resolve_torch
 
-__all__ = ["TRUSTED_ENV", "DENIED_MODULES", "trusted_modules", "under", "op_target_refusal", "Definition",
-           "find_definition", "callable_refusal", "call_factory", "build_checked"]
+__all__ = ["TRUSTED_ENV", "DENIED_MODULES", "trusted_modules", "trusted_object", "under", "op_target_refusal",
+           "Definition", "find_definition", "callable_refusal", "build_checked"]
 
 TRUSTED_ENV = "SHARDVERIFY_TRUSTED_TARGETS"
 
@@ -72,6 +74,32 @@ def trusted_modules() -> tuple[str, ...]:
     return names
 
 
+def trusted_object(obj: object) -> bool:
+    """Whether the machine trusts ``obj``: matched as an object, never by the path a spec reached
+    it by. An entry of :data:`TRUSTED_ENV` is resolved to what it names (one under torch by
+    attribute, importing nothing; one of the user's by importing it, as the machine asked) and
+    trusts that object, and every function or class *defined* in it when it is a module:
+    trusting ``torch.nn`` does not trust ``torch.nn.functional.torch.save`` (defined in
+    torch.serialization). A user's module is imported only where ``obj`` is defined under it."""
+    defined_in = getattr(obj, "__module__", None)
+    defined_in = defined_in if isinstance(defined_in, str) else ""
+    for name in trusted_modules():
+        if name.split(".")[0] != "torch" and not under(defined_in, (name.split(".")[0],)):
+            continue   # cannot be where obj is defined: left unimported
+        try:
+            entry = resolve_torch(name) if name.split(".")[0] == "torch" else resolve_dotted(name)
+        except UnresolvedName as error:
+            raise InvalidArgument(f"{TRUSTED_ENV}: {error}") from None
+        if obj is entry:
+            return True
+        if isinstance(entry, types.ModuleType) and under(defined_in, (entry.__name__,)):
+            return True
+        if isinstance(entry, type) and defined_in == entry.__module__ and \
+                getattr(obj, "__qualname__", "").startswith(f"{entry.__qualname__}."):
+            return True
+    return False
+
+
 def _denied_root(name: str) -> str:
     return next(m for m in DENIED_MODULES if name == m or name.startswith(f"{m}."))
 
@@ -94,7 +122,7 @@ def op_target_refusal(name: str, obj: object) -> str:
     (``torch.functional.torch.sum`` is ``torch.sum``)."""
     import torch
 
-    if under(name, trusted_modules()):
+    if trusted_object(obj):
         return ""
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         argument = _file_argument(obj)
@@ -108,6 +136,8 @@ def op_target_refusal(name: str, obj: object) -> str:
         if isinstance(obj, types.FunctionType) and module == "torch":
             return f"{name!r} is one of torch's settings or tools, not a tensor op"   # torch.compile, set_default_*
         aten = getattr(torch.ops.aten, obj.__name__, None) if isinstance(obj, types.BuiltinFunctionType) else None
+        if isinstance(obj, types.BuiltinFunctionType) and not isinstance(aten, torch._ops.OpOverloadPacket):
+            return f"{name!r} is one of torch's settings or tools (no ATen op of that name), not a tensor op"
         argument = _file_argument(aten) if aten is not None else ""
         return f"{name!r} takes a file name ({argument!r}): it reads or writes files" if argument else ""
     where = f" (defined in {module})" if module else ""
@@ -242,20 +272,6 @@ def callable_refusal(name: str, obj: object) -> str:
     if not isinstance(obj, (type, types.FunctionType)):
         return f"{name!r} is a {type(obj).__name__}, not a Python function or class"
     return ""
-
-
-def call_factory(name: str, kwargs: dict[str, object]):
-    """The ``torch.nn.Module`` the factory ``name`` builds from ``kwargs``: the one way a spec's
-    factory is called (by the commands and tests that verify it, never when it is read). The
-    factory must pass :func:`callable_refusal`; see :func:`build_checked`."""
-    try:
-        make = resolve_dotted(name)
-    except LookupError as error:
-        raise InvalidArgument(f"factory {name!r}: {error}") from None
-    refusal = callable_refusal(name, make)
-    if refusal:
-        raise InvalidArgument(f"factory {refusal}")
-    return build_checked(lambda: make(**kwargs), f"factory {name}(**{kwargs!r})")  # type: ignore[operator]
 
 
 def build_checked(build, what: str):
