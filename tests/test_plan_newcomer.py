@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -61,6 +63,8 @@ def factories(tmp_path, monkeypatch):
     pytest.importorskip("transformers", reason="needs the models extra: pip install -e '.[models]'")
     (tmp_path / "newcomer_models.py").write_text(FACTORIES)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)       # a newcomer runs shardverify from their project's folder
+    monkeypatch.delitem(sys.modules, "newcomer_models", raising=False)   # an earlier test's folder's module
     return "newcomer_models"
 
 
