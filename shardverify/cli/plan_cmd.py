@@ -10,10 +10,10 @@ import sys
 import yaml
 
 from shardverify.cli import USAGE
-from shardverify.cli.verify_cmd import parse_timeout
+from shardverify.cli.verify_cmd import parse_positive_int, parse_timeout
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
 from shardverify.errors import ShardVerifyError
-from shardverify.spec.limits import MAX_MESH_RANKS
+from shardverify.spec.limits import mesh_problem
 
 __all__ = ["add_parser"]
 
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument of the factory, its value read as YAML (d_hidden=128, bias=false)")
     parser.add_argument("--backend", default="simulated", help="simulated | gloo | nccl | process")
-    parser.add_argument("--memory-limit", type=int, help="bytes per device for the solver")
+    parser.add_argument("--memory-limit", type=parse_positive_int, help="bytes per device for the solver")
     parser.add_argument("--min-sharded", type=int, default=0, metavar="N",
                         help="the solver's plan shards at least N nodes (on a small model the cheapest plan "
                              "is often all replicated, which checks no sharding)")
@@ -94,13 +94,12 @@ def run(args: argparse.Namespace) -> int:
             inputs = tuple((f"input_{i}", _shape(s)) for i, s in enumerate(args.input))
             where = None
             mesh = _shape(args.mesh or "2,2")
-        too_many = MAX_MESH_RANKS.exceeded(math.prod(mesh))
+        too_many = mesh_problem(mesh)
         if too_many:
             raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")
         plan = None
         if args.plan:
-            with open(args.plan) as handle:
-                plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
+            plan = _read_plan(args.plan)
         if not zoo:
             module, example = build_spec_model(factory, kwargs, inputs, where=where, zoo=spec_zoo)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
@@ -131,6 +130,21 @@ def run(args: argparse.Namespace) -> int:
         if strict_failure:
             print("--strict: tensor ops ran without strategies or nothing was sharded (see coverage)")
     return 0 if result.passed and not strict_failure else 1
+
+
+def _read_plan(path: str) -> dict[str, str]:
+    """A --plan file (node name -> strategy name) read as strictly as a spec: the one spec reader
+    (regular files only, size-limited, errors at file:line)."""
+    from shardverify.spec.fields import check_type
+    from shardverify.spec.loader import load_yaml
+
+    root = load_yaml(path)
+    check_type(root, dict)
+    plan = {}
+    for name, node in root.value.items():  # type: ignore[union-attr]
+        check_type(node, str)
+        plan[name] = node.value
+    return plan  # type: ignore[return-value]
 
 
 def _kwargs(items: list[str]) -> tuple[tuple[str, object], ...]:

@@ -165,11 +165,11 @@ def describe_error(exc: BaseException) -> str:
 def _backend_for(backends: dict, kind: str, mesh: tuple[int, ...], device: str | None, timeout: float):
     """The backend of a mesh, built once; a mesh that is too big, or a backend that cannot be
     built, fails every row on that mesh with the same error (and the run goes on)."""
-    from shardverify.spec.limits import MAX_MESH_RANKS
+    from shardverify.spec.limits import mesh_problem
 
     if mesh not in backends:
         backends[mesh] = None
-        too_big = MAX_MESH_RANKS.exceeded(math.prod(mesh))
+        too_big = mesh_problem(mesh)
         if too_big:
             raise ShardVerifyError(f"mesh {list(mesh)}: {too_big}")
         backends[mesh] = make_backend(kind, mesh, device, timeout)
