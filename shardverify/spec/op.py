@@ -156,6 +156,8 @@ def _check_option_refs(node: Node, params: set[str], roles: set[str]) -> None:
                 continue
             items = child.value if isinstance(child.value, list) else [child]
             for item in items:
+                if not isinstance(item.value, str):
+                    raise item.error(f"option '{key}' must name a {what} (a string), got {describe(item)}")
                 if item.value not in declared:
                     raise item.error(f"option '{key}' names {what} {item.value!r}, which the spec does "
                                      f"not declare; declared: {', '.join(sorted(declared)) or 'none'}")
