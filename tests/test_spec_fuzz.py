@@ -13,14 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardverify.algorithms.spec import parse_collective_spec
+from shardverify.ddp.spec import parse_model_spec
 from shardverify.errors import ShardVerifyError
 from shardverify.spec.loader import load_yaml_text
 from shardverify.spec.op import parse_op_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = {"op": [ROOT / "specs/sum.yaml", ROOT / "specs/linear.yaml"],
-         "collective": sorted((ROOT / "specs/collectives").glob("*.yaml"))[:1]}
-PARSERS = {"op": parse_op_spec, "collective": parse_collective_spec}
+         "collective": sorted((ROOT / "specs/collectives").glob("*.yaml"))[:1],
+         "model": [ROOT / "specs/models/mlp.yaml"]}
+PARSERS = {"op": parse_op_spec, "collective": parse_collective_spec, "model": parse_model_spec}
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**20), st.floats(allow_nan=True),
                     st.sampled_from(["", "x", "dim", "input", "torch.sum", "S0", "[R, S0]", "float32", "1e9"]))
@@ -47,7 +49,7 @@ def _parse(kind: str, text: str) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(SEEDS))
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(data=st.data())
 def test_mutated_specs_raise_only_spec_errors(kind, data):
     seed = data.draw(st.sampled_from(SEEDS[kind]))
