@@ -220,3 +220,8 @@ def test_a_case_over_the_memory_limit_is_refused_with_its_estimate_before_alloca
     # 144e6 elements: 1.1 GiB in float64, x 3 copies (reference, 2 ranks) x 2 (values, gradients)
     assert "estimated at 6.4 GiB" in out and "over the limit of 4.0 GiB" in out and "SHARDVERIFY_MAX_CASE_BYTES" in out
     assert grown_mib < 300, f"the refused case still allocated ~{grown_mib:.0f} MiB"
+
+
+def test_a_plan_of_a_model_without_a_tensor_op_is_not_a_pass(capsys):
+    code, _, err = run(capsys, "plan", "torch.nn.Identity", "--input", "4,4", "--mesh", "2")
+    assert code == 1 and "no plan node was run" in err

@@ -120,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardverify plan: {describe_error(error)} (--debug shows the traceback)", file=sys.stderr)
         return USAGE
     strict_failure = args.strict and (result.shards_nothing or bool(result.coverage and result.coverage.fallbacks))
+    # no pass without a check: a model without one tensor op ran no plan node
+    no_node = result.coverage is not None and result.coverage.tensor_ops == 0
     if args.json:
-        print(json.dumps({**result.to_json(), "strict_failure": strict_failure}, indent=2))
+        print(json.dumps({**result.to_json(), "strict_failure": strict_failure, "no_node": no_node}, indent=2))
     else:
         print(describe_plan(result.plan, result.coverage))
         if result.coverage is not None:
@@ -129,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"verification on {result.backend}: {result.summary()}")
         if strict_failure:
             print("--strict: tensor ops ran without strategies or nothing was sharded (see coverage)")
-    return 0 if result.passed and not strict_failure else 1
+    if no_node:
+        print("FAILED: the model has no tensor op: no plan node was run, nothing was checked", file=sys.stderr)
+    return 0 if result.passed and not strict_failure and not no_node else 1
 
 
 def _read_plan(path: str) -> dict[str, str]:
