@@ -225,3 +225,12 @@ def test_a_case_over_the_memory_limit_is_refused_with_its_estimate_before_alloca
 def test_a_plan_of_a_model_without_a_tensor_op_is_not_a_pass(capsys):
     code, _, err = run(capsys, "plan", "torch.nn.Identity", "--input", "4,4", "--mesh", "2")
     assert code == 1 and "no plan node was run" in err
+
+
+def test_a_custom_case_too_large_to_run_is_not_a_pass(capsys, monkeypatch):
+    """Every case refused by its memory estimate: nothing executed, so FAILED (exit 1), never passed."""
+    monkeypatch.setenv("SHARDVERIFY_MAX_CASE_BYTES", "1000")
+    code, out, _ = run(capsys, "dtensor", "--custom", str(REPO / "tests/dtensor_custom/row_normalize.yaml"),
+                       "--mesh", "4", "--quiet", "--accepted", str(REPO / "specs/dtensor/accepted.yaml"))
+    assert code == 1 and "FAILED: 0 combination(s) executed" in out
+    assert "not checked:" in out and "refused before it runs" in out
