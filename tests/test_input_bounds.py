@@ -234,3 +234,11 @@ def test_a_custom_case_too_large_to_run_is_not_a_pass(capsys, monkeypatch):
                        "--mesh", "4", "--quiet", "--accepted", str(REPO / "specs/dtensor/accepted.yaml"))
     assert code == 1 and "FAILED: 0 combination(s) executed" in out
     assert "not checked:" in out and "refused before it runs" in out
+
+
+def test_a_calibration_file_that_is_a_fifo_is_refused_unread(fifo):
+    from shardverify import DeviceMesh
+    from shardverify.errors import MeshError
+
+    with pytest.raises(MeshError, match="is a FIFO, not a regular file"):
+        DeviceMesh.calibrated((2, 2), fifo)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 
 import yaml
 
 from shardverify.errors import SpecError
+from shardverify.files import read_regular_file  # noqa: F401 - the one reader, re-exported here
 
 __all__ = ["Node", "load_yaml", "load_yaml_text", "read_regular_file", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_INT_BITS",
            "MAX_STRING_CHARS"]
@@ -160,41 +160,6 @@ def load_yaml(path: str | os.PathLike[str], *, display: str | None = None) -> No
         raise SpecError(f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x})", file=name,
                         line=line) from None
     return load_yaml_text(text, name)
-
-
-def read_regular_file(path: str | os.PathLike[str], max_bytes: int, *, display: str | None = None,
-                      setting: str = "") -> bytes:
-    """The bytes of a regular file of at most `max_bytes`: the one reader of every spec, plan,
-    accepted-list and saved-JSON file. A FIFO, a device or a folder is refused without blocking
-    (opened non-blocking, checked by fstat before any read) and a larger file is refused after
-    reading one byte past the limit, so neither `/dev/zero` nor a FIFO nor a huge file can hang
-    or exhaust memory. `setting` names how to raise the limit, for the message."""
-    name = display if display is not None else os.fspath(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise SpecError(f"cannot read the file: {exc.strerror or exc}", file=name) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode)
-                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket or special file")
-            raise SpecError(f"is {kind}, not a regular file", file=name)
-        chunks, size = [], 0
-        while size <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise SpecError(f"cannot read the file: {exc.strerror or exc}", file=name) from None
-    finally:
-        os.close(fd)
-    if size > max_bytes:
-        raise SpecError(f"the file is larger than {max_bytes} bytes" + (f" (raise it with {setting}=N)" if setting else ""),
-                        file=name)
-    return b"".join(chunks)
 
 
 _PLAIN_TAGS = {
