@@ -247,9 +247,10 @@ def test_a_million_rank_mesh_is_refused(root, capsys):
                   "SHARDVERIFY_MAX_RANKS")
 
 
-def test_verify_refuses_a_mesh_beyond_the_limit_as_failed_rows(capsys):
-    code, text = run(capsys, "verify", "sum", "--mesh", "1000000", "--root", str(REPO))
-    assert code == 1 and "exceed the limit of 64" in text
+def test_verify_refuses_a_mesh_beyond_the_limit_as_an_input_error(capsys):
+    with pytest.raises(SystemExit) as stop:   # every --mesh is bounded where it is parsed (limits.mesh_problem)
+        main(["verify", "sum", "--mesh", "1000000", "--root", str(REPO)])
+    assert stop.value.code == 2 and "exceed the limit of 64" in capsys.readouterr().err
 
 
 def test_a_huge_input_is_refused(root, capsys):
@@ -478,9 +479,11 @@ def test_a_failing_factory_is_one_line_naming_the_spec(tmp_path, monkeypatch, ca
         assert "evil.yaml:3: field 'model.factory'" in text, text
 
 
-def test_a_reshard_spec_on_six_axes_is_refused_at_once(root, capsys):
+def test_a_reshard_spec_on_many_axes_is_refused_at_once(root, capsys):
     (root / "specs" / "reshard").mkdir()
     spec(root, "name: six\nmesh: [2, 2, 2, 2, 2, 2]\nshapes: [[8, 8, 8]]\n", "reshard/six.yaml")
+    fails_cleanly(capsys, root, "specs/reshard/six.yaml:2", "SHARDVERIFY_MAX_MESH_AXES")
+    spec(root, "name: six\nmesh: [2, 2, 2, 2]\nshapes: [[8, 8, 8]]\n", "reshard/six.yaml")
     fails_cleanly(capsys, root, "specs/reshard/six.yaml:3", "SHARDVERIFY_MAX_RESHARD_PAIRS")
     spec(root, "name: six\nmesh: [4, 4, 4]\nshapes: [[4096, 4096, 4096]]\n", "reshard/six.yaml")
     fails_cleanly(capsys, root, "specs/reshard/six.yaml:3", "SHARDVERIFY_MAX_TENSOR_ELEMENTS")

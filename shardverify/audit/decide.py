@@ -24,6 +24,7 @@ from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import OpCase
 from shardverify.capture.call import backward_from_ones, call_op
 from shardverify.verify.reference import reference
+from shardverify.verify.memory import check_case_memory
 from shardverify.verify.tolerance import Tolerance, is_close
 
 __all__ = ["Operand", "Problem", "Outcome", "prepare"]
@@ -367,7 +368,9 @@ def _scale(output: torch.Tensor) -> float:
 
 def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
             out_index: Sequence[int] = (0,)) -> Problem:
-    """The float64 reference of ``case`` and the op's node, ready for :meth:`Problem.decide`."""
+    """The float64 reference of ``case`` and the op's node, ready for :meth:`Problem.decide`; a
+    case estimated over MAX_CASE_BYTES is refused before its reference is computed."""
+    check_case_memory(case, tuple(mesh.shape))
     ref = reference(case, torch.float64, torch.device("cpu"))
     node = ref.node
     module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None

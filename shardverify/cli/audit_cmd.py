@@ -109,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
         from shardverify.dtensor.propagation import compare_specs
 
         disagreements = compare_specs(specs, args.mesh)
-    failed = any(r.failed for r in rows)
     decided = sum(r.decided for r in rows)
+    failed = any(r.failed for r in rows) or decided == 0   # no pass without a combination decided
     per_combo_ms = 1000 * sum(r.seconds for r in rows) / max(decided, 1)
     if args.json:
         document = {"passed": not failed, "seconds": round(elapsed, 3), "decided": decided,
@@ -145,4 +145,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{verdict}: {sum(r.combinations for r in rows)} combination(s), {decided} decided numerically "
           f"({per_combo_ms:.3f} ms each), {missing} missing, {accepted} accepted, {incorrect} incorrect, "
           f"{elapsed:.1f}s")
+    if decided == 0:
+        print("no combination was decided numerically: nothing was checked")
     return 1 if failed else 0

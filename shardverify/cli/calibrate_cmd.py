@@ -9,7 +9,7 @@ import json
 import sys
 
 from shardverify.cli import USAGE
-from shardverify.cli.verify_cmd import parse_bounded_mesh
+from shardverify.cli.verify_cmd import parse_bounded_mesh, parse_positive_int
 from shardverify.errors import ShardVerifyError
 
 #: the Linear whose strategies are ranked: big enough that bytes, not only latency, count
@@ -28,9 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, metavar="FILE",
                         help="calibration file (default: $SHARDVERIFY_CALIBRATION or "
                              "~/.cache/shardverify/calibration.json); other meshes' entries are kept")
-    parser.add_argument("--max-bytes", type=int, default=4 << 20, metavar="B",
+    parser.add_argument("--max-bytes", type=parse_positive_int, default=4 << 20, metavar="B",
                         help="largest payload timed, per rank (default: 4 MiB; sizes are powers of 4 from 1 KiB)")
-    parser.add_argument("--repeats", type=int, default=10, metavar="N", help="timed runs per point (median)")
+    parser.add_argument("--repeats", type=parse_positive_int, default=10, metavar="N", help="timed runs per point (median)")
     parser.add_argument("--no-rank", action="store_true", help="skip ranking Linear's strategies")
     parser.add_argument("--json", action="store_true", help="print a JSON document")
     parser.set_defaults(func=run)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -35,10 +36,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="a custom-op spec (specs/dtensor/*.yaml format): the user's own op and DTensor rule")
     parser.add_argument("--mesh", action="append", type=parse_mesh, metavar="SHAPE", default=None,
                         help="mesh shape such as 2,2 or 4 (repeatable; default: the meshes each spec lists)")
-    parser.add_argument("--limit", type=int, default=None, metavar="N",
+    parser.add_argument("--limit", type=_count, default=None, metavar="N",
                         help="combinations executed per case and mesh, an evenly spaced sample beyond "
                              "(default: 600; 0: all)")
-    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--budget", type=_seconds, default=None, metavar="SECONDS",
                         help="seconds DTensor may take on one combination before the case's rest is left out "
                              "(default: 20; 0: no limit)")
     parser.add_argument("--accepted", type=Path, default=None, metavar="FILE",
@@ -70,13 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT, run_spec
 
     limit = DEFAULT_LIMIT if args.limit is None else (None if args.limit == 0 else args.limit)
-    if limit is not None and limit < 0:
-        print(f"error: --limit must be >= 0, got {args.limit}", file=sys.stderr)
-        return USAGE
     budget = DEFAULT_BUDGET if args.budget is None else (args.budget or None)
-    if budget is not None and budget < 0:
-        print(f"error: --budget must be >= 0, got {args.budget}", file=sys.stderr)
-        return USAGE
     try:
         specs = load_op_specs(args.root, args.specs_dir, args.specs) if args.specs or not args.custom else []
         customs = [load_custom(path) for path in args.custom]
@@ -118,32 +113,93 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nshardverify dtensor: interrupted after {len(results)} case(s); exit 130", file=sys.stderr)
         return 130
     fresh = new_silent(results, accepted)
-    if args.repros is not None:
-        _write_repros(args.repros, results)
-    if args.write_accepted is not None:
+    executed = sum(r.executed for r in results)
+    unchecked = _unchecked(results)
+    passed = not fresh and not unchecked
+    # The results reach stdout first: a file that cannot be written below loses none of them.
+    if args.json:
+        json.dump({"passed": passed, "seconds": round(time.perf_counter() - start, 3), "command": command,
+                   "torch": torch.__version__, "executed": executed, "unchecked": unchecked,
+                   "new_silent_classes": [f.key() for f in fresh],
+                   "results": [r.to_json() for r in results]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(summary(results, accepted, args.show))
+        silent = sum(r.counts.get("silent-wrong", 0) for r in results)
+        verdict = "passed" if passed else "FAILED"
+        print(f"\n{verdict}: {executed} combination(s) executed on DTensor, {silent} silently wrong, "
+              f"{len(fresh)} new silent-corruption class(es), {time.perf_counter() - start:.1f}s")
+        for line in unchecked:
+            print(f"  not checked: {line}")
+    sys.stdout.flush()
+
+    def write_accepted(path: Path) -> None:
         keys: dict[str, list[str]] = {}
         for f in new_silent(results, None):
             reason = (accepted.reason(f.key()) if accepted else None) or "TODO: why DTensor is wrong here"
             keys.setdefault(reason, []).append(f.key())
-        args.write_accepted.parent.mkdir(parents=True, exist_ok=True)
-        args.write_accepted.write_text(render_accepted(keys, torch.__version__))
-    if args.write is not None:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(markdown(results, accepted, command, torch_version))
-    if args.json:
-        json.dump({"passed": not fresh, "seconds": round(time.perf_counter() - start, 3), "command": command,
-                   "torch": torch.__version__,
-                   "new_silent_classes": [f.key() for f in fresh],
-                   "results": [r.to_json() for r in results]}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 1 if fresh else 0
-    print(summary(results, accepted, args.show))
-    executed = sum(r.executed for r in results)
-    silent = sum(r.counts.get("silent-wrong", 0) for r in results)
-    verdict = "FAILED" if fresh else "passed"
-    print(f"\n{verdict}: {executed} combination(s) executed on DTensor, {silent} silently wrong, "
-          f"{len(fresh)} new silent-corruption class(es), {time.perf_counter() - start:.1f}s")
-    return 1 if fresh else 0
+        _write_file(path, render_accepted(keys, torch.__version__))
+
+    outputs = [(args.repros, lambda folder: _write_repros(folder, results)),
+               (args.write_accepted, write_accepted),
+               (args.write, lambda path: _write_file(path, markdown(results, accepted, command, torch_version)))]
+    failed = _write_outputs(outputs)
+    if failed:
+        return USAGE
+    return 0 if passed else 1
+
+
+def _unchecked(results) -> list[str]:
+    """Why the run checked nothing, when it did not: a run without one executed combination is
+    never a pass (the cases' notes say what stopped each)."""
+    if any(r.executed for r in results):
+        return []
+    if not results:
+        return ["no case was run"]
+    return [f"{r.op} {r.case} on {list(r.mesh)}: {r.note or 'no combination executed'}"[:300] for r in results]
+
+
+def _write_file(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _write_outputs(outputs) -> bool:
+    """Each requested output written; one that fails is one line naming the file (the results are
+    already on stdout). True when any failed."""
+    failed = False
+    for path, write in outputs:
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as exc:
+            print(f"error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+            failed = True
+    return failed
+
+
+def _count(text: str) -> int:
+    """--limit: a non-negative integer (0: all)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """--budget: a finite number of seconds >= 0 (0: no limit); inf and nan are refused, a budget
+    that stops nothing or everything would make a run that checks nothing look like a pass."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
 
 
 def _report_saved(args: argparse.Namespace, accepted) -> int:
@@ -151,21 +207,31 @@ def _report_saved(args: argparse.Namespace, accepted) -> int:
     from shardverify.dtensor.report import markdown, new_silent, summary
     from shardverify.dtensor.run import CaseResult
 
+    from shardverify.spec.limits import MAX_JSON_BYTES
+    from shardverify.spec.loader import read_regular_file
+
     try:
-        saved = json.loads(args.from_json.read_text())
+        data = read_regular_file(args.from_json, MAX_JSON_BYTES.value, setting=MAX_JSON_BYTES.env)
+        saved = json.loads(data)
         results = [CaseResult.from_json(item) for item in saved["results"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"error: {args.from_json}: not a saved `shardverify dtensor --json` run ({exc})", file=sys.stderr)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return USAGE
-    if args.write is not None:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(markdown(results, accepted, saved.get("command", "shardverify dtensor"),
-                                       saved.get("torch", "?")))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        print(f"error: {args.from_json}: not a saved `shardverify dtensor --json` run "
+              f"({type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr)
+        return USAGE
     fresh = new_silent(results, accepted)
+    unchecked = _unchecked(results)
+    passed = not fresh and not unchecked
     print(summary(results, accepted, args.show))
-    print(f"\n{'FAILED' if fresh else 'passed'} (saved run {args.from_json}): {len(fresh)} new silent-corruption "
-          "class(es)")
-    return 1 if fresh else 0
+    print(f"\n{'passed' if passed else 'FAILED'} (saved run {args.from_json}): {len(fresh)} new silent-corruption "
+          "class(es)" + ("; the saved run executed no combination" if unchecked else ""))
+    sys.stdout.flush()
+    if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
+            results, accepted, saved.get("command", "shardverify dtensor"), saved.get("torch", "?"))))]):
+        return USAGE
+    return 0 if passed else 1
 
 
 def _command_line(args: argparse.Namespace) -> str:

@@ -77,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
     elapsed = time.perf_counter() - start
+    if failure is None and drawn[0] == 0:   # no pass without a check
+        print(f"FAILED: {spec.name}: no case was drawn and verified ({elapsed:.1f}s)")
+        return 1
     if failure is None:
         print(f"passed: {spec.name}: {drawn[0]} drawn case(s) on meshes of up to {args.mesh_max_size} "
               f"device(s), every strategy verified ({elapsed:.1f}s)")

@@ -30,6 +30,14 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_for_checking()   # this process exists to check: see gc_policy
     args = build_parser().parse_args(argv)
+    from shardverify.errors import SpecError
+    from shardverify.spec.limits import check_settings
+
+    try:
+        check_settings()   # a bad limit setting is one line naming it, before any spec is read
+    except SpecError as exc:
+        print(f"shardverify: error: {exc}", file=sys.stderr)
+        return 2
     previous = exit_on_sigterm()   # a `kill` cleans up like Ctrl-C (backends/signals.py)
     try:
         return int(args.func(args) or 0)

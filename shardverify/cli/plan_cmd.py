@@ -10,10 +10,10 @@ import sys
 import yaml
 
 from shardverify.cli import USAGE
-from shardverify.cli.verify_cmd import parse_timeout
+from shardverify.cli.verify_cmd import parse_positive_int, parse_timeout
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
 from shardverify.errors import ShardVerifyError
-from shardverify.spec.limits import MAX_MESH_RANKS
+from shardverify.spec.limits import mesh_problem
 
 __all__ = ["add_parser"]
 
@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument of the factory, its value read as YAML (d_hidden=128, bias=false)")
     parser.add_argument("--backend", default="simulated", help="simulated | gloo | nccl | process")
-    parser.add_argument("--memory-limit", type=int, help="bytes per device for the solver")
+    parser.add_argument("--memory-limit", type=parse_positive_int, help="bytes per device for the solver")
     parser.add_argument("--min-sharded", type=int, default=0, metavar="N",
                         help="the solver's plan shards at least N nodes (on a small model the cheapest plan "
                              "is often all replicated, which checks no sharding)")
@@ -108,13 +108,12 @@ def run(args: argparse.Namespace) -> int:
             inputs = tuple(parse_input(text) for text in args.input)
             where = None
             mesh = _shape(args.mesh or "2,2")
-        too_many = MAX_MESH_RANKS.exceeded(math.prod(mesh))
+        too_many = mesh_problem(mesh)
         if too_many:
             raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")
         plan = None
         if args.plan:
-            with open(args.plan) as handle:
-                plan = {str(k): v for k, v in (yaml.safe_load(handle) or {}).items()}
+            plan = _read_plan(args.plan)
         if zoo:
             module.train(args.train)
         else:
@@ -139,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardverify plan: {describe_error(error)} (--debug shows the traceback)", file=sys.stderr)
         return USAGE
     strict_failure = result.strict and bool(result.strict_failures)
+    # no pass without a check: a model without one tensor op ran no plan node
+    no_node = result.coverage is not None and result.coverage.tensor_ops == 0
     if args.json:
-        print(json.dumps({**result.to_json(), "strict_failure": strict_failure}, indent=2))
+        print(json.dumps({**result.to_json(), "strict_failure": strict_failure, "no_node": no_node}, indent=2))
     else:
         for note in result.notes:
             print(f"note: {note}")
@@ -148,7 +149,24 @@ def run(args: argparse.Namespace) -> int:
         if result.coverage is not None:
             print("\n".join(result.coverage.lines()))
         print(f"verification on {result.backend}: {result.summary()}")
-    return 0 if result.passed else 1
+    if no_node:
+        print("FAILED: the model has no tensor op: no plan node was run, nothing was checked", file=sys.stderr)
+    return 0 if result.passed and not no_node else 1
+
+
+def _read_plan(path: str) -> dict[str, str]:
+    """A --plan file (node name -> strategy name) read as strictly as a spec: the one spec reader
+    (regular files only, size-limited, errors at file:line)."""
+    from shardverify.spec.fields import check_type
+    from shardverify.spec.loader import load_yaml
+
+    root = load_yaml(path)
+    check_type(root, dict)
+    plan = {}
+    for name, node in root.value.items():  # type: ignore[union-attr]
+        check_type(node, str)
+        plan[name] = node.value
+    return plan  # type: ignore[return-value]
 
 
 def _kwargs(items: list[str]) -> tuple[tuple[str, object], ...]:

@@ -93,6 +93,7 @@ def verify_row(item: tuple, backends: dict, backend_kind: str, device: str | Non
     (built once into ``backends``); whatever keeps the case from running fails the row alone."""
     from shardverify.strategies.for_node import strategies_for_node
     from shardverify.verify.engine import verify_case
+    from shardverify.verify.memory import check_case_memory
 
     op, case_id, case, mesh = item
     row = Row(op, case_id, mesh)
@@ -101,6 +102,7 @@ def verify_row(item: tuple, backends: dict, backend_kind: str, device: str | Non
         backend = _backend_for(backends, backend_kind, mesh, device, timeout)
         graph_module, node_name = case.build()
         _check_case_size(case, graph_module)
+        check_case_memory(case, tuple(mesh))   # before the strategies, which may build tensors
         strategies = strategies_for_node(graph_module, node_name, backend.mesh)
         if only_replicated(strategies):
             row.warning = replicated_warning(case_id, mesh)
@@ -165,11 +167,11 @@ def describe_error(exc: BaseException) -> str:
 def _backend_for(backends: dict, kind: str, mesh: tuple[int, ...], device: str | None, timeout: float):
     """The backend of a mesh, built once; a mesh that is too big, or a backend that cannot be
     built, fails every row on that mesh with the same error (and the run goes on)."""
-    from shardverify.spec.limits import MAX_MESH_RANKS
+    from shardverify.spec.limits import mesh_problem
 
     if mesh not in backends:
         backends[mesh] = None
-        too_big = MAX_MESH_RANKS.exceeded(math.prod(mesh))
+        too_big = mesh_problem(mesh)
         if too_big:
             raise ShardVerifyError(f"mesh {list(mesh)}: {too_big}")
         backends[mesh] = make_backend(kind, mesh, device, timeout)

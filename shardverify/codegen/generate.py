@@ -181,7 +181,13 @@ def load_specs(sources: list[SpecSource], context: list[SpecSource] | None = Non
 
 
 def _parse_all(sources: list[SpecSource]) -> tuple[list[tuple[SpecSource, object]], list[SpecError]]:
+    from shardverify.spec.limits import check_settings
+
     parsed, errors = [], []
+    try:
+        check_settings()   # a bad limit setting: one error naming it, not one per spec
+    except SpecError as exc:
+        return [], [exc]
     for source in sources:
         try:
             if not _SPEC_NAME.match(source.path.name):

@@ -20,6 +20,7 @@ from shardverify.spec.fields import (Fields, as_factory, as_identifier, as_mesh,
                                         resolve_target)
 from shardverify.codegen.kinds import SpecKind, register_spec_kind
 from shardverify.spec.loader import Node
+from shardverify.spec.limits import MAX_STEPS
 from shardverify.codegen.render import Renderer, py_identifier, py_literal
 from shardverify.ddp.build import build_optimizer
 from shardverify.spec.names import resolve_dotted
@@ -247,6 +248,9 @@ def parse_model_spec(root: Node) -> ModelSpec:
     steps = 2 if steps_node is None else int(steps_node.value)  # type: ignore[arg-type]
     if steps < 1:
         raise steps_node.error(f"expected an integer >= 1, got {steps}")  # type: ignore[union-attr]
+    too_many = MAX_STEPS.exceeded(steps)
+    if too_many:
+        raise steps_node.error(too_many)  # type: ignore[union-attr]
     try:
         base = ModelPlan(
             name=name, model=model, input_shape=input_shape, loss=loss,

@@ -122,8 +122,13 @@ def _import(spec: CustomSpec) -> None:
     sys.path.insert(0, str(spec.folder.resolve()))
     try:
         importlib.import_module(spec.module)
-    except ImportError as exc:
-        raise SpecError(f"custom op {spec.name}: cannot import {spec.module!r} from {spec.folder}: {exc}") from exc
+    except SystemExit as exc:   # a module that ends the process when imported: an input error, said
+        raise SpecError(f"custom op {spec.name}: importing {spec.module!r} from {spec.folder} raised "
+                        f"SystemExit({exc.code!r})") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the user's module raises is one line naming it
+        text = str(exc).strip().splitlines()
+        raise SpecError(f"custom op {spec.name}: cannot import {spec.module!r} from {spec.folder}: "
+                        f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")) from None
     finally:
         sys.path.remove(str(spec.folder.resolve()))
 

@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardverify.errors import MeshError
+from shardverify.errors import MeshError, SpecError
+from shardverify.files import read_regular_file
 
 __all__ = ["ENV_VAR", "DEFAULT_PATH", "FORMAT", "AxisFit", "calibration_path", "save_calibration", "load_calibration"]
 
 ENV_VAR = "SHARDVERIFY_CALIBRATION"
 DEFAULT_PATH = Path("~/.cache/shardverify/calibration.json")
+MAX_CALIBRATION_BYTES = 16 << 20   # per-axis alpha/beta of every mesh measured: kilobytes in practice
 FORMAT = 1
 
 
@@ -65,8 +67,10 @@ def save_calibration(mesh_shape: Sequence[int], fits: Sequence[AxisFit], *, back
 
 def _read(target: Path) -> dict:
     try:
-        document = json.loads(target.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        document = json.loads(read_regular_file(target, MAX_CALIBRATION_BYTES))
+    except SpecError as exc:   # a FIFO, a device, a folder or an oversized file: refused unread
+        raise MeshError(f"calibration file {target}: {exc.reason}") from None
+    except (OSError, ValueError) as exc:
         raise MeshError(f"calibration file {target}: cannot read it as JSON: {exc}") from exc
     if not isinstance(document, dict) or document.get("format") != FORMAT or not isinstance(document.get("meshes"), dict):
         raise MeshError(f"calibration file {target}: expected {{\"format\": {FORMAT}, \"meshes\": {{...}}}}, "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, SpecError
-from shardverify.spec.limits import MAX_MESH_RANKS
+from shardverify.spec.limits import MAX_TENSOR_ELEMENTS, mesh_problem
 from shardverify.spec.names import resolve_dotted, resolve_torch
 from shardverify.spec.trust import TRUSTED_ENV, find_definition, op_target_refusal, trusted_modules, under
 
@@ -130,7 +130,8 @@ def as_identifier(node: Node) -> str:
 
 
 def as_shape(node: Node, *, allow_empty: bool = True) -> tuple[int, ...]:
-    """A list of positive ints, e.g. a tensor shape or a mesh shape."""
+    """A list of positive ints, e.g. a tensor shape or a mesh shape, of at most
+    MAX_TENSOR_ELEMENTS elements (every shape of every spec kind has the one bound)."""
     check_type(node, list)
     items = node.value
     assert isinstance(items, list)
@@ -139,14 +140,18 @@ def as_shape(node: Node, *, allow_empty: bool = True) -> tuple[int, ...]:
     for item in items:
         if isinstance(item.value, bool) or not isinstance(item.value, int) or item.value <= 0:
             raise item.error(f"expected a positive integer, got {describe(item)}")
-    return tuple(item.value for item in items)  # type: ignore[misc]
+    shape = tuple(item.value for item in items)
+    too_big = MAX_TENSOR_ELEMENTS.exceeded(math.prod(shape))  # type: ignore[arg-type]
+    if too_big:
+        raise node.error(f"shape {list(shape)}: {too_big}")
+    return shape  # type: ignore[return-value]
 
 
 def as_mesh(node: Node) -> tuple[int, ...]:
-    """A mesh shape: positive sizes, at most MAX_MESH_RANKS ranks in all (every spec kind and
-    command applies the one limit)."""
+    """A mesh shape: positive sizes within the axis and rank limits (every spec kind and
+    command applies the one `limits.mesh_problem`)."""
     shape = as_shape(node, allow_empty=False)
-    too_many = MAX_MESH_RANKS.exceeded(math.prod(shape))
+    too_many = mesh_problem(shape)
     if too_many:
         raise node.error(too_many)
     return shape

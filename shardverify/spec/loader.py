@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 import yaml
 
 from shardverify.errors import SpecError
+from shardverify.files import read_regular_file  # noqa: F401 - the one reader, re-exported here
 
-__all__ = ["Node", "load_yaml", "load_yaml_text", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_INT_BITS",
+__all__ = ["Node", "load_yaml", "load_yaml_text", "read_regular_file", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_INT_BITS",
            "MAX_STRING_CHARS"]
 
 # Limits on what a spec file may hold: far above any real spec, low enough that a hostile
@@ -151,13 +152,7 @@ def load_yaml(path: str | os.PathLike[str], *, display: str | None = None) -> No
     if os.path.islink(path):
         raise SpecError("the spec is a symbolic link; specs must be regular files (copy it instead)",
                         file=name)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"cannot read the file: {exc.strerror or exc}", file=name) from None
-    if len(data) > MAX_FILE_BYTES:
-        raise SpecError(f"the file is larger than {MAX_FILE_BYTES} bytes", file=name)
+    data = read_regular_file(path, MAX_FILE_BYTES, display=name)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

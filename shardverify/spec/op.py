@@ -17,7 +17,7 @@ from shardverify.spec.aten import aten_positions, is_aten, parse_target_entry
 from shardverify.spec.fields import (
     Fields, as_dtype, as_identifier, as_shape, as_tolerance, check_type, describe, dtype_from_name, finite_number, lookup,
     resolve_target)
-from shardverify.spec.limits import MAX_CASES, MAX_MESH_RANKS, tensor_size_problems
+from shardverify.spec.limits import MAX_CASES, mesh_problem, tensor_size_problems
 from shardverify.spec.loader import Node
 from shardverify.spec.op_model import (
     CaseSpec, CountSpec, InputSpec, ModuleInit, OperandSpec, OpSpec, ParamSpec, TargetSpec, VerifySpec, case_spec,
@@ -161,6 +161,8 @@ def _check_option_refs(node: Node, params: set[str], roles: set[str]) -> None:
                 continue
             items = child.value if isinstance(child.value, list) else [child]
             for item in items:
+                if not isinstance(item.value, str):
+                    raise item.error(f"option '{key}' must name a {what} (a string), got {describe(item)}")
                 if item.value not in declared:
                     raise item.error(f"option '{key}' names {what} {item.value!r}, which the spec does "
                                      f"not declare; declared: {', '.join(sorted(declared)) or 'none'}")
@@ -404,7 +406,7 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
     meshes: list[tuple[int, ...]] = []
     for item in meshes_node.value:  # type: ignore[union-attr]
         mesh = as_shape(item, allow_empty=False)
-        within(item, [MAX_MESH_RANKS.exceeded(math.prod(mesh))])
+        within(item, [mesh_problem(mesh)])
         if mesh in meshes:
             raise item.error(f"mesh {list(mesh)} is listed twice")
         meshes.append(mesh)

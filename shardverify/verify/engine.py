@@ -17,6 +17,7 @@ from shardverify.spec.case import OpCase
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.distinct import distinguishing_seeds
 from shardverify.verify.layout import expected_collectives
+from shardverify.verify.memory import check_case_memory
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
 from shardverify.verify.rank import (  # noqa: F401  (re-exported: the engine's API)
     EVERY_RANK, OP_FAILED, OpCallError, RankReport, local_arguments, rank_check, strategy_problems)
@@ -166,7 +167,9 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
                 dtype: str | None = None, tol: Tolerance | None = None, timeout: float | None = None,
                 on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
     """Check every strategy (default: all of the op node's strategies on the backend's mesh),
-    the runnable ones dispatched to the ranks as one batch."""
+    the runnable ones dispatched to the ranks as one batch. A case whose check is estimated over
+    MAX_CASE_BYTES is refused (VerificationError) before anything of it is allocated."""
+    check_case_memory(case, tuple(backend.mesh.shape))
     if strategies is None:
         from shardverify.strategies.for_node import strategies_for_node
 
