@@ -161,3 +161,21 @@ def test_a_plan_serves_a_call_outside_the_grid_and_counts_it(tmp_path, monkeypat
     assert again.coverage.on_demand["verified"] == 0 and again.coverage.on_demand["cache_hits"] == 1
     strict = verify_plan(model, (x,), (2,), verified_only=True)
     assert strict.coverage.on_demand is None and strict.coverage.count("refused") == 1
+
+
+def test_a_weight_kept_as_a_buffer_is_no_gradient_to_check():
+    """F.linear(x, self.w) with ``w`` a buffer: the call reads module state that takes no
+    gradient, so no strategy is failed for the weight gradient it never owes."""
+
+    class BufferWeight(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("w", torch.randn(6, 8))
+
+        def forward(self, x):
+            return F.linear(x, self.w)
+
+    graph_module = trace(BufferWeight(), {"x": torch.empty(4, 8, device="meta")})
+    node = next(n for n in graph_module.graph.nodes if n.op == "call_function")
+    results = verify_node(graph_module, node, MESH)
+    assert len(results) > 10 and all(r.passed for r in results), [r.strategy for r in results if not r.passed]

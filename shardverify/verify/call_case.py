@@ -54,6 +54,8 @@ class CallCase:
     seed: int = 0
     rtol: float | None = None
     atol: float | None = None
+    #: graph values the call reads from module state that take no gradient (buffers, constants)
+    constant_names: tuple[str, ...] = ()
 
     def build(self) -> tuple[fx.GraphModule, str]:
         return self.graph_module, self.node_name
@@ -142,6 +144,8 @@ def call_case(op: str, graph_module: fx.GraphModule, node: fx.Node,
         values, grad = drawn.get(arg.name, (None, True))
         inputs.append(CallInput(arg.name, tuple(int(s) for s in meta.shape),
                                 str(meta.dtype).removeprefix("torch."), values, grad))
+    constants = tuple(arg.name for arg in node.all_input_nodes if arg.op == "get_attr"
+                      and _tensor_attr(graph_module, str(arg.target))[1] != "parameter")
     return CallCase(op, small, next(n.name for n in small.graph.nodes if n.op not in ("placeholder", "get_attr",
                                                                                          "output")),
-                    tuple(inputs), describe_call(graph_module, node), seed)
+                    tuple(inputs), describe_call(graph_module, node), seed, constant_names=constants)

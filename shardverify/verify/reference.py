@@ -137,7 +137,9 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
         dtypes[loc] = _check_dtype(module_tensors(traced_module)[loc].dtype, override)
         values[loc] = tensor.detach()
 
-    no_grad = {i.name for i in case.inputs if not i.grad}
+    # inputs declared without a gradient, and module state a captured call reads that takes none
+    # (a buffer used as a weight: verify/call_case.py's ``constant_names``)
+    no_grad = {i.name for i in case.inputs if not i.grad} | set(getattr(case, "constant_names", ()))
     constant = frozenset(loc for loc, arg in operand_nodes(node).items() if arg.name in no_grad)
     leaves = {loc: _as_leaf(v.clone(), loc, constant) for loc, v in values.items()}
     with torch.random.fork_rng(devices=[]):
