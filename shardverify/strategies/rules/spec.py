@@ -283,7 +283,8 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         rank = len(inputs[0])
         d0, d1 = (int(_param(params, p)) % max(rank, 1) for p in (options.dim0_param, options.dim1_param))  # type: ignore[call-overload]
         order = list(range(rank))
-        order[d0], order[d1] = order[d1], order[d0]
+        if rank:                      # a 0-d tensor takes dim 0 (or -1) as its one "dim": nothing moves
+            order[d0], order[d1] = order[d1], order[d0]
         eq = derive.permute(rank, order)
     out_rank = len(outputs[0]) if outputs else 0
     names = [dim[0] if len(dim) == 1 else None for dim in eq.outputs[0]] if eq.outputs else []
@@ -294,6 +295,7 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         value = _param(params, options.whole_trailing_param)
         count = 1 if isinstance(value, int) else len(value)  # type: ignore[arg-type]
         positions += tuple(range(out_rank - count, out_rank))
+    positions = tuple(p for p in positions if p < out_rank)   # a 0-d tensor's dim 0 (torch takes it) is no dim
     if positions:
         if any((ELLIPSIS,) == dim for dim in eq.outputs[0]):
             raise InvalidArgument("whole_dims_param/whole_trailing_param need an output term without '...'")

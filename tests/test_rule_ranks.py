@@ -1,0 +1,100 @@
+"""Rules at the edges of the ranks and sizes their ops accept (issue 43 item 3): 0-d tensors,
+zero-size dims and data-dependent shapes are served where the rule can say them, every served
+strategy verified at the call, and refused with a reader's reason otherwise; never a raw
+exception."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardverify import DeviceMesh
+from shardverify.capture.export import export_graph
+from shardverify.capture.fx import trace
+from shardverify.errors import HandlerError
+from shardverify.strategies.for_node import strategies_for_node
+from shardverify.verify.on_demand import verify_node
+
+MESH = DeviceMesh((2, 2))
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _one(fn, *values, capture="fx"):
+    """The graph of ``fn`` over ``values`` (tensors) and its one op node."""
+    if capture == "export":
+        graph_module = export_graph(_Call(fn), values)
+    else:
+        names = ", ".join(f"x{i}" for i in range(len(values)))
+        namespace: dict = {}
+        exec(f"def forward(self, {names}):\n    return self.fn({names})\n", namespace)   # noqa: S102
+        module = type("Call", (_Call,), {"forward": namespace["forward"]})(fn)
+        graph_module = trace(module, {f"x{i}": v for i, v in enumerate(values)})
+    node = next(n for n in graph_module.graph.nodes if n.op in ("call_function", "call_method")
+                and "tensor_meta" in n.meta)
+    return graph_module, node
+
+
+def _verified(fn, *values, capture="fx", mesh=MESH) -> int:
+    graph_module, node = _one(fn, *values, capture=capture)
+    results = verify_node(graph_module, node, mesh)
+    wrong = [r.strategy for r in results if not r.passed]
+    assert results and not wrong, wrong
+    return len(results)
+
+
+EDGES = {   # the calls that raised IndexError inside the rule engine
+    "cumsum 0-d": (lambda x: torch.cumsum(x, 0), (torch.randn(()),)),
+    "softmax 0-d": (lambda x: torch.softmax(x, 0), (torch.randn(()),)),
+    "log_softmax 0-d": (lambda x: torch.log_softmax(x, -1), (torch.randn(()),)),
+    "transpose 0-d": (lambda x: torch.transpose(x, 0, 0), (torch.randn(()),)),
+    "unflatten zero-size": (lambda x: torch.unflatten(x, 1, (2, 0, 0, 0)), (torch.randn(4, 0),)),
+}
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_zero_dim_and_empty_calls_are_served_and_verified(name, capture):
+    fn, values = EDGES[name]
+    _verified(fn, *values, capture=capture)
+
+
+def test_gather_of_a_0d_tensor_yields_strategies():
+    """Its ids must all be 0, which verification on demand does not draw yet (it raises a
+    HandlerError naming the op's refusal): the rule itself is instantiated."""
+    graph_module, node = _one(lambda x, i: torch.gather(x, 0, i), torch.randn(()), torch.zeros((), dtype=torch.int64))
+    strategies = strategies_for_node(graph_module, node.name, MESH, on_demand=_PassThrough())
+    assert strategies[-1].name == "- x - -> -"
+
+
+def test_an_empty_view_keeps_the_shared_leading_dim_shardable():
+    """[4, 0] unflattened: the leading 4 passes its shard, the empty dims stay whole."""
+    graph_module, node = _one(lambda x: torch.unflatten(x, 1, (2, 0)), torch.randn(4, 0))
+    names = [s.name for s in strategies_for_node(graph_module, node.name, MESH, on_demand=_PassThrough())]
+    assert "S0R -> S0RR" in names and all("S" not in n.split("->")[1][2:] for n in names), names
+
+
+class _PassThrough:
+    """An on-demand verifier that verifies nothing (to read the rule's strategies only)."""
+
+    cache_key = "pass-through"
+
+    def __call__(self, call):
+        return call.strategies
+
+
+def test_a_data_dependent_shape_is_refused_with_its_reason():
+    graph_module, _ = _one(lambda x, m: x[m], torch.randn(4, 3), torch.rand(4, 3) > 0.5, capture="export")
+    node = next(n for n in graph_module.graph.nodes if str(n.target) == "aten.index.Tensor")
+    with pytest.raises(HandlerError, match=r"node 'index' has a data-dependent shape \[u\d+\].*boolean mask"):
+        strategies_for_node(graph_module, node.name, MESH)
+    reader = next(n for n in graph_module.graph.nodes if str(n.target) == "aten.sym_size.int")
+    with pytest.raises(HandlerError, match=r"its input 'index'\) has a data-dependent shape"):
+        strategies_for_node(graph_module, reader.name, MESH)
