@@ -98,3 +98,26 @@ def test_a_data_dependent_shape_is_refused_with_its_reason():
     reader = next(n for n in graph_module.graph.nodes if str(n.target) == "aten.sym_size.int")
     with pytest.raises(HandlerError, match=r"its input 'index'\) has a data-dependent shape"):
         strategies_for_node(graph_module, reader.name, MESH)
+
+
+F = torch.nn.functional
+RANKS = {   # ranks the specs' grids (4-d images, [B, S] ids) never held, served by their "..." terms
+    "conv2d unbatched": (lambda x, w, b: F.conv2d(x, w, b), (torch.randn(4, 5, 5), torch.randn(4, 4, 3, 3),
+                                                            torch.randn(4))),
+    "max_pool2d unbatched": (lambda x: F.max_pool2d(x, 2), (torch.randn(4, 4, 4),)),
+    "adaptive_avg_pool2d unbatched": (lambda x: F.adaptive_avg_pool2d(x, 2), (torch.randn(4, 4, 4),)),
+    "batch_norm eval [N, C]": (lambda x, m, v: F.batch_norm(x, m, v, training=False),
+                               (torch.randn(4, 6), torch.randn(6), torch.rand(6) + 0.5)),
+    "batch_norm train [N, C, L]": (lambda x, m, v: F.batch_norm(x, m, v, training=True),
+                                   (torch.randn(4, 6, 3), torch.randn(6), torch.rand(6) + 0.5)),
+    "embedding 1-d ids": (lambda i, w: F.embedding(i, w), (torch.randint(0, 8, (6,)), torch.randn(8, 4))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANKS))
+def test_ranks_the_grid_never_held_are_served_and_verified(name):
+    fn, values = RANKS[name]
+    capture = "export" if name.startswith("batch_norm") else "fx"   # its specs name the module and aten's op
+    graph_module, node = _one(fn, *values, capture=capture)
+    assert len(strategies_for_node(graph_module, node.name, MESH, on_demand=_PassThrough())) > 1   # something shards
+    _verified(fn, *values, capture=capture)

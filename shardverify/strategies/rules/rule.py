@@ -164,6 +164,9 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     inputs, outputs = tuple(bound[:len(input_shapes)]), tuple(bound[len(input_shapes):])
 
     order = list(dict.fromkeys(f for term in bound for dim in term for f in dim))
+    if ELLIPSIS in whole:          # ``whole: [...]``: every batch factor the ellipsis became
+        batch = [f"_b{i}" for i in range(width)]
+        whole = [w for w in whole if w != ELLIPSIS] + [f for f in batch if f in order]
     in_inputs = {f for term in inputs for dim in term for f in dim}
     in_outputs = {f for term in outputs for dim in term for f in dim}
     reduce = dict(reduce or {})

@@ -26,7 +26,7 @@ One source of factors, exactly one of:
                                index's ids index its dim as ``indices`` says (a shard of the
                                dim masks the ids a rank does not hold)
 
-and modifiers: ``whole: [k]`` (factors never sharded), ``whole_dims_param: dim`` (output
+and modifiers: ``whole: [k]`` (factors never sharded; ``"..."`` names every dim the ellipsis stands for), ``whole_dims_param: dim`` (output
 dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
 normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default sum; none = whole),
@@ -160,7 +160,7 @@ class RuleOptions:
                                   "or whole_trailing_param")
         if einsum is not None:
             letters = set(einsum.letters)
-            bad = sorted((set(whole) | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
+            bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
             if bad:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
         linear_in = options.get("linear_in", ())
@@ -255,7 +255,7 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
     if options.source in ("einsum", "einsum_param"):
         eq = options.einsum if options.einsum is not None else \
             torch_einsum_equation(_param(params, options.einsum_param))
-        unknown = sorted((set(whole) | set(reduce)) - set(eq.letters))
+        unknown = sorted((set(whole) - {ELLIPSIS} | set(reduce)) - set(eq.letters))
         if unknown:
             raise InvalidArgument(f"rule names factor(s) {unknown} that einsum {str(eq)!r} does not have")
         if len(eq.inputs) != len(present):
