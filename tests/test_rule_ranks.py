@@ -110,6 +110,9 @@ RANKS = {   # ranks the specs' grids (4-d images, [B, S] ids) never held, served
                                (torch.randn(4, 6), torch.randn(6), torch.rand(6) + 0.5)),
     "batch_norm train [N, C, L]": (lambda x, m, v: F.batch_norm(x, m, v, training=True),
                                    (torch.randn(4, 6, 3), torch.randn(6), torch.rand(6) + 0.5)),
+    "matmul vector @ matrix": (torch.matmul, (torch.randn(4), torch.randn(4, 6))),
+    "matmul batch @ vector": (torch.matmul, (torch.randn(2, 6, 4), torch.randn(4))),
+    "matmul vector @ vector": (torch.matmul, (torch.randn(6), torch.randn(6))),
     "embedding 1-d ids": (lambda i, w: F.embedding(i, w), (torch.randint(0, 8, (6,)), torch.randn(8, 4))),
 }
 
@@ -121,3 +124,15 @@ def test_ranks_the_grid_never_held_are_served_and_verified(name):
     graph_module, node = _one(fn, *values, capture=capture)
     assert len(strategies_for_node(graph_module, node.name, MESH, on_demand=_PassThrough())) > 1   # something shards
     _verified(fn, *values, capture=capture)
+
+
+def test_optional_factors_are_held_where_the_tensor_has_the_dim():
+    from shardverify.strategies.rules.notation import parse_equation
+    from shardverify.strategies.rules.rule import bind
+
+    eq = parse_equation("...m?k,...kn?->...m?n?")
+    assert parse_equation(str(eq)) == eq and eq.letters == ("m", "k", "n")
+    vector_matrix = bind(eq, [(4,), (4, 6)], [(6,)])
+    assert vector_matrix.inputs == ((("k",),), (("k",), ("n",))) and vector_matrix.outputs == ((("n",),),)
+    batch_vector = bind(eq, [(2, 6, 4), (4,)], [(2, 6)])
+    assert batch_vector.outputs == ((("_b0",), ("m",)),) and dict(batch_vector.reduce) == {"k": "sum"}

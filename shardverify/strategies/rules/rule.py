@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
 from shardverify.sharding.blocks import nested_block
-from shardverify.strategies.rules.notation import ELLIPSIS, Dim, Equation, Term
+from shardverify.strategies.rules.notation import ELLIPSIS, OPTIONAL, Dim, Equation, Term
 from shardverify.sharding.strategy import REDUCE_OPS
 
 __all__ = ["Rule", "bind"]
@@ -116,6 +116,36 @@ def _expand(term: Term, rank: int, width: int, where: str) -> Term:
     return term[:at] + batch + term[at + 1:]
 
 
+def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
+    """Every term with its optional dims (``m?``) resolved: an input holds its optional dims,
+    first to last, as far as its tensor has dims beyond the required ones (before ``...`` takes
+    any); an output holds an optional factor where an input does (a vector times a matrix gives
+    a vector: ``... m? k, ... k n? -> ... m? n?``)."""
+    def plain(dim: Dim) -> Dim:
+        return tuple(f.removesuffix(OPTIONAL) for f in dim)
+
+    def optional(dim: Dim) -> bool:
+        return len(dim) == 1 and dim[0].endswith(OPTIONAL)
+
+    held: set[str] = set()
+    resolved: list[Term] = []
+    for term, rank in zip(equation.inputs, ranks):
+        required = sum(1 for d in term if d != (ELLIPSIS,) and not optional(d))
+        room = rank - required
+        kept: list[Dim] = []
+        for dim in term:
+            if optional(dim):
+                if room <= 0:
+                    continue
+                room -= 1
+            kept.append(plain(dim))
+        held |= {f for d in kept for f in d}
+        resolved.append(tuple(kept))
+    for term in equation.outputs:
+        resolved.append(tuple(plain(d) for d in term if not optional(d) or plain(d)[0] in held))
+    return resolved
+
+
 def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shapes: Sequence[Sequence[int]], *,
          reduce: Mapping[str, str | None] | None = None, whole: Sequence[str] = (),
          additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None) -> Rule:
@@ -127,7 +157,7 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     if len(equation.outputs) != len(output_shapes):
         raise InvalidArgument(f"rule {equation} has {len(equation.outputs)} output term(s) for "
                               f"{len(output_shapes)} output(s)")
-    terms = equation.inputs + equation.outputs
+    terms = _optional_dims(equation, [len(s) for s in input_shapes])
     shapes = [tuple(s) for s in (*input_shapes, *output_shapes)]
     width = max([len(s) - (len(t) - 1) for t, s in zip(terms, shapes) if (ELLIPSIS,) in t] or [0])
     terms = [_expand(t, len(s), width, f"rule {equation}, shape {s}") for t, s in zip(terms, shapes)]
