@@ -113,6 +113,7 @@ RANKS = {   # ranks the specs' grids (4-d images, [B, S] ids) never held, served
     "matmul vector @ matrix": (torch.matmul, (torch.randn(4), torch.randn(4, 6))),
     "matmul batch @ vector": (torch.matmul, (torch.randn(2, 6, 4), torch.randn(4))),
     "matmul vector @ vector": (torch.matmul, (torch.randn(6), torch.randn(6))),
+    "einsum one operand": (lambda x: torch.einsum("bij->jb", x), (torch.randn(2, 4, 3),)),
     "embedding 1-d ids": (lambda i, w: F.embedding(i, w), (torch.randint(0, 8, (6,)), torch.randn(8, 4))),
 }
 

@@ -258,10 +258,15 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         unknown = sorted((set(whole) - {ELLIPSIS} | set(reduce)) - set(eq.letters))
         if unknown:
             raise InvalidArgument(f"rule names factor(s) {unknown} that einsum {str(eq)!r} does not have")
-        if len(eq.inputs) != len(present):
+        if options.einsum is None:      # the call's own equation: one term per tensor it passes
+            if len(eq.inputs) != sum(present):
+                raise InvalidArgument(f"the equation {str(eq)!r} has {len(eq.inputs)} operand term(s); the call "
+                                      f"passes {sum(present)} tensor(s)")
+        elif len(eq.inputs) != len(present):
             raise InvalidArgument(f"einsum {str(eq)!r} has {len(eq.inputs)} input term(s); the spec declares "
                                   f"{len(present)} tensor operand(s)")
-        eq = Equation(tuple(t for t, here in zip(eq.inputs, present) if here), eq.outputs)
+        else:
+            eq = Equation(tuple(t for t, here in zip(eq.inputs, present) if here), eq.outputs)
         if len(outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
             eq = Equation(eq.inputs, eq.outputs * len(outputs))
     elif options.source == "pointwise":
