@@ -114,6 +114,9 @@ RANKS = {   # ranks the specs' grids (4-d images, [B, S] ids) never held, served
     "matmul batch @ vector": (torch.matmul, (torch.randn(2, 6, 4), torch.randn(4))),
     "matmul vector @ vector": (torch.matmul, (torch.randn(6), torch.randn(6))),
     "einsum one operand": (lambda x: torch.einsum("bij->jb", x), (torch.randn(2, 4, 3),)),
+    "addmm 2-d bias": (torch.addmm, (torch.randn(4, 6), torch.randn(4, 2), torch.randn(2, 6))),
+    "addmm 0-d bias": (torch.addmm, (torch.randn(()), torch.randn(4, 2), torch.randn(2, 6))),
+    "baddbmm [1] input": (torch.baddbmm, (torch.randn(1), torch.randn(2, 4, 2), torch.randn(2, 2, 6))),
     "embedding 1-d ids": (lambda i, w: F.embedding(i, w), (torch.randint(0, 8, (6,)), torch.randn(8, 4))),
 }
 
@@ -137,3 +140,5 @@ def test_optional_factors_are_held_where_the_tensor_has_the_dim():
     assert vector_matrix.inputs == ((("k",),), (("k",), ("n",))) and vector_matrix.outputs == ((("n",),),)
     batch_vector = bind(eq, [(2, 6, 4), (4,)], [(2, 6)])
     assert batch_vector.outputs == ((("_b0",), ("m",)),) and dict(batch_vector.reduce) == {"k": "sum"}
+    bias = bind(parse_equation("m? n?, m k, k n -> m n"), [(6,), (4, 2), (2, 6)], [(4, 6)])
+    assert bias.inputs[0] == (("n",),)          # held from the right, as broadcasting aligns

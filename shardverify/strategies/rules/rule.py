@@ -118,8 +118,8 @@ def _expand(term: Term, rank: int, width: int, where: str) -> Term:
 
 def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
     """Every term with its optional dims (``m?``) resolved: an input holds its optional dims,
-    first to last, as far as its tensor has dims beyond the required ones (before ``...`` takes
-    any); an output holds an optional factor where an input does (a vector times a matrix gives
+    last to first (aligned from the right, as broadcasting aligns), as far as its tensor has dims
+    beyond the required ones (before ``...`` takes any: ``m? n?`` of a ``[N]`` bias holds ``n``); an output holds an optional factor where an input does (a vector times a matrix gives
     a vector: ``... m? k, ... k n? -> ... m? n?``)."""
     def plain(dim: Dim) -> Dim:
         return tuple(f.removesuffix(OPTIONAL) for f in dim)
@@ -131,14 +131,9 @@ def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
     resolved: list[Term] = []
     for term, rank in zip(equation.inputs, ranks):
         required = sum(1 for d in term if d != (ELLIPSIS,) and not optional(d))
-        room = rank - required
-        kept: list[Dim] = []
-        for dim in term:
-            if optional(dim):
-                if room <= 0:
-                    continue
-                room -= 1
-            kept.append(plain(dim))
+        optionals = [i for i, d in enumerate(term) if optional(d)]
+        held_here = set(optionals[len(optionals) - max(0, min(rank - required, len(optionals))):])
+        kept = [plain(d) for i, d in enumerate(term) if not optional(d) or i in held_here]
         held |= {f for d in kept for f in d}
         resolved.append(tuple(kept))
     for term in equation.outputs:
