@@ -11,7 +11,7 @@ import torch
 from shardverify import DeviceMesh
 from shardverify.capture.export import export_graph
 from shardverify.capture.fx import trace
-from shardverify.errors import HandlerError
+from shardverify.errors import HandlerError, ShardVerifyError
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.verify.on_demand import verify_node
 
@@ -142,3 +142,11 @@ def test_optional_factors_are_held_where_the_tensor_has_the_dim():
     assert batch_vector.outputs == ((("_b0",), ("m",)),) and dict(batch_vector.reduce) == {"k": "sum"}
     bias = bind(parse_equation("m? n?, m k, k n -> m n"), [(6,), (4, 2), (2, 6)], [(4, 6)])
     assert bias.inputs[0] == (("n",),)          # held from the right, as broadcasting aligns
+
+
+def test_a_rank_the_rule_cannot_say_is_refused_naming_the_spec_and_the_operand():
+    graph_module, node = _one(lambda x, t: F.cross_entropy(x, t), torch.randn(3), torch.tensor(1))
+    with pytest.raises(ShardVerifyError, match=r"cross_entropy \(specs/cross_entropy.yaml\): node 'cross_entropy': "
+                       r"operand 'input' of shape \[3\] \(rule n c, n -> \) has 1 dim\(s\); the rule takes it with 2, so it does not "
+                       r"cover this rank"):
+        strategies_for_node(graph_module, node.name, MESH, on_demand=_PassThrough())

@@ -106,11 +106,13 @@ def _expand(term: Term, rank: int, width: int, where: str) -> Term:
     """Replace ``...`` by ``width`` batch factors aligned from the right (``_b0`` ... )."""
     if (ELLIPSIS,) not in term:
         if len(term) != rank:
-            raise InvalidArgument(f"{where}: term has {len(term)} dims, the tensor has {rank}")
+            raise InvalidArgument(f"{where} has {rank} dim(s); the rule takes it with {len(term)}, so it does not "
+                                  f"cover this rank")
         return term
     n = rank - (len(term) - 1)
     if n < 0:
-        raise InvalidArgument(f"{where}: term needs at least {len(term) - 1} dims, the tensor has {rank}")
+        raise InvalidArgument(f"{where} has {rank} dim(s); the rule takes it with at least {len(term) - 1}, so it "
+                              f"does not cover this rank")
     at = term.index((ELLIPSIS,))
     batch = tuple((f"_b{i}",) for i in range(width - n, width))
     return term[:at] + batch + term[at + 1:]
@@ -143,9 +145,10 @@ def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
 
 def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shapes: Sequence[Sequence[int]], *,
          reduce: Mapping[str, str | None] | None = None, whole: Sequence[str] = (),
-         additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None) -> Rule:
+         additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None, names: Sequence[str] = ()) -> Rule:
     """Bind ``equation`` to the operands' shapes; InvalidArgument when they disagree.
-    ``sizes``: factor sizes the shapes cannot tell (two unknown factors in one compound)."""
+    ``sizes``: factor sizes the shapes cannot tell (two unknown factors in one compound); ``names``:
+    each operand's role (inputs, then outputs), for the errors."""
     if len(equation.inputs) != len(input_shapes):
         raise InvalidArgument(f"rule {equation} has {len(equation.inputs)} input term(s) for "
                               f"{len(input_shapes)} tensor operand(s)")
@@ -155,7 +158,10 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     terms = _optional_dims(equation, [len(s) for s in input_shapes])
     shapes = [tuple(s) for s in (*input_shapes, *output_shapes)]
     width = max([len(s) - (len(t) - 1) for t, s in zip(terms, shapes) if (ELLIPSIS,) in t] or [0])
-    terms = [_expand(t, len(s), width, f"rule {equation}, shape {s}") for t, s in zip(terms, shapes)]
+    labels = list(names) or [f"input {i}" for i in range(len(input_shapes))] + \
+        [f"output {i}" for i in range(len(output_shapes))]
+    terms = [_expand(t, len(s), width, f"{label} of shape {list(s)} (rule {equation})")
+             for t, s, label in zip(terms, shapes, labels)]
 
     sizes = dict(sizes or {})
     for term, shape in zip(terms, shapes):          # single-factor dims fix sizes (1 broadcasts)
