@@ -54,6 +54,7 @@ EDGES = {   # the calls that raised IndexError inside the rule engine
     "cumsum 0-d": (lambda x: torch.cumsum(x, 0), (torch.randn(()),)),
     "softmax 0-d": (lambda x: torch.softmax(x, 0), (torch.randn(()),)),
     "log_softmax 0-d": (lambda x: torch.log_softmax(x, -1), (torch.randn(()),)),
+    "amax 0-d": (lambda x: torch.amax(x, 0), (torch.randn(()),)),
     "transpose 0-d": (lambda x: torch.transpose(x, 0, 0), (torch.randn(()),)),
     "unflatten zero-size": (lambda x: torch.unflatten(x, 1, (2, 0, 0, 0)), (torch.randn(4, 0),)),
 }
@@ -117,6 +118,7 @@ RANKS = {   # ranks the specs' grids (4-d images, [B, S] ids) never held, served
     "addmm 2-d bias": (torch.addmm, (torch.randn(4, 6), torch.randn(4, 2), torch.randn(2, 6))),
     "addmm 0-d bias": (torch.addmm, (torch.randn(()), torch.randn(4, 2), torch.randn(2, 6))),
     "baddbmm [1] input": (torch.baddbmm, (torch.randn(1), torch.randn(2, 4, 2), torch.randn(2, 2, 6))),
+    "index_select 1-d input": (lambda x, i: torch.index_select(x, 0, i), (torch.randn(8), torch.tensor([1, 5, 2, 7]))),
     "embedding 1-d ids": (lambda i, w: F.embedding(i, w), (torch.randint(0, 8, (6,)), torch.randn(8, 4))),
 }
 

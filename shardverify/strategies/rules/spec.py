@@ -276,6 +276,7 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         eq, whole = derive.advanced_index(inputs[0], list(zip(at, inputs[1:])), outputs[0])
     elif options.source == "reduce_dims_param":
         dims = normalize_dims(_param(params, options.reduce_dims_param), len(inputs[0]), options.reduce_dims_param)
+        dims = tuple(d for d in dims if d < len(inputs[0]))     # a 0-d tensor's dim 0 reduces nothing
         keepdim = bool(_param(params, options.keepdim_param)) if options.keepdim_param else False
         eq = derive.reduction(inputs[0], len(outputs), dims, keepdim)
         if options.reduce_op is None:
