@@ -183,14 +183,23 @@ def test_reduce_op_is_validated():
         get_generator("following")(Context())
 
 
-def test_sum_of_a_graph_input_follows_the_replicated_placeholder():
+def test_sum_of_a_graph_input_takes_every_layout_the_input_can_arrive_in():
+    """A graph input's node is replicated, but a plan may lay it out any way (a local slice):
+    the sum offers every layout of the input's shape, each verified at the call."""
+    from shardverify.verify.on_demand import verify_node
+
     class Sum(torch.nn.Module):
         def forward(self, x):
             return x.sum(0)
     gm = trace(Sum(), meta_args={"x": torch.empty(4, 6, device="meta")})
     vector = strategies_for_node(gm, "sum_1", DeviceMesh((2,)))
-    assert vector.names == ["[R, R] -> [R]_0", "[R, R]+P0 -> [R] | P0 sum_0"]
+    assert vector.names == ["[R, R] -> [R]_0", "[S0, R] -> [R] | P0 sum_1", "[R, S0] -> [S0]_2",
+                            "[R, R]+P0 -> [R] | P0 sum_0"]
     assert strategies_for_node(gm, "x", DeviceMesh((2,))).names == ["Replica Placeholder"]
+    for mesh in (DeviceMesh((2, 2)), DeviceMesh((3,))):   # both shard orders; 4 and 6 over 3: uneven blocks
+        results = verify_node(gm, "sum_1", mesh)
+        assert len(results) == len(strategies_for_node(gm, "sum_1", mesh)) >= 4
+        assert all(r.passed for r in results), [r.strategy for r in results if not r.passed]
 
 
 def test_normalize_dims():

@@ -91,13 +91,30 @@ def _shapes(node: Node) -> tuple:
     return (of(node),) + tuple((n.name, of(n)) for n in node.all_input_nodes)
 
 
+def _refuse_symbolic(node: Node, shapes: tuple) -> None:
+    """A shape torch.export could not know before running (``x[bool_mask]``, ``nonzero``: a size
+    ``u0`` that the data decides) cannot be laid out ahead: refused, naming the node and the size."""
+    own, *inputs = shapes
+    for name, metas in ((node.name, own), *inputs):
+        for meta in metas:
+            shape = meta[0] if meta is not None else ()
+            symbolic = [size for size in shape if not isinstance(size, int)]
+            if symbolic:
+                where = "" if name == node.name else f" (its input {name!r})"
+                raise HandlerError(f"node {node.name!r}{where} has a data-dependent shape "
+                                   f"[{', '.join(map(str, shape))}]: the size {symbolic[0]} is known only when the "
+                                   f"data is (a boolean mask, nonzero), so no layout can be planned for it ahead")
+
+
 def _strategies(graph_module: GraphModule, node: Node, mesh: DeviceMesh,
                 on_demand: OnDemand | None = None) -> StrategiesVector:
     """The node's strategies, cached in ``node.meta`` by mesh and by the shapes and dtypes they
     were computed from: a copy of the graph traced again for other inputs (``deepcopy`` keeps
     ``node.meta``) gets its own, not the strategies of the old shapes."""
+    shapes = _shapes(node)
+    _refuse_symbolic(node, shapes)
     cache = node.meta.setdefault(CACHE_KEY, {})
-    key = (mesh, _shapes(node), getattr(on_demand, "cache_key", None))
+    key = (mesh, shapes, getattr(on_demand, "cache_key", None))
     if key not in cache:
         cache[key] = _build(graph_module, node, mesh, on_demand)
     return cache[key]

@@ -1,6 +1,8 @@
 """Strategies for an op whose layout follows its predecessor's (a reduction, an elementwise op).
 
-For each predecessor strategy, in the same order: one strategy named
+For each layout the followed operand can arrive in (each strategy of its producer, in the same
+order; for a graph input or attribute, whose node is replicated but which a plan may lay out any
+way by a local slice, every layout its shape admits, replicated first): one strategy named
 ``<input layout> -> <output layout>_<predecessor index>`` (ColossalAI's convention; a layout an
 earlier predecessor strategy produced already is not offered again) whose
 input takes the layout the predecessor produces except that a shard on a reduced dim is
@@ -99,8 +101,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     linear = _linear_in(ctx, role)
     operands = [inp, out]
     strategies, pieces = [], []
-    for index, pred in enumerate(ctx.predecessor_strategies(role)):
-        produced = pred.get_sharding_spec_by_name(inp.name).partition_dict()
+    for index, produced in enumerate(_produced_layouts(ctx, role)):
         in_part = {d: axes for d, axes in produced.items() if d not in reduced}
         out_part = {out_dim[d]: axes for d, axes in in_part.items()}
         specs = {
@@ -125,6 +126,35 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             if linear and reduce_op == "sum":
                 pieces += _partial_variants(ctx, operands, specs, partial, index)
     return _first_of_each(strategies + pieces)
+
+
+def _produced_layouts(ctx: GeneratorContext, role: str) -> list[dict[int, tuple[int, ...]]]:
+    """The layouts (tensor dim -> mesh axes) the followed operand can arrive in: those its
+    producer's strategies give it, or, for a graph input or attribute (its node's single
+    strategy is replicated, but a plan may lay it out any way, by a local slice), every
+    layout its shape admits, replicated first."""
+    data = ctx.operand(role)
+    producer = next((n for n in ctx.node.all_input_nodes if n.name == data.name), None)
+    if producer is not None and producer.op in ("placeholder", "get_attr"):
+        return _every_layout(data.shape, ctx.mesh.shape)
+    return [pred.get_sharding_spec_by_name(data.name).partition_dict()
+            for pred in ctx.predecessor_strategies(role)]
+
+
+def _every_layout(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[dict[int, tuple[int, ...]]]:
+    """Each mesh axis (of more than one rank) given to one dim of two or more elements or to
+    none, a dim's axes in every order (``S01`` and ``S10``); the replicated layout first."""
+    axes = [a for a, size in enumerate(mesh_shape) if size > 1]
+    dims = [d for d, size in enumerate(shape) if size > 1]
+    found: list[dict[int, tuple[int, ...]]] = []
+    for choice in itertools.product([None, *dims], repeat=len(axes)):
+        ascending: dict[int, tuple[int, ...]] = {}
+        for axis, dim in zip(axes, choice):
+            if dim is not None:
+                ascending[dim] = ascending.get(dim, ()) + (axis,)
+        for orders in itertools.product(*(itertools.permutations(held) for held in ascending.values())):
+            found.append(dict(zip(ascending, orders)))
+    return found
 
 
 def _first_of_each(strategies: list[ShardingStrategy]) -> list[ShardingStrategy]:

@@ -120,6 +120,8 @@ def reshape(input_shape: Shape, output_shape: Shape) -> tuple[Equation, set[str]
     equation, the whole factors and the sizes of factors only compounds hold."""
     if math.prod(input_shape) != math.prod(output_shape):
         raise InvalidArgument(f"cannot view {input_shape} as {output_shape}")
+    if math.prod(input_shape) == 0:
+        return _empty_reshape(input_shape, output_shape)
     ins = [(i, s) for i, s in enumerate(input_shape) if s != 1]
     outs = [(j, s) for j, s in enumerate(output_shape) if s != 1]
     in_term: list[Dim] = [()] * len(input_shape)
@@ -163,3 +165,27 @@ def reshape(input_shape: Shape, output_shape: Shape) -> tuple[Equation, set[str]
                         term[i] = (name,)
         group += 1
     return Equation((tuple(in_term),), (tuple(out_term),)), whole, sizes
+
+
+def _empty_reshape(input_shape: Shape, output_shape: Shape) -> tuple[Equation, set[str], dict[str, int]]:
+    """A view of a tensor with no element (``[4, 0]`` as ``[4, 2, 0, 0, 0]``): sizes cannot be
+    matched by products, so only the leading dims the two shapes share before the first empty
+    one keep a common factor; every other dim holds a factor of its own, kept whole."""
+    lead = 0
+    while lead < min(len(input_shape), len(output_shape)) and input_shape[lead] == output_shape[lead] != 0:
+        lead += 1
+    whole: set[str] = set()
+
+    def term(shape: Shape, side: str) -> Term:
+        dims: list[Dim] = []
+        for i, size in enumerate(shape):
+            if i < lead:
+                dims.append((f"d{i}",) if size != 1 else ())
+            elif size == 1:
+                dims.append(())
+            else:
+                whole.add(f"{side}{i}")
+                dims.append((f"{side}{i}",))
+        return tuple(dims)
+
+    return Equation((term(input_shape, "in"),), (term(output_shape, "out"),)), whole, {}

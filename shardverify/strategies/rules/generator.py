@@ -64,9 +64,11 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
                                                       [d.shape for d in outputs], ctx.params, present)
         additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
         rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
-                    reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes)
+                    reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes,
+                    names=[f"operand {d.role!r}" for d in inputs + outputs])
     except InvalidArgument as exc:
-        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
+        where = f" ({_handler(ctx).spec_file})" if _handler(ctx).spec_file else ""
+        raise StrategyError(f"{ctx.handler_name}{where}: node {ctx.node.name!r}: {exc}") from None
     return rule, options, inputs, outputs
 
 

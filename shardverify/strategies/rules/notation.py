@@ -3,7 +3,8 @@
 An equation lists one *term* per tensor operand (in the spec's operand order), ``->``, then
 one term per output. A term is a sequence of dims; a dim is a letter (a *factor*), a compound
 ``(a b)`` (one tensor dim holding several factors, major first: what flatten makes), ``1``
-(a size-1 dim that holds no factor), or ``...`` (any number of leading batch dims, aligned
+(a size-1 dim that holds no factor), ``m?`` (an optional dim: a tensor of too few dims lacks it,
+as a vector lacks matmul's ``m``), or ``...`` (any number of leading batch dims, aligned
 from the right across operands like broadcasting). Terms without spaces read one letter per
 character (``mk``); terms with spaces read one name per word (``oh ow``). ``str`` gives the
 spaced form back, and ``parse(str(eq)) == eq``.
@@ -22,7 +23,8 @@ ELLIPSIS = "..."
 Dim = tuple[str, ...]          # factor names, major first; () is a size-1 dim; ("...",) the ellipsis
 Term = tuple[Dim, ...]
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\??\Z")
+OPTIONAL = "?"   # ``m?``: a dim a tensor may lack (a vector in matmul); see rule.bind
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Equation:
             for dim in term:
                 for name in dim:
                     if name != ELLIPSIS:
-                        seen.setdefault(name, None)
+                        seen.setdefault(name.removesuffix(OPTIONAL), None)
         return tuple(seen)
 
 
@@ -68,6 +70,9 @@ def _tokens(text: str) -> list[str]:
         if text.startswith(ELLIPSIS, i):
             tokens.append(ELLIPSIS)
             i += 3
+        elif text[i] == OPTIONAL and tokens and tokens[-1] != ELLIPSIS:
+            tokens[-1] += OPTIONAL
+            i += 1
         else:
             tokens.append(text[i])
             i += 1
@@ -96,6 +101,8 @@ def _term(text: str, where: str) -> Term:
                 raise InvalidArgument(f"{where}: '1' cannot sit inside a group in {text!r}")
             dims.append(())
         elif _NAME.match(token):
+            if group is not None and token.endswith(OPTIONAL):
+                raise InvalidArgument(f"{where}: an optional factor {token!r} cannot sit inside a group in {text!r}")
             if group is not None:
                 group.append(token)
             else:

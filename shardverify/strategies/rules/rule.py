@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
 from shardverify.sharding.blocks import nested_block
-from shardverify.strategies.rules.notation import ELLIPSIS, Dim, Equation, Term
+from shardverify.strategies.rules.notation import ELLIPSIS, OPTIONAL, Dim, Equation, Term
 from shardverify.sharding.strategy import REDUCE_OPS
 
 __all__ = ["Rule", "bind"]
@@ -106,31 +106,62 @@ def _expand(term: Term, rank: int, width: int, where: str) -> Term:
     """Replace ``...`` by ``width`` batch factors aligned from the right (``_b0`` ... )."""
     if (ELLIPSIS,) not in term:
         if len(term) != rank:
-            raise InvalidArgument(f"{where}: term has {len(term)} dims, the tensor has {rank}")
+            raise InvalidArgument(f"{where} has {rank} dim(s); the rule takes it with {len(term)}, so it does not "
+                                  f"cover this rank")
         return term
     n = rank - (len(term) - 1)
     if n < 0:
-        raise InvalidArgument(f"{where}: term needs at least {len(term) - 1} dims, the tensor has {rank}")
+        raise InvalidArgument(f"{where} has {rank} dim(s); the rule takes it with at least {len(term) - 1}, so it "
+                              f"does not cover this rank")
     at = term.index((ELLIPSIS,))
     batch = tuple((f"_b{i}",) for i in range(width - n, width))
     return term[:at] + batch + term[at + 1:]
 
 
+def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
+    """Every term with its optional dims (``m?``) resolved: an input holds its optional dims,
+    last to first (aligned from the right, as broadcasting aligns), as far as its tensor has dims
+    beyond the required ones (before ``...`` takes any: ``m? n?`` of a ``[N]`` bias holds ``n``); an output holds an optional factor where an input does (a vector times a matrix gives
+    a vector: ``... m? k, ... k n? -> ... m? n?``)."""
+    def plain(dim: Dim) -> Dim:
+        return tuple(f.removesuffix(OPTIONAL) for f in dim)
+
+    def optional(dim: Dim) -> bool:
+        return len(dim) == 1 and dim[0].endswith(OPTIONAL)
+
+    held: set[str] = set()
+    resolved: list[Term] = []
+    for term, rank in zip(equation.inputs, ranks):
+        required = sum(1 for d in term if d != (ELLIPSIS,) and not optional(d))
+        optionals = [i for i, d in enumerate(term) if optional(d)]
+        held_here = set(optionals[len(optionals) - max(0, min(rank - required, len(optionals))):])
+        kept = [plain(d) for i, d in enumerate(term) if not optional(d) or i in held_here]
+        held |= {f for d in kept for f in d}
+        resolved.append(tuple(kept))
+    for term in equation.outputs:
+        resolved.append(tuple(plain(d) for d in term if not optional(d) or plain(d)[0] in held))
+    return resolved
+
+
 def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shapes: Sequence[Sequence[int]], *,
          reduce: Mapping[str, str | None] | None = None, whole: Sequence[str] = (),
-         additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None) -> Rule:
+         additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None, names: Sequence[str] = ()) -> Rule:
     """Bind ``equation`` to the operands' shapes; InvalidArgument when they disagree.
-    ``sizes``: factor sizes the shapes cannot tell (two unknown factors in one compound)."""
+    ``sizes``: factor sizes the shapes cannot tell (two unknown factors in one compound); ``names``:
+    each operand's role (inputs, then outputs), for the errors."""
     if len(equation.inputs) != len(input_shapes):
         raise InvalidArgument(f"rule {equation} has {len(equation.inputs)} input term(s) for "
                               f"{len(input_shapes)} tensor operand(s)")
     if len(equation.outputs) != len(output_shapes):
         raise InvalidArgument(f"rule {equation} has {len(equation.outputs)} output term(s) for "
                               f"{len(output_shapes)} output(s)")
-    terms = equation.inputs + equation.outputs
+    terms = _optional_dims(equation, [len(s) for s in input_shapes])
     shapes = [tuple(s) for s in (*input_shapes, *output_shapes)]
     width = max([len(s) - (len(t) - 1) for t, s in zip(terms, shapes) if (ELLIPSIS,) in t] or [0])
-    terms = [_expand(t, len(s), width, f"rule {equation}, shape {s}") for t, s in zip(terms, shapes)]
+    labels = list(names) or [f"input {i}" for i in range(len(input_shapes))] + \
+        [f"output {i}" for i in range(len(output_shapes))]
+    terms = [_expand(t, len(s), width, f"{label} of shape {list(s)} (rule {equation})")
+             for t, s, label in zip(terms, shapes, labels)]
 
     sizes = dict(sizes or {})
     for term, shape in zip(terms, shapes):          # single-factor dims fix sizes (1 broadcasts)
@@ -164,6 +195,9 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     inputs, outputs = tuple(bound[:len(input_shapes)]), tuple(bound[len(input_shapes):])
 
     order = list(dict.fromkeys(f for term in bound for dim in term for f in dim))
+    if ELLIPSIS in whole:          # ``whole: [...]``: every batch factor the ellipsis became
+        batch = [f"_b{i}" for i in range(width)]
+        whole = [w for w in whole if w != ELLIPSIS] + [f for f in batch if f in order]
     in_inputs = {f for term in inputs for dim in term for f in dim}
     in_outputs = {f for term in outputs for dim in term for f in dim}
     reduce = dict(reduce or {})

@@ -26,7 +26,7 @@ One source of factors, exactly one of:
                                index's ids index its dim as ``indices`` says (a shard of the
                                dim masks the ids a rank does not hold)
 
-and modifiers: ``whole: [k]`` (factors never sharded), ``whole_dims_param: dim`` (output
+and modifiers: ``whole: [k]`` (factors never sharded; ``"..."`` names every dim the ellipsis stands for), ``whole_dims_param: dim`` (output
 dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
 normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default sum; none = whole),
@@ -160,7 +160,7 @@ class RuleOptions:
                                   "or whole_trailing_param")
         if einsum is not None:
             letters = set(einsum.letters)
-            bad = sorted((set(whole) | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
+            bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
             if bad:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
         linear_in = options.get("linear_in", ())
@@ -255,13 +255,18 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
     if options.source in ("einsum", "einsum_param"):
         eq = options.einsum if options.einsum is not None else \
             torch_einsum_equation(_param(params, options.einsum_param))
-        unknown = sorted((set(whole) | set(reduce)) - set(eq.letters))
+        unknown = sorted((set(whole) - {ELLIPSIS} | set(reduce)) - set(eq.letters))
         if unknown:
             raise InvalidArgument(f"rule names factor(s) {unknown} that einsum {str(eq)!r} does not have")
-        if len(eq.inputs) != len(present):
+        if options.einsum is None:      # the call's own equation: one term per tensor it passes
+            if len(eq.inputs) != sum(present):
+                raise InvalidArgument(f"the equation {str(eq)!r} has {len(eq.inputs)} operand term(s); the call "
+                                      f"passes {sum(present)} tensor(s)")
+        elif len(eq.inputs) != len(present):
             raise InvalidArgument(f"einsum {str(eq)!r} has {len(eq.inputs)} input term(s); the spec declares "
                                   f"{len(present)} tensor operand(s)")
-        eq = Equation(tuple(t for t, here in zip(eq.inputs, present) if here), eq.outputs)
+        else:
+            eq = Equation(tuple(t for t, here in zip(eq.inputs, present) if here), eq.outputs)
         if len(outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
             eq = Equation(eq.inputs, eq.outputs * len(outputs))
     elif options.source == "pointwise":
@@ -271,6 +276,7 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         eq, whole = derive.advanced_index(inputs[0], list(zip(at, inputs[1:])), outputs[0])
     elif options.source == "reduce_dims_param":
         dims = normalize_dims(_param(params, options.reduce_dims_param), len(inputs[0]), options.reduce_dims_param)
+        dims = tuple(d for d in dims if d < len(inputs[0]))     # a 0-d tensor's dim 0 reduces nothing
         keepdim = bool(_param(params, options.keepdim_param)) if options.keepdim_param else False
         eq = derive.reduction(inputs[0], len(outputs), dims, keepdim)
         if options.reduce_op is None:
@@ -283,7 +289,8 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         rank = len(inputs[0])
         d0, d1 = (int(_param(params, p)) % max(rank, 1) for p in (options.dim0_param, options.dim1_param))  # type: ignore[call-overload]
         order = list(range(rank))
-        order[d0], order[d1] = order[d1], order[d0]
+        if rank:                      # a 0-d tensor takes dim 0 (or -1) as its one "dim": nothing moves
+            order[d0], order[d1] = order[d1], order[d0]
         eq = derive.permute(rank, order)
     out_rank = len(outputs[0]) if outputs else 0
     names = [dim[0] if len(dim) == 1 else None for dim in eq.outputs[0]] if eq.outputs else []
@@ -294,6 +301,7 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         value = _param(params, options.whole_trailing_param)
         count = 1 if isinstance(value, int) else len(value)  # type: ignore[arg-type]
         positions += tuple(range(out_rank - count, out_rank))
+    positions = tuple(p for p in positions if p < out_rank)   # a 0-d tensor's dim 0 (torch takes it) is no dim
     if positions:
         if any((ELLIPSIS,) == dim for dim in eq.outputs[0]):
             raise InvalidArgument("whole_dims_param/whole_trailing_param need an output term without '...'")

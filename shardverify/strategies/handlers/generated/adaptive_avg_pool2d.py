@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='output_size', index=1, keyword='output_size', default=None),
     ),
     generator='rules',
-    options=(('linear_in', ('input',)), ('einsum', 'n c h w -> n c oh ow'), ('whole', ('h', 'w'))),
+    options=(('linear_in', ('input',)), ('einsum', '... c h w -> ... c oh ow'), ('whole', ('h', 'w'))),
     spec_file='specs/adaptive_avg_pool2d.yaml',
     bindings=(
         (torch.nn.AdaptiveAvgPool2d, (

@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('linear_in', ('mat1', 'mat2')), ('einsum', 'n, m k, k n -> m n'), ('additive_operands', ('input',))),
+    options=(('linear_in', ('mat1', 'mat2')), ('einsum', 'm? n?, m k, k n -> m n'), ('additive_operands', ('input',))),
     spec_file='specs/addmm.yaml',
     overrides=(
         (torch.ops.aten.addmm.default, (

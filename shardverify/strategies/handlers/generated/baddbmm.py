@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('linear_in', ('batch1', 'batch2')), ('einsum', 'b m n, b m k, b k n -> b m n'), ('additive_operands', ('input',))),
+    options=(('linear_in', ('batch1', 'batch2')), ('einsum', 'b? m? n?, b m k, b k n -> b m n'), ('additive_operands', ('input',))),
     spec_file='specs/baddbmm.yaml',
     overrides=(
         (torch.ops.aten.baddbmm.default, (

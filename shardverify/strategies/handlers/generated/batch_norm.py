@@ -30,7 +30,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='cudnn_enabled', index=8, keyword='cudnn_enabled', default=None),
     ),
     generator='rules',
-    options=(('monotone_in', ('bias',)), ('linear_in', (('input', 'running_mean', 'bias?'), ('weight', 'bias?'))), ('einsum', 'n c h w, c, c, c, c -> n c h w'), ('constant_operands', ('running_mean', 'running_var'))),
+    options=(('monotone_in', ('bias',)), ('linear_in', (('input', 'running_mean', 'bias?'), ('weight', 'bias?'))), ('einsum', 'n c ..., c, c, c, c -> n c ...'), ('constant_operands', ('running_mean', 'running_var'))),
     spec_file='specs/batch_norm.yaml',
     bindings=(
         (torch.ops.aten.batch_norm.default, (

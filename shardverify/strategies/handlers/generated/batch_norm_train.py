@@ -30,7 +30,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='cudnn_enabled', index=8, keyword='cudnn_enabled', default=None),
     ),
     generator='rules',
-    options=(('einsum', 'n c h w, c, c, c, c -> n c h w'), ('constant_operands', ('running_mean', 'running_var')), ('whole', ('n', 'h', 'w'))),
+    options=(('einsum', 'n c ..., c, c, c, c -> n c ...'), ('constant_operands', ('running_mean', 'running_var')), ('whole', ('n', '...'))),
     spec_file='specs/batch_norm_train.yaml',
     bindings=(
         (torch.ops.aten.batch_norm.default, (

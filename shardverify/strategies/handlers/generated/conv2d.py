@@ -23,7 +23,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='groups', index=6, keyword='groups', default=1),
     ),
     generator='rules',
-    options=(('linear_in', ('input', 'weight')), ('einsum', 'n i h w, o i kh kw, o -> n o oh ow'), ('whole', ('h', 'w', 'kh', 'kw')), ('additive_operands', ('bias',))),
+    options=(('linear_in', ('input', 'weight')), ('einsum', '... i h w, o i kh kw, o -> ... o oh ow'), ('whole', ('h', 'w', 'kh', 'kw')), ('additive_operands', ('bias',))),
     spec_file='specs/conv2d.yaml',
     bindings=(
         (torch.nn.Conv2d, (

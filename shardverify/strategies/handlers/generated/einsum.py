@@ -13,7 +13,7 @@ HANDLER = register_handler(HandlerDef(
         OperandDecl(role='a', kind='input', index=1, keyword=None,
                     attribute=None, optional=False, element=None),
         OperandDecl(role='b', kind='input', index=2, keyword=None,
-                    attribute=None, optional=False, element=None),
+                    attribute=None, optional=True, element=None),
         OperandDecl(role='output', kind='output', index=None, keyword=None,
                     attribute=None, optional=False, element=None),
     ),

@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='padding_idx', index=2, keyword='padding_idx', default=None),
     ),
     generator='rules',
-    options=(('monotone_in', ('weight',)), ('linear_in', ('weight',)), ('einsum', 'b s, v e -> b s e'), ('indices', (('input', 'v'),))),
+    options=(('monotone_in', ('weight',)), ('linear_in', ('weight',)), ('einsum', '..., v e -> ... e'), ('indices', (('input', 'v'),))),
     spec_file='specs/embedding.yaml',
     bindings=(
         (torch.nn.functional.embedding, (

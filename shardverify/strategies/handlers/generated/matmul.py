@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('linear_in', ('input', 'other')), ('einsum', '...mk,...kn->...mn')),
+    options=(('linear_in', ('input', 'other')), ('einsum', '...m?k,...kn?->...m?n?')),
     spec_file='specs/matmul.yaml',
     overrides=(
         (torch.ops.aten.matmul.default, (

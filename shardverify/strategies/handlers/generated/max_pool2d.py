@@ -23,7 +23,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='ceil_mode', index=5, keyword='ceil_mode', default=False),
     ),
     generator='rules',
-    options=(('monotone_in', ('input:max',)), ('einsum', 'n c h w -> n c oh ow'), ('whole', ('h', 'w'))),
+    options=(('monotone_in', ('input:max',)), ('einsum', '... c h w -> ... c oh ow'), ('whole', ('h', 'w'))),
     spec_file='specs/max_pool2d.yaml',
     bindings=(
         (torch.nn.MaxPool2d, (
