@@ -113,3 +113,47 @@ def test_a_worker_tells_its_parent_from_a_process_that_reused_its_pid():
         pytest.skip("no /proc start times on this platform")
     assert _exists(os.getpid(), started) and _exists(os.getpid())
     assert not _exists(os.getpid(), started + 1)      # the same pid, another process's start time
+
+
+def test_a_verify_jobs_worker_knows_its_parent_by_start_time_too():
+    """`verify --jobs` workers watch their parent as pool workers do: a live process with the
+    parent's pid but another start time (a reused pid) is not the parent, and the worker exits."""
+    from shardverify.backends.process_worker import process_start
+
+    started = process_start(os.getpid())
+    if started is None:
+        pytest.skip("no /proc start times on this platform")
+    worker = ("import multiprocessing, sys, time\n"
+              "from shardverify.cli.verify_jobs import _start_worker\n"
+              "_start_worker(multiprocessing.Value('i', 0), [], 1, int(sys.argv[1]), (), int(sys.argv[2]))\n"
+              "time.sleep(120)\n")
+    reused = subprocess.run([sys.executable, "-c", worker, str(os.getpid()), str(started + 1)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert reused.returncode == 1, reused.stderr    # watch_parent's exit, long before the sleep ends
+    parent = subprocess.Popen([sys.executable, "-c", worker, str(os.getpid()), str(started)], cwd=REPO,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):   # its true parent lives: it keeps working
+            parent.wait(timeout=15)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_verify_jobs_hands_its_workers_its_start_time(monkeypatch):
+    import concurrent.futures as cf
+
+    from shardverify.backends.process_worker import process_start
+    from shardverify.cli import verify_jobs
+
+    seen = {}
+
+    class NoPool:
+        def __init__(self, width, **kwargs):
+            seen.update(kwargs)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", NoPool)
+    with pytest.raises(KeyboardInterrupt):   # the pool is never built: only its arguments are looked at
+        verify_jobs._run([("relu", "c", None, (2,))], [0], 1, [None], None, 1, None, 10.0, None)
+    assert seen["initargs"][3] == os.getpid() and seen["initargs"][-1] == process_start(os.getpid())
