@@ -277,6 +277,7 @@ def resolve_kind(kind: str | None, is_dist: bool, settings: Settings, nodeid: st
 
 _SETTINGS = pytest.StashKey[Settings]()
 _POOL = pytest.StashKey[BackendPool]()
+_TERMINATED: list[bool] = []   # a SIGTERM stopped this session (the exit status is then 143)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -304,10 +305,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
     config.stash[_SETTINGS] = resolve_settings(config)
     # SIGTERM to the run (a CI timeout, `kill` of pytest -n 4's group) ends each process as an
-    # exception: the session's pools close and their folders go (backends/signals.py)
-    from shardverify.backends.signals import exit_on_sigterm
+    # interrupt: the session's teardown runs, its pools close and their folders go
+    # (backends/signals.py), and the run exits 143 (pytest_sessionfinish below)
+    from shardverify.backends.signals import interrupt_on_sigterm
 
-    exit_on_sigterm()
+    interrupt_on_sigterm()
     threads = worker_threads()
     if threads is not None:
         import torch  # an xdist worker runs tests that import it anyway
@@ -401,11 +403,20 @@ class _SkipSummary:
                 f"{ENV_FLAG} is not 1; {ENABLE_HINT}", yellow=True)
 
 
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
+    from shardverify.backends.signals import Terminated
+
+    if excinfo.errisinstance(Terminated):
+        _TERMINATED.append(True)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     pool = session.config.stash.get(_POOL, None)
     if pool is not None:
         pool.close_all()
+    if _TERMINATED:   # stopped by SIGTERM: 128 + 15, as a process the signal ended (not pytest's 2)
+        session.exitstatus = 143
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

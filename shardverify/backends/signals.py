@@ -14,7 +14,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-__all__ = ["exit_on_sigterm", "deadline"]
+__all__ = ["Terminated", "exit_on_sigterm", "interrupt_on_sigterm", "deadline"]
 
 
 def exit_on_sigterm():
@@ -25,6 +25,29 @@ def exit_on_sigterm():
 
     def terminate(signum, frame):  # noqa: ANN001
         raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, terminate)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as an interrupt where a framework stops cleanly only on one (pytest:
+    ``SystemExit`` in its main loop is an INTERNALERROR with a traceback, a KeyboardInterrupt
+    ends the session, running its teardown)."""
+
+    def __init__(self) -> None:
+        super().__init__("stopped by SIGTERM; exit 143")
+
+
+def interrupt_on_sigterm():
+    """Make SIGTERM raise :class:`Terminated` in the main thread (after the first, a second
+    SIGTERM is ignored while the clean-up runs). Returns the previous handler, or None off the
+    main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):  # noqa: ANN001
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
 
     return signal.signal(signal.SIGTERM, terminate)
 
