@@ -307,9 +307,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # SIGTERM to the run (a CI timeout, `kill` of pytest -n 4's group) ends each process as an
     # interrupt: the session's teardown runs, its pools close and their folders go
     # (backends/signals.py), and the run exits 143 (pytest_sessionfinish below)
-    from shardverify.backends.signals import interrupt_on_sigterm
+    from shardverify.backends.signals import interrupt_on_sigterm, keep_interrupts
 
     interrupt_on_sigterm()
+    keep_interrupts()   # an interrupt raised in a finalizer is raised again, not lost
     threads = worker_threads()
     if threads is not None:
         import torch  # an xdist worker runs tests that import it anyway

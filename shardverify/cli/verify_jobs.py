@@ -22,6 +22,7 @@ from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backe
                                           verify_row)
 from shardverify.backends.cpus import keep_to_cpu, thread_share, usable_cpus
 from shardverify.backends.process_worker import process_start, watch_parent
+from shardverify.backends.signals import signals_held, start_forkserver
 from shardverify.errors import ShardVerifyError
 
 #: what every worker imports anyway, imported once in the forkserver instead
@@ -65,6 +66,7 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
     rows left unset), every other finished row is set in ``rows``."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(_PRELOAD))
+    start_forkserver()   # deaf to the terminal's Ctrl-C: the workers are terminated below (backends/signals.py)
     cpus = usable_cpus()
     pool = cf.ProcessPoolExecutor(width, mp_context=ctx, initializer=_start_worker,
                                   initargs=(counter, cpus if jobs <= len(cpus) else [], thread_share(jobs),
@@ -76,7 +78,8 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
         while (queue or running) and not lost:
             while queue and len(running) < width:
                 index = queue.pop(0)
-                running[pool.submit(_worker_row, plan[index], device, timeout)] = index
+                with signals_held():   # a submit may start a worker: never cut in two (backends/signals.py)
+                    running[pool.submit(_worker_row, plan[index], device, timeout)] = index
             done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in done:
                 index = running.pop(future)
