@@ -3,8 +3,8 @@
 
 def _quiet_start() -> None:
     """Started as the command (``python -m shardverify``, the ``shardverify`` script), a Ctrl-C
-    while torch is imported (seconds) ends the process with 130 and one line, not a traceback
-    of torch's import; ``cli.main`` puts Python's own handler back before any work starts. A
+    or SIGTERM while torch is imported (seconds) ends the process with 130 or 143 and one line,
+    not a traceback of torch's import; ``cli.main`` puts Python's own handler back before any work starts. A
     program that imports the library keeps its KeyboardInterrupt."""
     import os
     import signal
@@ -17,10 +17,12 @@ def _quiet_start() -> None:
         return
 
     def starting(signum, frame):  # noqa: ANN001
-        print("shardverify: interrupted while starting; exit 130", file=sys.stderr)
-        raise SystemExit(130)
+        print(f"shardverify: interrupted while starting; exit {128 + signum}", file=sys.stderr)
+        raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGINT, starting)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:   # cli.main sets its own before any work
+        signal.signal(signal.SIGTERM, starting)
 
 
 _quiet_start()

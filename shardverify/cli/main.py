@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     hook = keep_interrupts()   # ... and neither is lost in a finalizer
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:   # outside a subcommand's own handler (its imports, reading specs)
+        print(f"shardverify {args.command}: interrupted; exit 130", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `shardverify list | head`: the reader left; exit quietly like other Unix tools.
         devnull = os.open(os.devnull, os.O_WRONLY)
