@@ -277,7 +277,7 @@ def resolve_kind(kind: str | None, is_dist: bool, settings: Settings, nodeid: st
 
 _SETTINGS = pytest.StashKey[Settings]()
 _POOL = pytest.StashKey[BackendPool]()
-_TERMINATED: list[bool] = []   # a SIGTERM stopped this session (the exit status is then 143)
+_STOPPED: list[int] = []   # the exit status of a session stopped by SIGTERM (143) or Ctrl-C (130)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -306,7 +306,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SETTINGS] = resolve_settings(config)
     # SIGTERM to the run (a CI timeout, `kill` of pytest -n 4's group) ends each process as an
     # interrupt: the session's teardown runs, its pools close and their folders go
-    # (backends/signals.py), and the run exits 143 (pytest_sessionfinish below)
+    # (backends/signals.py), and the run exits 143 (Ctrl-C: 130; pytest_sessionfinish below)
     from shardverify.backends.signals import interrupt_on_sigterm, keep_interrupts
 
     interrupt_on_sigterm()
@@ -407,8 +407,7 @@ class _SkipSummary:
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
     from shardverify.backends.signals import Terminated
 
-    if excinfo.errisinstance(Terminated):
-        _TERMINATED.append(True)
+    _STOPPED.append(143 if excinfo.errisinstance(Terminated) else 130)
 
 
 @pytest.hookimpl(trylast=True)
@@ -416,8 +415,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     pool = session.config.stash.get(_POOL, None)
     if pool is not None:
         pool.close_all()
-    if _TERMINATED:   # stopped by SIGTERM: 128 + 15, as a process the signal ended (not pytest's 2)
-        session.exitstatus = 143
+    if _STOPPED:   # stopped by SIGTERM or Ctrl-C: 128 + the signal, as the shell says (not pytest's 2)
+        session.exitstatus = _STOPPED[-1]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
