@@ -310,6 +310,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from shardverify.backends.signals import interrupt_on_sigterm, keep_interrupts
 
     interrupt_on_sigterm()
+    _STOPPED.clear()
     keep_interrupts()   # an interrupt raised in a finalizer is raised again, not lost
     threads = worker_threads()
     if threads is not None:
@@ -407,7 +408,10 @@ class _SkipSummary:
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
     from shardverify.backends.signals import Terminated
 
-    _STOPPED.append(143 if excinfo.errisinstance(Terminated) else 130)
+    if excinfo.errisinstance(Terminated):
+        _STOPPED.append(143)
+    elif excinfo.type is KeyboardInterrupt:   # not pytest's own Interrupted (a collection error)
+        _STOPPED.append(130)
 
 
 @pytest.hookimpl(trylast=True)
@@ -415,8 +419,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     pool = session.config.stash.get(_POOL, None)
     if pool is not None:
         pool.close_all()
-    if _STOPPED:   # stopped by SIGTERM or Ctrl-C: 128 + the signal, as the shell says (not pytest's 2)
-        session.exitstatus = _STOPPED[-1]
+    if _STOPPED and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        session.exitstatus = _STOPPED[-1]   # stopped by SIGTERM or Ctrl-C: 128 + the signal, as the shell says
+    _STOPPED.clear()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
