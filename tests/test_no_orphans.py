@@ -159,3 +159,47 @@ def test_verify_jobs_hands_its_workers_its_start_time(monkeypatch):
     with pytest.raises(KeyboardInterrupt):   # the pool is never built: only its arguments are looked at
         verify_jobs._run([("relu", "c", None, (2,))], [0], 1, [None], None, 1, None, 10.0, None)
     assert seen["initargs"][3] == os.getpid() and seen["initargs"][-1] == process_start(os.getpid())
+
+
+def test_an_interrupt_raised_in_a_finalizer_is_raised_again():
+    """Python prints a KeyboardInterrupt raised in a weakref callback as "Exception ignored"
+    and goes on: a Ctrl-C of `plan --backend gloo` was lost that way and the run exited 0."""
+    import weakref
+
+    from shardverify.backends.signals import keep_interrupts
+
+    class Thing:
+        pass
+
+    def finalizer(ref):  # noqa: ANN001
+        raise KeyboardInterrupt
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    hook = keep_interrupts()
+    try:
+        thing = Thing()
+        ref = weakref.ref(thing, finalizer)
+        with pytest.raises(KeyboardInterrupt):
+            del thing
+            time.sleep(60)   # the signal comes back to the main thread and cuts this wait short
+        assert ref() is None
+    finally:
+        sys.unraisablehook = hook
+        signal.signal(signal.SIGINT, handler)
+
+
+def test_a_stop_during_a_held_process_start_comes_after_it():
+    from shardverify.backends.signals import signals_held
+
+    got = []
+    handler = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        with signals_held():
+            signal.raise_signal(signal.SIGTERM)
+            for _ in range(10_000):
+                pass
+            assert got == []          # not inside
+        assert got == [signal.SIGTERM]   # delivered to the handler it had, right after
+        assert signal.getsignal(signal.SIGTERM) is not None and got == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, handler)

@@ -118,11 +118,16 @@ def keep_interrupts():
     def hook(unraisable):  # noqa: ANN001
         exc = unraisable.exc_value
         if isinstance(exc, Terminated) or (isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM):
-            signal.raise_signal(signal.SIGTERM)
+            again = signal.SIGTERM
         elif isinstance(exc, KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
+            again = signal.SIGINT
         else:
             previous(unraisable)
+            return
+        # raised from here, the handler would run at once, inside this hook, and be swallowed
+        # again: a moment later, sent to the main thread (which cuts a wait it is in short), it
+        # runs in the main thread's next code
+        threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, again)).start()
 
     sys.unraisablehook = hook
     return previous
