@@ -406,12 +406,9 @@ class _SkipSummary:
 
 
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
-    from shardverify.backends.signals import Terminated
+    from shardverify.backends.signals import Terminated   # not pytest's Interrupted (collection errors)
 
-    if excinfo.errisinstance(Terminated):
-        _STOPPED.append(143)
-    elif excinfo.type is KeyboardInterrupt:   # not pytest's own Interrupted (a collection error)
-        _STOPPED.append(130)
+    _STOPPED.extend([143] if excinfo.errisinstance(Terminated) else [130] if excinfo.type is KeyboardInterrupt else [])
 
 
 @pytest.hookimpl(trylast=True)
