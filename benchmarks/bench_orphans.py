@@ -1,17 +1,25 @@
-"""Stop `shardverify verify --jobs 2` (simulated ranks in a forkserver pool) and a gloo run with
-SIGTERM and SIGKILL mid-run, and report how long it takes until nothing of them is left: no
-process of their session, no folder in their TMPDIR, no new multiprocessing semaphore in
-/dev/shm that no live process has mapped. Exit status 1 if anything is left after --within
-seconds.
+"""Stop a run mid-way and report how long it takes until nothing of it is left: no process of
+its session, no folder in its TMPDIR, no new multiprocessing semaphore in /dev/shm that no live
+process has mapped; and that it said so in one line: exit status 128 + the signal, no traceback.
+Exit status 1 if anything is left after --within seconds, or the stop printed a traceback or
+ended otherwise.
 
-    python benchmarks/bench_orphans.py                 # the four cases, 10 s each
-    python benchmarks/bench_orphans.py --within 60 --ignore-shm --cases jobs:KILL
+Runs: `verify --jobs 2` (simulated ranks in a forkserver pool), `verify --backend gloo`, `plan
+--backend gloo` (a gloo pool), `dtensor` (in process), `pytest -n 2` (xdist workers with gloo
+pools). Signals: TERM and KILL to the run's process, INT and GTERM to its whole process group (a
+terminal's Ctrl-C, `kill -- -PGID`).
+
+    python benchmarks/bench_orphans.py                 # every case, 10 s each
+    python benchmarks/bench_orphans.py --within 60 --ignore-shm --cases jobs:KILL,pytest:GTERM
 
 Run it on a quiet machine for the figures: under a loaded test suite the workers' start-up and
 shut-down stretch, and other processes' semaphores come and go in /dev/shm (--ignore-shm).
 Before the fix, SIGTERM or SIGKILL of `--jobs` left the forkserver, its workers and the resource
 tracker (about 1 GB), a `pymp-*` folder and 6-8 `sem.mp-*` files; SIGKILL of a gloo run left its
-`shardverify-pool-*` and `pymp-*` folders.
+`shardverify-pool-*` and `pymp-*` folders; a group SIGTERM of `pytest -n 2` ended in INTERNALERROR
+(exit 3), and Ctrl-C of `plan --backend gloo` printed a forkserver traceback in 4 runs of 16 and
+was lost in 3. pytest keeps its own `pytest-of-*` folder by design (its last three sessions'
+tmp_path), so that one is not counted.
 """
 
 from __future__ import annotations
@@ -28,8 +36,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHM = Path("/dev/shm")
-RUNS = {"jobs": ["verify", "--jobs", "2"], "gloo": ["verify", "--backend", "gloo", "relu", "linear"]}
-SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+SV = ["-m", "shardverify"]
+#: each run's command and when it is under way: (processes of its session, CPU seconds it has used)
+RUNS = {"jobs": ([*SV, "verify", "--jobs", "2"], (3, 0.0)),
+        "gloo": ([*SV, "verify", "--backend", "gloo", "relu", "linear"], (3, 0.0)),
+        "plan": ([*SV, "plan", "specs/plans/transformer.yaml", "--backend", "gloo"], (3, 0.0)),
+        "dtensor": ([*SV, "dtensor", "linear", "relu", "--mesh", "2,2"], (1, 6.0)),
+        "pytest": (["-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-q", "tests/test_backends_process.py",
+                    "generated_tests/test_linear.py", "-k", "not torchrun"], (5, 0.0))}
+#: signal, and whether it goes to the whole process group (a terminal's Ctrl-C, `kill -- -PGID`)
+SIGNALS = {"TERM": (signal.SIGTERM, False), "KILL": (signal.SIGKILL, False), "INT": (signal.SIGINT, True),
+           "GTERM": (signal.SIGTERM, True)}
+DEFAULT_CASES = ("jobs:TERM,jobs:KILL,gloo:TERM,gloo:KILL,plan:INT,plan:GTERM,dtensor:INT,dtensor:TERM,"
+                 "pytest:INT,pytest:GTERM")
 
 
 def session_processes(sid: int) -> set[int]:
@@ -59,25 +78,61 @@ def unmapped_semaphores() -> set[str]:
     return {p.name for p in SHM.iterdir() if p.name.startswith("sem.mp-")} - mapped if SHM.is_dir() else set()
 
 
+def session_cpu_seconds(sid: int) -> float:
+    """CPU seconds the processes of session ``sid`` have used (a run in process is under way
+    once it has imported and started working)."""
+    ticks = 0
+    for pid in session_processes(sid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _terminal_sigint() -> None:
+    """The SIGINT handling a terminal gives its programs (a background shell ignores SIGINT)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stop_and_watch(run: str, sig: str, within: float, ignore_shm: bool) -> tuple[float | None, str]:
-    """(seconds until nothing was left, or None; what was left at the end)."""
+    """(seconds until nothing was left, or None; what was left at the end, or what went wrong)."""
     temp = Path(tempfile.mkdtemp(prefix="svo-", dir="/tmp"))   # short: the forkserver's AF_UNIX path lives here
     shm_before = unmapped_semaphores()
-    proc = subprocess.Popen([sys.executable, "-m", "shardverify", *RUNS[run]], cwd=REPO, start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(temp)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    command, (processes, cpu) = RUNS[run]
+    signum, group = SIGNALS[sig]
+    output = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, *command], cwd=REPO, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(temp), "AUTO_PARALLEL": "1"}, stdout=output,
+                            stderr=subprocess.STDOUT, preexec_fn=_terminal_sigint)
+
+    def said() -> str:
+        output.seek(0)
+        return output.read().decode(errors="replace")
+
     try:
         deadline = time.monotonic() + 300
-        while len(session_processes(proc.pid)) < 3:       # the run and at least two workers are up
+        while len(session_processes(proc.pid)) < processes or session_cpu_seconds(proc.pid) < cpu:
             if proc.poll() is not None or time.monotonic() > deadline:
-                return None, f"the run never started its workers: {proc.stderr.read().decode()[-500:]}"
+                return None, f"the run never got under way: {said()[-500:]}"
             time.sleep(0.2)
         time.sleep(1.0)
-        os.kill(proc.pid, SIGNALS[sig])
-        proc.wait(timeout=60)
+        if proc.poll() is not None:
+            return None, f"the run ended (exit {proc.returncode}) before the stop: choose a longer one"
+        (os.killpg if group else os.kill)(proc.pid, signum)
+        proc.wait(timeout=120)
         killed = time.monotonic()
+        text = said()
+        if signum != signal.SIGKILL:
+            if proc.returncode not in (128 + signum, -signum):
+                return None, f"exit {proc.returncode}, not {128 + signum}: {text[-800:]}"
+            if "Traceback" in text or "INTERNALERROR" in text:
+                return None, f"a traceback: {text[-1500:]}"
         while True:
             left = (sorted(session_processes(proc.pid)),
-                    sorted(p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")),
+                    sorted(p.name for p in temp.iterdir() if not p.name.startswith(("torchinductor_", "pytest-of-"))),
                     sorted(set() if ignore_shm else unmapped_semaphores() - shm_before))
             if not any(left):
                 return time.monotonic() - killed, ""
@@ -90,13 +145,15 @@ def stop_and_watch(run: str, sig: str, within: float, ignore_shm: bool) -> tuple
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        output.close()
         shutil.rmtree(temp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="jobs:TERM,jobs:KILL,gloo:TERM,gloo:KILL",
-                        help="comma-separated RUN:SIGNAL, RUN in jobs|gloo, SIGNAL in TERM|KILL")
+    parser.add_argument("--cases", default=DEFAULT_CASES,
+                        help=f"comma-separated RUN:SIGNAL, RUN in {'|'.join(RUNS)}, SIGNAL in {'|'.join(SIGNALS)} "
+                             f"(default: {DEFAULT_CASES})")
     parser.add_argument("--within", type=float, default=10.0, help="seconds allowed until nothing is left")
     parser.add_argument("--ignore-shm", action="store_true", help="do not count /dev/shm (a loaded machine)")
     parser.add_argument("--quick", action="store_true",
@@ -109,15 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         print("Linux only (/proc, /dev/shm)")
         return 0
     failed = False
-    print(f"{'run':<6} {'signal':<8} result")
+    print(f"{'run':<8} {'signal':<7} result")
     for case in args.cases.split(","):
         run, _, sig = case.partition(":")
         if run not in RUNS or sig not in SIGNALS:
             parser.error(f"case {case!r} is not RUN:SIGNAL with RUN in {sorted(RUNS)} and SIGNAL in {sorted(SIGNALS)}")
         seconds, left = stop_and_watch(run, sig, args.within, args.ignore_shm)
         failed |= seconds is None
-        print(f"{run:<6} SIG{sig:<5} " + (f"nothing left after {seconds:.1f} s" if seconds is not None
-                                          else f"LEFT after {args.within:g} s: {left}"))
+        print(f"{run:<8} {sig:<7} " + (f"nothing left after {seconds:.1f} s" if seconds is not None
+                                            else f"FAILED (within {args.within:g} s): {left}"))
     return 1 if failed else 0
 
 

@@ -277,6 +277,7 @@ def resolve_kind(kind: str | None, is_dist: bool, settings: Settings, nodeid: st
 
 _SETTINGS = pytest.StashKey[Settings]()
 _POOL = pytest.StashKey[BackendPool]()
+_STOPPED: list[int] = []   # the exit status of a session stopped by SIGTERM (143) or Ctrl-C (130)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -304,10 +305,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
     config.stash[_SETTINGS] = resolve_settings(config)
     # SIGTERM to the run (a CI timeout, `kill` of pytest -n 4's group) ends each process as an
-    # exception: the session's pools close and their folders go (backends/signals.py)
-    from shardverify.backends.signals import exit_on_sigterm
+    # interrupt: the session's teardown runs, its pools close and their folders go
+    # (backends/signals.py), and the run exits 143 (Ctrl-C: 130; pytest_sessionfinish below)
+    from shardverify.backends.signals import interrupt_on_sigterm, keep_interrupts
 
-    exit_on_sigterm()
+    interrupt_on_sigterm()
+    _STOPPED.clear()
+    keep_interrupts()   # an interrupt raised in a finalizer is raised again, not lost
     threads = worker_threads()
     if threads is not None:
         import torch  # an xdist worker runs tests that import it anyway
@@ -418,11 +422,20 @@ class _SkipSummary:
                 f"{ENV_FLAG} is not 1; {ENABLE_HINT}", yellow=True)
 
 
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
+    from shardverify.backends.signals import Terminated   # not pytest's Interrupted (collection errors)
+
+    _STOPPED.extend([143] if excinfo.errisinstance(Terminated) else [130] if excinfo.type is KeyboardInterrupt else [])
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     pool = session.config.stash.get(_POOL, None)
     if pool is not None:
         pool.close_all()
+    if _STOPPED and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        session.exitstatus = _STOPPED[-1]   # stopped by SIGTERM or Ctrl-C: 128 + the signal, as the shell says
+    _STOPPED.clear()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -440,8 +440,8 @@ def test_an_unflatten_is_judged_with_the_local_sizes_of_its_split_dim():
 def test_a_case_too_large_to_enumerate_is_bounded_and_said(monkeypatch):
     """baddbmm on (2,2,2) has 7.8 million combinations with partial inputs: the audit grew past
     7 GB. Over the limit it leaves the partial inputs out (an offered partial-input strategy is
-    then decided on its own, so no verdict changes) and says so; still over, the case is an
-    error naming the limit."""
+    then decided on its own, so no verdict changes) and says so; still over, the case is decided
+    on a stated sample (it was an error, and `shardverify audit` failed on the shipped specs)."""
     from shardverify.audit.run import audit_case
     from shardverify.codegen.generate import load_op_specs
 
@@ -458,8 +458,29 @@ def test_a_case_too_large_to_enumerate_is_bounded_and_said(monkeypatch):
     assert "partial-input layouts not enumerated" in reduced.note and reduced.combinations < sums.combinations
     assert (len(reduced.missing), len(reduced.incorrect)) == (len(full.missing), len(full.incorrect))
     monkeypatch.setenv("SHARDVERIFY_MAX_AUDIT_COMBINATIONS", "3")
+    monkeypatch.setenv("SHARDVERIFY_AUDIT_SAMPLE", "7")
     from shardverify.audit.run import audit_spec
 
-    (refused, *_) = audit_spec(spec, [(2, 2)])
-    assert "exceed the limit of 3 (raise it with SHARDVERIFY_MAX_AUDIT_COMBINATIONS=N)" in refused.error
-    assert refused.failed
+    (sampled, *_) = audit_spec(spec, [(2, 2)])
+    assert not sampled.error and (sampled.sampled, sampled.combinations) == (7, 7)
+    assert f"decided on a sample: 7 of {reduced.combinations} combinations (seed 0" in sampled.note
+    assert "over the limit of 3" in sampled.note and "SHARDVERIFY_AUDIT_SAMPLE=N" in sampled.note
+    assert sampled.offered == full.offered and len(sampled.incorrect) == len(full.incorrect)
+    assert audit_spec(spec, [(2, 2)])[0].to_json()["missing"] == sampled.to_json()["missing"]   # the same sample
+
+
+def test_a_sample_finds_an_absent_operand_unneeded_as_the_full_audit_does(monkeypatch):
+    """addmm's bias may be absent (post-added): such a combination is needed only if no
+    combination passing the bias in gives its output. A sample rarely holds that counterpart,
+    so the audit decides it where needed, and reports nothing missing that the full run does not."""
+    from shardverify.audit.run import audit_case
+    from shardverify.codegen.generate import load_op_specs
+
+    (spec,) = load_op_specs(Path(__file__).resolve().parents[1], None, ["addmm"])
+    case_id, case = spec.op_cases()[0]
+    full = audit_case(spec, case_id, case, (2, 2), partial_inputs=False)
+    monkeypatch.setenv("SHARDVERIFY_MAX_AUDIT_COMBINATIONS", str(full.combinations // 4))
+    monkeypatch.setenv("SHARDVERIFY_AUDIT_SAMPLE", str(full.combinations // 8))
+    sampled = audit_case(spec, case_id, case, (2, 2), partial_inputs=False)
+    assert sampled.sampled and sampled.valid > 0 and not sampled.error
+    assert {f.line for f in sampled.missing} <= {f.line for f in full.missing}

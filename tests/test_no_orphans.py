@@ -1,9 +1,10 @@
 """No orphans, and Ctrl-C that says where it stopped.
 
 `benchmarks/bench_orphans.py` stops `shardverify verify --jobs 2` (simulated ranks in a
-forkserver pool) and a gloo run with SIGTERM and SIGKILL mid-run and watches until nothing of
+forkserver pool) and a gloo run with SIGTERM and SIGKILL mid-run, and Ctrl-C of `plan --backend
+gloo`, SIGTERM of `dtensor` and a group SIGTERM of `pytest -n 2`, and watches until nothing of
 them is left: no process of their session, no folder in their TMPDIR, no unmapped /dev/shm
-semaphore. Run alone, each case is clean within 10 s. Here, under a loaded test suite, the
+semaphore; a stop that is not SIGKILL must exit 128 + the signal with no traceback. Run alone, each case is clean within 10 s. Here, under a loaded test suite, the
 workers' start-up and shut-down stretch and other tests' semaphores come and go, so the test
 allows 60 s and leaves /dev/shm to the script.
 Before: SIGTERM or SIGKILL of `--jobs` left the forkserver, its workers and the resource tracker
@@ -36,10 +37,11 @@ def test_a_stopped_run_leaves_nothing_behind():
     # processes fast enough to reuse the dead parent's pid, which the workers watched alone
     # (now with its start time: see the test below). The bound stays 240 s: what is checked is
     # that nothing is left behind; benchmarks/bench_orphans.py measures how fast, on a quiet machine
+    cases = "jobs:TERM,jobs:KILL,gloo:TERM,gloo:KILL,plan:INT,dtensor:TERM,pytest:GTERM"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_orphans.py"), "--within", "240",
-                           "--ignore-shm"], capture_output=True, text=True, timeout=1200)
+                           "--ignore-shm", "--cases", cases], capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("nothing left after") == 4, done.stdout
+    assert done.stdout.count("nothing left after") == 7, done.stdout
 
 
 @pytest.fixture
@@ -113,3 +115,91 @@ def test_a_worker_tells_its_parent_from_a_process_that_reused_its_pid():
         pytest.skip("no /proc start times on this platform")
     assert _exists(os.getpid(), started) and _exists(os.getpid())
     assert not _exists(os.getpid(), started + 1)      # the same pid, another process's start time
+
+
+def test_a_verify_jobs_worker_knows_its_parent_by_start_time_too():
+    """`verify --jobs` workers watch their parent as pool workers do: a live process with the
+    parent's pid but another start time (a reused pid) is not the parent, and the worker exits."""
+    from shardverify.backends.process_worker import process_start
+
+    started = process_start(os.getpid())
+    if started is None:
+        pytest.skip("no /proc start times on this platform")
+    worker = ("import multiprocessing, sys, time\n"
+              "from shardverify.cli.verify_jobs import _start_worker\n"
+              "_start_worker(multiprocessing.Value('i', 0), [], 1, int(sys.argv[1]), (), int(sys.argv[2]))\n"
+              "time.sleep(120)\n")
+    reused = subprocess.run([sys.executable, "-c", worker, str(os.getpid()), str(started + 1)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert reused.returncode == 1, reused.stderr    # watch_parent's exit, long before the sleep ends
+    parent = subprocess.Popen([sys.executable, "-c", worker, str(os.getpid()), str(started)], cwd=REPO,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):   # its true parent lives: it keeps working
+            parent.wait(timeout=15)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_verify_jobs_hands_its_workers_its_start_time(monkeypatch):
+    import concurrent.futures as cf
+
+    from shardverify.backends.process_worker import process_start
+    from shardverify.cli import verify_jobs
+
+    seen = {}
+
+    class NoPool:
+        def __init__(self, width, **kwargs):
+            seen.update(kwargs)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", NoPool)
+    with pytest.raises(KeyboardInterrupt):   # the pool is never built: only its arguments are looked at
+        verify_jobs._run([("relu", "c", None, (2,))], [0], 1, [None], None, 1, None, 10.0, None)
+    assert seen["initargs"][3] == os.getpid() and seen["initargs"][-1] == process_start(os.getpid())
+
+
+def test_an_interrupt_raised_in_a_finalizer_is_raised_again():
+    """Python prints a KeyboardInterrupt raised in a weakref callback as "Exception ignored"
+    and goes on: a Ctrl-C of `plan --backend gloo` was lost that way and the run exited 0."""
+    import weakref
+
+    from shardverify.backends.signals import keep_interrupts
+
+    class Thing:
+        pass
+
+    def finalizer(ref):  # noqa: ANN001
+        raise KeyboardInterrupt
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    hook = keep_interrupts()
+    try:
+        thing = Thing()
+        ref = weakref.ref(thing, finalizer)
+        with pytest.raises(KeyboardInterrupt):
+            del thing
+            time.sleep(60)   # the signal comes back to the main thread and cuts this wait short
+        assert ref() is None
+    finally:
+        sys.unraisablehook = hook
+        signal.signal(signal.SIGINT, handler)
+
+
+def test_a_stop_during_a_held_process_start_comes_after_it():
+    from shardverify.backends.signals import signals_held
+
+    got = []
+    handler = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        with signals_held():
+            signal.raise_signal(signal.SIGTERM)
+            for _ in range(10_000):
+                pass
+            assert got == []          # not inside
+        assert got == [signal.SIGTERM]   # delivered to the handler it had, right after
+        assert signal.getsignal(signal.SIGTERM) is not None and got == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, handler)

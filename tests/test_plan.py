@@ -279,3 +279,31 @@ def test_a_node_failing_on_one_rank_is_named_with_that_rank_at_once(monkeypatch,
     assert not result.passed
     text = result.summary()
     assert "node 'fc2'" in text and "planted: only rank 1 fails here" in text and "ranks: [1]" in text, text
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["solved", "stopped"])
+def test_the_solver_leaves_no_file_in_tmpdir(tmp_path, monkeypatch, stopped):
+    """PuLP writes ``*-pulp.mps`` / ``*-pulp.sol`` to TMPDIR and deletes them only after a solve
+    that returns: a stop between CBC's run and that deletion (Ctrl-C, SIGTERM) left them."""
+    import tempfile
+
+    import pulp
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    written = []
+    if stopped:
+        def stop_before_deleting(self, *paths):   # CBC has run and written its files: the stop comes now
+            written.extend(path for path in paths if __import__("os").path.exists(path))
+            raise KeyboardInterrupt
+        monkeypatch.setattr(pulp.PULP_CBC_CMD, "delete_tmp_files", stop_before_deleting)
+    module, inputs = _chain()
+    gm = _traced(ModelRecipe(module, inputs))
+    mesh = DeviceMesh((2,))
+    if stopped:
+        with pytest.raises(KeyboardInterrupt):
+            solve_plan(gm, mesh, options=node_options(gm, mesh))
+        assert any(path.endswith("-pulp.mps") for path in written), written
+    else:
+        solve_plan(gm, mesh, options=node_options(gm, mesh))
+    assert [path.name for path in tmp_path.iterdir() if not path.name.startswith("torchinductor_")] == []

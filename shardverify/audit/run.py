@@ -22,7 +22,7 @@ from shardverify.spec.accept import family_gaps
 from shardverify.audit.decide import Operand, Outcome, Problem, prepare
 from shardverify.audit.layouts import PARTIAL_INPUTS, Layout, axis_symmetries, is_extremum, tensor_layouts
 from shardverify.audit.offered import offered_combination, output_shape_argument
-from shardverify.errors import InvalidArgument
+from shardverify.audit.sample import AUDIT_SAMPLE, SAMPLE_SEED, counterparts, sampled_combinations
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.limits import MAX_AUDIT_COMBINATIONS
 from shardverify.sharding.strategy import OperationDataType
@@ -58,7 +58,8 @@ class CaseAudit:
     op: str
     case: str
     mesh: tuple[int, ...]
-    combinations: int = 0          # every combination enumerated
+    combinations: int = 0          # every combination enumerated (over the limit: those of the sample)
+    sampled: int = 0               # over the combination limit: the sample's size (0: every combination)
     decided: int = 0               # decided numerically (one per symmetry orbit)
     offered: int = 0
     valid: int = 0
@@ -77,7 +78,7 @@ class CaseAudit:
 
     def to_json(self) -> dict:
         return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "combinations": self.combinations,
-                "decided": self.decided, "offered": self.offered, "valid": self.valid, "covered": self.covered,
+                "sampled": self.sampled, "decided": self.decided, "offered": self.offered, "valid": self.valid, "covered": self.covered,
                 "masked": self.masked,
                 "missing": [f.to_json() for f in self.missing], "accepted": [f.to_json() for f in self.accepted],
                 "incorrect": [f.to_json() for f in self.incorrect], "seconds": round(self.seconds, 3),
@@ -173,10 +174,15 @@ class _Audit:
             self.choices, ops = self._choices(fewer, aligned), fewer
             self.note = (f"{what} layouts not enumerated: with them {count} combinations exceed the limit of "
                          f"{MAX_AUDIT_COMBINATIONS.value} (raise it with {MAX_AUDIT_COMBINATIONS.env}=N)")
-        too_many = MAX_AUDIT_COMBINATIONS.exceeded(self.count())
-        if too_many:
-            raise InvalidArgument(f"{too_many}; the audit holds one outcome per combination (about 1 KB each) "
-                                  "and decides one per symmetry orbit (a few ms each)")
+        # still over it: decided on a stated sample (audit/sample.py), never an error
+        self.sample = 0
+        if MAX_AUDIT_COMBINATIONS.exceeded(self.count()):
+            self.sample = AUDIT_SAMPLE.value
+            self.note = "; ".join(filter(None, [self.note, (
+                f"decided on a sample: {self.sample} of {self.count()} combinations (seed {SAMPLE_SEED}, uniform; "
+                f"absent operands' full-value counterparts decided where needed), over the limit of "
+                f"{MAX_AUDIT_COMBINATIONS.value}; missing combinations are searched only in the sample, every "
+                f"offered strategy is decided (sample size: {AUDIT_SAMPLE.env}=N)")]))
         self.results: dict[tuple[Layout, ...], Outcome] = {}
 
     def _choices(self, ops: Sequence[str], aligned: dict) -> list:
@@ -195,7 +201,12 @@ class _Audit:
     def combinations(self):
         """Every combination of the operands' layouts with at most one partial max or min input:
         a pointwise op is monotone in one operand with the others fixed, never in two at once
-        (``max(a_i) + max(b_i)`` is no ``max(a_i + b_i)``), so two are not enumerated."""
+        (``max(a_i) + max(b_i)`` is no ``max(a_i + b_i)``), so two are not enumerated. Over the
+        combination limit, the stated sample of them."""
+        if self.sample:
+            yield from (combo for combo in sampled_combinations(self.choices, self.sample)
+                        if sum(map(is_extremum, combo)) <= 1)
+            return
         for combo in itertools.product(*self.choices):
             if sum(map(is_extremum, combo)) <= 1:
                 yield combo
@@ -208,9 +219,25 @@ class _Audit:
             if combo in self.results:
                 continue
             outcome = self.decide(combo)
-            for perm in perms:
-                self.results.setdefault(tuple(layout.permuted(perm) for layout in combo), _permuted(outcome, perm))
+            self._keep(combo, outcome, perms)
+        if self.sample:
+            self._absent_counterparts(perms)
         return total
+
+    def _keep(self, combo, outcome: Outcome, perms) -> None:
+        for perm in perms:
+            self.results.setdefault(tuple(layout.permuted(perm) for layout in combo), _permuted(outcome, perm))
+
+    def _absent_counterparts(self, perms) -> None:
+        """In a sample, each valid combination with an absent operand that looks needed has its
+        counterparts decided (operand passed in as a full value) until one gives its output:
+        the full enumeration has them all, and without them the sample reports it missing."""
+        for key, (combo, outputs) in self.needed(self.valid()).items():
+            for candidate in counterparts(self.choices, combo):
+                if candidate not in self.results:
+                    self._keep(candidate, self.decide(candidate), perms)
+                if self.results[candidate].outputs == outputs:
+                    break
 
     def decide(self, combo, masked=()) -> Outcome:
         """The combination's outcome on the first seed, kept only if every other seed's data
@@ -282,7 +309,7 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
     start = time.perf_counter()
     result = CaseAudit(spec.name, case_id, tuple(mesh_shape))
     audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs)
-    result.note = audit.note
+    result.note, result.sampled = audit.note, audit.sample
     result.combinations = audit.enumerate()
     result.decided = audit.problem.decided
     result.offered = len(audit.strategies)

@@ -33,6 +33,7 @@ import torch
 
 from shardverify.backends.base import RankResult, check_fn, check_timeout
 from shardverify.errors import BackendError, RankDied, RankError, RankTimeout
+from shardverify.backends.signals import signals_held, start_forkserver
 from shardverify.backends.process_worker import SharedState, WorkerConfig, _exists, process_start, worker_cpus, worker_main
 from shardverify.sharding.mesh import DeviceMesh
 
@@ -73,6 +74,7 @@ class _Pool:
         ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":   # import once in the server, not in every worker
             ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+            start_forkserver()   # deaf to the terminal's Ctrl-C (backends/signals.py)
         self.tmpdir = tempfile.mkdtemp(prefix="shardverify-pool-")
         self.shared = SharedState(ctx, mesh.size)
         self.procs: list[multiprocessing.process.BaseProcess] = []
@@ -89,9 +91,10 @@ class _Pool:
                 parent_end, child_end = ctx.Pipe()
                 proc = ctx.Process(target=worker_main, args=(config, child_end, self.shared),
                                    name=f"shardverify-rank{rank}", daemon=True)
-                proc.start()
+                with signals_held():   # started and known, or not started: kill() reaches every worker
+                    proc.start()
+                    self.procs.append(proc)
                 child_end.close()
-                self.procs.append(proc)
                 self.conns.append(parent_end)
         except BaseException:
             self.kill()

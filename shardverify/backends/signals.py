@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["exit_on_sigterm", "deadline"]
+__all__ = ["Terminated", "exit_on_sigterm", "interrupt_on_sigterm", "start_forkserver", "signals_held", "keep_interrupts", "deadline"]
 
 
 def exit_on_sigterm():
@@ -27,6 +28,109 @@ def exit_on_sigterm():
         raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, terminate)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as an interrupt where a framework stops cleanly only on one (pytest:
+    ``SystemExit`` in its main loop is an INTERNALERROR with a traceback, a KeyboardInterrupt
+    ends the session, running its teardown)."""
+
+    def __init__(self) -> None:
+        super().__init__("stopped by SIGTERM; exit 143")
+
+
+def interrupt_on_sigterm():
+    """Make SIGTERM raise :class:`Terminated` in the main thread (after the first, a second
+    SIGTERM is ignored while the clean-up runs). Returns the previous handler, or None off the
+    main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):  # noqa: ANN001
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, terminate)
+
+
+def start_forkserver() -> None:
+    """Start multiprocessing's forkserver (with the preload already set) unless it runs, deaf to
+    SIGINT, as every process it forks is. A terminal's Ctrl-C reaches the whole process group:
+    a forkserver still importing its preload (torch, seconds) printed a KeyboardInterrupt
+    traceback, and the workers it forks are stopped by the process that started them (the
+    pool's stop, ``verify --jobs``' terminate), never by the key. An ignored signal stays
+    ignored across exec (a blocked mask does not: the spawn clears it), so SIGINT is ignored
+    here for the spawn alone, and blocked meanwhile: on Linux a blocked signal stays pending even
+    while ignored, and is delivered when unblocked, so a Ctrl-C in that moment is not lost."""
+    import multiprocessing.forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        if signal.SIGINT in signal.sigpending():
+            return   # Ctrl-C came already: delivered below, as the mask is restored
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, handler)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold SIGINT and SIGTERM for a process start, which a stop must not cut in two: cut
+    after the forkserver forked the child but before the parent knew its pid, the child was
+    never killed; it went on to unpickle the pool's semaphores, which the stopping parent had
+    unlinked, and printed a FileNotFoundError traceback. A signal that comes meanwhile is
+    recorded and raised again, to the handler it had, when the block ends. (Blocking it in the
+    main thread is not enough: the kernel hands it to any thread of torch's that does not
+    block it, and Python still runs its handler in the main thread.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def defer(signum, frame):  # noqa: ANN001
+        caught.append(signum)
+
+    previous = {signum: signal.signal(signum, defer) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
+
+
+def keep_interrupts():
+    """Make an interrupt that Python would swallow count: a KeyboardInterrupt (or SIGTERM's
+    exit) raised while a weakref callback or ``__del__`` runs is printed as "Exception ignored"
+    and lost, and the run went on to exit 0 (1 Ctrl-C in 10 on ``plan --backend gloo``). The
+    signal is raised again, and its handler runs in the code that follows. Returns the previous
+    ``sys.unraisablehook``."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):  # noqa: ANN001
+        exc = unraisable.exc_value
+        if isinstance(exc, Terminated) or (isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM):
+            again = signal.SIGTERM
+        elif isinstance(exc, KeyboardInterrupt):
+            again = signal.SIGINT
+        else:
+            previous(unraisable)
+            return
+        # raised from here, the handler would run at once, inside this hook, and be swallowed
+        # again: a moment later, sent to the main thread (which cuts a wait it is in short), it
+        # runs in the main thread's next code
+        threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, again)).start()
+
+    sys.unraisablehook = hook
+    return previous
 
 
 @contextlib.contextmanager

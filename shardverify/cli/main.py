@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 
-from shardverify.backends.signals import exit_on_sigterm
+from shardverify.backends.signals import exit_on_sigterm, keep_interrupts
 
 # Subcommand modules, in the order `--help` lists them.
 SUBCOMMANDS = ("verify", "generate", "list", "coverage", "explore", "audit", "dtensor", "calibrate", "plan")
@@ -28,8 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from shardverify.backends.gc_policy import tune_for_checking
 
+    if getattr(signal.getsignal(signal.SIGINT), "__name__", "") == "starting":   # shardverify/__init__.py's
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     tune_for_checking()   # this process exists to check: see gc_policy
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)   # imports every subcommand: a Ctrl-C may come here
+    except KeyboardInterrupt:
+        print("shardverify: interrupted; exit 130", file=sys.stderr)
+        return 130
     from shardverify.errors import SpecError
     from shardverify.spec.limits import check_settings
 
@@ -39,14 +45,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardverify: error: {exc}", file=sys.stderr)
         return 2
     previous = exit_on_sigterm()   # a `kill` cleans up like Ctrl-C (backends/signals.py)
+    hook = keep_interrupts()   # ... and neither is lost in a finalizer
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:   # outside a subcommand's own handler (its imports, reading specs)
+        print(f"shardverify {args.command}: interrupted; exit 130", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `shardverify list | head`: the reader left; exit quietly like other Unix tools.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     finally:
+        sys.unraisablehook = hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -21,7 +21,8 @@ from typing import Any
 from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, describe_error, row_label,
                                           verify_row)
 from shardverify.backends.cpus import keep_to_cpu, thread_share, usable_cpus
-from shardverify.backends.process_worker import watch_parent
+from shardverify.backends.process_worker import process_start, watch_parent
+from shardverify.backends.signals import signals_held, start_forkserver
 from shardverify.errors import ShardVerifyError
 
 #: what every worker imports anyway, imported once in the forkserver instead
@@ -65,17 +66,20 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
     rows left unset), every other finished row is set in ``rows``."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(_PRELOAD))
+    start_forkserver()   # deaf to the terminal's Ctrl-C: the workers are terminated below (backends/signals.py)
     cpus = usable_cpus()
     pool = cf.ProcessPoolExecutor(width, mp_context=ctx, initializer=_start_worker,
                                   initargs=(counter, cpus if jobs <= len(cpus) else [], thread_share(jobs),
-                                            os.getpid(), (multiprocessing.util.get_temp_dir(),)))
+                                            os.getpid(), (multiprocessing.util.get_temp_dir(),),
+                                            process_start(os.getpid())))
     running: dict[cf.Future, int] = {}
     lost: list[tuple[int, str]] = []
     try:
         while (queue or running) and not lost:
             while queue and len(running) < width:
                 index = queue.pop(0)
-                running[pool.submit(_worker_row, plan[index], device, timeout)] = index
+                with signals_held():   # a submit may start a worker: never cut in two (backends/signals.py)
+                    running[pool.submit(_worker_row, plan[index], device, timeout)] = index
             done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in done:
                 index = running.pop(future)
@@ -100,16 +104,18 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _start_worker(counter: Any, cpus: list[int], threads: int, parent_pid: int, leftovers: tuple[str, ...]) -> None:
+def _start_worker(counter: Any, cpus: list[int], threads: int, parent_pid: int, leftovers: tuple[str, ...],
+                  parent_started: int | None = None) -> None:
     """A worker's set-up: its own CPU (the n-th worker started, the n-th CPU) when there is one
     per worker, torch's share of the CPUs, the collector settings of a checking process, its
     backends closed at exit, and its exit (with multiprocessing's temp folder removed) when the
-    `verify` process is killed."""
+    `verify` process is killed (known by its pid and start time, as pool workers know theirs:
+    a reused pid is not the parent)."""
     import threading
 
     import torch
 
-    threading.Thread(target=watch_parent, args=(parent_pid, leftovers), daemon=True).start()
+    threading.Thread(target=watch_parent, args=(parent_pid, leftovers, parent_started), daemon=True).start()
 
     from shardverify.cli.verify_rows import quiet_tracing
     from shardverify.backends.gc_policy import tune_for_checking

@@ -16,6 +16,8 @@ class's ``x``), which keeps the program exact with a fraction of the variables.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Mapping
 
 import pulp
@@ -264,7 +266,7 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
                 raise PlanInfeasible(f"data_parallel: node {name!r} has no strategy that keeps the batch (dim 0) "
                                      f"split over every mesh axis with its weights replicated on mesh {mesh.shape}")
             problem += pulp.lpSum(ruled_out) == 0, f"data_parallel_{name}"
-    status = problem.solve(pulp.PULP_CBC_CMD(msg=0))
+    status = _solve(problem)
     if pulp.LpStatus[status] != "Optimal":
         if memory_limit is not None:
             raise PlanInfeasible(f"no plan fits the memory limit of {memory_limit} bytes per device on mesh "
@@ -275,3 +277,16 @@ def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int
         best = max(range(len(opts)), key=lambda k: x[name][k].value() or 0.0)
         chosen[name] = opts[best]
     return assemble_plan(graph_module, mesh, chosen, flop_rate)
+
+
+def _solve(problem: pulp.LpProblem) -> int:
+    """CBC on ``problem``, its model and solution files (``*-pulp.mps``, ``*-pulp.sol``) in a
+    folder of their own that is removed however the solve ends: PuLP writes them to TMPDIR and
+    deletes them only after a solve that returns, so a stop (Ctrl-C, SIGTERM) left them behind."""
+    folder = tempfile.mkdtemp(prefix="shardverify-solver-")
+    try:
+        solver = pulp.PULP_CBC_CMD(msg=0)
+        solver.tmpDir = folder
+        return problem.solve(solver)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
