@@ -127,6 +127,20 @@ CASES = [
     ),
     OpCase(
         op='binary_monotone',
+        target='torch.ops.aten.fmax.default',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('other', (4, 1), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='binary_monotone',
         target='torch.fmin',
         inputs=(
             InputDecl('input', (6, 4, 5), 'float32'),
@@ -153,6 +167,48 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='binary_monotone',
+        target='torch.ops.aten.fmin.default',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('other', (4, 1), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='binary_monotone',
+        target='torch.ops.aten.max.other',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('other', (4, 1), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='binary_monotone',
+        target='torch.ops.aten.min.other',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('other', (4, 1), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
@@ -165,8 +221,12 @@ SIMULATED_RUNS = [
     pytest.param(5, (4,), id='torch.ops.aten.minimum.default-mesh4'),
     pytest.param(6, (4,), id='torch.fmax-mesh4'),
     pytest.param(7, (4,), id='torch.Tensor.fmax-mesh4'),
-    pytest.param(8, (4,), id='torch.fmin-mesh4'),
-    pytest.param(9, (4,), id='torch.Tensor.fmin-mesh4'),
+    pytest.param(8, (4,), id='torch.ops.aten.fmax.default-mesh4'),
+    pytest.param(9, (4,), id='torch.fmin-mesh4'),
+    pytest.param(10, (4,), id='torch.Tensor.fmin-mesh4'),
+    pytest.param(11, (4,), id='torch.ops.aten.fmin.default-mesh4'),
+    pytest.param(12, (4,), id='torch.ops.aten.max.other-mesh4'),
+    pytest.param(13, (4,), id='torch.ops.aten.min.other-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.maximum-mesh2x3'),
 ]
 

@@ -24,8 +24,12 @@ RUNS = [
     pytest.param('torch.ops.aten.minimum.default', (4,), id='torch.ops.aten.minimum.default-mesh4'),
     pytest.param('torch.fmax', (4,), id='torch.fmax-mesh4'),
     pytest.param('torch.Tensor.fmax', (4,), id='torch.Tensor.fmax-mesh4'),
+    pytest.param('torch.ops.aten.fmax.default', (4,), id='torch.ops.aten.fmax.default-mesh4'),
     pytest.param('torch.fmin', (4,), id='torch.fmin-mesh4'),
     pytest.param('torch.Tensor.fmin', (4,), id='torch.Tensor.fmin-mesh4'),
+    pytest.param('torch.ops.aten.fmin.default', (4,), id='torch.ops.aten.fmin.default-mesh4'),
+    pytest.param('torch.ops.aten.max.other', (4,), id='torch.ops.aten.max.other-mesh4'),
+    pytest.param('torch.ops.aten.min.other', (4,), id='torch.ops.aten.min.other-mesh4'),
 ]
 
 

@@ -19,7 +19,10 @@ RUNS = [
     pytest.param('torch.logical_and', (4,), id='torch.logical_and-mesh4'),
     pytest.param('torch.ops.aten.logical_and.default', (4,), id='torch.ops.aten.logical_and.default-mesh4'),
     pytest.param('torch.ops.aten.__and__.Tensor', (4,), id='torch.ops.aten.__and__.Tensor-mesh4'),
+    pytest.param('torch.bitwise_and', (4,), id='torch.bitwise_and-mesh4'),
+    pytest.param('torch.Tensor.bitwise_and', (4,), id='torch.Tensor.bitwise_and-mesh4'),
     pytest.param('torch.ops.aten.bitwise_and.Tensor', (4,), id='torch.ops.aten.bitwise_and.Tensor-mesh4'),
+    pytest.param('torch.Tensor.__and__', (4,), id='torch.Tensor.__and__-mesh4'),
     pytest.param('torch.ops.aten.logical_and.default', (2, 3), id='torch.ops.aten.logical_and.default-mesh2x3'),
 ]
 

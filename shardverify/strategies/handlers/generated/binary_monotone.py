@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='binary_monotone',
-    targets=(torch.maximum, torch.Tensor.maximum, torch.ops.aten.maximum.default, torch.minimum, torch.Tensor.minimum, torch.ops.aten.minimum.default, torch.fmax, torch.Tensor.fmax, torch.fmin, torch.Tensor.fmin),
+    targets=(torch.maximum, torch.Tensor.maximum, torch.ops.aten.maximum.default, torch.minimum, torch.Tensor.minimum, torch.ops.aten.minimum.default, torch.fmax, torch.Tensor.fmax, torch.ops.aten.fmax.default, torch.fmin, torch.Tensor.fmin, torch.ops.aten.fmin.default, torch.ops.aten.max.other, torch.ops.aten.min.other),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -32,6 +32,42 @@ HANDLER = register_handler(HandlerDef(
         ), (
         )),
         (torch.ops.aten.minimum.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='other', kind='input', index=1, keyword='other',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+        (torch.ops.aten.fmax.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='other', kind='input', index=1, keyword='other',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+        (torch.ops.aten.fmin.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='other', kind='input', index=1, keyword='other',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+        (torch.ops.aten.max.other, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='other', kind='input', index=1, keyword='other',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+        (torch.ops.aten.min.other, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',
                         attribute=None, optional=False, element=None),
             OperandDecl(role='other', kind='input', index=1, keyword='other',

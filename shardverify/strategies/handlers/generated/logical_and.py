@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='logical_and',
-    targets=(torch.logical_and, torch.ops.aten.logical_and.default, torch.ops.aten.__and__.Tensor, torch.ops.aten.bitwise_and.Tensor),
+    targets=(torch.logical_and, torch.ops.aten.logical_and.default, torch.ops.aten.__and__.Tensor, torch.bitwise_and, torch.Tensor.bitwise_and, torch.ops.aten.bitwise_and.Tensor, torch.Tensor.__and__),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
