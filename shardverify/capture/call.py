@@ -12,7 +12,7 @@ from torch import fx
 
 from shardverify.errors import VerificationError
 
-__all__ = ["Locator", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op", "meta_devices",
+__all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op", "meta_devices",
            "backward_from_ones"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
@@ -154,3 +154,15 @@ def backward_from_ones(inputs, outputs) -> None:
     outs = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad]
     if leaves and outs:
         torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)
+
+
+def target_name(node: fx.Node) -> str:
+    """A node's target as a user reads it: ``aten.linear.default``, ``torch.nn.Linear``, ``view``."""
+    if node.op == "call_module":
+        module = node.graph.owning_module.get_submodule(str(node.target))
+        return f"{type(module).__module__}.{type(module).__qualname__}"
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    target = node.target
+    return str(target) if not callable(target) or hasattr(target, "_schema") else \
+        f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__qualname__', repr(target))}".lstrip(".")

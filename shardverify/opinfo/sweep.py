@@ -23,6 +23,7 @@ from shardverify.capture.export import export_graph
 from shardverify.capture.fx import trace
 from shardverify.errors import ShardVerifyError
 from shardverify.opinfo.samples import Sample, entries_for, one_op_module, samples_of
+from shardverify.plan.coverage import shards
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.names import resolve_dotted
 from shardverify.strategies.for_node import strategies_for_node
@@ -97,11 +98,6 @@ def _extremum(strategy) -> bool:
     return any(p.op != "sum" for p in strategy.partial_inputs)
 
 
-def _sharded(strategy) -> bool:
-    return any(spec.dim_partition for _, spec in strategy.sharding_specs) or bool(strategy.communication_actions) \
-        or bool(strategy.partial_inputs)
-
-
 def _classify(spec, sample: Sample, how: str, mesh: DeviceMesh, verifier: OnDemandVerifier,
               targets: set, check_grid: bool) -> list[CallOutcome]:
     base = dict(op=spec.name, sample=sample.describe(), capture=how, mesh=tuple(mesh.shape))
@@ -139,7 +135,7 @@ def _classify(spec, sample: Sample, how: str, mesh: DeviceMesh, verifier: OnDema
                 found.append(CallOutcome(**base, outcome="refused", reason=f"cannot check at the call: {error}"[:300]))
                 continue
         found.append(CallOutcome(**base, outcome="on-demand" if on_demand else "grid", strategies=len(served),
-                                 sharded=sum(map(_sharded, served)), checked=checked, wrong=wrong,
+                                 sharded=sum(map(shards, served)), checked=checked, wrong=wrong,
                                  wrong_extremum=extremum))
     return found
 

@@ -13,6 +13,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.uninitialised import is_uninitialised
+from shardverify.capture.call import target_name
 from shardverify.errors import ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy
@@ -57,18 +58,6 @@ class NodeStatus:
     reason: str = ""
     partial: int = 0    # strategies left out: they take a partial max or min input
     uninitialised: bool = False   # allocates memory without values (empty_like): never compared
-
-
-def target_name(node: fx.Node) -> str:
-    """A node's target as a user reads it: ``aten.linear.default``, ``torch.nn.Linear``, ``view``."""
-    if node.op == "call_module":
-        module = node.graph.owning_module.get_submodule(str(node.target))
-        return f"{type(module).__module__}.{type(module).__qualname__}"
-    if node.op == "call_method":
-        return f"Tensor.{node.target}"
-    target = node.target
-    return str(target) if not callable(target) or hasattr(target, "_schema") else \
-        f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__qualname__', repr(target))}".lstrip(".")
 
 
 def meta_shapes(node: fx.Node) -> tuple[int, ...] | list[tuple[int, ...]] | None:

@@ -26,6 +26,7 @@ import torch
 from torch import fx
 
 from shardverify.backends.simulated import SimulatedBackend
+from shardverify.capture.call import target_name
 from shardverify.errors import HandlerError, InvalidArgument, ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy
@@ -136,14 +137,9 @@ def checkable_case(handler: HandlerDef, graph_module: fx.GraphModule, node: fx.N
     return _with_working_data(call_case(handler.name, graph_module, node, _drawn(handler, operands)))
 
 
-def _stable_target(node: fx.Node, graph_module: fx.GraphModule) -> str:
-    if node.op == "call_module":
-        module = graph_module.get_submodule(str(node.target))
-        return f"{type(module).__module__}.{type(module).__qualname__}:{module!r}"
-    if node.op == "call_method":
-        return f"Tensor.{node.target}"
-    return str(node.target) if hasattr(node.target, "_schema") else \
-        f"{getattr(node.target, '__module__', '')}.{getattr(node.target, '__qualname__', node.target)}"
+def _module_text(node: fx.Node, graph_module: fx.GraphModule) -> str:
+    """A module call's configuration as its repr shows it (Conv2d's stride, groups): part of the call."""
+    return repr(graph_module.get_submodule(str(node.target))) if node.op == "call_module" else ""
 
 
 def _signature(value: object) -> object:
@@ -175,7 +171,7 @@ def verdict_key(call: UnverifiedCall) -> str:
     """The disk cache's key of a call's verdict: rule, call signature, mesh, strategies, torch."""
     node = call.node
     text = json.dumps([VERDICT_FORMAT, torch.__version__, _rule_text(call.handler),
-                       _stable_target(node, call.graph_module), _signature(list(node.args)),
+                       target_name(node), _module_text(node, call.graph_module), _signature(list(node.args)),
                        _signature(dict(node.kwargs)), _signature(node), list(call.mesh.shape),
                        sorted(s.name for s in call.strategies)], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
