@@ -139,7 +139,7 @@ def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Nod
                            handler_name=handler.name, handler=handler,
                            strategies_of=lambda producer: _strategies(graph_module, producer, mesh, on_demand))
     strategies = list(get_generator(handler.generator)(ctx))
-    if unverified is not None and on_demand is not None:
+    if unverified is not None:        # on_demand is given: refused above otherwise
         strategies = list(on_demand(UnverifiedCall(handler, graph_module, node, mesh, operands, tuple(strategies),
                                                    unverified)))
     return operands, strategies

@@ -14,6 +14,7 @@ nothing again; the verifier counts calls verified, cache hits and the seconds sp
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -109,8 +110,6 @@ def _with_working_data(case: CallCase) -> CallCase:
     spec declares ids below its own grid's table; a call's table has its own rows. The
     reference is built on the way (HandlerError when the op cannot run on any such data, or is
     random: nothing could be checked)."""
-    import dataclasses
-
     last: Exception | None = None
     integer = [i for i in case.inputs if not i.torch_dtype.is_floating_point and i.torch_dtype != torch.bool
                and not i.torch_dtype.is_complex]
