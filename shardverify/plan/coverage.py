@@ -14,13 +14,14 @@ from torch import fx
 
 from shardverify.capture.uninitialised import is_uninitialised
 from shardverify.capture.call import target_name
+from shardverify.capture.decompose import not_decomposed, origin
 from shardverify.errors import ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.strategies.for_node import OnDemand, strategies_for_node
 from shardverify.strategies.handlers.base import handler_for_node
 
-__all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", "meta_shapes", "STATUSES"]
+__all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", "meta_shapes", "STATUSES", "unserved"]
 
 #: a tensor op with strategies / whose handler refused it / that no spec covers / an ATen
 #: factory that builds a tensor from constants alone; a node that returns no tensor
@@ -58,6 +59,12 @@ class NodeStatus:
     reason: str = ""
     partial: int = 0    # strategies left out: they take a partial max or min input
     uninitialised: bool = False   # allocates memory without values (empty_like): never compared
+    origin: tuple[str, str] | None = None   # (node, target) of the model node it was decomposed from
+
+    @property
+    def source(self) -> str:
+        """Where the node came from, said: " (decomposed from 'lstm': aten.lstm.input)", or ""."""
+        return f" (decomposed from {self.origin[0]!r}: {self.origin[1]})" if self.origin else ""
 
 
 def meta_shapes(node: fx.Node) -> tuple[int, ...] | list[tuple[int, ...]] | None:
@@ -70,6 +77,21 @@ def meta_shapes(node: fx.Node) -> tuple[int, ...] | list[tuple[int, ...]] | None
     if isinstance(meta, (list, tuple)) and all(hasattr(m, "shape") for m in meta):
         return [tuple(m.shape) for m in meta]
     return None
+
+
+def unserved(node: fx.Node, graph_module: fx.GraphModule) -> bool:
+    """An ATen op node that returns a tensor and that no handler serves (nor is it a constant or
+    uninitialised memory): what :func:`shardverify.capture.decompose.decompose_unserved` decomposes."""
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+        and not is_uninitialised(node) and meta_shapes(node) not in (None, []) and not is_constant(node) \
+        and handler_for_node(node, graph_module) is None
+
+
+def _no_handler(node: fx.Node, name: str) -> str:
+    """Why a node has no strategies: no spec, and why it was not decomposed."""
+    why = not_decomposed(node) or ("not an ATen op (decomposition works on torch.export's ATen graphs: capture "
+                                   "with export)" if not isinstance(node.target, torch._ops.OpOverload) else "")
+    return f"no spec has target {name}" + (f"; not decomposed: {why}" if why else "")
 
 
 def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh, on_demand: OnDemand | None = None
@@ -88,29 +110,30 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh, on_demand: On
         if is_uninitialised(node):   # its consumers are compared, never its leftover memory
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "unhandled", f"no spec has target {name}",
-                                       uninitialised=True))
+                                       uninitialised=True, origin=origin(node)))
             continue
         if meta_shapes(node) in (None, []):   # no tensor, or an empty tuple of them (a 0-d tensor is one)
             options[node.name] = None
-            statuses.append(NodeStatus(node.name, name, "no tensor output"))
+            statuses.append(NodeStatus(node.name, name, "no tensor output", origin=origin(node)))
             continue
         if handler_for_node(node, graph_module) is None:
             options[node.name] = None
-            statuses.append(NodeStatus(node.name, name, "constant", CONSTANT) if is_constant(node) else
-                            NodeStatus(node.name, name, "unhandled", f"no spec has target {name}"))
+            statuses.append(NodeStatus(node.name, name, "constant", CONSTANT, origin=origin(node)) if is_constant(node)
+                            else NodeStatus(node.name, name, "unhandled", _no_handler(node, name), origin=origin(node)))
             continue
         try:
             found = list(strategies_for_node(graph_module, node.name, mesh, on_demand=on_demand))
         except ShardVerifyError as error:
             options[node.name] = None
-            statuses.append(NodeStatus(node.name, name, "refused", str(error).splitlines()[0]))
+            statuses.append(NodeStatus(node.name, name, "refused", str(error).splitlines()[0], origin=origin(node)))
             continue
         # a plan carries partial sums between nodes (a deferred reduction, a zeroed copy), not
         # partial max/min: a strategy taking one is verified on its own but left out, and counted
         kept = [s for s in found if all(p.op == "sum" for p in s.partial_inputs)]
         options[node.name] = kept or None
-        statuses.append(NodeStatus(node.name, name, "handled", partial=len(found) - len(kept)) if kept else
-                        NodeStatus(node.name, name, "refused", "its handler offers no strategy"))
+        statuses.append(NodeStatus(node.name, name, "handled", partial=len(found) - len(kept), origin=origin(node))
+                        if kept else NodeStatus(node.name, name, "refused", "its handler offers no strategy",
+                                                origin=origin(node)))
     return options, tuple(statuses)
 
 
@@ -158,6 +181,33 @@ class Coverage:
         values, which are the allocator's leftovers; it compares their consumers'."""
         return tuple(s.node for s in self.statuses if s.uninitialised)
 
+    def decompositions(self) -> dict[tuple[str, str], Counter]:
+        """(model node, its target) -> the targets of the nodes it was decomposed into, counted."""
+        found: dict[tuple[str, str], Counter] = {}
+        for s in self.statuses:
+            if s.origin is not None:
+                found.setdefault(s.origin, Counter())[s.target] += 1
+        return found
+
+    @property
+    def not_decomposed(self) -> tuple[NodeStatus, ...]:
+        """Nodes without a handler that could not be decomposed either (the reason says why)."""
+        return tuple(s for s in self.statuses if s.status == "unhandled" and "not decomposed:" in s.reason)
+
+    def decomposition_lines(self, show: int = 12) -> list[str]:
+        found = self.decompositions()
+        if not found:
+            return []
+        lines = [f"  decomposed: {len(found)} node(s) into {sum(sum(c.values()) for c in found.values())} node(s) "
+                 f"with PyTorch's decompositions (no spec serves them as they are)"]
+        for (node, target), pieces in list(found.items())[:show]:
+            lines.append(f"    {node!r} {target} -> {sum(pieces.values())} nodes: "
+                         + ", ".join(f"{t} x{n}" for t, n in pieces.most_common(8))
+                         + (f", ... {len(pieces) - 8} more target(s)" if len(pieces) > 8 else ""))
+        if len(found) > show:
+            lines.append(f"    ... {len(found) - show} more decomposed node(s)")
+        return lines
+
     def unhandled_targets(self) -> Counter:
         return Counter(s.target for s in self.statuses if s.status == "unhandled")
 
@@ -166,7 +216,8 @@ class Coverage:
         return (f"{self.tensor_ops} tensor op(s): {handled} handled ({len(self.sharded)} sharded by the plan, "
                 f"{handled - len(self.sharded)} replicated), {self.count('refused')} refused, "
                 f"{self.count('unhandled')} without a handler, {self.count('constant')} built from constants; "
-                f"{self.count('no tensor output')} other node(s)")
+                f"{self.count('no tensor output')} other node(s)"
+                + (f"; {len(self.decompositions())} node(s) decomposed" if self.decompositions() else ""))
 
     def lines(self, show: int = 12) -> list[str]:
         lines = [f"coverage: {self.headline()}"]
@@ -178,6 +229,12 @@ class Coverage:
         if partial:
             lines.append(f"  left out: {sum(s.partial for s in partial)} strategy(ies) of {len(partial)} node(s) take a "
                          f"partial max or min input, and plans carry partial sums only")
+        lines += self.decomposition_lines(show)
+        undone = Counter((s.target, s.reason.split("not decomposed: ", 1)[1]) for s in self.not_decomposed)
+        if undone:
+            lines.append(f"  not decomposed: {len(self.not_decomposed)} node(s) without a handler: "
+                         + "; ".join(f"{t} x{n} ({why})" for (t, why), n in undone.most_common(show))
+                         + (f"; ... {len(undone) - show} more" if len(undone) > show else ""))
         lines += [f"  {line}" for line in self.on_demand_lines]
         empty = [s for s in self.statuses if s.uninitialised]
         if empty:
@@ -186,7 +243,7 @@ class Coverage:
                          + (", ..." if len(empty) > show else "") + "): their values are the allocator's "
                          "leftovers; the consumers that write into them and read them are compared")
         refused = [s for s in self.statuses if s.status == "refused"]
-        lines += [f"  refused: node {s.node!r} ({s.target}): {s.reason}" for s in refused[:show]]
+        lines += [f"  refused: node {s.node!r} ({s.target}){s.source}: {s.reason}" for s in refused[:show]]
         if len(refused) > show:
             lines.append(f"  ... {len(refused) - show} more refused node(s)")
         return lines
@@ -196,6 +253,10 @@ class Coverage:
                 "sharded": len(self.sharded), "unhandled_targets": dict(self.unhandled_targets()),
                 "partial_extremum_strategies_left_out": sum(s.partial for s in self.statuses),
                 "on_demand": self.on_demand,
+                "decomposed": [{"node": node, "target": target, "nodes": sum(pieces.values()), "into": dict(pieces)}
+                               for (node, target), pieces in self.decompositions().items()],
+                "not_decomposed": [{"node": s.node, "target": s.target,
+                                    "reason": s.reason.split("not decomposed: ", 1)[1]} for s in self.not_decomposed],
                 "uninitialised_not_compared": list(self.uninitialised),
-                "refused": [{"node": s.node, "target": s.target, "reason": s.reason}
+                "refused": [{"node": s.node, "target": s.target, "reason": s.reason, "decomposed_from": s.origin}
                             for s in self.statuses if s.status == "refused"]}

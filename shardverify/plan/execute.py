@@ -21,9 +21,11 @@ import torch
 from torch import fx
 
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
+from shardverify.capture.decompose import decompose_unserved
 from shardverify.capture.export import export_graph
 from shardverify.errors import InvalidArgument, VerificationError
 from shardverify.plan.blame import blame_owner, tapped_edges
+from shardverify.plan.coverage import unserved
 from shardverify.plan.compare import ATOL, RTOL, PlanMismatch, _cmp, _shard, precisions
 from shardverify.plan.graph import metadata_read, operand_layout, operand_producer, parameter_names
 from shardverify.plan.model import Plan
@@ -97,8 +99,9 @@ def as_float64(x: torch.Tensor) -> torch.Tensor:
 def _traced(recipe: ModelRecipe) -> fx.GraphModule:
     module = _float64_copy(recipe.module)
     inputs = [as_float64(x) for x in recipe.inputs]
-    if recipe.capture == "export":
-        return export_graph(module, inputs)
+    if recipe.capture == "export":   # a node no handler serves, decomposed into ops that are served
+        graph = export_graph(module, inputs)
+        return decompose_unserved(graph, lambda node: unserved(node, graph))
     return trace(module, dict(zip(forward_names(module, len(inputs)), inputs)))
 
 

@@ -1,0 +1,180 @@
+"""A node of an exported (ATen) graph that nothing serves, decomposed in place with PyTorch's own
+decompositions: the Core ATen table ``torch.export`` uses (``ExportedProgram.run_decompositions``:
+``torch.export.default_decompositions()``), else the op's CompositeImplicitAutograd kernel
+(``OpOverload.decompose``). Only that node: the decomposition is traced with ``make_fx``
+(pre-dispatch, the level of export's training IR: ``aten.linear`` stays whole) on fake tensors
+of the node's shapes, and its sub-graph spliced where the node was, each new node named
+``<node>_<piece>`` and marked with the node it came from (:data:`ORIGIN`). A piece nothing serves
+either is decomposed again, until every piece is served or nothing more decomposes; a node that
+cannot be decomposed stays, with the reason (:data:`NOT_DECOMPOSED`). The caller says what is
+served (this room knows no handlers).
+
+Only ATen graphs: a torch.fx graph's targets are torch-level calls (``nn.LSTM`` as a module,
+``F.gelu``), for which the table has nothing; decomposing them would need a second capture of
+the node at the ATen level, whose pieces no longer name the model's calls. Capture with
+torch.export to have them decomposed.
+
+The single-device reference runs the decomposed graph too: the check is of the sharding of the
+pieces, against PyTorch's own decomposition of the op (which torch.export, Inductor and DTensor
+rely on), not of the decomposition itself.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+
+from shardverify.capture.call import target_name
+from shardverify.capture.export import annotate, tuple_views_as_slices
+
+__all__ = ["ORIGIN", "NOT_DECOMPOSED", "MAX_DEPTH", "decompose_unserved", "origin", "not_decomposed"]
+
+ORIGIN = "shardverify_decomposed_from"       # node.meta: (node name, target) of the model node it came from
+NOT_DECOMPOSED = "shardverify_not_decomposed"  # node.meta: why a node nothing serves was not decomposed
+MAX_DEPTH = 6                                  # decompositions of decompositions, at most
+
+
+@dataclass(frozen=True)
+class _Traced:
+    graph: fx.GraphModule | None
+    reason: str = ""
+
+
+def origin(node: fx.Node) -> tuple[str, str] | None:
+    """(name, target) of the model node ``node`` was decomposed from, or None."""
+    return node.meta.get(ORIGIN)
+
+
+def not_decomposed(node: fx.Node) -> str:
+    """Why ``node`` (nothing serves it) was not decomposed; "" when it was never tried."""
+    return node.meta.get(NOT_DECOMPOSED, "")
+
+
+def _table() -> dict:
+    return torch.export.default_decompositions()
+
+
+def _rule(target: torch._ops.OpOverload, table) -> Callable | None:
+    if target in table:
+        return table[target]
+    if target._can_decompose():                # a CompositeImplicitAutograd kernel
+        return lambda *args, **kwargs: target.decompose(*args, **kwargs)
+    return None
+
+
+def _trace(node: fx.Node, table) -> _Traced:
+    """The decomposition of ``node`` traced on fake tensors of its operands' shapes, its
+    placeholders the node's graph inputs in ``pytree`` order."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return _Traced(None, "not an ATen op")
+    rule = _rule(target, table)
+    if rule is None:
+        return _Traced(None, "PyTorch has no decomposition of it")
+    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    where = [i for i, v in enumerate(flat) if isinstance(v, fx.Node)]
+    examples = []
+    for i in where:
+        meta = flat[i].meta.get("tensor_meta")
+        if not hasattr(meta, "shape"):
+            return _Traced(None, f"operand {flat[i].name!r} is not a single tensor")
+        examples.append(torch.empty(tuple(meta.shape), dtype=meta.dtype))
+
+    def call(*tensors):
+        values = list(flat)
+        for i, tensor in zip(where, tensors):
+            values[i] = tensor
+        args, kwargs = pytree.tree_unflatten(values, spec)
+        result = rule(*args, **kwargs)
+        if result is NotImplemented:
+            raise NotImplementedError("its decomposition declines these arguments")
+        return result
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    try:
+        with torch.backends.mkldnn.flags(enabled=False):   # the portable decomposition, not oneDNN's kernel
+            graph = make_fx(call, tracing_mode="fake", pre_dispatch=True)(*examples)
+    except Exception as error:  # noqa: BLE001 - any failure of torch's tracing is a reason to say
+        text = str(error).strip().splitlines()
+        return _Traced(None, f"its decomposition does not trace: {type(error).__name__}: {text[0] if text else ''}"[:200])
+    graph = tuple_views_as_slices(annotate(graph))   # chunk/unbind pieces as the slices they are
+    ops = [n for n in graph.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    if len(ops) == 1 and ops[0].target is target:
+        return _Traced(None, "it decomposes into itself")
+    return _Traced(graph)
+
+
+def _splice(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: tuple[str, str]) -> list[fx.Node] | None:
+    """``sub`` in place of ``node`` (its getitem users read the pieces); the new op nodes, or None
+    when a user of the node cannot be rewired (it is left as it was)."""
+    graph = gm.graph
+    out_node = next(n for n in sub.graph.nodes if n.op == "output")
+    result = out_node.args[0]
+    single = not isinstance(result, (tuple, list))
+    if not single and not all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
+                              for u in node.users):
+        return None
+    inputs = [v for v in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(v, fx.Node)]
+    env: dict[fx.Node, fx.Node] = dict(zip([n for n in sub.graph.nodes if n.op == "placeholder"], inputs))
+    made = []
+    with graph.inserting_before(node):
+        for piece in sub.graph.nodes:
+            if piece.op in ("placeholder", "output"):
+                continue
+            if piece.op == "get_attr":     # a constant the decomposition made (torch.tensor(...))
+                name = f"_decomposed_{node.name}_{piece.target}"
+                setattr(gm, name, getattr(sub, str(piece.target)))
+                new = graph.get_attr(name)
+            else:
+                new = graph.create_node(piece.op, piece.target, fx.node.map_arg(piece.args, env.__getitem__),
+                                        fx.node.map_arg(piece.kwargs, env.__getitem__), name=f"{node.name}_{piece.name}")
+            new.meta = {k: v for k, v in piece.meta.items() if k in ("val", "tensor_meta")}
+            new.meta[ORIGIN] = root
+            env[piece] = new
+            made.append(new)
+    mapped = fx.node.map_arg(result, env.__getitem__)
+    if single:
+        node.replace_all_uses_with(mapped)
+    else:
+        for user in list(node.users):
+            user.replace_all_uses_with(mapped[user.args[1]])
+            graph.erase_node(user)
+    graph.erase_node(node)
+    erased = set()
+    for new in reversed(made):         # pieces of results nothing reads (LSTM's final states, unused)
+        if not new.users and not new.is_impure():
+            graph.erase_node(new)
+            erased.add(new)
+    return [new for new in made if new not in erased]
+
+
+def decompose_unserved(gm: fx.GraphModule, unserved: Callable[[fx.Node], bool]) -> fx.GraphModule:
+    """Every node for which ``unserved(node)`` holds decomposed (see the module docstring), in place."""
+    table = _table()
+    work = [(n, (n.name, target_name(n)), 0) for n in gm.graph.nodes if n.op == "call_function" and unserved(n)]
+    changed = False
+    while work:
+        node, root, depth = work.pop(0)
+        if depth >= MAX_DEPTH:
+            node.meta[NOT_DECOMPOSED] = f"still unserved after {MAX_DEPTH} decompositions"
+            continue
+        traced = _trace(node, table)
+        made = _splice(gm, node, traced.graph, root) if traced.graph is not None else None
+        if made is None:
+            node.meta[NOT_DECOMPOSED] = traced.reason or "a user of it reads more than its tuple's pieces"
+            continue
+        changed = True
+        annotate(gm)
+        work += [(n, root, depth + 1) for n in made if n.op == "call_function" and n.target is not operator.getitem
+                 and unserved(n)]
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return gm
+
