@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from shardverify.errors import InvalidArgument
+from shardverify.plan.zoo import recurrent_lm
 
 __all__ = ["HF_MODELS", "hf_model"]
 
@@ -37,6 +38,14 @@ def _ids(seed: int) -> tuple[torch.Tensor, ...]:
 def _pixels(seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     return (torch.randn(BATCH, 3, 32, 32, generator=gen),)
+
+
+def _short_ids(seed: int) -> tuple[torch.Tensor, ...]:
+    """Token ids [16, 2] for the recurrent model: its decomposed LSTM concatenates one piece per
+    step, and ``cat`` is served for two tensors (a longer sequence needs ``cat`` of any number);
+    16 sequences so that the solver's cheapest plan shards."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, VOCAB, (16, 2), generator=gen),)
 
 
 def gpt2() -> torch.nn.Module:
@@ -76,6 +85,7 @@ def resnet() -> torch.nn.Module:
 HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[torch.Tensor, ...]]]] = {
     "gpt2": (gpt2, _ids), "llama": (llama, _ids), "bert": (bert, _ids), "vit": (vit, _pixels),
     "resnet": (resnet, _pixels),
+    "lstm": (recurrent_lm, _short_ids),      # a plain torch LSTM language model (shardverify.plan.zoo)
 }
 
 

@@ -69,8 +69,12 @@ class PlanResult:
             fallbacks = len(self.coverage.fallbacks) if self.coverage is not None else 0
             return f"PASS ({fallbacks} tensor op(s) ran replicated without strategies)" if fallbacks else "PASS"
         item = self.plan.node(first.node) if first.phase != "error" else None
-        lines = [f"FAIL: backward: node {first.node!r} is the first in backward order whose {first.what} diverges"
-                 if first.phase == "owner" else f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}"
+        status = None if self.coverage is None else next((s for s in self.coverage.statuses if s.node == first.node),
+                                                         None)
+        source = status.source if status is not None else ""    # the model node a decomposed piece came from
+        lines = [f"FAIL: backward: node {first.node!r}{source} is the first in backward order whose {first.what} "
+                 "diverges" if first.phase == "owner" else
+                 f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}{source}"
                  + (f" (max abs error {first.max_abs_err:.3g})" if first.phase != "error" else "")]
         if item is not None:
             lines.append(f"  strategy: {node_label(item, self.coverage)}")

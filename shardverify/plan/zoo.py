@@ -92,3 +92,23 @@ def transformer_block(d_model: int = 32, n_heads: int = 4, d_hidden: int = 64) -
 
 def small_cnn(channels: int = 8, classes: int = 16, size: int = 8) -> nn.Module:
     return SmallCNN(channels, classes, size)
+
+
+class RecurrentLM(nn.Module):
+    """A recurrent language model: token embedding, an LSTM (batch first), a linear head. The
+    exported ``aten.lstm.input`` has no spec: it is decomposed into its cell's core ops
+    (linear, sigmoid, tanh, mul, add, slices) and those are planned and verified."""
+
+    def __init__(self, vocab: int = 128, width: int = 128) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.lstm = nn.LSTM(width, width, batch_first=True)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.lstm(self.embed(ids))
+        return self.head(hidden)
+
+
+def recurrent_lm(vocab: int = 128, width: int = 128) -> nn.Module:
+    return RecurrentLM(vocab, width)
