@@ -97,17 +97,41 @@ def _trace(node: fx.Node, table) -> _Traced:
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    try:
-        with torch.backends.mkldnn.flags(enabled=False):   # the portable decomposition, not oneDNN's kernel
-            graph = make_fx(call, tracing_mode="fake", pre_dispatch=True)(*examples)
-    except Exception as error:  # noqa: BLE001 - any failure of torch's tracing is a reason to say
-        text = str(error).strip().splitlines()
-        return _Traced(None, f"its decomposition does not trace: {type(error).__name__}: {text[0] if text else ''}"[:200])
-    graph = tuple_views_as_slices(annotate(graph))   # chunk/unbind pieces as the slices they are
-    ops = [n for n in graph.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
-    if len(ops) == 1 and ops[0].target is target:
-        return _Traced(None, "it decomposes into itself")
-    return _Traced(graph)
+    # pre-dispatch first, the level of export's training IR (linear, chunk stay whole); a composite
+    # op traced there is recorded as itself, so below autograd, where its kernel's ops are seen
+    for pre_dispatch in (True, False):
+        try:
+            with torch.backends.mkldnn.flags(enabled=False):   # the portable decomposition, not oneDNN's kernel
+                graph = make_fx(call, tracing_mode="fake", pre_dispatch=pre_dispatch)(*examples)
+        except Exception as error:  # noqa: BLE001 - any failure of torch's tracing is a reason to say
+            text = str(error).strip().splitlines()
+            return _Traced(None, f"its decomposition does not trace: {type(error).__name__}: "
+                                 f"{text[0] if text else ''}"[:200])
+        graph = tuple_views_as_slices(annotate(_untupled(graph)))   # chunk/unbind pieces as the slices they are
+        ops = [n for n in graph.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+        if not (len(ops) == 1 and ops[0].target is target):
+            return _Traced(graph)
+    return _Traced(None, "it decomposes into itself")
+
+
+def _untupled(graph: fx.GraphModule) -> fx.GraphModule:
+    """A named tuple a decomposition builds (``log_sigmoid_forward``'s return type) and its
+    pieces read back: each piece read as the value it was built from."""
+    for node in list(graph.graph.nodes):
+        if node.op == "call_function" and isinstance(node.target, type) and issubclass(node.target, tuple) \
+                and all(u.op == "output" or (u.target is operator.getitem and isinstance(u.args[1], int))
+                        for u in node.users):
+            pieces = tuple(node.args) + tuple(node.kwargs[f] for f in getattr(node.target, "_fields", ())[len(node.args):])
+            for user in list(node.users):
+                if user.op == "output":
+                    user.args = (fx.node.map_arg(user.args[0], lambda n: pieces if n is node else n),)
+                    continue
+                user.replace_all_uses_with(node.args[user.args[1]])
+                graph.graph.erase_node(user)
+            if not node.users:
+                graph.graph.erase_node(node)
+    graph.recompile()
+    return graph
 
 
 def _splice(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: tuple[str, str]) -> list[fx.Node] | None:

@@ -331,8 +331,11 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
 
     taps: dict = dict.fromkeys(tapped_edges(gm, unobserved))
     env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, unobserved, taps)
-    if found:
-        return found   # backward would only repeat the forward divergence
+    # backward would only repeat the forward divergence; every rank skips it or none does (a rank
+    # alone in backward would wait in its collectives for the ranks that diverged)
+    diverged = comm.all_reduce(torch.tensor([float(bool(found))], dtype=torch.float64), tuple(range(mesh.ndim)))
+    if diverged.item() > 0:
+        return found
     blamed = _weight_consumers(gm, plan)
     checked: set[str] = set()
     weights = {}   # parameter name -> (order, node blamed, this rank's expected gradient)

@@ -1,0 +1,109 @@
+"""A node of an exported graph that no spec serves is decomposed with PyTorch's own decompositions
+(that node only), and its pieces are planned and verified like any other node; the report says
+what was decomposed into what; a wrong strategy inside the pieces is caught naming the piece and
+the node it came from; a node that cannot be decomposed keeps the fallback, said why."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch import nn
+
+from shardverify.capture.decompose import ORIGIN
+from shardverify.plan import verify_plan
+from shardverify.plan.execute import ModelRecipe, _traced
+from shardverify.plan.verify import run_plan
+from shardverify.sharding.sharding_spec import ShardingSpec
+
+MESH = (2, 2)
+
+
+class Gated(nn.Module):
+    """``torch.addcmul`` (no spec serves it) between two projections and one after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.gate, self.down = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8, bias=False)
+
+    def forward(self, x):
+        h = self.up(x)
+        return self.down(torch.addcmul(h, h, self.gate(x)))
+
+
+def _checked(**goals):
+    torch.manual_seed(0)
+    return verify_plan(Gated(), torch.randn(8, 8), MESH, capture="export", verified_only=True, **goals)
+
+
+def test_a_node_without_a_spec_is_decomposed_and_its_pieces_verified():
+    result = _checked(data_parallel=True, strict=True)
+    assert result.passed, result.summary()
+    coverage = result.coverage
+    pieces = Counter({"aten.mul.Tensor": 2, "aten.add.Tensor": 1})
+    assert coverage.decompositions() == {("addcmul", "aten.addcmul.default"): pieces}
+    assert coverage.count("unhandled") == 0 and coverage.count("refused") == 0
+    # the pieces are sharded by the plan, not run replicated
+    decomposed = [s.node for s in coverage.statuses if s.origin is not None]
+    assert set(decomposed) <= set(coverage.sharded), (decomposed, coverage.sharded)
+    text = "\n".join(coverage.lines())
+    assert "decomposed: 1 node(s) into 3 node(s)" in text, text
+    assert "'addcmul' aten.addcmul.default -> 3 nodes: aten.mul.Tensor x2, aten.add.Tensor x1" in text, text
+    assert "1 node(s) decomposed" in coverage.headline()
+    (entry,) = coverage.to_json()["decomposed"]
+    assert entry == {"node": "addcmul", "target": "aten.addcmul.default", "nodes": 3, "into": dict(pieces)}
+
+
+def test_the_pieces_are_marked_with_the_node_they_came_from():
+    torch.manual_seed(0)
+    graph = _traced(ModelRecipe(Gated(), (torch.randn(8, 8),), capture="export"))
+    marked = {n.name: n.meta[ORIGIN] for n in graph.graph.nodes if ORIGIN in n.meta}
+    assert len(marked) == 3 and set(marked.values()) == {("addcmul", "aten.addcmul.default")}
+    assert all(name.startswith("addcmul_") for name in marked)
+    assert "addcmul" not in {n.name for n in graph.graph.nodes}      # the node itself is gone
+
+
+def test_a_wrong_strategy_inside_a_decomposition_is_caught_and_named(sv_backend):
+    """The planted bug: a piece's output declared S10 (shard order (1, 0)) where it computes S01:
+    ranks 1 and 2 hold each other's rows. The check names the piece and the node it came from."""
+    result = _checked(data_parallel=True)
+    piece = next(s.node for s in result.coverage.statuses if s.origin is not None and s.target == "aten.add.Tensor")
+    item = result.plan.node(piece)
+    name, spec = item.strategy.sharding_specs[-1]
+    assert str(spec) == "[S01, R]", item.strategy
+    wrong = ShardingSpec.parse("[S10, R]", spec.tensor_shape, MESH)
+    planted = item.strategy.replace(sharding_specs=(*item.strategy.sharding_specs[:-1], (name, wrong)))
+    torch.manual_seed(0)
+    checked = run_plan(sv_backend(MESH, "simulated"), Gated(), (torch.randn(8, 8),),
+                       result.plan.replace_node(piece, strategy=planted), capture="export", coverage=result.coverage)
+    assert not checked.passed
+    first = checked.first_divergence()
+    assert first.node == piece and first.phase == "forward", checked.summary()
+    assert f"node {piece!r} (decomposed from 'addcmul': aten.addcmul.default)" in checked.summary()
+
+
+class Undecomposable(nn.Module):
+    def forward(self, x):
+        return torch.special.erfcx(x).sum(dim=-1)      # no spec, and PyTorch has no decomposition of it
+
+
+def test_a_node_that_cannot_be_decomposed_keeps_the_fallback_and_says_why():
+    result = verify_plan(Undecomposable(), torch.randn(8, 4), MESH, capture="export", verified_only=True)
+    assert result.passed, result.summary()
+    coverage = result.coverage
+    assert coverage.unhandled_targets() == Counter({"aten.special_erfcx.default": 1})
+    assert not coverage.decompositions()
+    text = "\n".join(coverage.lines())
+    assert "not decomposed: 1 node(s) without a handler: aten.special_erfcx.default x1 " \
+           "(PyTorch has no decomposition of it)" in text, text
+    assert coverage.to_json()["not_decomposed"] == [
+        {"node": "special_erfcx", "target": "aten.special_erfcx.default",
+         "reason": "PyTorch has no decomposition of it"}]
+
+
+def test_an_fx_graph_is_not_decomposed_and_says_so():
+    torch.manual_seed(0)
+    result = verify_plan(Gated(), torch.randn(8, 8), MESH, capture="fx", verified_only=True)
+    coverage = result.coverage
+    assert not coverage.decompositions() and list(coverage.unhandled_targets()) == ["torch._VariableFunctionsClass.addcmul"]
+    assert "not an ATen op (decomposition works on torch.export's ATen graphs" in "\n".join(coverage.lines())
