@@ -141,27 +141,21 @@ def _splice(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: tuple[
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
     result = out_node.args[0]
     single = not isinstance(result, (tuple, list))
-    if not single and not all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
-                              for u in node.users):
-        return None
+    pieces_read = all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
+                      and u.args[1] < len(result) and isinstance(result[u.args[1]], fx.Node) for u in node.users) \
+        if not single else not any(u.target is operator.getitem for u in node.users)
     inputs = [v for v in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(v, fx.Node)]
-    env: dict[fx.Node, fx.Node] = dict(zip([n for n in sub.graph.nodes if n.op == "placeholder"], inputs))
-    made = []
-    with graph.inserting_before(node):
-        for piece in sub.graph.nodes:
-            if piece.op in ("placeholder", "output"):
-                continue
-            if piece.op == "get_attr":     # a constant the decomposition made (torch.tensor(...))
-                name = f"_decomposed_{node.name}_{piece.target}"
-                setattr(gm, name, getattr(sub, str(piece.target)))
-                new = graph.get_attr(name)
-            else:
-                new = graph.create_node(piece.op, piece.target, fx.node.map_arg(piece.args, env.__getitem__),
-                                        fx.node.map_arg(piece.kwargs, env.__getitem__), name=f"{node.name}_{piece.name}")
-            new.meta = {k: v for k, v in piece.meta.items() if k in ("val", "tensor_meta")}
-            new.meta[ORIGIN] = root
-            env[piece] = new
-            made.append(new)
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    if not pieces_read or len(placeholders) != len(inputs):
+        return None
+    env: dict[fx.Node, fx.Node] = dict(zip(placeholders, inputs))
+    made: list[fx.Node] = []
+    try:
+        _copy_pieces(gm, node, sub, root, env, made)
+    except Exception:  # noqa: BLE001 - a piece that cannot be copied leaves the node as it was
+        for new in reversed(made):
+            graph.erase_node(new)
+        return None
     mapped = fx.node.map_arg(result, env.__getitem__)
     if single:
         node.replace_all_uses_with(mapped)
@@ -178,6 +172,27 @@ def _splice(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: tuple[
     return [new for new in made if new not in erased]
 
 
+def _copy_pieces(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: tuple[str, str], env: dict,
+                 made: list) -> None:
+    """Every op of ``sub`` copied before ``node`` (``made`` holds them as they are made)."""
+    graph = gm.graph
+    with graph.inserting_before(node):
+        for piece in sub.graph.nodes:
+            if piece.op in ("placeholder", "output"):
+                continue
+            if piece.op == "get_attr":     # a constant the decomposition made (torch.tensor(...))
+                name = f"_decomposed_{node.name}_{piece.target}"
+                setattr(gm, name, getattr(sub, str(piece.target)))
+                new = graph.get_attr(name)
+            else:
+                new = graph.create_node(piece.op, piece.target, fx.node.map_arg(piece.args, env.__getitem__),
+                                        fx.node.map_arg(piece.kwargs, env.__getitem__), name=f"{node.name}_{piece.name}")
+            new.meta = {k: v for k, v in piece.meta.items() if k in ("val", "tensor_meta")}
+            new.meta[ORIGIN] = root
+            env[piece] = new
+            made.append(new)
+
+
 def decompose_unserved(gm: fx.GraphModule, unserved: Callable[[fx.Node], bool]) -> fx.GraphModule:
     """Every node for which ``unserved(node)`` holds decomposed (see the module docstring), in place."""
     table = _table()
@@ -191,7 +206,7 @@ def decompose_unserved(gm: fx.GraphModule, unserved: Callable[[fx.Node], bool]) 
         traced = _trace(node, table)
         made = _splice(gm, node, traced.graph, root) if traced.graph is not None else None
         if made is None:
-            node.meta[NOT_DECOMPOSED] = traced.reason or "a user of it reads more than its tuple's pieces"
+            node.meta[NOT_DECOMPOSED] = traced.reason or "its decomposition cannot be spliced in its place"
             continue
         changed = True
         annotate(gm)
