@@ -80,6 +80,7 @@ def test_a_wrong_strategy_inside_a_decomposition_is_caught_and_named(sv_backend)
     first = checked.first_divergence()
     assert first.node == piece and first.phase == "forward", checked.summary()
     assert f"node {piece!r} (decomposed from 'addcmul': aten.addcmul.default)" in checked.summary()
+    assert checked.to_json()["first_divergence"]["decomposed_from"] == ["addcmul", "aten.addcmul.default"]
 
 
 class Undecomposable(nn.Module):

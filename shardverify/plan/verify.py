@@ -69,8 +69,7 @@ class PlanResult:
             fallbacks = len(self.coverage.fallbacks) if self.coverage is not None else 0
             return f"PASS ({fallbacks} tensor op(s) ran replicated without strategies)" if fallbacks else "PASS"
         item = self.plan.node(first.node) if first.phase != "error" else None
-        status = None if self.coverage is None else next((s for s in self.coverage.statuses if s.node == first.node),
-                                                         None)
+        status = self._status(first.node)
         source = status.source if status is not None else ""    # the model node a decomposed piece came from
         lines = [f"FAIL: backward: node {first.node!r}{source} is the first in backward order whose {first.what} "
                  "diverges" if first.phase == "owner" else
@@ -83,8 +82,12 @@ class PlanResult:
         lines.append(f"  ranks: {ranks}; {len(self.mismatches)} mismatch(es) in all")
         return "\n".join(lines)
 
+    def _status(self, node: str):
+        return None if self.coverage is None else next((s for s in self.coverage.statuses if s.node == node), None)
+
     def to_json(self) -> dict:
         first = self.first_divergence()
+        status = None if first is None else self._status(first.node)
         return {
             "mesh": list(self.plan.mesh_shape), "backend": self.backend, "passed": self.passed,
             "strict": self.strict, "strict_failures": list(self.strict_failures), "notes": list(self.notes),
@@ -95,8 +98,9 @@ class PlanResult:
                        "resharding": [{"operand": r.operand, "from": r.producer, "source": str(r.source),
                                        "target": str(r.target), "steps": [str(s) for s in r.steps]}
                                       for r in n.reshards if r.steps]} for n in self.plan.nodes],
-            "first_divergence": None if first is None else {"node": first.node, "phase": first.phase,
-                                                            "what": first.what},
+            "first_divergence": None if first is None else {
+                "node": first.node, "phase": first.phase, "what": first.what,
+                "decomposed_from": None if status is None or status.origin is None else list(status.origin)},
             "coverage": None if self.coverage is None else self.coverage.to_json(),
             "mismatches": [str(m) for m in self.mismatches],
         }
