@@ -21,6 +21,7 @@ rely on), not of the decomposition itself.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,8 +56,10 @@ def not_decomposed(node: fx.Node) -> str:
     return node.meta.get(NOT_DECOMPOSED, "")
 
 
+@functools.cache
 def _table() -> dict:
-    return torch.export.default_decompositions()
+    """export's table as a plain dict, made once (about a second: made only when a node needs it)."""
+    return dict(torch.export.default_decompositions().items())
 
 
 def _rule(target: torch._ops.OpOverload, table) -> Callable | None:
@@ -195,8 +198,8 @@ def _copy_pieces(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: t
 
 def decompose_unserved(gm: fx.GraphModule, unserved: Callable[[fx.Node], bool]) -> fx.GraphModule:
     """Every node for which ``unserved(node)`` holds decomposed (see the module docstring), in place."""
-    table = _table()
     work = [(n, (n.name, target_name(n)), 0) for n in gm.graph.nodes if n.op == "call_function" and unserved(n)]
+    table = _table() if work else {}
     changed = False
     while work:
         node, root, depth = work.pop(0)
