@@ -31,7 +31,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from shardverify.capture.call import target_name
-from shardverify.capture.export import annotate, tuple_views_as_slices
+from shardverify.capture.export import annotate, inplace_as_functional, tuple_views_as_slices
 
 __all__ = ["ORIGIN", "NOT_DECOMPOSED", "MAX_DEPTH", "decompose_unserved", "origin", "not_decomposed"]
 
@@ -103,14 +103,19 @@ def _trace(node: fx.Node, table) -> _Traced:
     # pre-dispatch first, the level of export's training IR (linear, chunk stay whole); a composite
     # op traced there is recorded as itself, so below autograd, where its kernel's ops are seen
     for pre_dispatch in (True, False):
+        mkldnn = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)    # the portable decomposition (LSTM's), not oneDNN's kernel
         try:
-            with torch.backends.mkldnn.flags(enabled=False):   # the portable decomposition, not oneDNN's kernel
-                graph = make_fx(call, tracing_mode="fake", pre_dispatch=pre_dispatch)(*examples)
+            graph = make_fx(call, tracing_mode="fake", pre_dispatch=pre_dispatch)(*examples)
         except Exception as error:  # noqa: BLE001 - any failure of torch's tracing is a reason to say
             text = str(error).strip().splitlines()
             return _Traced(None, f"its decomposition does not trace: {type(error).__name__}: "
                                  f"{text[0] if text else ''}"[:200])
-        graph = tuple_views_as_slices(annotate(_untupled(graph)))   # chunk/unbind pieces as the slices they are
+        finally:
+            torch._C._set_mkldnn_enabled(mkldnn)
+        # the export idioms the capture rewrites, rewritten in the pieces too: chunk/unbind pieces as
+        # the slices they are, an in-place op on a value nothing reads again as its out-of-place twin
+        graph = inplace_as_functional(tuple_views_as_slices(annotate(_untupled(graph))))
         ops = [n for n in graph.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
         if not (len(ops) == 1 and ops[0].target is target):
             return _Traced(graph)
