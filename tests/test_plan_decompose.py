@@ -108,3 +108,20 @@ def test_an_fx_graph_is_not_decomposed_and_says_so():
     coverage = result.coverage
     assert not coverage.decompositions() and list(coverage.unhandled_targets()) == ["torch._VariableFunctionsClass.addcmul"]
     assert "not an ATen op (decomposition works on torch.export's ATen graphs" in "\n".join(coverage.lines())
+
+
+class LogSigmoid(nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.logsigmoid(x).sum(dim=-1)
+
+
+def test_a_piece_nothing_serves_is_decomposed_again():
+    """``log_sigmoid`` decomposes into ``log_sigmoid_forward`` (no spec either), which decomposes
+    into served pointwise ops; its named-tuple result is read as the values it holds."""
+    from shardverify.plan.coverage import unserved
+
+    graph = _traced(ModelRecipe(LogSigmoid(), (torch.randn(4, 6),), capture="export"))
+    pieces = [n for n in graph.graph.nodes if n.meta.get(ORIGIN) == ("log_sigmoid", "aten.log_sigmoid.default")]
+    assert {"aten.exp.default", "aten.log1p.default"} <= {str(n.target) for n in pieces}, pieces
+    assert not [n.name for n in pieces if unserved(n, graph)]
+    assert not [n for n in graph.graph.nodes if "log_sigmoid" in str(n.target)]
