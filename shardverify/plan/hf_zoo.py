@@ -5,7 +5,9 @@ tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attentio
 and ViT (width 64) that it shards something on (2,2) and (4,), so their specs' strict holds:
 smaller, a collective costs more than the compute it saves and the cheapest plan shards nothing.
 They cannot be symbolically traced: ``verify_plan``'s capture falls back to ``torch.export``. Needs the ``models`` extra
-(``pip install -e '.[models]'``: transformers, pinned).
+(``pip install -e '.[models]'``: transformers, pinned). ``lstm`` is a plain torch LSTM language model
+(:class:`shardverify.plan.zoo.RecurrentLM`; transformers has no small recurrent one), whose
+``aten.lstm.input`` the capture decomposes.
 """
 
 from __future__ import annotations
