@@ -6,6 +6,7 @@ that a pass over a model whose ops fall back is never mistaken for a check of it
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from dataclasses import dataclass
 
@@ -89,8 +90,10 @@ def unserved(node: fx.Node, graph_module: fx.GraphModule) -> bool:
 
 def _no_handler(node: fx.Node, name: str) -> str:
     """Why a node has no strategies: no spec, and why it was not decomposed."""
-    why = not_decomposed(node) or ("not an ATen op (decomposition works on torch.export's ATen graphs: capture "
-                                   "with export)" if not isinstance(node.target, torch._ops.OpOverload) else "")
+    torch_level = not isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
+        and node.target is not operator.getitem          # a piece of a tuple goes with its producer
+    why = not_decomposed(node) or ("a torch-level call (decomposition works on torch.export's ATen graphs: "
+                                   "capture with export)" if torch_level else "")
     return f"no spec has target {name}" + (f"; not decomposed: {why}" if why else "")
 
 
