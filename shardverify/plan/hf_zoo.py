@@ -72,10 +72,23 @@ def resnet() -> torch.nn.Module:
                                                          layer_type="basic", num_labels=10))
 
 
+def mixtral() -> torch.nn.Module:
+    """A mixture-of-experts LM: a top-2 router over 4 experts whose stacked weights ([4, 256, 64] and
+    [4, 64, 128]) the experts apply in transformers' ``grouped_mm`` implementation (tokens sorted by
+    expert, counted with ``histc``, the grouped matmul a loop over the experts' row blocks)."""
+    t = _transformers()
+    return t.MixtralForCausalLM(t.MixtralConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
+                                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                                                num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=32,
+                                                attn_implementation="sdpa", experts_implementation="batched_mm",
+                                                use_cache=False))
+
+
 #: name -> (model factory, example inputs for a seed)
 HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[torch.Tensor, ...]]]] = {
     "gpt2": (gpt2, _ids), "llama": (llama, _ids), "bert": (bert, _ids), "vit": (vit, _pixels),
     "resnet": (resnet, _pixels),
+    "mixtral": (mixtral, _ids),
 }
 
 
