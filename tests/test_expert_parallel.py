@@ -88,3 +88,41 @@ def test_a_tuple_element_takes_its_producers_layout(layout):
     assert result.passed, result.summary()
     moved = [(r.node, r.producer) for item in result.plan.nodes for r in item.reshards if r.steps]
     assert moved == [("topk", "x"), ("output", "mul")], moved   # the input split, the result gathered
+
+
+def _mixtral_expert_sharded():
+    """HF Mixtral (batched_mm experts) with its stacked expert weights split over the experts:
+    each rank looks up only its experts' rows of gate_up_proj and down_proj by the tokens' expert
+    ids (the others zero: a partial sum, left to the matmul), and the per-copy matmul sums the
+    ranks' parts after it."""
+    pytest.importorskip("transformers", reason="the HF model zoo needs the models extra")
+    from shardverify.plan.hf_zoo import hf_model
+
+    model, inputs = hf_model("mixtral")
+    plan = {}
+    for lookup, matmul in (("index_4", "bmm"), ("index_5", "bmm_1")):
+        plan[lookup] = {"strategy": "S0RR x R -> RRR | P0 sum", "defer": True}   # weights split on the expert dim
+        plan[matmul] = "RRR+P0 x RRR -> RRR | P0 sum"
+    return model, inputs, plan
+
+
+def test_mixtral_with_its_stacked_expert_weights_split_over_the_experts_verifies():
+    model, inputs, plan = _mixtral_expert_sharded()
+    result = verify_plan(model, inputs, (4,), plan, capture="export")
+    assert result.passed, result.summary()
+    assert {"index_4", "index_5", "bmm", "bmm_1"} <= set(result.coverage.sharded)
+
+
+def test_a_dropped_reduction_of_the_expert_sharded_matmul_is_caught(monkeypatch):
+    model, inputs, plan = _mixtral_expert_sharded()
+    real = execute.after_op
+
+    def dropped(comm, strategy, outputs, late, keep_partial=None):   # the matmuls' all-reduce, only
+        if strategy.name.startswith("RRR+P0 x"):
+            return outputs
+        return real(comm, strategy, outputs, late, keep_partial=keep_partial)
+
+    monkeypatch.setattr(execute, "after_op", dropped)
+    result = verify_plan(model, inputs, (4,), plan, capture="export")
+    first = result.first_divergence()
+    assert first is not None and first.phase == "forward" and first.node == "bmm", result.summary()
