@@ -73,9 +73,12 @@ def resnet() -> torch.nn.Module:
 
 
 def mixtral() -> torch.nn.Module:
-    """A mixture-of-experts LM: a top-2 router over 4 experts whose stacked weights ([4, 256, 64] and
-    [4, 64, 128]) the experts apply in transformers' ``grouped_mm`` implementation (tokens sorted by
-    expert, counted with ``histc``, the grouped matmul a loop over the experts' row blocks)."""
+    """A mixture-of-experts LM: a top-2 router over 4 experts, their stacked weights ([4, 256, 64]
+    and [4, 64, 128]) applied in transformers' ``batched_mm`` implementation (each token copied once
+    per chosen expert, its expert's weights looked up by id, a ``bmm``): every op an ATen op with a
+    spec. The default on CPU, ``grouped_mm``, runs the grouped matmul in transformers' own custom op
+    (``torch.ops.transformers.grouped_mm_fallback``, a loop over the experts' row blocks), which no
+    spec can name without transformers installed to load it."""
     t = _transformers()
     return t.MixtralForCausalLM(t.MixtralConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
                                                 num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
