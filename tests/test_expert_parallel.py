@@ -82,9 +82,9 @@ def test_a_tuple_element_takes_its_producers_layout(layout):
             return torch.relu(values) * ids
 
     x = torch.randn(8, 6, generator=torch.Generator().manual_seed(0))
-    result = verify_plan(TopK(), (x,), (4,), {"topk": f"{layout} -> {layout}, {layout}",
-                                              "relu": f"{layout} -> {layout}", "mul": f"{layout} x {layout} -> {layout}"},
-                         capture="fx", strict=True)
+    plan = {"topk": f"{layout} -> {layout}, {layout}", "relu": f"{layout} -> {layout}",
+            "mul": f"{layout} x {layout} -> {layout}"}
+    result = verify_plan(TopK(), (x,), (4,), plan, capture="fx", strict=True)
     assert result.passed, result.summary()
     moved = [(r.node, r.producer) for item in result.plan.nodes for r in item.reshards if r.steps]
     assert moved == [("topk", "x"), ("output", "mul")], moved   # the input split, the result gathered

@@ -13,8 +13,8 @@ from torch import fx
 
 from shardverify.errors import VerificationError
 
-__all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op", "meta_devices",
-           "backward_from_ones", "tuple_element"]
+__all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op",
+           "meta_devices", "backward_from_ones", "tuple_element"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
 
@@ -179,6 +179,7 @@ def tuple_element(node: fx.Node) -> tuple[fx.Node, int] | None:
     if not isinstance(producer, fx.Node) or not isinstance(index, int) or isinstance(index, bool):
         return None
     meta = producer.meta.get("tensor_meta")
-    if not isinstance(meta, (list, tuple)) or not all(hasattr(m, "shape") for m in meta) or not -len(meta) <= index < len(meta):
+    if not isinstance(meta, (list, tuple)) or not all(hasattr(m, "shape") for m in meta) \
+            or not -len(meta) <= index < len(meta):
         return None
     return producer, index % len(meta)

@@ -174,7 +174,8 @@ class Coverage:
                 f"{handled - len(self.sharded)} replicated), {self.count('refused')} refused, "
                 f"{self.count('unhandled')} without a handler, {self.count('constant')} built from constants; "
                 f"{self.count('no tensor output')} other node(s)"
-                + (f", {self.count('element')} tuple element(s) laid out by their producer" if self.count("element") else ""))
+                + (f", {self.count('element')} tuple element(s) laid out by their producer"
+                   if self.count("element") else ""))
 
     def lines(self, show: int = 12) -> list[str]:
         lines = [f"coverage: {self.headline()}"]

@@ -25,7 +25,8 @@ from shardverify.capture.export import export_graph
 from shardverify.errors import InvalidArgument, VerificationError
 from shardverify.plan.blame import blame_owner, tapped_edges
 from shardverify.plan.compare import ATOL, RTOL, PlanMismatch, _cmp, _shard, precisions
-from shardverify.plan.graph import element_layout, metadata_read, operand_layout, operand_producer, parameter_names, source_of
+from shardverify.plan.graph import (element_layout, metadata_read, operand_layout, operand_producer, parameter_names,
+                                    source_of)
 from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
 from shardverify.sharding.reshard_plan import Layout, plan_reshard
