@@ -36,6 +36,48 @@ CASES = [
     ),
     OpCase(
         op='scatter_reduce',
+        target='torch.scatter_reduce',
+        inputs=(
+            InputDecl('input', (5, 6), 'float32'),
+            InputDecl('index', (5, 6), 'int64', values=(0, 6)),
+            InputDecl('src', (5, 6), 'float32'),
+        ),
+        params=(('reduce', 'mean'),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', 1),
+            CallArg('tensor', 'index'),
+            CallArg('tensor', 'src'),
+        ),
+    ),
+    OpCase(
+        op='scatter_reduce',
+        target='torch.Tensor.scatter_reduce',
+        inputs=(
+            InputDecl('input', (5, 6), 'float32'),
+            InputDecl('index', (5, 6), 'int64', values=(0, 6)),
+            InputDecl('src', (5, 6), 'float32'),
+        ),
+        params=(('reduce', 'sum'),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', 1),
+            CallArg('tensor', 'index'),
+            CallArg('tensor', 'src'),
+        ),
+    ),
+    OpCase(
+        op='scatter_reduce',
         target='torch.Tensor.scatter_reduce',
         inputs=(
             InputDecl('input', (5, 6), 'float32'),
@@ -76,13 +118,37 @@ CASES = [
             CallArg('tensor', 'src'),
         ),
     ),
+    OpCase(
+        op='scatter_reduce',
+        target='torch.ops.aten.scatter_reduce.two',
+        inputs=(
+            InputDecl('input', (5, 6), 'float32'),
+            InputDecl('index', (5, 6), 'int64', values=(0, 6)),
+            InputDecl('src', (5, 6), 'float32'),
+        ),
+        params=(('reduce', 'mean'),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', 1),
+            CallArg('tensor', 'index'),
+            CallArg('tensor', 'src'),
+        ),
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.scatter_reduce-dim_1-reduce_sum-mesh4'),
-    pytest.param(1, (4,), id='torch.Tensor.scatter_reduce-dim_1-reduce_mean-mesh4'),
-    pytest.param(2, (4,), id='torch.ops.aten.scatter_reduce.two-dim_1-reduce_sum-mesh4'),
+    pytest.param(1, (4,), id='torch.scatter_reduce-dim_1-reduce_mean-mesh4'),
+    pytest.param(2, (4,), id='torch.Tensor.scatter_reduce-dim_1-reduce_sum-mesh4'),
+    pytest.param(3, (4,), id='torch.Tensor.scatter_reduce-dim_1-reduce_mean-mesh4'),
+    pytest.param(4, (4,), id='torch.ops.aten.scatter_reduce.two-dim_1-reduce_sum-mesh4'),
+    pytest.param(5, (4,), id='torch.ops.aten.scatter_reduce.two-dim_1-reduce_mean-mesh4'),
 ]
 
 
@@ -95,7 +161,7 @@ def test_scatter_reduce_simulated(sv_backend, case_index, mesh_shape):
 # targets taking turns
 PROCESS_RUNS = [
     pytest.param(0, (4,), id='torch.scatter_reduce-dim_1-reduce_sum-mesh4'),
-    pytest.param(1, (4,), id='torch.Tensor.scatter_reduce-dim_1-reduce_mean-mesh4'),
+    pytest.param(1, (4,), id='torch.scatter_reduce-dim_1-reduce_mean-mesh4'),
 ]
 
 

@@ -17,8 +17,11 @@ SPEC = 'specs/scatter_reduce.yaml'
 # (case id, mesh shape)
 RUNS = [
     pytest.param('torch.scatter_reduce-dim_1-reduce_sum', (4,), id='torch.scatter_reduce-dim_1-reduce_sum-mesh4'),
+    pytest.param('torch.scatter_reduce-dim_1-reduce_mean', (4,), id='torch.scatter_reduce-dim_1-reduce_mean-mesh4'),
+    pytest.param('torch.Tensor.scatter_reduce-dim_1-reduce_sum', (4,), id='torch.Tensor.scatter_reduce-dim_1-reduce_sum-mesh4'),
     pytest.param('torch.Tensor.scatter_reduce-dim_1-reduce_mean', (4,), id='torch.Tensor.scatter_reduce-dim_1-reduce_mean-mesh4'),
     pytest.param('torch.ops.aten.scatter_reduce.two-dim_1-reduce_sum', (4,), id='torch.ops.aten.scatter_reduce.two-dim_1-reduce_sum-mesh4'),
+    pytest.param('torch.ops.aten.scatter_reduce.two-dim_1-reduce_mean', (4,), id='torch.ops.aten.scatter_reduce.two-dim_1-reduce_mean-mesh4'),
 ]
 
 

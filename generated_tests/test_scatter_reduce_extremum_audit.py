@@ -17,7 +17,10 @@ SPEC = 'specs/scatter_reduce_extremum.yaml'
 # (case id, mesh shape)
 RUNS = [
     pytest.param('torch.scatter_reduce-dim_1-reduce_amax', (4,), id='torch.scatter_reduce-dim_1-reduce_amax-mesh4'),
+    pytest.param('torch.scatter_reduce-dim_1-reduce_amin', (4,), id='torch.scatter_reduce-dim_1-reduce_amin-mesh4'),
     pytest.param('torch.Tensor.scatter_reduce-dim_1-reduce_amax', (4,), id='torch.Tensor.scatter_reduce-dim_1-reduce_amax-mesh4'),
+    pytest.param('torch.Tensor.scatter_reduce-dim_1-reduce_amin', (4,), id='torch.Tensor.scatter_reduce-dim_1-reduce_amin-mesh4'),
+    pytest.param('torch.ops.aten.scatter_reduce.two-dim_1-reduce_amax', (4,), id='torch.ops.aten.scatter_reduce.two-dim_1-reduce_amax-mesh4'),
     pytest.param('torch.ops.aten.scatter_reduce.two-dim_1-reduce_amin', (4,), id='torch.ops.aten.scatter_reduce.two-dim_1-reduce_amin-mesh4'),
 ]
 

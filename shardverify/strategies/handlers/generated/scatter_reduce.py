@@ -29,15 +29,15 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/scatter_reduce.yaml',
     bindings=(
         (torch.scatter_reduce, (
-            ('reduce', ('sum',)),
+            ('reduce', ('sum', 'mean')),
             ('include_self', (True,)),
         )),
         (torch.Tensor.scatter_reduce, (
-            ('reduce', ('mean',)),
+            ('reduce', ('sum', 'mean')),
             ('include_self', (True,)),
         )),
         (torch.ops.aten.scatter_reduce.two, (
-            ('reduce', ('sum',)),
+            ('reduce', ('sum', 'mean')),
             ('include_self', (True,)),
         )),
     ),

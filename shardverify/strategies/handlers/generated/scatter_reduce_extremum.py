@@ -29,15 +29,15 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/scatter_reduce_extremum.yaml',
     bindings=(
         (torch.scatter_reduce, (
-            ('reduce', ('amax',)),
+            ('reduce', ('amax', 'amin')),
             ('include_self', (True,)),
         )),
         (torch.Tensor.scatter_reduce, (
-            ('reduce', ('amax',)),
+            ('reduce', ('amax', 'amin')),
             ('include_self', (True,)),
         )),
         (torch.ops.aten.scatter_reduce.two, (
-            ('reduce', ('amin',)),
+            ('reduce', ('amax', 'amin')),
             ('include_self', (True,)),
         )),
     ),
