@@ -1,5 +1,5 @@
 """Real models, captured with torch.export: small random-weight builds of HF transformers' GPT-2,
-Llama, BERT, ViT and ResNet (shardverify.plan.hf_zoo), whose plans specs/plans/ verifies end to
+Llama, BERT, ViT, ResNet and Mixtral (shardverify.plan.hf_zoo), whose plans specs/plans/ verifies end to
 end. Here, what those plans do: the solver's plan for the language models shards attention and
 the MLP, the tensor-parallel plan shards every weight, data parallelism passes ResNet's batch
 norms untouched; Llama's MLP passes Megatron's tensor-parallel plan and a token-parallel plan
@@ -22,13 +22,14 @@ from shardverify.plan.model import PlanGoals  # noqa: E402
 from shardverify.plan.verify import plan_with_coverage  # noqa: E402
 
 # Every zoo model's solver, data-parallel and tensor-parallel plans on (2,2) and (4,), simulated and
-# on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet}.yaml (generated
+# on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet,mixtral}.yaml (generated
 # tests). What follows checks what those plans do, beyond passing.
 
 #: weight matrices (linear, addmm, embedding, conv) in each model: all sharded under shard_weights
 WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8),
            "bert": ("aten.linear.default", 6), "vit": ("aten.linear.default", 7), "resnet": ("aten.linear.default", 1),
-           "lstm": ("aten.linear.default", 4)}   # the head, and the input and two steps' hidden projections of the LSTM
+           "lstm": ("aten.linear.default", 4),   # the head, and the input and two steps' hidden projections of the LSTM
+           "mixtral": ("aten.linear.default", 6)}   # q, k, v, o, the router, the LM head (the experts': index.Tensor)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

@@ -5,6 +5,7 @@ what "the op" is stays one definition."""
 
 from __future__ import annotations
 
+import operator
 import weakref
 
 import torch
@@ -12,8 +13,8 @@ from torch import fx
 
 from shardverify.errors import VerificationError
 
-__all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op", "meta_devices",
-           "backward_from_ones"]
+__all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op",
+           "meta_devices", "backward_from_ones", "tuple_element"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
 
@@ -166,3 +167,19 @@ def target_name(node: fx.Node) -> str:
     target = node.target
     return str(target) if not callable(target) or hasattr(target, "_schema") else \
         f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__qualname__', repr(target))}".lstrip(".")
+
+
+def tuple_element(node: fx.Node) -> tuple[fx.Node, int] | None:
+    """(producer, i) for ``operator.getitem(producer, i)`` taking one tensor of a node that returns a
+    tuple of them (topk's values and indices): the element is no op, it moves no data and takes its
+    producer's layout of that tensor; None for any other node."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return None
+    producer, index = node.args
+    if not isinstance(producer, fx.Node) or not isinstance(index, int) or isinstance(index, bool):
+        return None
+    meta = producer.meta.get("tensor_meta")
+    if not isinstance(meta, (list, tuple)) or not all(hasattr(m, "shape") for m in meta) \
+            or not -len(meta) <= index < len(meta):
+        return None
+    return producer, index % len(meta)

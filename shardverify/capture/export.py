@@ -19,6 +19,7 @@ import torch
 from torch.fx import GraphModule
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
+from shardverify.capture.call import tuple_element
 from shardverify.errors import InvalidArgument
 
 __all__ = ["export_graph", "CaptureError", "annotate", "tuple_views_as_slices", "inplace_as_functional"]
@@ -71,6 +72,9 @@ def _out_of_place(target: object) -> object | None:
 
 def _is_view(node: torch.fx.Node) -> bool:
     """Does ``node`` return a view of (share memory with) one of its inputs?"""
+    element = tuple_element(node)
+    if element is not None:                  # topk's values: a view only where topk returns one
+        return _is_view(element[0])
     if not isinstance(node.target, torch._ops.OpOverload):
         return True                          # unknown: assume it may alias
     return any(r.alias_info is not None for r in node.target._schema.returns)
@@ -90,6 +94,9 @@ def inplace_as_functional(graph_module: GraphModule) -> GraphModule:
         if twin is None or not isinstance(mutated, torch.fx.Node) or mutated.op != "call_function" or \
                 _is_view(mutated) or any(order[u] > order[node] or _is_view(u) for u in mutated.users if u is not node):
             continue
+        element = tuple_element(mutated)
+        if element is not None and sum(1 for u in element[0].users if tuple_element(u) == element) > 1:
+            continue                         # another getitem of the same tensor would see the change
         with graph.inserting_before(node):
             functional = graph.call_function(twin, node.args, node.kwargs)
         functional.meta.update(node.meta)

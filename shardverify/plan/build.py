@@ -9,8 +9,8 @@ from torch import fx
 
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, node_layouts, node_options,
-                                    replicated_choice)
+from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, element_layout, make_reshard,
+                                    node_layouts, node_options, replicated_choice)
 from shardverify.plan.model import FLOP_RATE, NodePlan, Plan, PlanCost
 from shardverify.sharding.strategy import ShardingStrategy
 
@@ -77,7 +77,8 @@ def assemble_plan(graph_module: fx.GraphModule, mesh: DeviceMesh,
         strategy, deferred = chosen[node.name]
         reshards = tuple(make_reshard(node, operand, producer, layouts[producer.name], target, mesh, index)
                          for operand, producer, index, target in edge_targets(node, strategy, mesh))
-        layouts[node.name] = node_layouts(node, strategy, mesh, deferred)
+        element = element_layout(node, layouts)
+        layouts[node.name] = element if element is not None else node_layouts(node, strategy, mesh, deferred)
         nodes.append(NodePlan(node.name, strategy, reshards, deferred))
         resharding += sum(r.cost for r in reshards)
         if strategy is not None:

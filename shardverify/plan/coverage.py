@@ -14,7 +14,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.uninitialised import is_uninitialised
-from shardverify.capture.call import target_name
+from shardverify.capture.call import target_name, tuple_element
 from shardverify.capture.decompose import not_decomposed, origin
 from shardverify.errors import ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
@@ -27,7 +27,9 @@ __all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", 
 #: a tensor op with strategies / whose handler refused it / that no spec covers / an ATen
 #: factory that builds a tensor from constants alone; a node that returns no tensor
 #: (``x.size(1)``, an assertion) is not an op a strategy could shard
-STATUSES = ("handled", "refused", "unhandled", "constant", "no tensor output")
+STATUSES = ("handled", "refused", "unhandled", "constant", "no tensor output", "element")
+ELEMENT = ("one tensor of its producer's tuple (operator.getitem): no op, it moves no data and takes the layout the "
+           "producer's strategy gives that tensor")
 CONSTANT = ("built from constants alone (no tensor input, or only its dtype, device and shape; not random): every "
             "rank builds the whole tensor, as the single device does, and its consumers take their shards of it "
             "locally")
@@ -115,6 +117,10 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh, on_demand: On
             statuses.append(NodeStatus(node.name, name, "unhandled", f"no spec has target {name}",
                                        uninitialised=True, origin=origin(node)))
             continue
+        if tuple_element(node) is not None:   # a tuple's tensor: laid out as its producer's strategy gives it
+            options[node.name] = None
+            statuses.append(NodeStatus(node.name, name, "element", ELEMENT, origin=origin(node)))
+            continue
         if meta_shapes(node) in (None, []):   # no tensor, or an empty tuple of them (a 0-d tensor is one)
             options[node.name] = None
             statuses.append(NodeStatus(node.name, name, "no tensor output", origin=origin(node)))
@@ -170,8 +176,9 @@ class Coverage:
 
     @property
     def tensor_ops(self) -> int:
-        """Nodes that return a tensor: the ops a plan could shard, and the constants."""
-        return sum(1 for s in self.statuses if s.status != "no tensor output")
+        """Nodes that return a tensor: the ops a plan could shard, and the constants (a tuple's
+        element is its producer's tensor, counted there)."""
+        return sum(1 for s in self.statuses if s.status not in ("no tensor output", "element"))
 
     @property
     def fallbacks(self) -> tuple[NodeStatus, ...]:
@@ -220,6 +227,8 @@ class Coverage:
                 f"{handled - len(self.sharded)} replicated), {self.count('refused')} refused, "
                 f"{self.count('unhandled')} without a handler, {self.count('constant')} built from constants; "
                 f"{self.count('no tensor output')} other node(s)"
+                + (f", {self.count('element')} tuple element(s) laid out by their producer"
+                   if self.count("element") else "")
                 + (f"; {len(self.decompositions())} node(s) decomposed" if self.decompositions() else ""))
 
     def lines(self, show: int = 12) -> list[str]:

@@ -27,7 +27,8 @@ from shardverify.errors import InvalidArgument, VerificationError
 from shardverify.plan.blame import blame_owner, tapped_edges
 from shardverify.plan.coverage import unserved
 from shardverify.plan.compare import ATOL, RTOL, PlanMismatch, _cmp, _shard, precisions
-from shardverify.plan.graph import metadata_read, operand_layout, operand_producer, parameter_names
+from shardverify.plan.graph import (element_layout, metadata_read, operand_layout, operand_producer, parameter_names,
+                                    source_of)
 from shardverify.plan.model import Plan
 from shardverify.collectives.reshard import apply_reshard
 from shardverify.sharding.reshard_plan import Layout, plan_reshard
@@ -268,7 +269,7 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
                 if taps is not None and (node.name, producer.name) in taps and value.requires_grad:
                     value = taps[(node.name, producer.name)] = value.view_as(value)
                     value.retain_grad()
-            return apply_reshard(comm, steps.get((operand, producer.name), ()), value)
+            return apply_reshard(comm, steps.get((operand, source_of(producer)[0].name), ()), value)
 
         if node.op == "placeholder" and len(input_leaves) == len(recipe.inputs):
             env[node.name], layouts[node.name] = node.args[0] if node.args else None, None   # an omitted argument's default
@@ -290,6 +291,8 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
                 layout = (Layout.replicated(mesh.shape, tuple(out.shape)) if isinstance(out, torch.Tensor)
                           else [Layout.replicated(mesh.shape, tuple(t.shape)) if isinstance(t, torch.Tensor)
                                 else None for t in out] if isinstance(out, (tuple, list)) else None)
+                element = element_layout(node, layouts)   # a tuple's tensor: as its producer laid it out
+                layout = element if element is not None else layout
             else:
                 out = _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, item.deferred)
                 specs = [Layout(strategy.get_sharding_spec_by_name(d.name), item.deferred) for d in strategy.outputs]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import fx
 
+from shardverify.capture.call import tuple_element
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.reshard_plan import Layout, plan_reshard, reshard_cost
@@ -16,7 +17,8 @@ from shardverify.plan.model import Reshard
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
 
 __all__ = ["node_options", "operand_producer", "parameter_names", "deferrable", "deferred_saving", "node_layouts",
-           "metadata_read", "edge_targets", "operand_layout", "make_reshard", "replicated_choice"]
+           "metadata_read", "edge_targets", "operand_layout", "make_reshard", "replicated_choice", "source_of",
+           "element_layout"]
 
 
 def node_options(graph_module: fx.GraphModule, mesh: DeviceMesh) -> dict[str, list[ShardingStrategy] | None]:
@@ -78,6 +80,23 @@ def node_layouts(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceM
     return Layout.replicated(mesh.shape, shapes)
 
 
+def source_of(producer: fx.Node) -> tuple[fx.Node, int | None]:
+    """Where a value is laid out: (its tuple's producer, the element) for a tuple element
+    (:func:`~shardverify.capture.call.tuple_element`), (the node, None) for any other: a consumer's
+    resharding starts from the producer's layout of that tensor."""
+    element = tuple_element(producer)
+    return element if element is not None else (producer, None)
+
+
+def element_layout(node: fx.Node, layouts: dict):
+    """A tuple element's layout, its producer's of that tensor (None for any other node)."""
+    element = tuple_element(node)
+    if element is None:
+        return None
+    found = layouts.get(element[0].name)
+    return found[element[1]] if isinstance(found, list) else None
+
+
 def _itemsize(node: fx.Node) -> int:
     meta = node.meta.get("tensor_meta")
     dtype = getattr(meta, "dtype", None)
@@ -115,12 +134,15 @@ def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceM
         for data in strategy.inputs:
             producer = operand_producer(node, data.locator)
             if producer is not None:
-                edges.append((data.name, producer, None, operand_layout(strategy, data.name)))
+                edges.append((data.name, *source_of(producer), operand_layout(strategy, data.name)))
         return edges
-    if metadata_read(node) is not None:
-        return edges                                 # the global shape needs none of the data
+    if metadata_read(node) is not None or tuple_element(node) is not None:
+        return edges             # the global shape needs none of the data; an element takes its tensor as laid out
     for producer in node.all_input_nodes:
         shapes = meta_shapes(producer)
+        if tuple_element(producer) is not None:
+            edges.append((producer.name, *source_of(producer), Layout.replicated(mesh.shape, shapes)))
+            continue
         if isinstance(shapes, list):
             edges += [(f"{producer.name}[{i}]", producer, i, Layout.replicated(mesh.shape, shape))
                       for i, shape in enumerate(shapes)]

@@ -83,11 +83,27 @@ def resnet() -> torch.nn.Module:
                                                          layer_type="basic", num_labels=10))
 
 
+def mixtral() -> torch.nn.Module:
+    """A mixture-of-experts LM: a top-2 router over 4 experts, their stacked weights ([4, 256, 64]
+    and [4, 64, 128]) applied in transformers' ``batched_mm`` implementation (each token copied once
+    per chosen expert, its expert's weights looked up by id, a ``bmm``): every op an ATen op with a
+    spec. The default on CPU, ``grouped_mm``, runs the grouped matmul in transformers' own custom op
+    (``torch.ops.transformers.grouped_mm_fallback``, a loop over the experts' row blocks), which no
+    spec can name without transformers installed to load it."""
+    t = _transformers()
+    return t.MixtralForCausalLM(t.MixtralConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
+                                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                                                num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=32,
+                                                attn_implementation="sdpa", experts_implementation="batched_mm",
+                                                use_cache=False))
+
+
 #: name -> (model factory, example inputs for a seed)
 HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[torch.Tensor, ...]]]] = {
     "gpt2": (gpt2, _ids), "llama": (llama, _ids), "bert": (bert, _ids), "vit": (vit, _pixels),
     "resnet": (resnet, _pixels),
     "lstm": (recurrent_lm, _short_ids),      # a plain torch LSTM language model (shardverify.plan.zoo)
+    "mixtral": (mixtral, _ids),
 }
 
 

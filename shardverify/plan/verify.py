@@ -132,6 +132,8 @@ def node_label(item, coverage: Coverage | None = None) -> str:
         return f"replicated: {status.target} refused: {status.reason[:160]}"
     if status.status == "constant":
         return f"replicated: {status.target} built from constants on every rank"
+    if status.status == "element":
+        return "a tuple element: laid out as its producer's strategy gives it"
     return "runs as is (no tensor output)"
 
 

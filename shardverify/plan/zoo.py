@@ -112,3 +112,40 @@ class RecurrentLM(nn.Module):
 
 def recurrent_lm(vocab: int = 128, width: int = 128) -> nn.Module:
     return RecurrentLM(vocab, width)
+class ExpertParallelMoE(nn.Module):
+    """A GShard-style mixture-of-experts layer with static shapes, written so that expert
+    parallelism is a layout: tokens in ``groups`` (x is [G, S, D], a group per rank under data
+    parallelism), a top-1 router, each token given a slot of its expert's ``capacity`` in its group
+    (tokens past it dropped), the slots' tokens gathered per expert (``gsec,gsd->gecd``), the
+    experts' stacked weights applied (``gecd,edh->gech``: the expert dim e of the weights and the
+    tokens alike) and the outputs weighted back (``gsec,gecd->gsd``). With the groups split over a
+    mesh axis before and after the experts and the experts split over it in between, the plan moves
+    each rank's tokens to their experts' ranks and back: two all-to-alls (``[S0, R, R, R] ->
+    [R, S0, R, R]``)."""
+
+    def __init__(self, d_model: int = 16, d_hidden: int = 32, experts: int = 4, capacity: int = 4) -> None:
+        super().__init__()
+        self.router = nn.Linear(d_model, experts, bias=False)
+        self.w_in = nn.Parameter(torch.randn(experts, d_model, d_hidden) * d_model ** -0.5)
+        self.w_out = nn.Parameter(torch.randn(experts, d_hidden, d_model) * d_hidden ** -0.5)
+        # the ids an expert and a slot are compared with (buffers: a graph input, not a factory call)
+        self.register_buffer("expert_ids", torch.arange(experts), persistent=False)
+        self.register_buffer("slot_ids", torch.arange(capacity), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.router(x), dim=-1)                        # [G, S, E]
+        gate, expert = torch.max(probs, dim=-1)                              # top-1: [G, S]
+        # one-hot masks as the probabilities' dtype: zeros with ones filled in where the ids match
+        chosen = (probs * 0.0).masked_fill(torch.eq(expert.unsqueeze(-1), self.expert_ids), 1.0)   # [G, S, E]
+        slot = torch.cumsum(chosen, dim=1) * chosen - 1.0                    # its place in its expert's queue
+        place = slot.unsqueeze(-1) - self.slot_ids                           # [G, S, E, C]: 0 at its slot
+        dispatch = (place * 0.0).masked_fill(torch.eq(slot.unsqueeze(-1), self.slot_ids), 1.0)   # past capacity: none
+        tokens = torch.einsum("gsec,gsd->gecd", dispatch, x)                 # each expert's slots
+        hidden = torch.relu(torch.einsum("gecd,edh->gech", tokens, self.w_in))
+        out = torch.einsum("gech,ehd->gecd", hidden, self.w_out)
+        combine = dispatch * gate.unsqueeze(-1).unsqueeze(-1)
+        return torch.einsum("gsec,gecd->gsd", combine, out)
+
+
+def expert_parallel_moe(d_model: int = 16, d_hidden: int = 32, experts: int = 4, capacity: int = 4) -> nn.Module:
+    return ExpertParallelMoE(d_model, d_hidden, experts, capacity)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from shardverify.capture.call import tuple_element
 from shardverify.errors import HandlerError, StrategyError
 from shardverify.strategies.generators.common import compute_cost, make_strategy
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
@@ -137,6 +138,11 @@ def _produced_layouts(ctx: GeneratorContext, role: str) -> list[dict[int, tuple[
     producer = next((n for n in ctx.node.all_input_nodes if n.name == data.name), None)
     if producer is not None and producer.op in ("placeholder", "get_attr"):
         return _every_layout(data.shape, ctx.mesh.shape)
+    element = tuple_element(producer) if producer is not None else None
+    if element is not None and ctx.strategies_of is not None:   # topk's values: as topk's strategies lay them out
+        source, index = element
+        return [pred.get_sharding_spec_by_name(pred.outputs[index].name).partition_dict()
+                for pred in ctx.strategies_of(source)]
     return [pred.get_sharding_spec_by_name(data.name).partition_dict()
             for pred in ctx.predecessor_strategies(role)]
 
