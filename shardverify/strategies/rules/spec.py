@@ -28,7 +28,9 @@ One source of factors, exactly one of:
 
 and modifiers: ``whole: [k]`` (factors never sharded; ``"..."`` names every dim the ellipsis stands for), ``whole_dims_param: dim`` (output
 dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
-normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
+normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``whole_padded_param: pad`` (a
+pad list, a (before, after) pair per dim from the last dim backward as F.pad takes it: each dim
+with a nonzero pair stays whole, the others pass their shard), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default sum; none = whole),
 ``additive_operands: [bias]`` (added once after a partial output is reduced),
 ``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``linear_in:
@@ -58,12 +60,12 @@ from shardverify.strategies.rules import derive
 from shardverify.strategies.rules.notation import ELLIPSIS, Equation, parse_equation
 from shardverify.sharding.strategy import REDUCE_OPS
 
-__all__ = ["RuleOptions", "equation_for", "local_shape_part", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
+__all__ = ["RuleOptions", "equation_for", "local_shape_part", "padded_dims", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
 
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "advanced_index")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
-                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
+                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
                          "linear_in", "monotone_in")
 
 
@@ -84,6 +86,7 @@ class RuleOptions:
     whole: tuple[str, ...] = ()
     whole_dims_param: str = ""
     whole_trailing_param: str = ""
+    whole_padded_param: str = ""   # F.pad's pad: (before, after) per dim from the last; padded dims stay whole
     reduce: tuple[tuple[str, str | None], ...] = ()
     additive: tuple[str, ...] = ()
     constant: tuple[str, ...] = ()                # operand roles the op takes no gradient for
@@ -157,7 +160,7 @@ class RuleOptions:
         whole = names("whole")
         if whole and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
-                                  "or whole_trailing_param")
+                                  "or whole_trailing_param or whole_padded_param")
         if einsum is not None:
             letters = set(einsum.letters)
             bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
@@ -177,7 +180,8 @@ class RuleOptions:
                    reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"), dims_param=text("dims_param"),
                    dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
                    shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
-                   whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
+                   whole_trailing_param=text("whole_trailing_param"),
+                   whole_padded_param=text("whole_padded_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
                    aligned=options.get("aligned") is True, linear_in=groups,
                    monotone_in=_monotone(options.get("monotone_in", ())))
@@ -224,6 +228,19 @@ def _param(params: Mapping[str, object], name: str) -> object:
         raise InvalidArgument(f"the rule reads call parameter {name!r}, which node(s) {', '.join(value.nodes)} "
                               "compute; only constants are supported")
     return value
+
+
+def padded_dims(value: object, rank: int, name: str) -> tuple[int, ...]:
+    """The dims a pad list pads: pair k ``(before, after)`` of ``value`` pads dim ``rank - 1 - k``
+    (F.pad's order, last dim first); a ``(0, 0)`` pair leaves its dim as it is. A pad beyond the
+    tensor's rank names no dim (torch refuses the call itself)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,) * 2      # nn.ReflectionPad1d(2): one int pads both sides of the last dim
+    if not isinstance(value, (list, tuple)) or len(value) % 2 or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise InvalidArgument(f"call parameter {name!r} must be a pad list of (before, after) int pairs, got {value!r}")
+    return tuple(rank - 1 - k for k in range(len(value) // 2) if (value[2 * k], value[2 * k + 1]) != (0, 0)
+                 and rank - 1 - k >= 0)
 
 
 def local_shape_part(options: RuleOptions, input_shape: tuple[int, ...], output_shape: tuple[int, ...],
@@ -301,10 +318,13 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         value = _param(params, options.whole_trailing_param)
         count = 1 if isinstance(value, int) else len(value)  # type: ignore[arg-type]
         positions += tuple(range(out_rank - count, out_rank))
+    if options.whole_padded_param:
+        positions += padded_dims(_param(params, options.whole_padded_param), out_rank, options.whole_padded_param)
     positions = tuple(p for p in positions if p < out_rank)   # a 0-d tensor's dim 0 (torch takes it) is no dim
     if positions:
         if any((ELLIPSIS,) == dim for dim in eq.outputs[0]):
-            raise InvalidArgument("whole_dims_param/whole_trailing_param need an output term without '...'")
+            raise InvalidArgument("whole_dims_param/whole_trailing_param/whole_padded_param need an output term "
+                                  "without '...'")
         whole |= {names[p] for p in positions if names[p] is not None}
     if options.aligned:
         for i, term in enumerate(eq.inputs):
