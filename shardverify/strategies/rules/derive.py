@@ -96,11 +96,13 @@ def advanced_index(input_shape: Shape, indices: Sequence[tuple[int, Shape]], out
     return Equation((in_term,) + index_terms, (out_term,)), whole
 
 
-def reduction(input_shape: Shape, n_outputs: int, dims: tuple[int, ...], keepdim: bool) -> Equation:
-    """``d0 d1 d2 -> d0 d2`` (or ``d0 1 d2`` with keepdim) for each output."""
+def reduction(input_shape: Shape, output_ranks: Sequence[int], dims: tuple[int, ...], keepdim: bool) -> Equation:
+    """``d0 d1 d2 -> d0 d2`` (or ``d0 1 d2`` with keepdim) for each output; an output of more
+    dims ends in dims of its own (``e0``, ...: the diagonal torch.diagonal appends), which no
+    input holds."""
     inp = tuple((f"d{i}",) for i in range(len(input_shape)))
     out = tuple(() if i in dims else (f"d{i}",) for i in range(len(input_shape)) if keepdim or i not in dims)
-    return Equation((inp,), (out,) * n_outputs)
+    return Equation((inp,), tuple(out + tuple((f"e{j}",) for j in range(rank - len(out))) for rank in output_ranks))
 
 
 def permute(rank: int, order: Sequence[int]) -> Equation:

@@ -61,7 +61,8 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
                                                              for k, role in enumerate(declared[1:])))
     try:
         equation, whole, reduce, sizes = equation_for(options, [d.shape for d in inputs],
-                                                      [d.shape for d in outputs], ctx.params, present)
+                                                      [d.shape for d in outputs], ctx.params, present,
+                                                      [d.role for d in inputs])
         additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
         rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
                     reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes,

@@ -11,9 +11,12 @@ One source of factors, exactly one of:
                                notation (one letter per dim, spaces ignored, implicit
                                output when there is no ``->``): torch.einsum itself
 ``pointwise: true``            every operand broadcast against the output
-``reduce_dims_param: dim``     a reduction over the dims a call parameter names, with
-                               ``keepdim_param`` and ``reduce_op`` (sum | avg | max | min |
-                               none: the reduced dims must stay whole)
+``reduce_dims_param: dim``     a reduction over the dims a call parameter names (or several:
+                               ``[dim1, dim2]``, the dims each names), with ``keepdim_param``
+                               and ``reduce_op`` (sum | avg | max | min | none: the reduced
+                               dims must stay whole); output dims after the kept ones (the
+                               diagonal torch.diagonal appends) hold factors of their own,
+                               which only the output holds: whole
 ``view: reshape``              factors matched by the input and output shapes; with
                                ``shape_param`` the call parameter holding the output shape,
                                which each rank passes as its local output shape, or with
@@ -33,7 +36,10 @@ pad list, a (before, after) pair per dim from the last dim backward as F.pad tak
 with a nonzero pair stays whole, the others pass their shard), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default sum; none = whole),
 ``additive_operands: [bias]`` (added once after a partial output is reduced),
-``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``linear_in:
+``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``lacks_dims_param:
+dim`` with ``lacking_operands: [src]`` (those operands lack the output dims the parameter names,
+as select_scatter's src lacks the selected dim: pointwise alignment takes them as holding those
+dims at size 1), ``linear_in:
 [input, mat2]`` or ``[[input, other]]`` (the operands the op is linear in: a name alone, or
 a group the op is linear in jointly, as add in both its terms, ``bias?`` for a member whose
 absence adds nothing; such inputs are also offered as partial sums over free mesh axes, the
@@ -66,6 +72,7 @@ SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
+                         "lacks_dims_param", "lacking_operands",
                          "linear_in", "monotone_in")
 
 
@@ -75,7 +82,7 @@ class RuleOptions:
     einsum: Equation | None = None
     einsum_param: str = ""
     view: str = ""
-    reduce_dims_param: str = ""
+    reduce_dims_param: str | tuple[str, ...] = ""   # one parameter, or several whose dims are all reduced
     keepdim_param: str = ""
     reduce_op: str | None = "sum"
     dims_param: str = ""
@@ -90,6 +97,8 @@ class RuleOptions:
     reduce: tuple[tuple[str, str | None], ...] = ()
     additive: tuple[str, ...] = ()
     constant: tuple[str, ...] = ()                # operand roles the op takes no gradient for
+    lacks_dims_param: str = ""                    # the output dims that the lacking operands do not hold
+    lacking: tuple[str, ...] = ()                 # operand roles without those dims (select_scatter's src)
     aligned: bool = False                         # pointwise without broadcasting (gather)
     indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
     linear_in: tuple[tuple[str, ...], ...] = ()   # groups of operand roles the op is (jointly) linear in
@@ -128,6 +137,10 @@ class RuleOptions:
             return str(value)
 
         einsum = parse_equation(text("einsum")) if source == "einsum" else None
+        if bool(text("lacks_dims_param")) != bool(names("lacking_operands")) or \
+                (text("lacks_dims_param") and source != "pointwise"):
+            raise InvalidArgument("rule options 'lacks_dims_param' (the dims) and 'lacking_operands' (the operands "
+                                  "without them) go together, with pointwise: true")
         for flag in ("pointwise", "advanced_index"):
             if source == flag and options[flag] is not True:
                 raise InvalidArgument(f"rule option {flag!r} must be true, got {options[flag]!r}")
@@ -176,15 +189,26 @@ class RuleOptions:
             raise InvalidArgument(f"rule option 'linear_in': each item must be an operand name or a non-empty "
                                   f"list of names, got {linear_in!r}")
         return cls(source=source, einsum=einsum, einsum_param=text("einsum_param"), view=view,
-                   reduce_dims_param=text("reduce_dims_param"), keepdim_param=text("keepdim_param"),
+                   reduce_dims_param=_one_or_more(options.get("reduce_dims_param", ""), "reduce_dims_param"),
+                   keepdim_param=text("keepdim_param"),
                    reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"), dims_param=text("dims_param"),
                    dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
                    shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
                    whole_trailing_param=text("whole_trailing_param"),
                    whole_padded_param=text("whole_padded_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
+                   lacks_dims_param=text("lacks_dims_param"), lacking=names("lacking_operands"),
                    aligned=options.get("aligned") is True, linear_in=groups,
                    monotone_in=_monotone(options.get("monotone_in", ())))
+
+
+def _one_or_more(value: object, key: str) -> str | tuple[str, ...]:
+    """A parameter name, or a list of them (kept as a tuple)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise InvalidArgument(f"rule option {key!r} must name a parameter or a list of them, got {value!r}")
 
 
 def _monotone(value: object) -> tuple[tuple[str, str, str], ...]:
@@ -261,11 +285,38 @@ def local_shape_part(options: RuleOptions, input_shape: tuple[int, ...], output_
     return slice(dim, dim + parts)
 
 
+def _pointwise(options: RuleOptions, inputs: Sequence[tuple[int, ...]], outputs: Sequence[tuple[int, ...]],
+               params: Mapping[str, object], roles: Sequence[str]) -> tuple[Equation, set[str]]:
+    """Pointwise broadcasting; a ``lacking_operands`` operand is aligned as if it held the
+    ``lacks_dims_param`` dims of the output at size 1, which its term then drops."""
+    if not options.lacking:
+        return derive.pointwise(inputs, outputs)
+    rank = len(outputs[0])
+    missing = normalize_dims(_param(params, options.lacks_dims_param), rank, options.lacks_dims_param)
+    missing = tuple(sorted(d for d in missing if d < rank))
+    lacking = [bool(roles) and roles[i] in options.lacking for i in range(len(inputs))]
+    widened = []
+    for shape, lacks in zip(inputs, lacking):
+        if lacks:
+            if len(shape) + len(missing) != rank:
+                raise InvalidArgument(f"an operand of shape {list(shape)} lacking dim(s) {list(missing)} of an output "
+                                      f"of shape {list(outputs[0])} should have {rank - len(missing)} dim(s)")
+            shape = list(shape)
+            for d in missing:
+                shape.insert(d, 1)
+        widened.append(tuple(shape))
+    eq, whole = derive.pointwise(widened, outputs)
+    terms = tuple(tuple(dim for j, dim in enumerate(term) if j not in missing) if lacks else term
+                  for term, lacks in zip(eq.inputs, lacking))
+    return Equation(terms, eq.outputs), whole
+
+
 def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], outputs: Sequence[tuple[int, ...]],
-                 params: Mapping[str, object], present: Sequence[bool]
+                 params: Mapping[str, object], present: Sequence[bool], roles: Sequence[str] = ()
                  ) -> tuple[Equation, set[str], dict[str, str | None], dict[str, int]]:
     """The equation for one call, the factors that must stay whole, how reduced factors combine
-    and the sizes of factors the shapes alone do not fix."""
+    and the sizes of factors the shapes alone do not fix. ``roles``: each input's operand role
+    (``lacking_operands`` names them)."""
     whole: set[str] = set(options.whole)
     sizes: dict[str, int] = {}
     reduce: dict[str, str | None] = dict(options.reduce)
@@ -287,15 +338,16 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         if len(outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
             eq = Equation(eq.inputs, eq.outputs * len(outputs))
     elif options.source == "pointwise":
-        eq, whole = derive.pointwise(inputs, outputs)
+        eq, whole = _pointwise(options, inputs, outputs, params, roles)
     elif options.source == "advanced_index":
         at = [k for k, here in enumerate(present[1:]) if here]
         eq, whole = derive.advanced_index(inputs[0], list(zip(at, inputs[1:])), outputs[0])
     elif options.source == "reduce_dims_param":
-        dims = normalize_dims(_param(params, options.reduce_dims_param), len(inputs[0]), options.reduce_dims_param)
+        names = (options.reduce_dims_param,) if isinstance(options.reduce_dims_param, str) else options.reduce_dims_param
+        dims = tuple(sorted({d for name in names for d in normalize_dims(_param(params, name), len(inputs[0]), name)}))
         dims = tuple(d for d in dims if d < len(inputs[0]))     # a 0-d tensor's dim 0 reduces nothing
         keepdim = bool(_param(params, options.keepdim_param)) if options.keepdim_param else False
-        eq = derive.reduction(inputs[0], len(outputs), dims, keepdim)
+        eq = derive.reduction(inputs[0], [len(o) for o in outputs], dims, keepdim)
         if options.reduce_op is None:
             whole |= {f"d{d}" for d in dims}
     elif options.view == "reshape":
