@@ -92,3 +92,47 @@ def test_a_reduction_over_two_dims_appends_a_dim_only_the_output_holds():
     with handler("diagonal_wrong", torch.diagonal, [IN0, OUT], options | {"reduce_op": "sum"}, DIAGONAL_PARAMS):
         failed, results = failures(_diagonal_case("diagonal_wrong"), (4,))
     assert failed and all("| P0 sum" in r.strategy for r in failed)
+
+
+FULL_OUT = [OUT]
+FULL_PARAMS = [ParamDecl("size", 0, "size"), ParamDecl("fill_value", 1, "fill_value")]
+
+
+def _full_case(op: str) -> OpCase:
+    return OpCase(op=op, target="torch.full", inputs=(), params=(("size", (7, 5)), ("fill_value", 1.5)))
+
+
+def test_a_factory_makes_each_ranks_block_from_its_local_shape_and_the_global_one_is_caught(monkeypatch):
+    """torch.full has no input: with ``factory`` every output dim shards, each rank passing its
+    own block's shape (7 rows over 4 ranks: 2, 2, 2, 1); a rank passing the call's global shape
+    would make the whole tensor: the layout check sees its local output is no block and offers
+    none of the sharded strategies."""
+    import shardverify.strategies.rules.generator as generator
+    from shardverify.sharding.strategy import LocalArg
+
+    options = {"pointwise": True, "factory": True, "shape_param": "size"}
+    with handler("full_rule", torch.full, FULL_OUT, options, FULL_PARAMS):
+        failed, results = failures(_full_case("full_rule"), (4,))
+    assert not failed and {r.strategy for r in results} >= {"-> S0R", "-> RR"}
+    monkeypatch.setattr(generator, "_shape_argument", lambda ctx, at, out, part, uneven: LocalArg(at, tuple(out.tensor_shape)))
+    with handler("full_wrong", torch.full, FULL_OUT, options, FULL_PARAMS):
+        failed, results = failures(_full_case("full_wrong"), (4,))
+    assert not failed and [r.strategy for r in results] == ["-> RR"]
+    with pytest.raises(InvalidArgument, match="needs shape_param"):
+        RuleOptions.from_options({"pointwise": True, "factory": True})
+
+
+def test_whole_tensors_offer_only_the_replicated_layout_and_the_partial_inputs_declared():
+    """masked_scatter: nothing shards (the k-th true position takes source's k-th element), and
+    input and source arrive as partial sums together; declared linear in input alone, the rule
+    offers input partial with source whole, which the verifier catches."""
+    operands = [IN0, OperandDecl("mask", "input", 1, "mask"), OperandDecl("source", "input", 2, "source"), OUT]
+    case = OpCase(op="ms_rule", target="torch.masked_scatter", inputs=(
+        InputDecl("x", (6, 5)), InputDecl("mask", (6, 5), "bool"), InputDecl("source", (7, 5))))
+    options = {"whole_tensors": True, "linear_in": (("input", "source"),)}
+    with handler("ms_rule", torch.masked_scatter, operands, options):
+        failed, results = failures(case, (4,))
+    assert not failed and {r.strategy for r in results} == {"RR x RR x RR -> RR", "RR+P0 x RR x RR+P0 -> RR | P0 sum"}
+    with handler("ms_wrong", torch.masked_scatter, operands, options | {"linear_in": ("input",)}):
+        failed, results = failures(OpCase(op="ms_wrong", target=case.target, inputs=case.inputs), (4,))
+    assert [r.strategy for r in failed] == ["RR+P0 x RR x RR -> RR | P0 sum"]

@@ -16,7 +16,7 @@ import torch
 from shardverify.errors import InvalidArgument
 from shardverify.strategies.rules.notation import Dim, Equation, Term
 
-__all__ = ["pointwise", "reduction", "reshape", "permute", "advanced_index", "indexed_factor"]
+__all__ = ["pointwise", "whole_tensors", "reduction", "reshape", "permute", "advanced_index", "indexed_factor"]
 
 Shape = tuple[int, ...]
 
@@ -47,6 +47,16 @@ def pointwise(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> tuple[Equati
     eq = Equation(tuple(term(s, f"in{i}") for i, s in enumerate(inputs)),
                   tuple(term(s, f"out{i}") for i, s in enumerate(outputs)))
     return eq, whole
+
+
+def whole_tensors(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> tuple[Equation, set[str]]:
+    """Every dim of every tensor a factor of its own (a size-1 dim none), all of them whole."""
+    def term(shape: Shape, label: str) -> Term:
+        return tuple((f"{label}_{j}",) if size != 1 else () for j, size in enumerate(shape))
+
+    eq = Equation(tuple(term(s, f"in{i}") for i, s in enumerate(inputs)),
+                  tuple(term(s, f"out{i}") for i, s in enumerate(outputs)))
+    return eq, {f for t in eq.inputs + eq.outputs for dim in t for f in dim}
 
 
 def indexed_factor(dim: int) -> str:

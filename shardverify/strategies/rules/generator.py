@@ -66,7 +66,7 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
         additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
         rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
                     reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes,
-                    names=[f"operand {d.role!r}" for d in inputs + outputs])
+                    names=[f"operand {d.role!r}" for d in inputs + outputs], factory=options.factory)
     except InvalidArgument as exc:
         where = f" ({_handler(ctx).spec_file})" if _handler(ctx).spec_file else ""
         raise StrategyError(f"{ctx.handler_name}{where}: node {ctx.node.name!r}: {exc}") from None
@@ -139,7 +139,8 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         raise HandlerError(f"{ctx.handler_name}: node {ctx.node.name!r} has no output operand")
     shape_at = _shape_locator(ctx, options)
     try:
-        shape_part = local_shape_part(options, inputs[0].shape, outputs[0].shape, ctx.params) if shape_at else None
+        shape_part = local_shape_part(options, inputs[0].shape if inputs else (), outputs[0].shape, ctx.params) \
+            if shape_at else None
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
@@ -286,8 +287,8 @@ class _Call:
                                    op=op) for out in outputs]
             for index in rule.additive:
                 post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
-        name = " x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in inputs) + " -> " + \
-            ", ".join(_seq(specs[d.name]) for d in outputs)
+        name = (" x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in inputs) + " -> " +
+                ", ".join(_seq(specs[d.name]) for d in outputs)).lstrip()   # a factory's: "-> S0R"
         if partial_axes:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
         if name in taken:

@@ -23,6 +23,11 @@ One source of factors, exactly one of:
                                ``shape_dim_param`` too only the sizes that the input dim it
                                names splits into (torch.unflatten's ``dim`` and ``sizes``)
 ``view: permute``              with ``dims_param``; ``view: transpose`` with ``dim0_param``/``dim1_param``
+``whole_tensors: true``        every dim of every tensor holds a factor of its own, never
+                               sharded: the op mixes positions across dims (masked_scatter
+                               takes source's elements in the mask's order, as_strided reads
+                               storage); the replicated layout and the partial inputs that
+                               ``linear_in`` and ``monotone_in`` allow
 ``advanced_index: true``       ``x[i0, i1]`` (``aten.index.Tensor``): the first operand is
                                indexed, the others are the elements of the index list in
                                order (element k indexes dim k, an absent one is ``:``); each
@@ -39,7 +44,9 @@ with a nonzero pair stays whole, the others pass their shard), ``reduce: {k: avg
 ``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``lacks_dims_param:
 dim`` with ``lacking_operands: [src]`` (those operands lack the output dims the parameter names,
 as select_scatter's src lacks the selected dim: pointwise alignment takes them as holding those
-dims at size 1), ``linear_in:
+dims at size 1), ``factory: true`` (with ``shape_param``: the output's dims that no input holds
+are sharded too, each rank making its own block from its local shape: torch.full),
+``linear_in:
 [input, mat2]`` or ``[[input, other]]`` (the operands the op is linear in: a name alone, or
 a group the op is linear in jointly, as add in both its terms, ``bias?`` for a member whose
 absence adds nothing; such inputs are also offered as partial sums over free mesh axes, the
@@ -68,11 +75,11 @@ from shardverify.sharding.strategy import REDUCE_OPS
 
 __all__ = ["RuleOptions", "equation_for", "local_shape_part", "padded_dims", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
 
-SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "advanced_index")
+SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "advanced_index", "whole_tensors")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
-                         "lacks_dims_param", "lacking_operands",
+                         "lacks_dims_param", "lacking_operands", "factory",
                          "linear_in", "monotone_in")
 
 
@@ -99,6 +106,7 @@ class RuleOptions:
     constant: tuple[str, ...] = ()                # operand roles the op takes no gradient for
     lacks_dims_param: str = ""                    # the output dims that the lacking operands do not hold
     lacking: tuple[str, ...] = ()                 # operand roles without those dims (select_scatter's src)
+    factory: bool = False                         # output-only factors shard: each rank makes its block
     aligned: bool = False                         # pointwise without broadcasting (gather)
     indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
     linear_in: tuple[tuple[str, ...], ...] = ()   # groups of operand roles the op is (jointly) linear in
@@ -141,7 +149,7 @@ class RuleOptions:
                 (text("lacks_dims_param") and source != "pointwise"):
             raise InvalidArgument("rule options 'lacks_dims_param' (the dims) and 'lacking_operands' (the operands "
                                   "without them) go together, with pointwise: true")
-        for flag in ("pointwise", "advanced_index"):
+        for flag in ("pointwise", "advanced_index", "whole_tensors"):
             if source == flag and options[flag] is not True:
                 raise InvalidArgument(f"rule option {flag!r} must be true, got {options[flag]!r}")
         view = text("view")
@@ -154,6 +162,11 @@ class RuleOptions:
         if text("shape_param") and view != "reshape" and source != "pointwise":
             raise InvalidArgument("rule option 'shape_param' (the output shape a rank passes locally) "
                                   "applies to view: reshape and to pointwise (expand)")
+        if options.get("factory") not in (None, False, True):
+            raise InvalidArgument(f"rule option 'factory' must be true or false, got {options['factory']!r}")
+        if options.get("factory") is True and not text("shape_param"):
+            raise InvalidArgument("rule option 'factory' (each rank makes its own block of the output) needs "
+                                  "shape_param: the parameter each rank passes its local output shape in")
         if text("shape_dim_param") and not text("shape_param"):
             raise InvalidArgument("rule option 'shape_dim_param' (the input dim whose split sizes shape_param "
                                   "holds) needs shape_param")
@@ -198,6 +211,7 @@ class RuleOptions:
                    whole_padded_param=text("whole_padded_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
                    lacks_dims_param=text("lacks_dims_param"), lacking=names("lacking_operands"),
+                   factory=options.get("factory") is True,
                    aligned=options.get("aligned") is True, linear_in=groups,
                    monotone_in=_monotone(options.get("monotone_in", ())))
 
@@ -339,6 +353,9 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
             eq = Equation(eq.inputs, eq.outputs * len(outputs))
     elif options.source == "pointwise":
         eq, whole = _pointwise(options, inputs, outputs, params, roles)
+    elif options.source == "whole_tensors":
+        eq, whole = derive.whole_tensors(inputs, outputs)
+        reduce = {f: None for term in eq.inputs for dim in term for f in dim}   # whole, never reduced
     elif options.source == "advanced_index":
         at = [k for k, here in enumerate(present[1:]) if here]
         eq, whole = derive.advanced_index(inputs[0], list(zip(at, inputs[1:])), outputs[0])
