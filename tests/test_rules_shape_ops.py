@@ -136,3 +136,35 @@ def test_whole_tensors_offer_only_the_replicated_layout_and_the_partial_inputs_d
     with handler("ms_wrong", torch.masked_scatter, operands, options | {"linear_in": ("input",)}):
         failed, results = failures(OpCase(op="ms_wrong", target=case.target, inputs=case.inputs), (4,))
     assert [r.strategy for r in failed] == ["RR+P0 x RR x RR -> RR | P0 sum"]
+
+
+ARANGE_PARAMS = [ParamDecl("start", 0, "start"), ParamDecl("end", 1, "end"), ParamDecl("step", 2, "step", default=1)]
+
+
+@pytest.mark.parametrize("start", [-3, 0.5])
+def test_a_range_factory_offsets_each_ranks_start_and_end_and_a_shifted_range_is_caught(monkeypatch, start):
+    """aten.arange.start_step(start, 11, 2) over 4 ranks: each rank makes its own numbers; ranks
+    given each block's range one step late (the right sizes, the wrong numbers) all fail."""
+    import dataclasses
+
+    import shardverify.strategies.rules.generator as generator
+
+    target = torch.ops.aten.arange.start_step
+    case = OpCase(op="arange_rule", target="torch.ops.aten.arange.start_step", inputs=(),
+                  params=(("start", start), ("end", 11), ("step", 2)))
+    options = {"pointwise": True, "factory": True, "range_params": ("start", "end", "step")}
+    with handler("arange_rule", target, FULL_OUT, options, ARANGE_PARAMS):
+        failed, results = failures(case, (4,))
+    assert not failed and [r.strategy for r in results] == ["-> S0", "-> R"]
+    right = generator._range_arguments
+
+    def late(ctx, names, out):
+        return tuple(dataclasses.replace(a, value=a.value + 2, per_rank=tuple(v + 2 for v in a.per_rank))
+                     for a in right(ctx, names, out))
+
+    monkeypatch.setattr(generator, "_range_arguments", late)
+    with handler("arange_wrong", target, FULL_OUT, options, ARANGE_PARAMS):
+        failed, results = failures(dataclasses.replace(case, op="arange_wrong"), (4,))
+    assert [r.strategy for r in failed] == ["-> S0"]
+    with pytest.raises(InvalidArgument, match="needs factory"):
+        RuleOptions.from_options({"pointwise": True, "range_params": ["start", "end", "step"]})

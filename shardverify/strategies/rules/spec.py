@@ -45,7 +45,9 @@ with a nonzero pair stays whole, the others pass their shard), ``reduce: {k: avg
 dim`` with ``lacking_operands: [src]`` (those operands lack the output dims the parameter names,
 as select_scatter's src lacks the selected dim: pointwise alignment takes them as holding those
 dims at size 1), ``factory: true`` (with ``shape_param``: the output's dims that no input holds
-are sharded too, each rank making its own block from its local shape: torch.full),
+are sharded too, each rank making its own block from its local shape: torch.full; or with
+``range_params: [start, end, step]`` from its own start and end, ``start + lo * step`` and
+``start + hi * step`` for its block ``[lo, hi)`` of the one dim: torch.arange),
 ``linear_in:
 [input, mat2]`` or ``[[input, other]]`` (the operands the op is linear in: a name alone, or
 a group the op is linear in jointly, as add in both its terms, ``bias?`` for a member whose
@@ -79,7 +81,7 @@ SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
-                         "lacks_dims_param", "lacking_operands", "factory",
+                         "lacks_dims_param", "lacking_operands", "factory", "range_params",
                          "linear_in", "monotone_in")
 
 
@@ -107,6 +109,7 @@ class RuleOptions:
     lacks_dims_param: str = ""                    # the output dims that the lacking operands do not hold
     lacking: tuple[str, ...] = ()                 # operand roles without those dims (select_scatter's src)
     factory: bool = False                         # output-only factors shard: each rank makes its block
+    range_params: tuple[str, ...] = ()            # a range factory's start, end, step: each rank its own
     aligned: bool = False                         # pointwise without broadcasting (gather)
     indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
     linear_in: tuple[tuple[str, ...], ...] = ()   # groups of operand roles the op is (jointly) linear in
@@ -164,9 +167,16 @@ class RuleOptions:
                                   "applies to view: reshape and to pointwise (expand)")
         if options.get("factory") not in (None, False, True):
             raise InvalidArgument(f"rule option 'factory' must be true or false, got {options['factory']!r}")
-        if options.get("factory") is True and not text("shape_param"):
+        range_params = names("range_params")
+        if range_params and len(range_params) != 3:
+            raise InvalidArgument(f"rule option 'range_params' names the start, end and step parameters, got "
+                                  f"{list(range_params)}")
+        if options.get("factory") is True and not (text("shape_param") or range_params):
             raise InvalidArgument("rule option 'factory' (each rank makes its own block of the output) needs "
-                                  "shape_param: the parameter each rank passes its local output shape in")
+                                  "shape_param (the parameter each rank passes its local output shape in) or "
+                                  "range_params (the start, end and step each rank passes for its block)")
+        if range_params and options.get("factory") is not True:
+            raise InvalidArgument("rule option 'range_params' (each rank's own start and end) needs factory: true")
         if text("shape_dim_param") and not text("shape_param"):
             raise InvalidArgument("rule option 'shape_dim_param' (the input dim whose split sizes shape_param "
                                   "holds) needs shape_param")
@@ -211,7 +221,7 @@ class RuleOptions:
                    whole_padded_param=text("whole_padded_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
                    lacks_dims_param=text("lacks_dims_param"), lacking=names("lacking_operands"),
-                   factory=options.get("factory") is True,
+                   factory=options.get("factory") is True, range_params=range_params,
                    aligned=options.get("aligned") is True, linear_in=groups,
                    monotone_in=_monotone(options.get("monotone_in", ())))
 
