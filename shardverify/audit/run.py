@@ -351,6 +351,15 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
             else:
                 result.masked += 1
             continue
+        own = _own_arguments(strategy, audit.problem.shape_arg, audit.mesh)
+        if own is not None:
+            # local arguments the enumeration does not pass (a range factory's start and end):
+            # the offered combination is run with the strategy's own, as offered
+            if not all(_holds_with(problem, combo, assumed, own) for problem in audit.problems):
+                result.incorrect.append(Finding("incorrect", f"{line}{text}: with the strategy's own local "
+                                                f"arguments the ranks' outputs do not form it", layouts,
+                                                _outputs_text(assumed), strategy=strategy.name))
+            continue
         if key not in valid and combo not in audit.results:
             # a layout the enumeration left out (partial inputs, over the combination limit):
             # this offered combination is decided on its own, as offered
@@ -387,6 +396,24 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
                                            accepted=f"{entry.where_text()}: {entry.reason}"))
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _own_arguments(strategy, shape_arg, mesh: DeviceMesh) -> list[dict] | None:
+    """Each rank's local arguments of a strategy that passes any besides the output shape the
+    audit knows how to localize (``shape_arg``); None for every other strategy."""
+    shape_key = shape_arg[0] if shape_arg is not None else None
+    if all((a.locator.kind, a.locator.key) == shape_key for a in strategy.local_args):
+        return None
+    return [{(a.locator.kind, a.locator.key): a.value_on(rank) for a in strategy.local_args} for rank in mesh.ranks]
+
+
+def _holds_with(problem: Problem, combo, outputs: tuple[Layout, ...], arguments: list[dict]) -> bool:
+    outs = problem.run(combo, arguments)
+    if isinstance(outs, str):
+        return False
+    refs = problem.target(combo)
+    return all(problem.holds([o[k] for o in outs], layout, k, refs[k])
+               for k, layout in zip(problem.out_index, outputs))
 
 
 def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...], masked=()) -> bool:

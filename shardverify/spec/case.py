@@ -179,7 +179,10 @@ class OpCase:
             raise InvalidArgument(f"case {self.op!r}: a module target takes its settings in module=, "
                                   f"not params={self.params!r}")
         inputs = tuple(self.inputs)
-        if not inputs or not all(isinstance(i, InputDecl) for i in inputs):
+        # no input: a factory (torch.full), called with its parameters alone; a module or a
+        # predecessor needs one
+        if (not inputs and (is_module or self.predecessor is not None)) or \
+                not all(isinstance(i, InputDecl) for i in inputs):
             raise InvalidArgument(f"case {self.op!r}: inputs must be a non-empty tuple of InputDecl, got {self.inputs!r}")
         if len({i.name for i in inputs}) != len(inputs):
             raise InvalidArgument(f"case {self.op!r}: input names repeat: {[i.name for i in inputs]}")
@@ -220,6 +223,9 @@ class OpCase:
         root = torch.nn.Module()
         graph = fx.Graph()
         placeholders = [graph.placeholder(i.name) for i in self.inputs]
+        if not placeholders:        # a factory (torch.full): the call takes its parameters alone
+            graph.output(graph.call_function(resolve(self.target), (), {k: call_value(v) for k, v in self.params}))
+            return fx.GraphModule(root, graph)
         x, others = placeholders[0], tuple(placeholders[1:])
         if self.predecessor is not None:
             pred_name = _attribute_name(self.predecessor.target)

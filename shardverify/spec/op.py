@@ -325,7 +325,7 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
     """``constant``: the operands the op takes no gradient for (the rule's ``constant_operands``),
     drawn without one."""
     f = Fields(node)
-    inputs_node = f.required("inputs", dict)
+    inputs_node = f.optional("inputs", dict)
     module_node = f.optional("module", dict)
     pred_node = f.optional("predecessor", dict)
     grid_node = f.optional("grid", dict)
@@ -340,7 +340,12 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
     by_role = {o.role: o for o in operands}
 
     inputs = []
-    for role, value in names_of(inputs_node):
+    tensor_inputs = [o for o in operands if o.kind == "input"]
+    if inputs_node is None:
+        if tensor_inputs:
+            raise node.error("missing required key 'inputs' in 'verify' (the shape of each tensor operand)")
+        inputs_node = node   # a factory (torch.full): no tensor to draw
+    for role, value in names_of(inputs_node) if inputs_node is not node else ():
         operand = by_role.get(role)
         if operand is None or operand.kind == "output":
             raise value.error(f"'{role}' is not an input or param operand; declared: "
@@ -359,7 +364,7 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
         needed = o.kind == "input" or (o.kind == "param" and forms & {"function", "method"})
         if needed and o.role not in given:
             raise inputs_node.error(f"missing the shape of operand '{o.role}' (add 'inputs.{o.role}')")
-    if not any(by_role[i.role].kind == "input" for i in inputs):
+    if tensor_inputs and not any(by_role[i.role].kind == "input" for i in inputs):
         raise inputs_node.error("the harness needs at least one operand of kind 'input'")
 
     module = None

@@ -274,6 +274,8 @@ def _positional(operands: tuple[OperandSpec, ...], params: tuple[ParamSpec, ...]
     order (the plain ``target(x, *others)``)."""
     by_role = {o.role: o for o in operands}
     present = [by_role[i.role] for i in inputs]
+    if not present:             # a factory (torch.full): every parameter by keyword
+        return (), set()
     last = max(o.index for o in present)  # type: ignore[type-var]
     slots: dict[int, tuple[str, Literal]] = {}
     taken: set[str] = set()

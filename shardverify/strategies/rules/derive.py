@@ -16,7 +16,7 @@ import torch
 from shardverify.errors import InvalidArgument
 from shardverify.strategies.rules.notation import Dim, Equation, Term
 
-__all__ = ["pointwise", "reduction", "reshape", "permute", "advanced_index", "indexed_factor"]
+__all__ = ["pointwise", "whole_tensors", "reduction", "reshape", "permute", "advanced_index", "indexed_factor"]
 
 Shape = tuple[int, ...]
 
@@ -47,6 +47,16 @@ def pointwise(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> tuple[Equati
     eq = Equation(tuple(term(s, f"in{i}") for i, s in enumerate(inputs)),
                   tuple(term(s, f"out{i}") for i, s in enumerate(outputs)))
     return eq, whole
+
+
+def whole_tensors(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> tuple[Equation, set[str]]:
+    """Every dim of every tensor a factor of its own (a size-1 dim none), all of them whole."""
+    def term(shape: Shape, label: str) -> Term:
+        return tuple((f"{label}_{j}",) if size != 1 else () for j, size in enumerate(shape))
+
+    eq = Equation(tuple(term(s, f"in{i}") for i, s in enumerate(inputs)),
+                  tuple(term(s, f"out{i}") for i, s in enumerate(outputs)))
+    return eq, {f for t in eq.inputs + eq.outputs for dim in t for f in dim}
 
 
 def indexed_factor(dim: int) -> str:
@@ -96,11 +106,13 @@ def advanced_index(input_shape: Shape, indices: Sequence[tuple[int, Shape]], out
     return Equation((in_term,) + index_terms, (out_term,)), whole
 
 
-def reduction(input_shape: Shape, n_outputs: int, dims: tuple[int, ...], keepdim: bool) -> Equation:
-    """``d0 d1 d2 -> d0 d2`` (or ``d0 1 d2`` with keepdim) for each output."""
+def reduction(input_shape: Shape, output_ranks: Sequence[int], dims: tuple[int, ...], keepdim: bool) -> Equation:
+    """``d0 d1 d2 -> d0 d2`` (or ``d0 1 d2`` with keepdim) for each output; an output of more
+    dims ends in dims of its own (``e0``, ...: the diagonal torch.diagonal appends), which no
+    input holds."""
     inp = tuple((f"d{i}",) for i in range(len(input_shape)))
     out = tuple(() if i in dims else (f"d{i}",) for i in range(len(input_shape)) if keepdim or i not in dims)
-    return Equation((inp,), (out,) * n_outputs)
+    return Equation((inp,), tuple(out + tuple((f"e{j}",) for j in range(rank - len(out))) for rank in output_ranks))
 
 
 def permute(rank: int, order: Sequence[int]) -> Equation:

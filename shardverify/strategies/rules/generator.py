@@ -61,11 +61,12 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
                                                              for k, role in enumerate(declared[1:])))
     try:
         equation, whole, reduce, sizes = equation_for(options, [d.shape for d in inputs],
-                                                      [d.shape for d in outputs], ctx.params, present)
+                                                      [d.shape for d in outputs], ctx.params, present,
+                                                      [d.role for d in inputs])
         additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
         rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
                     reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes,
-                    names=[f"operand {d.role!r}" for d in inputs + outputs])
+                    names=[f"operand {d.role!r}" for d in inputs + outputs], factory=options.factory)
     except InvalidArgument as exc:
         where = f" ({_handler(ctx).spec_file})" if _handler(ctx).spec_file else ""
         raise StrategyError(f"{ctx.handler_name}{where}: node {ctx.node.name!r}: {exc}") from None
@@ -138,7 +139,8 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         raise HandlerError(f"{ctx.handler_name}: node {ctx.node.name!r} has no output operand")
     shape_at = _shape_locator(ctx, options)
     try:
-        shape_part = local_shape_part(options, inputs[0].shape, outputs[0].shape, ctx.params) if shape_at else None
+        shape_part = local_shape_part(options, inputs[0].shape if inputs else (), outputs[0].shape, ctx.params) \
+            if shape_at else None
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
@@ -285,8 +287,8 @@ class _Call:
                                    op=op) for out in outputs]
             for index in rule.additive:
                 post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
-        name = " x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in inputs) + " -> " + \
-            ", ".join(_seq(specs[d.name]) for d in outputs)
+        name = (" x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in inputs) + " -> " +
+                ", ".join(_seq(specs[d.name]) for d in outputs)).lstrip()   # a factory's: "-> S0R"
         if partial_axes:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
         if name in taken:
@@ -294,8 +296,10 @@ class _Call:
         uneven = not all(spec.is_even for spec in specs.values())
         local_args = (_shape_argument(ctx, self.shape_at, specs[outputs[0].name], self.shape_part, uneven),) \
             if self.shape_at else ()
+        if options.range_params:
+            local_args += _range_arguments(ctx, options.range_params, specs[outputs[0].name])
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if options.source == "view" or self.shape_at or uneven:
+        if options.source == "view" or self.shape_at or options.range_params or uneven:
             key = tuple(axes.items())
             if key not in self._fits:
                 self._fits[key] = _local_view_fits(ctx, operands, outputs, specs, actions, local_args, uneven)
@@ -316,6 +320,41 @@ def _shape_argument(ctx: GeneratorContext, at: OperandLocator, out: ShardingSpec
     if not uneven:
         return LocalArg(at, value)
     return LocalArg(at, value, tuple(out.local_shape_on(ctx.mesh, rank)[part] for rank in ctx.mesh.ranks))
+
+
+def _range_arguments(ctx: GeneratorContext, names: tuple[str, ...], out: ShardingSpec) -> tuple[LocalArg, ...]:
+    """A range factory's start and end on each rank: ``start + lo * step`` and ``start + hi *
+    step`` for the rank's block ``[lo, hi)`` of the output's one dim (ints stay ints, so the
+    dtype torch infers is the call's); with a float, the end falls half a step before the block's
+    end, so rounding adds no element. Nothing to replace for the replicated layout."""
+    from shardverify.strategies.handlers.base import param_locator
+
+    if not out.dim_partition:
+        return ()
+    values = []
+    for name in names:
+        value = ctx.params.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: the range parameter {name!r} is "
+                                f"{value!r}, not a number the ranks can offset")
+        values.append(value)
+    start, _, step = values
+    exact = all(isinstance(v, int) for v in values)
+    per_rank = []
+    for rank in ctx.mesh.ranks:
+        block = out.local_slices(ctx.mesh, rank)[0]
+        lo, hi = block.start or 0, block.stop
+        first = start + lo * step
+        last = first if hi == lo else start + hi * step if exact else start + (hi - 0.5) * step
+        per_rank.append((first, last))
+    found = []
+    for k, name in enumerate(names[:2]):
+        at = param_locator(_handler(ctx), ctx.node, name)
+        if at is None:
+            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the range parameter "
+                                f"{name!r} that each rank replaces by its own")
+        found.append(LocalArg(at, per_rank[0][k], tuple(p[k] for p in per_rank)))
+    return tuple(found)
 
 
 def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],

@@ -17,7 +17,8 @@ Semantics (one mechanism for every op; see specs/README.md):
   contraction, ``avg`` for a mean, ``max``/``min``); a reduced factor whose op is ``None``
   (softmax's dim, an argmax) must stay whole.
 * A factor only an output holds (a conv's output height) is whole: no input could be cut
-  to produce one slice of it.
+  to produce one slice of it; unless the op is a factory (torch.full), which makes each rank's
+  block from the rank's local shape.
 * Additive operands (a bias) are added once after a partial output is reduced (PostAdd).
 """
 
@@ -145,8 +146,11 @@ def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
 
 def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shapes: Sequence[Sequence[int]], *,
          reduce: Mapping[str, str | None] | None = None, whole: Sequence[str] = (),
-         additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None, names: Sequence[str] = ()) -> Rule:
+         additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None, names: Sequence[str] = (),
+         factory: bool = False) -> Rule:
     """Bind ``equation`` to the operands' shapes; InvalidArgument when they disagree.
+    ``factory``: a factor only outputs hold may be sharded (each rank makes its own block of a
+    factory's output from its local shape), else it stays whole.
     ``sizes``: factor sizes the shapes cannot tell (two unknown factors in one compound); ``names``:
     each operand's role (inputs, then outputs), for the errors."""
     if len(equation.inputs) != len(input_shapes):
@@ -209,7 +213,7 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
             raise InvalidArgument(f"rule {equation}: factor {name!r} is in an output, so it is not reduced")
         if op is not None and op not in REDUCE_OPS:
             raise InvalidArgument(f"rule {equation}: reduce op {op!r} of {name!r} is not one of {REDUCE_OPS} or none")
-    whole_set = set(whole) | (in_outputs - in_inputs)
+    whole_set = set(whole) | (set() if factory else in_outputs - in_inputs)
     reduced: list[tuple[str, str]] = []
     for name in order:
         if name in in_outputs:

@@ -11,15 +11,23 @@ One source of factors, exactly one of:
                                notation (one letter per dim, spaces ignored, implicit
                                output when there is no ``->``): torch.einsum itself
 ``pointwise: true``            every operand broadcast against the output
-``reduce_dims_param: dim``     a reduction over the dims a call parameter names, with
-                               ``keepdim_param`` and ``reduce_op`` (sum | avg | max | min |
-                               none: the reduced dims must stay whole)
+``reduce_dims_param: dim``     a reduction over the dims a call parameter names (or several:
+                               ``[dim1, dim2]``, the dims each names), with ``keepdim_param``
+                               and ``reduce_op`` (sum | avg | max | min | none: the reduced
+                               dims must stay whole); output dims after the kept ones (the
+                               diagonal torch.diagonal appends) hold factors of their own,
+                               which only the output holds: whole
 ``view: reshape``              factors matched by the input and output shapes; with
                                ``shape_param`` the call parameter holding the output shape,
                                which each rank passes as its local output shape, or with
                                ``shape_dim_param`` too only the sizes that the input dim it
                                names splits into (torch.unflatten's ``dim`` and ``sizes``)
 ``view: permute``              with ``dims_param``; ``view: transpose`` with ``dim0_param``/``dim1_param``
+``whole_tensors: true``        every dim of every tensor holds a factor of its own, never
+                               sharded: the op mixes positions across dims (masked_scatter
+                               takes source's elements in the mask's order, as_strided reads
+                               storage); the replicated layout and the partial inputs that
+                               ``linear_in`` and ``monotone_in`` allow
 ``advanced_index: true``       ``x[i0, i1]`` (``aten.index.Tensor``): the first operand is
                                indexed, the others are the elements of the index list in
                                order (element k indexes dim k, an absent one is ``:``); each
@@ -28,10 +36,19 @@ One source of factors, exactly one of:
 
 and modifiers: ``whole: [k]`` (factors never sharded; ``"..."`` names every dim the ellipsis stands for), ``whole_dims_param: dim`` (output
 dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
-normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
+normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``whole_padded_param: pad`` (a
+pad list, a (before, after) pair per dim from the last dim backward as F.pad takes it: each dim
+with a nonzero pair stays whole, the others pass their shard), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default sum; none = whole),
 ``additive_operands: [bias]`` (added once after a partial output is reduced),
-``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``linear_in:
+``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``lacks_dims_param:
+dim`` with ``lacking_operands: [src]`` (those operands lack the output dims the parameter names,
+as select_scatter's src lacks the selected dim: pointwise alignment takes them as holding those
+dims at size 1), ``factory: true`` (with ``shape_param``: the output's dims that no input holds
+are sharded too, each rank making its own block from its local shape: torch.full; or with
+``range_params: [start, end, step]`` from its own start and end, ``start + lo * step`` and
+``start + hi * step`` for its block ``[lo, hi)`` of the one dim: torch.arange),
+``linear_in:
 [input, mat2]`` or ``[[input, other]]`` (the operands the op is linear in: a name alone, or
 a group the op is linear in jointly, as add in both its terms, ``bias?`` for a member whose
 absence adds nothing; such inputs are also offered as partial sums over free mesh axes, the
@@ -58,12 +75,13 @@ from shardverify.strategies.rules import derive
 from shardverify.strategies.rules.notation import ELLIPSIS, Equation, parse_equation
 from shardverify.sharding.strategy import REDUCE_OPS
 
-__all__ = ["RuleOptions", "equation_for", "local_shape_part", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
+__all__ = ["RuleOptions", "equation_for", "local_shape_part", "padded_dims", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
 
-SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "advanced_index")
+SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "advanced_index", "whole_tensors")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
-                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
+                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
+                         "lacks_dims_param", "lacking_operands", "factory", "range_params",
                          "linear_in", "monotone_in")
 
 
@@ -73,7 +91,7 @@ class RuleOptions:
     einsum: Equation | None = None
     einsum_param: str = ""
     view: str = ""
-    reduce_dims_param: str = ""
+    reduce_dims_param: str | tuple[str, ...] = ""   # one parameter, or several whose dims are all reduced
     keepdim_param: str = ""
     reduce_op: str | None = "sum"
     dims_param: str = ""
@@ -84,9 +102,14 @@ class RuleOptions:
     whole: tuple[str, ...] = ()
     whole_dims_param: str = ""
     whole_trailing_param: str = ""
+    whole_padded_param: str = ""   # F.pad's pad: (before, after) per dim from the last; padded dims stay whole
     reduce: tuple[tuple[str, str | None], ...] = ()
     additive: tuple[str, ...] = ()
     constant: tuple[str, ...] = ()                # operand roles the op takes no gradient for
+    lacks_dims_param: str = ""                    # the output dims that the lacking operands do not hold
+    lacking: tuple[str, ...] = ()                 # operand roles without those dims (select_scatter's src)
+    factory: bool = False                         # output-only factors shard: each rank makes its block
+    range_params: tuple[str, ...] = ()            # a range factory's start, end, step: each rank its own
     aligned: bool = False                         # pointwise without broadcasting (gather)
     indices: tuple[tuple[str, str], ...] = ()     # integer operand role -> the factor its ids index
     linear_in: tuple[tuple[str, ...], ...] = ()   # groups of operand roles the op is (jointly) linear in
@@ -125,7 +148,11 @@ class RuleOptions:
             return str(value)
 
         einsum = parse_equation(text("einsum")) if source == "einsum" else None
-        for flag in ("pointwise", "advanced_index"):
+        if bool(text("lacks_dims_param")) != bool(names("lacking_operands")) or \
+                (text("lacks_dims_param") and source != "pointwise"):
+            raise InvalidArgument("rule options 'lacks_dims_param' (the dims) and 'lacking_operands' (the operands "
+                                  "without them) go together, with pointwise: true")
+        for flag in ("pointwise", "advanced_index", "whole_tensors"):
             if source == flag and options[flag] is not True:
                 raise InvalidArgument(f"rule option {flag!r} must be true, got {options[flag]!r}")
         view = text("view")
@@ -138,6 +165,18 @@ class RuleOptions:
         if text("shape_param") and view != "reshape" and source != "pointwise":
             raise InvalidArgument("rule option 'shape_param' (the output shape a rank passes locally) "
                                   "applies to view: reshape and to pointwise (expand)")
+        if options.get("factory") not in (None, False, True):
+            raise InvalidArgument(f"rule option 'factory' must be true or false, got {options['factory']!r}")
+        range_params = names("range_params")
+        if range_params and len(range_params) != 3:
+            raise InvalidArgument(f"rule option 'range_params' names the start, end and step parameters, got "
+                                  f"{list(range_params)}")
+        if options.get("factory") is True and not (text("shape_param") or range_params):
+            raise InvalidArgument("rule option 'factory' (each rank makes its own block of the output) needs "
+                                  "shape_param (the parameter each rank passes its local output shape in) or "
+                                  "range_params (the start, end and step each rank passes for its block)")
+        if range_params and options.get("factory") is not True:
+            raise InvalidArgument("rule option 'range_params' (each rank's own start and end) needs factory: true")
         if text("shape_dim_param") and not text("shape_param"):
             raise InvalidArgument("rule option 'shape_dim_param' (the input dim whose split sizes shape_param "
                                   "holds) needs shape_param")
@@ -157,7 +196,7 @@ class RuleOptions:
         whole = names("whole")
         if whole and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
-                                  "or whole_trailing_param")
+                                  "or whole_trailing_param or whole_padded_param")
         if einsum is not None:
             letters = set(einsum.letters)
             bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
@@ -173,14 +212,27 @@ class RuleOptions:
             raise InvalidArgument(f"rule option 'linear_in': each item must be an operand name or a non-empty "
                                   f"list of names, got {linear_in!r}")
         return cls(source=source, einsum=einsum, einsum_param=text("einsum_param"), view=view,
-                   reduce_dims_param=text("reduce_dims_param"), keepdim_param=text("keepdim_param"),
+                   reduce_dims_param=_one_or_more(options.get("reduce_dims_param", ""), "reduce_dims_param"),
+                   keepdim_param=text("keepdim_param"),
                    reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"), dims_param=text("dims_param"),
                    dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
                    shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
-                   whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
+                   whole_trailing_param=text("whole_trailing_param"),
+                   whole_padded_param=text("whole_padded_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
+                   lacks_dims_param=text("lacks_dims_param"), lacking=names("lacking_operands"),
+                   factory=options.get("factory") is True, range_params=range_params,
                    aligned=options.get("aligned") is True, linear_in=groups,
                    monotone_in=_monotone(options.get("monotone_in", ())))
+
+
+def _one_or_more(value: object, key: str) -> str | tuple[str, ...]:
+    """A parameter name, or a list of them (kept as a tuple)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise InvalidArgument(f"rule option {key!r} must name a parameter or a list of them, got {value!r}")
 
 
 def _monotone(value: object) -> tuple[tuple[str, str, str], ...]:
@@ -226,6 +278,19 @@ def _param(params: Mapping[str, object], name: str) -> object:
     return value
 
 
+def padded_dims(value: object, rank: int, name: str) -> tuple[int, ...]:
+    """The dims a pad list pads: pair k ``(before, after)`` of ``value`` pads dim ``rank - 1 - k``
+    (F.pad's order, last dim first); a ``(0, 0)`` pair leaves its dim as it is. A pad beyond the
+    tensor's rank names no dim (torch refuses the call itself)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,) * 2      # nn.ReflectionPad1d(2): one int pads both sides of the last dim
+    if not isinstance(value, (list, tuple)) or len(value) % 2 or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise InvalidArgument(f"call parameter {name!r} must be a pad list of (before, after) int pairs, got {value!r}")
+    return tuple(rank - 1 - k for k in range(len(value) // 2) if (value[2 * k], value[2 * k + 1]) != (0, 0)
+                 and rank - 1 - k >= 0)
+
+
 def local_shape_part(options: RuleOptions, input_shape: tuple[int, ...], output_shape: tuple[int, ...],
                      params: Mapping[str, object]) -> slice:
     """The part of a rank's local output shape it passes for ``shape_param``: all of it, or with
@@ -244,11 +309,38 @@ def local_shape_part(options: RuleOptions, input_shape: tuple[int, ...], output_
     return slice(dim, dim + parts)
 
 
+def _pointwise(options: RuleOptions, inputs: Sequence[tuple[int, ...]], outputs: Sequence[tuple[int, ...]],
+               params: Mapping[str, object], roles: Sequence[str]) -> tuple[Equation, set[str]]:
+    """Pointwise broadcasting; a ``lacking_operands`` operand is aligned as if it held the
+    ``lacks_dims_param`` dims of the output at size 1, which its term then drops."""
+    if not options.lacking:
+        return derive.pointwise(inputs, outputs)
+    rank = len(outputs[0])
+    missing = normalize_dims(_param(params, options.lacks_dims_param), rank, options.lacks_dims_param)
+    missing = tuple(sorted(d for d in missing if d < rank))
+    lacking = [bool(roles) and roles[i] in options.lacking for i in range(len(inputs))]
+    widened = []
+    for shape, lacks in zip(inputs, lacking):
+        if lacks:
+            if len(shape) + len(missing) != rank:
+                raise InvalidArgument(f"an operand of shape {list(shape)} lacking dim(s) {list(missing)} of an output "
+                                      f"of shape {list(outputs[0])} should have {rank - len(missing)} dim(s)")
+            shape = list(shape)
+            for d in missing:
+                shape.insert(d, 1)
+        widened.append(tuple(shape))
+    eq, whole = derive.pointwise(widened, outputs)
+    terms = tuple(tuple(dim for j, dim in enumerate(term) if j not in missing) if lacks else term
+                  for term, lacks in zip(eq.inputs, lacking))
+    return Equation(terms, eq.outputs), whole
+
+
 def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], outputs: Sequence[tuple[int, ...]],
-                 params: Mapping[str, object], present: Sequence[bool]
+                 params: Mapping[str, object], present: Sequence[bool], roles: Sequence[str] = ()
                  ) -> tuple[Equation, set[str], dict[str, str | None], dict[str, int]]:
     """The equation for one call, the factors that must stay whole, how reduced factors combine
-    and the sizes of factors the shapes alone do not fix."""
+    and the sizes of factors the shapes alone do not fix. ``roles``: each input's operand role
+    (``lacking_operands`` names them)."""
     whole: set[str] = set(options.whole)
     sizes: dict[str, int] = {}
     reduce: dict[str, str | None] = dict(options.reduce)
@@ -270,15 +362,19 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         if len(outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
             eq = Equation(eq.inputs, eq.outputs * len(outputs))
     elif options.source == "pointwise":
-        eq, whole = derive.pointwise(inputs, outputs)
+        eq, whole = _pointwise(options, inputs, outputs, params, roles)
+    elif options.source == "whole_tensors":
+        eq, whole = derive.whole_tensors(inputs, outputs)
+        reduce = {f: None for term in eq.inputs for dim in term for f in dim}   # whole, never reduced
     elif options.source == "advanced_index":
         at = [k for k, here in enumerate(present[1:]) if here]
         eq, whole = derive.advanced_index(inputs[0], list(zip(at, inputs[1:])), outputs[0])
     elif options.source == "reduce_dims_param":
-        dims = normalize_dims(_param(params, options.reduce_dims_param), len(inputs[0]), options.reduce_dims_param)
+        names = (options.reduce_dims_param,) if isinstance(options.reduce_dims_param, str) else options.reduce_dims_param
+        dims = tuple(sorted({d for name in names for d in normalize_dims(_param(params, name), len(inputs[0]), name)}))
         dims = tuple(d for d in dims if d < len(inputs[0]))     # a 0-d tensor's dim 0 reduces nothing
         keepdim = bool(_param(params, options.keepdim_param)) if options.keepdim_param else False
-        eq = derive.reduction(inputs[0], len(outputs), dims, keepdim)
+        eq = derive.reduction(inputs[0], [len(o) for o in outputs], dims, keepdim)
         if options.reduce_op is None:
             whole |= {f"d{d}" for d in dims}
     elif options.view == "reshape":
@@ -301,10 +397,13 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
         value = _param(params, options.whole_trailing_param)
         count = 1 if isinstance(value, int) else len(value)  # type: ignore[arg-type]
         positions += tuple(range(out_rank - count, out_rank))
+    if options.whole_padded_param:
+        positions += padded_dims(_param(params, options.whole_padded_param), out_rank, options.whole_padded_param)
     positions = tuple(p for p in positions if p < out_rank)   # a 0-d tensor's dim 0 (torch takes it) is no dim
     if positions:
         if any((ELLIPSIS,) == dim for dim in eq.outputs[0]):
-            raise InvalidArgument("whole_dims_param/whole_trailing_param need an output term without '...'")
+            raise InvalidArgument("whole_dims_param/whole_trailing_param/whole_padded_param need an output term "
+                                  "without '...'")
         whole |= {names[p] for p in positions if names[p] is not None}
     if options.aligned:
         for i, term in enumerate(eq.inputs):
