@@ -44,8 +44,8 @@ from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
 from shardverify.spec.allow import call_factory, project_of
 
-__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "spec_plan", "SOLVER", "GOALS",
-           "Where"]
+__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "real_spec_model", "spec_plan",
+           "SOLVER", "GOALS", "Where"]
 
 SOLVER = "solver"
 #: plans the solver makes under a goal besides the least cost (see PlanGoals)
@@ -127,6 +127,44 @@ def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where |
         raise _error(where, f"{factory} builds a {type(module).__name__} without example_inputs: give its inputs "
                             "(--input, or the spec's 'inputs')")
     return module, own() if callable(own) else own
+
+
+def real_spec_model(factory: str, kwargs, real_kwargs, real_inputs, where: Where | None = None, zoo: str = "",
+                    sizes: Mapping[str, int] | None = None):
+    """The model at the size it will train at, as a :class:`~shardverify.plan.real_size.RealSize`
+    (built later on the meta device and captured on fake tensors: nothing is allocated, so no size
+    limit applies): a zoo model at ``sizes`` (hidden, seq, batch over its realistic size), or the
+    factory called with ``real_kwargs`` over ``kwargs`` on ``real_inputs``
+    (:class:`~shardverify.plan.inputs.InputSpec`, their shapes and dtypes; the values are never
+    read). The factory is allowed as :func:`build_spec_model`'s is, before anything is built."""
+    from shardverify.plan.real_size import RealSize
+    from shardverify.spec.allow import resolve_allowed
+
+    if zoo:
+        from shardverify.plan.hf_zoo import real_size
+
+        try:
+            return real_size(zoo, dict(sizes or {}))
+        except InvalidArgument as error:
+            raise _error(where, str(error)) from None
+    if sizes:
+        raise _error(where, "hidden/seq/batch sizes are a zoo model's; give a factory's real size as its keyword "
+                            "arguments and inputs at that size (--cost-kwarg, --cost-input)")
+    if not real_inputs:
+        raise _error(where, "a factory's real size needs its inputs at that size (--cost-input, as --input)")
+    try:
+        make = resolve_allowed(factory, project_of(where[0] if where else None))
+    except InvalidArgument as error:
+        raise _error(where, f"factory {error}") from None
+    merged = {**dict(kwargs), **dict(real_kwargs)}
+
+    def build():
+        positional, keywords = draw_inputs(list(real_inputs), None)
+        return make(**merged), ((positional, keywords) if keywords else positional)
+
+    shown = [f"{k}={v}" for k, v in real_kwargs] + \
+        [f"{spec.name + '=' if spec.name else ''}[{','.join(map(str, spec.shape))}]" for spec in real_inputs]
+    return RealSize(build, f"{factory} at {', '.join(shown)}")
 
 
 def spec_plan(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tuple[int, ...],
