@@ -1,0 +1,107 @@
+"""Solve for the real size, verify on the tiny build (shardverify.plan.real_size): the solver takes
+its costs from the model at the size it trains at (captured on fake tensors, nothing allocated),
+and the plan it picks is mapped onto the tiny build node by node and verified there; a model whose
+structure differs between the sizes is refused naming the node; a strategy whose split differs
+between the sizes is left out of the choice, with why. Every zoo model's figures at hidden 4096,
+sequence 4096, batch 8 are in docs/real_size.md (`shardverify plan zoo:NAME --cost-size real`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardverify import DeviceMesh, verify_plan
+from shardverify.cli.main import main
+from shardverify.plan.capture_model import capture_model
+from shardverify.plan.coverage import classify_nodes
+from shardverify.plan.real_size import RealSize, StructureMismatch, capture_real, same_structure, solve_real_size
+from shardverify.plan.verify import plan_with_coverage
+from shardverify.plan.zoo import mlp_block, transformer_block
+
+TINY = dict(d_model=32, n_heads=4, d_hidden=64)
+REAL = dict(d_model=4096, n_heads=32, d_hidden=16384)
+
+
+def _real(batch: int = 8, **sizes) -> RealSize:
+    kwargs = {**REAL, **sizes}
+    return RealSize(lambda: (transformer_block(**kwargs), (torch.zeros(batch, 4096, kwargs["d_model"]),)),
+                    f"d_model={kwargs['d_model']}, batch={batch}")
+
+
+def test_the_real_size_is_captured_without_allocating_it():
+    """A 4096-wide block on 8 x 4096 tokens: 200M parameters and a 4 GiB activation, captured on
+    fake tensors in a moment, with its real shapes."""
+    graph = capture_real(_real())
+    shapes = {n.name: tuple(n.meta["tensor_meta"].shape) for n in graph.graph.nodes if "tensor_meta" in n.meta
+              and hasattr(n.meta["tensor_meta"], "shape")}
+    assert shapes["x"] == (8, 4096, 4096)
+    assert (16384, 4096) in shapes.values()
+
+
+def test_the_plan_solved_at_the_real_size_shards_and_verifies_on_the_tiny_build():
+    """At width 32 the cheapest plan on (2,) leaves the attention replicated: a collective costs
+    more than the compute it saves. Costed at width 4096, the solver shards the attention and the
+    MLP (the batch: data parallel); that plan, mapped onto the tiny block, verifies end to end."""
+    model, x = transformer_block(**TINY), (torch.randn(8, 16, 32),)
+    _, tiny_only = plan_with_coverage(model, x, (2,), capture="export")
+    result = verify_plan(model, x, (2,), cost_size=_real())
+    assert result.passed, result.summary()
+    assert not {"matmul", "matmul_1"} & set(tiny_only.sharded), tiny_only.sharded
+    assert result.real_size is not None and result.coverage.sharded
+    assert set(result.real_size.sharded) == set(result.coverage.sharded)   # mapped node by node
+    assert {"matmul", "matmul_1", "linear_4", "linear_5"} <= set(result.coverage.sharded), result.coverage.sharded
+    assert result.real_size.cost.total > 1e3 * result.plan.cost.total     # the costs are the real size's
+    assert result.to_json()["real_size"]["label"] == "d_model=4096, batch=8"
+
+
+def test_a_split_the_tiny_build_cannot_mirror_is_left_out_and_said():
+    """The real batch of 8 splits evenly over 2 devices, the tiny build's batch of 3 does not: a
+    batch-split strategy verified on the tiny build would check another case than the one
+    trained, so the solver may not pick it, and says so."""
+    mesh = DeviceMesh((2,))
+    tiny = capture_model(transformer_block(**TINY), (torch.randn(3, 16, 32),), "export").graph
+    options, _ = classify_nodes(tiny, mesh)
+    plan, at_real = solve_real_size(tiny, options, _real(), mesh)
+    why = {node: text for node, _, text in at_real.left_out}
+    assert "x dim 0 splits evenly at the real size (8 over 2) but unevenly on the tiny build (3 over 2)" in \
+        why["layer_norm"], why.get("layer_norm")
+    splits_batch = [n.node for n in plan.nodes if n.strategy is not None and
+                    any(0 in dict(spec.dim_partition) for _, spec in n.strategy.sharding_specs[-1:])
+                    and n.node.startswith("layer_norm")]
+    assert not splits_batch
+    assert any("left out of the choice" in line for line in at_real.lines())
+
+
+def test_a_real_size_of_another_structure_is_refused_naming_the_node():
+    tiny = capture_model(transformer_block(**TINY), (torch.randn(8, 16, 32),), "export").graph
+    other = RealSize(lambda: (mlp_block(4096, 16384), (torch.zeros(8, 4096, 4096),)), "an MLP")
+    with pytest.raises(StructureMismatch, match=r"node #\d+ is .* there and .* in the tiny build"):
+        same_structure(tiny, capture_real(other), other.label)
+
+
+def test_the_cli_solves_a_factory_at_its_real_size(capsys):
+    code = main(["plan", "shardverify.plan.zoo.transformer_block", "--kwarg", "d_model=32", "--kwarg", "n_heads=4",
+                 "--input", "8,16,32", "--mesh", "2", "--cost-kwarg", "d_model=4096", "--cost-kwarg", "n_heads=32",
+                 "--cost-input", "8,4096,4096", "--strict"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "costed at the real size (shardverify.plan.zoo.transformer_block at d_model=4096, n_heads=32, " \
+           "[8,4096,4096])" in out
+    assert "verification on simulated: PASS" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["shardverify.plan.zoo.mlp_block", "--input", "8,32", "--cost-size", "real"], "--cost-size names a zoo model"),
+    (["shardverify.plan.zoo.mlp_block", "--input", "8,32", "--cost-kwarg", "d_in=64"], "needs the inputs at that size"),
+    (["shardverify.plan.zoo.mlp_block", "--input", "8,32", "--cost-input", "8,64", "--capture", "fx"],
+     "capture with export"),
+    (["shardverify.plan.zoo.mlp_block", "--input", "8,32", "--cost-input", "8,64", "--kwarg", "d_in=32",
+      "--cost-kwarg", "d_in=64", "--plan", "nope.yaml"], "a given plan is not solved"),
+])
+def test_cli_real_size_misuse_is_one_line_exit_2(capsys, argv, message, tmp_path):
+    if "nope.yaml" in argv:
+        (tmp_path / "nope.yaml").write_text("fc1: RR = RR x RR\n")
+        argv = [str(tmp_path / "nope.yaml") if a == "nope.yaml" else a for a in argv]
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1, err
