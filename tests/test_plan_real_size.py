@@ -105,3 +105,28 @@ def test_cli_real_size_misuse_is_one_line_exit_2(capsys, argv, message, tmp_path
     assert main(["plan", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "resnet"])
+def test_every_zoo_models_real_size_is_its_tiny_build_at_another_size(name):
+    """The zoo's realistic sizes (hidden 4096, 4096 tokens, batch 8) keep the tiny build's graph,
+    node for node, so `shardverify plan zoo:NAME --cost-size real` maps its plan (the figures,
+    verified, are in docs/real_size.md)."""
+    pytest.importorskip("transformers", reason="the HF model zoo needs the models extra")
+    from shardverify.plan.hf_zoo import hf_model, real_size
+
+    model, inputs = hf_model(name)
+    same_structure(capture_model(model, inputs, "export").graph, capture_real(real_size(name)))
+
+
+def test_a_zoo_models_sizes_are_checked_before_anything_is_built():
+    from shardverify.errors import InvalidArgument
+    pytest.importorskip("transformers", reason="the HF model zoo needs the models extra")
+    from shardverify.plan.hf_zoo import real_size
+
+    with pytest.raises(InvalidArgument, match=r"unknown size\(s\) \['width'\]"):
+        real_size("llama", {"width": 8})
+    with pytest.raises(InvalidArgument, match="hidden=100 must be a multiple of 128"):
+        real_size("llama", {"hidden": 100})
+    with pytest.raises(InvalidArgument, match="declares no real size"):
+        real_size("nope")

@@ -4,6 +4,9 @@ each takes (token ids, pixel values). The language models are just large enough 
 tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attention and the MLP,
 and ViT (width 64) that it shards something on (2,2) and (4,), so their specs' strict holds:
 smaller, a collective costs more than the compute it saves and the cheapest plan shards nothing.
+Each also has a realistic size (:data:`REAL_MODELS`, :func:`real_size`: hidden 4096, 4096 tokens,
+batch 8 by default) for the solver's costs (:mod:`shardverify.plan.real_size`): the same structure,
+real sizes; the tiny builds' 8 heads split over 2, 4 or 8 devices as the real 32 do.
 They cannot be symbolically traced: ``verify_plan``'s capture falls back to ``torch.export``. Needs the ``models`` extra
 (``pip install -e '.[models]'``: transformers, pinned).
 """
