@@ -130,3 +130,24 @@ def test_a_zoo_models_sizes_are_checked_before_anything_is_built():
         real_size("llama", {"hidden": 100})
     with pytest.raises(InvalidArgument, match="declares no real size"):
         real_size("nope")
+
+
+class _Cast(torch.nn.Module):
+    """A cast torch.export records as ``_assert_tensor_metadata`` (dtype only) and ``to``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x).to(torch.float32) * 2
+
+
+def test_a_dtype_assertion_checks_each_shard_without_gathering_it():
+    """An export's ``_assert_tensor_metadata`` checking the dtype holds for each rank's shard: the
+    batch-split plan runs it on the shard, no all-gather before it (at the real size, one of a whole
+    activation before each of Llama's norms), and verifies."""
+    result = verify_plan(_Cast(), (torch.randn(8, 8),), (2,), capture="export", data_parallel=True)
+    assert result.passed, result.summary()
+    asserts = [n for n in result.plan.nodes if n.node.startswith("_assert_tensor_metadata")]
+    assert asserts and not [r for n in asserts for r in n.reshards if r.steps]
