@@ -151,3 +151,54 @@ def test_a_dtype_assertion_checks_each_shard_without_gathering_it():
     assert result.passed, result.summary()
     asserts = [n for n in result.plan.nodes if n.node.startswith("_assert_tensor_metadata")]
     assert asserts and not [r for n in asserts for r in n.reshards if r.steps]
+
+
+SPEC = """\
+name: block_at_size
+model:
+  factory: shardverify.plan.zoo.transformer_block
+  kwargs: {d_model: 32, n_heads: 4, d_hidden: 64}
+inputs: {x: [8, 16, 32]}
+mesh: [2]
+plans:
+  solver: solver
+cost_size:
+  kwargs: {d_model: 4096, n_heads: 32, d_hidden: 16384}
+  inputs: {x: [8, 4096, 4096]}
+"""
+
+
+def test_a_plan_specs_cost_size_solves_its_plans_at_that_size(tmp_path, capsys):
+    """`cost_size:` in a plan spec: the generated test's solved plans and `shardverify plan SPEC`
+    cost at that size (export capture implied) and verify the mapped plan on the spec's build."""
+    from shardverify.plan.spec import build_spec_model, parse_plan_spec, spec_cost_size, spec_plan
+    from shardverify.spec.loader import load_yaml
+
+    path = tmp_path / "block_at_size.yaml"
+    path.write_text(SPEC)
+    spec = parse_plan_spec(load_yaml(str(path)))
+    assert spec.capture == "export" and dict(spec.cost_size)["inputs"] == (("x", (8, 4096, 4096)),)
+    where = dict(spec.where)["factory"]
+    module, inputs = build_spec_model(spec.factory, spec.kwargs, spec.inputs, where=where)
+    real = spec_cost_size(spec.factory, spec.kwargs, spec.cost_size, where)
+    _, coverage = spec_plan(module, inputs, (2,), "solver", capture=spec.capture, cost_size=real)
+    assert {"matmul", "matmul_1"} <= set(coverage.sharded)
+    assert main(["plan", str(path)]) == 0
+    assert "costed at the real size (shardverify.plan.zoo.transformer_block at d_model=4096" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("cost_size: {inputs: {x: [8, 0]}}", "expected a shape of positive integers"),
+    ("cost_size: real", "a factory's cost_size is {kwargs"),
+    ("cost_size: {kwargs: {d_model: 64}}", "inputs"),
+    ("capture: fx\ncost_size: {inputs: {x: [8, 64, 64]}}", "capture export"),
+])
+def test_a_bad_cost_size_is_named_at_its_line(tmp_path, text, message):
+    from shardverify.errors import SpecError
+    from shardverify.plan.spec import parse_plan_spec
+    from shardverify.spec.loader import load_yaml
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(SPEC.split("cost_size:")[0] + text + "\n")
+    with pytest.raises(SpecError, match=message):
+        parse_plan_spec(load_yaml(str(path)))

@@ -121,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
             factory, kwargs, inputs, where = spec.factory, spec.kwargs, spec.inputs, dict(spec.where)["factory"]
             spec_zoo, capture, strict = spec.zoo, args.capture or spec.capture, args.strict or spec.strict
             mesh = _shape(args.mesh) if args.mesh else spec.meshes[0]
+            if spec.cost_size is not None and not args.plan:     # the spec's solved plans cost at its real size
+                from shardverify.plan.spec import spec_cost_size
+
+                cost_size = spec_cost_size(factory, kwargs, spec.cost_size, where, spec.zoo)
         else:
             factory, kwargs = args.spec, _kwargs(args.kwarg)
             inputs = tuple(parse_input(text) for text in args.input)
