@@ -17,6 +17,7 @@ from shardverify.plan.coverage import classify_nodes
 from shardverify.plan.real_size import RealSize, StructureMismatch, capture_real, same_structure, solve_real_size
 from shardverify.plan.verify import plan_with_coverage
 from shardverify.plan.zoo import mlp_block, transformer_block
+from shardverify.verify.tolerance import Tolerance
 
 TINY = dict(d_model=32, n_heads=4, d_hidden=64)
 REAL = dict(d_model=4096, n_heads=32, d_hidden=16384)
@@ -202,3 +203,20 @@ def test_a_bad_cost_size_is_named_at_its_line(tmp_path, text, message):
     path.write_text(SPEC.split("cost_size:")[0] + text + "\n")
     with pytest.raises(SpecError, match=message):
         parse_plan_spec(load_yaml(str(path)))
+
+
+def test_a_float32_gradient_is_held_to_the_rounding_of_its_terms():
+    """A gradient computed through float32 nodes: an element that cancels to near zero keeps the
+    rounding of its terms (2e-7 of the tensor's largest, as the batch-split real-size Llama plan's
+    RMSNorm gradients on (2,2)), which the elementwise float32 bound alone calls a mismatch; an
+    error the size of the values (a missing reduction) is still one."""
+    from shardverify.plan.compare import SummedTolerance, mismatch_error, precisions
+
+    expected = torch.tensor([5854.7, -4824.7, 1e-3], dtype=torch.float64)
+    rounded = expected + torch.tensor([0.0, 0.0, 1.2e-3], dtype=torch.float64)
+    tolerance = precisions(capture_model(_Cast(), (torch.randn(4, 8),), "export").graph).backward
+    assert isinstance(tolerance, SummedTolerance)
+    assert mismatch_error(rounded, expected, tolerance) is None
+    assert mismatch_error(rounded, expected, Tolerance(tolerance.rtol, tolerance.atol)) is not None
+    assert mismatch_error(expected * 2, expected, tolerance) is not None
+    assert mismatch_error(expected + torch.tensor([0.0, 0.0, 0.5], dtype=torch.float64), expected, tolerance)
