@@ -93,6 +93,8 @@ def test_the_cli_solves_a_factory_at_its_real_size(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["shardverify.plan.zoo.mlp_block", "--input", "8,32", "--cost-size", "real"], "--cost-size names a zoo model"),
+    (["zoo:llama", "--cost-size", "hidden=big"], "--cost-size expects 'real' or KEY=N"),
+    (["zoo:llama", "--cost-size", "width=8"], "unknown size(s) ['width']"),
     (["shardverify.plan.zoo.mlp_block", "--input", "8,32", "--cost-kwarg", "d_in=64"], "needs the inputs at that size"),
     (["shardverify.plan.zoo.mlp_block", "--input", "8,32", "--cost-input", "8,64", "--capture", "fx"],
      "capture with export"),
