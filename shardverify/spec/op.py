@@ -151,8 +151,15 @@ def _parse_counts(node: Node, grid: dict[str, tuple[Literal, ...]], meshes: tupl
 
 def _check_option_refs(node: Node, params: set[str], roles: set[str]) -> None:
     """Option keys ending in _param(s)/_operand(s), at any depth, name declared parameters /
-    operand roles, so a typo is caught here rather than by the generator at test time."""
+    operand roles (a mapping under a _params key by its keys), so a typo is caught here rather
+    than by the generator at test time."""
     for key, child in node.value.items():  # type: ignore[union-attr]
+        if isinstance(child.value, dict) and key.endswith("_params"):   # size_params: {N: n}: the keys
+            for name in child.value:
+                if name not in params:
+                    raise child.error(f"option '{key}' names parameter {name!r}, which the spec does not "
+                                      f"declare; declared: {', '.join(sorted(params)) or 'none'}")
+            continue
         if isinstance(child.value, dict):
             _check_option_refs(child, params, roles)
             continue

@@ -29,7 +29,11 @@ One source of factors, exactly one of:
 and modifiers: ``whole: [k]`` (factors never sharded; ``"..."`` names every dim the ellipsis stands for), ``whole_dims_param: dim`` (output
 dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
 normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
-(how a reduced factor of an einsum combines; default sum; none = whole),
+(how a reduced factor of an einsum combines; default ``reduce_op``, else sum; none = whole; a
+factor some outputs hold is reduced for the outputs lacking it, which are then partial: a
+backward op's weight gradient), ``size_params: {N: n, C: [g, k]}``
+(call parameters holding the size of factors, the product of several, ``"..."`` the
+ellipsis's: each rank passes its own blocks' size, as native_group_norm's N, C, HxW, group),
 ``additive_operands: [bias]`` (added once after a partial output is reduced),
 ``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``linear_in:
 [input, mat2]`` or ``[[input, other]]`` (the operands the op is linear in: a name alone, or
@@ -64,7 +68,7 @@ SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
-                         "linear_in", "monotone_in")
+                         "linear_in", "monotone_in", "size_params")
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ class RuleOptions:
     linear_in: tuple[tuple[str, ...], ...] = ()   # groups of operand roles the op is (jointly) linear in
     # (operand role, partial op it may arrive as, partial op the output then is): max/min only
     monotone_in: tuple[tuple[str, str, str], ...] = ()
+    # call parameter -> the factors whose size it holds (their product; "..." the ellipsis's):
+    # each rank passes its own blocks' size (native_group_norm's N, C, HxW and group)
+    size_params: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
     def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
@@ -154,13 +161,19 @@ class RuleOptions:
 
         reduce = tuple((k, op(v, f"reduce op of factor {k!r}")) for k, v in mapping("reduce", "factors to ops"))
         indices = tuple((role, str(factor)) for role, factor in mapping("indices", "operands to factors"))
+        size_params = tuple((param, (held,) if isinstance(held, str) else tuple(held))
+                            for param, held in mapping("size_params", "parameters to factors"))
+        if any(not held or not all(isinstance(f, str) for f in held) for _, held in size_params):
+            raise InvalidArgument(f"rule option 'size_params' maps each parameter to a factor or a list of factors, "
+                                  f"got {options.get('size_params')!r}")
         whole = names("whole")
         if whole and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
                                   "or whole_trailing_param")
         if einsum is not None:
             letters = set(einsum.letters)
-            bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
+            bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}
+                          | {f for _, held in size_params for f in held} - {ELLIPSIS}) - letters)
             if bad:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
         linear_in = options.get("linear_in", ())
@@ -180,7 +193,7 @@ class RuleOptions:
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
                    aligned=options.get("aligned") is True, linear_in=groups,
-                   monotone_in=_monotone(options.get("monotone_in", ())))
+                   monotone_in=_monotone(options.get("monotone_in", ())), size_params=size_params)
 
 
 def _monotone(value: object) -> tuple[tuple[str, str, str], ...]:
