@@ -140,7 +140,9 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
     # inputs declared without a gradient, and module state a captured call reads that takes none
     # (a buffer used as a weight: verify/call_case.py's ``constant_names``)
     no_grad = {i.name for i in case.inputs if not i.grad} | set(getattr(case, "constant_names", ()))
-    constant = frozenset(loc for loc, arg in operand_nodes(node).items() if arg.name in no_grad)
+    # a placeholder is named after its input unless the name is taken (`input` becomes `input_1`)
+    constant = frozenset(loc for loc, arg in operand_nodes(node).items() if arg.name in no_grad or
+                         (arg.op == "placeholder" and arg.target in no_grad))
     leaves = {loc: _as_leaf(v.clone(), loc, constant) for loc, v in values.items()}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(case.seed)

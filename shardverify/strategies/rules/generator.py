@@ -65,6 +65,7 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
         additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
         rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
                     reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes, default_op=options.reduce_op,
+                    unheld_op=options.reduce_unheld,
                     names=[f"operand {d.role!r}" for d in inputs + outputs])
     except InvalidArgument as exc:
         where = f" ({_handler(ctx).spec_file})" if _handler(ctx).spec_file else ""

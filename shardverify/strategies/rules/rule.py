@@ -163,9 +163,10 @@ def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
 def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shapes: Sequence[Sequence[int]], *,
          reduce: Mapping[str, str | None] | None = None, whole: Sequence[str] = (),
          additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None, names: Sequence[str] = (),
-         default_op: str | None = "sum") -> Rule:
+         default_op: str | None = "sum", unheld_op: str | None = None) -> Rule:
     """Bind ``equation`` to the operands' shapes; InvalidArgument when they disagree.
-    ``default_op``: how a factor no output holds combines where ``reduce`` does not name it.
+    ``default_op``: how a factor no output holds combines where ``reduce`` does not name it;
+    ``unheld_op``: how one some outputs hold does for the others (None: they do not depend on it).
     ``sizes``: factor sizes the shapes cannot tell (two unknown factors in one compound); ``names``:
     each operand's role (inputs, then outputs), for the errors."""
     if len(equation.inputs) != len(input_shapes):
@@ -234,11 +235,11 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     reduced: list[tuple[str, str]] = []
     for name in order:
         if name in in_outputs:     # held by some outputs, reduced for the others where `reduce` says so
-            if name in reduce:
-                if reduce[name] is None:
-                    whole_set.add(name)
-                else:
-                    unheld.append((name, str(reduce[name])))
+            op = reduce[name] if name in reduce else unheld_op if name not in every_output else None
+            if name in reduce and op is None:
+                whole_set.add(name)
+            elif op is not None:
+                unheld.append((name, op))
             continue
         op = reduce.get(name, default_op)
         if op is None:

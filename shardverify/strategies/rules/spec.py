@@ -31,7 +31,8 @@ dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
 normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``reduce: {k: avg}``
 (how a reduced factor of an einsum combines; default ``reduce_op``, else sum; none = whole; a
 factor some outputs hold is reduced for the outputs lacking it, which are then partial: a
-backward op's weight gradient), ``size_params: {N: n, C: [g, k]}``
+backward op's weight gradient; ``reduce_unheld: sum`` does so for every such factor, those of
+``...`` included), ``size_params: {N: n, C: [g, k]}``
 (call parameters holding the size of factors, the product of several, ``"..."`` the
 ellipsis's: each rank passes its own blocks' size, as native_group_norm's N, C, HxW, group),
 ``additive_operands: [bias]`` (added once after a partial output is reduced),
@@ -68,7 +69,7 @@ SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
-                         "linear_in", "monotone_in", "size_params")
+                         "linear_in", "monotone_in", "size_params", "reduce_unheld")
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,9 @@ class RuleOptions:
     # call parameter -> the factors whose size it holds (their product; "..." the ellipsis's):
     # each rank passes its own blocks' size (native_group_norm's N, C, HxW and group)
     size_params: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # how a factor some outputs hold reduces for the outputs lacking it, where `reduce` does not say;
+    # None: they do not depend on it (replicated over its axes)
+    reduce_unheld: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
@@ -193,7 +197,8 @@ class RuleOptions:
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
                    aligned=options.get("aligned") is True, linear_in=groups,
-                   monotone_in=_monotone(options.get("monotone_in", ())), size_params=size_params)
+                   monotone_in=_monotone(options.get("monotone_in", ())), size_params=size_params,
+                   reduce_unheld=op(options.get("reduce_unheld"), "reduce_unheld"))
 
 
 def _monotone(value: object) -> tuple[tuple[str, str, str], ...]:
