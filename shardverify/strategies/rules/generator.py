@@ -401,11 +401,11 @@ def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions, l
     shape argument (each rank's local output shape, ``local_args``): a layout is offered only
     when the op on meta tensors of the local input shapes gives the layout's local output shapes.
     With uneven blocks every rank's shapes are tried (a block of one element squeezes away, an
-    empty one may make the op refuse, forward or backward)."""
+    empty one may make the op refuse, forward or backward, or give another dtype)."""
     for rank in (ctx.mesh.ranks if uneven else (None,)):
         want = op_call_shapes(ctx.mesh, operands, specs, actions, rank=rank)
         empty = rank is not None and any(0 in shape for shape in want.values())
-        got = local_output_shapes(ctx, operands, specs, actions, local_args, rank=rank, probe=empty)
-        if got is None or tuple(got[:len(outputs)]) != tuple(want[o.name] for o in outputs):
+        got = local_output_shapes(ctx, operands, specs, actions, local_args, rank=rank, probe=empty, dtypes=True)
+        if got is None or tuple(got[:len(outputs)]) != tuple((want[o.name], o.dtype) for o in outputs):
             return False
     return True
