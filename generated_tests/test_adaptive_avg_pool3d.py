@@ -20,7 +20,7 @@ CASES = [
             InputDecl('input', (4, 3, 4, 4, 4), 'float32'),
         ),
         params=(),
-        module=ModuleDecl('torch.nn.AdaptiveAvgPool3d', args=(), kwargs=(('output_size', (2, 1, 2)),)),
+        module=ModuleDecl('torch.nn.AdaptiveAvgPool3d', args=(), kwargs=(('output_size', (2, 3, 2)),)),
         predecessor=None,
         seed=0,
         rtol=None,
@@ -32,7 +32,7 @@ CASES = [
         inputs=(
             InputDecl('input', (4, 3, 4, 4, 4), 'float32'),
         ),
-        params=(('output_size', (2, 1, 2)),),
+        params=(('output_size', (2, 3, 2)),),
         module=None,
         predecessor=None,
         seed=0,
@@ -45,7 +45,7 @@ CASES = [
         inputs=(
             InputDecl('input', (4, 3, 4, 4, 4), 'float32'),
         ),
-        params=(('output_size', (2, 1, 2)),),
+        params=(('output_size', (2, 3, 2)),),
         module=None,
         predecessor=None,
         seed=0,
@@ -58,7 +58,7 @@ CASES = [
         inputs=(
             InputDecl('input', (4, 3, 4, 4, 4), 'float32'),
         ),
-        params=(('output_size', (2, 1, 2)),),
+        params=(('output_size', (2, 3, 2)),),
         module=None,
         predecessor=None,
         seed=0,
@@ -69,11 +69,11 @@ CASES = [
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.nn.AdaptiveAvgPool3d-output_size_2.1.2-mesh4'),
-    pytest.param(1, (4,), id='torch.nn.functional.adaptive_avg_pool3d-output_size_2.1.2-mesh4'),
-    pytest.param(2, (4,), id='torch.ops.aten.adaptive_avg_pool3d.default-output_size_2.1.2-mesh4'),
-    pytest.param(3, (4,), id='torch.ops.aten._adaptive_avg_pool3d.default-output_size_2.1.2-mesh4'),
-    pytest.param(1, (2, 3), id='torch.nn.functional.adaptive_avg_pool3d-output_size_2.1.2-mesh2x3'),
+    pytest.param(0, (4,), id='torch.nn.AdaptiveAvgPool3d-output_size_2.3.2-mesh4'),
+    pytest.param(1, (4,), id='torch.nn.functional.adaptive_avg_pool3d-output_size_2.3.2-mesh4'),
+    pytest.param(2, (4,), id='torch.ops.aten.adaptive_avg_pool3d.default-output_size_2.3.2-mesh4'),
+    pytest.param(3, (4,), id='torch.ops.aten._adaptive_avg_pool3d.default-output_size_2.3.2-mesh4'),
+    pytest.param(1, (2, 3), id='torch.nn.functional.adaptive_avg_pool3d-output_size_2.3.2-mesh2x3'),
 ]
 
 
@@ -85,8 +85,8 @@ def test_adaptive_avg_pool3d_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (4,), id='torch.nn.AdaptiveAvgPool3d-output_size_2.1.2-mesh4'),
-    pytest.param(1, (2, 3), id='torch.nn.functional.adaptive_avg_pool3d-output_size_2.1.2-mesh2x3'),
+    pytest.param(0, (4,), id='torch.nn.AdaptiveAvgPool3d-output_size_2.3.2-mesh4'),
+    pytest.param(1, (2, 3), id='torch.nn.functional.adaptive_avg_pool3d-output_size_2.3.2-mesh2x3'),
 ]
 
 

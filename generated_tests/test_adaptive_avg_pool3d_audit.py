@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/adaptive_avg_pool3d.yaml'
 # (case id, mesh shape)
 RUNS = [
-    pytest.param('torch.nn.AdaptiveAvgPool3d-output_size_2.1.2', (4,), id='torch.nn.AdaptiveAvgPool3d-output_size_2.1.2-mesh4'),
-    pytest.param('torch.nn.functional.adaptive_avg_pool3d-output_size_2.1.2', (4,), id='torch.nn.functional.adaptive_avg_pool3d-output_size_2.1.2-mesh4'),
-    pytest.param('torch.ops.aten.adaptive_avg_pool3d.default-output_size_2.1.2', (4,), id='torch.ops.aten.adaptive_avg_pool3d.default-output_size_2.1.2-mesh4'),
-    pytest.param('torch.ops.aten._adaptive_avg_pool3d.default-output_size_2.1.2', (4,), id='torch.ops.aten._adaptive_avg_pool3d.default-output_size_2.1.2-mesh4'),
+    pytest.param('torch.nn.AdaptiveAvgPool3d-output_size_2.3.2', (4,), id='torch.nn.AdaptiveAvgPool3d-output_size_2.3.2-mesh4'),
+    pytest.param('torch.nn.functional.adaptive_avg_pool3d-output_size_2.3.2', (4,), id='torch.nn.functional.adaptive_avg_pool3d-output_size_2.3.2-mesh4'),
+    pytest.param('torch.ops.aten.adaptive_avg_pool3d.default-output_size_2.3.2', (4,), id='torch.ops.aten.adaptive_avg_pool3d.default-output_size_2.3.2-mesh4'),
+    pytest.param('torch.ops.aten._adaptive_avg_pool3d.default-output_size_2.3.2', (4,), id='torch.ops.aten._adaptive_avg_pool3d.default-output_size_2.3.2-mesh4'),
 ]
 
 

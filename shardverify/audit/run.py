@@ -406,6 +406,12 @@ def audit_spec(spec, meshes: list[tuple[int, ...]] | None = None, *, partial_inp
     results = []
     for case_spec, (case_id, case) in zip(spec.cases(), spec.op_cases()):
         for mesh in meshes or spec.verify.meshes:
+            if spec.audit_skip:     # the op cannot be run on the combinations the audit tries
+                found = CaseAudit(spec.name, case_id, tuple(mesh), note=f"not audited: {spec.audit_skip}")
+                results.append(found)
+                if on_result is not None:
+                    on_result(found)
+                continue
             try:
                 found = audit_case(spec, case_id, case, tuple(mesh), dict(case_spec.point),
                                    partial_inputs=partial_inputs)

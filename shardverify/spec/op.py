@@ -298,13 +298,13 @@ def parse_op_spec(root: Node) -> OpSpec:
                 raise where_node.error("'where' selects grid points: name at least one grid key")
             targets[position] = dataclasses.replace(target, where=where)
             _check_where_lengths(where_node, target.name, dict(where), verify, params)
-    accept, audit_meshes = parse_audit(audit_node, roles, dict(verify.grid), verify.meshes)
+    accept, audit_meshes, audit_skip = parse_audit(audit_node, roles, dict(verify.grid), verify.meshes)
     points = math.prod(len(values) for _, values in verify.grid)
     within(verify_node, [MAX_CASES.exceeded(len(targets) * points)])
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
                   description=str(desc_node.value) if desc_node else "", audit_accept=accept, ignores=ignores,
-                  audit_meshes=audit_meshes)
+                  audit_meshes=audit_meshes, audit_skip=audit_skip)
 
 
 def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,

@@ -143,6 +143,7 @@ class OpSpec:
     description: str = ""
     audit_accept: tuple = ()       # shardverify.spec.accept.AcceptEntry: known, accepted gaps
     audit_meshes: tuple[tuple[int, ...], ...] | None = None   # None: the 1-D and 2-D meshes
+    audit_skip: str = ""           # why the audit cannot run the op at all (never run, always said)
     ignores: tuple[str, ...] = ()  # undeclared keyword arguments that leave the rule unchanged
 
     def bound_targets(self) -> tuple[TargetSpec, ...]:

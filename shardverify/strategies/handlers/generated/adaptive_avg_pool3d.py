@@ -23,16 +23,16 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/adaptive_avg_pool3d.yaml',
     bindings=(
         (torch.nn.AdaptiveAvgPool3d, (
-            ('output_size', ((2, 1, 2),)),
+            ('output_size', ((2, 3, 2),)),
         )),
         (torch.nn.functional.adaptive_avg_pool3d, (
-            ('output_size', ((2, 1, 2),)),
+            ('output_size', ((2, 3, 2),)),
         )),
         (torch.ops.aten.adaptive_avg_pool3d.default, (
-            ('output_size', ((2, 1, 2),)),
+            ('output_size', ((2, 3, 2),)),
         )),
         (torch.ops.aten._adaptive_avg_pool3d.default, (
-            ('output_size', ((2, 1, 2),)),
+            ('output_size', ((2, 3, 2),)),
         )),
     ),
     overrides=(
