@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/native_batch_norm_no_stats.yaml'
 # (case id, mesh shape)
 RUNS = [
-    pytest.param('torch.ops.aten._native_batch_norm_legit.no_stats-training_True-momentum_0.1-eps_1e-05', (4,), id='torch.ops.aten._native_batch_norm_legit.no_stats-training_True-momentum_0.1-eps_1e-05-mesh4'),
+    pytest.param('torch.ops.aten._native_batch_norm_legit.no_stats-training_True-momentum_0.1-eps_1e-05', (2,), id='torch.ops.aten._native_batch_norm_legit.no_stats-training_True-momentum_0.1-eps_1e-05-mesh2'),
 ]
 
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/native_group_norm_backward.yaml'
 # (case id, mesh shape)
 RUNS = [
-    pytest.param('torch.ops.aten.native_group_norm_backward.default-N_4-C_6-HxW_6-group_3-output_mask_True.True.True', (4,), id='torch.ops.aten.native_group_norm_backward.default-N_4-C_6-HxW_6-group_3-output_mask_True.True.True-mesh4'),
+    pytest.param('torch.ops.aten.native_group_norm_backward.default-N_4-C_6-HxW_6-group_3-output_mask_True.True.True', (2,), id='torch.ops.aten.native_group_norm_backward.default-N_4-C_6-HxW_6-group_3-output_mask_True.True.True-mesh2'),
 ]
 
 

@@ -351,6 +351,18 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
             else:
                 result.masked += 1
             continue
+        if any(not isinstance(a.value, (tuple, list)) for a in strategy.local_args):
+            # sizes each rank passes for its own blocks (size_params): the enumeration runs the
+            # recorded ones, so this offered combination is decided on its own, with the ranks' own
+            arguments = [{(a.locator.kind, a.locator.key): a.value_on(rank) for a in strategy.local_args}
+                         for rank in audit.mesh.ranks]
+            if not all(_outputs_hold(problem, combo, assumed, arguments=arguments) for problem in audit.problems):
+                result.incorrect.append(Finding("incorrect", f"{line}{text}: with each rank's own sizes the op does "
+                                                f"not give {_outputs_text(assumed)}", layouts,
+                                                _outputs_text(assumed), strategy=strategy.name))
+            elif key in needed:
+                covered.add(key)
+            continue
         if key not in valid and combo not in audit.results:
             # a layout the enumeration left out (partial inputs, over the combination limit):
             # this offered combination is decided on its own, as offered
@@ -389,9 +401,10 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
     return result
 
 
-def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...], masked=()) -> bool:
+def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...], masked=(), arguments=None) -> bool:
     # a view told its shape is run with the local shape of the layout it is asked about
-    arguments = problem.shape_arguments(outputs[0]) if problem.shape_arg is not None else None
+    if arguments is None and problem.shape_arg is not None:
+        arguments = problem.shape_arguments(outputs[0])
     outs = problem.run(combo, arguments, masked)
     if isinstance(outs, str):
         return False
