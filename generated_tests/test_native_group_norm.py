@@ -15,6 +15,21 @@ from shardverify.verify.report import assert_passed
 CASES = [
     OpCase(
         op='native_group_norm',
+        target='torch.native_group_norm',
+        inputs=(
+            InputDecl('input', (4, 6, 2, 3), 'float32'),
+            InputDecl('weight', (6,), 'float32'),
+            InputDecl('bias', (6,), 'float32'),
+        ),
+        params=(('N', 4), ('C', 6), ('HxW', 6), ('group', 3), ('eps', 1e-05)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='native_group_norm',
         target='torch.ops.aten.native_group_norm.default',
         inputs=(
             InputDecl('input', (4, 6, 2, 3), 'float32'),
@@ -32,8 +47,9 @@ CASES = [
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (2,), id='torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2x3'),
+    pytest.param(0, (2,), id='torch.native_group_norm-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2'),
+    pytest.param(1, (2,), id='torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2'),
+    pytest.param(1, (2, 3), id='torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2x3'),
 ]
 
 
@@ -45,8 +61,8 @@ def test_native_group_norm_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (2,), id='torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2x3'),
+    pytest.param(0, (2,), id='torch.native_group_norm-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2'),
+    pytest.param(1, (2, 3), id='torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2x3'),
 ]
 
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/native_group_norm.yaml'
 # (case id, mesh shape)
 RUNS = [
+    pytest.param('torch.native_group_norm-N_4-C_6-HxW_6-group_3-eps_1e-05', (2,), id='torch.native_group_norm-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2'),
     pytest.param('torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05', (2,), id='torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05-mesh2'),
 ]
 

@@ -32,6 +32,9 @@ def test_binding_reduces_output_held_factors_for_the_outputs_lacking_them():
     assert bind(eq, [(6, 4, 5), (5,)], [(6, 4, 5), (5,)]).unheld == ()
     with pytest.raises(InvalidArgument, match="in every output"):
         bind(parse_equation("a b -> a b, a"), [(4, 4)], [(4, 4), (4,)], reduce={"a": "sum"})
+    # a compound of two unknown factors, one seen only as a dim of one element: that one is 1
+    one_group = bind(parse_equation("n (g k), (g k) -> n (g k), n g"), [(4, 6), (6,)], [(4, 6), (4, 1)])
+    assert one_group.size == {"n": 4, "g": 1, "k": 6}
     # reduce_op: the default of a factor no output holds, the ellipsis's included
     mean = bind(parse_equation("... -> "), [(6, 4)], [()], default_op="avg")
     assert dict(mean.reduce) == {"_b0": "avg", "_b1": "avg"}

@@ -184,6 +184,7 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
              for t, s, label in zip(terms, shapes, labels)]
 
     sizes = dict(sizes or {})
+    ones = {dim[0] for term, shape in zip(terms, shapes) for dim, size in zip(term, shape) if len(dim) == 1 and size == 1}
     for term, shape in zip(terms, shapes):          # single-factor dims fix sizes (1 broadcasts)
         for dim, size in zip(term, shape):
             if len(dim) == 1 and size != 1:
@@ -195,6 +196,10 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
             if len(dim) < 2:
                 continue
             unknown = [f for f in dim if f not in sizes]
+            if len(unknown) > 1 and len([f for f in unknown if f not in ones]) <= 1:
+                # seen only as dims of one element: of size 1 (native_group_norm's mean [N, 1] of one group)
+                sizes.update({f: 1 for f in unknown if f in ones})
+                unknown = [f for f in dim if f not in sizes]
             known = math.prod(sizes[f] for f in dim if f in sizes)
             if len(unknown) > 1 or (unknown and size % known) or (not unknown and known != size):
                 raise InvalidArgument(f"rule {equation}: compound dim ({' '.join(dim)}) cannot hold size {size}")

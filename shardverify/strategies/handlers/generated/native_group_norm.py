@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='native_group_norm',
-    targets=(torch.ops.aten.native_group_norm.default,),
+    targets=(torch.native_group_norm, torch.ops.aten.native_group_norm.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -34,6 +34,9 @@ HANDLER = register_handler(HandlerDef(
     options=(('einsum', 'n (g k) ..., (g k), (g k) -> n (g k) ..., n g, n g'), ('whole', ('k', '...')), ('size_params', (('N', 'n'), ('C', ('g', 'k')), ('HxW', '...'), ('group', 'g')))),
     spec_file='specs/native_group_norm.yaml',
     bindings=(
+        (torch.native_group_norm, (
+            ('eps', (1e-05,)),
+        )),
         (torch.ops.aten.native_group_norm.default, (
             ('eps', (1e-05,)),
         )),
