@@ -91,6 +91,32 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='adaptive_avg_pool2d',
+        target='torch.ops.aten._adaptive_avg_pool2d.default',
+        inputs=(
+            InputDecl('input', (8, 4, 6, 6), 'float32'),
+        ),
+        params=(('output_size', (1, 1)),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='adaptive_avg_pool2d',
+        target='torch.ops.aten._adaptive_avg_pool2d.default',
+        inputs=(
+            InputDecl('input', (8, 4, 6, 6), 'float32'),
+        ),
+        params=(('output_size', (2, 3)),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
@@ -101,6 +127,8 @@ SIMULATED_RUNS = [
     pytest.param(3, (4,), id='torch.nn.functional.adaptive_avg_pool2d-output_size_2.3-mesh4'),
     pytest.param(4, (4,), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_1.1-mesh4'),
     pytest.param(5, (4,), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3-mesh4'),
+    pytest.param(6, (4,), id='torch.ops.aten._adaptive_avg_pool2d.default-output_size_1.1-mesh4'),
+    pytest.param(7, (4,), id='torch.ops.aten._adaptive_avg_pool2d.default-output_size_2.3-mesh4'),
     pytest.param(2, (2, 2), id='torch.nn.functional.adaptive_avg_pool2d-output_size_1.1-mesh2x2'),
     pytest.param(5, (2, 2), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3-mesh2x2'),
     pytest.param(4, (2, 2, 2), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_1.1-mesh2x2x2'),

@@ -22,6 +22,8 @@ RUNS = [
     pytest.param('torch.nn.functional.adaptive_avg_pool2d-output_size_2.3', (4,), id='torch.nn.functional.adaptive_avg_pool2d-output_size_2.3-mesh4'),
     pytest.param('torch.ops.aten.adaptive_avg_pool2d.default-output_size_1.1', (4,), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_1.1-mesh4'),
     pytest.param('torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3', (4,), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3-mesh4'),
+    pytest.param('torch.ops.aten._adaptive_avg_pool2d.default-output_size_1.1', (4,), id='torch.ops.aten._adaptive_avg_pool2d.default-output_size_1.1-mesh4'),
+    pytest.param('torch.ops.aten._adaptive_avg_pool2d.default-output_size_2.3', (4,), id='torch.ops.aten._adaptive_avg_pool2d.default-output_size_2.3-mesh4'),
     pytest.param('torch.nn.functional.adaptive_avg_pool2d-output_size_1.1', (2, 2), id='torch.nn.functional.adaptive_avg_pool2d-output_size_1.1-mesh2x2'),
     pytest.param('torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3', (2, 2), id='torch.ops.aten.adaptive_avg_pool2d.default-output_size_2.3-mesh2x2'),
 ]

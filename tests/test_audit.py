@@ -484,3 +484,23 @@ def test_a_sample_finds_an_absent_operand_unneeded_as_the_full_audit_does(monkey
     sampled = audit_case(spec, case_id, case, (2, 2), partial_inputs=False)
     assert sampled.sampled and sampled.valid > 0 and not sampled.error
     assert {f.line for f in sampled.missing} <= {f.line for f in full.missing}
+
+
+def test_an_audit_that_cannot_run_the_op_is_skipped_with_its_reason_said(tmp_path):
+    """`audit: skip:` for a kernel that reads out of bounds on the mismatched local shapes the
+    audit tries: no audit test is generated and every audited case carries the reason."""
+    from shardverify.audit.run import audit_spec
+    from shardverify.codegen.generate import load_op_specs
+    spec = load_op_specs(REPO, None, ["avg_pool2d_backward"])[0]
+    assert "reads\nout of bounds" not in spec.audit_skip and "out of bounds" in spec.audit_skip
+    rows = audit_spec(spec, [(4,)])
+    assert rows and all(not r.failed and r.decided == 0 and r.note.startswith("not audited: the CPU kernel")
+                        for r in rows)
+    assert not (REPO / "generated_tests" / "test_avg_pool2d_backward_audit.py").exists()   # generate --check keeps it so
+    base = LINEAR.split("\naudit:")[0]
+    _write(tmp_path, base + "\naudit:\n  skip: ' '\n")
+    with pytest.raises(SpecError, match="give a reason"):
+        load_op_specs(tmp_path, tmp_path, [])
+    _write(tmp_path, base + "\naudit:\n  skip: why\n  meshes: [[2, 2]]\n")
+    with pytest.raises(SpecError, match="takes no 'accept' or 'meshes'"):
+        load_op_specs(tmp_path, tmp_path, [])

@@ -79,18 +79,25 @@ def glob_matches(pattern: str, text: str) -> bool:
 
 
 def parse_audit(node: Node | None, roles: set[str], grid: dict[str, tuple], meshes: tuple[tuple[int, ...], ...]
-                ) -> tuple[tuple[AcceptEntry, ...], tuple[tuple[int, ...], ...] | None]:
+                ) -> tuple[tuple[AcceptEntry, ...], tuple[tuple[int, ...], ...] | None, str]:
     """An ``audit:`` mapping: its accepted gaps, and the meshes the generated audit test runs on
     (``meshes:``, some of the spec's ``meshes``; None: the default, its 1-D and 2-D ones: an op
     with many operands enumerates layouts combinatorially, and its audit on a 2-D mesh can take a
-    minute, which a spec may leave to ``shardverify audit --mesh``). SpecError naming file:line
-    on any mistake."""
+    minute, which a spec may leave to ``shardverify audit --mesh``), and ``skip:``, why the audit
+    cannot run the op at all (a kernel that reads out of bounds on the mismatched local shapes the
+    audit tries: it is never run, and every audit says so). SpecError naming file:line on any mistake."""
     if node is None:
-        return (), None
+        return (), None, ""
     fields = Fields(node)
     accept_node = fields.optional("accept", list)
     meshes_node = fields.optional("meshes", list)
+    skip_node = fields.optional("skip", str)
     fields.finish()
+    skip = " ".join(str(skip_node.value).split()) if skip_node is not None else ""
+    if skip_node is not None and not skip:
+        raise skip_node.error("'skip' says why the audit cannot run the op; give a reason")
+    if skip and (accept_node is not None or meshes_node is not None):
+        raise skip_node.error("an audit that is skipped takes no 'accept' or 'meshes'")
     chosen = None
     if meshes_node is not None:
         chosen = tuple(as_shape(item, allow_empty=False) for item in meshes_node.value)  # type: ignore[union-attr]
@@ -98,7 +105,7 @@ def parse_audit(node: Node | None, roles: set[str], grid: dict[str, tuple], mesh
             raise meshes_node.error(f"audit meshes are some of the spec's meshes {[list(m) for m in meshes]}, "
                                     f"got {[list(m) for m in chosen]}")
     if accept_node is None:
-        return (), chosen
+        return (), chosen, skip
     entries = []
     for item in check_type(accept_node, list).value:  # type: ignore[union-attr]
         f = Fields(item)
@@ -130,4 +137,4 @@ def parse_audit(node: Node | None, roles: set[str], grid: dict[str, tuple], mesh
             meshes = (tuple(as_shape(i, allow_empty=False) for i in items) if nested  # type: ignore[union-attr]
                       else (as_shape(mesh_node, allow_empty=False),))
         entries.append(AcceptEntry(reason, tuple(match), meshes, parse_where(where_node, grid), item.file, item.line))
-    return tuple(entries), chosen
+    return tuple(entries), chosen, skip

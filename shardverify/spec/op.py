@@ -151,8 +151,15 @@ def _parse_counts(node: Node, grid: dict[str, tuple[Literal, ...]], meshes: tupl
 
 def _check_option_refs(node: Node, params: set[str], roles: set[str]) -> None:
     """Option keys ending in _param(s)/_operand(s), at any depth, name declared parameters /
-    operand roles, so a typo is caught here rather than by the generator at test time."""
+    operand roles (a mapping under a _params key by its keys), so a typo is caught here rather
+    than by the generator at test time."""
     for key, child in node.value.items():  # type: ignore[union-attr]
+        if isinstance(child.value, dict) and key.endswith("_params"):   # size_params: {N: n}: the keys
+            for name in child.value:
+                if name not in params:
+                    raise child.error(f"option '{key}' names parameter {name!r}, which the spec does not "
+                                      f"declare; declared: {', '.join(sorted(params)) or 'none'}")
+            continue
         if isinstance(child.value, dict):
             _check_option_refs(child, params, roles)
             continue
@@ -291,13 +298,13 @@ def parse_op_spec(root: Node) -> OpSpec:
                 raise where_node.error("'where' selects grid points: name at least one grid key")
             targets[position] = dataclasses.replace(target, where=where)
             _check_where_lengths(where_node, target.name, dict(where), verify, params)
-    accept, audit_meshes = parse_audit(audit_node, roles, dict(verify.grid), verify.meshes)
+    accept, audit_meshes, audit_skip = parse_audit(audit_node, roles, dict(verify.grid), verify.meshes)
     points = math.prod(len(values) for _, values in verify.grid)
     within(verify_node, [MAX_CASES.exceeded(len(targets) * points)])
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
                   description=str(desc_node.value) if desc_node else "", audit_accept=accept, ignores=ignores,
-                  audit_meshes=audit_meshes)
+                  audit_meshes=audit_meshes, audit_skip=audit_skip)
 
 
 def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,

@@ -143,6 +143,7 @@ class OpSpec:
     description: str = ""
     audit_accept: tuple = ()       # shardverify.spec.accept.AcceptEntry: known, accepted gaps
     audit_meshes: tuple[tuple[int, ...], ...] | None = None   # None: the 1-D and 2-D meshes
+    audit_skip: str = ""           # why the audit cannot run the op at all (never run, always said)
     ignores: tuple[str, ...] = ()  # undeclared keyword arguments that leave the rule unchanged
 
     def bound_targets(self) -> tuple[TargetSpec, ...]:
@@ -226,13 +227,22 @@ class OpSpec:
                 for case in self.cases()]
 
 
+def _is_mapping(value: object) -> bool:
+    """An option mapping as the spec model holds it: a non-empty tuple of (name, value) pairs."""
+    return isinstance(value, tuple) and bool(value) and all(
+        isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) for item in value)
+
+
 def _read_params(options: object) -> list[str]:
-    """Parameter names that ``*_param`` / ``*_params`` options name, at any depth."""
+    """Parameter names that ``*_param`` / ``*_params`` options name, at any depth (a mapping under
+    ``*_params`` names them by its keys)."""
     names: list[str] = []
     if isinstance(options, tuple) and all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
                                           for item in options):
         for key, value in options:
-            if key.endswith(("_param", "_params")):
+            if key.endswith("_params") and _is_mapping(value):     # size_params: {N: n}: the keys
+                names += [name for name, _ in value]  # type: ignore[union-attr]
+            elif key.endswith(("_param", "_params")):
                 names += [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]  # type: ignore[union-attr]
             else:
                 names += _read_params(value)

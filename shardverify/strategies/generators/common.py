@@ -169,7 +169,7 @@ def local_compute_cost(ctx: GeneratorContext, operands: Sequence[OperationData],
 def local_output_shapes(ctx: GeneratorContext, operands: Sequence[OperationData],
                         specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
                         local_args: Sequence[LocalArg] = (), rank: int | None = None,
-                        probe: bool = False) -> tuple | None:
+                        probe: bool = False, dtypes: bool = False) -> tuple | None:
     """The shapes the node's op really gives on meta tensors of the local input shapes (None when
     it refuses them): a generator compares them with its layouts' local output shapes, since an
     op that reads sizes from its input (squeeze of a dim a shard left with one element) can
@@ -178,17 +178,18 @@ def local_output_shapes(ctx: GeneratorContext, operands: Sequence[OperationData]
     (a conv with no output channel runs on meta, and raises on the CPU; adaptive pooling's
     backward refuses an empty channel dim): the op runs forward and backward on real CPU
     tensors of the local shapes, and beyond ``PROBE_ELEMENTS`` elements the layout is not
-    offered at all."""
+    offered at all. ``dtypes``: (shape, dtype) of each output instead (an op may give an empty
+    block another dtype: native_dropout's mask of no element is float, not bool)."""
     try:
-        return _meta_call(ctx, operands, specs, actions, local_args, rank, probe)[1]
+        return _meta_call(ctx, operands, specs, actions, local_args, rank, probe)[2 if dtypes else 1]
     except StrategyError:
         return None
 
 
 def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec],
                actions: Sequence[CommAction], local_args: Sequence[LocalArg] = (),
-               rank: int | None = None, probe: bool = False) -> tuple[TrainCycleItem, tuple]:
-    """(compute cost, output shapes) of the op on meta tensors of the local shapes, cached;
+               rank: int | None = None, probe: bool = False) -> tuple[TrainCycleItem, tuple, tuple]:
+    """(compute cost, output shapes, output (shape, dtype)s) of the op on meta tensors of the local shapes, cached;
     ``probe``: on CPU tensors, backward included (see :func:`local_output_shapes`)."""
 
     shapes = op_call_shapes(ctx.mesh, operands, specs, actions, rank)
@@ -221,7 +222,8 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
         if len(calls) >= 4096:
             calls.clear()
         found = calls[key] = (compute_cost(counter.get_total_flops(), numels),
-                                    tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in outs))
+                              tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in outs),
+                              tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in outs))
     return found
 
 

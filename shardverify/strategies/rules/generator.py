@@ -30,7 +30,7 @@ from shardverify.strategies.generators.registry import GeneratorContext, registe
 from shardverify.strategies.rules import derive
 from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
-from shardverify.sharding.blocks import partial_refusal
+from shardverify.sharding.blocks import nested_block, partial_refusal
 from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import (
     CommAction,
@@ -65,8 +65,9 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
                                                       [d.role for d in inputs])
         additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
         rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
-                    reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes,
-                    names=[f"operand {d.role!r}" for d in inputs + outputs], factory=options.factory)
+                    reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes, default_op=options.reduce_op,
+                    unheld_op=options.reduce_unheld, factory=options.factory,
+                    names=[f"operand {d.role!r}" for d in inputs + outputs])
     except InvalidArgument as exc:
         where = f" ({_handler(ctx).spec_file})" if _handler(ctx).spec_file else ""
         raise StrategyError(f"{ctx.handler_name}{where}: node {ctx.node.name!r}: {exc}") from None
@@ -82,7 +83,7 @@ def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple
     over the next, so ``S10`` puts other rows on each rank than ``S01``."""
     shardable = rule.shardable()
     sizes = rule.size
-    reduce_ops = dict(rule.reduce)
+    reduce_ops = rule.partial_ops()
     found = []
     for choice in itertools.product(range(len(shardable) + 1), repeat=len(mesh_shape)):
         ascending: dict[str, tuple[int, ...]] = {}
@@ -176,7 +177,7 @@ def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData
     is a partial sum over every such axis: offered only where every output is floating point
     and the assignment's own partial output, if any, is a sum."""
     found: list[dict[str, tuple[int, ...]]] = [{}]
-    reduce_ops = dict(rule.reduce)
+    reduce_ops = rule.partial_ops()
     if any(reduce_ops[f] != "sum" for f in axes if f in reduce_ops) or \
             any(not o.dtype.is_floating_point for o in outputs):
         return found
@@ -205,7 +206,7 @@ def extremum_choices(rule: Rule, options: RuleOptions, inputs: list[OperationDat
     reduces by the output's op (amax over a sharded dim: max with max)."""
     if not options.monotone_in or any(not o.dtype.is_floating_point for o in outputs):
         return []
-    reduce_ops = dict(rule.reduce)
+    reduce_ops = rule.partial_ops()
     used = {a for held in axes.values() for a in held}
     free = [a for a, size in enumerate(mesh_shape) if size > 1 and a not in used]
     by_role = {d.role: d for d in inputs}
@@ -258,7 +259,7 @@ class _Call:
         ctx, rule, options, inputs, outputs = self.ctx, self.rule, self.options, self.inputs, self.outputs
         mesh_shape = ctx.mesh.shape
         operands = inputs + outputs
-        reduce_ops = dict(rule.reduce)
+        reduce_ops = rule.partial_ops()
         partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops} | ({out_op} if partial else set())
         if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
             return None
@@ -274,21 +275,25 @@ class _Call:
             # partial input's own axes (a partial value's gradient is whole on every rank), but
             # the other partial inputs' axes leave it partial
             missing = tuple(sorted(a for f, ax in axes.items() if f not in held for a in ax
-                                   if not (index in rule.additive and f in reduce_ops)))
+                                   if not (index in rule.additive and f in dict(rule.reduce))))
             if index not in rule.additive:       # partial over the other groups' axes
                 missing = tuple(sorted(set(missing) | (set(pieces) - set(partial.get(data.name, ())))))
             if data.role not in options.constant:
                 actions += grad_sync(data, missing)
-        partial_axes = tuple(sorted({a for f, ax in axes.items() if f in reduce_ops for a in ax} | set(pieces)))
+        # each output is partial over the reduced factors' axes it lacks and the partial inputs' axes
+        per_output = [tuple(sorted(set(rule.output_partial(axes, k)) | set(pieces))) for k in range(len(outputs))]
+        partial_axes = tuple(sorted({a for held in per_output for a in held}))
         post_add: list[PostAdd] = []
         op = partial_ops.pop() if partial_ops else "sum"
         if partial_axes:
-            actions += [CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, partial_axes, out.name, CommWhere.AFTER,
-                                   op=op) for out in outputs]
+            actions += [CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, held, out.name, CommWhere.AFTER, op=op)
+                        for out, held in zip(outputs, per_output) if held]
             for index in rule.additive:
                 post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
+        alike = len(set(per_output)) == 1      # else each output partial on its own axes says so: `R+P0`
         name = (" x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in inputs) + " -> " +
-                ", ".join(_seq(specs[d.name]) for d in outputs)).lstrip()   # a factory's: "-> S0R"
+                ", ".join(_seq(specs[d.name], () if alike else held, op)
+                          for d, held in zip(outputs, per_output))).lstrip()   # a factory's: "-> S0R"
         if partial_axes:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
         if name in taken:
@@ -298,8 +303,9 @@ class _Call:
             if self.shape_at else ()
         if options.range_params:
             local_args += _range_arguments(ctx, options.range_params, specs[outputs[0].name])
+        local_args += _size_arguments(ctx, rule, options, axes)
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if options.source == "view" or self.shape_at or options.range_params or uneven:
+        if options.source == "view" or self.shape_at or options.range_params or options.size_params or uneven:
             key = tuple(axes.items())
             if key not in self._fits:
                 self._fits[key] = _local_view_fits(ctx, operands, outputs, specs, actions, local_args, uneven)
@@ -357,6 +363,36 @@ def _range_arguments(ctx: GeneratorContext, names: tuple[str, ...], out: Shardin
     return tuple(found)
 
 
+def _size_arguments(ctx: GeneratorContext, rule: Rule, options: RuleOptions,
+                    axes: dict[str, tuple[int, ...]]) -> tuple[LocalArg, ...]:
+    """For each ``size_params`` parameter: each rank passes the product of its own blocks' sizes
+    of the factors it names (``"..."``: every factor the ellipsis stands for)."""
+    from shardverify.strategies.handlers.base import param_locator
+
+    sizes, mesh = rule.size, ctx.mesh
+    found = []
+    for param, named in options.size_params:
+        factors = [f for f in named if f != "..."] + \
+            ([f for f in sizes if f.startswith("_b")] if "..." in named else [])
+        missing = [f for f in factors if f not in sizes]
+        if missing:
+            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: size_params {param!r} names factor(s) "
+                                f"{missing} the call's rule does not hold")
+        at = param_locator(_handler(ctx), ctx.node, param)
+        if at is None:
+            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the size parameter "
+                                f"{param!r} that each rank replaces by its own blocks' size")
+
+        def local(rank: int) -> int:
+            coord = mesh.coordinate(rank)
+            return math.prod(nested_block(sizes[f], [(mesh.shape[a], coord[a]) for a in axes.get(f, ())])[1]
+                             for f in factors)
+
+        values = tuple(local(rank) for rank in mesh.ranks)
+        found.append(LocalArg(at, values[0], values if len(set(values)) > 1 else ()))
+    return tuple(found)
+
+
 def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],
                   axes: dict[str, tuple[int, ...]], handler: str) -> tuple[IndexShard, ...]:
     """For each ``indices`` operand whose factor this assignment shards: the operand holding
@@ -405,11 +441,11 @@ def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions, l
     shape argument (each rank's local output shape, ``local_args``): a layout is offered only
     when the op on meta tensors of the local input shapes gives the layout's local output shapes.
     With uneven blocks every rank's shapes are tried (a block of one element squeezes away, an
-    empty one may make the op refuse, forward or backward)."""
+    empty one may make the op refuse, forward or backward, or give another dtype)."""
     for rank in (ctx.mesh.ranks if uneven else (None,)):
         want = op_call_shapes(ctx.mesh, operands, specs, actions, rank=rank)
         empty = rank is not None and any(0 in shape for shape in want.values())
-        got = local_output_shapes(ctx, operands, specs, actions, local_args, rank=rank, probe=empty)
-        if got is None or tuple(got[:len(outputs)]) != tuple(want[o.name] for o in outputs):
+        got = local_output_shapes(ctx, operands, specs, actions, local_args, rank=rank, probe=empty, dtypes=True)
+        if got is None or tuple(got[:len(outputs)]) != tuple((want[o.name], o.dtype) for o in outputs):
             return False
     return True

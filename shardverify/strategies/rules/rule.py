@@ -19,6 +19,9 @@ Semantics (one mechanism for every op; see specs/README.md):
 * A factor only an output holds (a conv's output height) is whole: no input could be cut
   to produce one slice of it; unless the op is a factory (torch.full), which makes each rank's
   block from the rank's local shape.
+* A factor some outputs hold and others lack is reduced only where ``reduce`` names it: the
+  outputs lacking it are then partial over its axes (``unheld``; a backward op's weight
+  gradient sums over the batch its input gradient keeps); otherwise they do not depend on it.
 * Additive operands (a bias) are added once after a partial output is reduced (PostAdd).
 """
 
@@ -45,6 +48,20 @@ class Rule:
     reduce: tuple[tuple[str, str], ...]       # reduced factor -> op it combines with
     whole: frozenset[str]                     # factors that are never sharded
     additive: tuple[int, ...] = ()            # input indices added to the output (a bias)
+    # factor some outputs hold -> the op the outputs lacking it reduce it by (a backward op's
+    # weight gradient sums over the batch its input gradient keeps): those outputs are partial
+    unheld: tuple[tuple[str, str], ...] = ()
+
+    def partial_ops(self) -> dict[str, str]:
+        """Every factor whose shard leaves some output partial, with the op that output reduces by."""
+        return dict(self.reduce) | dict(self.unheld)
+
+    def output_partial(self, axes: Mapping[str, tuple[int, ...]], index: int) -> tuple[int, ...]:
+        """The mesh axes output ``index`` is a partial result over under ``axes``: those of the
+        sharded factors no output holds, and of the ``unheld`` ones it lacks."""
+        held = {f for dim in self.outputs[index] for f in dim}
+        ops = self.partial_ops()
+        return tuple(sorted(a for f, ax in axes.items() if f in ops and f not in held for a in ax))
 
     @property
     def size(self) -> dict[str, int]:
@@ -147,8 +164,10 @@ def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
 def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shapes: Sequence[Sequence[int]], *,
          reduce: Mapping[str, str | None] | None = None, whole: Sequence[str] = (),
          additive: Sequence[int] = (), sizes: Mapping[str, int] | None = None, names: Sequence[str] = (),
-         factory: bool = False) -> Rule:
+         default_op: str | None = "sum", unheld_op: str | None = None, factory: bool = False) -> Rule:
     """Bind ``equation`` to the operands' shapes; InvalidArgument when they disagree.
+    ``default_op``: how a factor no output holds combines where ``reduce`` does not name it;
+    ``unheld_op``: how one some outputs hold does for the others (None: they do not depend on it);
     ``factory``: a factor only outputs hold may be sharded (each rank makes its own block of a
     factory's output from its local shape), else it stays whole.
     ``sizes``: factor sizes the shapes cannot tell (two unknown factors in one compound); ``names``:
@@ -168,6 +187,7 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
              for t, s, label in zip(terms, shapes, labels)]
 
     sizes = dict(sizes or {})
+    ones = {dim[0] for term, shape in zip(terms, shapes) for dim, size in zip(term, shape) if len(dim) == 1 and size == 1}
     for term, shape in zip(terms, shapes):          # single-factor dims fix sizes (1 broadcasts)
         for dim, size in zip(term, shape):
             if len(dim) == 1 and size != 1:
@@ -179,6 +199,10 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
             if len(dim) < 2:
                 continue
             unknown = [f for f in dim if f not in sizes]
+            if len(unknown) > 1 and len([f for f in unknown if f not in ones]) <= 1:
+                # seen only as dims of one element: of size 1 (native_group_norm's mean [N, 1] of one group)
+                sizes.update({f: 1 for f in unknown if f in ones})
+                unknown = [f for f in dim if f not in sizes]
             known = math.prod(sizes[f] for f in dim if f in sizes)
             if len(unknown) > 1 or (unknown and size % known) or (not unknown and known != size):
                 raise InvalidArgument(f"rule {equation}: compound dim ({' '.join(dim)}) cannot hold size {size}")
@@ -199,26 +223,33 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     inputs, outputs = tuple(bound[:len(input_shapes)]), tuple(bound[len(input_shapes):])
 
     order = list(dict.fromkeys(f for term in bound for dim in term for f in dim))
+    batch = [f"_b{i}" for i in range(width) if f"_b{i}" in order]
     if ELLIPSIS in whole:          # ``whole: [...]``: every batch factor the ellipsis became
-        batch = [f"_b{i}" for i in range(width)]
-        whole = [w for w in whole if w != ELLIPSIS] + [f for f in batch if f in order]
+        whole = [w for w in whole if w != ELLIPSIS] + batch
     in_inputs = {f for term in inputs for dim in term for f in dim}
     in_outputs = {f for term in outputs for dim in term for f in dim}
+    every_output = set.intersection(*({f for dim in term for f in dim} for term in outputs)) if outputs else set()
     reduce = dict(reduce or {})
     unknown = sorted(set(reduce) - set(order)) + sorted(set(whole) - set(order))
     if unknown:
         raise InvalidArgument(f"rule {equation}: reduce/whole name factor(s) {unknown} it does not have")
+    unheld: list[tuple[str, str]] = []
     for name, op in reduce.items():
-        if name in in_outputs:
-            raise InvalidArgument(f"rule {equation}: factor {name!r} is in an output, so it is not reduced")
+        if name in every_output:
+            raise InvalidArgument(f"rule {equation}: factor {name!r} is in every output, so it is not reduced")
         if op is not None and op not in REDUCE_OPS:
             raise InvalidArgument(f"rule {equation}: reduce op {op!r} of {name!r} is not one of {REDUCE_OPS} or none")
     whole_set = set(whole) | (set() if factory else in_outputs - in_inputs)
     reduced: list[tuple[str, str]] = []
     for name in order:
-        if name in in_outputs:
+        if name in in_outputs:     # held by some outputs, reduced for the others where `reduce` says so
+            op = reduce[name] if name in reduce else unheld_op if name not in every_output else None
+            if name in reduce and op is None:
+                whole_set.add(name)
+            elif op is not None:
+                unheld.append((name, op))
             continue
-        op = reduce.get(name, "sum")
+        op = reduce.get(name, default_op)
         if op is None:
             whole_set.add(name)
         else:
@@ -229,4 +260,4 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
         if any(f not in in_outputs for dim in inputs[index] for f in dim):
             raise InvalidArgument(f"rule {equation}: additive operand {index} holds a factor no output holds")
     return Rule(inputs, outputs, tuple((f, sizes[f]) for f in order), tuple(reduced), frozenset(whole_set),
-                tuple(additive))
+                tuple(additive), tuple(unheld))

@@ -39,7 +39,12 @@ dims a parameter names stay whole: softmax, split, cat), ``whole_trailing_param:
 normalized_shape`` (the last len(param) dims stay whole: layer_norm), ``whole_padded_param: pad`` (a
 pad list, a (before, after) pair per dim from the last dim backward as F.pad takes it: each dim
 with a nonzero pair stays whole, the others pass their shard), ``reduce: {k: avg}``
-(how a reduced factor of an einsum combines; default sum; none = whole),
+(how a reduced factor of an einsum combines; default ``reduce_op``, else sum; none = whole; a
+factor some outputs hold is reduced for the outputs lacking it, which are then partial: a
+backward op's weight gradient; ``reduce_unheld: sum`` does so for every such factor, those of
+``...`` included), ``size_params: {N: n, C: [g, k]}``
+(call parameters holding the size of factors, the product of several, ``"..."`` the
+ellipsis's: each rank passes its own blocks' size, as native_group_norm's N, C, HxW, group),
 ``additive_operands: [bias]`` (added once after a partial output is reduced),
 ``constant_operands: [running_var]`` (inputs the op takes no gradient for), ``lacks_dims_param:
 dim`` with ``lacking_operands: [src]`` (those operands lack the output dims the parameter names,
@@ -80,9 +85,10 @@ __all__ = ["RuleOptions", "equation_for", "local_shape_part", "padded_dims", "to
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "advanced_index", "whole_tensors")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
-                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
+                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param",
+                         "reduce", "additive_operands", "constant_operands", "indices", "aligned",
                          "lacks_dims_param", "lacking_operands", "factory", "range_params",
-                         "linear_in", "monotone_in")
+                         "linear_in", "monotone_in", "size_params", "reduce_unheld")
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,12 @@ class RuleOptions:
     linear_in: tuple[tuple[str, ...], ...] = ()   # groups of operand roles the op is (jointly) linear in
     # (operand role, partial op it may arrive as, partial op the output then is): max/min only
     monotone_in: tuple[tuple[str, str, str], ...] = ()
+    # call parameter -> the factors whose size it holds (their product; "..." the ellipsis's):
+    # each rank passes its own blocks' size (native_group_norm's N, C, HxW and group)
+    size_params: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # how a factor some outputs hold reduces for the outputs lacking it, where `reduce` does not say;
+    # None: they do not depend on it (replicated over its axes)
+    reduce_unheld: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
@@ -193,13 +205,19 @@ class RuleOptions:
 
         reduce = tuple((k, op(v, f"reduce op of factor {k!r}")) for k, v in mapping("reduce", "factors to ops"))
         indices = tuple((role, str(factor)) for role, factor in mapping("indices", "operands to factors"))
+        size_params = tuple((param, (held,) if isinstance(held, str) else tuple(held))
+                            for param, held in mapping("size_params", "parameters to factors"))
+        if any(not held or not all(isinstance(f, str) for f in held) for _, held in size_params):
+            raise InvalidArgument(f"rule option 'size_params' maps each parameter to a factor or a list of factors, "
+                                  f"got {options.get('size_params')!r}")
         whole = names("whole")
         if whole and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
                                   "or whole_trailing_param or whole_padded_param")
         if einsum is not None:
             letters = set(einsum.letters)
-            bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
+            bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}
+                          | {f for _, held in size_params for f in held} - {ELLIPSIS}) - letters)
             if bad:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
         linear_in = options.get("linear_in", ())
@@ -223,7 +241,8 @@ class RuleOptions:
                    lacks_dims_param=text("lacks_dims_param"), lacking=names("lacking_operands"),
                    factory=options.get("factory") is True, range_params=range_params,
                    aligned=options.get("aligned") is True, linear_in=groups,
-                   monotone_in=_monotone(options.get("monotone_in", ())))
+                   monotone_in=_monotone(options.get("monotone_in", ())), size_params=size_params,
+                   reduce_unheld=op(options.get("reduce_unheld"), "reduce_unheld"))
 
 
 def _one_or_more(value: object, key: str) -> str | tuple[str, ...]:

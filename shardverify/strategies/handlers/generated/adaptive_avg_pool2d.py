@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='adaptive_avg_pool2d',
-    targets=(torch.nn.AdaptiveAvgPool2d, torch.nn.functional.adaptive_avg_pool2d, torch.ops.aten.adaptive_avg_pool2d.default),
+    targets=(torch.nn.AdaptiveAvgPool2d, torch.nn.functional.adaptive_avg_pool2d, torch.ops.aten.adaptive_avg_pool2d.default, torch.ops.aten._adaptive_avg_pool2d.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -31,9 +31,20 @@ HANDLER = register_handler(HandlerDef(
         (torch.ops.aten.adaptive_avg_pool2d.default, (
             ('output_size', ((1, 1), (2, 3))),
         )),
+        (torch.ops.aten._adaptive_avg_pool2d.default, (
+            ('output_size', ((1, 1), (2, 3))),
+        )),
     ),
     overrides=(
         (torch.ops.aten.adaptive_avg_pool2d.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='output_size', index=1, keyword='output_size', default=None),
+        )),
+        (torch.ops.aten._adaptive_avg_pool2d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',
                         attribute=None, optional=False, element=None),
             OperandDecl(role='output', kind='output', index=None, keyword=None,
