@@ -9,6 +9,7 @@ import sys
 
 import yaml
 
+from shardverify.backends import registry
 from shardverify.cli import USAGE
 from shardverify.cli.verify_cmd import parse_positive_int, parse_timeout
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
@@ -40,7 +41,8 @@ def add_parser(sub) -> None:
                              "keeping the factory's own initialisation")
     parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument of the factory, its value read as YAML (d_hidden=128, bias=false)")
-    parser.add_argument("--backend", default="simulated", help="simulated | gloo | nccl | process")
+    names = registry.backend_names(registry.builds_any_mesh)   # refused by argparse, before any capture
+    parser.add_argument("--backend", choices=names, default="simulated", help=registry.backend_help(names))
     parser.add_argument("--memory-limit", type=parse_positive_int, help="bytes per device for the solver")
     parser.add_argument("--min-sharded", type=int, default=0, metavar="N",
                         help="the solver's plan shards at least N nodes (on a small model the cheapest plan "
