@@ -36,7 +36,7 @@ ENV_FLAG = "AUTO_PARALLEL"
 #: the kinds a test may get: threads, or a pool the plugin places by --sv-device (backends/registry.py)
 BACKEND_KINDS = registry.backend_names(registry.placed_by_policy)
 DEVICE_POLICIES = registry.DEVICE_POLICIES
-DEFAULT_BACKEND = "simulated"
+DEFAULT_BACKEND = registry.DEFAULT_KIND
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_DEVICE = "auto"
 # Process pools kept alive per xdist worker; the least recently used is closed beyond this,

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 #: device policies of a process pool: auto = NCCL when there is a GPU per rank, else gloo on CPU;
 #: cpu = always gloo; cuda = NCCL or refuse
 DEVICE_POLICIES = ("auto", "cpu", "cuda")
+#: the kind used where none is named: every rank a thread of this process
+DEFAULT_KIND = "simulated"
 
 
 @dataclass(frozen=True)
@@ -159,5 +161,5 @@ register(BackendKind("torchrun", "this process is one rank of a world started by
                      "shardverify.backends.torchrun:TorchrunBackend", dist="auto", world="environment",
                      reports="rank 0"))
 
-__all__ = ["BackendKind", "DEVICE_POLICIES", "backend_help", "backend_kind", "backend_names", "builds_any_mesh",
+__all__ = ["BackendKind", "DEFAULT_KIND", "DEVICE_POLICIES", "backend_help", "backend_kind", "backend_names", "builds_any_mesh",
            "choose_dist", "measures", "placed_by_policy", "register", "unregister", "visible_gpus"]

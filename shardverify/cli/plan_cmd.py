@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument of the factory, its value read as YAML (d_hidden=128, bias=false)")
     names = registry.backend_names(registry.builds_any_mesh)   # refused by argparse, before any capture
-    parser.add_argument("--backend", choices=names, default="simulated", help=registry.backend_help(names))
+    parser.add_argument("--backend", choices=names, default=registry.DEFAULT_KIND, help=registry.backend_help(names))
     parser.add_argument("--memory-limit", type=parse_positive_int, help="bytes per device for the solver")
     parser.add_argument("--min-sharded", type=int, default=0, metavar="N",
                         help="the solver's plan shards at least N nodes (on a small model the cheapest plan "

@@ -33,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("specs", nargs="*", metavar="SPEC",
                         help="op spec paths or names, e.g. sum or specs/linear.yaml (default: every op spec)")
     names = registry.backend_names()   # every registered kind (backends/registry.py)
-    parser.add_argument("--backend", choices=names, default="simulated", help=registry.backend_help(names))
+    parser.add_argument("--backend", choices=names, default=registry.DEFAULT_KIND, help=registry.backend_help(names))
     parser.add_argument("--mesh", action="append", type=parse_mesh, metavar="SHAPE", default=None,
                         help="mesh shape such as 2,2 or 4 (repeatable; default: the meshes each spec lists)")
     parser.add_argument("--device", default=None,
