@@ -41,6 +41,16 @@ def add_parser(sub) -> None:
                              "keeping the factory's own initialisation")
     parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument of the factory, its value read as YAML (d_hidden=128, bias=false)")
+    parser.add_argument("--cost-size", metavar="real|KEY=N,...",
+                        help="zoo:NAME only: solve with the costs of the model at the size it trains at, map the plan "
+                             "onto the tiny build node by node and verify it there: 'real' (hidden=4096,seq=4096,"
+                             "batch=8), or sizes over it, e.g. hidden=8192,batch=16")
+    parser.add_argument("--cost-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a factory's keyword argument at the size it trains at (as --kwarg, over --kwarg's); "
+                             "with --cost-input, the solver's costs come from that size")
+    parser.add_argument("--cost-input", action="append", default=[], metavar="[NAME=][DTYPE][SHAPE][:LOW..HIGH]",
+                        help="a factory's input at the size it trains at (as --input; only its shape and dtype "
+                             "are used: the model at that size is captured on fake tensors, nothing allocated)")
     names = registry.backend_names(registry.builds_any_mesh)   # refused by argparse, before any capture
     parser.add_argument("--backend", choices=names, default=registry.DEFAULT_KIND, help=registry.backend_help(names))
     parser.add_argument("--memory-limit", type=parse_positive_int, help="bytes per device for the solver")
@@ -94,22 +104,41 @@ def run(args: argparse.Namespace) -> int:
     try:
         zoo = args.spec.startswith("zoo:")
         capture = args.capture or ("export" if zoo else "auto")
-        spec_zoo, strict = "", args.strict
+        spec_zoo, strict, cost_size = "", args.strict, None
+        if args.cost_size is not None and not zoo:
+            raise ShardVerifyError("--cost-size names a zoo model's sizes (zoo:NAME); give a factory's real size "
+                                   "with --cost-kwarg and --cost-input")
+        if (args.cost_kwarg or args.cost_input) and (zoo or args.spec.endswith((".yaml", ".yml"))):
+            raise ShardVerifyError("--cost-kwarg and --cost-input give a factory's real size (a dotted path); "
+                                   "for zoo:NAME use --cost-size")
         if zoo:
-            from shardverify.plan.hf_zoo import hf_model
+            from shardverify.plan.hf_zoo import hf_model, real_size
 
             module, example = hf_model(args.spec[len("zoo:"):])
             mesh = _shape(args.mesh or "2,2")
+            if args.cost_size is not None:
+                cost_size = real_size(args.spec[len("zoo:"):], _sizes(args.cost_size))
         elif args.spec.endswith((".yaml", ".yml")):
             spec = parse_plan_spec(load_yaml(args.spec))
             factory, kwargs, inputs, where = spec.factory, spec.kwargs, spec.inputs, dict(spec.where)["factory"]
             spec_zoo, capture, strict = spec.zoo, args.capture or spec.capture, args.strict or spec.strict
             mesh = _shape(args.mesh) if args.mesh else spec.meshes[0]
+            if spec.cost_size is not None and not args.plan:     # the spec's solved plans cost at its real size
+                from shardverify.plan.spec import spec_cost_size
+
+                cost_size = spec_cost_size(factory, kwargs, spec.cost_size, where, spec.zoo)
         else:
             factory, kwargs = args.spec, _kwargs(args.kwarg)
             inputs = tuple(parse_input(text) for text in args.input)
             where = None
             mesh = _shape(args.mesh or "2,2")
+            if args.cost_kwarg and not args.cost_input:
+                raise ShardVerifyError("--cost-kwarg needs the inputs at that size too (--cost-input)")
+            if args.cost_input:
+                from shardverify.plan.spec import real_spec_model
+
+                cost_size = real_spec_model(factory, kwargs, _kwargs(args.cost_kwarg),
+                                            tuple(parse_input(text) for text in args.cost_input))
         too_many = mesh_problem(mesh)
         if too_many:
             raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")
@@ -125,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                              capture=capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights, data_parallel=args.data_parallel,
                              timeout=args.timeout, strict=strict,
-                             verified_only=args.verified_only)
+                             verified_only=args.verified_only, cost_size=cost_size)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         if args.debug:
             raise
@@ -148,12 +177,28 @@ def run(args: argparse.Namespace) -> int:
         for note in result.notes:
             print(f"note: {note}")
         print(describe_plan(result.plan, result.coverage))
+        if result.real_size is not None:
+            print("\n".join(result.real_size.lines()))
         if result.coverage is not None:
             print("\n".join(result.coverage.lines()))
         print(f"verification on {result.backend}: {result.summary()}")
     if no_node:
         print("FAILED: the model has no tensor op: no plan node was run, nothing was checked", file=sys.stderr)
     return 0 if result.passed and not no_node else 1
+
+
+def _sizes(text: str) -> dict[str, int]:
+    """``--cost-size``: ``real`` -> {} (the zoo's realistic size), ``hidden=8192,batch=16`` -> sizes."""
+    if text.strip() == "real":
+        return {}
+    found = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip().isdigit():
+            raise ShardVerifyError(f"--cost-size expects 'real' or KEY=N,... such as hidden=4096,seq=4096,batch=8, "
+                                   f"got {text!r}")
+        found[key.strip()] = int(value)
+    return found
 
 
 def _read_plan(path: str) -> dict[str, str]:

@@ -17,8 +17,8 @@ from shardverify.plan.model import Reshard
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
 
 __all__ = ["node_options", "operand_producer", "parameter_names", "deferrable", "deferred_saving", "node_layouts",
-           "metadata_read", "edge_targets", "operand_layout", "make_reshard", "replicated_choice", "source_of",
-           "element_layout"]
+           "metadata_read", "asserts_metadata_only", "edge_targets", "operand_layout", "make_reshard",
+           "replicated_choice", "source_of", "element_layout"]
 
 
 def node_options(graph_module: fx.GraphModule, mesh: DeviceMesh) -> dict[str, list[ShardingStrategy] | None]:
@@ -123,6 +123,21 @@ def metadata_read(node: fx.Node) -> object | None:
     return None
 
 
+def asserts_metadata_only(node: fx.Node) -> bool:
+    """An ``aten._assert_tensor_metadata`` (torch.export's record of a ``.to(dtype)``) that checks
+    dtype, device or layout only: a shard, or a partial sum, has the whole tensor's, so the check
+    runs on what each rank holds; gathering the tensor for it (an all-gather of a whole activation
+    before each of Llama's norms) would cost a collective for nothing. One that checks the size or
+    strides takes its tensor whole, as any generic node."""
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.aten._assert_tensor_metadata.default:
+        return False
+    positional = list(node.args[1:3])
+    return all(value is None for value in positional) and node.kwargs.get("size") is None \
+        and node.kwargs.get("stride") is None
+
+
 def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceMesh):
     """(operand name, producer node, element index or None, target layout) for every tensor the
     node takes; a generic node takes each tensor of a tuple-valued producer (split, chunk)
@@ -136,7 +151,7 @@ def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceM
             if producer is not None:
                 edges.append((data.name, *source_of(producer), operand_layout(strategy, data.name)))
         return edges
-    if metadata_read(node) is not None or tuple_element(node) is not None:
+    if metadata_read(node) is not None or asserts_metadata_only(node) or tuple_element(node) is not None:
         return edges             # the global shape needs none of the data; an element takes its tensor as laid out
     for producer in node.all_input_nodes:
         shapes = meta_shapes(producer)

@@ -4,6 +4,9 @@ each takes (token ids, pixel values). The language models are just large enough 
 tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attention and the MLP,
 and ViT (width 64) that it shards something on (2,2) and (4,), so their specs' strict holds:
 smaller, a collective costs more than the compute it saves and the cheapest plan shards nothing.
+Each also has a realistic size (:data:`REAL_MODELS`, :func:`real_size`: hidden 4096, 4096 tokens,
+batch 8 by default) for the solver's costs (:mod:`shardverify.plan.real_size`): the same structure,
+real sizes; the tiny builds' 8 heads split over 2, 4 or 8 devices as the real 32 do.
 They cannot be symbolically traced: ``verify_plan``'s capture falls back to ``torch.export``. Needs the ``models`` extra
 (``pip install -e '.[models]'``: transformers, pinned). ``lstm`` is a plain torch LSTM language model
 (:class:`shardverify.plan.zoo.RecurrentLM`; transformers has no small recurrent one), whose
@@ -19,9 +22,12 @@ import torch
 from shardverify.errors import InvalidArgument
 from shardverify.plan.zoo import recurrent_lm
 
-__all__ = ["HF_MODELS", "hf_model"]
+__all__ = ["HF_MODELS", "hf_model", "REAL_MODELS", "REAL_SIZE", "real_size"]
 
-VOCAB, SEQ, BATCH, WIDTH = 128, 16, 4, 64
+VOCAB, SEQ, BATCH, WIDTH, HEADS = 128, 16, 4, 64, 8
+#: the realistic size the solver plans for by default (``shardverify plan zoo:NAME --cost-size real``)
+REAL_SIZE = {"hidden": 4096, "seq": 4096, "batch": 8}
+HEAD_DIM = 128     # the real size's heads: hidden // HEAD_DIM (32 at hidden 4096, as Llama-2-7B)
 
 
 def _transformers():
@@ -32,14 +38,14 @@ def _transformers():
     return transformers
 
 
-def _ids(seed: int) -> tuple[torch.Tensor, ...]:
+def _ids(seed: int, batch: int = BATCH, seq: int = SEQ, vocab: int = VOCAB) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen),)
+    return (torch.randint(0, vocab, (batch, seq), generator=gen),)
 
 
-def _pixels(seed: int) -> tuple[torch.Tensor, ...]:
+def _pixels(seed: int, batch: int = BATCH, side: int = 32) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(BATCH, 3, 32, 32, generator=gen),)
+    return (torch.randn(batch, 3, side, side, generator=gen),)
 
 
 def _short_ids(seed: int) -> tuple[torch.Tensor, ...]:
@@ -50,37 +56,79 @@ def _short_ids(seed: int) -> tuple[torch.Tensor, ...]:
     return (torch.randint(0, VOCAB, (16, 2), generator=gen),)
 
 
-def gpt2() -> torch.nn.Module:
+def gpt2(hidden: int = WIDTH, heads: int = HEADS, vocab: int = VOCAB, positions: int = 32) -> torch.nn.Module:
     t = _transformers()
-    return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=1, n_head=4, n_positions=32,
-                                          attn_implementation="sdpa", use_cache=False))
+    return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=1, n_head=heads,
+                                          n_positions=positions, attn_implementation="sdpa", use_cache=False))
 
 
-def llama() -> torch.nn.Module:
+def llama(hidden: int = WIDTH, heads: int = HEADS, ffn: int = 2 * WIDTH, vocab: int = VOCAB,
+          positions: int = 32) -> torch.nn.Module:
     t = _transformers()
-    return t.LlamaForCausalLM(t.LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
-                                            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
-                                            max_position_embeddings=32, attn_implementation="sdpa", use_cache=False))
+    return t.LlamaForCausalLM(t.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
+                                            num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads,
+                                            max_position_embeddings=positions, attn_implementation="sdpa",
+                                            use_cache=False))
 
 
-def bert() -> torch.nn.Module:
+def bert(hidden: int = WIDTH, heads: int = HEADS, ffn: int = 2 * WIDTH, vocab: int = VOCAB,
+         positions: int = 32) -> torch.nn.Module:
     t = _transformers()
-    return t.BertModel(t.BertConfig(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=1, num_attention_heads=4,
-                                    intermediate_size=2 * WIDTH, max_position_embeddings=32, attn_implementation="sdpa"),
-                       add_pooling_layer=False)
+    return t.BertModel(t.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=heads,
+                                    intermediate_size=ffn, max_position_embeddings=positions,
+                                    attn_implementation="sdpa"), add_pooling_layer=False)
 
 
-def vit() -> torch.nn.Module:
+def vit(hidden: int = WIDTH, heads: int = HEADS, ffn: int = 2 * WIDTH, image: int = 32, patch: int = 8,
+        labels: int = 10) -> torch.nn.Module:
     t = _transformers()
-    return t.ViTForImageClassification(t.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
-                                                   num_attention_heads=4, intermediate_size=128, num_labels=10,
+    return t.ViTForImageClassification(t.ViTConfig(image_size=image, patch_size=patch, hidden_size=hidden,
+                                                   num_hidden_layers=1, num_attention_heads=heads,
+                                                   intermediate_size=ffn, num_labels=labels,
                                                    attn_implementation="sdpa"))
 
 
-def resnet() -> torch.nn.Module:
+def resnet(stem: int = 8, widths: tuple[int, int] = (8, 16), labels: int = 10) -> torch.nn.Module:
     t = _transformers()
-    return t.ResNetForImageClassification(t.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                                                         layer_type="basic", num_labels=10))
+    return t.ResNetForImageClassification(t.ResNetConfig(embedding_size=stem, hidden_sizes=list(widths), depths=[1, 1],
+                                                         layer_type="basic", num_labels=labels))
+
+
+def _side(seq: int, what: str) -> int:
+    side = int(round(seq ** 0.5))
+    if side * side != seq:
+        raise InvalidArgument(f"{what}: seq={seq} must be a square (the image is side x side)")
+    return side
+
+
+# The same models at a size they train at: the tiny build's structure (one layer, the same options),
+# the sizes of a real configuration: heads of HEAD_DIM, Llama's SwiGLU width (8h/3 rounded up to 256:
+# 11008 at 4096), 4h MLPs, position tables twice the sequence (as the tiny build's 32 for 16 tokens), the real vocabularies (GPT-2's 50257 splits unevenly over 2, 4 or 8: the
+# plan then leaves the vocabulary unsharded, and says so), ViT's 16-pixel patches (seq patches), a
+# ResNet whose stem and stages are hidden/2, hidden/2 and hidden channels (the tiny build's 8, 8, 16: a first
+# stage without a shortcut convolution) on a sqrt(seq) x sqrt(seq) image.
+# Built on the meta device (real_size.capture_real): the inputs' values are never read, only their shapes.
+def _gpt2_real(hidden: int, seq: int, batch: int):
+    return gpt2(hidden, hidden // HEAD_DIM, 50257, 2 * seq), (torch.zeros(batch, seq, dtype=torch.int64),)
+
+
+def _llama_real(hidden: int, seq: int, batch: int):
+    ffn = 256 * -(-int(8 * hidden / 3) // 256)
+    return llama(hidden, hidden // HEAD_DIM, ffn, 32000, 2 * seq), (torch.zeros(batch, seq, dtype=torch.int64),)
+
+
+def _bert_real(hidden: int, seq: int, batch: int):
+    return bert(hidden, hidden // HEAD_DIM, 4 * hidden, 30522, 2 * seq), (torch.zeros(batch, seq, dtype=torch.int64),)
+
+
+def _vit_real(hidden: int, seq: int, batch: int):
+    side = 16 * _side(seq, "vit")
+    return vit(hidden, hidden // HEAD_DIM, 4 * hidden, side, 16, 1000), (torch.zeros(batch, 3, side, side),)
+
+
+def _resnet_real(hidden: int, seq: int, batch: int):
+    side = _side(seq, "resnet")
+    return resnet(hidden // 2, (hidden // 2, hidden), 1000), (torch.zeros(batch, 3, side, side),)
 
 
 def mixtral() -> torch.nn.Module:
@@ -105,6 +153,36 @@ HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[
     "lstm": (recurrent_lm, _short_ids),      # a plain torch LSTM language model (shardverify.plan.zoo)
     "mixtral": (mixtral, _ids),
 }
+
+
+#: name -> (hidden, seq, batch) -> (the model at that size, its inputs): built under a FakeTensorMode
+#: by :mod:`shardverify.plan.real_size`, so no weight is allocated. A zoo model without one is
+#: planned with the tiny build's own costs only.
+REAL_MODELS: dict[str, Callable[[int, int, int], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
+    "gpt2": _gpt2_real, "llama": _llama_real, "bert": _bert_real, "vit": _vit_real, "resnet": _resnet_real,
+}
+
+
+def real_size(name: str, sizes: dict[str, int] | None = None):
+    """The zoo model ``name`` at a real size, as a :class:`~shardverify.plan.real_size.RealSize`:
+    ``sizes`` (hidden, seq, batch) over :data:`REAL_SIZE`."""
+    from shardverify.plan.real_size import RealSize
+
+    if name not in REAL_MODELS:
+        raise InvalidArgument(f"zoo model {name!r} declares no real size; the ones that do are "
+                              f"{', '.join(REAL_MODELS)}")
+    unknown = sorted(set(sizes or {}) - set(REAL_SIZE))
+    if unknown:
+        raise InvalidArgument(f"unknown size(s) {unknown}: a zoo model's real size takes {', '.join(REAL_SIZE)}")
+    dims = {**REAL_SIZE, **(sizes or {})}
+    bad = [f"{k}={v}" for k, v in dims.items() if not isinstance(v, int) or isinstance(v, bool) or v <= 0]
+    if bad:
+        raise InvalidArgument(f"real sizes are positive integers, got {', '.join(bad)}")
+    if dims["hidden"] % HEAD_DIM:
+        raise InvalidArgument(f"hidden={dims['hidden']} must be a multiple of {HEAD_DIM} (the real size's heads are "
+                              f"{HEAD_DIM} wide)")
+    label = ", ".join(f"{k}={v}" for k, v in dims.items())
+    return RealSize(lambda: REAL_MODELS[name](dims["hidden"], dims["seq"], dims["batch"]), f"zoo:{name} at {label}")
 
 
 def hf_model(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:

@@ -66,11 +66,15 @@ def parse_input(text: str) -> InputSpec:
     return InputSpec(found["name"] or "", shape, dtype, low, high)
 
 
-def draw_inputs(specs, gen: torch.Generator) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
-    """(positional inputs, keyword inputs) drawn from ``gen`` as ``specs`` say."""
+def draw_inputs(specs, gen: torch.Generator | None) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """(positional inputs, keyword inputs) drawn from ``gen`` as ``specs`` say; with ``gen`` None,
+    zeros of their shapes and dtypes (a model built at its real size is only captured, on fake
+    tensors: its inputs' values are never read)."""
     positional, keywords = [], {}
     for spec in specs:
-        if spec.dtype == torch.bool:
+        if gen is None:
+            value = torch.zeros(spec.shape, dtype=spec.dtype)
+        elif spec.dtype == torch.bool:
             value = torch.randint(0, 2, spec.shape, generator=gen).bool()
         elif spec.dtype.is_floating_point:
             value = torch.randn(spec.shape, generator=gen) if spec.low is None else \

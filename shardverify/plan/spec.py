@@ -18,7 +18,13 @@
       megatron: {fc1: "RS01 = RR x RS01", fc2: "RR = RS01 x S01R"}   # one mesh only
     solver_beats: [replicated]                     # plans whose declared cost the solver's must beat
     strict: true                                   # every tensor op has strategies and the plan shards something
+    cost_size:                                     # solve at the size it trains at, verify this build
+      kwargs: {d_in: 4096, d_hidden: 16384}        # the factory's keyword arguments there (over model.kwargs)
+      inputs: {x: [8, 4096]}                       # its inputs there (shapes only: never allocated)
 
+``cost_size`` makes every solved plan (``solver`` and the goals) take its costs from the model at
+that size and map the plan onto this build (:mod:`shardverify.plan.real_size`); a zoo model's is
+``cost_size: real`` (hidden 4096, seq 4096, batch 8) or ``{hidden: 8192, batch: 16}`` over it.
 ``model: {zoo: gpt2}`` is a tiny HF transformers model of :mod:`shardverify.plan.hf_zoo` with its
 own example inputs (token ids, pixels), captured with torch.export. Every plan is verified end to
 end on every mesh on the simulated backend and (marked ``dist``) on gloo.
@@ -44,8 +50,9 @@ from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
 from shardverify.spec.allow import call_factory, project_of
 
-__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "spec_plan", "SOLVER", "GOALS",
-           "Where"]
+__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "real_spec_model", "spec_cost_size",
+           "spec_plan",
+           "SOLVER", "GOALS", "Where"]
 
 SOLVER = "solver"
 #: plans the solver makes under a goal besides the least cost (see PlanGoals)
@@ -71,6 +78,9 @@ class PlanSpec:
     zoo: str = ""                                # a model of shardverify.plan.hf_zoo, its inputs its own
     capture: str = "fx"
     strict: bool = False                         # every tensor op has strategies, and something is sharded
+    #: solved plans cost at this size: a zoo's (("hidden", 4096), ...) (() for its realistic size), a
+    #: factory's (("kwargs", ((name, value), ...)), ("inputs", ((name, shape), ...))); None: this build's own
+    cost_size: tuple | None = None
 
 
 def _error(where: Where | None, message: str) -> ShardVerifyError:
@@ -129,17 +139,68 @@ def build_spec_model(factory: str, kwargs, inputs, seed: int = 0, where: Where |
     return module, own() if callable(own) else own
 
 
+def real_spec_model(factory: str, kwargs, real_kwargs, real_inputs, where: Where | None = None, zoo: str = "",
+                    sizes: Mapping[str, int] | None = None):
+    """The model at the size it will train at, as a :class:`~shardverify.plan.real_size.RealSize`
+    (built later on the meta device and captured on fake tensors: nothing is allocated, so no size
+    limit applies): a zoo model at ``sizes`` (hidden, seq, batch over its realistic size), or the
+    factory called with ``real_kwargs`` over ``kwargs`` on ``real_inputs``
+    (:class:`~shardverify.plan.inputs.InputSpec`, their shapes and dtypes; the values are never
+    read). The factory is allowed as :func:`build_spec_model`'s is, before anything is built."""
+    from shardverify.plan.real_size import RealSize
+    from shardverify.spec.allow import resolve_allowed
+
+    if zoo:
+        from shardverify.plan.hf_zoo import real_size
+
+        try:
+            return real_size(zoo, dict(sizes or {}))
+        except InvalidArgument as error:
+            raise _error(where, str(error)) from None
+    if sizes:
+        raise _error(where, "hidden/seq/batch sizes are a zoo model's; give a factory's real size as its keyword "
+                            "arguments and inputs at that size (--cost-kwarg, --cost-input)")
+    if not real_inputs:
+        raise _error(where, "a factory's real size needs its inputs at that size (--cost-input, as --input)")
+    try:
+        make = resolve_allowed(factory, project_of(where[0] if where else None))
+    except InvalidArgument as error:
+        raise _error(where, f"factory {error}") from None
+    merged = {**dict(kwargs), **dict(real_kwargs)}
+
+    def build():
+        positional, keywords = draw_inputs(list(real_inputs), None)
+        return make(**merged), ((positional, keywords) if keywords else positional)
+
+    shown = [f"{k}={v}" for k, v in real_kwargs] + \
+        [f"{spec.name + '=' if spec.name else ''}[{','.join(map(str, spec.shape))}]" for spec in real_inputs]
+    return RealSize(build, f"{factory} at {', '.join(shown)}")
+
+
+def spec_cost_size(factory: str, kwargs, cost_size: tuple | None, where: Where | None = None, zoo: str = ""):
+    """A spec's ``cost_size`` (:attr:`PlanSpec.cost_size`) as a RealSize, or None."""
+    if cost_size is None:
+        return None
+    if zoo:
+        return real_spec_model("", (), (), (), where, zoo, dict(cost_size))
+    given = dict(cost_size)
+    inputs = [InputSpec("", tuple(shape)) for _, shape in given["inputs"]]
+    return real_spec_model(factory, kwargs, given["kwargs"], inputs, where)
+
+
 def spec_plan(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tuple[int, ...],
-              plan: str | Mapping[str, str], where: Where | None = None, capture: str = "fx"):
+              plan: str | Mapping[str, str], where: Where | None = None, capture: str = "fx", cost_size=None):
     """A spec's plan made for its model and the account of its nodes (a Coverage): the solver's
-    (``"solver"``, or under a goal of :data:`GOALS`) or the listed strategies completed; a
-    misspelt node or strategy is an error naming ``where`` (the plan's field)."""
+    (``"solver"``, or under a goal of :data:`GOALS`; solved at ``cost_size``, a RealSize, when
+    given) or the listed strategies completed; a misspelt node or strategy is an error naming
+    ``where`` (the plan's field)."""
     from shardverify.plan.verify import plan_with_coverage
 
     solved = isinstance(plan, str)      # "solver" or a goal; parse_plan_spec allows no other word
     try:
         return plan_with_coverage(module, inputs, mesh, None if solved else dict(plan),  # type: ignore[arg-type]
-                                  capture=capture, goals=GOALS.get(plan, PlanGoals()) if solved else PlanGoals())  # type: ignore[arg-type]
+                                  capture=capture, goals=GOALS.get(plan, PlanGoals()) if solved else PlanGoals(),  # type: ignore[arg-type]
+                                  cost_size=cost_size if solved else None)
     except ShardVerifyError as error:
         raise _error(where, str(error)) from None
 
@@ -210,6 +271,9 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     beats_node = fields.optional("solver_beats", list)
     beats = () if beats_node is None else tuple(str(b.value) for b in beats_node.value)
     strict_node = fields.optional("strict", bool)
+    cost_size = _cost_size(fields.optional("cost_size", (str, dict)), zoo, capture_node)
+    if cost_size is not None and capture_node is None:
+        capture = "export"          # the real size is captured with export; the graphs are matched node by node
     fields.finish()
     names = [k for k, _ in plans]
     for b in beats:
@@ -219,7 +283,47 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     where = (("factory", model_at.where()), *((key, plans_node.value[key].where()) for key in names))  # type: ignore[union-attr]
     return PlanSpec(name, root.file, "" if description is None else str(description.value), factory,
                     kwargs, inputs, meshes, tuple(plans), beats, where, zoo, capture,
-                    bool(strict_node.value) if strict_node is not None else False)
+                    bool(strict_node.value) if strict_node is not None else False, cost_size)
+
+
+def _positive_shape(node: Node) -> tuple[int, ...]:
+    """A real-size shape: positive ints, no size limit (it is never allocated)."""
+    if not isinstance(node.value, list) or not node.value or \
+            any(isinstance(v.value, bool) or not isinstance(v.value, int) or v.value <= 0 for v in node.value):
+        raise node.error(f"expected a shape of positive integers such as [8, 4096], got {node.plain()!r}")
+    return tuple(int(v.value) for v in node.value)
+
+
+def _cost_size(node: Node | None, zoo: str, capture_node: Node | None) -> tuple | None:
+    """``cost_size``: ``real`` or {hidden, seq, batch} for a zoo model, {kwargs, inputs} for a factory."""
+    if node is None:
+        return None
+    if capture_node is not None and capture_node.value != "export":
+        raise capture_node.error("cost_size maps the plan from torch.export's graph of the real size: capture export")
+    if zoo:
+        if node.value == "real":
+            return ()
+        from shardverify.plan.hf_zoo import REAL_SIZE
+
+        if not isinstance(node.value, dict):
+            raise node.error(f"a zoo model's cost_size is 'real' or sizes {{{', '.join(REAL_SIZE)}}}")
+        sizes = []
+        for key, child in node.value.items():
+            if key not in REAL_SIZE or isinstance(child.value, bool) or not isinstance(child.value, int) \
+                    or child.value <= 0:
+                raise child.error(f"a zoo model's cost_size takes positive {', '.join(REAL_SIZE)}, got {key}: "
+                                  f"{child.plain()!r}")
+            sizes.append((key, int(child.value)))
+        return tuple(sizes)
+    if not isinstance(node.value, dict):
+        raise node.error("a factory's cost_size is {kwargs: {...}, inputs: {name: shape}}: the model at the size "
+                         "it trains at")
+    given = Fields(node)
+    kwargs_node, inputs_node = given.optional("kwargs", dict), given.required("inputs", dict)
+    given.finish()
+    kwargs = () if kwargs_node is None else tuple((k, v.plain()) for k, v in kwargs_node.value.items())
+    return (("kwargs", kwargs),
+            ("inputs", tuple((k, _positive_shape(v)) for k, v in inputs_node.value.items())))
 
 
 def simulated_runs(spec: PlanSpec) -> list[tuple[tuple[int, ...], str]]:

@@ -18,6 +18,7 @@ from shardverify.plan.execute import ModelRecipe, PlanMismatch, as_float64, fail
 from shardverify.plan.inputs import with_keywords
 from shardverify.plan.build import build_plan
 from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
+from shardverify.plan.real_size import RealSize, RealSizePlan, solve_real_size
 from shardverify.plan.solver import solve_plan
 from shardverify.verify.on_demand import OnDemandVerifier
 
@@ -32,6 +33,7 @@ class PlanResult:
     coverage: Coverage | None = None
     strict: bool = False            # a pass needs every tensor op handled and something sharded
     notes: tuple[str, ...] = ()     # how the model was captured, when not as asked
+    real_size: RealSizePlan | None = None   # the plan was solved at this size, mapped onto the model checked
 
     @property
     def passed(self) -> bool:
@@ -102,6 +104,7 @@ class PlanResult:
                 "node": first.node, "phase": first.phase, "what": first.what,
                 "decomposed_from": None if status is None or status.origin is None else list(status.origin)},
             "coverage": None if self.coverage is None else self.coverage.to_json(),
+            "real_size": None if self.real_size is None else self.real_size.to_json(),
             "mismatches": [str(m) for m in self.mismatches],
         }
 
@@ -156,32 +159,53 @@ def _as_mesh(mesh) -> DeviceMesh:
 def make_plan(module: torch.nn.Module, example_inputs, mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
               flop_rate: float = FLOP_RATE, capture: str = "auto", goals: PlanGoals = PlanGoals(),
-              verified_only: bool = False) -> Plan:
-    """The solver's plan (``plan=None``), or the user's ``{node: strategy name}`` completed."""
+              verified_only: bool = False, cost_size: RealSize | None = None) -> Plan:
+    """The solver's plan (``plan=None``; for the costs at ``cost_size`` when given), or the user's
+    ``{node: strategy name}`` completed."""
     return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
-                              verified_only)[0]
+                              verified_only, cost_size)[0]
 
 
 def plan_with_coverage(module: torch.nn.Module, example_inputs, mesh,
                        plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
                        flop_rate: float = FLOP_RATE, capture: str = "auto",
-                       goals: PlanGoals = PlanGoals(), verified_only: bool = False) -> tuple[Plan, Coverage]:
+                       goals: PlanGoals = PlanGoals(), verified_only: bool = False,
+                       cost_size: RealSize | None = None) -> tuple[Plan, Coverage]:
     """:func:`make_plan` and the account of the model's op nodes under it (from one capture).
     A call outside its spec's grid is verified where it is met (its strategies that pass are
     offered, the verdicts kept on disk), or refused with ``verified_only``."""
     module, inputs = with_keywords(module, example_inputs)
-    return _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals, verified_only)[:2]
+    return _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals, verified_only,
+                    cost_size)[:2]
+
+
+def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
+    """The capture a plan solved at a real size needs: torch.export's, the real size's own (the
+    graphs are matched node by node)."""
+    if cost_size is None:
+        return capture
+    if plan is not None:
+        raise InvalidArgument("a real size (cost_size, --cost-size) costs the solver's plan; a given plan is not "
+                              "solved: leave one of them out")
+    if capture == "fx":
+        raise InvalidArgument("a plan solved at a real size is mapped node by node from torch.export's graph of "
+                          "the real size: capture with export (--capture export), not fx")
+    return "export"
 
 
 def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
-             verified_only: bool = False) -> tuple[Plan, Coverage, Captured]:
+             verified_only: bool = False, cost_size: RealSize | None = None
+             ) -> tuple[Plan, Coverage, Captured, RealSizePlan | None]:
     mesh = _as_mesh(mesh)
-    captured = capture_model(module, tuple(inputs), capture)
+    captured = capture_model(module, tuple(inputs), _capture_for(capture, cost_size, plan))
+    at_real = None
     gm = captured.graph
     try:
         with (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
             options, statuses = classify_nodes(gm, mesh, on_demand)
-        if not isinstance(plan, Plan):
+        if cost_size is not None:
+            plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, flop_rate, goals)
+        elif not isinstance(plan, Plan):
             plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
                 build_plan(gm, mesh, dict(plan), options, flop_rate)
     except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
@@ -191,7 +215,7 @@ def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals
     captured = Captured(None, captured.capture, captured.note)  # type: ignore[arg-type]
     del gm, options
     gc.collect()
-    return plan, Coverage.of(statuses, plan, on_demand), captured
+    return plan, Coverage.of(statuses, plan, on_demand), captured, at_real
 
 
 def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
@@ -221,7 +245,7 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
                 memory_limit: int | None = None, seed: int = 0, capture: str = "auto",
                 min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False,
                 timeout: float | None = None, strict: bool = False,
-                verified_only: bool = False) -> PlanResult:
+                verified_only: bool = False, cost_size: RealSize | None = None) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
     the single-device model, forward and backward. ``example_inputs``: a tensor, a sequence of
@@ -236,8 +260,11 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     ``timeout``: seconds the check may take on the backend (its default when None; a model of a
     hundred million parameters wants minutes). The result counts the nodes that ran without
     strategies. A call outside its spec's grid is verified where it is met (the coverage counts
-    them, with any strategy found wrong there); ``verified_only`` refuses it instead. Every error
-    but a verification failure is a ShardVerifyError."""
+    them, with any strategy found wrong there); ``verified_only`` refuses it instead. ``cost_size``:
+    the model at the size it will train at (:class:`~shardverify.plan.real_size.RealSize`): the
+    solver takes its costs (and ``memory_limit`` its memory) from that size, and its plan is mapped
+    onto ``model`` node by node and verified there (``result.real_size`` says what it cost and what
+    was left out). Every error but a verification failure is a ShardVerifyError."""
     from shardverify.backends import get_backend
     from shardverify.backends.registry import backend_kind
 
@@ -246,8 +273,8 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     model, inputs = with_keywords(model, example_inputs)
     mesh = _as_mesh(mesh)
     goals = PlanGoals(min_sharded, shard_weights, data_parallel)
-    chosen, coverage, captured = _planned(model, inputs, mesh, plan, memory_limit, FLOP_RATE, capture, goals,
-                                         verified_only)
+    chosen, coverage, captured, at_real = _planned(model, inputs, mesh, plan, memory_limit, FLOP_RATE, capture,
+                                                  goals, verified_only, cost_size)
     notes = (captured.note,) if captured.note else ()
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
@@ -258,4 +285,4 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
             runner.close()
     else:
         result = run_plan(backend, model, inputs, chosen, seed, timeout, capture=captured.capture, coverage=coverage)
-    return replace(result, strict=strict, notes=notes)
+    return replace(result, strict=strict, notes=notes, real_size=at_real)
