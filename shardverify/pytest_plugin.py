@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from shardverify.backends import registry
 from shardverify.backends.cpus import thread_share
 from shardverify.errors import BackendError, InvalidArgument, RankError, RankTimeout
 from shardverify.sharding.mesh import DeviceMesh
@@ -32,9 +33,10 @@ if TYPE_CHECKING:
     from shardverify.backends.base import Backend
 
 ENV_FLAG = "AUTO_PARALLEL"
-BACKEND_KINDS = ("simulated", "process")
-DEVICE_POLICIES = ("auto", "cpu", "cuda")
-DEFAULT_BACKEND = "simulated"
+#: the kinds a test may get: threads, or a pool the plugin places by --sv-device (backends/registry.py)
+BACKEND_KINDS = registry.backend_names(registry.placed_by_policy)
+DEVICE_POLICIES = registry.DEVICE_POLICIES
+DEFAULT_BACKEND = registry.DEFAULT_KIND
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_DEVICE = "auto"
 # Process pools kept alive per xdist worker; the least recently used is closed beyond this,
@@ -107,8 +109,8 @@ def resolve_settings(config: pytest.Config, environ: Mapping[str, str] = os.envi
     timeout, src = pick("sv_timeout", "sv_timeout")
     timeout = parse_timeout(timeout, src) if timeout is not None else DEFAULT_TIMEOUT
     settings = Settings(parse_auto_parallel(environ.get(ENV_FLAG)), backend, timeout, device)
-    if settings.backend == "process" and not settings.auto_parallel:
-        raise pytest.UsageError(f"{backend_src}='process' starts worker processes, which "
+    if registry.backend_kind(settings.backend).processes and not settings.auto_parallel:
+        raise pytest.UsageError(f"{backend_src}={settings.backend!r} starts worker processes, which "
                                 f"{ENV_FLAG}=1 must allow: {ENV_FLAG}=1 pytest --sv-backend process")
     return settings
 
@@ -177,7 +179,7 @@ def plan_process_backend(mesh_size: int, gpus: tuple[int, ...], device_count: in
     """NCCL when this worker's GPU slice has one GPU per rank; otherwise gloo on CPU
     ("auto"), or NotEnoughDevices ("cuda"). "cpu" always uses gloo."""
     parse_choice(policy, DEVICE_POLICIES, "sv_device")
-    if policy != "cpu" and len(gpus) >= mesh_size:
+    if registry.choose_dist(mesh_size, len(gpus), policy) == "nccl":
         return ProcessPlan("nccl", tuple(gpus[:mesh_size]))
     if policy == "cuda":
         among = f" shared among {workers} xdist workers" if workers > 1 else ""
@@ -186,12 +188,6 @@ def plan_process_backend(mesh_size: int, gpus: tuple[int, ...], device_count: in
             f"{len(gpus)} (of {device_count} visible{among}); use fewer xdist workers or "
             f"--sv-device auto to fall back to gloo on CPU")
     return ProcessPlan("gloo", None)
-
-
-def _visible_gpus() -> int:
-    import torch  # imported late: collecting tests must not pay for torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 # --------------------------------------------------------------------------- backend pool
@@ -217,7 +213,7 @@ class BackendPool:
             return self._backends[key]
         backend = self._build(mesh, kind)
         self._backends[key] = backend
-        if kind == "process":
+        if registry.backend_kind(kind).processes:
             self._evict_process_pools()
         return backend
 
@@ -226,9 +222,9 @@ class BackendPool:
         if build is None:
             from shardverify.backends import get_backend as build
         timeout = self.settings.timeout
-        if kind == "simulated":
-            return build("simulated", mesh, timeout=timeout)
-        count = _visible_gpus() if self.settings.device != "cpu" else 0
+        if not registry.backend_kind(kind).processes:   # threads of this process
+            return build(kind, mesh, timeout=timeout)
+        count = registry.visible_gpus() if self.settings.device != "cpu" else 0
         worker = os.environ.get("PYTEST_XDIST_WORKER")
         workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
         gpus = worker_gpu_slice(count, worker, workers)
@@ -241,7 +237,7 @@ class BackendPool:
         return build("gloo", mesh, timeout=timeout, keep_cpus=keep_cpus)
 
     def _evict_process_pools(self) -> None:
-        process_keys = [k for k in self._backends if k[0] == "process"]
+        process_keys = [k for k in self._backends if registry.backend_kind(k[0]).processes]
         for key in process_keys[:-MAX_PROCESS_POOLS]:
             self._backends.pop(key).close()
 
@@ -267,8 +263,8 @@ def resolve_kind(kind: str | None, is_dist: bool, settings: Settings, nodeid: st
     if kind not in BACKEND_KINDS:
         raise InvalidArgument(f"kind={kind!r}: expected one of {BACKEND_KINDS} or None "
                               f"(the --sv-backend default, {settings.backend!r})")
-    if kind == "process" and not is_dist and settings.backend != "process":
-        raise InvalidArgument(f"{nodeid} asks for the process backend but is not marked "
+    if registry.backend_kind(kind).processes and not is_dist and settings.backend != kind:
+        raise InvalidArgument(f"{nodeid} asks for the {kind} backend but is not marked "
                               f"@pytest.mark.dist; mark it so that {ENV_FLAG} gates it")
     return kind
 

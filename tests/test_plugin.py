@@ -278,7 +278,7 @@ def test_pool_caches_per_kind_and_shape_and_passes_the_timeout(clean_env):
 
 
 def test_pool_places_process_pools_on_this_workers_gpus(clean_env):
-    clean_env.setattr("shardverify.pytest_plugin._visible_gpus", lambda: 8)
+    clean_env.setattr("shardverify.backends.registry.visible_gpus", lambda: 8)
     clean_env.setenv("PYTEST_XDIST_WORKER", "gw1")
     clean_env.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
     pool = BackendPool(SETTINGS, factory=FakeBackend)

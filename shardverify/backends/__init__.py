@@ -5,37 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from shardverify.backends.base import Backend, Communicator, CommunicatorBase, RankResult
+from shardverify.backends.registry import BackendKind, backend_kind, backend_names, register
 from shardverify.backends.simulated import SimulatedBackend, SimulatedCommunicator
-from shardverify.errors import BackendError
 from shardverify.sharding.mesh import DeviceMesh
-
-#: names accepted by ``get_backend``
-BACKEND_NAMES = ("simulated", "process", "gloo", "nccl", "torchrun")
 
 
 def get_backend(name: str, mesh: DeviceMesh, **kwargs: Any) -> Backend:
-    """Build a backend by name.
-
-    ``simulated``: threads in this process.  ``gloo`` / ``nccl``: a persistent worker pool
-    with that torch.distributed backend.  ``process``: the pool with nccl when there is a
-    GPU per rank (or ``device_ids`` are given), gloo otherwise.  ``torchrun``: this process
-    is one rank of a world started by torchrun.  ``kwargs`` go to the constructor.
-    """
-    if name == "simulated":
-        return SimulatedBackend(mesh, **kwargs)
-    if name in ("process", "gloo", "nccl"):
-        from shardverify.backends.process import ProcessBackend, default_dist_backend
-
-        dist_backend = default_dist_backend(mesh, kwargs.get("device_ids")) if name == "process" else name
-        return ProcessBackend(mesh, backend=dist_backend, **kwargs)
-    if name == "torchrun":
-        from shardverify.backends.torchrun import TorchrunBackend
-
-        return TorchrunBackend(mesh, **kwargs)
-    raise BackendError(f"unknown backend {name!r}; expected one of {BACKEND_NAMES}")
+    """Build a backend by its registered name (``backends/registry.py`` describes each kind;
+    ``kwargs`` go to its constructor). An unknown name is a BackendError listing the known ones."""
+    return backend_kind(name).build(mesh, **kwargs)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "BACKEND_NAMES":   # read at use: a kind registered later is a name too
+        return backend_names()
     # the process backends pull in multiprocessing machinery; import them on first use
     if name in ("ProcessBackend", "ProcessCommunicator", "TorchrunBackend"):
         from shardverify.backends import distributed, process, torchrun
@@ -47,6 +30,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "BACKEND_NAMES", "Backend", "Communicator", "CommunicatorBase", "ProcessBackend", "ProcessCommunicator",
-    "RankResult", "SimulatedBackend", "SimulatedCommunicator", "TorchrunBackend", "get_backend",
+    "BACKEND_NAMES", "Backend", "BackendKind", "Communicator", "CommunicatorBase", "ProcessBackend", "ProcessCommunicator",
+    "RankResult", "SimulatedBackend", "SimulatedCommunicator", "TorchrunBackend", "backend_kind", "backend_names",
+    "get_backend", "register",
 ]

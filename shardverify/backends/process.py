@@ -54,10 +54,10 @@ STARTUP_TIMEOUT = 120.0
 
 
 def default_dist_backend(mesh: DeviceMesh, device_ids: Sequence[int] | None = None) -> str:
-    """nccl when every rank can have its own GPU, gloo otherwise."""
-    if not torch.cuda.is_available():
-        return "gloo"
-    return "nccl" if device_ids is not None or torch.cuda.device_count() >= mesh.size else "gloo"
+    """nccl when every rank can have its own GPU, gloo otherwise (the registry's one rule)."""
+    from shardverify.backends.registry import choose_dist, visible_gpus
+
+    return "nccl" if device_ids is not None else choose_dist(mesh.size, visible_gpus())
 
 
 _LONGEST_POLL = 3600.0   # seconds

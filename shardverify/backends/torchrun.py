@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from shardverify.backends.base import RankResult, check_fn, check_timeout
 from shardverify.backends.distributed import ProcessCommunicator, build_groups
+from shardverify.backends.registry import choose_dist, visible_gpus
 from shardverify.errors import BackendError, RankTimeout
 from shardverify.sharding.mesh import DeviceMesh
 
@@ -58,7 +59,8 @@ class TorchrunBackend:
         self.rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
         if world != mesh.size:
             raise BackendError(f"WORLD_SIZE={world} but mesh {mesh.shape} has {mesh.size} ranks")
-        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        # this rank needs one GPU of its own host for NCCL (the registry's one rule)
+        self.backend = backend or choose_dist(1, visible_gpus())
         if self.backend not in ("gloo", "nccl"):
             raise BackendError(f"TorchrunBackend backend must be 'gloo' or 'nccl', got {self.backend!r}")
         self.device = torch.device(f"cuda:{local_rank}") if self.backend == "nccl" else torch.device("cpu")

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from shardverify.backends import registry
 from shardverify.cli import USAGE
 from shardverify.cli.verify_cmd import parse_bounded_mesh, parse_positive_int
 from shardverify.errors import ShardVerifyError
@@ -23,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "mesh's alpha-beta model by least squares, write the figures where "
                     "DeviceMesh.calibrated() loads them, and rank the strategies of Linear by "
                     "calibrated cost against their measured communication times (Spearman).")
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
+    names = registry.backend_names(registry.measures)   # real collectives on any mesh
+    parser.add_argument("--backend", choices=names, default="gloo", help=registry.backend_help(names))
     parser.add_argument("--mesh", type=parse_bounded_mesh, default=(2, 2), metavar="SHAPE", help="mesh shape (default: 2,2)")
     parser.add_argument("--out", default=None, metavar="FILE",
                         help="calibration file (default: $SHARDVERIFY_CALIBRATION or "
@@ -89,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
             samples = measure(backend, payload_sizes(args.max_bytes), repeats=args.repeats)
             fits = fit_mesh(mesh.shape, samples)
             device = str(backend.devices[0]) if getattr(backend, "devices", None) else "cpu"
-            path = save_calibration(mesh.shape, fits, backend=args.backend, device=device, path=args.out)
+            # the torch.distributed backend measured ("process" names the pool, not the wires)
+            wires = getattr(backend, "backend", None) or args.backend
+            path = save_calibration(mesh.shape, fits, backend=wires, device=device, path=args.out)
             calibrated = DeviceMesh.calibrated(mesh.shape, path=str(path))
             ranking = None if args.no_rank else rank_linear(backend, calibrated, args.repeats)
         finally:

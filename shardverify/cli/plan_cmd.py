@@ -9,6 +9,7 @@ import sys
 
 import yaml
 
+from shardverify.backends import registry
 from shardverify.cli import USAGE
 from shardverify.cli.verify_cmd import parse_positive_int, parse_timeout
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
@@ -50,7 +51,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--cost-input", action="append", default=[], metavar="[NAME=][DTYPE][SHAPE][:LOW..HIGH]",
                         help="a factory's input at the size it trains at (as --input; only its shape and dtype "
                              "are used: the model at that size is captured on fake tensors, nothing allocated)")
-    parser.add_argument("--backend", default="simulated", help="simulated | gloo | nccl | process")
+    names = registry.backend_names(registry.builds_any_mesh)   # refused by argparse, before any capture
+    parser.add_argument("--backend", choices=names, default=registry.DEFAULT_KIND, help=registry.backend_help(names))
     parser.add_argument("--memory-limit", type=parse_positive_int, help="bytes per device for the solver")
     parser.add_argument("--min-sharded", type=int, default=0, metavar="N",
                         help="the solver's plan shards at least N nodes (on a small model the cheapest plan "

@@ -15,13 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+from shardverify.backends import registry
 from shardverify.cli import USAGE
 from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, quiet_tracing, row_label,
                                           verify_row)
 from shardverify.codegen.generate import load_op_specs
 from shardverify.errors import ShardVerifyError, SpecError
 
-BACKENDS = ("simulated", "gloo", "nccl", "torchrun")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,14 +32,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "Exit status 1 when any strategy fails.")
     parser.add_argument("specs", nargs="*", metavar="SPEC",
                         help="op spec paths or names, e.g. sum or specs/linear.yaml (default: every op spec)")
-    parser.add_argument("--backend", choices=BACKENDS, default="simulated",
-                        help="simulated: all ranks as threads of this process (default); gloo/nccl: "
-                             "a pool of torch.distributed worker processes; torchrun: this process is "
-                             "one rank of a world started by torchrun (rank 0 prints)")
+    names = registry.backend_names()   # every registered kind (backends/registry.py)
+    parser.add_argument("--backend", choices=names, default=registry.DEFAULT_KIND, help=registry.backend_help(names))
     parser.add_argument("--mesh", action="append", type=parse_mesh, metavar="SHAPE", default=None,
                         help="mesh shape such as 2,2 or 4 (repeatable; default: the meshes each spec lists)")
     parser.add_argument("--device", default=None,
-                        help="device the shards live on (default: cpu; cuda for nccl)")
+                        help="device the shards live on (default: cpu; cuda where the backend runs NCCL)")
     parser.add_argument("--timeout", type=parse_timeout, default=60.0, metavar="S",
                         help="seconds one strategy check may take before its ranks count as hung (default: 60)")
     parser.add_argument("--jobs", "-j", type=parse_jobs, default=1, metavar="N",
@@ -116,12 +114,12 @@ def parse_jobs(text: str) -> int:
     return jobs
 
 
-def _device_problem(device: str | None, backend: str) -> str:
+def _device_problem(device: str | None, backend: str, ranks: int = 1) -> str:
     """Why the shards cannot live on ``device`` here ("" when they can): one error, not every
-    strategy failing with torch's."""
+    strategy failing with torch's. ``ranks``: the largest mesh's, for a kind that picks NCCL by it."""
     import torch
 
-    wanted = device or ("cuda" if backend == "nccl" else "cpu")
+    wanted = device or registry.backend_kind(backend).default_device(ranks)
     try:
         kind = torch.device(wanted).type
     except RuntimeError as exc:
@@ -195,10 +193,10 @@ def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] |
 
 
 def _runnable(meshes, backend_kind: str) -> list:
-    """A torchrun world has a fixed size: of a spec's meshes, only those of that size run."""
-    if backend_kind != "torchrun":
+    """A launcher's world (torchrun) has a fixed size: of a spec's meshes, only those of that size run."""
+    world = registry.backend_kind(backend_kind).world_size()
+    if world is None:
         return list(meshes)
-    world = int(os.environ.get("WORLD_SIZE", "0"))
     return [mesh for mesh in meshes if math.prod(mesh) == world]
 
 
@@ -236,7 +234,9 @@ def run(args: argparse.Namespace) -> int:
 
     for problem in broken_handlers(args.root):
         print(f"warning: {problem}; run `shardverify generate`", file=sys.stderr)
-    device_problem = _device_problem(args.device, args.backend)
+    largest = max((math.prod(mesh) for mesh in args.mesh or [m for spec in specs for m in spec.verify.meshes]),
+                  default=1)
+    device_problem = _device_problem(args.device, args.backend, largest)
     if device_problem:
         print(f"error: {device_problem}", file=sys.stderr)
         return USAGE
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
               f"pass --mesh", file=sys.stderr)
         return USAGE
     # Under torchrun every rank verifies; rank 0 alone reports (all ranks share the verdict).
-    reporting = args.backend != "torchrun" or os.environ.get("RANK", "0") == "0"
+    reporting = registry.backend_kind(args.backend).reporting()
     start = time.perf_counter()
     try:
         rows = verify_specs(specs, args.backend, meshes, device=args.device, timeout=args.timeout,

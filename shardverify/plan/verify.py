@@ -266,7 +266,10 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     onto ``model`` node by node and verified there (``result.real_size`` says what it cost and what
     was left out). Every error but a verification failure is a ShardVerifyError."""
     from shardverify.backends import get_backend
+    from shardverify.backends.registry import backend_kind
 
+    if isinstance(backend, str):
+        backend_kind(backend)   # an unknown name is refused before the capture and the solver
     model, inputs = with_keywords(model, example_inputs)
     mesh = _as_mesh(mesh)
     goals = PlanGoals(min_sharded, shard_weights, data_parallel)
