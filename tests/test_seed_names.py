@@ -3,9 +3,9 @@ F.linear offers one strategy per strategy of the linear, in its order, named
 ``<input layout> -> <output layout>_<linear strategy index>``, identical layouts included; the
 plan collapses those alike but in name, and the verifier checks each layout once."""
 
+import pytest
 import torch
 import torch.nn.functional as F
-import pytest
 
 from shardverify import DeviceMesh, strategies_for_node, trace
 from test_linear_strategies import REFERENCE_2D, colossal
@@ -143,3 +143,31 @@ def test_naming_is_validated():
     with pytest.raises(HandlerError, match="sum_handler: option naming must be one of distinct, colossalai, "
                                            "got 'colossal'"):
         get_generator("following")(Context())
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2), (4,)])
+def test_the_rules_engine_offers_exactly_the_layouts_sum_follows(mesh_shape):
+    """Ground for folding ``following`` into the rules engine behind ``naming``: after a complete
+    Linear, the rules family with sum's reduction options offers exactly the distinct layouts the
+    following family does (the fold is then an order and a naming, no new strategy)."""
+    import dataclasses
+
+    from shardverify.strategies.handlers import base
+
+    def layouts(vector):
+        return {(tuple((n, str(spec.sharding_sequence)) for n, spec in s.sharding_specs),
+                 tuple((a.pattern.name, a.axes, a.op) for a in s.communication_actions),
+                 tuple((p.operand, p.axes) for p in s.partial_inputs)) for s in vector}
+
+    mesh = DeviceMesh(mesh_shape)
+    following = strategies_for_node(seed_graph((0, 2), False), "sum_1", mesh)
+    handler, = base._REGISTRY[torch.sum]
+    rules = dataclasses.replace(handler, generator="rules", options=(
+        ("reduce_dims_param", "dim"), ("keepdim_param", "keepdim"), ("reduce_op", "sum"), ("linear_in", ("input",))))
+    base._REGISTRY[torch.sum] = (rules,)
+    try:
+        by_rules = strategies_for_node(seed_graph((0, 2), False), "sum_1", mesh)
+    finally:
+        base._REGISTRY[torch.sum] = (handler,)
+    assert layouts(following) == layouts(by_rules)
+    assert len(by_rules) == len(layouts(by_rules)) < len(following)
