@@ -76,14 +76,19 @@ def first_of_each(names):
     (lambda y: y.sum(dim=[]), (0, 1, 2, 3), False),
 ])
 def test_per_predecessor_strategy_in_order_a_gathered_and_a_partial_one(reduce, dims, keepdim):
-    """The gathered strategy needs no communication; its partial sibling keeps the shards of
-    the reduced dims and all-reduces (sum) over exactly their mesh axes after the op."""
+    """One gathered strategy per Linear strategy, in its order, identical layouts included
+    (ColossalAI's contract, spec option ``naming: colossalai``), needing no communication; then
+    each partial sibling, keeping the shards of the reduced dims and all-reducing (sum) over
+    exactly their mesh axes after the op, and the partial-input pieces, each layout once."""
     linear, vector, node_name = sum_strategies(reduce)
     assert len(linear) == 69
     produced = [str(p.get_sharding_spec_by_name("linear").sharding_sequence) for p in linear]
-    names = first_of_each([name for i, seq in enumerate(produced) for name in expected_names(seq, dims, keepdim, i)]
-                          + [name for i, seq in enumerate(produced) for name in expected_pieces(seq, dims, keepdim, i)])
+    gathered = [expected_names(seq, dims, keepdim, i)[0] for i, seq in enumerate(produced)]
+    names = gathered + first_of_each(
+        [name for i, seq in enumerate(produced) for name in expected_names(seq, dims, keepdim, i)[1:]]
+        + [name for i, seq in enumerate(produced) for name in expected_pieces(seq, dims, keepdim, i)])
     assert vector.names == names and any(s.partial_inputs for s in vector)
+    assert len(set(gathered)) == len(gathered) > len({name.rpartition("_")[0] for name in gathered})
     for strategy in vector:
         assert [op.name for op in strategy.operands] == ["linear", node_name]
         if " | P" not in strategy.name:
@@ -193,8 +198,8 @@ def test_sum_of_a_graph_input_takes_every_layout_the_input_can_arrive_in():
             return x.sum(0)
     gm = trace(Sum(), meta_args={"x": torch.empty(4, 6, device="meta")})
     vector = strategies_for_node(gm, "sum_1", DeviceMesh((2,)))
-    assert vector.names == ["[R, R] -> [R]_0", "[S0, R] -> [R] | P0 sum_1", "[R, S0] -> [S0]_2",
-                            "[R, R]+P0 -> [R] | P0 sum_0"]
+    assert vector.names == ["[R, R] -> [R]_0", "[R, R] -> [R]_1", "[R, S0] -> [S0]_2",
+                            "[S0, R] -> [R] | P0 sum_1", "[R, R]+P0 -> [R] | P0 sum_0"]
     assert strategies_for_node(gm, "x", DeviceMesh((2,))).names == ["Replica Placeholder"]
     for mesh in (DeviceMesh((2, 2)), DeviceMesh((3,))):   # both shard orders; 4 and 6 over 3: uneven blocks
         results = verify_node(gm, "sum_1", mesh)

@@ -18,7 +18,7 @@ from shardverify.capture.call import target_name, tuple_element
 from shardverify.capture.decompose import not_decomposed, origin
 from shardverify.errors import ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.sharding.strategy import ShardingStrategy
+from shardverify.sharding.strategy import ShardingStrategy, first_of_each_layout
 from shardverify.strategies.for_node import OnDemand, strategies_for_node
 from shardverify.strategies.handlers.base import handler_for_node
 
@@ -139,6 +139,8 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh, on_demand: On
         # a plan carries partial sums between nodes (a deferred reduction, a zeroed copy), not
         # partial max/min: a strategy taking one is verified on its own but left out, and counted
         kept = [s for s in found if all(p.op == "sum" for p in s.partial_inputs)]
+        # strategies alike but in name (a following op's, one per predecessor strategy) are one option
+        kept = first_of_each_layout(kept)
         options[node.name] = kept or None
         statuses.append(NodeStatus(node.name, name, "handled", partial=len(found) - len(kept), origin=origin(node))
                         if kept else NodeStatus(node.name, name, "refused", "its handler offers no strategy",

@@ -406,6 +406,13 @@ class ShardingStrategy:
     def output_sharding_spec(self) -> ShardingSpec:
         return self.sharding_specs[-1][1]
 
+    def layout_key(self) -> tuple:
+        """All that decides what the ranks run, the name left out: two strategies with equal keys
+        are the same check and the same plan option (a following op offers one per predecessor
+        strategy, ColossalAI's contract, and several predecessors may produce one layout)."""
+        return (self.sharding_specs, self.communication_actions, self.post_add, self.local_args,
+                self.index_shards, self.partial_inputs)
+
     def replace(self, **changes: object) -> ShardingStrategy:
         return dataclasses.replace(self, **changes)
 
@@ -413,6 +420,15 @@ class ShardingStrategy:
         layouts = ", ".join(f"{n}: {s}" + (f" {self.partial_input(n).label}" if self.partial_axes(n) else "")
                             for n, s in self.sharding_specs)
         return f"{self.name} ({layouts})"
+
+
+def first_of_each_layout(strategies) -> list[ShardingStrategy]:
+    """The first strategy of each layout key, in order: the options worth a choice where several
+    are alike but in name (a plan's node options; the handler keeps them, its contract)."""
+    found: dict[tuple, ShardingStrategy] = {}
+    for strategy in strategies:
+        found.setdefault(strategy.layout_key(), strategy)
+    return list(found.values())
 
 
 class StrategiesVector(list):

@@ -167,7 +167,8 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
                 dtype: str | None = None, tol: Tolerance | None = None, timeout: float | None = None,
                 on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
     """Check every strategy (default: all of the op node's strategies on the backend's mesh),
-    the runnable ones dispatched to the ranks as one batch. A case whose check is estimated over
+    the runnable ones dispatched to the ranks as one batch (strategies alike but in name are
+    checked once: _checked_once). A case whose check is estimated over
     MAX_CASE_BYTES is refused (VerificationError) before anything of it is allocated."""
     check_case_memory(case, tuple(backend.mesh.shape))
     if strategies is None:
@@ -181,6 +182,11 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
                                 f"{tuple(backend.mesh.shape)}")
     for strategy in strategies:
         _check_mesh(backend, strategy)
+    firsts: dict[tuple, int] = {}
+    same = [firsts.setdefault(s.layout_key(), i) for i, s in enumerate(strategies)]
+    if len(firsts) < len(strategies):   # strategies alike but in name (a following op's, one per predecessor)
+        return _checked_once(backend, case, strategies, same, dtype=dtype, tol=tol, timeout=timeout,
+                             on_result=on_result)
     dtype = _checked_dtype(dtype)
     shown_dtype = dtype or _first_dtype(case)
     mesh_shape = tuple(backend.mesh.shape)
@@ -225,6 +231,25 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
         if on_result is not None:
             on_result(results[-1])
     _log_checks(len(results))
+    return results
+
+
+def _checked_once(backend, case: OpCase, strategies: list[ShardingStrategy], same: list[int], *,
+                  on_result, **options) -> list[CheckResult]:
+    """Each layout checked once, its result given to every strategy alike but in name
+    (``same[i]``: the first strategy with i's layouts), said in each such result's note."""
+    distinct = sorted(set(same))
+    checked = dict(zip(distinct, verify_case(backend, case, [strategies[i] for i in distinct], **options)))
+    results = []
+    for i, strategy in enumerate(strategies):
+        result = checked[same[i]]
+        if same[i] != i:
+            said = f"the layouts of {strategies[same[i]].name!r}, checked once"
+            result = dataclasses.replace(result, strategy=strategy.name,
+                                         note="; ".join(part for part in (result.note, said) if part))
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
     return results
 
 

@@ -3,8 +3,7 @@
 For each layout the followed operand can arrive in (each strategy of its producer, in the same
 order; for a graph input or attribute, whose node is replicated but which a plan may lay out any
 way by a local slice, every layout its shape admits, replicated first): one strategy named
-``<input layout> -> <output layout>_<predecessor index>`` (ColossalAI's convention; a layout an
-earlier predecessor strategy produced already is not offered again) whose
+``<input layout> -> <output layout>_<predecessor index>`` (ColossalAI's convention) whose
 input takes the layout the predecessor produces except that a shard on a reduced dim is
 dropped (the input is gathered there), so no communication is needed: every kept shard maps
 to the same shard of the output.  When the predecessor shards a reduced dim, a second one,
@@ -24,6 +23,11 @@ Options (all op knowledge stays in the handler's data):
                       sum over mesh axes its layout leaves free, ``[S0, R]+P1 -> [S0] | P1 sum_i``
                       (the output is a partial sum over those axes too, all-reduced after the op;
                       a kept shard's own reduction joins it where that is a sum).
+``naming``            ``distinct`` (default): each layout once, named by the first predecessor
+                      strategy that produces it; ``colossalai``: ColossalAI's contract, first one
+                      gathered strategy per predecessor strategy, in its order, named by its index,
+                      identical layouts included (the plan collapses them, the verifier checks each
+                      layout once), then the strategies above beyond ColossalAI, each layout once.
 """
 
 from __future__ import annotations
@@ -71,12 +75,19 @@ def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ..
     return tuple(sorted(dims))
 
 
+NAMINGS = ("distinct", "colossalai")
+
+
 @register_generator("following")
 def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     reduce_op = ctx.option("reduce_op", "sum")
     if reduce_op not in REDUCE_OPS:
         raise HandlerError(f"{ctx.handler_name}: option reduce_op must be one of {', '.join(REDUCE_OPS)}, "
                            f"got {reduce_op!r}")
+    naming = ctx.option("naming", "distinct")
+    if naming not in NAMINGS:
+        raise HandlerError(f"{ctx.handler_name}: option naming must be one of {', '.join(NAMINGS)}, "
+                           f"got {naming!r}")
     role = str(ctx.option("follow_operand", "input"))
     inp, out = ctx.operand(role), ctx.operand("output")
     extra = [r for r in ctx.operands if r not in (role, "output")]
@@ -101,7 +112,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
 
     linear = _linear_in(ctx, role)
     operands = [inp, out]
-    strategies, pieces = [], []
+    gathered, strategies, pieces = [], [], []
     for index, produced in enumerate(_produced_layouts(ctx, role)):
         in_part = {d: axes for d, axes in produced.items() if d not in reduced}
         out_part = {out_dim[d]: axes for d, axes in in_part.items()}
@@ -110,7 +121,8 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             out.name: ShardingSpec.from_partition(ctx.mesh.shape, out.shape, out_part),
         }
         name = f"{specs[inp.name].sharding_sequence} -> {specs[out.name].sharding_sequence}"
-        strategies.append(_strategy(ctx, f"{name}_{index}", operands, specs, ()))
+        gathered.append(_strategy(ctx, f"{name}_{index}", operands, specs, ()))
+        strategies.append(gathered[-1])
         if linear:
             pieces += _partial_variants(ctx, operands, specs, (), index)
         partial = tuple(sorted(a for d, axes in produced.items() if d in reduced for a in axes))
@@ -126,6 +138,9 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
                                         operands, specs, (action,)))
             if linear and reduce_op == "sum":
                 pieces += _partial_variants(ctx, operands, specs, partial, index)
+    if naming == "colossalai":   # every gathered one, then the others not among them, each once
+        taken = {id(s) for s in gathered}
+        return gathered + _first_of_each([s for s in strategies + pieces if id(s) not in taken])
     return _first_of_each(strategies + pieces)
 
 

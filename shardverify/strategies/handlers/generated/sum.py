@@ -20,6 +20,6 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='keepdim', index=2, keyword='keepdim', default=False),
     ),
     generator='following',
-    options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('linear_in', ('input',))),
+    options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('linear_in', ('input',)), ('naming', 'colossalai')),
     spec_file='specs/sum.yaml',
 ))
