@@ -146,6 +146,18 @@ def test_a_planted_wrong_rule_for_a_custom_op_is_reported_as_silent_corruption()
     assert ("7x5", (4,), "x=[S(1)]") in findings and ("8x6", (2, 2), "x=[S(0), S(1)]") in findings
 
 
+def test_an_axis_asymmetric_wrong_rule_is_caught_on_both_axis_orders():
+    """DTensor is not symmetric under swapping mesh axes: a rule wrong only where mesh axis 0 (or
+    1) holds the last dim's shard is caught either way (one layout per orbit ran only one mirror)."""
+    found = {}
+    for axis in (0, 1):
+        results = run_custom(load_custom(CUSTOM / f"row_normalize_bad_axis{axis}.yaml"))
+        found[axis] = {f.line for r in results for f in r.findings if f.klass == "silent-wrong"}
+        assert all(r.executed == r.combinations for r in results)
+    assert "x=[S(1), R]" in found[0] and "x=[R, S(1)]" not in found[0]
+    assert "x=[R, S(1)]" in found[1] and "x=[S(1), R]" not in found[1]
+
+
 def _accepted(tmp_path, keys, reason="planted in a test"):
     path = tmp_path / "accepted.yaml"
     path.write_text("accepted:\n  - reason: " + reason + "\n    keys:\n" + "".join(f"      - \"{k}\"\n" for k in keys))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from shardverify.audit.decide import Operand, prepare
 from shardverify.audit.layouts import tensor_layouts
-from shardverify.dtensor.run import DEFAULT_BUDGET, CaseResult, execute_combos, orbit_representatives
+from shardverify.dtensor.run import DEFAULT_BUDGET, CaseResult, execute_combos, present_combinations
 from shardverify.errors import SpecError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import InputDecl, OpCase
@@ -151,7 +151,7 @@ def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, budge
                                  for i, ((name, dtype), shape) in enumerate(zip(spec.inputs, shapes)))
                 problem = prepare(case, mesh, operands)
                 choices = [tensor_layouts(o.shape, mesh.shape, partial=("sum",) if o.floating else ()) for o in operands]
-                combos = orbit_representatives(itertools.product(*choices), mesh.shape)
+                combos = present_combinations(itertools.product(*choices))
                 execute_combos(result, problem, operands, combos, problem.decide, limit, budget)
             except SpecError:
                 raise

@@ -1,5 +1,10 @@
-"""Execute DTensor on every input combination of an op spec's cases, one per symmetry orbit,
-and classify each (:mod:`shardverify.dtensor.verdicts`).
+"""Execute DTensor on every input combination of an op spec's cases and classify each
+(:mod:`shardverify.dtensor.verdicts`).
+
+No symmetry reduction: the audit keeps one combination per orbit of mesh-axis swaps because its
+strategies are symmetric under them, but DTensor is not (its rules and runtime treat mesh axis 0
+and 1 differently: an embedding's mask on one axis and its shard on the other fails while the
+mirror is right), so every combination is its own case here.
 
 The combinations are the audit's (:class:`shardverify.audit.run._Audit`): every layout of every
 operand, uneven blocks, both shard orders and partial-sum inputs included. Each one executed is
@@ -16,7 +21,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from shardverify.audit.layouts import axis_symmetries
 from shardverify.audit.run import _Audit
 from shardverify.dtensor.execute import CaseRunner, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
@@ -24,7 +28,7 @@ from shardverify.dtensor.repro import render_repro
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
-__all__ = ["CaseResult", "run_case", "run_spec", "execute_combos", "orbit_representatives", "DEFAULT_LIMIT",
+__all__ = ["CaseResult", "run_case", "run_spec", "execute_combos", "present_combinations", "DEFAULT_LIMIT",
            "DEFAULT_BUDGET"]
 
 DEFAULT_LIMIT = 600
@@ -39,7 +43,7 @@ class CaseResult:
     op: str
     case: str
     mesh: tuple[int, ...]
-    combinations: int = 0          # input combinations (one per orbit), absent operands left out
+    combinations: int = 0          # input combinations (every one, absent operands left out)
     executed: int = 0
     counts: Counter = field(default_factory=Counter)
     findings: list[Finding] = field(default_factory=list)     # every class but "agrees"
@@ -76,18 +80,16 @@ def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: in
     result.note = audit.note
     # only the combinations executed are decided: a sample of attention's 4 operands on (2, 2)
     # needs a few hundred decisions, not the tens of thousands of the whole audit
-    combos = orbit_representatives(audit.combinations(), audit.mesh.shape)
+    combos = present_combinations(audit.combinations())
     execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def orbit_representatives(combos, mesh_shape) -> list:
-    """One combination per orbit of the mesh's axis symmetries, absent (post-added) operands left out."""
-    perms = axis_symmetries(mesh_shape)
-    return [combo for combo in combos
-            if not any(layout.absent for layout in combo)
-            and min(tuple(layout.permuted(p) for layout in combo) for p in perms) == combo]
+def present_combinations(combos) -> list:
+    """Every combination whose operands are all present (an absent, post-added operand is no
+    DTensor input); no mesh-axis orbit is folded: DTensor is not symmetric under axis swaps."""
+    return [combo for combo in combos if not any(layout.absent for layout in combo)]
 
 
 def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None,
