@@ -81,7 +81,8 @@ def test_right_dtensor_results_agree_and_a_partial_input_it_reduces_first_is_a_m
     assert result.counts == {"agrees": 4, "missed-optimisation": 1}
     missed, = result.findings
     # mean is linear in its input: the audit runs a partial sum through it; DTensor all-reduces first
-    assert missed.line == "input=[P(sum)]" and missed.comms == "forward 1 all_reduce"
+    assert missed.line == "input=[P(sum)]"
+    assert missed.comms == "redistributes aten.mean.dim: [P(sum)] -> [R]; forward 1 all_reduce"
     assert missed.local_strategy == "[R, R] P(sum:0)"
 
 

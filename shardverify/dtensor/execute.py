@@ -60,7 +60,9 @@ class Execution:
     """One combination executed on DTensor.
 
     ``failed``: "" (values and gradients right), "inputs" (the layout is not expressible),
-    "forward-raises", "forward-wrong", "backward-raises", "backward-wrong", "too-slow".
+    "forward-raises", "forward-wrong", "forward-late" (the op returned a DTensor whose
+    ``full_tensor()`` raises), "backward-raises", "backward-late" (a gradient's ``full_tensor()``
+    raises), "backward-wrong", "too-slow".
     """
 
     failed: str
@@ -68,12 +70,14 @@ class Execution:
     output: str = ""                        # output placements DTensor gave
     forward_comms: tuple[tuple[str, int], ...] = ()
     backward_comms: tuple[tuple[str, int], ...] = ()
-    resharded: bool = False                 # DTensor changed an input's placements in the forward
+    resharded: tuple[str, ...] = ()         # input placement changes the forward's runtime made ("[R] -> [S(0)]")
     rule: RuleVerdict | None = None
 
     @property
-    def communicated(self) -> bool:
-        return bool(self.forward_comms) or self.resharded
+    def moved_data(self) -> bool:
+        """DTensor ran a collective or changed an input's placements in the forward (a view's
+        arguments rewritten to the local shape is neither)."""
+        return bool(self.forward_comms) or bool(self.resharded)
 
 
 def _comm_counts(comm) -> tuple[tuple[str, int], ...]:
@@ -97,21 +101,29 @@ def quiet_dtensor():
 
 
 class _watch_redistribution:
-    """Records whether DTensor's runtime changes any input's placements before an op (a local
-    slice R -> S is no collective, so counting collectives alone would miss it)."""
+    """Records every input placement change DTensor's runtime makes before an op (a local slice
+    R -> S is no collective, so counting collectives alone would miss it). The runtime also
+    passes through here to rewrite a view's non-tensor arguments (the shape in local sizes) with
+    every tensor's placements kept: that moves no data and is not recorded."""
 
     def __init__(self) -> None:
         self.ops: list[str] = []
 
     def __enter__(self) -> "_watch_redistribution":
         from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec
+        from torch.utils import _pytree as pytree
 
         self.dispatcher = DTensor._op_dispatcher
         original = type(self.dispatcher).redistribute_local_args
         ops = self.ops
 
         def watched(op_info, schema, use_val):
-            ops.append(str(schema.op))
+            wanted = (tuple(pytree.tree_leaves(schema.args_schema)) if op_info.args_tree_spec is not None
+                      else schema.args_schema)
+            for have, want in zip(op_info.flat_args_schema, wanted):
+                if isinstance(have, DTensorSpec) and isinstance(want, DTensorSpec) and have.placements != want.placements:
+                    ops.append(f"{schema.op}: {placements_text(have.placements)} -> {placements_text(want.placements)}")
             return original(op_info, schema, use_val)
 
         self.dispatcher.redistribute_local_args = watched
@@ -157,6 +169,8 @@ class CaseRunner:
     _held: list = field(default_factory=list)
     _passed: dict = field(default_factory=dict)
     _rebuilt: dict = field(default_factory=dict)         # (position, partial layout) -> DTensor's sum of the pieces
+    _full_outputs: list = field(default_factory=list)    # the last execution's outputs gathered to replicated
+    _dirty: bool = True                                  # the sharding cache is cleared before the next run
 
     def __post_init__(self) -> None:
         self._reference_gradients()
@@ -232,11 +246,15 @@ class CaseRunner:
     def run(self, combo: tuple[Layout, ...]) -> Execution:
         """Execute ``combo``; "too-slow" when DTensor has not finished within ``self.budget``
         seconds (its sharding propagation of attention with a mask takes minutes a combination)."""
+        if self._dirty:    # a failure may have left DTensor's cached placements holding state
+            _fresh_sharding_cache()
         try:
             with deadline(self.budget, TooSlow):
-                return self._run(combo)
+                found = self._run(combo)
         except TooSlow:
-            return Execution("too-slow", f"DTensor did not finish within {self.budget:g} s")
+            found = Execution("too-slow", f"DTensor did not finish within {self.budget:g} s")
+        self._dirty = found.failed not in ("", "inputs")
+        return found
 
     def _run(self, combo: tuple[Layout, ...]) -> Execution:
         from torch.distributed.tensor.debug import CommDebugMode
@@ -266,7 +284,9 @@ class CaseRunner:
             gathered = self._gather_outputs(picked)
         shown = ", ".join(placements_text(o.placements) if hasattr(o, "placements") else type(o).__name__
                           for o in picked)
-        base = dict(output=shown, forward_comms=_comm_counts(comm), resharded=bool(watch.ops), rule=rule)
+        base = dict(output=shown, forward_comms=_comm_counts(comm), resharded=tuple(watch.ops), rule=rule)
+        if isinstance(gathered, _Late):
+            return Execution("forward-late", gathered.text, **base)
         # compared outside the mode: plain tensor ops under LocalTensorMode cost 10x
         alt = self._at_rebuilt(combo)
         wrong = gathered if isinstance(gathered, str) else self._compare_outputs(gathered, alt)
@@ -275,33 +295,50 @@ class CaseRunner:
         if not self.backward:
             return Execution("", **base)
         with self.mode:
+            total = self._backward_loss(picked)   # shardverify's own gather of the outputs: not counted
             try:
                 with CommDebugMode() as comm:
-                    self._backward(picked)
-            except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses
+                    if total is not None:
+                        total.backward()
+            except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses after the op returned
                 return Execution("backward-raises", _text(exc), **base)
-            grads = {i: (placements_text(leaf.grad.placements), dict(leaf.grad.full_tensor()._local_tensors))
-                     if leaf.grad is not None else None for i, leaf in leaves.items()}
+            grads = {}
+            for i, leaf in leaves.items():
+                if leaf.grad is None:
+                    grads[i] = None
+                    continue
+                try:
+                    grads[i] = (placements_text(leaf.grad.placements), dict(leaf.grad.full_tensor()._local_tensors))
+                except Exception as exc:  # noqa: BLE001 - the gradient's metadata does not fit its locals
+                    return Execution("backward-late", f"gradient of {self.operands[i].role} "
+                                     f"{placements_text(leaf.grad.placements)}: full_tensor() raises {_text(exc)}",
+                                     backward_comms=_comm_counts(comm), **base)
         base["backward_comms"] = _comm_counts(comm)
         wrong = self._compare_grads(grads, alt)
         return Execution("backward-wrong" if wrong else "", wrong, **base)
 
-    def _gather_outputs(self, picked) -> list | str:
+    def _gather_outputs(self, picked) -> "list | str | _Late":
         """Every output's placements and each rank's ``full_tensor()`` of it (inside the mode),
-        or what is wrong with an output before its values are looked at."""
-        from torch.distributed.tensor import DTensor
+        or what is wrong with an output before its values are looked at (a :class:`_Late` when
+        the op returned a DTensor whose ``full_tensor()`` raises)."""
+        from torch.distributed.tensor import DTensor, Replicate
 
         found = []
+        self._full_outputs = []
         for k, (item, expected) in enumerate(zip(picked, self.problem.outputs)):
             if not isinstance(item, DTensor):
                 return f"output {k} is a {type(item).__name__}, not a DTensor"
             if tuple(item.shape) != tuple(expected.shape):
                 return f"output {k} claims global shape {tuple(item.shape)}, the reference has {tuple(expected.shape)}"
             try:
-                full = item.full_tensor()
+                # full_tensor(), kept in the autograd graph: the backward's loss is made of this
+                # same gather (a MaskPartial output reduces once; a second gather asserts)
+                full = item.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)
+                per_rank = dict(full.to_local()._local_tensors)
             except Exception as exc:  # noqa: BLE001 - the output's metadata does not fit its locals
-                return f"output {k} {placements_text(item.placements)}: full_tensor() raises {_text(exc)}"
-            found.append((placements_text(item.placements), dict(full._local_tensors)))
+                return _Late(f"output {k} {placements_text(item.placements)}: full_tensor() raises {_text(exc)}")
+            found.append((placements_text(item.placements), per_rank))
+            self._full_outputs.append(full)
         return found
 
     def _at_rebuilt(self, combo) -> tuple | None:
@@ -336,19 +373,19 @@ class CaseRunner:
                 return f"output {k} {shown}: {problem}"
         return ""
 
-    def _backward(self, picked) -> None:
+    def _backward_loss(self, picked):
+        """``sum(output * g)`` over the outputs as :meth:`_gather_outputs` gathered them to
+        replicated (this check's own collective, made before the backward's are counted), or None."""
         from torch.distributed.tensor import DTensor, Replicate
 
         total = None
-        for item, g in zip(picked, self.grad_outputs):
+        for item, full, g in zip(picked, self._full_outputs, self.grad_outputs):
             if g is None or not isinstance(item, DTensor) or not item.requires_grad:
                 continue
-            full = item.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)
             term = (full * DTensor.from_local(_replicated(g, self.mesh.size()), self.mesh,
                                               [Replicate()] * self.mesh.ndim, run_check=False)).sum()
             total = term if total is None else total + term
-        if total is not None:
-            total.backward()
+        return total
 
     def _compare_grads(self, grads: dict, alt: tuple | None = None) -> str:
         for i, found in grads.items():
@@ -409,6 +446,24 @@ class CaseRunner:
         if sharding.needs_redistribute and sharding.redistribute_schema is not None:
             inputs = ", ".join(placements_text(s.placements) for s in sharding.redistribute_schema.args_spec)
         return RuleVerdict(str(func), not sharding.needs_redistribute, inputs, output)
+
+
+def _fresh_sharding_cache() -> None:
+    """Each combination judged on its own: DTensor's sharding cache holds its placements, and
+    a ``MaskPartial`` placement (an embedding's output) carries a mask buffer that a failed
+    reduction leaves materialized, so the next embedding with the same table placement raises
+    "MaskBuffer has been materialized with conflicting data". Cleared after a failure only (a
+    clear before every combination doubles a run's time)."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()   # the Python cache and the C++ fast path's
+
+
+@dataclass(frozen=True)
+class _Late:
+    """The op returned, but reading its output (``full_tensor()``) raises."""
+
+    text: str
 
 
 class TooSlow(BaseException):

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from shardverify.dtensor.accepted import Accepted
 from shardverify.dtensor.verdicts import CLASSES
 
-__all__ = ["new_silent", "summary", "markdown"]
+__all__ = ["GATED", "new_classes", "summary", "markdown"]
 
 ORDER = tuple(CLASSES)
 
@@ -17,15 +17,30 @@ def _mesh(mesh) -> str:
     return "(" + ", ".join(map(str, mesh)) + (",)" if len(mesh) == 1 else ")")
 
 
-def new_silent(results, accepted: Accepted | None) -> list:
-    """The silent-corruption findings whose class ``accepted`` does not list (one per class)."""
+#: the classes the accepted file gates: DTensor returned a result that is wrong (silently) or
+#: that fails later, far from the op (its output's full_tensor(), the backward, a gradient)
+GATED = ("silent-wrong", "late-failure")
+
+
+def new_classes(results, accepted: Accepted | None) -> list:
+    """The silent-corruption and late-failure findings whose class ``accepted`` does not list
+    (one per class)."""
     seen, found = set(), []
     for r in results:
         for f in r.findings:
-            if f.klass == "silent-wrong" and f.key() not in seen and (accepted is None or not accepted.reason(f.key())):
+            if f.klass in GATED and f.key() not in seen and (accepted is None or not accepted.reason(f.key())):
                 seen.add(f.key())
                 found.append(f)
     return found
+
+
+def _by_key(results, klass: str) -> dict[str, list]:
+    by_key: dict[str, list] = defaultdict(list)
+    for r in results:
+        for f in r.findings:
+            if f.klass == klass:
+                by_key[f.key()].append(f)
+    return by_key
 
 
 def summary(results, accepted: Accepted | None, show: int = 5) -> str:
@@ -39,16 +54,15 @@ def summary(results, accepted: Accepted | None, show: int = 5) -> str:
     for r in results:
         if r.note:
             lines.append(f"{r.op} {r.case} on {_mesh(r.mesh)}: note: {r.note}")
-    fresh = new_silent(results, accepted)
-    by_key: dict[str, list] = defaultdict(list)
-    for r in results:
-        for f in r.findings:
-            if f.klass == "silent-wrong":
-                by_key[f.key()].append(f)
-    if by_key:
-        lines.append(f"\nDTensor computes wrong values silently: {sum(map(len, by_key.values()))} combination(s) "
-                     f"in {len(by_key)} class(es), {len(fresh)} not in the accepted file")
-        fresh_keys = {f.key() for f in fresh}
+    fresh_keys = {f.key() for f in new_classes(results, accepted)}
+    for klass, title in (("silent-wrong", "DTensor computes wrong values silently"),
+                         ("late-failure", "DTensor returns, then fails later")):
+        by_key = _by_key(results, klass)
+        if not by_key:
+            continue
+        fresh = sum(key in fresh_keys for key in by_key)
+        lines.append(f"\n{title}: {sum(map(len, by_key.values()))} combination(s) "
+                     f"in {len(by_key)} class(es), {fresh} not in the accepted file")
         ordered = sorted(by_key.items(), key=lambda item: item[0] not in fresh_keys)
         for key, found in ordered[:show]:
             f = found[0]
@@ -78,7 +92,7 @@ then the backward of `sum(output * g)` and every rank's input gradients likewise
 are counted with `CommDebugMode`. Beside the execution, DTensor's *rule* for the call's aten op
 is asked what it decides (run locally, or redistribute the inputs first), and the runtime is
 watched for whether it redistributed: "the rule is right, the runtime wrong" is said as such.
-`--repros DIR` writes a script per silent-corruption class that needs torch alone: `python
+`--repros DIR` writes a script per silent-corruption or late-failure class that needs torch alone: `python
 script.py` runs it as here, `torchrun --nproc-per-node N script.py` on N real gloo processes.
 
 Classes, most important first:
@@ -118,26 +132,23 @@ def markdown(results, accepted: Accepted | None, command: str, torch_version: st
                        + " | ".join(str(counts.get(k, 0)) for k in ORDER)
                        + f" | {'; '.join(notes[(op, mesh)])} |")
     out.append("")
-    by_key: dict[str, list] = defaultdict(list)
-    for r in results:
-        for f in r.findings:
-            if f.klass == "silent-wrong":
-                by_key[f.key()].append(f)
-    out.append("## Silent corruption\n")
-    if not by_key:
-        out.append("None found.\n")
-    for key, found in sorted(by_key.items()):
-        f = found[0]
-        reason = accepted.reason(key) if accepted else None
-        meshes = ", ".join(sorted({_mesh(g.mesh) for g in found}))
-        out.append(f"- `{key}`: {len(found)} combination(s) on {meshes}"
-                   + (f"; accepted: {reason}" if reason else "; **not in the accepted file**"))
-        out.append(f"  - e.g. {f.case} on {_mesh(f.mesh)}: `{f.line}`: {f.detail}")
-        if f.rule:
-            out.append(f"  - rule: {f.rule}" + (f"; {f.runtime}" if f.runtime else ""))
-        out.append(f"  - a local strategy (audit): {f.local_strategy}")
-    out.append("")
-    for klass in ("raises", "backward-raises", "missed-optimisation", "not-expressible"):
+    for klass, title in (("silent-wrong", "Silent corruption"), ("late-failure", "Late failures")):
+        by_key = _by_key(results, klass)
+        out.append(f"## {title}\n")
+        if not by_key:
+            out.append("None found.\n")
+        for key, found in sorted(by_key.items()):
+            f = found[0]
+            reason = accepted.reason(key) if accepted else None
+            meshes = ", ".join(sorted({_mesh(g.mesh) for g in found}))
+            out.append(f"- `{key}`: {len(found)} combination(s) on {meshes}"
+                       + (f"; accepted: {reason}" if reason else "; **not in the accepted file**"))
+            out.append(f"  - e.g. {f.case} on {_mesh(f.mesh)}: `{f.line}`: {f.detail}")
+            if f.rule:
+                out.append(f"  - rule: {f.rule}" + (f"; {f.runtime}" if f.runtime else ""))
+            out.append(f"  - a local strategy (audit): {f.local_strategy}")
+        out.append("")
+    for klass in ("raises", "missed-optimisation", "not-expressible"):
         found = [f for r in results for f in r.findings if f.klass == klass]
         if not found:
             continue
@@ -146,10 +157,18 @@ def markdown(results, accepted: Accepted | None, command: str, torch_version: st
         for f in found:
             per_op[f.op].append(f)
         for op, items in sorted(per_op.items()):
-            reasons = Counter(f.detail.split(":")[0] for f in items)
+            reasons = Counter(_why(f) for f in items)
             out.append(f"- {op}: {len(items)} ({', '.join(f'{n} {why}' for why, n in reasons.most_common(3))})")
             for f in items[:show]:
                 extra = f"; {f.comms}" if f.comms else ""
                 out.append(f"  - {f.case} on {_mesh(f.mesh)}: `{f.line}`: {f.detail or 'right values'}{extra}")
         out.append("")
     return "\n".join(out)
+
+
+def _why(finding) -> str:
+    """What a finding's example list is grouped by: the error's type, or for a missed
+    optimisation whether the forward ran a collective or only changed placements locally."""
+    if finding.klass == "missed-optimisation":
+        return "with a forward collective" if "forward " in finding.comms else "placement change only"
+    return finding.detail.split(":")[0]

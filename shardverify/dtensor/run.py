@@ -126,7 +126,7 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 runtime_against_rule(execution, klass),
                 ", ".join(map(str, outcome.outputs)) if outcome.valid else f"none ({outcome.reason})",
                 _comms(execution))
-            if klass == "silent-wrong" and finding.key() not in rendered:
+            if klass in ("silent-wrong", "late-failure") and finding.key() not in rendered:
                 rendered.add(finding.key())
                 finding = dataclasses.replace(finding, repro=_repro(problem, operands, combo, mesh_shape, finding))
             result.findings.append(finding)
@@ -140,16 +140,17 @@ def _comms(execution) -> str:
     parts = [f"{phase} " + ", ".join(f"{n} {name}" for name, n in counts)
              for phase, counts in (("forward", execution.forward_comms), ("backward", execution.backward_comms))
              if counts]
-    if execution.resharded and not execution.forward_comms:
-        parts.insert(0, "re-slices an input locally")
+    if execution.resharded:
+        parts.insert(0, "redistributes " + ", ".join(dict.fromkeys(execution.resharded)))
     return "; ".join(parts)
 
 
 def _repro(problem, operands, combo, mesh_shape, finding: Finding) -> str:
     import torch
 
-    title = (f"DTensor (torch {torch.__version__}) computes wrong "
-             f"{'gradients' if finding.phase == 'backward' else 'values or shapes'} silently: "
+    what = ("returns a DTensor and fails later" if finding.klass == "late-failure" else
+            f"computes wrong {'gradients' if finding.phase == 'backward' else 'values or shapes'} silently")
+    title = (f"DTensor (torch {torch.__version__}) {what}: "
              f"{finding.op} ({finding.case}) on mesh {tuple(mesh_shape)}, {finding.line}.\n{finding.detail}")
     try:
         return render_repro(problem, operands, combo, tuple(mesh_shape), title)
