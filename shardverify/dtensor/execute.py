@@ -171,6 +171,7 @@ class CaseRunner:
     _rebuilt: dict = field(default_factory=dict)         # (position, partial layout) -> DTensor's sum of the pieces
     _full_outputs: list = field(default_factory=list)    # the last execution's outputs gathered to replicated
     _dirty: bool = True                                  # the sharding cache is cleared before the next run
+    _tracer: object = None                               # an OpTrace while culprit() runs
 
     def __post_init__(self) -> None:
         self._reference_gradients()
@@ -272,9 +273,10 @@ class CaseRunner:
                 leaves[i] = made
             values[operand.locator] = made
         rule = self._rule(values)
+        tracer = self._tracer
         with self.mode:
             try:
-                with CommDebugMode() as comm, _watch_redistribution() as watch:
+                with CommDebugMode() as comm, _watch_redistribution() as watch, _tracing(tracer, "forward", watch):
                     out = call_op(problem.node, problem.module, values)
             except Exception as exc:  # DTensor refuses: its own error, reported
                 return Execution("forward-raises", _text(exc), rule=_redistributed(rule, watch.ops))
@@ -297,7 +299,7 @@ class CaseRunner:
         with self.mode:
             total = self._backward_loss(picked)   # shardverify's own gather of the outputs: not counted
             try:
-                with CommDebugMode() as comm:
+                with CommDebugMode() as comm, _watch_redistribution() as watch, _tracing(tracer, "backward", watch):
                     if total is not None:
                         total.backward()
             except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses after the op returned
@@ -406,6 +408,21 @@ class CaseRunner:
                 return f"gradient of {role} {shown}: {problem}"
         return ""
 
+    def culprit(self, combo: tuple[Layout, ...]):
+        """Executes ``combo`` again with every aten op DTensor runs held to the op on its inputs'
+        full values: the first wrong one (an attribute.Step: its placements, who is to blame),
+        or None when no single op is found wrong (:mod:`shardverify.dtensor.attribute`)."""
+        from shardverify.dtensor.attribute import OpTrace
+
+        self._tracer = OpTrace()
+        try:
+            self.run(combo)
+            found = self._tracer.culprit
+        finally:
+            self._tracer = None
+            self._dirty = True
+        return found
+
     # ---- DTensor's rule ---------------------------------------------------------------------
     def _rule(self, values: dict) -> RuleVerdict | None:
         """What DTensor's sharding rule says for the call's one aten op (None when the call is
@@ -446,6 +463,17 @@ class CaseRunner:
         if sharding.needs_redistribute and sharding.redistribute_schema is not None:
             inputs = ", ".join(placements_text(s.placements) for s in sharding.redistribute_schema.args_spec)
         return RuleVerdict(str(func), not sharding.needs_redistribute, inputs, output)
+
+
+@contextlib.contextmanager
+def _tracing(tracer, phase: str, watch):
+    """``tracer`` (an OpTrace, or None) entered for ``phase``, seeing the runtime's redistributions."""
+    if tracer is None:
+        yield
+        return
+    tracer.phase, tracer.redistributed = phase, watch.ops
+    with tracer:
+        yield
 
 
 def _fresh_sharding_cache() -> None:

@@ -68,7 +68,8 @@ def summary(results, accepted: Accepted | None, show: int = 5) -> str:
             f = found[0]
             status = "NEW" if key in fresh_keys else "accepted"
             lines.append(f"  [{status}] {key}: {len(found)} combination(s); e.g. {f.case} on {_mesh(f.mesh)}: "
-                         f"{f.line}: {f.detail}" + (f"; {f.rule}" if f.rule else "") +
+                         f"{f.line}: {f.detail}" + (f"; at fault: {f.culprit}" if f.culprit else
+                                                    f"; {f.rule}" if f.rule else "") +
                          (f"; {f.runtime}" if f.runtime else ""))
         if len(ordered) > show:
             lines.append(f"  ... {len(ordered) - show} more class(es) (--show N, --json or --write)")
@@ -145,7 +146,11 @@ def markdown(results, accepted: Accepted | None, command: str, torch_version: st
                        + (f"; accepted: {reason}" if reason else "; **not in the accepted file**"))
             out.append(f"  - e.g. {f.case} on {_mesh(f.mesh)}: `{f.line}`: {f.detail}")
             if f.rule:
-                out.append(f"  - rule: {f.rule}" + (f"; {f.runtime}" if f.runtime else ""))
+                out.append(f"  - the call's rule: {f.rule}")
+            if f.culprit:
+                out.append(f"  - at fault: {f.culprit}")
+            if f.runtime:
+                out.append(f"  - {f.runtime}")
             out.append(f"  - a local strategy (audit): {f.local_strategy}")
         out.append("")
     for klass in ("raises", "missed-optimisation", "not-expressible"):

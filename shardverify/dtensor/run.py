@@ -128,6 +128,9 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 _comms(execution))
             if klass in ("silent-wrong", "late-failure") and finding.key() not in rendered:
                 rendered.add(finding.key())
+                step = runner.culprit(combo) if klass == "silent-wrong" else None
+                if step is not None:
+                    finding = dataclasses.replace(finding, culprit=str(step), runtime=step.verdict)
                 finding = dataclasses.replace(finding, repro=_repro(problem, operands, combo, mesh_shape, finding))
             result.findings.append(finding)
 

@@ -60,6 +60,7 @@ class Finding:
     local_strategy: str                         # the audit: the local strategy's outputs, or why none
     comms: str                                  # collectives DTensor ran (forward; backward)
     repro: str = ""                             # a standalone script (the first silent finding of its class)
+    culprit: str = ""                           # the first aten op found wrong and who is to blame (attribute.py)
 
     @property
     def line(self) -> str:
@@ -72,13 +73,15 @@ class Finding:
     def from_json(cls, item: dict) -> "Finding":
         return cls(item["op"], item["case"], tuple(item["mesh"]), tuple(item["layouts"].items()),
                    tuple(item["placements"].items()), item["class"], item["phase"] or "", item["detail"] or "",
-                   item["rule"] or "", item["runtime"] or "", item["local_strategy"], item["comms"] or "")
+                   item["rule"] or "", item["runtime"] or "", item["local_strategy"], item["comms"] or "",
+                   culprit=item.get("culprit") or "")
 
     def to_json(self) -> dict:
         return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "class": self.klass,
                 "phase": self.phase or None, "layouts": dict(self.layouts), "placements": dict(self.placements),
                 "detail": self.detail or None, "rule": self.rule or None, "runtime": self.runtime or None,
-                "local_strategy": self.local_strategy, "comms": self.comms or None, "key": self.key()}
+                "local_strategy": self.local_strategy, "comms": self.comms or None, "culprit": self.culprit or None,
+                "key": self.key()}
 
 
 def class_key(op: str, phase: str, placements: tuple[tuple[str, str], ...], klass: str = "silent-wrong") -> str:
@@ -119,8 +122,8 @@ def classify(execution: Execution, valid_locally: bool) -> tuple[str, str]:
 def runtime_against_rule(execution: Execution, klass: str) -> str:
     """Says where the fault lies when the rule and the runtime part ways."""
     rule = execution.rule
-    if rule is None or klass != "silent-wrong":
-        return ""
+    if rule is None or klass != "silent-wrong" or execution.failed == "backward-wrong":
+        return ""   # a wrong gradient is the backward's ops' doing, not the forward rule's (attribute.py)
     if rule.local is False and rule.redistributed is False:
         return "the rule asks for a redistribution the runtime never applies: the rule is right, the runtime wrong"
     if rule.local:
