@@ -20,6 +20,7 @@ from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.errors import SpecError
 
 ACCEPTED = Path("specs/dtensor/accepted.yaml")
+UPSTREAM = Path("docs/upstream")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -54,6 +55,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
                         help="report on the results a --json run saved instead of running again (with --write, "
                              "--accepted: the page and the verdict against another accepted file)")
+    parser.add_argument("--upstream", nargs="?", type=Path, const=UPSTREAM, default=None, metavar="DIR",
+                        help=f"re-run every upstream bug report's repro (default folder: {UPSTREAM}) on the installed "
+                             "torch and say which are fixed (exit 1 when a repro neither reproduces nor passes)")
     parser.add_argument("--quiet", action="store_true", help="no progress line per case on stderr")
     parser.add_argument("--show", type=int, default=5, metavar="N", help="classes shown in the summary (default 5)")
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
@@ -70,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.dtensor.report import markdown, new_classes, summary
     from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT, run_spec
 
+    if args.upstream is not None:
+        return _upstream(args)
     limit = DEFAULT_LIMIT if args.limit is None else (None if args.limit == 0 else args.limit)
     budget = DEFAULT_BUDGET if args.budget is None else (args.budget or None)
     try:
@@ -252,3 +258,31 @@ def _write_repros(folder: Path, results) -> None:
             if f.repro:
                 name = "".join(c if c.isalnum() else "_" for c in f.key()).strip("_")[:120]
                 (folder / f"{name}.py").write_text(f.repro)
+
+
+def _upstream(args: argparse.Namespace) -> int:
+    """--upstream: each report's repro run here; which still reproduce on this torch, which are fixed."""
+    import torch
+
+    from shardverify.dtensor.upstream import load_reports, rerun
+
+    folder = args.upstream if args.upstream.is_absolute() or args.upstream != UPSTREAM else args.root / UPSTREAM
+    try:
+        reports = load_reports(folder)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE
+    counts: dict[str, int] = {}
+    from shardverify.dtensor.execute import quiet_dtensor
+
+    for report in reports:
+        with quiet_dtensor():
+            found = rerun(report)
+        counts[found.status] = counts.get(found.status, 0) + 1
+        word = {"still wrong": "still wrong", "fixed": "FIXED", "error": "ERROR"}[found.status]
+        print(f"{word:11}  {report.name}: {report.title}")
+        if found.status != "still wrong" and found.output:
+            print("             " + found.output.splitlines()[-1])
+    print(f"\ntorch {torch.__version__}: {len(reports)} upstream report(s), "
+          + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    return 1 if counts.get("error") else 0
