@@ -236,7 +236,8 @@ def _report_saved(args: argparse.Namespace, accepted) -> int:
           "not in the accepted file" + ("; the saved run executed no combination" if unchecked else ""))
     sys.stdout.flush()
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
-            results, accepted, saved.get("command", "shardverify dtensor"), saved.get("torch", "?"))))]):
+            results, accepted, saved.get("command", "shardverify dtensor"), saved.get("torch", "?"),
+            note=str(saved.get("note") or ""))))]):
         return USAGE
     return 0 if passed else 1
 

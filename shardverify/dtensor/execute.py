@@ -17,8 +17,6 @@ redistribute first, and into which output placement) beside whether the runtime 
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +24,7 @@ import torch
 from shardverify.audit.layouts import Layout
 from shardverify.backends.signals import deadline
 from shardverify.capture.call import call_op
+from shardverify.dtensor.hooks import AtenCalls, fresh_sharding_cache, quiet_dtensor, tracing, watch_redistribution
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
 
@@ -85,67 +84,6 @@ def _comm_counts(comm) -> tuple[tuple[str, int], ...]:
                         for op, n in comm.get_comm_counts().items() if n))
 
 
-@contextlib.contextmanager
-def quiet_dtensor():
-    """DTensor's redistribution warns (suboptimal all-gathers) on layouts this check chooses."""
-    loggers = [logging.getLogger(name) for name in ("torch.distributed.tensor",
-                                                    "torch.distributed.tensor._redistribute")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
-class _watch_redistribution:
-    """Records every input placement change DTensor's runtime makes before an op (a local slice
-    R -> S is no collective, so counting collectives alone would miss it). The runtime also
-    passes through here to rewrite a view's non-tensor arguments (the shape in local sizes) with
-    every tensor's placements kept: that moves no data and is not recorded."""
-
-    def __init__(self) -> None:
-        self.ops: list[str] = []
-
-    def __enter__(self) -> "_watch_redistribution":
-        from torch.distributed.tensor import DTensor
-        from torch.distributed.tensor._dtensor_spec import DTensorSpec
-        from torch.utils import _pytree as pytree
-
-        self.dispatcher = DTensor._op_dispatcher
-        original = type(self.dispatcher).redistribute_local_args
-        ops = self.ops
-
-        def watched(op_info, schema, use_val):
-            wanted = (tuple(pytree.tree_leaves(schema.args_schema)) if op_info.args_tree_spec is not None
-                      else schema.args_schema)
-            for have, want in zip(op_info.flat_args_schema, wanted):
-                if isinstance(have, DTensorSpec) and isinstance(want, DTensorSpec) and have.placements != want.placements:
-                    ops.append(f"{schema.op}: {placements_text(have.placements)} -> {placements_text(want.placements)}")
-            return original(op_info, schema, use_val)
-
-        self.dispatcher.redistribute_local_args = watched
-        return self
-
-    def __exit__(self, *exc) -> None:
-        del self.dispatcher.redistribute_local_args
-
-
-class _AtenCalls(torch.utils._python_dispatch.TorchDispatchMode):
-    """The aten ops a plain call dispatches (to find the one DTensor's rule is looked up for)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        self.calls.append((func, args, kwargs))
-        return func(*args, **kwargs)
-
-
 def _text(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first[:200]}"
@@ -187,7 +125,7 @@ class CaseRunner:
         # the tensors the call takes, by identity: the recorded aten call names them
         self._held = [values[o.locator] for o in self.operands]
         self._passed = {id(t): i for i, t in enumerate(self._held)}
-        with _AtenCalls() as calls:
+        with AtenCalls() as calls:
             out = call_op(problem.node, problem.module, values)
         tensor_calls = [c for c in calls.calls if not str(c[0]).startswith(("aten.detach", "aten.alias"))]
         self.aten = tensor_calls[0] if len(tensor_calls) == 1 else None
@@ -248,7 +186,7 @@ class CaseRunner:
         """Execute ``combo``; "too-slow" when DTensor has not finished within ``self.budget``
         seconds (its sharding propagation of attention with a mask takes minutes a combination)."""
         if self._dirty:    # a failure may have left DTensor's cached placements holding state
-            _fresh_sharding_cache()
+            fresh_sharding_cache()
         try:
             with deadline(self.budget, TooSlow):
                 found = self._run(combo)
@@ -276,7 +214,7 @@ class CaseRunner:
         tracer = self._tracer
         with self.mode:
             try:
-                with CommDebugMode() as comm, _watch_redistribution() as watch, _tracing(tracer, "forward", watch):
+                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "forward", watch):
                     out = call_op(problem.node, problem.module, values)
             except Exception as exc:  # DTensor refuses: its own error, reported
                 return Execution("forward-raises", _text(exc), rule=_redistributed(rule, watch.ops))
@@ -299,7 +237,7 @@ class CaseRunner:
         with self.mode:
             total = self._backward_loss(picked)   # shardverify's own gather of the outputs: not counted
             try:
-                with CommDebugMode() as comm, _watch_redistribution() as watch, _tracing(tracer, "backward", watch):
+                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "backward", watch):
                     if total is not None:
                         total.backward()
             except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses after the op returned
@@ -463,28 +401,6 @@ class CaseRunner:
         if sharding.needs_redistribute and sharding.redistribute_schema is not None:
             inputs = ", ".join(placements_text(s.placements) for s in sharding.redistribute_schema.args_spec)
         return RuleVerdict(str(func), not sharding.needs_redistribute, inputs, output)
-
-
-@contextlib.contextmanager
-def _tracing(tracer, phase: str, watch):
-    """``tracer`` (an OpTrace, or None) entered for ``phase``, seeing the runtime's redistributions."""
-    if tracer is None:
-        yield
-        return
-    tracer.phase, tracer.redistributed = phase, watch.ops
-    with tracer:
-        yield
-
-
-def _fresh_sharding_cache() -> None:
-    """Each combination judged on its own: DTensor's sharding cache holds its placements, and
-    a ``MaskPartial`` placement (an embedding's output) carries a mask buffer that a failed
-    reduction leaves materialized, so the next embedding with the same table placement raises
-    "MaskBuffer has been materialized with conflicting data". Cleared after a failure only (a
-    clear before every combination doubles a run's time)."""
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-    _clear_sharding_prop_cache()   # the Python cache and the C++ fast path's
 
 
 @dataclass(frozen=True)

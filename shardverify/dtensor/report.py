@@ -93,6 +93,12 @@ then the backward of `sum(output * g)` and every rank's input gradients likewise
 are counted with `CommDebugMode`. Beside the execution, DTensor's *rule* for the call's aten op
 is asked what it decides (run locally, or redistribute the inputs first), and the runtime is
 watched for whether it redistributed: "the rule is right, the runtime wrong" is said as such.
+A silent finding's combination is then run again with every aten op DTensor runs, forward and
+backward, held to the op on its inputs' full values: the first wrong one is named *at fault*
+with its placements and who is to blame (the forward rule, a backward rule such as
+`select_backward`'s, or the runtime). Silent and late-failure classes not listed in
+`specs/dtensor/accepted.yaml` fail the command; `docs/upstream/` holds one page per DTensor bug,
+re-run by `shardverify dtensor --upstream`.
 `--repros DIR` writes a script per silent-corruption or late-failure class that needs torch alone: `python
 script.py` runs it as here, `torchrun --nproc-per-node N script.py` on N real gloo processes.
 
@@ -105,9 +111,13 @@ carry per-rank sizes) rather than DTensor's; the detail names the error.
 """
 
 
-def markdown(results, accepted: Accepted | None, command: str, torch_version: str, show: int = 3) -> str:
+def markdown(results, accepted: Accepted | None, command: str, torch_version: str, show: int = 3,
+             note: str = "") -> str:
+    """The page; ``note``: what the run covers, when it is not every spec (a saved run's "note")."""
     classes = "\n".join(f"* `{k}`: {v}" for k, v in CLASSES.items())
     out = [INTRO.format(command=command, torch=torch_version, classes=classes)]
+    if note:
+        out.append(f"**Coverage.** {note}\n")
     totals: Counter = Counter()
     for r in results:
         totals.update(r.counts)
