@@ -179,6 +179,30 @@ def test_a_wrong_gradient_is_blamed_on_the_backward_op_and_a_view_rewrite_is_no_
     assert result.counts["agrees"] == 3 and result.counts["missed-optimisation"] == 0
 
 
+def test_the_embedding_mask_on_the_first_mesh_axis_is_a_late_failure_and_its_mirror_is_right():
+    """The trigger is which mesh axis holds the table's rows (the mask) and which the ids, not
+    uneven ids: even ids on (2, 2) fail when the mask's axis is gathered after the ids' axis."""
+    from collections import Counter
+
+    from shardverify.audit.run import _Audit
+    from shardverify.dtensor.run import CaseResult, execute_combos
+
+    case_id = "torch.ops.aten.embedding.default"
+    spec, case = _case("embedding", case_id)
+    audit = _Audit(spec, case, (2, 2), partial_inputs=True, extremum_inputs=False)
+    on = {"0": Layout(((0,), ())), "1": Layout(((1,), ()))}      # dim 0 cut by mesh axis 0, or by axis 1
+    combos = [tuple(on[ids] if o.role == "input" else on[rows] for o in audit.operands)
+              for ids, rows in (("1", "0"), ("0", "1"))]
+    result = CaseResult("embedding", case_id, (2, 2))
+    execute_combos(result, audit.problem, audit.operands, combos, audit.decide, None)
+    assert result.executed == 2 and result.counts == Counter({"late-failure": 1, "agrees": 1})
+    late, = result.findings
+    assert dict(late.placements) == {"input": "[R, S(0)]", "weight": "[S(0), R]"}
+    assert late.key() == "embedding forward-late input=S(0) weight=S(0)"
+    assert "full_tensor() raises IndexError: The shape of the mask [4, 8]" in late.detail
+    assert "shardverify" not in late.repro.split('"""', 2)[2]          # a torch-only repro of the late failure
+
+
 def _accepted(tmp_path, keys, reason="planted in a test"):
     path = tmp_path / "accepted.yaml"
     path.write_text("accepted:\n  - reason: " + reason + "\n    keys:\n" + "".join(f"      - \"{k}\"\n" for k in keys))
