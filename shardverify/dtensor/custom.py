@@ -138,6 +138,7 @@ def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, budge
     """Every case of the custom op on every mesh, executed on DTensor and classified."""
     _import(spec)
     results = []
+    explained: set[str] = set()
     for shapes in spec.cases:
         case_id = "-".join("x".join(map(str, shape)) for shape in shapes)
         case = OpCase(op=spec.name, target=spec.target,
@@ -152,7 +153,7 @@ def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, budge
                 problem = prepare(case, mesh, operands)
                 choices = [tensor_layouts(o.shape, mesh.shape, partial=("sum",) if o.floating else ()) for o in operands]
                 combos = present_combinations(itertools.product(*choices))
-                execute_combos(result, problem, operands, combos, problem.decide, limit, budget)
+                execute_combos(result, problem, operands, combos, problem.decide, limit, budget, explained)
             except SpecError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reported with the case, never skipped

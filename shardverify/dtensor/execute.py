@@ -400,7 +400,9 @@ class CaseRunner:
         inputs = ""
         if sharding.needs_redistribute and sharding.redistribute_schema is not None:
             inputs = ", ".join(placements_text(s.placements) for s in sharding.redistribute_schema.args_spec)
-        return RuleVerdict(str(func), not sharding.needs_redistribute, inputs, output)
+            if inputs == ", ".join(placements_text(s.placements) for s in info.schema.args_spec):
+                inputs = ""   # a view's arguments rewritten to local sizes: the placements are kept
+        return RuleVerdict(str(func), not inputs, inputs, output)
 
 
 @dataclass(frozen=True)

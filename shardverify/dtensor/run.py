@@ -71,7 +71,8 @@ def _sample(items: list, limit: int | None) -> list:
 
 
 def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: int | None = DEFAULT_LIMIT,
-             partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET) -> CaseResult:
+             partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET,
+             explained: set[str] | None = None) -> CaseResult:
     """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``."""
     start = time.perf_counter()
     result = CaseResult(spec.name, case_id, tuple(mesh_shape))
@@ -81,7 +82,7 @@ def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: in
     # only the combinations executed are decided: a sample of attention's 4 operands on (2, 2)
     # needs a few hundred decisions, not the tens of thousands of the whole audit
     combos = present_combinations(audit.combinations())
-    execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget)
+    execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget, explained)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -93,16 +94,18 @@ def present_combinations(combos) -> list:
 
 
 def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None,
-                   budget: float | None = DEFAULT_BUDGET) -> None:
+                   budget: float | None = DEFAULT_BUDGET, explained: set[str] | None = None) -> None:
     """Execute ``combos`` (or a sample of ``limit``) on DTensor, classifying each against the
-    audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``."""
+    audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``. The first
+    silent or late finding of each class gets its repro and attribution; ``explained``: the
+    classes that already have them (shared by a spec's cases and meshes, so each is explained once)."""
     mesh_shape = result.mesh
     result.combinations = len(combos)
     chosen = _sample(combos, limit)
     if len(chosen) < len(combos):
         left = f"{len(combos) - len(chosen)} of {len(combos)} combinations not executed (limit {limit})"
         result.note = f"{result.note}; {left}" if result.note else left
-    rendered: set[str] = set()
+    rendered = set() if explained is None else explained
     with quiet_dtensor(), local_world(tuple(mesh_shape)) as (mesh, mode):
         runner = CaseRunner(problem, operands, mesh, mode, budget=budget)
         for done, combo in enumerate(chosen):
@@ -166,10 +169,11 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
     """Every case of ``spec`` on every mesh; a case that cannot run is a result with its error
     as the note, never left out."""
     results = []
+    explained: set[str] = set()
     for case_id, case in spec.op_cases():
         for mesh in meshes or spec.verify.meshes:
             try:
-                found = run_case(spec, case_id, case, tuple(mesh), limit=limit, budget=budget)
+                found = run_case(spec, case_id, case, tuple(mesh), limit=limit, budget=budget, explained=explained)
             except Exception as exc:  # noqa: BLE001 - reported with the case, not skipped
                 found = CaseResult(spec.name, case_id, tuple(mesh), note=f"error: {type(exc).__name__}: {exc}")
             results.append(found)
