@@ -43,7 +43,10 @@ def test_conv2d_with_a_sharded_weight_is_silently_wrong_and_the_runtime_is_to_bl
     # the rule asks for a redistribution; the convolution handler never applies it
     assert "rule redistributes inputs to [R], [R]" in found.rule
     assert "the runtime did not redistribute" in found.rule
-    assert found.runtime.startswith("the rule asks for a redistribution the runtime never applies")
+    assert found.runtime == ("the runtime is wrong: aten.convolution.default's rule asks for a redistribution "
+                             "the runtime never applies")
+    assert found.culprit.startswith("runtime of aten.convolution.default (forward): inputs [R], [S(0)] -> output "
+                                    "[R], of the wrong shape")
     # a partial weight gives wrong values (not only shapes)
     assert "differs from the reference" in by_line["input=[R] weight=[P(sum)]"].detail
     # a batch shard is right, with no communication
@@ -81,7 +84,8 @@ def test_right_dtensor_results_agree_and_a_partial_input_it_reduces_first_is_a_m
     assert result.counts == {"agrees": 4, "missed-optimisation": 1}
     missed, = result.findings
     # mean is linear in its input: the audit runs a partial sum through it; DTensor all-reduces first
-    assert missed.line == "input=[P(sum)]" and missed.comms == "forward 1 all_reduce"
+    assert missed.line == "input=[P(sum)]"
+    assert missed.comms == "redistributes aten.mean.dim: [P(sum)] -> [R]; forward 1 all_reduce"
     assert missed.local_strategy == "[R, R] P(sum:0)"
 
 
@@ -141,9 +145,62 @@ def test_a_planted_wrong_rule_for_a_custom_op_is_reported_as_silent_corruption()
     findings = {(f.case, f.mesh, f.line): f for r in bad for f in r.findings}
     found = findings[("8x6", (4,), "x=[S(1)]")]
     assert found.klass == "silent-wrong" and "differs from the reference" in found.detail
-    assert found.runtime == "the rule runs these placements locally: the rule is wrong"
+    assert found.runtime == ("the forward rule is wrong: svtest.row_normalize_bad.default's rule gives a wrong "
+                             "result on these placements")
     # the uneven case and the 2-D mesh find it too (7 columns of 5 cut 2/2/1/0 on (4,))
     assert ("7x5", (4,), "x=[S(1)]") in findings and ("8x6", (2, 2), "x=[S(0), S(1)]") in findings
+
+
+def test_an_axis_asymmetric_wrong_rule_is_caught_on_both_axis_orders():
+    """DTensor is not symmetric under swapping mesh axes: a rule wrong only where mesh axis 0 (or
+    1) holds the last dim's shard is caught either way (one layout per orbit ran only one mirror)."""
+    found = {}
+    for axis in (0, 1):
+        results = run_custom(load_custom(CUSTOM / f"row_normalize_bad_axis{axis}.yaml"))
+        found[axis] = {f.line for r in results for f in r.findings if f.klass == "silent-wrong"}
+        assert all(r.executed == r.combinations for r in results)
+    assert "x=[S(1), R]" in found[0] and "x=[R, S(1)]" not in found[0]
+    assert "x=[R, S(1)]" in found[1] and "x=[S(1), R]" not in found[1]
+
+
+def test_a_wrong_gradient_is_blamed_on_the_backward_op_and_a_view_rewrite_is_no_data_movement():
+    """select(x, -1, i)'s forward rule is right; the wrong gradient is select_backward's (its rule
+    does not normalise dim=-1), found by holding every aten op to the op on its inputs' full values."""
+    spec, case = _case("select", "torch.select-dim_-1-index_-1")
+    result = run_case(spec, "torch.select-dim_-1-index_-1", case, (4,), limit=None)
+    wrong = next(f for f in result.findings if f.klass == "silent-wrong")
+    assert wrong.key() == "select backward input=S(1)"
+    assert wrong.culprit.startswith("backward rule of aten.select_backward.default (backward): inputs [S(1)] -> output [S(2)]")
+    assert wrong.runtime.startswith("the backward rule is wrong: aten.select_backward.default")
+    # the same bug with dim 0 sharded: the gradient on the wrong dim makes the backward raise, late
+    late = next(f for f in result.findings if f.klass == "late-failure")
+    assert late.key() == "select backward-late input=S(0)" and "must match the size" in late.detail
+    # a view's argument rewrite moves nothing: the replicated and sharded-elsewhere inputs agree
+    assert result.counts["agrees"] == 3 and result.counts["missed-optimisation"] == 0
+
+
+def test_the_embedding_mask_on_the_first_mesh_axis_is_a_late_failure_and_its_mirror_is_right():
+    """The trigger is which mesh axis holds the table's rows (the mask) and which the ids, not
+    uneven ids: even ids on (2, 2) fail when the mask's axis is gathered after the ids' axis."""
+    from collections import Counter
+
+    from shardverify.audit.run import _Audit
+    from shardverify.dtensor.run import CaseResult, execute_combos
+
+    case_id = "torch.ops.aten.embedding.default"
+    spec, case = _case("embedding", case_id)
+    audit = _Audit(spec, case, (2, 2), partial_inputs=True, extremum_inputs=False)
+    on = {"0": Layout(((0,), ())), "1": Layout(((1,), ()))}      # dim 0 cut by mesh axis 0, or by axis 1
+    combos = [tuple(on[ids] if o.role == "input" else on[rows] for o in audit.operands)
+              for ids, rows in (("1", "0"), ("0", "1"))]
+    result = CaseResult("embedding", case_id, (2, 2))
+    execute_combos(result, audit.problem, audit.operands, combos, audit.decide, None)
+    assert result.executed == 2 and result.counts == Counter({"late-failure": 1, "agrees": 1})
+    late, = result.findings
+    assert dict(late.placements) == {"input": "[R, S(0)]", "weight": "[S(0), R]"}
+    assert late.key() == "embedding forward-late input=S(0) weight=S(0)"
+    assert "full_tensor() raises IndexError: The shape of the mask [4, 8]" in late.detail
+    assert "shardverify" not in late.repro.split('"""', 2)[2]          # a torch-only repro of the late failure
 
 
 def _accepted(tmp_path, keys, reason="planted in a test"):

@@ -2,7 +2,7 @@
 of each op spec's cases, forward and backward, and say where it computes wrong values silently,
 raises, or communicates where it need not.
 
-Exit status 1 when a silent-corruption class is found that the accepted file (default
+Exit status 1 when a silent-corruption or late-failure class is found that the accepted file (default
 ``specs/dtensor/accepted.yaml`` when it exists) does not list; 2 on a usage or input error.
 """
 
@@ -20,6 +20,7 @@ from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.errors import SpecError
 
 ACCEPTED = Path("specs/dtensor/accepted.yaml")
+UPSTREAM = Path("docs/upstream")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "mesh, run torch.distributed.tensor in process (LocalTensorMode, fake process group) "
                     "on every input layout combination, forward and backward, and compare every rank's "
                     "values with the single-device reference. Exit status 1 when DTensor computes wrong "
-                    "values silently in a class the accepted file does not list.")
+                    "values silently, or returns and fails later, in a class the accepted file does not list.")
     parser.add_argument("specs", nargs="*", metavar="SPEC",
                         help="op spec paths or names (default: every op spec; none with --custom only)")
     parser.add_argument("--custom", action="append", type=Path, default=[], metavar="FILE",
@@ -43,17 +44,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds DTensor may take on one combination before the case's rest is left out "
                              "(default: 20; 0: no limit)")
     parser.add_argument("--accepted", type=Path, default=None, metavar="FILE",
-                        help=f"the accepted silent-corruption classes (default: {ACCEPTED} if it exists)")
+                        help=f"the accepted silent-corruption and late-failure classes (default: {ACCEPTED} if it exists)")
     parser.add_argument("--write-accepted", type=Path, default=None, metavar="FILE",
-                        help="write every silent-corruption class found to FILE (reasons to fill in)")
+                        help="write every silent-corruption and late-failure class found to FILE (reasons to fill in)")
     parser.add_argument("--write", type=Path, default=None, metavar="FILE",
                         help="write the Markdown report (docs/dtensor.md) to FILE")
     parser.add_argument("--repros", type=Path, default=None, metavar="DIR",
-                        help="write a standalone repro script per silent-corruption class into DIR")
+                        help="write a standalone repro script per silent-corruption or late-failure class into DIR")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the report")
     parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
                         help="report on the results a --json run saved instead of running again (with --write, "
                              "--accepted: the page and the verdict against another accepted file)")
+    parser.add_argument("--upstream", nargs="?", type=Path, const=UPSTREAM, default=None, metavar="DIR",
+                        help=f"re-run every upstream bug report's repro (default folder: {UPSTREAM}) on the installed "
+                             "torch and say which are fixed (exit 1 when a repro neither reproduces nor passes)")
     parser.add_argument("--quiet", action="store_true", help="no progress line per case on stderr")
     parser.add_argument("--show", type=int, default=5, metavar="N", help="classes shown in the summary (default 5)")
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
@@ -67,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.codegen.generate import load_op_specs
     from shardverify.dtensor.accepted import load_accepted, render_accepted
     from shardverify.dtensor.custom import load_custom, run_custom
-    from shardverify.dtensor.report import markdown, new_silent, summary
+    from shardverify.dtensor.report import markdown, new_classes, summary
     from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT, run_spec
 
+    if args.upstream is not None:
+        return _upstream(args)
     limit = DEFAULT_LIMIT if args.limit is None else (None if args.limit == 0 else args.limit)
     budget = DEFAULT_BUDGET if args.budget is None else (args.budget or None)
     try:
@@ -112,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\nshardverify dtensor: interrupted after {len(results)} case(s); exit 130", file=sys.stderr)
         return 130
-    fresh = new_silent(results, accepted)
+    fresh = new_classes(results, accepted)
     executed = sum(r.executed for r in results)
     unchecked = _unchecked(results)
     passed = not fresh and not unchecked
@@ -120,22 +126,23 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         json.dump({"passed": passed, "seconds": round(time.perf_counter() - start, 3), "command": command,
                    "torch": torch.__version__, "executed": executed, "unchecked": unchecked,
-                   "new_silent_classes": [f.key() for f in fresh],
+                   "new_classes": [f.key() for f in fresh],
                    "results": [r.to_json() for r in results]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(summary(results, accepted, args.show))
         silent = sum(r.counts.get("silent-wrong", 0) for r in results)
+        late = sum(r.counts.get("late-failure", 0) for r in results)
         verdict = "passed" if passed else "FAILED"
-        print(f"\n{verdict}: {executed} combination(s) executed on DTensor, {silent} silently wrong, "
-              f"{len(fresh)} new silent-corruption class(es), {time.perf_counter() - start:.1f}s")
+        print(f"\n{verdict}: {executed} combination(s) executed on DTensor, {silent} silently wrong, {late} late "
+              f"failure(s), {len(fresh)} new class(es) not in the accepted file, {time.perf_counter() - start:.1f}s")
         for line in unchecked:
             print(f"  not checked: {line}")
     sys.stdout.flush()
 
     def write_accepted(path: Path) -> None:
         keys: dict[str, list[str]] = {}
-        for f in new_silent(results, None):
+        for f in new_classes(results, None):
             reason = (accepted.reason(f.key()) if accepted else None) or "TODO: why DTensor is wrong here"
             keys.setdefault(reason, []).append(f.key())
         _write_file(path, render_accepted(keys, torch.__version__))
@@ -204,7 +211,7 @@ def _seconds(text: str) -> float:
 
 def _report_saved(args: argparse.Namespace, accepted) -> int:
     """--from-json: the summary, page and verdict of a saved run."""
-    from shardverify.dtensor.report import markdown, new_silent, summary
+    from shardverify.dtensor.report import markdown, new_classes, summary
     from shardverify.dtensor.run import CaseResult
 
     from shardverify.spec.limits import MAX_JSON_BYTES
@@ -221,15 +228,16 @@ def _report_saved(args: argparse.Namespace, accepted) -> int:
         print(f"error: {args.from_json}: not a saved `shardverify dtensor --json` run "
               f"({type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr)
         return USAGE
-    fresh = new_silent(results, accepted)
+    fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
     passed = not fresh and not unchecked
     print(summary(results, accepted, args.show))
-    print(f"\n{'passed' if passed else 'FAILED'} (saved run {args.from_json}): {len(fresh)} new silent-corruption "
-          "class(es)" + ("; the saved run executed no combination" if unchecked else ""))
+    print(f"\n{'passed' if passed else 'FAILED'} (saved run {args.from_json}): {len(fresh)} new class(es) "
+          "not in the accepted file" + ("; the saved run executed no combination" if unchecked else ""))
     sys.stdout.flush()
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
-            results, accepted, saved.get("command", "shardverify dtensor"), saved.get("torch", "?"))))]):
+            results, accepted, saved.get("command", "shardverify dtensor"), saved.get("torch", "?"),
+            note=str(saved.get("note") or ""))))]):
         return USAGE
     return 0 if passed else 1
 
@@ -251,3 +259,31 @@ def _write_repros(folder: Path, results) -> None:
             if f.repro:
                 name = "".join(c if c.isalnum() else "_" for c in f.key()).strip("_")[:120]
                 (folder / f"{name}.py").write_text(f.repro)
+
+
+def _upstream(args: argparse.Namespace) -> int:
+    """--upstream: each report's repro run here; which still reproduce on this torch, which are fixed."""
+    import torch
+
+    from shardverify.dtensor.upstream import load_reports, rerun
+
+    folder = args.upstream if args.upstream.is_absolute() or args.upstream != UPSTREAM else args.root / UPSTREAM
+    try:
+        reports = load_reports(folder)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE
+    counts: dict[str, int] = {}
+    from shardverify.dtensor.execute import quiet_dtensor
+
+    for report in reports:
+        with quiet_dtensor():
+            found = rerun(report)
+        counts[found.status] = counts.get(found.status, 0) + 1
+        word = {"still wrong": "still wrong", "fixed": "FIXED", "error": "ERROR"}[found.status]
+        print(f"{word:11}  {report.name}: {report.title}")
+        if found.status != "still wrong" and found.output:
+            print("             " + found.output.splitlines()[-1])
+    print(f"\ntorch {torch.__version__}: {len(reports)} upstream report(s), "
+          + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    return 1 if counts.get("error") else 0

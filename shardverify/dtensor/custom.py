@@ -30,7 +30,7 @@ from pathlib import Path
 
 from shardverify.audit.decide import Operand, prepare
 from shardverify.audit.layouts import tensor_layouts
-from shardverify.dtensor.run import DEFAULT_BUDGET, CaseResult, execute_combos, orbit_representatives
+from shardverify.dtensor.run import DEFAULT_BUDGET, CaseResult, execute_combos, present_combinations
 from shardverify.errors import SpecError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import InputDecl, OpCase
@@ -138,6 +138,7 @@ def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, budge
     """Every case of the custom op on every mesh, executed on DTensor and classified."""
     _import(spec)
     results = []
+    explained: set[str] = set()
     for shapes in spec.cases:
         case_id = "-".join("x".join(map(str, shape)) for shape in shapes)
         case = OpCase(op=spec.name, target=spec.target,
@@ -151,8 +152,8 @@ def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, budge
                                  for i, ((name, dtype), shape) in enumerate(zip(spec.inputs, shapes)))
                 problem = prepare(case, mesh, operands)
                 choices = [tensor_layouts(o.shape, mesh.shape, partial=("sum",) if o.floating else ()) for o in operands]
-                combos = orbit_representatives(itertools.product(*choices), mesh.shape)
-                execute_combos(result, problem, operands, combos, problem.decide, limit, budget)
+                combos = present_combinations(itertools.product(*choices))
+                execute_combos(result, problem, operands, combos, problem.decide, limit, budget, explained)
             except SpecError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reported with the case, never skipped

@@ -17,8 +17,6 @@ redistribute first, and into which output placement) beside whether the runtime 
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +24,7 @@ import torch
 from shardverify.audit.layouts import Layout
 from shardverify.backends.signals import deadline
 from shardverify.capture.call import call_op
+from shardverify.dtensor.hooks import AtenCalls, fresh_sharding_cache, quiet_dtensor, tracing, watch_redistribution
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
 
@@ -60,7 +59,9 @@ class Execution:
     """One combination executed on DTensor.
 
     ``failed``: "" (values and gradients right), "inputs" (the layout is not expressible),
-    "forward-raises", "forward-wrong", "backward-raises", "backward-wrong", "too-slow".
+    "forward-raises", "forward-wrong", "forward-late" (the op returned a DTensor whose
+    ``full_tensor()`` raises), "backward-raises", "backward-late" (a gradient's ``full_tensor()``
+    raises), "backward-wrong", "too-slow".
     """
 
     failed: str
@@ -68,70 +69,19 @@ class Execution:
     output: str = ""                        # output placements DTensor gave
     forward_comms: tuple[tuple[str, int], ...] = ()
     backward_comms: tuple[tuple[str, int], ...] = ()
-    resharded: bool = False                 # DTensor changed an input's placements in the forward
+    resharded: tuple[str, ...] = ()         # input placement changes the forward's runtime made ("[R] -> [S(0)]")
     rule: RuleVerdict | None = None
 
     @property
-    def communicated(self) -> bool:
-        return bool(self.forward_comms) or self.resharded
+    def moved_data(self) -> bool:
+        """DTensor ran a collective or changed an input's placements in the forward (a view's
+        arguments rewritten to the local shape is neither)."""
+        return bool(self.forward_comms) or bool(self.resharded)
 
 
 def _comm_counts(comm) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((getattr(op, "__name__", str(op)).split(".")[-1], n)
                         for op, n in comm.get_comm_counts().items() if n))
-
-
-@contextlib.contextmanager
-def quiet_dtensor():
-    """DTensor's redistribution warns (suboptimal all-gathers) on layouts this check chooses."""
-    loggers = [logging.getLogger(name) for name in ("torch.distributed.tensor",
-                                                    "torch.distributed.tensor._redistribute")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
-class _watch_redistribution:
-    """Records whether DTensor's runtime changes any input's placements before an op (a local
-    slice R -> S is no collective, so counting collectives alone would miss it)."""
-
-    def __init__(self) -> None:
-        self.ops: list[str] = []
-
-    def __enter__(self) -> "_watch_redistribution":
-        from torch.distributed.tensor import DTensor
-
-        self.dispatcher = DTensor._op_dispatcher
-        original = type(self.dispatcher).redistribute_local_args
-        ops = self.ops
-
-        def watched(op_info, schema, use_val):
-            ops.append(str(schema.op))
-            return original(op_info, schema, use_val)
-
-        self.dispatcher.redistribute_local_args = watched
-        return self
-
-    def __exit__(self, *exc) -> None:
-        del self.dispatcher.redistribute_local_args
-
-
-class _AtenCalls(torch.utils._python_dispatch.TorchDispatchMode):
-    """The aten ops a plain call dispatches (to find the one DTensor's rule is looked up for)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        self.calls.append((func, args, kwargs))
-        return func(*args, **kwargs)
 
 
 def _text(exc: BaseException) -> str:
@@ -157,6 +107,9 @@ class CaseRunner:
     _held: list = field(default_factory=list)
     _passed: dict = field(default_factory=dict)
     _rebuilt: dict = field(default_factory=dict)         # (position, partial layout) -> DTensor's sum of the pieces
+    _full_outputs: list = field(default_factory=list)    # the last execution's outputs gathered to replicated
+    _dirty: bool = True                                  # the sharding cache is cleared before the next run
+    _tracer: object = None                               # an OpTrace while culprit() runs
 
     def __post_init__(self) -> None:
         self._reference_gradients()
@@ -172,7 +125,7 @@ class CaseRunner:
         # the tensors the call takes, by identity: the recorded aten call names them
         self._held = [values[o.locator] for o in self.operands]
         self._passed = {id(t): i for i, t in enumerate(self._held)}
-        with _AtenCalls() as calls:
+        with AtenCalls() as calls:
             out = call_op(problem.node, problem.module, values)
         tensor_calls = [c for c in calls.calls if not str(c[0]).startswith(("aten.detach", "aten.alias"))]
         self.aten = tensor_calls[0] if len(tensor_calls) == 1 else None
@@ -232,11 +185,15 @@ class CaseRunner:
     def run(self, combo: tuple[Layout, ...]) -> Execution:
         """Execute ``combo``; "too-slow" when DTensor has not finished within ``self.budget``
         seconds (its sharding propagation of attention with a mask takes minutes a combination)."""
+        if self._dirty:    # a failure may have left DTensor's cached placements holding state
+            fresh_sharding_cache()
         try:
             with deadline(self.budget, TooSlow):
-                return self._run(combo)
+                found = self._run(combo)
         except TooSlow:
-            return Execution("too-slow", f"DTensor did not finish within {self.budget:g} s")
+            found = Execution("too-slow", f"DTensor did not finish within {self.budget:g} s")
+        self._dirty = found.failed not in ("", "inputs")
+        return found
 
     def _run(self, combo: tuple[Layout, ...]) -> Execution:
         from torch.distributed.tensor.debug import CommDebugMode
@@ -254,9 +211,10 @@ class CaseRunner:
                 leaves[i] = made
             values[operand.locator] = made
         rule = self._rule(values)
+        tracer = self._tracer
         with self.mode:
             try:
-                with CommDebugMode() as comm, _watch_redistribution() as watch:
+                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "forward", watch):
                     out = call_op(problem.node, problem.module, values)
             except Exception as exc:  # DTensor refuses: its own error, reported
                 return Execution("forward-raises", _text(exc), rule=_redistributed(rule, watch.ops))
@@ -266,7 +224,9 @@ class CaseRunner:
             gathered = self._gather_outputs(picked)
         shown = ", ".join(placements_text(o.placements) if hasattr(o, "placements") else type(o).__name__
                           for o in picked)
-        base = dict(output=shown, forward_comms=_comm_counts(comm), resharded=bool(watch.ops), rule=rule)
+        base = dict(output=shown, forward_comms=_comm_counts(comm), resharded=tuple(watch.ops), rule=rule)
+        if isinstance(gathered, _Late):
+            return Execution("forward-late", gathered.text, **base)
         # compared outside the mode: plain tensor ops under LocalTensorMode cost 10x
         alt = self._at_rebuilt(combo)
         wrong = gathered if isinstance(gathered, str) else self._compare_outputs(gathered, alt)
@@ -275,33 +235,50 @@ class CaseRunner:
         if not self.backward:
             return Execution("", **base)
         with self.mode:
+            total = self._backward_loss(picked)   # shardverify's own gather of the outputs: not counted
             try:
-                with CommDebugMode() as comm:
-                    self._backward(picked)
-            except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses
+                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "backward", watch):
+                    if total is not None:
+                        total.backward()
+            except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses after the op returned
                 return Execution("backward-raises", _text(exc), **base)
-            grads = {i: (placements_text(leaf.grad.placements), dict(leaf.grad.full_tensor()._local_tensors))
-                     if leaf.grad is not None else None for i, leaf in leaves.items()}
+            grads = {}
+            for i, leaf in leaves.items():
+                if leaf.grad is None:
+                    grads[i] = None
+                    continue
+                try:
+                    grads[i] = (placements_text(leaf.grad.placements), dict(leaf.grad.full_tensor()._local_tensors))
+                except Exception as exc:  # noqa: BLE001 - the gradient's metadata does not fit its locals
+                    return Execution("backward-late", f"gradient of {self.operands[i].role} "
+                                     f"{placements_text(leaf.grad.placements)}: full_tensor() raises {_text(exc)}",
+                                     backward_comms=_comm_counts(comm), **base)
         base["backward_comms"] = _comm_counts(comm)
         wrong = self._compare_grads(grads, alt)
         return Execution("backward-wrong" if wrong else "", wrong, **base)
 
-    def _gather_outputs(self, picked) -> list | str:
+    def _gather_outputs(self, picked) -> "list | str | _Late":
         """Every output's placements and each rank's ``full_tensor()`` of it (inside the mode),
-        or what is wrong with an output before its values are looked at."""
-        from torch.distributed.tensor import DTensor
+        or what is wrong with an output before its values are looked at (a :class:`_Late` when
+        the op returned a DTensor whose ``full_tensor()`` raises)."""
+        from torch.distributed.tensor import DTensor, Replicate
 
         found = []
+        self._full_outputs = []
         for k, (item, expected) in enumerate(zip(picked, self.problem.outputs)):
             if not isinstance(item, DTensor):
                 return f"output {k} is a {type(item).__name__}, not a DTensor"
             if tuple(item.shape) != tuple(expected.shape):
                 return f"output {k} claims global shape {tuple(item.shape)}, the reference has {tuple(expected.shape)}"
             try:
-                full = item.full_tensor()
+                # full_tensor(), kept in the autograd graph: the backward's loss is made of this
+                # same gather (a MaskPartial output reduces once; a second gather asserts)
+                full = item.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)
+                per_rank = dict(full.to_local()._local_tensors)
             except Exception as exc:  # noqa: BLE001 - the output's metadata does not fit its locals
-                return f"output {k} {placements_text(item.placements)}: full_tensor() raises {_text(exc)}"
-            found.append((placements_text(item.placements), dict(full._local_tensors)))
+                return _Late(f"output {k} {placements_text(item.placements)}: full_tensor() raises {_text(exc)}")
+            found.append((placements_text(item.placements), per_rank))
+            self._full_outputs.append(full)
         return found
 
     def _at_rebuilt(self, combo) -> tuple | None:
@@ -336,19 +313,19 @@ class CaseRunner:
                 return f"output {k} {shown}: {problem}"
         return ""
 
-    def _backward(self, picked) -> None:
+    def _backward_loss(self, picked):
+        """``sum(output * g)`` over the outputs as :meth:`_gather_outputs` gathered them to
+        replicated (this check's own collective, made before the backward's are counted), or None."""
         from torch.distributed.tensor import DTensor, Replicate
 
         total = None
-        for item, g in zip(picked, self.grad_outputs):
+        for item, full, g in zip(picked, self._full_outputs, self.grad_outputs):
             if g is None or not isinstance(item, DTensor) or not item.requires_grad:
                 continue
-            full = item.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)
             term = (full * DTensor.from_local(_replicated(g, self.mesh.size()), self.mesh,
                                               [Replicate()] * self.mesh.ndim, run_check=False)).sum()
             total = term if total is None else total + term
-        if total is not None:
-            total.backward()
+        return total
 
     def _compare_grads(self, grads: dict, alt: tuple | None = None) -> str:
         for i, found in grads.items():
@@ -368,6 +345,21 @@ class CaseRunner:
             if problem:
                 return f"gradient of {role} {shown}: {problem}"
         return ""
+
+    def culprit(self, combo: tuple[Layout, ...]):
+        """Executes ``combo`` again with every aten op DTensor runs held to the op on its inputs'
+        full values: the first wrong one (an attribute.Step: its placements, who is to blame),
+        or None when no single op is found wrong (:mod:`shardverify.dtensor.attribute`)."""
+        from shardverify.dtensor.attribute import OpTrace
+
+        self._tracer = OpTrace()
+        try:
+            self.run(combo)
+            found = self._tracer.culprit
+        finally:
+            self._tracer = None
+            self._dirty = True
+        return found
 
     # ---- DTensor's rule ---------------------------------------------------------------------
     def _rule(self, values: dict) -> RuleVerdict | None:
@@ -408,7 +400,16 @@ class CaseRunner:
         inputs = ""
         if sharding.needs_redistribute and sharding.redistribute_schema is not None:
             inputs = ", ".join(placements_text(s.placements) for s in sharding.redistribute_schema.args_spec)
-        return RuleVerdict(str(func), not sharding.needs_redistribute, inputs, output)
+            if inputs == ", ".join(placements_text(s.placements) for s in info.schema.args_spec):
+                inputs = ""   # a view's arguments rewritten to local sizes: the placements are kept
+        return RuleVerdict(str(func), not inputs, inputs, output)
+
+
+@dataclass(frozen=True)
+class _Late:
+    """The op returned, but reading its output (``full_tensor()``) raises."""
+
+    text: str
 
 
 class TooSlow(BaseException):

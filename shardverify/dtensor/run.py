@@ -1,5 +1,10 @@
-"""Execute DTensor on every input combination of an op spec's cases, one per symmetry orbit,
-and classify each (:mod:`shardverify.dtensor.verdicts`).
+"""Execute DTensor on every input combination of an op spec's cases and classify each
+(:mod:`shardverify.dtensor.verdicts`).
+
+No symmetry reduction: the audit keeps one combination per orbit of mesh-axis swaps because its
+strategies are symmetric under them, but DTensor is not (its rules and runtime treat mesh axis 0
+and 1 differently: an embedding's mask on one axis and its shard on the other fails while the
+mirror is right), so every combination is its own case here.
 
 The combinations are the audit's (:class:`shardverify.audit.run._Audit`): every layout of every
 operand, uneven blocks, both shard orders and partial-sum inputs included. Each one executed is
@@ -16,7 +21,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from shardverify.audit.layouts import axis_symmetries
 from shardverify.audit.run import _Audit
 from shardverify.dtensor.execute import CaseRunner, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
@@ -24,7 +28,7 @@ from shardverify.dtensor.repro import render_repro
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
-__all__ = ["CaseResult", "run_case", "run_spec", "execute_combos", "orbit_representatives", "DEFAULT_LIMIT",
+__all__ = ["CaseResult", "run_case", "run_spec", "execute_combos", "present_combinations", "DEFAULT_LIMIT",
            "DEFAULT_BUDGET"]
 
 DEFAULT_LIMIT = 600
@@ -39,7 +43,7 @@ class CaseResult:
     op: str
     case: str
     mesh: tuple[int, ...]
-    combinations: int = 0          # input combinations (one per orbit), absent operands left out
+    combinations: int = 0          # input combinations (every one, absent operands left out)
     executed: int = 0
     counts: Counter = field(default_factory=Counter)
     findings: list[Finding] = field(default_factory=list)     # every class but "agrees"
@@ -67,7 +71,8 @@ def _sample(items: list, limit: int | None) -> list:
 
 
 def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: int | None = DEFAULT_LIMIT,
-             partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET) -> CaseResult:
+             partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET,
+             explained: set[str] | None = None) -> CaseResult:
     """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``."""
     start = time.perf_counter()
     result = CaseResult(spec.name, case_id, tuple(mesh_shape))
@@ -76,31 +81,31 @@ def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: in
     result.note = audit.note
     # only the combinations executed are decided: a sample of attention's 4 operands on (2, 2)
     # needs a few hundred decisions, not the tens of thousands of the whole audit
-    combos = orbit_representatives(audit.combinations(), audit.mesh.shape)
-    execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget)
+    combos = present_combinations(audit.combinations())
+    execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget, explained)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def orbit_representatives(combos, mesh_shape) -> list:
-    """One combination per orbit of the mesh's axis symmetries, absent (post-added) operands left out."""
-    perms = axis_symmetries(mesh_shape)
-    return [combo for combo in combos
-            if not any(layout.absent for layout in combo)
-            and min(tuple(layout.permuted(p) for layout in combo) for p in perms) == combo]
+def present_combinations(combos) -> list:
+    """Every combination whose operands are all present (an absent, post-added operand is no
+    DTensor input); no mesh-axis orbit is folded: DTensor is not symmetric under axis swaps."""
+    return [combo for combo in combos if not any(layout.absent for layout in combo)]
 
 
 def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None,
-                   budget: float | None = DEFAULT_BUDGET) -> None:
+                   budget: float | None = DEFAULT_BUDGET, explained: set[str] | None = None) -> None:
     """Execute ``combos`` (or a sample of ``limit``) on DTensor, classifying each against the
-    audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``."""
+    audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``. The first
+    silent or late finding of each class gets its repro and attribution; ``explained``: the
+    classes that already have them (shared by a spec's cases and meshes, so each is explained once)."""
     mesh_shape = result.mesh
     result.combinations = len(combos)
     chosen = _sample(combos, limit)
     if len(chosen) < len(combos):
         left = f"{len(combos) - len(chosen)} of {len(combos)} combinations not executed (limit {limit})"
         result.note = f"{result.note}; {left}" if result.note else left
-    rendered: set[str] = set()
+    rendered = set() if explained is None else explained
     with quiet_dtensor(), local_world(tuple(mesh_shape)) as (mesh, mode):
         runner = CaseRunner(problem, operands, mesh, mode, budget=budget)
         for done, combo in enumerate(chosen):
@@ -124,8 +129,11 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 runtime_against_rule(execution, klass),
                 ", ".join(map(str, outcome.outputs)) if outcome.valid else f"none ({outcome.reason})",
                 _comms(execution))
-            if klass == "silent-wrong" and finding.key() not in rendered:
+            if klass in ("silent-wrong", "late-failure") and finding.key() not in rendered:
                 rendered.add(finding.key())
+                step = runner.culprit(combo) if klass == "silent-wrong" else None
+                if step is not None:
+                    finding = dataclasses.replace(finding, culprit=str(step), runtime=step.verdict)
                 finding = dataclasses.replace(finding, repro=_repro(problem, operands, combo, mesh_shape, finding))
             result.findings.append(finding)
 
@@ -138,16 +146,17 @@ def _comms(execution) -> str:
     parts = [f"{phase} " + ", ".join(f"{n} {name}" for name, n in counts)
              for phase, counts in (("forward", execution.forward_comms), ("backward", execution.backward_comms))
              if counts]
-    if execution.resharded and not execution.forward_comms:
-        parts.insert(0, "re-slices an input locally")
+    if execution.resharded:
+        parts.insert(0, "redistributes " + ", ".join(dict.fromkeys(execution.resharded)))
     return "; ".join(parts)
 
 
 def _repro(problem, operands, combo, mesh_shape, finding: Finding) -> str:
     import torch
 
-    title = (f"DTensor (torch {torch.__version__}) computes wrong "
-             f"{'gradients' if finding.phase == 'backward' else 'values or shapes'} silently: "
+    what = ("returns a DTensor and fails later" if finding.klass == "late-failure" else
+            f"computes wrong {'gradients' if finding.phase == 'backward' else 'values or shapes'} silently")
+    title = (f"DTensor (torch {torch.__version__}) {what}: "
              f"{finding.op} ({finding.case}) on mesh {tuple(mesh_shape)}, {finding.line}.\n{finding.detail}")
     try:
         return render_repro(problem, operands, combo, tuple(mesh_shape), title)
@@ -160,10 +169,11 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
     """Every case of ``spec`` on every mesh; a case that cannot run is a result with its error
     as the note, never left out."""
     results = []
+    explained: set[str] = set()
     for case_id, case in spec.op_cases():
         for mesh in meshes or spec.verify.meshes:
             try:
-                found = run_case(spec, case_id, case, tuple(mesh), limit=limit, budget=budget)
+                found = run_case(spec, case_id, case, tuple(mesh), limit=limit, budget=budget, explained=explained)
             except Exception as exc:  # noqa: BLE001 - reported with the case, not skipped
                 found = CaseResult(spec.name, case_id, tuple(mesh), note=f"error: {type(exc).__name__}: {exc}")
             results.append(found)

@@ -5,11 +5,16 @@ The classes, most important first:
 
 * ``silent-wrong``: DTensor returns wrong values or shapes (forward) or wrong gradients
   (backward) and raises nothing: what corrupts training.
+* ``late-failure``: the op returned a DTensor, and a later step raises: its ``full_tensor()``
+  (the output's placements do not fit its local pieces), the backward, or a gradient's
+  ``full_tensor()``. Between silent and raising: nothing is wrong where the op was called, the
+  error comes from elsewhere, and a program that never reads the value back goes on with it.
 * ``raises``: DTensor raises on these input placements (every placement is a legal DTensor input;
   it should compute, redistributing if it must).
-* ``backward-raises``: the forward is right, its backward raises.
-* ``missed-optimisation``: right, but DTensor communicates (or re-slices an input) where the audit
-  found a strategy that runs on these layouts with no communication.
+* ``missed-optimisation``: right, but DTensor moved data in the forward (a collective, or an input
+  whose placements its runtime changed) where the audit found a strategy that runs on these
+  layouts with no communication. A view's arguments rewritten to local sizes move nothing and
+  are not counted; nor is this check's own gather of the output before the backward.
 * ``agrees``: right values and gradients, communicating only where no local strategy exists.
 * ``not-expressible``: DTensor's placements do not hold the layout (nothing is claimed).
 * ``too-slow``: DTensor did not finish within the budget (nothing is claimed; the case's other
@@ -29,9 +34,9 @@ _PLACEMENT = re.compile(r"_S\(\d+, sf=\d+\)|S\(\d+\)|P\(\w+\)|R")   # placements
 
 CLASSES: dict[str, str] = {
     "silent-wrong": "DTensor computes wrong values or shapes silently",
+    "late-failure": "the op returned; its output's full_tensor(), the backward or a gradient raises later",
     "raises": "DTensor raises",
-    "backward-raises": "DTensor's backward raises",
-    "missed-optimisation": "DTensor communicates where a local strategy exists",
+    "missed-optimisation": "DTensor moves data (a collective or a placement change) where a local strategy exists",
     "agrees": "DTensor computes the right values and gradients",
     "not-expressible": "the layout is not expressible in DTensor placements",
     "too-slow": "DTensor did not finish the combination within the time budget",
@@ -55,36 +60,40 @@ class Finding:
     local_strategy: str                         # the audit: the local strategy's outputs, or why none
     comms: str                                  # collectives DTensor ran (forward; backward)
     repro: str = ""                             # a standalone script (the first silent finding of its class)
+    culprit: str = ""                           # the first aten op found wrong and who is to blame (attribute.py)
 
     @property
     def line(self) -> str:
         return " ".join(f"{role}={text}" for role, text in self.placements)
 
     def key(self) -> str:
-        return class_key(self.op, self.phase, self.placements)
+        return class_key(self.op, self.phase, self.placements, self.klass)
 
     @classmethod
     def from_json(cls, item: dict) -> "Finding":
         return cls(item["op"], item["case"], tuple(item["mesh"]), tuple(item["layouts"].items()),
                    tuple(item["placements"].items()), item["class"], item["phase"] or "", item["detail"] or "",
-                   item["rule"] or "", item["runtime"] or "", item["local_strategy"], item["comms"] or "")
+                   item["rule"] or "", item["runtime"] or "", item["local_strategy"], item["comms"] or "",
+                   culprit=item.get("culprit") or "")
 
     def to_json(self) -> dict:
         return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "class": self.klass,
                 "phase": self.phase or None, "layouts": dict(self.layouts), "placements": dict(self.placements),
                 "detail": self.detail or None, "rule": self.rule or None, "runtime": self.runtime or None,
-                "local_strategy": self.local_strategy, "comms": self.comms or None, "key": self.key()}
+                "local_strategy": self.local_strategy, "comms": self.comms or None, "culprit": self.culprit or None,
+                "key": self.key()}
 
 
-def class_key(op: str, phase: str, placements: tuple[tuple[str, str], ...]) -> str:
-    """The silent-corruption class a finding belongs to, the same on every mesh: the op, the
-    phase and, per operand, the set of placements other than R it holds (``weight=S(0)`` on
-    (4,) and on (2, 2) as ``[R, S(0)]`` are one class)."""
+def class_key(op: str, phase: str, placements: tuple[tuple[str, str], ...], klass: str = "silent-wrong") -> str:
+    """The class a finding belongs to, the same on every mesh: the op, the phase (``-late``
+    after it for a late failure) and, per operand, the set of placements other than R it holds
+    (``weight=S(0)`` on (4,) and on (2, 2) as ``[R, S(0)]`` are one class)."""
     parts = []
     for role, text in placements:
         kinds = sorted(set(_PLACEMENT.findall(text)) - {"R"})
         parts.append(f"{role}={'+'.join(kinds) or 'R'}")
-    return f"{op} {phase or '-'} {' '.join(parts)}"
+    word = (phase or "-") + ("-late" if klass == "late-failure" else "")
+    return f"{op} {word} {' '.join(parts)}"
 
 
 def classify(execution: Execution, valid_locally: bool) -> tuple[str, str]:
@@ -99,11 +108,13 @@ def classify(execution: Execution, valid_locally: bool) -> tuple[str, str]:
         return "raises", "forward"
     if failed == "forward-wrong":
         return "silent-wrong", "forward"
-    if failed == "backward-raises":
-        return "backward-raises", "backward"
+    if failed == "forward-late":
+        return "late-failure", "forward"
+    if failed in ("backward-raises", "backward-late"):
+        return "late-failure", "backward"
     if failed == "backward-wrong":
         return "silent-wrong", "backward"
-    if execution.communicated and valid_locally:
+    if execution.moved_data and valid_locally:
         return "missed-optimisation", ""
     return "agrees", ""
 
@@ -111,8 +122,8 @@ def classify(execution: Execution, valid_locally: bool) -> tuple[str, str]:
 def runtime_against_rule(execution: Execution, klass: str) -> str:
     """Says where the fault lies when the rule and the runtime part ways."""
     rule = execution.rule
-    if rule is None or klass != "silent-wrong":
-        return ""
+    if rule is None or klass != "silent-wrong" or execution.failed == "backward-wrong":
+        return ""   # a wrong gradient is the backward's ops' doing, not the forward rule's (attribute.py)
     if rule.local is False and rule.redistributed is False:
         return "the rule asks for a redistribution the runtime never applies: the rule is right, the runtime wrong"
     if rule.local:

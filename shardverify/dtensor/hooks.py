@@ -1,0 +1,97 @@
+"""What is watched in DTensor while it runs (execute.py): its logging quieted, the aten ops a
+plain call dispatches, the input placement changes its runtime makes, a tracer entered for one
+phase, and its sharding cache cleared between combinations."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+from shardverify.dtensor.placements import placements_text
+
+__all__ = ["quiet_dtensor", "AtenCalls", "watch_redistribution", "tracing", "fresh_sharding_cache"]
+
+
+@contextlib.contextmanager
+def quiet_dtensor():
+    """DTensor's redistribution warns (suboptimal all-gathers) on layouts this check chooses."""
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.tensor",
+                                                    "torch.distributed.tensor._redistribute")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+class watch_redistribution:
+    """Records every input placement change DTensor's runtime makes before an op (a local slice
+    R -> S is no collective, so counting collectives alone would miss it). The runtime also
+    passes through here to rewrite a view's non-tensor arguments (the shape in local sizes) with
+    every tensor's placements kept: that moves no data and is not recorded."""
+
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+
+    def __enter__(self) -> "watch_redistribution":
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec
+        from torch.utils import _pytree as pytree
+
+        self.dispatcher = DTensor._op_dispatcher
+        original = type(self.dispatcher).redistribute_local_args
+        ops = self.ops
+
+        def watched(op_info, schema, use_val):
+            wanted = (tuple(pytree.tree_leaves(schema.args_schema)) if op_info.args_tree_spec is not None
+                      else schema.args_schema)
+            for have, want in zip(op_info.flat_args_schema, wanted):
+                if isinstance(have, DTensorSpec) and isinstance(want, DTensorSpec) and have.placements != want.placements:
+                    ops.append(f"{schema.op}: {placements_text(have.placements)} -> {placements_text(want.placements)}")
+            return original(op_info, schema, use_val)
+
+        self.dispatcher.redistribute_local_args = watched
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.dispatcher.redistribute_local_args
+
+
+class AtenCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops a plain call dispatches (to find the one DTensor's rule is looked up for)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def tracing(tracer, phase: str, watch):
+    """``tracer`` (an OpTrace, or None) entered for ``phase``, seeing the runtime's redistributions."""
+    if tracer is None:
+        yield
+        return
+    tracer.phase, tracer.redistributed = phase, watch.ops
+    with tracer:
+        yield
+
+
+def fresh_sharding_cache() -> None:
+    """Each combination judged on its own: DTensor's sharding cache holds its placements, and
+    a ``MaskPartial`` placement (an embedding's output) carries a mask buffer that a failed
+    reduction leaves materialized, so the next embedding with the same table placement raises
+    "MaskBuffer has been materialized with conflicting data". Cleared after a failure only (a
+    clear before every combination doubles a run's time)."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()   # the Python cache and the C++ fast path's
