@@ -207,13 +207,13 @@ def bound_apart(a: Mapping[str, tuple], b: Mapping[str, tuple]) -> bool:
 
 
 def signature_apart(operands_a, params_a, operands_b, params_b) -> bool:
-    """Can no call be taken by both of two declarations, because one requires a tensor at a
-    position where the other takes a number (``torch.max(x, y)`` and ``torch.max(x, dim)``)?
-    A call passing a tensor where a declaration takes a number, or a tensor it does not declare,
-    is not that declaration's (:func:`takes_call`)."""
+    """Do two declarations of one target read a position differently, one a tensor and the other a
+    number (``torch.max(x, y)`` and ``torch.max(x, dim)``; clamp's bounds as tensors or numbers)?
+    Then a call passing a value there is taken by one of them only (:func:`takes_call`); a call
+    that passes nothing there is served by the nearer one, verified at the call where outside its grid."""
     def apart(operands, others, params) -> bool:
         tensor_keywords = {o.keyword for o in others if o.kind != "output" and o.keyword}
-        return any(o.kind == "input" and o.index is not None and o.element is None and not o.optional
+        return any(o.kind == "input" and o.index is not None and o.element is None
                    and any(p.index == o.index for p in params)
                    and (o.keyword is None or o.keyword not in tensor_keywords)
                    for o in operands)
@@ -228,14 +228,15 @@ def _is_tensor(value: object) -> bool:
 
 def takes_call(handler: HandlerDef, node: Node) -> bool:
     """Does the call pass tensors exactly where ``handler`` declares tensor operands: every
-    required one present, none where it declares a number, none it does not declare? Picks
-    among handlers of one target told apart by :func:`signature_apart`."""
+    required one a tensor, an optional one a tensor or nothing, no tensor where it declares a
+    number, none it does not declare? Picks among the handlers of one target that
+    :func:`signature_apart` tells apart."""
     if node.op not in ("call_function", "call_method"):
         return True
     tensors = [d for d in handler.operands if d.kind != "output" and d.attribute is None]
     for decl in tensors:
         value, _ = _call_value(node, decl.index, decl.keyword)
-        if not decl.optional and decl.element is None and not _is_tensor(value):
+        if decl.element is None and not _is_tensor(value) and not (decl.optional and (value is _MISSING or value is None)):
             return False
     for decl in handler.params:
         if _is_tensor(_call_value(node, decl.index, decl.keyword, decl.varargs)[0]):
