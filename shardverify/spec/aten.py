@@ -28,59 +28,18 @@ def is_aten(name: str) -> bool:
     return name.startswith(ATEN_PREFIX) and name.count(".") == 4
 
 
-@dataclasses.dataclass(frozen=True)
-class _Argument:
-    """One argument of a Python function, read as a schema argument is (name, type, keyword-only)."""
-
-    name: str
-    type: str
-    kwarg_only: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class _Signature:
-    """A torch function's Python signature as :func:`aten_positions` reads a schema."""
-
-    name: str
-    arguments: tuple[_Argument, ...]
-
-    def __str__(self) -> str:
-        return f"{self.name}({', '.join(a.name for a in self.arguments)})"
-
-
-def _annotation(annotation: object) -> str:
-    """``Tensor``, ``Optional[Tensor]``, ``bool``...; ``any`` where the function gives none."""
-    import inspect
-
-    if annotation is inspect.Parameter.empty:
-        return "any"
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    return text.replace("torch.", "")
-
-
 def _schema(node: Node, name: str):
-    import inspect
-
     import torch
 
     overload = lookup(name)
-    if isinstance(overload, torch._ops.OpOverload):
-        return overload._schema
-    if not is_aten(name) and callable(overload):   # a torch function whose argument order differs
-        try:
-            parameters = inspect.signature(overload).parameters.values()
-        except (TypeError, ValueError):
-            raise node.error(f"target {name!r} has no Python signature to place 'args' in") from None
-        return _Signature(name, tuple(_Argument(p.name, _annotation(p.annotation), p.kind == p.KEYWORD_ONLY)
-                                      for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)))
-    raise node.error(f"target {name!r} is not an ATen overload; name one with its overload, e.g. "
-                     f"'torch.ops.aten.linear.default' (see torch.ops.aten.<op>.overloads())")
+    if not isinstance(overload, torch._ops.OpOverload):
+        raise node.error(f"target {name!r} is not an ATen overload; name one with its overload, e.g. "
+                         f"'torch.ops.aten.linear.default' (see torch.ops.aten.<op>.overloads())")
+    return overload._schema
 
 
 def _kind(argument) -> str:
     text = str(argument.type)
-    if text == "any":
-        return "any"
     if text.startswith("List[Tensor]") or text.startswith("List[Optional[Tensor]]"):
         return "tensor list"
     if text.startswith("Tensor") or text.startswith("Optional[Tensor]"):
@@ -121,7 +80,7 @@ def aten_positions(node: Node, name: str, args_node: Node | None, operands: list
                               f"argument(s); give its position in the target's 'args'")
         argument = arguments[index]
         got = _kind(argument)
-        if got not in (want, "any"):
+        if got != want:
             raise where.error(f"{what} sits at position {index}, which is '{argument.name}: {argument.type}' "
                               f"in {schema} (a {got}, not a {want}); give its position in the target's 'args'")
         slot = (index, element)

@@ -235,9 +235,9 @@ def parse_op_spec(root: Node) -> OpSpec:
         target = resolve_target(name_node)
         if any(t.name == target for t in targets):
             raise item.error(f"target {target!r} is listed twice")
-        if args_node is not None and not is_aten(target) and _target_form(name_node, target) != "function":
-            raise args_node.error(f"'args' places the spec's operands at an ATen overload's or a function's "
-                                  f"positions; {target!r} is neither")
+        if args_node is not None and not is_aten(target):
+            raise args_node.error(f"'args' places the spec's operands at an ATen overload's positions; "
+                                  f"{target!r} is not one (torch.ops.aten.<op>.<overload>)")
         targets.append(TargetSpec(target, _target_form(name_node, target), aten=is_aten(target)))
         entries.append((name_node, args_node, where_node))
 
@@ -255,7 +255,7 @@ def parse_op_spec(root: Node) -> OpSpec:
                 f"'{p.name}' is declared both as an operand and as a parameter")
     _check_slots(operands, params, operands_node, params_node)
     for position, (target, (name_node, args_node, _)) in enumerate(zip(targets, entries)):
-        if target.aten or args_node is not None:
+        if target.aten:
             at_operands, at_params = aten_positions(name_node, target.name, args_node, operands, params)
             targets[position] = dataclasses.replace(target, operands=at_operands, params=at_params)
     forms = {t.form for t in targets if not t.aten}
@@ -427,10 +427,10 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
             raise seed_node.error(f"expected a non-negative seed, got {seed_node.value!r}")
         seed = int(seed_node.value)  # type: ignore[arg-type]
 
-    if any(t.form in ("function", "method") and not t.own_positions for t in targets):
+    if any(t.form in ("function", "method") and not t.aten for t in targets):
         _check_positional(operands, params, inputs, inputs_node, "the function target(s)")
     for target in targets:
-        if target.own_positions:
+        if target.aten:
             _check_positional(list(target.operands), list(target.params), inputs, inputs_node, target.name)
     return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
                       inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,

@@ -59,12 +59,6 @@ class TargetSpec:
     aten: bool = False
     where: tuple[tuple[str, Literal], ...] = ()   # the grid points this target takes (empty: all)
 
-    @property
-    def own_positions(self) -> bool:
-        """Does the target take the spec's operands at its own positions (an ATen overload, or a
-        function with an ``args:`` mapping: ``F.batch_norm`` against ``aten.batch_norm``)?"""
-        return self.aten or bool(self.operands)
-
     def takes(self, point: tuple[tuple[str, Literal], ...]) -> bool:
         """Is grid ``point`` one of this target's?"""
         values = dict(point)
@@ -187,10 +181,10 @@ class OpSpec:
 
     def operands_for(self, target: TargetSpec) -> tuple[OperandSpec, ...]:
         """The operands as ``target``'s calls take them."""
-        return target.operands if target.own_positions else self.operands
+        return target.operands if target.aten else self.operands
 
     def params_for(self, target: TargetSpec) -> tuple[ParamSpec, ...]:
-        return target.params if target.own_positions else self.params
+        return target.params if target.aten else self.params
 
     def grid_size(self) -> int:
         """The grid's points: its product, less the points that break a ``same_length`` group."""
