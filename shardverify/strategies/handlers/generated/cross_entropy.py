@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('einsum', 'n c, n -> '), ('whole', ('c',)), ('reduce', (('n', 'avg'),))),
+    options=(('einsum', 'n c ..., n ... -> '), ('whole', ('c', '...')), ('reduce', (('n', 'avg'),))),
     spec_file='specs/cross_entropy.yaml',
     overrides=(
         (torch.ops.aten.cross_entropy_loss.default, (
