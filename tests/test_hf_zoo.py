@@ -22,12 +22,13 @@ from shardverify.plan.model import PlanGoals  # noqa: E402
 from shardverify.plan.verify import plan_with_coverage  # noqa: E402
 
 # Every zoo model's solver, data-parallel and tensor-parallel plans on (2,2) and (4,), simulated and
-# on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet}.yaml (generated
+# on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet,bart}.yaml (generated
 # tests). What follows checks what those plans do, beyond passing.
 
 #: weight matrices (linear, addmm, embedding, conv) in each model: all sharded under shard_weights
 WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8),
-           "bert": ("aten.linear.default", 6), "vit": ("aten.linear.default", 7), "resnet": ("aten.linear.default", 1)}
+           "bert": ("aten.linear.default", 6), "vit": ("aten.linear.default", 7), "resnet": ("aten.linear.default", 1),
+           "bart": ("aten.linear.default", 16)}   # encoder 4 + 2, decoder self 4, cross 4, MLP 2
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
