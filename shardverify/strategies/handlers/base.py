@@ -484,6 +484,9 @@ def _tensor_meta(node: Node, index: int | None = None) -> tuple[tuple[int, ...],
     meta = node.meta.get("tensor_meta")
     if index is not None:
         metas = _tensor_metas(node)
+        if metas is None and hasattr(meta, "shape"):
+            raise HandlerError(f"node {node.name!r} returns one tensor where the spec reads element {index} of a "
+                               f"tuple result: the call is another overload of the op than the spec serves")
         if metas is None or not 0 <= index < len(metas):
             raise HandlerError(f"node {node.name!r} has no tuple result element {index}")
         return metas[index]
