@@ -223,6 +223,20 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='binary_math',
+        target='torch.ops.aten.float_power.Tensor_Tensor',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32', values=(0.5, 2.0)),
+            InputDecl('other', (4, 1), 'float32', values=(0.5, 2.0)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
@@ -242,6 +256,7 @@ SIMULATED_RUNS = [
     pytest.param(12, (4,), id='torch.Tensor.pow-mesh4'),
     pytest.param(13, (4,), id='torch.float_power-mesh4'),
     pytest.param(14, (4,), id='torch.ops.aten.pow.Tensor_Tensor-mesh4'),
+    pytest.param(15, (4,), id='torch.ops.aten.float_power.Tensor_Tensor-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.atan2-mesh2x3'),
 ]
 

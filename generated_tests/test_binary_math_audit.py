@@ -31,6 +31,7 @@ RUNS = [
     pytest.param('torch.Tensor.pow', (4,), id='torch.Tensor.pow-mesh4'),
     pytest.param('torch.float_power', (4,), id='torch.float_power-mesh4'),
     pytest.param('torch.ops.aten.pow.Tensor_Tensor', (4,), id='torch.ops.aten.pow.Tensor_Tensor-mesh4'),
+    pytest.param('torch.ops.aten.float_power.Tensor_Tensor', (4,), id='torch.ops.aten.float_power.Tensor_Tensor-mesh4'),
 ]
 
 

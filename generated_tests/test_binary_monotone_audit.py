@@ -28,7 +28,11 @@ RUNS = [
     pytest.param('torch.fmin', (4,), id='torch.fmin-mesh4'),
     pytest.param('torch.Tensor.fmin', (4,), id='torch.Tensor.fmin-mesh4'),
     pytest.param('torch.ops.aten.fmin.default', (4,), id='torch.ops.aten.fmin.default-mesh4'),
+    pytest.param('torch.max', (4,), id='torch.max-mesh4'),
+    pytest.param('torch.Tensor.max', (4,), id='torch.Tensor.max-mesh4'),
     pytest.param('torch.ops.aten.max.other', (4,), id='torch.ops.aten.max.other-mesh4'),
+    pytest.param('torch.min', (4,), id='torch.min-mesh4'),
+    pytest.param('torch.Tensor.min', (4,), id='torch.Tensor.min-mesh4'),
     pytest.param('torch.ops.aten.min.other', (4,), id='torch.ops.aten.min.other-mesh4'),
 ]
 

@@ -15,6 +15,122 @@ from shardverify.verify.report import assert_passed
 CASES = [
     OpCase(
         op='clamp_tensor',
+        target='torch.clamp',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('min', (4, 1), 'float32', values=(-1.0, -0.2)),
+            InputDecl('max', (5,), 'float32', values=(0.2, 1.0)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='clamp_tensor',
+        target='torch.clamp',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('min', (4, 1), 'float32', values=(-1.0, -0.2)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='clamp_tensor',
+        target='torch.Tensor.clamp',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('min', (4, 1), 'float32', values=(-1.0, -0.2)),
+            InputDecl('max', (5,), 'float32', values=(0.2, 1.0)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='clamp_tensor',
+        target='torch.Tensor.clamp',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('min', (4, 1), 'float32', values=(-1.0, -0.2)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='clamp_tensor',
+        target='torch.clip',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('min', (4, 1), 'float32', values=(-1.0, -0.2)),
+            InputDecl('max', (5,), 'float32', values=(0.2, 1.0)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='clamp_tensor',
+        target='torch.clip',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('min', (4, 1), 'float32', values=(-1.0, -0.2)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='clamp_tensor',
+        target='torch.Tensor.clip',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('min', (4, 1), 'float32', values=(-1.0, -0.2)),
+            InputDecl('max', (5,), 'float32', values=(0.2, 1.0)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='clamp_tensor',
+        target='torch.Tensor.clip',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('min', (4, 1), 'float32', values=(-1.0, -0.2)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='clamp_tensor',
         target='torch.ops.aten.clamp.Tensor',
         inputs=(
             InputDecl('input', (6, 4, 5), 'float32'),
@@ -46,10 +162,18 @@ CASES = [
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.ops.aten.clamp.Tensor-max_True-mesh4'),
-    pytest.param(1, (4,), id='torch.ops.aten.clamp.Tensor-max_False-mesh4'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.clamp.Tensor-max_True-mesh2x3'),
-    pytest.param(1, (2, 3), id='torch.ops.aten.clamp.Tensor-max_False-mesh2x3'),
+    pytest.param(0, (4,), id='torch.clamp-max_True-mesh4'),
+    pytest.param(1, (4,), id='torch.clamp-max_False-mesh4'),
+    pytest.param(2, (4,), id='torch.Tensor.clamp-max_True-mesh4'),
+    pytest.param(3, (4,), id='torch.Tensor.clamp-max_False-mesh4'),
+    pytest.param(4, (4,), id='torch.clip-max_True-mesh4'),
+    pytest.param(5, (4,), id='torch.clip-max_False-mesh4'),
+    pytest.param(6, (4,), id='torch.Tensor.clip-max_True-mesh4'),
+    pytest.param(7, (4,), id='torch.Tensor.clip-max_False-mesh4'),
+    pytest.param(8, (4,), id='torch.ops.aten.clamp.Tensor-max_True-mesh4'),
+    pytest.param(9, (4,), id='torch.ops.aten.clamp.Tensor-max_False-mesh4'),
+    pytest.param(2, (2, 3), id='torch.Tensor.clamp-max_True-mesh2x3'),
+    pytest.param(5, (2, 3), id='torch.clip-max_False-mesh2x3'),
 ]
 
 
@@ -61,8 +185,8 @@ def test_clamp_tensor_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (4,), id='torch.ops.aten.clamp.Tensor-max_True-mesh4'),
-    pytest.param(1, (2, 3), id='torch.ops.aten.clamp.Tensor-max_False-mesh2x3'),
+    pytest.param(0, (4,), id='torch.clamp-max_True-mesh4'),
+    pytest.param(1, (2, 3), id='torch.clamp-max_False-mesh2x3'),
 ]
 
 

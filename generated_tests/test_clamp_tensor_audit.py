@@ -16,6 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/clamp_tensor.yaml'
 # (case id, mesh shape)
 RUNS = [
+    pytest.param('torch.clamp-max_True', (4,), id='torch.clamp-max_True-mesh4'),
+    pytest.param('torch.clamp-max_False', (4,), id='torch.clamp-max_False-mesh4'),
+    pytest.param('torch.Tensor.clamp-max_True', (4,), id='torch.Tensor.clamp-max_True-mesh4'),
+    pytest.param('torch.Tensor.clamp-max_False', (4,), id='torch.Tensor.clamp-max_False-mesh4'),
+    pytest.param('torch.clip-max_True', (4,), id='torch.clip-max_True-mesh4'),
+    pytest.param('torch.clip-max_False', (4,), id='torch.clip-max_False-mesh4'),
+    pytest.param('torch.Tensor.clip-max_True', (4,), id='torch.Tensor.clip-max_True-mesh4'),
+    pytest.param('torch.Tensor.clip-max_False', (4,), id='torch.Tensor.clip-max_False-mesh4'),
     pytest.param('torch.ops.aten.clamp.Tensor-max_True', (4,), id='torch.ops.aten.clamp.Tensor-max_True-mesh4'),
     pytest.param('torch.ops.aten.clamp.Tensor-max_False', (4,), id='torch.ops.aten.clamp.Tensor-max_False-mesh4'),
 ]

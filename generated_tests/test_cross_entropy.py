@@ -41,14 +41,29 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='cross_entropy',
+        target='torch.ops.aten.cross_entropy_loss.default',
+        inputs=(
+            InputDecl('input', (16, 8), 'float32'),
+            InputDecl('target', (16,), 'int64'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.nn.functional.cross_entropy-mesh4'),
     pytest.param(1, (4,), id='torch.nn.CrossEntropyLoss-mesh4'),
+    pytest.param(2, (4,), id='torch.ops.aten.cross_entropy_loss.default-mesh4'),
     pytest.param(1, (2, 2), id='torch.nn.CrossEntropyLoss-mesh2x2'),
-    pytest.param(0, (2, 2, 2), id='torch.nn.functional.cross_entropy-mesh2x2x2'),
+    pytest.param(2, (2, 2, 2), id='torch.ops.aten.cross_entropy_loss.default-mesh2x2x2'),
 ]
 
 
@@ -75,6 +90,7 @@ def test_cross_entropy_process(sv_backend, case_index, mesh_shape):
 STRATEGY_COUNTS = [
     pytest.param(0, (2, 2), 5, id='torch.nn.functional.cross_entropy-mesh2x2'),
     pytest.param(1, (2, 2), 5, id='torch.nn.CrossEntropyLoss-mesh2x2'),
+    pytest.param(2, (2, 2), 5, id='torch.ops.aten.cross_entropy_loss.default-mesh2x2'),
 ]
 
 

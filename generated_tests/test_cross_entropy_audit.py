@@ -18,6 +18,7 @@ SPEC = 'specs/cross_entropy.yaml'
 RUNS = [
     pytest.param('torch.nn.functional.cross_entropy', (4,), id='torch.nn.functional.cross_entropy-mesh4'),
     pytest.param('torch.nn.CrossEntropyLoss', (4,), id='torch.nn.CrossEntropyLoss-mesh4'),
+    pytest.param('torch.ops.aten.cross_entropy_loss.default', (4,), id='torch.ops.aten.cross_entropy_loss.default-mesh4'),
     pytest.param('torch.nn.CrossEntropyLoss', (2, 2), id='torch.nn.CrossEntropyLoss-mesh2x2'),
 ]
 

@@ -26,12 +26,26 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='fill',
+        target='torch.fill',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+        ),
+        params=(('value', 1.5),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.ops.aten.fill.Scalar-value_1.5-mesh4'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.fill.Scalar-value_1.5-mesh2x3'),
+    pytest.param(1, (4,), id='torch.fill-value_1.5-mesh4'),
+    pytest.param(1, (2, 3), id='torch.fill-value_1.5-mesh2x3'),
 ]
 
 
@@ -43,8 +57,8 @@ def test_fill_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (2, 3), id='torch.ops.aten.fill.Scalar-value_1.5-mesh2x3'),
     pytest.param(0, (4,), id='torch.ops.aten.fill.Scalar-value_1.5-mesh4'),
+    pytest.param(1, (2, 3), id='torch.fill-value_1.5-mesh2x3'),
 ]
 
 

@@ -17,6 +17,7 @@ SPEC = 'specs/fill.yaml'
 # (case id, mesh shape)
 RUNS = [
     pytest.param('torch.ops.aten.fill.Scalar-value_1.5', (4,), id='torch.ops.aten.fill.Scalar-value_1.5-mesh4'),
+    pytest.param('torch.fill-value_1.5', (4,), id='torch.fill-value_1.5-mesh4'),
 ]
 
 

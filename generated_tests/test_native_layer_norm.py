@@ -34,12 +34,34 @@ CASES = [
             CallArg('tensor', 'bias'),
         ),
     ),
+    OpCase(
+        op='native_layer_norm',
+        target='torch.native_layer_norm',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+            InputDecl('weight', (5,), 'float32'),
+            InputDecl('bias', (5,), 'float32'),
+        ),
+        params=(('eps', 1e-05),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', (5,)),
+            CallArg('tensor', 'weight'),
+            CallArg('tensor', 'bias'),
+        ),
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.ops.aten.native_layer_norm.default-normalized_shape_5-eps_1e-05-weight_True-bias_True-mesh4'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.native_layer_norm.default-normalized_shape_5-eps_1e-05-weight_True-bias_True-mesh2x3'),
+    pytest.param(1, (4,), id='torch.native_layer_norm-normalized_shape_5-eps_1e-05-weight_True-bias_True-mesh4'),
+    pytest.param(1, (2, 3), id='torch.native_layer_norm-normalized_shape_5-eps_1e-05-weight_True-bias_True-mesh2x3'),
 ]
 
 
@@ -51,8 +73,8 @@ def test_native_layer_norm_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (2, 3), id='torch.ops.aten.native_layer_norm.default-normalized_shape_5-eps_1e-05-weight_True-bias_True-mesh2x3'),
     pytest.param(0, (4,), id='torch.ops.aten.native_layer_norm.default-normalized_shape_5-eps_1e-05-weight_True-bias_True-mesh4'),
+    pytest.param(1, (2, 3), id='torch.native_layer_norm-normalized_shape_5-eps_1e-05-weight_True-bias_True-mesh2x3'),
 ]
 
 

@@ -17,6 +17,7 @@ SPEC = 'specs/native_layer_norm.yaml'
 # (case id, mesh shape)
 RUNS = [
     pytest.param('torch.ops.aten.native_layer_norm.default-normalized_shape_5-eps_1e-05-weight_True-bias_True', (4,), id='torch.ops.aten.native_layer_norm.default-normalized_shape_5-eps_1e-05-weight_True-bias_True-mesh4'),
+    pytest.param('torch.native_layer_norm-normalized_shape_5-eps_1e-05-weight_True-bias_True', (4,), id='torch.native_layer_norm-normalized_shape_5-eps_1e-05-weight_True-bias_True-mesh4'),
 ]
 
 

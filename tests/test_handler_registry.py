@@ -88,3 +88,35 @@ def test_conflicting_registration_is_rejected():
 def test_bad_declarations_are_rejected(build, needle):
     with pytest.raises(HandlerError, match=needle):
         build()
+
+
+def test_handlers_of_one_target_told_apart_by_where_a_tensor_is_passed():
+    """torch.max(x, dim) is max.yaml's, torch.max(a, b) binary_monotone.yaml's; torch.clamp with
+    number bounds clamp.yaml's, with a tensor bound clamp_tensor.yaml's: each call is served by the
+    declaration that takes a tensor where the call passes one (and strategies come from it)."""
+    class M(torch.nn.Module):
+        def forward(self, a, b):
+            return (torch.max(a, 1)[0], torch.max(a, b), a.min(b), torch.clamp(a, -0.5, 0.5),
+                    torch.clamp(a, b), torch.clamp(a, max=b))
+
+    shapes = {"a": torch.empty(4, 6, device="meta"), "b": torch.empty(4, 6, device="meta")}
+    gm = trace(M(), meta_args=shapes)
+    calls = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")
+             and n.target is not __import__("operator").getitem]
+    found = [handler_for_node(n, gm).name for n in calls]
+    assert found == ["max", "binary_monotone", "binary_monotone", "clamp", "clamp_tensor", "clamp_tensor"]
+    assert {s.name for s in strategies_for_node(gm, calls[1].name, DeviceMesh((4,)))} >= {"S0R x S0R -> S0R"}
+
+
+def test_a_second_handler_of_a_target_must_take_a_tensor_where_the_first_takes_a_number():
+    from shardverify.strategies.handlers.base import signature_apart
+
+    number = (OperandDecl("input", "input", index=0), OperandDecl("output", "output"))
+    tensor = (OperandDecl("input", "input", index=0), OperandDecl("other", "input", index=1),
+              OperandDecl("output", "output"))
+    assert signature_apart(number, (ParamDecl("dim", 1, "dim"),), tensor, ())
+    assert not signature_apart(number, (ParamDecl("dim", 1, "dim"),), number, (ParamDecl("dim", 1, "dim"),))
+    clash = HandlerDef(name="number_max", targets=(torch.max,), operands=number,
+                       params=(ParamDecl("k", 2, "k"),), generator="following")
+    with pytest.raises(HandlerError, match="already handled by .*tensor where the other takes a number"):
+        register_handler(clash)

@@ -22,14 +22,15 @@ from shardverify.plan.model import PlanGoals  # noqa: E402
 from shardverify.plan.verify import plan_with_coverage  # noqa: E402
 
 # Every zoo model's solver, data-parallel and tensor-parallel plans on (2,2) and (4,), simulated and
-# on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet,mixtral}.yaml (generated
+# on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet,mixtral,lstm,bart}.yaml (generated
 # tests). What follows checks what those plans do, beyond passing.
 
 #: weight matrices (linear, addmm, embedding, conv) in each model: all sharded under shard_weights
 WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8),
            "bert": ("aten.linear.default", 6), "vit": ("aten.linear.default", 7), "resnet": ("aten.linear.default", 1),
            "lstm": ("aten.linear.default", 4),   # the head, and the input and two steps' hidden projections of the LSTM
-           "mixtral": ("aten.linear.default", 6)}   # q, k, v, o, the router, the LM head (the experts': index.Tensor)
+           "mixtral": ("aten.linear.default", 6),   # q, k, v, o, the router, the LM head (the experts': index.Tensor)
+           "bart": ("aten.linear.default", 16)}   # encoder 4 + 2, decoder self 4, cross 4, MLP 2
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

@@ -146,12 +146,40 @@ def mixtral() -> torch.nn.Module:
                                                 use_cache=False))
 
 
+class _EncoderDecoder(torch.nn.Module):
+    """An encoder-decoder model called with the encoder's and the decoder's ids (the decoder's given,
+    as in training with teacher forcing, rather than shifted from the encoder's in place)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor):
+        return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids)
+
+
+def _two_ids(seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen) for _ in range(2))
+
+
+def bart() -> torch.nn.Module:
+    """An encoder-decoder: the decoder's self-attention is causal, its cross-attention reads the
+    encoder's output."""
+    t = _transformers()
+    return _EncoderDecoder(t.BartModel(t.BartConfig(vocab_size=VOCAB, d_model=WIDTH, encoder_layers=1, decoder_layers=1,
+                                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * WIDTH,
+                                    decoder_ffn_dim=2 * WIDTH, max_position_embeddings=32, use_cache=False,
+                                    attn_implementation="sdpa")))
+
+
 #: name -> (model factory, example inputs for a seed)
 HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[torch.Tensor, ...]]]] = {
     "gpt2": (gpt2, _ids), "llama": (llama, _ids), "bert": (bert, _ids), "vit": (vit, _pixels),
     "resnet": (resnet, _pixels),
     "lstm": (recurrent_lm, _short_ids),      # a plain torch LSTM language model (shardverify.plan.zoo)
     "mixtral": (mixtral, _ids),
+    "bart": (bart, _two_ids),
 }
 
 

@@ -66,7 +66,9 @@ def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ..
     dims = []
     for item in items:
         if isinstance(item, bool) or not isinstance(item, int):
-            raise StrategyError(f"{what}={value!r} must contain ints, got {item!r}")
+            raise StrategyError(f"{what}={value!r} is not a dim or a list of dims (it holds a {type(item).__name__}): "
+                                f"the call is another overload of the op, passing another argument where the spec "
+                                f"reads {what}; only the overload taking {what} is served")
         if not -max(ndim, 1) <= item < max(ndim, 1):
             raise StrategyError(f"{what}={value!r}: dim {item} is out of range for a {ndim}-D input")
         dims.append(item % max(ndim, 1))

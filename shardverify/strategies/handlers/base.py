@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
     "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
-    "refusal", "outside_grid", "off_grid", "bound_apart",
+    "refusal", "outside_grid", "off_grid", "bound_apart", "signature_apart", "takes_call",
 ]
 
 OPERAND_KINDS = ("input", "param", "output")
@@ -186,9 +186,11 @@ def register_handler(defn: HandlerDef) -> HandlerDef:
                  if (twin := _operator_twin(t)) is not None]
     for key, mine in narrowed:
         for owner in _REGISTRY.get(key, ()):
-            if owner.name != defn.name and not bound_apart(owner.bound(), mine.bound()):
+            if owner.name != defn.name and not bound_apart(owner.bound(), mine.bound()) and \
+                    not signature_apart(owner.operands, owner.params, mine.operands, mine.params):
                 raise HandlerError(f"target {key!r} of handler {defn.name!r} is already handled by {owner.name!r}"
-                                   f" (two handlers of one target must be bound to disjoint values of a parameter)")
+                                   f" (two handlers of one target must be bound to disjoint values of a parameter,"
+                                   f" or take a tensor where the other takes a number)")
     for key, mine in narrowed:
         others = tuple(d for d in _REGISTRY.get(key, ()) if d.name != defn.name)
         _REGISTRY[key] = others + (mine,)
@@ -202,6 +204,47 @@ def bound_apart(a: Mapping[str, tuple], b: Mapping[str, tuple]) -> bool:
     the specs that ``generate`` checks."""
     return any(not {_normal(v) for v in a[name]} & {_normal(v) for v in values}
                for name, values in b.items() if name in a)
+
+
+def signature_apart(operands_a, params_a, operands_b, params_b) -> bool:
+    """Do two declarations of one target read a position differently, one a tensor and the other a
+    number (``torch.max(x, y)`` and ``torch.max(x, dim)``; clamp's bounds as tensors or numbers)?
+    Then a call passing a value there is taken by one of them only (:func:`takes_call`); a call
+    that passes nothing there is served by the nearer one, verified at the call where outside its grid."""
+    def apart(operands, others, params) -> bool:
+        tensor_keywords = {o.keyword for o in others if o.kind != "output" and o.keyword}
+        return any(o.kind == "input" and o.index is not None and o.element is None
+                   and any(p.index == o.index for p in params)
+                   and (o.keyword is None or o.keyword not in tensor_keywords)
+                   for o in operands)
+    return apart(operands_a, operands_b, params_b) or apart(operands_b, operands_a, params_a)
+
+
+def _is_tensor(value: object) -> bool:
+    if not isinstance(value, torch.fx.Node):
+        return False
+    return hasattr(value.meta.get("tensor_meta"), "shape") or isinstance(value.meta.get("val"), torch.Tensor)
+
+
+def takes_call(handler: HandlerDef, node: Node) -> bool:
+    """Does the call pass tensors exactly where ``handler`` declares tensor operands: every
+    required one a tensor, an optional one a tensor or nothing, no tensor where it declares a
+    number, none it does not declare? Picks among the handlers of one target that
+    :func:`signature_apart` tells apart."""
+    if node.op not in ("call_function", "call_method"):
+        return True
+    tensors = [d for d in handler.operands if d.kind != "output" and d.attribute is None]
+    for decl in tensors:
+        value, _ = _call_value(node, decl.index, decl.keyword)
+        if decl.element is None and not _is_tensor(value) and not (decl.optional and (value is _MISSING or value is None)):
+            return False
+    for decl in handler.params:
+        if _is_tensor(_call_value(node, decl.index, decl.keyword, decl.varargs)[0]):
+            return False
+    indices = {d.index for d in tensors if d.index is not None}
+    keywords = {d.keyword for d in tensors if d.keyword}
+    return all(i in indices for i, value in enumerate(node.args) if _is_tensor(value)) and \
+        all(key in keywords for key, value in node.kwargs.items() if _is_tensor(value))
 
 
 def unregister_handler(name: str) -> None:
@@ -240,6 +283,8 @@ def handler_for_node(node: Node, graph_module: GraphModule) -> HandlerDef | None
     (:func:`_distance`): its strategies are then verified at the call or refused
     (:func:`outside_grid`)."""
     found = _candidates(node, graph_module)
+    if len(found) > 1:
+        found = tuple(h for h in found if takes_call(h, node)) or found
     if len(found) > 1:
         for handler in found:
             if refusal(handler, node, graph_module) is None and outside_grid(handler, node, graph_module) is None:
@@ -439,6 +484,9 @@ def _tensor_meta(node: Node, index: int | None = None) -> tuple[tuple[int, ...],
     meta = node.meta.get("tensor_meta")
     if index is not None:
         metas = _tensor_metas(node)
+        if metas is None and hasattr(meta, "shape"):
+            raise HandlerError(f"node {node.name!r} returns one tensor where the spec reads element {index} of a "
+                               f"tuple result: the call is another overload of the op than the spec serves")
         if metas is None or not 0 <= index < len(metas):
             raise HandlerError(f"node {node.name!r} has no tuple result element {index}")
         return metas[index]

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='binary_math',
-    targets=(torch.atan2, torch.Tensor.atan2, torch.arctan2, torch.ops.aten.atan2.default, torch.remainder, torch.Tensor.remainder, torch.ops.aten.remainder.Tensor, torch.Tensor.__mod__, torch.fmod, torch.Tensor.fmod, torch.ops.aten.fmod.Tensor, torch.pow, torch.Tensor.pow, torch.float_power, torch.ops.aten.pow.Tensor_Tensor),
+    targets=(torch.atan2, torch.Tensor.atan2, torch.arctan2, torch.ops.aten.atan2.default, torch.remainder, torch.Tensor.remainder, torch.ops.aten.remainder.Tensor, torch.Tensor.__mod__, torch.fmod, torch.Tensor.fmod, torch.ops.aten.fmod.Tensor, torch.pow, torch.Tensor.pow, torch.float_power, torch.ops.aten.pow.Tensor_Tensor, torch.ops.aten.float_power.Tensor_Tensor),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -54,6 +54,15 @@ HANDLER = register_handler(HandlerDef(
         ), (
         )),
         (torch.ops.aten.pow.Tensor_Tensor, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='other', kind='input', index=1, keyword='exponent',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+        (torch.ops.aten.float_power.Tensor_Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',
                         attribute=None, optional=False, element=None),
             OperandDecl(role='other', kind='input', index=1, keyword='exponent',

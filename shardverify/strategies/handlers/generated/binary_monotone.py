@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='binary_monotone',
-    targets=(torch.maximum, torch.Tensor.maximum, torch.ops.aten.maximum.default, torch.minimum, torch.Tensor.minimum, torch.ops.aten.minimum.default, torch.fmax, torch.Tensor.fmax, torch.ops.aten.fmax.default, torch.fmin, torch.Tensor.fmin, torch.ops.aten.fmin.default, torch.ops.aten.max.other, torch.ops.aten.min.other),
+    targets=(torch.maximum, torch.Tensor.maximum, torch.ops.aten.maximum.default, torch.minimum, torch.Tensor.minimum, torch.ops.aten.minimum.default, torch.fmax, torch.Tensor.fmax, torch.ops.aten.fmax.default, torch.fmin, torch.Tensor.fmin, torch.ops.aten.fmin.default, torch.max, torch.Tensor.max, torch.ops.aten.max.other, torch.min, torch.Tensor.min, torch.ops.aten.min.other),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='clamp_tensor',
-    targets=(torch.ops.aten.clamp.Tensor,),
+    targets=(torch.clamp, torch.Tensor.clamp, torch.clip, torch.Tensor.clip, torch.ops.aten.clamp.Tensor),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='self',
                     attribute=None, optional=False, element=None),

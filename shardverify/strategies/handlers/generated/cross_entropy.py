@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='cross_entropy',
-    targets=(torch.nn.functional.cross_entropy, torch.nn.CrossEntropyLoss),
+    targets=(torch.nn.functional.cross_entropy, torch.nn.CrossEntropyLoss, torch.ops.aten.cross_entropy_loss.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -19,6 +19,17 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('einsum', 'n c, n -> '), ('whole', ('c',)), ('reduce', (('n', 'avg'),))),
+    options=(('einsum', 'n c ..., n ... -> '), ('whole', ('c', '...')), ('reduce', (('n', 'avg'),))),
     spec_file='specs/cross_entropy.yaml',
+    overrides=(
+        (torch.ops.aten.cross_entropy_loss.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='target', kind='input', index=1, keyword='target',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+        )),
+    ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='fill',
-    targets=(torch.ops.aten.fill.Scalar,),
+    targets=(torch.ops.aten.fill.Scalar, torch.fill),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='self',
                     attribute=None, optional=False, element=None),
@@ -23,6 +23,9 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/fill.yaml',
     bindings=(
         (torch.ops.aten.fill.Scalar, (
+            ('value', (1.5,)),
+        )),
+        (torch.fill, (
             ('value', (1.5,)),
         )),
     ),

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='native_layer_norm',
-    targets=(torch.ops.aten.native_layer_norm.default,),
+    targets=(torch.ops.aten.native_layer_norm.default, torch.native_layer_norm),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -32,6 +32,9 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/native_layer_norm.yaml',
     bindings=(
         (torch.ops.aten.native_layer_norm.default, (
+            ('eps', (1e-05,)),
+        )),
+        (torch.native_layer_norm, (
             ('eps', (1e-05,)),
         )),
     ),
