@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
-    "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
+    "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key", "element_decls",
     "refusal", "outside_grid", "off_grid", "bound_apart",
 ]
 
@@ -43,7 +43,10 @@ class OperandDecl:
     result (``torch.max(x, dim)``: values 0, indices 1); without it a tuple result gives one
     operand per element (split/chunk), with roles ``<role>.<i>``.
     ``element``: the operand is element ``element`` of the list argument at ``index``
-    (torch.cat's tensors). For ``call_method`` nodes index 0 is ``self``. An optional input
+    (torch.cat's tensors). ``variadic``: every element of that list argument is an operand of
+    this one role, however many the call passes; they resolve as ``<role>.<i>`` in order, each
+    with its own layout, and a rule option naming the role names them all. For ``call_method``
+    nodes index 0 is ``self``. An optional input
     that the call fills with a number (``torch.add(x, 2.0)``) is absent, like an omitted one.
     """
 
@@ -54,8 +57,12 @@ class OperandDecl:
     attribute: str | None = None
     optional: bool = False
     element: int | None = None
+    variadic: bool = False
 
     def __post_init__(self) -> None:
+        if self.variadic and (self.kind != "input" or self.element is not None or self.index is None):
+            raise HandlerError(f"operand {self.role!r}: a variadic operand is every element of the list "
+                               f"argument at its index (an input, with an index and no element)")
         if self.kind not in OPERAND_KINDS:
             raise HandlerError(f"operand {self.role!r}: kind {self.kind!r} is not one of {OPERAND_KINDS}")
         if self.kind == "input" and self.index is None and self.keyword is None:
@@ -481,7 +488,9 @@ def passes_nothing(handler: HandlerDef, node: Node, graph_module: GraphModule, r
     attribute that is None), as opposed to filling its place with a number (``x + 2.0``): an op
     linear in a group of operands stays linear in the rest when one is left out, not when a
     constant takes its place."""
-    decl = next(d for d in handler.operands if d.role == role)
+    decl = next((d for d in handler.operands if d.role == role), None)
+    if decl is None:           # an element of a variadic operand (``tensors.1``): the call passes it
+        return False
     if node.op == "call_module" and decl.attribute is not None:
         return getattr(graph_module.get_submodule(str(node.target)), decl.attribute, None) is None
     value, _ = _call_value(node, decl.index, decl.keyword)
@@ -540,10 +549,24 @@ def _resolve_one(decl: OperandDecl, handler: HandlerDef, node: Node,
     return OperationData(value.name, kind, decl.role, shape, dtype, locator=locator)
 
 
+def element_decls(decl: OperandDecl, node: Node) -> list[OperandDecl]:
+    """A variadic operand as one declaration per element the call passes (``<role>.<i>``); any
+    other operand as itself."""
+    if not decl.variadic:
+        return [decl]
+    value, _ = _call_value(node, decl.index, decl.keyword)
+    if not isinstance(value, (list, tuple)) or not value:
+        raise HandlerError(f"operand {decl.role!r} is every element of a list argument; node {node.name!r} "
+                           f"passes {value!r} there")
+    return [dataclasses.replace(decl, role=f"{decl.role}.{i}", element=i, variadic=False) for i in range(len(value))]
+
+
 def resolve_operands(handler: HandlerDef, node: Node, graph_module: GraphModule) -> dict[str, OperationData]:
-    """Operand data by role, in declaration order with the output last; absent optionals omitted."""
+    """Operand data by role, in declaration order with the output last; absent optionals
+    omitted; a variadic operand as one operand per element (``tensors.0``, ``tensors.1``...)."""
     found: dict[str, OperationData] = {}
-    for decl in sorted(handler.operands, key=lambda d: d.kind == "output"):
+    decls = [one for decl in handler.operands for one in element_decls(decl, node)]
+    for decl in sorted(decls, key=lambda d: d.kind == "output"):
         if decl.kind == "output":
             found.update(_resolve_outputs(decl, node))
             continue
