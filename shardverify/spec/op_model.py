@@ -167,6 +167,11 @@ class OpSpec:
                 continue
             values = (where[param.name],) if param.name in where else grid.get(param.name, (param.default,))
             bound.append((param.name, tuple(values)))
+        for operand in self.operands:      # how many tensors a variadic operand was verified with
+            if operand.variadic:
+                counts = (where[operand.role],) if operand.role in where else \
+                    grid.get(operand.role, (VARIADIC_COUNT,))
+                bound.append((operand.role, tuple(counts)))
         return tuple(bound)
 
     def serves_every_value(self, name: str) -> bool:

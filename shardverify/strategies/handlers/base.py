@@ -259,16 +259,27 @@ def _distance(handler: HandlerDef, node: Node, graph_module: GraphModule) -> tup
     """How far a call is from what a handler verified: (bound parameters at a value the grid
     never held, those of a type no verified value has); embedding with padding_idx=1 is
     nearer the rule verified at padding_idx=0 than the one verified without it."""
-    params = resolve_params(handler, node, graph_module)
+    params = _bound_values(handler, node, graph_module)
     off = [(name, params.get(name), values) for name, values in handler.bound().items()
            if _normal(params.get(name)) not in {_normal(v) for v in values}]
     return len(off), sum(1 for _, value, values in off if type(value) not in {type(v) for v in values})
 
 
+def _bound_values(handler: HandlerDef, node: Node, graph_module: GraphModule | None) -> dict[str, object]:
+    """The call's parameters, and for a variadic operand how many tensors the call passes (the
+    grid binds that count like a parameter: another count is verified where it is met)."""
+    params = resolve_params(handler, node, graph_module)
+    for decl in handler.operands:
+        if decl.variadic:
+            value, _ = _call_value(node, decl.index, decl.keyword)
+            params[decl.role] = len(value) if isinstance(value, (list, tuple)) else value
+    return params
+
+
 def refusal(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> str | None:
     """Why ``handler``'s strategies cannot be checked at this call at all, or None: a bound
     parameter computed by graph nodes has no value before the call runs."""
-    params = resolve_params(handler, node, graph_module)
+    params = _bound_values(handler, node, graph_module)
     for name, values in handler.bound().items():
         value = params.get(name)
         if isinstance(value, Computed):
@@ -280,7 +291,7 @@ def refusal(handler: HandlerDef, node: Node, graph_module: GraphModule | None = 
 def off_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> tuple[str, ...]:
     """The bound parameters this call passes at a value its grid never held (computed ones aside:
     :func:`refusal` speaks for those)."""
-    params = resolve_params(handler, node, graph_module)
+    params = _bound_values(handler, node, graph_module)
     return tuple(name for name, values in handler.bound().items()
                  if not isinstance(params.get(name), Computed)
                  and _normal(params.get(name)) not in {_normal(v) for v in values})
@@ -291,7 +302,7 @@ def outside_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | No
     value the grid never held, or an argument the spec does not declare (unless it leaves the
     rule unchanged, or equals its schema default: a default spelled out is the default). Such
     a call is verified when it is met (``strategies_for_node(..., on_demand=...)``) or refused."""
-    params = resolve_params(handler, node, graph_module)
+    params = _bound_values(handler, node, graph_module)
     for name in off_grid(handler, node, graph_module):
         return (f"{handler.name}: node {node.name!r} passes {name}={_show(params.get(name))}; the rule was verified "
                 f"for {name} in {_shown(handler.bound()[name])} only ({handler.spec_file or 'its spec'})")

@@ -21,6 +21,20 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('monotone_in', ('tensors',)), ('linear_in', (('tensors',),)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/cat.yaml',
+    bindings=(
+        (torch.cat, (
+            ('tensors', (2, 3)),
+        )),
+        (torch.concat, (
+            ('tensors', (2, 3)),
+        )),
+        (torch.concatenate, (
+            ('tensors', (2, 3)),
+        )),
+        (torch.ops.aten.cat.default, (
+            ('tensors', (2, 3)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.cat.default, (
             OperandDecl(role='tensors', kind='input', index=0, keyword='tensors',
