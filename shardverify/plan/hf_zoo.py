@@ -43,11 +43,11 @@ def _pixels(seed: int) -> tuple[torch.Tensor, ...]:
 
 
 def _short_ids(seed: int) -> tuple[torch.Tensor, ...]:
-    """Token ids [16, 2] for the recurrent model: its decomposed LSTM concatenates one piece per
-    step, and ``cat`` is served for two tensors (a longer sequence needs ``cat`` of any number);
-    16 sequences so that the solver's cheapest plan shards."""
+    """Token ids [16, 4] for the recurrent model: its decomposed LSTM concatenates one piece per
+    step (a ``cat`` of four tensors, verified where it is met: cat's grid holds 2 and 3); 16
+    sequences so that the solver's cheapest plan shards."""
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, VOCAB, (16, 2), generator=gen),)
+    return (torch.randint(0, VOCAB, (16, 4), generator=gen),)
 
 
 def gpt2() -> torch.nn.Module:
