@@ -83,3 +83,18 @@ def test_four_tensors_verify_on_an_uneven_mesh(target, dim):
 def test_a_variadic_operand_is_an_input_with_an_index():
     with pytest.raises(HandlerError, match="variadic"):
         OperandDecl("tensors", "output", variadic=True)
+
+
+def test_an_empty_block_whose_backward_leaves_an_input_without_gradient_is_not_offered():
+    """scaled_dot_product_attention on an empty batch gives its mask no gradient: the rank holding
+    it would skip the mask's resharding backward (an all_gather its peers wait in: a tiny T5 of
+    batch 2 hung under data_parallel on (2, 2)). Batch 2 over 4 ranks is not offered with a mask;
+    over 2 ranks (no empty block) it is."""
+    names = ("q", "k", "v", "m")
+    shapes = ((2, 2, 4, 8),) * 3 + ((2, 2, 4, 4),)
+    case = OpCase(op="sdpa", target="torch.nn.functional.scaled_dot_product_attention",
+                  inputs=tuple(InputDecl(n, s, "float64") for n, s in zip(names, shapes)))
+    graph_module, name = case.build()
+    batch_over_4 = [s for s in strategies_for_node(graph_module, name, DeviceMesh((4,))) if s.name.startswith("S0R")]
+    batch_over_2 = [s for s in strategies_for_node(graph_module, name, DeviceMesh((2,))) if s.name.startswith("S0R")]
+    assert not batch_over_4 and batch_over_2
