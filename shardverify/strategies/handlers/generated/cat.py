@@ -26,10 +26,10 @@ HANDLER = register_handler(HandlerDef(
             ('tensors', (2, 3)),
         )),
         (torch.concat, (
-            ('tensors', (2, 3)),
+            ('tensors', (2,)),
         )),
         (torch.concatenate, (
-            ('tensors', (2, 3)),
+            ('tensors', (2,)),
         )),
         (torch.ops.aten.cat.default, (
             ('tensors', (2, 3)),
