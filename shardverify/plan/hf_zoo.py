@@ -43,11 +43,11 @@ def _pixels(seed: int) -> tuple[torch.Tensor, ...]:
 
 
 def _short_ids(seed: int) -> tuple[torch.Tensor, ...]:
-    """Token ids [16, 4] for the recurrent model: its decomposed LSTM concatenates one piece per
-    step (a ``cat`` of four tensors, verified where it is met: cat's grid holds 2 and 3); 16
-    sequences so that the solver's cheapest plan shards."""
+    """Token ids [16, 3] for the recurrent model: its decomposed LSTM concatenates one piece per
+    step (a ``cat`` of three tensors; cat serves any number); 16 sequences so that the solver's
+    cheapest plan shards."""
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, VOCAB, (16, 4), generator=gen),)
+    return (torch.randint(0, VOCAB, (16, 3), generator=gen),)
 
 
 def gpt2() -> torch.nn.Module:
