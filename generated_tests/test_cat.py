@@ -17,8 +17,8 @@ CASES = [
         op='cat',
         target='torch.cat',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
         ),
         params=(('dim', 0),),
         module=None,
@@ -27,15 +27,15 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1')),
         ),
     ),
     OpCase(
         op='cat',
         target='torch.cat',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
         ),
         params=(('dim', 1),),
         module=None,
@@ -44,15 +44,15 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1')),
         ),
     ),
     OpCase(
         op='cat',
         target='torch.cat',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
         ),
         params=(('dim', -1),),
         module=None,
@@ -61,15 +61,16 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1')),
         ),
     ),
     OpCase(
         op='cat',
-        target='torch.concat',
+        target='torch.cat',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
+            InputDecl('tensors_2', (8, 4, 16), 'float32'),
         ),
         params=(('dim', 0),),
         module=None,
@@ -78,15 +79,16 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1', 'tensors_2')),
         ),
     ),
     OpCase(
         op='cat',
-        target='torch.concat',
+        target='torch.cat',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
+            InputDecl('tensors_2', (8, 4, 16), 'float32'),
         ),
         params=(('dim', 1),),
         module=None,
@@ -95,15 +97,16 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1', 'tensors_2')),
         ),
     ),
     OpCase(
         op='cat',
-        target='torch.concat',
+        target='torch.cat',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
+            InputDecl('tensors_2', (8, 4, 16), 'float32'),
         ),
         params=(('dim', -1),),
         module=None,
@@ -112,15 +115,15 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1', 'tensors_2')),
         ),
     ),
     OpCase(
         op='cat',
-        target='torch.concatenate',
+        target='torch.concat',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
         ),
         params=(('dim', 0),),
         module=None,
@@ -129,15 +132,15 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1')),
         ),
     ),
     OpCase(
         op='cat',
-        target='torch.concatenate',
+        target='torch.concat',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
         ),
         params=(('dim', 1),),
         module=None,
@@ -146,15 +149,15 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1')),
         ),
     ),
     OpCase(
         op='cat',
-        target='torch.concatenate',
+        target='torch.concat',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
         ),
         params=(('dim', -1),),
         module=None,
@@ -163,15 +166,15 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1')),
         ),
     ),
     OpCase(
         op='cat',
-        target='torch.ops.aten.cat.default',
+        target='torch.concatenate',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
         ),
         params=(('dim', 0),),
         module=None,
@@ -180,15 +183,15 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1')),
         ),
     ),
     OpCase(
         op='cat',
-        target='torch.ops.aten.cat.default',
+        target='torch.concatenate',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
         ),
         params=(('dim', 1),),
         module=None,
@@ -197,15 +200,15 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1')),
         ),
     ),
     OpCase(
         op='cat',
-        target='torch.ops.aten.cat.default',
+        target='torch.concatenate',
         inputs=(
-            InputDecl('a', (8, 4, 16), 'float32'),
-            InputDecl('b', (8, 4, 16), 'float32'),
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
         ),
         params=(('dim', -1),),
         module=None,
@@ -214,31 +217,148 @@ CASES = [
         rtol=None,
         atol=None,
         positional=(
-            CallArg('list', ('a', 'b')),
+            CallArg('list', ('tensors_0', 'tensors_1')),
+        ),
+    ),
+    OpCase(
+        op='cat',
+        target='torch.ops.aten.cat.default',
+        inputs=(
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 0),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('list', ('tensors_0', 'tensors_1')),
+        ),
+    ),
+    OpCase(
+        op='cat',
+        target='torch.ops.aten.cat.default',
+        inputs=(
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('list', ('tensors_0', 'tensors_1')),
+        ),
+    ),
+    OpCase(
+        op='cat',
+        target='torch.ops.aten.cat.default',
+        inputs=(
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', -1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('list', ('tensors_0', 'tensors_1')),
+        ),
+    ),
+    OpCase(
+        op='cat',
+        target='torch.ops.aten.cat.default',
+        inputs=(
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
+            InputDecl('tensors_2', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 0),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('list', ('tensors_0', 'tensors_1', 'tensors_2')),
+        ),
+    ),
+    OpCase(
+        op='cat',
+        target='torch.ops.aten.cat.default',
+        inputs=(
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
+            InputDecl('tensors_2', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', 1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('list', ('tensors_0', 'tensors_1', 'tensors_2')),
+        ),
+    ),
+    OpCase(
+        op='cat',
+        target='torch.ops.aten.cat.default',
+        inputs=(
+            InputDecl('tensors_0', (8, 4, 16), 'float32'),
+            InputDecl('tensors_1', (8, 4, 16), 'float32'),
+            InputDecl('tensors_2', (8, 4, 16), 'float32'),
+        ),
+        params=(('dim', -1),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('list', ('tensors_0', 'tensors_1', 'tensors_2')),
         ),
     ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.cat-dim_0-mesh4'),
-    pytest.param(1, (4,), id='torch.cat-dim_1-mesh4'),
-    pytest.param(2, (4,), id='torch.cat-dim_-1-mesh4'),
-    pytest.param(3, (4,), id='torch.concat-dim_0-mesh4'),
-    pytest.param(4, (4,), id='torch.concat-dim_1-mesh4'),
-    pytest.param(5, (4,), id='torch.concat-dim_-1-mesh4'),
-    pytest.param(6, (4,), id='torch.concatenate-dim_0-mesh4'),
-    pytest.param(7, (4,), id='torch.concatenate-dim_1-mesh4'),
-    pytest.param(8, (4,), id='torch.concatenate-dim_-1-mesh4'),
-    pytest.param(9, (4,), id='torch.ops.aten.cat.default-dim_0-mesh4'),
-    pytest.param(10, (4,), id='torch.ops.aten.cat.default-dim_1-mesh4'),
-    pytest.param(11, (4,), id='torch.ops.aten.cat.default-dim_-1-mesh4'),
-    pytest.param(3, (2, 2), id='torch.concat-dim_0-mesh2x2'),
-    pytest.param(7, (2, 2), id='torch.concatenate-dim_1-mesh2x2'),
-    pytest.param(11, (2, 2), id='torch.ops.aten.cat.default-dim_-1-mesh2x2'),
-    pytest.param(6, (2, 3), id='torch.concatenate-dim_0-mesh2x3'),
-    pytest.param(10, (2, 3), id='torch.ops.aten.cat.default-dim_1-mesh2x3'),
-    pytest.param(2, (2, 3), id='torch.cat-dim_-1-mesh2x3'),
+    pytest.param(0, (4,), id='torch.cat-tensors_2-dim_0-mesh4'),
+    pytest.param(1, (4,), id='torch.cat-tensors_2-dim_1-mesh4'),
+    pytest.param(2, (4,), id='torch.cat-tensors_2-dim_-1-mesh4'),
+    pytest.param(3, (4,), id='torch.cat-tensors_3-dim_0-mesh4'),
+    pytest.param(4, (4,), id='torch.cat-tensors_3-dim_1-mesh4'),
+    pytest.param(5, (4,), id='torch.cat-tensors_3-dim_-1-mesh4'),
+    pytest.param(6, (4,), id='torch.concat-tensors_2-dim_0-mesh4'),
+    pytest.param(7, (4,), id='torch.concat-tensors_2-dim_1-mesh4'),
+    pytest.param(8, (4,), id='torch.concat-tensors_2-dim_-1-mesh4'),
+    pytest.param(9, (4,), id='torch.concatenate-tensors_2-dim_0-mesh4'),
+    pytest.param(10, (4,), id='torch.concatenate-tensors_2-dim_1-mesh4'),
+    pytest.param(11, (4,), id='torch.concatenate-tensors_2-dim_-1-mesh4'),
+    pytest.param(12, (4,), id='torch.ops.aten.cat.default-tensors_2-dim_0-mesh4'),
+    pytest.param(13, (4,), id='torch.ops.aten.cat.default-tensors_2-dim_1-mesh4'),
+    pytest.param(14, (4,), id='torch.ops.aten.cat.default-tensors_2-dim_-1-mesh4'),
+    pytest.param(15, (4,), id='torch.ops.aten.cat.default-tensors_3-dim_0-mesh4'),
+    pytest.param(16, (4,), id='torch.ops.aten.cat.default-tensors_3-dim_1-mesh4'),
+    pytest.param(17, (4,), id='torch.ops.aten.cat.default-tensors_3-dim_-1-mesh4'),
+    pytest.param(6, (2, 2), id='torch.concat-tensors_2-dim_0-mesh2x2'),
+    pytest.param(10, (2, 2), id='torch.concatenate-tensors_2-dim_1-mesh2x2'),
+    pytest.param(14, (2, 2), id='torch.ops.aten.cat.default-tensors_2-dim_-1-mesh2x2'),
+    pytest.param(3, (2, 2), id='torch.cat-tensors_3-dim_0-mesh2x2'),
+    pytest.param(16, (2, 2), id='torch.ops.aten.cat.default-tensors_3-dim_1-mesh2x2'),
+    pytest.param(5, (2, 2), id='torch.cat-tensors_3-dim_-1-mesh2x2'),
+    pytest.param(9, (2, 3), id='torch.concatenate-tensors_2-dim_0-mesh2x3'),
+    pytest.param(13, (2, 3), id='torch.ops.aten.cat.default-tensors_2-dim_1-mesh2x3'),
+    pytest.param(2, (2, 3), id='torch.cat-tensors_2-dim_-1-mesh2x3'),
+    pytest.param(15, (2, 3), id='torch.ops.aten.cat.default-tensors_3-dim_0-mesh2x3'),
+    pytest.param(4, (2, 3), id='torch.cat-tensors_3-dim_1-mesh2x3'),
+    pytest.param(17, (2, 3), id='torch.ops.aten.cat.default-tensors_3-dim_-1-mesh2x3'),
 ]
 
 
@@ -250,9 +370,12 @@ def test_cat_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (4,), id='torch.cat-dim_0-mesh4'),
-    pytest.param(1, (2, 2), id='torch.cat-dim_1-mesh2x2'),
-    pytest.param(2, (2, 3), id='torch.cat-dim_-1-mesh2x3'),
+    pytest.param(0, (4,), id='torch.cat-tensors_2-dim_0-mesh4'),
+    pytest.param(1, (2, 2), id='torch.cat-tensors_2-dim_1-mesh2x2'),
+    pytest.param(2, (2, 3), id='torch.cat-tensors_2-dim_-1-mesh2x3'),
+    pytest.param(3, (4,), id='torch.cat-tensors_3-dim_0-mesh4'),
+    pytest.param(4, (2, 2), id='torch.cat-tensors_3-dim_1-mesh2x2'),
+    pytest.param(5, (2, 3), id='torch.cat-tensors_3-dim_-1-mesh2x3'),
 ]
 
 
@@ -264,10 +387,10 @@ def test_cat_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(1, (2, 2), 46, id='torch.cat-dim_1-mesh2x2'),
-    pytest.param(4, (2, 2), 46, id='torch.concat-dim_1-mesh2x2'),
-    pytest.param(7, (2, 2), 46, id='torch.concatenate-dim_1-mesh2x2'),
-    pytest.param(10, (2, 2), 46, id='torch.ops.aten.cat.default-dim_1-mesh2x2'),
+    pytest.param(1, (2, 2), 46, id='torch.cat-tensors_2-dim_1-mesh2x2'),
+    pytest.param(7, (2, 2), 46, id='torch.concat-tensors_2-dim_1-mesh2x2'),
+    pytest.param(10, (2, 2), 46, id='torch.concatenate-tensors_2-dim_1-mesh2x2'),
+    pytest.param(13, (2, 2), 46, id='torch.ops.aten.cat.default-tensors_2-dim_1-mesh2x2'),
 ]
 
 

@@ -28,7 +28,7 @@ from shardverify.plan.verify import plan_with_coverage  # noqa: E402
 #: weight matrices (linear, addmm, embedding, conv) in each model: all sharded under shard_weights
 WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8),
            "bert": ("aten.linear.default", 6), "vit": ("aten.linear.default", 7), "resnet": ("aten.linear.default", 1),
-           "lstm": ("aten.linear.default", 4),   # the head, and the input and two steps' hidden projections of the LSTM
+           "lstm": ("aten.linear.default", 5),   # the head, and the input and three steps' hidden projections of the LSTM
            "mixtral": ("aten.linear.default", 6),   # q, k, v, o, the router, the LM head (the experts': index.Tensor)
            "bart": ("aten.linear.default", 16)}   # encoder 4 + 2, decoder self 4, cross 4, MLP 2
 

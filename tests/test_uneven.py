@@ -160,3 +160,16 @@ def test_the_rules_offer_both_shard_orders_of_a_dim_and_each_passes_on_its_own_b
     assert {"S01R x RR -> S01R", "S10R x RR -> S10R", "RS01 x S01R -> RR | P01 sum",
             "RS10 x S10R -> RR | P01 sum"} <= names
     assert all(r.passed for r in results), [r.report() for r in results if not r.passed]
+
+
+def test_a_view_of_a_batch_split_over_more_ranks_than_rows_passes_each_rank_its_own_block():
+    """A T5-style head split (``x.view(b, s, heads, d)``) of 2 batch rows over 4 ranks (``S01``):
+    blocks of 1, 0, 1, 0 rows, each rank passing its own block's shape (0 rows on the empty ones),
+    forward and backward."""
+    case = OpCase(op="view", target="torch.Tensor.view", inputs=(InputDecl("x", (2, 8, 32)),),
+                  params=(("size", (2, 8, 2, 16)),))
+    wanted = [s for s in strategies(case, (2, 2)) if s.name == "S01RR -> S01RRR"]
+    assert wanted and [a.per_rank for a in wanted[0].local_args] == \
+        [((1, 8, 2, 16), (0, 8, 2, 16), (1, 8, 2, 16), (0, 8, 2, 16))]
+    results = verify(case, (2, 2), wanted)
+    assert all(r.passed for r in results), [r.report() for r in results if not r.passed]

@@ -91,7 +91,7 @@ def spec_handler(spec):
     from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl
 
     def operands(specs) -> tuple:
-        return tuple(OperandDecl(o.role, o.kind, o.index, o.keyword, o.attribute, o.optional, o.element)
+        return tuple(OperandDecl(o.role, o.kind, o.index, o.keyword, o.attribute, o.optional, o.element, o.variadic)
                      for o in specs)
 
     def params(specs) -> tuple:

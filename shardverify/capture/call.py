@@ -14,7 +14,7 @@ from torch import fx
 from shardverify.errors import VerificationError
 
 __all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op",
-           "meta_devices", "backward_from_ones", "tuple_element"]
+           "meta_devices", "backward_from_ones", "tuple_element", "ungraded_inputs"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
 
@@ -155,6 +155,19 @@ def backward_from_ones(inputs, outputs) -> None:
     outs = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad]
     if leaves and outs:
         torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)
+
+
+def ungraded_inputs(inputs, outputs) -> list[int]:
+    """The positions of the inputs requiring grad that the op's backward, from gradients of ones
+    on its differentiable outputs, gives no gradient at all (None): scaled_dot_product_attention
+    on an empty batch leaves its mask without one. A rank holding such a block would skip the
+    backward of that input's resharding, a collective its peers wait in."""
+    leaves = [(i, t) for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+    outs = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not leaves or not outs:
+        return []
+    grads = torch.autograd.grad(outs, [t for _, t in leaves], [torch.ones_like(t) for t in outs], allow_unused=True)
+    return [i for (i, _), g in zip(leaves, grads) if g is None]
 
 
 def target_name(node: fx.Node) -> str:

@@ -49,11 +49,11 @@ def _pixels(seed: int, batch: int = BATCH, side: int = 32) -> tuple[torch.Tensor
 
 
 def _short_ids(seed: int) -> tuple[torch.Tensor, ...]:
-    """Token ids [16, 2] for the recurrent model: its decomposed LSTM concatenates one piece per
-    step, and ``cat`` is served for two tensors (a longer sequence needs ``cat`` of any number);
-    16 sequences so that the solver's cheapest plan shards."""
+    """Token ids [16, 3] for the recurrent model: its decomposed LSTM concatenates one piece per
+    step (a ``cat`` of three tensors; cat serves any number); 16 sequences so that the solver's
+    cheapest plan shards."""
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, VOCAB, (16, 2), generator=gen),)
+    return (torch.randint(0, VOCAB, (16, 3), generator=gen),)
 
 
 def gpt2(hidden: int = WIDTH, heads: int = HEADS, vocab: int = VOCAB, positions: int = 32) -> torch.nn.Module:

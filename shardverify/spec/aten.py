@@ -100,7 +100,7 @@ def aten_positions(node: Node, name: str, args_node: Node | None, operands: list
             raise node.error(f"param operand '{o.role}' is a module attribute; an ATen target takes it as "
                              f"an argument: give its position in 'args'")
         index, where = moved.get(o.role, (o.index, node))
-        want = "tensor list" if o.element is not None else "tensor"
+        want = "tensor list" if o.element is not None or o.variadic else "tensor"
         index, keyword = placed(f"operand '{o.role}'", index, None if o.role in moved else o.keyword, want,
                                 where, o.element)
         new_operands.append(dataclasses.replace(o, index=index, keyword=keyword, attribute=None))

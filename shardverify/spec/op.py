@@ -59,11 +59,19 @@ def _parse_operand(role: str, node: Node) -> OperandSpec:
     attr_node = f.optional("attribute", str)
     opt_node = f.optional("optional", bool)
     element = index_value(f.optional("element", int))
+    elements_node = f.optional("elements", str)
     f.finish()
+    if elements_node is not None and (elements_node.value != "all" or element is not None):
+        raise elements_node.error("'elements' takes 'all' (every element of the list argument at 'index' is an "
+                                  "operand of this role), without 'element'")
     operand = OperandSpec(role=role, kind=str(kind_node.value), index=index,
                           keyword=as_identifier(kw_node) if kw_node else None,
                           attribute=as_identifier(attr_node) if attr_node else None,
-                          optional=bool(opt_node.value) if opt_node else False, element=element)
+                          optional=bool(opt_node.value) if opt_node else False, element=element,
+                          variadic=elements_node is not None)
+    if operand.variadic and (operand.kind != "input" or index is None or operand.optional):
+        raise node.error(f"operand '{role}': 'elements: all' needs a required input operand with an 'index' "
+                         "(the list argument)")
     if operand.kind == "output" and (kw_node or attr_node or operand.optional or element is not None):
         raise node.error(f"output operand '{role}' takes no keyword, attribute, element or optional "
                          "(an index picks an element of a tuple result)")
@@ -389,6 +397,12 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
         item = grid_node.value[key]  # type: ignore[union-attr,index]
         operand = by_role.get(key)
         if key in param_names:
+            continue
+        if operand is not None and operand.variadic:
+            for value_node, value in zip(item.value, values):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise value_node.error(f"variadic operand '{key}' takes in the grid how many tensors the call "
+                                           f"passes (an int >= 1), got {describe(value_node)}")
             continue
         if operand is not None and operand.optional:
             for value_node, value in zip(item.value, values):

@@ -4,6 +4,7 @@ grid point, each turning into the :class:`~shardverify.spec.case.OpCase` the ver
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
@@ -31,7 +32,8 @@ class OperandSpec:
     keyword: str | None = None
     attribute: str | None = None
     optional: bool = False
-    element: int | None = None     # element of the list argument at `index` (torch.cat)
+    element: int | None = None     # element of the list argument at `index`
+    variadic: bool = False         # `elements: all`: every element of that list argument (torch.cat)
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,11 @@ class OpSpec:
                 continue
             values = (where[param.name],) if param.name in where else grid.get(param.name, (param.default,))
             bound.append((param.name, tuple(values)))
+        for operand in self.operands:      # how many tensors a variadic operand was verified with
+            if operand.variadic:
+                counts = (where[operand.role],) if operand.role in where else \
+                    grid.get(operand.role, (VARIADIC_COUNT,))
+                bound.append((operand.role, tuple(counts)))
         return tuple(bound)
 
     def serves_every_value(self, name: str) -> bool:
@@ -251,9 +258,12 @@ def _read_params(options: object) -> list[str]:
 
 def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal], ...]) -> CaseSpec:
     operands, declared = spec.operands_for(target), spec.params_for(target)
+    verify = spec.verify
+    counts = {o.role: int(dict(point).get(o.role, VARIADIC_COUNT)) for o in operands if o.variadic}  # type: ignore[arg-type]
+    full_point, point = point, tuple((key, value) for key, value in point if key not in counts)
+    operands, verify = _elements_expanded(operands, verify, counts)
     by_role = {o.role: o for o in operands}
     keywords = {p.name: p.keyword or p.name for p in declared}
-    verify = spec.verify
     dropped = {key for key, value in point if key in by_role and value is not True}
     scalars = tuple((by_role[key].keyword, value) for key, value in point      # torch.add(x, other=2.5)
                     if key in by_role and not isinstance(value, bool))
@@ -272,9 +282,27 @@ def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal]
         params = tuple((keywords[key], value) for key, value in point if key in keywords) + scalars  # type: ignore[operator]
         positional, taken = _positional(operands, declared, inputs, dict(point))
         params = tuple((key, value) for key, value in params if key not in taken)
-    case_id = target.name + "".join(f"-{key}_{_id_token(value)}" for key, value in point)
-    return CaseSpec(id=case_id, target=target.name, inputs=inputs, params=params, module=module, point=point,
+    case_id = target.name + "".join(f"-{key}_{_id_token(value)}" for key, value in full_point)
+    return CaseSpec(id=case_id, target=target.name, inputs=inputs, params=params, module=module, point=full_point,
                     positional=positional)
+
+
+#: how many tensors a variadic operand's case passes where the grid does not say
+VARIADIC_COUNT = 2
+
+
+def _elements_expanded(operands: tuple[OperandSpec, ...], verify: VerifySpec, counts: dict[str, int]
+                       ) -> tuple[tuple[OperandSpec, ...], VerifySpec]:
+    """A variadic operand as ``counts[role]`` elements of its list argument, ``<role>_<k>``, each
+    an input of the shape the spec declares for the role."""
+    if not counts:
+        return operands, verify
+    expanded = tuple(one for o in operands for one in (
+        [dataclasses.replace(o, role=f"{o.role}_{k}", element=k, variadic=False) for k in range(counts[o.role])]
+        if o.role in counts else [o]))
+    inputs = tuple(one for i in verify.inputs for one in (
+        [dataclasses.replace(i, role=f"{i.role}_{k}") for k in range(counts[i.role])] if i.role in counts else [i]))
+    return expanded, dataclasses.replace(verify, inputs=inputs)
 
 
 def _positional(operands: tuple[OperandSpec, ...], params: tuple[ParamSpec, ...], inputs: tuple[InputSpec, ...],

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from shardverify.capture.call import backward_from_ones, call_op
+from shardverify.capture.call import call_op, ungraded_inputs
 from shardverify.errors import StrategyError
 from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
 from shardverify.strategies.generators.registry import GeneratorContext
@@ -212,8 +212,9 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
             with LocalFlopCounter() as counter:
                 result = call_op(ctx.node, module, values)
             outs = result if isinstance(result, (list, tuple)) else (result,)
-            if probe:
-                backward_from_ones(tensors, outs)
+            if probe and (ungraded := ungraded_inputs(tensors, outs)):
+                raise StrategyError(f"the backward gives input(s) {ungraded} no gradient on these local shapes "
+                                    f"(this rank would skip their resharding's backward collectives)")
         except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
             raise StrategyError(f"{ctx.handler_name}: cannot run node {ctx.node.name!r} "
                                 f"{'forward and backward on CPU' if probe else 'on meta'} tensors of the "

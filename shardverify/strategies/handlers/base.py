@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
-    "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key",
+    "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key", "element_decls",
     "refusal", "outside_grid", "off_grid", "bound_apart", "signature_apart", "takes_call",
 ]
 
@@ -43,7 +43,10 @@ class OperandDecl:
     result (``torch.max(x, dim)``: values 0, indices 1); without it a tuple result gives one
     operand per element (split/chunk), with roles ``<role>.<i>``.
     ``element``: the operand is element ``element`` of the list argument at ``index``
-    (torch.cat's tensors). For ``call_method`` nodes index 0 is ``self``. An optional input
+    (torch.cat's tensors). ``variadic``: every element of that list argument is an operand of
+    this one role, however many the call passes; they resolve as ``<role>.<i>`` in order, each
+    with its own layout, and a rule option naming the role names them all. For ``call_method``
+    nodes index 0 is ``self``. An optional input
     that the call fills with a number (``torch.add(x, 2.0)``) is absent, like an omitted one.
     """
 
@@ -54,8 +57,12 @@ class OperandDecl:
     attribute: str | None = None
     optional: bool = False
     element: int | None = None
+    variadic: bool = False
 
     def __post_init__(self) -> None:
+        if self.variadic and (self.kind != "input" or self.element is not None or self.index is None):
+            raise HandlerError(f"operand {self.role!r}: a variadic operand is every element of the list "
+                               f"argument at its index (an input, with an index and no element)")
         if self.kind not in OPERAND_KINDS:
             raise HandlerError(f"operand {self.role!r}: kind {self.kind!r} is not one of {OPERAND_KINDS}")
         if self.kind == "input" and self.index is None and self.keyword is None:
@@ -297,16 +304,27 @@ def _distance(handler: HandlerDef, node: Node, graph_module: GraphModule) -> tup
     """How far a call is from what a handler verified: (bound parameters at a value the grid
     never held, those of a type no verified value has); embedding with padding_idx=1 is
     nearer the rule verified at padding_idx=0 than the one verified without it."""
-    params = resolve_params(handler, node, graph_module)
+    params = _bound_values(handler, node, graph_module)
     off = [(name, params.get(name), values) for name, values in handler.bound().items()
            if _normal(params.get(name)) not in {_normal(v) for v in values}]
     return len(off), sum(1 for _, value, values in off if type(value) not in {type(v) for v in values})
 
 
+def _bound_values(handler: HandlerDef, node: Node, graph_module: GraphModule | None) -> dict[str, object]:
+    """The call's parameters, and for a variadic operand how many tensors the call passes (the
+    grid binds that count like a parameter: another count is verified where it is met)."""
+    params = resolve_params(handler, node, graph_module)
+    for decl in handler.operands:
+        if decl.variadic:
+            value, _ = _call_value(node, decl.index, decl.keyword)
+            params[decl.role] = len(value) if isinstance(value, (list, tuple)) else value
+    return params
+
+
 def refusal(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> str | None:
     """Why ``handler``'s strategies cannot be checked at this call at all, or None: a bound
     parameter computed by graph nodes has no value before the call runs."""
-    params = resolve_params(handler, node, graph_module)
+    params = _bound_values(handler, node, graph_module)
     for name, values in handler.bound().items():
         value = params.get(name)
         if isinstance(value, Computed):
@@ -318,7 +336,7 @@ def refusal(handler: HandlerDef, node: Node, graph_module: GraphModule | None = 
 def off_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | None = None) -> tuple[str, ...]:
     """The bound parameters this call passes at a value its grid never held (computed ones aside:
     :func:`refusal` speaks for those)."""
-    params = resolve_params(handler, node, graph_module)
+    params = _bound_values(handler, node, graph_module)
     return tuple(name for name, values in handler.bound().items()
                  if not isinstance(params.get(name), Computed)
                  and _normal(params.get(name)) not in {_normal(v) for v in values})
@@ -329,7 +347,7 @@ def outside_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | No
     value the grid never held, or an argument the spec does not declare (unless it leaves the
     rule unchanged, or equals its schema default: a default spelled out is the default). Such
     a call is verified when it is met (``strategies_for_node(..., on_demand=...)``) or refused."""
-    params = resolve_params(handler, node, graph_module)
+    params = _bound_values(handler, node, graph_module)
     for name in off_grid(handler, node, graph_module):
         return (f"{handler.name}: node {node.name!r} passes {name}={_show(params.get(name))}; the rule was verified "
                 f"for {name} in {_shown(handler.bound()[name])} only ({handler.spec_file or 'its spec'})")
@@ -529,7 +547,9 @@ def passes_nothing(handler: HandlerDef, node: Node, graph_module: GraphModule, r
     attribute that is None), as opposed to filling its place with a number (``x + 2.0``): an op
     linear in a group of operands stays linear in the rest when one is left out, not when a
     constant takes its place."""
-    decl = next(d for d in handler.operands if d.role == role)
+    decl = next((d for d in handler.operands if d.role == role), None)
+    if decl is None:           # an element of a variadic operand (``tensors.1``): the call passes it
+        return False
     if node.op == "call_module" and decl.attribute is not None:
         return getattr(graph_module.get_submodule(str(node.target)), decl.attribute, None) is None
     value, _ = _call_value(node, decl.index, decl.keyword)
@@ -588,10 +608,24 @@ def _resolve_one(decl: OperandDecl, handler: HandlerDef, node: Node,
     return OperationData(value.name, kind, decl.role, shape, dtype, locator=locator)
 
 
+def element_decls(decl: OperandDecl, node: Node) -> list[OperandDecl]:
+    """A variadic operand as one declaration per element the call passes (``<role>.<i>``); any
+    other operand as itself."""
+    if not decl.variadic:
+        return [decl]
+    value, _ = _call_value(node, decl.index, decl.keyword)
+    if not isinstance(value, (list, tuple)) or not value:
+        raise HandlerError(f"operand {decl.role!r} is every element of a list argument; node {node.name!r} "
+                           f"passes {value!r} there")
+    return [dataclasses.replace(decl, role=f"{decl.role}.{i}", element=i, variadic=False) for i in range(len(value))]
+
+
 def resolve_operands(handler: HandlerDef, node: Node, graph_module: GraphModule) -> dict[str, OperationData]:
-    """Operand data by role, in declaration order with the output last; absent optionals omitted."""
+    """Operand data by role, in declaration order with the output last; absent optionals
+    omitted; a variadic operand as one operand per element (``tensors.0``, ``tensors.1``...)."""
     found: dict[str, OperationData] = {}
-    for decl in sorted(handler.operands, key=lambda d: d.kind == "output"):
+    decls = [one for decl in handler.operands for one in element_decls(decl, node)]
+    for decl in sorted(decls, key=lambda d: d.kind == "output"):
         if decl.kind == "output":
             found.update(_resolve_outputs(decl, node))
             continue

@@ -52,7 +52,10 @@ __all__ = ["generate", "bound_rule", "assignments", "partial_choices"]
 def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[OperationData], list[OperationData]]:
     """The spec's rule bound to this call, its options, its input operands (term order) and outputs."""
     options = RuleOptions.from_options(ctx.options)
-    declared = [d.role for d in _handler(ctx).operands if d.kind != "output"]
+    elements = {d.role: tuple(r for r in ctx.operands if r.startswith(d.role + ".") and r[len(d.role) + 1:].isdigit())
+                for d in _handler(ctx).operands if d.variadic}
+    declared = [r for d in _handler(ctx).operands if d.kind != "output" for r in elements.get(d.role, (d.role,))]
+    options = _elements_named(options, elements)
     inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
     outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
     present = [role in ctx.operands for role in declared]
@@ -72,6 +75,26 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
         where = f" ({_handler(ctx).spec_file})" if _handler(ctx).spec_file else ""
         raise StrategyError(f"{ctx.handler_name}{where}: node {ctx.node.name!r}: {exc}") from None
     return rule, options, inputs, outputs
+
+
+def _elements_named(options: RuleOptions, elements: dict[str, tuple[str, ...]]) -> RuleOptions:
+    """The options with a variadic operand's role standing for each of its elements: a
+    ``linear_in`` group holding it holds them all (cat is linear in all its tensors together),
+    a ``monotone_in``, additive or constant entry is one entry per element."""
+    if not elements:
+        return options
+
+    def each(role: str) -> tuple[str, ...]:
+        bare, mark = role.rstrip("?"), role[len(role.rstrip("?")):]
+        return tuple(r + mark for r in elements[bare]) if bare in elements else (role,)
+
+    return dataclasses.replace(
+        options,
+        additive=tuple(r for role in options.additive for r in each(role)),
+        constant=tuple(r for role in options.constant for r in each(role)),
+        indices=tuple((r, f) for role, f in options.indices for r in each(role)),
+        linear_in=tuple(tuple(r for role in group for r in each(role)) for group in options.linear_in),
+        monotone_in=tuple((r, i, o) for role, i, o in options.monotone_in for r in each(role)))
 
 
 def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:

@@ -10,10 +10,8 @@ HANDLER = register_handler(HandlerDef(
     name='cat',
     targets=(torch.cat, torch.concat, torch.concatenate, torch.ops.aten.cat.default),
     operands=(
-        OperandDecl(role='a', kind='input', index=0, keyword=None,
-                    attribute=None, optional=False, element=0),
-        OperandDecl(role='b', kind='input', index=0, keyword=None,
-                    attribute=None, optional=False, element=1),
+        OperandDecl(role='tensors', kind='input', index=0, keyword=None,
+                    attribute=None, optional=False, element=None, variadic=True),
         OperandDecl(role='output', kind='output', index=None, keyword=None,
                     attribute=None, optional=False, element=None),
     ),
@@ -21,14 +19,26 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=0),
     ),
     generator='rules',
-    options=(('monotone_in', ('a', 'b')), ('linear_in', (('a', 'b'),)), ('pointwise', True), ('whole_dims_param', 'dim')),
+    options=(('monotone_in', ('tensors',)), ('linear_in', (('tensors',),)), ('pointwise', True), ('whole_dims_param', 'dim')),
     spec_file='specs/cat.yaml',
+    bindings=(
+        (torch.cat, (
+            ('tensors', (2, 3)),
+        )),
+        (torch.concat, (
+            ('tensors', (2,)),
+        )),
+        (torch.concatenate, (
+            ('tensors', (2,)),
+        )),
+        (torch.ops.aten.cat.default, (
+            ('tensors', (2, 3)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.cat.default, (
-            OperandDecl(role='a', kind='input', index=0, keyword='tensors',
-                        attribute=None, optional=False, element=0),
-            OperandDecl(role='b', kind='input', index=0, keyword='tensors',
-                        attribute=None, optional=False, element=1),
+            OperandDecl(role='tensors', kind='input', index=0, keyword='tensors',
+                        attribute=None, optional=False, element=None, variadic=True),
             OperandDecl(role='output', kind='output', index=None, keyword=None,
                         attribute=None, optional=False, element=None),
         ), (
