@@ -153,13 +153,15 @@ def _check_option_refs(node: Node, params: set[str], roles: set[str]) -> None:
     """Option keys ending in _param(s)/_operand(s), at any depth, name declared parameters /
     operand roles, so a typo is caught here rather than by the generator at test time."""
     for key, child in node.value.items():  # type: ignore[union-attr]
-        if isinstance(child.value, dict):
+        if isinstance(child.value, dict) and not key.endswith(("_params", "_operands")):
             _check_option_refs(child, params, roles)
             continue
         for suffix, declared, what in (("_param", params, "parameter"), ("_operand", roles, "operand")):
             if not (key.endswith(suffix) or key.endswith(suffix + "s")):
                 continue
-            items = child.value if isinstance(child.value, list) else [child]
+            # a list of names, one name, or a mapping to names (size_params: {factor: parameter})
+            items = child.value if isinstance(child.value, list) else \
+                list(child.value.values()) if isinstance(child.value, dict) else [child]
             for item in items:
                 if not isinstance(item.value, str):
                     raise item.error(f"option '{key}' must name a {what} (a string), got {describe(item)}")

@@ -233,7 +233,9 @@ def _read_params(options: object) -> list[str]:
                                           for item in options):
         for key, value in options:
             if key.endswith(("_param", "_params")):
-                names += [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]  # type: ignore[union-attr]
+                names += [value] if isinstance(value, str) else [v[1] if isinstance(v, tuple) else v for v in value  # type: ignore[union-attr]
+                                                                 if isinstance(v, str) or (isinstance(v, tuple) and len(v) == 2
+                                                                                           and isinstance(v[1], str))]
             else:
                 names += _read_params(value)
     return names

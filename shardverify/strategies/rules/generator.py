@@ -30,7 +30,7 @@ from shardverify.strategies.generators.registry import GeneratorContext, registe
 from shardverify.strategies.rules import derive
 from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
-from shardverify.sharding.blocks import partial_refusal
+from shardverify.sharding.blocks import nested_block, partial_refusal
 from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import (
     CommAction,
@@ -141,7 +141,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         shape_part = local_shape_part(options, inputs[0].shape, outputs[0].shape, ctx.params) if shape_at else None
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
-    call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
+    call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part, _size_locators(ctx, options))
     handler = _handler(ctx)
     from shardverify.strategies.handlers.base import passes_nothing
 
@@ -240,10 +240,12 @@ class _Call:
     """One call's rule and operands, turned into a strategy per (assignment, partial inputs)."""
 
     def __init__(self, ctx: GeneratorContext, rule: Rule, options: RuleOptions, inputs: list[OperationData],
-                 outputs: list[OperationData], shape_at: OperandLocator | None, shape_part: slice | None) -> None:
+                 outputs: list[OperationData], shape_at: OperandLocator | None, shape_part: slice | None,
+                 size_at: dict[str, OperandLocator | None] | None = None) -> None:
         self.ctx, self.rule, self.options = ctx, rule, options
         self.inputs, self.outputs = inputs, outputs
         self.shape_at, self.shape_part = shape_at, shape_part
+        self.size_at = size_at or {}
         # assignment -> whether its layout fits the call: the same for each of its partial-input
         # variants (they add only all-reduces, which change no local shape)
         self._fits: dict[tuple, bool] = {}
@@ -294,8 +296,12 @@ class _Call:
         uneven = not all(spec.is_even for spec in specs.values())
         local_args = (_shape_argument(ctx, self.shape_at, specs[outputs[0].name], self.shape_part, uneven),) \
             if self.shape_at else ()
+        sized = [(f, at) for f, at in self.size_at.items() if f in axes]
+        if any(at is None for _, at in sized):
+            return None       # the call relies on the parameter's default: no place to pass a rank's own size
+        local_args += tuple(_size_argument(ctx.mesh, at, rule.size[f], axes[f], uneven) for f, at in sized)
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if options.source == "view" or self.shape_at or uneven:
+        if options.source == "view" or self.shape_at or uneven or sized:
             key = tuple(axes.items())
             if key not in self._fits:
                 self._fits[key] = _local_view_fits(ctx, operands, outputs, specs, actions, local_args, uneven)
@@ -316,6 +322,26 @@ def _shape_argument(ctx: GeneratorContext, at: OperandLocator, out: ShardingSpec
     if not uneven:
         return LocalArg(at, value)
     return LocalArg(at, value, tuple(out.local_shape_on(ctx.mesh, rank)[part] for rank in ctx.mesh.ranks))
+
+
+def _size_argument(mesh, at: OperandLocator, size: int, axes: tuple[int, ...], uneven: bool) -> LocalArg:
+    """What each rank passes for a ``size_params`` parameter: its own block's size of the factor
+    (groups=2 on a rank holding 2 of 4 groups)."""
+    def local(rank: int) -> int:
+        coord = mesh.coordinate(rank)
+        return nested_block(size, [(mesh.shape[a], coord[a]) for a in axes])[1]
+
+    if not uneven:
+        return LocalArg(at, local(0))
+    return LocalArg(at, local(0), tuple(local(rank) for rank in mesh.ranks))
+
+
+def _size_locators(ctx: GeneratorContext, options: RuleOptions) -> dict[str, OperandLocator | None]:
+    """Factor -> where the call passes the parameter holding its size (``size_params``); None
+    where the call relies on the default."""
+    from shardverify.strategies.handlers.base import param_locator
+
+    return {factor: param_locator(_handler(ctx), ctx.node, name) for factor, name in options.size_params}
 
 
 def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],

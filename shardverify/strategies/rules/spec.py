@@ -44,7 +44,10 @@ through amax), ``aligned: true``
 else the call is refused: gather's index and input), ``indices:
 {input: v}`` (an integer operand holds ids into factor ``v`` of another operand: sharding
 ``v`` shifts the ids into each rank's rows and masks the others, a partial sum: vocab-parallel
-embedding).
+embedding), ``size_params: {g: groups}`` (a call parameter holds the size of a factor that
+only compound dims hold, a convolution's groups in ``(g i)``: it binds the factor's size, and
+each rank passes its own block's size of the factor in the parameter's place: a rank holding
+2 of 4 groups runs the conv with groups=2).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "reduce", "additive_operands", "constant_operands", "indices", "aligned",
-                         "linear_in", "monotone_in")
+                         "linear_in", "monotone_in", "size_params")
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ class RuleOptions:
     linear_in: tuple[tuple[str, ...], ...] = ()   # groups of operand roles the op is (jointly) linear in
     # (operand role, partial op it may arrive as, partial op the output then is): max/min only
     monotone_in: tuple[tuple[str, str, str], ...] = ()
+    # factor -> the call parameter holding its size, which each rank passes as its own block's size
+    size_params: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
@@ -154,13 +159,17 @@ class RuleOptions:
 
         reduce = tuple((k, op(v, f"reduce op of factor {k!r}")) for k, v in mapping("reduce", "factors to ops"))
         indices = tuple((role, str(factor)) for role, factor in mapping("indices", "operands to factors"))
+        size_params = mapping("size_params", "factors to parameters")
+        if any(not isinstance(param, str) for _, param in size_params):
+            raise InvalidArgument(f"rule option 'size_params' must map factors to parameter names, got {size_params!r}")
         whole = names("whole")
         if whole and source not in ("einsum", "einsum_param"):
             raise InvalidArgument("rule option 'whole' names einsum factors; derived rules use whole_dims_param "
                                   "or whole_trailing_param")
         if einsum is not None:
             letters = set(einsum.letters)
-            bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}) - letters)
+            bad = sorted((set(whole) - {ELLIPSIS} | {k for k, _ in reduce} | {f for _, f in indices}
+                          | {f for f, _ in size_params}) - letters)
             if bad:
                 raise InvalidArgument(f"rule names factor(s) {bad} that einsum {str(einsum)!r} does not have")
         linear_in = options.get("linear_in", ())
@@ -180,7 +189,7 @@ class RuleOptions:
                    whole_trailing_param=text("whole_trailing_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
                    aligned=options.get("aligned") is True, linear_in=groups,
-                   monotone_in=_monotone(options.get("monotone_in", ())))
+                   monotone_in=_monotone(options.get("monotone_in", ())), size_params=size_params)
 
 
 def _monotone(value: object) -> tuple[tuple[str, str, str], ...]:
@@ -269,6 +278,12 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
             eq = Equation(tuple(t for t, here in zip(eq.inputs, present) if here), eq.outputs)
         if len(outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
             eq = Equation(eq.inputs, eq.outputs * len(outputs))
+        for factor, name in options.size_params:       # conv's groups: the size of factor g
+            value = _param(params, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgument(f"call parameter {name!r} holds the size of factor {factor!r}: it must be a "
+                                      f"positive int, got {value!r}")
+            sizes[factor] = value
     elif options.source == "pointwise":
         eq, whole = derive.pointwise(inputs, outputs)
     elif options.source == "advanced_index":

@@ -23,19 +23,8 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='groups', index=6, keyword='groups', default=1),
     ),
     generator='rules',
-    options=(('linear_in', ('input', 'weight')), ('einsum', '... i h w, o i kh kw, o -> ... o oh ow'), ('whole', ('h', 'w', 'kh', 'kw')), ('additive_operands', ('bias',))),
+    options=(('linear_in', ('input', 'weight')), ('einsum', '... (g i) h w, (g o) i kh kw, (g o) -> ... (g o) oh ow'), ('size_params', (('g', 'groups'),)), ('whole', ('h', 'w', 'kh', 'kw')), ('additive_operands', ('bias',))),
     spec_file='specs/conv2d.yaml',
-    bindings=(
-        (torch.nn.Conv2d, (
-            ('groups', (1,)),
-        )),
-        (torch.nn.functional.conv2d, (
-            ('groups', (1,)),
-        )),
-        (torch.ops.aten.conv2d.default, (
-            ('groups', (1,)),
-        )),
-    ),
     ignores=('stride', 'padding', 'dilation', 'padding_mode'),
     overrides=(
         (torch.ops.aten.conv2d.default, (
