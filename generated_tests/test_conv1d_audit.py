@@ -21,6 +21,7 @@ RUNS = [
     pytest.param('torch.nn.Conv1d-groups_8', (4,), id='torch.nn.Conv1d-groups_8-mesh4'),
     pytest.param('torch.nn.functional.conv1d-groups_4', (4,), id='torch.nn.functional.conv1d-groups_4-mesh4'),
     pytest.param('torch.ops.aten.conv1d.default-groups_4', (4,), id='torch.ops.aten.conv1d.default-groups_4-mesh4'),
+    pytest.param('torch.ops.aten.conv1d.padding-groups_4', (4,), id='torch.ops.aten.conv1d.padding-groups_4-mesh4'),
 ]
 
 

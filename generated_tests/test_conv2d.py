@@ -120,6 +120,21 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='conv2d',
+        target='torch.ops.aten.conv2d.padding',
+        inputs=(
+            InputDecl('input', (8, 8, 8, 8), 'float32'),
+            InputDecl('weight', (16, 2, 3, 3), 'float32'),
+            InputDecl('bias', (16,), 'float32'),
+        ),
+        params=(('groups', 4),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
@@ -132,11 +147,12 @@ SIMULATED_RUNS = [
     pytest.param(5, (4,), id='torch.nn.Conv2d-bias_True-groups_8-mesh4'),
     pytest.param(6, (4,), id='torch.nn.functional.conv2d-bias_True-groups_4-mesh4'),
     pytest.param(7, (4,), id='torch.ops.aten.conv2d.default-bias_False-groups_4-mesh4'),
+    pytest.param(8, (4,), id='torch.ops.aten.conv2d.padding-bias_True-groups_4-mesh4'),
     pytest.param(0, (2, 2), id='torch.nn.Conv2d-bias_False-groups_1-mesh2x2'),
     pytest.param(1, (2, 2), id='torch.nn.Conv2d-bias_False-groups_4-mesh2x2'),
     pytest.param(2, (2, 2), id='torch.nn.Conv2d-bias_False-groups_8-mesh2x2'),
     pytest.param(3, (2, 2), id='torch.nn.Conv2d-bias_True-groups_1-mesh2x2'),
-    pytest.param(6, (2, 2), id='torch.nn.functional.conv2d-bias_True-groups_4-mesh2x2'),
+    pytest.param(8, (2, 2), id='torch.ops.aten.conv2d.padding-bias_True-groups_4-mesh2x2'),
     pytest.param(5, (2, 2), id='torch.nn.Conv2d-bias_True-groups_8-mesh2x2'),
     pytest.param(0, (2, 3), id='torch.nn.Conv2d-bias_False-groups_1-mesh2x3'),
     pytest.param(7, (2, 3), id='torch.ops.aten.conv2d.default-bias_False-groups_4-mesh2x3'),

@@ -82,6 +82,21 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='conv3d',
+        target='torch.ops.aten.conv3d.padding',
+        inputs=(
+            InputDecl('input', (2, 8, 4, 5, 5), 'float32'),
+            InputDecl('weight', (16, 2, 3, 3, 3), 'float32'),
+            InputDecl('bias', (16,), 'float32'),
+        ),
+        params=(('groups', 4),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
@@ -91,6 +106,7 @@ SIMULATED_RUNS = [
     pytest.param(2, (4,), id='torch.nn.Conv3d-groups_8-mesh4'),
     pytest.param(3, (4,), id='torch.nn.functional.conv3d-groups_4-mesh4'),
     pytest.param(4, (4,), id='torch.ops.aten.conv3d.default-groups_4-mesh4'),
+    pytest.param(5, (4,), id='torch.ops.aten.conv3d.padding-groups_4-mesh4'),
     pytest.param(0, (2, 3), id='torch.nn.Conv3d-groups_1-mesh2x3'),
     pytest.param(4, (2, 3), id='torch.ops.aten.conv3d.default-groups_4-mesh2x3'),
     pytest.param(2, (2, 3), id='torch.nn.Conv3d-groups_8-mesh2x3'),

@@ -21,6 +21,7 @@ RUNS = [
     pytest.param('torch.nn.Conv3d-groups_8', (4,), id='torch.nn.Conv3d-groups_8-mesh4'),
     pytest.param('torch.nn.functional.conv3d-groups_4', (4,), id='torch.nn.functional.conv3d-groups_4-mesh4'),
     pytest.param('torch.ops.aten.conv3d.default-groups_4', (4,), id='torch.ops.aten.conv3d.default-groups_4-mesh4'),
+    pytest.param('torch.ops.aten.conv3d.padding-groups_4', (4,), id='torch.ops.aten.conv3d.padding-groups_4-mesh4'),
 ]
 
 

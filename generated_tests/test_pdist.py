@@ -17,7 +17,7 @@ CASES = [
         op='pdist',
         target='torch.nn.functional.pdist',
         inputs=(
-            InputDecl('input', (5, 4), 'float32'),
+            InputDecl('input', (8, 4), 'float32'),
         ),
         params=(('p', 1.0),),
         module=None,
@@ -30,7 +30,7 @@ CASES = [
         op='pdist',
         target='torch.nn.functional.pdist',
         inputs=(
-            InputDecl('input', (5, 4), 'float32'),
+            InputDecl('input', (8, 4), 'float32'),
         ),
         params=(('p', 2.0),),
         module=None,
@@ -43,7 +43,7 @@ CASES = [
         op='pdist',
         target='torch.ops.aten._pdist_forward.default',
         inputs=(
-            InputDecl('input', (5, 4), 'float32'),
+            InputDecl('input', (8, 4), 'float32'),
         ),
         params=(('p', 1.0),),
         module=None,
@@ -56,7 +56,7 @@ CASES = [
         op='pdist',
         target='torch.ops.aten._pdist_forward.default',
         inputs=(
-            InputDecl('input', (5, 4), 'float32'),
+            InputDecl('input', (8, 4), 'float32'),
         ),
         params=(('p', 2.0),),
         module=None,

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='conv1d',
-    targets=(torch.nn.Conv1d, torch.nn.functional.conv1d, torch.ops.aten.conv1d.default),
+    targets=(torch.nn.Conv1d, torch.nn.functional.conv1d, torch.ops.aten.conv1d.default, torch.ops.aten.conv1d.padding),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -28,6 +28,18 @@ HANDLER = register_handler(HandlerDef(
     ignores=('stride', 'padding', 'dilation', 'padding_mode'),
     overrides=(
         (torch.ops.aten.conv1d.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='input',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='weight', kind='param', index=1, keyword='weight',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='bias', kind='param', index=2, keyword='bias',
+                        attribute=None, optional=True, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='groups', index=6, keyword='groups', default=1),
+        )),
+        (torch.ops.aten.conv1d.padding, (
             OperandDecl(role='input', kind='input', index=0, keyword='input',
                         attribute=None, optional=False, element=None),
             OperandDecl(role='weight', kind='param', index=1, keyword='weight',
