@@ -17,7 +17,7 @@ CASES = [
         op='upsample_nearest2d',
         target='torch.ops.aten.upsample_nearest2d.vec',
         inputs=(
-            InputDecl('input', (4, 6, 3, 5), 'float32'),
+            InputDecl('input', (12, 12, 3, 5), 'float32'),
         ),
         params=(('output_size', (5, 7)), ('scale_factors', None)),
         module=None,
