@@ -17,7 +17,7 @@ CASES = [
         op='interpolate',
         target='torch.nn.functional.interpolate',
         inputs=(
-            InputDecl('input', (4, 6, 3, 5), 'float32'),
+            InputDecl('input', (12, 12, 3, 5), 'float32'),
         ),
         params=(('size', (5, 7)), ('mode', 'nearest')),
         module=None,
@@ -30,7 +30,7 @@ CASES = [
         op='interpolate',
         target='torch.nn.functional.interpolate',
         inputs=(
-            InputDecl('input', (4, 6, 3, 5), 'float32'),
+            InputDecl('input', (12, 12, 3, 5), 'float32'),
         ),
         params=(('size', (5, 7)), ('mode', 'bilinear')),
         module=None,
@@ -43,7 +43,7 @@ CASES = [
         op='interpolate',
         target='torch.nn.functional.interpolate',
         inputs=(
-            InputDecl('input', (4, 6, 3, 5), 'float32'),
+            InputDecl('input', (12, 12, 3, 5), 'float32'),
         ),
         params=(('size', (5, 7)), ('mode', 'bicubic')),
         module=None,
