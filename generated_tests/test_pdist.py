@@ -41,6 +41,32 @@ CASES = [
     ),
     OpCase(
         op='pdist',
+        target='torch.ops.aten.pdist.default',
+        inputs=(
+            InputDecl('input', (8, 4), 'float32'),
+        ),
+        params=(('p', 1.0),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='pdist',
+        target='torch.ops.aten.pdist.default',
+        inputs=(
+            InputDecl('input', (8, 4), 'float32'),
+        ),
+        params=(('p', 2.0),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='pdist',
         target='torch.ops.aten._pdist_forward.default',
         inputs=(
             InputDecl('input', (8, 4), 'float32'),
@@ -71,8 +97,10 @@ CASES = [
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.nn.functional.pdist-p_1.0-mesh4'),
     pytest.param(1, (4,), id='torch.nn.functional.pdist-p_2.0-mesh4'),
-    pytest.param(2, (4,), id='torch.ops.aten._pdist_forward.default-p_1.0-mesh4'),
-    pytest.param(3, (4,), id='torch.ops.aten._pdist_forward.default-p_2.0-mesh4'),
+    pytest.param(2, (4,), id='torch.ops.aten.pdist.default-p_1.0-mesh4'),
+    pytest.param(3, (4,), id='torch.ops.aten.pdist.default-p_2.0-mesh4'),
+    pytest.param(4, (4,), id='torch.ops.aten._pdist_forward.default-p_1.0-mesh4'),
+    pytest.param(5, (4,), id='torch.ops.aten._pdist_forward.default-p_2.0-mesh4'),
 ]
 
 

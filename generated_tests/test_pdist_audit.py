@@ -18,6 +18,8 @@ SPEC = 'specs/pdist.yaml'
 RUNS = [
     pytest.param('torch.nn.functional.pdist-p_1.0', (4,), id='torch.nn.functional.pdist-p_1.0-mesh4'),
     pytest.param('torch.nn.functional.pdist-p_2.0', (4,), id='torch.nn.functional.pdist-p_2.0-mesh4'),
+    pytest.param('torch.ops.aten.pdist.default-p_1.0', (4,), id='torch.ops.aten.pdist.default-p_1.0-mesh4'),
+    pytest.param('torch.ops.aten.pdist.default-p_2.0', (4,), id='torch.ops.aten.pdist.default-p_2.0-mesh4'),
     pytest.param('torch.ops.aten._pdist_forward.default-p_1.0', (4,), id='torch.ops.aten._pdist_forward.default-p_1.0-mesh4'),
     pytest.param('torch.ops.aten._pdist_forward.default-p_2.0', (4,), id='torch.ops.aten._pdist_forward.default-p_2.0-mesh4'),
 ]

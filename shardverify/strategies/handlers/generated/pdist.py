@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='pdist',
-    targets=(torch.nn.functional.pdist, torch.ops.aten._pdist_forward.default),
+    targets=(torch.nn.functional.pdist, torch.ops.aten.pdist.default, torch.ops.aten._pdist_forward.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -25,11 +25,22 @@ HANDLER = register_handler(HandlerDef(
         (torch.nn.functional.pdist, (
             ('p', (1.0, 2.0)),
         )),
+        (torch.ops.aten.pdist.default, (
+            ('p', (1.0, 2.0)),
+        )),
         (torch.ops.aten._pdist_forward.default, (
             ('p', (1.0, 2.0)),
         )),
     ),
     overrides=(
+        (torch.ops.aten.pdist.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='p', index=1, keyword='p', default=2.0),
+        )),
         (torch.ops.aten._pdist_forward.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',
                         attribute=None, optional=False, element=None),
