@@ -17,20 +17,16 @@ SPEC = 'specs/conv2d.yaml'
 # (case id, mesh shape)
 RUNS = [
     pytest.param('torch.nn.Conv2d-bias_False-groups_1', (4,), id='torch.nn.Conv2d-bias_False-groups_1-mesh4'),
-    pytest.param('torch.nn.Conv2d-bias_False-groups_4', (4,), id='torch.nn.Conv2d-bias_False-groups_4-mesh4'),
     pytest.param('torch.nn.Conv2d-bias_False-groups_8', (4,), id='torch.nn.Conv2d-bias_False-groups_8-mesh4'),
     pytest.param('torch.nn.Conv2d-bias_True-groups_1', (4,), id='torch.nn.Conv2d-bias_True-groups_1-mesh4'),
-    pytest.param('torch.nn.Conv2d-bias_True-groups_4', (4,), id='torch.nn.Conv2d-bias_True-groups_4-mesh4'),
     pytest.param('torch.nn.Conv2d-bias_True-groups_8', (4,), id='torch.nn.Conv2d-bias_True-groups_8-mesh4'),
-    pytest.param('torch.nn.functional.conv2d-bias_True-groups_4', (4,), id='torch.nn.functional.conv2d-bias_True-groups_4-mesh4'),
-    pytest.param('torch.ops.aten.conv2d.default-bias_False-groups_4', (4,), id='torch.ops.aten.conv2d.default-bias_False-groups_4-mesh4'),
-    pytest.param('torch.ops.aten.conv2d.padding-bias_True-groups_4', (4,), id='torch.ops.aten.conv2d.padding-bias_True-groups_4-mesh4'),
+    pytest.param('torch.nn.functional.conv2d-bias_True-groups_8', (4,), id='torch.nn.functional.conv2d-bias_True-groups_8-mesh4'),
+    pytest.param('torch.ops.aten.conv2d.default-bias_False-groups_8', (4,), id='torch.ops.aten.conv2d.default-bias_False-groups_8-mesh4'),
+    pytest.param('torch.ops.aten.conv2d.padding-bias_True-groups_8', (4,), id='torch.ops.aten.conv2d.padding-bias_True-groups_8-mesh4'),
     pytest.param('torch.nn.Conv2d-bias_False-groups_1', (2, 2), id='torch.nn.Conv2d-bias_False-groups_1-mesh2x2'),
-    pytest.param('torch.nn.Conv2d-bias_False-groups_4', (2, 2), id='torch.nn.Conv2d-bias_False-groups_4-mesh2x2'),
     pytest.param('torch.nn.Conv2d-bias_False-groups_8', (2, 2), id='torch.nn.Conv2d-bias_False-groups_8-mesh2x2'),
     pytest.param('torch.nn.Conv2d-bias_True-groups_1', (2, 2), id='torch.nn.Conv2d-bias_True-groups_1-mesh2x2'),
-    pytest.param('torch.ops.aten.conv2d.padding-bias_True-groups_4', (2, 2), id='torch.ops.aten.conv2d.padding-bias_True-groups_4-mesh2x2'),
-    pytest.param('torch.nn.Conv2d-bias_True-groups_8', (2, 2), id='torch.nn.Conv2d-bias_True-groups_8-mesh2x2'),
+    pytest.param('torch.nn.functional.conv2d-bias_True-groups_8', (2, 2), id='torch.nn.functional.conv2d-bias_True-groups_8-mesh2x2'),
 ]
 
 
