@@ -20,7 +20,7 @@ CASES = [
             InputDecl('input', (8, 8, 8, 8), 'float32'),
         ),
         params=(),
-        module=ModuleDecl('torch.nn.Conv2d', args=(8, 16, 3), kwargs=(('padding', 1), ('bias', False))),
+        module=ModuleDecl('torch.nn.Conv2d', args=(8, 16, 3), kwargs=(('padding', 1), ('bias', False), ('groups', 1))),
         predecessor=None,
         seed=0,
         rtol=None,
@@ -33,7 +33,7 @@ CASES = [
             InputDecl('input', (8, 8, 8, 8), 'float32'),
         ),
         params=(),
-        module=ModuleDecl('torch.nn.Conv2d', args=(8, 16, 3), kwargs=(('padding', 1), ('bias', True))),
+        module=ModuleDecl('torch.nn.Conv2d', args=(8, 16, 3), kwargs=(('padding', 1), ('bias', False), ('groups', 8))),
         predecessor=None,
         seed=0,
         rtol=None,
@@ -41,13 +41,25 @@ CASES = [
     ),
     OpCase(
         op='conv2d',
-        target='torch.nn.functional.conv2d',
+        target='torch.nn.Conv2d',
         inputs=(
             InputDecl('input', (8, 8, 8, 8), 'float32'),
-            InputDecl('weight', (16, 8, 3, 3), 'float32'),
         ),
         params=(),
-        module=None,
+        module=ModuleDecl('torch.nn.Conv2d', args=(8, 16, 3), kwargs=(('padding', 1), ('bias', True), ('groups', 1))),
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='conv2d',
+        target='torch.nn.Conv2d',
+        inputs=(
+            InputDecl('input', (8, 8, 8, 8), 'float32'),
+        ),
+        params=(),
+        module=ModuleDecl('torch.nn.Conv2d', args=(8, 16, 3), kwargs=(('padding', 1), ('bias', True), ('groups', 8))),
         predecessor=None,
         seed=0,
         rtol=None,
@@ -58,10 +70,10 @@ CASES = [
         target='torch.nn.functional.conv2d',
         inputs=(
             InputDecl('input', (8, 8, 8, 8), 'float32'),
-            InputDecl('weight', (16, 8, 3, 3), 'float32'),
+            InputDecl('weight', (16, 1, 3, 3), 'float32'),
             InputDecl('bias', (16,), 'float32'),
         ),
-        params=(),
+        params=(('groups', 8),),
         module=None,
         predecessor=None,
         seed=0,
@@ -73,9 +85,9 @@ CASES = [
         target='torch.ops.aten.conv2d.default',
         inputs=(
             InputDecl('input', (8, 8, 8, 8), 'float32'),
-            InputDecl('weight', (16, 8, 3, 3), 'float32'),
+            InputDecl('weight', (16, 1, 3, 3), 'float32'),
         ),
-        params=(),
+        params=(('groups', 8),),
         module=None,
         predecessor=None,
         seed=0,
@@ -84,13 +96,13 @@ CASES = [
     ),
     OpCase(
         op='conv2d',
-        target='torch.ops.aten.conv2d.default',
+        target='torch.ops.aten.conv2d.padding',
         inputs=(
             InputDecl('input', (8, 8, 8, 8), 'float32'),
-            InputDecl('weight', (16, 8, 3, 3), 'float32'),
+            InputDecl('weight', (16, 1, 3, 3), 'float32'),
             InputDecl('bias', (16,), 'float32'),
         ),
-        params=(),
+        params=(('groups', 8),),
         module=None,
         predecessor=None,
         seed=0,
@@ -101,17 +113,22 @@ CASES = [
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.nn.Conv2d-bias_False-mesh4'),
-    pytest.param(1, (4,), id='torch.nn.Conv2d-bias_True-mesh4'),
-    pytest.param(2, (4,), id='torch.nn.functional.conv2d-bias_False-mesh4'),
-    pytest.param(3, (4,), id='torch.nn.functional.conv2d-bias_True-mesh4'),
-    pytest.param(4, (4,), id='torch.ops.aten.conv2d.default-bias_False-mesh4'),
-    pytest.param(5, (4,), id='torch.ops.aten.conv2d.default-bias_True-mesh4'),
-    pytest.param(2, (2, 2), id='torch.nn.functional.conv2d-bias_False-mesh2x2'),
-    pytest.param(5, (2, 2), id='torch.ops.aten.conv2d.default-bias_True-mesh2x2'),
-    pytest.param(4, (2, 3), id='torch.ops.aten.conv2d.default-bias_False-mesh2x3'),
-    pytest.param(1, (2, 3), id='torch.nn.Conv2d-bias_True-mesh2x3'),
-    pytest.param(1, (2, 2, 2), id='torch.nn.Conv2d-bias_True-mesh2x2x2'),
+    pytest.param(0, (4,), id='torch.nn.Conv2d-bias_False-groups_1-mesh4'),
+    pytest.param(1, (4,), id='torch.nn.Conv2d-bias_False-groups_8-mesh4'),
+    pytest.param(2, (4,), id='torch.nn.Conv2d-bias_True-groups_1-mesh4'),
+    pytest.param(3, (4,), id='torch.nn.Conv2d-bias_True-groups_8-mesh4'),
+    pytest.param(4, (4,), id='torch.nn.functional.conv2d-bias_True-groups_8-mesh4'),
+    pytest.param(5, (4,), id='torch.ops.aten.conv2d.default-bias_False-groups_8-mesh4'),
+    pytest.param(6, (4,), id='torch.ops.aten.conv2d.padding-bias_True-groups_8-mesh4'),
+    pytest.param(0, (2, 2), id='torch.nn.Conv2d-bias_False-groups_1-mesh2x2'),
+    pytest.param(1, (2, 2), id='torch.nn.Conv2d-bias_False-groups_8-mesh2x2'),
+    pytest.param(2, (2, 2), id='torch.nn.Conv2d-bias_True-groups_1-mesh2x2'),
+    pytest.param(4, (2, 2), id='torch.nn.functional.conv2d-bias_True-groups_8-mesh2x2'),
+    pytest.param(0, (2, 3), id='torch.nn.Conv2d-bias_False-groups_1-mesh2x3'),
+    pytest.param(5, (2, 3), id='torch.ops.aten.conv2d.default-bias_False-groups_8-mesh2x3'),
+    pytest.param(2, (2, 3), id='torch.nn.Conv2d-bias_True-groups_1-mesh2x3'),
+    pytest.param(6, (2, 3), id='torch.ops.aten.conv2d.padding-bias_True-groups_8-mesh2x3'),
+    pytest.param(3, (2, 2, 2), id='torch.nn.Conv2d-bias_True-groups_8-mesh2x2x2'),
 ]
 
 
@@ -123,9 +140,10 @@ def test_conv2d_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (4,), id='torch.nn.Conv2d-bias_False-mesh4'),
-    pytest.param(1, (2, 2), id='torch.nn.Conv2d-bias_True-mesh2x2'),
-    pytest.param(2, (2, 3), id='torch.nn.functional.conv2d-bias_False-mesh2x3'),
+    pytest.param(0, (4,), id='torch.nn.Conv2d-bias_False-groups_1-mesh4'),
+    pytest.param(1, (2, 2), id='torch.nn.Conv2d-bias_False-groups_8-mesh2x2'),
+    pytest.param(2, (2, 3), id='torch.nn.Conv2d-bias_True-groups_1-mesh2x3'),
+    pytest.param(3, (4,), id='torch.nn.Conv2d-bias_True-groups_8-mesh4'),
 ]
 
 
@@ -137,12 +155,8 @@ def test_conv2d_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 39, id='torch.nn.Conv2d-bias_False-mesh2x2'),
-    pytest.param(1, (2, 2), 39, id='torch.nn.Conv2d-bias_True-mesh2x2'),
-    pytest.param(2, (2, 2), 39, id='torch.nn.functional.conv2d-bias_False-mesh2x2'),
-    pytest.param(3, (2, 2), 39, id='torch.nn.functional.conv2d-bias_True-mesh2x2'),
-    pytest.param(4, (2, 2), 39, id='torch.ops.aten.conv2d.default-bias_False-mesh2x2'),
-    pytest.param(5, (2, 2), 39, id='torch.ops.aten.conv2d.default-bias_True-mesh2x2'),
+    pytest.param(0, (2, 2), 39, id='torch.nn.Conv2d-bias_False-groups_1-mesh2x2'),
+    pytest.param(2, (2, 2), 39, id='torch.nn.Conv2d-bias_True-groups_1-mesh2x2'),
 ]
 
 

@@ -16,14 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/conv2d.yaml'
 # (case id, mesh shape)
 RUNS = [
-    pytest.param('torch.nn.Conv2d-bias_False', (4,), id='torch.nn.Conv2d-bias_False-mesh4'),
-    pytest.param('torch.nn.Conv2d-bias_True', (4,), id='torch.nn.Conv2d-bias_True-mesh4'),
-    pytest.param('torch.nn.functional.conv2d-bias_False', (4,), id='torch.nn.functional.conv2d-bias_False-mesh4'),
-    pytest.param('torch.nn.functional.conv2d-bias_True', (4,), id='torch.nn.functional.conv2d-bias_True-mesh4'),
-    pytest.param('torch.ops.aten.conv2d.default-bias_False', (4,), id='torch.ops.aten.conv2d.default-bias_False-mesh4'),
-    pytest.param('torch.ops.aten.conv2d.default-bias_True', (4,), id='torch.ops.aten.conv2d.default-bias_True-mesh4'),
-    pytest.param('torch.nn.functional.conv2d-bias_False', (2, 2), id='torch.nn.functional.conv2d-bias_False-mesh2x2'),
-    pytest.param('torch.ops.aten.conv2d.default-bias_True', (2, 2), id='torch.ops.aten.conv2d.default-bias_True-mesh2x2'),
+    pytest.param('torch.nn.Conv2d-bias_False-groups_1', (4,), id='torch.nn.Conv2d-bias_False-groups_1-mesh4'),
+    pytest.param('torch.nn.Conv2d-bias_False-groups_8', (4,), id='torch.nn.Conv2d-bias_False-groups_8-mesh4'),
+    pytest.param('torch.nn.Conv2d-bias_True-groups_1', (4,), id='torch.nn.Conv2d-bias_True-groups_1-mesh4'),
+    pytest.param('torch.nn.Conv2d-bias_True-groups_8', (4,), id='torch.nn.Conv2d-bias_True-groups_8-mesh4'),
+    pytest.param('torch.nn.functional.conv2d-bias_True-groups_8', (4,), id='torch.nn.functional.conv2d-bias_True-groups_8-mesh4'),
+    pytest.param('torch.ops.aten.conv2d.default-bias_False-groups_8', (4,), id='torch.ops.aten.conv2d.default-bias_False-groups_8-mesh4'),
+    pytest.param('torch.ops.aten.conv2d.padding-bias_True-groups_8', (4,), id='torch.ops.aten.conv2d.padding-bias_True-groups_8-mesh4'),
+    pytest.param('torch.nn.Conv2d-bias_False-groups_1', (2, 2), id='torch.nn.Conv2d-bias_False-groups_1-mesh2x2'),
+    pytest.param('torch.nn.Conv2d-bias_False-groups_8', (2, 2), id='torch.nn.Conv2d-bias_False-groups_8-mesh2x2'),
+    pytest.param('torch.nn.Conv2d-bias_True-groups_1', (2, 2), id='torch.nn.Conv2d-bias_True-groups_1-mesh2x2'),
+    pytest.param('torch.nn.functional.conv2d-bias_True-groups_8', (2, 2), id='torch.nn.functional.conv2d-bias_True-groups_8-mesh2x2'),
 ]
 
 

@@ -18,10 +18,10 @@ CASES = [
         target='torch.ops.aten.convolution.default',
         inputs=(
             InputDecl('input', (4, 4, 5, 5), 'float32'),
-            InputDecl('weight', (6, 4, 3, 3), 'float32'),
+            InputDecl('weight', (6, 2, 3, 3), 'float32'),
             InputDecl('bias', (6,), 'float32'),
         ),
-        params=(('stride', (1, 1)), ('padding', (1, 1)), ('dilation', (1, 1)), ('transposed', False), ('output_padding', (0, 0)), ('groups', 1)),
+        params=(('stride', (1, 1)), ('padding', (1, 1)), ('dilation', (1, 1)), ('transposed', False), ('output_padding', (0, 0)), ('groups', 2)),
         module=None,
         predecessor=None,
         seed=0,
@@ -32,8 +32,8 @@ CASES = [
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_1-mesh4'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_1-mesh2x3'),
+    pytest.param(0, (4,), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_2-mesh4'),
+    pytest.param(0, (2, 3), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_2-mesh2x3'),
 ]
 
 
@@ -45,8 +45,8 @@ def test_convolution_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (2, 3), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_1-mesh2x3'),
-    pytest.param(0, (4,), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_1-mesh4'),
+    pytest.param(0, (2, 3), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_2-mesh2x3'),
+    pytest.param(0, (4,), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_2-mesh4'),
 ]
 
 

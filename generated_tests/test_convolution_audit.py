@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/convolution.yaml'
 # (case id, mesh shape)
 RUNS = [
-    pytest.param('torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_1', (4,), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_1-mesh4'),
+    pytest.param('torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_2', (4,), id='torch.ops.aten.convolution.default-stride_1.1-padding_1.1-dilation_1.1-transposed_False-output_padding_0.0-groups_2-mesh4'),
 ]
 
 

@@ -74,6 +74,8 @@ class Problem:
     # the call argument the ranks set to the first output's local shape (a view's shape) or to
     # a run of it (unflatten's sizes), and that run; None without one
     shape_arg: tuple[tuple[str, object], slice] | None = None
+    # other per-rank local arguments the strategies pass (a conv's groups), tried in turn
+    local_choices: list = field(default_factory=list)
     _coords: list = field(default_factory=list)
     _local: dict = field(default_factory=dict)
     _pieces: dict = field(default_factory=dict)
@@ -237,7 +239,12 @@ class Problem:
     def decide(self, combo: Sequence[Layout], masked: Sequence[tuple[int, int, int]] = ()) -> Outcome:
         self.decided += 1
         if self.shape_arg is None:
-            return self._decide(combo, None, masked)
+            outcome = self._decide(combo, None, masked)
+            for arguments in self.local_choices if not outcome.valid else ():
+                found = self._decide(combo, arguments, masked)
+                if found.valid:
+                    return found
+            return outcome
         # a view told its output shape: each local output shape a layout of the output can have
         # is passed in turn, and the first that the ranks' outputs form is the combination's
         outcome = Outcome(None, "no local output shape fits")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from shardverify.audit.layouts import Layout, spec_layout
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 
-__all__ = ["Offered", "offered_combination", "output_shape_argument"]
+__all__ = ["Offered", "offered_combination", "output_shape_argument", "local_argument_choices"]
 
 
 @dataclass(frozen=True)
@@ -140,3 +140,18 @@ def output_shape_argument(strategies) -> tuple[tuple[str, object], slice] | None
         return None
     key, (start, stop) = found[0]
     return key, slice(start, stop)
+
+
+def local_argument_choices(strategies, mesh) -> list[list[dict]]:
+    """Every distinct per-rank set of the other local arguments the strategies pass (a conv's
+    ``groups``: each rank's own count of groups), as a list of ``{(kind, key): value}`` per rank.
+    The audit tries a combination the recorded arguments do not run with each of them in turn:
+    it finds the layouts a rank's own argument makes valid, and decides them numerically."""
+    found: dict = {}
+    for strategy in strategies:
+        others = [arg for arg in strategy.local_args if not isinstance(arg.value, (tuple, list))]
+        if others:
+            per_rank = [{(arg.locator.kind, arg.locator.key): arg.value_on(rank) for arg in others}
+                        for rank in mesh.ranks]
+            found.setdefault(tuple(tuple(sorted(a.items(), key=repr)) for a in per_rank), per_rank)
+    return list(found.values())

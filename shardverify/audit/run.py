@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from shardverify.spec.accept import family_gaps
 from shardverify.audit.decide import Operand, Outcome, Problem, prepare
 from shardverify.audit.layouts import PARTIAL_INPUTS, Layout, axis_symmetries, is_extremum, tensor_layouts
-from shardverify.audit.offered import offered_combination, output_shape_argument
+from shardverify.audit.offered import local_argument_choices, offered_combination, output_shape_argument
 from shardverify.audit.sample import AUDIT_SAMPLE, SAMPLE_SEED, counterparts, sampled_combinations
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.limits import MAX_AUDIT_COMBINATIONS
@@ -160,6 +160,7 @@ class _Audit:
         self.problem = self.problems[0]
         for problem in self.problems:
             problem.shape_arg = output_shape_argument(self.strategies)
+            problem.local_choices = local_argument_choices(self.strategies, self.mesh)
         # ... and only when the op really is additive in it (checked numerically)
         ops = (PARTIAL_INPUTS if extremum_inputs else ("sum",)) if partial_inputs else ()
         self.choices = self._choices(ops, aligned)
@@ -412,14 +413,16 @@ def _own_arguments(strategy, shape_arg, mesh: DeviceMesh) -> list[dict] | None:
 
 def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...], masked=(), arguments=None) -> bool:
     # a view told its shape is run with the local shape of the layout it is asked about
-    if arguments is None and problem.shape_arg is not None:
-        arguments = problem.shape_arguments(outputs[0])
-    outs = problem.run(combo, arguments, masked)
-    if isinstance(outs, str):
-        return False
+    # (or, with other local arguments, each set the strategies pass in turn; or the ones given)
+    choices = [arguments] if arguments is not None else [problem.shape_arguments(outputs[0])] \
+        if problem.shape_arg is not None else [None, *problem.local_choices]
     refs = problem.target(combo)
-    return all(problem.holds([o[k] for o in outs], layout, k, refs[k])
-               for k, layout in zip(problem.out_index, outputs))
+    for arguments in choices:
+        outs = problem.run(combo, arguments, masked)
+        if not isinstance(outs, str) and all(problem.holds([o[k] for o in outs], layout, k, refs[k])
+                                             for k, layout in zip(problem.out_index, outputs)):
+            return True
+    return False
 
 
 def audit_spec(spec, meshes: list[tuple[int, ...]] | None = None, *, partial_inputs: bool = True,

@@ -5,6 +5,7 @@ what "the op" is stays one definition."""
 
 from __future__ import annotations
 
+import copy
 import operator
 import weakref
 
@@ -132,6 +133,11 @@ def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owne
     args, kwargs, tensors = call_parts(node, module, values)
     if node.op == "call_module":
         assert module is not None and tensors is not None
+        attrs = {key: value for (kind, key), value in values.items() if kind == "attr"}
+        if attrs:     # a rank's own value of a plain attribute (groups): on a shallow copy, never the shared module
+            module = copy.copy(module)
+            for name, value in attrs.items():
+                setattr(module, name, value)
         if owned:
             for name, tensor in tensors.items():
                 _put_tensor(module, name, tensor)

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import hypothesis
 from hypothesis import HealthCheck, Verbosity, settings
 
-from shardverify.errors import InvalidArgument
+import torch
+
+from shardverify.errors import InvalidArgument, ShardVerifyError
 from shardverify.explore.draw import DEFAULT_MESH_MAX_SIZE, Example, examples
 from shardverify.spec.op import OpSpec
 
@@ -53,6 +55,7 @@ def check_example(backend, example: Example, *, first_failure: bool = False) -> 
     from shardverify.strategies.for_node import strategies_for_node
     from shardverify.verify.engine import verify_case
     from shardverify.verify.on_demand import every_strategy
+    from shardverify.verify.reference import reference
     from shardverify.verify.report import assert_passed
 
     if tuple(backend.mesh.shape) != example.mesh_shape:
@@ -63,6 +66,13 @@ def check_example(backend, example: Example, *, first_failure: bool = False) -> 
         graph_module, node_name = case.build()
     except Exception as exc:  # noqa: BLE001 -- sizes the harness itself refuses are not a case
         _note(f"the harness refuses these sizes: {type(exc).__name__}: {exc}")
+        hypothesis.reject()
+    try:      # meta kernels let some calls through that the op refuses (a conv's out-channels not a multiple of groups)
+        reference(case, None, torch.device("cpu"))
+    except RuntimeError as exc:
+        if isinstance(exc, ShardVerifyError):
+            raise
+        _note(f"the op refuses these inputs: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         hypothesis.reject()
     why = _refused(graph_module, node_name, example.spec)
     if why is not None:   # a call outside what the rule was verified on is no failure of it
@@ -129,6 +139,7 @@ def replay(case, mesh_shape: Sequence[int], backend: str = "simulated") -> list:
     from shardverify.backends import get_backend
     from shardverify.sharding.mesh import DeviceMesh
     from shardverify.verify.engine import verify_case
+    from shardverify.verify.reference import reference
     from shardverify.verify.report import assert_passed
 
     runner = get_backend(backend, DeviceMesh(tuple(mesh_shape)))
@@ -165,7 +176,7 @@ def search(spec: OpSpec, *, examples_count: int = 50, mesh_max_size: int = DEFAU
 
         @settings(max_examples=examples_count, derandomize=seed is None, database=None, deadline=None,
                   verbosity=Verbosity.quiet, report_multiple_bugs=False,
-                  suppress_health_check=[HealthCheck.too_slow])
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
         @hypothesis.given(strategy)
         def prop(example: Example) -> None:
             if on_example is not None:

@@ -1,5 +1,5 @@
 """Real models for whole-model plans: small builds of HF transformers' GPT-2, Llama, BERT, ViT and
-ResNet, random weights from a config (nothing is downloaded), and example inputs of the kind
+ResNet, random weights from a config (and a ConvNeXt: grouped, depthwise convolutions) (nothing is downloaded), and example inputs of the kind
 each takes (token ids, pixel values). The language models are just large enough (width 64, 16
 tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attention and the MLP,
 and ViT (width 64) that it shards something on (2,2) and (4,), so their specs' strict holds:
@@ -173,6 +173,14 @@ def bart() -> torch.nn.Module:
                                     attn_implementation="sdpa")))
 
 
+def convnext() -> torch.nn.Module:
+    """A grouped-convolution vision net: 4x4 patchify conv, then ConvNeXt blocks (depthwise 7x7 conv,
+    layer norm, Linear-GELU-Linear MLP, layer scale, residual), mean-pooled into a classifier."""
+    t = _transformers()
+    return t.ConvNextForImageClassification(t.ConvNextConfig(num_channels=3, patch_size=2, hidden_sizes=[16, 32], num_stages=2,
+                                                             depths=[1, 1], num_labels=10))
+
+
 #: name -> (model factory, example inputs for a seed)
 HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[torch.Tensor, ...]]]] = {
     "gpt2": (gpt2, _ids), "llama": (llama, _ids), "bert": (bert, _ids), "vit": (vit, _pixels),
@@ -180,6 +188,7 @@ HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[
     "lstm": (recurrent_lm, _short_ids),      # a plain torch LSTM language model (shardverify.plan.zoo)
     "mixtral": (mixtral, _ids),
     "bart": (bart, _two_ids),
+    "convnext": (convnext, _pixels),
 }
 
 

@@ -26,7 +26,7 @@ class OperationDataType(Enum):
     OUTPUT = "output"    # the node's own result
 
 
-LOCATOR_KINDS = ("arg", "kwarg", "param", "buffer", "output", "item", "varargs")
+LOCATOR_KINDS = ("arg", "kwarg", "param", "buffer", "output", "item", "varargs", "attr")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class OperandLocator:
     positional ``arg`` index, ``kwarg`` name, module ``param``/``buffer`` attribute, the ``output``
     (key None; the tuple index when the op returns a tuple), an ``item`` of a list argument
     (key ``(arg index, element index)``, torch.cat's tensors), or ``varargs``: every positional
-    argument from index ``key`` on, passed unpacked (``x.view(8, 16)``)."""
+    argument from index ``key`` on, passed unpacked (``x.view(8, 16)``), or a module's plain
+    ``attr`` (a non-tensor attribute its forward reads: ``nn.Conv2d.groups``)."""
 
     kind: str
     key: int | str | tuple[int, int] | None = None
@@ -53,7 +54,7 @@ class OperandLocator:
                     and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in key)):
                 raise StrategyError(f"item locator needs an (arg index, element index) key, got {key!r}")
             return
-        expected = {"arg": int, "kwarg": str, "param": str, "buffer": str, "varargs": int}[self.kind]
+        expected = {"arg": int, "kwarg": str, "param": str, "buffer": str, "varargs": int, "attr": str}[self.kind]
         if not isinstance(self.key, expected) or isinstance(self.key, bool):
             raise StrategyError(f"locator of kind {self.kind!r} needs a {expected.__name__} key, got {self.key!r}")
 
@@ -244,8 +245,8 @@ class LocalArg:
         if self.per_rank and self.per_rank[0] != self.value:
             raise StrategyError(f"local argument at {self.locator}: value {self.value!r} is not rank 0's "
                                 f"{self.per_rank[0]!r}")
-        if self.locator.kind not in ("arg", "kwarg", "varargs"):
-            raise StrategyError(f"a local argument replaces a call argument (arg, kwarg or varargs), "
+        if self.locator.kind not in ("arg", "kwarg", "varargs", "attr"):
+            raise StrategyError(f"a local argument replaces a call argument (arg, kwarg, varargs or a module attr), "
                                 f"got locator {self.locator}")
         if isinstance(self.value, torch.Tensor):
             raise StrategyError(f"local argument at {self.locator} is a tensor; tensors are operands with layouts")

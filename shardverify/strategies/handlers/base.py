@@ -660,8 +660,15 @@ def resolve_params(handler: HandlerDef, node: Node, graph_module: GraphModule | 
 
 def param_locator(handler: HandlerDef, node: Node, name: str) -> OperandLocator | None:
     """Where the call passes parameter ``name`` (None when it relies on the default), so a
-    strategy can give the ranks a local value for it (:class:`shardverify.sharding.strategy.LocalArg`)."""
+    strategy can give the ranks a local value for it (:class:`shardverify.sharding.strategy.LocalArg`):
+    on a module call that does not pass it, the module's attribute of that name (``groups``)."""
     decl = next((d for d in handler.params if d.name == name), None)
     if decl is None:
         raise HandlerError(f"handler {handler.name!r} declares no parameter {name!r}")
-    return _call_value(node, decl.index, decl.keyword, decl.varargs)[1]
+    found = _call_value(node, decl.index, decl.keyword, decl.varargs)[1]
+    if found is None and node.op == "call_module":
+        module = node.graph.owning_module.get_submodule(str(node.target))
+        value = getattr(module, decl.name, None)
+        if value is not None and not isinstance(value, torch.Tensor):
+            return OperandLocator("attr", decl.name)
+    return found

@@ -326,9 +326,12 @@ class _Call:
             if self.shape_at else ()
         if options.range_params:
             local_args += _range_arguments(ctx, options.range_params, specs[outputs[0].name])
-        local_args += _size_arguments(ctx, rule, options, axes)
+        sized = _size_arguments(ctx, rule, options, axes)
+        if sized is None:
+            return None       # the call relies on a size parameter's default: no place to pass a rank's own size
+        local_args += sized
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if options.source == "view" or self.shape_at or options.range_params or options.size_params or uneven:
+        if options.source == "view" or self.shape_at or options.range_params or sized or uneven:
             key = tuple(axes.items())
             if key not in self._fits:
                 self._fits[key] = _local_view_fits(ctx, operands, outputs, specs, actions, local_args, uneven)
@@ -387,9 +390,11 @@ def _range_arguments(ctx: GeneratorContext, names: tuple[str, ...], out: Shardin
 
 
 def _size_arguments(ctx: GeneratorContext, rule: Rule, options: RuleOptions,
-                    axes: dict[str, tuple[int, ...]]) -> tuple[LocalArg, ...]:
-    """For each ``size_params`` parameter: each rank passes the product of its own blocks' sizes
-    of the factors it names (``"..."``: every factor the ellipsis stands for)."""
+                    axes: dict[str, tuple[int, ...]]) -> tuple[LocalArg, ...] | None:
+    """For each ``size_params`` parameter whose factors this layout shards: each rank passes the
+    product of its own blocks' sizes of the factors it names (``"..."``: every factor the
+    ellipsis stands for; a conv's groups=2 on a rank holding 2 of 4 groups). None where such a
+    parameter is left at its default by the call: no place to pass a rank's own size."""
     from shardverify.strategies.handlers.base import param_locator
 
     sizes, mesh = rule.size, ctx.mesh
@@ -401,10 +406,11 @@ def _size_arguments(ctx: GeneratorContext, rule: Rule, options: RuleOptions,
         if missing:
             raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: size_params {param!r} names factor(s) "
                                 f"{missing} the call's rule does not hold")
+        if not any(axes.get(f) for f in factors):
+            continue          # unsharded: every rank passes the call's own value
         at = param_locator(_handler(ctx), ctx.node, param)
         if at is None:
-            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the size parameter "
-                                f"{param!r} that each rank replaces by its own blocks' size")
+            return None
 
         def local(rank: int) -> int:
             coord = mesh.coordinate(rank)

@@ -136,11 +136,12 @@ def _expand(term: Term, rank: int, width: int, where: str) -> Term:
     return term[:at] + batch + term[at + 1:]
 
 
-def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
+def _optional_dims(equation: Equation, ranks: Sequence[int], out_ranks: Sequence[int] = ()) -> list[Term]:
     """Every term with its optional dims (``m?``) resolved: an input holds its optional dims,
     last to first (aligned from the right, as broadcasting aligns), as far as its tensor has dims
     beyond the required ones (before ``...`` takes any: ``m? n?`` of a ``[N]`` bias holds ``n``); an output holds an optional factor where an input does (a vector times a matrix gives
-    a vector: ``... m? k, ... k n? -> ... m? n?``)."""
+    a vector: ``... m? k, ... k n? -> ... m? n?``), and one that no input names (a conv's output
+    depth ``od?``) as an input would: as far as its tensor has dims (``out_ranks``) beyond the others."""
     def plain(dim: Dim) -> Dim:
         return tuple(f.removesuffix(OPTIONAL) for f in dim)
 
@@ -156,8 +157,14 @@ def _optional_dims(equation: Equation, ranks: Sequence[int]) -> list[Term]:
         kept = [plain(d) for i, d in enumerate(term) if not optional(d) or i in held_here]
         held |= {f for d in kept for f in d}
         resolved.append(tuple(kept))
-    for term in equation.outputs:
-        resolved.append(tuple(plain(d) for d in term if not optional(d) or plain(d)[0] in held))
+    named = {plain(d)[0] for term in equation.inputs for d in term if d != (ELLIPSIS,) and d}
+    for k, term in enumerate(equation.outputs):
+        term = tuple(d for d in term if not optional(d) or plain(d)[0] in held or plain(d)[0] not in named)
+        own = [i for i, d in enumerate(term) if optional(d)]      # optional factors no input names
+        if own and k < len(out_ranks):
+            required = sum(1 for d in term if d != (ELLIPSIS,) and not optional(d))
+            own = own[len(own) - max(0, min(out_ranks[k] - required, len(own))):]
+        resolved.append(tuple(plain(d) for i, d in enumerate(term) if not optional(d) or i in own))
     return resolved
 
 
@@ -178,7 +185,7 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     if len(equation.outputs) != len(output_shapes):
         raise InvalidArgument(f"rule {equation} has {len(equation.outputs)} output term(s) for "
                               f"{len(output_shapes)} output(s)")
-    terms = _optional_dims(equation, [len(s) for s in input_shapes])
+    terms = _optional_dims(equation, [len(s) for s in input_shapes], [len(s) for s in output_shapes])
     shapes = [tuple(s) for s in (*input_shapes, *output_shapes)]
     width = max([len(s) - (len(t) - 1) for t, s in zip(terms, shapes) if (ELLIPSIS,) in t] or [0])
     labels = list(names) or [f"input {i}" for i in range(len(input_shapes))] + \
@@ -229,7 +236,10 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     in_inputs = {f for term in inputs for dim in term for f in dim}
     in_outputs = {f for term in outputs for dim in term for f in dim}
     every_output = set.intersection(*({f for dim in term for f in dim} for term in outputs)) if outputs else set()
-    reduce = dict(reduce or {})
+    absent = {f.removesuffix(OPTIONAL) for term in equation.inputs + equation.outputs for dim in term for f in dim
+              if f.endswith(OPTIONAL)} - set(order)     # optional dims this call's tensors lack
+    reduce = {f: op for f, op in (reduce or {}).items() if f not in absent}
+    whole = [w for w in whole if w not in absent]
     unknown = sorted(set(reduce) - set(order)) + sorted(set(whole) - set(order))
     if unknown:
         raise InvalidArgument(f"rule {equation}: reduce/whole name factor(s) {unknown} it does not have")

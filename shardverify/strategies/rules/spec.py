@@ -69,7 +69,9 @@ through amax), ``aligned: true``
 else the call is refused: gather's index and input), ``indices:
 {input: v}`` (an integer operand holds ids into factor ``v`` of another operand: sharding
 ``v`` shifts the ids into each rank's rows and masks the others, a partial sum: vocab-parallel
-embedding).
+embedding). A ``size_params`` parameter that holds one factor seen only inside compound dims
+(``size_params: {groups: g}``, a convolution's groups in ``(g i)``) also binds that factor's size;
+a rank holding 2 of 4 groups runs the conv with groups=2.
 """
 
 from __future__ import annotations
@@ -389,6 +391,13 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
             eq = Equation(tuple(t for t, here in zip(eq.inputs, present) if here), eq.outputs)
         if len(outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
             eq = Equation(eq.inputs, eq.outputs * len(outputs))
+        for param, held in options.size_params:   # one factor's size, seen only inside compounds: bound (conv's groups)
+            alone = any(dim == (held[0],) for term in eq.inputs + eq.outputs for dim in term)
+            if len(held) == 1 and not alone and held[0] != ELLIPSIS and (value := params.get(param)) is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise InvalidArgument(f"call parameter {param!r} holds the size of factor {held[0]!r}: it must "
+                                          f"be a positive int, got {value!r}")
+                sizes[held[0]] = value
     elif options.source == "pointwise" and options.new_dim_param:
         # each input aligned with the output as if it held a size-1 dim at the new one (torch.stack)
         (new,) = normalize_dims(_param(params, options.new_dim_param), len(outputs[0]), options.new_dim_param)

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='conv2d',
-    targets=(torch.nn.Conv2d, torch.nn.functional.conv2d, torch.ops.aten.conv2d.default),
+    targets=(torch.nn.Conv2d, torch.nn.functional.conv2d, torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -23,22 +23,23 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='groups', index=6, keyword='groups', default=1),
     ),
     generator='rules',
-    options=(('linear_in', ('input', 'weight')), ('einsum', '... i h w, o i kh kw, o -> ... o oh ow'), ('whole', ('h', 'w', 'kh', 'kw')), ('additive_operands', ('bias',))),
+    options=(('linear_in', ('input', 'weight')), ('einsum', '... (g i) h w, (g o) i kh kw, (g o) -> ... (g o) oh ow'), ('size_params', (('groups', 'g'),)), ('whole', ('h', 'w', 'kh', 'kw')), ('additive_operands', ('bias',))),
     spec_file='specs/conv2d.yaml',
-    bindings=(
-        (torch.nn.Conv2d, (
-            ('groups', (1,)),
-        )),
-        (torch.nn.functional.conv2d, (
-            ('groups', (1,)),
-        )),
-        (torch.ops.aten.conv2d.default, (
-            ('groups', (1,)),
-        )),
-    ),
     ignores=('stride', 'padding', 'dilation', 'padding_mode'),
     overrides=(
         (torch.ops.aten.conv2d.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='input',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='weight', kind='param', index=1, keyword='weight',
+                        attribute=None, optional=False, element=None),
+            OperandDecl(role='bias', kind='param', index=2, keyword='bias',
+                        attribute=None, optional=True, element=None),
+            OperandDecl(role='output', kind='output', index=None, keyword=None,
+                        attribute=None, optional=False, element=None),
+        ), (
+            ParamDecl(name='groups', index=6, keyword='groups', default=1),
+        )),
+        (torch.ops.aten.conv2d.padding, (
             OperandDecl(role='input', kind='input', index=0, keyword='input',
                         attribute=None, optional=False, element=None),
             OperandDecl(role='weight', kind='param', index=1, keyword='weight',

@@ -28,7 +28,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='groups', index=8, keyword='groups', default=None),
     ),
     generator='rules',
-    options=(('linear_in', ('input', 'weight')), ('einsum', 'n i h w, o i kh kw, o -> n o oh ow'), ('whole', ('h', 'w', 'kh', 'kw')), ('additive_operands', ('bias',))),
+    options=(('linear_in', ('input', 'weight')), ('einsum', 'n (g i) d? h? w, (g o) i kd? kh? kw, (g o) -> n (g o) od? oh? ow'), ('size_params', (('groups', 'g'),)), ('whole', ('d', 'h', 'w', 'kd', 'kh', 'kw')), ('additive_operands', ('bias',))),
     spec_file='specs/convolution.yaml',
     bindings=(
         (torch.ops.aten.convolution.default, (
@@ -37,7 +37,6 @@ HANDLER = register_handler(HandlerDef(
             ('dilation', ((1, 1),)),
             ('transposed', (False,)),
             ('output_padding', ((0, 0),)),
-            ('groups', (1,)),
         )),
     ),
     overrides=(
