@@ -29,7 +29,7 @@ from bench_audit import CASES, dtensor_baseline
 from shardverify.audit.decide import Operand, prepare
 from shardverify.audit.layouts import tensor_layouts
 from shardverify.cli.verify_cmd import parse_mesh
-from shardverify.dtensor.run import CaseResult, execute_combos, orbit_representatives
+from shardverify.dtensor.run import CaseResult, execute_combos, present_combinations
 from shardverify.sharding.mesh import DeviceMesh
 
 
@@ -41,7 +41,7 @@ def execution_rate(mesh_shape: tuple[int, ...], ops: tuple[str, ...] = tuple(CAS
         operands = tuple(Operand(n, n, ("arg", i), shape, True) for i, (n, shape) in enumerate(shapes))
         problem = prepare(case, DeviceMesh(mesh_shape), operands)
         choices = [tensor_layouts(o.shape, mesh_shape) for o in operands]
-        combos = orbit_representatives(itertools.product(*choices), mesh_shape)
+        combos = present_combinations(itertools.product(*choices))
         result = CaseResult(name, name, tuple(mesh_shape))
         start = time.perf_counter()
         execute_combos(result, problem, operands, combos, problem.decide, None)

@@ -20,9 +20,8 @@ RUNS = [
     pytest.param('torch.roll-shifts_1.-2-dims_0.-1', (4,), id='torch.roll-shifts_1.-2-dims_0.-1-mesh4'),
     pytest.param('torch.Tensor.roll-shifts_3-dims_1', (4,), id='torch.Tensor.roll-shifts_3-dims_1-mesh4'),
     pytest.param('torch.Tensor.roll-shifts_1.-2-dims_0.-1', (4,), id='torch.Tensor.roll-shifts_1.-2-dims_0.-1-mesh4'),
-    pytest.param('torch.ops.aten.roll.default-shifts_1.-2-dims_0.-1', (4,), id='torch.ops.aten.roll.default-shifts_1.-2-dims_0.-1-mesh4'),
     pytest.param('torch.Tensor.roll-shifts_3-dims_1', (2, 3), id='torch.Tensor.roll-shifts_3-dims_1-mesh2x3'),
-    pytest.param('torch.ops.aten.roll.default-shifts_1.-2-dims_0.-1', (2, 3), id='torch.ops.aten.roll.default-shifts_1.-2-dims_0.-1-mesh2x3'),
+    pytest.param('torch.roll-shifts_1.-2-dims_0.-1', (2, 3), id='torch.roll-shifts_1.-2-dims_0.-1-mesh2x3'),
 ]
 
 

@@ -200,7 +200,8 @@ def test_generated_handler_registers_the_spec():
     assert total.targets == (torch.sum, torch.Tensor.sum) and total.spec_file == "specs/sum.yaml"
     assert [(p.name, p.index, p.keyword, p.default) for p in total.params] == [
         ("dim", 1, "dim", None), ("keepdim", 2, "keepdim", False)]
-    assert total.option_dict == {"reduce_dims_param": "dim", "keepdim_param": "keepdim", "linear_in": ("input",)}
+    assert total.option_dict == {"reduce_dims_param": "dim", "keepdim_param": "keepdim", "linear_in": ("input",),
+                                 "naming": "colossalai"}
     assert linear.targets == (torch.nn.Linear, torch.nn.functional.linear)
     assert [(o.role, o.kind, o.attribute, o.optional) for o in linear.operands] == [
         ("input", "input", None, False), ("other", "param", "weight", False),
@@ -355,7 +356,8 @@ def test_the_generated_runs_cover_every_target_mesh_and_grid_point():
     share. The audit tests take the simulated runs over the audit's meshes."""
     from shardverify.codegen.op_kind import process_runs, simulated_runs
 
-    spec = parse_op_spec(load_yaml_text((REPO / "specs/conv2d.yaml").read_text(), "specs/conv2d.yaml"))
+    spec = parse_op_spec(load_yaml_text((REPO / "specs/scaled_dot_product_attention.yaml").read_text(),
+                                         "specs/scaled_dot_product_attention.yaml"))
     cases, meshes = spec.cases(), [tuple(m) for m in spec.verify.meshes]
     points = {repr(c.point) for c in cases}
     simulated = simulated_runs(cases, meshes)
@@ -375,7 +377,8 @@ def test_the_generated_runs_cover_every_target_mesh_and_grid_point():
     assert {repr(cases[i].point) for i, _, _ in process} == points
     assert len({cases[i].target for i, _, _ in process}) > 1          # the targets take turns
     assert {m for _, m, _ in process_runs(cases, [(2, 2, 2)])} == {(2, 2, 2)}   # no smaller mesh: it runs
-    audit_file = REPO / "generated_tests/test_conv2d_audit.py"
+    spec = parse_op_spec(load_yaml_text((REPO / "specs/conv2d.yaml").read_text(), "specs/conv2d.yaml"))
+    cases, audit_file = spec.cases(), REPO / "generated_tests/test_conv2d_audit.py"
     namespace: dict = {"__file__": str(audit_file)}
     exec(audit_file.read_text(), namespace)
     audited = [(p.values[0], p.values[1]) for p in namespace["RUNS"]]

@@ -30,7 +30,8 @@ WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8
            "bert": ("aten.linear.default", 6), "vit": ("aten.linear.default", 7), "resnet": ("aten.linear.default", 1),
            "lstm": ("aten.linear.default", 5),   # the head, and the input and three steps' hidden projections of the LSTM
            "mixtral": ("aten.linear.default", 6),   # q, k, v, o, the router, the LM head (the experts': index.Tensor)
-           "bart": ("aten.linear.default", 16)}   # encoder 4 + 2, decoder self 4, cross 4, MLP 2
+           "bart": ("aten.linear.default", 16),   # encoder 4 + 2, decoder self 4, cross 4, MLP 2
+           "convnext": ("aten.linear.default", 5)}   # two blocks' MLPs (2 each) and the classifier
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

@@ -13,7 +13,7 @@ from shardverify.plan.coverage import classify_nodes
 from shardverify.plan.verify import verify_plan
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.strategies.handlers.base import (HandlerDef, OperandDecl, ParamDecl, handler_for_node, outside_grid,
-                                                  register_handler, unregister_handler)
+                                                  register_handler, registered_handlers, unregister_handler)
 from shardverify.verify.on_demand import OnDemandVerifier, verify_node
 
 MESH = DeviceMesh((2, 2))
@@ -48,7 +48,9 @@ def _Positional(fn, count):
 def planted():
     """Wrong rules right only at the values their grid verified: triu written as pointwise
     (verified at diagonal=-8, the identity on 8x8) and max pooling that shards the rows
-    (verified at kernel 1: each pixel its own window)."""
+    (verified at kernel 1: each pixel its own window), in place of the shipped avg_pool2d spec."""
+    shipped = registered_handlers()["avg_pool2d"]
+    unregister_handler(shipped.name)
     triu = register_handler(HandlerDef(
         name="triu_pointwise", targets=(torch.triu,), spec_file="specs/triu_pointwise.yaml",
         operands=(OperandDecl("input", "input", 0, "input"), OperandDecl("output", "output")),
@@ -64,6 +66,7 @@ def planted():
     yield triu, pool
     unregister_handler(triu.name)
     unregister_handler(pool.name)
+    register_handler(shipped)
 
 
 def test_a_wrong_rule_is_never_served_wrong_at_another_value(planted, tmp_path):

@@ -173,6 +173,7 @@ def test_plan_spec_error_names_file_line_and_plan(tmp_path):
     ("model: {zoo: gpt2}\nmesh: [4]\nmeshes: [[2, 2], [4]]\n", 1, "'mesh' (one mesh shape) or 'meshes'"),
     ("model: {zoo: gpt2}\nmeshes: [[2, 2], [2, 2]]\n", 3, "meshes must be distinct"),
     ("model: {zoo: gpt2}\nmeshes: [[2, 2], [4]]\n", 5, "a plan that names strategies is for one mesh"),
+    ("model: {zoo: gpt2}\nmeshes: [[2, 2], [4]]\nsuite_meshes: [[8]]\n", 4, "suite_meshes must name some"),
 ])
 def test_a_plan_spec_of_a_zoo_model_is_read_strictly(tmp_path, text, line, fragment):
     from shardverify.spec.loader import load_yaml
@@ -185,6 +186,20 @@ def test_a_plan_spec_of_a_zoo_model_is_read_strictly(tmp_path, text, line, fragm
     with pytest.raises(SpecError) as info:
         parse_plan_spec(load_yaml(str(spec)))
     assert info.value.line == line and fragment in str(info.value), str(info.value)
+
+
+def test_suite_meshes_choose_the_generated_tests_runs_and_nothing_else():
+    """A spec's suite_meshes limit the generated test's runs to those meshes; without them every
+    mesh runs."""
+    from shardverify.spec.loader import load_yaml_text
+    from shardverify.plan.spec import parse_plan_spec, process_runs, simulated_runs
+
+    text = "name: zoo\nmodel: {zoo: gpt2}\nmeshes: [[2, 2], [4]]\nplans:\n  solver: solver\n  dp: data_parallel\n"
+    every = parse_plan_spec(load_yaml_text(text, "zoo.yaml"))
+    share = parse_plan_spec(load_yaml_text(text + "suite_meshes: [[4]]\n", "zoo.yaml"))
+    assert simulated_runs(every) == [((2, 2), "solver"), ((2, 2), "dp"), ((4,), "solver"), ((4,), "dp")]
+    assert simulated_runs(share) == [((4,), "solver"), ((4,), "dp")] and process_runs(share) == [((4,), "solver")]
+    assert share.meshes == every.meshes
 
 
 def test_a_zoo_plan_spec_runs_from_the_plan_command(capsys):

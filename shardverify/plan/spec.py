@@ -21,13 +21,16 @@
     cost_size:                                     # solve at the size it trains at, verify this build
       kwargs: {d_in: 4096, d_hidden: 16384}        # the factory's keyword arguments there (over model.kwargs)
       inputs: {x: [8, 4096]}                       # its inputs there (shapes only: never allocated)
+    suite_meshes: [[2, 2]]                         # the generated test's meshes (default: all)
 
 ``cost_size`` makes every solved plan (``solver`` and the goals) take its costs from the model at
 that size and map the plan onto this build (:mod:`shardverify.plan.real_size`); a zoo model's is
 ``cost_size: real`` (hidden 4096, seq 4096, batch 8) or ``{hidden: 8192, batch: 16}`` over it.
 ``model: {zoo: gpt2}`` is a tiny HF transformers model of :mod:`shardverify.plan.hf_zoo` with its
 own example inputs (token ids, pixels), captured with torch.export. Every plan is verified end to
-end on every mesh on the simulated backend and (marked ``dist``) on gloo.
+end on every mesh on the simulated backend and (marked ``dist``) on gloo; a spec naming
+``suite_meshes`` (a model whose plans cost minutes) leaves the other meshes to ``shardverify plan
+SPEC --mesh M``.
 Reading the spec runs nothing: the factory is found in its module's source; the model is built
 and each plan made (misspelt nodes and strategies found) by those tests and `shardverify plan`,
 every error naming the spec's file, line and field.
@@ -81,6 +84,9 @@ class PlanSpec:
     #: solved plans cost at this size: a zoo's (("hidden", 4096), ...) (() for its realistic size), a
     #: factory's (("kwargs", ((name, value), ...)), ("inputs", ((name, shape), ...))); None: this build's own
     cost_size: tuple | None = None
+    #: the meshes the generated test runs (the suite's share, for a model whose plans cost minutes);
+    #: () for every mesh; `shardverify plan SPEC --mesh M` runs any of them
+    suite_meshes: tuple[tuple[int, ...], ...] = ()
 
 
 def _error(where: Where | None, message: str) -> ShardVerifyError:
@@ -271,6 +277,10 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     beats_node = fields.optional("solver_beats", list)
     beats = () if beats_node is None else tuple(str(b.value) for b in beats_node.value)
     strict_node = fields.optional("strict", bool)
+    suite_node = fields.optional("suite_meshes", list)
+    suite_meshes = () if suite_node is None else tuple(as_mesh(m) for m in suite_node.value)  # type: ignore[union-attr]
+    if suite_node is not None and (not suite_meshes or not set(suite_meshes) <= set(meshes)):
+        raise suite_node.error(f"suite_meshes must name some of the spec's meshes {[list(m) for m in meshes]}")
     cost_size = _cost_size(fields.optional("cost_size", (str, dict)), zoo, capture_node)
     if cost_size is not None and capture_node is None:
         capture = "export"          # the real size is captured with export; the graphs are matched node by node
@@ -283,7 +293,7 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     where = (("factory", model_at.where()), *((key, plans_node.value[key].where()) for key in names))  # type: ignore[union-attr]
     return PlanSpec(name, root.file, "" if description is None else str(description.value), factory,
                     kwargs, inputs, meshes, tuple(plans), beats, where, zoo, capture,
-                    bool(strict_node.value) if strict_node is not None else False, cost_size)
+                    bool(strict_node.value) if strict_node is not None else False, cost_size, suite_meshes)
 
 
 def _positive_shape(node: Node) -> tuple[int, ...]:
@@ -327,8 +337,9 @@ def _cost_size(node: Node | None, zoo: str, capture_node: Node | None) -> tuple 
 
 
 def simulated_runs(spec: PlanSpec) -> list[tuple[tuple[int, ...], str]]:
-    """(mesh, plan) of every run on the simulated backend: every plan on every mesh."""
-    return [(mesh, name) for mesh in spec.meshes for name, _ in spec.plans]
+    """(mesh, plan) of every run on the simulated backend: every plan on every mesh (of
+    ``suite_meshes`` where the spec names them)."""
+    return [(mesh, name) for mesh in spec.suite_meshes or spec.meshes for name, _ in spec.plans]
 
 
 def process_runs(spec: PlanSpec) -> list[tuple[tuple[int, ...], str]]:
@@ -336,7 +347,7 @@ def process_runs(spec: PlanSpec) -> list[tuple[tuple[int, ...], str]]:
     every mesh once, the plans in turns (the simulated backend runs every pair, with the same
     semantics; what the real groups add depends on the mesh, not on the plan)."""
     names = [name for name, _ in spec.plans]
-    return [(mesh, names[i % len(names)]) for i, mesh in enumerate(spec.meshes)]
+    return [(mesh, names[i % len(names)]) for i, mesh in enumerate(spec.suite_meshes or spec.meshes)]
 
 
 def render_plan_spec(spec: PlanSpec, renderer: Renderer) -> dict[str, str]:

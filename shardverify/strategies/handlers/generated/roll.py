@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='roll',
-    targets=(torch.roll, torch.Tensor.roll, torch.ops.aten.roll.default),
+    targets=(torch.roll, torch.Tensor.roll),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -28,20 +28,6 @@ HANDLER = register_handler(HandlerDef(
         )),
         (torch.Tensor.roll, (
             ('shifts', (3, (1, -2))),
-        )),
-        (torch.ops.aten.roll.default, (
-            ('shifts', ((1, -2),)),
-        )),
-    ),
-    overrides=(
-        (torch.ops.aten.roll.default, (
-            OperandDecl(role='input', kind='input', index=0, keyword='self',
-                        attribute=None, optional=False, element=None),
-            OperandDecl(role='output', kind='output', index=None, keyword=None,
-                        attribute=None, optional=False, element=None),
-        ), (
-            ParamDecl(name='shifts', index=1, keyword='shifts', default=None),
-            ParamDecl(name='dims', index=2, keyword='dims', default=None),
         )),
     ),
 ))
