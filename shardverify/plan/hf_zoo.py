@@ -131,7 +131,8 @@ def _resnet_real(hidden: int, seq: int, batch: int):
     return resnet(hidden // 2, (hidden // 2, hidden), 1000), (torch.zeros(batch, 3, side, side),)
 
 
-def mixtral() -> torch.nn.Module:
+def mixtral(hidden: int = WIDTH, heads: int = 4, ffn: int = 2 * WIDTH, vocab: int = VOCAB, positions: int = 32,
+            experts: int = 4) -> torch.nn.Module:
     """A mixture-of-experts LM: a top-2 router over 4 experts, their stacked weights ([4, 256, 64]
     and [4, 64, 128]) applied in transformers' ``batched_mm`` implementation (each token copied once
     per chosen expert, its expert's weights looked up by id, a ``bmm``): every op an ATen op with a
@@ -139,9 +140,10 @@ def mixtral() -> torch.nn.Module:
     (``torch.ops.transformers.grouped_mm_fallback``, a loop over the experts' row blocks), which no
     spec can name without transformers installed to load it."""
     t = _transformers()
-    return t.MixtralForCausalLM(t.MixtralConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
-                                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
-                                                num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=32,
+    return t.MixtralForCausalLM(t.MixtralConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
+                                                num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads,
+                                                num_local_experts=experts, num_experts_per_tok=2,
+                                                max_position_embeddings=positions,
                                                 attn_implementation="sdpa", experts_implementation="batched_mm",
                                                 use_cache=False))
 
@@ -163,22 +165,23 @@ def _two_ids(seed: int) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen) for _ in range(2))
 
 
-def bart() -> torch.nn.Module:
+def bart(hidden: int = WIDTH, heads: int = 4, ffn: int = 2 * WIDTH, vocab: int = VOCAB,
+         positions: int = 32) -> torch.nn.Module:
     """An encoder-decoder: the decoder's self-attention is causal, its cross-attention reads the
     encoder's output."""
     t = _transformers()
-    return _EncoderDecoder(t.BartModel(t.BartConfig(vocab_size=VOCAB, d_model=WIDTH, encoder_layers=1, decoder_layers=1,
-                                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * WIDTH,
-                                    decoder_ffn_dim=2 * WIDTH, max_position_embeddings=32, use_cache=False,
+    return _EncoderDecoder(t.BartModel(t.BartConfig(vocab_size=vocab, d_model=hidden, encoder_layers=1, decoder_layers=1,
+                                    encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+                                    decoder_ffn_dim=ffn, max_position_embeddings=positions, use_cache=False,
                                     attn_implementation="sdpa")))
 
 
-def convnext() -> torch.nn.Module:
+def convnext(widths: tuple[int, int] = (16, 32), labels: int = 10) -> torch.nn.Module:
     """A grouped-convolution vision net: 4x4 patchify conv, then ConvNeXt blocks (depthwise 7x7 conv,
     layer norm, Linear-GELU-Linear MLP, layer scale, residual), mean-pooled into a classifier."""
     t = _transformers()
-    return t.ConvNextForImageClassification(t.ConvNextConfig(num_channels=3, patch_size=2, hidden_sizes=[16, 32], num_stages=2,
-                                                             depths=[1, 1], num_labels=10))
+    return t.ConvNextForImageClassification(t.ConvNextConfig(num_channels=3, patch_size=2, hidden_sizes=list(widths),
+                                                             num_stages=2, depths=[1, 1], num_labels=labels))
 
 
 #: name -> (model factory, example inputs for a seed)
@@ -195,8 +198,26 @@ HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[
 #: name -> (hidden, seq, batch) -> (the model at that size, its inputs): built under a FakeTensorMode
 #: by :mod:`shardverify.plan.real_size`, so no weight is allocated. A zoo model without one is
 #: planned with the tiny build's own costs only.
+def _mixtral_real(hidden: int, seq: int, batch: int):
+    # Mixtral-8x7B's 8 experts and its MLP width (3.5h); its keys and values keep every head (the
+    # real model shares 8 among 32: grouped-query attention adds ops the tiny build's graph lacks)
+    return mixtral(hidden, hidden // HEAD_DIM, 7 * hidden // 2, 32000, 2 * seq, 8), \
+        (torch.zeros(batch, seq, dtype=torch.int64),)
+
+
+def _bart_real(hidden: int, seq: int, batch: int):
+    ids = torch.zeros(batch, seq, dtype=torch.int64)
+    return bart(hidden, hidden // HEAD_DIM, 4 * hidden, 50265, 2 * seq), (ids, ids.clone())
+
+
+def _convnext_real(hidden: int, seq: int, batch: int):
+    side = 2 * _side(seq, "convnext")     # patches of 2: seq patches
+    return convnext((hidden // 2, hidden), 1000), (torch.zeros(batch, 3, side, side),)
+
+
 REAL_MODELS: dict[str, Callable[[int, int, int], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
     "gpt2": _gpt2_real, "llama": _llama_real, "bert": _bert_real, "vit": _vit_real, "resnet": _resnet_real,
+    "mixtral": _mixtral_real, "bart": _bart_real, "convnext": _convnext_real,
 }
 
 
