@@ -9,8 +9,7 @@ import json
 import sys
 
 from shardverify.cli import USAGE
-from shardverify.cli.generate_cmd import add_location_options
-from shardverify.codegen.generate import InvalidSpecs, load_specs, spec_sources
+from shardverify.cli.generate_cmd import add_location_options, located_specs
 from shardverify.coverage.core_aten import NO_SPEC, REASON, REASONS_FILE, SERVED, Catalogue, catalogue
 from shardverify.errors import SpecError
 
@@ -30,15 +29,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     specs_dir = args.specs_dir if args.specs_dir is not None else args.root / "specs"
-    try:
-        parsed = load_specs(spec_sources(args.root, args.specs_dir))
-        pairs = [(source.display, tuple(t.name for t in spec.targets))
-                 for source, spec in parsed if source.kind.name == "op"]
-        result = catalogue(pairs, specs_dir / REASONS_FILE)
-    except InvalidSpecs as exc:
-        for error in exc.errors:
-            print(f"error: {error}", file=sys.stderr)
+    parsed = located_specs(args)
+    if parsed is None:
         return USAGE
+    pairs = [(source.display, tuple(t.name for t in spec.targets))
+             for source, spec in parsed if source.kind.name == "op"]
+    try:
+        result = catalogue(pairs, specs_dir / REASONS_FILE)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE

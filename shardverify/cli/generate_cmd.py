@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from shardverify.cli import USAGE
-from shardverify.codegen.generate import InvalidSpecs, generate
+from shardverify.codegen.generate import InvalidSpecs, generate, load_specs, spec_sources
 from shardverify.errors import SpecError
 
 
@@ -17,6 +17,19 @@ def add_location_options(parser: argparse.ArgumentParser) -> None:
                         help="repository root that generated paths are relative to (default: .)")
     parser.add_argument("--specs-dir", type=Path, default=None,
                         help="folder holding the specs (default: ROOT/specs)")
+
+
+def located_specs(args: argparse.Namespace) -> list | None:
+    """Every spec under the --root/--specs-dir location, parsed; None, with each error printed,
+    when any is invalid (shared with `shardverify list` and `coverage`)."""
+    try:
+        return load_specs(spec_sources(args.root, args.specs_dir))
+    except InvalidSpecs as exc:
+        for error in exc.errors:
+            print(f"error: {error}", file=sys.stderr)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    return None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

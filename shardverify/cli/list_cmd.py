@@ -9,9 +9,7 @@ import argparse
 import sys
 
 from shardverify.cli import USAGE
-from shardverify.cli.generate_cmd import add_location_options, broken_handlers
-from shardverify.codegen.generate import InvalidSpecs, load_specs, spec_sources
-from shardverify.errors import SpecError
+from shardverify.cli.generate_cmd import add_location_options, broken_handlers, located_specs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,14 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        parsed = load_specs(spec_sources(args.root, args.specs_dir))
-    except InvalidSpecs as exc:
-        for error in exc.errors:
-            print(f"error: {error}", file=sys.stderr)
-        return USAGE
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    parsed = located_specs(args)
+    if parsed is None:
         return USAGE
     for source, spec in parsed:
         print(f"{source.kind.name} {spec.name}  ({source.display})")  # type: ignore[attr-defined]
