@@ -80,7 +80,7 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
 def _elements_named(options: RuleOptions, elements: dict[str, tuple[str, ...]]) -> RuleOptions:
     """The options with a variadic operand's role standing for each of its elements: a
     ``linear_in`` group holding it holds them all (cat is linear in all its tensors together),
-    a ``monotone_in``, additive or constant entry is one entry per element."""
+    a ``monotone_in``, additive, constant or lacking entry is one entry per element."""
     if not elements:
         return options
 
@@ -92,6 +92,7 @@ def _elements_named(options: RuleOptions, elements: dict[str, tuple[str, ...]]) 
         options,
         additive=tuple(r for role in options.additive for r in each(role)),
         constant=tuple(r for role in options.constant for r in each(role)),
+        lacking=tuple(r for role in options.lacking for r in each(role)),
         indices=tuple((r, f) for role, f in options.indices for r in each(role)),
         linear_in=tuple(tuple(r for role in group for r in each(role)) for group in options.linear_in),
         monotone_in=tuple((r, i, o) for role, i, o in options.monotone_in for r in each(role)))

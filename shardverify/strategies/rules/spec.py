@@ -10,10 +10,7 @@ One source of factors, exactly one of:
 ``einsum_param: equation``     the equation a call parameter holds, in torch.einsum's
                                notation (one letter per dim, spaces ignored, implicit
                                output when there is no ``->``): torch.einsum itself
-``pointwise: true``            every operand broadcast against the output; with
-                               ``new_dim_param`` the output dim that parameter names is
-                               held by no input (torch.stack's: each input aligned as if it
-                               held a size-1 dim there)
+``pointwise: true``            every operand broadcast against the output
 ``reduce_dims_param: dim``     a reduction over the dims a call parameter names (or several:
                                ``[dim1, dim2]``, the dims each names), with ``keepdim_param``
                                and ``reduce_op`` (sum | avg | max | min | none: the reduced
@@ -90,7 +87,7 @@ __all__ = ["RuleOptions", "equation_for", "local_shape_part", "padded_dims", "to
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "advanced_index", "whole_tensors")
 VIEWS = ("reshape", "permute", "transpose")
 OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param", "dim1_param", "shape_param",
-                         "shape_dim_param", "new_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param",
+                         "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param",
                          "reduce", "additive_operands", "constant_operands", "indices", "aligned",
                          "lacks_dims_param", "lacking_operands", "factory", "range_params",
                          "linear_in", "monotone_in", "size_params", "reduce_unheld")
@@ -112,7 +109,6 @@ class RuleOptions:
     shape_dim_param: str = ""   # with shape_param: it holds the sizes the input dim this names splits into
     whole: tuple[str, ...] = ()
     whole_dims_param: str = ""
-    new_dim_param: str = ""     # pointwise: the output dim no input holds (stack's), at this parameter
     whole_trailing_param: str = ""
     whole_padded_param: str = ""   # F.pad's pad: (before, after) per dim from the last; padded dims stay whole
     reduce: tuple[tuple[str, str | None], ...] = ()
@@ -198,9 +194,6 @@ class RuleOptions:
         if text("shape_dim_param") and not text("shape_param"):
             raise InvalidArgument("rule option 'shape_dim_param' (the input dim whose split sizes shape_param "
                                   "holds) needs shape_param")
-        if text("new_dim_param") and source != "pointwise":
-            raise InvalidArgument("rule option 'new_dim_param' (the output dim no input holds: stack's) "
-                                  "applies to pointwise rules")
 
         def mapping(key: str, what: str) -> tuple[tuple[str, object], ...]:
             value = options.get(key, ())
@@ -245,7 +238,6 @@ class RuleOptions:
                    reduce_op=op(options.get("reduce_op", "sum"), "reduce_op"), dims_param=text("dims_param"),
                    dim0_param=text("dim0_param"), dim1_param=text("dim1_param"), shape_param=text("shape_param"),
                    shape_dim_param=text("shape_dim_param"), whole=whole, whole_dims_param=text("whole_dims_param"),
-                   new_dim_param=text("new_dim_param"),
                    whole_trailing_param=text("whole_trailing_param"),
                    whole_padded_param=text("whole_padded_param"), reduce=reduce,
                    additive=names("additive_operands"), constant=names("constant_operands"), indices=indices,
@@ -398,11 +390,6 @@ def equation_for(options: RuleOptions, inputs: Sequence[tuple[int, ...]], output
                     raise InvalidArgument(f"call parameter {param!r} holds the size of factor {held[0]!r}: it must "
                                           f"be a positive int, got {value!r}")
                 sizes[held[0]] = value
-    elif options.source == "pointwise" and options.new_dim_param:
-        # each input aligned with the output as if it held a size-1 dim at the new one (torch.stack)
-        (new,) = normalize_dims(_param(params, options.new_dim_param), len(outputs[0]), options.new_dim_param)
-        eq, whole = derive.pointwise([tuple(s[:new]) + (1,) + tuple(s[new:]) for s in inputs], outputs)
-        eq = Equation(tuple(term[:new] + term[new + 1:] for term in eq.inputs), eq.outputs)
     elif options.source == "pointwise":
         eq, whole = _pointwise(options, inputs, outputs, params, roles)
     elif options.source == "whole_tensors":

@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=0),
     ),
     generator='rules',
-    options=(('monotone_in', ('tensors',)), ('linear_in', (('tensors',),)), ('pointwise', True), ('new_dim_param', 'dim')),
+    options=(('monotone_in', ('tensors',)), ('linear_in', (('tensors',),)), ('pointwise', True), ('lacks_dims_param', 'dim'), ('lacking_operands', ('tensors',))),
     spec_file='specs/stack.yaml',
     bindings=(
         (torch.stack, (
