@@ -1,11 +1,12 @@
 """Property-based exploration of an op spec with hypothesis, beyond the grid its author listed:
-``draw`` derives sizes, parameters and meshes from the spec, ``search`` verifies what is drawn.
+``draw`` derives examples (sizes, with ``params`` and ``meshes``) from the spec under a hypothesis
+``profiles`` setting, ``search`` verifies what is drawn.
 ``from shardverify import explore`` gives both (the generated property tests use it so)."""
 
-from shardverify.explore.draw import (DEFAULT_MESH_MAX_SIZE, MAX_MESH_SIZE, PROFILE_ENV, PROFILES, SIZES, Example,
-                                      ParamDraw, SizeSlot, all_mesh_shapes, dims_strategy, examples, load_profile,
-                                      load_spec, mesh_shapes, param_draws, param_strategies, profile_settings,
-                                      size_groups, world_size)
+from shardverify.explore.draw import SIZES, Example, SizeSlot, examples, load_spec, size_groups
+from shardverify.explore.meshes import DEFAULT_MESH_MAX_SIZE, MAX_MESH_SIZE, all_mesh_shapes, mesh_shapes, world_size
+from shardverify.explore.params import ParamDraw, dims_strategy, param_draws, param_strategies
+from shardverify.explore.profiles import PROFILE_ENV, PROFILES, load_profile, profile_settings
 from shardverify.explore.search import Failure, check_example, layout_problems, replay, search
 
 __all__ = ["SIZES", "MAX_MESH_SIZE", "DEFAULT_MESH_MAX_SIZE", "PROFILE_ENV", "PROFILES", "load_profile",

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, Verbosity, settings
 import torch
 
 from shardverify.errors import InvalidArgument, ShardVerifyError
-from shardverify.explore.draw import DEFAULT_MESH_MAX_SIZE, Example, examples
+from shardverify.explore.draw import Example, examples
+from shardverify.explore.meshes import DEFAULT_MESH_MAX_SIZE
 from shardverify.spec.op import OpSpec
 
 __all__ = ["layout_problems", "check_example", "replay", "Failure", "search"]
