@@ -15,19 +15,16 @@ import pytest
 
 from shardverify.errors import InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.pytest_plugin import (
-    MAX_PROCESS_POOLS,
+from shardverify.pytest_plugin.placement import (
     THREAD_VARIABLES,
-    BackendPool,
     NotEnoughDevices,
     ProcessPlan,
-    Settings,
-    parse_auto_parallel,
     plan_process_backend,
-    resolve_kind,
     worker_gpu_slice,
     worker_threads,
 )
+from shardverify.pytest_plugin.pool import MAX_PROCESS_POOLS, BackendPool, resolve_kind
+from shardverify.pytest_plugin.settings import Settings, parse_auto_parallel
 
 pytest_plugins = ["pytester"]
 
