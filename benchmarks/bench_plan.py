@@ -25,7 +25,8 @@ import yaml
 from shardverify.backends.process import ProcessBackend
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.calibrate import calibrated_mesh
-from shardverify.plan.execute import ModelRecipe, rank_time_plan
+from shardverify.plan.execute import rank_time_plan
+from shardverify.plan.recipe import ModelRecipe
 from shardverify.plan.spec import SOLVER, build_spec_model
 from shardverify.plan.verify import make_plan
 

@@ -13,7 +13,7 @@ import torch
 from shardverify.backends.simulated import SimulatedBackend
 from shardverify.errors import InvalidArgument, SpecError
 from shardverify.plan.coverage import classify_nodes
-from shardverify.plan.execute import ModelRecipe, _traced
+from shardverify.plan.recipe import ModelRecipe, traced
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.loader import load_yaml_text
 from shardverify.spec.op import parse_op_spec
@@ -104,7 +104,7 @@ class _Lookups(torch.nn.Module):
 
 def test_a_model_s_lookups_are_served_or_refused_with_the_reason():
     x, ids = torch.randn(4, 8), torch.tensor([[1, 3, 5], [0, 2, 7], [6, 6, 1], [4, 0, 3]])
-    graph_module = _traced(ModelRecipe(_Lookups(), (x, ids), capture="export"))
+    graph_module = traced(ModelRecipe(_Lookups(), (x, ids), capture="export"))
     _, statuses = classify_nodes(graph_module, DeviceMesh((2, 2)))
     index = {s.node: s for s in statuses if s.target == "aten.index.Tensor"}
     assert sorted(s.status for s in index.values()) == ["handled", "refused"], statuses

@@ -16,7 +16,7 @@ from collections import Counter  # noqa: E402
 
 from shardverify import DeviceMesh, verify_plan  # noqa: E402
 from shardverify.plan.coverage import classify_nodes  # noqa: E402
-from shardverify.plan.execute import ModelRecipe, _traced  # noqa: E402
+from shardverify.plan.recipe import ModelRecipe, traced  # noqa: E402
 from shardverify.plan.hf_zoo import HF_MODELS, hf_model  # noqa: E402
 from shardverify.plan.model import PlanGoals  # noqa: E402
 from shardverify.plan.verify import plan_with_coverage  # noqa: E402
@@ -84,7 +84,7 @@ def test_a_minimum_the_model_cannot_meet_is_refused():
 def _llama_mlp(mesh: DeviceMesh):
     """Llama's MLP nodes (gate, up, silu, gate*up, down) and the export graph's strategies."""
     model, inputs = hf_model("llama")
-    graph_module = _traced(ModelRecipe(model, inputs, capture="export"))
+    graph_module = traced(ModelRecipe(model, inputs, capture="export"))
     options, _ = classify_nodes(graph_module, mesh)
     silu = next(n for n in graph_module.graph.nodes if "silu" in str(n.target))
     product = next(iter(silu.users))

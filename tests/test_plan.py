@@ -11,7 +11,7 @@ from torch import nn
 from shardverify.cli.main import main
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan import PlanInfeasible, build_plan, make_plan, node_options, run_plan, solve_plan, verify_plan
-from shardverify.plan.execute import ModelRecipe, _traced
+from shardverify.plan.recipe import ModelRecipe, traced
 from shardverify.plan.spec import build_spec_model
 from shardverify.sharding.reshard_plan import ReshardStep
 from shardverify.sharding.strategy import CommPattern
@@ -51,7 +51,7 @@ def test_partial_output_never_reduced_is_named(sv_backend):
 def test_solver_finds_the_cheapest_plan_by_brute_force():
     module, inputs = _chain(64, 256)
     mesh = DeviceMesh((4,))
-    gm = _traced(ModelRecipe(module, inputs))
+    gm = traced(ModelRecipe(module, inputs))
     options = node_options(gm, mesh)
     solved = solve_plan(gm, mesh, options=options)
     best = min(build_plan(gm, mesh, {"fc1": a.name, "fc2": b.name}, options).cost.total
@@ -136,7 +136,7 @@ def test_deferred_reduction_becomes_a_reduce_scatter(sv_backend):
 
 def test_solver_with_deferral_is_never_worse():
     module, inputs = _chain(64, 256)
-    gm = _traced(ModelRecipe(module, inputs))
+    gm = traced(ModelRecipe(module, inputs))
     mesh = DeviceMesh((2, 2))
     options = node_options(gm, mesh)
     with_defer = solve_plan(gm, mesh, options=options)
@@ -213,11 +213,11 @@ def test_a_zoo_plan_spec_runs_from_the_plan_command(capsys):
 def test_the_simulated_ranks_share_one_single_device_reference(monkeypatch):
     """The ranks (threads) read one recipe and one reference run of it, not a copy each: a plan
     check of a model holds one float64 copy of its weights and gradients, not one per rank."""
-    from shardverify.plan import execute
+    from shardverify.plan import reference
 
     calls = []
-    real = execute.reference_run
-    monkeypatch.setattr(execute, "reference_run", lambda recipe: calls.append(recipe) or real(recipe))
+    real = reference.reference_run
+    monkeypatch.setattr(reference, "reference_run", lambda recipe: calls.append(recipe) or real(recipe))
     result = verify_plan(ResidualMLP(), torch.randn(8, 16), (2, 2), data_parallel=True)
     assert result.passed, result.summary()
     assert len(calls) == 1
@@ -313,7 +313,7 @@ def test_the_solver_leaves_no_file_in_tmpdir(tmp_path, monkeypatch, stopped):
             raise KeyboardInterrupt
         monkeypatch.setattr(pulp.PULP_CBC_CMD, "delete_tmp_files", stop_before_deleting)
     module, inputs = _chain()
-    gm = _traced(ModelRecipe(module, inputs))
+    gm = traced(ModelRecipe(module, inputs))
     mesh = DeviceMesh((2,))
     if stopped:
         with pytest.raises(KeyboardInterrupt):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from shardverify import DeviceMesh, verify_plan
 from shardverify.capture.export import CaptureError, export_graph
 from shardverify.errors import ShardVerifyError
-from shardverify.plan.execute import ModelRecipe, _traced
+from shardverify.plan.recipe import ModelRecipe, traced
 from shardverify.plan.verify import plan_with_coverage
 
 MESH = (4,)
@@ -102,7 +102,7 @@ def test_one_value_in_two_operand_slots_is_two_operands(capture):
     from shardverify.plan.coverage import classify_nodes
 
     x = torch.randn(8, 4)
-    graph_module = _traced(ModelRecipe(Mixed(), (x,), capture=capture))
+    graph_module = traced(ModelRecipe(Mixed(), (x,), capture=capture))
     options, statuses = classify_nodes(graph_module, DeviceMesh(MESH))
     cat = next(s.node for s in statuses if "cat" in s.target)
     sharded = [s.name for s in options[cat] if "S0" in s.name]
@@ -342,7 +342,7 @@ def test_plans_take_strategies_that_cut_uneven_blocks_and_reshard_them(goal):
     from shardverify.plan.coverage import classify_nodes
 
     model, x = _Chain(), torch.randn(7, 6)
-    graph_module = _traced(ModelRecipe(model, (x,), capture="export"))
+    graph_module = traced(ModelRecipe(model, (x,), capture="export"))
     options, _ = classify_nodes(graph_module, DeviceMesh((3,)))
     assert any(not spec.is_even for strategies in options.values() if strategies
                for s in strategies for _, spec in s.sharding_specs)

@@ -12,7 +12,7 @@ from torch import nn
 
 from shardverify.capture.decompose import ORIGIN
 from shardverify.plan import verify_plan
-from shardverify.plan.execute import ModelRecipe, _traced
+from shardverify.plan.recipe import ModelRecipe, traced
 from shardverify.plan.verify import run_plan
 from shardverify.sharding.sharding_spec import ShardingSpec
 
@@ -56,7 +56,7 @@ def test_a_node_without_a_spec_is_decomposed_and_its_pieces_verified():
 
 def test_the_pieces_are_marked_with_the_node_they_came_from():
     torch.manual_seed(0)
-    graph = _traced(ModelRecipe(Gated(), (torch.randn(8, 8),), capture="export"))
+    graph = traced(ModelRecipe(Gated(), (torch.randn(8, 8),), capture="export"))
     marked = {n.name: n.meta[ORIGIN] for n in graph.graph.nodes if ORIGIN in n.meta}
     assert len(marked) == 3 and set(marked.values()) == {("addcmul", "aten.addcmul.default")}
     assert all(name.startswith("addcmul_") for name in marked)
@@ -121,7 +121,7 @@ def test_a_piece_nothing_serves_is_decomposed_again():
     into served pointwise ops; its named-tuple result is read as the values it holds."""
     from shardverify.plan.coverage import unserved
 
-    graph = _traced(ModelRecipe(LogSigmoid(), (torch.randn(4, 6),), capture="export"))
+    graph = traced(ModelRecipe(LogSigmoid(), (torch.randn(4, 6),), capture="export"))
     pieces = [n for n in graph.graph.nodes if n.meta.get(ORIGIN) == ("log_sigmoid", "aten.log_sigmoid.default")]
     assert {"aten.exp.default", "aten.log1p.default"} <= {str(n.target) for n in pieces}, pieces
     assert not [n.name for n in pieces if unserved(n, graph)]

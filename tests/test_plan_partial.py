@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from shardverify.plan import make_plan, node_options, run_plan, solve_plan, verify_plan
-from shardverify.plan.execute import ModelRecipe, _traced
+from shardverify.plan.recipe import ModelRecipe, traced
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.reshard_plan import ReshardStep
 
@@ -98,7 +98,7 @@ def test_weights_taken_as_partial_sums_on_gloo(sv_backend, up):
 def _wide():
     torch.manual_seed(0)
     model, x = TwoBlocks(256, 1024), torch.randn(16, 256)
-    return model, x, _traced(ModelRecipe(model, (x,)))
+    return model, x, traced(ModelRecipe(model, (x,)))
 
 
 def test_the_solver_carries_partial_sums_through_the_residual_adds(sv_backend):
@@ -132,6 +132,6 @@ def test_partial_max_inputs_are_left_out_of_plans_and_counted():
     relu = next(s for s in coverage.statuses if s.node == "relu")
     assert relu.status == "handled" and relu.partial > 0
     assert any("partial max or min input" in line for line in coverage.lines())
-    options = node_options(_traced(ModelRecipe(model, (x,))), DeviceMesh((2, 2)))
+    options = node_options(traced(ModelRecipe(model, (x,))), DeviceMesh((2, 2)))
     assert all(p.op == "sum" for found in options.values() if found for s in found for p in s.partial_inputs)
     assert any(s.partial_inputs for s in options["add"])

@@ -26,7 +26,6 @@ def world_size(default: int = DEFAULT_MESH_MAX_SIZE) -> int:
     return max(1, min(value, MAX_MESH_SIZE))
 
 
-
 def all_mesh_shapes(max_size: int = DEFAULT_MESH_MAX_SIZE,
                     max_ndim: int = MAX_MESH_NDIM) -> tuple[tuple[int, ...], ...]:
     """Every mesh shape of 1 to ``max_ndim`` axes (sizes >= 1) with at most ``max_size``

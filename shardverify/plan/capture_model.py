@@ -45,7 +45,7 @@ def _one_line(error: BaseException) -> str:
 
 def capture_model(module: torch.nn.Module, inputs: tuple, capture: str = "auto") -> Captured:
     """The model's graph for a plan (see the module docstring); ``capture``: auto, fx or export."""
-    from shardverify.plan.execute import ModelRecipe, _traced
+    from shardverify.plan.recipe import ModelRecipe, traced
 
     if capture not in CAPTURE_CHOICES:
         raise InvalidArgument(f"capture must be one of {', '.join(CAPTURE_CHOICES)}, got {capture!r}")
@@ -56,7 +56,7 @@ def capture_model(module: torch.nn.Module, inputs: tuple, capture: str = "auto")
     for how in tries:
         try:
             with _quiet():
-                graph = _traced(ModelRecipe(module, inputs, capture=how))
+                graph = traced(ModelRecipe(module, inputs, capture=how))
         except Exception as error:  # noqa: BLE001 - torch raises many kinds; each is a reason to say
             cause = error.__cause__ if isinstance(error, CaptureError) and error.__cause__ else error
             reasons.append(f"torch.{how}: {_one_line(cause)}")

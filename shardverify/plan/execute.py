@@ -10,216 +10,28 @@ through the strategy's HOOK actions. Generic nodes run on full (replicated) tens
 
 from __future__ import annotations
 
-import copy
 import functools
 import re
-import threading
-import weakref
-from dataclasses import dataclass
 
 import torch
 from torch import fx
 
+from shardverify.capture.call import as_outputs, call_op, operand_nodes
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
-from shardverify.capture.decompose import decompose_unserved
-from shardverify.capture.export import export_graph
-from shardverify.errors import InvalidArgument, VerificationError
+from shardverify.collectives.reshard import apply_reshard
+from shardverify.errors import VerificationError
 from shardverify.plan.blame import blame_owner, tapped_edges
-from shardverify.plan.coverage import unserved
-from shardverify.plan.compare import ATOL, RTOL, PlanMismatch, _cmp, _shard, precisions
+from shardverify.plan.compare import PlanMismatch, _cmp, _shard, precisions
 from shardverify.plan.graph import (element_layout, metadata_read, operand_layout, operand_producer, parameter_names,
                                     source_of)
 from shardverify.plan.model import Plan
-from shardverify.collectives.reshard import apply_reshard
+from shardverify.plan.recipe import TRACE_LOCK, ModelRecipe, traced
+from shardverify.plan.reference import grad_seed, loss_output, shared_reference
 from shardverify.sharding.reshard_plan import Layout, plan_reshard
 from shardverify.sharding.strategy import CommWhere
-from shardverify.capture.fx import forward_names, trace
-from shardverify.capture.uninitialised import uninitialised_nodes
 from shardverify.verify.engine import local_arguments
-from shardverify.capture.call import as_outputs, call_op, operand_nodes
 
-__all__ = ["CAPTURES", "ModelRecipe", "PlanMismatch", "rank_run_plan", "as_float64", "weights_only", "RTOL", "ATOL",
-           "loss_output"]
-
-_TRACE_LOCK = threading.Lock()
-
-
-#: how a model is captured: torch.export's ATen graph, or torch.fx symbolic tracing (torch-level
-#: calls, the reference strategy names of the seed ops)
-CAPTURES = ("export", "fx")
-
-
-@dataclass(frozen=True)
-class ModelRecipe:
-    """The model and example inputs (picklable: sent to worker processes). Floating inputs run
-    in float64; other inputs (token ids) keep their dtype. Rank code only reads it (it runs a
-    float64 copy of the module and clones of the inputs), so the simulated ranks share one
-    (``ranks_only_read``) and with it one single-device reference (:func:`shared_reference`)."""
-
-    ranks_only_read = True    # a class attribute, not a field
-
-    module: torch.nn.Module
-    inputs: tuple[torch.Tensor, ...]
-    seed: int = 0
-    capture: str = "fx"
-
-    def __post_init__(self) -> None:
-        if self.capture not in CAPTURES:
-            raise InvalidArgument(f"capture must be one of {', '.join(CAPTURES)}, got {self.capture!r}")
-
-    def __reduce__(self):
-        """A GraphModule travels to a worker as its graph and the attributes its nodes name, so the
-        worker runs the very graph the plan was made for: pickling a GraphModule itself regenerates
-        it from its code, which drops unused nodes and can rename the others."""
-        if isinstance(self.module, fx.GraphModule):
-            return _graph_recipe, (_graph_attributes(self.module), self.module.graph, self.inputs, self.seed,
-                                   self.capture)
-        return ModelRecipe, (self.module, self.inputs, self.seed, self.capture)
-
-
-def _graph_attributes(graph_module: fx.GraphModule) -> dict[str, object]:
-    """Every submodule, parameter or buffer a node of the graph names, by its qualified name."""
-    found: dict[str, object] = {}
-    for node in graph_module.graph.nodes:
-        if node.op in ("get_attr", "call_module"):
-            target = str(node.target)
-            owner, _, attr = target.rpartition(".")
-            found[target] = getattr(graph_module.get_submodule(owner) if owner else graph_module, attr)
-    return found
-
-
-def _graph_recipe(attributes: dict, graph: fx.Graph, inputs, seed: int, capture: str) -> ModelRecipe:
-    return ModelRecipe(fx.GraphModule(attributes, graph), inputs, seed, capture)
-
-
-def as_float64(x: torch.Tensor) -> torch.Tensor:
-    """A floating input in float64 (the plan check compares in float64); any other as it is."""
-    return x.to(torch.float64) if x.is_floating_point() else x
-
-
-def _traced(recipe: ModelRecipe) -> fx.GraphModule:
-    module = _float64_copy(recipe.module)
-    inputs = [as_float64(x) for x in recipe.inputs]
-    if recipe.capture == "export":   # a node no handler serves, decomposed into ops that are served
-        graph = export_graph(module, inputs)
-        return decompose_unserved(graph, lambda node: unserved(node, graph))
-    return trace(module, dict(zip(forward_names(module, len(inputs)), inputs)))
-
-
-def _float64_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy with floating parameters and buffers in float64, each copied once straight
-    into float64 (``deepcopy(m).double()`` holds a float32 copy of the whole model first)."""
-    memo: dict[int, object] = {}
-    for tensor in [*module.parameters(), *module.buffers()]:
-        if id(tensor) in memo:
-            continue
-        value = tensor.detach().to(torch.float64, copy=True) if tensor.is_floating_point() else tensor.detach().clone()
-        memo[id(tensor)] = torch.nn.Parameter(value, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) \
-            else value
-    return copy.deepcopy(module, memo).double()
-
-
-def _grad_seed(shape, seed: int, index: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed * 7919 + index)
-    return torch.randn(tuple(shape), generator=gen, dtype=torch.float64)
-
-
-def weights_only(gm: fx.GraphModule) -> frozenset[str]:
-    """Nodes whose value depends on no model input: the weights (get_attr) and what is computed
-    from them and constants alone (a transposed weight, ``arange``). Neither their values nor
-    their gradients are compared node by node: a weight is its own value on every rank, its
-    gradient is compared at the weight, and a wrong layout of a transposed weight shows at the
-    first node that takes it. Recording them would hold a copy of every weight and, on every
-    rank, of every weight gradient again (half the memory of an exported model's check)."""
-    found: set[str] = set()
-    for node in gm.graph.nodes:
-        if node.op == "get_attr" or (node.op in ("call_function", "call_method", "call_module")
-                                     and all(a.name in found for a in node.all_input_nodes)):
-            found.add(node.name)
-    return frozenset(found)
-
-
-def reference_run(recipe: ModelRecipe):
-    """Single-device values and gradients of every node (but :func:`weights_only` and the nodes of
-    uninitialised memory, whose values are the allocator's leftovers: returned last so the ranks
-    skip the same nodes), the inputs and the parameters."""
-    gm = _traced(recipe)
-    inputs = [as_float64(x.detach()).clone().requires_grad_(x.is_floating_point()) for x in recipe.inputs]
-    values: dict[str, object] = {}
-    skipped = weights_only(gm) | uninitialised_nodes(gm)
-
-    tensors: dict[str, torch.Tensor] = {}
-    edges = tapped_edges(gm, skipped)
-    taps: dict[tuple[str, str], torch.Tensor] = {}
-
-    class Recorder(fx.Interpreter):
-        def fetch_args_kwargs_from_env(self, n):
-            def get(a):
-                value = self.env[a]
-                if (n.name, a.name) in edges and isinstance(value, torch.Tensor) and value.requires_grad:
-                    value = taps[(n.name, a.name)] = value.view_as(value)   # this user's term of a's gradient
-                    value.retain_grad()
-                return value
-            return fx.node.map_arg(n.args, get), fx.node.map_arg(n.kwargs, get)
-
-        def run_node(self, n):
-            out = super().run_node(n)
-            if n.name in skipped:
-                return out
-            if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.retain_grad()
-                tensors[n.name] = out
-            # a copy: a later in-place op (ResNet's `x += residual`, ReLU(inplace=True)) must not
-            # change the value this node is compared with
-            values[n.name] = _snapshot(out)
-            return out
-
-    initial = {name: b.clone() for name, b in gm.named_buffers()}   # batch norm's statistics move
-    out_t = loss_output(Recorder(gm).run(*inputs))
-    if out_t is not None:
-        out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
-    grads: dict = {name: v.grad for name, v in tensors.items() if v.grad is not None}
-    grads.update({edge: v.grad for edge, v in taps.items() if v.grad is not None})   # (user, producer) -> term
-    params = {name: p.grad for name, p in gm.named_parameters()}
-    with torch.no_grad():       # the ranks start from the buffers the reference started from
-        for name, b in gm.named_buffers():
-            b.copy_(initial[name])
-    return gm, values, grads, [x.grad for x in inputs], params, skipped
-
-
-_SHARED: dict[int, tuple] = {}   # id(recipe) -> (recipe's weak reference, reference_run's result)
-
-
-def shared_reference(recipe: ModelRecipe) -> tuple:
-    """:func:`reference_run` once per process and recipe: the simulated ranks (threads of one
-    process, given one recipe) share one single-device run and one traced graph, which each rank
-    only reads (its weights are its own leaves, cut from the graph's), instead of a copy each; a
-    worker process has its own. Dropped with the recipe."""
-    with _TRACE_LOCK:   # torch.fx tracing patches nn.Module.__call__ process-wide: one at a time
-        key = id(recipe)
-        found = _SHARED.get(key)
-        if found is None or found[0]() is not recipe:
-            found = _SHARED[key] = (weakref.ref(recipe), reference_run(recipe))
-            weakref.finalize(recipe, _SHARED.pop, key, None)
-        return found[1]
-
-
-def _snapshot(value: object) -> object:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_snapshot(v) for v in value)
-    return value
-
-
-def loss_output(result) -> torch.Tensor | None:
-    """The model output backward starts from: its first floating output that needs a gradient
-    (a bool mask or integer ids beside it, or as the only output, are compared, never
-    differentiated); None when no output has a gradient."""
-    items = [result] if isinstance(result, torch.Tensor) else \
-        [t for t in (result.values() if isinstance(result, dict) else result) if isinstance(t, torch.Tensor)] \
-        if isinstance(result, (tuple, list, dict)) else []
-    return next((t for t in items if t.is_floating_point() and t.requires_grad), None)
+__all__ = ["NodeFailure", "failed_node", "rank_run_plan", "rank_time_plan"]
 
 
 def _summed(comm, layout, value):
@@ -351,7 +163,7 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
                 _check_weight_grad, found, checked, rank, back, name, *weights[name]))
     out_t = loss_output(result)
     if out_t is not None:
-        out_t.backward(_grad_seed(out_t.shape, recipe.seed, 0))
+        out_t.backward(grad_seed(out_t.shape, recipe.seed, 0))
     by_name = {n.name: n for n in gm.graph.nodes}
     for order, item in enumerate(plan.nodes):
         value = env.get(item.node)
@@ -490,8 +302,8 @@ def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> flo
     """Mean seconds of one sharded training step (forward + backward) on this rank, float32."""
     import time
 
-    with _TRACE_LOCK:
-        gm = _traced(recipe).float()
+    with TRACE_LOCK:
+        gm = traced(recipe).float()
     recipe = ModelRecipe(recipe.module, tuple(x.float() if x.is_floating_point() else x for x in recipe.inputs),
                          recipe.seed, recipe.capture)
     comm.barrier()

@@ -148,9 +148,9 @@ def diagnose_inputs(module: torch.nn.Module, inputs: tuple) -> InputError | None
     """Run the model once on ``inputs`` (a float64 copy, no gradient): if it raises, the error
     naming the innermost layer it was in, the input that reached it (if it is one of the model's
     inputs as given) and what the layer wanted; None if the model runs."""
-    from shardverify.plan.execute import _float64_copy, as_float64
+    from shardverify.plan.recipe import as_float64, float64_copy
 
-    model = _float64_copy(module)
+    model = float64_copy(module)
     values = [as_float64(x) for x in inputs]
     names = _input_names(module, len(values))
     entered: list[tuple[str, torch.nn.Module, tuple]] = []

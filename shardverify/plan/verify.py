@@ -14,7 +14,9 @@ from shardverify.errors import BackendError, InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
 from shardverify.plan.capture_model import Captured, as_shardverify_error, capture_model
-from shardverify.plan.execute import ModelRecipe, PlanMismatch, as_float64, failed_node, rank_run_plan
+from shardverify.plan.compare import PlanMismatch
+from shardverify.plan.execute import failed_node, rank_run_plan
+from shardverify.plan.recipe import ModelRecipe, as_float64
 from shardverify.plan.inputs import with_keywords
 from shardverify.plan.build import build_plan
 from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals

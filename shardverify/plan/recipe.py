@@ -1,0 +1,98 @@
+"""What a plan check runs: a model and its example inputs as a picklable recipe (a graph module
+travels as the very graph that was planned), captured in float64 by fx or export."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from shardverify.capture.decompose import decompose_unserved
+from shardverify.capture.export import export_graph
+from shardverify.capture.fx import forward_names, trace
+from shardverify.errors import InvalidArgument
+from shardverify.plan.coverage import unserved
+
+__all__ = ["CAPTURES", "ModelRecipe", "as_float64", "traced", "float64_copy", "TRACE_LOCK"]
+
+#: torch.fx tracing patches nn.Module.__call__ process-wide: one capture at a time
+TRACE_LOCK = threading.Lock()
+
+
+#: how a model is captured: torch.export's ATen graph, or torch.fx symbolic tracing (torch-level
+#: calls, the reference strategy names of the seed ops)
+CAPTURES = ("export", "fx")
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """The model and example inputs (picklable: sent to worker processes). Floating inputs run
+    in float64; other inputs (token ids) keep their dtype. Rank code only reads it (it runs a
+    float64 copy of the module and clones of the inputs), so the simulated ranks share one
+    (``ranks_only_read``) and with it one single-device reference (:func:`shared_reference`)."""
+
+    ranks_only_read = True    # a class attribute, not a field
+
+    module: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    seed: int = 0
+    capture: str = "fx"
+
+    def __post_init__(self) -> None:
+        if self.capture not in CAPTURES:
+            raise InvalidArgument(f"capture must be one of {', '.join(CAPTURES)}, got {self.capture!r}")
+
+    def __reduce__(self):
+        """A GraphModule travels to a worker as its graph and the attributes its nodes name, so the
+        worker runs the very graph the plan was made for: pickling a GraphModule itself regenerates
+        it from its code, which drops unused nodes and can rename the others."""
+        if isinstance(self.module, fx.GraphModule):
+            return _graph_recipe, (_graph_attributes(self.module), self.module.graph, self.inputs, self.seed,
+                                   self.capture)
+        return ModelRecipe, (self.module, self.inputs, self.seed, self.capture)
+
+
+def _graph_attributes(graph_module: fx.GraphModule) -> dict[str, object]:
+    """Every submodule, parameter or buffer a node of the graph names, by its qualified name."""
+    found: dict[str, object] = {}
+    for node in graph_module.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            target = str(node.target)
+            owner, _, attr = target.rpartition(".")
+            found[target] = getattr(graph_module.get_submodule(owner) if owner else graph_module, attr)
+    return found
+
+
+def _graph_recipe(attributes: dict, graph: fx.Graph, inputs, seed: int, capture: str) -> ModelRecipe:
+    return ModelRecipe(fx.GraphModule(attributes, graph), inputs, seed, capture)
+
+
+def as_float64(x: torch.Tensor) -> torch.Tensor:
+    """A floating input in float64 (the plan check compares in float64); any other as it is."""
+    return x.to(torch.float64) if x.is_floating_point() else x
+
+
+def traced(recipe: ModelRecipe) -> fx.GraphModule:
+    module = float64_copy(recipe.module)
+    inputs = [as_float64(x) for x in recipe.inputs]
+    if recipe.capture == "export":   # a node no handler serves, decomposed into ops that are served
+        graph = export_graph(module, inputs)
+        return decompose_unserved(graph, lambda node: unserved(node, graph))
+    return trace(module, dict(zip(forward_names(module, len(inputs)), inputs)))
+
+
+def float64_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy with floating parameters and buffers in float64, each copied once straight
+    into float64 (``deepcopy(m).double()`` holds a float32 copy of the whole model first)."""
+    memo: dict[int, object] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if id(tensor) in memo:
+            continue
+        value = tensor.detach().to(torch.float64, copy=True) if tensor.is_floating_point() else tensor.detach().clone()
+        memo[id(tensor)] = torch.nn.Parameter(value, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) \
+            else value
+    return copy.deepcopy(module, memo).double()
+
