@@ -279,7 +279,8 @@ def _with_post_added_bias(ctx):
     import dataclasses
 
     from shardverify.sharding.sharding_spec import ShardingSpec
-    from shardverify.sharding.strategy import CommPattern, CommWhere, PostAdd
+    from shardverify.sharding.partial import PostAdd
+    from shardverify.sharding.strategy import CommPattern, CommWhere
 
     strategies = get_generator("linear_projection")(ctx)
     bias = ctx.operands.get("bias")

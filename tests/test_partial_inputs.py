@@ -9,7 +9,7 @@ import torch
 
 from shardverify.errors import StrategyError
 from shardverify.sharding.pieces import partial_pieces
-from shardverify.sharding.strategy import PartialInput
+from shardverify.sharding.partial import PartialInput
 from shardverify.spec.case import InputDecl, OpCase
 from shardverify.strategies.handlers.base import OperandDecl
 from test_rules import IN0, IN1, OUT, handler

@@ -343,7 +343,7 @@ def test_vocab_parallel_embedding_masks_ids_and_without_indices_it_is_caught():
 
 
 def test_an_index_shard_that_disagrees_with_the_table_layout_cannot_run():
-    from shardverify.sharding.strategy import IndexShard
+    from shardverify.sharding.partial import IndexShard
 
     case = embedding_case("embedding_index_shard")
     with handler("embedding_rule", torch.nn.functional.embedding, EMBEDDING_OPERANDS,

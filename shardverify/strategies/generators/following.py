@@ -42,14 +42,8 @@ from shardverify.strategies.generators.registry import GeneratorContext, registe
 from shardverify.strategies.handlers.base import Computed
 from shardverify.sharding.blocks import partial_refusal
 from shardverify.sharding.sharding_spec import ShardingSpec
-from shardverify.sharding.strategy import (
-    REDUCE_OPS,
-    CommAction,
-    CommPattern,
-    CommWhere,
-    PartialInput,
-    ShardingStrategy,
-)
+from shardverify.sharding.partial import PartialInput
+from shardverify.sharding.strategy import REDUCE_OPS, CommAction, CommPattern, CommWhere, ShardingStrategy
 
 
 def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ...]:

@@ -56,14 +56,8 @@ from shardverify.errors import StrategyError
 from shardverify.strategies.generators.common import compute_cost, grad_sync, make_strategy
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
 from shardverify.sharding.sharding_spec import DimSpec, ShardingSpec
-from shardverify.sharding.strategy import (
-    CommAction,
-    CommPattern,
-    CommWhere,
-    PartialInput,
-    PostAdd,
-    ShardingStrategy,
-)
+from shardverify.sharding.partial import PartialInput, PostAdd
+from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere, ShardingStrategy
 
 Axes = tuple[int, ...]
 LAYOUTS = ("in_out", "out_in")

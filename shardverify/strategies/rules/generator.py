@@ -32,17 +32,15 @@ from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
 from shardverify.sharding.blocks import nested_block, partial_refusal
 from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.partial import IndexShard, PartialInput, PostAdd
 from shardverify.sharding.strategy import (
     CommAction,
     CommPattern,
     CommWhere,
-    IndexShard,
     LocalArg,
     OperandLocator,
     OperationData,
     OperationDataType,
-    PartialInput,
-    PostAdd,
     ShardingStrategy,
 )
 
