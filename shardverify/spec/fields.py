@@ -248,6 +248,21 @@ def resolve_target(node: Node) -> str:
     return name
 
 
+def target_form(node: Node, name: str) -> str:
+    """How a resolved target is called: "module" (a torch.nn.Module class), "method" (a
+    torch.Tensor method) or "function"; any other class is an error at ``node``."""
+    import torch
+
+    obj = lookup(name)
+    if isinstance(obj, type):
+        if issubclass(obj, torch.nn.Module):
+            return "module"
+        raise node.error(f"target {name!r} is a class but not a torch.nn.Module")
+    if name.startswith("torch.Tensor."):
+        return "method"
+    return "function"
+
+
 def as_factory(node: Node, kwargs_node: Node | None, kwargs: dict[str, object]) -> str:
     """A factory's dotted name (plan and model specs), found in its module's source without
     importing or calling anything (spec/trust.py) and allowed by spec/allow.py's rule (the
