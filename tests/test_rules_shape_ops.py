@@ -114,7 +114,7 @@ def test_a_factory_makes_each_ranks_block_from_its_local_shape_and_the_global_on
     with handler("full_rule", torch.full, FULL_OUT, options, FULL_PARAMS):
         failed, results = failures(_full_case("full_rule"), (4,))
     assert not failed and {r.strategy for r in results} >= {"-> S0R", "-> RR"}
-    monkeypatch.setattr(generator, "_shape_argument", lambda ctx, at, out, part, uneven: LocalArg(at, tuple(out.tensor_shape)))
+    monkeypatch.setattr(generator, "shape_argument", lambda ctx, at, out, part, uneven: LocalArg(at, tuple(out.tensor_shape)))
     with handler("full_wrong", torch.full, FULL_OUT, options, FULL_PARAMS):
         failed, results = failures(_full_case("full_wrong"), (4,))
     assert not failed and [r.strategy for r in results] == ["-> RR"]
@@ -156,13 +156,13 @@ def test_a_range_factory_offsets_each_ranks_start_and_end_and_a_shifted_range_is
     with handler("arange_rule", target, FULL_OUT, options, ARANGE_PARAMS):
         failed, results = failures(case, (4,))
     assert not failed and [r.strategy for r in results] == ["-> S0", "-> R"]
-    right = generator._range_arguments
+    right = generator.range_arguments
 
     def late(ctx, names, out):
         return tuple(dataclasses.replace(a, value=a.value + 2, per_rank=tuple(v + 2 for v in a.per_rank))
                      for a in right(ctx, names, out))
 
-    monkeypatch.setattr(generator, "_range_arguments", late)
+    monkeypatch.setattr(generator, "range_arguments", late)
     with handler("arange_wrong", target, FULL_OUT, options, ARANGE_PARAMS):
         failed, results = failures(dataclasses.replace(case, op="arange_wrong"), (4,))
     assert [r.strategy for r in failed] == ["-> S0"]

@@ -5,8 +5,8 @@ groups, tolerances and seed, each checked against the spec's operands, parameter
 
 from __future__ import annotations
 
-from shardverify.spec.fields import (Fields, as_dtype, as_identifier, as_shape, as_tolerance, check_type, describe, dtype_from_name,
-                                     finite_number, resolve_target, target_form)
+from shardverify.spec.fields import (Fields, as_dtype, as_identifier, as_shape, as_tolerance, check_type, describe,
+                                     dtype_from_name, finite_number, resolve_target, target_form)
 from shardverify.spec.limits import mesh_problem, tensor_size_problems
 from shardverify.spec.loader import Node
 from shardverify.spec.op_model import (CountSpec, InputSpec, ModuleInit, OperandSpec, ParamSpec, TargetSpec,

@@ -22,37 +22,39 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Container
+from collections.abc import Container
 
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
 from shardverify.strategies.rules import derive
+from shardverify.strategies.rules.local_args import (range_arguments, serving_handler, shape_argument, shape_locator,
+                                                     size_arguments)
+from shardverify.strategies.rules.partial_inputs import extremum_choices, partial_choices
 from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
-from shardverify.sharding.blocks import nested_block, partial_refusal
-from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.blocks import partial_refusal
 from shardverify.sharding.partial import IndexShard, PartialInput, PostAdd
+from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import (
     CommAction,
     CommPattern,
     CommWhere,
-    LocalArg,
     OperandLocator,
     OperationData,
     OperationDataType,
     ShardingStrategy,
 )
 
-__all__ = ["generate", "bound_rule", "assignments", "partial_choices"]
+__all__ = ["generate", "bound_rule", "assignments"]
 
 
 def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[OperationData], list[OperationData]]:
     """The spec's rule bound to this call, its options, its input operands (term order) and outputs."""
     options = RuleOptions.from_options(ctx.options)
     elements = {d.role: tuple(r for r in ctx.operands if r.startswith(d.role + ".") and r[len(d.role) + 1:].isdigit())
-                for d in _handler(ctx).operands if d.variadic}
-    declared = [r for d in _handler(ctx).operands if d.kind != "output" for r in elements.get(d.role, (d.role,))]
+                for d in serving_handler(ctx).operands if d.variadic}
+    declared = [r for d in serving_handler(ctx).operands if d.kind != "output" for r in elements.get(d.role, (d.role,))]
     options = _elements_named(options, elements)
     inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
     outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
@@ -70,7 +72,7 @@ def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[Operation
                     unheld_op=options.reduce_unheld, factory=options.factory,
                     names=[f"operand {d.role!r}" for d in inputs + outputs])
     except InvalidArgument as exc:
-        where = f" ({_handler(ctx).spec_file})" if _handler(ctx).spec_file else ""
+        where = f" ({serving_handler(ctx).spec_file})" if serving_handler(ctx).spec_file else ""
         raise StrategyError(f"{ctx.handler_name}{where}: node {ctx.node.name!r}: {exc}") from None
     return rule, options, inputs, outputs
 
@@ -160,14 +162,14 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     rule, options, inputs, outputs = bound_rule(ctx)
     if not outputs:
         raise HandlerError(f"{ctx.handler_name}: node {ctx.node.name!r} has no output operand")
-    shape_at = _shape_locator(ctx, options)
+    shape_at = shape_locator(ctx, options)
     try:
         shape_part = local_shape_part(options, inputs[0].shape if inputs else (), outputs[0].shape, ctx.params) \
             if shape_at else None
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
-    handler = _handler(ctx)
+    handler = serving_handler(ctx)
     from shardverify.strategies.handlers.base import passes_nothing
 
     def left_out(role: str) -> bool:
@@ -186,79 +188,6 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     # the replicated assignment's partial variants come after it: keep the replicated one last
     return sorted(strategies.values(), key=lambda s: not any(spec.dim_partition for _, spec in s.sharding_specs)
                   and not s.partial_inputs and not s.communication_actions)
-
-
-def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData], outputs: list[OperationData],
-                    axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...],
-                    left_out: Callable[[str], bool]) -> list[dict[str, tuple[int, ...]]]:
-    """For one assignment: no partial input (``{}``, first), then every way to give each mesh
-    axis the assignment leaves free to one ``linear_in`` group or none; a group's operands are
-    partial sums over its axes. The op is linear in each group with the others fixed, so it
-    is multilinear in the groups: with pieces ``a_i`` over one axis and ``b_j`` over another,
-    rank (i, j) computes ``f(a_i, b_j)`` and the sum over both axes is ``f(a, b)``. The output
-    is a partial sum over every such axis: offered only where every output is floating point
-    and the assignment's own partial output, if any, is a sum."""
-    found: list[dict[str, tuple[int, ...]]] = [{}]
-    reduce_ops = rule.partial_ops()
-    if any(reduce_ops[f] != "sum" for f in axes if f in reduce_ops) or \
-            any(not o.dtype.is_floating_point for o in outputs):
-        return found
-    used = {a for held in axes.values() for a in held}
-    free = [a for a, size in enumerate(mesh_shape) if size > 1 and a not in used]
-    by_role = {d.role: d for d in inputs}
-    groups = [group for group in (_present(group, by_role, left_out) for group in options.linear_in) if group]
-    for picks in itertools.product(range(len(groups) + 1), repeat=len(free)):
-        partial: dict[str, tuple[int, ...]] = {}
-        for g, group in enumerate(groups, start=1):
-            held = tuple(a for a, pick in zip(free, picks) if pick == g)
-            for role in group if held else ():
-                partial[by_role[role].name] = partial.get(by_role[role].name, ()) + held
-        if partial:
-            found.append(partial)
-    return found
-
-
-def extremum_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData], outputs: list[OperationData],
-                     axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]
-                     ) -> list[tuple[dict[str, tuple[int, ...]], str, str]]:
-    """For one assignment: each ``monotone_in`` operand as a partial max or min over each set of
-    mesh axes the assignment leaves free, one operand at a time (``max(a_i) + max(b_i)`` is no
-    ``max(a_i + b_i)``), with the op the pieces reduce by and the one the output's do. Offered
-    only where every output is floating point and the assignment's own partial output, if any,
-    reduces by the output's op (amax over a sharded dim: max with max)."""
-    if not options.monotone_in or any(not o.dtype.is_floating_point for o in outputs):
-        return []
-    reduce_ops = rule.partial_ops()
-    used = {a for held in axes.values() for a in held}
-    free = [a for a, size in enumerate(mesh_shape) if size > 1 and a not in used]
-    by_role = {d.role: d for d in inputs}
-    found = []
-    for role, in_op, out_op in options.monotone_in:
-        data = by_role.get(role)
-        if data is None or not data.dtype.is_floating_point or \
-                any(reduce_ops[f] != out_op for f in axes if f in reduce_ops):
-            continue
-        for size in range(1, len(free) + 1):
-            found += [({data.name: held}, in_op, out_op) for held in itertools.combinations(free, size)]
-    return found
-
-
-def _present(group: tuple[str, ...], by_role: dict[str, OperationData],
-             left_out: Callable[[str], bool]) -> tuple[str, ...]:
-    """The roles of a ``linear_in`` group this call passes as floating tensors, or ``()`` when
-    the group does not hold for the call: a member is missing that is not marked ``?`` (a
-    left-out weight of layer_norm means ones, so the op is affine in its bias), a ``?``
-    member holds a number instead (``x + 2.0`` is affine in x), or one is an integer tensor."""
-    found = []
-    for member in group:
-        role, may_go = member.rstrip("?"), member.endswith("?")
-        if role in by_role:
-            if not by_role[role].dtype.is_floating_point:
-                return ()
-            found.append(role)
-        elif not (may_go and left_out(role)):
-            return ()
-    return tuple(found)
 
 
 class _Call:
@@ -321,11 +250,11 @@ class _Call:
         if name in taken:
             return None
         uneven = not all(spec.is_even for spec in specs.values())
-        local_args = (_shape_argument(ctx, self.shape_at, specs[outputs[0].name], self.shape_part, uneven),) \
+        local_args = (shape_argument(ctx, self.shape_at, specs[outputs[0].name], self.shape_part, uneven),) \
             if self.shape_at else ()
         if options.range_params:
-            local_args += _range_arguments(ctx, options.range_params, specs[outputs[0].name])
-        sized = _size_arguments(ctx, rule, options, axes)
+            local_args += range_arguments(ctx, options.range_params, specs[outputs[0].name])
+        sized = size_arguments(ctx, rule, options, axes)
         if sized is None:
             return None       # the call relies on a size parameter's default: no place to pass a rank's own size
         local_args += sized
@@ -342,83 +271,6 @@ class _Call:
             strategy = strategy.replace(post_add=tuple(post_add), index_shards=index_shards,
                                         partial_inputs=tuple(PartialInput(n, a, in_op) for n, a in partial.items()))
         return strategy
-
-
-def _shape_argument(ctx: GeneratorContext, at: OperandLocator, out: ShardingSpec, part: slice,
-                    uneven: bool) -> LocalArg:
-    """The shape argument each rank passes: its own block's part of the output shape."""
-    value = out.local_shape()[part]
-    if not uneven:
-        return LocalArg(at, value)
-    return LocalArg(at, value, tuple(out.local_shape_on(ctx.mesh, rank)[part] for rank in ctx.mesh.ranks))
-
-
-def _range_arguments(ctx: GeneratorContext, names: tuple[str, ...], out: ShardingSpec) -> tuple[LocalArg, ...]:
-    """A range factory's start and end on each rank: ``start + lo * step`` and ``start + hi *
-    step`` for the rank's block ``[lo, hi)`` of the output's one dim (ints stay ints, so the
-    dtype torch infers is the call's); with a float, the end falls half a step before the block's
-    end, so rounding adds no element. Nothing to replace for the replicated layout."""
-    from shardverify.strategies.handlers.base import param_locator
-
-    if not out.dim_partition:
-        return ()
-    values = []
-    for name in names:
-        value = ctx.params.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: the range parameter {name!r} is "
-                                f"{value!r}, not a number the ranks can offset")
-        values.append(value)
-    start, _, step = values
-    exact = all(isinstance(v, int) for v in values)
-    per_rank = []
-    for rank in ctx.mesh.ranks:
-        block = out.local_slices(ctx.mesh, rank)[0]
-        lo, hi = block.start or 0, block.stop
-        first = start + lo * step
-        last = first if hi == lo else start + hi * step if exact else start + (hi - 0.5) * step
-        per_rank.append((first, last))
-    found = []
-    for k, name in enumerate(names[:2]):
-        at = param_locator(_handler(ctx), ctx.node, name)
-        if at is None:
-            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the range parameter "
-                                f"{name!r} that each rank replaces by its own")
-        found.append(LocalArg(at, per_rank[0][k], tuple(p[k] for p in per_rank)))
-    return tuple(found)
-
-
-def _size_arguments(ctx: GeneratorContext, rule: Rule, options: RuleOptions,
-                    axes: dict[str, tuple[int, ...]]) -> tuple[LocalArg, ...] | None:
-    """For each ``size_params`` parameter whose factors this layout shards: each rank passes the
-    product of its own blocks' sizes of the factors it names (``"..."``: every factor the
-    ellipsis stands for; a conv's groups=2 on a rank holding 2 of 4 groups). None where such a
-    parameter is left at its default by the call: no place to pass a rank's own size."""
-    from shardverify.strategies.handlers.base import param_locator
-
-    sizes, mesh = rule.size, ctx.mesh
-    found = []
-    for param, named in options.size_params:
-        factors = [f for f in named if f != "..."] + \
-            ([f for f in sizes if f.startswith("_b")] if "..." in named else [])
-        missing = [f for f in factors if f not in sizes]
-        if missing:
-            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: size_params {param!r} names factor(s) "
-                                f"{missing} the call's rule does not hold")
-        if not any(axes.get(f) for f in factors):
-            continue          # unsharded: every rank passes the call's own value
-        at = param_locator(_handler(ctx), ctx.node, param)
-        if at is None:
-            return None
-
-        def local(rank: int) -> int:
-            coord = mesh.coordinate(rank)
-            return math.prod(nested_block(sizes[f], [(mesh.shape[a], coord[a]) for a in axes.get(f, ())])[1]
-                             for f in factors)
-
-        values = tuple(local(rank) for rank in mesh.ranks)
-        found.append(LocalArg(at, values[0], values if len(set(values)) > 1 else ()))
-    return tuple(found)
 
 
 def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],
@@ -438,29 +290,6 @@ def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],
         table, dim = tables[0]
         found.append(IndexShard(inputs[roles.index(role)].name, table.name, dim, axes[factor]))
     return tuple(found)
-
-
-def _handler(ctx: GeneratorContext):
-    """The handler serving the call (one of several a target may have, each bound to its own
-    parameter values): the context carries it, a registry lookup could pick another."""
-    if ctx.handler is None:
-        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: the rules generator runs for a handler; "
-                            f"call it through strategies_for_node")
-    return ctx.handler
-
-
-def _shape_locator(ctx: GeneratorContext, options: RuleOptions) -> OperandLocator | None:
-    """Where the call passes the output shape that each rank replaces by its local one
-    (``shape_param``); None without one."""
-    from shardverify.strategies.handlers.base import param_locator
-
-    if not options.shape_param:
-        return None
-    locator = param_locator(_handler(ctx), ctx.node, options.shape_param)
-    if locator is None:
-        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the shape parameter "
-                            f"{options.shape_param!r} that the rule replaces by each rank's local shape")
-    return locator
 
 
 def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions, local_args=(),
