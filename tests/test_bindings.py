@@ -13,7 +13,8 @@ from shardverify.capture.export import annotate
 from shardverify.errors import HandlerError
 from shardverify.plan.coverage import classify_nodes
 from shardverify.spec.case import InputDecl
-from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl, handler_for_node, outside_grid
+from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl
+from shardverify.strategies.handlers.serving import handler_for_node, outside_grid
 
 MESH = DeviceMesh((2, 2))
 

@@ -12,8 +12,15 @@ from shardverify.errors import HandlerError
 from shardverify.plan.coverage import classify_nodes
 from shardverify.plan.verify import verify_plan
 from shardverify.strategies.for_node import strategies_for_node
-from shardverify.strategies.handlers.base import (HandlerDef, OperandDecl, ParamDecl, handler_for_node, outside_grid,
-                                                  register_handler, registered_handlers, unregister_handler)
+from shardverify.strategies.handlers.base import (
+    HandlerDef,
+    OperandDecl,
+    ParamDecl,
+    register_handler,
+    registered_handlers,
+    unregister_handler,
+)
+from shardverify.strategies.handlers.serving import handler_for_node, outside_grid
 from shardverify.verify.on_demand import OnDemandVerifier, verify_node
 
 MESH = DeviceMesh((2, 2))

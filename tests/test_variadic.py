@@ -17,7 +17,8 @@ from shardverify.spec.case import CallArg, InputDecl, OpCase
 from shardverify.spec.loader import load_yaml_text
 from shardverify.spec.op import parse_op_spec
 from shardverify.strategies.for_node import strategies_for_node
-from shardverify.strategies.handlers.base import OperandDecl, handler_for_node, outside_grid
+from shardverify.strategies.handlers.base import OperandDecl
+from shardverify.strategies.handlers.serving import handler_for_node, outside_grid
 from shardverify.verify.engine import verify_case
 
 CAT = (Path(__file__).resolve().parents[1] / "specs" / "cat.yaml").read_text()

@@ -113,7 +113,7 @@ def _refused(graph_module, node_name: str, spec) -> str | None:
     (see ``refusal``), or the call is outside the grid in a parameter the rule is bound to (a
     value drawn beyond the grid of one declared ``serves: any`` is a case: the claim is tested)."""
     from shardverify.strategies.for_node import find_node
-    from shardverify.strategies.handlers.base import handler_for_node, off_grid, outside_grid, refusal
+    from shardverify.strategies.handlers.serving import handler_for_node, off_grid, outside_grid, refusal
 
     node = find_node(graph_module, node_name)
     handler = handler_for_node(node, graph_module)

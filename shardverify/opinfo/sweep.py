@@ -27,7 +27,9 @@ from shardverify.plan.coverage import shards
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.names import resolve_dotted
 from shardverify.strategies.for_node import strategies_for_node
-from shardverify.strategies.handlers.base import handler_for_node, resolve_operands, target_key
+from shardverify.strategies.handlers.base import target_key
+from shardverify.strategies.handlers.call_values import resolve_operands
+from shardverify.strategies.handlers.serving import handler_for_node
 from shardverify.verify.engine import verify_case
 from shardverify.verify.on_demand import OnDemandVerifier, checkable_case
 

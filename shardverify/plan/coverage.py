@@ -20,7 +20,7 @@ from shardverify.errors import ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy, first_of_each_layout
 from shardverify.strategies.for_node import OnDemand, strategies_for_node
-from shardverify.strategies.handlers.base import handler_for_node
+from shardverify.strategies.handlers.serving import handler_for_node
 
 __all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", "meta_shapes", "STATUSES", "unserved"]
 

@@ -19,8 +19,9 @@ from shardverify.strategies import generators as _generators  # noqa: F401  (reg
 from shardverify.strategies import handlers as _handlers  # noqa: F401  (registers the generated handlers)
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.registry import GeneratorContext, get_generator
-from shardverify.strategies.handlers.base import (HandlerDef, handler_for_node, outside_grid, refusal,
-                                                  resolve_operands, resolve_params)
+from shardverify.strategies.handlers.base import HandlerDef
+from shardverify.strategies.handlers.call_values import resolve_operands, resolve_params
+from shardverify.strategies.handlers.serving import handler_for_node, outside_grid, refusal
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import (OperandLocator, OperationData, OperationDataType, ShardingStrategy,
                                            StrategiesVector)

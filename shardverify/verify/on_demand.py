@@ -32,7 +32,8 @@ from shardverify.errors import HandlerError, InvalidArgument, ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.strategies.for_node import UnverifiedCall, find_node, handler_strategies
-from shardverify.strategies.handlers.base import HandlerDef, handler_for_node
+from shardverify.strategies.handlers.base import HandlerDef
+from shardverify.strategies.handlers.serving import handler_for_node
 from shardverify.verify.call_case import CallCase, call_case, describe_call
 from shardverify.verify.engine import verify_case
 from shardverify.verify.reference import reference

@@ -18,12 +18,11 @@ from shardverify.strategies.handlers.base import (  # noqa: F401
     HandlerDef,
     OperandDecl,
     ParamDecl,
-    handler_for_node,
     register_handler,
     registered_handlers,
-    resolve_operands,
-    resolve_params,
 )
+from shardverify.strategies.handlers.call_values import resolve_operands, resolve_params  # noqa: F401
+from shardverify.strategies.handlers.serving import handler_for_node  # noqa: F401
 
 #: generated module file name ("sum.py") -> why it is not registered
 GENERATED_HANDLER_PROBLEMS: dict[str, str] = {}

@@ -170,7 +170,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
     handler = serving_handler(ctx)
-    from shardverify.strategies.handlers.base import passes_nothing
+    from shardverify.strategies.handlers.call_values import passes_nothing
 
     def left_out(role: str) -> bool:
         return passes_nothing(handler, ctx.node, ctx.graph_module, role)

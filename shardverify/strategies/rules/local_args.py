@@ -30,7 +30,7 @@ def serving_handler(ctx: GeneratorContext):
 def shape_locator(ctx: GeneratorContext, options: RuleOptions) -> OperandLocator | None:
     """Where the call passes the output shape that each rank replaces by its local one
     (``shape_param``); None without one."""
-    from shardverify.strategies.handlers.base import param_locator
+    from shardverify.strategies.handlers.call_values import param_locator
 
     if not options.shape_param:
         return None
@@ -55,7 +55,7 @@ def range_arguments(ctx: GeneratorContext, names: tuple[str, ...], out: Sharding
     step`` for the rank's block ``[lo, hi)`` of the output's one dim (ints stay ints, so the
     dtype torch infers is the call's); with a float, the end falls half a step before the block's
     end, so rounding adds no element. Nothing to replace for the replicated layout."""
-    from shardverify.strategies.handlers.base import param_locator
+    from shardverify.strategies.handlers.call_values import param_locator
 
     if not out.dim_partition:
         return ()
@@ -91,7 +91,7 @@ def size_arguments(ctx: GeneratorContext, rule: Rule, options: RuleOptions,
     product of its own blocks' sizes of the factors it names (``"..."``: every factor the
     ellipsis stands for; a conv's groups=2 on a rank holding 2 of 4 groups). None where such a
     parameter is left at its default by the call: no place to pass a rank's own size."""
-    from shardverify.strategies.handlers.base import param_locator
+    from shardverify.strategies.handlers.call_values import param_locator
 
     sizes, mesh = rule.size, ctx.mesh
     found = []
