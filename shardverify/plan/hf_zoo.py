@@ -192,7 +192,8 @@ def swin(width: int = 32, heads: tuple[int, ...] = (8,), depths: tuple[int, ...]
     a window (a ``roll`` each way and an attention mask built from the shifted regions), attention
     within each window with a relative-position bias looked up from a table (an ``index``), mean-pooled
     into a classifier. One stage: the second stage's patch merging (strided slices, a ``cat`` of
-    four) doubles the graph and the solver's time; ``depths=(2, 1), heads=(8, 16)`` builds it."""
+    four) doubles the graph and the solver's time; ``depths=(2, 1), heads=(8, 16)`` builds it. Width 32
+    and 8 heads: at width 16 the solver's cheapest plan on (4,) shards nothing."""
     t = _transformers()
     config = t.SwinConfig(image_size=image, patch_size=patch, num_channels=3, embed_dim=width, depths=list(depths),
                           num_heads=list(heads), window_size=window, mlp_ratio=mlp_ratio, num_labels=labels)
