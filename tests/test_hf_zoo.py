@@ -1,6 +1,6 @@
 """Real models, captured with torch.export: small random-weight builds of HF transformers' GPT-2,
-Llama, BERT, ViT, ResNet and Mixtral (shardverify.plan.hf_zoo), whose plans specs/plans/ verifies end to
-end. Here, what those plans do: the solver's plan for the language models shards attention and
+Llama, BERT, ViT, ResNet, Mixtral, BART, ConvNeXt and Swin (shardverify.plan.hf_zoo), whose plans
+specs/plans/ verifies end to end. Here, what those plans do: the solver's plan for the language models shards attention and
 the MLP, the tensor-parallel plan shards every weight, data parallelism passes ResNet's batch
 norms untouched; Llama's MLP passes Megatron's tensor-parallel plan and a token-parallel plan
 (its weights' gradients reduced through the HOOKs), and a dropped reduction in that plan is
@@ -22,8 +22,8 @@ from shardverify.plan.model import PlanGoals  # noqa: E402
 from shardverify.plan.verify import plan_with_coverage  # noqa: E402
 
 # Every zoo model's solver, data-parallel and tensor-parallel plans on (2,2) and (4,), simulated and
-# on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet,mixtral,lstm,bart}.yaml (generated
-# tests). What follows checks what those plans do, beyond passing.
+# on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet,mixtral,lstm,bart,convnext,
+# swin}.yaml (generated tests). What follows checks what those plans do, beyond passing.
 
 #: weight matrices (linear, addmm, embedding, conv) in each model: all sharded under shard_weights
 WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8),
@@ -31,7 +31,8 @@ WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8
            "lstm": ("aten.linear.default", 5),   # the head, and the input and three steps' hidden projections of the LSTM
            "mixtral": ("aten.linear.default", 6),   # q, k, v, o, the router, the LM head (the experts': index.Tensor)
            "bart": ("aten.linear.default", 16),   # encoder 4 + 2, decoder self 4, cross 4, MLP 2
-           "convnext": ("aten.linear.default", 5)}   # two blocks' MLPs (2 each) and the classifier
+           "convnext": ("aten.linear.default", 5),   # two blocks' MLPs (2 each) and the classifier
+           "swin": ("aten.linear.default", 13)}   # two blocks' q, k, v, o and MLPs (6 each) and the classifier
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

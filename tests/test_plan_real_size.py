@@ -110,7 +110,7 @@ def test_cli_real_size_misuse_is_one_line_exit_2(capsys, argv, message, tmp_path
     assert message in err and "Traceback" not in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "resnet"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "resnet", "swin"])
 def test_every_zoo_models_real_size_is_its_tiny_build_at_another_size(name):
     """The zoo's realistic sizes (hidden 4096, 4096 tokens, batch 8) keep the tiny build's graph,
     node for node, so `shardverify plan zoo:NAME --cost-size real` maps its plan (the figures,
@@ -133,6 +133,10 @@ def test_a_zoo_models_sizes_are_checked_before_anything_is_built():
         real_size("llama", {"hidden": 100})
     with pytest.raises(InvalidArgument, match="declares no real size"):
         real_size("nope")
+    # Swin's tiny build pads its patches to whole windows: a real size whose windows tile exactly would
+    # be another graph (no crop), refused before the model is built
+    with pytest.raises(InvalidArgument, match="56x56 patches, which 7x7 windows tile exactly"):
+        real_size("swin", {"seq": 3136}).build()
 
 
 class _Cast(torch.nn.Module):

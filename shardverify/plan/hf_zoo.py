@@ -1,5 +1,6 @@
 """Real models for whole-model plans: small builds of HF transformers' GPT-2, Llama, BERT, ViT and
-ResNet, random weights from a config (and a ConvNeXt: grouped, depthwise convolutions) (nothing is downloaded), and example inputs of the kind
+ResNet, random weights from a config (and a ConvNeXt: grouped, depthwise convolutions; a Swin:
+windowed attention) (nothing is downloaded), and example inputs of the kind
 each takes (token ids, pixel values). The language models are just large enough (width 64, 16
 tokens, batch 4) that the solver's cheapest plan on a (2,2) mesh shards attention and the MLP,
 and ViT (width 64) that it shards something on (2,2) and (4,), so their specs' strict holds:
@@ -184,6 +185,26 @@ def convnext(widths: tuple[int, int] = (16, 32), labels: int = 10) -> torch.nn.M
                                                              num_stages=2, depths=[1, 1], num_labels=labels))
 
 
+def swin(width: int = 32, heads: tuple[int, ...] = (8,), depths: tuple[int, ...] = (2,), image: int = 28,
+         patch: int = 2, window: int = 4, labels: int = 10, mlp_ratio: float = 2.0) -> torch.nn.Module:
+    """A windowed-attention vision transformer: 2x2 patches (14x14 of them, padded to 16x16 for 4x4
+    windows and cropped back after each block), two Swin blocks, the second's windows shifted by half
+    a window (a ``roll`` each way and an attention mask built from the shifted regions), attention
+    within each window with a relative-position bias looked up from a table (an ``index``), mean-pooled
+    into a classifier. One stage: the second stage's patch merging (strided slices, a ``cat`` of
+    four) doubles the graph and the solver's time; ``depths=(2, 1), heads=(8, 16)`` builds it. Width 32
+    and 8 heads: at width 16 the solver's cheapest plan on (4,) shards nothing."""
+    t = _transformers()
+    config = t.SwinConfig(image_size=image, patch_size=patch, num_channels=3, embed_dim=width, depths=list(depths),
+                          num_heads=list(heads), window_size=window, mlp_ratio=mlp_ratio, num_labels=labels)
+    return t.SwinForImageClassification(config)
+
+
+def _pixels_28(seed: int) -> tuple[torch.Tensor, ...]:
+    """Pixels [4, 3, 28, 28] for Swin: 14x14 patches, which 4x4 windows do not tile (padded)."""
+    return _pixels(seed, side=28)
+
+
 #: name -> (model factory, example inputs for a seed)
 HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[torch.Tensor, ...]]]] = {
     "gpt2": (gpt2, _ids), "llama": (llama, _ids), "bert": (bert, _ids), "vit": (vit, _pixels),
@@ -192,6 +213,7 @@ HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[
     "mixtral": (mixtral, _ids),
     "bart": (bart, _two_ids),
     "convnext": (convnext, _pixels),
+    "swin": (swin, _pixels_28),
 }
 
 
@@ -215,9 +237,21 @@ def _convnext_real(hidden: int, seq: int, batch: int):
     return convnext((hidden // 2, hidden), 1000), (torch.zeros(batch, 3, side, side),)
 
 
+def _swin_real(hidden: int, seq: int, batch: int):
+    # Swin's 4-pixel patches and 7x7 windows (the tiny build's 4x4 ones scaled as Swin-T's are), a 4h MLP
+    side = _side(seq, "swin")
+    if side % 7 == 0 or side <= 7:
+        raise InvalidArgument(f"swin: seq={seq} gives {side}x{side} patches, which 7x7 windows "
+                              f"{'tile exactly' if side > 7 else 'cannot shift over'}; the tiny build pads its "
+                              f"14x14 patches to whole windows and shifts them, and a real size must do the same: "
+                              f"a seq whose side is over 7 and not a multiple of 7 (4096: 64x64)")
+    model = swin(hidden, (hidden // HEAD_DIM,), (2,), 4 * side, 4, 7, 1000, 4.0)
+    return model, (torch.zeros(batch, 3, 4 * side, 4 * side),)
+
+
 REAL_MODELS: dict[str, Callable[[int, int, int], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
     "gpt2": _gpt2_real, "llama": _llama_real, "bert": _bert_real, "vit": _vit_real, "resnet": _resnet_real,
-    "mixtral": _mixtral_real, "bart": _bart_real, "convnext": _convnext_real,
+    "mixtral": _mixtral_real, "bart": _bart_real, "convnext": _convnext_real, "swin": _swin_real,
 }
 
 
