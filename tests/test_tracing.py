@@ -60,3 +60,29 @@ def test_buffers_and_parameters_of_the_original_are_untouched():
     gm = trace(module, meta_args={"input": torch.empty(3, 4, device="meta")})
     assert gm.get_buffer("0.running_mean").device.type == "cpu"
     assert tuple(list(gm.graph.nodes)[1].meta["tensor_meta"].shape) == (3, 4)
+
+
+def test_tracing_processes_make_no_multiprocessing_lock(monkeypatch):
+    """torch.fx's Interpreter opens a (disabled) tqdm bar on every run, and tqdm's default global
+    lock is a multiprocessing RLock: a named semaphore that a `verify --jobs` worker stopped by
+    SIGTERM left to the resource tracker ("2 leaked semaphore objects"). After quiet_tracing(),
+    as every checking process calls it, no such lock is made."""
+    import multiprocessing.synchronize as synchronize
+
+    from shardverify.cli.verify_rows import quiet_tracing
+
+    tqdm_std = pytest.importorskip("tqdm.std")
+    monkeypatch.delattr(tqdm_std.tqdm, "_lock", raising=False)            # as in a fresh process
+    monkeypatch.delattr(tqdm_std.TqdmDefaultWriteLock, "mp_lock", raising=False)
+    made = []
+    init = synchronize.SemLock.__init__
+
+    def recording_init(self, *args, **kwargs):
+        made.append(args)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(synchronize.SemLock, "__init__", recording_init)
+    quiet_tracing()
+    graph_module = torch.fx.symbolic_trace(torch.nn.ReLU())
+    torch.fx.Interpreter(graph_module).run(torch.ones(2))
+    assert made == []

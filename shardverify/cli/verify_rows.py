@@ -142,10 +142,24 @@ class _NoPrintedTraceback:
 
 
 def quiet_tracing() -> None:
+    """Tracing that prints no traceback and leaves no semaphore: torch.fx's Interpreter opens a
+    (disabled) tqdm bar on every run, and tqdm's first bar creates its global lock with a
+    multiprocessing RLock, a named semaphore. In a `--jobs` worker (forkserver) that semaphore
+    is registered with the resource tracker and unlinked only by the worker's exit handlers,
+    which a worker stopped by SIGTERM never runs: the tracker then warned "2 leaked semaphore
+    objects" at the end of a stopped run. No bar is shared between processes here, so tqdm's
+    lock is a thread lock."""
+    import threading
+
     from torch.fx.passes import shape_prop
 
     if hasattr(shape_prop, "traceback"):
         shape_prop.traceback = _NoPrintedTraceback   # type: ignore[attr-defined]
+    try:
+        from tqdm import tqdm
+    except ImportError:    # torch then uses a bar of its own, which makes no lock
+        return
+    tqdm.set_lock(threading.RLock())
 
 
 def describe_error(exc: BaseException) -> str:

@@ -31,6 +31,7 @@ from shardverify.strategies.rules import derive
 from shardverify.strategies.rules.local_args import (range_arguments, serving_handler, shape_argument, shape_locator,
                                                      size_arguments)
 from shardverify.strategies.rules.partial_inputs import extremum_choices, partial_choices
+from shardverify.strategies.rules.narrowed import narrowed_choices
 from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
 from shardverify.sharding.blocks import partial_refusal
@@ -176,15 +177,18 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         return passes_nothing(handler, ctx.node, ctx.graph_module, role)
 
     strategies: dict[str, ShardingStrategy] = {}
+    # an additive or index operand is never narrowed to a prefix of a factor's axes (narrowed.py)
+    fixed = set(rule.additive) | {i for i, d in enumerate(inputs) if d.role in dict(options.indices)}
     for axes in assignments(rule, ctx.mesh.shape):
-        for partial in partial_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape, left_out):
-            strategy = call.strategy(axes, partial, strategies)
-            if strategy is not None:
-                strategies[strategy.name] = strategy
-        for partial, in_op, out_op in extremum_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape):
-            strategy = call.strategy(axes, partial, strategies, in_op, out_op)
-            if strategy is not None:
-                strategies[strategy.name] = strategy
+        for narrowed in [{}] + narrowed_choices(rule, [d.name for d in inputs], sorted(fixed), axes, ctx.mesh.shape):
+            for partial in partial_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape, left_out):
+                strategy = call.strategy(axes, partial, strategies, narrowed=narrowed)
+                if strategy is not None:
+                    strategies[strategy.name] = strategy
+            for partial, in_op, out_op in extremum_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape):
+                strategy = call.strategy(axes, partial, strategies, in_op, out_op, narrowed=narrowed)
+                if strategy is not None:
+                    strategies[strategy.name] = strategy
     # the replicated assignment's partial variants come after it: keep the replicated one last
     return sorted(strategies.values(), key=lambda s: not any(spec.dim_partition for _, spec in s.sharding_specs)
                   and not s.partial_inputs and not s.communication_actions)
@@ -203,10 +207,12 @@ class _Call:
         self._fits: dict[tuple, bool] = {}
 
     def strategy(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
-                 taken: Container[str], in_op: str = "sum", out_op: str = "sum") -> ShardingStrategy | None:
+                 taken: Container[str], in_op: str = "sum", out_op: str = "sum",
+                 narrowed: dict[str, dict[str, tuple[int, ...]]] | None = None) -> ShardingStrategy | None:
         """The strategy sharding each factor over ``axes`` with inputs ``partial`` (name ->
         mesh axes of their partial value, whose pieces reduce by ``in_op``; the output's by
-        ``out_op``); None where the layout does not fit the call or its name is ``taken``."""
+        ``out_op``), and the ``narrowed`` inputs holding a factor over a prefix of its axes
+        (narrowed.py); None where the layout does not fit the call or its name is ``taken``."""
         ctx, rule, options, inputs, outputs = self.ctx, self.rule, self.options, self.inputs, self.outputs
         mesh_shape = ctx.mesh.shape
         operands = inputs + outputs
@@ -215,7 +221,9 @@ class _Call:
         if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
             return None
         terms = rule.inputs + rule.outputs
-        specs = {data.name: ShardingSpec.from_partition(mesh_shape, data.shape, _layout(term, axes))
+        narrowed = narrowed or {}
+        specs = {data.name: ShardingSpec.from_partition(mesh_shape, data.shape,
+                                                        _layout(term, {**axes, **narrowed.get(data.name, {})}))
                  for data, term in zip(operands, terms)}
         pieces = tuple(sorted({a for held in partial.values() for a in held}))
         actions: list[CommAction] = []
@@ -229,6 +237,9 @@ class _Call:
                                    if not (index in rule.additive and f in dict(rule.reduce))))
             if index not in rule.additive:       # partial over the other groups' axes
                 missing = tuple(sorted(set(missing) | (set(pieces) - set(partial.get(data.name, ())))))
+            # a narrowed factor's trailing axes: the ranks whose output block is empty give zeros
+            trailing = {a for f, prefix in narrowed.get(data.name, {}).items() for a in axes[f][len(prefix):]}
+            missing = tuple(sorted(set(missing) | trailing))
             if data.role not in options.constant:
                 actions += grad_sync(data, missing)
         # each output is partial over the reduced factors' axes it lacks and the partial inputs' axes
@@ -259,10 +270,11 @@ class _Call:
             return None       # the call relies on a size parameter's default: no place to pass a rank's own size
         local_args += sized
         index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if options.source == "view" or self.shape_at or options.range_params or sized or uneven:
-            key = tuple(axes.items())
+        if options.source == "view" or self.shape_at or options.range_params or sized or uneven or narrowed:
+            key = (tuple(axes.items()), tuple((n, tuple(f.items())) for n, f in sorted(narrowed.items())))
             if key not in self._fits:
-                self._fits[key] = _local_view_fits(ctx, operands, outputs, specs, actions, local_args, uneven)
+                self._fits[key] = _local_view_fits(ctx, operands, outputs, specs, actions, local_args,
+                                                     uneven or bool(narrowed))
             if not self._fits[key]:
                 return None
         # compute cost by the checked rule: the op measured on meta tensors of the local shapes
