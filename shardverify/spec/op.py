@@ -19,6 +19,7 @@ from shardverify.spec.fields import (
     resolve_target)
 from shardverify.spec.limits import MAX_CASES, mesh_problem, tensor_size_problems
 from shardverify.spec.loader import Node
+from shardverify.spec.case import InputDecl
 from shardverify.spec.op_model import (
     CaseSpec, CountSpec, InputSpec, ModuleInit, OperandSpec, OpSpec, ParamSpec, TargetSpec, VerifySpec, case_spec,
     value_length)
@@ -369,11 +370,12 @@ def _parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandS
         shape = as_shape(fi.required("shape", list))
         dtype_node = fi.optional("dtype", str)
         values_node = fi.optional("values", list)
+        data_node = fi.optional("data", list)
         fi.finish()
         within(value, tensor_size_problems([(f"input '{role}'", shape)]))
         dtype = as_dtype(dtype_node) if dtype_node else "float32"
         inputs.append(InputSpec(role, shape, dtype, _value_range(values_node, dtype) if values_node else None,
-                                grad=role not in constant))
+                                grad=role not in constant, data=_data(data_node, shape, dtype) if data_node else None))
     given = {i.role for i in inputs}
     for o in operands:
         needed = o.kind == "input" or (o.kind == "param" and forms & {"function", "method"})
@@ -531,6 +533,14 @@ def _check_where_lengths(node: Node, target: str, where: dict[str, Literal], ver
         if not common:
             raise node.error(f"target {target!r} takes no grid point: its 'where' values break "
                              f"same_length: [{', '.join(group)}]")
+
+
+def _data(node: Node, shape: tuple[int, ...], dtype: str) -> tuple[float, ...]:
+    """``data: [...]``: an input's exact values, row-major, one per element of its shape."""
+    try:
+        return InputDecl("data", shape, dtype, data=tuple(item.value for item in node.value)).data  # type: ignore[union-attr,return-value]
+    except InvalidArgument as error:
+        raise node.error(str(error).removeprefix("input 'data': ")) from None
 
 
 def _value_range(node: Node, dtype: str) -> tuple[float, float]:
