@@ -21,6 +21,7 @@ from shardverify.spec.case import OpCase, cached
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
+from shardverify.verify.tolerance import as_real
 
 __all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets"]
 
@@ -62,7 +63,7 @@ def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
 
 
 def _max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = (actual.detach().to(torch.float64) - expected.to(torch.float64)).abs()
+    diff = (as_real(actual) - as_real(expected)).abs()
     finite = diff[torch.isfinite(diff)]
     return float(finite.max()) if finite.numel() else 0.0
 

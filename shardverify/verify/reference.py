@@ -69,24 +69,44 @@ _REFERENCES: dict = {}
 
 
 def _rounded(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``value`` made exactly representable in ``dtype`` and held in float64 (or as is if not floating)."""
+    """``value`` made exactly representable in ``dtype`` and held in float64 (complex128 for a complex
+    dtype; as is if not floating)."""
+    if dtype.is_complex:
+        return value.to(dtype).to(torch.complex128)
     if not dtype.is_floating_point:
         return value.to(dtype)
     return value.to(dtype).to(torch.float64)
 
 
+def _differentiable(dtype: torch.dtype) -> bool:
+    """Does a value of ``dtype`` take a gradient (real floating or complex)?"""
+    return dtype.is_floating_point or dtype.is_complex
+
+
 def _as_leaf(tensor: torch.Tensor, loc: Locator, constant: frozenset) -> torch.Tensor:
-    return tensor.requires_grad_() if tensor.is_floating_point() and loc not in constant else tensor
+    return tensor.requires_grad_() if _differentiable(tensor.dtype) and loc not in constant else tensor
 
 
 def _check_dtype(traced: torch.dtype, override: torch.dtype | None) -> torch.dtype:
-    return override if override is not None and traced.is_floating_point else traced
+    """The dtype a traced value has in a check run in ``override``: a real floating one becomes it, a
+    complex one its complex twin (complex128 in a float64 check), where torch has one."""
+    if override is None:
+        return traced
+    if traced.is_complex:
+        return _COMPLEX.get(override, traced)
+    return override if traced.is_floating_point else traced
+
+
+_COMPLEX = {torch.float64: torch.complex128, torch.float32: torch.complex64, torch.float16: torch.complex32}
 
 
 def _random(shape: Sequence[int], dtype: torch.dtype, gen: torch.Generator, positive: bool = False,
             values: tuple[float, float] | None = None) -> torch.Tensor:
     """Deterministic values for a tensor of ``dtype`` (CPU generator: the same on every device);
     ``positive`` for buffers such as running variances, ``values`` a spec's [low, high)."""
+    if dtype.is_complex:   # real and imaginary parts each drawn like a real floating value
+        return torch.complex(_random(shape, torch.float64, gen, positive, values),
+                             _random(shape, torch.float64, gen, positive, values))
     if values is not None:
         low, high = values
         if dtype.is_floating_point:
@@ -155,7 +175,7 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
     out_dtypes = [_check_dtype(dtype, override) for dtype in _meta_dtypes(traced, node_name)]
     undefined = undefined_outputs(node)   # no result: no gradient flows back through it
     grad_outputs = tuple(_rounded(_random(out.shape, dtype, gen), dtype).to(device)
-                         if dtype.is_floating_point and i not in undefined else None
+                         if _differentiable(dtype) and i not in undefined else None
                          for i, (out, dtype) in enumerate(zip(outputs, out_dtypes)))
     grads = {}
     differentiable = [loc for loc, leaf in leaves.items() if leaf.requires_grad]
