@@ -21,6 +21,21 @@ CASES = [
             InputDecl('indices', (9,), 'int64', values=(0, 10)),
             InputDecl('offsets', (4,), 'int64', data=(0, 4, 4, 6)),
         ),
+        params=(('mode', 1), ('scale_grad_by_freq', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='embedding_bag_mean',
+        target='torch.ops.aten._embedding_bag.default',
+        inputs=(
+            InputDecl('weight', (10, 6), 'float32'),
+            InputDecl('indices', (9,), 'int64', values=(0, 10)),
+            InputDecl('offsets', (4,), 'int64', data=(0, 4, 4, 6)),
+        ),
         params=(('mode', 1), ('scale_grad_by_freq', True)),
         module=None,
         predecessor=None,
@@ -32,8 +47,10 @@ CASES = [
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (2,), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_True-mesh2'),
-    pytest.param(0, (2, 3), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_True-mesh2x3'),
+    pytest.param(0, (2,), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_False-mesh2'),
+    pytest.param(1, (2,), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_True-mesh2'),
+    pytest.param(0, (2, 3), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_False-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_True-mesh2x3'),
 ]
 
 
@@ -45,8 +62,8 @@ def test_embedding_bag_mean_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (2,), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_True-mesh2'),
-    pytest.param(0, (2, 3), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_True-mesh2x3'),
+    pytest.param(0, (2,), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_False-mesh2'),
+    pytest.param(1, (2, 3), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_True-mesh2x3'),
 ]
 
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/embedding_bag_mean.yaml'
 # (case id, mesh shape)
 RUNS = [
+    pytest.param('torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_False', (2,), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_False-mesh2'),
     pytest.param('torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_True', (2,), id='torch.ops.aten._embedding_bag.default-mode_1-scale_grad_by_freq_True-mesh2'),
 ]
 

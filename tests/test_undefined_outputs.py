@@ -67,3 +67,26 @@ def test_a_spec_with_bad_data_is_an_error_at_its_line(tmp_path, capsys):
     assert main(["list", "--specs-dir", str(specs)]) == 2
     err = capsys.readouterr().err
     assert "embedding_bag_max.yaml:" in err and "3 finite number" in err and "Traceback" not in err
+
+
+class _Bags(torch.nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.bags, self.proj = torch.nn.EmbeddingBag(20, 8, mode=mode), torch.nn.Linear(8, 8)
+
+    def forward(self, ids):
+        return self.proj(self.bags(ids))
+
+
+@pytest.mark.parametrize("mode", ["sum"])   # its scratch outputs undefined: the other modes alike, cheaper left out
+def test_an_embedding_bag_model_plans_strictly(sv_backend, mode):
+    """torch.export keeps embedding_bag.padding_idx (not core), decomposed into _embedding_bag, whose
+    undefined scratch outputs are left out; the decomposition is traced with gradients (before, its
+    forward-only kernel was picked and every plan failed in backward: no autograd for Long)."""
+    from shardverify.plan import verify_plan
+
+    torch.manual_seed(0)
+    result = verify_plan(_Bags(mode), (torch.randint(0, 20, (4, 5)),), (2,), capture="export", strict=True,
+                         min_sharded=1, backend=sv_backend((2,), "simulated"))
+    assert result.passed, result.summary()
+    assert any("aten._embedding_bag.default" in line for line in result.coverage.lines())

@@ -37,7 +37,7 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/embedding_bag_mean.yaml',
     bindings=(
         (torch.ops.aten._embedding_bag.default, (
-            ('scale_grad_by_freq', (True,)),
+            ('scale_grad_by_freq', (False, True)),
             ('mode', (1,)),
             ('sparse', (False,)),
             ('include_last_offset', (False,)),
