@@ -90,3 +90,30 @@ def test_an_embedding_bag_model_plans_strictly(sv_backend, mode):
                          min_sharded=1, backend=sv_backend((2,), "simulated"))
     assert result.passed, result.summary()
     assert any("aten._embedding_bag.default" in line for line in result.coverage.lines())
+
+
+def test_integer_outputs_compare_exactly_whatever_the_tolerance(sv_backend):
+    """A rank sorting its own block of the sorted dim: under a tolerance that lets any float pass, its
+    values pass, but its int64 indices (positions in its block, not in the dim) fail exactly."""
+    import dataclasses
+
+    from shardverify.sharding.sharding_spec import ShardingSpec
+    from shardverify.spec.case import OpCase
+    from shardverify.verify.engine import verify_case
+    from shardverify.verify.tolerance import Tolerance
+
+    case = OpCase(op="sort", target="torch.sort", inputs=(InputDecl("input", (6, 4, 4), "float32"),),
+                  params=(("dim", 2), ("descending", False)), seed=0)
+    backend = sv_backend((2,), "simulated")
+    graph_module, name = case.build()
+    from shardverify.strategies.for_node import strategies_for_node
+
+    right = next(s for s in strategies_for_node(graph_module, name, backend.mesh) if s.name.startswith("S0RR"))
+    wrong = dataclasses.replace(right, name="RRS0 -> RRS0, RRS0", sharding_specs=tuple(
+        (n, ShardingSpec.from_partition((2,), spec.tensor_shape, {2: (0,)})) for n, spec in right.sharding_specs))
+    loose = Tolerance(rtol=1e9, atol=1e9)
+    assert verify_case(backend, case, [right], tol=loose)[0].passed
+    found = verify_case(backend, case, [wrong], tol=loose)[0]
+    assert not found.passed
+    values = [m for m in found.mismatches if m.kind == "values"]
+    assert values and all("indices" in m.tensor or m.tensor.startswith("output 1") for m in values), values
