@@ -44,6 +44,7 @@ class Operand:
     shape: tuple[int, ...]
     floating: bool
     optional: bool = False
+    complex: bool = False          # a complex tensor: a partial sum, never a partial max or min
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ class Problem:
             with torch.no_grad():
                 out = call_op(self.node, self.module, values)
             out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-            self._targets[absent] = tuple(o.detach().to(torch.float64) for o in out)
+            self._targets[absent] = tuple(_wide(o) for o in out)
         return self._targets[absent]
 
     def post_addable(self, position: int, dims: Sequence[int] | None = None) -> bool:
@@ -314,7 +315,7 @@ class Problem:
         if layout.partial not in self._groups:
             self._groups[layout.partial] = self.mesh.groups(layout.partial)
         for group in self._groups[layout.partial]:
-            stacked = torch.stack([tensors[r].to(torch.float64) for r in group])
+            stacked = torch.stack([_wide(tensors[r]) for r in group])
             reduced = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
                        "min": lambda s: s.amin(0)}
             value = reduced[layout.reduce](stacked)
@@ -354,10 +355,16 @@ class Problem:
         return None
 
 
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` detached in float64, or complex128 where it is complex (its imaginary part kept)."""
+    return tensor.detach().to(torch.complex128 if tensor.is_complex() else torch.float64)
+
+
 def _call_with_backward(node, module, values: dict):
     """The op on ``values`` with its backward run from gradients of ones (what a training step
     does with a rank's empty block); the outputs, detached."""
-    values = {k: v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+    values = {k: v.detach().requires_grad_() if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
+              else v
               for k, v in values.items()}
     out = call_op(node, module, values)
     backward_from_ones(list(values.values()), out if isinstance(out, (tuple, list)) else (out,))
@@ -382,5 +389,5 @@ def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
     node = ref.node
     module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
     values = {loc: v.detach() for loc, v in ref.values.items()}
-    outputs = tuple(o.detach().to(torch.float64) for o in ref.outputs)
+    outputs = tuple(_wide(o) for o in ref.outputs)
     return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed)

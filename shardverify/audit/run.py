@@ -147,7 +147,7 @@ class _Audit:
         aligned = {add.operand: add.dims for strategy in self.strategies for add in strategy.post_add}
         self.operands = tuple(
             Operand(d.name, d.role, (d.locator.kind, d.locator.key), d.shape, d.dtype.is_floating_point,
-                    d.role in optional or d.name in aligned)
+                    d.role in optional or d.name in aligned, d.dtype.is_complex)
             for d in by_role.values() if d.type is not OperationDataType.OUTPUT)
         outputs = [d for d in by_role.values() if d.type is OperationDataType.OUTPUT]
         self.output_roles = [d.role for d in outputs]
@@ -189,7 +189,8 @@ class _Audit:
     def _choices(self, ops: Sequence[str], aligned: dict) -> list:
         """Each operand's layouts (partial values reducing by each of ``ops`` where the operand
         is floating; absent where it may be added after the op, which is checked numerically)."""
-        return [tensor_layouts(o.shape, self.mesh.shape, partial=ops if o.floating else (),
+        return [tensor_layouts(o.shape, self.mesh.shape,
+                               partial=ops if o.floating else tuple(op for op in ops if op == "sum") if o.complex else (),
                                absent=o.optional and self.problem.post_addable(i, aligned.get(o.name)))
                 for i, o in enumerate(self.operands)]
 

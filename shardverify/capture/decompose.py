@@ -86,7 +86,10 @@ def _trace(node: fx.Node, table) -> _Traced:
         meta = flat[i].meta.get("tensor_meta")
         if not hasattr(meta, "shape"):
             return _Traced(None, f"operand {flat[i].name!r} is not a single tensor")
-        examples.append(torch.empty(tuple(meta.shape), dtype=meta.dtype))
+        # a floating operand asks for a gradient, as in the training step a plan checks: a composite
+        # kernel picks its differentiable path (embedding_bag's _embedding_bag, not _forward_only)
+        examples.append(torch.empty(tuple(meta.shape), dtype=meta.dtype,
+                                    requires_grad=meta.dtype.is_floating_point or meta.dtype.is_complex))
 
     def call(*tensors):
         values = list(flat)

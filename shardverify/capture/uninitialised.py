@@ -1,14 +1,22 @@
-"""Nodes whose value is uninitialised memory (``torch.empty_like(x)``, ``x.new_empty(...)``, their
+"""Values an op leaves undefined, which a check never compares.
+
+Nodes whose value is uninitialised memory (``torch.empty_like(x)``, ``x.new_empty(...)``, their
 ATen overloads): the contents are whatever the allocator returned, different on every rank and on
-the single device, so a check never compares them; the consumers that write into them (a
-``copy_``, a fill, an indexed store) and read them are compared instead."""
+the single device; the consumers that write into them (a ``copy_``, a fill, an indexed store) and
+read them are compared instead.
+
+Tuple outputs an op defines only in some of its modes (:func:`undefined_outputs`): batch norm in
+eval mode computes no saved statistics (the CPU kernel returns them empty, the meta kernel as
+``[C]``); ``_embedding_bag`` fills ``offset2bag`` and ``bag_size`` for the mean and max modes and
+``max_indices`` for max mode only (else scratch, of another shape on the CPU than on meta). Their
+values are no result of the call, so only the defined outputs are compared."""
 
 from __future__ import annotations
 
 import torch
 from torch import fx
 
-__all__ = ["is_uninitialised", "uninitialised_nodes"]
+__all__ = ["is_uninitialised", "uninitialised_nodes", "undefined_outputs"]
 
 _FUNCTIONS = (torch.empty, torch.empty_like, torch.empty_strided)
 _METHODS = ("new_empty", "new_empty_strided")
@@ -30,3 +38,38 @@ def is_uninitialised(node: fx.Node) -> bool:
 def uninitialised_nodes(graph_module: fx.GraphModule) -> frozenset[str]:
     """The names of the graph's nodes that allocate uninitialised memory."""
     return frozenset(node.name for node in graph_module.graph.nodes if is_uninitialised(node))
+
+
+# ATen op -> the tuple outputs it never defines
+_UNDEFINED: dict[str, tuple[int, ...]] = {
+    "aten::_native_batch_norm_legit_no_training": (1, 2),   # eval mode: no saved statistics
+}
+# ATen op -> (the argument that decides, its default, {its value: the tuple outputs left undefined})
+_UNDEFINED_BY_ARGUMENT: dict[str, tuple[str, object, dict]] = {
+    "aten::_native_batch_norm_legit": ("training", True, {False: (1, 2)}),
+    "aten::native_batch_norm": ("training", True, {False: (1, 2)}),
+    **{name: ("mode", 0, {0: (1, 2, 3), 1: (3,)})      # 0 sum, 1 mean, 2 max: every output defined
+       for name in ("aten::_embedding_bag", "aten::_embedding_bag_forward_only", "aten::embedding_bag")},
+}
+
+
+def _argument(node: fx.Node, name: str, default: object) -> object:
+    """The value of the schema argument ``name`` in the node's call (its default when not passed)."""
+    for position, argument in enumerate(node.target._schema.arguments):  # type: ignore[union-attr]
+        if argument.name == name:
+            return node.args[position] if position < len(node.args) else node.kwargs.get(name, default)
+    return default
+
+
+def undefined_outputs(node: fx.Node) -> frozenset[int]:
+    """The positions of the node's tuple outputs whose values its op leaves undefined at this call
+    (empty for every other op): a check neither compares them nor takes gradients through them."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return frozenset()
+    name = node.target.name()
+    if name in _UNDEFINED:
+        return frozenset(_UNDEFINED[name])
+    if name not in _UNDEFINED_BY_ARGUMENT:
+        return frozenset()
+    argument, default, undefined = _UNDEFINED_BY_ARGUMENT[name]
+    return frozenset(undefined.get(_argument(node, argument, default), ()))

@@ -20,9 +20,14 @@ __all__ = ["partial_pieces"]
 
 
 def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum") -> torch.Tensor:
-    """``count`` pieces of ``value`` (stacked on a new dim 0, in float64) that reduce to it by
+    """``count`` pieces of ``value`` (stacked on a new dim 0, in float64 or complex128) that reduce to it by
     ``op`` (sum, max or min); the same ``seed`` and value give the same pieces in every process,
     so each rank of a group can make all of them and keep its own."""
+    if value.is_complex():   # pieces of its real and imaginary parts (no max or min of complex numbers)
+        if op != "sum":
+            raise ValueError(f"a complex value's partial pieces combine by sum, not {op!r}")
+        real = torch.view_as_real(value.detach().to(torch.complex128))
+        return torch.view_as_complex(partial_pieces(real, count, seed, op).contiguous())
     if op in ("max", "min"):
         return _extremum_pieces(value, count, seed, op)
     if op != "sum":

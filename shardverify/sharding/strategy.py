@@ -265,9 +265,10 @@ class ShardingStrategy:
                                     f"{shard.table!r} of shape {table.shape}")
         for partial in self.partial_inputs:
             data = next((op for op in self.operands if op.name == partial.operand), None)
-            if data is None or data.type is OperationDataType.OUTPUT or not data.dtype.is_floating_point:
+            if data is None or data.type is OperationDataType.OUTPUT or not (
+                    data.dtype.is_floating_point or data.dtype.is_complex and partial.op == "sum"):
                 raise StrategyError(f"strategy {self.name!r}: partial input {partial.operand!r} must be a "
-                                    f"floating-point input of {names}")
+                                    f"floating-point input (or a complex partial sum) of {names}")
             spec = self.get_sharding_spec_by_name(partial.operand)
             shared = set(partial.axes) & spec.sharded_axes()
             if shared or max(partial.axes) >= len(spec.mesh_shape):

@@ -69,6 +69,9 @@ class InputDecl:
     values: tuple[float, float] | None = None
     #: False: the op takes no gradient for it (batch norm's running statistics)
     grad: bool = True
+    #: the exact values, row-major, where no draw makes valid data (embedding_bag's offsets: 0 first,
+    #: nondecreasing); None: drawn
+    data: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier() or keyword.iskeyword(self.name):
@@ -91,6 +94,15 @@ class InputDecl:
                 raise InvalidArgument(f"input {self.name!r}: values of an integer input are integer bounds, "
                                       f"got {self.values!r}")
             object.__setattr__(self, "values", (low, high))
+        if self.data is not None:
+            data = _tupled(self.data)
+            if not isinstance(data, tuple) or len(data) != math.prod(shape) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in data):
+                raise InvalidArgument(f"input {self.name!r}: data must be {math.prod(shape)} finite number(s) "
+                                      f"(its shape's elements, row-major), got {self.data!r}")
+            if not dtype.is_floating_point and not all(float(v).is_integer() for v in data):
+                raise InvalidArgument(f"input {self.name!r}: data of an integer input are integers, got {self.data!r}")
+            object.__setattr__(self, "data", data)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -165,10 +165,11 @@ def _dtype_names() -> tuple[str, ...]:
                         and name in _CHECKABLE_DTYPES))
 
 
-#: the dtypes a check can draw values in and compare: real floats, integers and bool (complex,
-#: quantized and float8 dtypes have no random draw or no comparison to verify against)
+#: the dtypes a check can draw values in and compare: real floats, integers, bool and complex (compared
+#: as their real and imaginary parts; quantized and float8 dtypes have no random draw or no comparison)
 _CHECKABLE_DTYPES = ("float16", "bfloat16", "float32", "float64", "half", "float", "double",
-                     "int8", "int16", "int32", "int64", "uint8", "short", "int", "long", "bool")
+                     "int8", "int16", "int32", "int64", "uint8", "short", "int", "long", "bool",
+                     "complex64", "complex128", "cfloat", "cdouble")
 
 
 def as_dtype(node: Node) -> str:
@@ -181,7 +182,7 @@ def as_dtype(node: Node) -> str:
 
     if name not in names and isinstance(getattr(torch, name, None), torch.dtype):
         raise node.error(f"torch.{name} is a dtype a check cannot draw values in and compare; use a real "
-                         f"floating, integer or bool dtype ({', '.join(n for n in names if n in _CHECKABLE_DTYPES[:4])}, "
+                         f"floating, complex, integer or bool dtype ({', '.join(n for n in names if n in _CHECKABLE_DTYPES[:4])}, "
                          "int64, bool, ...)")
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1)

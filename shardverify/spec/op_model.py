@@ -77,6 +77,7 @@ class InputSpec:
     dtype: str = "float32"
     values: tuple[float, float] | None = None   # [low, high) the values are drawn from
     grad: bool = True                            # False: the op takes no gradient for it
+    data: tuple[float, ...] | None = None        # the exact values (row-major) instead of a draw
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ class OpSpec:
 
         verify = self.verify
         return [(case.id, OpCase(op=self.name, target=case.target,
-                                 inputs=tuple(InputDecl(i.role, i.shape, i.dtype, i.values, i.grad) for i in case.inputs),
+                                 inputs=tuple(InputDecl(i.role, i.shape, i.dtype, i.values, i.grad, i.data) for i in case.inputs),
                                  params=case.params, module=module(case.module),
                                  predecessor=module(verify.predecessor), seed=verify.seed,
                                  rtol=verify.rtol, atol=verify.atol,

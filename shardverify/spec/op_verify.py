@@ -5,6 +5,8 @@ groups, tolerances and seed, each checked against the spec's operands, parameter
 
 from __future__ import annotations
 
+from shardverify.errors import InvalidArgument
+from shardverify.spec.case import InputDecl
 from shardverify.spec.fields import (Fields, as_dtype, as_identifier, as_shape, as_tolerance, check_type, describe,
                                      dtype_from_name, finite_number, resolve_target, target_form)
 from shardverify.spec.limits import mesh_problem, tensor_size_problems
@@ -50,11 +52,12 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
         shape = as_shape(fi.required("shape", list))
         dtype_node = fi.optional("dtype", str)
         values_node = fi.optional("values", list)
+        data_node = fi.optional("data", list)
         fi.finish()
         within(value, tensor_size_problems([(f"input '{role}'", shape)]))
         dtype = as_dtype(dtype_node) if dtype_node else "float32"
         inputs.append(InputSpec(role, shape, dtype, _value_range(values_node, dtype) if values_node else None,
-                                grad=role not in constant))
+                                grad=role not in constant, data=_data(data_node, shape, dtype) if data_node else None))
     given = {i.role for i in inputs}
     for o in operands:
         needed = o.kind == "input" or (o.kind == "param" and forms & {"function", "method"})
@@ -212,6 +215,14 @@ def check_where_lengths(node: Node, target: str, where: dict[str, Literal], veri
         if not common:
             raise node.error(f"target {target!r} takes no grid point: its 'where' values break "
                              f"same_length: [{', '.join(group)}]")
+
+
+def _data(node: Node, shape: tuple[int, ...], dtype: str) -> tuple[float, ...]:
+    """``data: [...]``: an input's exact values, row-major, one per element of its shape."""
+    try:
+        return InputDecl("data", shape, dtype, data=tuple(item.value for item in node.value)).data  # type: ignore[union-attr,return-value]
+    except InvalidArgument as error:
+        raise node.error(str(error).removeprefix("input 'data': ")) from None
 
 
 def _value_range(node: Node, dtype: str) -> tuple[float, float]:

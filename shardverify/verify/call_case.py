@@ -36,6 +36,7 @@ class CallInput:
     dtype: str
     values: tuple[float, float] | None = None   # [low, high) the values are drawn from
     grad: bool = True
+    data: tuple[float, ...] | None = None       # exact values (InputDecl's); a captured call has none
 
     @property
     def torch_dtype(self) -> torch.dtype:

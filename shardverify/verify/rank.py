@@ -29,6 +29,7 @@ from shardverify.verify.costs import OpMeter, OpWork, communication_mismatches, 
 from shardverify.verify.layout import LocalOperand, RankLayout, rank_layout
 from shardverify.verify.memo import remembered
 from shardverify.capture.call import as_outputs, call_op, operand_nodes
+from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
 from shardverify.verify.report import Mismatch
 from shardverify.spec.fields import dtype_from_name
@@ -36,6 +37,7 @@ from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
 
 __all__ = ["RankReport", "OpCallError", "rank_check", "strategy_problems", "local_arguments"]
 
+_EXACT = Tolerance(0.0, 0.0)
 _COUNTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
 
 
@@ -102,8 +104,9 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     ref = _reference(case, dtype, comm.device)
     layout = rank_layout(strategy, mesh, rank)
 
-    def tolerance(t: torch.dtype) -> Tolerance:
-        return tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
+    def tolerance(t: torch.dtype) -> Tolerance:   # integers and bools exactly, whatever a spec or caller says
+        exact = not (t.is_floating_point or t.is_complex)
+        return _EXACT if exact else tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
 
     traffic_start = Counter(comm.traffic) if comm.traffic else None
     leaves, outputs, work = _local_forward(comm, ref, strategy, layout)
@@ -117,6 +120,8 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
         outputs = outputs[:len(out_data)]
     shape_ok = len(outputs) == len(out_data)   # else backward cannot run
     for index, (operand, output) in enumerate(zip(out_data, outputs)):
+        if index in undefined_outputs(ref.node):
+            continue   # no result of the call: never compared (capture/uninitialised.py)
         label = "output" if len(out_data) == 1 else f"output {index} ({operand.data.name})"
         found += _kind_mismatch(rank, label, output, ref.out_dtypes[index], comm.device) or \
             _compare(rank, label, output, ref.outputs[index], operand, mesh, tolerance)
@@ -206,6 +211,12 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
         outputs = list(as_outputs(node, meter.call(call_op, node, module, local, owned=module is not None)))
     except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
         raise OpCallError(_op_context(comm, node, strategy, leaves, local, exc)) from exc
+    # an output the op leaves undefined stands as zeros of the local shape its layout gives (the meta
+    # kernel's, which the strategy is derived from), so its actions and costs run as declared
+    for index in undefined_outputs(ref.node):
+        if index < min(len(outputs), len(layout.outputs)):
+            outputs[index] = torch.zeros(layout.outputs[index].local_shape, dtype=outputs[index].dtype,
+                                         device=outputs[index].device)
     return leaves, tuple(after_op(comm, strategy, outputs, late)), meter.work
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.call import Locator, as_outputs, call_op, module_tensors, operand_nodes
+from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.errors import VerificationError
 from shardverify.spec.case import OpCase, cached
 
@@ -33,7 +34,8 @@ class Reference:
     values: dict                     # Locator -> float64 tensor (rounded through its check dtype)
     dtypes: dict                     # Locator -> dtype the rank uses for that operand
     outputs: tuple                   # float64 result(s), in tuple order (one for a single-tensor op)
-    grad_outputs: tuple              # float64 gradient per output (rounded through its dtype); None if not floating
+    grad_outputs: tuple              # float64 gradient per output (rounded through its dtype); None if not
+                                     # floating or undefined (capture/uninitialised.py)
     grads: dict                      # Locator -> float64 gradient (floating operands only)
     constant: frozenset = frozenset()  # Locators the op takes no gradient for (running statistics)
     out_dtypes: tuple = ()             # the dtype each output has in the check (a rank's must match)
@@ -67,24 +69,44 @@ _REFERENCES: dict = {}
 
 
 def _rounded(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``value`` made exactly representable in ``dtype`` and held in float64 (or as is if not floating)."""
+    """``value`` made exactly representable in ``dtype`` and held in float64 (complex128 for a complex
+    dtype; as is if not floating)."""
+    if dtype.is_complex:
+        return value.to(dtype).to(torch.complex128)
     if not dtype.is_floating_point:
         return value.to(dtype)
     return value.to(dtype).to(torch.float64)
 
 
+def _differentiable(dtype: torch.dtype) -> bool:
+    """Does a value of ``dtype`` take a gradient (real floating or complex)?"""
+    return dtype.is_floating_point or dtype.is_complex
+
+
 def _as_leaf(tensor: torch.Tensor, loc: Locator, constant: frozenset) -> torch.Tensor:
-    return tensor.requires_grad_() if tensor.is_floating_point() and loc not in constant else tensor
+    return tensor.requires_grad_() if _differentiable(tensor.dtype) and loc not in constant else tensor
 
 
 def _check_dtype(traced: torch.dtype, override: torch.dtype | None) -> torch.dtype:
-    return override if override is not None and traced.is_floating_point else traced
+    """The dtype a traced value has in a check run in ``override``: a real floating one becomes it, a
+    complex one its complex twin (complex128 in a float64 check), where torch has one."""
+    if override is None:
+        return traced
+    if traced.is_complex:
+        return _COMPLEX.get(override, traced)
+    return override if traced.is_floating_point else traced
+
+
+_COMPLEX = {torch.float64: torch.complex128, torch.float32: torch.complex64, torch.float16: torch.complex32}
 
 
 def _random(shape: Sequence[int], dtype: torch.dtype, gen: torch.Generator, positive: bool = False,
             values: tuple[float, float] | None = None) -> torch.Tensor:
     """Deterministic values for a tensor of ``dtype`` (CPU generator: the same on every device);
     ``positive`` for buffers such as running variances, ``values`` a spec's [low, high)."""
+    if dtype.is_complex:   # real and imaginary parts each drawn like a real floating value
+        return torch.complex(_random(shape, torch.float64, gen, positive, values),
+                             _random(shape, torch.float64, gen, positive, values))
     if values is not None:
         low, high = values
         if dtype.is_floating_point:
@@ -121,7 +143,9 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
     inputs = []
     for decl in case.inputs:
         dtype = _check_dtype(decl.torch_dtype, override)
-        inputs.append(_rounded(_random(decl.shape, dtype, gen, values=decl.values), dtype).to(device))
+        drawn = _random(decl.shape, dtype, gen, values=decl.values) if decl.data is None else \
+            torch.tensor(decl.data, dtype=torch.float64 if dtype.is_floating_point else dtype).reshape(decl.shape)
+        inputs.append(_rounded(drawn, dtype).to(device))
     interpreter = fx.Interpreter(real, garbage_collect_values=False)
     with torch.no_grad():
         interpreter.run(*inputs)
@@ -149,8 +173,10 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
         outputs = as_outputs(node, call_op(node, module, leaves))
         _refuse_random(case, node, module, values, outputs)
     out_dtypes = [_check_dtype(dtype, override) for dtype in _meta_dtypes(traced, node_name)]
-    grad_outputs = tuple(_rounded(_random(out.shape, dtype, gen), dtype).to(device) if dtype.is_floating_point
-                         else None for out, dtype in zip(outputs, out_dtypes))
+    undefined = undefined_outputs(node)   # no result: no gradient flows back through it
+    grad_outputs = tuple(_rounded(_random(out.shape, dtype, gen), dtype).to(device)
+                         if _differentiable(dtype) and i not in undefined else None
+                         for i, (out, dtype) in enumerate(zip(outputs, out_dtypes)))
     grads = {}
     differentiable = [loc for loc, leaf in leaves.items() if leaf.requires_grad]
     carrying = [(out, g) for out, g in zip(outputs, grad_outputs) if g is not None and out.requires_grad]

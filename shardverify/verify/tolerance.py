@@ -14,7 +14,7 @@ import torch
 from shardverify.errors import InvalidArgument
 from shardverify.spec.fields import dtype_from_name
 
-__all__ = ["Tolerance", "DEFAULT_TOLERANCES", "tolerance_for", "compare", "is_close"]
+__all__ = ["Tolerance", "DEFAULT_TOLERANCES", "tolerance_for", "compare", "is_close", "as_real"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class Tolerance:
 DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float64: Tolerance(rtol=1e-7, atol=1e-7),
     torch.float32: Tolerance(rtol=1.3e-6, atol=1e-5),
+    # a complex value is two of its real dtype, compared part by part (``as_real``)
+    torch.complex128: Tolerance(rtol=1e-7, atol=1e-7),
+    torch.complex64: Tolerance(rtol=1.3e-6, atol=1e-5),
     torch.bfloat16: Tolerance(rtol=1.6e-2, atol=1e-5),
     torch.float16: Tolerance(rtol=1e-3, atol=1e-5),
 }
@@ -91,6 +94,15 @@ def _nonfinite_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:
             f"got {got!r}, expected {want!r}")
 
 
+def as_real(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in float64, a complex one as its real and imaginary parts (a trailing dim of 2):
+    the values every comparison looks at (``.to(float64)`` would drop the imaginary part)."""
+    tensor = tensor.detach()
+    if tensor.is_complex():
+        return torch.view_as_real(tensor.to(torch.complex128))
+    return tensor.to(torch.float64)
+
+
 def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Comparison:
     """Compare in float64 (``expected`` is the float64 reference); shapes must already match.
 
@@ -98,8 +110,7 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Com
     matches only an inf of the same sign at the same position, a NaN only a NaN at the same
     position (an op whose reference legitimately has NaN, log of a negative number, passes
     when the sharded run has NaN exactly there)."""
-    actual = actual.detach().to(torch.float64)
-    expected = expected.detach().to(torch.float64)
+    actual, expected = as_real(actual), as_real(expected)
     if actual.numel() == 0:
         return Comparison(True, 0.0, 0.0)
     both_finite = torch.isfinite(actual) & torch.isfinite(expected)
@@ -130,9 +141,9 @@ def is_close(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, *, fi
     if not actual.numel():
         return True
     if actual.dtype != torch.float64:
-        actual = actual.to(torch.float64)
+        actual = as_real(actual)
     if expected.dtype != torch.float64:
-        expected = expected.to(torch.float64)
+        expected = as_real(expected)
     if finite is None:
         finite = bool(torch.isfinite(expected).all())
     if finite and math.isfinite(tol.atol) and math.isfinite(tol.rtol):

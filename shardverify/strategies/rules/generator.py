@@ -24,6 +24,7 @@ import itertools
 import math
 from collections.abc import Container
 
+from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
@@ -170,6 +171,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
+    results = call.results   # the outputs the call defines: an undefined one is no partial result
     handler = serving_handler(ctx)
     from shardverify.strategies.handlers.call_values import passes_nothing
 
@@ -181,11 +183,11 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     fixed = set(rule.additive) | {i for i, d in enumerate(inputs) if d.role in dict(options.indices)}
     for axes in assignments(rule, ctx.mesh.shape):
         for narrowed in [{}] + narrowed_choices(rule, [d.name for d in inputs], sorted(fixed), axes, ctx.mesh.shape):
-            for partial in partial_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape, left_out):
+            for partial in partial_choices(rule, options, inputs, results, axes, ctx.mesh.shape, left_out):
                 strategy = call.strategy(axes, partial, strategies, narrowed=narrowed)
                 if strategy is not None:
                     strategies[strategy.name] = strategy
-            for partial, in_op, out_op in extremum_choices(rule, options, inputs, outputs, axes, ctx.mesh.shape):
+            for partial, in_op, out_op in extremum_choices(rule, options, inputs, results, axes, ctx.mesh.shape):
                 strategy = call.strategy(axes, partial, strategies, in_op, out_op, narrowed=narrowed)
                 if strategy is not None:
                     strategies[strategy.name] = strategy
@@ -202,6 +204,8 @@ class _Call:
         self.ctx, self.rule, self.options = ctx, rule, options
         self.inputs, self.outputs = inputs, outputs
         self.shape_at, self.shape_part = shape_at, shape_part
+        self.undefined = undefined_outputs(ctx.node)   # scratch the op leaves undefined: never reduced
+        self.results = [o for k, o in enumerate(outputs) if k not in self.undefined]
         # assignment -> whether its layout fits the call: the same for each of its partial-input
         # variants (they add only all-reduces, which change no local shape)
         self._fits: dict[tuple, bool] = {}
@@ -218,7 +222,8 @@ class _Call:
         operands = inputs + outputs
         reduce_ops = rule.partial_ops()
         partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops} | ({out_op} if partial else set())
-        if len(partial_ops) > 1 or (partial_ops and any(not o.dtype.is_floating_point for o in outputs)):
+        if len(partial_ops) > 1 or (partial_ops and any(not (o.dtype.is_floating_point or partial_ops == {"sum"} and
+                                                             o.dtype.is_complex) for o in self.results)):
             return None
         terms = rule.inputs + rule.outputs
         narrowed = narrowed or {}
@@ -243,7 +248,8 @@ class _Call:
             if data.role not in options.constant:
                 actions += grad_sync(data, missing)
         # each output is partial over the reduced factors' axes it lacks and the partial inputs' axes
-        per_output = [tuple(sorted(set(rule.output_partial(axes, k)) | set(pieces))) for k in range(len(outputs))]
+        per_output = [() if k in self.undefined else tuple(sorted(set(rule.output_partial(axes, k)) | set(pieces)))
+                      for k in range(len(outputs))]
         partial_axes = tuple(sorted({a for held in per_output for a in held}))
         post_add: list[PostAdd] = []
         op = partial_ops.pop() if partial_ops else "sum"

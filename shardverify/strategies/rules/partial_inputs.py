@@ -27,7 +27,7 @@ def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData
     found: list[dict[str, tuple[int, ...]]] = [{}]
     reduce_ops = rule.partial_ops()
     if any(reduce_ops[f] != "sum" for f in axes if f in reduce_ops) or \
-            any(not o.dtype.is_floating_point for o in outputs):
+            any(not _summable(o.dtype) for o in outputs):
         return found
     used = {a for held in axes.values() for a in held}
     free = [a for a, size in enumerate(mesh_shape) if size > 1 and a not in used]
@@ -69,6 +69,11 @@ def extremum_choices(rule: Rule, options: RuleOptions, inputs: list[OperationDat
     return found
 
 
+def _summable(dtype) -> bool:
+    """Can a value of ``dtype`` be a partial sum: real floating or complex (no max of complex numbers)."""
+    return dtype.is_floating_point or dtype.is_complex
+
+
 def _present(group: tuple[str, ...], by_role: dict[str, OperationData],
              left_out: Callable[[str], bool]) -> tuple[str, ...]:
     """The roles of a ``linear_in`` group this call passes as floating tensors, or ``()`` when
@@ -79,7 +84,7 @@ def _present(group: tuple[str, ...], by_role: dict[str, OperationData],
     for member in group:
         role, may_go = member.rstrip("?"), member.endswith("?")
         if role in by_role:
-            if not by_role[role].dtype.is_floating_point:
+            if not _summable(by_role[role].dtype):
                 return ()
             found.append(role)
         elif not (may_go and left_out(role)):
