@@ -293,7 +293,9 @@ LITERAL_FIELDS = {
     "description": (SUM, "description: Sum over dims, following the layout of the producing op.",
                     "description: {}"),
     "param default": (SUM, "    default: null", "    default: {}"),
-    "option value": (LINEAR, "    other_layout: out_in ", "    other_layout: {} "),
+    # a family that reads its options itself (the rules family validates its own at load)
+    "option value": (LINEAR.replace("family: rules", "family: replicated"), "    naming: colossalai ",
+                     "    naming: {} "),
     "predecessor arg": (SUM, "    args: [16, 32]", "    args: [16, {}]"),
     "predecessor kwarg value": (SUM, "      bias: false", "      bias: {}"),
     "module arg": (LINEAR, "    args: [16, 32]", "    args: [16, {}]"),

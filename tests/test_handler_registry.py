@@ -20,8 +20,8 @@ from shardverify.strategies.handlers.base import target_key, unregister_handler
 def test_generated_handlers_are_registered_on_import():
     handlers = registered_handlers()
     assert {"linear", "sum"} <= set(handlers)
-    assert handlers["linear"].generator == "linear_projection"
-    assert {"linear_projection", "following", "replicated"} <= set(generator_names())
+    assert handlers["linear"].generator == "rules"
+    assert {"rules", "following", "replicated"} <= set(generator_names())
 
 
 def test_targets_map_to_fx_node_targets():

@@ -194,7 +194,7 @@ def test_seed_specs_parse():
     assert [t.name for t in linear.targets] == ["torch.nn.Linear", "torch.nn.functional.linear"]
     assert [t.form for t in linear.targets] == ["module", "function"]
     assert linear.verify.meshes == ((2, 2), (4,), (1, 4))
-    assert linear.generator == "linear_projection" and linear.source == "specs/linear.yaml"
+    assert linear.generator == "rules" and linear.source == "specs/linear.yaml"
     total = parse_op_spec(load_yaml(SPECS / "sum.yaml", display="specs/sum.yaml"))
     assert [t.form for t in total.targets] == ["function", "method"]
     assert total.grid_size() == 8 and len(total.cases()) == 16
