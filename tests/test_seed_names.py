@@ -147,9 +147,9 @@ def test_naming_is_validated():
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (4,)])
 def test_the_rules_engine_offers_exactly_the_layouts_sum_follows(mesh_shape):
-    """Ground for folding ``following`` into the rules engine behind ``naming``: after a complete
-    Linear, the rules family with sum's reduction options offers exactly the distinct layouts the
-    following family does (the fold is then an order and a naming, no new strategy)."""
+    """The ``follow`` option is an order and a naming, no new strategy: after a complete Linear,
+    the rules family with sum's reduction options and no ``follow`` offers exactly the distinct
+    layouts sum's handler (``follow: input``, ColossalAI's naming) does."""
     import dataclasses
 
     from shardverify.strategies.handlers import base

@@ -1,4 +1,4 @@
-"""Strategies of the sum handler (following generator)."""
+"""Strategies of the sum handler (the rules engine with follow: input)."""
 
 import dataclasses
 import itertools

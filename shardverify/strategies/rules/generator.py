@@ -27,7 +27,7 @@ from collections.abc import Container
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
-from shardverify.strategies.rules import colossal, derive
+from shardverify.strategies.rules import colossal, derive, follow
 from shardverify.strategies.rules.local_args import (range_arguments, serving_handler, shape_argument, shape_locator,
                                                      size_arguments)
 from shardverify.strategies.rules.partial_inputs import extremum_choices, partial_choices
@@ -168,7 +168,7 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             if shape_at else None
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
-    if options.naming == "colossalai":
+    if options.naming == "colossalai" and not options.follow:
         try:
             views = colossal.logical_views(rule, inputs, outputs)
         except StrategyError as exc:
@@ -178,6 +178,12 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
         return colossal.offered(lambda axes, partial, in_op, out_op: call.strategy(axes, partial, (), in_op, out_op),
                                 rule, options, inputs, outputs, ctx.mesh.shape)
     call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
+    if options.follow:
+        try:
+            return follow.offered(lambda axes, partial: call.strategy(axes, partial, ()), ctx, rule, options,
+                                  inputs, outputs)
+        except StrategyError as exc:
+            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     handler = serving_handler(ctx)
     from shardverify.strategies.handlers.call_values import passes_nothing
 

@@ -68,7 +68,7 @@ else the call is refused: gather's index and input), ``indices:
 ``v`` shifts the ids into each rank's rows and masks the others, a partial sum: vocab-parallel
 embedding). A ``size_params`` parameter that holds one factor seen only inside compound dims
 (``size_params: {groups: g}``, a convolution's groups in ``(g i)``) also binds that factor's size;
-a rank holding 2 of 4 groups runs the conv with groups=2. ``naming: colossalai``: see rules/colossal.py.
+a rank holding 2 of 4 groups runs the conv with groups=2. ``naming``, ``follow``: rules/colossal.py, follow.py.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param",
                          "reduce", "additive_operands", "constant_operands", "indices", "aligned",
                          "lacks_dims_param", "lacking_operands", "factory", "range_params",
-                         "linear_in", "monotone_in", "size_params", "reduce_unheld", "naming")
+                         "linear_in", "monotone_in", "size_params", "reduce_unheld", "naming", "follow")
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,7 @@ class RuleOptions:
     # None: they do not depend on it (replicated over its axes)
     reduce_unheld: str | None = None
     naming: str = "rules"                         # or colossalai: ColossalAI's names and order (colossal.py)
+    follow: str = ""                              # the operand whose producer's layouts are taken up (follow.py)
 
     @classmethod
     def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
@@ -248,7 +249,7 @@ class RuleOptions:
                    aligned=options.get("aligned") is True, linear_in=groups,
                    monotone_in=_monotone(options.get("monotone_in", ())), size_params=size_params,
                    reduce_unheld=op(options.get("reduce_unheld"), "reduce_unheld"),
-                   naming=str(options.get("naming", "rules")))
+                   naming=str(options.get("naming", "rules")), follow=text("follow"))
 
 
 def _one_or_more(value: object, key: str) -> str | tuple[str, ...]:
