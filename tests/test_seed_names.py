@@ -128,21 +128,11 @@ def test_the_verifier_checks_each_layout_once_and_says_so(monkeypatch):
 
 
 def test_naming_is_validated():
-    from shardverify.errors import HandlerError
-    from shardverify.strategies.generators.registry import get_generator
+    from shardverify.errors import InvalidArgument
+    from shardverify.strategies.rules.spec import RuleOptions
 
-    class Context:
-        handler_name = "sum_handler"
-
-        def option(self, key, default=None):
-            return {"naming": "colossal"}.get(key, default)
-
-        def operand(self, role):
-            raise AssertionError("validated before any operand is read")
-
-    with pytest.raises(HandlerError, match="sum_handler: option naming must be one of distinct, colossalai, "
-                                           "got 'colossal'"):
-        get_generator("following")(Context())
+    with pytest.raises(InvalidArgument, match="'naming' must be one of .*got 'colossal'"):
+        RuleOptions.from_options({"follow": "input", "reduce_dims_param": "dim", "naming": "colossal"})
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (4,)])

@@ -77,8 +77,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
-from shardverify.strategies.generators.following import normalize_dims
 from shardverify.strategies.rules import derive
+from shardverify.strategies.rules.derive import normalize_dims
 from shardverify.strategies.rules.notation import ELLIPSIS, Equation, parse_equation
 from shardverify.sharding.strategy import REDUCE_OPS
 
