@@ -170,8 +170,8 @@ def test_accept_entries_name_file_and_line_on_mistakes(tmp_path):
 
 @register_generator("audit_test_no_row_parallel")
 def _no_row_parallel(ctx):
-    """linear_projection without the strategies that shard the contraction dim K."""
-    strategies = get_generator("linear_projection")(ctx)
+    """The linear spec's rules without the strategies that shard the contraction dim K."""
+    strategies = get_generator("rules")(ctx)
     return [s for s in strategies if not s.get_sharding_spec_by_name(ctx.operand("input").name).partition_dict()
             .get(len(ctx.operand("input").shape) - 1)]
 
@@ -200,7 +200,7 @@ def test_linear_offers_every_valid_combination_with_nothing_accepted(tmp_path, c
 
 
 def test_a_rule_omitting_row_parallel_linear_is_reported_missing(tmp_path, capsys):
-    planted = _without_bias(LINEAR).replace("family: linear_projection", "family: audit_test_no_row_parallel")
+    planted = _without_bias(LINEAR).replace("family: rules", "family: audit_test_no_row_parallel")
     _write(tmp_path, planted)
     code, report = _audit_json(tmp_path, "2,2", capsys)
     assert code == 1
@@ -212,15 +212,15 @@ def test_a_rule_omitting_row_parallel_linear_is_reported_missing(tmp_path, capsy
 
 @register_generator("audit_test_forgets_the_all_reduce")
 def _forgets_the_all_reduce(ctx):
-    """linear_projection whose row-parallel strategies lose their AFTER all-reduce."""
+    """The linear spec's rules whose row-parallel strategies lose their AFTER all-reduce."""
     from shardverify.sharding.strategy import CommWhere
 
     return [s.replace(communication_actions=tuple(a for a in s.communication_actions if a.where is not CommWhere.AFTER))
-            for s in get_generator("linear_projection")(ctx)]
+            for s in get_generator("rules")(ctx)]
 
 
 def test_an_offered_strategy_with_a_wrong_output_layout_is_incorrect(tmp_path, capsys):
-    planted = _without_bias(LINEAR).replace("family: linear_projection", "family: audit_test_forgets_the_all_reduce")
+    planted = _without_bias(LINEAR).replace("family: rules", "family: audit_test_forgets_the_all_reduce")
     _write(tmp_path, planted)
     code, report = _audit_json(tmp_path, "4", capsys)
     assert code == 1
@@ -270,51 +270,22 @@ def test_a_strided_dtensor_output_is_counted_apart_from_errors():
     assert report.disagreements == []
 
 
-@register_generator("audit_test_post_add")
-def _with_post_added_bias(ctx):
-    """linear_projection plus, with a bias, every partial-output family of the bias-less
-    projection with the bias post-added (what row-parallel Linear with bias needs). The audit
-    looks at forward layouts only: these strategies omit the bias gradient's all-reduce and
-    its memory, which `verify` would (rightly) fail."""
-    import dataclasses
-
-    from shardverify.sharding.sharding_spec import ShardingSpec
-    from shardverify.sharding.partial import PostAdd
-    from shardverify.sharding.strategy import CommPattern, CommWhere
-
-    strategies = get_generator("linear_projection")(ctx)
-    bias = ctx.operands.get("bias")
-    if bias is None:
-        return strategies
-    out = ctx.operand("output")
-    last = len(out.shape) - 1
-    no_bias = dataclasses.replace(ctx, operands={r: d for r, d in ctx.operands.items() if r != "bias"})
-    for s in get_generator("linear_projection")(no_bias):
-        if not any(a.pattern is CommPattern.ALLREDUCE_FWD_IDENTITY_BWD and a.where is CommWhere.AFTER
-                   for a in s.communication_actions):
-            continue
-        axes = s.get_sharding_spec_by_name(out.name).partition_dict().get(last, ())
-        bias_spec = ShardingSpec.from_partition(ctx.mesh.shape, bias.shape, {0: axes})
-        strategies.append(s.replace(name=s.name + " + bias", operands=s.operands[:-1] + (bias, s.operands[-1]),
-                                    sharding_specs=s.sharding_specs[:-1] + ((bias.name, bias_spec),)
-                                    + s.sharding_specs[-1:], post_add=(PostAdd(bias.name, (last,)),)))
-    return strategies
-
-
 @register_generator("audit_test_no_post_add")
 def _without_post_add(ctx):
-    """linear_projection without any post-added strategy (whether or not it offers them)."""
-    return [s for s in get_generator("linear_projection")(ctx) if not s.post_add]
+    """The linear spec's rules without any post-added strategy (whether or not it offers them)."""
+    return [s for s in get_generator("rules")(ctx) if not s.post_add]
 
 
 def test_post_added_bias_covers_row_parallel_linear_with_bias(tmp_path, capsys):
-    _write(tmp_path, LINEAR.replace("family: linear_projection", "family: audit_test_post_add"))
+    """The rules engine offers every partial-output family of linear with the bias post-added
+    (what row-parallel Linear with bias needs); without those strategies the audit finds them missing."""
+    _write(tmp_path, LINEAR)
     code, report = _audit_json(tmp_path, "4", capsys)
     assert code == 0, [f["line"] for row in report["rows"] for f in row["missing"] + row["incorrect"]]
     with_bias = [row for row in report["rows"] if row["case"].endswith("bias_True")]
     assert with_bias and all(row["covered"] == row["valid"] - len(row["accepted"]) for row in with_bias)
     without_accepts = LINEAR.split("\naudit:")[0]
-    _write(tmp_path, without_accepts.replace("family: linear_projection", "family: audit_test_no_post_add"))
+    _write(tmp_path, without_accepts.replace("family: rules", "family: audit_test_no_post_add"))
     code, report = _audit_json(tmp_path, "4", capsys)
     assert code == 1
     missing = {f["line"] for row in report["rows"] for f in row["missing"]}

@@ -103,11 +103,11 @@ def test_rendering_twice_gives_the_same_bytes():
 def test_check_catches_a_hand_edited_file(root, capsys):
     generate(root)
     handler = root / "shardverify/strategies/handlers/generated/sum.py"
-    handler.write_text(handler.read_text().replace("generator='following'", "generator='replicated'"))
+    handler.write_text(handler.read_text().replace("generator='rules'", "generator='replicated'"))
     assert run_cli("generate", "--check", "--root", str(root)) == 1
     out, err = capsys.readouterr()
     assert "--- a/shardverify/strategies/handlers/generated/sum.py" in out
-    assert "-    generator='replicated'," in out and "+    generator='following'," in out
+    assert "-    generator='replicated'," in out and "+    generator='rules'," in out
     assert "stale: shardverify/strategies/handlers/generated/sum.py" in err
     assert "replicated" in handler.read_text()       # --check writes nothing
     assert run_cli("generate", "--root", str(root)) == 0
@@ -179,7 +179,7 @@ def test_list_prints_ops_targets_generators_grids(root, capsys):
     assert run_cli("list", "--root", str(root)) == 0
     out = capsys.readouterr().out
     assert "op sum  (specs/sum.yaml)" in out and "op linear  (specs/linear.yaml)" in out
-    assert "torch.sum, torch.Tensor.sum" in out and "following" in out
+    assert "torch.sum, torch.Tensor.sum" in out and "rules" in out
     assert "8 point(s): dim[4] x keepdim[2]" in out and "[2, 2] [4] [1, 4]" in out
     assert "69 on [2, 2], bias=False" in out
 
@@ -200,8 +200,8 @@ def test_generated_handler_registers_the_spec():
     assert total.targets == (torch.sum, torch.Tensor.sum) and total.spec_file == "specs/sum.yaml"
     assert [(p.name, p.index, p.keyword, p.default) for p in total.params] == [
         ("dim", 1, "dim", None), ("keepdim", 2, "keepdim", False)]
-    assert total.option_dict == {"reduce_dims_param": "dim", "keepdim_param": "keepdim", "linear_in": ("input",),
-                                 "naming": "colossalai"}
+    assert total.option_dict == {"follow": "input", "reduce_dims_param": "dim", "keepdim_param": "keepdim",
+                                 "linear_in": ("input",), "naming": "colossalai"}
     assert linear.targets == (torch.nn.Linear, torch.nn.functional.linear)
     assert [(o.role, o.kind, o.attribute, o.optional) for o in linear.operands] == [
         ("input", "input", None, False), ("other", "param", "weight", False),
@@ -275,7 +275,7 @@ NAME_FIELDS = {
     "operand attribute": (LINEAR, "    attribute: weight ", "    attribute: {} "),
     "param name": (SUM, "  dim:\n    index: 1", "  {}:\n    index: 1"),
     "param keyword": (SUM, "    keyword: dim", "    keyword: {}"),
-    "generator family": (SUM, "  family: following", "  family: {}"),
+    "generator family": (SUM, "  family: rules", "  family: {}"),
     "option key": (SUM, "    keepdim_param: keepdim", "    {}: keepdim"),
     "option param reference": (SUM, "    keepdim_param: keepdim", "    keepdim_param: {}"),
     "predecessor target": (SUM, "    target: torch.nn.Linear", "    target: {}"),
@@ -293,7 +293,9 @@ LITERAL_FIELDS = {
     "description": (SUM, "description: Sum over dims, following the layout of the producing op.",
                     "description: {}"),
     "param default": (SUM, "    default: null", "    default: {}"),
-    "option value": (LINEAR, "    other_layout: out_in ", "    other_layout: {} "),
+    # a family that reads its options itself (the rules family validates its own at load)
+    "option value": (LINEAR.replace("family: rules", "family: replicated"), "    naming: colossalai ",
+                     "    naming: {} "),
     "predecessor arg": (SUM, "    args: [16, 32]", "    args: [16, {}]"),
     "predecessor kwarg value": (SUM, "      bias: false", "      bias: {}"),
     "module arg": (LINEAR, "    args: [16, 32]", "    args: [16, {}]"),

@@ -47,7 +47,7 @@ params:
   keepdim: {{index: 2, keyword: keepdim, default: false}}
 generator:
   family: {PLANTED_FAMILY}
-  options: {{reduce_dims_param: dim, keepdim_param: keepdim}}
+  options: {{follow: input, reduce_dims_param: dim, keepdim_param: keepdim}}
 verify:
   predecessor: {{target: torch.nn.Linear, args: [4, 8], kwargs: {{bias: false}}}}
   inputs:
@@ -61,9 +61,9 @@ verify:
 
 @register_generator(PLANTED_FAMILY)
 def forgets_negative_dims(ctx):
-    """The `following` strategies, except that a reduced dim named by a negative number keeps
+    """sum's rules strategies (follow: input), except that a reduced dim named by a negative number keeps
     the predecessor's shard (it is never gathered), so each rank sums only its own slice."""
-    strategies = get_generator("following")(ctx)
+    strategies = get_generator("rules")(ctx)
     raw = ctx.params.get("dim")
     dims = (raw,) if isinstance(raw, int) else tuple(raw or ())
     inp = ctx.operand("input")

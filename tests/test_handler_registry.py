@@ -20,8 +20,8 @@ from shardverify.strategies.handlers.base import target_key, unregister_handler
 def test_generated_handlers_are_registered_on_import():
     handlers = registered_handlers()
     assert {"linear", "sum"} <= set(handlers)
-    assert handlers["linear"].generator == "linear_projection"
-    assert {"linear_projection", "following", "replicated"} <= set(generator_names())
+    assert handlers["linear"].generator == "rules"
+    assert {"rules", "replicated"} <= set(generator_names())
 
 
 def test_targets_map_to_fx_node_targets():
@@ -48,11 +48,12 @@ def test_handler_for_node_by_module_class_function_and_method():
 
 
 def test_a_spec_only_op_needs_no_engine_change():
-    """torch.nansum registered purely as data reuses the following generator."""
+    """torch.nansum registered purely as data reuses the rules engine (a reduction following its input)."""
     defn = HandlerDef(name="nansum_test", targets=(torch.nansum,),
                       operands=(OperandDecl("input", "input", index=0), OperandDecl("output", "output")),
                       params=(ParamDecl("dim", 1, "dim", None), ParamDecl("keepdim", 2, "keepdim", False)),
-                      generator="following", options=(("reduce_dims_param", "dim"), ("keepdim_param", "keepdim")))
+                      generator="rules", options=(("follow", "input"), ("reduce_dims_param", "dim"),
+                                                        ("keepdim_param", "keepdim")))
     register_handler(defn)
     try:
         class M(torch.nn.Module):
@@ -72,7 +73,7 @@ def test_a_spec_only_op_needs_no_engine_change():
 def test_conflicting_registration_is_rejected():
     clash = HandlerDef(name="other_sum", targets=("sum",),
                        operands=(OperandDecl("input", "input", index=0), OperandDecl("output", "output")),
-                       generator="following")
+                       generator="rules")
     with pytest.raises(HandlerError, match="'sum'.*already handled by 'sum'"):
         register_handler(clash)
 
@@ -80,8 +81,8 @@ def test_conflicting_registration_is_rejected():
 @pytest.mark.parametrize("build,needle", [
     (lambda: OperandDecl("x", "tensor", index=0), "kind 'tensor'"),
     (lambda: OperandDecl("x", "input"), "index or a keyword"),
-    (lambda: HandlerDef("h", (), (OperandDecl("o", "output"),), generator="following"), "no targets"),
-    (lambda: HandlerDef("h", (torch.sum,), (OperandDecl("i", "input", 0),), generator="following"), "an output"),
+    (lambda: HandlerDef("h", (), (OperandDecl("o", "output"),), generator="rules"), "no targets"),
+    (lambda: HandlerDef("h", (torch.sum,), (OperandDecl("i", "input", 0),), generator="rules"), "an output"),
     (lambda: HandlerDef("h", (torch.sum,), (OperandDecl("o", "output"),)), "no generator"),
     (lambda: get_generator("nope"), "unknown strategy generator 'nope'"),
 ])
@@ -117,6 +118,6 @@ def test_a_second_handler_of_a_target_must_take_a_tensor_where_the_first_takes_a
     assert signature_apart(number, (ParamDecl("dim", 1, "dim"),), tensor, ())
     assert not signature_apart(number, (ParamDecl("dim", 1, "dim"),), number, (ParamDecl("dim", 1, "dim"),))
     clash = HandlerDef(name="number_max", targets=(torch.max,), operands=number,
-                       params=(ParamDecl("k", 2, "k"),), generator="following")
+                       params=(ParamDecl("k", 2, "k"),), generator="rules")
     with pytest.raises(HandlerError, match="already handled by .*tensor where the other takes a number"):
         register_handler(clash)

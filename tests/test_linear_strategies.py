@@ -1,4 +1,4 @@
-"""Strategies of the linear handler (linear_projection generator)."""
+"""Strategies of the linear handler (the rules engine with naming: colossalai)."""
 
 import itertools
 
@@ -16,7 +16,7 @@ from shardverify import (
     strategies_for_node,
     trace,
 )
-from shardverify.strategies.generators.linear_projection import every_family, logical_families, logical_name
+from shardverify.strategies.rules.colossal import every_family, logical_families, logical_name
 
 # ColossalAI's names for nn.Linear(16, 32) on a (4, 4, 4, 16) input on a (2, 2) mesh, in its order.
 REFERENCE_2D = [
@@ -359,3 +359,22 @@ def test_node_without_handler_is_an_error():
     gm = trace(Sinc(), meta_args={"x": torch.empty(4, device="meta")})
     with pytest.raises(HandlerError, match="no handler for node 'sinc'"):
         strategies_for_node(gm, "sinc", DeviceMesh((2,)))
+
+
+def test_naming_colossalai_is_a_rule_option_checked_at_load_and_on_the_rule():
+    """The option lives in the rules engine: a bad value is refused at load, and a rule that is
+    no [..M.., K] x (K, N) contraction (bmm's batch held by both factors) is refused per call."""
+    from shardverify.errors import StrategyError
+    from shardverify.strategies.rules.colossal import contraction
+    from shardverify.strategies.rules.notation import parse_equation
+    from shardverify.strategies.rules.rule import bind
+    from shardverify.strategies.rules.spec import RuleOptions
+
+    assert RuleOptions.from_options({"einsum": "mk,nk->mn", "naming": "colossalai"}).naming == "colossalai"
+    with pytest.raises(InvalidArgument, match="'naming'"):
+        RuleOptions.from_options({"einsum": "mk,nk->mn", "naming": "megatron"})
+    linear = bind(parse_equation("... k, n k -> ... n"), [(4, 3, 16), (32, 16)], [(4, 3, 32)])
+    assert contraction(linear).k == "k" and contraction(linear).n == "n" and len(contraction(linear).m) == 2
+    bmm = bind(parse_equation("bmk,bkn->bmn"), [(2, 4, 8), (2, 8, 4)], [(2, 4, 4)])
+    with pytest.raises(StrategyError, match="naming colossalai needs"):
+        contraction(bmm)

@@ -128,28 +128,18 @@ def test_the_verifier_checks_each_layout_once_and_says_so(monkeypatch):
 
 
 def test_naming_is_validated():
-    from shardverify.errors import HandlerError
-    from shardverify.strategies.generators.registry import get_generator
+    from shardverify.errors import InvalidArgument
+    from shardverify.strategies.rules.spec import RuleOptions
 
-    class Context:
-        handler_name = "sum_handler"
-
-        def option(self, key, default=None):
-            return {"naming": "colossal"}.get(key, default)
-
-        def operand(self, role):
-            raise AssertionError("validated before any operand is read")
-
-    with pytest.raises(HandlerError, match="sum_handler: option naming must be one of distinct, colossalai, "
-                                           "got 'colossal'"):
-        get_generator("following")(Context())
+    with pytest.raises(InvalidArgument, match="'naming' must be one of .*got 'colossal'"):
+        RuleOptions.from_options({"follow": "input", "reduce_dims_param": "dim", "naming": "colossal"})
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (4,)])
 def test_the_rules_engine_offers_exactly_the_layouts_sum_follows(mesh_shape):
-    """Ground for folding ``following`` into the rules engine behind ``naming``: after a complete
-    Linear, the rules family with sum's reduction options offers exactly the distinct layouts the
-    following family does (the fold is then an order and a naming, no new strategy)."""
+    """The ``follow`` option is an order and a naming, no new strategy: after a complete Linear,
+    the rules family with sum's reduction options and no ``follow`` offers exactly the distinct
+    layouts sum's handler (``follow: input``, ColossalAI's naming) does."""
     import dataclasses
 
     from shardverify.strategies.handlers import base

@@ -27,8 +27,8 @@ params:
   dim: {index: 1, keyword: dim, default: null}
   keepdim: {index: 2, keyword: keepdim, default: false}
 generator:
-  family: following
-  options: {reduce_dims_param: dim, keepdim_param: keepdim}
+  family: rules
+  options: {follow: input, reduce_dims_param: dim, keepdim_param: keepdim}
 verify:
   predecessor: {target: torch.nn.Linear, args: [16, 32], kwargs: {bias: false}}
   inputs:
@@ -194,7 +194,7 @@ def test_seed_specs_parse():
     assert [t.name for t in linear.targets] == ["torch.nn.Linear", "torch.nn.functional.linear"]
     assert [t.form for t in linear.targets] == ["module", "function"]
     assert linear.verify.meshes == ((2, 2), (4,), (1, 4))
-    assert linear.generator == "linear_projection" and linear.source == "specs/linear.yaml"
+    assert linear.generator == "rules" and linear.source == "specs/linear.yaml"
     total = parse_op_spec(load_yaml(SPECS / "sum.yaml", display="specs/sum.yaml"))
     assert [t.form for t in total.targets] == ["function", "method"]
     assert total.grid_size() == 8 and len(total.cases()) == 16
@@ -239,8 +239,8 @@ def test_optional_operand_grid_drives_module_kwargs_and_inputs():
     ("  predecessor: {target: torch.nn.Linear,", "  predecessor: {target: torch.relu,", "torch.relu",
      ("expected a torch.nn.Module class",)),
     # generator
-    ("  family: following", "  family: folowing", "family: folowing", ("unknown generator family 'folowing'",)),
-    ("options: {reduce_dims_param: dim,", "options: {reduce_dims_param: dims,", "reduce_dims_param: dims",
+    ("  family: rules", "  family: folowing", "family: folowing", ("unknown generator family 'folowing'",)),
+    ("reduce_dims_param: dim,", "reduce_dims_param: dims,", "reduce_dims_param: dims",
      ("names parameter 'dims'", "declared: dim, keepdim")),
     # grid
     ("    keepdim: [false, true]", "    keepdim: []", "keepdim: []", ("grid values for 'keepdim' are empty",)),
@@ -285,8 +285,14 @@ def test_missing_required_key_points_at_the_mapping():
     assert error.field == "verify.meshes"
 
 
+def free_options():
+    """The spec with a family that reads its options itself (the rules family validates its own)."""
+    return edit("  family: rules\n  options: {follow: input, ", "  family: replicated\n  options: {")
+
+
 def test_generator_option_naming_an_undeclared_operand():
-    text = edit("options: {reduce_dims_param: dim,", "options: {follow_operand: weight, reduce_dims_param: dim,")
+    text = edit("options: {reduce_dims_param: dim,", "options: {follow_operand: weight, reduce_dims_param: dim,",
+                free_options())
     assert_error_at(text, "follow_operand", "names operand 'weight'", "declared: input, output")
 
 
@@ -318,7 +324,7 @@ def test_every_error_is_one_message_with_location():
 
 def test_nested_and_list_option_references_are_checked():
     text = edit("options: {reduce_dims_param: dim, keepdim_param: keepdim}",
-                "options: {reduce: {dims_param: dim, keep_params: [keepdim, keep]}, pairs: [[a, 1]]}")
+                "options: {reduce: {dims_param: dim, keep_params: [keepdim, keep]}, pairs: [[a, 1]]}", free_options())
     error = assert_error_at(text, "keep_params", "option 'keep_params' names parameter 'keep'")
     assert error.field == "generator.options.reduce.keep_params[1]"
     spec = parse(edit("keep]}", "keepdim]}", text))

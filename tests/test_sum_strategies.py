@@ -1,4 +1,4 @@
-"""Strategies of the sum handler (following generator)."""
+"""Strategies of the sum handler (the rules engine with follow: input)."""
 
 import dataclasses
 import itertools
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardverify import DeviceMesh, StrategyError, strategies_for_node, trace
-from shardverify.strategies.generators.following import normalize_dims
+from shardverify.strategies.rules.derive import normalize_dims
 
 
 class LinearThen(torch.nn.Module):
@@ -172,20 +172,11 @@ def test_a_partial_sum_without_its_all_reduce_or_with_another_op_is_caught():
 
 
 def test_reduce_op_is_validated():
-    from shardverify.errors import HandlerError
-    from shardverify.strategies.generators.registry import get_generator
+    from shardverify.errors import InvalidArgument
+    from shardverify.strategies.rules.spec import RuleOptions
 
-    class Context:
-        handler_name = "sum_handler"
-
-        def option(self, key, default=None):
-            return {"reduce_op": "mean"}.get(key, default)
-
-        def operand(self, role):
-            raise AssertionError("validated before any operand is read")
-
-    with pytest.raises(HandlerError, match="sum_handler: option reduce_op must be one of .*got 'mean'"):
-        get_generator("following")(Context())
+    with pytest.raises(InvalidArgument, match="reduce_op must be one of .*got 'mean'"):
+        RuleOptions.from_options({"follow": "input", "reduce_dims_param": "dim", "reduce_op": "mean"})
 
 
 def test_sum_of_a_graph_input_takes_every_layout_the_input_can_arrive_in():

@@ -13,12 +13,38 @@ from collections.abc import Sequence
 
 import torch
 
-from shardverify.errors import InvalidArgument
+from shardverify.errors import InvalidArgument, StrategyError
 from shardverify.strategies.rules.notation import Dim, Equation, Term
 
-__all__ = ["pointwise", "whole_tensors", "reduction", "reshape", "permute", "advanced_index", "indexed_factor"]
+__all__ = ["normalize_dims", "pointwise", "whole_tensors", "reduction", "reshape", "permute", "advanced_index",
+           "indexed_factor"]
 
 Shape = tuple[int, ...]
+
+
+def normalize_dims(value: object, ndim: int, what: str = "dim") -> tuple[int, ...]:
+    """Reduced dims as sorted non-negative ints; None or () mean every dim."""
+    if value is None:
+        return tuple(range(ndim))
+    items = (value,) if isinstance(value, int) else value
+    try:
+        items = tuple(items)  # type: ignore[arg-type]
+    except TypeError:
+        raise StrategyError(f"{what}={value!r} must be an int, a sequence of ints or None") from None
+    if not items:
+        return tuple(range(ndim))
+    dims = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise StrategyError(f"{what}={value!r} is not a dim or a list of dims (it holds a {type(item).__name__}): "
+                                f"the call is another overload of the op, passing another argument where the spec "
+                                f"reads {what}; only the overload taking {what} is served")
+        if not -max(ndim, 1) <= item < max(ndim, 1):
+            raise StrategyError(f"{what}={value!r}: dim {item} is out of range for a {ndim}-D input")
+        dims.append(item % max(ndim, 1))
+    if len(set(dims)) != len(dims):
+        raise StrategyError(f"{what}={value!r} names a dim twice")
+    return tuple(sorted(dims))
 
 
 def pointwise(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> tuple[Equation, set[str]]:

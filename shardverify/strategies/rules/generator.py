@@ -28,7 +28,7 @@ from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
-from shardverify.strategies.rules import derive
+from shardverify.strategies.rules import colossal, derive, follow
 from shardverify.strategies.rules.local_args import (range_arguments, serving_handler, shape_argument, shape_locator,
                                                      size_arguments)
 from shardverify.strategies.rules.partial_inputs import extremum_choices, partial_choices
@@ -170,7 +170,22 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             if shape_at else None
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
+    if options.naming == "colossalai" and not options.follow:
+        try:
+            views = colossal.logical_views(rule, inputs, outputs)
+        except StrategyError as exc:
+            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
+        inputs, outputs = views[:len(inputs)], views[len(inputs):]
+        call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
+        return colossal.offered(lambda axes, partial, in_op, out_op: call.strategy(axes, partial, (), in_op, out_op),
+                                rule, options, inputs, outputs, ctx.mesh.shape)
     call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
+    if options.follow:
+        try:
+            return follow.offered(lambda axes, partial: call.strategy(axes, partial, ()), ctx, rule, options,
+                                  inputs, outputs)
+        except StrategyError as exc:
+            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     results = call.results   # the outputs the call defines: an undefined one is no partial result
     handler = serving_handler(ctx)
     from shardverify.strategies.handlers.call_values import passes_nothing
@@ -256,7 +271,9 @@ class _Call:
         if partial_axes:
             actions += [CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, held, out.name, CommWhere.AFTER, op=op)
                         for out, held in zip(outputs, per_output) if held]
-            for index in rule.additive:
+            for index in rule.additive:     # an additive operand held as a piece is added by each rank
+                if inputs[index].name in partial:
+                    continue
                 post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
         alike = len(set(per_output)) == 1      # else each output partial on its own axes says so: `R+P0`
         name = (" x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in inputs) + " -> " +

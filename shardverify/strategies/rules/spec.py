@@ -68,7 +68,7 @@ else the call is refused: gather's index and input), ``indices:
 ``v`` shifts the ids into each rank's rows and masks the others, a partial sum: vocab-parallel
 embedding). A ``size_params`` parameter that holds one factor seen only inside compound dims
 (``size_params: {groups: g}``, a convolution's groups in ``(g i)``) also binds that factor's size;
-a rank holding 2 of 4 groups runs the conv with groups=2.
+a rank holding 2 of 4 groups runs the conv with groups=2. ``naming``, ``follow``: rules/colossal.py, follow.py.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
-from shardverify.strategies.generators.following import normalize_dims
 from shardverify.strategies.rules import derive
+from shardverify.strategies.rules.derive import normalize_dims
 from shardverify.strategies.rules.notation import ELLIPSIS, Equation, parse_equation
 from shardverify.sharding.strategy import REDUCE_OPS
 
@@ -90,7 +90,7 @@ OPTION_KEYS = SOURCES + ("keepdim_param", "reduce_op", "dims_param", "dim0_param
                          "shape_dim_param", "whole", "whole_dims_param", "whole_trailing_param", "whole_padded_param",
                          "reduce", "additive_operands", "constant_operands", "indices", "aligned",
                          "lacks_dims_param", "lacking_operands", "factory", "range_params",
-                         "linear_in", "monotone_in", "size_params", "reduce_unheld")
+                         "linear_in", "monotone_in", "size_params", "reduce_unheld", "naming", "follow")
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,8 @@ class RuleOptions:
     # how a factor some outputs hold reduces for the outputs lacking it, where `reduce` does not say;
     # None: they do not depend on it (replicated over its axes)
     reduce_unheld: str | None = None
+    naming: str = "rules"                         # or colossalai: ColossalAI's names and order (colossal.py)
+    follow: str = ""                              # the operand whose producer's layouts are taken up (follow.py)
 
     @classmethod
     def from_options(cls, options: Mapping[str, object]) -> RuleOptions:
@@ -179,8 +181,9 @@ class RuleOptions:
         if text("shape_param") and view != "reshape" and source != "pointwise":
             raise InvalidArgument("rule option 'shape_param' (the output shape a rank passes locally) "
                                   "applies to view: reshape and to pointwise (expand)")
-        if options.get("factory") not in (None, False, True):
-            raise InvalidArgument(f"rule option 'factory' must be true or false, got {options['factory']!r}")
+        for key, allowed in (("factory", (None, False, True)), ("naming", ("rules", "colossalai"))):
+            if options.get(key, allowed[0]) not in allowed:
+                raise InvalidArgument(f"rule option {key!r} must be one of {allowed}, got {options[key]!r}")
         range_params = names("range_params")
         if range_params and len(range_params) != 3:
             raise InvalidArgument(f"rule option 'range_params' names the start, end and step parameters, got "
@@ -245,7 +248,8 @@ class RuleOptions:
                    factory=options.get("factory") is True, range_params=range_params,
                    aligned=options.get("aligned") is True, linear_in=groups,
                    monotone_in=_monotone(options.get("monotone_in", ())), size_params=size_params,
-                   reduce_unheld=op(options.get("reduce_unheld"), "reduce_unheld"))
+                   reduce_unheld=op(options.get("reduce_unheld"), "reduce_unheld"),
+                   naming=str(options.get("naming", "rules")), follow=text("follow"))
 
 
 def _one_or_more(value: object, key: str) -> str | tuple[str, ...]:

@@ -20,8 +20,8 @@ HANDLER = register_handler(HandlerDef(
                     attribute=None, optional=False, element=None),
     ),
     params=(),
-    generator='linear_projection',
-    options=(('other_layout', 'out_in'),),
+    generator='rules',
+    options=(('einsum', '... k, n k, n -> ... n'), ('additive_operands', ('bias',)), ('linear_in', ('input', 'other')), ('monotone_in', ('bias',)), ('naming', 'colossalai')),
     spec_file='specs/linear_aten.yaml',
     overrides=(
         (torch.ops.aten.linear.default, (

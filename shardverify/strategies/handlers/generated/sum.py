@@ -19,7 +19,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=None),
         ParamDecl(name='keepdim', index=2, keyword='keepdim', default=False),
     ),
-    generator='following',
-    options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('linear_in', ('input',)), ('naming', 'colossalai')),
+    generator='rules',
+    options=(('follow', 'input'), ('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('linear_in', ('input',)), ('naming', 'colossalai')),
     spec_file='specs/sum.yaml',
 ))

@@ -19,8 +19,8 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=None),
         ParamDecl(name='keepdim', index=2, keyword='keepdim', default=False),
     ),
-    generator='following',
-    options=(('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('linear_in', ('input',))),
+    generator='rules',
+    options=(('follow', 'input'), ('reduce_dims_param', 'dim'), ('keepdim_param', 'keepdim'), ('linear_in', ('input',))),
     spec_file='specs/sum_aten.yaml',
     overrides=(
         (torch.ops.aten.sum.dim_IntList, (

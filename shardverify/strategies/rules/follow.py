@@ -1,0 +1,138 @@
+"""The rules engine's ``follow: <role>`` option: a reduction (or elementwise op) that takes up
+each layout its operand ``role`` arrives in, in its producer's order, named by its index.
+
+For each layout the operand can arrive in (each strategy of its producer, in order; for a graph
+input or attribute, whose node is replicated but which a plan may lay out any way by a local
+slice, every layout its shape admits, replicated first): the strategy that gathers a shard on
+a reduced factor (``[S0, R] -> [R]_<index>``, no communication), then, where the producer
+shards a reduced factor, the one keeping it, its partial output reduced after the op
+(``[S0, R] -> [R] | P0 sum_<index>``, unless the blocks forbid it:
+:func:`~shardverify.sharding.blocks.partial_refusal`); with ``linear_in: [<role>]`` each again
+with the operand a partial sum over each set of free mesh axes (``[R, R]+P1 -> [R] | P1 sum_0``,
+after all the others). The engine derives every strategy from the rule as always.
+
+``naming: rules`` (default) offers each layout once, named by the first index giving it;
+``naming: colossalai`` keeps ColossalAI's contract (the seed's sum test): first one gathered
+strategy per producer strategy, in its order, identical layouts included (the plan collapses
+them, the verifier checks each layout once), then the others, each layout once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from shardverify.capture.call import tuple_element
+from shardverify.errors import StrategyError
+from shardverify.sharding.blocks import partial_refusal
+from shardverify.sharding.strategy import OperationData, ShardingStrategy
+from shardverify.strategies.rules.rule import Rule
+
+__all__ = ["offered", "every_layout"]
+
+Layout = dict[int, tuple[int, ...]]
+
+
+def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
+            outputs: list[OperationData]) -> list[ShardingStrategy]:
+    """The strategies in the producer's order; ``build(axes, partial)`` is the engine's derivation."""
+    roles = [d.role for d in inputs]
+    if options.follow not in roles or len(inputs) != 1 or len(outputs) != 1:
+        raise StrategyError(f"option follow: {options.follow!r} must name the one tensor operand of a one-output "
+                            f"call; this call has {roles}")
+    data, term, out = inputs[0], rule.inputs[0], outputs[0]
+    reduce_ops = dict(rule.reduce)
+    linear = options.linear_in == ((data.role,),) and data.dtype.is_floating_point and out.dtype.is_floating_point
+    mesh_shape = ctx.mesh.shape
+    gathered, strategies, pieces = [], [], []
+    for index, produced in enumerate(produced_layouts(ctx, data)):
+        if any(not term[d] for d in produced):
+            raise StrategyError(f"node {ctx.node.name!r}: its producer lays mesh axes on a size-1 dim of {data.name!r}")
+        axes = {term[d][0]: held for d, held in produced.items()}
+        kept = {f: held for f, held in axes.items() if f not in reduce_ops}
+        strategy = _named(build(kept, {}), data, out, index)
+        gathered.append(strategy)
+        strategies.append(strategy)
+        if linear:
+            pieces += _pieces(build, kept, data, out, index, mesh_shape)
+        partial = tuple(sorted(a for f, held in axes.items() if f in reduce_ops for a in held))
+        refused = any(partial_refusal(reduce_ops[f], rule.size[f], [mesh_shape[a] for a in held])
+                      for f, held in axes.items() if f in reduce_ops)
+        if math.prod(mesh_shape[a] for a in partial) > 1 and out.dtype.is_floating_point and not refused:
+            strategy = build(axes, {})
+            if strategy is not None:
+                strategies.append(_named(strategy, data, out, index))
+                if linear and set(reduce_ops[f] for f in axes if f in reduce_ops) == {"sum"}:
+                    pieces += _pieces(build, axes, data, out, index, mesh_shape)
+    if options.naming == "colossalai":   # every gathered one, then the others not among them, each once
+        taken = {id(s) for s in gathered}
+        return gathered + _first_of_each([s for s in strategies + pieces if id(s) not in taken])
+    return _first_of_each(strategies + pieces)
+
+
+def _named(strategy: ShardingStrategy | None, data: OperationData, out: OperationData,
+           index: int) -> ShardingStrategy:
+    """``[S0, R]+P1 -> [R] | P01 sum_<index>``: the layouts, the partial input, the output's reduce."""
+    if strategy is None:
+        raise StrategyError(f"operand {data.name!r}: a layout its producer gives does not fit the call")
+    piece = strategy.partial_input(data.name)
+    after = [a for a in strategy.communication_actions if a.operand == out.name and a.axes]
+    name = f"{strategy.get_sharding_spec_by_name(data.name).sharding_sequence}"
+    name += f"+P{''.join(map(str, piece.axes))}" if piece else ""
+    name += f" -> {strategy.get_sharding_spec_by_name(out.name).sharding_sequence}"
+    name += "".join(f" | P{''.join(map(str, a.axes))} {a.op}" for a in after)
+    return strategy.replace(name=f"{name}_{index}")
+
+
+def _pieces(build, axes: dict, data: OperationData, out: OperationData, index: int,
+            mesh_shape: tuple[int, ...]) -> list[ShardingStrategy]:
+    """The strategy of ``axes`` again with the operand a partial sum over each set of free axes."""
+    used = {a for held in axes.values() for a in held}
+    free = [a for a, size in enumerate(mesh_shape) if size > 1 and a not in used]
+    found = []
+    for k in range(1, len(free) + 1):
+        for held in itertools.combinations(free, k):
+            strategy = build(axes, {data.name: held})
+            if strategy is not None:
+                found.append(_named(strategy, data, out, index))
+    return found
+
+
+def produced_layouts(ctx, data: OperationData) -> list[Layout]:
+    """The layouts (tensor dim -> mesh axes) the operand can arrive in: those its producer's
+    strategies give it, or, for a graph input or attribute, every layout its shape admits."""
+    producer = next((n for n in ctx.node.all_input_nodes if n.name == data.name), None)
+    if producer is not None and producer.op in ("placeholder", "get_attr"):
+        return every_layout(data.shape, ctx.mesh.shape)
+    element = tuple_element(producer) if producer is not None else None
+    if element is not None and ctx.strategies_of is not None:   # topk's values: as topk's strategies lay them out
+        source, index = element
+        return [pred.get_sharding_spec_by_name(pred.outputs[index].name).partition_dict()
+                for pred in ctx.strategies_of(source)]
+    return [pred.get_sharding_spec_by_name(data.name).partition_dict()
+            for pred in ctx.predecessor_strategies(data.role)]
+
+
+def every_layout(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[Layout]:
+    """Each mesh axis (of more than one rank) given to one dim of two or more elements or to
+    none, a dim's axes in every order (``S01`` and ``S10``); the replicated layout first."""
+    axes = [a for a, size in enumerate(mesh_shape) if size > 1]
+    dims = [d for d, size in enumerate(shape) if size > 1]
+    found: list[Layout] = []
+    for choice in itertools.product([None, *dims], repeat=len(axes)):
+        ascending: Layout = {}
+        for axis, dim in zip(axes, choice):
+            if dim is not None:
+                ascending[dim] = ascending.get(dim, ()) + (axis,)
+        for orders in itertools.product(*(itertools.permutations(held) for held in ascending.values())):
+            found.append(dict(zip(ascending, orders)))
+    return found
+
+
+def _first_of_each(strategies: list[ShardingStrategy]) -> list[ShardingStrategy]:
+    """The first strategy of each layout: its name without the producer's index says every
+    layout and action (several producer strategies produce the same layout)."""
+    found: dict[str, ShardingStrategy] = {}
+    for strategy in strategies:
+        found.setdefault(strategy.name.rpartition("_")[0], strategy)
+    return list(found.values())
