@@ -5,7 +5,8 @@ at the call, and each call's outcome counted.
 Outcomes of a call: ``grid`` (its spec's grid covered it), ``on-demand`` (verified where it was
 met), ``refused`` (with the handler's reason), ``no-handler`` (the capture made it an op no spec
 covers: export's decompositions), ``not-captured`` (the capture itself failed), ``raw-error`` (a
-raw exception where a reason was owed: a bug). A strategy served on the grid is verified at the
+raw exception where a reason was owed: a bug), ``constant`` (the capture folded a call on constants
+into a constant: no op is left to serve; counted, but not among the calls a share is taken of). A strategy served on the grid is verified at the
 call too, so a wrong one shows as ``wrong``.
 """
 
@@ -34,7 +35,7 @@ from shardverify.verify.on_demand import OnDemandVerifier, checkable_case
 
 __all__ = ["CallOutcome", "SweepResult", "sweep_spec", "sweep_entry", "entry_name", "OUTCOMES"]
 
-OUTCOMES = ("grid", "on-demand", "refused", "no-handler", "not-captured", "raw-error")
+OUTCOMES = ("grid", "on-demand", "refused", "no-handler", "not-captured", "raw-error", "constant")
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class SweepResult:
         return [o for o in self.outcomes if o.wrong]
 
     def served_share(self, capture: str) -> float:
-        mine = [o for o in self.outcomes if o.capture == capture]
+        mine = [o for o in self.outcomes if o.capture == capture and o.outcome != "constant"]
         return sum(o.outcome in ("grid", "on-demand") for o in mine) / len(mine) if mine else 0.0
 
 
@@ -100,7 +101,7 @@ def _extremum(strategy) -> bool:
     return any(p.op != "sum" for p in strategy.partial_inputs)
 
 
-_RANK = {name: i for i, name in enumerate(("grid", "on-demand", "refused", "no-handler", "not-captured", "raw-error"))}
+_RANK = {name: i for i, name in enumerate(OUTCOMES)}
 
 
 def _node_outcome(node: fx.Node, graph_module: fx.GraphModule, mesh: DeviceMesh, verifier: OnDemandVerifier,
@@ -143,8 +144,8 @@ def _classify(op: str, sample: Sample, how: str, mesh: DeviceMesh, verifier: OnD
         return CallOutcome(**base, outcome="not-captured", reason=f"{type(error).__name__}: "
                                                                  f"{str(error).splitlines()[0][:160] if str(error) else ''}")
     found = [_node_outcome(node, graph_module, mesh, verifier, check_grid) for node in _op_nodes(graph_module, targets)]
-    if not found:
-        return CallOutcome(**base, outcome="not-captured", reason="the capture holds no op call")
+    if not found:   # a factory call on constants (torch.arange(5)): traced to a constant, no op to serve
+        return CallOutcome(**base, outcome="constant", reason="the capture folded the call into a constant")
     worst = max(found, key=lambda f: _RANK[f["outcome"]])
     by = tuple(dict.fromkeys(f["served_by"] for f in found if f.get("served_by")))
     return CallOutcome(**{**base, "op": by[0] if by else op}, outcome=worst["outcome"], reason=worst.get("reason", ""),
