@@ -51,6 +51,7 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
     settings = settings_key(args.opinfo_samples, meshes, captures, 0)
     total = SweepResult()
     commits: dict[str, int] = {}
+    unswept: list[str] = []
     wall = time.perf_counter()
     try:
         entries = _entries(specs)
@@ -61,6 +62,9 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
                 if stored is not None:
                     found, commit = stored
                     how = f"stored (swept at {commit or 'an unknown commit'})"
+                elif args.opinfo_stored:
+                    unswept.append(name)
+                    continue
                 else:
                     found = sweep_entry(entry, op, targets, meshes, captures, args.opinfo_samples, verifier)
                     save_entry(folder, name, settings, found)
@@ -86,7 +90,8 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
     if args.report is not None:
         command = " ".join(["shardverify verify --opinfo", *(args.specs or []),
                             f"--opinfo-samples {args.opinfo_samples}", f"--report {args.report}"])
-        Path(args.report).write_text(markdown(total, command, torch.__version__, commits=commits, wall=wall),
+        Path(args.report).write_text(markdown(total, command, torch.__version__, commits=commits, wall=wall,
+                                              unswept=unswept),
                                      encoding="utf-8")
         print(f"report written to {args.report}")
     for defect in total.defects:
@@ -100,6 +105,9 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
         print(f"wrong partial max/min (plans never serve these): {o.op} {o.sample} [{o.capture}, mesh {o.mesh}]: "
               f"{', '.join(o.wrong_extremum)}")
     counts = total.counts()
+    if unswept:
+        print(f"\n{len(unswept)} of {len(unswept) + sum(commits.values())} entries have no current stored results "
+              f"(--opinfo-stored sweeps none): {', '.join(unswept)}")
     print("\n".join(["", *totals(total)]))
     print(f"\n{sum(counts.values())} calls: " + ", ".join(f"{n} {k}" for k, n in counts.most_common())
           + f"; swept in {total.seconds:.0f}s, this run {wall:.0f}s")

@@ -60,6 +60,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "rules of every spec that could take its calls is not swept again")
     parser.add_argument("--opinfo-fresh", action="store_true",
                         help="with --opinfo: sweep every entry again, whatever its results file holds")
+    parser.add_argument("--opinfo-stored", action="store_true",
+                        help="with --opinfo: sweep nothing, report the entries whose stored results are current "
+                             "and name the others")
     parser.add_argument("--report", type=Path, default=None, metavar="FILE",
                         help="with --opinfo: write the markdown report (docs/opinfo.md) to FILE")
     parser.add_argument("--root", type=Path, default=Path("."),

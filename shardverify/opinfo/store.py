@@ -11,6 +11,7 @@ it was swept at, the report names those commits, and ``--opinfo-fresh`` sweeps e
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -40,8 +41,10 @@ def settings_key(limit: int, meshes, captures, seed: int) -> dict:
             "meshes": [list(m) for m in meshes], "captures": list(captures)}
 
 
+@functools.cache
 def source_commit() -> str:
-    """The git commit shardverify's code is at (``+dirty`` with uncommitted changes), else ''."""
+    """The git commit shardverify's code was at when this process first asked (``+dirty`` with
+    uncommitted changes), else '': once, as the code a process runs is the code it loaded."""
     root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
