@@ -239,7 +239,7 @@ def _conflicts(parsed: list[tuple[SpecSource, object]],
 
 def _bound_apart(spec: object, target: object, other_spec: object, other_target: object) -> bool:
     """Do the two specs serve ``target`` only for disjoint values of some parameter?"""
-    from shardverify.strategies.handlers.base import bound_apart, signature_apart   # the registry's own tests
+    from shardverify.strategies.handlers.base import bound_apart, flags_apart, signature_apart   # the registry's tests
 
     def bindings(owner: object, of: object) -> dict:
         return dict(owner.bindings(of)) if hasattr(owner, "bindings") else {}  # type: ignore[attr-defined]
@@ -250,7 +250,9 @@ def _bound_apart(spec: object, target: object, other_spec: object, other_target:
         return owner.operands_for(of), owner.params_for(of)  # type: ignore[attr-defined]
 
     return bound_apart(bindings(spec, target), bindings(other_spec, other_target)) or \
-        signature_apart(*signature(spec, target), *signature(other_spec, other_target))
+        signature_apart(*signature(spec, target), *signature(other_spec, other_target)) or \
+        flags_apart(signature(spec, target)[1], bindings(spec, target),
+                    signature(other_spec, other_target)[1], bindings(other_spec, other_target))
 
 
 def _target_identity(name: str) -> object:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
     "handler_for_node", "registered_handlers", "resolve_operands", "resolve_params", "param_locator", "target_key", "element_decls",
-    "refusal", "outside_grid", "off_grid", "bound_apart", "signature_apart", "takes_call",
+    "refusal", "outside_grid", "off_grid", "bound_apart", "signature_apart", "flags_apart", "takes_call",
 ]
 
 OPERAND_KINDS = ("input", "param", "output")
@@ -194,7 +194,8 @@ def register_handler(defn: HandlerDef) -> HandlerDef:
     for key, mine in narrowed:
         for owner in _REGISTRY.get(key, ()):
             if owner.name != defn.name and not bound_apart(owner.bound(), mine.bound()) and \
-                    not signature_apart(owner.operands, owner.params, mine.operands, mine.params):
+                    not signature_apart(owner.operands, owner.params, mine.operands, mine.params) and \
+                    not flags_apart(owner.params, owner.bound(), mine.params, mine.bound()):
                 raise HandlerError(f"target {key!r} of handler {defn.name!r} is already handled by {owner.name!r}"
                                    f" (two handlers of one target must be bound to disjoint values of a parameter,"
                                    f" or take a tensor where the other takes a number)")
@@ -217,14 +218,25 @@ def signature_apart(operands_a, params_a, operands_b, params_b) -> bool:
     """Do two declarations of one target read a position differently, one a tensor and the other a
     number (``torch.max(x, y)`` and ``torch.max(x, dim)``; clamp's bounds as tensors or numbers)?
     Then a call passing a value there is taken by one of them only (:func:`takes_call`); a call
-    that passes nothing there is served by the nearer one, verified at the call where outside its grid."""
+    that passes nothing there is served by the nearer one, verified at the call where outside its grid.
+    Or does one read a tuple result's elements and the other one result (``torch.max(x, dim)``'s
+    values and indices, ``torch.max(x)``'s one extremum)? A call returning one tensor is the other's."""
     def apart(operands, others, params) -> bool:
         tensor_keywords = {o.keyword for o in others if o.kind != "output" and o.keyword}
+        places = {o.index for o in others if o.kind != "output" and o.index is not None} | \
+            {p.index for p in params if p.index is not None}
         return any(o.kind == "input" and o.index is not None and o.element is None
-                   and any(p.index == o.index for p in params)
+                   and (any(p.index == o.index for p in params)
+                        or (not o.optional and o.index not in places))   # a tensor where the other reads nothing
                    and (o.keyword is None or o.keyword not in tensor_keywords)
                    for o in operands)
-    return apart(operands_a, operands_b, params_b) or apart(operands_b, operands_a, params_a)
+    def tuple_result(operands) -> bool:
+        return any(o.kind == "output" and o.index is not None for o in operands)
+
+    def one_result(operands) -> bool:
+        return any(o.kind == "output" and o.index is None for o in operands)
+    return apart(operands_a, operands_b, params_b) or apart(operands_b, operands_a, params_a) or \
+        (tuple_result(operands_a) and one_result(operands_b)) or (tuple_result(operands_b) and one_result(operands_a))
 
 
 def _is_tensor(value: object) -> bool:
@@ -250,8 +262,51 @@ def takes_call(handler: HandlerDef, node: Node) -> bool:
             return False
     indices = {d.index for d in tensors if d.index is not None}
     keywords = {d.keyword for d in tensors if d.keyword}
-    return all(i in indices for i, value in enumerate(node.args) if _is_tensor(value)) and \
-        all(key in keywords for key, value in node.kwargs.items() if _is_tensor(value))
+    if not (all(i in indices for i, value in enumerate(node.args) if _is_tensor(value)) and
+            all(key in keywords for key, value in node.kwargs.items() if _is_tensor(value))):
+        return False
+    return _reads_call(handler, node)
+
+
+def _reads_call(handler: HandlerDef, node: Node) -> bool:
+    """Does ``handler`` read what the call passes and returns: an argument at every position and
+    keyword (other than None) the call fills, a bool where it reads a flag (a parameter verified at
+    bools only), one tensor or a tuple result as it declares? Tells apart the rules of one target
+    that :func:`flags_apart` and :func:`signature_apart` (by the result) allow."""
+    declared = [*handler.operands, *handler.params]
+    if any(d.kind == "output" and d.index is not None for d in handler.operands) and \
+            hasattr(node.meta.get("tensor_meta"), "shape"):
+        return False                 # it reads a tuple result's elements; the call returns one tensor
+    if not any(getattr(d, "varargs", False) for d in handler.params):
+        places = {d.index for d in declared if d.index is not None}
+        if any(i not in places for i in range(len(node.args))):
+            return False
+    names = {d.keyword for d in declared if d.keyword} | set(handler.ignores)
+    if any(key not in names for key, value in node.kwargs.items() if value is not None):
+        return False
+    bound = handler.bound()
+    for decl in handler.params:
+        if bound.get(decl.name) and all(isinstance(v, bool) for v in bound[decl.name]):
+            value, _ = _call_value(node, decl.index, decl.keyword, decl.varargs)
+            if value is not _MISSING and value is not None and not isinstance(value, bool):
+                return False
+    return True
+
+
+def flags_apart(params_a, bound_a: Mapping[str, tuple], params_b, bound_b: Mapping[str, tuple]) -> bool:
+    """Does one rule of a target read a position as a flag (a parameter verified at bools only)
+    where the other reads a parameter never verified at a bool (``torch.var(x, True)``, the
+    unbiased variance of every element, against ``torch.var(x, 1)``, over dim 1)? A call is then
+    taken by one of them only where it passes a number there (:func:`takes_call`)."""
+    def flags(params, bound) -> set:
+        return {p.index for p in params if p.index is not None and bound.get(p.name)
+                and all(isinstance(v, bool) for v in bound[p.name])}
+
+    def others(params, bound) -> set:
+        return {p.index for p in params if p.index is not None
+                and not any(isinstance(v, bool) for v in bound.get(p.name, ()))}
+    return bool(flags(params_a, bound_a) & others(params_b, bound_b)) or \
+        bool(flags(params_b, bound_b) & others(params_a, bound_a))
 
 
 def unregister_handler(name: str) -> None:
