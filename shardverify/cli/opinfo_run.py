@@ -41,7 +41,8 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
     import time
 
     from shardverify.opinfo.report import HEADER, markdown, table, totals
-    from shardverify.opinfo.store import default_results_dir, load_entry, save_entry, settings_key, source_commit
+    from shardverify.opinfo.store import (claim_entry, default_results_dir, load_entry, release_entry, rule_digests,
+                                          save_entry, settings_key, source_commit)
     from shardverify.opinfo.sweep import SweepResult, entry_name, sweep_entry
     from shardverify.verify.on_demand import OnDemandVerifier
 
@@ -49,6 +50,7 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
     captures = ("fx", "export")
     folder = args.opinfo_results or default_results_dir()
     settings = settings_key(args.opinfo_samples, meshes, captures, 0)
+    source_commit(), rule_digests()   # the code and the rules this process loaded, taken before any sweeping
     total = SweepResult()
     commits: dict[str, int] = {}
     unswept: list[str] = []
@@ -62,12 +64,15 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
                 if stored is not None:
                     found, commit = stored
                     how = f"stored (swept at {commit or 'an unknown commit'})"
-                elif args.opinfo_stored:
-                    unswept.append(name)
+                elif args.opinfo_stored or not claim_entry(folder, name):
+                    unswept.append(name)    # left to the process sweeping it, or to a later run
                     continue
                 else:
-                    found = sweep_entry(entry, op, targets, meshes, captures, args.opinfo_samples, verifier)
-                    save_entry(folder, name, settings, found)
+                    try:
+                        found = sweep_entry(entry, op, targets, meshes, captures, args.opinfo_samples, verifier)
+                        save_entry(folder, name, settings, found)
+                    finally:
+                        release_entry(folder, name)
                     commit, how = source_commit(), "swept"
                 commits[commit] = commits.get(commit, 0) + 1
                 print(f"opinfo [{i}/{len(entries)}] {name} ({op}): {len(found.outcomes)} calls, "
@@ -106,8 +111,8 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
               f"{', '.join(o.wrong_extremum)}")
     counts = total.counts()
     if unswept:
-        print(f"\n{len(unswept)} of {len(unswept) + sum(commits.values())} entries have no current stored results "
-              f"(--opinfo-stored sweeps none): {', '.join(unswept)}")
+        print(f"\n{len(unswept)} of {len(unswept) + sum(commits.values())} entries not in this report (no current "
+              f"stored results, and --opinfo-stored, or another process sweeping them): {', '.join(unswept)}")
     print("\n".join(["", *totals(total)]))
     print(f"\n{sum(counts.values())} calls: " + ", ".join(f"{n} {k}" for k, n in counts.most_common())
           + f"; swept in {total.seconds:.0f}s, this run {wall:.0f}s")

@@ -57,7 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--opinfo-results", type=Path, default=None, metavar="DIR",
                         help="with --opinfo: one results file per OpInfo entry in DIR (default: "
                              "~/.cache/shardverify/opinfo); an entry whose file matches the settings and the "
-                             "rules of every spec that could take its calls is not swept again")
+                             "rules of every spec that could take its calls is not swept again; several processes "
+                             "may share DIR, each sweeping the entries no other is sweeping")
     parser.add_argument("--opinfo-fresh", action="store_true",
                         help="with --opinfo: sweep every entry again, whatever its results file holds")
     parser.add_argument("--opinfo-stored", action="store_true",

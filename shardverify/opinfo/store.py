@@ -25,7 +25,8 @@ from shardverify.opinfo.sweep import CallOutcome, SweepResult
 from shardverify.strategies.handlers.base import HandlerDef, registered_handlers, target_key
 from shardverify.verify.on_demand import _rule_text, default_cache_dir
 
-__all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry", "save_entry", "source_commit"]
+__all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry", "save_entry", "source_commit",
+           "claim_entry", "release_entry", "rule_digests"]
 
 RESULT_FORMAT = 1
 NO_HANDLER = "captured as "
@@ -67,15 +68,23 @@ def target_text(target: object) -> str:
         f"{getattr(key, '__module__', '') or ''}.{getattr(key, '__qualname__', repr(key))}".lstrip(".")
 
 
+@functools.cache
+def rule_digests() -> dict[str, str]:
+    """name -> digest of each registered handler's rule text, read once: the rules this process
+    loaded, whatever the spec files say by the time an entry is saved."""
+    return {name: hashlib.sha256(_rule_text(h).encode()).hexdigest()[:16] for name, h in registered_handlers().items()}
+
+
 def _depends_on(outcomes: list[CallOutcome]) -> dict[str, str]:
     """name -> rule-text digest of every handler that could take these calls."""
     handlers = registered_handlers()
+    digests = rule_digests()
     took = {name for o in outcomes for name in o.served_by}
     untaken = {o.reason.removeprefix(NO_HANDLER) for o in outcomes if o.outcome == "no-handler"}
     targets = {target_text(t) for name in took if name in handlers for t in handlers[name].targets} | untaken
     chosen: dict[str, HandlerDef] = {name: h for name, h in handlers.items()
                                      if name in took or any(target_text(t) in targets for t in h.targets)}
-    return {name: hashlib.sha256(_rule_text(h).encode()).hexdigest()[:16] for name, h in sorted(chosen.items())}
+    return {name: digests[name] for name in sorted(chosen)}
 
 
 def _file(folder: Path, entry: str) -> Path:
@@ -112,3 +121,41 @@ def load_entry(folder: Path, entry: str, settings: dict) -> tuple[SweepResult, s
     result = SweepResult(outcomes=outcomes, defects=list(document.get("defects", [])),
                          seconds=float(document.get("seconds", 0.0)))
     return result, str(document.get("commit", ""))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_entry(folder: Path, entry: str) -> bool:
+    """Claim the entry for this process (a lock file holding its pid), so several processes can
+    share one sweep: False while a live process holds it; a dead holder's claim is taken over."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / f"{entry}.lock"
+    for _ in range(2):
+        try:
+            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                holder = int(lock.read_text(encoding="utf-8").strip() or 0)
+            except (OSError, ValueError):
+                holder = 0
+            if holder and _alive(holder):
+                return False
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(str(os.getpid()))
+        return True
+    return False
+
+
+def release_entry(folder: Path, entry: str) -> None:
+    (Path(folder) / f"{entry}.lock").unlink(missing_ok=True)
