@@ -94,7 +94,10 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     if args.report is not None:
         command = " ".join(["shardverify verify --opinfo", *(args.specs or []),
-                            f"--opinfo-samples {args.opinfo_samples}", f"--report {args.report}"])
+                            f"--opinfo-samples {args.opinfo_samples}",
+                            *([f"--opinfo-results {args.opinfo_results}"] if args.opinfo_results else []),
+                            *(["--opinfo-stored"] if args.opinfo_stored else []),
+                            *(["--opinfo-fresh"] if args.opinfo_fresh else []), f"--report {args.report}"])
         Path(args.report).write_text(markdown(total, command, torch.__version__, commits=commits, wall=wall,
                                               unswept=unswept),
                                      encoding="utf-8")
