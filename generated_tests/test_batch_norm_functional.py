@@ -35,7 +35,6 @@ CASES = [
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.nn.functional.batch_norm-training_False-momentum_0.1-eps_1e-05-mesh4'),
-    pytest.param(0, (2, 2), id='torch.nn.functional.batch_norm-training_False-momentum_0.1-eps_1e-05-mesh2x2'),
 ]
 
 
@@ -47,7 +46,6 @@ def test_batch_norm_functional_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (2, 2), id='torch.nn.functional.batch_norm-training_False-momentum_0.1-eps_1e-05-mesh2x2'),
     pytest.param(0, (4,), id='torch.nn.functional.batch_norm-training_False-momentum_0.1-eps_1e-05-mesh4'),
 ]
 
