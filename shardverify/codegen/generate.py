@@ -231,7 +231,9 @@ def _conflicts(parsed: list[tuple[SpecSource, object]],
                 errors.append(SpecError(f"target {name!r} is already handled by {other_file} "
                                         f"({other_name!r}); one op target, one spec, unless both are "
                                         f"bound to disjoint values of a parameter (batch_norm.yaml) "
-                                        f"or one takes a tensor where the other takes a number",
+                                        f"or they read a call apart (a tensor where the other takes a number "
+                                        f"or nothing, a flag where the other a number, a tuple result where "
+                                        f"the other one tensor)",
                                         file=source.display, field="targets"))
             targets.setdefault(claimed, (source.display, name, spec, target))
     return errors

@@ -198,7 +198,8 @@ def register_handler(defn: HandlerDef) -> HandlerDef:
                     not flags_apart(owner.params, owner.bound(), mine.params, mine.bound()):
                 raise HandlerError(f"target {key!r} of handler {defn.name!r} is already handled by {owner.name!r}"
                                    f" (two handlers of one target must be bound to disjoint values of a parameter,"
-                                   f" or take a tensor where the other takes a number)")
+                                   f" or read a call apart: a tensor where the other takes a number or nothing, a flag"
+                                   f" where the other takes a number, a tuple result where the other one tensor)")
     for key, mine in narrowed:
         others = tuple(d for d in _REGISTRY.get(key, ()) if d.name != defn.name)
         _REGISTRY[key] = others + (mine,)
