@@ -28,7 +28,7 @@ def entry_of(outcome) -> str:
 
 def _row(entry: str, mine: list) -> list[str]:
     counts = Counter(o.outcome for o in mine)
-    calls = len(mine) - counts["constant"]
+    calls = len(mine) - counts["folded"]
     served = counts["grid"] + counts["on-demand"]
     specs = dict.fromkeys(name for o in mine for name in (o.served_by or (o.op,)))
     return [entry, " ".join(specs), str(calls), f"{served} ({100 * served / calls:.0f}%)" if calls else "0",
@@ -51,11 +51,11 @@ def table(result: SweepResult) -> list[list[str]]:
 def totals(result: SweepResult) -> list[str]:
     lines = []
     for capture in sorted({o.capture for o in result.outcomes}):
-        mine = [o for o in result.outcomes if o.capture == capture and o.outcome != "constant"]
+        mine = [o for o in result.outcomes if o.capture == capture and o.outcome != "folded"]
         served = sum(o.outcome in ("grid", "on-demand") for o in mine)
-        folded = sum(o.capture == capture and o.outcome == "constant" for o in result.outcomes)
+        folded = sum(o.capture == capture and o.outcome == "folded" for o in result.outcomes)
         lines.append(f"- {capture}: {served} of {len(mine)} calls served ({100 * result.served_share(capture):.1f}%)"
-                     + (f" ({folded} more folded into constants by the capture)" if folded else "") + ", "
+                     + (f" ({folded} more the capture folded away: no op left to serve)" if folded else "") + ", "
                      f"{sum(o.outcome == 'on-demand' for o in mine)} of them verified on demand, "
                      f"{sum(o.sharded > 0 for o in mine)} with a strategy that shards")
     return lines
@@ -88,7 +88,7 @@ def markdown(result: SweepResult, command: str, torch_version: str, commits: dic
                 f"these calls are in no count above): {', '.join(unswept)}.", ""] if unswept else []), "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table(result)]
     reasons = Counter((o.outcome, reason_class(o.reason)) for o in result.outcomes
-                      if o.outcome not in ("grid", "on-demand", "constant"))
+                      if o.outcome not in ("grid", "on-demand", "folded"))
     if reasons:
         lines += ["", "## What is not served, by reason", "", "| outcome | reason | calls |", "|---|---|---|"]
         lines += [f"| {outcome} | {reason.replace('|', '/')} | {n} |" for (outcome, reason), n in reasons.most_common()]

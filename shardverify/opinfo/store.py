@@ -30,6 +30,7 @@ __all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry",
 
 RESULT_FORMAT = 1
 NO_HANDLER = "captured as "
+_LEGACY = {"constant": "folded"}   # the outcome's first name, in files swept before it was renamed
 
 
 def default_results_dir() -> Path:
@@ -112,8 +113,8 @@ def load_entry(folder: Path, entry: str, settings: dict) -> tuple[SweepResult, s
         document = json.loads(path.read_text(encoding="utf-8"))
         if document.get("settings") != settings:
             return None
-        outcomes = [CallOutcome(**{k: tuple(v) if isinstance(v, list) else v for k, v in o.items()})
-                    for o in document["outcomes"]]
+        outcomes = [CallOutcome(**{k: tuple(v) if isinstance(v, list) else _LEGACY.get(v, v) if k == "outcome" else v
+                                   for k, v in o.items()}) for o in document["outcomes"]]
     except (OSError, ValueError, TypeError, KeyError):
         return None
     if _depends_on(outcomes) != document.get("depends_on"):

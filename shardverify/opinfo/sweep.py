@@ -5,8 +5,9 @@ at the call, and each call's outcome counted.
 Outcomes of a call: ``grid`` (its spec's grid covered it), ``on-demand`` (verified where it was
 met), ``refused`` (with the handler's reason), ``no-handler`` (the capture made it an op no spec
 covers: export's decompositions), ``not-captured`` (the capture itself failed), ``raw-error`` (a
-raw exception where a reason was owed: a bug), ``constant`` (the capture folded a call on constants
-into a constant: no op is left to serve; counted, but not among the calls a share is taken of). A strategy served on the grid is verified at the
+raw exception where a reason was owed: a bug), ``folded`` (the capture left no op to serve: a factory
+on constants traced to a constant, ``x.contiguous()`` of a contiguous input exported as the input;
+counted, but not among the calls a share is taken of). A strategy served on the grid is verified at the
 call too, so a wrong one shows as ``wrong``.
 """
 
@@ -35,7 +36,7 @@ from shardverify.verify.on_demand import OnDemandVerifier, checkable_case
 
 __all__ = ["CallOutcome", "SweepResult", "sweep_spec", "sweep_entry", "entry_name", "OUTCOMES"]
 
-OUTCOMES = ("grid", "on-demand", "refused", "no-handler", "not-captured", "raw-error", "constant")
+OUTCOMES = ("grid", "on-demand", "refused", "no-handler", "not-captured", "raw-error", "folded")
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class SweepResult:
         return [o for o in self.outcomes if o.wrong]
 
     def served_share(self, capture: str) -> float:
-        mine = [o for o in self.outcomes if o.capture == capture and o.outcome != "constant"]
+        mine = [o for o in self.outcomes if o.capture == capture and o.outcome != "folded"]
         return sum(o.outcome in ("grid", "on-demand") for o in mine) / len(mine) if mine else 0.0
 
 
@@ -144,8 +145,8 @@ def _classify(op: str, sample: Sample, how: str, mesh: DeviceMesh, verifier: OnD
         return CallOutcome(**base, outcome="not-captured", reason=f"{type(error).__name__}: "
                                                                  f"{str(error).splitlines()[0][:160] if str(error) else ''}")
     found = [_node_outcome(node, graph_module, mesh, verifier, check_grid) for node in _op_nodes(graph_module, targets)]
-    if not found:   # a factory call on constants (torch.arange(5)): traced to a constant, no op to serve
-        return CallOutcome(**base, outcome="constant", reason="the capture folded the call into a constant")
+    if not found:   # torch.arange(5) traced to a constant, x.contiguous() exported as x: no op to serve
+        return CallOutcome(**base, outcome="folded", reason="the capture left no op call (a constant, or the input)")
     worst = max(found, key=lambda f: _RANK[f["outcome"]])
     by = tuple(dict.fromkeys(f["served_by"] for f in found if f.get("served_by")))
     return CallOutcome(**{**base, "op": by[0] if by else op}, outcome=worst["outcome"], reason=worst.get("reason", ""),
