@@ -41,8 +41,8 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
     import time
 
     from shardverify.opinfo.report import HEADER, markdown, table, totals
-    from shardverify.opinfo.store import (claim_entry, default_results_dir, load_entry, release_entry, rule_digests,
-                                          save_entry, settings_key, source_commit)
+    from shardverify.opinfo.store import (claim_entry, default_results_dir, held, load_entry, release_entry,
+                                          rule_digests, save_entry, settings_key, source_commit)
     from shardverify.opinfo.sweep import SweepResult, entry_name, sweep_entry
     from shardverify.verify.on_demand import OnDemandVerifier
 
@@ -64,8 +64,11 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
                 if stored is not None:
                     found, commit = stored
                     how = f"stored (swept at {commit or 'an unknown commit'})"
-                elif args.opinfo_stored or not claim_entry(folder, name):
-                    unswept.append(name)    # left to the process sweeping it, or to a later run
+                elif args.opinfo_stored:
+                    unswept.append(name + (f" ({why})" if (why := held(folder, name)) else ""))
+                    continue
+                elif (why := claim_entry(folder, name)) is not None:
+                    unswept.append(f"{name} ({why})")
                     continue
                 else:
                     try:

@@ -26,7 +26,7 @@ from shardverify.strategies.handlers.base import HandlerDef, registered_handlers
 from shardverify.verify.on_demand import _rule_text, default_cache_dir
 
 __all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry", "save_entry", "source_commit",
-           "claim_entry", "release_entry", "rule_digests"]
+           "claim_entry", "release_entry", "rule_digests", "held"]
 
 RESULT_FORMAT = 1
 NO_HANDLER = "captured as "
@@ -134,28 +134,34 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def claim_entry(folder: Path, entry: str) -> bool:
+def held(folder: Path, entry: str) -> str | None:
+    """Why the entry is not free to sweep (a live process sweeping it, or a dead one's lock: that
+    process died sweeping it, as an op whose kernel does not check its inputs can take the
+    interpreter down, so it is not swept again until the lock is removed), or None."""
+    lock = Path(folder) / f"{entry}.lock"
+    try:
+        holder = int(lock.read_text(encoding="utf-8").strip() or 0)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        holder = 0
+    if holder and _alive(holder):
+        return f"process {holder} is sweeping it"
+    return f"process {holder or '?'} died sweeping it; remove {lock} to sweep it again"
+
+
+def claim_entry(folder: Path, entry: str) -> str | None:
     """Claim the entry for this process (a lock file holding its pid), so several processes can
-    share one sweep: False while a live process holds it; a dead holder's claim is taken over."""
+    share one sweep: None when claimed, else why not (:func:`held`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / f"{entry}.lock"
-    for _ in range(2):
-        try:
-            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                holder = int(lock.read_text(encoding="utf-8").strip() or 0)
-            except (OSError, ValueError):
-                holder = 0
-            if holder and _alive(holder):
-                return False
-            lock.unlink(missing_ok=True)
-            continue
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(str(os.getpid()))
-        return True
-    return False
+    try:
+        descriptor = os.open(folder / f"{entry}.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return held(folder, entry) or "another process just finished it"
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(str(os.getpid()))
+    return None
 
 
 def release_entry(folder: Path, entry: str) -> None:
