@@ -41,13 +41,43 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='grid_sampler_2d',
+        target='torch.grid_sampler_2d',
+        inputs=(
+            InputDecl('input', (4, 6, 5, 5), 'float32'),
+            InputDecl('grid', (4, 3, 7, 2), 'float32', values=(-1.2, 1.2)),
+        ),
+        params=(('interpolation_mode', 0), ('padding_mode', 0), ('align_corners', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='grid_sampler_2d',
+        target='torch.grid_sampler_2d',
+        inputs=(
+            InputDecl('input', (4, 6, 5, 5), 'float32'),
+            InputDecl('grid', (4, 3, 7, 2), 'float32', values=(-1.2, 1.2)),
+        ),
+        params=(('interpolation_mode', 1), ('padding_mode', 0), ('align_corners', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.ops.aten.grid_sampler_2d.default-interpolation_mode_0-padding_mode_0-align_corners_False-mesh4'),
     pytest.param(1, (4,), id='torch.ops.aten.grid_sampler_2d.default-interpolation_mode_1-padding_mode_0-align_corners_False-mesh4'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.grid_sampler_2d.default-interpolation_mode_0-padding_mode_0-align_corners_False-mesh2x3'),
+    pytest.param(2, (4,), id='torch.grid_sampler_2d-interpolation_mode_0-padding_mode_0-align_corners_False-mesh4'),
+    pytest.param(3, (4,), id='torch.grid_sampler_2d-interpolation_mode_1-padding_mode_0-align_corners_False-mesh4'),
+    pytest.param(2, (2, 3), id='torch.grid_sampler_2d-interpolation_mode_0-padding_mode_0-align_corners_False-mesh2x3'),
     pytest.param(1, (2, 3), id='torch.ops.aten.grid_sampler_2d.default-interpolation_mode_1-padding_mode_0-align_corners_False-mesh2x3'),
 ]
 

@@ -18,6 +18,8 @@ SPEC = 'specs/grid_sampler_2d.yaml'
 RUNS = [
     pytest.param('torch.ops.aten.grid_sampler_2d.default-interpolation_mode_0-padding_mode_0-align_corners_False', (4,), id='torch.ops.aten.grid_sampler_2d.default-interpolation_mode_0-padding_mode_0-align_corners_False-mesh4'),
     pytest.param('torch.ops.aten.grid_sampler_2d.default-interpolation_mode_1-padding_mode_0-align_corners_False', (4,), id='torch.ops.aten.grid_sampler_2d.default-interpolation_mode_1-padding_mode_0-align_corners_False-mesh4'),
+    pytest.param('torch.grid_sampler_2d-interpolation_mode_0-padding_mode_0-align_corners_False', (4,), id='torch.grid_sampler_2d-interpolation_mode_0-padding_mode_0-align_corners_False-mesh4'),
+    pytest.param('torch.grid_sampler_2d-interpolation_mode_1-padding_mode_0-align_corners_False', (4,), id='torch.grid_sampler_2d-interpolation_mode_1-padding_mode_0-align_corners_False-mesh4'),
 ]
 
 

@@ -39,12 +39,68 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='max_all',
+        target='torch.max',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='max_all',
+        target='torch.Tensor.max',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='max_all',
+        target='torch.min',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='max_all',
+        target='torch.Tensor.min',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.ops.aten.max.default-mesh4'),
     pytest.param(1, (4,), id='torch.ops.aten.min.default-mesh4'),
+    pytest.param(2, (4,), id='torch.max-mesh4'),
+    pytest.param(3, (4,), id='torch.Tensor.max-mesh4'),
+    pytest.param(4, (4,), id='torch.min-mesh4'),
+    pytest.param(5, (4,), id='torch.Tensor.min-mesh4'),
 ]
 
 

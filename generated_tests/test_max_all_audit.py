@@ -18,6 +18,10 @@ SPEC = 'specs/max_all.yaml'
 RUNS = [
     pytest.param('torch.ops.aten.max.default', (4,), id='torch.ops.aten.max.default-mesh4'),
     pytest.param('torch.ops.aten.min.default', (4,), id='torch.ops.aten.min.default-mesh4'),
+    pytest.param('torch.max', (4,), id='torch.max-mesh4'),
+    pytest.param('torch.Tensor.max', (4,), id='torch.Tensor.max-mesh4'),
+    pytest.param('torch.min', (4,), id='torch.min-mesh4'),
+    pytest.param('torch.Tensor.min', (4,), id='torch.Tensor.min-mesh4'),
 ]
 
 

@@ -39,12 +39,68 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='var_all',
+        target='torch.var',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+        ),
+        params=(('unbiased', True),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='var_all',
+        target='torch.var',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+        ),
+        params=(('unbiased', False),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='var_all',
+        target='torch.Tensor.var',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+        ),
+        params=(('unbiased', True),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='var_all',
+        target='torch.Tensor.var',
+        inputs=(
+            InputDecl('input', (6, 4, 5), 'float32'),
+        ),
+        params=(('unbiased', False),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.ops.aten.var.default-unbiased_True-mesh4'),
     pytest.param(1, (4,), id='torch.ops.aten.var.default-unbiased_False-mesh4'),
+    pytest.param(2, (4,), id='torch.var-unbiased_True-mesh4'),
+    pytest.param(3, (4,), id='torch.var-unbiased_False-mesh4'),
+    pytest.param(4, (4,), id='torch.Tensor.var-unbiased_True-mesh4'),
+    pytest.param(5, (4,), id='torch.Tensor.var-unbiased_False-mesh4'),
 ]
 
 

@@ -18,6 +18,10 @@ SPEC = 'specs/var_all.yaml'
 RUNS = [
     pytest.param('torch.ops.aten.var.default-unbiased_True', (4,), id='torch.ops.aten.var.default-unbiased_True-mesh4'),
     pytest.param('torch.ops.aten.var.default-unbiased_False', (4,), id='torch.ops.aten.var.default-unbiased_False-mesh4'),
+    pytest.param('torch.var-unbiased_True', (4,), id='torch.var-unbiased_True-mesh4'),
+    pytest.param('torch.var-unbiased_False', (4,), id='torch.var-unbiased_False-mesh4'),
+    pytest.param('torch.Tensor.var-unbiased_True', (4,), id='torch.Tensor.var-unbiased_True-mesh4'),
+    pytest.param('torch.Tensor.var-unbiased_False', (4,), id='torch.Tensor.var-unbiased_False-mesh4'),
 ]
 
 

@@ -121,3 +121,28 @@ def test_a_second_handler_of_a_target_must_take_a_tensor_where_the_first_takes_a
                        params=(ParamDecl("k", 2, "k"),), generator="rules")
     with pytest.raises(HandlerError, match="already handled by .*tensor where the other takes a number"):
         register_handler(clash)
+
+
+def test_rules_of_one_target_are_told_apart_by_a_flag_and_by_the_result():
+    # torch.var(x, True) passes a flag where var.yaml reads a dim; torch.max(x) returns one tensor
+    # where max.yaml reads values and indices: each call is the other rule's (var_all, max_all)
+    calls = {"var_all": [lambda x: torch.var(x, True), lambda x: x.var(False)],
+             "var": [lambda x: torch.var(x, 1), lambda x: torch.var(x, [0, 1])],
+             "max_all": [lambda x: torch.max(x), lambda x: x.min()],
+             "max": [lambda x: torch.max(x, 1), lambda x: torch.max(x, dim=0)],
+             "binary_monotone": [lambda x: torch.max(x, x)]}
+
+    class One(torch.nn.Module):
+        def __init__(self, call):
+            super().__init__()
+            self.call = call
+
+        def forward(self, x):
+            return self.call(x)
+
+    for expected, functions in calls.items():
+        for call in functions:
+            gm = trace(One(call), {"x": torch.randn(4, 6)})
+            node = next(n for n in gm.graph.nodes if n.op in ("call_function", "call_method")
+                        and "getitem" not in str(n.target))
+            assert handler_for_node(node, gm).name == expected, node.format_node()

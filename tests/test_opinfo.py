@@ -38,10 +38,34 @@ def test_the_sweep_serves_grid_and_on_demand_calls_and_checks_every_served_strat
     assert not result.wrong and counts["raw-error"] == 0
     grid = [o for o in result.outcomes if o.outcome == "grid"]
     assert all(o.checked == o.strategies > 0 for o in grid)   # the grid's strategies verified at the call
-    page = markdown(["log_softmax"], result, "shardverify verify --opinfo", "2.13.0")
-    assert "| log_softmax |" in page and "on-demand" in page
+    page = markdown(result, "shardverify verify --opinfo", "2.13.0")
+    assert "| log_softmax | log_softmax |" in page and "on-demand" in page
 
 
 def test_refusal_reasons_are_grouped_without_what_varies():
     assert reason_class("x: node 'a' passes dim=1; the rule was verified for dim in {0} only (specs/x.yaml)") == \
         reason_class("x: node 'b' passes dim=2; the rule was verified for dim in {0} only (specs/x.yaml)")
+
+
+def test_an_entry_is_swept_once_its_results_stored_and_read_back_while_current(tmp_path):
+    from shardverify.cli.opinfo_run import _entries
+    from shardverify.opinfo.store import claim_entry, load_entry, release_entry, save_entry, settings_key
+    from shardverify.opinfo.sweep import entry_name, sweep_entry
+
+    # var, var_all and var_dim all list torch.var's entries: each entry once, its calls counted once
+    names = [entry_name(entry) for entry, _, _ in _entries([_spec("var"), _spec("var_all"), _spec("var_dim")])]
+    assert len(names) == len(set(names)) and "var" in names
+    entry, op, targets = next(e for e in _entries([_spec("softmax")]) if entry_name(e[0]) == "softmax")
+    with OnDemandVerifier(cache_dir=tmp_path / "verdicts") as verifier:
+        result = sweep_entry(entry, op, targets, meshes=((4,),), captures=("fx",), limit=2, verifier=verifier)
+    assert len(result.outcomes) == 2 and {o.served_by for o in result.outcomes} == {("softmax",)}
+    settings = settings_key(2, ((4,),), ("fx",), 0)
+    save_entry(tmp_path, "softmax", settings, result)
+    stored, _ = load_entry(tmp_path, "softmax", settings)
+    assert stored.outcomes == result.outcomes
+    assert load_entry(tmp_path, "softmax", settings_key(3, ((4,),), ("fx",), 0)) is None   # other settings: stale
+    assert claim_entry(tmp_path, "softmax") is None and "is sweeping" in claim_entry(tmp_path, "softmax")
+    release_entry(tmp_path, "softmax")
+    assert claim_entry(tmp_path, "softmax") is None
+    (tmp_path / "softmax.lock").write_text("999999999")          # its sweeper died (a crash): not taken over
+    assert "died sweeping it" in claim_entry(tmp_path, "softmax")

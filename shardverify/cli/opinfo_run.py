@@ -18,35 +18,92 @@ from shardverify.errors import ShardVerifyError
 __all__ = ["run_opinfo"]
 
 
+def _entries(specs: list) -> list[tuple[object, str, list]]:
+    """(entry, the first spec listing it, every listing spec's targets) of each OpInfo entry of the
+    specs' targets, once: a call reaching several specs is swept and counted once."""
+    from shardverify.opinfo.samples import entries_for
+    from shardverify.opinfo.sweep import entry_name
+    from shardverify.spec.names import resolve_dotted
+
+    found: dict[str, tuple[object, str, list]] = {}
+    for spec in specs:
+        targets = [resolve_dotted(t.name) for t in spec.targets]
+        for entry in entries_for(targets):
+            name = entry_name(entry)
+            if name in found:
+                found[name][2].extend(t for t in targets if t not in found[name][2])
+            else:
+                found[name] = (entry, spec.name, list(targets))
+    return list(found.values())
+
+
 def run_opinfo(args: argparse.Namespace, specs: list) -> int:
-    from shardverify.opinfo.report import HEADER, markdown, table
-    from shardverify.opinfo.sweep import SweepResult, sweep_spec
+    import time
+
+    from shardverify.opinfo.report import HEADER, markdown, table, totals
+    from shardverify.opinfo.store import (claim_entry, default_results_dir, held, load_entry, release_entry,
+                                          rule_digests, save_entry, settings_key, source_commit)
+    from shardverify.opinfo.sweep import SweepResult, entry_name, sweep_entry
     from shardverify.verify.on_demand import OnDemandVerifier
 
     meshes = args.mesh or [(2, 2), (4,)]
+    captures = ("fx", "export")
+    folder = args.opinfo_results or default_results_dir()
+    settings = settings_key(args.opinfo_samples, meshes, captures, 0)
+    source_commit(), rule_digests()   # the code and the rules this process loaded, taken before any sweeping
     total = SweepResult()
+    commits: dict[str, int] = {}
+    unswept: list[str] = []
+    wall = time.perf_counter()
     try:
+        entries = _entries(specs)
         with OnDemandVerifier() as verifier:
-            for spec in specs:
-                print(f"opinfo: {spec.name} ...", file=sys.stderr, flush=True)
-                found = sweep_spec(spec, meshes, limit=args.opinfo_samples, verifier=verifier)
+            for i, (entry, op, targets) in enumerate(entries, 1):
+                name = entry_name(entry)
+                stored = None if args.opinfo_fresh else load_entry(folder, name, settings)
+                if stored is not None:
+                    found, commit = stored
+                    how = f"stored (swept at {commit or 'an unknown commit'})"
+                elif args.opinfo_stored:
+                    unswept.append(name + (f" ({why})" if (why := held(folder, name)) else ""))
+                    continue
+                elif (why := claim_entry(folder, name)) is not None:
+                    unswept.append(f"{name} ({why})")
+                    continue
+                else:
+                    try:
+                        found = sweep_entry(entry, op, targets, meshes, captures, args.opinfo_samples, verifier)
+                        save_entry(folder, name, settings, found)
+                    finally:
+                        release_entry(folder, name)
+                    commit, how = source_commit(), "swept"
+                commits[commit] = commits.get(commit, 0) + 1
+                print(f"opinfo [{i}/{len(entries)}] {name} ({op}): {len(found.outcomes)} calls, "
+                      f"{found.seconds:.1f}s, {how}", file=sys.stderr, flush=True)
                 total.outcomes += found.outcomes
+                total.defects += found.defects
                 total.seconds += found.seconds
-            total.defects = [r.defect() for r in verifier.records if r.failed]
     except ShardVerifyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("\nshardverify verify --opinfo: interrupted; exit 130", file=sys.stderr)
+        print("\nshardverify verify --opinfo: interrupted (the entries swept so far are stored); exit 130",
+              file=sys.stderr)
         return 130
-    ops = [spec.name for spec in specs]
-    rows = table(ops, total)
+    wall = time.perf_counter() - wall
+    rows = table(total)
     widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
     for row in [HEADER, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     if args.report is not None:
-        command = "shardverify verify --opinfo" + (f" --opinfo-samples {args.opinfo_samples}")
-        Path(args.report).write_text(markdown(ops, total, command, torch.__version__), encoding="utf-8")
+        command = " ".join(["shardverify verify --opinfo", *(args.specs or []),
+                            f"--opinfo-samples {args.opinfo_samples}",
+                            *([f"--opinfo-results {args.opinfo_results}"] if args.opinfo_results else []),
+                            *(["--opinfo-stored"] if args.opinfo_stored else []),
+                            *(["--opinfo-fresh"] if args.opinfo_fresh else []), f"--report {args.report}"])
+        Path(args.report).write_text(markdown(total, command, torch.__version__, commits=commits, wall=wall,
+                                              unswept=unswept),
+                                     encoding="utf-8")
         print(f"report written to {args.report}")
     for defect in total.defects:
         print(f"rule defect (not offered): {defect}")
@@ -59,6 +116,10 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
         print(f"wrong partial max/min (plans never serve these): {o.op} {o.sample} [{o.capture}, mesh {o.mesh}]: "
               f"{', '.join(o.wrong_extremum)}")
     counts = total.counts()
+    if unswept:
+        print(f"\n{len(unswept)} of {len(unswept) + sum(commits.values())} entries not in this report (no current "
+              f"stored results, and --opinfo-stored, or another process sweeping them): {', '.join(unswept)}")
+    print("\n".join(["", *totals(total)]))
     print(f"\n{sum(counts.values())} calls: " + ", ".join(f"{n} {k}" for k, n in counts.most_common())
-          + f"; {total.seconds:.0f}s")
+          + f"; swept in {total.seconds:.0f}s, this run {wall:.0f}s")
     return 1 if total.wrong or raw else 0

@@ -54,6 +54,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "call; count served / on demand / refused by reason")
     parser.add_argument("--opinfo-samples", type=parse_seed, default=24, metavar="N",
                         help="with --opinfo: at most N samples per OpInfo entry, a fixed draw (0: every sample)")
+    parser.add_argument("--opinfo-results", type=Path, default=None, metavar="DIR",
+                        help="with --opinfo: one results file per OpInfo entry in DIR (default: "
+                             "~/.cache/shardverify/opinfo); an entry whose file matches the settings and the "
+                             "rules of every spec that could take its calls is not swept again; several processes "
+                             "may share DIR, each sweeping the entries no other is sweeping")
+    parser.add_argument("--opinfo-fresh", action="store_true",
+                        help="with --opinfo: sweep every entry again, whatever its results file holds")
+    parser.add_argument("--opinfo-stored", action="store_true",
+                        help="with --opinfo: sweep nothing, report the entries whose stored results are current "
+                             "and name the others")
     parser.add_argument("--report", type=Path, default=None, metavar="FILE",
                         help="with --opinfo: write the markdown report (docs/opinfo.md) to FILE")
     parser.add_argument("--root", type=Path, default=Path("."),

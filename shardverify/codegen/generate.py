@@ -231,7 +231,9 @@ def _conflicts(parsed: list[tuple[SpecSource, object]],
                 errors.append(SpecError(f"target {name!r} is already handled by {other_file} "
                                         f"({other_name!r}); one op target, one spec, unless both are "
                                         f"bound to disjoint values of a parameter (batch_norm.yaml) "
-                                        f"or one takes a tensor where the other takes a number",
+                                        f"or they read a call apart (a tensor where the other takes a number "
+                                        f"or nothing, a flag where the other a number, a tuple result where "
+                                        f"the other one tensor)",
                                         file=source.display, field="targets"))
             targets.setdefault(claimed, (source.display, name, spec, target))
     return errors
@@ -239,7 +241,7 @@ def _conflicts(parsed: list[tuple[SpecSource, object]],
 
 def _bound_apart(spec: object, target: object, other_spec: object, other_target: object) -> bool:
     """Do the two specs serve ``target`` only for disjoint values of some parameter?"""
-    from shardverify.strategies.handlers.base import bound_apart, signature_apart   # the registry's own tests
+    from shardverify.strategies.handlers.base import bound_apart, flags_apart, signature_apart   # the registry's tests
 
     def bindings(owner: object, of: object) -> dict:
         return dict(owner.bindings(of)) if hasattr(owner, "bindings") else {}  # type: ignore[attr-defined]
@@ -250,7 +252,9 @@ def _bound_apart(spec: object, target: object, other_spec: object, other_target:
         return owner.operands_for(of), owner.params_for(of)  # type: ignore[attr-defined]
 
     return bound_apart(bindings(spec, target), bindings(other_spec, other_target)) or \
-        signature_apart(*signature(spec, target), *signature(other_spec, other_target))
+        signature_apart(*signature(spec, target), *signature(other_spec, other_target)) or \
+        flags_apart(signature(spec, target)[1], bindings(spec, target),
+                    signature(other_spec, other_target)[1], bindings(other_spec, other_target))
 
 
 def _target_identity(name: str) -> object:

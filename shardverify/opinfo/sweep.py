@@ -5,7 +5,9 @@ at the call, and each call's outcome counted.
 Outcomes of a call: ``grid`` (its spec's grid covered it), ``on-demand`` (verified where it was
 met), ``refused`` (with the handler's reason), ``no-handler`` (the capture made it an op no spec
 covers: export's decompositions), ``not-captured`` (the capture itself failed), ``raw-error`` (a
-raw exception where a reason was owed: a bug). A strategy served on the grid is verified at the
+raw exception where a reason was owed: a bug), ``folded`` (the capture left no op to serve: a factory
+on constants traced to a constant, ``x.contiguous()`` of a contiguous input exported as the input;
+counted, but not among the calls a share is taken of). A strategy served on the grid is verified at the
 call too, so a wrong one shows as ``wrong``.
 """
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from shardverify.capture.call import target_name
 from shardverify.capture.export import export_graph
 from shardverify.capture.fx import trace
 from shardverify.errors import ShardVerifyError
@@ -33,19 +36,20 @@ from shardverify.strategies.handlers.serving import handler_for_node
 from shardverify.verify.engine import verify_case
 from shardverify.verify.on_demand import OnDemandVerifier, checkable_case
 
-__all__ = ["CallOutcome", "SweepResult", "sweep_spec", "OUTCOMES"]
+__all__ = ["CallOutcome", "SweepResult", "sweep_spec", "sweep_entry", "entry_name", "OUTCOMES"]
 
-OUTCOMES = ("grid", "on-demand", "refused", "no-handler", "not-captured", "raw-error")
+OUTCOMES = ("grid", "on-demand", "refused", "no-handler", "not-captured", "raw-error", "folded")
 
 
 @dataclass(frozen=True)
 class CallOutcome:
-    op: str                          # the op spec
+    op: str                          # the spec that served the call (else the one listing its entry)
     sample: str                      # entry#index(shapes)
     capture: str                     # fx or export
     mesh: tuple[int, ...]
     outcome: str
     reason: str = ""
+    served_by: tuple[str, ...] = ()  # the specs whose handlers took the call's op nodes
     strategies: int = 0              # served
     sharded: int = 0                 # of those, ones that lay out a tensor sharded or communicate
     checked: int = 0                 # strategies verified at the call by the sweep itself
@@ -69,7 +73,7 @@ class SweepResult:
         return [o for o in self.outcomes if o.wrong]
 
     def served_share(self, capture: str) -> float:
-        mine = [o for o in self.outcomes if o.capture == capture]
+        mine = [o for o in self.outcomes if o.capture == capture and o.outcome != "folded"]
         return sum(o.outcome in ("grid", "on-demand") for o in mine) / len(mine) if mine else 0.0
 
 
@@ -100,46 +104,90 @@ def _extremum(strategy) -> bool:
     return any(p.op != "sum" for p in strategy.partial_inputs)
 
 
-def _classify(spec, sample: Sample, how: str, mesh: DeviceMesh, verifier: OnDemandVerifier,
-              targets: set, check_grid: bool) -> list[CallOutcome]:
-    base = dict(op=spec.name, sample=sample.describe(), capture=how, mesh=tuple(mesh.shape))
+_RANK = {name: i for i, name in enumerate(OUTCOMES)}
+
+
+def _node_outcome(node: fx.Node, graph_module: fx.GraphModule, mesh: DeviceMesh, verifier: OnDemandVerifier,
+                  check_grid: bool) -> dict:
+    """One op node's outcome (the fields of a :class:`CallOutcome` it decides)."""
+    handler = handler_for_node(node, graph_module)
+    if handler is None:
+        return dict(outcome="no-handler", reason=f"captured as {target_name(node)}")
+    before = len(verifier.records)
+    try:
+        served = list(strategies_for_node(graph_module, node.name, mesh, on_demand=verifier))
+    except ShardVerifyError as error:
+        return dict(outcome="refused", reason=str(error).splitlines()[0], served_by=handler.name)
+    except Exception as error:  # noqa: BLE001 - a raw exception is a bug the sweep reports
+        return dict(outcome="raw-error", reason=f"{type(error).__name__}: {error}"[:300], served_by=handler.name)
+    on_demand = len(verifier.records) > before
+    wrong, extremum, checked = (), (), 0
+    if check_grid and not on_demand:   # the grid's verdict, checked at this very call
+        try:
+            case = checkable_case(handler, graph_module, node, resolve_operands(handler, node, graph_module))
+            results = verify_case(verifier.backend(mesh), case, served)
+        except ShardVerifyError as error:
+            return dict(outcome="refused", reason=f"cannot check at the call: {error}"[:300], served_by=handler.name)
+        failed = {r.strategy for r in results if not r.passed}
+        checked = len(results)
+        wrong = tuple(st.name for st in served if st.name in failed and not _extremum(st))
+        extremum = tuple(st.name for st in served if st.name in failed and _extremum(st))
+    return dict(outcome="on-demand" if on_demand else "grid", served_by=handler.name, strategies=len(served),
+                sharded=sum(map(shards, served)), checked=checked, wrong=wrong, wrong_extremum=extremum)
+
+
+def _classify(op: str, sample: Sample, how: str, mesh: DeviceMesh, verifier: OnDemandVerifier,
+              targets: set, check_grid: bool) -> CallOutcome:
+    """The call's one outcome: served only when every op node it captured as is served; else the
+    worst node's outcome and reason. ``op`` names the call where no handler served a node."""
+    base = dict(op=op, sample=sample.describe(), capture=how, mesh=tuple(mesh.shape))
     try:
         graph_module = _capture(sample, how)
     except Exception as error:  # noqa: BLE001 - torch's capture refused the sample
-        return [CallOutcome(**base, outcome="not-captured", reason=f"{type(error).__name__}: "
-                                                                  f"{str(error).splitlines()[0][:160] if str(error) else ''}")]
-    found = []
-    for node in _op_nodes(graph_module, targets):
-        if handler_for_node(node, graph_module) is None:
-            found.append(CallOutcome(**base, outcome="no-handler", reason=f"captured as {node.target}"))
-            continue
-        before = len(verifier.records)
-        try:
-            served = list(strategies_for_node(graph_module, node.name, mesh, on_demand=verifier))
-        except ShardVerifyError as error:
-            found.append(CallOutcome(**base, outcome="refused", reason=str(error).splitlines()[0]))
-            continue
-        except Exception as error:  # noqa: BLE001 - a raw exception is a bug the sweep reports
-            found.append(CallOutcome(**base, outcome="raw-error", reason=f"{type(error).__name__}: {error}"[:300]))
-            continue
-        on_demand = len(verifier.records) > before
-        wrong, extremum, checked = (), (), 0
-        if check_grid and not on_demand:   # the grid's verdict, checked at this very call
-            handler = handler_for_node(node, graph_module)
-            try:
-                case = checkable_case(handler, graph_module, node, resolve_operands(handler, node, graph_module))
-                results = verify_case(verifier.backend(mesh), case, served)
-                failed = {r.strategy for r in results if not r.passed}
-                checked = len(results)
-                wrong = tuple(st.name for st in served if st.name in failed and not _extremum(st))
-                extremum = tuple(st.name for st in served if st.name in failed and _extremum(st))
-            except ShardVerifyError as error:
-                found.append(CallOutcome(**base, outcome="refused", reason=f"cannot check at the call: {error}"[:300]))
-                continue
-        found.append(CallOutcome(**base, outcome="on-demand" if on_demand else "grid", strategies=len(served),
-                                 sharded=sum(map(shards, served)), checked=checked, wrong=wrong,
-                                 wrong_extremum=extremum))
-    return found
+        return CallOutcome(**base, outcome="not-captured", reason=f"{type(error).__name__}: "
+                                                                 f"{str(error).splitlines()[0][:160] if str(error) else ''}")
+    found = [_node_outcome(node, graph_module, mesh, verifier, check_grid) for node in _op_nodes(graph_module, targets)]
+    if not found:   # torch.arange(5) traced to a constant, x.contiguous() exported as x: no op to serve
+        return CallOutcome(**base, outcome="folded", reason="the capture left no op call (a constant, or the input)")
+    worst = max(found, key=lambda f: _RANK[f["outcome"]])
+    by = tuple(dict.fromkeys(f["served_by"] for f in found if f.get("served_by")))
+    return CallOutcome(**{**base, "op": by[0] if by else op}, outcome=worst["outcome"], reason=worst.get("reason", ""),
+                       served_by=by, strategies=sum(f.get("strategies", 0) for f in found),
+                       sharded=sum(f.get("sharded", 0) for f in found),
+                       checked=sum(f.get("checked", 0) for f in found),
+                       wrong=tuple(w for f in found for w in f.get("wrong", ())),
+                       wrong_extremum=tuple(w for f in found for w in f.get("wrong_extremum", ())))
+
+
+def entry_name(entry) -> str:
+    """An OpInfo entry's unique name: its op's name and its variant's."""
+    return entry.name + (f".{entry.variant_test_name}" if entry.variant_test_name else "")
+
+
+def sweep_entry(entry, op: str, targets: Sequence[object], meshes: Sequence[tuple[int, ...]] = ((2, 2), (4,)),
+                captures: Sequence[str] = ("fx", "export"), limit: int = 24, verifier: OnDemandVerifier | None = None,
+                check_grid: bool = True, seed: int = 0) -> SweepResult:
+    """Every sample of one OpInfo entry (at most ``limit``, a fixed draw) under each capture and
+    mesh: one outcome per call. ``op`` names the spec that listed the entry (a call no spec served
+    is counted under it); ``targets`` are the targets that make a captured node the op under test."""
+    start = time.perf_counter()
+    keys = {target_key(t) for t in targets} | set(targets)
+    own = verifier is None
+    verifier = verifier or OnDemandVerifier()
+    first = len(verifier.records)
+    result = SweepResult()
+    try:
+        for sample in samples_of(entry, torch.float64, limit, seed):
+            for how in captures:
+                for shape in meshes:
+                    result.outcomes.append(_classify(op, sample, how, DeviceMesh(tuple(shape)), verifier, keys,
+                                                     check_grid))
+        result.defects = [r.defect() for r in verifier.records[first:] if r.failed]
+    finally:
+        if own:
+            verifier.close()
+    result.seconds = time.perf_counter() - start
+    return result
 
 
 def sweep_spec(spec, meshes: Sequence[tuple[int, ...]] = ((2, 2), (4,)), captures: Sequence[str] = ("fx", "export"),
@@ -147,22 +195,17 @@ def sweep_spec(spec, meshes: Sequence[tuple[int, ...]] = ((2, 2), (4,)), capture
                seed: int = 0) -> SweepResult:
     """Every OpInfo sample (at most ``limit`` per entry, a fixed draw) of the spec's targets, under
     each capture and mesh."""
-    start = time.perf_counter()
     targets = [resolve_dotted(t.name) for t in spec.targets]
-    keys = {target_key(t) for t in targets} | set(targets)
     own = verifier is None
     verifier = verifier or OnDemandVerifier()
     result = SweepResult()
     try:
         for entry in entries_for(targets):
-            for sample in samples_of(entry, torch.float64, limit, seed):
-                for how in captures:
-                    for shape in meshes:
-                        result.outcomes += _classify(spec, sample, how, DeviceMesh(tuple(shape)), verifier, keys,
-                                                     check_grid)
+            found = sweep_entry(entry, spec.name, targets, meshes, captures, limit, verifier, check_grid, seed)
+            result.outcomes += found.outcomes
+            result.defects += found.defects
+            result.seconds += found.seconds
     finally:
         if own:
             verifier.close()
-    result.defects = [r.defect() for r in verifier.records if r.failed]
-    result.seconds = time.perf_counter() - start
     return result

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
-    "registered_handlers", "candidates", "target_key", "bound_apart", "signature_apart", "comparable",
+    "registered_handlers", "candidates", "target_key", "bound_apart", "signature_apart", "comparable", "flags_apart",
 ]
 
 OPERAND_KINDS = ("input", "param", "output")
@@ -193,10 +193,12 @@ def register_handler(defn: HandlerDef) -> HandlerDef:
     for key, mine in narrowed:
         for owner in _REGISTRY.get(key, ()):
             if owner.name != defn.name and not bound_apart(owner.bound(), mine.bound()) and \
-                    not signature_apart(owner.operands, owner.params, mine.operands, mine.params):
+                    not signature_apart(owner.operands, owner.params, mine.operands, mine.params) and \
+                    not flags_apart(owner.params, owner.bound(), mine.params, mine.bound()):
                 raise HandlerError(f"target {key!r} of handler {defn.name!r} is already handled by {owner.name!r}"
                                    f" (two handlers of one target must be bound to disjoint values of a parameter,"
-                                   f" or take a tensor where the other takes a number)")
+                                   f" or read a call apart: a tensor where the other takes a number or nothing, a flag"
+                                   f" where the other takes a number, a tuple result where the other one tensor)")
     for key, mine in narrowed:
         others = tuple(d for d in _REGISTRY.get(key, ()) if d.name != defn.name)
         _REGISTRY[key] = others + (mine,)
@@ -216,14 +218,41 @@ def signature_apart(operands_a, params_a, operands_b, params_b) -> bool:
     """Do two declarations of one target read a position differently, one a tensor and the other a
     number (``torch.max(x, y)`` and ``torch.max(x, dim)``; clamp's bounds as tensors or numbers)?
     Then a call passing a value there is taken by one of them only (:func:`takes_call`); a call
-    that passes nothing there is served by the nearer one, verified at the call where outside its grid."""
+    that passes nothing there is served by the nearer one, verified at the call where outside its grid.
+    Or does one read a tuple result's elements and the other one result (``torch.max(x, dim)``'s
+    values and indices, ``torch.max(x)``'s one extremum)? A call returning one tensor is the other's."""
     def apart(operands, others, params) -> bool:
         tensor_keywords = {o.keyword for o in others if o.kind != "output" and o.keyword}
+        places = {o.index for o in others if o.kind != "output" and o.index is not None} | \
+            {p.index for p in params if p.index is not None}
         return any(o.kind == "input" and o.index is not None and o.element is None
-                   and any(p.index == o.index for p in params)
+                   and (any(p.index == o.index for p in params)
+                        or (not o.optional and o.index not in places))   # a tensor where the other reads nothing
                    and (o.keyword is None or o.keyword not in tensor_keywords)
                    for o in operands)
-    return apart(operands_a, operands_b, params_b) or apart(operands_b, operands_a, params_a)
+    def tuple_result(operands) -> bool:
+        return any(o.kind == "output" and o.index is not None for o in operands)
+
+    def one_result(operands) -> bool:
+        return any(o.kind == "output" and o.index is None for o in operands)
+    return apart(operands_a, operands_b, params_b) or apart(operands_b, operands_a, params_a) or \
+        (tuple_result(operands_a) and one_result(operands_b)) or (tuple_result(operands_b) and one_result(operands_a))
+
+
+def flags_apart(params_a, bound_a: Mapping[str, tuple], params_b, bound_b: Mapping[str, tuple]) -> bool:
+    """Does one rule of a target read a position as a flag (a parameter verified at bools only)
+    where the other reads a parameter never verified at a bool (``torch.var(x, True)``, the
+    unbiased variance of every element, against ``torch.var(x, 1)``, over dim 1)? A call is then
+    taken by one of them only where it passes a number there (:func:`takes_call`)."""
+    def flags(params, bound) -> set:
+        return {p.index for p in params if p.index is not None and bound.get(p.name)
+                and all(isinstance(v, bool) for v in bound[p.name])}
+
+    def others(params, bound) -> set:
+        return {p.index for p in params if p.index is not None
+                and not any(isinstance(v, bool) for v in bound.get(p.name, ()))}
+    return bool(flags(params_a, bound_a) & others(params_b, bound_b)) or \
+        bool(flags(params_b, bound_b) & others(params_a, bound_a))
 
 
 def unregister_handler(name: str) -> None:

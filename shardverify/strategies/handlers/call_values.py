@@ -47,8 +47,35 @@ def takes_call(handler: HandlerDef, node: Node) -> bool:
             return False
     indices = {d.index for d in tensors if d.index is not None}
     keywords = {d.keyword for d in tensors if d.keyword}
-    return all(i in indices for i, value in enumerate(node.args) if is_tensor(value)) and \
-        all(key in keywords for key, value in node.kwargs.items() if is_tensor(value))
+    if not (all(i in indices for i, value in enumerate(node.args) if is_tensor(value)) and
+            all(key in keywords for key, value in node.kwargs.items() if is_tensor(value))):
+        return False
+    return _reads_call(handler, node)
+
+
+def _reads_call(handler: HandlerDef, node: Node) -> bool:
+    """Does ``handler`` read what the call passes and returns: an argument at every position and
+    keyword (other than None) the call fills, a bool where it reads a flag (a parameter verified at
+    bools only), one tensor or a tuple result as it declares? Tells apart the rules of one target
+    that :func:`flags_apart` and :func:`signature_apart` (by the result) allow."""
+    declared = [*handler.operands, *handler.params]
+    if any(d.kind == "output" and d.index is not None for d in handler.operands) and \
+            hasattr(node.meta.get("tensor_meta"), "shape"):
+        return False                 # it reads a tuple result's elements; the call returns one tensor
+    if not any(getattr(d, "varargs", False) for d in handler.params):
+        places = {d.index for d in declared if d.index is not None}
+        if any(i not in places for i in range(len(node.args))):
+            return False
+    names = {d.keyword for d in declared if d.keyword} | set(handler.ignores)
+    if any(key not in names for key, value in node.kwargs.items() if value is not None):
+        return False
+    bound = handler.bound()
+    for decl in handler.params:
+        if bound.get(decl.name) and all(isinstance(v, bool) for v in bound[decl.name]):
+            value, _ = call_value(node, decl.index, decl.keyword, decl.varargs)
+            if value is not MISSING and value is not None and not isinstance(value, bool):
+                return False
+    return True
 
 
 def _tensor_metas(node: Node) -> list[tuple[tuple[int, ...], torch.dtype]] | None:

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='grid_sampler_2d',
-    targets=(torch.ops.aten.grid_sampler_2d.default,),
+    targets=(torch.ops.aten.grid_sampler_2d.default, torch.grid_sampler_2d),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -27,6 +27,11 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/grid_sampler_2d.yaml',
     bindings=(
         (torch.ops.aten.grid_sampler_2d.default, (
+            ('interpolation_mode', (0, 1)),
+            ('padding_mode', (0,)),
+            ('align_corners', (False,)),
+        )),
+        (torch.grid_sampler_2d, (
             ('interpolation_mode', (0, 1)),
             ('padding_mode', (0,)),
             ('align_corners', (False,)),

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='max_all',
-    targets=(torch.ops.aten.max.default, torch.ops.aten.min.default),
+    targets=(torch.ops.aten.max.default, torch.ops.aten.min.default, torch.max, torch.Tensor.max, torch.min, torch.Tensor.min),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='self',
                     attribute=None, optional=False, element=None),

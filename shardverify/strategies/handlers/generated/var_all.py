@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='var_all',
-    targets=(torch.ops.aten.var.default,),
+    targets=(torch.ops.aten.var.default, torch.var, torch.Tensor.var),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='self',
                     attribute=None, optional=False, element=None),
@@ -23,6 +23,12 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/var_all.yaml',
     bindings=(
         (torch.ops.aten.var.default, (
+            ('unbiased', (True, False)),
+        )),
+        (torch.var, (
+            ('unbiased', (True, False)),
+        )),
+        (torch.Tensor.var, (
             ('unbiased', (True, False)),
         )),
     ),

@@ -1,0 +1,168 @@
+"""The OpInfo sweep's results on disk, one file per OpInfo entry, so a sweep resumes where it
+stopped and a rerun sweeps only the entries whose specs changed.
+
+An entry's file holds its calls' outcomes and what they depend on: the sweep's settings (samples,
+meshes, captures, seed, torch version) and the rule text of every handler that could take its
+calls (the ones that took them, those sharing a target with them, and those now registered for a
+target no handler took). A file whose settings or rule texts differ from today's is stale and
+swept again. What it cannot see is a change in shardverify's own code: the file records the commit
+it was swept at, the report names those commits, and ``--opinfo-fresh`` sweeps every entry again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from shardverify.opinfo.sweep import CallOutcome, SweepResult
+from shardverify.strategies.handlers.base import HandlerDef, registered_handlers, target_key
+from shardverify.verify.on_demand import _rule_text, default_cache_dir
+
+__all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry", "save_entry", "source_commit",
+           "claim_entry", "release_entry", "rule_digests", "held"]
+
+RESULT_FORMAT = 1
+NO_HANDLER = "captured as "
+_LEGACY = {"constant": "folded"}   # the outcome's first name, in files swept before it was renamed
+
+
+def default_results_dir() -> Path:
+    """Beside the on-demand verdict cache: ``~/.cache/shardverify/opinfo``."""
+    return default_cache_dir().parent / "opinfo"
+
+
+def settings_key(limit: int, meshes, captures, seed: int) -> dict:
+    return {"format": RESULT_FORMAT, "torch": torch.__version__, "limit": limit, "seed": seed,
+            "meshes": [list(m) for m in meshes], "captures": list(captures)}
+
+
+@functools.cache
+def source_commit() -> str:
+    """The git commit shardverify's code was at when this process first asked (``+dirty`` with
+    uncommitted changes), else '': once, as the code a process runs is the code it loaded."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "shardverify", "specs"],
+                               cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head + ("+dirty" if head and dirty else "")
+
+
+def target_text(target: object) -> str:
+    """A target as :func:`shardverify.capture.call.target_name` writes a node calling it."""
+    key = target_key(target)
+    if isinstance(key, str):
+        return f"Tensor.{key}"
+    if isinstance(key, type):
+        return f"{key.__module__}.{key.__qualname__}"
+    return str(key) if not callable(key) or hasattr(key, "_schema") else \
+        f"{getattr(key, '__module__', '') or ''}.{getattr(key, '__qualname__', repr(key))}".lstrip(".")
+
+
+@functools.cache
+def rule_digests() -> dict[str, str]:
+    """name -> digest of each registered handler's rule text, read once: the rules this process
+    loaded, whatever the spec files say by the time an entry is saved."""
+    return {name: hashlib.sha256(_rule_text(h).encode()).hexdigest()[:16] for name, h in registered_handlers().items()}
+
+
+def _depends_on(outcomes: list[CallOutcome]) -> dict[str, str]:
+    """name -> rule-text digest of every handler that could take these calls."""
+    handlers = registered_handlers()
+    digests = rule_digests()
+    took = {name for o in outcomes for name in o.served_by}
+    untaken = {o.reason.removeprefix(NO_HANDLER) for o in outcomes if o.outcome == "no-handler"}
+    targets = {target_text(t) for name in took if name in handlers for t in handlers[name].targets} | untaken
+    chosen: dict[str, HandlerDef] = {name: h for name, h in handlers.items()
+                                     if name in took or any(target_text(t) in targets for t in h.targets)}
+    return {name: digests[name] for name in sorted(chosen)}
+
+
+def _file(folder: Path, entry: str) -> Path:
+    return Path(folder) / f"{entry}.json"
+
+
+def save_entry(folder: Path, entry: str, settings: dict, result: SweepResult) -> None:
+    """Write the entry's results (to a temporary name first: a stopped run leaves no half file)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    document = {"settings": settings, "entry": entry, "commit": source_commit(), "seconds": result.seconds,
+                "depends_on": _depends_on(result.outcomes), "defects": result.defects,
+                "outcomes": [asdict(o) for o in result.outcomes]}
+    path = _file(folder, entry)
+    partial = path.with_suffix(f".{os.getpid()}.part")
+    partial.write_text(json.dumps(document, indent=0), encoding="utf-8")
+    partial.replace(path)
+
+
+def load_entry(folder: Path, entry: str, settings: dict) -> tuple[SweepResult, str] | None:
+    """(the entry's stored results, the commit they were swept at), or None when there are none or
+    they are stale (other settings, a handler that could take its calls changed or appeared)."""
+    path = _file(folder, entry)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if document.get("settings") != settings:
+            return None
+        outcomes = [CallOutcome(**{k: tuple(v) if isinstance(v, list) else _LEGACY.get(v, v) if k == "outcome" else v
+                                   for k, v in o.items()}) for o in document["outcomes"]]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if _depends_on(outcomes) != document.get("depends_on"):
+        return None
+    result = SweepResult(outcomes=outcomes, defects=list(document.get("defects", [])),
+                         seconds=float(document.get("seconds", 0.0)))
+    return result, str(document.get("commit", ""))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def held(folder: Path, entry: str) -> str | None:
+    """Why the entry is not free to sweep (a live process sweeping it, or a dead one's lock: that
+    process died sweeping it, as an op whose kernel does not check its inputs can take the
+    interpreter down, so it is not swept again until the lock is removed), or None."""
+    lock = Path(folder) / f"{entry}.lock"
+    try:
+        holder = int(lock.read_text(encoding="utf-8").strip() or 0)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        holder = 0
+    if holder and _alive(holder):
+        return f"process {holder} is sweeping it"
+    return f"process {holder or '?'} died sweeping it; remove {lock} to sweep it again"
+
+
+def claim_entry(folder: Path, entry: str) -> str | None:
+    """Claim the entry for this process (a lock file holding its pid), so several processes can
+    share one sweep: None when claimed, else why not (:func:`held`)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(folder / f"{entry}.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return held(folder, entry) or "another process just finished it"
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(str(os.getpid()))
+    return None
+
+
+def release_entry(folder: Path, entry: str) -> None:
+    (Path(folder) / f"{entry}.lock").unlink(missing_ok=True)
