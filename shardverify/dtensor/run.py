@@ -118,6 +118,10 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
     A ``result`` that already executed some (a stored run resumed) continues at the next one;
     ``checkpoint(result)`` is called every :data:`CHECKPOINT_SECONDS` with the result so far."""
     mesh_shape = result.mesh
+    if not operands:   # a factory op (arange, full): no DTensor goes in, a plain tensor comes out
+        left = "no tensor operand: DTensor is not involved (the op makes a plain tensor), nothing executed"
+        result.note = f"{result.note}; {left}" if result.note else left
+        return
     result.combinations = len(combos)
     chosen = _sample(combos, limit)
     if len(chosen) < len(combos):
@@ -209,8 +213,8 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
             if saved.budget != budget:      # too-slow depends on it: run again
                 saved = StoredRun(spec.name, digest, mesh, torch.__version__, limit, budget)
             saved.cases = [case_id for case_id, _ in cases]
-            explained |= {f["key"] for r in saved.results.values() for f in r["findings"]
-                          if f["class"] in ("silent-wrong", "late-failure")}   # their repro was made then
+            explained |= {f.key() for r in saved.results.values() for f in CaseResult.from_json(r).findings
+                          if f.klass in ("silent-wrong", "late-failure")}   # their repro was made then
         for case_id, case in cases:
             if saved is not None and case_id in saved.done:
                 found = CaseResult.from_json(saved.results[case_id])

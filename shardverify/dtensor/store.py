@@ -53,14 +53,31 @@ class StoredRun:
     def to_json(self) -> dict:
         return {"version": VERSION, "spec": self.spec, "spec_hash": self.spec_hash, "mesh": list(self.mesh),
                 "torch": self.torch, "limit": self.limit, "budget": self.budget, "complete": self.complete,
-                "cases": self.cases, "done": self.done, "results": self.results}
+                "cases": self.cases, "done": self.done,
+                "results": {case: _slim(result) for case, result in self.results.items()}}
 
     @classmethod
     def from_json(cls, item: dict) -> "StoredRun":
         if item.get("version") != VERSION:
             raise ValueError(f"stored-result version {item.get('version')!r}, this shardverify reads {VERSION}")
+        results = {case: _whole(result) for case, result in item["results"].items()}
         return cls(item["spec"], item["spec_hash"], tuple(item["mesh"]), item["torch"], item["limit"],
-                   item["budget"], list(item["cases"]), dict(item["results"]), list(item["done"]))
+                   item["budget"], list(item["cases"]), results, list(item["done"]))
+
+
+#: what every finding of a case repeats from the case (and its class key, recomputed on reading)
+_REPEATED = ("op", "case", "mesh", "key")
+
+
+def _slim(result: dict) -> dict:
+    """A case's result without what its findings repeat (the stored results stay small enough to commit)."""
+    return {**result, "findings": [{k: v for k, v in f.items() if k not in _REPEATED} for f in result["findings"]]}
+
+
+def _whole(result: dict) -> dict:
+    """:func:`_slim` undone: each finding gets its case's op, case and mesh back."""
+    same = {"op": result["op"], "case": result["case"], "mesh": result["mesh"]}
+    return {**result, "findings": [{**same, **f} for f in result["findings"]]}
 
 
 def store_path(folder: Path, spec_name: str, digest: str, mesh, torch_version: str, limit: int | None) -> Path:
@@ -84,7 +101,7 @@ def save_stored(path: Path, run: StoredRun) -> None:
     """Written whole or not at all (a run killed mid-write leaves the previous file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(run.to_json(), indent=1, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(run.to_json(), separators=(",", ":")) + "\n")
     os.replace(tmp, path)
 
 
