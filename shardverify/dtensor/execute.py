@@ -25,7 +25,8 @@ import torch
 from shardverify.audit.layouts import Layout
 from shardverify.backends.signals import deadline
 from shardverify.capture.call import call_op
-from shardverify.dtensor.hooks import AtenCalls, fresh_sharding_cache, quiet_dtensor, tracing, watch_redistribution
+from shardverify.dtensor.hooks import (AtenCalls, fresh_sharding_cache, quiet_dtensor, reuse_propagation, tracing,
+                                      watch_redistribution)
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.rule import RuleVerdict, error_text, rule_verdict, with_redistributed
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
@@ -186,11 +187,13 @@ class CaseRunner:
                     made = made.detach().requires_grad_()
                 leaves[i] = made
             values[operand.locator] = made
-        rule = rule_verdict(self.aten, self._passed, self.operands, values, self.mode)
+        answers: dict = {}
+        rule = rule_verdict(self.aten, self._passed, self.operands, values, self.mode, answers)
         tracer = self._tracer
         with self.mode:
             try:
-                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "forward", watch):
+                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "forward", watch), \
+                        reuse_propagation(answers):
                     out = call_op(problem.node, problem.module, values)
             except Exception as exc:  # DTensor refuses: its own error, reported
                 return Execution("forward-raises", error_text(exc), rule=with_redistributed(rule, watch.ops))

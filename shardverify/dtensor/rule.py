@@ -35,7 +35,7 @@ class RuleVerdict:
 
 
 
-def rule_verdict(aten, passed: dict, operands, values: dict, mode) -> RuleVerdict | None:
+def rule_verdict(aten, passed: dict, operands, values: dict, mode, answers: dict | None = None) -> RuleVerdict | None:
     """What DTensor's sharding rule says for the call's one aten op (None when the call is
     several aten ops, or one of its tensor arguments is not an operand itself)."""
     if aten is None:
@@ -64,6 +64,8 @@ def rule_verdict(aten, passed: dict, operands, values: dict, mode) -> RuleVerdic
         with mode:
             info = dispatcher.unwrap_to_op_info(func, dargs, dkwargs)
             dispatcher.sharding_propagator.propagate(info)
+        if answers is not None:   # the forward's dispatch is handed this answer (hooks.reuse_propagation)
+            answers[info.schema] = info.output_sharding
     except Exception as exc:  # noqa: BLE001 - no rule, or the rule raises
         return RuleVerdict(str(func), None, error=error_text(exc))
     sharding = info.output_sharding
