@@ -301,3 +301,19 @@ def test_a_stored_run_interrupted_mid_case_resumes_at_its_next_combination(tmp_p
                  "--root", str(ROOT)]) == 0
     out = capsys.readouterr().out
     assert "1 of 2 (op spec, mesh) pairs complete" in out and "Not run on any mesh (1 specs): relu" in out
+
+
+def test_a_combination_a_process_died_on_is_counted_raising_when_the_run_resumes(tmp_path):
+    from shardverify.dtensor.run import DIED, run_spec
+    from shardverify.dtensor.store import spec_hash, store_path
+
+    spec = load_op_specs(ROOT, None, ["neg"])[0]
+    path = store_path(tmp_path, "neg", spec_hash(spec, ROOT), (4,), torch.__version__, None)
+    path.parent.mkdir(parents=True)
+    # what a process killed by a native crash leaves: the marker of the combination in progress
+    path.with_name(path.name + ".running").write_text("torch.Tensor.neg\n2\n")
+    results = {r.case: r for r in run_spec(spec, [(4,)], limit=None, store=tmp_path, root=ROOT)}
+    died = results["torch.Tensor.neg"]
+    assert died.executed == 5 and died.counts["raises"] == 1 and died.findings[0].detail == DIED
+    assert results["torch.neg"].counts == {"agrees": 5}
+    assert not path.with_name(path.name + ".running").exists()

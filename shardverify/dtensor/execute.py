@@ -43,7 +43,7 @@ class Execution:
     ``failed``: "" (values and gradients right), "inputs" (the layout is not expressible),
     "forward-raises", "forward-wrong", "forward-late" (the op returned a DTensor whose
     ``full_tensor()`` raises), "backward-raises", "backward-late" (a gradient's ``full_tensor()``
-    raises), "backward-wrong", "too-slow".
+    raises), "backward-wrong", "too-slow", "died" (the process died on it: a native crash in torch).
     """
 
     failed: str

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardverify.audit.run import _Audit
-from shardverify.dtensor.execute import CaseRunner, quiet_dtensor
+from shardverify.dtensor.execute import CaseRunner, Execution, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.repro import render_repro
 from shardverify.dtensor.store import StoredRun, load_stored, save_stored, spec_hash, store_path
@@ -36,7 +36,9 @@ __all__ = ["CaseResult", "run_case", "run_spec", "execute_combos", "present_comb
 
 DEFAULT_LIMIT = 600
 DEFAULT_BUDGET = 20.0   # seconds one combination may take
-CHECKPOINT_SECONDS = 60.0   # how often a case in progress is stored (--results)
+CHECKPOINT_SECONDS = 60.0
+DIED = ("the process died executing this combination (a native crash inside torch, such as SIGFPE or SIGSEGV); "
+        "found when the stored run resumed, not run again")   # how often a case in progress is stored (--results)
 
 
 @dataclass
@@ -77,7 +79,8 @@ def _sample(items: list, limit: int | None) -> list:
 
 def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: int | None = DEFAULT_LIMIT,
              partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET,
-             explained: set[str] | None = None, resume: CaseResult | None = None, checkpoint=None) -> CaseResult:
+             explained: set[str] | None = None, resume: CaseResult | None = None, checkpoint=None,
+             starting=None, died: frozenset = frozenset()) -> CaseResult:
     """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``; ``resume``:
     the stored result of an interrupted run of this case, continued at its next combination;
     ``checkpoint(result)`` is called with the result so far every :data:`CHECKPOINT_SECONDS`."""
@@ -97,7 +100,7 @@ def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: in
             checkpoint(found)
 
     execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget, explained,
-                   checkpoint=timed)
+                   checkpoint=timed, starting=starting, died=died)
     result.seconds = before + time.perf_counter() - start
     return result
 
@@ -110,13 +113,15 @@ def present_combinations(combos) -> list:
 
 def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None,
                    budget: float | None = DEFAULT_BUDGET, explained: set[str] | None = None,
-                   checkpoint=None) -> None:
+                   checkpoint=None, starting=None, died: frozenset = frozenset()) -> None:
     """Execute ``combos`` (or a sample of ``limit``) on DTensor, classifying each against the
     audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``. The first
     silent or late finding of each class gets its repro and attribution; ``explained``: the
     classes that already have them (shared by a spec's cases and meshes, so each is explained once).
     A ``result`` that already executed some (a stored run resumed) continues at the next one;
-    ``checkpoint(result)`` is called every :data:`CHECKPOINT_SECONDS` with the result so far."""
+    ``checkpoint(result)`` is called every :data:`CHECKPOINT_SECONDS` with the result so far,
+    ``starting(index)`` before each combination; ``died``: the indices a process died executing
+    (a native crash in torch), each counted as raising without running it again."""
     mesh_shape = result.mesh
     if not operands:   # a factory op (arange, full): no DTensor goes in, a plain tensor comes out
         left = "no tensor operand: DTensor is not involved (the op makes a plain tensor), nothing executed"
@@ -137,8 +142,10 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
             if checkpoint is not None and time.perf_counter() - saved > CHECKPOINT_SECONDS:
                 checkpoint(result)
                 saved = time.perf_counter()
+            if starting is not None:
+                starting(done)
             outcome = outcome_of(combo)
-            execution = runner.run(combo)
+            execution = Execution("died", DIED) if done in died else runner.run(combo)
             klass, phase = classify(execution, bool(outcome.valid))
             result.executed += 1
             result.counts[klass] += 1
@@ -206,13 +213,20 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
     digest = spec_hash(spec, root) if store is not None else ""
     for mesh in meshes or spec.verify.meshes:
         mesh = tuple(mesh)
-        saved, path = None, None
+        saved, path, running = None, None, None
         if store is not None:
             path = store_path(store, spec.name, digest, mesh, torch.__version__, limit)
             saved = load_stored(path) or StoredRun(spec.name, digest, mesh, torch.__version__, limit, budget)
             if saved.budget != budget:      # too-slow depends on it: run again
                 saved = StoredRun(spec.name, digest, mesh, torch.__version__, limit, budget)
             saved.cases = [case_id for case_id, _ in cases]
+            running = path.with_name(path.name + ".running")   # the combination in progress
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if running.exists():       # the last run died on it: never run again, counted as raising
+                dead_case, index = running.read_text().split("\n")[:2]
+                saved.died.setdefault(dead_case, []).append(int(index))
+                save_stored(path, saved)
+                running.unlink()
             explained |= {f.key() for r in saved.results.values() for f in CaseResult.from_json(r).findings
                           if f.klass in ("silent-wrong", "late-failure")}   # their repro was made then
         for case_id, case in cases:
@@ -230,12 +244,23 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
                             saved.done.append(case_id)
                         save_stored(path, saved)
 
+                def starting(index: int, case_id=case_id, running=running if saved is not None else None) -> None:
+                    if running is not None:
+                        running.write_text(f"{case_id}\n{index}\n")
+
+                died = frozenset(saved.died.get(case_id, ())) if saved is not None else frozenset()
                 try:
                     found = run_case(spec, case_id, case, mesh, limit=limit, budget=budget, explained=explained,
-                                     resume=resume, checkpoint=keep)
+                                     resume=resume, checkpoint=keep, starting=starting, died=died)
                 except Exception as exc:  # noqa: BLE001 - reported with the case, not skipped
                     found = CaseResult(spec.name, case_id, mesh, note=f"error: {type(exc).__name__}: {exc}")
+                except BaseException:     # stopped (Ctrl-C, SIGTERM): the combination did not kill it
+                    if running is not None:
+                        running.unlink(missing_ok=True)
+                    raise
                 keep(found, done=True)
+                if saved is not None and running.exists():
+                    running.unlink()
             results.append(found)
             if on_result is not None:
                 on_result(found)

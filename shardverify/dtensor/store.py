@@ -45,6 +45,7 @@ class StoredRun:
     cases: list[str] = field(default_factory=list)
     results: dict = field(default_factory=dict)      # case id -> CaseResult as to_json saves it
     done: list[str] = field(default_factory=list)    # case ids finished
+    died: dict = field(default_factory=dict)         # case id -> combination indices a process died on
 
     @property
     def complete(self) -> bool:
@@ -53,7 +54,7 @@ class StoredRun:
     def to_json(self) -> dict:
         return {"version": VERSION, "spec": self.spec, "spec_hash": self.spec_hash, "mesh": list(self.mesh),
                 "torch": self.torch, "limit": self.limit, "budget": self.budget, "complete": self.complete,
-                "cases": self.cases, "done": self.done,
+                "cases": self.cases, "done": self.done, "died": self.died,
                 "results": {case: _slim(result) for case, result in self.results.items()}}
 
     @classmethod
@@ -62,7 +63,7 @@ class StoredRun:
             raise ValueError(f"stored-result version {item.get('version')!r}, this shardverify reads {VERSION}")
         results = {case: _whole(result) for case, result in item["results"].items()}
         return cls(item["spec"], item["spec_hash"], tuple(item["mesh"]), item["torch"], item["limit"],
-                   item["budget"], list(item["cases"]), results, list(item["done"]))
+                   item["budget"], list(item["cases"]), results, list(item["done"]), dict(item.get("died", {})))
 
 
 #: what every finding of a case repeats from the case (and its class key, recomputed on reading)
