@@ -37,8 +37,8 @@ __all__ = ["CaseResult", "run_case", "run_spec", "execute_combos", "present_comb
 DEFAULT_LIMIT = 600
 DEFAULT_BUDGET = 20.0   # seconds one combination may take
 CHECKPOINT_SECONDS = 60.0
-DIED = ("the process died executing this combination (a native crash inside torch, such as SIGFPE or SIGSEGV); "
-        "found when the stored run resumed, not run again")   # how often a case in progress is stored (--results)
+DIED = ("the process died on this combination (a native crash inside torch, such as SIGFPE or SIGSEGV), "
+        "found when the stored run resumed and not run again")   # how often a case in progress is stored (--results)
 
 
 @dataclass
@@ -80,7 +80,7 @@ def _sample(items: list, limit: int | None) -> list:
 def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: int | None = DEFAULT_LIMIT,
              partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET,
              explained: set[str] | None = None, resume: CaseResult | None = None, checkpoint=None,
-             starting=None, died: frozenset = frozenset()) -> CaseResult:
+             starting=None, died: dict | None = None) -> CaseResult:
     """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``; ``resume``:
     the stored result of an interrupted run of this case, continued at its next combination;
     ``checkpoint(result)`` is called with the result so far every :data:`CHECKPOINT_SECONDS`."""
@@ -113,15 +113,17 @@ def present_combinations(combos) -> list:
 
 def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None,
                    budget: float | None = DEFAULT_BUDGET, explained: set[str] | None = None,
-                   checkpoint=None, starting=None, died: frozenset = frozenset()) -> None:
+                   checkpoint=None, starting=None, died: dict | None = None) -> None:
     """Execute ``combos`` (or a sample of ``limit``) on DTensor, classifying each against the
     audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``. The first
     silent or late finding of each class gets its repro and attribution; ``explained``: the
     classes that already have them (shared by a spec's cases and meshes, so each is explained once).
     A ``result`` that already executed some (a stored run resumed) continues at the next one;
     ``checkpoint(result)`` is called every :data:`CHECKPOINT_SECONDS` with the result so far,
-    ``starting(index)`` before each combination; ``died``: the indices a process died executing
-    (a native crash in torch), each counted as raising without running it again."""
+    ``starting(index, stage)`` before each combination's local check and its DTensor execution;
+    ``died``: index -> the stage a process died in (a native crash in torch), each counted as
+    raising without running it again."""
+    died = died or {}
     mesh_shape = result.mesh
     if not operands:   # a factory op (arange, full): no DTensor goes in, a plain tensor comes out
         left = "no tensor operand: DTensor is not involved (the op makes a plain tensor), nothing executed"
@@ -142,11 +144,18 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
             if checkpoint is not None and time.perf_counter() - saved > CHECKPOINT_SECONDS:
                 checkpoint(result)
                 saved = time.perf_counter()
-            if starting is not None:
-                starting(done)
-            outcome = outcome_of(combo)
-            execution = Execution("died", DIED) if done in died else runner.run(combo)
-            klass, phase = classify(execution, bool(outcome.valid))
+            stage, outcome = died.get(done, ""), None     # a stage the process died in is never run again
+            if "DTensor" in stage:
+                execution = Execution("died", f"{DIED} ({stage})")
+            else:
+                if not stage:      # the audit's local check of it (whether a strategy runs it locally)
+                    if starting is not None:
+                        starting(done, "the local check of it")
+                    outcome = outcome_of(combo)
+                if starting is not None:
+                    starting(done, "DTensor's execution")
+                execution = runner.run(combo)
+            klass, phase = classify(execution, bool(outcome is not None and outcome.valid))
             result.executed += 1
             result.counts[klass] += 1
             if klass == "too-slow" and len(chosen) > done + 1:
@@ -162,7 +171,8 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 tuple((o.role, placements_text(placements_of(layout, mesh_shape))) for o, layout in zip(operands, combo)),
                 klass, phase, execution.detail, str(execution.rule) if execution.rule else "",
                 runtime_against_rule(execution, klass),
-                ", ".join(map(str, outcome.outputs)) if outcome.valid else f"none ({outcome.reason})",
+                ("not decided (the process died deciding it)" if outcome is None else ", ".join(map(str, outcome.outputs)) if outcome.valid
+                 else f"none ({outcome.reason})"),
                 _comms(execution))
             if klass in ("silent-wrong", "late-failure") and finding.key() not in rendered:
                 rendered.add(finding.key())
@@ -223,8 +233,8 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
             running = path.with_name(path.name + ".running")   # the combination in progress
             path.parent.mkdir(parents=True, exist_ok=True)
             if running.exists():       # the last run died on it: never run again, counted as raising
-                dead_case, index = running.read_text().split("\n")[:2]
-                saved.died.setdefault(dead_case, []).append(int(index))
+                dead_case, index, stage = (running.read_text().split("\n") + ["", ""])[:3]
+                saved.died.setdefault(dead_case, {})[index] = f"in {stage or 'its execution'}"
                 save_stored(path, saved)
                 running.unlink()
             explained |= {f.key() for r in saved.results.values() for f in CaseResult.from_json(r).findings
@@ -244,11 +254,11 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
                             saved.done.append(case_id)
                         save_stored(path, saved)
 
-                def starting(index: int, case_id=case_id, running=running if saved is not None else None) -> None:
+                def starting(index: int, stage: str, case_id=case_id, running=running) -> None:
                     if running is not None:
-                        running.write_text(f"{case_id}\n{index}\n")
+                        running.write_text(f"{case_id}\n{index}\n{stage}\n")
 
-                died = frozenset(saved.died.get(case_id, ())) if saved is not None else frozenset()
+                died = {int(i): stage for i, stage in saved.died.get(case_id, {}).items()} if saved else {}
                 try:
                     found = run_case(spec, case_id, case, mesh, limit=limit, budget=budget, explained=explained,
                                      resume=resume, checkpoint=keep, starting=starting, died=died)

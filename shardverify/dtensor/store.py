@@ -45,7 +45,7 @@ class StoredRun:
     cases: list[str] = field(default_factory=list)
     results: dict = field(default_factory=dict)      # case id -> CaseResult as to_json saves it
     done: list[str] = field(default_factory=list)    # case ids finished
-    died: dict = field(default_factory=dict)         # case id -> combination indices a process died on
+    died: dict = field(default_factory=dict)         # case id -> {combination index: the stage a process died in}
 
     @property
     def complete(self) -> bool:
