@@ -266,3 +266,55 @@ def test_a_saved_run_is_reported_again_against_another_accepted_file(tmp_path, c
     assert f"`shardverify dtensor --custom {spec} --mesh 4`" in page and "accepted: planted in a test" in page
     (tmp_path / "broken.json").write_text("{}")
     assert main(["dtensor", "--from-json", str(tmp_path / "broken.json")]) == 2
+
+
+def test_a_stored_run_interrupted_mid_case_resumes_at_its_next_combination(tmp_path, monkeypatch, capsys):
+    from shardverify.dtensor import run as run_module
+    from shardverify.dtensor.execute import CaseRunner
+
+    spec = load_op_specs(ROOT, None, ["neg"])[0]
+    whole = run_module.run_spec(spec, [(4,)], limit=None)
+    store = tmp_path / "results"
+    real_save, saves = run_module.save_stored, []
+
+    def interrupted(path, stored):   # stored after every combination; killed at the 7th save
+        saves.append(path)
+        if len(saves) == 7:
+            raise KeyboardInterrupt
+        real_save(path, stored)
+
+    monkeypatch.setattr(run_module, "CHECKPOINT_SECONDS", -1.0)
+    monkeypatch.setattr(run_module, "save_stored", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_module.run_spec(spec, [(4,)], limit=None, store=store, root=ROOT)
+    monkeypatch.setattr(run_module, "save_stored", real_save)
+    executed, real_run = [], CaseRunner.run
+    monkeypatch.setattr(CaseRunner, "run", lambda self, combo: executed.append(combo) or real_run(self, combo))
+    resumed = run_module.run_spec(spec, [(4,)], limit=None, store=store, root=ROOT)
+    total = sum(r.executed for r in whole)
+    assert 0 < len(executed) < total          # the first case and part of the second were not run again
+    assert [(r.case, r.executed, dict(r.counts)) for r in resumed] == [(r.case, r.executed, dict(r.counts)) for r in whole]
+    executed.clear()
+    run_module.run_spec(spec, [(4,)], limit=None, store=store, root=ROOT)
+    assert not executed                       # complete: read back, nothing run
+    assert main(["dtensor", "neg", "relu", "--mesh", "4", "--limit", "0", "--from-json", str(store),
+                 "--root", str(ROOT)]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 2 (op spec, mesh) pairs complete" in out and "Not run on any mesh (1 specs): relu" in out
+
+
+def test_a_combination_a_process_died_on_is_counted_raising_when_the_run_resumes(tmp_path):
+    from shardverify.dtensor.run import DIED, run_spec
+    from shardverify.dtensor.store import spec_hash, store_path
+
+    spec = load_op_specs(ROOT, None, ["neg"])[0]
+    path = store_path(tmp_path, "neg", spec_hash(spec, ROOT), (4,), torch.__version__, None)
+    path.parent.mkdir(parents=True)
+    # what a process killed by a native crash leaves: the marker of the combination in progress
+    path.with_name(path.name + ".running").write_text("torch.Tensor.neg\n2\nDTensor's execution\n")
+    results = {r.case: r for r in run_spec(spec, [(4,)], limit=None, store=tmp_path, root=ROOT)}
+    died = results["torch.Tensor.neg"]
+    assert died.executed == 5 and died.counts["raises"] == 1
+    assert died.findings[0].detail == f"{DIED} (in DTensor's execution)"
+    assert results["torch.neg"].counts == {"agrees": 5}
+    assert not path.with_name(path.name + ".running").exists()

@@ -52,9 +52,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repros", type=Path, default=None, metavar="DIR",
                         help="write a standalone repro script per silent-corruption or late-failure class into DIR")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the report")
+    parser.add_argument("--results", type=Path, default=None, metavar="DIR",
+                        help="store every case's result in DIR (one file per spec, mesh, torch version and limit) "
+                             "and continue from what it holds: an interrupted run resumes where it stopped")
     parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
-                        help="report on the results a --json run saved instead of running again (with --write, "
-                             "--accepted: the page and the verdict against another accepted file)")
+                        help="report on the results a --json run saved (a file) or a --results folder holds (a "
+                             "folder: the SPECs, --mesh and --limit chosen, saying how much is complete) instead "
+                             "of running again (with --write, --accepted: the page and the verdict)")
     parser.add_argument("--upstream", nargs="?", type=Path, const=UPSTREAM, default=None, metavar="DIR",
                         help=f"re-run every upstream bug report's repro (default folder: {UPSTREAM}) on the installed "
                              "torch and say which are fixed (exit 1 when a repro neither reproduces nor passes)")
@@ -89,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
+    if args.from_json is not None and args.from_json.is_dir():
+        return _report_stored(args, accepted, specs, limit)
     if args.from_json is not None:
         return _report_saved(args, accepted)
     if not specs and not customs:
@@ -101,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
 
     def done(result) -> None:   # progress on stderr: a full run takes a while
         results.append(result)
-        if not args.quiet:
+        if not args.quiet and result.resumed:
+            print(f"[{time.perf_counter() - start:7.1f}s] {result.op} {result.case} on {list(result.mesh)}: "
+                  f"stored in {args.results} ({result.executed} executed)", file=sys.stderr, flush=True)
+        elif not args.quiet:
             counts = ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items()))
             print(f"[{time.perf_counter() - start:7.1f}s] {result.op} {result.case} on {list(result.mesh)}: "
                   f"{result.executed} executed in {result.seconds:.1f}s ({counts or result.note[:100]})",
@@ -109,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         for spec in specs:
-            run_spec(spec, args.mesh, limit=limit, budget=budget, on_result=done)
+            run_spec(spec, args.mesh, limit=limit, budget=budget, on_result=done, store=args.results, root=args.root)
         for custom in customs:
             run_custom(custom, args.mesh, limit=limit, budget=budget, on_result=done)
     except SpecError as exc:   # a custom spec's module cannot be imported
@@ -240,6 +249,31 @@ def _report_saved(args: argparse.Namespace, accepted) -> int:
             note=str(saved.get("note") or ""))))]):
         return USAGE
     return 0 if passed else 1
+
+
+def _report_stored(args: argparse.Namespace, accepted, specs, limit) -> int:
+    """--from-json DIR: the summary, page and verdict of what a --results folder holds."""
+    import torch
+
+    from shardverify.dtensor.report import markdown, new_classes, summary
+    from shardverify.dtensor.run import stored_results
+
+    try:
+        results, note = stored_results(args.from_json, specs, args.mesh, limit, args.root)
+    except (SpecError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE
+    fresh = new_classes(results, accepted)
+    unchecked = _unchecked(results)
+    print(summary(results, accepted, args.show))
+    print(f"\n{'passed' if not fresh and not unchecked else 'FAILED'} on what is stored: {len(fresh)} new "
+          f"class(es) not in the accepted file; {note}")
+    sys.stdout.flush()
+    command = _command_line(args) + f" --results {args.from_json}"
+    if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
+            results, accepted, command, torch.__version__, note=note)))]):
+        return USAGE
+    return 0 if not fresh and not unchecked else 1
 
 
 def _command_line(args: argparse.Namespace) -> str:

@@ -17,6 +17,7 @@ redistribute first, and into which output placement) beside whether the runtime 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -24,34 +25,15 @@ import torch
 from shardverify.audit.layouts import Layout
 from shardverify.backends.signals import deadline
 from shardverify.capture.call import call_op
-from shardverify.dtensor.hooks import AtenCalls, fresh_sharding_cache, quiet_dtensor, tracing, watch_redistribution
+from shardverify.dtensor.hooks import (AtenCalls, fresh_sharding_cache, quiet_dtensor, reuse_propagation, tracing,
+                                      watch_redistribution)
 from shardverify.dtensor.placements import placements_of, placements_text
+from shardverify.dtensor.rule import RuleVerdict, error_text, rule_verdict, with_redistributed
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
 
 __all__ = ["RuleVerdict", "Execution", "CaseRunner", "quiet_dtensor"]
 
 GRAD_SEED = 4099
-
-
-@dataclass(frozen=True)
-class RuleVerdict:
-    """What DTensor's sharding rule for the call's aten op says for these input placements."""
-
-    op: str
-    local: bool | None            # True: runs on the inputs as placed; False: redistributes first; None: no rule
-    inputs: str = ""              # the input placements the rule asks for (when it redistributes)
-    output: str = ""              # the output placements it propagates
-    error: str = ""               # why the rule gives no answer
-    redistributed: bool | None = None   # whether the runtime changed any input's placements
-
-    def __str__(self) -> str:
-        if self.local is None:
-            return f"{self.op}: no rule ({self.error})"
-        how = "runs locally" if self.local else f"redistributes inputs to {self.inputs}"
-        text = f"{self.op}: rule {how} -> {self.output}"
-        if not self.local and self.redistributed is False:
-            text += "; the runtime did not redistribute"
-        return text
 
 
 @dataclass(frozen=True)
@@ -61,7 +43,7 @@ class Execution:
     ``failed``: "" (values and gradients right), "inputs" (the layout is not expressible),
     "forward-raises", "forward-wrong", "forward-late" (the op returned a DTensor whose
     ``full_tensor()`` raises), "backward-raises", "backward-late" (a gradient's ``full_tensor()``
-    raises), "backward-wrong", "too-slow".
+    raises), "backward-wrong", "too-slow", "died" (the process died on it: a native crash in torch).
     """
 
     failed: str
@@ -82,11 +64,6 @@ class Execution:
 def _comm_counts(comm) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((getattr(op, "__name__", str(op)).split(".")[-1], n)
                         for op, n in comm.get_comm_counts().items() if n))
-
-
-def _text(exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first[:200]}"
 
 
 @dataclass
@@ -165,7 +142,7 @@ class CaseRunner:
                 per_rank = dict(made.full_tensor()._local_tensors)
         except Exception as exc:  # noqa: BLE001 - DTensor cannot even gather these blocks
             found = (f"DTensor cannot read {placements_text(placements)} back from these blocks "
-                     f"({_text(exc)}): the layout {layout} is not expressible so")
+                     f"({error_text(exc)}): the layout {layout} is not expressible so")
             self._inputs[key] = found
             return found
         scale = float(full.abs().max()) if full.numel() and full.is_floating_point() else 0.0
@@ -210,15 +187,17 @@ class CaseRunner:
                     made = made.detach().requires_grad_()
                 leaves[i] = made
             values[operand.locator] = made
-        rule = self._rule(values)
+        answers: dict = {}
+        rule = rule_verdict(self.aten, self._passed, self.operands, values, self.mode, answers)
         tracer = self._tracer
         with self.mode:
             try:
-                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "forward", watch):
+                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "forward", watch), \
+                        reuse_propagation(answers):
                     out = call_op(problem.node, problem.module, values)
             except Exception as exc:  # DTensor refuses: its own error, reported
-                return Execution("forward-raises", _text(exc), rule=_redistributed(rule, watch.ops))
-            rule = _redistributed(rule, watch.ops)
+                return Execution("forward-raises", error_text(exc), rule=with_redistributed(rule, watch.ops))
+            rule = with_redistributed(rule, watch.ops)
             outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             picked = [outs[k] for k in problem.out_index]
             gathered = self._gather_outputs(picked)
@@ -228,20 +207,20 @@ class CaseRunner:
         if isinstance(gathered, _Late):
             return Execution("forward-late", gathered.text, **base)
         # compared outside the mode: plain tensor ops under LocalTensorMode cost 10x
-        alt = self._at_rebuilt(combo)
+        alt = functools.cache(lambda: self._at_rebuilt(combo))   # asked only where a value is off
         wrong = gathered if isinstance(gathered, str) else self._compare_outputs(gathered, alt)
         if wrong:
             return Execution("forward-wrong", wrong, **base)
         if not self.backward:
             return Execution("", **base)
         with self.mode:
-            total = self._backward_loss(picked)   # shardverify's own gather of the outputs: not counted
+            fulls, seeds = self._seeds(picked)   # shardverify's own gather of the outputs: not counted
             try:
                 with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "backward", watch):
-                    if total is not None:
-                        total.backward()
+                    if fulls:
+                        torch.autograd.backward(fulls, seeds)
             except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses after the op returned
-                return Execution("backward-raises", _text(exc), **base)
+                return Execution("backward-raises", error_text(exc), **base)
             grads = {}
             for i, leaf in leaves.items():
                 if leaf.grad is None:
@@ -251,7 +230,7 @@ class CaseRunner:
                     grads[i] = (placements_text(leaf.grad.placements), dict(leaf.grad.full_tensor()._local_tensors))
                 except Exception as exc:  # noqa: BLE001 - the gradient's metadata does not fit its locals
                     return Execution("backward-late", f"gradient of {self.operands[i].role} "
-                                     f"{placements_text(leaf.grad.placements)}: full_tensor() raises {_text(exc)}",
+                                     f"{placements_text(leaf.grad.placements)}: full_tensor() raises {error_text(exc)}",
                                      backward_comms=_comm_counts(comm), **base)
         base["backward_comms"] = _comm_counts(comm)
         wrong = self._compare_grads(grads, alt)
@@ -276,7 +255,7 @@ class CaseRunner:
                 full = item.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)
                 per_rank = dict(full.to_local()._local_tensors)
             except Exception as exc:  # noqa: BLE001 - the output's metadata does not fit its locals
-                return _Late(f"output {k} {placements_text(item.placements)}: full_tensor() raises {_text(exc)}")
+                return _Late(f"output {k} {placements_text(item.placements)}: full_tensor() raises {error_text(exc)}")
             found.append((placements_text(item.placements), per_rank))
             self._full_outputs.append(full)
         return found
@@ -301,33 +280,34 @@ class CaseRunner:
         picked = [outs[k] for k in self.problem.out_index]
         return tuple(o.detach() for o in picked), _input_grads(picked, self.grad_outputs, leaves)
 
-    def _compare_outputs(self, gathered: list, alt: tuple | None = None) -> str:
+    def _compare_outputs(self, gathered: list, alt=lambda: None) -> str:
         """"" when every rank's full value of every output is the reference (or the op at the
         values DTensor's partial inputs sum to); else the first output, rank and error that is not."""
         for k, ((shown, per_rank), expected, tol) in enumerate(zip(gathered, self.problem.outputs,
                                                                      self.problem._tols)):
             problem = _first_mismatch(per_rank, expected, tol)
-            if problem and alt is not None and not _first_mismatch(per_rank, alt[0][k], tol):
+            if problem and alt() is not None and not _first_mismatch(per_rank, alt()[0][k], tol):
                 problem = ""
             if problem:
                 return f"output {k} {shown}: {problem}"
         return ""
 
-    def _backward_loss(self, picked):
-        """``sum(output * g)`` over the outputs as :meth:`_gather_outputs` gathered them to
-        replicated (this check's own collective, made before the backward's are counted), or None."""
+    def _seeds(self, picked) -> tuple[list, list]:
+        """The outputs as :meth:`_gather_outputs` gathered them to replicated (this check's own
+        collective, made before the backward's are counted) and ``g`` for each, as replicated
+        DTensors: the backward of ``sum(output * g)`` without running the mul and sum on DTensor."""
         from torch.distributed.tensor import DTensor, Replicate
 
-        total = None
+        fulls, seeds = [], []
         for item, full, g in zip(picked, self._full_outputs, self.grad_outputs):
             if g is None or not isinstance(item, DTensor) or not item.requires_grad:
                 continue
-            term = (full * DTensor.from_local(_replicated(g, self.mesh.size()), self.mesh,
-                                              [Replicate()] * self.mesh.ndim, run_check=False)).sum()
-            total = term if total is None else total + term
-        return total
+            fulls.append(full)
+            seeds.append(DTensor.from_local(_replicated(g.to(full.dtype), self.mesh.size()), self.mesh,
+                                            [Replicate()] * self.mesh.ndim, run_check=False))
+        return fulls, seeds
 
-    def _compare_grads(self, grads: dict, alt: tuple | None = None) -> str:
+    def _compare_grads(self, grads: dict, alt=lambda: None) -> str:
         for i, found in grads.items():
             expected = self.ref_grads.get(i)
             if expected is None:
@@ -340,7 +320,7 @@ class CaseRunner:
             shown, per_rank = found
             tol = Tolerance(1e-7, 1e-7 * max(float(expected.abs().max()), 1.0))
             problem = _first_mismatch(per_rank, expected, tol)
-            if problem and alt is not None and i in alt[1] and not _first_mismatch(per_rank, alt[1][i], tol):
+            if problem and alt() is not None and i in alt()[1] and not _first_mismatch(per_rank, alt()[1][i], tol):
                 problem = ""
             if problem:
                 return f"gradient of {role} {shown}: {problem}"
@@ -360,50 +340,6 @@ class CaseRunner:
             self._tracer = None
             self._dirty = True
         return found
-
-    # ---- DTensor's rule ---------------------------------------------------------------------
-    def _rule(self, values: dict) -> RuleVerdict | None:
-        """What DTensor's sharding rule says for the call's one aten op (None when the call is
-        several aten ops, or one of its tensor arguments is not an operand itself)."""
-        if self.aten is None:
-            return None
-        from torch.distributed.tensor import DTensor
-
-        func, args, kwargs = self.aten
-        missing = []
-
-        def swap(value):
-            if isinstance(value, torch.Tensor):
-                position = self._passed.get(id(value))
-                if position is None:
-                    missing.append(value)
-                    return value
-                return values[self.operands[position].locator]
-            if isinstance(value, (list, tuple)):
-                return type(value)(swap(v) for v in value)
-            return value
-
-        dargs, dkwargs = swap(args), {k: swap(v) for k, v in kwargs.items()}
-        if missing:
-            return None
-        dispatcher = DTensor._op_dispatcher
-        try:
-            with self.mode:
-                info = dispatcher.unwrap_to_op_info(func, dargs, dkwargs)
-                dispatcher.sharding_propagator.propagate(info)
-        except Exception as exc:  # noqa: BLE001 - no rule, or the rule raises
-            return RuleVerdict(str(func), None, error=_text(exc))
-        sharding = info.output_sharding
-        spec = sharding.output_spec
-        specs = spec if isinstance(spec, (tuple, list)) else (spec,)
-        output = ", ".join(placements_text(s.placements) if s is not None else "None" for s in specs)
-        inputs = ""
-        if sharding.needs_redistribute and sharding.redistribute_schema is not None:
-            inputs = ", ".join(placements_text(s.placements) for s in sharding.redistribute_schema.args_spec)
-            if inputs == ", ".join(placements_text(s.placements) for s in info.schema.args_spec):
-                inputs = ""   # a view's arguments rewritten to local sizes: the placements are kept
-        return RuleVerdict(str(func), not inputs, inputs, output)
-
 
 @dataclass(frozen=True)
 class _Late:
@@ -425,13 +361,6 @@ def _input_grads(outputs, grad_outputs, leaves: dict) -> dict:
     found = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs],
                                 allow_unused=True)
     return {i: (g.detach() if g is not None else torch.zeros_like(leaves[i])) for i, g in zip(leaves, found)}
-
-
-def _redistributed(rule: RuleVerdict | None, ops: list[str]) -> RuleVerdict | None:
-    """``rule`` with whether the runtime redistributed (said only where the rule asks it to)."""
-    if rule is None or rule.local is not False:
-        return rule
-    return RuleVerdict(rule.op, rule.local, rule.inputs, rule.output, rule.error, redistributed=bool(ops))
 
 
 def _replicated(value: torch.Tensor, world: int):

@@ -95,3 +95,28 @@ def fresh_sharding_cache() -> None:
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
     _clear_sharding_prop_cache()   # the Python cache and the C++ fast path's
+
+
+@contextlib.contextmanager
+def reuse_propagation(answers: dict):
+    """DTensor's dispatch computes the sharding of an op whose input placements its C++ cache has
+    not seen without looking in its Python cache (the one the rule query filled): ``answers``
+    (op schema -> the OutputSharding the rule query got from DTensor's own propagator for that
+    very schema) is handed back instead of propagating the same schema a second time."""
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    real = propagator.propagate_op_sharding_non_cached
+
+    def answered(schema):
+        try:
+            found = answers.get(schema)
+        except TypeError:   # a schema that does not hash: DTensor's own path
+            found = None
+        return found if found is not None else real(schema)
+
+    propagator.propagate_op_sharding_non_cached = answered
+    try:
+        yield
+    finally:
+        del propagator.propagate_op_sharding_non_cached

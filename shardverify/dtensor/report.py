@@ -106,7 +106,9 @@ Classes, most important first:
 {classes}
 
 A case with more combinations than the limit executes an evenly spaced sample; the table says
-how many ran. `raises` on an uneven layout can be `LocalTensorMode`'s own limit (its tensors
+how many ran. A run over every spec takes hours: `--results DIR` stores each case's result (one
+file per spec content hash, mesh, torch version and limit) and continues an interrupted run at
+its next combination; `--from-json DIR` rebuilds this page from what is stored. `raises` on an uneven layout can be `LocalTensorMode`'s own limit (its tensors
 carry per-rank sizes) rather than DTensor's; the detail names the error.
 """
 
@@ -131,8 +133,10 @@ def markdown(results, accepted: Accepted | None, command: str, torch_version: st
         by_op[r.op][r.mesh].update(r.counts)
         runs[(r.op, r.mesh)][0] += r.combinations
         runs[(r.op, r.mesh)][1] += r.executed
-        if r.note.startswith("error"):
-            notes[(r.op, r.mesh)].append(f"{r.case}: {r.note[:120]}")
+        shown = [part for part in r.note.split("; ")
+                 if part.startswith(("error", "in progress", "no tensor operand", "DTensor took over"))]
+        if shown:
+            notes[(r.op, r.mesh)].append(f"{r.case}: {'; '.join(shown)[:160]}")
     out.append("## Per op and mesh\n")
     out.append("| op | mesh | combinations | executed | " + " | ".join(ORDER) + " | note |")
     out.append("| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in ORDER) + " | --- |")

@@ -21,10 +21,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
 from shardverify.audit.run import _Audit
-from shardverify.dtensor.execute import CaseRunner, quiet_dtensor
+from shardverify.dtensor.execute import CaseRunner, Execution, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.repro import render_repro
+from shardverify.dtensor.store import StoredRun, load_stored, save_stored, spec_hash, store_path
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
@@ -33,6 +36,9 @@ __all__ = ["CaseResult", "run_case", "run_spec", "execute_combos", "present_comb
 
 DEFAULT_LIMIT = 600
 DEFAULT_BUDGET = 20.0   # seconds one combination may take
+CHECKPOINT_SECONDS = 60.0
+DIED = ("the process died on this combination (a native crash inside torch, such as SIGFPE or SIGSEGV), "
+        "found when the stored run resumed and not run again")   # how often a case in progress is stored (--results)
 
 
 @dataclass
@@ -49,6 +55,7 @@ class CaseResult:
     findings: list[Finding] = field(default_factory=list)     # every class but "agrees"
     note: str = ""
     seconds: float = 0.0
+    resumed: bool = False          # read back from a results folder (--results), not run now
 
     @classmethod
     def from_json(cls, item: dict) -> "CaseResult":
@@ -72,18 +79,29 @@ def _sample(items: list, limit: int | None) -> list:
 
 def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: int | None = DEFAULT_LIMIT,
              partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET,
-             explained: set[str] | None = None) -> CaseResult:
-    """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``."""
+             explained: set[str] | None = None, resume: CaseResult | None = None, checkpoint=None,
+             starting=None, died: dict | None = None) -> CaseResult:
+    """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``; ``resume``:
+    the stored result of an interrupted run of this case, continued at its next combination;
+    ``checkpoint(result)`` is called with the result so far every :data:`CHECKPOINT_SECONDS`."""
     start = time.perf_counter()
-    result = CaseResult(spec.name, case_id, tuple(mesh_shape))
+    result = CaseResult(spec.name, case_id, tuple(mesh_shape)) if resume is None else resume
+    before = result.seconds
     # partial max/min inputs are left out: DTensor defines no backward for a Partial("max") input
     audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs=partial_inputs, extremum_inputs=False)
     result.note = audit.note
     # only the combinations executed are decided: a sample of attention's 4 operands on (2, 2)
     # needs a few hundred decisions, not the tens of thousands of the whole audit
     combos = present_combinations(audit.combinations())
-    execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget, explained)
-    result.seconds = time.perf_counter() - start
+
+    def timed(found: CaseResult) -> None:
+        found.seconds = before + time.perf_counter() - start
+        if checkpoint is not None:
+            checkpoint(found)
+
+    execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget, explained,
+                   checkpoint=timed, starting=starting, died=died)
+    result.seconds = before + time.perf_counter() - start
     return result
 
 
@@ -94,24 +112,50 @@ def present_combinations(combos) -> list:
 
 
 def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None,
-                   budget: float | None = DEFAULT_BUDGET, explained: set[str] | None = None) -> None:
+                   budget: float | None = DEFAULT_BUDGET, explained: set[str] | None = None,
+                   checkpoint=None, starting=None, died: dict | None = None) -> None:
     """Execute ``combos`` (or a sample of ``limit``) on DTensor, classifying each against the
     audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``. The first
     silent or late finding of each class gets its repro and attribution; ``explained``: the
-    classes that already have them (shared by a spec's cases and meshes, so each is explained once)."""
+    classes that already have them (shared by a spec's cases and meshes, so each is explained once).
+    A ``result`` that already executed some (a stored run resumed) continues at the next one;
+    ``checkpoint(result)`` is called every :data:`CHECKPOINT_SECONDS` with the result so far,
+    ``starting(index, stage)`` before each combination's local check and its DTensor execution;
+    ``died``: index -> the stage a process died in (a native crash in torch), each counted as
+    raising without running it again."""
+    died = died or {}
     mesh_shape = result.mesh
+    if not operands:   # a factory op (arange, full): no DTensor goes in, a plain tensor comes out
+        left = "no tensor operand: DTensor is not involved (the op makes a plain tensor), nothing executed"
+        result.note = f"{result.note}; {left}" if result.note else left
+        return
     result.combinations = len(combos)
     chosen = _sample(combos, limit)
     if len(chosen) < len(combos):
         left = f"{len(combos) - len(chosen)} of {len(combos)} combinations not executed (limit {limit})"
         result.note = f"{result.note}; {left}" if result.note else left
     rendered = set() if explained is None else explained
+    saved = time.perf_counter()
     with quiet_dtensor(), local_world(tuple(mesh_shape)) as (mesh, mode):
         runner = CaseRunner(problem, operands, mesh, mode, budget=budget)
         for done, combo in enumerate(chosen):
-            outcome = outcome_of(combo)
-            execution = runner.run(combo)
-            klass, phase = classify(execution, bool(outcome.valid))
+            if done < result.executed:      # executed before the run was interrupted
+                continue
+            if checkpoint is not None and time.perf_counter() - saved > CHECKPOINT_SECONDS:
+                checkpoint(result)
+                saved = time.perf_counter()
+            stage, outcome = died.get(done, ""), None     # a stage the process died in is never run again
+            if "DTensor" in stage:
+                execution = Execution("died", f"{DIED} ({stage})")
+            else:
+                if not stage:      # the audit's local check of it (whether a strategy runs it locally)
+                    if starting is not None:
+                        starting(done, "the local check of it")
+                    outcome = outcome_of(combo)
+                if starting is not None:
+                    starting(done, "DTensor's execution")
+                execution = runner.run(combo)
+            klass, phase = classify(execution, bool(outcome is not None and outcome.valid))
             result.executed += 1
             result.counts[klass] += 1
             if klass == "too-slow" and len(chosen) > done + 1:
@@ -127,7 +171,8 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 tuple((o.role, placements_text(placements_of(layout, mesh_shape))) for o, layout in zip(operands, combo)),
                 klass, phase, execution.detail, str(execution.rule) if execution.rule else "",
                 runtime_against_rule(execution, klass),
-                ", ".join(map(str, outcome.outputs)) if outcome.valid else f"none ({outcome.reason})",
+                ("not decided (the process died deciding it)" if outcome is None else ", ".join(map(str, outcome.outputs)) if outcome.valid
+                 else f"none ({outcome.reason})"),
                 _comms(execution))
             if klass in ("silent-wrong", "late-failure") and finding.key() not in rendered:
                 rendered.add(finding.key())
@@ -165,18 +210,119 @@ def _repro(problem, operands, combo, mesh_shape, finding: Finding) -> str:
 
 
 def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float | None = DEFAULT_BUDGET,
-             on_result=None) -> list[CaseResult]:
-    """Every case of ``spec`` on every mesh; a case that cannot run is a result with its error
-    as the note, never left out."""
+             on_result=None, store: Path | None = None, root: Path = Path(".")) -> list[CaseResult]:
+    """Every case of ``spec`` on every mesh (mesh by mesh, so a stored run completes a mesh
+    before the next); a case that cannot run is a result with its error as the note, never left
+    out. ``store``: a results folder (:mod:`shardverify.dtensor.store`) that cases already done
+    are read from, a case in progress continues from, and every result is written to."""
+    import torch
+
     results = []
     explained: set[str] = set()
-    for case_id, case in spec.op_cases():
-        for mesh in meshes or spec.verify.meshes:
-            try:
-                found = run_case(spec, case_id, case, tuple(mesh), limit=limit, budget=budget, explained=explained)
-            except Exception as exc:  # noqa: BLE001 - reported with the case, not skipped
-                found = CaseResult(spec.name, case_id, tuple(mesh), note=f"error: {type(exc).__name__}: {exc}")
+    cases = list(spec.op_cases())
+    digest = spec_hash(spec, root) if store is not None else ""
+    for mesh in meshes or spec.verify.meshes:
+        mesh = tuple(mesh)
+        saved, path, running = None, None, None
+        if store is not None:
+            path = store_path(store, spec.name, digest, mesh, torch.__version__, limit)
+            saved = load_stored(path) or StoredRun(spec.name, digest, mesh, torch.__version__, limit, budget)
+            if saved.budget != budget:      # too-slow depends on it: run again
+                saved = StoredRun(spec.name, digest, mesh, torch.__version__, limit, budget)
+            saved.cases = [case_id for case_id, _ in cases]
+            running = path.with_name(path.name + ".running")   # the combination in progress
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if running.exists():       # the last run died on it: never run again, counted as raising
+                dead_case, index, stage = (running.read_text().split("\n") + ["", ""])[:3]
+                saved.died.setdefault(dead_case, {})[index] = f"in {stage or 'its execution'}"
+                save_stored(path, saved)
+                running.unlink()
+            explained |= {f.key() for r in saved.results.values() for f in CaseResult.from_json(r).findings
+                          if f.klass in ("silent-wrong", "late-failure")}   # their repro was made then
+        for case_id, case in cases:
+            if saved is not None and case_id in saved.done:
+                found = CaseResult.from_json(saved.results[case_id])
+                found.resumed = True
+            else:
+                resume = (CaseResult.from_json(saved.results[case_id])
+                          if saved is not None and case_id in saved.results else None)
+
+                def keep(result: CaseResult, done: bool = False, case_id=case_id, saved=saved, path=path) -> None:
+                    if saved is not None:
+                        saved.results[case_id] = result.to_json()
+                        if done:
+                            saved.done.append(case_id)
+                        save_stored(path, saved)
+
+                def starting(index: int, stage: str, case_id=case_id, running=running) -> None:
+                    if running is not None:
+                        running.write_text(f"{case_id}\n{index}\n{stage}\n")
+
+                died = {int(i): stage for i, stage in saved.died.get(case_id, {}).items()} if saved else {}
+                try:
+                    found = run_case(spec, case_id, case, mesh, limit=limit, budget=budget, explained=explained,
+                                     resume=resume, checkpoint=keep, starting=starting, died=died)
+                except Exception as exc:  # noqa: BLE001 - reported with the case, not skipped
+                    found = CaseResult(spec.name, case_id, mesh, note=f"error: {type(exc).__name__}: {exc}")
+                except BaseException:     # stopped (Ctrl-C, SIGTERM): the combination did not kill it
+                    if running is not None:
+                        running.unlink(missing_ok=True)
+                    raise
+                keep(found, done=True)
+                if saved is not None and running.exists():
+                    running.unlink()
             results.append(found)
             if on_result is not None:
                 on_result(found)
     return results
+
+
+def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = Path(".")) -> tuple[list[CaseResult], str]:
+    """The results a folder holds for ``specs`` on ``meshes`` (each spec's own meshes when None)
+    at this torch version and ``limit``, and a sentence saying how much of that is complete:
+    (spec, mesh) pairs finished, in progress (their cases so far) and not run, by name."""
+    import torch
+
+    results: list[CaseResult] = []
+    complete, partial, missing, unrun = [], [], [], []
+    absent, seconds = 0, 0.0
+    for spec in specs:
+        digest = spec_hash(spec, root)
+        shapes = meshes or spec.verify.meshes
+        if not any(store_path(store, spec.name, digest, m, torch.__version__, limit).exists() for m in shapes):
+            unrun.append(spec.name)      # said by name alone
+            absent += len(shapes)
+            continue
+        for mesh in shapes:
+            mesh = tuple(mesh)
+            saved = load_stored(store_path(store, spec.name, digest, mesh, torch.__version__, limit))
+            name = f"{spec.name} {_shape(mesh)}"
+            if saved is None or not saved.results:
+                missing.append(name)
+                continue
+            (complete if saved.complete else partial).append(name)
+            for case_id, item in saved.results.items():
+                found = CaseResult.from_json(item)
+                if case_id not in saved.done:
+                    left = (f"in progress: {found.executed} of {found.combinations} combinations executed "
+                            "so far, the rest not run yet")
+                    found.note = f"{found.note}; {left}" if found.note else left
+                found.resumed = True
+                seconds += found.seconds
+                results.append(found)
+    total = len(complete) + len(partial) + len(missing) + absent
+    note = (f"the stored results in `{store}` (torch {torch.__version__}, --limit {limit or 0}): {len(complete)} of "
+            f"{total} (op spec, mesh) pairs complete, {len(partial)} in progress (their finished cases and the "
+            f"combinations executed so far are counted below), {len(missing) + absent} not run; "
+            f"{seconds / 60:.0f} min of execution stored.")
+    if partial:
+        note += " In progress: " + ", ".join(partial) + "."
+    if missing:
+        note += " Not run: " + ", ".join(missing) + "."
+    if unrun:
+        note += f" Not run on any mesh ({len(unrun)} specs): " + ", ".join(unrun) + "."
+    return results, note
+
+
+def _shape(mesh) -> str:
+    return "(" + ", ".join(map(str, mesh)) + (",)" if len(mesh) == 1 else ")")

@@ -104,6 +104,8 @@ def classify(execution: Execution, valid_locally: bool) -> tuple[str, str]:
         return "not-expressible", ""
     if failed == "too-slow":
         return "too-slow", ""
+    if failed == "died":      # the process running it died (a native crash), found when the run resumed
+        return "raises", ""
     if failed == "forward-raises":
         return "raises", "forward"
     if failed == "forward-wrong":
