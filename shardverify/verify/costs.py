@@ -1,4 +1,4 @@
-"""Checks a strategy's declared compute and communication costs against what the rank really did.
+"""Checks a strategy's declared compute, communication and memory costs against what the rank really did.
 
 Communication: every collective a rank issues is recorded by its communicator as
 ``(kind, axes, payload bytes)`` (``Communicator.traffic``); the verifier prices what was issued
@@ -9,6 +9,8 @@ Compute: the real local op call runs under ``torch.utils.flop_counter.FlopCounte
 (:class:`OpMeter`); the figures the strategy must declare follow from the rule
 :func:`shardverify.strategies.generators.flops.compute_cost` (forward = counted FLOPs / 2, or the numel
 of the largest local operand when the counter does not count the op; backward = 2 x forward).
+
+Memory: the bytes of the rank's real local shards and outputs (:func:`memory_mismatches`).
 
 Uneven blocks: a strategy declares its costs for the largest blocks (the rank at coordinate 0
 of every mesh axis holds them: the slowest rank sets the step time). That rank must measure
@@ -25,12 +27,16 @@ from dataclasses import dataclass
 
 import torch
 
-from shardverify.sharding.strategy import ShardingStrategy, TrainCycleItem
+from shardverify.capture.call import operand_nodes
+from shardverify.sharding.strategy import MemoryCost, ShardingStrategy, TrainCycleItem
+from shardverify.spec.case import OpCase
 from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
+from shardverify.verify.layout import RankLayout
+from shardverify.verify.memo import remembered
 from shardverify.verify.report import Mismatch
 
 __all__ = ["OpMeter", "OpWork", "price_traffic", "communication_mismatches", "compute_mismatches",
-           "REL_TOL"]
+           "memory_mismatches", "REL_TOL"]
 
 #: relative tolerance of a cost comparison (the figures are sums of floats added in other orders)
 REL_TOL = 1e-6
@@ -163,3 +169,87 @@ def compute_mismatches(strategy: ShardingStrategy, rank: int, work: OpWork | Non
              else f"no FLOPs counted: largest local operand has {work.largest_numel} elements")
     return [Mismatch("cost", rank, "compute cost",
                      detail=f"strategy {strategy.name!r}: " + "; ".join(problems) + f" ({basis}; bwd = 2 x fwd)")]
+
+
+_MEMORY: dict = {}
+
+
+def memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple, case: OpCase,
+                      layout: RankLayout) -> list[Mismatch]:
+    """The declared memory cost against the bytes this rank really holds (:func:`_memory_problems`).
+    The verdict follows from the elements each tensor holds, so ranks holding alike (every
+    rank of an even layout) share one, worked out by the first of them."""
+    held = (tuple(leaves[operand.data.name].numel() for operand in layout.inputs),
+            tuple(out.numel() for out in outputs), layout.holds_largest)
+    entry = _MEMORY.get(id(strategy))
+    if entry is None or entry[0] is not strategy or entry[1] is not case:
+        if len(_MEMORY) >= 1024:
+            _MEMORY.clear()
+        entry = _MEMORY[id(strategy)] = (strategy, case, {})
+    problems = entry[2].get(held)
+    if problems is None:
+        problems = entry[2][held] = _memory_problems(strategy, leaves, outputs, case, layout)
+    return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))] if problems else []
+
+
+def _memory_problems(strategy: ShardingStrategy, leaves: dict, outputs: tuple, case: OpCase,
+                     layout: RankLayout) -> tuple[str, ...]:
+    """The declared memory cost against the bytes this rank really holds: forward holds
+    every operand's local shard, backward a gradient of each input and parameter. Sizes come
+    from the real tensors (local shard elements x the traced tensor's element size) and the
+    parameter/activation split from whether the tensor is module state (a parameter or
+    buffer), never from what the strategy says about its operands. Uneven blocks: the rank
+    holding the largest blocks holds exactly the declared bytes, any other no more."""
+    real, out_dtypes = _real_operands(case)
+    inputs = [operand.data for operand in layout.inputs]
+    outs = [operand.data for operand in layout.outputs]
+    activation = parameter = 0
+    for data in inputs:
+        dtype, is_state = real[(data.locator.kind, data.locator.key)]
+        size = leaves[data.name].numel() * dtype.itemsize
+        if is_state:
+            parameter += size
+        else:
+            activation += size
+    out_bytes = sum(out.numel() * dtype.itemsize for out, dtype in zip(outputs, out_dtypes))
+    fwd = MemoryCost(activation + out_bytes, parameter)
+    bwd = MemoryCost(activation, parameter)
+    held = (fwd, bwd, fwd + bwd)
+    declared = tuple(strategy.memory_cost)
+    largest = layout.holds_largest
+    problems = [f"{phase}: declared {d.activation} activation + {d.parameter} parameter bytes, "
+                f"local shards hold {h.activation} + {h.parameter}"
+                + ("" if largest else " (a rank with smaller blocks than the largest may hold less, never more)")
+                for phase, d, h in zip(("fwd", "bwd", "total"), declared, held)
+                if (d != h if largest else (h.activation > d.activation or h.parameter > d.parameter))]
+    lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in inputs]
+    lies += list(zip(outs, out_dtypes))
+    problems += [f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}"
+                 for data, dtype in lies if data.dtype != dtype]
+    return tuple(problems)
+
+
+_REAL: dict = {}
+
+
+def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
+    """({operand locator: (dtype, is module state)}, [dtype of each output]) of the traced
+    harness: the real tensors the strategy describes, whatever dtype a check runs in.
+    Remembered per case object."""
+    return remembered(_REAL, id(case), case, lambda: _traced_operands(case), limit=256)
+
+
+def _traced_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
+    from shardverify.verify.reference import _meta_dtypes
+
+    traced, node_name = case.build()
+    node = next(n for n in traced.graph.nodes if n.name == node_name)
+    found = {loc: (arg.meta["tensor_meta"].dtype, arg.op == "get_attr")
+             for loc, arg in operand_nodes(node).items() if hasattr(arg.meta.get("tensor_meta"), "dtype")}
+    if node.op == "call_module":
+        module = traced.get_submodule(str(node.target))
+        found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})
+        found.update({("buffer", n): (b.dtype, True) for n, b in module.named_buffers()})
+    return found, _meta_dtypes(traced, node_name)
+
+
