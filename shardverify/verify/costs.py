@@ -128,11 +128,38 @@ def _describe(traffic: Counter) -> str:
                      for (kind, axes, nbytes), n in sorted(traffic.items()))
 
 
+_VERDICTS: dict = {}
+
+
+def _shared(strategy: ShardingStrategy, key: tuple, owners: tuple, build):
+    """``build()``, the verdict on ``strategy`` for ``key`` (the figures measured, with the ids of
+    ``owners``, the other objects it reads), worked out once per strategy object: the ranks of a
+    check measuring alike (every rank of an even layout) share it instead of each pricing and
+    formatting the same figures."""
+    entry = _VERDICTS.get(id(strategy))
+    if entry is None or entry[0] is not strategy:
+        if len(_VERDICTS) >= 1024:
+            _VERDICTS.clear()
+        entry = _VERDICTS[id(strategy)] = (strategy, {})
+    hit = entry[1].get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], owners)):
+        hit = entry[1][key] = (owners, build())
+    return hit[1]
+
+
 def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: Counter,
                              bwd: Counter | None, largest: bool = True) -> list[Mismatch]:
     """The declared communication cost against the priced collectives this rank issued in the
     forward pass (``fwd``) and the backward pass (``bwd``; None when backward did not run, then
     only the forward figure is checked); ``largest``: whether this rank holds the largest blocks."""
+    key = ("communication", id(mesh), frozenset(fwd.items()), None if bwd is None else frozenset(bwd.items()),
+           largest)
+    detail = _shared(strategy, key, (mesh,), lambda: _communication_problems(strategy, mesh, fwd, bwd, largest))
+    return [Mismatch("cost", rank, "communication cost", detail=detail)] if detail else []
+
+
+def _communication_problems(strategy: ShardingStrategy, mesh, fwd: Counter, bwd: Counter | None,
+                            largest: bool) -> str:
     expected = {"fwd": price_traffic(mesh, fwd)}
     if bwd is not None:
         expected["bwd"] = price_traffic(mesh, bwd)
@@ -146,10 +173,9 @@ def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: C
             problems.append(f"{phase}: declared {declared:.6g} s, {_claim(largest)} {want:.6g} s for the "
                             f"collectives issued{what}")
     if not problems:
-        return []
-    return [Mismatch("cost", rank, "communication cost",
-                     detail=f"strategy {strategy.name!r}: " + "; ".join(problems)
-                            + f" (mesh alpha={mesh.alpha}, beta={mesh.beta})")]
+        return ""
+    return (f"strategy {strategy.name!r}: " + "; ".join(problems)
+            + f" (mesh alpha={mesh.alpha}, beta={mesh.beta})")
 
 
 def compute_mismatches(strategy: ShardingStrategy, rank: int, work: OpWork | None,
@@ -158,20 +184,22 @@ def compute_mismatches(strategy: ShardingStrategy, rank: int, work: OpWork | Non
     the measured local op call; ``largest``: whether this rank holds the largest blocks."""
     if work is None:
         return []
+    detail = _shared(strategy, ("compute", work.flops, work.largest_numel, largest), (),
+                     lambda: _compute_problems(strategy, work, largest))
+    return [Mismatch("cost", rank, "compute cost", detail=detail)] if detail else []
+
+
+def _compute_problems(strategy: ShardingStrategy, work: OpWork, largest: bool) -> str:
     want = compute_cost(work.flops, [work.largest_numel])
     declared: TrainCycleItem = strategy.compute_cost
     problems = [f"{phase}: declared {getattr(declared, phase):.6g}, {_claim(largest)} {getattr(want, phase):.6g}"
                 for phase in ("fwd", "bwd", "total")
                 if not _close(getattr(declared, phase), getattr(want, phase), largest)]
     if not problems:
-        return []
+        return ""
     basis = (f"{work.flops} FLOPs counted / 2" if work.flops
              else f"no FLOPs counted: largest local operand has {work.largest_numel} elements")
-    return [Mismatch("cost", rank, "compute cost",
-                     detail=f"strategy {strategy.name!r}: " + "; ".join(problems) + f" ({basis}; bwd = 2 x fwd)")]
-
-
-_MEMORY: dict = {}
+    return f"strategy {strategy.name!r}: " + "; ".join(problems) + f" ({basis}; bwd = 2 x fwd)"
 
 
 def memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple, case: OpCase,
@@ -179,16 +207,9 @@ def memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outpu
     """The declared memory cost against the bytes this rank really holds (:func:`_memory_problems`).
     The verdict follows from the elements each tensor holds, so ranks holding alike (every
     rank of an even layout) share one, worked out by the first of them."""
-    held = (tuple(leaves[operand.data.name].numel() for operand in layout.inputs),
+    held = ("memory", id(case), tuple(leaves[operand.data.name].numel() for operand in layout.inputs),
             tuple(out.numel() for out in outputs), layout.holds_largest)
-    entry = _MEMORY.get(id(strategy))
-    if entry is None or entry[0] is not strategy or entry[1] is not case:
-        if len(_MEMORY) >= 1024:
-            _MEMORY.clear()
-        entry = _MEMORY[id(strategy)] = (strategy, case, {})
-    problems = entry[2].get(held)
-    if problems is None:
-        problems = entry[2][held] = _memory_problems(strategy, leaves, outputs, case, layout)
+    problems = _shared(strategy, held, (case,), lambda: _memory_problems(strategy, leaves, outputs, case, layout))
     return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))] if problems else []
 
 
