@@ -43,10 +43,12 @@ with exit status 1, never a row left out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import pickle
+import signal
 import statistics
 import sys
 import tempfile
@@ -152,6 +154,29 @@ class _TooSlow(Exception):
     pass
 
 
+@contextlib.contextmanager
+def _budget(seconds: float):
+    """Raise _TooSlow in this (the main) thread once ``seconds`` have passed, but only while this
+    file's own code runs: raised inside torch (Python code torch's C++ called, LocalTensorMode's
+    dispatch), the exception crosses a C++ frame that cannot pass it on and the process aborts
+    ("terminate called after throwing ... _TooSlow"). Until this file's code runs again the alarm
+    re-arms every 10 ms, so a layout is cut between DTensor calls, never inside one."""
+    here = os.path.abspath(__file__)
+
+    def expire(signum, frame):  # noqa: ANN001
+        if frame is not None and os.path.abspath(frame.f_code.co_filename) == here:
+            raise _TooSlow(f"over {seconds:g}s")
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
                          budget: float = 2.0) -> tuple[float, int, int]:
     """DTensor LocalTensorMode on the same ops, values and layouts (see the module docstring):
@@ -164,7 +189,6 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
     from torch.distributed.tensor import DeviceMesh, distribute_tensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from shardverify.backends.signals import deadline
     from shardverify.capture.call import as_outputs, call_op
     from shardverify.verify.reference import reference
 
@@ -204,7 +228,7 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
         for case, strategies in cases_and_strategies:   # warm-up: DTensor caches sharding propagation
             for strategy in strategies:
                 try:
-                    with deadline(budget, lambda: _TooSlow(f"over {budget:g}s")):
+                    with _budget(budget):
                         check(case, strategy)
                 except Exception as exc:  # noqa: BLE001 - a layout DTensor cannot run (e.g. a view of a doubly sharded dim)
                     if os.environ.get("BENCH_DEBUG"):
