@@ -1,5 +1,5 @@
-"""A rank's tensors compared in one batch: the same mismatches, in the same order, as comparing
-each tensor alone (verify/compare.py)."""
+"""A rank's output and gradients compared with its reference slices: a passing rank finds
+nothing, a failing one every mismatch, in order, wrong dtypes among them (verify/compare.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def one_by_one(items):
                                           C._compare(RANK, *item, MESH, tolerance_for))]
 
 
-def test_a_passing_batch_finds_nothing_and_a_failing_one_what_each_tensor_alone_finds():
+def test_a_passing_rank_finds_nothing_and_a_failing_one_each_mismatch_in_order():
     graph_module, node_name = LINEAR.build()
     strategy = next(s for s in strategies_for_node(graph_module, node_name, MESH) if s.name.startswith("S0S1"))
     good = entries(strategy)
