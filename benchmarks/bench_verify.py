@@ -28,7 +28,10 @@ figure); what is built once per case (its reference, the FLOP count of each loca
 signature) is built in the untimed warm-up pass, as a suite builds it once for all the
 case's strategies.  Every figure is measured in this one run (ms per check of the median pass
 over the checks, so a burst of other load moves it little) and the ratios between them are
-printed; ``--json`` prints them as one JSON document instead.
+printed; ``--json`` prints them as one JSON document instead.  The simulated check and the bare
+op are also given in CPU time of this process (every thread's): on a machine other work keeps
+busy, the wall clock charges each figure for the time it waited for a core, CPU time for the
+work it did, so their ratio moves less with the load.
 
 Usage: .venv/bin/python benchmarks/bench_verify.py [--meshes 2,2 2,2,2] [--specs linear sum]
        [--cases 1] [--fresh-cases 2] [--seconds 2] [--skip-gloo] [--skip-dtensor] [--json]
@@ -40,10 +43,12 @@ with exit status 1, never a row left out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import pickle
+import signal
 import statistics
 import sys
 import tempfile
@@ -111,23 +116,26 @@ def _fresh(strategies: list) -> list:
     return pickle.loads(pickle.dumps(strategies))
 
 
-def ms_per_check(backend, cases_and_strategies, min_seconds: float) -> tuple[float, int]:
+def ms_per_check(backend, cases_and_strategies, min_seconds: float) -> tuple[float, int, float]:
     """Verify every (case, strategies) pass after pass, after one warm-up pass, for at least
     ``min_seconds``; every check must pass.  Each pass checks fresh copies of the strategies
-    (made before the pass's clock starts).  ms per check of the median pass, checks timed."""
+    (made before the pass's clock starts).  ms per check of the median pass, checks timed, and
+    the CPU ms per check of this process (every thread's; a process pool's workers not counted)
+    of the median pass by CPU time."""
     from shardverify.verify.engine import verify_case
     from shardverify.verify.report import assert_passed
 
     for case, strategies in cases_and_strategies:
         assert_passed(verify_case(backend, case, strategies))
-    passes, per_pass, start = [], sum(len(s) for _, s in cases_and_strategies), time.perf_counter()
+    passes, cpu, per_pass, start = [], [], sum(len(s) for _, s in cases_and_strategies), time.perf_counter()
     while time.perf_counter() - start < min_seconds or len(passes) < 3:
         batch = [(case, _fresh(strategies)) for case, strategies in cases_and_strategies]
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         for case, strategies in batch:
             assert_passed(verify_case(backend, case, strategies))
         passes.append(time.perf_counter() - began)
-    return _median_ms(passes, per_pass), per_pass * len(passes)
+        cpu.append(time.process_time() - began_cpu)
+    return _median_ms(passes, per_pass), per_pass * len(passes), _median_ms(cpu, per_pass)
 
 
 def _placements(spec, mesh_ndim: int):
@@ -146,6 +154,30 @@ class _TooSlow(Exception):
     pass
 
 
+@contextlib.contextmanager
+def _budget(seconds: float):
+    """Raise _TooSlow in this (the main) thread once ``seconds`` have passed, but only while this
+    file's own code runs: raised inside torch (Python code torch's C++ called, LocalTensorMode's
+    dispatch), the exception crosses a C++ frame that cannot pass it on and the process aborts
+    ("terminate called after throwing ... _TooSlow"). Until this file's code runs again the alarm
+    re-arms every 10 ms, so a layout is cut between DTensor calls; past 3 x ``seconds`` it is cut
+    wherever it is (waiting for the bench's code made (2,2,2) runs take far longer)."""
+    here, hard = os.path.abspath(__file__), time.monotonic() + 3 * seconds
+
+    def expire(signum, frame):  # noqa: ANN001
+        if (frame is not None and os.path.abspath(frame.f_code.co_filename) == here) or time.monotonic() > hard:
+            raise _TooSlow(f"over {seconds:g}s")
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
                          budget: float = 2.0) -> tuple[float, int, int]:
     """DTensor LocalTensorMode on the same ops, values and layouts (see the module docstring):
@@ -158,7 +190,6 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
     from torch.distributed.tensor import DeviceMesh, distribute_tensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from shardverify.backends.signals import deadline
     from shardverify.capture.call import as_outputs, call_op
     from shardverify.verify.reference import reference
 
@@ -198,7 +229,7 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
         for case, strategies in cases_and_strategies:   # warm-up: DTensor caches sharding propagation
             for strategy in strategies:
                 try:
-                    with deadline(budget, lambda: _TooSlow(f"over {budget:g}s")):
+                    with _budget(budget):
                         check(case, strategy)
                 except Exception as exc:  # noqa: BLE001 - a layout DTensor cannot run (e.g. a view of a doubly sharded dim)
                     if os.environ.get("BENCH_DEBUG"):
@@ -219,14 +250,14 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
         dist.destroy_process_group()
 
 
-def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[float, int, int]:
+def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[float, int, int, float]:
     """What torch itself charges for a check's arithmetic: for every strategy and rank, the
     rank's input shards cloned as leaves, the op on them, and its backward for the rank's
     shard of the reference output gradient, back to back in this thread, with nothing else
     (no harness, no collectives, no comparison; the shards are sliced before the clock
-    starts).  ms per check, checks timed, and how many layouts were left out: those whose op
-    cannot run without its declared collectives (a shard the op cannot take, an output the
-    gradient shard does not fit)."""
+    starts).  ms per check, checks timed, how many layouts were left out (those whose op
+    cannot run without its declared collectives: a shard the op cannot take, an output the
+    gradient shard does not fit), and the CPU ms per check of the median pass by CPU time."""
     import torch
 
     from shardverify.verify.rank import _private_module, local_arguments
@@ -267,13 +298,15 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
                 runnable.append(ranks)
     if not runnable:
         raise Unmeasured(f"the bare local op ran none of the {left_out} layouts")
-    passes, start = [], time.perf_counter()
+    passes, cpu, start = [], [], time.perf_counter()
     while runnable and (time.perf_counter() - start < min_seconds or len(passes) < 3):
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         for ranks in runnable:
             work(ranks)
         passes.append(time.perf_counter() - began)
-    return _median_ms(passes, max(len(runnable), 1)), len(runnable) * len(passes), left_out
+        cpu.append(time.process_time() - began_cpu)
+    return (_median_ms(passes, max(len(runnable), 1)), len(runnable) * len(passes), left_out,
+            _median_ms(cpu, max(len(runnable), 1)))
 
 
 def fresh_vs_pool(mesh, cases_and_strategies, min_seconds: float) -> dict:
@@ -299,7 +332,7 @@ def fresh_vs_pool(mesh, cases_and_strategies, min_seconds: float) -> dict:
     restarted, _ = per_case("forkserver")
     with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
         pool.start()
-        warm, _ = ms_per_check(pool, cases_and_strategies, min_seconds)
+        warm = ms_per_check(pool, cases_and_strategies, min_seconds)[0]
     return {"fresh_ms_per_check": spawned, "fresh_checks": checks, "restarted_pool_ms_per_check": restarted,
             "warm_gloo_ms_per_check": warm, "fresh_over_warm": spawned / warm, "restarted_over_warm": restarted / warm}
 
@@ -377,9 +410,12 @@ def main() -> None:
             row = {"op": spec.name, "mesh": list(mesh.shape), "cases": len(chosen),
                    "strategies": sum(len(s) for _, s in chosen)}
             with SimulatedBackend(mesh, timeout=120) as simulated:
-                row["simulated_ms"], row["simulated_checks"] = ms_per_check(simulated, chosen, args.seconds)
-            row["floor_ms"], row["floor_checks"], row["floor_left_out"] = floor_ms_per_check(mesh, chosen, args.seconds)
+                row["simulated_ms"], row["simulated_checks"], row["simulated_cpu_ms"] = ms_per_check(
+                    simulated, chosen, args.seconds)
+            row["floor_ms"], row["floor_checks"], row["floor_left_out"], row["floor_cpu_ms"] = floor_ms_per_check(
+                mesh, chosen, args.seconds)
             row["simulated_over_floor"] = row["simulated_ms"] / row["floor_ms"]
+            row["simulated_over_floor_cpu"] = row["simulated_cpu_ms"] / row["floor_cpu_ms"]
             if not args.skip_dtensor:
                 row["dtensor_ms"], row["dtensor_checks"], row["dtensor_refused"] = dtensor_ms_per_check(
                     mesh.shape, chosen, args.seconds, args.dtensor_budget)
@@ -387,11 +423,13 @@ def main() -> None:
             if not args.skip_gloo:
                 with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
                     pool.start()
-                    row["gloo_ms"], row["gloo_checks"] = ms_per_check(pool, chosen, args.seconds)
+                    row["gloo_ms"], row["gloo_checks"], _ = ms_per_check(pool, chosen, args.seconds)
             report["figures"].append(row)
             text = (f"{spec.name:8s} mesh {str(mesh.shape):10s} {row['strategies']:3d} strategies: "
                     f"simulated {row['simulated_ms']:.2f} ms/check (the bare local op {row['floor_ms']:.2f} ms: "
-                    f"{row['simulated_over_floor']:.1f}x; {row['floor_left_out']} layouts it cannot run bare left out)")
+                    f"{row['simulated_over_floor']:.1f}x; by CPU time {row['simulated_cpu_ms']:.2f} against "
+                    f"{row['floor_cpu_ms']:.2f} ms: {row['simulated_over_floor_cpu']:.1f}x; {row['floor_left_out']} "
+                    f"layouts it cannot run bare left out)")
             if "dtensor_ms" in row:
                 text += (f", DTensor LocalTensorMode {row['dtensor_ms']:.1f} ms ({row['dtensor_over_simulated']:.0f}x; "
                          f"{row['dtensor_refused']} layouts it cannot run in time left out)")

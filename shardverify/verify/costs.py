@@ -1,4 +1,4 @@
-"""Checks a strategy's declared compute and communication costs against what the rank really did.
+"""Checks a strategy's declared compute, communication and memory costs against what the rank really did.
 
 Communication: every collective a rank issues is recorded by its communicator as
 ``(kind, axes, payload bytes)`` (``Communicator.traffic``); the verifier prices what was issued
@@ -9,6 +9,8 @@ Compute: the real local op call runs under ``torch.utils.flop_counter.FlopCounte
 (:class:`OpMeter`); the figures the strategy must declare follow from the rule
 :func:`shardverify.strategies.generators.flops.compute_cost` (forward = counted FLOPs / 2, or the numel
 of the largest local operand when the counter does not count the op; backward = 2 x forward).
+
+Memory: the bytes of the rank's real local shards and outputs (:func:`memory_mismatches`).
 
 Uneven blocks: a strategy declares its costs for the largest blocks (the rank at coordinate 0
 of every mesh axis holds them: the slowest rank sets the step time). That rank must measure
@@ -25,12 +27,16 @@ from dataclasses import dataclass
 
 import torch
 
-from shardverify.sharding.strategy import ShardingStrategy, TrainCycleItem
+from shardverify.capture.call import operand_nodes
+from shardverify.sharding.strategy import MemoryCost, ShardingStrategy, TrainCycleItem
+from shardverify.spec.case import OpCase
 from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
+from shardverify.verify.layout import RankLayout
+from shardverify.verify.memo import remembered
 from shardverify.verify.report import Mismatch
 
 __all__ = ["OpMeter", "OpWork", "price_traffic", "communication_mismatches", "compute_mismatches",
-           "REL_TOL"]
+           "memory_mismatches", "REL_TOL"]
 
 #: relative tolerance of a cost comparison (the figures are sums of floats added in other orders)
 REL_TOL = 1e-6
@@ -122,11 +128,38 @@ def _describe(traffic: Counter) -> str:
                      for (kind, axes, nbytes), n in sorted(traffic.items()))
 
 
+_VERDICTS: dict = {}
+
+
+def _shared(strategy: ShardingStrategy, key: tuple, owners: tuple, build):
+    """``build()``, the verdict on ``strategy`` for ``key`` (the figures measured, with the ids of
+    ``owners``, the other objects it reads), worked out once per strategy object: the ranks of a
+    check measuring alike (every rank of an even layout) share it instead of each pricing and
+    formatting the same figures."""
+    entry = _VERDICTS.get(id(strategy))
+    if entry is None or entry[0] is not strategy:
+        if len(_VERDICTS) >= 1024:
+            _VERDICTS.clear()
+        entry = _VERDICTS[id(strategy)] = (strategy, {})
+    hit = entry[1].get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], owners)):
+        hit = entry[1][key] = (owners, build())
+    return hit[1]
+
+
 def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: Counter,
                              bwd: Counter | None, largest: bool = True) -> list[Mismatch]:
     """The declared communication cost against the priced collectives this rank issued in the
     forward pass (``fwd``) and the backward pass (``bwd``; None when backward did not run, then
     only the forward figure is checked); ``largest``: whether this rank holds the largest blocks."""
+    key = ("communication", id(mesh), frozenset(fwd.items()), None if bwd is None else frozenset(bwd.items()),
+           largest)
+    detail = _shared(strategy, key, (mesh,), lambda: _communication_problems(strategy, mesh, fwd, bwd, largest))
+    return [Mismatch("cost", rank, "communication cost", detail=detail)] if detail else []
+
+
+def _communication_problems(strategy: ShardingStrategy, mesh, fwd: Counter, bwd: Counter | None,
+                            largest: bool) -> str:
     expected = {"fwd": price_traffic(mesh, fwd)}
     if bwd is not None:
         expected["bwd"] = price_traffic(mesh, bwd)
@@ -140,10 +173,9 @@ def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: C
             problems.append(f"{phase}: declared {declared:.6g} s, {_claim(largest)} {want:.6g} s for the "
                             f"collectives issued{what}")
     if not problems:
-        return []
-    return [Mismatch("cost", rank, "communication cost",
-                     detail=f"strategy {strategy.name!r}: " + "; ".join(problems)
-                            + f" (mesh alpha={mesh.alpha}, beta={mesh.beta})")]
+        return ""
+    return (f"strategy {strategy.name!r}: " + "; ".join(problems)
+            + f" (mesh alpha={mesh.alpha}, beta={mesh.beta})")
 
 
 def compute_mismatches(strategy: ShardingStrategy, rank: int, work: OpWork | None,
@@ -152,14 +184,93 @@ def compute_mismatches(strategy: ShardingStrategy, rank: int, work: OpWork | Non
     the measured local op call; ``largest``: whether this rank holds the largest blocks."""
     if work is None:
         return []
+    detail = _shared(strategy, ("compute", work.flops, work.largest_numel, largest), (),
+                     lambda: _compute_problems(strategy, work, largest))
+    return [Mismatch("cost", rank, "compute cost", detail=detail)] if detail else []
+
+
+def _compute_problems(strategy: ShardingStrategy, work: OpWork, largest: bool) -> str:
     want = compute_cost(work.flops, [work.largest_numel])
     declared: TrainCycleItem = strategy.compute_cost
     problems = [f"{phase}: declared {getattr(declared, phase):.6g}, {_claim(largest)} {getattr(want, phase):.6g}"
                 for phase in ("fwd", "bwd", "total")
                 if not _close(getattr(declared, phase), getattr(want, phase), largest)]
     if not problems:
-        return []
+        return ""
     basis = (f"{work.flops} FLOPs counted / 2" if work.flops
              else f"no FLOPs counted: largest local operand has {work.largest_numel} elements")
-    return [Mismatch("cost", rank, "compute cost",
-                     detail=f"strategy {strategy.name!r}: " + "; ".join(problems) + f" ({basis}; bwd = 2 x fwd)")]
+    return f"strategy {strategy.name!r}: " + "; ".join(problems) + f" ({basis}; bwd = 2 x fwd)"
+
+
+def memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple, case: OpCase,
+                      layout: RankLayout) -> list[Mismatch]:
+    """The declared memory cost against the bytes this rank really holds (:func:`_memory_problems`).
+    The verdict follows from the elements each tensor holds, so ranks holding alike (every
+    rank of an even layout) share one, worked out by the first of them."""
+    held = ("memory", id(case), tuple(leaves[operand.data.name].numel() for operand in layout.inputs),
+            tuple(out.numel() for out in outputs), layout.holds_largest)
+    problems = _shared(strategy, held, (case,), lambda: _memory_problems(strategy, leaves, outputs, case, layout))
+    return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))] if problems else []
+
+
+def _memory_problems(strategy: ShardingStrategy, leaves: dict, outputs: tuple, case: OpCase,
+                     layout: RankLayout) -> tuple[str, ...]:
+    """The declared memory cost against the bytes this rank really holds: forward holds
+    every operand's local shard, backward a gradient of each input and parameter. Sizes come
+    from the real tensors (local shard elements x the traced tensor's element size) and the
+    parameter/activation split from whether the tensor is module state (a parameter or
+    buffer), never from what the strategy says about its operands. Uneven blocks: the rank
+    holding the largest blocks holds exactly the declared bytes, any other no more."""
+    real, out_dtypes = _real_operands(case)
+    inputs = [operand.data for operand in layout.inputs]
+    outs = [operand.data for operand in layout.outputs]
+    activation = parameter = 0
+    for data in inputs:
+        dtype, is_state = real[(data.locator.kind, data.locator.key)]
+        size = leaves[data.name].numel() * dtype.itemsize
+        if is_state:
+            parameter += size
+        else:
+            activation += size
+    out_bytes = sum(out.numel() * dtype.itemsize for out, dtype in zip(outputs, out_dtypes))
+    fwd = MemoryCost(activation + out_bytes, parameter)
+    bwd = MemoryCost(activation, parameter)
+    held = (fwd, bwd, fwd + bwd)
+    declared = tuple(strategy.memory_cost)
+    largest = layout.holds_largest
+    problems = [f"{phase}: declared {d.activation} activation + {d.parameter} parameter bytes, "
+                f"local shards hold {h.activation} + {h.parameter}"
+                + ("" if largest else " (a rank with smaller blocks than the largest may hold less, never more)")
+                for phase, d, h in zip(("fwd", "bwd", "total"), declared, held)
+                if (d != h if largest else (h.activation > d.activation or h.parameter > d.parameter))]
+    lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in inputs]
+    lies += list(zip(outs, out_dtypes))
+    problems += [f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}"
+                 for data, dtype in lies if data.dtype != dtype]
+    return tuple(problems)
+
+
+_REAL: dict = {}
+
+
+def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
+    """({operand locator: (dtype, is module state)}, [dtype of each output]) of the traced
+    harness: the real tensors the strategy describes, whatever dtype a check runs in.
+    Remembered per case object."""
+    return remembered(_REAL, id(case), case, lambda: _traced_operands(case), limit=256)
+
+
+def _traced_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
+    from shardverify.verify.reference import _meta_dtypes
+
+    traced, node_name = case.build()
+    node = next(n for n in traced.graph.nodes if n.name == node_name)
+    found = {loc: (arg.meta["tensor_meta"].dtype, arg.op == "get_attr")
+             for loc, arg in operand_nodes(node).items() if hasattr(arg.meta.get("tensor_meta"), "dtype")}
+    if node.op == "call_module":
+        module = traced.get_submodule(str(node.target))
+        found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})
+        found.update({("buffer", n): (b.dtype, True) for n, b in module.named_buffers()})
+    return found, _meta_dtypes(traced, node_name)
+
+

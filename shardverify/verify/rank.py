@@ -16,7 +16,6 @@ import functools
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,15 +24,17 @@ from shardverify.errors import VerificationError
 from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.strategy import CommWhere, OperationDataType, ShardingStrategy
 from shardverify.spec.case import OpCase
-from shardverify.verify.costs import OpMeter, OpWork, communication_mismatches, compute_mismatches
+from shardverify.verify.compare import compare_all, kind_mismatch
+from shardverify.verify.costs import (OpMeter, OpWork, communication_mismatches, compute_mismatches,
+                                      memory_mismatches)
 from shardverify.verify.layout import LocalOperand, RankLayout, rank_layout
 from shardverify.verify.memo import remembered
-from shardverify.capture.call import as_outputs, call_op, operand_nodes
+from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
 from shardverify.verify.report import Mismatch
 from shardverify.spec.fields import dtype_from_name
-from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
+from shardverify.verify.tolerance import Tolerance, tolerance_for
 
 __all__ = ["RankReport", "OpCallError", "rank_check", "strategy_problems", "local_arguments"]
 
@@ -119,12 +120,13 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
                                      f"{len(out_data)}"))
         outputs = outputs[:len(out_data)]
     shape_ok = len(outputs) == len(out_data)   # else backward cannot run
+    checks: list = []   # each output and gradient: a wrong dtype, or what to compare (compare_all)
     for index, (operand, output) in enumerate(zip(out_data, outputs)):
         if index in undefined_outputs(ref.node):
             continue   # no result of the call: never compared (capture/uninitialised.py)
         label = "output" if len(out_data) == 1 else f"output {index} ({operand.data.name})"
-        found += _kind_mismatch(rank, label, output, ref.out_dtypes[index], comm.device) or \
-            _compare(rank, label, output, ref.outputs[index], operand, mesh, tolerance)
+        checks.append(kind_mismatch(rank, label, output, ref.out_dtypes[index], comm.device) or
+                      (label, output, ref.outputs[index], operand, None))
         shape_ok = shape_ok and tuple(output.shape) == operand.local_shape
     carrying = [(operand.data, out) for operand, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
@@ -136,11 +138,11 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
             data = operand.data
             if data.name in grads:
                 loc = (data.locator.kind, data.locator.key)
-                found += _kind_mismatch(rank, f"grad of {data.name}", grads[data.name], ref.dtypes[loc],
-                                        comm.device) or \
-                    _compare(rank, f"grad of {data.name}", grads[data.name], ref.grads[loc], operand, mesh, tolerance,
-                             _extremum_holder(strategy, ref, operand, position, mesh, rank))
-
+                label = f"grad of {data.name}"
+                checks.append(kind_mismatch(rank, label, grads[data.name], ref.dtypes[loc], comm.device) or
+                              (label, grads[data.name], ref.grads[loc], operand,
+                               _extremum_holder(strategy, ref, operand, position, mesh, rank)))
+    found += compare_all(rank, checks, mesh, tolerance)
     issued = _counted(comm) if before is None else _counted(comm) - before
     if shape_ok:
         expected = layout.expected_collectives(tuple(differentiable + [d.name for d, _ in carrying])
@@ -156,7 +158,7 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
                                               Counter(comm.traffic) - traffic_fwd if backward_ran else None,
                                               layout.holds_largest)
         found += compute_mismatches(strategy, rank, work, layout.holds_largest)
-    found += _memory_mismatches(strategy, rank, leaves, outputs, case, layout)
+    found += memory_mismatches(strategy, rank, leaves, outputs, case, layout)
     return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
 
 
@@ -363,126 +365,3 @@ def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, layout: Ra
         if action.where is CommWhere.HOOK and action.operand in grads:
             grads[action.operand] = apply_grad_hook(comm, action, grads[action.operand])
     return grads
-
-
-def _kind_mismatch(rank: int, label: str, actual: torch.Tensor, dtype: torch.dtype, device) -> list[Mismatch]:
-    """[] when ``actual`` has the dtype the single-device op gives (a rank returning float64 for
-    float32 would pass a values check) and lives on the rank's device."""
-    problems = []
-    if actual.dtype != dtype:
-        problems.append(f"dtype {str(actual.dtype).removeprefix('torch.')}, the single-device op gives "
-                        f"{str(dtype).removeprefix('torch.')}")
-    if torch.device(device).type != actual.device.type:
-        problems.append(f"on device {actual.device}, the rank's device is {device}")
-    return [Mismatch("dtype", rank, label, detail="; ".join(problems))] if problems else []
-
-
-def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, operand: LocalOperand, mesh,
-             tolerance: Callable[[torch.dtype], Tolerance], holds: torch.Tensor | None = None) -> list[Mismatch]:
-    """[] when ``actual`` matches this rank's slice of the reference tensor ``full`` (zero
-    outside ``holds``: the gradient of a piece of a partial max/min), else the one mismatch found."""
-    expected, bounds = _reference_slice(full, operand, mesh, rank)
-    if holds is not None:
-        expected, bounds = torch.where(holds, expected, torch.zeros((), dtype=expected.dtype)), {}
-    if actual.shape != expected.shape:
-        return [Mismatch("shape", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape))]
-    tol = tolerance(actual.dtype)
-    if actual.is_floating_point() and actual.numel():   # the cheap path of the common passing comparison
-        bound = bounds.get((tol.rtol, tol.atol), False)
-        if bound is False:
-            bound = bounds[(tol.rtol, tol.atol)] = _bound(expected, tol)
-        if bound is not None and bool(torch.sub(actual.detach(), expected).abs_().le_(bound).all()):
-            return []   # NaN compares False: ``compare`` alone decides, and reports, everything else
-    found = compare(actual, expected, tol)
-    if found.close:
-        return []
-    return [Mismatch("values", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape),
-                     max_abs_err=found.max_abs_err, max_rel_err=found.max_rel_err, rtol=tol.rtol, atol=tol.atol,
-                     dtype=str(actual.dtype).removeprefix("torch."), detail=found.nonfinite)]
-
-
-_SLICES: dict = {}
-
-
-def _reference_slice(full: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> tuple[torch.Tensor, dict]:
-    """This rank's slice of the reference tensor ``full`` laid out as ``operand``, and its
-    bounds by tolerance (filled by ``_compare``).  Remembered per (tensor, layout, rank):
-    every strategy laying the tensor out alike compares against the same slice."""
-    return remembered(_SLICES, (id(full), operand.spec, rank), full, lambda: (operand.shard(full, mesh, rank), {}),
-                      limit=8192)
-
-
-def _bound(expected: torch.Tensor, tol: Tolerance) -> torch.Tensor | None:
-    """``atol + rtol * |expected|`` for the cheap passing comparison (the difference taken in
-    float64), or None where only ``compare`` may decide: a slice that is not float64 or
-    holds an inf or NaN."""
-    if expected.dtype != torch.float64 or not bool(torch.isfinite(expected).all()):
-        return None
-    return expected.abs().mul_(tol.rtol).add_(tol.atol)
-
-
-def _memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple,
-                       case: OpCase, layout: RankLayout) -> list[Mismatch]:
-    """The declared memory cost against the bytes this rank really holds: forward holds
-    every operand's local shard, backward a gradient of each input and parameter. Sizes come
-    from the real tensors (local shard elements x the traced tensor's element size) and the
-    parameter/activation split from whether the tensor is module state (a parameter or
-    buffer), never from what the strategy says about its operands. Uneven blocks: the rank
-    holding the largest blocks holds exactly the declared bytes, any other no more."""
-    from shardverify.sharding.strategy import MemoryCost
-
-    real, out_dtypes = _real_operands(case)
-    inputs = [operand.data for operand in layout.inputs]
-    outs = [operand.data for operand in layout.outputs]
-    activation = parameter = 0
-    for data in inputs:
-        dtype, is_state = real[(data.locator.kind, data.locator.key)]
-        size = leaves[data.name].numel() * dtype.itemsize
-        if is_state:
-            parameter += size
-        else:
-            activation += size
-    out_bytes = sum(out.numel() * dtype.itemsize for out, dtype in zip(outputs, out_dtypes))
-    fwd = MemoryCost(activation + out_bytes, parameter)
-    bwd = MemoryCost(activation, parameter)
-    held = (fwd, bwd, fwd + bwd)
-    declared = tuple(strategy.memory_cost)
-    largest = layout.holds_largest
-    problems = [f"{phase}: declared {d.activation} activation + {d.parameter} parameter bytes, "
-                f"local shards hold {h.activation} + {h.parameter}"
-                + ("" if largest else " (a rank with smaller blocks than the largest may hold less, never more)")
-                for phase, d, h in zip(("fwd", "bwd", "total"), declared, held)
-                if (d != h if largest else (h.activation > d.activation or h.parameter > d.parameter))]
-    lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in inputs]
-    lies += list(zip(outs, out_dtypes))
-    problems += [f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}"
-                 for data, dtype in lies if data.dtype != dtype]
-    if not problems:
-        return []
-    return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))]
-
-
-_REAL: dict = {}
-
-
-def _real_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
-    """({operand locator: (dtype, is module state)}, [dtype of each output]) of the traced
-    harness: the real tensors the strategy describes, whatever dtype a check runs in.
-    Remembered per case object."""
-    return remembered(_REAL, id(case), case, lambda: _traced_operands(case), limit=256)
-
-
-def _traced_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
-    from shardverify.verify.reference import _meta_dtypes
-
-    traced, node_name = case.build()
-    node = next(n for n in traced.graph.nodes if n.name == node_name)
-    found = {loc: (arg.meta["tensor_meta"].dtype, arg.op == "get_attr")
-             for loc, arg in operand_nodes(node).items() if hasattr(arg.meta.get("tensor_meta"), "dtype")}
-    if node.op == "call_module":
-        module = traced.get_submodule(str(node.target))
-        found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})
-        found.update({("buffer", n): (b.dtype, True) for n, b in module.named_buffers()})
-    return found, _meta_dtypes(traced, node_name)
-
-
