@@ -15,6 +15,44 @@ from shardverify.verify.report import assert_passed
 CASES = [
     OpCase(
         op='scatter_value',
+        target='torch.scatter',
+        inputs=(
+            InputDecl('input', (5, 6), 'float32'),
+            InputDecl('index', (5, 6), 'int64', values=(0, 6)),
+        ),
+        params=(('value', 2.5),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', 1),
+            CallArg('tensor', 'index'),
+        ),
+    ),
+    OpCase(
+        op='scatter_value',
+        target='torch.Tensor.scatter',
+        inputs=(
+            InputDecl('input', (5, 6), 'float32'),
+            InputDecl('index', (5, 6), 'int64', values=(0, 6)),
+        ),
+        params=(('value', 2.5),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('value', 1),
+            CallArg('tensor', 'index'),
+        ),
+    ),
+    OpCase(
+        op='scatter_value',
         target='torch.ops.aten.scatter.value',
         inputs=(
             InputDecl('input', (5, 6), 'float32'),
@@ -36,8 +74,10 @@ CASES = [
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.ops.aten.scatter.value-dim_1-value_2.5-mesh4'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.scatter.value-dim_1-value_2.5-mesh2x3'),
+    pytest.param(0, (4,), id='torch.scatter-dim_1-value_2.5-mesh4'),
+    pytest.param(1, (4,), id='torch.Tensor.scatter-dim_1-value_2.5-mesh4'),
+    pytest.param(2, (4,), id='torch.ops.aten.scatter.value-dim_1-value_2.5-mesh4'),
+    pytest.param(1, (2, 3), id='torch.Tensor.scatter-dim_1-value_2.5-mesh2x3'),
 ]
 
 
@@ -49,8 +89,8 @@ def test_scatter_value_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (2, 3), id='torch.ops.aten.scatter.value-dim_1-value_2.5-mesh2x3'),
-    pytest.param(0, (4,), id='torch.ops.aten.scatter.value-dim_1-value_2.5-mesh4'),
+    pytest.param(0, (4,), id='torch.scatter-dim_1-value_2.5-mesh4'),
+    pytest.param(1, (2, 3), id='torch.Tensor.scatter-dim_1-value_2.5-mesh2x3'),
 ]
 
 

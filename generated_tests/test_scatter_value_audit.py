@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/scatter_value.yaml'
 # (case id, mesh shape)
 RUNS = [
+    pytest.param('torch.scatter-dim_1-value_2.5', (4,), id='torch.scatter-dim_1-value_2.5-mesh4'),
+    pytest.param('torch.Tensor.scatter-dim_1-value_2.5', (4,), id='torch.Tensor.scatter-dim_1-value_2.5-mesh4'),
     pytest.param('torch.ops.aten.scatter.value-dim_1-value_2.5', (4,), id='torch.ops.aten.scatter.value-dim_1-value_2.5-mesh4'),
 ]
 

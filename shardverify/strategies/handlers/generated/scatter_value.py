@@ -8,9 +8,9 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='scatter_value',
-    targets=(torch.ops.aten.scatter.value,),
+    targets=(torch.scatter, torch.Tensor.scatter, torch.ops.aten.scatter.value),
     operands=(
-        OperandDecl(role='input', kind='input', index=0, keyword='self',
+        OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
         OperandDecl(role='index', kind='input', index=2, keyword='index',
                     attribute=None, optional=False, element=None),
@@ -25,6 +25,12 @@ HANDLER = register_handler(HandlerDef(
     options=(('monotone_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim'), ('aligned', True)),
     spec_file='specs/scatter_value.yaml',
     bindings=(
+        (torch.scatter, (
+            ('value', (2.5,)),
+        )),
+        (torch.Tensor.scatter, (
+            ('value', (2.5,)),
+        )),
         (torch.ops.aten.scatter.value, (
             ('value', (2.5,)),
         )),
