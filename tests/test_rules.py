@@ -207,7 +207,7 @@ def test_the_right_rules_pass_where_the_wrong_ones_fail():
 # ------------------------------------------- equations from the call, local shapes, masked ids
 
 def test_torch_einsum_equations_read_like_torch():
-    from shardverify.strategies.rules.spec import torch_einsum_equation
+    from shardverify.strategies.rules.notation import torch_einsum_equation
 
     assert torch_einsum_equation("bij, bjk -> bik") == parse_equation("bij,bjk->bik")
     assert torch_einsum_equation("ij,jk") == parse_equation("ij,jk->ik")         # implicit: letters used once

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardverify.spec.allow import reading
+from shardverify.codegen.conflicts import conflicts
 from shardverify.codegen.kinds import KIND_MODULES, SpecKind, spec_kinds
 from shardverify.spec.loader import load_yaml
 from shardverify.codegen.render import Renderer
@@ -172,9 +173,9 @@ def load_specs(sources: list[SpecSource], context: list[SpecSource] | None = Non
     if context is not None:
         chosen = {source.path for source in sources}
         others, _ = _parse_all([s for s in context if s.path not in chosen])
-        errors += _conflicts(parsed, others)
+        errors += conflicts(parsed, others)
     else:
-        errors += _conflicts(parsed, [])
+        errors += conflicts(parsed, [])
     if errors:
         raise InvalidSpecs(errors)
     return parsed
@@ -203,70 +204,6 @@ def _parse_all(sources: list[SpecSource]) -> tuple[list[tuple[SpecSource, object
         except RecursionError:
             errors.append(SpecError("the spec nests too deeply", file=source.display))
     return parsed, errors
-
-
-def _conflicts(parsed: list[tuple[SpecSource, object]],
-               others: list[tuple[SpecSource, object]]) -> list[SpecError]:
-    """A spec name defined twice per kind, or an op target claimed by two specs that are not
-    bound to disjoint values of one parameter there: each is an error naming both files (the
-    registry could not tell which rule serves a call)."""
-    errors = []
-    names: dict[tuple[str, str], str] = {}
-    targets: dict[object, tuple[str, str, object, object]] = {}
-    for index, (source, spec) in enumerate([*others, *parsed]):
-        mine = index >= len(others)
-        key = (source.kind.name, spec.name)  # type: ignore[attr-defined]
-        if key in names and mine:
-            errors.append(SpecError(f"{source.kind.name} {spec.name!r} is also defined in {names[key]}",  # type: ignore[attr-defined]
-                                    file=source.display))
-        names.setdefault(key, source.display)
-        for target in getattr(spec, "targets", ()):
-            name = getattr(target, "name", None)
-            if not isinstance(name, str):
-                continue
-            claimed = _target_identity(name)
-            if claimed in targets and targets[claimed][0] != source.display and mine and \
-                    not _bound_apart(spec, target, *targets[claimed][2:]):
-                other_file, other_name = targets[claimed][:2]
-                errors.append(SpecError(f"target {name!r} is already handled by {other_file} "
-                                        f"({other_name!r}); one op target, one spec, unless both are "
-                                        f"bound to disjoint values of a parameter (batch_norm.yaml) "
-                                        f"or they read a call apart (a tensor where the other takes a number "
-                                        f"or nothing, a flag where the other a number, a tuple result where "
-                                        f"the other one tensor)",
-                                        file=source.display, field="targets"))
-            targets.setdefault(claimed, (source.display, name, spec, target))
-    return errors
-
-
-def _bound_apart(spec: object, target: object, other_spec: object, other_target: object) -> bool:
-    """Do the two specs serve ``target`` only for disjoint values of some parameter?"""
-    from shardverify.strategies.handlers.base import bound_apart, flags_apart, signature_apart   # the registry's tests
-
-    def bindings(owner: object, of: object) -> dict:
-        return dict(owner.bindings(of)) if hasattr(owner, "bindings") else {}  # type: ignore[attr-defined]
-
-    def signature(owner: object, of: object) -> tuple:
-        if not hasattr(owner, "operands_for"):
-            return (), ()
-        return owner.operands_for(of), owner.params_for(of)  # type: ignore[attr-defined]
-
-    return bound_apart(bindings(spec, target), bindings(other_spec, other_target)) or \
-        signature_apart(*signature(spec, target), *signature(other_spec, other_target)) or \
-        flags_apart(signature(spec, target)[1], bindings(spec, target),
-                    signature(other_spec, other_target)[1], bindings(other_spec, other_target))
-
-
-def _target_identity(name: str) -> object:
-    """What the handler registry keys a target by (so torch.nn.Linear and its full module
-    path, or two names of one function, count as the same target)."""
-    from shardverify.strategies.handlers.base import target_key
-    from shardverify.spec.fields import lookup
-
-    try:
-        return target_key(lookup(name))   # by attribute under torch: reading specs imports nothing
-    except (LookupError, TypeError):
-        return name
 
 
 def _normalise(text: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
 
-__all__ = ["ELLIPSIS", "Dim", "Term", "Equation", "parse_equation"]
+__all__ = ["ELLIPSIS", "Dim", "Term", "Equation", "parse_equation", "torch_einsum_equation"]
 
 ELLIPSIS = "..."
 Dim = tuple[str, ...]          # factor names, major first; () is a size-1 dim; ("...",) the ellipsis
@@ -130,3 +130,17 @@ def parse_equation(text: str) -> Equation:
     if not left.strip():
         raise InvalidArgument(f"equation {text!r} has no input term")
     return Equation(inputs, outputs)
+
+
+def torch_einsum_equation(text: object) -> Equation:
+    """An equation written for ``torch.einsum``: one letter per dim, whitespace ignored, and
+    without ``->`` the implicit output (the letters used once, in alphabetical order, after
+    ``...`` when there is one)."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"torch.einsum's equation must be a string, got {text!r}")
+    compact = "".join(text.split())
+    if "->" not in compact:
+        letters = [c for c in compact.replace("...", "") if c.isalpha()]
+        once = sorted(c for c in set(letters) if letters.count(c) == 1)
+        compact += "->" + ("..." if "..." in compact else "") + "".join(once)
+    return parse_equation(compact)

@@ -79,10 +79,10 @@ from dataclasses import dataclass
 from shardverify.errors import InvalidArgument
 from shardverify.strategies.rules import derive
 from shardverify.strategies.rules.derive import normalize_dims
-from shardverify.strategies.rules.notation import ELLIPSIS, Equation, parse_equation
+from shardverify.strategies.rules.notation import ELLIPSIS, Equation, parse_equation, torch_einsum_equation
 from shardverify.sharding.strategy import REDUCE_OPS
 
-__all__ = ["RuleOptions", "equation_for", "local_shape_part", "padded_dims", "torch_einsum_equation", "SOURCES", "OPTION_KEYS"]
+__all__ = ["RuleOptions", "equation_for", "local_shape_part", "padded_dims", "SOURCES", "OPTION_KEYS"]
 
 SOURCES = ("einsum", "einsum_param", "pointwise", "reduce_dims_param", "view", "advanced_index", "whole_tensors")
 VIEWS = ("reshape", "permute", "transpose")
@@ -276,20 +276,6 @@ def _monotone(value: object) -> tuple[tuple[str, str, str], ...]:
         for op in (only,) if only else ("max", "min"):
             found.append((role, op, {"max": "min", "min": "max"}[op] if decreasing else op))
     return tuple(found)
-
-
-def torch_einsum_equation(text: object) -> Equation:
-    """An equation written for ``torch.einsum``: one letter per dim, whitespace ignored, and
-    without ``->`` the implicit output (the letters used once, in alphabetical order, after
-    ``...`` when there is one)."""
-    if not isinstance(text, str):
-        raise InvalidArgument(f"torch.einsum's equation must be a string, got {text!r}")
-    compact = "".join(text.split())
-    if "->" not in compact:
-        letters = [c for c in compact.replace("...", "") if c.isalpha()]
-        once = sorted(c for c in set(letters) if letters.count(c) == 1)
-        compact += "->" + ("..." if "..." in compact else "") + "".join(once)
-    return parse_equation(compact)
 
 
 def _param(params: Mapping[str, object], name: str) -> object:
