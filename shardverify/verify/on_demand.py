@@ -44,7 +44,7 @@ __all__ = ["CACHE_ENV", "OnDemandRecord", "OnDemandVerifier", "verify_node", "ev
 
 CACHE_ENV = "SHARDVERIFY_CACHE_DIR"
 #: bumped whenever what a verdict means changes: older verdicts on disk are then never read
-VERDICT_FORMAT = 1
+VERDICT_FORMAT = 2   # 2: ids below 1 tried last (a 0-d tensor's one element), refusals of format 1 drew none
 
 
 def default_cache_dir() -> Path:
@@ -101,8 +101,10 @@ def _drawn(handler: HandlerDef, operands: Mapping) -> dict[str, tuple[tuple[floa
 
 def _candidate_highs(case: CallCase, name: str, low: float, high: float) -> list[int]:
     """Upper bounds to try for integer input ``name``, largest first: the declared one and every
-    dim size of the call's other tensors (ids below a table's rows, an index below its dim)."""
-    sizes = {int(s) for i in case.inputs if i.name != name for s in i.shape}
+    dim size of the call's other tensors (ids below a table's rows, an index below its dim), and
+    last 1: ids all 0, which every dim of at least one element takes (a 0-d tensor's one element,
+    where no other tensor has a dim to bound the ids by)."""
+    sizes = {int(s) for i in case.inputs if i.name != name for s in i.shape} | {1}
     return sorted({int(high)} | {s for s in sizes if s > low}, reverse=True)
 
 
