@@ -285,8 +285,8 @@ def _param(params: Mapping[str, object], name: str) -> object:
         raise InvalidArgument(f"the rule reads call parameter {name!r}, which the spec does not declare")
     value = params[name]
     if isinstance(value, Computed):
-        raise InvalidArgument(f"the rule reads call parameter {name!r}, which node(s) {', '.join(value.nodes)} "
-                              "compute; only constants are supported")
+        raise InvalidArgument(f"the rule reads call parameter {name!r}, computed by node(s) {', '.join(value.nodes)}; "
+                              "only constants are supported")
     return value
 
 
