@@ -368,11 +368,11 @@ def test_naming_colossalai_is_a_rule_option_checked_at_load_and_on_the_rule():
     from shardverify.strategies.rules.colossal import contraction
     from shardverify.strategies.rules.notation import parse_equation
     from shardverify.strategies.rules.rule import bind
-    from shardverify.strategies.rules.spec import RuleOptions
+    from shardverify.strategies.rules.sources import parse_rule
 
-    assert RuleOptions.from_options({"einsum": "mk,nk->mn", "naming": "colossalai"}).naming == "colossalai"
+    assert parse_rule({"einsum": "mk,nk->mn", "naming": "colossalai"}).modifiers.naming == "colossalai"
     with pytest.raises(InvalidArgument, match="'naming'"):
-        RuleOptions.from_options({"einsum": "mk,nk->mn", "naming": "megatron"})
+        parse_rule({"einsum": "mk,nk->mn", "naming": "megatron"})
     linear = bind(parse_equation("... k, n k -> ... n"), [(4, 3, 16), (32, 16)], [(4, 3, 32)])
     assert contraction(linear).k == "k" and contraction(linear).n == "n" and len(contraction(linear).m) == 2
     bmm = bind(parse_equation("bmk,bkn->bmn"), [(2, 4, 8), (2, 8, 4)], [(2, 4, 4)])

@@ -171,11 +171,11 @@ def test_a_partial_max_whose_gradient_reaches_every_rank_is_caught():
 
 
 def test_monotone_in_names_operands_and_directions_or_the_spec_is_refused():
-    from shardverify.strategies.rules.spec import RuleOptions
+    from shardverify.strategies.rules.sources import parse_rule
 
-    rule = RuleOptions.from_options({"pointwise": True, "monotone_in": ["input", "-other:max"]})
-    assert rule.monotone_in == (("input", "max", "max"), ("input", "min", "min"), ("other", "max", "min"))
+    rule = parse_rule({"pointwise": True, "monotone_in": ["input", "-other:max"]})
+    assert rule.modifiers.monotone_in == (("input", "max", "max"), ("input", "min", "min"), ("other", "max", "min"))
     with pytest.raises(Exception, match="monotone_in.*'input:sum'"):
-        RuleOptions.from_options({"pointwise": True, "monotone_in": ["input:sum"]})
+        parse_rule({"pointwise": True, "monotone_in": ["input:sum"]})
     with pytest.raises(Exception, match="monotone_in.*list of operand names"):
-        RuleOptions.from_options({"pointwise": True, "monotone_in": "input"})
+        parse_rule({"pointwise": True, "monotone_in": "input"})

@@ -18,7 +18,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.strategies.rules.notation import parse_equation
 from shardverify.strategies.rules.rule import bind
-from shardverify.strategies.rules.spec import RuleOptions
+from shardverify.strategies.rules.sources import parse_rule
 from shardverify.spec.case import InputDecl, OpCase
 from shardverify.verify.engine import verify_case
 
@@ -55,13 +55,13 @@ def test_binding_broadcasts_and_reduces():
 
 def test_rule_options_are_validated_eagerly():
     with pytest.raises(InvalidArgument, match="exactly one of"):
-        RuleOptions.from_options({"einsum": "mk,kn->mn", "pointwise": True})
+        parse_rule({"einsum": "mk,kn->mn", "pointwise": True})
     with pytest.raises(InvalidArgument, match="factor"):
-        RuleOptions.from_options({"einsum": "mk,kn->mn", "whole": ["q"]})
+        parse_rule({"einsum": "mk,kn->mn", "whole": ["q"]})
     with pytest.raises(InvalidArgument, match="reduce_op"):
-        RuleOptions.from_options({"reduce_dims_param": "dim", "reduce_op": "prod"})
+        parse_rule({"reduce_dims_param": "dim", "reduce_op": "prod"})
     with pytest.raises(InvalidArgument, match="unknown rule option"):
-        RuleOptions.from_options({"pointwise": True, "wohle": ["x"]})
+        parse_rule({"pointwise": True, "wohle": ["x"]})
 
 
 # ---------------------------------------------------------------- planted wrong rules
@@ -298,7 +298,7 @@ def test_the_split_dim_must_be_one_int_and_needs_the_sizes_param():
     from shardverify.errors import StrategyError
 
     with pytest.raises(InvalidArgument, match="'shape_dim_param' .* needs shape_param"):
-        RuleOptions.from_options({"view": "reshape", "shape_dim_param": "dim"})
+        parse_rule({"view": "reshape", "shape_dim_param": "dim"})
     case = OpCase(op="unflatten_bad", target="torch.unflatten", inputs=(InputDecl("x", (16, 4, 16)),),
                   params=(("dim", -1), ("sizes", (4, 4))))
     options = {**UNFLATTEN_OPTIONS, "shape_dim_param": "sizes"}   # names the sizes, a tuple, as the dim

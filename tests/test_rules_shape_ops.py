@@ -12,7 +12,8 @@ import torch
 from shardverify.errors import InvalidArgument
 from shardverify.spec.case import InputDecl, OpCase
 from shardverify.strategies.handlers.base import OperandDecl, ParamDecl
-from shardverify.strategies.rules.spec import RuleOptions, padded_dims
+from shardverify.strategies.rules.sources import parse_rule
+from shardverify.strategies.rules.sources.modifiers import padded_dims
 from tests.test_rules import IN0, OUT, failures, handler
 
 PAD_PARAMS = [ParamDecl("pad", 1, "pad")]
@@ -71,7 +72,7 @@ def test_an_operand_lacking_the_scattered_dim_takes_the_shards_of_the_others():
     sharded = {r.strategy for r in results if re.findall(r"R|S\d+", r.strategy.split(" x ")[0])[1] != "R"}
     assert failed and {r.strategy for r in failed} == sharded
     with pytest.raises(InvalidArgument, match="go together"):
-        RuleOptions.from_options({"pointwise": True, "lacks_dims_param": "dim"})
+        parse_rule({"pointwise": True, "lacks_dims_param": "dim"})
 
 
 def _diagonal_case(op: str) -> OpCase:
@@ -119,7 +120,7 @@ def test_a_factory_makes_each_ranks_block_from_its_local_shape_and_the_global_on
         failed, results = failures(_full_case("full_wrong"), (4,))
     assert not failed and [r.strategy for r in results] == ["-> RR"]
     with pytest.raises(InvalidArgument, match="needs shape_param"):
-        RuleOptions.from_options({"pointwise": True, "factory": True})
+        parse_rule({"pointwise": True, "factory": True})
 
 
 def test_whole_tensors_offer_only_the_replicated_layout_and_the_partial_inputs_declared():
@@ -167,4 +168,4 @@ def test_a_range_factory_offsets_each_ranks_start_and_end_and_a_shifted_range_is
         failed, results = failures(dataclasses.replace(case, op="arange_wrong"), (4,))
     assert [r.strategy for r in failed] == ["-> S0"]
     with pytest.raises(InvalidArgument, match="needs factory"):
-        RuleOptions.from_options({"pointwise": True, "range_params": ["start", "end", "step"]})
+        parse_rule({"pointwise": True, "range_params": ["start", "end", "step"]})

@@ -129,10 +129,10 @@ def test_the_verifier_checks_each_layout_once_and_says_so(monkeypatch):
 
 def test_naming_is_validated():
     from shardverify.errors import InvalidArgument
-    from shardverify.strategies.rules.spec import RuleOptions
+    from shardverify.strategies.rules.sources import parse_rule
 
     with pytest.raises(InvalidArgument, match="'naming' must be one of .*got 'colossal'"):
-        RuleOptions.from_options({"follow": "input", "reduce_dims_param": "dim", "naming": "colossal"})
+        parse_rule({"follow": "input", "reduce_dims_param": "dim", "naming": "colossal"})
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (4,)])

@@ -285,15 +285,39 @@ def test_missing_required_key_points_at_the_mapping():
     assert error.field == "verify.meshes"
 
 
-def free_options():
-    """The spec with a family that reads its options itself (the rules family validates its own)."""
-    return edit("  family: rules\n  options: {follow: input, ", "  family: replicated\n  options: {")
-
-
 def test_generator_option_naming_an_undeclared_operand():
-    text = edit("options: {reduce_dims_param: dim,", "options: {follow_operand: weight, reduce_dims_param: dim,",
-                free_options())
-    assert_error_at(text, "follow_operand", "names operand 'weight'", "declared: input, output")
+    text = edit("options: {follow: input,", "options: {follow: weight,")
+    assert_error_at(text, "follow: weight", "names operand 'weight'", "declared: input, output")
+
+
+def test_a_family_without_options_takes_none():
+    text = edit("  family: rules\n  options: {follow: input, ", "  family: replicated\n  options: {")
+    assert_error_at(text, "options: {", "generator family 'replicated' takes no options")
+
+
+BLOCK_OPTIONS = edit("  options: {follow: input, reduce_dims_param: dim, keepdim_param: keepdim}\n",
+                     "  options:\n    follow: input\n    reduce_dims_param: dim\n    keepdim_param: keepdim\n"
+                     "    linear_in:\n      - input\n")
+
+
+@pytest.mark.parametrize("old, new, needle, fragments, field", [
+    ("    keepdim_param: keepdim\n", "    keepdim_param: keepdim\n    wohle: [x]\n", "wohle",
+     ("unknown rule option 'wohle'",), "generator.options.wohle"),
+    ("    keepdim_param: keepdim\n", "    keepdim_param: keepdim\n    whole: [x]\n", "whole: [x]",
+     ("rule option 'whole' does not apply to a 'reduce_dims_param' rule", "einsum"), "generator.options.whole"),
+    ("    keepdim_param: keepdim\n", "    keepdim_param: [keepdim]\n", "keepdim_param",
+     ("'keepdim_param' must be a string",), "generator.options.keepdim_param"),
+    ("    keepdim_param: keepdim\n", "    keepdim_param: keep\n", "keepdim_param",
+     ("option 'keepdim_param' names parameter 'keep'", "declared: dim, keepdim"), "generator.options.keepdim_param"),
+    ("      - input\n", "      - input\n      - bias\n", "- bias",
+     ("option 'linear_in' names operand 'bias'", "declared: input, output"), "generator.options.linear_in[1]"),
+    ("      - input\n", "      - input\n    monotone_in:\n      - input\n      - -input:sum\n", "-input:sum",
+     ("monotone_in", "'-input:sum' is not `name`"), "generator.options.monotone_in[1]"),
+])
+def test_each_rule_option_error_names_its_own_line(old, new, needle, fragments, field):
+    """Block-style options: an error about a key names that key's line (or the item's inside its
+    value), not the line of `options:`."""
+    assert_error_at(edit(old, new, BLOCK_OPTIONS), needle, *fragments, field=field)
 
 
 def test_module_targets_need_module_init_and_attributes():
@@ -320,13 +344,3 @@ def test_every_error_is_one_message_with_location():
         message = str(spec_error(bad))
         assert re.match(r"specs/sum\.yaml:\d+: ", message), message
         assert "\n" not in message
-
-
-def test_nested_and_list_option_references_are_checked():
-    text = edit("options: {reduce_dims_param: dim, keepdim_param: keepdim}",
-                "options: {reduce: {dims_param: dim, keep_params: [keepdim, keep]}, pairs: [[a, 1]]}", free_options())
-    error = assert_error_at(text, "keep_params", "option 'keep_params' names parameter 'keep'")
-    assert error.field == "generator.options.reduce.keep_params[1]"
-    spec = parse(edit("keep]}", "keepdim]}", text))
-    assert spec.options == (("reduce", (("dims_param", "dim"), ("keep_params", ("keepdim", "keepdim")))),
-                            ("pairs", (("a", 1),)))

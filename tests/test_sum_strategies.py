@@ -173,10 +173,10 @@ def test_a_partial_sum_without_its_all_reduce_or_with_another_op_is_caught():
 
 def test_reduce_op_is_validated():
     from shardverify.errors import InvalidArgument
-    from shardverify.strategies.rules.spec import RuleOptions
+    from shardverify.strategies.rules.sources import parse_rule
 
     with pytest.raises(InvalidArgument, match="reduce_op must be one of .*got 'mean'"):
-        RuleOptions.from_options({"follow": "input", "reduce_dims_param": "dim", "reduce_op": "mean"})
+        parse_rule({"follow": "input", "reduce_dims_param": "dim", "reduce_op": "mean"})
 
 
 def test_sum_of_a_graph_input_takes_every_layout_the_input_can_arrive_in():

@@ -11,10 +11,11 @@ Everything is derived from the spec itself, with no per-op code:
 * parameters: every grid key is drawn (and each boolean parameter the grid leaves out that
   serves any value). A parameter bound to the values it was
   verified on (its handler refuses any other call) takes only those. One that serves any
-  value (``serves: any``, or read by the rule through a ``*_param`` option) is drawn beyond
-  them, from what its values look like: booleans both ways; a dims parameter (its name or a
-  generator option about dims says so) as any int dim, positive or negative, a tuple of
-  distinct dims if the grid lists a tuple, None (all) if it lists None; ints, floats and
+  value (``serves: any``, or read by the rule) is drawn beyond them, from what its values look
+  like and what the rule's source declares of it: booleans both ways; a dims parameter (its
+  source says so, or, for one the rule does not read, its name) as any int dim, positive or
+  negative, a tuple of distinct dims if the grid lists a tuple, None (all) if it lists None;
+  a permutation where the source says so; ints, floats and
   tuples of ints near the listed ones; a shape, a string or a dtype from the listed values.
   An optional operand is present or absent, or a number near a listed one. The parameters
   of a ``verify.same_length`` group (roll's shifts and dims) are drawn with one length.

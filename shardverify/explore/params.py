@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from shardverify.errors import InvalidArgument
 from shardverify.spec.op import OpSpec
 from shardverify.spec.op_model import value_length
+from shardverify.strategies.generators.options import PARAM
 
 __all__ = ["dims_strategy", "ParamDraw", "param_draws", "param_strategies"]
 
@@ -67,23 +68,14 @@ def _is_number_value(value: object) -> bool:
     return value is None or _is_int(value) or isinstance(value, float)
 
 
-def _names_dims(spec: OpSpec, key: str) -> bool:
-    """A parameter holds dims when its name says so (dim, dims, reduce_dim...) or a generator
-    option about dims names it (``reduce_dims_param: dim``)."""
-    if "dim" in key.lower():
-        return True
-    return any("dim" in option.lower() and key in named for option, named in _option_names(spec))
-
-
-def _names_shape(spec: OpSpec, key: str) -> bool:
-    """A parameter holds a shape (``shape_param``, ``whole_trailing_param: normalized_shape``):
-    which values are valid depends on the drawn sizes, so it takes its listed values."""
-    return any("shape" in option.lower() or "trailing" in option.lower()
-               for option, named in _option_names(spec) if key in named)
-
-
-def _option_names(spec: OpSpec) -> list[tuple[str, tuple]]:
-    return [(option, value if isinstance(value, tuple) else (value,)) for option, value in spec.options]
+def _hints(spec: OpSpec) -> dict[str, str]:
+    """How the rule's source says to draw each parameter it reads ("dims", "permutation",
+    "shape", or "" by its values): declared with the key that names it."""
+    hints: dict[str, str] = {}
+    for ref in spec.rule.refs if spec.rule is not None else ():
+        if ref.kind == PARAM and (ref.draw or ref.name not in hints):
+            hints[ref.name] = ref.draw
+    return hints
 
 
 def _op_rank(spec: OpSpec) -> int:
@@ -184,17 +176,18 @@ def param_draws(spec: OpSpec) -> tuple[ParamDraw, ...]:
     lists what the op takes safely; torch's max_pool2d backward corrupts memory for a window
     wholly in the padding, which a dilation can make). A parameter bound to the values it was
     verified on (see ``OpSpec.bindings``) takes only those: its handler refuses any other.
-    One that serves any value (``serves: any``, or named by a ``*_param`` option) is drawn
-    beyond them, by what its values look like: booleans both ways; dims (its name or a
-    generator option about dims says so) as any int dim, positive or negative, a tuple of
-    distinct dims if the grid lists a tuple, None (all) if it lists None; a permutation for
-    ``view: permute``; numbers near the listed ones, of the same kinds (ints, floats, tuples
-    of ints); a shape, a string or a dtype from the listed values and the parameter's
+    One that serves any value (``serves: any``, or read by the rule) is drawn beyond them, by
+    what its values look like and what the rule's source declares of it: booleans both ways;
+    dims (the source says so, or for a parameter the rule does not read its name holds "dim")
+    as any int dim, positive or negative, a tuple of distinct dims if the grid lists a tuple,
+    None (all) if it lists None; a permutation where the source says so (``view: permute``);
+    numbers near the listed ones, of the same kinds (ints, floats, tuples of ints); a shape
+    (the source says so), a string or a dtype from the listed values and the parameter's
     ``choices`` (every value the op takes: kl_div's reductions). An optional operand is
     present or absent, or a number near a listed one."""
     by_role = {o.role: o for o in spec.operands}
     params = {p.name: p for p in spec.params}
-    options = dict(spec.options)
+    hints = _hints(spec)
     rank = _op_rank(spec)
     grid = dict(spec.verify.grid)
     keys = list(spec.verify.grid)
@@ -207,13 +200,15 @@ def param_draws(spec: OpSpec) -> tuple[ParamDraw, ...]:
         operand = key in by_role and by_role[key].optional
         if param is not None and param.choices and not bound:   # every value the op takes (a string's)
             values = tuple(values) + tuple(c for c in param.choices if c not in values)
-        found.append(_param_draw(spec, key, tuple(values), param.default if param is not None else None, bound,
-                                 operand, options, rank))
+        found.append(_param_draw(key, tuple(values), param.default if param is not None else None, bound,
+                                 operand, hints.get(key), rank))
     return tuple(found)
 
 
-def _param_draw(spec: OpSpec, key: str, values: tuple, default: object, bound: bool, operand: bool,
-                options: dict, rank: int) -> ParamDraw:
+def _param_draw(key: str, values: tuple, default: object, bound: bool, operand: bool, hint: str | None,
+                rank: int) -> ParamDraw:
+    """``hint``: how the rule draws the parameter (None: the rule does not read it, and a name
+    holding "dim" says it holds dims)."""
     lengths = frozenset(value_length(v) for v in values)
     known = list(values) + ([default] if not any(default == v and type(default) is type(v) for v in values) else [])
     near = tuple(values) + tuple(v for v in known[len(values):] if v is not None)   # a default None: none given
@@ -223,14 +218,14 @@ def _param_draw(spec: OpSpec, key: str, values: tuple, default: object, bound: b
         return ParamDraw(key, "operand", values, frozenset({1}), rank, near=near)
     if all(isinstance(v, bool) for v in values) and all(isinstance(v, bool) or v is None for v in known):
         return ParamDraw(key, "bool", values, frozenset({1}))
-    if options.get("view") == "permute" and options.get("dims_param") == key:
+    if hint == "permutation":
         # a permutation of every dim, as the op requires (any other tuple is refused by torch)
         return ParamDraw(key, "permutation", values, frozenset({rank}), rank)
-    if _names_dims(spec, key) and all(_is_dims_value(v) for v in known):
+    if (hint == "dims" or hint is None and "dim" in key.lower()) and all(_is_dims_value(v) for v in known):
         allow_tuple = any(isinstance(v, tuple) for v in known)
         return ParamDraw(key, "dims", values, frozenset(range(1, rank + 1) if allow_tuple else {1}), rank,
                          allow_all=None in known, allow_tuple=allow_tuple)
-    if not _names_shape(spec, key) and all(_is_number_value(v) for v in near) and any(v is not None for v in near):
+    if hint != "shape" and all(_is_number_value(v) for v in near) and any(v is not None for v in near):
         ints = any(_is_int(v) or isinstance(v, tuple) for v in near)
         most = max([rank] + [value_length(v) for v in near])
         return ParamDraw(key, "numbers", values, frozenset(range(1, most + 1)) if ints else frozenset({1}), rank,

@@ -3,7 +3,9 @@
 
 `parse_op_spec` validates everything eagerly (one SpecError naming file, line and field), so
 the renderer (`shardverify.codegen.op_kind`), the verifier, the explorer and the audit only
-read validated values. The ``verify:`` section is parsed by :mod:`shardverify.spec.op_verify`.
+read validated values. The ``generator:`` section is parsed by :mod:`shardverify.spec.op_generator`
+(the rule, parsed once and carried as ``OpSpec.rule``), the ``verify:`` section by
+:mod:`shardverify.spec.op_verify`.
 See specs/README.md for the format.
 """
 
@@ -12,18 +14,17 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from shardverify.errors import InvalidArgument
 from shardverify.spec.accept import parse_audit
 from shardverify.spec.aten import aten_positions, is_aten, parse_target_entry
-from shardverify.spec.fields import Fields, as_identifier, check_type, describe, resolve_target, target_form
+from shardverify.spec.fields import Fields, as_identifier, check_type, resolve_target, target_form
 from shardverify.spec.limits import MAX_CASES
 from shardverify.spec.loader import Node
 from shardverify.spec.op_model import (
     CaseSpec, CountSpec, InputSpec, ModuleInit, OperandSpec, OpSpec, ParamSpec, TargetSpec, VerifySpec, case_spec)
+from shardverify.spec.op_generator import parse_generator
 from shardverify.spec.op_verify import check_where_lengths, parse_verify
-from shardverify.spec.values import Literal, index_value, literal, names_of, option, parse_where, within
-from shardverify.strategies.generators.registry import get_generator
-from shardverify.strategies.rules.spec import RuleOptions
+from shardverify.spec.values import index_value, literal, names_of, parse_where, within
+from shardverify.strategies.rules.sources import RuleSpec
 
 __all__ = ["OperandSpec", "ParamSpec", "TargetSpec", "InputSpec", "ModuleInit", "CountSpec",
            "VerifySpec", "OpSpec", "CaseSpec", "parse_op_spec", "parse_where", "case_spec"]
@@ -97,75 +98,6 @@ def _parse_param(name: str, node: Node) -> ParamSpec:
                      choices=literal(choices) if choices is not None else ())
 
 
-def _check_option_refs(node: Node, params: set[str], roles: set[str]) -> None:
-    """Option keys ending in _param(s)/_operand(s), at any depth, name declared parameters /
-    operand roles (a mapping under a _params key by its keys), so a typo is caught here rather
-    than by the generator at test time."""
-    for key, child in node.value.items():  # type: ignore[union-attr]
-        if isinstance(child.value, dict) and key.endswith("_params"):   # size_params: {N: n}: the keys
-            for name in child.value:
-                if name not in params:
-                    raise child.error(f"option '{key}' names parameter {name!r}, which the spec does not "
-                                      f"declare; declared: {', '.join(sorted(params)) or 'none'}")
-            continue
-        if isinstance(child.value, dict):
-            _check_option_refs(child, params, roles)
-            continue
-        for suffix, declared, what in (("_param", params, "parameter"), ("_operand", roles, "operand")):
-            if not (key.endswith(suffix) or key.endswith(suffix + "s")):
-                continue
-            items = child.value if isinstance(child.value, list) else [child]
-            for item in items:
-                if not isinstance(item.value, str):
-                    raise item.error(f"option '{key}' must name a {what} (a string), got {describe(item)}")
-                if item.value not in declared:
-                    raise item.error(f"option '{key}' names {what} {item.value!r}, which the spec does "
-                                     f"not declare; declared: {', '.join(sorted(declared)) or 'none'}")
-
-
-def _check_rule(node: Node, options: tuple[tuple[str, Literal], ...], roles: set[str]) -> RuleOptions:
-    """A `rules` generator's options form a valid rule (see shardverify/strategies/rules/spec.py);
-    returns it."""
-    try:
-        rule = RuleOptions.from_options(dict(options))
-    except InvalidArgument as exc:
-        raise node.error(f"invalid sharding rule: {exc}") from None
-    linear = {role.rstrip("?") for group in rule.linear_in for role in group}
-    for key, named in (("additive_operands", rule.additive), ("constant_operands", rule.constant),
-                       ("linear_in", linear), ("monotone_in", {role for role, _, _ in rule.monotone_in})):
-        missing = sorted(set(named) - roles)
-        if missing:
-            raise node.error(f"{key} names {missing}, which are not operands; declared: {sorted(roles)}")
-    if linear & set(rule.additive):
-        raise node.error(f"linear_in names additive operand(s) {sorted(linear & set(rule.additive))}: they are added "
-                         f"after a partial output is reduced, so they never reach the op as partial sums")
-    missing = sorted({role for role, _ in rule.indices} - roles)
-    if missing:
-        raise node.error(f"indices names {missing}, which are not operands; declared: {sorted(roles)}")
-    return rule
-
-
-def _check_index_list(node: Node, operands: list[OperandSpec]) -> None:
-    """``advanced_index`` reads the tensor operands as the indexed input followed by the
-    elements of one index list in order, so the spec must declare them so."""
-    tensors = [o for o in operands if o.kind != "output"]
-    first, rest = tensors[0], tensors[1:]
-    if first.element is not None or not rest or \
-            any(o.element != k or o.index != rest[0].index for k, o in enumerate(rest)):
-        raise node.error("advanced_index needs the indexed input first, then the index tensors as elements "
-                         "0, 1, ... of one list argument, in that order; declared: " +
-                         ", ".join(f"{o.role} (index {o.index}, element {o.element})" for o in tensors))
-
-
-def _check_generator(node: Node) -> str:
-    family = as_identifier(node)
-    try:
-        get_generator(family)
-    except Exception as exc:  # the registry's own "unknown generator" error, whatever its class
-        raise node.error(f"unknown generator family {family!r}: {exc}") from None
-    return family
-
-
 def parse_op_spec(root: Node) -> OpSpec:
     """Validate one op spec tree; raises a SpecError naming file, line and field."""
     f = Fields(root)
@@ -228,17 +160,9 @@ def parse_op_spec(root: Node) -> OpSpec:
                 raise operands_node.value[o.role].error(  # type: ignore[index]
                     f"param operand '{o.role}' needs an 'index' or 'keyword' for the function target(s)")
 
-    g = Fields(generator_node)
-    family = _check_generator(g.required("family", str))
-    options_node = g.optional("options", dict)
-    g.finish()
-    options = tuple((key, option(value)) for key, value in names_of(options_node)) if options_node else ()
-    if options_node is not None:
-        _check_option_refs(options_node, {p.name for p in params}, roles)
-    rule = _check_rule(options_node or generator_node, options, roles) if family == "rules" else None
-    if rule is not None and rule.source == "advanced_index":
-        _check_index_list(options_node or generator_node, operands)
-    verify = parse_verify(verify_node, targets, operands, params, rule.constant if rule is not None else ())
+    family, options, rule = parse_generator(generator_node, params, operands)
+    constant = rule.modifiers.constant if isinstance(rule, RuleSpec) else ()
+    verify = parse_verify(verify_node, targets, operands, params, constant)
     for position, (target, (_, _, where_node)) in enumerate(zip(targets, entries)):
         if where_node is not None:
             where = parse_where(where_node, dict(verify.grid))
@@ -252,7 +176,7 @@ def parse_op_spec(root: Node) -> OpSpec:
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
                   description=str(desc_node.value) if desc_node else "", audit_accept=accept, ignores=ignores,
-                  audit_meshes=audit_meshes, audit_skip=audit_skip)
+                  audit_meshes=audit_meshes, audit_skip=audit_skip, rule=rule if isinstance(rule, RuleSpec) else None)
 
 
 def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,

@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardverify.spec.case import CallArg, InputDecl, ModuleDecl, OpCase
 from shardverify.spec.values import Literal
+from shardverify.strategies.rules.sources import RuleSpec
 
 __all__ = ["OperandSpec", "ParamSpec", "TargetSpec", "InputSpec", "ModuleInit", "CountSpec",
            "VerifySpec", "OpSpec", "CaseSpec", "case_spec", "value_length"]
@@ -148,6 +149,12 @@ class OpSpec:
     audit_meshes: tuple[tuple[int, ...], ...] | None = None   # None: the 1-D and 2-D meshes
     audit_skip: str = ""           # why the audit cannot run the op at all (never run, always said)
     ignores: tuple[str, ...] = ()  # undeclared keyword arguments that leave the rule unchanged
+    #: the rules family's options, parsed once at load: what the rule reads and names
+    rule: RuleSpec | None = field(default=None, compare=False, repr=False)
+
+    def read_params(self) -> frozenset[str]:
+        """The parameters the rule reads (derives the layouts from their values)."""
+        return self.rule.params_read() if self.rule is not None else frozenset()
 
     def bound_targets(self) -> tuple[TargetSpec, ...]:
         """The targets with a bound parameter (see :meth:`bindings`)."""
@@ -156,14 +163,14 @@ class OpSpec:
     def bindings(self, target: TargetSpec) -> tuple[tuple[str, tuple[Literal, ...]], ...]:
         """(parameter, values verified) for each parameter whose values ``target`` serves only as
         verified: the grid's values at the target's grid points, or the default when the grid
-        does not vary it. A parameter the rule reads (named by a ``*_param`` option: the
-        engine derives the layouts from its value, and the grid verifies the derivation) serves
+        does not vary it. A parameter the rule reads (:meth:`read_params`: the engine derives
+        the layouts from its value, and the grid verifies the derivation) serves
         every value. One declared ``serves: any`` is bound all the same: the declaration is a
         claim, so a call at a value the grid never held is verified where it is met."""
         grid = dict(self.verify.grid)
         where = dict(target.where)
         bound = []
-        read = _read_params(self.options)
+        read = self.read_params()
         for param in self.params:
             if param.name in read:
                 continue
@@ -177,10 +184,10 @@ class OpSpec:
         return tuple(bound)
 
     def serves_every_value(self, name: str) -> bool:
-        """Does the rule hold for every value of parameter ``name`` (``serves: any``, or named by a
-        ``*_param`` option: the engine derives the layouts from its value)? Else it serves only
-        the values it was verified on (:meth:`bindings`)."""
-        return any(p.name == name and p.any_value for p in self.params) or name in _read_params(self.options)
+        """Does the rule hold for every value of parameter ``name`` (``serves: any``, or read by
+        the rule: the engine derives the layouts from its value)? Else it serves only the values
+        it was verified on (:meth:`bindings`)."""
+        return any(p.name == name and p.any_value for p in self.params) or name in self.read_params()
 
     def keeps(self, point: tuple[tuple[str, Literal], ...]) -> bool:
         """Does a call with these parameter values (the defaults for the others) keep every
@@ -233,28 +240,6 @@ class OpSpec:
                                  rtol=verify.rtol, atol=verify.atol,
                                  positional=tuple(CallArg(kind, value) for kind, value in case.positional)))
                 for case in self.cases()]
-
-
-def _is_mapping(value: object) -> bool:
-    """An option mapping as the spec model holds it: a non-empty tuple of (name, value) pairs."""
-    return isinstance(value, tuple) and bool(value) and all(
-        isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) for item in value)
-
-
-def _read_params(options: object) -> list[str]:
-    """Parameter names that ``*_param`` / ``*_params`` options name, at any depth (a mapping under
-    ``*_params`` names them by its keys)."""
-    names: list[str] = []
-    if isinstance(options, tuple) and all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                                          for item in options):
-        for key, value in options:
-            if key.endswith("_params") and _is_mapping(value):     # size_params: {N: n}: the keys
-                names += [name for name, _ in value]  # type: ignore[union-attr]
-            elif key.endswith(("_param", "_params")):
-                names += [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]  # type: ignore[union-attr]
-            else:
-                names += _read_params(value)
-    return names
 
 
 def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal], ...]) -> CaseSpec:

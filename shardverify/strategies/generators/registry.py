@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardverify.errors import HandlerError
+from shardverify.strategies.generators.options import OptionError, ParsedOptions
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from shardverify.sharding.strategy import OperationData, ShardingStrategy, StrategiesVector
 
 __all__ = ["GeneratorContext", "Generator", "KnownGap", "register_generator", "get_generator", "generator_names",
-           "known_gaps"]
+           "known_gaps", "parse_options"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class GeneratorContext:
 Generator = Callable[[GeneratorContext], "list[ShardingStrategy]"]
 _GENERATORS: dict[str, Generator] = {}
 _GAPS: dict[str, tuple[KnownGap, ...]] = {}
+_PARSERS: dict[str, Callable[[dict[str, object]], ParsedOptions]] = {}
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,11 @@ class KnownGap:
     match: tuple[tuple[str, tuple[str, ...]], ...]
 
 
-def register_generator(name: str, *, known_gaps: tuple[KnownGap, ...] = ()) -> Callable[[Generator], Generator]:
+def register_generator(name: str, *, known_gaps: tuple[KnownGap, ...] = (),
+                       parse: Callable[[dict[str, object]], ParsedOptions] | None = None
+                       ) -> Callable[[Generator], Generator]:
+    """Register a family; ``parse`` reads its options once (a spec's at load, a handler's at
+    first use), raising OptionError; a family without one takes no options from a spec."""
     def decorate(fn: Generator) -> Generator:
         if name in _GENERATORS and _GENERATORS[name] is not fn:
             owner = _GENERATORS[name]
@@ -83,6 +89,8 @@ def register_generator(name: str, *, known_gaps: tuple[KnownGap, ...] = ()) -> C
                 raise HandlerError(f"generator name {name!r} is already registered by {owner.__module__}")
         _GENERATORS[name] = fn
         _GAPS[name] = tuple(known_gaps)
+        if parse is not None:
+            _PARSERS[name] = parse
         return fn
     return decorate
 
@@ -98,6 +106,17 @@ def get_generator(name: str) -> Generator:
         return _GENERATORS[name]
     except KeyError:
         raise HandlerError(f"unknown strategy generator {name!r}; known: {sorted(_GENERATORS)}") from None
+
+
+def parse_options(name: str, options: Mapping[str, object]) -> ParsedOptions | None:
+    """Family ``name``'s options parsed (None: a family that takes none, given none)."""
+    get_generator(name)
+    if name in _PARSERS:
+        return _PARSERS[name](dict(options))
+    if options:
+        raise OptionError(f"generator family {name!r} takes no options, got {', '.join(map(str, options))}",
+                          key=next(iter(options)))
+    return None
 
 
 def generator_names() -> list[str]:

@@ -11,6 +11,7 @@ serves a call, and whether its grid verified it, :mod:`~shardverify.strategies.h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from shardverify.errors import HandlerError
+from shardverify.strategies.generators.options import OptionError, ParsedOptions
+from shardverify.strategies.generators.registry import parse_options
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
@@ -139,6 +142,16 @@ class HandlerDef:
     @property
     def option_dict(self) -> dict[str, object]:
         return dict(self.options)
+
+    @functools.cached_property
+    def rule(self) -> ParsedOptions | None:
+        """The generator family's options parsed once, at the handler's first use (the rules
+        family's :class:`~shardverify.strategies.rules.sources.RuleSpec`)."""
+        try:
+            return parse_options(self.generator, self.options)
+        except OptionError as exc:
+            where = f" ({self.spec_file})" if self.spec_file else ""
+            raise HandlerError(f"handler {self.name!r}{where}: {exc}") from None
 
     def for_target(self, target: object) -> HandlerDef:
         """The handler as ``target``'s calls are read: its positions overridden where it has them,

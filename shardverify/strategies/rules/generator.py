@@ -19,22 +19,23 @@ The fully replicated strategy comes last.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Container
+from dataclasses import dataclass
 
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
-from shardverify.strategies.rules import colossal, derive, follow
+from shardverify.strategies.handlers.base import Computed
+from shardverify.strategies.rules import colossal, follow
 from shardverify.strategies.rules.local_args import (range_arguments, serving_handler, shape_argument, shape_locator,
                                                      size_arguments)
 from shardverify.strategies.rules.partial_inputs import extremum_choices, partial_choices
 from shardverify.strategies.rules.narrowed import narrowed_choices
 from shardverify.strategies.rules.rule import Rule, bind
-from shardverify.strategies.rules.spec import RuleOptions, equation_for, local_shape_part
+from shardverify.strategies.rules.sources import RuleCall, RuleSpec, parse_rule
 from shardverify.sharding.blocks import partial_refusal
 from shardverify.sharding.partial import IndexShard, PartialInput, PostAdd
 from shardverify.sharding.sharding_spec import ShardingSpec
@@ -48,56 +49,47 @@ from shardverify.sharding.strategy import (
     ShardingStrategy,
 )
 
-__all__ = ["generate", "bound_rule", "assignments"]
+__all__ = ["generate", "BoundRule", "bound_rule", "assignments"]
 
 
-def bound_rule(ctx: GeneratorContext) -> tuple[Rule, RuleOptions, list[OperationData], list[OperationData]]:
-    """The spec's rule bound to this call, its options, its input operands (term order) and outputs."""
-    options = RuleOptions.from_options(ctx.options)
+@dataclass(frozen=True)
+class BoundRule:
+    """The spec's rule bound to one call: the bound factors (``rule``), the parsed rule it came
+    from with a variadic operand's role standing for its elements (``spec``), the input
+    operands in term order, the outputs, the call as its source read it, and each integer
+    operand's role with the factor its ids index."""
+
+    rule: Rule
+    spec: RuleSpec
+    inputs: list[OperationData]
+    outputs: list[OperationData]
+    call: RuleCall
+    indices: tuple[tuple[str, str], ...]
+
+
+def bound_rule(ctx: GeneratorContext) -> BoundRule:
+    """The rule the serving handler carries (parsed once), bound to this call."""
+    handler = serving_handler(ctx)
     elements = {d.role: tuple(r for r in ctx.operands if r.startswith(d.role + ".") and r[len(d.role) + 1:].isdigit())
-                for d in serving_handler(ctx).operands if d.variadic}
-    declared = [r for d in serving_handler(ctx).operands if d.kind != "output" for r in elements.get(d.role, (d.role,))]
-    options = _elements_named(options, elements)
+                for d in handler.operands if d.variadic}
+    declared = [r for d in handler.operands if d.kind != "output" for r in elements.get(d.role, (d.role,))]
+    spec = handler.rule.for_elements(elements)
     inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
     outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
-    present = [role in ctx.operands for role in declared]
-    if options.source == "advanced_index":      # element k of the index list holds ids into dim k
-        options = dataclasses.replace(options, indices=tuple((role, derive.indexed_factor(k))
-                                                             for k, role in enumerate(declared[1:])))
+    call = RuleCall(tuple(d.shape for d in inputs), tuple(d.shape for d in outputs), ctx.params,
+                    tuple(role in ctx.operands for role in declared), tuple(d.role for d in inputs),
+                    {name: value.nodes for name, value in ctx.params.items() if isinstance(value, Computed)})
     try:
-        equation, whole, reduce, sizes = equation_for(options, [d.shape for d in inputs],
-                                                      [d.shape for d in outputs], ctx.params, present,
-                                                      [d.role for d in inputs])
-        additive = [i for i, d in enumerate(inputs) if d.role in options.additive]
-        rule = bind(equation, [d.shape for d in inputs], [d.shape for d in outputs],
-                    reduce=reduce, whole=tuple(whole), additive=additive, sizes=sizes, default_op=options.reduce_op,
-                    unheld_op=options.reduce_unheld, factory=options.factory,
-                    names=[f"operand {d.role!r}" for d in inputs + outputs])
+        derived = spec.derive(call)
+        additive = [i for i, d in enumerate(inputs) if d.role in spec.modifiers.additive]
+        rule = bind(derived.equation, call.inputs, call.outputs, reduce=dict(derived.reduce),
+                    whole=tuple(derived.whole), additive=additive, sizes=dict(derived.sizes),
+                    default_op=spec.source.reduce_op, unheld_op=spec.source.reduce_unheld,
+                    factory=spec.source.factory, names=[f"operand {d.role!r}" for d in inputs + outputs])
     except InvalidArgument as exc:
-        where = f" ({serving_handler(ctx).spec_file})" if serving_handler(ctx).spec_file else ""
+        where = f" ({handler.spec_file})" if handler.spec_file else ""
         raise StrategyError(f"{ctx.handler_name}{where}: node {ctx.node.name!r}: {exc}") from None
-    return rule, options, inputs, outputs
-
-
-def _elements_named(options: RuleOptions, elements: dict[str, tuple[str, ...]]) -> RuleOptions:
-    """The options with a variadic operand's role standing for each of its elements: a
-    ``linear_in`` group holding it holds them all (cat is linear in all its tensors together),
-    a ``monotone_in``, additive, constant or lacking entry is one entry per element."""
-    if not elements:
-        return options
-
-    def each(role: str) -> tuple[str, ...]:
-        bare, mark = role.rstrip("?"), role[len(role.rstrip("?")):]
-        return tuple(r + mark for r in elements[bare]) if bare in elements else (role,)
-
-    return dataclasses.replace(
-        options,
-        additive=tuple(r for role in options.additive for r in each(role)),
-        constant=tuple(r for role in options.constant for r in each(role)),
-        lacking=tuple(r for role in options.lacking for r in each(role)),
-        indices=tuple((r, f) for role, f in options.indices for r in each(role)),
-        linear_in=tuple(tuple(r for role in group for r in each(role)) for group in options.linear_in),
-        monotone_in=tuple((r, i, o) for role, i, o in options.monotone_in for r in each(role)))
+    return BoundRule(rule, spec, inputs, outputs, call, spec.source.index_ids(declared))
 
 
 def assignments(rule: Rule, mesh_shape: tuple[int, ...]) -> list[dict[str, tuple[int, ...]]]:
@@ -159,30 +151,30 @@ def _positions(term, out_term) -> tuple[int, ...]:
     return tuple(where[dim[0]] if dim else i + offset for i, dim in enumerate(term))
 
 
-@register_generator("rules")
+@register_generator("rules", parse=parse_rule)
 def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
-    rule, options, inputs, outputs = bound_rule(ctx)
+    bound = bound_rule(ctx)
+    rule, modifiers, inputs, outputs = bound.rule, bound.spec.modifiers, bound.inputs, bound.outputs
     if not outputs:
         raise HandlerError(f"{ctx.handler_name}: node {ctx.node.name!r} has no output operand")
-    shape_at = shape_locator(ctx, options)
+    shape_at = shape_locator(ctx, bound.spec.source)
     try:
-        shape_part = local_shape_part(options, inputs[0].shape if inputs else (), outputs[0].shape, ctx.params) \
-            if shape_at else None
+        shape_part = bound.spec.source.local_shape_part(bound.call) if shape_at else None
     except InvalidArgument as exc:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
-    if options.naming == "colossalai" and not options.follow:
+    if modifiers.naming == "colossalai" and not modifiers.follow:
         try:
             views = colossal.logical_views(rule, inputs, outputs)
         except StrategyError as exc:
             raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
         inputs, outputs = views[:len(inputs)], views[len(inputs):]
-        call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
+        call = _Call(ctx, bound, inputs, outputs, shape_at, shape_part)
         return colossal.offered(lambda axes, partial, in_op, out_op: call.strategy(axes, partial, (), in_op, out_op),
-                                rule, options, inputs, outputs, ctx.mesh.shape)
-    call = _Call(ctx, rule, options, inputs, outputs, shape_at, shape_part)
-    if options.follow:
+                                rule, modifiers, inputs, outputs, ctx.mesh.shape)
+    call = _Call(ctx, bound, inputs, outputs, shape_at, shape_part)
+    if modifiers.follow:
         try:
-            return follow.offered(lambda axes, partial: call.strategy(axes, partial, ()), ctx, rule, options,
+            return follow.offered(lambda axes, partial: call.strategy(axes, partial, ()), ctx, rule, modifiers,
                                   inputs, outputs)
         except StrategyError as exc:
             raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
@@ -195,14 +187,14 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
 
     strategies: dict[str, ShardingStrategy] = {}
     # an additive or index operand is never narrowed to a prefix of a factor's axes (narrowed.py)
-    fixed = set(rule.additive) | {i for i, d in enumerate(inputs) if d.role in dict(options.indices)}
+    fixed = set(rule.additive) | {i for i, d in enumerate(inputs) if d.role in dict(bound.indices)}
     for axes in assignments(rule, ctx.mesh.shape):
         for narrowed in [{}] + narrowed_choices(rule, [d.name for d in inputs], sorted(fixed), axes, ctx.mesh.shape):
-            for partial in partial_choices(rule, options, inputs, results, axes, ctx.mesh.shape, left_out):
+            for partial in partial_choices(rule, modifiers, inputs, results, axes, ctx.mesh.shape, left_out):
                 strategy = call.strategy(axes, partial, strategies, narrowed=narrowed)
                 if strategy is not None:
                     strategies[strategy.name] = strategy
-            for partial, in_op, out_op in extremum_choices(rule, options, inputs, results, axes, ctx.mesh.shape):
+            for partial, in_op, out_op in extremum_choices(rule, modifiers, inputs, results, axes, ctx.mesh.shape):
                 strategy = call.strategy(axes, partial, strategies, in_op, out_op, narrowed=narrowed)
                 if strategy is not None:
                     strategies[strategy.name] = strategy
@@ -214,9 +206,9 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
 class _Call:
     """One call's rule and operands, turned into a strategy per (assignment, partial inputs)."""
 
-    def __init__(self, ctx: GeneratorContext, rule: Rule, options: RuleOptions, inputs: list[OperationData],
+    def __init__(self, ctx: GeneratorContext, bound: BoundRule, inputs: list[OperationData],
                  outputs: list[OperationData], shape_at: OperandLocator | None, shape_part: slice | None) -> None:
-        self.ctx, self.rule, self.options = ctx, rule, options
+        self.ctx, self.rule, self.spec, self.indices = ctx, bound.rule, bound.spec, bound.indices
         self.inputs, self.outputs = inputs, outputs
         self.shape_at, self.shape_part = shape_at, shape_part
         self.undefined = undefined_outputs(ctx.node)   # scratch the op leaves undefined: never reduced
@@ -232,7 +224,8 @@ class _Call:
         mesh axes of their partial value, whose pieces reduce by ``in_op``; the output's by
         ``out_op``), and the ``narrowed`` inputs holding a factor over a prefix of its axes
         (narrowed.py); None where the layout does not fit the call or its name is ``taken``."""
-        ctx, rule, options, inputs, outputs = self.ctx, self.rule, self.options, self.inputs, self.outputs
+        ctx, rule, inputs, outputs = self.ctx, self.rule, self.inputs, self.outputs
+        source, modifiers = self.spec.source, self.spec.modifiers
         mesh_shape = ctx.mesh.shape
         operands = inputs + outputs
         reduce_ops = rule.partial_ops()
@@ -260,7 +253,7 @@ class _Call:
             # a narrowed factor's trailing axes: the ranks whose output block is empty give zeros
             trailing = {a for f, prefix in narrowed.get(data.name, {}).items() for a in axes[f][len(prefix):]}
             missing = tuple(sorted(set(missing) | trailing))
-            if data.role not in options.constant:
+            if data.role not in modifiers.constant:
                 actions += grad_sync(data, missing)
         # each output is partial over the reduced factors' axes it lacks and the partial inputs' axes
         per_output = [() if k in self.undefined else tuple(sorted(set(rule.output_partial(axes, k)) | set(pieces)))
@@ -286,14 +279,14 @@ class _Call:
         uneven = not all(spec.is_even for spec in specs.values())
         local_args = (shape_argument(ctx, self.shape_at, specs[outputs[0].name], self.shape_part, uneven),) \
             if self.shape_at else ()
-        if options.range_params:
-            local_args += range_arguments(ctx, options.range_params, specs[outputs[0].name])
-        sized = size_arguments(ctx, rule, options, axes)
+        if source.range_params:
+            local_args += range_arguments(ctx, source.range_params, specs[outputs[0].name])
+        sized = size_arguments(ctx, rule, source, axes)
         if sized is None:
             return None       # the call relies on a size parameter's default: no place to pass a rank's own size
         local_args += sized
-        index_shards = _index_shards(rule, options, inputs, axes, ctx.handler_name)
-        if options.source == "view" or self.shape_at or options.range_params or sized or uneven or narrowed:
+        index_shards = _index_shards(rule, self.indices, inputs, axes, ctx.handler_name)
+        if source.probes_local_shapes or self.shape_at or source.range_params or sized or uneven or narrowed:
             key = (tuple(axes.items()), tuple((n, tuple(f.items())) for n, f in sorted(narrowed.items())))
             if key not in self._fits:
                 self._fits[key] = _local_view_fits(ctx, operands, outputs, specs, actions, local_args,
@@ -308,13 +301,13 @@ class _Call:
         return strategy
 
 
-def _index_shards(rule: Rule, options: RuleOptions, inputs: list[OperationData],
+def _index_shards(rule: Rule, indices: tuple[tuple[str, str], ...], inputs: list[OperationData],
                   axes: dict[str, tuple[int, ...]], handler: str) -> tuple[IndexShard, ...]:
     """For each ``indices`` operand whose factor this assignment shards: the operand holding
     that factor as a whole dim (the table), and where."""
     found = []
     roles = [d.role for d in inputs]
-    for role, factor in options.indices:
+    for role, factor in indices:
         if factor not in axes or role not in roles:
             continue
         tables = [(data, d) for data, term in zip(inputs, rule.inputs) for d, dim in enumerate(term)

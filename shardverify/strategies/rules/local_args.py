@@ -13,7 +13,7 @@ from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import LocalArg, OperandLocator
 from shardverify.strategies.generators.registry import GeneratorContext
 from shardverify.strategies.rules.rule import Rule
-from shardverify.strategies.rules.spec import RuleOptions
+from shardverify.strategies.rules.sources.base import Source
 
 __all__ = ["serving_handler", "shape_locator", "shape_argument", "range_arguments", "size_arguments"]
 
@@ -27,17 +27,17 @@ def serving_handler(ctx: GeneratorContext):
     return ctx.handler
 
 
-def shape_locator(ctx: GeneratorContext, options: RuleOptions) -> OperandLocator | None:
+def shape_locator(ctx: GeneratorContext, source: Source) -> OperandLocator | None:
     """Where the call passes the output shape that each rank replaces by its local one
     (``shape_param``); None without one."""
     from shardverify.strategies.handlers.call_values import param_locator
 
-    if not options.shape_param:
+    if not source.shape_param:
         return None
-    locator = param_locator(serving_handler(ctx), ctx.node, options.shape_param)
+    locator = param_locator(serving_handler(ctx), ctx.node, source.shape_param)
     if locator is None:
         raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r} does not pass the shape parameter "
-                            f"{options.shape_param!r} that the rule replaces by each rank's local shape")
+                            f"{source.shape_param!r} that the rule replaces by each rank's local shape")
     return locator
 
 
@@ -85,7 +85,7 @@ def range_arguments(ctx: GeneratorContext, names: tuple[str, ...], out: Sharding
     return tuple(found)
 
 
-def size_arguments(ctx: GeneratorContext, rule: Rule, options: RuleOptions,
+def size_arguments(ctx: GeneratorContext, rule: Rule, source: Source,
                     axes: dict[str, tuple[int, ...]]) -> tuple[LocalArg, ...] | None:
     """For each ``size_params`` parameter whose factors this layout shards: each rank passes the
     product of its own blocks' sizes of the factors it names (``"..."``: every factor the
@@ -95,7 +95,7 @@ def size_arguments(ctx: GeneratorContext, rule: Rule, options: RuleOptions,
 
     sizes, mesh = rule.size, ctx.mesh
     found = []
-    for param, named in options.size_params:
+    for param, named in source.size_params:
         factors = [f for f in named if f != "..."] + \
             ([f for f in sizes if f.startswith("_b")] if "..." in named else [])
         missing = [f for f in factors if f not in sizes]

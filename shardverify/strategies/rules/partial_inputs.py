@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 from shardverify.sharding.strategy import OperationData
 from shardverify.strategies.rules.rule import Rule
-from shardverify.strategies.rules.spec import RuleOptions
+from shardverify.strategies.rules.sources.modifiers import Modifiers
 
 __all__ = ["partial_choices", "extremum_choices"]
 
 
-def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData], outputs: list[OperationData],
+def partial_choices(rule: Rule, options: Modifiers, inputs: list[OperationData], outputs: list[OperationData],
                     axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...],
                     left_out: Callable[[str], bool]) -> list[dict[str, tuple[int, ...]]]:
     """For one assignment: no partial input (``{}``, first), then every way to give each mesh
@@ -44,7 +44,7 @@ def partial_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData
     return found
 
 
-def extremum_choices(rule: Rule, options: RuleOptions, inputs: list[OperationData], outputs: list[OperationData],
+def extremum_choices(rule: Rule, options: Modifiers, inputs: list[OperationData], outputs: list[OperationData],
                      axes: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]
                      ) -> list[tuple[dict[str, tuple[int, ...]], str, str]]:
     """For one assignment: each ``monotone_in`` operand as a partial max or min over each set of
