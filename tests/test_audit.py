@@ -17,6 +17,7 @@ from shardverify.audit.offered import offered_combination
 from shardverify.cli.main import main
 from shardverify.errors import SpecError
 from shardverify.strategies.generators.registry import get_generator, register_generator
+from shardverify.strategies.rules.sources import parse_rule
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 
@@ -168,7 +169,7 @@ def test_accept_entries_name_file_and_line_on_mistakes(tmp_path):
 
 # ------------------------------------------------------------------ the CLI on a planted gap
 
-@register_generator("audit_test_no_row_parallel")
+@register_generator("audit_test_no_row_parallel", parse=parse_rule)   # the rules options
 def _no_row_parallel(ctx):
     """The linear spec's rules without the strategies that shard the contraction dim K."""
     strategies = get_generator("rules")(ctx)
@@ -210,7 +211,7 @@ def test_a_rule_omitting_row_parallel_linear_is_reported_missing(tmp_path, capsy
                for f in row["missing"])
 
 
-@register_generator("audit_test_forgets_the_all_reduce")
+@register_generator("audit_test_forgets_the_all_reduce", parse=parse_rule)   # the rules options
 def _forgets_the_all_reduce(ctx):
     """The linear spec's rules whose row-parallel strategies lose their AFTER all-reduce."""
     from shardverify.sharding.strategy import CommWhere
@@ -270,7 +271,7 @@ def test_a_strided_dtensor_output_is_counted_apart_from_errors():
     assert report.disagreements == []
 
 
-@register_generator("audit_test_no_post_add")
+@register_generator("audit_test_no_post_add", parse=parse_rule)   # the rules options
 def _without_post_add(ctx):
     """The linear spec's rules without any post-added strategy (whether or not it offers them)."""
     return [s for s in get_generator("rules")(ctx) if not s.post_add]

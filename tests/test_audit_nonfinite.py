@@ -20,6 +20,7 @@ from shardverify.codegen.generate import load_op_specs
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.strategies.generators.registry import GeneratorContext, get_generator, register_generator
+from shardverify.strategies.rules.sources import parse_rule
 from shardverify.verify.engine import verify_case
 from shardverify.verify.reference import reference
 from shardverify.verify.report import CheckResult
@@ -47,7 +48,7 @@ verify:
 SWAPPED = " (exponent on the other axis)"
 
 
-@register_generator("audit_test_swaps_the_exponent_axis")
+@register_generator("audit_test_swaps_the_exponent_axis", parse=parse_rule)   # the rules options
 def _swaps_the_exponent_axis(ctx: GeneratorContext) -> list:
     """The pointwise rule, plus, for each strategy sharding the exponent's dim 0 over one axis
     of a 2-D mesh, a wrong copy sharding it over the other axis: the local shapes still fit,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import math
 import shutil
@@ -19,6 +20,7 @@ from shardverify.codegen.op_kind import render_op_spec
 from shardverify.spec.op import parse_op_spec
 from shardverify.codegen.render import Renderer, py_dotted, py_identifier, py_literal
 from shardverify.errors import InvalidArgument, SpecError
+from shardverify.strategies.generators.registry import register_generator
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = ("generated_tests/test_linear.py", "generated_tests/test_sum.py",
@@ -288,13 +290,28 @@ NAME_FIELDS = {
     "count target": (LINEAR, "        bias: true\n      count: 131", "        bias: true\n      count: 131\n      target: {}"),
 }
 
+FREE_FAMILY = "test_free_options"
+
+
+@dataclasses.dataclass(frozen=True)
+class _FreeOptions:
+    """A test-only family's options: any values, naming no parameter or operand."""
+
+    refs: tuple = ()
+
+    def check_operands(self, operands) -> None:
+        pass
+
+
+register_generator(FREE_FAMILY, parse=lambda options: _FreeOptions())(lambda ctx: [])
+
 # Fields whose strings are data: the payload must reach the output only as a string constant.
 LITERAL_FIELDS = {
     "description": (SUM, "description: Sum over dims, following the layout of the producing op.",
                     "description: {}"),
     "param default": (SUM, "    default: null", "    default: {}"),
-    # a family that reads its options itself (the rules family validates its own at load)
-    "option value": (LINEAR.replace("family: rules", "family: replicated"), "    naming: colossalai ",
+    # a family whose options are free values (the rules family validates its own at load)
+    "option value": (LINEAR.replace("family: rules", f"family: {FREE_FAMILY}"), "    naming: colossalai ",
                      "    naming: {} "),
     "predecessor arg": (SUM, "    args: [16, 32]", "    args: [16, {}]"),
     "predecessor kwarg value": (SUM, "      bias: false", "      bias: {}"),

@@ -29,6 +29,7 @@ from shardverify.strategies.generators.registry import get_generator, register_g
 from shardverify.strategies.handlers.base import unregister_handler
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.strategies.rules.sources import parse_rule
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 
@@ -59,7 +60,7 @@ verify:
 """
 
 
-@register_generator(PLANTED_FAMILY)
+@register_generator(PLANTED_FAMILY, parse=parse_rule)     # it takes the rules family's options
 def forgets_negative_dims(ctx):
     """sum's rules strategies (follow: input), except that a reduced dim named by a negative number keeps
     the predecessor's shard (it is never gathered), so each rank sums only its own slice."""

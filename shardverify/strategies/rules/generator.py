@@ -73,6 +73,9 @@ def bound_rule(ctx: GeneratorContext) -> BoundRule:
     elements = {d.role: tuple(r for r in ctx.operands if r.startswith(d.role + ".") and r[len(d.role) + 1:].isdigit())
                 for d in handler.operands if d.variadic}
     declared = [r for d in handler.operands if d.kind != "output" for r in elements.get(d.role, (d.role,))]
+    if not isinstance(handler.rule, RuleSpec):
+        raise StrategyError(f"{ctx.handler_name}: generator family {handler.generator!r} runs the rules engine, so it "
+                            f"parses its options into a rule: register it with parse=parse_rule")
     spec = handler.rule.for_elements(elements)
     inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
     outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]

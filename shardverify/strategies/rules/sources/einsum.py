@@ -56,10 +56,6 @@ def _size_params(key: str, value: object) -> tuple[tuple[str, tuple[str, ...]], 
     return found
 
 
-def _reduce_unheld(key: str, value: object) -> str | None:
-    return read_op(key, value)
-
-
 @dataclass(frozen=True)
 class _Factors(Source):
     """The keys both einsum sources take: they name the equation's factors."""
@@ -70,7 +66,7 @@ class _Factors(Source):
     size_params: tuple[tuple[str, tuple[str, ...]], ...] = opt("size_params", _size_params, (), kind=PARAM,
                                                               form=KEYS)
     reduce_op: str | None = opt("reduce_op", read_op, "sum")
-    reduce_unheld: str | None = opt("reduce_unheld", _reduce_unheld, None)
+    reduce_unheld: str | None = opt("reduce_unheld", read_op, None)
 
     def named_factors(self) -> list[tuple[str, str]]:
         """(key, factor) for every factor a key names ("..." aside)."""
