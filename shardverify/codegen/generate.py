@@ -184,8 +184,9 @@ def apply_changes(changes: list[Change], root: Path) -> None:
 
 def generate(root: Path, specs_dir: Path | None = None, names: list[str] | None = None, *,
              check: bool = False) -> list[Change]:
-    """Validate every (or every named) spec, then either apply the changes or, with `check`,
-    only return them. Orphans are only considered when no names are given."""
+    """Validate every (or every named) spec of the registered kinds (the `generate` command
+    registers every kind: `shardverify.cli.catalogue`), then either apply the changes or, with
+    `check`, only return them. Orphans are only considered when no names are given."""
     folder = spec_folder_sources(root, specs_dir)
     sources = select_specs(folder, names) if names else folder
     parsed = load_specs(sources, context=folder if names else None)
