@@ -30,7 +30,7 @@ def main() -> None:
 
     from shardverify.strategies.for_node import strategies_for_node
     from shardverify.backends import SimulatedBackend
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
     from shardverify.sharding.mesh import DeviceMesh
     from shardverify.verify.engine import _run_check
     from shardverify.verify.precision import BUDGET_FACTOR, error_budgets

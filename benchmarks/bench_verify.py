@@ -370,7 +370,7 @@ def main() -> None:
     from shardverify.backends import SimulatedBackend
     from shardverify.backends.process import ProcessBackend
     from shardverify.cli.verify_cmd import parse_mesh
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
     from shardverify.backends.gc_policy import tune_for_checking
     from shardverify.sharding.mesh import DeviceMesh
 

@@ -146,7 +146,7 @@ def _write(tmp_path: Path, text: str, name: str = "linear.yaml") -> Path:
 
 
 def test_accept_entries_name_file_and_line_on_mistakes(tmp_path):
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
 
     base = LINEAR.split("\naudit:")[0]
     bad_role = base + "\naudit:\n  accept:\n    - reason: r\n      match: {weight: \"*\"}\n"
@@ -234,7 +234,7 @@ def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
     import torch.distributed as dist
 
     from shardverify.dtensor.propagation import compare_case
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
 
     spec = load_op_specs(REPO, None, ["linear"])[0]
     case_id, case = next((cid, c) for cid, c in spec.op_cases() if cid == "torch.nn.functional.linear-bias_False")
@@ -248,7 +248,7 @@ def test_dtensor_gets_integer_operands_as_integers():
     """embedding's indices stay int64 in DTensor (a float cast once made DTensor refuse every
     combination, each reported as a DTensor error on a valid one)."""
     from shardverify.dtensor.propagation import compare_case
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
 
     spec = load_op_specs(REPO, None, ["embedding"])[0]
     case_id, case = spec.op_cases()[0]
@@ -262,7 +262,7 @@ def test_a_strided_dtensor_output_is_counted_apart_from_errors():
     (interleaved slices), which is no block layout of the audit's: neither an error of
     DTensor's nor a disagreement while the audit finds no block output either."""
     from shardverify.dtensor.propagation import STRIDED, compare_case
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
 
     spec = load_op_specs(REPO, None, ["flatten"])[0]
     case_id, case = spec.op_cases()[0]
@@ -296,7 +296,7 @@ def test_post_added_bias_covers_row_parallel_linear_with_bias(tmp_path, capsys):
 # ------------------------------------------------------------------ absent operands, family gaps
 
 def _op_spec(name: str):
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
 
     return load_op_specs(REPO, None, [name])[0]
 
@@ -416,7 +416,7 @@ def test_a_case_too_large_to_enumerate_is_bounded_and_said(monkeypatch):
     then decided on its own, so no verdict changes) and says so; still over, the case is decided
     on a stated sample (it was an error, and `shardverify audit` failed on the shipped specs)."""
     from shardverify.audit.run import audit_case
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
 
     (spec,) = load_op_specs(Path(__file__).resolve().parents[1], None, ["mul"])
     case_id, case = spec.op_cases()[0]
@@ -447,7 +447,7 @@ def test_a_sample_finds_an_absent_operand_unneeded_as_the_full_audit_does(monkey
     combination passing the bias in gives its output. A sample rarely holds that counterpart,
     so the audit decides it where needed, and reports nothing missing that the full run does not."""
     from shardverify.audit.run import audit_case
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
 
     (spec,) = load_op_specs(Path(__file__).resolve().parents[1], None, ["addmm"])
     case_id, case = spec.op_cases()[0]
@@ -463,7 +463,7 @@ def test_an_audit_that_cannot_run_the_op_is_skipped_with_its_reason_said(tmp_pat
     """`audit: skip:` for a kernel that reads out of bounds on the mismatched local shapes the
     audit tries: no audit test is generated and every audited case carries the reason."""
     from shardverify.audit.run import audit_spec
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
     spec = load_op_specs(REPO, None, ["avg_pool2d_backward"])[0]
     assert "reads\nout of bounds" not in spec.audit_skip and "out of bounds" in spec.audit_skip
     rows = audit_spec(spec, [(4,)])

@@ -16,7 +16,7 @@ from shardverify.audit.decide import Problem
 from shardverify.audit.layouts import Layout
 from shardverify.audit.run import _Audit, audit_spec, offered_strategies
 from shardverify.backends import get_backend
-from shardverify.codegen.generate import load_op_specs
+from shardverify.spec.catalogue import load_op_specs
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.strategies.generators.registry import GeneratorContext, get_generator, register_generator

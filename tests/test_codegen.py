@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from shardverify.cli import generate_cmd, list_cmd
-from shardverify.codegen.generate import HEADER_MARK, generate, is_generated, load_kinds
+from shardverify.cli.catalogue import KINDS
+from shardverify.spec.kinds import spec_kinds
+from shardverify.codegen.generate import HEADER_MARK, generate, is_generated
 from shardverify.spec.loader import load_yaml_text
-from shardverify.codegen.op_kind import render_op_spec
+from shardverify.spec.op_kind import render_op_spec
 from shardverify.spec.op import parse_op_spec
 from shardverify.codegen.render import Renderer, py_dotted, py_identifier, py_literal
 from shardverify.errors import InvalidArgument, SpecError
@@ -210,8 +212,9 @@ def test_generated_handler_registers_the_spec():
         ("bias", "param", "bias", True), ("output", "output", None, False)]
 
 
-def test_op_kind_is_registered():
-    assert {"op", "collective", "model"} <= {kind.name for kind in load_kinds()}
+def test_every_kind_is_registered_in_catalogue_order():
+    assert [kind.name for kind in spec_kinds()] == [kind.name for kind in KINDS] == \
+        ["op", "collective", "model", "reshard", "plan"]
 
 
 # ----------------------------------------------------------------------- injection
@@ -373,7 +376,7 @@ def test_the_generated_runs_cover_every_target_mesh_and_grid_point():
     the other 2-D and 1-D ones, one on a 3-D one, the targets in turns; process: every mesh of
     one or two axes and every grid point; between the two every target on a real backend's
     share. The audit tests take the simulated runs over the audit's meshes."""
-    from shardverify.codegen.op_kind import process_runs, simulated_runs
+    from shardverify.spec.op_kind import process_runs, simulated_runs
 
     spec = parse_op_spec(load_yaml_text((REPO / "specs/scaled_dot_product_attention.yaml").read_text(),
                                          "specs/scaled_dot_product_attention.yaml"))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shardverify.codegen.kinds import get_spec_kind
+from shardverify.cli.catalogue import KINDS  # noqa: F401 - registers every kind
+from shardverify.spec.kinds import get_spec_kind
 from shardverify.spec.loader import load_yaml, load_yaml_text
 from shardverify.codegen.render import Renderer
 from shardverify.ddp import DDPOptions

@@ -13,7 +13,7 @@ import torch
 
 from shardverify.audit.layouts import Layout
 from shardverify.cli.main import main
-from shardverify.codegen.generate import load_op_specs
+from shardverify.spec.catalogue import load_op_specs
 from shardverify.dtensor.accepted import load_accepted
 from shardverify.dtensor.custom import load_custom, run_custom
 from shardverify.dtensor.placements import placements_of, placements_text

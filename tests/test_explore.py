@@ -21,7 +21,7 @@ from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import get_backend
 from shardverify.cli.main import main
 from shardverify.spec.loader import load_yaml_text
-from shardverify.codegen.op_kind import HANDLER_DIR, render_op_spec
+from shardverify.spec.op_kind import HANDLER_DIR, render_op_spec
 from shardverify.spec.op import parse_op_spec
 from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument

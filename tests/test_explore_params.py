@@ -21,7 +21,7 @@ from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from shardverify import explore
 from shardverify.backends import get_backend
-from shardverify.codegen.op_kind import HANDLER_DIR, render_op_spec
+from shardverify.spec.op_kind import HANDLER_DIR, render_op_spec
 from shardverify.codegen.render import Renderer
 from shardverify.errors import SpecError
 from shardverify.sharding.mesh import DeviceMesh

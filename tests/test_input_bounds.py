@@ -179,7 +179,7 @@ def test_a_bad_limit_setting_is_reported_once_naming_it(capsys, monkeypatch, tmp
     monkeypatch.setenv("SHARDVERIFY_MAX_CASE_BYTES", "lots")
     code, _, err = run(capsys, "generate", "--check", "--root", str(tmp_path))
     assert code == 2 and "SHARDVERIFY_MAX_CASE_BYTES" in _one_line(err) and "targets" not in err
-    from shardverify.codegen.generate import InvalidSpecs, load_op_specs
+    from shardverify.spec.catalogue import InvalidSpecs, load_op_specs
 
     with pytest.raises(InvalidSpecs) as found:   # the library reports it once too
         load_op_specs(tmp_path, None, [])

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shardverify"
 #: floor of every room (a top-level module or package of shardverify), lowest first; a room may
 #: import only from rooms on its own floor or below. Keep in step with docs/DESIGN.md.
 FLOORS: dict[str, int] = {
-    "errors": 0, "files": 0,
+    "errors": 0, "files": 0, "pysource": 0,
     "sharding": 1, "capture": 1,
     "collectives": 2, "backends": 2,
     "strategies": 3,
@@ -130,6 +130,27 @@ def test_no_circle_between_rooms():
 def test_imports_run_downward():
     problems = upward_imports(import_graph())
     assert not problems, "imports that run up a floor:\n  " + "\n  ".join(problems)
+
+
+#: the only modules outside ``codegen`` that may import it: the ``generate`` command. Every other
+#: feature reads specs through the catalogue (``shardverify.spec.catalogue``), below the features.
+CODEGEN_IMPORTERS = {"shardverify.cli.generate_cmd"}
+
+
+def codegen_importers(graph: dict[str, set[str]]) -> set[str]:
+    return {name for name, targets in graph.items()
+            if room(name) != "codegen" and any(room(target) == "codegen" for target in targets)}
+
+
+def test_codegen_is_imported_only_by_the_generate_command():
+    found = codegen_importers(import_graph())
+    assert found == CODEGEN_IMPORTERS, (f"modules importing codegen (it only renders; read specs through "
+                                        f"shardverify.spec.catalogue): {sorted(found - CODEGEN_IMPORTERS)}")
+
+
+def test_a_codegen_importer_is_named():
+    graph = {"shardverify.verify.engine": {"shardverify.codegen.render"}, "shardverify.codegen.render": set()}
+    assert codegen_importers(graph) == {"shardverify.verify.engine"}
 
 
 @pytest.mark.parametrize("graph, circle", [

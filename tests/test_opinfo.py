@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardverify.codegen.generate import load_op_specs
+from shardverify.spec.catalogue import load_op_specs
 from shardverify.opinfo.report import markdown, reason_class
 from shardverify.opinfo.samples import entries_for, one_op_module, samples_of
 from shardverify.opinfo.sweep import sweep_spec

@@ -153,7 +153,7 @@ def _held(strategy, mesh, rank, block):
 
 def test_a_partial_sum_without_its_all_reduce_or_with_another_op_is_caught():
     from shardverify.backends import SimulatedBackend
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
     from shardverify.verify.engine import verify_case
 
     spec, = load_op_specs(Path(__file__).resolve().parents[1], None, ["sum"])
@@ -216,7 +216,7 @@ def test_a_following_op_declared_linear_that_is_not_is_caught_at_its_partial_inp
     the max of pieces is not a piece of the max, so exactly the strategies taking a partial
     input fail, each naming the output; the true sum passes them all."""
     from shardverify.backends import SimulatedBackend
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
     from shardverify.strategies.handlers import base
     from shardverify.verify.engine import verify_case
 

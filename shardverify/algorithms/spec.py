@@ -34,13 +34,12 @@ from dataclasses import dataclass
 
 from shardverify.spec.fields import (Fields, as_dtype, as_identifier, as_mesh, as_shape, as_tolerance, check_type, describe,
                                      finite_number)
-from shardverify.codegen.kinds import SpecKind, register_spec_kind
+from shardverify.spec.kinds import SpecKind, TemplateRenderer
 from shardverify.spec.limits import MAX_MESH_RANKS
 from shardverify.spec.loader import Node
 from shardverify.spec.allow import name_refusal, project_of
 from shardverify.spec.trust import find_definition
 from shardverify.errors import InvalidArgument
-from shardverify.codegen.render import Renderer
 from shardverify.algorithms.check import CollectiveCase
 from shardverify.algorithms.references import REFERENCES, REQUIRED, get_reference
 
@@ -272,7 +271,7 @@ def parse_collective_spec(root: Node) -> CollectiveSpec:
 # --------------------------------------------------------------------------- rendering
 
 
-def render_collective_spec(spec: CollectiveSpec, renderer: Renderer) -> dict[str, str]:
+def render_collective_spec(spec: CollectiveSpec, renderer: TemplateRenderer) -> dict[str, str]:
     """{generated_tests/test_collective_<name>.py: text}."""
     cases = [(case, case_id(case)) for case in spec.cases()]
     gradcheck = [(case, case_id(case)) for case in spec.gradcheck_cases()]
@@ -291,6 +290,6 @@ def summarize_collective_spec(spec: CollectiveSpec) -> dict[str, str]:
     }
 
 
-COLLECTIVE_KIND = register_spec_kind(SpecKind(
+COLLECTIVE_KIND = SpecKind(
     name="collective", subdir="collectives", parse=parse_collective_spec,  # type: ignore[arg-type]
-    render=render_collective_spec, summary=summarize_collective_spec))  # type: ignore[arg-type]
+    render=render_collective_spec, summary=summarize_collective_spec)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ _SPECS: dict = {}
 
 
 def _spec(root: Path, spec_path: str):
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.spec.catalogue import load_op_specs
 
     key = (str(root), spec_path)
     with _LOCK:

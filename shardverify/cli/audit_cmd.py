@@ -18,7 +18,7 @@ from pathlib import Path
 
 from shardverify.cli import USAGE
 from shardverify.cli.verify_cmd import parse_mesh
-from shardverify.codegen.generate import load_op_specs
+from shardverify.cli.catalogue import load_op_specs
 from shardverify.errors import SpecError
 
 

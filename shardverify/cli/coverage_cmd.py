@@ -9,7 +9,7 @@ import json
 import sys
 
 from shardverify.cli import USAGE
-from shardverify.cli.generate_cmd import add_location_options, located_specs
+from shardverify.cli.catalogue import add_location_options, located_specs
 from shardverify.coverage.core_aten import NO_SPEC, REASON, REASONS_FILE, SERVED, Catalogue, catalogue
 from shardverify.errors import SpecError
 

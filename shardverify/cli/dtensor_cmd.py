@@ -72,7 +72,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.cli.catalogue import load_op_specs
     from shardverify.dtensor.accepted import load_accepted, render_accepted
     from shardverify.dtensor.custom import load_custom, run_custom
     from shardverify.dtensor.report import markdown, new_classes, summary

@@ -52,7 +52,7 @@ def _positive(option: str, most: int | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardverify.codegen.generate import load_op_specs
+    from shardverify.cli.catalogue import load_op_specs
     from shardverify.explore import search
 
     try:

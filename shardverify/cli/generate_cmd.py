@@ -4,32 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from shardverify.cli import USAGE
-from shardverify.codegen.generate import InvalidSpecs, generate, load_specs, spec_sources
+from shardverify.cli.catalogue import add_location_options, broken_handlers
+from shardverify.codegen.generate import generate
 from shardverify.errors import SpecError
-
-
-def add_location_options(parser: argparse.ArgumentParser) -> None:
-    """--root and --specs-dir, shared with `shardverify list`."""
-    parser.add_argument("--root", type=Path, default=Path("."),
-                        help="repository root that generated paths are relative to (default: .)")
-    parser.add_argument("--specs-dir", type=Path, default=None,
-                        help="folder holding the specs (default: ROOT/specs)")
-
-
-def located_specs(args: argparse.Namespace) -> list | None:
-    """Every spec under the --root/--specs-dir location, parsed; None, with each error printed,
-    when any is invalid (shared with `shardverify list` and `coverage`)."""
-    try:
-        return load_specs(spec_sources(args.root, args.specs_dir))
-    except InvalidSpecs as exc:
-        for error in exc.errors:
-            print(f"error: {error}", file=sys.stderr)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-    return None
+from shardverify.spec.catalogue import InvalidSpecs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -83,15 +63,3 @@ def run(args: argparse.Namespace) -> int:
     if not changes:
         print("generated files are up to date")
     return 0
-
-
-def broken_handlers(root: Path) -> list[str]:
-    """The generated handlers of this checkout that did not register when shardverify was
-    imported (stale or conflicting files), when `root` is the checkout that was imported."""
-    import shardverify.strategies.handlers as handlers
-    from shardverify.codegen.op_kind import HANDLER_DIR
-
-    package_dir = Path(handlers.__file__).resolve().parent / "generated"
-    if (root / HANDLER_DIR).resolve() != package_dir:
-        return []
-    return handlers.handler_problems()

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from shardverify.cli import USAGE
-from shardverify.cli.generate_cmd import add_location_options, broken_handlers, located_specs
+from shardverify.cli.catalogue import add_location_options, broken_handlers, located_specs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

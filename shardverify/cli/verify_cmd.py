@@ -19,7 +19,7 @@ from shardverify.backends import registry
 from shardverify.cli import USAGE
 from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, quiet_tracing, row_label,
                                           verify_row)
-from shardverify.codegen.generate import load_op_specs
+from shardverify.cli.catalogue import load_op_specs
 from shardverify.errors import ShardVerifyError, SpecError
 
 
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
         from shardverify.cli.opinfo_run import run_opinfo
 
         return run_opinfo(args, specs)
-    from shardverify.cli.generate_cmd import broken_handlers
+    from shardverify.cli.catalogue import broken_handlers
 
     for problem in broken_handlers(args.root):
         print(f"warning: {problem}; run `shardverify generate`", file=sys.stderr)

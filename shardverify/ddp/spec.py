@@ -18,10 +18,10 @@ import torch
 
 from shardverify.spec.fields import (Fields, as_factory, as_identifier, as_mesh, as_shape, as_tolerance, check_type,
                                         resolve_target)
-from shardverify.codegen.kinds import SpecKind, register_spec_kind
+from shardverify.spec.kinds import SpecKind, TemplateRenderer
 from shardverify.spec.loader import Node
 from shardverify.spec.limits import MAX_STEPS
-from shardverify.codegen.render import Renderer, py_identifier, py_literal
+from shardverify.pysource import py_identifier, py_literal
 from shardverify.ddp.build import build_optimizer
 from shardverify.spec.names import resolve_dotted
 from shardverify.ddp.plan import (EXPECTATIONS, LOSSES, OPTIMIZERS, DDPOptions, LayerDecl, LossDecl,
@@ -310,7 +310,7 @@ def _mesh_id(mesh: tuple[int, ...]) -> str:
     return "mesh" + "x".join(str(size) for size in mesh)
 
 
-def render_model_spec(spec: ModelSpec, renderer: Renderer) -> dict[str, str]:
+def render_model_spec(spec: ModelSpec, renderer: TemplateRenderer) -> dict[str, str]:
     """{generated test module path: text} for one model spec."""
     plans = []
     for point in spec.plans:
@@ -345,5 +345,5 @@ def summarize_model_spec(spec: ModelSpec) -> dict[str, str]:
     }
 
 
-MODEL_KIND = register_spec_kind(SpecKind(name="model", subdir="models", parse=parse_model_spec,  # type: ignore[arg-type]
-                                         render=render_model_spec, summary=summarize_model_spec))  # type: ignore[arg-type]
+MODEL_KIND = SpecKind(name="model", subdir="models", parse=parse_model_spec,  # type: ignore[arg-type]
+                      render=render_model_spec, summary=summarize_model_spec)  # type: ignore[arg-type]

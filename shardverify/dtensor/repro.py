@@ -18,7 +18,7 @@ from torch import fx
 
 from shardverify.audit.layouts import Layout
 from shardverify.capture.call import call_parts
-from shardverify.codegen.render import py_literal
+from shardverify.pysource import py_literal
 from shardverify.dtensor.placements import placement_text, placements_of
 
 __all__ = ["render_repro"]

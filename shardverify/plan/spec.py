@@ -47,9 +47,8 @@ from shardverify.plan.inputs import InputSpec, draw_inputs
 from shardverify.plan.model import PlanGoals
 from shardverify.spec.fields import Fields, as_factory, as_identifier, as_mesh, as_shape
 from shardverify.spec.limits import tensor_size_problems
-from shardverify.codegen.kinds import SpecKind, register_spec_kind
+from shardverify.spec.kinds import SpecKind, TemplateRenderer
 from shardverify.spec.loader import Node
-from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
 from shardverify.spec.allow import call_factory, project_of
 
@@ -350,7 +349,7 @@ def process_runs(spec: PlanSpec) -> list[tuple[tuple[int, ...], str]]:
     return [(mesh, names[i % len(names)]) for i, mesh in enumerate(spec.suite_meshes or spec.meshes)]
 
 
-def render_plan_spec(spec: PlanSpec, renderer: Renderer) -> dict[str, str]:
+def render_plan_spec(spec: PlanSpec, renderer: TemplateRenderer) -> dict[str, str]:
     plans = {k: (v if isinstance(v, str) else dict(v)) for k, v in spec.plans}
     return {f"generated_tests/test_plan_{spec.name}.py": renderer.render(
         "plan_test.py.j2", spec=spec, plans=plans, where=dict(spec.where), simulated=simulated_runs(spec),
@@ -362,6 +361,6 @@ def summarize_plan_spec(spec: PlanSpec) -> dict[str, str]:
             "plans": ", ".join(k for k, _ in spec.plans)}
 
 
-PLAN_KIND = register_spec_kind(SpecKind(
+PLAN_KIND = SpecKind(
     name="plan", subdir="plans", parse=parse_plan_spec,  # type: ignore[arg-type]
-    render=render_plan_spec, summary=summarize_plan_spec))  # type: ignore[arg-type]
+    render=render_plan_spec, summary=summarize_plan_spec)  # type: ignore[arg-type]

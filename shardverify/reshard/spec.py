@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardverify.spec.fields import Fields, as_identifier, as_mesh, as_shape
-from shardverify.codegen.kinds import SpecKind, register_spec_kind
+from shardverify.spec.kinds import SpecKind, TemplateRenderer
 from shardverify.spec.loader import Node
-from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, ShardingSpecError
 from shardverify.reshard.check import check_pair_limit
 from shardverify.spec.limits import tensor_size_problems
@@ -75,7 +74,7 @@ def parse_reshard_spec(root: Node) -> ReshardSpec:
                        True if prune_node is None else bool(prune_node.value), seed)
 
 
-def render_reshard_spec(spec: ReshardSpec, renderer: Renderer) -> dict[str, str]:
+def render_reshard_spec(spec: ReshardSpec, renderer: TemplateRenderer) -> dict[str, str]:
     counts = spec.counts()
     text = renderer.render("reshard_test.py.j2", spec=spec, counts=counts, counts_only=tuple(n for _, n, _ in counts))
     return {f"generated_tests/test_reshard_{spec.name}.py": text}
@@ -86,6 +85,6 @@ def summarize_reshard_spec(spec: ReshardSpec) -> dict[str, str]:
             "pairs": ", ".join(f"{list(s)}: {n}/{total}" for s, n, total in spec.counts())}
 
 
-RESHARD_KIND = register_spec_kind(SpecKind(
+RESHARD_KIND = SpecKind(
     name="reshard", subdir="reshard", parse=parse_reshard_spec,  # type: ignore[arg-type]
-    render=render_reshard_spec, summary=summarize_reshard_spec))  # type: ignore[arg-type]
+    render=render_reshard_spec, summary=summarize_reshard_spec)  # type: ignore[arg-type]

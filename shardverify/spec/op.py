@@ -2,7 +2,7 @@
 :mod:`shardverify.spec.op_model` (re-exported here).
 
 `parse_op_spec` validates everything eagerly (one SpecError naming file, line and field), so
-the renderer (`shardverify.codegen.op_kind`), the verifier, the explorer and the audit only
+the op kind (`shardverify.spec.op_kind`), the verifier, the explorer and the audit only
 read validated values. The ``generator:`` section is parsed by :mod:`shardverify.spec.op_generator`
 (the rule, parsed once and carried as ``OpSpec.rule``), the ``verify:`` section by
 :mod:`shardverify.spec.op_verify`.

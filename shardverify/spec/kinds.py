@@ -1,26 +1,33 @@
-"""The registry of spec kinds: how each kind of YAML spec is parsed and rendered.
+"""The registry of spec kinds: how each kind of YAML spec is parsed, listed and which files it
+generates.
 
-One generator serves op, collective and model specs; a kind plugs in by registering a
-`SpecKind` when its module (listed in `KIND_MODULES`) is imported.
+The catalogue (`shardverify.spec.catalogue`) reads every registered kind's folder. Each kind is
+defined beside its model (the op kind in `spec.op_kind`, the others in their feature's
+`spec.py`) and registered where specs are read: the catalogue registers the op kind, the CLI
+(`shardverify.cli.catalogue`) every kind, in the order `list` and `generate` read them.
+A kind names its templates and their values; rendering them is `shardverify.codegen`'s job,
+reached through the `TemplateRenderer` it is handed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shardverify.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from shardverify.spec.loader import Node
-    from shardverify.codegen.render import Renderer
 
-__all__ = ["SpecKind", "register_spec_kind", "spec_kinds", "get_spec_kind", "KIND_MODULES"]
+__all__ = ["SpecKind", "TemplateRenderer", "register_spec_kind", "spec_kinds", "get_spec_kind"]
 
-# Modules that register a SpecKind on import, in the order `generate` and `list` use them.
-KIND_MODULES = ("shardverify.codegen.op_kind", "shardverify.algorithms.spec", "shardverify.ddp.spec",
-                "shardverify.reshard.spec", "shardverify.plan.spec")
+
+class TemplateRenderer(Protocol):
+    """What a kind's `render` is handed: renders one template with its values (codegen's
+    `Renderer`, whose filters only emit validated literals and names)."""
+
+    def render(self, template: str, **context: Any) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,7 @@ class SpecKind:
     name: str
     subdir: str
     parse: Callable[[Node], object]
-    render: Callable[[object, Renderer], dict[str, str]]
+    render: Callable[[object, TemplateRenderer], dict[str, str]]
     summary: Callable[[object], dict[str, str]] | None = None   # columns for `shardverify list`
 
 
@@ -43,8 +50,9 @@ _KINDS: dict[str, SpecKind] = {}
 
 
 def register_spec_kind(kind: SpecKind) -> SpecKind:
-    """Register `kind` by name. Re-registering a name from the same module (a reload) replaces
-    it; a second kind claiming a name or spec subdirectory already taken is an error."""
+    """Register `kind` by name. Registering a name again from the same module (a reload, or the
+    CLI registering what the catalogue did) replaces it in place; a second kind claiming a name
+    or spec subdirectory already taken is an error."""
     if not isinstance(kind, SpecKind):
         raise InvalidArgument(f"register_spec_kind expects a SpecKind, got {kind!r}")
     if not kind.name or not kind.name.isidentifier():

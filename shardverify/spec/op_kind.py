@@ -1,15 +1,15 @@
-"""Rendering of op specs: one YAML file per op in specs/ expands into a registered handler
-and a generated pytest module that verifies every strategy numerically (plus property and
-audit tests). The spec model itself lives in `shardverify.spec.op`; this module only reads
-validated values.
+"""The op kind: one YAML file per op in specs/ expands into a registered handler and a
+generated pytest module that verifies every strategy numerically (plus property and audit
+tests); this module says which files, from which templates, with which runs, and what
+`shardverify list` prints. The spec model itself lives in `shardverify.spec.op`; this module
+only reads validated values, and `shardverify.codegen` renders the templates.
 """
 
 from __future__ import annotations
 
 import math
 
-from shardverify.codegen.kinds import SpecKind, register_spec_kind
-from shardverify.codegen.render import Renderer
+from shardverify.spec.kinds import SpecKind, TemplateRenderer
 from shardverify.spec.op import CaseSpec, CountSpec, OpSpec, parse_op_spec
 
 __all__ = ["render_op_spec", "process_runs", "simulated_runs", "summarize_op_spec", "audit_meshes", "OP_KIND", "HANDLER_DIR", "TEST_DIR"]
@@ -87,7 +87,7 @@ def simulated_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple
     return runs
 
 
-def render_op_spec(spec: OpSpec, renderer: Renderer) -> dict[str, str]:
+def render_op_spec(spec: OpSpec, renderer: TemplateRenderer) -> dict[str, str]:
     """{handler module path: text, test module path: text} for one op spec."""
     cases = spec.cases()
     counts = [(index, count.mesh, count.count, f"{case.id}-{_mesh_id(count.mesh)}")
@@ -134,5 +134,5 @@ def summarize_op_spec(spec: OpSpec) -> dict[str, str]:
     return summary
 
 
-OP_KIND = register_spec_kind(SpecKind(name="op", subdir="", parse=parse_op_spec, render=render_op_spec,
-                                      summary=summarize_op_spec))  # type: ignore[arg-type]
+OP_KIND = SpecKind(name="op", subdir="", parse=parse_op_spec, render=render_op_spec,  # type: ignore[arg-type]
+                   summary=summarize_op_spec)  # type: ignore[arg-type]
