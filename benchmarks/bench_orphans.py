@@ -11,6 +11,7 @@ terminal's Ctrl-C, `kill -- -PGID`).
 
     python benchmarks/bench_orphans.py                 # every case, 10 s each
     python benchmarks/bench_orphans.py --within 60 --ignore-shm --cases jobs:KILL,pytest:GTERM
+    python benchmarks/bench_orphans.py --parallel 3    # three cases at a time (the test suite's way)
 
 Run it on a quiet machine for the figures: under a loaded test suite the workers' start-up and
 shut-down stretch, and other processes' semaphores come and go in /dev/shm (--ignore-shm).
@@ -35,7 +36,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +56,9 @@ RUNS = {"jobs": ([*SV, "verify", "--jobs", "2"], (5, 8.0)),
 #: signal, and whether it goes to the whole process group (a terminal's Ctrl-C, `kill -- -PGID`)
 SIGNALS = {"TERM": (signal.SIGTERM, False), "KILL": (signal.SIGKILL, False), "INT": (signal.SIGINT, True),
            "GTERM": (signal.SIGTERM, True)}
+#: runs started one at a time (--parallel): the child runs _terminal_sigint between fork and exec,
+#: so no other thread of this process forks or holds the subprocess machinery meanwhile
+_STARTING = threading.Lock()
 DEFAULT_CASES = ("jobs:TERM,jobs:KILL,gloo:TERM,gloo:KILL,plan:INT,plan:GTERM,dtensor:INT,dtensor:TERM,"
                  "pytest:INT,pytest:GTERM")
 
@@ -110,9 +116,10 @@ def stop_and_watch(run: str, sig: str, within: float, ignore_shm: bool) -> tuple
     command, (processes, cpu) = RUNS[run]
     signum, group = SIGNALS[sig]
     output = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, *command], cwd=REPO, start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(temp), "AUTO_PARALLEL": "1"}, stdout=output,
-                            stderr=subprocess.STDOUT, preexec_fn=_terminal_sigint)
+    with _STARTING:
+        proc = subprocess.Popen([sys.executable, *command], cwd=REPO, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(temp), "AUTO_PARALLEL": "1"}, stdout=output,
+                                stderr=subprocess.STDOUT, preexec_fn=_terminal_sigint)
 
     def said() -> str:
         output.seek(0)
@@ -169,22 +176,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="CI's smoke run: jobs:KILL and gloo:KILL only (the cases that leave the most), "
                              "within 30 s (a loaded CI machine stretches shut-down; the figure is still printed)")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="cases run at once, each in its own session and TMPDIR (default 1: the figures are "
+                             "for one case alone; a semaphore one leaks fails every case that sees it)")
     args = parser.parse_args(argv)
+    if args.parallel < 1:
+        parser.error("--parallel must be at least 1")
     if args.quick:
         args.cases, args.within = "jobs:KILL,gloo:KILL", max(args.within, 30.0)
     if sys.platform != "linux":
         print("Linux only (/proc, /dev/shm)")
         return 0
-    failed = False
-    print(f"{'run':<8} {'signal':<7} result")
+    cases = []
     for case in args.cases.split(","):
         run, _, sig = case.partition(":")
         if run not in RUNS or sig not in SIGNALS:
             parser.error(f"case {case!r} is not RUN:SIGNAL with RUN in {sorted(RUNS)} and SIGNAL in {sorted(SIGNALS)}")
-        seconds, left = stop_and_watch(run, sig, args.within, args.ignore_shm)
-        failed |= seconds is None
-        print(f"{run:<8} {sig:<7} " + (f"nothing left after {seconds:.1f} s" if seconds is not None
-                                            else f"FAILED (within {args.within:g} s): {left}"))
+        cases.append((run, sig))
+    failed = False
+    print(f"{'run':<8} {'signal':<7} result")
+    with ThreadPoolExecutor(args.parallel) as pool:   # results printed in the order asked, each as it is known
+        futures = [pool.submit(stop_and_watch, run, sig, args.within, args.ignore_shm) for run, sig in cases]
+        for (run, sig), future in zip(cases, futures):
+            seconds, left = future.result()
+            failed |= seconds is None
+            print(f"{run:<8} {sig:<7} " + (f"nothing left after {seconds:.1f} s" if seconds is not None
+                                                else f"FAILED (within {args.within:g} s): {left}"), flush=True)
     return 1 if failed else 0
 
 

@@ -7,8 +7,9 @@ shards something."""
 
 import pytest
 
-from shardverify.plan.spec import GOALS, build_spec_model, spec_plan
+from shardverify.plan.spec import GOALS, build_spec_model
 from shardverify.plan.verify import run_plan, strict_problems
+from shardverify.pytest_plugin.made_plans import session_plan
 
 FACTORY = 'shardverify.plan.zoo.expert_parallel_moe'
 ZOO = ''
@@ -23,9 +24,16 @@ SIMULATED = [((4,), 'solver'), ((4,), 'data_parallel'), ((4,), 'expert_parallel'
 PROCESS = [((4,), 'solver')]   # every mesh once, the plans in turns
 
 
+def _made(mesh, name):
+    """The plan and its coverage, made once a session (shared by the xdist workers): the simulated
+    and the process test (and the cost comparison) of one plan on one mesh check the same plan."""
+    return session_plan(FACTORY, KWARGS, INPUTS, mesh, PLANS[name], zoo=ZOO, capture=CAPTURE,
+                        where_factory=WHERE["factory"], where_plan=WHERE[name])
+
+
 def _plan(mesh, name):
-    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS, where=WHERE["factory"], zoo=ZOO)
-    plan, coverage = spec_plan(module, inputs, mesh, PLANS[name], where=WHERE[name], capture=CAPTURE)
+    plan, coverage = _made(mesh, name)
+    module, inputs = build_spec_model(FACTORY, KWARGS, INPUTS, where=WHERE["factory"], zoo=ZOO)   # a fresh build to run
     return module, inputs, plan, coverage
 
 

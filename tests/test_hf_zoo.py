@@ -18,8 +18,7 @@ from shardverify import DeviceMesh, verify_plan  # noqa: E402
 from shardverify.plan.coverage import classify_nodes  # noqa: E402
 from shardverify.plan.recipe import ModelRecipe, traced  # noqa: E402
 from shardverify.plan.hf_zoo import HF_MODELS, hf_model  # noqa: E402
-from shardverify.plan.model import PlanGoals  # noqa: E402
-from shardverify.plan.verify import plan_with_coverage  # noqa: E402
+from shardverify.pytest_plugin.made_plans import session_plan  # noqa: E402
 
 # Every zoo model's solver, data-parallel and tensor-parallel plans on (2,2) and (4,), simulated and
 # on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet,mixtral,lstm,bart,convnext,
@@ -38,9 +37,8 @@ WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_the_solvers_plan_of_a_language_model_shards_attention_and_the_mlp(name):
     """At this size the cheapest plan is not all replicated: attention and the MLP shard (the plan
-    itself is verified by specs/plans/{gpt2,llama}.yaml)."""
-    model, inputs = hf_model(name)
-    _, coverage = plan_with_coverage(model, inputs, (2, 2), capture="export")
+    itself is verified by specs/plans/{gpt2,llama}.yaml: the same plan, made once a session)."""
+    _, coverage = session_plan("", (), (), (2, 2), "solver", zoo=name, capture="export")
     assert not coverage.fallbacks, coverage.lines()
     by_node = {s.node: s.target for s in coverage.statuses}
     sharded = Counter(by_node[node] for node in coverage.sharded)
@@ -52,12 +50,11 @@ def test_the_solvers_plan_of_a_language_model_shards_attention_and_the_mlp(name)
 def test_a_data_parallel_resnet_takes_the_batch_shard_through_its_batch_norms():
     """Weights replicated, the batch split over every mesh axis along its whole path: ResNet's
     eval-mode batch norm takes the batch shard as it comes, no resharding around it."""
-    model, inputs = hf_model("resnet")
-    result = verify_plan(model, inputs, (2, 2), capture="export", data_parallel=True)
-    assert result.passed, result.summary()
-    norms = [item for item in result.plan.nodes if item.node.startswith("batch_norm")]
-    assert norms and all(item.node in result.coverage.sharded for item in norms)
-    around = [r for item in result.plan.nodes for r in item.reshards
+    # the plan specs/plans/resnet.yaml's data_parallel verifies on (2,2), made once a session
+    plan, coverage = session_plan("", (), (), (2, 2), "data_parallel", zoo="resnet", capture="export")
+    norms = [item for item in plan.nodes if item.node.startswith("batch_norm")]
+    assert norms and all(item.node in coverage.sharded for item in norms)
+    around = [r for item in plan.nodes for r in item.reshards
               if r.node.startswith("batch_norm") or r.producer.startswith("batch_norm")]
     assert not [r for r in around if r.steps], [str(r) for r in around if r.steps]
 
@@ -66,9 +63,9 @@ def test_a_data_parallel_resnet_takes_the_batch_shard_through_its_batch_norms():
 def test_a_plan_sharding_every_weight_of_a_real_model_shards_every_weight(name):
     """At this size the cheapest plan shards little (a collective costs more than the compute it
     saves); asked to shard every weight it can, the solver makes every projection tensor
-    parallel."""
-    model, inputs = hf_model(name)
-    _, coverage = plan_with_coverage(model, inputs, (2, 2), capture="export", goals=PlanGoals(shard_weights=True))
+    parallel (the plan the zoo specs' tensor_parallel verifies: the same plan, made once a session)."""
+    mesh = (4,) if name == "mixtral" else (2, 2)   # the mesh the spec's suite runs (specs/plans/mixtral.yaml: (4,))
+    _, coverage = session_plan("", (), (), mesh, "shard_weights", zoo=name, capture="export")
     target, count = WEIGHTS[name]
     by_node = {s.node: s.target for s in coverage.statuses}
     assert sum(by_node[node] == target for node in coverage.sharded) == count, coverage.lines()

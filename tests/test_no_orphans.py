@@ -36,10 +36,13 @@ def test_a_stopped_run_leaves_nothing_behind():
     # run stopped by SIGKILL left its workers for good in three runs of six: the suite starts
     # processes fast enough to reuse the dead parent's pid, which the workers watched alone
     # (now with its start time: see the test below). The bound stays 240 s: what is checked is
-    # that nothing is left behind; benchmarks/bench_orphans.py measures how fast, on a quiet machine
-    cases = "jobs:TERM,jobs:KILL,gloo:TERM,gloo:KILL,plan:INT,dtensor:TERM,pytest:GTERM"
+    # that nothing is left behind; benchmarks/bench_orphans.py measures how fast, on a quiet machine.
+    # Three cases at a time, each in its own session and TMPDIR (the longest first): most of a
+    # case is waiting for processes to start and to go, and seven in a row took 185-350 s
+    cases = "pytest:GTERM,jobs:TERM,jobs:KILL,plan:INT,gloo:TERM,gloo:KILL,dtensor:TERM"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_orphans.py"), "--within", "240",
-                           "--ignore-shm", "--cases", cases], capture_output=True, text=True, timeout=1800)
+                           "--ignore-shm", "--parallel", "3", "--cases", cases], capture_output=True, text=True,
+                          timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("nothing left after") == 7, done.stdout
 
@@ -128,18 +131,24 @@ def test_a_verify_jobs_worker_knows_its_parent_by_start_time_too():
     worker = ("import multiprocessing, sys, time\n"
               "from shardverify.cli.verify_jobs import _start_worker\n"
               "_start_worker(multiprocessing.Value('i', 0), [], 1, int(sys.argv[1]), (), int(sys.argv[2]))\n"
+              "print('watching', flush=True)\n"
               "time.sleep(120)\n")
-    reused = subprocess.run([sys.executable, "-c", worker, str(os.getpid()), str(started + 1)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
-    assert reused.returncode == 1, reused.stderr    # watch_parent's exit, long before the sleep ends
-    parent = subprocess.Popen([sys.executable, "-c", worker, str(os.getpid()), str(started)], cwd=REPO,
-                              stderr=subprocess.PIPE, text=True)
+    # both start at once (their imports overlap); each says when its watch has begun
+    reused, parent = (subprocess.Popen([sys.executable, "-c", worker, str(os.getpid()), str(started + plus)], cwd=REPO,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for plus in (1, 0))
     try:
+        assert reused.wait(timeout=300) == 1, reused.stderr.read()   # watch_parent's exit, long before the sleep ends
+        assert parent.stdout.readline() == "watching\n", parent.stderr.read()
+        # the watch looks every 0.5 s, first at once: a worker that took its true parent for a
+        # stranger would be gone well within 3 s of its watch beginning
         with pytest.raises(subprocess.TimeoutExpired):   # its true parent lives: it keeps working
-            parent.wait(timeout=15)
+            parent.wait(timeout=3)
     finally:
-        parent.kill()
-        parent.wait()
+        for proc in (reused, parent):
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
 
 
 def test_verify_jobs_hands_its_workers_its_start_time(monkeypatch):

@@ -88,9 +88,11 @@ def pytest_configure(config: pytest.Config) -> None:
         load_profile()   # $SV_HYPOTHESIS_PROFILE, default "ci": bounded, derandomized, no deadline
     config.pluginmanager.register(_SkipSummary(), "shardverify-skip-summary")
     _session_verdict_cache(config)
+    _session_plans(config)
 
 
 _VERDICTS = pytest.StashKey[str]()
+_PLANS = pytest.StashKey[str]()
 
 
 def _session_verdict_cache(config: pytest.Config) -> None:
@@ -104,6 +106,18 @@ def _session_verdict_cache(config: pytest.Config) -> None:
     import tempfile
 
     config.stash[_VERDICTS] = os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="shardverify-verdicts-")
+
+
+def _session_plans(config: pytest.Config) -> None:
+    """The folder where the session's plans are made once and shared by its xdist workers
+    (:mod:`shardverify.pytest_plugin.made_plans`), removed at its end."""
+    from shardverify.pytest_plugin.made_plans import PLANS_ENV
+
+    if hasattr(config, "workerinput"):
+        return
+    import tempfile
+
+    config.stash[_PLANS] = os.environ[PLANS_ENV] = tempfile.mkdtemp(prefix="shardverify-plans-")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -213,6 +227,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
         shutil.rmtree(folder, ignore_errors=True)
         os.environ.pop(CACHE_ENV, None)
+    plans = config.stash.get(_PLANS, None)
+    if plans is not None:
+        import shutil
+
+        from shardverify.pytest_plugin.made_plans import PLANS_ENV
+
+        shutil.rmtree(plans, ignore_errors=True)
+        os.environ.pop(PLANS_ENV, None)
 
 
 # --------------------------------------------------------------------------- fixtures
