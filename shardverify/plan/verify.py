@@ -21,7 +21,7 @@ from shardverify.plan.inputs import with_keywords
 from shardverify.plan.build import build_plan
 from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
 from shardverify.plan.real_size import RealSize, RealSizePlan, solve_real_size
-from shardverify.plan.solver import solve_plan
+from shardverify.plan.solver import Solver, solve_plan
 from shardverify.verify.on_demand import OnDemandVerifier
 
 __all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan", "strict_problems"]
@@ -161,24 +161,24 @@ def _as_mesh(mesh) -> DeviceMesh:
 def make_plan(module: torch.nn.Module, example_inputs, mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
               flop_rate: float = FLOP_RATE, capture: str = "auto", goals: PlanGoals = PlanGoals(),
-              verified_only: bool = False, cost_size: RealSize | None = None) -> Plan:
-    """The solver's plan (``plan=None``; for the costs at ``cost_size`` when given), or the user's
-    ``{node: strategy name}`` completed."""
+              verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None) -> Plan:
+    """The solver's plan (``plan=None``; for the costs at ``cost_size`` when given; ``solver``: CBC when
+    None), or the user's ``{node: strategy name}`` completed."""
     return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
-                              verified_only, cost_size)[0]
+                              verified_only, cost_size, solver)[0]
 
 
 def plan_with_coverage(module: torch.nn.Module, example_inputs, mesh,
                        plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
                        flop_rate: float = FLOP_RATE, capture: str = "auto",
                        goals: PlanGoals = PlanGoals(), verified_only: bool = False,
-                       cost_size: RealSize | None = None) -> tuple[Plan, Coverage]:
+                       cost_size: RealSize | None = None, solver: Solver | None = None) -> tuple[Plan, Coverage]:
     """:func:`make_plan` and the account of the model's op nodes under it (from one capture).
     A call outside its spec's grid is verified where it is met (its strategies that pass are
     offered, the verdicts kept on disk), or refused with ``verified_only``."""
     module, inputs = with_keywords(module, example_inputs)
     return _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals, verified_only,
-                    cost_size)[:2]
+                    cost_size, solver)[:2]
 
 
 def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
@@ -196,7 +196,7 @@ def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
 
 
 def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
-             verified_only: bool = False, cost_size: RealSize | None = None
+             verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None
              ) -> tuple[Plan, Coverage, Captured, RealSizePlan | None]:
     mesh = _as_mesh(mesh)
     captured = capture_model(module, tuple(inputs), _capture_for(capture, cost_size, plan))
@@ -206,9 +206,9 @@ def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals
         with (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
             options, statuses = classify_nodes(gm, mesh, on_demand)
         if cost_size is not None:
-            plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, flop_rate, goals)
+            plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, flop_rate, goals, solver)
         elif not isinstance(plan, Plan):
-            plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
+            plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals, solver=solver) if plan is None else \
                 build_plan(gm, mesh, dict(plan), options, flop_rate)
     except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
         raise as_shardverify_error(error, f"planning {type(module).__name__}") from error
@@ -247,7 +247,8 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
                 memory_limit: int | None = None, seed: int = 0, capture: str = "auto",
                 min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False,
                 timeout: float | None = None, strict: bool = False,
-                verified_only: bool = False, cost_size: RealSize | None = None) -> PlanResult:
+                verified_only: bool = False, cost_size: RealSize | None = None,
+                solver: Solver | None = None) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
     the single-device model, forward and backward. ``example_inputs``: a tensor, a sequence of
@@ -266,7 +267,8 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     the model at the size it will train at (:class:`~shardverify.plan.real_size.RealSize`): the
     solver takes its costs (and ``memory_limit`` its memory) from that size, and its plan is mapped
     onto ``model`` node by node and verified there (``result.real_size`` says what it cost and what
-    was left out). Every error but a verification failure is a ShardVerifyError."""
+    was left out). ``solver``: what picks the plan (:class:`~shardverify.plan.solver.Solver`; CBC when
+    None). Every error but a verification failure is a ShardVerifyError."""
     from shardverify.backends import get_backend
     from shardverify.backends.registry import backend_kind
 
@@ -276,7 +278,7 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     mesh = _as_mesh(mesh)
     goals = PlanGoals(min_sharded, shard_weights, data_parallel)
     chosen, coverage, captured, at_real = _planned(model, inputs, mesh, plan, memory_limit, FLOP_RATE, capture,
-                                                  goals, verified_only, cost_size)
+                                                  goals, verified_only, cost_size, solver)
     notes = (captured.note,) if captured.note else ()
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
