@@ -10,6 +10,7 @@ through the strategy's HOOK actions. Generic nodes run on full (replicated) tens
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 
@@ -303,9 +304,10 @@ def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> flo
     import time
 
     with TRACE_LOCK:
-        gm = traced(recipe).float()
-    recipe = ModelRecipe(recipe.module, tuple(x.float() if x.is_floating_point() else x for x in recipe.inputs),
-                         recipe.seed, recipe.capture)
+        gm = traced(recipe)
+        gm = (copy.deepcopy(gm) if recipe.planned else gm).float()   # the planned graph stays float64
+    recipe = ModelRecipe(gm, tuple(x.float() if x.is_floating_point() else x for x in recipe.inputs),
+                         recipe.seed, recipe.capture, planned=True)
     comm.barrier()
     seconds = []
     for _ in range(steps + 1):

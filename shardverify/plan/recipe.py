@@ -1,5 +1,6 @@
-"""What a plan check runs: a model and its example inputs as a picklable recipe (a graph module
-travels as the very graph that was planned), captured in float64 by fx or export."""
+"""What a plan check runs: a model and its example inputs as a picklable recipe, captured in
+float64 by fx or export; or the very graph the plan was made on (``planned``), which the ranks
+run as it is, so the graph planned is the graph checked and the model is captured once."""
 
 from __future__ import annotations
 
@@ -40,10 +41,13 @@ class ModelRecipe:
     inputs: tuple[torch.Tensor, ...]
     seed: int = 0
     capture: str = "fx"
+    planned: bool = False     # module is the float64 graph the plan was made on (capture_model's), run as is
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURES:
             raise InvalidArgument(f"capture must be one of {', '.join(CAPTURES)}, got {self.capture!r}")
+        if self.planned and not isinstance(self.module, fx.GraphModule):
+            raise InvalidArgument(f"a planned recipe runs the graph the plan was made on, got a {type(self.module).__name__}")
 
     def __reduce__(self):
         """A GraphModule travels to a worker as its graph and the attributes its nodes name, so the
@@ -51,8 +55,8 @@ class ModelRecipe:
         it from its code, which drops unused nodes and can rename the others."""
         if isinstance(self.module, fx.GraphModule):
             return _graph_recipe, (_graph_attributes(self.module), self.module.graph, self.inputs, self.seed,
-                                   self.capture)
-        return ModelRecipe, (self.module, self.inputs, self.seed, self.capture)
+                                   self.capture, self.planned)
+        return ModelRecipe, (self.module, self.inputs, self.seed, self.capture, self.planned)
 
 
 def _graph_attributes(graph_module: fx.GraphModule) -> dict[str, object]:
@@ -66,8 +70,9 @@ def _graph_attributes(graph_module: fx.GraphModule) -> dict[str, object]:
     return found
 
 
-def _graph_recipe(attributes: dict, graph: fx.Graph, inputs, seed: int, capture: str) -> ModelRecipe:
-    return ModelRecipe(fx.GraphModule(attributes, graph), inputs, seed, capture)
+def _graph_recipe(attributes: dict, graph: fx.Graph, inputs, seed: int, capture: str,
+                  planned: bool = False) -> ModelRecipe:
+    return ModelRecipe(fx.GraphModule(attributes, graph), inputs, seed, capture, planned)
 
 
 def as_float64(x: torch.Tensor) -> torch.Tensor:
@@ -76,6 +81,9 @@ def as_float64(x: torch.Tensor) -> torch.Tensor:
 
 
 def traced(recipe: ModelRecipe) -> fx.GraphModule:
+    """The recipe's float64 graph: the planned graph itself, or the module captured now."""
+    if recipe.planned:
+        return recipe.module     # type: ignore[return-value]
     module = float64_copy(recipe.module)
     inputs = [as_float64(x) for x in recipe.inputs]
     if recipe.capture == "export":   # a node no handler serves, decomposed into ops that are served

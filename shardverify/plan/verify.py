@@ -177,8 +177,12 @@ def plan_with_coverage(module: torch.nn.Module, example_inputs, mesh,
     A call outside its spec's grid is verified where it is met (its strategies that pass are
     offered, the verdicts kept on disk), or refused with ``verified_only``."""
     module, inputs = with_keywords(module, example_inputs)
-    return _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals, verified_only,
-                    cost_size, solver)[:2]
+    found = _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals, verified_only,
+                     cost_size, solver)[:2]
+    # the captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
+    # export's state): collected now, not whenever the collector next runs, mid-check
+    gc.collect()
+    return found
 
 
 def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
@@ -212,21 +216,22 @@ def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals
                 build_plan(gm, mesh, dict(plan), options, flop_rate)
     except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
         raise as_shardverify_error(error, f"planning {type(module).__name__}") from error
-    # the captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
-    # export's state): collected now, not whenever the collector next runs, mid-check
-    captured = Captured(None, captured.capture, captured.note)  # type: ignore[arg-type]
-    del gm, options
-    gc.collect()
+    del options
     return plan, Coverage.of(statuses, plan, on_demand), captured, at_real
 
 
 def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
              timeout: float | None = None, *, capture: str = "fx", coverage: Coverage | None = None) -> PlanResult:
+    """Verify ``plan`` on ``backend``'s ranks, forward and backward, against the single device.
+    ``module``: the graph the plan was made on (a :class:`Captured`, as :func:`verify_plan` passes
+    it), run as it is; or the model, captured here by ``capture`` (the plan's nodes must be that
+    graph's). Either way the ranks run the one graph given them and capture nothing."""
     if tuple(plan.mesh_shape) != tuple(backend.mesh.shape):
         raise InvalidArgument(f"plan is for mesh {plan.mesh_shape}, the backend's mesh is {backend.mesh.shape}")
-    if capture == "auto":   # the capture the plan was made on: fx if it traces the model, else export
-        capture = capture_model(module, tuple(example_inputs), capture).capture
-    recipe = ModelRecipe(module, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed, capture)
+    captured = module if isinstance(module, Captured) else capture_model(module, tuple(example_inputs), capture)
+    _same_nodes(plan, captured.graph)
+    recipe = ModelRecipe(captured.graph, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed,
+                         captured.capture, planned=True)
     from shardverify.verify.engine import _backend_name
 
     name = _backend_name(backend)
@@ -241,6 +246,18 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
         return PlanResult(plan, str(name), tuple(PlanMismatch("error", order, node, detail, int(r)) for r in ranks),
                           coverage)
     return PlanResult(plan, str(name), tuple(m for report in reports for m in report), coverage)
+
+
+def _same_nodes(plan: Plan, graph) -> None:
+    """Refuse a plan made on another graph than the one the ranks would run (another capture, or
+    another model): its node names would name nodes the ranks do not have."""
+    names = [node.name for node in graph.graph.nodes]
+    if [item.node for item in plan.nodes] != names:
+        missing = sorted(set(item.node for item in plan.nodes) - set(names))[:5]
+        raise InvalidArgument(f"the plan was made on another graph than the one captured to run it "
+                              f"({len(plan.nodes)} plan nodes, {len(names)} graph nodes"
+                              + (f"; not in the graph: {missing}" if missing else "; in another order")
+                              + "): make the plan with the same model, inputs and capture")
 
 
 def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, backend: str | object = "simulated",
@@ -283,10 +300,9 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:
-            result = run_plan(runner, model, inputs, chosen, seed, timeout, capture=captured.capture,
-                              coverage=coverage)
+            result = run_plan(runner, captured, inputs, chosen, seed, timeout, coverage=coverage)
         finally:
             runner.close()
     else:
-        result = run_plan(backend, model, inputs, chosen, seed, timeout, capture=captured.capture, coverage=coverage)
+        result = run_plan(backend, captured, inputs, chosen, seed, timeout, coverage=coverage)
     return replace(result, strict=strict, notes=notes, real_size=at_real)
