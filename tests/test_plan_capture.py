@@ -51,7 +51,7 @@ def test_a_dropped_gradient_reduction_is_caught(monkeypatch):
     result = verify_plan(FunctionalBlock(), torch.randn(8, 8), MESH, DATA_PARALLEL, capture="export")
     assert not result.passed
     first = result.first_divergence()
-    assert first.phase == "grad" and "grad of" in first.what and first.node in DATA_PARALLEL
+    assert first.phase == "grad" and "grad of" in first.tensor and first.node in DATA_PARALLEL
 
 
 class Lookup(torch.nn.Module):
@@ -218,7 +218,7 @@ def test_an_op_that_raises_on_a_rank_is_reported_at_its_node_with_its_frames(mon
     result = verify_plan(TiedHead(), (ids,), (2,), capture="fx")
     first = result.first_divergence()
     assert first is not None and first.phase == "error" and first.node == "tanh", result.summary()
-    assert "planted failure" in first.what and "File " in first.what, first.what
+    assert "planted failure" in first.tensor and "File " in first.tensor, first.tensor
 
 
 class Scaled(torch.nn.Module):

@@ -14,7 +14,6 @@ from shardverify.errors import BackendError, InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
 from shardverify.plan.capture_model import Captured, as_shardverify_error, capture_model
-from shardverify.plan.compare import PlanMismatch
 from shardverify.plan.execute import failed_node, rank_run_plan
 from shardverify.plan.recipe import ModelRecipe, as_float64
 from shardverify.plan.inputs import with_keywords
@@ -23,6 +22,7 @@ from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
 from shardverify.plan.real_size import RealSize, RealSizePlan, solve_real_size
 from shardverify.plan.solver import Solver, solve_plan
 from shardverify.verify.on_demand import OnDemandVerifier
+from shardverify.verify.report import Mismatch
 
 __all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan", "strict_problems"]
 
@@ -31,7 +31,7 @@ __all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_
 class PlanResult:
     plan: Plan
     backend: str
-    mismatches: tuple[PlanMismatch, ...]
+    mismatches: tuple[Mismatch, ...]
     coverage: Coverage | None = None
     strict: bool = False            # a pass needs every tensor op handled and something sharded
     notes: tuple[str, ...] = ()     # how the model was captured, when not as asked
@@ -52,7 +52,7 @@ class PlanResult:
         """The plan runs every op replicated: a pass then checked no sharding at all."""
         return self.coverage is not None and not self.coverage.sharded
 
-    def first_divergence(self) -> PlanMismatch | None:
+    def first_divergence(self) -> Mismatch | None:
         """The first node (graph order) whose output diverges in forward; else, in backward, the
         node that passes a wrong gradient back (the owner of the missing or wrong reduction:
         :mod:`shardverify.plan.blame`); else the last node whose output gradient diverges (the
@@ -75,9 +75,9 @@ class PlanResult:
         item = self.plan.node(first.node) if first.phase != "error" else None
         status = self._status(first.node)
         source = status.source if status is not None else ""    # the model node a decomposed piece came from
-        lines = [f"FAIL: backward: node {first.node!r}{source} is the first in backward order whose {first.what} "
+        lines = [f"FAIL: backward: node {first.node!r}{source} is the first in backward order whose {first.tensor} "
                  "diverges" if first.phase == "owner" else
-                 f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}{source}"
+                 f"FAIL: {first.phase} {first.tensor} diverges first at node {first.node!r}{source}"
                  + (f" (max abs error {first.max_abs_err:.3g})" if first.phase != "error" else "")]
         if item is not None:
             lines.append(f"  strategy: {node_label(item, self.coverage)}")
@@ -103,11 +103,11 @@ class PlanResult:
                                        "target": str(r.target), "steps": [str(s) for s in r.steps]}
                                       for r in n.reshards if r.steps]} for n in self.plan.nodes],
             "first_divergence": None if first is None else {
-                "node": first.node, "phase": first.phase, "what": first.what,
+                "node": first.node, "phase": first.phase, "what": first.tensor,
                 "decomposed_from": None if status is None or status.origin is None else list(status.origin)},
             "coverage": None if self.coverage is None else self.coverage.to_json(),
             "real_size": None if self.real_size is None else self.real_size.to_json(),
-            "mismatches": [str(m) for m in self.mismatches],
+            "mismatches": [m.describe() for m in self.mismatches],
         }
 
 
@@ -243,7 +243,7 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
         frames = [line.strip() for line in getattr(error, "traceback_text", "").splitlines()
                   if line.strip().startswith("File ")][-3:]
         detail = str(error) + ("".join(f"\n      {frame}" for frame in frames) if frames else "")
-        return PlanResult(plan, str(name), tuple(PlanMismatch("error", order, node, detail, int(r)) for r in ranks),
+        return PlanResult(plan, str(name), tuple(Mismatch("error", int(r), detail, phase="error", node=node, order=order) for r in ranks),
                           coverage)
     return PlanResult(plan, str(name), tuple(m for report in reports for m in report), coverage)
 
