@@ -306,9 +306,9 @@ def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> flo
 
     with TRACE_LOCK:
         gm = traced(recipe)
-        gm = (copy.deepcopy(gm) if recipe.planned else gm).float()   # the planned graph stays float64
-    recipe = ModelRecipe(gm, tuple(x.float() if x.is_floating_point() else x for x in recipe.inputs),
-                         recipe.seed, recipe.capture, planned=True)
+        gm = (copy.deepcopy(gm) if recipe.graph is not None else gm).float()   # the planned graph stays float64
+    recipe = ModelRecipe(recipe.module, tuple(x.float() if x.is_floating_point() else x for x in recipe.inputs),
+                         recipe.seed, recipe.capture, gm)
     comm.barrier()
     seconds = []
     for _ in range(steps + 1):

@@ -221,17 +221,18 @@ def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals
 
 
 def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
-             timeout: float | None = None, *, capture: str = "fx", coverage: Coverage | None = None) -> PlanResult:
+             timeout: float | None = None, *, capture: str = "fx", coverage: Coverage | None = None,
+             graph: Captured | None = None) -> PlanResult:
     """Verify ``plan`` on ``backend``'s ranks, forward and backward, against the single device.
-    ``module``: the graph the plan was made on (a :class:`Captured`, as :func:`verify_plan` passes
-    it), run as it is; or the model, captured here by ``capture`` (the plan's nodes must be that
-    graph's). Either way the ranks run the one graph given them and capture nothing."""
+    ``graph``: the graph the plan was made on (:func:`verify_plan` passes its capture); when None,
+    ``module`` is captured here by ``capture`` once. The plan's nodes must be that graph's; ranks
+    in this process run it as it is, worker processes capture ``module`` and refuse another graph."""
     if tuple(plan.mesh_shape) != tuple(backend.mesh.shape):
         raise InvalidArgument(f"plan is for mesh {plan.mesh_shape}, the backend's mesh is {backend.mesh.shape}")
-    captured = module if isinstance(module, Captured) else capture_model(module, tuple(example_inputs), capture)
+    captured = graph if graph is not None else capture_model(module, tuple(example_inputs), capture)
     _same_nodes(plan, captured.graph)
-    recipe = ModelRecipe(captured.graph, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed,
-                         captured.capture, planned=True)
+    recipe = ModelRecipe(module, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed,
+                         captured.capture, captured.graph)
     from shardverify.verify.engine import _backend_name
 
     name = _backend_name(backend)
@@ -300,9 +301,9 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:
-            result = run_plan(runner, captured, inputs, chosen, seed, timeout, coverage=coverage)
+            result = run_plan(runner, model, inputs, chosen, seed, timeout, coverage=coverage, graph=captured)
         finally:
             runner.close()
     else:
-        result = run_plan(backend, captured, inputs, chosen, seed, timeout, coverage=coverage)
+        result = run_plan(backend, model, inputs, chosen, seed, timeout, coverage=coverage, graph=captured)
     return replace(result, strict=strict, notes=notes, real_size=at_real)
