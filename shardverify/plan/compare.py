@@ -7,7 +7,8 @@ changes the order of its float32 sums. A node's output is held to the lowest flo
 among itself and every node it is computed from; a gradient, which flows back through every
 node downstream, to the lowest precision of the whole graph (float32: torch.testing's rtol
 1.3e-6, atol 1e-5, which covers a reordered sum), each element also allowed that rtol of the
-tensor's largest (:class:`~shardverify.verify.tolerance.SummedTolerance`): a gradient element is a sum of chain-rule terms, and
+tensor's largest (:class:`~shardverify.verify.tolerance.SummedTolerance`): a gradient element is a
+sum of chain-rule terms, and
 one that cancels to near zero keeps the rounding of its terms, not of its sum (Llama's RMSNorm
 upcast: gradients of 5e3 whose cancelling elements differ by 1e-3, 2e-7 of the largest, when a
 batch split flips a float32 rounding upstream). Bool and integer values are compared exactly.
