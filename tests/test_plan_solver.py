@@ -8,10 +8,12 @@ import itertools
 
 import pytest
 
-from shardverify.plan import PlanGoals, PlanInfeasible, make_plan, verify_plan
+from shardverify.plan import PlanGoals, PlanInfeasible, make_plan, node_options, solve_plan, verify_plan
+from shardverify.plan.capture_model import capture_model
 from shardverify.plan.goals import Requirements
 from shardverify.plan.problem import PlanProblem
 from shardverify.plan.spec import build_spec_model
+from shardverify.sharding.mesh import DeviceMesh
 
 
 class Exhaustive:
@@ -52,17 +54,26 @@ def test_a_new_solver_plans_and_verifies():
     assert result.plan.cost.total == pytest.approx(cbc.cost.total, rel=1e-12)
 
 
+@pytest.fixture(scope="module")
+def chain_problem():
+    """The chain's captured graph and its options on (2, 2), classified once for the tests below."""
+    module, inputs = _chain()
+    graph = capture_model(module, tuple(inputs), "fx").graph
+    mesh = DeviceMesh((2, 2))
+    return graph, mesh, node_options(graph, mesh)
+
+
 @pytest.mark.parametrize("goals", [PlanGoals(shard_weights=True), PlanGoals(data_parallel=True),
                                    PlanGoals(min_sharded=2)], ids=["shard_weights", "data_parallel", "min_sharded"])
-def test_goals_reach_every_solver(goals):
-    module, inputs = _chain()
-    plan = make_plan(module, inputs, (2, 2), goals=goals, solver=Exhaustive())
-    assert plan.cost.total == pytest.approx(make_plan(module, inputs, (2, 2), goals=goals).cost.total, rel=1e-12)
-    assert plan.cost.total > make_plan(module, inputs, (2, 2)).cost.total   # the goal cost something
+def test_goals_reach_every_solver(chain_problem, goals):
+    graph, mesh, options = chain_problem
+    plan = solve_plan(graph, mesh, options=options, goals=goals, solver=Exhaustive())
+    assert plan.cost.total == pytest.approx(solve_plan(graph, mesh, options=options, goals=goals).cost.total, rel=1e-12)
+    assert plan.cost.total > solve_plan(graph, mesh, options=options).cost.total   # the goal cost something
 
 
-def test_a_memory_limit_no_plan_fits_is_refused_by_every_solver():
-    module, inputs = _chain()
+def test_a_memory_limit_no_plan_fits_is_refused_by_every_solver(chain_problem):
+    graph, mesh, options = chain_problem
     for solver in (Exhaustive(), None):
         with pytest.raises(PlanInfeasible, match="memory"):
-            make_plan(module, inputs, (2, 2), memory_limit=1, solver=solver)
+            solve_plan(graph, mesh, memory_limit=1, options=options, solver=solver)
