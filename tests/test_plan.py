@@ -322,3 +322,22 @@ def test_the_solver_leaves_no_file_in_tmpdir(tmp_path, monkeypatch, stopped):
     else:
         solve_plan(gm, mesh, options=node_options(gm, mesh))
     assert [path.name for path in tmp_path.iterdir() if not path.name.startswith("torchinductor_")] == []
+
+
+def test_a_plan_check_compares_by_the_one_rule():
+    """verify/tolerance's rule: a NaN where the single device has a number is a mismatch (the plan's
+    own rule let it pass: NaN compares false with any bound), a NaN where it has NaN is not; the
+    float64 default tolerance is the op check's; what differs is verify/report's Mismatch."""
+    from shardverify.plan.compare import compare_value
+    from shardverify.verify.report import Mismatch
+    from shardverify.verify.tolerance import DEFAULT_TOLERANCES
+
+    expected = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float64)
+    found: list = []
+    compare_value(found, "forward", 3, "fc1", "output", 1, expected.clone(), expected)
+    assert found == []
+    compare_value(found, "forward", 3, "fc1", "output", 1, torch.tensor([float("nan")] * 3, dtype=torch.float64),
+                  expected, DEFAULT_TOLERANCES[torch.float64])
+    (mismatch,) = found
+    assert isinstance(mismatch, Mismatch) and (mismatch.phase, mismatch.node, mismatch.order) == ("forward", "fc1", 3)
+    assert mismatch.describe() == "rank 1: forward output at node 'fc1': max abs error inf"

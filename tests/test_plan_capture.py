@@ -51,7 +51,7 @@ def test_a_dropped_gradient_reduction_is_caught(monkeypatch):
     result = verify_plan(FunctionalBlock(), torch.randn(8, 8), MESH, DATA_PARALLEL, capture="export")
     assert not result.passed
     first = result.first_divergence()
-    assert first.phase == "grad" and "grad of" in first.what and first.node in DATA_PARALLEL
+    assert first.phase == "grad" and "grad of" in first.tensor and first.node in DATA_PARALLEL
 
 
 class Lookup(torch.nn.Module):
@@ -218,7 +218,7 @@ def test_an_op_that_raises_on_a_rank_is_reported_at_its_node_with_its_frames(mon
     result = verify_plan(TiedHead(), (ids,), (2,), capture="fx")
     first = result.first_divergence()
     assert first is not None and first.phase == "error" and first.node == "tanh", result.summary()
-    assert "planted failure" in first.what and "File " in first.what, first.what
+    assert "planted failure" in first.tensor and "File " in first.tensor, first.tensor
 
 
 class Scaled(torch.nn.Module):
@@ -388,3 +388,30 @@ def test_chunk_pieces_become_their_slices_and_a_plan_serves_them():
     assert torch.equal(graph_module(x), Chunks()(x))
     result = verify_plan(Chunks(), (x,), MESH, capture="export")
     assert result.passed and result.coverage.count("unhandled") == 0, result.coverage.lines()
+
+
+def test_the_ranks_run_the_graph_that_was_planned(sv_backend):
+    """verify_plan captures once and the ranks run that very graph; a plan made on one capture is
+    refused by name against another (run_plan), and a worker's own capture that is not the planned
+    graph is refused before it runs."""
+    import pickle
+
+    from shardverify.errors import InvalidArgument, VerificationError
+    from shardverify.plan import make_plan, run_plan
+    from shardverify.plan.capture_model import capture_model
+
+    x = torch.randn(8, 8)
+    planned = capture_model(FunctionalBlock(), (x,), "export")
+    recipe = ModelRecipe(FunctionalBlock(), (x,), capture="export", graph=planned.graph)
+    assert traced(recipe) is planned.graph
+    sent = pickle.loads(pickle.dumps(recipe))          # a worker: no graph, the planned graph's node names
+    assert sent.graph is None and sent.nodes == tuple(n.name for n in planned.graph.graph.nodes)
+    assert [n.name for n in traced(sent).graph.nodes] == list(sent.nodes)
+    other = ModelRecipe(FunctionalBlock(), (x,), capture="fx", nodes=sent.nodes)
+    with pytest.raises(VerificationError, match="not the graph the plan was made on"):
+        traced(other)
+    model = FunctionalBlock()
+    plan = make_plan(model, (x,), MESH, capture="export")
+    with pytest.raises(InvalidArgument, match="made on another graph"):
+        run_plan(sv_backend(MESH, "simulated"), model, (x,), plan, capture="fx")
+    assert run_plan(sv_backend(MESH, "simulated"), model, (x,), plan, capture="export").passed

@@ -216,7 +216,8 @@ def test_a_float32_gradient_is_held_to_the_rounding_of_its_terms():
     rounding of its terms (2e-7 of the tensor's largest, as the batch-split real-size Llama plan's
     RMSNorm gradients on (2,2)), which the elementwise float32 bound alone calls a mismatch; an
     error the size of the values (a missing reduction) is still one."""
-    from shardverify.plan.compare import SummedTolerance, mismatch_error, precisions
+    from shardverify.plan.compare import precisions
+    from shardverify.verify.tolerance import SummedTolerance, max_error as mismatch_error
 
     expected = torch.tensor([5854.7, -4824.7, 1e-3], dtype=torch.float64)
     rounded = expected + torch.tensor([0.0, 0.0, 1.2e-3], dtype=torch.float64)

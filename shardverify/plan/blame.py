@@ -14,7 +14,8 @@ from __future__ import annotations
 from torch import fx
 
 from shardverify.sharding.strategy import CommPattern, CommWhere
-from shardverify.plan.compare import PlanMismatch, _cmp, _shard
+from shardverify.plan.compare import compare_value, expected_shard
+from shardverify.verify.report import Mismatch
 from shardverify.plan.graph import operand_producer
 
 __all__ = ["tapped_edges", "owed_collectives", "blame_owner"]
@@ -72,11 +73,11 @@ def blame_owner(found: list, gm: fx.GraphModule, plan: Plan, taps: dict, layouts
             if tap is None or expected is None:
                 continue
             term: list = []
-            _cmp(term, "owner", 0, "", "", comm.rank, tap.grad, _shard(layouts[first.node], expected, comm.mesh,
-                                                                      comm.rank), tolerance)
+            share = expected_shard(layouts[first.node], expected, comm.mesh, comm.rank)
+            compare_value(term, "owner", 0, "", "", comm.rank, tap.grad, share, tolerance)
             if not term:
                 continue
             error = term[0].max_abs_err
         owes = owed_collectives(user, plan.node(user.name).strategy, first.node)
-        found.append(PlanMismatch("owner", order[user.name], user.name,
-                                  f"gradient passed back to {first.node!r} ({owes})", comm.rank, error))
+        found.append(Mismatch("values", comm.rank, f"gradient passed back to {first.node!r} ({owes})",
+                              max_abs_err=error, phase="owner", node=user.name, order=order[user.name]))

@@ -9,9 +9,9 @@ from torch import fx
 
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, element_layout, make_reshard,
-                                    node_layouts, node_options, replicated_choice)
+from shardverify.plan.graph import deferrable, edge_targets, element_layout, node_layouts, replicated_choice
 from shardverify.plan.model import FLOP_RATE, NodePlan, Plan, PlanCost
+from shardverify.plan.problem import Option, PlanProblem
 from shardverify.sharding.strategy import ShardingStrategy
 
 __all__ = ["build_plan", "assemble_plan"]
@@ -33,12 +33,13 @@ def build_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, choice: Mapping[s
                flop_rate: float = FLOP_RATE, where: str = "plan") -> Plan:
     """The plan for ``choice`` (node name -> strategy name). A node with strategies that
     ``choice`` omits takes its fully replicated strategy."""
-    options = node_options(graph_module, mesh) if options is None else options
+    problem = PlanProblem.of(graph_module, mesh, options, flop_rate)
+    options = problem.options
     known = set(options)
     unknown = sorted(set(choice) - known)
     if unknown:
         raise StrategyError(f"{where}: no node named {unknown}; nodes are {sorted(known)}")
-    chosen: dict[str, ShardingStrategy | None] = {}
+    chosen: dict[str, Option] = {}
     for node in graph_module.graph.nodes:
         found = options[node.name]
         if node.name in choice:
@@ -54,37 +55,39 @@ def build_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, choice: Mapping[s
             if defer and not deferrable(strategy):
                 raise StrategyError(f"{where}: node {node.name!r}: strategy {wanted!r} has no AFTER sum "
                                     f"all-reduce of its output to defer")
-            chosen[node.name] = (strategy, deferrable(strategy) if defer else ())
+            chosen[node.name] = Option(strategy, deferrable(strategy) if defer else ())
         elif found is not None:
-            chosen[node.name] = (replicated_choice(found), ())
+            chosen[node.name] = Option(replicated_choice(found))
             if chosen[node.name][0] is None:
                 raise StrategyError(f"{where}: node {node.name!r} is not in the plan and has no fully "
                                     f"replicated strategy to default to; pick one of {[s.name for s in found]}")
         else:
-            chosen[node.name] = (None, ())
-    return assemble_plan(graph_module, mesh, chosen, flop_rate)
+            chosen[node.name] = Option(None)
+    return assemble_plan(problem, chosen)
 
 
-def assemble_plan(graph_module: fx.GraphModule, mesh: DeviceMesh,
-                  chosen: Mapping[str, tuple[ShardingStrategy | None, tuple[int, ...]]],
-                  flop_rate: float = FLOP_RATE) -> Plan:
-    """The plan for ``chosen``: node name -> (strategy or None, deferred all-reduce axes)."""
-    layouts = {}
+def assemble_plan(problem: PlanProblem, chosen: Mapping[str, Option]) -> Plan:
+    """The plan for ``chosen`` (node name -> option), costed by the problem's cost function: each
+    node's reshards from its producers' layouts as chosen (a tuple element's, its producer's)."""
+    mesh = problem.mesh
+    layouts: dict = {}
     nodes = []
     compute = communication = resharding = 0.0
     memory = 0
-    for node in graph_module.graph.nodes:
+    for node in problem.graph.graph.nodes:
         strategy, deferred = chosen[node.name]
-        reshards = tuple(make_reshard(node, operand, producer, layouts[producer.name], target, mesh, index)
+        reshards = tuple(problem.reshard(node, operand, producer, layouts[producer.name], target, index)
                          for operand, producer, index, target in edge_targets(node, strategy, mesh))
         element = element_layout(node, layouts)
         layouts[node.name] = element if element is not None else node_layouts(node, strategy, mesh, deferred)
         nodes.append(NodePlan(node.name, strategy, reshards, deferred))
         resharding += sum(r.cost for r in reshards)
         if strategy is not None:
-            compute += strategy.compute_cost.total / flop_rate
-            communication += strategy.communication_cost.total
+            own = problem.own_cost(chosen[node.name])
+            compute += own.compute
+            communication += own.communication
             if deferred:
-                communication -= deferred_saving(strategy, deferred, mesh)
-            memory += strategy.memory_cost.total.total
-    return Plan(tuple(mesh.shape), tuple(nodes), PlanCost(compute, communication, resharding, memory), flop_rate)
+                communication -= own.saving
+            memory += own.memory
+    return Plan(tuple(mesh.shape), tuple(nodes), PlanCost(compute, communication, resharding, memory),
+                problem.flop_rate)

@@ -1,15 +1,18 @@
 """How a plan check compares one value with the single-device model's: in the precision the
-value was computed in. The check runs the model in float64, so a difference in a float64 value
-is a bug, not rounding (rtol 1e-7, atol 1e-9); but a model that computes in float32 inside
+value was computed in, by :mod:`shardverify.verify.tolerance`'s one rule and defaults (an op
+check's). The check runs the model in float64, so a difference in a float64 value is a bug, not
+rounding; but a model that computes in float32 inside
 (Gemma-style RMSNorm: ``x.float()``) keeps float32 rounding there, and splitting a batch
 changes the order of its float32 sums. A node's output is held to the lowest floating precision
 among itself and every node it is computed from; a gradient, which flows back through every
 node downstream, to the lowest precision of the whole graph (float32: torch.testing's rtol
 1.3e-6, atol 1e-5, which covers a reordered sum), each element also allowed that rtol of the
-tensor's largest (:class:`SummedTolerance`): a gradient element is a sum of chain-rule terms, and
+tensor's largest (:class:`~shardverify.verify.tolerance.SummedTolerance`): a gradient element is a
+sum of chain-rule terms, and
 one that cancels to near zero keeps the rounding of its terms, not of its sum (Llama's RMSNorm
 upcast: gradients of 5e3 whose cancelling elements differ by 1e-3, 2e-7 of the largest, when a
 batch split flips a float32 rounding upstream). Bool and integer values are compared exactly.
+What differs is a :class:`~shardverify.verify.report.Mismatch` naming its phase and node.
 """
 
 from __future__ import annotations
@@ -20,14 +23,12 @@ import torch
 from torch import fx
 
 from shardverify.sharding.reshard_plan import Layout
-from shardverify.verify.tolerance import DEFAULT_TOLERANCES, Tolerance
+from shardverify.verify.report import Mismatch
+from shardverify.verify.tolerance import SummedTolerance, Tolerance, max_error, tolerance_for
 
-__all__ = ["RTOL", "ATOL", "FLOAT64", "Precisions", "precisions", "mismatch_error", "PlanMismatch",
-           "SummedTolerance"]
+__all__ = ["Precisions", "precisions", "compare_value", "expected_shard"]
 
-RTOL, ATOL = 1e-7, 1e-9
-FLOAT64 = Tolerance(RTOL, ATOL)
-_CHUNK = 1 << 20
+_FLOAT64 = tolerance_for(torch.float64)
 
 
 def _rank(dtype: torch.dtype) -> float:
@@ -41,17 +42,10 @@ def _dtypes(node: fx.Node) -> list[torch.dtype]:
 
 
 def _tolerance(dtype: torch.dtype) -> Tolerance:
-    if dtype == torch.float64:
-        return FLOAT64
-    return DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[torch.bfloat16])
-
-
-@dataclass(frozen=True)
-class SummedTolerance(Tolerance):
-    """``|actual - expected| <= atol + rtol * (|expected| + max |expected|)``: a gradient computed
-    in a precision below float64, each element a sum of terms whose rounding scales with the
-    terms (the tensor's largest element standing in for them), not with the sum. A sharding bug
-    (a missing or doubled reduction) is off by the values themselves, far outside it."""
+    try:
+        return tolerance_for(dtype)
+    except Exception:  # noqa: BLE001 - a floating dtype without a default (float8): bfloat16's
+        return tolerance_for(torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -62,7 +56,7 @@ class Precisions:
     backward: Tolerance
 
     def of(self, node: str) -> Tolerance:
-        return self.forward.get(node, FLOAT64)
+        return self.forward.get(node, _FLOAT64)
 
 
 def precisions(gm: fx.GraphModule) -> Precisions:
@@ -79,58 +73,30 @@ def precisions(gm: fx.GraphModule) -> Precisions:
     return Precisions({name: _tolerance(dtype) for name, dtype in lowest.items()}, backward)
 
 
-def mismatch_error(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance) -> float | None:
-    """The largest absolute error if any element of ``actual`` is out of ``tolerance`` of
-    ``expected`` (bool and integer values: any difference), else None. In chunks of a million
-    elements: comparing a whole weight at once held two float64 copies of it."""
-    with torch.no_grad():
-        got, want = actual.detach().reshape(-1), expected.detach().reshape(-1)
-        exact = not (got.is_floating_point() or got.is_complex()) and not (want.is_floating_point()
-                                                                           or want.is_complex())
-        worst, bad = 0.0, False
-        atol = tolerance.atol
-        if isinstance(tolerance, SummedTolerance) and not exact and want.numel():
-            atol += tolerance.rtol * max(float(want[start:start + _CHUNK].double().abs().max())
-                                         for start in range(0, want.numel(), _CHUNK))
-        for start in range(0, got.numel(), _CHUNK):
-            w = want[start:start + _CHUNK].double()      # no copy for float64; bool and int data as numbers
-            err = got[start:start + _CHUNK].double().sub(w).abs_()
-            bound = torch.zeros_like(w) if exact else w.abs().mul_(tolerance.rtol).add_(atol)
-            if bool(err.gt(bound).any()):
-                bad, worst = True, max(worst, float(err.max()))
-        return worst if bad else None
-
-
-@dataclass(frozen=True)
-class PlanMismatch:
-    phase: str          # "forward" (a node's output), "backward" (a node's output gradient), "grad", "error"
-    order: int          # the node's position in the graph (for "grad": of the node using the tensor)
-    node: str
-    what: str
-    rank: int
-    max_abs_err: float = 0.0
-
-    def __str__(self) -> str:
-        err = f": max abs error {self.max_abs_err:.3g}" if self.phase != "error" else ""
-        return f"rank {self.rank}: {self.phase} {self.what} at node {self.node!r}{err}"
-
-
-def _cmp(found: list, phase: str, order: int, node: str, what: str, rank: int, actual, expected,
-         tolerance=FLOAT64) -> None:
+def compare_value(found: list, phase: str, order: int, node: str, what: str, rank: int, actual, expected,
+                  tolerance: Tolerance = _FLOAT64) -> None:
+    """Append to ``found`` what differs between this rank's ``actual`` and its ``expected`` share
+    of the single-device value (a gradient on one side only, another shape, values out of
+    ``tolerance``)."""
+    where = {"phase": phase, "node": node, "order": order}
     if actual is None or expected is None:
         if (actual is None) != (expected is None):
-            found.append(PlanMismatch(phase, order, node, what + " (gradient missing on one side)", rank))
+            found.append(Mismatch("values", rank, what + " (gradient missing on one side)", max_abs_err=0.0, **where))
         return
     if tuple(actual.shape) != tuple(expected.shape):
-        found.append(PlanMismatch(phase, order, node, f"{what} (shape {tuple(actual.shape)}, expected "
-                                  f"{tuple(expected.shape)})", rank, float("inf")))
+        found.append(Mismatch("shape", rank, f"{what} (shape {tuple(actual.shape)}, expected {tuple(expected.shape)})",
+                              actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape),
+                              max_abs_err=float("inf"), **where))
         return
-    worst = mismatch_error(actual, expected, tolerance)
+    worst = max_error(actual, expected, tolerance)
     if worst is not None:
-        found.append(PlanMismatch(phase, order, node, what, rank, worst))
+        found.append(Mismatch("values", rank, what, actual_shape=tuple(actual.shape), max_abs_err=worst,
+                              rtol=tolerance.rtol, atol=tolerance.atol, dtype=str(actual.dtype).replace("torch.", ""),
+                              **where))
 
 
-def _shard(layout, value, mesh, rank):
+def expected_shard(layout, value, mesh, rank):
+    """This rank's share of the single-device ``value`` under ``layout`` (a non-tensor as it is)."""
     if isinstance(layout, Layout) and isinstance(value, torch.Tensor):
         return layout.spec.local_shard(value, mesh, rank)
     return value

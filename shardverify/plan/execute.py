@@ -10,6 +10,7 @@ through the strategy's HOOK actions. Generic nodes run on full (replicated) tens
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 
@@ -21,7 +22,8 @@ from shardverify.collectives.patterns import after_op, apply_grad_hook, before_o
 from shardverify.collectives.reshard import apply_reshard
 from shardverify.errors import VerificationError
 from shardverify.plan.blame import blame_owner, tapped_edges
-from shardverify.plan.compare import PlanMismatch, _cmp, _shard, precisions
+from shardverify.plan.compare import compare_value, expected_shard, precisions
+from shardverify.verify.report import Mismatch
 from shardverify.plan.graph import (element_layout, metadata_read, operand_layout, operand_producer, parameter_names,
                                     source_of)
 from shardverify.plan.model import Plan
@@ -122,27 +124,27 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
     return env, layouts, leaves, input_leaves, result
 
 
-def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
+def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[Mismatch]:
     """The SPMD run of ``plan`` on this rank (module-level so process workers import it)."""
     mesh, rank = comm.mesh, comm.rank
     # torch.fx tracing patches nn.Module.__call__ process-wide: simulated ranks (threads) trace
     # one at a time and start running only when every rank has finished tracing.
     gm, ref_values, ref_grads, ref_input_grads, ref_param_grads, unobserved = shared_reference(recipe)
     comm.barrier()
-    found: list[PlanMismatch] = []
+    found: list[Mismatch] = []
     tolerances = precisions(gm)
     back = tolerances.backward
 
     def check(order, node, out, layout):
         expected = ref_values[node.name]
         if isinstance(out, torch.Tensor):
-            _cmp(found, "forward", order, node.name, "output", rank, _summed(comm, layout, out),
-                 _shard(layout, expected, mesh, rank), tolerances.of(node.name))
+            compare_value(found, "forward", order, node.name, "output", rank, _summed(comm, layout, out),
+                 expected_shard(layout, expected, mesh, rank), tolerances.of(node.name))
         elif isinstance(out, (tuple, list)):
             for i, (o, lay) in enumerate(zip(out, layout or [None] * len(out))):
                 if isinstance(o, torch.Tensor):
-                    _cmp(found, "forward", order, node.name, f"output {i}", rank, o,
-                         _shard(lay, expected[i], mesh, rank), tolerances.of(node.name))
+                    compare_value(found, "forward", order, node.name, f"output {i}", rank, o,
+                         expected_shard(lay, expected[i], mesh, rank), tolerances.of(node.name))
 
     taps: dict = dict.fromkeys(tapped_edges(gm, unobserved))
     env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, unobserved, taps)
@@ -157,7 +159,7 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
     for name, (leaf, layout, order, node_name) in leaves.items():
         expected = ref_param_grads.get(name)
         weights[name] = (*blamed.get(node_name, (order, node_name)),
-                         _shard(layout, expected, mesh, rank) if expected is not None else None)
+                         expected_shard(layout, expected, mesh, rank) if expected is not None else None)
         if leaf.requires_grad:
             leaf.register_post_accumulate_grad_hook(functools.partial(
                 _check_weight_grad, found, checked, rank, back, name, *weights[name]))
@@ -170,16 +172,16 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[PlanMismatch]:
         if by_name[item.node].op == "get_attr":
             continue   # a weight: its gradient is checked below, blamed on the op that reduces it
         if isinstance(value, torch.Tensor) and value.requires_grad and item.node in ref_grads:
-            _cmp(found, "backward", order, item.node, "output gradient", rank, value.grad,
-                 _shard(layouts[item.node], ref_grads[item.node], mesh, rank), back)
+            compare_value(found, "backward", order, item.node, "output gradient", rank, value.grad,
+                 expected_shard(layouts[item.node], ref_grads[item.node], mesh, rank), back)
     blame_owner(found, gm, plan, taps, layouts, ref_grads, comm, back)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]   # export puts the weights first
     for name, leaf, expected in zip(placeholders, input_leaves, ref_input_grads):
-        _cmp(found, "grad", 0, name, f"grad of input {name}", rank, leaf.grad, expected, back)
+        compare_value(found, "grad", 0, name, f"grad of input {name}", rank, leaf.grad, expected, back)
     for name, (leaf, *_) in leaves.items():
         if name not in checked:    # no gradient reached it (or none was wanted)
             order, node_name, expected = weights[name]
-            _cmp(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad, expected, back)
+            compare_value(found, "grad", order, node_name, f"grad of {name}", rank, leaf.grad, expected, back)
     return found
 
 
@@ -188,7 +190,7 @@ def _check_weight_grad(found: list, checked: set, rank: int, tolerance, name: st
     """Weight ``name``'s gradient compared as soon as backward has summed it (autograd accumulates
     a leaf once per backward, every use included), then freed: the ranks' gradients of a whole
     model are never all held at once, only the one being compared."""
-    _cmp(found, "grad", order, node, f"grad of {name}", rank, leaf.grad, expected, tolerance)
+    compare_value(found, "grad", order, node, f"grad of {name}", rank, leaf.grad, expected, tolerance)
     checked.add(name)
     leaf.grad = None
 
@@ -303,9 +305,10 @@ def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> flo
     import time
 
     with TRACE_LOCK:
-        gm = traced(recipe).float()
+        gm = traced(recipe)
+        gm = (copy.deepcopy(gm) if recipe.graph is not None else gm).float()   # the planned graph stays float64
     recipe = ModelRecipe(recipe.module, tuple(x.float() if x.is_floating_point() else x for x in recipe.inputs),
-                         recipe.seed, recipe.capture)
+                         recipe.seed, recipe.capture, gm)
     comm.barrier()
     seconds = []
     for _ in range(steps + 1):

@@ -2,7 +2,8 @@
 none for a node that runs generically), the layout each strategy gives a node's operands and
 output, and what every edge costs to reshard. A read of a tensor's metadata (``x.shape``,
 ``x.size(1)``, ``x.dim()``) is answered from the traced global shape: it moves no data, so it
-costs no resharding whatever the tensor's layout. Both the plan builder and the solver read it."""
+costs no resharding whatever the tensor's layout. :mod:`shardverify.plan.problem` poses the
+problem from it (solver and assembly read that), the executor runs by it."""
 
 from __future__ import annotations
 

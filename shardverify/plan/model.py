@@ -4,9 +4,10 @@ Nodes that have a handler choose among ``strategies_for_node``; every other node
 (placeholders, attributes, the output, ops without a handler such as ``getitem``) runs
 *generically* (:data:`GENERIC`): its tensor inputs are resharded to replicated and it runs
 unchanged on full tensors, so any model can be planned, however few of its ops have handlers.
-What a node may choose and what an edge costs is :mod:`shardverify.plan.graph`'s; a plan is put
-together from one choice per node by :mod:`shardverify.plan.build`, the choice made by the user
-or by :mod:`shardverify.plan.solver`. Everything here is frozen, picklable data, so a plan
+What a node may choose and what an edge costs is :mod:`shardverify.plan.problem`'s (from
+:mod:`shardverify.plan.graph`); a plan is assembled from one option per node by
+:mod:`shardverify.plan.build`, the choice made by the user or by a :class:`~shardverify.plan.solver.Solver`.
+Everything here is frozen, picklable data, so a plan
 travels to worker processes as is.
 """
 

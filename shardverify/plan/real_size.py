@@ -40,7 +40,7 @@ from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.plan.build import build_plan
 from shardverify.plan.coverage import classify_nodes, shards
 from shardverify.plan.model import FLOP_RATE, Plan, PlanCost, PlanGoals
-from shardverify.plan.solver import solve_plan
+from shardverify.plan.solver import Solver, solve_plan
 
 __all__ = ["RealSize", "RealSizePlan", "StructureMismatch", "capture_real", "same_structure", "real_options",
            "solve_real_size", "split_alike"]
@@ -237,14 +237,15 @@ def real_options(tiny_options: Mapping[str, list[ShardingStrategy] | None], real
 
 def solve_real_size(tiny: fx.GraphModule, tiny_options: Mapping[str, list[ShardingStrategy] | None],
                     real_size: RealSize, mesh: DeviceMesh, memory_limit: int | None = None,
-                    flop_rate: float = FLOP_RATE, goals: PlanGoals = PlanGoals()) -> tuple[Plan, RealSizePlan]:
+                    flop_rate: float = FLOP_RATE, goals: PlanGoals = PlanGoals(),
+                    solver: Solver | None = None) -> tuple[Plan, RealSizePlan]:
     """(the plan on the tiny build, what solving at the real size gave): the solver's plan for the
     real-size graph's costs, over the choices both sizes share, mapped onto ``tiny`` by node name.
     ``memory_limit`` bounds the real size's declared memory per device."""
     real = capture_real(real_size)
     same_structure(tiny, real, real_size.label)
     options, left_out = real_options(tiny_options, real, mesh)
-    at_real = solve_plan(real, mesh, memory_limit, flop_rate, options, goals=goals)
+    at_real = solve_plan(real, mesh, memory_limit, flop_rate, options, goals=goals, solver=solver)
     mapped = build_plan(tiny, mesh, at_real.choices(), tiny_options, flop_rate, where=f"real-size plan ({real_size.label})")
     sharded = tuple(n.node for n in at_real.nodes if shards(n.strategy))
     return mapped, RealSizePlan(real_size.label, at_real, sharded, tuple(left_out))

@@ -1,11 +1,14 @@
-"""What a plan check runs: a model and its example inputs as a picklable recipe (a graph module
-travels as the very graph that was planned), captured in float64 by fx or export."""
+"""What a plan check runs: a model and its example inputs as a picklable recipe, captured in
+float64 by fx or export, and the graph the plan was made on: ranks in this process run that very
+graph (the model is captured once); a worker process, to which an exported graph does not pickle
+(its ATen targets), captures the model again and refuses a graph whose nodes are not the planned
+graph's, so the graph planned is always the graph checked."""
 
 from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx
@@ -13,7 +16,7 @@ from torch import fx
 from shardverify.capture.decompose import decompose_unserved
 from shardverify.capture.export import export_graph
 from shardverify.capture.fx import forward_names, trace
-from shardverify.errors import InvalidArgument
+from shardverify.errors import InvalidArgument, VerificationError
 from shardverify.plan.coverage import unserved
 
 __all__ = ["CAPTURES", "ModelRecipe", "as_float64", "traced", "float64_copy", "TRACE_LOCK"]
@@ -40,19 +43,30 @@ class ModelRecipe:
     inputs: tuple[torch.Tensor, ...]
     seed: int = 0
     capture: str = "fx"
+    #: the float64 graph the plan was made on (capture_model's), run as it is in this process
+    graph: fx.GraphModule | None = field(default=None, compare=False, repr=False)
+    #: its node names, in order: what a worker's own capture must give
+    nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURES:
             raise InvalidArgument(f"capture must be one of {', '.join(CAPTURES)}, got {self.capture!r}")
+        if self.graph is not None and not self.nodes:
+            object.__setattr__(self, "nodes", tuple(node.name for node in self.graph.graph.nodes))
 
     def __reduce__(self):
-        """A GraphModule travels to a worker as its graph and the attributes its nodes name, so the
-        worker runs the very graph the plan was made for: pickling a GraphModule itself regenerates
-        it from its code, which drops unused nodes and can rename the others."""
+        """To a worker without the planned graph (it captures the model again, checked against
+        ``nodes``). A GraphModule model travels as its graph and the attributes its nodes name:
+        pickling a GraphModule itself regenerates it from its code, which drops unused nodes and
+        can rename the others."""
         if isinstance(self.module, fx.GraphModule):
             return _graph_recipe, (_graph_attributes(self.module), self.module.graph, self.inputs, self.seed,
-                                   self.capture)
-        return ModelRecipe, (self.module, self.inputs, self.seed, self.capture)
+                                   self.capture, self.nodes)
+        return _recipe, (self.module, self.inputs, self.seed, self.capture, self.nodes)
+
+
+def _recipe(module, inputs, seed: int, capture: str, nodes: tuple[str, ...]) -> ModelRecipe:
+    return ModelRecipe(module, inputs, seed, capture, None, nodes)
 
 
 def _graph_attributes(graph_module: fx.GraphModule) -> dict[str, object]:
@@ -66,8 +80,9 @@ def _graph_attributes(graph_module: fx.GraphModule) -> dict[str, object]:
     return found
 
 
-def _graph_recipe(attributes: dict, graph: fx.Graph, inputs, seed: int, capture: str) -> ModelRecipe:
-    return ModelRecipe(fx.GraphModule(attributes, graph), inputs, seed, capture)
+def _graph_recipe(attributes: dict, graph: fx.Graph, inputs, seed: int, capture: str,
+                  nodes: tuple[str, ...] = ()) -> ModelRecipe:
+    return ModelRecipe(fx.GraphModule(attributes, graph), inputs, seed, capture, None, nodes)
 
 
 def as_float64(x: torch.Tensor) -> torch.Tensor:
@@ -76,12 +91,24 @@ def as_float64(x: torch.Tensor) -> torch.Tensor:
 
 
 def traced(recipe: ModelRecipe) -> fx.GraphModule:
+    """The recipe's float64 graph: the planned graph itself, or the module captured now (and then,
+    when the recipe names the planned graph's nodes, refused unless it has those nodes)."""
+    if recipe.graph is not None:
+        return recipe.graph
     module = float64_copy(recipe.module)
     inputs = [as_float64(x) for x in recipe.inputs]
     if recipe.capture == "export":   # a node no handler serves, decomposed into ops that are served
         graph = export_graph(module, inputs)
-        return decompose_unserved(graph, lambda node: unserved(node, graph))
-    return trace(module, dict(zip(forward_names(module, len(inputs)), inputs)))
+        graph = decompose_unserved(graph, lambda node: unserved(node, graph))
+    else:
+        graph = trace(module, dict(zip(forward_names(module, len(inputs)), inputs)))
+    names = tuple(node.name for node in graph.graph.nodes)
+    if recipe.nodes and names != recipe.nodes:
+        other = sorted(set(recipe.nodes) ^ set(names))[:5]
+        raise VerificationError(f"this rank's {recipe.capture} capture of {type(recipe.module).__name__} is not the "
+                                f"graph the plan was made on ({len(names)} nodes against {len(recipe.nodes)}; "
+                                f"differing: {other or 'their order'})")
+    return graph
 
 
 def float64_copy(module: torch.nn.Module) -> torch.nn.Module:

@@ -40,6 +40,8 @@ def reference_run(recipe: ModelRecipe):
     uninitialised memory, whose values are the allocator's leftovers: returned last so the ranks
     skip the same nodes), the inputs and the parameters."""
     gm = traced(recipe)
+    for parameter in gm.parameters():   # a planned graph may have run before: its gradients are this run's
+        parameter.grad = None
     inputs = [as_float64(x.detach()).clone().requires_grad_(x.is_floating_point()) for x in recipe.inputs]
     values: dict[str, object] = {}
     skipped = weights_only(gm) | uninitialised_nodes(gm)

@@ -14,15 +14,15 @@ from shardverify.errors import BackendError, InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
 from shardverify.plan.capture_model import Captured, as_shardverify_error, capture_model
-from shardverify.plan.compare import PlanMismatch
 from shardverify.plan.execute import failed_node, rank_run_plan
 from shardverify.plan.recipe import ModelRecipe, as_float64
 from shardverify.plan.inputs import with_keywords
 from shardverify.plan.build import build_plan
 from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
 from shardverify.plan.real_size import RealSize, RealSizePlan, solve_real_size
-from shardverify.plan.solver import solve_plan
+from shardverify.plan.solver import Solver, solve_plan
 from shardverify.verify.on_demand import OnDemandVerifier
+from shardverify.verify.report import Mismatch
 
 __all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan", "strict_problems"]
 
@@ -31,7 +31,7 @@ __all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_
 class PlanResult:
     plan: Plan
     backend: str
-    mismatches: tuple[PlanMismatch, ...]
+    mismatches: tuple[Mismatch, ...]
     coverage: Coverage | None = None
     strict: bool = False            # a pass needs every tensor op handled and something sharded
     notes: tuple[str, ...] = ()     # how the model was captured, when not as asked
@@ -52,7 +52,7 @@ class PlanResult:
         """The plan runs every op replicated: a pass then checked no sharding at all."""
         return self.coverage is not None and not self.coverage.sharded
 
-    def first_divergence(self) -> PlanMismatch | None:
+    def first_divergence(self) -> Mismatch | None:
         """The first node (graph order) whose output diverges in forward; else, in backward, the
         node that passes a wrong gradient back (the owner of the missing or wrong reduction:
         :mod:`shardverify.plan.blame`); else the last node whose output gradient diverges (the
@@ -75,9 +75,9 @@ class PlanResult:
         item = self.plan.node(first.node) if first.phase != "error" else None
         status = self._status(first.node)
         source = status.source if status is not None else ""    # the model node a decomposed piece came from
-        lines = [f"FAIL: backward: node {first.node!r}{source} is the first in backward order whose {first.what} "
+        lines = [f"FAIL: backward: node {first.node!r}{source} is the first in backward order whose {first.tensor} "
                  "diverges" if first.phase == "owner" else
-                 f"FAIL: {first.phase} {first.what} diverges first at node {first.node!r}{source}"
+                 f"FAIL: {first.phase} {first.tensor} diverges first at node {first.node!r}{source}"
                  + (f" (max abs error {first.max_abs_err:.3g})" if first.phase != "error" else "")]
         if item is not None:
             lines.append(f"  strategy: {node_label(item, self.coverage)}")
@@ -103,11 +103,11 @@ class PlanResult:
                                        "target": str(r.target), "steps": [str(s) for s in r.steps]}
                                       for r in n.reshards if r.steps]} for n in self.plan.nodes],
             "first_divergence": None if first is None else {
-                "node": first.node, "phase": first.phase, "what": first.what,
+                "node": first.node, "phase": first.phase, "what": first.tensor,
                 "decomposed_from": None if status is None or status.origin is None else list(status.origin)},
             "coverage": None if self.coverage is None else self.coverage.to_json(),
             "real_size": None if self.real_size is None else self.real_size.to_json(),
-            "mismatches": [str(m) for m in self.mismatches],
+            "mismatches": [m.describe() for m in self.mismatches],
         }
 
 
@@ -161,24 +161,28 @@ def _as_mesh(mesh) -> DeviceMesh:
 def make_plan(module: torch.nn.Module, example_inputs, mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
               flop_rate: float = FLOP_RATE, capture: str = "auto", goals: PlanGoals = PlanGoals(),
-              verified_only: bool = False, cost_size: RealSize | None = None) -> Plan:
-    """The solver's plan (``plan=None``; for the costs at ``cost_size`` when given), or the user's
-    ``{node: strategy name}`` completed."""
+              verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None) -> Plan:
+    """The solver's plan (``plan=None``; for the costs at ``cost_size`` when given; ``solver``: CBC when
+    None), or the user's ``{node: strategy name}`` completed."""
     return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
-                              verified_only, cost_size)[0]
+                              verified_only, cost_size, solver)[0]
 
 
 def plan_with_coverage(module: torch.nn.Module, example_inputs, mesh,
                        plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
                        flop_rate: float = FLOP_RATE, capture: str = "auto",
                        goals: PlanGoals = PlanGoals(), verified_only: bool = False,
-                       cost_size: RealSize | None = None) -> tuple[Plan, Coverage]:
+                       cost_size: RealSize | None = None, solver: Solver | None = None) -> tuple[Plan, Coverage]:
     """:func:`make_plan` and the account of the model's op nodes under it (from one capture).
     A call outside its spec's grid is verified where it is met (its strategies that pass are
     offered, the verdicts kept on disk), or refused with ``verified_only``."""
     module, inputs = with_keywords(module, example_inputs)
-    return _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals, verified_only,
-                    cost_size)[:2]
+    found = _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals, verified_only,
+                     cost_size, solver)[:2]
+    # the captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
+    # export's state): collected now, not whenever the collector next runs, mid-check
+    gc.collect()
+    return found
 
 
 def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
@@ -196,7 +200,7 @@ def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
 
 
 def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
-             verified_only: bool = False, cost_size: RealSize | None = None
+             verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None
              ) -> tuple[Plan, Coverage, Captured, RealSizePlan | None]:
     mesh = _as_mesh(mesh)
     captured = capture_model(module, tuple(inputs), _capture_for(capture, cost_size, plan))
@@ -206,27 +210,29 @@ def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals
         with (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
             options, statuses = classify_nodes(gm, mesh, on_demand)
         if cost_size is not None:
-            plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, flop_rate, goals)
+            plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, flop_rate, goals, solver)
         elif not isinstance(plan, Plan):
-            plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals) if plan is None else \
+            plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals, solver=solver) if plan is None else \
                 build_plan(gm, mesh, dict(plan), options, flop_rate)
     except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
         raise as_shardverify_error(error, f"planning {type(module).__name__}") from error
-    # the captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
-    # export's state): collected now, not whenever the collector next runs, mid-check
-    captured = Captured(None, captured.capture, captured.note)  # type: ignore[arg-type]
-    del gm, options
-    gc.collect()
+    del options
     return plan, Coverage.of(statuses, plan, on_demand), captured, at_real
 
 
 def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
-             timeout: float | None = None, *, capture: str = "fx", coverage: Coverage | None = None) -> PlanResult:
+             timeout: float | None = None, *, capture: str = "fx", coverage: Coverage | None = None,
+             graph: Captured | None = None) -> PlanResult:
+    """Verify ``plan`` on ``backend``'s ranks, forward and backward, against the single device.
+    ``graph``: the graph the plan was made on (:func:`verify_plan` passes its capture); when None,
+    ``module`` is captured here by ``capture`` once. The plan's nodes must be that graph's; ranks
+    in this process run it as it is, worker processes capture ``module`` and refuse another graph."""
     if tuple(plan.mesh_shape) != tuple(backend.mesh.shape):
         raise InvalidArgument(f"plan is for mesh {plan.mesh_shape}, the backend's mesh is {backend.mesh.shape}")
-    if capture == "auto":   # the capture the plan was made on: fx if it traces the model, else export
-        capture = capture_model(module, tuple(example_inputs), capture).capture
-    recipe = ModelRecipe(module, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed, capture)
+    captured = graph if graph is not None else capture_model(module, tuple(example_inputs), capture)
+    _same_nodes(plan, captured.graph)
+    recipe = ModelRecipe(module, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed,
+                         captured.capture, captured.graph)
     from shardverify.verify.engine import _backend_name
 
     name = _backend_name(backend)
@@ -238,16 +244,29 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
         frames = [line.strip() for line in getattr(error, "traceback_text", "").splitlines()
                   if line.strip().startswith("File ")][-3:]
         detail = str(error) + ("".join(f"\n      {frame}" for frame in frames) if frames else "")
-        return PlanResult(plan, str(name), tuple(PlanMismatch("error", order, node, detail, int(r)) for r in ranks),
+        return PlanResult(plan, str(name), tuple(Mismatch("error", int(r), detail, phase="error", node=node, order=order) for r in ranks),
                           coverage)
     return PlanResult(plan, str(name), tuple(m for report in reports for m in report), coverage)
+
+
+def _same_nodes(plan: Plan, graph) -> None:
+    """Refuse a plan made on another graph than the one the ranks would run (another capture, or
+    another model): its node names would name nodes the ranks do not have."""
+    names = [node.name for node in graph.graph.nodes]
+    if [item.node for item in plan.nodes] != names:
+        missing = sorted(set(item.node for item in plan.nodes) - set(names))[:5]
+        raise InvalidArgument(f"the plan was made on another graph than the one captured to run it "
+                              f"({len(plan.nodes)} plan nodes, {len(names)} graph nodes"
+                              + (f"; not in the graph: {missing}" if missing else "; in another order")
+                              + "): make the plan with the same model, inputs and capture")
 
 
 def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, backend: str | object = "simulated",
                 memory_limit: int | None = None, seed: int = 0, capture: str = "auto",
                 min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False,
                 timeout: float | None = None, strict: bool = False,
-                verified_only: bool = False, cost_size: RealSize | None = None) -> PlanResult:
+                verified_only: bool = False, cost_size: RealSize | None = None,
+                solver: Solver | None = None) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
     the single-device model, forward and backward. ``example_inputs``: a tensor, a sequence of
@@ -266,7 +285,8 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     the model at the size it will train at (:class:`~shardverify.plan.real_size.RealSize`): the
     solver takes its costs (and ``memory_limit`` its memory) from that size, and its plan is mapped
     onto ``model`` node by node and verified there (``result.real_size`` says what it cost and what
-    was left out). Every error but a verification failure is a ShardVerifyError."""
+    was left out). ``solver``: what picks the plan (:class:`~shardverify.plan.solver.Solver`; CBC when
+    None). Every error but a verification failure is a ShardVerifyError."""
     from shardverify.backends import get_backend
     from shardverify.backends.registry import backend_kind
 
@@ -276,15 +296,14 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     mesh = _as_mesh(mesh)
     goals = PlanGoals(min_sharded, shard_weights, data_parallel)
     chosen, coverage, captured, at_real = _planned(model, inputs, mesh, plan, memory_limit, FLOP_RATE, capture,
-                                                  goals, verified_only, cost_size)
+                                                  goals, verified_only, cost_size, solver)
     notes = (captured.note,) if captured.note else ()
     if isinstance(backend, str):
         runner = get_backend(backend, mesh)
         try:
-            result = run_plan(runner, model, inputs, chosen, seed, timeout, capture=captured.capture,
-                              coverage=coverage)
+            result = run_plan(runner, model, inputs, chosen, seed, timeout, coverage=coverage, graph=captured)
         finally:
             runner.close()
     else:
-        result = run_plan(backend, model, inputs, chosen, seed, timeout, capture=captured.capture, coverage=coverage)
+        result = run_plan(backend, model, inputs, chosen, seed, timeout, coverage=coverage, graph=captured)
     return replace(result, strict=strict, notes=notes, real_size=at_real)

@@ -25,6 +25,11 @@ class Mismatch:
     (declared memory cost differs from the local shard bytes), "cost" (declared compute or
     communication cost differs from the measured op call and collectives), "error" (the rank raised,
     died or hung; ``rank`` is -1 when every rank is concerned).
+
+    A whole-model plan's check says where in the model: ``phase`` ("forward": a node's output,
+    "backward": its output gradient, "owner": the node passing a wrong gradient back, "grad": an
+    input's or a weight's gradient, "error"), the ``node`` and its ``order`` in the graph (of the
+    node using the tensor, for "grad").
     """
 
     kind: str
@@ -38,6 +43,9 @@ class Mismatch:
     rtol: float | None = None
     atol: float | None = None
     dtype: str | None = None
+    phase: str = ""
+    node: str = ""
+    order: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -45,6 +53,9 @@ class Mismatch:
 
     def describe(self) -> str:
         who = "all ranks" if self.rank < 0 else f"rank {self.rank}"
+        if self.phase:
+            err = f": max abs error {self.max_abs_err or 0.0:.3g}" if self.kind != "error" else ""
+            return f"{who}: {self.phase} {self.tensor} at node {self.node!r}{err}"
         if self.kind == "values":
             where = f"{who}: {self.tensor} (local shape {self.actual_shape}, {self.dtype}): "
             if self.detail:   # a non-finite disagreement, or a low-precision error budget

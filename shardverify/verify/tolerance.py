@@ -14,7 +14,8 @@ import torch
 from shardverify.errors import InvalidArgument
 from shardverify.spec.fields import dtype_from_name
 
-__all__ = ["Tolerance", "DEFAULT_TOLERANCES", "tolerance_for", "compare", "is_close", "as_real"]
+__all__ = ["Tolerance", "SummedTolerance", "DEFAULT_TOLERANCES", "tolerance_for", "compare", "max_error", "is_close",
+           "as_real"]
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,37 @@ def is_close(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, *, fi
     if finite and math.isfinite(tol.atol) and math.isfinite(tol.rtol):
         return _within((actual - expected).abs(), expected, tol)
     return compare(actual, expected, tol).close
+
+
+@dataclass(frozen=True)
+class SummedTolerance(Tolerance):
+    """``|actual - expected| <= atol + rtol * (|expected| + max |expected|)``: a value computed
+    below float64 whose elements are sums of terms (a gradient), each keeping the rounding of its
+    terms (the tensor's largest element standing in for them), not of its sum. A sharding bug (a
+    missing or doubled reduction) is off by the values themselves, far outside it."""
+
+
+_CHUNK = 1 << 20
+
+
+def max_error(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> float | None:
+    """:func:`compare`'s rule, a million elements at a time (comparing a whole weight at once held
+    two float64 copies of it): the largest absolute error of the chunks out of ``tol`` (inf for a
+    non-finite disagreement), or None when ``actual`` is close to ``expected``. Bool and integer
+    values are compared exactly; shapes must already match."""
+    with torch.no_grad():
+        got, want = actual.detach().reshape(-1), expected.detach().reshape(-1)
+        exact = not (got.is_floating_point() or got.is_complex()) and not (want.is_floating_point()
+                                                                           or want.is_complex())
+        if exact:
+            tol = Tolerance(0.0, 0.0)
+        elif isinstance(tol, SummedTolerance) and want.numel():
+            largest = max(float(as_real(want[start:start + _CHUNK]).abs().nan_to_num(0.0, 0.0, 0.0).max())
+                          for start in range(0, want.numel(), _CHUNK))
+            tol = Tolerance(tol.rtol, tol.atol + tol.rtol * largest)
+        worst = None
+        for start in range(0, got.numel(), _CHUNK):
+            found = compare(got[start:start + _CHUNK], want[start:start + _CHUNK], tol)
+            if not found.close:
+                worst = max(worst or 0.0, found.max_abs_err)
+        return worst

@@ -1,0 +1,94 @@
+"""The CBC solver: a plan problem as an integer linear program, solved by CBC through PuLP
+(pinned in pyproject.toml; the wheel bundles the CBC binary, so it runs offline).
+
+Why an ILP and not dynamic programming: models are DAGs, not chains (a residual add consumes
+two branches, attention feeds q, k, v from one input), and the memory limit couples every node;
+an exact DP needs a chain and no global constraint. The formulation is the usual one (as in
+Alpa/ColossalAI): a binary ``x[n, k]`` per node and option, summing to 1 per node; for an edge
+whose two ends both have a choice, continuous ``y[e, i, j] >= 0`` over the edge's source and
+target classes with ``sum_j y = sum of the source class's x`` and ``sum_i y = sum of the target
+class's x`` (so ``y`` is 1 exactly on the chosen pair) carries the resharding cost.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pulp
+
+from shardverify.errors import StrategyError
+from shardverify.plan.goals import PlanInfeasible, Requirements
+from shardverify.plan.problem import PlanProblem
+
+__all__ = ["CBC"]
+
+
+class CBC:
+    """The default :class:`~shardverify.plan.solver.Solver`: exact, any graph."""
+
+    name = "cbc"
+
+    def solve(self, problem: PlanProblem, needs: Requirements) -> dict[str, int]:
+        choices = problem.choices
+        program = pulp.LpProblem("shardverify_plan", pulp.LpMinimize)
+        x = {name: [pulp.LpVariable(f"x_{i}_{k}", cat="Binary") for k in range(len(options))]
+             for i, (name, options) in enumerate(choices.items())}
+        objective = []
+        memory = []
+        for name, options in choices.items():
+            program += pulp.lpSum(x[name]) == 1, f"one_{name}"
+            for var, option in zip(x[name], options):
+                own = problem.own_cost(option)
+                objective.append(own.seconds * var)
+                if option.strategy is not None:
+                    memory.append(own.memory * var)
+        for edge in problem.edges:
+            if len(edge.sources) == 1 or len(edge.targets) == 1:      # one end's choice decides the cost
+                for i, sps in enumerate(edge.sources):
+                    for j, scs in enumerate(edge.targets):
+                        cost = edge.costs[i][j]
+                        if cost:
+                            objective += ([cost * x[edge.consumer][k] for k in scs] if len(edge.sources) == 1 else
+                                          [cost * x[edge.producer][k] for k in sps])
+                continue
+            y = {(i, j): pulp.LpVariable(f"y_{edge.position}_{edge.slot}_{i}_{j}", lowBound=0)
+                 for i in range(len(edge.sources)) for j in range(len(edge.targets))}
+            for i, sps in enumerate(edge.sources):
+                program += pulp.lpSum(y[i, j] for j in range(len(edge.targets))) == \
+                    pulp.lpSum(x[edge.producer][k] for k in sps)
+            for j, scs in enumerate(edge.targets):
+                program += pulp.lpSum(y[i, j] for i in range(len(edge.sources))) == \
+                    pulp.lpSum(x[edge.consumer][k] for k in scs)
+            for i in range(len(edge.sources)):
+                for j in range(len(edge.targets)):
+                    if edge.costs[i][j]:
+                        objective.append(edge.costs[i][j] * y[i, j])
+        program += pulp.lpSum(objective)
+        if needs.memory_limit is not None:
+            program += pulp.lpSum(memory) <= needs.memory_limit, "memory"
+        for need in needs.at_least:
+            program += pulp.lpSum(x[name][k] for name, k in need.options) >= need.count, need.name
+        for rule in needs.ruled_out:
+            program += pulp.lpSum(x[rule.node][k] for k in rule.options) == 0, rule.name
+        status = _solve(program)
+        if pulp.LpStatus[status] != "Optimal":
+            if needs.memory_limit is not None:
+                raise PlanInfeasible(f"no plan fits the memory limit of {needs.memory_limit} bytes per device on mesh "
+                                     f"{problem.mesh.shape} (solver status {pulp.LpStatus[status]})")
+            raise StrategyError(f"the plan solver ended with status {pulp.LpStatus[status]}")
+        return {name: max(range(len(options)), key=lambda k: x[name][k].value() or 0.0)
+                for name, options in choices.items()}
+
+
+def _solve(program: pulp.LpProblem) -> int:
+    """CBC on ``program``, its model and solution files (``*-pulp.mps``, ``*-pulp.sol``) in a
+    folder of their own that is removed however the solve ends: PuLP writes them to TMPDIR and
+    deletes them only after a solve that returns, so a stop (Ctrl-C, SIGTERM) left them behind."""
+    folder = tempfile.mkdtemp(prefix="shardverify-solver-")
+    try:
+        solver = pulp.PULP_CBC_CMD(msg=0)
+        solver.tmpDir = folder
+        return program.solve(solver)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,225 @@
+"""The planning problem, one object the solver and the plan's assembly both read: each node's
+options (a strategy, or none for a node that runs generically, and which AFTER all-reduce axes
+it leaves to the resharding), the edges between nodes grouped into classes, and the one cost
+function: an option's own declared seconds and an edge's resharding seconds.
+
+An edge's cost depends only on the producer's output layout and on the layout the consumer
+wants, so options alike in those are one class: a solver pairs classes, not options, which
+keeps a program exact with a fraction of the variables (:class:`EdgeClasses`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
+
+from torch import fx
+
+from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, node_layouts,
+                                    node_options)
+from shardverify.plan.model import FLOP_RATE, Reshard
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.sharding.reshard_plan import Layout
+from shardverify.sharding.strategy import ShardingStrategy
+
+__all__ = ["Option", "OwnCost", "EdgeClasses", "PlanProblem"]
+
+
+class Option(NamedTuple):
+    """One choice of a node: its strategy (None: it runs generically) and the mesh axes of the
+    strategy's AFTER all-reduce left to the resharding that follows (() for none)."""
+
+    strategy: ShardingStrategy | None
+    deferred: tuple[int, ...] = ()
+
+
+class OwnCost(NamedTuple):
+    """An option's declared seconds (compute at the flop rate, communication, and the deferred
+    all-reduce's seconds that deferring saves) and bytes per device."""
+
+    compute: float
+    communication: float
+    saving: float
+    memory: int
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.communication - self.saving
+
+
+@dataclass(frozen=True)
+class EdgeClasses:
+    """The edge from ``producer`` into ``consumer`` (node names; ``position``: the consumer's
+    index in graph order, ``slot``: the producer's among the consumer's producers), its options
+    in classes: ``sources`` the producer's option indices alike in output layout, ``targets`` the
+    consumer's alike in what they want of it; ``costs[i][j]`` the resharding seconds of source
+    class i into target class j."""
+
+    producer: str
+    consumer: str
+    position: int
+    slot: int
+    sources: tuple[tuple[int, ...], ...]
+    targets: tuple[tuple[int, ...], ...]
+    costs: tuple[tuple[float, ...], ...]
+
+    def cost(self, producer_option: int, consumer_option: int) -> float:
+        i = next(i for i, found in enumerate(self.sources) if producer_option in found)
+        j = next(j for j, found in enumerate(self.targets) if consumer_option in found)
+        return self.costs[i][j]
+
+
+def _hashable(layout):
+    """A node's output layout as a dict key (a tuple-valued node has a list of them)."""
+    return tuple(layout) if isinstance(layout, list) else layout
+
+
+def _classes(keys: list) -> dict:
+    """key -> the indices having it, in first-seen order."""
+    found: dict = {}
+    for index, key in enumerate(keys):
+        found.setdefault(key, []).append(index)
+    return found
+
+
+def _variants(strategies, defer: bool) -> tuple[Option, ...]:
+    """A node's options: each strategy as declared and, with ``defer``, also with its output left
+    partial for the resharding to reduce."""
+    if not strategies:
+        return (Option(None),)
+    found = []
+    for strategy in strategies:
+        found.append(Option(strategy))
+        if defer and deferrable(strategy):
+            found.append(Option(strategy, deferrable(strategy)))
+    return tuple(found)
+
+
+def _fed_as_partial(graph_module: fx.GraphModule, options: Mapping[str, list[ShardingStrategy] | None],
+                    mesh: DeviceMesh, defer: bool) -> dict[str, list[ShardingStrategy] | None]:
+    """The options worth a choice: a strategy taking a partial-sum input only where some producer
+    can hand that partial value over as it is (a deferred reduction, :func:`deferrable`). Fed
+    from a full value, it zeroes the value on all but one rank and reduces after the op what the
+    same layout without the partial input never needed to; left in, such options would multiply
+    a solver's choices for nothing. Nodes are taken in graph order (producers first)."""
+    partial_out: dict[str, set[Layout]] = {}
+    kept: dict[str, list[ShardingStrategy] | None] = {}
+    for node in graph_module.graph.nodes:
+        found = options.get(node.name)
+        if not found:
+            kept[node.name] = found
+            continue
+
+        def fed(strategy: ShardingStrategy) -> bool:
+            wanted = {operand: (producer.name, target) for operand, producer, _, target
+                      in edge_targets(node, strategy, mesh)}
+            return any(p.operand in wanted and wanted[p.operand][1] in partial_out.get(wanted[p.operand][0], ())
+                       for p in strategy.partial_inputs)
+
+        chosen = [s for s in found if not s.partial_inputs or fed(s)] or list(found)
+        kept[node.name] = chosen
+        if defer:
+            partial_out[node.name] = {node_layouts(node, s, mesh, deferrable(s)) for s in chosen if deferrable(s)}
+    return kept
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    """A traced model's planning problem on ``mesh``. ``options``: node name -> the strategies it
+    is offered (None: it runs generically; :func:`~shardverify.plan.graph.node_options` when not
+    given); ``defer``: whether an option may leave its AFTER all-reduce to the resharding. The
+    choices, layouts and edge classes are derived once, when first asked for."""
+
+    graph: fx.GraphModule
+    mesh: DeviceMesh
+    options: Mapping[str, list[ShardingStrategy] | None]
+    flop_rate: float = FLOP_RATE
+    defer: bool = True
+    _edge_costs: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, graph: fx.GraphModule, mesh: DeviceMesh,
+           options: Mapping[str, list[ShardingStrategy] | None] | None = None, flop_rate: float = FLOP_RATE,
+           defer: bool = True) -> PlanProblem:
+        return cls(graph, mesh, node_options(graph, mesh) if options is None else options, flop_rate, defer)
+
+    # -- the one cost function -------------------------------------------------------------
+    def own_cost(self, option: Option) -> OwnCost:
+        """What an option costs by itself (a generic node: nothing)."""
+        strategy, deferred = option
+        if strategy is None:
+            return OwnCost(0.0, 0.0, 0.0, 0)
+        saving = deferred_saving(strategy, deferred, self.mesh) if deferred else 0.0
+        return OwnCost(strategy.compute_cost.total / self.flop_rate, strategy.communication_cost.total, saving,
+                       strategy.memory_cost.total.total)
+
+    def reshard(self, node: fx.Node, operand: str, producer: fx.Node, source, target: Layout,
+                index: int | None = None) -> Reshard:
+        """The resharding of ``producer``'s output (element ``index`` of a tuple) into ``target``."""
+        return make_reshard(node, operand, producer, source, target, self.mesh, index)
+
+    def edge_cost(self, node: fx.Node, producer: fx.Node, source, wanted: tuple) -> float:
+        """The resharding seconds of ``producer``'s output laid out as ``source`` into what
+        ``node`` wants of it: ``wanted`` is ((operand, element or None, layout), ...). Many edges
+        share a (layout, target, dtype): each is costed once."""
+        total = 0.0
+        for operand, index, target in wanted:
+            picked = source[index] if index is not None and isinstance(source, list) else source
+            key = (_hashable(picked), target, getattr(producer.meta.get("tensor_meta"), "dtype", None))
+            if key not in self._edge_costs:   # (make_reshard names an output that is no single tensor)
+                self._edge_costs[key] = self.reshard(node, operand, producer, source, target, index).cost
+            total += self._edge_costs[key]
+        return total
+
+    # -- what a solver chooses among ------------------------------------------------------
+    @cached_property
+    def nodes(self) -> tuple[fx.Node, ...]:
+        return tuple(self.graph.graph.nodes)
+
+    @cached_property
+    def choices(self) -> dict[str, tuple[Option, ...]]:
+        """node name -> its options, in graph order (:func:`_fed_as_partial`, then :func:`_variants`)."""
+        kept = _fed_as_partial(self.graph, self.options, self.mesh, self.defer)
+        return {n.name: _variants(kept[n.name], self.defer) for n in self.nodes}
+
+    @cached_property
+    def layouts(self) -> dict[str, list]:
+        """node name -> each option's output layout."""
+        return {n.name: [node_layouts(n, strategy, self.mesh, deferred) for strategy, deferred in self.choices[n.name]]
+                for n in self.nodes}
+
+    @cached_property
+    def edges(self) -> tuple[EdgeClasses, ...]:
+        """Every edge in classes, by consumer in graph order, then producer as the consumer meets it."""
+        found = []
+        for position, node in enumerate(self.nodes):
+            options = self.choices[node.name]
+            # producer -> what each option of this node wants of its output: ((operand, element, layout), ...)
+            wants: dict[str, list[tuple]] = {}
+            feeds: dict[str, fx.Node] = {}
+            for k, (strategy, _) in enumerate(options):
+                for operand, producer, index, target in edge_targets(node, strategy, self.mesh):
+                    feeds[producer.name] = producer
+                    wanted = wants.setdefault(producer.name, [()] * len(options))
+                    wanted[k] += ((operand, index, target),)
+            for slot, (name, wanted) in enumerate(wants.items()):
+                layouts = self.layouts[name]
+                sources = _classes([_hashable(layout) for layout in layouts])
+                targets = _classes(wanted)
+                costs = tuple(tuple(self.edge_cost(node, feeds[name], layouts[sps[0]], t_key) for t_key in targets)
+                              for sps in sources.values())
+                found.append(EdgeClasses(name, node.name, position, slot,
+                                         tuple(tuple(s) for s in sources.values()),
+                                         tuple(tuple(t) for t in targets.values()), costs))
+        return tuple(found)
+
+    def seconds(self, chosen: Mapping[str, int]) -> float:
+        """The declared seconds of ``chosen`` (node name -> option index): what a solver minimises."""
+        own = sum(self.own_cost(self.choices[name][k]).seconds for name, k in chosen.items())
+        return own + sum(edge.cost(chosen[edge.producer], chosen[edge.consumer]) for edge in self.edges)
+
+    def memory(self, chosen: Mapping[str, int]) -> int:
+        """The declared bytes per device of ``chosen``."""
+        return sum(self.own_cost(self.choices[name][k]).memory for name, k in chosen.items())
