@@ -43,7 +43,7 @@ def test_cumsum_of_a_negative_dim_is_confirmed_on_4_gloo_processes_and_not_run_a
     examples = {k: {**e, "spec_hash": "0" * 12} for k, (_, e) in class_examples([result], [spec], ROOT).items()}
     assert load_confirmations(tmp_path, confirmation.torch, examples) == {}
     page = markdown([result], None, "shardverify dtensor cumsum", confirmation.torch, confirmations=found)
-    assert "**confirmed** on 4 real gloo processes" in page and "1 silent-wrong class(es): 1 confirmed" in page
+    assert "**confirmed** on 4 real gloo processes" in page and "- 1 `silent-wrong` class(es): 1 confirmed" in page
 
 
 @pytest.mark.dist
@@ -85,3 +85,11 @@ def test_verdict_lines_decide_the_class_a_silent_class_that_raises_on_gloo_diffe
     assert decide("silent-wrong", late, 2, False, 9) == (
         "differs", "late-failure on real processes: the backward raises RuntimeError: no")
     assert decide("silent-wrong", line([0], "right"), 2, False, 9)[0] == "aborted"    # rank 1 said nothing
+
+
+def test_confirm_without_a_results_folder_is_a_usage_error(capsys):
+    from shardverify.cli.main import main
+
+    assert main(["dtensor", "cumsum", "--mesh", "4", "--confirm", "--root", str(ROOT)]) == 2
+    assert "--confirm stores what it finds beside the results: give --results DIR or --from-json DIR" in (
+        capsys.readouterr().err)

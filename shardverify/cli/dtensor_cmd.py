@@ -324,12 +324,13 @@ def _unreproduced(confirmations) -> list[str]:
 
 
 def _gloo_verdict(confirmations) -> str:
+    """The verdict line's part on real gloo processes: classes run there, confirmed, not reproduced."""
     if not confirmations:
         return ""
     missed = _unreproduced(confirmations)
     confirmed = sum(c.status == "confirmed" for c in confirmations.values())
-    return (f"; {confirmed} of {len(confirmations)} class(es) confirmed on real gloo processes"
-            + (f", {len(missed)} NOT REPRODUCED there" if missed else ""))
+    return (f"; of {len(confirmations)} class(es) run on real gloo processes {confirmed} confirmed"
+            + (f", {len(missed)} NOT REPRODUCED" if missed else ""))
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -339,6 +340,7 @@ def _command_line(args: argparse.Namespace) -> str:
     words += [f"--mesh {','.join(map(str, mesh))}" for mesh in args.mesh or ()]
     words += [f"--limit {args.limit}"] if args.limit is not None else []
     words += [f"--budget {args.budget:g}"] if args.budget is not None else []
+    words += ["--confirm" + (" all" if args.confirm == "all" else "")] if args.confirm else []
     return " ".join(words)
 
 

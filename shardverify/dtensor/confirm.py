@@ -135,6 +135,9 @@ def run_on_gloo(script: str, world: int, timeout: float) -> tuple[str, bool, flo
         except subprocess.TimeoutExpired:
             timed_out = True
             output = _stop(proc)
+        except BaseException:     # Ctrl-C: the processes of the class in progress end with this one
+            _stop(proc)
+            raise
     return output or "", timed_out, time.perf_counter() - start
 
 
@@ -192,7 +195,9 @@ def decide(klass: str, output: str, world: int, timed_out: bool, timeout: float)
     hits = {r: d for r, (s, d) in sorted(verdicts.items()) if s == EXPECTED[klass]}
     aborts = ", ".join(f"rank {r} killed by {name}" for r, name in sorted(killed.items()))
     if hits:
-        detail = f"{next(iter(hits.values()))} ({len(hits)} of {world} ranks)"
+        # a rank's own error before another's lost connection to it (gloo's "Connection closed by peer")
+        first = min(hits.values(), key=lambda d: "gloo/transport" in d or "Connection closed" in d)
+        detail = f"{first} ({len(hits)} of {world} ranks)"
         return "confirmed", detail + (f"; {aborts}" if aborts else "")
     if timed_out:
         return "timeout", (f"no result within {timeout:g} s; every process killed"
@@ -216,6 +221,13 @@ def _last_error(output: str) -> str:
         if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", text) and "ChildFailedError" not in text:   # torchrun's own
             return text[:300]
     return ""
+
+
+def _kept(output: str) -> str:
+    """What is stored of a run's output: every line the processes printed about DTensor, then the
+    end of the rest (torchrun's summary of who exited how)."""
+    said = [line for line in output.splitlines() if line.startswith(("rank ", "verdict ", VERDICT, "DTensor output"))]
+    return "\n".join(said)[-3000:] + "\n...\n" + output[-1500:]
 
 
 def script_sha(script: str) -> str:
@@ -273,7 +285,7 @@ def confirm_classes(results, specs, folder: Path, *, root: Path = Path("."), kla
             output, timed_out, seconds = run_on_gloo(script, world, timeout)
             status, detail = decide(finding.klass, output, world, timed_out, timeout)
         found = Confirmation(key, finding.klass, torch.__version__, example, status, detail, world,
-                             round(seconds, 1), script_sha(script), output[-3000:])
+                             round(seconds, 1), script_sha(script), _kept(output))
         save_confirmation(folder, found)
         done[key] = found
         if progress is not None:
