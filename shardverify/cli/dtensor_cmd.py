@@ -100,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
-    folder = args.from_json if args.from_json is not None and args.from_json.is_dir() else args.results
-    if args.confirm and folder is None:
+    folder = args.results if args.from_json is None else args.from_json if args.from_json.is_dir() else None
+    if args.confirm and folder is None:    # a saved --json file holds no place to store them
         print("error: --confirm stores what it finds beside the results: give --results DIR or --from-json DIR",
               file=sys.stderr)
         return USAGE
