@@ -65,7 +65,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "in the results folder (--results or --from-json DIR), run again only when the "
                              "class's example changed. Exit 1 when a class does not reproduce")
     parser.add_argument("--confirm-timeout", type=_seconds, default=None, metavar="SECONDS",
-                        help="seconds one class's torchrun may take before all its processes are killed (default 300)")
+                        help="seconds one class's torchrun may take before all its processes are killed "
+                             "(default 300; 0: no limit)")
     parser.add_argument("--upstream", nargs="?", type=Path, const=UPSTREAM, default=None, metavar="DIR",
                         help=f"re-run every upstream bug report's repro (default folder: {UPSTREAM}) on the installed "
                              "torch and say which are fixed (exit 1 when a repro neither reproduces nor passes)")
@@ -316,7 +317,7 @@ def _confirmations(args: argparse.Namespace, results, specs, folder: Path | None
                   f"{found.detail[:160]}", file=sys.stderr, flush=True)
 
     return confirm_classes(results, specs, folder, root=args.root, klasses=klasses, progress=said,
-                           timeout=args.confirm_timeout or DEFAULT_TIMEOUT)
+                           timeout=DEFAULT_TIMEOUT if args.confirm_timeout is None else args.confirm_timeout or None)
 
 
 def _unreproduced(confirmations) -> list[str]:

@@ -116,7 +116,7 @@ def save_confirmation(folder: Path, confirmation: Confirmation) -> None:
     os.replace(tmp, path)
 
 
-def run_on_gloo(script: str, world: int, timeout: float) -> tuple[str, bool, float]:
+def run_on_gloo(script: str, world: int, timeout: float | None) -> tuple[str, bool, float]:
     """(what torchrun printed, whether it timed out, seconds) of ``script`` on ``world`` gloo
     processes: ``torchrun --standalone`` (a free port: runs beside others), in a temporary folder,
     in a session of its own that is killed whole on timeout (no process outlives it)."""
@@ -254,7 +254,7 @@ def class_examples(results, specs, root: Path = Path("."), klasses=tuple(EXPECTE
 
 
 def confirm_classes(results, specs, folder: Path, *, root: Path = Path("."), klasses=("silent-wrong",),
-                    timeout: float = DEFAULT_TIMEOUT, progress=None) -> dict[str, Confirmation]:
+                    timeout: float | None = DEFAULT_TIMEOUT, progress=None) -> dict[str, Confirmation]:
     """Every class of ``klasses`` confirmed on gloo: a stored confirmation of the same example is
     kept, every other class's repro is made again from its spec and run under torchrun, and
     stored in ``folder`` as soon as it ran. ``progress(confirmation, reused)`` after each class."""
