@@ -112,7 +112,7 @@ def save_confirmation(folder: Path, confirmation: Confirmation) -> None:
     path = _path(folder, confirmation.torch, confirmation.key)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(confirmation.to_json(), indent=1) + "\n")
+    tmp.write_text(json.dumps(confirmation.to_json(), separators=(",", ":")) + "\n")
     os.replace(tmp, path)
 
 
@@ -223,11 +223,11 @@ def _last_error(output: str) -> str:
     return ""
 
 
-def _kept(output: str) -> str:
-    """What is stored of a run's output: every line the processes printed about DTensor, then the
-    end of the rest (torchrun's summary of who exited how)."""
-    said = [line for line in output.splitlines() if line.startswith(("rank ", "verdict ", VERDICT, "DTensor output"))]
-    return "\n".join(said)[-3000:] + "\n...\n" + output[-1500:]
+def _kept(output: str, status: str) -> str:
+    """What is stored of a run's output (the folder is committed): the verdicts the processes
+    printed, and unless confirmed the end of the rest (torchrun's summary of who exited how)."""
+    said = [line for line in output.splitlines() if line.startswith(("verdict ", "DTensor output"))]
+    return "\n".join(said)[-1500:] + ("" if status == "confirmed" else "\n...\n" + output[-1500:])
 
 
 def script_sha(script: str) -> str:
@@ -285,7 +285,7 @@ def confirm_classes(results, specs, folder: Path, *, root: Path = Path("."), kla
             output, timed_out, seconds = run_on_gloo(script, world, timeout)
             status, detail = decide(finding.klass, output, world, timed_out, timeout)
         found = Confirmation(key, finding.klass, torch.__version__, example, status, detail, world,
-                             round(seconds, 1), script_sha(script), _kept(output))
+                             round(seconds, 1), script_sha(script), _kept(output, status))
         save_confirmation(folder, found)
         done[key] = found
         if progress is not None:
