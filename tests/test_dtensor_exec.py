@@ -71,8 +71,10 @@ def test_the_repro_reproduces_on_real_gloo_processes_under_torchrun(conv2d_on_4,
                          cwd=tmp_path)
     assert run.returncode != 0
     # every real rank holds the full shape, with wrong values (a partial weight never summed)
-    assert sorted(line for line in run.stdout.splitlines() if line.startswith("rank ")) == [
+    lines = sorted(line for line in run.stdout.splitlines() if line.startswith("rank "))
+    assert [line.split(" (max abs error")[0] for line in lines] == [
         f"rank {r}: output shape (8, 16, 6, 6), WRONG" for r in range(4)], run.stdout + run.stderr[-2000:]
+    assert sum(line.startswith("VERDICT ") and '"status": "wrong"' in line for line in run.stdout.splitlines()) == 4
 
 
 def test_right_dtensor_results_agree_and_a_partial_input_it_reduces_first_is_a_missed_optimisation():

@@ -59,6 +59,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="report on the results a --json run saved (a file) or a --results folder holds (a "
                              "folder: the SPECs, --mesh and --limit chosen, saying how much is complete) instead "
                              "of running again (with --write, --accepted: the page and the verdict)")
+    parser.add_argument("--confirm", nargs="?", const="silent", choices=("silent", "all"), default=None,
+                        help="run each silent-corruption class's repro (all: and each late failure's) under torchrun "
+                             "on real gloo processes, one per rank, and say per class whether it reproduced; stored "
+                             "in the results folder (--results or --from-json DIR), run again only when the "
+                             "class's example changed. Exit 1 when a class does not reproduce")
+    parser.add_argument("--confirm-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="seconds one class's torchrun may take before all its processes are killed "
+                             "(default 300; 0: no limit)")
     parser.add_argument("--upstream", nargs="?", type=Path, const=UPSTREAM, default=None, metavar="DIR",
                         help=f"re-run every upstream bug report's repro (default folder: {UPSTREAM}) on the installed "
                              "torch and say which are fixed (exit 1 when a repro neither reproduces nor passes)")
@@ -92,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
         return USAGE
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return USAGE
+    folder = args.results if args.from_json is None else args.from_json if args.from_json.is_dir() else None
+    if args.confirm and folder is None:    # a saved --json file holds no place to store them
+        print("error: --confirm stores what it finds beside the results: give --results DIR or --from-json DIR",
+              file=sys.stderr)
         return USAGE
     if args.from_json is not None and args.from_json.is_dir():
         return _report_stored(args, accepted, specs, limit)
@@ -130,21 +143,24 @@ def run(args: argparse.Namespace) -> int:
     fresh = new_classes(results, accepted)
     executed = sum(r.executed for r in results)
     unchecked = _unchecked(results)
-    passed = not fresh and not unchecked
+    confirmations = _confirmations(args, results, specs, args.results)
+    passed = not fresh and not unchecked and not _unreproduced(confirmations)
     # The results reach stdout first: a file that cannot be written below loses none of them.
     if args.json:
         json.dump({"passed": passed, "seconds": round(time.perf_counter() - start, 3), "command": command,
                    "torch": torch.__version__, "executed": executed, "unchecked": unchecked,
                    "new_classes": [f.key() for f in fresh],
+                   "gloo": None if confirmations is None else {k: c.to_json() for k, c in confirmations.items()},
                    "results": [r.to_json() for r in results]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(summary(results, accepted, args.show))
+        print(summary(results, accepted, args.show, confirmations))
         silent = sum(r.counts.get("silent-wrong", 0) for r in results)
         late = sum(r.counts.get("late-failure", 0) for r in results)
         verdict = "passed" if passed else "FAILED"
         print(f"\n{verdict}: {executed} combination(s) executed on DTensor, {silent} silently wrong, {late} late "
-              f"failure(s), {len(fresh)} new class(es) not in the accepted file, {time.perf_counter() - start:.1f}s")
+              f"failure(s), {len(fresh)} new class(es) not in the accepted file{_gloo_verdict(confirmations)}, "
+              f"{time.perf_counter() - start:.1f}s")
         for line in unchecked:
             print(f"  not checked: {line}")
     sys.stdout.flush()
@@ -158,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
 
     outputs = [(args.repros, lambda folder: _write_repros(folder, results)),
                (args.write_accepted, write_accepted),
-               (args.write, lambda path: _write_file(path, markdown(results, accepted, command, torch_version)))]
+               (args.write, lambda path: _write_file(path, markdown(results, accepted, command, torch_version,
+                                                                    confirmations=confirmations)))]
     failed = _write_outputs(outputs)
     if failed:
         return USAGE
@@ -265,15 +282,56 @@ def _report_stored(args: argparse.Namespace, accepted, specs, limit) -> int:
         return USAGE
     fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
-    print(summary(results, accepted, args.show))
-    print(f"\n{'passed' if not fresh and not unchecked else 'FAILED'} on what is stored: {len(fresh)} new "
-          f"class(es) not in the accepted file; {note}")
+    confirmations = _confirmations(args, results, specs, args.from_json)
+    passed = not fresh and not unchecked and not _unreproduced(confirmations)
+    print(summary(results, accepted, args.show, confirmations))
+    print(f"\n{'passed' if passed else 'FAILED'} on what is stored: {len(fresh)} new "
+          f"class(es) not in the accepted file{_gloo_verdict(confirmations)}; {note}")
     sys.stdout.flush()
     command = _command_line(args) + f" --results {args.from_json}"
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
-            results, accepted, command, torch.__version__, note=note)))]):
+            results, accepted, command, torch.__version__, note=note, confirmations=confirmations)))]):
         return USAGE
-    return 0 if not fresh and not unchecked else 1
+    return 0 if passed else 1
+
+
+def _confirmations(args: argparse.Namespace, results, specs, folder: Path | None):
+    """Each gated class's run on real gloo processes: run now (--confirm; what is stored for the
+    same example is kept), or what ``folder`` holds; None without a results folder."""
+    import torch
+
+    from shardverify.dtensor.confirm import DEFAULT_TIMEOUT, class_examples, confirm_classes, load_confirmations
+
+    if folder is None:
+        return None
+    if not args.confirm:
+        examples = class_examples(results, specs, args.root)
+        return load_confirmations(folder, torch.__version__, {k: e for k, (_, e) in examples.items()})
+    klasses = ("silent-wrong",) if args.confirm == "silent" else ("silent-wrong", "late-failure")
+    start = time.perf_counter()
+
+    def said(found, reused: bool) -> None:
+        if not args.quiet:
+            how = "stored" if reused else f"{found.seconds:.0f}s on {found.world} gloo processes"
+            print(f"[{time.perf_counter() - start:7.1f}s] gloo: {found.key}: {found.status} ({how}): "
+                  f"{found.detail[:160]}", file=sys.stderr, flush=True)
+
+    return confirm_classes(results, specs, folder, root=args.root, klasses=klasses, progress=said,
+                           timeout=DEFAULT_TIMEOUT if args.confirm_timeout is None else args.confirm_timeout or None)
+
+
+def _unreproduced(confirmations) -> list[str]:
+    return [k for k, c in (confirmations or {}).items() if c.status == "not reproduced"]
+
+
+def _gloo_verdict(confirmations) -> str:
+    """The verdict line's part on real gloo processes: classes run there, confirmed, not reproduced."""
+    if not confirmations:
+        return ""
+    missed = _unreproduced(confirmations)
+    confirmed = sum(c.status == "confirmed" for c in confirmations.values())
+    return (f"; of {len(confirmations)} class(es) run on real gloo processes {confirmed} confirmed"
+            + (f", {len(missed)} NOT REPRODUCED" if missed else ""))
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -283,6 +341,7 @@ def _command_line(args: argparse.Namespace) -> str:
     words += [f"--mesh {','.join(map(str, mesh))}" for mesh in args.mesh or ()]
     words += [f"--limit {args.limit}"] if args.limit is not None else []
     words += [f"--budget {args.budget:g}"] if args.budget is not None else []
+    words += ["--confirm" + (" all" if args.confirm == "all" else "")] if args.confirm else []
     return " ".join(words)
 
 

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from shardverify.dtensor.accepted import Accepted
 from shardverify.dtensor.verdicts import CLASSES
 
-__all__ = ["GATED", "new_classes", "summary", "markdown"]
+__all__ = ["GATED", "new_classes", "summary", "markdown", "gloo_lines", "gloo_text"]
 
 ORDER = tuple(CLASSES)
 
@@ -43,7 +43,9 @@ def _by_key(results, klass: str) -> dict[str, list]:
     return by_key
 
 
-def summary(results, accepted: Accepted | None, show: int = 5) -> str:
+def summary(results, accepted: Accepted | None, show: int = 5, confirmations: dict | None = None) -> str:
+    """The terminal summary; ``confirmations``: class key -> its run on real gloo processes
+    (:mod:`shardverify.dtensor.confirm`), shown beside each class and counted at the end."""
     lines = []
     header = ("op", "case", "mesh", "combos", "run", *ORDER, "time")
     rows = [(r.op, r.case, "x".join(map(str, r.mesh)), str(r.combinations), str(r.executed),
@@ -67,13 +69,57 @@ def summary(results, accepted: Accepted | None, show: int = 5) -> str:
         for key, found in ordered[:show]:
             f = found[0]
             status = "NEW" if key in fresh_keys else "accepted"
+            if confirmations and key in confirmations:
+                status += f", gloo: {confirmations[key].status}"
             lines.append(f"  [{status}] {key}: {len(found)} combination(s); e.g. {f.case} on {_mesh(f.mesh)}: "
                          f"{f.line}: {f.detail}" + (f"; at fault: {f.culprit}" if f.culprit else
                                                     f"; {f.rule}" if f.rule else "") +
                          (f"; {f.runtime}" if f.runtime else ""))
         if len(ordered) > show:
             lines.append(f"  ... {len(ordered) - show} more class(es) (--show N, --json or --write)")
+    if confirmations is not None:
+        lines += gloo_lines(results, confirmations)
     return "\n".join(lines)
+
+
+def gloo_lines(results, confirmations: dict, page: bool = False) -> list[str]:
+    """Per gated class kind: how many classes their repro confirmed on real gloo processes, and
+    every class not confirmed by name (one not reproduced first: its finding is suspect); for
+    the terminal, or (``page``) Markdown list items."""
+    lines = []
+    rank = {status: i for i, status in enumerate(("not reproduced", "differs", "aborted", "timeout", "error"))}
+    for klass in GATED:
+        keys = sorted(_by_key(results, klass))
+        if not keys:
+            continue
+        counts = Counter(confirmations[k].status if k in confirmations else "not run" for k in keys)
+        told = ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=_status_order))
+        lines.append(f"- {len(keys)} `{klass}` class(es): {told}" if page else
+                     f"\nOn real gloo processes (torchrun), {len(keys)} {klass} class(es): {told}")
+        shown = sorted((k for k in keys if k in confirmations and confirmations[k].status != "confirmed"),
+                       key=lambda k: (rank.get(confirmations[k].status, 9), k))
+        for key in shown:
+            c = confirmations[key]
+            word = c.status.upper() if c.status == "not reproduced" else c.status
+            suspect = "; the in-process finding is suspect" if c.status == "not reproduced" else ""
+            lines.append(f"  - **{word}** `{key}`: {c.detail}{suspect}" if page else
+                         f"  [{word}] {key}: {c.detail}{suspect}")
+    return lines
+
+
+def _status_order(item) -> tuple:
+    order = ("confirmed", "not reproduced", "differs", "aborted", "timeout", "error", "not run")
+    return (order.index(item[0]) if item[0] in order else len(order), item[0])
+
+
+def gloo_text(c) -> str:
+    """One class's confirmation in a sentence of the page."""
+    where = f"on {c.world} real gloo process{'es' if c.world > 1 else ''} (torchrun, {c.seconds:.0f} s)"
+    if c.status == "confirmed":
+        return f"**confirmed** {where}: {c.detail}"
+    if c.status == "not reproduced":
+        return f"**NOT REPRODUCED** {where}: {c.detail}; the in-process finding is suspect"
+    return f"**{c.status}** {where}: {c.detail}"
 
 
 INTRO = """# DTensor executed: what torch.distributed.tensor computes, per op and layout
@@ -100,7 +146,10 @@ with its placements and who is to blame (the forward rule, a backward rule such 
 `specs/dtensor/accepted.yaml` fail the command; `docs/upstream/` holds one page per DTensor bug,
 re-run by `shardverify dtensor --upstream`.
 `--repros DIR` writes a script per silent-corruption or late-failure class that needs torch alone: `python
-script.py` runs it as here, `torchrun --nproc-per-node N script.py` on N real gloo processes.
+script.py` runs it as here, `torchrun --nproc-per-node N script.py` on N real gloo processes;
+`--confirm` runs each class's script under torchrun, one gloo process per rank, and says per
+class whether it reproduced there (*confirmed*; *not reproduced*, which makes the in-process
+finding suspect; *differs*, *aborted* by a signal, or *timeout*).
 
 Classes, most important first:
 {classes}
@@ -114,8 +163,9 @@ carry per-rank sizes) rather than DTensor's; the detail names the error.
 
 
 def markdown(results, accepted: Accepted | None, command: str, torch_version: str, show: int = 3,
-             note: str = "") -> str:
-    """The page; ``note``: what the run covers, when it is not every spec (a saved run's "note")."""
+             note: str = "", confirmations: dict | None = None) -> str:
+    """The page; ``note``: what the run covers, when it is not every spec (a saved run's "note");
+    ``confirmations``: class key -> its repro's run on real gloo processes (``--confirm``)."""
     classes = "\n".join(f"* `{k}`: {v}" for k, v in CLASSES.items())
     out = [INTRO.format(command=command, torch=torch_version, classes=classes)]
     if note:
@@ -137,6 +187,12 @@ def markdown(results, accepted: Accepted | None, command: str, torch_version: st
                  if part.startswith(("error", "in progress", "no tensor operand", "DTensor took over"))]
         if shown:
             notes[(r.op, r.mesh)].append(f"{r.case}: {'; '.join(shown)[:160]}")
+    if confirmations is not None:
+        out.append("## On real gloo processes\n\nEach class's repro (the script `--repros` writes) run under "
+                   "`torchrun --standalone --nproc-per-node N` (N the mesh's size, gloo on CPU), every process's "
+                   "verdict read (`--confirm`; stored beside the results, run again only when the class's "
+                   "example changes):\n")
+        out += gloo_lines(results, confirmations, page=True) + [""]
     out.append("## Per op and mesh\n")
     out.append("| op | mesh | combinations | executed | " + " | ".join(ORDER) + " | note |")
     out.append("| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in ORDER) + " | --- |")
@@ -166,6 +222,10 @@ def markdown(results, accepted: Accepted | None, command: str, torch_version: st
             if f.runtime:
                 out.append(f"  - {f.runtime}")
             out.append(f"  - a local strategy (audit): {f.local_strategy}")
+            if confirmations is not None and key in confirmations:
+                out.append(f"  - {gloo_text(confirmations[key])}")
+            elif confirmations is not None and klass == "silent-wrong":    # a late failure's is counted above
+                out.append("  - not run on real gloo processes (`--confirm`)")
         out.append("")
     for klass in ("raises", "missed-optimisation", "not-expressible"):
         found = [f for r in results for f in r.findings if f.klass == klass]

@@ -31,7 +31,7 @@ from shardverify.dtensor.store import StoredRun, load_stored, save_stored, spec_
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
-__all__ = ["CaseResult", "run_case", "run_spec", "execute_combos", "present_combinations", "DEFAULT_LIMIT",
+__all__ = ["CaseResult", "run_case", "run_spec", "rebuild_repro", "execute_combos", "present_combinations", "DEFAULT_LIMIT",
            "DEFAULT_BUDGET"]
 
 DEFAULT_LIMIT = 600
@@ -207,6 +207,21 @@ def _repro(problem, operands, combo, mesh_shape, finding: Finding) -> str:
         return render_repro(problem, operands, combo, tuple(mesh_shape), title)
     except Exception as exc:  # noqa: BLE001 - a call this renderer cannot write as source
         return f"# no repro: {type(exc).__name__}: {exc}\n"
+
+
+def rebuild_repro(spec, finding: Finding) -> str:
+    """The repro script of a stored finding (stored without it): its case's combinations made again
+    and the one with the finding's layouts rendered; an error's script when none has them (the
+    spec's grid or the audit's layouts changed since it was stored)."""
+    cases = dict(spec.op_cases())
+    if finding.case not in cases:
+        return f"# no repro: {spec.name} has no case {finding.case!r} any more\n"
+    audit = _Audit(spec, cases[finding.case], tuple(finding.mesh), partial_inputs=True, extremum_inputs=False)
+    want = tuple(finding.layouts)
+    for combo in present_combinations(audit.combinations()):
+        if tuple((o.role, str(layout)) for o, layout in zip(audit.operands, combo)) == want:
+            return _repro(audit.problem, audit.operands, combo, finding.mesh, finding)
+    return f"# no repro: no combination of {finding.case} on {tuple(finding.mesh)} has the layouts {dict(want)}\n"
 
 
 def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float | None = DEFAULT_BUDGET,

@@ -1,0 +1,293 @@
+"""Each silent-corruption (and late-failure) class confirmed on real gloo processes: the class's
+repro script (:mod:`shardverify.dtensor.repro`) run under ``torchrun``, one process per rank.
+
+The in-process execution runs every rank under ``LocalTensorMode`` on a fake process group; a
+finding there is only as sound as that simulation. Here the same script runs on N real gloo
+processes (N the mesh's size), each process prints a ``VERDICT {json}`` line, and the class is:
+
+* ``confirmed``: a rank reproduced the class's failure (wrong values, or the late failure);
+* ``not reproduced``: every rank right on real processes: the in-process finding is suspect;
+* ``differs``: DTensor failed otherwise on real processes (the op raised, another failure);
+* ``aborted``: a process was killed by a signal (SIGABRT, SIGSEGV) or ended without a verdict;
+* ``timeout``: no result within the time allowed (a hang; every process is then killed);
+* ``error``: no script could be made or run (said why).
+
+Confirmations are stored beside the results (``DIR/torch-VERSION/gloo/``, one file per class
+key) with the example they ran (op, case, mesh, layouts, the spec file's hash, the script
+format), and are not run again while the class's example is the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from shardverify.dtensor.repro import FORMAT, VERDICT
+
+__all__ = ["Confirmation", "STATUSES", "EXPECTED", "example_of", "class_examples", "confirm_classes",
+           "load_confirmations", "save_confirmation",
+           "run_on_gloo", "decide", "DEFAULT_TIMEOUT"]
+
+STORE_VERSION = 1
+DEFAULT_TIMEOUT = 300.0      # seconds per class: torchrun's start, N processes importing torch, the op
+
+STATUSES: dict[str, str] = {
+    "confirmed": "reproduced on real gloo processes",
+    "not reproduced": "right on every real gloo process: the in-process finding is suspect",
+    "differs": "DTensor fails otherwise on real gloo processes",
+    "aborted": "a process was killed by a signal or ended without a verdict",
+    "timeout": "no result within the time allowed",
+    "error": "the repro could not be made or run",
+}
+
+#: the verdict a repro prints when it reproduces each class
+EXPECTED = {"silent-wrong": "wrong", "late-failure": "late-failure"}
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """One class's repro run on ``world`` real gloo processes."""
+
+    key: str
+    klass: str
+    torch: str
+    example: dict          # what ran: op, case, mesh, layouts, spec_hash, format
+    status: str            # a key of STATUSES
+    detail: str
+    world: int
+    seconds: float
+    script_sha: str        # the sha256 of the script that ran (first 12 hex digits)
+    output: str = ""       # the end of what torchrun printed
+
+    def to_json(self) -> dict:
+        return {"version": STORE_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, item: dict) -> "Confirmation":
+        if item.get("version") != STORE_VERSION:
+            raise ValueError(f"confirmation version {item.get('version')!r}, this shardverify reads {STORE_VERSION}")
+        fields = {k: item[k] for k in ("key", "klass", "torch", "example", "status", "detail", "world",
+                                       "seconds", "script_sha")}
+        return cls(**fields, output=item.get("output", ""))
+
+
+def example_of(finding, spec_hash: str) -> dict:
+    """What identifies the run of a class's example: a stored confirmation of another is stale."""
+    return {"op": finding.op, "case": finding.case, "mesh": list(finding.mesh),
+            "layouts": dict(finding.layouts), "spec_hash": spec_hash, "format": FORMAT}
+
+
+def _path(folder: Path, torch_version: str, key: str) -> Path:
+    name = "".join(c if c.isalnum() else "_" for c in key).strip("_")[:100]
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]     # keys differing only in punctuation
+    return folder / f"torch-{torch_version}" / "gloo" / f"{name}.{digest}.json"
+
+
+def load_confirmations(folder: Path, torch_version: str, examples: dict[str, dict]) -> dict[str, Confirmation]:
+    """The stored confirmation of each class in ``examples`` (key -> :func:`example_of`) that ran
+    that very example on this torch; a file that cannot be read is left out (it runs again)."""
+    found = {}
+    for key, example in examples.items():
+        path = _path(folder, torch_version, key)
+        try:
+            stored = Confirmation.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if stored.key == key and stored.example == example:
+            found[key] = stored
+    return found
+
+
+def save_confirmation(folder: Path, confirmation: Confirmation) -> None:
+    """Written whole or not at all."""
+    path = _path(folder, confirmation.torch, confirmation.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(confirmation.to_json(), separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def run_on_gloo(script: str, world: int, timeout: float | None) -> tuple[str, bool, float]:
+    """(what torchrun printed, whether it timed out, seconds) of ``script`` on ``world`` gloo
+    processes: ``torchrun --standalone`` (a free port: runs beside others), in a temporary folder,
+    in a session of its own that is killed whole on timeout (no process outlives it)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="shardverify-gloo-") as folder:
+        path = Path(folder) / "repro.py"
+        path.write_text(script)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env.pop("PYTHONPATH", None)       # torch alone: nothing of shardverify is importable
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 "--nproc-per-node", str(world), str(path)], cwd=folder, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            output = _stop(proc)
+        except BaseException:     # Ctrl-C: the processes of the class in progress end with this one
+            _stop(proc)
+            raise
+    return output or "", timed_out, time.perf_counter() - start
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    """Ends torchrun and every process it started (its session), TERM then KILL."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            output, _ = proc.communicate(timeout=wait)
+            return output
+        except subprocess.TimeoutExpired:
+            continue
+    return ""
+
+
+_EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def verdicts_of(output: str) -> dict[int, tuple[str, str]]:
+    """rank -> (status, detail) from the ``VERDICT`` lines of every process."""
+    found: dict[int, tuple[str, str]] = {}
+    for line in output.splitlines():
+        if not line.startswith(VERDICT):
+            continue
+        try:
+            item = json.loads(line[len(VERDICT):])
+            for rank in item["ranks"]:
+                found[int(rank)] = (str(item["status"]), str(item.get("detail") or ""))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def signals_of(output: str) -> dict[int, str]:
+    """rank -> the signal that killed it, from torchrun's failure summary; torchrun's own SIGTERM
+    to the other ranks once one has failed is not counted."""
+    found = {}
+    for rank, code in _EXIT.findall(output):
+        code = int(code)
+        if code < 0 and -code != signal.SIGTERM:
+            try:
+                found[int(rank)] = signal.Signals(-code).name
+            except ValueError:
+                found[int(rank)] = f"signal {-code}"
+    return found
+
+
+def decide(klass: str, output: str, world: int, timed_out: bool, timeout: float) -> tuple[str, str]:
+    """(status, detail) of a class's run from what torchrun printed."""
+    verdicts, killed = verdicts_of(output), signals_of(output)
+    missing = [r for r in range(world) if r not in verdicts]
+    hits = {r: d for r, (s, d) in sorted(verdicts.items()) if s == EXPECTED[klass]}
+    aborts = ", ".join(f"rank {r} killed by {name}" for r, name in sorted(killed.items()))
+    if hits:
+        # a rank's own error before another's lost connection to it (gloo's "Connection closed by peer")
+        first = min(hits.values(), key=lambda d: "gloo/transport" in d or "Connection closed" in d)
+        detail = f"{first} ({len(hits)} of {world} ranks)"
+        return "confirmed", detail + (f"; {aborts}" if aborts else "")
+    if timed_out:
+        return "timeout", (f"no result within {timeout:g} s; every process killed"
+                           + (f"; ranks without a verdict: {missing}" if missing else ""))
+    if killed or missing:
+        last = _last_error(output)
+        return "aborted", "; ".join(part for part in (aborts, f"ranks without a verdict: {missing}" if missing else "",
+                                                      last) if part)
+    if all(s == "right" for s, _ in verdicts.values()):
+        return "not reproduced", f"every one of the {world} ranks computes the right values and gradients"
+    if all(s == "error" for s, _ in verdicts.values()):
+        return "error", verdicts[0][1]
+    status, detail = next((s, d) for s, d in verdicts.values() if s != "right")
+    return "differs", f"{status} on real processes: {detail}"
+
+
+def _last_error(output: str) -> str:
+    """The last line that looks like an error (a traceback's end), for a run without verdicts."""
+    for line in reversed(output.splitlines()):
+        text = line.strip()
+        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", text) and "ChildFailedError" not in text:   # torchrun's own
+            return text[:300]
+    return ""
+
+
+def _kept(output: str, status: str) -> str:
+    """What is stored of a run's output (the folder is committed): the verdicts the processes
+    printed, and unless confirmed the end of the rest (torchrun's summary of who exited how)."""
+    said = [line for line in output.splitlines() if line.startswith(("verdict ", "DTensor output"))]
+    return "\n".join(said)[-1500:] + ("" if status == "confirmed" else "\n...\n" + output[-1500:])
+
+
+def script_sha(script: str) -> str:
+    return hashlib.sha256(script.encode()).hexdigest()[:12]
+
+
+def class_examples(results, specs, root: Path = Path("."), klasses=tuple(EXPECTED)) -> dict[str, tuple]:
+    """key -> (the class's first finding, :func:`example_of` it) of every class in ``klasses``: the
+    example the report shows is the one run. A finding of a spec not in ``specs`` (a custom op) is
+    left out: its repro cannot be made again from what is stored."""
+    from shardverify.dtensor.store import spec_hash
+
+    by_name = {spec.name: spec for spec in specs}
+    hashes: dict[str, str] = {}
+    found: dict[str, tuple] = {}
+    for r in results:
+        for f in r.findings:
+            if f.klass not in klasses or f.key() in found or f.op not in by_name:
+                continue
+            if f.op not in hashes:
+                hashes[f.op] = spec_hash(by_name[f.op], root)
+            found[f.key()] = (f, example_of(f, hashes[f.op]))
+    return found
+
+
+def confirm_classes(results, specs, folder: Path, *, root: Path = Path("."), klasses=("silent-wrong",),
+                    timeout: float | None = DEFAULT_TIMEOUT, progress=None) -> dict[str, Confirmation]:
+    """Every class of ``klasses`` confirmed on gloo: a stored confirmation of the same example is
+    kept, every other class's repro is made again from its spec and run under torchrun, and
+    stored in ``folder`` as soon as it ran. ``progress(confirmation, reused)`` after each class."""
+    import torch
+
+    from shardverify.dtensor.run import rebuild_repro
+
+    by_name = {spec.name: spec for spec in specs}
+    examples = class_examples(results, specs, root, klasses)
+    stored = load_confirmations(folder, torch.__version__, {k: e for k, (_, e) in examples.items()})
+    done: dict[str, Confirmation] = {}
+    for key, (finding, example) in examples.items():
+        if key in stored:
+            done[key] = stored[key]
+            if progress is not None:
+                progress(stored[key], True)
+            continue
+        world = 1
+        for size in finding.mesh:
+            world *= size
+        try:
+            script = finding.repro or rebuild_repro(by_name[finding.op], finding)
+        except Exception as exc:  # noqa: BLE001 - said as the class's error, the others still run
+            script = f"# no repro: {type(exc).__name__}: {exc}\n"
+        if script.startswith("# no repro"):
+            status, detail, output, seconds = "error", script[2:].strip(), "", 0.0
+        else:
+            output, timed_out, seconds = run_on_gloo(script, world, timeout)
+            status, detail = decide(finding.klass, output, world, timed_out, timeout)
+        found = Confirmation(key, finding.klass, torch.__version__, example, status, detail, world,
+                             round(seconds, 1), script_sha(script), _kept(output, status))
+        save_confirmation(folder, found)
+        done[key] = found
+        if progress is not None:
+            progress(found, False)
+    return done

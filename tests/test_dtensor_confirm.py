@@ -1,0 +1,95 @@
+"""`shardverify dtensor --confirm` (shardverify/dtensor/confirm.py): each silent class's repro run
+under torchrun on real gloo processes, its verdict read, stored and shown per class.
+
+The tests that start torchrun are marked dist (run with AUTO_PARALLEL=1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shardverify.codegen.generate import load_op_specs
+from shardverify.dtensor.confirm import (class_examples, confirm_classes, decide, load_confirmations,
+                                         run_on_gloo)
+from shardverify.dtensor.report import markdown, summary
+from shardverify.dtensor.run import CaseResult, run_case
+from shardverify.dtensor.verdicts import Finding
+
+ROOT = Path(__file__).resolve().parent.parent
+CASE = "torch.cumsum-dim_-1"
+
+
+def _cumsum():
+    spec = load_op_specs(ROOT, None, ["cumsum"])[0]
+    return spec, dict(spec.op_cases())[CASE]
+
+
+@pytest.mark.dist
+def test_cumsum_of_a_negative_dim_is_confirmed_on_4_gloo_processes_and_not_run_again(tmp_path):
+    spec, case = _cumsum()
+    result = run_case(spec, CASE, case, (4,), limit=None)
+    silent = [f for f in result.findings if f.klass == "silent-wrong"]
+    assert [f.line for f in silent] == ["input=[S(2)]"]      # the last dim sharded: cumsum(x, -1) per shard
+    seen = []
+    found = confirm_classes([result], [spec], tmp_path, root=ROOT, progress=lambda c, reused: seen.append(reused))
+    confirmation = found[silent[0].key()]
+    assert confirmation.status == "confirmed", confirmation.output
+    assert confirmation.world == 4 and "max abs error" in confirmation.detail and "(4 of 4 ranks)" in confirmation.detail
+    # stored beside the results: the same example is not run again, another is
+    again = confirm_classes([result], [spec], tmp_path, root=ROOT, progress=lambda c, reused: seen.append(reused))
+    assert seen == [False, True] and again[silent[0].key()] == confirmation
+    examples = {k: {**e, "spec_hash": "0" * 12} for k, (_, e) in class_examples([result], [spec], ROOT).items()}
+    assert load_confirmations(tmp_path, confirmation.torch, examples) == {}
+    page = markdown([result], None, "shardverify dtensor cumsum", confirmation.torch, confirmations=found)
+    assert "**confirmed** on 4 real gloo processes" in page and "- 1 `silent-wrong` class(es): 1 confirmed" in page
+
+
+@pytest.mark.dist
+def test_a_repro_that_does_not_reproduce_on_gloo_is_said_loudly(tmp_path):
+    # cumsum(x, -1) with the FIRST dim sharded is right: a silent finding claimed on it is suspect
+    spec, _ = _cumsum()
+    claimed = Finding("cumsum", CASE, (2,), (("input", "[S0, R, R]"),), (("input", "[S(0)]"),), "silent-wrong",
+                      "forward", "output 0 [S(0)]: rank 0 differs from the reference", "", "", "", "")
+    result = CaseResult("cumsum", CASE, (2,), 5, 5, findings=[claimed])
+    found = confirm_classes([result], [spec], tmp_path, root=ROOT)[claimed.key()]
+    assert found.status == "not reproduced", found.output
+    assert found.detail == "every one of the 2 ranks computes the right values and gradients"
+    text = summary([result], None, 5, {claimed.key(): found})
+    assert "1 silent-wrong class(es): 1 not reproduced" in text
+    assert f"[NOT REPRODUCED] {claimed.key()}" in text and "the in-process finding is suspect" in text
+
+
+@pytest.mark.dist
+def test_a_killed_process_is_aborted_and_a_hang_times_out_with_every_process_ended():
+    abort = "import os, signal\nprint('starting', flush=True)\nos.kill(os.getpid(), signal.SIGABRT)\n"
+    output, timed_out, _ = run_on_gloo(abort, 1, timeout=120)
+    assert not timed_out
+    status, detail = decide("silent-wrong", output, 1, timed_out, 120)
+    assert (status, detail) == ("aborted", "rank 0 killed by SIGABRT; ranks without a verdict: [0]"), output
+    output, timed_out, seconds = run_on_gloo("import time\ntime.sleep(600)\n", 1, timeout=3)
+    assert timed_out and seconds < 60
+    assert decide("silent-wrong", output, 1, timed_out, 3) == (
+        "timeout", "no result within 3 s; every process killed; ranks without a verdict: [0]")
+
+
+def test_verdict_lines_decide_the_class_a_silent_class_that_raises_on_gloo_differs():
+    def line(ranks, status, detail=""):
+        return "VERDICT " + json.dumps({"ranks": ranks, "status": status, "detail": detail})
+
+    wrong = "\n".join([line([0], "wrong", "output on rank 0: max abs error 2"), line([1], "wrong", "x")])
+    assert decide("silent-wrong", wrong, 2, False, 9) == ("confirmed", "output on rank 0: max abs error 2 (2 of 2 ranks)")
+    late = line([0, 1], "late-failure", "the backward raises RuntimeError: no")
+    assert decide("late-failure", late, 2, False, 9)[0] == "confirmed"
+    assert decide("silent-wrong", late, 2, False, 9) == (
+        "differs", "late-failure on real processes: the backward raises RuntimeError: no")
+    assert decide("silent-wrong", line([0], "right"), 2, False, 9)[0] == "aborted"    # rank 1 said nothing
+
+
+def test_confirm_without_a_results_folder_is_a_usage_error(capsys):
+    from shardverify.cli.main import main
+
+    assert main(["dtensor", "cumsum", "--mesh", "4", "--confirm", "--root", str(ROOT)]) == 2
+    assert "--confirm stores what it finds beside the results: give --results DIR or --from-json DIR" in (
+        capsys.readouterr().err)
