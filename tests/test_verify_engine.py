@@ -157,13 +157,14 @@ def test_collectives_issued_must_match_the_declared_actions(mesh22, monkeypatch)
 
     strategy = next(s for s in strategies(LINEAR, mesh22)
                     if any(a.where is CommWhere.HOOK for a in s.communication_actions))
-    honest = patterns.apply_grad_hook
+    honest = patterns.grad_hook_steps   # the hook as the check runs it (as steps: backends/steps.py)
 
     def chatty_hook(comm, action, grad):
-        twice = honest(comm, action, honest(comm, action, grad))
+        once = yield from honest(comm, action, grad)
+        twice = yield from honest(comm, action, once)
         return twice / comm.mesh.axes_size(action.axes)
 
-    monkeypatch.setattr(patterns, "apply_grad_hook", chatty_hook)
+    monkeypatch.setattr(patterns, "grad_hook_steps", chatty_hook)
     result = verify_strategy(mesh22, LINEAR, strategy)
     assert not result.passed
     assert {m.kind for m in result.mismatches} == {"collectives"}
