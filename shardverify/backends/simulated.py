@@ -227,8 +227,13 @@ class SimulatedBackend:
 
         def task() -> None:
             for index in range(len(items)):
-                found = step_check(steps, self.mesh, self.device, [ranks[index] for ranks in copies],
-                                   functools.partial(batch.finish, index), lambda: batch.cancelled)
+                try:
+                    found = step_check(steps, self.mesh, self.device, [ranks[index] for ranks in copies],
+                                       functools.partial(batch.finish, index), lambda: batch.cancelled)
+                except BaseException as exc:  # noqa: BLE001 - the stepping itself failed: every rank left says so
+                    for rank in batch.pending(index):
+                        batch.finish(index, rank, RankResult.failure(rank, exc))
+                    continue
                 if batch.cancelled:
                     return
                 if found is not None:
