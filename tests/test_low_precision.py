@@ -12,7 +12,6 @@ import torch
 from shardverify import DeviceMesh
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import SimulatedBackend
-from shardverify.backends.steps import arrived
 from shardverify.collectives import patterns
 from shardverify.sharding.strategy import CommPattern, CommWhere
 from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
@@ -41,11 +40,11 @@ def partial_output_strategy(backend):
 def partials_reduced_in_a_lower_dtype(monkeypatch):
     """The planted bug: the partial outputs of a float16 run are summed in float8 (e5m2) and
     cast back; float32 and float64 runs are untouched, so the maths is exact there."""
-    def sloppy(comm, action, t):   # a half as the check runs it: steps (backends/steps.py)
+    def sloppy(comm, action, t):
         if t.dtype is not torch.float16:
-            return (yield from arrived(comm.all_reduce(t.contiguous(), action.axes, "sum")))
+            return comm.all_reduce(t.contiguous(), action.axes, "sum")
         low = t.to(torch.float8_e5m2).to(torch.float16)
-        total = yield from arrived(comm.all_reduce(low.to(torch.float32).contiguous(), action.axes, "sum"))
+        total = comm.all_reduce(low.to(torch.float32).contiguous(), action.axes, "sum")
         return total.to(torch.float8_e5m2).to(torch.float16)
 
     halves = dict(patterns._HALVES)
@@ -82,8 +81,8 @@ def test_strategy_exact_in_float64_but_sloppy_in_float16_fails(mesh4, partials_r
 
 def test_wrong_maths_in_float16_is_labelled_by_the_float64_recheck(mesh4, monkeypatch):
     """A reduction that is off by 2% in every dtype fails, and the re-check calls it maths."""
-    def off(comm, action, t):   # a half as the check runs it: steps (backends/steps.py)
-        return (yield from arrived(comm.all_reduce(t.contiguous(), action.axes, "sum"))) * 1.02
+    def off(comm, action, t):
+        return comm.all_reduce(t.contiguous(), action.axes, "sum") * 1.02
 
     halves = dict(patterns._HALVES)
     halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (off, patterns._identity)

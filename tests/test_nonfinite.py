@@ -12,7 +12,6 @@ import torch
 from shardverify import DeviceMesh
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import SimulatedBackend
-from shardverify.backends.steps import arrived
 from shardverify.collectives import patterns
 from shardverify.strategies.generators.common import with_declared_costs
 from shardverify.sharding.sharding_spec import ShardingSpec
@@ -127,8 +126,8 @@ def test_correct_strategies_pass_when_the_reference_has_inf_and_nan(mesh2):
 def test_an_all_reduce_that_saturates_infinities_is_caught(mesh2, monkeypatch):
     """A reduction that clamps -inf to the dtype's lowest finite value leaves every finite
     position exact; the old rule (bound = atol + rtol * |inf|) called that close."""
-    def saturating(comm, action, tensor):   # a half as the check runs it: steps (backends/steps.py)
-        total = yield from arrived(comm.all_reduce(tensor.contiguous(), action.axes, "sum"))
+    def saturating(comm, action, tensor):
+        total = comm.all_reduce(tensor.contiguous(), action.axes, "sum")
         return torch.nan_to_num(total)
 
     halves = dict(patterns._HALVES)

@@ -38,7 +38,6 @@ from shardverify.backends.base import RankResult, check_fn, check_timeout, priva
 from shardverify.backends.cpus import can_keep, keep_to_cpu
 from shardverify.errors import BackendError, RankTimeout
 from shardverify.backends.simulated_exchange import SimulatedCommunicator, _Aborted, _Exchange, _Turns
-from shardverify.backends.simulated_steps import Deadlock, step_check
 from shardverify.sharding.mesh import DeviceMesh
 
 #: how long, after a failure or a timeout, the other ranks get to unwind before being abandoned
@@ -149,13 +148,11 @@ class SimulatedBackend:
     would across processes (frozen values, which cannot change, are shared).  The backend
     stays usable after any failure.  ``same_cpu`` keeps the rank threads on the caller's CPU,
     each with one intra-op thread (see the module docstring); turn it off for ops big enough
-    to want torch's intra-op threads: the ranks then use the caller's count.  A function
-    written as steps (``fn.steps``, a generator: backends/steps.py) has all its ranks stepped in
-    one thread (backends/simulated_steps.py) unless ``stepped`` is False.
+    to want torch's intra-op threads: the ranks then use the caller's count.
     """
 
     def __init__(self, mesh: DeviceMesh, device: torch.device | str = "cpu", timeout: float = 30.0,
-                 *, same_cpu: bool = True, stepped: bool = True) -> None:
+                 *, same_cpu: bool = True) -> None:
         if not isinstance(mesh, DeviceMesh):
             raise BackendError(f"SimulatedBackend needs a DeviceMesh, got {mesh!r}")
         self.mesh = mesh
@@ -167,9 +164,6 @@ class SimulatedBackend:
         if not isinstance(same_cpu, bool):
             raise BackendError(f"SimulatedBackend same_cpu must be True or False, got {same_cpu!r}")
         self.same_cpu = same_cpu
-        if not isinstance(stepped, bool):
-            raise BackendError(f"SimulatedBackend stepped must be True or False, got {stepped!r}")
-        self.stepped = stepped
         self._lock = threading.Lock()
         self._threads: list[_RankThread | None] = [None] * mesh.size
         self._closed = False
@@ -201,66 +195,11 @@ class SimulatedBackend:
         if threading.current_thread().name.startswith("shardverify-rank"):
             raise BackendError("SimulatedBackend.run cannot be called from inside a rank")
         outcomes: list[list[Any] | BackendError] = []
-        steps = getattr(fn, "steps", None) if self.stepped else None
         with self._lock, _kept_on_this_cpu(self.same_cpu) as cpu:
             while len(outcomes) < len(items):   # a timeout abandons the rest; they run again
                 if self._closed:
                     raise BackendError("this SimulatedBackend is closed")
-                rest = items[len(outcomes):]
-                outcomes += (self._run_batch(fn, rest, timeout, cpu) if steps is None
-                             else self._run_stepped(fn, steps, rest, timeout, cpu))
-        return outcomes
-
-    def _run_stepped(self, fn, steps, items: list[tuple], timeout: float,
-                     cpu: int | None) -> list[list[Any] | BackendError]:
-        """Run ``items`` with every rank stepped in one thread (backends/simulated_steps.py),
-        until the first timeout (a rank stuck in its own code: that thread is abandoned)."""
-        self._start_threads()
-        worker = self._threads[0]
-        worker.keep_on(cpu)
-        self._match_intra_op(1 if cpu is not None else torch.get_num_threads())
-        batch = _Batch(self.mesh.size, len(items))
-        first = [private_copy(args) for args in items]
-        copies = [first] + [[c if c is args else private_copy(args) for c, args in zip(first, items)]
-                            for _ in range(1, self.mesh.size)]
-        deadlocks: dict[int, Deadlock] = {}
-
-        def task() -> None:
-            for index in range(len(items)):
-                try:
-                    found = step_check(steps, self.mesh, self.device, [ranks[index] for ranks in copies],
-                                       functools.partial(batch.finish, index), lambda: batch.cancelled)
-                except BaseException as exc:  # noqa: BLE001 - the stepping itself failed: every rank left says so
-                    for rank in batch.pending(index):
-                        batch.finish(index, rank, RankResult.failure(rank, exc))
-                    continue
-                if batch.cancelled:
-                    return
-                if found is not None:
-                    deadlocks[index] = found
-
-        worker.tasks.put(task)
-        outcomes: list[list[Any] | BackendError] = []
-        began = time.monotonic()
-        for index in range(len(items)):
-            if not batch.wait(lambda: batch.done(index), batch.started(index, began) + timeout):
-                with batch.cond:
-                    batch.cancelled = True
-                    late = batch.pending(index)
-                self._threads[0].tasks.put(None)   # stuck in a rank's own code: a new thread takes over
-                self._threads[0] = None
-                outcomes.append(RankTimeout(tuple(late), timeout, _name(fn)))
-                break
-            results = batch.results[index]
-            failures = [r for r in results.values() if r is not None and not r.ok]
-            if failures:   # the lowest failing rank: deterministic when several fail alike
-                outcomes.append(min(failures, key=lambda f: f.rank).error())
-            elif index in deadlocks:
-                found = deadlocks[index]
-                outcomes.append(RankTimeout(found.ranks, timeout, _name(fn), never_entered=found.never_entered,
-                                            detail=found.detail))
-            else:
-                outcomes.append([results[rank].value for rank in range(self.mesh.size)])
+                outcomes += self._run_batch(fn, items[len(outcomes):], timeout, cpu)
         return outcomes
 
     def _run_batch(self, fn, items: list[tuple], timeout: float,

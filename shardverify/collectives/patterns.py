@@ -24,22 +24,19 @@ belongs to position ``i`` of ``mesh.group_ranks(rank, axes)``, the shard order o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from shardverify.backends.steps import Steps, arrived, run_blocking
 from shardverify.collectives.functional import group_position, group_size, split_along
 from shardverify.errors import CollectiveError
 from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
 from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere
 
 __all__ = ["apply_comm_action", "apply_grad_hook", "forward_half", "backward_half", "before_op", "after_op",
-           "aligned", "forward_steps", "backward_steps", "action_steps", "grad_hook_steps", "before_op_steps",
-           "after_op_steps", "Taped"]
+           "aligned"]
 
-Half = Callable[[object, CommAction, Tensor], Steps]
+Half = Callable[[object, CommAction, Tensor], Tensor]
 
 
 def _dim(action: CommAction, t: Tensor, index: int) -> int:
@@ -58,62 +55,47 @@ def _divisible(action: CommAction, t: Tensor, dim: int, p: int) -> None:
             f"(shape {tuple(t.shape)}) is not divisible by the {p} ranks of mesh axes {action.axes}")
 
 
-def _identity(comm, action: CommAction, t: Tensor) -> Steps:
+def _identity(comm, action: CommAction, t: Tensor) -> Tensor:
     return t
-    yield   # a generator like every half
 
 
-def _all_reduce(comm, action: CommAction, t: Tensor) -> Steps:
-    return (yield from arrived(comm.all_reduce(t.contiguous(), action.axes, "sum")))
+def _all_reduce(comm, action: CommAction, t: Tensor) -> Tensor:
+    return comm.all_reduce(t.contiguous(), action.axes, "sum")
 
 
-def _reduce_partial(comm, action: CommAction, t: Tensor) -> Steps:
+def _reduce_partial(comm, action: CommAction, t: Tensor) -> Tensor:
     """Forward half of ALLREDUCE_FWD_IDENTITY_BWD with ``action.op``: avg divides the sum by
     the group size; max/min reduce elementwise."""
     if action.op == "avg":
-        total = yield from arrived(comm.all_reduce(t.contiguous(), action.axes, "sum"))
-        return total / group_size(comm, action.axes)
-    return (yield from arrived(comm.all_reduce(t.contiguous(), action.axes, action.op)))
+        return comm.all_reduce(t.contiguous(), action.axes, "sum") / group_size(comm, action.axes)
+    return comm.all_reduce(t.contiguous(), action.axes, action.op)
 
 
-def _reduce_partial_backward(comm, action: CommAction, grad: Tensor, local: Tensor, reduced: Tensor) -> Steps:
-    """The gradient of a partial output reduced with avg/max/min. The output is then replicated
-    over the axes, so its gradient is the same on every rank: avg hands each rank ``grad / p``;
-    max/min hand it to the rank(s) whose local value is the extremum, split evenly among ties
-    (as torch.amax does), counting the holders with one all-reduce."""
-    if action.op == "avg":
-        return grad / group_size(comm, action.axes)
-    holds = (local == reduced).to(grad.dtype)
-    ties = yield from arrived(comm.all_reduce(holds.contiguous(), action.axes, "sum"))
-    return grad * holds / ties.clamp_min(1)
-
-
-def _gather(comm, action: CommAction, t: Tensor) -> Steps:
+def _gather(comm, action: CommAction, t: Tensor) -> Tensor:
     dim = _dim(action, t, 0)
-    return torch.cat((yield from arrived(comm.all_gather(t.contiguous(), action.axes))), dim)
+    return torch.cat(comm.all_gather(t.contiguous(), action.axes), dim)
 
 
-def _split(comm, action: CommAction, t: Tensor) -> Steps:
+def _split(comm, action: CommAction, t: Tensor) -> Tensor:
     dim = _dim(action, t, 0)
     p = group_size(comm, action.axes)
     _divisible(action, t, dim, p)
     return split_along(t, dim, p)[group_position(comm, action.axes)]
-    yield   # a generator like every half
 
 
-def _all_to_all(comm, action: CommAction, t: Tensor, split_index: int, concat_index: int) -> Steps:
+def _all_to_all(comm, action: CommAction, t: Tensor, split_index: int, concat_index: int) -> Tensor:
     split_dim, concat_dim = _dim(action, t, split_index), _dim(action, t, concat_index)
     p = group_size(comm, action.axes)
     _divisible(action, t, split_dim, p)
-    return torch.cat((yield from arrived(comm.all_to_all(split_along(t, split_dim, p), action.axes))), concat_dim)
+    return torch.cat(comm.all_to_all(split_along(t, split_dim, p), action.axes), concat_dim)
 
 
-def _all_to_all_fwd(comm, action: CommAction, t: Tensor) -> Steps:
-    return (yield from _all_to_all(comm, action, t, 0, 1))
+def _all_to_all_fwd(comm, action: CommAction, t: Tensor) -> Tensor:
+    return _all_to_all(comm, action, t, 0, 1)
 
 
-def _all_to_all_bwd(comm, action: CommAction, t: Tensor) -> Steps:
-    return (yield from _all_to_all(comm, action, t, 1, 0))
+def _all_to_all_bwd(comm, action: CommAction, t: Tensor) -> Tensor:
+    return _all_to_all(comm, action, t, 1, 0)
 
 
 _HALVES: dict[CommPattern, tuple[Half, Half]] = {
@@ -125,34 +107,27 @@ _HALVES: dict[CommPattern, tuple[Half, Half]] = {
 }
 
 
-def forward_steps(comm, action: CommAction, t: Tensor) -> Steps:
-    """The forward exchange of ``action`` on ``t``, outside autograd, as steps."""
-    if action.op != "sum":
-        return (yield from _reduce_partial(comm, action, t))
-    return (yield from _HALVES[action.pattern][0](comm, action, t))
-
-
-def backward_steps(comm, action: CommAction, grad: Tensor) -> Steps:
-    """The backward exchange of ``action`` on a gradient, outside autograd, as steps."""
-    return (yield from _HALVES[action.pattern][1](comm, action, grad))
-
-
 def forward_half(comm, action: CommAction, t: Tensor) -> Tensor:
     """The forward exchange of ``action`` on ``t``, outside autograd."""
-    return run_blocking(forward_steps(comm, action, t))
+    if action.op != "sum":
+        return _reduce_partial(comm, action, t)
+    return _HALVES[action.pattern][0](comm, action, t)
 
 
 def backward_half(comm, action: CommAction, grad: Tensor) -> Tensor:
     """The backward exchange of ``action`` on a gradient, outside autograd."""
-    return run_blocking(backward_steps(comm, action, grad))
+    return _HALVES[action.pattern][1](comm, action, grad)
 
 
 class _ReducePartial(torch.autograd.Function):
-    """A partial output reduced with avg/max/min (see _reduce_partial_backward)."""
+    """A partial output reduced with avg/max/min. The output is then replicated over the
+    axes, so its gradient is the same on every rank: avg hands each rank ``grad / p``;
+    max/min hand it to the rank(s) whose local value is the extremum, split evenly among
+    ties (as torch.amax does), counting the holders with one all-reduce."""
 
     @staticmethod
     def forward(ctx, t, comm, action):
-        out = run_blocking(_reduce_partial(comm, action, t))
+        out = _reduce_partial(comm, action, t)
         ctx.comm, ctx.action = comm, action
         if action.op in ("max", "min"):
             ctx.save_for_backward(t, out)
@@ -160,8 +135,13 @@ class _ReducePartial(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        local, reduced = ctx.saved_tensors if ctx.action.op in ("max", "min") else (None, None)
-        return run_blocking(_reduce_partial_backward(ctx.comm, ctx.action, grad, local, reduced)), None, None
+        comm, action = ctx.comm, ctx.action
+        if action.op == "avg":
+            return grad / group_size(comm, action.axes), None, None
+        local, reduced = ctx.saved_tensors
+        holds = (local == reduced).to(grad.dtype)
+        ties = comm.all_reduce(holds.contiguous(), action.axes, "sum")
+        return grad * holds / ties.clamp_min(1), None, None
 
 
 class _Pattern(torch.autograd.Function):
@@ -178,26 +158,9 @@ class _Pattern(torch.autograd.Function):
         return backward_half(ctx.comm, ctx.action, grad), None, None
 
 
-@dataclass(frozen=True, eq=False)
-class Taped:
-    """A BEFORE/AFTER action run outside autograd (:func:`action_steps`): its input ``x``, its
-    result ``y`` (a leaf of its own, requiring grad as ``x`` does), and, for a max/min reduction,
-    the local and reduced values its backward needs."""
-
-    action: CommAction
-    x: Tensor
-    y: Tensor
-    saved: tuple[Tensor, Tensor] | None = None
-
-    def backward(self, comm, grad: Tensor) -> Steps:
-        """The gradient of ``x`` for the gradient ``grad`` of ``y``: the backward exchange."""
-        if self.action.op != "sum":
-            local, reduced = self.saved or (None, None)
-            return (yield from _reduce_partial_backward(comm, self.action, grad, local, reduced))
-        return (yield from backward_steps(comm, self.action, grad))
-
-
-def _checked(action: CommAction, tensor: Tensor) -> None:
+def apply_comm_action(comm, action: CommAction, tensor: Tensor) -> Tensor:
+    """Run the BEFORE/AFTER ``action`` on this rank's ``tensor``: the forward half now, the
+    backward half when autograd propagates a gradient through the result."""
     if not isinstance(action, CommAction):
         raise CollectiveError(f"apply_comm_action expects a CommAction, got {type(action).__name__}")
     if action.where is CommWhere.HOOK:
@@ -207,42 +170,9 @@ def _checked(action: CommAction, tensor: Tensor) -> None:
     if not isinstance(tensor, Tensor):
         raise CollectiveError(
             f"{action.pattern.name} on {action.operand!r} expects a tensor, got {type(tensor).__name__}")
-
-
-def action_steps(comm, action: CommAction, tensor: Tensor, tape: list | None) -> Steps:
-    """Run the BEFORE/AFTER ``action`` on this rank's ``tensor``.  ``tape`` None: through an
-    autograd Function (the backward half runs when autograd propagates a gradient through the
-    result; a blocking communicator only).  A list: the forward half now, outside autograd, its
-    result a new leaf, the action appended to ``tape`` as a :class:`Taped` whose backward the
-    caller runs (so stepped ranks never wait inside autograd)."""
-    _checked(action, tensor)
-    if tape is None:
-        return apply_comm_action(comm, action, tensor)
-    x = tensor.detach()
-    out = yield from forward_steps(comm, action, x)
-    if not tensor.requires_grad:
-        return out
-    saved = (x, out) if action.op in ("max", "min") else None
-    y = (out.view_as(out) if out is x else out).requires_grad_()
-    tape.append(Taped(action, tensor, y, saved))
-    return y
-
-
-def apply_comm_action(comm, action: CommAction, tensor: Tensor) -> Tensor:
-    """Run the BEFORE/AFTER ``action`` on this rank's ``tensor``: the forward half now, the
-    backward half when autograd propagates a gradient through the result."""
-    _checked(action, tensor)
     if action.op != "sum":
         return _ReducePartial.apply(tensor, comm, action)
     return _Pattern.apply(tensor, comm, action)
-
-
-def grad_hook_steps(comm, action: CommAction, grad: Tensor) -> Steps:
-    """A HOOK ``action`` on a parameter's gradient, as steps: the backward half of its pattern
-    (an all-reduce of the gradient for IDENTITY_FWD_ALLREDUCE_BWD), outside autograd."""
-    if not isinstance(action, CommAction) or action.where is not CommWhere.HOOK:
-        raise CollectiveError(f"apply_grad_hook expects a CommAction with where=HOOK, got {action!r}")
-    return (yield from backward_steps(comm, action, grad.detach()))
 
 
 def apply_grad_hook(comm, action: CommAction, grad: Tensor) -> Tensor:
@@ -254,14 +184,13 @@ def apply_grad_hook(comm, action: CommAction, grad: Tensor) -> Tensor:
         return backward_half(comm, action, grad)
 
 
-def before_op_steps(comm, strategy, name: str, tensor: Tensor, late: dict, tape: list | None = None) -> Steps:
+def before_op(comm, strategy, name: str, tensor: Tensor, late: dict) -> Tensor:
     """What the op sees of input ``name``: ``tensor`` after its BEFORE actions. An operand the
     strategy post-adds is kept in ``late`` for :func:`after_op`, and the op sees zeros instead;
-    ids into a sharded dim are shifted into this rank's shard (their mask kept in ``late``).
-    ``tape``: see :func:`action_steps`."""
+    ids into a sharded dim are shifted into this rank's shard (their mask kept in ``late``)."""
     for action in strategy.communication_actions:
         if action.operand == name and action.where is CommWhere.BEFORE:
-            tensor = yield from action_steps(comm, action, tensor, tape)
+            tensor = apply_comm_action(comm, action, tensor)
     if strategy.post_added(name) is not None:
         late[name] = tensor
         tensor = torch.zeros_like(tensor.detach())
@@ -272,34 +201,22 @@ def before_op_steps(comm, strategy, name: str, tensor: Tensor, late: dict, tape:
     return tensor
 
 
-def after_op_steps(comm, strategy, outputs: list, late: dict, keep_partial: tuple[int, ...] | None = None,
-                   tape: list | None = None) -> Steps:
+def after_op(comm, strategy, outputs: list, late: dict, keep_partial: tuple[int, ...] | None = None) -> list:
     """The op's outputs (in place) after their AFTER actions, then the post-added operands.
     An all-reduce over ``keep_partial`` axes is left out: a plan's resharding reduces it.
-    The outputs of ids outside this rank's shard are zeroed first (see :func:`before_op`).
-    ``tape``: see :func:`action_steps`."""
+    The outputs of ids outside this rank's shard are zeroed first (see :func:`before_op`)."""
     for shard in strategy.index_shards:
         if shard.output < len(outputs) and ("outside", shard.index) in late:
             outputs[shard.output] = zero_outside_shard(outputs[shard.output], late[("outside", shard.index)])
     for index, data in enumerate(strategy.outputs[:len(outputs)]):
         for action in strategy.communication_actions:
             if action.operand == data.name and action.where is CommWhere.AFTER and action.axes != keep_partial:
-                outputs[index] = yield from action_steps(comm, action, outputs[index], tape)
+                outputs[index] = apply_comm_action(comm, action, outputs[index])
     for add in strategy.post_add:
         if add.output < len(outputs):
             out = outputs[add.output]
             outputs[add.output] = out + aligned(late[add.operand], add.dims, out.dim())
     return outputs
-
-
-def before_op(comm, strategy, name: str, tensor: Tensor, late: dict) -> Tensor:
-    """:func:`before_op_steps` through autograd Functions, on a blocking communicator."""
-    return run_blocking(before_op_steps(comm, strategy, name, tensor, late))
-
-
-def after_op(comm, strategy, outputs: list, late: dict, keep_partial: tuple[int, ...] | None = None) -> list:
-    """:func:`after_op_steps` through autograd Functions, on a blocking communicator."""
-    return run_blocking(after_op_steps(comm, strategy, outputs, late, keep_partial))
 
 
 def aligned(tensor: Tensor, dims: tuple[int, ...], out_rank: int) -> Tensor:

@@ -35,10 +35,8 @@ from shardverify.verify.reference import Reference, reference
 from shardverify.verify.report import Mismatch
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, tolerance_for
-from shardverify.backends.steps import Steps, run_blocking
-from shardverify.collectives.patterns import Taped
 
-__all__ = ["RankReport", "OpCallError", "rank_check", "rank_steps", "strategy_problems", "local_arguments"]
+__all__ = ["RankReport", "OpCallError", "rank_check", "strategy_problems", "local_arguments"]
 
 _EXACT = Tolerance(0.0, 0.0)
 _COUNTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
@@ -101,15 +99,7 @@ def _format_counts(counts: Counter) -> str:
 
 def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None = None,
                tol: Tolerance | None = None) -> RankReport:
-    """The SPMD check of ``strategy`` on this rank (module-level so process workers import it),
-    on a communicator that blocks in its collectives; a backend that steps ranks runs
-    ``rank_check.steps`` (:func:`rank_steps`) instead."""
-    return run_blocking(rank_steps(comm, case, strategy, dtype, tol))
-
-
-def rank_steps(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None = None,
-               tol: Tolerance | None = None) -> Steps:
-    """:func:`rank_check` as steps: yields each collective it waits in (backends/steps.py)."""
+    """The SPMD check of ``strategy`` on this rank (module-level so process workers import it)."""
     mesh, rank = comm.mesh, comm.rank
     before = _counted(comm) if comm.counts else None   # a fresh communicator has issued nothing
     ref = _reference(case, dtype, comm.device)
@@ -120,8 +110,7 @@ def rank_steps(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
         return _EXACT if exact else tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
 
     traffic_start = Counter(comm.traffic) if comm.traffic else None
-    tape: list[Taped] = []   # the actions run outside autograd, their backward run by _local_backward
-    leaves, outputs, work = yield from _local_forward(comm, ref, strategy, layout, tape)
+    leaves, outputs, work = _local_forward(comm, ref, strategy, layout)
     traffic_fwd = Counter(comm.traffic)
     out_data = layout.outputs
     found: list[Mismatch] = []
@@ -144,7 +133,7 @@ def rank_steps(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
     backward_ran = bool(differentiable and shape_ok)
     if backward_ran:
-        grads = yield from _local_backward(comm, ref, strategy, layout, leaves, differentiable, carrying, tape)
+        grads = _local_backward(comm, ref, strategy, layout, leaves, differentiable, carrying)
         for position, operand in enumerate(layout.inputs):
             data = operand.data
             if data.name in grads:
@@ -173,9 +162,6 @@ def rank_steps(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
 
 
-rank_check.steps = rank_steps   # type: ignore[attr-defined]  (what SimulatedBackend steps)
-
-
 _LAST_REFERENCE = threading.local()
 
 
@@ -200,12 +186,11 @@ def _counted(comm) -> Counter:
     return Counter({key: n for key, n in comm.counts.items() if key[0] in _COUNTED and n})
 
 
-def _local_forward(comm, ref: Reference, strategy: ShardingStrategy, layout: RankLayout,
-                   tape: list) -> Steps:
+def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
+                   layout: RankLayout) -> tuple[dict, tuple, OpWork | None]:
     """This rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
-    replaced by zeros; its work measured), the AFTER actions, then the post-added operands:
-    (leaves, outputs, the op's work).  The actions run outside autograd, onto ``tape``."""
-    from shardverify.collectives.patterns import after_op_steps, before_op_steps
+    replaced by zeros; its work measured), the AFTER actions, then the post-added operands."""
+    from shardverify.collectives.patterns import after_op, before_op
 
     node = ref.node
     module = _private_module(ref) if node.op == "call_module" else None
@@ -221,7 +206,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy, layout: Ran
             _shared_piece(ref.values[loc], operand, comm.mesh, comm.rank, partial.axes, position,
                           partial.op).to(ref.dtypes[loc], copy=True)
         leaves[data.name] = ref.leaf(loc, leaf)
-        local[loc] = yield from before_op_steps(comm, strategy, data.name, leaf, late, tape)
+        local[loc] = before_op(comm, strategy, data.name, leaf, late)
     local.update(local_arguments(strategy, comm.rank))
     meter = OpMeter(node, _call_signature(local))
     try:
@@ -234,7 +219,7 @@ def _local_forward(comm, ref: Reference, strategy: ShardingStrategy, layout: Ran
         if index < min(len(outputs), len(layout.outputs)):
             outputs[index] = torch.zeros(layout.outputs[index].local_shape, dtype=outputs[index].dtype,
                                          device=outputs[index].device)
-    return leaves, tuple((yield from after_op_steps(comm, strategy, outputs, late, tape=tape))), meter.work
+    return leaves, tuple(after_op(comm, strategy, outputs, late)), meter.work
 
 
 def _call_signature(local: dict) -> tuple:
@@ -363,55 +348,20 @@ def _fails_on_shapes(node, strategy: ShardingStrategy, local: dict) -> bool:
 
 
 def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, layout: RankLayout, leaves: dict,
-                    differentiable: list[str], carrying: list, tape: list) -> Steps:
+                    differentiable: list[str], carrying: list) -> dict:
     """Gradients of the leaves for the reference output gradients (sharded like the outputs),
-    with the HOOK actions applied to the parameter gradients.  The taped actions' backward
-    exchanges run here, outside autograd, latest first: each action's result is a leaf, so
-    autograd stops there; once every gradient that can reach it has (from the outputs and from
-    the inputs of later actions), its backward exchange turns it into a gradient of its input,
-    which autograd carries on from.  Each stretch of the graph is walked once."""
-    from shardverify.collectives import patterns
+    with the HOOK actions applied to the parameter gradients."""
+    from shardverify.collectives.patterns import apply_grad_hook
 
     index = {operand.data.name: i for i, operand in enumerate(layout.outputs)}
-    roots = []
+    grad_outs = []
     for data, output in carrying:
         i = index[data.name]
-        roots.append((output, layout.outputs[i].shard(ref.grad_outputs[i], comm.mesh, comm.rank).to(output.dtype)))
-    wanted = [leaves[n] for n in differentiable]
-    found: dict[int, torch.Tensor] = {}
-    for position in range(len(tape) - 1, -1, -1):
-        _propagate(roots, [t.y for t in tape[:position + 1]] + wanted, found)
-        taped = tape[position]
-        grad = found.pop(id(taped.y), None)
-        roots = [] if grad is None else [(taped.x, (yield from taped.backward(comm, grad)))]
-    _propagate(roots, wanted, found)
-    grads = {n: found.get(id(leaves[n]), None) for n in differentiable}
-    grads = {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in grads.items()}
+        grad_outs.append(layout.outputs[i].shard(ref.grad_outputs[i], comm.mesh, comm.rank).to(output.dtype))
+    found = torch.autograd.grad([out for _, out in carrying], [leaves[n] for n in differentiable], grad_outs,
+                                allow_unused=True)
+    grads = {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(differentiable, found)}
     for action in strategy.communication_actions:
         if action.where is CommWhere.HOOK and action.operand in grads:
-            grads[action.operand] = yield from patterns.grad_hook_steps(comm, action, grads[action.operand])
+            grads[action.operand] = apply_grad_hook(comm, action, grads[action.operand])
     return grads
-
-
-def _propagate(roots: list, targets: list, found: dict) -> None:
-    """Add to ``found`` (by id) the gradients that ``roots`` (tensor, gradient) pass to ``targets``:
-    a root that is a target passes its gradient as it is, the others through autograd."""
-    ids = {id(t) for t in targets}
-    through = []
-    for tensor, grad in roots:
-        if id(tensor) in ids:
-            _add(found, tensor, grad)
-        elif tensor.requires_grad:
-            through.append((tensor, grad))
-    if not through:
-        return
-    grads = torch.autograd.grad([t for t, _ in through], targets, [g for _, g in through], retain_graph=True,
-                                allow_unused=True)
-    for target, grad in zip(targets, grads):
-        if grad is not None:
-            _add(found, target, grad)
-
-
-def _add(found: dict, tensor: torch.Tensor, grad: torch.Tensor) -> None:
-    key = id(tensor)
-    found[key] = grad if key not in found else found[key] + grad
