@@ -30,7 +30,10 @@ def _case(spec_name: str, case_id: str):
 def test_local_blocks_are_contiguous_tensors_of_their_own():
     case = OpCase(op="t", target="torch.transpose", inputs=(InputDecl("x", (4, 6)),), params=(("dim0", 0), ("dim1", 1)))
     problem = prepare(case, DeviceMesh((3,)), [Operand("x", "input", ("arg", 0), (4, 6), True)])
-    assert all(t.is_contiguous() for t in problem.local(0, L((), (0,))))
+    full = problem.values[("arg", 0)].untyped_storage().data_ptr()
+    for layout in (L((), (0,)), L((0,), ())):   # a strided view, a contiguous view of the same storage
+        blocks = problem.local(0, layout)
+        assert all(t.is_contiguous() and t.untyped_storage().data_ptr() != full for t in blocks)
 
 
 def test_a_group_shard_of_native_group_norm_holds_on_its_own_contiguous_blocks():

@@ -137,13 +137,15 @@ class Problem:
 
     def local(self, position: int, layout: Layout) -> list[torch.Tensor]:
         """Every rank's local input for operand ``position`` in ``layout`` (cached): a contiguous
-        tensor of its own, as a rank holds it (and as ``verify`` passes it), not a strided view of
-        the full value (native_group_norm refuses a non-contiguous input, which made a channel
-        shard look invalid here while ``verify`` passed it)."""
+        tensor with storage of its own, as a rank holds it (and as ``verify`` passes it), not a
+        view of the full value (native_group_norm refuses a strided input, which made a channel
+        shard look invalid here while ``verify`` passed it; as_strided read the whole storage
+        through a view, so a sharded input looked replicated)."""
         key = (position, layout)
         if key not in self._local:
             operand = self.operands[position]
-            self._local[key] = [self._piece(operand, layout, r)[self.slices(layout, operand.shape, r)].contiguous()
+            self._local[key] = [self._piece(operand, layout, r)[self.slices(layout, operand.shape, r)]
+                                .clone(memory_format=torch.contiguous_format)
                                 for r in self.mesh.ranks]
         return self._local[key]
 
