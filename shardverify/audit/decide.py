@@ -27,7 +27,7 @@ from shardverify.verify.reference import reference
 from shardverify.verify.memory import check_case_memory
 from shardverify.verify.tolerance import Tolerance, is_close
 
-__all__ = ["Operand", "Problem", "Outcome", "prepare"]
+__all__ = ["Operand", "Problem", "Outcome", "prepare", "lone_value_draws"]
 
 # float64 throughout: reordered sums differ by ~1e-15, a wrong layout by O(1).
 RTOL = 1e-9
@@ -45,6 +45,7 @@ class Operand:
     floating: bool
     optional: bool = False
     complex: bool = False          # a complex tensor: a partial sum, never a partial max or min
+    boolean: bool = False          # a bool tensor: also decided with one True, one False element (lone_value_draws)
 
 
 @dataclass(frozen=True)
@@ -135,11 +136,16 @@ class Problem:
         return self._pieces[key][self._index(rank, layout.partial)]
 
     def local(self, position: int, layout: Layout) -> list[torch.Tensor]:
-        """Every rank's local input for operand ``position`` in ``layout`` (cached)."""
+        """Every rank's local input for operand ``position`` in ``layout`` (cached): a contiguous
+        tensor with storage of its own, as a rank holds it (and as ``verify`` passes it), not a
+        view of the full value (native_group_norm refuses a strided input, which made a channel
+        shard look invalid here while ``verify`` passed it; as_strided read the whole storage
+        through a view, so a sharded input looked replicated)."""
         key = (position, layout)
         if key not in self._local:
             operand = self.operands[position]
             self._local[key] = [self._piece(operand, layout, r)[self.slices(layout, operand.shape, r)]
+                                .clone(memory_format=torch.contiguous_format)
                                 for r in self.mesh.ranks]
         return self._local[key]
 
@@ -280,6 +286,10 @@ class Problem:
         found = []
         refs = self.target(combo)
         for k in self.out_index:
+            mixed = _mixed_dtypes([o[k] for o in outs])
+            if mixed:
+                which = "the output" if len(self.outputs) == 1 else f"output {k}"
+                return Outcome(None, f"the ranks' blocks of {which} differ in dtype ({mixed})")
             layout = self.detect([o[k] for o in outs], k, refs[k])
             if layout is None:
                 which = "the output" if len(self.outputs) == 1 else f"output {k}"
@@ -303,8 +313,10 @@ class Problem:
         return known[1]
 
     def holds(self, tensors: Sequence[torch.Tensor], layout: Layout, k: int, ref: torch.Tensor) -> bool:
-        """Do the ranks' local outputs ``tensors`` form ``ref`` (output ``k``) in ``layout``?"""
-        if len(layout.dims) != ref.dim():
+        """Do the ranks' local outputs ``tensors`` form ``ref`` (output ``k``) in ``layout``?
+        Never where their dtypes differ: a sharded tensor has one dtype (native_dropout's mask
+        comes back float, not bool, on a rank whose block is empty)."""
+        if len(layout.dims) != ref.dim() or _mixed_dtypes(tensors):
             return False
         if tuple(tuple(t.shape) for t in tensors) != self.local_shapes(layout, ref.shape):
             return False
@@ -355,6 +367,12 @@ class Problem:
         return None
 
 
+def _mixed_dtypes(tensors: Sequence[torch.Tensor]) -> str:
+    """"" where every rank's block has one dtype, else the dtypes found (sorted)."""
+    dtypes = {t.dtype for t in tensors}
+    return "" if len(dtypes) < 2 else ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+
+
 def _wide(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` detached in float64, or complex128 where it is complex (its imaginary part kept)."""
     return tensor.detach().to(torch.complex128 if tensor.is_complex() else torch.float64)
@@ -391,3 +409,38 @@ def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
     values = {loc: v.detach() for loc, v in ref.values.items()}
     outputs = tuple(_wide(o) for o in ref.outputs)
     return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed)
+
+
+
+def lone_value_draws(problem: Problem) -> list[Problem | str]:
+    """``problem`` with every bool operand redrawn all False but one True element, and all True
+    but one False: none without a bool operand; a string where the op refuses that data.
+
+    Drawn half True, a bool operand saturates a reduction: ``any`` over every block of ten or
+    more elements is True (``all`` False), so each rank's local ``any`` over a sharded reduced
+    dim equals the whole one and the combination looks valid with a replicated output (any_dims
+    on (2, 3)). With one True element, every block without it gives False: such a combination
+    fails, while a valid one holds on any data, so it must hold on these draws too."""
+    flags = [o for o in problem.operands if o.boolean]
+    if not flags:
+        return []
+    gen = torch.Generator().manual_seed(problem.seed + 104729)
+    lone = {o.locator: int(torch.randint(0, max(1, math.prod(o.shape)), (1,), generator=gen)) for o in flags}
+    draws: list[Problem | str] = []
+    for rest in (False, True):
+        values = dict(problem.values)
+        for operand in flags:
+            value = torch.full(operand.shape, rest, dtype=torch.bool)
+            value.view(-1)[lone[operand.locator]] = not rest
+            values[operand.locator] = value
+        try:
+            with torch.no_grad():
+                out = call_op(problem.node, problem.module, values)
+        except Exception as exc:  # the op refuses this data: decided on the others, and said
+            draws.append(f"the op refuses bool operands all {rest} but one element, so combinations are decided "
+                         f"without that draw ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+            continue
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        draws.append(Problem(problem.case, problem.mesh, problem.operands, problem.node, problem.module, values,
+                             tuple(_wide(o) for o in out), problem.out_index, seed=problem.seed))
+    return draws

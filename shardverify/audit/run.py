@@ -18,8 +18,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from shardverify.spec.accept import family_gaps
-from shardverify.audit.decide import Operand, Outcome, Problem, prepare
+from shardverify.audit.decide import Operand, Outcome, Problem, prepare, lone_value_draws
 from shardverify.audit.layouts import PARTIAL_INPUTS, Layout, axis_symmetries, is_extremum, tensor_layouts
 from shardverify.audit.offered import local_argument_choices, offered_combination, output_shape_argument
 from shardverify.audit.sample import AUDIT_SAMPLE, SAMPLE_SEED, counterparts, sampled_combinations
@@ -147,7 +149,7 @@ class _Audit:
         aligned = {add.operand: add.dims for strategy in self.strategies for add in strategy.post_add}
         self.operands = tuple(
             Operand(d.name, d.role, (d.locator.kind, d.locator.key), d.shape, d.dtype.is_floating_point,
-                    d.role in optional or d.name in aligned, d.dtype.is_complex)
+                    d.role in optional or d.name in aligned, d.dtype.is_complex, d.dtype == torch.bool)
             for d in by_role.values() if d.type is not OperationDataType.OUTPUT)
         outputs = [d for d in by_role.values() if d.type is OperationDataType.OUTPUT]
         self.output_roles = [d.role for d in outputs]
@@ -158,13 +160,17 @@ class _Audit:
             prepare(dataclasses.replace(case, seed=seed), self.mesh, self.operands, [d.locator.key or 0 for d in outputs])
             for seed in distinguishing_seeds(case, tuple(mesh_shape)).seeds]
         self.problem = self.problems[0]
+        # bool operands also drawn all False but one element (and all True): half-true data
+        # saturates a reduction (decide.py)
+        draws = lone_value_draws(self.problem)
+        self.problems += [draw for draw in draws if isinstance(draw, Problem)]
         for problem in self.problems:
             problem.shape_arg = output_shape_argument(self.strategies)
             problem.local_choices = local_argument_choices(self.strategies, self.mesh)
         # ... and only when the op really is additive in it (checked numerically)
         ops = (PARTIAL_INPUTS if extremum_inputs else ("sum",)) if partial_inputs else ()
         self.choices = self._choices(ops, aligned)
-        self.note = ""
+        self.note = "; ".join(draw for draw in draws if isinstance(draw, str))
         # over the limit, the partial max/min layouts are left out first, then the partial sums:
         # no combination a spec must offer is lost but those, and an offered partial-input
         # strategy is decided on its own; said in the result
@@ -173,8 +179,9 @@ class _Audit:
             if not (set(ops) - set(fewer)) or not MAX_AUDIT_COMBINATIONS.exceeded(count):
                 continue
             self.choices, ops = self._choices(fewer, aligned), fewer
-            self.note = (f"{what} layouts not enumerated: with them {count} combinations exceed the limit of "
-                         f"{MAX_AUDIT_COMBINATIONS.value} (raise it with {MAX_AUDIT_COMBINATIONS.env}=N)")
+            self.note = "; ".join(filter(None, [self.note, (
+                f"{what} layouts not enumerated: with them {count} combinations exceed the limit of "
+                f"{MAX_AUDIT_COMBINATIONS.value} (raise it with {MAX_AUDIT_COMBINATIONS.env}=N)")]))
         # still over it: decided on a stated sample (audit/sample.py), never an error
         self.sample = 0
         if MAX_AUDIT_COMBINATIONS.exceeded(self.count()):

@@ -34,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("specs", nargs="*", metavar="SPEC",
                         help="op spec paths or names, e.g. linear (default: every op spec)")
     parser.add_argument("--mesh", action="append", type=parse_mesh, metavar="SHAPE", default=None,
-                        help="mesh shape such as 2,2 or 4 (repeatable; default: the meshes each spec lists)")
+                        help="mesh shape such as 2,2 or 4 (repeatable; default: every mesh of each spec's "
+                             "verify: meshes, those its audit: meshes leaves out of the generated test included)")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the report")
     parser.add_argument("--markdown", action="store_true",
                         help="print the per-op report (offered / valid / missing / accepted with reasons) as Markdown; "
