@@ -10,7 +10,7 @@ from shardverify.audit.decide import Operand, lone_value_draws, prepare
 from shardverify.audit.layouts import Layout
 from shardverify.audit.offered import offered_combination
 from shardverify.audit.run import _Audit, _outputs_hold, _own_arguments
-from shardverify.codegen.generate import load_op_specs
+from shardverify.spec.catalogue import load_op_specs
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import InputDecl, OpCase
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shardverify.codegen.generate import load_op_specs
+from shardverify.spec.catalogue import load_op_specs
 from shardverify.dtensor.confirm import (class_examples, confirm_classes, decide, load_confirmations,
                                          run_on_gloo)
 from shardverify.dtensor.report import markdown, summary
