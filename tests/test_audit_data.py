@@ -9,7 +9,8 @@ from pathlib import Path
 from shardverify.audit.decide import Operand, lone_value_draws, prepare
 from shardverify.audit.layouts import Layout
 from shardverify.audit.offered import offered_combination
-from shardverify.audit.run import _Audit, _outputs_hold, _own_arguments
+from shardverify.audit.offered import own_arguments
+from shardverify.audit.run import _Audit, _outputs_hold
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import InputDecl, OpCase
@@ -45,7 +46,7 @@ def test_a_group_shard_of_native_group_norm_holds_on_its_own_contiguous_blocks()
     offered = offered_combination(strategy)
     combo = tuple(dict(offered.inputs)[o.name] for o in audit.operands)
     outputs = tuple(dict(offered.outputs)[name] for name in audit.output_names)
-    own = _own_arguments(strategy, audit.problem.shape_arg, audit.mesh)
+    own = own_arguments(strategy, audit.problem.shape_arg, audit.mesh)
     assert own[0] == {("kwarg", "C"): 2, ("kwarg", "group"): 1}
     assert _outputs_hold(audit.problem, combo, outputs, arguments=own)
 

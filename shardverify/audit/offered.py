@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardverify.audit.layouts import Layout, spec_layout
+from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 
-__all__ = ["Offered", "offered_combination", "output_shape_argument", "local_argument_choices"]
+__all__ = ["Offered", "offered_combination", "output_shape_argument", "local_argument_choices", "own_arguments"]
 
 
 @dataclass(frozen=True)
@@ -155,3 +156,12 @@ def local_argument_choices(strategies, mesh) -> list[list[dict]]:
                         for rank in mesh.ranks]
             found.setdefault(tuple(tuple(sorted(a.items(), key=repr)) for a in per_rank), per_rank)
     return list(found.values())
+
+
+def own_arguments(strategy, shape_arg, mesh: DeviceMesh) -> list[dict] | None:
+    """Each rank's local arguments of a strategy that passes any besides the output shape the
+    audit knows how to localize (``shape_arg``); None for every other strategy."""
+    shape_key = shape_arg[0] if shape_arg is not None else None
+    if all((a.locator.kind, a.locator.key) == shape_key for a in strategy.local_args):
+        return None
+    return [{(a.locator.kind, a.locator.key): a.value_on(rank) for a in strategy.local_args} for rank in mesh.ranks]

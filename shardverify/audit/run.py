@@ -23,7 +23,8 @@ import torch
 from shardverify.spec.accept import family_gaps
 from shardverify.audit.decide import Operand, Outcome, Problem, prepare, lone_value_draws
 from shardverify.audit.layouts import PARTIAL_INPUTS, Layout, axis_symmetries, is_extremum, tensor_layouts
-from shardverify.audit.offered import local_argument_choices, offered_combination, output_shape_argument
+from shardverify.audit.offered import (local_argument_choices, offered_combination, output_shape_argument,
+                                       own_arguments)
 from shardverify.audit.sample import AUDIT_SAMPLE, SAMPLE_SEED, counterparts, sampled_combinations
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.limits import MAX_AUDIT_COMBINATIONS
@@ -360,7 +361,7 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
             else:
                 result.masked += 1
             continue
-        own = _own_arguments(strategy, audit.problem.shape_arg, audit.mesh)
+        own = own_arguments(strategy, audit.problem.shape_arg, audit.mesh)
         if own is not None:
             # local arguments the enumeration does not pass (a range factory's start and end, the
             # sizes of a rank's own blocks: size_params): the offered combination is run with the
@@ -408,15 +409,6 @@ def audit_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dic
                                            accepted=f"{entry.where_text()}: {entry.reason}"))
     result.seconds = time.perf_counter() - start
     return result
-
-
-def _own_arguments(strategy, shape_arg, mesh: DeviceMesh) -> list[dict] | None:
-    """Each rank's local arguments of a strategy that passes any besides the output shape the
-    audit knows how to localize (``shape_arg``); None for every other strategy."""
-    shape_key = shape_arg[0] if shape_arg is not None else None
-    if all((a.locator.kind, a.locator.key) == shape_key for a in strategy.local_args):
-        return None
-    return [{(a.locator.kind, a.locator.key): a.value_on(rank) for a in strategy.local_args} for rank in mesh.ranks]
 
 
 def _outputs_hold(problem: Problem, combo, outputs: tuple[Layout, ...], masked=(), arguments=None) -> bool:
