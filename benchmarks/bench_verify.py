@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import pickle
-import signal
 import statistics
 import sys
 import tempfile
@@ -177,20 +176,12 @@ def _budget(seconds: float):
     ("terminate called after throwing ... _TooSlow"). Until this file's code runs again the alarm
     re-arms every 10 ms, so a layout is cut between DTensor calls; past 3 x ``seconds`` it is cut
     wherever it is (waiting for the bench's code made (2,2,2) runs take far longer)."""
-    here, hard = os.path.abspath(__file__), time.monotonic() + 3 * seconds
+    from shardverify.backends.signals import deadline
 
-    def expire(signum, frame):  # noqa: ANN001
-        if (frame is not None and os.path.abspath(frame.f_code.co_filename) == here) or time.monotonic() > hard:
-            raise _TooSlow(f"over {seconds:g}s")
-        signal.setitimer(signal.ITIMER_REAL, 0.01)
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
+    here = os.path.abspath(__file__)
+    with deadline(seconds, lambda: _TooSlow(f"over {seconds:g}s"), hard_after=3 * seconds,
+                  only_where=lambda frame: frame is not None and os.path.abspath(frame.f_code.co_filename) == here):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,

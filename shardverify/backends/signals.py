@@ -13,7 +13,9 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
+from types import FrameType
 
 __all__ = ["Terminated", "exit_on_sigterm", "interrupt_on_sigterm", "start_forkserver", "signals_held", "keep_interrupts", "deadline"]
 
@@ -134,15 +136,23 @@ def keep_interrupts():
 
 
 @contextlib.contextmanager
-def deadline(seconds: float | None, error: Callable[[], BaseException]):
+def deadline(seconds: float | None, error: Callable[[], BaseException], *,
+             only_where: Callable[[FrameType | None], bool] | None = None, hard_after: float | None = None):
     """Raise ``error()`` in this (the main) thread after ``seconds``; off the main thread, where
-    no signal handler can be set, or with None, no limit."""
+    no signal handler can be set, or with None, no limit.
+
+    ``only_where``: raise only while the interrupted frame passes it (an exception raised inside
+    Python code that C++ called cannot cross that C++ frame and aborts the process); until then
+    the alarm re-arms every 10 ms, and past ``hard_after`` seconds it is raised wherever it is."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
+    hard = None if hard_after is None else time.monotonic() + hard_after
 
     def expire(signum, frame):  # noqa: ANN001
-        raise error()
+        if only_where is None or only_where(frame) or (hard is not None and time.monotonic() > hard):
+            raise error()
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
