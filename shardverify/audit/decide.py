@@ -412,9 +412,9 @@ def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
 
 
 
-def lone_value_draws(problem: Problem) -> list[Problem | str]:
+def lone_value_draws(problem: Problem) -> tuple[list[Problem], list[str]]:
     """``problem`` with every bool operand redrawn all False but one True element, and all True
-    but one False: none without a bool operand; a string where the op refuses that data.
+    but one False (none without a bool operand), and a note for each draw the op refuses.
 
     Drawn half True, a bool operand saturates a reduction: ``any`` over every block of ten or
     more elements is True (``all`` False), so each rank's local ``any`` over a sharded reduced
@@ -423,10 +423,11 @@ def lone_value_draws(problem: Problem) -> list[Problem | str]:
     fails, while a valid one holds on any data, so it must hold on these draws too."""
     flags = [o for o in problem.operands if o.boolean]
     if not flags:
-        return []
+        return [], []
     gen = torch.Generator().manual_seed(problem.seed + 104729)
     lone = {o.locator: int(torch.randint(0, max(1, math.prod(o.shape)), (1,), generator=gen)) for o in flags}
-    draws: list[Problem | str] = []
+    draws: list[Problem] = []
+    notes: list[str] = []
     for rest in (False, True):
         values = dict(problem.values)
         for operand in flags:
@@ -437,10 +438,10 @@ def lone_value_draws(problem: Problem) -> list[Problem | str]:
             with torch.no_grad():
                 out = call_op(problem.node, problem.module, values)
         except Exception as exc:  # the op refuses this data: decided on the others, and said
-            draws.append(f"the op refuses bool operands all {rest} but one element, so combinations are decided "
+            notes.append(f"the op refuses bool operands all {rest} but one element, so combinations are decided "
                          f"without that draw ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
             continue
         out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         draws.append(Problem(problem.case, problem.mesh, problem.operands, problem.node, problem.module, values,
                              tuple(_wide(o) for o in out), problem.out_index, seed=problem.seed))
-    return draws
+    return draws, notes

@@ -163,15 +163,15 @@ class _Audit:
         self.problem = self.problems[0]
         # bool operands also drawn all False but one element (and all True): half-true data
         # saturates a reduction (decide.py)
-        draws = lone_value_draws(self.problem)
-        self.problems += [draw for draw in draws if isinstance(draw, Problem)]
+        draws, refused = lone_value_draws(self.problem)
+        self.problems += draws
         for problem in self.problems:
             problem.shape_arg = output_shape_argument(self.strategies)
             problem.local_choices = local_argument_choices(self.strategies, self.mesh)
         # ... and only when the op really is additive in it (checked numerically)
         ops = (PARTIAL_INPUTS if extremum_inputs else ("sum",)) if partial_inputs else ()
         self.choices = self._choices(ops, aligned)
-        self.note = "; ".join(draw for draw in draws if isinstance(draw, str))
+        self.note = "; ".join(refused)
         # over the limit, the partial max/min layouts are left out first, then the partial sums:
         # no combination a spec must offer is lost but those, and an offered partial-input
         # strategy is decided on its own; said in the result
