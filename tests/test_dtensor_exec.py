@@ -320,3 +320,21 @@ def test_a_combination_a_process_died_on_is_counted_raising_when_the_run_resumes
     assert died.findings[0].detail == f"{DIED} (in DTensor's execution)"
     assert results["torch.neg"].counts == {"agrees": 5}
     assert not path.with_name(path.name + ".running").exists()
+
+
+def test_a_full_report_reads_a_case_the_full_run_has_not_finished_from_its_stored_sample_and_says_so(
+        tmp_path, capsys):
+    from shardverify.dtensor.run import run_spec, stored_results
+
+    spec = load_op_specs(ROOT, None, ["neg"])[0]
+    run_spec(spec, [(4,)], limit=2, store=tmp_path, root=ROOT)        # every case, a sample of 2
+    results, note = stored_results(tmp_path, [spec], [(4,)], None, ROOT)
+    assert [r.executed for r in results] == [2] * len(spec.op_cases()) and len(results) > 1
+    assert "0 of 1 (op spec, mesh) pairs complete, 1 complete where some cases ran an evenly spaced sample" in note
+    assert "--limit 2" in note and all("not executed (limit 2)" in r.note for r in results)
+    # the full run's finished cases win over the sample; a sampled pair is no longer said to be one
+    whole = run_spec(spec, [(4,)], limit=None, store=tmp_path, root=ROOT)
+    results, note = stored_results(tmp_path, [spec], [(4,)], None, ROOT)
+    assert [r.executed for r in results] == [r.executed for r in whole] and "1 of 1 (op spec, mesh) pairs complete," in note
+    # asked for the sample, only the sample is read
+    assert [r.executed for r in stored_results(tmp_path, [spec], [(4,)], 2, ROOT)[0]] == [2] * len(results)

@@ -295,41 +295,51 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
 def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = Path(".")) -> tuple[list[CaseResult], str]:
     """The results a folder holds for ``specs`` on ``meshes`` (each spec's own meshes when None)
     at this torch version and ``limit``, and a sentence saying how much of that is complete:
-    (spec, mesh) pairs finished, in progress (their cases so far) and not run, by name."""
+    (spec, mesh) pairs finished, in progress (their cases so far) and not run, by name.
+
+    With ``limit`` None (every combination), a case the full run has not finished is read from
+    the largest evenly spaced sample stored for it (``--limit N``), and said: every combination
+    of every op on three meshes is more than this machine can run (hours per op spec on the
+    larger grids), and a stated sample says more than "not run"."""
     import torch
 
     results: list[CaseResult] = []
-    complete, partial, missing, unrun = [], [], [], []
-    absent, seconds = 0, 0.0
+    complete, sampled, partial, missing, unrun = [], [], [], [], []
+    absent, seconds, sample_limits = 0, 0.0, set()
     for spec in specs:
         digest = spec_hash(spec, root)
         shapes = meshes or spec.verify.meshes
-        if not any(store_path(store, spec.name, digest, m, torch.__version__, limit).exists() for m in shapes):
+        runs = {tuple(m): _stored_runs(store, spec.name, digest, m, torch.__version__, limit) for m in shapes}
+        if not any(runs.values()):
             unrun.append(spec.name)      # said by name alone
             absent += len(shapes)
             continue
         for mesh in shapes:
             mesh = tuple(mesh)
-            saved = load_stored(store_path(store, spec.name, digest, mesh, torch.__version__, limit))
+            found_cases, finished, from_sample = _merged_cases(runs[mesh], sampling=limit is None)
             name = f"{spec.name} {_shape(mesh)}"
-            if saved is None or not saved.results:
+            if not found_cases:
                 missing.append(name)
                 continue
-            (complete if saved.complete else partial).append(name)
-            for case_id, item in saved.results.items():
-                found = CaseResult.from_json(item)
-                if case_id not in saved.done:
-                    left = (f"in progress: {found.executed} of {found.combinations} combinations executed "
-                            "so far, the rest not run yet")
-                    found.note = f"{found.note}; {left}" if found.note else left
-                found.resumed = True
+            if not finished:
+                partial.append(name)
+            elif from_sample:
+                sampled.append(name)
+                sample_limits |= from_sample
+            else:
+                complete.append(name)
+            for found in found_cases:
                 seconds += found.seconds
                 results.append(found)
-    total = len(complete) + len(partial) + len(missing) + absent
+    total = len(complete) + len(sampled) + len(partial) + len(missing) + absent
     note = (f"the stored results in `{store}` (torch {torch.__version__}, --limit {limit or 0}): {len(complete)} of "
-            f"{total} (op spec, mesh) pairs complete, {len(partial)} in progress (their finished cases and the "
-            f"combinations executed so far are counted below), {len(missing) + absent} not run; "
-            f"{seconds / 60:.0f} min of execution stored.")
+            f"{total} (op spec, mesh) pairs complete")
+    if sampled:
+        note += (f", {len(sampled)} complete where some cases ran an evenly spaced sample of their combinations "
+                 f"(--limit {', '.join(map(str, sorted(sample_limits)))}; each such case's note says how many of "
+                 "its combinations were not executed)")
+    note += (f", {len(partial)} in progress (their finished cases and the combinations executed so far are counted "
+             f"below), {len(missing) + absent} not run; {seconds / 60:.0f} min of execution stored.")
     if partial:
         note += " In progress: " + ", ".join(partial) + "."
     if missing:
@@ -337,6 +347,45 @@ def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = P
     if unrun:
         note += f" Not run on any mesh ({len(unrun)} specs): " + ", ".join(unrun) + "."
     return results, note
+
+
+def _stored_runs(store: Path, spec_name: str, digest: str, mesh, torch_version: str,
+                 limit: int | None) -> list[StoredRun]:
+    """The stored runs of one spec on one mesh to read, best first: the run at ``limit``; with
+    ``limit`` None (every combination) also each stored sample, the largest first."""
+    wanted = load_stored(store_path(store, spec_name, digest, mesh, torch_version, limit))
+    runs = [wanted] if wanted is not None else []
+    if limit is None:
+        pattern = store_path(store, spec_name, digest, mesh, torch_version, None).name.replace(".limit0.", ".limit*.")
+        samples = [load_stored(path) for path in store.joinpath(f"torch-{torch_version}").glob(pattern)]
+        runs += sorted((run for run in samples if run is not None and run.limit), key=lambda run: -run.limit)
+    return runs
+
+
+def _merged_cases(runs: list[StoredRun], sampling: bool) -> tuple[list[CaseResult], bool, set[int]]:
+    """Each case from the first run (best first) that finished it, else from the first that has
+    it in progress; whether every case finished, and (``sampling``: samples stand in for the
+    full run) the sample limits any finished case came from."""
+    if not runs or not any(run.results for run in runs):
+        return [], False, set()
+    cases = next((run.cases for run in runs if run.cases), [])
+    found, finished, limits = [], True, set()
+    for case_id in cases:
+        done = next((run for run in runs if case_id in run.done), None)
+        run = done or next((run for run in runs if case_id in run.results), None)
+        if run is None:
+            finished = False
+            continue
+        result = CaseResult.from_json(run.results[case_id])
+        if done is None:
+            finished = False
+            left = f"in progress: {result.executed} of {result.combinations} combinations executed so far, the rest not run yet"
+            result.note = f"{result.note}; {left}" if result.note else left
+        elif sampling and run.limit:
+            limits.add(run.limit)
+        result.resumed = True
+        found.append(result)
+    return found, finished, limits
 
 
 def _shape(mesh) -> str:
