@@ -339,7 +339,8 @@ def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = P
                  f"(--limit {', '.join(map(str, sorted(sample_limits)))}; each such case's note says how many of "
                  "its combinations were not executed)")
     note += (f", {len(partial)} in progress (their finished cases and the combinations executed so far are counted "
-             f"below), {len(missing) + absent} not run; {seconds / 60:.0f} min of execution stored.")
+             f"below), {len(missing) + absent} not run; {sum(r.executed for r in results):,} of the stored cases' "
+             f"{sum(r.combinations for r in results):,} combinations executed, {seconds / 60:.0f} min of execution stored.")
     if partial:
         note += " In progress: " + ", ".join(partial) + "."
     if missing:
