@@ -338,3 +338,11 @@ def test_a_full_report_reads_a_case_the_full_run_has_not_finished_from_its_store
     assert [r.executed for r in results] == [r.executed for r in whole] and "1 of 1 (op spec, mesh) pairs complete," in note
     # asked for the sample, only the sample is read
     assert [r.executed for r in stored_results(tmp_path, [spec], [(4,)], 2, ROOT)[0]] == [2] * len(results)
+
+
+def test_a_running_statistic_is_no_gradient_leaf_so_batch_norm_runs_forward_and_backward():
+    case_id = "torch.ops.aten.batch_norm.default-training_False-momentum_0.1-eps_1e-05-cudnn_enabled_False"
+    spec, case = _case("batch_norm", case_id)
+    result = run_case(spec, case_id, case, (4,), limit=3)
+    assert result.executed == 3 and "error" not in result.note      # it raised asking running_mean's gradient
+    assert result.counts["agrees"] >= 1

@@ -46,6 +46,7 @@ class Operand:
     optional: bool = False
     complex: bool = False          # a complex tensor: a partial sum, never a partial max or min
     boolean: bool = False          # a bool tensor: also decided with one True, one False element (lone_value_draws)
+    constant: bool = False         # the op takes no gradient for it (a running statistic: constant_operands)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,8 @@ class Problem:
             empty = any(t[rank].numel() == 0 for t in locals_)
             try:
                 if empty:   # a kernel may take an empty block forward and refuse it backward
-                    out = _call_with_backward(self.node, self.module, values)
+                    out = _call_with_backward(self.node, self.module, values,
+                                              {o.locator for o in self.operands if o.constant})
                 else:
                     with torch.no_grad():
                         out = call_op(self.node, self.module, values)
@@ -378,11 +380,12 @@ def _wide(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to(torch.complex128 if tensor.is_complex() else torch.float64)
 
 
-def _call_with_backward(node, module, values: dict):
+def _call_with_backward(node, module, values: dict, constant: set = frozenset()):
     """The op on ``values`` with its backward run from gradients of ones (what a training step
-    does with a rank's empty block); the outputs, detached."""
+    does with a rank's empty block); the outputs, detached. ``constant``: the locators the op
+    takes no gradient for (asking for one raises)."""
     values = {k: v.detach().requires_grad_() if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
-              else v
+              and k not in constant else v
               for k, v in values.items()}
     out = call_op(node, module, values)
     backward_from_ones(list(values.values()), out if isinstance(out, (tuple, list)) else (out,))

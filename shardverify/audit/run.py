@@ -148,9 +148,11 @@ class _Audit:
         # strategy post-adds it (addmm's `input` bias is neither optional nor a parameter)
         optional = {o.role for o in spec.operands if o.optional}
         aligned = {add.operand: add.dims for strategy in self.strategies for add in strategy.post_add}
+        constant = {i.role for i in spec.verify.inputs if not i.grad}
         self.operands = tuple(
             Operand(d.name, d.role, (d.locator.kind, d.locator.key), d.shape, d.dtype.is_floating_point,
-                    d.role in optional or d.name in aligned, d.dtype.is_complex, d.dtype == torch.bool)
+                    d.role in optional or d.name in aligned, d.dtype.is_complex, d.dtype == torch.bool,
+                    d.role in constant)
             for d in by_role.values() if d.type is not OperationDataType.OUTPUT)
         outputs = [d for d in by_role.values() if d.type is OperationDataType.OUTPUT]
         self.output_roles = [d.role for d in outputs]

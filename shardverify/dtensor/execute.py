@@ -97,7 +97,7 @@ class CaseRunner:
         values = dict(problem.values)
         leaves = {}
         for i, operand in enumerate(self.operands):
-            if operand.floating:
+            if operand.floating and not operand.constant:
                 leaves[i] = values[operand.locator] = problem.values[operand.locator].clone().requires_grad_()
         # the tensors the call takes, by identity: the recorded aten call names them
         self._held = [values[o.locator] for o in self.operands]
@@ -182,7 +182,7 @@ class CaseRunner:
             made = self._input(i, layout)
             if isinstance(made, str):
                 return Execution("inputs", made)
-            if operand.floating and self.backward:
+            if operand.floating and not operand.constant and self.backward:
                 with self.mode:
                     made = made.detach().requires_grad_()
                 leaves[i] = made
@@ -272,7 +272,7 @@ class CaseRunner:
         leaves = {}
         for i, operand in enumerate(self.operands):
             value = rebuilt.get(i, self.problem.values[operand.locator])
-            if operand.floating and self.backward:
+            if operand.floating and not operand.constant and self.backward:
                 value = leaves[i] = value.clone().requires_grad_()
             values[operand.locator] = value
         out = call_op(self.problem.node, self.problem.module, values)

@@ -113,9 +113,11 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
     floating = []
     for o in operands:
         value = problem.values[o.locator]
-        if value.is_floating_point():
+        if value.is_floating_point() and not o.constant:
             lines.append(f"{o.role} = torch.randn({tuple(value.shape)!r}, dtype=torch.float64)")
             floating.append(o.role)
+        elif value.is_floating_point():   # a running statistic: its drawn values (variances positive), no gradient
+            lines.append(f"{o.role} = torch.tensor({value.tolist()!r}, dtype=torch.float64)")
         else:
             lines.append(f"{o.role} = torch.tensor({value.tolist()!r}, dtype={value.dtype})")
     lines += ["", setup.rstrip(), f"leaves = [{', '.join(r + '.requires_grad_()' for r in floating)}]",
