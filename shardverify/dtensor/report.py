@@ -157,7 +157,11 @@ Classes, most important first:
 A case with more combinations than the limit executes an evenly spaced sample; the table says
 how many ran. A run over every spec takes hours: `--results DIR` stores each case's result (one
 file per spec content hash, mesh, torch version and limit) and continues an interrupted run at
-its next combination; `--from-json DIR` rebuilds this page from what is stored. `raises` on an uneven layout can be `LocalTensorMode`'s own limit (its tensors
+its next combination; `--from-json DIR` rebuilds this page from what is stored. Every
+combination of every op on three meshes is millions of DTensor executions (days on one core):
+with `--limit 0`, a case whose full run is not stored is read from the largest evenly spaced
+sample stored for it (`--limit N`), and the coverage note and the case's note say so.
+`raises` on an uneven layout can be `LocalTensorMode`'s own limit (its tensors
 carry per-rank sizes) rather than DTensor's; the detail names the error.
 """
 
