@@ -177,8 +177,7 @@ class Problem:
             empty = any(t[rank].numel() == 0 for t in locals_)
             try:
                 if empty:   # a kernel may take an empty block forward and refuse it backward
-                    out = _call_with_backward(self.node, self.module, values,
-                                              {o.locator for o in self.operands if o.constant})
+                    out = _call_with_backward(self.node, self.module, values)
                 else:
                     with torch.no_grad():
                         out = call_op(self.node, self.module, values)
@@ -380,12 +379,13 @@ def _wide(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to(torch.complex128 if tensor.is_complex() else torch.float64)
 
 
-def _call_with_backward(node, module, values: dict, constant: set = frozenset()):
+def _call_with_backward(node, module, values: dict):
     """The op on ``values`` with its backward run from gradients of ones (what a training step
-    does with a rank's empty block); the outputs, detached. ``constant``: the locators the op
-    takes no gradient for (asking for one raises)."""
+    does with a rank's empty block); the outputs, detached. Every floating operand is asked for
+    a gradient, constants too, as the strategy generator's probe of an empty block asks
+    (strategies/generators/common.py): the two must agree on which empty blocks an op takes."""
     values = {k: v.detach().requires_grad_() if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
-              and k not in constant else v
+              else v
               for k, v in values.items()}
     out = call_op(node, module, values)
     backward_from_ones(list(values.values()), out if isinstance(out, (tuple, list)) else (out,))
