@@ -93,3 +93,34 @@ def test_confirm_without_a_results_folder_is_a_usage_error(capsys):
     assert main(["dtensor", "cumsum", "--mesh", "4", "--confirm", "--root", str(ROOT)]) == 2
     assert "--confirm stores what it finds beside the results: give --results DIR or --from-json DIR" in (
         capsys.readouterr().err)
+
+
+def test_a_process_gloo_kills_inside_dtensor_after_the_op_returned_is_a_late_failure_said_with_its_step():
+    # conv2d forward-late input=S(0) weight=S(2) on (2, 2): the handler convolves each rank's kernel rows
+    # (2 and 1 of 3), the output blocks differ in height, and full_tensor()'s all_gather hands gloo
+    # buffers of different sizes: gloo aborts the ranks receiving more than their buffer holds
+    def stage(rank, what):
+        return "STAGE " + json.dumps({"ranks": [rank], "stage": what})
+
+    def killed(rank, code, name):
+        return (f"[{rank}]:\n  time      : now\n  host      : localhost\n  rank      : {rank} (local_rank: {rank})\n"
+                f"  exitcode  : {code} (pid: {100 + rank})  ({name})")
+
+    steps = [stage(r, s) for r in range(4) for s in ("the op", "full_tensor() of the output")]
+    output = "\n".join(steps + [
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 20480 vs 18432. Received data "
+        "size doesn't match expected size. Is there a distributed collective mismatch in your code?",
+        "VERDICT " + json.dumps({"ranks": [3], "status": "wrong", "detail": "output on rank 3: expected shape (8, 16, 8, 8)"}),
+        killed(0, -6, "SIGABRT"), killed(1, -6, "SIGABRT"), killed(2, -15, "SIGTERM")])
+    status, detail = decide("late-failure", output, 4, False, 9)
+    assert status == "confirmed", detail
+    assert detail.startswith("the op returned on every rank, then rank 0 killed by SIGABRT in full_tensor() of the "
+                             "output, rank 1 killed by SIGABRT in full_tensor() of the output; gloo: [enforce fail")
+    assert "rank 3 wrong: output on rank 3: expected shape" in detail and "rank 2" not in detail   # torchrun's SIGTERM
+    assert decide("silent-wrong", output, 4, False, 9)[0] == "differs"
+    # killed while the op itself ran: DTensor's failure, never a confirmation of a late one
+    during = "\n".join([stage(0, "the op"), killed(0, -6, "SIGABRT")])
+    assert decide("late-failure", during, 1, False, 9)[1].startswith("the op itself kills a process: rank 0 killed by")
+    # killed before any of DTensor's steps: the script's own setup, aborted
+    assert decide("late-failure", killed(0, -6, "SIGABRT"), 1, False, 9)[0] == "aborted"

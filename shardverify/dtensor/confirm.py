@@ -5,10 +5,15 @@ The in-process execution runs every rank under ``LocalTensorMode`` on a fake pro
 finding there is only as sound as that simulation. Here the same script runs on N real gloo
 processes (N the mesh's size), each process prints a ``VERDICT {json}`` line, and the class is:
 
-* ``confirmed``: a rank reproduced the class's failure (wrong values, or the late failure);
+* ``confirmed``: a rank reproduced the class's failure (wrong values, or the late failure); a
+  late failure also where the op returned on every rank and a process was then killed inside
+  ``full_tensor()``'s or the backward's collectives (gloo aborts a process whose rank receives
+  more bytes than its buffer holds: DTensor handed one collective blocks of different sizes);
 * ``not reproduced``: every rank right on real processes: the in-process finding is suspect;
-* ``differs``: DTensor failed otherwise on real processes (the op raised, another failure);
-* ``aborted``: a process was killed by a signal (SIGABRT, SIGSEGV) or ended without a verdict;
+* ``differs``: DTensor failed otherwise on real processes (the op raised, another failure, or a
+  process killed inside DTensor: each said with the step it died in);
+* ``aborted``: a process was killed by a signal (SIGABRT, SIGSEGV) or ended without a verdict
+  outside DTensor's steps (before the op ran: the script's own setup);
 * ``timeout``: no result within the time allowed (a hang; every process is then killed);
 * ``error``: no script could be made or run (said why).
 
@@ -31,11 +36,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from shardverify.dtensor.repro import FORMAT, VERDICT
+from shardverify.dtensor.repro import FORMAT, STAGE, VERDICT
 
-__all__ = ["Confirmation", "STATUSES", "EXPECTED", "example_of", "class_examples", "confirm_classes",
+__all__ = ["Confirmation", "STATUSES", "EXPECTED", "LATE_STAGES", "example_of", "class_examples", "confirm_classes",
            "load_confirmations", "save_confirmation",
-           "run_on_gloo", "decide", "DEFAULT_TIMEOUT"]
+           "run_on_gloo", "decide", "stages_of", "DEFAULT_TIMEOUT"]
 
 STORE_VERSION = 1
 DEFAULT_TIMEOUT = 300.0      # seconds per class: torchrun's start, N processes importing torch, the op
@@ -44,7 +49,7 @@ STATUSES: dict[str, str] = {
     "confirmed": "reproduced on real gloo processes",
     "not reproduced": "right on every real gloo process: the in-process finding is suspect",
     "differs": "DTensor fails otherwise on real gloo processes",
-    "aborted": "a process was killed by a signal or ended without a verdict",
+    "aborted": "a process was killed by a signal or ended without a verdict before DTensor ran",
     "timeout": "no result within the time allowed",
     "error": "the repro could not be made or run",
 }
@@ -188,13 +193,47 @@ def signals_of(output: str) -> dict[int, str]:
     return found
 
 
+def stages_of(output: str) -> dict[int, str]:
+    """rank -> the last step its process said it was starting (``STAGE`` lines)."""
+    found: dict[int, str] = {}
+    for line in output.splitlines():
+        if not line.startswith(STAGE):
+            continue
+        try:
+            item = json.loads(line[len(STAGE):])
+            for rank in item["ranks"]:
+                found[int(rank)] = str(item["stage"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+#: the steps after the op returned: a process killed in one of them failed late
+LATE_STAGES = ("full_tensor() of the output", "the backward")
+
+
 def decide(klass: str, output: str, world: int, timed_out: bool, timeout: float) -> tuple[str, str]:
-    """(status, detail) of a class's run from what torchrun printed."""
-    verdicts, killed = verdicts_of(output), signals_of(output)
+    """(status, detail) of a class's run from what torchrun printed. A process killed by a signal
+    in one of DTensor's steps (its last ``STAGE``) is DTensor's failure, said with the step and
+    gloo's reason: after the op returned it is a late failure; only a process killed outside them
+    (or ending without a word) is ``aborted``."""
+    verdicts, killed, stages = verdicts_of(output), signals_of(output), stages_of(output)
     missing = [r for r in range(world) if r not in verdicts]
     hits = {r: d for r, (s, d) in sorted(verdicts.items()) if s == EXPECTED[klass]}
-    aborts = ", ".join(f"rank {r} killed by {name}" for r, name in sorted(killed.items()))
-    if hits:
+    died_in = {r: stages.get(r, "") for r in killed}
+    inside = bool(killed) and all(died_in.values())
+    late = inside and all(stage in LATE_STAGES for stage in died_in.values())
+    aborts = (", ".join(f"rank {r} killed by {killed[r]} in {died_in[r]}" for r in sorted(killed)) if inside else
+              ", ".join(f"rank {r} killed by {name}" for r, name in sorted(killed.items())))
+    if inside:
+        gloo = _gloo_error(output)
+        said = "; ".join(f"rank {r} {s}" + (f": {d[:150]}" if d else "") for r, (s, d) in sorted(verdicts.items()))
+        aborts = "; ".join(part for part in (aborts, f"gloo: {gloo}" if gloo else "", said) if part)
+        if late:
+            aborts = f"the op returned on every rank, then {aborts}"
+        if late and klass == "late-failure":
+            return "confirmed", aborts
+    if hits and not inside:
         # a rank's own error before another's lost connection to it (gloo's "Connection closed by peer")
         first = min(hits.values(), key=lambda d: "gloo/transport" in d or "Connection closed" in d)
         detail = f"{first} ({len(hits)} of {world} ranks)"
@@ -202,6 +241,8 @@ def decide(klass: str, output: str, world: int, timed_out: bool, timeout: float)
     if timed_out:
         return "timeout", (f"no result within {timeout:g} s; every process killed"
                            + (f"; ranks without a verdict: {missing}" if missing else ""))
+    if inside:
+        return "differs", (f"killed after the op returned: {aborts}" if late else f"the op itself kills a process: {aborts}")
     if killed or missing:
         last = _last_error(output)
         return "aborted", "; ".join(part for part in (aborts, f"ranks without a verdict: {missing}" if missing else "",
@@ -212,6 +253,14 @@ def decide(klass: str, output: str, world: int, timed_out: bool, timeout: float)
         return "error", verdicts[0][1]
     status, detail = next((s, d) for s, d in verdicts.values() if s != "right")
     return "differs", f"{status} on real processes: {detail}"
+
+
+def _gloo_error(output: str) -> str:
+    """What gloo said when it aborted a process (its ``what():`` line), or ""."""
+    for line in output.splitlines():
+        if "what():" in line:
+            return line.split("what():", 1)[1].strip()[:300]
+    return ""
 
 
 def _last_error(output: str) -> str:
@@ -225,9 +274,11 @@ def _last_error(output: str) -> str:
 
 def _kept(output: str, status: str) -> str:
     """What is stored of a run's output (the folder is committed): the verdicts the processes
-    printed, and unless confirmed the end of the rest (torchrun's summary of who exited how)."""
-    said = [line for line in output.splitlines() if line.startswith(("verdict ", "DTensor output"))]
-    return "\n".join(said)[-1500:] + ("" if status == "confirmed" else "\n...\n" + output[-1500:])
+    printed and gloo's reason for killing one, and unless confirmed without a process killed the
+    end of the rest (torchrun's summary of who exited how)."""
+    said = [line for line in output.splitlines() if line.startswith(("verdict ", "DTensor output")) or "what():" in line]
+    whole = status == "confirmed" and not signals_of(output)
+    return "\n".join(said)[-1500:] + ("" if whole else "\n...\n" + output[-1500:])
 
 
 def script_sha(script: str) -> str:
@@ -284,6 +335,8 @@ def confirm_classes(results, specs, folder: Path, *, root: Path = Path("."), kla
         else:
             output, timed_out, seconds = run_on_gloo(script, world, timeout)
             status, detail = decide(finding.klass, output, world, timed_out, timeout)
+            if "killed by" in detail and finding.rule:   # who handed gloo the mismatched buffers
+                detail += f"; in process, DTensor's rule against its runtime: {finding.rule}"
         found = Confirmation(key, finding.klass, torch.__version__, example, status, detail, world,
                              round(seconds, 1), script_sha(script), _kept(output, status))
         save_confirmation(folder, found)

@@ -25,8 +25,8 @@ import torch
 from shardverify.audit.layouts import Layout
 from shardverify.backends.signals import deadline
 from shardverify.capture.call import call_op
-from shardverify.dtensor.hooks import (AtenCalls, fresh_sharding_cache, quiet_dtensor, reuse_propagation, tracing,
-                                      watch_redistribution)
+from shardverify.dtensor.hooks import (AtenCalls, counting_collectives, fresh_sharding_cache, quiet_dtensor,
+                                      reuse_propagation, tracing, watch_redistribution)
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.rule import RuleVerdict, error_text, rule_verdict, with_redistributed
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
@@ -192,7 +192,7 @@ class CaseRunner:
         tracer = self._tracer
         with self.mode:
             try:
-                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "forward", watch), \
+                with counting_collectives() as comm, watch_redistribution() as watch, tracing(tracer, "forward", watch), \
                         reuse_propagation(answers):
                     out = call_op(problem.node, problem.module, values)
             except Exception as exc:  # DTensor refuses: its own error, reported

@@ -11,7 +11,8 @@ import torch
 
 from shardverify.dtensor.placements import placements_text
 
-__all__ = ["quiet_dtensor", "AtenCalls", "watch_redistribution", "tracing", "fresh_sharding_cache"]
+__all__ = ["quiet_dtensor", "AtenCalls", "watch_redistribution", "tracing", "fresh_sharding_cache",
+           "counting_collectives"]
 
 
 @contextlib.contextmanager
@@ -27,6 +28,26 @@ def quiet_dtensor():
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def counting_collectives():
+    """``CommDebugMode`` counting the collectives, without its module tracker's global module
+    hooks. Its full backward pre-hook makes every ``nn.Module`` call under it pass the module's
+    inputs and output through ``BackwardHookFunction``, which returns a view of each: a DTensor
+    view re-reads the local tensor at the shape its placements claim. Where DTensor's runtime
+    returns a local value that does not fit its metadata (conv's handler skipping its rule's
+    redistribution), that view reshapes it silently: the instrument would turn the plain call's
+    late failure (its ``full_tensor()`` raises) into silently wrong values, for module targets only."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    with CommDebugMode() as comm:
+        tracker = comm.advanced_module_tracker
+        for name in ("_fw_pre_handle", "_fw_post_handle", "_bw_handle"):   # removed again on exit: idempotent
+            handle = getattr(tracker, name, None)
+            if handle is not None:
+                handle.remove()
+        yield comm
 
 
 class watch_redistribution:

@@ -23,12 +23,16 @@ from shardverify.capture.call import call_parts
 from shardverify.pysource import py_literal
 from shardverify.dtensor.placements import placement_text, placements_of
 
-__all__ = ["render_repro", "VERDICT", "FORMAT"]
+__all__ = ["render_repro", "VERDICT", "STAGE", "FORMAT"]
 
 #: what starts the verdict line each process of a repro prints: "VERDICT " and a JSON object with
 #: "ranks" (the ranks it speaks for), "status" and "detail"
 VERDICT = "VERDICT "
-#: the scripts' format: a confirmation stored for a script of another format is run again
+#: what starts the line each process prints before each step ("the op", "full_tensor() of the
+#: output", "the backward"): a JSON object with "ranks" and "stage"
+STAGE = "STAGE "
+#: the scripts' format: a confirmation stored for a script of another format is run again (the
+#: STAGE lines say where a process died and change no verdict: format 2 still)
 FORMAT = 2
 
 
@@ -101,7 +105,9 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
              "Each process prints a line per rank and value, then its verdict twice: in words, and as a",
              "line `VERDICT {json}` for programs (`shardverify dtensor --confirm` reads it), its status one of",
              "right, wrong (silently), late-failure (the op returned; full_tensor() or the backward raised),",
-             "raises (the op itself) or error (the inputs could not be built).",
+             "raises (the op itself) or error (the inputs could not be built). Before each step it prints",
+             "`STAGE {json}`: a process killed inside DTensor's collectives (gloo aborts with SIGABRT when",
+             "ranks hand one collective buffers of different sizes) is then known to have died there.",
              'Exit status 1 while DTensor is not right, 0 once it is."""', "",
              "import contextlib", "import datetime", "import json", "import os", "", "import torch", "import torch.distributed as dist",
              "from torch.distributed._local_tensor import LocalTensor, LocalTensorMode",
@@ -189,6 +195,12 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
                   return f"{type(exc).__name__}: {str(exc).strip()[:300]}"
 
 
+              def stage(what):
+                  """Said before each step: where a process that gloo kills (SIGABRT) died."""
+                  ranks = [dist.get_rank()] if REAL else list(range(WORLD))
+                  print("STAGE " + json.dumps({"ranks": ranks, "stage": what}), flush=True)
+
+
               # the verdict: right | wrong (silently) | late-failure (the op returned; full_tensor() or the
               # backward raised) | raises (the op itself) | error (the inputs could not be built)
               status, detail = "error", "the script stopped before its verdict"
@@ -196,17 +208,19 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
               "with world:", "    try:", '        mesh = init_device_mesh("cpu", MESH)',
               *["    " + line for line in made], "    except Exception as exc:",
               '        status, detail = "error", f"the DTensor inputs cannot be built: {said(exc)}"', "    else:",
-              "        try:", f"            out = {dt_call}", "        except Exception as exc:",
+              "        try:", '            stage("the op")', f"            out = {dt_call}", "        except Exception as exc:",
               '            status, detail = "raises", f"the op raises {said(exc)}"', "        else:",
               "            out = out[0] if isinstance(out, (tuple, list)) else out",
               '            print("DTensor output placements:", out.placements, "global shape:", tuple(out.shape), flush=True)',
               "            try:",
+              '                stage("full_tensor() of the output")',
               '                detail = check("output", out.full_tensor(), expected.detach())',
               '                status = "wrong" if detail else "right"',
               "            except Exception as exc:   # the output's metadata does not fit what the ranks hold",
               '                status, detail = "late-failure", f"full_tensor() of the output raises {said(exc)}"',
               "            if status == \"right\" and expected_grads:",
               "                try:",
+              '                    stage("the backward")',
               "                    (out.redistribute(mesh, [Replicate()] * mesh.ndim) * DTensor.from_local(",
               "                        place({r: g for r in range(WORLD)}), mesh, [Replicate()] * mesh.ndim,",
               "                        run_check=False)).sum().backward()",

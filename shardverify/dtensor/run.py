@@ -202,7 +202,8 @@ def _repro(problem, operands, combo, mesh_shape, finding: Finding) -> str:
     what = ("returns a DTensor and fails later" if finding.klass == "late-failure" else
             f"computes wrong {'gradients' if finding.phase == 'backward' else 'values or shapes'} silently")
     title = (f"DTensor (torch {torch.__version__}) {what}: "
-             f"{finding.op} ({finding.case}) on mesh {tuple(mesh_shape)}, {finding.line}.\n{finding.detail}")
+             f"{finding.op} ({finding.case}) on mesh {tuple(mesh_shape)}, {finding.line}.\n{finding.detail}"
+             + (f"\n{finding.rule}" if finding.rule else ""))
     try:
         return render_repro(problem, operands, combo, tuple(mesh_shape), title)
     except Exception as exc:  # noqa: BLE001 - a call this renderer cannot write as source
