@@ -179,6 +179,25 @@ def test_a_wrong_gradient_is_blamed_on_the_backward_op_and_a_view_rewrite_is_no_
     assert result.counts["agrees"] == 3 and result.counts["missed-optimisation"] == 0
 
 
+@pytest.mark.parametrize("name, case_id, node", [
+    ("select_scatter", "torch.select_scatter-dim_1-index_-1", "SelectScatterBackward0"),
+    ("slice_scatter", "torch.ops.aten.slice_scatter.default-dim_1-start_1-end_7-step_2", "SliceScatterBackward0")])
+def test_a_backward_that_hands_dtensor_a_plain_tensor_is_a_late_failure_blamed_on_its_backward_function(
+        name, case_id, node):
+    """select_scatter's and slice_scatter's forward is right on every layout; their autograd
+    backward makes the input's gradient from plain zeros (``src_info.zeros()``), which DTensor
+    refuses beside the DTensor gradient: attributed to that backward function, not to a rule
+    (docs/upstream/scatter-backward-plain-zeros.md)."""
+    spec, case = _case(name, case_id)
+    result = run_case(spec, case_id, case, (4,), limit=3)
+    assert result.executed == 3 and result.counts["late-failure"] == 3
+    for found in result.findings:
+        assert found.phase == "backward" and "got mixed torch.Tensor and DTensor" in found.detail
+        assert found.culprit.startswith(f"runtime function autograd's {node} (backward): it passes "
+                                        f"aten.{name}.default a plain torch.Tensor")
+    assert "shardverify" not in result.findings[0].repro.split('"""', 2)[2]
+
+
 def test_the_embedding_mask_on_the_first_mesh_axis_is_a_late_failure_and_its_mirror_is_right():
     """The trigger is which mesh axis holds the table's rows (the mask) and which the ids, not
     uneven ids: even ids on (2, 2) fail when the mask's axis is gathered after the ids' axis."""

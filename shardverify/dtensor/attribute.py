@@ -16,6 +16,7 @@ Outputs whose reduction has side effects (an embedding's ``MaskPartial``) are no
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardverify.dtensor.placements import placements_text
 
-__all__ = ["Step", "OpTrace"]
+__all__ = ["Step", "OpTrace", "backward_raise"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,25 @@ class Step:
         wrong = "of the wrong shape" if self.error == float("inf") else f"wrong by {self.error:.3g}"
         return (f"{self.blame} of {self.op} ({self.phase}): inputs {self.inputs} -> output {self.output}, "
                 f"{wrong} against {self.op} of its inputs; {self.rule}")
+
+
+_ATEN = re.compile(r"\b(aten\.[\w.]+)")
+
+
+def backward_raise(node: str, detail: str) -> str:
+    """Who is to blame when the backward raised in autograd's ``node`` (hooks.entered_nodes) with
+    ``detail``: a backward function that hands DTensor a plain tensor it made itself (autograd's
+    derivative formula: its zeros from the saved sizes, ``TypeAndSize::zeros``) is not a DTensor
+    rule's fault; an aten op DTensor has no strategy for is a missing backward rule."""
+    where = f"autograd's {node}" if node else "the backward"
+    found = _ATEN.search(detail)
+    op = found.group(1) if found else "an aten op"
+    if "got mixed torch.Tensor and DTensor" in detail:
+        return (f"runtime function {where} (backward): it passes {op} a plain torch.Tensor it made itself "
+                "beside DTensors, which DTensor's dispatcher refuses; no DTensor sharding rule is involved")
+    if "sharding strategy registered" in detail:
+        return f"backward rule of {op} (backward): DTensor registers none; run by {where}"
+    return f"raised in {where} (backward)"
 
 
 def _rank0(value):

@@ -25,8 +25,8 @@ import torch
 from shardverify.audit.layouts import Layout
 from shardverify.backends.signals import deadline
 from shardverify.capture.call import call_op
-from shardverify.dtensor.hooks import (AtenCalls, counting_collectives, fresh_sharding_cache, quiet_dtensor,
-                                      reuse_propagation, tracing, watch_redistribution)
+from shardverify.dtensor.hooks import (AtenCalls, counting_collectives, entered_nodes, fresh_sharding_cache,
+                                      quiet_dtensor, reuse_propagation, tracing, watch_redistribution)
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.rule import RuleVerdict, error_text, rule_verdict, with_redistributed
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
@@ -53,6 +53,7 @@ class Execution:
     backward_comms: tuple[tuple[str, int], ...] = ()
     resharded: tuple[str, ...] = ()         # input placement changes the forward's runtime made ("[R] -> [S(0)]")
     rule: RuleVerdict | None = None
+    raised_in: str = ""                     # the autograd node whose backward raised ("SelectScatterBackward0")
 
     @property
     def moved_data(self) -> bool:
@@ -215,12 +216,14 @@ class CaseRunner:
             return Execution("", **base)
         with self.mode:
             fulls, seeds = self._seeds(picked)   # shardverify's own gather of the outputs: not counted
+            nodes = entered_nodes(fulls)         # which autograd node raised, if one does
             try:
-                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "backward", watch):
+                with CommDebugMode() as comm, watch_redistribution() as watch, tracing(tracer, "backward", watch), \
+                        nodes:
                     if fulls:
                         torch.autograd.backward(fulls, seeds)
             except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses after the op returned
-                return Execution("backward-raises", error_text(exc), **base)
+                return Execution("backward-raises", error_text(exc), raised_in=nodes.last, **base)
             grads = {}
             for i, leaf in leaves.items():
                 if leaf.grad is None:

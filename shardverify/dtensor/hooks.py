@@ -5,6 +5,7 @@ phase, and its sharding cache cleared between combinations."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import torch
@@ -12,7 +13,7 @@ import torch
 from shardverify.dtensor.placements import placements_text
 
 __all__ = ["quiet_dtensor", "AtenCalls", "watch_redistribution", "tracing", "fresh_sharding_cache",
-           "counting_collectives"]
+           "counting_collectives", "entered_nodes"]
 
 
 @contextlib.contextmanager
@@ -105,6 +106,38 @@ def tracing(tracer, phase: str, watch):
     tracer.phase, tracer.redistributed = phase, watch.ops
     with tracer:
         yield
+
+
+class entered_nodes:
+    """The autograd node whose backward function was running when the backward raised: a pre-hook
+    on every node reachable from ``roots`` records its name (the CPU engine runs one node at a
+    time, each pre-hook just before its node), so the last one entered is the one that raised
+    (``SelectScatterBackward0``: autograd's own backward of an op, not a DTensor rule)."""
+
+    def __init__(self, roots) -> None:
+        self.roots = roots
+        self.last = ""
+        self._handles: list = []
+
+    def __enter__(self) -> "entered_nodes":
+        seen: set = set()
+        stack = [r.grad_fn for r in self.roots if getattr(r, "grad_fn", None) is not None]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            self._handles.append(node.register_prehook(functools.partial(self._enter, node.name())))
+            stack.extend(next_node for next_node, _ in node.next_functions)
+        return self
+
+    def _enter(self, name: str, grad_outputs):
+        self.last = name
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
 
 
 def fresh_sharding_cache() -> None:

@@ -142,7 +142,10 @@ watched for whether it redistributed: "the rule is right, the runtime wrong" is 
 A silent finding's combination is then run again with every aten op DTensor runs, forward and
 backward, held to the op on its inputs' full values: the first wrong one is named *at fault*
 with its placements and who is to blame (the forward rule, a backward rule such as
-`select_backward`'s, or the runtime). Silent and late-failure classes not listed in
+`select_backward`'s, or the runtime). A backward that raises names the autograd node it raised
+in: a missing backward rule (DTensor registers no strategy for its aten op), or a *runtime
+function* such as `SelectScatterBackward0` handing DTensor a plain tensor it made itself (no
+rule at fault). Silent and late-failure classes not listed in
 `specs/dtensor/accepted.yaml` fail the command; `docs/upstream/` holds one page per DTensor bug,
 re-run by `shardverify dtensor --upstream`.
 `--repros DIR` writes a script per silent-corruption or late-failure class that needs torch alone: `python

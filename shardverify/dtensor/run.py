@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardverify.audit.run import _Audit
+from shardverify.dtensor.attribute import backward_raise
 from shardverify.dtensor.execute import CaseRunner, Execution, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.repro import render_repro
@@ -173,7 +174,8 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 runtime_against_rule(execution, klass),
                 ("not decided (the process died deciding it)" if outcome is None else ", ".join(map(str, outcome.outputs)) if outcome.valid
                  else f"none ({outcome.reason})"),
-                _comms(execution))
+                _comms(execution),
+                culprit=backward_raise(execution.raised_in, execution.detail) if execution.failed == "backward-raises" else "")
             if klass in ("silent-wrong", "late-failure") and finding.key() not in rendered:
                 rendered.add(finding.key())
                 step = runner.culprit(combo) if klass == "silent-wrong" else None
