@@ -189,13 +189,34 @@ def test_a_backward_that_hands_dtensor_a_plain_tensor_is_a_late_failure_blamed_o
     refuses beside the DTensor gradient: attributed to that backward function, not to a rule
     (docs/upstream/scatter-backward-plain-zeros.md)."""
     spec, case = _case(name, case_id)
-    result = run_case(spec, case_id, case, (4,), limit=3)
-    assert result.executed == 3 and result.counts["late-failure"] == 3
+    result = run_case(spec, case_id, case, (4,), limit=2)
+    assert result.executed == 2 and result.counts["late-failure"] == 2
     for found in result.findings:
         assert found.phase == "backward" and "got mixed torch.Tensor and DTensor" in found.detail
         assert found.culprit.startswith(f"runtime function autograd's {node} (backward): it passes "
                                         f"aten.{name}.default a plain torch.Tensor")
     assert "shardverify" not in result.findings[0].repro.split('"""', 2)[2]
+
+
+def test_a_combination_local_tensor_mode_itself_cannot_run_is_not_simulated_not_raising():
+    """select_scatter with src [S(0), P(sum)] on (2, 3): reducing the partial onto uneven shards
+    makes LocalTensorMode combine ranks' results that differ in structure (torch.chunk of uneven
+    blocks), which it asserts against; real gloo processes run it (the op returns, its backward
+    fails late). Not DTensor raising: nothing is claimed in process."""
+    from shardverify.audit.run import _Audit
+    from shardverify.dtensor.run import CaseResult, execute_combos, present_combinations
+
+    case_id = "torch.select_scatter-dim_1-index_-1"
+    spec, case = _case("select_scatter", case_id)
+    audit = _Audit(spec, case, (2, 3), partial_inputs=True, extremum_inputs=False)
+    want = {"input": "[R, R]", "src": "[S(0), P(sum)]"}
+    combo, = [c for c in present_combinations(audit.combinations())
+              if {o.role: placements_text(placements_of(layout, (2, 3))) for o, layout in zip(audit.operands, c)} == want]
+    result = CaseResult("select_scatter", case_id, (2, 3))
+    execute_combos(result, audit.problem, audit.operands, [combo], audit.decide, None)
+    assert dict(result.counts) == {"not-simulated": 1}
+    found, = result.findings
+    assert found.detail.startswith("forward: LocalTensorMode fails combining the ranks' results (AssertionError")
 
 
 def test_the_embedding_mask_on_the_first_mesh_axis_is_a_late_failure_and_its_mirror_is_right():

@@ -31,7 +31,7 @@ from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.rule import RuleVerdict, error_text, rule_verdict, with_redistributed
 from shardverify.verify.tolerance import Tolerance, compare, tolerance_for
 
-__all__ = ["RuleVerdict", "Execution", "CaseRunner", "quiet_dtensor"]
+__all__ = ["RuleVerdict", "Execution", "CaseRunner", "quiet_dtensor", "simulator_failed"]
 
 GRAD_SEED = 4099
 
@@ -43,7 +43,8 @@ class Execution:
     ``failed``: "" (values and gradients right), "inputs" (the layout is not expressible),
     "forward-raises", "forward-wrong", "forward-late" (the op returned a DTensor whose
     ``full_tensor()`` raises), "backward-raises", "backward-late" (a gradient's ``full_tensor()``
-    raises), "backward-wrong", "too-slow", "died" (the process died on it: a native crash in torch).
+    raises), "backward-wrong", "too-slow", "died" (the process died on it: a native crash in torch),
+    "not-simulated" (LocalTensorMode itself failed: :func:`simulator_failed`).
     """
 
     failed: str
@@ -197,7 +198,8 @@ class CaseRunner:
                         reuse_propagation(answers):
                     out = call_op(problem.node, problem.module, values)
             except Exception as exc:  # DTensor refuses: its own error, reported
-                return Execution("forward-raises", error_text(exc), rule=with_redistributed(rule, watch.ops))
+                failed = "not-simulated" if simulator_failed(exc) else "forward-raises"
+                return Execution(failed, _phase_said(failed, "forward", exc), rule=with_redistributed(rule, watch.ops))
             rule = with_redistributed(rule, watch.ops)
             outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             picked = [outs[k] for k in problem.out_index]
@@ -223,7 +225,8 @@ class CaseRunner:
                     if fulls:
                         torch.autograd.backward(fulls, seeds)
             except Exception as exc:  # noqa: BLE001 - DTensor's backward refuses after the op returned
-                return Execution("backward-raises", error_text(exc), raised_in=nodes.last, **base)
+                failed = "not-simulated" if simulator_failed(exc) else "backward-raises"
+                return Execution(failed, _phase_said(failed, "backward", exc), raised_in=nodes.last, **base)
             grads = {}
             for i, leaf in leaves.items():
                 if leaf.grad is None:
@@ -354,6 +357,27 @@ class _Late:
 class TooSlow(BaseException):
     """Raised into DTensor when a combination's time is up (not an ``Exception``: DTensor's own
     handlers re-raise those as its errors)."""
+
+
+def simulator_failed(exc: BaseException) -> bool:
+    """The error arose where LocalTensorMode combines the ranks' results of one op into one value
+    (``_combine_rank_results``), a step real processes do not have: the ranks' results differ in
+    structure (``torch.chunk`` of uneven local blocks gives each rank another number of pieces),
+    which it asserts against or fails on. Nothing is then known of DTensor in process; on real
+    gloo processes the same combination runs (select_scatter's on (2, 3))."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name.startswith("_combine_") and "_local_tensor" in code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _phase_said(failed: str, phase: str, exc: BaseException) -> str:
+    if failed != "not-simulated":
+        return error_text(exc)
+    return f"{phase}: LocalTensorMode fails combining the ranks' results ({error_text(exc)})"
 
 
 def _input_grads(outputs, grad_outputs, leaves: dict) -> dict:

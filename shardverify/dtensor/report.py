@@ -234,7 +234,7 @@ def markdown(results, accepted: Accepted | None, command: str, torch_version: st
             elif confirmations is not None and klass == "silent-wrong":    # a late failure's is counted above
                 out.append("  - not run on real gloo processes (`--confirm`)")
         out.append("")
-    for klass in ("raises", "missed-optimisation", "not-expressible"):
+    for klass in ("raises", "missed-optimisation", "not-expressible", "not-simulated"):
         found = [f for r in results for f in r.findings if f.klass == klass]
         if not found:
             continue

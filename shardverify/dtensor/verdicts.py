@@ -17,6 +17,9 @@ The classes, most important first:
   are not counted; nor is this check's own gather of the output before the backward.
 * ``agrees``: right values and gradients, communicating only where no local strategy exists.
 * ``not-expressible``: DTensor's placements do not hold the layout (nothing is claimed).
+* ``not-simulated``: LocalTensorMode itself fails on the combination (combining the ranks' results
+  of an op that differ in structure, as uneven chunks do): nothing is claimed in process; real
+  gloo processes run it.
 * ``too-slow``: DTensor did not finish within the budget (nothing is claimed; the case's other
   combinations are not executed, and the report says how many).
 """
@@ -39,6 +42,7 @@ CLASSES: dict[str, str] = {
     "missed-optimisation": "DTensor moves data (a collective or a placement change) where a local strategy exists",
     "agrees": "DTensor computes the right values and gradients",
     "not-expressible": "the layout is not expressible in DTensor placements",
+    "not-simulated": "LocalTensorMode cannot run the combination in one process (nothing claimed)",
     "too-slow": "DTensor did not finish the combination within the time budget",
 }
 
@@ -104,6 +108,8 @@ def classify(execution: Execution, valid_locally: bool) -> tuple[str, str]:
         return "not-expressible", ""
     if failed == "too-slow":
         return "too-slow", ""
+    if failed == "not-simulated":
+        return "not-simulated", ""
     if failed == "died":      # the process running it died (a native crash), found when the run resumed
         return "raises", ""
     if failed == "forward-raises":
