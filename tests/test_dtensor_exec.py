@@ -98,11 +98,12 @@ def test_a_combination_over_its_time_budget_is_counted_too_slow_and_ends_the_cas
     from shardverify.dtensor import execute
 
     real = execute.CaseRunner._run
-    monkeypatch.setattr(execute.CaseRunner, "_run", lambda self, combo: (clock.sleep(5), real(self, combo))[1])
+    began: list[float] = []     # when the slow combination started (the case's set-up before it is not timed)
+    monkeypatch.setattr(execute.CaseRunner, "_run",
+                        lambda self, combo: (began.append(clock.monotonic()), clock.sleep(5), real(self, combo))[2])
     spec, case = _case("mean", "torch.ops.aten.mean.dim-dim_-1-keepdim_False")
-    began = clock.monotonic()
     result = run_case(spec, "torch.ops.aten.mean.dim-dim_-1-keepdim_False", case, (4,), limit=None, budget=0.2)
-    assert clock.monotonic() - began < 4                  # the first combination was stopped, not waited for
+    assert clock.monotonic() - began[0] < 4               # the first combination was stopped, not waited for
     assert result.executed == 1 and result.counts == {"too-slow": 1}
     assert "took over 0.2 s" in result.note and "other 4 chosen combination(s) not executed" in result.note
     with execute.deadline(0.2, execute.TooSlow):          # the timer is gone: nothing fires afterwards
