@@ -357,7 +357,7 @@ def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, layout: Ra
     grad_outs = []
     for data, output in carrying:
         i = index[data.name]
-        grad_outs.append(layout.outputs[i].shard(ref.grad_outputs[i], comm.mesh, comm.rank).to(output.dtype))
+        grad_outs.append(_grad_output(ref.grad_outputs[i], layout.outputs[i], comm.mesh, comm.rank, output.dtype))
     found = torch.autograd.grad([out for _, out in carrying], [leaves[n] for n in differentiable], grad_outs,
                                 allow_unused=True)
     grads = {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(differentiable, found)}
@@ -365,3 +365,14 @@ def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, layout: Ra
         if action.where is CommWhere.HOOK and action.operand in grads:
             grads[action.operand] = apply_grad_hook(comm, action, grads[action.operand])
     return grads
+
+
+_GRAD_OUTPUTS: dict = {}
+
+
+def _grad_output(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, dtype: torch.dtype) -> torch.Tensor:
+    """This rank's shard of the reference output gradient ``full`` laid out as ``operand``, in
+    ``dtype``: remembered per (tensor, layout, rank, dtype), so the strategies of a case laying
+    an output out alike share one slice and cast (read only: autograd never writes to it)."""
+    return remembered(_GRAD_OUTPUTS, (id(full), operand.spec, rank, dtype), full,
+                      lambda: operand.shard(full, mesh, rank).to(dtype), limit=8192)
