@@ -52,7 +52,7 @@ class OpWork:
     largest_numel: int
 
 
-#: counted FLOPs: owner (the op's node, held weakly) -> call signature -> FLOPs
+#: counted FLOPs: owner (the op's node, held weakly) -> call signature -> (FLOPs, largest numel passed in)
 _FLOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -63,8 +63,9 @@ class OpMeter:
     everything else the count depends on (the shape, stride, dtype and device of every tensor
     that reaches it), or None to always count.  The counter's formulas read only shapes, and
     running a small op under FlopCounterMode costs several times the op, so a signature seen
-    before reuses its count and the call runs bare; the largest operand is always measured on
-    the real call.  Counts go away with their owner."""
+    before reuses its count and the call runs bare; so does the largest operand passed in (the
+    signature holds every shape), while the largest output is always measured on the real
+    call's result.  Counts go away with their owner."""
 
     def __init__(self, owner: object | None = None, signature: Hashable | None = None) -> None:
         self.work: OpWork | None = None
@@ -72,18 +73,18 @@ class OpMeter:
 
     def call(self, fn, *args, **kwargs):
         known = _FLOPS.get(self.owner) if self.owner is not None else None
-        flops = known.get(self.signature) if known is not None else None
-        if flops is None:
+        seen = known.get(self.signature) if known is not None else None
+        if seen is None:
             with LocalFlopCounter() as counter:
                 result = fn(*args, **kwargs)
-            flops = int(counter.get_total_flops())
+            seen = (int(counter.get_total_flops()), _largest_numel((args, kwargs)))
             if self.owner is not None:
                 if known is None:
                     known = _FLOPS.setdefault(self.owner, {})
-                known[self.signature] = flops
+                known[self.signature] = seen
         else:
             result = fn(*args, **kwargs)
-        self.work = OpWork(flops, _largest_numel((args, kwargs, result)))
+        self.work = OpWork(seen[0], max(seen[1], _largest_numel(result)))
         return result
 
 

@@ -60,6 +60,7 @@ class LocalOperand:
     spec: ShardingSpec
     slices: tuple[slice, ...]
     local_shape: tuple[int, ...]
+    largest: bool = True   # whether this is the largest block (``spec.local_shape()``) of the layout
 
     def shard(self, tensor: torch.Tensor, mesh: DeviceMesh, rank: int) -> torch.Tensor:
         """``spec.local_shard`` with the slices known (a view of ``tensor``)."""
@@ -85,7 +86,7 @@ class RankLayout:
         """Whether this rank holds the largest block of every operand (the one the strategy's
         costs are declared for; every rank when the blocks are even).  Worked out once per
         layout: each check asks it three times (communication, compute and memory costs)."""
-        return all(op.local_shape == op.spec.local_shape() for op in self.inputs + self.outputs)
+        return all(op.largest for op in self.inputs + self.outputs)
 
     def expected_collectives(self, carrying_grad: tuple[str, ...]) -> Counter:
         """``expected_collectives(strategy, carrying_grad)``, remembered (shared: never modify it)."""
@@ -114,13 +115,14 @@ def _build(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> RankLayou
 
 
 def _local(data: OperationData, spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> LocalOperand:
-    slices, shape = _geometry(spec, mesh, rank)
-    return LocalOperand(data, spec, slices, shape)
+    return LocalOperand(data, spec, *_geometry(spec, mesh, rank))
 
 
 @functools.lru_cache(maxsize=4096)
-def _geometry(spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> tuple[tuple[slice, ...], tuple[int, ...]]:
-    """A layout's local slices and shape on ``rank`` (the strategies of a case share a few
-    layouts, and a suite hands every check new strategy objects)."""
+def _geometry(spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> tuple[tuple[slice, ...], tuple[int, ...], bool]:
+    """A layout's local slices and shape on ``rank``, and whether that is its largest block
+    (the strategies of a case share a few layouts, and a suite hands every check new strategy
+    objects)."""
     slices = spec.local_slices(mesh, rank)
-    return slices, tuple(s.stop - s.start for s in slices)
+    shape = tuple(s.stop - s.start for s in slices)
+    return slices, shape, shape == spec.local_shape()
