@@ -124,3 +124,22 @@ def test_a_process_gloo_kills_inside_dtensor_after_the_op_returned_is_a_late_fai
     assert decide("late-failure", during, 1, False, 9)[1].startswith("the op itself kills a process: rank 0 killed by")
     # killed before any of DTensor's steps: the script's own setup, aborted
     assert decide("late-failure", killed(0, -6, "SIGABRT"), 1, False, 9)[0] == "aborted"
+
+
+def test_one_class_confirmed_on_two_meshes_keeps_both_and_a_store_of_one_file_per_key_is_still_read(tmp_path):
+    from shardverify.dtensor.confirm import Confirmation, _path, save_confirmation
+
+    key = "conv2d forward input=P(sum) weight=R"        # the same class key on (4,) and (2, 2)
+
+    def made(mesh):
+        example = {"op": "conv2d", "case": "c", "mesh": list(mesh), "layouts": {}, "spec_hash": "0" * 12, "format": 2}
+        return Confirmation(key, "silent-wrong", "t", example, "confirmed", f"on {mesh}", 4, 1.0, "0" * 12)
+
+    on_4, on_22 = made((4,)), made((2, 2))
+    save_confirmation(tmp_path, on_4)
+    save_confirmation(tmp_path, on_22)     # one file per key: this overwrote the (4,) confirmation
+    assert load_confirmations(tmp_path, "t", {key: on_4.example}) == {key: on_4}
+    assert load_confirmations(tmp_path, "t", {key: on_22.example}) == {key: on_22}
+    legacy = made((2, 3))
+    _path(tmp_path, "t", key).write_text(json.dumps(legacy.to_json()))
+    assert load_confirmations(tmp_path, "t", {key: legacy.example}) == {key: legacy}

@@ -91,30 +91,35 @@ def example_of(finding, spec_hash: str) -> dict:
             "layouts": dict(finding.layouts), "spec_hash": spec_hash, "format": FORMAT}
 
 
-def _path(folder: Path, torch_version: str, key: str) -> Path:
+def _path(folder: Path, torch_version: str, key: str, mesh=None) -> Path:
+    """The class's file; with ``mesh``, its file for that mesh (a class key is the same on every
+    mesh: one file per key let a run on one mesh overwrite another mesh's confirmation)."""
     name = "".join(c if c.isalnum() else "_" for c in key).strip("_")[:100]
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]     # keys differing only in punctuation
-    return folder / f"torch-{torch_version}" / "gloo" / f"{name}.{digest}.json"
+    where = "" if mesh is None else "." + "x".join(str(int(m)) for m in mesh)
+    return folder / f"torch-{torch_version}" / "gloo" / f"{name}.{digest}{where}.json"
 
 
 def load_confirmations(folder: Path, torch_version: str, examples: dict[str, dict]) -> dict[str, Confirmation]:
     """The stored confirmation of each class in ``examples`` (key -> :func:`example_of`) that ran
-    that very example on this torch; a file that cannot be read is left out (it runs again)."""
+    that very example on this torch (its mesh's file, else the key's file of a store made before
+    files were per mesh); a file that cannot be read is left out (it runs again)."""
     found = {}
     for key, example in examples.items():
-        path = _path(folder, torch_version, key)
-        try:
-            stored = Confirmation.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if stored.key == key and stored.example == example:
-            found[key] = stored
+        for path in (_path(folder, torch_version, key, example.get("mesh")), _path(folder, torch_version, key)):
+            try:
+                stored = Confirmation.from_json(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if stored.key == key and stored.example == example:
+                found[key] = stored
+                break
     return found
 
 
 def save_confirmation(folder: Path, confirmation: Confirmation) -> None:
-    """Written whole or not at all."""
-    path = _path(folder, confirmation.torch, confirmation.key)
+    """Written whole or not at all, in its mesh's file."""
+    path = _path(folder, confirmation.torch, confirmation.key, confirmation.example.get("mesh"))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(confirmation.to_json(), separators=(",", ":")) + "\n")
