@@ -236,7 +236,8 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
               "                    break",
               '                print(f"DTensor {name} placements:", out.placements, "global shape:", tuple(out.shape), flush=True)',
               "                try:",
-              '                    stage(f"full_tensor() of the {name}")',
+              # one stage name for every output: confirm.LATE_STAGES knows it
+              '                    stage("full_tensor() of the output")',
               '                    detail = check(name, out.full_tensor(), want.detach())',
               '                    status = "wrong" if detail else "right"',
               "                except Exception as exc:   # the output's metadata does not fit what the ranks hold",
