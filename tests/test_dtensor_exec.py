@@ -387,3 +387,20 @@ def test_a_running_statistic_is_no_gradient_leaf_so_batch_norm_runs_forward_and_
     result = run_case(spec, case_id, case, (4,), limit=3)
     assert result.executed == 3 and "error" not in result.note      # it raised asking running_mean's gradient
     assert result.counts["agrees"] >= 1
+
+
+def test_a_repro_differentiates_every_output_the_finding_did_so_group_norm_fails_as_in_process(tmp_path):
+    """native_group_norm's finding checks output, mean and rstd and takes the gradient of all three:
+    autograd then runs its composite backward (unsqueeze_, which DTensor has no rule for), not
+    native_group_norm_backward (right on every rank). A repro of the output alone is right on gloo
+    and on LocalTensorMode alike: it would 'not reproduce' a finding it never ran."""
+    case_id = "torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05"
+    spec, case = _case("native_group_norm", case_id)
+    result = run_case(spec, case_id, case, (4,), limit=1)
+    found, = result.findings
+    assert found.line == "input=[R] weight=[R] bias=[R]" and "aten.unsqueeze_.default" in found.detail
+    script = tmp_path / "repro.py"
+    script.write_text(found.repro)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert '"status": "late-failure"' in run.stdout and "aten.unsqueeze_.default" in run.stdout, run.stdout

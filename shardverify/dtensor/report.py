@@ -149,7 +149,9 @@ rule at fault). Silent and late-failure classes not listed in
 `specs/dtensor/accepted.yaml` fail the command; `docs/upstream/` holds one page per DTensor bug,
 re-run by `shardverify dtensor --upstream`.
 `--repros DIR` writes a script per silent-corruption or late-failure class that needs torch alone: `python
-script.py` runs it as here, `torchrun --nproc-per-node N script.py` on N real gloo processes;
+script.py` runs it as here, `torchrun --nproc-per-node N script.py` on N real gloo processes
+(it checks every output the class's finding checked and takes the same loss's gradient: which
+outputs get one picks autograd's backward, native_group_norm's mean and rstd a composite one);
 `--confirm` runs each class's script under torchrun, one gloo process per rank, and says per
 class whether it reproduced there (*confirmed*; *not reproduced*, which makes the in-process
 finding suspect; *differs*, *aborted* by a signal, or *timeout*).

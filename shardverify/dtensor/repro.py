@@ -4,7 +4,9 @@ The script builds the op's inputs (random floating values from a fixed seed, int
 written out), computes the single-device result, places each input on DTensor exactly as the
 finding did (each rank's block written out as slices, a partial sum as random pieces summing
 to the value), runs the same call on DTensor under ``LocalTensorMode`` on a fake process group,
-and prints every rank's ``full_tensor()`` against the reference, then the gradients, then its
+and prints every rank's ``full_tensor()`` of every output the finding checked (the spec's output
+operands, ``problem.out_index``) against the reference, then the gradients of the same loss the
+finding took (``sum(output_k * g_k)`` over every differentiable one of them), then its
 verdict: in words and as a ``VERDICT {json}`` line (:data:`VERDICT`) that ``shardverify dtensor
 --confirm`` reads from every process torchrun started. It exits with status 1 while DTensor is
 not right, 0 once it is.
@@ -32,8 +34,9 @@ VERDICT = "VERDICT "
 #: output", "the backward"): a JSON object with "ranks" and "stage"
 STAGE = "STAGE "
 #: the scripts' format: a confirmation stored for a script of another format is run again (the
-#: STAGE lines say where a process died and change no verdict: format 2 still)
-FORMAT = 2
+#: STAGE lines say where a process died and change no verdict: format 2 still; format 3 checks and
+#: differentiates every output the finding did, not the first alone)
+FORMAT = 3
 
 
 class _Name:
@@ -127,10 +130,24 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
         else:
             lines.append(f"{o.role} = torch.tensor({value.tolist()!r}, dtype={value.dtype})")
     lines += ["", setup.rstrip(), f"leaves = [{', '.join(r + '.requires_grad_()' for r in floating)}]",
-              f"expected = {ref_call}", "expected = expected[0] if isinstance(expected, (tuple, list)) else expected",
-              "g = torch.randn(expected.shape, dtype=torch.float64) if expected.is_floating_point() else None",
-              "expected_grads = (torch.autograd.grad(expected, leaves, g, allow_unused=True)"
-              " if leaves and g is not None and expected.requires_grad else ())", "",
+              f"OUT = {tuple(problem.out_index)!r}   # the outputs the finding checked (a tuple's elements)", "",
+              textwrap.dedent('''\
+
+              def picked(result):
+                  """the outputs the finding checked: of a tuple, its elements OUT"""
+                  results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+                  return [results[k] for k in OUT]
+
+              '''),
+              f"expected = picked({ref_call})",
+              "# the loss is sum(output_k * g_k) over every differentiable output, as in the finding: which",
+              "# outputs get a gradient picks autograd's backward formula (native_group_norm's mean and rstd",
+              "# take it to a composite backward of its own, the output alone to native_group_norm_backward)",
+              "gs = [torch.randn(e.shape, dtype=torch.float64) if e.is_floating_point() and e.requires_grad else None",
+              "      for e in expected]",
+              "wanted = [(e, g) for e, g in zip(expected, gs) if g is not None]",
+              "expected_grads = (torch.autograd.grad([e for e, _ in wanted], leaves, [g for _, g in wanted], allow_unused=True)"
+              " if leaves and wanted else ())", "",
               textwrap.dedent('''\
               def pieces(value, count, seed):
                   """count random pieces summing to value: each rank's contribution to a partial sum"""
@@ -182,8 +199,9 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
                   """Prints every rank's value of t against want; the first wrong one said, or ""."""
                   first = ""
                   for rank, got in sorted(ranks_of(t).items()):
-                      ok = got.shape == want.shape and torch.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
-                      error = ("" if ok else f"max abs error {(got - want).abs().nan_to_num(float('inf')).max():.3g}"
+                      ok = got.shape == want.shape and (torch.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+                                                        if want.is_floating_point() else torch.equal(got, want))
+                      error = ("" if ok else f"max abs error {(got.double() - want.double()).abs().nan_to_num(float('inf')).max():.3g}"
                                if got.shape == want.shape else f"expected shape {tuple(want.shape)}")
                       print(f"rank {rank}: {what} shape {tuple(got.shape)}, " + ("matches" if ok else f"WRONG ({error})"),
                             flush=True)
@@ -210,20 +228,26 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
               '        status, detail = "error", f"the DTensor inputs cannot be built: {said(exc)}"', "    else:",
               "        try:", '            stage("the op")', f"            out = {dt_call}", "        except Exception as exc:",
               '            status, detail = "raises", f"the op raises {said(exc)}"', "        else:",
-              "            out = out[0] if isinstance(out, (tuple, list)) else out",
-              '            print("DTensor output placements:", out.placements, "global shape:", tuple(out.shape), flush=True)',
-              "            try:",
-              '                stage("full_tensor() of the output")',
-              '                detail = check("output", out.full_tensor(), expected.detach())',
-              '                status = "wrong" if detail else "right"',
-              "            except Exception as exc:   # the output's metadata does not fit what the ranks hold",
-              '                status, detail = "late-failure", f"full_tensor() of the output raises {said(exc)}"',
+              "            outs = picked(out)",
+              "            status = \"right\"",
+              "            for k, (out, want) in zip(OUT, zip(outs, expected)):",
+              "                name = \"output\" if len(OUT) == 1 else f\"output {k}\"",
+              "                if status != \"right\":",
+              "                    break",
+              '                print(f"DTensor {name} placements:", out.placements, "global shape:", tuple(out.shape), flush=True)',
+              "                try:",
+              # one stage name for every output: confirm.LATE_STAGES knows it
+              '                    stage("full_tensor() of the output")',
+              '                    detail = check(name, out.full_tensor(), want.detach())',
+              '                    status = "wrong" if detail else "right"',
+              "                except Exception as exc:   # the output's metadata does not fit what the ranks hold",
+              '                    status, detail = "late-failure", f"full_tensor() of the {name} raises {said(exc)}"',
               "            if status == \"right\" and expected_grads:",
               "                try:",
               '                    stage("the backward")',
-              "                    (out.redistribute(mesh, [Replicate()] * mesh.ndim) * DTensor.from_local(",
+              "                    sum((out.redistribute(mesh, [Replicate()] * mesh.ndim) * DTensor.from_local(",
               "                        place({r: g for r in range(WORLD)}), mesh, [Replicate()] * mesh.ndim,",
-              "                        run_check=False)).sum().backward()",
+              "                        run_check=False)).sum() for out, g in zip(outs, gs) if g is not None and out.requires_grad).backward()",
               f"                    for name, leaf, want in zip({floating!r}, [{', '.join('d_' + r for r in floating)}], "
               "expected_grads):",
               "                        if want is not None and status == \"right\":",
