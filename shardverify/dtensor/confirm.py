@@ -221,8 +221,11 @@ def decide(klass: str, output: str, world: int, timed_out: bool, timeout: float)
     """(status, detail) of a class's run from what torchrun printed. A process killed by a signal
     in one of DTensor's steps (its last ``STAGE``) is DTensor's failure, said with the step and
     gloo's reason: after the op returned it is a late failure; only a process killed outside them
-    (or ending without a word) is ``aborted``."""
-    verdicts, killed, stages = verdicts_of(output), signals_of(output), stages_of(output)
+    (or ending without a word) is ``aborted``. A process killed after its verdict is judged by it."""
+    verdicts, stages = verdicts_of(output), stages_of(output)
+    # a rank that printed its verdict had finished DTensor's steps: a signal after it (gloo's
+    # teardown aborting at exit) changes nothing it computed
+    killed = {r: name for r, name in signals_of(output).items() if r not in verdicts}
     missing = [r for r in range(world) if r not in verdicts]
     hits = {r: d for r, (s, d) in sorted(verdicts.items()) if s == EXPECTED[klass]}
     died_in = {r: stages.get(r, "") for r in killed}
