@@ -171,17 +171,7 @@ _EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-
 
 def verdicts_of(output: str) -> dict[int, tuple[str, str]]:
     """rank -> (status, detail) from the ``VERDICT`` lines of every process."""
-    found: dict[int, tuple[str, str]] = {}
-    for line in output.splitlines():
-        if not line.startswith(VERDICT):
-            continue
-        try:
-            item = json.loads(line[len(VERDICT):])
-            for rank in item["ranks"]:
-                found[int(rank)] = (str(item["status"]), str(item.get("detail") or ""))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return found
+    return _tagged(output, VERDICT, lambda item: (str(item["status"]), str(item.get("detail") or "")))
 
 
 def signals_of(output: str) -> dict[int, str]:
@@ -200,14 +190,20 @@ def signals_of(output: str) -> dict[int, str]:
 
 def stages_of(output: str) -> dict[int, str]:
     """rank -> the last step its process said it was starting (``STAGE`` lines)."""
-    found: dict[int, str] = {}
+    return _tagged(output, STAGE, lambda item: str(item["stage"]))
+
+
+def _tagged(output: str, tag: str, value) -> dict:
+    """rank -> ``value(item)`` of the last line ``tag`` + a JSON object naming its "ranks"
+    (a line that does not parse is skipped)."""
+    found: dict = {}
     for line in output.splitlines():
-        if not line.startswith(STAGE):
+        if not line.startswith(tag):
             continue
         try:
-            item = json.loads(line[len(STAGE):])
+            item = json.loads(line[len(tag):])
             for rank in item["ranks"]:
-                found[int(rank)] = str(item["stage"])
+                found[int(rank)] = value(item)
         except (ValueError, KeyError, TypeError):
             continue
     return found
