@@ -381,6 +381,29 @@ def test_a_full_report_reads_a_case_the_full_run_has_not_finished_from_its_store
     assert [r.executed for r in stored_results(tmp_path, [spec], [(4,)], 2, ROOT)[0]] == [2] * len(results)
 
 
+def test_a_run_stored_by_another_harness_version_is_never_read_as_this_ones(tmp_path, monkeypatch):
+    """Results are keyed by the spec file's hash; a harness fix changes outcomes without touching
+    the spec, so a run stored before it must not pass for one made after (conv1d's module results
+    kept a silent class the fix had turned into a late failure)."""
+    import json
+
+    from shardverify.dtensor import run as run_module, store
+    from shardverify.dtensor.run import run_spec, stored_results
+
+    spec = load_op_specs(ROOT, None, ["neg"])[0]
+    first = run_spec(spec, [(4,)], limit=1, store=tmp_path, root=ROOT)
+    path, = (tmp_path / f"torch-{torch.__version__}").glob("neg.4.limit1.*.json")
+    assert json.loads(path.read_text())["harness"] == store.HARNESS
+    assert "pairs complete" in stored_results(tmp_path, [spec], [(4,)], 1, ROOT)[1]
+    monkeypatch.setattr(run_module, "HARNESS", store.HARNESS + 1)     # the harness changed since
+    results, note = stored_results(tmp_path, [spec], [(4,)], 1, ROOT)
+    assert results == [] and "0 of 1 (op spec, mesh) pairs complete" in note
+    assert f"Left out, made by another version of the harness than this one's ({store.HARNESS + 1})" in note
+    assert f"neg (4,) (version {store.HARNESS})" in note
+    again = run_spec(spec, [(4,)], limit=1, store=tmp_path, root=ROOT)    # run again, not resumed
+    assert not any(r.resumed for r in again) and [r.executed for r in again] == [r.executed for r in first]
+
+
 def test_a_running_statistic_is_no_gradient_leaf_so_batch_norm_runs_forward_and_backward():
     case_id = "torch.ops.aten.batch_norm.default-training_False-momentum_0.1-eps_1e-05-cudnn_enabled_False"
     spec, case = _case("batch_norm", case_id)

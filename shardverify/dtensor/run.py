@@ -28,7 +28,7 @@ from shardverify.dtensor.attribute import backward_raise
 from shardverify.dtensor.execute import CaseRunner, Execution, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.repro import render_repro
-from shardverify.dtensor.store import StoredRun, load_stored, save_stored, spec_hash, store_path
+from shardverify.dtensor.store import HARNESS, StoredRun, load_stored, save_stored, spec_hash, store_path
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
@@ -245,7 +245,7 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
         if store is not None:
             path = store_path(store, spec.name, digest, mesh, torch.__version__, limit)
             saved = load_stored(path) or StoredRun(spec.name, digest, mesh, torch.__version__, limit, budget)
-            if saved.budget != budget:      # too-slow depends on it: run again
+            if saved.budget != budget or saved.harness != HARNESS:   # too-slow depends on it; another harness: run again
                 saved = StoredRun(spec.name, digest, mesh, torch.__version__, limit, budget)
             saved.cases = [case_id for case_id, _ in cases]
             running = path.with_name(path.name + ".running")   # the combination in progress
@@ -308,11 +308,14 @@ def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = P
 
     results: list[CaseResult] = []
     complete, sampled, partial, missing, unrun = [], [], [], [], []
-    absent, seconds, sample_limits = 0, 0.0, set()
+    absent, seconds, sample_limits, stale = 0, 0.0, set(), []
     for spec in specs:
         digest = spec_hash(spec, root)
         shapes = meshes or spec.verify.meshes
         runs = {tuple(m): _stored_runs(store, spec.name, digest, m, torch.__version__, limit) for m in shapes}
+        stale += [f"{run.spec} {_shape(run.mesh)} (version {run.harness})" for found in runs.values() for run in found
+                  if run.harness != HARNESS]
+        runs = {mesh: [run for run in found if run.harness == HARNESS] for mesh, found in runs.items()}
         if not any(runs.values()):
             unrun.append(spec.name)      # said by name alone
             absent += len(shapes)
@@ -350,6 +353,9 @@ def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = P
         note += " Not run: " + ", ".join(missing) + "."
     if unrun:
         note += f" Not run on any mesh ({len(unrun)} specs): " + ", ".join(unrun) + "."
+    if stale:
+        note += (f" Left out, made by another version of the harness than this one's ({HARNESS}), to be run again: "
+                 + ", ".join(stale) + ".")
     return results, note
 
 
