@@ -87,3 +87,25 @@ def test_float32_results_at_the_edge_of_their_bounds_get_the_float64_rule_s_verd
                 if found:
                     assert (found[0].max_abs_err, found[0].max_rel_err) == (want.max_abs_err, want.max_rel_err)
 
+
+
+def test_a_large_result_out_of_bound_is_measured_in_pieces_with_compare_s_figures():
+    """Out of bound, a result of over 65,536 elements is measured a piece of its leading dim at a
+    time: the verdict and both error figures are still ``compare``'s on the whole tensor, and a
+    NaN in a later piece is still reported as one."""
+    from shardverify.sharding.sharding_spec import ShardingSpec
+    from shardverify.verify.layout import LocalOperand
+    from shardverify.verify.tolerance import compare
+
+    gen = torch.Generator().manual_seed(1)
+    for shape in ((5, 40000), (150000,), (3, 70000)):
+        full = torch.randn(shape, generator=gen, dtype=torch.float64)
+        got = (full + 1e-4 * torch.randn(shape, generator=gen, dtype=torch.float64)).float()
+        operand = LocalOperand(None, ShardingSpec((1,), shape), tuple(slice(0, n) for n in shape), shape)
+        found = C._compare(0, "x", got, full, operand, None, DeviceMesh((1,)), tolerance_for)
+        want = compare(got, full, tolerance_for(torch.float32))
+        assert not want.close and (found[0].max_abs_err, found[0].max_rel_err) == (want.max_abs_err,
+                                                                                  want.max_rel_err)
+        got.view(-1)[-1] = float("nan")
+        found = C._compare(0, "x", got, full, operand, None, DeviceMesh((1,)), tolerance_for)
+        assert "nan" in found[0].detail.lower()
