@@ -494,13 +494,13 @@ def main() -> None:
             say(text)
             if "scaled" in row:
                 big = row["scaled"]
-                say(f"{'':8s} {'':16s} x{big['factor']} leading dims {big['shapes']}, {big['strategies']} distinct layouts: "
-                    f"simulated {big['simulated_ms']:.2f} ms/check (the bare local op {big['floor_ms']:.2f} ms: "
-                    f"{big['simulated_over_floor']:.1f}x; by CPU time {big['simulated_cpu_ms']:.2f} against "
-                    f"{big['floor_cpu_ms']:.2f} ms: {big['simulated_over_floor_cpu']:.1f}x; {big['floor_left_out']} layouts it "
-                    f"cannot run bare left out); the check's CPU time "
-                    f"over the bare op's: {row['simulated_cpu_ms'] - row['floor_cpu_ms']:.2f} ms per check at the "
-                    f"grid shape, {big['simulated_cpu_ms'] - big['floor_cpu_ms']:.2f} ms here")
+                say(f"{'':8s} {'':16s} x{big['factor']} leading dims {big['shapes']}, {big['strategies']} distinct "
+                    f"layouts: simulated {big['simulated_ms']:.2f} ms/check (the bare local op {big['floor_ms']:.2f} "
+                    f"ms: {big['simulated_over_floor']:.1f}x; by CPU time {big['simulated_cpu_ms']:.2f} against "
+                    f"{big['floor_cpu_ms']:.2f} ms: {big['simulated_over_floor_cpu']:.1f}x; {big['floor_left_out']} "
+                    f"layouts it cannot run bare left out); the check's CPU time over the bare op's: "
+                    f"{row['simulated_cpu_ms'] - row['floor_cpu_ms']:.2f} ms per check at the grid shape, "
+                    f"{big['simulated_cpu_ms'] - big['floor_cpu_ms']:.2f} ms here")
 
     if not args.skip_gloo and args.fresh_cases:
         mesh = meshes[0]
