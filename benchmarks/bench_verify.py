@@ -17,6 +17,12 @@ counted, memory checked) on
     DTensor cannot run, or whose first check takes it over --dtensor-budget seconds, are left
     out of its timing and counted),
 
+and, in a row of its own labelled with the factor and shapes, the same op and mesh on the
+spec's first case with its inputs' leading dims (every dim but the last) multiplied by
+--scale (simulated and bare only): the grid cases are small, so their ratio is mostly what
+the check costs per call (Python, hand-overs between rank threads); the larger shape shows
+what grows with the arithmetic,
+
 then, on the first mesh, the fresh-processes-per-case baselines (the first --fresh-cases cases
 of each spec, each on new gloo processes started, used for its batch and closed: spawned per
 case, each importing torch, and a forkserver pool started per case) against one warm pool
@@ -34,7 +40,7 @@ busy, the wall clock charges each figure for the time it waited for a core, CPU 
 work it did, so their ratio moves less with the load.
 
 Usage: .venv/bin/python benchmarks/bench_verify.py [--meshes 2,2 2,2,2] [--specs linear sum]
-       [--cases 1] [--fresh-cases 2] [--seconds 2] [--skip-gloo] [--skip-dtensor] [--json]
+       [--cases 1] [--fresh-cases 2] [--seconds 2] [--scale 4] [--skip-gloo] [--skip-dtensor] [--json]
        .venv/bin/python benchmarks/bench_verify.py --quick     # CI's smoke run (figures not for quoting)
 A figure it cannot measure (no layout ran bare or under DTensor, no pass timed) ends the run
 with exit status 1, never a row left out.
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -315,6 +322,15 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
             _median_ms(cpu, max(len(runnable), 1)))
 
 
+def scaled_case(case, factor: int):
+    """``case`` with every input's leading dims (all but the last) multiplied by ``factor``: the
+    same op and parameters on more rows, so a predecessor's or module's feature sizes still fit."""
+    inputs = tuple(dataclasses.replace(decl, shape=tuple(n * factor if i < len(decl.shape) - 1 else n
+                                                         for i, n in enumerate(decl.shape)))
+                   for decl in case.inputs)
+    return dataclasses.replace(case, inputs=inputs)
+
+
 def fresh_vs_pool(mesh, cases_and_strategies, min_seconds: float) -> dict:
     """The same checks on fresh processes per case and on one warm pool.  Fresh processes are
     measured two ways: spawned per case (``start_method="spawn"``: every case starts its own
@@ -343,6 +359,29 @@ def fresh_vs_pool(mesh, cases_and_strategies, min_seconds: float) -> dict:
             "warm_gloo_ms_per_check": warm, "fresh_over_warm": spawned / warm, "restarted_over_warm": restarted / warm}
 
 
+def scaled_row(spec, mesh, factor: int, seconds: float) -> dict:
+    """The simulated check against the bare op on the spec's first case scaled by ``factor``
+    (:func:`scaled_case`), every distinct layout of it."""
+    from shardverify.backends import SimulatedBackend
+    from shardverify.strategies.for_node import strategies_for_node
+
+    _, first = next(iter(spec.op_cases()))
+    case = scaled_case(first, factor)
+    try:
+        graph_module, node_name = case.build()
+    except Exception as exc:  # noqa: BLE001 - a case whose shapes cannot grow this way
+        raise Unmeasured(f"{spec.name}: its first case with leading dims x{factor} does not build: {exc}") from exc
+    chosen = [(case, distinct_layouts(strategies_for_node(graph_module, node_name, mesh)))]
+    big = {"factor": factor, "shapes": [list(decl.shape) for decl in case.inputs], "strategies": len(chosen[0][1])}
+    with SimulatedBackend(mesh, timeout=120) as simulated:
+        big["simulated_ms"], big["simulated_checks"], big["simulated_cpu_ms"] = ms_per_check(simulated, chosen, seconds)
+    big["floor_ms"], big["floor_checks"], big["floor_left_out"], big["floor_cpu_ms"] = floor_ms_per_check(
+        mesh, chosen, seconds)
+    big["simulated_over_floor"] = big["simulated_ms"] / big["floor_ms"]
+    big["simulated_over_floor_cpu"] = big["simulated_cpu_ms"] / big["floor_cpu_ms"]
+    return big
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--meshes", nargs="+", default=["2,2", "2,2,2"], help="mesh shapes, e.g. 2,2 2,2,2")
@@ -352,6 +391,9 @@ def main() -> None:
                         help="cases per spec in the fresh-processes-per-case baseline (first mesh only; 0 "
                              "leaves the baseline out)")
     parser.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per figure")
+    parser.add_argument("--scale", type=int, default=4,
+                        help="factor on the first case's leading dims for the larger-shape row of each op and mesh "
+                             "(simulated against the bare op; 1 leaves the row out; default 4)")
     parser.add_argument("--skip-gloo", action="store_true", help="no process pools (no start-up, no fresh baseline)")
     parser.add_argument("--skip-dtensor", action="store_true", help="no DTensor LocalTensorMode figures")
     parser.add_argument("--dtensor-budget", type=float, default=2.0,
@@ -360,13 +402,16 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
     parser.add_argument("--quick", action="store_true",
                         help="CI's smoke run: every figure once, briefly (mesh 2,2 only, the sum spec's first case, "
-                             "0.2 s per figure, fresh-processes baseline on one case); its ratios are not for quoting")
+                             "0.2 s per figure, the larger-shape row at --scale 2, fresh-processes baseline on one "
+                             "case); its ratios are not for quoting")
     args = parser.parse_args()
     if args.quick:
         args.meshes, args.specs, args.cases, args.seconds = ["2,2"], ["sum"], 1, 0.2
-        args.fresh_cases = min(args.fresh_cases, 1)
+        args.fresh_cases, args.scale = min(args.fresh_cases, 1), min(args.scale, 2)
     if args.cases < 1:
         parser.error(f"--cases must be at least 1, got {args.cases}")
+    if args.scale < 1:
+        parser.error(f"--scale must be at least 1, got {args.scale}")
     if args.fresh_cases < 0:
         parser.error(f"--fresh-cases must be 0 or more, got {args.fresh_cases}")
 
@@ -432,6 +477,8 @@ def main() -> None:
                 with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
                     pool.start()
                     row["gloo_ms"], row["gloo_checks"], _ = ms_per_check(pool, chosen, args.seconds)
+            if args.scale > 1:
+                row["scaled"] = scaled_row(spec, mesh, args.scale, args.seconds)
             report["figures"].append(row)
             text = (f"{spec.name:8s} mesh {str(mesh.shape):10s} {row['strategies']:3d} distinct layouts "
                     f"({row['offered']} strategies offered): "
@@ -445,6 +492,15 @@ def main() -> None:
             if "gloo_ms" in row:
                 text += f", gloo pool warm {row['gloo_ms']:.2f} ms/check"
             say(text)
+            if "scaled" in row:
+                big = row["scaled"]
+                say(f"{'':8s} {'':16s} x{big['factor']} leading dims {big['shapes']}, {big['strategies']} distinct "
+                    f"layouts: simulated {big['simulated_ms']:.2f} ms/check (the bare local op {big['floor_ms']:.2f} "
+                    f"ms: {big['simulated_over_floor']:.1f}x; by CPU time {big['simulated_cpu_ms']:.2f} against "
+                    f"{big['floor_cpu_ms']:.2f} ms: {big['simulated_over_floor_cpu']:.1f}x; {big['floor_left_out']} "
+                    f"layouts it cannot run bare left out); the check's CPU time over the bare op's: "
+                    f"{row['simulated_cpu_ms'] - row['floor_cpu_ms']:.2f} ms per check at the grid shape, "
+                    f"{big['simulated_cpu_ms'] - big['floor_cpu_ms']:.2f} ms here")
 
     if not args.skip_gloo and args.fresh_cases:
         mesh = meshes[0]

@@ -56,3 +56,56 @@ def test_a_passing_rank_finds_nothing_and_a_failing_one_each_mismatch_in_order()
     assert [(m.kind, m.tensor) for m in found] == [("dtype", "output"), ("values", wrong[3][0]),
                                                    ("values", wrong[4][0])]
     assert "nan" in found[2].detail.lower()
+
+
+def test_float32_results_at_the_edge_of_their_bounds_get_the_float64_rule_s_verdict():
+    """The cheap path compares a float32 result with float32 bounds rounded inward: for values
+    one float32 step either side of each float64 bound, every verdict (and every figure of a
+    mismatch) is the one ``compare`` gives in float64."""
+    from shardverify.sharding.sharding_spec import ShardingSpec
+    from shardverify.verify.layout import LocalOperand
+    from shardverify.verify.tolerance import Tolerance, compare
+
+    expected = torch.cat([torch.randn(64, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 100,
+                          torch.tensor([0.0, 1e-30, -3.5, 1e38, 0.1], dtype=torch.float64)])
+    tol = tolerance_for(torch.float32)
+    allowed = expected.abs() * tol.rtol + tol.atol
+    probes = []
+    for edge in (expected - allowed, expected + allowed):
+        near = edge.to(torch.float32)
+        for step in (float("-inf"), float("inf")):
+            probes += [near, torch.nextafter(near, torch.full_like(near, step))]
+    mesh = DeviceMesh((1,))
+    for tolerance in (tol, Tolerance(0.0, 0.0)):
+        for probe in probes:
+            for i in range(expected.numel()):
+                full = expected[i:i + 1].clone()
+                operand = LocalOperand(None, ShardingSpec((1,), (1,)), (slice(0, 1),), (1,))
+                found = C._compare(0, "x", probe[i:i + 1], full, operand, None, mesh, lambda _: tolerance)
+                want = compare(probe[i:i + 1], full, tolerance)
+                assert (found == []) == want.close, (float(probe[i]), float(full), tolerance)
+                if found:
+                    assert (found[0].max_abs_err, found[0].max_rel_err) == (want.max_abs_err, want.max_rel_err)
+
+
+
+def test_a_large_result_out_of_bound_is_measured_in_pieces_with_compare_s_figures():
+    """Out of bound, a result of over 65,536 elements is measured a piece of its leading dim at a
+    time: the verdict and both error figures are still ``compare``'s on the whole tensor, and a
+    NaN in a later piece is still reported as one."""
+    from shardverify.sharding.sharding_spec import ShardingSpec
+    from shardverify.verify.layout import LocalOperand
+    from shardverify.verify.tolerance import compare
+
+    gen = torch.Generator().manual_seed(1)
+    for shape in ((5, 40000), (150000,), (3, 70000)):
+        full = torch.randn(shape, generator=gen, dtype=torch.float64)
+        got = (full + 1e-4 * torch.randn(shape, generator=gen, dtype=torch.float64)).float()
+        operand = LocalOperand(None, ShardingSpec((1,), shape), tuple(slice(0, n) for n in shape), shape)
+        found = C._compare(0, "x", got, full, operand, None, DeviceMesh((1,)), tolerance_for)
+        want = compare(got, full, tolerance_for(torch.float32))
+        assert not want.close and (found[0].max_abs_err, found[0].max_rel_err) == (want.max_abs_err,
+                                                                                  want.max_rel_err)
+        got.view(-1)[-1] = float("nan")
+        found = C._compare(0, "x", got, full, operand, None, DeviceMesh((1,)), tolerance_for)
+        assert "nan" in found[0].detail.lower()
