@@ -48,6 +48,11 @@ class Operand:
     boolean: bool = False          # a bool tensor: also decided with one True, one False element (lone_value_draws)
     constant: bool = False         # the op takes no gradient for it (a running statistic: constant_operands)
 
+    @property
+    def differentiable(self) -> bool:
+        """A gradient leaf where the op runs with its backward (the DTensor harness, its repros)."""
+        return self.floating and not self.constant
+
 
 @dataclass(frozen=True)
 class Outcome:

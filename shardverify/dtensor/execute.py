@@ -99,7 +99,7 @@ class CaseRunner:
         values = dict(problem.values)
         leaves = {}
         for i, operand in enumerate(self.operands):
-            if operand.floating and not operand.constant:
+            if operand.differentiable:
                 leaves[i] = values[operand.locator] = problem.values[operand.locator].clone().requires_grad_()
         # the tensors the call takes, by identity: the recorded aten call names them
         self._held = [values[o.locator] for o in self.operands]
@@ -184,7 +184,7 @@ class CaseRunner:
             made = self._input(i, layout)
             if isinstance(made, str):
                 return Execution("inputs", made)
-            if operand.floating and not operand.constant and self.backward:
+            if operand.differentiable and self.backward:
                 with self.mode:
                     made = made.detach().requires_grad_()
                 leaves[i] = made
@@ -278,7 +278,7 @@ class CaseRunner:
         leaves = {}
         for i, operand in enumerate(self.operands):
             value = rebuilt.get(i, self.problem.values[operand.locator])
-            if operand.floating and not operand.constant and self.backward:
+            if operand.differentiable and self.backward:
                 value = leaves[i] = value.clone().requires_grad_()
             values[operand.locator] = value
         out = call_op(self.problem.node, self.problem.module, values)

@@ -122,7 +122,7 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
     floating = []
     for o in operands:
         value = problem.values[o.locator]
-        if value.is_floating_point() and not o.constant:
+        if o.differentiable:
             lines.append(f"{o.role} = torch.randn({tuple(value.shape)!r}, dtype=torch.float64)")
             floating.append(o.role)
         elif value.is_floating_point():   # a running statistic: its drawn values (variances positive), no gradient

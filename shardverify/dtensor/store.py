@@ -20,7 +20,7 @@ from pathlib import Path
 
 from shardverify.errors import SpecError
 
-__all__ = ["HARNESS", "StoredRun", "spec_hash", "store_path", "load_stored", "save_stored", "stored_runs"]
+__all__ = ["HARNESS", "StoredRun", "spec_hash", "store_path", "load_stored", "save_stored"]
 
 VERSION = 1
 
@@ -116,13 +116,3 @@ def save_stored(path: Path, run: StoredRun) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(run.to_json(), separators=(",", ":")) + "\n")
     os.replace(tmp, path)
-
-
-def stored_runs(folder: Path, torch_version: str, limit: int | None) -> list[StoredRun]:
-    """Every stored run in ``folder`` for this torch version and limit."""
-    found = []
-    for path in sorted((folder / f"torch-{torch_version}").glob(f"*.limit{limit or 0}.*.json")):
-        run = load_stored(path)
-        if run is not None:
-            found.append(run)
-    return found
