@@ -280,7 +280,7 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
     def prepared(case, strategy) -> list:
         """Per rank: (node, module, input shards by locator, argument values, grad-output shards)."""
         ref = reference(case, None, torch.device("cpu"))
-        module = _private_module(ref) if ref.node.op == "call_module" else None   # this thread's copy, as a rank's
+        module = _private_module(ref, 0) if ref.node.op == "call_module" else None   # this thread's copy, as a rank's
         ranks = []
         for rank in range(mesh.size):
             shards = {(d.locator.kind, d.locator.key): strategy.get_sharding_spec_by_name(d.name).local_shard(

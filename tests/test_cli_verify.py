@@ -57,10 +57,10 @@ def test_table_has_one_row_per_case_and_mesh(capsys):
 def test_a_broken_communication_layer_fails_the_run(capsys, monkeypatch):
     """Gradient hooks that do nothing: exactly the linear strategies that declare a gradient
     hook must fail, be counted in the table, reported in full, and the exit status is 1."""
-    from shardverify.collectives import patterns
     from shardverify.sharding.strategy import CommWhere
+    from shardverify.verify import rank
 
-    monkeypatch.setattr(patterns, "apply_grad_hook", lambda comm, action, grad: grad)
+    monkeypatch.setattr(rank, "grad_hook_on_ranks", lambda ranks, action, grads: grads)
     assert cli("linear", "--mesh", "4", "--root", str(REPO)) == 1
     out = capsys.readouterr().out
     failures = {row[1]: int(row[4]) for row in map(str.split, out.splitlines()) if row and row[0] == "linear"}

@@ -40,12 +40,11 @@ def partial_output_strategy(backend):
 def partials_reduced_in_a_lower_dtype(monkeypatch):
     """The planted bug: the partial outputs of a float16 run are summed in float8 (e5m2) and
     cast back; float32 and float64 runs are untouched, so the maths is exact there."""
-    def sloppy(comm, action, t):
-        if t.dtype is not torch.float16:
-            return comm.all_reduce(t.contiguous(), action.axes, "sum")
-        low = t.to(torch.float8_e5m2).to(torch.float16)
-        total = comm.all_reduce(low.to(torch.float32).contiguous(), action.axes, "sum")
-        return total.to(torch.float8_e5m2).to(torch.float16)
+    def sloppy(ranks, action, ts):
+        if ts[0].dtype is not torch.float16:
+            return ranks.all_reduce([t.contiguous() for t in ts], action.axes, "sum")
+        low = [t.to(torch.float8_e5m2).to(torch.float16).to(torch.float32).contiguous() for t in ts]
+        return [total.to(torch.float8_e5m2).to(torch.float16) for total in ranks.all_reduce(low, action.axes, "sum")]
 
     halves = dict(patterns._HALVES)
     halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (sloppy, patterns._identity)
@@ -81,8 +80,8 @@ def test_strategy_exact_in_float64_but_sloppy_in_float16_fails(mesh4, partials_r
 
 def test_wrong_maths_in_float16_is_labelled_by_the_float64_recheck(mesh4, monkeypatch):
     """A reduction that is off by 2% in every dtype fails, and the re-check calls it maths."""
-    def off(comm, action, t):
-        return comm.all_reduce(t.contiguous(), action.axes, "sum") * 1.02
+    def off(ranks, action, ts):
+        return [total * 1.02 for total in ranks.all_reduce([t.contiguous() for t in ts], action.axes, "sum")]
 
     halves = dict(patterns._HALVES)
     halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (off, patterns._identity)

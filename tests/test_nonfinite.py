@@ -126,9 +126,8 @@ def test_correct_strategies_pass_when_the_reference_has_inf_and_nan(mesh2):
 def test_an_all_reduce_that_saturates_infinities_is_caught(mesh2, monkeypatch):
     """A reduction that clamps -inf to the dtype's lowest finite value leaves every finite
     position exact; the old rule (bound = atol + rtol * |inf|) called that close."""
-    def saturating(comm, action, tensor):
-        total = comm.all_reduce(tensor.contiguous(), action.axes, "sum")
-        return torch.nan_to_num(total)
+    def saturating(ranks, action, ts):
+        return [torch.nan_to_num(total) for total in ranks.all_reduce([t.contiguous() for t in ts], action.axes, "sum")]
 
     halves = dict(patterns._HALVES)
     halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (saturating, patterns._identity)

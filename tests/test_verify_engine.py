@@ -153,17 +153,17 @@ def test_rounding_differences_are_rechecked_in_float64(mesh22):
 def test_collectives_issued_must_match_the_declared_actions(mesh22, monkeypatch):
     """Hidden communication fails even when the numbers come out right: a gradient hook that
     all-reduces twice (then divides) gives correct gradients but issues an undeclared collective."""
-    from shardverify.collectives import patterns
+    from shardverify.verify import rank
 
     strategy = next(s for s in strategies(LINEAR, mesh22)
                     if any(a.where is CommWhere.HOOK for a in s.communication_actions))
-    honest = patterns.apply_grad_hook
+    honest = rank.grad_hook_on_ranks
 
-    def chatty_hook(comm, action, grad):
-        twice = honest(comm, action, honest(comm, action, grad))
-        return twice / comm.mesh.axes_size(action.axes)
+    def chatty_hook(ranks, action, grads):
+        twice = honest(ranks, action, honest(ranks, action, grads))
+        return [g / ranks.mesh.axes_size(action.axes) for g in twice]
 
-    monkeypatch.setattr(patterns, "apply_grad_hook", chatty_hook)
+    monkeypatch.setattr(rank, "grad_hook_on_ranks", chatty_hook)
     result = verify_strategy(mesh22, LINEAR, strategy)
     assert not result.passed
     assert {m.kind for m in result.mismatches} == {"collectives"}

@@ -1,4 +1,6 @@
-"""The simulated mesh: every rank is a thread of this process, sharing one exchange.
+"""The simulated mesh: every rank is a thread of this process, sharing one exchange; a function
+that offers a form over all ranks at once (the strategy check) runs in that form instead, every
+rank in one thread (backends/stacked.py).
 
 Collectives are rendezvous: each member deposits its payload and the description of its
 call, waits for the whole group, then reads everybody's payload and computes its own
@@ -38,6 +40,7 @@ from shardverify.backends.base import RankResult, check_fn, check_timeout, priva
 from shardverify.backends.cpus import can_keep, keep_to_cpu
 from shardverify.errors import BackendError, RankTimeout
 from shardverify.backends.simulated_exchange import SimulatedCommunicator, _Aborted, _Exchange, _Turns
+from shardverify.backends.stacked import AllRanks
 from shardverify.sharding.mesh import DeviceMesh
 
 #: how long, after a failure or a timeout, the other ranks get to unwind before being abandoned
@@ -148,11 +151,14 @@ class SimulatedBackend:
     would across processes (frozen values, which cannot change, are shared).  The backend
     stays usable after any failure.  ``same_cpu`` keeps the rank threads on the caller's CPU,
     each with one intra-op thread (see the module docstring); turn it off for ops big enough
-    to want torch's intra-op threads: the ranks then use the caller's count.
+    to want torch's intra-op threads: the ranks then use the caller's count.  ``stacked``: a
+    function that offers a form over all ranks at once (``fn.all_ranks(ranks, *args)``, taking a
+    ``backends.stacked.AllRanks``: the strategy check does) runs in that form, every rank in one
+    thread (see backends/stacked.py); off, it runs one thread per rank like any other function.
     """
 
     def __init__(self, mesh: DeviceMesh, device: torch.device | str = "cpu", timeout: float = 30.0,
-                 *, same_cpu: bool = True) -> None:
+                 *, same_cpu: bool = True, stacked: bool = True) -> None:
         if not isinstance(mesh, DeviceMesh):
             raise BackendError(f"SimulatedBackend needs a DeviceMesh, got {mesh!r}")
         self.mesh = mesh
@@ -164,6 +170,9 @@ class SimulatedBackend:
         if not isinstance(same_cpu, bool):
             raise BackendError(f"SimulatedBackend same_cpu must be True or False, got {same_cpu!r}")
         self.same_cpu = same_cpu
+        if not isinstance(stacked, bool):
+            raise BackendError(f"SimulatedBackend stacked must be True or False, got {stacked!r}")
+        self.stacked = stacked
         self._lock = threading.Lock()
         self._threads: list[_RankThread | None] = [None] * mesh.size
         self._closed = False
@@ -195,12 +204,66 @@ class SimulatedBackend:
         if threading.current_thread().name.startswith("shardverify-rank"):
             raise BackendError("SimulatedBackend.run cannot be called from inside a rank")
         outcomes: list[list[Any] | BackendError] = []
+        all_ranks = getattr(fn, "all_ranks", None) if self.stacked else None
         with self._lock, _kept_on_this_cpu(self.same_cpu) as cpu:
             while len(outcomes) < len(items):   # a timeout abandons the rest; they run again
                 if self._closed:
                     raise BackendError("this SimulatedBackend is closed")
-                outcomes += self._run_batch(fn, items[len(outcomes):], timeout, cpu)
+                rest = items[len(outcomes):]
+                outcomes += (self._run_batch(fn, rest, timeout, cpu) if all_ranks is None else
+                             self._run_all_ranks(all_ranks, fn, rest, timeout, cpu))
         return outcomes
+
+    def _run_all_ranks(self, all_ranks, fn, items: list[tuple], timeout: float,
+                       cpu: int | None) -> list[list[Any] | BackendError]:
+        """Run ``items`` in ``fn``'s all-ranks form on rank 0's thread (kept on ``cpu`` unless
+        None), until the first timeout (included in the outcomes, the rest is not).  The form
+        runs once for all ranks and promises to leave its arguments as they are, so they are
+        not copied.  The caller is woken when the batch is done or a check's time is up (woken
+        per check, each cost a thread switch).  An error is the rank's it names (``exc.rank``:
+        the op raised there), else the lowest rank's, as when every rank fails alike on the
+        threaded mesh."""
+        self._start_threads()
+        worker = self._threads[0]
+        worker.keep_on(cpu)
+        self._match_intra_op(1 if cpu is not None else torch.get_num_threads())
+        cond = threading.Condition()
+        outcomes: list[list[Any] | BackendError] = []
+        finished = [time.monotonic()]   # when the last check finished (the start for the first)
+        cancelled = threading.Event()
+
+        def task() -> None:
+            for args in items:
+                if cancelled.is_set():
+                    return
+                try:
+                    outcome = all_ranks(AllRanks(self.mesh, self.device), *args)
+                except BaseException as exc:  # noqa: BLE001 - reported to the caller as RankError
+                    rank = getattr(exc, "rank", None)
+                    outcome = RankResult.failure(rank if isinstance(rank, int) else 0, exc).error()
+                with cond:
+                    outcomes.append(outcome)
+                    finished[0] = time.monotonic()
+                    if len(outcomes) == len(items):
+                        cond.notify_all()
+
+        worker.tasks.put(task)
+        try:
+            with cond:
+                while len(outcomes) < len(items):
+                    left = finished[0] + timeout - time.monotonic()
+                    if left <= 0:
+                        cancelled.set()
+                        worker.tasks.put(None)   # a new thread takes rank 0's place on the next run
+                        self._threads[0] = None
+                        return outcomes + [RankTimeout(tuple(range(self.mesh.size)), timeout, _name(fn),
+                                                       detail="every rank runs in one thread (stacked); the "
+                                                              "check did not finish")]
+                    cond.wait(left)
+                return list(outcomes)
+        except BaseException:   # Ctrl-C while waiting: the thread stops at the next check
+            cancelled.set()
+            raise
 
     def _run_batch(self, fn, items: list[tuple], timeout: float,
                    cpu: int | None) -> list[list[Any] | BackendError]:

@@ -19,8 +19,9 @@ from shardverify.verify.distinct import distinguishing_seeds
 from shardverify.verify.layout import expected_collectives
 from shardverify.verify.memory import check_case_memory
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
+from shardverify.verify.op_error import EVERY_RANK, OP_FAILED, OpCallError
 from shardverify.verify.rank import (  # noqa: F401  (re-exported: the engine's API)
-    EVERY_RANK, OP_FAILED, OpCallError, RankReport, local_arguments, rank_check, strategy_problems)
+    RankReport, local_arguments, rank_check, strategy_problems)
 from shardverify.verify.report import CheckResult, Mismatch
 from shardverify.verify.tolerance import Tolerance
 
@@ -223,11 +224,16 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     # on the first result, without failing anything
     incidents = getattr(backend, "take_notices", lambda: [])()
     results = []
+    described: dict[int, str] = {}   # each seed's case described once, not per strategy
+    for variant in checked:
+        if id(variant) not in described:
+            described[id(variant)] = variant.describe()
+    backend_name, seeds_note = _backend_name(backend), seeds.note()
     for i, strategy in enumerate(strategies):
         final, note = _verdict(mismatches[i], budgets.get(i), rechecks.get(i), shown_dtype)
-        note = "; ".join(part for part in ("; ".join(incidents) if i == 0 else "", seeds.note(), note) if part)
-        results.append(CheckResult(op=case.op, case=checked[i].describe(), strategy=strategy.name,
-                                   mesh_shape=mesh_shape, backend=_backend_name(backend), dtype=shown_dtype,
+        note = "; ".join(part for part in ("; ".join(incidents) if i == 0 else "", seeds_note, note) if part)
+        results.append(CheckResult(op=case.op, case=described[id(checked[i])], strategy=strategy.name,
+                                   mesh_shape=mesh_shape, backend=backend_name, dtype=shown_dtype,
                                    mismatches=tuple(final), seconds=seconds, note=note))
         if on_result is not None:
             on_result(results[-1])

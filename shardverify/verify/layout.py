@@ -13,6 +13,7 @@ import functools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -21,7 +22,7 @@ from shardverify.verify.memo import remembered
 from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperationData, ShardingStrategy
 
-__all__ = ["LocalOperand", "RankLayout", "rank_layout", "expected_collectives"]
+__all__ = ["LocalOperand", "RankLayout", "rank_layout", "rank_layouts", "expected_collectives"]
 
 # Collectives each pattern issues in the forward pass and in the backward pass.
 _FWD = {CommPattern.ALLREDUCE_FWD_IDENTITY_BWD: "all_reduce", CommPattern.GATHER_FWD_SPLIT_BWD: "all_gather",
@@ -52,9 +53,9 @@ def expected_collectives(strategy: ShardingStrategy, carrying_grad: Iterable[str
     return expected
 
 
-@dataclass(frozen=True)
-class LocalOperand:
-    """One operand as this rank holds it: its layout, the slice of the full tensor, the shape."""
+class LocalOperand(NamedTuple):
+    """One operand as this rank holds it: its layout, the slice of the full tensor, the shape.
+    (A named tuple: a check builds one per operand and rank of every strategy it is handed.)"""
 
     data: OperationData
     spec: ShardingSpec
@@ -106,16 +107,28 @@ def rank_layout(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> Rank
                       limit=8192)
 
 
+def rank_layouts(strategy: ShardingStrategy, mesh: DeviceMesh, ranks: tuple[int, ...]) -> tuple[RankLayout, ...]:
+    """:func:`rank_layout` on each of ``ranks``, built together (the strategy's operands
+    sorted once for all of them)."""
+    if len(ranks) == 1:
+        return (rank_layout(strategy, mesh, ranks[0]),)
+    return remembered(_LAYOUTS, (id(strategy), id(mesh), ranks), strategy, lambda: _build_all(strategy, mesh, ranks),
+                      limit=8192)
+
+
 def _build(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> RankLayout:
+    return _build_all(strategy, mesh, (rank,))[0]
+
+
+def _build_all(strategy: ShardingStrategy, mesh: DeviceMesh, ranks: tuple[int, ...]) -> tuple[RankLayout, ...]:
     specs = dict(strategy.sharding_specs)
     outputs = strategy.outputs
-    inputs = strategy.operands[:len(strategy.operands) - len(outputs)]
-    return RankLayout(strategy, mesh, rank, tuple(_local(d, specs[d.name], mesh, rank) for d in inputs),
-                      tuple(_local(d, specs[d.name], mesh, rank) for d in outputs))
-
-
-def _local(data: OperationData, spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> LocalOperand:
-    return LocalOperand(data, spec, *_geometry(spec, mesh, rank))
+    inputs = [(d, specs[d.name]) for d in strategy.operands[:len(strategy.operands) - len(outputs)]]
+    outputs = [(d, specs[d.name]) for d in outputs]
+    return tuple(RankLayout(strategy, mesh, rank, tuple(LocalOperand(d, spec, *_geometry(spec, mesh, rank))
+                                                        for d, spec in inputs),
+                            tuple(LocalOperand(d, spec, *_geometry(spec, mesh, rank)) for d, spec in outputs))
+                 for rank in ranks)
 
 
 @functools.lru_cache(maxsize=4096)

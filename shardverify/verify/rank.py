@@ -12,6 +12,7 @@ declared communication or memory cost disagrees with what it really needs fails 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 import threading
@@ -25,11 +26,14 @@ from shardverify.errors import VerificationError
 from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.strategy import CommWhere, OperationDataType, ShardingStrategy
 from shardverify.spec.case import OpCase
-from shardverify.verify.compare import compare_all, kind_mismatch
+from shardverify.verify.compare import compare_ranks, kind_mismatch
+from shardverify.collectives.patterns import (OneRank, after_op_on_ranks, before_op_on_ranks,
+                                             grad_hook_on_ranks)
 from shardverify.verify.costs import (OpMeter, OpWork, communication_mismatches, compute_mismatches,
                                       memory_mismatches)
-from shardverify.verify.layout import LocalOperand, RankLayout, rank_layout
+from shardverify.verify.layout import LocalOperand, RankLayout, rank_layouts
 from shardverify.verify.memo import remembered
+from shardverify.verify.op_error import OpCallError, op_context
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
@@ -37,7 +41,7 @@ from shardverify.verify.report import Mismatch
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, tolerance_for
 
-__all__ = ["RankReport", "OpCallError", "rank_check", "strategy_problems", "local_arguments"]
+__all__ = ["RankReport", "rank_check", "ranks_check", "strategy_problems", "local_arguments"]
 
 _EXACT = Tolerance(0.0, 0.0)
 _COUNTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
@@ -101,19 +105,106 @@ def _format_counts(counts: Counter) -> str:
 def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None = None,
                tol: Tolerance | None = None) -> RankReport:
     """The SPMD check of ``strategy`` on this rank (module-level so process workers import it)."""
-    mesh, rank = comm.mesh, comm.rank
-    before = _counted(comm) if comm.counts else None   # a fresh communicator has issued nothing
-    ref = _reference(case, dtype, comm.device)
-    layout = rank_layout(strategy, mesh, rank)
+    return ranks_check(OneRank(comm), case, strategy, dtype, tol)[0]
+
+
+def ranks_check(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | None = None,
+                tol: Tolerance | None = None) -> list[RankReport]:
+    """:func:`rank_check` on every rank ``ranks`` holds: one (a rank thread's or a process's
+    communicator, ``OneRank``) or every rank of the mesh in one thread
+    (``backends.stacked.AllRanks``): the same steps for each rank, their collectives over all
+    of them at once, one backward pass for all."""
+    comms, mesh = ranks.comms, ranks.mesh
+    befores = [_counted(comm) if comm.counts else None for comm in comms]   # a fresh communicator has issued nothing
+    ref = _reference(case, dtype, comms[0].device)
+    layouts = rank_layouts(strategy, mesh, tuple(comm.rank for comm in comms))
 
     def tolerance(t: torch.dtype) -> Tolerance:   # integers and bools exactly, whatever a spec or caller says
         exact = not (t.is_floating_point or t.is_complex)
         return _EXACT if exact else tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
 
-    traffic_start = Counter(comm.traffic) if comm.traffic else None
-    leaves, outputs, work = _local_forward(comm, ref, strategy, layout)
-    traffic_fwd = Counter(comm.traffic)
-    out_data = layout.outputs
+    traffic_starts = [Counter(comm.traffic) if comm.traffic else None for comm in comms]
+    leaves, outputs, works = _local_forward(ranks, ref, strategy, layouts)
+    traffic_fwds = [Counter(comm.traffic) for comm in comms]
+    undefined = undefined_outputs(ref.node)
+    states = [_outputs_state(comm, ref, layout, rank_leaves, rank_outputs, undefined)
+              for comm, layout, rank_leaves, rank_outputs in zip(comms, layouts, leaves, outputs)]
+    running = [i for i, state in enumerate(states) if state.backward_ran]
+    if running:
+        grads = _local_backward(ranks, ref, strategy, layouts, leaves, states, running)
+        # what each gradient is checked against, the same on every rank
+        wanted = [(position, operand.data.name, f"grad of {operand.data.name}", ref.dtypes[loc], ref.grads.get(loc),
+                   strategy.partial_input(operand.data.name))
+                  for position, operand in enumerate(layouts[0].inputs)
+                  for loc in [(operand.data.locator.kind, operand.data.locator.key)]]
+        for i in running:
+            comm, layout, checks, found = comms[i], layouts[i], states[i].checks, grads[i]
+            for position, name, label, want_dtype, full, partial in wanted:
+                grad = found.get(name)
+                if grad is None:
+                    continue
+                operand = layout.inputs[position]
+                holds = None if partial is None or partial.op == "sum" else \
+                    _extremum_holder(strategy, ref, operand, position, mesh, comm.rank)
+                checks.append((label, grad, full, operand, holds) if grad.dtype == want_dtype and
+                              grad.device.type == comm.device.type else
+                              kind_mismatch(comm.rank, label, grad, want_dtype, comm.device) or
+                              (label, grad, full, operand, holds))
+    compared = compare_ranks([comm.rank for comm in comms], [state.checks for state in states], mesh, tolerance)
+    uses_declared_dtypes = dtype is None or all(decl.dtype == dtype for decl in case.inputs)
+    reports: list[RankReport] = []
+    seen: list[tuple] = []   # (figures, declared mismatches, collectives) of the ranks reported so far
+    for comm, layout, state, before, traffic_start, traffic_fwd, rank_leaves, work, found in zip(
+            comms, layouts, states, befores, traffic_starts, traffic_fwds, leaves, works, compared):
+        # ranks that measured alike (every rank of an even layout) get the same verdict on what the
+        # strategy declares: worked out for the first of them
+        figures = None if before is not None or traffic_start is not None else \
+            (comm.counts, comm.traffic, traffic_fwd, work, layout.holds_largest, state.shape_ok, state.backward_ran,
+             tuple(state.differentiable), tuple(d.name for d, _ in state.carrying),
+             tuple(t.numel() for t in rank_leaves.values()), tuple(t.numel() for t in state.outputs))
+        alike = next((entry for entry in seen if _same_figures(entry[0], figures)), None) if figures else None
+        if alike is None:
+            declared, collectives = _declared_mismatches(comm, case, strategy, uses_declared_dtypes, layout, state,
+                                                         before, traffic_start, traffic_fwd, rank_leaves, work)
+            if figures:
+                seen.append((figures, declared, collectives))
+        else:
+            declared = [dataclasses.replace(m, rank=comm.rank) for m in alike[1]]
+            collectives = alike[2]
+        reports.append(RankReport(comm.rank, tuple(state.found + found + declared), collectives))
+    return reports
+
+
+def _same_figures(one: tuple, other: tuple) -> bool:
+    """Whether two ranks measured the same figures (counters compared as plain dicts: a count
+    of zero and no count differ, which at worst works a verdict out twice)."""
+    for a, b in zip(one, other):
+        if not (dict.__eq__(a, b) if isinstance(a, dict) else a == b):
+            return False
+    return True
+
+
+#: the form of the check over every rank at once, which a backend holding them all runs instead
+rank_check.all_ranks = ranks_check   # type: ignore[attr-defined]
+
+
+@dataclass
+class _OutputsState:
+    """A rank's outputs as the check found them: what is wrong so far, what to compare, and
+    what its backward pass takes."""
+
+    found: list
+    checks: list
+    outputs: list
+    shape_ok: bool
+    carrying: list
+    differentiable: list
+    backward_ran: bool
+
+
+def _outputs_state(comm, ref: Reference, layout: RankLayout, leaves: dict, outputs: list,
+                   undefined: frozenset[int]) -> _OutputsState:
+    rank, out_data = comm.rank, layout.outputs
     found: list[Mismatch] = []
     if len(outputs) != len(out_data):
         found.append(Mismatch("shape", rank, "outputs",
@@ -123,44 +214,48 @@ def rank_check(comm, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     shape_ok = len(outputs) == len(out_data)   # else backward cannot run
     checks: list = []   # each output and gradient: a wrong dtype, or what to compare (compare_all)
     for index, (operand, output) in enumerate(zip(out_data, outputs)):
-        if index in undefined_outputs(ref.node):
+        if index in undefined:
             continue   # no result of the call: never compared (capture/uninitialised.py)
         label = "output" if len(out_data) == 1 else f"output {index} ({operand.data.name})"
-        checks.append(kind_mismatch(rank, label, output, ref.out_dtypes[index], comm.device) or
+        want_dtype = ref.out_dtypes[index]
+        checks.append((label, output, ref.outputs[index], operand, None)
+                      if output.dtype == want_dtype and output.device.type == comm.device.type else
+                      kind_mismatch(rank, label, output, want_dtype, comm.device) or
                       (label, output, ref.outputs[index], operand, None))
         shape_ok = shape_ok and tuple(output.shape) == operand.local_shape
     carrying = [(operand.data, out) for operand, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
     differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
-    backward_ran = bool(differentiable and shape_ok)
-    if backward_ran:
-        grads = _local_backward(comm, ref, strategy, layout, leaves, differentiable, carrying)
-        for position, operand in enumerate(layout.inputs):
-            data = operand.data
-            if data.name in grads:
-                loc = (data.locator.kind, data.locator.key)
-                label = f"grad of {data.name}"
-                checks.append(kind_mismatch(rank, label, grads[data.name], ref.dtypes[loc], comm.device) or
-                              (label, grads[data.name], ref.grads[loc], operand,
-                               _extremum_holder(strategy, ref, operand, position, mesh, rank)))
-    found += compare_all(rank, checks, mesh, tolerance)
+    return _OutputsState(found, checks, outputs, shape_ok, carrying, differentiable,
+                         bool(differentiable and shape_ok))
+
+
+def _declared_mismatches(comm, case: OpCase, strategy: ShardingStrategy, uses_declared_dtypes: bool,
+                         layout: RankLayout, state: _OutputsState, before: Counter | None,
+                         traffic_start: Counter | None, traffic_fwd: Counter, leaves: dict,
+                         work: OpWork | None) -> tuple[list[Mismatch], tuple]:
+    """The rank's collectives, communication, compute and memory against what the strategy
+    declares (the communication cost only where the check ran in the declared dtypes), and the
+    collectives it issued ((kind, axes, count), sorted)."""
+    rank, found = comm.rank, []
     issued = _counted(comm) if before is None else _counted(comm) - before
-    if shape_ok:
-        expected = layout.expected_collectives(tuple(differentiable + [d.name for d, _ in carrying])
+    if state.shape_ok:
+        differentiable = state.differentiable
+        expected = layout.expected_collectives(tuple(differentiable + [d.name for d, _ in state.carrying])
                                                if differentiable else ())
         if issued != expected:
             found.append(Mismatch("collectives", rank, "collectives",
                                   detail=f"issued {_format_counts(issued)}; the declared actions "
                                          f"imply {_format_counts(expected)}"))
-        elif dtype is None or all(decl.dtype == dtype for decl in case.inputs):
+        elif uses_declared_dtypes:
             # the declared actions ran as declared, on the declared dtypes: their price is the cost
-            found += communication_mismatches(strategy, mesh, rank,
+            found += communication_mismatches(strategy, comm.mesh, rank,
                                               traffic_fwd if traffic_start is None else traffic_fwd - traffic_start,
-                                              Counter(comm.traffic) - traffic_fwd if backward_ran else None,
+                                              comm.traffic - traffic_fwd if state.backward_ran else None,
                                               layout.holds_largest)
         found += compute_mismatches(strategy, rank, work, layout.holds_largest)
-    found += memory_mismatches(strategy, rank, leaves, outputs, case, layout)
-    return RankReport(rank, tuple(found), tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items())))
+    found += memory_mismatches(strategy, rank, leaves, state.outputs, case, layout)
+    return found, tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items()))
 
 
 _LAST_REFERENCE = threading.local()
@@ -187,40 +282,49 @@ def _counted(comm) -> Counter:
     return Counter({key: n for key, n in comm.counts.items() if key[0] in _COUNTED and n})
 
 
-def _local_forward(comm, ref: Reference, strategy: ShardingStrategy,
-                   layout: RankLayout) -> tuple[dict, tuple, OpWork | None]:
-    """This rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
+def _local_forward(ranks, ref: Reference, strategy: ShardingStrategy,
+                   layouts: list[RankLayout]) -> tuple[list[dict], list[list], list[OpWork | None]]:
+    """Each rank's operand shards as leaves, the BEFORE actions, the op (post-added operands
     replaced by zeros; its work measured), the AFTER actions, then the post-added operands."""
-    from shardverify.collectives.patterns import after_op, before_op
-
-    node = ref.node
-    module = _private_module(ref) if node.op == "call_module" else None
-    leaves, local, late = {}, {}, {}
-    for position, operand in enumerate(layout.inputs):
-        data = operand.data
+    comms, node = ranks.comms, ref.node
+    modules = [_private_module(ref, comm.rank) if node.op == "call_module" else None for comm in comms]
+    leaves: list[dict] = [{} for _ in comms]
+    local: list[dict] = [{} for _ in comms]
+    late: list[dict] = [{} for _ in comms]
+    for position, first in enumerate(layouts[0].inputs):
+        data = first.data
         loc = (data.locator.kind, data.locator.key)
         if loc not in ref.values:
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
                                     f"{node.name!r} does not have")
         partial = strategy.partial_input(data.name)
-        leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone() if partial is None else \
-            _shared_piece(ref.values[loc], operand, comm.mesh, comm.rank, partial.axes, position,
-                          partial.op).to(ref.dtypes[loc], copy=True)
-        leaves[data.name] = ref.leaf(loc, leaf)
-        local[loc] = before_op(comm, strategy, data.name, leaf, late)
-    local.update(local_arguments(strategy, comm.rank))
-    meter = OpMeter(node, _call_signature(local))
-    try:
-        outputs = list(as_outputs(node, meter.call(call_op, node, module, local, owned=module is not None)))
-    except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
-        raise OpCallError(_op_context(comm, node, strategy, leaves, local, exc)) from exc
-    # an output the op leaves undefined stands as zeros of the local shape its layout gives (the meta
-    # kernel's, which the strategy is derived from), so its actions and costs run as declared
-    for index in undefined_outputs(ref.node):
-        if index < min(len(outputs), len(layout.outputs)):
-            outputs[index] = torch.zeros(layout.outputs[index].local_shape, dtype=outputs[index].dtype,
-                                         device=outputs[index].device)
-    return leaves, tuple(after_op(comm, strategy, outputs, late)), meter.work
+        for comm, layout, rank_leaves in zip(comms, layouts, leaves):
+            operand = layout.inputs[position]
+            leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone() if partial is None else \
+                _shared_piece(ref.values[loc], operand, comm.mesh, comm.rank, partial.axes, position,
+                              partial.op).to(ref.dtypes[loc], copy=True)
+            rank_leaves[data.name] = ref.leaf(loc, leaf)
+        seen = before_op_on_ranks(ranks, strategy, data.name, [rank_leaves[data.name] for rank_leaves in leaves], late)
+        for rank_local, tensor in zip(local, seen):
+            rank_local[loc] = tensor
+    outputs, works = [], []
+    for comm, layout, rank_leaves, rank_local, module in zip(comms, layouts, leaves, local, modules):
+        rank_local.update(local_arguments(strategy, comm.rank))
+        meter = OpMeter(node, _call_signature(rank_local))
+        try:
+            rank_outputs = list(as_outputs(node, meter.call(call_op, node, module, rank_local,
+                                                            owned=module is not None)))
+        except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
+            raise OpCallError(op_context(comm, node, strategy, rank_leaves, rank_local, exc), comm.rank) from exc
+        # an output the op leaves undefined stands as zeros of the local shape its layout gives (the meta
+        # kernel's, which the strategy is derived from), so its actions and costs run as declared
+        for index in undefined_outputs(node):
+            if index < min(len(rank_outputs), len(layout.outputs)):
+                rank_outputs[index] = torch.zeros(layout.outputs[index].local_shape, dtype=rank_outputs[index].dtype,
+                                                  device=rank_outputs[index].device)
+        outputs.append(rank_outputs)
+        works.append(meter.work)
+    return leaves, after_op_on_ranks(ranks, strategy, outputs, late), works
 
 
 def _call_signature(local: dict) -> tuple:
@@ -281,92 +385,48 @@ def local_arguments(strategy: ShardingStrategy, rank: int) -> dict:
 _OWN = threading.local()
 
 
-def _private_module(ref: Reference) -> torch.nn.Module:
-    """This thread's own copy of the op's module (one per reference and thread, reused by every
-    strategy): ``call_op`` swaps the rank's shards into it, so no two ranks may share one."""
+def _private_module(ref: Reference, rank: int) -> torch.nn.Module:
+    """This thread's own copy of the op's module for ``rank`` (one per reference, thread and
+    rank, reused by every strategy): ``call_op`` swaps the rank's shards into it, so no two
+    ranks may share one."""
     cache = getattr(_OWN, "modules", None)
     if cache is None:
         cache = _OWN.modules = {}
-    return remembered(cache, id(ref), ref, lambda: copy.deepcopy(ref.graph_module.get_submodule(ref.node.target)),
-                      limit=8)
+    return remembered(cache, (id(ref), rank), ref,
+                      lambda: copy.deepcopy(ref.graph_module.get_submodule(ref.node.target)), limit=64)
 
 
-class OpCallError(VerificationError):
-    """The op raised on a rank; the message says what each operand looked like when it got there."""
-
-
-def _op_context(comm, node, strategy: ShardingStrategy, leaves: dict, local: dict, exc: Exception) -> str:
-    """The op's error, then for each operand: its layout, the local shard it gave this rank,
-    the BEFORE actions applied, and the shape and dtype that reached the op."""
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    every = _fails_on_shapes(node, strategy, local)
-    lines = [f"{OP_FAILED} on rank {comm.rank}: {type(exc).__name__}: {reason}"
-             + (f"\n{EVERY_RANK}" if every else "")]
-    lines += [f"local argument {arg.locator.kind} {arg.locator.key!r}: {arg.value_on(comm.rank)!r}"
-              for arg in strategy.local_args]
-    for data in strategy.inputs:
-        spec = strategy.get_sharding_spec_by_name(data.name)
-        actions = [f"{a.pattern.name} over mesh axes {a.axes}" + (f" on dims {a.dims}" if a.dims else "")
-                   for a in strategy.communication_actions if a.operand == data.name and a.where is CommWhere.BEFORE]
-        reached = local.get((data.locator.kind, data.locator.key))
-        leaf = leaves.get(data.name)
-        got = "not passed" if reached is None else f"{tuple(reached.shape)} {str(reached.dtype).removeprefix('torch.')}"
-        if strategy.post_added(data.name) is not None:
-            got += " (zeros: added after the op)"
-        if strategy.partial_axes(data.name):
-            got += f" (a piece of a partial {strategy.partial_input(data.name).op} over mesh axes " \
-                   f"{strategy.partial_axes(data.name)})"
-        lines.append(f"{data.name}: layout {spec} of {tuple(data.shape)} -> local shard "
-                     f"{tuple(leaf.shape) if leaf is not None else '?'}"
-                     + (f", then {', then '.join(actions)}" if actions else ", no actions")
-                     + f" -> reached the op as {got}")
-    return "\n".join(lines)
-
-
-OP_FAILED = "the op raised"
-EVERY_RANK = ("it fails on shapes alone (meta tensors), and every rank's operands reach the op with "
-              "the same shapes, so every rank fails alike")
-
-
-def _fails_on_shapes(node, strategy: ShardingStrategy, local: dict) -> bool:
-    """Whether the op also fails on meta tensors of the same shapes and dtypes, when every rank
-    passes the same shapes (even layouts: the actions are the same on every rank too), so a
-    shape-only failure is every rank's; a value-dependent one (an index out of range), or one
-    on uneven blocks (each rank has its own shapes), is only known for this rank."""
-    if not all(spec.is_even for _, spec in strategy.sharding_specs) or \
-            any(arg.per_rank for arg in strategy.local_args):
-        return False
-    meta = {loc: torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
-            for loc, t in local.items()}
-    module = None
-    if node.op == "call_module":
-        module = copy.deepcopy(node.graph.owning_module.get_submodule(node.target)).to("meta")
-    try:
-        call_op(node, module, meta)
-    except Exception:  # noqa: BLE001 - any failure on meta tensors is a shape failure
-        return True
-    return False
-
-
-def _local_backward(comm, ref: Reference, strategy: ShardingStrategy, layout: RankLayout, leaves: dict,
-                    differentiable: list[str], carrying: list) -> dict:
-    """Gradients of the leaves for the reference output gradients (sharded like the outputs),
-    with the HOOK actions applied to the parameter gradients."""
-    from shardverify.collectives.patterns import apply_grad_hook
-
-    index = {operand.data.name: i for i, operand in enumerate(layout.outputs)}
-    grad_outs = []
-    for data, output in carrying:
-        i = index[data.name]
-        grad_outs.append(_grad_output(ref.grad_outputs[i], layout.outputs[i], comm.mesh, comm.rank, output.dtype))
+def _local_backward(ranks, ref: Reference, strategy: ShardingStrategy, layouts: list[RankLayout],
+                    leaves: list[dict], states: list[_OutputsState], running: list[int]) -> dict[int, dict]:
+    """Gradients of the leaves of each rank in ``running`` for the reference output gradients
+    (sharded like the outputs), in one backward pass, with the HOOK actions applied to the
+    parameter gradients: {rank index: {operand name: gradient}}."""
+    comms = ranks.comms
+    outs, grad_outs, wanted = [], [], []
+    for i in running:
+        comm, layout, state = comms[i], layouts[i], states[i]
+        index = {operand.data.name: k for k, operand in enumerate(layout.outputs)}
+        for data, output in state.carrying:
+            k = index[data.name]
+            outs.append(output)
+            grad_outs.append(_grad_output(ref.grad_outputs[k], layout.outputs[k], comm.mesh, comm.rank, output.dtype))
+        wanted += [(i, n) for n in state.differentiable]
     # autograd.grad less its Python checks (a third of its cost on a small op): the gradients are
     # plain tensors of the outputs' dtypes, and the engine still refuses one of the wrong shape
-    found = _engine_run_backward(tuple(out for _, out in carrying), tuple(grad_outs), False, False,
-                                 tuple(leaves[n] for n in differentiable), True, accumulate_grad=False)
-    grads = {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(differentiable, found)}
+    found = _engine_run_backward(tuple(outs), tuple(grad_outs), False, False,
+                                 tuple(leaves[i][n] for i, n in wanted), True, accumulate_grad=False)
+    grads: dict[int, dict] = {i: {} for i in running}
+    for (i, n), g in zip(wanted, found):
+        grads[i][n] = torch.zeros_like(leaves[i][n]) if g is None else g
     for action in strategy.communication_actions:
-        if action.where is CommWhere.HOOK and action.operand in grads:
-            grads[action.operand] = apply_grad_hook(comm, action, grads[action.operand])
+        if action.where is CommWhere.HOOK and all(action.operand in grads[i] for i in running):
+            hooked = grad_hook_on_ranks(ranks, action, [grads[i][action.operand] for i in running]) \
+                if len(running) == len(comms) else None
+            if hooked is None:
+                raise VerificationError(f"{action.pattern.name} on {action.operand!r}: the gradient hook needs "
+                                        f"every rank's backward pass, ranks {[comms[i].rank for i in running]} ran it")
+            for i, g in zip(running, hooked):
+                grads[i][action.operand] = g
     return grads
 
 

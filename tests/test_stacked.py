@@ -1,0 +1,125 @@
+"""Every rank of a mesh in one thread (backends/stacked.py): the strategy check's form on the
+simulated mesh must find exactly what one thread per rank finds, and its collectives must
+count, reduce and fail as each rank's communicator does."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+from shardverify import DeviceMesh
+from shardverify.backends import SimulatedBackend
+from shardverify.backends.stacked import AllRanks
+from shardverify.errors import CollectiveError, RankError, RankTimeout
+from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
+from shardverify.strategies.for_node import strategies_for_node
+from shardverify.verify.engine import verify_case
+
+LINEAR = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("input", (4, 6, 16)),),
+                module=ModuleDecl("torch.nn.Linear", (16, 12), (("bias", True),)))
+SUM = OpCase(op="sum", target="torch.sum", inputs=(InputDecl("input", (4, 6, 8)),), params=(("dim", (0, 2)),),
+             predecessor=ModuleDecl("torch.nn.Linear", (8, 8), (("bias", False),)))
+EMBEDDING = OpCase(op="embedding", target="torch.nn.Embedding",
+                   inputs=(InputDecl("input", (4, 6), dtype="int64", values=(0, 12)),),
+                   module=ModuleDecl("torch.nn.Embedding", (12, 8)))
+
+
+def _both(mesh: DeviceMesh, case: OpCase, limit: int = 40):
+    """Results of the case's distinct strategies (and, for each with actions, the same layouts
+    with its actions dropped: wrong results to find) on the stacked and the threaded mesh."""
+    graph_module, node_name = case.build()
+    firsts: dict = {}
+    for strategy in strategies_for_node(graph_module, node_name, mesh):
+        firsts.setdefault(strategy.layout_key(), strategy)
+    chosen = list(firsts.values())[:limit]
+    chosen += [dataclasses.replace(s, name=f"{s.name} without its actions", communication_actions=())
+               for s in chosen if s.communication_actions][:10]
+    found = []
+    for stacked in (True, False):
+        with SimulatedBackend(mesh, timeout=60, stacked=stacked) as backend:
+            found.append(verify_case(backend, case, chosen))
+    return found
+
+
+@pytest.mark.parametrize("case", [LINEAR, SUM, EMBEDDING], ids=["linear", "sum", "embedding"])
+@pytest.mark.parametrize("shape", [(2, 2), (3,)], ids=["2x2", "3-uneven"])
+def test_the_stacked_check_finds_what_one_thread_per_rank_finds(case, shape):
+    stacked, threaded = _both(DeviceMesh(shape), case)
+    assert any(not r.passed for r in threaded), "the dropped actions must make some strategy fail"
+    assert any(r.passed for r in threaded)
+    for one, other in zip(stacked, threaded):
+        assert (one.strategy, one.mismatches, one.note) == (other.strategy, other.mismatches, other.note), \
+            f"{one.report()}\n-- threaded --\n{other.report()}"
+
+
+def _threaded_collective(mesh: DeviceMesh, kind: str, inputs: list):
+    """Each rank's result of one collective, with its counts and traffic, one thread per rank."""
+    def per_rank(comm, tensors):
+        t = tensors[comm.rank]
+        out = getattr(comm, kind)(t, (0,)) if kind != "all_reduce" else comm.all_reduce(t, (0,), "max")
+        return out, dict(comm.counts), dict(comm.traffic)
+
+    with SimulatedBackend(mesh, timeout=30) as backend:
+        return backend.run(per_rank, inputs)
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "all_to_all"])
+def test_a_collective_over_all_ranks_gives_each_rank_its_communicators_result_and_counts(kind):
+    mesh = DeviceMesh((4,))
+    torch.manual_seed(0)
+    inputs = [torch.randn(6, 3) for _ in range(4)]
+    if kind == "all_to_all":
+        inputs = [list(t.split(3, 0)) + [t[:3] * 2, t[:3] - 1] for t in inputs]
+    want = _threaded_collective(mesh, kind, inputs)
+    ranks = AllRanks(mesh)
+    got = {"all_reduce": lambda: ranks.all_reduce(inputs, (0,), "max"),
+           "all_gather": lambda: ranks.all_gather(inputs, (0,)),
+           "all_to_all": lambda: ranks.all_to_all(inputs, (0,))}[kind]()
+    for rank, (out, counts, traffic) in enumerate(want):
+        assert dict(ranks.comms[rank].counts) == counts and dict(ranks.comms[rank].traffic) == traffic
+        outs, mine = (out, got[rank]) if isinstance(out, list) else ([out], [got[rank]])
+        assert all(torch.equal(a, b) for a, b in zip(outs, mine))
+    results = [t for r in got for t in (r if isinstance(r, list) else [r])]
+    assert len({t.data_ptr() for t in results}) == len(results), "every result is a tensor no other rank holds"
+
+
+def test_ranks_calling_a_collective_with_different_shapes_disagree_as_on_a_process_group():
+    ranks = AllRanks(DeviceMesh((2, 2)))
+    with pytest.raises(CollectiveError, match="ranks disagree"):
+        ranks.all_reduce([torch.zeros(2), torch.zeros(2), torch.zeros(3), torch.zeros(3)], (0,), "sum")
+    with pytest.raises(CollectiveError, match="cannot run a collective alone"):
+        ranks.comms[0].all_reduce(torch.zeros(2), (0,))
+
+
+def _plain(comm, value):
+    return value
+
+
+def test_a_failure_in_the_all_ranks_form_names_its_rank_and_a_hang_times_out():
+    class Raised(Exception):
+        rank = 2
+
+    def all_ranks(ranks, value):
+        if value == "raise":
+            raise Raised("the op raised here")
+        if value == "hang":
+            threading.Event().wait(5)
+        return [value] * len(ranks.comms)
+
+    def fn(comm, value):  # the per-rank form: not run on a stacked mesh
+        raise AssertionError("the all-ranks form runs instead")
+
+    fn.all_ranks = all_ranks
+    with SimulatedBackend(DeviceMesh((2, 2)), timeout=0.5) as backend:
+        assert backend.run(fn, "fine") == ["fine"] * 4
+        outcomes = backend.run_batch(fn, [("fine",), ("raise",), ("fine",)])
+        assert outcomes[0] == ["fine"] * 4 and outcomes[2] == ["fine"] * 4
+        assert isinstance(outcomes[1], RankError) and outcomes[1].rank == 2 and "the op raised here" in str(outcomes[1])
+        with pytest.raises(RankTimeout, match="one thread"):
+            backend.run(fn, "hang")
+        assert backend.run(fn, "again") == ["again"] * 4   # a new thread took the hung one's place
+    with SimulatedBackend(DeviceMesh((2,)), stacked=False) as threaded:
+        assert threaded.run(_plain, 7) == [7, 7]
