@@ -4,7 +4,7 @@ For each op (linear, sum: the first cases of their specs) and mesh ((2,2), (2,2,
 the milliseconds per strategy check (forward, backward, parameter gradients, collectives
 counted, memory checked) on
 
-  * the simulated backend (one thread per rank in this process),
+  * the simulated backend (every rank of a check in one thread of this process, backends/stacked.py),
   * the gloo pool, warm (persistent worker processes, a case's strategies sent as one batch),
   * the bare local op, the floor: every rank's forward and backward on its shards (sliced
     before the clock starts), back to back in one thread, with no harness, collectives or
