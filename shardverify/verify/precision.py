@@ -8,6 +8,13 @@ a budget: the error of the op run on one device in the check's dtype against the
 reference. A strategy fails when its sharded error exceeds ``BUDGET_FACTOR`` times that
 budget (plus the dtype's atol). The factor covers what sharding legitimately adds: each
 partial result rounded once more, and the reduction of the partials in the dtype.
+
+The single-device error is one kernel's, at the full shapes, and a kernel's accumulation order
+depends on the shapes it gets (a blocked sum at one shape, a plain running sum, with sqrt(n)
+times less luck over n terms, at another). A rank runs the op at its own shapes, so a check over
+the single-device budget is judged again against the worse of it and the op's own error on each
+rank's operands (verify/local_errors.py): still the precision the op computes in, at the shapes
+the strategy computes it; the factor still bounds all the strategy adds after the op.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from shardverify.spec.case import OpCase, cached
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
-from shardverify.verify.tolerance import as_real
+from shardverify.verify.local_errors import rank_local_errors
+from shardverify.verify.tolerance import max_abs_difference
 
 __all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets"]
 
@@ -49,7 +57,7 @@ def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
         leaves[loc] = ref.leaf(loc, leaf)
     outputs = as_outputs(node, call_op(node, module, leaves))
     undefined = undefined_outputs(node)   # no result, of another shape in another dtype's kernel: no budget
-    out_errors = tuple(0.0 if i in undefined else _max_abs(out, want)
+    out_errors = tuple(0.0 if i in undefined else max_abs_difference(out, want)
                        for i, (out, want) in enumerate(zip(outputs, ref.outputs)))
     carrying = [(out, g) for out, g in zip(outputs, ref.grad_outputs) if g is not None and out.requires_grad]
     wanted = [loc for loc in ref.grads if leaves[loc].requires_grad]
@@ -57,19 +65,16 @@ def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
     if carrying and wanted:
         found = torch.autograd.grad([out for out, _ in carrying], [leaves[loc] for loc in wanted],
                                     [g.to(out.dtype) for out, g in carrying], allow_unused=True)
-        grad_errors = {loc: _max_abs(torch.zeros_like(leaves[loc]) if g is None else g, ref.grads[loc])
+        grad_errors = {loc: max_abs_difference(torch.zeros_like(leaves[loc]) if g is None else g, ref.grads[loc])
                        for loc, g in zip(wanted, found)}
     return out_errors, grad_errors
 
 
-def _max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = (as_real(actual) - as_real(expected)).abs()
-    finite = diff[torch.isfinite(diff)]
-    return float(finite.max()) if finite.numel() else 0.0
-
-
-def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype) -> dict[str, float]:
-    """Single-device error by the tensor labels a check reports ("output", "grad of weight")."""
+def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, *,
+                  at_rank_shapes: bool = False) -> dict[str, float]:
+    """Single-device error by the tensor labels a check reports ("output", "grad of weight");
+    ``at_rank_shapes``: the worse of it and the op's own error at the shapes each rank computes
+    (verify/local_errors.py), for a check over the first."""
     out_errors, grad_errors = single_device_errors(case, dtype)
     outputs = strategy.outputs
     budgets = {}
@@ -81,4 +86,8 @@ def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype) 
         loc = (data.locator.kind, data.locator.key)
         if loc in grad_errors:
             budgets[f"grad of {data.name}"] = grad_errors[loc]
+    if at_rank_shapes:
+        for label, error in rank_local_errors(case, strategy, dtype).items():
+            if label in budgets:
+                budgets[label] = max(budgets[label], error)
     return budgets

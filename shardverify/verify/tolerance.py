@@ -15,7 +15,7 @@ from shardverify.errors import InvalidArgument
 from shardverify.spec.fields import dtype_from_name
 
 __all__ = ["Tolerance", "SummedTolerance", "DEFAULT_TOLERANCES", "tolerance_for", "compare", "max_error", "is_close",
-           "as_real"]
+           "as_real", "max_abs_difference"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,19 @@ def as_real(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.is_complex():
         return torch.view_as_real(tensor.to(torch.complex128))
     return tensor.to(torch.float64)
+
+
+def max_abs_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest finite ``|actual - expected|`` (0.0 when none is finite): a low-precision
+    result's error against its float64 counterpart, where an inf both sides share says nothing."""
+    diff = (as_real(actual) - as_real(expected)).abs_()
+    if not diff.numel():
+        return 0.0
+    worst = float(diff.max())
+    if math.isfinite(worst):   # the common case, without the copy a mask makes
+        return worst
+    finite = diff[torch.isfinite(diff)]
+    return float(finite.max()) if finite.numel() else 0.0
 
 
 def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Comparison:
