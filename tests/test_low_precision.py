@@ -16,6 +16,7 @@ from shardverify.collectives import patterns
 from shardverify.sharding.strategy import CommPattern, CommWhere
 from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_strategy
+from shardverify.verify.local_errors import rank_local_errors
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets, single_device_errors
 
 LINEAR = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("input", (4, 4, 64)),),
@@ -90,3 +91,69 @@ def test_wrong_maths_in_float16_is_labelled_by_the_float64_recheck(mesh4, monkey
     result = verify_strategy(mesh4, LINEAR, partial_output_strategy(mesh4), dtype="float16")
     assert not result.passed
     assert result.note.startswith("wrong maths: the float64 re-check fails too"), result.note
+
+
+# ---- a long reduction: the budget at the shapes each rank computes --------------------------
+
+#: 32768 rows summed into the weight's gradient. MKL sums (32768 x 32)^T x (32768 x 16) in blocks,
+#: its 32768 x 8 half (a rank's, input and weight split on in_features) as one running sum: 13x
+#: the single-device error, as correct (the strategy is exact in float64).
+LONG = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("input", (32768, 16)),),
+              module=ModuleDecl("torch.nn.Linear", (16, 32), (("bias", False),)))
+
+
+@pytest.fixture(scope="module")
+def mesh2():
+    with SimulatedBackend(DeviceMesh((2,)), timeout=60) as backend:
+        yield backend
+
+
+def split_on_in_features(backend):
+    graph_module, node_name = LONG.build()
+    return next(s for s in strategies_for_node(graph_module, node_name, backend.mesh) if s.name == "RR = RS0 x S0R")
+
+
+def test_the_rank_shape_error_is_the_narrow_products_own():
+    """A rank's measured error is the float32 error of its own product, measured here directly."""
+    from shardverify.verify.reference import reference
+
+    with SimulatedBackend(DeviceMesh((2,)), timeout=60) as backend:
+        strategy = split_on_in_features(backend)
+    ref = reference(LONG, torch.float32, torch.device("cpu"))
+    x, g = ref.values[("arg", 0)].reshape(-1, 16), ref.grad_outputs[0].reshape(-1, 32)
+    narrow = max(float((g.float().T @ x[:, half].float() - g.T @ x[:, half]).abs().max())
+                 for half in (slice(0, 8), slice(8, 16)))
+    assert rank_local_errors(LONG, strategy, torch.float32)["grad of weight"] == pytest.approx(narrow, rel=1e-12)
+
+
+def test_a_correct_long_reduction_is_judged_at_the_ranks_shapes(mesh2):
+    """Refused by the single-device budget alone (the rank's product is 13x less lucky, not
+    wrong); within the budget at the ranks' shapes."""
+    strategy = split_on_in_features(mesh2)
+    single = error_budgets(LONG, strategy, torch.float32)["grad of weight"]
+    at_ranks = error_budgets(LONG, strategy, torch.float32, at_rank_shapes=True)["grad of weight"]
+    assert at_ranks > BUDGET_FACTOR * single
+    result = verify_strategy(mesh2, LONG, strategy)
+    assert result.passed, result.report()
+    assert "at the full shapes or a rank's" in result.note, result.note
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+def test_partials_reduced_in_a_lower_dtype_still_fail_at_the_ranks_shapes(mesh2, monkeypatch, low):
+    """The same strategy summing its partial outputs in float16 or bfloat16: over the budget at
+    the ranks' shapes too (the ranks' op is measured on its own, never the strategy's reduction)."""
+    def sloppy(comm, action, t):   # float64 untouched: the maths stays exact
+        if t.dtype is not torch.float32:
+            return comm.all_reduce(t.contiguous(), action.axes, "sum")
+        return comm.all_reduce(t.to(low).to(t.dtype).contiguous(), action.axes, "sum").to(low).to(t.dtype)
+
+    halves = dict(patterns._HALVES)
+    halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (sloppy, patterns._identity)
+    monkeypatch.setattr(patterns, "_HALVES", halves)
+    strategy = split_on_in_features(mesh2)
+    assert verify_strategy(mesh2, LONG, strategy, dtype="float64").passed
+    result = verify_strategy(mesh2, LONG, strategy)
+    assert not result.passed
+    assert result.note.startswith("too much rounding"), result.note
+    assert {m.tensor for m in result.mismatches} == {"output"}
+    assert "at the full shapes or a rank's" in result.report()
