@@ -19,7 +19,10 @@ the strategy computes it; the factor still bounds all the strategy adds after th
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -28,10 +31,11 @@ from shardverify.spec.case import OpCase, cached
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
-from shardverify.verify.local_errors import rank_local_errors
+from shardverify.verify.local_errors import measurable, rank_local_errors
+from shardverify.verify.report import Mismatch
 from shardverify.verify.tolerance import max_abs_difference
 
-__all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets"]
+__all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets", "Judged", "judge"]
 
 #: A sharded low-precision result may be this many times as far from the float64
 #: reference as the single-device op in the same dtype (documented in specs/README.md).
@@ -91,3 +95,40 @@ def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, 
             if label in budgets:
                 budgets[label] = max(budgets[label], error)
     return budgets
+
+
+class Judged(NamedTuple):
+    """A low-precision check's value mismatches against its budgets. ``over``: those beyond
+    BUDGET_FACTOR x the single-device error (+ atol), each restated against its budget (any
+    such check is re-checked in float64); ``worst``: the worst error/budget ratio.
+    ``at_ranks``/``worst_at_ranks``: the same against the budget at the ranks' shapes, for a
+    check over the first (None: within it, or a strategy not measured there)."""
+
+    over: list[Mismatch]
+    worst: float
+    at_ranks: list[Mismatch] | None = None
+    worst_at_ranks: float = 0.0
+
+
+def judge(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, mismatches: Sequence[Mismatch]) -> Judged:
+    """``mismatches`` (low-precision values only) against the single-device budget, and a check
+    over it against the budget at the ranks' shapes (the worse of the two, label by label)."""
+    over, worst = _judged(mismatches, error_budgets(case, strategy, dtype), "the single-device op's own {dtype} error")
+    if not over or not measurable(strategy):
+        return Judged(over, worst)
+    at_ranks, worst_at_ranks = _judged(mismatches, error_budgets(case, strategy, dtype, at_rank_shapes=True),
+                                       "the op's own {dtype} error on one device, at the full shapes or a rank's")
+    return Judged(over, worst, at_ranks, worst_at_ranks)
+
+
+def _judged(mismatches: Sequence[Mismatch], budgets: dict[str, float], whose: str) -> tuple[list[Mismatch], float]:
+    over, worst = [], 0.0
+    for m in mismatches:
+        budget = budgets.get(m.tensor, 0.0)
+        allowed = BUDGET_FACTOR * budget + (m.atol or 0.0)
+        worst = max(worst, m.max_abs_err / allowed if allowed > 0 else float("inf"))
+        if m.max_abs_err > allowed:
+            over.append(dataclasses.replace(m, detail=(
+                f"max abs error {m.max_abs_err:.3g} exceeds {BUDGET_FACTOR:g} x {budget:.3g} "
+                f"({whose.format(dtype=m.dtype)}) + atol {m.atol or 0.0:.3g}")))
+    return over, worst
