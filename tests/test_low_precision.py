@@ -108,17 +108,21 @@ def mesh2():
         yield backend
 
 
-def split_on_in_features(backend):
+def long_strategy(mesh: DeviceMesh, name: str):
     graph_module, node_name = LONG.build()
-    return next(s for s in strategies_for_node(graph_module, node_name, backend.mesh) if s.name == "RR = RS0 x S0R")
+    return next(s for s in strategies_for_node(graph_module, node_name, mesh) if s.name == name)
+
+
+def split_on_in_features(backend):
+    """Input and weight split on in_features, the partial outputs all-reduced."""
+    return long_strategy(backend.mesh, "RR = RS0 x S0R")
 
 
 def test_the_rank_shape_error_is_the_narrow_products_own():
     """A rank's measured error is the float32 error of its own product, measured here directly."""
     from shardverify.verify.reference import reference
 
-    with SimulatedBackend(DeviceMesh((2,)), timeout=60) as backend:
-        strategy = split_on_in_features(backend)
+    strategy = long_strategy(DeviceMesh((2,)), "RR = RS0 x S0R")
     ref = reference(LONG, torch.float32, torch.device("cpu"))
     x, g = ref.values[("arg", 0)].reshape(-1, 16), ref.grad_outputs[0].reshape(-1, 32)
     narrow = max(float((g.float().T @ x[:, half].float() - g.T @ x[:, half]).abs().max())
@@ -135,6 +139,7 @@ def test_a_correct_long_reduction_is_judged_at_the_ranks_shapes(mesh2):
     assert at_ranks > BUDGET_FACTOR * single
     result = verify_strategy(mesh2, LONG, strategy)
     assert result.passed, result.report()
+    assert result.note.startswith("exact in float64, and the float32 differences are within"), result.note
     assert "at the full shapes or a rank's" in result.note, result.note
 
 
@@ -157,3 +162,19 @@ def test_partials_reduced_in_a_lower_dtype_still_fail_at_the_ranks_shapes(mesh2,
     assert result.note.startswith("too much rounding"), result.note
     assert {m.tensor for m in result.mismatches} == {"output"}
     assert "at the full shapes or a rank's" in result.report()
+
+
+def test_wrong_maths_within_the_budget_at_the_ranks_shapes_is_still_rechecked(monkeypatch):
+    """A weight gradient off by 0.005 after its all-reduce (in every dtype): over the single-device
+    budget (8 x 0.000195), within the one at the ranks' shapes (8 x ~0.002, a rank's 16384 x 8
+    product summed as one running sum): a pass there needs the float64 re-check, which fails."""
+    honest = patterns.apply_grad_hook
+    monkeypatch.setattr(patterns, "apply_grad_hook", lambda comm, action, g: honest(comm, action, g) + 0.005)
+    with SimulatedBackend(DeviceMesh((2, 2)), timeout=60) as backend:
+        strategy = long_strategy(backend.mesh, "S0R = S0S1 x S1R_0")
+        at_ranks = error_budgets(LONG, strategy, torch.float32, at_rank_shapes=True)["grad of weight"]
+        assert BUDGET_FACTOR * error_budgets(LONG, strategy, torch.float32)["grad of weight"] < 0.005
+        assert 0.005 < BUDGET_FACTOR * at_ranks
+        result = verify_strategy(backend, LONG, strategy)
+    assert not result.passed
+    assert result.note.startswith("wrong maths: the float64 re-check fails too"), result.note
