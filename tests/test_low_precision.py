@@ -127,7 +127,7 @@ def test_the_rank_shape_error_is_the_narrow_products_own():
     x, g = ref.values[("arg", 0)].reshape(-1, 16), ref.grad_outputs[0].reshape(-1, 32)
     narrow = max(float((g.float().T @ x[:, half].float() - g.T @ x[:, half]).abs().max())
                  for half in (slice(0, 8), slice(8, 16)))
-    assert rank_local_errors(LONG, strategy, torch.float32)["grad of weight"] == pytest.approx(narrow, rel=1e-12)
+    assert (rank_local_errors(LONG, strategy, torch.float32) or {}).get("grad of weight") == pytest.approx(narrow, rel=1e-12)
 
 
 def test_a_correct_long_reduction_is_judged_at_the_ranks_shapes(mesh2):

@@ -49,12 +49,12 @@ def measurable(strategy: ShardingStrategy) -> bool:
                                              for a in strategy.communication_actions)
 
 
-def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype) -> dict[str, float]:
+def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype) -> dict[str, float] | None:
     """{label ("output", "grad of weight"): the largest max abs error, over the ranks, of the op
-    run in ``dtype`` on a rank's own operands against the same call in float64}; {} for a
+    run in ``dtype`` on a rank's own operands against the same call in float64}; None for a
     strategy that is not :func:`measurable`, or whose local call raises (no rank would pass)."""
     if not measurable(strategy):
-        return {}
+        return None
     mesh = DeviceMesh(strategy.output_sharding_spec.mesh_shape)
     ref = reference(case, dtype, torch.device("cpu"))
     errors: dict[str, float] = {}
@@ -67,7 +67,7 @@ def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dty
         with _LOCK:
             found = cached(_ERRORS, key, lambda: _measure(ref, strategy, layout))
         if found is None:
-            return {}
+            return None
         for label, error in found.items():
             errors[label] = max(errors.get(label, 0.0), error)
     return errors
@@ -102,12 +102,12 @@ def _operands(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) ->
 def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) -> dict[str, float] | None:
     node = ref.node
     module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
-    low, high = _operands(ref, strategy, layout)
     try:
+        low, high = _operands(ref, strategy, layout)
         outs_low = as_outputs(node, call_op(node, module, low))
         outs_high = as_outputs(node, call_op(node, module, high))
-    except Exception:  # noqa: BLE001 - a call the rank cannot make either: nothing measured here
-        return None
+    except Exception:  # noqa: BLE001 - a call the rank cannot make either: nothing measured here (the
+        return None    # single-device budget alone judges, as for a strategy not measurable)
     outputs = layout.outputs
     undefined = undefined_outputs(node)
     found = {}

@@ -31,7 +31,7 @@ from shardverify.spec.case import OpCase, cached
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
-from shardverify.verify.local_errors import measurable, rank_local_errors
+from shardverify.verify.local_errors import rank_local_errors
 from shardverify.verify.report import Mismatch
 from shardverify.verify.tolerance import max_abs_difference
 
@@ -91,7 +91,7 @@ def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, 
         if loc in grad_errors:
             budgets[f"grad of {data.name}"] = grad_errors[loc]
     if at_rank_shapes:
-        for label, error in rank_local_errors(case, strategy, dtype).items():
+        for label, error in (rank_local_errors(case, strategy, dtype) or {}).items():
             if label in budgets:
                 budgets[label] = max(budgets[label], error)
     return budgets
@@ -114,7 +114,7 @@ def judge(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, mismatch
     """``mismatches`` (low-precision values only) against the single-device budget, and a check
     over it against the budget at the ranks' shapes (the worse of the two, label by label)."""
     over, worst = _judged(mismatches, error_budgets(case, strategy, dtype), "the single-device op's own {dtype} error")
-    if not over or not measurable(strategy):
+    if not over or rank_local_errors(case, strategy, dtype) is None:   # within, or not measured (a cache hit next)
         return Judged(over, worst)
     at_ranks, worst_at_ranks = _judged(mismatches, error_budgets(case, strategy, dtype, at_rank_shapes=True),
                                        "the op's own {dtype} error on one device, at the full shapes or a rank's")
