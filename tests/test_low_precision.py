@@ -178,3 +178,53 @@ def test_wrong_maths_within_the_budget_at_the_ranks_shapes_is_still_rechecked(mo
         result = verify_strategy(backend, LONG, strategy)
     assert not result.passed
     assert result.note.startswith("wrong maths: the float64 re-check fails too"), result.note
+
+
+# ---- a few elements: what rounding them may lose, not one lucky draw ------------------------
+
+#: a sum to one number: the single-device bfloat16 error is one rounding, which may fall near 0
+TOTAL = OpCase(op="sum", target="torch.sum", inputs=(InputDecl("input", (4, 4, 4, 16)),),
+               params=(("dim", None), ("keepdim", False)),
+               predecessor=ModuleDecl("torch.nn.Linear", (16, 32), (("bias", False),)))
+
+
+@pytest.fixture(scope="module")
+def mesh22():
+    with SimulatedBackend(DeviceMesh((2, 2)), timeout=60) as backend:
+        yield backend
+
+
+def partial_total(backend):
+    """Each rank sums its dim-1 block of a piece of the input (a partial sum over mesh axis 1):
+    four bfloat16 partials, all-reduced; refused by one lucky draw of the single-device rounding
+    (15 of this case's 108 strategies were, in bfloat16), and by the op's own rounding at the
+    ranks' shapes alone too (its error 0.247, one draw there 0.0258)."""
+    graph_module, node_name = TOTAL.build()
+    return next(s for s in strategies_for_node(graph_module, node_name, backend.mesh)
+                if s.name == "[R, S0, R, R]+P1 -> [] | P01 sum_7")
+
+
+def test_a_scalar_result_is_held_to_its_rounding_not_one_lucky_draw(mesh22):
+    """Its budget is at least the unit roundoff times its value (one rounding into bfloat16)."""
+    (error,), _ = single_device_errors(TOTAL, torch.bfloat16)
+    from shardverify.verify.reference import reference
+
+    value = float(reference(TOTAL, torch.bfloat16, torch.device("cpu")).outputs[0].abs())
+    assert error >= torch.finfo(torch.bfloat16).eps / 2 * value > 0
+    result = verify_strategy(mesh22, TOTAL, partial_total(mesh22), dtype="bfloat16")
+    assert result.passed, result.report()
+
+
+def test_a_scalar_reduced_through_float8_still_fails(mesh22, monkeypatch):
+    def sloppy(comm, action, t):   # bfloat16 partials through float8 (e5m2); other dtypes exact
+        if t.dtype is not torch.bfloat16:
+            return comm.all_reduce(t.contiguous(), action.axes, "sum")
+        low = t.to(torch.float8_e5m2).to(torch.float32)
+        return comm.all_reduce(low.contiguous(), action.axes, "sum").to(torch.float8_e5m2).to(torch.bfloat16)
+
+    halves = dict(patterns._HALVES)
+    halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (sloppy, patterns._identity)
+    monkeypatch.setattr(patterns, "_HALVES", halves)
+    result = verify_strategy(mesh22, TOTAL, partial_total(mesh22), dtype="bfloat16")
+    assert not result.passed
+    assert result.note.startswith("too much rounding"), result.note

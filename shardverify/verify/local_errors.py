@@ -33,7 +33,7 @@ from shardverify.sharding.strategy import CommPattern, CommWhere, ShardingStrate
 from shardverify.spec.case import OpCase, cached
 from shardverify.verify.layout import RankLayout, rank_layout
 from shardverify.verify.reference import Reference, reference
-from shardverify.verify.tolerance import max_abs_difference
+from shardverify.verify.tolerance import own_error
 
 __all__ = ["rank_local_errors", "measurable"]
 
@@ -113,7 +113,7 @@ def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) -> 
     found = {}
     for index, (operand, a, b) in enumerate(zip(outputs, outs_low, outs_high)):
         if index not in undefined:
-            found["output" if len(outputs) == 1 else f"output {index} ({operand.data.name})"] = max_abs_difference(a, b)
+            found["output" if len(outputs) == 1 else f"output {index} ({operand.data.name})"] = own_error(a, b)
     grads = []   # (low output, high output, the rank's slice of the output gradient) per carrying output
     for index, (operand, a, b, g) in enumerate(zip(outputs, outs_low, outs_high, ref.grad_outputs)):
         if g is None or index in undefined or not (a.requires_grad and b.requires_grad):
@@ -132,5 +132,5 @@ def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) -> 
                                    [g.to(b.dtype) for _, b, g in grads], allow_unused=True)
     for (data, loc), a, b in zip(wanted, got_low, got_high):
         if a is not None and b is not None:
-            found[f"grad of {data.name}"] = max_abs_difference(a, b)
+            found[f"grad of {data.name}"] = own_error(a, b)
     return found

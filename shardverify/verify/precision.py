@@ -33,7 +33,7 @@ from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
 from shardverify.verify.local_errors import rank_local_errors
 from shardverify.verify.report import Mismatch
-from shardverify.verify.tolerance import max_abs_difference
+from shardverify.verify.tolerance import own_error
 
 __all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets", "Judged", "judge"]
 
@@ -61,7 +61,7 @@ def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
         leaves[loc] = ref.leaf(loc, leaf)
     outputs = as_outputs(node, call_op(node, module, leaves))
     undefined = undefined_outputs(node)   # no result, of another shape in another dtype's kernel: no budget
-    out_errors = tuple(0.0 if i in undefined else max_abs_difference(out, want)
+    out_errors = tuple(0.0 if i in undefined else own_error(out, want)
                        for i, (out, want) in enumerate(zip(outputs, ref.outputs)))
     carrying = [(out, g) for out, g in zip(outputs, ref.grad_outputs) if g is not None and out.requires_grad]
     wanted = [loc for loc in ref.grads if leaves[loc].requires_grad]
@@ -69,7 +69,7 @@ def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
     if carrying and wanted:
         found = torch.autograd.grad([out for out, _ in carrying], [leaves[loc] for loc in wanted],
                                     [g.to(out.dtype) for out, g in carrying], allow_unused=True)
-        grad_errors = {loc: max_abs_difference(torch.zeros_like(leaves[loc]) if g is None else g, ref.grads[loc])
+        grad_errors = {loc: own_error(torch.zeros_like(leaves[loc]) if g is None else g, ref.grads[loc])
                        for loc, g in zip(wanted, found)}
     return out_errors, grad_errors
 
