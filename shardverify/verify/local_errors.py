@@ -50,8 +50,8 @@ def measurable(strategy: ShardingStrategy) -> bool:
 
 
 def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype) -> dict[str, float] | None:
-    """{label ("output", "grad of weight"): the largest max abs error, over the ranks, of the op
-    run in ``dtype`` on a rank's own operands against the same call in float64}; None for a
+    """{label ("output", "grad of weight"): the largest own error (tolerance.own_error), over the
+    ranks, of the op run in ``dtype`` on a rank's own operands against the same call in float64}; None for a
     strategy that is not :func:`measurable`, or whose local call raises (no rank would pass)."""
     if not measurable(strategy):
         return None

@@ -5,8 +5,10 @@ fails correct strategies (partial sums rounded before they are reduced) or passe
 ones. So, as PyTorch's own tests do for half precision (a decomposition's error against a
 float64 reference is compared with the original op's error), each output and gradient gets
 a budget: the error of the op run on one device in the check's dtype against the float64
-reference. A strategy fails when its sharded error exceeds ``BUDGET_FACTOR`` times that
-budget (plus the dtype's atol). The factor covers what sharding legitimately adds: each
+reference, never less than rounding the largest reference value once into the dtype (a 0-d
+result's measured error is one draw of that rounding, which may fall near zero). A strategy
+fails when its sharded error exceeds ``BUDGET_FACTOR`` times that budget (plus the dtype's
+atol). The factor covers what sharding legitimately adds: each
 partial result rounded once more, and the reduction of the partials in the dtype.
 
 The single-device error is one kernel's, at the full shapes, and a kernel's accumulation order
@@ -14,7 +16,9 @@ depends on the shapes it gets (a blocked sum at one shape, a plain running sum, 
 times less luck over n terms, at another). A rank runs the op at its own shapes, so a check over
 the single-device budget is judged again against the worse of it and the op's own error on each
 rank's operands (verify/local_errors.py): still the precision the op computes in, at the shapes
-the strategy computes it; the factor still bounds all the strategy adds after the op.
+the strategy computes it; the factor still bounds all the strategy adds after the op. A check
+passes by that second budget only once the float64 re-check (run for every check over the first)
+finds it exact, so the larger budget never lets wrong maths through unchecked.
 """
 
 from __future__ import annotations
