@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -49,10 +50,13 @@ def measurable(strategy: ShardingStrategy) -> bool:
                                              for a in strategy.communication_actions)
 
 
-def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype) -> dict[str, float] | None:
+def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype,
+                      enough: Callable[[dict[str, float]], bool] | None = None) -> dict[str, float] | None:
     """{label ("output", "grad of weight"): the largest own error (tolerance.own_error), over the
     ranks, of the op run in ``dtype`` on a rank's own operands against the same call in float64}; None for a
-    strategy that is not :func:`measurable`, or whose local call raises (no rank would pass)."""
+    strategy that is not :func:`measurable`, or whose local call raises (no rank would pass).
+    ``enough``: said of the errors so far, ends the ranks early (a check they already cover is
+    covered by the errors of all: each rank only raises them)."""
     if not measurable(strategy):
         return None
     mesh = DeviceMesh(strategy.output_sharding_spec.mesh_shape)
@@ -70,6 +74,8 @@ def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dty
             return None
         for label, error in found.items():
             errors[label] = max(errors.get(label, 0.0), error)
+        if enough is not None and enough(errors):
+            break
     return errors
 
 

@@ -94,11 +94,12 @@ def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, 
         loc = (data.locator.kind, data.locator.key)
         if loc in grad_errors:
             budgets[f"grad of {data.name}"] = grad_errors[loc]
-    if at_rank_shapes:
-        for label, error in (rank_local_errors(case, strategy, dtype) or {}).items():
-            if label in budgets:
-                budgets[label] = max(budgets[label], error)
-    return budgets
+    return _worse(budgets, rank_local_errors(case, strategy, dtype) or {}) if at_rank_shapes else budgets
+
+
+def _worse(budgets: dict[str, float], local: dict[str, float]) -> dict[str, float]:
+    """Each label's budget raised to its error at the ranks' shapes where that is larger."""
+    return {label: max(budget, local.get(label, 0.0)) for label, budget in budgets.items()}
 
 
 class Judged(NamedTuple):
@@ -117,10 +118,16 @@ class Judged(NamedTuple):
 def judge(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, mismatches: Sequence[Mismatch]) -> Judged:
     """``mismatches`` (low-precision values only) against the single-device budget, and a check
     over it against the budget at the ranks' shapes (the worse of the two, label by label)."""
-    over, worst = _judged(mismatches, error_budgets(case, strategy, dtype), "the single-device op's own {dtype} error")
-    if not over or rank_local_errors(case, strategy, dtype) is None:   # within, or not measured (a cache hit next)
+    single = error_budgets(case, strategy, dtype)
+    over, worst = _judged(mismatches, single, "the single-device op's own {dtype} error")
+    if not over:
         return Judged(over, worst)
-    at_ranks, worst_at_ranks = _judged(mismatches, error_budgets(case, strategy, dtype, at_rank_shapes=True),
+    # the ranks measured until their errors cover the check (the same verdict as all of them)
+    local = rank_local_errors(case, strategy, dtype, enough=lambda errors: not _judged(
+        mismatches, _worse(single, errors), "")[0])
+    if local is None:   # not measured: a rank's op sees its operands through a collective
+        return Judged(over, worst)
+    at_ranks, worst_at_ranks = _judged(mismatches, _worse(single, local),
                                        "the op's own {dtype} error on one device, at the full shapes or a rank's")
     return Judged(over, worst, at_ranks, worst_at_ranks)
 
