@@ -51,12 +51,14 @@ def measurable(strategy: ShardingStrategy) -> bool:
 
 
 def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype,
-                      enough: Callable[[dict[str, float]], bool] | None = None) -> dict[str, float] | None:
+                      enough: Callable[[dict[str, float]], bool] | None = None,
+                      labels: frozenset[str] | None = None) -> dict[str, float] | None:
     """{label ("output", "grad of weight"): the largest own error (tolerance.own_error), over the
     ranks, of the op run in ``dtype`` on a rank's own operands against the same call in float64}; None for a
     strategy that is not :func:`measurable`, or whose local call raises (no rank would pass).
     ``enough``: said of the errors so far, ends the ranks early (a check they already cover is
-    covered by the errors of all: each rank only raises them)."""
+    covered by the errors of all: each rank only raises them); ``labels``: only these measured
+    (None: all), a check's tensors over the single-device budget."""
     if not measurable(strategy):
         return None
     mesh = DeviceMesh(strategy.output_sharding_spec.mesh_shape)
@@ -67,9 +69,9 @@ def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dty
         key = (case, dtype, rank, tuple((o.spec, strategy.partial_input(o.data.name),
                                          strategy.post_added(o.data.name) is not None) for o in layout.inputs),
                tuple(o.spec for o in layout.outputs),
-               tuple((a.locator, repr(a.value_on(rank))) for a in strategy.local_args))
+               tuple((a.locator, repr(a.value_on(rank))) for a in strategy.local_args), labels)
         with _LOCK:
-            found = cached(_ERRORS, key, lambda: _measure(ref, strategy, layout))
+            found = cached(_ERRORS, key, lambda: _measure(ref, strategy, layout, labels))
         if found is None:
             return None
         for label, error in found.items():
@@ -105,7 +107,8 @@ def _operands(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) ->
     return low, high
 
 
-def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) -> dict[str, float] | None:
+def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout,
+             labels: frozenset[str] | None) -> dict[str, float] | None:
     node = ref.node
     module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
     try:
@@ -118,8 +121,9 @@ def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) -> 
     undefined = undefined_outputs(node)
     found = {}
     for index, (operand, a, b) in enumerate(zip(outputs, outs_low, outs_high)):
-        if index not in undefined:
-            found["output" if len(outputs) == 1 else f"output {index} ({operand.data.name})"] = own_error(a, b)
+        label = "output" if len(outputs) == 1 else f"output {index} ({operand.data.name})"
+        if index not in undefined and (labels is None or label in labels):
+            found[label] = own_error(a, b)
     grads = []   # (low output, high output, the rank's slice of the output gradient) per carrying output
     for index, (operand, a, b, g) in enumerate(zip(outputs, outs_low, outs_high, ref.grad_outputs)):
         if g is None or index in undefined or not (a.requires_grad and b.requires_grad):
@@ -129,7 +133,8 @@ def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) -> 
             return found   # an output of another shape than its layout's: no gradient to measure
         grads.append((a, b, g))
     wanted = [(o.data, loc) for o in layout.inputs
-              for loc in [(o.data.locator.kind, o.data.locator.key)] if low[loc].requires_grad]
+              for loc in [(o.data.locator.kind, o.data.locator.key)]
+              if low[loc].requires_grad and (labels is None or f"grad of {o.data.name}" in labels)]
     if not grads or not wanted:
         return found
     got_low = torch.autograd.grad([a for a, _, _ in grads], [low[loc] for _, loc in wanted],

@@ -124,7 +124,7 @@ def judge(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, mismatch
         return Judged(over, worst)
     # the ranks measured until their errors cover the check (the same verdict as all of them)
     local = rank_local_errors(case, strategy, dtype, enough=lambda errors: not _judged(
-        mismatches, _worse(single, errors), "")[0])
+        mismatches, _worse(single, errors), "")[0], labels=frozenset(m.tensor for m in over))
     if local is None:   # not measured: a rank's op sees its operands through a collective
         return Judged(over, worst)
     at_ranks, worst_at_ranks = _judged(mismatches, _worse(single, local),
