@@ -16,6 +16,7 @@ from shardverify.collectives import patterns
 from shardverify.sharding.strategy import CommPattern, CommWhere
 from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_strategy
+from shardverify.verify.local_errors import rank_local_errors
 from shardverify.verify.precision import BUDGET_FACTOR, error_budgets, single_device_errors
 
 LINEAR = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("input", (4, 4, 64)),),
@@ -89,3 +90,140 @@ def test_wrong_maths_in_float16_is_labelled_by_the_float64_recheck(mesh4, monkey
     result = verify_strategy(mesh4, LINEAR, partial_output_strategy(mesh4), dtype="float16")
     assert not result.passed
     assert result.note.startswith("wrong maths: the float64 re-check fails too"), result.note
+
+
+# ---- a long reduction: the budget at the shapes each rank computes --------------------------
+
+#: 32768 rows summed into the weight's gradient. MKL sums (32768 x 32)^T x (32768 x 16) in blocks,
+#: its 32768 x 8 half (a rank's, input and weight split on in_features) as one running sum: 13x
+#: the single-device error, as correct (the strategy is exact in float64).
+LONG = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("input", (32768, 16)),),
+              module=ModuleDecl("torch.nn.Linear", (16, 32), (("bias", False),)))
+
+
+@pytest.fixture(scope="module")
+def mesh2():
+    with SimulatedBackend(DeviceMesh((2,)), timeout=60) as backend:
+        yield backend
+
+
+def long_strategy(mesh: DeviceMesh, name: str):
+    graph_module, node_name = LONG.build()
+    return next(s for s in strategies_for_node(graph_module, node_name, mesh) if s.name == name)
+
+
+def split_on_in_features(backend):
+    """Input and weight split on in_features, the partial outputs all-reduced."""
+    return long_strategy(backend.mesh, "RR = RS0 x S0R")
+
+
+def test_the_rank_shape_error_is_the_narrow_products_own():
+    """A rank's measured error is the float32 error of its own product, measured here directly."""
+    from shardverify.verify.reference import reference
+
+    strategy = long_strategy(DeviceMesh((2,)), "RR = RS0 x S0R")
+    ref = reference(LONG, torch.float32, torch.device("cpu"))
+    x, g = ref.values[("arg", 0)].reshape(-1, 16), ref.grad_outputs[0].reshape(-1, 32)
+    narrow = max(float((g.float().T @ x[:, half].float() - g.T @ x[:, half]).abs().max())
+                 for half in (slice(0, 8), slice(8, 16)))
+    assert (rank_local_errors(LONG, strategy, torch.float32) or {}).get("grad of weight") == pytest.approx(narrow, rel=1e-12)
+
+
+def test_a_correct_long_reduction_is_judged_at_the_ranks_shapes(mesh2):
+    """Refused by the single-device budget alone (the rank's product is 13x less lucky, not
+    wrong); within the budget at the ranks' shapes."""
+    strategy = split_on_in_features(mesh2)
+    single = error_budgets(LONG, strategy, torch.float32)["grad of weight"]
+    at_ranks = error_budgets(LONG, strategy, torch.float32, at_rank_shapes=True)["grad of weight"]
+    assert at_ranks > BUDGET_FACTOR * single
+    result = verify_strategy(mesh2, LONG, strategy)
+    assert result.passed, result.report()
+    assert result.note.startswith("exact in float64, and the float32 differences are within"), result.note
+    assert "at the full shapes or a rank's" in result.note, result.note
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+def test_partials_reduced_in_a_lower_dtype_still_fail_at_the_ranks_shapes(mesh2, monkeypatch, low):
+    """The same strategy summing its partial outputs in float16 or bfloat16: over the budget at
+    the ranks' shapes too (the ranks' op is measured on its own, never the strategy's reduction)."""
+    def sloppy(comm, action, t):   # float64 untouched: the maths stays exact
+        if t.dtype is not torch.float32:
+            return comm.all_reduce(t.contiguous(), action.axes, "sum")
+        return comm.all_reduce(t.to(low).to(t.dtype).contiguous(), action.axes, "sum").to(low).to(t.dtype)
+
+    halves = dict(patterns._HALVES)
+    halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (sloppy, patterns._identity)
+    monkeypatch.setattr(patterns, "_HALVES", halves)
+    strategy = split_on_in_features(mesh2)
+    assert verify_strategy(mesh2, LONG, strategy, dtype="float64").passed
+    result = verify_strategy(mesh2, LONG, strategy)
+    assert not result.passed
+    assert result.note.startswith("too much rounding"), result.note
+    assert {m.tensor for m in result.mismatches} == {"output"}
+    assert "at the full shapes or a rank's" in result.report()
+
+
+def test_wrong_maths_within_the_budget_at_the_ranks_shapes_is_still_rechecked(monkeypatch):
+    """A weight gradient off by 0.005 after its all-reduce (in every dtype): over the single-device
+    budget (8 x 0.000195), within the one at the ranks' shapes (8 x ~0.002, a rank's 16384 x 8
+    product summed as one running sum): a pass there needs the float64 re-check, which fails."""
+    honest = patterns.apply_grad_hook
+    monkeypatch.setattr(patterns, "apply_grad_hook", lambda comm, action, g: honest(comm, action, g) + 0.005)
+    with SimulatedBackend(DeviceMesh((2, 2)), timeout=60) as backend:
+        strategy = long_strategy(backend.mesh, "S0R = S0S1 x S1R_0")
+        at_ranks = error_budgets(LONG, strategy, torch.float32, at_rank_shapes=True)["grad of weight"]
+        assert BUDGET_FACTOR * error_budgets(LONG, strategy, torch.float32)["grad of weight"] < 0.005
+        assert 0.005 < BUDGET_FACTOR * at_ranks
+        result = verify_strategy(backend, LONG, strategy)
+    assert not result.passed
+    assert result.note.startswith("wrong maths: the float64 re-check fails too"), result.note
+
+
+# ---- a few elements: what rounding them may lose, not one lucky draw ------------------------
+
+#: a sum to one number: the single-device bfloat16 error is one rounding, which may fall near 0
+TOTAL = OpCase(op="sum", target="torch.sum", inputs=(InputDecl("input", (4, 4, 4, 16)),),
+               params=(("dim", None), ("keepdim", False)),
+               predecessor=ModuleDecl("torch.nn.Linear", (16, 32), (("bias", False),)))
+
+
+@pytest.fixture(scope="module")
+def mesh22():
+    with SimulatedBackend(DeviceMesh((2, 2)), timeout=60) as backend:
+        yield backend
+
+
+def partial_total(backend):
+    """Each rank sums its dim-1 block of a piece of the input (a partial sum over mesh axis 1):
+    four bfloat16 partials, all-reduced; refused by one lucky draw of the single-device rounding
+    (15 of this case's 108 strategies were, in bfloat16), and by the op's own rounding at the
+    ranks' shapes alone too (its error 0.247, one draw there 0.0258)."""
+    graph_module, node_name = TOTAL.build()
+    return next(s for s in strategies_for_node(graph_module, node_name, backend.mesh)
+                if s.name == "[R, S0, R, R]+P1 -> [] | P01 sum_7")
+
+
+def test_a_scalar_result_is_held_to_its_rounding_not_one_lucky_draw(mesh22):
+    """Its budget is at least the unit roundoff times its value (one rounding into bfloat16)."""
+    (error,), _ = single_device_errors(TOTAL, torch.bfloat16)
+    from shardverify.verify.reference import reference
+
+    value = float(reference(TOTAL, torch.bfloat16, torch.device("cpu")).outputs[0].abs())
+    assert error >= torch.finfo(torch.bfloat16).eps / 2 * value > 0
+    result = verify_strategy(mesh22, TOTAL, partial_total(mesh22), dtype="bfloat16")
+    assert result.passed, result.report()
+
+
+def test_a_scalar_reduced_through_float8_still_fails(mesh22, monkeypatch):
+    def sloppy(comm, action, t):   # bfloat16 partials through float8 (e5m2); other dtypes exact
+        if t.dtype is not torch.bfloat16:
+            return comm.all_reduce(t.contiguous(), action.axes, "sum")
+        low = t.to(torch.float8_e5m2).to(torch.float32)
+        return comm.all_reduce(low.contiguous(), action.axes, "sum").to(torch.float8_e5m2).to(torch.bfloat16)
+
+    halves = dict(patterns._HALVES)
+    halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (sloppy, patterns._identity)
+    monkeypatch.setattr(patterns, "_HALVES", halves)
+    result = verify_strategy(mesh22, TOTAL, partial_total(mesh22), dtype="bfloat16")
+    assert not result.passed
+    assert result.note.startswith("too much rounding"), result.note

@@ -18,8 +18,8 @@ from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.distinct import distinguishing_seeds
 from shardverify.verify.layout import expected_collectives
 from shardverify.verify.memory import check_case_memory
-from shardverify.verify.precision import BUDGET_FACTOR, error_budgets
 from shardverify.verify.op_error import EVERY_RANK, OP_FAILED, OpCallError
+from shardverify.verify.precision import BUDGET_FACTOR, Judged, judge
 from shardverify.verify.rank import (  # noqa: F401  (re-exported: the engine's API)
     RankReport, local_arguments, rank_check, strategy_problems)
 from shardverify.verify.report import CheckResult, Mismatch
@@ -121,23 +121,31 @@ def _rounding_suspect(mismatches: Sequence[Mismatch]) -> bool:
                                     for m in mismatches)
 
 
-def _verdict(mismatches: list[Mismatch], budget: tuple[list[Mismatch], float] | None,
-             recheck: list[Mismatch] | None, shown_dtype: str) -> tuple[list, str]:
+def _verdict(mismatches: list[Mismatch], budget: Judged | None, recheck: list[Mismatch] | None,
+             shown_dtype: str) -> tuple[list, str]:
     """Mismatches and note of a check. ``budget``: for a check whose only differences were
-    low-precision values, those beyond BUDGET_FACTOR x the single-device op's own error in that
-    dtype and the worst ratio; ``recheck``: the float64 re-check of a check over budget, which
-    only tells wrong maths from too much rounding."""
+    low-precision values, how they stand against the budgets (precision.judge); ``recheck``: the
+    float64 re-check of a check over the single-device budget, which tells wrong maths from
+    rounding: a check within the budget at the ranks' shapes passes only when exact in float64."""
     if budget is None:
         return mismatches, ""
-    over, worst = budget
-    if not over:
+    if not budget.over:
         return [], (f"{shown_dtype} differences are within {BUDGET_FACTOR:g} x the single-device "
-                    f"op's own {shown_dtype} error (worst ratio {worst:.2g})")
+                    f"op's own {shown_dtype} error (worst ratio {budget.worst:.2g})")
     if recheck:
         worst64 = max((m.max_abs_err or 0.0) for m in recheck)
-        return over, f"wrong maths: the float64 re-check fails too (max abs error {worst64:.3g})"
-    return over, (f"too much rounding: exact in float64, but the sharded {shown_dtype} error exceeds "
-                  f"{BUDGET_FACTOR:g} x the single-device op's own {shown_dtype} error")
+        return budget.over, f"wrong maths: the float64 re-check fails too (max abs error {worst64:.3g})"
+    if budget.at_ranks is None:
+        return budget.over, (f"too much rounding: exact in float64, but the sharded {shown_dtype} error exceeds "
+                             f"{BUDGET_FACTOR:g} x the single-device op's own {shown_dtype} error")
+    if not budget.at_ranks:
+        return [], (f"exact in float64, and the {shown_dtype} differences are within {BUDGET_FACTOR:g} x the "
+                    f"op's own {shown_dtype} error at the full shapes or a rank's (worst ratio "
+                    f"{budget.worst_at_ranks:.2g}; {budget.worst:.2g} to the single-device op's, whose kernel "
+                    f"summed in another order)")
+    return budget.at_ranks, (f"too much rounding: exact in float64, but the sharded {shown_dtype} error exceeds "
+                             f"{BUDGET_FACTOR:g} x the op's own {shown_dtype} error on one device, at the full "
+                             f"shapes or a rank's")
 
 
 def verify_strategy(backend, case: OpCase, strategy: ShardingStrategy, *, dtype: str | None = None,
@@ -148,20 +156,10 @@ def verify_strategy(backend, case: OpCase, strategy: ShardingStrategy, *, dtype:
 
 
 def _over_budget(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype,
-                 mismatches: Sequence[Mismatch]) -> tuple[list[Mismatch], float]:
-    """The value mismatches beyond BUDGET_FACTOR x the single-device error (+ atol), each
-    restated against its budget, and the worst error/budget ratio seen."""
-    budgets = error_budgets(case, strategy, dtype)
-    over, worst = [], 0.0
-    for m in mismatches:
-        budget = budgets.get(m.tensor, 0.0)
-        allowed = BUDGET_FACTOR * budget + (m.atol or 0.0)
-        worst = max(worst, m.max_abs_err / allowed if allowed > 0 else float("inf"))
-        if m.max_abs_err > allowed:
-            over.append(dataclasses.replace(m, detail=(
-                f"max abs error {m.max_abs_err:.3g} exceeds {BUDGET_FACTOR:g} x {budget:.3g} (the single-device "
-                f"op's own {m.dtype} error) + atol {m.atol or 0.0:.3g}")))
-    return over, worst
+                 mismatches: Sequence[Mismatch]) -> Judged:
+    """The low-precision value mismatches against their budgets (precision.judge): the checks
+    with any over the single-device budget (``[0]``) get the float64 re-check."""
+    return judge(case, strategy, dtype, mismatches)
 
 
 def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | None = None, *,

@@ -44,7 +44,8 @@ __all__ = ["CACHE_ENV", "OnDemandRecord", "OnDemandVerifier", "verify_node", "ev
 
 CACHE_ENV = "SHARDVERIFY_CACHE_DIR"
 #: bumped whenever what a verdict means changes: older verdicts on disk are then never read
-VERDICT_FORMAT = 2   # 2: ids below 1 tried last (a 0-d tensor's one element), refusals of format 1 drew none
+VERDICT_FORMAT = 3   # 2: ids below 1 tried last (a 0-d tensor's one element), refusals of format 1 drew none;
+                     # 3: the low-precision budget at the ranks' shapes (long reductions refused for rounding pass)
 
 
 def default_cache_dir() -> Path:

@@ -5,14 +5,28 @@ fails correct strategies (partial sums rounded before they are reduced) or passe
 ones. So, as PyTorch's own tests do for half precision (a decomposition's error against a
 float64 reference is compared with the original op's error), each output and gradient gets
 a budget: the error of the op run on one device in the check's dtype against the float64
-reference. A strategy fails when its sharded error exceeds ``BUDGET_FACTOR`` times that
-budget (plus the dtype's atol). The factor covers what sharding legitimately adds: each
+reference, never less than rounding the largest reference value once into the dtype (a 0-d
+result's measured error is one draw of that rounding, which may fall near zero). A strategy
+fails when its sharded error exceeds ``BUDGET_FACTOR`` times that budget (plus the dtype's
+atol). The factor covers what sharding legitimately adds: each
 partial result rounded once more, and the reduction of the partials in the dtype.
+
+The single-device error is one kernel's, at the full shapes, and a kernel's accumulation order
+depends on the shapes it gets (a blocked sum at one shape, a plain running sum, with sqrt(n)
+times less luck over n terms, at another). A rank runs the op at its own shapes, so a check over
+the single-device budget is judged again against the worse of it and the op's own error on each
+rank's operands (verify/local_errors.py): still the precision the op computes in, at the shapes
+the strategy computes it; the factor still bounds all the strategy adds after the op. A check
+passes by that second budget only once the float64 re-check (run for every check over the first)
+finds it exact, so the larger budget never lets wrong maths through unchecked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -21,9 +35,11 @@ from shardverify.spec.case import OpCase, cached
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
-from shardverify.verify.tolerance import as_real
+from shardverify.verify.local_errors import rank_local_errors
+from shardverify.verify.report import Mismatch
+from shardverify.verify.tolerance import own_error
 
-__all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets"]
+__all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets", "Judged", "judge"]
 
 #: A sharded low-precision result may be this many times as far from the float64
 #: reference as the single-device op in the same dtype (documented in specs/README.md).
@@ -49,7 +65,7 @@ def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
         leaves[loc] = ref.leaf(loc, leaf)
     outputs = as_outputs(node, call_op(node, module, leaves))
     undefined = undefined_outputs(node)   # no result, of another shape in another dtype's kernel: no budget
-    out_errors = tuple(0.0 if i in undefined else _max_abs(out, want)
+    out_errors = tuple(0.0 if i in undefined else own_error(out, want)
                        for i, (out, want) in enumerate(zip(outputs, ref.outputs)))
     carrying = [(out, g) for out, g in zip(outputs, ref.grad_outputs) if g is not None and out.requires_grad]
     wanted = [loc for loc in ref.grads if leaves[loc].requires_grad]
@@ -57,19 +73,16 @@ def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
     if carrying and wanted:
         found = torch.autograd.grad([out for out, _ in carrying], [leaves[loc] for loc in wanted],
                                     [g.to(out.dtype) for out, g in carrying], allow_unused=True)
-        grad_errors = {loc: _max_abs(torch.zeros_like(leaves[loc]) if g is None else g, ref.grads[loc])
+        grad_errors = {loc: own_error(torch.zeros_like(leaves[loc]) if g is None else g, ref.grads[loc])
                        for loc, g in zip(wanted, found)}
     return out_errors, grad_errors
 
 
-def _max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = (as_real(actual) - as_real(expected)).abs()
-    finite = diff[torch.isfinite(diff)]
-    return float(finite.max()) if finite.numel() else 0.0
-
-
-def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype) -> dict[str, float]:
-    """Single-device error by the tensor labels a check reports ("output", "grad of weight")."""
+def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, *,
+                  at_rank_shapes: bool = False) -> dict[str, float]:
+    """Single-device error by the tensor labels a check reports ("output", "grad of weight");
+    ``at_rank_shapes``: the worse of it and the op's own error at the shapes each rank computes
+    (verify/local_errors.py), for a check over the first."""
     out_errors, grad_errors = single_device_errors(case, dtype)
     outputs = strategy.outputs
     budgets = {}
@@ -81,4 +94,52 @@ def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype) 
         loc = (data.locator.kind, data.locator.key)
         if loc in grad_errors:
             budgets[f"grad of {data.name}"] = grad_errors[loc]
-    return budgets
+    return _worse(budgets, rank_local_errors(case, strategy, dtype) or {}) if at_rank_shapes else budgets
+
+
+def _worse(budgets: dict[str, float], local: dict[str, float]) -> dict[str, float]:
+    """Each label's budget raised to its error at the ranks' shapes where that is larger."""
+    return {label: max(budget, local.get(label, 0.0)) for label, budget in budgets.items()}
+
+
+class Judged(NamedTuple):
+    """A low-precision check's value mismatches against its budgets. ``over``: those beyond
+    BUDGET_FACTOR x the single-device error (+ atol), each restated against its budget (any
+    such check is re-checked in float64); ``worst``: the worst error/budget ratio.
+    ``at_ranks``/``worst_at_ranks``: the same against the budget at the ranks' shapes, for a
+    check over the first (None: within it, or a strategy not measured there)."""
+
+    over: list[Mismatch]
+    worst: float
+    at_ranks: list[Mismatch] | None = None
+    worst_at_ranks: float = 0.0
+
+
+def judge(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, mismatches: Sequence[Mismatch]) -> Judged:
+    """``mismatches`` (low-precision values only) against the single-device budget, and a check
+    over it against the budget at the ranks' shapes (the worse of the two, label by label)."""
+    single = error_budgets(case, strategy, dtype)
+    over, worst = _judged(mismatches, single, "the single-device op's own {dtype} error")
+    if not over:
+        return Judged(over, worst)
+    # the ranks measured until their errors cover the check (the same verdict as all of them)
+    local = rank_local_errors(case, strategy, dtype, enough=lambda errors: not _judged(
+        mismatches, _worse(single, errors), "")[0], labels=frozenset(m.tensor for m in over))
+    if local is None:   # not measured: a rank's op sees its operands through a collective
+        return Judged(over, worst)
+    at_ranks, worst_at_ranks = _judged(mismatches, _worse(single, local),
+                                       "the op's own {dtype} error on one device, at the full shapes or a rank's")
+    return Judged(over, worst, at_ranks, worst_at_ranks)
+
+
+def _judged(mismatches: Sequence[Mismatch], budgets: dict[str, float], whose: str) -> tuple[list[Mismatch], float]:
+    over, worst = [], 0.0
+    for m in mismatches:
+        budget = budgets.get(m.tensor, 0.0)
+        allowed = BUDGET_FACTOR * budget + (m.atol or 0.0)
+        worst = max(worst, m.max_abs_err / allowed if allowed > 0 else float("inf"))
+        if m.max_abs_err > allowed:
+            over.append(dataclasses.replace(m, detail=(
+                f"max abs error {m.max_abs_err:.3g} exceeds {BUDGET_FACTOR:g} x {budget:.3g} "
+                f"({whose.format(dtype=m.dtype)}) + atol {m.atol or 0.0:.3g}")))
+    return over, worst

@@ -15,7 +15,7 @@ from shardverify.errors import InvalidArgument
 from shardverify.spec.fields import dtype_from_name
 
 __all__ = ["Tolerance", "SummedTolerance", "DEFAULT_TOLERANCES", "tolerance_for", "compare", "max_error", "is_close",
-           "as_real"]
+           "as_real", "max_abs_difference", "own_error"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,35 @@ def as_real(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.is_complex():
         return torch.view_as_real(tensor.to(torch.complex128))
     return tensor.to(torch.float64)
+
+
+def max_abs_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest finite ``|actual - expected|`` (0.0 when none is finite): a low-precision
+    result's error against its float64 counterpart, where an inf both sides share says nothing."""
+    diff = (as_real(actual) - as_real(expected)).abs_()
+    if not diff.numel():
+        return 0.0
+    worst = float(diff.max())
+    if math.isfinite(worst):   # the common case, without the copy a mask makes
+        return worst
+    finite = diff[torch.isfinite(diff)]
+    return float(finite.max()) if finite.numel() else 0.0
+
+
+def own_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """What a low-precision result owns as its error against its float64 ``expected``: its largest
+    difference, and no less than rounding the largest finite expected value once into its dtype
+    (the unit roundoff times it). A few elements' measured error is a few draws of that rounding,
+    which may all fall near zero (a 0-d sum's one draw) far below what rounding it may lose."""
+    found = max_abs_difference(actual, expected)
+    if not (actual.is_floating_point() or actual.is_complex()) or not expected.numel():
+        return found
+    real = as_real(expected).abs()
+    largest = float(real.max())
+    if not math.isfinite(largest):
+        finite = real[torch.isfinite(real)]
+        largest = float(finite.max()) if finite.numel() else 0.0
+    return max(found, torch.finfo(actual.dtype).eps / 2 * largest)
 
 
 def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Comparison:
