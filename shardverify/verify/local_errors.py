@@ -29,10 +29,10 @@ import torch
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.strategy import CommPattern, CommWhere, ShardingStrategy
 from shardverify.spec.case import OpCase, cached
 from shardverify.verify.layout import RankLayout, rank_layout
+from shardverify.verify.rank import local_arguments, rank_block
 from shardverify.verify.reference import Reference, reference
 from shardverify.verify.tolerance import own_error
 
@@ -89,19 +89,13 @@ def _operands(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) ->
     for position, operand in enumerate(layout.inputs):
         data = operand.data
         loc = (data.locator.kind, data.locator.key)
-        partial = strategy.partial_input(data.name)
-        if partial is None:
-            block = operand.shard(ref.typed(loc), mesh, rank).clone()
-        else:   # the piece the rank holds (the same seed and pieces as verify/rank.py makes)
-            count = math.prod(mesh.shape[a] for a in partial.axes)
-            pieces = partial_pieces(operand.shard(ref.values[loc], mesh, rank), count, position, partial.op)
-            block = pieces[mesh.group_index(rank, partial.axes)].to(ref.dtypes[loc], copy=True)
+        block = rank_block(ref, strategy, operand, position, mesh, rank)   # what the check's rank holds
         if strategy.post_added(data.name) is not None:   # added after the op: the op sees zeros
             block = torch.zeros_like(block)
         wide = block.to(torch.complex128 if block.is_complex() else torch.float64, copy=True) \
             if block.is_floating_point() or block.is_complex() else block
         low[loc], high[loc] = ref.leaf(loc, block), ref.leaf(loc, wide)
-    args = {(a.locator.kind, a.locator.key): a.value_on(rank) for a in strategy.local_args}
+    args = local_arguments(strategy, rank)
     low.update(args)
     high.update(args)
     return low, high

@@ -41,7 +41,7 @@ from shardverify.verify.report import Mismatch
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, tolerance_for
 
-__all__ = ["RankReport", "rank_check", "ranks_check", "strategy_problems", "local_arguments"]
+__all__ = ["RankReport", "rank_check", "ranks_check", "rank_block", "strategy_problems", "local_arguments"]
 
 _EXACT = Tolerance(0.0, 0.0)
 _COUNTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
@@ -297,13 +297,9 @@ def _local_forward(ranks, ref: Reference, strategy: ShardingStrategy,
         if loc not in ref.values:
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
                                     f"{node.name!r} does not have")
-        partial = strategy.partial_input(data.name)
         for comm, layout, rank_leaves in zip(comms, layouts, leaves):
-            operand = layout.inputs[position]
-            leaf = operand.shard(ref.typed(loc), comm.mesh, comm.rank).clone() if partial is None else \
-                _shared_piece(ref.values[loc], operand, comm.mesh, comm.rank, partial.axes, position,
-                              partial.op).to(ref.dtypes[loc], copy=True)
-            rank_leaves[data.name] = ref.leaf(loc, leaf)
+            rank_leaves[data.name] = ref.leaf(loc, rank_block(ref, strategy, layout.inputs[position], position,
+                                                              comm.mesh, comm.rank))
         seen = before_op_on_ranks(ranks, strategy, data.name, [rank_leaves[data.name] for rank_leaves in leaves], late)
         for rank_local, tensor in zip(local, seen):
             rank_local[loc] = tensor
@@ -343,6 +339,20 @@ def _hashable(value: object) -> object:
     except TypeError:
         return repr(value)
     return value
+
+
+def rank_block(ref: Reference, strategy: ShardingStrategy, operand: LocalOperand, position: int, mesh,
+               rank: int) -> torch.Tensor:
+    """``rank``'s own copy of what it holds of input ``position``, laid out as ``operand``: its
+    block of the reference in the check's dtype, or of a partial input its piece of that block
+    (:func:`_shared_piece`)."""
+    data = operand.data
+    loc = (data.locator.kind, data.locator.key)
+    partial = strategy.partial_input(data.name)
+    if partial is None:
+        return operand.shard(ref.typed(loc), mesh, rank).clone()
+    return _shared_piece(ref.values[loc], operand, mesh, rank, partial.axes, position,
+                         partial.op).to(ref.dtypes[loc], copy=True)
 
 
 _PIECES: dict = {}
