@@ -95,8 +95,8 @@ class AllRanks:
     def all_to_all(self, chunk_lists: list, axes: Sequence[int]) -> list[list[torch.Tensor]]:
         """Rank r's result j is chunk (r's position) of its group's member j."""
         out: list = [None] * len(chunk_lists)
-        sizes = {len(self.mesh.group_ranks(comm.rank, axes)) for comm in self.comms}
-        chunk_lists = [_check_chunks(chunks, max(sizes), "all_to_all") for chunks in chunk_lists]
+        size = len(_partition(self.mesh, tuple(axes))[1][0])   # every group over the axes is this large
+        chunk_lists = [_check_chunks(chunks, size, "all_to_all") for chunks in chunk_lists]
         for group in self._groups("all_to_all", axes, chunk_lists, lambda cs: sum(_nbytes(c) for c in cs)):
             self._agree(group, chunk_lists,
                         lambda r: f"all_to_all over axes {tuple(axes)}: {[describe(c) for c in chunk_lists[r]]}")
