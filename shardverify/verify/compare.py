@@ -53,10 +53,7 @@ def compare_all(rank: int, entries: list[Entry | list[Mismatch]], mesh,
     wrong dtype) or a tensor to compare, ``(label, actual, full, operand, holds)``: ``actual``
     against this rank's slice of ``full`` laid out as ``operand`` (zero outside ``holds``: the
     gradient of a piece of a partial max/min)."""
-    found: list[Mismatch] = []
-    for entry in entries:
-        found += entry if isinstance(entry, list) else _compare(rank, *entry, mesh, tolerance)
-    return found
+    return compare_ranks([rank], [entries], mesh, tolerance)[0]
 
 
 def compare_ranks(ranks: list[int], entries: list[list[Entry | list[Mismatch]]], mesh,

@@ -212,7 +212,7 @@ def _outputs_state(comm, ref: Reference, layout: RankLayout, leaves: dict, outpu
                                      f"{len(out_data)}"))
         outputs = outputs[:len(out_data)]
     shape_ok = len(outputs) == len(out_data)   # else backward cannot run
-    checks: list = []   # each output and gradient: a wrong dtype, or what to compare (compare_all)
+    checks: list = []   # each output and gradient: a wrong dtype, or what to compare (compare_ranks)
     for index, (operand, output) in enumerate(zip(out_data, outputs)):
         if index in undefined:
             continue   # no result of the call: never compared (capture/uninitialised.py)
