@@ -38,19 +38,31 @@ def partial_output_strategy(backend):
                        for a in s.communication_actions))
 
 
+def plant_all_reduce(monkeypatch, forward_half) -> None:
+    """The planted bug: ALLREDUCE_FWD_IDENTITY_BWD's forward half replaced by ``forward_half``
+    (ranks, action, tensors) -> tensors."""
+    halves = dict(patterns._HALVES)
+    halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (forward_half, patterns._identity)
+    monkeypatch.setattr(patterns, "_HALVES", halves)
+
+
+def reduced_through(checked: torch.dtype, low: torch.dtype):
+    """An all-reduce that, in a check run in ``checked``, rounds each partial to ``low``, sums
+    them exactly (float32) and rounds the total to ``low`` too; in any other dtype, exact."""
+    def sloppy(ranks, action, ts):
+        if ts[0].dtype is not checked:
+            return ranks.all_reduce([t.contiguous() for t in ts], action.axes, "sum")
+        lowered = [t.to(low).to(torch.float32).contiguous() for t in ts]
+        return [total.to(low).to(checked) for total in ranks.all_reduce(lowered, action.axes, "sum")]
+
+    return sloppy
+
+
 @pytest.fixture
 def partials_reduced_in_a_lower_dtype(monkeypatch):
     """The planted bug: the partial outputs of a float16 run are summed in float8 (e5m2) and
     cast back; float32 and float64 runs are untouched, so the maths is exact there."""
-    def sloppy(ranks, action, ts):
-        if ts[0].dtype is not torch.float16:
-            return ranks.all_reduce([t.contiguous() for t in ts], action.axes, "sum")
-        low = [t.to(torch.float8_e5m2).to(torch.float16).to(torch.float32).contiguous() for t in ts]
-        return [total.to(torch.float8_e5m2).to(torch.float16) for total in ranks.all_reduce(low, action.axes, "sum")]
-
-    halves = dict(patterns._HALVES)
-    halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (sloppy, patterns._identity)
-    monkeypatch.setattr(patterns, "_HALVES", halves)
+    plant_all_reduce(monkeypatch, reduced_through(torch.float16, torch.float8_e5m2))
 
 
 def test_the_single_device_error_is_measured_in_the_dtype():
@@ -85,9 +97,7 @@ def test_wrong_maths_in_float16_is_labelled_by_the_float64_recheck(mesh4, monkey
     def off(ranks, action, ts):
         return [total * 1.02 for total in ranks.all_reduce([t.contiguous() for t in ts], action.axes, "sum")]
 
-    halves = dict(patterns._HALVES)
-    halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (off, patterns._identity)
-    monkeypatch.setattr(patterns, "_HALVES", halves)
+    plant_all_reduce(monkeypatch, off)
     result = verify_strategy(mesh4, LINEAR, partial_output_strategy(mesh4), dtype="float16")
     assert not result.passed
     assert result.note.startswith("wrong maths: the float64 re-check fails too"), result.note
@@ -149,15 +159,7 @@ def test_a_correct_long_reduction_is_judged_at_the_ranks_shapes(mesh2):
 def test_partials_reduced_in_a_lower_dtype_still_fail_at_the_ranks_shapes(mesh2, monkeypatch, low):
     """The same strategy summing its partial outputs in float16 or bfloat16: over the budget at
     the ranks' shapes too (the ranks' op is measured on its own, never the strategy's reduction)."""
-    def sloppy(ranks, action, ts):   # float64 untouched: the maths stays exact
-        if ts[0].dtype is not torch.float32:
-            return ranks.all_reduce([t.contiguous() for t in ts], action.axes, "sum")
-        lowered = [t.to(low).to(t.dtype).contiguous() for t in ts]
-        return [total.to(low).to(torch.float32) for total in ranks.all_reduce(lowered, action.axes, "sum")]
-
-    halves = dict(patterns._HALVES)
-    halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (sloppy, patterns._identity)
-    monkeypatch.setattr(patterns, "_HALVES", halves)
+    plant_all_reduce(monkeypatch, reduced_through(torch.float32, low))   # float64 untouched: the maths stays exact
     strategy = split_on_in_features(mesh2)
     assert verify_strategy(mesh2, LONG, strategy, dtype="float64").passed
     result = verify_strategy(mesh2, LONG, strategy)
@@ -219,15 +221,7 @@ def test_a_scalar_result_is_held_to_its_rounding_not_one_lucky_draw(mesh22):
 
 
 def test_a_scalar_reduced_through_float8_still_fails(mesh22, monkeypatch):
-    def sloppy(ranks, action, ts):   # bfloat16 partials through float8 (e5m2); other dtypes exact
-        if ts[0].dtype is not torch.bfloat16:
-            return ranks.all_reduce([t.contiguous() for t in ts], action.axes, "sum")
-        low = [t.to(torch.float8_e5m2).to(torch.float32).contiguous() for t in ts]
-        return [total.to(torch.float8_e5m2).to(torch.bfloat16) for total in ranks.all_reduce(low, action.axes, "sum")]
-
-    halves = dict(patterns._HALVES)
-    halves[CommPattern.ALLREDUCE_FWD_IDENTITY_BWD] = (sloppy, patterns._identity)
-    monkeypatch.setattr(patterns, "_HALVES", halves)
+    plant_all_reduce(monkeypatch, reduced_through(torch.bfloat16, torch.float8_e5m2))   # other dtypes exact
     result = verify_strategy(mesh22, TOTAL, partial_total(mesh22), dtype="bfloat16")
     assert not result.passed
     assert result.note.startswith("too much rounding"), result.note
