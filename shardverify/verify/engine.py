@@ -155,13 +155,6 @@ def verify_strategy(backend, case: OpCase, strategy: ShardingStrategy, *, dtype:
     return verify_case(backend, case, [strategy], dtype=dtype, tol=tol, timeout=timeout)[0]
 
 
-def _over_budget(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype,
-                 mismatches: Sequence[Mismatch]) -> Judged:
-    """The low-precision value mismatches against their budgets (precision.judge): the checks
-    with any over the single-device budget (``[0]``) get the float64 re-check."""
-    return judge(case, strategy, dtype, mismatches)
-
-
 def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | None = None, *,
                 dtype: str | None = None, tol: Tolerance | None = None, timeout: float | None = None,
                 on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
@@ -205,13 +198,14 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
         for i, found_i in zip(passed, _run_checks(backend, variant, [strategies[i] for i in passed], dtype, tol,
                                                   timeout)):
             mismatches[i], checked[i] = (found_i, variant) if found_i else (mismatches[i], checked[i])
-    # Below float64 the budget is the single-device op's own error in that dtype; the float64
-    # re-check (one batch per seed) only tells wrong maths from too much rounding.
+    # Below float64 the budget is the single-device op's own error in that dtype, and for a check
+    # over it the op's own error at the ranks' shapes (precision.judge); the float64 re-check (one
+    # batch per seed) tells wrong maths from rounding.
     suspects = [i for i, (m, p) in enumerate(zip(mismatches, problems)) if not p and _rounding_suspect(m)]
     # the dtype the check ran in: a complex64 output's is float32
-    budgets = {i: _over_budget(checked[i], strategies[i], dtype_from_name(mismatches[i][0].dtype).to_real(),
-                               mismatches[i]) for i in suspects}
-    over = [i for i in suspects if budgets[i][0]]
+    budgets = {i: judge(checked[i], strategies[i], dtype_from_name(mismatches[i][0].dtype).to_real(), mismatches[i])
+               for i in suspects}
+    over = [i for i in suspects if budgets[i].over]   # re-checked in float64
     rechecks: dict[int, list[Mismatch]] = {}
     for variant in dict.fromkeys(checked[i] for i in over):   # one batch per seed the failures showed under
         group = [i for i in over if checked[i] is variant]

@@ -34,6 +34,7 @@ from shardverify.spec.case import OpCase, cached
 from shardverify.verify.layout import RankLayout, rank_layout
 from shardverify.verify.rank import local_arguments, rank_block
 from shardverify.verify.reference import Reference, reference
+from shardverify.verify.report import output_label
 from shardverify.verify.tolerance import own_error
 
 __all__ = ["rank_local_errors", "measurable"]
@@ -115,7 +116,7 @@ def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout,
     undefined = undefined_outputs(node)
     found = {}
     for index, (operand, a, b) in enumerate(zip(outputs, outs_low, outs_high)):
-        label = "output" if len(outputs) == 1 else f"output {index} ({operand.data.name})"
+        label = output_label(index, len(outputs), operand.data.name)
         if index not in undefined and (labels is None or label in labels):
             found[label] = own_error(a, b)
     grads = []   # (low output, high output, the rank's slice of the output gradient) per carrying output

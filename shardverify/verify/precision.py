@@ -36,7 +36,7 @@ from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
 from shardverify.verify.local_errors import rank_local_errors
-from shardverify.verify.report import Mismatch
+from shardverify.verify.report import Mismatch, output_label
 from shardverify.verify.tolerance import own_error
 
 __all__ = ["BUDGET_FACTOR", "single_device_errors", "error_budgets", "Judged", "judge"]
@@ -87,7 +87,7 @@ def error_budgets(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, 
     outputs = strategy.outputs
     budgets = {}
     for index, data in enumerate(outputs):
-        label = "output" if len(outputs) == 1 else f"output {index} ({data.name})"
+        label = output_label(index, len(outputs), data.name)
         if index < len(out_errors):
             budgets[label] = out_errors[index]
     for data in strategy.inputs:

@@ -37,7 +37,7 @@ from shardverify.verify.op_error import OpCallError, op_context
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
-from shardverify.verify.report import Mismatch
+from shardverify.verify.report import Mismatch, output_label
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, tolerance_for
 
@@ -216,7 +216,7 @@ def _outputs_state(comm, ref: Reference, layout: RankLayout, leaves: dict, outpu
     for index, (operand, output) in enumerate(zip(out_data, outputs)):
         if index in undefined:
             continue   # no result of the call: never compared (capture/uninitialised.py)
-        label = "output" if len(out_data) == 1 else f"output {index} ({operand.data.name})"
+        label = output_label(index, len(out_data), operand.data.name)
         want_dtype = ref.out_dtypes[index]
         checks.append((label, output, ref.outputs[index], operand, None)
                       if output.dtype == want_dtype and output.device.type == comm.device.type else

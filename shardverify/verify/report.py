@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Mismatch", "CheckResult", "format_results", "assert_passed"]
+__all__ = ["Mismatch", "CheckResult", "format_results", "assert_passed", "output_label"]
 
 # Mismatch kinds, in the order a report lists them.
 KINDS = ("error", "shape", "dtype", "values", "collectives", "memory", "cost")
@@ -137,3 +137,9 @@ def assert_passed(results: CheckResult | Iterable[CheckResult]) -> None:
         raise AssertionError("no strategy was verified (an empty result list proves nothing)")
     if any(not r.passed for r in results):
         raise AssertionError(format_results(results))
+
+
+def output_label(index: int, count: int, name: str) -> str:
+    """How a check names output ``index`` of ``count`` (operand ``name``) in its mismatches and
+    budgets: "output" for an op's only one, else "output <index> (<name>)"."""
+    return "output" if count == 1 else f"output {index} ({name})"
