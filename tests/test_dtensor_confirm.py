@@ -85,6 +85,11 @@ def test_verdict_lines_decide_the_class_a_silent_class_that_raises_on_gloo_diffe
     assert decide("silent-wrong", late, 2, False, 9) == (
         "differs", "late-failure on real processes: the backward raises RuntimeError: no")
     assert decide("silent-wrong", line([0], "right"), 2, False, 9)[0] == "aborted"    # rank 1 said nothing
+    # the processes write unbuffered: print's text and its newline are two writes, and another
+    # process's line can land between them (seen once in CI: "3 of 4 ranks" on cumsum)
+    merged = line([0], "wrong", "output on rank 0: max abs error 2") + "verdict of rank(s) [1]: DTensor is wrong: x" + (
+        line([1], "wrong", "x")) + "\n\n\n"
+    assert decide("silent-wrong", merged, 2, False, 9) == ("confirmed", "output on rank 0: max abs error 2 (2 of 2 ranks)")
 
 
 def test_confirm_without_a_results_folder_is_a_usage_error(capsys):

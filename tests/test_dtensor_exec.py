@@ -15,6 +15,7 @@ from shardverify.audit.layouts import Layout
 from shardverify.cli.main import main
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.dtensor.accepted import load_accepted
+from shardverify.dtensor.confirm import verdicts_of
 from shardverify.dtensor.custom import load_custom, run_custom
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.run import run_case
@@ -74,7 +75,7 @@ def test_the_repro_reproduces_on_real_gloo_processes_under_torchrun(conv2d_on_4,
     lines = sorted(line for line in run.stdout.splitlines() if line.startswith("rank "))
     assert [line.split(" (max abs error")[0] for line in lines] == [
         f"rank {r}: output shape (8, 16, 6, 6), WRONG" for r in range(4)], run.stdout + run.stderr[-2000:]
-    assert sum(line.startswith("VERDICT ") and '"status": "wrong"' in line for line in run.stdout.splitlines()) == 4
+    assert [status for status, _ in verdicts_of(run.stdout).values()] == ["wrong"] * 4, run.stdout
 
 
 def test_right_dtensor_results_agree_and_a_partial_input_it_reduces_first_is_a_missed_optimisation():

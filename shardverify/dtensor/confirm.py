@@ -194,18 +194,22 @@ def stages_of(output: str) -> dict[int, str]:
 
 
 def _tagged(output: str, tag: str, value) -> dict:
-    """rank -> ``value(item)`` of the last line ``tag`` + a JSON object naming its "ranks"
-    (a line that does not parse is skipped)."""
+    """rank -> ``value(item)`` of the last ``tag`` + a JSON object naming its "ranks" (one that
+    does not parse is skipped). Read wherever the tag stands in a line: the processes write
+    unbuffered, where ``print`` writes its text and its newline apart, so another process's line
+    can land before the newline ("VERDICT {..}VERDICT {..}"); the text itself is one write, whole."""
     found: dict = {}
+    decoder = json.JSONDecoder()
     for line in output.splitlines():
-        if not line.startswith(tag):
-            continue
-        try:
-            item = json.loads(line[len(tag):])
-            for rank in item["ranks"]:
-                found[int(rank)] = value(item)
-        except (ValueError, KeyError, TypeError):
-            continue
+        at = line.find(tag)
+        while at >= 0:
+            try:
+                item, _ = decoder.raw_decode(line, at + len(tag))
+                for rank in item["ranks"]:
+                    found[int(rank)] = value(item)
+            except (ValueError, KeyError, TypeError):
+                pass
+            at = line.find(tag, at + len(tag))
     return found
 
 

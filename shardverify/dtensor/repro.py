@@ -112,7 +112,7 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
              "`STAGE {json}`: a process killed inside DTensor's collectives (gloo aborts with SIGABRT when",
              "ranks hand one collective buffers of different sizes) is then known to have died there.",
              'Exit status 1 while DTensor is not right, 0 once it is."""', "",
-             "import contextlib", "import datetime", "import json", "import os", "", "import torch", "import torch.distributed as dist",
+             "import contextlib", "import datetime", "import json", "import os", "import sys", "", "import torch", "import torch.distributed as dist",
              "from torch.distributed._local_tensor import LocalTensor, LocalTensorMode",
              "from torch.distributed.device_mesh import init_device_mesh",
              "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard",
@@ -195,6 +195,13 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
                   return {dist.get_rank(): t} if REAL else dict(t._local_tensors)
 
 
+              def say(line):
+                  """One write per line: the processes share torchrun's pipe, unbuffered (print writes
+                  its text and its newline apart, and another process's line could land between)."""
+                  sys.stdout.write(line + "\\n")
+                  sys.stdout.flush()
+
+
               def check(what, t, want):
                   """Prints every rank's value of t against want; the first wrong one said, or ""."""
                   first = ""
@@ -203,8 +210,7 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
                                                         if want.is_floating_point() else torch.equal(got, want))
                       error = ("" if ok else f"max abs error {(got.double() - want.double()).abs().nan_to_num(float('inf')).max():.3g}"
                                if got.shape == want.shape else f"expected shape {tuple(want.shape)}")
-                      print(f"rank {rank}: {what} shape {tuple(got.shape)}, " + ("matches" if ok else f"WRONG ({error})"),
-                            flush=True)
+                      say(f"rank {rank}: {what} shape {tuple(got.shape)}, " + ("matches" if ok else f"WRONG ({error})"))
                       first = first or ("" if ok else f"{what} on rank {rank}: {error}")
                   return first
 
@@ -216,7 +222,7 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
               def stage(what):
                   """Said before each step: where a process that gloo kills (SIGABRT) died."""
                   ranks = [dist.get_rank()] if REAL else list(range(WORLD))
-                  print("STAGE " + json.dumps({"ranks": ranks, "stage": what}), flush=True)
+                  say("STAGE " + json.dumps({"ranks": ranks, "stage": what}))
 
 
               # the verdict: right | wrong (silently) | late-failure (the op returned; full_tensor() or the
@@ -234,7 +240,7 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
               "                name = \"output\" if len(OUT) == 1 else f\"output {k}\"",
               "                if status != \"right\":",
               "                    break",
-              '                print(f"DTensor {name} placements:", out.placements, "global shape:", tuple(out.shape), flush=True)',
+              '                say(f"DTensor {name} placements: {out.placements} global shape: {tuple(out.shape)}")',
               "                try:",
               # one stage name for every output: confirm.LATE_STAGES knows it
               '                    stage("full_tensor() of the output")',
@@ -257,13 +263,13 @@ def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple
               "                except Exception as exc:",
               '                    status, detail = "late-failure", f"the backward or a gradient\'s full_tensor() raises {said(exc)}"',
               "ranks = [dist.get_rank()] if REAL else list(range(WORLD))",
-              "print(f\"verdict of rank(s) {ranks}: DTensor is {status}\" + (f\": {detail}\" if detail else \"\"), flush=True)",
-              "print(\"VERDICT \" + json.dumps({\"ranks\": ranks, \"status\": status, \"detail\": detail}), flush=True)",
+              "say(f\"verdict of rank(s) {ranks}: DTensor is {status}\" + (f\": {detail}\" if detail else \"\"))",
+              "say(\"VERDICT \" + json.dumps({\"ranks\": ranks, \"status\": status, \"detail\": detail}))",
               "if REAL:",
               "    try:",
               "        dist.barrier()   # every rank has printed before one exits (torchrun stops the rest)",
               "    except Exception as exc:   # a rank that raised elsewhere never reaches it",
-              "        print(f\"rank {dist.get_rank()}: the closing barrier fails: {said(exc)}\", flush=True)",
+              "        say(f\"rank {dist.get_rank()}: the closing barrier fails: {said(exc)}\")",
               "dist.destroy_process_group()",
               "raise SystemExit(0 if status == \"right\" else 1)", ""]
     return "\n".join(line for line in lines if line is not None)
