@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -104,7 +103,7 @@ def _largest_numel(value: object) -> int:
     return largest
 
 
-def price_traffic(mesh, traffic: Counter) -> float:
+def price_traffic(mesh, traffic: Mapping) -> float:
     """Seconds of the collectives in ``traffic`` ((kind, axes, payload bytes) -> count)."""
     return sum(n * mesh.collective_cost(kind, nbytes, axes) for (kind, axes, nbytes), n in traffic.items())
 
@@ -122,7 +121,7 @@ def _claim(largest: bool) -> str:
     return "expected" if largest else "but this rank, holding smaller blocks than the largest, measured"
 
 
-def _describe(traffic: Counter) -> str:
+def _describe(traffic: Mapping) -> str:
     if not traffic:
         return "no collectives"
     return ", ".join(f"{n} x {kind} of {nbytes} B over axes {axes}"
@@ -148,8 +147,8 @@ def _shared(strategy: ShardingStrategy, key: tuple, owners: tuple, build):
     return hit[1]
 
 
-def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: Counter,
-                             bwd: Counter | None, largest: bool = True) -> list[Mismatch]:
+def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: Mapping,
+                             bwd: Mapping | None, largest: bool = True) -> list[Mismatch]:
     """The declared communication cost against the priced collectives this rank issued in the
     forward pass (``fwd``) and the backward pass (``bwd``; None when backward did not run, then
     only the forward figure is checked); ``largest``: whether this rank holds the largest blocks."""
@@ -159,7 +158,7 @@ def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: C
     return [Mismatch("cost", rank, "communication cost", detail=detail)] if detail else []
 
 
-def _communication_problems(strategy: ShardingStrategy, mesh, fwd: Counter, bwd: Counter | None,
+def _communication_problems(strategy: ShardingStrategy, mesh, fwd: Mapping, bwd: Mapping | None,
                             largest: bool) -> str:
     expected = {"fwd": price_traffic(mesh, fwd)}
     if bwd is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -70,30 +69,26 @@ class LocalOperand(NamedTuple):
         return tensor[self.slices]
 
 
-@dataclass(frozen=True)
-class RankLayout:
-    """A strategy's operands on one rank of ``mesh``, inputs then outputs (tuple order)."""
+class RankLayout(NamedTuple):
+    """A strategy's operands on one rank of ``mesh``, inputs then outputs (tuple order).  (A
+    named tuple, built with every check's strategy on every rank, as ``LocalOperand``.)"""
 
     strategy: ShardingStrategy
     mesh: DeviceMesh
     rank: int
     inputs: tuple[LocalOperand, ...]
     outputs: tuple[LocalOperand, ...]
-    # differentiable operand names -> expected_collectives, filled on first use
-    _expected: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @functools.cached_property
-    def holds_largest(self) -> bool:
-        """Whether this rank holds the largest block of every operand (the one the strategy's
-        costs are declared for; every rank when the blocks are even).  Worked out once per
-        layout: each check asks it three times (communication, compute and memory costs)."""
-        return all(op.largest for op in self.inputs + self.outputs)
+    #: whether this rank holds the largest block of every operand (the one the strategy's costs
+    #: are declared for; every rank when the blocks are even)
+    holds_largest: bool
+    #: differentiable operand names -> expected_collectives, filled on first use
+    expected: dict
 
     def expected_collectives(self, carrying_grad: tuple[str, ...]) -> Counter:
         """``expected_collectives(strategy, carrying_grad)``, remembered (shared: never modify it)."""
-        found = self._expected.get(carrying_grad)
+        found = self.expected.get(carrying_grad)
         if found is None:
-            found = self._expected[carrying_grad] = expected_collectives(self.strategy, carrying_grad)
+            found = self.expected[carrying_grad] = expected_collectives(self.strategy, carrying_grad)
         return found
 
 
@@ -125,10 +120,13 @@ def _build_all(strategy: ShardingStrategy, mesh: DeviceMesh, ranks: tuple[int, .
     outputs = strategy.outputs
     inputs = [(d, specs[d.name]) for d in strategy.operands[:len(strategy.operands) - len(outputs)]]
     outputs = [(d, specs[d.name]) for d in outputs]
-    return tuple(RankLayout(strategy, mesh, rank, tuple(LocalOperand(d, spec, *_geometry(spec, mesh, rank))
-                                                        for d, spec in inputs),
-                            tuple(LocalOperand(d, spec, *_geometry(spec, mesh, rank)) for d, spec in outputs))
-                 for rank in ranks)
+    layouts = []
+    for rank in ranks:
+        ins = tuple([LocalOperand(d, spec, *_geometry(spec, mesh, rank)) for d, spec in inputs])
+        outs = tuple([LocalOperand(d, spec, *_geometry(spec, mesh, rank)) for d, spec in outputs])
+        layouts.append(RankLayout(strategy, mesh, rank, ins, outs,
+                                  all(op.largest for op in ins) and all(op.largest for op in outs), {}))
+    return tuple(layouts)
 
 
 @functools.lru_cache(maxsize=4096)
