@@ -23,6 +23,10 @@ was lost in 3. Then a `--jobs` worker stopped mid-row left the multiprocessing l
 progress bar (which torch.fx's Interpreter opens, disabled, on every run) to the resource
 tracker, which warned "2 leaked semaphore objects": a stop other than SIGKILL now fails on that
 warning (after SIGKILL the tracker unlinks what the killed process held, and warns, by design).
+A SIGKILL while a gloo pool started left its just-started workers for 300 s under load: one
+worker's clean-up removed the pool's folder, and torch's FileStore constructor in the others
+retried the missing folder holding the GIL, so their parent watch never ran (see
+process_worker.open_store).
 pytest keeps its own `pytest-of-*` folder by design (its last three sessions' tmp_path), so that
 one is not counted.
 """

@@ -28,7 +28,7 @@ from shardverify.backends.gc_policy import tune_for_checking
 from shardverify.sharding.mesh import DeviceMesh
 
 __all__ = ["WorkerConfig", "SharedState", "worker_main", "worker_cpus", "thread_names", "batch_io_threads",
-           "GLOO_IO_THREAD"]
+           "GLOO_IO_THREAD", "open_store", "end_within", "LAST_SECONDS"]
 
 #: gloo's TCP I/O threads (one per process group), which a worker runs under SCHED_BATCH
 GLOO_IO_THREAD = "gloo_tcp_loop"
@@ -75,14 +75,30 @@ def _exists(pid: int | None, started: int | None = None) -> bool:
     return started is None or process_start(pid) in (None, started)
 
 
+#: seconds a worker that found its parent gone may take to end before the kernel ends it
+LAST_SECONDS = 30.0
+
+
+def end_within(seconds: float) -> None:
+    """Have the kernel end this process in ``seconds`` unless it ends first (SIGALRM, whose
+    default action ends a process; left alone where SIGALRM has a handler).  A worker's
+    clean-up and exit are Python, and run only while its main thread lets go of the GIL: one
+    that takes it and never lets go (torch's FileStore constructor on a removed folder did,
+    for 300 s, see ``open_store``) would keep the worker alive for good.  Any thread may arm it."""
+    if hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
 def _clean_up_after(parent_pid: int, leftovers: Iterable[str], wait: float = 2.0,
                     parent_started: int | None = None) -> None:
-    """Remove ``leftovers`` if the process ``parent_pid`` is gone within ``wait`` seconds."""
+    """Remove ``leftovers`` if the process ``parent_pid`` is gone within ``wait`` seconds,
+    and then leave this process ``LAST_SECONDS`` to end (``end_within``)."""
     deadline = time.monotonic() + wait
     while _exists(parent_pid, parent_started):
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
+    end_within(LAST_SECONDS)   # first: the removal below lets go of the GIL
     for folder in leftovers:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -96,6 +112,34 @@ def watch_parent(parent_pid: int, leftovers: Iterable[str] = (), parent_started:
             _clean_up_after(parent_pid, leftovers, 0.0, parent_started)
             os._exit(1)
         time.sleep(0.5)
+
+
+#: descriptors of the pool store files this worker holds open (see open_store), for its lifetime
+_HELD_STORES: list[int] = []
+
+
+def open_store(path: str, world: int) -> Any:
+    """The pool's ``FileStore``, opened so that removing the pool's folder cannot hang this worker.
+
+    torch's FileStore reopens its file on every operation and, while the file's folder is
+    missing, retries for its timeout (300 s), its constructor holding the GIL all along: no
+    other thread of the worker runs, the parent watch included.  The folder goes when the
+    pool's process dies: a worker's clean-up removes it (its own watch thread's, even, whose
+    file I/O lets the main thread reach the constructor).  That was the 3 workers a SIGKILLed
+    gloo run left in CI: reproduced, 3 of a 4-rank pool sat in the constructor's retry loop.
+    So the worker opens the file first (FileNotFoundError: the pool is gone) and names it to
+    the store by its descriptor where Linux's /proc allows (``/proc/self/fd/N``), which
+    reaches the file however its folder is removed later.
+    """
+    import torch.distributed as dist
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    alias = f"/proc/self/fd/{fd}"
+    if not os.path.exists(alias):   # no /proc: the folder's name it is
+        os.close(fd)
+        return dist.FileStore(path, world)
+    _HELD_STORES.append(fd)
+    return dist.FileStore(alias, world)
 
 
 def worker_cpus(world: int, cpus: Iterable[int] | None = None) -> list[int | None]:
@@ -159,7 +203,19 @@ def batch_io_threads(name: str = GLOO_IO_THREAD) -> None:
 
 
 def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connection, shared: Any) -> None:
-    """Entry point of a pool worker: join the world, then run tasks until told to stop.
+    """Entry point of a pool worker: ``_serve`` until told to stop; however that ends, with the
+    pool's process gone, the leftovers are removed here too: the watch thread may be half-way
+    through removing them, and the process's end would cut it short (one way a SIGKILLed gloo
+    run left its ``pymp-*`` folder under load: a worker started after the kill found its store's
+    folder gone and returned while its watch was still removing the ``pymp-*`` one)."""
+    try:
+        _serve(config, conn, shared)
+    finally:
+        _clean_up_after(config.parent_pid, config.leftovers, 0.0, config.parent_started)
+
+
+def _serve(config: WorkerConfig, conn: multiprocessing.connection.Connection, shared: Any) -> None:
+    """Join the world, then run tasks until told to stop.
 
     A task is a batch of checks ``(fn, [args, ...])``; each check's result is sent as soon as
     it is known.  A rank whose check raised goes on to the next check only once every rank
@@ -180,7 +236,7 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
         device = torch.device(config.device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        store = dist.FileStore(config.store_path, mesh.size)
+        store = open_store(config.store_path, mesh.size)
         dist.init_process_group(config.dist_backend, store=store, rank=rank, world_size=mesh.size,
                                 timeout=datetime.timedelta(seconds=config.collective_timeout))
         groups = build_groups(mesh, rank)
@@ -225,12 +281,17 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
 
 
 def _reply(conn: multiprocessing.connection.Connection, key: object, result: RankResult) -> None:
+    """Send ``result`` to the pool's process; nothing if it is gone (a closed pipe: the next
+    read ends the worker, or its parent watch does, with no traceback printed after a SIGKILL)."""
     try:
         data = pickle.dumps((key, result))
     except Exception as exc:  # noqa: BLE001 - an unpicklable return value
         data = pickle.dumps((key, RankResult.failure(
             result.rank, TypeError(f"the value returned by rank {result.rank} cannot be pickled: {exc}"))))
-    conn.send_bytes(data)
+    try:
+        conn.send_bytes(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
 
 
 class SharedState:
