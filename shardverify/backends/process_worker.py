@@ -28,7 +28,7 @@ from shardverify.backends.gc_policy import tune_for_checking
 from shardverify.sharding.mesh import DeviceMesh
 
 __all__ = ["WorkerConfig", "SharedState", "worker_main", "worker_cpus", "thread_names", "batch_io_threads",
-           "GLOO_IO_THREAD", "open_store", "end_within", "LAST_SECONDS"]
+           "GLOO_IO_THREAD", "open_store", "end_within", "LAST_SECONDS", "clean_up_after"]
 
 #: gloo's TCP I/O threads (one per process group), which a worker runs under SCHED_BATCH
 GLOO_IO_THREAD = "gloo_tcp_loop"
@@ -89,7 +89,7 @@ def end_within(seconds: float) -> None:
         signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
-def _clean_up_after(parent_pid: int, leftovers: Iterable[str], wait: float = 2.0,
+def clean_up_after(parent_pid: int, leftovers: Iterable[str], wait: float = 2.0,
                     parent_started: int | None = None) -> None:
     """Remove ``leftovers`` if the process ``parent_pid`` is gone within ``wait`` seconds,
     and then leave this process ``LAST_SECONDS`` to end (``end_within``)."""
@@ -109,7 +109,7 @@ def watch_parent(parent_pid: int, leftovers: Iterable[str] = (), parent_started:
     ``pymp-*``): a SIGKILL of that process leaves no process and no temp folder behind."""
     while True:
         if not _exists(parent_pid, parent_started):
-            _clean_up_after(parent_pid, leftovers, 0.0, parent_started)
+            clean_up_after(parent_pid, leftovers, 0.0, parent_started)
             os._exit(1)
         time.sleep(0.5)
 
@@ -211,7 +211,7 @@ def worker_main(config: WorkerConfig, conn: multiprocessing.connection.Connectio
     try:
         _serve(config, conn, shared)
     finally:
-        _clean_up_after(config.parent_pid, config.leftovers, 0.0, config.parent_started)
+        clean_up_after(config.parent_pid, config.leftovers, 0.0, config.parent_started)
 
 
 def _serve(config: WorkerConfig, conn: multiprocessing.connection.Connection, shared: Any) -> None:
@@ -250,7 +250,7 @@ def _serve(config: WorkerConfig, conn: multiprocessing.connection.Connection, sh
         try:
             task_id, first, count, blob = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):   # the pipe closed without a stop: the backend's process may be dead
-            _clean_up_after(config.parent_pid, config.leftovers, parent_started=config.parent_started)
+            clean_up_after(config.parent_pid, config.leftovers, parent_started=config.parent_started)
             break
         if task_id is None:
             break

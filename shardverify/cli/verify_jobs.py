@@ -21,7 +21,7 @@ from typing import Any
 from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, describe_error, row_label,
                                           verify_row)
 from shardverify.backends.cpus import keep_to_cpu, thread_share, usable_cpus
-from shardverify.backends.process_worker import process_start, watch_parent
+from shardverify.backends.process_worker import clean_up_after, process_start, watch_parent
 from shardverify.backends.signals import signals_held, start_forkserver
 from shardverify.errors import ShardVerifyError
 
@@ -130,6 +130,10 @@ def _start_worker(counter: Any, cpus: list[int], threads: int, parent_pid: int, 
     quiet_tracing()
     # multiprocessing ends its workers with os._exit: atexit would never run
     multiprocessing.util.Finalize(None, close_backends, args=(_BACKENDS,), exitpriority=10)
+    # a worker ending (its call queue broken) while its watch removes the leftovers of a killed
+    # `verify` would cut the removal short: it finishes it first (as a pool worker does)
+    multiprocessing.util.Finalize(None, clean_up_after, args=(parent_pid, leftovers, 0.0, parent_started),
+                                  exitpriority=0)
 
 
 def _worker_row(item: tuple, device: str | None, timeout: float) -> Row:
