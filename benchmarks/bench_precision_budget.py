@@ -5,7 +5,7 @@ bfloat16 (or float32): the largest (sharded max abs error) / (single-device max 
 same dtype) over every rank, output and gradient, and the same against the budget a check over
 the first is judged by (the worse of it and the op's own error at each rank's shapes,
 verify/local_errors.py). BUDGET_FACTOR (verify/precision.py) must sit well above the second
-ratio, or correct strategies fail. ``--scale N``: each spec's first case with its leading dims
+ratio, or correct strategies fail. ``--scale N``: each spec's first case with its free dims
 times N (bench_verify.scaled_case), the long reductions a real model makes.
 
     python benchmarks/bench_precision_budget.py [SPEC ...] [--dtype float16 --dtype bfloat16] [--scale 8]
@@ -21,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", help="op spec names (default: every op spec)")
     parser.add_argument("--dtype", action="append", choices=("float16", "bfloat16", "float32"), default=None)
-    parser.add_argument("--scale", type=int, default=1, help="the first case only, leading dims times N")
+    parser.add_argument("--scale", type=int, default=1, help="the first case only, its free dims times N")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--quick", action="store_true",
                         help="CI's smoke run: the sum spec's first case (default specs), bfloat16 (default dtype)")
@@ -48,7 +48,7 @@ def main() -> None:
             for mesh in spec.verify.meshes:
                 with SimulatedBackend(DeviceMesh(mesh), timeout=600) as backend:
                     for case_id, case in list(spec.op_cases())[:cases]:
-                        case = scaled_case(case, args.scale) if args.scale > 1 else case
+                        case = scaled_case(case, args.scale).case if args.scale > 1 else case
                         graph_module, node_name = case.build()
                         for strategy in strategies_for_node(graph_module, node_name, backend.mesh):
                             checks += 1

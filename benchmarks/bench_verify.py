@@ -17,11 +17,13 @@ counted, memory checked) on
     DTensor cannot run, or whose first check takes it over --dtensor-budget seconds, are left
     out of its timing and counted),
 
-and, in a row of its own labelled with the factor and shapes, the same op and mesh on the
-spec's first case with its inputs' leading dims (every dim but the last) multiplied by
---scale (simulated and bare only): the grid cases are small, so their ratio is mostly what
-the check costs per call (Python, hand-overs between rank threads); the larger shape shows
-what grows with the arithmetic,
+and, in a row of its own labelled with the factor, dims and shapes, the same op and mesh on
+the spec's first case with its free dims multiplied by --scale (scaled_case: the first input's
+leading dims and the other inputs' dims that must match them, never a contracted or feature
+dim; for linear and sum every leading dim) (simulated and bare only): the grid cases are small,
+so their ratio is mostly what the check costs per call (Python, hand-overs between rank
+threads); the larger shape shows what grows with the arithmetic (--scaled-only SPEC ...: specs
+measured in that row alone),
 
 then, on the first mesh, the fresh-processes-per-case baselines (the first --fresh-cases cases
 of each spec, each on new gloo processes started, used for its batch and closed: spawned per
@@ -50,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -323,12 +324,18 @@ def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[
 
 
 def scaled_case(case, factor: int):
-    """``case`` with every input's leading dims (all but the last) multiplied by ``factor``: the
-    same op and parameters on more rows, so a predecessor's or module's feature sizes still fit."""
-    inputs = tuple(dataclasses.replace(decl, shape=tuple(n * factor if i < len(decl.shape) - 1 else n
-                                                         for i, n in enumerate(decl.shape)))
-                   for decl in case.inputs)
-    return dataclasses.replace(case, inputs=inputs)
+    """``case`` grown by ``factor`` on its free dims only (shardverify/spec/scaled.py: each leading
+    dim of the first input, with the dims of other inputs it must match, never a contracted or
+    feature dim, kept where the case still builds; for linear and sum every leading dim, as this
+    row always had), and which dims grew, as ``Scaled(case, dims)``.  Unmeasured, naming the case
+    and why each dim stayed, when none can grow."""
+    from shardverify.errors import InvalidArgument
+    from shardverify.spec.scaled import scale_case
+
+    try:
+        return scale_case(case, factor)
+    except InvalidArgument as exc:
+        raise Unmeasured(f"{case.op}: its first case cannot be grown x{factor}: {exc}") from exc
 
 
 def fresh_vs_pool(mesh, cases_and_strategies, min_seconds: float) -> dict:
@@ -366,13 +373,12 @@ def scaled_row(spec, mesh, factor: int, seconds: float) -> dict:
     from shardverify.strategies.for_node import strategies_for_node
 
     _, first = next(iter(spec.op_cases()))
-    case = scaled_case(first, factor)
-    try:
-        graph_module, node_name = case.build()
-    except Exception as exc:  # noqa: BLE001 - a case whose shapes cannot grow this way
-        raise Unmeasured(f"{spec.name}: its first case with leading dims x{factor} does not build: {exc}") from exc
+    grown = scaled_case(first, factor)
+    case = grown.case
+    graph_module, node_name = case.build()
     chosen = [(case, distinct_layouts(strategies_for_node(graph_module, node_name, mesh)))]
-    big = {"factor": factor, "shapes": [list(decl.shape) for decl in case.inputs], "strategies": len(chosen[0][1])}
+    big = {"factor": factor, "dims": grown.describe(), "shapes": [list(decl.shape) for decl in case.inputs],
+           "strategies": len(chosen[0][1])}
     with SimulatedBackend(mesh, timeout=120) as simulated:
         big["simulated_ms"], big["simulated_checks"], big["simulated_cpu_ms"] = ms_per_check(simulated, chosen, seconds)
     big["floor_ms"], big["floor_checks"], big["floor_left_out"], big["floor_cpu_ms"] = floor_ms_per_check(
@@ -392,8 +398,11 @@ def main() -> None:
                              "leaves the baseline out)")
     parser.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per figure")
     parser.add_argument("--scale", type=int, default=4,
-                        help="factor on the first case's leading dims for the larger-shape row of each op and mesh "
+                        help="factor on the first case's free dims for the larger-shape row of each op and mesh "
                              "(simulated against the bare op; 1 leaves the row out; default 4)")
+    parser.add_argument("--scaled-only", nargs="*", default=[],
+                        help="specs measured only in the larger-shape row, on the first mesh (a case whose "
+                             "contracted dim must not grow, e.g. matmul)")
     parser.add_argument("--skip-gloo", action="store_true", help="no process pools (no start-up, no fresh baseline)")
     parser.add_argument("--skip-dtensor", action="store_true", help="no DTensor LocalTensorMode figures")
     parser.add_argument("--dtensor-budget", type=float, default=2.0,
@@ -402,16 +411,19 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
     parser.add_argument("--quick", action="store_true",
                         help="CI's smoke run: every figure once, briefly (mesh 2,2 only, the sum spec's first case, "
-                             "0.2 s per figure, the larger-shape row at --scale 2, fresh-processes baseline on one "
-                             "case); its ratios are not for quoting")
+                             "0.2 s per figure, the larger-shape row at --scale 2, for matmul too, fresh-processes baseline "
+                             "on one case); its ratios are not for quoting")
     args = parser.parse_args()
     if args.quick:
         args.meshes, args.specs, args.cases, args.seconds = ["2,2"], ["sum"], 1, 0.2
         args.fresh_cases, args.scale = min(args.fresh_cases, 1), min(args.scale, 2)
+        args.scaled_only = args.scaled_only or ["matmul"]
     if args.cases < 1:
         parser.error(f"--cases must be at least 1, got {args.cases}")
     if args.scale < 1:
         parser.error(f"--scale must be at least 1, got {args.scale}")
+    if args.scaled_only and args.scale < 2:
+        parser.error("--scaled-only needs --scale of 2 or more")
     if args.fresh_cases < 0:
         parser.error(f"--fresh-cases must be 0 or more, got {args.fresh_cases}")
 
@@ -494,13 +506,21 @@ def main() -> None:
             say(text)
             if "scaled" in row:
                 big = row["scaled"]
-                say(f"{'':8s} {'':16s} x{big['factor']} leading dims {big['shapes']}, {big['strategies']} distinct "
+                say(f"{'':8s} {'':16s} x{big['factor']} on {big['dims']} {big['shapes']}, {big['strategies']} distinct "
                     f"layouts: simulated {big['simulated_ms']:.2f} ms/check (the bare local op {big['floor_ms']:.2f} "
                     f"ms: {big['simulated_over_floor']:.1f}x; by CPU time {big['simulated_cpu_ms']:.2f} against "
                     f"{big['floor_cpu_ms']:.2f} ms: {big['simulated_over_floor_cpu']:.1f}x; {big['floor_left_out']} "
                     f"layouts it cannot run bare left out); the check's CPU time over the bare op's: "
                     f"{row['simulated_cpu_ms'] - row['floor_cpu_ms']:.2f} ms per check at the grid shape, "
                     f"{big['simulated_cpu_ms'] - big['floor_cpu_ms']:.2f} ms here")
+
+    for spec in load_op_specs(REPO, None, args.scaled_only) if args.scaled_only else []:
+        big = scaled_row(spec, meshes[0], args.scale, args.seconds)
+        report.setdefault("scaled_only", []).append({"op": spec.name, "mesh": list(meshes[0].shape), **big})
+        say(f"{spec.name:8s} mesh {str(meshes[0].shape):10s} x{big['factor']} on {big['dims']} {big['shapes']}, "
+            f"{big['strategies']} distinct layouts: simulated {big['simulated_ms']:.2f} ms/check (the bare local op "
+            f"{big['floor_ms']:.2f} ms: {big['simulated_over_floor']:.1f}x; by CPU time "
+            f"{big['simulated_over_floor_cpu']:.1f}x; {big['floor_left_out']} layouts it cannot run bare left out)")
 
     if not args.skip_gloo and args.fresh_cases:
         mesh = meshes[0]
