@@ -185,6 +185,79 @@ def test_wrong_maths_within_the_budget_at_the_ranks_shapes_is_still_rechecked(mo
     assert result.note.startswith("wrong maths: the float64 re-check fails too"), result.note
 
 
+# ---- what the op sees after its BEFORE actions: the same yardstick ------------------------
+
+def split_before_the_op(mesh: DeviceMesh):
+    """``RR = RS0 x S0R`` with its input held whole and split on in_features before the op: each
+    rank's op sees exactly the narrow block the plain strategy's does (a hand-made strategy, as a
+    user's may be: no generator makes one today)."""
+    from shardverify.sharding.strategy import CommAction
+    from shardverify.strategies.generators.common import with_declared_costs
+
+    graph_module, node_name = LONG.build()
+    base = long_strategy(mesh, "RR = RS0 x S0R")
+    whole = dict(long_strategy(mesh, "RR = RR x RR").sharding_specs)["input_1"]
+    split = CommAction(CommPattern.SPLIT_FWD_GATHER_BWD, (0,), "input_1", CommWhere.BEFORE, dims=(1,))
+    hand = base.replace(name="RR = RR>RS0 x S0R", sharding_specs=tuple(
+        (name, whole if name == "input_1" else spec) for name, spec in base.sharding_specs),
+        communication_actions=(split, *base.communication_actions))
+    return with_declared_costs(hand, graph_module, node_name, mesh)
+
+
+def test_the_rank_shape_error_is_measured_on_what_the_op_sees_after_its_before_actions():
+    mesh = DeviceMesh((2,))
+    seen = rank_local_errors(LONG, split_before_the_op(mesh), torch.float32)
+    assert seen is not None and seen == rank_local_errors(LONG, long_strategy(mesh, "RR = RS0 x S0R"), torch.float32)
+
+
+def test_a_correct_long_reduction_split_before_the_op_is_judged_at_the_ranks_shapes(mesh2):
+    """Refused as 'too much rounding' while the budget at the ranks' shapes measured only
+    strategies whose ops see their layouts' blocks."""
+    strategy, plain = split_before_the_op(mesh2.mesh), split_on_in_features(mesh2)   # the same view of the op
+    if not error_budgets(LONG, plain, torch.float32, at_rank_shapes=True)["grad of weight"] > \
+            BUDGET_FACTOR * error_budgets(LONG, plain, torch.float32)["grad of weight"]:
+        pytest.skip("this BLAS sums a rank's narrow product about as accurately as the full one")
+    result = verify_strategy(mesh2, LONG, strategy)
+    assert result.passed, result.report()
+    assert "at the full shapes or a rank's" in result.note, result.note
+
+
+def test_an_input_rounded_to_bfloat16_by_its_split_before_the_op_still_fails(mesh2, monkeypatch):
+    """The op's error is measured on the numbers it sees, widened: what the BEFORE step itself
+    loses is the strategy's, and over the budget."""
+    halves = dict(patterns._HALVES)
+    exact_split, gather = halves[CommPattern.SPLIT_FWD_GATHER_BWD]
+    halves[CommPattern.SPLIT_FWD_GATHER_BWD] = (
+        lambda ranks, action, ts: [t.to(torch.bfloat16).to(t.dtype) if t.dtype is torch.float32 else t
+                                   for t in exact_split(ranks, action, ts)], gather)
+    monkeypatch.setattr(patterns, "_HALVES", halves)
+    strategy = split_before_the_op(mesh2.mesh)
+    assert verify_strategy(mesh2, LONG, strategy, dtype="float64").passed
+    result = verify_strategy(mesh2, LONG, strategy)
+    assert not result.passed
+    assert result.note.startswith("too much rounding"), result.note
+    assert "at the full shapes or a rank's" in result.report()
+
+
+def test_partials_reduced_in_bfloat16_after_a_split_before_the_op_still_fail(mesh2, monkeypatch):
+    plant_all_reduce(monkeypatch, reduced_through(torch.float32, torch.bfloat16))
+    strategy = split_before_the_op(mesh2.mesh)
+    result = verify_strategy(mesh2, LONG, strategy)
+    assert not result.passed
+    assert result.note.startswith("too much rounding"), result.note
+    assert {m.tensor for m in result.mismatches} == {"output"}
+
+
+def test_an_index_shard_is_measured_on_the_ids_shifted_into_it():
+    """Vocab-parallel embedding: each rank's op sees its ids shifted into its rows of the table."""
+    case = OpCase(op="embedding", target="torch.nn.functional.embedding",
+                  inputs=(InputDecl("input", (64, 8), dtype="int64", values=(0, 16)), InputDecl("weight", (16, 16))))
+    graph_module, node_name = case.build()
+    strategy = next(s for s in strategies_for_node(graph_module, node_name, DeviceMesh((2,))) if s.index_shards)
+    errors = rank_local_errors(case, strategy, torch.bfloat16)
+    assert errors is not None and errors["grad of weight"] > 0
+
+
 # ---- a few elements: what rounding them may lose, not one lucky draw ------------------------
 
 #: a sum to one number: the single-device bfloat16 error is one rounding, which may fall near 0

@@ -12,10 +12,13 @@ precision the op computes in at the shapes the strategy computes it. What the st
 after the op (its partial results rounded and reduced, in whatever dtype it reduces them) is
 not in it, and is what BUDGET_FACTOR bounds.
 
-Ranks whose operands reach the op through a collective (a BEFORE action that gathers, reduces,
-splits or exchanges; one that only all-reduces the gradient in backward leaves the op's view as
-is) or shifted into an index shard see other blocks than their layouts give; for those
-strategies nothing is measured here and the single-device budget alone applies.
+The op is measured on what it sees, not on the blocks the layouts give: a rank's operands after
+their BEFORE actions (gathered, split, exchanged or reduced over every rank's blocks, by the same
+collectives the check runs: collectives.patterns.before_op_on_ranks over backends.stacked's
+AllRanks), zeros for an operand added after the op, ids shifted into the rank's index shard (and
+the outputs of ids it does not hold zeroed, as the check does after the op). Its error is
+measured against the same numbers widened, so the rounding of a reduction before the op is the
+strategy's, bounded by BUDGET_FACTOR like one after it.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from collections.abc import Callable
 
 import torch
 
+from shardverify.backends.stacked import AllRanks
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
+from shardverify.collectives.patterns import before_op_on_ranks
+from shardverify.sharding.indexing import zero_outside_shard
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.sharding.strategy import CommPattern, CommWhere, ShardingStrategy
+from shardverify.sharding.strategy import CommWhere, ShardingStrategy
 from shardverify.spec.case import OpCase, cached
 from shardverify.verify.layout import RankLayout, rank_layout
 from shardverify.verify.rank import local_arguments, rank_block
@@ -37,42 +43,34 @@ from shardverify.verify.reference import Reference, reference
 from shardverify.verify.report import output_label
 from shardverify.verify.tolerance import own_error
 
-__all__ = ["rank_local_errors", "measurable"]
+__all__ = ["rank_local_errors"]
 
 _LOCK = threading.Lock()
 _ERRORS: dict = {}
-
-
-def measurable(strategy: ShardingStrategy) -> bool:
-    """Whether every rank's op sees its operands as their layouts give them (no BEFORE action but
-    one whose forward half is the identity, no index shard), so the op can be run on them alone."""
-    return not strategy.index_shards and all(a.where is not CommWhere.BEFORE or
-                                             a.pattern is CommPattern.IDENTITY_FWD_ALLREDUCE_BWD
-                                             for a in strategy.communication_actions)
 
 
 def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype,
                       enough: Callable[[dict[str, float]], bool] | None = None,
                       labels: frozenset[str] | None = None) -> dict[str, float] | None:
     """{label ("output", "grad of weight"): the largest own error (tolerance.own_error), over the
-    ranks, of the op run in ``dtype`` on a rank's own operands against the same call in float64}; None for a
-    strategy that is not :func:`measurable`, or whose local call raises (no rank would pass).
+    ranks, of the op run in ``dtype`` on what a rank's op sees (module docstring) against the same call
+    on those numbers in float64}; None for a strategy whose local call raises (no rank would pass).
     ``enough``: said of the errors so far, ends the ranks early (a check they already cover is
     covered by the errors of all: each rank only raises them); ``labels``: only these measured
     (None: all), a check's tensors over the single-device budget."""
-    if not measurable(strategy):
-        return None
     mesh = DeviceMesh(strategy.output_sharding_spec.mesh_shape)
     ref = reference(case, dtype, torch.device("cpu"))
     errors: dict[str, float] = {}
+    views: dict = {}   # every rank's view of each input, made once per call when a rank is measured
+    before = tuple(a for a in strategy.communication_actions if a.where is CommWhere.BEFORE)
     for rank in range(math.prod(mesh.shape)):
         layout = rank_layout(strategy, mesh, rank)
         key = (case, dtype, rank, tuple((o.spec, strategy.partial_input(o.data.name),
                                          strategy.post_added(o.data.name) is not None) for o in layout.inputs),
-               tuple(o.spec for o in layout.outputs),
+               tuple(o.spec for o in layout.outputs), before, strategy.index_shards,
                tuple((a.locator, repr(a.value_on(rank))) for a in strategy.local_args), labels)
         with _LOCK:
-            found = cached(_ERRORS, key, lambda: _measure(ref, strategy, layout, labels))
+            found = cached(_ERRORS, key, lambda: _measure(ref, strategy, layout, labels, views))
         if found is None:
             return None
         for label, error in found.items():
@@ -82,36 +80,63 @@ def rank_local_errors(case: OpCase, strategy: ShardingStrategy, dtype: torch.dty
     return errors
 
 
-def _operands(ref: Reference, strategy: ShardingStrategy, layout: RankLayout) -> tuple[dict, dict]:
+def _seen(ref: Reference, strategy: ShardingStrategy, mesh: DeviceMesh, position: int,
+          views: dict) -> tuple[list[torch.Tensor], list[dict]]:
+    """Every rank's view of input ``position`` as its op receives it (module docstring), and what
+    each rank's BEFORE step kept for after the op (the index shard's mask), made once per call."""
+    if position not in views:
+        ranks = range(math.prod(mesh.shape))
+        operands = [rank_layout(strategy, mesh, rank).inputs[position] for rank in ranks]
+        blocks = [rank_block(ref, strategy, operand, position, mesh, rank) for rank, operand in zip(ranks, operands)]
+        lates: list[dict] = [{} for _ in ranks]
+        with torch.no_grad():
+            seen = before_op_on_ranks(AllRanks(mesh), strategy, operands[0].data.name, blocks, lates)
+        views[position] = ([t.detach() for t in seen], lates)
+    return views[position]
+
+
+def _operands(ref: Reference, strategy: ShardingStrategy, layout: RankLayout,
+              views: dict) -> tuple[dict, dict, dict]:
     """The rank's operands as its op receives them, in the check's dtypes and the same numbers in
-    float64 (non-floating ones alike in both), each a leaf where the op gives a gradient."""
+    float64 (non-floating ones alike in both), each a leaf where the op gives a gradient, and what
+    its BEFORE steps kept for after the op."""
     mesh, rank = layout.mesh, layout.rank
-    low, high = {}, {}
+    low, high, late = {}, {}, {}
     for position, operand in enumerate(layout.inputs):
         data = operand.data
         loc = (data.locator.kind, data.locator.key)
-        block = rank_block(ref, strategy, operand, position, mesh, rank)   # what the check's rank holds
-        if strategy.post_added(data.name) is not None:   # added after the op: the op sees zeros
-            block = torch.zeros_like(block)
+        seen, lates = _seen(ref, strategy, mesh, position, views)
+        block = seen[rank].clone()
+        late.update(lates[rank])
         wide = block.to(torch.complex128 if block.is_complex() else torch.float64, copy=True) \
             if block.is_floating_point() or block.is_complex() else block
         low[loc], high[loc] = ref.leaf(loc, block), ref.leaf(loc, wide)
     args = local_arguments(strategy, rank)
     low.update(args)
     high.update(args)
-    return low, high
+    return low, high, late
+
+
+def _masked(strategy: ShardingStrategy, outputs: list, late: dict) -> list:
+    """The op's outputs with those of ids outside the rank's index shard zeroed, as the check
+    zeroes them after the op (collectives.patterns.after_op_on_ranks)."""
+    outputs = list(outputs)
+    for shard in strategy.index_shards:
+        if shard.output < len(outputs) and ("outside", shard.index) in late:
+            outputs[shard.output] = zero_outside_shard(outputs[shard.output], late[("outside", shard.index)])
+    return outputs
 
 
 def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout,
-             labels: frozenset[str] | None) -> dict[str, float] | None:
+             labels: frozenset[str] | None, views: dict) -> dict[str, float] | None:
     node = ref.node
     module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
     try:
-        low, high = _operands(ref, strategy, layout)
-        outs_low = as_outputs(node, call_op(node, module, low))
-        outs_high = as_outputs(node, call_op(node, module, high))
+        low, high, late = _operands(ref, strategy, layout, views)
+        outs_low = _masked(strategy, as_outputs(node, call_op(node, module, low)), late)
+        outs_high = _masked(strategy, as_outputs(node, call_op(node, module, high)), late)
     except Exception:  # noqa: BLE001 - a call the rank cannot make either: nothing measured here (the
-        return None    # single-device budget alone judges, as for a strategy not measurable)
+        return None    # single-device budget alone judges)
     outputs = layout.outputs
     undefined = undefined_outputs(node)
     found = {}

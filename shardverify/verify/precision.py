@@ -14,9 +14,10 @@ partial result rounded once more, and the reduction of the partials in the dtype
 The single-device error is one kernel's, at the full shapes, and a kernel's accumulation order
 depends on the shapes it gets (a blocked sum at one shape, a plain running sum, with sqrt(n)
 times less luck over n terms, at another). A rank runs the op at its own shapes, so a check over
-the single-device budget is judged again against the worse of it and the op's own error on each
-rank's operands (verify/local_errors.py): still the precision the op computes in, at the shapes
-the strategy computes it; the factor still bounds all the strategy adds after the op. A check
+the single-device budget is judged again against the worse of it and the op's own error on what
+each rank's op sees, after its BEFORE actions (verify/local_errors.py): still the precision the
+op computes in, at the shapes the strategy computes it; the factor still bounds all the strategy
+adds before and after the op (a reduction's or a cast's rounding). A check
 passes by that second budget only once the float64 re-check (run for every check over the first)
 finds it exact, so the larger budget never lets wrong maths through unchecked.
 """
@@ -107,7 +108,7 @@ class Judged(NamedTuple):
     BUDGET_FACTOR x the single-device error (+ atol), each restated against its budget (any
     such check is re-checked in float64); ``worst``: the worst error/budget ratio.
     ``at_ranks``/``worst_at_ranks``: the same against the budget at the ranks' shapes, for a
-    check over the first (None: within it, or a strategy not measured there)."""
+    check over the first (None: within it, or a strategy whose local call raises on a rank)."""
 
     over: list[Mismatch]
     worst: float
@@ -125,7 +126,7 @@ def judge(case: OpCase, strategy: ShardingStrategy, dtype: torch.dtype, mismatch
     # the ranks measured until their errors cover the check (the same verdict as all of them)
     local = rank_local_errors(case, strategy, dtype, enough=lambda errors: not _judged(
         mismatches, _worse(single, errors), "")[0], labels=frozenset(m.tensor for m in over))
-    if local is None:   # not measured: a rank's op sees its operands through a collective
+    if local is None:   # not measured: the op raises on what a rank's op sees (the check fails anyway)
         return Judged(over, worst)
     at_ranks, worst_at_ranks = _judged(mismatches, _worse(single, local),
                                        "the op's own {dtype} error on one device, at the full shapes or a rank's")
