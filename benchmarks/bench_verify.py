@@ -192,6 +192,32 @@ def _budget(seconds: float):
         yield
 
 
+def _mode_stacks() -> tuple[int, int]:
+    """The depths of this thread's torch dispatch mode stack and of LocalTensorMode's own list."""
+    import torch
+    from torch.distributed._local_tensor import get_local_tensor_mode_list
+
+    return torch._C._len_torch_dispatch_stack(), len(get_local_tensor_mode_list())
+
+
+def _restore_mode_stacks(depths: tuple[int, int]) -> None:
+    """Back to ``depths`` (:func:`_mode_stacks`): a layout cut by the budget's hard limit inside
+    LocalTensorMode's own enter or exit leaves it entered (its DeviceMesh and RNG functions
+    patched, its dispatch on this thread), and every tensor made after it, the bare op's and the
+    fresh-processes baseline's, was a LocalTensor (seen once: the bare op 5x slower, then
+    "Cannot convert local tensor to list")."""
+    import torch
+    from torch.distributed._local_tensor import get_local_tensor_mode_list
+    from torch.utils._python_dispatch import _pop_mode
+
+    dispatch, local = depths
+    modes = get_local_tensor_mode_list()
+    while len(modes) > local:
+        modes.pop().disable_()
+    while torch._C._len_torch_dispatch_stack() > dispatch:
+        _pop_mode()
+
+
 def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
                          budget: float = 2.0) -> tuple[float, int, int]:
     """DTensor LocalTensorMode on the same ops, values and layouts (see the module docstring):
@@ -242,10 +268,12 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
         runnable, refused = [], 0
         for case, strategies in cases_and_strategies:   # warm-up: DTensor caches sharding propagation
             for strategy in strategies:
+                modes = _mode_stacks()
                 try:
                     with _budget(budget):
                         check(case, strategy)
                 except Exception as exc:  # noqa: BLE001 - a layout DTensor cannot run (e.g. a view of a doubly sharded dim)
+                    _restore_mode_stacks(modes)
                     if os.environ.get("BENCH_DEBUG"):
                         print(strategy.name, type(exc).__name__, str(exc).splitlines()[0][:200], file=sys.stderr)
                     refused += 1
@@ -261,6 +289,8 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
             passes.append(time.perf_counter() - began)
         return _median_ms(passes, max(len(runnable), 1)), len(runnable) * len(passes), refused
     finally:
+        if _mode_stacks() != (0, 0):   # never left entered, whatever ended the measuring
+            _restore_mode_stacks((0, 0))
         dist.destroy_process_group()
 
 

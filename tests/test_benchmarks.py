@@ -31,3 +31,23 @@ def test_benchmark_script_starts(script):
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
     assert "--quick" in done.stdout, f"{script.name} has no --quick mode for CI"
+
+
+def test_a_localtensormode_left_entered_by_a_cut_dtensor_layout_is_undone(monkeypatch):
+    """bench_verify cuts a DTensor layout over its budget wherever it is, past a hard limit: cut
+    inside LocalTensorMode's enter or exit, the mode stayed entered, and every tensor the rest of
+    the run made (the bare op's, the fresh-processes baseline's) was a LocalTensor."""
+    import torch
+    from torch.distributed._local_tensor import LocalTensorMode
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_verify
+
+    depths = bench_verify._mode_stacks()
+    LocalTensorMode(4).__enter__()     # entered, never exited: what a cut in __enter__ leaves
+    try:
+        assert type(torch.zeros(2)).__name__ == "LocalTensor"
+    finally:
+        bench_verify._restore_mode_stacks(depths)
+    assert bench_verify._mode_stacks() == depths
+    assert type(torch.zeros(2)) is torch.Tensor and torch.zeros(2).tolist() == [0.0, 0.0]
