@@ -418,6 +418,15 @@ def scaled_row(spec, mesh, factor: int, seconds: float) -> dict:
     return big
 
 
+def _scaled_text(big: dict) -> str:
+    """The figures of a larger-shape row (:func:`scaled_row`) as printed."""
+    return (f"x{big['factor']} on {big['dims']} {big['shapes']}, {big['strategies']} distinct layouts: simulated "
+            f"{big['simulated_ms']:.2f} ms/check (the bare local op {big['floor_ms']:.2f} ms: "
+            f"{big['simulated_over_floor']:.1f}x; by CPU time {big['simulated_cpu_ms']:.2f} against "
+            f"{big['floor_cpu_ms']:.2f} ms: {big['simulated_over_floor_cpu']:.1f}x; {big['floor_left_out']} layouts it "
+            f"cannot run bare left out)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--meshes", nargs="+", default=["2,2", "2,2,2"], help="mesh shapes, e.g. 2,2 2,2,2")
@@ -536,21 +545,14 @@ def main() -> None:
             say(text)
             if "scaled" in row:
                 big = row["scaled"]
-                say(f"{'':8s} {'':16s} x{big['factor']} on {big['dims']} {big['shapes']}, {big['strategies']} distinct "
-                    f"layouts: simulated {big['simulated_ms']:.2f} ms/check (the bare local op {big['floor_ms']:.2f} "
-                    f"ms: {big['simulated_over_floor']:.1f}x; by CPU time {big['simulated_cpu_ms']:.2f} against "
-                    f"{big['floor_cpu_ms']:.2f} ms: {big['simulated_over_floor_cpu']:.1f}x; {big['floor_left_out']} "
-                    f"layouts it cannot run bare left out); the check's CPU time over the bare op's: "
+                say(f"{'':8s} {'':16s} {_scaled_text(big)}; the check's CPU time over the bare op's: "
                     f"{row['simulated_cpu_ms'] - row['floor_cpu_ms']:.2f} ms per check at the grid shape, "
                     f"{big['simulated_cpu_ms'] - big['floor_cpu_ms']:.2f} ms here")
 
     for spec in load_op_specs(REPO, None, args.scaled_only) if args.scaled_only else []:
         big = scaled_row(spec, meshes[0], args.scale, args.seconds)
         report.setdefault("scaled_only", []).append({"op": spec.name, "mesh": list(meshes[0].shape), **big})
-        say(f"{spec.name:8s} mesh {str(meshes[0].shape):10s} x{big['factor']} on {big['dims']} {big['shapes']}, "
-            f"{big['strategies']} distinct layouts: simulated {big['simulated_ms']:.2f} ms/check (the bare local op "
-            f"{big['floor_ms']:.2f} ms: {big['simulated_over_floor']:.1f}x; by CPU time "
-            f"{big['simulated_over_floor_cpu']:.1f}x; {big['floor_left_out']} layouts it cannot run bare left out)")
+        say(f"{spec.name:8s} mesh {str(meshes[0].shape):10s} {_scaled_text(big)}")
 
     if not args.skip_gloo and args.fresh_cases:
         mesh = meshes[0]

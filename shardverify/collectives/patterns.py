@@ -40,7 +40,8 @@ from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
 from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere
 
 __all__ = ["OneRank", "apply_comm_action", "apply_on_ranks", "apply_grad_hook", "grad_hook_on_ranks", "forward_half",
-           "backward_half", "before_op", "before_op_on_ranks", "after_op", "after_op_on_ranks", "aligned"]
+           "backward_half", "before_op", "before_op_on_ranks", "after_op", "after_op_on_ranks", "zero_outside_index_shards",
+           "aligned"]
 
 Half = Callable[[object, CommAction, list], list]
 
@@ -275,10 +276,8 @@ def after_op_on_ranks(ranks, strategy, outputs: list, lates: list,
                       keep_partial: tuple[int, ...] | None = None) -> list:
     """``after_op`` on each rank ``ranks`` holds: ``outputs[i]`` (changed in place) and
     ``lates[i]`` are the i-th rank's."""
-    for shard in strategy.index_shards:
-        for outs, late in zip(outputs, lates):
-            if shard.output < len(outs) and ("outside", shard.index) in late:
-                outs[shard.output] = zero_outside_shard(outs[shard.output], late[("outside", shard.index)])
+    for outs, late in zip(outputs, lates):
+        zero_outside_index_shards(strategy, outs, late)
     count = min(len(outs) for outs in outputs)
     for index, data in enumerate(strategy.outputs[:count]):
         for action in strategy.communication_actions:
@@ -291,6 +290,14 @@ def after_op_on_ranks(ranks, strategy, outputs: list, lates: list,
                 out = outs[add.output]
                 outs[add.output] = out + aligned(late[add.operand], add.dims, out.dim())
     return outputs
+
+
+def zero_outside_index_shards(strategy, outputs: list, late: dict) -> None:
+    """A rank's op outputs (changed in place) with those of ids outside its index shard zeroed,
+    the mask its :func:`before_op` kept in ``late``."""
+    for shard in strategy.index_shards:
+        if shard.output < len(outputs) and ("outside", shard.index) in late:
+            outputs[shard.output] = zero_outside_shard(outputs[shard.output], late[("outside", shard.index)])
 
 
 def aligned(tensor: Tensor, dims: tuple[int, ...], out_rank: int) -> Tensor:

@@ -32,8 +32,7 @@ import torch
 from shardverify.backends.stacked import AllRanks
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
-from shardverify.collectives.patterns import before_op_on_ranks
-from shardverify.sharding.indexing import zero_outside_shard
+from shardverify.collectives.patterns import before_op_on_ranks, zero_outside_index_shards
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import CommWhere, ShardingStrategy
 from shardverify.spec.case import OpCase, cached
@@ -117,13 +116,11 @@ def _operands(ref: Reference, strategy: ShardingStrategy, layout: RankLayout,
     return low, high, late
 
 
-def _masked(strategy: ShardingStrategy, outputs: list, late: dict) -> list:
+def _masked(strategy: ShardingStrategy, outputs: tuple, late: dict) -> list:
     """The op's outputs with those of ids outside the rank's index shard zeroed, as the check
-    zeroes them after the op (collectives.patterns.after_op_on_ranks)."""
+    zeroes them after the op."""
     outputs = list(outputs)
-    for shard in strategy.index_shards:
-        if shard.output < len(outputs) and ("outside", shard.index) in late:
-            outputs[shard.output] = zero_outside_shard(outputs[shard.output], late[("outside", shard.index)])
+    zero_outside_index_shards(strategy, outputs, late)
     return outputs
 
 
