@@ -146,10 +146,7 @@ def ranks_check(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | No
                 operand = layout.inputs[position]
                 holds = None if partial is None or partial.op == "sum" else \
                     _extremum_holder(strategy, ref, operand, position, mesh, comm.rank)
-                checks.append((label, grad, full, operand, holds) if grad.dtype == want_dtype and
-                              grad.device.type == comm.device.type else
-                              kind_mismatch(comm.rank, label, grad, want_dtype, comm.device) or
-                              (label, grad, full, operand, holds))
+                checks.append(_entry(comm, label, grad, want_dtype, full, operand, holds))
     compared = compare_ranks([comm.rank for comm in comms], [state.checks for state in states], mesh, tolerance)
     uses_declared_dtypes = dtype is None or all(decl.dtype == dtype for decl in case.inputs)
     reports: list[RankReport] = []
@@ -218,16 +215,23 @@ def _outputs_state(comm, ref: Reference, layout: RankLayout, leaves: dict, outpu
             continue   # no result of the call: never compared (capture/uninitialised.py)
         label = output_label(index, len(out_data), operand.data.name)
         want_dtype = ref.out_dtypes[index]
-        checks.append((label, output, ref.outputs[index], operand, None)
-                      if output.dtype == want_dtype and output.device.type == comm.device.type else
-                      kind_mismatch(rank, label, output, want_dtype, comm.device) or
-                      (label, output, ref.outputs[index], operand, None))
+        checks.append(_entry(comm, label, output, want_dtype, ref.outputs[index], operand, None))
         shape_ok = shape_ok and tuple(output.shape) == operand.local_shape
     carrying = [(operand.data, out) for operand, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
     differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
     return _OutputsState(found, checks, outputs, shape_ok, carrying, differentiable,
                          bool(differentiable and shape_ok))
+
+
+def _entry(comm, label: str, actual: torch.Tensor, want_dtype: torch.dtype, full, operand: LocalOperand,
+           holds) -> tuple | list[Mismatch]:
+    """What compare_ranks takes of one output or gradient: its wrong dtype or device
+    (kind_mismatch), else what to compare, ``(label, actual, full, operand, holds)`` (the common
+    case tested first: kind_mismatch formats what it finds)."""
+    if actual.dtype == want_dtype and actual.device.type == comm.device.type:
+        return label, actual, full, operand, holds
+    return kind_mismatch(comm.rank, label, actual, want_dtype, comm.device) or (label, actual, full, operand, holds)
 
 
 def _declared_mismatches(comm, case: OpCase, strategy: ShardingStrategy, uses_declared_dtypes: bool,
