@@ -141,3 +141,22 @@ def test_local_shard_rejects_wrong_tensor_or_mesh():
         spec.local_shard(torch.zeros(4, 2), DeviceMesh((2, 2)), 0)
     with pytest.raises(ShardingSpecError, match="mesh"):
         spec.local_slices(DeviceMesh((4,)), 0)
+
+
+def test_equal_layouts_share_one_key_and_hash_however_built_and_across_pickling():
+    """A check keys its slices and geometry by ``spec.key`` and hashes layouts and meshes once:
+    equal layouts written differently (a negative dim, another order, empty axes) must agree on
+    both, a copy sent through pickle too, and a layout of the same tensor on another mesh not."""
+    import pickle
+
+    one = ShardingSpec((2, 2), (4, 6, 8), ((2, (1,)), (-3, (0,))))
+    other = ShardingSpec.from_partition((2, 2), (4, 6, 8), {0: (0,), 1: (), 2: (1,)})
+    copied = pickle.loads(pickle.dumps(one))
+    assert one == other == copied
+    assert one.key == other.key == copied.key == ((2, 2), (4, 6, 8), ((0, (0,)), (2, (1,))))
+    assert hash(one) == hash(other) == hash(copied) == hash(one.key)
+    elsewhere = ShardingSpec((4,), (4, 6, 8), ((0, (0,)),))
+    assert elsewhere.key != one.key and elsewhere != one
+    mesh = DeviceMesh((2, 2))
+    assert hash(mesh) == hash(pickle.loads(pickle.dumps(mesh))) == hash(DeviceMesh([2, 2]))
+    assert DeviceMesh((2, 2), alpha=(1.0, 1.0)) != mesh

@@ -69,6 +69,10 @@ class DeviceMesh:
         object.__setattr__(self, "device_ids", ids)
         object.__setattr__(self, "alpha", _per_axis(self.alpha, len(shape), DEFAULT_ALPHA, "alpha"))
         object.__setattr__(self, "beta", _per_axis(self.beta, len(shape), DEFAULT_BETA, "beta"))
+        object.__setattr__(self, "_hash", hash((self.shape, self.device_ids, self.alpha, self.beta)))
+
+    def __hash__(self) -> int:
+        return self._hash   # worked out once: the check's caches are keyed by mesh
 
     # ---- geometry -------------------------------------------------------------------
     @property

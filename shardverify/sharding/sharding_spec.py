@@ -126,6 +126,14 @@ class ShardingSpec:
                 used[axis] = dim
             partition[dim] = axes
         object.__setattr__(self, "dim_partition", tuple(sorted(partition.items())))
+        #: the fields as one plain tuple, which a check keys its slices and geometry by: a suite
+        #: hands it new (equal) layouts with every strategy, and a tuple hashes and compares in C
+        #: where the dataclass's ``__eq__`` runs in Python
+        object.__setattr__(self, "key", (mesh_shape, tensor_shape, self.dim_partition))
+        object.__setattr__(self, "_hash", hash(self.key))
+
+    def __hash__(self) -> int:
+        return self._hash   # worked out once (above)
 
     # ---- construction -------------------------------------------------------------
     @classmethod
