@@ -43,7 +43,7 @@ class Communicator(Protocol):
     mesh: DeviceMesh
     rank: int
     device: torch.device
-    counts: collections.Counter
+    counts: collections.defaultdict   # (kind, axes) -> number issued
 
     def all_reduce(self, t: torch.Tensor, axes: Sequence[int], op: str = "sum") -> torch.Tensor: ...
     def all_gather(self, t: torch.Tensor, axes: Sequence[int]) -> list[torch.Tensor]: ...
@@ -195,11 +195,13 @@ class CommunicatorBase:
     def __init__(self, mesh: DeviceMesh, rank: int, device: torch.device | str) -> None:
         self.mesh = mesh
         self.rank = rank
-        self.device = torch.device(device)
-        self.counts: collections.Counter = collections.Counter()
+        self.device = device if isinstance(device, torch.device) else torch.device(device)
+        #: (kind, axes) -> number issued (default dicts, not Counters: the simulated mesh makes a
+        #: communicator per rank of every check, and a Counter costs several times as much to make)
+        self.counts: collections.defaultdict = collections.defaultdict(int)
         #: (kind, axes, payload bytes) -> number issued; the bytes this rank passed in, which
         #: ``DeviceMesh.collective_cost`` prices (the verifier checks declared costs with it)
-        self.traffic: collections.Counter = collections.Counter()
+        self.traffic: collections.defaultdict = collections.defaultdict(int)
 
     # ---- public collectives -------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, axes: Sequence[int], op: str = "sum") -> torch.Tensor:

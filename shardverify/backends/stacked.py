@@ -43,6 +43,7 @@ class AllRanks:
 
     def __init__(self, mesh: DeviceMesh, device: torch.device | str = "cpu") -> None:
         self.mesh = mesh
+        device = torch.device(device)
         self.comms = tuple(StackedCommunicator(mesh, rank, device) for rank in range(mesh.size))
 
     def _groups(self, kind: str, axes: Sequence[int], ts: list, nbytes) -> tuple[tuple[int, ...], ...]:
