@@ -33,8 +33,9 @@ processes (each imports torch.distributed, joins a gloo group through a file sto
 reports back).  Every pass of a timed figure checks fresh copies of the strategies (a suite
 checks each strategy object once, so nothing remembered per strategy object may flatter the
 figure); what is built once per case (its reference, the FLOP count of each local call
-signature) is built in the untimed warm-up pass, as a suite builds it once for all the
-case's strategies.  Every figure is measured in this one run (ms per check of the median pass
+signature, the views of the reference each layout's ranks slice, as the bare op slices its
+shards before its clock starts) is built in the untimed warm-up pass, as a suite builds it once
+for all the case's strategies.  Every figure is measured in this one run (ms per check of the median pass
 over the checks, so a burst of other load moves it little) and the ratios between them are
 printed; ``--json`` prints them as one JSON document instead.  The simulated check and the bare
 op are also given in CPU time of this process (every thread's): on a machine other work keeps

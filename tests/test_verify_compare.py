@@ -35,7 +35,7 @@ def entries(strategy):
 
 def one_by_one(items):
     return [m for item in items for m in (item if isinstance(item, list) else
-                                          C._compare(RANK, *item, MESH, tolerance_for))]
+                                          C._compare(RANK, *item, MESH, tolerance_for(item[1].dtype)))]
 
 
 def test_a_passing_rank_finds_nothing_and_a_failing_one_each_mismatch_in_order():
@@ -81,7 +81,7 @@ def test_float32_results_at_the_edge_of_their_bounds_get_the_float64_rule_s_verd
             for i in range(expected.numel()):
                 full = expected[i:i + 1].clone()
                 operand = LocalOperand(None, ShardingSpec((1,), (1,)), (slice(0, 1),), (1,))
-                found = C._compare(0, "x", probe[i:i + 1], full, operand, None, mesh, lambda _: tolerance)
+                found = C._compare(0, "x", probe[i:i + 1], full, operand, None, mesh, tolerance)
                 want = compare(probe[i:i + 1], full, tolerance)
                 assert (found == []) == want.close, (float(probe[i]), float(full), tolerance)
                 if found:
@@ -102,10 +102,10 @@ def test_a_large_result_out_of_bound_is_measured_in_pieces_with_compare_s_figure
         full = torch.randn(shape, generator=gen, dtype=torch.float64)
         got = (full + 1e-4 * torch.randn(shape, generator=gen, dtype=torch.float64)).float()
         operand = LocalOperand(None, ShardingSpec((1,), shape), tuple(slice(0, n) for n in shape), shape)
-        found = C._compare(0, "x", got, full, operand, None, DeviceMesh((1,)), tolerance_for)
+        found = C._compare(0, "x", got, full, operand, None, DeviceMesh((1,)), tolerance_for(got.dtype))
         want = compare(got, full, tolerance_for(torch.float32))
         assert not want.close and (found[0].max_abs_err, found[0].max_rel_err) == (want.max_abs_err,
                                                                                   want.max_rel_err)
         got.view(-1)[-1] = float("nan")
-        found = C._compare(0, "x", got, full, operand, None, DeviceMesh((1,)), tolerance_for)
+        found = C._compare(0, "x", got, full, operand, None, DeviceMesh((1,)), tolerance_for(got.dtype))
         assert "nan" in found[0].detail.lower()

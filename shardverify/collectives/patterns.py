@@ -253,6 +253,8 @@ def before_op_on_ranks(ranks, strategy, name: str, tensors: list, lates: list) -
             tensors = apply_on_ranks(ranks, action, tensors)
     post_added = strategy.post_added(name) is not None
     shard = strategy.index_shard(name)
+    if not post_added and shard is None:   # the common case: the op sees the tensors themselves
+        return list(tensors)
     out = []
     for comm, tensor, late in zip(ranks.comms, tensors, lates):
         if post_added:
@@ -276,9 +278,10 @@ def after_op_on_ranks(ranks, strategy, outputs: list, lates: list,
                       keep_partial: tuple[int, ...] | None = None) -> list:
     """``after_op`` on each rank ``ranks`` holds: ``outputs[i]`` (changed in place) and
     ``lates[i]`` are the i-th rank's."""
-    for outs, late in zip(outputs, lates):
-        zero_outside_index_shards(strategy, outs, late)
-    count = min(len(outs) for outs in outputs)
+    if strategy.index_shards:
+        for outs, late in zip(outputs, lates):
+            zero_outside_index_shards(strategy, outs, late)
+    count = min([len(outs) for outs in outputs])
     for index, data in enumerate(strategy.outputs[:count]):
         for action in strategy.communication_actions:
             if action.operand == data.name and action.where is CommWhere.AFTER and action.axes != keep_partial:

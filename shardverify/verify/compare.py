@@ -62,8 +62,15 @@ def compare_ranks(ranks: list[int], entries: list[list[Entry | list[Mismatch]]],
     result at a position is bit-identical to the last rank's there, which passed against the
     same slice of the same reference (a replicated output on every rank), passes without
     comparing again: the verdict is a function of those alone."""
+    with torch.no_grad():   # nothing compared is differentiated: no tensor needs detaching
+        return _compare_ranks(ranks, entries, mesh, tolerance)
+
+
+def _compare_ranks(ranks: list[int], entries: list[list[Entry | list[Mismatch]]], mesh,
+                   tolerance: Callable[[torch.dtype], Tolerance]) -> list[list[Mismatch]]:
     found: list[list[Mismatch]] = []
     passed: dict[int, tuple] = {}   # position -> the last rank's entry there, while it passed
+    tolerances: dict = {}   # dtype -> its tolerance, asked once per check
     for rank, rank_entries in zip(ranks, entries):
         mismatches: list[Mismatch] = []
         for position, entry in enumerate(rank_entries):
@@ -74,7 +81,11 @@ def compare_ranks(ranks: list[int], entries: list[list[Entry | list[Mismatch]]],
             before = passed.get(position)
             if before is not None and entry[4] is None and _same_result(entry, before):
                 continue
-            missed = _compare(rank, *entry, mesh, tolerance)
+            dtype = entry[1].dtype
+            tol = tolerances.get(dtype)
+            if tol is None:
+                tol = tolerances[dtype] = tolerance(dtype)
+            missed = _compare(rank, *entry, mesh, tol)
             mismatches += missed
             if missed or entry[4] is not None:
                 passed.pop(position, None)
@@ -88,19 +99,18 @@ def _same_result(entry: Entry, before: Entry) -> bool:
     """Whether ``entry`` holds the same values as ``before`` against the same reference slice."""
     actual, other = entry[1], before[1]
     return (entry[2] is before[2] and entry[3].slices == before[3].slices and actual.dtype == other.dtype
-            and actual.shape == other.shape and torch.equal(actual.detach(), other.detach()))
+            and actual.shape == other.shape and torch.equal(actual, other))
 
 
 def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, operand: LocalOperand,
-             holds: torch.Tensor | None, mesh, tolerance: Callable[[torch.dtype], Tolerance]) -> list[Mismatch]:
+             holds: torch.Tensor | None, mesh, tol: Tolerance) -> list[Mismatch]:
     """[] when ``actual`` matches this rank's slice of the reference tensor ``full`` (zero
-    outside ``holds``), else the one mismatch found."""
+    outside ``holds``) within ``tol``, else the one mismatch found."""
     expected, bounds = _reference_slice(full, operand, mesh, rank)
     if holds is not None:
         expected, bounds = torch.where(holds, expected, torch.zeros((), dtype=expected.dtype)), {}
     if actual.shape != expected.shape:
         return [Mismatch("shape", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape))]
-    tol = tolerance(actual.dtype)
     bound = None
     if actual.is_floating_point() and actual.numel():   # the cheap path of the common passing comparison
         narrow = actual.dtype.itemsize <= 4
@@ -108,8 +118,7 @@ def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, op
         if bound is False:
             bound = bounds[(tol.rtol, tol.atol, narrow)] = _bound(expected, tol, narrow, bounds)
         if bound is not None:
-            got = actual.detach()
-            got = got if got.dtype == bound[0].dtype else got.to(bound[0].dtype)
+            got = actual if actual.dtype == bound[0].dtype else actual.to(bound[0].dtype)
             if torch.equal(got.clamp(*bound), got):   # every value within its bounds
                 return []   # NaN compares unequal: ``compare`` alone decides, and reports, everything else
     found = _out_of_bound(actual, expected, tol, bounds) if bound is not None else compare(actual, expected, tol)
@@ -160,9 +169,13 @@ _SLICES: dict = {}
 def _reference_slice(full: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> tuple[torch.Tensor, dict]:
     """This rank's slice of the reference tensor ``full`` laid out as ``operand``, and its
     bounds by tolerance (filled by the comparisons).  Remembered per (tensor, layout, rank):
-    every strategy laying the tensor out alike compares against the same slice."""
-    return remembered(_SLICES, (id(full), operand.spec, rank), full, lambda: (operand.shard(full, mesh, rank), {}),
-                      limit=8192)
+    every strategy laying the tensor out alike compares against the same slice.  (``remembered``
+    spelled out: every comparison asks.)"""
+    key = (id(full), operand.spec.key, rank)
+    hit = _SLICES.get(key)
+    if hit is None or hit[0] is not full:
+        return remembered(_SLICES, key, full, lambda: (operand.shard(full, mesh, rank), {}), limit=8192)
+    return hit[1]
 
 
 def _bound(expected: torch.Tensor, tol: Tolerance, narrow: bool,

@@ -20,14 +20,13 @@ exactly the declared figures; a rank holding smaller blocks must measure no more
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from shardverify.capture.call import operand_nodes
-from shardverify.sharding.strategy import MemoryCost, ShardingStrategy, TrainCycleItem
+from shardverify.sharding.strategy import ShardingStrategy, TrainCycleItem
 from shardverify.spec.case import OpCase
 from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
 from shardverify.verify.layout import RankLayout
@@ -42,45 +41,46 @@ REL_TOL = 1e-6
 _ABS_TOL = 1e-15
 
 
-@dataclass(frozen=True)
-class OpWork:
+class OpWork(NamedTuple):
     """What one local op call did: FLOPs as the counter counts them, and the numel of its
-    largest tensor operand (inputs as passed, outputs as returned)."""
+    largest tensor operand (inputs as passed, outputs as returned).  (A named tuple: one per
+    rank of every check.)"""
 
     flops: int
     largest_numel: int
 
 
-#: counted FLOPs: owner (the op's node, held weakly) -> call signature -> (FLOPs, largest numel passed in)
-_FLOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 class OpMeter:
-    """Wraps the real local op call (``meter.call(fn, *args)``) and keeps its :class:`OpWork`.
+    """Wraps the real local op calls of one op (``meter.call(fn, *args)``) and keeps the last
+    one's :class:`OpWork`.
 
-    ``owner`` and ``signature``: the op (its fx node: the op and its non-tensor arguments) and
-    everything else the count depends on (the shape, stride, dtype and device of every tensor
-    that reaches it), or None to always count.  The counter's formulas read only shapes, and
-    running a small op under FlopCounterMode costs several times the op, so a signature seen
-    before reuses its count and the call runs bare; so does the largest operand passed in (the
-    signature holds every shape), while the largest output is always measured on the real
-    call's result.  Counts go away with their owner."""
+    ``counts``: the op's counts so far (call signature -> (FLOPs, largest numel passed in):
+    one table per op, its node fixing the op and its non-tensor arguments), or None to always
+    count; ``call_signed``'s ``signature``: everything else the count depends on (the shape,
+    stride, dtype and device of every tensor that reaches it).  The counter's formulas read
+    only shapes, and running a small op under FlopCounterMode costs several times the op, so a
+    signature seen before reuses its count and the call runs bare; so does the largest operand
+    passed in (the signature holds every shape), while the largest output is always measured
+    on the real call's result.  One meter serves every rank of a check."""
 
-    def __init__(self, owner: object | None = None, signature: Hashable | None = None) -> None:
+    def __init__(self, counts: dict | None = None) -> None:
         self.work: OpWork | None = None
-        self.owner, self.signature = owner, signature
+        self._known = counts
 
     def call(self, fn, *args, **kwargs):
-        known = _FLOPS.get(self.owner) if self.owner is not None else None
-        seen = known.get(self.signature) if known is not None else None
+        """``fn(*args, **kwargs)``, counted."""
+        return self.call_signed(None, fn, *args, **kwargs)
+
+    def call_signed(self, signature: Hashable | None, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, counted unless a call of this ``signature`` (None: none) was."""
+        known = self._known if signature is not None else None
+        seen = known.get(signature) if known is not None else None
         if seen is None:
             with LocalFlopCounter() as counter:
                 result = fn(*args, **kwargs)
             seen = (int(counter.get_total_flops()), _largest_numel((args, kwargs)))
-            if self.owner is not None:
-                if known is None:
-                    known = _FLOPS.setdefault(self.owner, {})
-                known[self.signature] = seen
+            if known is not None:
+                known[signature] = seen
         else:
             result = fn(*args, **kwargs)
         self.work = OpWork(seen[0], max(seen[1], _largest_numel(result)))
@@ -128,33 +128,14 @@ def _describe(traffic: Mapping) -> str:
                      for (kind, axes, nbytes), n in sorted(traffic.items()))
 
 
-_VERDICTS: dict = {}
-
-
-def _shared(strategy: ShardingStrategy, key: tuple, owners: tuple, build):
-    """``build()``, the verdict on ``strategy`` for ``key`` (the figures measured, with the ids of
-    ``owners``, the other objects it reads), worked out once per strategy object: the ranks of a
-    check measuring alike (every rank of an even layout) share it instead of each pricing and
-    formatting the same figures."""
-    entry = _VERDICTS.get(id(strategy))
-    if entry is None or entry[0] is not strategy:
-        if len(_VERDICTS) >= 1024:
-            _VERDICTS.clear()
-        entry = _VERDICTS[id(strategy)] = (strategy, {})
-    hit = entry[1].get(key)
-    if hit is None or any(a is not b for a, b in zip(hit[0], owners)):
-        hit = entry[1][key] = (owners, build())
-    return hit[1]
-
-
 def communication_mismatches(strategy: ShardingStrategy, mesh, rank: int, fwd: Mapping,
                              bwd: Mapping | None, largest: bool = True) -> list[Mismatch]:
     """The declared communication cost against the priced collectives this rank issued in the
     forward pass (``fwd``) and the backward pass (``bwd``; None when backward did not run, then
-    only the forward figure is checked); ``largest``: whether this rank holds the largest blocks."""
-    key = ("communication", id(mesh), frozenset(fwd.items()), None if bwd is None else frozenset(bwd.items()),
-           largest)
-    detail = _shared(strategy, key, (mesh,), lambda: _communication_problems(strategy, mesh, fwd, bwd, largest))
+    only the forward figure is checked); ``largest``: whether this rank holds the largest blocks.
+    (Ranks measuring alike share one verdict in ``ranks_check``; a verdict is a few float
+    comparisons, so nothing here remembers one.)"""
+    detail = _communication_problems(strategy, mesh, fwd, bwd, largest)
     return [Mismatch("cost", rank, "communication cost", detail=detail)] if detail else []
 
 
@@ -184,19 +165,19 @@ def compute_mismatches(strategy: ShardingStrategy, rank: int, work: OpWork | Non
     the measured local op call; ``largest``: whether this rank holds the largest blocks."""
     if work is None:
         return []
-    detail = _shared(strategy, ("compute", work.flops, work.largest_numel, largest), (),
-                     lambda: _compute_problems(strategy, work, largest))
+    detail = _compute_problems(strategy, work, largest)
     return [Mismatch("cost", rank, "compute cost", detail=detail)] if detail else []
 
 
 def _compute_problems(strategy: ShardingStrategy, work: OpWork, largest: bool) -> str:
     want = compute_cost(work.flops, [work.largest_numel])
     declared: TrainCycleItem = strategy.compute_cost
+    if (_close(declared.fwd, want.fwd, largest) and _close(declared.bwd, want.bwd, largest)
+            and _close(declared.total, want.total, largest)):
+        return ""   # the common case, without building the phases' list
     problems = [f"{phase}: declared {getattr(declared, phase):.6g}, {_claim(largest)} {getattr(want, phase):.6g}"
                 for phase in ("fwd", "bwd", "total")
                 if not _close(getattr(declared, phase), getattr(want, phase), largest)]
-    if not problems:
-        return ""
     basis = (f"{work.flops} FLOPs counted / 2" if work.flops
              else f"no FLOPs counted: largest local operand has {work.largest_numel} elements")
     return f"strategy {strategy.name!r}: " + "; ".join(problems) + f" ({basis}; bwd = 2 x fwd)"
@@ -204,12 +185,8 @@ def _compute_problems(strategy: ShardingStrategy, work: OpWork, largest: bool) -
 
 def memory_mismatches(strategy: ShardingStrategy, rank: int, leaves: dict, outputs: tuple, case: OpCase,
                       layout: RankLayout) -> list[Mismatch]:
-    """The declared memory cost against the bytes this rank really holds (:func:`_memory_problems`).
-    The verdict follows from the elements each tensor holds, so ranks holding alike (every
-    rank of an even layout) share one, worked out by the first of them."""
-    held = ("memory", id(case), tuple(leaves[operand.data.name].numel() for operand in layout.inputs),
-            tuple(out.numel() for out in outputs), layout.holds_largest)
-    problems = _shared(strategy, held, (case,), lambda: _memory_problems(strategy, leaves, outputs, case, layout))
+    """The declared memory cost against the bytes this rank really holds (:func:`_memory_problems`)."""
+    problems = _memory_problems(strategy, leaves, outputs, case, layout)
     return [Mismatch("memory", rank, "memory cost", detail="; ".join(problems))] if problems else []
 
 
@@ -222,32 +199,30 @@ def _memory_problems(strategy: ShardingStrategy, leaves: dict, outputs: tuple, c
     buffer), never from what the strategy says about its operands. Uneven blocks: the rank
     holding the largest blocks holds exactly the declared bytes, any other no more."""
     real, out_dtypes = _real_operands(case)
-    inputs = [operand.data for operand in layout.inputs]
-    outs = [operand.data for operand in layout.outputs]
     activation = parameter = 0
-    for data in inputs:
+    lies = []   # operands whose declared dtype is not the real tensor's
+    for operand in layout.inputs:
+        data = operand.data
         dtype, is_state = real[(data.locator.kind, data.locator.key)]
         size = leaves[data.name].numel() * dtype.itemsize
         if is_state:
             parameter += size
         else:
             activation += size
-    out_bytes = sum(out.numel() * dtype.itemsize for out, dtype in zip(outputs, out_dtypes))
-    fwd = MemoryCost(activation + out_bytes, parameter)
-    bwd = MemoryCost(activation, parameter)
-    held = (fwd, bwd, fwd + bwd)
-    declared = tuple(strategy.memory_cost)
+        if data.dtype != dtype:
+            lies.append(f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}")
+    lies += [f"operand {operand.data.name!r} is declared {operand.data.dtype} but the tensor is {dtype}"
+             for operand, dtype in zip(layout.outputs, out_dtypes) if operand.data.dtype != dtype]
+    out_bytes = sum([out.numel() * dtype.itemsize for out, dtype in zip(outputs, out_dtypes)])
+    # (activation, parameter) bytes held in the forward pass, the backward pass and in total
+    held = ((activation + out_bytes, parameter), (activation, parameter), (2 * activation + out_bytes, 2 * parameter))
     largest = layout.holds_largest
     problems = [f"{phase}: declared {d.activation} activation + {d.parameter} parameter bytes, "
-                f"local shards hold {h.activation} + {h.parameter}"
+                f"local shards hold {act} + {par}"
                 + ("" if largest else " (a rank with smaller blocks than the largest may hold less, never more)")
-                for phase, d, h in zip(("fwd", "bwd", "total"), declared, held)
-                if (d != h if largest else (h.activation > d.activation or h.parameter > d.parameter))]
-    lies = [(data, real[(data.locator.kind, data.locator.key)][0]) for data in inputs]
-    lies += list(zip(outs, out_dtypes))
-    problems += [f"operand {data.name!r} is declared {data.dtype} but the tensor is {dtype}"
-                 for data, dtype in lies if data.dtype != dtype]
-    return tuple(problems)
+                for phase, d, (act, par) in zip(("fwd", "bwd", "total"), strategy.memory_cost, held)
+                if ((d.activation != act or d.parameter != par) if largest else (act > d.activation or par > d.parameter))]
+    return tuple(problems + lies)
 
 
 _REAL: dict = {}

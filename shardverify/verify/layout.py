@@ -9,8 +9,6 @@ while the strategy lives instead of scanning operands and re-hashing layouts per
 
 from __future__ import annotations
 
-import functools
-from collections import Counter
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -30,25 +28,28 @@ _BWD = {CommPattern.IDENTITY_FWD_ALLREDUCE_BWD: "all_reduce", CommPattern.SPLIT_
         CommPattern.ALL2ALL_FWD_ALL2ALL_BWD: "all_to_all"}
 
 
-def expected_collectives(strategy: ShardingStrategy, carrying_grad: Iterable[str]) -> Counter:
+def expected_collectives(strategy: ShardingStrategy, carrying_grad: Iterable[str]) -> dict:
     """(kind, axes) -> count that the declared actions issue; a backward half only runs on an
     operand in ``carrying_grad`` (the differentiable inputs and parameters, and the outputs
-    whose gradient flows back)."""
+    whose gradient flows back).  (A plain dict, not a Counter: every check works one out.)"""
     differentiable = set(carrying_grad)
-    expected: Counter = Counter()
+    issued: list[tuple] = []
     for action in strategy.communication_actions:
         if action.where is CommWhere.HOOK:
             if action.operand in differentiable:
-                expected[("all_reduce", action.axes)] += 1
+                issued.append(("all_reduce", action.axes))
             continue
         if action.pattern in _FWD:
-            expected[(_FWD[action.pattern], action.axes)] += 1
+            issued.append((_FWD[action.pattern], action.axes))
         if action.operand not in differentiable:
             continue
         if action.pattern in _BWD:
-            expected[(_BWD[action.pattern], action.axes)] += 1
+            issued.append((_BWD[action.pattern], action.axes))
         elif action.op in ("max", "min"):   # the holders of the extremum are counted in backward
-            expected[("all_reduce", action.axes)] += 1
+            issued.append(("all_reduce", action.axes))
+    expected: dict = {}
+    for key in issued:
+        expected[key] = expected.get(key, 0) + 1
     return expected
 
 
@@ -84,7 +85,7 @@ class RankLayout(NamedTuple):
     #: differentiable operand names -> expected_collectives, filled on first use
     expected: dict
 
-    def expected_collectives(self, carrying_grad: tuple[str, ...]) -> Counter:
+    def expected_collectives(self, carrying_grad: tuple[str, ...]) -> dict:
         """``expected_collectives(strategy, carrying_grad)``, remembered (shared: never modify it)."""
         found = self.expected.get(carrying_grad)
         if found is None:
@@ -104,11 +105,12 @@ def rank_layout(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> Rank
 
 def rank_layouts(strategy: ShardingStrategy, mesh: DeviceMesh, ranks: tuple[int, ...]) -> tuple[RankLayout, ...]:
     """:func:`rank_layout` on each of ``ranks``, built together (the strategy's operands
-    sorted once for all of them)."""
+    sorted once for all of them).  Not remembered for several ranks: the check holding every
+    rank asks once per strategy, and a table would keep thousands of strategies alive for the
+    garbage collector to walk."""
     if len(ranks) == 1:
         return (rank_layout(strategy, mesh, ranks[0]),)
-    return remembered(_LAYOUTS, (id(strategy), id(mesh), ranks), strategy, lambda: _build_all(strategy, mesh, ranks),
-                      limit=8192)
+    return _build_all(strategy, mesh, ranks)
 
 
 def _build(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> RankLayout:
@@ -117,23 +119,35 @@ def _build(strategy: ShardingStrategy, mesh: DeviceMesh, rank: int) -> RankLayou
 
 def _build_all(strategy: ShardingStrategy, mesh: DeviceMesh, ranks: tuple[int, ...]) -> tuple[RankLayout, ...]:
     specs = dict(strategy.sharding_specs)
-    outputs = strategy.outputs
-    inputs = [(d, specs[d.name]) for d in strategy.operands[:len(strategy.operands) - len(outputs)]]
-    outputs = [(d, specs[d.name]) for d in outputs]
+    operands = strategy.operands
+    n_inputs = len(operands) - len(strategy.outputs)
+    placed = [(d, specs[d.name], _geometries(specs[d.name], mesh)) for d in operands]
     layouts = []
     for rank in ranks:
-        ins = tuple([LocalOperand(d, spec, *_geometry(spec, mesh, rank)) for d, spec in inputs])
-        outs = tuple([LocalOperand(d, spec, *_geometry(spec, mesh, rank)) for d, spec in outputs])
-        layouts.append(RankLayout(strategy, mesh, rank, ins, outs,
-                                  all(op.largest for op in ins) and all(op.largest for op in outs), {}))
+        held = [LocalOperand(d, spec, *geometry[rank]) for d, spec, geometry in placed]
+        layouts.append(RankLayout(strategy, mesh, rank, tuple(held[:n_inputs]), tuple(held[n_inputs:]),
+                                  all([operand.largest for operand in held]), {}))
     return tuple(layouts)
 
 
-@functools.lru_cache(maxsize=4096)
-def _geometry(spec: ShardingSpec, mesh: DeviceMesh, rank: int) -> tuple[tuple[slice, ...], tuple[int, ...], bool]:
-    """A layout's local slices and shape on ``rank``, and whether that is its largest block
-    (the strategies of a case share a few layouts, and a suite hands every check new strategy
-    objects)."""
-    slices = spec.local_slices(mesh, rank)
-    shape = tuple(s.stop - s.start for s in slices)
-    return slices, shape, shape == spec.local_shape()
+_GEOMETRIES: dict = {}
+
+
+def _geometries(spec: ShardingSpec, mesh: DeviceMesh) -> tuple[tuple[tuple[slice, ...], tuple[int, ...], bool], ...]:
+    """A layout's local slices and shape on each rank of ``mesh``, and whether that is its
+    largest block, remembered per layout (``spec.key``, which holds the mesh shape, the only
+    thing of the mesh they depend on; a mesh of another shape is refused by ``local_slices``):
+    the strategies of a case share a few layouts, and a suite hands every check new strategy
+    objects."""
+    found = _GEOMETRIES.get(spec.key)
+    if found is None:
+        largest = spec.local_shape()
+        found = []
+        for rank in range(mesh.size):
+            slices = spec.local_slices(mesh, rank)
+            shape = tuple(s.stop - s.start for s in slices)
+            found.append((slices, shape, shape == largest))
+        if len(_GEOMETRIES) >= 4096:
+            _GEOMETRIES.clear()
+        found = _GEOMETRIES[spec.key] = tuple(found)
+    return found

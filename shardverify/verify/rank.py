@@ -16,8 +16,7 @@ import dataclasses
 import functools
 import math
 import threading
-from collections import Counter
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch.autograd.graph import _engine_run_backward
@@ -41,15 +40,16 @@ from shardverify.verify.report import Mismatch, output_label
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, tolerance_for
 
-__all__ = ["RankReport", "rank_check", "ranks_check", "rank_block", "strategy_problems", "local_arguments"]
+__all__ = ["RankReport", "rank_check", "ranks_check", "rank_block", "rank_blocks", "strategy_problems",
+           "local_arguments"]
 
 _EXACT = Tolerance(0.0, 0.0)
 _COUNTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
 
 
-@dataclass(frozen=True)
-class RankReport:
-    """What one rank found: its mismatches and the collectives it issued (kind, axes, count)."""
+class RankReport(NamedTuple):
+    """What one rank found: its mismatches and the collectives it issued (kind, axes, count).
+    (A named tuple: one per rank of every check, and a frozen dataclass costs 5x as much to make.)"""
 
     rank: int
     mismatches: tuple[Mismatch, ...]
@@ -65,15 +65,17 @@ def strategy_problems(strategy: ShardingStrategy, mesh_ndim: int) -> list[str]:
         problems.append(f"the last operand {strategy.operands[-1].name!r} is not the output")
     for action in strategy.communication_actions:
         data = strategy.get_op_data_by_name(action.operand)
-        what = f"{action.pattern.name} on {action.operand!r} over mesh axes {action.axes}"
+        found = []
         if any(not 0 <= a < mesh_ndim for a in action.axes):
-            problems.append(f"{what}: mesh axes out of range for a {mesh_ndim}-D mesh")
+            found.append(f"mesh axes out of range for a {mesh_ndim}-D mesh")
         if action.where is CommWhere.AFTER and data.type is not OperationDataType.OUTPUT:
-            problems.append(f"{what}: AFTER applies to the output, {action.operand!r} is an input")
+            found.append(f"AFTER applies to the output, {action.operand!r} is an input")
         if action.where is CommWhere.BEFORE and data.type is OperationDataType.OUTPUT:
-            problems.append(f"{what}: BEFORE applies to an input, {action.operand!r} is the output")
+            found.append(f"BEFORE applies to an input, {action.operand!r} is the output")
         if action.where is CommWhere.HOOK and data.type is not OperationDataType.PARAM:
-            problems.append(f"{what}: a gradient HOOK applies to a parameter, {action.operand!r} is not one")
+            found.append(f"a gradient HOOK applies to a parameter, {action.operand!r} is not one")
+        problems += [f"{action.pattern.name} on {action.operand!r} over mesh axes {action.axes}: {problem}"
+                     for problem in found]   # named only when wrong: every check asks
     outputs = strategy.outputs
     for shard in strategy.index_shards:
         table = strategy.get_sharding_spec_by_name(shard.table)
@@ -94,7 +96,7 @@ def strategy_problems(strategy: ShardingStrategy, mesh_ndim: int) -> list[str]:
     return problems
 
 
-def _format_counts(counts: Counter) -> str:
+def _format_counts(counts: dict) -> str:
     if not counts:
         return "none"
     return ", ".join(f"{n} x {kind} over axes {axes}" for (kind, axes), n in sorted(counts.items()))
@@ -127,7 +129,10 @@ def ranks_check(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | No
     leaves, outputs, works = _local_forward(ranks, ref, strategy, layouts)
     traffic_fwds = [dict(comm.traffic) for comm in comms]   # snapshots: plain dicts copy 10x faster than Counters
     undefined = undefined_outputs(ref.node)
-    states = [_outputs_state(comm, ref, layout, rank_leaves, rank_outputs, undefined)
+    # what each output is checked against, the same on every rank: (index, label, dtype, reference)
+    compared_outputs = [(index, output_label(index, len(layouts[0].outputs), operand.data.name), ref.out_dtypes[index],
+                         ref.outputs[index]) for index, operand in enumerate(layouts[0].outputs) if index not in undefined]
+    states = [_outputs_state(comm, ref, layout, rank_leaves, rank_outputs, compared_outputs)
               for comm, layout, rank_leaves, rank_outputs in zip(comms, layouts, leaves, outputs)]
     running = [i for i, state in enumerate(states) if state.backward_ran]
     if running:
@@ -154,12 +159,13 @@ def ranks_check(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | No
     for comm, layout, state, before, traffic_start, traffic_fwd, rank_leaves, work, found in zip(
             comms, layouts, states, befores, traffic_starts, traffic_fwds, leaves, works, compared):
         # ranks that measured alike (every rank of an even layout) get the same verdict on what the
-        # strategy declares: worked out for the first of them
+        # strategy declares: worked out for the first of them (the figures compare as plain tuples,
+        # dicts and named tuples, without a Python-level __eq__)
         figures = None if before is not None or traffic_start is not None else \
             (comm.counts, comm.traffic, traffic_fwd, work, layout.holds_largest, state.shape_ok, state.backward_ran,
              state.differentiable, [d.name for d, _ in state.carrying],
              [t.numel() for t in rank_leaves.values()], [t.numel() for t in state.outputs])
-        alike = next((entry for entry in seen if _same_figures(entry[0], figures)), None) if figures else None
+        alike = next((entry for entry in seen if entry[0] == figures), None) if figures else None
         if alike is None:
             declared, collectives = _declared_mismatches(comm, case, strategy, uses_declared_dtypes, layout, state,
                                                          before, traffic_start, traffic_fwd, rank_leaves, work)
@@ -172,23 +178,13 @@ def ranks_check(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | No
     return reports
 
 
-def _same_figures(one: tuple, other: tuple) -> bool:
-    """Whether two ranks measured the same figures (counters compared as plain dicts: a count
-    of zero and no count differ, which at worst works a verdict out twice)."""
-    for a, b in zip(one, other):
-        if not (dict.__eq__(a, b) if isinstance(a, dict) else a == b):
-            return False
-    return True
-
-
 #: the form of the check over every rank at once, which a backend holding them all runs instead
 rank_check.all_ranks = ranks_check   # type: ignore[attr-defined]
 
 
-@dataclass
-class _OutputsState:
+class _OutputsState(NamedTuple):
     """A rank's outputs as the check found them: what is wrong so far, what to compare, and
-    what its backward pass takes."""
+    what its backward pass takes.  (A named tuple: one per rank of every check.)"""
 
     found: list
     checks: list
@@ -200,7 +196,8 @@ class _OutputsState:
 
 
 def _outputs_state(comm, ref: Reference, layout: RankLayout, leaves: dict, outputs: list,
-                   undefined: frozenset[int]) -> _OutputsState:
+                   compared_outputs: list[tuple]) -> _OutputsState:
+    """``compared_outputs``: (index, label, dtype, reference) of each output the call defines."""
     rank, out_data = comm.rank, layout.outputs
     found: list[Mismatch] = []
     if len(outputs) != len(out_data):
@@ -210,13 +207,12 @@ def _outputs_state(comm, ref: Reference, layout: RankLayout, leaves: dict, outpu
         outputs = outputs[:len(out_data)]
     shape_ok = len(outputs) == len(out_data)   # else backward cannot run
     checks: list = []   # each output and gradient: a wrong dtype, or what to compare (compare_ranks)
-    for index, (operand, output) in enumerate(zip(out_data, outputs)):
-        if index in undefined:
-            continue   # no result of the call: never compared (capture/uninitialised.py)
-        label = output_label(index, len(out_data), operand.data.name)
-        want_dtype = ref.out_dtypes[index]
-        checks.append(_entry(comm, label, output, want_dtype, ref.outputs[index], operand, None))
-        shape_ok = shape_ok and tuple(output.shape) == operand.local_shape
+    for index, label, want_dtype, full in compared_outputs:   # an undefined output is never compared
+        if index >= len(outputs):
+            break
+        output, operand = outputs[index], out_data[index]
+        checks.append(_entry(comm, label, output, want_dtype, full, operand, None))
+        shape_ok = shape_ok and output.shape == operand.local_shape
     carrying = [(operand.data, out) for operand, out, g in zip(out_data, outputs, ref.grad_outputs)
                 if g is not None and out.requires_grad]
     differentiable = [n for n, leaf in leaves.items() if leaf.requires_grad] if carrying else []
@@ -229,20 +225,20 @@ def _entry(comm, label: str, actual: torch.Tensor, want_dtype: torch.dtype, full
     """What compare_ranks takes of one output or gradient: its wrong dtype or device
     (kind_mismatch), else what to compare, ``(label, actual, full, operand, holds)`` (the common
     case tested first: kind_mismatch formats what it finds)."""
-    if actual.dtype == want_dtype and actual.device.type == comm.device.type:
+    if actual.dtype == want_dtype and actual.device == comm.device:   # else kind_mismatch compares device types
         return label, actual, full, operand, holds
     return kind_mismatch(comm.rank, label, actual, want_dtype, comm.device) or (label, actual, full, operand, holds)
 
 
 def _declared_mismatches(comm, case: OpCase, strategy: ShardingStrategy, uses_declared_dtypes: bool,
-                         layout: RankLayout, state: _OutputsState, before: Counter | None,
+                         layout: RankLayout, state: _OutputsState, before: dict | None,
                          traffic_start: dict | None, traffic_fwd: dict, leaves: dict,
                          work: OpWork | None) -> tuple[list[Mismatch], tuple]:
     """The rank's collectives, communication, compute and memory against what the strategy
     declares (the communication cost only where the check ran in the declared dtypes), and the
     collectives it issued ((kind, axes, count), sorted)."""
     rank, found = comm.rank, []
-    issued = _counted(comm) if before is None else _counted(comm) - before
+    issued = _counted(comm) if before is None else _since(_counted(comm), before)
     if state.shape_ok:
         differentiable = state.differentiable
         expected = layout.expected_collectives(tuple(differentiable + [d.name for d, _ in state.carrying])
@@ -283,12 +279,14 @@ def _tolerance_for(dtype: torch.dtype, rtol: float | None, atol: float | None) -
 
 
 def _since(now: dict, then: dict) -> dict:
-    """The traffic issued between two snapshots (as ``Counter`` subtraction: positive counts only)."""
+    """What was issued between two snapshots of a count (as ``Counter`` subtraction: positive counts only)."""
     return {key: n - then.get(key, 0) for key, n in now.items() if n > then.get(key, 0)}
 
 
-def _counted(comm) -> Counter:
-    return Counter({key: n for key, n in comm.counts.items() if key[0] in _COUNTED and n})
+def _counted(comm) -> dict:
+    """(kind, axes) -> number of the collectives ``comm`` issued (a plain dict: the check takes
+    two per rank, and a Counter costs several times as much to build)."""
+    return {key: n for key, n in comm.counts.items() if n and key[0] in _COUNTED}
 
 
 def _local_forward(ranks, ref: Reference, strategy: ShardingStrategy,
@@ -306,24 +304,28 @@ def _local_forward(ranks, ref: Reference, strategy: ShardingStrategy,
         if loc not in ref.values:
             raise VerificationError(f"operand {data.name!r} sits at {loc[0]} {loc[1]!r}, which node "
                                     f"{node.name!r} does not have")
-        for comm, layout, rank_leaves in zip(comms, layouts, leaves):
-            rank_leaves[data.name] = ref.leaf(loc, rank_block(ref, strategy, layout.inputs[position], position,
-                                                              comm.mesh, comm.rank))
+        blocks = rank_blocks(ref, strategy, [layout.inputs[position] for layout in layouts], position, ranks.mesh,
+                             [comm.rank for comm in comms])
+        for rank_leaves, leaf in zip(leaves, ref.leaves(loc, blocks)):
+            rank_leaves[data.name] = leaf
         seen = before_op_on_ranks(ranks, strategy, data.name, [rank_leaves[data.name] for rank_leaves in leaves], late)
         for rank_local, tensor in zip(local, seen):
             rank_local[loc] = tensor
     outputs, works = [], []
+    undefined = undefined_outputs(node)
+    meter = OpMeter(ref.flops)
     for comm, layout, rank_leaves, rank_local, module in zip(comms, layouts, leaves, local, modules):
-        rank_local.update(local_arguments(strategy, comm.rank))
-        meter = OpMeter(node, _call_signature(rank_local))
+        if strategy.local_args:
+            rank_local.update(local_arguments(strategy, comm.rank))
         try:
-            rank_outputs = list(as_outputs(node, meter.call(call_op, node, module, rank_local,
-                                                            owned=module is not None)))
+            result = meter.call_signed(_call_signature(rank_local), call_op, node, module, rank_local,
+                                       owned=module is not None)
+            rank_outputs = [result] if isinstance(result, torch.Tensor) else list(as_outputs(node, result))
         except Exception as exc:  # noqa: BLE001 - re-raised with what reached the op
             raise OpCallError(op_context(comm, node, strategy, rank_leaves, rank_local, exc), comm.rank) from exc
         # an output the op leaves undefined stands as zeros of the local shape its layout gives (the meta
         # kernel's, which the strategy is derived from), so its actions and costs run as declared
-        for index in undefined_outputs(node):
+        for index in undefined:
             if index < min(len(rank_outputs), len(layout.outputs)):
                 rank_outputs[index] = torch.zeros(layout.outputs[index].local_shape, dtype=rank_outputs[index].dtype,
                                                   device=rank_outputs[index].device)
@@ -338,8 +340,8 @@ def _call_signature(local: dict) -> tuple:
     tensor reaching it, and the non-tensor arguments a strategy passes instead (a view's local
     shape)."""
     return (torch.is_grad_enabled(),
-            tuple((loc, tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad) if isinstance(t, torch.Tensor)
-                  else (loc, _hashable(t)) for loc, t in local.items()))
+            tuple([(loc, t.shape, t.stride(), t.dtype, t.device, t.requires_grad) if isinstance(t, torch.Tensor)
+                   else (loc, _hashable(t)) for loc, t in local.items()]))
 
 
 def _hashable(value: object) -> object:
@@ -355,13 +357,36 @@ def rank_block(ref: Reference, strategy: ShardingStrategy, operand: LocalOperand
     """``rank``'s own copy of what it holds of input ``position``, laid out as ``operand``: its
     block of the reference in the check's dtype, or of a partial input its piece of that block
     (:func:`_shared_piece`)."""
-    data = operand.data
+    return rank_blocks(ref, strategy, [operand], position, mesh, [rank])[0]
+
+
+def rank_blocks(ref: Reference, strategy: ShardingStrategy, operands: list[LocalOperand], position: int, mesh,
+                ranks: list[int]) -> list[torch.Tensor]:
+    """:func:`rank_block` for each of ``ranks`` (``operands[i]``: how ``ranks[i]`` lays input
+    ``position`` out)."""
+    data = operands[0].data
     loc = (data.locator.kind, data.locator.key)
     partial = strategy.partial_input(data.name)
     if partial is None:
-        return operand.shard(ref.typed(loc), mesh, rank).clone()
-    return _shared_piece(ref.values[loc], operand, mesh, rank, partial.axes, position,
-                         partial.op).to(ref.dtypes[loc], copy=True)
+        typed, blocks = ref.typed(loc), []
+        for operand, rank in zip(operands, ranks):   # _block's lookup spelled out: every rank of every check asks
+            hit = _BLOCKS.get((id(typed), operand.spec.key, rank))
+            blocks.append((hit[1] if hit is not None and hit[0] is typed else _block(typed, operand, mesh, rank)).clone())
+        return blocks
+    full, dtype = ref.values[loc], ref.dtypes[loc]
+    return [_shared_piece(full, operand, mesh, rank, partial.axes, position, partial.op).to(dtype, copy=True)
+            for operand, rank in zip(operands, ranks)]
+
+
+_BLOCKS: dict = {}
+
+
+def _block(tensor: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> torch.Tensor:
+    """``operand.shard(tensor, mesh, rank)``, remembered per (tensor, layout, rank): the strategies
+    of a case laying an input out alike take their blocks from one view (read only: callers
+    copy), as the bare op of ``benchmarks/bench_verify.py`` slices its shards once."""
+    return remembered(_BLOCKS, (id(tensor), operand.spec.key, rank), tensor, lambda: operand.shard(tensor, mesh, rank),
+                      limit=8192)
 
 
 _PIECES: dict = {}
@@ -422,9 +447,9 @@ def _local_backward(ranks, ref: Reference, strategy: ShardingStrategy, layouts: 
     parameter gradients: {rank index: {operand name: gradient}}."""
     comms = ranks.comms
     outs, grad_outs, wanted = [], [], []
+    index = {operand.data.name: k for k, operand in enumerate(layouts[0].outputs)}   # every rank's alike
     for i in running:
         comm, layout, state = comms[i], layouts[i], states[i]
-        index = {operand.data.name: k for k, operand in enumerate(layout.outputs)}
         for data, output in state.carrying:
             k = index[data.name]
             outs.append(output)
@@ -455,6 +480,10 @@ _GRAD_OUTPUTS: dict = {}
 def _grad_output(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, dtype: torch.dtype) -> torch.Tensor:
     """This rank's shard of the reference output gradient ``full`` laid out as ``operand``, in
     ``dtype``: remembered per (tensor, layout, rank, dtype), so the strategies of a case laying
-    an output out alike share one slice and cast (read only: autograd never writes to it)."""
-    return remembered(_GRAD_OUTPUTS, (id(full), operand.spec, rank, dtype), full,
-                      lambda: operand.shard(full, mesh, rank).to(dtype), limit=8192)
+    an output out alike share one slice and cast (read only: autograd never writes to it).
+    (``remembered`` spelled out: every rank of every check asks.)"""
+    key = (id(full), operand.spec.key, rank, dtype)
+    hit = _GRAD_OUTPUTS.get(key)
+    if hit is None or hit[0] is not full:
+        return remembered(_GRAD_OUTPUTS, key, full, lambda: operand.shard(full, mesh, rank).to(dtype), limit=8192)
+    return hit[1]

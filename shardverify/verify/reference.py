@@ -42,6 +42,9 @@ class Reference:
     # Locator -> the value in its check dtype, filled on first use (every strategy's ranks
     # slice the same converted tensor instead of converting the whole operand per check)
     _typed: dict = field(default_factory=dict, compare=False, repr=False)
+    #: call signature -> (FLOPs, largest numel passed in) of the ranks' local calls of the op
+    #: (``verify.costs.OpMeter``), filled as the checks count them
+    flops: dict = field(default_factory=dict, compare=False, repr=False)
 
     def typed(self, loc: Locator) -> torch.Tensor:
         """The operand at ``loc`` in the dtype the ranks compute in (shared: never modify it)."""
@@ -54,6 +57,10 @@ class Reference:
         """``tensor`` made a leaf of the op's call at ``loc``: asking for a gradient where the op
         gives one (a floating operand, not a constant such as a running statistic)."""
         return _as_leaf(tensor, loc, self.constant)
+
+    def leaves(self, loc: Locator, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`leaf` of each of ``tensors`` (every rank's block of one operand)."""
+        return [_as_leaf(tensor, loc, self.constant) for tensor in tensors]
 
     @property
     def output(self) -> torch.Tensor:
