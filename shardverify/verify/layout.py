@@ -2,9 +2,10 @@
 
 Every check asks the same questions of its strategy on every rank: where each operand sits,
 which slice of it the rank holds and its local shape, which collectives the declared actions
-imply.  The answers depend only on the strategy, the mesh and the rank, so they are kept
-while the strategy lives instead of scanning operands and re-hashing layouts per check
-(in a 1 ms check that bookkeeping costs as much as the op).
+imply.  The answers depend only on the strategy, the mesh and the rank.  The slices and
+shapes are kept per layout (every strategy laying a tensor out alike shares them); a rank's
+whole layout is kept while the strategy lives where each rank asks on its own (a rank thread
+or process), and built once for all ranks where one thread holds them all.
 """
 
 from __future__ import annotations
