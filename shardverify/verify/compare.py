@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from shardverify.verify.layout import LocalOperand
-from shardverify.verify.memo import remembered
+from shardverify.verify.memo import recalled, remembered
 from shardverify.verify.report import Mismatch
 from shardverify.verify.tolerance import Comparison, Tolerance, compare
 
@@ -169,13 +169,12 @@ _SLICES: dict = {}
 def _reference_slice(full: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> tuple[torch.Tensor, dict]:
     """This rank's slice of the reference tensor ``full`` laid out as ``operand``, and its
     bounds by tolerance (filled by the comparisons).  Remembered per (tensor, layout, rank):
-    every strategy laying the tensor out alike compares against the same slice.  (``remembered``
-    spelled out: every comparison asks.)"""
+    every strategy laying the tensor out alike compares against the same slice."""
     key = (id(full), operand.spec.key, rank)
-    hit = _SLICES.get(key)
-    if hit is None or hit[0] is not full:
-        return remembered(_SLICES, key, full, lambda: (operand.shard(full, mesh, rank), {}), limit=8192)
-    return hit[1]
+    found = recalled(_SLICES, key, full)
+    if found is None:
+        found = remembered(_SLICES, key, full, lambda: (operand.shard(full, mesh, rank), {}), limit=8192)
+    return found
 
 
 def _bound(expected: torch.Tensor, tol: Tolerance, narrow: bool,

@@ -37,7 +37,7 @@ from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import CommWhere, ShardingStrategy
 from shardverify.spec.case import OpCase, cached
 from shardverify.verify.layout import RankLayout, rank_layout
-from shardverify.verify.rank import local_arguments, rank_block
+from shardverify.verify.rank import local_arguments, rank_blocks
 from shardverify.verify.reference import Reference, reference
 from shardverify.verify.report import output_label
 from shardverify.verify.tolerance import own_error
@@ -86,7 +86,7 @@ def _seen(ref: Reference, strategy: ShardingStrategy, mesh: DeviceMesh, position
     if position not in views:
         ranks = range(math.prod(mesh.shape))
         operands = [rank_layout(strategy, mesh, rank).inputs[position] for rank in ranks]
-        blocks = [rank_block(ref, strategy, operand, position, mesh, rank) for rank, operand in zip(ranks, operands)]
+        blocks = rank_blocks(ref, strategy, operands, position, mesh, list(ranks))
         lates: list[dict] = [{} for _ in ranks]
         with torch.no_grad():
             seen = before_op_on_ranks(AllRanks(mesh), strategy, operands[0].data.name, blocks, lates)

@@ -31,7 +31,7 @@ from shardverify.collectives.patterns import (OneRank, after_op_on_ranks, before
 from shardverify.verify.costs import (OpMeter, OpWork, communication_mismatches, compute_mismatches,
                                       memory_mismatches)
 from shardverify.verify.layout import LocalOperand, RankLayout, rank_layouts
-from shardverify.verify.memo import remembered
+from shardverify.verify.memo import recalled, remembered
 from shardverify.verify.op_error import OpCallError, op_context
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
@@ -40,8 +40,7 @@ from shardverify.verify.report import Mismatch, output_label
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, tolerance_for
 
-__all__ = ["RankReport", "rank_check", "ranks_check", "rank_block", "rank_blocks", "strategy_problems",
-           "local_arguments"]
+__all__ = ["RankReport", "rank_check", "ranks_check", "rank_blocks", "strategy_problems", "local_arguments"]
 
 _EXACT = Tolerance(0.0, 0.0)
 _COUNTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
@@ -352,26 +351,19 @@ def _hashable(value: object) -> object:
     return value
 
 
-def rank_block(ref: Reference, strategy: ShardingStrategy, operand: LocalOperand, position: int, mesh,
-               rank: int) -> torch.Tensor:
-    """``rank``'s own copy of what it holds of input ``position``, laid out as ``operand``: its
-    block of the reference in the check's dtype, or of a partial input its piece of that block
-    (:func:`_shared_piece`)."""
-    return rank_blocks(ref, strategy, [operand], position, mesh, [rank])[0]
-
-
 def rank_blocks(ref: Reference, strategy: ShardingStrategy, operands: list[LocalOperand], position: int, mesh,
                 ranks: list[int]) -> list[torch.Tensor]:
-    """:func:`rank_block` for each of ``ranks`` (``operands[i]``: how ``ranks[i]`` lays input
-    ``position`` out)."""
+    """Each of ``ranks``' own copy of what it holds of input ``position``, ``ranks[i]`` laying it
+    out as ``operands[i]``: its block of the reference in the check's dtype, or of a partial
+    input its piece of that block (:func:`_shared_piece`)."""
     data = operands[0].data
     loc = (data.locator.kind, data.locator.key)
     partial = strategy.partial_input(data.name)
     if partial is None:
         typed, blocks = ref.typed(loc), []
-        for operand, rank in zip(operands, ranks):   # _block's lookup spelled out: every rank of every check asks
-            hit = _BLOCKS.get((id(typed), operand.spec.key, rank))
-            blocks.append((hit[1] if hit is not None and hit[0] is typed else _block(typed, operand, mesh, rank)).clone())
+        for operand, rank in zip(operands, ranks):
+            view = recalled(_BLOCKS, (id(typed), operand.spec.key, rank), typed)
+            blocks.append((_block(typed, operand, mesh, rank) if view is None else view).clone())
         return blocks
     full, dtype = ref.values[loc], ref.dtypes[loc]
     return [_shared_piece(full, operand, mesh, rank, partial.axes, position, partial.op).to(dtype, copy=True)
@@ -480,10 +472,9 @@ _GRAD_OUTPUTS: dict = {}
 def _grad_output(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, dtype: torch.dtype) -> torch.Tensor:
     """This rank's shard of the reference output gradient ``full`` laid out as ``operand``, in
     ``dtype``: remembered per (tensor, layout, rank, dtype), so the strategies of a case laying
-    an output out alike share one slice and cast (read only: autograd never writes to it).
-    (``remembered`` spelled out: every rank of every check asks.)"""
+    an output out alike share one slice and cast (read only: autograd never writes to it)."""
     key = (id(full), operand.spec.key, rank, dtype)
-    hit = _GRAD_OUTPUTS.get(key)
-    if hit is None or hit[0] is not full:
-        return remembered(_GRAD_OUTPUTS, key, full, lambda: operand.shard(full, mesh, rank).to(dtype), limit=8192)
-    return hit[1]
+    found = recalled(_GRAD_OUTPUTS, key, full)
+    if found is None:
+        found = remembered(_GRAD_OUTPUTS, key, full, lambda: operand.shard(full, mesh, rank).to(dtype), limit=8192)
+    return found
