@@ -228,6 +228,12 @@ def _serve(config: WorkerConfig, conn: multiprocessing.connection.Connection, sh
 
     keep_to_cpu(config.cpu)   # first: the threads started below (gloo's among them) inherit it
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+    # so is a SIGTERM to the whole group (`kill -- -PGID`, a CI timeout): the parent stops its pool
+    # (with SIGKILL where it must), or, gone, its workers remove what it left (watch_parent), its
+    # multiprocessing ``pymp-*`` folder among them. Ended by the group's SIGTERM themselves, they
+    # left that folder whenever the parent then ended without its exit handlers (twice in CI:
+    # an xdist worker's, with no process left)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=watch_parent, args=(config.parent_pid, config.leftovers, config.parent_started),
                      daemon=True).start()
     torch.set_num_threads(1)
