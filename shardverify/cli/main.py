@@ -12,7 +12,8 @@ import sys
 from shardverify.backends.signals import exit_on_sigterm, keep_interrupts
 
 # Subcommand modules, in the order `--help` lists them.
-SUBCOMMANDS = ("verify", "generate", "list", "coverage", "explore", "audit", "dtensor", "calibrate", "plan")
+SUBCOMMANDS = ("verify", "generate", "list", "coverage", "explore", "audit", "dtensor", "calibrate", "plan",
+               "parallelize")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,215 @@
+"""The first culprit of a parallelized model that differs from the single device, and why.
+
+The run's values come in order (each module's input as it arrives and as the plan's style prepares
+it, its output, then each step's loss, gradients and weights), so the first one out of its budget
+is where the difference enters. A module input is the plan's layouts at fault (what reaches the
+module is not what the plan declares it to be: a replicated tensor taken as a shard). A module
+output is looked into op by op: the module runs again on the single device and on every rank, its
+aten ops paired by name and occurrence, and the first op whose result differs is the culprit;
+that op re-run on the full values of its own inputs tells a DTensor rule or runtime that computes
+wrong (the inputs were right) from right arithmetic on inputs that already differ (a weight or an
+activation the plan laid out wrong), and a local op of a style's fast path from both. A gradient
+whose ranks' parts sum to the single device's is a partial gradient nothing reduces."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from shardverify.parallelize.compare import Finding, budget, compare_values, reading
+
+__all__ = ["Culprit", "blame", "known_dtensor_bug"]
+
+CAUSES = {
+    "plan layouts": "the plan's layouts do not fit together",
+    "DTensor": "DTensor computes this op wrong",
+    "plan style": "the style applying the plan hands on a wrong value",
+    "partial gradient": "a partial gradient is never reduced",
+    "raised": "the parallelized model raised",
+    "inputs": "the op's inputs already differ",
+    "loss": "the loss differs while every module output matches",
+    "optimizer": "the optimizer step differs while the gradients match",
+}
+
+
+@dataclass(frozen=True)
+class Culprit:
+    module: str
+    what: str = ""          # the value that shows it (an output, an input, a parameter)
+    op: str = ""            # the first aten op in the module that goes wrong (or raises)
+    cause: str = ""         # a key of CAUSES
+    detail: str = ""
+    upstream: str = ""      # a known DTensor bug page (docs/upstream/NAME.md)
+
+    def line(self) -> str:
+        where = self.module + (f", {self.op}" if self.op else "")
+        return f"{where}: {CAUSES.get(self.cause, self.cause)}" + (f" ({self.detail})" if self.detail else "") + \
+            (f"; known DTensor bug: docs/upstream/{self.upstream}.md" if self.upstream else "")
+
+
+def known_dtensor_bug(op: str) -> str:
+    """The docs/upstream page (by name) whose op is ``op``, where this checkout has the pages."""
+    folder = Path(__file__).resolve().parents[2] / "docs" / "upstream"
+    stem = op.split(".")[1] if op.count(".") >= 1 else op
+    if not folder.is_dir():
+        return ""
+    for page in sorted(folder.glob("*.md")):
+        if page.stem.split("-")[0] == stem.split("_backward")[0] or page.stem.startswith(stem.replace("_", "-")):
+            return page.stem
+    return ""
+
+
+def _describe(values: list[torch.Tensor], truth: torch.Tensor, single: torch.Tensor, dtype, tp: int) -> str:
+    """How the ranks hold ``truth``: whole, a block on a dim, or neither."""
+    read = reading(values, truth, single, dtype, tp, lambda rank: rank % tp)
+    if read is not None:
+        return f"as {read} of the single device's {list(truth.shape)}"
+    shapes = sorted({tuple(v.shape) for v in values})
+    return f"with shape {' / '.join(str(list(s)) for s in shapes)} and values no block of the single device's has"
+
+
+def _mixed_culprit(found, failure) -> Culprit | None:
+    """A plain tensor and a DTensor met in one op: the module that handed on the DTensor (the innermost
+    of the last chain of modules whose outputs were DTensors)."""
+    order = [key for key in found.outputs if key in found.dtensor_outputs]
+    if not order:
+        return None
+    last = found.owner[order[-1]]
+    keys = list(found.outputs)
+    position = keys.index(order[-1])
+    culprit = last
+    while position > 0:
+        position -= 1
+        key = keys[position]
+        module = found.owner.get(key, "")
+        if key in found.dtensor_outputs and module.startswith(culprit + ".") and " input" not in key:
+            culprit = module
+        elif not module.startswith(last + ".") or " input" in key:
+            break
+    return Culprit(culprit, cause="plan style", op="", detail=(
+        f"its output is a DTensor (use_local_output=False, or an output layout no later style takes), and "
+        f"{failure.module or 'the model'} mixes it with plain tensors: {failure.error}"))
+
+
+def _input_culprit(first: Finding, found, truth, single, tp: int, dtype) -> Culprit:
+    module = found.owner.get(first.what, first.what)
+    arrived = found.arrivals.get(first.what)
+    prepared = found.outputs[first.what]
+    want = truth.outputs[first.what][0]
+    reading = "" if arrived is None else _describe(arrived, want, single.outputs[first.what][0], dtype, tp)
+    detail = (f"its input reaches it {reading}, " if reading else "its input ") + \
+        f"and the plan takes it as a tensor of global shape {list(prepared[0].shape)} where the single device has " \
+        f"{list(want.shape)}: the layout the plan declares for this input is not the one the tensor has"
+    return Culprit(module, first.what, cause="plan layouts", detail=detail)
+
+
+def _gradient_culprit(first: Finding, found, truth, tp: int, dtype) -> Culprit:
+    name = first.what
+    module = name.rpartition(".")[0] or "(model)"
+    per_rank = found.grads[first.step][name]
+    want = truth.grads[first.step][name][0]
+    if not found.grad_is_dtensor.get(name, True) and all(g is not None for g in per_rank) and len(per_rank) >= tp > 1:
+        group = per_rank[:tp]
+        if all(tuple(g.shape) == tuple(want.shape) for g in group):
+            total = sum(g.double() for g in group)
+            scale = float(want.abs().max()) if want.numel() else 0.0
+            if float((total - want).abs().max()) <= budget(0.0, scale, dtype) * 4:
+                return Culprit(module, name, cause="partial gradient", detail=(
+                    f"each rank's gradient of {name} is its own part and the parts sum to the single device's: "
+                    "the weight is a plain replicated tensor while the module runs on a shard of its input "
+                    "(sequence or heads), and nothing sums the parts across the ranks (a SequenceParallel or "
+                    "grad-all-reduce style on this module)"))
+    return Culprit(module, name, cause="gradient", detail=f"the forward matches; {first.line()}")
+
+
+def _paired(calls: list) -> dict:
+    return {call.key: call for call in calls}
+
+
+def _op_culprit(source, plan, shape, options, module: str, first: Finding, tp: int) -> Culprit:
+    from shardverify.parallelize.execute import batches, prepared_parallel, single_model
+    from shardverify.parallelize.ops import log_module_ops
+
+    world = math.prod(shape)
+    data = batches(source, options)[0]
+    logs = []
+    for dtype in (torch.float64, options.dtype):
+        model = single_model(source, dtype)
+        batch = data.cast(dtype)
+        with (torch.no_grad() if options.mode == "inference" else contextlib.nullcontext()):
+            logs.append(log_module_ops(model, module, lambda m=model, b=batch: m(**b.inputs), 1)[0])
+    with prepared_parallel(source, plan, shape, options) as model:
+        with (torch.no_grad() if options.mode == "inference" else contextlib.nullcontext()):
+            parallel, error = log_module_ops(model, module, lambda: model(**data.inputs), world)
+    truth, single = _paired(logs[0]), _paired(logs[1])
+    index = (lambda rank: rank % tp)
+    for call in parallel:
+        if call.raised:
+            return Culprit(module, first.what, call.name, "raised", call.raised)
+        if call.key not in truth or not call.outputs or not truth[call.key].outputs:
+            continue
+        want, mine = truth[call.key], single.get(call.key, truth[call.key])
+        wrong = compare_values("forward", call.name, call.outputs[0], want.outputs[0][0], mine.outputs[0][0],
+                               options.dtype, tp, index)
+        if not wrong:
+            continue
+        if call.direct is not None:
+            scale = float(want.outputs[0][0].abs().max()) if want.outputs[0][0].numel() else 0.0
+            worst = max(float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+                        for a, b in zip(call.outputs[0], call.direct[0]) if a.shape == b.shape) \
+                if all(a.shape == b.shape for a, b in zip(call.outputs[0], call.direct[0])) else math.inf
+            if worst > budget(0.0, scale, options.dtype) * 8:
+                page = known_dtensor_bug(call.name)
+                return Culprit(module, first.what, call.name, "DTensor", (
+                    f"DTensor's result differs from the same op on the full values of its own inputs by {worst:.3g} "
+                    f"(values up to {scale:.3g}): a DTensor rule or runtime bug"), page)
+        bad_inputs = []
+        for position, values in enumerate(call.inputs):
+            if position < len(want.inputs) and compare_values("forward", "", values, want.inputs[position][0],
+                                                              mine.inputs[position][0] if position < len(mine.inputs)
+                                                              else want.inputs[position][0], options.dtype, tp, index):
+                bad_inputs.append(position)
+        if bad_inputs:
+            return Culprit(module, first.what, call.name, "plan layouts", (
+                f"{call.name} computes right on what it gets, but its input {bad_inputs[0]} already differs from the "
+                "single device's: a weight or an activation is laid out other than the plan's next step takes it"))
+        return Culprit(module, first.what, call.name, "plan style", (
+            f"its inputs match the single device's and {call.name} ran on this rank's local tensors; its result is "
+            "no block of the single device's"))
+    if error:
+        return Culprit(module, first.what, "", "raised", error)
+    return Culprit(module, first.what, "", "plan style", (
+        "every aten op inside it matches the single device; the output the plan's style hands on does not "
+        "(its output layouts or use_local_output)"))
+
+
+def blame(source, plan, shape, options, found, findings: list[Finding], truth, single=None) -> Culprit:
+    """The first culprit of a run that differs (``findings`` in the run's order) or raised."""
+    _, tp = (1, shape[0]) if len(shape) == 1 else shape
+    first = findings[0] if findings else None
+    if first is not None and first.phase in ("forward", "inference"):
+        if first.what in found.arrivals:
+            return _input_culprit(first, found, truth, single or truth, tp, options.dtype)
+        module = found.owner.get(first.what, first.what)
+        return _op_culprit(source, plan, shape, options, module, first, tp)
+    if found.failure is not None:
+        failing = found.failure.module or "(model)"
+        if "mixed torch.Tensor and DTensor" in found.failure.error:
+            mixed = _mixed_culprit(found, found.failure)
+            if mixed is not None:
+                return mixed
+        if found.failure.stage == "forward" and found.failure.module:
+            culprit = _op_culprit(source, plan, shape, options, failing,
+                                  Finding("forward", failing, 0, "raised", math.inf, 0, 0, 0), tp)
+            if culprit.op:
+                return culprit
+        return Culprit(failing, cause="raised", detail=f"{found.failure.stage}: {found.failure.error}")
+    if first.phase == "gradient":
+        return _gradient_culprit(first, found, truth, tp, options.dtype)
+    if first.phase == "loss":
+        return Culprit("loss", "loss", cause="loss", detail=first.line())
+    return Culprit(first.what.rpartition(".")[0] or "(model)", first.what, cause="optimizer", detail=first.line())

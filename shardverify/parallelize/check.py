@@ -1,0 +1,145 @@
+"""One check: the parallelized model against the single device, a verdict and its first culprit.
+
+The verdicts: ``right``; ``silently wrong`` (in the forward, the gradients or only after the
+optimizer steps: the first phase a value left its budget in); ``fails loudly`` (the parallelized
+model raised, named with the module it was in); ``cannot apply`` (the plan itself did not apply:
+transformers or PyTorch refused it, with their reason)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from shardverify.errors import InvalidArgument
+from shardverify.parallelize.blame import Culprit, blame
+from shardverify.parallelize.compare import Finding, compare_values
+from shardverify.parallelize.execute import Failure, RunOptions, Trace, run_parallel, run_single
+from shardverify.parallelize.models import ModelSource, resolve_model
+from shardverify.parallelize.plans import Plan, mesh_names, resolve_plan
+
+__all__ = ["ParallelizeResult", "check_parallelize", "VERDICTS"]
+
+VERDICTS = ("right", "silently wrong", "fails loudly", "cannot apply")
+
+
+@dataclass(frozen=True)
+class ParallelizeResult:
+    model: str
+    plan: str
+    mesh: tuple[int, ...]
+    mode: str
+    dtype: str
+    steps: int
+    verdict: str
+    phase: str = ""                       # where a silent verdict first shows: forward / gradients / after steps
+    findings: tuple[Finding, ...] = ()
+    compared: int = 0                     # values compared (each on every rank)
+    failure: Failure | None = None
+    culprit: Culprit | None = None
+    cpu_seconds: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "right"
+
+
+def _dp_tp(shape: tuple[int, ...]) -> tuple[int, int]:
+    return (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
+
+
+def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, shape: tuple[int, ...]
+             ) -> tuple[list[Finding], int]:
+    """Every value of ``found`` against the truth, the findings in the order the run made the values:
+    the first forward's module inputs and outputs, then each step's loss, gradients (in the order the
+    backward pass reaches their modules) and weights."""
+    dp, tp = _dp_tp(shape)
+    index = (lambda rank: rank % tp)
+    findings: list[Finding] = []
+    compared = 0
+    forward_phase = "inference" if options.mode == "inference" else "forward"
+    for key, values in found.outputs.items():
+        if key in truth.outputs:
+            compared += 1
+            findings += compare_values(forward_phase, key, values, truth.outputs[key][0], single.outputs[key][0],
+                                       options.dtype, tp, index)
+    first_seen = {}
+    for position, key in enumerate(found.module_order):
+        first_seen.setdefault(key.split("#")[0], position)
+
+    def backward_order(name: str) -> int:
+        module = name.rpartition(".")[0] or "(model)"
+        return -first_seen.get(module, -1)
+
+    for step, losses in enumerate(found.losses):
+        compared += 1
+        findings += compare_values("loss", "loss", losses, truth.losses[step][0], single.losses[step][0],
+                                   options.dtype, tp, index, step)
+        for kind, values in (("gradient", found.grads), ("weights", found.weights)):
+            if step >= len(values):
+                continue
+            for name in sorted(values[step], key=backward_order if kind == "gradient" else (lambda n: 0)):
+                compared += 1
+                theirs = truth.grads if kind == "gradient" else truth.weights
+                single_runs = single.grads if kind == "gradient" else single.weights
+                findings += compare_values(kind, name, values[step][name], theirs[step][name][0],
+                                           single_runs[step][name][0], options.dtype, tp, index, step)
+    return findings, compared
+
+
+def _phase(first: Finding) -> str:
+    """Where a silent difference first shows: the first forward, its gradients, or only after steps."""
+    if first.phase in ("forward", "inference") or (first.phase == "loss" and first.step == 0):
+        return "forward"
+    if first.phase == "gradient" and first.step == 0:
+        return "gradients"
+    return "after steps"
+
+
+def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[int, ...] = (2,), *,
+                      mode: str = "train", steps: int = 3, dtype: torch.dtype = torch.float32,
+                      inputs=(), seed: int = 0, explain: bool = True) -> ParallelizeResult:
+    """The parallelized ``model`` (a :class:`ModelSource`, ``hf:TYPE``, ``zoo:NAME`` or a factory's
+    name) under ``plan`` (a :class:`Plan`, ``hf``, ``zoo:NAME`` or the name of a dict of
+    ParallelStyles or of a ``parallelize(model, mesh)`` function) on ``mesh`` (``(tp,)`` or
+    ``(dp, tp)``), against the single device: ``mode`` "train" (``steps`` AdamW steps) or "inference"."""
+    began = time.process_time()
+    shape = tuple(int(s) for s in mesh)
+    mesh_names(shape)
+    if math.prod(shape) < 2:
+        raise InvalidArgument(f"mesh {shape}: a parallel plan needs at least 2 ranks")
+    if mode not in ("train", "inference"):
+        raise InvalidArgument(f"mode {mode!r}: expected 'train' or 'inference'")
+    if steps < 1 or steps > 100:
+        raise InvalidArgument(f"steps {steps}: expected 1 to 100")
+    source = model if isinstance(model, ModelSource) else resolve_model(model, inputs, seed)
+    the_plan = plan if isinstance(plan, Plan) else resolve_plan(plan)
+    options = RunOptions(mode, steps, dtype)
+    notes = []
+    dp, tp = _dp_tp(shape)
+    if source.heads and source.heads % tp:
+        notes.append(f"{source.heads} attention heads do not divide over {tp} tensor-parallel ranks")
+    head = dict(model=source.name, plan=the_plan.name, mesh=shape, mode=mode, dtype=str(dtype).replace("torch.", ""),
+                steps=steps if mode == "train" else 0)
+    found = run_parallel(source, the_plan, shape, options)
+    if found.failure is not None and found.failure.stage == "apply":
+        return ParallelizeResult(**head, verdict="cannot apply", failure=found.failure,
+                                 cpu_seconds=time.process_time() - began, notes=tuple(notes))
+    truth = run_single(source, options, torch.float64)
+    single = run_single(source, options)
+    findings, compared = _compare(truth, single, found, options, shape)
+    culprit = None
+    if found.failure is not None:
+        verdict, phase = "fails loudly", found.failure.stage
+        culprit = blame(source, the_plan, shape, options, found, findings, truth, single) if explain else None
+    elif findings:
+        verdict, phase = "silently wrong", _phase(findings[0])
+        culprit = blame(source, the_plan, shape, options, found, findings, truth, single) if explain else None
+    else:
+        verdict, phase = "right", ""
+    return ParallelizeResult(**head, verdict=verdict, phase=phase, findings=tuple(findings), compared=compared,
+                             failure=found.failure, culprit=culprit, cpu_seconds=time.process_time() - began,
+                             notes=tuple(notes))

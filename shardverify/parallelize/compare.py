@@ -1,0 +1,145 @@
+"""Rounding or a bug: each value of the parallelized run against the single-device model computed
+in float64 (the truth), allowed what the single device itself errs by in the training dtype.
+
+A parallelized model adds and multiplies in another order than the single device (a row-parallel
+projection sums partial products, a sequence-parallel norm's gradient is reduced across ranks), so
+it cannot match the single device bit for bit; but it computes in the same dtype, so its distance
+from the truth is of the size of the single device's own. The budget of each value is
+``max(FACTOR x |single - truth|, the dtype's tolerance at the value's scale)``; a wrong layout, a
+missing reduction or a partial sum taken whole errs by the size of the value itself and leaves it
+by orders of magnitude. A value a rank holds as a shard of the module's output (a column-parallel
+layer's local output) is compared with the rank's block of the truth (torch.chunk's blocks along
+the one dim whose size differs, or a packed projection's blocks of each half)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from shardverify.verify.tolerance import tolerance_for
+
+__all__ = ["Finding", "FACTOR", "compare_values", "budget", "reading"]
+
+#: how many times the single device's own rounding a parallelized value may err by
+FACTOR = 8.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One value that left its budget (or has another shape, or is missing) on one rank."""
+
+    phase: str          # "forward" | "inference" | "loss" | "gradient" | "weights"
+    what: str           # module output key, parameter name or "loss"
+    rank: int
+    kind: str           # "values" | "shape" | "missing"
+    error: float        # the largest absolute error against the truth
+    budget: float
+    single: float       # the single device's own error there
+    scale: float        # the truth's largest magnitude
+    step: int = 0
+    layout: str = ""    # how the rank's value was read ("" whole; "block 1 of 2 on dim 2")
+    shape: tuple = ()
+    expected_shape: tuple = ()
+
+    def line(self) -> str:
+        where = f"{self.phase}" + (f" (step {self.step + 1})" if self.phase in ("loss", "gradient", "weights") else "")
+        if self.kind == "shape":
+            return (f"{where}: {self.what} on rank {self.rank} has shape {list(self.shape)}, which no block of "
+                    f"the single device's {list(self.expected_shape)} has")
+        if self.kind == "missing":
+            return f"{where}: {self.what} on rank {self.rank}: present on one side only"
+        return (f"{where}: {self.what} on rank {self.rank}: max abs error {self.error:.3g} against a budget of "
+                f"{self.budget:.3g} (the single device's own rounding {self.single:.3g}, values up to {self.scale:.3g})"
+                + (f", read as {self.layout}" if self.layout else ""))
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    diff = (a.detach().to(torch.float64) - b.detach().to(torch.float64)).abs()
+    if not torch.isfinite(diff).all():
+        same_nonfinite = (~torch.isfinite(a.double())) & (a.double() == b.double())
+        diff = torch.where(same_nonfinite, torch.zeros_like(diff), diff)
+        diff = torch.nan_to_num(diff, nan=float("inf"))
+    return float(diff.max())
+
+
+def budget(single_error: float, scale: float, dtype: torch.dtype) -> float:
+    tol = tolerance_for(dtype)
+    return max(FACTOR * single_error, tol.atol + tol.rtol * scale)
+
+
+def _blocks(truth: torch.Tensor, shape: tuple, parts: int, index: int) -> Iterator[tuple[str, object]]:
+    """Ways a rank's local value of ``shape`` can be its block of ``truth``: the whole, torch.chunk's
+    block ``index`` of ``parts`` along the one dim that differs, or a packed (gate/up, q/k/v) layout."""
+    if tuple(truth.shape) == tuple(shape):
+        yield "", lambda t: t
+        return
+    if truth.dim() != len(shape):
+        return
+    differing = [d for d in range(truth.dim()) if truth.shape[d] != shape[d]]
+    if len(differing) != 1 or parts <= 1:
+        return
+    dim = differing[0]
+    yield (f"block {index + 1} of {parts} on dim {dim}",
+           lambda t, d=dim: torch.chunk(t, parts, d)[index] if index < len(torch.chunk(t, parts, d)) else t.narrow(d, 0, 0))
+    for packed in (2, 3):
+        if truth.shape[dim] % packed == 0:
+            def take(t, d=dim, k=packed):
+                return torch.cat([torch.chunk(half, parts, d)[index] for half in torch.chunk(t, k, d)], d)
+            yield f"block {index + 1} of {parts} of each of {packed} packed parts on dim {dim}", take
+
+
+def _best(value: torch.Tensor, truth: torch.Tensor, single: torch.Tensor, dtype: torch.dtype, tp: int, index: int):
+    """``(within, error, layout, budget, own, scale)`` of the reading of ``value`` closest to ``truth``
+    (None: no block of ``truth`` has its shape)."""
+    best = None
+    for layout, take in _blocks(truth, tuple(value.shape), tp, index):
+        want, mine = take(truth), take(single)
+        if tuple(want.shape) != tuple(value.shape):
+            continue
+        scale = float(want.detach().abs().max()) if want.numel() else 0.0
+        own = _err(mine, want)
+        allowed = budget(own, scale, value.dtype if value.is_floating_point() else dtype)
+        error = _err(value, want)
+        candidate = (error <= allowed, error, layout, allowed, own, scale)
+        if best is None or (candidate[0], -candidate[1]) > (best[0], -best[1]):
+            best = candidate
+        if candidate[0]:
+            break
+    return best
+
+
+def reading(found: list[torch.Tensor], truth: torch.Tensor, single: torch.Tensor, dtype: torch.dtype, tp: int,
+            tp_index) -> str | None:
+    """How every rank holds ``truth`` ("the whole value", "block 1 of 2 on dim 2" on rank 0), or None
+    when some rank holds no block of it within its budget."""
+    layouts = []
+    for rank, value in enumerate(found):
+        best = _best(value, truth, single, dtype, tp, tp_index(rank))
+        if best is None or not best[0]:
+            return None
+        layouts.append(best[2])
+    return f"{layouts[0]} on rank 0" if layouts and layouts[0] else "the whole value on every rank"
+
+
+def compare_values(phase: str, what: str, found: list[torch.Tensor | None], truth: torch.Tensor | None,
+                   single: torch.Tensor | None, dtype: torch.dtype, tp: int, tp_index, step: int = 0) -> list[Finding]:
+    """Findings for each rank's ``found`` against ``truth``; ``tp_index(rank)`` is the rank's place on
+    the tensor-parallel axis (its block of a local shard)."""
+    out: list[Finding] = []
+    for rank, value in enumerate(found):
+        if value is None or truth is None:
+            if (value is None) != (truth is None):
+                out.append(Finding(phase, what, rank, "missing", float("inf"), 0.0, 0.0, 0.0, step))
+            continue
+        best = _best(value, truth, single, dtype, tp, tp_index(rank))
+        if best is None:
+            out.append(Finding(phase, what, rank, "shape", float("inf"), 0.0, 0.0, 0.0, step,
+                               shape=tuple(value.shape), expected_shape=tuple(truth.shape)))
+        elif not best[0]:
+            _, error, layout, allowed, own, scale = best
+            out.append(Finding(phase, what, rank, "values", error, allowed, own, scale, step, layout))
+    return out

@@ -1,0 +1,128 @@
+"""What is parallelized: a model built the same way on every call (seeded weights), the batch of
+each step, and the loss a training step takes of its output. A transformers model type is built
+tiny from its config (:mod:`shardverify.parallelize.tiny`), a zoo name from
+:mod:`shardverify.parallelize.zoo`, anything else is a factory the project may call
+(:func:`shardverify.spec.allow.call_factory`) with ``--input`` shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from shardverify.errors import InvalidArgument
+from shardverify.parallelize.values import tensors_of
+
+__all__ = ["Batch", "ModelSource", "resolve_model", "default_loss", "from_factory"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's data: the model's keyword inputs and the targets its loss takes (None: the loss
+    reads the model's own output, as a transformers model given ``labels`` does)."""
+
+    inputs: dict[str, torch.Tensor]
+    targets: torch.Tensor | None = None
+
+    def cast(self, dtype: torch.dtype) -> Batch:
+        """Floating inputs in ``dtype``; ids and masks as they are."""
+        return Batch({k: v.to(dtype) if v.is_floating_point() else v for k, v in self.inputs.items()}, self.targets)
+
+
+def default_loss(output: object, targets: torch.Tensor | None) -> torch.Tensor:
+    """The output's own ``loss`` (a transformers model given labels), else cross-entropy of the
+    first output against ``targets`` (logits over the last dim), else the mean square of the
+    first floating output: a loss every element of the output reaches."""
+    own = getattr(output, "loss", None)
+    if isinstance(own, torch.Tensor):
+        return own
+    first = next((t for _, t in tensors_of(output) if t.is_floating_point()), None)
+    if first is None:
+        raise InvalidArgument("the model's output holds no floating tensor to take a loss of")
+    if targets is not None:
+        return torch.nn.functional.cross_entropy(first.flatten(0, -2), targets.flatten())
+    return first.float().pow(2).mean() if first.dtype != torch.float64 else first.pow(2).mean()
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model to parallelize: ``build()`` gives the same weights every call; ``batch(step)`` the
+    full (single-device) batch of a step; ``loss(output, targets)`` a training step's loss."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    batch: Callable[[int], Batch]
+    loss: Callable[[object, torch.Tensor | None], torch.Tensor] = default_loss
+    transformers: bool = False
+    note: str = ""
+    heads: int | None = None          # attention heads, where known (a plan on a mesh that does not divide them is said)
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+def _hf_source(model_type: str, seed: int) -> ModelSource:
+    from shardverify.parallelize.tiny import tiny_model
+
+    first = tiny_model(model_type, seed)   # raises CannotBuild with the reason
+
+    def build() -> nn.Module:
+        return tiny_model(model_type, seed).model
+
+    def batch(step: int) -> Batch:
+        if step == 0:
+            return Batch(dict(first.inputs))
+        gen = torch.Generator().manual_seed(seed * 1000 + step)
+        inputs = {}
+        for key, value in first.inputs.items():
+            if value.dtype in (torch.int64, torch.int32) and key.endswith(("input_ids", "labels")):
+                high = int(first.inputs[key].max()) + 1
+                inputs[key] = torch.randint(0, max(high, 2), value.shape, generator=gen, dtype=value.dtype)
+            else:
+                inputs[key] = value
+        if "labels" in inputs and "input_ids" in inputs:
+            inputs["labels"] = inputs["input_ids"].clone()
+        return Batch(inputs)
+
+    return ModelSource(f"hf:{model_type}", build, batch, transformers=True, note=first.note, heads=first.heads)
+
+
+def from_factory(name: str, factory: Callable[[], nn.Module], inputs: Sequence, seed: int = 0,
+                 targets: Callable[[int], torch.Tensor | None] | None = None) -> ModelSource:
+    """A model from a callable (seeded before each call) and its input specs
+    (:class:`shardverify.plan.inputs.InputSpec`), drawn afresh each step."""
+    from shardverify.plan.inputs import draw_inputs
+
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        model = factory()
+        if not isinstance(model, nn.Module):
+            raise InvalidArgument(f"{name}: the factory returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+
+    def batch(step: int) -> Batch:
+        positional, keywords = draw_inputs(inputs, torch.Generator().manual_seed(seed * 1000 + step))
+        names = list(keywords)
+        if positional:
+            import inspect
+            params = [p for p in inspect.signature(build().forward).parameters][:len(positional)]
+            keywords = {**dict(zip(params, positional)), **keywords}
+            names = list(keywords)
+        return Batch({k: keywords[k] for k in names}, targets(step) if targets else None)
+
+    return ModelSource(name, build, batch)
+
+
+def resolve_model(text: str, inputs: Sequence = (), seed: int = 0, project: Path | None = None) -> ModelSource:
+    """``hf:MODEL_TYPE`` (a transformers architecture, tiny), ``zoo:NAME`` or a factory's dotted name."""
+    if text.startswith("hf:"):
+        return _hf_source(text[3:], seed)
+    if text.startswith("zoo:"):
+        from shardverify.parallelize.zoo import zoo_model
+        return zoo_model(text[4:], seed)
+    from shardverify.spec.allow import resolve_allowed
+    if not inputs:
+        raise InvalidArgument(f"model {text!r}: a factory needs its inputs (--input SHAPE, e.g. x=8,16)")
+    factory = resolve_allowed(text, project or Path.cwd())
+    return from_factory(text, factory, inputs, seed)

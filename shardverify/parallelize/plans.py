@@ -1,0 +1,106 @@
+"""How a model is parallelized, in the forms people have their plan: a PyTorch parallelize plan
+(module-name patterns to ParallelStyles, applied by ``parallelize_module`` on the mesh's ``tp``
+axis), their own ``parallelize(model, mesh)`` function (torchtitan's form: it gets the whole named
+mesh, ``("tp",)`` or ``("dp", "tp")``), or the plan a transformers config ships, applied exactly as
+``from_pretrained(..., distributed_config=DistributedConfig(tp_size=...))`` applies it
+(``maybe_distribute_model`` on transformers' own mesh), with the user's overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from shardverify.errors import InvalidArgument
+
+__all__ = ["Plan", "styles_plan", "function_plan", "transformers_plan", "resolve_plan", "mesh_names"]
+
+
+def mesh_names(shape: tuple[int, ...]) -> tuple[str, ...]:
+    """A 1-D mesh is tensor parallel; a 2-D one is data parallel by tensor parallel (dp, tp)."""
+    if len(shape) == 1:
+        return ("tp",)
+    if len(shape) == 2:
+        return ("dp", "tp")
+    raise InvalidArgument(f"mesh {shape}: a parallelize plan takes a 1-D (tp) or 2-D (dp, tp) mesh")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``apply(model, mesh_shape)`` parallelizes ``model`` in place (or returns the model that
+    replaces it) inside a world of the mesh's size; ``loss_parallel`` takes the loss and its
+    backward under ``torch.distributed.tensor.parallel.loss_parallel()``."""
+
+    name: str
+    apply: Callable[[nn.Module, tuple[int, ...]], nn.Module]
+    loss_parallel: bool = False
+    styles: Mapping | None = None          # the plan's entries, where it has them (shown and blamed by)
+
+
+def _device_mesh(shape: tuple[int, ...]):
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", tuple(shape), mesh_dim_names=mesh_names(shape))
+
+
+def styles_plan(styles: Mapping, name: str = "parallelize plan", loss_parallel: bool = False) -> Plan:
+    """``parallelize_module(model, mesh["tp"], styles)``."""
+    from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+    for key, style in styles.items():
+        if not isinstance(key, str) or not isinstance(style, ParallelStyle):
+            raise InvalidArgument(f"{name}: entry {key!r} -> {type(style).__name__}: a parallelize plan maps "
+                                  "module-name patterns to ParallelStyle objects (ColwiseParallel(), ...)")
+
+    def apply(model: nn.Module, shape: tuple[int, ...]) -> nn.Module:
+        mesh = _device_mesh(shape)
+        return parallelize_module(model, mesh["tp"], dict(styles))
+
+    return Plan(name, apply, loss_parallel, styles)
+
+
+def function_plan(fn: Callable, name: str | None = None, loss_parallel: bool = False) -> Plan:
+    """A user's ``parallelize(model, mesh)``; its return value replaces the model when it is one."""
+    def apply(model: nn.Module, shape: tuple[int, ...]) -> nn.Module:
+        returned = fn(model, _device_mesh(shape))
+        return returned if isinstance(returned, nn.Module) else model
+
+    return Plan(name or getattr(fn, "__qualname__", "parallelize"), apply, loss_parallel)
+
+
+def transformers_plan(overrides: Mapping[str, str] | None = None) -> Plan:
+    """The config's ``base_model_tp_plan`` (with ``overrides`` merged as ``DistributedConfig(tp_plan=...)``
+    merges them) through transformers' ``maybe_distribute_model``: TP on the ``tp`` axis, FSDP2 on
+    a ``dp`` axis."""
+    def apply(model: nn.Module, shape: tuple[int, ...]) -> nn.Module:
+        from transformers.distributed import DistributedConfig
+        from transformers.distributed.utils import initialize_distributed_mesh
+
+        if not hasattr(type(model), "maybe_distribute_model"):
+            raise InvalidArgument(f"{type(model).__name__} is not a transformers model: its shipped plan cannot apply")
+        dp, tp = (1, shape[0]) if len(shape) == 1 else shape
+        config = DistributedConfig(tp_size=tp, fsdp_size=dp, tp_plan=dict(overrides) if overrides else None)
+        _, manager = initialize_distributed_mesh(config)
+        return type(model).maybe_distribute_model(model, config, manager)
+
+    name = "transformers' shipped tp_plan" + (f" with {dict(overrides)}" if overrides else "")
+    return Plan(name, apply, styles=overrides)
+
+
+def resolve_plan(text: str, project: Path | None = None, loss_parallel: bool = False) -> Plan:
+    """``hf`` (the transformers config's own plan), ``zoo:NAME``, or the dotted name of a dict of
+    ParallelStyles or of a ``parallelize(model, mesh)`` function in the user's project."""
+    if text in ("hf", "transformers", "auto"):
+        return transformers_plan()
+    if text.startswith("zoo:"):
+        from shardverify.parallelize.zoo import zoo_plan
+        return zoo_plan(text[4:])
+    from shardverify.spec.allow import resolve_allowed
+    found = resolve_allowed(text, project or Path.cwd())
+    if isinstance(found, Mapping):
+        return styles_plan(found, text, loss_parallel)
+    if callable(found):
+        return function_plan(found, text, loss_parallel)
+    raise InvalidArgument(f"plan {text!r} is a {type(found).__name__}: expected a dict of ParallelStyles "
+                          "or a parallelize(model, mesh) function")
