@@ -33,6 +33,7 @@ CAUSES = {
     "inputs": "the op's inputs already differ",
     "loss": "the loss differs while every module output matches",
     "optimizer": "the optimizer step differs while the gradients match",
+    "values": "its output differs from the single device's",
 }
 
 
@@ -187,14 +188,25 @@ def _op_culprit(source, plan, shape, options, module: str, first: Finding, tp: i
         "(its output layouts or use_local_output)"))
 
 
-def blame(source, plan, shape, options, found, findings: list[Finding], truth, single=None) -> Culprit:
-    """The first culprit of a run that differs (``findings`` in the run's order) or raised."""
+def blame(source, plan, shape, options, found, findings: list[Finding], truth, single=None,
+          backend: str = "local") -> Culprit:
+    """The first culprit of a run that differs (``findings`` in the run's order) or raised; the aten
+    op inside a module is looked for in process (a gloo run's culprit stays at the module)."""
+    in_process = backend == "local"
     _, tp = (1, shape[0]) if len(shape) == 1 else shape
     first = findings[0] if findings else None
     if first is not None and first.phase in ("forward", "inference"):
         if first.what in found.arrivals:
+            parent = found.parent.get(first.what, "")
+            arrived_wrong = reading(found.arrivals[first.what], truth.outputs[first.what][0],
+                                    (single or truth).outputs[first.what][0], options.dtype, tp,
+                                    lambda rank: rank % tp) is None
+            if arrived_wrong and parent and in_process:
+                return _op_culprit(source, plan, shape, options, parent, first, tp)
             return _input_culprit(first, found, truth, single or truth, tp, options.dtype)
         module = found.owner.get(first.what, first.what)
+        if not in_process:
+            return Culprit(module, first.what, cause="values", detail=first.line())
         return _op_culprit(source, plan, shape, options, module, first, tp)
     if found.failure is not None:
         failing = found.failure.module or "(model)"
@@ -202,7 +214,7 @@ def blame(source, plan, shape, options, found, findings: list[Finding], truth, s
             mixed = _mixed_culprit(found, found.failure)
             if mixed is not None:
                 return mixed
-        if found.failure.stage == "forward" and found.failure.module:
+        if found.failure.stage == "forward" and found.failure.module and in_process:
             culprit = _op_culprit(source, plan, shape, options, failing,
                                   Finding("forward", failing, 0, "raised", math.inf, 0, 0, 0), tp)
             if culprit.op:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -51,21 +51,42 @@ def _dp_tp(shape: tuple[int, ...]) -> tuple[int, int]:
     return (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
 
 
-def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, shape: tuple[int, ...]
+def _rows(value: torch.Tensor, rows: int, dp: int, index: int) -> torch.Tensor:
+    """A data-parallel rank's share of a single-device value: its rows of the global batch."""
+    if dp == 1 or value.dim() == 0 or value.shape[0] != rows:
+        return value
+    return torch.chunk(value, dp, 0)[index]
+
+
+def _against(phase: str, what: str, values: list, truth, single, options: RunOptions, shape, rows: int,
+             step: int = 0) -> list[Finding]:
+    """``compare_values`` with each rank held to its data-parallel rows of the truth."""
+    dp, tp = _dp_tp(shape)
+    if dp == 1 or truth is None:
+        return compare_values(phase, what, values, truth, single, options.dtype, tp, lambda rank: rank % tp, step)
+    found = []
+    for rank, value in enumerate(values):
+        mine = compare_values(phase, what, [value], _rows(truth, rows, dp, rank // tp),
+                              _rows(single, rows, dp, rank // tp), options.dtype, tp, lambda _: rank % tp, step)
+        found += [replace(f, rank=rank) for f in mine]
+    return found
+
+
+def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, shape: tuple[int, ...], rows: int
              ) -> tuple[list[Finding], int]:
     """Every value of ``found`` against the truth, the findings in the order the run made the values:
     the first forward's module inputs and outputs, then each step's loss, gradients (in the order the
-    backward pass reaches their modules) and weights."""
+    backward pass reaches their modules) and weights. A data-parallel rank is held to its rows of
+    each activation; its loss (the mean over its rows) is averaged over the data-parallel ranks."""
     dp, tp = _dp_tp(shape)
-    index = (lambda rank: rank % tp)
     findings: list[Finding] = []
     compared = 0
     forward_phase = "inference" if options.mode == "inference" else "forward"
     for key, values in found.outputs.items():
         if key in truth.outputs:
             compared += 1
-            findings += compare_values(forward_phase, key, values, truth.outputs[key][0], single.outputs[key][0],
-                                       options.dtype, tp, index)
+            findings += _against(forward_phase, key, values, truth.outputs[key][0], single.outputs[key][0],
+                                 options, shape, rows)
     first_seen = {}
     for position, key in enumerate(found.module_order):
         first_seen.setdefault(key.split("#")[0], position)
@@ -76,8 +97,10 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
 
     for step, losses in enumerate(found.losses):
         compared += 1
-        findings += compare_values("loss", "loss", losses, truth.losses[step][0], single.losses[step][0],
-                                   options.dtype, tp, index, step)
+        if dp > 1:
+            losses = [sum(losses[d * tp + rank % tp].double() for d in range(dp)) / dp for rank in range(len(losses))]
+        findings += _against("loss", "loss", losses, truth.losses[step][0], single.losses[step][0], options,
+                             (1, tp), rows, step)
         for kind, values in (("gradient", found.grads), ("weights", found.weights)):
             if step >= len(values):
                 continue
@@ -85,8 +108,8 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
                 compared += 1
                 theirs = truth.grads if kind == "gradient" else truth.weights
                 single_runs = single.grads if kind == "gradient" else single.weights
-                findings += compare_values(kind, name, values[step][name], theirs[step][name][0],
-                                           single_runs[step][name][0], options.dtype, tp, index, step)
+                findings += _against(kind, name, values[step][name], theirs[step][name][0],
+                                     single_runs[step][name][0], options, (1, tp), rows, step)
     return findings, compared
 
 
@@ -101,11 +124,15 @@ def _phase(first: Finding) -> str:
 
 def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[int, ...] = (2,), *,
                       mode: str = "train", steps: int = 3, dtype: torch.dtype = torch.float32,
-                      inputs=(), seed: int = 0, explain: bool = True) -> ParallelizeResult:
+                      inputs=(), seed: int = 0, explain: bool = True, backend: str = "auto",
+                      loss_parallel: bool = False) -> ParallelizeResult:
     """The parallelized ``model`` (a :class:`ModelSource`, ``hf:TYPE``, ``zoo:NAME`` or a factory's
     name) under ``plan`` (a :class:`Plan`, ``hf``, ``zoo:NAME`` or the name of a dict of
     ParallelStyles or of a ``parallelize(model, mesh)`` function) on ``mesh`` (``(tp,)`` or
-    ``(dp, tp)``), against the single device: ``mode`` "train" (``steps`` AdamW steps) or "inference"."""
+    ``(dp, tp)``), against the single device: ``mode`` "train" (``steps`` AdamW steps) or "inference".
+    ``backend``: "local" (every rank in this process), "gloo" (a process per rank: model and plan
+    given by name) or "auto" (local for a 1-D mesh, gloo for a 2-D one, whose data-parallel axis
+    takes FSDP2, which runs on real processes only)."""
     began = time.process_time()
     shape = tuple(int(s) for s in mesh)
     mesh_names(shape)
@@ -116,7 +143,14 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     if steps < 1 or steps > 100:
         raise InvalidArgument(f"steps {steps}: expected 1 to 100")
     source = model if isinstance(model, ModelSource) else resolve_model(model, inputs, seed)
-    the_plan = plan if isinstance(plan, Plan) else resolve_plan(plan)
+    the_plan = plan if isinstance(plan, Plan) else resolve_plan(plan, loss_parallel=loss_parallel)
+    if backend not in ("auto", "local", "gloo"):
+        raise InvalidArgument(f"backend {backend!r}: expected auto, local or gloo")
+    if backend == "auto":
+        backend = "local" if len(shape) == 1 else "gloo"
+    if backend == "gloo" and not (isinstance(model, str) and isinstance(plan, str)):
+        raise InvalidArgument("the gloo backend rebuilds the model and the plan in each process from their names: "
+                              "give both as text (hf:TYPE, zoo:NAME, a dotted name)")
     options = RunOptions(mode, steps, dtype)
     notes = []
     dp, tp = _dp_tp(shape)
@@ -124,20 +158,26 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
         notes.append(f"{source.heads} attention heads do not divide over {tp} tensor-parallel ranks")
     head = dict(model=source.name, plan=the_plan.name, mesh=shape, mode=mode, dtype=str(dtype).replace("torch.", ""),
                 steps=steps if mode == "train" else 0)
-    found = run_parallel(source, the_plan, shape, options)
+    if backend == "gloo":
+        from shardverify.parallelize.processes import Named, run_on_processes
+        found = run_on_processes(Named(model, plan, seed, tuple(inputs), loss_parallel), shape, options)
+        notes.append(f"ran on {math.prod(shape)} gloo processes")
+    else:
+        found = run_parallel(source, the_plan, shape, options)
     if found.failure is not None and found.failure.stage == "apply":
         return ParallelizeResult(**head, verdict="cannot apply", failure=found.failure,
                                  cpu_seconds=time.process_time() - began, notes=tuple(notes))
     truth = run_single(source, options, torch.float64)
     single = run_single(source, options)
-    findings, compared = _compare(truth, single, found, options, shape)
+    rows = next(iter(source.batch(0).inputs.values())).shape[0]
+    findings, compared = _compare(truth, single, found, options, shape, rows)
     culprit = None
     if found.failure is not None:
         verdict, phase = "fails loudly", found.failure.stage
-        culprit = blame(source, the_plan, shape, options, found, findings, truth, single) if explain else None
+        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend) if explain else None
     elif findings:
         verdict, phase = "silently wrong", _phase(findings[0])
-        culprit = blame(source, the_plan, shape, options, found, findings, truth, single) if explain else None
+        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend) if explain else None
     else:
         verdict, phase = "right", ""
     return ParallelizeResult(**head, verdict=verdict, phase=phase, findings=tuple(findings), compared=compared,

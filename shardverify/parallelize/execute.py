@@ -20,7 +20,8 @@ from shardverify.parallelize.models import Batch, ModelSource
 from shardverify.parallelize.plans import Plan
 from shardverify.parallelize.values import is_dtensor, per_rank, tensors_of
 
-__all__ = ["Trace", "Failure", "RunOptions", "run_single", "run_parallel", "LEARNING_RATE", "zero_dropout"]
+__all__ = ["Trace", "Failure", "RunOptions", "run_single", "run_parallel", "run_steps", "batches", "single_model",
+           "prepared_parallel", "LEARNING_RATE", "EPSILON", "zero_dropout"]
 
 #: AdamW's step size in a check: large enough that a wrong gradient moves the weights measurably
 LEARNING_RATE = 1e-2
@@ -59,6 +60,7 @@ class Trace:
     arrivals: dict[str, list[torch.Tensor]] = field(default_factory=dict)      # module inputs before a style's hook
     owner: dict[str, str] = field(default_factory=dict)                        # output or input key -> its module
     dtensor_outputs: set[str] = field(default_factory=set)                     # keys whose value was a DTensor
+    parent: dict[str, str] = field(default_factory=dict)                       # input key -> the module running it
     grad_is_dtensor: dict[str, bool] = field(default_factory=dict)
     failure: Failure | None = None
 
@@ -94,6 +96,7 @@ class _Recorder:
                 for sub, tensor in tensors_of(args):
                     if tensor.is_floating_point() or tensor.is_complex():
                         self.trace.arrivals[f"{label} input{sub}"] = per_rank(tensor, self.world)
+                        self.trace.parent[f"{label} input{sub}"] = self.stack[-1] if self.stack else ""
         return hook
 
     def _enter(self, label: str) -> Callable:
@@ -148,7 +151,7 @@ def batches(source: ModelSource, options: RunOptions) -> list[Batch]:
     return [source.batch(step).cast(options.dtype) for step in range(count)]
 
 
-def _steps(model: nn.Module, source: ModelSource, options: RunOptions, trace: Trace, world: int,
+def run_steps(model: nn.Module, source: ModelSource, options: RunOptions, trace: Trace, world: int,
            loss_context: Callable[[], contextlib.AbstractContextManager], data: list[Batch]) -> None:
     """Run the steps on ``data``, filling ``trace``; an exception is caught as the trace's failure."""
     recorder = _Recorder(model, trace, world)
@@ -177,6 +180,7 @@ def _steps(model: nn.Module, source: ModelSource, options: RunOptions, trace: Tr
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             trace.weights.append(_snapshot(model, world, grads=False))
+        trace.grad_is_dtensor = {name: is_dtensor(p) for name, p in model.named_parameters()}
     except Exception as exc:  # noqa: BLE001 - a plan that fails loudly is a verdict, said with where
         trace.failure = Failure(stage, recorder.stack[-1] if recorder.stack else "", _first_line(exc), step)
     finally:
@@ -196,7 +200,7 @@ def run_single(source: ModelSource, options: RunOptions, dtype: torch.dtype | No
     model = single_model(source, run_dtype)
     trace = Trace()
     run = RunOptions(options.mode, options.steps, run_dtype)
-    _steps(model, source, run, trace, 1, contextlib.nullcontext, batches(source, run))
+    run_steps(model, source, run, trace, 1, contextlib.nullcontext, batches(source, run))
     if trace.failure is not None:
         raise RuntimeError(f"the single-device model fails in its {trace.failure.stage} "
                            f"({trace.failure.module or 'model'}): {trace.failure.error}")
@@ -247,8 +251,7 @@ def run_parallel(source: ModelSource, plan: Plan, shape: tuple[int, ...], option
         loss_context = contextlib.nullcontext
     try:
         with prepared_parallel(source, plan, shape, options) as model:
-            _steps(model, source, options, trace, world, loss_context, data)
-            trace.grad_is_dtensor = {name: _is_dt(p) for name, p in model.named_parameters()}
+            run_steps(model, source, options, trace, world, loss_context, data)
     except PlanFailed as failed:
         trace.failure = Failure("apply", "", str(failed))
     return trace
@@ -277,6 +280,4 @@ def _own_copies(model: nn.Module, mode) -> None:
                 module._buffers[name] = spread(buffer)
 
 
-def _is_dt(param: torch.Tensor) -> bool:
-    return is_dtensor(param)
 

@@ -45,7 +45,8 @@ def _device_mesh(shape: tuple[int, ...]):
 
 
 def styles_plan(styles: Mapping, name: str = "parallelize plan", loss_parallel: bool = False) -> Plan:
-    """``parallelize_module(model, mesh["tp"], styles)``."""
+    """``parallelize_module(model, mesh["tp"], styles)``, then FSDP2 ``fully_shard`` over ``mesh["dp"]``
+    on a 2-D mesh (how torchtitan composes a TP plan with data parallelism)."""
     from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
     for key, style in styles.items():
@@ -55,7 +56,11 @@ def styles_plan(styles: Mapping, name: str = "parallelize plan", loss_parallel: 
 
     def apply(model: nn.Module, shape: tuple[int, ...]) -> nn.Module:
         mesh = _device_mesh(shape)
-        return parallelize_module(model, mesh["tp"], dict(styles))
+        model = parallelize_module(model, mesh["tp"], dict(styles))
+        if "dp" in mesh.mesh_dim_names:
+            from torch.distributed.fsdp import fully_shard
+            fully_shard(model, mesh=mesh["dp"])
+        return model
 
     return Plan(name, apply, loss_parallel, styles)
 

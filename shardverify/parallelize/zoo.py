@@ -28,6 +28,15 @@ class MLP(nn.Module):
         return self.w2(torch.relu(self.w1(x)))
 
 
+class ScanMLP(MLP):
+    """An MLP whose hidden activation is a running sum over its features (``cumsum(h, -1)``): under a
+    plan that leaves the hidden layer a feature-sharded DTensor, DTensor's cumsum of a negative dim
+    runs per shard (docs/upstream/cumsum-negative-dim.md) and the plan is silently wrong."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(torch.cumsum(torch.relu(self.w1(x)), -1) / self.w1.out_features)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -163,6 +172,17 @@ def _mlp() -> ModelSource:
     return ModelSource("zoo:mlp", build, batch)
 
 
+def _scan_mlp() -> ModelSource:
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return ScanMLP()
+
+    def batch(step: int) -> Batch:
+        return Batch({"x": torch.randn(8, 16, generator=torch.Generator().manual_seed(step))})
+
+    return ModelSource("zoo:scan_mlp", build, batch)
+
+
 def _titan(seed: int) -> ModelSource:
     vocab = 64
 
@@ -176,7 +196,7 @@ def _titan(seed: int) -> ModelSource:
     return ModelSource("zoo:titan_llama", build, batch, heads=4)
 
 
-ZOO_MODELS = {"mlp": lambda seed: _mlp(), "titan_llama": _titan}
+ZOO_MODELS = {"mlp": lambda seed: _mlp(), "scan_mlp": lambda seed: _scan_mlp(), "titan_llama": _titan}
 
 
 def zoo_model(name: str, seed: int = 0) -> ModelSource:
@@ -191,13 +211,20 @@ def _mlp_plan(swapped: bool = False) -> Plan:
     return styles_plan({"w1": first(), "w2": second()}, "mlp-swapped" if swapped else "mlp")
 
 
+def _dtensor_hidden_plan() -> Plan:
+    """Colwise w1 keeping its output a DTensor (use_local_output=False), Rowwise w2 taking it."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    return styles_plan({"w1": ColwiseParallel(use_local_output=False), "w2": RowwiseParallel()}, "mlp-dtensor-hidden")
+
+
 def _titan_plan(plant: str = "") -> Plan:
     def apply(model, mesh):
         return titan_parallelize(model, mesh, plant)
     return function_plan(apply, "titan" + (f"-{plant}" if plant else ""), loss_parallel=True)
 
 
-ZOO_PLANS = {"mlp": _mlp_plan, "mlp-swapped": lambda: _mlp_plan(True), "titan": _titan_plan,
+ZOO_PLANS = {"mlp": _mlp_plan, "mlp-swapped": lambda: _mlp_plan(True), "mlp-dtensor-hidden": _dtensor_hidden_plan,
+             "titan": _titan_plan,
              **{f"titan-{plant}": (lambda p=plant: _titan_plan(p)) for plant in PLANTS}}
 
 

@@ -1,0 +1,104 @@
+"""The parallelized model on real ``torch.distributed`` processes, one per rank (gloo on CPU, the
+project's process pool), for what the in-process world cannot run (FSDP2's ``fully_shard``, whose
+parameters are storages of their own) and as the ground truth of the in-process one. Each rank
+builds the model from its name (what crosses to a process is text: the model and the plan as the
+command line names them), applies the plan on the real mesh, trains on its data-parallel share of
+every batch, and sends back its :class:`~shardverify.parallelize.execute.Trace` of one rank; the
+ranks' traces are put together as the in-process world's is."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from shardverify.parallelize.execute import Failure, RunOptions, Trace, batches, run_steps, single_model
+from shardverify.parallelize.models import Batch, resolve_model
+from shardverify.parallelize.plans import resolve_plan
+
+__all__ = ["Named", "rank_program", "run_on_processes", "dp_share"]
+
+
+@dataclass(frozen=True)
+class Named:
+    """A model and a plan as text (what a process can rebuild them from)."""
+
+    model: str
+    plan: str
+    seed: int = 0
+    inputs: tuple = ()
+    loss_parallel: bool = False
+
+
+def dp_share(batch: Batch, dp: int, index: int) -> Batch:
+    """This data-parallel rank's rows of every input (and target) with the global batch's rows."""
+    if dp == 1:
+        return batch
+    rows = next(iter(batch.inputs.values())).shape[0]
+
+    def take(value: torch.Tensor | None):
+        if value is None or value.dim() == 0 or value.shape[0] != rows:
+            return value
+        return torch.chunk(value, dp, 0)[index]
+
+    return Batch({k: take(v) for k, v in batch.inputs.items()}, take(batch.targets))
+
+
+def rank_program(comm, named: Named, shape: tuple[int, ...], options: RunOptions) -> Trace:
+    """One rank's run (module level: the pool imports it by name)."""
+    import logging
+
+    import torch.distributed as dist
+
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)   # FSDP2 over TP's note
+    rank = dist.get_rank()
+    dp, tp = (1, shape[0]) if len(shape) == 1 else shape
+    source = resolve_model(named.model, named.inputs, named.seed)
+    plan = resolve_plan(named.plan, loss_parallel=named.loss_parallel)
+    data = [dp_share(b, dp, rank // tp) for b in batches(source, options)]
+    trace = Trace()
+    model = single_model(source, options.dtype)
+    try:
+        model = plan.apply(model, tuple(shape)) or model
+    except Exception as exc:  # noqa: BLE001 - a plan that cannot be applied is a verdict
+        trace.failure = Failure("apply", "", f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+        return trace
+    if plan.loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel as loss_context
+    else:
+        loss_context = contextlib.nullcontext
+    run_steps(model, source, options, trace, 1, loss_context, data)
+    return trace
+
+
+def _merged(traces: list[Trace]) -> Trace:
+    """The ranks' one-rank traces as one trace of every rank (values present on every rank only)."""
+    first = traces[0]
+    merged = Trace(module_order=list(first.module_order), owner=dict(first.owner),
+                   dtensor_outputs=set(first.dtensor_outputs), grad_is_dtensor=dict(first.grad_is_dtensor),
+                   parent=dict(first.parent))
+    merged.failure = next((t.failure for t in traces if t.failure is not None), None)
+    for field in ("outputs", "arrivals"):
+        mine = getattr(merged, field)
+        for key in getattr(first, field):
+            if all(key in getattr(t, field) for t in traces):
+                mine[key] = [getattr(t, field)[key][0] for t in traces]
+    steps = min(len(t.losses) for t in traces)
+    merged.losses = [[t.losses[s][0] for t in traces] for s in range(steps)]
+    for field in ("grads", "weights"):
+        count = min(len(getattr(t, field)) for t in traces)
+        setattr(merged, field, [{name: [getattr(t, field)[s][name][0] for t in traces]
+                                 for name in getattr(first, field)[s]} for s in range(count)])
+    return merged
+
+
+def run_on_processes(named: Named, shape: tuple[int, ...], options: RunOptions, timeout: float = 300.0) -> Trace:
+    """Every rank of ``shape`` as a gloo process of the project's pool."""
+    from shardverify.backends.process import ProcessBackend
+    from shardverify.sharding.mesh import DeviceMesh
+
+    with ProcessBackend(DeviceMesh(tuple(shape)), backend="gloo", timeout=timeout, keep_cpus=False) as backend:
+        traces = backend.run(rank_program, named, tuple(shape), options)
+    return _merged(traces)
+
