@@ -132,6 +132,17 @@ def _paired(calls: list) -> dict:
 
 
 def _op_culprit(source, plan, shape, options, module: str, first: Finding, tp: int) -> Culprit:
+    """The first aten op of ``module`` that goes wrong; the module alone where the in-process look
+    cannot run."""
+    try:
+        return _first_wrong_op(source, plan, shape, options, module, first, tp)
+    except Exception as exc:  # noqa: BLE001 - blame is a diagnosis: the verdict stands without it
+        return Culprit(module, first.what, cause="values", detail=(
+            f"{first.line()}; its ops could not be looked into in process ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''})"))
+
+
+def _first_wrong_op(source, plan, shape, options, module: str, first: Finding, tp: int) -> Culprit:
     from shardverify.parallelize.execute import batches, prepared_parallel, single_model
     from shardverify.parallelize.ops import log_module_ops
 

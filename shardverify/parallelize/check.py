@@ -113,6 +113,11 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
     return findings, compared
 
 
+def _on_gloo(model: str, plan: str, seed: int, inputs, loss_parallel: bool, shape, options: RunOptions) -> Trace:
+    from shardverify.parallelize.processes import Named, run_on_processes
+    return run_on_processes(Named(model, plan, seed, tuple(inputs), loss_parallel), shape, options)
+
+
 def _phase(first: Finding) -> str:
     """Where a silent difference first shows: the first forward, its gradients, or only after steps."""
     if first.phase in ("forward", "inference") or (first.phase == "loss" and first.step == 0):
@@ -146,7 +151,8 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     the_plan = plan if isinstance(plan, Plan) else resolve_plan(plan, loss_parallel=loss_parallel)
     if backend not in ("auto", "local", "gloo"):
         raise InvalidArgument(f"backend {backend!r}: expected auto, local or gloo")
-    if backend == "auto":
+    auto = backend == "auto"
+    if auto:
         backend = "local" if len(shape) == 1 else "gloo"
     if backend == "gloo" and not (isinstance(model, str) and isinstance(plan, str)):
         raise InvalidArgument("the gloo backend rebuilds the model and the plan in each process from their names: "
@@ -158,12 +164,20 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
         notes.append(f"{source.heads} attention heads do not divide over {tp} tensor-parallel ranks")
     head = dict(model=source.name, plan=the_plan.name, mesh=shape, mode=mode, dtype=str(dtype).replace("torch.", ""),
                 steps=steps if mode == "train" else 0)
+    named = isinstance(model, str) and isinstance(plan, str)
     if backend == "gloo":
-        from shardverify.parallelize.processes import Named, run_on_processes
-        found = run_on_processes(Named(model, plan, seed, tuple(inputs), loss_parallel), shape, options)
+        found = _on_gloo(model, plan, seed, inputs, loss_parallel, shape, options)
         notes.append(f"ran on {math.prod(shape)} gloo processes")
     else:
         found = run_parallel(source, the_plan, shape, options)
+        if found.failure is not None and named and auto:
+            # the in-process world cannot run everything a process group can (uneven blocks make
+            # DTensor's sizes symbolic there): a failure is confirmed, or not, on real processes
+            local = found.failure
+            found = _on_gloo(model, plan, seed, inputs, loss_parallel, shape, options)
+            backend = "gloo"
+            notes.append(f"in process it raised in its {local.stage} ({local.error}); run again on "
+                         f"{math.prod(shape)} gloo processes, which give the verdict")
     if found.failure is not None and found.failure.stage == "apply":
         return ParallelizeResult(**head, verdict="cannot apply", failure=found.failure,
                                  cpu_seconds=time.process_time() - began, notes=tuple(notes))

@@ -66,9 +66,23 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(diff.max())
 
 
+def _coarser(value_dtype: torch.dtype, run_dtype: torch.dtype) -> torch.dtype:
+    """The precision a value carries: its own dtype's or the run's, whichever is coarser (a loss taken
+    in float32 of bfloat16 logits carries bfloat16's rounding)."""
+    if not value_dtype.is_floating_point:
+        return run_dtype
+    return max(value_dtype, run_dtype, key=lambda d: torch.finfo(d).eps)
+
+
 def budget(single_error: float, scale: float, dtype: torch.dtype) -> float:
     tol = tolerance_for(dtype)
     return max(FACTOR * single_error, tol.atol + tol.rtol * scale)
+
+
+def _block(t: torch.Tensor, parts: int, dim: int, index: int) -> torch.Tensor:
+    """torch.chunk's (and DTensor's) block ``index`` of ``parts`` along ``dim``; empty past the last."""
+    chunks = torch.chunk(t, parts, dim)
+    return chunks[index] if index < len(chunks) else t.narrow(dim, 0, 0)
 
 
 def _blocks(truth: torch.Tensor, shape: tuple, parts: int, index: int) -> Iterator[tuple[str, object]]:
@@ -83,12 +97,11 @@ def _blocks(truth: torch.Tensor, shape: tuple, parts: int, index: int) -> Iterat
     if len(differing) != 1 or parts <= 1:
         return
     dim = differing[0]
-    yield (f"block {index + 1} of {parts} on dim {dim}",
-           lambda t, d=dim: torch.chunk(t, parts, d)[index] if index < len(torch.chunk(t, parts, d)) else t.narrow(d, 0, 0))
+    yield f"block {index + 1} of {parts} on dim {dim}", lambda t, d=dim: _block(t, parts, d, index)
     for packed in (2, 3):
         if truth.shape[dim] % packed == 0:
             def take(t, d=dim, k=packed):
-                return torch.cat([torch.chunk(half, parts, d)[index] for half in torch.chunk(t, k, d)], d)
+                return torch.cat([_block(part, parts, d, index) for part in torch.chunk(t, k, d)], d)
             yield f"block {index + 1} of {parts} of each of {packed} packed parts on dim {dim}", take
 
 
@@ -102,7 +115,7 @@ def _best(value: torch.Tensor, truth: torch.Tensor, single: torch.Tensor, dtype:
             continue
         scale = float(want.detach().abs().max()) if want.numel() else 0.0
         own = _err(mine, want)
-        allowed = budget(own, scale, value.dtype if value.is_floating_point() else dtype)
+        allowed = budget(own, scale, _coarser(value.dtype, dtype))
         error = _err(value, want)
         candidate = (error <= allowed, error, layout, allowed, own, scale)
         if best is None or (candidate[0], -candidate[1]) > (best[0], -best[1]):

@@ -98,7 +98,14 @@ def run_on_processes(named: Named, shape: tuple[int, ...], options: RunOptions, 
     from shardverify.backends.process import ProcessBackend
     from shardverify.sharding.mesh import DeviceMesh
 
-    with ProcessBackend(DeviceMesh(tuple(shape)), backend="gloo", timeout=timeout, keep_cpus=False) as backend:
-        traces = backend.run(rank_program, named, tuple(shape), options)
+    from shardverify.errors import BackendError
+
+    try:
+        with ProcessBackend(DeviceMesh(tuple(shape)), backend="gloo", timeout=timeout, keep_cpus=False) as backend:
+            traces = backend.run(rank_program, named, tuple(shape), options)
+    except BackendError as exc:   # a rank killed by its own collective (gloo aborts on a size mismatch), or hung
+        trace = Trace()
+        trace.failure = Failure("run", "", f"{type(exc).__name__}: {exc}")
+        return trace
     return _merged(traces)
 
