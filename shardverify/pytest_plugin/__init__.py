@@ -270,3 +270,26 @@ def sv_backend(request: pytest.FixtureRequest,
             pytest.skip(str(exc))
 
     return factory
+
+
+@pytest.fixture
+def parallel_plan(sv_backend_pool: BackendPool) -> Callable[..., object]:
+    """`parallel_plan(model, plan, mesh=(2,), **options)`: "my plan equals the single device" as one
+    test. Runs :func:`shardverify.parallelize.check_parallelize` and fails the test with the verdict,
+    the first culprit and the values outside their budget unless the run is right; returns the
+    result. In-process runs always run; a run on gloo processes (a 2-D mesh, ``backend="gloo"``)
+    only with AUTO_PARALLEL=1, as multi-process tests do."""
+    from shardverify.parallelize import check_parallelize
+    from shardverify.parallelize.report import render
+
+    def check(model, plan, mesh: Sequence[int] = (2,), **options):
+        __tracebackhide__ = True
+        processes = options.get("backend") == "gloo" or (len(tuple(mesh)) > 1 and options.get("backend") != "local")
+        if processes and not sv_backend_pool.settings.auto_parallel:
+            pytest.skip(SKIP_REASON)
+        result = check_parallelize(model, plan, tuple(mesh), **options)
+        if not result.passed:
+            pytest.fail(render(result), pytrace=False)
+        return result
+
+    return check

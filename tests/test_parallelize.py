@@ -1,0 +1,137 @@
+"""shardverify parallelize: the parallelism people ship against the single device. Right plans
+pass (float32 and bfloat16 rounding included), each planted mistake is caught and blamed on the
+module (and op) at fault, a DTensor bug is told apart from a plan's, and the command's exit status
+says which."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardverify.cli.main import main
+from shardverify.parallelize import check_parallelize
+from shardverify.parallelize.report import render
+
+pytest.importorskip("transformers")
+pytest_plugins = ["pytester"]
+
+
+def _check(model, plan, mesh=(2,), **kwargs):
+    return check_parallelize(model, plan, mesh, **kwargs)
+
+
+def test_the_colwise_rowwise_mlp_of_the_public_report_matches_the_single_device():
+    result = _check("zoo:mlp", "zoo:mlp")
+    assert result.verdict == "right", render(result)
+    assert result.compared >= 30 and not result.findings
+
+
+def test_colwise_and_rowwise_swapped_fail_at_the_first_layer_whose_input_the_plan_misreads():
+    result = _check("zoo:mlp", "zoo:mlp-swapped", steps=1)
+    assert result.verdict == "fails loudly"
+    assert result.culprit.module == "w1" and result.culprit.cause == "plan layouts"
+    assert "the whole value" in result.culprit.detail
+
+
+def test_a_torchtitan_llama_plan_tp_sp_and_loss_parallel_is_right_over_three_adamw_steps():
+    result = _check("zoo:titan_llama", "zoo:titan", steps=3)
+    assert result.verdict == "right", render(result)
+    assert result.steps == 3 and result.compared > 150
+
+
+def test_bfloat16_rounding_passes_and_a_bug_in_bfloat16_still_fails():
+    right = _check("zoo:titan_llama", "zoo:titan", steps=2, dtype=torch.bfloat16)
+    assert right.verdict == "right", render(right)
+    wrong = _check("zoo:titan_llama", "zoo:titan-norm-left-out", steps=1, dtype=torch.bfloat16)
+    assert wrong.verdict == "silently wrong" and wrong.culprit.cause == "partial gradient"
+
+
+@pytest.mark.parametrize("plant, verdict, module, cause", [
+    ("norm-left-out", "silently wrong", "layers.1.ffn_norm", "partial gradient"),
+    ("local-output-flipped", "fails loudly", "layers.0.attention.wo", "plan style"),
+    ("wrong-input-layouts", "fails loudly", "layers.0.attention_norm", "plan layouts"),
+    ("embedding-wrong-dim", "fails loudly", "layers.0.attention_norm", "plan layouts"),
+])
+def test_each_planted_mistake_is_caught_and_blamed_on_its_module(plant, verdict, module, cause):
+    result = _check("zoo:titan_llama", f"zoo:titan-{plant}", steps=1)
+    assert result.verdict == verdict, render(result)
+    assert (result.culprit.module, result.culprit.cause) == (module, cause), render(result)
+
+
+def test_a_wrong_input_layout_is_silent_in_inference_and_blamed_the_same():
+    result = _check("zoo:titan_llama", "zoo:titan-wrong-input-layouts", mode="inference")
+    assert result.verdict == "silently wrong" and result.phase == "forward"
+    assert result.culprit.module == "layers.0.attention_norm"
+    assert "the whole value on every rank" in result.culprit.detail   # a replicated tensor taken as a shard
+
+
+def test_a_dtensor_bug_is_blamed_on_its_op_and_dtensor_not_on_the_plan():
+    result = _check("zoo:scan_mlp", "zoo:mlp-dtensor-hidden", steps=1)
+    assert result.verdict == "silently wrong"
+    culprit = result.culprit
+    assert (culprit.op, culprit.cause, culprit.upstream) == ("aten.cumsum.default", "DTensor", "cumsum-negative-dim")
+    # the same plan on a model without the scan is right: the plan itself is not at fault
+    assert _check("zoo:mlp", "zoo:mlp-dtensor-hidden", steps=1).verdict == "right"
+
+
+def test_the_shipped_transformers_plan_of_llama_is_right_in_training_and_inference():
+    train = _check("hf:llama", "hf", steps=2)
+    assert train.verdict == "right", render(train)
+    inference = _check("hf:llama", "hf", mode="inference")
+    assert inference.verdict == "right", render(inference)
+
+
+def test_a_transformers_override_that_leaves_a_per_head_norm_unreduced_is_caught():
+    from shardverify.parallelize.plans import transformers_plan
+
+    plan = transformers_plan({"model.layers.*.self_attn.q_norm": "replicate", "model.layers.*.self_attn.k_norm": "replicate"})
+    result = _check("hf:qwen3", plan, steps=1)
+    assert result.verdict == "silently wrong", render(result)
+    assert result.culprit.cause == "partial gradient" and result.culprit.module.endswith(("q_norm", "k_norm"))
+
+
+@pytest.mark.dist
+def test_heads_that_do_not_divide_over_the_mesh_are_said_and_the_run_confirmed_on_gloo():
+    result = _check("zoo:titan_llama", "zoo:titan", (3,), steps=1)
+    assert result.verdict == "fails loudly"
+    assert any("4 attention heads do not divide over 3" in note for note in result.notes)
+    assert any("gloo processes" in note for note in result.notes)
+
+
+@pytest.mark.dist
+def test_torchtitan_tp_sp_loss_parallel_with_fsdp2_on_a_2x2_mesh_is_right_on_gloo_processes():
+    result = _check("zoo:titan_llama", "zoo:titan", (2, 2), steps=3)
+    assert result.verdict == "right", render(result)
+    assert "ran on 4 gloo processes" in result.notes
+
+
+@pytest.mark.dist
+def test_a_planted_partial_gradient_is_caught_on_gloo_processes_as_in_process():
+    result = _check("zoo:titan_llama", "zoo:titan-norm-left-out", (2,), steps=1, backend="gloo")
+    assert result.verdict == "silently wrong" and result.culprit.cause == "partial gradient"
+
+
+def test_the_command_exits_0_right_1_wrong_2_bad_input(capsys):
+    assert main(["parallelize", "zoo:mlp", "--plan", "zoo:mlp", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PASS: 1 of 1 runs") and "RIGHT: zoo:mlp" in out
+    assert main(["parallelize", "zoo:titan_llama", "--plan", "zoo:titan-norm-left-out", "--steps", "1"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL") and "first culprit: layers.1.ffn_norm" in out
+    assert main(["parallelize", "zoo:nothing", "--plan", "zoo:mlp"]) == 2
+    assert "no zoo model 'nothing'" in capsys.readouterr().err
+    assert main(["parallelize", "zoo:mlp"]) == 2      # no plan for a non-transformers model
+
+
+def test_the_pytest_fixture_passes_a_right_plan(parallel_plan):
+    assert parallel_plan("zoo:mlp", "zoo:mlp", steps=1).verdict == "right"
+
+
+def test_the_pytest_fixture_fails_a_wrong_plan_with_its_culprit(pytester):
+    pytester.makepyfile("""
+        def test_my_plan(parallel_plan):
+            parallel_plan("zoo:titan_llama", "zoo:titan-norm-left-out", steps=1)
+    """)
+    result = pytester.runpytest("-p", "no:xdist")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*SILENTLY WRONG (gradients)*", "*first culprit: layers.1.ffn_norm*"])
