@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from shardverify.parallelize import check_parallelize
-    from shardverify.parallelize.plans import resolve_plan
+    from shardverify.parallelize.names import resolve_plan
     from shardverify.parallelize.report import as_json, render
     from shardverify.plan.inputs import parse_input
 

@@ -17,8 +17,9 @@ from shardverify.errors import InvalidArgument
 from shardverify.parallelize.blame import Culprit, blame
 from shardverify.parallelize.compare import Finding, compare_values
 from shardverify.parallelize.execute import Failure, RunOptions, Trace, run_parallel, run_single
-from shardverify.parallelize.models import ModelSource, resolve_model
-from shardverify.parallelize.plans import Plan, mesh_names, resolve_plan
+from shardverify.parallelize.models import ModelSource
+from shardverify.parallelize.names import resolve_model, resolve_plan
+from shardverify.parallelize.plans import Plan, mesh_names
 
 __all__ = ["ParallelizeResult", "check_parallelize", "VERDICTS"]
 

@@ -1,14 +1,11 @@
 """What is parallelized: a model built the same way on every call (seeded weights), the batch of
-each step, and the loss a training step takes of its output. A transformers model type is built
-tiny from its config (:mod:`shardverify.parallelize.tiny`), a zoo name from
-:mod:`shardverify.parallelize.zoo`, anything else is a factory the project may call
-(:func:`shardverify.spec.allow.call_factory`) with ``--input`` shapes."""
+each step, and the loss a training step takes of its output (:mod:`shardverify.parallelize.names`
+finds one by the name a user gives it)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -16,7 +13,7 @@ from torch import nn
 from shardverify.errors import InvalidArgument
 from shardverify.parallelize.values import tensors_of
 
-__all__ = ["Batch", "ModelSource", "resolve_model", "default_loss", "from_factory"]
+__all__ = ["Batch", "ModelSource", "default_loss", "from_factory"]
 
 
 @dataclass(frozen=True)
@@ -62,32 +59,6 @@ class ModelSource:
     extra: dict = field(default_factory=dict, compare=False)
 
 
-def _hf_source(model_type: str, seed: int) -> ModelSource:
-    from shardverify.parallelize.tiny import tiny_model
-
-    first = tiny_model(model_type, seed)   # raises CannotBuild with the reason
-
-    def build() -> nn.Module:
-        return tiny_model(model_type, seed).model
-
-    def batch(step: int) -> Batch:
-        if step == 0:
-            return Batch(dict(first.inputs))
-        gen = torch.Generator().manual_seed(seed * 1000 + step)
-        inputs = {}
-        for key, value in first.inputs.items():
-            if value.dtype in (torch.int64, torch.int32) and key.endswith(("input_ids", "labels")):
-                high = int(first.inputs[key].max()) + 1
-                inputs[key] = torch.randint(0, max(high, 2), value.shape, generator=gen, dtype=value.dtype)
-            else:
-                inputs[key] = value
-        if "labels" in inputs and "input_ids" in inputs:
-            inputs["labels"] = inputs["input_ids"].clone()
-        return Batch(inputs)
-
-    return ModelSource(f"hf:{model_type}", build, batch, transformers=True, note=first.note, heads=first.heads)
-
-
 def from_factory(name: str, factory: Callable[[], nn.Module], inputs: Sequence, seed: int = 0,
                  targets: Callable[[int], torch.Tensor | None] | None = None) -> ModelSource:
     """A model from a callable (seeded before each call) and its input specs
@@ -112,17 +83,3 @@ def from_factory(name: str, factory: Callable[[], nn.Module], inputs: Sequence, 
         return Batch({k: keywords[k] for k in names}, targets(step) if targets else None)
 
     return ModelSource(name, build, batch)
-
-
-def resolve_model(text: str, inputs: Sequence = (), seed: int = 0, project: Path | None = None) -> ModelSource:
-    """``hf:MODEL_TYPE`` (a transformers architecture, tiny), ``zoo:NAME`` or a factory's dotted name."""
-    if text.startswith("hf:"):
-        return _hf_source(text[3:], seed)
-    if text.startswith("zoo:"):
-        from shardverify.parallelize.zoo import zoo_model
-        return zoo_model(text[4:], seed)
-    from shardverify.spec.allow import resolve_allowed
-    if not inputs:
-        raise InvalidArgument(f"model {text!r}: a factory needs its inputs (--input SHAPE, e.g. x=8,16)")
-    factory = resolve_allowed(text, project or Path.cwd())
-    return from_factory(text, factory, inputs, seed)

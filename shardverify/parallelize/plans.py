@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from torch import nn
 
 from shardverify.errors import InvalidArgument
 
-__all__ = ["Plan", "styles_plan", "function_plan", "transformers_plan", "resolve_plan", "mesh_names"]
+__all__ = ["Plan", "styles_plan", "function_plan", "transformers_plan", "mesh_names"]
 
 
 def mesh_names(shape: tuple[int, ...]) -> tuple[str, ...]:
@@ -91,21 +90,3 @@ def transformers_plan(overrides: Mapping[str, str] | None = None) -> Plan:
 
     name = "transformers' shipped tp_plan" + (f" with {dict(overrides)}" if overrides else "")
     return Plan(name, apply, styles=overrides)
-
-
-def resolve_plan(text: str, project: Path | None = None, loss_parallel: bool = False) -> Plan:
-    """``hf`` (the transformers config's own plan), ``zoo:NAME``, or the dotted name of a dict of
-    ParallelStyles or of a ``parallelize(model, mesh)`` function in the user's project."""
-    if text in ("hf", "transformers", "auto"):
-        return transformers_plan()
-    if text.startswith("zoo:"):
-        from shardverify.parallelize.zoo import zoo_plan
-        return zoo_plan(text[4:])
-    from shardverify.spec.allow import resolve_allowed
-    found = resolve_allowed(text, project or Path.cwd())
-    if isinstance(found, Mapping):
-        return styles_plan(found, text, loss_parallel)
-    if callable(found):
-        return function_plan(found, text, loss_parallel)
-    raise InvalidArgument(f"plan {text!r} is a {type(found).__name__}: expected a dict of ParallelStyles "
-                          "or a parallelize(model, mesh) function")

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from shardverify.parallelize.execute import Failure, RunOptions, Trace, batches, run_steps, single_model
-from shardverify.parallelize.models import Batch, resolve_model
-from shardverify.parallelize.plans import resolve_plan
+from shardverify.parallelize.models import Batch
+from shardverify.parallelize.names import resolve_model, resolve_plan
 
 __all__ = ["Named", "rank_program", "run_on_processes", "dp_share"]
 

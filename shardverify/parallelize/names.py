@@ -1,0 +1,74 @@
+"""Models and plans by the names a user gives them (the command line, a process that rebuilds them):
+``hf:MODEL_TYPE`` (a transformers architecture built tiny), ``zoo:NAME``, ``hf`` (a transformers
+config's own plan), or the dotted name of a factory, a dict of ParallelStyles or a
+``parallelize(model, mesh)`` function in the user's project (what the project's allow-list admits)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from shardverify.errors import InvalidArgument
+from shardverify.parallelize.models import Batch, ModelSource, from_factory
+from shardverify.parallelize.plans import Plan, function_plan, styles_plan, transformers_plan
+from shardverify.parallelize.tiny import tiny_model
+from shardverify.parallelize.zoo import zoo_model, zoo_plan
+
+__all__ = ["resolve_model", "resolve_plan"]
+
+
+def _hf_source(model_type: str, seed: int) -> ModelSource:
+    first = tiny_model(model_type, seed)   # raises CannotBuild with the reason
+
+    def build() -> nn.Module:
+        return tiny_model(model_type, seed).model
+
+    def batch(step: int) -> Batch:
+        if step == 0:
+            return Batch(dict(first.inputs))
+        gen = torch.Generator().manual_seed(seed * 1000 + step)
+        inputs = {}
+        for key, value in first.inputs.items():
+            if value.dtype in (torch.int64, torch.int32) and key.endswith(("input_ids", "labels")):
+                high = int(first.inputs[key].max()) + 1
+                inputs[key] = torch.randint(0, max(high, 2), value.shape, generator=gen, dtype=value.dtype)
+            else:
+                inputs[key] = value
+        if "labels" in inputs and "input_ids" in inputs:
+            inputs["labels"] = inputs["input_ids"].clone()
+        return Batch(inputs)
+
+    return ModelSource(f"hf:{model_type}", build, batch, transformers=True, note=first.note, heads=first.heads)
+
+
+def resolve_model(text: str, inputs: Sequence = (), seed: int = 0, project: Path | None = None) -> ModelSource:
+    """``hf:MODEL_TYPE`` (a transformers architecture, tiny), ``zoo:NAME`` or a factory's dotted name."""
+    if text.startswith("hf:"):
+        return _hf_source(text[3:], seed)
+    if text.startswith("zoo:"):
+        return zoo_model(text[4:], seed)
+    from shardverify.spec.allow import resolve_allowed
+    if not inputs:
+        raise InvalidArgument(f"model {text!r}: a factory needs its inputs (--input SHAPE, e.g. x=8,16)")
+    factory = resolve_allowed(text, project or Path.cwd())
+    return from_factory(text, factory, inputs, seed)
+
+
+def resolve_plan(text: str, project: Path | None = None, loss_parallel: bool = False) -> Plan:
+    """``hf`` (the transformers config's own plan), ``zoo:NAME``, or the dotted name of a dict of
+    ParallelStyles or of a ``parallelize(model, mesh)`` function in the user's project."""
+    if text in ("hf", "transformers", "auto"):
+        return transformers_plan()
+    if text.startswith("zoo:"):
+        return zoo_plan(text[4:])
+    from shardverify.spec.allow import resolve_allowed
+    found = resolve_allowed(text, project or Path.cwd())
+    if isinstance(found, Mapping):
+        return styles_plan(found, text, loss_parallel)
+    if callable(found):
+        return function_plan(found, text, loss_parallel)
+    raise InvalidArgument(f"plan {text!r} is a {type(found).__name__}: expected a dict of ParallelStyles "
+                          "or a parallelize(model, mesh) function")
