@@ -1,6 +1,7 @@
 """Every store is untrusted input (shardverify/stored.py, files.write_file_atomic): DTensor results
 and confirmations, the verdict cache, OpInfo entries are read as regular files of bounded size and
-nesting, checked field by field, and written whole through a fresh exclusive name."""
+nesting, checked field by field, and written whole through a fresh exclusive name (as is the
+calibration file)."""
 
 from __future__ import annotations
 
@@ -290,6 +291,7 @@ def _writers(tmp_path: Path):
     """(what writes a store's file, the file, every name a writer has used for its partial file)."""
     from shardverify.dtensor.confirm import _path
     from shardverify.opinfo.store import save_entry, settings_key
+    from shardverify.sharding.calibration_file import AxisFit, save_calibration
     from shardverify.verify.on_demand import OnDemandVerifier
 
     run = StoredRun("neg", "0" * 12, (4,), "t", None, 20.0)
@@ -305,6 +307,9 @@ def _writers(tmp_path: Path):
         (lambda: save_entry(tmp_path / "o", "neg", settings_key(3, ((4,),), ("fx",), 0), SweepResult()),
          tmp_path / "o" / "neg.json", [f"neg.{pid}.part"]),
         (lambda: verdicts._store(key, {"failed": []}), tmp_path / "v" / "ab" / f"{key}.json", [f"{key}.{pid}.tmp"]),
+        (lambda: save_calibration((4,), [AxisFit(0, 1e-5, 1e-9, 0.01, 8)], backend="gloo", device="cpu",
+                                  path=tmp_path / "cal" / "calibration.json"),
+         tmp_path / "cal" / "calibration.json", ["calibration.json.tmp"]),
     ]
 
 
@@ -323,7 +328,7 @@ def test_no_store_is_written_through_a_link_planted_at_its_partial_name(tmp_path
 def test_a_link_planted_at_the_store_itself_is_replaced_not_followed(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    for write, target, _ in _writers(tmp_path):
+    for write, target, _ in _writers(tmp_path)[:4]:     # the stores (the calibration file is read first)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.symlink_to(victim)
         write()
