@@ -151,7 +151,7 @@ def test_a_custom_module_that_fails_to_import_is_one_line(capsys, tmp_path, body
 def test_an_output_file_that_cannot_be_written_loses_no_results(capsys, tmp_path):
     saved = tmp_path / "run.json"
     saved.write_text(json.dumps({"results": [{"op": "sum", "case": "c", "mesh": [2], "combinations": 1,
-                                              "executed": 1, "counts": {"right": 1}, "note": None,
+                                              "executed": 1, "counts": {"agrees": 1}, "note": None,
                                               "seconds": 0.1, "findings": []}]}))
     blocker = tmp_path / "file"
     blocker.write_text("")

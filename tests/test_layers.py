@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shardverify"
 #: import only from rooms on its own floor or below. Keep in step with docs/DESIGN.md.
 FLOORS: dict[str, int] = {
     "errors": 0, "files": 0, "pysource": 0,
+    "stored": 0,
     "sharding": 1, "capture": 1,
     "collectives": 2, "backends": 2,
     "strategies": 3,

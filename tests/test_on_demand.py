@@ -3,6 +3,8 @@ verified where it is met; its strategies that fail are a rule defect, never serv
 
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.nn.functional as F
 import pytest
@@ -189,3 +191,69 @@ def test_a_weight_kept_as_a_buffer_is_no_gradient_to_check():
     node = next(n for n in graph_module.graph.nodes if n.op == "call_function")
     results = verify_node(graph_module, node, MESH)
     assert len(results) > 10 and all(r.passed for r in results), [r.strategy for r in results if not r.passed]
+
+
+# ---------------------------------------------------------------- the verdict cache is evidence, not a verdict
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("edit", [
+    lambda record: {**record, "failed": []},            # the wrong strategies edited away
+    lambda record: {"failed": [], "refused": "", "call": record["call"]},   # as the old format had it
+    lambda record: {**record, "failed": [1]},
+    lambda record: {**record, "failed": "S0R -> S0R"},
+    lambda record: {**record, "offered": record["offered"][:1], "failed": []},
+    lambda record: DEEP,
+    lambda record: "{",
+], ids=["failed-emptied", "old-format", "failed-int", "failed-text", "offered-cut", "deep", "half"])
+def test_an_edited_verdict_is_verified_again_and_no_wrong_strategy_is_served(planted, tmp_path, edit):
+    graph_module, node = _graph(lambda x: torch.triu(x, 1), (8, 8))
+    with OnDemandVerifier(cache_dir=tmp_path) as first:
+        strategies_for_node(graph_module, node.name, MESH, on_demand=first)
+    (path,) = tmp_path.rglob("*.json")
+    edited = edit(json.loads(path.read_text()))
+    path.write_text(edited if isinstance(edited, str) else json.dumps(edited))
+    with OnDemandVerifier(cache_dir=tmp_path) as second:
+        served = [s.name for s in strategies_for_node(graph_module, node.name, MESH, on_demand=second)]
+    assert served == ["RR -> RR"]                 # verified again: every sharded layout of triu fails
+    (record,) = second.records
+    assert not record.cached and len(record.failed) == record.offered - 1
+    assert len(second.discarded) == 1 and str(path) in second.discarded[0]
+    assert any("did not check, discarded and verified again" in line for line in second.lines())
+    with OnDemandVerifier(cache_dir=tmp_path) as third:   # written anew, whole: believed again
+        strategies_for_node(graph_module, node.name, MESH, on_demand=third)
+    assert third.records[0].cached and not third.discarded
+
+
+def test_a_verdict_made_by_other_generator_or_engine_code_is_not_read(monkeypatch, tmp_path):
+    from shardverify.verify import on_demand
+
+    graph_module, node = _graph(lambda x: torch.softmax(x, -1, dtype=torch.float64), (4, 6, 8))
+    with OnDemandVerifier(cache_dir=tmp_path) as first:
+        strategies_for_node(graph_module, node.name, MESH, on_demand=first)
+    assert len(on_demand.code_digest()) == 64 and on_demand.code_digest() is on_demand.code_digest()   # once
+    monkeypatch.setattr(on_demand, "code_digest", lambda: "0" * 64)    # the generator or engine code changed
+    with OnDemandVerifier(cache_dir=tmp_path) as second:
+        strategies_for_node(graph_module, node.name, MESH, on_demand=second)
+    assert second.summary()["verified"] == 1 and second.summary()["cache_hits"] == 0
+
+
+def test_without_a_home_there_is_no_verdict_cache_and_it_is_said(monkeypatch, planted):
+    from shardverify.opinfo.store import default_results_dir
+    from shardverify.errors import SpecError
+    from shardverify.verify.on_demand import CACHE_ENV, default_cache_dir
+
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    for home in ("", "relative"):
+        monkeypatch.setenv("HOME", home)
+        assert default_cache_dir() is None           # never /.cache nor a folder relative to where it runs
+        with pytest.raises(SpecError, match="give --opinfo-results DIR"):
+            default_results_dir()
+    graph_module, node = _graph(lambda x: torch.triu(x, 1), (8, 8))
+    with OnDemandVerifier() as verifier:
+        strategies_for_node(graph_module, node.name, MESH, on_demand=verifier)
+    assert verifier.cache_dir is None
+    assert any("no verdict cache: $HOME is 'relative'; set $SHARDVERIFY_CACHE_DIR" in line for line in verifier.lines())
+    monkeypatch.setenv(CACHE_ENV, "/somewhere")
+    assert str(default_cache_dir()) == "/somewhere"

@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.dtensor.custom import load_custom, run_custom
     from shardverify.dtensor.report import markdown, new_classes, summary
     from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT, run_spec
+    from shardverify.dtensor.store import HARNESS
 
     if args.upstream is not None:
         return _upstream(args)
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     # The results reach stdout first: a file that cannot be written below loses none of them.
     if args.json:
         json.dump({"passed": passed, "seconds": round(time.perf_counter() - start, 3), "command": command,
-                   "torch": torch.__version__, "executed": executed, "unchecked": unchecked,
+                   "torch": torch.__version__, "harness": HARNESS, "executed": executed, "unchecked": unchecked,
                    "new_classes": [f.key() for f in fresh],
                    "gloo": None if confirmations is None else {k: c.to_json() for k, c in confirmations.items()},
                    "results": [r.to_json() for r in results]}, sys.stdout, indent=2)
@@ -240,23 +241,18 @@ def _report_saved(args: argparse.Namespace, accepted) -> int:
     from shardverify.dtensor.report import markdown, new_classes, summary
     from shardverify.dtensor.run import CaseResult
 
-    from shardverify.spec.limits import MAX_JSON_BYTES
-    from shardverify.spec.loader import read_regular_file
+    from shardverify.dtensor.store import made_by, read_saved_run
 
     try:
-        data = read_regular_file(args.from_json, MAX_JSON_BYTES.value, setting=MAX_JSON_BYTES.env)
-        saved = json.loads(data)
+        saved = read_saved_run(args.from_json)
         results = [CaseResult.from_json(item) for item in saved["results"]]
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        print(f"error: {args.from_json}: not a saved `shardverify dtensor --json` run "
-              f"({type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr)
-        return USAGE
     fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
     passed = not fresh and not unchecked
+    print(f"saved run {args.from_json}: {made_by(saved.get('torch'), saved.get('harness'))}")
     print(summary(results, accepted, args.show))
     print(f"\n{'passed' if passed else 'FAILED'} (saved run {args.from_json}): {len(fresh)} new class(es) "
           "not in the accepted file" + ("; the saved run executed no combination" if unchecked else ""))

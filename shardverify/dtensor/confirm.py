@@ -19,7 +19,9 @@ processes (N the mesh's size), each process prints a ``VERDICT {json}`` line, an
 
 Confirmations are stored beside the results (``DIR/torch-VERSION/gloo/``, one file per class
 key) with the example they ran (op, case, mesh, layouts, the spec file's hash, the script
-format), and are not run again while the class's example is the same.
+format), and are not run again while the class's example is the same. A stored confirmation is
+read through :mod:`shardverify.stored` and checked field by field; one that does not check (no
+regular file, a wrong field) is left out, and run again with ``--confirm``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from shardverify.dtensor.repro import FORMAT, STAGE, VERDICT
+from shardverify.stored import StoreError, need, read_json, write_json
 
 __all__ = ["Confirmation", "STATUSES", "EXPECTED", "LATE_STAGES", "example_of", "class_examples", "confirm_classes",
            "load_confirmations", "save_confirmation",
@@ -44,6 +47,7 @@ __all__ = ["Confirmation", "STATUSES", "EXPECTED", "LATE_STAGES", "example_of", 
 
 STORE_VERSION = 1
 DEFAULT_TIMEOUT = 300.0      # seconds per class: torchrun's start, N processes importing torch, the op
+MAX_CONFIRMATION_BYTES = 1 << 20   # a stored confirmation: its example, detail and the end of the output
 
 STATUSES: dict[str, str] = {
     "confirmed": "reproduced on real gloo processes",
@@ -77,12 +81,22 @@ class Confirmation:
         return {"version": STORE_VERSION, **asdict(self)}
 
     @classmethod
-    def from_json(cls, item: dict) -> "Confirmation":
-        if item.get("version") != STORE_VERSION:
-            raise ValueError(f"confirmation version {item.get('version')!r}, this shardverify reads {STORE_VERSION}")
-        fields = {k: item[k] for k in ("key", "klass", "torch", "example", "status", "detail", "world",
-                                       "seconds", "script_sha")}
-        return cls(**fields, output=item.get("output", ""))
+    def from_json(cls, item: dict, file: str = "<confirmation>") -> "Confirmation":
+        """The confirmation ``item`` holds, checked field by field (StoreError naming ``file`` and the field)."""
+        if need(item, "version", int, file=file) != STORE_VERSION:
+            raise StoreError(f"confirmation version {item['version']}, this shardverify reads {STORE_VERSION}",
+                             file=file, field="version")
+        fields = {name: need(item, name, kind, file=file) for name, kind in _FIELDS}
+        if fields["status"] not in STATUSES:
+            raise StoreError(f"not a status: {fields['status'][:40]!r}", file=file, field="status")
+        if fields["klass"] not in EXPECTED:
+            raise StoreError(f"not a class confirmed on gloo: {fields['klass'][:40]!r}", file=file, field="klass")
+        return cls(**fields, output=need(item, "output", str, file=file, default=""))
+
+
+#: a stored confirmation's fields and their kinds
+_FIELDS = (("key", str), ("klass", str), ("torch", str), ("example", dict), ("status", str), ("detail", str),
+           ("world", int), ("seconds", float), ("script_sha", str))
 
 
 def example_of(finding, spec_hash: str) -> dict:
@@ -103,13 +117,17 @@ def _path(folder: Path, torch_version: str, key: str, mesh=None) -> Path:
 def load_confirmations(folder: Path, torch_version: str, examples: dict[str, dict]) -> dict[str, Confirmation]:
     """The stored confirmation of each class in ``examples`` (key -> :func:`example_of`) that ran
     that very example on this torch (its mesh's file, else the key's file of a store made before
-    files were per mesh); a file that cannot be read is left out (it runs again)."""
+    files were per mesh); a file that does not check (no regular file, too large or deep, a field
+    of the wrong kind) is left out, as if absent: it runs again."""
     found = {}
     for key, example in examples.items():
         for path in (_path(folder, torch_version, key, example.get("mesh")), _path(folder, torch_version, key)):
             try:
-                stored = Confirmation.from_json(json.loads(path.read_text()))
-            except (OSError, ValueError, KeyError, TypeError):
+                document = read_json(path, MAX_CONFIRMATION_BYTES)
+                if document is None:
+                    continue
+                stored = Confirmation.from_json(document, str(path))
+            except StoreError:
                 continue
             if stored.key == key and stored.example == example:
                 found[key] = stored
@@ -119,11 +137,8 @@ def load_confirmations(folder: Path, torch_version: str, examples: dict[str, dic
 
 def save_confirmation(folder: Path, confirmation: Confirmation) -> None:
     """Written whole or not at all, in its mesh's file."""
-    path = _path(folder, confirmation.torch, confirmation.key, confirmation.example.get("mesh"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(confirmation.to_json(), separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
+    write_json(_path(folder, confirmation.torch, confirmation.key, confirmation.example.get("mesh")),
+               confirmation.to_json())
 
 
 def run_on_gloo(script: str, world: int, timeout: float | None) -> tuple[str, bool, float]:

@@ -28,7 +28,8 @@ from shardverify.dtensor.attribute import backward_raise
 from shardverify.dtensor.execute import CaseRunner, Execution, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.repro import render_repro
-from shardverify.dtensor.store import HARNESS, StoredRun, load_stored, save_stored, spec_hash, store_path
+from shardverify.dtensor.store import (HARNESS, StoredRun, load_stored, read_running, save_stored, spec_hash,
+                                      store_path, write_running)
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
@@ -250,11 +251,12 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
             saved.cases = [case_id for case_id, _ in cases]
             running = path.with_name(path.name + ".running")   # the combination in progress
             path.parent.mkdir(parents=True, exist_ok=True)
-            if running.exists():       # the last run died on it: never run again, counted as raising
-                dead_case, index, stage = (running.read_text().split("\n") + ["", ""])[:3]
+            dead = read_running(running, saved.cases)
+            if dead is not None:       # the last run died on it: never run again, counted as raising
+                dead_case, index, stage = dead
                 saved.died.setdefault(dead_case, {})[index] = f"in {stage or 'its execution'}"
                 save_stored(path, saved)
-                running.unlink()
+            running.unlink(missing_ok=True)
             explained |= {f.key() for r in saved.results.values() for f in CaseResult.from_json(r).findings
                           if f.klass in ("silent-wrong", "late-failure")}   # their repro was made then
         for case_id, case in cases:
@@ -274,7 +276,7 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
 
                 def starting(index: int, stage: str, case_id=case_id, running=running) -> None:
                     if running is not None:
-                        running.write_text(f"{case_id}\n{index}\n{stage}\n")
+                        write_running(running, case_id, index, stage)
 
                 died = {int(i): stage for i, stage in saved.died.get(case_id, {}).items()} if saved else {}
                 try:
@@ -308,7 +310,7 @@ def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = P
 
     results: list[CaseResult] = []
     complete, sampled, partial, missing, unrun = [], [], [], [], []
-    absent, seconds, sample_limits, stale = 0, 0.0, set(), []
+    absent, seconds, sample_limits, stale, current = 0, 0.0, set(), [], 0
     for spec in specs:
         digest = spec_hash(spec, root)
         shapes = meshes or spec.verify.meshes
@@ -316,6 +318,7 @@ def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = P
         stale += [f"{run.spec} {_shape(run.mesh)} (version {run.harness})" for found in runs.values() for run in found
                   if run.harness != HARNESS]
         runs = {mesh: [run for run in found if run.harness == HARNESS] for mesh, found in runs.items()}
+        current += sum(len(found) for found in runs.values())
         if not any(runs.values()):
             unrun.append(spec.name)      # said by name alone
             absent += len(shapes)
@@ -353,9 +356,14 @@ def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = P
         note += " Not run: " + ", ".join(missing) + "."
     if unrun:
         note += f" Not run on any mesh ({len(unrun)} specs): " + ", ".join(unrun) + "."
+    note += (f" Each of the {current} stored file(s) read was made by this version (torch {torch.__version__}, "
+             f"DTensor harness {HARNESS}).")
     if stale:
         note += (f" Left out, made by another version of the harness than this one's ({HARNESS}), to be run again: "
                  + ", ".join(stale) + ".")
+    others = sorted(p.name for p in Path(store).glob("torch-*") if p.name != f"torch-{torch.__version__}")
+    if others:
+        note += " Not read, made by another torch: " + ", ".join(others) + "."
     return results, note
 
 

@@ -7,23 +7,30 @@ calls (the ones that took them, those sharing a target with them, and those now 
 target no handler took). A file whose settings or rule texts differ from today's is stale and
 swept again. What it cannot see is a change in shardverify's own code: the file records the commit
 it was swept at, the report names those commits, and ``--opinfo-fresh`` sweeps every entry again.
+A file is read and written through :mod:`shardverify.stored` and checked field by field: one
+that does not check is swept again (:func:`load_entry`); an entry's name is a file name only when
+it is a plain one (else its plain letters and a digest).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
+import re
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from shardverify.opinfo.sweep import CallOutcome, SweepResult
+from shardverify.errors import SpecError
+from shardverify.files import read_regular_file
+from shardverify.opinfo.sweep import OUTCOMES, CallOutcome, SweepResult
+from shardverify.spec.limits import MAX_JSON_BYTES
 from shardverify.strategies.handlers.base import HandlerDef, registered_handlers, target_key
-from shardverify.verify.on_demand import _rule_text, default_cache_dir
+from shardverify.stored import StoreError, items, need, read_json, write_json
+from shardverify.verify.on_demand import CACHE_ENV, _rule_text, default_cache_dir, no_cache_reason
 
 __all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry", "save_entry", "source_commit",
            "claim_entry", "release_entry", "rule_digests", "held"]
@@ -34,8 +41,13 @@ _LEGACY = {"constant": "folded"}   # the outcome's first name, in files swept be
 
 
 def default_results_dir() -> Path:
-    """Beside the on-demand verdict cache: ``~/.cache/shardverify/opinfo``."""
-    return default_cache_dir().parent / "opinfo"
+    """Beside the on-demand verdict cache: ``~/.cache/shardverify/opinfo``; SpecError when there is
+    no such place (no ``$HOME``, no ``$SHARDVERIFY_CACHE_DIR``): the folder must then be given."""
+    cache = default_cache_dir()
+    if cache is None:
+        raise SpecError(f"{no_cache_reason().removeprefix('no verdict cache: ')}, or give --opinfo-results DIR",
+                        file=f"${CACHE_ENV}")
+    return cache.parent / "opinfo"
 
 
 def settings_key(limit: int, meshes, captures, seed: int) -> dict:
@@ -88,40 +100,71 @@ def _depends_on(outcomes: list[CallOutcome]) -> dict[str, str]:
     return {name: digests[name] for name in sorted(chosen)}
 
 
-def _file(folder: Path, entry: str) -> Path:
-    return Path(folder) / f"{entry}.json"
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def _file(folder: Path, entry: str, suffix: str = ".json") -> Path:
+    """The entry's file: its name when plain, else its plain letters and a digest (no name climbs a folder)."""
+    name = entry if _PLAIN.fullmatch(entry) else \
+        "".join(c if c.isalnum() else "_" for c in entry)[:60] + "-" + hashlib.sha256(entry.encode()).hexdigest()[:8]
+    return Path(folder) / f"{name}{suffix}"
 
 
 def save_entry(folder: Path, entry: str, settings: dict, result: SweepResult) -> None:
-    """Write the entry's results (to a temporary name first: a stopped run leaves no half file)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write the entry's results whole or not at all (a stopped run leaves no half file)."""
     document = {"settings": settings, "entry": entry, "commit": source_commit(), "seconds": result.seconds,
                 "depends_on": _depends_on(result.outcomes), "defects": result.defects,
                 "outcomes": [asdict(o) for o in result.outcomes]}
-    path = _file(folder, entry)
-    partial = path.with_suffix(f".{os.getpid()}.part")
-    partial.write_text(json.dumps(document, indent=0), encoding="utf-8")
-    partial.replace(path)
+    write_json(_file(folder, entry), document, indent=0)
+
+
+#: a stored outcome's fields and their kinds (lists stand for the tuples)
+_OUTCOME = {"op": str, "sample": str, "capture": str, "mesh": list, "outcome": str, "reason": str,
+            "served_by": list, "strategies": int, "sharded": int, "checked": int, "wrong": list,
+            "wrong_extremum": list}
+_REQUIRED = ("op", "sample", "capture", "mesh", "outcome")
+
+
+def _outcome(item: object, file: str, where: str) -> CallOutcome:
+    """One stored call outcome, checked field by field (StoreError naming the field)."""
+    fields = {}
+    for name, kind in _OUTCOME.items():
+        if name not in _REQUIRED and isinstance(item, dict) and name not in item:
+            continue          # the dataclass's default
+        value = need(item, name, kind, file=file, where=where)
+        if kind is list:
+            value = tuple(items(value, int if name == "mesh" else str, file=file, field=f"{where}.{name}"))
+        fields[name] = value
+    fields["outcome"] = _LEGACY.get(fields["outcome"], fields["outcome"])
+    if fields["outcome"] not in OUTCOMES:
+        raise StoreError(f"not an outcome: {fields['outcome'][:40]!r}", file=file, field=f"{where}.outcome")
+    return CallOutcome(**fields)
 
 
 def load_entry(folder: Path, entry: str, settings: dict) -> tuple[SweepResult, str] | None:
     """(the entry's stored results, the commit they were swept at), or None when there are none or
-    they are stale (other settings, a handler that could take its calls changed or appeared)."""
+    they are stale (other settings, a handler that could take its calls changed or appeared) or
+    do not check: no regular file (a link, a FIFO, a device: never read), too large or deep,
+    a field of the wrong kind. Such an entry is swept again and its file written anew."""
     path = _file(folder, entry)
+    file = str(path)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-        if document.get("settings") != settings:
+        document = read_json(path, MAX_JSON_BYTES.value, setting=MAX_JSON_BYTES.env)
+        if (document is None or need(document, "settings", dict, file=file) != settings
+                or need(document, "entry", str, file=file) != entry):
             return None
-        outcomes = [CallOutcome(**{k: tuple(v) if isinstance(v, list) else _LEGACY.get(v, v) if k == "outcome" else v
-                                   for k, v in o.items()}) for o in document["outcomes"]]
-    except (OSError, ValueError, TypeError, KeyError):
+        outcomes = [_outcome(o, file, f"outcomes[{i}]")
+                    for i, o in enumerate(items(need(document, "outcomes", list, file=file), dict, file=file,
+                                                field="outcomes"))]
+        depends_on = need(document, "depends_on", dict, file=file)
+        defects = items(need(document, "defects", list, file=file, default=[]), str, file=file, field="defects")
+        seconds = need(document, "seconds", float, file=file, default=0.0)
+        commit = need(document, "commit", str, file=file, default="")
+    except StoreError:
         return None
-    if _depends_on(outcomes) != document.get("depends_on"):
+    if _depends_on(outcomes) != depends_on:
         return None
-    result = SweepResult(outcomes=outcomes, defects=list(document.get("defects", [])),
-                         seconds=float(document.get("seconds", 0.0)))
-    return result, str(document.get("commit", ""))
+    return SweepResult(outcomes=outcomes, defects=list(defects), seconds=float(seconds)), commit
 
 
 def _alive(pid: int) -> bool:
@@ -138,12 +181,12 @@ def held(folder: Path, entry: str) -> str | None:
     """Why the entry is not free to sweep (a live process sweeping it, or a dead one's lock: that
     process died sweeping it, as an op whose kernel does not check its inputs can take the
     interpreter down, so it is not swept again until the lock is removed), or None."""
-    lock = Path(folder) / f"{entry}.lock"
-    try:
-        holder = int(lock.read_text(encoding="utf-8").strip() or 0)
-    except FileNotFoundError:
+    lock = _file(folder, entry, ".lock")
+    if not os.path.lexists(lock):
         return None
-    except (OSError, ValueError):
+    try:
+        holder = int(read_regular_file(lock, 64, follow_symlinks=False).decode("ascii").strip() or 0)
+    except (SpecError, ValueError):     # no regular file (a FIFO: refused unread), or no pid in it
         holder = 0
     if holder and _alive(holder):
         return f"process {holder} is sweeping it"
@@ -156,7 +199,7 @@ def claim_entry(folder: Path, entry: str) -> str | None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        descriptor = os.open(folder / f"{entry}.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        descriptor = os.open(_file(folder, entry, ".lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return held(folder, entry) or "another process just finished it"
     with os.fdopen(descriptor, "w") as handle:
@@ -165,4 +208,4 @@ def claim_entry(folder: Path, entry: str) -> str | None:
 
 
 def release_entry(folder: Path, entry: str) -> None:
-    (Path(folder) / f"{entry}.lock").unlink(missing_ok=True)
+    _file(folder, entry, ".lock").unlink(missing_ok=True)

@@ -18,8 +18,9 @@ import fcntl
 import hashlib
 import os
 import pickle
-import tempfile
 from pathlib import Path
+
+from shardverify.files import write_file_atomic
 
 __all__ = ["PLANS_ENV", "session_plan"]
 
@@ -49,10 +50,7 @@ def session_plan(factory: str, kwargs, inputs, mesh, plan, *, zoo: str = "", cap
             made = pickle.loads(saved.read_bytes())
         else:
             made = _make(factory, kwargs, inputs, mesh, plan, zoo, capture, cost_size, where_factory, where_plan)
-            handle, partial = tempfile.mkstemp(dir=folder, suffix=".partial")
-            with os.fdopen(handle, "wb") as out:
-                pickle.dump(made, out)
-            os.replace(partial, saved)     # whole or absent
+            write_file_atomic(saved, pickle.dumps(made))     # whole or absent
     _MADE[key] = made
     return made
 

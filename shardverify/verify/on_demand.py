@@ -8,13 +8,23 @@ at that call), it verifies every one of them at that very call (its shapes, dtyp
 values, the usual distinguishing data, forward and backward, on the call's mesh, simulated) and
 serves those that pass. Those that fail are a rule defect: never offered, and recorded with the
 spec, the call and the strategies, for plan reports and ``verify``. Verdicts are kept on disk by
-(the rule, the call's signature, the mesh, torch's version), so a model's second run verifies
-nothing again; the verifier counts calls verified, cache hits and the seconds spent.
+(the rule, the call's signature, the mesh, torch's version, a digest of shardverify's own
+generator and engine code), so a model's second run verifies nothing again; the verifier counts
+calls verified, cache hits and the seconds spent.
+
+A cached verdict decides which strategies are served, and its folder is anyone's to edit, so a
+record is evidence to check, not a verdict to believe (:func:`record_problem`): read through
+:mod:`shardverify.stored` (a regular file, bounded), it must name its own key and exactly the
+strategies the rule yields at the call, every failed strategy among them, and carry the checksum
+of its content; a record that does not is discarded and the call verified again (counted, and
+said in the report). Nothing is re-verified on a sample: one call's verification costs more than
+the whole of a warm plan's cache reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -31,6 +41,7 @@ from shardverify.capture.call import target_name
 from shardverify.errors import HandlerError, InvalidArgument, ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy
+from shardverify.stored import StoreError, items, need, read_json, write_json
 from shardverify.strategies.for_node import UnverifiedCall, find_node, handler_strategies
 from shardverify.strategies.handlers.base import HandlerDef
 from shardverify.strategies.handlers.serving import handler_for_node
@@ -40,7 +51,7 @@ from shardverify.verify.reference import reference
 from shardverify.verify.report import CheckResult
 
 __all__ = ["CACHE_ENV", "OnDemandRecord", "OnDemandVerifier", "verify_node", "every_strategy", "default_cache_dir",
-           "checkable_case"]
+           "checkable_case", "code_digest", "record_problem", "no_cache_reason"]
 
 CACHE_ENV = "SHARDVERIFY_CACHE_DIR"
 #: bumped whenever what a verdict means changes: older verdicts on disk are then never read
@@ -48,10 +59,43 @@ VERDICT_FORMAT = 3   # 2: ids below 1 tried last (a 0-d tensor's one element), r
                      # 3: the low-precision budget at the ranks' shapes (long reductions refused for rounding pass)
 
 
-def default_cache_dir() -> Path:
-    """``$SHARDVERIFY_CACHE_DIR``, else ``~/.cache/shardverify/verdicts``."""
+#: the packages whose code decides a verdict: the strategy generators and the verification engine
+#: with what it runs on (layouts, simulated collectives and backends)
+CODE_PACKAGES = ("strategies", "verify", "sharding", "collectives", "backends")
+#: the most bytes of one cached verdict (a few strategies' names and first mismatches)
+MAX_VERDICT_BYTES = 1 << 20
+
+
+def no_cache_reason() -> str:
+    """Why there is no default verdict cache ("" when there is one): neither ``$SHARDVERIFY_CACHE_DIR``
+    nor an absolute ``$HOME`` is set (a cache under ``/.cache`` would be everyone's)."""
+    if os.environ.get(CACHE_ENV):
+        return ""
+    home = os.environ.get("HOME", "")
+    return "" if os.path.isabs(home) and home != "/" else \
+        f"no verdict cache: $HOME is {'not set' if not home else repr(home)}; set ${CACHE_ENV} to keep verdicts"
+
+
+def default_cache_dir() -> Path | None:
+    """``$SHARDVERIFY_CACHE_DIR``, else ``$HOME/.cache/shardverify/verdicts``; None (no disk cache,
+    :func:`no_cache_reason` says why) without either."""
     found = os.environ.get(CACHE_ENV)
-    return Path(found) if found else Path.home() / ".cache" / "shardverify" / "verdicts"
+    if found:
+        return Path(found)
+    return None if no_cache_reason() else Path(os.environ["HOME"]) / ".cache" / "shardverify" / "verdicts"
+
+
+@functools.cache
+def code_digest() -> str:
+    """The sha256 of the source of :data:`CODE_PACKAGES` (each file's path and bytes, in order):
+    part of every verdict's key, so a verdict made by other generator or engine code is never
+    read. Once per process, as the code a process runs is the code it loaded."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for package in CODE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -185,9 +229,10 @@ def _rule_text(handler: HandlerDef) -> str:
 
 
 def verdict_key(call: UnverifiedCall) -> str:
-    """The disk cache's key of a call's verdict: rule, call signature, mesh, strategies, torch."""
+    """The disk cache's key of a call's verdict: rule, call signature, mesh, strategies, torch,
+    shardverify's generator and engine code (:func:`code_digest`)."""
     node = call.node
-    text = json.dumps([VERDICT_FORMAT, torch.__version__, _rule_text(call.handler),
+    text = json.dumps([VERDICT_FORMAT, torch.__version__, code_digest(), _rule_text(call.handler),
                        target_name(node), _module_text(node, call.graph_module), _signature(list(node.args)),
                        _signature(dict(node.kwargs)), _signature(node), list(call.mesh.shape),
                        sorted(s.name for s in call.strategies)], sort_keys=True)
@@ -203,6 +248,7 @@ class OnDemandVerifier:
     cache_dir: Path | None = field(default_factory=default_cache_dir)   # None: no disk cache
     timeout: float | None = None
     records: list[OnDemandRecord] = field(default_factory=list)
+    discarded: list[str] = field(default_factory=list)   # why each cached record found was not believed
     _backends: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -212,7 +258,8 @@ class OnDemandVerifier:
     def __call__(self, call: UnverifiedCall) -> Sequence[ShardingStrategy]:
         start = time.perf_counter()
         key = verdict_key(call)
-        found = self._load(key)
+        names = sorted(s.name for s in call.strategies)
+        found = self._load(key, names)
         label = describe_call(call.graph_module, call.node)
         common = dict(spec_file=call.handler.spec_file or call.handler.name, node=call.node.name, call=label,
                       reason=call.reason, mesh_shape=tuple(call.mesh.shape), offered=len(call.strategies))
@@ -225,7 +272,8 @@ class OnDemandVerifier:
             except HandlerError as error:
                 failed, refused = (), str(error)
             record = OnDemandRecord(**common, failed=failed, seconds=time.perf_counter() - start, refused=refused)
-            self._store(key, {"failed": [list(f) for f in failed], "refused": refused, "call": label})
+            self._store(key, _sealed({"key": key, "offered": names, "failed": [list(f) for f in failed],
+                                      "refused": refused, "call": label}))
         self.records.append(record)
         if record.refused:
             raise HandlerError(f"{call.reason}; {record.refused}")
@@ -262,16 +310,20 @@ class OnDemandVerifier:
     def _path(self, key: str) -> Path | None:
         return None if self.cache_dir is None else Path(self.cache_dir) / key[:2] / f"{key}.json"
 
-    def _load(self, key: str) -> dict | None:
+    def _load(self, key: str, offered: list[str]) -> dict | None:
+        """The cached verdict of ``key`` when there is one and it checks (:func:`record_problem`);
+        one that does not is discarded (said in :meth:`lines`) and the call verified again."""
         path = self._path(key)
-        if path is None or not path.is_file():
+        if path is None:
             return None
         try:
-            found = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None           # unreadable or half-written by a stopped run: verified again
-        if not isinstance(found, dict) or not isinstance(found.get("failed"), list) or \
-                not isinstance(found.get("refused"), str):
+            found = read_json(path, MAX_VERDICT_BYTES)
+        except StoreError as error:
+            self.discarded.append(str(error))
+            return None
+        problem = None if found is None else record_problem(found, key, offered, str(path))
+        if problem:
+            self.discarded.append(problem)
             return None
         return found
 
@@ -280,10 +332,7 @@ class OnDemandVerifier:
         if path is None:
             return
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(json.dumps(verdict), encoding="utf-8")
-            os.replace(partial, path)   # atomic: another process reads the whole verdict or none
+            write_json(path, verdict)   # whole or not at all: another process reads the whole verdict or none
         except OSError:
             pass                  # a read-only cache only costs the next run a verification
 
@@ -307,7 +356,48 @@ class OnDemandVerifier:
                  f"cache; {s['strategies_wrong']} wrong strateg{'y' if s['strategies_wrong'] == 1 else 'ies'} not "
                  f"offered, {s['refused']} call(s) refused"]
         lines += [f"  rule defect: {text}" for text in s["defects"]]
+        if self.discarded:
+            lines.append(f"  {len(self.discarded)} cached verdict(s) did not check, discarded and verified again "
+                         f"(first: {self.discarded[0][:200]})")
+        if self.cache_dir is None and no_cache_reason():
+            lines.append(f"  {no_cache_reason()}")
         return lines
+
+
+def _checksum(record: dict) -> str:
+    return hashlib.sha256(json.dumps({k: v for k, v in record.items() if k != "sum"}, sort_keys=True).encode()
+                          ).hexdigest()
+
+
+def _sealed(record: dict) -> dict:
+    """``record`` with the checksum of its content (:func:`record_problem` checks it)."""
+    return {**record, "sum": _checksum(record)}
+
+
+def record_problem(record: object, key: str, offered: list[str], file: str) -> str:
+    """Why a cached verdict read from ``file`` is not believed ("" when it checks): a field of the
+    wrong kind, another call's key, other strategies than the rule's ``offered`` names, a failed
+    strategy it did not offer, or content that is not what its checksum was made of."""
+    try:
+        need(record, "key", str, file=file)
+        sum_ = need(record, "sum", str, file=file)
+        names = items(need(record, "offered", list, file=file), str, file=file, field="offered")
+        failed = items(need(record, "failed", list, file=file), list, file=file, field="failed")
+        for index, pair in enumerate(failed):
+            items(pair, str, file=file, field=f"failed[{index}]")
+        need(record, "refused", str, file=file)
+        need(record, "call", str, file=file)
+    except StoreError as error:
+        return str(error)
+    if record["key"] != key:
+        return f"{file}: field 'key': the verdict of another call"
+    if names != offered:
+        return f"{file}: field 'offered': other strategies than the rule yields at the call"
+    if any(len(pair) != 2 or pair[0] not in offered for pair in failed):
+        return f"{file}: field 'failed': not (strategy offered, first mismatch) pairs"
+    if sum_ != _checksum(record):
+        return f"{file}: field 'sum': the content is not what was stored"
+    return ""
 
 
 def _first_problem(result: CheckResult) -> str:
