@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
+from pathlib import Path
 
 from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.errors import InvalidArgument, SpecError
@@ -26,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "every gradient and the weights after each step are compared with the single device in "
                     "float64, each allowed 8x what the single device itself errs by in the same dtype, and the "
                     "first value that leaves its budget is blamed down to the module and the aten op.")
-    parser.add_argument("model", help="hf:MODEL_TYPE (a transformers architecture built tiny from its config), "
+    parser.add_argument("model", nargs="?", default=None, help="hf:MODEL_TYPE (a transformers architecture built tiny from its config), "
                                       "zoo:NAME (mlp, titan_llama), or a factory's dotted name (with --input)")
     parser.add_argument("--plan", default=None,
                         help="hf (the config's own base_model_tp_plan, applied as from_pretrained applies it; "
@@ -34,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "dotted name of a dict of ParallelStyles or of a parallelize(model, mesh) function")
     parser.add_argument("--mesh", action="append", type=parse_mesh, default=None, metavar="SHAPE",
                         help="tp (e.g. 2) or dp,tp (e.g. 2,2); repeatable (default: 2)")
-    parser.add_argument("--mode", choices=("train", "inference", "both"), default="train",
+    parser.add_argument("--mode", choices=("train", "inference", "both"), default=None,
                         help="train: AdamW steps; inference: a torch.no_grad forward (transformers' local fast path)")
     parser.add_argument("--steps", type=int, default=3, help="AdamW steps in training (default: 3)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="the dtype the model runs in")
@@ -43,6 +45,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--loss-parallel", action="store_true",
                         help="take the loss and its backward under torch.distributed.tensor.parallel.loss_parallel()")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--sweep-hf", action="store_true",
+                        help="instead of MODEL: every transformers architecture whose config ships a tp_plan, "
+                             "built tiny, under its own plan (on each --mesh, default 2 and 4; each --mode, default both)")
+    parser.add_argument("--only", default=None, metavar="TYPES", help="--sweep-hf: these model types (comma-separated)")
+    parser.add_argument("--results", type=Path, default=Path("results/parallelize"), metavar="DIR",
+                        help="--sweep-hf: one stored result per architecture, mesh and mode; a rerun checks only what "
+                             "is not stored (default: results/parallelize)")
+    parser.add_argument("--write", type=Path, default=None, metavar="FILE",
+                        help="--sweep-hf: write the Markdown page (docs/parallelize.md) to FILE")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every value outside its budget")
     parser.set_defaults(func=run)
 
@@ -55,11 +66,16 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.parallelize.report import as_json, render
     from shardverify.plan.inputs import parse_input
 
+    if args.sweep_hf:
+        return _sweep(args)
+    if args.model is None:
+        print("shardverify parallelize: error: give a MODEL (or --sweep-hf)", file=sys.stderr)
+        return 2
     plan_text = args.plan or ("hf" if args.model.startswith("hf:") else None)
     if plan_text is None:
         print("shardverify parallelize: error: --plan is needed for a model that is not hf:TYPE", file=sys.stderr)
         return 2
-    modes = ("train", "inference") if args.mode == "both" else (args.mode,)
+    modes = ("train", "inference") if args.mode == "both" else (args.mode or "train",)
     meshes = args.mesh or [(2,)]
     results = []
     try:
@@ -81,3 +97,28 @@ def run(args: argparse.Namespace) -> int:
         for result in results:
             print(render(result, args.verbose))
     return 0 if all(r.passed for r in results) else 1
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from shardverify.files import write_file_atomic
+    from shardverify.parallelize.sweep import render_page, sweep
+    from shardverify.parallelize.tiny import tp_architectures
+
+    shipped = tp_architectures()
+    chosen = shipped if args.only is None else [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(shipped))
+    if unknown:
+        print(f"shardverify parallelize: error: --only {', '.join(unknown)}: no config of that model type ships a "
+              "tp_plan", file=sys.stderr)
+        return 2
+    meshes = [tuple(m) for m in args.mesh] if args.mesh else [(2,), (4,)]
+    modes = ("train", "inference") if args.mode in (None, "both") else (args.mode,)
+    rows = sweep(chosen, meshes, modes, args.results, steps=args.steps,
+                 say=lambda line: print(line, file=sys.stderr, flush=True))
+    page = render_page(rows, chosen, meshes, modes)
+    if args.write is not None:
+        write_file_atomic(args.write, page)
+    wrong = [r for r in rows if r.outcome != "right"]
+    print(f"{'PASS' if not wrong else 'FAIL'}: {len(rows) - len(wrong)} of {len(rows)} rows right "
+          f"({', '.join(f'{n} {o}' for o, n in sorted(Counter(r.outcome for r in rows).items()))})")
+    return 0 if not wrong else 1

@@ -188,9 +188,14 @@ def run_steps(model: nn.Module, source: ModelSource, options: RunOptions, trace:
 
 
 def single_model(source: ModelSource, dtype: torch.dtype) -> nn.Module:
-    """The single-device model in ``dtype``, dropout off."""
+    """The single-device model in ``dtype``, dropout off. In float64 (the truth) a transformers
+    model's experts run transformers' eager loop: its grouped-GEMM kernels take no float64, and the
+    loop computes the same function."""
     model = source.build()
     zero_dropout(model)
+    if dtype == torch.float64 and hasattr(model, "set_experts_implementation"):
+        with contextlib.suppress(Exception):
+            model.set_experts_implementation("eager")
     return model.to(dtype)
 
 

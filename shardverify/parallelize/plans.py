@@ -73,6 +73,23 @@ def function_plan(fn: Callable, name: str | None = None, loss_parallel: bool = F
     return Plan(name or getattr(fn, "__qualname__", "parallelize"), apply, loss_parallel)
 
 
+def _untie(model: nn.Module) -> bool:
+    """Tied weights (an lm_head sharing the embedding's) as separate copies, as ``from_pretrained``
+    builds the model it parallelizes (under ``no_tie_weights``) and ties them after loading; True
+    when there were any, for the caller to tie again after the plan is applied."""
+    keys = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    params = dict(model.named_parameters(remove_duplicate=False))
+    untied = False
+    for target, source in keys.items():
+        if target in params and source in params and params[target] is params[source]:
+            owner, _, name = target.rpartition(".")
+            module = model.get_submodule(owner)
+            module._parameters[name] = nn.Parameter(params[source].detach().clone(),
+                                                    requires_grad=params[source].requires_grad)
+            untied = True
+    return untied
+
+
 def transformers_plan(overrides: Mapping[str, str] | None = None) -> Plan:
     """The config's ``base_model_tp_plan`` (with ``overrides`` merged as ``DistributedConfig(tp_plan=...)``
     merges them) through transformers' ``maybe_distribute_model``: TP on the ``tp`` axis, FSDP2 on
@@ -86,7 +103,11 @@ def transformers_plan(overrides: Mapping[str, str] | None = None) -> Plan:
         dp, tp = (1, shape[0]) if len(shape) == 1 else shape
         config = DistributedConfig(tp_size=tp, fsdp_size=dp, tp_plan=dict(overrides) if overrides else None)
         _, manager = initialize_distributed_mesh(config)
-        return type(model).maybe_distribute_model(model, config, manager)
+        tied = _untie(model)
+        model = type(model).maybe_distribute_model(model, config, manager)
+        if tied:
+            model.tie_weights()
+        return model
 
     name = "transformers' shipped tp_plan" + (f" with {dict(overrides)}" if overrides else "")
     return Plan(name, apply, styles=overrides)

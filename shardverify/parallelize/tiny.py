@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,7 @@ __all__ = ["CannotBuild", "TinyModel", "tiny_model", "tp_architectures", "tiny_c
            "BATCH", "SEQ", "HIDDEN", "FFN", "LAYERS", "HEADS", "KV_HEADS", "HEAD_DIM", "VOCAB"]
 
 BATCH, SEQ = 2, 16
+GRID = 4                  # a vision tower's images: GRID x GRID patches
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 128, 2, 4, 4, 16
 VOCAB, POSITIONS = 256, 128
 EXPERTS, EXPERTS_PER_TOKEN, EXPERT_FFN = 4, 2, 32
@@ -84,12 +87,14 @@ _SIZES: tuple[tuple[int, tuple[str, ...]], ...] = (
     (8, ("qk_rope_head_dim", "qk_nope_head_dim")),
     (1, ("n_group", "topk_group", "n_shared_experts", "num_shared_experts", "moe_num_shared_experts")),
     (32, ("codebook_size",)),
+    (8, ("num_filters",)),
+    (LAYERS, ("decoder_num_layers", "encoder_num_layers")),
 )
 SIZES: dict[str, int] = {name: value for value, names in _SIZES for name in names}
 _HEAD_NAMES = next(names for value, names in _SIZES if "num_attention_heads" in names)
 _KV_NAMES = next(names for value, names in _SIZES if "num_key_value_heads" in names)
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers", "encoder_layers",
-                "decoder_layers", "num_encoder_layers", "depth")
+                "decoder_layers", "num_encoder_layers", "depth", "num_layers_per_stack")
 _LAYER_COUNT_SET = set(LAYER_COUNTS)
 _NOT_IDS = re.compile(r".*token_ids?$|.*token_index$|.*_token$")
 _FIRST_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
@@ -117,10 +122,16 @@ def _plan_config(cls: type) -> type | None:
 @functools.cache
 def tp_architectures() -> list[str]:
     """Every model type transformers knows whose config (or text sub-config) ships a non-empty
-    ``base_model_tp_plan``, sorted. Reads the config classes' class attributes; instantiates none."""
+    ``base_model_tp_plan``, sorted. Reads the config classes' class attributes, instantiating none;
+    only the model packages whose configuration source names a plan are imported (the other ~600
+    config modules cost seconds to import and declare none)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
     mapping = _transformers().CONFIG_MAPPING
+    root = os.path.join(os.path.dirname(_transformers().__file__), "models")
     found = []
-    for model_type in mapping.keys():
+    for model_type in CONFIG_MAPPING_NAMES:
+        if not _declares_plan(os.path.join(root, model_type_to_module_name(model_type))):
+            continue
         try:
             cls = mapping[model_type]
         except Exception:   # an optional dependency of that config missing: it ships no usable plan here
@@ -128,6 +139,21 @@ def tp_architectures() -> list[str]:
         if _plan_config(cls) is not None:
             found.append(model_type)
     return sorted(found)
+
+
+@functools.cache
+def _declares_plan(package: str) -> bool:
+    """Whether a model package's configuration source mentions ``base_model_tp_plan``."""
+    try:
+        names = [n for n in os.listdir(package) if n.startswith("configuration_") and n.endswith(".py")]
+        return any("base_model_tp_plan" in _read(os.path.join(package, n)) for n in names)
+    except OSError:
+        return False
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as source:
+        return source.read()
 
 
 # --- the tiny config ---------------------------------------------------------------------------------
@@ -198,11 +224,12 @@ def _size(name: str) -> int | None:
     return next((value for pattern, value in _SIZE_PATTERNS if pattern.fullmatch(name)), None)
 
 
+_CHANNELS = re.compile(r"\w*_channels?")
 _SIZE_PATTERNS = ((re.compile(r"\w*vocab_size\w*"), VOCAB),
                   (re.compile(r"\w*hidden_size(_\w+)?"), HIDDEN),
                   (re.compile(r"\w*expert_num"), EXPERTS),
                   (re.compile(r"adapter_\w*dim"), HIDDEN),
-                  (re.compile(r"\w*_channels?"), CHANNELS),
+                  (_CHANNELS, CHANNELS),
                   (re.compile(r"(num_)?\w*(kv|key_value)_heads"), KV_HEADS),
                   (re.compile(r"num_\w*_heads|\w*_num_heads|\w*_attention_heads"), HEADS),
                   (re.compile(r"\w*expert\w*_(dim|size|dims)"), EXPERT_FFN),
@@ -216,7 +243,8 @@ def _sizes(values: dict[str, Any], moe: bool = False) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     for name, value in values.items():
         tiny = _size(name)
-        if tiny == CHANNELS and not (_is_int(value) and value > CHANNELS) and not isinstance(value, (list, tuple)):
+        if name not in SIZES and _CHANNELS.fullmatch(name) and not (_is_int(value) and value > CHANNELS) \
+                and not isinstance(value, (list, tuple)):
             continue   # image channels (3), or already small
         if tiny is not None and ((_is_int(value) and value > 0) or (value is None and (
                 name in _EVEN_IF_NONE or (moe and name in _MOE_SIZES)))):
@@ -310,6 +338,9 @@ def _shrink(config):
             and any("sliding" in str(kind) for kind in layer_types):
         changes["sliding_window"] = 8
     changes.update(_mamba(values))
+    patch = changes.get("patch_size", values.get("patch_size"))
+    if _is_int(patch) and _is_int(values.get("image_size")) and values["image_size"] > GRID * patch:
+        changes["image_size"] = GRID * patch    # a vision tower's images: GRID x GRID patches
     if "mlp_only_layers" in values and isinstance(values["mlp_only_layers"], (list, tuple)):
         changes["mlp_only_layers"] = [0]        # a dense layer, then MoE: the plan's rules for both apply
 
@@ -355,7 +386,15 @@ _FIXES: dict[str, dict[str, Any]] = {
                        "indexer_budget": 8, "indexer_compress_ratio": 4},
     "dory": {"n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1, "num_hidden_layers": 3,
              "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
-    "gemma4_text": {"enable_moe_block": True},
+    "gemma4_text": {"enable_moe_block": True},   # its plan shards the MoE block the defaults switch off
+    # the pixel-shuffle adapter's MLP reads hidden / ratio^2 features
+    "llama4_vision_model": {"intermediate_size": 4 * HIDDEN, "projector_input_dim": HIDDEN,
+                            "projector_output_dim": HIDDEN, "vision_output_dim": HIDDEN},
+    "t5gemma2_text": {"dropout_rate": 0.0},   # read by the model, not declared by the config
+    "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": EXPERT_FFN},
+    "granite4_vision": {"deepstack_layer_map": [(0, 0)], "spatial_target_layers": [0, 1], "downsample_rate": "1/4"},
+    # sliding-window layers have twice the key/value heads of the full-attention ones
+    "mimo_v2_flash": {"num_attention_heads": 2 * HEADS, "num_key_value_heads": KV_HEADS},
     "apertus1p5": {"image_token_offset": 128, "audio_token_offset": 160},
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
@@ -385,8 +424,7 @@ def _mrope_default(config_cls: type) -> tuple[int, ...] | None:
     import importlib
     try:
         module = importlib.import_module(config_cls.__module__.replace(".configuration_", ".modeling_"))
-        with open(module.__file__, encoding="utf-8") as source:
-            found = _MROPE_DEFAULT.search(source.read())
+        found = _MROPE_DEFAULT.search(_read(module.__file__))
     except Exception:   # no modeling module of that name: no default to mirror
         return None
     return tuple(int(x) for x in found.group(1).split(",")) if found else None
@@ -485,8 +523,16 @@ def _build(cls, config, attn: str) -> torch.nn.Module:
     return cls._from_config(config, attn_implementation=attn, dtype=torch.float32)
 
 
-def _inputs(config, causal: bool, seed: int) -> dict[str, torch.Tensor]:
+def _inputs(model: torch.nn.Module, causal: bool, seed: int) -> dict[str, torch.Tensor]:
+    """Token ids [BATCH, SEQ] below the special ids (and labels for a causal LM, decoder ids for an
+    encoder-decoder); for a model that reads no tokens (a vision tower), the smallest images."""
     gen = torch.Generator().manual_seed(seed)
+    params = inspect.signature(model.forward).parameters
+    config = model.config
+    if "input_ids" not in params:
+        return _image_inputs(model, params, gen)
+    if getattr(config, "model_type", "") in _EMBEDS_ONLY:
+        return {"inputs_embeds": torch.randn(BATCH, SEQ, HIDDEN, generator=gen)}
     ids = torch.randint(3, VOCAB - SPECIAL_IDS, (BATCH, SEQ), generator=gen)
     inputs = {"input_ids": ids}
     if getattr(config, "is_encoder_decoder", False):
@@ -494,6 +540,28 @@ def _inputs(config, causal: bool, seed: int) -> dict[str, torch.Tensor]:
     if causal:
         inputs["labels"] = ids.clone()
     return inputs
+
+
+#: models that take embeddings where others take token ids (their forward refuses ``input_ids``)
+_EMBEDS_ONLY = {"qwen3_omni_moe_talker_code_predictor", "qwen3_omni_moe_talker_text"}
+
+
+def _image_inputs(model: torch.nn.Module, params, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Images for a vision tower: BATCH images of GRID x GRID patches; flattened patches (as wide as
+    its patch embedding reads) with their (time, height, width) grid for a tower that takes
+    ``grid_thw``, else [BATCH, channels, side, side]."""
+    config = model.config
+    channels = next((_get(config, k) for k in ("num_channels", "in_channels", "in_chans") if _is_int(_get(config, k))), 3)
+    patch = _get(config, "patch_size") if _is_int(_get(config, "patch_size")) else 14
+    first = next(iter(params))
+    if "grid_thw" in params:
+        embed = next((p for n, p in model.named_parameters() if "patch" in n and n.endswith("weight") and p.dim() > 1),
+                     None)
+        width = embed[0].numel() if embed is not None else channels * patch * patch
+        grid = torch.tensor([[1, GRID, GRID]] * BATCH)
+        return {first: torch.randn(BATCH * GRID * GRID, width, generator=gen), "grid_thw": grid}
+    side = _get(config, "image_size") if _is_int(_get(config, "image_size")) else GRID * patch
+    return {first: torch.randn(BATCH, channels, side, side, generator=gen)}
 
 
 def _heads(config) -> tuple[int, int]:
@@ -504,26 +572,61 @@ def _heads(config) -> tuple[int, int]:
 
 
 def tiny_model(model_type: str, seed: int = 0, tp_sizes: tuple[int, ...] = (2, 4)) -> TinyModel:
-    """A tiny ``model_type`` model (weights from ``torch.manual_seed(seed)``, float32), its inputs
-    and its plans; raises :class:`CannotBuild` with the reason when there is none."""
+    """A tiny ``model_type`` model (weights from ``torch.manual_seed(seed)``, float32, training
+    mode), its inputs and its plans; raises :class:`CannotBuild` with the reason when there is
+    none. One forward on the inputs is tried (its buffers restored after), so a model whose
+    forward cannot run on them is refused here, not in the middle of a check."""
     config = tiny_config(model_type)
-    auto, causal = _model_class(model_type, config)
+    cls, causal = _model_class(model_type, config)
     heads, kv_heads = _heads(config)
     for size in tp_sizes:
         if heads % size or kv_heads % size:
             raise CannotBuild(model_type, f"{heads} heads and {kv_heads} key/value heads do not split over {size} ranks")
-    errors = []
+    errors: dict[str, str] = {}
     for attn in ("sdpa", "eager"):
         torch.manual_seed(seed)
         try:
-            model = _build(auto, config, attn)
-            break
+            model = _build(cls, config, attn)
         except Exception as exc:
-            errors.append(f"{attn}: {_one_line(exc)}")
-    else:
-        raise CannotBuild(model_type, f"the model cannot be built from the tiny config ({'; '.join(errors)})")
-    model.train()
-    inputs = _inputs(model.config, causal, seed)
-    note = f"{type(model).__name__}, {attn} attention" + ("" if causal else "; no loss of its own (base model)")
-    return TinyModel(model_type, model, inputs, dict(getattr(model, "tp_plan", {}) or {}),
-                     dict(getattr(model, "ep_plan", {}) or {}), heads, kv_heads, note)
+            errors[attn] = _reason(exc)
+            continue
+        model.train()
+        inputs = _inputs(model, causal, seed)
+        try:
+            _try_forward(model, inputs)
+        except Exception as exc:
+            errors[attn] = "its forward fails on the tiny inputs: " + _reason(exc)
+            continue
+        note = f"{type(model).__name__}, {attn} attention" + ("" if causal else "; no loss of its own (base model)")
+        return TinyModel(model_type, model, inputs, dict(getattr(model, "tp_plan", {}) or {}),
+                         dict(getattr(model, "ep_plan", {}) or {}), heads, kv_heads, note)
+    reasons = list(dict.fromkeys(errors.values()))
+    raise CannotBuild(model_type, reasons[0] if len(reasons) == 1 else
+                      "; ".join(f"with {attn} attention: {why}" for attn, why in errors.items()))
+
+
+def _try_forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+    """One forward without gradients, the buffers (running statistics) put back as they were."""
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in buffers and b.shape == buffers[name].shape:
+                    b.copy_(buffers[name])
+
+
+def _reason(exc: BaseException) -> str:
+    """One line a user can act on: a missing package named as such, a forward's missing arguments
+    as what it requires, else the error's own text."""
+    text = _one_line(exc)
+    missing = re.search(r"No module named '([\w.]+)'|requires the (\w+) library", text)
+    if isinstance(exc, ImportError) or missing:
+        name = next((g for g in (missing.groups() if missing else ()) if g), None)
+        return f"needs the {name} package, which is not installed" if name else f"an import fails: {text}"
+    required = re.search(r"missing \d+ required positional arguments?: (.*)", text)
+    if isinstance(exc, TypeError) and required:
+        return f"the model's forward requires {required.group(1)}, which a tiny model built from a config cannot supply"
+    return text
