@@ -80,11 +80,12 @@ def run(args: argparse.Namespace) -> int:
     results = []
     try:
         inputs = [parse_input(text) for text in args.input]
-        plan = resolve_plan(plan_text, loss_parallel=args.loss_parallel)
+        resolve_plan(plan_text, loss_parallel=args.loss_parallel)    # a bad plan name is a usage error up front
         for mesh in meshes:
             for mode in modes:
-                results.append(check_parallelize(args.model, plan, tuple(mesh), mode=mode, steps=args.steps,
-                                                 dtype=getattr(torch, args.dtype), inputs=inputs))
+                results.append(check_parallelize(args.model, plan_text, tuple(mesh), mode=mode, steps=args.steps,
+                                                 dtype=getattr(torch, args.dtype), inputs=inputs,
+                                                 loss_parallel=args.loss_parallel))
     except (InvalidArgument, SpecError) as exc:
         print(f"shardverify parallelize: error: {exc}", file=sys.stderr)
         return 2

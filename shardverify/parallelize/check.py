@@ -16,7 +16,7 @@ import torch
 
 from shardverify.errors import InvalidArgument
 from shardverify.parallelize.blame import Culprit, blame
-from shardverify.parallelize.compare import Finding, compare_values
+from shardverify.parallelize.compare import Finding, Margin, compare_values
 from shardverify.parallelize.execute import Failure, RunOptions, Trace, run_parallel, run_single
 from shardverify.parallelize.models import ModelSource
 from shardverify.parallelize.names import resolve_model, resolve_plan
@@ -43,7 +43,7 @@ class ParallelizeResult:
     culprit: Culprit | None = None
     cpu_seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
-
+    margin: Margin | None = None          # the value closest to its budget
     @property
     def passed(self) -> bool:
         return self.verdict == "right"
@@ -61,15 +61,17 @@ def _rows(value: torch.Tensor, rows: int, dp: int, index: int) -> torch.Tensor:
 
 
 def _against(phase: str, what: str, values: list, truth, single, options: RunOptions, shape, rows: int,
-             step: int = 0) -> list[Finding]:
+             margin: Margin, step: int = 0) -> list[Finding]:
     """``compare_values`` with each rank held to its data-parallel rows of the truth."""
     dp, tp = _dp_tp(shape)
     if dp == 1 or truth is None:
-        return compare_values(phase, what, values, truth, single, options.dtype, tp, lambda rank: rank % tp, step)
+        return compare_values(phase, what, values, truth, single, options.dtype, tp, lambda rank: rank % tp, step,
+                              margin)
     found = []
     for rank, value in enumerate(values):
         mine = compare_values(phase, what, [value], _rows(truth, rows, dp, rank // tp),
-                              _rows(single, rows, dp, rank // tp), options.dtype, tp, lambda _: rank % tp, step)
+                              _rows(single, rows, dp, rank // tp), options.dtype, tp, lambda _: rank % tp, step,
+                              margin)
         found += [replace(f, rank=rank) for f in mine]
     return found
 
@@ -88,8 +90,8 @@ def _computed_otherwise(truth: Trace, single: Trace) -> set[str]:
          tuple(single.outputs[key][0].shape) != tuple(truth.outputs[key][0].shape)}
 
 
-def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, shape: tuple[int, ...], rows: int
-             ) -> tuple[list[Finding], int, int]:
+def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, shape: tuple[int, ...], rows: int,
+             margin: Margin) -> tuple[list[Finding], int, int]:
     """Every value of ``found`` against the truth, the findings in the order the run made the values:
     the first forward's module inputs and outputs, then each step's loss, gradients (in the order the
     backward pass reaches their modules) and weights. A data-parallel rank is held to its rows of
@@ -104,7 +106,7 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
         if key in truth.outputs and key in single.outputs and key not in differs:
             compared += 1
             findings += _against(forward_phase, key, values, truth.outputs[key][0], single.outputs[key][0],
-                                 options, shape, rows)
+                                 options, shape, rows, margin)
     first_seen = {}
     for position, key in enumerate(found.module_order):
         first_seen.setdefault(key.split("#")[0], position)
@@ -118,7 +120,7 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
         if dp > 1:
             losses = [sum(losses[d * tp + rank % tp].double() for d in range(dp)) / dp for rank in range(len(losses))]
         findings += _against("loss", "loss", losses, truth.losses[step][0], single.losses[step][0], options,
-                             (1, tp), rows, step)
+                             (1, tp), rows, margin, step)
         for kind, values in (("gradient", found.grads), ("weights", found.weights)):
             if step >= len(values):
                 continue
@@ -127,7 +129,7 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
                 theirs = truth.grads if kind == "gradient" else truth.weights
                 single_runs = single.grads if kind == "gradient" else single.weights
                 findings += _against(kind, name, values[step][name], theirs[step][name][0],
-                                     single_runs[step][name][0], options, (1, tp), rows, step)
+                                     single_runs[step][name][0], options, (1, tp), rows, margin, step)
     return findings, compared, len(differs & set(found.outputs))
 
 
@@ -202,7 +204,8 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     truth = run_single(source, options, torch.float64)
     single = run_single(source, options)
     rows = next(iter(source.batch(0).inputs.values())).shape[0]
-    findings, compared, otherwise = _compare(truth, single, found, options, shape, rows)
+    margin = Margin()
+    findings, compared, otherwise = _compare(truth, single, found, options, shape, rows, margin)
     if otherwise:
         notes.append(f"{otherwise} module values not compared: the float64 single device computes them another way "
                      "(transformers' eager experts loop where the run's dtype takes the grouped GEMM)")
@@ -217,4 +220,4 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
         verdict, phase = "right", ""
     return ParallelizeResult(**head, verdict=verdict, phase=phase, findings=tuple(findings), compared=compared,
                              failure=found.failure, culprit=culprit, cpu_seconds=time.process_time() - began,
-                             notes=tuple(notes))
+                             notes=tuple(notes), margin=margin)

@@ -13,6 +13,7 @@ the one dim whose size differs, or a packed projection's blocks of each half).""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ import torch
 
 from shardverify.verify.tolerance import tolerance_for
 
-__all__ = ["Finding", "FACTOR", "compare_values", "budget", "reading"]
+__all__ = ["Finding", "Margin", "FACTOR", "compare_values", "budget", "reading"]
 
 #: how many times the single device's own rounding a parallelized value may err by
 FACTOR = 8.0
@@ -138,10 +139,27 @@ def reading(found: list[torch.Tensor], truth: torch.Tensor, single: torch.Tensor
     return f"{layouts[0]} on rank 0" if layouts and layouts[0] else "the whole value on every rank"
 
 
+@dataclass
+class Margin:
+    """The value that came closest to its budget (or went furthest past it)."""
+
+    ratio: float = 0.0
+    what: str = ""
+    error: float = 0.0
+    budget: float = 0.0
+    single: float = 0.0
+
+    def note(self, what: str, error: float, allowed: float, own: float) -> None:
+        ratio = error / allowed if allowed > 0 else (0.0 if error == 0 else math.inf)
+        if ratio > self.ratio:
+            self.ratio, self.what, self.error, self.budget, self.single = ratio, what, error, allowed, own
+
+
 def compare_values(phase: str, what: str, found: list[torch.Tensor | None], truth: torch.Tensor | None,
-                   single: torch.Tensor | None, dtype: torch.dtype, tp: int, tp_index, step: int = 0) -> list[Finding]:
+                   single: torch.Tensor | None, dtype: torch.dtype, tp: int, tp_index, step: int = 0,
+                   margin: Margin | None = None) -> list[Finding]:
     """Findings for each rank's ``found`` against ``truth``; ``tp_index(rank)`` is the rank's place on
-    the tensor-parallel axis (its block of a local shard)."""
+    the tensor-parallel axis (its block of a local shard); ``margin`` notes the closest call."""
     out: list[Finding] = []
     for rank, value in enumerate(found):
         if value is None or truth is None:
@@ -152,7 +170,10 @@ def compare_values(phase: str, what: str, found: list[torch.Tensor | None], trut
         if best is None:
             out.append(Finding(phase, what, rank, "shape", float("inf"), 0.0, 0.0, 0.0, step,
                                shape=tuple(value.shape), expected_shape=tuple(truth.shape)))
-        elif not best[0]:
+        else:
             _, error, layout, allowed, own, scale = best
-            out.append(Finding(phase, what, rank, "values", error, allowed, own, scale, step, layout))
+            if margin is not None:
+                margin.note(f"{phase} {what}", error, allowed, own)
+            if not best[0]:
+                out.append(Finding(phase, what, rank, "values", error, allowed, own, scale, step, layout))
     return out

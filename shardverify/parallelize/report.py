@@ -17,11 +17,17 @@ def summary_line(result: ParallelizeResult) -> str:
     steps = f", {result.steps} AdamW steps" if result.mode == "train" else ""
     return (f"{verdict}: {result.model} under {result.plan} on mesh {','.join(map(str, result.mesh))}, "
             f"{result.mode}{steps}, {result.dtype}: {result.compared} values compared on every rank, "
-            f"{len(result.findings)} outside their budget ({result.cpu_seconds:.1f} CPU-s)")
+            f"{len(result.findings)} outside their budget ({result.cpu_seconds:.1f} CPU-s"
+            + (" in this process, the ranks' own not counted)" if any(n.startswith("ran on") for n in result.notes)
+               else ")"))
 
 
 def render(result: ParallelizeResult, verbose: bool = False) -> str:
     lines = [summary_line(result)]
+    if result.verdict == "right" and result.margin is not None and result.margin.what:
+        m = result.margin
+        lines.append(f"  closest to its budget: {m.what}, error {m.error:.3g} of a budget of {m.budget:.3g} "
+                     f"({m.ratio:.2f} of it; the single device's own error there {m.single:.3g})")
     if result.culprit is not None:
         lines.append(f"  first culprit: {result.culprit.line()}")
     if result.failure is not None and (result.culprit is None or result.culprit.cause != "raised"):
@@ -53,4 +59,6 @@ def as_json(result: ParallelizeResult) -> dict:
         "findings": [{"phase": f.phase, "what": f.what, "rank": f.rank, "kind": f.kind, "step": f.step,
                       "error": f.error, "budget": f.budget, "single": f.single} for f in result.findings[:50]],
         "notes": list(result.notes),
+        "closest": None if result.margin is None else {"value": result.margin.what, "ratio": result.margin.ratio,
+                                                       "error": result.margin.error, "budget": result.margin.budget},
     }

@@ -2,14 +2,19 @@
 tensor-parallel plan (``base_model_tp_plan``), so the plan transformers itself applies
 (``maybe_distribute_model``) can be run on 2 and 4 ranks against the single-device model.
 
-Nothing is downloaded: each model is built from its config class's defaults (``from_config``, no
-hub access, no tokenizer), every size the config has shrunk. The sizes are chosen so that 2 and 4
-ranks divide what a plan shards: 4 attention heads and 4 key/value heads of 16 (hidden 64), MLP
-widths 128, 4 experts (2 per token, widths 32), a vocabulary of 256 (every special token id
-inside it), 128 positions. Two layers, or one of each kind where the config mixes kinds (sliding
-and full attention, dense and MoE, attention and linear/state-space mixers), so every rule of the
-plan finds a module. Dropout is off and the weights come from ``torch.manual_seed(seed)``; the
-train/eval mode is the caller's.
+Nothing is downloaded (no hub access, no tokenizer): each model is built with ``from_config`` from
+its config class's defaults, every size the config (and each sub-config) has shrunk, whatever the
+config calls it. The sizes are chosen so that 2 and 4 ranks divide what a plan shards: 4 attention
+heads and 4 key/value heads of 16 (hidden 64), MLP widths 128, 4 experts (2 per token, widths 32),
+MLA ranks 32, state-space mixers of 4 heads, a vocabulary of 256 with every special token id inside
+it (the inputs draw below them, so a text-only batch holds no image token), 128 positions. Two
+layers, or one of each kind where the config mixes kinds (sliding and full attention, dense and
+MoE, attention and linear or state-space mixers; at most four), the first layer dense where the
+config has dense-first MoE, so that every rule of the plan finds a module. Where the defaults leave
+a size to the checkpoint (None) or are inconsistent for a small model, :data:`_FIXES` says what a
+checkpoint's config would. Dropout is off and the weights come from ``torch.manual_seed(seed)``;
+train/eval mode is the caller's. A model whose forward cannot run on its tiny inputs is refused
+(:class:`CannotBuild`, one line saying why) before any check starts.
 """
 
 from __future__ import annotations
@@ -96,7 +101,11 @@ _KV_NAMES = next(names for value, names in _SIZES if "num_key_value_heads" in na
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers", "encoder_layers",
                 "decoder_layers", "num_encoder_layers", "depth", "num_layers_per_stack")
 _LAYER_COUNT_SET = set(LAYER_COUNTS)
-_NOT_IDS = re.compile(r".*token_ids?$|.*token_index$|.*_token$")
+#: how many of the first layers are dense (the rest MoE): one, so both kinds are built
+_DENSE_FIRST = ("first_k_dense_replace", "num_dense_layers")
+#: layers below this index use full attention, above it sliding windows
+_WINDOW_LAYERS = ("max_window_layers",)
+_TOKEN_ID = re.compile(r".*token_ids?$|.*token_index$|.*_token$")
 _FIRST_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
 
 
@@ -110,7 +119,7 @@ def _transformers():
 
 def _plan_config(cls: type) -> type | None:
     """The config class whose ``base_model_tp_plan`` the architecture's model applies: the class
-    itself, else its text sub-config (a composite model's language model)."""
+    itself, else the first sub-config class that has one (a composite model's language model)."""
     if getattr(cls, "base_model_tp_plan", None):
         return cls
     for sub in (getattr(cls, "sub_configs", None) or {}).values():
@@ -119,12 +128,16 @@ def _plan_config(cls: type) -> type | None:
     return None
 
 
-@functools.cache
 def tp_architectures() -> list[str]:
-    """Every model type transformers knows whose config (or text sub-config) ships a non-empty
-    ``base_model_tp_plan``, sorted. Reads the config classes' class attributes, instantiating none;
-    only the model packages whose configuration source names a plan are imported (the other ~600
-    config modules cost seconds to import and declare none)."""
+    """Every model type transformers knows whose config (or one of its sub-configs: a composite
+    model's language model or encoder) ships a non-empty ``base_model_tp_plan``, sorted. Reads the
+    config classes' class attributes, instantiating none; only the model packages whose
+    configuration source names a plan are imported (the other ~400 cost seconds and declare none)."""
+    return list(_tp_architectures())
+
+
+@functools.cache
+def _tp_architectures() -> tuple[str, ...]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
     mapping = _transformers().CONFIG_MAPPING
     root = os.path.join(os.path.dirname(_transformers().__file__), "models")
@@ -138,7 +151,7 @@ def tp_architectures() -> list[str]:
             continue
         if _plan_config(cls) is not None:
             found.append(model_type)
-    return sorted(found)
+    return tuple(sorted(found))
 
 
 @functools.cache
@@ -254,9 +267,9 @@ def _sizes(values: dict[str, Any], moe: bool = False) -> dict[str, Any]:
             changes[name] = type(value)(tiny for _ in value)     # one size per layer (or stage)
         elif name == "rotary_dim" and _is_int(value):
             changes[name] = HEAD_DIM // 2
-        elif ("dropout" in name or "pdrop" in name or name.endswith("drop_rate") or name == "layerdrop") \
-                and isinstance(value, float):
-            changes[name] = 0.0
+        elif ("dropout" in name or "pdrop" in name or name.endswith("drop_rate") or name == "layerdrop"
+              or "jitter" in name) and isinstance(value, float):
+            changes[name] = 0.0     # no randomness in a training step: dropout, router jitter
         elif name in _WINDOWS and _is_int(value) and value > 8:
             changes[name] = 8
     hidden = values.get("hidden_size")
@@ -403,12 +416,6 @@ _FIXES: dict[str, dict[str, Any]] = {
 }
 
 
-#: how many of the first layers are dense (the rest MoE): one, so both kinds are built
-_DENSE_FIRST = ("first_k_dense_replace", "num_dense_layers")
-#: layers below this index use full attention, above it sliding windows
-_WINDOW_LAYERS = ("max_window_layers",)
-
-
 def _rotary_half(values: dict[str, Any], changes: dict[str, Any]) -> int:
     """Half the tiny rotary dim: of the rope part of an MLA head, else of the (partially rotated) head."""
     rotary = changes.get("qk_rope_head_dim", changes.get("head_dim", HEAD_DIM))
@@ -439,7 +446,7 @@ def _token_ids(values: dict[str, Any]) -> dict[str, Any]:
     changes, top = {}, VOCAB - 1
     for name in sorted(values):
         value = values[name]
-        if not _NOT_IDS.fullmatch(name) or value is None or isinstance(value, (bool, str, float)):
+        if not _TOKEN_ID.fullmatch(name) or value is None or isinstance(value, (bool, str, float)):
             continue
         if name in _FIRST_IDS:
             new = _FIRST_IDS[name]
@@ -551,7 +558,8 @@ def _image_inputs(model: torch.nn.Module, params, gen: torch.Generator) -> dict[
     its patch embedding reads) with their (time, height, width) grid for a tower that takes
     ``grid_thw``, else [BATCH, channels, side, side]."""
     config = model.config
-    channels = next((_get(config, k) for k in ("num_channels", "in_channels", "in_chans") if _is_int(_get(config, k))), 3)
+    channels = next((_get(config, k) for k in ("num_channels", "in_channels", "in_chans")
+                     if _is_int(_get(config, k))), 3)
     patch = _get(config, "patch_size") if _is_int(_get(config, "patch_size")) else 14
     first = next(iter(params))
     if "grid_thw" in params:
@@ -565,9 +573,10 @@ def _image_inputs(model: torch.nn.Module, params, gen: torch.Generator) -> dict[
 
 
 def _heads(config) -> tuple[int, int]:
+    """The attention heads and key/value heads of the model's (text) decoder."""
     text = getattr(config, "get_text_config", lambda **_: config)(decoder=True)
-    heads = next((getattr(text, n) for n in _HEAD_NAMES if isinstance(getattr(text, n, None), int)), HEADS)
-    kv = next((getattr(text, n) for n in _KV_NAMES if isinstance(getattr(text, n, None), int)), heads)
+    heads = next((_get(text, n) for n in _HEAD_NAMES if _is_int(_get(text, n))), HEADS)
+    kv = next((_get(text, n) for n in _KV_NAMES if _is_int(_get(text, n))), heads)
     return heads, kv
 
 
@@ -581,7 +590,8 @@ def tiny_model(model_type: str, seed: int = 0, tp_sizes: tuple[int, ...] = (2, 4
     heads, kv_heads = _heads(config)
     for size in tp_sizes:
         if heads % size or kv_heads % size:
-            raise CannotBuild(model_type, f"{heads} heads and {kv_heads} key/value heads do not split over {size} ranks")
+            raise CannotBuild(model_type, f"{heads} heads and {kv_heads} key/value heads do not split over "
+                                          f"{size} ranks")
     errors: dict[str, str] = {}
     for attn in ("sdpa", "eager"):
         torch.manual_seed(seed)
@@ -626,6 +636,9 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, ImportError) or missing:
         name = next((g for g in (missing.groups() if missing else ()) if g), None)
         return f"needs the {name} package, which is not installed" if name else f"an import fails: {text}"
+    absent = re.match(r"Could not find (\w+) neither in", text)
+    if absent:
+        return f"transformers maps this config to {absent.group(1)}, which the installed transformers does not define"
     required = re.search(r"missing \d+ required positional arguments?: (.*)", text)
     if isinstance(exc, TypeError) and required:
         return f"the model's forward requires {required.group(1)}, which a tiny model built from a config cannot supply"
