@@ -135,3 +135,27 @@ def test_the_pytest_fixture_fails_a_wrong_plan_with_its_culprit(pytester):
     result = pytester.runpytest("-p", "no:xdist")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*SILENTLY WRONG (gradients)*", "*first culprit: layers.1.ffn_norm*"])
+
+
+def test_a_users_own_factory_and_parallelize_function_from_their_project(tmp_path, monkeypatch):
+    (tmp_path / "myproject.py").write_text(
+        "import torch\n"
+        "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)\n"
+        "    def forward(self, x):\n"
+        "        return self.down(torch.tanh(self.up(x)))\n"
+        "def build():\n"
+        "    return Net()\n"
+        "def parallelize(model, mesh):\n"
+        "    parallelize_module(model, mesh['tp'], {'up': ColwiseParallel(), 'down': RowwiseParallel()})\n"
+        "def parallelize_wrong(model, mesh):\n"
+        "    parallelize_module(model, mesh['tp'], {'up': ColwiseParallel(), 'down': ColwiseParallel()})\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    right = _check("myproject.build", "myproject.parallelize", inputs=["x=8,16"], steps=1)
+    assert right.verdict == "right", render(right)
+    wrong = _check("myproject.build", "myproject.parallelize_wrong", inputs=["x=8,16"], steps=1)
+    assert wrong.verdict != "right" and wrong.culprit.module == "down", render(wrong)

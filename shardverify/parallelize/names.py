@@ -50,7 +50,9 @@ def resolve_model(text: str, inputs: Sequence = (), seed: int = 0, project: Path
         return _hf_source(text[3:], seed)
     if text.startswith("zoo:"):
         return zoo_model(text[4:], seed)
+    from shardverify.plan.inputs import parse_input
     from shardverify.spec.allow import resolve_allowed
+    inputs = [parse_input(item) if isinstance(item, str) else item for item in inputs]
     if not inputs:
         raise InvalidArgument(f"model {text!r}: a factory needs its inputs (--input SHAPE, e.g. x=8,16)")
     factory = resolve_allowed(text, project or Path.cwd())

@@ -356,7 +356,6 @@ def _shrink(config):
         changes["image_size"] = GRID * patch    # a vision tower's images: GRID x GRID patches
     if "mlp_only_layers" in values and isinstance(values["mlp_only_layers"], (list, tuple)):
         changes["mlp_only_layers"] = [0]        # a dense layer, then MoE: the plan's rules for both apply
-
     if _is_int(values.get("num_kv_shared_layers")):
         changes["num_kv_shared_layers"] = 0     # the kept layers' kinds need not all produce a cache
     changes.update(_FIXES.get(getattr(config, "model_type", ""), {}))
@@ -524,10 +523,27 @@ def _model_class(model_type: str, config) -> tuple[Any, bool]:
                                   "modeling module declares none for it): it is a part of another model")
 
 
-def _build(cls, config, attn: str) -> torch.nn.Module:
-    if hasattr(cls, "from_config"):
-        return cls.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    return cls._from_config(config, attn_implementation=attn, dtype=torch.float32)
+def _build(cls, config, attn: str, seed: int) -> torch.nn.Module:
+    """The model, every weight from ``seed``: a weight its model's initialisation leaves as
+    allocated (``torch.empty``: whatever the memory held, different on every build) is drawn
+    from N(0, initializer_range) instead. Allocation fills with NaN while building, so those show."""
+    torch.manual_seed(seed)
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)   # makes torch.empty fill with NaN
+    try:
+        if hasattr(cls, "from_config"):
+            model = cls.from_config(config, attn_implementation=attn, dtype=torch.float32)
+        else:
+            model = cls._from_config(config, attn_implementation=attn, dtype=torch.float32)
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+    std = getattr(config.get_text_config(decoder=True), "initializer_range", None) or 0.02
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            if tensor.is_floating_point() and torch.isnan(tensor).any():
+                tensor.copy_(torch.randn(tensor.shape, generator=gen) * std)
+    return model
 
 
 def _inputs(model: torch.nn.Module, causal: bool, seed: int) -> dict[str, torch.Tensor]:
@@ -594,9 +610,8 @@ def tiny_model(model_type: str, seed: int = 0, tp_sizes: tuple[int, ...] = (2, 4
                                           f"{size} ranks")
     errors: dict[str, str] = {}
     for attn in ("sdpa", "eager"):
-        torch.manual_seed(seed)
         try:
-            model = _build(cls, config, attn)
+            model = _build(cls, config, attn, seed)
         except Exception as exc:
             errors[attn] = _reason(exc)
             continue
