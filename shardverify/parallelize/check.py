@@ -204,6 +204,8 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     truth = run_single(source, options, torch.float64)
     single = run_single(source, options)
     rows = next(iter(source.batch(0).inputs.values())).shape[0]
+    if truth.dropouts:
+        notes.append(f"{truth.dropouts} dropout module(s) set to p=0 on both sides (random masks cannot be compared)")
     margin = Margin()
     findings, compared, otherwise = _compare(truth, single, found, options, shape, rows, margin)
     if otherwise:

@@ -63,6 +63,7 @@ class Trace:
     parent: dict[str, str] = field(default_factory=dict)                       # input key -> the module running it
     grad_is_dtensor: dict[str, bool] = field(default_factory=dict)
     failure: Failure | None = None
+    dropouts: int = 0                                                          # dropout modules set to p=0
 
 
 def zero_dropout(model: nn.Module) -> int:
@@ -187,12 +188,14 @@ def run_steps(model: nn.Module, source: ModelSource, options: RunOptions, trace:
         recorder.remove()
 
 
-def single_model(source: ModelSource, dtype: torch.dtype) -> nn.Module:
+def single_model(source: ModelSource, dtype: torch.dtype, dropouts: list | None = None) -> nn.Module:
     """The single-device model in ``dtype``, dropout off. In float64 (the truth) a transformers
     model's experts run transformers' eager loop: its grouped-GEMM kernels take no float64, and the
     loop computes the same function."""
     model = source.build()
-    zero_dropout(model)
+    zeroed = zero_dropout(model)
+    if dropouts is not None:
+        dropouts.append(zeroed)
     if dtype == torch.float64 and hasattr(model, "set_experts_implementation"):
         with contextlib.suppress(Exception):
             model.set_experts_implementation("eager")
@@ -202,8 +205,9 @@ def single_model(source: ModelSource, dtype: torch.dtype) -> nn.Module:
 def run_single(source: ModelSource, options: RunOptions, dtype: torch.dtype | None = None) -> Trace:
     """The single-device model, in ``dtype`` (default: the options'), on the full batch."""
     run_dtype = dtype or options.dtype
-    model = single_model(source, run_dtype)
-    trace = Trace()
+    zeroed: list[int] = []
+    model = single_model(source, run_dtype, zeroed)
+    trace = Trace(dropouts=zeroed[0])
     run = RunOptions(options.mode, options.steps, run_dtype)
     run_steps(model, source, run, trace, 1, contextlib.nullcontext, batches(source, run))
     if trace.failure is not None:
