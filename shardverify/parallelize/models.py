@@ -5,7 +5,7 @@ finds one by the name a user gives it)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -56,13 +56,15 @@ class ModelSource:
     transformers: bool = False
     note: str = ""
     heads: int | None = None          # attention heads, where known (a plan on a mesh that does not divide them is said)
-    extra: dict = field(default_factory=dict, compare=False)
 
 
 def from_factory(name: str, factory: Callable[[], nn.Module], inputs: Sequence, seed: int = 0,
                  targets: Callable[[int], torch.Tensor | None] | None = None) -> ModelSource:
     """A model from a callable (seeded before each call) and its input specs
-    (:class:`shardverify.plan.inputs.InputSpec`), drawn afresh each step."""
+    (:class:`shardverify.plan.inputs.InputSpec`), drawn afresh each step; a positional input is
+    passed by the name of the forward's parameter in its place."""
+    import inspect
+
     from shardverify.plan.inputs import draw_inputs
 
     def build() -> nn.Module:
@@ -72,14 +74,13 @@ def from_factory(name: str, factory: Callable[[], nn.Module], inputs: Sequence, 
             raise InvalidArgument(f"{name}: the factory returned {type(model).__name__}, not a torch.nn.Module")
         return model
 
+    names: list[str] = []
+
     def batch(step: int) -> Batch:
         positional, keywords = draw_inputs(inputs, torch.Generator().manual_seed(seed * 1000 + step))
-        names = list(keywords)
-        if positional:
-            import inspect
-            params = [p for p in inspect.signature(build().forward).parameters][:len(positional)]
-            keywords = {**dict(zip(params, positional)), **keywords}
-            names = list(keywords)
-        return Batch({k: keywords[k] for k in names}, targets(step) if targets else None)
+        if positional and not names:
+            names.extend(inspect.signature(build().forward).parameters)
+        named = dict(zip(names, positional))
+        return Batch({**named, **keywords}, targets(step) if targets else None)
 
     return ModelSource(name, build, batch)
