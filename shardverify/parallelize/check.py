@@ -64,6 +64,10 @@ def _against(phase: str, what: str, values: list, truth, single, options: RunOpt
              margin: Margin, step: int = 0) -> list[Finding]:
     """``compare_values`` with each rank held to its data-parallel rows of the truth."""
     dp, tp = _dp_tp(shape)
+    if dp > 1 and truth is not None and truth.dim() == 0:
+        # a value reduced over the batch (a model's own loss): each dp rank's is over its rows; their mean is the whole's
+        values = [sum(values[d * tp + rank % tp].double() for d in range(dp)) / dp for rank in range(len(values))]
+        dp = 1
     if dp == 1 or truth is None:
         return compare_values(phase, what, values, truth, single, options.dtype, tp, lambda rank: rank % tp, step,
                               margin)
@@ -117,10 +121,8 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
 
     for step, losses in enumerate(found.losses):
         compared += 1
-        if dp > 1:
-            losses = [sum(losses[d * tp + rank % tp].double() for d in range(dp)) / dp for rank in range(len(losses))]
         findings += _against("loss", "loss", losses, truth.losses[step][0], single.losses[step][0], options,
-                             (1, tp), rows, margin, step)
+                             shape, rows, margin, step)
         for kind, values in (("gradient", found.grads), ("weights", found.weights)):
             if step >= len(values):
                 continue

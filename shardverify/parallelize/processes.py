@@ -9,6 +9,7 @@ ranks' traces are put together as the in-process world's is."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +69,9 @@ def rank_program(comm, named: Named, shape: tuple[int, ...], options: RunOptions
         from torch.distributed.tensor.parallel import loss_parallel as loss_context
     else:
         loss_context = contextlib.nullcontext
-    run_steps(model, source, options, trace, 1, loss_context, data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)    # FSDP2's and DTensor's advice, once per module and rank
+        run_steps(model, source, options, trace, 1, loss_context, data)
     return trace
 
 
