@@ -30,7 +30,7 @@ from shardverify.opinfo.sweep import OUTCOMES, CallOutcome, SweepResult
 from shardverify.spec.limits import MAX_JSON_BYTES
 from shardverify.strategies.handlers.base import HandlerDef, registered_handlers, target_key
 from shardverify.stored import StoreError, items, need, read_json, write_json
-from shardverify.verify.on_demand import CACHE_ENV, _rule_text, default_cache_dir, no_cache_reason
+from shardverify.verify.on_demand import _rule_text, default_cache_dir, no_cache_reason
 
 __all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry", "save_entry", "source_commit",
            "claim_entry", "release_entry", "rule_digests", "held"]
@@ -45,8 +45,8 @@ def default_results_dir() -> Path:
     no such place (no ``$HOME``, no ``$SHARDVERIFY_CACHE_DIR``): the folder must then be given."""
     cache = default_cache_dir()
     if cache is None:
-        raise SpecError(f"{no_cache_reason().removeprefix('no verdict cache: ')}, or give --opinfo-results DIR",
-                        file=f"${CACHE_ENV}")
+        raise SpecError(f"no default folder ({no_cache_reason().removeprefix('no verdict cache: ')}): "
+                        "give --opinfo-results DIR", file="--opinfo-results")
     return cache.parent / "opinfo"
 
 
