@@ -2,10 +2,11 @@
 on-demand verdict cache, the OpInfo sweep's entries. A store is untrusted input (a results folder
 is committed, a cache folder is anyone's to edit), so a stored file is read as
 :func:`~shardverify.files.read_regular_file` reads a user's file (a regular file of bounded size,
-its own name no symbolic link, a FIFO or device refused unopened), parsed as JSON of bounded
-nesting, and checked field by field (:func:`need`, :func:`items`) before any of it is used; a
-wrong field is a :class:`StoreError` naming the file and the field, never a traceback. Every
-store is written whole or not at all by :func:`~shardverify.files.write_file_atomic`.
+its own name no symbolic link, a FIFO or device refused without blocking), parsed as JSON of
+bounded nesting, and checked field by field (:func:`need`, :func:`items`) before any of it is
+used; a wrong field is a :class:`~shardverify.errors.StoreError` naming the file and the field,
+never a traceback. Every store is written whole or not at all by
+:func:`~shardverify.files.write_file_atomic`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from shardverify.errors import SpecError
+from shardverify.errors import SpecError, StoreError
 from shardverify.files import read_regular_file, write_file_atomic
 
 __all__ = ["StoreError", "MAX_DEPTH", "read_json", "write_json", "need", "items", "nesting_problem", "safe_name"]
@@ -27,10 +28,6 @@ __all__ = ["StoreError", "MAX_DEPTH", "read_json", "write_json", "need", "items"
 MAX_DEPTH = 32
 
 _MISSING = object()
-
-
-class StoreError(SpecError):
-    """A stored file that cannot be used: its file and the field that is wrong."""
 
 
 def read_json(path: str | os.PathLike[str], max_bytes: int, *, setting: str = "") -> Any:
