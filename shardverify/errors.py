@@ -62,6 +62,11 @@ def spec_location(file: str | None, line: int | None = None, field: str | None =
     return where
 
 
+class StoreError(SpecError):
+    """A stored file (results, a confirmation, a cached verdict, an OpInfo entry) that cannot be
+    used: the file and the field that is wrong."""
+
+
 class CollectiveError(ShardVerifyError):
     """A collective called with inconsistent arguments across ranks or impossible shapes."""
 

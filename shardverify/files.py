@@ -10,6 +10,7 @@ included, reads through it.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 import tempfile
@@ -69,9 +70,7 @@ def write_file_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data.encode("utf-8") if isinstance(data, str) else data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(partial, 0o666 & ~umask)
+        os.chmod(partial, 0o666 & ~_umask())
         os.replace(partial, path)
     except BaseException:
         try:
@@ -79,3 +78,11 @@ def write_file_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
         except OSError:
             pass
         raise
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask, read once (reading it means setting it: never again while threads run)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask

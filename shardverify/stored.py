@@ -2,33 +2,32 @@
 on-demand verdict cache, the OpInfo sweep's entries. A store is untrusted input (a results folder
 is committed, a cache folder is anyone's to edit), so a stored file is read as
 :func:`~shardverify.files.read_regular_file` reads a user's file (a regular file of bounded size,
-its own name no symbolic link, a FIFO or device refused unopened), parsed as JSON of bounded
-nesting, and checked field by field (:func:`need`, :func:`items`) before any of it is used; a
-wrong field is a :class:`StoreError` naming the file and the field, never a traceback. Every
-store is written whole or not at all by :func:`~shardverify.files.write_file_atomic`.
+its own name no symbolic link, a FIFO or device refused without blocking), parsed as JSON of
+bounded nesting, and checked field by field (:func:`need`, :func:`items`) before any of it is
+used; a wrong field is a :class:`~shardverify.errors.StoreError` naming the file and the field,
+never a traceback. Every store is written whole or not at all by
+:func:`~shardverify.files.write_file_atomic`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from shardverify.errors import SpecError
+from shardverify.errors import SpecError, StoreError
 from shardverify.files import read_regular_file, write_file_atomic
 
-__all__ = ["StoreError", "MAX_DEPTH", "read_json", "write_json", "need", "items", "nesting_problem"]
+__all__ = ["StoreError", "MAX_DEPTH", "read_json", "write_json", "need", "items", "nesting_problem", "safe_name"]
 
 #: the deepest nesting of objects and lists a store holds (a DTensor result: 5); deeper is refused
 MAX_DEPTH = 32
 
 _MISSING = object()
-
-
-class StoreError(SpecError):
-    """A stored file that cannot be used: its file and the field that is wrong."""
 
 
 def read_json(path: str | os.PathLike[str], max_bytes: int, *, setting: str = "") -> Any:
@@ -70,6 +69,18 @@ def write_json(path: str | os.PathLike[str], document: Any, *, indent: int | Non
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     separators = (",", ":") if indent is None else None
     write_file_atomic(path, json.dumps(document, indent=indent, separators=separators) + "\n")
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
+
+
+def safe_name(text: str) -> str:
+    """``text`` as (part of) one file name in a store: itself when it is plain (letters, digits,
+    ``_.+-``, not starting with a dot, at most 100 characters), else its plain letters and a
+    digest of it; a spec, case or entry name never climbs a folder nor names a hidden file."""
+    if _PLAIN.fullmatch(text):
+        return text
+    return "".join(c if c.isalnum() else "_" for c in text)[:60] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def _kind(value: Any) -> str:

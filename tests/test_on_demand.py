@@ -219,7 +219,7 @@ def test_an_edited_verdict_is_verified_again_and_no_wrong_strategy_is_served(pla
     assert served == ["RR -> RR"]                 # verified again: every sharded layout of triu fails
     (record,) = second.records
     assert not record.cached and len(record.failed) == record.offered - 1
-    assert len(second.discarded) == 1 and str(path) in second.discarded[0]
+    assert second.summary()["discarded"] == 1 and str(path) in second.discarded[0]
     assert any("did not check, discarded and verified again" in line for line in second.lines())
     with OnDemandVerifier(cache_dir=tmp_path) as third:   # written anew, whole: believed again
         strategies_for_node(graph_module, node.name, MESH, on_demand=third)
@@ -239,7 +239,8 @@ def test_a_verdict_made_by_other_generator_or_engine_code_is_not_read(monkeypatc
     assert second.summary()["verified"] == 1 and second.summary()["cache_hits"] == 0
 
 
-def test_without_a_home_there_is_no_verdict_cache_and_it_is_said(monkeypatch, planted):
+def test_without_a_home_there_is_no_verdict_cache_and_it_is_said(monkeypatch, planted, capsys):
+    from shardverify.cli.main import main
     from shardverify.opinfo.store import default_results_dir
     from shardverify.errors import SpecError
     from shardverify.verify.on_demand import CACHE_ENV, default_cache_dir
@@ -255,5 +256,8 @@ def test_without_a_home_there_is_no_verdict_cache_and_it_is_said(monkeypatch, pl
         strategies_for_node(graph_module, node.name, MESH, on_demand=verifier)
     assert verifier.cache_dir is None
     assert any("no verdict cache: $HOME is 'relative'; set $SHARDVERIFY_CACHE_DIR" in line for line in verifier.lines())
+    assert main(["verify", "neg", "--opinfo"]) == 2        # where to keep the sweep: one line, no traceback
+    assert capsys.readouterr().err == ("error: --opinfo-results: no default folder ($HOME is 'relative'; set "
+                                       "$SHARDVERIFY_CACHE_DIR to keep verdicts): give --opinfo-results DIR\n")
     monkeypatch.setenv(CACHE_ENV, "/somewhere")
     assert str(default_cache_dir()) == "/somewhere"

@@ -373,3 +373,21 @@ def test_the_reader_says_absent_refused_or_parsed(tmp_path):
     with pytest.raises(StoreError, match="nests deeper than 32 levels") as refused:
         read_json(tmp_path / "deep.json", 100)
     assert isinstance(refused.value, SpecError) and refused.value.file == str(tmp_path / "deep.json")
+
+
+@pytest.mark.parametrize("plant", ["dev-zero", "fifo"])
+def test_a_cached_verdict_that_is_no_regular_file_is_discarded_unread(tmp_path, plant):
+    from shardverify.verify.on_demand import OnDemandVerifier
+
+    verifier = OnDemandVerifier(cache_dir=tmp_path)
+    key = "cd" * 32
+    path = tmp_path / "cd" / f"{key}.json"
+    path.parent.mkdir()
+    with contextlib.ExitStack() as stack:
+        if plant == "dev-zero":
+            path.symlink_to("/dev/zero")
+            stack.enter_context(memory_cap())
+        else:
+            stack.enter_context(fifo_guard(path))
+        assert verifier._load(key, ["RR -> RR"]) is None
+    assert len(verifier.discarded) == 1 and str(path) in verifier.discarded[0]

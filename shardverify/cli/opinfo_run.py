@@ -48,7 +48,11 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
 
     meshes = args.mesh or [(2, 2), (4,)]
     captures = ("fx", "export")
-    folder = args.opinfo_results or default_results_dir()
+    try:
+        folder = args.opinfo_results or default_results_dir()
+    except ShardVerifyError as error:     # no $HOME to keep them under
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     settings = settings_key(args.opinfo_samples, meshes, captures, 0)
     source_commit(), rule_digests()   # the code and the rules this process loaded, taken before any sweeping
     total = SweepResult()

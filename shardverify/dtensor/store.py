@@ -17,7 +17,6 @@ counts do not add up (a finding deleted, a class count edited) is refused, namin
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from shardverify.dtensor.verdicts import CLASSES
 from shardverify.errors import SpecError
 from shardverify.files import read_regular_file, write_file_atomic
 from shardverify.spec.limits import MAX_JSON_BYTES
-from shardverify.stored import StoreError, items, need, read_json, write_json
+from shardverify.stored import StoreError, items, need, read_json, safe_name, write_json
 
 __all__ = ["HARNESS", "StoredRun", "spec_hash", "store_path", "load_stored", "save_stored", "check_result",
            "read_running", "write_running", "read_saved_run", "made_by"]
@@ -119,10 +118,9 @@ def check_result(item, file: str, where: str, *, slim: bool = False, case: str |
     ``agrees`` and ``too-slow`` (a too-slow combination that ends a case early records none) has
     as many findings as its count. StoreError naming ``file`` and the field otherwise."""
     op = need(item, "op", str, file=file, where=where)
-    if case is not None and need(item, "case", str, file=file, where=where) != case:
+    if need(item, "case", str, file=file, where=where) != case and case is not None:
         raise StoreError(f"the result of case {item['case'][:60]!r} stored under {case[:60]!r}", file=file,
                          field=f"{where}.case")
-    need(item, "case", str, file=file, where=where)
     shape = tuple(items(need(item, "mesh", list, file=file, where=where), int, file=file, field=f"{where}.mesh"))
     if mesh is not None and shape != mesh:
         raise StoreError(f"a result on mesh {list(shape)} in the file of mesh {list(mesh)}", file=file,
@@ -181,22 +179,11 @@ def _whole(result: dict) -> dict:
     return {**result, "findings": [{**same, **f} for f in result["findings"]]}
 
 
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
-
-
-def _safe(text: str) -> str:
-    """``text`` as one file name's part: itself when it is plain (letters, digits, ``_.+-``, not
-    starting with a dot), else its plain letters and a digest of it, so no name climbs a folder."""
-    if _NAME.fullmatch(text):
-        return text
-    return "".join(c if c.isalnum() else "_" for c in text)[:60] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
 def store_path(folder: Path, spec_name: str, digest: str, mesh, torch_version: str, limit: int | None) -> Path:
     """DIR/torch-VERSION/SPEC.MESH.limitN.HASH.json (limit0: every combination)."""
     mesh_text = "x".join(str(int(m)) for m in mesh)
-    return (Path(folder) / f"torch-{_safe(torch_version)}"
-            / f"{_safe(spec_name)}.{mesh_text}.limit{int(limit or 0)}.{_safe(digest)}.json")
+    return (Path(folder) / f"torch-{safe_name(torch_version)}"
+            / f"{safe_name(spec_name)}.{mesh_text}.limit{int(limit or 0)}.{safe_name(digest)}.json")
 
 
 def load_stored(path: Path) -> StoredRun | None:
@@ -263,9 +250,8 @@ def made_by(torch_version: str | None, harness: int | None) -> str:
     """Whether a saved run was made by this version: this torch and this DTensor harness (:data:`HARNESS`)."""
     import torch
 
-    same_torch, same_harness = torch_version == torch.__version__, harness == HARNESS
-    if same_torch and same_harness:
+    if torch_version == torch.__version__ and harness == HARNESS:
         return f"made by this version (torch {torch_version}, DTensor harness {HARNESS})"
-    made = (f"torch {torch_version or 'unknown'}, DTensor harness {harness or 'unknown (saved before it was recorded)'}")
+    made = f"torch {torch_version or 'unknown'}, DTensor harness {harness or 'unknown (saved before it was recorded)'}"
     return (f"NOT made by this version: made by {made}; this is torch {torch.__version__}, DTensor harness {HARNESS} "
             "(run it again to check it with this one)")

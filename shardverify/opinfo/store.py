@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import re
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
@@ -29,8 +28,8 @@ from shardverify.files import read_regular_file
 from shardverify.opinfo.sweep import OUTCOMES, CallOutcome, SweepResult
 from shardverify.spec.limits import MAX_JSON_BYTES
 from shardverify.strategies.handlers.base import HandlerDef, registered_handlers, target_key
-from shardverify.stored import StoreError, items, need, read_json, write_json
-from shardverify.verify.on_demand import CACHE_ENV, _rule_text, default_cache_dir, no_cache_reason
+from shardverify.stored import StoreError, items, need, read_json, safe_name, write_json
+from shardverify.verify.on_demand import _rule_text, default_cache_dir, no_cache_reason
 
 __all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry", "save_entry", "source_commit",
            "claim_entry", "release_entry", "rule_digests", "held"]
@@ -45,8 +44,8 @@ def default_results_dir() -> Path:
     no such place (no ``$HOME``, no ``$SHARDVERIFY_CACHE_DIR``): the folder must then be given."""
     cache = default_cache_dir()
     if cache is None:
-        raise SpecError(f"{no_cache_reason().removeprefix('no verdict cache: ')}, or give --opinfo-results DIR",
-                        file=f"${CACHE_ENV}")
+        raise SpecError(f"no default folder ({no_cache_reason().removeprefix('no verdict cache: ')}): "
+                        "give --opinfo-results DIR", file="--opinfo-results")
     return cache.parent / "opinfo"
 
 
@@ -100,14 +99,8 @@ def _depends_on(outcomes: list[CallOutcome]) -> dict[str, str]:
     return {name: digests[name] for name in sorted(chosen)}
 
 
-_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-
-
 def _file(folder: Path, entry: str, suffix: str = ".json") -> Path:
-    """The entry's file: its name when plain, else its plain letters and a digest (no name climbs a folder)."""
-    name = entry if _PLAIN.fullmatch(entry) else \
-        "".join(c if c.isalnum() else "_" for c in entry)[:60] + "-" + hashlib.sha256(entry.encode()).hexdigest()[:8]
-    return Path(folder) / f"{name}{suffix}"
+    return Path(folder) / f"{safe_name(entry)}{suffix}"
 
 
 def save_entry(folder: Path, entry: str, settings: dict, result: SweepResult) -> None:

@@ -345,6 +345,7 @@ class OnDemandVerifier:
                 "strategies_verified": sum(r.offered for r in fresh if not r.refused),
                 "strategies_wrong": sum(len(r.failed) for r in self.records),
                 "refused": sum(1 for r in self.records if r.refused),
+                "discarded": len(self.discarded),
                 "defects": [r.defect() for r in self.records if r.failed]}
 
     def lines(self) -> list[str]:
