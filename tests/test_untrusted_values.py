@@ -43,3 +43,37 @@ def test_a_model_plans_micro_batches_are_bounded_naming_accumulate():
     message = str(info.value)
     assert message.startswith("specs/models/tiny.yaml:12") and "accumulate=1000000000 x steps=2" in message
     assert "exceed the limit of 4096" in message and "SHARDVERIFY_MAX_MICRO_BATCHES" in message
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    from shardverify.cli.main import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out + err
+
+
+def _op_spec(root: Path, targets: str, name: str = "evil") -> Path:
+    """specs/sum.yaml as op ``name`` with other targets, in a root of its own."""
+    text = (REPO / "specs" / "sum.yaml").read_text().replace("op: sum", f"op: {name}")
+    text = text.replace("  - torch.sum\n  - torch.Tensor.sum\n", targets)
+    (root / "specs").mkdir(exist_ok=True)
+    path = root / "specs" / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("target", ["torch.ops.inductor.resize_storage_bytes_", "torch.ops.aten.set_.source_Tensor",
+                                    "torch.Tensor.resize_", "torch.Tensor.untyped_storage"])
+def test_an_op_target_acting_on_storage_is_refused_naming_it(capsys, tmp_path, target):
+    """resize_storage_bytes_ frees a tensor's memory under all its views: no value to compare."""
+    _op_spec(tmp_path, f"  - {target}\n")
+    code, text = _run(capsys, "list", "--root", str(tmp_path))
+    assert code == 2 and f"target '{target}'" in text and "a tensor's storage: not a tensor op" in text
+
+
+def test_an_aten_op_returning_no_tensor_is_refused(capsys, tmp_path):
+    _op_spec(tmp_path, "  - torch.ops.aten._assert_async.msg\n")
+    code, text = _run(capsys, "list", "--root", str(tmp_path))
+    assert code == 2 and "'torch.ops.aten._assert_async.msg' returns no tensor: not a tensor op" in text
