@@ -140,10 +140,12 @@ def _overload_refusal(name: str, op: object) -> str:
     refusal = _storage_refusal(name, op_name, schemas)
     if refusal:
         return refusal
+    argument = _file_argument(op)
+    if argument:
+        return f"{name!r} takes a file name ({argument!r}): it reads or writes files"
     if not any("Tensor" in str(r.type) for schema in schemas for r in schema.returns):
         return f"{name!r} returns no tensor: not a tensor op"
-    argument = _file_argument(op)
-    return f"{name!r} takes a file name ({argument!r}): it reads or writes files" if argument else ""
+    return ""
 
 
 def op_target_refusal(name: str, obj: object) -> str:
