@@ -77,3 +77,20 @@ def test_an_aten_op_returning_no_tensor_is_refused(capsys, tmp_path):
     _op_spec(tmp_path, "  - torch.ops.aten._assert_async.msg\n")
     code, text = _run(capsys, "list", "--root", str(tmp_path))
     assert code == 2 and "'torch.ops.aten._assert_async.msg' returns no tensor: not a tensor op" in text
+
+
+@pytest.mark.parametrize("setting, needle", [
+    ("os", "'os' lies in 'os'"),
+    ("torch.nope", "'torch.nope' does not resolve"),
+    ("torch.nn, no such", "'no such' is not a dotted module name"),
+    ("nosuchmodule_anywhere", "no module 'nosuchmodule_anywhere' can be found"),
+])
+def test_a_bad_trusted_targets_setting_is_one_error_for_the_run(capsys, monkeypatch, tmp_path, setting, needle):
+    """It was one error per spec (and a traceback for a name under torch that does not resolve)."""
+    for name in ("one", "two", "three"):
+        _op_spec(tmp_path, "  - torch.sum\n", name)
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", setting)
+    for command in (["list"], ["generate", "--check"], ["verify", "--mesh", "2"]):
+        code, text = _run(capsys, *command, "--root", str(tmp_path))
+        assert code == 2 and needle in text, text
+        assert text.count("SHARDVERIFY_TRUSTED_TARGETS") == 1 and len(text.strip().splitlines()) == 1, text

@@ -32,10 +32,11 @@ import types
 from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
-from shardverify.spec.limits import MAX_MODEL_BYTES
+from shardverify.spec.limits import MAX_MODEL_BYTES, SettingError
 from shardverify.spec.names import UnresolvedName, resolve_dotted, resolve_torch
 
 __all__ = ["TRUSTED_ENV", "DENIED_MODULES", "trusted_modules", "trusted_object", "under", "op_target_refusal",
+           "check_trusted_setting",
            "Definition", "find_definition", "callable_refusal", "build_checked"]
 
 TRUSTED_ENV = "SHARDVERIFY_TRUSTED_TARGETS"
@@ -73,6 +74,25 @@ def trusted_modules() -> tuple[str, ...]:
             raise InvalidArgument(f"{TRUSTED_ENV}: {name!r} lies in {_denied_root(name)!r}, whose functions "
                                   "touch files, processes or the network; it cannot be trusted for targets")
     return names
+
+
+def check_trusted_setting() -> None:
+    """The machine's :data:`TRUSTED_ENV` read once, before any spec: a bad entry (not a dotted
+    name, in a denied module, a name under torch that does not resolve, a module of the user's
+    that cannot be found) is one SettingError naming the setting, not one error per spec. Found,
+    never imported: a user's module is imported only when a target defined in it is matched."""
+    place = f"environment variable {TRUSTED_ENV}"
+    try:
+        names = trusted_modules()
+        for name in names:
+            if name.split(".")[0] == "torch":
+                resolve_torch(name)
+            elif importlib.util.find_spec(name.split(".")[0]) is None:   # a top-level name: imports nothing
+                raise InvalidArgument(f"{TRUSTED_ENV}: {name!r}: no module {name.split('.')[0]!r} can be found")
+    except UnresolvedName as error:
+        raise SettingError(str(error), file=place) from None
+    except (InvalidArgument, ImportError, ValueError) as error:
+        raise SettingError(str(error).removeprefix(f"{TRUSTED_ENV}: "), file=place) from None
 
 
 def trusted_object(obj: object) -> bool:
