@@ -94,3 +94,15 @@ def test_a_bad_trusted_targets_setting_is_one_error_for_the_run(capsys, monkeypa
         code, text = _run(capsys, *command, "--root", str(tmp_path))
         assert code == 2 and needle in text, text
         assert text.count("SHARDVERIFY_TRUSTED_TARGETS") == 1 and len(text.strip().splitlines()) == 1, text
+
+
+def test_a_custom_module_that_registers_no_op_is_one_line(capsys, tmp_path):
+    """Imported fine but registering nothing: the op's lookup raised a traceback."""
+    (tmp_path / "registers_nothing.py").write_text("VALUE = 1\n")
+    spec = tmp_path / "custom.yaml"
+    spec.write_text((REPO / "tests/dtensor_custom/row_normalize.yaml").read_text()
+                    .replace("import: svtest_rules", "import: registers_nothing").replace("svtest::", "unmade::"))
+    code, text = _run(capsys, "dtensor", "--custom", str(spec), "--mesh", "4", "--quiet")
+    assert code == 2 and len(text.strip().splitlines()) == 1
+    assert "custom op unmade::row_normalize: importing 'registers_nothing'" in text
+    assert "registered no op unmade::row_normalize" in text
