@@ -1,5 +1,7 @@
 """The one reader of every file a user hands shardverify (specs, plan and accepted files, saved
-JSON runs, calibration files): regular files only, never blocking, never reading past a limit.
+JSON runs, calibration files): regular files only, never blocking, never reading past a limit;
+and the one writer of a file shardverify hands back (reports, pages, generated files): whole or
+not at all.
 
 It sits on the lowest floor beside `errors` so that every room, the mesh's calibration file
 included, reads through it.
@@ -7,12 +9,14 @@ included, reads through it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
 
 from shardverify.errors import SpecError
 
-__all__ = ["read_regular_file"]
+__all__ = ["read_regular_file", "write_text_atomic"]
 
 
 def read_regular_file(path: str | os.PathLike[str], max_bytes: int, *, display: str | None = None,
@@ -48,3 +52,25 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int, *, display: 
         raise SpecError(f"the file is larger than {max_bytes} bytes" + (f" (raise it with {setting}=N)" if setting else ""),
                         file=name)
     return b"".join(chunks)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a fresh file of an exclusive random
+    name in the same folder (never a name planted beforehand, no link followed), then renamed
+    over ``path``. A write that fails part way (a full disk, a file-size limit) raises OSError
+    and leaves ``path`` as it was, with no temporary file behind."""
+    target = os.fspath(path)
+    folder = os.path.dirname(target) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -106,3 +106,47 @@ def test_a_custom_module_that_registers_no_op_is_one_line(capsys, tmp_path):
     assert code == 2 and len(text.strip().splitlines()) == 1
     assert "custom op unmade::row_normalize: importing 'registers_nothing'" in text
     assert "registered no op unmade::row_normalize" in text
+
+
+_UNDER_A_FILE_SIZE_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+from shardverify.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_output_cut_short_by_a_file_size_limit_leaves_the_old_file_whole(tmp_path):
+    """`dtensor --write` under `ulimit -f` left a truncated page where the old one was."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"results": [
+        {"op": "sum", "case": f"case{i}", "mesh": [4], "combinations": 9, "executed": 9, "counts": {"agrees": 9},
+         "note": "", "seconds": 0.1, "findings": []} for i in range(40)]}))
+    page = tmp_path / "page.md"
+    page.write_text("the page before\n")
+    done = subprocess.run([sys.executable, "-c", _UNDER_A_FILE_SIZE_LIMIT, "dtensor", "--from-json", str(saved),
+                           "--accepted", str(REPO / "specs/dtensor/accepted.yaml"), "--write", str(page),
+                           "--root", str(REPO)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 2 and f"error: cannot write {page}: File too large" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert page.read_text() == "the page before\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.md", "run.json"]     # no temporary file left
+
+
+def test_files_written_whole_replace_a_planted_link_and_never_write_through_it(tmp_path):
+    from shardverify.files import write_text_atomic
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("kept")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "page.md").symlink_to(outside)
+    write_text_atomic(tmp_path / "out" / "page.md", "new page")
+    assert outside.read_text() == "kept" and not (tmp_path / "out" / "page.md").is_symlink()
+    assert (tmp_path / "out" / "page.md").read_text() == "new page"

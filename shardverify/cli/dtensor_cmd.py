@@ -18,6 +18,7 @@ from pathlib import Path
 from shardverify.cli import USAGE
 from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.errors import SpecError
+from shardverify.files import write_text_atomic
 
 ACCEPTED = Path("specs/dtensor/accepted.yaml")
 UPSTREAM = Path("docs/upstream")
@@ -219,8 +220,7 @@ def _skipped_words(skipped: int, sample_passes: bool) -> str:
 
 
 def _write_file(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_text_atomic(path, text)     # whole or not at all: a full disk leaves no half page
 
 
 def _write_outputs(outputs) -> bool:
@@ -387,7 +387,7 @@ def _write_repros(folder: Path, results) -> None:
         for f in r.findings:
             if f.repro:
                 name = "".join(c if c.isalnum() else "_" for c in f.key()).strip("_")[:120]
-                (folder / f"{name}.py").write_text(f.repro)
+                write_text_atomic(folder / f"{name}.py", f.repro)
 
 
 def _upstream(args: argparse.Namespace) -> int:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
 from shardverify.errors import ShardVerifyError
+from shardverify.files import write_text_atomic
 
 __all__ = ["run_opinfo"]
 
@@ -130,9 +130,12 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
                             *([f"--opinfo-results {args.opinfo_results}"] if args.opinfo_results else []),
                             *(["--opinfo-stored"] if args.opinfo_stored else []),
                             *(["--opinfo-fresh"] if args.opinfo_fresh else []), f"--report {args.report}"])
-        Path(args.report).write_text(markdown(total, command, torch.__version__, commits=commits, wall=wall,
-                                              unswept=unswept),
-                                     encoding="utf-8")
+        try:
+            write_text_atomic(args.report, markdown(total, command, torch.__version__, commits=commits, wall=wall,
+                                                    unswept=unswept))
+        except OSError as error:
+            print(f"error: cannot write {args.report}: {error.strerror or error}", file=sys.stderr)
+            return 2
         print(f"report written to {args.report}")
     for defect in total.defects:
         print(f"rule defect (not offered): {defect}")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from shardverify.codegen.render import Renderer
 from shardverify.errors import InvalidArgument, SpecError
+from shardverify.files import write_text_atomic
 from shardverify.spec.catalogue import (SPEC_PATH, InvalidSpecs, SpecSource, load_specs, select_specs,
                                         spec_folder_sources, spec_folders)
 
@@ -156,22 +156,6 @@ def _orphaned(root: Path, source: str, scanned: set[Path], sources: tuple[str, .
     return spec.parent.resolve() in scanned and not os.path.lexists(spec)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def apply_changes(changes: list[Change], root: Path) -> None:
     """Write stale and missing files (atomically) and delete orphans."""
     for change in changes:
@@ -179,7 +163,7 @@ def apply_changes(changes: list[Change], root: Path) -> None:
         if change.new is None:
             target.unlink()
         else:
-            _write_atomic(target, change.new)
+            write_text_atomic(target, change.new)
 
 
 def generate(root: Path, specs_dir: Path | None = None, names: list[str] | None = None, *,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardverify.errors import MeshError, SpecError
-from shardverify.files import read_regular_file
+from shardverify.files import read_regular_file, write_text_atomic
 
 __all__ = ["ENV_VAR", "DEFAULT_PATH", "FORMAT", "AxisFit", "calibration_path", "save_calibration", "load_calibration"]
 
@@ -58,10 +58,7 @@ def save_calibration(mesh_shape: Sequence[int], fits: Sequence[AxisFit], *, back
         "fit": [{"axis": f.axis, "rel_rms": f.rel_rms, "points": f.points} for f in fits],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    tmp.replace(target)
+    write_text_atomic(target, json.dumps(document, indent=2) + "\n")
     return target
 
 
