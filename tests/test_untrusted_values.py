@@ -150,3 +150,19 @@ def test_files_written_whole_replace_a_planted_link_and_never_write_through_it(t
     write_text_atomic(tmp_path / "out" / "page.md", "new page")
     assert outside.read_text() == "kept" and not (tmp_path / "out" / "page.md").is_symlink()
     assert (tmp_path / "out" / "page.md").read_text() == "new page"
+
+
+_ALIAS_BOMB = ("[&a [x,x,x,x,x,x,x,x,x], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b], "
+               "&d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]]")
+
+
+@pytest.mark.parametrize("value, needle", [
+    (_ALIAS_BOMB, "YAML aliases (*a) are not supported"),
+    ("!!python/name:os.system", "YAML tag 'tag:yaml.org,2002:python/name:os.system' is not allowed"),
+    ("[" + "1," * 5000 + "1]", "a value of 10003 characters is longer than the limit of 4096"),
+])
+def test_a_kwarg_value_is_read_as_strictly_as_a_spec(capsys, value, needle):
+    """A six-level alias bomb on the command line built 531,441 values before anything looked."""
+    code, text = _run(capsys, "plan", "shardverify.plan.zoo.linear_chain", "--input", "8,32", "--kwarg", f"width={value}")
+    assert code == 2 and needle in text and len(text.strip().splitlines()) == 1, text
+    assert len(text) < 400      # the value is shown cut short, not echoed whole
