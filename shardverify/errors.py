@@ -58,12 +58,14 @@ ECHO_CHARS = 80
 
 
 def shorten(value: object, limit: int = ECHO_CHARS) -> str:
-    """``value`` as an error message shows it: its repr (a str as it is), cut to about ``limit``
-    characters with how long it was. A long list or tuple is cut before it is written out, so a
-    value of a million items costs a few of them."""
+    """``value`` as an error message shows it: its repr, cut to about ``limit`` characters with
+    how long it was. A long list, tuple or string is cut before it is written out, so a value of
+    a million items costs a few of them."""
     if isinstance(value, (list, tuple)) and len(value) > limit // 2:
         return f"{repr(type(value)(value[:limit // 2]))[:limit]}... ({len(value)} items)"
-    text = value if isinstance(value, str) else repr(value)
+    if isinstance(value, str) and len(value) > limit:
+        return f"{repr(value[:limit])}... ({len(value)} characters)"
+    text = repr(value)
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters)"

@@ -166,3 +166,23 @@ def test_a_kwarg_value_is_read_as_strictly_as_a_spec(capsys, value, needle):
     code, text = _run(capsys, "plan", "shardverify.plan.zoo.linear_chain", "--input", "8,32", "--kwarg", f"width={value}")
     assert code == 2 and needle in text and len(text.strip().splitlines()) == 1, text
     assert len(text) < 400      # the value is shown cut short, not echoed whole
+
+
+def test_an_error_about_a_long_data_list_shows_its_start_not_every_value(capsys, tmp_path):
+    """A `data:` list of 5,000 values for a 3-element input: the error echoed all of them."""
+    text = (REPO / "specs/embedding_bag.yaml").read_text()
+    assert "data: [0, 4, 6]" in text
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "embedding_bag.yaml").write_text(text.replace("data: [0, 4, 6]",
+                                                                        "data: [" + "1, " * 5000 + "1]"))
+    code, out = _run(capsys, "list", "--root", str(tmp_path))
+    assert code == 2 and "data must be 3 finite number(s)" in out and "(5001 items)" in out
+    assert len(out) < 600, out
+
+
+def test_a_value_in_a_message_is_cut_short_with_its_length():
+    from shardverify.errors import shorten
+
+    assert shorten([1, 2]) == "[1, 2]" and shorten("abc") == "'abc'"
+    assert shorten((0.5,) * 10**6) == repr((0.5,) * 40)[:80] + "... (1000000 items)"
+    assert shorten("x" * 500) == repr("x" * 80) + "... (500 characters)"
