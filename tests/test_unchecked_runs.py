@@ -30,6 +30,12 @@ def test_a_mesh_of_one_rank_is_refused_in_one_line(capsys, command, mesh):
                                         "would be checked; give a mesh of 2 or more ranks"]
 
 
+def test_a_plan_on_a_mesh_of_one_rank_is_refused_in_one_line(capsys):
+    code, out, err = run(capsys, "plan", "shardverify.plan.zoo.linear_chain", "--input", "8,32", "--mesh", "1")
+    assert code == 2 and "--mesh 1 has one rank: nothing is sharded on it" in err
+    assert len(err.strip().splitlines()) == 1 and "PASS" not in out
+
+
 def _saved(tmp_path: Path, **extra) -> Path:
     """A saved `dtensor --json` run whose one case the budget cut after 3 of 10 combinations."""
     saved = tmp_path / "run.json"

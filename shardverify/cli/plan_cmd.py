@@ -9,7 +9,7 @@ import sys
 
 from shardverify.backends import registry
 from shardverify.cli import USAGE
-from shardverify.cli.verify_cmd import parse_positive_int, parse_timeout
+from shardverify.cli.verify_cmd import one_rank_mesh, parse_positive_int, parse_timeout
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
 from shardverify.errors import ShardVerifyError
 from shardverify.spec.limits import mesh_problem
@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         too_many = mesh_problem(mesh)
         if too_many:
             raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")
+        if args.mesh and (single := one_rank_mesh([mesh])):
+            raise ShardVerifyError(single)
         plan = None
         if args.plan:
             plan = _read_plan(args.plan)
