@@ -115,7 +115,7 @@ def test_a_combination_over_its_time_budget_is_counted_too_slow_and_ends_the_cas
     assert "took over 0.2 s of CPU time" in result.note and "other 4 chosen combination(s) not executed" in result.note
     from shardverify.dtensor.run import budget_skipped
 
-    assert budget_skipped(result, None) == 5 and budget_skipped(result, 3) == 3
+    assert budget_skipped(result) == 5           # the slow one and the 4 after it
     with execute.deadline(0.2, execute.TooSlow, cpu=True):   # the timer is gone: nothing fires afterwards
         pass
     busy(0.3)

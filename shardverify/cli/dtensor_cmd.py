@@ -147,13 +147,13 @@ def run(args: argparse.Namespace) -> int:
     fresh = new_classes(results, accepted)
     executed = sum(r.executed for r in results)
     unchecked = _unchecked(results)
-    cut, skipped = _budget_cut(results, limit)
+    cut, skipped = _budget_cut(results)
     confirmations = _confirmations(args, results, specs, args.results)
     passed = not fresh and not unchecked and not _unreproduced(confirmations) and (not cut or args.sample_passes)
     # The results reach stdout first: a file that cannot be written below loses none of them.
     if args.json:
         json.dump({"passed": passed, "seconds": round(time.perf_counter() - start, 3), "command": command,
-                   "torch": torch.__version__, "limit": limit, "executed": executed, "unchecked": unchecked,
+                   "torch": torch.__version__, "executed": executed, "unchecked": unchecked,
                    "skipped_by_budget": skipped,
                    "new_classes": [f.key() for f in fresh],
                    "gloo": None if confirmations is None else {k: c.to_json() for k, c in confirmations.items()},
@@ -198,14 +198,14 @@ def _unchecked(results) -> list[str]:
     return [f"{r.op} {r.case} on {list(r.mesh)}: {r.note or 'no combination executed'}"[:300] for r in results]
 
 
-def _budget_cut(results, limit: int | None) -> tuple[list[str], int]:
+def _budget_cut(results) -> tuple[list[str], int]:
     """The cases the time budget cut short, one line each, and how many combinations it left
     unchecked in all (a sample the budget chose is no pass unless --sample-passes says so)."""
     from shardverify.dtensor.run import budget_skipped
 
     lines, total = [], 0
     for r in results:
-        if skipped := budget_skipped(r, limit):
+        if skipped := budget_skipped(r):
             total += skipped
             lines.append(f"{r.op} {r.case} on {list(r.mesh)}: {skipped} combination(s) skipped by the time budget")
     return lines, total
@@ -282,8 +282,7 @@ def _report_saved(args: argparse.Namespace, accepted) -> int:
         return USAGE
     fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
-    saved_limit = saved.get("limit", 0) if isinstance(saved.get("limit", 0), (int, type(None))) else 0
-    cut, skipped = _budget_cut(results, saved_limit)    # a file without its limit: the too-slow ones only
+    cut, skipped = _budget_cut(results)
     passed = not fresh and not unchecked and (not cut or args.sample_passes)
     print(summary(results, accepted, args.show))
     print(f"\n{'passed' if passed else 'FAILED'} (saved run {args.from_json}): {len(fresh)} new class(es) "
@@ -313,7 +312,7 @@ def _report_stored(args: argparse.Namespace, accepted, specs, limit) -> int:
         return USAGE
     fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
-    cut, skipped = _budget_cut(results, limit)
+    cut, skipped = _budget_cut(results)
     confirmations = _confirmations(args, results, specs, args.from_json)
     passed = not fresh and not unchecked and not _unreproduced(confirmations) and (not cut or args.sample_passes)
     print(summary(results, accepted, args.show, confirmations))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -106,15 +107,19 @@ def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: in
     return result
 
 
-def budget_skipped(result: CaseResult, limit: int | None) -> int:
+#: how a case's note says what the time budget left out (written by execute_combos, read by budget_skipped)
+_BUDGET_LEFT = "the case's other {} chosen combination(s) not executed"
+_BUDGET_LEFT_READ = re.compile(re.escape(_BUDGET_LEFT).replace(r"\{\}", r"(\d+)"))
+
+
+def budget_skipped(result: CaseResult) -> int:
     """Combinations of the case the time budget left unchecked: each one found too slow and the
-    rest of the chosen ones (``limit``: the case's sample, None: every combination), never run
-    after it; 0 when the budget cut nothing."""
+    chosen ones after it, never run (as the case's note says, stored results included); 0 when
+    the budget cut nothing."""
     slow = result.counts.get("too-slow", 0)
     if not slow:
         return 0
-    chosen = result.combinations if limit is None else min(result.combinations, limit)
-    return slow + max(0, chosen - result.executed)
+    return slow + sum(int(n) for n in _BUDGET_LEFT_READ.findall(result.note or ""))
 
 
 def present_combinations(combos) -> list:
@@ -171,8 +176,8 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
             result.executed += 1
             result.counts[klass] += 1
             if klass == "too-slow" and len(chosen) > done + 1:
-                left = (f"DTensor took over {budget:g} s of CPU time on {_line(operands, combo, mesh_shape)}; the case's "
-                        f"other {len(chosen) - done - 1} chosen combination(s) not executed")
+                left = (f"DTensor took over {budget:g} s of CPU time on {_line(operands, combo, mesh_shape)}; "
+                        + _BUDGET_LEFT.format(len(chosen) - done - 1))
                 result.note = f"{result.note}; {left}" if result.note else left
                 break
             if klass == "agrees":
