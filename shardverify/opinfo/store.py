@@ -159,7 +159,9 @@ def lock_owner(folder: Path, entry: str) -> LockOwner | None:
     try:
         text = read_regular_file(lock, _LOCK_BYTES).decode("ascii")
     except (SpecError, UnicodeDecodeError) as error:
-        return LockOwner(invalid=f"the lock file {lock} is unreadable ({str(error)[:120]})")
+        if not os.path.lexists(lock):    # released while being read
+            return None
+        return LockOwner(invalid=f"the lock file {lock} is unreadable ({shorten(str(error), 120)})")
     words = text.split()
     if not 1 <= len(words) <= 2 or not all(w.isdigit() and len(w) < 20 for w in words) or int(words[0]) <= 0:
         return LockOwner(invalid=f"the lock file {lock} names no process ({shorten(text, 40)})")
@@ -189,7 +191,11 @@ def claim_entry(folder: Path, entry: str) -> tuple[bool, str]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock = _lock(folder, entry)
-    guard = os.open(folder / ".claims", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        guard = os.open(folder / ".claims", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                        0o600)
+    except OSError as error:     # a link or a FIFO planted in its place
+        return False, f"cannot take {folder / '.claims'} to claim entries ({error.strerror or error})"
     try:
         fcntl.flock(guard, fcntl.LOCK_EX)
         owner = lock_owner(folder, entry)
@@ -200,8 +206,11 @@ def claim_entry(folder: Path, entry: str) -> tuple[bool, str]:
             said = f"took its lock over: {_stale(owner)}"
             if lock.is_dir() and not lock.is_symlink():
                 return False, f"{lock} is a folder, not a lock file; remove it to sweep the entry"
-            lock.unlink()
-        descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            lock.unlink(missing_ok=True)
+        try:
+            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            return False, "another process has just claimed it"
         with os.fdopen(descriptor, "w") as handle:
             started = process_start(os.getpid())
             handle.write(f"{os.getpid()}" + ("" if started is None else f" {started}"))
