@@ -163,7 +163,8 @@ class CaseRunner:
     # ---- one execution ---------------------------------------------------------------------
     def run(self, combo: tuple[Layout, ...]) -> Execution:
         """Execute ``combo``; "too-slow" when DTensor has not finished within ``self.budget``
-        seconds (its sharding propagation of attention with a mask takes minutes a combination)."""
+        seconds of CPU time (its sharding propagation of attention with a mask takes minutes a
+        combination; a loaded machine's waits are no work and do not count)."""
         if self._dirty:    # a failure may have left DTensor's cached placements holding state
             fresh_sharding_cache()
         try:

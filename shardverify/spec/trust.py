@@ -9,8 +9,8 @@ runs `generate --check` on every submitted spec. So:
   returns a tensor; never a serialization, file, process or network function (``torch.save``,
   ``torch.load``, ``aten.from_file``, ``torch.os.system``), never one of torch's settings
   (``torch.set_num_threads``: a builtin with no ATen op of its name), never an op on storage
-  rather than values (``torch.ops.inductor.resize_storage_bytes_``, ``Tensor.set_``). A name under torch is reached by attribute, so no
-  module is imported by its name (names.resolve_torch). What the user lists in
+  rather than values (``torch.ops.inductor.resize_storage_bytes_``, ``Tensor.set_``). A name
+  under torch is reached by attribute, so no module is imported by its name (names.resolve_torch). What the user lists in
   ``SHARDVERIFY_TRUSTED_TARGETS`` (a setting of the machine, never of a spec) is allowed too,
   matched as an object (:func:`trusted_object`), never by the path a spec reached it by.
 * a factory or implementation (plan, model and collective specs) is found by reading its
