@@ -63,3 +63,12 @@ def test_a_slow_last_combination_is_still_one_skipped(capsys, tmp_path):
     code, out, _ = run(capsys, "dtensor", "--from-json", str(_saved(tmp_path, "")), "--accepted",
                        str(REPO / "specs/dtensor/accepted.yaml"))
     assert code == 1 and "1 combination(s) skipped by the time budget" in out
+
+
+def test_an_op_spec_listing_a_mesh_of_one_rank_is_refused_naming_it(capsys, tmp_path):
+    (tmp_path / "specs").mkdir()
+    text = (REPO / "specs/sum.yaml").read_text()
+    assert "  meshes:\n    - [2, 2]\n    - [4]\n" in text
+    (tmp_path / "specs" / "sum.yaml").write_text(text.replace("    - [4]\n", "    - [1, 1]\n", 1))
+    code, out, err = run(capsys, "list", "--root", str(tmp_path))
+    assert code == 2 and "field 'verify.meshes[1]': mesh [1, 1] has one rank: nothing is sharded on it" in out + err
