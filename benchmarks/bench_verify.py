@@ -14,7 +14,7 @@ counted, memory checked) on
     the same op on the same reference values, each strategy's input and parameter layouts
     given as DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else
     Replicate), forward and backward, output and gradients reconciled and compared (layouts
-    DTensor cannot run, or whose first check takes it over --dtensor-budget seconds, are left
+    DTensor cannot run, or whose first check takes it over --dtensor-budget CPU seconds, are left
     out of its timing and counted),
 
 and, in a row of its own labelled with the factor, dims and shapes, the same op and mesh on
@@ -179,8 +179,9 @@ class _TooSlow(Exception):
 
 @contextlib.contextmanager
 def _budget(seconds: float):
-    """Raise _TooSlow in this (the main) thread once ``seconds`` have passed, but only while this
-    file's own code runs: raised inside torch (Python code torch's C++ called, LocalTensorMode's
+    """Raise _TooSlow in this (the main) thread once ``seconds`` of CPU time have passed (a loaded
+    machine's waits do not count: they would leave out layouts that need little work), but only
+    while this file's own code runs: raised inside torch (Python code torch's C++ called, LocalTensorMode's
     dispatch), the exception crosses a C++ frame that cannot pass it on and the process aborts
     ("terminate called after throwing ... _TooSlow"). Until this file's code runs again the alarm
     re-arms every 10 ms, so a layout is cut between DTensor calls; past 3 x ``seconds`` it is cut
@@ -188,7 +189,7 @@ def _budget(seconds: float):
     from shardverify.backends.signals import deadline
 
     here = os.path.abspath(__file__)
-    with deadline(seconds, lambda: _TooSlow(f"over {seconds:g}s"), hard_after=3 * seconds,
+    with deadline(seconds, lambda: _TooSlow(f"over {seconds:g} CPU s"), hard_after=3 * seconds, cpu=True,
                   only_where=lambda frame: frame is not None and os.path.abspath(frame.f_code.co_filename) == here):
         yield
 
@@ -223,7 +224,7 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
                          budget: float = 2.0) -> tuple[float, int, int]:
     """DTensor LocalTensorMode on the same ops, values and layouts (see the module docstring):
     ms per check, checks timed, and how many layouts were left out of the timing because
-    DTensor cannot run them or needs over ``budget`` seconds for its first check of them
+    DTensor cannot run them or needs over ``budget`` CPU seconds for its first check of them
     (its sharding propagation searches redistribution paths, which explodes on 3-D meshes)."""
     import torch
     import torch.distributed as dist
@@ -446,8 +447,8 @@ def main() -> None:
     parser.add_argument("--skip-gloo", action="store_true", help="no process pools (no start-up, no fresh baseline)")
     parser.add_argument("--skip-dtensor", action="store_true", help="no DTensor LocalTensorMode figures")
     parser.add_argument("--dtensor-budget", type=float, default=2.0,
-                        help="seconds DTensor may take for its first check of a layout before the layout is "
-                             "left out (default 2)")
+                        help="CPU seconds DTensor may take for its first check of a layout before the layout is "
+                             "left out (default 2; the machine's load does not count)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
     parser.add_argument("--quick", action="store_true",
                         help="CI's smoke run: every figure once, briefly (mesh 2,2 only, the sum spec's first case, "

@@ -52,6 +52,25 @@ class SpecError(ShardVerifyError):
         super().__init__(f"{spec_location(file, line, field)}: {message}")
 
 
+#: the most characters of one value an error message echoes (a data list of a million numbers,
+#: a megabyte of text: the message names it and shows its start)
+ECHO_CHARS = 80
+
+
+def shorten(value: object, limit: int = ECHO_CHARS) -> str:
+    """``value`` as an error message shows it: its repr, cut to about ``limit`` characters with
+    how long it was. A long list, tuple or string is cut before it is written out, so a value of
+    a million items costs a few of them."""
+    if isinstance(value, (list, tuple)) and len(value) > limit // 2:
+        return f"{repr(type(value)(value[:limit // 2]))[:limit]}... ({len(value)} items)"
+    if isinstance(value, str) and len(value) > limit:
+        return f"{repr(value[:limit])}... ({len(value)} characters)"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
 def spec_location(file: str | None, line: int | None = None, field: str | None = None) -> str:
     """``file:line: field 'x'``, as a SpecError names a place in a spec."""
     where = file or "<spec>"

@@ -66,6 +66,7 @@ def write_file_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
     A write that fails (a full disk, RLIMIT_FSIZE, Ctrl-C) removes its partial file and leaves
     what ``path`` held. The file gets the umask's usual mode, not mkstemp's 0600."""
     folder, base = os.path.split(os.fspath(path))
+    os.makedirs(folder or ".", exist_ok=True)
     fd, partial = tempfile.mkstemp(dir=folder or ".", prefix=f".{base}.", suffix=".partial")
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -100,16 +100,41 @@ def test_a_combination_over_its_time_budget_is_counted_too_slow_and_ends_the_cas
 
     real = execute.CaseRunner._run
     began: list[float] = []     # when the slow combination started (the case's set-up before it is not timed)
+
+    def busy(seconds: float) -> None:     # CPU work, as DTensor's propagation is
+        end = clock.monotonic() + seconds
+        while clock.monotonic() < end:
+            pass
+
     monkeypatch.setattr(execute.CaseRunner, "_run",
-                        lambda self, combo: (began.append(clock.monotonic()), clock.sleep(5), real(self, combo))[2])
+                        lambda self, combo: (began.append(clock.monotonic()), busy(5), real(self, combo))[2])
     spec, case = _case("mean", "torch.ops.aten.mean.dim-dim_-1-keepdim_False")
     result = run_case(spec, "torch.ops.aten.mean.dim-dim_-1-keepdim_False", case, (4,), limit=None, budget=0.2)
     assert clock.monotonic() - began[0] < 4               # the first combination was stopped, not waited for
     assert result.executed == 1 and result.counts == {"too-slow": 1}
-    assert "took over 0.2 s" in result.note and "other 4 chosen combination(s) not executed" in result.note
-    with execute.deadline(0.2, execute.TooSlow):          # the timer is gone: nothing fires afterwards
+    assert "took over 0.2 s of CPU time" in result.note and "other 4 chosen combination(s) not executed" in result.note
+    from shardverify.dtensor.run import budget_skipped
+
+    assert budget_skipped(result) == 5           # the slow one and the 4 after it
+    with execute.deadline(0.2, execute.TooSlow, cpu=True):   # the timer is gone: nothing fires afterwards
         pass
-    clock.sleep(0.3)
+    busy(0.3)
+
+
+def test_the_time_budget_counts_cpu_time_not_a_loaded_machine_s_clock(monkeypatch):
+    """On a loaded machine a combination waits for a core: a wall-clock budget cut cases short
+    (15 sum and 6 linear combinations) that needed little work. Waiting is not work."""
+    import time as clock
+
+    from shardverify.dtensor import execute
+
+    real = execute.CaseRunner._run
+    waits = iter([0.5])       # the first combination waits half a second for the machine
+    monkeypatch.setattr(execute.CaseRunner, "_run",
+                        lambda self, combo: (clock.sleep(next(waits, 0)), real(self, combo))[1])
+    spec, case = _case("mean", "torch.ops.aten.mean.dim-dim_-1-keepdim_False")
+    result = run_case(spec, "torch.ops.aten.mean.dim-dim_-1-keepdim_False", case, (4,), limit=None, budget=0.2)
+    assert result.executed == result.combinations == 5 and "too-slow" not in result.counts
 
 def test_both_shard_orders_and_uneven_blocks_reach_dtensor_as_the_audit_cut_them():
     from torch.distributed._local_tensor import LocalTensor

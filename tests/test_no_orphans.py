@@ -116,13 +116,13 @@ def test_a_worker_tells_its_parent_from_a_process_that_reused_its_pid():
     """A busy machine hands a dead parent's pid to a new process within minutes (pid_max 32768):
     a worker watching the pid alone would wait on the stranger forever. The parent's start time
     tells them apart."""
-    from shardverify.backends.process_worker import _exists, process_start
+    from shardverify.backends.liveness import process_alive, process_start
 
     started = process_start(os.getpid())
     if started is None:
         pytest.skip("no /proc start times on this platform")
-    assert _exists(os.getpid(), started) and _exists(os.getpid())
-    assert not _exists(os.getpid(), started + 1)      # the same pid, another process's start time
+    assert process_alive(os.getpid(), started) and process_alive(os.getpid())
+    assert not process_alive(os.getpid(), started + 1)      # the same pid, another process's start time
 
 
 #: a parent that starts one real pool worker (rank 0 of two) after the pool's folder is gone,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.opinfo.report import markdown, reason_class
 from shardverify.opinfo.samples import entries_for, one_op_module, samples_of
@@ -53,9 +55,9 @@ def test_an_entry_is_swept_once_its_results_stored_and_read_back_while_current(t
     from shardverify.opinfo.sweep import entry_name, sweep_entry
 
     # var, var_all and var_dim all list torch.var's entries: each entry once, its calls counted once
-    names = [entry_name(entry) for entry, _, _ in _entries([_spec("var"), _spec("var_all"), _spec("var_dim")])]
+    names = [entry_name(entry) for entry, _, _ in _entries([_spec("var"), _spec("var_all"), _spec("var_dim")])[0]]
     assert len(names) == len(set(names)) and "var" in names
-    entry, op, targets = next(e for e in _entries([_spec("softmax")]) if entry_name(e[0]) == "softmax")
+    entry, op, targets = next(e for e in _entries([_spec("softmax")])[0] if entry_name(e[0]) == "softmax")
     with OnDemandVerifier(cache_dir=tmp_path / "verdicts") as verifier:
         result = sweep_entry(entry, op, targets, meshes=((4,),), captures=("fx",), limit=2, verifier=verifier)
     assert len(result.outcomes) == 2 and {o.served_by for o in result.outcomes} == {("softmax",)}
@@ -64,8 +66,104 @@ def test_an_entry_is_swept_once_its_results_stored_and_read_back_while_current(t
     stored, _ = load_entry(tmp_path, "softmax", settings)
     assert stored.outcomes == result.outcomes
     assert load_entry(tmp_path, "softmax", settings_key(3, ((4,),), ("fx",), 0)) is None   # other settings: stale
-    assert claim_entry(tmp_path, "softmax") is None and "is sweeping" in claim_entry(tmp_path, "softmax")
+    assert claim_entry(tmp_path, "softmax") == (True, "")
+    claimed, why = claim_entry(tmp_path, "softmax")
+    assert not claimed and "is sweeping" in why
     release_entry(tmp_path, "softmax")
-    assert claim_entry(tmp_path, "softmax") is None
-    (tmp_path / "softmax.lock").write_text("999999999")          # its sweeper died (a crash): not taken over
-    assert "died sweeping it" in claim_entry(tmp_path, "softmax")
+    assert claim_entry(tmp_path, "softmax") == (True, "")
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    return int(done.stdout)
+
+
+def test_a_lock_of_a_dead_sweeper_or_of_a_reused_pid_is_taken_over(tmp_path):
+    """A sweep killed mid-entry leaves its lock: every later run skipped that entry for good. A
+    lock names its owner's pid and start time, and a gone owner's lock is taken over, said."""
+    import os
+
+    from shardverify.backends.liveness import process_start
+    from shardverify.opinfo.store import claim_entry, held
+
+    (tmp_path / "softmax.lock").write_text(f"{_dead_pid()} 12345")
+    assert held(tmp_path, "softmax") is None
+    claimed, why = claim_entry(tmp_path, "softmax")
+    assert claimed and "is gone" in why
+    assert (tmp_path / "softmax.lock").read_text() == f"{os.getpid()} {process_start(os.getpid())}"
+    # a live pid that started at another time: a stranger reusing a dead sweeper's pid
+    (tmp_path / "softmax.lock").write_text(f"{os.getpid()} {process_start(os.getpid()) + 1}")
+    claimed, why = claim_entry(tmp_path, "softmax")
+    assert claimed and f"process {os.getpid()}" in why and "is gone" in why
+
+
+@pytest.mark.parametrize("text", ["garbage", "", "-5", "1 2 3", "99999999999999999999999"])
+def test_a_lock_naming_no_process_is_stale_said_and_taken_over(tmp_path, text):
+    from shardverify.opinfo.store import claim_entry
+
+    (tmp_path / "softmax.lock").write_text(text)
+    claimed, why = claim_entry(tmp_path, "softmax")
+    assert claimed and "names no process" in why and "treated as stale" in why
+
+
+def test_a_lock_that_is_not_a_regular_file_is_stale_and_not_followed(tmp_path):
+    from shardverify.opinfo.store import claim_entry
+
+    outside = tmp_path / "outside"
+    outside.write_text("kept")
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "softmax.lock").symlink_to(outside)
+    claimed, why = claim_entry(tmp_path / "store", "softmax")
+    assert claimed and "unreadable" in why and outside.read_text() == "kept"
+
+
+def _opinfo(capsys, *argv: str) -> tuple[int, str]:
+    from shardverify.cli.main import main
+
+    code = main(["verify", "--opinfo", *argv, "--mesh", "4", "--opinfo-samples", "1", "--root", str(REPO)])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def test_an_entry_a_live_process_holds_is_not_swept_and_fails_the_run(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from shardverify.backends.liveness import process_start
+
+    sweeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for entry in ("softmax", "softmax.with_dtype"):
+            (tmp_path / f"{entry}.lock").write_text(f"{sweeper.pid} {process_start(sweeper.pid)}")
+        code, text = _opinfo(capsys, "softmax", "--opinfo-results", str(tmp_path))
+    finally:
+        sweeper.kill()
+        sweeper.wait()
+    assert code == 1 and f"softmax (process {sweeper.pid} is sweeping it)" in text
+    assert "FAILED: 2 of 2 requested entries not swept" in text and "Traceback" not in text
+
+
+def test_stored_results_only_on_an_empty_folder_fail_naming_every_entry(tmp_path, capsys):
+    code, text = _opinfo(capsys, "softmax", "--opinfo-results", str(tmp_path), "--opinfo-stored")
+    assert code == 1
+    assert "softmax (no current stored results)" in text and "softmax.with_dtype (no current stored results)" in text
+
+
+def test_a_stored_entry_of_no_call_is_not_a_pass(tmp_path, capsys):
+    from shardverify.opinfo.store import save_entry, settings_key
+    from shardverify.opinfo.sweep import SweepResult
+
+    settings = settings_key(1, ((4,),), ("fx", "export"), 0)
+    for entry in ("softmax", "softmax.with_dtype"):
+        save_entry(tmp_path, entry, settings, SweepResult())      # a file edited down to no outcome
+    code, text = _opinfo(capsys, "softmax", "--opinfo-results", str(tmp_path), "--opinfo-stored")
+    assert code == 1 and "softmax (its stored results hold no call)" in text
+
+
+def test_a_named_spec_without_an_opinfo_entry_is_said_and_no_pass(tmp_path, capsys):
+    code, text = _opinfo(capsys, "cdist", "--opinfo-results", str(tmp_path))
+    assert code == 1 and "spec cdist (its targets have no OpInfo entry)" in text

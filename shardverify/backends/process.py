@@ -34,7 +34,8 @@ import torch
 from shardverify.backends.base import RankResult, check_fn, check_timeout
 from shardverify.errors import BackendError, RankDied, RankError, RankTimeout
 from shardverify.backends.signals import signals_held, start_forkserver
-from shardverify.backends.process_worker import SharedState, WorkerConfig, _exists, process_start, worker_cpus, worker_main
+from shardverify.backends.liveness import process_alive, process_start
+from shardverify.backends.process_worker import SharedState, WorkerConfig, worker_cpus, worker_main
 from shardverify.sharding.mesh import DeviceMesh
 
 DIST_BACKENDS = ("gloo", "nccl")
@@ -142,7 +143,7 @@ class _Pool:
         """Ranks whose process has exited.  A forkserver child's exit status reaches us
         through the forkserver, which reaps the child first and writes the status after:
         a process already reaped (no such pid) counts as dead before its status arrives."""
-        return [rank for rank, proc in enumerate(self.procs) if not proc.is_alive() or not _exists(proc.pid)]
+        return [rank for rank, proc in enumerate(self.procs) if not proc.is_alive() or not process_alive(proc.pid)]
 
     def stop(self, wait: float = 2.0) -> None:
         """Ask the workers to leave, then kill whoever did not."""

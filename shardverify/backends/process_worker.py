@@ -25,10 +25,11 @@ from shardverify.backends.agreement import SharedAgreement
 from shardverify.backends.base import RankResult
 from shardverify.backends.cpus import can_keep, keep_to_cpu, usable_cpus
 from shardverify.backends.gc_policy import tune_for_checking
+from shardverify.backends.liveness import process_alive, process_start
 from shardverify.sharding.mesh import DeviceMesh
 
 __all__ = ["WorkerConfig", "SharedState", "worker_main", "worker_cpus", "thread_names", "batch_io_threads",
-           "GLOO_IO_THREAD", "open_store", "end_within", "LAST_SECONDS", "clean_up_after"]
+           "GLOO_IO_THREAD", "open_store", "end_within", "LAST_SECONDS", "clean_up_after", "process_start"]
 
 #: gloo's TCP I/O threads (one per process group), which a worker runs under SCHED_BATCH
 GLOO_IO_THREAD = "gloo_tcp_loop"
@@ -51,30 +52,6 @@ class WorkerConfig:
     parent_started: int | None = None   # the parent's start time (process_start), to tell it from a reused pid
 
 
-def process_start(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot, Linux's /proc), None where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _exists(pid: int | None, started: int | None = None) -> bool:
-    """Whether a process ``pid`` exists (a zombie not yet reaped still does) and, when ``started``
-    is known, is the one that started then: a busy machine reuses a dead process's pid within
-    minutes (pid_max 32768), and a worker watching the reused pid would never exit."""
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return started is None or process_start(pid) in (None, started)
-
-
 #: seconds a worker that found its parent gone may take to end before the kernel ends it
 LAST_SECONDS = 30.0
 
@@ -94,7 +71,7 @@ def clean_up_after(parent_pid: int, leftovers: Iterable[str], wait: float = 2.0,
     """Remove ``leftovers`` if the process ``parent_pid`` is gone within ``wait`` seconds,
     and then leave this process ``LAST_SECONDS`` to end (``end_within``)."""
     deadline = time.monotonic() + wait
-    while _exists(parent_pid, parent_started):
+    while process_alive(parent_pid, parent_started):
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
@@ -108,7 +85,7 @@ def watch_parent(parent_pid: int, leftovers: Iterable[str] = (), parent_started:
     removing the folders it can no longer remove itself (its pool's store, multiprocessing's
     ``pymp-*``): a SIGKILL of that process leaves no process and no temp folder behind."""
     while True:
-        if not _exists(parent_pid, parent_started):
+        if not process_alive(parent_pid, parent_started):
             clean_up_after(parent_pid, leftovers, 0.0, parent_started)
             os._exit(1)
         time.sleep(0.5)

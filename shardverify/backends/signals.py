@@ -137,27 +137,32 @@ def keep_interrupts():
 
 @contextlib.contextmanager
 def deadline(seconds: float | None, error: Callable[[], BaseException], *,
-             only_where: Callable[[FrameType | None], bool] | None = None, hard_after: float | None = None):
+             only_where: Callable[[FrameType | None], bool] | None = None, hard_after: float | None = None,
+             cpu: bool = False):
     """Raise ``error()`` in this (the main) thread after ``seconds``; off the main thread, where
     no signal handler can be set, or with None, no limit.
 
     ``only_where``: raise only while the interrupted frame passes it (an exception raised inside
     Python code that C++ called cannot cross that C++ frame and aborts the process); until then
-    the alarm re-arms every 10 ms, and past ``hard_after`` seconds it is raised wherever it is."""
+    the alarm re-arms every 10 ms, and past ``hard_after`` seconds it is raised wherever it is.
+    ``cpu``: seconds of this process's CPU time (every thread's, user and system), not of the
+    clock: a budget that says how much work a step may take, whatever else loads the machine."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
-    hard = None if hard_after is None else time.monotonic() + hard_after
+    timer, signum, clock = ((signal.ITIMER_PROF, signal.SIGPROF, time.process_time) if cpu else
+                            (signal.ITIMER_REAL, signal.SIGALRM, time.monotonic))
+    hard = None if hard_after is None else clock() + hard_after
 
     def expire(signum, frame):  # noqa: ANN001
-        if only_where is None or only_where(frame) or (hard is not None and time.monotonic() > hard):
+        if only_where is None or only_where(frame) or (hard is not None and clock() > hard):
             raise error()
-        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        signal.setitimer(timer, 0.01)
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signum, expire)
+    signal.setitimer(timer, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(timer, 0)
+        signal.signal(signum, previous)

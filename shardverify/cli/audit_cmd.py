@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from shardverify.cli import USAGE
-from shardverify.cli.verify_cmd import parse_mesh
+from shardverify.cli.verify_cmd import one_rank_mesh, parse_mesh
 from shardverify.cli.catalogue import load_op_specs
 from shardverify.errors import SpecError
 
@@ -86,6 +86,9 @@ def _details(rows, show: int) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from shardverify.audit.run import audit_spec
 
+    if single := one_rank_mesh(args.mesh):
+        print(f"error: {single}", file=sys.stderr)
+        return USAGE
     try:
         specs = load_op_specs(args.root, args.specs_dir, args.specs)
     except SpecError as exc:

@@ -18,6 +18,7 @@ from pathlib import Path
 from shardverify.cli import USAGE
 from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.errors import SpecError
+from shardverify.files import write_file_atomic
 
 ACCEPTED = Path("specs/dtensor/accepted.yaml")
 UPSTREAM = Path("docs/upstream")
@@ -41,8 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="combinations executed per case and mesh, an evenly spaced sample beyond "
                              "(default: 600; 0: all)")
     parser.add_argument("--budget", type=_seconds, default=None, metavar="SECONDS",
-                        help="seconds DTensor may take on one combination before the case's rest is left out "
-                             "(default: 20; 0: no limit)")
+                        help="CPU seconds DTensor may take on one combination before the case's rest is left out "
+                             "(default: 20; 0: no limit); a run it cut short is no pass (see --sample-passes)")
+    parser.add_argument("--sample-passes", action="store_true",
+                        help="pass a run whose --budget left combinations unchecked on the combinations it did "
+                             "check (the skipped ones are still counted and said)")
     parser.add_argument("--accepted", type=Path, default=None, metavar="FILE",
                         help=f"the accepted silent-corruption and late-failure classes (default: {ACCEPTED} if it exists)")
     parser.add_argument("--write-accepted", type=Path, default=None, metavar="FILE",
@@ -144,12 +148,14 @@ def run(args: argparse.Namespace) -> int:
     fresh = new_classes(results, accepted)
     executed = sum(r.executed for r in results)
     unchecked = _unchecked(results)
+    cut, skipped = _budget_cut(results)
     confirmations = _confirmations(args, results, specs, args.results)
-    passed = not fresh and not unchecked and not _unreproduced(confirmations)
+    passed = not fresh and not unchecked and not _unreproduced(confirmations) and (not cut or args.sample_passes)
     # The results reach stdout first: a file that cannot be written below loses none of them.
     if args.json:
         json.dump({"passed": passed, "seconds": round(time.perf_counter() - start, 3), "command": command,
                    "torch": torch.__version__, "harness": HARNESS, "executed": executed, "unchecked": unchecked,
+                   "skipped_by_budget": skipped,
                    "new_classes": [f.key() for f in fresh],
                    "gloo": None if confirmations is None else {k: c.to_json() for k, c in confirmations.items()},
                    "results": [r.to_json() for r in results]}, sys.stdout, indent=2)
@@ -160,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
         late = sum(r.counts.get("late-failure", 0) for r in results)
         verdict = "passed" if passed else "FAILED"
         print(f"\n{verdict}: {executed} combination(s) executed on DTensor, {silent} silently wrong, {late} late "
-              f"failure(s), {len(fresh)} new class(es) not in the accepted file{_gloo_verdict(confirmations)}, "
-              f"{time.perf_counter() - start:.1f}s")
-        for line in unchecked:
+              f"failure(s), {len(fresh)} new class(es) not in the accepted file{_gloo_verdict(confirmations)}"
+              f"{_skipped_words(skipped, args.sample_passes)}, {time.perf_counter() - start:.1f}s")
+        for line in unchecked + cut:
             print(f"  not checked: {line}")
     sys.stdout.flush()
 
@@ -193,9 +199,29 @@ def _unchecked(results) -> list[str]:
     return [f"{r.op} {r.case} on {list(r.mesh)}: {r.note or 'no combination executed'}"[:300] for r in results]
 
 
+def _budget_cut(results) -> tuple[list[str], int]:
+    """The cases the time budget cut short, one line each, and how many combinations it left
+    unchecked in all (a sample the budget chose is no pass unless --sample-passes says so)."""
+    from shardverify.dtensor.run import budget_skipped
+
+    lines, total = [], 0
+    for r in results:
+        if skipped := budget_skipped(r):
+            total += skipped
+            lines.append(f"{r.op} {r.case} on {list(r.mesh)}: {skipped} combination(s) skipped by the time budget")
+    return lines, total
+
+
+def _skipped_words(skipped: int, sample_passes: bool) -> str:
+    if not skipped:
+        return ""
+    return (f", {skipped} combination(s) skipped by the time budget"
+            + (" (passed on the sample checked: --sample-passes)" if sample_passes else
+               " (no pass on a sample: raise --budget, or --sample-passes)"))
+
+
 def _write_file(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_file_atomic(path, text)     # whole or not at all: a full disk leaves no half page
 
 
 def _write_outputs(outputs) -> bool:
@@ -251,11 +277,15 @@ def _report_saved(args: argparse.Namespace, accepted) -> int:
         return USAGE
     fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
-    passed = not fresh and not unchecked
+    cut, skipped = _budget_cut(results)
+    passed = not fresh and not unchecked and (not cut or args.sample_passes)
     print(f"saved run {args.from_json}: {made_by(saved.get('torch'), saved.get('harness'))}")
     print(summary(results, accepted, args.show))
     print(f"\n{'passed' if passed else 'FAILED'} (saved run {args.from_json}): {len(fresh)} new class(es) "
-          "not in the accepted file" + ("; the saved run executed no combination" if unchecked else ""))
+          "not in the accepted file" + ("; the saved run executed no combination" if unchecked else "")
+          + _skipped_words(skipped, args.sample_passes))
+    for line in cut:
+        print(f"  not checked: {line}")
     sys.stdout.flush()
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
             results, accepted, saved.get("command", "shardverify dtensor"), saved.get("torch", "?"),
@@ -278,11 +308,15 @@ def _report_stored(args: argparse.Namespace, accepted, specs, limit) -> int:
         return USAGE
     fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
+    cut, skipped = _budget_cut(results)
     confirmations = _confirmations(args, results, specs, args.from_json)
-    passed = not fresh and not unchecked and not _unreproduced(confirmations)
+    passed = not fresh and not unchecked and not _unreproduced(confirmations) and (not cut or args.sample_passes)
     print(summary(results, accepted, args.show, confirmations))
     print(f"\n{'passed' if passed else 'FAILED'} on what is stored: {len(fresh)} new "
-          f"class(es) not in the accepted file{_gloo_verdict(confirmations)}; {note}")
+          f"class(es) not in the accepted file{_gloo_verdict(confirmations)}"
+          f"{_skipped_words(skipped, args.sample_passes)}; {note}")
+    for line in cut:
+        print(f"  not checked: {line}")
     sys.stdout.flush()
     command = _command_line(args) + f" --results {args.from_json}"
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
@@ -337,6 +371,7 @@ def _command_line(args: argparse.Namespace) -> str:
     words += [f"--mesh {','.join(map(str, mesh))}" for mesh in args.mesh or ()]
     words += [f"--limit {args.limit}"] if args.limit is not None else []
     words += [f"--budget {args.budget:g}"] if args.budget is not None else []
+    words += ["--sample-passes"] if args.sample_passes else []
     words += ["--confirm" + (" all" if args.confirm == "all" else "")] if args.confirm else []
     return " ".join(words)
 
@@ -347,7 +382,7 @@ def _write_repros(folder: Path, results) -> None:
         for f in r.findings:
             if f.repro:
                 name = "".join(c if c.isalnum() else "_" for c in f.key()).strip("_")[:120]
-                (folder / f"{name}.py").write_text(f.repro)
+                write_file_atomic(folder / f"{name}.py", f.repro)
 
 
 def _upstream(args: argparse.Namespace) -> int:

@@ -39,9 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     from shardverify.errors import SpecError
     from shardverify.spec.limits import check_settings
+    from shardverify.spec.trust import check_trusted_setting
 
     try:
         check_settings()   # a bad limit setting is one line naming it, before any spec is read
+        check_trusted_setting()   # alike a bad trusted-targets setting
     except SpecError as exc:
         print(f"shardverify: error: {exc}", file=sys.stderr)
         return 2

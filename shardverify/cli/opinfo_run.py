@@ -3,38 +3,44 @@
 Each sample is captured with torch.fx and torch.export and served on each mesh as a plan serves a
 call (the grid's strategies, or those verified on demand); every strategy served on the grid is
 verified at the call too. Exit 1 when a served strategy is wrong at a call or a call raised a raw
-exception where a reason was owed."""
+exception where a reason was owed, or when a requested entry was not swept (nor read from current
+stored results): a sweep that skipped an entry checked nothing of it, so it is no pass."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
 from shardverify.errors import ShardVerifyError
+from shardverify.files import write_file_atomic
 
 __all__ = ["run_opinfo"]
 
 
-def _entries(specs: list) -> list[tuple[object, str, list]]:
+def _entries(specs: list) -> tuple[list[tuple[object, str, list]], list[str]]:
     """(entry, the first spec listing it, every listing spec's targets) of each OpInfo entry of the
-    specs' targets, once: a call reaching several specs is swept and counted once."""
+    specs' targets, once: a call reaching several specs is swept and counted once; and the specs
+    whose targets have no OpInfo entry (nothing of theirs can be swept)."""
     from shardverify.opinfo.samples import entries_for
     from shardverify.opinfo.sweep import entry_name
     from shardverify.spec.names import resolve_dotted
 
     found: dict[str, tuple[object, str, list]] = {}
+    without: list[str] = []
     for spec in specs:
         targets = [resolve_dotted(t.name) for t in spec.targets]
-        for entry in entries_for(targets):
+        listed = entries_for(targets)
+        if not listed:
+            without.append(spec.name)
+        for entry in listed:
             name = entry_name(entry)
             if name in found:
                 found[name][2].extend(t for t in targets if t not in found[name][2])
             else:
                 found[name] = (entry, spec.name, list(targets))
-    return list(found.values())
+    return list(found.values()), without
 
 
 def run_opinfo(args: argparse.Namespace, specs: list) -> int:
@@ -58,35 +64,58 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
     total = SweepResult()
     commits: dict[str, int] = {}
     unswept: list[str] = []
+    busy: list[tuple[str, str, str]] = []    # entries another live process held when reached
     wall = time.perf_counter()
+
+    def count(name: str, op: str, found: SweepResult, commit: str, how: str, where: str) -> None:
+        commits[commit] = commits.get(commit, 0) + 1
+        print(f"opinfo {where} {name} ({op}): {len(found.outcomes)} calls, {found.seconds:.1f}s, {how}",
+              file=sys.stderr, flush=True)
+        total.outcomes += found.outcomes
+        total.defects += found.defects
+        total.seconds += found.seconds
+
     try:
-        entries = _entries(specs)
+        entries, without = _entries(specs)
+        if args.specs:    # a spec named on the command line with nothing to sweep is no pass
+            unswept += [f"spec {op} (its targets have no OpInfo entry)" for op in without]
         with OnDemandVerifier() as verifier:
             for i, (entry, op, targets) in enumerate(entries, 1):
                 name = entry_name(entry)
                 stored = None if args.opinfo_fresh else load_entry(folder, name, settings)
+                missing = "no current stored results"
+                if stored is not None and not stored[0].outcomes:    # a file of no call checks nothing
+                    stored, missing = None, "its stored results hold no call"
+                    print(f"opinfo: {name}: {missing}; not taken as swept", file=sys.stderr)
                 if stored is not None:
                     found, commit = stored
                     how = f"stored (swept at {commit or 'an unknown commit'})"
                 elif args.opinfo_stored:
-                    unswept.append(name + (f" ({why})" if (why := held(folder, name)) else ""))
-                    continue
-                elif (why := claim_entry(folder, name)) is not None:
-                    unswept.append(f"{name} ({why})")
+                    unswept.append(f"{name} ({held(folder, name) or missing})")
                     continue
                 else:
+                    claimed, why = claim_entry(folder, name)
+                    if not claimed:
+                        busy.append((op, name, why))
+                        continue
+                    if why:
+                        print(f"opinfo: {name}: {why}", file=sys.stderr, flush=True)
                     try:
                         found = sweep_entry(entry, op, targets, meshes, captures, args.opinfo_samples, verifier)
                         save_entry(folder, name, settings, found)
                     finally:
                         release_entry(folder, name)
                     commit, how = source_commit(), "swept"
-                commits[commit] = commits.get(commit, 0) + 1
-                print(f"opinfo [{i}/{len(entries)}] {name} ({op}): {len(found.outcomes)} calls, "
-                      f"{found.seconds:.1f}s, {how}", file=sys.stderr, flush=True)
-                total.outcomes += found.outcomes
-                total.defects += found.defects
-                total.seconds += found.seconds
+                if not found.outcomes:
+                    unswept.append(f"{name} (no sample of it was called: nothing checked)")
+                    continue
+                count(name, op, found, commit, how, f"[{i}/{len(entries)}]")
+        for op, name, why in busy:   # swept by another process meanwhile, or not swept at all
+            stored = load_entry(folder, name, settings)
+            if stored is not None and stored[0].outcomes:
+                count(name, op, stored[0], stored[1], "stored by the process that held it", "[after]")
+            else:
+                unswept.append(f"{name} ({why})")
     except ShardVerifyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -105,9 +134,12 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
                             *([f"--opinfo-results {args.opinfo_results}"] if args.opinfo_results else []),
                             *(["--opinfo-stored"] if args.opinfo_stored else []),
                             *(["--opinfo-fresh"] if args.opinfo_fresh else []), f"--report {args.report}"])
-        Path(args.report).write_text(markdown(total, command, torch.__version__, commits=commits, wall=wall,
-                                              unswept=unswept),
-                                     encoding="utf-8")
+        try:
+            write_file_atomic(args.report, markdown(total, command, torch.__version__, commits=commits, wall=wall,
+                                                    unswept=unswept))
+        except OSError as error:
+            print(f"error: cannot write {args.report}: {error.strerror or error}", file=sys.stderr)
+            return 2
         print(f"report written to {args.report}")
     for defect in total.defects:
         print(f"rule defect (not offered): {defect}")
@@ -121,9 +153,9 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
               f"{', '.join(o.wrong_extremum)}")
     counts = total.counts()
     if unswept:
-        print(f"\n{len(unswept)} of {len(unswept) + sum(commits.values())} entries not in this report (no current "
-              f"stored results, and --opinfo-stored, or another process sweeping them): {', '.join(unswept)}")
+        print(f"\nFAILED: {len(unswept)} of {len(unswept) + sum(commits.values())} requested entries not swept, "
+              f"so not checked: {', '.join(unswept)}")
     print("\n".join(["", *totals(total)]))
     print(f"\n{sum(counts.values())} calls: " + ", ".join(f"{n} {k}" for k, n in counts.most_common())
           + f"; swept in {total.seconds:.0f}s, this run {wall:.0f}s")
-    return 1 if total.wrong or raw else 0
+    return 1 if total.wrong or raw or unswept else 0

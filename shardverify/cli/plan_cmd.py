@@ -7,11 +7,9 @@ import json
 import math
 import sys
 
-import yaml
-
 from shardverify.backends import registry
 from shardverify.cli import USAGE
-from shardverify.cli.verify_cmd import parse_positive_int, parse_timeout
+from shardverify.cli.verify_cmd import one_rank_mesh, parse_positive_int, parse_timeout
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
 from shardverify.errors import ShardVerifyError
 from shardverify.spec.limits import mesh_problem
@@ -143,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         too_many = mesh_problem(mesh)
         if too_many:
             raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")
+        if args.mesh and (single := one_rank_mesh([mesh])):
+            raise ShardVerifyError(single)
         plan = None
         if args.plan:
             plan = _read_plan(args.plan)
@@ -217,17 +217,30 @@ def _read_plan(path: str) -> dict[str, str]:
     return plan  # type: ignore[return-value]
 
 
+#: the most characters one --kwarg value may hold (a model's keyword arguments are a few numbers)
+MAX_KWARG_CHARS = 4096
+
+
 def _kwargs(items: list[str]) -> tuple[tuple[str, object], ...]:
-    """``["d_hidden=128", "bias=false"]`` -> (("d_hidden", 128), ("bias", False))."""
+    """``["d_hidden=128", "bias=false"]`` -> (("d_hidden", 128), ("bias", False)). A value is read
+    as a spec's YAML is (spec/loader.py): no aliases or anchors (a six-level alias bomb built
+    531,441 values from one line), no tags, bounded depth, strings and integers, and at most
+    :data:`MAX_KWARG_CHARS` characters."""
+    from shardverify.errors import SpecError, shorten
+    from shardverify.spec.loader import load_yaml_text
+
     found = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip().isidentifier():
-            raise ShardVerifyError(f"--kwarg expects KEY=VALUE with KEY an identifier, got {item!r}")
+            raise ShardVerifyError(f"--kwarg expects KEY=VALUE with KEY an identifier, got {shorten(item)}")
+        if len(value) > MAX_KWARG_CHARS:
+            raise ShardVerifyError(f"--kwarg {key.strip()}: a value of {len(value)} characters is longer than the "
+                                   f"limit of {MAX_KWARG_CHARS}")
         try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            raise ShardVerifyError(f"--kwarg {item!r}: the value is not YAML: {_one_line(exc)}") from None
+            parsed = load_yaml_text(value, f"--kwarg {key.strip()}").plain() if value.strip() else None
+        except SpecError as exc:
+            raise ShardVerifyError(f"--kwarg {key.strip()}={shorten(value, 40)}: {exc.reason}") from None
         found.append((key.strip(), parsed))
     return tuple(found)
 

@@ -98,6 +98,16 @@ def parse_mesh(text: str) -> tuple[int, ...]:
 parse_bounded_mesh = parse_mesh
 
 
+def one_rank_mesh(meshes) -> str:
+    """Why a --mesh of one rank is refused, or "": on one rank nothing is sharded and no collective
+    runs, so every check would pass without checking a layout (plans refuse it alike)."""
+    single = next((mesh for mesh in meshes or () if math.prod(mesh) == 1), None)
+    if single is None:
+        return ""
+    return (f"--mesh {','.join(map(str, single))} has one rank: nothing is sharded on it, so nothing would be "
+            "checked; give a mesh of 2 or more ranks")
+
+
 def parse_positive_int(text: str) -> int:
     """A positive integer option (bytes, repeats)."""
     try:
@@ -228,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.verify.report import format_results
 
     quiet_tracing()
+    if single := one_rank_mesh(args.mesh):
+        print(f"error: {single}", file=sys.stderr)
+        return USAGE
     try:
         specs = load_op_specs(args.root, args.specs_dir, args.specs)
     except SpecError as exc:

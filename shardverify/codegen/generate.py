@@ -168,7 +168,7 @@ def apply_changes(changes: list[Change], root: Path) -> None:
         if change.new is None:
             target.unlink()
         else:
-            _write_atomic(target, change.new)
+            write_file_atomic(target, change.new)
 
 
 def generate(root: Path, specs_dir: Path | None = None, names: list[str] | None = None, *,

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
+from shardverify.spec.limits import MAX_MICRO_BATCHES
 
 __all__ = [
     "LayerDecl", "ModelDecl", "LossDecl", "OptimizerDecl", "DDPOptions", "ModelPlan",
@@ -182,6 +183,8 @@ class ModelPlan:
                and all(_is_int(d) and d > 0 for d in self.input_shape),
                f"input_shape must be a non-empty tuple of positive ints, got {self.input_shape!r}")
         _check(_is_int(self.steps) and self.steps >= 1, f"steps must be an int >= 1, got {self.steps!r}")
+        too_many = MAX_MICRO_BATCHES.exceeded(self.steps * self.options.accumulate)
+        _check(not too_many, f"accumulate={self.options.accumulate} x steps={self.steps}: {too_many}")
         _check(self.expect in EXPECTATIONS, f"expect must be one of {EXPECTATIONS}, got {self.expect!r}")
         needs_target = self.loss.name != "sum"
         _check((self.target_shape is not None) == needs_target,

@@ -131,6 +131,20 @@ def _import(spec: CustomSpec) -> None:
                         f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")) from None
     finally:
         sys.path.remove(str(spec.folder.resolve()))
+    if not _registered(spec):
+        raise SpecError(f"custom op {spec.name}: importing {spec.module!r} from {spec.folder} registered no op "
+                        f"{spec.name} ({spec.target} does not exist); the module must define it with torch.library")
+
+
+def _registered(spec: CustomSpec) -> bool:
+    """Whether torch now has the spec's op (its default overload), asked without raising."""
+    import torch
+
+    namespace, op = spec.name.split("::")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), op), "default", None) is not None
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def run_custom(spec: CustomSpec, meshes=None, *, limit: int | None = None, budget: float | None = DEFAULT_BUDGET,

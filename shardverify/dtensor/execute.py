@@ -80,7 +80,7 @@ class CaseRunner:
     grad_outputs: tuple = ()
     ref_grads: dict = field(default_factory=dict)      # operand position -> reference gradient
     backward: bool = True
-    budget: float | None = None          # seconds one combination may take (main thread only)
+    budget: float | None = None          # CPU seconds one combination may take (main thread only)
     aten: tuple | None = None            # (op, args, kwargs) of the one aten op the call is, or None
     _inputs: dict = field(default_factory=dict)         # (position, layout) -> DTensor or why not
     _held: list = field(default_factory=list)
@@ -163,14 +163,15 @@ class CaseRunner:
     # ---- one execution ---------------------------------------------------------------------
     def run(self, combo: tuple[Layout, ...]) -> Execution:
         """Execute ``combo``; "too-slow" when DTensor has not finished within ``self.budget``
-        seconds (its sharding propagation of attention with a mask takes minutes a combination)."""
+        seconds of CPU time (its sharding propagation of attention with a mask takes minutes a
+        combination; a loaded machine's waits are no work and do not count)."""
         if self._dirty:    # a failure may have left DTensor's cached placements holding state
             fresh_sharding_cache()
         try:
-            with deadline(self.budget, TooSlow):
+            with deadline(self.budget, TooSlow, cpu=True):
                 found = self._run(combo)
         except TooSlow:
-            found = Execution("too-slow", f"DTensor did not finish within {self.budget:g} s")
+            found = Execution("too-slow", f"DTensor did not finish within {self.budget:g} s of CPU time")
         self._dirty = found.failed not in ("", "inputs")
         return found
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,10 +35,10 @@ from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
 __all__ = ["CaseResult", "run_case", "run_spec", "rebuild_repro", "execute_combos", "present_combinations", "DEFAULT_LIMIT",
-           "DEFAULT_BUDGET"]
+           "DEFAULT_BUDGET", "budget_skipped"]
 
 DEFAULT_LIMIT = 600
-DEFAULT_BUDGET = 20.0   # seconds one combination may take
+DEFAULT_BUDGET = 20.0   # CPU seconds one combination may take (the machine's load does not count)
 CHECKPOINT_SECONDS = 60.0
 DIED = ("the process died on this combination (a native crash inside torch, such as SIGFPE or SIGSEGV), "
         "found when the stored run resumed and not run again")   # how often a case in progress is stored (--results)
@@ -107,6 +108,21 @@ def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: in
     return result
 
 
+#: how a case's note says what the time budget left out (written by execute_combos, read by budget_skipped)
+_BUDGET_LEFT = "the case's other {} chosen combination(s) not executed"
+_BUDGET_LEFT_READ = re.compile(re.escape(_BUDGET_LEFT).replace(r"\{\}", r"(\d+)"))
+
+
+def budget_skipped(result: CaseResult) -> int:
+    """Combinations of the case the time budget left unchecked: each one found too slow and the
+    chosen ones after it, never run (as the case's note says, stored results included); 0 when
+    the budget cut nothing."""
+    slow = result.counts.get("too-slow", 0)
+    if not slow:
+        return 0
+    return slow + sum(int(n) for n in _BUDGET_LEFT_READ.findall(result.note or ""))
+
+
 def present_combinations(combos) -> list:
     """Every combination whose operands are all present (an absent, post-added operand is no
     DTensor input); no mesh-axis orbit is folded: DTensor is not symmetric under axis swaps."""
@@ -161,8 +177,8 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
             result.executed += 1
             result.counts[klass] += 1
             if klass == "too-slow" and len(chosen) > done + 1:
-                left = (f"DTensor took over {budget:g} s on {_line(operands, combo, mesh_shape)}; the case's "
-                        f"other {len(chosen) - done - 1} chosen combination(s) not executed")
+                left = (f"DTensor took over {budget:g} s of CPU time on {_line(operands, combo, mesh_shape)}; "
+                        + _BUDGET_LEFT.format(len(chosen) - done - 1))
                 result.note = f"{result.note}; {left}" if result.note else left
                 break
             if klass == "agrees":

@@ -14,16 +14,18 @@ it is a plain one (else its plain letters and a digest).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
 import subprocess
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from shardverify.errors import SpecError
+from shardverify.backends.liveness import process_alive, process_start
+from shardverify.errors import SpecError, shorten
 from shardverify.files import read_regular_file
 from shardverify.opinfo.sweep import OUTCOMES, CallOutcome, SweepResult
 from shardverify.spec.limits import MAX_JSON_BYTES
@@ -32,7 +34,7 @@ from shardverify.stored import StoreError, items, need, read_json, safe_name, wr
 from shardverify.verify.on_demand import _rule_text, default_cache_dir, no_cache_reason
 
 __all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry", "save_entry", "source_commit",
-           "claim_entry", "release_entry", "rule_digests", "held"]
+           "claim_entry", "release_entry", "rule_digests", "held", "lock_owner", "LockOwner"]
 
 RESULT_FORMAT = 1
 NO_HANDLER = "captured as "
@@ -160,44 +162,95 @@ def load_entry(folder: Path, entry: str, settings: dict) -> tuple[SweepResult, s
     return SweepResult(outcomes=outcomes, defects=list(defects), seconds=float(seconds)), commit
 
 
-def _alive(pid: int) -> bool:
+#: the most a lock file may hold: "PID START" written by :func:`claim_entry`
+_LOCK_BYTES = 64
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    """Who holds an entry's lock, as its file says: a pid and that process's start time (None
+    where the file predates start times or /proc has none), or why the file names no owner."""
+
+    pid: int = 0
+    started: int | None = None
+    invalid: str = ""        # why the file names no owner (garbage text, not a regular file)
+
+    def alive(self) -> bool:
+        return not self.invalid and process_alive(self.pid, self.started)
+
+
+def _lock(folder: Path, entry: str) -> Path:
+    return _file(folder, entry, ".lock")
+
+
+def lock_owner(folder: Path, entry: str) -> LockOwner | None:
+    """The owner an entry's lock file names, or None when there is no lock."""
+    lock = _lock(folder, entry)
+    if not os.path.lexists(lock):
+        return None
+    if lock.is_symlink():
+        return LockOwner(invalid=f"the lock file {lock} is unreadable (a symbolic link, not followed)")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        text = read_regular_file(lock, _LOCK_BYTES).decode("ascii")
+    except (SpecError, UnicodeDecodeError) as error:
+        if not os.path.lexists(lock):    # released while being read
+            return None
+        return LockOwner(invalid=f"the lock file {lock} is unreadable ({shorten(str(error), 120)})")
+    words = text.split()
+    if not 1 <= len(words) <= 2 or not all(w.isdigit() and len(w) < 20 for w in words) or int(words[0]) <= 0:
+        return LockOwner(invalid=f"the lock file {lock} names no process ({shorten(text, 40)})")
+    return LockOwner(int(words[0]), int(words[1]) if len(words) == 2 else None)
 
 
 def held(folder: Path, entry: str) -> str | None:
-    """Why the entry is not free to sweep (a live process sweeping it, or a dead one's lock: that
-    process died sweeping it, as an op whose kernel does not check its inputs can take the
-    interpreter down, so it is not swept again until the lock is removed), or None."""
-    lock = _file(folder, entry, ".lock")
-    if not os.path.lexists(lock):
+    """Why the entry is not free to sweep (a live process sweeping it), or None: a lock whose
+    process died (a crash, a kill) or names no process is stale and the next claim takes it over."""
+    owner = lock_owner(folder, entry)
+    if owner is None or not owner.alive():
         return None
-    try:
-        holder = int(read_regular_file(lock, 64, follow_symlinks=False).decode("ascii").strip() or 0)
-    except (SpecError, ValueError):     # no regular file (a FIFO: refused unread), or no pid in it
-        holder = 0
-    if holder and _alive(holder):
-        return f"process {holder} is sweeping it"
-    return f"process {holder or '?'} died sweeping it; remove {lock} to sweep it again"
+    return f"process {owner.pid} is sweeping it"
 
 
-def claim_entry(folder: Path, entry: str) -> str | None:
-    """Claim the entry for this process (a lock file holding its pid), so several processes can
-    share one sweep: None when claimed, else why not (:func:`held`)."""
+def _stale(owner: LockOwner) -> str:
+    return (f"{owner.invalid}: treated as stale" if owner.invalid else
+            f"process {owner.pid}, which held its lock, is gone (died or killed while sweeping it)")
+
+
+def claim_entry(folder: Path, entry: str) -> tuple[bool, str]:
+    """Claim the entry for this process, so several processes can share one sweep: its lock file
+    holds this process's pid and start time. (True, '') when claimed; (True, why) when a stale
+    lock (a dead owner's, a pid reused by another process, a file naming no process) was taken
+    over; (False, why) when a live process holds it. Claims of a folder go one at a time (an
+    flock on its ``.claims`` file), so two processes never both take over one stale lock."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    lock = _lock(folder, entry)
     try:
-        descriptor = os.open(_file(folder, entry, ".lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return held(folder, entry) or "another process just finished it"
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(str(os.getpid()))
-    return None
+        guard = os.open(folder / ".claims", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                        0o600)
+    except OSError as error:     # a link or a FIFO planted in its place
+        return False, f"cannot take {folder / '.claims'} to claim entries ({error.strerror or error})"
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        owner = lock_owner(folder, entry)
+        if owner is not None and owner.alive():
+            return False, f"process {owner.pid} is sweeping it"
+        said = ""
+        if owner is not None:
+            said = f"took its lock over: {_stale(owner)}"
+            if lock.is_dir() and not lock.is_symlink():
+                return False, f"{lock} is a folder, not a lock file; remove it to sweep the entry"
+            lock.unlink(missing_ok=True)
+        try:
+            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            return False, "another process has just claimed it"
+        with os.fdopen(descriptor, "w") as handle:
+            started = process_start(os.getpid())
+            handle.write(f"{os.getpid()}" + ("" if started is None else f" {started}"))
+        return True, said
+    finally:
+        os.close(guard)
 
 
 def release_entry(folder: Path, entry: str) -> None:

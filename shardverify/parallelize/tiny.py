@@ -356,6 +356,11 @@ def _shrink(config):
         changes["image_size"] = GRID * patch    # a vision tower's images: GRID x GRID patches
     if "mlp_only_layers" in values and isinstance(values["mlp_only_layers"], (list, tuple)):
         changes["mlp_only_layers"] = [0]        # a dense layer, then MoE: the plan's rules for both apply
+    kinds = changes.get("mlp_layer_types")
+    if isinstance(kinds, list) and "sparse" in kinds and "dense" not in kinds and len(kinds) > 1:
+        changes["mlp_layer_types"] = ["dense", *kinds[1:]]    # likewise where the config lists the kinds
+    if _is_int(values.get("prefix_dense_intermediate_size")) or "prefix_dense_intermediate_size" in values:
+        changes["prefix_dense_intermediate_size"] = FFN
     if _is_int(values.get("num_kv_shared_layers")):
         changes["num_kv_shared_layers"] = 0     # the kept layers' kinds need not all produce a cache
     changes.update(_FIXES.get(getattr(config, "model_type", ""), {}))
@@ -519,8 +524,20 @@ def _model_class(model_type: str, config) -> tuple[Any, bool]:
         found = sorted((c for c in own if c.__name__.endswith(suffix)), key=lambda c: len(c.__name__))
         if found:
             return found[0], causal
+    owner = _owner(type(config))
     raise CannotBuild(model_type, "no model class takes this config on its own (no auto class maps it and its "
-                                  "modeling module declares none for it): it is a part of another model")
+                                  "modeling module declares none for it): it is a part of another model"
+                      + (f"; build '{owner}' instead" if owner else ""))
+
+
+def _owner(config_cls: type) -> str | None:
+    """The model type (with a plan) whose config holds ``config_cls`` as a sub-config, at any depth."""
+    mapping = _transformers().CONFIG_MAPPING
+
+    def holds(cls: type, depth: int = 0) -> bool:
+        subs = [c for c in (getattr(cls, "sub_configs", None) or {}).values() if isinstance(c, type)]
+        return config_cls in subs or (depth < 2 and any(holds(c, depth + 1) for c in subs if c is not cls))
+    return next((mt for mt in _tp_architectures() if mapping[mt] is not config_cls and holds(mapping[mt])), None)
 
 
 def _build(cls, config, attn: str, seed: int) -> torch.nn.Module:

@@ -21,7 +21,7 @@ from typing import TypeVar
 import torch
 from torch import fx
 
-from shardverify.errors import InvalidArgument
+from shardverify.errors import InvalidArgument, shorten
 from shardverify.spec.names import resolve_dotted
 from shardverify.spec.fields import dtype_from_name
 
@@ -79,7 +79,8 @@ class InputDecl:
         shape = _tupled(self.shape)
         if not isinstance(shape, tuple) or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0
                                                for s in shape):
-            raise InvalidArgument(f"input {self.name!r}: shape must be a tuple of positive ints, got {self.shape!r}")
+            raise InvalidArgument(f"input {self.name!r}: shape must be a tuple of positive ints, "
+                                  f"got {shorten(self.shape)}")
         object.__setattr__(self, "shape", shape)
         if isinstance(self.dtype, torch.dtype):
             object.__setattr__(self, "dtype", str(self.dtype).removeprefix("torch."))
@@ -89,19 +90,20 @@ class InputDecl:
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                        for v in (low, high)) or not low < high:  # type: ignore[operator]
                 raise InvalidArgument(f"input {self.name!r}: values must be [low, high) with low < high, "
-                                      f"got {self.values!r}")
+                                      f"got {shorten(self.values)}")
             if not dtype.is_floating_point and not (float(low).is_integer() and float(high).is_integer()):  # type: ignore[arg-type]
                 raise InvalidArgument(f"input {self.name!r}: values of an integer input are integer bounds, "
-                                      f"got {self.values!r}")
+                                      f"got {shorten(self.values)}")
             object.__setattr__(self, "values", (low, high))
         if self.data is not None:
             data = _tupled(self.data)
             if not isinstance(data, tuple) or len(data) != math.prod(shape) or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in data):
                 raise InvalidArgument(f"input {self.name!r}: data must be {math.prod(shape)} finite number(s) "
-                                      f"(its shape's elements, row-major), got {self.data!r}")
+                                      f"(its shape's elements, row-major), got {shorten(self.data)}")
             if not dtype.is_floating_point and not all(float(v).is_integer() for v in data):
-                raise InvalidArgument(f"input {self.name!r}: data of an integer input are integers, got {self.data!r}")
+                raise InvalidArgument(f"input {self.name!r}: data of an integer input are integers, "
+                                      f"got {shorten(self.data)}")
             object.__setattr__(self, "data", data)
 
     @property

@@ -21,6 +21,7 @@ from shardverify.spec.kinds import SpecKind, register_spec_kind, spec_kinds
 from shardverify.spec.limits import check_settings
 from shardverify.spec.loader import load_yaml
 from shardverify.spec.op_kind import OP_KIND
+from shardverify.spec.trust import check_trusted_setting
 
 __all__ = ["SpecSource", "InvalidSpecs", "SPEC_PATH", "discover_specs", "select_specs", "load_specs",
            "spec_sources", "spec_folder_sources", "spec_folders", "load_op_specs"]
@@ -137,6 +138,7 @@ def _parse_all(sources: list[SpecSource]) -> tuple[list[tuple[SpecSource, object
     parsed, errors = [], []
     try:
         check_settings()   # a bad limit setting: one error naming it, not one per spec
+        check_trusted_setting()   # alike the trusted targets' setting
     except SpecError as exc:
         return [], [exc]
     for source in sources:

@@ -15,7 +15,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from shardverify.spec.loader import Node
-from shardverify.errors import InvalidArgument, SpecError
+from shardverify.errors import InvalidArgument, SpecError, shorten
 from shardverify.spec.limits import MAX_TENSOR_ELEMENTS, mesh_problem
 from shardverify.spec.names import resolve_dotted, resolve_torch
 from shardverify.spec.trust import TRUSTED_ENV, find_definition, op_target_refusal, trusted_modules, under
@@ -46,7 +46,7 @@ def describe(node: Node) -> str:
     if value is None:
         return "null"
     noun = {str: "string", int: "integer", float: "number", bool: "boolean"}.get(type(value), type(value).__name__)
-    return f"{noun} {value!r}"
+    return f"{noun} {shorten(value)}"
 
 
 def _matches(value: object, kinds: tuple[type, ...]) -> bool:
@@ -125,7 +125,8 @@ def as_identifier(node: Node) -> str:
     if len(value) > MAX_NAME_CHARS:
         raise node.error(f"the name {value[:40]!r}... has {len(value)} characters; at most {MAX_NAME_CHARS}")
     if not _IDENTIFIER.match(value) or keyword.iskeyword(value):
-        raise node.error(f"expected a Python identifier (letters, digits, '_', not a keyword), got {value!r}")
+        raise node.error(f"expected a Python identifier (letters, digits, '_', not a keyword), "
+                         f"got {shorten(value)}")
     return value
 
 
@@ -143,7 +144,7 @@ def as_shape(node: Node, *, allow_empty: bool = True) -> tuple[int, ...]:
     shape = tuple(item.value for item in items)
     too_big = MAX_TENSOR_ELEMENTS.exceeded(math.prod(shape))  # type: ignore[arg-type]
     if too_big:
-        raise node.error(f"shape {list(shape)}: {too_big}")
+        raise node.error(f"shape {shorten(list(shape))}: {too_big}")
     return shape  # type: ignore[return-value]
 
 
@@ -187,7 +188,7 @@ def as_dtype(node: Node) -> str:
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise node.error(f"unknown torch dtype {node.value!r}{hint}")
+        raise node.error(f"unknown torch dtype {shorten(node.value)}{hint}")
     return name
 
 
@@ -229,7 +230,8 @@ def resolve_target(node: Node) -> str:
     check_type(node, str)
     name = str(node.value)
     if len(name) > 200 or not (_DOTTED.match(name) or _ATEN_UNDERSCORED.match(name)):
-        raise node.error(f"expected a dotted name such as 'torch.sum' (no private parts), got {name!r}")
+        raise node.error(f"expected a dotted name such as 'torch.sum' (no private parts), "
+                         f"got {shorten(name)}")
     try:
         trusted = under(name, trusted_modules())
     except InvalidArgument as exc:
@@ -297,7 +299,7 @@ def as_tolerance(node: Node) -> float:
     """An rtol or atol: a finite number in [0, MAX_TOLERANCE]."""
     value = finite_number(node)
     if not 0 <= value <= MAX_TOLERANCE:
-        raise node.error(f"expected a tolerance in [0, {MAX_TOLERANCE}], got {node.value!r}: a looser one lets "
+        raise node.error(f"expected a tolerance in [0, {MAX_TOLERANCE}], got {shorten(node.value)}: a looser one lets "
                          "a wrong rule pass")
     return value
 
@@ -307,5 +309,5 @@ def finite_number(node: Node) -> float:
     check_type(node, float)
     value = float(node.value)  # type: ignore[arg-type]
     if not math.isfinite(value):
-        raise node.error(f"expected a finite number, got {node.value!r}")
+        raise node.error(f"expected a finite number, got {shorten(node.value)}")
     return value

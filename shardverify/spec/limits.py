@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from shardverify.errors import SpecError
 
 __all__ = ["Limit", "SettingError", "MAX_CASES", "MAX_MESH_RANKS", "MAX_MESH_AXES", "MAX_TENSOR_ELEMENTS",
-           "MAX_MODEL_BYTES", "MAX_RESHARD_PAIRS", "MAX_AUDIT_COMBINATIONS", "MAX_STEPS", "MAX_CASE_BYTES",
+           "MAX_MODEL_BYTES", "MAX_RESHARD_PAIRS", "MAX_AUDIT_COMBINATIONS", "MAX_STEPS", "MAX_MICRO_BATCHES", "MAX_CASE_BYTES",
            "MAX_JSON_BYTES", "LIMITS", "check_settings", "mesh_problem", "tensor_size_problems"]
 
 
@@ -61,6 +61,9 @@ MAX_MESH_RANKS = Limit("ranks in one mesh", 64, "SHARDVERIFY_MAX_RANKS")
 MAX_MESH_AXES = Limit("axes in one mesh", 4, "SHARDVERIFY_MAX_MESH_AXES")
 #: optimizer steps of one model (DDP) check
 MAX_STEPS = Limit("optimizer steps of one model check", 1000, "SHARDVERIFY_MAX_STEPS")
+#: forward and backward passes of one model (DDP) check: steps x accumulate (micro-batches per step)
+MAX_MICRO_BATCHES = Limit("micro-batches of one model check (steps x accumulate)", 4096,
+                          "SHARDVERIFY_MAX_MICRO_BATCHES")
 #: a saved JSON run (`dtensor --from-json`) or a plan file read whole
 MAX_JSON_BYTES = Limit("bytes of one JSON or plan file", 64 << 20, "SHARDVERIFY_MAX_JSON_BYTES")
 MAX_TENSOR_ELEMENTS = Limit("elements in one tensor", 1 << 24, "SHARDVERIFY_MAX_TENSOR_ELEMENTS")
@@ -86,7 +89,7 @@ def _ram_fraction() -> int:
 MAX_CASE_BYTES = Limit("estimated bytes of one case's check", _ram_fraction(), "SHARDVERIFY_MAX_CASE_BYTES")
 
 LIMITS = (MAX_CASES, MAX_MESH_RANKS, MAX_MESH_AXES, MAX_TENSOR_ELEMENTS, MAX_RESHARD_PAIRS, MAX_AUDIT_COMBINATIONS,
-          MAX_MODEL_BYTES, MAX_STEPS, MAX_JSON_BYTES, MAX_CASE_BYTES)
+          MAX_MODEL_BYTES, MAX_STEPS, MAX_MICRO_BATCHES, MAX_JSON_BYTES, MAX_CASE_BYTES)
 
 
 def check_settings() -> None:

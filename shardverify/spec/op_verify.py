@@ -5,6 +5,8 @@ groups, tolerances and seed, each checked against the spec's operands, parameter
 
 from __future__ import annotations
 
+import math
+
 from shardverify.errors import InvalidArgument
 from shardverify.spec.case import InputDecl
 from shardverify.spec.fields import (Fields, as_dtype, as_identifier, as_shape, as_tolerance, check_type, describe,
@@ -117,6 +119,8 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
     for item in meshes_node.value:  # type: ignore[union-attr]
         mesh = as_shape(item, allow_empty=False)
         within(item, [mesh_problem(mesh)])
+        if math.prod(mesh) == 1:
+            raise item.error(f"mesh {list(mesh)} has one rank: nothing is sharded on it, so nothing would be checked")
         if mesh in meshes:
             raise item.error(f"mesh {list(mesh)} is listed twice")
         meshes.append(mesh)

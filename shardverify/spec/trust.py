@@ -5,11 +5,12 @@ runs `generate --check` on every submitted spec. So:
 
 * an op target must be a tensor op: a function of torch's tensor namespaces (``torch.*``,
   ``torch.nn.functional.*``, ``torch.special.*``, ``torch.linalg.*``, ``torch.fft.*``), a
-  ``torch.Tensor`` method, a ``torch.nn`` module class, or an overload of ``torch.ops``;
-  never a serialization, file, process or network function (``torch.save``, ``torch.load``,
-  ``aten.from_file``, ``torch.os.system``), never one of torch's settings (``torch.set_num_threads``:
-  a builtin with no ATen op of its name). A name under torch is reached by attribute, so no
-  module is imported by its name (names.resolve_torch). What the user lists in
+  ``torch.Tensor`` method, a ``torch.nn`` module class, or an overload of ``torch.ops`` that
+  returns a tensor; never a serialization, file, process or network function (``torch.save``,
+  ``torch.load``, ``aten.from_file``, ``torch.os.system``), never one of torch's settings
+  (``torch.set_num_threads``: a builtin with no ATen op of its name), never an op on storage
+  rather than values (``torch.ops.inductor.resize_storage_bytes_``, ``Tensor.set_``). A name
+  under torch is reached by attribute, so no module is imported by its name (names.resolve_torch). What the user lists in
   ``SHARDVERIFY_TRUSTED_TARGETS`` (a setting of the machine, never of a spec) is allowed too,
   matched as an object (:func:`trusted_object`), never by the path a spec reached it by.
 * a factory or implementation (plan, model and collective specs) is found by reading its
@@ -31,10 +32,11 @@ import types
 from dataclasses import dataclass
 
 from shardverify.errors import InvalidArgument
-from shardverify.spec.limits import MAX_MODEL_BYTES
+from shardverify.spec.limits import MAX_MODEL_BYTES, SettingError
 from shardverify.spec.names import UnresolvedName, resolve_dotted, resolve_torch
 
 __all__ = ["TRUSTED_ENV", "DENIED_MODULES", "trusted_modules", "trusted_object", "under", "op_target_refusal",
+           "check_trusted_setting",
            "Definition", "find_definition", "callable_refusal", "build_checked"]
 
 TRUSTED_ENV = "SHARDVERIFY_TRUSTED_TARGETS"
@@ -72,6 +74,25 @@ def trusted_modules() -> tuple[str, ...]:
             raise InvalidArgument(f"{TRUSTED_ENV}: {name!r} lies in {_denied_root(name)!r}, whose functions "
                                   "touch files, processes or the network; it cannot be trusted for targets")
     return names
+
+
+def check_trusted_setting() -> None:
+    """The machine's :data:`TRUSTED_ENV` read once, before any spec: a bad entry (not a dotted
+    name, in a denied module, a name under torch that does not resolve, a module of the user's
+    that cannot be found) is one SettingError naming the setting, not one error per spec. Found,
+    never imported: a user's module is imported only when a target defined in it is matched."""
+    place = f"environment variable {TRUSTED_ENV}"
+    try:
+        names = trusted_modules()
+        for name in names:
+            if name.split(".")[0] == "torch":
+                resolve_torch(name)
+            elif importlib.util.find_spec(name.split(".")[0]) is None:   # a top-level name: imports nothing
+                raise InvalidArgument(f"{TRUSTED_ENV}: {name!r}: no module {name.split('.')[0]!r} can be found")
+    except UnresolvedName as error:
+        raise SettingError(str(error), file=place) from None
+    except (InvalidArgument, ImportError, ValueError) as error:
+        raise SettingError(str(error).removeprefix(f"{TRUSTED_ENV}: "), file=place) from None
 
 
 def trusted_object(obj: object) -> bool:
@@ -116,6 +137,37 @@ def _file_argument(op: object) -> str:
     return ""
 
 
+#: ops that resize, replace or expose a tensor's storage: they act on memory, not on values
+#: (``torch.ops.inductor.resize_storage_bytes_`` frees it under every view of the tensor)
+_STORAGE_OPS = ("resize_", "resize_as_", "_resize_output_", "set_", "share_memory_", "data_ptr", "record_stream")
+
+
+def _storage_refusal(name: str, op_name: str, schemas=()) -> str:
+    """Why an op named ``op_name`` (with these ATen schemas) acts on storage rather than values, else ""."""
+    storage_typed = any(str(a.type) == "Storage" for schema in schemas for a in (*schema.arguments, *schema.returns))
+    if "storage" in op_name.lower() or op_name in _STORAGE_OPS or storage_typed:
+        return f"{name!r} resizes, replaces or exposes a tensor's storage: not a tensor op"
+    return ""
+
+
+def _overload_refusal(name: str, op: object) -> str:
+    """Why an overload (or every overload of a packet) under torch.ops is no tensor op, else ""."""
+    import torch
+
+    overloads = [op] if isinstance(op, torch._ops.OpOverload) else [getattr(op, o) for o in op.overloads()]
+    schemas = [overload._schema for overload in overloads]
+    op_name = schemas[0].name.split("::")[-1] if schemas else ""
+    refusal = _storage_refusal(name, op_name, schemas)
+    if refusal:
+        return refusal
+    argument = _file_argument(op)
+    if argument:
+        return f"{name!r} takes a file name ({argument!r}): it reads or writes files"
+    if not any("Tensor" in str(r.type) for schema in schemas for r in schema.returns):
+        return f"{name!r} returns no tensor: not a tensor op"
+    return ""
+
+
 def op_target_refusal(name: str, obj: object) -> str:
     """"" when ``obj`` (what the dotted ``name`` resolved to) is a tensor op a spec may target;
     otherwise why not, in words. The object decides, not the path it was reached by
@@ -125,19 +177,23 @@ def op_target_refusal(name: str, obj: object) -> str:
     if trusted_object(obj):
         return ""
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        argument = _file_argument(obj)
-        return f"{name!r} takes a file name ({argument!r}): it reads or writes files" if argument else ""
+        return _overload_refusal(name, obj)
     if isinstance(obj, type):
         return "" if issubclass(obj, torch.nn.Module) else f"{name!r} is a class but not a torch.nn.Module"
     module = getattr(obj, "__module__", None) or ""
     if name.split(".")[:-1] == ["torch", "Tensor"] or getattr(obj, "__objclass__", None) is torch._C.TensorBase:
-        return "" if callable(obj) else f"{name!r} is not a torch.Tensor method"
+        if not callable(obj):
+            return f"{name!r} is not a torch.Tensor method"
+        return _storage_refusal(name, getattr(obj, "__name__", name.rsplit(".", 1)[-1]))
     if module in _FUNCTION_MODULES and isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
         if isinstance(obj, types.FunctionType) and module == "torch":
             return f"{name!r} is one of torch's settings or tools, not a tensor op"   # torch.compile, set_default_*
         aten = getattr(torch.ops.aten, obj.__name__, None) if isinstance(obj, types.BuiltinFunctionType) else None
         if isinstance(obj, types.BuiltinFunctionType) and not isinstance(aten, torch._ops.OpOverloadPacket):
             return f"{name!r} is one of torch's settings or tools (no ATen op of that name), not a tensor op"
+        refusal = _storage_refusal(name, obj.__name__)
+        if refusal:
+            return refusal
         argument = _file_argument(aten) if aten is not None else ""
         return f"{name!r} takes a file name ({argument!r}): it reads or writes files" if argument else ""
     where = f" (defined in {module})" if module else ""

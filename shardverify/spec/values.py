@@ -4,6 +4,7 @@ the case grid and ``where:`` selections of its points (shared by the op spec's `
 
 from __future__ import annotations
 
+from shardverify.errors import shorten
 from shardverify.spec.fields import Fields, as_identifier, check_type, describe, finite_number
 from shardverify.spec.limits import MAX_CASES
 from shardverify.spec.loader import Node
@@ -52,7 +53,7 @@ def index_value(node: Node | None) -> int | None:
         return None
     check_type(node, int)
     if node.value < 0:  # type: ignore[operator]
-        raise node.error(f"expected a non-negative positional index, got {node.value!r}")
+        raise node.error(f"expected a non-negative positional index, got {shorten(node.value)}")
     return node.value  # type: ignore[return-value]
 
 
@@ -72,7 +73,7 @@ def parse_grid(node: Node) -> tuple[tuple[str, tuple[Literal, ...]], ...]:
         literals = tuple(literal(item) for item in values.value)  # type: ignore[union-attr]
         for position, (item, value) in enumerate(zip(values.value, literals)):  # type: ignore[arg-type]
             if any(value == prev and type(value) is type(prev) for prev in literals[:position]):
-                raise item.error(f"grid value {value!r} for '{key}' is listed twice")
+                raise item.error(f"grid value {shorten(value)} for '{key}' is listed twice")
         grid.append((key, literals))
     return tuple(grid)
 
@@ -86,7 +87,8 @@ def parse_where(node: Node | None, grid: dict[str, tuple[Literal, ...]]) -> tupl
             raise value_node.error(f"'{key}' is not a grid key; grid keys: {', '.join(grid) or 'none'}")
         value = literal(value_node)
         if not any(value == v and type(value) is type(v) for v in grid[key]):
-            raise value_node.error(f"{value!r} is not one of the grid values {list(grid[key])} of '{key}'")
+            raise value_node.error(f"{shorten(value)} is not one of the grid values {shorten(list(grid[key]))} "
+                                   f"of '{key}'")
         where.append((key, value))
     return tuple(where)
 
