@@ -191,3 +191,20 @@ def test_trusting_torch_never_trusts_its_file_functions(monkeypatch, target, nee
     with pytest.raises(Exception, match=re.escape(needle)):
         resolve_target(Node(target, "specs/evil.yaml", 3, "targets[0]"))
     assert op_target_refusal("torch.sum", torch.sum) == ""
+
+
+def test_a_test_folder_is_judged_from_where_its_module_is_imported(tmp_path, monkeypatch):
+    """tests/ itself on sys.path (as pytest puts it) is still a test folder; a project that lies
+    under a folder named test is not one."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "svhelpers.py").write_text("import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2)\n")
+    project = tmp_path / "test" / "proj"
+    project.mkdir(parents=True)
+    (project / "svmodels2.py").write_text("import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "tests"))
+    monkeypatch.syspath_prepend(str(project))
+    for name in ("svhelpers", "svmodels2"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "svhelpers,svmodels2")
+    assert "lies in a test folder or module ('tests')" in name_refusal("svhelpers.make", None)
+    assert name_refusal("svmodels2.make", None) == ""

@@ -106,12 +106,25 @@ def _shape_refusal(name: str, dotted: str, file: str | None = None) -> str:
     private = next((piece for piece in pieces if piece.startswith("_")), None)
     if private is not None:
         return _refused(name, f"is a private name ({private!r} starts with '_')")
-    folders = [*pieces[:-1], *(Path(file).parts[:-1] if file else ())]
+    folders = [*pieces[:-1], *(_import_folders(file) if file else ())]
     test = next((piece for piece in folders if piece in TEST_FOLDERS), None) or next(
         (piece for piece in pieces if piece.startswith("test_") or piece == "conftest"), None)
     if test is not None:
         return _refused(name, f"lies in a test folder or module ({test!r})")
     return ""
+
+
+def _import_folders(file: str) -> tuple[str, ...]:
+    """The folders ``file`` is imported through: the entry of ``sys.path`` it lies under (its
+    name: ``tests/`` itself on the path, as pytest puts it there) and the folders below it; the
+    folders above the entry are not the module's (a project may lie under a folder named test)."""
+    path = Path(file).resolve()
+    entries = sorted({Path(entry).resolve() for entry in sys.path if isinstance(entry, str)},
+                     key=lambda entry: len(entry.parts), reverse=True)
+    for entry in entries:
+        if path.is_relative_to(entry):
+            return (entry.name, *path.relative_to(entry).parts[:-1])
+    return path.parts[:-1]
 
 
 def _process_name(node: ast.AST) -> str:
