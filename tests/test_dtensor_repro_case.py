@@ -156,3 +156,33 @@ def test_a_run_on_gloo_leaves_no_torchelastic_folder(tmp_path, monkeypatch):
     output, timed_out, _ = run_on_gloo({}, 1, timeout=120, program="print('ran', flush=True)\n")
     assert not timed_out and "ran" in output, output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_whose_finding_holds_its_own_mesh_is_said_in_one_line(tmp_path, capsys):
+    """A stored finding carries no mesh of its own (its case's is used): one planted there with code
+    ended `--confirm` in a traceback (int() of it for the confirmation's file name); the planted
+    layouts pick no combination, so the class is an error of one line and nothing runs."""
+    from shardverify.cli.main import main
+
+    marker = tmp_path / "MARKER"
+    shipped = sorted((ROOT / "results" / "dtensor").glob("torch-*/cumsum.4.limit0.*.json"))[0]
+    store = tmp_path / "store" / shipped.parent.name
+    store.mkdir(parents=True)
+    document = json.loads(shipped.read_text())
+    planted = 0
+    for result in document["results"].values():
+        for finding in result["findings"]:
+            if finding["class"] == "silent-wrong":
+                finding["mesh"] = [f"4); open({str(marker)!r}, 'w'); (4"]
+                finding["layouts"] = {role: f'{text}"""; open({str(marker)!r}, "w")'
+                                      for role, text in finding["layouts"].items()}
+                planted += 1
+    assert planted
+    (store / shipped.name).write_text(json.dumps(document))
+    code = main(["dtensor", "cumsum", "--root", str(ROOT), "--mesh", "4", "--from-json", str(tmp_path / "store"),
+                 "--limit", "0", "--confirm"])
+    out, err = capsys.readouterr()
+    assert code in (0, 1) and "Traceback" not in out + err, err[-2000:]
+    errors = [line for line in out.splitlines() if line.startswith("  [error] cumsum")]
+    assert len(errors) == 1 and "no repro: no combination" in errors[0], out[-2000:]
+    assert not marker.exists()
