@@ -105,7 +105,7 @@ def test_reading_a_factory_spec_runs_nothing(tmp_path, monkeypatch):
     (tmp_path / "evil_models.py").write_text(
         f"open({str(marker)!r}, 'w').write('imported')\n\ndef make(width=4):\n    raise SystemExit('called')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)   # the spec's project (specs/models/tiny.yaml lies here): its modules may be named
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "evil_models")   # the user names it: a spec may name it
     text = GOOD.replace(GOOD[GOOD.index("  layers:"):GOOD.index("data:")], "  factory: evil_models:make\n")
     spec = parse(text)
     assert spec.base.model.factory == "evil_models:make" and not marker.exists()

@@ -64,11 +64,11 @@ def test_a_repro_that_does_not_reproduce_on_gloo_is_said_loudly(tmp_path):
 @pytest.mark.dist
 def test_a_killed_process_is_aborted_and_a_hang_times_out_with_every_process_ended():
     abort = "import os, signal\nprint('starting', flush=True)\nos.kill(os.getpid(), signal.SIGABRT)\n"
-    output, timed_out, _ = run_on_gloo(abort, 1, timeout=120)
+    output, timed_out, _ = run_on_gloo({}, 1, timeout=120, program=abort)
     assert not timed_out
     status, detail = decide("silent-wrong", output, 1, timed_out, 120)
     assert (status, detail) == ("aborted", "rank 0 killed by SIGABRT; ranks without a verdict: [0]"), output
-    output, timed_out, seconds = run_on_gloo("import time\ntime.sleep(600)\n", 1, timeout=3)
+    output, timed_out, seconds = run_on_gloo({}, 1, timeout=3, program="import time\ntime.sleep(600)\n")
     assert timed_out and seconds < 60
     assert decide("silent-wrong", output, 1, timed_out, 3) == (
         "timeout", "no result within 3 s; every process killed; ranks without a verdict: [0]")

@@ -386,10 +386,12 @@ plans:
 
 def trap_module(tmp_path: Path, monkeypatch, body: str) -> Path:
     """A module `trap` on sys.path whose import writes the returned marker file (a module of
-    that name imported by an earlier test is forgotten)."""
+    that name imported by an earlier test is forgotten), named by the user's setting: a spec
+    may name it (spec/allow.py)."""
     marker = tmp_path / "imported"
     (tmp_path / "trap.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n\n{body}")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "trap")
     monkeypatch.delitem(sys.modules, "trap", raising=False)
     return marker
 

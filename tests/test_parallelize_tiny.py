@@ -70,6 +70,7 @@ def test_moe_models_have_four_experts_two_per_token_and_an_expert_plan():
     deepseek = tiny_config("deepseek_v3")
     assert deepseek.first_k_dense_replace == 1 and deepseek.n_routed_experts == 4
     assert (deepseek.kv_lora_rank, deepseek.qk_rope_head_dim, deepseek.qk_nope_head_dim) == (32, 8, 8)
+    assert tiny_config("mellum").mlp_layer_types == ["dense", "sparse"]   # all sparse by default
     built = tiny_model("qwen3_moe")
     assert built.ep_plan and "labels" in built.inputs
 

@@ -4,6 +4,7 @@ target names imported while specs are read; torch's settings refused as targets.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def test_a_standard_library_factory_is_refused_before_any_call(tmp_path, capsys,
     path = tmp_path / "specs" / "plans" / "evil.yaml"
     path.write_text(PLAN.format(factory=factory, kwargs=kwargs.format(marker=str(marker))))
     code, text = _run(capsys, "list", "--root", str(tmp_path))
-    assert code == 2 and "evil.yaml:3: field 'model.factory'" in text and "outside the project" in text, text
+    assert code == 2 and "evil.yaml:3: field 'model.factory'" in text and "in no module the user named" in text, text
     code, text = _run(capsys, "plan", str(path), "--backend", "simulated")
     assert code == 2 and "torch.nn.Module class" in text and "SHARDVERIFY_TRUSTED_TARGETS" in text, text
     with pytest.raises(InvalidArgument, match="outside the project"):
@@ -49,20 +50,29 @@ def test_a_standard_library_factory_is_refused_before_any_call(tmp_path, capsys,
 
 
 def test_an_alias_in_a_project_module_is_judged_where_it_is_defined(tmp_path, monkeypatch):
-    """`from pydoc import pipepager` in the project's own module: the name passes, the object does
-    not (defined in pydoc); a project function and a torch.nn.Module class are allowed."""
+    """`from pydoc import pipepager` in a module of the command line's project: the object is
+    judged where it is defined (pydoc), and the module, which imports a command runner, is
+    refused as a whole; a function of a plain project module and a torch.nn.Module class are
+    allowed."""
     marker = tmp_path / "marker"
     (tmp_path / "proj_alias.py").write_text("from pydoc import pipepager\nimport torch\n\n"
                                             "def make():\n    return torch.nn.Linear(2, 2)\n")
+    (tmp_path / "proj_plain.py").write_text("import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "proj_alias", raising=False)
-    assert name_refusal("proj_alias.make", tmp_path) == ""
-    assert isinstance(call_factory("proj_alias.make", {}, tmp_path), torch.nn.Linear)
+    monkeypatch.delitem(sys.modules, "proj_plain", raising=False)
+    assert "runs a process or code" in name_refusal("proj_alias.make", tmp_path)
+    assert name_refusal("proj_plain.make", tmp_path) == ""
+    assert isinstance(call_factory("proj_plain.make", {}, tmp_path), torch.nn.Linear)
+    import proj_alias  # noqa: F401 - imported by the test itself: judged as an object from here on
     with pytest.raises(InvalidArgument, match="defined in 'pydoc'"):
         call_factory("proj_alias.pipepager", {"text": "hi", "cmd": f"touch {marker}"}, tmp_path)
+    with pytest.raises(InvalidArgument, match="runs a process or code"):
+        call_factory("proj_alias.make", {}, tmp_path)
     assert not marker.exists()
     assert object_refusal("torch.nn.Linear", torch.nn.Linear, tmp_path) == ""
-    assert "outside the project" in name_refusal("proj_alias.make", tmp_path / "elsewhere")
+    assert "outside the project" in name_refusal("proj_plain.make", tmp_path / "elsewhere")
+    assert "in no module the user named" in name_refusal("proj_plain.make", None)   # a spec's name
 
 
 def test_re_reporting_a_custom_run_imports_nothing(tmp_path, capsys):
@@ -109,3 +119,92 @@ def test_torch_settings_are_refused_as_targets(target):
     with pytest.raises(Exception, match="settings or tools|not a tensor op"):
         resolve_target(Node(target, "specs/evil.yaml", 3, "targets[0]"))
     assert resolve_target(Node("torch.sum", "specs/ok.yaml", 3, "targets[0]")) == "torch.sum"
+
+
+def _project(tmp_path: Path, monkeypatch, marker: Path) -> Path:
+    """A project whose tests folder holds a command runner (as the repository's own test helpers
+    do) and whose tools module runs one: the shapes of module a spec once reached."""
+    runner = ("import subprocess\nimport sys\n\n\ndef {name}(args, cwd='.', timeout=20):\n"
+              "    return subprocess.run([sys.executable, *args], cwd=cwd, timeout=timeout)\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "__init__.py").write_text("")
+    (tmp_path / "tests" / "test_e2e_helpers.py").write_text(runner.format(name="_run"))
+    (tmp_path / "tests" / "helpers.py").write_text(runner.format(name="run"))
+    (tmp_path / "svtools.py").write_text(runner.format(name="run"))
+    (tmp_path / "specs" / "plans").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for name in ("tests", "tests.test_e2e_helpers", "tests.helpers", "svtools"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path / "specs" / "plans" / "evil.yaml"
+
+
+@pytest.mark.parametrize("factory, trusted, rule", [
+    ("tests.test_e2e_helpers._run", "", "is a private name ('_run' starts with '_')"),
+    ("tests.test_e2e_helpers._run", "tests", "is a private name ('_run' starts with '_')"),
+    ("tests.helpers.run", "tests", "lies in a test folder or module ('tests')"),
+    ("svtools.run", "", "in no module the user named"),
+    ("svtools.run", "svtools", "lies in a module that runs a process or code"),
+])
+def test_a_plan_factory_that_runs_a_command_is_refused(tmp_path, capsys, monkeypatch, factory, trusted, rule):
+    """`factory: tests.test_x._run` with `kwargs: {args: [-c, ...]}` ran a Python command on
+    `shardverify plan` (any function of the spec's project was allowed): a private name, a test
+    folder's module and a module that runs processes are refused, even when the user's setting
+    names their module; a project module no setting names is refused too. One line, the factory
+    and the rule named, nothing run."""
+    marker = tmp_path / "ran"
+    path = _project(tmp_path, monkeypatch, marker)
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", trusted)
+    command = f"open({str(marker)!r}, 'w').write('x')"
+    path.write_text(PLAN.format(factory=factory, kwargs=f"{{args: ['-c', \"{command}\"], cwd: '.', timeout: 20}}"))
+    for argv in (("list", "--root", str(tmp_path)), ("plan", str(path), "--backend", "simulated")):
+        code, text = _run(capsys, *argv)
+        assert code == 2 and factory in text and rule in text and "never a private name" in text, text
+        assert len(text.strip().splitlines()) <= 2, text   # the error, and `list`'s count of invalid specs
+    assert not marker.exists()
+
+
+def test_a_command_line_factory_that_runs_a_process_is_refused(tmp_path, capsys, monkeypatch):
+    """A name given on the command line may come from the current folder, but not from a module
+    that runs processes, nor a private one."""
+    marker = tmp_path / "ran"
+    _project(tmp_path, monkeypatch, marker)
+    (tmp_path / "svmodels.py").write_text("import torch\n\n\ndef make(width=4):\n    return torch.nn.Linear(width, 4)\n")
+    monkeypatch.delitem(sys.modules, "svmodels", raising=False)
+    code, text = _run(capsys, "plan", "svtools.run", "--input", "4,4", "--kwarg", "args=[-c, 'print(1)']")
+    assert code == 2 and "runs a process or code" in text and "svtools.run" in text, text
+    assert name_refusal("svmodels.make", tmp_path) == ""
+
+
+@pytest.mark.parametrize("target, needle", [
+    ("torch.save", "defined in torch.serialization"),
+    ("torch.load", "defined in torch.serialization"),
+    ("torch.from_file", "takes a file name ('filename')"),
+    ("torch.ops.aten.from_file", "takes a file name ('filename')"),
+    ("torch.hub.load", "defined in torch.hub"),
+])
+def test_trusting_torch_never_trusts_its_file_functions(monkeypatch, target, needle):
+    """SHARDVERIFY_TRUSTED_TARGETS=torch with `targets: [torch.save]` wrote a file: a trusted
+    module admits its tensor ops, never a function of a file, process or serialization module
+    nor an op taking a file name."""
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "torch")
+    with pytest.raises(Exception, match=re.escape(needle)):
+        resolve_target(Node(target, "specs/evil.yaml", 3, "targets[0]"))
+    assert op_target_refusal("torch.sum", torch.sum) == ""
+
+
+def test_a_test_folder_is_judged_from_where_its_module_is_imported(tmp_path, monkeypatch):
+    """tests/ itself on sys.path (as pytest puts it) is still a test folder; a project that lies
+    under a folder named test is not one."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "svhelpers.py").write_text("import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2)\n")
+    project = tmp_path / "test" / "proj"
+    project.mkdir(parents=True)
+    (project / "svmodels2.py").write_text("import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "tests"))
+    monkeypatch.syspath_prepend(str(project))
+    for name in ("svhelpers", "svmodels2"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "svhelpers,svmodels2")
+    assert "lies in a test folder or module ('tests')" in name_refusal("svhelpers.make", None)
+    assert name_refusal("svmodels2.make", None) == ""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -38,7 +39,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from shardverify.dtensor.repro import FORMAT, STAGE, VERDICT
+from shardverify.dtensor.repro import FORMAT, RUNNER, STAGE, VERDICT
 from shardverify.stored import StoreError, need, read_json, write_json
 
 __all__ = ["Confirmation", "STATUSES", "EXPECTED", "LATE_STAGES", "example_of", "class_examples", "confirm_classes",
@@ -141,18 +142,22 @@ def save_confirmation(folder: Path, confirmation: Confirmation) -> None:
                confirmation.to_json())
 
 
-def run_on_gloo(script: str, world: int, timeout: float | None) -> tuple[str, bool, float]:
-    """(what torchrun printed, whether it timed out, seconds) of ``script`` on ``world`` gloo
-    processes: ``torchrun --standalone`` (a free port: runs beside others), in a temporary folder,
-    in a session of its own that is killed whole on timeout (no process outlives it)."""
+def run_on_gloo(case: dict, world: int, timeout: float | None, *, program: str | None = None) -> tuple[str, bool, float]:
+    """(what torchrun printed, whether it timed out, seconds) of the repro program
+    (:data:`~shardverify.dtensor.repro.RUNNER`, or the source ``program``) run on the repro
+    ``case`` written as JSON, on ``world`` gloo processes: ``torchrun --standalone`` (a free port:
+    runs beside others), in a temporary folder that is also every process's temporary folder
+    (torchrun's ``torchelastic_*`` folders go with it), in a session of its own that is killed
+    whole on timeout (no process outlives it)."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardverify-gloo-") as folder:
         path = Path(folder) / "repro.py"
-        path.write_text(script)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        path.write_text(RUNNER.read_text(encoding="utf-8") if program is None else program)
+        (Path(folder) / "case.json").write_text(json.dumps(case, separators=(",", ":")))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": folder}
         env.pop("PYTHONPATH", None)       # torch alone: nothing of shardverify is importable
         proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                 "--nproc-per-node", str(world), str(path)], cwd=folder, env=env, text=True,
+                                 "--nproc-per-node", str(world), str(path), "case.json"], cwd=folder, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=timeout)
@@ -304,8 +309,10 @@ def _kept(output: str, status: str) -> str:
     return "\n".join(said)[-1500:] + ("" if whole else "\n...\n" + output[-1500:])
 
 
-def script_sha(script: str) -> str:
-    return hashlib.sha256(script.encode()).hexdigest()[:12]
+def script_sha(case: dict) -> str:
+    """The sha256 (first 12 hex digits) of what ran: the repro program and its case."""
+    text = RUNNER.read_text(encoding="utf-8") + json.dumps(case, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def class_examples(results, specs, root: Path = Path("."), klasses=tuple(EXPECTED)) -> dict[str, tuple]:
@@ -334,7 +341,7 @@ def confirm_classes(results, specs, folder: Path, *, root: Path = Path("."), kla
     stored in ``folder`` as soon as it ran. ``progress(confirmation, reused)`` after each class."""
     import torch
 
-    from shardverify.dtensor.run import rebuild_repro
+    from shardverify.dtensor.run import rebuild_case
 
     by_name = {spec.name: spec for spec in specs}
     examples = class_examples(results, specs, root, klasses)
@@ -346,22 +353,22 @@ def confirm_classes(results, specs, folder: Path, *, root: Path = Path("."), kla
             if progress is not None:
                 progress(stored[key], True)
             continue
-        world = 1
-        for size in finding.mesh:
-            world *= size
-        try:
-            script = finding.repro or rebuild_repro(by_name[finding.op], finding)
+        try:   # made again from the spec: nothing of a stored finding but its combination is used
+            case = rebuild_case(by_name[finding.op], finding)
         except Exception as exc:  # noqa: BLE001 - said as the class's error, the others still run
-            script = f"# no repro: {type(exc).__name__}: {exc}\n"
-        if script.startswith("# no repro"):
-            status, detail, output, seconds = "error", script[2:].strip(), "", 0.0
+            case = f"{type(exc).__name__}: {exc}"
+        if isinstance(case, str):
+            world = math.prod(m for m in finding.mesh if type(m) is int) if isinstance(finding.mesh, tuple) else 0
+            status, detail, output, seconds, sha = "error", f"no repro: {case}".splitlines()[0][:300], "", 0.0, ""
         else:
-            output, timed_out, seconds = run_on_gloo(script, world, timeout)
+            world = math.prod(case["mesh"])
+            output, timed_out, seconds = run_on_gloo(case, world, timeout)
             status, detail = decide(finding.klass, output, world, timed_out, timeout)
             if "killed by" in detail and finding.rule:   # who handed gloo the mismatched buffers
                 detail += f"; in process, DTensor's rule against its runtime: {finding.rule}"
+            sha = script_sha(case)
         found = Confirmation(key, finding.klass, torch.__version__, example, status, detail, world,
-                             round(seconds, 1), script_sha(script), _kept(output, status))
+                             round(seconds, 1), sha, _kept(output, status))
         save_confirmation(folder, found)
         done[key] = found
         if progress is not None:

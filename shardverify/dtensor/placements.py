@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from shardverify.audit.layouts import Layout
 
-__all__ = ["placements_of", "layout_of", "placement_text", "placements_text"]
+__all__ = ["placements_of", "layout_of", "placement_text", "placement_json", "placements_text"]
 
 
 def placements_of(layout: Layout, mesh_shape: Sequence[int]) -> list:
@@ -55,24 +55,37 @@ def layout_of(placements, tensor_ndim: int) -> Layout | None:
     return Layout(tuple(tuple(d) for d in dims), tuple(partial), reduce)
 
 
-def placement_text(placement, *, source: bool = False) -> str:
-    """DTensor's short name (``S(0)``, ``R``, ``P(sum)``, ``_S(0, sf=2)``), or with ``source``
-    the Python that builds the placement (for a repro script)."""
+def placement_text(placement) -> str:
+    """DTensor's short name: ``S(0)``, ``R``, ``P(sum)``, ``_S(0, sf=2)``."""
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
     if isinstance(placement, _StridedShard):
-        return (f"_StridedShard({placement.dim}, split_factor={placement.split_factor})" if source
-                else f"_S({placement.dim}, sf={placement.split_factor})")
+        return f"_S({placement.dim}, sf={placement.split_factor})"
     if isinstance(placement, Shard):
-        return f"Shard({placement.dim})" if source else f"S({placement.dim})"
+        return f"S({placement.dim})"
     if isinstance(placement, Replicate):
-        return "Replicate()" if source else "R"
+        return "R"
     if isinstance(placement, Partial):
-        return f"Partial({str(placement.reduce_op)!r})" if source else f"P({placement.reduce_op})"
-    if source:
-        raise ValueError(f"no source for placement {placement!r}")
+        return f"P({placement.reduce_op})"
     return str(placement)
+
+
+def placement_json(placement) -> list:
+    """The placement as a repro case's data (``repro_runner._placement`` builds it again):
+    ``["R"]``, ``["S", dim]``, ``["SS", dim, split_factor]`` or ``["P", reduce]``."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(placement, _StridedShard):
+        return ["SS", int(placement.dim), int(placement.split_factor)]
+    if isinstance(placement, Shard):
+        return ["S", int(placement.dim)]
+    if isinstance(placement, Replicate):
+        return ["R"]
+    if isinstance(placement, Partial):
+        return ["P", str(placement.reduce_op)]
+    raise ValueError(f"no case data for placement {placement!r}")
 
 
 def placements_text(placements) -> str:

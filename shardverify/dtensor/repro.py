@@ -1,21 +1,25 @@
-"""A standalone script reproducing one DTensor finding with torch alone: for a PyTorch bug report.
+"""A DTensor finding as data, and the standalone script reproducing it with torch alone (for a
+PyTorch bug report).
 
-The script builds the op's inputs (random floating values from a fixed seed, integer operands
-written out), computes the single-device result, places each input on DTensor exactly as the
-finding did (each rank's block written out as slices, a partial sum as random pieces summing
-to the value), runs the same call on DTensor under ``LocalTensorMode`` on a fake process group,
-and prints every rank's ``full_tensor()`` of every output the finding checked (the spec's output
-operands, ``problem.out_index``) against the reference, then the gradients of the same loss the
-finding took (``sum(output_k * g_k)`` over every differentiable one of them), then its
-verdict: in words and as a ``VERDICT {json}`` line (:data:`VERDICT`) that ``shardverify dtensor
---confirm`` reads from every process torchrun started. It exits with status 1 while DTensor is
-not right, 0 once it is.
+No code is built from text: a finding's case (:func:`repro_case`) holds typed values only (the
+mesh, each input's shape, dtype and written-out values, each rank's block, placements, the call's
+torch name and literal arguments, taken from the live call, never from a stored finding's words),
+and what runs is always the same program, ``repro_runner.py`` (:data:`RUNNER`), which validates
+the case field by field before it builds anything. ``shardverify dtensor --confirm`` runs that
+program under torchrun on the case written as JSON; a repro script for a report
+(:func:`render_repro`) is the program with the case embedded as a Python literal
+(``shardverify.pysource.py_literal``), under comment lines that say what was found (each line
+escaped: only printable characters, never on the script's first two lines, where a comment could
+set the source's encoding). It prints every rank's value of every output the finding checked,
+its ``STAGE`` lines and its ``VERDICT`` line (:data:`VERDICT`) that ``--confirm`` reads from
+every process, and exits with status 1 while DTensor is not right, 0 once it is.
 """
 
 from __future__ import annotations
 
+import ast
 import math
-import textwrap
+from pathlib import Path
 
 import torch
 from torch import fx
@@ -23,9 +27,9 @@ from torch import fx
 from shardverify.audit.layouts import Layout
 from shardverify.capture.call import call_parts
 from shardverify.pysource import py_literal
-from shardverify.dtensor.placements import placement_text, placements_of
+from shardverify.dtensor.placements import placement_json, placements_of
 
-__all__ = ["render_repro", "VERDICT", "STAGE", "FORMAT"]
+__all__ = ["repro_case", "render_repro", "comment_lines", "RUNNER", "VERDICT", "STAGE", "FORMAT"]
 
 #: what starts the verdict line each process of a repro prints: "VERDICT " and a JSON object with
 #: "ranks" (the ranks it speaks for), "status" and "detail"
@@ -35,241 +39,141 @@ VERDICT = "VERDICT "
 STAGE = "STAGE "
 #: the scripts' format: a confirmation stored for a script of another format is run again (the
 #: STAGE lines say where a process died and change no verdict: format 2 still; format 3 checks and
-#: differentiates every output the finding did, not the first alone)
+#: differentiates every output the finding did, not the first alone; the case read as data by one
+#: fixed program computes what format 3's scripts did, so it stays format 3)
 FORMAT = 3
+#: the one program every repro runs (torch alone: nothing of shardverify is importable there)
+RUNNER = Path(__file__).with_name("repro_runner.py")
+#: the line of :data:`RUNNER` a report's script puts its case on
+_EMBED = "EMBEDDED = None   # a repro script written for a report holds its case here\n"
+#: at most this many comment lines of at most this many characters each
+_COMMENT_LINES, _COMMENT_WIDTH = 40, 300
 
 
 class _Name:
-    """A variable of the script standing in for a tensor in the rendered call."""
+    """An input of the case standing in for a tensor in the call."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __repr__(self) -> str:
-        return self.name
 
-
-def _source(value: object) -> str:
-    """Python source for a call argument."""
+def _encoded(value: object) -> object:
+    """A call argument as the case's data (``repro_runner._value`` reads it back)."""
     if isinstance(value, _Name):
-        return value.name
+        return {"tensor": value.name}
     if isinstance(value, torch.dtype):
-        return str(value)
+        return {"dtype": str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
-        return f"torch.device({str(value)!r})"
+        return {"device": str(value)}
     if isinstance(value, torch.memory_format):
-        return str(value)
+        return {"memory_format": str(value).removeprefix("torch.")}
     if isinstance(value, tuple):
-        inner = ", ".join(_source(v) for v in value)
-        return f"({inner},)" if len(value) == 1 else f"({inner})"
+        return {"tuple": [_encoded(v) for v in value]}
     if isinstance(value, list):
-        return "[" + ", ".join(_source(v) for v in value) + "]"
+        return [_encoded(v) for v in value]
+    if isinstance(value, dict):
+        return {"dict": [[_key(k), _encoded(v)] for k, v in value.items()]}
     if isinstance(value, float) and not math.isfinite(value):
-        return f"float({str(value)!r})"
-    return py_literal(value)
+        return {"float": str(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"cannot write {type(value).__name__} {value!r} as a repro's value")
 
 
-def _callee(node: fx.Node, module) -> tuple[str, str]:
-    """(setup lines, the callee's source) of the node's op."""
-    if node.op == "call_function":
-        name = fx.node._get_qualified_name(node.target).replace("_operator.", "operator.")
-        return "", name
-    if node.op == "call_method":
-        return "", f".{node.target}"
-    text = f"torch.nn.{module!r}"
-    eval(text, {"torch": torch})   # a module whose repr is not its constructor cannot be rendered
-    return f"module = {text}\n", "module"
+def _key(key: object) -> str:
+    if not isinstance(key, str):
+        raise ValueError(f"cannot write the key {key!r} as a repro's value")
+    return key
 
 
-def _call(node: fx.Node, module, names: dict, prefix: str) -> tuple[str, str]:
-    """(setup, the call's source) with every operand the variable ``prefix + name``."""
-    values = {loc: _Name(prefix + name) for loc, name in names.items()}
+def _module(module) -> dict:
+    """A torch.nn module as its class and literal constructor arguments, read from its repr
+    (``Linear(in_features=4, out_features=8, bias=True)``); a module whose repr is not such a
+    call of a torch.nn class cannot be rendered."""
+    tree = ast.parse(repr(module), mode="eval").body
+    if not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name)
+            and getattr(torch.nn, tree.func.id, None) is type(module)):
+        raise ValueError(f"the module {type(module).__name__}'s repr is not a call of its torch.nn class")
+    return {"class": tree.func.id, "args": [_encoded(ast.literal_eval(a)) for a in tree.args],
+            "kwargs": [[k.arg, _encoded(ast.literal_eval(k.value))] for k in tree.keywords if k.arg]}
+
+
+def _call(node: fx.Node, module, names: dict) -> dict:
+    """The call of the case: its kind, target and arguments, each operand an input's name."""
+    values = {loc: _Name(name) for loc, name in names.items()}
     args, kwargs, tensors = call_parts(node, module, values)
-    setup, callee = _callee(node, module)
-    kw = [f"{k}={_source(v)}" for k, v in kwargs.items()]
-    if node.op == "call_method":
-        return setup, f"{_source(args[0])}{callee}({', '.join([_source(a) for a in args[1:]] + kw)})"
-    if node.op == "call_module":
-        table = "{" + ", ".join(f"{k!r}: {_source(v)}" for k, v in tensors.items()) + "}"
-        kw_table = "{" + ", ".join(f"{k!r}: {_source(v)}" for k, v in kwargs.items()) + "}"
-        return setup, f"torch.func.functional_call(module, {table}, {_source(tuple(args))}, {kw_table})"
-    return setup, f"{callee}({', '.join([_source(a) for a in args] + kw)})"
+    if node.op == "call_function":
+        kind, target = "function", fx.node._get_qualified_name(node.target).replace("_operator.", "operator.")
+    elif node.op == "call_method":
+        kind, target = "method", str(node.target)
+    else:
+        kind, target = "module", _module(module)
+    return {"kind": kind, "target": target, "args": [_encoded(a) for a in args],
+            "kwargs": [[_key(k), _encoded(v)] for k, v in kwargs.items()],
+            "params": [[_key(k), _encoded(v)] for k, v in (tensors or {}).items()]}
+
+
+def _values(value: torch.Tensor) -> object:
+    """A tensor's values written out (finite numbers only: a value JSON and Python both read)."""
+    listed = value.tolist()
+    flat = value.reshape(-1).tolist()
+    if any(isinstance(v, complex) or (isinstance(v, float) and not math.isfinite(v)) for v in flat):
+        raise ValueError("cannot write complex or non-finite values into a repro")
+    return listed
+
+
+def _bounds(block: slice) -> list:
+    """A rank's block of one dim as [start, stop] (None: the dim's start or end)."""
+    if block.step not in (None, 1):
+        raise ValueError(f"a block with step {block.step} cannot be written into a repro")
+    return [None if block.start is None else int(block.start), None if block.stop is None else int(block.stop)]
+
+
+def repro_case(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple[int, ...]) -> dict:
+    """The case ``repro_runner.py`` runs for ``combo`` (one layout per operand) of the audit's
+    ``problem``: typed values only, every one taken from the live call and its layouts."""
+    world = math.prod(mesh_shape)
+    inputs, blocks = [], []
+    for i, (o, layout) in enumerate(zip(operands, combo)):
+        value = problem.values[o.locator]
+        if o.differentiable:
+            inputs.append({"role": o.role, "shape": list(value.shape), "dtype": "float64", "values": None, "grad": True})
+        else:   # a running statistic (float64, its drawn values) or an integer operand
+            dtype = "float64" if value.is_floating_point() else str(value.dtype).removeprefix("torch.")
+            inputs.append({"role": o.role, "shape": list(value.shape), "dtype": dtype, "values": _values(value),
+                           "grad": False})
+        partial = None
+        if layout.partial:
+            partial = {"count": math.prod(mesh_shape[a] for a in layout.partial), "seed": 1000 + i,
+                       "index": [int(problem._index(r, layout.partial)) for r in range(world)]}
+        blocks.append({"blocks": [[_bounds(s) for s in problem.slices(layout, o.shape, r)] for r in range(world)],
+                       "partial": partial,
+                       "placements": [placement_json(p) for p in placements_of(layout, mesh_shape)]})
+    call = _call(problem.node, problem.module, {o.locator: o.role for o in operands})
+    return {"format": "dtensor-repro-case", "version": 1, "mesh": [int(m) for m in mesh_shape], "inputs": inputs,
+            "call": call, "out": [int(k) for k in problem.out_index], "operands": blocks}
+
+
+def comment_lines(text: str) -> list[str]:
+    """``text`` as comment lines: each line of it kept to its printable characters (no line
+    break, carriage return, form feed or other control that could end a comment), a bounded
+    number of bounded lines."""
+    lines = ["# " + "".join(c if c.isprintable() else "?" for c in line)[:_COMMENT_WIDTH]
+             for line in str(text).splitlines()[:_COMMENT_LINES]]
+    return [line.rstrip() for line in lines]
 
 
 def render_repro(problem, operands, combo: tuple[Layout, ...], mesh_shape: tuple[int, ...], title: str) -> str:
-    """The script for ``combo`` (one layout per operand) of the audit's ``problem``."""
-    names = {o.locator: o.role for o in operands}
-    setup, ref_call = _call(problem.node, problem.module, names, "")
-    _, dt_call = _call(problem.node, problem.module, names, "d_")
+    """The standalone script for ``combo`` of the audit's ``problem``: :data:`RUNNER` with the
+    case embedded, under ``title`` as escaped comment lines (words only: nothing of it is code)."""
+    case = repro_case(problem, operands, combo, tuple(mesh_shape))
+    runner = RUNNER.read_text(encoding="utf-8")
+    if runner.count(_EMBED) != 1:
+        raise ValueError(f"{RUNNER.name} has no line for an embedded case")
     world = math.prod(mesh_shape)
-    lines = [f'"""{title}', "", "Generated by shardverify (`shardverify dtensor`). Runs with torch alone:",
-             "  python repro.py                                  # one process: LocalTensorMode, fake process group",
-             f"  torchrun --nproc-per-node {world} repro.py      # {world} real gloo processes",
-             "Each process prints a line per rank and value, then its verdict twice: in words, and as a",
-             "line `VERDICT {json}` for programs (`shardverify dtensor --confirm` reads it), its status one of",
-             "right, wrong (silently), late-failure (the op returned; full_tensor() or the backward raised),",
-             "raises (the op itself) or error (the inputs could not be built). Before each step it prints",
-             "`STAGE {json}`: a process killed inside DTensor's collectives (gloo aborts with SIGABRT when",
-             "ranks hand one collective buffers of different sizes) is then known to have died there.",
-             'Exit status 1 while DTensor is not right, 0 once it is."""', "",
-             "import contextlib", "import datetime", "import json", "import os", "import sys", "", "import torch", "import torch.distributed as dist",
-             "from torch.distributed._local_tensor import LocalTensor, LocalTensorMode",
-             "from torch.distributed.device_mesh import init_device_mesh",
-             "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard",
-             "from torch.distributed.tensor.placement_types import _StridedShard",
-             "from torch.testing._internal.distributed.fake_pg import FakeStore", "",
-             f"MESH, WORLD = {mesh_shape!r}, {world}", "torch.manual_seed(0)", ""]
-    floating = []
-    for o in operands:
-        value = problem.values[o.locator]
-        if o.differentiable:
-            lines.append(f"{o.role} = torch.randn({tuple(value.shape)!r}, dtype=torch.float64)")
-            floating.append(o.role)
-        elif value.is_floating_point():   # a running statistic: its drawn values (variances positive), no gradient
-            lines.append(f"{o.role} = torch.tensor({value.tolist()!r}, dtype=torch.float64)")
-        else:
-            lines.append(f"{o.role} = torch.tensor({value.tolist()!r}, dtype={value.dtype})")
-    lines += ["", setup.rstrip(), f"leaves = [{', '.join(r + '.requires_grad_()' for r in floating)}]",
-              f"OUT = {tuple(problem.out_index)!r}   # the outputs the finding checked (a tuple's elements)", "",
-              textwrap.dedent('''\
-
-              def picked(result):
-                  """the outputs the finding checked: of a tuple, its elements OUT"""
-                  results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
-                  return [results[k] for k in OUT]
-
-              '''),
-              f"expected = picked({ref_call})",
-              "# the loss is sum(output_k * g_k) over every differentiable output, as in the finding: which",
-              "# outputs get a gradient picks autograd's backward formula (native_group_norm's mean and rstd",
-              "# take it to a composite backward of its own, the output alone to native_group_norm_backward)",
-              "gs = [torch.randn(e.shape, dtype=torch.float64) if e.is_floating_point() and e.requires_grad else None",
-              "      for e in expected]",
-              "wanted = [(e, g) for e, g in zip(expected, gs) if g is not None]",
-              "expected_grads = (torch.autograd.grad([e for e, _ in wanted], leaves, [g for _, g in wanted], allow_unused=True)"
-              " if leaves and wanted else ())", "",
-              textwrap.dedent('''\
-              def pieces(value, count, seed):
-                  """count random pieces summing to value: each rank's contribution to a partial sum"""
-                  noise = torch.randn((count, *value.shape), generator=torch.Generator().manual_seed(seed),
-                                      dtype=torch.float64)
-                  scale = float(value.abs().mean()) / count if value.numel() else 1.0
-                  return (noise - noise.mean(dim=0, keepdim=True)) * (scale or 1.0) + value / count
-              '''), ""]
-    lines.append("# each rank's local block of each input (of its own piece, for a partial sum)")
-    made = []
-    for i, (o, layout) in enumerate(zip(operands, combo)):
-        blocks = {r: problem.slices(layout, o.shape, r) for r in range(world)}
-        block_src = "{" + ", ".join(f"{r}: ({''.join(f'slice({s.start}, {s.stop}), ' for s in sl)})"
-                                    for r, sl in blocks.items()) + "}"
-        own = f"{o.role}.detach()"
-        if layout.partial:
-            count = math.prod(mesh_shape[a] for a in layout.partial)
-            index = {r: problem._index(r, layout.partial) for r in range(world)}
-            lines.append(f"parts = pieces({o.role}.detach(), {count}, {1000 + i})")
-            own = f"parts[{index!r}[r]]"
-        lines.append(f"blocks = {block_src}")
-        lines.append(f"local_{o.role} = {{r: {own}[blocks[r]].clone() for r in range(WORLD)}}")
-        shown = "[" + ", ".join(placement_text(p, source=True) for p in placements_of(layout, mesh_shape)) + "]"
-        made.append(f"    d_{o.role} = DTensor.from_local(place(local_{o.role}), mesh, {shown}, run_check=False, "
-                    f"shape={o.role}.shape, stride={o.role}.stride())")
-        if o.role in floating:
-            made.append(f"    d_{o.role} = d_{o.role}.detach().requires_grad_()")
-    lines += ["", textwrap.dedent('''\
-              REAL = "RANK" in os.environ   # started by torchrun: one real gloo process per rank
-              if REAL:   # a rank left waiting in a collective fails after a minute instead of hanging
-                  dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-                  world = contextlib.nullcontext()
-              else:
-                  dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
-                  world = LocalTensorMode(WORLD)
-
-
-              def place(per_rank):
-                  """This world's local tensor: every rank's block at once, or this process's own."""
-                  return per_rank[dist.get_rank()] if REAL else LocalTensor(per_rank)
-
-
-              def ranks_of(t):
-                  """Every rank's value this process sees."""
-                  return {dist.get_rank(): t} if REAL else dict(t._local_tensors)
-
-
-              def say(line):
-                  """One write per line: the processes share torchrun's pipe, unbuffered (print writes
-                  its text and its newline apart, and another process's line could land between)."""
-                  sys.stdout.write(line + "\\n")
-                  sys.stdout.flush()
-
-
-              def check(what, t, want):
-                  """Prints every rank's value of t against want; the first wrong one said, or ""."""
-                  first = ""
-                  for rank, got in sorted(ranks_of(t).items()):
-                      ok = got.shape == want.shape and (torch.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
-                                                        if want.is_floating_point() else torch.equal(got, want))
-                      error = ("" if ok else f"max abs error {(got.double() - want.double()).abs().nan_to_num(float('inf')).max():.3g}"
-                               if got.shape == want.shape else f"expected shape {tuple(want.shape)}")
-                      say(f"rank {rank}: {what} shape {tuple(got.shape)}, " + ("matches" if ok else f"WRONG ({error})"))
-                      first = first or ("" if ok else f"{what} on rank {rank}: {error}")
-                  return first
-
-
-              def said(exc):
-                  return f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-
-
-              def stage(what):
-                  """Said before each step: where a process that gloo kills (SIGABRT) died."""
-                  ranks = [dist.get_rank()] if REAL else list(range(WORLD))
-                  say("STAGE " + json.dumps({"ranks": ranks, "stage": what}))
-
-
-              # the verdict: right | wrong (silently) | late-failure (the op returned; full_tensor() or the
-              # backward raised) | raises (the op itself) | error (the inputs could not be built)
-              status, detail = "error", "the script stopped before its verdict"
-              '''),
-              "with world:", "    try:", '        mesh = init_device_mesh("cpu", MESH)',
-              *["    " + line for line in made], "    except Exception as exc:",
-              '        status, detail = "error", f"the DTensor inputs cannot be built: {said(exc)}"', "    else:",
-              "        try:", '            stage("the op")', f"            out = {dt_call}", "        except Exception as exc:",
-              '            status, detail = "raises", f"the op raises {said(exc)}"', "        else:",
-              "            outs = picked(out)",
-              "            status = \"right\"",
-              "            for k, (out, want) in zip(OUT, zip(outs, expected)):",
-              "                name = \"output\" if len(OUT) == 1 else f\"output {k}\"",
-              "                if status != \"right\":",
-              "                    break",
-              '                say(f"DTensor {name} placements: {out.placements} global shape: {tuple(out.shape)}")',
-              "                try:",
-              # one stage name for every output: confirm.LATE_STAGES knows it
-              '                    stage("full_tensor() of the output")',
-              '                    detail = check(name, out.full_tensor(), want.detach())',
-              '                    status = "wrong" if detail else "right"',
-              "                except Exception as exc:   # the output's metadata does not fit what the ranks hold",
-              '                    status, detail = "late-failure", f"full_tensor() of the {name} raises {said(exc)}"',
-              "            if status == \"right\" and expected_grads:",
-              "                try:",
-              '                    stage("the backward")',
-              "                    sum((out.redistribute(mesh, [Replicate()] * mesh.ndim) * DTensor.from_local(",
-              "                        place({r: g for r in range(WORLD)}), mesh, [Replicate()] * mesh.ndim,",
-              "                        run_check=False)).sum() for out, g in zip(outs, gs) if g is not None and out.requires_grad).backward()",
-              f"                    for name, leaf, want in zip({floating!r}, [{', '.join('d_' + r for r in floating)}], "
-              "expected_grads):",
-              "                        if want is not None and status == \"right\":",
-              "                            detail = (f\"no gradient of {name}\" if leaf.grad is None else",
-              "                                      check(f\"gradient of {name}\", leaf.grad.full_tensor(), want))",
-              '                            status = "wrong" if detail else "right"',
-              "                except Exception as exc:",
-              '                    status, detail = "late-failure", f"the backward or a gradient\'s full_tensor() raises {said(exc)}"',
-              "ranks = [dist.get_rank()] if REAL else list(range(WORLD))",
-              "say(f\"verdict of rank(s) {ranks}: DTensor is {status}\" + (f\": {detail}\" if detail else \"\"))",
-              "say(\"VERDICT \" + json.dumps({\"ranks\": ranks, \"status\": status, \"detail\": detail}))",
-              "if REAL:",
-              "    try:",
-              "        dist.barrier()   # every rank has printed before one exits (torchrun stops the rest)",
-              "    except Exception as exc:   # a rank that raised elsewhere never reaches it",
-              "        say(f\"rank {dist.get_rank()}: the closing barrier fails: {said(exc)}\")",
-              "dist.destroy_process_group()",
-              "raise SystemExit(0 if status == \"right\" else 1)", ""]
-    return "\n".join(line for line in lines if line is not None)
+    header = ["# A DTensor finding reproduced with torch alone, generated by shardverify (`shardverify dtensor`).",
+              "# Runs with torch alone: `python repro.py` (one process: LocalTensorMode, a fake process group),",
+              f"# or `torchrun --nproc-per-node {world} repro.py` ({world} real gloo processes).", "#",
+              *comment_lines(title), ""]
+    embedded = f"EMBEDDED = {py_literal(case)}\n"
+    return "\n".join(header) + "\n" + runner.replace(_EMBED, embedded)

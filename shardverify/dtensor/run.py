@@ -28,14 +28,14 @@ from shardverify.audit.run import _Audit
 from shardverify.dtensor.attribute import backward_raise
 from shardverify.dtensor.execute import CaseRunner, Execution, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
-from shardverify.dtensor.repro import render_repro
+from shardverify.dtensor.repro import render_repro, repro_case
 from shardverify.dtensor.store import (HARNESS, StoredRun, load_stored, read_running, save_stored, spec_hash,
                                       store_path, write_running)
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
-__all__ = ["CaseResult", "run_case", "run_spec", "rebuild_repro", "execute_combos", "present_combinations", "DEFAULT_LIMIT",
-           "DEFAULT_BUDGET", "budget_skipped"]
+__all__ = ["CaseResult", "run_case", "run_spec", "rebuild_repro", "rebuild_case", "execute_combos",
+           "present_combinations", "DEFAULT_LIMIT", "DEFAULT_BUDGET", "budget_skipped"]
 
 DEFAULT_LIMIT = 600
 DEFAULT_BUDGET = 20.0   # CPU seconds one combination may take (the machine's load does not count)
@@ -229,19 +229,48 @@ def _repro(problem, operands, combo, mesh_shape, finding: Finding) -> str:
         return f"# no repro: {type(exc).__name__}: {exc}\n"
 
 
-def rebuild_repro(spec, finding: Finding) -> str:
-    """The repro script of a stored finding (stored without it): its case's combinations made again
-    and the one with the finding's layouts rendered; an error's script when none has them (the
-    spec's grid or the audit's layouts changed since it was stored)."""
+def _stored_combo(spec, finding: Finding):
+    """(audit, combo) of a stored finding: its case's combinations made again and the one with
+    the finding's layouts, or why there is none in one line (the spec's grid or the audit's
+    layouts changed since it was stored, or a field of the stored finding is not what it should
+    be: nothing of it is used but to pick the combination)."""
+    mesh, layouts = finding.mesh, finding.layouts
+    if not (isinstance(mesh, tuple) and 1 <= len(mesh) <= 4 and all(type(m) is int and 1 <= m <= 64 for m in mesh)):
+        return f"the stored finding's mesh {str(mesh)[:80]!r} is not 1 to 4 sizes of 1 to 64"
+    if not (isinstance(layouts, tuple) and all(isinstance(p, tuple) and len(p) == 2 and
+                                               all(isinstance(t, str) for t in p) for p in layouts)):
+        return f"the stored finding's layouts {str(layouts)[:80]!r} are not role -> layout text"
     cases = dict(spec.op_cases())
-    if finding.case not in cases:
-        return f"# no repro: {spec.name} has no case {finding.case!r} any more\n"
-    audit = _Audit(spec, cases[finding.case], tuple(finding.mesh), partial_inputs=True, extremum_inputs=False)
-    want = tuple(finding.layouts)
+    if not isinstance(finding.case, str) or finding.case not in cases:
+        return f"{spec.name} has no case {str(finding.case)[:100]!r} any more"
+    audit = _Audit(spec, cases[finding.case], mesh, partial_inputs=True, extremum_inputs=False)
     for combo in present_combinations(audit.combinations()):
-        if tuple((o.role, str(layout)) for o, layout in zip(audit.operands, combo)) == want:
-            return _repro(audit.problem, audit.operands, combo, finding.mesh, finding)
-    return f"# no repro: no combination of {finding.case} on {tuple(finding.mesh)} has the layouts {dict(want)}\n"
+        if tuple((o.role, str(layout)) for o, layout in zip(audit.operands, combo)) == layouts:
+            return audit, combo
+    return f"no combination of {finding.case} on {mesh} has the layouts {dict(layouts)}"
+
+
+def rebuild_repro(spec, finding: Finding) -> str:
+    """The repro script of a stored finding (stored without it), or an error's script (``# no
+    repro: ...``) when its combination cannot be found (:func:`_stored_combo`)."""
+    found = _stored_combo(spec, finding)
+    if isinstance(found, str):
+        return f"# no repro: {found}\n"
+    audit, combo = found
+    return _repro(audit.problem, audit.operands, combo, finding.mesh, finding)
+
+
+def rebuild_case(spec, finding: Finding) -> dict | str:
+    """The repro case (:func:`shardverify.dtensor.repro.repro_case`) of a finding, made again from
+    its spec, or why it cannot be, in one line."""
+    found = _stored_combo(spec, finding)
+    if isinstance(found, str):
+        return found
+    audit, combo = found
+    try:
+        return repro_case(audit.problem, audit.operands, combo, finding.mesh)
+    except Exception as exc:  # noqa: BLE001 - a call this case cannot hold as data
+        return f"{type(exc).__name__}: {exc}"
 
 
 def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float | None = DEFAULT_BUDGET,

@@ -174,9 +174,10 @@ def _slim(result: dict) -> dict:
 
 
 def _whole(result: dict) -> dict:
-    """:func:`_slim` undone: each finding gets its case's op, case and mesh back."""
+    """:func:`_slim` undone: each finding gets its case's op, case and mesh back (the case's, never
+    ones a stored finding holds itself: those were not checked, and a finding's mesh picks its repro)."""
     same = {"op": result["op"], "case": result["case"], "mesh": result["mesh"]}
-    return {**result, "findings": [{**same, **f} for f in result["findings"]]}
+    return {**result, "findings": [{**f, **same} for f in result["findings"]]}
 
 
 def store_path(folder: Path, spec_name: str, digest: str, mesh, torch_version: str, limit: int | None) -> Path:

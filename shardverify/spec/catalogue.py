@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardverify.errors import SpecError
-from shardverify.spec.allow import reading
 from shardverify.spec.conflicts import conflicts
 from shardverify.spec.kinds import SpecKind, register_spec_kind, spec_kinds
 from shardverify.spec.limits import check_settings
@@ -149,8 +148,7 @@ def _parse_all(sources: list[SpecSource]) -> tuple[list[tuple[SpecSource, object
             if not SPEC_PATH.match(source.display):
                 raise SpecError("the spec path (written into generated headers) may only use letters, "
                                 "digits, '_', '.', '-' and '/'", file=repr(source.display[:120]))
-            with reading(source.display, source.path):   # the spec's project: where its factories may lie
-                parsed.append((source, source.kind.parse(load_yaml(source.path, display=source.display))))
+            parsed.append((source, source.kind.parse(load_yaml(source.path, display=source.display))))
         except SpecError as exc:
             errors.append(exc)
         except RecursionError:

@@ -35,8 +35,8 @@ from shardverify.errors import InvalidArgument
 from shardverify.spec.limits import MAX_MODEL_BYTES, SettingError
 from shardverify.spec.names import UnresolvedName, resolve_dotted, resolve_torch
 
-__all__ = ["TRUSTED_ENV", "DENIED_MODULES", "trusted_modules", "trusted_object", "under", "op_target_refusal",
-           "check_trusted_setting",
+__all__ = ["TRUSTED_ENV", "DENIED_MODULES", "trusted_modules", "trusted_object", "never_trusted", "under",
+           "op_target_refusal", "check_trusted_setting",
            "Definition", "find_definition", "callable_refusal", "build_checked"]
 
 TRUSTED_ENV = "SHARDVERIFY_TRUSTED_TARGETS"
@@ -104,6 +104,8 @@ def trusted_object(obj: object) -> bool:
     torch.serialization). A user's module is imported only where ``obj`` is defined under it."""
     defined_in = getattr(obj, "__module__", None)
     defined_in = defined_in if isinstance(defined_in, str) else ""
+    if never_trusted(obj):
+        return False
     for name in trusted_modules():
         if name.split(".")[0] != "torch" and not under(defined_in, (name.split(".")[0],)):
             continue   # cannot be where obj is defined: left unimported
@@ -119,6 +121,27 @@ def trusted_object(obj: object) -> bool:
                 getattr(obj, "__qualname__", "").startswith(f"{entry.__qualname__}."):
             return True
     return False
+
+
+def never_trusted(obj: object) -> str:
+    """Why no setting may trust ``obj``, or "": a function defined under a module that touches
+    files, processes or the network (``torch.save``, ``torch.load``: torch.serialization), or a
+    torch op taking a file name (``torch.from_file``, ``aten.from_file``). Trusting ``torch``
+    trusts its tensor ops, never these."""
+    import torch
+
+    defined_in = getattr(obj, "__module__", None)
+    if isinstance(defined_in, str) and under(defined_in, DENIED_MODULES):
+        return f"defined in {defined_in}, whose functions touch files, processes or the network"
+    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        aten = obj
+    elif isinstance(obj, types.BuiltinFunctionType) and isinstance(getattr(obj, "__name__", None), str):
+        aten = getattr(torch.ops.aten, obj.__name__, None) if isinstance(defined_in, str) and \
+            under(defined_in, ("torch",)) else None
+    else:
+        aten = None
+    argument = _file_argument(aten) if isinstance(aten, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) else ""
+    return f"takes a file name ({argument!r}): it reads or writes files" if argument else ""
 
 
 def _denied_root(name: str) -> str:
@@ -174,6 +197,9 @@ def op_target_refusal(name: str, obj: object) -> str:
     (``torch.functional.torch.sum`` is ``torch.sum``)."""
     import torch
 
+    never = never_trusted(obj)
+    if never:
+        return f"{name!r} ({never})"
     if trusted_object(obj):
         return ""
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
