@@ -37,6 +37,11 @@ CAUSES = {
 }
 
 
+#: ops whose result over a dim depends on every element of it (computed on a block, they are another value)
+_STATISTICS = ("mean", "std", "var", "sum", "amax", "amin", "norm", "softmax", "topk", "sort", "cumsum", "cumprod",
+               "logsumexp", "max.dim", "min.dim", "median", "quantile")
+
+
 @dataclass(frozen=True)
 class Culprit:
     module: str
@@ -189,9 +194,12 @@ def _first_wrong_op(source, plan, shape, options, module: str, first: Finding, t
             return Culprit(module, first.what, call.name, "plan layouts", (
                 f"{call.name} computes right on what it gets, but its input {bad_inputs[0]} already differs from the "
                 "single device's: a weight or an activation is laid out other than the plan's next step takes it"))
+        reduces = any(word in call.name for word in _STATISTICS)
         return Culprit(module, first.what, call.name, "plan style", (
             f"its inputs match the single device's and {call.name} ran on this rank's local tensors; its result is "
-            "no block of the single device's"))
+            "no block of the single device's"
+            + (": a statistic taken over a dim each rank holds only a block of (it needs the whole dim: gather "
+               "it, or reduce the statistic across the ranks)" if reduces else "")))
     if error:
         return Culprit(module, first.what, "", "raised", error)
     return Culprit(module, first.what, "", "plan style", (
