@@ -159,3 +159,27 @@ def test_a_users_own_factory_and_parallelize_function_from_their_project(tmp_pat
     assert right.verdict == "right", render(right)
     wrong = _check("myproject.build", "myproject.parallelize_wrong", inputs=["x=8,16"], steps=1)
     assert wrong.verdict != "right" and wrong.culprit.module == "down", render(wrong)
+
+
+def test_the_transformers_sweep_stores_each_row_resumes_and_distrusts_an_edited_row(tmp_path, monkeypatch):
+    import json
+
+    from shardverify.parallelize import sweep as sweep_module
+
+    rows = sweep_module.sweep(["llama"], [(2,)], ["inference"], tmp_path)
+    assert [(r.architecture, r.mesh, r.mode, r.outcome) for r in rows] == [("llama", (2,), "inference", "right")]
+    stored = tmp_path / "llama--2--inference.json"
+    assert json.loads(stored.read_text())["outcome"] == "right"
+
+    def no_runs(*args, **kwargs):
+        raise AssertionError("a stored row was checked again")
+
+    monkeypatch.setattr(sweep_module, "check_row", no_runs)
+    again = sweep_module.sweep(["llama"], [(2,)], ["inference"], tmp_path)             # resumed from the store
+    assert [r.record() for r in again] == [r.record() for r in rows]
+    edited = json.loads(stored.read_text())
+    edited["outside"] = 3                                                              # "right" with values outside
+    stored.write_text(json.dumps(edited))
+    assert sweep_module.sweep(["llama"], [(2,)], ["inference"], tmp_path, run=False) == []
+    page = sweep_module.render_page([], ["llama"], [(2,)], ["inference"])
+    assert "| llama | 2 | not run |" in page and "1 rows not run yet" in page

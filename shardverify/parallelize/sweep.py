@@ -69,7 +69,8 @@ def _stored(path: Path, architecture: str, mesh: tuple[int, ...], mode: str) -> 
         return None
     if (data["architecture"], tuple(data["mesh"]), data["mode"]) != (architecture, tuple(mesh), mode) \
             or data["outcome"] not in OUTCOMES or data["compared"] < 0 or data["outside"] < 0 \
-            or (data["outcome"] == "right") != (data["outside"] == 0 and data["compared"] > 0):
+            or (data["outcome"] == "right" and (data["outside"] or not data["compared"])) \
+            or (data["outcome"] == "silently wrong" and not data["outside"]):
         return None
     return SweepRow(architecture, tuple(mesh), mode, data["outcome"], data["phase"], data["culprit"][:2000],
                     data["compared"], data["outside"], float(data["cpu_seconds"]))
@@ -95,9 +96,9 @@ def check_row(architecture: str, mesh: tuple[int, ...], mode: str, steps: int = 
 
 
 def sweep(architectures: Iterable[str], meshes: Sequence[tuple[int, ...]], modes: Sequence[str], folder: Path,
-          steps: int = 2, say: Callable[[str], None] = lambda line: None) -> list[SweepRow]:
+          steps: int = 2, say: Callable[[str], None] = lambda line: None, run: bool = True) -> list[SweepRow]:
     """Every (architecture, mesh, mode) row: read from ``folder`` where stored and valid, else checked
-    and stored there."""
+    and stored there (``run=False``: only what is stored; the page says the rest was not run)."""
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for architecture in architectures:
@@ -105,6 +106,8 @@ def sweep(architectures: Iterable[str], meshes: Sequence[tuple[int, ...]], modes
             for mode in modes:
                 path = _file(folder, architecture, tuple(mesh), mode)
                 row = _stored(path, architecture, tuple(mesh), mode)
+                if row is None and not run:
+                    continue
                 if row is None:
                     row = check_row(architecture, tuple(mesh), mode, steps)
                     write_file_atomic(path, json.dumps(row.record(), indent=1) + "\n")
@@ -127,6 +130,7 @@ def render_page(rows: Sequence[SweepRow], architectures: Sequence[str], meshes: 
     then every row without a plain verdict with its culprit or reason."""
     by_key = {(r.architecture, r.mesh, r.mode): r for r in rows}
     counts = Counter(r.outcome for r in rows)
+    missing = len(architectures) * len(meshes) * len(modes) - len(rows)
     verdicts = {r.architecture for r in rows if r.outcome in VERDICTS}
     total = sum(r.cpu_seconds for r in rows)
     import transformers
@@ -134,7 +138,7 @@ def render_page(rows: Sequence[SweepRow], architectures: Sequence[str], meshes: 
     lines = [
         "# The tensor-parallel plans transformers ships, checked against the single device",
         "",
-        "<!-- written by `shardverify parallelize --sweep-hf --write docs/parallelize.md`; do not edit by hand -->",
+        "<!-- written by `shardverify parallelize --sweep-hf --write docs/transformers_tp_plans.md`; do not edit by hand -->",
         "",
         f"Every architecture of transformers {transformers.__version__} whose config declares a `base_model_tp_plan` "
         f"({len(architectures)}), built tiny from its config (hidden 64, 4 attention and 4 key/value heads, 2 layers "
@@ -147,7 +151,8 @@ def render_page(rows: Sequence[SweepRow], architectures: Sequence[str], meshes: 
         "float32 (`shardverify/parallelize/compare.py`). A run that raises in process is run again on gloo processes, "
         "which give its verdict.",
         "",
-        f"- rows: {len(rows)} ({len(verdicts)} architectures run to a verdict on at least one mesh)",
+        f"- rows: {len(rows)} of {len(rows) + missing} ({len(verdicts)} architectures run to a verdict on at least one "
+        f"mesh; {missing} rows not run yet, each marked `not run`)",
         "- " + ", ".join(f"{counts.get(o, 0)} {o}" for o in OUTCOMES),
         f"- CPU time of the rows: {total:.0f} s ({total / 3600:.2f} h), the sum of each row's CPU time as stored",
         "",
