@@ -187,7 +187,7 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
         raise InvalidArgument("the gloo backend rebuilds the model and the plan in each process from their names: "
                               "give both as text (hf:TYPE, zoo:NAME, a dotted name)")
     options = RunOptions(mode, steps, dtype)
-    notes = []
+    notes = [f"built: {source.note}"] if source.note else []
     dp, tp = _dp_tp(shape)
     if source.heads and source.heads % tp:
         notes.append(f"{source.heads} attention heads do not divide over {tp} tensor-parallel ranks")

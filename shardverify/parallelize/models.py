@@ -53,8 +53,7 @@ class ModelSource:
     build: Callable[[], nn.Module]
     batch: Callable[[int], Batch]
     loss: Callable[[object, torch.Tensor | None], torch.Tensor] = default_loss
-    transformers: bool = False
-    note: str = ""
+    note: str = ""                    # what was built (said with the result)
     heads: int | None = None          # attention heads, where known (a plan on a mesh that does not divide them is said)
 
 

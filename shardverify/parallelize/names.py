@@ -41,7 +41,7 @@ def _hf_source(model_type: str, seed: int) -> ModelSource:
             inputs["labels"] = inputs["input_ids"].clone()
         return Batch(inputs)
 
-    return ModelSource(f"hf:{model_type}", build, batch, transformers=True, note=first.note, heads=first.heads)
+    return ModelSource(f"hf:{model_type}", build, batch, note=first.note, heads=first.heads)
 
 
 def resolve_model(text: str, inputs: Sequence = (), seed: int = 0, project: Path | None = None) -> ModelSource:
