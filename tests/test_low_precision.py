@@ -179,7 +179,9 @@ def test_wrong_maths_within_the_budget_at_the_ranks_shapes_is_still_rechecked(mo
         strategy = long_strategy(backend.mesh, "S0R = S0S1 x S1R_0")
         at_ranks = error_budgets(LONG, strategy, torch.float32, at_rank_shapes=True)["grad of weight"]
         assert BUDGET_FACTOR * error_budgets(LONG, strategy, torch.float32)["grad of weight"] < 0.005
-        assert 0.005 < BUDGET_FACTOR * at_ranks
+        if not 0.005 < BUDGET_FACTOR * at_ranks:   # the planted 0.005 must be within the ranks' budget to test the re-check
+            pytest.skip(f"this BLAS sums a rank's narrow product about as accurately as the full one (the budget at "
+                        f"the ranks' shapes is {BUDGET_FACTOR * at_ranks:.3g}): no wrong gradient hides within it")
         result = verify_strategy(backend, LONG, strategy)
     assert not result.passed
     assert result.note.startswith("wrong maths: the float64 re-check fails too"), result.note
