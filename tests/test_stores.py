@@ -225,13 +225,10 @@ def _entry(tmp_path: Path):
     return settings, tmp_path / "neg.json"
 
 
-@pytest.mark.parametrize("plant", ["dev-zero", "fifo", "deep", "wrong-field", "bad-outcome"])
-def test_an_opinfo_entry_that_does_not_check_is_swept_again(tmp_path, plant):
-    from shardverify.opinfo.store import load_entry
-
-    settings, path = _entry(tmp_path)
-    assert load_entry(tmp_path, "neg", settings) is not None
-    document = json.loads(path.read_text())
+@contextlib.contextmanager
+def planted(path, plant: str, document: dict):
+    """``path`` replaced by a /dev/zero link (memory capped), a FIFO (a guard unblocks a reader), JSON
+    nested past any limit, or ``document`` (an edited copy) for the rest of the block."""
     path.unlink()
     with contextlib.ExitStack() as stack:
         if plant == "dev-zero":
@@ -241,12 +238,23 @@ def test_an_opinfo_entry_that_does_not_check_is_swept_again(tmp_path, plant):
             stack.enter_context(fifo_guard(path))
         elif plant == "deep":
             path.write_text(DEEP)
-        elif plant == "wrong-field":
-            document["outcomes"][0]["mesh"] = "4"
-            path.write_text(json.dumps(document))
         else:
-            document["outcomes"][0]["outcome"] = "fine"
             path.write_text(json.dumps(document))
+        yield
+
+
+@pytest.mark.parametrize("plant", ["dev-zero", "fifo", "deep", "wrong-field", "bad-outcome"])
+def test_an_opinfo_entry_that_does_not_check_is_swept_again(tmp_path, plant):
+    from shardverify.opinfo.store import load_entry
+
+    settings, path = _entry(tmp_path)
+    assert load_entry(tmp_path, "neg", settings) is not None
+    document = json.loads(path.read_text())
+    if plant == "wrong-field":
+        document["outcomes"][0]["mesh"] = "4"
+    elif plant == "bad-outcome":
+        document["outcomes"][0]["outcome"] = "fine"
+    with planted(path, plant, document):
         assert load_entry(tmp_path, "neg", settings) is None
 
 
@@ -272,17 +280,7 @@ def test_a_confirmation_that_does_not_check_is_left_out(tmp_path, plant):
     assert load_confirmations(tmp_path, "t", examples) == {found.key: found}
     (path,) = tmp_path.rglob("*.json")
     document = json.loads(path.read_text())
-    path.unlink()
-    with contextlib.ExitStack() as stack:
-        if plant == "dev-zero":
-            path.symlink_to("/dev/zero")
-            stack.enter_context(memory_cap())
-        elif plant == "fifo":
-            stack.enter_context(fifo_guard(path))
-        elif plant == "deep":
-            path.write_text(DEEP)
-        else:
-            path.write_text(json.dumps({**document, plant: "fine" if plant == "status" else "4"}))
+    with planted(path, plant, {**document, plant: "fine" if plant == "status" else "4"}):
         assert load_confirmations(tmp_path, "t", examples) == {}
 
 

@@ -161,26 +161,16 @@ def _tokens(step: int, vocab: int, batch: int = 2, seq: int = 8) -> torch.Tensor
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(100 + step))
 
 
-def _mlp() -> ModelSource:
+def _mlp_source(name: str, cls: type[MLP]) -> ModelSource:
+    """An MLP of ``cls`` on batches of 8 rows of 16 features."""
     def build() -> nn.Module:
         torch.manual_seed(0)
-        return MLP()
+        return cls()
 
     def batch(step: int) -> Batch:
         return Batch({"x": torch.randn(8, 16, generator=torch.Generator().manual_seed(step))})
 
-    return ModelSource("zoo:mlp", build, batch)
-
-
-def _scan_mlp() -> ModelSource:
-    def build() -> nn.Module:
-        torch.manual_seed(0)
-        return ScanMLP()
-
-    def batch(step: int) -> Batch:
-        return Batch({"x": torch.randn(8, 16, generator=torch.Generator().manual_seed(step))})
-
-    return ModelSource("zoo:scan_mlp", build, batch)
+    return ModelSource(name, build, batch)
 
 
 def _titan(seed: int) -> ModelSource:
@@ -196,7 +186,8 @@ def _titan(seed: int) -> ModelSource:
     return ModelSource("zoo:titan_llama", build, batch, heads=4)
 
 
-ZOO_MODELS = {"mlp": lambda seed: _mlp(), "scan_mlp": lambda seed: _scan_mlp(), "titan_llama": _titan}
+ZOO_MODELS = {"mlp": lambda seed: _mlp_source("zoo:mlp", MLP), "scan_mlp": lambda seed: _mlp_source("zoo:scan_mlp", ScanMLP),
+              "titan_llama": _titan}
 
 
 def zoo_model(name: str, seed: int = 0) -> ModelSource:
