@@ -210,9 +210,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     pool = session.config.stash.get(_POOL, None)
     if pool is not None:
         pool.close_all()
+    if _STOPPED:
+        _remove_multiprocessing_folder()
     if _STOPPED and session.exitstatus == pytest.ExitCode.INTERRUPTED:
         session.exitstatus = _STOPPED[-1]   # stopped by SIGTERM or Ctrl-C: 128 + the signal, as the shell says
     _STOPPED.clear()
+
+
+def _remove_multiprocessing_folder() -> None:
+    """A stopped session's ``pymp-*`` folder, removed as soon as its pools are closed, not at exit: a
+    pytest-xdist worker stopped with its controller (a group SIGTERM) may be killed by the controller
+    before its exit handlers run, and the pool workers that would remove it after it are gone."""
+    from multiprocessing import util
+
+    for finalizer in list(util._finalizer_registry.values()):
+        if getattr(finalizer, "_callback", None) is util._remove_temp_dir:
+            finalizer()     # multiprocessing's own removal, run now and once (it unregisters itself)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
