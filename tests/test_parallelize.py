@@ -183,3 +183,10 @@ def test_the_transformers_sweep_stores_each_row_resumes_and_distrusts_an_edited_
     assert sweep_module.sweep(["llama"], [(2,)], ["inference"], tmp_path, run=False) == []
     page = sweep_module.render_page([], ["llama"], [(2,)], ["inference"])
     assert "| llama | 2 | not run |" in page and "1 rows not run yet" in page
+
+
+@pytest.mark.dist
+def test_a_data_parallel_rank_is_held_to_its_share_of_tokens_flattened_with_the_batch():
+    # an MoE router sees [batch * seq, hidden]: a dp rank holds a dp-th of the rows, batch outermost
+    result = _check("hf:mixtral", "hf", (2, 2), mode="inference")
+    assert result.verdict == "right", render(result)

@@ -58,14 +58,16 @@ def _dp_tp(shape: tuple[int, ...]) -> tuple[int, int]:
     return (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
 
 
-def _rows(value: torch.Tensor, rows: int, dp: int, index: int) -> torch.Tensor:
-    """A data-parallel rank's share of a single-device value: its rows of the global batch."""
-    if dp == 1 or value.dim() == 0 or value.shape[0] != rows:
+def _rows(value: torch.Tensor, mine: torch.Tensor, dp: int, index: int) -> torch.Tensor:
+    """A data-parallel rank's share of a single-device ``value``: its block of the leading dim when the
+    rank's own value ``mine`` holds a dp-th of it (the batch, or the batch flattened with the
+    sequence, batch outermost: an MoE router's tokens), else the whole (a value of no batch)."""
+    if dp == 1 or value.dim() == 0 or mine.dim() != value.dim() or mine.shape[0] * dp != value.shape[0]:
         return value
     return torch.chunk(value, dp, 0)[index]
 
 
-def _against(phase: str, what: str, values: list, truth, single, options: RunOptions, shape, rows: int,
+def _against(phase: str, what: str, values: list, truth, single, options: RunOptions, shape,
              margin: Margin, step: int = 0) -> list[Finding]:
     """``compare_values`` with each rank held to its data-parallel rows of the truth; a weight after
     ``step + 1`` AdamW steps may differ by :data:`STEP_SHARE` of what those steps can move it."""
@@ -80,9 +82,9 @@ def _against(phase: str, what: str, values: list, truth, single, options: RunOpt
                               margin, floor)
     found = []
     for rank, value in enumerate(values):
-        mine = compare_values(phase, what, [value], _rows(truth, rows, dp, rank // tp),
-                              _rows(single, rows, dp, rank // tp), options.dtype, tp, lambda _: rank % tp, step,
-                              margin, floor)
+        share = (lambda whole: whole) if value is None else (lambda whole: _rows(whole, value, dp, rank // tp))
+        mine = compare_values(phase, what, [value], share(truth), share(single), options.dtype, tp,
+                              lambda _: rank % tp, step, margin, floor)
         found += [replace(f, rank=rank) for f in mine]
     return found
 
@@ -101,7 +103,7 @@ def _computed_otherwise(truth: Trace, single: Trace) -> set[str]:
          tuple(single.outputs[key][0].shape) != tuple(truth.outputs[key][0].shape)}
 
 
-def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, shape: tuple[int, ...], rows: int,
+def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, shape: tuple[int, ...],
              margin: Margin) -> tuple[list[Finding], int, int]:
     """Every value of ``found`` against the truth, the findings in the order the run made the values:
     the first forward's module inputs and outputs, then each step's loss, gradients (in the order the
@@ -117,7 +119,7 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
         if key in truth.outputs and key in single.outputs and key not in differs:
             compared += 1
             findings += _against(forward_phase, key, values, truth.outputs[key][0], single.outputs[key][0],
-                                 options, shape, rows, margin)
+                                 options, shape, margin)
     first_seen = {}
     for position, key in enumerate(found.module_order):
         first_seen.setdefault(key.split("#")[0], position)
@@ -129,7 +131,7 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
     for step, losses in enumerate(found.losses):
         compared += 1
         findings += _against("loss", "loss", losses, truth.losses[step][0], single.losses[step][0], options,
-                             shape, rows, margin, step)
+                             shape, margin, step)
         for kind, values in (("gradient", found.grads), ("weights", found.weights)):
             if step >= len(values):
                 continue
@@ -138,7 +140,7 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
                 theirs = truth.grads if kind == "gradient" else truth.weights
                 single_runs = single.grads if kind == "gradient" else single.weights
                 findings += _against(kind, name, values[step][name], theirs[step][name][0],
-                                     single_runs[step][name][0], options, (1, tp), rows, margin, step)
+                                     single_runs[step][name][0], options, (1, tp), margin, step)
     return findings, compared, len(differs & set(found.outputs))
 
 
@@ -220,11 +222,10 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
         notes.append(f"the single device does not run in float64 ({str(exc).split(': ', 1)[-1][:160]}): the "
                      f"{head['dtype']} single device is the reference and every value is held to {head['dtype']}'s "
                      "default tolerance, not to its own rounding")
-    rows = next(iter(source.batch(0).inputs.values())).shape[0]
     if truth.dropouts:
         notes.append(f"{truth.dropouts} dropout module(s) set to p=0 on both sides (random masks cannot be compared)")
     margin = Margin()
-    findings, compared, otherwise = _compare(truth, single, found, options, shape, rows, margin)
+    findings, compared, otherwise = _compare(truth, single, found, options, shape, margin)
     if otherwise:
         notes.append(f"{otherwise} module values not compared: the float64 single device computes them another way "
                      "(transformers' eager experts loop where the run's dtype takes the grouped GEMM)")
