@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 import torch
@@ -223,12 +224,35 @@ def test_the_simulated_ranks_share_one_single_device_reference(monkeypatch):
     assert len(calls) == 1
 
 
+_GATE = threading.Event()
+
+
+def _held(x):
+    """Passes ``x`` through; on a rank's thread, only once ``_GATE`` opens (the capture, on the
+    main thread, never waits): a check that cannot finish before its timeout, whatever the load."""
+    if threading.current_thread() is not threading.main_thread():
+        _GATE.wait(60)
+    return x
+
+
+torch.fx.wrap("_held")
+
+
+class _HeldMLP(ResidualMLP):
+    def forward(self, x):
+        return super().forward(_held(x))
+
+
 def test_the_check_takes_the_time_it_is_given(capsys):
     """A large model's check outlasts the backend's default timeout: verify_plan and `plan
     --timeout` pass a longer one; an impossible one is reported, naming the limit."""
-    result = verify_plan(ResidualMLP(), torch.randn(8, 16), (2, 2), timeout=1e-4)
-    assert not result.passed and "did not finish within 0.0001s" in result.summary(), result.summary()
-    assert verify_plan(ResidualMLP(), torch.randn(8, 16), (2, 2), timeout=600).passed
+    _GATE.clear()
+    try:
+        result = verify_plan(_HeldMLP(), torch.randn(8, 16), (2, 2), capture="fx", timeout=0.2)
+    finally:
+        _GATE.set()   # the abandoned rank threads finish
+    assert not result.passed and "did not finish within 0.2s" in result.summary(), result.summary()
+    assert verify_plan(_HeldMLP(), torch.randn(8, 16), (2, 2), capture="fx", timeout=600).passed
     with pytest.raises(SystemExit) as info:
         main(["plan", "shardverify.plan.zoo.linear_chain", "--input", "8,32", "--timeout", "soon"])
     assert info.value.code == 2 and "timeout 'soon'" in capsys.readouterr().err
