@@ -74,6 +74,23 @@ def test_a_dtensor_bug_is_blamed_on_its_op_and_dtensor_not_on_the_plan():
     assert _check("zoo:mlp", "zoo:mlp-dtensor-hidden", steps=1).verdict == "right"
 
 
+def test_a_plan_rule_that_names_no_module_is_counted_and_said():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from shardverify.parallelize.plans import styles_plan, transformers_unmatched
+    from shardverify.parallelize.names import resolve_model
+
+    plan = styles_plan({"w1": ColwiseParallel(), "w2": RowwiseParallel(), "layers.*.w3": ColwiseParallel()},
+                       "mlp with a stray rule")
+    result = _check("zoo:mlp", plan, mode="inference")
+    assert result.verdict == "right" and result.unmatched == ("layers.*.w3",), render(result)
+    assert "1 plan rule(s) name no module of the model and apply to nothing: layers.*.w3" in render(result)
+    llama = resolve_model("hf:llama", (), 0).build()
+    assert transformers_unmatched(llama) == ()
+    assert transformers_unmatched(llama, {"model.layers.*.mlp.fc9": "colwise", "model.layers.*.mlp.up_proj": "rowwise"}) \
+        == ("model.layers.*.mlp.fc9",)
+
+
 def test_the_shipped_transformers_plan_of_llama_is_right_in_training_and_inference():
     train = _check("hf:llama", "hf", steps=2)
     assert train.verdict == "right", render(train)
@@ -183,6 +200,15 @@ def test_the_transformers_sweep_stores_each_row_resumes_and_distrusts_an_edited_
     assert sweep_module.sweep(["llama"], [(2,)], ["inference"], tmp_path, run=False) == []
     page = sweep_module.render_page([], ["llama"], [(2,)], ["inference"])
     assert "| llama | 2 | not run |" in page and "1 rows not run yet" in page
+    rules = sweep_module.plan_rules(["llama"], tmp_path)
+    assert rules[0].rules > 5 and rules[0].unmatched == ()
+    assert sweep_module.plan_rules(["llama"], tmp_path, run=False) == rules     # stored
+    facts = tmp_path / "llama--plan.json"
+    facts.write_text(json.dumps({"architecture": "llama", "rules": 1, "unmatched": ["a", "b"]}))   # more than it has
+    assert sweep_module.plan_rules(["llama"], tmp_path, run=False) == []
+    page = sweep_module.render_page(rows, ["llama"], [(2,)], ["inference"],
+                                    [sweep_module.PlanRules("llama", 9, ("layers.*.mlp.fc9",))])
+    assert "1 of them, in 1 architectures, name no module" in page and "- llama (1 of 9): `layers.*.mlp.fc9`" in page
 
 
 @pytest.mark.dist

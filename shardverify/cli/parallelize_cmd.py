@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from shardverify.files import write_file_atomic
-    from shardverify.parallelize.sweep import render_page, sweep
+    from shardverify.parallelize.sweep import plan_rules, render_page, sweep
     from shardverify.parallelize.tiny import tp_architectures
 
     shipped = tp_architectures()
@@ -118,7 +118,8 @@ def _sweep(args: argparse.Namespace) -> int:
     modes = ("train", "inference") if args.mode in (None, "both") else (args.mode,)
     rows = sweep(chosen, meshes, modes, args.results, steps=args.steps,
                  say=lambda line: print(line, file=sys.stderr, flush=True), run=not args.stored)
-    page = render_page(rows, chosen, meshes, modes)
+    rules = plan_rules(chosen, args.results, run=not args.stored)
+    page = render_page(rows, chosen, meshes, modes, rules)
     if args.write is not None:
         write_file_atomic(args.write, page)
     wrong = [r for r in rows if r.outcome != "right"]

@@ -49,6 +49,7 @@ class ParallelizeResult:
     cpu_seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
     margin: Margin | None = None          # the value closest to its budget
+    unmatched: tuple[str, ...] = ()       # the plan's rules that name no module of the model
     @property
     def passed(self) -> bool:
         return self.verdict == "right"
@@ -193,8 +194,12 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     dp, tp = _dp_tp(shape)
     if source.heads and source.heads % tp:
         notes.append(f"{source.heads} attention heads do not divide over {tp} tensor-parallel ranks")
+    unmatched = the_plan.unmatched(source.build()) if the_plan.unmatched is not None else ()
+    if unmatched:
+        notes.append(f"{len(unmatched)} plan rule(s) name no module of the model and apply to nothing: "
+                     + ", ".join(unmatched[:6]) + (", ..." if len(unmatched) > 6 else ""))
     head = dict(model=source.name, plan=the_plan.name, mesh=shape, mode=mode, dtype=str(dtype).replace("torch.", ""),
-                steps=steps if mode == "train" else 0)
+                steps=steps if mode == "train" else 0, unmatched=unmatched)
     named = isinstance(model, str) and isinstance(plan, str)
     if backend == "gloo":
         found = _on_gloo(model, plan, seed, inputs, loss_parallel, shape, options)
@@ -211,7 +216,7 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
                          f"{math.prod(shape)} gloo processes, which give the verdict")
     if found.failure is not None and found.failure.stage == "apply":
         return ParallelizeResult(**head, verdict="cannot apply", failure=found.failure,
-                                 cpu_seconds=time.process_time() - began, notes=tuple(notes))
+                                 cpu_seconds=time.process_time() - began + found.cpu_seconds, notes=tuple(notes))
     single = run_single(source, options)
     try:
         truth = run_single(source, options, torch.float64)
@@ -239,5 +244,6 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     else:
         verdict, phase = "right", ""
     return ParallelizeResult(**head, verdict=verdict, phase=phase, findings=tuple(findings), compared=compared,
-                             failure=found.failure, culprit=culprit, cpu_seconds=time.process_time() - began,
+                             failure=found.failure, culprit=culprit,
+                             cpu_seconds=time.process_time() - began + found.cpu_seconds,
                              notes=tuple(notes), margin=margin)

@@ -64,6 +64,7 @@ class Trace:
     grad_is_dtensor: dict[str, bool] = field(default_factory=dict)
     failure: Failure | None = None
     dropouts: int = 0                                                          # dropout modules set to p=0
+    cpu_seconds: float = 0.0                                                   # the rank processes' own, on gloo
 
 
 def zero_dropout(model: nn.Module) -> int:

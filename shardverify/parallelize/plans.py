@@ -14,7 +14,8 @@ from torch import nn
 
 from shardverify.errors import InvalidArgument
 
-__all__ = ["Plan", "styles_plan", "function_plan", "transformers_plan", "mesh_names"]
+__all__ = ["Plan", "styles_plan", "function_plan", "transformers_plan", "mesh_names", "styles_unmatched",
+           "transformers_unmatched"]
 
 
 def mesh_names(shape: tuple[int, ...]) -> tuple[str, ...]:
@@ -36,6 +37,23 @@ class Plan:
     apply: Callable[[nn.Module, tuple[int, ...]], nn.Module]
     loss_parallel: bool = False
     styles: Mapping | None = None          # the plan's entries, where it has them (shown and blamed by)
+    #: the plan's rules that name no module of a model (applied to nothing: said, never silent);
+    #: None where the plan is code that shows no rules (a user's parallelize function)
+    unmatched: Callable[[nn.Module], tuple[str, ...]] | None = None
+
+
+def styles_unmatched(styles: Mapping, model: nn.Module) -> tuple[str, ...]:
+    """The keys of a parallelize plan that ``parallelize_module`` resolves to no submodule: it
+    matches a key's dotted atoms one level at a time with ``fnmatch``, and warns and skips a key
+    that matches nothing."""
+    from fnmatch import fnmatchcase
+
+    def found(module: nn.Module, atoms: list[str]) -> bool:
+        if not atoms:
+            return True
+        return any(fnmatchcase(name, atoms[0]) and found(child, atoms[1:]) for name, child in module.named_children())
+
+    return tuple(key for key in styles if key != "" and not found(model, key.split(".")))
 
 
 def _device_mesh(shape: tuple[int, ...]):
@@ -61,7 +79,7 @@ def styles_plan(styles: Mapping, name: str = "parallelize plan", loss_parallel: 
             fully_shard(model, mesh=mesh["dp"])
         return model
 
-    return Plan(name, apply, loss_parallel, styles)
+    return Plan(name, apply, loss_parallel, styles, lambda model: styles_unmatched(styles, model))
 
 
 def function_plan(fn: Callable, name: str | None = None, loss_parallel: bool = False) -> Plan:
@@ -110,4 +128,16 @@ def transformers_plan(overrides: Mapping[str, str] | None = None) -> Plan:
         return model
 
     name = "transformers' shipped tp_plan" + (f" with {dict(overrides)}" if overrides else "")
-    return Plan(name, apply, styles=overrides)
+    return Plan(name, apply, styles=overrides, unmatched=lambda model: transformers_unmatched(model, overrides))
+
+
+def transformers_unmatched(model: nn.Module, overrides: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The rules of the model's tensor-parallel plan (its config's, with ``overrides`` merged) that
+    name no module or parameter, layer numbers read as ``*``: transformers logs them on rank 0
+    ("match nothing ... and will not be applied") and goes on."""
+    from transformers.distributed.parallel_utils import replace_layer_number_by_wildcard
+
+    plan = {**dict(getattr(model, "tp_plan", None) or {}), **dict(overrides or {})}
+    names = {replace_layer_number_by_wildcard(n) for n, _ in model.named_modules()}
+    names |= {replace_layer_number_by_wildcard(n) for n, _ in model.named_parameters()}
+    return tuple(sorted(key for key in plan if key not in names))

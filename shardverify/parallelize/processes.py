@@ -49,8 +49,11 @@ def dp_share(batch: Batch, dp: int, index: int) -> Batch:
 def rank_program(comm, named: Named, shape: tuple[int, ...], options: RunOptions) -> Trace:
     """One rank's run (module level: the pool imports it by name)."""
     import logging
+    import time
 
     import torch.distributed as dist
+
+    began = time.process_time()
 
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)   # FSDP2 over TP's note
     rank = dist.get_rank()
@@ -64,6 +67,7 @@ def rank_program(comm, named: Named, shape: tuple[int, ...], options: RunOptions
         model = plan.apply(model, tuple(shape)) or model
     except Exception as exc:  # noqa: BLE001 - a plan that cannot be applied is a verdict
         trace.failure = Failure("apply", "", f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+        trace.cpu_seconds = time.process_time() - began
         return trace
     if plan.loss_parallel:
         from torch.distributed.tensor.parallel import loss_parallel as loss_context
@@ -72,6 +76,7 @@ def rank_program(comm, named: Named, shape: tuple[int, ...], options: RunOptions
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)    # FSDP2's and DTensor's advice, once per module and rank
         run_steps(model, source, options, trace, 1, loss_context, data)
+    trace.cpu_seconds = time.process_time() - began
     return trace
 
 
@@ -82,6 +87,7 @@ def _merged(traces: list[Trace]) -> Trace:
                    dtensor_outputs=set(first.dtensor_outputs), grad_is_dtensor=dict(first.grad_is_dtensor),
                    parent=dict(first.parent))
     merged.failure = next((t.failure for t in traces if t.failure is not None), None)
+    merged.cpu_seconds = sum(t.cpu_seconds for t in traces)
     for field in ("outputs", "arrivals"):
         mine = getattr(merged, field)
         for key in getattr(first, field):

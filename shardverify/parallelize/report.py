@@ -18,8 +18,7 @@ def summary_line(result: ParallelizeResult) -> str:
     return (f"{verdict}: {result.model} under {result.plan} on mesh {','.join(map(str, result.mesh))}, "
             f"{result.mode}{steps}, {result.dtype}: {result.compared} values compared on every rank, "
             f"{len(result.findings)} outside their budget ({result.cpu_seconds:.1f} CPU-s"
-            + (" in this process, the ranks' own not counted)" if any(n.startswith("ran on") for n in result.notes)
-               else ")"))
+            + (", the rank processes' included)" if any(n.startswith("ran on") for n in result.notes) else ")"))
 
 
 def render(result: ParallelizeResult, verbose: bool = False) -> str:
@@ -58,7 +57,7 @@ def as_json(result: ParallelizeResult) -> dict:
                                                         "error": result.failure.error},
         "findings": [{"phase": f.phase, "what": f.what, "rank": f.rank, "kind": f.kind, "step": f.step,
                       "error": f.error, "budget": f.budget, "single": f.single} for f in result.findings[:50]],
-        "notes": list(result.notes),
+        "notes": list(result.notes), "unmatched_rules": list(result.unmatched),
         "closest": None if result.margin is None else {"value": result.margin.what, "ratio": result.margin.ratio,
                                                        "error": result.margin.error, "budget": result.margin.budget},
     }

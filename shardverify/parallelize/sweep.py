@@ -19,10 +19,12 @@ import torch
 from shardverify.errors import InvalidArgument, SpecError
 from shardverify.files import read_regular_file, write_file_atomic
 from shardverify.parallelize.check import VERDICTS, check_parallelize
+from shardverify.parallelize.names import resolve_model
+from shardverify.parallelize.plans import transformers_unmatched
 from shardverify.parallelize.report import as_json
 from shardverify.parallelize.tiny import CannotBuild
 
-__all__ = ["SweepRow", "sweep", "render_page", "OUTCOMES"]
+__all__ = ["SweepRow", "PlanRules", "sweep", "plan_rules", "render_page", "OUTCOMES"]
 
 #: what a row can say: the check's verdicts, and the architectures the sweep cannot get to a verdict
 OUTCOMES = (*VERDICTS, "cannot build", "error")
@@ -51,7 +53,7 @@ class SweepRow:
 def _file(folder: Path, architecture: str, mesh: tuple[int, ...], mode: str) -> Path:
     if not _NAME.match(architecture):
         raise InvalidArgument(f"architecture {architecture!r}: not a transformers model type name")
-    return folder / f"{architecture}--{'x'.join(map(str, mesh))}--{mode}.json"
+    return folder / (f"{architecture}--{mode}.json" if not mesh else f"{architecture}--{'x'.join(map(str, mesh))}--{mode}.json")
 
 
 def _stored(path: Path, architecture: str, mesh: tuple[int, ...], mode: str) -> SweepRow | None:
@@ -117,6 +119,56 @@ def sweep(architectures: Iterable[str], meshes: Sequence[tuple[int, ...]], modes
     return rows
 
 
+@dataclass(frozen=True)
+class PlanRules:
+    """An architecture's shipped tensor-parallel plan against its tiny build: how many rules it has
+    and which name no module or parameter there (transformers applies them to nothing)."""
+
+    architecture: str
+    rules: int
+    unmatched: tuple[str, ...]
+
+    def record(self) -> dict:
+        return {"architecture": self.architecture, "rules": self.rules, "unmatched": list(self.unmatched)}
+
+
+def _stored_rules(path: Path, architecture: str) -> PlanRules | None:
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        data = json.loads(read_regular_file(path, MAX_RESULT_BYTES))
+    except (SpecError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or set(data) != {"architecture", "rules", "unmatched"} \
+            or data["architecture"] != architecture or not isinstance(data["rules"], int) \
+            or isinstance(data["rules"], bool) or not isinstance(data["unmatched"], list) \
+            or not all(isinstance(k, str) and len(k) <= 300 for k in data["unmatched"]) \
+            or not 0 <= len(data["unmatched"]) <= data["rules"] <= 10_000:
+        return None
+    return PlanRules(architecture, data["rules"], tuple(data["unmatched"]))
+
+
+def plan_rules(architectures: Iterable[str], folder: Path, run: bool = True) -> list[PlanRules]:
+    """Each architecture's :class:`PlanRules`, read from ``folder`` where stored and valid, else
+    found by building the tiny model (no run) and stored; an architecture that cannot be built
+    has none (its rows say why)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    found = []
+    for architecture in architectures:
+        path = _file(folder, architecture, (), "plan")
+        rules = _stored_rules(path, architecture)
+        if rules is None and run:
+            try:
+                model = resolve_model(f"hf:{architecture}", (), 0).build()
+            except Exception:  # noqa: BLE001 - a model that cannot be built has no rules to read; its rows say why
+                continue
+            rules = PlanRules(architecture, len(getattr(model, "tp_plan", None) or {}), transformers_unmatched(model))
+            write_file_atomic(path, json.dumps(rules.record(), indent=1) + "\n")
+        if rules is not None:
+            found.append(rules)
+    return found
+
+
 def _cell(row: SweepRow | None) -> str:
     if row is None:
         return "not run"
@@ -125,9 +177,10 @@ def _cell(row: SweepRow | None) -> str:
 
 
 def render_page(rows: Sequence[SweepRow], architectures: Sequence[str], meshes: Sequence[tuple[int, ...]],
-                modes: Sequence[str]) -> str:
+                modes: Sequence[str], rules: Sequence[PlanRules] = ()) -> str:
     """docs/parallelize.md: the counts, then one row per architecture and mesh (a cell per mode),
-    then every row without a plain verdict with its culprit or reason."""
+    then every row without a plain verdict with its culprit or reason, then the plans' rules that
+    name no module of their tiny build."""
     by_key = {(r.architecture, r.mesh, r.mode): r for r in rows}
     counts = Counter(r.outcome for r in rows)
     missing = len(architectures) * len(meshes) * len(modes) - len(rows)
@@ -154,7 +207,11 @@ def render_page(rows: Sequence[SweepRow], architectures: Sequence[str], meshes: 
         f"- rows: {len(rows)} of {len(rows) + missing} ({len(verdicts)} architectures run to a verdict on at least one "
         f"mesh; {missing} rows not run yet, each marked `not run`)",
         "- " + ", ".join(f"{counts.get(o, 0)} {o}" for o in OUTCOMES),
-        f"- CPU time of the rows: {total:.0f} s ({total / 3600:.2f} h), the sum of each row's CPU time as stored",
+        f"- CPU time of the rows: {total:.0f} s ({total / 3600:.2f} h), the sum of each row's CPU time as stored "
+        "(a row run on gloo counts its rank processes' too)",
+        f"- plan rules: {sum(r.rules for r in rules)} in {len(rules)} architectures' plans; "
+        f"{sum(len(r.unmatched) for r in rules)} of them, in {sum(1 for r in rules if r.unmatched)} architectures, "
+        "name no module of the tiny build (transformers logs them on rank 0 and applies them to nothing; listed at the end)",
         "",
         "| architecture | mesh | " + " | ".join(modes) + " |",
         "| --- | --- | " + " | ".join("---" for _ in modes) + " |",
@@ -168,4 +225,10 @@ def render_page(rows: Sequence[SweepRow], architectures: Sequence[str], meshes: 
         if row.outcome != "right":
             lines.append(f"- {row.architecture} on {','.join(map(str, row.mesh))}, {row.mode}: {_cell(row)}: "
                          + row.culprit.replace("\n", " ").replace("|", "/")[:600])
+    lines += ["", "## Plan rules that name no module of the tiny build", "",
+              "A tiny build has two layers or one of each kind, so a rule for a kind of layer it lacks is listed too.", ""]
+    for found in rules:
+        if found.unmatched:
+            lines.append(f"- {found.architecture} ({len(found.unmatched)} of {found.rules}): "
+                         + ", ".join(f"`{key}`" for key in found.unmatched))
     return "\n".join(lines) + "\n"
