@@ -128,6 +128,20 @@ def test_a_planted_partial_gradient_is_caught_on_gloo_processes_as_in_process():
     assert result.verdict == "silently wrong" and result.culprit.cause == "partial gradient"
 
 
+@pytest.mark.dist
+def test_on_a_2x2_mesh_blame_reaches_the_op_on_gloo_processes_and_holds_each_dp_rank_to_its_rows():
+    # the op-level look runs again on gloo processes (FSDP2 frees the gathered weights after the
+    # forward: the log keeps copies); a DTensor bug is blamed on its op and its page
+    scan = _check("zoo:scan_mlp", "zoo:mlp-dtensor-hidden", (2, 2), steps=1)
+    assert scan.verdict == "silently wrong", render(scan)
+    assert (scan.culprit.op, scan.culprit.cause, scan.culprit.upstream) == \
+        ("aten.cumsum.default", "DTensor", "cumsum-negative-dim"), render(scan)
+    # a replicated input reaches the norm right (each dp rank its rows); the plan's layouts misread it
+    layouts = _check("zoo:titan_llama", "zoo:titan-wrong-input-layouts", (2, 2), steps=1)
+    assert (layouts.culprit.module, layouts.culprit.cause) == ("layers.0.attention_norm", "plan layouts"), render(layouts)
+    assert "the whole value on every rank" in layouts.culprit.detail
+
+
 def test_the_command_exits_0_right_1_wrong_2_bad_input(capsys):
     assert main(["parallelize", "zoo:mlp", "--plan", "zoo:mlp", "--steps", "1"]) == 0
     out = capsys.readouterr().out

@@ -71,7 +71,7 @@ def known_dtensor_bug(op: str) -> str:
 
 def _describe(values: list[torch.Tensor], truth: torch.Tensor, single: torch.Tensor, dtype, tp: int) -> str:
     """How the ranks hold ``truth``: whole, a block on a dim, or neither."""
-    read = reading(values, truth, single, dtype, tp, lambda rank: rank % tp)
+    read = reading(values, truth, single, dtype, tp, lambda rank: rank % tp, len(values) // tp)
     if read is not None:
         return f"as {read} of the single device's {list(truth.shape)}"
     shapes = sorted({tuple(v.shape) for v in values})
@@ -136,22 +136,37 @@ def _paired(calls: list) -> dict:
     return {call.key: call for call in calls}
 
 
-def _op_culprit(source, plan, shape, options, module: str, first: Finding, tp: int) -> Culprit:
-    """The first aten op of ``module`` that goes wrong; the module alone where the in-process look
-    cannot run."""
+def _op_culprit(source, plan, shape, options, module: str, first: Finding, tp: int, named=None) -> Culprit:
+    """The first aten op of ``module`` that goes wrong, looked for in process, or on gloo processes
+    where ``named`` gives the model and plan by name; the module alone where neither can run."""
     try:
-        return _first_wrong_op(source, plan, shape, options, module, first, tp)
+        return _first_wrong_op(source, plan, shape, options, module, first, tp, named)
     except Exception as exc:  # noqa: BLE001 - blame is a diagnosis: the verdict stands without it
+        where = "in process" if named is None else "on gloo processes"
         return Culprit(module, first.what, cause="values", detail=(
-            f"{first.line()}; its ops could not be looked into in process ({type(exc).__name__}: "
+            f"{first.line()}; its ops could not be looked into {where} ({type(exc).__name__}: "
             f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''})"))
 
 
-def _first_wrong_op(source, plan, shape, options, module: str, first: Finding, tp: int) -> Culprit:
-    from shardverify.parallelize.execute import batches, prepared_parallel, single_model
+def _parallel_ops(source, plan, shape, options, module: str, named) -> tuple[list, str]:
+    """``module``'s ops in one forward of the parallelized model, each value a list over the ranks:
+    in process, or (``named`` given) on a gloo process per rank."""
+    from shardverify.parallelize.execute import batches, prepared_parallel
     from shardverify.parallelize.ops import log_module_ops
 
-    world = math.prod(shape)
+    if named is not None:
+        from shardverify.parallelize.processes import ops_on_processes
+        return ops_on_processes(named, shape, options, module)
+    data = batches(source, options)[0]
+    with prepared_parallel(source, plan, shape, options) as model:
+        with (torch.no_grad() if options.mode == "inference" else contextlib.nullcontext()):
+            return log_module_ops(model, module, lambda: model(**data.inputs), math.prod(shape))
+
+
+def _first_wrong_op(source, plan, shape, options, module: str, first: Finding, tp: int, named=None) -> Culprit:
+    from shardverify.parallelize.execute import batches, single_model
+    from shardverify.parallelize.ops import log_module_ops
+
     data = batches(source, options)[0]
     logs = []
     for dtype in (torch.float64, options.dtype):
@@ -159,9 +174,7 @@ def _first_wrong_op(source, plan, shape, options, module: str, first: Finding, t
         batch = data.cast(dtype)
         with (torch.no_grad() if options.mode == "inference" else contextlib.nullcontext()):
             logs.append(log_module_ops(model, module, lambda m=model, b=batch: m(**b.inputs), 1)[0])
-    with prepared_parallel(source, plan, shape, options) as model:
-        with (torch.no_grad() if options.mode == "inference" else contextlib.nullcontext()):
-            parallel, error = log_module_ops(model, module, lambda: model(**data.inputs), world)
+    parallel, error = _parallel_ops(source, plan, shape, options, module, named)
     truth, single = _paired(logs[0]), _paired(logs[1])
     index = (lambda rank: rank % tp)
     for call in parallel:
@@ -208,10 +221,14 @@ def _first_wrong_op(source, plan, shape, options, module: str, first: Finding, t
 
 
 def blame(source, plan, shape, options, found, findings: list[Finding], truth, single=None,
-          backend: str = "local") -> Culprit:
+          backend: str = "local", named=None) -> Culprit:
     """The first culprit of a run that differs (``findings`` in the run's order) or raised; the aten
-    op inside a module is looked for in process (a gloo run's culprit stays at the module)."""
-    in_process = backend == "local"
+    op inside a module is looked for in process, or for a gloo run on gloo processes again when
+    ``named`` (a :class:`~shardverify.parallelize.processes.Named`) rebuilds model and plan there
+    (without it, a gloo run's culprit stays at the module)."""
+    in_process = backend == "local" or named is not None
+    if backend == "local":
+        named = None
     _, tp = (1, shape[0]) if len(shape) == 1 else shape
     first = findings[0] if findings else None
     if first is not None and first.phase in ("forward", "inference"):
@@ -219,14 +236,14 @@ def blame(source, plan, shape, options, found, findings: list[Finding], truth, s
             parent = found.parent.get(first.what, "")
             arrived_wrong = reading(found.arrivals[first.what], truth.outputs[first.what][0],
                                     (single or truth).outputs[first.what][0], options.dtype, tp,
-                                    lambda rank: rank % tp) is None
+                                    lambda rank: rank % tp, math.prod(shape) // tp) is None
             if arrived_wrong and parent and in_process:
-                return _op_culprit(source, plan, shape, options, parent, first, tp)
+                return _op_culprit(source, plan, shape, options, parent, first, tp, named)
             return _input_culprit(first, found, truth, single or truth, tp, options.dtype)
         module = found.owner.get(first.what, first.what)
         if not in_process:
             return Culprit(module, first.what, cause="values", detail=first.line())
-        return _op_culprit(source, plan, shape, options, module, first, tp)
+        return _op_culprit(source, plan, shape, options, module, first, tp, named)
     if found.failure is not None:
         failing = found.failure.module or "(model)"
         if "mixed torch.Tensor and DTensor" in found.failure.error:
@@ -235,7 +252,7 @@ def blame(source, plan, shape, options, found, findings: list[Finding], truth, s
                 return mixed
         if found.failure.stage == "forward" and found.failure.module and in_process:
             culprit = _op_culprit(source, plan, shape, options, failing,
-                                  Finding("forward", failing, 0, "raised", math.inf, 0, 0, 0), tp)
+                                  Finding("forward", failing, 0, "raised", math.inf, 0, 0, 0), tp, named)
             if culprit.op:
                 return culprit
         return Culprit(failing, cause="raised", detail=f"{found.failure.stage}: {found.failure.error}")

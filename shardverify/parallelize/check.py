@@ -16,7 +16,7 @@ import torch
 
 from shardverify.errors import InvalidArgument
 from shardverify.parallelize.blame import Culprit, blame
-from shardverify.parallelize.compare import Finding, Margin, compare_values
+from shardverify.parallelize.compare import Finding, Margin, compare_values, dp_rows
 from shardverify.parallelize.execute import LEARNING_RATE, Failure, RunOptions, Trace, run_parallel, run_single
 from shardverify.parallelize.models import ModelSource
 from shardverify.parallelize.names import resolve_model, resolve_plan
@@ -59,15 +59,6 @@ def _dp_tp(shape: tuple[int, ...]) -> tuple[int, int]:
     return (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
 
 
-def _rows(value: torch.Tensor, mine: torch.Tensor, dp: int, index: int) -> torch.Tensor:
-    """A data-parallel rank's share of a single-device ``value``: its block of the leading dim when the
-    rank's own value ``mine`` holds a dp-th of it (the batch, or the batch flattened with the
-    sequence, batch outermost: an MoE router's tokens), else the whole (a value of no batch)."""
-    if dp == 1 or value.dim() == 0 or mine.dim() != value.dim() or mine.shape[0] * dp != value.shape[0]:
-        return value
-    return torch.chunk(value, dp, 0)[index]
-
-
 def _against(phase: str, what: str, values: list, truth, single, options: RunOptions, shape,
              margin: Margin, step: int = 0) -> list[Finding]:
     """``compare_values`` with each rank held to its data-parallel rows of the truth; a weight after
@@ -83,7 +74,7 @@ def _against(phase: str, what: str, values: list, truth, single, options: RunOpt
                               margin, floor)
     found = []
     for rank, value in enumerate(values):
-        share = (lambda whole: whole) if value is None else (lambda whole: _rows(whole, value, dp, rank // tp))
+        share = (lambda whole: whole) if value is None else (lambda whole: dp_rows(whole, value, dp, rank // tp))
         mine = compare_values(phase, what, [value], share(truth), share(single), options.dtype, tp,
                               lambda _: rank % tp, step, margin, floor)
         found += [replace(f, rank=rank) for f in mine]
@@ -145,9 +136,14 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
     return findings, compared, len(differs & set(found.outputs))
 
 
+def _named(model: str, plan: str, seed: int, inputs, loss_parallel: bool):
+    from shardverify.parallelize.processes import Named
+    return Named(model, plan, seed, tuple(inputs), loss_parallel)
+
+
 def _on_gloo(model: str, plan: str, seed: int, inputs, loss_parallel: bool, shape, options: RunOptions) -> Trace:
-    from shardverify.parallelize.processes import Named, run_on_processes
-    return run_on_processes(Named(model, plan, seed, tuple(inputs), loss_parallel), shape, options)
+    from shardverify.parallelize.processes import run_on_processes
+    return run_on_processes(_named(model, plan, seed, inputs, loss_parallel), shape, options)
 
 
 def _phase(first: Finding) -> str:
@@ -235,12 +231,15 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
         notes.append(f"{otherwise} module values not compared: the float64 single device computes them another way "
                      "(transformers' eager experts loop where the run's dtype takes the grouped GEMM)")
     culprit = None
+    names = _named(model, plan, seed, inputs, loss_parallel) if backend == "gloo" else None
     if found.failure is not None:
         verdict, phase = "fails loudly", found.failure.stage
-        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend) if explain else None
+        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend,
+                                                     names) if explain else None
     elif findings:
         verdict, phase = "silently wrong", _phase(findings[0])
-        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend) if explain else None
+        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend,
+                                                     names) if explain else None
     else:
         verdict, phase = "right", ""
     return ParallelizeResult(**head, verdict=verdict, phase=phase, findings=tuple(findings), compared=compared,

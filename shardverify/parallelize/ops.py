@@ -55,12 +55,19 @@ class _Log(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        entry = [func, args, kwargs, None]
-        if func.namespace == "aten" and func._opname not in SKIPPED and not _from_layout_code():
-            self.raw.append(entry)
+        if not (func.namespace == "aten" and func._opname not in SKIPPED and not _from_layout_code()):
+            return func(*args, **kwargs)
+        # copies, taken now: an in-place op changes its inputs, and FSDP2 frees the storage of the
+        # parameters it gathered for the forward as soon as the module is done
+        entry = [func, _snapshot(args), _snapshot(kwargs), None]
+        self.raw.append(entry)
         out = func(*args, **kwargs)
-        entry[3] = out
+        entry[3] = _snapshot(out)
         return out
+
+
+def _snapshot(value):
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, value)
 
 
 def _tensors(value) -> list[torch.Tensor]:

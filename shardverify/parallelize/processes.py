@@ -18,7 +18,7 @@ from shardverify.parallelize.execute import Failure, RunOptions, Trace, batches,
 from shardverify.parallelize.models import Batch
 from shardverify.parallelize.names import resolve_model, resolve_plan
 
-__all__ = ["Named", "rank_program", "run_on_processes", "dp_share"]
+__all__ = ["Named", "rank_program", "run_on_processes", "dp_share", "rank_ops_program", "ops_on_processes"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +118,44 @@ def run_on_processes(named: Named, shape: tuple[int, ...], options: RunOptions, 
         return trace
     return _merged(traces)
 
+
+
+def rank_ops_program(comm, named: Named, shape: tuple[int, ...], options: RunOptions, module: str) -> tuple:
+    """One rank's log of ``module``'s aten ops in one forward of the parallelized model. Every rank
+    takes the whole first batch (its data-parallel share is not taken), so each rank's values are
+    compared with the single device's as on a mesh of tensor parallelism only."""
+    from shardverify.parallelize.ops import log_module_ops
+
+    source = resolve_model(named.model, named.inputs, named.seed)
+    plan = resolve_plan(named.plan, loss_parallel=named.loss_parallel)
+    data = batches(source, options)[0]
+    model = single_model(source, options.dtype)
+    model = plan.apply(model, tuple(shape)) or model
+    with warnings.catch_warnings(), (torch.no_grad() if options.mode == "inference" else contextlib.nullcontext()):
+        warnings.simplefilter("ignore", UserWarning)
+        return log_module_ops(model, module, lambda: model(**data.inputs), 1)
+
+
+def ops_on_processes(named: Named, shape: tuple[int, ...], options: RunOptions, module: str,
+                     timeout: float = 120.0) -> tuple[list, str]:
+    """``module``'s aten ops as every rank of ``shape`` (a gloo process each) ran them, as the
+    in-process world's log gives them: each call's values a list over the ranks."""
+    from shardverify.backends.process import ProcessBackend
+    from shardverify.sharding.mesh import DeviceMesh
+
+    with ProcessBackend(DeviceMesh(tuple(shape)), backend="gloo", timeout=timeout, keep_cpus=False) as backend:
+        logs = backend.run(rank_ops_program, named, tuple(shape), options, module)
+    merged = []
+    for calls in zip(*(calls for calls, _ in logs)):
+        if len({call.key for call in calls}) != 1:   # the ranks ran different ops from here on
+            break
+        first = calls[0]
+        first.inputs = [[values[0] for values in per] for per in zip(*(c.inputs for c in calls))]
+        first.outputs = [[values[0] for values in per] for per in zip(*(c.outputs for c in calls))]
+        if all(c.direct is not None for c in calls):
+            first.direct = [[values[0] for values in per] for per in zip(*(c.direct for c in calls))]
+        else:
+            first.direct = None
+        first.raised = next((c.raised for c in calls if c.raised), "")
+        merged.append(first)
+    return merged, next((error for _, error in logs if error), "")
