@@ -91,6 +91,39 @@ def test_a_plan_rule_that_names_no_module_is_counted_and_said():
         == ("model.layers.*.mlp.fc9",)
 
 
+class _PerKind(torch.nn.Module):
+    def forward(self, x, kind):
+        return x * (2.0 if kind == "sliding" else 3.0)
+
+
+class _KindsInOrder(torch.nn.Module):
+    """Calls one module once per kind, in the order given: a loop over a ``set`` of layer types
+    runs in an order that follows each process's string hash seed."""
+
+    def __init__(self, order):
+        super().__init__()
+        self.rotary, self.order = _PerKind(), order
+
+    def forward(self, x):
+        return sum(self.rotary(x, kind=kind) for kind in self.order)
+
+
+def test_a_module_called_once_per_kind_is_paired_by_its_kind_not_by_call_order():
+    from shardverify.parallelize.execute import Trace, _Recorder
+
+    x, traces = torch.ones(2), []
+    for order in (("sliding", "full"), ("full", "sliding")):
+        trace, model = Trace(), _KindsInOrder(order)
+        recorder = _Recorder(model, trace, 1)
+        model(x)
+        recorder.remove()
+        traces.append(trace)
+    first, second = traces
+    assert "rotary(kind='sliding')" in first.outputs and "rotary(kind='full')" in first.outputs
+    assert all(torch.equal(first.outputs[key][0], second.outputs[key][0]) for key in first.outputs)
+    assert first.owner["rotary(kind='full')"] == "rotary"
+
+
 def test_the_shipped_transformers_plan_of_llama_is_right_in_training_and_inference():
     train = _check("hf:llama", "hf", steps=2)
     assert train.verdict == "right", render(train)

@@ -86,7 +86,7 @@ def _computed_otherwise(truth: Trace, single: Trace) -> set[str]:
     experts loop calls a module once per expert where the grouped GEMM calls it once): a module
     called a different number of times, or a value of another shape. They are not compared."""
     def calls(trace: Trace) -> Counter:
-        return Counter(key.split("#")[0] for key in trace.module_order)
+        return Counter(trace.owner.get(key, key) for key in trace.module_order)
 
     mine, theirs = calls(single), calls(truth)
     other = {module for module in mine | theirs if mine[module] != theirs[module]}
@@ -114,7 +114,7 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
                                  options, shape, margin)
     first_seen = {}
     for position, key in enumerate(found.module_order):
-        first_seen.setdefault(key.split("#")[0], position)
+        first_seen.setdefault(found.owner.get(key, key), position)
 
     def backward_order(name: str) -> int:
         module = name.rpartition(".")[0] or "(model)"

@@ -77,9 +77,20 @@ def zero_dropout(model: nn.Module) -> int:
     return count
 
 
+def _choice(args: tuple, kwargs: dict) -> str:
+    """A call's text and flag arguments (``layer_type="sliding_attention"``), as part of its key: a
+    module called once per choice in an order of no meaning (a loop over a ``set``, whose order
+    follows each process's string hash seed) has each call paired with the same call elsewhere.
+    Numbers are left out: a data-parallel rank passes its own batch size."""
+    chosen = [repr(v) for v in args if isinstance(v, (str, bool))]
+    chosen += [f"{k}={v!r}" for k, v in sorted(kwargs.items()) if isinstance(v, (str, bool))]
+    return f"({', '.join(chosen)})" if chosen else ""
+
+
 class _Recorder:
     """Forward hooks on every module: the output of each call (first forward only), per rank,
-    and the stack of modules running (to name where an exception rose)."""
+    and the stack of modules running (to name where an exception rose). A call is keyed by its
+    module, its text and flag arguments (:func:`_choice`) and how many such calls came before."""
 
     def __init__(self, model: nn.Module, trace: Trace, world: int):
         self.trace, self.world, self.stack, self.on = trace, world, [], True
@@ -87,39 +98,43 @@ class _Recorder:
         self.handles = []
         for name, module in model.named_modules():
             label = name or "(model)"
-            self.handles.append(module.register_forward_pre_hook(self._arrive(label), prepend=True))
-            self.handles.append(module.register_forward_pre_hook(self._enter(label)))
-            self.handles.append(module.register_forward_hook(self._leave(label)))
+            self.handles.append(module.register_forward_pre_hook(self._arrive(label), prepend=True, with_kwargs=True))
+            self.handles.append(module.register_forward_pre_hook(self._enter(label), with_kwargs=True))
+            self.handles.append(module.register_forward_hook(self._leave(label), with_kwargs=True))
 
     def _arrive(self, label: str) -> Callable:
         """What reaches the module, before a plan's style prepares it (``"M arrives"``)."""
-        def hook(module, args):
-            if self.on and self.calls[label] == 0:
+        def hook(module, args, kwargs):
+            base = label + _choice(args, kwargs)
+            if self.on and self.calls[base] == 0:
                 for sub, tensor in tensors_of(args):
                     if tensor.is_floating_point() or tensor.is_complex():
-                        self.trace.arrivals[f"{label} input{sub}"] = per_rank(tensor, self.world)
-                        self.trace.parent[f"{label} input{sub}"] = self.stack[-1] if self.stack else ""
+                        self.trace.arrivals[f"{base} input{sub}"] = per_rank(tensor, self.world)
+                        self.trace.parent[f"{base} input{sub}"] = self.stack[-1] if self.stack else ""
         return hook
 
     def _enter(self, label: str) -> Callable:
-        def hook(module, args):
+        def hook(module, args, kwargs):
             self.stack.append(label)
-            if self.on and self.calls[label] == 0:
+            base = label + _choice(args, kwargs)
+            if self.on and self.calls[base] == 0:
                 for sub, tensor in tensors_of(args):
                     if tensor.is_floating_point() or tensor.is_complex():
-                        self.trace.outputs[f"{label} input{sub}"] = per_rank(tensor, self.world)
-                        self.trace.owner[f"{label} input{sub}"] = label
+                        self.trace.outputs[f"{base} input{sub}"] = per_rank(tensor, self.world)
+                        self.trace.owner[f"{base} input{sub}"] = label
         return hook
 
     def _leave(self, label: str) -> Callable:
-        def hook(module, args, output):
+        def hook(module, args, kwargs, output):
             if self.stack and self.stack[-1] == label:
                 self.stack.pop()
             if not self.on:
                 return
-            self.calls[label] += 1
-            key = label if self.calls[label] == 1 else f"{label}#{self.calls[label]}"
+            base = label + _choice(args, kwargs)
+            self.calls[base] += 1
+            key = base if self.calls[base] == 1 else f"{base}#{self.calls[base]}"
             self.trace.module_order.append(key)
+            self.trace.owner[key] = label
             for sub, tensor in tensors_of(output):
                 if tensor.is_floating_point() or tensor.is_complex():
                     self.trace.outputs[key + sub] = per_rank(tensor, self.world)
