@@ -16,11 +16,12 @@ import torch
 
 from shardverify.errors import InvalidArgument
 from shardverify.parallelize.blame import Culprit, blame
-from shardverify.parallelize.compare import Finding, Margin, compare_values, dp_rows
+from shardverify.parallelize.compare import Finding, Margin, compare_values, dp_shares
 from shardverify.parallelize.execute import LEARNING_RATE, Failure, RunOptions, Trace, run_parallel, run_single
 from shardverify.parallelize.models import ModelSource
 from shardverify.parallelize.names import resolve_model, resolve_plan
 from shardverify.parallelize.plans import Plan, mesh_names
+from shardverify.parallelize.processes import dp_splits
 
 __all__ = ["ParallelizeResult", "check_parallelize", "VERDICTS"]
 
@@ -74,9 +75,13 @@ def _against(phase: str, what: str, values: list, truth, single, options: RunOpt
                               margin, floor)
     found = []
     for rank, value in enumerate(values):
-        share = (lambda whole: whole) if value is None else (lambda whole: dp_rows(whole, value, dp, rank // tp))
-        mine = compare_values(phase, what, [value], share(truth), share(single), options.dtype, tp,
-                              lambda _: rank % tp, step, margin, floor)
+        shares = [(truth, single)] if value is None else \
+            list(zip(dp_shares(truth, value, dp, rank // tp), dp_shares(single, value, dp, rank // tp)))
+        tries = [compare_values(phase, what, [value], t, s, options.dtype, tp, lambda _: rank % tp, step, None, floor)
+                 for t, s in shares[:-1]]
+        fits = next((i for i, found_here in enumerate(tries) if not found_here), len(shares) - 1)
+        mine = compare_values(phase, what, [value], *shares[fits], options.dtype, tp, lambda _: rank % tp, step,
+                              margin, floor)
         found += [replace(f, rank=rank) for f in mine]
     return found
 
@@ -101,7 +106,8 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
     the first forward's module inputs and outputs, then each step's loss, gradients (in the order the
     backward pass reaches their modules) and weights. A data-parallel rank is held to its rows of
     each activation; its loss (the mean over its rows) is averaged over the data-parallel ranks.
-    Returns the findings, the values compared and the module values the truth computes otherwise."""
+    Returns the findings, the values compared, the module values the truth computes otherwise, and
+    the parameters the single device names otherwise (a tied weight listed under its other name)."""
     dp, tp = _dp_tp(shape)
     findings: list[Finding] = []
     compared = 0
@@ -112,7 +118,7 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
             compared += 1
             findings += _against(forward_phase, key, values, truth.outputs[key][0], single.outputs[key][0],
                                  options, shape, margin)
-    first_seen = {}
+    first_seen, unnamed = {}, set()
     for position, key in enumerate(found.module_order):
         first_seen.setdefault(found.owner.get(key, key), position)
 
@@ -127,13 +133,16 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
         for kind, values in (("gradient", found.grads), ("weights", found.weights)):
             if step >= len(values):
                 continue
+            theirs = (truth.grads if kind == "gradient" else truth.weights)[step]
+            single_runs = (single.grads if kind == "gradient" else single.weights)[step]
             for name in sorted(values[step], key=backward_order if kind == "gradient" else (lambda n: 0)):
+                if name not in theirs or name not in single_runs:
+                    unnamed.add(name)
+                    continue
                 compared += 1
-                theirs = truth.grads if kind == "gradient" else truth.weights
-                single_runs = single.grads if kind == "gradient" else single.weights
-                findings += _against(kind, name, values[step][name], theirs[step][name][0],
-                                     single_runs[step][name][0], options, (1, tp), margin, step)
-    return findings, compared, len(differs & set(found.outputs))
+                findings += _against(kind, name, values[step][name], theirs[name][0],
+                                     single_runs[name][0], options, (1, tp), margin, step)
+    return findings, compared, len(differs & set(found.outputs)), sorted(unnamed)
 
 
 def _named(model: str, plan: str, seed: int, inputs, loss_parallel: bool):
@@ -200,6 +209,9 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     if backend == "gloo":
         found = _on_gloo(model, plan, seed, inputs, loss_parallel, shape, options)
         notes.append(f"ran on {math.prod(shape)} gloo processes")
+        if dp > 1 and not dp_splits(source.batch(0), dp):
+            notes.append(f"the batch does not split over {dp} data-parallel ranks (its inputs' leading dims differ, or "
+                         f"{dp} does not divide them): every data-parallel rank takes the whole batch")
     else:
         found = run_parallel(source, the_plan, shape, options)
         if found.failure is not None and named and auto:
@@ -226,7 +238,11 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     if truth.dropouts:
         notes.append(f"{truth.dropouts} dropout module(s) set to p=0 on both sides (random masks cannot be compared)")
     margin = Margin()
-    findings, compared, otherwise = _compare(truth, single, found, options, shape, margin)
+    findings, compared, otherwise, unnamed = _compare(truth, single, found, options, shape, margin)
+    if unnamed:
+        notes.append(f"{len(unnamed)} parameter(s) of the parallelized model not compared: the single device has none "
+                     "of that name (a tied weight listed under its other name): " + ", ".join(unnamed[:4])
+                     + (", ..." if len(unnamed) > 4 else ""))
     if otherwise:
         notes.append(f"{otherwise} module values not compared: the float64 single device computes them another way "
                      "(transformers' eager experts loop where the run's dtype takes the grouped GEMM)")

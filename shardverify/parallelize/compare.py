@@ -21,7 +21,7 @@ import torch
 
 from shardverify.verify.tolerance import tolerance_for
 
-__all__ = ["Finding", "Margin", "FACTOR", "compare_values", "budget", "reading", "dp_rows"]
+__all__ = ["Finding", "Margin", "FACTOR", "compare_values", "budget", "reading", "dp_shares"]
 
 #: how many times the single device's own rounding a parallelized value may err by
 FACTOR = 8.0
@@ -143,25 +143,28 @@ def _best(value: torch.Tensor, truth: torch.Tensor, single: torch.Tensor, dtype:
     return best
 
 
-def dp_rows(value: torch.Tensor, mine: torch.Tensor, dp: int, index: int) -> torch.Tensor:
-    """A data-parallel rank's share of a single-device ``value``: its block of the leading dim when the
-    rank's own value ``mine`` holds a dp-th of it (the batch, or the batch flattened with the
-    sequence, batch outermost: an MoE router's tokens), else the whole (a value of no batch)."""
-    if dp == 1 or value.dim() == 0 or mine.dim() != value.dim() or mine.shape[0] * dp != value.shape[0]:
-        return value
-    return torch.chunk(value, dp, 0)[index]
+def dp_shares(value: torch.Tensor, mine: torch.Tensor, dp: int, index: int) -> list[torch.Tensor]:
+    """What a data-parallel rank may hold of a single-device ``value``: its block of each dim where
+    its own value ``mine`` holds a dp-th of it (the batch; the batch flattened with the sequence, an
+    MoE router's tokens; the batch behind a stack of streams, Gemma 3n's altup), then the whole (a
+    value of no batch, or a rank given the whole batch). Which one it holds is read from the values:
+    a tensor-parallel shard can halve a dim as the data-parallel split does."""
+    if dp == 1 or value.dim() == 0 or mine.dim() != value.dim():
+        return [value]
+    return [torch.chunk(value, dp, d)[index] for d in range(value.dim()) if mine.shape[d] * dp == value.shape[d]] \
+        + [value]
 
 
 def reading(found: list[torch.Tensor], truth: torch.Tensor, single: torch.Tensor, dtype: torch.dtype, tp: int,
             tp_index, dp: int = 1) -> str | None:
     """How every rank holds ``truth`` ("the whole value", "block 1 of 2 on dim 2" on rank 0), or None
     when some rank holds no block of it within its budget; with ``dp`` > 1 (ranks dp-major), each
-    rank is held to its data-parallel rows (:func:`dp_rows`)."""
+    rank is held to its data-parallel share (:func:`dp_shares`)."""
     layouts = []
     for rank, value in enumerate(found):
         index = rank // (len(found) // dp) if dp > 1 else 0
-        best = _best(value, dp_rows(truth, value, dp, index), dp_rows(single, value, dp, index), dtype, tp,
-                     tp_index(rank))
+        shares = zip(dp_shares(truth, value, dp, index), dp_shares(single, value, dp, index))
+        best = next((b for b in (_best(value, t, s, dtype, tp, tp_index(rank)) for t, s in shares) if b and b[0]), None)
         if best is None or not best[0]:
             return None
         layouts.append(best[2])

@@ -168,6 +168,11 @@ def batches(source: ModelSource, options: RunOptions) -> list[Batch]:
     return [source.batch(step).cast(options.dtype) for step in range(count)]
 
 
+#: the random state each forward starts from, on every side: a model that draws inside its forward
+#: (DiffusionGemma's random canvas when no decoder input is given) draws the same on each
+FORWARD_SEED = 1234
+
+
 def run_steps(model: nn.Module, source: ModelSource, options: RunOptions, trace: Trace, world: int,
            loss_context: Callable[[], contextlib.AbstractContextManager], data: list[Batch]) -> None:
     """Run the steps on ``data``, filling ``trace``; an exception is caught as the trace's failure."""
@@ -177,6 +182,7 @@ def run_steps(model: nn.Module, source: ModelSource, options: RunOptions, trace:
         if options.mode == "inference":
             model.eval()
             with torch.no_grad():
+                torch.manual_seed(FORWARD_SEED)
                 model(**data[0].inputs)
             return
         model.train()
@@ -184,6 +190,7 @@ def run_steps(model: nn.Module, source: ModelSource, options: RunOptions, trace:
         for step in range(options.steps):
             batch = data[step]
             stage = "forward"
+            torch.manual_seed(FORWARD_SEED + step)
             output = model(**batch.inputs)
             recorder.on = False
             stage = "loss"

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from shardverify.parallelize.execute import FORWARD_SEED
 from shardverify.parallelize.values import is_dtensor, per_rank
 
 __all__ = ["OpCall", "log_module_ops", "SKIPPED"]
@@ -99,6 +100,7 @@ def log_module_ops(model: nn.Module, module_name: str, run, world: int) -> tuple
     handles = [target.register_forward_pre_hook(enter), target.register_forward_hook(leave)]
     error = ""
     try:
+        torch.manual_seed(FORWARD_SEED)
         run()
     except Exception as exc:  # noqa: BLE001 - the op that raised is the culprit of a loud failure
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]

@@ -18,7 +18,7 @@ from shardverify.parallelize.execute import Failure, RunOptions, Trace, batches,
 from shardverify.parallelize.models import Batch
 from shardverify.parallelize.names import resolve_model, resolve_plan
 
-__all__ = ["Named", "rank_program", "run_on_processes", "dp_share", "rank_ops_program", "ops_on_processes"]
+__all__ = ["Named", "rank_program", "run_on_processes", "dp_share", "dp_splits", "rank_ops_program", "ops_on_processes"]
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,24 @@ class Named:
     loss_parallel: bool = False
 
 
+def dp_splits(batch: Batch, dp: int) -> bool:
+    """Whether the batch splits over ``dp`` data-parallel ranks: every input (and the targets) a
+    batch of one leading dim that ``dp`` divides. Inputs of other leading dims (a vision encoder's
+    patches of every image packed, with one row per image beside them) cannot be split without
+    knowing the model; every rank then takes the whole batch (said with the result)."""
+    values = [v for v in (*batch.inputs.values(), batch.targets) if v is not None and v.dim() > 0]
+    rows = {v.shape[0] for v in values}
+    return dp > 1 and len(rows) == 1 and next(iter(rows)) % dp == 0
+
+
 def dp_share(batch: Batch, dp: int, index: int) -> Batch:
-    """This data-parallel rank's rows of every input (and target) with the global batch's rows."""
-    if dp == 1:
+    """This data-parallel rank's rows of every input (and target), or the whole batch where it does
+    not split (:func:`dp_splits`)."""
+    if not dp_splits(batch, dp):
         return batch
-    rows = next(iter(batch.inputs.values())).shape[0]
 
     def take(value: torch.Tensor | None):
-        if value is None or value.dim() == 0 or value.shape[0] != rows:
-            return value
-        return torch.chunk(value, dp, 0)[index]
+        return value if value is None or value.dim() == 0 else torch.chunk(value, dp, 0)[index]
 
     return Batch({k: take(v) for k, v in batch.inputs.items()}, take(batch.targets))
 
