@@ -59,6 +59,8 @@ class Finding:
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     if a.numel() == 0:
         return 0.0
+    if a.is_complex() or b.is_complex():   # both parts compared (a cast to a real dtype drops the imaginary)
+        a, b = (torch.view_as_real(t.detach().to(torch.complex128)) for t in (a, b))
     diff = (a.detach().to(torch.float64) - b.detach().to(torch.float64)).abs()
     if not torch.isfinite(diff).all():
         same_nonfinite = (~torch.isfinite(a.double())) & (a.double() == b.double())
