@@ -100,6 +100,18 @@ def _computed_otherwise(truth: Trace, single: Trace) -> set[str]:
          tuple(single.outputs[key][0].shape) != tuple(truth.outputs[key][0].shape)}
 
 
+def _routed(single: Trace) -> set[str]:
+    """Module values of calls made once per expert on the tokens routed to it (a module called more
+    than once in a forward, its calls' values of different shapes): a data-parallel rank routes its
+    own rows, so its n-th call is another expert's, on other tokens, than the single device's n-th."""
+    shapes: dict[str, set] = {}
+    for key in single.module_order:
+        value = single.outputs.get(key)
+        shapes.setdefault(single.owner.get(key, key), set()).add(None if value is None else tuple(value[0].shape))
+    routed = {module for module, seen in shapes.items() if len(seen) > 1}
+    return {key for key, owner in single.owner.items() if owner in routed}
+
+
 def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, shape: tuple[int, ...],
              margin: Margin) -> tuple[list[Finding], int, int]:
     """Every value of ``found`` against the truth, the findings in the order the run made the values:
@@ -112,7 +124,7 @@ def _compare(truth: Trace, single: Trace, found: Trace, options: RunOptions, sha
     findings: list[Finding] = []
     compared = 0
     forward_phase = "inference" if options.mode == "inference" else "forward"
-    differs = _computed_otherwise(truth, single)
+    differs = _computed_otherwise(truth, single) | (_routed(single) if dp > 1 else set())
     for key, values in found.outputs.items():
         if key in truth.outputs and key in single.outputs and key not in differs:
             compared += 1
@@ -245,7 +257,8 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
                      + (", ..." if len(unnamed) > 4 else ""))
     if otherwise:
         notes.append(f"{otherwise} module values not compared: the float64 single device computes them another way "
-                     "(transformers' eager experts loop where the run's dtype takes the grouped GEMM)")
+                     "(transformers' eager experts loop where the run's dtype takes the grouped GEMM)"
+                     + (", or a data-parallel rank routes its own rows to each expert" if dp > 1 else ""))
     culprit = None
     names = _named(model, plan, seed, inputs, loss_parallel) if backend == "gloo" else None
     if found.failure is not None:

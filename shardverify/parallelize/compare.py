@@ -153,8 +153,15 @@ def dp_shares(value: torch.Tensor, mine: torch.Tensor, dp: int, index: int) -> l
     a tensor-parallel shard can halve a dim as the data-parallel split does."""
     if dp == 1 or value.dim() == 0 or mine.dim() != value.dim():
         return [value]
-    return [torch.chunk(value, dp, d)[index] for d in range(value.dim()) if mine.shape[d] * dp == value.shape[d]] \
-        + [value]
+    shares = []
+    for d in range(value.dim()):
+        rows = mine.shape[d]
+        if rows * dp != value.shape[d]:
+            continue
+        # the batch's block, or its block within each of k groups (experts x tokens, flattened)
+        for groups in (k for k in range(1, rows + 1) if rows % k == 0):
+            shares.append(value.unflatten(d, (groups, dp, rows // groups)).select(d + 1, index).flatten(d, d + 1))
+    return shares + [value]
 
 
 def reading(found: list[torch.Tensor], truth: torch.Tensor, single: torch.Tensor, dtype: torch.dtype, tp: int,
