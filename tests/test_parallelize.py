@@ -124,6 +124,32 @@ def test_a_module_called_once_per_kind_is_paired_by_its_kind_not_by_call_order()
     assert first.owner["rotary(kind='full')"] == "rotary"
 
 
+def test_a_data_parallel_rank_is_read_as_its_block_of_the_batch_dim_or_within_each_expert_group():
+    from shardverify.parallelize.compare import dp_shares
+
+    # [batch 2, seq 3, hidden 4]: dp rank 1 holds batch row 1; a tensor-parallel half of the hidden
+    # dim is offered too (it halves a dim as the dp split does), and the whole comes last
+    value = torch.arange(24.0).reshape(2, 3, 4)
+    shares = dp_shares(value, torch.zeros(1, 3, 4), 2, 1)
+    assert torch.equal(shares[0], value[1:]) and torch.equal(shares[-1], value)
+    # 2 experts x (2 dp ranks x 3 tokens) flattened, expert-major: rank 0's rows are 0-2 and 6-8
+    routed = torch.arange(12.0).unsqueeze(1)
+    assert any(torch.equal(share, torch.tensor([[0.0], [1], [2], [6], [7], [8]]))
+               for share in dp_shares(routed, torch.zeros(6, 1), 2, 0))
+    assert dp_shares(value, torch.zeros(1, 3, 4), 1, 0) == [value]
+
+
+def test_on_a_data_parallel_mesh_an_experts_per_call_values_are_left_out():
+    from shardverify.parallelize.check import _routed
+    from shardverify.parallelize.execute import Trace
+
+    trace = Trace(module_order=["experts.act", "experts.act#2", "norm"],
+                  owner={"experts.act": "experts.act", "experts.act#2": "experts.act", "norm": "norm"},
+                  outputs={"experts.act": [torch.zeros(3, 4)], "experts.act#2": [torch.zeros(5, 4)],
+                           "norm": [torch.zeros(8, 4)]})
+    assert _routed(trace) == {"experts.act", "experts.act#2"}
+
+
 def test_the_shipped_transformers_plan_of_llama_is_right_in_training_and_inference():
     train = _check("hf:llama", "hf", steps=2)
     assert train.verdict == "right", render(train)
