@@ -213,6 +213,19 @@ def test_the_command_exits_0_right_1_wrong_2_bad_input(capsys):
     assert main(["parallelize", "zoo:mlp"]) == 2      # no plan for a non-transformers model
 
 
+def test_a_transformers_plan_with_overrides_is_text_a_process_can_rebuild(capsys):
+    from shardverify.parallelize.names import overrides_text, resolve_plan
+
+    text = overrides_text({"embed_tokens": "embedding_colwise"})
+    assert resolve_plan(text).styles == {"embed_tokens": "embedding_colwise"}
+    assert main(["parallelize", "hf:llama", "--tp-override", "embed_tokens", "--mode", "inference"]) == 2
+    assert "--tp-override 'embed_tokens': expected PATTERN=STYLE" in capsys.readouterr().err
+    assert main(["parallelize", "zoo:mlp", "--plan", "zoo:mlp", "--tp-override", "w1=colwise"]) == 2
+    assert "--tp-override changes a transformers plan" in capsys.readouterr().err
+    assert main(["parallelize", "hf:llama", "--plan", 'hf:{"a": 3}', "--mode", "inference"]) == 2
+    assert "expected a JSON object of at most 200 module patterns to style names" in capsys.readouterr().err
+
+
 def test_the_pytest_fixture_passes_a_right_plan(parallel_plan):
     assert parallel_plan("zoo:mlp", "zoo:mlp", steps=1).verdict == "right"
 

@@ -34,6 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="hf (the config's own base_model_tp_plan, applied as from_pretrained applies it; "
                              "the default for hf: models), zoo:NAME (mlp, titan, titan-norm-left-out, ...), or the "
                              "dotted name of a dict of ParallelStyles or of a parallelize(model, mesh) function")
+    parser.add_argument("--tp-override", action="append", default=[], metavar="PATTERN=STYLE",
+                        help="with a transformers plan: a rule merged into the config's plan as DistributedConfig(tp_plan=...) "
+                             "merges it, e.g. model.layers.*.self_attn.q_norm=replicated_with_grad_allreduce (repeatable)")
     parser.add_argument("--mesh", action="append", type=parse_mesh, default=None, metavar="SHAPE",
                         help="tp (e.g. 2) or dp,tp (e.g. 2,2); repeatable (default: 2)")
     parser.add_argument("--mode", choices=("train", "inference", "both"), default=None,
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from shardverify.parallelize import check_parallelize
-    from shardverify.parallelize.names import resolve_plan
+    from shardverify.parallelize.names import overrides_text, resolve_plan
     from shardverify.parallelize.report import as_json, render
     from shardverify.plan.inputs import parse_input
 
@@ -77,6 +80,17 @@ def run(args: argparse.Namespace) -> int:
     if plan_text is None:
         print("shardverify parallelize: error: --plan is needed for a model that is not hf:TYPE", file=sys.stderr)
         return 2
+    if args.tp_override:
+        if plan_text not in ("hf", "transformers", "auto"):
+            print("shardverify parallelize: error: --tp-override changes a transformers plan: give an hf: model "
+                  "and --plan hf (or none)", file=sys.stderr)
+            return 2
+        rules = [rule.partition("=") for rule in args.tp_override]
+        bad = [rule for rule, (key, sep, style) in zip(args.tp_override, rules) if not (key and sep and style)]
+        if bad:
+            print(f"shardverify parallelize: error: --tp-override {bad[0]!r}: expected PATTERN=STYLE", file=sys.stderr)
+            return 2
+        plan_text = overrides_text({key: style for key, _, style in rules})
     modes = ("train", "inference") if args.mode == "both" else (args.mode or "train",)
     meshes = args.mesh or [(2,)]
     results = []

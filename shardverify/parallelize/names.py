@@ -1,10 +1,11 @@
 """Models and plans by the names a user gives them (the command line, a process that rebuilds them):
 ``hf:MODEL_TYPE`` (a transformers architecture built tiny), ``zoo:NAME``, ``hf`` (a transformers
-config's own plan), or the dotted name of a factory, a dict of ParallelStyles or a
+config's own plan; ``hf:{...}`` with overrides), or the dotted name of a factory, a dict of ParallelStyles or a
 ``parallelize(model, mesh)`` function in the user's project (what the project's allow-list admits)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from shardverify.parallelize.plans import Plan, function_plan, styles_plan, tran
 from shardverify.parallelize.tiny import tiny_model
 from shardverify.parallelize.zoo import zoo_model, zoo_plan
 
-__all__ = ["resolve_model", "resolve_plan"]
+__all__ = ["resolve_model", "resolve_plan", "parse_overrides", "overrides_text"]
 
 
 def _hf_source(model_type: str, seed: int) -> ModelSource:
@@ -59,11 +60,38 @@ def resolve_model(text: str, inputs: Sequence = (), seed: int = 0, project: Path
     return from_factory(text, factory, inputs, seed)
 
 
+#: the most rules an override may hold, and the longest pattern or style name
+MAX_OVERRIDES, MAX_OVERRIDE_TEXT = 200, 300
+
+
+def parse_overrides(text: str) -> dict[str, str]:
+    """A transformers plan's overrides as data: a JSON object of module pattern to style name (what
+    ``DistributedConfig(tp_plan=...)`` takes); a process rebuilds the plan from this text."""
+    try:
+        found = json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"plan hf:{text[:80]!r}: the overrides are not JSON ({exc})") from None
+    if not isinstance(found, dict) or len(found) > MAX_OVERRIDES or not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= MAX_OVERRIDE_TEXT and 0 < len(v) <= MAX_OVERRIDE_TEXT
+            for k, v in found.items()):
+        raise InvalidArgument(f"plan hf:{text[:80]!r}: expected a JSON object of at most {MAX_OVERRIDES} module "
+                              "patterns to style names, e.g. {\"embed_tokens\": \"embedding_colwise\"}")
+    return found
+
+
+def overrides_text(overrides: Mapping[str, str]) -> str:
+    """The plan text of the config's plan with ``overrides`` (read back by :func:`resolve_plan`)."""
+    return "hf:" + json.dumps(dict(overrides), sort_keys=True)
+
+
 def resolve_plan(text: str, project: Path | None = None, loss_parallel: bool = False) -> Plan:
-    """``hf`` (the transformers config's own plan), ``zoo:NAME``, or the dotted name of a dict of
+    """``hf`` (the transformers config's own plan), ``hf:{JSON overrides}`` (it with overrides, as
+    ``DistributedConfig(tp_plan=...)`` merges them), ``zoo:NAME``, or the dotted name of a dict of
     ParallelStyles or of a ``parallelize(model, mesh)`` function in the user's project."""
     if text in ("hf", "transformers", "auto"):
         return transformers_plan()
+    if text.startswith("hf:"):
+        return transformers_plan(parse_overrides(text[3:]))
     if text.startswith("zoo:"):
         return zoo_plan(text[4:])
     from shardverify.spec.allow import resolve_allowed
