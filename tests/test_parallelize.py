@@ -297,6 +297,23 @@ def test_the_transformers_sweep_stores_each_row_resumes_and_distrusts_an_edited_
     assert "1 of them, in 1 architectures, name no module" in page and "- llama (1 of 9): `layers.*.mlp.fc9`" in page
 
 
+def test_the_sweep_page_is_what_the_stored_results_give():
+    from pathlib import Path
+
+    from shardverify.parallelize.sweep import plan_rules, render_page, sweep
+    from shardverify.parallelize.tiny import tp_architectures
+
+    root = Path(__file__).resolve().parents[1]
+    folder, meshes, modes = root / "results" / "parallelize", [(2,), (4,), (2, 2)], ("train", "inference")
+    shipped = tp_architectures()
+    rows = sweep(shipped, meshes, modes, folder, run=False)
+    assert len(rows) == len(shipped) * len(meshes) * len(modes)      # every row stored, and each one checks
+    page = render_page(rows, shipped, meshes, modes, plan_rules(shipped, folder, run=False))
+    assert page == (root / "docs" / "transformers_tp_plans.md").read_text(), \
+        "docs/transformers_tp_plans.md is stale: shardverify parallelize --sweep-hf --mesh 2 --mesh 4 --mesh 2,2 " \
+        "--stored --write docs/transformers_tp_plans.md"
+
+
 @pytest.mark.dist
 def test_a_data_parallel_rank_is_held_to_its_share_of_tokens_flattened_with_the_batch():
     # an MoE router sees [batch * seq, hidden]: a dp rank holds a dp-th of the rows, batch outermost
