@@ -56,14 +56,19 @@ def _file(folder: Path, architecture: str, mesh: tuple[int, ...], mode: str) -> 
     return folder / (f"{architecture}--{mode}.json" if not mesh else f"{architecture}--{'x'.join(map(str, mesh))}--{mode}.json")
 
 
-def _stored(path: Path, architecture: str, mesh: tuple[int, ...], mode: str) -> SweepRow | None:
-    """The stored row, or None when there is none or it does not check (it is then run again)."""
+def _read_json(path: Path) -> object:
+    """A stored file's JSON: a regular file, bounded; None when there is none or it does not parse."""
     if not path.exists() and not path.is_symlink():
         return None
     try:
-        data = json.loads(read_regular_file(path, MAX_RESULT_BYTES))
+        return json.loads(read_regular_file(path, MAX_RESULT_BYTES))
     except (SpecError, ValueError, RecursionError):
         return None
+
+
+def _stored(path: Path, architecture: str, mesh: tuple[int, ...], mode: str) -> SweepRow | None:
+    """The stored row, or None when there is none or it does not check (it is then run again)."""
+    data = _read_json(path)
     fields = {"architecture": str, "mesh": list, "mode": str, "outcome": str, "phase": str, "culprit": str,
               "compared": int, "outside": int, "cpu_seconds": (int, float)}
     if not isinstance(data, dict) or set(data) != set(fields) or \
@@ -133,12 +138,7 @@ class PlanRules:
 
 
 def _stored_rules(path: Path, architecture: str) -> PlanRules | None:
-    if not path.exists() and not path.is_symlink():
-        return None
-    try:
-        data = json.loads(read_regular_file(path, MAX_RESULT_BYTES))
-    except (SpecError, ValueError, RecursionError):
-        return None
+    data = _read_json(path)
     if not isinstance(data, dict) or set(data) != {"architecture", "rules", "unmatched"} \
             or data["architecture"] != architecture or not isinstance(data["rules"], int) \
             or isinstance(data["rules"], bool) or not isinstance(data["unmatched"], list) \
