@@ -263,12 +263,12 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     names = _named(model, plan, seed, inputs, loss_parallel) if backend == "gloo" else None
     if found.failure is not None:
         verdict, phase = "fails loudly", found.failure.stage
-        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend,
-                                                     names) if explain else None
+        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend, names) \
+            if explain else None
     elif findings:
         verdict, phase = "silently wrong", _phase(findings[0])
-        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend,
-                                                     names) if explain else None
+        culprit = blame(source, the_plan, shape, options, found, findings, truth, single, backend, names) \
+            if explain else None
     else:
         verdict, phase = "right", ""
     return ParallelizeResult(**head, verdict=verdict, phase=phase, findings=tuple(findings), compared=compared,

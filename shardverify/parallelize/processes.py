@@ -127,7 +127,6 @@ def run_on_processes(named: Named, shape: tuple[int, ...], options: RunOptions, 
     return _merged(traces)
 
 
-
 def rank_ops_program(comm, named: Named, shape: tuple[int, ...], options: RunOptions, module: str) -> tuple:
     """One rank's log of ``module``'s aten ops in one forward of the parallelized model. Every rank
     takes the whole first batch (its data-parallel share is not taken), so each rank's values are
