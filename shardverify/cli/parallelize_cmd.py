@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from shardverify.parallelize import check_parallelize
-    from shardverify.parallelize.names import overrides_text, resolve_plan
+    from shardverify.parallelize.names import CONFIG_PLAN, overrides_text, resolve_plan
     from shardverify.parallelize.report import as_json, render
     from shardverify.plan.inputs import parse_input
 
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print("shardverify parallelize: error: --plan is needed for a model that is not hf:TYPE", file=sys.stderr)
         return 2
     if args.tp_override:
-        if plan_text not in ("hf", "transformers", "auto"):
+        if plan_text not in CONFIG_PLAN:
             print("shardverify parallelize: error: --tp-override changes a transformers plan: give an hf: model "
                   "and --plan hf (or none)", file=sys.stderr)
             return 2

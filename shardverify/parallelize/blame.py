@@ -172,16 +172,16 @@ def _op_culprit(source, plan, shape, options, module: str, first: Finding, tp: i
             f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''})"))
 
 
-def _parallel_ops(source, plan, shape, options, module: str, named) -> tuple[list, str]:
-    """``module``'s ops in one forward of the parallelized model, each value a list over the ranks:
-    in process, or (``named`` given) on a gloo process per rank."""
-    from shardverify.parallelize.execute import batches, prepared_parallel
+def _parallel_ops(source, plan, shape, options, module: str, data, named) -> tuple[list, str]:
+    """``module``'s ops in one forward of the parallelized model on ``data``, each value a list over
+    the ranks: in process, or (``named`` given) on a gloo process per rank, which draws the same
+    first batch itself."""
+    from shardverify.parallelize.execute import prepared_parallel
     from shardverify.parallelize.ops import log_module_ops
 
     if named is not None:
         from shardverify.parallelize.processes import ops_on_processes
         return ops_on_processes(named, shape, options, module)
-    data = batches(source, options)[0]
     with prepared_parallel(source, plan, shape, options) as model:
         with (torch.no_grad() if options.mode == "inference" else contextlib.nullcontext()):
             return log_module_ops(model, module, lambda: model(**data.inputs), math.prod(shape))
@@ -203,7 +203,7 @@ def _first_wrong_op(source, plan, shape, options, module: str, first: Finding, t
         # dtype takes the grouped GEMM): paired by occurrence they would meet the wrong calls, so the
         # single device in the run's dtype is the reference, each value held to that dtype's tolerance
         logs[0] = logs[1]
-    parallel, error = _parallel_ops(source, plan, shape, options, module, named)
+    parallel, error = _parallel_ops(source, plan, shape, options, module, data, named)
     pairs = _paired(parallel, logs[1], tp)
     index = (lambda rank: rank % tp)
     for position, call in enumerate(parallel):
@@ -253,11 +253,9 @@ def blame(source, plan, shape, options, found, findings: list[Finding], truth, s
           backend: str = "local", named=None) -> Culprit:
     """The first culprit of a run that differs (``findings`` in the run's order) or raised; the aten
     op inside a module is looked for in process, or for a gloo run on gloo processes again when
-    ``named`` (a :class:`~shardverify.parallelize.processes.Named`) rebuilds model and plan there
-    (without it, a gloo run's culprit stays at the module)."""
+    ``named`` (a :class:`~shardverify.parallelize.processes.Named`, given for a gloo run only)
+    rebuilds model and plan there (without it, a gloo run's culprit stays at the module)."""
     in_process = backend == "local" or named is not None
-    if backend == "local":
-        named = None
     _, tp = (1, shape[0]) if len(shape) == 1 else shape
     first = findings[0] if findings else None
     if first is not None and first.phase in ("forward", "inference"):

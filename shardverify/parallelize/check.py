@@ -76,12 +76,14 @@ def _against(phase: str, what: str, values: list, truth, single, options: RunOpt
     found = []
     for rank, value in enumerate(values):
         shares = [(truth, single)] if value is None else \
-            list(zip(dp_shares(truth, value, dp, rank // tp), dp_shares(single, value, dp, rank // tp)))
-        tries = [compare_values(phase, what, [value], t, s, options.dtype, tp, lambda _: rank % tp, step, None, floor)
-                 for t, s in shares[:-1]]
-        fits = next((i for i, found_here in enumerate(tries) if not found_here), len(shares) - 1)
-        mine = compare_values(phase, what, [value], *shares[fits], options.dtype, tp, lambda _: rank % tp, step,
-                              margin, floor)
+            zip(dp_shares(truth, value, dp, rank // tp), dp_shares(single, value, dp, rank // tp))
+        for share, share_single in shares:   # the first share it fits; else the last, the whole
+            closest = Margin()
+            mine = compare_values(phase, what, [value], share, share_single, options.dtype, tp, lambda _: rank % tp,
+                                  step, closest, floor)
+            if not mine:
+                break
+        margin.note(closest.what, closest.error, closest.budget, closest.single)
         found += [replace(f, rank=rank) for f in mine]
     return found
 

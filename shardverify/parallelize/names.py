@@ -18,7 +18,7 @@ from shardverify.parallelize.plans import Plan, function_plan, styles_plan, tran
 from shardverify.parallelize.tiny import tiny_model
 from shardverify.parallelize.zoo import zoo_model, zoo_plan
 
-__all__ = ["resolve_model", "resolve_plan", "parse_overrides", "overrides_text"]
+__all__ = ["resolve_model", "resolve_plan", "parse_overrides", "overrides_text", "CONFIG_PLAN"]
 
 
 def _hf_source(model_type: str, seed: int) -> ModelSource:
@@ -60,6 +60,9 @@ def resolve_model(text: str, inputs: Sequence = (), seed: int = 0, project: Path
     return from_factory(text, factory, inputs, seed)
 
 
+#: the names of a transformers config's own plan
+CONFIG_PLAN = ("hf", "transformers", "auto")
+
 #: the most rules an override may hold, and the longest pattern or style name
 MAX_OVERRIDES, MAX_OVERRIDE_TEXT = 200, 300
 
@@ -88,7 +91,7 @@ def resolve_plan(text: str, project: Path | None = None, loss_parallel: bool = F
     """``hf`` (the transformers config's own plan), ``hf:{JSON overrides}`` (it with overrides, as
     ``DistributedConfig(tp_plan=...)`` merges them), ``zoo:NAME``, or the dotted name of a dict of
     ParallelStyles or of a ``parallelize(model, mesh)`` function in the user's project."""
-    if text in ("hf", "transformers", "auto"):
+    if text in CONFIG_PLAN:
         return transformers_plan()
     if text.startswith("hf:"):
         return transformers_plan(parse_overrides(text[3:]))

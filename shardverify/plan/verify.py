@@ -75,12 +75,15 @@ class PlanResult:
         item = self.plan.node(first.node) if first.phase != "error" else None
         status = self._status(first.node)
         source = status.source if status is not None else ""    # the model node a decomposed piece came from
-        lines = [f"FAIL: backward: node {first.node!r}{source} is the first in backward order whose {first.tensor} "
-                 "diverges" if first.phase == "owner" else
-                 f"FAIL: {first.tensor}" + ("" if first.node == "?" else f" (at node {first.node!r}{source})")
-                 if first.phase == "error" else
-                 f"FAIL: {first.phase} {first.tensor} diverges first at node {first.node!r}{source}"
-                 f" (max abs error {first.max_abs_err:.3g})"]
+        if first.phase == "owner":
+            head = (f"FAIL: backward: node {first.node!r}{source} is the first in backward order whose "
+                    f"{first.tensor} diverges")
+        elif first.phase == "error":   # the backend's own words (a rank that raised, died or timed out)
+            head = f"FAIL: {first.tensor}" + ("" if first.node == "?" else f" (at node {first.node!r}{source})")
+        else:
+            head = (f"FAIL: {first.phase} {first.tensor} diverges first at node {first.node!r}{source}"
+                    f" (max abs error {first.max_abs_err:.3g})")
+        lines = [head]
         if item is not None:
             lines.append(f"  strategy: {node_label(item, self.coverage)}")
             lines += [f"  resharding before it: {r}" for r in item.reshards] or ["  resharding before it: none"]
