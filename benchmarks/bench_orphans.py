@@ -113,7 +113,8 @@ def _terminal_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def stop_and_watch(run: str, sig: str, within: float, ignore_shm: bool) -> tuple[float | None, str]:
+def stop_and_watch(run: str, sig: str, within: float, ignore_shm: bool,
+                   start_within: float = 300.0) -> tuple[float | None, str]:
     """(seconds until nothing was left, or None; what was left at the end, or what went wrong)."""
     temp = Path(tempfile.mkdtemp(prefix="svo-", dir="/tmp"))   # short: the forkserver's AF_UNIX path lives here
     shm_before = unmapped_semaphores()
@@ -130,7 +131,7 @@ def stop_and_watch(run: str, sig: str, within: float, ignore_shm: bool) -> tuple
         return output.read().decode(errors="replace")
 
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + start_within   # a hang guard: the run's own progress is what is waited for
         while len(session_processes(proc.pid)) < processes or session_cpu_seconds(proc.pid) < cpu:
             if proc.poll() is not None or time.monotonic() > deadline:
                 return None, f"the run never got under way: {said()[-500:]}"
@@ -176,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated RUN:SIGNAL, RUN in {'|'.join(RUNS)}, SIGNAL in {'|'.join(SIGNALS)} "
                              f"(default: {DEFAULT_CASES})")
     parser.add_argument("--within", type=float, default=10.0, help="seconds allowed until nothing is left")
+    parser.add_argument("--start-within", type=float, default=300.0,
+                        help="seconds a run may take to get under way before it is called hung (default 300)")
     parser.add_argument("--ignore-shm", action="store_true", help="do not count /dev/shm (a loaded machine)")
     parser.add_argument("--quick", action="store_true",
                         help="CI's smoke run: jobs:KILL and gloo:KILL only (the cases that leave the most), "
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     print(f"{'run':<8} {'signal':<7} result")
     with ThreadPoolExecutor(args.parallel) as pool:   # results printed in the order asked, each as it is known
-        futures = [pool.submit(stop_and_watch, run, sig, args.within, args.ignore_shm) for run, sig in cases]
+        futures = [pool.submit(stop_and_watch, run, sig, args.within, args.ignore_shm, args.start_within) for run, sig in cases]
         for (run, sig), future in zip(cases, futures):
             seconds, left = future.result()
             failed |= seconds is None

@@ -26,6 +26,7 @@ CASES = [
         seed=0,
         rtol=None,
         atol=None,
+        isolate=True,
     ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two

@@ -37,6 +37,7 @@ CASES = [
             CallArg('value', False),
             CallArg('tensor', 'indices'),
         ),
+        isolate=True,
     ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two

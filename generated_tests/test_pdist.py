@@ -25,6 +25,7 @@ CASES = [
         seed=0,
         rtol=None,
         atol=None,
+        isolate=True,
     ),
     OpCase(
         op='pdist',
@@ -38,6 +39,7 @@ CASES = [
         seed=0,
         rtol=None,
         atol=None,
+        isolate=True,
     ),
     OpCase(
         op='pdist',
@@ -51,6 +53,7 @@ CASES = [
         seed=0,
         rtol=None,
         atol=None,
+        isolate=True,
     ),
     OpCase(
         op='pdist',
@@ -64,6 +67,7 @@ CASES = [
         seed=0,
         rtol=None,
         atol=None,
+        isolate=True,
     ),
     OpCase(
         op='pdist',
@@ -77,6 +81,7 @@ CASES = [
         seed=0,
         rtol=None,
         atol=None,
+        isolate=True,
     ),
     OpCase(
         op='pdist',
@@ -90,6 +95,7 @@ CASES = [
         seed=0,
         rtol=None,
         atol=None,
+        isolate=True,
     ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two

@@ -17,11 +17,29 @@ SPEC = 'specs/repeat_interleave.yaml'
 # (case id, mesh shape)
 RUNS = [
     pytest.param('torch.repeat_interleave-repeats_2-dim_0', (4,), id='torch.repeat_interleave-repeats_2-dim_0-mesh4'),
+    pytest.param('torch.repeat_interleave-repeats_2-dim_1', (4,), id='torch.repeat_interleave-repeats_2-dim_1-mesh4'),
+    pytest.param('torch.repeat_interleave-repeats_2-dim_-1', (4,), id='torch.repeat_interleave-repeats_2-dim_-1-mesh4'),
+    pytest.param('torch.repeat_interleave-repeats_2-dim_None', (4,), id='torch.repeat_interleave-repeats_2-dim_None-mesh4'),
     pytest.param('torch.repeat_interleave-repeats_3-dim_0', (4,), id='torch.repeat_interleave-repeats_3-dim_0-mesh4'),
+    pytest.param('torch.repeat_interleave-repeats_3-dim_1', (4,), id='torch.repeat_interleave-repeats_3-dim_1-mesh4'),
+    pytest.param('torch.repeat_interleave-repeats_3-dim_-1', (4,), id='torch.repeat_interleave-repeats_3-dim_-1-mesh4'),
+    pytest.param('torch.repeat_interleave-repeats_3-dim_None', (4,), id='torch.repeat_interleave-repeats_3-dim_None-mesh4'),
     pytest.param('torch.Tensor.repeat_interleave-repeats_2-dim_0', (4,), id='torch.Tensor.repeat_interleave-repeats_2-dim_0-mesh4'),
+    pytest.param('torch.Tensor.repeat_interleave-repeats_2-dim_1', (4,), id='torch.Tensor.repeat_interleave-repeats_2-dim_1-mesh4'),
+    pytest.param('torch.Tensor.repeat_interleave-repeats_2-dim_-1', (4,), id='torch.Tensor.repeat_interleave-repeats_2-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.repeat_interleave-repeats_2-dim_None', (4,), id='torch.Tensor.repeat_interleave-repeats_2-dim_None-mesh4'),
     pytest.param('torch.Tensor.repeat_interleave-repeats_3-dim_0', (4,), id='torch.Tensor.repeat_interleave-repeats_3-dim_0-mesh4'),
+    pytest.param('torch.Tensor.repeat_interleave-repeats_3-dim_1', (4,), id='torch.Tensor.repeat_interleave-repeats_3-dim_1-mesh4'),
+    pytest.param('torch.Tensor.repeat_interleave-repeats_3-dim_-1', (4,), id='torch.Tensor.repeat_interleave-repeats_3-dim_-1-mesh4'),
+    pytest.param('torch.Tensor.repeat_interleave-repeats_3-dim_None', (4,), id='torch.Tensor.repeat_interleave-repeats_3-dim_None-mesh4'),
     pytest.param('torch.ops.aten.repeat_interleave.self_int-repeats_2-dim_0', (4,), id='torch.ops.aten.repeat_interleave.self_int-repeats_2-dim_0-mesh4'),
+    pytest.param('torch.ops.aten.repeat_interleave.self_int-repeats_2-dim_1', (4,), id='torch.ops.aten.repeat_interleave.self_int-repeats_2-dim_1-mesh4'),
+    pytest.param('torch.ops.aten.repeat_interleave.self_int-repeats_2-dim_-1', (4,), id='torch.ops.aten.repeat_interleave.self_int-repeats_2-dim_-1-mesh4'),
+    pytest.param('torch.ops.aten.repeat_interleave.self_int-repeats_2-dim_None', (4,), id='torch.ops.aten.repeat_interleave.self_int-repeats_2-dim_None-mesh4'),
     pytest.param('torch.ops.aten.repeat_interleave.self_int-repeats_3-dim_0', (4,), id='torch.ops.aten.repeat_interleave.self_int-repeats_3-dim_0-mesh4'),
+    pytest.param('torch.ops.aten.repeat_interleave.self_int-repeats_3-dim_1', (4,), id='torch.ops.aten.repeat_interleave.self_int-repeats_3-dim_1-mesh4'),
+    pytest.param('torch.ops.aten.repeat_interleave.self_int-repeats_3-dim_-1', (4,), id='torch.ops.aten.repeat_interleave.self_int-repeats_3-dim_-1-mesh4'),
+    pytest.param('torch.ops.aten.repeat_interleave.self_int-repeats_3-dim_None', (4,), id='torch.ops.aten.repeat_interleave.self_int-repeats_3-dim_None-mesh4'),
 ]
 
 

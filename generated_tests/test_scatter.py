@@ -55,34 +55,12 @@ CASES = [
             CallArg('tensor', 'src'),
         ),
     ),
-    OpCase(
-        op='scatter',
-        target='torch.ops.aten.scatter.src',
-        inputs=(
-            InputDecl('input', (5, 6), 'float32'),
-            InputDecl('index', (5, 6), 'int64', values=(0, 6)),
-            InputDecl('src', (5, 6), 'float32'),
-        ),
-        params=(),
-        module=None,
-        predecessor=None,
-        seed=0,
-        rtol=None,
-        atol=None,
-        positional=(
-            CallArg('tensor', 'input'),
-            CallArg('value', 1),
-            CallArg('tensor', 'index'),
-            CallArg('tensor', 'src'),
-        ),
-    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.scatter-dim_1-mesh4'),
     pytest.param(1, (4,), id='torch.Tensor.scatter-dim_1-mesh4'),
-    pytest.param(2, (4,), id='torch.ops.aten.scatter.src-dim_1-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.scatter-dim_1-mesh2x3'),
 ]
 

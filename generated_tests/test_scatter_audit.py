@@ -18,7 +18,6 @@ SPEC = 'specs/scatter.yaml'
 RUNS = [
     pytest.param('torch.scatter-dim_1', (4,), id='torch.scatter-dim_1-mesh4'),
     pytest.param('torch.Tensor.scatter-dim_1', (4,), id='torch.Tensor.scatter-dim_1-mesh4'),
-    pytest.param('torch.ops.aten.scatter.src-dim_1', (4,), id='torch.ops.aten.scatter.src-dim_1-mesh4'),
 ]
 
 

@@ -51,32 +51,12 @@ CASES = [
             CallArg('tensor', 'index'),
         ),
     ),
-    OpCase(
-        op='scatter_value',
-        target='torch.ops.aten.scatter.value',
-        inputs=(
-            InputDecl('input', (5, 6), 'float32'),
-            InputDecl('index', (5, 6), 'int64', values=(0, 6)),
-        ),
-        params=(('value', 2.5),),
-        module=None,
-        predecessor=None,
-        seed=0,
-        rtol=None,
-        atol=None,
-        positional=(
-            CallArg('tensor', 'input'),
-            CallArg('value', 1),
-            CallArg('tensor', 'index'),
-        ),
-    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.scatter-dim_1-value_2.5-mesh4'),
     pytest.param(1, (4,), id='torch.Tensor.scatter-dim_1-value_2.5-mesh4'),
-    pytest.param(2, (4,), id='torch.ops.aten.scatter.value-dim_1-value_2.5-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.scatter-dim_1-value_2.5-mesh2x3'),
 ]
 

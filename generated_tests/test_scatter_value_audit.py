@@ -18,7 +18,6 @@ SPEC = 'specs/scatter_value.yaml'
 RUNS = [
     pytest.param('torch.scatter-dim_1-value_2.5', (4,), id='torch.scatter-dim_1-value_2.5-mesh4'),
     pytest.param('torch.Tensor.scatter-dim_1-value_2.5', (4,), id='torch.Tensor.scatter-dim_1-value_2.5-mesh4'),
-    pytest.param('torch.ops.aten.scatter.value-dim_1-value_2.5', (4,), id='torch.ops.aten.scatter.value-dim_1-value_2.5-mesh4'),
 ]
 
 

@@ -169,3 +169,42 @@ def strategy_memory(inp, out, specs):
     from shardverify.strategies.generators.common import memory_cost
 
     return memory_cost((inp, out), specs)
+
+
+# ------------------------------------------------------------- an op that gives no gradient
+
+COMPARE = OpCase(op="compare", target="torch.lt", inputs=(InputDecl("input", (8, 4, 6)), InputDecl("other", (4, 1))))
+
+
+def _broadcast_sharded(mesh):
+    """lt's strategy sharding ``input``'s dim 0, ``other`` (broadcast there) replicated."""
+    return next(s for s in generated(COMPARE, mesh) if s.name.startswith("S0RR x RR"))
+
+
+def test_an_op_without_gradient_declares_no_backward_sync_or_cost():
+    for strategy in generated(COMPARE, DeviceMesh((4,))):
+        assert not strategy.communication_actions and strategy.communication_cost == TrainCycleItem(0.0, 0.0, 0.0), \
+            strategy.name
+
+
+def test_backward_cost_mutants_of_an_op_without_gradient_fail():
+    """The bool output of lt carries no gradient, so no backward collective runs: a declared
+    backward cost, or a declared gradient all-reduce of the broadcast operand, is wrong."""
+    with SimulatedBackend(DeviceMesh((4,)), timeout=30) as backend:
+        right = _broadcast_sharded(backend.mesh)
+        priced = right.replace(communication_cost=TrainCycleItem(0.0, 6e-5, 6e-5))
+        synced = right.replace(communication_actions=(
+            CommAction(CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, (0,), "other", CommWhere.BEFORE),))
+        results = verify_case(backend, COMPARE, [right, priced, synced])
+    assert [r.passed for r in results] == [True, False, False]
+    assert "bwd: declared 6e-05 s, expected 0 s for the collectives issued (no collectives)" in \
+        cost_details(results[1])[0]
+    assert "declares a backward all-reduce of the gradient of 'other', but no output of the op carries a gradient" \
+        in results[2].mismatches[0].detail
+
+
+def test_strategies_alike_in_layout_but_not_in_declared_cost_are_checked_apart(mesh22):
+    strategy = row_parallel(mesh22.mesh)
+    zero = strategy.replace(name=strategy.name + " (declared free)", communication_cost=TrainCycleItem(0.0, 0.0, 0.0))
+    results = verify_case(mesh22, LINEAR, [strategy, zero])
+    assert [r.passed for r in results] == [True, False]

@@ -92,7 +92,7 @@ def test_coverage_counts_and_names_what_falls_back():
     assert "1 without a handler" in coverage.headline() and coverage.count("refused") == 0
     plan, coverage = plan_with_coverage(Computed(), (x,), MESH, capture="fx")
     refused = [s for s in coverage.statuses if s.status == "refused"]
-    assert [s.target for s in refused] == ["Tensor.sum"] and "computed by node" in refused[0].reason
+    assert [s.target for s in refused] == ["Tensor.sum"] and "computed in the graph" in refused[0].reason
     assert "1 refused" in coverage.headline()
 
 

@@ -86,3 +86,21 @@ def test_tracing_processes_make_no_multiprocessing_lock(monkeypatch):
     graph_module = torch.fx.symbolic_trace(torch.nn.ReLU())
     torch.fx.Interpreter(graph_module).run(torch.ones(2))
     assert made == []
+
+
+def test_a_device_given_as_text_and_positional_flags_are_traced_and_served():
+    """``x.to('cpu', torch.float64, True, True)``: the device spelled as text moves to meta for the
+    shape propagation as a torch.device does; the call is then served (verified where it is met)."""
+    from shardverify import DeviceMesh, strategies_for_node
+    from shardverify.verify.on_demand import OnDemandVerifier
+
+    class Cast(torch.nn.Module):
+        def forward(self, x):
+            return x.to("cpu", torch.float64, True, True)
+
+    graph_module = trace(Cast(), {"x": torch.randn(4, 6)})
+    node = next(n for n in graph_module.graph.nodes if n.op == "call_method")
+    assert node.meta["tensor_meta"].dtype == torch.float64 and tuple(node.meta["tensor_meta"].shape) == (4, 6)
+    with OnDemandVerifier(cache_dir=None) as verifier:
+        served = strategies_for_node(graph_module, node.name, DeviceMesh((2, 2)), on_demand=verifier)
+    assert any("S" in s.name for s in served)

@@ -58,10 +58,22 @@ def meta_devices(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     meta = torch.device("meta")
 
     def swap(value: object) -> object:
-        return meta if isinstance(value, torch.device) else value
+        return meta if isinstance(value, torch.device) or _device_text(value) else value
 
     return tuple(swap(a) for a in args), {k: meta if k == "device" and v is not None else swap(v)
                                           for k, v in kwargs.items()}
+
+
+def _device_text(value: object) -> bool:
+    """Is ``value`` a device spelled as text (``x.to("cpu", torch.float64, True, True)``)? Only a
+    device's text parses as one: an einsum equation or a reduction's name does not."""
+    if not isinstance(value, str) or len(value) > 32:
+        return False
+    try:
+        torch.device(value)
+    except (RuntimeError, ValueError):
+        return False
+    return True
 
 
 _LOCATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -93,8 +105,9 @@ def call_parts(node: fx.Node, module: torch.nn.Module | None, values: dict) -> t
         nested: list = []
         fx.node.map_arg(recorded, nested.append)
         if nested:
-            raise VerificationError(f"node {node.name!r}: {loc[0]} {loc[1]!r} takes graph value(s) "
-                                    f"{[n.name for n in nested]} that the strategy has no operand for")
+            raise VerificationError(f"node {node.name!r}: its {loc[0]} {loc[1]!r} is a tensor "
+                                    f"({', '.join(n.name for n in nested)}) that the spec declares no operand for, "
+                                    f"so no layout gives it to a device: declare it among the spec's operands")
         return recorded
 
     def pick_arg(i: int, recorded: object) -> object:

@@ -1,13 +1,14 @@
 """A node of an exported (ATen) graph that nothing serves, decomposed in place with PyTorch's own
 decompositions: the Core ATen table ``torch.export`` uses (``ExportedProgram.run_decompositions``:
 ``torch.export.default_decompositions()``), else the op's CompositeImplicitAutograd kernel
-(``OpOverload.decompose``). Only that node: the decomposition is traced with ``make_fx``
-(pre-dispatch, the level of export's training IR: ``aten.linear`` stays whole) on fake tensors
-of the node's shapes, and its sub-graph spliced where the node was, each new node named
-``<node>_<piece>`` and marked with the node it came from (:data:`ORIGIN`). A piece nothing serves
-either is decomposed again, until every piece is served or nothing more decomposes; a node that
-cannot be decomposed stays, with the reason (:data:`NOT_DECOMPOSED`). The caller says what is
-served (this room knows no handlers).
+(``OpOverload.decompose``), or, for a library's custom op torch has no decomposition of, ours
+(:mod:`shardverify.capture.custom_ops`: transformers' grouped matmul of experts). Only that node:
+the decomposition is traced with ``make_fx`` (pre-dispatch, the level of export's training IR:
+``aten.linear`` stays whole) on fake tensors of the node's shapes, and its sub-graph spliced where
+the node was, each new node named ``<node>_<piece>`` and marked with the node it came from
+(:data:`ORIGIN`). A piece nothing serves either is decomposed again, until every piece is served
+or nothing more decomposes; a node that cannot be decomposed stays, with the reason
+(:data:`NOT_DECOMPOSED`). The caller says what is served (this room knows no handlers).
 
 Only ATen graphs: a torch.fx graph's targets are torch-level calls (``nn.LSTM`` as a module,
 ``F.gelu``), for which the table has nothing; decomposing them would need a second capture of
@@ -31,6 +32,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from shardverify.capture.call import target_name
+from shardverify.capture.custom_ops import custom_decomposition
 from shardverify.capture.export import annotate, inplace_as_functional, tuple_views_as_slices
 
 __all__ = ["ORIGIN", "NOT_DECOMPOSED", "MAX_DEPTH", "decompose_unserved", "origin", "not_decomposed"]
@@ -65,6 +67,9 @@ def _table() -> dict:
 def _rule(target: torch._ops.OpOverload, table) -> Callable | None:
     if target in table:
         return table[target]
+    custom = custom_decomposition(target)      # a library's custom op torch has none for
+    if custom is not None:
+        return custom
     if target._can_decompose():                # a CompositeImplicitAutograd kernel
         return lambda *args, **kwargs: target.decompose(*args, **kwargs)
     return None

@@ -127,7 +127,8 @@ def _node_outcome(node: fx.Node, graph_module: fx.GraphModule, mesh: DeviceMesh,
             case = checkable_case(handler, graph_module, node, resolve_operands(handler, node, graph_module))
             results = verify_case(verifier.backend(mesh), case, served)
         except ShardVerifyError as error:
-            return dict(outcome="refused", reason=f"cannot check at the call: {error}"[:300], served_by=handler.name)
+            said = str(error) if "at this call" in str(error) else f"cannot be verified at this call: {error}"
+            return dict(outcome="refused", reason=said[:300], served_by=handler.name)
         failed = {r.strategy for r in results if not r.passed}
         checked = len(results)
         wrong = tuple(st.name for st in served if st.name in failed and not _extremum(st))

@@ -16,20 +16,28 @@ from torch import fx
 from shardverify.capture.uninitialised import is_uninitialised
 from shardverify.capture.call import target_name, tuple_element
 from shardverify.capture.decompose import not_decomposed, origin
-from shardverify.errors import ShardVerifyError
+from shardverify.errors import ShardVerifyError, StrategyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy, first_of_each_layout
 from shardverify.strategies.for_node import OnDemand, strategies_for_node
+from shardverify.strategies.generators.registry import GeneratorContext
+from shardverify.strategies.handlers.base import HandlerDef
+from shardverify.strategies.handlers.call_values import resolve_operands, resolve_params
 from shardverify.strategies.handlers.serving import handler_for_node
+from shardverify.strategies.rules.generator import bound_rule
 
 __all__ = ["NodeStatus", "Coverage", "classify_nodes", "target_name", "shards", "meta_shapes", "STATUSES", "unserved"]
 
 #: a tensor op with strategies / whose handler refused it / that no spec covers / an ATen
-#: factory that builds a tensor from constants alone; a node that returns no tensor
-#: (``x.size(1)``, an assertion) is not an op a strategy could shard
-STATUSES = ("handled", "refused", "unhandled", "constant", "no tensor output", "element")
+#: factory that builds a tensor from constants alone / an allocation of uninitialised memory,
+#: never compared; a node that returns no tensor (``x.size(1)``, an assertion) is not an op a
+#: strategy could shard
+STATUSES = ("handled", "refused", "unhandled", "constant", "not compared", "no tensor output", "element")
 ELEMENT = ("one tensor of its producer's tuple (operator.getitem): no op, it moves no data and takes the layout the "
            "producer's strategy gives that tensor")
+UNINITIALISED = ("uninitialised memory (empty_like, new_empty): its values are the allocator's leftovers, different "
+                 "on every rank and on the single device, so it is never compared; the consumers that write into it "
+                 "and read it are")
 CONSTANT = ("built from constants alone (no tensor input, or only its dtype, device and shape; not random): every "
             "rank builds the whole tensor, as the single device does, and its consumers take their shards of it "
             "locally")
@@ -84,10 +92,31 @@ def meta_shapes(node: fx.Node) -> tuple[int, ...] | list[tuple[int, ...]] | None
 
 def unserved(node: fx.Node, graph_module: fx.GraphModule) -> bool:
     """An ATen op node that returns a tensor and that no handler serves (nor is it a constant or
-    uninitialised memory): what :func:`shardverify.capture.decompose.decompose_unserved` decomposes."""
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
-        and not is_uninitialised(node) and meta_shapes(node) not in (None, []) and not is_constant(node) \
-        and handler_for_node(node, graph_module) is None
+    uninitialised memory), or whose handler's rule does not describe the call (``aten.einsum``
+    of a diagonal, ``"bii->bi"``, or of three operands): what
+    :func:`shardverify.capture.decompose.decompose_unserved` decomposes."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
+            or is_uninitialised(node) or meta_shapes(node) in (None, []) or is_constant(node):
+        return False
+    handler = handler_for_node(node, graph_module)
+    return handler is None or not _describes(handler, node, graph_module)
+
+
+def _describes(handler: HandlerDef, node: fx.Node, graph_module: fx.GraphModule) -> bool:
+    """Does a rules handler's rule bind to the call's operands and parameters (no mesh needed)?
+    Any other refusal (a parameter computed in the graph) is the handler's to say, at the plan."""
+    if handler.generator != "rules":
+        return True
+    try:
+        bound_rule(GeneratorContext(node=node, graph_module=graph_module, mesh=DeviceMesh((1,)),
+                                    operands=resolve_operands(handler, node, graph_module),
+                                    params=resolve_params(handler, node, graph_module),
+                                    options=handler.option_dict, handler_name=handler.name, handler=handler))
+    except StrategyError:
+        return False
+    except ShardVerifyError:
+        pass
+    return True
 
 
 def _no_handler(node: fx.Node, name: str) -> str:
@@ -114,8 +143,8 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh, on_demand: On
         name = target_name(node)
         if is_uninitialised(node):   # its consumers are compared, never its leftover memory
             options[node.name] = None
-            statuses.append(NodeStatus(node.name, name, "unhandled", f"no spec has target {name}",
-                                       uninitialised=True, origin=origin(node)))
+            statuses.append(NodeStatus(node.name, name, "not compared", UNINITIALISED, uninitialised=True,
+                                       origin=origin(node)))
             continue
         if tuple_element(node) is not None:   # a tuple's tensor: laid out as its producer's strategy gives it
             options[node.name] = None
@@ -211,7 +240,8 @@ class Coverage:
         if not found:
             return []
         lines = [f"  decomposed: {len(found)} node(s) into {sum(sum(c.values()) for c in found.values())} node(s) "
-                 f"with PyTorch's decompositions (no spec serves them as they are)"]
+                 "with PyTorch's decompositions, or shardverify's of a library's custom op (no spec serves them "
+                 "as they are)"]
         for (node, target), pieces in list(found.items())[:show]:
             lines.append(f"    {node!r} {target} -> {sum(pieces.values())} nodes: "
                          + ", ".join(f"{t} x{n}" for t, n in pieces.most_common(8))
@@ -224,11 +254,12 @@ class Coverage:
         return Counter(s.target for s in self.statuses if s.status == "unhandled")
 
     def headline(self) -> str:
-        handled = self.count("handled")
+        handled, empty = self.count("handled"), self.count("not compared")
         return (f"{self.tensor_ops} tensor op(s): {handled} handled ({len(self.sharded)} sharded by the plan, "
                 f"{handled - len(self.sharded)} replicated), {self.count('refused')} refused, "
-                f"{self.count('unhandled')} without a handler, {self.count('constant')} built from constants; "
-                f"{self.count('no tensor output')} other node(s)"
+                f"{self.count('unhandled')} without a handler, {self.count('constant')} built from constants"
+                + (f", {empty} not compared (uninitialised memory)" if empty else "")
+                + f"; {self.count('no tensor output')} other node(s)"
                 + (f", {self.count('element')} tuple element(s) laid out by their producer"
                    if self.count("element") else "")
                 + (f"; {len(self.decompositions())} node(s) decomposed" if self.decompositions() else ""))

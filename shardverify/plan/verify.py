@@ -144,6 +144,8 @@ def node_label(item, coverage: Coverage | None = None) -> str:
         return f"replicated: {status.target} built from constants on every rank"
     if status.status == "element":
         return "a tuple element: laid out as its producer's strategy gives it"
+    if status.status == "not compared":
+        return f"runs as is: {status.target} allocates uninitialised memory, never compared"
     return "runs as is (no tensor output)"
 
 

@@ -52,9 +52,15 @@ def _extremum_pieces(value: torch.Tensor, count: int, seed: int, op: str) -> tor
     finite = torch.isfinite(full)
     scale = float(full[finite].abs().mean()) if finite.any() else 1.0
     holder = torch.randint(count, full.shape, generator=generator).to(full.device)
-    # gaps of at least a tenth of the magnitude: no piece comes near a tie in float32
+    # gaps of at least a tenth of the magnitude: no piece comes near a tie in float32. Half of them
+    # near (an op that is not monotone shows it close to the value) and half wider than the value's
+    # whole spread, past every element of it: a reduction over the elements is no elementwise map
+    # (the max of a partial min is no partial min) and shows it where a piece's far element wins
+    spread = float(full[finite].max() - full[finite].min()) if finite.any() else 0.0
     gaps = (torch.rand((count, *full.shape), generator=generator, dtype=torch.float64).to(full.device) + 0.1) * \
         (scale if scale > 0 else 1.0)
+    far = torch.rand((count, *full.shape), generator=generator, dtype=torch.float64).to(full.device) < 0.5
+    gaps = gaps + far * spread
     held = torch.arange(count, device=full.device).reshape(-1, *([1] * full.dim())) == holder
     pieces = full - gaps if op == "max" else full + gaps
     return torch.where(held | ~finite, full, pieces)

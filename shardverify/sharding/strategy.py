@@ -337,11 +337,14 @@ class ShardingStrategy:
         return self.sharding_specs[-1][1]
 
     def layout_key(self) -> tuple:
-        """All that decides what the ranks run, the name left out: two strategies with equal keys
-        are the same check and the same plan option (a following op offers one per predecessor
-        strategy, ColossalAI's contract, and several predecessors may produce one layout)."""
+        """All that decides what the ranks run and what the check holds them to, the name left
+        out: two strategies with equal keys are the same check and the same plan option (a
+        following op offers one per predecessor strategy, ColossalAI's contract, and several
+        predecessors may produce one layout). The declared costs are part of it: a strategy alike
+        in layout but declaring other costs is checked on its own."""
         return (self.sharding_specs, self.communication_actions, self.post_add, self.local_args,
-                self.index_shards, self.partial_inputs)
+                self.index_shards, self.partial_inputs, self.compute_cost, self.communication_cost,
+                self.memory_cost)
 
     def replace(self, **changes: object) -> ShardingStrategy:
         return dataclasses.replace(self, **changes)

@@ -175,6 +175,8 @@ class OpCase:
     rtol: float | None = None
     atol: float | None = None
     positional: tuple[CallArg, ...] = ()   # empty: the inputs in order
+    #: check in a child process (verify/isolated.py): the op's kernel can corrupt memory or trap
+    isolate: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, str) or not self.op:
@@ -207,6 +209,8 @@ class OpCase:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InvalidArgument(f"case {self.op!r}: seed must be an int >= 0, got {self.seed!r}")
         self._check_positional(is_module)
+        if not isinstance(self.isolate, bool):
+            raise InvalidArgument(f"case {self.op!r}: isolate must be True or False, got {self.isolate!r}")
         for name in ("rtol", "atol"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):

@@ -117,6 +117,9 @@ class VerifySpec:
     # groups of parameters whose values have equal lengths in every call (roll's shifts and
     # dims): grid points that break one are no cases, and the property tests draw them so
     same_length: tuple[tuple[str, ...], ...] = ()
+    # check in a child process (verify/isolated.py): the op's CPU kernel can corrupt memory or trap
+    # on the local shapes of a wrong layout, which would end the checking process with it
+    isolate: bool = False
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,8 @@ class OpSpec:
                                  params=case.params, module=module(case.module),
                                  predecessor=module(verify.predecessor), seed=verify.seed,
                                  rtol=verify.rtol, atol=verify.atol,
-                                 positional=tuple(CallArg(kind, value) for kind, value in case.positional)))
+                                 positional=tuple(CallArg(kind, value) for kind, value in case.positional),
+                                 isolate=verify.isolate))
                 for case in self.cases()]
 
 

@@ -1,7 +1,8 @@
 """Parsing an op spec's ``verify:`` section: the input shapes and value ranges, the module and
 predecessor constructors, the grid, the meshes, the expected strategy counts, ``same_length``
-groups, tolerances and seed, each checked against the spec's operands, parameters and targets
-(one SpecError naming file, line and field)."""
+groups, tolerances, seed and ``isolate`` (checks run in a child process: an op whose CPU kernel can
+corrupt memory or trap on a wrong layout's local shapes), each checked against the spec's
+operands, parameters and targets (one SpecError naming file, line and field)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
     tol_node = f.optional("tolerance", dict)
     seed_node = f.optional("seed", int)
     explore_node = f.optional("explore", bool)
+    isolate_node = f.optional("isolate", bool)
     same_length_node = f.optional("same_length", list)
     f.finish()
     forms = {t.form for t in targets}
@@ -149,7 +151,7 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
     return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
                       inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
                       predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed,
-                      same_length=same_length)
+                      same_length=same_length, isolate=bool(isolate_node.value) if isolate_node else False)
 
 
 def _parse_same_length(node: Node, params: list[ParamSpec], grid: tuple[tuple[str, tuple[Literal, ...]], ...],

@@ -57,6 +57,9 @@ class CallCase:
     atol: float | None = None
     #: graph values the call reads from module state that take no gradient (buffers, constants)
     constant_names: tuple[str, ...] = ()
+    #: check in a child process (verify/isolated.py): the spec says the op's kernel can corrupt
+    #: memory or trap on a wrong layout's local shapes
+    isolate: bool = False
 
     def build(self) -> tuple[fx.GraphModule, str]:
         return self.graph_module, self.node_name
@@ -131,9 +134,11 @@ def describe_call(graph_module: fx.GraphModule, node: fx.Node) -> str:
 
 
 def call_case(op: str, graph_module: fx.GraphModule, node: fx.Node,
-              drawn: Mapping[str, tuple[tuple[float, float] | None, bool]], seed: int = 0) -> CallCase:
+              drawn: Mapping[str, tuple[tuple[float, float] | None, bool]], seed: int = 0, *,
+              isolate: bool = False) -> CallCase:
     """The captured ``node`` as a case; ``drawn``: placeholder name -> ([low, high) or None, takes
-    a gradient), from the spec's declared data of the operand it is."""
+    a gradient), from the spec's declared data of the operand it is; ``isolate``: the spec's
+    ``verify.isolate``."""
     small = one_op_graph(graph_module, node)
     inputs = []
     for arg in small.graph.nodes:
@@ -149,4 +154,5 @@ def call_case(op: str, graph_module: fx.GraphModule, node: fx.Node,
                       and _tensor_attr(graph_module, str(arg.target))[1] != "parameter")
     return CallCase(op, small, next(n.name for n in small.graph.nodes if n.op not in ("placeholder", "get_attr",
                                                                                          "output")),
-                    tuple(inputs), describe_call(graph_module, node), seed, constant_names=constants)
+                    tuple(inputs), describe_call(graph_module, node), seed, constant_names=constants,
+                    isolate=isolate)

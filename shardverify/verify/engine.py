@@ -16,6 +16,7 @@ from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.spec.case import OpCase
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.distinct import distinguishing_seeds
+from shardverify.verify.isolated import needs_isolation, remember_deaths, verify_isolated
 from shardverify.verify.layout import expected_collectives
 from shardverify.verify.memory import check_case_memory
 from shardverify.verify.op_error import EVERY_RANK, OP_FAILED, OpCallError
@@ -71,6 +72,7 @@ def _run_check(backend, case: OpCase, strategy: ShardingStrategy, dtype: str | N
     try:
         reports = backend.run(rank_check, case, strategy, dtype, tol, timeout=timeout)
     except BackendError as error:
+        remember_deaths(case.op, error)   # a rank killed by the op's kernel: isolated from now on
         return _error_mismatches(error, backend.mesh.ranks)
     return [m for report in reports for m in report.mismatches]
 
@@ -84,6 +86,9 @@ def _run_checks(backend, case: OpCase, strategies: Sequence[ShardingStrategy], d
     if run_batch is None or len(strategies) < 2:
         return [_run_check(backend, case, s, dtype, tol, timeout) for s in strategies]
     outcomes = run_batch(rank_check, [(case, s, dtype, tol) for s in strategies], timeout=timeout)
+    for outcome in outcomes:
+        if isinstance(outcome, BackendError):
+            remember_deaths(case.op, outcome)   # a rank killed by the op's kernel: isolated from now on
     return [_error_mismatches(outcome, backend.mesh.ranks) if isinstance(outcome, BackendError)
             else [m for report in outcome for m in report.mismatches] for outcome in outcomes]
 
@@ -160,7 +165,8 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
                 on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
     """Check every strategy (default: all of the op node's strategies on the backend's mesh),
     the runnable ones dispatched to the ranks as one batch (strategies alike but in name are
-    checked once: _checked_once). A case whose check is estimated over
+    checked once: _checked_once); on the simulated backend, a case whose op's kernel may crash
+    is checked in a child process (verify/isolated.py). A case whose check is estimated over
     MAX_CASE_BYTES is refused (VerificationError) before anything of it is allocated."""
     check_case_memory(case, tuple(backend.mesh.shape))
     if strategies is None:
@@ -181,6 +187,14 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
                              on_result=on_result)
     dtype = _checked_dtype(dtype)
     shown_dtype = dtype or _first_dtype(case)
+    if needs_isolation(case, backend):   # its kernel may end the process it runs in: checked in a child
+        results = verify_isolated(verify_case, backend, case, strategies, shown_dtype=shown_dtype,
+                                  backend_name=_backend_name(backend), dtype=dtype, tol=tol, timeout=timeout)
+        for result in results:
+            if on_result is not None:
+                on_result(result)
+        _log_checks(len(results))
+        return results
     mesh_shape = tuple(backend.mesh.shape)
     start = time.perf_counter()
     problems = [strategy_problems(s, len(mesh_shape)) for s in strategies]

@@ -195,7 +195,8 @@ def _forward_only(case: CallCase) -> CallCase:
 
 def checkable_case(handler: HandlerDef, graph_module: fx.GraphModule, node: fx.Node, operands: Mapping) -> CallCase:
     """The captured call as a case, with data the op accepts there (see :func:`_with_working_data`)."""
-    return _with_working_data(call_case(handler.name, graph_module, node, _drawn(handler, operands)))
+    return _with_working_data(call_case(handler.name, graph_module, node, _drawn(handler, operands),
+                                        isolate=handler.isolate))
 
 
 def _module_text(node: fx.Node, graph_module: fx.GraphModule) -> str:

@@ -23,7 +23,7 @@ from torch.autograd.graph import _engine_run_backward
 
 from shardverify.errors import VerificationError
 from shardverify.sharding.pieces import partial_pieces
-from shardverify.sharding.strategy import CommWhere, OperationDataType, ShardingStrategy
+from shardverify.sharding.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 from shardverify.spec.case import OpCase
 from shardverify.verify.compare import compare_ranks, kind_mismatch
 from shardverify.collectives.patterns import (OneRank, after_op_on_ranks, before_op_on_ranks,
@@ -248,13 +248,38 @@ def _declared_mismatches(comm, case: OpCase, strategy: ShardingStrategy, uses_de
                                          f"imply {_format_counts(expected)}"))
         elif uses_declared_dtypes:
             # the declared actions ran as declared, on the declared dtypes: their price is the cost
+            backward = _backward_traffic(comm, state, traffic_fwd)
             found += communication_mismatches(strategy, comm.mesh, rank,
                                               traffic_fwd if traffic_start is None else _since(traffic_fwd, traffic_start),
-                                              _since(comm.traffic, traffic_fwd) if state.backward_ran else None,
-                                              layout.holds_largest)
+                                              backward, layout.holds_largest)
+            if backward == {} and not state.backward_ran:
+                found += _inert_gradient_syncs(strategy, rank)
         found += compute_mismatches(strategy, rank, work, layout.holds_largest)
     found += memory_mismatches(strategy, rank, leaves, state.outputs, case, layout)
     return found, tuple((kind, axes, n) for (kind, axes), n in sorted(issued.items()))
+
+
+def _backward_traffic(comm, state: _OutputsState, traffic_fwd: dict) -> dict | None:
+    """What the rank issued in the backward pass; none at all where no output can carry a gradient
+    (a comparison's bool), so a strategy declaring a backward cost there is wrong; None (not
+    checked) where this check took no gradient of an op that has one (inputs drawn without one)."""
+    if state.backward_ran:
+        return _since(comm.traffic, traffic_fwd)
+    if not any(out.dtype.is_floating_point or out.dtype.is_complex for out in state.outputs):
+        return {}
+    return None
+
+
+def _inert_gradient_syncs(strategy: ShardingStrategy, rank: int) -> list[Mismatch]:
+    """A declared all-reduce of a gradient where the op gives none: it never runs, so a plan that
+    prices or schedules it is wrong about the strategy."""
+    names = [a.operand for a in strategy.communication_actions if a.pattern is CommPattern.IDENTITY_FWD_ALLREDUCE_BWD]
+    if not names:
+        return []
+    return [Mismatch("collectives", rank, "collectives",
+                     detail=f"strategy {strategy.name!r} declares a backward all-reduce of the gradient of "
+                            f"{', '.join(map(repr, names))}, but no output of the op carries a gradient "
+                            f"(none can run)")]
 
 
 _LAST_REFERENCE = threading.local()

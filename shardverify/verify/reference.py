@@ -107,25 +107,50 @@ def _check_dtype(traced: torch.dtype, override: torch.dtype | None) -> torch.dty
 _COMPLEX = {torch.float64: torch.complex128, torch.float32: torch.complex64, torch.float16: torch.complex32}
 
 
+def _profile(shape: Sequence[int]) -> torch.Tensor:
+    """A ramp over a tensor's positions, in (0, 1): the mean over its dims of more than one
+    element of the position's fraction along that dim. Every block a layout cuts therefore sits
+    at its own place on the ramp, wherever the cut: values drawn along it give each block its own
+    range, scale and counts, so a rule that lets each rank compute a global statistic
+    (a histogram's range, a norm, a quantile, a count) of its own block fails on the first draw."""
+    dims = [d for d, size in enumerate(shape) if size > 1]
+    ramp = torch.full(tuple(shape), 0.5, dtype=torch.float64)
+    if not dims:
+        return ramp
+    ramp.zero_()
+    for d in dims:
+        along = (torch.arange(shape[d], dtype=torch.float64) + 0.5) / shape[d]
+        ramp += along.reshape([-1 if i == d else 1 for i in range(len(shape))])
+    return ramp / len(dims)
+
+
 def _random(shape: Sequence[int], dtype: torch.dtype, gen: torch.Generator, positive: bool = False,
             values: tuple[float, float] | None = None) -> torch.Tensor:
     """Deterministic values for a tensor of ``dtype`` (CPU generator: the same on every device);
-    ``positive`` for buffers such as running variances, ``values`` a spec's [low, high)."""
+    ``positive`` for buffers such as running variances, ``values`` a spec's [low, high).
+
+    Values follow the position ramp of :func:`_profile`: a normal draw is scaled by 0.5..1.5 along
+    it (still centred on zero: operands drawn alike do not correlate, so a sum of products keeps
+    its cancellation), a draw in [low, high) (and a bool's chance of True) leans toward its
+    low end at the ramp's start and its high end at its end, so no two blocks of a layout share a
+    range, a norm or a count by construction. Integers (ids, indices) stay uniform: an id is to
+    reach every row of a table wherever it sits."""
     if dtype.is_complex:   # real and imaginary parts each drawn like a real floating value
         return torch.complex(_random(shape, torch.float64, gen, positive, values),
                              _random(shape, torch.float64, gen, positive, values))
+    if not (dtype.is_floating_point or dtype == torch.bool):   # ids and indices: every value as likely anywhere
+        low, high = values if values is not None else (0, 8)
+        return torch.randint(int(low), int(high), tuple(shape), generator=gen, dtype=dtype)
+    ramp = _profile(shape)
+    if dtype == torch.bool:
+        return torch.rand(tuple(shape), generator=gen, dtype=torch.float64) < 0.25 + ramp / 2
     if values is not None:
         low, high = values
-        if dtype.is_floating_point:
-            return torch.rand(tuple(shape), generator=gen, dtype=torch.float64) * (high - low) + low
-        return torch.randint(int(low), int(high), tuple(shape), generator=gen, dtype=dtype)
-    if dtype.is_floating_point:
-        if positive:
-            return torch.rand(tuple(shape), generator=gen, dtype=torch.float64) + 0.5
-        return torch.randn(tuple(shape), generator=gen, dtype=torch.float64)
-    if dtype == torch.bool:
-        return torch.rand(tuple(shape), generator=gen) < 0.5
-    return torch.randint(0, 8, tuple(shape), generator=gen, dtype=dtype)
+        leaning = (torch.rand(tuple(shape), generator=gen, dtype=torch.float64) + ramp) / 2   # in [0, 1)
+        return leaning * (high - low) + low
+    if positive:
+        return (torch.rand(tuple(shape), generator=gen, dtype=torch.float64) + 0.5) * (0.5 + ramp)
+    return torch.randn(tuple(shape), generator=gen, dtype=torch.float64) * (0.5 + ramp)
 
 
 def reference(case: OpCase, override: torch.dtype | None, device: torch.device) -> Reference:

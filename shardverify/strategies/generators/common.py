@@ -216,9 +216,10 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
                 raise StrategyError(f"the backward gives input(s) {ungraded} no gradient on these local shapes "
                                     f"(this rank would skip their resharding's backward collectives)")
         except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
-            raise StrategyError(f"{ctx.handler_name}: cannot run node {ctx.node.name!r} "
-                                f"{'forward and backward on CPU' if probe else 'on meta'} tensors of the "
-                                f"local shapes {shapes}: {exc}") from exc
+            spec_file = getattr(ctx.handler, "spec_file", "") or "its spec"
+            raise StrategyError(f"{ctx.handler_name} ({spec_file}): node {ctx.node.name!r}: the op raised when called"
+                                f"{' forward and backward' if probe else ''} on the block shapes a layout of the "
+                                f"rule gives one device, {shapes}: {exc}") from exc
         numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
         if len(calls) >= 4096:
             calls.clear()

@@ -121,6 +121,9 @@ class HandlerDef:
     #: operand the spec's grid draws: how a call outside the grid is given data when it is
     #: verified where it is met (ids below a vocabulary, positive variances)
     drawn: tuple[tuple[str, tuple[float, float] | None, bool], ...] = ()
+    #: the spec's ``verify.isolate``: a call verified where it is met is checked in a child
+    #: process (the op's kernel can corrupt memory or trap on a wrong layout's local shapes)
+    isolate: bool = False
 
     def __post_init__(self) -> None:
         if not self.targets:

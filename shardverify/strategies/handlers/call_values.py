@@ -37,7 +37,8 @@ def takes_call(handler: HandlerDef, node: Node) -> bool:
     :func:`signature_apart` tells apart."""
     if node.op not in ("call_function", "call_method"):
         return True
-    tensors = [d for d in handler.operands if d.kind != "output" and d.attribute is None]
+    # a function call passes at its index or keyword even an operand a module holds as an attribute
+    tensors = [d for d in handler.operands if d.kind != "output" and (d.index is not None or d.keyword)]
     for decl in tensors:
         value, _ = call_value(node, decl.index, decl.keyword)
         if decl.element is None and not is_tensor(value) and not (decl.optional and (value is MISSING or value is None)):
@@ -191,8 +192,9 @@ def _resolve_one(decl: OperandDecl, handler: HandlerDef, node: Node,
         raise HandlerError(f"handler {handler.name!r}: node {node.name!r} has no argument for operand "
                            f"{decl.role!r} (index {decl.index}, keyword {decl.keyword!r})")
     if not isinstance(value, torch.fx.Node):
-        raise HandlerError(f"handler {handler.name!r}: operand {decl.role!r} of node {node.name!r} is "
-                           f"{value!r}, not a traced tensor")
+        raise HandlerError(f"{handler.name} ({handler.spec_file or 'its spec'}): node {node.name!r} passes "
+                           f"{value!r} as {decl.role!r}, where the spec takes a tensor; a spec for the call with a "
+                           f"number there serves it")
     shape, dtype = _tensor_meta(value)
     kind = _attr_kind(graph_module, str(value.target)) if value.op == "get_attr" else OperationDataType.ARG
     return OperationData(value.name, kind, decl.role, shape, dtype, locator=locator)

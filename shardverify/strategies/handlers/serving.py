@@ -64,8 +64,10 @@ def refusal(handler: HandlerDef, node: Node, graph_module: GraphModule | None = 
     for name, values in handler.bound().items():
         value = params.get(name)
         if isinstance(value, Computed):
-            return (f"{handler.name}: parameter {name!r} of node {node.name!r} is computed by node(s) "
-                    f"{', '.join(value.nodes)}; the rule was verified for {name} in {_shown(values)}")
+            return (f"{handler.name} ({handler.spec_file or 'its spec'}): node {node.name!r} passes {name} computed "
+                    f"in the graph (by {', '.join(value.nodes)}), known only when the model runs; the rule was "
+                    f"verified for {name} in {_shown(values)}, so the call cannot be checked ahead: pass {name} "
+                    f"as a constant")
     return None
 
 

@@ -90,8 +90,10 @@ def bound_rule(ctx: GeneratorContext) -> BoundRule:
                     default_op=spec.source.reduce_op, unheld_op=spec.source.reduce_unheld,
                     factory=spec.source.factory, names=[f"operand {d.role!r}" for d in inputs + outputs])
     except InvalidArgument as exc:
-        where = f" ({handler.spec_file})" if handler.spec_file else ""
-        raise StrategyError(f"{ctx.handler_name}{where}: node {ctx.node.name!r}: {exc}") from None
+        spec_file = handler.spec_file or f"the spec of {ctx.handler_name!r}"
+        raise StrategyError(f"{ctx.handler_name} ({spec_file}): node {ctx.node.name!r}: {exc}; the rule does not "
+                            f"describe this call, so no layout of it is offered (a spec whose rule covers this form "
+                            f"of the call serves it: see {spec_file})") from None
     return BoundRule(rule, spec, inputs, outputs, call, spec.source.index_ids(declared))
 
 
@@ -216,6 +218,8 @@ class _Call:
         self.shape_at, self.shape_part = shape_at, shape_part
         self.undefined = undefined_outputs(ctx.node)   # scratch the op leaves undefined: never reduced
         self.results = [o for k, o in enumerate(outputs) if k not in self.undefined]
+        # no result carries a gradient (a comparison's bool): no input gets one, so none is synced
+        self.carries_gradient = any(o.dtype.is_floating_point or o.dtype.is_complex for o in self.results)
         # assignment -> whether its layout fits the call: the same for each of its partial-input
         # variants (they add only all-reduces, which change no local shape)
         self._fits: dict[tuple, bool] = {}
@@ -256,7 +260,7 @@ class _Call:
             # a narrowed factor's trailing axes: the ranks whose output block is empty give zeros
             trailing = {a for f, prefix in narrowed.get(data.name, {}).items() for a in axes[f][len(prefix):]}
             missing = tuple(sorted(set(missing) | trailing))
-            if data.role not in modifiers.constant:
+            if data.role not in modifiers.constant and self.carries_gradient:
                 actions += grad_sync(data, missing)
         # each output is partial over the reduced factors' axes it lacks and the partial inputs' axes
         per_output = [() if k in self.undefined else tuple(sorted(set(rule.output_partial(axes, k)) | set(pieces)))

@@ -120,17 +120,22 @@ def _flat_blocks_agree(sizes: Sequence[int], axes: Sequence[tuple[int, ...]], me
     return True
 
 
+def _factor_words(factor: str) -> str:
+    """A factor as a spec author wrote it: ``'k'``, or for ``_b0`` a dim that ``...`` stands for."""
+    return "dim, one that '...' stands for" if factor.startswith("_b") else f"dim {factor!r}"
+
+
 def _expand(term: Term, rank: int, width: int, where: str) -> Term:
     """Replace ``...`` by ``width`` batch factors aligned from the right (``_b0`` ... )."""
     if (ELLIPSIS,) not in term:
         if len(term) != rank:
-            raise InvalidArgument(f"{where} has {rank} dim(s); the rule takes it with {len(term)}, so it does not "
-                                  f"cover this rank")
+            raise InvalidArgument(f"{where} has {rank} dim(s); the rule describes it with {len(term)}, so it "
+                                  f"does not cover a tensor of {rank} dim(s)")
         return term
     n = rank - (len(term) - 1)
     if n < 0:
-        raise InvalidArgument(f"{where} has {rank} dim(s); the rule takes it with at least {len(term) - 1}, so it "
-                              f"does not cover this rank")
+        raise InvalidArgument(f"{where} has {rank} dim(s); the rule describes it with at least {len(term) - 1}, "
+                              f"so it does not cover a tensor of {rank} dim(s)")
     at = term.index((ELLIPSIS,))
     batch = tuple((f"_b{i}",) for i in range(width - n, width))
     return term[:at] + batch + term[at + 1:]
@@ -195,14 +200,19 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
 
     sizes = dict(sizes or {})
     ones = {dim[0] for term, shape in zip(terms, shapes) for dim, size in zip(term, shape) if len(dim) == 1 and size == 1}
-    for term, shape in zip(terms, shapes):          # single-factor dims fix sizes (1 broadcasts)
-        for dim, size in zip(term, shape):
+    first: dict[str, tuple[str, int]] = {}     # factor -> (operand, dim) that fixed its size
+    for term, shape, label in zip(terms, shapes, labels):   # single-factor dims fix sizes (1 broadcasts)
+        for at, (dim, size) in enumerate(zip(term, shape)):
             if len(dim) == 1 and size != 1:
                 if sizes.setdefault(dim[0], size) != size:
-                    raise InvalidArgument(f"rule {equation}: factor {dim[0]!r} has size {sizes[dim[0]]} "
-                                          f"and {size} (shapes {shapes})")
-    for term, shape in zip(terms, shapes):          # compounds: infer at most one unknown factor
-        for dim, size in zip(term, shape):
+                    where = first.get(dim[0])
+                    seen = f"dim {where[1]} of {where[0]}" if where else "the call's parameters"
+                    raise InvalidArgument(f"dim {at} of {label} has size {size} and {seen} size {sizes[dim[0]]}, but "
+                                          f"the rule {equation} gives both the same {_factor_words(dim[0])}: it "
+                                          f"holds only where they are equal (shapes {[list(s) for s in shapes]})")
+                first.setdefault(dim[0], (label, at))
+    for term, shape, label in zip(terms, shapes, labels):   # compounds: infer at most one unknown factor
+        for at, (dim, size) in enumerate(zip(term, shape)):
             if len(dim) < 2:
                 continue
             unknown = [f for f in dim if f not in sizes]
@@ -212,16 +222,18 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
                 unknown = [f for f in dim if f not in sizes]
             known = math.prod(sizes[f] for f in dim if f in sizes)
             if len(unknown) > 1 or (unknown and size % known) or (not unknown and known != size):
-                raise InvalidArgument(f"rule {equation}: compound dim ({' '.join(dim)}) cannot hold size {size}")
+                raise InvalidArgument(f"dim {at} of {label} has size {size}, which the rule {equation} cannot "
+                                      f"split as ({' '.join(dim)}) with the sizes the other dims give")
             if unknown:
                 sizes[unknown[0]] = size // known
     bound: list[Term] = []
-    for term, shape in zip(terms, shapes):
+    for term, shape, label in zip(terms, shapes, labels):
         dims: list[Dim] = []
-        for dim, size in zip(term, shape):
+        for at, (dim, size) in enumerate(zip(term, shape)):
             if not dim:
                 if size != 1:
-                    raise InvalidArgument(f"rule {equation}: a '1' dim has size {size}")
+                    raise InvalidArgument(f"dim {at} of {label} has size {size}, where the rule {equation} has a "
+                                          f"dim of size 1")
             elif len(dim) == 1:
                 sizes.setdefault(dim[0], 1)
                 dim = () if size == 1 and sizes[dim[0]] != 1 else dim   # broadcast: holds no factor

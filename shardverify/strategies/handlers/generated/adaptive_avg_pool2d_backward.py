@@ -21,6 +21,7 @@ HANDLER = register_handler(HandlerDef(
     generator='rules',
     options=(('linear_in', ('grad_output',)), ('einsum', '... c oh ow, ... c h w -> ... c h w'), ('whole', ('oh', 'ow', 'h', 'w'))),
     spec_file='specs/adaptive_avg_pool2d_backward.yaml',
+    isolate=True,
     overrides=(
         (torch.ops.aten._adaptive_avg_pool2d_backward.default, (
             OperandDecl(role='grad_output', kind='input', index=0, keyword='grad_output',

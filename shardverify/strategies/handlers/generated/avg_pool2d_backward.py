@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('divisor_override', (None,)),
         )),
     ),
+    isolate=True,
     overrides=(
         (torch.ops.aten.avg_pool2d_backward.default, (
             OperandDecl(role='grad_output', kind='input', index=0, keyword='grad_output',

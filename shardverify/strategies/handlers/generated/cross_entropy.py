@@ -17,10 +17,23 @@ HANDLER = register_handler(HandlerDef(
         OperandDecl(role='output', kind='output', index=None, keyword=None,
                     attribute=None, optional=False, element=None),
     ),
-    params=(),
+    params=(
+        ParamDecl(name='reduction', index=None, keyword='reduction', default='mean'),
+    ),
     generator='rules',
     options=(('einsum', 'n c ..., n ... -> '), ('whole', ('c', '...')), ('reduce', (('n', 'avg'),))),
     spec_file='specs/cross_entropy.yaml',
+    bindings=(
+        (torch.nn.functional.cross_entropy, (
+            ('reduction', ('mean',)),
+        )),
+        (torch.nn.CrossEntropyLoss, (
+            ('reduction', ('mean',)),
+        )),
+        (torch.ops.aten.cross_entropy_loss.default, (
+            ('reduction', ('mean',)),
+        )),
+    ),
     overrides=(
         (torch.ops.aten.cross_entropy_loss.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',
@@ -30,6 +43,7 @@ HANDLER = register_handler(HandlerDef(
             OperandDecl(role='output', kind='output', index=None, keyword=None,
                         attribute=None, optional=False, element=None),
         ), (
+            ParamDecl(name='reduction', index=3, keyword='reduction', default='mean'),
         )),
     ),
 ))

@@ -24,7 +24,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='alpha', index=None, keyword='alpha', default=1),
     ),
     generator='rules',
-    options=(('linear_in', (('input', 'source'),)), ('monotone_in', ('input',)), ('einsum', 'v e?, b, b e? -> v e?'), ('whole', ('v', 'b'))),
+    options=(('linear_in', (('input', 'source'),)), ('monotone_in', ('input',)), ('einsum', 'v e?, b, b e? -> v e?'), ('whole', ('v', 'b')), ('zero_dim_as_1d', True)),
     spec_file='specs/index_add.yaml',
     bindings=(
         (torch.index_add, (

@@ -21,7 +21,7 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=1, keyword='dim', default=None),
     ),
     generator='rules',
-    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('einsum', 'v e?, b -> b e?'), ('indices', (('index', 'v'),))),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('einsum', 'v e?, b -> b e?'), ('indices', (('index', 'v'),)), ('zero_dim_as_1d', True)),
     spec_file='specs/index_select.yaml',
     bindings=(
         (torch.index_select, (

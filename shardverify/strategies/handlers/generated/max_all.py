@@ -17,7 +17,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(),
     generator='rules',
-    options=(('einsum', '... -> '), ('whole', ('...',)), ('monotone_in', ('input',))),
+    options=(('einsum', '... -> '), ('whole', ('...',))),
     spec_file='specs/max_all.yaml',
     overrides=(
         (torch.ops.aten.max.default, (

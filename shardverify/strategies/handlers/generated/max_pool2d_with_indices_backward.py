@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('ceil_mode', (False,)),
         )),
     ),
+    isolate=True,
     drawn=(
         ('indices', (0, 36), True),
     ),

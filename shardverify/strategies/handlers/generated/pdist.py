@@ -32,6 +32,7 @@ HANDLER = register_handler(HandlerDef(
             ('p', (1.0, 2.0)),
         )),
     ),
+    isolate=True,
     overrides=(
         (torch.ops.aten.pdist.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self',

@@ -20,20 +20,17 @@ HANDLER = register_handler(HandlerDef(
         ParamDecl(name='dim', index=2, keyword='dim', default=None),
     ),
     generator='rules',
-    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('einsum', 'n ... -> (n r) ...')),
+    options=(('monotone_in', ('input',)), ('linear_in', ('input',)), ('einsum', 'n ... -> (n r) ...'), ('first_dim_param', 'dim'), ('zero_dim_as_1d', True)),
     spec_file='specs/repeat_interleave.yaml',
     bindings=(
         (torch.repeat_interleave, (
             ('repeats', (2, 3)),
-            ('dim', (0,)),
         )),
         (torch.Tensor.repeat_interleave, (
             ('repeats', (2, 3)),
-            ('dim', (0,)),
         )),
         (torch.ops.aten.repeat_interleave.self_int, (
             ('repeats', (2, 3)),
-            ('dim', (0,)),
         )),
     ),
     overrides=(

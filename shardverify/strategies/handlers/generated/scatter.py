@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='scatter',
-    targets=(torch.scatter, torch.Tensor.scatter, torch.ops.aten.scatter.src),
+    targets=(torch.scatter, torch.Tensor.scatter),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -21,25 +21,20 @@ HANDLER = register_handler(HandlerDef(
     ),
     params=(
         ParamDecl(name='dim', index=1, keyword='dim', default=None),
+        ParamDecl(name='reduce', index=None, keyword='reduce', default=None),
     ),
     generator='rules',
     options=(('linear_in', (('input', 'src'),)), ('monotone_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim'), ('aligned', True)),
     spec_file='specs/scatter.yaml',
+    bindings=(
+        (torch.scatter, (
+            ('reduce', (None,)),
+        )),
+        (torch.Tensor.scatter, (
+            ('reduce', (None,)),
+        )),
+    ),
     drawn=(
         ('index', (0, 6), True),
-    ),
-    overrides=(
-        (torch.ops.aten.scatter.src, (
-            OperandDecl(role='input', kind='input', index=0, keyword='self',
-                        attribute=None, optional=False, element=None),
-            OperandDecl(role='index', kind='input', index=2, keyword='index',
-                        attribute=None, optional=False, element=None),
-            OperandDecl(role='src', kind='input', index=3, keyword='src',
-                        attribute=None, optional=False, element=None),
-            OperandDecl(role='output', kind='output', index=None, keyword=None,
-                        attribute=None, optional=False, element=None),
-        ), (
-            ParamDecl(name='dim', index=1, keyword='dim', default=None),
-        )),
     ),
 ))

@@ -8,7 +8,7 @@ from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamD
 
 HANDLER = register_handler(HandlerDef(
     name='scatter_value',
-    targets=(torch.scatter, torch.Tensor.scatter, torch.ops.aten.scatter.value),
+    targets=(torch.scatter, torch.Tensor.scatter),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input',
                     attribute=None, optional=False, element=None),
@@ -20,6 +20,7 @@ HANDLER = register_handler(HandlerDef(
     params=(
         ParamDecl(name='dim', index=1, keyword='dim', default=None),
         ParamDecl(name='value', index=3, keyword='value', default=None),
+        ParamDecl(name='reduce', index=None, keyword='reduce', default=None),
     ),
     generator='rules',
     options=(('monotone_in', ('input',)), ('pointwise', True), ('whole_dims_param', 'dim'), ('aligned', True)),
@@ -27,28 +28,14 @@ HANDLER = register_handler(HandlerDef(
     bindings=(
         (torch.scatter, (
             ('value', (2.5,)),
+            ('reduce', (None,)),
         )),
         (torch.Tensor.scatter, (
             ('value', (2.5,)),
-        )),
-        (torch.ops.aten.scatter.value, (
-            ('value', (2.5,)),
+            ('reduce', (None,)),
         )),
     ),
     drawn=(
         ('index', (0, 6), True),
-    ),
-    overrides=(
-        (torch.ops.aten.scatter.value, (
-            OperandDecl(role='input', kind='input', index=0, keyword='self',
-                        attribute=None, optional=False, element=None),
-            OperandDecl(role='index', kind='input', index=2, keyword='index',
-                        attribute=None, optional=False, element=None),
-            OperandDecl(role='output', kind='output', index=None, keyword=None,
-                        attribute=None, optional=False, element=None),
-        ), (
-            ParamDecl(name='dim', index=1, keyword='dim', default=None),
-            ParamDecl(name='value', index=3, keyword='value', default=None),
-        )),
     ),
 ))

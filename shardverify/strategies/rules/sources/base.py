@@ -212,8 +212,9 @@ class RuleCall:
         if name not in self.params:
             raise InvalidArgument(f"the rule reads call parameter {name!r}, which the spec does not declare")
         if name in self.computed:
-            raise InvalidArgument(f"the rule reads call parameter {name!r}, computed by node(s) "
-                                  f"{', '.join(self.computed[name])}; only constants are supported")
+            raise InvalidArgument(f"the call passes {name} computed in the graph (by "
+                                  f"{', '.join(self.computed[name])}), known only when the model runs, and the "
+                                  f"rule's layouts depend on it: pass {name} as a constant")
         return self.params[name]
 
     @property

@@ -13,7 +13,14 @@ ids into each rank's rows and masks the others, a partial sum: vocab-parallel em
 ``size_params: {N: n, C: [g, k]}`` (call parameters holding the size of factors, the product of
 several, ``"..."`` the ellipsis's: each rank passes its own blocks' size, as native_group_norm's
 N, C, HxW, group; one holding a factor seen only inside compound dims, a convolution's groups
-in ``(g i)``, also binds that factor's size)."""
+in ``(g i)``, also binds that factor's size).
+
+Two keys read a rule written for one form of the call at its others (:mod:`.call_forms`):
+``first_dim_param: dim`` (written along dim 0, each term written as one dim then ``...``: that
+dim stands for the one the parameter names, the ellipsis for the dims around it; None runs on
+the flattened input: repeat_interleave along any dim as ``n ... -> (n r) ...``) and
+``zero_dim_as_1d: true`` (a 0-d tensor stands for a 1-d one of one element, as torch's
+dim-taking ops read it: index_select and index_add of a 0-d input)."""
 
 from __future__ import annotations
 
@@ -22,7 +29,8 @@ from dataclasses import dataclass
 from shardverify.errors import InvalidArgument
 from shardverify.strategies.rules.notation import ELLIPSIS, Equation, parse_equation, torch_einsum_equation
 from shardverify.strategies.rules.sources.base import (
-    KEYS, OPERAND, PARAM, Derived, OptionError, RuleCall, Source, names, opt, pairs, read_op, text)
+    KEYS, OPERAND, PARAM, Derived, OptionError, RuleCall, Source, flag, names, opt, pairs, read_op, text)
+from shardverify.strategies.rules.sources.call_forms import along_dim, leading, zero_dim_as_1d
 from shardverify.strategies.rules.sources.registry import register_source
 
 __all__ = ["Einsum", "EinsumParam"]
@@ -67,6 +75,8 @@ class _Factors(Source):
                                                               form=KEYS)
     reduce_op: str | None = opt("reduce_op", read_op, "sum")
     reduce_unheld: str | None = opt("reduce_unheld", read_op, None)
+    first_dim_param: str = opt("first_dim_param", text, "", kind=PARAM, draw="dims")
+    zero_dim_as_1d: bool = opt("zero_dim_as_1d", flag, False)
 
     def named_factors(self) -> list[tuple[str, str]]:
         """(key, factor) for every factor a key names ("..." aside)."""
@@ -91,7 +101,16 @@ class _Factors(Source):
             eq = Equation(tuple(t for t, here in zip(eq.inputs, call.present) if here), eq.outputs)
         if len(call.outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
             eq = Equation(eq.inputs, eq.outputs * len(call.outputs))
-        sizes = {}
+        whole, reduce, sizes = frozenset(self.whole), self.reduce, {}
+        shapes = call.inputs + call.outputs
+        if self.first_dim_param:
+            eq, after = along_dim(eq, shapes, call.param(self.first_dim_param), self.first_dim_param)
+            whole |= after if ELLIPSIS in whole else frozenset()
+        if self.zero_dim_as_1d:
+            eq, sizes = zero_dim_as_1d(eq, shapes)
+            kept = set(eq.letters)        # a factor only 0-d tensors held is in no term: nothing to keep whole
+            whole = frozenset(f for f in whole if f == ELLIPSIS or f in kept)
+            reduce = tuple((f, op) for f, op in reduce if f in kept)
         for param, held in self.size_params:   # one factor's size, seen only inside compounds: bound (conv's groups)
             alone = any(dim == (held[0],) for term in eq.inputs + eq.outputs for dim in term)
             if len(held) == 1 and not alone and held[0] != ELLIPSIS and (value := call.params.get(param)) is not None:
@@ -99,7 +118,7 @@ class _Factors(Source):
                     raise InvalidArgument(f"call parameter {param!r} holds the size of factor {held[0]!r}: it must "
                                           f"be a positive int, got {value!r}")
                 sizes[held[0]] = value
-        return Derived(eq, frozenset(self.whole), self.reduce, tuple(sizes.items()))
+        return Derived(eq, whole, reduce, tuple(sizes.items()))
 
 
 @register_source
@@ -114,6 +133,10 @@ class Einsum(_Factors):
             if factor not in letters:
                 bad = sorted({f for _, f in self.named_factors()} - letters)
                 raise OptionError(f"rule names factor(s) {bad} that einsum {str(self.einsum)!r} does not have", key)
+        if self.first_dim_param and self.einsum is not None and \
+                not any(leading(term) for term in self.einsum.inputs + self.einsum.outputs):
+            raise OptionError(f"rule option 'first_dim_param' moves the first dim of each term written as one dim "
+                              f"then '...'; einsum {str(self.einsum)!r} has none", "first_dim_param")
 
     def equation(self, call: RuleCall, whole_at: tuple[int, ...]) -> Derived:
         assert self.einsum is not None

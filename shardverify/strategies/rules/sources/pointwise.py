@@ -62,9 +62,9 @@ class Pointwise(Source):
                 strange = [j + offset for j, dim in enumerate(term) if dim != (f"d{j + offset}",)
                            and j + offset not in whole_at]
                 if strange:
-                    raise InvalidArgument(f"operand {i} of shape {tuple(call.inputs[i])} does not match the output "
-                                          f"{tuple(call.outputs[0])} at dim(s) {strange} outside the whole dims "
-                                          f"{list(whole_at)}: the rule (aligned) holds only for equal sizes there")
+                    raise InvalidArgument(f"operand {i} of shape {list(call.inputs[i])} and the output of shape "
+                                          f"{list(call.outputs[0])} differ in size at dim(s) {strange}, which the "
+                                          f"spec does not keep whole: its rule holds only where the two are equal")
         return Derived(eq, frozenset(whole))
 
     def _aligned_by_broadcast(self, call: RuleCall) -> tuple[Equation, set[str]]:
