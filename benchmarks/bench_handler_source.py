@@ -55,7 +55,8 @@ def handler_of(spec) -> HandlerDef:
         ignores=tuple(spec.ignores),
         drawn=tuple((i.role, i.values, i.grad) for i in spec.verify.inputs if i.values is not None or not i.grad),
         overrides=tuple((lookup(t.name), tuple(_operand(o) for o in t.operands), tuple(_param(p) for p in t.params))
-                        for t in spec.targets if t.aten))
+                        for t in spec.targets if t.aten),
+        isolate=spec.verify.isolate)
 
 
 def _clear() -> None:

@@ -1,58 +1,82 @@
-"""How fast is one strategy check, and how does it compare with its baselines in this run?
+"""How much does one strategy check cost over the plain torch arithmetic it checks?
 
-For each op (linear, sum: the first cases of their specs) and mesh ((2,2), (2,2,2)) it measures
-the milliseconds per strategy check (forward, backward, parameter gradients, collectives
-counted, memory checked) on
+For each op (linear, sum: the first cases of their specs) and mesh ((2,2), (2,2,2)), over every
+distinct layout the op offers there, it measures in CPU time of this process (every thread's),
+in alternating rounds (floor, cold check, warm check; one pass of each over every layout per
+round, so a burst of other load falls on all three alike):
 
-  * the simulated backend (every rank of a check in one thread of this process, backends/stacked.py),
-  * the gloo pool, warm (persistent worker processes, a case's strategies sent as one batch),
-  * the bare local op, the floor: every rank's forward and backward on its shards (sliced
-    before the clock starts), back to back in one thread, with no harness, collectives or
-    comparison (what torch itself charges for the check's arithmetic; layouts whose op
-    cannot run without their collectives are left out and counted),
+  * the floor: plain torch on each rank's own shards.  Before the clock, each rank's block of
+    every input and parameter is sliced by the strategy's layouts and made a leaf, and its block
+    of the reference output gradient cut; the timed body then calls the plain torch function
+    of the case's target directly and takes the gradient of its output, rank after rank,
+    with no project code in it.  The call comes from the case's target: a function target
+    (``torch.sum``, ``torch.matmul``, a ``torch.Tensor`` method) is called with the case's
+    recorded arguments (its params: ``torch.sum(x, dim=(0, 2), keepdim=False)``), a module target
+    through its functional form (``torch.nn.Linear`` -> ``F.linear(x, weight, bias)`` on the
+    weight and bias shards).  What it cannot express: a module target without an entry in
+    ``_functional`` (one whose forward reads configuration off the module: convolutions, norms),
+    refused naming the module; a call whose per-rank module attributes change (groups); the
+    layout's collectives (a layout whose op cannot run on its bare shards, an input gathered
+    before the op, is left out and counted; one whose op runs on them anyway is timed on them,
+    as the check's arithmetic less its collectives); a partial input, run as the rank's block
+    (the piece the check gives it has that block's shape); index masks and post-added operands
+    (run as an ordinary operand of the call),
+  * the check, cold: ``verify_case`` on the simulated backend (every rank in one thread,
+    backends/stacked.py) as ``shardverify verify`` runs it, each layout once on fresh caches: a
+    new copy of the case and of the strategies per pass, and every table the verify engine
+    remembers in (each module-level dict shardverify/verify/ starts empty: its references,
+    blocks, pieces, slices, layouts, seeds) emptied before the pass, so the pass builds the
+    case's reference and every layout's blocks as the first check of them does (only the traced
+    harness, which a run builds to list the strategies, and torch's own caches stay warm),
+  * the check, warm: the same, again on the same case copy right after the cold pass (new
+    strategy objects, every table filled): what a second check of each layout costs,
+
+on the same layouts (those the floor runs), each reported as ms per layout (min and median
+over the rounds) with cold/floor and warm/floor (the ratio of the minima and of the medians).
+Besides, on the same layouts:
+
   * PyTorch DTensor under LocalTensorMode (torch.distributed.tensor on a fake process group):
-    the same op on the same reference values, each strategy's input and parameter layouts
-    given as DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else
-    Replicate), forward and backward, output and gradients reconciled and compared (layouts
-    DTensor cannot run, or whose first check takes it over --dtensor-budget CPU seconds, are left
-    out of its timing and counted),
+    the op on the same reference values, each strategy's input and parameter layouts given as
+    DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else Replicate), forward
+    and backward, outputs and gradients reconciled and compared.  Its first check of each
+    layout runs under --dtensor-budget CPU seconds; a layout DTensor cannot run, or that goes
+    over, is left out and counted on its line, as are the layouts past --dtensor-layouts (a
+    count; those it tries are spread evenly over the row's), and the DTensor figure is set
+    against the warm check timed on exactly the layouts DTensor ran (alternating rounds),
+  * the gloo pool, warm (persistent worker processes, a case's strategies as one batch): wall
+    ms per check, the median of --gloo-passes passes (its work runs in other processes, so this
+    process's CPU time does not see it; its budget is the count),
+  * the same op and mesh on the spec's first case with its free dims multiplied by --scale, as a
+    row of its own (scaled_case: the first input's leading dims and the dims of other inputs that
+    must match them, never a contracted or feature dim): the grid cases are small, so their ratio
+    is mostly what the check costs per call; the larger shape shows what grows with the
+    arithmetic (--scaled-only SPEC ...: specs measured in that row alone),
+  * on the first mesh, the fresh-processes-per-case baselines (each of the first --fresh-cases
+    cases on new gloo processes, spawned per case, and a forkserver pool started per case)
+    against one warm pool running the same checks, and the pool start-up against a bare spawn of
+    as many gloo processes (wall clock: a start-up is waiting as much as work).
 
-and, in a row of its own labelled with the factor, dims and shapes, the same op and mesh on
-the spec's first case with its free dims multiplied by --scale (scaled_case: the first input's
-leading dims and the other inputs' dims that must match them, never a contracted or feature
-dim; for linear and sum every leading dim) (simulated and bare only): the grid cases are small,
-so their ratio is mostly what the check costs per call (Python, hand-overs between rank
-threads); the larger shape shows what grows with the arithmetic (--scaled-only SPEC ...: specs
-measured in that row alone),
-
-then, on the first mesh, the fresh-processes-per-case baselines (the first --fresh-cases cases
-of each spec, each on new gloo processes started, used for its batch and closed: spawned per
-case, each importing torch, and a forkserver pool started per case) against one warm pool
-running the same checks, and the pool start-up against a bare spawn of as many gloo
-processes (each imports torch.distributed, joins a gloo group through a file store, and
-reports back).  Every pass of a timed figure checks fresh copies of the strategies (a suite
-checks each strategy object once, so nothing remembered per strategy object may flatter the
-figure); what is built once per case (its reference, the FLOP count of each local call
-signature, the views of the reference each layout's ranks slice, as the bare op slices its
-shards before its clock starts) is built in the untimed warm-up pass, as a suite builds it once
-for all the case's strategies.  Every figure is measured in this one run (ms per check of the median pass
-over the checks, so a burst of other load moves it little) and the ratios between them are
-printed; ``--json`` prints them as one JSON document instead.  The simulated check and the bare
-op are also given in CPU time of this process (every thread's): on a machine other work keeps
-busy, the wall clock charges each figure for the time it waited for a core, CPU time for the
-work it did, so their ratio moves less with the load.
+Every budget is CPU time or a count, never the wall clock: a row measures rounds until it has
+spent --seconds CPU seconds and run --rounds rounds (the backends' 120 s hang guards are no
+budget: one that fires fails the run, it leaves nothing out).  Before the rows, for each op with a loop
+written out here (``_hand_loop``: linear, sum), an A/B on the first mesh: that loop against the
+floor's timed body on the same shards, alternating, both printed; a disagreement of more than
+10% (of the minima) ends the run with exit status 1.
 
 Usage: .venv/bin/python benchmarks/bench_verify.py [--meshes 2,2 2,2,2] [--specs linear sum]
-       [--cases 1] [--fresh-cases 2] [--seconds 2] [--scale 4] [--skip-gloo] [--skip-dtensor] [--json]
+       [--ab-specs linear sum] [--cases 1] [--seconds 2] [--rounds 5] [--gloo-passes 5] [--scale 4]
+       [--dtensor-layouts 72] [--skip-gloo] [--skip-dtensor] [--json]
        .venv/bin/python benchmarks/bench_verify.py --quick     # CI's smoke run (figures not for quoting)
-A figure it cannot measure (no layout ran bare or under DTensor, no pass timed) ends the run
-with exit status 1, never a row left out.
+A figure it cannot measure (no layout ran on the floor or under DTensor, no round timed) ends
+the run with exit status 1, never a row left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -62,8 +86,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
+#: the A/B's limit: the hand-written loop and the floor's body may differ by this fraction (of the minima)
+AB_LIMIT = 0.10
 
 
 # ---------------------------------------------------------------------- bare gloo spawn
@@ -115,12 +142,19 @@ class Unmeasured(Exception):
     """A figure this run could not measure: the benchmark fails rather than print a row without it."""
 
 
-def _median_ms(pass_seconds: list[float], checks_per_pass: int) -> float:
-    """Milliseconds per check of the median pass: a pass slowed by other load on the machine
-    moves it less than it moves the mean."""
+class Disagreement(Exception):
+    """The A/B found the floor's body and a hand-written torch loop apart by more than AB_LIMIT."""
+
+
+def _spread(pass_seconds: list[float], layouts: int) -> dict:
+    """ms per layout of the fastest and of the median pass."""
     if not pass_seconds:
         raise Unmeasured("no pass was timed")
-    return statistics.median(pass_seconds) / checks_per_pass * 1e3
+    return {"min": min(pass_seconds) / layouts * 1e3, "median": statistics.median(pass_seconds) / layouts * 1e3}
+
+
+def _ratio(over: dict, under: dict) -> dict:
+    return {"min": over["min"] / under["min"], "median": over["median"] / under["median"]}
 
 
 def distinct_layouts(strategies: list) -> list:
@@ -133,34 +167,304 @@ def distinct_layouts(strategies: list) -> list:
     return list(firsts.values())
 
 
-def _fresh(strategies: list) -> list:
-    """New strategy objects equal to ``strategies`` (what a suite hands the verifier: each
-    strategy object checked once), so nothing remembered per strategy object flatters a pass."""
-    return pickle.loads(pickle.dumps(strategies))
+def _fresh(value):
+    """A new object equal to ``value`` (a case, a list of strategies): nothing the engine
+    remembers per object (by id) is found for it."""
+    return pickle.loads(pickle.dumps(value))
 
 
-def ms_per_check(backend, cases_and_strategies, min_seconds: float) -> tuple[float, int, float]:
-    """Verify every (case, strategies) pass after pass, after one warm-up pass, for at least
-    ``min_seconds``; every check must pass.  Each pass checks fresh copies of the strategies
-    (made before the pass's clock starts).  ms per check of the median pass, checks timed, and
-    the CPU ms per check of this process (every thread's; a process pool's workers not counted)
-    of the median pass by CPU time."""
+def engine_tables() -> list[tuple[str, dict]]:
+    """("module.NAME", table) of every table the verify engine remembers in: each module-level
+    dict a module of shardverify/verify/ starts empty (``_BLOCKS: dict = {}``), found in the
+    source, so a table added later is emptied too."""
+    import shardverify.verify as package
+
+    found = []
+    for path in sorted(Path(package.__file__).parent.glob("*.py")):
+        for stmt in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(stmt, ast.AnnAssign):
+                target, value = stmt.target, stmt.value
+            elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                target, value = stmt.targets[0], stmt.value
+            else:
+                continue
+            if isinstance(target, ast.Name) and isinstance(value, ast.Dict) and not value.keys:
+                table = getattr(importlib.import_module(f"{package.__name__}.{path.stem}"), target.id)
+                if isinstance(table, dict):
+                    found.append((f"{path.stem}.{target.id}", table))
+    if not found:
+        raise Unmeasured("found no table of the verify engine to empty for the cold check (shardverify/verify/)")
+    return found
+
+
+# ------------------------------------------------------------------ the floor: plain torch
+class PlainCall(NamedTuple):
+    """One rank's op call in plain torch, everything it takes made before the clock: ``fn(*args,
+    **kwargs)``, the outputs carrying a gradient (``pick``: their positions in a tuple result,
+    None for a single tensor), the leaves and the output gradient blocks."""
+
+    fn: object
+    args: tuple
+    kwargs: dict
+    pick: tuple | None
+    leaves: tuple
+    grads: tuple
+
+
+class FloorLayout(NamedTuple):
+    """One layout on the floor: each rank's call, and its shards by operand locator (the A/B's
+    hand-written loop reads them)."""
+
+    case: object
+    strategy: object
+    calls: tuple
+    shards: tuple
+
+
+def floor_body(calls) -> None:
+    """The floor's timed work: each rank's op and the gradient of its output, plain torch."""
+    import torch
+
+    grad = torch.autograd.grad
+    for fn, args, kwargs, pick, leaves, grads in calls:
+        out = fn(*args, **kwargs)
+        if pick is not None:
+            out = [out[i] for i in pick]
+        if leaves:
+            grad(out, leaves, grads, allow_unused=True)
+
+
+def _functional() -> dict:
+    """Module target -> (its functional form, the module's tensors it takes after the inputs,
+    in order; an absent one passed as None): modules whose forward is that call on its input
+    and tensors alone."""
+    import torch
+    import torch.nn.functional as F
+
+    return {torch.nn.Linear: (F.linear, ("weight", "bias"))}
+
+
+def plain_target(case, node, module) -> tuple[object, tuple[str, ...] | None]:
+    """(the plain torch callable of the case's target, the module tensor names it takes after the
+    call's arguments, or None for a function target), checked against the captured node."""
+    import torch
+
+    from shardverify.spec.case import resolve
+
+    target = resolve(case.target)
+    if isinstance(target, type):
+        found = _functional().get(target)
+        if found is None:
+            raise Unmeasured(f"{case.op}: the floor has no functional form of module {case.target} "
+                             f"(benchmarks/bench_verify.py _functional knows {[t.__name__ for t in _functional()]})")
+        if node.op != "call_module" or type(module) is not target:
+            raise Unmeasured(f"{case.op}: node {node.name!r} is a {node.op} of {type(module).__name__}, "
+                             f"not of the case's target {case.target}")
+        return found
+    called = node.target if node.op == "call_function" else \
+        getattr(torch.Tensor, node.target, None) if node.op == "call_method" else None
+    if called is not target:
+        raise Unmeasured(f"{case.op}: node {node.name!r} calls {node.target!r}, not the case's target {case.target}")
+    return target, None
+
+
+def plain_calls(case, strategy, mesh) -> FloorLayout:
+    """Each rank's :class:`PlainCall` of ``strategy`` and its shards: its block of every input and
+    parameter (a leaf where floating and not constant), its local non-tensor arguments, and its
+    block of the reference output gradient in the output's dtype, all made now (before any clock).
+    Which outputs carry a gradient is settled by :func:`settle` (a call, so it may raise)."""
+    import torch
+
+    from shardverify.capture.call import call_parts
+    from shardverify.verify.rank import local_arguments
+    from shardverify.verify.reference import reference
+
+    ref = reference(case, None, torch.device("cpu"))
+    node = ref.node
+    module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
+    fn, tensor_names = plain_target(case, node, module)
+    calls, shards = [], []
+    for rank in range(mesh.size):
+        values, leaves = {}, []
+        for data in strategy.inputs:
+            loc = (data.locator.kind, data.locator.key)
+            block = strategy.get_sharding_spec_by_name(data.name).local_shard(ref.typed(loc), mesh, rank).clone()
+            if (block.is_floating_point() or block.is_complex()) and loc not in ref.constant:
+                leaves.append(block.requires_grad_())
+            values[loc] = block
+        shards.append(dict(values))
+        values.update(local_arguments(strategy, rank))
+        args, kwargs, tensors = call_parts(node, module, values)
+        if tensor_names is not None:
+            extra = set(tensors) - set(tensor_names)
+            if extra:
+                raise Unmeasured(f"{case.op}: module {case.target} holds {sorted(extra)}, which its functional "
+                                 f"form does not take")
+            args = (*args, *(tensors.get(name) for name in tensor_names))
+        grads = tuple(None if g is None else strategy.get_sharding_spec_by_name(d.name).local_shard(g, mesh, rank)
+                      for d, g in zip(strategy.outputs, ref.grad_outputs))
+        calls.append(PlainCall(fn, args, kwargs, None, tuple(leaves), grads))
+    return FloorLayout(case, strategy, tuple(calls), tuple(shards))
+
+
+def settle(layout: FloorLayout) -> FloorLayout:
+    """``layout`` with each rank's outputs carrying a gradient picked and their gradient blocks
+    in the outputs' dtypes, found by calling the op once per rank (raises where the op cannot run
+    on the bare shards, or its output does not fit the layout's gradient block)."""
+    settled = []
+    for fn, args, kwargs, _, leaves, grads in layout.calls:
+        result = fn(*args, **kwargs)
+        outputs = list(result) if isinstance(result, (list, tuple)) else [result]
+        carrying = [i for i, (out, g) in enumerate(zip(outputs, grads)) if g is not None and out.requires_grad]
+        for i in carrying:
+            if outputs[i].shape != grads[i].shape:
+                raise ValueError(f"output {i} of shape {tuple(outputs[i].shape)} on the bare shards, the layout's "
+                                 f"block is {tuple(grads[i].shape)}")
+        pick = tuple(carrying) if isinstance(result, (list, tuple)) else None
+        if not carrying:
+            leaves = ()
+        settled.append(PlainCall(fn, args, kwargs, pick,
+                                 leaves, tuple(grads[i].to(outputs[i].dtype) for i in carrying)))
+    return layout._replace(calls=tuple(settled))
+
+
+def floor_layouts(mesh, cases_and_strategies) -> tuple[list[FloorLayout], int]:
+    """The layouts the floor runs (each one run once, forward and backward) and how many it
+    cannot (their op needs the layout's collectives)."""
+    runnable, left_out = [], 0
+    for case, strategies in cases_and_strategies:
+        for strategy in strategies:
+            prepared = plain_calls(case, strategy, mesh)   # outside the try: a change of the engine's API fails
+            try:
+                prepared = settle(prepared)
+                floor_body(prepared.calls)
+            except Exception as exc:  # noqa: BLE001 - a layout whose op needs its collectives
+                if os.environ.get("BENCH_DEBUG"):
+                    print("floor:", strategy.name, type(exc).__name__, str(exc).splitlines()[0][:200], file=sys.stderr)
+                left_out += 1
+            else:
+                runnable.append(prepared)
+    if not runnable:
+        raise Unmeasured(f"the floor ran none of the {left_out} layouts (BENCH_DEBUG=1 says why)")
+    return runnable, left_out
+
+
+# --------------------------------------------------------- the A/B: a loop written out by hand
+def _hand_loop(op: str, case):
+    """A plain torch loop for ``op`` written out here, sharing nothing with the floor but the
+    shards it runs on: a function of [(shards by locator, gradient block)] per rank that runs
+    the op and its backward and returns the outputs; None for an op without one."""
+    import torch
+    import torch.nn.functional as F
+
+    params = dict(case.params)
+    if op == "sum":
+        dim, keepdim = params.get("dim"), params.get("keepdim", False)
+
+        def run_sum(ranks):
+            outs = []
+            for shards, grad in ranks:
+                x = shards[("arg", 0)]
+                out = torch.sum(x, dim, keepdim)
+                torch.autograd.grad(out, x, grad)
+                outs.append(out)
+            return outs
+        return run_sum
+    if op == "linear":
+        def run_linear(ranks):
+            outs = []
+            for shards, grad in ranks:
+                x, w, b = shards[("arg", 0)], shards[("param", "weight")], shards.get(("param", "bias"))
+                out = F.linear(x, w, b)
+                torch.autograd.grad(out, [x, w] if b is None else [x, w, b], grad)
+                outs.append(out)
+            return outs
+        return run_linear
+    return None
+
+
+def ab_check(op: str, layouts: list[FloorLayout], seconds: float, rounds: int) -> dict | None:
+    """The hand-written loop of ``op`` against the floor's body on the floor's shards, alternating
+    (which goes first swaps every round), in CPU time: ms per layout of each (min, median) and
+    floor/hand; None for an op without a hand-written loop.  Their outputs must be equal first."""
+    import torch
+
+    hand = _hand_loop(op, layouts[0].case)
+    if hand is None:
+        return None
+    work = [(shards, call.grads[0]) for layout in layouts for shards, call in zip(layout.shards, layout.calls)]
+    calls = [call for layout in layouts for call in layout.calls]
+    for (fn, args, kwargs, *_), out in zip(calls, hand(work)):
+        if not torch.equal(fn(*args, **kwargs), out):
+            raise Disagreement(f"{op}: the hand-written loop's output differs from the floor's call's")
+    timed: dict[str, list[float]] = {"floor": [], "hand": []}
+    bodies = {"floor": lambda: floor_body(calls), "hand": lambda: hand(work)}
+    order, start = ["floor", "hand"], time.process_time()
+    while time.process_time() - start < seconds or len(timed["hand"]) < rounds:
+        for name in order:
+            began = time.process_time()
+            bodies[name]()
+            timed[name].append(time.process_time() - began)
+        order.reverse()
+    floor, hand_ms = _spread(timed["floor"], len(layouts)), _spread(timed["hand"], len(layouts))
+    return {"layouts": len(layouts), "rounds": len(timed["hand"]), "floor_ms": floor, "hand_ms": hand_ms,
+            "floor_over_hand": _ratio(floor, hand_ms)}
+
+
+def check_agreement(op: str, ab: dict) -> None:
+    """Raise :class:`Disagreement` where the A/B's minima differ by more than AB_LIMIT."""
+    apart = abs(ab["floor_over_hand"]["min"] - 1)
+    if apart > AB_LIMIT:
+        raise Disagreement(f"{op}: the floor's body and the hand-written loop differ by {apart:.0%} (over "
+                           f"{AB_LIMIT:.0%}) on the same shards")
+
+
+# ----------------------------------------------------------------------- floor, cold, warm
+def measure_row(simulated, mesh, cases_and_strategies, seconds: float, rounds: int) -> dict:
+    """Floor, cold check and warm check (module docstring) in alternating rounds on the layouts
+    the floor runs, until ``seconds`` CPU seconds and ``rounds`` rounds are spent: ms per layout
+    (min, median) of each, the ratios, and how many layouts the floor left out."""
     from shardverify.verify.engine import verify_case
     from shardverify.verify.report import assert_passed
 
-    for case, strategies in cases_and_strategies:
-        assert_passed(verify_case(backend, case, strategies))
-    passes, cpu, per_pass, start = [], [], sum(len(s) for _, s in cases_and_strategies), time.perf_counter()
-    while time.perf_counter() - start < min_seconds or len(passes) < 3:
-        batch = [(case, _fresh(strategies)) for case, strategies in cases_and_strategies]
-        began, began_cpu = time.perf_counter(), time.process_time()
-        for case, strategies in batch:
-            assert_passed(verify_case(backend, case, strategies))
-        passes.append(time.perf_counter() - began)
-        cpu.append(time.process_time() - began_cpu)
-    return _median_ms(passes, per_pass), per_pass * len(passes), _median_ms(cpu, per_pass)
+    runnable, left_out = floor_layouts(mesh, cases_and_strategies)
+    calls = [call for layout in runnable for call in layout.calls]
+    by_case: dict[int, tuple] = {}
+    for layout in runnable:
+        by_case.setdefault(id(layout.case), (layout.case, []))[1].append(layout.strategy)
+    checked = list(by_case.values())
+    for case, strategies in checked:   # untimed: every check must pass, and torch's own first-call costs go
+        assert_passed(verify_case(simulated, case, _fresh(strategies)))
+    tables = engine_tables()
+    timed: dict[str, list[float]] = {"floor": [], "cold": [], "warm": []}
+    start = time.process_time()
+    while time.process_time() - start < seconds or len(timed["warm"]) < rounds:
+        began = time.process_time()
+        floor_body(calls)
+        timed["floor"].append(time.process_time() - began)
+        fresh = [(_fresh(case), _fresh(strategies), _fresh(strategies)) for case, strategies in checked]
+        for _, table in tables:
+            table.clear()
+        for phase, index in (("cold", 1), ("warm", 2)):   # warm: the cold pass's case copy, every table filled
+            results, began = [], time.process_time()
+            for made in fresh:
+                results.append(verify_case(simulated, made[0], made[index]))
+            timed[phase].append(time.process_time() - began)
+            for found in results:
+                assert_passed(found)
+    layouts = len(runnable)
+    row = {"layouts": layouts, "floor_left_out": left_out, "rounds": len(timed["warm"]),
+           "tables_emptied": [name for name, _ in tables]}
+    for phase, seconds_list in timed.items():
+        row[f"{phase}_ms"] = _spread(seconds_list, layouts)
+    row["cold_over_floor"] = _ratio(row["cold_ms"], row["floor_ms"])
+    row["warm_over_floor"] = _ratio(row["warm_ms"], row["floor_ms"])
+    row["cold_over_warm"] = _ratio(row["cold_ms"], row["warm_ms"])
+    row["runnable"] = [(layout.case, layout.strategy) for layout in runnable]
+    return row
 
 
+# --------------------------------------------------------------------------------- DTensor
 def _placements(spec, mesh_ndim: int):
     from torch.distributed.tensor import Replicate, Shard
 
@@ -184,8 +488,8 @@ def _budget(seconds: float):
     while this file's own code runs: raised inside torch (Python code torch's C++ called, LocalTensorMode's
     dispatch), the exception crosses a C++ frame that cannot pass it on and the process aborts
     ("terminate called after throwing ... _TooSlow"). Until this file's code runs again the alarm
-    re-arms every 10 ms, so a layout is cut between DTensor calls; past 3 x ``seconds`` it is cut
-    wherever it is (waiting for the bench's code made (2,2,2) runs take far longer)."""
+    re-arms every 10 ms, so a layout is cut between DTensor calls; past 3 x ``seconds`` of CPU time
+    it is cut wherever it is."""
     from shardverify.backends.signals import deadline
 
     here = os.path.abspath(__file__)
@@ -205,8 +509,8 @@ def _mode_stacks() -> tuple[int, int]:
 def _restore_mode_stacks(depths: tuple[int, int]) -> None:
     """Back to ``depths`` (:func:`_mode_stacks`): a layout cut by the budget's hard limit inside
     LocalTensorMode's own enter or exit leaves it entered (its DeviceMesh and RNG functions
-    patched, its dispatch on this thread), and every tensor made after it, the bare op's and the
-    fresh-processes baseline's, was a LocalTensor (seen once: the bare op 5x slower, then
+    patched, its dispatch on this thread), and every tensor made after it, the floor's and the
+    fresh-processes baseline's, was a LocalTensor (seen once: the floor 5x slower, then
     "Cannot convert local tensor to list")."""
     import torch
     from torch.distributed._local_tensor import get_local_tensor_mode_list
@@ -220,12 +524,22 @@ def _restore_mode_stacks(depths: tuple[int, int]) -> None:
         _pop_mode()
 
 
-def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
-                         budget: float = 2.0) -> tuple[float, int, int]:
-    """DTensor LocalTensorMode on the same ops, values and layouts (see the module docstring):
-    ms per check, checks timed, and how many layouts were left out of the timing because
-    DTensor cannot run them or needs over ``budget`` CPU seconds for its first check of them
-    (its sharding propagation searches redistribution paths, which explodes on 3-D meshes)."""
+def evenly(items: list, most: int) -> list:
+    """At most ``most`` of ``items``, evenly spaced over them (all of them when they are fewer)."""
+    if len(items) <= most:
+        return list(items)
+    return [items[i * len(items) // most] for i in range(most)]
+
+
+def dtensor_row(simulated, mesh_shape, layouts: list[tuple], seconds: float, rounds: int,
+                budget: float = 2.0, most: int = 72) -> dict:
+    """DTensor LocalTensorMode on the same ops, values and layouts (module docstring) against the
+    warm check on the layouts DTensor ran, alternating: ms per layout (min, median) of each, the
+    ratio, and how many of ``layouts`` ((case, strategy) pairs) DTensor cannot run, how many took
+    it over ``budget`` CPU seconds for its first check (its sharding propagation searches
+    redistribution paths, which explodes on 3-D meshes: a first check of a linear layout on
+    (2, 2, 2) takes it about 1.7 CPU s) and how many were not tried (past ``most``, a count:
+    those tried are spread evenly over ``layouts``)."""
     import torch
     import torch.distributed as dist
     from torch.distributed._local_tensor import LocalTensorMode
@@ -233,7 +547,9 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from shardverify.capture.call import as_outputs, call_op
+    from shardverify.verify.engine import verify_case
     from shardverify.verify.reference import reference
+    from shardverify.verify.report import assert_passed
 
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)   # "suboptimal" notes
     world = 1
@@ -267,115 +583,82 @@ def dtensor_ms_per_check(mesh_shape, cases_and_strategies, min_seconds: float,
             for loc, got in zip(wanted, full_grads):
                 torch.testing.assert_close(_plain(got).double(), ref.grads[loc], rtol=1e-5, atol=1e-4)
 
-        runnable, refused = [], 0
-        for case, strategies in cases_and_strategies:   # warm-up: DTensor caches sharding propagation
-            for strategy in strategies:
-                modes = _mode_stacks()
-                try:
-                    with _budget(budget):
-                        check(case, strategy)
-                except Exception as exc:  # noqa: BLE001 - a layout DTensor cannot run (e.g. a view of a doubly sharded dim)
-                    _restore_mode_stacks(modes)
-                    if os.environ.get("BENCH_DEBUG"):
-                        print(strategy.name, type(exc).__name__, str(exc).splitlines()[0][:200], file=sys.stderr)
-                    refused += 1
+        runnable, cannot, over, tried = [], 0, 0, evenly(layouts, most)
+        for case, strategy in tried:   # its first check: DTensor caches sharding propagation
+            modes = _mode_stacks()
+            try:
+                with _budget(budget):
+                    check(case, strategy)
+            except Exception as exc:  # noqa: BLE001 - a layout DTensor cannot run (e.g. a view of a doubly sharded dim)
+                _restore_mode_stacks(modes)
+                if os.environ.get("BENCH_DEBUG"):
+                    print("DTensor:", strategy.name, type(exc).__name__, str(exc).splitlines()[0][:200],
+                          file=sys.stderr)
+                if isinstance(exc, _TooSlow):
+                    over += 1
                 else:
-                    runnable.append((case, strategy))
+                    cannot += 1
+            else:
+                runnable.append((case, strategy))
         if not runnable:
-            raise Unmeasured(f"DTensor ran none of the {refused} layouts (BENCH_DEBUG=1 says why)")
-        passes, start = [], time.perf_counter()
-        while runnable and (time.perf_counter() - start < min_seconds or len(passes) < 3):
-            began = time.perf_counter()
+            raise Unmeasured(f"DTensor ran none of the {len(tried)} layouts tried ({cannot} it cannot run, {over} "
+                             f"over {budget:g} CPU s; BENCH_DEBUG=1 says why)")
+        by_case: dict[int, tuple] = {}
+        for case, strategy in runnable:
+            by_case.setdefault(id(case), (case, []))[1].append(strategy)
+        for case, strategies in by_case.values():   # untimed: the check's caches for these layouts warm
+            assert_passed(verify_case(simulated, case, _fresh(strategies)))
+        timed: dict[str, list[float]] = {"dtensor": [], "check": []}
+        start = time.process_time()
+        while time.process_time() - start < seconds or len(timed["check"]) < rounds:
+            began = time.process_time()
             for case, strategy in runnable:
                 check(case, strategy)
-            passes.append(time.perf_counter() - began)
-        return _median_ms(passes, max(len(runnable), 1)), len(runnable) * len(passes), refused
+            timed["dtensor"].append(time.process_time() - began)
+            copies = [(case, _fresh(strategies)) for case, strategies in by_case.values()]
+            results, began = [], time.process_time()
+            for case, strategies in copies:
+                results.append(verify_case(simulated, case, strategies))
+            timed["check"].append(time.process_time() - began)
+            for found in results:
+                assert_passed(found)
+        dtensor_ms, check_ms = _spread(timed["dtensor"], len(runnable)), _spread(timed["check"], len(runnable))
+        return {"layouts": len(runnable), "cannot_run": cannot, "over_budget": over, "budget_cpu_s": budget,
+                "not_tried": len(layouts) - len(tried), "most_tried": most,
+                "rounds": len(timed["check"]), "dtensor_ms": dtensor_ms, "warm_check_ms": check_ms,
+                "dtensor_over_warm_check": _ratio(dtensor_ms, check_ms)}
     finally:
         if _mode_stacks() != (0, 0):   # never left entered, whatever ended the measuring
             _restore_mode_stacks((0, 0))
         dist.destroy_process_group()
 
 
-def floor_ms_per_check(mesh, cases_and_strategies, min_seconds: float) -> tuple[float, int, int, float]:
-    """What torch itself charges for a check's arithmetic: for every strategy and rank, the
-    rank's input shards cloned as leaves, the op on them, and its backward for the rank's
-    shard of the reference output gradient, back to back in this thread, with nothing else
-    (no harness, no collectives, no comparison; the shards are sliced before the clock
-    starts).  ms per check, checks timed, how many layouts were left out (those whose op
-    cannot run without its declared collectives: a shard the op cannot take, an output the
-    gradient shard does not fit), and the CPU ms per check of the median pass by CPU time."""
-    import torch
+# ------------------------------------------------------------------------------------ gloo
+def pool_ms_per_check(pool, cases_and_strategies, passes: int) -> tuple[float, int]:
+    """Wall ms per check of the median of ``passes`` passes (after one untimed) of every
+    (case, strategies) on a process pool, fresh strategy copies each pass; every check must
+    pass.  Wall, not CPU: the pool's work runs in its worker processes."""
+    from shardverify.verify.engine import verify_case
+    from shardverify.verify.report import assert_passed
 
-    from shardverify.verify.rank import _private_module, local_arguments
-    from shardverify.capture.call import as_outputs, call_op
-    from shardverify.verify.reference import reference
-
-    def prepared(case, strategy) -> list:
-        """Per rank: (node, module, input shards by locator, argument values, grad-output shards)."""
-        ref = reference(case, None, torch.device("cpu"))
-        module = _private_module(ref, 0) if ref.node.op == "call_module" else None   # this thread's copy, as a rank's
-        ranks = []
-        for rank in range(mesh.size):
-            shards = {(d.locator.kind, d.locator.key): strategy.get_sharding_spec_by_name(d.name).local_shard(
-                ref.typed((d.locator.kind, d.locator.key)), mesh, rank) for d in strategy.inputs}
-            grads = [strategy.get_sharding_spec_by_name(d.name).local_shard(g, mesh, rank)
-                     for d, g in zip(strategy.outputs, ref.grad_outputs)]
-            ranks.append((ref.node, module, shards, local_arguments(strategy, rank), grads))
-        return ranks
-
-    def work(ranks: list) -> None:
-        for node, module, shards, arguments, grads in ranks:
-            local = {loc: t.clone() for loc, t in shards.items()}
-            leaves = [t.requires_grad_() for t in local.values() if t.is_floating_point()]
-            local.update(arguments)
-            outputs = as_outputs(node, call_op(node, module, local, owned=module is not None))
-            torch.autograd.grad(outputs, leaves, [g.to(out.dtype) for out, g in zip(outputs, grads)],
-                                allow_unused=True)
-
-    runnable, left_out = [], 0
-    for case, strategies in cases_and_strategies:   # warm-up, and which layouts run bare
-        for strategy in strategies:
-            ranks = prepared(case, strategy)   # outside the try: a change of the harness's API fails the run
-            try:
-                work(ranks)
-            except Exception:  # noqa: BLE001 - a layout whose op needs its collectives
-                left_out += 1
-            else:
-                runnable.append(ranks)
-    if not runnable:
-        raise Unmeasured(f"the bare local op ran none of the {left_out} layouts")
-    passes, cpu, start = [], [], time.perf_counter()
-    while runnable and (time.perf_counter() - start < min_seconds or len(passes) < 3):
-        began, began_cpu = time.perf_counter(), time.process_time()
-        for ranks in runnable:
-            work(ranks)
-        passes.append(time.perf_counter() - began)
-        cpu.append(time.process_time() - began_cpu)
-    return (_median_ms(passes, max(len(runnable), 1)), len(runnable) * len(passes), left_out,
-            _median_ms(cpu, max(len(runnable), 1)))
+    for case, strategies in cases_and_strategies:
+        assert_passed(verify_case(pool, case, _fresh(strategies)))
+    per_pass, timed = sum(len(s) for _, s in cases_and_strategies), []
+    for _ in range(max(passes, 1)):
+        batch = [(case, _fresh(strategies)) for case, strategies in cases_and_strategies]
+        began = time.perf_counter()
+        for case, strategies in batch:
+            assert_passed(verify_case(pool, case, strategies))
+        timed.append(time.perf_counter() - began)
+    return statistics.median(timed) / per_pass * 1e3, per_pass * len(timed)
 
 
-def scaled_case(case, factor: int):
-    """``case`` grown by ``factor`` on its free dims only (shardverify/spec/scaled.py: each leading
-    dim of the first input, with the dims of other inputs it must match, never a contracted or
-    feature dim, kept where the case still builds; for linear and sum every leading dim, as this
-    row always had), and which dims grew, as ``Scaled(case, dims)``.  Unmeasured, naming the case
-    and why each dim stayed, when none can grow."""
-    from shardverify.errors import InvalidArgument
-    from shardverify.spec.scaled import scale_case
-
-    try:
-        return scale_case(case, factor)
-    except InvalidArgument as exc:
-        raise Unmeasured(f"{case.op}: its first case cannot be grown x{factor}: {exc}") from exc
-
-
-def fresh_vs_pool(mesh, cases_and_strategies, min_seconds: float) -> dict:
-    """The same checks on fresh processes per case and on one warm pool.  Fresh processes are
-    measured two ways: spawned per case (``start_method="spawn"``: every case starts its own
-    processes, each importing torch and joining a new gloo group, as a test that spawns its
-    ranks does), and a forkserver pool started per case (what a pool restart costs once this
-    process has its forkserver).  Each is started, used for the case's batch and closed."""
+def fresh_vs_pool(mesh, cases_and_strategies, passes: int) -> dict:
+    """The same checks on fresh processes per case and on one warm pool (wall clock).  Fresh
+    processes are measured two ways: spawned per case (``start_method="spawn"``: every case
+    starts its own processes, each importing torch and joining a new gloo group, as a test that
+    spawns its ranks does), and a forkserver pool started per case (what a pool restart costs
+    once this process has its forkserver).  Each is started, used for the case's batch and closed."""
     from shardverify.backends.process import ProcessBackend
     from shardverify.verify.engine import verify_case
     from shardverify.verify.report import assert_passed
@@ -393,15 +676,30 @@ def fresh_vs_pool(mesh, cases_and_strategies, min_seconds: float) -> dict:
     restarted, _ = per_case("forkserver")
     with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
         pool.start()
-        warm = ms_per_check(pool, cases_and_strategies, min_seconds)[0]
+        warm = pool_ms_per_check(pool, cases_and_strategies, passes)[0]
     return {"fresh_ms_per_check": spawned, "fresh_checks": checks, "restarted_pool_ms_per_check": restarted,
             "warm_gloo_ms_per_check": warm, "fresh_over_warm": spawned / warm, "restarted_over_warm": restarted / warm}
 
 
-def scaled_row(spec, mesh, factor: int, seconds: float) -> dict:
-    """The simulated check against the bare op on the spec's first case scaled by ``factor``
-    (:func:`scaled_case`), every distinct layout of it."""
-    from shardverify.backends import SimulatedBackend
+# ------------------------------------------------------------------------------ scaled rows
+def scaled_case(case, factor: int):
+    """``case`` grown by ``factor`` on its free dims only (shardverify/spec/scaled.py: each leading
+    dim of the first input, with the dims of other inputs it must match, never a contracted or
+    feature dim, kept where the case still builds; for linear and sum every leading dim), and
+    which dims grew, as ``Scaled(case, dims)``.  Unmeasured, naming the case and why each dim
+    stayed, when none can grow."""
+    from shardverify.errors import InvalidArgument
+    from shardverify.spec.scaled import scale_case
+
+    try:
+        return scale_case(case, factor)
+    except InvalidArgument as exc:
+        raise Unmeasured(f"{case.op}: its first case cannot be grown x{factor}: {exc}") from exc
+
+
+def scaled_row(simulated, spec, mesh, factor: int, seconds: float, rounds: int) -> dict:
+    """:func:`measure_row` on the spec's first case scaled by ``factor`` (:func:`scaled_case`),
+    every distinct layout of it."""
     from shardverify.strategies.for_node import strategies_for_node
 
     _, first = next(iter(spec.op_cases()))
@@ -409,38 +707,60 @@ def scaled_row(spec, mesh, factor: int, seconds: float) -> dict:
     case = grown.case
     graph_module, node_name = case.build()
     chosen = [(case, distinct_layouts(strategies_for_node(graph_module, node_name, mesh)))]
-    big = {"factor": factor, "dims": grown.describe(), "shapes": [list(decl.shape) for decl in case.inputs],
-           "strategies": len(chosen[0][1])}
-    with SimulatedBackend(mesh, timeout=120) as simulated:
-        big["simulated_ms"], big["simulated_checks"], big["simulated_cpu_ms"] = ms_per_check(simulated, chosen, seconds)
-    big["floor_ms"], big["floor_checks"], big["floor_left_out"], big["floor_cpu_ms"] = floor_ms_per_check(
-        mesh, chosen, seconds)
-    big["simulated_over_floor"] = big["simulated_ms"] / big["floor_ms"]
-    big["simulated_over_floor_cpu"] = big["simulated_cpu_ms"] / big["floor_cpu_ms"]
-    return big
+    row = measure_row(simulated, mesh, chosen, seconds, rounds)
+    shapes = [list(decl.shape) for decl in case.inputs]
+    row.update({"op": f"{spec.name} x{factor}", "mesh": list(mesh.shape), "factor": factor, "dims": grown.describe(),
+                "shapes": shapes, "notes": [f"the first case x{factor} on {grown.describe()} {shapes}; "
+                                            f"{_row_note(row)}"]})
+    return row
 
 
-def _scaled_text(big: dict) -> str:
-    """The figures of a larger-shape row (:func:`scaled_row`) as printed."""
-    return (f"x{big['factor']} on {big['dims']} {big['shapes']}, {big['strategies']} distinct layouts: simulated "
-            f"{big['simulated_ms']:.2f} ms/check (the bare local op {big['floor_ms']:.2f} ms: "
-            f"{big['simulated_over_floor']:.1f}x; by CPU time {big['simulated_cpu_ms']:.2f} against "
-            f"{big['floor_cpu_ms']:.2f} ms: {big['simulated_over_floor_cpu']:.1f}x; {big['floor_left_out']} layouts it "
-            f"cannot run bare left out)")
+# ---------------------------------------------------------------------------------- output
+def _row_note(row: dict) -> str:
+    return (f"{row['floor_left_out']} of {row['layouts'] + row['floor_left_out']} layouts left out of every column "
+            f"(the floor cannot run them bare); cold/warm {_pair(row['cold_over_warm'], 2)}; {row['rounds']} rounds")
+
+
+def _pair(figures: dict, digits: int) -> str:
+    return f"{figures['min']:.{digits}f} / {figures['median']:.{digits}f}"
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a text table: ms per layout and ratios, each as min / median."""
+    head = (f"{'op':10s} {'mesh':10s} {'layouts':>7s}  {'floor ms':>15s}  {'cold check ms':>15s}  "
+            f"{'warm check ms':>15s}  {'cold/floor':>13s}  {'warm/floor':>13s}  {'left out':>8s}")
+    lines = [head, f"{'':30s}{'(min / median)':>15s}", "-" * len(head)]
+    for row in rows:
+        lines.append(f"{row['op']:10s} {str(tuple(row['mesh'])):10s} {row['layouts']:7d}  {_pair(row['floor_ms'], 3):>15s}  "
+                     f"{_pair(row['cold_ms'], 3):>15s}  {_pair(row['warm_ms'], 3):>15s}  "
+                     f"{_pair(row['cold_over_floor'], 2):>13s}  {_pair(row['warm_over_floor'], 2):>13s}  "
+                     f"{row['floor_left_out']:8d}")
+    return "\n".join(lines)
+
+
+def _public(row: dict) -> dict:
+    """The row without what only the run uses (the layouts themselves)."""
+    return {key: value for key, value in row.items() if key != "runnable"}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--meshes", nargs="+", default=["2,2", "2,2,2"], help="mesh shapes, e.g. 2,2 2,2,2")
     parser.add_argument("--specs", nargs="+", default=["linear", "sum"])
+    parser.add_argument("--ab-specs", nargs="*", default=None,
+                        help="specs of the A/B on the first mesh (default: --specs; those without a loop written "
+                             "out here are named and skipped)")
     parser.add_argument("--cases", type=int, default=1, help="cases per spec (the first N of its grid)")
     parser.add_argument("--fresh-cases", type=int, default=2,
                         help="cases per spec in the fresh-processes-per-case baseline (first mesh only; 0 "
                              "leaves the baseline out)")
-    parser.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per figure")
+    parser.add_argument("--seconds", type=float, default=2.0,
+                        help="CPU seconds of this process each row's rounds take at least (default 2)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds each row takes at least (default 5)")
+    parser.add_argument("--gloo-passes", type=int, default=5, help="timed passes of the warm gloo pool (default 5)")
     parser.add_argument("--scale", type=int, default=4,
                         help="factor on the first case's free dims for the larger-shape row of each op and mesh "
-                             "(simulated against the bare op; 1 leaves the row out; default 4)")
+                             "(1 leaves the row out; default 4)")
     parser.add_argument("--scaled-only", nargs="*", default=[],
                         help="specs measured only in the larger-shape row, on the first mesh (a case whose "
                              "contracted dim must not grow, e.g. matmul)")
@@ -448,21 +768,27 @@ def main() -> None:
     parser.add_argument("--skip-dtensor", action="store_true", help="no DTensor LocalTensorMode figures")
     parser.add_argument("--dtensor-budget", type=float, default=2.0,
                         help="CPU seconds DTensor may take for its first check of a layout before the layout is "
-                             "left out (default 2; the machine's load does not count)")
+                             "left out, counted (default 2; the machine's load does not count)")
+    parser.add_argument("--dtensor-layouts", type=int, default=72,
+                        help="layouts DTensor tries per row at most, spread evenly over the row's; the rest are "
+                             "counted as not tried (default 72: every layout of linear and sum on (2, 2))")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
     parser.add_argument("--quick", action="store_true",
                         help="CI's smoke run: every figure once, briefly (mesh 2,2 only, the sum spec's first case, "
-                             "0.2 s per figure, the larger-shape row at --scale 2, for matmul too, fresh-processes baseline "
-                             "on one case); its ratios are not for quoting")
+                             "the A/B on linear and sum, 0.2 CPU s and 3 rounds per row, the larger-shape row at "
+                             "--scale 2, for matmul too, 3 gloo passes, fresh-processes baseline on one case); its "
+                             "ratios are not for quoting")
     args = parser.parse_args()
     if args.quick:
-        args.meshes, args.specs, args.cases, args.seconds = ["2,2"], ["sum"], 1, 0.2
-        args.fresh_cases, args.scale = min(args.fresh_cases, 1), min(args.scale, 2)
+        args.meshes, args.specs, args.cases, args.seconds, args.rounds = ["2,2"], ["sum"], 1, 0.2, 3
+        args.ab_specs = ["linear", "sum"] if args.ab_specs is None else args.ab_specs
+        args.fresh_cases, args.scale, args.gloo_passes = min(args.fresh_cases, 1), min(args.scale, 2), 3
         args.scaled_only = args.scaled_only or ["matmul"]
-    if args.cases < 1:
-        parser.error(f"--cases must be at least 1, got {args.cases}")
-    if args.scale < 1:
-        parser.error(f"--scale must be at least 1, got {args.scale}")
+    for name in ("cases", "rounds", "gloo_passes", "scale", "dtensor_layouts"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.seconds < 0:
+        parser.error(f"--seconds must be 0 or more, got {args.seconds}")
     if args.scaled_only and args.scale < 2:
         parser.error("--scaled-only needs --scale of 2 or more")
     if args.fresh_cases < 0:
@@ -483,9 +809,10 @@ def main() -> None:
     meshes = [DeviceMesh(parse_mesh(text)) for text in args.meshes]
     specs = load_op_specs(REPO, None, args.specs)
     report: dict = {"load_average": list(os.getloadavg()), "cpus": os.cpu_count(), "torch": torch.__version__,
-                    "figures": []}
+                    "cpu_seconds_per_row": args.seconds, "rounds_per_row": args.rounds, "ab": [], "rows": []}
     say = (lambda *a: None) if args.json else print
-    say(f"load average {report['load_average']}, {report['cpus']} CPUs, torch {torch.__version__}")
+    say(f"load average {report['load_average']}, {report['cpus']} CPUs, torch {torch.__version__}; every figure "
+        f"in CPU time of this process unless it says wall")
 
     if not args.skip_gloo:   # first, while this process has started no pool (no forkserver yet)
         mesh = meshes[0]
@@ -501,80 +828,89 @@ def main() -> None:
         startup = {"mesh": list(mesh.shape), "pool_first_start_s": first_start, "pool_later_start_s": later_start,
                    "bare_spawn_s": bare, "first_over_bare": first_start / bare, "later_over_bare": later_start / bare}
         report["startup"] = startup
-        say(f"pool start-up on {mesh.shape}: first {first_start:.2f}s (starting the forkserver included), later "
-            f"{later_start:.2f}s; bare spawn of {mesh.size} gloo processes {bare:.2f}s "
+        say(f"pool start-up on {mesh.shape} (wall): first {first_start:.2f}s (starting the forkserver included), "
+            f"later {later_start:.2f}s; bare spawn of {mesh.size} gloo processes {bare:.2f}s "
             f"(ratios {startup['first_over_bare']:.2f}x, {startup['later_over_bare']:.2f}x)")
 
-    for mesh in meshes:
-        for spec in specs:
-            chosen, offered_count = [], 0
-            for _, case in list(spec.op_cases())[:args.cases]:
-                graph_module, node_name = case.build()
-                offered = list(strategies_for_node(graph_module, node_name, mesh))
-                offered_count += len(offered)
-                chosen.append((case, distinct_layouts(offered)))
-            row = {"op": spec.name, "mesh": list(mesh.shape), "cases": len(chosen), "offered": offered_count,
-                   "strategies": sum(len(s) for _, s in chosen)}
-            with SimulatedBackend(mesh, timeout=120) as simulated:
-                row["simulated_ms"], row["simulated_checks"], row["simulated_cpu_ms"] = ms_per_check(
-                    simulated, chosen, args.seconds)
-            row["floor_ms"], row["floor_checks"], row["floor_left_out"], row["floor_cpu_ms"] = floor_ms_per_check(
-                mesh, chosen, args.seconds)
-            row["simulated_over_floor"] = row["simulated_ms"] / row["floor_ms"]
-            row["simulated_over_floor_cpu"] = row["simulated_cpu_ms"] / row["floor_cpu_ms"]
-            if not args.skip_dtensor:
-                row["dtensor_ms"], row["dtensor_checks"], row["dtensor_refused"] = dtensor_ms_per_check(
-                    mesh.shape, chosen, args.seconds, args.dtensor_budget)
-                row["dtensor_over_simulated"] = row["dtensor_ms"] / row["simulated_ms"]
-            if not args.skip_gloo:
-                with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
-                    pool.start()
-                    row["gloo_ms"], row["gloo_checks"], _ = ms_per_check(pool, chosen, args.seconds)
-            if args.scale > 1:
-                row["scaled"] = scaled_row(spec, mesh, args.scale, args.seconds)
-            report["figures"].append(row)
-            text = (f"{spec.name:8s} mesh {str(mesh.shape):10s} {row['strategies']:3d} distinct layouts "
-                    f"({row['offered']} strategies offered): "
-                    f"simulated {row['simulated_ms']:.2f} ms/check (the bare local op {row['floor_ms']:.2f} ms: "
-                    f"{row['simulated_over_floor']:.1f}x; by CPU time {row['simulated_cpu_ms']:.2f} against "
-                    f"{row['floor_cpu_ms']:.2f} ms: {row['simulated_over_floor_cpu']:.1f}x; {row['floor_left_out']} "
-                    f"layouts it cannot run bare left out)")
-            if "dtensor_ms" in row:
-                text += (f", DTensor LocalTensorMode {row['dtensor_ms']:.1f} ms ({row['dtensor_over_simulated']:.0f}x; "
-                         f"{row['dtensor_refused']} layouts it cannot run in time left out)")
-            if "gloo_ms" in row:
-                text += f", gloo pool warm {row['gloo_ms']:.2f} ms/check"
-            say(text)
-            if "scaled" in row:
-                big = row["scaled"]
-                say(f"{'':8s} {'':16s} {_scaled_text(big)}; the check's CPU time over the bare op's: "
-                    f"{row['simulated_cpu_ms'] - row['floor_cpu_ms']:.2f} ms per check at the grid shape, "
-                    f"{big['simulated_cpu_ms'] - big['floor_cpu_ms']:.2f} ms here")
+    def chosen_for(spec, mesh, cases: int) -> tuple[list, int]:
+        chosen, offered = [], 0
+        for _, case in list(spec.op_cases())[:cases]:
+            graph_module, node_name = case.build()
+            strategies = list(strategies_for_node(graph_module, node_name, mesh))
+            offered += len(strategies)
+            chosen.append((case, distinct_layouts(strategies)))
+        return chosen, offered
 
-    for spec in load_op_specs(REPO, None, args.scaled_only) if args.scaled_only else []:
-        big = scaled_row(spec, meshes[0], args.scale, args.seconds)
-        report.setdefault("scaled_only", []).append({"op": spec.name, "mesh": list(meshes[0].shape), **big})
-        say(f"{spec.name:8s} mesh {str(meshes[0].shape):10s} {_scaled_text(big)}")
+    ab_specs = specs if args.ab_specs is None else load_op_specs(REPO, None, args.ab_specs) if args.ab_specs else []
+    for spec in ab_specs:   # the A/B, on the first mesh: the floor's body against a loop written out here
+        chosen, _ = chosen_for(spec, meshes[0], 1)
+        layouts, _ = floor_layouts(meshes[0], chosen)
+        ab = ab_check(spec.name, layouts, min(args.seconds, 1.0), max(args.rounds, 15))
+        if ab is None:
+            say(f"A/B {spec.name}: no hand-written loop for this op (benchmarks/bench_verify.py _hand_loop)")
+            continue
+        ab.update({"op": spec.name, "mesh": list(meshes[0].shape)})
+        report["ab"].append(ab)
+        say(f"A/B {spec.name} {meshes[0].shape}, {ab['layouts']} layouts, {ab['rounds']} alternating rounds: "
+            f"the floor's body {_pair(ab['floor_ms'], 4)} ms per layout, a plain torch loop written out "
+            f"{_pair(ab['hand_ms'], 4)} (min / median): floor/hand {_pair(ab['floor_over_hand'], 3)}")
+        check_agreement(spec.name, ab)
+
+    for mesh in meshes:
+        with SimulatedBackend(mesh, timeout=120) as simulated:
+            for spec in specs:
+                chosen, offered = chosen_for(spec, mesh, args.cases)
+                row = measure_row(simulated, mesh, chosen, args.seconds, args.rounds)
+                row.update({"op": spec.name, "mesh": list(mesh.shape), "cases": len(chosen), "offered": offered})
+                notes = [_row_note(row)]
+                if not args.skip_dtensor:
+                    dt = row["dtensor"] = dtensor_row(simulated, mesh.shape, row["runnable"], args.seconds,
+                                                      args.rounds, args.dtensor_budget, args.dtensor_layouts)
+                    notes.append(f"DTensor LocalTensorMode {_pair(dt['dtensor_ms'], 2)} ms per layout on the "
+                                 f"{dt['layouts']} layouts it ran, the warm check {_pair(dt['warm_check_ms'], 3)} "
+                                 f"on the same: {_pair(dt['dtensor_over_warm_check'], 1)}x; left out: "
+                                 f"{dt['cannot_run']} layouts it cannot run, {dt['over_budget']} over "
+                                 f"{dt['budget_cpu_s']:g} CPU s for its first check, {dt['not_tried']} not tried "
+                                 f"(at most {dt['most_tried']} per row, spread evenly)")
+                if not args.skip_gloo:
+                    with ProcessBackend(mesh, backend="gloo", timeout=120) as pool:
+                        pool.start()
+                        row["gloo_ms"], row["gloo_checks"] = pool_ms_per_check(pool, chosen, args.gloo_passes)
+                    notes.append(f"gloo pool warm {row['gloo_ms']:.2f} ms per check (wall, median of "
+                                 f"{args.gloo_passes} passes over all {sum(len(s) for _, s in chosen)} layouts)")
+                row["notes"] = notes
+                report["rows"].append(row)
+                if args.scale > 1:
+                    report["rows"].append(scaled_row(simulated, spec, mesh, args.scale, args.seconds, args.rounds))
+                say(f"measured {spec.name} on {mesh.shape}")
+            if mesh is meshes[0]:
+                for spec in load_op_specs(REPO, None, args.scaled_only) if args.scaled_only else []:
+                    report["rows"].append(scaled_row(simulated, spec, mesh, args.scale, args.seconds, args.rounds))
 
     if not args.skip_gloo and args.fresh_cases:
         mesh = meshes[0]
-        baseline = []
-        for spec in specs:
-            for _, case in list(spec.op_cases())[:args.fresh_cases]:
-                graph_module, node_name = case.build()
-                baseline.append((case, distinct_layouts(strategies_for_node(graph_module, node_name, mesh))))
-        fresh = fresh_vs_pool(mesh, baseline, args.seconds)
+        baseline = [pair for spec in specs for pair in chosen_for(spec, mesh, args.fresh_cases)[0]]
+        fresh = fresh_vs_pool(mesh, baseline, args.gloo_passes)
         report["fresh_processes"] = fresh
-        say(f"fresh processes per case on {mesh.shape} ({fresh['fresh_checks']} checks): spawned per case "
+        say(f"fresh processes per case on {mesh.shape} ({fresh['fresh_checks']} checks, wall): spawned per case "
             f"{fresh['fresh_ms_per_check']:.1f} ms/check, a forkserver pool started per case "
             f"{fresh['restarted_pool_ms_per_check']:.1f}, against a warm pool's {fresh['warm_gloo_ms_per_check']:.2f} "
             f"on the same checks: {fresh['fresh_over_warm']:.0f}x and {fresh['restarted_over_warm']:.1f}x")
+    report["rows"] = [_public(row) for row in report["rows"]]
     report["load_average_after"] = list(os.getloadavg())
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
-    else:
-        print(f"load average after: {report['load_average_after']}")
+        return
+    print()
+    print(table(report["rows"]))
+    print()
+    for row in report["rows"]:
+        for note in row.get("notes", ()):
+            print(f"{row['op']} {tuple(row['mesh'])}: {note}")
+    print(f"cold: each pass on a new copy of the case and strategies, the engine's tables emptied "
+          f"({', '.join(report['rows'][0]['tables_emptied'])})")
+    print(f"load average after: {report['load_average_after']}")
 
 
 if __name__ == "__main__":
@@ -582,3 +918,5 @@ if __name__ == "__main__":
         main()
     except Unmeasured as exc:
         sys.exit(f"bench_verify: a figure could not be measured: {exc}")
+    except Disagreement as exc:
+        sys.exit(f"bench_verify: the A/B failed: {exc}")

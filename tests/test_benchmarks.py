@@ -51,3 +51,77 @@ def test_a_localtensormode_left_entered_by_a_cut_dtensor_layout_is_undone(monkey
         bench_verify._restore_mode_stacks(depths)
     assert bench_verify._mode_stacks() == depths
     assert type(torch.zeros(2)) is torch.Tensor and torch.zeros(2).tolist() == [0.0, 0.0]
+
+
+def _bench_verify(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_verify
+
+    return bench_verify
+
+
+def _first_layouts(spec_name: str, mesh_shape: tuple[int, ...]):
+    from shardverify.sharding.mesh import DeviceMesh
+    from shardverify.spec.catalogue import load_op_specs
+    from shardverify.strategies.for_node import strategies_for_node
+
+    mesh = DeviceMesh(mesh_shape)
+    _, case = next(iter(load_op_specs(ROOT, None, [spec_name])[0].op_cases()))
+    graph_module, node_name = case.build()
+    return mesh, case, list(strategies_for_node(graph_module, node_name, mesh))
+
+
+def test_bench_verify_floor_calls_the_targets_plain_torch_function(monkeypatch):
+    """The floor is the case's target in plain torch on each rank's shards: torch.sum with the
+    case's params, F.linear on the input and weight blocks (nn.Linear's functional form)."""
+    import torch
+    import torch.nn.functional as F
+
+    bench_verify = _bench_verify(monkeypatch)
+    mesh, case, strategies = _first_layouts("sum", (2, 2))
+    layout = bench_verify.settle(bench_verify.plain_calls(case, strategies[0], mesh))
+    assert all(call.fn is torch.sum and call.kwargs == dict(case.params) for call in layout.calls)
+    mesh, case, strategies = _first_layouts("linear", (2, 2))
+    layout = bench_verify.settle(bench_verify.plain_calls(case, strategies[0], mesh))
+    for call, shards in zip(layout.calls, layout.shards):
+        assert call.fn is F.linear and call.args[2] is None   # the case's Linear has no bias
+        assert call.args[0] is shards[("arg", 0)] and call.args[1] is shards[("param", "weight")]
+
+
+def test_bench_verify_floor_body_runs_no_project_code(monkeypatch):
+    """Nothing of shardverify runs while the floor's clock runs: every Python frame entered in
+    its timed body is torch's (the op itself and autograd.grad) or the body's own."""
+    bench_verify = _bench_verify(monkeypatch)
+    mesh, case, strategies = _first_layouts("linear", (2, 2))
+    layouts, _ = bench_verify.floor_layouts(mesh, [(case, strategies[:4])])
+    calls = [call for layout in layouts for call in layout.calls]
+    entered = set()
+    sys.setprofile(lambda frame, event, arg: entered.add(frame.f_code.co_filename) if event == "call" else None)
+    try:
+        bench_verify.floor_body(calls)
+    finally:
+        sys.setprofile(None)
+    package = str(ROOT / "shardverify")
+    assert entered and not [path for path in entered if path.startswith(package)]
+
+
+def test_bench_verify_cold_check_empties_the_engines_tables(monkeypatch):
+    """The cold check empties every per-case and per-layout table of the verify engine."""
+    bench_verify = _bench_verify(monkeypatch)
+    names = {name for name, _ in bench_verify.engine_tables()}
+    assert {"reference._REFERENCES", "rank._BLOCKS", "rank._PIECES", "rank._GRAD_OUTPUTS",
+            "compare._SLICES", "layout._GEOMETRIES", "distinct._SEEDS"} <= names
+
+
+def test_bench_verify_ab_fails_past_ten_percent(monkeypatch):
+    """The A/B's verdict: the floor's body and the loop written out may differ by 10%, no more."""
+    bench_verify = _bench_verify(monkeypatch)
+
+    def ab(ratio):
+        return {"floor_over_hand": {"min": ratio, "median": ratio}}
+
+    bench_verify.check_agreement("sum", ab(1.09))
+    bench_verify.check_agreement("sum", ab(0.91))
+    for ratio in (1.11, 0.89):
+        with pytest.raises(bench_verify.Disagreement, match="differ by 11%"):
+            bench_verify.check_agreement("sum", ab(ratio))

@@ -212,3 +212,19 @@ def test_the_audit_finds_the_per_block_histogram_incorrect(planted, tmp_path, ca
 def test_the_explorer_finds_the_per_block_histogram(planted):
     spec, _ = planted
     assert explore.search(spec, examples_count=10, mesh_max_size=2) is not None
+
+
+def test_a_plan_naming_a_strategy_verification_at_the_call_removed_is_told_why():
+    """histc's sharded strategies fail at a call binning over the data's own range; a plan that
+    forces one hears that it failed there, with its first mismatch, and which strategies passed."""
+    from shardverify import verify_plan
+    from shardverify.errors import ShardVerifyError
+
+    class Counts(torch.nn.Module):
+        def forward(self, x):
+            return torch.histc(x, bins=3, min=0, max=0)
+
+    with pytest.raises(ShardVerifyError, match=r"strategy 'S0R -> R \| P0 sum' is one its spec's rule yields, but it "
+                                               r"failed when verified at this call \(rank \d.*pick one of the "
+                                               r"strategies that passed: \['RR -> R'\]"):
+        verify_plan(Counts(), torch.randn(8, 5), (2,), plan={"histc": "S0R -> R | P0 sum"}, capture="fx")

@@ -367,7 +367,8 @@ def test_a_case_with_only_the_replicated_strategy_is_a_warning(root, capsys):
     spec(root, text, "sum.yaml")
     code, out = run(capsys, "verify", "sum", "--root", str(root), "--mesh", "2,2")
     assert code == 0
-    assert "warning: sum torch.sum-dim_1-keepdim_False on mesh [2, 2]: only the replicated strategy exists" in out
+    assert "case(s) verify no sharding on their mesh, only the replicated strategy exists" in out
+    assert "\n  sum on mesh [2, 2]: torch.sum-dim_1-keepdim_False, " in out   # one line per op and mesh
 
 
 # ------------------------------------- reading a spec runs nothing (op targets, factories)

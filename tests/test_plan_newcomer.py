@@ -241,3 +241,20 @@ def test_a_float_where_ids_are_wanted_blames_the_dtype():
     with pytest.raises(InputError, match=r"input 'ids' \(shape \[2, 3\], float32\) does not fit Lookup: its first "
                                          r"layer 'embed' \(Embedding, which wants integer ids \(int64\) in \[0, 32\)\)"):
         verify_plan(Lookup(), torch.randn(2, 3), (2,))
+
+
+def test_a_factory_module_in_the_current_folder_needs_no_pythonpath(tmp_path):
+    """The console script (not ``python -m``, which puts the current folder on the path itself),
+    run beside the user's ``mymodel.py``: the module is found there."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "mymodel.py").write_text("import torch\n\n\ndef make():\n"
+                                         "    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())\n")
+    script = Path(sys.executable).with_name("shardverify")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(script), "plan", "mymodel.make", "--input", "input=float32[4,8]", "--mesh", "2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "verification on simulated: PASS" in done.stdout

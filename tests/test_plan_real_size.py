@@ -7,6 +7,8 @@ sequence 4096, batch 8 are in docs/real_size.md (`shardverify plan zoo:NAME --co
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -227,3 +229,30 @@ def test_a_float32_gradient_is_held_to_the_rounding_of_its_terms():
     assert mismatch_error(rounded, expected, Tolerance(tolerance.rtol, tolerance.atol)) is not None
     assert mismatch_error(expected * 2, expected, tolerance) is not None
     assert mismatch_error(expected + torch.tensor([0.0, 0.0, 0.5], dtype=torch.float64), expected, tolerance)
+
+
+def test_an_integer_cost_input_needs_no_value_range(tmp_path, monkeypatch, capsys):
+    """--cost-input's values are never drawn (the model at that size is captured on fake tensors):
+    an id tensor is given by dtype and shape alone, where --input's ids need their range."""
+    from shardverify.errors import InvalidArgument
+    from shardverify.plan.inputs import parse_input
+
+    assert parse_input("ids=int64[8,512]", "--cost-input", drawn=False).dtype == torch.int64
+    with pytest.raises(InvalidArgument, match="needs its value range"):
+        parse_input("ids=int64[8,512]")
+    (tmp_path / "lookup.py").write_text(
+        "import torch\n\n\nclass Lookup(torch.nn.Module):\n"
+        "    def __init__(self, vocab, width):\n        super().__init__()\n"
+        "        self.emb, self.out = torch.nn.Embedding(vocab, width), torch.nn.Linear(width, width)\n\n"
+        "    def forward(self, ids):\n        return self.out(self.emb(ids))\n\n\n"
+        "def make(vocab=64, width=16):\n    return Lookup(vocab, width)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))   # the current folder goes on it for the factory
+    try:
+        code = main(["plan", "lookup.make", "--input", "ids=int64[4,8]:0..64", "--cost-input", "ids=int64[8,512]",
+                     "--cost-kwarg", "width=256", "--mesh", "2"])
+    finally:
+        sys.modules.pop("lookup", None)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "costed at the real size" in out and "verification on simulated: PASS" in out

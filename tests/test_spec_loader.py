@@ -323,7 +323,7 @@ def test_each_rule_option_error_names_its_own_line(old, new, needle, fragments, 
 def test_module_targets_need_module_init_and_attributes():
     text = edit("  - torch.Tensor.sum\n", "  - torch.nn.Softmax\n")
     error = spec_error(text)
-    assert "module targets need 'module'" in str(error) and error.line == line_of(text, "verify:")
+    assert "a module target (a torch.nn.* class) needs 'module' under 'verify'" in str(error) and error.line == line_of(text, "verify:")
     linear = (SPECS / "linear.yaml").read_text()
     text = edit("    attribute: weight            # read from the module for torch.nn.Linear\n", "", linear)
     with pytest.raises(SpecError, match="param operand 'other' needs an 'attribute'"):

@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                 from shardverify.plan.spec import real_spec_model
 
                 cost_size = real_spec_model(factory, kwargs, _kwargs(args.cost_kwarg),
-                                            tuple(parse_input(text) for text in args.cost_input))
+                                            tuple(parse_input(text, "--cost-input", drawn=False)
+                                                  for text in args.cost_input))
         too_many = mesh_problem(mesh)
         if too_many:
             raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")

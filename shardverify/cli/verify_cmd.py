@@ -17,8 +17,8 @@ from pathlib import Path
 
 from shardverify.backends import registry
 from shardverify.cli import USAGE
-from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, quiet_tracing, row_label,
-                                          verify_row)
+from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, quiet_tracing,
+                                          replicated_summary, row_label, verify_row)
 from shardverify.cli.catalogue import load_op_specs
 from shardverify.errors import ShardVerifyError, SpecError
 
@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 1 if failed else 0
     print(format_table(rows))
-    warnings = [f"warning: {row.op} {row.warning}" for row in rows if row.warning]
+    warnings = replicated_summary(rows)
     if warnings:
         print("\n" + "\n".join(warnings))
     for row in rows:

@@ -116,6 +116,10 @@ def _start_worker(counter: Any, cpus: list[int], threads: int, parent_pid: int, 
     import torch
 
     threading.Thread(target=watch_parent, args=(parent_pid, leftovers, parent_started), daemon=True).start()
+    if leftovers:   # this worker's own temporary folders (an isolated check's forkserver: verify/isolated.py)
+        import tempfile   # inside its `verify`'s multiprocessing folder, removed with it however the run ends
+
+        tempfile.tempdir = leftovers[0]
 
     from shardverify.cli.verify_rows import quiet_tracing
     from shardverify.backends.gc_policy import tune_for_checking

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from shardverify.errors import ShardVerifyError
 
 __all__ = ["Row", "Progress", "make_backend", "row_label", "verify_row", "close_backends", "quiet_tracing",
-           "describe_error", "only_replicated", "replicated_warning", "Interrupted"]
+           "describe_error", "only_replicated", "replicated_warning", "replicated_summary", "Interrupted"]
 
 
 def only_replicated(strategies) -> bool:
@@ -20,10 +20,32 @@ def only_replicated(strategies) -> bool:
     return all(not spec.dim_partition for s in strategies for _, spec in s.sharding_specs)
 
 
+#: why a case may have only its replicated strategy, said once for every such row
+REPLICATED_ONLY = ("the generator offers no sharded strategy there: dims of one element, an avg that unequal "
+                   "blocks cannot keep partial, a layout the op refuses on some rank's block")
+
+
 def replicated_warning(case_id: str, mesh: tuple[int, ...]) -> str:
     return (f"{case_id} on mesh {list(mesh)}: only the replicated strategy exists, so no sharding is "
-            "verified (the generator offers no sharded strategy for this case: dims of one element, an "
-            "avg that unequal blocks cannot keep partial, a layout the op refuses on some rank's block)")
+            f"verified ({REPLICATED_ONLY})")
+
+
+def replicated_summary(rows: list[Row]) -> list[str]:
+    """The rows that verify no sharding, as a reader takes them in: the reason once, then one line
+    per op and mesh naming its cases ([] when there are none)."""
+    found: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    for row in rows:
+        if row.warning:
+            found.setdefault((row.op, tuple(row.mesh)), []).append(row.case)
+    if not found:
+        return []
+    count = sum(len(cases) for cases in found.values())
+    lines = [f"warning: {count} case(s) verify no sharding on their mesh, only the replicated strategy "
+             f"exists ({REPLICATED_ONLY}):"]
+    for (op, mesh), cases in found.items():
+        shown = ", ".join(cases[:4]) + (f" and {len(cases) - 4} more" if len(cases) > 4 else "")
+        lines.append(f"  {op} on mesh {list(mesh)}: {shown}")
+    return lines
 
 
 @dataclass

@@ -30,9 +30,12 @@ def _parse_choice(value, node: str, where: str) -> tuple[str, bool]:
 
 def build_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, choice: Mapping[str, object],
                options: Mapping[str, list[ShardingStrategy] | None] | None = None,
-               flop_rate: float = FLOP_RATE, where: str = "plan") -> Plan:
+               flop_rate: float = FLOP_RATE, where: str = "plan",
+               removed: Mapping[str, Mapping[str, str]] | None = None) -> Plan:
     """The plan for ``choice`` (node name -> strategy name). A node with strategies that
-    ``choice`` omits takes its fully replicated strategy."""
+    ``choice`` omits takes its fully replicated strategy. ``removed``: node -> (strategy -> its first
+    mismatch) of the strategies its rule yields that verification at the call took away, so a plan
+    naming one is told why it is gone."""
     problem = PlanProblem.of(graph_module, mesh, options, flop_rate)
     options = problem.options
     known = set(options)
@@ -48,6 +51,11 @@ def build_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, choice: Mapping[s
                                     f"leave it out of the plan")
             wanted, defer = _parse_choice(choice[node.name], node.name, where)
             names = [s.name for s in found]
+            gone = (removed or {}).get(node.name, {})
+            if wanted not in names and wanted in gone:
+                raise StrategyError(f"{where}: node {node.name!r}: strategy {wanted!r} is one its spec's rule yields, "
+                                    f"but it failed when verified at this call ({gone[wanted]}), so it is not "
+                                    f"offered; pick one of the strategies that passed: {names}")
             if wanted not in names:
                 raise StrategyError(f"{where}: node {node.name!r} has no strategy {wanted!r}; "
                                     f"its strategies are {names}")

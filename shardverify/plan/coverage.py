@@ -272,8 +272,9 @@ class Coverage:
                          + (f", ... {len(targets) - show} more target(s)" if len(targets) > show else ""))
         partial = [s for s in self.statuses if s.partial]
         if partial:
-            lines.append(f"  left out: {sum(s.partial for s in partial)} strategy(ies) of {len(partial)} node(s) take a "
-                         f"partial max or min input, and plans carry partial sums only")
+            lines.append(f"  not among the plan's choices: {sum(s.partial for s in partial)} verified strategy(ies) of "
+                         f"{len(partial)} node(s) that take an input still to be reduced by max or min across "
+                         f"devices; a plan hands values on between ops whole, sharded or as partial sums only")
         lines += self.decomposition_lines(show)
         undone = Counter((s.target, s.reason.split("not decomposed: ", 1)[1]) for s in self.not_decomposed)
         if undone:

@@ -59,8 +59,10 @@ def _short_ids(seed: int) -> tuple[torch.Tensor, ...]:
 
 def gpt2(hidden: int = WIDTH, heads: int = HEADS, vocab: int = VOCAB, positions: int = 32) -> torch.nn.Module:
     t = _transformers()
+    # GPT-2's special ids (50256) lie outside a tiny vocabulary: the last id of this one, as GPT-2's is of its
     return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=1, n_head=heads,
-                                          n_positions=positions, attn_implementation="sdpa", use_cache=False))
+                                          n_positions=positions, attn_implementation="sdpa", use_cache=False,
+                                          bos_token_id=vocab - 1, eos_token_id=vocab - 1))
 
 
 def llama(hidden: int = WIDTH, heads: int = HEADS, ffn: int = 2 * WIDTH, vocab: int = VOCAB,

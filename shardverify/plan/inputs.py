@@ -40,11 +40,13 @@ class InputSpec:
     high: float | None = None
 
 
-def parse_input(text: str) -> InputSpec:
+def parse_input(text: str, flag: str = "--input", drawn: bool = True) -> InputSpec:
     """``[NAME=][DTYPE][SHAPE][:LOW..HIGH]``, e.g. ``64,128``, ``x=64,128``, ``ids=int64[4,8]:0..128``,
-    ``mask=bool[4,8]``; anything else is an error naming the text and the grammar."""
+    ``mask=bool[4,8]``; anything else is an error naming the text, the ``flag`` and the grammar.
+    ``drawn``: values will be drawn, so an integer input needs its range (``--cost-input``'s are
+    only shapes and dtypes, captured on fake tensors)."""
     found = _GRAMMAR.match(text.strip())
-    usage = (f"--input {text!r}: expected [NAME=][DTYPE][SHAPE][:LOW..HIGH] such as 64,128 or "
+    usage = (f"{flag} {text!r}: expected [NAME=][DTYPE][SHAPE][:LOW..HIGH] such as 64,128 or "
              "input_ids=int64[4,8]:0..128")
     if not found:
         raise InvalidArgument(usage)
@@ -55,13 +57,13 @@ def parse_input(text: str) -> InputSpec:
     if found["dtype"]:
         dtype = getattr(torch, found["dtype"], None)
         if not isinstance(dtype, torch.dtype):
-            raise InvalidArgument(f"--input {text!r}: {found['dtype']!r} is not a torch dtype (float32, int64, bool, ...)")
+            raise InvalidArgument(f"{flag} {text!r}: {found['dtype']!r} is not a torch dtype (float32, int64, bool, ...)")
     low = None if found["low"] is None else float(found["low"])
     high = None if found["high"] is None else float(found["high"])
     if low is not None and not low < high:  # type: ignore[operator]
-        raise InvalidArgument(f"--input {text!r}: the value range LOW..HIGH needs LOW < HIGH")
-    if low is None and not (dtype.is_floating_point or dtype == torch.bool):
-        raise InvalidArgument(f"--input {text!r}: an integer input needs its value range, e.g. "
+        raise InvalidArgument(f"{flag} {text!r}: the value range LOW..HIGH needs LOW < HIGH")
+    if drawn and low is None and not (dtype.is_floating_point or dtype == torch.bool):
+        raise InvalidArgument(f"{flag} {text!r}: an integer input needs its value range, e.g. "
                               f"{found['dtype']}[{','.join(map(str, shape))}]:0..128 (a vocabulary of 128)")
     return InputSpec(found["name"] or "", shape, dtype, low, high)
 

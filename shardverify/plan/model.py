@@ -22,7 +22,7 @@ from shardverify.sharding.strategy import ShardingStrategy
 
 __all__ = ["GENERIC", "FLOP_RATE", "Reshard", "NodePlan", "Plan", "PlanCost", "PlanGoals"]
 
-GENERIC = "replicated (no handler)"
+GENERIC = "replicated (whole on every device)"
 FLOP_RATE = 1e10   # multiplies per second: turns declared compute (multiply counts) into seconds
 
 

@@ -28,6 +28,7 @@ is defined). A spec's arguments stay data only.
 from __future__ import annotations
 
 import ast
+import importlib
 import site
 import sys
 import sysconfig
@@ -212,6 +213,8 @@ def name_refusal(name: str, project: Path | None) -> str:
     shape = _shape_refusal(name, name)
     if shape:
         return shape
+    if project is not None:
+        _project_on_path(name, project)
     if name.split(".")[0].split(":")[0] == "torch":
         try:
             obj = resolve_torch(name.replace(":", "."))
@@ -238,6 +241,21 @@ def name_refusal(name: str, project: Path | None) -> str:
             where = f"outside the project {str(project)!r}" if project is not None else "in no module the user named"
             return _refused(name, f"lies in {module!r} ({path}), {where}")
     return _refused(name, "names no Python module on the path")
+
+
+def _project_on_path(name: str, project: Path) -> None:
+    """A name given on the command line may be a module of the current folder (``shardverify plan
+    mymodel.make`` beside ``mymodel.py``): that folder goes on Python's path, as ``python -m`` puts
+    it, where the module is found there and nowhere else (a console script's path lacks it)."""
+    for module, _ in _split(name):
+        top = module.split(".")[0]
+        if top in sys.modules or _source_of(top) is not None:
+            return
+        if (project / f"{top}.py").is_file() or (project / top / "__init__.py").is_file():
+            if str(project) not in sys.path:
+                sys.path.insert(0, str(project))
+            importlib.invalidate_caches()
+            return
 
 
 def resolve_allowed(name: str, project: Path | None) -> object:

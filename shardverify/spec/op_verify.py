@@ -73,7 +73,8 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
     module = None
     if "module" in forms:
         if module_node is None:
-            raise node.error("module targets need 'module' (constructor args/kwargs)")
+            raise node.error("a module target (a torch.nn.* class) needs 'module' under 'verify': its constructor's "
+                             "args and kwargs, e.g. 'module: {}' for none or 'module: {args: [16, 32]}'")
         module = _parse_module_init(module_node, with_target=False)
     elif module_node is not None:
         raise module_node.error("'module' is only used by module targets (torch.nn.* classes)")

@@ -35,7 +35,12 @@ Layout = dict[int, tuple[int, ...]]
 
 def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
             outputs: list[OperationData]) -> list[ShardingStrategy]:
-    """The strategies in the producer's order; ``build(axes, partial)`` is the engine's derivation."""
+    """The strategies in the producer's order; ``build(axes, partial)`` is the engine's derivation.
+    Many producer strategies give one layout (a following op is offered one strategy per
+    predecessor strategy): each distinct (layout, partial input) is derived once and named per
+    index, and under ``naming: rules`` a layout arriving again adds nothing (its strategies would
+    all be the first arrival's, which keeps the name)."""
+    build = _derived_once(build)
     roles = [d.role for d in inputs]
     if options.follow not in roles or len(inputs) != 1 or len(outputs) != 1:
         raise StrategyError(f"option follow: {options.follow!r} must name the one tensor operand of a one-output "
@@ -45,7 +50,12 @@ def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
     linear = options.linear_in == ((data.role,),) and data.dtype.is_floating_point and out.dtype.is_floating_point
     mesh_shape = ctx.mesh.shape
     gathered, strategies, pieces = [], [], []
+    arrived: set[tuple] = set()
     for index, produced in enumerate(produced_layouts(ctx, data)):
+        key = tuple(sorted(produced.items()))
+        if options.naming != "colossalai" and key in arrived:
+            continue
+        arrived.add(key)
         if any(not term[d] for d in produced):
             raise StrategyError(f"node {ctx.node.name!r}: its producer lays mesh axes on a size-1 dim of {data.name!r}")
         axes = {term[d][0]: held for d, held in produced.items()}
@@ -68,6 +78,20 @@ def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
         taken = {id(s) for s in gathered}
         return gathered + _first_of_each([s for s in strategies + pieces if id(s) not in taken])
     return _first_of_each(strategies + pieces)
+
+
+def _derived_once(build):
+    """``build`` remembering each (axes, partial) it derived (None included: a layout that does
+    not fit the call does not fit it the second time either)."""
+    found: dict[tuple, ShardingStrategy | None] = {}
+
+    def once(axes: dict, partial: dict) -> ShardingStrategy | None:
+        key = (tuple(sorted(axes.items())), tuple(sorted(partial.items())))
+        if key not in found:
+            found[key] = build(axes, partial)
+        return found[key]
+
+    return once
 
 
 def _named(strategy: ShardingStrategy | None, data: OperationData, out: OperationData,
