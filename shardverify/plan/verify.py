@@ -218,11 +218,11 @@ def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals
             options, statuses = classify_nodes(gm, mesh, on_demand)
         if cost_size is not None:
             plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, flop_rate, goals, solver)
-        elif not isinstance(plan, Plan):
-            removed = {} if on_demand is None else \
-                {r.node: dict(r.failed) for r in on_demand.records if r.failed}   # by verification at the call
-            plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals, solver=solver) if plan is None else \
-                build_plan(gm, mesh, dict(plan), options, flop_rate, removed=removed)
+        elif plan is None:
+            plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals, solver=solver)
+        elif not isinstance(plan, Plan):   # a given choice: a strategy verification at the call removed is said so
+            removed = {} if on_demand is None else {r.node: dict(r.failed) for r in on_demand.records if r.failed}
+            plan = build_plan(gm, mesh, dict(plan), options, flop_rate, removed=removed)
     except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
         raise as_shardverify_error(error, f"planning {type(module).__name__}") from error
     del options

@@ -35,7 +35,7 @@ from shardverify.verify.memo import recalled, remembered
 from shardverify.verify.op_error import OpCallError, op_context
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
-from shardverify.verify.reference import Reference, reference
+from shardverify.verify.reference import Reference, _differentiable, reference
 from shardverify.verify.report import Mismatch, output_label
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, tolerance_for
@@ -265,7 +265,7 @@ def _backward_traffic(comm, state: _OutputsState, traffic_fwd: dict) -> dict | N
     checked) where this check took no gradient of an op that has one (inputs drawn without one)."""
     if state.backward_ran:
         return _since(comm.traffic, traffic_fwd)
-    if not any(out.dtype.is_floating_point or out.dtype.is_complex for out in state.outputs):
+    if not any(_differentiable(out.dtype) for out in state.outputs):
         return {}
     return None
 

@@ -114,10 +114,9 @@ def _profile(shape: Sequence[int]) -> torch.Tensor:
     range, scale and counts, so a rule that lets each rank compute a global statistic
     (a histogram's range, a norm, a quantile, a count) of its own block fails on the first draw."""
     dims = [d for d, size in enumerate(shape) if size > 1]
-    ramp = torch.full(tuple(shape), 0.5, dtype=torch.float64)
-    if not dims:
-        return ramp
-    ramp.zero_()
+    if not dims:   # one element, or none: the ramp's middle
+        return torch.full(tuple(shape), 0.5, dtype=torch.float64)
+    ramp = torch.zeros(tuple(shape), dtype=torch.float64)
     for d in dims:
         along = (torch.arange(shape[d], dtype=torch.float64) + 0.5) / shape[d]
         ramp += along.reshape([-1 if i == d else 1 for i in range(len(shape))])
