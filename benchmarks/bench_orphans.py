@@ -45,6 +45,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from shardverify.backends.liveness import session_processes
+
 REPO = Path(__file__).resolve().parents[1]
 SHM = Path("/dev/shm")
 LEAK_WARNING = "resource_tracker: There appear to be"     # ... N leaked semaphore objects ...
@@ -65,20 +67,6 @@ SIGNALS = {"TERM": (signal.SIGTERM, False), "KILL": (signal.SIGKILL, False), "IN
 _STARTING = threading.Lock()
 DEFAULT_CASES = ("jobs:TERM,jobs:KILL,gloo:TERM,gloo:KILL,plan:INT,plan:GTERM,dtensor:INT,dtensor:TERM,"
                  "pytest:INT,pytest:GTERM")
-
-
-def session_processes(sid: int) -> set[int]:
-    """The processes of session ``sid`` (the run starts its own: a forkserver re-parents its
-    children, and a killed leader's children go to init, but they keep the session)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) == sid:
-                    found.add(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
 
 
 def unmapped_semaphores() -> set[str]:

@@ -35,6 +35,9 @@ on the same layouts (those the floor runs), each reported as ms per layout (min 
 over the rounds) with cold/floor and warm/floor (the ratio of the minima and of the medians).
 Besides, on the same layouts:
 
+  * strategy generation: CPU seconds to list the row's strategies on a newly traced graph (the
+    op's, and its predecessor's, which a following op reads), against the cold check of the
+    row's layouts,
   * PyTorch DTensor under LocalTensorMode (torch.distributed.tensor on a fake process group):
     the op on the same reference values, each strategy's input and parameter layouts given as
     DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else Replicate), forward
@@ -715,6 +718,21 @@ def scaled_row(simulated, spec, mesh, factor: int, seconds: float, rounds: int) 
     return row
 
 
+def generation(cases_and_strategies, mesh, rounds: int) -> dict:
+    """CPU seconds to generate the strategies of the row's cases (the op's and its predecessor's,
+    every strategy a run lists, duplicates included), each round on a newly traced graph (so no
+    table of strategies, meta calls or names is warm), min and median over ``rounds``."""
+    from shardverify.strategies.for_node import strategies_for_node
+
+    passes, count = [], 0
+    for _ in range(max(rounds, 1)):
+        graphs = [case._trace() for case, _ in cases_and_strategies]   # new graphs: nothing remembered
+        began = time.process_time()
+        count = sum(len(strategies_for_node(graph, node, mesh)) for graph, node in graphs)
+        passes.append(time.process_time() - began)
+    return {"strategies": count, "min_s": min(passes), "median_s": statistics.median(passes)}
+
+
 # ---------------------------------------------------------------------------------- output
 def _row_note(row: dict) -> str:
     return (f"{row['floor_left_out']} of {row['layouts'] + row['floor_left_out']} layouts left out of every column "
@@ -862,7 +880,14 @@ def main() -> None:
                 chosen, offered = chosen_for(spec, mesh, args.cases)
                 row = measure_row(simulated, mesh, chosen, args.seconds, args.rounds)
                 row.update({"op": spec.name, "mesh": list(mesh.shape), "cases": len(chosen), "offered": offered})
-                notes = [_row_note(row)]
+                made = row["generation"] = generation(chosen, mesh, args.rounds)
+                checked = {k: row["cold_ms"][k] * row["layouts"] / 1e3 for k in ("min", "median")}
+                made["over_cold_check"] = {"min": made["min_s"] / checked["min"],
+                                           "median": made["median_s"] / checked["median"]}
+                notes = [_row_note(row),
+                         f"generating its {made['strategies']} strategies (its predecessor's generated too) "
+                         f"{made['min_s']:.3f} / {made['median_s']:.3f} CPU s (min / median over fresh graphs), "
+                         f"{_pair(made['over_cold_check'], 2)} of the cold check of its {row['layouts']} layouts"]
                 if not args.skip_dtensor:
                     dt = row["dtensor"] = dtensor_row(simulated, mesh.shape, row["runnable"], args.seconds,
                                                       args.rounds, args.dtensor_budget, args.dtensor_layouts)

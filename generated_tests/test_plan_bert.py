@@ -11,6 +11,8 @@ from shardverify.plan.spec import GOALS, build_spec_model
 from shardverify.plan.verify import run_plan, strict_problems
 from shardverify.pytest_plugin.made_plans import session_plan
 
+pytestmark = pytest.mark.slow   # a whole model planned and run on every rank: seconds each
+
 FACTORY = ''
 ZOO = 'bert'
 KWARGS = ()

@@ -11,6 +11,8 @@ from shardverify.plan.spec import GOALS, build_spec_model
 from shardverify.plan.verify import run_plan, strict_problems
 from shardverify.pytest_plugin.made_plans import session_plan
 
+pytestmark = pytest.mark.slow   # a whole model planned and run on every rank: seconds each
+
 FACTORY = 'shardverify.plan.zoo.expert_parallel_moe'
 ZOO = ''
 KWARGS = (('d_model', 64), ('d_hidden', 256), ('experts', 4), ('capacity', 16))

@@ -17,6 +17,8 @@ from shardverify.dtensor.report import markdown, summary
 from shardverify.dtensor.run import CaseResult, run_case
 from shardverify.dtensor.verdicts import Finding
 
+pytestmark = pytest.mark.slow   # findings confirmed on gloo processes
+
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "torch.cumsum-dim_-1"
 

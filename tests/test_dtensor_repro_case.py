@@ -23,6 +23,8 @@ from shardverify.dtensor.run import CaseResult, rebuild_case, rebuild_repro
 from shardverify.dtensor.verdicts import Finding
 from shardverify.spec.catalogue import load_op_specs
 
+pytestmark = pytest.mark.slow   # DTensor repros run on gloo processes
+
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "torch.cumsum-dim_-1"
 WRONG = (("input", "[R, R, S0]"),)    # cumsum(x, -1) with its last dim sharded on (4,): silently wrong

@@ -20,6 +20,8 @@ from shardverify.plan.recipe import ModelRecipe, traced  # noqa: E402
 from shardverify.plan.hf_zoo import HF_MODELS, hf_model  # noqa: E402
 from shardverify.pytest_plugin.made_plans import session_plan  # noqa: E402
 
+pytestmark = pytest.mark.slow   # tiny HF models built, captured, planned and checked: seconds each
+
 # Every zoo model's solver, data-parallel and tensor-parallel plans on (2,2) and (4,), simulated and
 # on gloo, with every tensor op handled: specs/plans/{gpt2,llama,bert,vit,resnet,mixtral,lstm,bart,convnext,
 # swin}.yaml (generated tests). What follows checks what those plans do, beyond passing.

@@ -23,6 +23,8 @@ from shardverify.plan import verify_plan
 from shardverify.plan.capture_model import capture_model
 from shardverify.plan.verify import describe_plan
 
+pytestmark = pytest.mark.slow   # whole MoE models planned and checked: tens of seconds each
+
 #: tiny builds as the HF zoo's (shardverify/plan/hf_zoo.py: width 64, 4 heads, 4 experts, top 2,
 #: one layer, 128 tokens of vocabulary), the experts left to transformers' default
 FACTORIES = '''

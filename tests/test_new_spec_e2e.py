@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow   # a spec generated, imported and verified in fresh processes
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The newcomer's edits to a copy of specs/sum.yaml: the op and its targets (the grid is

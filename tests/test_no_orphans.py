@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from shardverify.backends.liveness import session_processes
+
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="Linux /proc layout")]
 
@@ -69,6 +71,42 @@ def _terminal_sigint() -> None:
     and children inherit that)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_a_run_killed_as_its_forkserver_starts_leaves_no_folder(short_tmp):
+    """A gloo run SIGKILLed right after its forkserver started, before any pool worker ran (the
+    server still importing torch), left multiprocessing's ``pymp-*`` folder and the pool's for
+    good: removing them was the workers' job, and none ever ran (3 runs of 3 here, and the gloo
+    SIGKILL case of the stopped-run test now and then under load). The forkserver, which ends
+    when its starter's pipe closes, now removes them (backends/forkserver_exit.py)."""
+    proc = subprocess.Popen([sys.executable, "-m", "shardverify", "verify", "--backend", "gloo", "relu"],
+                            cwd=REPO, start_new_session=True, env={**os.environ, "TMPDIR": str(short_tmp)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600   # hang guards: what is waited for is the run's own folder and end
+        while not any(p.name.startswith("pymp-") for p in short_tmp.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never started a forkserver"
+            time.sleep(0.005)
+        proc.kill()
+        proc.wait()
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not session_processes(proc.pid), "the run's forkserver outlived it"
+        left = sorted(p.name for p in short_tmp.iterdir() if not p.name.startswith("torchinductor_"))
+        assert not left, f"a SIGKILLed run left {left}"
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_forkserver_reads_its_starter_as_untrusted_data():
+    from shardverify.backends.forkserver_exit import owner_value, parse_owner
+
+    assert parse_owner(owner_value(12, 345, "/tmp/pymp-abc")) == (12, 345, "/tmp/pymp-abc")
+    assert parse_owner(owner_value(12, None, "/tmp/x/pymp-abc")) == (12, None, "/tmp/x/pymp-abc")
+    for value in ["", "12", "x:1:/tmp/pymp-a", "12:y:/tmp/pymp-a", "12:1:tmp/pymp-a", "12:1:/home/me",
+                  "12:1:/tmp/pymp-a/../../home", "12:1:/tmp/../pymp-a", "-1:1:/tmp/pymp-a"]:
+        assert parse_owner(value) is None, value
 
 
 # a few specs, the quick ones first: rows come within seconds, and minutes of them are left to run

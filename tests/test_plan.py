@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import re
 import threading
 
 import pytest
@@ -102,9 +104,16 @@ def test_cli_plan_factory_json_and_exit_status(tmp_path, capsys):
     plan_file.write_text('fc1: "RS0 = RR x RS0"\nfc2: "RR = RS0 x S0R"\n')
     assert main(["plan", "shardverify.plan.zoo.linear_chain", "--input", "8,32", "--mesh", "4",
                  "--plan", str(plan_file), "--json"]) == 0
-    assert '"passed": true' in capsys.readouterr().out
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is True
+    # where the CPU time went, phase by phase (the given plan is built, not solved: still a phase)
+    seconds = report["cpu_seconds"]
+    assert list(seconds) == ["start", "build", "capture", "strategies", "solve", "check", "total"], seconds
+    assert all(value >= 0 for value in seconds.values()) and seconds["check"] > 0, seconds
+    assert sum(v for k, v in seconds.items() if k != "total") <= seconds["total"] + 1e-6, seconds
     assert main(["plan", "specs/plans/linear_chain.yaml"]) == 0
-    assert "declared cost" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "declared cost" in out and re.search(r"^CPU seconds: start [\d.]+, build [\d.]+, .*total [\d.]+$", out, re.M)
 
 
 @pytest.mark.dist

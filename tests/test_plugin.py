@@ -114,6 +114,31 @@ def test_markers_are_registered_under_strict_markers(pytester, clean_env):
     listing.stdout.fnmatch_lines(["@pytest.mark.dist:*AUTO_PARALLEL=1*", "@pytest.mark.slow:*"])
 
 
+def test_slow_tests_run_first_each_group_in_its_order(pytester, clean_env):
+    """pytest -n hands the first quarter of the tests out in turn: the slow ones first start at
+    once on every worker, rather than one starting last and the session ending on it alone."""
+    pytester.makepyfile(test_a="""
+        def test_quick_one():
+            pass
+
+        def test_quick_two():
+            pass
+    """, test_b="""
+        import pytest
+
+        pytestmark = pytest.mark.slow
+
+        def test_slow_one():
+            pass
+
+        def test_slow_two():
+            pass
+    """)
+    result = pytester.runpytest("-v")
+    names = [line.split("::")[1].split()[0] for line in result.stdout.lines if "::test_" in line and "PASSED" in line]
+    assert names == ["test_slow_one", "test_slow_two", "test_quick_one", "test_quick_two"], result.stdout.str()
+
+
 def test_strict_markers_still_rejects_unknown_markers(pytester, clean_env):
     pytester.makepyfile("""
         import pytest

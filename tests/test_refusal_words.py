@@ -15,6 +15,8 @@ from shardverify.spec.catalogue import load_op_specs
 from shardverify.spec.names import resolve_dotted
 from shardverify.verify.on_demand import OnDemandVerifier
 
+pytestmark = pytest.mark.slow   # refusals collected over the shipped specs
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: what only the engine says: factors it names itself, how it sizes layouts up, its data types

@@ -13,6 +13,8 @@ from shardverify.backends import SimulatedBackend
 from shardverify.plan import run_plan
 from shardverify.plan.verify import make_plan
 
+pytestmark = pytest.mark.slow   # every strategy of each call verified
+
 MESH = DeviceMesh((2, 2))
 SHAPE = (8, 4, 16)
 

@@ -238,7 +238,10 @@ class _Audit:
 
     def _keep(self, combo, outcome: Outcome, perms) -> None:
         for perm in perms:
-            self.results.setdefault(tuple(layout.permuted(perm) for layout in combo), _permuted(outcome, perm))
+            if perm == tuple(range(len(perm))):   # the combination itself (the only one on a mesh of unequal axes)
+                self.results.setdefault(combo, outcome)
+            else:
+                self.results.setdefault(tuple(layout.permuted(perm) for layout in combo), _permuted(outcome, perm))
 
     def _absent_counterparts(self, perms) -> None:
         """In a sample, each valid combination with an absent operand that looks needed has its

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_start", "process_alive"]
+__all__ = ["process_start", "process_alive", "session_processes"]
 
 
 def process_start(pid: int) -> int | None:
@@ -35,3 +35,23 @@ def process_alive(pid: int | None, started: int | None = None) -> bool:
     except (OverflowError, OSError):
         return False
     return started is None or process_start(pid) in (None, started)
+
+
+def session_processes(sid: int) -> set[int]:
+    """The processes of session ``sid`` (Linux's /proc; empty elsewhere): a run started in a
+    session of its own keeps it in every process it leaves, a forkserver's re-parented children
+    and a killed leader's orphans alike."""
+    found = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    if int(handle.read().rsplit(")", 1)[1].split()[3]) == sid:
+                        found.add(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found

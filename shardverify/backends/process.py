@@ -74,9 +74,10 @@ class _Pool:
                  collective_timeout: float, start_method: str, keep_cpus: bool) -> None:
         ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":   # import once in the server, not in every worker
-            ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-            start_forkserver()   # deaf to the terminal's Ctrl-C (backends/signals.py)
-        self.tmpdir = tempfile.mkdtemp(prefix="shardverify-pool-")
+            start_forkserver(ctx, FORKSERVER_PRELOAD)   # deaf to the terminal's Ctrl-C (backends/signals.py)
+        # inside multiprocessing's folder, which the forkserver removes if this process is killed
+        # before any worker runs (backends/forkserver_exit.py)
+        self.tmpdir = tempfile.mkdtemp(prefix="shardverify-pool-", dir=multiprocessing.util.get_temp_dir())
         self.shared = SharedState(ctx, mesh.size)
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[multiprocessing.connection.Connection] = []

@@ -10,12 +10,17 @@ in the main thread, they run.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any
+
+from shardverify.backends import forkserver_exit
+from shardverify.backends.liveness import process_start
 
 __all__ = ["Terminated", "exit_on_sigterm", "interrupt_on_sigterm", "start_forkserver", "signals_held", "keep_interrupts", "deadline"]
 
@@ -55,8 +60,10 @@ def interrupt_on_sigterm():
     return signal.signal(signal.SIGTERM, terminate)
 
 
-def start_forkserver() -> None:
-    """Start multiprocessing's forkserver (with the preload already set) unless it runs, deaf to
+def start_forkserver(ctx: Any, preload: Sequence[str]) -> None:
+    """Start multiprocessing's forkserver (of ``ctx``, importing ``preload``) unless it runs,
+    naming this process and its ``pymp-*`` folder to it, which it removes if this process dies
+    without removing it (backends/forkserver_exit.py); deaf to
     SIGINT, as every process it forks is. A terminal's Ctrl-C reaches the whole process group:
     a forkserver still importing its preload (torch, seconds) printed a KeyboardInterrupt
     traceback, and the workers it forks are stopped by the process that started them (the
@@ -66,8 +73,10 @@ def start_forkserver() -> None:
     while ignored, and is delivered when unblocked, so a Ctrl-C in that moment is not lost."""
     import multiprocessing.forkserver
 
+    ctx.set_forkserver_preload([*preload, forkserver_exit.__name__])
     if threading.current_thread() is not threading.main_thread():
-        multiprocessing.forkserver.ensure_running()
+        with _owner_named():
+            multiprocessing.forkserver.ensure_running()
         return
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
@@ -75,11 +84,43 @@ def start_forkserver() -> None:
             return   # Ctrl-C came already: delivered below, as the mask is restored
         handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            multiprocessing.forkserver.ensure_running()
+            with _owner_named():
+                multiprocessing.forkserver.ensure_running()
         finally:
             signal.signal(signal.SIGINT, handler)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+@contextlib.contextmanager
+def _owner_named():
+    """This process and its multiprocessing folder in the environment a forkserver started now
+    inherits (forkserver_exit.OWNER), for that start alone. Not in a multiprocessing child: its
+    folder is its parent's (a Process carries its parent's settings, the folder among them), the
+    parent's to remove; named, the child's forkserver removed it under the living parent when
+    the child ended (a `verify --jobs` worker's forkserver of isolated checks)."""
+    import multiprocessing
+    import multiprocessing.resource_tracker
+    import multiprocessing.util
+
+    if multiprocessing.parent_process() is not None:
+        yield
+        return
+
+    # the forkserver's start begins with the resource tracker's (a process of its own): started
+    # first, the folder is made just before the forkserver's spawn, so that a kill can hardly
+    # fall between them
+    multiprocessing.resource_tracker.ensure_running()
+    before = os.environ.get(forkserver_exit.OWNER)
+    os.environ[forkserver_exit.OWNER] = forkserver_exit.owner_value(
+        os.getpid(), process_start(os.getpid()), multiprocessing.util.get_temp_dir())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(forkserver_exit.OWNER, None)
+        else:
+            os.environ[forkserver_exit.OWNER] = before
 
 
 @contextlib.contextmanager

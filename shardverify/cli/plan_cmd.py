@@ -97,8 +97,11 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.plan.spec import build_spec_model, parse_plan_spec
     from shardverify.spec.loader import load_yaml
     from shardverify.plan.inputs import parse_input
+    from shardverify.plan.phases import PhaseClock, cpu_seconds
     from shardverify.plan.verify import describe_plan, verify_plan
 
+    started = cpu_seconds()   # the interpreter's start and the imports so far
+    clock = PhaseClock()
     quiet_tracing()   # a model that fails to trace is reported in one line, not torch's printed traceback
     try:
         zoo = args.spec.startswith("zoo:")
@@ -113,10 +116,12 @@ def run(args: argparse.Namespace) -> int:
         if zoo:
             from shardverify.plan.hf_zoo import hf_model, real_size
 
-            module, example = hf_model(args.spec[len("zoo:"):])
+            with clock.phase("build"):
+                module, example = hf_model(args.spec[len("zoo:"):])
             mesh = _shape(args.mesh or "2,2")
             if args.cost_size is not None:
-                cost_size = real_size(args.spec[len("zoo:"):], _sizes(args.cost_size))
+                with clock.phase("build"):
+                    cost_size = real_size(args.spec[len("zoo:"):], _sizes(args.cost_size))
         elif args.spec.endswith((".yaml", ".yml")):
             spec = parse_plan_spec(load_yaml(args.spec))
             factory, kwargs, inputs, where = spec.factory, spec.kwargs, spec.inputs, dict(spec.where)["factory"]
@@ -125,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
             if spec.cost_size is not None and not args.plan:     # the spec's solved plans cost at its real size
                 from shardverify.plan.spec import spec_cost_size
 
-                cost_size = spec_cost_size(factory, kwargs, spec.cost_size, where, spec.zoo)
+                with clock.phase("build"):
+                    cost_size = spec_cost_size(factory, kwargs, spec.cost_size, where, spec.zoo)
         else:
             factory, kwargs = args.spec, _kwargs(args.kwarg)
             inputs = tuple(parse_input(text) for text in args.input)
@@ -136,9 +142,10 @@ def run(args: argparse.Namespace) -> int:
             if args.cost_input:
                 from shardverify.plan.spec import real_spec_model
 
-                cost_size = real_spec_model(factory, kwargs, _kwargs(args.cost_kwarg),
-                                            tuple(parse_input(text, "--cost-input", drawn=False)
-                                                  for text in args.cost_input))
+                with clock.phase("build"):
+                    cost_size = real_spec_model(factory, kwargs, _kwargs(args.cost_kwarg),
+                                                tuple(parse_input(text, "--cost-input", drawn=False)
+                                                      for text in args.cost_input))
         too_many = mesh_problem(mesh)
         if too_many:
             raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")
@@ -150,13 +157,14 @@ def run(args: argparse.Namespace) -> int:
         if zoo:
             module.train(args.train)
         else:
-            module, example = build_spec_model(factory, kwargs, inputs, where=where, zoo=spec_zoo,
-                                               redraw=args.redraw_weights, train=args.train)
+            with clock.phase("build"):
+                module, example = build_spec_model(factory, kwargs, inputs, where=where, zoo=spec_zoo,
+                                                   redraw=args.redraw_weights, train=args.train)
         result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
                              capture=capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights, data_parallel=args.data_parallel,
                              timeout=args.timeout, strict=strict,
-                             verified_only=args.verified_only, cost_size=cost_size)
+                             verified_only=args.verified_only, cost_size=cost_size, clock=clock)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         if args.debug:
             raise
@@ -173,8 +181,10 @@ def run(args: argparse.Namespace) -> int:
     strict_failure = result.strict and bool(result.strict_failures)
     # no pass without a check: a model without one tensor op ran no plan node
     no_node = result.coverage is not None and result.coverage.tensor_ops == 0
+    phases = {"start": started, **dict(result.cpu_seconds), "total": cpu_seconds()}
     if args.json:
-        print(json.dumps({**result.to_json(), "strict_failure": strict_failure, "no_node": no_node}, indent=2))
+        print(json.dumps({**result.to_json(), "cpu_seconds": phases, "strict_failure": strict_failure,
+                          "no_node": no_node}, indent=2))
     else:
         for note in result.notes:
             print(f"note: {note}")
@@ -184,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         if result.coverage is not None:
             print("\n".join(result.coverage.lines()))
         print(f"verification on {result.backend}: {result.summary()}")
+        print("CPU seconds: " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items()))
     if no_node:
         print("FAILED: the model has no tensor op: no plan node was run, nothing was checked", file=sys.stderr)
     return 0 if result.passed and not no_node else 1

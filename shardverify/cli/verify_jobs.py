@@ -65,8 +65,7 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
     empty or a worker dies; the rows in flight then are returned as (index, error) pairs (their
     rows left unset), every other finished row is set in ``rows``."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(_PRELOAD))
-    start_forkserver()   # deaf to the terminal's Ctrl-C: the workers are terminated below (backends/signals.py)
+    start_forkserver(ctx, _PRELOAD)   # deaf to the terminal's Ctrl-C: the workers are terminated below (backends/signals.py)
     cpus = usable_cpus()
     pool = cf.ProcessPoolExecutor(width, mp_context=ctx, initializer=_start_worker,
                                   initargs=(counter, cpus if jobs <= len(cpus) else [], thread_share(jobs),

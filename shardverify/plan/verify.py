@@ -19,6 +19,7 @@ from shardverify.plan.recipe import ModelRecipe, as_float64
 from shardverify.plan.inputs import with_keywords
 from shardverify.plan.build import build_plan
 from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
+from shardverify.plan.phases import PhaseClock
 from shardverify.plan.real_size import RealSize, RealSizePlan, solve_real_size
 from shardverify.plan.solver import Solver, solve_plan
 from shardverify.verify.on_demand import OnDemandVerifier
@@ -36,6 +37,7 @@ class PlanResult:
     strict: bool = False            # a pass needs every tensor op handled and something sharded
     notes: tuple[str, ...] = ()     # how the model was captured, when not as asked
     real_size: RealSizePlan | None = None   # the plan was solved at this size, mapped onto the model checked
+    cpu_seconds: tuple[tuple[str, float], ...] = ()   # (phase, CPU seconds) of the check, plan/phases.py
 
     @property
     def passed(self) -> bool:
@@ -113,6 +115,7 @@ class PlanResult:
             "coverage": None if self.coverage is None else self.coverage.to_json(),
             "real_size": None if self.real_size is None else self.real_size.to_json(),
             "mismatches": [m.describe() for m in self.mismatches],
+            "cpu_seconds": dict(self.cpu_seconds),
         }
 
 
@@ -207,22 +210,25 @@ def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
 
 
 def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
-             verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None
-             ) -> tuple[Plan, Coverage, Captured, RealSizePlan | None]:
+             verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None,
+             clock: PhaseClock | None = None) -> tuple[Plan, Coverage, Captured, RealSizePlan | None]:
     mesh = _as_mesh(mesh)
-    captured = capture_model(module, tuple(inputs), _capture_for(capture, cost_size, plan))
+    clock = clock or PhaseClock()
+    with clock.phase("capture"):
+        captured = capture_model(module, tuple(inputs), _capture_for(capture, cost_size, plan))
     at_real = None
     gm = captured.graph
     try:
-        with (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
+        with clock.phase("strategies"), (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
             options, statuses = classify_nodes(gm, mesh, on_demand)
-        if cost_size is not None:
-            plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, flop_rate, goals, solver)
-        elif plan is None:
-            plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals, solver=solver)
-        elif not isinstance(plan, Plan):   # a given choice: a strategy verification at the call removed is said so
-            removed = {} if on_demand is None else {r.node: dict(r.failed) for r in on_demand.records if r.failed}
-            plan = build_plan(gm, mesh, dict(plan), options, flop_rate, removed=removed)
+        with clock.phase("solve"):
+            if cost_size is not None:
+                plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, flop_rate, goals, solver)
+            elif plan is None:
+                plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals, solver=solver)
+            elif not isinstance(plan, Plan):   # a given choice: a strategy verification at the call removed is said so
+                removed = {} if on_demand is None else {r.node: dict(r.failed) for r in on_demand.records if r.failed}
+                plan = build_plan(gm, mesh, dict(plan), options, flop_rate, removed=removed)
     except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
         raise as_shardverify_error(error, f"planning {type(module).__name__}") from error
     del options
@@ -275,7 +281,7 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
                 min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False,
                 timeout: float | None = None, strict: bool = False,
                 verified_only: bool = False, cost_size: RealSize | None = None,
-                solver: Solver | None = None) -> PlanResult:
+                solver: Solver | None = None, clock: PhaseClock | None = None) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
     the single-device model, forward and backward. ``example_inputs``: a tensor, a sequence of
@@ -295,7 +301,8 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     solver takes its costs (and ``memory_limit`` its memory) from that size, and its plan is mapped
     onto ``model`` node by node and verified there (``result.real_size`` says what it cost and what
     was left out). ``solver``: what picks the plan (:class:`~shardverify.plan.solver.Solver`; CBC when
-    None). Every error but a verification failure is a ShardVerifyError."""
+    None). ``clock``: the CPU seconds of each phase are added to it (and the result's
+    ``cpu_seconds`` is its split). Every error but a verification failure is a ShardVerifyError."""
     from shardverify.backends import get_backend
     from shardverify.backends.registry import backend_kind
 
@@ -304,15 +311,17 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     model, inputs = with_keywords(model, example_inputs)
     mesh = _as_mesh(mesh)
     goals = PlanGoals(min_sharded, shard_weights, data_parallel)
+    clock = clock or PhaseClock()
     chosen, coverage, captured, at_real = _planned(model, inputs, mesh, plan, memory_limit, FLOP_RATE, capture,
-                                                  goals, verified_only, cost_size, solver)
+                                                  goals, verified_only, cost_size, solver, clock)
     notes = (captured.note,) if captured.note else ()
-    if isinstance(backend, str):
-        runner = get_backend(backend, mesh)
-        try:
-            result = run_plan(runner, model, inputs, chosen, seed, timeout, coverage=coverage, graph=captured)
-        finally:
-            runner.close()
-    else:
-        result = run_plan(backend, model, inputs, chosen, seed, timeout, coverage=coverage, graph=captured)
-    return replace(result, strict=strict, notes=notes, real_size=at_real)
+    with clock.phase("check"):
+        if isinstance(backend, str):
+            runner = get_backend(backend, mesh)
+            try:
+                result = run_plan(runner, model, inputs, chosen, seed, timeout, coverage=coverage, graph=captured)
+            finally:
+                runner.close()
+        else:
+            result = run_plan(backend, model, inputs, chosen, seed, timeout, coverage=coverage, graph=captured)
+    return replace(result, strict=strict, notes=notes, real_size=at_real, cpu_seconds=clock.split())

@@ -165,8 +165,12 @@ class ShardingSpec:
     # ---- views ---------------------------------------------------------------------
     @property
     def sharding_sequence(self) -> ShardingSequence:
-        partition = dict(self.dim_partition)
-        return ShardingSequence(DimSpec(partition.get(d, ())) for d in range(len(self.tensor_shape)))
+        found = self.__dict__.get("_sequence")
+        if found is None:   # worked out once: strategies are named and compared by it thousands of times
+            partition = dict(self.dim_partition)
+            found = ShardingSequence(DimSpec(partition.get(d, ())) for d in range(len(self.tensor_shape)))
+            object.__setattr__(self, "_sequence", found)
+        return found
 
     def partition_dict(self) -> dict[int, tuple[int, ...]]:
         return dict(self.dim_partition)
@@ -183,10 +187,14 @@ class ShardingSpec:
 
     def local_shape(self) -> tuple[int, ...]:
         """The largest local shape: the block at coordinate 0 of every mesh axis (every rank's
-        shape when ``is_even``)."""
-        partition = dict(self.dim_partition)
-        return tuple(nested_block(size, [(self.mesh_shape[a], 0) for a in partition.get(d, ())])[1]
-                     for d, size in enumerate(self.tensor_shape))
+        shape when ``is_even``; worked out once, as every cost of every strategy reads it)."""
+        found = self.__dict__.get("_local_shape")
+        if found is None:
+            partition = dict(self.dim_partition)
+            found = tuple(nested_block(size, [(self.mesh_shape[a], 0) for a in partition.get(d, ())])[1]
+                          for d, size in enumerate(self.tensor_shape))
+            object.__setattr__(self, "_local_shape", found)
+        return found
 
     def local_numel(self) -> int:
         return math.prod(self.local_shape())

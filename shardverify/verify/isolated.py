@@ -267,8 +267,7 @@ class _Death:
 def _in_a_child(payload: bytes) -> tuple | _Death:
     """The child's reply to ``payload``, or how it died."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
-    start_forkserver()   # deaf to the terminal's Ctrl-C (backends/signals.py)
+    start_forkserver(ctx, PRELOAD)   # deaf to the terminal's Ctrl-C (backends/signals.py)
     parent_end, child_end = ctx.Pipe()
     proc = ctx.Process(target=_child, args=(child_end,), name="shardverify-isolated", daemon=True)
     replied = False

@@ -46,6 +46,7 @@ def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
         raise StrategyError(f"option follow: {options.follow!r} must name the one tensor operand of a one-output "
                             f"call; this call has {roles}")
     data, term, out = inputs[0], rule.inputs[0], outputs[0]
+    named = _namer(data, out)
     reduce_ops = dict(rule.reduce)
     linear = options.linear_in == ((data.role,),) and data.dtype.is_floating_point and out.dtype.is_floating_point
     mesh_shape = ctx.mesh.shape
@@ -60,20 +61,20 @@ def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
             raise StrategyError(f"node {ctx.node.name!r}: its producer lays mesh axes on a size-1 dim of {data.name!r}")
         axes = {term[d][0]: held for d, held in produced.items()}
         kept = {f: held for f, held in axes.items() if f not in reduce_ops}
-        strategy = _named(build(kept, {}), data, out, index)
+        strategy = named(build(kept, {}), index)
         gathered.append(strategy)
         strategies.append(strategy)
         if linear:
-            pieces += _pieces(build, kept, data, out, index, mesh_shape)
+            pieces += _pieces(build, named, kept, data, index, mesh_shape)
         partial = tuple(sorted(a for f, held in axes.items() if f in reduce_ops for a in held))
         refused = any(partial_refusal(reduce_ops[f], rule.size[f], [mesh_shape[a] for a in held])
                       for f, held in axes.items() if f in reduce_ops)
         if math.prod(mesh_shape[a] for a in partial) > 1 and out.dtype.is_floating_point and not refused:
             strategy = build(axes, {})
             if strategy is not None:
-                strategies.append(_named(strategy, data, out, index))
+                strategies.append(named(strategy, index))
                 if linear and set(reduce_ops[f] for f in axes if f in reduce_ops) == {"sum"}:
-                    pieces += _pieces(build, axes, data, out, index, mesh_shape)
+                    pieces += _pieces(build, named, axes, data, index, mesh_shape)
     if options.naming == "colossalai":   # every gathered one, then the others not among them, each once
         taken = {id(s) for s in gathered}
         return gathered + _first_of_each([s for s in strategies + pieces if id(s) not in taken])
@@ -94,21 +95,29 @@ def _derived_once(build):
     return once
 
 
-def _named(strategy: ShardingStrategy | None, data: OperationData, out: OperationData,
-           index: int) -> ShardingStrategy:
-    """``[S0, R]+P1 -> [R] | P01 sum_<index>``: the layouts, the partial input, the output's reduce."""
-    if strategy is None:
-        raise StrategyError(f"operand {data.name!r}: a layout its producer gives does not fit the call")
-    piece = strategy.partial_input(data.name)
-    after = [a for a in strategy.communication_actions if a.operand == out.name and a.axes]
-    name = f"{strategy.get_sharding_spec_by_name(data.name).sharding_sequence}"
-    name += f"+P{''.join(map(str, piece.axes))}" if piece else ""
-    name += f" -> {strategy.get_sharding_spec_by_name(out.name).sharding_sequence}"
-    name += "".join(f" | P{''.join(map(str, a.axes))} {a.op}" for a in after)
-    return strategy.replace(name=f"{name}_{index}")
+def _namer(data: OperationData, out: OperationData):
+    """``named(strategy, index)``: ``[S0, R]+P1 -> [R] | P01 sum_<index>``, the layouts, the
+    partial input, the output's reduce. A derived strategy comes back once per predecessor
+    strategy giving its layout (the derivation is remembered): its name is worked out once."""
+    names: dict[int, tuple[ShardingStrategy, str]] = {}
+
+    def named(strategy: ShardingStrategy | None, index: int) -> ShardingStrategy:
+        if strategy is None:
+            raise StrategyError(f"operand {data.name!r}: a layout its producer gives does not fit the call")
+        if id(strategy) not in names:
+            piece = strategy.partial_input(data.name)
+            after = [a for a in strategy.communication_actions if a.operand == out.name and a.axes]
+            name = f"{strategy.get_sharding_spec_by_name(data.name).sharding_sequence}"
+            name += f"+P{''.join(map(str, piece.axes))}" if piece else ""
+            name += f" -> {strategy.get_sharding_spec_by_name(out.name).sharding_sequence}"
+            name += "".join(f" | P{''.join(map(str, a.axes))} {a.op}" for a in after)
+            names[id(strategy)] = (strategy, name)   # the strategy kept: its id is not reused meanwhile
+        return strategy.renamed(f"{names[id(strategy)][1]}_{index}")
+
+    return named
 
 
-def _pieces(build, axes: dict, data: OperationData, out: OperationData, index: int,
+def _pieces(build, named, axes: dict, data: OperationData, index: int,
             mesh_shape: tuple[int, ...]) -> list[ShardingStrategy]:
     """The strategy of ``axes`` again with the operand a partial sum over each set of free axes."""
     used = {a for held in axes.values() for a in held}
@@ -118,7 +127,7 @@ def _pieces(build, axes: dict, data: OperationData, out: OperationData, index: i
         for held in itertools.combinations(free, k):
             strategy = build(axes, {data.name: held})
             if strategy is not None:
-                found.append(_named(strategy, data, out, index))
+                found.append(named(strategy, index))
     return found
 
 

@@ -1,0 +1,73 @@
+"""Imported in multiprocessing's forkserver (the last of its preload, see
+``signals.start_forkserver``): when the forkserver ends because the process that started it is
+gone, it removes that process's multiprocessing ``pymp-*`` folder (which also holds its pools'
+store folders).
+
+A process killed by SIGKILL runs no exit handler, and until now its pool workers removed the
+folder when they saw it gone (``process_worker.watch_parent``). Killed after the forkserver
+started but before any worker ran (the forkserver still importing torch), no worker ever ran,
+and the folder stayed for good: the gloo run a test stopped with SIGKILL left it under load.
+The forkserver outlives its starter by design (it ends when the starter's end of a pipe
+closes) and its exit handlers run, so the folder is removed there.
+
+The starter names itself in an environment variable set for the forkserver's start alone
+(``pid:start:folder``); that value is checked as any stored data is (a number, a number or
+nothing, a ``pymp-*`` folder of an absolute path), and the folder is removed only if the
+starter is gone, never through a link.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+
+from shardverify.backends.liveness import process_alive
+
+__all__ = ["OWNER", "owner_value", "parse_owner"]
+
+#: the environment variable naming the forkserver's starter: ``pid:start time:pymp folder``
+OWNER = "SHARDVERIFY_FORKSERVER_OWNER"
+
+
+def owner_value(pid: int, started: int | None, folder: str) -> str:
+    """The variable's value for a starter ``pid`` (started at ``started``, see
+    ``liveness.process_start``) whose multiprocessing folder is ``folder``."""
+    return f"{pid}:{'' if started is None else started}:{folder}"
+
+
+def parse_owner(value: str) -> tuple[int, int | None, str] | None:
+    """(pid, start time or None, folder) of a value ``owner_value`` wrote; None for anything else."""
+    pid, _, rest = value.partition(":")
+    started, _, folder = rest.partition(":")
+    if not pid.isdigit() or (started and not started.isdigit()):
+        return None
+    if not os.path.isabs(folder) or os.path.normpath(folder) != folder or \
+            not os.path.basename(folder).startswith("pymp-"):
+        return None
+    return int(pid), int(started) if started else None, folder
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits to be reaped (its parent may not have seen it yet:
+    the forkserver sees its starter's pipe close at the same moment)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _remove_if_gone(pid: int, started: int | None, folder: str) -> None:
+    if (process_alive(pid, started) and not _zombie(pid)) or os.path.islink(folder):
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _register() -> None:
+    owner = parse_owner(os.environ.pop(OWNER, ""))   # popped: the processes it forks never see it
+    if owner is not None:   # (the starter may be gone already: killed while torch was imported here)
+        atexit.register(_remove_if_gone, *owner)
+
+
+_register()
