@@ -121,12 +121,6 @@ def offered_strategies(spec, graph_module, node, mesh: DeviceMesh) -> tuple[dict
     return handler_strategies(handler, graph_module, node, mesh)
 
 
-def _permuted(outcome: Outcome, perm: tuple[int, ...]) -> Outcome:
-    if outcome.outputs is None:
-        return outcome
-    return Outcome(tuple(layout.permuted(perm) for layout in outcome.outputs), outcome.reason)
-
-
 def _key(combo) -> tuple[str, ...]:
     return tuple(layout.key() for layout in combo)
 
@@ -173,6 +167,10 @@ class _Audit:
         # ... and only when the op really is additive in it (checked numerically)
         ops = (PARTIAL_INPUTS if extremum_inputs else ("sum",)) if partial_inputs else ()
         self.choices = self._choices(ops, aligned)
+        # (layout, mesh symmetry) -> the layout renamed by it: each operand has few layouts, and
+        # every combination is kept once per symmetry (on (2,2), 926,799 renamings of a few
+        # hundred layouts took half of an attention case's audit)
+        self._renamed: dict[tuple[Layout, tuple[int, ...]], Layout] = {}
         self.note = "; ".join(refused)
         # over the limit, the partial max/min layouts are left out first, then the partial sums:
         # no combination a spec must offer is lost but those, and an offered partial-input
@@ -241,7 +239,16 @@ class _Audit:
             if perm == tuple(range(len(perm))):   # the combination itself (the only one on a mesh of unequal axes)
                 self.results.setdefault(combo, outcome)
             else:
-                self.results.setdefault(tuple(layout.permuted(perm) for layout in combo), _permuted(outcome, perm))
+                key = tuple(self._renaming(layout, perm) for layout in combo)
+                if key not in self.results:
+                    self.results[key] = outcome if outcome.outputs is None else Outcome(
+                        tuple(self._renaming(layout, perm) for layout in outcome.outputs), outcome.reason)
+
+    def _renaming(self, layout: Layout, perm: tuple[int, ...]) -> Layout:
+        found = self._renamed.get((layout, perm))
+        if found is None:
+            found = self._renamed[layout, perm] = layout.permuted(perm)
+        return found
 
     def _absent_counterparts(self, perms) -> None:
         """In a sample, each valid combination with an absent operand that looks needed has its
