@@ -3,16 +3,16 @@
 gone, it removes that process's multiprocessing ``pymp-*`` folder (which also holds its pools'
 store folders).
 
-A process killed by SIGKILL runs no exit handler, and until now its pool workers removed the
-folder when they saw it gone (``process_worker.watch_parent``). Killed after the forkserver
-started but before any worker ran (the forkserver still importing torch), no worker ever ran,
-and the folder stayed for good: the gloo run a test stopped with SIGKILL left it under load.
+A process killed by SIGKILL runs no exit handler; its pool workers remove the folder when they
+see it gone (``process_worker.watch_parent``). Killed after the forkserver started but before
+any worker ran (the forkserver still importing torch), no worker ever runs, and without this
+module the folder stayed for good (the gloo run a test stops with SIGKILL left it under load).
 The forkserver outlives its starter by design (it ends when the starter's end of a pipe
 closes) and its exit handlers run, so the folder is removed there.
 
 The starter names itself in an environment variable set for the forkserver's start alone
 (``pid:start:folder``); that value is checked as any stored data is (a number, a number or
-nothing, a ``pymp-*`` folder of an absolute path), and the folder is removed only if the
+nothing, a ``pymp-*`` folder by a normalised absolute path), and the folder is removed only if the
 starter is gone, never through a link.
 """
 
