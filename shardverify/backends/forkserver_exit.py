@@ -22,7 +22,7 @@ import atexit
 import os
 import shutil
 
-from shardverify.backends.liveness import process_alive
+from shardverify.backends.liveness import process_alive, process_ended
 
 __all__ = ["OWNER", "owner_value", "parse_owner"]
 
@@ -48,18 +48,9 @@ def parse_owner(value: str) -> tuple[int, int | None, str] | None:
     return int(pid), int(started) if started else None, folder
 
 
-def _zombie(pid: int) -> bool:
-    """Whether ``pid`` has ended and waits to be reaped (its parent may not have seen it yet:
-    the forkserver sees its starter's pipe close at the same moment)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 def _remove_if_gone(pid: int, started: int | None, folder: str) -> None:
-    if (process_alive(pid, started) and not _zombie(pid)) or os.path.islink(folder):
+    # a zombie is gone: the forkserver sees its starter's pipe close as the starter ends
+    if (process_alive(pid, started) and not process_ended(pid)) or os.path.islink(folder):
         return
     shutil.rmtree(folder, ignore_errors=True)
 

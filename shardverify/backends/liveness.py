@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_start", "process_alive", "session_processes"]
+__all__ = ["process_start", "process_alive", "process_ended", "session_processes"]
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (field 3 on: the state first),
+    None where there is no such process or no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def process_start(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, Linux's /proc), None where unknown."""
+    fields = _stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        return None if fields is None else int(fields[19])
+    except (IndexError, ValueError):
         return None
 
 
@@ -41,17 +51,23 @@ def session_processes(sid: int) -> set[int]:
     """The processes of session ``sid`` (Linux's /proc; empty elsewhere): a run started in a
     session of its own keeps it in every process it leaves, a forkserver's re-parented children
     and a killed leader's orphans alike."""
-    found = set()
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return found
+        return set()
+    found = set()
     for entry in entries:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    if int(handle.read().rsplit(")", 1)[1].split()[3]) == sid:
-                        found.add(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
+        fields = _stat_fields(entry) if entry.isdigit() else None
+        try:
+            if fields is not None and int(fields[3]) == sid:
+                found.add(int(entry))
+        except (IndexError, ValueError):
+            continue
     return found
+
+
+def process_ended(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits to be reaped (a zombie, which ``process_alive`` still
+    counts: its parent may not have seen it end yet)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] in ("Z", "X")
