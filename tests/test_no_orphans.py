@@ -84,7 +84,10 @@ def test_a_run_killed_as_its_forkserver_starts_leaves_no_folder(short_tmp):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 600   # hang guards: what is waited for is the run's own folder and end
-        while not any(p.name.startswith("pymp-") for p in short_tmp.iterdir()):
+        # the folder made and the forkserver spawned (the run, its resource tracker, its forkserver),
+        # still importing torch: no pool worker yet
+        while not any(p.name.startswith("pymp-") for p in short_tmp.iterdir()) or \
+                len(session_processes(proc.pid)) < 3:
             assert proc.poll() is None and time.monotonic() < deadline, "the run never started a forkserver"
             time.sleep(0.005)
         proc.kill()
