@@ -362,20 +362,48 @@ def test_the_rules_family_declares_no_gap_and_a_family_gap_becomes_an_accept_ent
         registry._GENERATORS.pop("planted_family", None)
 
 
-def test_a_rules_spec_that_keeps_a_shardable_dim_whole_fails_its_audit(tmp_path, capsys):
-    """The family's gap covers only reversed axis orders: a spec that stops
-    offering a valid plain layout (softmax keeping its batch dim whole too) is reported missing."""
+def _relu_keeping_its_batch_dim_whole(tmp_path: Path) -> Path:
     text = (REPO / "specs" / "relu.yaml").read_text()
     assert "pointwise: true" in text
     planted = re.sub(r"generator:.*?\nverify:", "generator:\n  family: rules\n  options:\n"
                      "    einsum: \"a b c -> a b c\"\n    whole: [a]\n    monotone_in: [input]\nverify:", text, flags=re.S)
     (tmp_path / "relu.yaml").write_text(planted)
-    code = main(["audit", str(tmp_path / "relu.yaml"), "--root", str(tmp_path), "--specs-dir", str(tmp_path),
-                 "--mesh", "4", "--json"])
+    return tmp_path / "relu.yaml"
+
+
+def test_a_rules_spec_that_keeps_a_shardable_dim_whole_fails_its_audit(tmp_path, capsys):
+    """The family's gap covers only reversed axis orders: a spec that stops
+    offering a valid plain layout (softmax keeping its batch dim whole too) is reported missing."""
+    spec = _relu_keeping_its_batch_dim_whole(tmp_path)
+    code = main(["audit", str(spec), "--root", str(tmp_path), "--specs-dir", str(tmp_path), "--mesh", "4", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 1
     missing = {f["layouts"]["input"] for row in report["rows"] for f in row["missing"]}
     assert "[S0, R, R]" in missing and all(layout.startswith("[S") for layout in missing)
+
+
+def test_the_audit_report_starts_with_the_verdict_and_lists_every_failing_case(tmp_path, capsys):
+    """FAIL with the counts, the first missing combination, then each failing case; the table and
+    every finding behind -v; a passing audit is its verdict alone."""
+    spec = _relu_keeping_its_batch_dim_whole(tmp_path)
+    argv = ["audit", str(spec), "--root", str(tmp_path), "--specs-dir", str(tmp_path), "--mesh", "4"]
+    assert main([*argv, "--json"]) == 1
+    failing = [row for row in json.loads(capsys.readouterr().out)["rows"] if row["missing"]]
+    assert main(argv) == 1
+    lines = capsys.readouterr().out.splitlines()
+    missing = sum(len(row["missing"]) for row in failing)
+    assert lines[0].startswith("FAIL  ") and f": {missing} valid but not offered, 0 offered but invalid, " in lines[0]
+    assert lines[1] == f"first failure: relu {failing[0]['case']} on mesh (4,): a valid combination no strategy offers"
+    assert lines[2] == f"  {failing[0]['missing'][0]['line']}"
+    assert lines[3] == f"failing: {len(failing)} cases (every finding: -v or --json)"
+    assert [line.split(" on mesh")[0] for line in lines[4:]] == [f"  relu {row['case']}" for row in failing]
+    assert main([*argv, "-v"]) == 1
+    verbose = capsys.readouterr().out.splitlines()
+    assert verbose[1:3] == lines[1:3] and verbose[3] == "" and verbose[4].split()[:4] == ["op", "case", "mesh", "combos"]
+    assert sum(line.endswith(" 1 missing") for line in verbose) == len(failing)
+    assert main(["audit", "relu", "--root", str(REPO), "--mesh", "4"]) == 0
+    passed = capsys.readouterr().out.splitlines()
+    assert len(passed) == 1 and passed[0].startswith("PASS  ") and ": 0 valid but not offered, 0 offered but " in passed[0]
 
 
 def test_a_view_told_its_shape_is_judged_with_the_local_shape_of_the_layout_asked_about():

@@ -1,4 +1,5 @@
-"""`shardverify verify`: the table, --json, the exit status, and failures that must surface."""
+"""`shardverify verify`: the verdict first, the table behind -v, --json, the exit status, and
+failures that must surface."""
 
 from __future__ import annotations
 
@@ -44,14 +45,17 @@ def test_json_lists_every_case_and_strategy(capsys):
     assert report["strategies"] == sum(row["verified"] for row in report["rows"])
 
 
-def test_table_has_one_row_per_case_and_mesh(capsys):
-    assert cli("sum", "--mesh", "2,2", "--mesh", "4", "--root", str(REPO)) == 0
+def test_verbose_adds_one_row_per_case_and_mesh_after_the_verdict(capsys):
+    assert cli("sum", "--mesh", "2,2", "--mesh", "4", "--root", str(REPO), "-v") == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["op", "case", "mesh", "strategies", "failures", "time"]
-    rows = [line.split() for line in out[2:] if line.startswith("sum ")]
-    assert len(rows) == 2 * len(verify_cmd.load_op_specs(REPO, None, ["sum"])[0].op_cases())
+    cases = len(verify_cmd.load_op_specs(REPO, None, ["sum"])[0].op_cases())
+    assert out[0].startswith("PASS  ") and ", 0 failures  (1 op, " in out[0] and "2 meshes; simulated backend" in out[0]
+    header = next(i for i, line in enumerate(out) if line.split()[:2] == ["op", "case"])
+    assert header == 2 and out[header].split() == ["op", "case", "mesh", "strategies", "failures", "time"]
+    rows = [line.split() for line in out[header + 2:] if line.startswith("sum ")]
+    assert len(rows) == 2 * cases
     assert {row[2] for row in rows} == {"2x2", "4"} and {row[4] for row in rows} == {"0"}
-    assert out[-1].startswith("passed: ") and "0 failure(s)" in out[-1]
+    assert f"{sum(int(row[3]) for row in rows):,} strategy checks" in out[0]
 
 
 def test_a_broken_communication_layer_fails_the_run(capsys, monkeypatch):
@@ -61,7 +65,7 @@ def test_a_broken_communication_layer_fails_the_run(capsys, monkeypatch):
     from shardverify.verify import rank
 
     monkeypatch.setattr(rank, "grad_hook_on_ranks", lambda ranks, action, grads: grads)
-    assert cli("linear", "--mesh", "4", "--root", str(REPO)) == 1
+    assert cli("linear", "--mesh", "4", "--root", str(REPO), "-v") == 1
     out = capsys.readouterr().out
     failures = {row[1]: int(row[4]) for row in map(str.split, out.splitlines()) if row and row[0] == "linear"}
     expected = {}
@@ -71,7 +75,101 @@ def test_a_broken_communication_layer_fails_the_run(capsys, monkeypatch):
                                 for s in strategies_for_node(graph_module, node_name, DeviceMesh((4,))))
     assert failures == expected and sum(expected.values()) > 0
     assert "FAILED" in out and "grad of weight" in out and "rank 0" in out
-    assert out.rstrip().splitlines()[-1].startswith("FAILED: ")
+    assert out.startswith("FAIL  ") and f", {sum(expected.values())} failures  (1 op, " in out.splitlines()[0]
+
+
+def test_a_passing_run_of_several_specs_is_its_verdict_in_a_few_lines(capsys):
+    """The verdict first with the run's counts, then one line for the cases that check no sharding
+    (max_all's on (4,): every dim reduced to one element), and nothing else: no row per case."""
+    assert cli("sum", "max_all", "--mesh", "4", "--root", str(REPO)) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    cases = sum(len(spec.op_cases()) for spec in verify_cmd.load_op_specs(REPO, None, ["sum", "max_all"]))
+    assert lines[0].startswith("PASS  ") and ", 0 failures  (2 ops, " in lines[0], lines
+    assert f" {cases} cases, 1 mesh; simulated backend; " in lines[0]
+    assert lines[1] == ("note: only the replicated strategy exists for 6 cases on their mesh, so no sharding was "
+                        "checked there: see -v")
+    assert len(lines) <= 10 and len(lines) == 2 and err == ""
+
+
+def _rows(replicated_only: int, failing: int, errors: int = 0, warned: int = 0) -> list:
+    from shardverify.cli.verify_rows import Row
+    from shardverify.verify.report import CheckResult, Mismatch
+
+    def result(case: str, passed: bool) -> CheckResult:
+        wrong = () if passed else (Mismatch("values", 1, "output", actual_shape=(2,), max_abs_err=0.5,
+                                            max_rel_err=1.0, rtol=1e-5, atol=1e-6, dtype="float32"),)
+        return CheckResult("op", case, "S0 -> S0", (4,), "simulated", "float32", wrong)
+
+    rows = [Row("sum", f"sum-{i}", (4,), verified=1, results=[result(f"sum-{i}", True)]) for i in range(50)]
+    rows += [Row("var", f"var-{i}", (4,), verified=1, results=[result(f"var-{i}", True)],
+                 torch_warnings={"var(): degrees of freedom is <= 0.": 2, **({"other": 1} if i % 2 else {})})
+             for i in range(warned)]
+    rows += [Row("max_all", f"max-{i}", (4,), verified=1, warning="only the replicated strategy exists",
+                 results=[result(f"max-{i}", True)]) for i in range(replicated_only)]
+    rows += [Row("broken", f"broken-{i}", (2, 2), error="RuntimeError: no", failures=1) for i in range(errors)]
+    rows += [Row("wrong", f"wrong-{i}", (2, 2), verified=2, failures=1,
+                 results=[result(f"wrong-{i}", True), result(f"wrong-{i}", False)]) for i in range(failing)]
+    return rows
+
+
+def test_the_short_report_stays_short_however_many_cases_check_no_sharding():
+    from shardverify.cli.verify_summary import summary_lines
+
+    reports = [summary_lines(_rows(n, 0, warned=n), "simulated", 98.0) for n in (0, 1, 36, 5000)]
+    assert [len(lines) for lines in reports] == [1, 3, 3, 3]
+    assert reports[0] == ["PASS  50 strategy checks, 0 failures  (1 op, 50 cases, 1 mesh; simulated backend; "
+                          "1m38s)"]
+    assert reports[3][1].startswith("note: only the replicated strategy exists for 5000 cases on their mesh")
+    assert reports[1][2] == "note: torch warned 2 times while checking ('var(): degrees of freedom is <= 0.'): see -v"
+    assert reports[3][2] == ("note: torch warned 12,500 times while checking (2 distinct warnings, most often "
+                             "'var(): degrees of freedom is <= 0.'): see -v")
+    assert summary_lines(_rows(5000, 0, warned=9), "simulated", 1.0, verbose=True)[1:] == []   # -v lists them
+    from shardverify.cli.verify_summary import detail_lines
+
+    detail = detail_lines(_rows(2, 0, warned=9))
+    assert "  18 x var(): degrees of freedom is <= 0. (var var-0 on mesh (4,), var var-1 on mesh (4,), var var-2 on " \
+           "mesh (4,) and 6 more)" in detail
+
+
+def test_every_failing_case_is_listed_or_counted_with_where_to_see_it():
+    from shardverify.cli.verify_summary import detail_lines, summary_lines
+
+    lines = summary_lines(_rows(3, 25, errors=2), "simulated", 3.0)
+    assert lines[0] == ("FAIL  103 strategy checks, 27 failures  (4 ops, 80 cases, 2 meshes; simulated backend; "
+                        "3.0s)")
+    assert lines[1:3] == ["first failure: broken broken-0 on mesh (2, 2): the case could not run",
+                          "  RuntimeError: no"]
+    assert lines[3].startswith("note: only the replicated strategy exists for 3 cases")
+    assert lines[4] == "failing: 27 cases (every report: -v or --json)"
+    assert lines[5:7] == ["  broken broken-0 on mesh (2, 2): could not run: RuntimeError: no",
+                          "  broken broken-1 on mesh (2, 2): could not run: RuntimeError: no"]
+    assert lines[7] == "  wrong wrong-0 on mesh (2, 2): 1 of 2 strategies failed: 'S0 -> S0'"
+    assert len(lines) == 5 + 20 + 1 and lines[-1] == "  and 7 more: see -v"
+    detail = "\n".join(detail_lines(_rows(3, 25, errors=2)))
+    assert all(f"case: wrong-{i}\n" in detail for i in range(25)) and detail.count("could not run") == 0
+    assert detail.count(": FAILED: RuntimeError: no") == 2
+
+
+def test_a_failing_run_starts_with_the_verdict_and_the_first_failure(capsys, monkeypatch):
+    """Gradient hooks that do nothing (as above), without -v: FAIL, then the culprit's op, case,
+    mesh and strategy, then its rank, tensor and error against the tolerance; every failing case
+    listed after; no table."""
+    from shardverify.verify import rank
+
+    monkeypatch.setattr(rank, "grad_hook_on_ranks", lambda ranks, action, grads: grads)
+    assert cli("linear", "--mesh", "4", "--root", str(REPO), "--json") == 1
+    report = json.loads(capsys.readouterr().out)
+    failing = [row for row in report["rows"] if row["failures"]]
+    assert cli("linear", "--mesh", "4", "--root", str(REPO)) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"FAIL  {report['strategies']} strategy checks, {report['failures']} failures  (1 op, ")
+    first = next(check for check in failing[0]["checks"] if not check["passed"])
+    assert lines[1] == f"first failure: linear {failing[0]['case']} on mesh (4,), strategy {first['strategy']!r}"
+    assert lines[2].startswith("  rank ") and ": grad of " in lines[2] and " exceed rtol=" in lines[2]
+    assert lines[3] == f"failing: {len(failing)} cases (every report: -v or --json)"
+    assert [line.split(" on mesh")[0] for line in lines[4:]] == [f"  linear {row['case']}" for row in failing]
+    assert not any(line.split()[:2] == ["op", "case"] for line in lines)
 
 
 def test_an_op_without_handler_is_a_failure(tmp_path, capsys):
@@ -162,18 +260,23 @@ def test_jobs_are_for_the_simulated_backend(capsys):
     assert "--jobs 2 shares rows among processes of simulated ranks; the gloo backend" in capsys.readouterr().err
 
 
-def test_progress_only_on_a_terminal():
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
 
-    terminal, pipe = Terminal(), io.StringIO()
-    for stream in (terminal, pipe):
-        progress = verify_cmd.Progress(4, stream)
-        progress.step()
-        progress.show("sum case")
-        progress.close()
-    assert "1/4 sum case" in terminal.getvalue() and pipe.getvalue() == ""
+
+def test_progress_only_on_a_terminal(capsys, monkeypatch):
+    """The progress line is drawn in place on a terminal's stderr, and nothing is written to a
+    stderr that is not one (a pipe, CI, this test's capture)."""
+    assert cli("sum", "--mesh", "4", "--root", str(REPO)) == 0
+    assert capsys.readouterr().err == ""
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert cli("sum", "--mesh", "4", "--root", str(REPO)) == 0
+    drawn = terminal.getvalue()
+    assert drawn.startswith("\r[") and "/16 " in drawn and "ETA" in drawn and "sum torch.sum-dim_1" in drawn
+    assert drawn.endswith("\r") and "\n" not in drawn     # erased before the report, on stdout
+    assert capsys.readouterr().out.startswith("PASS  ")
 
 
 def test_python_dash_m_entry_point(tmp_path):

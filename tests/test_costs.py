@@ -208,3 +208,22 @@ def test_strategies_alike_in_layout_but_not_in_declared_cost_are_checked_apart(m
     zero = strategy.replace(name=strategy.name + " (declared free)", communication_cost=TrainCycleItem(0.0, 0.0, 0.0))
     results = verify_case(mesh22, LINEAR, [strategy, zero])
     assert [r.passed for r in results] == [True, False]
+
+
+def test_counting_flops_imports_no_compiler():
+    """The counter counts as torch's FlopCounterMode without importing torch._dynamo (which
+    torch's mode imports at the first op it counts, 2 CPU-s of a one-op `shardverify verify`)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from torch.utils.flop_counter import FlopCounterMode\n"
+            "from shardverify.strategies.generators.flops import LocalFlopCounter\n"
+            "a, b = torch.empty(8, 16, device='meta'), torch.empty(16, 4, device='meta')\n"
+            "with LocalFlopCounter() as mine:\n    torch.mm(a, b)\n"
+            "dynamo = 'torch._dynamo' in sys.modules\n"
+            "with FlopCounterMode(display=False) as theirs:\n    torch.mm(a, b)\n"
+            "print(mine.get_total_flops(), theirs.get_total_flops(), dynamo)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1024", "1024", "False"]

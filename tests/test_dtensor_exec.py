@@ -280,13 +280,57 @@ def test_the_command_fails_on_a_silent_class_the_accepted_file_does_not_list(tmp
     spec = str(CUSTOM / "row_normalize_bad.yaml")
     assert main(["dtensor", "--custom", spec, "--mesh", "4", "--accepted", str(_accepted(tmp_path, ["x y z"]))]) == 1
     out = capsys.readouterr().out
-    assert "[NEW] svtest::row_normalize_bad forward x=S(1)" in out and "FAILED" in out
+    assert "[NEW] svtest::row_normalize_bad forward x=S(1)" in out and out.startswith("FAIL  ")
+    assert out.splitlines()[1].startswith("first new class: svtest::row_normalize_bad forward x=S(1): e.g. ")
     listed = _accepted(tmp_path, ["svtest::row_normalize_bad forward x=S(1)"])
     assert main(["dtensor", "--custom", spec, "--mesh", "4", "--accepted", str(listed),
                  "--write", str(tmp_path / "dtensor.md"), "--repros", str(tmp_path / "repros")]) == 0
     page = (tmp_path / "dtensor.md").read_text()
     assert "`svtest::row_normalize_bad forward x=S(1)`" in page and "accepted: planted in a test" in page
     assert len(list((tmp_path / "repros").glob("*.py"))) == 1
+
+
+class _Terminal:
+    """stderr as an interactive shell has it: a terminal (the progress line is drawn there)."""
+
+    def __init__(self) -> None:
+        import io
+
+        self.text = io.StringIO()
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        return self.text.write(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_the_report_starts_with_the_verdict_and_the_table_is_behind_verbose(tmp_path, capsys, monkeypatch):
+    """FAIL, the first new class, the classes; a progress line on a terminal; -v adds the table,
+    and --quiet leaves stderr empty even on a terminal."""
+    argv = ["dtensor", "--custom", str(CUSTOM / "row_normalize_bad.yaml"), "--mesh", "4",
+            "--accepted", str(_accepted(tmp_path, ["x y z"]))]
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(argv) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("FAIL  8 layout combinations run on DTensor: 2 silently wrong, 0 failing later, "
+                               "1 new class not in the accepted file  (1 op, 2 cases, 1 mesh; ")
+    assert lines[1].startswith("first new class: svtest::row_normalize_bad forward x=S(1): e.g. ")
+    assert lines[2].startswith("DTensor computes wrong values silently: 2 combination(s)")
+    assert lines[3].startswith("  [NEW] svtest::row_normalize_bad") and len(lines) == 4
+    drawn = terminal.text.getvalue()
+    assert drawn.startswith("\r[") and "2/2 100%" in drawn and drawn.endswith("\r") and "\n" not in drawn
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main([*argv, "-v", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[1:4] == lines[1:] and terminal.text.getvalue() == ""
+    table = out.splitlines()[5:]
+    assert table[0].split()[:5] == ["op", "case", "mesh", "combos", "run"] and len(table) == 4
 
 
 def test_a_malformed_accepted_file_is_a_usage_error_naming_file_and_line(tmp_path, capsys):

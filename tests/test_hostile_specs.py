@@ -276,7 +276,7 @@ def test_a_bad_limit_override_is_a_clear_error(root, capsys, monkeypatch):
 
 def verify_rows(capsys, root, text):
     spec(root, text)
-    code, out = run(capsys, "verify", "--root", str(root), "--mesh", "2")
+    code, out = run(capsys, "verify", "--root", str(root), "--mesh", "2", "-v")
     return code, out
 
 
@@ -294,18 +294,18 @@ def test_a_target_that_cannot_be_traced_is_a_failed_row(root, capsys):
 
 def test_a_grid_value_the_op_rejects_is_a_failed_row(root, capsys):
     code, out = verify_rows(capsys, root, op().replace("dim: [[0, 2], 1, -1, null]", "dim: [7, 1]"))
-    assert code == 1 and "torch.prod-dim_7" in out and "FAILED" in out
+    assert code == 1 and "torch.prod-dim_7" in out and out.startswith("FAIL  ")
 
 
 def test_a_module_kwarg_the_constructor_rejects_is_a_failed_row(root, capsys):
     text = (REPO / "specs" / "linear.yaml").read_text().replace("op: linear", "op: linear").replace(
         "    args: [16, 32]\n", "    args: [16, 32]\n    kwargs:\n      device: nonsense\n")
     spec(root, text, "linear.yaml")
-    code, out = run(capsys, "verify", "--root", str(root), "--mesh", "4")
+    code, out = run(capsys, "verify", "--root", str(root), "--mesh", "4", "-v")
     assert code == 1
     assert "torch.nn.Linear-bias_False on mesh (4,): FAILED:" in out and "nonsense" in out
     assert re.search(r"linear +torch.nn.functional.linear-bias_False +4 +\d+ +0 ", out)   # other rows ran
-    assert "passed" not in out.splitlines()[-1]
+    assert out.startswith("FAIL  ") and "PASS" not in out
 
 
 # ------------------------------------- already solid: injections, traversal, tags, aliases
@@ -366,9 +366,11 @@ def test_a_case_with_only_the_replicated_strategy_is_a_warning(root, capsys):
     text = text.replace("    - [4]\n", "    - [4]\n  strategies:\n    - mesh: [2, 2]\n      count: 1\n")
     spec(root, text, "sum.yaml")
     code, out = run(capsys, "verify", "sum", "--root", str(root), "--mesh", "2,2")
-    assert code == 0
-    assert "case(s) verify no sharding on their mesh, only the replicated strategy exists" in out
-    assert "\n  sum on mesh [2, 2]: torch.sum-dim_1-keepdim_False, " in out   # one line per op and mesh
+    assert code == 0 and out.startswith("PASS  ")
+    assert "\nnote: only the replicated strategy exists for 2 cases on their mesh, so no sharding was checked " in out
+    code, out = run(capsys, "verify", "sum", "--root", str(root), "--mesh", "2,2", "-v")
+    assert "only the replicated strategy exists for 2 cases on their mesh, so no sharding was checked there (" in out
+    assert "\n  sum on mesh (2, 2): torch.sum-dim_1-keepdim_False, " in out   # one line per op and mesh
 
 
 # ------------------------------------- reading a spec runs nothing (op targets, factories)

@@ -22,7 +22,7 @@ FLOORS: dict[str, int] = {
     "strategies": 3,
     "spec": 4,
     "verify": 5,
-    "audit": 6, "coverage": 6, "dtensor": 6, "parallelize": 6, "explore": 6, "opinfo": 6, "reshard": 6, "algorithms": 6, "ddp": 6, "plan": 6, "codegen": 6,
+    "audit": 6, "coverage": 6, "dtensor": 6, "parallelize": 6, "explore": 6, "opinfo": 6, "reshard": 6, "algorithms": 6, "ddp": 6, "plan": 6, "codegen": 6, "report": 6,
     "pytest_plugin": 7, "cli": 7,
     "__init__": 8, "__main__": 8,
 }

@@ -213,6 +213,21 @@ def test_the_command_exits_0_right_1_wrong_2_bad_input(capsys):
     assert main(["parallelize", "zoo:mlp"]) == 2      # no plan for a non-transformers model
 
 
+def test_the_commands_text_puts_the_verdict_and_the_first_culprit_first(capsys):
+    """Several runs: PASS or FAIL over all, then the first wrong run's culprit (which run said),
+    then each run's own verdict; the culprit is not repeated under its run."""
+    argv = ["parallelize", "zoo:titan_llama", "--plan", "zoo:titan-norm-left-out", "--mode", "both", "--steps", "1"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0] == "FAIL: 1 of 2 runs match the single device (zoo:titan_llama under titan-norm-left-out)"
+    assert lines[1].startswith("first culprit: layers.1.ffn_norm: a partial gradient is never reduced")
+    assert lines[1].endswith("[mesh 2, train]"), lines[1]
+    assert lines[2].startswith("SILENTLY WRONG (gradients): zoo:titan_llama") and "mesh 2, train" in lines[2]
+    assert captured.out.count("first culprit") == 1 and any(line.startswith("RIGHT: ") for line in lines)
+    assert captured.err == ""      # no status line: stderr is not a terminal here
+
+
 def test_a_transformers_plan_with_overrides_is_text_a_process_can_rebuild(capsys):
     from shardverify.parallelize.names import overrides_text, resolve_plan
 

@@ -95,7 +95,7 @@ def test_a_node_that_cannot_be_decomposed_keeps_the_fallback_and_says_why():
     assert coverage.unhandled_targets() == Counter({"aten.special_erfcx.default": 1})
     assert not coverage.decompositions()
     text = "\n".join(coverage.lines())
-    assert "not decomposed: 1 node(s) without a handler: aten.special_erfcx.default x1 " \
+    assert "not decomposed: 1 op(s) no spec covers: aten.special_erfcx.default x1 " \
            "(PyTorch has no decomposition of it)" in text, text
     assert coverage.to_json()["not_decomposed"] == [
         {"node": "special_erfcx", "target": "aten.special_erfcx.default",

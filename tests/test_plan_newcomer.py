@@ -81,7 +81,7 @@ def test_a_newcomers_cli_session_verifies_an_hf_model_from_their_factory(factori
     captured = capsys.readouterr()
     assert status == 0, captured.out + captured.err
     assert "note: captured with torch.export" in captured.out
-    assert "verification on simulated: PASS" in captured.out
+    assert captured.out.startswith("PASS"), captured.out     # on a mesh of 2 the cheapest plan may shard nothing
 
 
 def test_a_factorys_own_example_inputs_need_no_input_flag(factories, capsys):
@@ -257,4 +257,4 @@ def test_a_factory_module_in_the_current_folder_needs_no_pythonpath(tmp_path):
     done = subprocess.run([str(script), "plan", "mymodel.make", "--input", "input=float32[4,8]", "--mesh", "2"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "verification on simulated: PASS" in done.stdout
+    assert done.stdout.startswith("PASS"), done.stdout

@@ -6,6 +6,10 @@ output layout they give), and compares with the strategies the spec generates. E
 1 when a strategy is incorrect or a valid combination is missing that the spec's
 ``audit: accept:`` list (or its generator family's known gaps) does not name; ``--dtensor``
 also compares with DTensor's rules.
+
+The report starts with the verdict (PASS or FAIL, the counts, the first failure) and lists every
+failing case; -v adds the per-case table, each case's notes and findings, and the DTensor
+comparison case by case.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import time
 from pathlib import Path
 
 from shardverify.cli import USAGE
+from shardverify.cli.html_option import add_html_option, html_problem, write_html
+from shardverify.cli.progress import Progress
+from shardverify.cli.row_warnings import Caught, caught_warnings
+from shardverify.cli.verdict import SHOWN, capped, count, shortened, verdict_line, warnings_detail, warnings_note
 from shardverify.cli.verify_cmd import one_rank_mesh, parse_mesh
 from shardverify.cli.catalogue import load_op_specs
 from shardverify.errors import SpecError
@@ -37,6 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="mesh shape such as 2,2 or 4 (repeatable; default: every mesh of each spec's "
                              "verify: meshes, those its audit: meshes leaves out of the generated test included)")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the report")
+    add_html_option(parser, "the verdict, each case's offered and valid layouts and the written report")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="after the verdict, one row per case and mesh with its notes and findings, and the "
+                             "DTensor comparison case by case")
     parser.add_argument("--markdown", action="store_true",
                         help="print the per-op report (offered / valid / missing / accepted with reasons) as Markdown; "
                              "with --dtensor, the comparison per op too")
@@ -45,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-partial-inputs", dest="partial_inputs", action="store_false",
                         help="do not enumerate partial (sum) input layouts")
     parser.add_argument("--show", type=int, default=20, metavar="N",
-                        help="missing/incorrect lines printed per case and mesh (default: 20; JSON has all)")
+                        help="with -v: missing/incorrect lines printed per case and mesh (default: 20; JSON has all)")
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
     parser.add_argument("--specs-dir", type=Path, default=None, help="folder holding the specs (default: ROOT/specs)")
     parser.set_defaults(func=run)
@@ -89,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
     if single := one_rank_mesh(args.mesh):
         print(f"error: {single}", file=sys.stderr)
         return USAGE
+    if problem := html_problem(args.html):
+        print(f"error: {problem}", file=sys.stderr)
+        return USAGE
     try:
         specs = load_op_specs(args.root, args.specs_dir, args.specs)
     except SpecError as exc:
@@ -99,9 +114,21 @@ def run(args: argparse.Namespace) -> int:
         return USAGE
     start = time.perf_counter()
     rows: list = []
+    progress = Progress(0 if args.json else sum(len(spec.cases()) * len(args.mesh or spec.verify.meshes)
+                                                for spec in specs))
+
+    caught = Caught()   # the warnings torch gives on the ops' edge cases: counted, not printed (row_warnings)
+
+    def done(found) -> None:
+        rows.append(found)
+        progress.step()
+        with caught.outside():
+            progress.show(f"{found.op} {found.case} on mesh {tuple(found.mesh)}")
+
     try:
-        for spec in specs:
-            audit_spec(spec, args.mesh, partial_inputs=args.partial_inputs, on_result=rows.append)
+        with progress, caught_warnings() as caught:
+            for spec in specs:
+                audit_spec(spec, args.mesh, partial_inputs=args.partial_inputs, on_result=done)
     except KeyboardInterrupt:   # Ctrl-C: the cases audited so far, no traceback
         if rows and not args.json:
             print(format_table(rows))
@@ -125,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             document["dtensor"] = [d.to_json() for d in disagreements]
         json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
-        return 1 if failed else 0
+        return _finished(args, rows, elapsed, failed)
     if args.markdown:
         from shardverify.audit.report import markdown_report
         from shardverify.dtensor.propagation_report import dtensor_markdown
@@ -134,21 +161,90 @@ def run(args: argparse.Namespace) -> int:
         if args.dtensor:
             print("DTensor comparison (fake process group, in-process):\n")
             print(dtensor_markdown(disagreements))
-        return 1 if failed else 0
-    print(format_table(rows))
-    for line in _details(rows, args.show):
-        print(line)
-    if args.dtensor:
-        from shardverify.dtensor.propagation import format_disagreements
+        return _finished(args, rows, elapsed, failed)
+    lines = summary_lines(rows, elapsed, verbose=args.verbose)
+    if args.dtensor and not args.verbose:
+        lines.append(_dtensor_line(disagreements))
+    if not args.verbose and (note := warnings_note(caught.counts, "auditing")):
+        lines.append(note)
+    if args.verbose:
+        lines += ["", format_table(rows), *_details(rows, args.show), *warnings_detail(caught.counts, doing="auditing")]
+        if args.dtensor:
+            from shardverify.dtensor.propagation import format_disagreements
 
-        print("\n" + format_disagreements(disagreements))
+            lines += ["", format_disagreements(disagreements)]
+    print("\n".join(lines))
+    return _finished(args, rows, elapsed, failed)
+
+
+def _finished(args: argparse.Namespace, rows, elapsed: float, failed: bool) -> int:
+    """The exit status, the HTML page written first when asked (after the report is on stdout)."""
+    sys.stdout.flush()
+
+    def page():
+        from shardverify.audit.report import markdown_report
+        from shardverify.report.text_pages import audit_page
+
+        return audit_page(rows, summary_lines(rows, elapsed), markdown_report(rows), not failed)
+
+    if not write_html(page, args.html):
+        return USAGE
+    return 1 if failed else 0
+
+
+def summary_lines(rows, seconds: float, *, verbose: bool = False, shown: int = SHOWN) -> list[str]:
+    """The verdict (PASS or FAIL with the counts), the first failure, one line for the cases with a
+    note, and every failing case (capped; ``verbose``: without the lines that point to -v)."""
+    decided = sum(r.decided for r in rows)
+    failing = [r for r in rows if r.failed]
     missing = sum(len(r.missing) for r in rows)
     incorrect = sum(len(r.incorrect) for r in rows)
     accepted = sum(len(r.accepted) for r in rows)
-    verdict = "FAILED" if failed else "passed"
-    print(f"\n{verdict}: {sum(r.combinations for r in rows)} combination(s), {decided} decided numerically "
-          f"({per_combo_ms:.3f} ms each), {missing} missing, {accepted} accepted, {incorrect} incorrect, "
-          f"{elapsed:.1f}s")
-    if decided == 0:
-        print("no combination was decided numerically: nothing was checked")
-    return 1 if failed else 0
+    combinations = sum(r.combinations for r in rows)
+    what = (f"{count(combinations, 'layout combination')}: {missing:,} valid but not offered, "
+            f"{incorrect:,} offered but invalid, {count(accepted, 'known gap')} accepted")
+    ms = 1000 * sum(r.seconds for r in rows) / max(decided, 1)
+    run = f"{decided:,} run on the op at {ms:.1f} ms each"
+    if decided < combinations:
+        run += f", the others follow by mesh symmetry{' or were sampled out' if any(r.sampled for r in rows) else ''}"
+    context = [f"{count(len({r.op for r in rows}), 'op')}, {count(len({(r.op, r.case) for r in rows}), 'case')}, "
+               f"{count(len({tuple(r.mesh) for r in rows}), 'mesh', 'meshes')}", run, f"{seconds:.1f}s"]
+    lines = [verdict_line(not failing and decided > 0, what, context)]
+    if failing:
+        lines += _first_failure(failing[0])
+    elif decided == 0:
+        lines.append("no combination was run on the op: nothing was checked")
+    if not verbose:
+        noted = sum(bool(r.note) for r in rows)
+        if noted:
+            lines.append(f"note: {count(noted, 'case')} audited in part or not at all (what was left out and why: see -v)")
+        if failing:
+            lines.append(f"failing: {count(len(failing), 'case')} (every finding: -v or --json)")
+            lines += capped([f"  {_failing_row(r)}" for r in failing], shown)
+    return lines
+
+
+def _first_failure(row) -> list[str]:
+    where = f"{row.op} {row.case} on mesh {tuple(row.mesh)}"
+    if row.error:
+        return [f"first failure: {where}: the audit could not run", f"  {row.error}"]
+    if row.incorrect:
+        return [f"first failure: {where}: an offered strategy is not valid", f"  {row.incorrect[0].line}"]
+    return [f"first failure: {where}: a valid combination no strategy offers", f"  {row.missing[0].line}"]
+
+
+def _failing_row(row) -> str:
+    where = f"{row.op} {row.case} on mesh {tuple(row.mesh)}"
+    if row.error:
+        return shortened(f"{where}: could not run: {row.error}")
+    return f"{where}: {len(row.missing):,} valid but not offered, {len(row.incorrect):,} offered but invalid"
+
+
+def _dtensor_line(reports) -> str:
+    """The DTensor comparison in one line: its disagreements by kind (each case's: -v)."""
+    kinds: dict[str, int] = {}
+    for report in reports:
+        for d in report.disagreements:
+            kinds[d.kind] = kinds.get(d.kind, 0) + 1
+    told = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "no disagreement"
+    return f"DTensor's rules compared on {count(len(reports), 'case')}: {told} (each case: -v)"

@@ -4,6 +4,9 @@ raises, or communicates where it need not.
 
 Exit status 1 when a silent-corruption or late-failure class is found that the accepted file (default
 ``specs/dtensor/accepted.yaml`` when it exists) does not list; 2 on a usage or input error.
+
+The report starts with the verdict (PASS or FAIL, the counts, the first new class), then the
+classes found; -v adds the per-case table and notes (and a line per case on stderr as it ends).
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ import time
 from pathlib import Path
 
 from shardverify.cli import USAGE
+from shardverify.cli.html_option import add_html_option, html_problem
+from shardverify.cli.progress import Progress
+from shardverify.cli.row_warnings import Caught, caught_warnings
+from shardverify.cli.verdict import count, verdict_line, warnings_detail, warnings_note
 from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.errors import SpecError
 from shardverify.files import write_file_atomic
@@ -56,6 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repros", type=Path, default=None, metavar="DIR",
                         help="write a standalone repro script per silent-corruption or late-failure class into DIR")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the report")
+    add_html_option(parser, "the outcomes by case and mesh and each class of wrong results with its repro")
     parser.add_argument("--results", type=Path, default=None, metavar="DIR",
                         help="store every case's result in DIR (one file per spec, mesh, torch version and limit) "
                              "and continue from what it holds: an interrupted run resumes where it stopped")
@@ -74,7 +82,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--upstream", nargs="?", type=Path, const=UPSTREAM, default=None, metavar="DIR",
                         help=f"re-run every upstream bug report's repro (default folder: {UPSTREAM}) on the installed "
                              "torch and say which are fixed (exit 1 when a repro neither reproduces nor passes)")
-    parser.add_argument("--quiet", action="store_true", help="no progress line per case on stderr")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="after the verdict and the classes, one row per case and mesh and each case's note; "
+                             "a line per case on stderr as it ends")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress on stderr (the line a terminal shows, or -v's line per case)")
     parser.add_argument("--show", type=int, default=5, metavar="N", help="classes shown in the summary (default 5)")
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
     parser.add_argument("--specs-dir", type=Path, default=None, help="folder holding the specs (default: ROOT/specs)")
@@ -87,12 +99,16 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.cli.catalogue import load_op_specs
     from shardverify.dtensor.accepted import load_accepted, render_accepted
     from shardverify.dtensor.custom import load_custom, run_custom
-    from shardverify.dtensor.report import markdown, new_classes, summary
+    from shardverify.dtensor.report import markdown, new_classes
     from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT, run_spec
     from shardverify.dtensor.store import HARNESS
 
     if args.upstream is not None:
         return _upstream(args)
+    problem = html_problem(args.html)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return USAGE
     limit = DEFAULT_LIMIT if args.limit is None else (None if args.limit == 0 else args.limit)
     budget = DEFAULT_BUDGET if args.budget is None else (args.budget or None)
     try:
@@ -123,22 +139,38 @@ def run(args: argparse.Namespace) -> int:
     command = _command_line(args)
     torch_version = torch.__version__
 
+    progress = Progress(0 if args.quiet or args.verbose or args.json else
+                        sum(len(spec.cases()) * len(args.mesh or spec.verify.meshes) for spec in specs)
+                        + sum(len(custom.cases) * len(args.mesh or custom.meshes) for custom in customs))
+
+    caught = Caught()   # the warnings torch gives on the ops' edge cases: counted, not printed (row_warnings)
+
     def done(result) -> None:   # progress on stderr: a full run takes a while
         results.append(result)
-        if not args.quiet and result.resumed:
+        progress.step()
+        with caught.outside():
+            _said(result)
+
+    def _said(result) -> None:
+        progress.show(f"{result.op} {result.case} on {list(result.mesh)}")
+        if args.quiet or not args.verbose:
+            return
+        if result.resumed:
             print(f"[{time.perf_counter() - start:7.1f}s] {result.op} {result.case} on {list(result.mesh)}: "
                   f"stored in {args.results} ({result.executed} executed)", file=sys.stderr, flush=True)
-        elif not args.quiet:
+        else:
             counts = ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items()))
             print(f"[{time.perf_counter() - start:7.1f}s] {result.op} {result.case} on {list(result.mesh)}: "
                   f"{result.executed} executed in {result.seconds:.1f}s ({counts or result.note[:100]})",
                   file=sys.stderr, flush=True)
 
     try:
-        for spec in specs:
-            run_spec(spec, args.mesh, limit=limit, budget=budget, on_result=done, store=args.results, root=args.root)
-        for custom in customs:
-            run_custom(custom, args.mesh, limit=limit, budget=budget, on_result=done)
+        with progress, caught_warnings() as caught:
+            for spec in specs:
+                run_spec(spec, args.mesh, limit=limit, budget=budget, on_result=done, store=args.results,
+                         root=args.root)
+            for custom in customs:
+                run_custom(custom, args.mesh, limit=limit, budget=budget, on_result=done)
     except SpecError as exc:   # a custom spec's module cannot be imported
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
@@ -161,15 +193,8 @@ def run(args: argparse.Namespace) -> int:
                    "results": [r.to_json() for r in results]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(summary(results, accepted, args.show, confirmations))
-        silent = sum(r.counts.get("silent-wrong", 0) for r in results)
-        late = sum(r.counts.get("late-failure", 0) for r in results)
-        verdict = "passed" if passed else "FAILED"
-        print(f"\n{verdict}: {executed} combination(s) executed on DTensor, {silent} silently wrong, {late} late "
-              f"failure(s), {len(fresh)} new class(es) not in the accepted file{_gloo_verdict(confirmations)}"
-              f"{_skipped_words(skipped, args.sample_passes)}, {time.perf_counter() - start:.1f}s")
-        for line in unchecked + cut:
-            print(f"  not checked: {line}")
+        print("\n".join(_report(args, results, accepted, confirmations, passed, f"{time.perf_counter() - start:.1f}s",
+                                warned=caught.counts)))
     sys.stdout.flush()
 
     def write_accepted(path: Path) -> None:
@@ -182,11 +207,54 @@ def run(args: argparse.Namespace) -> int:
     outputs = [(args.repros, lambda folder: _write_repros(folder, results)),
                (args.write_accepted, write_accepted),
                (args.write, lambda path: _write_file(path, markdown(results, accepted, command, torch_version,
-                                                                    confirmations=confirmations)))]
+                                                                    confirmations=confirmations))),
+               (args.html, _page_writer(results, accepted, passed, time.perf_counter() - start, command))]
     failed = _write_outputs(outputs)
     if failed:
         return USAGE
     return 0 if passed else 1
+
+
+def _report(args: argparse.Namespace, results, accepted, confirmations, passed: bool, source: str,
+            about: str = "", warned: dict[str, int] | None = None) -> list[str]:
+    """The report, verdict first: PASS or FAIL with the counts (``source``: the time a run took,
+    or where its results were read), the first new class, what was not checked and why, ``about``
+    the results, the classes found (at most --show of each kind), one line for the cases' notes and
+    one for the warnings torch gave (``warned``); -v adds the per-case table, the notes and the
+    warnings."""
+    from shardverify.dtensor.report import case_notes, case_table, class_lines, new_classes
+
+    fresh = new_classes(results, accepted)
+    unchecked = _unchecked(results)
+    cut, skipped = _budget_cut(results)
+    executed = sum(r.executed for r in results)
+    silent = sum(r.counts.get("silent-wrong", 0) for r in results)
+    late = sum(r.counts.get("late-failure", 0) for r in results)
+    what = (f"{count(executed, 'layout combination')} run on DTensor: {silent:,} silently wrong, {late:,} failing "
+            f"later, {count(len(fresh), 'new class', 'new classes')} not in the accepted file"
+            + ("; no combination was executed" if unchecked else "") + _gloo_verdict(confirmations))
+    context = [f"{count(len({r.op for r in results}), 'op')}, {count(len({(r.op, r.case) for r in results}), 'case')}, "
+               f"{count(len({tuple(r.mesh) for r in results}), 'mesh', 'meshes')}", source]
+    lines = [verdict_line(passed, what, context)]
+    if fresh:
+        first = fresh[0]
+        lines.append(f"first new class: {first.key()}: e.g. {first.case} on {tuple(first.mesh)}: {first.line}: "
+                     f"{first.detail}")
+    if skipped:
+        lines.append(_skipped_words(skipped, args.sample_passes).removeprefix(", "))
+    lines += [f"  not checked: {line}" for line in unchecked + cut]
+    if about:
+        lines.append(about)
+    lines += class_lines(results, accepted, args.show, confirmations, blank=False)
+    notes = case_notes(results)
+    if args.verbose:
+        lines += ["", *case_table(results), *notes, *warnings_detail(warned or {}, doing="running DTensor")]
+        return lines
+    if notes:
+        lines.append(f"note: {count(len(notes), 'case')} with a note (combinations left out, or an error): see -v")
+    if note := warnings_note(warned or {}, "running DTensor"):
+        lines.append(note)
+    return lines
 
 
 def _unchecked(results) -> list[str]:
@@ -222,6 +290,19 @@ def _skipped_words(skipped: int, sample_passes: bool) -> str:
 
 def _write_file(path: Path, text: str) -> None:
     write_file_atomic(path, text)     # whole or not at all: a full disk leaves no half page
+
+
+def _page_writer(results, accepted, passed: bool, seconds: float, command: str):
+    """What writes the run's HTML page to a path (--html)."""
+    def write_page(path: Path) -> None:
+        from shardverify.dtensor.accepted import Accepted
+        from shardverify.report.dtensor_page import dtensor_page
+        from shardverify.report.page import write
+
+        write(dtensor_page(results, accepted or Accepted({}), passed, seconds, command), str(path))
+        print(f"report: {path}", file=sys.stderr)
+
+    return write_page
 
 
 def _write_outputs(outputs) -> bool:
@@ -264,7 +345,7 @@ def _seconds(text: str) -> float:
 
 def _report_saved(args: argparse.Namespace, accepted) -> int:
     """--from-json: the summary, page and verdict of a saved run."""
-    from shardverify.dtensor.report import markdown, new_classes, summary
+    from shardverify.dtensor.report import markdown, new_classes
     from shardverify.dtensor.run import CaseResult
 
     from shardverify.dtensor.store import made_by, read_saved_run
@@ -277,19 +358,15 @@ def _report_saved(args: argparse.Namespace, accepted) -> int:
         return USAGE
     fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
-    cut, skipped = _budget_cut(results)
+    cut, _ = _budget_cut(results)
     passed = not fresh and not unchecked and (not cut or args.sample_passes)
-    print(f"saved run {args.from_json}: {made_by(saved.get('torch'), saved.get('harness'))}")
-    print(summary(results, accepted, args.show))
-    print(f"\n{'passed' if passed else 'FAILED'} (saved run {args.from_json}): {len(fresh)} new class(es) "
-          "not in the accepted file" + ("; the saved run executed no combination" if unchecked else "")
-          + _skipped_words(skipped, args.sample_passes))
-    for line in cut:
-        print(f"  not checked: {line}")
+    print("\n".join(_report(args, results, accepted, None, passed, f"saved run {args.from_json}",
+                            f"saved run {args.from_json}: {made_by(saved.get('torch'), saved.get('harness'))}")))
     sys.stdout.flush()
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
             results, accepted, saved.get("command", "shardverify dtensor"), saved.get("torch", "?"),
-            note=str(saved.get("note") or ""))))]):
+            note=str(saved.get("note") or "")))),
+            (args.html, _page_writer(results, accepted, passed, 0.0, saved.get("command", "shardverify dtensor")))]):
         return USAGE
     return 0 if passed else 1
 
@@ -298,7 +375,7 @@ def _report_stored(args: argparse.Namespace, accepted, specs, limit) -> int:
     """--from-json DIR: the summary, page and verdict of what a --results folder holds."""
     import torch
 
-    from shardverify.dtensor.report import markdown, new_classes, summary
+    from shardverify.dtensor.report import markdown, new_classes
     from shardverify.dtensor.run import stored_results
 
     try:
@@ -308,19 +385,16 @@ def _report_stored(args: argparse.Namespace, accepted, specs, limit) -> int:
         return USAGE
     fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
-    cut, skipped = _budget_cut(results)
+    cut, _ = _budget_cut(results)
     confirmations = _confirmations(args, results, specs, args.from_json)
     passed = not fresh and not unchecked and not _unreproduced(confirmations) and (not cut or args.sample_passes)
-    print(summary(results, accepted, args.show, confirmations))
-    print(f"\n{'passed' if passed else 'FAILED'} on what is stored: {len(fresh)} new "
-          f"class(es) not in the accepted file{_gloo_verdict(confirmations)}"
-          f"{_skipped_words(skipped, args.sample_passes)}; {note}")
-    for line in cut:
-        print(f"  not checked: {line}")
+    print("\n".join(_report(args, results, accepted, confirmations, passed, f"what {args.from_json} holds",
+                            note)))
     sys.stdout.flush()
     command = _command_line(args) + f" --results {args.from_json}"
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
-            results, accepted, command, torch.__version__, note=note, confirmations=confirmations)))]):
+            results, accepted, command, torch.__version__, note=note, confirmations=confirmations))),
+            (args.html, _page_writer(results, accepted, passed, 0.0, command))]):
         return USAGE
     return 0 if passed else 1
 

@@ -16,11 +16,14 @@ SUBCOMMANDS = ("verify", "generate", "list", "coverage", "explore", "audit", "dt
                "parallelize")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand; of only the one ``argv`` starts with, when it names one
+    (importing the others' modules is a tenth of a short command's start). ``--help`` and an
+    unknown command get them all."""
     parser = argparse.ArgumentParser(prog="shardverify",
                                      description="Declarative, numerically verified sharding strategies.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in SUBCOMMANDS:
+    for name in argv[:1] if argv and argv[0] in SUBCOMMANDS else SUBCOMMANDS:
         module = importlib.import_module(f"shardverify.cli.{name}_cmd")
         module.add_parser(sub)
     return parser
@@ -33,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     tune_for_checking()   # this process exists to check: see gc_policy
     try:
-        args = build_parser().parse_args(argv)   # imports every subcommand: a Ctrl-C may come here
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(argv).parse_args(argv)   # imports the subcommand: a Ctrl-C may come here
     except KeyboardInterrupt:
         print("shardverify: interrupted; exit 130", file=sys.stderr)
         return 130

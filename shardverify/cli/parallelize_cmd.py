@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from shardverify.cli.html_option import add_html_option, html_problem, write_html
 from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.errors import InvalidArgument, SpecError
 
@@ -48,6 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--loss-parallel", action="store_true",
                         help="take the loss and its backward under torch.distributed.tensor.parallel.loss_parallel()")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    add_html_option(parser, "each run's verdict and evidence")
     parser.add_argument("--sweep-hf", action="store_true",
                         help="instead of MODEL: every transformers architecture whose config ships a tp_plan, "
                              "built tiny, under its own plan (on each --mesh, default 2 and 4; each --mode, default both)")
@@ -68,11 +70,20 @@ def run(args: argparse.Namespace) -> int:
 
     from shardverify.parallelize import check_parallelize
     from shardverify.parallelize.names import CONFIG_PLAN, overrides_text, resolve_plan
-    from shardverify.parallelize.report import as_json, render
+    from shardverify.cli.progress import Progress
+    from shardverify.parallelize.report import as_json, render_runs, summary_line
     from shardverify.plan.inputs import parse_input
 
     if args.sweep_hf:
+        if args.html is not None:
+            print("shardverify parallelize: error: --html pages one check; the sweep writes its own page (--write)",
+                  file=sys.stderr)
+            return 2
         return _sweep(args)
+    problem = html_problem(args.html)
+    if problem:
+        print(f"shardverify parallelize: error: {problem}", file=sys.stderr)
+        return 2
     if args.model is None:
         print("shardverify parallelize: error: give a MODEL (or --sweep-hf)", file=sys.stderr)
         return 2
@@ -94,26 +105,38 @@ def run(args: argparse.Namespace) -> int:
     modes = ("train", "inference") if args.mode == "both" else (args.mode or "train",)
     meshes = args.mesh or [(2,)]
     results = []
-    try:
-        inputs = [parse_input(text) for text in args.input]
-        resolve_plan(plan_text, loss_parallel=args.loss_parallel)    # a bad plan name is a usage error up front
-        for mesh in meshes:
-            for mode in modes:
-                results.append(check_parallelize(args.model, plan_text, tuple(mesh), mode=mode, steps=args.steps,
+    runs = [(tuple(mesh), mode) for mesh in meshes for mode in modes]
+    # runs done of several on stderr while it is a terminal, nothing otherwise
+    with Progress(len(runs)) as status:
+        try:
+            inputs = [parse_input(text) for text in args.input]
+            resolve_plan(plan_text, loss_parallel=args.loss_parallel)    # a bad plan name is a usage error up front
+            for mesh, mode in runs:
+                status.show(f"checking {args.model} on mesh {','.join(map(str, mesh))}, {mode}")
+                results.append(check_parallelize(args.model, plan_text, mesh, mode=mode, steps=args.steps,
                                                  dtype=getattr(torch, args.dtype), inputs=inputs,
                                                  loss_parallel=args.loss_parallel))
-    except (InvalidArgument, SpecError) as exc:
-        print(f"shardverify parallelize: error: {exc}", file=sys.stderr)
-        return 2
+                status.step()
+        except (InvalidArgument, SpecError) as exc:
+            status.close()
+            print(f"shardverify parallelize: error: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps([as_json(r) for r in results], indent=1))
     else:
-        wrong = [r for r in results if not r.passed]
-        print(f"{'PASS' if not wrong else 'FAIL'}: {len(results) - len(wrong)} of {len(results)} runs match the "
-              "single device")
-        for result in results:
-            print(render(result, args.verbose))
-    return 0 if all(r.passed for r in results) else 1
+        print(render_runs(results, args.verbose))
+    passed = all(r.passed for r in results)
+
+    def page():
+        from shardverify.parallelize.report import render
+        from shardverify.report.text_pages import parallelize_page
+
+        return parallelize_page([as_json(r) for r in results], passed, render_runs(results).splitlines()[:2],
+                                [(summary_line(r), render(r, verbose=True)) for r in results])
+
+    if not write_html(page, args.html):
+        return 2
+    return 0 if passed else 1
 
 
 def _sweep(args: argparse.Namespace) -> int:

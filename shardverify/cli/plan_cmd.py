@@ -9,6 +9,7 @@ import sys
 
 from shardverify.backends import registry
 from shardverify.cli import USAGE
+from shardverify.cli.html_option import add_html_option, html_problem, write_html
 from shardverify.cli.verify_cmd import one_rank_mesh, parse_positive_int, parse_timeout
 from shardverify.cli.verify_rows import describe_error, quiet_tracing
 from shardverify.errors import ShardVerifyError
@@ -70,13 +71,17 @@ def add_parser(sub) -> None:
                              "a hundred million parameters wants minutes)")
     parser.add_argument("--strict", action="store_true",
                         help="fail (exit 1) when a tensor op runs replicated for want of strategies "
-                             "(refused or without a handler), or when the plan shards nothing (a plan spec's "
-                             "strict: true and verify_plan(strict=True) mean the same)")
+                             "(refused by its spec, or covered by no spec), or when the plan shards nothing "
+                             "(a plan spec's strict: true and verify_plan(strict=True) mean the same)")
     parser.add_argument("--verified-only", action="store_true",
                         help="serve only calls the op specs' grids verified (refuse the others) instead of "
                              "verifying a call outside its grid where it is met (the default; verdicts are "
                              "kept in $SHARDVERIFY_CACHE_DIR, else ~/.cache/shardverify/verdicts)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
+    add_html_option(parser, "the plan over the model's graph, every node's layout and the check's findings")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="after the verdict, list every op's layout and what moves between devices, and the "
+                             "coverage's detail")
     parser.add_argument("--debug", action="store_true",
                         help="on an error in the model, its capture or the plan, show the whole traceback")
     parser.set_defaults(func=run)
@@ -97,11 +102,19 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.plan.spec import build_spec_model, parse_plan_spec
     from shardverify.spec.loader import load_yaml
     from shardverify.plan.inputs import parse_input
-    from shardverify.plan.phases import PhaseClock, cpu_seconds
-    from shardverify.plan.verify import describe_plan, verify_plan
+    from shardverify.cli.progress import Progress
+    from shardverify.plan.phases import PHASES, PhaseClock, cpu_seconds
+    from shardverify.plan.report import plan_text, verdict_lines
+    from shardverify.plan.verify import verify_plan
+    from shardverify.report.plan_page import plan_page
 
     started = cpu_seconds()   # the interpreter's start and the imports so far
-    clock = PhaseClock()
+    problem = html_problem(args.html)
+    if problem:
+        print(f"shardverify plan: {problem}", file=sys.stderr)
+        return USAGE
+    status = Progress(len(PHASES))   # a status line on stderr while it is a terminal, else nothing
+    clock = PhaseClock(on_start=lambda name: _phase_started(status, name))
     quiet_tracing()   # a model that fails to trace is reported in one line, not torch's printed traceback
     try:
         zoo = args.spec.startswith("zoo:")
@@ -166,38 +179,52 @@ def run(args: argparse.Namespace) -> int:
                              timeout=args.timeout, strict=strict,
                              verified_only=args.verified_only, cost_size=cost_size, clock=clock)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
+        status.close()
         if args.debug:
             raise
         print(f"shardverify plan: {_one_line(error)}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
+        status.close()
         print("shardverify plan: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - the user's model or factory raised: an input error
+        status.close()
         if args.debug:
             raise
         print(f"shardverify plan: {describe_error(error)} (--debug shows the traceback)", file=sys.stderr)
         return USAGE
+    status.close()
     strict_failure = result.strict and bool(result.strict_failures)
     # no pass without a check: a model without one tensor op ran no plan node
     no_node = result.coverage is not None and result.coverage.tensor_ops == 0
     phases = {"start": started, **dict(result.cpu_seconds), "total": cpu_seconds()}
     if args.json:
+        headline = verdict_lines(result, args.spec)
         print(json.dumps({**result.to_json(), "cpu_seconds": phases, "strict_failure": strict_failure,
-                          "no_node": no_node}, indent=2))
+                          "no_node": no_node, "model": args.spec,
+                          "verdict": "PASS" if result.passed and not no_node else "FAIL", "headline": headline},
+                         indent=2))
     else:
-        for note in result.notes:
-            print(f"note: {note}")
-        print(describe_plan(result.plan, result.coverage))
-        if result.real_size is not None:
-            print("\n".join(result.real_size.lines()))
-        if result.coverage is not None:
-            print("\n".join(result.coverage.lines()))
-        print(f"verification on {result.backend}: {result.summary()}")
-        print("CPU seconds: " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items()))
+        print(plan_text(result, args.spec, args.verbose, phases))
     if no_node:
         print("FAILED: the model has no tensor op: no plan node was run, nothing was checked", file=sys.stderr)
+    if not write_html(lambda: plan_page(result, args.spec, verdict_lines(result, args.spec)), args.html):
+        return USAGE
     return 0 if result.passed and not no_node else 1
+
+
+#: what each phase of a plan check is doing, said on the status line (short: it shares an 80-column
+#: line with the progress bar)
+PHASE_WORDS = {"build": "building the model", "capture": "capturing its graph",
+               "strategies": "finding sharding strategies", "solve": "choosing the plan",
+               "check": "checking it against one device"}
+
+
+def _phase_started(status, name: str) -> None:
+    """The status line names the phase now running; a phase that ran before counts as done."""
+    status.done = min(list(PHASE_WORDS).index(name), status.total)
+    status.show(PHASE_WORDS[name])
 
 
 def _sizes(text: str) -> dict[str, int]:

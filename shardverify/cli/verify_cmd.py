@@ -1,12 +1,15 @@
 """`shardverify verify [SPEC ...]`: verify every strategy of the op specs numerically.
 
-One row per (case, mesh): how many strategies were checked, how many failed, how long it
-took. The exit status is 1 when anything failed, so CI can run it as the main job.
+The report starts with the verdict (PASS or FAIL, the counts, the first failure) and lists every
+failing case; -v adds one row per (case, mesh) (how many strategies were checked, how many
+failed, how long it took) and every failure's full report (verify_summary). The exit status is 1
+when anything failed, so CI can run it as the main job.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -17,8 +20,10 @@ from pathlib import Path
 
 from shardverify.backends import registry
 from shardverify.cli import USAGE
-from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, quiet_tracing,
-                                          replicated_summary, row_label, verify_row)
+from shardverify.cli.html_option import add_html_option, html_problem, write_html
+from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, quiet_tracing, row_label,
+                                          verify_row)
+from shardverify.cli.verify_summary import detail_lines, format_table, outcome, summary_lines
 from shardverify.cli.catalogue import load_op_specs
 from shardverify.errors import ShardVerifyError, SpecError
 
@@ -46,7 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=parse_seed, default=None, metavar="N",
                         help="draw every case's values from seed N instead of the spec's (the verdicts must "
                              "not depend on it: data that cannot tell two blocks apart gets more seeds anyway)")
-    parser.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
+    parser.add_argument("--json", action="store_true", help="print a JSON document instead of the report")
+    add_html_option(parser, "the report, each failing strategy's layouts and every rank's error drawn")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="after the verdict, one row per case and mesh and every failure's full report")
     parser.add_argument("--opinfo", action="store_true",
                         help="instead of the specs' grids, serve every PyTorch OpInfo sample of their targets "
                              "(torch.fx and torch.export captures, --mesh or (2,2) and (4,)) as a plan would, "
@@ -177,10 +185,11 @@ def parse_timeout(text: str) -> float:
 
 def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] | None, *,
                  device: str | None = None, timeout: float = 60.0, progress: Progress | None = None,
-                 jobs: int = 1, seed: int | None = None) -> list[Row]:
+                 jobs: int = 1, seed: int | None = None, error_maps: bool = False) -> list[Row]:
     """Verify every case of every spec on every mesh, rows in that order; one backend per mesh
     shape, reused.  ``jobs`` > 1 (simulated backend only) shares the rows among that many
-    worker processes (see verify_jobs); ``seed`` replaces every case's seed."""
+    worker processes (see verify_jobs); ``seed`` replaces every case's seed; ``error_maps``:
+    failing checks keep where they are wrong (a report draws it: verify/error_map.py)."""
     plan = [(spec.name, case_id, case if seed is None else dataclasses.replace(case, seed=seed), tuple(mesh))
             for spec in specs for case_id, case in spec.op_cases()
             for mesh in (meshes or _runnable(spec.verify.meshes, backend_kind))]
@@ -193,16 +202,20 @@ def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] |
                                    f"{backend_kind} backend runs its ranks as processes already (leave --jobs out)")
 
         try:
-            return verify_rows_in_workers(plan, jobs, device=device, timeout=timeout, progress=progress)
+            return verify_rows_in_workers(plan, jobs, device=device, timeout=timeout, progress=progress,
+                                          error_maps=error_maps)
         finally:
             progress.close()
+    from shardverify.verify.error_map import keep_error_maps
+
     backends: dict = {}
     rows = []
     try:
-        for item in plan:
-            progress.show(row_label(item))
-            rows.append(verify_row(item, backends, backend_kind, device, timeout))
-            progress.step()
+        with keep_error_maps() if error_maps else contextlib.nullcontext():
+            for item in plan:
+                progress.show(row_label(item))
+                rows.append(verify_row(item, backends, backend_kind, device, timeout))
+                progress.step()
     except KeyboardInterrupt:
         raise Interrupted(rows, len(plan)) from None
     finally:
@@ -220,23 +233,7 @@ def _runnable(meshes, backend_kind: str) -> list:
     return [mesh for mesh in meshes if math.prod(mesh) == world]
 
 
-def format_table(rows: list[Row]) -> str:
-    header = ("op", "case", "mesh", "strategies", "failures", "time")
-    body = [(r.op, r.case, "x".join(map(str, r.mesh)), str(r.verified), str(r.failures), f"{r.seconds:.2f}s")
-            for r in rows]
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    right = {3, 4, 5}
-
-    def fmt(line):
-        return "  ".join(cell.rjust(w) if i in right else cell.ljust(w)
-                         for i, (cell, w) in enumerate(zip(line, widths))).rstrip()
-
-    return "\n".join([fmt(header), fmt(tuple("-" * w for w in widths)), *map(fmt, body)])
-
-
 def run(args: argparse.Namespace) -> int:
-    from shardverify.verify.report import format_results
-
     quiet_tracing()
     if single := one_rank_mesh(args.mesh):
         print(f"error: {single}", file=sys.stderr)
@@ -271,11 +268,15 @@ def run(args: argparse.Namespace) -> int:
         return USAGE
     # Under torchrun every rank verifies; rank 0 alone reports (all ranks share the verdict).
     reporting = registry.backend_kind(args.backend).reporting()
+    problem = html_problem(args.html)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return USAGE
     start = time.perf_counter()
     try:
         rows = verify_specs(specs, args.backend, meshes, device=args.device, timeout=args.timeout,
                             progress=None if args.json or not reporting else Progress(total), jobs=args.jobs,
-                            seed=args.seed)
+                            seed=args.seed, error_maps=args.html is not None)
     except ShardVerifyError as exc:   # a mesh or backend that cannot exist here
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
@@ -288,25 +289,22 @@ def run(args: argparse.Namespace) -> int:
     if not reporting:
         return 1 if any(r.failures for r in rows) else 0
     elapsed = time.perf_counter() - start
-    checks = sum(r.verified for r in rows)
-    # no pass without a check: a run that verified no strategy failed (its rows say why)
-    failed = sum(r.failures for r in rows) or (0 if checks else max(len(rows), 1))
+    checks, failed = outcome(rows)
     if args.json:
         json.dump({"backend": args.backend, "passed": failed == 0, "strategies": checks,
                    "failures": failed, "seconds": round(elapsed, 3), "rows": [r.to_json() for r in rows]},
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
-        return 1 if failed else 0
-    print(format_table(rows))
-    warnings = replicated_summary(rows)
-    if warnings:
-        print("\n" + "\n".join(warnings))
-    for row in rows:
-        if row.error:
-            print(f"\n{row.op} {row.case} on mesh {row.mesh}: FAILED: {row.error}")
-        if any(not r.passed for r in row.results):
-            print("\n" + format_results(row.results))
-    verdict = "FAILED" if failed else "passed"
-    print(f"\n{verdict}: {checks} strategy check(s) on the {args.backend} backend, "
-          f"{failed} failure(s), {elapsed:.1f}s")
+    else:
+        lines = summary_lines(rows, args.backend, elapsed, verbose=args.verbose)
+        print("\n".join(lines + (detail_lines(rows) if args.verbose else [])))
+    sys.stdout.flush()   # the results first: a page that cannot be written loses none of them
+
+    def page():
+        from shardverify.report.verify_page import verify_page
+
+        return verify_page(rows, args.backend, elapsed)
+
+    if not write_html(page, args.html):
+        return USAGE
     return 1 if failed else 0

@@ -32,8 +32,9 @@ _BACKENDS: dict = {}   # this worker's simulated backends by mesh shape
 
 
 def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | None, timeout: float,
-                           progress: Progress) -> list[Row]:
-    """``verify_row`` of every plan item on simulated backends in ``jobs`` processes."""
+                           progress: Progress, error_maps: bool = False) -> list[Row]:
+    """``verify_row`` of every plan item on simulated backends in ``jobs`` processes (``error_maps``:
+    failing checks keep where they are wrong, for a report: verify/error_map.py)."""
     rows: list[Row | None] = [None] * len(plan)
     queue = list(range(len(plan)))   # not run yet, in plan order
     alone: list[int] = []   # in flight when a worker died: each runs again by itself
@@ -42,10 +43,10 @@ def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | No
         while queue or alone:
             if queue:
                 alone += [index for index, _ in _run(plan, queue, min(jobs, len(queue)), rows, counter, jobs,
-                                                     device, timeout, progress)]
+                                                     device, timeout, progress, error_maps)]
                 continue
             index = alone.pop(0)
-            lost = _run(plan, [index], 1, rows, counter, jobs, device, timeout, progress)
+            lost = _run(plan, [index], 1, rows, counter, jobs, device, timeout, progress, error_maps)
             if lost:
                 op, case_id, _, mesh = plan[index]
                 rows[index] = Row(op, case_id, mesh,
@@ -60,7 +61,7 @@ def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | No
 
 
 def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | None], counter: Any, jobs: int,
-         device: str | None, timeout: float, progress: Progress) -> list[tuple[int, str]]:
+         device: str | None, timeout: float, progress: Progress, error_maps: bool) -> list[tuple[int, str]]:
     """Run ``queue``'s rows (taken from its front) with at most ``width`` in flight, until it is
     empty or a worker dies; the rows in flight then are returned as (index, error) pairs (their
     rows left unset), every other finished row is set in ``rows``."""
@@ -78,7 +79,7 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
             while queue and len(running) < width:
                 index = queue.pop(0)
                 with signals_held():   # a submit may start a worker: never cut in two (backends/signals.py)
-                    running[pool.submit(_worker_row, plan[index], device, timeout)] = index
+                    running[pool.submit(_worker_row, plan[index], device, timeout, error_maps)] = index
             done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in done:
                 index = running.pop(future)
@@ -90,8 +91,8 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
                 except Exception as exc:  # noqa: BLE001 - e.g. a row that cannot travel back: fails alone
                     op, case_id, _, mesh = plan[index]
                     rows[index] = Row(op, case_id, mesh, error=describe_error(exc), failures=1)
-                progress.show(row_label(plan[index]))
                 progress.step()
+                progress.show(row_label(plan[index]))
         for future, index in running.items():   # the pool is broken: these were lost with it
             lost.append((index, "the worker pool broke while it ran"))
         return lost
@@ -139,8 +140,13 @@ def _start_worker(counter: Any, cpus: list[int], threads: int, parent_pid: int, 
                                   exitpriority=0)
 
 
-def _worker_row(item: tuple, device: str | None, timeout: float) -> Row:
-    return verify_row(item, _BACKENDS, "simulated", device, timeout)
+def _worker_row(item: tuple, device: str | None, timeout: float, error_maps: bool) -> Row:
+    if not error_maps:
+        return verify_row(item, _BACKENDS, "simulated", device, timeout)
+    from shardverify.verify.error_map import keep_error_maps
+
+    with keep_error_maps():
+        return verify_row(item, _BACKENDS, "simulated", device, timeout)
 
 
 __all__ = ["verify_rows_in_workers"]

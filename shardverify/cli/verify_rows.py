@@ -1,18 +1,19 @@
 """One row of `shardverify verify`'s table: a (case, mesh) verified on a backend, the backends
-kept per mesh for the rows, the progress line, and error texts as a row shows them. Shared by the
+kept per mesh for the rows, and error texts as a row shows them (the progress line is
+`shardverify.cli.progress`'s, named here too for the modules that import it from here). Shared by the
 sequential run (`verify_cmd`) and the worker processes of `--jobs` (`verify_jobs`)."""
 
 from __future__ import annotations
 
-import math
-import sys
 import time
 from dataclasses import dataclass, field
 
+from shardverify.cli.progress import Progress
 from shardverify.errors import ShardVerifyError
 
 __all__ = ["Row", "Progress", "make_backend", "row_label", "verify_row", "close_backends", "quiet_tracing",
-           "describe_error", "only_replicated", "replicated_warning", "replicated_summary", "Interrupted"]
+           "describe_error", "only_replicated", "replicated_warning", "replicated_summary", "replicated_note",
+           "Interrupted"]
 
 
 def only_replicated(strategies) -> bool:
@@ -30,6 +31,11 @@ def replicated_warning(case_id: str, mesh: tuple[int, ...]) -> str:
             f"verified ({REPLICATED_ONLY})")
 
 
+#: the same, as the text report says it to someone who knows sharding but not this tool's parts
+WHY_REPLICATED_ONLY = ("no dim can be split on that mesh: dims of one element, a mean that uneven blocks cannot "
+                       "keep as a partial sum, or a layout the op cannot run on some rank's block")
+
+
 def replicated_summary(rows: list[Row]) -> list[str]:
     """The rows that verify no sharding, as a reader takes them in: the reason once, then one line
     per op and mesh naming its cases ([] when there are none)."""
@@ -40,12 +46,24 @@ def replicated_summary(rows: list[Row]) -> list[str]:
     if not found:
         return []
     count = sum(len(cases) for cases in found.values())
-    lines = [f"warning: {count} case(s) verify no sharding on their mesh, only the replicated strategy "
-             f"exists ({REPLICATED_ONLY}):"]
+    lines = [f"only the replicated strategy exists for {_cases(count)} on their mesh, so no sharding was "
+             f"checked there ({WHY_REPLICATED_ONLY}):"]
     for (op, mesh), cases in found.items():
-        shown = ", ".join(cases[:4]) + (f" and {len(cases) - 4} more" if len(cases) > 4 else "")
-        lines.append(f"  {op} on mesh {list(mesh)}: {shown}")
+        lines.append(f"  {op} on mesh {tuple(mesh)}: {', '.join(cases)}")
     return lines
+
+
+def replicated_note(rows: list[Row]) -> str:
+    """The same rows in one line of the short report, whatever their number ("" when none)."""
+    count = sum(bool(row.warning) for row in rows)
+    if not count:
+        return ""
+    return (f"note: only the replicated strategy exists for {_cases(count)} on their mesh, so no sharding was "
+            "checked there: see -v")
+
+
+def _cases(count: int) -> str:
+    return f"{count} case{'' if count == 1 else 's'}"
 
 
 @dataclass
@@ -61,36 +79,15 @@ class Row:
     error: str = ""
     warning: str = ""
     results: list = field(default_factory=list)
+    #: what torch warned while the row ran, message -> count; not in the JSON: which row computes a
+    #: value the engine caches (and warns) depends on how the rows are shared among --jobs processes
+    torch_warnings: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"op": self.op, "case": self.case, "mesh": list(self.mesh), "verified": self.verified,
                 "failures": self.failures, "seconds": round(self.seconds, 4), "error": self.error or None,
                 "warning": self.warning or None,
                 "checks": [r.to_json() for r in self.results]}
-
-
-class Progress:
-    """A one-line progress indicator on stderr, only when stderr is a terminal."""
-
-    def __init__(self, total: int, stream=None) -> None:
-        stream = sys.stderr if stream is None else stream   # looked up now: it may have been replaced
-        self.total, self.done, self.stream = total, 0, stream
-        self.enabled = total > 1 and hasattr(stream, "isatty") and stream.isatty()
-
-    def show(self, label: str) -> None:
-        if self.enabled:
-            width = 24
-            filled = width * self.done // max(self.total, 1)
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label[:60]:<60}")
-            self.stream.flush()
-
-    def step(self) -> None:
-        self.done += 1
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + " " * 100 + "\r")
-            self.stream.flush()
 
 
 def make_backend(kind: str, mesh_shape: tuple[int, ...], device: str | None, timeout: float):
@@ -107,19 +104,35 @@ def make_backend(kind: str, mesh_shape: tuple[int, ...], device: str | None, tim
 
 def row_label(item: tuple) -> str:
     op, case_id, _, mesh = item
-    return f"{op} {case_id} mesh {list(mesh)}"
+    return f"{op} {case_id} on mesh {tuple(mesh)}"
 
 
 def verify_row(item: tuple, backends: dict, backend_kind: str, device: str | None, timeout: float) -> Row:
     """One (op, case id, case, mesh) row: its strategies built and checked on the mesh's backend
-    (built once into ``backends``); whatever keeps the case from running fails the row alone."""
-    from shardverify.strategies.for_node import strategies_for_node
-    from shardverify.verify.engine import verify_case
-    from shardverify.verify.memory import check_case_memory
+    (built once into ``backends``); whatever keeps the case from running fails the row alone. The
+    warnings torch gives meanwhile are counted on the row, not printed (row_warnings)."""
+    from shardverify.cli.row_warnings import caught_warnings
 
     op, case_id, case, mesh = item
     row = Row(op, case_id, mesh)
     start = time.perf_counter()
+    # a process backend's pool may start during the row: its processes keep the real stderr
+    with caught_warnings(descriptor=backend_kind == "simulated") as found:
+        _verify_into(row, item, backends, backend_kind, device, timeout)
+    row.torch_warnings = dict(found.counts)
+    row.seconds = time.perf_counter() - start
+    row.verified = len(row.results)
+    row.failures = sum(not r.passed for r in row.results) + bool(row.error)
+    return row
+
+
+def _verify_into(row: Row, item: tuple, backends: dict, backend_kind: str, device: str | None,
+                 timeout: float) -> None:
+    from shardverify.strategies.for_node import strategies_for_node
+    from shardverify.verify.engine import verify_case
+    from shardverify.verify.memory import check_case_memory
+
+    _, case_id, case, mesh = item
     try:
         backend = _backend_for(backends, backend_kind, mesh, device, timeout)
         graph_module, node_name = case.build()
@@ -133,10 +146,6 @@ def verify_row(item: tuple, backends: dict, backend_kind: str, device: str | Non
         raise
     except Exception as exc:  # noqa: BLE001 - one case that cannot run fails its row, not the run
         row.error = describe_error(exc)
-    row.seconds = time.perf_counter() - start
-    row.verified = len(row.results)
-    row.failures = sum(not r.passed for r in row.results) + bool(row.error)
-    return row
 
 
 class Interrupted(KeyboardInterrupt):

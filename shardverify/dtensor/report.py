@@ -8,7 +8,8 @@ from collections import Counter, defaultdict
 from shardverify.dtensor.accepted import Accepted
 from shardverify.dtensor.verdicts import CLASSES
 
-__all__ = ["GATED", "new_classes", "summary", "markdown", "gloo_lines", "gloo_text"]
+__all__ = ["GATED", "new_classes", "summary", "case_table", "case_notes", "class_lines", "example", "markdown",
+           "gloo_lines", "gloo_text"]
 
 ORDER = tuple(CLASSES)
 
@@ -46,6 +47,11 @@ def _by_key(results, klass: str) -> dict[str, list]:
 def summary(results, accepted: Accepted | None, show: int = 5, confirmations: dict | None = None) -> str:
     """The terminal summary; ``confirmations``: class key -> its run on real gloo processes
     (:mod:`shardverify.dtensor.confirm`), shown beside each class and counted at the end."""
+    return "\n".join(case_table(results) + case_notes(results) + class_lines(results, accepted, show, confirmations))
+
+
+def case_table(results) -> list[str]:
+    """One line per case and mesh: combinations, how many ran, and the count of each class."""
     lines = []
     header = ("op", "case", "mesh", "combos", "run", *ORDER, "time")
     rows = [(r.op, r.case, "x".join(map(str, r.mesh)), str(r.combinations), str(r.executed),
@@ -53,9 +59,19 @@ def summary(results, accepted: Accepted | None, show: int = 5, confirmations: di
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths), *rows]:
         lines.append("  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-    for r in results:
-        if r.note:
-            lines.append(f"{r.op} {r.case} on {_mesh(r.mesh)}: note: {r.note}")
+    return lines
+
+
+def case_notes(results) -> list[str]:
+    """What each case left out, and why (one line per case that has a note)."""
+    return [f"{r.op} {r.case} on {_mesh(r.mesh)}: note: {r.note}" for r in results if r.note]
+
+
+def class_lines(results, accepted: Accepted | None, show: int = 5, confirmations: dict | None = None,
+                blank: bool = True) -> list[str]:
+    """Each silent-corruption and late-failure class, those not in the accepted file first, at most
+    ``show`` of each kind; ``blank``: a blank line before the first title too."""
+    lines: list[str] = []
     fresh_keys = {f.key() for f in new_classes(results, accepted)}
     for klass, title in (("silent-wrong", "DTensor computes wrong values silently"),
                          ("late-failure", "DTensor returns, then fails later")):
@@ -63,23 +79,32 @@ def summary(results, accepted: Accepted | None, show: int = 5, confirmations: di
         if not by_key:
             continue
         fresh = sum(key in fresh_keys for key in by_key)
-        lines.append(f"\n{title}: {sum(map(len, by_key.values()))} combination(s) "
+        lines.append(("\n" if blank or lines else "") + f"{title}: {sum(map(len, by_key.values()))} combination(s) "
                      f"in {len(by_key)} class(es), {fresh} not in the accepted file")
         ordered = sorted(by_key.items(), key=lambda item: item[0] not in fresh_keys)
         for key, found in ordered[:show]:
-            f = found[0]
-            status = "NEW" if key in fresh_keys else "accepted"
-            if confirmations and key in confirmations:
-                status += f", gloo: {confirmations[key].status}"
-            lines.append(f"  [{status}] {key}: {len(found)} combination(s); e.g. {f.case} on {_mesh(f.mesh)}: "
-                         f"{f.line}: {f.detail}" + (f"; at fault: {f.culprit}" if f.culprit else
-                                                    f"; {f.rule}" if f.rule else "") +
-                         (f"; {f.runtime}" if f.runtime else ""))
+            lines.append(f"  [{_status(key, fresh_keys, confirmations)}] {key}: {len(found)} combination(s); "
+                         f"e.g. {example(found[0])}")
         if len(ordered) > show:
             lines.append(f"  ... {len(ordered) - show} more class(es) (--show N, --json or --write)")
     if confirmations is not None:
         lines += gloo_lines(results, confirmations)
-    return "\n".join(lines)
+    return lines
+
+
+def example(f) -> str:
+    """A finding as the summary quotes its class's example: case, mesh, layouts, what went wrong,
+    and who is at fault."""
+    return (f"{f.case} on {_mesh(f.mesh)}: {f.line}: {f.detail}"
+            + (f"; at fault: {f.culprit}" if f.culprit else f"; {f.rule}" if f.rule else "")
+            + (f"; {f.runtime}" if f.runtime else ""))
+
+
+def _status(key: str, fresh_keys: set, confirmations: dict | None) -> str:
+    status = "NEW" if key in fresh_keys else "accepted"
+    if confirmations and key in confirmations:
+        status += f", gloo: {confirmations[key].status}"
+    return status
 
 
 def gloo_lines(results, confirmations: dict, page: bool = False) -> list[str]:

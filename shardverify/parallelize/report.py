@@ -7,7 +7,7 @@ from collections import Counter
 
 from shardverify.parallelize.check import ParallelizeResult
 
-__all__ = ["summary_line", "render", "as_json"]
+__all__ = ["summary_line", "render", "render_runs", "as_json"]
 
 SHOWN = 6
 
@@ -21,15 +21,17 @@ def summary_line(result: ParallelizeResult) -> str:
             + (", the rank processes' included)" if any(n.startswith("ran on") for n in result.notes) else ")"))
 
 
-def render(result: ParallelizeResult, verbose: bool = False) -> str:
+def render(result: ParallelizeResult, verbose: bool = False, culprit: bool = True) -> str:
+    """One run: its verdict line, the first culprit (unless ``culprit`` is False: said above it
+    already), notes and the values outside their budget (a few; every one with ``verbose``)."""
     lines = [summary_line(result)]
     if result.verdict == "right" and result.margin is not None and result.margin.what:
         m = result.margin
         lines.append(f"  closest to its budget: {m.what}, error {m.error:.3g} of a budget of {m.budget:.3g} "
                      f"({m.ratio:.2f} of it; the single device's own error there {m.single:.3g})")
-    if result.culprit is not None:
+    if result.culprit is not None and culprit:
         lines.append(f"  first culprit: {result.culprit.line()}")
-    if result.failure is not None and (result.culprit is None or result.culprit.cause != "raised"):
+    if result.failure is not None and culprit and (result.culprit is None or result.culprit.cause != "raised"):
         where = f" in {result.failure.module}" if result.failure.module else ""
         lines.append(f"  raised in its {result.failure.stage}{where}: {result.failure.error}")
     for note in result.notes:
@@ -41,6 +43,33 @@ def render(result: ParallelizeResult, verbose: bool = False) -> str:
         phases = Counter(f.phase for f in result.findings[len(shown):])
         lines.append(f"  ... and {len(result.findings) - len(shown)} more ("
                      + ", ".join(f"{n} {p}" for p, n in phases.items()) + "; -v lists them)")
+    return "\n".join(lines)
+
+
+def _first_cause(result: ParallelizeResult) -> str:
+    """What a wrong run's verdict names first: its culprit, else where it raised."""
+    if result.culprit is not None:
+        return f"first culprit: {result.culprit.line()}"
+    if result.failure is not None:
+        where = f" in {result.failure.module}" if result.failure.module else ""
+        return f"first culprit: raised in its {result.failure.stage}{where}: {result.failure.error}"
+    return ""
+
+
+def render_runs(results: list[ParallelizeResult], verbose: bool = False) -> str:
+    """Every run of one command, verdict first: PASS or FAIL over all of them with the model and
+    plan, the first wrong run's first culprit, then each run's own verdict and evidence."""
+    wrong = [r for r in results if not r.passed]
+    names = sorted({f"{r.model} under {r.plan}" for r in results})
+    lines = [f"{'PASS' if not wrong else 'FAIL'}: {len(results) - len(wrong)} of {len(results)} runs match the "
+             f"single device ({'; '.join(names)})"]
+    first = wrong[0] if wrong else None
+    cause = "" if first is None else _first_cause(first)
+    if cause:
+        run = "" if len(results) == 1 else f" [mesh {','.join(map(str, first.mesh))}, {first.mode}]"
+        lines.append(cause + run)
+    for result in results:
+        lines.append(render(result, verbose, culprit=result is not first or not cause))
     return "\n".join(lines)
 
 

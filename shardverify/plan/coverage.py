@@ -172,7 +172,7 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh, on_demand: On
         kept = first_of_each_layout(kept)
         options[node.name] = kept or None
         statuses.append(NodeStatus(node.name, name, "handled", partial=len(found) - len(kept), origin=origin(node))
-                        if kept else NodeStatus(node.name, name, "refused", "its handler offers no strategy",
+                        if kept else NodeStatus(node.name, name, "refused", "its spec offers no strategy for this call",
                                                 origin=origin(node)))
     return options, tuple(statuses)
 
@@ -255,9 +255,9 @@ class Coverage:
 
     def headline(self) -> str:
         handled, empty = self.count("handled"), self.count("not compared")
-        return (f"{self.tensor_ops} tensor op(s): {handled} handled ({len(self.sharded)} sharded by the plan, "
-                f"{handled - len(self.sharded)} replicated), {self.count('refused')} refused, "
-                f"{self.count('unhandled')} without a handler, {self.count('constant')} built from constants"
+        return (f"{self.tensor_ops} tensor op(s): {handled} with sharding strategies ({len(self.sharded)} sharded "
+                f"by the plan, {handled - len(self.sharded)} replicated), {self.count('refused')} refused by their "
+                f"spec, {self.count('unhandled')} no spec covers, {self.count('constant')} built from constants"
                 + (f", {empty} not compared (uninitialised memory)" if empty else "")
                 + f"; {self.count('no tensor output')} other node(s)"
                 + (f", {self.count('element')} tuple element(s) laid out by their producer"
@@ -268,17 +268,18 @@ class Coverage:
         lines = [f"coverage: {self.headline()}"]
         targets = self.unhandled_targets()
         if targets:
-            lines.append("  without a handler: " + ", ".join(f"{t} x{n}" for t, n in targets.most_common(show))
+            lines.append("  no spec covers: " + ", ".join(f"{t} x{n}" for t, n in targets.most_common(show))
                          + (f", ... {len(targets) - show} more target(s)" if len(targets) > show else ""))
         partial = [s for s in self.statuses if s.partial]
         if partial:
-            lines.append(f"  not among the plan's choices: {sum(s.partial for s in partial)} verified strategy(ies) of "
-                         f"{len(partial)} node(s) that take an input still to be reduced by max or min across "
-                         f"devices; a plan hands values on between ops whole, sharded or as partial sums only")
+            lines.append(f"  not considered: {sum(s.partial for s in partial)} layout(s) of {len(partial)} op(s) that "
+                         f"would take a max or min left unfinished across devices by the op before; a plan passes "
+                         f"values between ops whole, split or as partial sums, so this narrows the plans "
+                         f"considered (one might have cost less) and never what is checked")
         lines += self.decomposition_lines(show)
         undone = Counter((s.target, s.reason.split("not decomposed: ", 1)[1]) for s in self.not_decomposed)
         if undone:
-            lines.append(f"  not decomposed: {len(self.not_decomposed)} node(s) without a handler: "
+            lines.append(f"  not decomposed: {len(self.not_decomposed)} op(s) no spec covers: "
                          + "; ".join(f"{t} x{n} ({why})" for (t, why), n in undone.most_common(show))
                          + (f"; ... {len(undone) - show} more" if len(undone) > show else ""))
         lines += [f"  {line}" for line in self.on_demand_lines]

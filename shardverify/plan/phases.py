@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 __all__ = ["PHASES", "cpu_seconds", "PhaseClock"]
@@ -26,15 +26,19 @@ def cpu_seconds() -> float:
 
 
 class PhaseClock:
-    """CPU seconds per phase; a phase timed twice adds up."""
+    """CPU seconds per phase; a phase timed twice adds up. ``on_start`` is told each phase's name
+    as it begins (the command's status line on a terminal)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_start: Callable[[str], None] | None = None) -> None:
         self.seconds: dict[str, float] = {}
+        self.on_start = on_start
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         if name not in PHASES:
             raise ValueError(f"unknown plan phase {name!r}; the phases are {', '.join(PHASES)}")
+        if self.on_start is not None:
+            self.on_start(name)
         began = cpu_seconds()
         try:
             yield

@@ -77,7 +77,7 @@ class RealSizePlan:
 
     def lines(self, show: int = 6) -> list[str]:
         c = self.cost
-        lines = [f"costed at the real size ({self.label}): declared {c.total:.4g} s per step (compute "
+        lines = [f"costed at the real size ({self.label}): predicted {c.total:.4g} s per training step (compute "
                  f"{c.compute:.3g} + communication {c.communication:.3g} + resharding {c.resharding:.3g}), memory "
                  f"{c.memory / 2 ** 30:.3g} GiB/device; {len(self.sharded)} node(s) sharded; the plan mapped onto "
                  f"the tiny build node by node and verified there"]

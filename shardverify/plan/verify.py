@@ -140,7 +140,7 @@ def node_label(item, coverage: Coverage | None = None) -> str:
     if status is None or status.status == "handled":
         return item.strategy_name
     if status.status == "unhandled":
-        return f"replicated: no handler for {status.target}"
+        return f"replicated: no spec covers {status.target}"
     if status.status == "refused":
         return f"replicated: {status.target} refused: {status.reason[:160]}"
     if status.status == "constant":
@@ -152,14 +152,34 @@ def node_label(item, coverage: Coverage | None = None) -> str:
     return "runs as is (no tensor output)"
 
 
+#: how the op-by-op listing writes a layout, said once above it
+NOTATION = ("one letter group per dim of each tensor: R whole on every device, S0 split over mesh axis 0 "
+            "(S01 over axes 0 and 1); 'P0 sum': partial sums still to be added over axis 0")
+
+
 def describe_plan(plan: Plan, coverage: Coverage | None = None) -> str:
-    lines = [f"plan on mesh {list(plan.mesh_shape)}:"]
+    """Every op's layout (its inputs' -> its output's) and what moves into it, in graph order;
+    the model's weights and inputs listed apart: no op of their own, each is held whole and an
+    op that wants a piece of it takes the piece (its resharding line says how)."""
+    statuses = {s.node for s in coverage.statuses} if coverage is not None else None
+    last = plan.nodes[-1].node if plan.nodes else ""
+    held = [item for item in plan.nodes if statuses is not None and item.strategy is None
+            and item.node not in statuses and item.node != last]
+    lines = [f"plan on mesh {list(plan.mesh_shape)}, op by op ({NOTATION}):"]
+    if held:
+        lines.append(f"  weights and inputs ({len(held)}): held whole on every device until an op takes its "
+                     f"piece (the 'reshard' lines below): " + ", ".join(item.node for item in held))
+    names = {item.node for item in held}
     for item in plan.nodes:
-        lines.append(f"  {item.node:<16} {node_label(item, coverage)}")
+        if item.node in names:
+            continue
+        label = "the model's output, whole on every device" if item.node == last and item.strategy is None \
+            and statuses is not None else node_label(item, coverage)
+        lines.append(f"  {item.node:<16} {label}")
         lines += [f"      reshard {r.operand}: {r.source} -> {r.target} via "
                   f"{', '.join(map(str, r.steps))} ({r.cost:.3g} s)" for r in item.reshards if r.steps]
     c = plan.cost
-    lines.append(f"  declared cost: {c.total:.4g} s (compute {c.compute:.3g} + communication "
+    lines.append(f"  predicted cost: {c.total:.4g} s per training step (compute {c.compute:.3g} + communication "
                  f"{c.communication:.3g} + resharding {c.resharding:.3g}); memory {c.memory} B/device")
     return "\n".join(lines)
 

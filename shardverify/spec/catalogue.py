@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardverify.errors import SpecError
-from shardverify.spec.conflicts import conflicts
+from shardverify.spec.claims import read_claim
+from shardverify.spec.conflicts import conflicts, rivals
 from shardverify.spec.kinds import SpecKind, register_spec_kind, spec_kinds
 from shardverify.spec.limits import check_settings
 from shardverify.spec.loader import load_yaml
@@ -120,11 +121,15 @@ def select_specs(sources: list[SpecSource], names: list[str]) -> list[SpecSource
 def load_specs(sources: list[SpecSource], context: list[SpecSource] | None = None) -> list[tuple[SpecSource, object]]:
     """Parse every source; raises InvalidSpecs listing every invalid spec. Specs are also
     checked against each other (one name per kind, one spec per op target), including the
-    specs of ``context`` (the whole folder, when only some are named) that parse."""
+    specs of ``context`` (the whole folder, when only some are named) that parse. Of those, only
+    the specs whose claim (name and targets, `spec.claims`) may conflict are parsed: the named
+    specs' checks read one spec each, not the folder."""
     parsed, errors = _parse_all(sources)
     if context is not None:
         chosen = {source.path for source in sources}
-        others, _ = _parse_all([s for s in context if s.path not in chosen])
+        rest = [s for s in context if s.path not in chosen] if parsed else []
+        claims = [(s, read_claim(s.path, s.display, s.kind.name_key)) for s in rest]
+        others, _ = _parse_all(rivals(parsed, claims))
         errors += conflicts(parsed, others)
     else:
         errors += conflicts(parsed, [])

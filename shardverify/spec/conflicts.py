@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from shardverify.errors import SpecError
 
-__all__ = ["conflicts"]
+__all__ = ["conflicts", "rivals"]
 
 
 def conflicts(parsed: list[tuple],
@@ -41,6 +41,21 @@ def conflicts(parsed: list[tuple],
                                         file=source.display, field="targets"))
             targets.setdefault(claimed, (source.display, name, spec, target))
     return errors
+
+
+def rivals(parsed: list[tuple], claims: list[tuple]) -> list:
+    """The sources, of ``claims`` ((source, its `spec.claims.Claim` or None)), that `conflicts`
+    may set against ``parsed``: the same kind and name, or an op target of the same identity. A
+    source without a claim is kept (parsing it in full tells). The others cannot conflict with
+    ``parsed``, and `conflicts` finds the same errors without them."""
+    if not parsed:
+        return []
+    names = {(source.kind.name, spec.name) for source, spec in parsed}  # type: ignore[attr-defined]
+    claimed = {_target_identity(target.name) for _, spec in parsed for target in getattr(spec, "targets", ())
+               if isinstance(getattr(target, "name", None), str)}
+    return [source for source, claim in claims
+            if claim is None or (source.kind.name, claim.name) in names
+            or any(_target_identity(name) in claimed for name in claim.targets)]
 
 
 def _bound_apart(spec: object, target: object, other_spec: object, other_target: object) -> bool:

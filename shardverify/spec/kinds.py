@@ -37,13 +37,15 @@ class SpecKind:
     `parse(root)` returns a frozen spec model with `.name` and `.source` (the spec file as
     named in messages) and raises SpecError on any problem; `render(spec, renderer)` returns
     {repo-relative output path: file body}. The generator adds the header to each body.
-    `summary(spec)`, if given, returns the {column: text} that `shardverify list` prints."""
+    `summary(spec)`, if given, returns the {column: text} that `shardverify list` prints.
+    `name_key` is the top-level key holding `.name` (read without parsing the spec: `spec.claims`)."""
 
     name: str
     subdir: str
     parse: Callable[[Node], object]
     render: Callable[[object, TemplateRenderer], dict[str, str]]
     summary: Callable[[object], dict[str, str]] | None = None   # columns for `shardverify list`
+    name_key: str = "name"
 
 
 _KINDS: dict[str, SpecKind] = {}

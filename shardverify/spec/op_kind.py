@@ -135,4 +135,4 @@ def summarize_op_spec(spec: OpSpec) -> dict[str, str]:
 
 
 OP_KIND = SpecKind(name="op", subdir="", parse=parse_op_spec, render=render_op_spec,  # type: ignore[arg-type]
-                   summary=summarize_op_spec)  # type: ignore[arg-type]
+                   summary=summarize_op_spec, name_key="op")  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from shardverify.verify.error_map import error_map, error_maps_kept
 from shardverify.verify.layout import LocalOperand
 from shardverify.verify.memo import recalled, remembered
 from shardverify.verify.report import Mismatch
@@ -124,9 +125,11 @@ def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, op
     found = _out_of_bound(actual, expected, tol, bounds) if bound is not None else compare(actual, expected, tol)
     if found.close:
         return []
+    drawn = error_map(rank, label, actual, expected, tol.rtol, tol.atol, full.shape, operand.slices) \
+        if error_maps_kept() else None
     return [Mismatch("values", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape),
                      max_abs_err=found.max_abs_err, max_rel_err=found.max_rel_err, rtol=tol.rtol, atol=tol.atol,
-                     dtype=str(actual.dtype).removeprefix("torch."), detail=found.nonfinite)]
+                     dtype=str(actual.dtype).removeprefix("torch."), detail=found.nonfinite, error_map=drawn)]
 
 
 _TINY = torch.finfo(torch.float64).tiny

@@ -16,6 +16,7 @@ from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.spec.case import OpCase
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.distinct import distinguishing_seeds
+from shardverify.verify.error_map import error_maps_kept
 from shardverify.verify.isolated import needs_isolation, remember_deaths, verify_isolated
 from shardverify.verify.layout import expected_collectives
 from shardverify.verify.memory import check_case_memory
@@ -235,12 +236,14 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
         if id(variant) not in described:
             described[id(variant)] = variant.describe()
     backend_name, seeds_note = _backend_name(backend), seeds.note()
+    kept = error_maps_kept()
     for i, strategy in enumerate(strategies):
         final, note = _verdict(mismatches[i], budgets.get(i), rechecks.get(i), shown_dtype)
         note = "; ".join(part for part in ("; ".join(incidents) if i == 0 else "", seeds_note, note) if part)
         results.append(CheckResult(op=case.op, case=described[id(checked[i])], strategy=strategy.name,
                                    mesh_shape=mesh_shape, backend=backend_name, dtype=shown_dtype,
-                                   mismatches=tuple(final), seconds=seconds, note=note))
+                                   mismatches=tuple(final), seconds=seconds, note=note,
+                                   checked=strategy if final and kept else None))
         if on_result is not None:
             on_result(results[-1])
     _log_checks(len(results))

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shardverify.sharding.strategy import ShardingStrategy
+    from shardverify.verify.error_map import ErrorMap
 
 __all__ = ["Mismatch", "CheckResult", "format_results", "assert_passed", "output_label"]
 
@@ -46,6 +51,7 @@ class Mismatch:
     phase: str = ""
     node: str = ""
     order: int = 0
+    error_map: ErrorMap | None = None   # where the values are wrong (kept for a report: error_map.py)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -81,6 +87,9 @@ class CheckResult:
     mismatches: tuple[Mismatch, ...] = ()
     seconds: float = 0.0
     note: str = ""
+    #: a failed strategy itself, kept with its mismatches' error maps for a report to draw
+    #: (error_map.keep_error_maps); None otherwise
+    checked: ShardingStrategy | None = None
 
     @property
     def passed(self) -> bool:
