@@ -401,3 +401,30 @@ def test_a_stop_during_a_held_process_start_comes_after_it():
         assert signal.getsignal(signal.SIGTERM) is not None and got == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, handler)
+
+
+def test_a_run_stopped_with_its_group_then_killed_leaves_no_folder(short_tmp):
+    """A SIGTERM to the whole group, then the run SIGKILLed before its own clean-up (as
+    pytest-xdist's controller may kill a worker it stopped): the forkserver, which the group's
+    SIGTERM no longer ends, sees its starter gone and removes the folder (before, the signal ended
+    it too, and the folder stayed with no process left)."""
+    proc = subprocess.Popen([sys.executable, "-m", "shardverify", "verify", "--backend", "gloo", "relu"],
+                            cwd=REPO, start_new_session=True, env={**os.environ, "TMPDIR": str(short_tmp)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600   # hang guards: what is waited for is the run's own progress
+        while not any(p.name.startswith("pymp-") for p in short_tmp.iterdir()) or \
+                len(session_processes(proc.pid)) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never started a forkserver"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.kill()
+        proc.wait()
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not session_processes(proc.pid), "the run's forkserver outlived it"
+        left = sorted(p.name for p in short_tmp.iterdir() if not p.name.startswith("torchinductor_"))
+        assert not left, f"a run stopped with its group and killed left {left}"
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 
 from shardverify.backends.liveness import process_alive, process_ended
 
@@ -59,6 +60,19 @@ def _register() -> None:
     owner = parse_owner(os.environ.pop(OWNER, ""))   # popped: the processes it forks never see it
     if owner is not None:   # (the starter may be gone already: killed while torch was imported here)
         atexit.register(_remove_if_gone, *owner)
+    _outlive_a_group_stop()
+
+
+def _outlive_a_group_stop() -> None:
+    """A SIGTERM to the whole process group (`kill -- -PGID`, a CI timeout, pytest-xdist stopping
+    its workers) ends the forkserver no more than it ends the pool workers (process_worker): it
+    ends when its starter's pipe closes, so its exit handlers run and remove what a starter killed
+    before its own ran left (ended by the signal, it ran none: an xdist worker's folder stayed,
+    with no process left, in a loaded run of the stopped-run test). It is started ignoring SIGTERM
+    (signals.start_forkserver: a stop while it imports torch must not end it either); ignored here
+    too for a start from another thread. What it forks gets SIGTERM's default action back."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 
 
 _register()

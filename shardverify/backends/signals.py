@@ -64,13 +64,15 @@ def start_forkserver(ctx: Any, preload: Sequence[str]) -> None:
     """Start multiprocessing's forkserver (of ``ctx``, importing ``preload``) unless it runs,
     naming this process and its ``pymp-*`` folder to it, which it removes if this process dies
     without removing it (backends/forkserver_exit.py); deaf to
-    SIGINT, as every process it forks is. A terminal's Ctrl-C reaches the whole process group:
+    SIGINT, as every process it forks is, and to SIGTERM from the moment it starts (it ends when
+    this process's pipe closes: forkserver_exit). A terminal's Ctrl-C reaches the whole process group:
     a forkserver still importing its preload (torch, seconds) printed a KeyboardInterrupt
     traceback, and the workers it forks are stopped by the process that started them (the
     pool's stop, ``verify --jobs``' terminate), never by the key. An ignored signal stays
     ignored across exec (a blocked mask does not: the spawn clears it), so SIGINT is ignored
     here for the spawn alone, and blocked meanwhile: on Linux a blocked signal stays pending even
-    while ignored, and is delivered when unblocked, so a Ctrl-C in that moment is not lost."""
+    while ignored, and is delivered when unblocked, so a Ctrl-C in that moment is not lost (SIGTERM
+    alike)."""
     import multiprocessing.forkserver
 
     ctx.set_forkserver_preload([*preload, forkserver_exit.__name__])
@@ -78,16 +80,18 @@ def start_forkserver(ctx: Any, preload: Sequence[str]) -> None:
         with _owner_named():
             multiprocessing.forkserver.ensure_running()
         return
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    stops = {signal.SIGINT, signal.SIGTERM}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
-        if signal.SIGINT in signal.sigpending():
-            return   # Ctrl-C came already: delivered below, as the mask is restored
-        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if stops & signal.sigpending():
+            return   # Ctrl-C or a stop came already: delivered below, as the mask is restored
+        handlers = {signum: signal.signal(signum, signal.SIG_IGN) for signum in stops}
         try:
             with _owner_named():
                 multiprocessing.forkserver.ensure_running()
         finally:
-            signal.signal(signal.SIGINT, handler)
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 

@@ -61,7 +61,7 @@ def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | No
 
 
 def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | None], counter: Any, jobs: int,
-         device: str | None, timeout: float, progress: Progress, error_maps: bool) -> list[tuple[int, str]]:
+         device: str | None, timeout: float, progress: Progress, error_maps: bool = False) -> list[tuple[int, str]]:
     """Run ``queue``'s rows (taken from its front) with at most ``width`` in flight, until it is
     empty or a worker dies; the rows in flight then are returned as (index, error) pairs (their
     rows left unset), every other finished row is set in ``rows``."""
