@@ -52,10 +52,10 @@ def _figure(svg: str, caption: str) -> str:
     return f'<div class="figure">{svg}<div class="caption">{caption}</div></div>'
 
 
-def _panels_svg(grid: Panels, fill, label=None, titles=None) -> tuple[str, int, int]:
+def _panels_svg(grid: Panels, fill, titles=None) -> tuple[str, int, int]:
     """The SVG body of every chosen panel side by side (wrapping after _ACROSS): ``fill(p, i, j)``
-    gives the colour of cell (i, j) of the p-th chosen panel, ``label`` its text or "",
-    ``titles`` its tooltip or None. Returns (body, width, height)."""
+    gives the colour of cell (i, j) of the p-th chosen panel, ``titles`` its tooltip or None.
+    Returns (body, width, height)."""
     size = _cell_size(grid)
     width, height = len(grid.col_cells) * size, len(grid.row_cells) * size
     top = 16 if len(grid.shape) > 2 else 2
@@ -73,11 +73,6 @@ def _panels_svg(grid: Panels, fill, label=None, titles=None) -> tuple[str, int, 
                 tip = f"<title>{text(tip)}</title>" if tip else ""
                 parts.append(f'<rect class="c" x="{x0 + j * size:.1f}" y="{y0 + i * size:.1f}" '
                              f'width="{size:.1f}" height="{size:.1f}" fill="{fill(p, i, j)}">{tip}</rect>')
-                words = label(p, i, j) if label else ""
-                if words:
-                    parts.append(f'<text x="{x0 + j * size + 2:.1f}" y="{y0 + i * size + size * 0.72:.1f}" '
-                                 f'font-size="{min(11.0, size * 0.7):.1f}" fill="#fff" font-weight="600" '
-                                 f'font-family="sans-serif">{text(words)}</text>')
         parts.append(f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{width:.1f}" height="{height:.1f}" fill="none" '
                      f'stroke="#59636e" stroke-width="1"/>')
     rows = math.ceil(len(grid.chosen) / across)
@@ -210,7 +205,7 @@ def heat_figure(drawn: ErrorMap) -> str:
         ratio = cells[p * per + i * len(grid.col_cells) + j]
         return "not this rank's" if math.isnan(ratio) else f"{ratio:.3g} x the allowed error"
 
-    body, width, height = _panels_svg(grid, fill, None, titles if per * len(grid.chosen) <= 1024 else None)
+    body, width, height = _panels_svg(grid, fill, titles if per * len(grid.chosen) <= 1024 else None)
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
            f'aria-label="error of rank {drawn.rank} in {text(drawn.tensor)}">{body}</svg>')
     worst = drawn.worst
