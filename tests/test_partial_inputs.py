@@ -30,6 +30,20 @@ def test_pieces_sum_to_the_value_and_each_differs_from_it_and_from_the_others():
     assert pieces.abs().min() > 0                                         # no zero padding
 
 
+def test_pieces_of_a_block_from_its_slice_of_draws_made_for_the_whole_tensor():
+    whole = torch.randn(6, 4, dtype=torch.float64)
+    noise = torch.randn((2, 6, 4), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    block = whole[2:4]
+    pieces = partial_pieces(block, 2, seed=3, noise=noise[:, 2:4])
+    assert torch.allclose(pieces.sum(0), block)
+    assert not torch.allclose(pieces[0], pieces[1]) and not torch.allclose(pieces[0], block / 2)
+    assert torch.equal(pieces, partial_pieces(block, 2, seed=3, noise=noise[:, 2:4]))
+    assert torch.equal(noise, torch.randn((2, 6, 4), generator=torch.Generator().manual_seed(3),
+                                          dtype=torch.float64))                    # the draws are read only
+    with pytest.raises(ValueError, match="noise of shape"):
+        partial_pieces(block, 2, seed=3, noise=noise)
+
+
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (3,), (2, 3)])
 def test_a_product_takes_either_factor_as_a_partial_sum_and_every_such_strategy_passes(mesh_shape):
     with handler("mm_rule", torch.mm, [IN0, MAT2, OUT], {"einsum": "mk,kn->mn", "linear_in": ["input", "mat2"]}):

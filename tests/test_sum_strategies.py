@@ -236,3 +236,28 @@ def test_a_following_op_declared_linear_that_is_not_is_caught_at_its_partial_inp
     assert failed and failed == {r.strategy for r in results if "+P" in r.strategy}
     assert all("output" in r.report() for r in results if not r.passed)
     assert all(r.passed for r in true_sum) and any("+P" in r.strategy for r in true_sum)
+
+
+def test_a_following_op_reads_its_producers_layouts_without_costing_them():
+    """sum reads only the layouts of the Linear's strategies: listing sum's builds them without
+    costs, kept apart from the Linear's own (costed, the same layouts in the same order), and
+    sum's strategies are the same whichever of the two it read."""
+    from shardverify.strategies.for_node import CACHE_KEY, LAYOUTS_ONLY
+
+    def traced():
+        return trace(LinearThen(lambda y: y.sum(dim=1)), meta_args={"input": torch.empty((4, 4, 16), device="meta")})
+
+    mesh = DeviceMesh((2, 2))
+    gm = traced()
+    node = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")][0]
+    following = strategies_for_node(gm, node.name, mesh)
+    linear = next(n for n in gm.graph.nodes if n.name == "linear")
+    (key, sketches), = linear.meta[CACHE_KEY].items()
+    assert key[-1] == LAYOUTS_ONLY and all(s.compute_cost.total == 0 for s in sketches)
+    costed = strategies_for_node(gm, "linear", mesh)
+    assert all(s.compute_cost.total > 0 for s in costed)
+    assert [s.output_sharding_spec for s in sketches] == [s.output_sharding_spec for s in costed]
+
+    again = traced()     # the Linear's costed strategies first: sum reads those
+    strategies_for_node(again, "linear", mesh)
+    assert [s.name for s in strategies_for_node(again, node.name, mesh)] == following.names

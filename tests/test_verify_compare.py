@@ -109,3 +109,23 @@ def test_a_large_result_out_of_bound_is_measured_in_pieces_with_compare_s_figure
         got.view(-1)[-1] = float("nan")
         found = C._compare(0, "x", got, full, operand, None, DeviceMesh((1,)), tolerance_for(got.dtype))
         assert "nan" in found[0].detail.lower()
+
+
+def test_a_slice_s_bounds_taken_from_the_whole_tensor_s_are_its_own():
+    """The bounds of a reference slice are views of the whole tensor's (worked out once), the
+    same numbers as the slice's own; a whole holding an inf leaves a finite slice its own."""
+    full = torch.randn(8, 6, dtype=torch.float64) * 1e3
+    tol = tolerance_for(torch.float32)
+    slices = (slice(2, 6), slice(3, 6))
+    for narrow in (True, False):
+        own = C._bound(full[slices], tol, narrow, {})
+        shared = C._slice_bound(full, slices, full[slices], tol, narrow, {})
+        assert all(torch.equal(a, b) for a, b in zip(own, shared))
+    full[0, 0] = float("inf")
+    C._WHOLE.clear()
+    kept: dict = {}
+    own = C._bound(full[slices], tol, True, {})
+    shared = C._slice_bound(full, slices, full[slices], tol, True, kept)
+    assert all(torch.equal(a, b) for a, b in zip(own, shared)) and ("allowed", tol.rtol, tol.atol) in kept
+    assert C._slice_bound(full, (slice(0, 2), slice(0, 2)), full[:2, :2], tol, True, {}) is None
+

@@ -19,10 +19,13 @@ import torch
 __all__ = ["partial_pieces"]
 
 
-def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum") -> torch.Tensor:
+def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum",
+                   noise: torch.Tensor | None = None) -> torch.Tensor:
     """``count`` pieces of ``value`` (stacked on a new dim 0, in float64 or complex128) that reduce to it by
     ``op`` (sum, max or min); the same ``seed`` and value give the same pieces in every process,
-    so each rank of a group can make all of them and keep its own."""
+    so each rank of a group can make all of them and keep its own.  ``noise``: for a real value
+    summed, the standard normal draws to use (float64, of shape ``(count, *value.shape)``; read
+    only) in place of those ``seed`` gives: a block's slice of draws made once for its whole tensor."""
     if value.is_complex():   # pieces of its real and imaginary parts (no max or min of complex numbers)
         if op != "sum":
             raise ValueError(f"a complex value's partial pieces combine by sum, not {op!r}")
@@ -32,14 +35,24 @@ def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum") 
         return _extremum_pieces(value, count, seed, op)
     if op != "sum":
         raise ValueError(f"partial pieces combine by sum, max or min, not {op!r}")
-    generator = torch.Generator().manual_seed(seed)
     full = value.detach().to(torch.float64)
     finite = torch.isfinite(full)
-    noise = torch.randn((count, *full.shape), generator=generator, dtype=torch.float64).to(full.device)
+    if noise is None:
+        generator = torch.Generator().manual_seed(seed)
+        noise = torch.randn((count, *full.shape), generator=generator, dtype=torch.float64).to(full.device)
+    elif tuple(noise.shape) != (count, *full.shape) or noise.dtype != torch.float64:
+        raise ValueError(f"noise of shape {tuple(noise.shape)} and dtype {noise.dtype} for {count} pieces of a value "
+                         f"of shape {tuple(full.shape)}: float64 of shape {(count, *full.shape)} expected")
+    every = bool(finite.all())
     # noise of one share's magnitude: each piece differs from its share by about the share,
     # yet the pieces do not cancel by much more than the value itself (rounding stays an op's)
-    scale = float(full[finite].abs().mean()) / count if finite.any() else 0.0
-    noise = (noise - noise.mean(dim=0, keepdim=True)) * (scale if scale > 0 else 1.0)
+    if every:   # the same elements in the same order as the mask's, without the mask's copy
+        scale = float(full.reshape(-1).abs().mean()) / count if full.numel() else 0.0
+    else:
+        scale = float(full[finite].abs().mean()) / count if finite.any() else 0.0
+    noise = (noise - noise.mean(dim=0, keepdim=True)).mul_(scale if scale > 0 else 1.0)
+    if every:
+        return noise.add_(full / count)
     pieces = noise + torch.where(finite, full, 0.0) / count
     # an inf or NaN is no sum of finite pieces: the first piece holds it, the others their noise
     pieces[0] = torch.where(finite, pieces[0], full)

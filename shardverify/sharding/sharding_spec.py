@@ -182,8 +182,13 @@ class ShardingSpec:
 
     @property
     def is_even(self) -> bool:
-        """Whether every rank's block has the same shape (each split size divides)."""
-        return all(size % count == 0 for size, count in zip(self.tensor_shape, self.shard_counts()))
+        """Whether every rank's block has the same shape (each split size divides; worked out
+        once, as every strategy laying a tensor out so asks)."""
+        found = self.__dict__.get("_is_even")
+        if found is None:
+            found = all(size % count == 0 for size, count in zip(self.tensor_shape, self.shard_counts()))
+            object.__setattr__(self, "_is_even", found)
+        return found
 
     def local_shape(self) -> tuple[int, ...]:
         """The largest local shape: the block at coordinate 0 of every mesh axis (every rank's

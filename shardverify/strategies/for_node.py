@@ -52,6 +52,7 @@ class OnDemand(Protocol):
     def __call__(self, call: UnverifiedCall) -> Sequence[ShardingStrategy]: ...
 
 CACHE_KEY = "shardverify_strategies"   # node.meta[CACHE_KEY][(mesh, shapes)] -> StrategiesVector
+LAYOUTS_ONLY = "layouts only"          # a key's last item where the strategies are built without costs
 _SOURCE_OPS = {"placeholder": "Replica Placeholder", "get_attr": "Replica Attribute"}
 
 
@@ -121,12 +122,30 @@ def _strategies(graph_module: GraphModule, node: Node, mesh: DeviceMesh,
     return cache[key]
 
 
+def _layouts(graph_module: GraphModule, node: Node, mesh: DeviceMesh,
+             on_demand: OnDemand | None = None) -> StrategiesVector:
+    """The node's strategies read for their layouts alone (what a following op takes up): those
+    of :func:`_strategies` where built already, else built with every cost left at zero, which
+    is most of their making (cached apart: :func:`strategies_for_node` never returns them)."""
+    shapes = _shapes(node)
+    _refuse_symbolic(node, shapes)
+    cache = node.meta.setdefault(CACHE_KEY, {})
+    key = (mesh, shapes, getattr(on_demand, "cache_key", None))
+    if key in cache:
+        return cache[key]
+    if key + (LAYOUTS_ONLY,) not in cache:
+        cache[key + (LAYOUTS_ONLY,)] = _build(graph_module, node, mesh, on_demand, layouts_only=True)
+    return cache[key + (LAYOUTS_ONLY,)]
+
+
 def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Node, mesh: DeviceMesh,
-                       on_demand: OnDemand | None = None) -> tuple[dict[str, OperationData], list]:
+                       on_demand: OnDemand | None = None, *,
+                       layouts_only: bool = False) -> tuple[dict[str, OperationData], list]:
     """(operand data by role, strategies) that ``handler`` generates for ``node``: the one path
     from a handler to its strategies, shared by the registry lookup below and the audit (which
     runs a spec's handler that need not be registered). A call outside the grid: refused
-    without ``on_demand``, else the strategies that verified at the call."""
+    without ``on_demand``, else the strategies that verified at the call (costed: the verifier
+    checks costs). ``layouts_only``: costs left at zero, for their layouts alone."""
     why = refusal(handler, node, graph_module)
     if why is not None:
         raise HandlerError(why)
@@ -137,8 +156,9 @@ def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Nod
     operands = resolve_operands(handler, node, graph_module)
     ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands,
                            params=resolve_params(handler, node, graph_module), options=handler.option_dict,
-                           handler_name=handler.name, handler=handler,
-                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh, on_demand))
+                           handler_name=handler.name, handler=handler, layouts_only=layouts_only and unverified is None,
+                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh, on_demand),
+                           layouts_of=lambda producer: _layouts(graph_module, producer, mesh, on_demand))
     strategies = list(get_generator(handler.generator)(ctx))
     if unverified is not None:        # on_demand is given: refused above otherwise
         strategies = list(on_demand(UnverifiedCall(handler, graph_module, node, mesh, operands, tuple(strategies),
@@ -146,10 +166,11 @@ def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Nod
     return operands, strategies
 
 
-def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh, on_demand: OnDemand | None) -> StrategiesVector:
+def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh, on_demand: OnDemand | None,
+           layouts_only: bool = False) -> StrategiesVector:
     handler = handler_for_node(node, graph_module)
     if handler is not None:
-        _, strategies = handler_strategies(handler, graph_module, node, mesh, on_demand)
+        _, strategies = handler_strategies(handler, graph_module, node, mesh, on_demand, layouts_only=layouts_only)
         _check_unique(strategies, handler.name, node)
         return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)
     if node.op in _SOURCE_OPS:
@@ -166,15 +187,16 @@ def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh, on_demand: O
         raise HandlerError(f"no handler for node {node.name!r} ({node.op} {target!r}); write a spec for it "
                            f"in specs/ and run `shardverify generate`")
     ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands, params=params,
-                           options=options, handler_name=name,
-                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh, on_demand))
+                           options=options, handler_name=name, layouts_only=layouts_only,
+                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh, on_demand),
+                           layouts_of=lambda producer: _layouts(graph_module, producer, mesh, on_demand))
     strategies = generate(ctx)
     _check_unique(strategies, name, node)
     return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)
 
 
 def _check_unique(strategies: list, name: str, node: Node) -> None:
-    names = [s.name for s in strategies]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    seen: set[str] = set()
+    duplicates = sorted({s.name for s in strategies if s.name in seen or seen.add(s.name)})
     if duplicates:
         raise StrategyError(f"handler {name!r} produced duplicate strategy names {duplicates} for node {node.name!r}")

@@ -3,10 +3,13 @@
 A rank checks its output and each gradient: the dtype and device it must have, then its values
 against the rank's slice of the reference tensor, remembered per (tensor, layout, rank) with its
 bounds ``expected -/+ (atol + rtol * |expected|)``, so the common passing comparison is a clamp
-and an equality.  For a result of float32 or narrower the bounds are kept in float32, rounded
-inward (the lowest float32 at or above the float64 bound, the highest at or below), so the
-result is compared as it is, without a float64 copy: a float32 value lies within the float32
-bounds exactly when it lies within the float64 ones.  Anything else (a NaN, a value out of
+and an equality.  The bounds are worked out once per reference tensor and tolerance, over the
+whole tensor, and each slice takes views of them (elementwise: the same numbers as the slice's
+own), so a layout seen for the first time costs a few views, not a dozen ops.  For a result of
+float32 or narrower the bounds are kept in float32, rounded inward (the lowest float32 at or
+above the float64 bound, the highest at or below), so the result is compared as it is, without
+a float64 copy: a float32 value lies within the float32 bounds exactly when it lies within the
+float64 ones.  Anything else (a NaN, a value out of
 bound) goes to :func:`_out_of_bound`: finite values have their errors measured in float64 by the
 same rule as :func:`~shardverify.verify.tolerance.compare`, which decides, and reports, every
 other mismatch.  (Comparing a rank's tensors flattened into one batch was
@@ -117,7 +120,9 @@ def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, op
         narrow = actual.dtype.itemsize <= 4
         bound = bounds.get((tol.rtol, tol.atol, narrow), False)
         if bound is False:
-            bound = bounds[(tol.rtol, tol.atol, narrow)] = _bound(expected, tol, narrow, bounds)
+            bound = bounds[(tol.rtol, tol.atol, narrow)] = \
+                _bound(expected, tol, narrow, bounds) if holds is not None else \
+                _slice_bound(full, operand.slices, expected, tol, narrow, bounds)
         if bound is not None:
             got = actual if actual.dtype == bound[0].dtype else actual.to(bound[0].dtype)
             if torch.equal(got.clamp(*bound), got):   # every value within its bounds
@@ -147,9 +152,13 @@ def _out_of_bound(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, 
     in pieces of its leading dim (a result out of its float32 tolerance, whose errors the
     low-precision budget then judges, is the common case at larger shapes, on every rank of
     every strategy); anything else goes to ``compare``."""
-    allowed = bounds[("allowed", tol.rtol, tol.atol)]
+    allowed = bounds.get(("allowed", tol.rtol, tol.atol))
+    if allowed is None:   # the slice of the whole's (_slice_bound)
+        whole_allowed, whole_magnitude, slices = bounds[("whole", tol.rtol, tol.atol)]
+        allowed = bounds[("allowed", tol.rtol, tol.atol)] = whole_allowed[slices]
+        bounds.setdefault("magnitude", whole_magnitude[slices])
     magnitude = bounds.get("magnitude")
-    if magnitude is None:
+    if magnitude is None:   # a slice's own (its bounds were its own: _bound)
         magnitude = bounds["magnitude"] = expected.abs().clamp_min(_TINY)
     actual = actual.detach()
     rows = actual.shape[0] if actual.dim() else 1
@@ -178,6 +187,37 @@ def _reference_slice(full: torch.Tensor, operand: LocalOperand, mesh, rank: int)
     if found is None:
         found = remembered(_SLICES, key, full, lambda: (operand.shard(full, mesh, rank), {}), limit=8192)
     return found
+
+
+_WHOLE: dict = {}
+
+
+def _slice_bound(full: torch.Tensor, slices: tuple[slice, ...], expected: torch.Tensor, tol: Tolerance,
+                 narrow: bool, bounds: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`_bound` of ``expected``, the slice ``full[slices]``, as views of the bounds of the
+    whole reference tensor, worked out once per (tensor, tolerance, width) and shared by every
+    slice of every layout (elementwise, so a slice of the whole's bounds is the slice's bounds;
+    a whole that is not finite leaves each slice to its own, so a finite slice keeps its cheap
+    comparison).  The whole's allowed difference and magnitude go into ``bounds``, for
+    :func:`_out_of_bound` to slice when a result leaves its bounds."""
+    whole = recalled(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full)
+    if whole is None:
+        whole = remembered(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full,
+                           lambda: _whole_bound(full, tol, narrow), limit=1024)
+    if whole[0] is None:
+        return _bound(expected, tol, narrow, bounds)
+    bounds[("whole", tol.rtol, tol.atol)] = (whole[1], whole[2], slices)   # sliced when out of bound
+    return whole[0][0][slices], whole[0][1][slices]
+
+
+def _whole_bound(full: torch.Tensor, tol: Tolerance, narrow: bool) -> tuple:
+    """((low, high), allowed, magnitude) of the whole tensor ``full`` (:func:`_bound`), or
+    (None,) where it has no cheap bounds (not float64, or not finite)."""
+    kept: dict = {}
+    found = _bound(full, tol, narrow, kept)
+    if found is None:
+        return (None,)
+    return found, kept[("allowed", tol.rtol, tol.atol)], full.abs().clamp_min(_TINY)
 
 
 def _bound(expected: torch.Tensor, tol: Tolerance, narrow: bool,

@@ -80,27 +80,35 @@ def splits(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[Split]:
 
 
 def _blocks(tensor: torch.Tensor, split: Split) -> list[torch.Tensor]:
-    """Every block of ``split`` (in row-major order of their coordinates), flattened."""
+    """Every block of ``split`` (in row-major order of their coordinates), as views."""
     per_dim = [[nested_block(n, list(zip(sizes, coord))) for coord in itertools.product(*(range(k) for k in sizes))]
                for n, sizes in zip(tensor.shape, split)]
-    return [tensor[tuple(slice(start, start + length) for start, length in block)].reshape(-1)
+    return [tensor[tuple(slice(start, start + length) for start, length in block)]
             for block in itertools.product(*per_dim)]
 
 
 def equal_pairs(tensor: torch.Tensor, split) -> set[tuple[int, int]]:
     """The pairs of blocks (by index) of ``split`` (per dim a count, or the axis sizes cutting
-    it in order) that hold the same values; blocks of different shapes, and empty ones, never
-    pair up."""
+    it in order) that hold the same values, flattened; empty blocks never pair up.  Blocks are
+    grouped by their size and first element, and only blocks sharing both are compared whole
+    (drawn values rarely share a first element, so most blocks are never copied)."""
     split = tuple((k,) if isinstance(k, int) else tuple(k) for k in split)
-    blocks = _blocks(tensor.detach().cpu(), split)
-    groups: dict[tuple, list[int]] = {}
-    for index, block in enumerate(blocks):
+    tensor = tensor.detach().cpu()
+    if tensor.is_floating_point() and bool(tensor.isnan().any()):   # NaN equals NaN here
+        tensor = torch.where(tensor.isnan(), torch.full_like(tensor, float("inf")), tensor)
+    groups: dict[tuple, list[list]] = {}   # (numel, first element) -> classes of equal blocks
+    for index, block in enumerate(_blocks(tensor, split)):
         if not block.numel():      # empty blocks (uneven cuts) hold nothing to swap
             continue
-        if block.is_floating_point():
-            block = torch.where(block.isnan(), torch.full_like(block, float("inf")), block)  # NaN equals NaN here
-        groups.setdefault((block.numel(), tuple(block.tolist())), []).append(index)
-    return {pair for members in groups.values() if len(members) > 1 for pair in itertools.combinations(members, 2)}
+        classes = groups.setdefault((block.numel(), block[(0,) * block.dim()].item()), [])
+        for members in classes:
+            if torch.equal(block.reshape(-1), members[0][1].reshape(-1)):
+                members.append((index, block))
+                break
+        else:
+            classes.append([(index, block)])
+    return {(i, j) for classes in groups.values() for members in classes if len(members) > 1
+            for (i, _), (j, _) in itertools.combinations(members, 2)}
 
 
 def _open_pairs(case: OpCase, mesh_shape: tuple[int, ...]) -> dict[tuple[str, Split], set]:

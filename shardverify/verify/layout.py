@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from shardverify.sharding.blocks import nested_block
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.verify.memo import remembered
 from shardverify.sharding.sharding_spec import ShardingSpec
@@ -142,13 +143,39 @@ def _geometries(spec: ShardingSpec, mesh: DeviceMesh) -> tuple[tuple[tuple[slice
     objects."""
     found = _GEOMETRIES.get(spec.key)
     if found is None:
+        if tuple(mesh.shape) != spec.mesh_shape:
+            spec.local_slices(mesh, 0)   # raises, naming both meshes
         largest = spec.local_shape()
+        partition = dict(spec.dim_partition)
+        per_dim = [_dim_slices(mesh, size, partition.get(dim, ())) for dim, size in enumerate(spec.tensor_shape)]
         found = []
         for rank in range(mesh.size):
-            slices = spec.local_slices(mesh, rank)
-            shape = tuple(s.stop - s.start for s in slices)
+            slices = tuple([dim[rank] for dim in per_dim])
+            shape = tuple([s.stop - s.start for s in slices])
             found.append((slices, shape, shape == largest))
         if len(_GEOMETRIES) >= 4096:
             _GEOMETRIES.clear()
         found = _GEOMETRIES[spec.key] = tuple(found)
+    return found
+
+
+_DIM_SLICES: dict = {}
+
+
+def _dim_slices(mesh: DeviceMesh, size: int, axes: tuple[int, ...]) -> tuple[slice, ...]:
+    """Each rank's slice of a dim of ``size`` cut over mesh ``axes`` (``ShardingSpec.local_slices``
+    dim by dim), remembered per (mesh shape, size, axes): a case's layouts cut its few dim sizes
+    over the same few axes, so a layout seen for the first time is put together from them."""
+    key = (tuple(mesh.shape), size, axes)
+    found = _DIM_SLICES.get(key)
+    if found is None:
+        shape = tuple(mesh.shape)
+        found = []
+        for rank in range(mesh.size):
+            coord = mesh.coordinate(rank)
+            start, length = nested_block(size, [(shape[a], coord[a]) for a in axes])
+            found.append(slice(start, start + length))
+        if len(_DIM_SLICES) >= 4096:
+            _DIM_SLICES.clear()
+        found = _DIM_SLICES[key] = tuple(found)
     return found

@@ -418,10 +418,32 @@ def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, ax
     and every strategy of the case laying the tensor out alike (the same pieces each would make;
     read only: callers copy)."""
     block = tuple((s.start, s.stop, s.step) for s in operand.slices)
-    pieces = remembered(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full,
-                        lambda: partial_pieces(operand.shard(full, mesh, rank),
-                                               math.prod(mesh.shape[a] for a in axes), seed, op), limit=1024)
+    pieces = recalled(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full)
+    if pieces is None:
+        count = math.prod(mesh.shape[a] for a in axes)
+        pieces = remembered(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full,
+                            lambda: _pieces(operand.shard(full, mesh, rank), full, operand, count, seed, op),
+                            limit=1024)
     return pieces[mesh.group_index(rank, axes)]
+
+
+_NOISE: dict = {}
+#: draws kept for a whole tensor at most (float64: 128 MiB); a larger one's blocks draw their own
+_NOISE_MOST = 1 << 24
+
+
+def _pieces(value: torch.Tensor, full: torch.Tensor, operand: LocalOperand, count: int, seed: int,
+            op: str) -> torch.Tensor:
+    """``partial_pieces`` of ``value``, the block ``operand`` cuts of ``full``: summed pieces of a
+    real tensor take their noise from draws made once per (tensor, count, seed) for the whole
+    tensor (the block's slice of them), so the layouts of a case, which cut the same tensor into
+    many blocks, draw its noise once, not once per block."""
+    if op != "sum" or full.is_complex() or full.numel() * count > _NOISE_MOST:
+        return partial_pieces(value, count, seed, op)
+    noise = remembered(_NOISE, (id(full), count, seed), full,
+                       lambda: torch.randn((count, *full.shape), generator=torch.Generator().manual_seed(seed),
+                                           dtype=torch.float64).to(full.device), limit=256)
+    return partial_pieces(value, count, seed, op, noise=noise[(slice(None), *operand.slices)])
 
 
 def _extremum_holder(strategy: ShardingStrategy, ref: Reference, operand, position: int, mesh,

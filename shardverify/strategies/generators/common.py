@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -250,33 +251,52 @@ def _probe_tensor(shape: tuple[int, ...], dtype: torch.dtype, probe: bool) -> to
 def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[OperationData],
                   specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
                   compute: TrainCycleItem | tuple[float, float] | None = None,
-                  local_args: Sequence[LocalArg] = ()) -> ShardingStrategy:
+                  local_args: Sequence[LocalArg] = (), **fields: object) -> ShardingStrategy:
     """Assemble a strategy over ``operands`` (output last) with all three costs filled in.
 
     ``compute``: None (the default) measures :func:`local_compute_cost` on meta tensors; a
     generator with a closed formula passes ``compute_cost(flops, numels)`` of the local call
     (a ``(fwd, bwd)`` pair is taken as is, for nodes that are not ops). ``local_args``: the
-    non-tensor arguments the ranks pass instead of the recorded ones (a view's local shape).
+    non-tensor arguments the ranks pass instead of the recorded ones (a view's local shape);
+    ``fields``: the strategy's other fields (``partial_inputs``, ``post_add``...). Under
+    ``ctx.layouts_only`` every cost is left at zero (:data:`NO_COST`): a following op reads
+    only the layouts of its producer's strategies.
     """
     missing = [d.name for d in operands if d.name not in specs]
     if missing:
         raise StrategyError(f"{ctx.handler_name}: strategy {name!r} has no layout for {missing}")
-    by_name = {d.name: d for d in operands}
-    if compute is None:
-        compute = local_compute_cost(ctx, operands, specs, actions, local_args)
-    elif not isinstance(compute, TrainCycleItem):
-        fwd, bwd = compute
-        compute = TrainCycleItem(float(fwd), float(bwd), float(fwd + bwd))
+    if ctx.layouts_only:
+        compute, memory, communication = NO_COST.compute, NO_COST.memory, NO_COST.communication
+    else:
+        if compute is None:
+            compute = local_compute_cost(ctx, operands, specs, actions, local_args)
+        elif not isinstance(compute, TrainCycleItem):
+            fwd, bwd = compute
+            compute = TrainCycleItem(float(fwd), float(bwd), float(fwd + bwd))
+        memory = memory_cost(operands, specs)
+        communication = communication_cost(ctx.mesh, actions, {d.name: d for d in operands}, specs)
     return ShardingStrategy(
         name=name,
         sharding_specs=tuple((d.name, specs[d.name]) for d in operands),
         operands=tuple(operands),
         compute_cost=compute,
-        memory_cost=memory_cost(operands, specs),
-        communication_cost=communication_cost(ctx.mesh, actions, by_name, specs),
+        memory_cost=memory,
+        communication_cost=communication,
         communication_actions=tuple(actions),
         local_args=tuple(local_args),
+        **fields,
     )
+
+
+class _NoCost(NamedTuple):
+    compute: TrainCycleItem
+    memory: MemoryCycle
+    communication: TrainCycleItem
+
+
+#: the costs of a strategy generated for its layouts alone (``GeneratorContext.layouts_only``)
+NO_COST = _NoCost(TrainCycleItem(0.0, 0.0, 0.0), MemoryCycle(MemoryCost(), MemoryCost(), MemoryCost()),
+                  TrainCycleItem(0.0, 0.0, 0.0))
 
 
 def with_declared_costs(strategy: ShardingStrategy, graph_module, node_name: str, mesh) -> ShardingStrategy:

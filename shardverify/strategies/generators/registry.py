@@ -37,6 +37,10 @@ class GeneratorContext:
     handler_name: str = ""
     handler: object | None = None           # the HandlerDef serving the call (one of several for a target)
     strategies_of: Callable[[Node], StrategiesVector] | None = None
+    # the producer's strategies for their layouts alone (costs may be left at zero), for an
+    # op that follows the layout its input arrives in; None: ``strategies_of``
+    layouts_of: Callable[[Node], StrategiesVector] | None = None
+    layouts_only: bool = False   # these strategies are wanted for their layouts alone: no costs
 
     def operand(self, role: str) -> OperationData:
         try:
@@ -56,6 +60,15 @@ class GeneratorContext:
             raise HandlerError(f"{self.handler_name or 'handler'}: operand {role!r} of node {self.node.name!r} "
                                f"is not produced by a graph node whose strategies can be built")
         return self.strategies_of(producer)
+
+    def predecessor_layouts(self, role: str = "input") -> StrategiesVector:
+        """Strategies of the node producing operand ``role``, read for their layouts alone: the
+        producer's costs are not worked out for them (built on demand)."""
+        data = self.operand(role)
+        producer = next((n for n in self.node.all_input_nodes if n.name == data.name), None)
+        if producer is not None and self.layouts_of is not None:
+            return self.layouts_of(producer)
+        return self.predecessor_strategies(role)
 
 
 Generator = Callable[[GeneratorContext], "list[ShardingStrategy]"]

@@ -111,10 +111,13 @@ def logical_views(rule: Rule, inputs: list[OperationData], outputs: list[Operati
         [dataclasses.replace(outputs[0], logical_shape=(math.prod(outputs[0].shape[:-1]), n))] + outputs[1:]
 
 
-def offered(build, rule: Rule, options, inputs: list[OperationData], outputs: list[OperationData],
-            mesh_shape: tuple[int, ...]) -> list[ShardingStrategy]:
-    """The strategies in ColossalAI's order and names; ``build(axes, partial, in_op, out_op)``
-    is the engine's derivation of one (None where the layout does not fit the call)."""
+def offered(layouts, draft, finish, rule: Rule, options, inputs: list[OperationData],
+            outputs: list[OperationData], mesh_shape: tuple[int, ...]) -> list[ShardingStrategy]:
+    """The strategies in ColossalAI's order and names: ``layouts(axes)`` are the operands'
+    layouts under a choice, ``draft(axes, partial, in_op, out_op)`` the engine's derivation of
+    its strategy (None where the layout does not fit the call) and ``finish(draft, name)`` the
+    strategy, costed. A choice laying the operands out as an earlier offered one did is dropped
+    before it is derived."""
     con, size = contraction(rule), rule.size
     inp, other, out = inputs[0], inputs[1], outputs[0]
     additive = [inputs[i] for i in rule.additive]
@@ -139,14 +142,14 @@ def offered(build, rule: Rule, options, inputs: list[OperationData], outputs: li
         axes = {con.m[d]: ax for d, ax in placement.items()} | ({con.k: b} if b else {}) | ({con.n: c} if c else {})
         p_in, p_other = partial.get(inp.role, ()), partial.get(other.role, ())
         pieces = {d.name: held for d, held in ((inp, p_in), (other, p_other)) if held}
-        strategy = build(axes, pieces, "sum", "sum")
-        if strategy is None:
-            continue
-        key = (tuple(spec for _, spec in strategy.sharding_specs), p_in, p_other)
+        key = (layouts(axes), p_in, p_other)
         if key in strategies:
             continue
+        derived = draft(axes, pieces, "sum", "sum")
+        if derived is None:
+            continue
         name = logical_name(a, b, c, p_in, p_other) + _placement_suffix(a, placement)
-        strategy = strategy.replace(name=name)
+        strategy = finish(derived, name)
         reduced = tuple(sorted(set(b) | set(p_in) | set(p_other)))
         for bias in additive:
             if reduced:
@@ -158,10 +161,10 @@ def offered(build, rule: Rule, options, inputs: list[OperationData], outputs: li
                 for count in range(1, len(free) + 1):
                     for held in itertools.combinations(free, count):
                         for op in ("max", "min"):
-                            extremum = build(axes, {bias.name: held}, op, op)
+                            extremum = draft(axes, {bias.name: held}, op, op)
                             if extremum is not None:
-                                biased[key + (op, held)] = extremum.replace(
-                                    name=f"{name}, {bias.role}+P{op}{''.join(map(str, held))}")
+                                biased[key + (op, held)] = finish(
+                                    extremum, f"{name}, {bias.role}+P{op}{''.join(map(str, held))}")
         strategies[key] = strategy
     found = list(strategies.values())
     return found[:-1] + list(biased.values()) + found[-1:]

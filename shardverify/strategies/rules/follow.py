@@ -37,48 +37,54 @@ def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
             outputs: list[OperationData]) -> list[ShardingStrategy]:
     """The strategies in the producer's order; ``build(axes, partial)`` is the engine's derivation.
     Many producer strategies give one layout (a following op is offered one strategy per
-    predecessor strategy): each distinct (layout, partial input) is derived once and named per
-    index, and under ``naming: rules`` a layout arriving again adds nothing (its strategies would
-    all be the first arrival's, which keeps the name)."""
+    predecessor strategy): each distinct layout's strategies are derived once, at its first
+    arrival, and a strategy is named per index only where it is offered (a layout arriving
+    again brings its gathered strategy under ``naming: colossalai``, and nothing new else)."""
     build = _derived_once(build)
     roles = [d.role for d in inputs]
     if options.follow not in roles or len(inputs) != 1 or len(outputs) != 1:
         raise StrategyError(f"option follow: {options.follow!r} must name the one tensor operand of a one-output "
                             f"call; this call has {roles}")
     data, term, out = inputs[0], rule.inputs[0], outputs[0]
-    named = _namer(data, out)
+    base = _namer(data, out)
     reduce_ops = dict(rule.reduce)
     linear = options.linear_in == ((data.role,),) and data.dtype.is_floating_point and out.dtype.is_floating_point
     mesh_shape = ctx.mesh.shape
-    gathered, strategies, pieces = [], [], []
-    arrived: set[tuple] = set()
+    colossalai = options.naming == "colossalai"
+    # (derived strategy, predecessor index, whether it is the gathered one), in offering order
+    strategies: list[tuple[ShardingStrategy, int, bool]] = []
+    pieces: list[tuple[ShardingStrategy, int, bool]] = []
+    gathered_of: dict[tuple, ShardingStrategy] = {}    # layout -> its gathered strategy, derived once
     for index, produced in enumerate(produced_layouts(ctx, data)):
         key = tuple(sorted(produced.items()))
-        if options.naming != "colossalai" and key in arrived:
+        if key in gathered_of:     # its partial and piece strategies are the first arrival's: named there
+            if colossalai:
+                strategies.append((gathered_of[key], index, True))
             continue
-        arrived.add(key)
         if any(not term[d] for d in produced):
             raise StrategyError(f"node {ctx.node.name!r}: its producer lays mesh axes on a size-1 dim of {data.name!r}")
         axes = {term[d][0]: held for d, held in produced.items()}
         kept = {f: held for f, held in axes.items() if f not in reduce_ops}
-        strategy = named(build(kept, {}), index)
-        gathered.append(strategy)
-        strategies.append(strategy)
+        gathered = build(kept, {})
+        if gathered is None:
+            raise StrategyError(f"operand {data.name!r}: a layout its producer gives does not fit the call")
+        gathered_of[key] = gathered
+        strategies.append((gathered, index, True))
         if linear:
-            pieces += _pieces(build, named, kept, data, index, mesh_shape)
+            pieces += _pieces(build, kept, data, index, mesh_shape)
         partial = tuple(sorted(a for f, held in axes.items() if f in reduce_ops for a in held))
         refused = any(partial_refusal(reduce_ops[f], rule.size[f], [mesh_shape[a] for a in held])
                       for f, held in axes.items() if f in reduce_ops)
         if math.prod(mesh_shape[a] for a in partial) > 1 and out.dtype.is_floating_point and not refused:
             strategy = build(axes, {})
             if strategy is not None:
-                strategies.append(named(strategy, index))
+                strategies.append((strategy, index, False))
                 if linear and set(reduce_ops[f] for f in axes if f in reduce_ops) == {"sum"}:
-                    pieces += _pieces(build, named, axes, data, index, mesh_shape)
-    if options.naming == "colossalai":   # every gathered one, then the others not among them, each once
-        taken = {id(s) for s in gathered}
-        return gathered + _first_of_each([s for s in strategies + pieces if id(s) not in taken])
-    return _first_of_each(strategies + pieces)
+                    pieces += _pieces(build, axes, data, index, mesh_shape)
+    if colossalai:   # every gathered one, then the others not among them, each once
+        return [_named(base, strategy, index) for strategy, index, first in strategies if first] + \
+            _first_of_each(base, [entry for entry in strategies + pieces if not entry[2]])
+    return _first_of_each(base, strategies + pieces)
 
 
 def _derived_once(build):
@@ -96,14 +102,13 @@ def _derived_once(build):
 
 
 def _namer(data: OperationData, out: OperationData):
-    """``named(strategy, index)``: ``[S0, R]+P1 -> [R] | P01 sum_<index>``, the layouts, the
-    partial input, the output's reduce. A derived strategy comes back once per predecessor
-    strategy giving its layout (the derivation is remembered): its name is worked out once."""
+    """``base(strategy)``: ``[S0, R]+P1 -> [R] | P01 sum``, the layouts, the partial input, the
+    output's reduce, which the index follows. A derived strategy comes back once per
+    predecessor strategy giving its layout (the derivation is remembered): its name is worked
+    out once."""
     names: dict[int, tuple[ShardingStrategy, str]] = {}
 
-    def named(strategy: ShardingStrategy | None, index: int) -> ShardingStrategy:
-        if strategy is None:
-            raise StrategyError(f"operand {data.name!r}: a layout its producer gives does not fit the call")
+    def base(strategy: ShardingStrategy) -> str:
         if id(strategy) not in names:
             piece = strategy.partial_input(data.name)
             after = [a for a in strategy.communication_actions if a.operand == out.name and a.axes]
@@ -112,13 +117,18 @@ def _namer(data: OperationData, out: OperationData):
             name += f" -> {strategy.get_sharding_spec_by_name(out.name).sharding_sequence}"
             name += "".join(f" | P{''.join(map(str, a.axes))} {a.op}" for a in after)
             names[id(strategy)] = (strategy, name)   # the strategy kept: its id is not reused meanwhile
-        return strategy.renamed(f"{names[id(strategy)][1]}_{index}")
+        return names[id(strategy)][1]
 
-    return named
+    return base
 
 
-def _pieces(build, named, axes: dict, data: OperationData, index: int,
-            mesh_shape: tuple[int, ...]) -> list[ShardingStrategy]:
+def _named(base, strategy: ShardingStrategy, index: int) -> ShardingStrategy:
+    """The derived strategy named for predecessor strategy ``index``: ``<base>_<index>``."""
+    return strategy.renamed(f"{base(strategy)}_{index}")
+
+
+def _pieces(build, axes: dict, data: OperationData, index: int,
+            mesh_shape: tuple[int, ...]) -> list[tuple[ShardingStrategy, int, bool]]:
     """The strategy of ``axes`` again with the operand a partial sum over each set of free axes."""
     used = {a for held in axes.values() for a in held}
     free = [a for a, size in enumerate(mesh_shape) if size > 1 and a not in used]
@@ -127,7 +137,7 @@ def _pieces(build, named, axes: dict, data: OperationData, index: int,
         for held in itertools.combinations(free, k):
             strategy = build(axes, {data.name: held})
             if strategy is not None:
-                found.append(named(strategy, index))
+                found.append((strategy, index, False))
     return found
 
 
@@ -138,12 +148,13 @@ def produced_layouts(ctx, data: OperationData) -> list[Layout]:
     if producer is not None and producer.op in ("placeholder", "get_attr"):
         return every_layout(data.shape, ctx.mesh.shape)
     element = tuple_element(producer) if producer is not None else None
-    if element is not None and ctx.strategies_of is not None:   # topk's values: as topk's strategies lay them out
+    of = ctx.layouts_of or ctx.strategies_of     # the producer's layouts: its costs are not read here
+    if element is not None and of is not None:   # topk's values: as topk's strategies lay them out
         source, index = element
         return [pred.get_sharding_spec_by_name(pred.outputs[index].name).partition_dict()
-                for pred in ctx.strategies_of(source)]
+                for pred in of(source)]
     return [pred.get_sharding_spec_by_name(data.name).partition_dict()
-            for pred in ctx.predecessor_strategies(data.role)]
+            for pred in ctx.predecessor_layouts(data.role)]
 
 
 def every_layout(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[Layout]:
@@ -162,10 +173,12 @@ def every_layout(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[La
     return found
 
 
-def _first_of_each(strategies: list[ShardingStrategy]) -> list[ShardingStrategy]:
-    """The first strategy of each layout: its name without the producer's index says every
-    layout and action (several producer strategies produce the same layout)."""
+def _first_of_each(base, entries: list[tuple[ShardingStrategy, int, bool]]) -> list[ShardingStrategy]:
+    """The first strategy of each layout, named by its index: its name without the producer's
+    index says every layout and action (several producer strategies produce the same layout)."""
     found: dict[str, ShardingStrategy] = {}
-    for strategy in strategies:
-        found.setdefault(strategy.name.rpartition("_")[0], strategy)
+    for strategy, index, _ in entries:
+        name = base(strategy)
+        if name not in found:
+            found[name] = _named(base, strategy, index)
     return list(found.values())

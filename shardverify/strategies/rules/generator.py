@@ -174,8 +174,9 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
             raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
         inputs, outputs = views[:len(inputs)], views[len(inputs):]
         call = _Call(ctx, bound, inputs, outputs, shape_at, shape_part)
-        return colossal.offered(lambda axes, partial, in_op, out_op: call.strategy(axes, partial, (), in_op, out_op),
-                                rule, modifiers, inputs, outputs, ctx.mesh.shape)
+        return colossal.offered(call.layouts,
+                                lambda axes, partial, in_op, out_op: call.draft(axes, partial, (), in_op, out_op),
+                                call.finish, rule, modifiers, inputs, outputs, ctx.mesh.shape)
     call = _Call(ctx, bound, inputs, outputs, shape_at, shape_part)
     if modifiers.follow:
         try:
@@ -223,6 +224,11 @@ class _Call:
         # assignment -> whether its layout fits the call: the same for each of its partial-input
         # variants (they add only all-reduces, which change no local shape)
         self._fits: dict[tuple, bool] = {}
+        # (operand, layout) -> its ShardingSpec: one object per layout, so what a spec works out
+        # once (local shape, sequence) serves every strategy laying the operand out alike
+        self._specs: dict[tuple, ShardingSpec] = {}
+        self._syncs: dict[tuple, tuple[CommAction, ...]] = {}    # (input, axes) -> its gradient's all-reduce
+        self._layouts: dict[tuple, tuple[ShardingSpec, ...]] = {}   # assignment -> every operand's layout
 
     def strategy(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
                  taken: Container[str], in_op: str = "sum", out_op: str = "sum",
@@ -231,9 +237,33 @@ class _Call:
         mesh axes of their partial value, whose pieces reduce by ``in_op``; the output's by
         ``out_op``), and the ``narrowed`` inputs holding a factor over a prefix of its axes
         (narrowed.py); None where the layout does not fit the call or its name is ``taken``."""
+        draft = self.draft(axes, partial, taken, in_op, out_op, narrowed)
+        return None if draft is None else self.finish(draft)
+
+    def layouts(self, axes: dict[str, tuple[int, ...]]) -> tuple[ShardingSpec, ...]:
+        """Every operand's layout under ``axes``, in operand order (those of its strategies)."""
+        key = tuple(axes.items())
+        found = self._layouts.get(key)
+        if found is None:
+            found = self._layouts[key] = tuple(
+                self._spec(data, _layout(term, axes))
+                for data, term in zip(self.inputs + self.outputs, self.rule.inputs + self.rule.outputs))
+        return found
+
+    def _spec(self, data: OperationData, layout: dict[int, tuple[int, ...]]) -> ShardingSpec:
+        key = (data.name, tuple(layout.items()))
+        found = self._specs.get(key)
+        if found is None:
+            found = self._specs[key] = ShardingSpec.from_partition(self.ctx.mesh.shape, data.shape, layout)
+        return found
+
+    def draft(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
+              taken: Container[str], in_op: str = "sum", out_op: str = "sum",
+              narrowed: dict[str, dict[str, tuple[int, ...]]] | None = None) -> _Draft | None:
+        """:meth:`strategy` up to its name and costs: its layouts, actions and arguments, which
+        tell a duplicate before anything is costed (None as for :meth:`strategy`)."""
         ctx, rule, inputs, outputs = self.ctx, self.rule, self.inputs, self.outputs
         source, modifiers = self.spec.source, self.spec.modifiers
-        mesh_shape = ctx.mesh.shape
         operands = inputs + outputs
         reduce_ops = rule.partial_ops()
         partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops} | ({out_op} if partial else set())
@@ -242,9 +272,11 @@ class _Call:
             return None
         terms = rule.inputs + rule.outputs
         narrowed = narrowed or {}
-        specs = {data.name: ShardingSpec.from_partition(mesh_shape, data.shape,
-                                                        _layout(term, {**axes, **narrowed.get(data.name, {})}))
-                 for data, term in zip(operands, terms)}
+        if narrowed:
+            specs = {data.name: self._spec(data, _layout(term, {**axes, **narrowed.get(data.name, {})}))
+                     for data, term in zip(operands, terms)}
+        else:
+            specs = dict(zip((data.name for data in operands), self.layouts(axes)))
         pieces = tuple(sorted({a for held in partial.values() for a in held}))
         actions: list[CommAction] = []
         for index, (data, term) in enumerate(zip(inputs, rule.inputs)):
@@ -261,7 +293,10 @@ class _Call:
             trailing = {a for f, prefix in narrowed.get(data.name, {}).items() for a in axes[f][len(prefix):]}
             missing = tuple(sorted(set(missing) | trailing))
             if data.role not in modifiers.constant and self.carries_gradient:
-                actions += grad_sync(data, missing)
+                synced = self._syncs.get((data.name, missing))
+                if synced is None:
+                    synced = self._syncs[(data.name, missing)] = tuple(grad_sync(data, missing))
+                actions += synced
         # each output is partial over the reduced factors' axes it lacks and the partial inputs' axes
         per_output = [() if k in self.undefined else tuple(sorted(set(rule.output_partial(axes, k)) | set(pieces)))
                       for k in range(len(outputs))]
@@ -275,13 +310,7 @@ class _Call:
                 if inputs[index].name in partial:
                     continue
                 post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
-        alike = len(set(per_output)) == 1      # else each output partial on its own axes says so: `R+P0`
-        name = (" x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in inputs) + " -> " +
-                ", ".join(_seq(specs[d.name], () if alike else held, op)
-                          for d, held in zip(outputs, per_output))).lstrip()   # a factory's: "-> S0R"
-        if partial_axes:
-            name += f" | P{''.join(map(str, partial_axes))} {op}"
-        if name in taken:
+        if taken and self._name(specs, partial, in_op, per_output, op, partial_axes) in taken:
             return None
         uneven = not all(spec.is_even for spec in specs.values())
         local_args = (shape_argument(ctx, self.shape_at, specs[outputs[0].name], self.shape_part, uneven),) \
@@ -300,12 +329,47 @@ class _Call:
                                                      uneven or bool(narrowed))
             if not self._fits[key]:
                 return None
-        # compute cost by the checked rule: the op measured on meta tensors of the local shapes
-        strategy = make_strategy(ctx, name, operands, specs, actions, local_args=local_args)
-        if post_add or index_shards or partial:
-            strategy = strategy.replace(post_add=tuple(post_add), index_shards=index_shards,
-                                        partial_inputs=tuple(PartialInput(n, a, in_op) for n, a in partial.items()))
-        return strategy
+        return _Draft(specs, tuple(actions), tuple(post_add), partial, in_op, per_output, op, partial_axes,
+                      local_args, index_shards)
+
+    def _name(self, specs: dict[str, ShardingSpec], partial: dict[str, tuple[int, ...]], in_op: str,
+              per_output: list[tuple[int, ...]], op: str, partial_axes: tuple[int, ...]) -> str:
+        """``S0R x RS1 -> S0S1``, ``+P<axes>`` after a partial input, ``| P<axes> <op>`` when the
+        output is reduced after the op."""
+        alike = len(set(per_output)) == 1      # else each output partial on its own axes says so: `R+P0`
+        name = (" x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in self.inputs) + " -> " +
+                ", ".join(_seq(specs[d.name], () if alike else held, op)
+                          for d, held in zip(self.outputs, per_output))).lstrip()   # a factory's: "-> S0R"
+        if partial_axes:
+            name += f" | P{''.join(map(str, partial_axes))} {op}"
+        return name
+
+    def finish(self, draft: _Draft, name: str | None = None) -> ShardingStrategy:
+        """The strategy of ``draft``, named ``name`` (by its layouts if None), costs and all:
+        compute by the checked rule, the op measured on meta tensors of the local shapes."""
+        if name is None:
+            name = self._name(draft.specs, draft.partial, draft.in_op, draft.per_output, draft.op, draft.partial_axes)
+        return make_strategy(self.ctx, name, self.inputs + self.outputs,
+                             draft.specs, draft.actions, local_args=draft.local_args, post_add=draft.post_add,
+                             index_shards=draft.index_shards,
+                             partial_inputs=tuple(PartialInput(n, a, draft.in_op) for n, a in draft.partial.items()))
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """One strategy of a call before its name and costs: its layouts (operand name -> spec),
+    actions and local arguments, and what its name is made of."""
+
+    specs: dict[str, ShardingSpec]
+    actions: tuple[CommAction, ...]
+    post_add: tuple[PostAdd, ...]
+    partial: dict[str, tuple[int, ...]]      # partial input name -> mesh axes
+    in_op: str
+    per_output: list[tuple[int, ...]]        # each output's partial axes
+    op: str                                  # how the partial output reduces
+    partial_axes: tuple[int, ...]
+    local_args: tuple = ()
+    index_shards: tuple[IndexShard, ...] = ()
 
 
 def _index_shards(rule: Rule, indices: tuple[tuple[str, str], ...], inputs: list[OperationData],

@@ -91,6 +91,8 @@ def size_arguments(ctx: GeneratorContext, rule: Rule, source: Source,
     product of its own blocks' sizes of the factors it names (``"..."``: every factor the
     ellipsis stands for; a conv's groups=2 on a rank holding 2 of 4 groups). None where such a
     parameter is left at its default by the call: no place to pass a rank's own size."""
+    if not source.size_params:
+        return ()
     from shardverify.strategies.handlers.call_values import param_locator
 
     sizes, mesh = rule.size, ctx.mesh
