@@ -82,6 +82,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--upstream", nargs="?", type=Path, const=UPSTREAM, default=None, metavar="DIR",
                         help=f"re-run every upstream bug report's repro (default folder: {UPSTREAM}) on the installed "
                              "torch and say which are fixed (exit 1 when a repro neither reproduces nor passes)")
+    parser.add_argument("--gate", action="store_true",
+                        help="also fail when every class of an accepted root cause on the ops run is gone (fixed "
+                             "upstream: retire its entry) or when a root cause's repro (its 'repros') exits 0 "
+                             "(stops reproducing), is missing or errs; run the ops over every mesh their classes "
+                             "live on")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="after the verdict and the classes, one row per case and mesh and each case's note; "
                              "a line per case on stderr as it ends")
@@ -182,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
     unchecked = _unchecked(results)
     cut, skipped = _budget_cut(results)
     confirmations = _confirmations(args, results, specs, args.results)
-    passed = not fresh and not unchecked and not _unreproduced(confirmations) and (not cut or args.sample_passes)
+    gated = _gate(args, results, accepted)
+    passed = (not fresh and not unchecked and not _unreproduced(confirmations) and (not cut or args.sample_passes)
+              and len(gated or [""]) == 1)
     # The results reach stdout first: a file that cannot be written below loses none of them.
     if args.json:
         json.dump({"passed": passed, "seconds": round(time.perf_counter() - start, 3), "command": command,
@@ -194,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print("\n".join(_report(args, results, accepted, confirmations, passed, f"{time.perf_counter() - start:.1f}s",
-                                warned=caught.counts)))
+                                warned=caught.counts, gated=gated)))
     sys.stdout.flush()
 
     def write_accepted(path: Path) -> None:
@@ -215,22 +222,46 @@ def run(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
+def _gate(args: argparse.Namespace, results, accepted) -> list[str] | None:
+    """--gate: what fails it (root causes gone, repros that do not reproduce), one line each,
+    then one line saying what it watched; None without --gate. Each repro's line goes to stderr
+    as it ends unless --quiet."""
+    if not args.gate:
+        return None
+    from shardverify.dtensor.accepted import Accepted
+    from shardverify.dtensor.gate import gate_problems, run_repros
+
+    accepted = accepted or Accepted({})
+    repros = run_repros(accepted, args.root)
+    if not args.quiet:
+        for found in repros:
+            print(f"repro {found.line()} ({found.seconds:.1f}s)", file=sys.stderr, flush=True)
+    ops = {r.op for r in results if r.executed}
+    watched = sum(any(key.split(" ", 1)[0] in ops for key in cause.keys) for cause in accepted.causes)
+    return [f"gate: {line}" for line in gate_problems(results, accepted, repros)] + [
+        f"gate: {watched} root cause(s) watched on the ops run; {sum(not r.failed for r in repros)} of "
+        f"{len(repros)} repro(s) reproduce ({sum(r.seconds for r in repros):.1f}s)"]
+
+
 def _report(args: argparse.Namespace, results, accepted, confirmations, passed: bool, source: str,
-            about: str = "", warned: dict[str, int] | None = None) -> list[str]:
+            about: str = "", warned: dict[str, int] | None = None, gated: list[str] | None = None) -> list[str]:
     """The report, verdict first: PASS or FAIL with the counts (``source``: the time a run took,
     or where its results were read), the first new class, what was not checked and why, ``about``
     the results, the classes found (at most --show of each kind), one line for the cases' notes and
     one for the warnings torch gave (``warned``); -v adds the per-case table, the notes and the
     warnings."""
-    from shardverify.dtensor.report import case_notes, case_table, class_lines, new_classes
+    from shardverify.dtensor.report import case_notes, case_table, class_lines, new_class_name, new_classes
+    from shardverify.dtensor.rootcause import severity_of
 
     fresh = new_classes(results, accepted)
     unchecked = _unchecked(results)
     cut, skipped = _budget_cut(results)
     executed = sum(r.executed for r in results)
-    silent = sum(r.counts.get("silent-wrong", 0) for r in results)
+    rounding = sum(f.klass == "silent-wrong" and severity_of(f) == "rounding" for r in results for f in r.findings)
+    silent = sum(r.counts.get("silent-wrong", 0) for r in results) - rounding
     late = sum(r.counts.get("late-failure", 0) for r in results)
-    what = (f"{count(executed, 'layout combination')} run on DTensor: {silent:,} silently wrong, {late:,} failing "
+    what = (f"{count(executed, 'layout combination')} run on DTensor: {silent:,} silently wrong"
+            + (f" ({rounding:,} more within rounding)" if rounding else "") + f", {late:,} failing "
             f"later, {count(len(fresh), 'new class', 'new classes')} not in the accepted file"
             + ("; no combination was executed" if unchecked else "") + _gloo_verdict(confirmations))
     context = [f"{count(len({r.op for r in results}), 'op')}, {count(len({(r.op, r.case) for r in results}), 'case')}, "
@@ -238,8 +269,9 @@ def _report(args: argparse.Namespace, results, accepted, confirmations, passed: 
     lines = [verdict_line(passed, what, context)]
     if fresh:
         first = fresh[0]
-        lines.append(f"first new class: {first.key()}: e.g. {first.case} on {tuple(first.mesh)}: {first.line}: "
-                     f"{first.detail}")
+        lines.append(f"first new class: {new_class_name(first, accepted)}: e.g. {first.case} on {tuple(first.mesh)}: "
+                     f"{first.line}: {first.detail}")
+    lines += gated or []
     if skipped:
         lines.append(_skipped_words(skipped, args.sample_passes).removeprefix(", "))
     lines += [f"  not checked: {line}" for line in unchecked + cut]
@@ -387,9 +419,11 @@ def _report_stored(args: argparse.Namespace, accepted, specs, limit) -> int:
     unchecked = _unchecked(results)
     cut, _ = _budget_cut(results)
     confirmations = _confirmations(args, results, specs, args.from_json)
-    passed = not fresh and not unchecked and not _unreproduced(confirmations) and (not cut or args.sample_passes)
+    gated = _gate(args, results, accepted)
+    passed = (not fresh and not unchecked and not _unreproduced(confirmations) and (not cut or args.sample_passes)
+              and len(gated or [""]) == 1)
     print("\n".join(_report(args, results, accepted, confirmations, passed, f"what {args.from_json} holds",
-                            note)))
+                            note, gated=gated)))
     sys.stdout.flush()
     command = _command_line(args) + f" --results {args.from_json}"
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(

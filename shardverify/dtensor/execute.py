@@ -18,6 +18,7 @@ redistribute first, and into which output placement) beside whether the runtime 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -410,5 +411,21 @@ def _first_mismatch(per_rank: dict, expected: torch.Tensor, tol: Tolerance) -> s
         found = compare(got, expected, tol)
         if not found.close:
             return (f"rank {rank} differs from the reference (max abs error {found.max_abs_err:.3g}"
-                    f"{', ' + found.nonfinite if found.nonfinite else ''})")
+                    f"{', ' + found.nonfinite if found.nonfinite else ''}{_ulps(got, expected, found)})")
     return ""
+
+
+def _ulps(got: torch.Tensor, expected: torch.Tensor, found) -> str:
+    """How a low-precision output's error reads in its dtype's units in the last place at the
+    reference's largest value, when it is within a few of them (rootcause.FEW_ULPS): rounding,
+    which the report does not count as corruption; "" otherwise."""
+    from shardverify.dtensor.rootcause import FEW_ULPS, ROUNDING_MARK
+
+    if not got.is_floating_point() or got.dtype == torch.float64 or found.nonfinite or not expected.numel():
+        return ""
+    top = float(expected.abs().max())
+    if not math.isfinite(top) or top == 0.0:
+        return ""
+    ulp = torch.finfo(got.dtype).eps * 2.0 ** math.floor(math.log2(top))
+    ulps = found.max_abs_err / ulp
+    return f", {ulps:.2g} {str(got.dtype).removeprefix('torch.')} {ROUNDING_MARK}" if ulps <= FEW_ULPS else ""

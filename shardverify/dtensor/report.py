@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from shardverify.dtensor.accepted import Accepted
+from shardverify.dtensor.rootcause import (FEW_ULPS, class_summaries, culprit_of, fine_key, is_corruption,
+                                           rule_function, severity_of)
 from shardverify.dtensor.verdicts import CLASSES
 
-__all__ = ["GATED", "new_classes", "summary", "case_table", "case_notes", "class_lines", "example", "markdown",
+__all__ = ["GATED", "new_classes", "new_class_name", "silent_restated", "root_cause_sections", "summary", "case_table", "case_notes", "class_lines", "example", "markdown",
            "gloo_lines", "gloo_text"]
 
 ORDER = tuple(CLASSES)
@@ -24,22 +26,35 @@ GATED = ("silent-wrong", "late-failure")
 
 
 def new_classes(results, accepted: Accepted | None) -> list:
-    """The silent-corruption and late-failure findings whose class ``accepted`` does not list
-    (one per class)."""
+    """The silent-corruption and late-failure findings whose class ``accepted`` does not list,
+    or lists with another culprit or severity (one per class; rounding within a few ulps of a
+    low-precision output is no corruption, :mod:`shardverify.dtensor.rootcause`)."""
     seen, found = set(), []
     for r in results:
         for f in r.findings:
-            if f.klass in GATED and f.key() not in seen and (accepted is None or not accepted.reason(f.key())):
-                seen.add(f.key())
+            if not is_corruption(f):
+                continue
+            listed = accepted is not None and accepted.reason(f.key()) is not None
+            name = fine_key(f) if listed else f.key()     # an unlisted key is one new class, whatever its culprits
+            if name not in seen and (accepted is None or not accepted.accepts(f.key(), culprit_of(f), severity_of(f))):
+                seen.add(name)
                 found.append(f)
     return found
 
 
+def new_class_name(f, accepted: Accepted | None) -> str:
+    """A new class as the report names it: its key, with its culprit and severity when the key
+    itself is accepted (a second fault under a known key)."""
+    return fine_key(f) if accepted is not None and accepted.reason(f.key()) else f.key()
+
+
 def _by_key(results, klass: str) -> dict[str, list]:
+    """Findings of ``klass`` by class key; silent ones within rounding are under "rounding"."""
     by_key: dict[str, list] = defaultdict(list)
     for r in results:
         for f in r.findings:
-            if f.klass == klass:
+            rounding = f.klass == "silent-wrong" and severity_of(f) == "rounding"
+            if (f.klass == klass and not rounding) or (klass == "rounding" and rounding):
                 by_key[f.key()].append(f)
     return by_key
 
@@ -74,7 +89,8 @@ def class_lines(results, accepted: Accepted | None, show: int = 5, confirmations
     lines: list[str] = []
     fresh_keys = {f.key() for f in new_classes(results, accepted)}
     for klass, title in (("silent-wrong", "DTensor computes wrong values silently"),
-                         ("late-failure", "DTensor returns, then fails later")):
+                         ("late-failure", "DTensor returns, then fails later"),
+                         ("rounding", "Within rounding of a low-precision output (no corruption)")):
         by_key = _by_key(results, klass)
         if not by_key:
             continue
@@ -210,6 +226,7 @@ def markdown(results, accepted: Accepted | None, command: str, torch_version: st
     executed = sum(r.executed for r in results)
     out.append(f"## Totals\n\n{executed} combinations executed over {len(results)} (op, case, mesh) runs: "
                + ", ".join(f"{totals.get(k, 0)} {k}" for k in ORDER) + ".\n")
+    out.append(silent_restated(results) + "\n")
     by_op: dict[str, dict[tuple, Counter]] = defaultdict(lambda: defaultdict(Counter))
     runs: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
     notes: dict[tuple, list[str]] = defaultdict(list)
@@ -237,30 +254,7 @@ def markdown(results, accepted: Accepted | None, command: str, torch_version: st
                        + " | ".join(str(counts.get(k, 0)) for k in ORDER)
                        + f" | {'; '.join(notes[(op, mesh)])} |")
     out.append("")
-    for klass, title in (("silent-wrong", "Silent corruption"), ("late-failure", "Late failures")):
-        by_key = _by_key(results, klass)
-        out.append(f"## {title}\n")
-        if not by_key:
-            out.append("None found.\n")
-        for key, found in sorted(by_key.items()):
-            f = found[0]
-            reason = accepted.reason(key) if accepted else None
-            meshes = ", ".join(sorted({_mesh(g.mesh) for g in found}))
-            out.append(f"- `{key}`: {len(found)} combination(s) on {meshes}"
-                       + (f"; accepted: {reason}" if reason else "; **not in the accepted file**"))
-            out.append(f"  - e.g. {f.case} on {_mesh(f.mesh)}: `{f.line}`: {f.detail}")
-            if f.rule:
-                out.append(f"  - the call's rule: {f.rule}")
-            if f.culprit:
-                out.append(f"  - at fault: {f.culprit}")
-            if f.runtime:
-                out.append(f"  - {f.runtime}")
-            out.append(f"  - a local strategy (audit): {f.local_strategy}")
-            if confirmations is not None and key in confirmations:
-                out.append(f"  - {gloo_text(confirmations[key])}")
-            elif confirmations is not None and klass == "silent-wrong":    # a late failure's is counted above
-                out.append("  - not run on real gloo processes (`--confirm`)")
-        out.append("")
+    out += root_cause_sections(results, accepted, confirmations)
     for klass in ("raises", "missed-optimisation", "not-expressible", "not-simulated"):
         found = [f for r in results for f in r.findings if f.klass == klass]
         if not found:
@@ -285,3 +279,88 @@ def _why(finding) -> str:
     if finding.klass == "missed-optimisation":
         return "with a forward collective" if "forward " in finding.comms else "placement change only"
     return finding.detail.split(":")[0]
+
+
+def silent_restated(results) -> str:
+    """The silent total restated: corruption apart from rounding within a few ulps of a
+    low-precision output (rootcause.FEW_ULPS)."""
+    silent, rounding = _by_key(results, "silent-wrong"), _by_key(results, "rounding")
+    late = _by_key(results, "late-failure")
+    return (f"Silent corruption: {sum(map(len, silent.values()))} combinations in {len(silent)} classes "
+            f"(wrong shape or wrong values); within {FEW_ULPS:g} ulps of a low-precision output's dtype, rounding "
+            f"and not counted as corruption: {sum(map(len, rounding.values()))} combinations in {len(rounding)} "
+            f"classes; late failures: {sum(map(len, late.values()))} combinations in {len(late)} classes.")
+
+
+def root_cause_sections(results, accepted: Accepted | None, confirmations: dict | None = None) -> list[str]:
+    """The silent, rounding and late classes grouped by root cause (the accepted file's entries):
+    a table with each root cause's culprits, classes and combinations by severity, then each root
+    cause's reason and classes; the classes no entry lists last."""
+    classes = class_summaries(results)
+    causes = list(accepted.causes) if accepted is not None else []
+    grouped: dict[str, list] = defaultdict(list)
+    for key in sorted(classes):
+        cause = accepted.cause(key) if accepted is not None else None
+        grouped[(cause.slug or cause.reason[:60]) if cause is not None else ""].append(classes[key])
+    out = ["## Root causes\n",
+           "Each class below is grouped under the root cause whose entry in `specs/dtensor/accepted.yaml` lists it; "
+           "the culprit is what the harness found at fault (the first wrong aten op, forward or backward, its rule "
+           "or the runtime), the DTensor function the one that op dispatches to on this torch. Severity per "
+           "combination: wrong shape, wrong values, rounding (within a few ulps of a low-precision output: no "
+           "corruption), fails later.\n",
+           "| root cause | culprit | DTensor function | classes | combinations | wrong shape | wrong values | "
+           "rounding | fails later | page |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    named = [(c.slug or c.reason[:60], c) for c in causes] + ([("", None)] if grouped.get("") else [])
+    functions: dict[str, str] = {}
+    for name, cause in named:
+        found = grouped.get(name, [])
+        if not found and cause is not None and not cause.repros:
+            continue
+        severities: Counter = Counter(severity_of(f) for c in found for f in c.findings)
+        culprits = sorted({c.culprit for c in found})
+        for culprit in culprits:
+            functions.setdefault(culprit, rule_function(culprit))
+        shown = "; ".join(culprits[:3]) + (f"; {len(culprits) - 3} more" if len(culprits) > 3 else "")
+        made = "; ".join(sorted({functions[c] for c in culprits if functions[c]}))
+        page = f"[{cause.page}]({cause.page.removeprefix('docs/')})" if cause is not None and cause.page else ""
+        out.append(f"| {name or '**not in the accepted file**'} | {shown} | {made} | {len(found)} | "
+                   f"{sum(c.combinations for c in found)} | "
+                   + " | ".join(str(severities.get(k, 0)) for k in ("wrong shape", "wrong values", "rounding",
+                                                                     "fails later"))
+                   + f" | {page} |")
+    out.append("")
+    for name, cause in named:
+        found = grouped.get(name, [])
+        if not found and cause is not None and not cause.repros:
+            continue
+        out.append(f"### {name or 'Not in the accepted file'}\n")
+        if cause is not None:
+            out.append(f"{len(found)} class(es); accepted: {cause.reason}\n")
+            if cause.repros:
+                out.append("Repro" + ("s" if len(cause.repros) > 1 else "") + " (exit 1 while it reproduces; "
+                           "`--gate` runs them): " + ", ".join(f"`{r}`" for r in cause.repros) + "\n")
+        for c in found:
+            out += _class_item(c, confirmations)
+        out.append("")
+    return out
+
+
+def _class_item(c, confirmations: dict | None) -> list[str]:
+    f = next((g for g in c.findings if g.culprit), c.findings[0])
+    meshes = ", ".join(_mesh(m) for m in c.meshes)
+    lines = [f"- `{c.key}`: {c.combinations} combination(s) on {meshes}; {', '.join(c.severities)}; "
+             f"culprit: {c.culprit}",
+             f"  - e.g. {f.case} on {_mesh(f.mesh)}: `{f.line}`: {f.detail}"]
+    if f.rule:
+        lines.append(f"  - the call's rule: {f.rule}")
+    if f.culprit:
+        lines.append(f"  - at fault: {f.culprit}")
+    if f.runtime:
+        lines.append(f"  - {f.runtime}")
+    lines.append(f"  - a local strategy (audit): {f.local_strategy}")
+    if confirmations is not None and c.key in confirmations:
+        lines.append(f"  - {gloo_text(confirmations[c.key])}")
+    elif confirmations is not None and f.klass == "silent-wrong":    # a late failure's is counted above
+        lines.append("  - not run on real gloo processes (`--confirm`)")
+    return lines

@@ -29,6 +29,7 @@ from shardverify.dtensor.attribute import backward_raise
 from shardverify.dtensor.execute import CaseRunner, Execution, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.repro import render_repro, repro_case
+from shardverify.dtensor.rootcause import fine_key
 from shardverify.dtensor.store import (HARNESS, StoredRun, load_stored, read_running, save_stored, spec_hash,
                                       store_path, write_running)
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
@@ -152,7 +153,7 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
     if len(chosen) < len(combos):
         left = f"{len(combos) - len(chosen)} of {len(combos)} combinations not executed (limit {limit})"
         result.note = f"{result.note}; {left}" if result.note else left
-    rendered = set() if explained is None else explained
+    rendered = set() if explained is None else explained     # keys, and fine keys attributed
     saved = time.perf_counter()
     with quiet_dtensor(), local_world(tuple(mesh_shape)) as (mesh, mode):
         runner = CaseRunner(problem, operands, mesh, mode, budget=budget)
@@ -193,11 +194,15 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                  else f"none ({outcome.reason})"),
                 _comms(execution),
                 culprit=backward_raise(execution.raised_in, execution.detail) if execution.failed == "backward-raises" else "")
-            if klass in ("silent-wrong", "late-failure") and finding.key() not in rendered:
-                rendered.add(finding.key())
-                step = runner.culprit(combo) if klass == "silent-wrong" else None
+            # the first finding of each class gets its repro; of each (class, culprit as its rule and
+            # error read, severity) its attribution too: a second fault under a known key is named
+            if klass == "silent-wrong" and fine_key(finding) not in rendered:
+                rendered.add(fine_key(finding))
+                step = runner.culprit(combo)
                 if step is not None:
                     finding = dataclasses.replace(finding, culprit=str(step), runtime=step.verdict)
+            if klass in ("silent-wrong", "late-failure") and finding.key() not in rendered:
+                rendered.add(finding.key())
                 finding = dataclasses.replace(finding, repro=_repro(problem, operands, combo, mesh_shape, finding))
             result.findings.append(finding)
 
