@@ -4,6 +4,7 @@ repro script, a user's own op and rule, and the accepted-file gate."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -351,7 +352,9 @@ def test_a_custom_spec_that_cannot_import_its_module_is_a_usage_error(tmp_path, 
 
 
 def test_a_class_key_is_the_same_on_every_mesh_and_the_accepted_file_round_trips(tmp_path):
-    from shardverify.dtensor.accepted import render_accepted
+    import dataclasses
+
+    from shardverify.dtensor.accepted import RootCause, render_accepted
     from shardverify.dtensor.verdicts import class_key
 
     on_4 = class_key("conv2d", "forward", (("input", "[R]"), ("weight", "[S(0)]")))
@@ -360,10 +363,14 @@ def test_a_class_key_is_the_same_on_every_mesh_and_the_accepted_file_round_trips
     assert class_key("mm", "backward", (("a", "[S(0), P(sum)]"),)) == "mm backward a=P(sum)+S(0)"
     assert class_key("cumsum", "forward", (("x", "[_S(2, sf=3), S(2)]"),)) == "cumsum forward x=S(2)+_S(2, sf=3)"
     path = tmp_path / "accepted.yaml"
-    path.write_text(render_accepted({'the "runtime" skips it': [on_4, on_4 + " bias=R"]}, "2.13.0"))
+    cause = RootCause("conv-runtime", 'the "runtime" skips it', (on_4, on_4 + " bias=R"),
+                      ("runtime of aten.convolution.default (forward)",), ("wrong shape", "wrong values"),
+                      ("docs/upstream/repros/conv.py",), "docs/upstream/conv.md")
+    path.write_text(render_accepted([cause], "2.13.0"))
     accepted = load_accepted(path)
     assert accepted.torch == "2.13.0"
     assert accepted.reasons == {on_4: 'the "runtime" skips it', on_4 + " bias=R": 'the "runtime" skips it'}
+    assert accepted.causes == (dataclasses.replace(cause, where=f"{path}:7"),)
 
 
 def test_a_saved_run_is_reported_again_against_another_accepted_file(tmp_path, capsys):
@@ -497,3 +504,19 @@ def test_a_repro_differentiates_every_output_the_finding_did_so_group_norm_fails
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 1, run.stdout + run.stderr
     assert '"status": "late-failure"' in run.stdout and "aten.unsqueeze_.default" in run.stdout, run.stdout
+
+
+def test_write_accepted_writes_one_entry_per_root_cause_that_accepts_the_run_and_round_trips(tmp_path, capsys):
+    spec = str(CUSTOM / "row_normalize_bad.yaml")
+    written, again = tmp_path / "written.yaml", tmp_path / "again.yaml"
+    assert main(["dtensor", "--custom", spec, "--mesh", "4", "--quiet", "--accepted", str(_accepted(tmp_path, ["x y z"])),
+                 "--write-accepted", str(written)]) == 1
+    cause, = load_accepted(written).causes
+    assert cause.keys == ("svtest::row_normalize_bad forward x=S(1)",)
+    assert cause.culprits and cause.culprits[0].startswith("forward rule of ") and cause.severity == ("wrong values",)
+    assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", cause.slug) and cause.reason.startswith("to fill in")
+    assert "classes: 1" in written.read_text() and "TODO" not in written.read_text()
+    # the file written accepts the run, and a run against it writes its entries back as they are
+    assert main(["dtensor", "--custom", spec, "--mesh", "4", "--quiet", "--accepted", str(written),
+                 "--write-accepted", str(again)]) == 0
+    assert again.read_text() == written.read_text()

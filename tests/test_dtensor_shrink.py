@@ -90,3 +90,27 @@ def test_the_cumsum_fix_removes_every_silent_combination_and_breaks_none():
     assert proof.stock["silent-wrong"] > 0
     assert proof.fixed["silent-wrong"] == 0 and not proof.newly_failing
     assert "fixed: 0 silent-wrong" in proof.line()
+
+
+def test_a_multi_output_op_is_held_to_its_reference_and_the_nll_loss_fix_makes_the_weighted_mean_right():
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from shardverify.dtensor.attribute import OpTrace
+    from shardverify.dtensor.fixes import FIXES, patched
+    from shardverify.dtensor.shrink import outcome
+    from shardverify.dtensor.world import local_world
+
+    x, t, w = torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([0, 1]), torch.tensor([1.0, 3.0])
+    with local_world((2,)) as (mesh, mode), mode:
+        trace = OpTrace()
+        with trace:
+            torch.nn.functional.cross_entropy(distribute_tensor(x, mesh, [Shard(0)]), distribute_tensor(t, mesh, [Shard(0)]),
+                                              weight=distribute_tensor(w, mesh, [Replicate()]))
+    # nll_loss_forward returns (loss, total_weight): the loss is judged although the output is a tuple
+    assert trace.culprit is not None and trace.culprit.op == "aten.nll_loss_forward.default"
+    assert trace.culprit.blame == "forward rule" and trace.culprit.output == "[P(avg)]"
+    family, start = ROOT_EXAMPLES["nll-loss-weighted-mean"]
+    assert outcome(family, start).kind == "silent"
+    with patched(FIXES["nll-loss-weighted-mean"]):
+        assert outcome(family, start).kind == "right"

@@ -111,3 +111,27 @@ def test_plan_writes_its_page_and_a_folder_for_a_page_is_refused_before_the_run(
     assert out.out.splitlines()[0].startswith("PASS") and f"report: {page}" in out.err
     assert 'aria-label="the model graph"' in html and "fc1" in html and not FETCHES.search(html)
     assert html.count("<svg") >= 3   # the graph and the layouts of the sharded nodes
+
+
+def test_a_dtensor_page_shows_each_root_causes_severity_and_a_culprit_it_does_not_list_as_new(tmp_path):
+    from shardverify.dtensor.accepted import load_accepted
+
+    def silent(placement: str, culprit: str) -> Finding:
+        return Finding("cumsum", "dim_-1", (4,), (("input", "[S0]"),), (("input", placement),), "silent-wrong",
+                       "forward", "output 0: rank 0 differs from the reference (max abs error 7.3)", "", "", "none", "",
+                       culprit=culprit)
+    rule = "forward rule of aten.cumsum.default (forward): inputs [S(2)] -> output [S(2)], wrong by 7.3"
+    other = "forward rule of aten.add.Tensor (forward): inputs [S(0)] -> output [S(0)], wrong by 1.0"
+    results = [CaseResult("cumsum", "dim_-1", (4,), 5, 5, Counter({"agrees": 3, "silent-wrong": 2}),
+                          [silent("[S(2)]", rule), silent("[S(0)]", other)])]
+    path = tmp_path / "accepted.yaml"
+    path.write_text('accepted:\n  - slug: cumsum-negative-dim\n    reason: "the scan rule keeps a negative dim"\n'
+                    '    culprits: ["forward rule of aten.cumsum.default (forward)"]\n    severity: [wrong values]\n'
+                    '    classes: 2\n    keys: ["cumsum forward input=S(2)", "cumsum forward input=S(0)"]\n')
+    html = render(dtensor_page(results, load_accepted(path), False, 1.0, "shardverify dtensor cumsum"))
+    causes = html[html.index("Root causes and severity"):html.index("Classes of wrong results")]
+    assert "cumsum-negative-dim" in causes and "wrong values" in causes and "wrong shape" in causes
+    assert html.count("<b>severity</b>: wrong values (1) (its entry lists: wrong values)") == 2
+    assert html.count("<b>root cause</b>: cumsum-negative-dim") == 2
+    # the second class's culprit is not its entry's: a second fault under a known key, new
+    assert html.count('class="tag fail"') == 1 and "not with this culprit or severity" in html

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from shardverify.cli.catalogue import load_op_specs
-    from shardverify.dtensor.accepted import load_accepted, render_accepted
+    from shardverify.dtensor.accepted import load_accepted
     from shardverify.dtensor.custom import load_custom, run_custom
     from shardverify.dtensor.report import markdown, new_classes
     from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT, run_spec
@@ -204,15 +204,8 @@ def run(args: argparse.Namespace) -> int:
                                 warned=caught.counts, gated=gated)))
     sys.stdout.flush()
 
-    def write_accepted(path: Path) -> None:
-        keys: dict[str, list[str]] = {}
-        for f in new_classes(results, None):
-            reason = (accepted.reason(f.key()) if accepted else None) or "TODO: why DTensor is wrong here"
-            keys.setdefault(reason, []).append(f.key())
-        _write_file(path, render_accepted(keys, torch.__version__))
-
     outputs = [(args.repros, lambda folder: _write_repros(folder, results)),
-               (args.write_accepted, write_accepted),
+               (args.write_accepted, _accepted_writer(results, accepted, torch.__version__)),
                (args.write, lambda path: _write_file(path, markdown(results, accepted, command, torch_version,
                                                                     confirmations=confirmations))),
                (args.html, _page_writer(results, accepted, passed, time.perf_counter() - start, command))]
@@ -324,6 +317,17 @@ def _write_file(path: Path, text: str) -> None:
     write_file_atomic(path, text)     # whole or not at all: a full disk leaves no half page
 
 
+def _accepted_writer(results, accepted, torch_version: str):
+    """--write-accepted: every silent-corruption and late-failure class found, as root causes in
+    the accepted file's format (shardverify.dtensor.rootcause.found_causes)."""
+    def write(path: Path) -> None:
+        from shardverify.dtensor.accepted import render_accepted
+        from shardverify.dtensor.rootcause import found_causes
+
+        _write_file(path, render_accepted(found_causes(results, accepted), torch_version))
+    return write
+
+
 def _page_writer(results, accepted, passed: bool, seconds: float, command: str):
     """What writes the run's HTML page to a path (--html)."""
     def write_page(path: Path) -> None:
@@ -398,6 +402,7 @@ def _report_saved(args: argparse.Namespace, accepted) -> int:
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
             results, accepted, saved.get("command", "shardverify dtensor"), saved.get("torch", "?"),
             note=str(saved.get("note") or "")))),
+            (args.write_accepted, _accepted_writer(results, accepted, saved.get("torch", "?"))),
             (args.html, _page_writer(results, accepted, passed, 0.0, saved.get("command", "shardverify dtensor")))]):
         return USAGE
     return 0 if passed else 1
@@ -428,6 +433,7 @@ def _report_stored(args: argparse.Namespace, accepted, specs, limit) -> int:
     command = _command_line(args) + f" --results {args.from_json}"
     if _write_outputs([(args.write, lambda path: _write_file(path, markdown(
             results, accepted, command, torch.__version__, note=note, confirmations=confirmations))),
+            (args.write_accepted, _accepted_writer(results, accepted, torch.__version__)),
             (args.html, _page_writer(results, accepted, passed, 0.0, command))]):
         return USAGE
     return 0 if passed else 1

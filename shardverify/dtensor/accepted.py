@@ -25,6 +25,7 @@ class. An entry without a ``slug`` (a user's own file) accepts its keys by key a
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,15 +140,29 @@ def load_accepted(path: Path) -> Accepted:
     return Accepted(reasons, str(version.value) if version is not None else "", tuple(causes))
 
 
-def render_accepted(keys_by_reason: dict[str, list[str]], torch_version: str) -> str:
-    """The file listing ``keys_by_reason`` (what ``--write-accepted`` writes)."""
-    lines = ["# DTensor's silent-corruption classes `shardverify dtensor` accepts (each with its reason).",
-             "# A class found that is not listed here makes the command exit 1.",
+def render_accepted(causes: Sequence[RootCause], torch_version: str) -> str:
+    """The file listing ``causes`` in this module's format, one entry per root cause (what
+    ``--write-accepted`` writes; :func:`load_accepted` reads it back)."""
+    lines = ["# DTensor's known faults, one entry per root cause: the classes each causes, the culprit the harness",
+             "# names for them and their severity. A class found that is not listed here, or found with a culprit or",
+             "# severity its entry does not list, makes `shardverify dtensor` exit 1.",
              f"torch: {torch_version}", "accepted:"]
-    for reason, keys in keys_by_reason.items():
-        lines.append(f"  - reason: {_quoted(reason)}")
-        lines.append("    keys:")
-        lines += [f"      - {_quoted(key)}" for key in sorted(set(keys))]
+    for cause in causes:
+        lines.append(f"  # {len(cause.keys)} class(es)" + (f", {', '.join(cause.severity)}" if cause.severity else ""))
+        lines.append(f"  - slug: {cause.slug}")
+        lines.append(f"    reason: {_quoted(cause.reason)}")
+        if cause.page:
+            lines.append(f"    page: {cause.page}")
+        if cause.repros:
+            lines.append("    repros: [" + ", ".join(cause.repros) + "]")
+        if cause.culprits:
+            lines.append("    culprits:")
+            lines += [f"      - {_quoted(culprit)}" for culprit in cause.culprits]
+        if cause.severity:
+            lines.append(f"    severity: [{', '.join(cause.severity)}]")
+        lines.append(f"    classes: {len(cause.keys)}")
+        lines.append("    keys:" if cause.keys else "    keys: []")
+        lines += [f"      - {_quoted(key)}" for key in cause.keys]
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,8 @@ decides for those placements, and the runtime watched for whether it applied it:
   rule* (or *the backward rule* for an op run by the backward) is wrong;
 * the rule asks for a redistribution that the runtime never applied: *the runtime* is wrong.
 
-Outputs whose reduction has side effects (an embedding's ``MaskPartial``) are not read here.
+Every output of an op with several (``nll_loss_forward``'s loss and total weight) is held to its
+reference; outputs whose reduction has side effects (an embedding's ``MaskPartial``) are not read here.
 """
 
 from __future__ import annotations
@@ -99,6 +100,13 @@ def _readable(value) -> bool:
                                               for p in value.placements)
 
 
+def _outputs(out) -> list:
+    """(index, DTensor) for each readable output of an op: one, or each of a tuple's (nll_loss's
+    loss and total weight), so a multi-output op is held to its reference too."""
+    values = out if isinstance(out, (tuple, list)) else (out,)
+    return [(i, v) for i, v in enumerate(values) if _readable(v)]
+
+
 class OpTrace(TorchDispatchMode):
     """Enter above DTensor (inside LocalTensorMode) around the forward, then again around the
     backward with :attr:`phase` set; :attr:`culprit` is the first wrong :class:`Step`."""
@@ -112,7 +120,7 @@ class OpTrace(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.culprit is None and not str(func).endswith("_.default") and _readable(out):
+        if self.culprit is None and not str(func).endswith("_.default") and _outputs(out):
             try:
                 self._judge(func, args, kwargs, out)
             except Exception:  # noqa: BLE001 - an op that cannot be replayed on full values says nothing
@@ -123,19 +131,23 @@ class OpTrace(TorchDispatchMode):
         from shardverify.verify.tolerance import Tolerance, compare
 
         full_args, full_kwargs = _full(tuple(args)), _full(dict(kwargs))
-        want = _rank0(func(*full_args, **full_kwargs))
-        got = _rank0(out.full_tensor())
-        if not isinstance(want, torch.Tensor) or not want.is_floating_point():
+        wants = func(*full_args, **full_kwargs)
+        wants = wants if isinstance(wants, (tuple, list)) else (wants,)
+        for index, got_d in _outputs(out):
+            want = _rank0(wants[index]) if index < len(wants) else None
+            if not isinstance(want, torch.Tensor) or not want.is_floating_point():
+                continue
+            got = _rank0(got_d.full_tensor())
+            scale = max(float(want.abs().max()), 1.0) if want.numel() else 1.0
+            found = compare(got, want, Tolerance(1e-7, 1e-7 * scale)) if got.shape == want.shape else None
+            if found is not None and found.close:
+                continue
+            error = found.max_abs_err if found is not None else float("inf")
+            rule, asks = _rule(func, args, kwargs)
+            blame = "runtime" if asks and not self._redistributed_for(func) else f"{self.phase} rule"
+            self.culprit = Step(str(func), self.phase, _placements(args), placements_text(got_d.placements), error,
+                                rule, blame)
             return
-        scale = max(float(want.abs().max()), 1.0) if want.numel() else 1.0
-        found = compare(got, want, Tolerance(1e-7, 1e-7 * scale)) if got.shape == want.shape else None
-        if found is not None and found.close:
-            return
-        error = found.max_abs_err if found is not None else float("inf")
-        rule, asks = _rule(func, args, kwargs)
-        blame = "runtime" if asks and not self._redistributed_for(func) else f"{self.phase} rule"
-        self.culprit = Step(str(func), self.phase, _placements(args), placements_text(out.placements), error,
-                            rule, blame)
 
     def _redistributed_for(self, func) -> bool:
         return any(event.startswith(f"{func}:") for event in self.redistributed)

@@ -137,6 +137,33 @@ def _convolution_handler(original):
     return convolution_handler
 
 
+def _nll_loss_forward_strategy(original):
+    """nll_loss_forward with class weights and reduction='mean': every operand replicated (the
+    output and the total weight too, so the even-sharding check of the mean has nothing to
+    refuse) instead of a batch shard's weighted mean kept as ``Partial("avg")``:
+    sum(w[t] * loss) / sum(w[t]) is no mean of the shards' own."""
+    def nll_loss_forward_strategy(op_schema):
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec
+        from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
+        from torch.distributed.tensor._ops.utils import generate_redistribute_costs
+        from torch.distributed.tensor.placement_types import Replicate
+
+        args = op_schema.args_schema
+        if args[2] is None or args[3] != 1:      # no weight, or not Reduction.MEAN
+            return original(op_schema)
+        mesh = op_schema.get_mesh_from_args()
+        whole = (Replicate(),) * mesh.ndim
+        operands = args[:3]
+        found = []
+        for index in range(len(operands[0].strategies)):
+            inputs = [DTensorSpec(mesh, whole, tensor_meta=o.strategies[index].output_spec.tensor_meta)
+                      for o in operands]
+            found.append(OpSpec(output_specs=(DTensorSpec(mesh, whole), DTensorSpec(mesh, whole)), input_specs=inputs,
+                                redistribute_cost=[generate_redistribute_costs(o, i) for o, i in zip(operands, inputs)]))
+        return OpStrategy(found)
+    return nll_loss_forward_strategy
+
+
 _SCAN_DIFF = """\
 --- a/torch/distributed/tensor/_ops/_math_ops.py
 +++ b/torch/distributed/tensor/_ops/_math_ops.py
@@ -178,12 +205,39 @@ _CONV_DIFF = """\
      # local propagation
 """
 
+_NLL_DIFF = """\
+--- a/torch/distributed/tensor/_ops/_math_ops.py
++++ b/torch/distributed/tensor/_ops/_math_ops.py
+@@ def nll_loss_forward_strategy(op_schema: OpSchema) -> OpStrategy:
+     input_shape = input_strategy.shape
+     channel_dim = 1 if len(input_shape) >= 2 else 0
++    # a weighted mean, sum(w[t] * loss) / sum(w[t]), is no mean of the shards' weighted means:
++    # keep the batch whole, not only the channel dim
++    weighted_mean = weight_strategy is not None and reduction == Reduction.MEAN.value
++    replicated_dims = list(range(len(input_shape))) if weighted_mean else [channel_dim]
+
+     output_strategy = OpStrategy([])
+     for idx, input_placement_strategy in enumerate(input_strategy.strategies):
+@@ def nll_loss_forward_strategy(op_schema: OpSchema) -> OpStrategy:
+         input_expected_spec = DTensorSpec(
+             mesh=mesh,
+             placements=replicate_reduction_dims(
+-                input_src_spec.placements, [channel_dim]
++                input_src_spec.placements, replicated_dims
+             ),
+             tensor_meta=input_src_spec.tensor_meta,
+         )
+"""
+
 #: every root cause with a local fix
 FIXES: dict[str, Fix] = {
     "cumsum-negative-dim": Fix("cumsum-negative-dim", "cumsum", "strategy",
                                ("cumsum.default", "cumprod.default", "logcumsumexp.default"), _scan_strategy, _SCAN_DIFF),
     "select-backward-negative-dim": Fix("select-backward-negative-dim", "select", "strategy",
                                         ("select_backward.default",), _select_backward_strategy, _SELECT_DIFF),
+    "nll-loss-weighted-mean": Fix("nll-loss-weighted-mean", "cross_entropy_weighted", "strategy",
+                                  ("nll_loss_forward.default", "nll_loss2d_forward.default"), _nll_loss_forward_strategy,
+                                  _NLL_DIFF),
     "conv2d-runtime-redistribution": Fix("conv2d-runtime-redistribution", "conv2d", "handler",
                                          ("convolution.default",), _convolution_handler, _CONV_DIFF),
 }

@@ -39,6 +39,12 @@ def _flatten_reshape(x):
     return torch.flatten(x, 1).reshape(x.numel())
 
 
+def _cross_entropy_weighted(x, t, w=None):
+    import torch
+
+    return torch.nn.functional.cross_entropy(x, t, weight=w)
+
+
 def _sizes(**named: int) -> tuple[tuple[str, int], ...]:
     return tuple(named.items())
 
@@ -75,6 +81,10 @@ ROOT_EXAMPLES: dict[str, tuple[Family, Example]] = {
         Family("select_scatter(x, v, 1, -1)", lambda s: ((s["a"], s["b"], s["c"]), (s["a"], s["c"])), _select_scatter,
                backward=True),
         Example((4,), _sizes(a=8, b=4, c=6), (("S(0)",), ("S(0)",)))),
+    "nll-loss-weighted-mean": (
+        Family("cross_entropy(x, t, weight=w)", lambda s: ((s["n"], s["c"]), (s["n"],), (s["c"],)),
+               _cross_entropy_weighted, integer=(1,), high="c"),
+        Example((4,), _sizes(n=8, c=8), (("S(0)",), ("S(0)",), ("R",)), (True, True, True))),
     "reshape-strided-shard-error-message": (
         Family("flatten(x, 1).reshape(numel)", lambda s: ((s["a"], s["b"], s["c"], s["d"]),), _flatten_reshape,
                message="1"),

@@ -23,8 +23,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+from shardverify.dtensor.accepted import Accepted, RootCause
+
 __all__ = ["SEVERITIES", "FEW_ULPS", "ROUNDING_MARK", "culprit_of", "severity_of", "is_corruption",
-           "fine_key", "rule_function", "ClassSummary", "class_summaries"]
+           "fine_key", "rule_function", "ClassSummary", "class_summaries", "UNEXPLAINED", "found_causes"]
 
 SEVERITIES = ("wrong shape", "wrong values", "rounding", "fails later")
 
@@ -153,3 +155,51 @@ def class_summaries(results) -> dict[str, ClassSummary]:
         out[key] = ClassSummary(key, culprit_of(named), tuple(sorted({severity_of(f) for f in found})), len(found),
                                 tuple(sorted({tuple(f.mesh) for f in found})), tuple(found))
     return out
+
+
+#: the reason of a root cause --write-accepted found and the accepted file does not explain
+UNEXPLAINED = "to fill in: why DTensor is wrong here, and whether every class below is this one fault"
+_NOT_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def found_causes(results, accepted: Accepted | None) -> list[RootCause]:
+    """The silent-corruption and late-failure classes of ``results`` as root causes: a class its
+    accepted entry accepts (its key, culprit and severity listed) under that entry (slug, reason,
+    page, repros, culprits and severity as the entry has them), in the file's order; every other
+    class under a new cause per culprit, its slug made from the culprit and its reason
+    :data:`UNEXPLAINED`. Rounding within a few ulps of a low-precision dtype is left out."""
+    summaries = {key: c for key, c in class_summaries(results).items()
+                 if any(is_corruption(f) for f in c.findings)}
+    causes = list(accepted.causes) if accepted is not None else []
+    kept: dict[int, list[str]] = defaultdict(list)
+    fresh: dict[str, list[ClassSummary]] = defaultdict(list)
+    for key, summary in sorted(summaries.items()):
+        index = next((i for i, c in enumerate(causes) if key in c.keys), None)
+        if index is not None and all(causes[index].accepts(culprit_of(f), severity_of(f))
+                                     for f in summary.findings if is_corruption(f)):
+            kept[index].append(key)
+        else:
+            fresh[summary.culprit].append(summary)
+    taken = {c.slug for c in causes if c.slug}
+    out = []
+    for index, cause in enumerate(causes):
+        if kept.get(index):
+            # an entry without a slug (a file of the older format) gets one made from its reason
+            slug = cause.slug or _new_slug(cause.reason, taken)
+            out.append(RootCause(slug, cause.reason, tuple(kept[index]), cause.culprits, cause.severity, cause.repros,
+                                 cause.page))
+    for culprit, found in sorted(fresh.items()):
+        severities = {s for c in found for s in c.severities if s != "rounding"}
+        out.append(RootCause(_new_slug(culprit, taken), UNEXPLAINED, tuple(c.key for c in found),
+                             (culprit,) if culprit else (), tuple(s for s in SEVERITIES if s in severities)))
+    return out
+
+
+def _new_slug(text: str, taken: set[str]) -> str:
+    """A slug made from ``text``'s first words, not one of ``taken`` (which it joins)."""
+    base = "-".join(_NOT_SLUG.sub("-", text.lower()).strip("-").split("-")[:8]) or "unattributed"
+    slug, n = base, 2
+    while slug in taken:
+        slug, n = f"{base}-{n}", n + 1
+    taken.add(slug)
+    return slug

@@ -1,11 +1,14 @@
-"""The page of a `shardverify dtensor` run: the verdict, a matrix of cases by outcome, then each
-class of wrong results with its combinations, DTensor's rule, the culprit and its repro."""
+"""The page of a `shardverify dtensor` run: the verdict, a matrix of cases by outcome, the root
+causes with their severity, then each class of wrong results with its combinations, DTensor's
+rule, the culprit, its root cause and severity, and its repro."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from shardverify.dtensor.accepted import Accepted
+from shardverify.dtensor.rootcause import SEVERITIES, culprit_of, is_corruption, severity_of
 from shardverify.dtensor.run import CaseResult
 from shardverify.dtensor.verdicts import CLASSES, Finding
 from shardverify.report.draw import bar
@@ -51,19 +54,67 @@ def _matrix(results: Sequence[CaseResult], keys_of: dict[tuple, list[str]]) -> s
             '<p class="muted">A number beside a count links its class of wrong results below.</p>')
 
 
-def _class_body(findings: list[Finding], reason: str | None) -> str:
+def _accepted(findings: list[Finding], accepted: Accepted) -> bool:
+    """Whether the class fails no run: the accepted file lists each of its findings with its culprit
+    and severity, or the finding is no corruption (rounding within a few ulps of its dtype)."""
+    return all(not is_corruption(f) or accepted.accepts(f.key(), culprit_of(f), severity_of(f)) for f in findings)
+
+
+def _severities(findings: list[Finding]) -> str:
+    counts = Counter(severity_of(f) for f in findings)
+    return ", ".join(f"{k} ({counts[k]})" for k in SEVERITIES if counts.get(k))
+
+
+def _class_body(findings: list[Finding], reason: str | None, accepted: Accepted) -> str:
     first = findings[0]
-    state = (f'<p><span class="tag pass">accepted</span> {text(reason)}</p>' if reason is not None else
-             '<p><span class="tag fail">new</span> not in the accepted file: this class fails the run</p>')
+    if reason is not None and _accepted(findings, accepted):
+        state = f'<p><span class="tag pass">accepted</span> {text(reason)}</p>'
+    elif not any(is_corruption(f) for f in findings):
+        state = ('<p><span class="tag pass">rounding</span> within a few ulps of its low-precision dtype: '
+                 'not counted as corruption</p>')
+    elif reason is not None:
+        state = ('<p><span class="tag fail">new</span> listed in the accepted file, but not with this culprit or '
+                 'severity: a second fault under a known key fails the run</p>')
+    else:
+        state = '<p><span class="tag fail">new</span> not in the accepted file: this class fails the run</p>'
+    cause = accepted.cause(first.key())
+    listed = f" (its entry lists: {', '.join(cause.severity)})" if cause is not None and cause.severity else ""
+    state += f"<p><b>severity</b>: {text(_severities(findings) + listed)}</p>"
+    if cause is not None and cause.slug:
+        state += f"<p><b>root cause</b>: {text(cause.slug)}</p>"
     rows = [(f.case, list(f.mesh), f.line, f.detail) for f in findings[:40]]
     more = f'<p class="muted">and {len(findings) - 40} more combinations</p>' if len(findings) > 40 else ""
     facts = [("DTensor's rule", first.rule), ("what the runtime did", first.runtime), ("culprit", first.culprit),
              ("collectives", first.comms), ("a local strategy", first.local_strategy)]
     said = "".join(f"<p><b>{text(k)}</b>: {text(v)}</p>" for k, v in facts if v)
+    if not first.culprit and culprit_of(first):
+        said += f"<p><b>culprit</b>: {text(culprit_of(first))}</p>"
     repro = next((f.repro for f in findings if f.repro), "")
     script = (details("repro: a standalone script", f"<pre>{text(repro)}</pre>", open_=False) if repro else
               '<p class="muted">No repro script with these results (a run with --repros DIR writes them).</p>')
     return state + said + table(("case", "mesh", "placements", "what differs"), rows) + more + script
+
+
+def _causes(classes: dict[str, list[Finding]], accepted: Accepted) -> str:
+    """The root causes of the classes found: each one's severity as its entry lists it, its
+    classes and combinations by severity found, its page; the classes no entry lists last."""
+    grouped: dict[str, list[list[Finding]]] = {}
+    for key, findings in sorted(classes.items()):
+        cause = accepted.cause(key)
+        grouped.setdefault((cause.slug or cause.reason[:60]) if cause is not None else "", []).append(findings)
+    rows, bad = [], []
+    order = [(c.slug or c.reason[:60], c) for c in accepted.causes] + [("", None)]
+    for name, cause in order:
+        found = grouped.get(name, [])
+        if not found:
+            continue
+        counts = Counter(severity_of(f) for findings in found for f in findings)
+        rows.append((name or "not in the accepted file", ", ".join(cause.severity) if cause is not None else "",
+                     len(found), sum(len(findings) for findings in found), *(counts.get(k, 0) for k in SEVERITIES),
+                     cause.page if cause is not None else ""))
+        bad.append(cause is None)
+    return table(("root cause", "severity (accepted)", "classes", "combinations", *SEVERITIES, "page"), rows,
+                 numeric=frozenset(range(2, 4 + len(SEVERITIES))), bad=bad)
 
 
 def dtensor_page(results: Sequence[CaseResult], accepted: Accepted, passed: bool, seconds: float,
@@ -78,7 +129,7 @@ def dtensor_page(results: Sequence[CaseResult], accepted: Accepted, passed: bool
             if finding.klass in _WRONG:
                 classes.setdefault(finding.key(), []).append(finding)
                 keys_of.setdefault((result.op, result.case, tuple(result.mesh), finding.klass), []).append(finding.key())
-    new = [k for k in classes if accepted.reason(k) is None]
+    new = [k for k in classes if not _accepted(classes[k], accepted)]
     summary = (f"{executed:,} layout combinations executed on DTensor: {totals['agrees']:,} agree, "
                f"{totals['silent-wrong']:,} silently wrong, {totals['late-failure']:,} fail later, "
                f"{totals['raises']:,} raise",
@@ -89,12 +140,14 @@ def dtensor_page(results: Sequence[CaseResult], accepted: Accepted, passed: bool
         first = classes[new[0]][0]
         culprit = f"new class {new[0]}: {first.case} on mesh {list(first.mesh)}: {first.detail}"
     sections = [Section("Outcomes by case and mesh", _matrix(results, keys_of), "matrix")]
+    if classes:
+        sections.append(Section("Root causes and severity", _causes(classes, accepted), "causes"))
     cards = []
-    for key, findings in sorted(classes.items(), key=lambda item: (accepted.reason(item[0]) is not None, item[0])):
-        reason = accepted.reason(key)
+    for key, findings in sorted(classes.items(), key=lambda item: (item[0] not in new, item[0])):
+        reason, ok = accepted.reason(key), key not in new
         cards.append(f'<div id="{_anchor(key)}">' + details(
-            f"{key}: {len(findings)} combination(s){'' if reason is not None else ' (new)'}",
-            _class_body(findings, reason), open_=reason is None) + "</div>")
+            f"{key}: {len(findings)} combination(s), {_severities(findings)}{'' if ok else ' (new)'}",
+            _class_body(findings, reason, accepted), open_=not ok) + "</div>")
     if cards:
         sections.append(Section(f"Classes of wrong results ({len(classes)})", "".join(cards), "classes"))
     legend = table(("outcome", "meaning", "combinations"), [(k, v, totals[k]) for k, v in CLASSES.items()],
