@@ -11,3 +11,11 @@ def pytest_configure(config) -> None:
     from shardverify.backends.gc_policy import tune_for_checking
 
     tune_for_checking()
+
+
+def pytest_collection_finish(session) -> None:
+    """Every test module is imported now: what they and the libraries they import hold lives to
+    the session's end, and full collections need not walk it again (see gc_policy)."""
+    from shardverify.backends.gc_policy import freeze_what_is_loaded
+
+    freeze_what_is_loaded()

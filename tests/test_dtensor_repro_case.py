@@ -141,10 +141,10 @@ def test_a_planted_finding_is_confirmed_on_gloo_and_runs_nothing_of_its_words(cu
     monkeypatch.setenv("TMPDIR", str(tmp_path))   # where torchrun's processes would leave them
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     marker = tmp_path / "MARKER"
-    finding = _finding(marker)
-    result = CaseResult("cumsum", CASE, (4,), 5, 5, findings=[finding])
+    finding = _finding(marker, mesh=(2,))   # two ranks show it as four do, at half the processes' start-up
+    result = CaseResult("cumsum", CASE, (2,), 5, 5, findings=[finding])
     found = confirm_classes([result], [cumsum], tmp_path / "store", root=ROOT)[finding.key()]
-    assert found.status == "confirmed" and "(4 of 4 ranks)" in found.detail, found.output
+    assert found.status == "confirmed" and "(2 of 2 ranks)" in found.detail, found.output
     assert not marker.exists()
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["store"], left

@@ -81,8 +81,11 @@ def test_a_minimum_the_model_cannot_meet_is_refused():
         verify_plan(model, inputs, (4,), capture="export", min_sharded=1000)
 
 
-def _llama_mlp(mesh: DeviceMesh):
-    """Llama's MLP nodes (gate, up, silu, gate*up, down) and the export graph's strategies."""
+@pytest.fixture(scope="module")
+def llama_mlp():
+    """Llama's MLP nodes (gate, up, silu, gate*up, down) and the export graph's strategies on (4,):
+    captured and classified once for the module's tests, each of which verifies a fresh build."""
+    mesh = DeviceMesh((4,))
     model, inputs = hf_model("llama")
     graph_module = traced(ModelRecipe(model, inputs, capture="export"))
     options, _ = classify_nodes(graph_module, mesh)
@@ -90,8 +93,8 @@ def _llama_mlp(mesh: DeviceMesh):
     product = next(iter(silu.users))
     up = next(a for a in product.args if a is not silu)
     down = next(iter(product.users))
-    return model, inputs, options, {"gate": silu.args[0].name, "up": up.name, "silu": silu.name,
-                                    "product": product.name, "down": down.name}
+    return mesh, options, {"gate": silu.args[0].name, "up": up.name, "silu": silu.name,
+                           "product": product.name, "down": down.name}
 
 
 def _choose(options, node: str, layouts: list[str]) -> str:
@@ -113,18 +116,18 @@ def megatron_mlp(options, nodes) -> dict[str, str]:
             nodes["down"]: _choose(options, nodes["down"], ["[R, R, S0]", "[R, S0]", "[R, R, R]"])}
 
 
-def test_llama_mlp_tensor_parallel_verifies():
-    mesh = DeviceMesh((4,))
-    model, inputs, options, nodes = _llama_mlp(mesh)
+def test_llama_mlp_tensor_parallel_verifies(llama_mlp):
+    mesh, options, nodes = llama_mlp
+    model, inputs = hf_model("llama")
     result = verify_plan(model, inputs, mesh, megatron_mlp(options, nodes), capture="export")
     assert result.passed, result.summary()
     assert set(nodes.values()) <= set(result.coverage.sharded)
 
 
-def test_llama_mlp_token_parallel_reduces_weight_gradients():
+def test_llama_mlp_token_parallel_reduces_weight_gradients(llama_mlp):
     """Tokens split over the ranks, weights replicated: every weight gradient needs its all-reduce."""
-    mesh = DeviceMesh((4,))
-    model, inputs, options, nodes = _llama_mlp(mesh)
+    mesh, options, nodes = llama_mlp
+    model, inputs = hf_model("llama")
     plan = {nodes[k]: _choose(options, nodes[k], ["[R, S0, R]", "[R, R]", "[R, S0, R]"])
             for k in ("gate", "up", "down")}
     plan[nodes["silu"]] = _choose(options, nodes["silu"], ["[R, S0, R]"] * 2)
@@ -133,11 +136,11 @@ def test_llama_mlp_token_parallel_reduces_weight_gradients():
     assert result.passed, result.summary()
 
 
-def test_a_dropped_all_reduce_in_the_tensor_parallel_mlp_is_caught(monkeypatch):
+def test_a_dropped_all_reduce_in_the_tensor_parallel_mlp_is_caught(monkeypatch, llama_mlp):
     from shardverify.plan import execute
 
-    mesh = DeviceMesh((4,))
-    model, inputs, options, nodes = _llama_mlp(mesh)
+    mesh, options, nodes = llama_mlp
+    model, inputs = hf_model("llama")
     monkeypatch.setattr(execute, "after_op", lambda comm, strategy, outputs, late, keep_partial=None: outputs)
     result = verify_plan(model, inputs, mesh, megatron_mlp(options, nodes), capture="export")
     first = result.first_divergence()
@@ -145,9 +148,9 @@ def test_a_dropped_all_reduce_in_the_tensor_parallel_mlp_is_caught(monkeypatch):
 
 
 @pytest.mark.dist
-def test_llama_mlp_tensor_parallel_verifies_on_gloo(sv_backend):
-    mesh = DeviceMesh((4,))
-    model, inputs, options, nodes = _llama_mlp(mesh)
+def test_llama_mlp_tensor_parallel_verifies_on_gloo(sv_backend, llama_mlp):
+    mesh, options, nodes = llama_mlp
+    model, inputs = hf_model("llama")
     result = verify_plan(model, inputs, mesh, megatron_mlp(options, nodes), capture="export",
                          backend=sv_backend((4,)))
     assert result.passed, result.summary()

@@ -1,5 +1,6 @@
 """Strategies of the linear handler (the rules engine with naming: colossalai)."""
 
+import functools
 import itertools
 
 import pytest
@@ -225,11 +226,15 @@ def test_comm_actions_follow_from_the_layout():
     assert actions("RR = RR x RR") == []
 
 
-def _dominates(a, b):
-    """Every operand of ``a`` is split at least as finely as in ``b``, one strictly more."""
-    ca = [s.shard_counts() for _, s in a.sharding_specs]
-    cb = [s.shard_counts() for _, s in b.sharding_specs]
-    pairs = [(x, y) for u, v in zip(ca, cb) for x, y in zip(u, v)]
+def _shard_counts(strategy):
+    """Every operand's shard count per dim, in one flat tuple (operands in the strategy's order)."""
+    return tuple(count for _, spec in strategy.sharding_specs for count in spec.shard_counts())
+
+
+def _dominates(ca, cb):
+    """Every operand with counts ``ca`` is split at least as finely as with ``cb``, one strictly more
+    (the counts of :func:`_shard_counts`, taken once per strategy: 2x2x2 compares 400k pairs)."""
+    pairs = list(zip(ca, cb))
     return all(x >= y for x, y in pairs) and any(x > y for x, y in pairs)
 
 
@@ -251,8 +256,9 @@ def test_costs_positive_and_consistent(mesh_shape):
     replicated = vector.by_name("RR = RR x RR")
     # layouts without partial inputs (those share their base's), even ones (uneven: rank 0's block)
     even = [s for s in vector if all(spec.is_even for _, spec in s.sharding_specs) and not s.partial_inputs]
+    counts = {id(s): _shard_counts(s) for s in even}
     for a, b in itertools.permutations(even, 2):
-        if _dominates(a, b):
+        if _dominates(counts[id(a)], counts[id(b)]):
             assert a.memory_cost.total.activation + a.memory_cost.total.parameter < \
                 b.memory_cost.total.activation + b.memory_cost.total.parameter, (a.name, b.name)
             assert a.compute_cost.fwd <= b.compute_cost.fwd
@@ -261,6 +267,12 @@ def test_costs_positive_and_consistent(mesh_shape):
 
 # ---- numerical check of the declared communication, ranks simulated one after another ----
 
+@functools.lru_cache(maxsize=None)
+def _group_ranks(mesh, rank, axes):
+    """mesh.group_ranks, asked once per (mesh, rank, axes): the 2x2x2 case asks 25,000 times."""
+    return mesh.group_ranks(rank, axes)
+
+
 def _piece(strategy, mesh, rank, name, block):
     """``block``, or this rank's random piece of it where ``name`` is a partial sum: every rank
     draws the same pieces (seeded by the operand alone, so two ranks holding the same block hold
@@ -268,7 +280,7 @@ def _piece(strategy, mesh, rank, name, block):
     axes = strategy.partial_axes(name)
     if not axes:
         return block.clone()
-    group = mesh.group_ranks(rank, axes)
+    group = _group_ranks(mesh, rank, tuple(axes))
     gen = torch.Generator().manual_seed(0)
     pieces = [torch.randn(block.shape, generator=gen, dtype=block.dtype) for _ in group[1:]]
     pieces.insert(0, block - sum(pieces))
@@ -288,7 +300,7 @@ def _simulate(strategy, mesh, full, call, out_name, grad_out):
     for action in strategy.communication_actions:
         if action.where is CommWhere.AFTER:
             assert action.pattern is CommPattern.ALLREDUCE_FWD_IDENTITY_BWD
-            outputs = [sum(outputs[g] for g in mesh.group_ranks(r, action.axes)) for r in mesh.ranks]
+            outputs = [sum(outputs[g] for g in _group_ranks(mesh, r, action.axes)) for r in mesh.ranks]
     outputs = [out + sum(locals_[r][0][n].detach() for n in late) for r, out in enumerate(outputs)]
     out_spec = strategy.get_sharding_spec_by_name(out_name)
     for rank, (leaves, out) in enumerate(locals_):  # identity backward through the AFTER all-reduce
@@ -299,7 +311,7 @@ def _simulate(strategy, mesh, full, call, out_name, grad_out):
         if action.where in (CommWhere.BEFORE, CommWhere.HOOK):
             assert action.pattern is CommPattern.IDENTITY_FWD_ALLREDUCE_BWD
             for r in mesh.ranks:
-                reduced[r][action.operand] = sum(grads[g][action.operand] for g in mesh.group_ranks(r, action.axes))
+                reduced[r][action.operand] = sum(grads[g][action.operand] for g in _group_ranks(mesh, r, action.axes))
     return outputs, reduced
 
 
@@ -320,13 +332,28 @@ def test_every_strategy_is_numerically_exact_with_its_comm_actions(mesh_shape, b
     # this simulation models only sums, whose backward hands every rank the whole gradient
     for strategy in [s for s in vector if all(p.op == "sum" for p in s.partial_inputs)]:
         outputs, grads = _simulate(strategy, mesh, full, call, "linear", grad_out)
+        pairs = []   # (what, as the ranks hold it, as the single device computed it)
         for rank in mesh.ranks:
             spec = strategy.get_sharding_spec_by_name("linear")
-            torch.testing.assert_close(outputs[rank], spec.local_shard(ref.detach(), mesh, rank),
-                                       msg=f"{strategy.name}: output on rank {rank}")
+            pairs.append((f"output on rank {rank}", outputs[rank], spec.local_shard(ref.detach(), mesh, rank)))
             for name, grad in grads[rank].items():
                 expected = strategy.get_sharding_spec_by_name(name).local_shard(leaves[name].grad, mesh, rank)
-                torch.testing.assert_close(grad, expected, msg=f"{strategy.name}: grad of {name} on rank {rank}")
+                pairs.append((f"grad of {name} on rank {rank}", grad, expected))
+        _assert_all_close(strategy.name, pairs)
+
+
+def _assert_all_close(name, pairs):
+    """torch.testing.assert_close over every pair, in one comparison while all agree (the 2x2x2
+    case compares 24,000 blocks, and assert_close's own bookkeeping was most of its time); on a
+    difference, assert_close of each pair names the first that differs."""
+    if all(actual.shape == expected.shape and actual.dtype == expected.dtype for _, actual, expected in pairs) and \
+            torch.allclose(torch.cat([actual.reshape(-1) for _, actual, _ in pairs]),
+                           torch.cat([expected.reshape(-1) for _, _, expected in pairs]),
+                           rtol=1e-7, atol=1e-7):   # assert_close's bounds for float64, elementwise
+        return
+    for what, actual, expected in pairs:
+        torch.testing.assert_close(actual, expected, msg=f"{name}: {what}")
+    raise AssertionError(f"{name}: the blocks' shapes, dtypes or values differ")
 
 
 def test_dropping_an_action_breaks_the_numbers():

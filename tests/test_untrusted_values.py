@@ -108,20 +108,14 @@ def test_a_custom_module_that_registers_no_op_is_one_line(capsys, tmp_path):
     assert "registered no op unmade::row_normalize" in text
 
 
-_UNDER_A_FILE_SIZE_LIMIT = """
-import resource, sys
-resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
-from shardverify.cli.main import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def test_an_output_cut_short_by_a_file_size_limit_leaves_the_old_file_whole(tmp_path):
-    """`dtensor --write` under `ulimit -f` left a truncated page where the old one was."""
+def test_an_output_cut_short_by_a_file_size_limit_leaves_the_old_file_whole(tmp_path, capsys):
+    """`dtensor --write` under `ulimit -f` left a truncated page where the old one was. Run in this
+    process, the limit lowered for the command alone: Python ignores SIGXFSZ, so a write past the
+    limit raises EFBIG here as in a process started under `ulimit -f`."""
     import json
-    import os
-    import subprocess
-    import sys
+    import resource
+
+    from shardverify.cli.main import main
 
     saved = tmp_path / "run.json"
     saved.write_text(json.dumps({"results": [
@@ -129,13 +123,16 @@ def test_an_output_cut_short_by_a_file_size_limit_leaves_the_old_file_whole(tmp_
          "note": "", "seconds": 0.1, "findings": []} for i in range(40)]}))
     page = tmp_path / "page.md"
     page.write_text("the page before\n")
-    done = subprocess.run([sys.executable, "-c", _UNDER_A_FILE_SIZE_LIMIT, "dtensor", "--from-json", str(saved),
-                           "--accepted", str(REPO / "specs/dtensor/accepted.yaml"), "--write", str(page),
-                           "--root", str(REPO)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"})
-    assert done.returncode == 2 and f"error: cannot write {page}: File too large" in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2000, hard))
+    try:
+        code = main(["dtensor", "--from-json", str(saved), "--accepted", str(REPO / "specs/dtensor/accepted.yaml"),
+                     "--write", str(page), "--root", str(REPO)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    out, err = capsys.readouterr()
+    assert code == 2 and f"error: cannot write {page}: File too large" in err, err
+    assert "Traceback" not in out + err
     assert page.read_text() == "the page before\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["page.md", "run.json"]     # no temporary file left
 
