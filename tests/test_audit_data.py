@@ -1,5 +1,5 @@
 """The audit decides on data a rank really holds: contiguous blocks of their own, one dtype per
-output, and bool operands drawn so that a reduction is not saturated (issue 47: the (2, 3)
+output, and bool operands drawn so that a reduction is not saturated (the (2, 3)
 findings of the no-argument audit)."""
 
 from __future__ import annotations

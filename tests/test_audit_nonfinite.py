@@ -1,4 +1,4 @@
-"""The audit and ``verify`` apply one rule to non-finite values (issue #31): finite values within
+"""The audit and ``verify`` apply one rule to non-finite values: finite values within
 tolerance, NaN only against NaN and inf only against inf of the same sign, at the same place.
 
 ``x ** y`` with a tensor exponent (aten.pow.Tensor_Tensor) on normal data has NaN wherever a

@@ -109,7 +109,7 @@ def test_bench_verify_cold_check_empties_the_engines_tables(monkeypatch):
     """The cold check empties every per-case and per-layout table of the verify engine."""
     bench_verify = _bench_verify(monkeypatch)
     names = {name for name, _ in bench_verify.engine_tables()}
-    assert {"reference._REFERENCES", "rank._BLOCKS", "rank._PIECES", "rank._GRAD_OUTPUTS",
+    assert {"reference._REFERENCES", "rank_inputs._BLOCKS", "rank_inputs._PIECES", "rank._GRAD_OUTPUTS",
             "compare._SLICES", "layout._GEOMETRIES", "distinct._SEEDS"} <= names
 
 

@@ -17,6 +17,7 @@ import pytest
 from shardverify import DeviceMesh
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.cli import verify_cmd
+from shardverify.cli.catalogue import load_op_specs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +34,7 @@ def test_json_lists_every_case_and_strategy(capsys):
     assert cli("sum", "--mesh", "4", "--json", "--root", str(REPO)) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] is True and report["failures"] == 0 and report["backend"] == "simulated"
-    spec, = verify_cmd.load_op_specs(REPO, None, ["sum"])
+    spec, = load_op_specs(REPO, None, ["sum"])
     cases = spec.op_cases()
     assert [row["case"] for row in report["rows"]] == [case_id for case_id, _ in cases]
     for row, (_, case) in zip(report["rows"], cases):
@@ -48,7 +49,7 @@ def test_json_lists_every_case_and_strategy(capsys):
 def test_verbose_adds_one_row_per_case_and_mesh_after_the_verdict(capsys):
     assert cli("sum", "--mesh", "2,2", "--mesh", "4", "--root", str(REPO), "-v") == 0
     out = capsys.readouterr().out.splitlines()
-    cases = len(verify_cmd.load_op_specs(REPO, None, ["sum"])[0].op_cases())
+    cases = len(load_op_specs(REPO, None, ["sum"])[0].op_cases())
     assert out[0].startswith("PASS  ") and ", 0 failures  (1 op, " in out[0] and "2 meshes; simulated backend" in out[0]
     header = next(i for i, line in enumerate(out) if line.split()[:2] == ["op", "case"])
     assert header == 2 and out[header].split() == ["op", "case", "mesh", "strategies", "failures", "time"]
@@ -69,7 +70,7 @@ def test_a_broken_communication_layer_fails_the_run(capsys, monkeypatch):
     out = capsys.readouterr().out
     failures = {row[1]: int(row[4]) for row in map(str.split, out.splitlines()) if row and row[0] == "linear"}
     expected = {}
-    for case_id, case in verify_cmd.load_op_specs(REPO, None, ["linear"])[0].op_cases():
+    for case_id, case in load_op_specs(REPO, None, ["linear"])[0].op_cases():
         graph_module, node_name = case.build()
         expected[case_id] = sum(any(a.where is CommWhere.HOOK for a in s.communication_actions)
                                 for s in strategies_for_node(graph_module, node_name, DeviceMesh((4,))))
@@ -84,7 +85,7 @@ def test_a_passing_run_of_several_specs_is_its_verdict_in_a_few_lines(capsys):
     assert cli("sum", "max_all", "--mesh", "4", "--root", str(REPO)) == 0
     out, err = capsys.readouterr()
     lines = out.splitlines()
-    cases = sum(len(spec.op_cases()) for spec in verify_cmd.load_op_specs(REPO, None, ["sum", "max_all"]))
+    cases = sum(len(spec.op_cases()) for spec in load_op_specs(REPO, None, ["sum", "max_all"]))
     assert lines[0].startswith("PASS  ") and ", 0 failures  (2 ops, " in lines[0], lines
     assert f" {cases} cases, 1 mesh; simulated backend; " in lines[0]
     assert lines[1] == ("note: only the replicated strategy exists for 6 cases on their mesh, so no sharding was "
@@ -235,7 +236,7 @@ def test_a_row_that_kills_its_worker_fails_alone(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))   # the workers get this process's sys.path
     from killer_case import KillsItsProcess
 
-    spec, = verify_cmd.load_op_specs(REPO, None, ["sum"])
+    spec, = load_op_specs(REPO, None, ["sum"])
     (good_id, good), (other_id, other) = spec.op_cases()[:2]
     plan = [("sum", good_id, good, (2,)), ("sum", "killer", KillsItsProcess(), (2,)), ("sum", other_id, other, (2,)),
             ("sum", good_id, good, (4,))]

@@ -1,4 +1,4 @@
-"""Complex values are compared, drawn and split like two real ones (issue 44: _fft_r2c and _fft_c2r):
+"""Complex values are compared, drawn and split like two real ones (_fft_r2c and _fft_c2r):
 a comparison looks at the real and the imaginary part, each under the real dtype's tolerance; a
 partial complex value is pieces that sum to it; no partial max or min of complex numbers exists."""
 

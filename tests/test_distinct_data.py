@@ -79,7 +79,7 @@ def test_a_bool_mask_of_one_element_blocks_gets_seeds_until_every_pair_differs()
 
 
 def test_a_mask_with_its_shard_order_swapped_is_caught():
-    """The issue's case: on the spec's own seed the two swapped one-element blocks are equal and
+    """A swapped shard order: on the spec's own seed the two swapped one-element blocks are equal and
     the wrong strategy passes; the seeds added for the mask make it fail, naming the seed."""
     case = _case("masked_fill", "torch.masked_fill")
     wrong = _swapped_order(case, 1)

@@ -1,5 +1,5 @@
-"""No pass without a check, one bound on every input axis, every error one line (issue 50 items
-1, 3, 4) and a case's memory estimated before it runs (issue 47 item 3). Every command runs
+"""No pass without a check, one bound on every input axis, every error one line, and a
+case's memory estimated before it runs. Every command runs
 in-process; none may print a traceback."""
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def test_a_bad_limit_setting_is_reported_once_naming_it(capsys, monkeypatch, tmp
     assert len(found.value.errors) == 1
 
 
-# ---------------------------------------------------------------- issue 47 item 3: memory estimate
+# ---------------------------------------------------------------- a case's memory estimate
 
 BIG = """op: big
 description: Tensor.new_ones creating a tensor far larger than its input.

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from shardverify.errors import InvalidArgument  # noqa: E402
-from shardverify.parallelize import tiny  # noqa: E402
+from shardverify.parallelize import architectures, shrunk_config, tiny  # noqa: E402
 from shardverify.parallelize.tiny import CannotBuild, tiny_config, tiny_model, tp_architectures  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def test_tp_architectures_lists_every_config_that_ships_a_plan():
     assert {"llama", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "gemma3"} <= set(found)
     assert "bert" not in found and "gpt2" not in found    # no plan shipped
     for model_type in ("llama", "gemma3"):                # its own plan; a composite's text sub-config's
-        assert tiny._plan_config(CONFIG_MAPPING[model_type]) is not None
+        assert architectures.plan_config(CONFIG_MAPPING[model_type]) is not None
 
 
 def _loss(built) -> torch.Tensor:
@@ -85,7 +85,7 @@ def test_mixed_layer_kinds_keep_one_of_each():
 def test_mrope_sections_are_rescaled_to_the_tiny_head():
     rope = tiny_config("qwen2_vl").text_config.rope_parameters
     assert sum(rope["mrope_section"]) == tiny.HEAD_DIM // 2
-    assert tiny._apportion([22, 22, 20], 8) == [3, 3, 2]
+    assert shrunk_config._apportion([22, 22, 20], 8) == [3, 3, 2]
 
 
 def test_same_seed_same_weights():

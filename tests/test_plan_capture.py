@@ -136,7 +136,7 @@ def test_unknown_capture_is_refused():
     (["shardverify.plan.zoo.linear_chain", "--input", "a,b"], "--input 'a,b': expected [NAME=][DTYPE][SHAPE]"),
     (["torch.nn.Linear", "--input", "4,4"], "TypeError: Linear.__init__() missing"),
     (["torch.nn.functional.relu", "--input", "4,4"], "defined in 'torch.nn.functional', outside the project"),
-    # a wrong width names the input, its shape and what the first layer wanted (issue 47)
+    # a wrong width names the input, its shape and what the first layer wanted
     (["shardverify.plan.zoo.linear_chain", "--input", "8,31"],
      "input 'x' (shape [8, 31], float32) does not fit LinearChain: its first layer 'fc1' (Linear, which wants "
      "shape [..., 32])"),

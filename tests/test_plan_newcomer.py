@@ -1,4 +1,4 @@
-"""Plans on a user's own model, the first time (issue 45, and issue 47's input errors): a
+"""Plans on a user's own model, the first time, and its input errors: a
 newcomer's CLI session on an HF causal LM, an encoder-decoder and a vision model built by their
 own factory module (tiny configs, random weights, nothing downloaded), inputs with their dtypes
 and names; the model as built (its weights, eval mode), training-mode randomness refused with

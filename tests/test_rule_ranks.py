@@ -1,4 +1,4 @@
-"""Rules at the edges of the ranks and sizes their ops accept (issue 43 item 3): 0-d tensors,
+"""Rules at the edges of the ranks and sizes their ops accept: 0-d tensors,
 zero-size dims and data-dependent shapes are served where the rule can say them, every served
 strategy verified at the call, and refused with a reader's reason otherwise; never a raw
 exception."""

@@ -1,4 +1,4 @@
-"""The seed's contract for following ops (issue 2, ColossalAI's sum handler test): sum after
+"""The seed's contract for following ops (ColossalAI's sum handler test): sum after
 F.linear offers one strategy per strategy of the linear, in its order, named
 ``<input layout> -> <output layout>_<linear strategy index>``, identical layouts included; the
 plan collapses those alike but in name, and the verifier checks each layout once."""

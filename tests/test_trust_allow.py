@@ -1,4 +1,4 @@
-"""A spec names only what may run (issues 47 and 50): factories allowed by what they are, never
+"""A spec names only what may run: factories allowed by what they are, never
 denied by name; re-reporting imports nothing; trusted targets matched by object; no module a
 target names imported while specs are read; torch's settings refused as targets."""
 

@@ -1,4 +1,4 @@
-"""Outputs an op leaves undefined are never compared (issue 44): batch norm's saved statistics in
+"""Outputs an op leaves undefined are never compared: batch norm's saved statistics in
 eval mode, _embedding_bag's scratch outputs outside the modes that fill them. The op's own call
 says which (capture/uninitialised.py); the defined ones, integers included, compare exactly.
 Also: an input given its exact values (``data:``), where no draw makes valid data (bag offsets)."""

@@ -1,4 +1,4 @@
-"""Soundness of the check itself (#32): a rank's result must have the single-device op's dtype
+"""Soundness of the check itself: a rank's result must have the single-device op's dtype
 and the rank's device, and a random op cannot be checked against a reference (the gap between
 two draws would be taken for rounding and a wrong rule would pass)."""
 

@@ -22,7 +22,8 @@ from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import OpCase
-from shardverify.capture.call import backward_from_ones, call_op
+from shardverify.audit.local_call import call_with_backward, mixed_dtypes, output_scale, widened
+from shardverify.capture.call import call_op
 from shardverify.verify.reference import reference
 from shardverify.verify.memory import check_case_memory
 from shardverify.verify.tolerance import Tolerance, is_close
@@ -97,7 +98,7 @@ class Problem:
 
     def __post_init__(self) -> None:
         self._coords = [self.mesh.coordinate(r) for r in self.mesh.ranks]
-        self._tols = tuple(Tolerance(RTOL, ATOL * _scale(y)) for y in self.outputs)
+        self._tols = tuple(Tolerance(RTOL, ATOL * output_scale(y)) for y in self.outputs)
 
     # ---- local inputs -----------------------------------------------------------------
     def _index(self, rank: int, axes: Sequence[int]) -> int:
@@ -182,7 +183,7 @@ class Problem:
             empty = any(t[rank].numel() == 0 for t in locals_)
             try:
                 if empty:   # a kernel may take an empty block forward and refuse it backward
-                    out = _call_with_backward(self.node, self.module, values)
+                    out = call_with_backward(self.node, self.module, values)
                 else:
                     with torch.no_grad():
                         out = call_op(self.node, self.module, values)
@@ -214,7 +215,7 @@ class Problem:
             with torch.no_grad():
                 out = call_op(self.node, self.module, values)
             out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-            self._targets[absent] = tuple(_wide(o) for o in out)
+            self._targets[absent] = tuple(widened(o) for o in out)
         return self._targets[absent]
 
     def post_addable(self, position: int, dims: Sequence[int] | None = None) -> bool:
@@ -292,7 +293,7 @@ class Problem:
         found = []
         refs = self.target(combo)
         for k in self.out_index:
-            mixed = _mixed_dtypes([o[k] for o in outs])
+            mixed = mixed_dtypes([o[k] for o in outs])
             if mixed:
                 which = "the output" if len(self.outputs) == 1 else f"output {k}"
                 return Outcome(None, f"the ranks' blocks of {which} differ in dtype ({mixed})")
@@ -322,7 +323,7 @@ class Problem:
         """Do the ranks' local outputs ``tensors`` form ``ref`` (output ``k``) in ``layout``?
         Never where their dtypes differ: a sharded tensor has one dtype (native_dropout's mask
         comes back float, not bool, on a rank whose block is empty)."""
-        if len(layout.dims) != ref.dim() or _mixed_dtypes(tensors):
+        if len(layout.dims) != ref.dim() or mixed_dtypes(tensors):
             return False
         if tuple(tuple(t.shape) for t in tensors) != self.local_shapes(layout, ref.shape):
             return False
@@ -333,7 +334,7 @@ class Problem:
         if layout.partial not in self._groups:
             self._groups[layout.partial] = self.mesh.groups(layout.partial)
         for group in self._groups[layout.partial]:
-            stacked = torch.stack([_wide(tensors[r]) for r in group])
+            stacked = torch.stack([widened(tensors[r]) for r in group])
             reduced = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
                        "min": lambda s: s.amin(0)}
             value = reduced[layout.reduce](stacked)
@@ -373,39 +374,6 @@ class Problem:
         return None
 
 
-def _mixed_dtypes(tensors: Sequence[torch.Tensor]) -> str:
-    """"" where every rank's block has one dtype, else the dtypes found (sorted)."""
-    dtypes = {t.dtype for t in tensors}
-    return "" if len(dtypes) < 2 else ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-
-
-def _wide(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` detached in float64, or complex128 where it is complex (its imaginary part kept)."""
-    return tensor.detach().to(torch.complex128 if tensor.is_complex() else torch.float64)
-
-
-def _call_with_backward(node, module, values: dict):
-    """The op on ``values`` with its backward run from gradients of ones (what a training step
-    does with a rank's empty block); the outputs, detached. Every floating operand is asked for
-    a gradient, constants too, as the strategy generator's probe of an empty block asks
-    (strategies/generators/common.py): the two must agree on which empty blocks an op takes."""
-    values = {k: v.detach().requires_grad_() if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
-              else v
-              for k, v in values.items()}
-    out = call_op(node, module, values)
-    backward_from_ones(list(values.values()), out if isinstance(out, (tuple, list)) else (out,))
-    if isinstance(out, (tuple, list)):
-        return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in out)
-    return out.detach() if isinstance(out, torch.Tensor) else out
-
-
-def _scale(output: torch.Tensor) -> float:
-    """The magnitude the absolute tolerance scales with: the largest finite value, at least 1
-    (an inf would make every finite difference pass, a NaN every one fail)."""
-    finite = output[torch.isfinite(output)]
-    return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
-
-
 def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
             out_index: Sequence[int] = (0,)) -> Problem:
     """The float64 reference of ``case`` and the op's node, ready for :meth:`Problem.decide`; a
@@ -415,7 +383,7 @@ def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
     node = ref.node
     module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
     values = {loc: v.detach() for loc, v in ref.values.items()}
-    outputs = tuple(_wide(o) for o in ref.outputs)
+    outputs = tuple(widened(o) for o in ref.outputs)
     return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed)
 
 
@@ -451,5 +419,5 @@ def lone_value_draws(problem: Problem) -> tuple[list[Problem], list[str]]:
             continue
         out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         draws.append(Problem(problem.case, problem.mesh, problem.operands, problem.node, problem.module, values,
-                             tuple(_wide(o) for o in out), problem.out_index, seed=problem.seed))
+                             tuple(widened(o) for o in out), problem.out_index, seed=problem.seed))
     return draws, notes

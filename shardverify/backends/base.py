@@ -18,7 +18,7 @@ import traceback
 import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 import torch
 
@@ -64,6 +64,34 @@ class Backend(Protocol):
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]: ...
     def close(self) -> None: ...
+
+
+class ClosingBackend:
+    """A backend used as ``with backend:`` is closed when the block ends, however it ends."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class BatchBackend(ClosingBackend):
+    """A backend whose ``run`` is one item of its ``run_batch`` (the simulated and the process pool)."""
+
+    def run_batch(self, fn: Callable[..., Any], items: Sequence[tuple], *,
+                  timeout: float | None = None) -> list[list[Any] | BackendError]:
+        raise NotImplementedError
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
+        """``fn(comm, *args)`` on every rank; the list of return values, indexed by rank."""
+        outcome = self.run_batch(fn, [args], timeout=timeout)[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from shardverify.backends.base import RankResult, check_fn, check_timeout
+from shardverify.backends.base import BatchBackend, RankResult, check_fn, check_timeout
 from shardverify.errors import BackendError, RankDied, RankError, RankTimeout
 from shardverify.backends.signals import signals_held, start_forkserver
 from shardverify.backends.liveness import process_alive, process_start
@@ -52,13 +52,6 @@ FORKSERVER_PRELOAD = (__name__, "shardverify.backends.process_worker", "torch.di
 GRACE_SECONDS = 1.0
 #: start-up (process start, import torch, rendezvous, groups) is bounded separately from a run
 STARTUP_TIMEOUT = 120.0
-
-
-def default_dist_backend(mesh: DeviceMesh, device_ids: Sequence[int] | None = None) -> str:
-    """nccl when every rank can have its own GPU, gloo otherwise (the registry's one rule)."""
-    from shardverify.backends.registry import choose_dist, visible_gpus
-
-    return "nccl" if device_ids is not None else choose_dist(mesh.size, visible_gpus())
 
 
 _LONGEST_POLL = 3600.0   # seconds
@@ -172,7 +165,7 @@ class _Pool:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
-class ProcessBackend:
+class ProcessBackend(BatchBackend):
     """Run SPMD checks on real torch.distributed ranks kept alive between runs.
 
     ``backend``: "gloo" (CPU by default) or "nccl" (rank r on ``cuda:device_ids[r]``;
@@ -258,33 +251,18 @@ class ProcessBackend:
             self._finalizer.detach()
             pool.stop() if graceful else pool.kill()
 
-    def __enter__(self) -> ProcessBackend:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"ProcessBackend(mesh={self.mesh.shape}, backend={self.backend!r}, devices={self.devices})"
 
     # ---- running --------------------------------------------------------------------------
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
-        """``fn(comm, *args)`` on every rank; the list of return values, indexed by rank.
-
-        ``fn`` and ``args`` are pickled once (``fn`` by reference: a module-level function).
-        """
-        outcome = self.run_batch(fn, [args], timeout=timeout)[0]
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
-
     def run_batch(self, fn: Callable[..., Any], items: Sequence[tuple], *,
                   timeout: float | None = None) -> list[list[Any] | BackendError]:
         """``fn(comm, *args)`` on every rank for each ``args`` of ``items``, sent to the workers
         as one message.  Per item: the values indexed by rank, or the BackendError ``run``
         would have raised for it; each item has the whole ``timeout`` from the moment the one
         before it finished.  When a failure costs the pool, the items after it run on the
-        rebuilt pool."""
+        rebuilt pool.  ``fn`` and each ``args`` are pickled once (``fn`` by reference: a
+        module-level function)."""
         check_fn(fn)
         timeout = check_timeout(timeout, self.timeout)
         items = [tuple(args) for args in items]

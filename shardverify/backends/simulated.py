@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from shardverify.backends.base import RankResult, check_fn, check_timeout, private_copy
+from shardverify.backends.base import BatchBackend, RankResult, check_fn, check_timeout, private_copy
 from shardverify.backends.cpus import can_keep, keep_to_cpu
 from shardverify.errors import BackendError, RankTimeout
 from shardverify.backends.simulated_exchange import SimulatedCommunicator, _Aborted, _Exchange, _Turns
@@ -143,7 +143,7 @@ class _Batch:
         return [r for r in range(self.world) if r not in self.results[index]]
 
 
-class SimulatedBackend:
+class SimulatedBackend(BatchBackend):
     """Run SPMD checks on a simulated mesh: one thread per rank, all on ``device``.
 
     ``timeout`` (seconds) bounds every check; a rank that raises aborts the others'
@@ -184,13 +184,6 @@ class SimulatedBackend:
         for rank, worker in enumerate(self._threads):
             if worker is None:
                 self._threads[rank] = _RankThread(rank, self.device)
-
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
-        """``fn(comm, *args)`` on every rank; the list of return values, indexed by rank."""
-        outcome = self.run_batch(fn, [args], timeout=timeout)[0]
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
 
     def run_batch(self, fn: Callable[..., Any], items: Sequence[tuple], *,
                   timeout: float | None = None) -> list[list[Any] | BackendError]:
@@ -385,12 +378,6 @@ class SimulatedBackend:
             deadline = time.monotonic() + CLOSE_SECONDS
             for worker in stopping:
                 worker.thread.join(max(0.0, deadline - time.monotonic()))
-
-    def __enter__(self) -> SimulatedBackend:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SimulatedBackend(mesh={self.mesh.shape}, device={str(self.device)!r})"

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardverify.backends.base import RankResult, check_fn, check_timeout
+from shardverify.backends.base import ClosingBackend, RankResult, check_fn, check_timeout
 from shardverify.backends.distributed import ProcessCommunicator, build_groups
 from shardverify.backends.registry import choose_dist, visible_gpus
 from shardverify.errors import BackendError, RankTimeout
@@ -41,7 +41,7 @@ def _env_int(name: str) -> int:
         raise BackendError(f"${name} must be an integer, got {value!r}") from None
 
 
-class TorchrunBackend:
+class TorchrunBackend(ClosingBackend):
     """This process as rank ``$RANK`` of a ``$WORLD_SIZE``-rank world laid out as ``mesh``.
 
     ``backend`` defaults to nccl when CUDA is available (rank on ``cuda:$LOCAL_RANK``),
@@ -121,12 +121,6 @@ class TorchrunBackend:
         if not self._closed and self._owns_world and dist.is_initialized():
             dist.destroy_process_group()
         self._closed = True
-
-    def __enter__(self) -> TorchrunBackend:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 __all__ = ["TorchrunBackend"]

@@ -26,8 +26,7 @@ from shardverify.cli.progress import Progress
 from shardverify.cli.row_warnings import Caught, caught_warnings
 from shardverify.cli.verdict import SHOWN, capped, count, shortened, verdict_line, warnings_detail, warnings_note
 from shardverify.cli.verify_cmd import one_rank_mesh, parse_mesh
-from shardverify.cli.catalogue import load_op_specs
-from shardverify.errors import SpecError
+from shardverify.cli.catalogue import checked_op_specs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -104,13 +103,8 @@ def run(args: argparse.Namespace) -> int:
     if problem := html_problem(args.html):
         print(f"error: {problem}", file=sys.stderr)
         return USAGE
-    try:
-        specs = load_op_specs(args.root, args.specs_dir, args.specs)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return USAGE
-    if not specs:
-        print("error: no op specs to audit", file=sys.stderr)
+    specs = checked_op_specs(args, "audit")
+    if specs is None:
         return USAGE
     start = time.perf_counter()
     rows: list = []

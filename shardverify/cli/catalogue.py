@@ -22,7 +22,7 @@ from shardverify.spec.catalogue import InvalidSpecs, load_op_specs, load_specs, 
 from shardverify.spec.kinds import SpecKind, register_spec_kind
 from shardverify.spec.op_kind import HANDLER_DIR, OP_KIND
 
-__all__ = ["KINDS", "add_location_options", "located_specs", "load_op_specs", "broken_handlers"]
+__all__ = ["KINDS", "add_location_options", "located_specs", "load_op_specs", "checked_op_specs", "broken_handlers"]
 
 #: every spec kind, in catalogue order (a new kind: its module, and one entry here)
 KINDS: tuple[SpecKind, ...] = tuple(register_spec_kind(kind) for kind in
@@ -48,6 +48,20 @@ def located_specs(args: argparse.Namespace) -> list | None:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
     return None
+
+
+def checked_op_specs(args: argparse.Namespace, verb: str) -> list | None:
+    """The op specs a checking command named (every one when none is named); None, with the error
+    printed, when one is invalid or there are none (shared by `verify` and `audit`)."""
+    try:
+        specs = load_op_specs(args.root, args.specs_dir, args.specs)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    if not specs:
+        print(f"error: no op specs to {verb}", file=sys.stderr)
+        return None
+    return specs
 
 
 def broken_handlers(root: Path) -> list[str]:

@@ -43,14 +43,29 @@ def _entries(specs: list) -> tuple[list[tuple[object, str, list]], list[str]]:
     return list(found.values()), without
 
 
+class _Tally:
+    """What the sweep has counted so far: every entry's calls, the entries per commit their results
+    were swept at, and the requested entries not swept (each with why)."""
+
+    def __init__(self, total) -> None:
+        self.total = total
+        self.commits: dict[str, int] = {}
+        self.unswept: list[str] = []
+
+    def count(self, name: str, op: str, found, commit: str, how: str, where: str) -> None:
+        self.commits[commit] = self.commits.get(commit, 0) + 1
+        print(f"opinfo {where} {name} ({op}): {len(found.outcomes)} calls, {found.seconds:.1f}s, {how}",
+              file=sys.stderr, flush=True)
+        self.total.outcomes += found.outcomes
+        self.total.defects += found.defects
+        self.total.seconds += found.seconds
+
+
 def run_opinfo(args: argparse.Namespace, specs: list) -> int:
     import time
 
-    from shardverify.opinfo.report import HEADER, markdown, table, totals
-    from shardverify.opinfo.store import (claim_entry, default_results_dir, held, load_entry, release_entry,
-                                          rule_digests, save_entry, settings_key, source_commit)
-    from shardverify.opinfo.sweep import SweepResult, entry_name, sweep_entry
-    from shardverify.verify.on_demand import OnDemandVerifier
+    from shardverify.opinfo.store import default_results_dir, rule_digests, settings_key, source_commit
+    from shardverify.opinfo.sweep import SweepResult
 
     meshes = args.mesh or [(2, 2), (4,)]
     captures = ("fx", "export")
@@ -61,61 +76,10 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
         return 2
     settings = settings_key(args.opinfo_samples, meshes, captures, 0)
     source_commit(), rule_digests()   # the code and the rules this process loaded, taken before any sweeping
-    total = SweepResult()
-    commits: dict[str, int] = {}
-    unswept: list[str] = []
-    busy: list[tuple[str, str, str]] = []    # entries another live process held when reached
+    tally = _Tally(SweepResult())
     wall = time.perf_counter()
-
-    def count(name: str, op: str, found: SweepResult, commit: str, how: str, where: str) -> None:
-        commits[commit] = commits.get(commit, 0) + 1
-        print(f"opinfo {where} {name} ({op}): {len(found.outcomes)} calls, {found.seconds:.1f}s, {how}",
-              file=sys.stderr, flush=True)
-        total.outcomes += found.outcomes
-        total.defects += found.defects
-        total.seconds += found.seconds
-
     try:
-        entries, without = _entries(specs)
-        if args.specs:    # a spec named on the command line with nothing to sweep is no pass
-            unswept += [f"spec {op} (its targets have no OpInfo entry)" for op in without]
-        with OnDemandVerifier() as verifier:
-            for i, (entry, op, targets) in enumerate(entries, 1):
-                name = entry_name(entry)
-                stored = None if args.opinfo_fresh else load_entry(folder, name, settings)
-                missing = "no current stored results"
-                if stored is not None and not stored[0].outcomes:    # a file of no call checks nothing
-                    stored, missing = None, "its stored results hold no call"
-                    print(f"opinfo: {name}: {missing}; not taken as swept", file=sys.stderr)
-                if stored is not None:
-                    found, commit = stored
-                    how = f"stored (swept at {commit or 'an unknown commit'})"
-                elif args.opinfo_stored:
-                    unswept.append(f"{name} ({held(folder, name) or missing})")
-                    continue
-                else:
-                    claimed, why = claim_entry(folder, name)
-                    if not claimed:
-                        busy.append((op, name, why))
-                        continue
-                    if why:
-                        print(f"opinfo: {name}: {why}", file=sys.stderr, flush=True)
-                    try:
-                        found = sweep_entry(entry, op, targets, meshes, captures, args.opinfo_samples, verifier)
-                        save_entry(folder, name, settings, found)
-                    finally:
-                        release_entry(folder, name)
-                    commit, how = source_commit(), "swept"
-                if not found.outcomes:
-                    unswept.append(f"{name} (no sample of it was called: nothing checked)")
-                    continue
-                count(name, op, found, commit, how, f"[{i}/{len(entries)}]")
-        for op, name, why in busy:   # swept by another process meanwhile, or not swept at all
-            stored = load_entry(folder, name, settings)
-            if stored is not None and stored[0].outcomes:
-                count(name, op, stored[0], stored[1], "stored by the process that held it", "[after]")
-            else:
-                unswept.append(f"{name} ({why})")
+        _sweep(args, specs, folder, settings, meshes, captures, tally)
     except ShardVerifyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -124,23 +88,96 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
               file=sys.stderr)
         return 130
     wall = time.perf_counter() - wall
+    _print_table(tally.total)
+    if args.report is not None and not _write_report(args, tally, wall):
+        return 2
+    return _summary(tally, wall)
+
+
+def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, captures, tally: _Tally) -> None:
+    """Every OpInfo entry of the specs' targets swept (or read from current stored results), each
+    claimed by one process at a time; an entry another live process holds is read after the rest."""
+    from shardverify.opinfo.store import claim_entry, held, load_entry, release_entry, save_entry, source_commit
+    from shardverify.opinfo.sweep import entry_name, sweep_entry
+    from shardverify.verify.on_demand import OnDemandVerifier
+
+    unswept = tally.unswept
+    busy: list[tuple[str, str, str]] = []    # entries another live process held when reached
+    entries, without = _entries(specs)
+    if args.specs:    # a spec named on the command line with nothing to sweep is no pass
+        unswept += [f"spec {op} (its targets have no OpInfo entry)" for op in without]
+    with OnDemandVerifier() as verifier:
+        for i, (entry, op, targets) in enumerate(entries, 1):
+            name = entry_name(entry)
+            stored = None if args.opinfo_fresh else load_entry(folder, name, settings)
+            missing = "no current stored results"
+            if stored is not None and not stored[0].outcomes:    # a file of no call checks nothing
+                stored, missing = None, "its stored results hold no call"
+                print(f"opinfo: {name}: {missing}; not taken as swept", file=sys.stderr)
+            if stored is not None:
+                found, commit = stored
+                how = f"stored (swept at {commit or 'an unknown commit'})"
+            elif args.opinfo_stored:
+                unswept.append(f"{name} ({held(folder, name) or missing})")
+                continue
+            else:
+                claimed, why = claim_entry(folder, name)
+                if not claimed:
+                    busy.append((op, name, why))
+                    continue
+                if why:
+                    print(f"opinfo: {name}: {why}", file=sys.stderr, flush=True)
+                try:
+                    found = sweep_entry(entry, op, targets, meshes, captures, args.opinfo_samples, verifier)
+                    save_entry(folder, name, settings, found)
+                finally:
+                    release_entry(folder, name)
+                commit, how = source_commit(), "swept"
+            if not found.outcomes:
+                unswept.append(f"{name} (no sample of it was called: nothing checked)")
+                continue
+            tally.count(name, op, found, commit, how, f"[{i}/{len(entries)}]")
+    for op, name, why in busy:   # swept by another process meanwhile, or not swept at all
+        stored = load_entry(folder, name, settings)
+        if stored is not None and stored[0].outcomes:
+            tally.count(name, op, stored[0], stored[1], "stored by the process that held it", "[after]")
+        else:
+            unswept.append(f"{name} ({why})")
+
+
+def _print_table(total) -> None:
+    from shardverify.opinfo.report import HEADER, table
+
     rows = table(total)
     widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
     for row in [HEADER, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    if args.report is not None:
-        command = " ".join(["shardverify verify --opinfo", *(args.specs or []),
-                            f"--opinfo-samples {args.opinfo_samples}",
-                            *([f"--opinfo-results {args.opinfo_results}"] if args.opinfo_results else []),
-                            *(["--opinfo-stored"] if args.opinfo_stored else []),
-                            *(["--opinfo-fresh"] if args.opinfo_fresh else []), f"--report {args.report}"])
-        try:
-            write_file_atomic(args.report, markdown(total, command, torch.__version__, commits=commits, wall=wall,
-                                                    unswept=unswept))
-        except OSError as error:
-            print(f"error: cannot write {args.report}: {error.strerror or error}", file=sys.stderr)
-            return 2
-        print(f"report written to {args.report}")
+
+
+def _write_report(args: argparse.Namespace, tally: _Tally, wall: float) -> bool:
+    """The markdown page at --report FILE; False, with the error printed, when it cannot be written."""
+    from shardverify.opinfo.report import markdown
+
+    command = " ".join(["shardverify verify --opinfo", *(args.specs or []),
+                        f"--opinfo-samples {args.opinfo_samples}",
+                        *([f"--opinfo-results {args.opinfo_results}"] if args.opinfo_results else []),
+                        *(["--opinfo-stored"] if args.opinfo_stored else []),
+                        *(["--opinfo-fresh"] if args.opinfo_fresh else []), f"--report {args.report}"])
+    try:
+        write_file_atomic(args.report, markdown(tally.total, command, torch.__version__, commits=tally.commits,
+                                                wall=wall, unswept=tally.unswept))
+    except OSError as error:
+        print(f"error: cannot write {args.report}: {error.strerror or error}", file=sys.stderr)
+        return False
+    print(f"report written to {args.report}")
+    return True
+
+
+def _summary(tally: _Tally, wall: float) -> int:
+    """The defects, raw exceptions and wrong strategies, the totals; the exit status."""
+    from shardverify.opinfo.report import totals
+
+    total, commits, unswept = tally.total, tally.commits, tally.unswept
     for defect in total.defects:
         print(f"rule defect (not offered): {defect}")
     raw = [o for o in total.outcomes if o.outcome == "raw-error"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 from shardverify.backends import registry
 from shardverify.cli import USAGE
@@ -99,14 +100,9 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardverify.plan.spec import build_spec_model, parse_plan_spec
-    from shardverify.spec.loader import load_yaml
-    from shardverify.plan.inputs import parse_input
     from shardverify.cli.progress import Progress
     from shardverify.plan.phases import PHASES, PhaseClock, cpu_seconds
-    from shardverify.plan.report import plan_text, verdict_lines
     from shardverify.plan.verify import verify_plan
-    from shardverify.report.plan_page import plan_page
 
     started = cpu_seconds()   # the interpreter's start and the imports so far
     problem = html_problem(args.html)
@@ -117,67 +113,12 @@ def run(args: argparse.Namespace) -> int:
     clock = PhaseClock(on_start=lambda name: _phase_started(status, name))
     quiet_tracing()   # a model that fails to trace is reported in one line, not torch's printed traceback
     try:
-        zoo = args.spec.startswith("zoo:")
-        capture = args.capture or ("export" if zoo else "auto")
-        spec_zoo, strict, cost_size = "", args.strict, None
-        if args.cost_size is not None and not zoo:
-            raise ShardVerifyError("--cost-size names a zoo model's sizes (zoo:NAME); give a factory's real size "
-                                   "with --cost-kwarg and --cost-input")
-        if (args.cost_kwarg or args.cost_input) and (zoo or args.spec.endswith((".yaml", ".yml"))):
-            raise ShardVerifyError("--cost-kwarg and --cost-input give a factory's real size (a dotted path); "
-                                   "for zoo:NAME use --cost-size")
-        if zoo:
-            from shardverify.plan.hf_zoo import hf_model, real_size
-
-            with clock.phase("build"):
-                module, example = hf_model(args.spec[len("zoo:"):])
-            mesh = _shape(args.mesh or "2,2")
-            if args.cost_size is not None:
-                with clock.phase("build"):
-                    cost_size = real_size(args.spec[len("zoo:"):], _sizes(args.cost_size))
-        elif args.spec.endswith((".yaml", ".yml")):
-            spec = parse_plan_spec(load_yaml(args.spec))
-            factory, kwargs, inputs, where = spec.factory, spec.kwargs, spec.inputs, dict(spec.where)["factory"]
-            spec_zoo, capture, strict = spec.zoo, args.capture or spec.capture, args.strict or spec.strict
-            mesh = _shape(args.mesh) if args.mesh else spec.meshes[0]
-            if spec.cost_size is not None and not args.plan:     # the spec's solved plans cost at its real size
-                from shardverify.plan.spec import spec_cost_size
-
-                with clock.phase("build"):
-                    cost_size = spec_cost_size(factory, kwargs, spec.cost_size, where, spec.zoo)
-        else:
-            factory, kwargs = args.spec, _kwargs(args.kwarg)
-            inputs = tuple(parse_input(text) for text in args.input)
-            where = None
-            mesh = _shape(args.mesh or "2,2")
-            if args.cost_kwarg and not args.cost_input:
-                raise ShardVerifyError("--cost-kwarg needs the inputs at that size too (--cost-input)")
-            if args.cost_input:
-                from shardverify.plan.spec import real_spec_model
-
-                with clock.phase("build"):
-                    cost_size = real_spec_model(factory, kwargs, _kwargs(args.cost_kwarg),
-                                                tuple(parse_input(text, "--cost-input", drawn=False)
-                                                      for text in args.cost_input))
-        too_many = mesh_problem(mesh)
-        if too_many:
-            raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")
-        if args.mesh and (single := one_rank_mesh([mesh])):
-            raise ShardVerifyError(single)
-        plan = None
-        if args.plan:
-            plan = _read_plan(args.plan)
-        if zoo:
-            module.train(args.train)
-        else:
-            with clock.phase("build"):
-                module, example = build_spec_model(factory, kwargs, inputs, where=where, zoo=spec_zoo,
-                                                   redraw=args.redraw_weights, train=args.train)
-        result = verify_plan(module, example, mesh, plan, backend=args.backend, memory_limit=args.memory_limit,
-                             capture=capture, min_sharded=args.min_sharded,
+        model = _model(args, clock)
+        result = verify_plan(model.module, model.example, model.mesh, model.plan, backend=args.backend,
+                             memory_limit=args.memory_limit, capture=model.capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights, data_parallel=args.data_parallel,
-                             timeout=args.timeout, strict=strict,
-                             verified_only=args.verified_only, cost_size=cost_size, clock=clock)
+                             timeout=args.timeout, strict=model.strict,
+                             verified_only=args.verified_only, cost_size=model.cost_size, clock=clock)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         status.close()
         if args.debug:
@@ -195,6 +136,94 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardverify plan: {describe_error(error)} (--debug shows the traceback)", file=sys.stderr)
         return USAGE
     status.close()
+    return _report(args, result, started)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The model a plan check runs, as the command line or the spec gave it."""
+
+    module: Any
+    example: Any
+    mesh: tuple[int, ...]
+    plan: Any
+    capture: str
+    strict: bool
+    cost_size: Any
+
+
+def _model(args: argparse.Namespace, clock) -> _Model:
+    """The model (zoo:NAME, a plan spec or a factory), its inputs, mesh and plan, and the model at its
+    real size for the solver's costs where asked; raises ShardVerifyError naming the option at fault."""
+    from shardverify.plan.inputs import parse_input
+    from shardverify.plan.spec import build_spec_model, parse_plan_spec
+    from shardverify.spec.loader import load_yaml
+
+    zoo = args.spec.startswith("zoo:")
+    capture = args.capture or ("export" if zoo else "auto")
+    spec_zoo, strict, cost_size = "", args.strict, None
+    if args.cost_size is not None and not zoo:
+        raise ShardVerifyError("--cost-size names a zoo model's sizes (zoo:NAME); give a factory's real size "
+                               "with --cost-kwarg and --cost-input")
+    if (args.cost_kwarg or args.cost_input) and (zoo or args.spec.endswith((".yaml", ".yml"))):
+        raise ShardVerifyError("--cost-kwarg and --cost-input give a factory's real size (a dotted path); "
+                               "for zoo:NAME use --cost-size")
+    if zoo:
+        from shardverify.plan.hf_zoo import hf_model, real_size
+
+        with clock.phase("build"):
+            module, example = hf_model(args.spec[len("zoo:"):])
+        mesh = _shape(args.mesh or "2,2")
+        if args.cost_size is not None:
+            with clock.phase("build"):
+                cost_size = real_size(args.spec[len("zoo:"):], _sizes(args.cost_size))
+    elif args.spec.endswith((".yaml", ".yml")):
+        spec = parse_plan_spec(load_yaml(args.spec))
+        factory, kwargs, inputs, where = spec.factory, spec.kwargs, spec.inputs, dict(spec.where)["factory"]
+        spec_zoo, capture, strict = spec.zoo, args.capture or spec.capture, args.strict or spec.strict
+        mesh = _shape(args.mesh) if args.mesh else spec.meshes[0]
+        if spec.cost_size is not None and not args.plan:     # the spec's solved plans cost at its real size
+            from shardverify.plan.spec import spec_cost_size
+
+            with clock.phase("build"):
+                cost_size = spec_cost_size(factory, kwargs, spec.cost_size, where, spec.zoo)
+    else:
+        factory, kwargs = args.spec, _kwargs(args.kwarg)
+        inputs = tuple(parse_input(text) for text in args.input)
+        where = None
+        mesh = _shape(args.mesh or "2,2")
+        if args.cost_kwarg and not args.cost_input:
+            raise ShardVerifyError("--cost-kwarg needs the inputs at that size too (--cost-input)")
+        if args.cost_input:
+            from shardverify.plan.spec import real_spec_model
+
+            with clock.phase("build"):
+                cost_size = real_spec_model(factory, kwargs, _kwargs(args.cost_kwarg),
+                                            tuple(parse_input(text, "--cost-input", drawn=False)
+                                                  for text in args.cost_input))
+    too_many = mesh_problem(mesh)
+    if too_many:
+        raise ShardVerifyError(f"mesh {list(mesh)}: {too_many}")
+    if args.mesh and (single := one_rank_mesh([mesh])):
+        raise ShardVerifyError(single)
+    plan = None
+    if args.plan:
+        plan = _read_plan(args.plan)
+    if zoo:
+        module.train(args.train)
+    else:
+        with clock.phase("build"):
+            module, example = build_spec_model(factory, kwargs, inputs, where=where, zoo=spec_zoo,
+                                               redraw=args.redraw_weights, train=args.train)
+    return _Model(module, example, mesh, plan, capture, strict, cost_size)
+
+
+def _report(args: argparse.Namespace, result, started: float) -> int:
+    """The verdict (text or --json, and --html); the exit status."""
+    from shardverify.plan.phases import cpu_seconds
+    from shardverify.plan.report import plan_text, verdict_lines
+    from shardverify.report.plan_page import plan_page
+
     strict_failure = result.strict and bool(result.strict_failures)
     # no pass without a check: a model without one tensor op ran no plan node
     no_node = result.coverage is not None and result.coverage.tensor_ops == 0
@@ -212,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
     if not write_html(lambda: plan_page(result, args.spec, verdict_lines(result, args.spec)), args.html):
         return USAGE
     return 0 if result.passed and not no_node else 1
+
+
 
 
 #: what each phase of a plan check is doing, said on the status line (short: it shares an 80-column

@@ -24,7 +24,7 @@ from shardverify.cli.html_option import add_html_option, html_problem, write_htm
 from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, quiet_tracing, row_label,
                                           verify_row)
 from shardverify.cli.verify_summary import detail_lines, format_table, outcome, summary_lines
-from shardverify.cli.catalogue import load_op_specs
+from shardverify.cli.catalogue import checked_op_specs
 from shardverify.errors import ShardVerifyError, SpecError
 
 
@@ -238,13 +238,8 @@ def run(args: argparse.Namespace) -> int:
     if single := one_rank_mesh(args.mesh):
         print(f"error: {single}", file=sys.stderr)
         return USAGE
-    try:
-        specs = load_op_specs(args.root, args.specs_dir, args.specs)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return USAGE
-    if not specs:
-        print("error: no op specs to verify", file=sys.stderr)
+    specs = checked_op_specs(args, "verify")
+    if specs is None:
         return USAGE
     if args.opinfo:
         from shardverify.cli.opinfo_run import run_opinfo

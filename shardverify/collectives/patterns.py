@@ -39,8 +39,8 @@ from shardverify.errors import CollectiveError
 from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
 from shardverify.sharding.strategy import CommAction, CommPattern, CommWhere
 
-__all__ = ["OneRank", "apply_comm_action", "apply_on_ranks", "apply_grad_hook", "grad_hook_on_ranks", "forward_half",
-           "backward_half", "before_op", "before_op_on_ranks", "after_op", "after_op_on_ranks", "zero_outside_index_shards",
+__all__ = ["OneRank", "apply_comm_action", "apply_on_ranks", "apply_grad_hook", "grad_hook_on_ranks",
+           "before_op", "before_op_on_ranks", "after_op", "after_op_on_ranks", "zero_outside_index_shards",
            "aligned"]
 
 Half = Callable[[object, CommAction, list], list]
@@ -144,16 +144,6 @@ _HALVES: dict[CommPattern, tuple[Half, Half]] = {
     CommPattern.SPLIT_FWD_GATHER_BWD: (_split, _gather),
     CommPattern.ALL2ALL_FWD_ALL2ALL_BWD: (_all_to_all_fwd, _all_to_all_bwd),
 }
-
-
-def forward_half(comm, action: CommAction, t: Tensor) -> Tensor:
-    """The forward exchange of ``action`` on ``t``, outside autograd."""
-    return _forward_half(OneRank(comm), action, [t])[0]
-
-
-def backward_half(comm, action: CommAction, grad: Tensor) -> Tensor:
-    """The backward exchange of ``action`` on a gradient, outside autograd."""
-    return _HALVES[action.pattern][1](OneRank(comm), action, [grad])[0]
 
 
 def _forward_half(ranks, action: CommAction, ts: list) -> list:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shardverify.audit.layouts import Layout
-from shardverify.audit.run import _Audit
+from shardverify.audit.combinations import CaseCombinations, outputs_hold
 from shardverify.dtensor.placements import layout_of
 from shardverify.dtensor.world import fake_world
 
@@ -100,7 +100,7 @@ class _watch_resharding:
         del self.dispatcher.redistribute_local_args
 
 
-def _dtensor_outputs(audit: _Audit, mesh, combo) -> tuple[str, tuple[Layout, ...] | None]:
+def _dtensor_outputs(audit: CaseCombinations, mesh, combo) -> tuple[str, tuple[Layout, ...] | None]:
     """("ok", output layouts) when DTensor runs the op with no collective, ("comm", None) when it
     redistributes, ("strided: ...", None) when its output is a _StridedShard (interleaved, no
     block layout), ("error: ...", None) when it refuses."""
@@ -143,10 +143,8 @@ def _dtensor_outputs(audit: _Audit, mesh, combo) -> tuple[str, tuple[Layout, ...
     return "ok", tuple(found)
 
 
-def _holds(audit: _Audit, combo, outputs) -> bool:
-    from shardverify.audit.run import _outputs_hold
-
-    return _outputs_hold(audit.problem, combo, outputs)
+def _holds(audit: CaseCombinations, combo, outputs) -> bool:
+    return outputs_hold(audit.problem, combo, outputs)
 
 
 def compare_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: dict | None = None) -> DTensorReport:
@@ -154,7 +152,7 @@ def compare_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], point: d
     combination of one case, partial inputs included, absent ones not; every member of a mesh-axis
     orbit is asked (DTensor's rules are not symmetric under swapping mesh axes)."""
     report = DTensorReport(spec.name, case_id, tuple(mesh_shape))
-    audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs=True, extremum_inputs=False)
+    audit = CaseCombinations(spec, case, tuple(mesh_shape), partial_inputs=True, extremum_inputs=False)
     audit.enumerate()
     with fake_world(tuple(mesh_shape)) as mesh:
         for combo, outcome in audit.results.items():

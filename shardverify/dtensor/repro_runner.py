@@ -333,13 +333,11 @@ def call(case, tensors):
     return torch.func.functional_call(case["target"], _bind(case["params"], tensors), tuple(args), kwargs)
 
 
-def main(case):
-    from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    MESH, WORLD, OUT = case["mesh"], case["world"], case["out"]
+def reference(case):
+    """The case's inputs (random floating values from seed 0, the others written out), the module
+    built for a module call, and the single-device result: (case, values by role, the roles that
+    take a gradient, the outputs the finding checked, their loss weights g_k (None where an
+    output takes no gradient), the inputs' gradients)."""
     torch.manual_seed(0)
     values = {}
     for item in case["inputs"]:
@@ -353,13 +351,7 @@ def main(case):
         case = {**case, "target": cls(*args, **kwargs)}
     floating = [item["role"] for item in case["inputs"] if item["grad"]]
     leaves = [values[r].requires_grad_() for r in floating]
-
-    def picked(result):
-        """the outputs the finding checked: of a tuple, its elements OUT"""
-        results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
-        return [results[k] for k in OUT]
-
-    expected = picked(call(case, values))
+    expected = picked(call(case, values), case["out"])
     # the loss is sum(output_k * g_k) over every differentiable output, as in the finding: which
     # outputs get a gradient picks autograd's backward formula (native_group_norm's mean and rstd
     # take it to a composite backward of its own, the output alone to native_group_norm_backward)
@@ -368,35 +360,61 @@ def main(case):
     wanted = [(e, g) for e, g in zip(expected, gs) if g is not None]
     expected_grads = (torch.autograd.grad([e for e, _ in wanted], leaves, [g for _, g in wanted], allow_unused=True)
                       if leaves and wanted else ())
-    # each rank's local block of each input (of its own piece, for a partial sum)
+    return case, values, floating, expected, gs, expected_grads
+
+
+def picked(result, out):
+    """the outputs the finding checked: of a tuple, its elements OUT"""
+    results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    return [results[k] for k in out]
+
+
+def local_blocks(case, values):
+    """Each rank's local block of each input (of its own piece, for a partial sum), by role."""
     local = {}
     for item, operand in zip(case["inputs"], case["operands"]):
         role, own = item["role"], values[item["role"]].detach()
         partial = operand["partial"]
         parts = pieces(own, partial["count"], partial["seed"]) if partial is not None else None
         local[role] = {r: (parts[partial["index"][r]] if parts is not None else own)[operand["slices"][r]].clone()
-                       for r in range(WORLD)}
+                       for r in range(case["world"])}
+    return local
 
-    REAL = "RANK" in os.environ   # started by torchrun: one real gloo process per rank
-    if REAL:   # a rank left waiting in a collective fails after a minute instead of hanging
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-        world = contextlib.nullcontext()
-    else:
-        dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
-        world = LocalTensorMode(WORLD)
 
-    def place(per_rank):
+class World:
+    """The ranks this run has: every rank in this process (LocalTensorMode on a fake process group),
+    or, started by torchrun, this process's own on real gloo processes."""
+
+    def __init__(self, size):
+        from torch.distributed._local_tensor import LocalTensorMode
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        self.size = size
+        self.real = "RANK" in os.environ   # started by torchrun: one real gloo process per rank
+        if self.real:   # a rank left waiting in a collective fails after a minute instead of hanging
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+            self.mode = contextlib.nullcontext()
+        else:
+            dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
+            self.mode = LocalTensorMode(size)
+
+    def ranks(self):
+        return [dist.get_rank()] if self.real else list(range(self.size))
+
+    def place(self, per_rank):
         """This world's local tensor: every rank's block at once, or this process's own."""
-        return per_rank[dist.get_rank()] if REAL else LocalTensor(per_rank)
+        from torch.distributed._local_tensor import LocalTensor
 
-    def ranks_of(t):
+        return per_rank[dist.get_rank()] if self.real else LocalTensor(per_rank)
+
+    def ranks_of(self, t):
         """Every rank's value this process sees."""
-        return {dist.get_rank(): t} if REAL else dict(t._local_tensors)
+        return {dist.get_rank(): t} if self.real else dict(t._local_tensors)
 
-    def check(what, t, want):
+    def check(self, what, t, want):
         """Prints every rank's value of t against want; the first wrong one said, or ""."""
         first = ""
-        for rank, got in sorted(ranks_of(t).items()):
+        for rank, got in sorted(self.ranks_of(t).items()):
             ok = got.shape == want.shape and (torch.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
                                               if want.is_floating_point() else torch.equal(got, want))
             error = ("" if ok else f"max abs error {(got.double() - want.double()).abs().nan_to_num(float('inf')).max():.3g}"
@@ -405,70 +423,81 @@ def main(case):
             first = first or ("" if ok else f"{what} on rank {rank}: {error}")
         return first
 
-    def stage(what):
+    def stage(self, what):
         """Said before each step: where a process that gloo kills (SIGABRT) died."""
-        ranks = [dist.get_rank()] if REAL else list(range(WORLD))
-        say("STAGE " + json.dumps({"ranks": ranks, "stage": what}))
+        say("STAGE " + json.dumps({"ranks": self.ranks(), "stage": what}))
 
+
+def main(case):
+    OUT = case["out"]
+    case, values, floating, expected, gs, expected_grads = reference(case)
+    local = local_blocks(case, values)
+    world = World(case["world"])
     # the verdict: right | wrong (silently) | late-failure (the op returned; full_tensor() or the
     # backward raised) | raises (the op itself) | error (the inputs could not be built)
-    status, detail = "error", "the script stopped before its verdict"
-    with world:
-        try:
-            mesh = init_device_mesh("cpu", MESH)
-            dtensors = {}
-            for item, operand in zip(case["inputs"], case["operands"]):
-                role = item["role"]
-                dtensors[role] = DTensor.from_local(place(local[role]), mesh, operand["placements"], run_check=False,
-                                                    shape=values[role].shape, stride=values[role].stride())
-                if item["grad"]:
-                    dtensors[role] = dtensors[role].detach().requires_grad_()
-        except Exception as exc:
-            status, detail = "error", f"the DTensor inputs cannot be built: {said(exc)}"
-        else:
-            try:
-                stage("the op")
-                out = call(case, dtensors)
-            except Exception as exc:
-                status, detail = "raises", f"the op raises {said(exc)}"
-            else:
-                outs = picked(out)
-                status = "right"
-                for k, (out, want) in zip(OUT, zip(outs, expected)):
-                    name = "output" if len(OUT) == 1 else f"output {k}"
-                    if status != "right":
-                        break
-                    say(f"DTensor {name} placements: {out.placements} global shape: {tuple(out.shape)}")
-                    try:
-                        stage("full_tensor() of the output")   # one stage name for every output: confirm knows it
-                        detail = check(name, out.full_tensor(), want.detach())
-                        status = "wrong" if detail else "right"
-                    except Exception as exc:   # the output's metadata does not fit what the ranks hold
-                        status, detail = "late-failure", f"full_tensor() of the {name} raises {said(exc)}"
-                if status == "right" and expected_grads:
-                    try:
-                        stage("the backward")
-                        sum((out.redistribute(mesh, [Replicate()] * mesh.ndim) * DTensor.from_local(
-                            place({r: g for r in range(WORLD)}), mesh, [Replicate()] * mesh.ndim,
-                            run_check=False)).sum() for out, g in zip(outs, gs) if g is not None and out.requires_grad).backward()
-                        for name, want in zip(floating, expected_grads):
-                            leaf = dtensors[name]
-                            if want is not None and status == "right":
-                                detail = (f"no gradient of {name}" if leaf.grad is None else
-                                          check(f"gradient of {name}", leaf.grad.full_tensor(), want))
-                                status = "wrong" if detail else "right"
-                    except Exception as exc:
-                        status, detail = "late-failure", f"the backward or a gradient's full_tensor() raises {said(exc)}"
-    ranks = [dist.get_rank()] if REAL else list(range(WORLD))
+    with world.mode:
+        status, detail = on_dtensor(world, case, values, local, expected, gs, expected_grads, floating, OUT)
+    ranks = world.ranks()
     say(f"verdict of rank(s) {ranks}: DTensor is {status}" + (f": {detail}" if detail else ""))
     say("VERDICT " + json.dumps({"ranks": ranks, "status": status, "detail": detail}))
-    if REAL:
+    if world.real:
         try:
             dist.barrier()   # every rank has printed before one exits (torchrun stops the rest)
         except Exception as exc:   # a rank that raised elsewhere never reaches it
             say(f"rank {dist.get_rank()}: the closing barrier fails: {said(exc)}")
     dist.destroy_process_group()
     return 0 if status == "right" else 1
+
+
+def on_dtensor(world, case, values, local, expected, gs, expected_grads, floating, OUT):
+    """The same call on DTensor, each input placed as the finding placed it: (status, detail)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    try:
+        mesh = init_device_mesh("cpu", case["mesh"])
+        dtensors = {}
+        for item, operand in zip(case["inputs"], case["operands"]):
+            role = item["role"]
+            dtensors[role] = DTensor.from_local(world.place(local[role]), mesh, operand["placements"], run_check=False,
+                                                shape=values[role].shape, stride=values[role].stride())
+            if item["grad"]:
+                dtensors[role] = dtensors[role].detach().requires_grad_()
+    except Exception as exc:
+        return "error", f"the DTensor inputs cannot be built: {said(exc)}"
+    try:
+        world.stage("the op")
+        out = call(case, dtensors)
+    except Exception as exc:
+        return "raises", f"the op raises {said(exc)}"
+    outs = picked(out, OUT)
+    status, detail = "right", "the script stopped before its verdict"
+    for k, (out, want) in zip(OUT, zip(outs, expected)):
+        name = "output" if len(OUT) == 1 else f"output {k}"
+        if status != "right":
+            break
+        say(f"DTensor {name} placements: {out.placements} global shape: {tuple(out.shape)}")
+        try:
+            world.stage("full_tensor() of the output")   # one stage name for every output: confirm knows it
+            detail = world.check(name, out.full_tensor(), want.detach())
+            status = "wrong" if detail else "right"
+        except Exception as exc:   # the output's metadata does not fit what the ranks hold
+            status, detail = "late-failure", f"full_tensor() of the {name} raises {said(exc)}"
+    if status == "right" and expected_grads:
+        try:
+            world.stage("the backward")
+            sum((out.redistribute(mesh, [Replicate()] * mesh.ndim) * DTensor.from_local(
+                world.place({r: g for r in range(world.size)}), mesh, [Replicate()] * mesh.ndim,
+                run_check=False)).sum() for out, g in zip(outs, gs) if g is not None and out.requires_grad).backward()
+            for name, want in zip(floating, expected_grads):
+                leaf = dtensors[name]
+                if want is not None and status == "right":
+                    detail = (f"no gradient of {name}" if leaf.grad is None else
+                              world.check(f"gradient of {name}", leaf.grad.full_tensor(), want))
+                    status = "wrong" if detail else "right"
+        except Exception as exc:
+            status, detail = "late-failure", f"the backward or a gradient's full_tensor() raises {said(exc)}"
+    return status, detail
 
 
 def refuse(error):

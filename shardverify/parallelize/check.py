@@ -191,13 +191,7 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     takes FSDP2, which runs on real processes only)."""
     began = time.process_time()
     shape = tuple(int(s) for s in mesh)
-    mesh_names(shape)
-    if math.prod(shape) < 2:
-        raise InvalidArgument(f"mesh {shape}: a parallel plan needs at least 2 ranks")
-    if mode not in ("train", "inference"):
-        raise InvalidArgument(f"mode {mode!r}: expected 'train' or 'inference'")
-    if steps < 1 or steps > 100:
-        raise InvalidArgument(f"steps {steps}: expected 1 to 100")
+    _check_run(shape, mode, steps)
     source = model if isinstance(model, ModelSource) else resolve_model(model, inputs, seed)
     the_plan = plan if isinstance(plan, Plan) else resolve_plan(plan, loss_parallel=loss_parallel)
     if backend not in ("auto", "local", "gloo"):
@@ -239,28 +233,10 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
     if found.failure is not None and found.failure.stage == "apply":
         return ParallelizeResult(**head, verdict="cannot apply", failure=found.failure,
                                  cpu_seconds=time.process_time() - began + found.cpu_seconds, notes=tuple(notes))
-    single = run_single(source, options)
-    try:
-        truth = run_single(source, options, torch.float64)
-    except RuntimeError as exc:
-        # a model that cannot run in float64 (a router kept in float32, a kernel without float64):
-        # the single device in the run's dtype is the reference, each value held to its dtype's tolerance
-        truth = single
-        notes.append(f"the single device does not run in float64 ({str(exc).split(': ', 1)[-1][:160]}): the "
-                     f"{head['dtype']} single device is the reference and every value is held to {head['dtype']}'s "
-                     "default tolerance, not to its own rounding")
-    if truth.dropouts:
-        notes.append(f"{truth.dropouts} dropout module(s) set to p=0 on both sides (random masks cannot be compared)")
+    single, truth = _single_device(source, options, head["dtype"], notes)
     margin = Margin()
     findings, compared, otherwise, unnamed = _compare(truth, single, found, options, shape, margin)
-    if unnamed:
-        notes.append(f"{len(unnamed)} parameter(s) of the parallelized model not compared: the single device has none "
-                     "of that name (a tied weight listed under its other name): " + ", ".join(unnamed[:4])
-                     + (", ..." if len(unnamed) > 4 else ""))
-    if otherwise:
-        notes.append(f"{otherwise} module values not compared: the float64 single device computes them another way "
-                     "(transformers' eager experts loop where the run's dtype takes the grouped GEMM)"
-                     + (", or a data-parallel rank routes its own rows to each expert" if dp > 1 else ""))
+    notes += _not_compared(unnamed, otherwise, dp)
     culprit = None
     names = _named(model, plan, seed, inputs, loss_parallel) if backend == "gloo" else None
     if found.failure is not None:
@@ -277,3 +253,46 @@ def check_parallelize(model: str | ModelSource, plan: str | Plan, mesh: tuple[in
                              failure=found.failure, culprit=culprit,
                              cpu_seconds=time.process_time() - began + found.cpu_seconds,
                              notes=tuple(notes), margin=margin)
+
+
+def _check_run(shape: tuple[int, ...], mode: str, steps: int) -> None:
+    """InvalidArgument naming a mesh, mode or step count no check can run."""
+    mesh_names(shape)
+    if math.prod(shape) < 2:
+        raise InvalidArgument(f"mesh {shape}: a parallel plan needs at least 2 ranks")
+    if mode not in ("train", "inference"):
+        raise InvalidArgument(f"mode {mode!r}: expected 'train' or 'inference'")
+    if steps < 1 or steps > 100:
+        raise InvalidArgument(f"steps {steps}: expected 1 to 100")
+
+
+def _single_device(source: ModelSource, options: RunOptions, dtype: str, notes: list[str]):
+    """(the single device in the run's dtype, the reference: the single device in float64, or in the
+    run's dtype where the model cannot run in float64), each such fallback said in ``notes``."""
+    single = run_single(source, options)
+    try:
+        truth = run_single(source, options, torch.float64)
+    except RuntimeError as exc:
+        # a model that cannot run in float64 (a router kept in float32, a kernel without float64):
+        # the single device in the run's dtype is the reference, each value held to its dtype's tolerance
+        truth = single
+        notes.append(f"the single device does not run in float64 ({str(exc).split(': ', 1)[-1][:160]}): the "
+                     f"{dtype} single device is the reference and every value is held to {dtype}'s "
+                     "default tolerance, not to its own rounding")
+    if truth.dropouts:
+        notes.append(f"{truth.dropouts} dropout module(s) set to p=0 on both sides (random masks cannot be compared)")
+    return single, truth
+
+
+def _not_compared(unnamed, otherwise: int, dp: int) -> list[str]:
+    """The notes saying which parameters and module values were not compared, and why."""
+    notes: list[str] = []
+    if unnamed:
+        notes.append(f"{len(unnamed)} parameter(s) of the parallelized model not compared: the single device has none "
+                     "of that name (a tied weight listed under its other name): " + ", ".join(unnamed[:4])
+                     + (", ..." if len(unnamed) > 4 else ""))
+    if otherwise:
+        notes.append(f"{otherwise} module values not compared: the float64 single device computes them another way "
+                     "(transformers' eager experts loop where the run's dtype takes the grouped GEMM)"
+                     + (", or a data-parallel rank routes its own rows to each expert" if dp > 1 else ""))
+    return notes

@@ -256,23 +256,9 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     mesh_node, meshes_node = fields.optional("mesh", list), fields.optional("meshes", list)
     if (mesh_node is None) == (meshes_node is None):
         raise root.error("give 'mesh' (one mesh shape) or 'meshes' (a list of them), exactly one")
-    meshes = (as_mesh(mesh_node),) if mesh_node is not None else \
-        tuple(as_mesh(m) for m in meshes_node.value)  # type: ignore[union-attr]
-    if not meshes or len(set(meshes)) != len(meshes):
-        raise (meshes_node or mesh_node).error("meshes must be distinct, at least one")  # type: ignore[union-attr]
+    meshes = _meshes(mesh_node, meshes_node)
     plans_node = fields.required("plans", dict)
-    plans: list[tuple[str, object]] = []
-    for key, child in plans_node.value.items():
-        if isinstance(child.value, str) and (child.value == SOLVER or child.value in GOALS):
-            plans.append((key, str(child.value)))
-        elif isinstance(child.value, dict):
-            if len(meshes) > 1:
-                raise child.error("a plan that names strategies is for one mesh (their names differ between "
-                                  "meshes); this spec lists several")
-            plans.append((key, tuple((n, str(v.value)) for n, v in child.value.items())))
-        else:
-            raise child.error(f"a plan is one of {', '.join((SOLVER, *GOALS))} or a mapping node name -> "
-                              f"strategy name, got {child.value!r}")
+    plans = _plans(plans_node, meshes)
     beats_node = fields.optional("solver_beats", list)
     beats = () if beats_node is None else tuple(str(b.value) for b in beats_node.value)
     strict_node = fields.optional("strict", bool)
@@ -293,6 +279,32 @@ def parse_plan_spec(root: Node) -> PlanSpec:
     return PlanSpec(name, root.file, "" if description is None else str(description.value), factory,
                     kwargs, inputs, meshes, tuple(plans), beats, where, zoo, capture,
                     bool(strict_node.value) if strict_node is not None else False, cost_size, suite_meshes)
+
+
+def _meshes(mesh_node: Node | None, meshes_node: Node | None) -> tuple[tuple[int, ...], ...]:
+    """The spec's meshes: ``mesh`` (one) or ``meshes`` (distinct, at least one)."""
+    meshes = (as_mesh(mesh_node),) if mesh_node is not None else \
+        tuple(as_mesh(m) for m in meshes_node.value)  # type: ignore[union-attr]
+    if not meshes or len(set(meshes)) != len(meshes):
+        raise (meshes_node or mesh_node).error("meshes must be distinct, at least one")  # type: ignore[union-attr]
+    return meshes
+
+
+def _plans(plans_node: Node, meshes: tuple[tuple[int, ...], ...]) -> list[tuple[str, object]]:
+    """Each plan by name: the solver or a goal (a word), or node name -> strategy name (one mesh only)."""
+    plans: list[tuple[str, object]] = []
+    for key, child in plans_node.value.items():  # type: ignore[union-attr]
+        if isinstance(child.value, str) and (child.value == SOLVER or child.value in GOALS):
+            plans.append((key, str(child.value)))
+        elif isinstance(child.value, dict):
+            if len(meshes) > 1:
+                raise child.error("a plan that names strategies is for one mesh (their names differ between "
+                                  "meshes); this spec lists several")
+            plans.append((key, tuple((n, str(v.value)) for n, v in child.value.items())))
+        else:
+            raise child.error(f"a plan is one of {', '.join((SOLVER, *GOALS))} or a mapping node name -> "
+                              f"strategy name, got {child.value!r}")
+    return plans
 
 
 def _positive_shape(node: Node) -> tuple[int, ...]:

@@ -39,8 +39,50 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
     same_length_node = f.optional("same_length", list)
     f.finish()
     forms = {t.form for t in targets}
-    by_role = {o.role: o for o in operands}
 
+    inputs, inputs_node = _parse_inputs(node, inputs_node, operands, forms, constant)
+
+    module = None
+    if "module" in forms:
+        if module_node is None:
+            raise node.error("a module target (a torch.nn.* class) needs 'module' under 'verify': its constructor's "
+                             "args and kwargs, e.g. 'module: {}' for none or 'module: {args: [16, 32]}'")
+        module = _parse_module_init(module_node, with_target=False)
+    elif module_node is not None:
+        raise module_node.error("'module' is only used by module targets (torch.nn.* classes)")
+    predecessor = _parse_module_init(pred_node, with_target=True) if pred_node else None
+
+    grid = parse_grid(grid_node) if grid_node else ()
+    _check_grid(grid, grid_node, operands, params, forms, module)
+
+    meshes = _parse_meshes(meshes_node)
+
+    counts = _parse_counts(counts_node, dict(grid), tuple(meshes), tuple(targets)) if counts_node else ()
+    same_length = _parse_same_length(same_length_node, params, grid, grid_node) if same_length_node else ()
+
+    rtol, atol = _parse_tolerance(tol_node)
+    seed = 0
+    if seed_node is not None:
+        if seed_node.value < 0:  # type: ignore[operator]
+            raise seed_node.error(f"expected a non-negative seed, got {seed_node.value!r}")
+        seed = int(seed_node.value)  # type: ignore[arg-type]
+
+    if any(t.form in ("function", "method") and not t.aten for t in targets):
+        _check_positional(operands, params, inputs, inputs_node, "the function target(s)")
+    for target in targets:
+        if target.aten:
+            _check_positional(list(target.operands), list(target.params), inputs, inputs_node, target.name)
+    return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
+                      inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
+                      predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed,
+                      same_length=same_length, isolate=bool(isolate_node.value) if isolate_node else False)
+
+
+def _parse_inputs(node: Node, inputs_node: Node | None, operands: list[OperandSpec], forms: set[str],
+                  constant: tuple[str, ...]) -> tuple[list[InputSpec], Node]:
+    """Each tensor operand's declared shape, dtype and values (a factory without tensor operands
+    may give none: the section itself then stands for ``inputs`` in errors)."""
+    by_role = {o.role: o for o in operands}
     inputs = []
     tensor_inputs = [o for o in operands if o.kind == "input"]
     if inputs_node is None:
@@ -69,18 +111,15 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
             raise inputs_node.error(f"missing the shape of operand '{o.role}' (add 'inputs.{o.role}')")
     if tensor_inputs and not any(by_role[i.role].kind == "input" for i in inputs):
         raise inputs_node.error("the harness needs at least one operand of kind 'input'")
+    return inputs, inputs_node
 
-    module = None
-    if "module" in forms:
-        if module_node is None:
-            raise node.error("a module target (a torch.nn.* class) needs 'module' under 'verify': its constructor's "
-                             "args and kwargs, e.g. 'module: {}' for none or 'module: {args: [16, 32]}'")
-        module = _parse_module_init(module_node, with_target=False)
-    elif module_node is not None:
-        raise module_node.error("'module' is only used by module targets (torch.nn.* classes)")
-    predecessor = _parse_module_init(pred_node, with_target=True) if pred_node else None
 
-    grid = parse_grid(grid_node) if grid_node else ()
+def _check_grid(grid: tuple[tuple[str, tuple[Literal, ...]], ...], grid_node: Node | None,
+                operands: list[OperandSpec], params: list[ParamSpec], forms: set[str],
+                module: ModuleInit | None) -> None:
+    """Every grid key names a parameter, an optional or variadic operand (with values it takes) or,
+    for a module target, a constructor keyword the module's own kwargs do not set too."""
+    by_role = {o.role: o for o in operands}
     param_names = {p.name for p in params}
     for key, values in grid:
         item = grid_node.value[key]  # type: ignore[union-attr,index]
@@ -115,6 +154,9 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
                     f"grid key '{key}' sets the module keyword '{name}', which verify.module.kwargs "
                     "sets too; keep one")
 
+
+def _parse_meshes(meshes_node: Node) -> list[tuple[int, ...]]:
+    """The mesh shapes to verify on: at least one, each of two or more ranks, none twice."""
     check_type(meshes_node, list)
     if not meshes_node.value:
         raise meshes_node.error("list at least one mesh shape, e.g. [[2, 2], [4]]")
@@ -127,10 +169,11 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
         if mesh in meshes:
             raise item.error(f"mesh {list(mesh)} is listed twice")
         meshes.append(mesh)
+    return meshes
 
-    counts = _parse_counts(counts_node, dict(grid), tuple(meshes), tuple(targets)) if counts_node else ()
-    same_length = _parse_same_length(same_length_node, params, grid, grid_node) if same_length_node else ()
 
+def _parse_tolerance(tol_node: Node | None) -> tuple[float | None, float | None]:
+    """``tolerance: {rtol, atol}``, each None where not given (the dtype's default)."""
     rtol = atol = None
     if tol_node is not None:
         ft = Fields(tol_node)
@@ -138,21 +181,7 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
         ft.finish()
         rtol = as_tolerance(rtol_node) if rtol_node else None
         atol = as_tolerance(atol_node) if atol_node else None
-    seed = 0
-    if seed_node is not None:
-        if seed_node.value < 0:  # type: ignore[operator]
-            raise seed_node.error(f"expected a non-negative seed, got {seed_node.value!r}")
-        seed = int(seed_node.value)  # type: ignore[arg-type]
-
-    if any(t.form in ("function", "method") and not t.aten for t in targets):
-        _check_positional(operands, params, inputs, inputs_node, "the function target(s)")
-    for target in targets:
-        if target.aten:
-            _check_positional(list(target.operands), list(target.params), inputs, inputs_node, target.name)
-    return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
-                      inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
-                      predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed,
-                      same_length=same_length, isolate=bool(isolate_node.value) if isolate_node else False)
+    return rtol, atol
 
 
 def _parse_same_length(node: Node, params: list[ParamSpec], grid: tuple[tuple[str, tuple[Literal, ...]], ...],

@@ -9,8 +9,6 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-import torch
-
 from shardverify.errors import BackendError, InvalidArgument, RankError, VerificationError
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.spec.case import OpCase
@@ -207,25 +205,8 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     # data that cannot tell two blocks apart on one seed gets more seeds (verify/distinct.py):
     # a strategy that passed is checked again under each, and fails under the first that shows it
     seeds = distinguishing_seeds(case, mesh_shape)
-    checked = [case] * len(strategies)
-    for seed in seeds.seeds[1:]:
-        variant, passed = dataclasses.replace(case, seed=seed), [i for i in runnable if not mismatches[i]]
-        for i, found_i in zip(passed, _run_checks(backend, variant, [strategies[i] for i in passed], dtype, tol,
-                                                  timeout)):
-            mismatches[i], checked[i] = (found_i, variant) if found_i else (mismatches[i], checked[i])
-    # Below float64 the budget is the single-device op's own error in that dtype, and for a check
-    # over it the op's own error at the ranks' shapes (precision.judge); the float64 re-check (one
-    # batch per seed) tells wrong maths from rounding.
-    suspects = [i for i, (m, p) in enumerate(zip(mismatches, problems)) if not p and _rounding_suspect(m)]
-    # the dtype the check ran in: a complex64 output's is float32
-    budgets = {i: judge(checked[i], strategies[i], dtype_from_name(mismatches[i][0].dtype).to_real(), mismatches[i])
-               for i in suspects}
-    over = [i for i in suspects if budgets[i].over]   # re-checked in float64
-    rechecks: dict[int, list[Mismatch]] = {}
-    for variant in dict.fromkeys(checked[i] for i in over):   # one batch per seed the failures showed under
-        group = [i for i in over if checked[i] is variant]
-        rechecks.update(zip(group, _run_checks(backend, variant, [strategies[i] for i in group], "float64", None,
-                                               timeout)))
+    checked = _other_seeds(backend, case, strategies, runnable, mismatches, seeds.seeds[1:], dtype, tol, timeout)
+    budgets, rechecks = _rounding_rechecks(backend, strategies, checked, mismatches, problems, timeout)
     seconds = (time.perf_counter() - start) / len(strategies)   # a batch's time, shared evenly
     # what happened to the backend outside any check (a worker found dead and replaced): said,
     # on the first result, without failing anything
@@ -248,6 +229,40 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
             on_result(results[-1])
     _log_checks(len(results))
     return results
+
+
+def _other_seeds(backend, case: OpCase, strategies: list[ShardingStrategy], runnable: list[int],
+                 mismatches: list, seeds, dtype: str | None, tol: Tolerance | None, timeout: float | None) -> list:
+    """Each runnable strategy that passed checked again under each further seed, its mismatches
+    replaced by the first seed's that shows any; the case (variant) each strategy's verdict is of."""
+    checked = [case] * len(strategies)
+    for seed in seeds:
+        variant, passed = dataclasses.replace(case, seed=seed), [i for i in runnable if not mismatches[i]]
+        for i, found_i in zip(passed, _run_checks(backend, variant, [strategies[i] for i in passed], dtype, tol,
+                                                  timeout)):
+            mismatches[i], checked[i] = (found_i, variant) if found_i else (mismatches[i], checked[i])
+    return checked
+
+
+def _rounding_rechecks(backend, strategies: list[ShardingStrategy], checked: list, mismatches: list,
+                       problems: list, timeout: float | None) -> tuple[dict, dict[int, list[Mismatch]]]:
+    """(index -> the low-precision budget of each failure that may be rounding, index -> its float64
+    re-check's mismatches for those over their budget).
+
+    Below float64 the budget is the single-device op's own error in that dtype, and for a check
+    over it the op's own error at the ranks' shapes (precision.judge); the float64 re-check (one
+    batch per seed) tells wrong maths from rounding."""
+    suspects = [i for i, (m, p) in enumerate(zip(mismatches, problems)) if not p and _rounding_suspect(m)]
+    # the dtype the check ran in: a complex64 output's is float32
+    budgets = {i: judge(checked[i], strategies[i], dtype_from_name(mismatches[i][0].dtype).to_real(), mismatches[i])
+               for i in suspects}
+    over = [i for i in suspects if budgets[i].over]   # re-checked in float64
+    rechecks: dict[int, list[Mismatch]] = {}
+    for variant in dict.fromkeys(checked[i] for i in over):   # one batch per seed the failures showed under
+        group = [i for i in over if checked[i] is variant]
+        rechecks.update(zip(group, _run_checks(backend, variant, [strategies[i] for i in group], "float64", None,
+                                               timeout)))
+    return budgets, rechecks
 
 
 def _checked_once(backend, case: OpCase, strategies: list[ShardingStrategy], same: list[int], *,

@@ -37,7 +37,8 @@ from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import CommWhere, ShardingStrategy
 from shardverify.spec.case import OpCase, cached
 from shardverify.verify.layout import RankLayout, rank_layout
-from shardverify.verify.rank import local_arguments, rank_blocks
+from shardverify.verify.rank import local_arguments
+from shardverify.verify.rank_inputs import rank_blocks
 from shardverify.verify.reference import Reference, reference
 from shardverify.verify.report import output_label
 from shardverify.verify.tolerance import own_error

@@ -20,7 +20,7 @@ from shardverify.errors import VerificationError
 from shardverify.spec.case import OpCase
 from shardverify.spec.limits import MAX_CASE_BYTES
 
-__all__ = ["case_tensor_bytes", "estimate_case_bytes", "check_case_memory"]
+__all__ = ["case_tensor_bytes", "check_case_memory"]
 
 _FLOAT64 = 8
 
@@ -42,11 +42,6 @@ def case_tensor_bytes(case: OpCase) -> int:
         if isinstance(tensor, torch.Tensor):
             total += tensor.numel() * _FLOAT64
     return total
-
-
-def estimate_case_bytes(case: OpCase, ranks: int) -> int:
-    """The estimate: the harness's tensors x (reference + every rank) x 2 (values and gradients)."""
-    return case_tensor_bytes(case) * (1 + ranks) * 2
 
 
 def check_case_memory(case: OpCase, mesh_shape: tuple[int, ...]) -> None:

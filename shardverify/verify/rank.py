@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import math
 import threading
 from typing import NamedTuple
 
@@ -22,7 +21,6 @@ import torch
 from torch.autograd.graph import _engine_run_backward
 
 from shardverify.errors import VerificationError
-from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 from shardverify.spec.case import OpCase
 from shardverify.verify.compare import compare_ranks, kind_mismatch
@@ -31,6 +29,7 @@ from shardverify.collectives.patterns import (OneRank, after_op_on_ranks, before
 from shardverify.verify.costs import (OpMeter, OpWork, communication_mismatches, compute_mismatches,
                                       memory_mismatches)
 from shardverify.verify.layout import LocalOperand, RankLayout, rank_layouts
+from shardverify.verify.rank_inputs import extremum_holder, rank_blocks
 from shardverify.verify.memo import recalled, remembered
 from shardverify.verify.op_error import OpCallError, op_context
 from shardverify.capture.call import as_outputs, call_op
@@ -149,7 +148,7 @@ def ranks_check(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | No
                     continue
                 operand = layout.inputs[position]
                 holds = None if partial is None or partial.op == "sum" else \
-                    _extremum_holder(strategy, ref, operand, position, mesh, comm.rank)
+                    extremum_holder(strategy, ref, operand, position, mesh, comm.rank)
                 checks.append(_entry(comm, label, grad, want_dtype, full, operand, holds))
     compared = compare_ranks([comm.rank for comm in comms], [state.checks for state in states], mesh, tolerance)
     uses_declared_dtypes = dtype is None or all(decl.dtype == dtype for decl in case.inputs)
@@ -374,89 +373,6 @@ def _hashable(value: object) -> object:
     except TypeError:
         return repr(value)
     return value
-
-
-def rank_blocks(ref: Reference, strategy: ShardingStrategy, operands: list[LocalOperand], position: int, mesh,
-                ranks: list[int]) -> list[torch.Tensor]:
-    """Each of ``ranks``' own copy of what it holds of input ``position``, ``ranks[i]`` laying it
-    out as ``operands[i]``: its block of the reference in the check's dtype, or of a partial
-    input its piece of that block (:func:`_shared_piece`)."""
-    data = operands[0].data
-    loc = (data.locator.kind, data.locator.key)
-    partial = strategy.partial_input(data.name)
-    if partial is None:
-        typed, blocks = ref.typed(loc), []
-        for operand, rank in zip(operands, ranks):
-            view = recalled(_BLOCKS, (id(typed), operand.spec.key, rank), typed)
-            blocks.append((_block(typed, operand, mesh, rank) if view is None else view).clone())
-        return blocks
-    full, dtype = ref.values[loc], ref.dtypes[loc]
-    return [_shared_piece(full, operand, mesh, rank, partial.axes, position, partial.op).to(dtype, copy=True)
-            for operand, rank in zip(operands, ranks)]
-
-
-_BLOCKS: dict = {}
-
-
-def _block(tensor: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> torch.Tensor:
-    """``operand.shard(tensor, mesh, rank)``, remembered per (tensor, layout, rank): the strategies
-    of a case laying an input out alike take their blocks from one view (read only: callers
-    copy), as the bare op of ``benchmarks/bench_verify.py`` slices its shards once."""
-    return remembered(_BLOCKS, (id(tensor), operand.spec.key, rank), tensor, lambda: operand.shard(tensor, mesh, rank),
-                      limit=8192)
-
-
-_PIECES: dict = {}
-
-
-def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, axes: tuple[int, ...], seed: int,
-                  op: str) -> torch.Tensor:
-    """This rank's piece of its block of the reference tensor ``full`` held as a partial value
-    over mesh ``axes`` (the pieces reduce by ``op``; every rank of the group makes the same
-    pieces from the same block and seed and keeps the one at its position).  The group's pieces
-    are made once per (tensor, block, mesh, axes, seed, op) and shared by every rank of the group
-    and every strategy of the case laying the tensor out alike (the same pieces each would make;
-    read only: callers copy)."""
-    block = tuple((s.start, s.stop, s.step) for s in operand.slices)
-    pieces = recalled(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full)
-    if pieces is None:
-        count = math.prod(mesh.shape[a] for a in axes)
-        pieces = remembered(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full,
-                            lambda: _pieces(operand.shard(full, mesh, rank), full, operand, count, seed, op),
-                            limit=1024)
-    return pieces[mesh.group_index(rank, axes)]
-
-
-_NOISE: dict = {}
-#: draws kept for a whole tensor at most (float64: 128 MiB); a larger one's blocks draw their own
-_NOISE_MOST = 1 << 24
-
-
-def _pieces(value: torch.Tensor, full: torch.Tensor, operand: LocalOperand, count: int, seed: int,
-            op: str) -> torch.Tensor:
-    """``partial_pieces`` of ``value``, the block ``operand`` cuts of ``full``: summed pieces of a
-    real tensor take their noise from draws made once per (tensor, count, seed) for the whole
-    tensor (the block's slice of them), so the layouts of a case, which cut the same tensor into
-    many blocks, draw its noise once, not once per block."""
-    if op != "sum" or full.is_complex() or full.numel() * count > _NOISE_MOST:
-        return partial_pieces(value, count, seed, op)
-    noise = remembered(_NOISE, (id(full), count, seed), full,
-                       lambda: torch.randn((count, *full.shape), generator=torch.Generator().manual_seed(seed),
-                                           dtype=torch.float64).to(full.device), limit=256)
-    return partial_pieces(value, count, seed, op, noise=noise[(slice(None), *operand.slices)])
-
-
-def _extremum_holder(strategy: ShardingStrategy, ref: Reference, operand, position: int, mesh,
-                     rank: int) -> torch.Tensor | None:
-    """Where this rank's piece of a partial max/min input is the value itself (the elements
-    whose gradient it receives), or None for any other input."""
-    data = operand.data
-    partial = strategy.partial_input(data.name)
-    if partial is None or partial.op == "sum":
-        return None
-    full = ref.values[(data.locator.kind, data.locator.key)]
-    return _shared_piece(full, operand, mesh, rank, partial.axes, position, partial.op) == \
-        operand.shard(full, mesh, rank).to(torch.float64)
 
 
 def local_arguments(strategy: ShardingStrategy, rank: int) -> dict:

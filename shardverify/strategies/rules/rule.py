@@ -198,7 +198,27 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
     terms = [_expand(t, len(s), width, f"{label} of shape {list(s)} (rule {equation})")
              for t, s, label in zip(terms, shapes, labels)]
 
-    sizes = dict(sizes or {})
+    sizes = _factor_sizes(equation, terms, shapes, labels, dict(sizes or {}))
+    bound = _bound(equation, terms, shapes, labels, sizes)
+    inputs, outputs = tuple(bound[:len(input_shapes)]), tuple(bound[len(input_shapes):])
+
+    order = list(dict.fromkeys(f for term in bound for dim in term for f in dim))
+    reduced, whole_set, unheld = _reductions(equation, inputs, outputs, order, width, reduce, whole, default_op,
+                                             unheld_op, factory)
+    in_outputs = {f for term in outputs for dim in term for f in dim}
+    for index in additive:
+        if not 0 <= index < len(inputs):
+            raise InvalidArgument(f"rule {equation}: additive operand {index} is not an input")
+        if any(f not in in_outputs for dim in inputs[index] for f in dim):
+            raise InvalidArgument(f"rule {equation}: additive operand {index} holds a factor no output holds")
+    return Rule(inputs, outputs, tuple((f, sizes[f]) for f in order), tuple(reduced), frozenset(whole_set),
+                tuple(additive), tuple(unheld))
+
+
+def _factor_sizes(equation: Equation, terms: list[Term], shapes: list[tuple[int, ...]], labels: list[str],
+                  sizes: dict[str, int]) -> dict[str, int]:
+    """Each factor's size: single-factor dims fix them (a dim of 1 broadcasts), then each compound
+    dim infers at most one unknown factor; InvalidArgument where the shapes disagree."""
     ones = {dim[0] for term, shape in zip(terms, shapes) for dim, size in zip(term, shape) if len(dim) == 1 and size == 1}
     first: dict[str, tuple[str, int]] = {}     # factor -> (operand, dim) that fixed its size
     for term, shape, label in zip(terms, shapes, labels):   # single-factor dims fix sizes (1 broadcasts)
@@ -226,6 +246,13 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
                                       f"split as ({' '.join(dim)}) with the sizes the other dims give")
             if unknown:
                 sizes[unknown[0]] = size // known
+    return sizes
+
+
+def _bound(equation: Equation, terms: list[Term], shapes: list[tuple[int, ...]], labels: list[str],
+           sizes: dict[str, int]) -> list[Term]:
+    """Each operand's term at its shape: a single-factor dim of size 1 where the factor is larger
+    broadcasts and holds no factor."""
     bound: list[Term] = []
     for term, shape, label in zip(terms, shapes, labels):
         dims: list[Dim] = []
@@ -239,9 +266,15 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
                 dim = () if size == 1 and sizes[dim[0]] != 1 else dim   # broadcast: holds no factor
             dims.append(dim)
         bound.append(tuple(dims))
-    inputs, outputs = tuple(bound[:len(input_shapes)]), tuple(bound[len(input_shapes):])
+    return bound
 
-    order = list(dict.fromkeys(f for term in bound for dim in term for f in dim))
+
+def _reductions(equation: Equation, inputs: tuple[Term, ...], outputs: tuple[Term, ...], order: list[str],
+                width: int, reduce: Mapping[str, str | None] | None, whole: Sequence[str],
+                default_op: str | None, unheld_op: str | None,
+                factory: bool) -> tuple[list[tuple[str, str]], set[str], list[tuple[str, str]]]:
+    """(reduced factors and their ops, factors kept whole, factors some outputs hold reduced for
+    the others), as ``reduce`` and ``whole`` name them (see :func:`bind`)."""
     batch = [f"_b{i}" for i in range(width) if f"_b{i}" in order]
     if ELLIPSIS in whole:          # ``whole: [...]``: every batch factor the ellipsis became
         whole = [w for w in whole if w != ELLIPSIS] + batch
@@ -276,10 +309,4 @@ def bind(equation: Equation, input_shapes: Sequence[Sequence[int]], output_shape
             whole_set.add(name)
         else:
             reduced.append((name, op))
-    for index in additive:
-        if not 0 <= index < len(inputs):
-            raise InvalidArgument(f"rule {equation}: additive operand {index} is not an input")
-        if any(f not in in_outputs for dim in inputs[index] for f in dim):
-            raise InvalidArgument(f"rule {equation}: additive operand {index} holds a factor no output holds")
-    return Rule(inputs, outputs, tuple((f, sizes[f]) for f in order), tuple(reduced), frozenset(whole_set),
-                tuple(additive), tuple(unheld))
+    return reduced, whole_set, unheld

@@ -1,0 +1,100 @@
+"""What each rank holds of a case's inputs under a strategy: its block of the reference in the
+check's dtype, or of a partial input its piece of that block, each made once per case and layout
+and shared by every strategy laying the input out alike (read only: callers copy)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from shardverify.sharding.pieces import partial_pieces
+from shardverify.sharding.strategy import ShardingStrategy
+from shardverify.verify.layout import LocalOperand
+from shardverify.verify.memo import recalled, remembered
+from shardverify.verify.reference import Reference
+
+__all__ = ["rank_blocks", "extremum_holder"]
+
+
+def rank_blocks(ref: Reference, strategy: ShardingStrategy, operands: list[LocalOperand], position: int, mesh,
+                ranks: list[int]) -> list[torch.Tensor]:
+    """Each of ``ranks``' own copy of what it holds of input ``position``, ``ranks[i]`` laying it
+    out as ``operands[i]``: its block of the reference in the check's dtype, or of a partial
+    input its piece of that block (:func:`_shared_piece`)."""
+    data = operands[0].data
+    loc = (data.locator.kind, data.locator.key)
+    partial = strategy.partial_input(data.name)
+    if partial is None:
+        typed, blocks = ref.typed(loc), []
+        for operand, rank in zip(operands, ranks):
+            view = recalled(_BLOCKS, (id(typed), operand.spec.key, rank), typed)
+            blocks.append((_block(typed, operand, mesh, rank) if view is None else view).clone())
+        return blocks
+    full, dtype = ref.values[loc], ref.dtypes[loc]
+    return [_shared_piece(full, operand, mesh, rank, partial.axes, position, partial.op).to(dtype, copy=True)
+            for operand, rank in zip(operands, ranks)]
+
+
+_BLOCKS: dict = {}
+
+
+def _block(tensor: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> torch.Tensor:
+    """``operand.shard(tensor, mesh, rank)``, remembered per (tensor, layout, rank): the strategies
+    of a case laying an input out alike take their blocks from one view (read only: callers
+    copy), as the bare op of ``benchmarks/bench_verify.py`` slices its shards once."""
+    return remembered(_BLOCKS, (id(tensor), operand.spec.key, rank), tensor, lambda: operand.shard(tensor, mesh, rank),
+                      limit=8192)
+
+
+_PIECES: dict = {}
+
+
+def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, axes: tuple[int, ...], seed: int,
+                  op: str) -> torch.Tensor:
+    """This rank's piece of its block of the reference tensor ``full`` held as a partial value
+    over mesh ``axes`` (the pieces reduce by ``op``; every rank of the group makes the same
+    pieces from the same block and seed and keeps the one at its position).  The group's pieces
+    are made once per (tensor, block, mesh, axes, seed, op) and shared by every rank of the group
+    and every strategy of the case laying the tensor out alike (the same pieces each would make;
+    read only: callers copy)."""
+    block = tuple((s.start, s.stop, s.step) for s in operand.slices)
+    pieces = recalled(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full)
+    if pieces is None:
+        count = math.prod(mesh.shape[a] for a in axes)
+        pieces = remembered(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full,
+                            lambda: _pieces(operand.shard(full, mesh, rank), full, operand, count, seed, op),
+                            limit=1024)
+    return pieces[mesh.group_index(rank, axes)]
+
+
+_NOISE: dict = {}
+#: draws kept for a whole tensor at most (float64: 128 MiB); a larger one's blocks draw their own
+_NOISE_MOST = 1 << 24
+
+
+def _pieces(value: torch.Tensor, full: torch.Tensor, operand: LocalOperand, count: int, seed: int,
+            op: str) -> torch.Tensor:
+    """``partial_pieces`` of ``value``, the block ``operand`` cuts of ``full``: summed pieces of a
+    real tensor take their noise from draws made once per (tensor, count, seed) for the whole
+    tensor (the block's slice of them), so the layouts of a case, which cut the same tensor into
+    many blocks, draw its noise once, not once per block."""
+    if op != "sum" or full.is_complex() or full.numel() * count > _NOISE_MOST:
+        return partial_pieces(value, count, seed, op)
+    noise = remembered(_NOISE, (id(full), count, seed), full,
+                       lambda: torch.randn((count, *full.shape), generator=torch.Generator().manual_seed(seed),
+                                           dtype=torch.float64).to(full.device), limit=256)
+    return partial_pieces(value, count, seed, op, noise=noise[(slice(None), *operand.slices)])
+
+
+def extremum_holder(strategy: ShardingStrategy, ref: Reference, operand, position: int, mesh,
+                     rank: int) -> torch.Tensor | None:
+    """Where this rank's piece of a partial max/min input is the value itself (the elements
+    whose gradient it receives), or None for any other input."""
+    data = operand.data
+    partial = strategy.partial_input(data.name)
+    if partial is None or partial.op == "sum":
+        return None
+    full = ref.values[(data.locator.kind, data.locator.key)]
+    return _shared_piece(full, operand, mesh, rank, partial.axes, position, partial.op) == \
+        operand.shard(full, mesh, rank).to(torch.float64)
