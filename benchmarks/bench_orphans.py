@@ -128,7 +128,11 @@ def stop_and_watch(run: str, sig: str, within: float, ignore_shm: bool,
         if proc.poll() is not None:
             return None, f"the run ended (exit {proc.returncode}) before the stop: choose a longer one"
         (os.killpg if group else os.kill)(proc.pid, signum)
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)   # a hang guard: a run that outlives it is reported with what it said
+        except subprocess.TimeoutExpired:
+            return None, (f"still running 120 s after {sig} (its session's processes: "
+                          f"{sorted(session_processes(proc.pid))}): {said()[-1500:]}")
         killed = time.monotonic()
         text = said()
         if signum != signal.SIGKILL:
