@@ -13,6 +13,7 @@ leave no process behind; workers also exit on their own when this process disapp
 
 from __future__ import annotations
 
+import atexit
 import math
 import multiprocessing
 import multiprocessing.util
@@ -58,6 +59,20 @@ _LONGEST_POLL = 3600.0   # seconds
 #: how long a worker whose pipe has closed may take to report its exit code: the forkserver
 #: reaps it and passes the code on, which took over a second once on a loaded CI machine
 _REAP_SECONDS = 10.0
+
+
+def _kill_workers_left() -> None:
+    """SIGKILL every pool worker still running at interpreter exit.  Workers ignore SIGTERM (the
+    parent stops them), and multiprocessing's own exit handler SIGTERMs its daemonic children and
+    then joins them without a timeout: a stop that lands as a pool starts, before the pool is known
+    to its backend, left the exit waiting until the workers gave up on their rendezvous (over
+    120 s under load).  Registered after multiprocessing's handler, so it runs before it."""
+    for proc in multiprocessing.active_children():
+        if proc.name.startswith("shardverify-rank"):
+            proc.kill()
+
+
+atexit.register(_kill_workers_left)
 
 
 class _Pool:
