@@ -34,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--plan", default=None,
                         help="hf (the config's own base_model_tp_plan, applied as from_pretrained applies it; "
                              "the default for hf: models), zoo:NAME (mlp, titan, titan-norm-left-out, ...), or the "
-                             "dotted name of a dict of ParallelStyles or of a parallelize(model, mesh) function")
+                             "dotted name of a dict of ParallelStyles or of a parallelize(model, mesh) function, or "
+                             "a file of it under the current folder (PATH.py, PATH.py:NAME)")
     parser.add_argument("--tp-override", action="append", default=[], metavar="PATTERN=STYLE",
                         help="with a transformers plan: a rule merged into the config's plan as DistributedConfig(tp_plan=...) "
                              "merges it, e.g. model.layers.*.self_attn.q_norm=replicated_with_grad_allreduce (repeatable)")

@@ -78,6 +78,11 @@ def add_parser(sub) -> None:
                         help="serve only calls the op specs' grids verified (refuse the others) instead of "
                              "verifying a call outside its grid where it is met (the default; verdicts are "
                              "kept in $SHARDVERIFY_CACHE_DIR, else ~/.cache/shardverify/verdicts)")
+    parser.add_argument("--export-parallelize", metavar="FILE",
+                        help="also write the plan as a PyTorch parallelize plan: a Python file whose "
+                             "parallelize(model, mesh) applies ColwiseParallel/RowwiseParallel/SequenceParallel "
+                             "with parallelize_module; what no ParallelStyle expresses is listed there and on stderr "
+                             "(check it with: shardverify parallelize MODEL --plan FILE)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     add_html_option(parser, "the plan over the model's graph, every node's layout and the check's findings")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -106,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
 
     started = cpu_seconds()   # the interpreter's start and the imports so far
     problem = html_problem(args.html)
+    if args.export_parallelize and not args.export_parallelize.endswith(".py"):
+        problem = f"--export-parallelize {args.export_parallelize!r}: the file is Python code; give a name ending in .py"
     if problem:
         print(f"shardverify plan: {problem}", file=sys.stderr)
         return USAGE
@@ -136,7 +143,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardverify plan: {describe_error(error)} (--debug shows the traceback)", file=sys.stderr)
         return USAGE
     status.close()
-    return _report(args, result, started)
+    exported = None
+    if args.export_parallelize:
+        from shardverify.cli.plan_export import write_export
+
+        exported = write_export(result, args.spec, args.export_parallelize)
+        if exported is None:
+            return USAGE
+    return _report(args, result, started, exported)
 
 
 @dataclass(frozen=True)
@@ -218,7 +232,7 @@ def _model(args: argparse.Namespace, clock) -> _Model:
     return _Model(module, example, mesh, plan, capture, strict, cost_size)
 
 
-def _report(args: argparse.Namespace, result, started: float) -> int:
+def _report(args: argparse.Namespace, result, started: float, exported=None) -> int:
     """The verdict (text or --json, and --html); the exit status."""
     from shardverify.plan.phases import cpu_seconds
     from shardverify.plan.report import plan_text, verdict_lines
@@ -232,7 +246,8 @@ def _report(args: argparse.Namespace, result, started: float) -> int:
         headline = verdict_lines(result, args.spec)
         print(json.dumps({**result.to_json(), "cpu_seconds": phases, "strict_failure": strict_failure,
                           "no_node": no_node, "model": args.spec,
-                          "verdict": "PASS" if result.passed and not no_node else "FAIL", "headline": headline},
+                          "verdict": "PASS" if result.passed and not no_node else "FAIL", "headline": headline,
+                          **({"parallelize_export": exported.to_json()} if exported is not None else {})},
                          indent=2))
     else:
         print(plan_text(result, args.spec, args.verbose, phases))

@@ -45,9 +45,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="device the shards live on (default: cpu; cuda where the backend runs NCCL)")
     parser.add_argument("--timeout", type=parse_timeout, default=60.0, metavar="S",
                         help="seconds one strategy check may take before its ranks count as hung (default: 60)")
-    parser.add_argument("--jobs", "-j", type=parse_jobs, default=1, metavar="N",
+    parser.add_argument("--jobs", "-j", type=parse_jobs, default=None, metavar="N",
                         help="share the (case, mesh) rows among N worker processes, one core each "
-                             "(simulated backend; 'auto': one per CPU; default: 1, this process alone)")
+                             "(simulated backend; 'auto': one per CPU; default: 1, this process alone; "
+                             "with --cluster: N Ray workers, default one per CPU of the cluster)")
+    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
+                        help="run the rows on the Ray cluster at ADDRESS (HOST:PORT as `ray start --head` "
+                             "prints it; auto: $RAY_ADDRESS or the cluster started on this machine; local: a Ray "
+                             "started for this run on this machine's CPUs); simulated backend; needs "
+                             "pip install 'shardverify[cluster]' (docs/cluster.md)")
     parser.add_argument("--seed", type=parse_seed, default=None, metavar="N",
                         help="draw every case's values from seed N instead of the spec's (the verdicts must "
                              "not depend on it: data that cannot tell two blocks apart gets more seeds anyway)")
@@ -185,15 +191,20 @@ def parse_timeout(text: str) -> float:
 
 def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] | None, *,
                  device: str | None = None, timeout: float = 60.0, progress: Progress | None = None,
-                 jobs: int = 1, seed: int | None = None, error_maps: bool = False) -> list[Row]:
+                 jobs: int | None = 1, seed: int | None = None, error_maps: bool = False,
+                 cluster: str | None = None) -> list[Row]:
     """Verify every case of every spec on every mesh, rows in that order; one backend per mesh
     shape, reused.  ``jobs`` > 1 (simulated backend only) shares the rows among that many
-    worker processes (see verify_jobs); ``seed`` replaces every case's seed; ``error_maps``:
-    failing checks keep where they are wrong (a report draws it: verify/error_map.py)."""
+    worker processes (see verify_jobs); ``cluster``: a Ray cluster's address, the rows run on
+    ``jobs`` of its workers instead (verify_cluster); ``seed`` replaces every case's seed;
+    ``error_maps``: failing checks keep where they are wrong (a report draws it: verify/error_map.py)."""
     plan = [(spec.name, case_id, case if seed is None else dataclasses.replace(case, seed=seed), tuple(mesh))
             for spec in specs for case_id, case in spec.op_cases()
             for mesh in (meshes or _runnable(spec.verify.meshes, backend_kind))]
     progress = progress or Progress(0)
+    if cluster is not None:
+        return _verify_on_cluster(plan, cluster, jobs, backend_kind, device=device, timeout=timeout,
+                                  progress=progress, error_maps=error_maps)
     if jobs > 1:
         from shardverify.cli.verify_jobs import verify_rows_in_workers
 
@@ -225,6 +236,21 @@ def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] |
 
 
 
+def _verify_on_cluster(plan: list, cluster: str, jobs: int | None, backend_kind: str, *, device: str | None,
+                       timeout: float, progress: Progress, error_maps: bool) -> list[Row]:
+    from shardverify.backends.cpus import usable_cpus
+    from shardverify.cli.verify_cluster import verify_rows_on_cluster
+
+    if backend_kind != "simulated":
+        raise ShardVerifyError(f"--cluster runs the rows on workers of simulated ranks; the {backend_kind} "
+                               f"backend runs its ranks as processes of this machine (leave --cluster out)")
+    try:
+        return verify_rows_on_cluster(plan, cluster, jobs, device=device, timeout=timeout, progress=progress,
+                                      error_maps=error_maps, local_cpus=jobs or len(usable_cpus()))
+    finally:
+        progress.close()
+
+
 def _runnable(meshes, backend_kind: str) -> list:
     """A launcher's world (torchrun) has a fixed size: of a spec's meshes, only those of that size run."""
     world = registry.backend_kind(backend_kind).world_size()
@@ -240,6 +266,10 @@ def run(args: argparse.Namespace) -> int:
         return USAGE
     specs = checked_op_specs(args, "verify")
     if specs is None:
+        return USAGE
+    if args.opinfo and args.cluster:
+        print("error: --cluster runs the specs' grids; the --opinfo sweep runs on this machine "
+              "(leave --cluster out)", file=sys.stderr)
         return USAGE
     if args.opinfo:
         from shardverify.cli.opinfo_run import run_opinfo
@@ -270,8 +300,9 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         rows = verify_specs(specs, args.backend, meshes, device=args.device, timeout=args.timeout,
-                            progress=None if args.json or not reporting else Progress(total), jobs=args.jobs,
-                            seed=args.seed, error_maps=args.html is not None)
+                            progress=None if args.json or not reporting else Progress(total),
+                            jobs=args.jobs if args.cluster else args.jobs or 1, seed=args.seed,
+                            error_maps=args.html is not None, cluster=args.cluster)
     except ShardVerifyError as exc:   # a mesh or backend that cannot exist here
         print(f"error: {exc}", file=sys.stderr)
         return USAGE

@@ -87,10 +87,30 @@ def overrides_text(overrides: Mapping[str, str]) -> str:
     return "hf:" + json.dumps(dict(overrides), sort_keys=True)
 
 
+def file_plan_name(text: str, project: Path) -> str:
+    """``PATH.py`` or ``PATH.py:NAME`` (a file under the current folder, such as ``shardverify plan
+    --export-parallelize`` writes) as the dotted name of its ``parallelize`` function (or NAME); any
+    other text as it is. The dotted name is then allowed or refused as any other."""
+    path_text, sep, attribute = text.partition(".py:")
+    if not sep and not text.endswith(".py"):
+        return text
+    resolved = (project / ((path_text if sep else text[:-3]) + ".py")).resolve()
+    if not resolved.is_relative_to(project.resolve()):
+        raise InvalidArgument(f"plan {text!r}: a plan file must lie under the current folder {str(project)!r}")
+    if not resolved.is_file():
+        raise InvalidArgument(f"plan {text!r}: no such file under {str(project)!r}")
+    parts = resolved.relative_to(project.resolve()).with_suffix("").parts
+    if not all(part.isidentifier() for part in parts):
+        raise InvalidArgument(f"plan {text!r}: each folder and the file's name must be a Python identifier "
+                              "(it is imported as a module)")
+    return ".".join(parts) + ":" + (attribute or "parallelize")
+
+
 def resolve_plan(text: str, project: Path | None = None, loss_parallel: bool = False) -> Plan:
     """``hf`` (the transformers config's own plan), ``hf:{JSON overrides}`` (it with overrides, as
     ``DistributedConfig(tp_plan=...)`` merges them), ``zoo:NAME``, or the dotted name of a dict of
-    ParallelStyles or of a ``parallelize(model, mesh)`` function in the user's project."""
+    ParallelStyles or of a ``parallelize(model, mesh)`` function in the user's project (or a file of
+    it: :func:`file_plan_name`)."""
     if text in CONFIG_PLAN:
         return transformers_plan()
     if text.startswith("hf:"):
@@ -98,7 +118,9 @@ def resolve_plan(text: str, project: Path | None = None, loss_parallel: bool = F
     if text.startswith("zoo:"):
         return zoo_plan(text[4:])
     from shardverify.spec.allow import resolve_allowed
-    found = resolve_allowed(text, project or Path.cwd())
+    project = project or Path.cwd()
+    text = file_plan_name(text, project)
+    found = resolve_allowed(text, project)
     if isinstance(found, Mapping):
         return styles_plan(found, text, loss_parallel)
     if callable(found):

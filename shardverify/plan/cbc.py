@@ -34,45 +34,46 @@ class CBC:
         program = pulp.LpProblem("shardverify_plan", pulp.LpMinimize)
         x = {name: [pulp.LpVariable(f"x_{i}_{k}", cat="Binary") for k in range(len(options))]
              for i, (name, options) in enumerate(choices.items())}
-        objective: list[tuple[float, pulp.LpVariable]] = []   # (declared seconds, variable)
+        objective: list[tuple[pulp.LpVariable, float]] = []   # (variable, declared seconds)
         memory = []
         for name, options in choices.items():
-            program += pulp.lpSum(x[name]) == 1, f"one_{name}"
+            program += _equal(((var, 1) for var in x[name]), 1), f"one_{name}"
             for var, option in zip(x[name], options):
                 own = problem.own_cost(option)
-                objective.append((own.seconds, var))
+                objective.append((var, own.seconds))
                 if option.strategy is not None:
-                    memory.append(own.memory * var)
+                    memory.append((var, own.memory))
         for edge in problem.edges:
             if len(edge.sources) == 1 or len(edge.targets) == 1:      # one end's choice decides the cost
                 for i, sps in enumerate(edge.sources):
                     for j, scs in enumerate(edge.targets):
                         cost = edge.costs[i][j]
                         if cost:
-                            objective += ([(cost, x[edge.consumer][k]) for k in scs] if len(edge.sources) == 1 else
-                                          [(cost, x[edge.producer][k]) for k in sps])
+                            objective += ([(x[edge.consumer][k], cost) for k in scs] if len(edge.sources) == 1 else
+                                          [(x[edge.producer][k], cost) for k in sps])
                 continue
             y = {(i, j): pulp.LpVariable(f"y_{edge.position}_{edge.slot}_{i}_{j}", lowBound=0)
                  for i in range(len(edge.sources)) for j in range(len(edge.targets))}
-            for i, sps in enumerate(edge.sources):
-                program += pulp.lpSum(y[i, j] for j in range(len(edge.targets))) == \
-                    pulp.lpSum(x[edge.producer][k] for k in sps)
+            for i, sps in enumerate(edge.sources):   # the row's y sum to the source class's x
+                program += _equal([*((y[i, j], 1) for j in range(len(edge.targets))),
+                                   *((x[edge.producer][k], -1) for k in sps)], 0)
             for j, scs in enumerate(edge.targets):
-                program += pulp.lpSum(y[i, j] for i in range(len(edge.sources))) == \
-                    pulp.lpSum(x[edge.consumer][k] for k in scs)
+                program += _equal([*((y[i, j], 1) for i in range(len(edge.sources))),
+                                   *((x[edge.consumer][k], -1) for k in scs)], 0)
             for i in range(len(edge.sources)):
                 for j in range(len(edge.targets)):
                     if edge.costs[i][j]:
-                        objective.append((edge.costs[i][j], y[i, j]))
-        largest = max((abs(cost) for cost, _ in objective), default=0.0)
+                        objective.append((y[i, j], edge.costs[i][j]))
+        largest = max((abs(cost) for _, cost in objective), default=0.0)
         scale = _LARGEST / largest if largest else 1.0
-        program += pulp.lpSum(cost * scale * var for cost, var in objective)
+        program += _expression((var, cost * scale) for var, cost in objective)
         if needs.memory_limit is not None:
-            program += pulp.lpSum(memory) <= needs.memory_limit, "memory"
+            program += pulp.LpConstraint(_expression(memory), pulp.LpConstraintLE, rhs=needs.memory_limit), "memory"
         for need in needs.at_least:
-            program += pulp.lpSum(x[name][k] for name, k in need.options) >= need.count, need.name
+            program += pulp.LpConstraint(_expression((x[name][k], 1) for name, k in need.options),
+                                         pulp.LpConstraintGE, rhs=need.count), need.name
         for rule in needs.ruled_out:
-            program += pulp.lpSum(x[rule.node][k] for k in rule.options) == 0, rule.name
+            program += _equal(((x[rule.node][k], 1) for k in rule.options), 0), rule.name
         status = _solve(program)
         if pulp.LpStatus[status] != "Optimal":
             if needs.memory_limit is not None:
@@ -81,6 +82,22 @@ class CBC:
             raise StrategyError(f"the plan solver ended with status {pulp.LpStatus[status]}")
         return {name: max(range(len(options)), key=lambda k: x[name][k].value() or 0.0)
                 for name, options in choices.items()}
+
+
+def _expression(terms) -> pulp.LpAffineExpression:
+    """The sum of (variable, coefficient) terms, built at once: PuLP's operators copy an expression
+    per term (``lpSum(c * v ...)`` was most of the solve's Python time on a zoo model's problem).
+    The same terms, in the same order, as the operators give: a variable's coefficients added up, a
+    term whose coefficient is 0 left out."""
+    summed: dict = {}
+    for var, coefficient in terms:
+        if coefficient:
+            summed[var] = summed.get(var, 0) + coefficient
+    return pulp.LpAffineExpression(summed)
+
+
+def _equal(terms, rhs: float) -> pulp.LpConstraint:
+    return pulp.LpConstraint(_expression(terms), pulp.LpConstraintEQ, rhs=rhs)
 
 
 #: the objective's largest coefficient once scaled. CBC's tolerances are absolute: on the declared

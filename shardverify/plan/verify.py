@@ -15,6 +15,7 @@ from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
 from shardverify.plan.capture_model import Captured, as_shardverify_error, capture_model
 from shardverify.plan.execute import failed_node, rank_run_plan
+from shardverify.plan.export_facts import NodeFacts, facts_of
 from shardverify.plan.recipe import ModelRecipe, as_float64
 from shardverify.plan.inputs import with_keywords
 from shardverify.plan.build import build_plan
@@ -38,6 +39,7 @@ class PlanResult:
     notes: tuple[str, ...] = ()     # how the model was captured, when not as asked
     real_size: RealSizePlan | None = None   # the plan was solved at this size, mapped onto the model checked
     cpu_seconds: tuple[tuple[str, float], ...] = ()   # (phase, CPU seconds) of the check, plan/phases.py
+    graph_facts: tuple[NodeFacts, ...] = ()   # the captured graph's nodes as data (export to ParallelStyles)
 
     @property
     def passed(self) -> bool:
@@ -344,4 +346,5 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
                 runner.close()
         else:
             result = run_plan(backend, model, inputs, chosen, seed, timeout, coverage=coverage, graph=captured)
-    return replace(result, strict=strict, notes=notes, real_size=at_real, cpu_seconds=clock.split())
+    return replace(result, strict=strict, notes=notes, real_size=at_real, cpu_seconds=clock.split(),
+                   graph_facts=facts_of(captured.graph, model))

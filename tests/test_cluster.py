@@ -1,0 +1,202 @@
+"""`shardverify verify --cluster`: rows as units (backends/units.py) on the actors of a Ray cluster
+(backends/ray_units.py), checked on a real cluster of two nodes of one CPU each
+(``ray.cluster_utils.Cluster``, started once for the module and shut down after it): the report of
+the local pool, a node removed mid-sweep, a unit that kills every worker it runs in, workers on
+other versions refused.  The cluster tests are marked dist (run with AUTO_PARALLEL=1); the node
+removal comes last, since it leaves the cluster one node."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_cli_verify import _without_seconds
+
+from shardverify.backends.units import InProcess, Unit, UnitFailed, run_units
+from shardverify.cli import verify_cmd
+from shardverify.cli.catalogue import load_op_specs
+from shardverify.cli.verify_cluster import _actor_row, _start_actor, verify_rows_on_cluster
+from shardverify.cli.verify_rows import Progress, row_label
+from shardverify.errors import ShardVerifyError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="shardverify")
+    verify_cmd.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["verify", *argv, "--root", str(REPO)])
+    return args.func(args)
+
+
+def _mm_plan(meshes=((2,), (2, 2))) -> list[tuple]:
+    spec, = load_op_specs(REPO, None, ["mm"])
+    return [("mm", case_id, case, mesh) for case_id, case in spec.op_cases() for mesh in meshes]
+
+
+# ------------------------------------------------------------------ the seam, no Ray needed
+def _twice(x: int) -> int:
+    if x < 0:
+        raise ValueError(f"negative: {x}")
+    return 2 * x
+
+
+def test_units_come_back_in_order_and_a_raising_unit_fails_alone():
+    done = []
+    results = run_units([Unit(_twice, (i,), f"u{i}") for i in (3, -1, 5)], InProcess(),
+                        lambda index, value: done.append(index))
+    assert results[0] == 6 and results[2] == 10 and done == [0, 1, 2]
+    assert isinstance(results[1], UnitFailed) and results[1].error == "ValueError: negative: -1"
+    assert not results[1].died
+
+
+class _Careless:
+    """An engine that reports its first unit twice and never its last."""
+
+    def run(self, units, done):
+        done(0, "a")
+        done(0, "a")
+        return ["a"] * (len(units) - 1)
+
+
+def test_an_engine_that_loses_or_repeats_a_unit_is_an_error():
+    with pytest.raises(ShardVerifyError, match=r"without a result: b, c; reported twice: a"):
+        run_units([Unit(_twice, (1,), name) for name in "abc"], _Careless())
+
+
+def test_without_ray_the_cluster_option_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)   # `import ray` raises ImportError
+    assert cli("mm", "--mesh", "2", "--cluster", "local") == 2
+    assert "pip install 'shardverify[cluster]'" in capsys.readouterr().err
+
+
+def test_the_cluster_runs_simulated_ranks_and_the_specs_grids(capsys):
+    assert cli("mm", "--mesh", "2", "--cluster", "local", "--backend", "gloo") == 2
+    assert "--cluster runs the rows on workers of simulated ranks; the gloo backend" in capsys.readouterr().err
+    assert cli("mm", "--cluster", "local", "--opinfo") == 2
+    assert "the --opinfo sweep runs on this machine (leave --cluster out)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ on a two-node cluster
+@pytest.fixture(scope="module")
+def cluster():
+    pytest.importorskip("ray", reason="ray is not installed: pip install 'shardverify[cluster]'")
+    from ray.cluster_utils import Cluster
+
+    started = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        worker = started.add_node(num_cpus=1)
+        started.wait_for_nodes()
+        yield started, worker
+    finally:
+        started.shutdown()
+
+
+@pytest.mark.dist
+@pytest.mark.slow   # the module's cluster start-up is paid once: its tests sorted first, together
+@pytest.mark.xdist_group("shardverify-cluster")
+def test_the_cluster_gives_the_report_of_the_local_pool(cluster, capsys):
+    """The same --json document, row for row, but for the timings."""
+    head, _ = cluster
+    reports = []
+    for where in (["--jobs", "2"], ["--cluster", head.address, "--jobs", "2"]):
+        assert cli("mm", "relu", "--mesh", "2", "--mesh", "2,2", "--json", *where) == 0
+        reports.append(_without_seconds(json.loads(capsys.readouterr().out)))
+    assert reports[0] == reports[1]
+    assert len(reports[0]["rows"]) == 16 and reports[0]["strategies"] > 0
+
+
+@pytest.mark.dist
+@pytest.mark.slow   # the module's cluster start-up is paid once: its tests sorted first, together
+@pytest.mark.xdist_group("shardverify-cluster")
+def test_a_unit_that_kills_every_worker_fails_after_two_deaths(cluster, tmp_path):
+    """The planted row runs on two workers (one at a time: each started when the last died), kills
+    both, and fails with the local pool's words; every other row is verified and keeps its place."""
+    head, _ = cluster
+
+    class KillsItsProcess:
+        """A case whose build ends the process that builds it (an op crashing the interpreter)."""
+
+        def __init__(self, folder: str) -> None:
+            self.folder = folder
+
+        def build(self):
+            Path(self.folder, str(os.getpid())).touch()
+            os._exit(3)
+
+    plan = _mm_plan(((2,),))
+    plan.insert(1, ("mm", "killer", KillsItsProcess(str(tmp_path)), (2,)))
+    rows = verify_rows_on_cluster(plan, head.address, 1, device=None, timeout=60.0, progress=Progress(0))
+    assert [(r.case, r.mesh) for r in rows] == [(case_id, mesh) for _, case_id, _, mesh in plan]
+    killed = rows[1]
+    assert killed.failures == 1 and killed.verified == 0
+    assert killed.error.startswith("its worker process died, also when it ran alone: ActorDiedError"), killed.error
+    assert len(list(tmp_path.iterdir())) == 2, "the planted row ran other than twice, each on a worker of its own"
+    for row in rows[:1] + rows[2:]:
+        assert row.error == "" and row.failures == 0 and row.verified > 0, row
+
+
+@pytest.mark.dist
+@pytest.mark.slow   # the module's cluster start-up is paid once: its tests sorted first, together
+@pytest.mark.xdist_group("shardverify-cluster")
+def test_workers_on_other_versions_refuse_the_run(cluster, monkeypatch, capsys):
+    head, _ = cluster
+    from shardverify.backends import ray_units
+
+    def elsewhere() -> dict:   # what a node with another torch says (sent to the worker by value)
+        return {**ray_units.installed_versions(), "torch": "2.99.0+elsewhere"}
+
+    monkeypatch.setattr(ray_units, "actor_versions", elsewhere)
+    assert cli("mm", "--mesh", "2", "--cluster", head.address, "--jobs", "1") == 2
+    captured = capsys.readouterr()
+    assert "runs torch 2.99.0+elsewhere and shardverify" in captured.err, captured.err
+    assert "never mixed in one report" in captured.err and captured.out == ""
+
+
+@pytest.mark.dist
+@pytest.mark.slow   # the module's cluster start-up is paid once: its tests sorted first, together
+@pytest.mark.xdist_group("shardverify-cluster")
+def test_a_node_removed_mid_sweep_loses_no_unit(cluster, tmp_path):
+    """The worker node goes while one of its units is running: that unit runs again on the head
+    node's worker, and every unit has exactly one result, in order."""
+    head, worker = cluster
+    from shardverify.backends.ray_units import RayEngine
+
+    def marked_row(folder: str, index: int, item: tuple):   # says where it runs, then takes a while
+        import ray
+
+        Path(folder, f"{index}.{os.getpid()}").write_text(ray.get_runtime_context().get_node_id())
+        time.sleep(1.5)
+        return _actor_row(item, None, 60.0, False)
+
+    removed: list[str] = []
+
+    def remove_when_busy() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not removed:
+            for marker in tmp_path.iterdir():
+                if marker.read_text() == worker.node_id:
+                    head.remove_node(worker)
+                    removed.append(marker.name)
+                    return
+            time.sleep(0.05)
+
+    plan = _mm_plan()
+    units = [Unit(marked_row, (str(tmp_path), i, item), row_label(item)) for i, item in enumerate(plan)]
+    watcher = threading.Thread(target=remove_when_busy, daemon=True)
+    watcher.start()
+    counts = [0] * len(units)
+    with RayEngine(head.address, 2, setup=_start_actor) as engine:
+        rows = run_units(units, engine, lambda index, value: counts.__setitem__(index, counts[index] + 1))
+    watcher.join(5)
+    assert removed, "no unit ran on the worker node"
+    assert engine.retried >= 1 and counts == [1] * len(units)
+    assert [(r.case, r.mesh) for r in rows] == [(case_id, mesh) for _, case_id, _, mesh in plan]
+    for row in rows:
+        assert row.error == "" and row.failures == 0 and row.verified > 0, row
