@@ -138,6 +138,11 @@ def test_a_stored_finding_with_a_bad_field_is_an_error_of_one_line(cumsum, tmp_p
 def test_a_planted_finding_is_confirmed_on_gloo_and_runs_nothing_of_its_words(cumsum, tmp_path, monkeypatch):
     """--confirm of the planted finding: the class is confirmed (cumsum is wrong there), nothing
     of its words ran, and torchrun's torchelastic_* folders went with the run's own folder."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    # torch's inductor cache stays where it is: a process that first asks for it under this
+    # TMPDIR (this one, or a child inheriting it) would make it here, not a leftover of the run
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", cache_dir())
     monkeypatch.setenv("TMPDIR", str(tmp_path))   # where torchrun's processes would leave them
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     marker = tmp_path / "MARKER"
@@ -153,6 +158,11 @@ def test_a_planted_finding_is_confirmed_on_gloo_and_runs_nothing_of_its_words(cu
 @pytest.mark.dist
 def test_a_run_on_gloo_leaves_no_torchelastic_folder(tmp_path, monkeypatch):
     """torchrun makes a torchelastic_* folder in the temporary folder of every run and left it."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    # torch's inductor cache stays where it is: a process that first asks for it under this
+    # TMPDIR (this one, or a child inheriting it) would make it here, not a leftover of the run
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", cache_dir())
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     output, timed_out, _ = run_on_gloo({}, 1, timeout=120, program="print('ran', flush=True)\n")

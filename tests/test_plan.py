@@ -339,6 +339,11 @@ def test_the_solver_leaves_no_file_in_tmpdir(tmp_path, monkeypatch, stopped):
 
     import pulp
 
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    # torch's inductor cache stays where it is: a process that first asks for it under this
+    # TMPDIR (this one, or a child inheriting it) would make it here, not a leftover of the run
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", cache_dir())
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     written = []
