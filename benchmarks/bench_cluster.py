@@ -76,10 +76,10 @@ def on_pool(plan: list, workers: int) -> dict:
 def on_ray(plan: list, workers: int) -> dict:
     from shardverify.backends.ray_units import RayEngine
     from shardverify.backends.units import Unit, run_units
-    from shardverify.cli.verify_cluster import _actor_row, _start_actor
-    from shardverify.cli.verify_rows import row_label
+    from shardverify.cli.verify_cluster import _start_actor
+    from shardverify.cli.verify_rows import row_label, worker_row
 
-    units = [Unit(_actor_row, (item, None, 60.0, False), row_label(item)) for item in plan]
+    units = [Unit(worker_row, (item, None, 60.0, False), row_label(item)) for item in plan]
     clock = _Clock()
     with RayEngine("local", workers, setup=_start_actor) as engine:   # joins the Ray started in main
         rows = run_units(units, engine, clock.done)
@@ -95,10 +95,10 @@ def _start_forkserver() -> None:
     import os
 
     from shardverify.backends.signals import start_forkserver
-    from shardverify.cli import verify_jobs
+    from shardverify.cli.verify_rows import WORKER_PRELOAD
 
     context = multiprocessing.get_context("forkserver")
-    start_forkserver(context, verify_jobs._PRELOAD)
+    start_forkserver(context, WORKER_PRELOAD)
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
         pool.submit(os.getpid).result()
 

@@ -21,8 +21,8 @@ from test_cli_verify import _without_seconds
 from shardverify.backends.units import InProcess, Unit, UnitFailed, run_units
 from shardverify.cli import verify_cmd
 from shardverify.cli.catalogue import load_op_specs
-from shardverify.cli.verify_cluster import _actor_row, _start_actor, verify_rows_on_cluster
-from shardverify.cli.verify_rows import Progress, row_label
+from shardverify.cli.verify_cluster import _start_actor, verify_rows_on_cluster
+from shardverify.cli.verify_rows import Progress, row_label, worker_row
 from shardverify.errors import ShardVerifyError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_a_node_removed_mid_sweep_loses_no_unit(cluster, tmp_path):
 
         Path(folder, f"{index}.{os.getpid()}").write_text(ray.get_runtime_context().get_node_id())
         time.sleep(1.5)
-        return _actor_row(item, None, 60.0, False)
+        return worker_row(item, None, 60.0, False)
 
     removed: list[str] = []
 

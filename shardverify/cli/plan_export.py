@@ -15,10 +15,6 @@ def write_export(result, spec: str, path: str) -> ParallelizeExport | None:
     """Write ``result``'s plan to ``path``; the export, or None (said on stderr) when it cannot be written."""
     from shardverify.files import write_file_atomic
 
-    if not path.endswith(".py"):
-        print(f"shardverify plan: --export-parallelize {path!r}: the file is Python code; give a name ending in .py",
-              file=sys.stderr)
-        return None
     export = export_parallelize(result.plan, result.graph_facts)
     try:
         write_file_atomic(path, render_parallelize(export, spec))

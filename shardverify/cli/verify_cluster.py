@@ -12,12 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardverify.backends.units import Unit, UnitFailed, run_units
-from shardverify.cli.verify_rows import Interrupted, Progress, Row, describe_error, row_label, verify_row
+from shardverify.cli.verify_rows import (WORKER_PRELOAD, Interrupted, Progress, Row, describe_error, row_label,
+                                          worker_row)
 
 __all__ = ["verify_rows_on_cluster"]
-
-_BACKENDS: dict = {}   # this actor's simulated backends by mesh shape, kept between rows
-
 
 def verify_rows_on_cluster(plan: Sequence[tuple], address: str, workers: int | None, *, device: str | None,
                            timeout: float, progress: Progress, error_maps: bool = False,
@@ -26,7 +24,7 @@ def verify_rows_on_cluster(plan: Sequence[tuple], address: str, workers: int | N
     here on ``local_cpus`` CPUs), on ``workers`` actors (default: one per CPU of the cluster)."""
     from shardverify.backends.ray_units import RayEngine
 
-    units = [Unit(_actor_row, (item, device, timeout, error_maps), row_label(item)) for item in plan]
+    units = [Unit(worker_row, (item, device, timeout, error_maps), row_label(item)) for item in plan]
     rows: list[Row | None] = [None] * len(plan)
     failing = [0]
 
@@ -55,10 +53,6 @@ def _failed_row(item: tuple, failed: Any) -> Row:
     return Row(op, case_id, mesh, error=error, failures=1)
 
 
-#: what every row imports, imported as the actor starts (as the --jobs forkserver preloads it)
-_PRELOAD = ("shardverify.verify.engine", "shardverify.strategies.for_node", "torch._dynamo")
-
-
 def _start_actor() -> None:
     """An actor's set-up, once: the collector settings and quiet tracing of a checking process,
     one torch thread (its one CPU), and the verify engine imported before the first row."""
@@ -69,17 +63,8 @@ def _start_actor() -> None:
     from shardverify.backends.gc_policy import tune_for_checking
     from shardverify.cli.verify_rows import quiet_tracing
 
-    for name in _PRELOAD:   # not in the first row's time
+    for name in WORKER_PRELOAD:   # not in the first row's time (as the --jobs forkserver preloads them)
         importlib.import_module(name)
     torch.set_num_threads(1)
     tune_for_checking()
     quiet_tracing()
-
-
-def _actor_row(item: tuple, device: str | None, timeout: float, error_maps: bool) -> Row:
-    if not error_maps:
-        return verify_row(item, _BACKENDS, "simulated", device, timeout)
-    from shardverify.verify.error_map import keep_error_maps
-
-    with keep_error_maps():
-        return verify_row(item, _BACKENDS, "simulated", device, timeout)

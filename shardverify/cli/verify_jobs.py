@@ -18,17 +18,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, describe_error, row_label,
-                                          verify_row)
+from shardverify.cli.verify_rows import (WORKER_BACKENDS, WORKER_PRELOAD, Interrupted, Progress, Row, close_backends,
+                                          describe_error, row_label, worker_row)
 from shardverify.backends.cpus import keep_to_cpu, thread_share, usable_cpus
 from shardverify.backends.process_worker import clean_up_after, process_start, watch_parent
 from shardverify.backends.signals import signals_held, start_forkserver
 from shardverify.errors import ShardVerifyError
-
-#: what every worker imports anyway, imported once in the forkserver instead
-_PRELOAD = ("shardverify.cli.verify_rows", "shardverify.verify.engine", "shardverify.strategies.for_node", "torch._dynamo")
-
-_BACKENDS: dict = {}   # this worker's simulated backends by mesh shape
 
 
 def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | None, timeout: float,
@@ -66,7 +61,7 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
     empty or a worker dies; the rows in flight then are returned as (index, error) pairs (their
     rows left unset), every other finished row is set in ``rows``."""
     ctx = multiprocessing.get_context("forkserver")
-    start_forkserver(ctx, _PRELOAD)   # deaf to the terminal's Ctrl-C: the workers are terminated below (backends/signals.py)
+    start_forkserver(ctx, WORKER_PRELOAD)   # imported once in the forkserver, not by each worker   # deaf to the terminal's Ctrl-C: the workers are terminated below (backends/signals.py)
     cpus = usable_cpus()
     pool = cf.ProcessPoolExecutor(width, mp_context=ctx, initializer=_start_worker,
                                   initargs=(counter, cpus if jobs <= len(cpus) else [], thread_share(jobs),
@@ -79,7 +74,7 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
             while queue and len(running) < width:
                 index = queue.pop(0)
                 with signals_held():   # a submit may start a worker: never cut in two (backends/signals.py)
-                    running[pool.submit(_worker_row, plan[index], device, timeout, error_maps)] = index
+                    running[pool.submit(worker_row, plan[index], device, timeout, error_maps)] = index
             done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in done:
                 index = running.pop(future)
@@ -133,20 +128,11 @@ def _start_worker(counter: Any, cpus: list[int], threads: int, parent_pid: int, 
     tune_for_checking()
     quiet_tracing()
     # multiprocessing ends its workers with os._exit: atexit would never run
-    multiprocessing.util.Finalize(None, close_backends, args=(_BACKENDS,), exitpriority=10)
+    multiprocessing.util.Finalize(None, close_backends, args=(WORKER_BACKENDS,), exitpriority=10)
     # a worker ending (its call queue broken) while its watch removes the leftovers of a killed
     # `verify` would cut the removal short: it finishes it first (as a pool worker does)
     multiprocessing.util.Finalize(None, clean_up_after, args=(parent_pid, leftovers, 0.0, parent_started),
                                   exitpriority=0)
-
-
-def _worker_row(item: tuple, device: str | None, timeout: float, error_maps: bool) -> Row:
-    if not error_maps:
-        return verify_row(item, _BACKENDS, "simulated", device, timeout)
-    from shardverify.verify.error_map import keep_error_maps
-
-    with keep_error_maps():
-        return verify_row(item, _BACKENDS, "simulated", device, timeout)
 
 
 __all__ = ["verify_rows_in_workers"]

@@ -162,6 +162,24 @@ def close_backends(backends: dict) -> None:
             backend.close()
 
 
+#: what a worker process (a `--jobs` pool worker, a `--cluster` actor) imports before its first row
+WORKER_PRELOAD = ("shardverify.cli.verify_rows", "shardverify.verify.engine", "shardverify.strategies.for_node",
+                  "torch._dynamo")
+#: a worker process's simulated backends by mesh shape, kept between its rows
+WORKER_BACKENDS: dict = {}
+
+
+def worker_row(item: tuple, device: str | None, timeout: float, error_maps: bool) -> Row:
+    """``verify_row`` of one plan item in a worker process, on its backends kept between rows
+    (``error_maps``: failing checks keep where they are wrong, verify/error_map.py)."""
+    if not error_maps:
+        return verify_row(item, WORKER_BACKENDS, "simulated", device, timeout)
+    from shardverify.verify.error_map import keep_error_maps
+
+    with keep_error_maps():
+        return verify_row(item, WORKER_BACKENDS, "simulated", device, timeout)
+
+
 class _NoPrintedTraceback:
     """Stands in for the ``traceback`` module inside torch's ShapeProp, which prints the
     traceback of an op that fails to trace before re-raising it with the cause attached:

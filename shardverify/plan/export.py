@@ -32,7 +32,7 @@ class AxisLayout:
     dim: int = 0
 
     def __str__(self) -> str:
-        return {"R": "Replicate()", "P": "Partial()"}.get(self.kind, f"Shard({self.dim})")
+        return {"R": "Replicate()", "P": "Partial()"}.get(self.kind, f"Shard({int(self.dim)})")
 
 
 WHOLE = AxisLayout("R")

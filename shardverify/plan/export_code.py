@@ -8,7 +8,7 @@ pasted into the code unescaped; the nodes no style expresses are listed in a com
 
 from __future__ import annotations
 
-from shardverify.plan.export import AxisLayout, ModuleStyle, ParallelizeExport
+from shardverify.plan.export import ModuleStyle, ParallelizeExport
 
 __all__ = ["render_parallelize", "export_summary"]
 
@@ -35,15 +35,11 @@ def parallelize(model, mesh):
 '''
 
 
-def _layout(layout: AxisLayout) -> str:
-    return {"R": "Replicate()", "P": "Partial()"}.get(layout.kind, f"Shard({int(layout.dim)})")
-
-
 def _style(style: ModuleStyle) -> str:
     if style.style == "sequence":
         return f"SequenceParallel(sequence_dim={int(style.sequence_dim)}, use_local_output=True)"
-    return (f"{_STYLES[style.style]}(input_layouts={_layout(style.input_layout)}, "
-            f"output_layouts={_layout(style.output_layout)}, use_local_output=True)")
+    return (f"{_STYLES[style.style]}(input_layouts={style.input_layout}, "
+            f"output_layouts={style.output_layout}, use_local_output=True)")
 
 
 def render_parallelize(export: ParallelizeExport, source: str) -> str:
