@@ -64,7 +64,8 @@ spent --seconds CPU seconds and run --rounds rounds (the backends' 120 s hang gu
 budget: one that fires fails the run, it leaves nothing out).  Before the rows, for each op with a loop
 written out here (``_hand_loop``: linear, sum), an A/B on the first mesh: that loop against the
 floor's timed body on the same shards, alternating, both printed; a disagreement of more than
-10% (of the minima) ends the run with exit status 1.
+10% (of the minima) ends the run with exit status 1 (not in --quick, whose rounds are too few to
+judge; a loop whose output differs from the floor's fails there too).
 
 Usage: .venv/bin/python benchmarks/bench_verify.py [--meshes 2,2 2,2,2] [--specs linear sum]
        [--ab-specs linear sum] [--cases 1] [--seconds 2] [--rounds 5] [--gloo-passes 5] [--scale 4]
@@ -872,7 +873,10 @@ def main() -> None:
         say(f"A/B {spec.name} {meshes[0].shape}, {ab['layouts']} layouts, {ab['rounds']} alternating rounds: "
             f"the floor's body {_pair(ab['floor_ms'], 4)} ms per layout, a plain torch loop written out "
             f"{_pair(ab['hand_ms'], 4)} (min / median): floor/hand {_pair(ab['floor_over_hand'], 3)}")
-        check_agreement(spec.name, ab)
+        if args.quick:   # 0.2 CPU s of rounds on a shared machine: the minima are too noisy to judge
+            say(f"A/B {spec.name}: the {AB_LIMIT:.0%} limit is not judged in --quick (its figures are not for quoting)")
+        else:
+            check_agreement(spec.name, ab)
 
     for mesh in meshes:
         with SimulatedBackend(mesh, timeout=120) as simulated:
