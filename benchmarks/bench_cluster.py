@@ -11,6 +11,10 @@ the benchmark fails: a rate of lost rows is no figure::
     .venv/bin/python benchmarks/bench_cluster.py            # 1, 2, 4 workers; mm relu sum on (2,) and (2,2)
     .venv/bin/python benchmarks/bench_cluster.py --quick    # 1, 2 workers; mm relu on (2,) (CI's smoke run)
 
+Then `shardverify dtensor`'s cases (units of about a second): the serial run in this process
+against the sweep on Ray workers (dtensor/sweep.py), the same figures per case, and the time per
+case one Ray worker adds after its first case (the path's overhead; target under 10%).
+
 Needs ray (pip install 'shardverify[cluster]'); without it the script says so and exits 2.
 """
 
@@ -87,6 +91,38 @@ def on_ray(plan: list, workers: int) -> dict:
     return clock.figures(len(plan))
 
 
+def dtensor_runs(spec_names: list[str], mesh: tuple[int, ...], limit: int, workers: list[int]) -> None:
+    """`shardverify dtensor`'s cases: the serial run in this process against the sweep on that many
+    Ray workers (dtensor/sweep.py); the same cases, none with an error, or the benchmark fails."""
+    from shardverify.backends.ray_units import RayEngine
+    from shardverify.cli.dtensor_cluster import _case_counting_warnings, _start_worker
+    from shardverify.dtensor.run import run_spec
+    from shardverify.dtensor.sweep import sweep
+    from shardverify.spec.catalogue import load_op_specs
+
+    specs = load_op_specs(REPO, None, spec_names)
+    clock = _Clock()
+    serial = [r for spec in specs for r in run_spec(spec, [mesh], limit=limit, on_result=lambda r: clock.step())]
+    expected = [(r.op, r.case) for r in serial]
+    print(f"{len(serial)} DTensor cases ({' '.join(spec_names)} on {mesh}, --limit {limit}), each a unit; "
+          "wall seconds to the last case, to the first, cases/s overall and after the first")
+    rates = {"serial": clock.figures(len(serial))}
+    for count in workers:
+        clock = _Clock()
+        with RayEngine("local", count, setup=_start_worker) as engine:
+            swept = sweep(specs, [mesh], engine, limit=limit, call=_case_counting_warnings,
+                          on_finished=lambda label, value: clock.step())
+        if [(r.op, r.case) for r in swept] != expected or any(r.note.startswith("error:") for r in swept):
+            raise SystemExit(f"bench_cluster: the sweep on {count} Ray worker(s) did not give the serial run's cases")
+        rates[f"ray x{count}"] = clock.figures(len(swept))
+    for name, f in rates.items():
+        print(f"{name:>10}: {f['wall']:6.1f} s  first {f['first']:5.1f} s  {f['rate']:5.2f} cases/s  "
+              f"steady {f['steady']:5.2f} cases/s", flush=True)
+    if "ray x1" in rates and rates["ray x1"]["steady"]:
+        print(f"one Ray worker after its first case against this process after its first: "
+              f"{rates['serial']['steady'] / rates['ray x1']['steady'] - 1:+.0%} time per case (target: under 10%)")
+
+
 def _start_forkserver() -> None:
     """The pool's forkserver with its imports, started before any run is timed (as Ray is): one
     process forked from it is back when its imports are done."""
@@ -108,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers on mm and relu, mesh (2,) (CI's smoke run)")
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="worker counts (default: 1 2 4)")
     parser.add_argument("--specs", nargs="+", default=None, help="specs (default: mm relu sum)")
+    parser.add_argument("--dtensor-specs", nargs="*", default=None,
+                        help="specs whose `dtensor` cases run serially here and on the workers (default: cumsum "
+                             "select on (2,2) at --limit 8; --quick: cumsum at --limit 4; none: no DTensor runs)")
     args = parser.parse_args(argv)
     workers = args.workers or ([1, 2] if args.quick else [1, 2, 4])
     specs = args.specs or (["mm", "relu"] if args.quick else ["mm", "relu", "sum"])
@@ -135,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                 f = run(plan, count)
                 print(f"{name:>10} x{count}: {f['wall']:6.1f} s  first {f['first']:5.1f} s  "
                       f"{f['rate']:5.2f} rows/s  steady {f['steady']:5.2f} rows/s", flush=True)
+        dtensor = args.dtensor_specs if args.dtensor_specs is not None else (
+            ["cumsum"] if args.quick else ["cumsum", "select"])
+        if dtensor:
+            dtensor_runs(dtensor, (2, 2), 4 if args.quick else 8, workers)
     finally:
         ray.shutdown()
     return 0

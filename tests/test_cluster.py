@@ -1,8 +1,9 @@
-"""`shardverify verify --cluster`: rows as units (backends/units.py) on the actors of a Ray cluster
-(backends/ray_units.py), checked on a real cluster of two nodes of one CPU each
-(``ray.cluster_utils.Cluster``, started once for the module and shut down after it): the report of
-the local pool, a node removed mid-sweep, a unit that kills every worker it runs in, workers on
-other versions refused.  The cluster tests are marked dist (run with AUTO_PARALLEL=1); the node
+"""`shardverify verify --cluster` and `dtensor --cluster`: rows and cases as units
+(backends/units.py) on the actors of a Ray cluster (backends/ray_units.py), checked on a real
+cluster of two nodes of one CPU each (``ray.cluster_utils.Cluster``, started once for the module
+and shut down after it): the report of the local pool, a DTensor sweep's stored results and report
+after a stop and a resume, a node removed mid-sweep, a unit that kills every worker it runs in,
+workers on other versions refused.  The cluster tests are marked dist (run with AUTO_PARALLEL=1); the node
 removal comes last, since it leaves the cluster one node."""
 
 from __future__ import annotations
@@ -157,6 +158,55 @@ def test_workers_on_other_versions_refuse_the_run(cluster, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "runs torch 2.99.0+elsewhere and shardverify" in captured.err, captured.err
     assert "never mixed in one report" in captured.err and captured.out == ""
+
+
+@pytest.mark.dist
+@pytest.mark.slow   # the module's cluster start-up is paid once: its tests sorted first, together
+@pytest.mark.xdist_group("shardverify-cluster")
+def test_a_dtensor_sweep_interrupted_and_resumed_on_the_cluster_stores_and_reports_a_run_here(cluster, tmp_path,
+                                                                                             capsys):
+    """cumsum on (2, 2), here and on the cluster, each stopped (as Ctrl-C stops it) once three cases
+    were stored and resumed with the command line: the stored files and the --json reports are the
+    same but for the seconds, and on the cluster the three stored cases did not run again.  (Both
+    stop at the same case: a resumed run may attribute a class again that a run from the start
+    attributed once, since the stored findings keep the attribution, not what it replaced.)"""
+    from shardverify.backends.ray_units import RayEngine
+    from shardverify.cli.dtensor_cluster import _start_worker
+    from shardverify.cli.main import main
+    from shardverify.dtensor.run import run_spec
+    from shardverify.dtensor.sweep import sweep
+    from test_dtensor_sweep import stored, without_seconds
+
+    head, _ = cluster
+    spec, = load_op_specs(REPO, None, ["cumsum"])
+    argv = ["dtensor", "cumsum", "--mesh", "2,2", "--limit", "4", "--json", "--quiet", "--root", str(REPO)]
+
+    def stop_after_three(settled: list):
+        def stop(result) -> None:
+            settled.append(result)
+            if len(settled) == 3:
+                raise KeyboardInterrupt
+        return stop
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    with pytest.raises(KeyboardInterrupt):
+        run_spec(spec, [(2, 2)], limit=4, store=here, root=REPO, on_result=stop_after_three([]))
+    status = main([*argv, "--results", str(here)])
+    report = without_seconds(json.loads(capsys.readouterr().out))
+
+    settled: list = []
+    with pytest.raises(KeyboardInterrupt), RayEngine(head.address, 2, setup=_start_worker) as engine:
+        sweep([spec], [(2, 2)], engine, limit=4, store=there, root=REPO, on_result=stop_after_three(settled))
+    (file,) = there.rglob("*.json")
+    first = json.loads(file.read_text())
+    assert first["done"] == [r.case for r in settled]
+    assert main([*argv, "--results", str(there), "--cluster", head.address, "--jobs", "2"]) == status
+    assert without_seconds(json.loads(capsys.readouterr().out)) == report
+    assert stored(here) == stored(there)
+    resumed = json.loads(file.read_text())
+    assert [resumed["results"][case]["seconds"] for case in first["done"]] == \
+           [first["results"][case]["seconds"] for case in first["done"]], "a stored case ran again"
+    assert len(resumed["done"]) == len(report["results"]) > 3
 
 
 @pytest.mark.dist

@@ -472,11 +472,13 @@ def test_a_run_stored_by_another_harness_version_is_never_read_as_this_ones(tmp_
     path, = (tmp_path / f"torch-{torch.__version__}").glob("neg.4.limit1.*.json")
     assert json.loads(path.read_text())["harness"] == store.HARNESS
     assert "pairs complete" in stored_results(tmp_path, [spec], [(4,)], 1, ROOT)[1]
-    monkeypatch.setattr(run_module, "HARNESS", store.HARNESS + 1)     # the harness changed since
+    newer = store.HARNESS + 1
+    monkeypatch.setattr(run_module, "HARNESS", newer)     # the harness changed since (read by both)
+    monkeypatch.setattr(store, "HARNESS", newer)
     results, note = stored_results(tmp_path, [spec], [(4,)], 1, ROOT)
     assert results == [] and "0 of 1 (op spec, mesh) pairs complete" in note
-    assert f"Left out, made by another version of the harness than this one's ({store.HARNESS + 1})" in note
-    assert f"neg (4,) (version {store.HARNESS})" in note
+    assert f"Left out, made by another version of the harness than this one's ({newer})" in note
+    assert f"neg (4,) (version {newer - 1})" in note
     again = run_spec(spec, [(4,)], limit=1, store=tmp_path, root=ROOT)    # run again, not resumed
     assert not any(r.resumed for r in again) and [r.executed for r in again] == [r.executed for r in first]
 

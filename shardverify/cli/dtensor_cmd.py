@@ -19,12 +19,13 @@ import time
 from pathlib import Path
 
 from shardverify.cli import USAGE
+from shardverify.cli.dtensor_cluster import cluster_problem, sweep_on_cluster
 from shardverify.cli.html_option import add_html_option, html_problem
 from shardverify.cli.progress import Progress
 from shardverify.cli.row_warnings import Caught, caught_warnings
 from shardverify.cli.verdict import count, verdict_line, warnings_detail, warnings_note
-from shardverify.cli.verify_cmd import parse_mesh
-from shardverify.errors import SpecError
+from shardverify.cli.verify_cmd import parse_jobs, parse_mesh
+from shardverify.errors import ShardVerifyError, SpecError
 from shardverify.files import write_file_atomic
 
 ACCEPTED = Path("specs/dtensor/accepted.yaml")
@@ -67,6 +68,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--results", type=Path, default=None, metavar="DIR",
                         help="store every case's result in DIR (one file per spec, mesh, torch version and limit) "
                              "and continue from what it holds: an interrupted run resumes where it stopped")
+    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
+                        help="run the cases on the workers of the Ray cluster at ADDRESS (HOST:PORT as `ray start "
+                             "--head` prints it; auto: $RAY_ADDRESS or the cluster on this machine; local: a Ray "
+                             "started here), this process storing every result (--results) as a run here does; "
+                             "op specs only; needs pip install 'shardverify[cluster]' (docs/cluster.md)")
+    parser.add_argument("--jobs", "-j", type=parse_jobs, default=None, metavar="N",
+                        help="with --cluster: N Ray workers (default: one per CPU of the cluster)")
     parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
                         help="report on the results a --json run saved (a file) or a --results folder holds (a "
                              "folder: the SPECs, --mesh and --limit chosen, saying how much is complete) instead "
@@ -139,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     if not specs and not customs:
         print("error: no op specs to run", file=sys.stderr)
         return USAGE
+    if problem := cluster_problem(args):
+        print(f"error: {problem}", file=sys.stderr)
+        return USAGE
     start = time.perf_counter()
     results: list = []
     command = _command_line(args)
@@ -151,8 +162,11 @@ def run(args: argparse.Namespace) -> int:
     caught = Caught()   # the warnings torch gives on the ops' edge cases: counted, not printed (row_warnings)
 
     def done(result) -> None:   # progress on stderr: a full run takes a while
-        results.append(result)
         progress.step()
+        settled(result)
+
+    def settled(result) -> None:
+        results.append(result)
         with caught.outside():
             _said(result)
 
@@ -171,12 +185,15 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with progress, caught_warnings() as caught:
-            for spec in specs:
-                run_spec(spec, args.mesh, limit=limit, budget=budget, on_result=done, store=args.results,
-                         root=args.root)
+            if args.cluster is not None:
+                sweep_on_cluster(args, specs, limit, budget, progress, caught, settled)
+            else:
+                for spec in specs:
+                    run_spec(spec, args.mesh, limit=limit, budget=budget, on_result=done, store=args.results,
+                             root=args.root)
             for custom in customs:
                 run_custom(custom, args.mesh, limit=limit, budget=budget, on_result=done)
-    except SpecError as exc:   # a custom spec's module cannot be imported
+    except ShardVerifyError as exc:   # a custom spec's module cannot be imported; no cluster to join
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:

@@ -30,7 +30,7 @@ from shardverify.dtensor.execute import CaseRunner, Execution, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.repro import render_repro, repro_case
 from shardverify.dtensor.rootcause import fine_key
-from shardverify.dtensor.store import (HARNESS, StoredRun, load_stored, read_running, save_stored, spec_hash,
+from shardverify.dtensor.store import (HARNESS, StoredRun, load_stored, open_run, save_stored, spec_hash,
                                       store_path, write_running)
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
@@ -74,6 +74,12 @@ class CaseResult:
                 "seconds": round(self.seconds, 3), "findings": [f.to_json() for f in self.findings]}
 
 
+def stored_keys(saved: StoredRun) -> set[str]:
+    """The silent and late classes a stored run found: each had its repro made when it was found."""
+    return {f.key() for r in saved.results.values() for f in CaseResult.from_json(r).findings
+            if f.klass in ("silent-wrong", "late-failure")}
+
+
 def _sample(items: list, limit: int | None) -> list:
     if limit is None or len(items) <= limit:
         return items
@@ -84,10 +90,11 @@ def _sample(items: list, limit: int | None) -> list:
 def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: int | None = DEFAULT_LIMIT,
              partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET,
              explained: set[str] | None = None, resume: CaseResult | None = None, checkpoint=None,
-             starting=None, died: dict | None = None) -> CaseResult:
+             starting=None, died: dict | None = None, attributed: dict | None = None) -> CaseResult:
     """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``; ``resume``:
     the stored result of an interrupted run of this case, continued at its next combination;
-    ``checkpoint(result)`` is called with the result so far every :data:`CHECKPOINT_SECONDS`."""
+    ``checkpoint(result)`` is called with the result so far every :data:`CHECKPOINT_SECONDS`;
+    ``attributed``: :func:`execute_combos`'s."""
     start = time.perf_counter()
     result = CaseResult(spec.name, case_id, tuple(mesh_shape)) if resume is None else resume
     before = result.seconds
@@ -104,7 +111,7 @@ def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: in
             checkpoint(found)
 
     execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget, explained,
-                   checkpoint=timed, starting=starting, died=died)
+                   checkpoint=timed, starting=starting, died=died, attributed=attributed)
     result.seconds = before + time.perf_counter() - start
     return result
 
@@ -132,7 +139,7 @@ def present_combinations(combos) -> list:
 
 def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None,
                    budget: float | None = DEFAULT_BUDGET, explained: set[str] | None = None,
-                   checkpoint=None, starting=None, died: dict | None = None) -> None:
+                   checkpoint=None, starting=None, died: dict | None = None, attributed: dict | None = None) -> None:
     """Execute ``combos`` (or a sample of ``limit``) on DTensor, classifying each against the
     audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``. The first
     silent or late finding of each class gets its repro and attribution; ``explained``: the
@@ -141,7 +148,9 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
     ``checkpoint(result)`` is called every :data:`CHECKPOINT_SECONDS` with the result so far,
     ``starting(index, stage)`` before each combination's local check and its DTensor execution;
     ``died``: index -> the stage a process died in (a native crash in torch), each counted as
-    raising without running it again."""
+    raising without running it again; ``attributed``: filled with finding index -> the (culprit,
+    runtime) an attribution replaced (a sweep whose cases ran apart undoes those a case before it
+    had made: dtensor/sweep.py)."""
     died = died or {}
     mesh_shape = result.mesh
     if not operands:   # a factory op (arange, full): no DTensor goes in, a plain tensor comes out
@@ -200,6 +209,8 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 rendered.add(fine_key(finding))
                 step = runner.culprit(combo)
                 if step is not None:
+                    if attributed is not None:
+                        attributed[len(result.findings)] = (finding.culprit, finding.runtime)
                     finding = dataclasses.replace(finding, culprit=str(step), runtime=step.verdict)
             if klass in ("silent-wrong", "late-failure") and finding.key() not in rendered:
                 rendered.add(finding.key())
@@ -294,21 +305,9 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
         mesh = tuple(mesh)
         saved, path, running = None, None, None
         if store is not None:
-            path = store_path(store, spec.name, digest, mesh, torch.__version__, limit)
-            saved = load_stored(path) or StoredRun(spec.name, digest, mesh, torch.__version__, limit, budget)
-            if saved.budget != budget or saved.harness != HARNESS:   # too-slow depends on it; another harness: run again
-                saved = StoredRun(spec.name, digest, mesh, torch.__version__, limit, budget)
-            saved.cases = [case_id for case_id, _ in cases]
-            running = path.with_name(path.name + ".running")   # the combination in progress
-            path.parent.mkdir(parents=True, exist_ok=True)
-            dead = read_running(running, saved.cases)
-            if dead is not None:       # the last run died on it: never run again, counted as raising
-                dead_case, index, stage = dead
-                saved.died.setdefault(dead_case, {})[index] = f"in {stage or 'its execution'}"
-                save_stored(path, saved)
-            running.unlink(missing_ok=True)
-            explained |= {f.key() for r in saved.results.values() for f in CaseResult.from_json(r).findings
-                          if f.klass in ("silent-wrong", "late-failure")}   # their repro was made then
+            saved, path, running = open_run(store, spec.name, digest, mesh, torch.__version__, limit, budget,
+                                            [case_id for case_id, _ in cases])
+            explained |= stored_keys(saved)   # their repro was made then
         for case_id, case in cases:
             if saved is not None and case_id in saved.done:
                 found = CaseResult.from_json(saved.results[case_id])

@@ -28,7 +28,7 @@ from shardverify.spec.limits import MAX_JSON_BYTES
 from shardverify.stored import StoreError, items, need, read_json, safe_name, write_json
 
 __all__ = ["HARNESS", "StoredRun", "spec_hash", "store_path", "load_stored", "save_stored", "check_result",
-           "read_running", "write_running", "read_saved_run", "made_by"]
+           "read_running", "write_running", "read_saved_run", "made_by", "open_run"]
 
 VERSION = 1
 
@@ -207,6 +207,28 @@ def load_stored(path: Path) -> StoredRun | None:
 def save_stored(path: Path, run: StoredRun) -> None:
     """Written whole or not at all (a run killed mid-write leaves the previous file)."""
     write_json(path, run.to_json())
+
+
+def open_run(folder: Path, spec_name: str, digest: str, mesh: tuple[int, ...], torch_version: str,
+             limit: int | None, budget: float | None, cases: list[str]) -> tuple[StoredRun, Path, Path]:
+    """The stored run of one spec on one mesh to continue, its file and its ``.running`` file: a
+    new run where none is stored or the stored one had another budget (``too-slow`` depends on
+    it) or harness; the combination the last run's process died on (its ``.running`` file, then
+    removed) recorded as died, never to run again."""
+    path = store_path(folder, spec_name, digest, mesh, torch_version, limit)
+    saved = load_stored(path)
+    if saved is None or saved.budget != budget or saved.harness != HARNESS:
+        saved = StoredRun(spec_name, digest, mesh, torch_version, limit, budget)
+    saved.cases = list(cases)
+    running = path.with_name(path.name + ".running")   # the combination in progress
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dead = read_running(running, saved.cases)
+    if dead is not None:
+        dead_case, index, stage = dead
+        saved.died.setdefault(dead_case, {})[index] = f"in {stage or 'its execution'}"
+        save_stored(path, saved)
+    running.unlink(missing_ok=True)
+    return saved, path, running
 
 
 def read_running(path: Path, cases: list[str]) -> tuple[str, str, str] | None:
