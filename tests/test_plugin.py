@@ -237,9 +237,11 @@ def test_xdist_workers_get_their_share_of_the_cpus_unless_the_environment_sets_t
         worker_threads({**worker, "PYTEST_XDIST_WORKER_COUNT": "0"})
 
 
-def test_pytest_n_gives_each_worker_its_share_of_torch_threads(pytester, clean_env):
+def test_pytest_n_gives_each_worker_its_share_of_torch_threads_and_of_the_slow_tests(pytester, clean_env):
     for name in THREAD_VARIABLES:
         clean_env.delenv(name, raising=False)
+    # 20 tests marked slow among 160: pytest-xdist's own first block for each of 2 workers is 20
+    # contiguous tests, which put every slow one on the first worker
     pytester.makepyfile(test_threads="""
         import os
         import pathlib
@@ -248,16 +250,30 @@ def test_pytest_n_gives_each_worker_its_share_of_torch_threads(pytester, clean_e
         import torch
 
 
-        @pytest.mark.parametrize("n", range(4))
-        def test_threads(n):
-            pathlib.Path(f"threads_{os.environ['PYTEST_XDIST_WORKER']}").write_text(str(torch.get_num_threads()))
+        def _ran(kind):
+            worker = os.environ['PYTEST_XDIST_WORKER']
+            with open(f"{kind}_{worker}", "a") as record:
+                record.write(f"{torch.get_num_threads()}\\n")
+
+
+        @pytest.mark.parametrize("n", range(140))
+        def test_fast(n):
+            _ran("fast")
+
+
+        @pytest.mark.slow
+        @pytest.mark.parametrize("n", range(20))
+        def test_slow(n):
+            _ran("slow")
     """)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", timeout=300)
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=160)
     from shardverify.backends.cpus import thread_share
 
-    seen = {path.name: int(path.read_text()) for path in pytester.path.glob("threads_gw*")}
-    assert seen and set(seen.values()) == {thread_share(2)}, seen
+    threads = {int(line) for path in pytester.path.glob("*_gw*") for line in path.read_text().split()}
+    assert threads == {thread_share(2)}, threads
+    slow = {path.name: len(path.read_text().split()) for path in pytester.path.glob("slow_gw*")}
+    assert sorted(slow) == ["slow_gw0", "slow_gw1"] and min(slow.values()) >= 5, slow
 
 
 def test_process_plan_uses_nccl_only_when_the_slice_fits_the_mesh():
