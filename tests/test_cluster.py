@@ -77,11 +77,9 @@ def test_without_ray_the_cluster_option_says_how_to_install_it(monkeypatch, caps
     assert "pip install 'shardverify[cluster]'" in capsys.readouterr().err
 
 
-def test_the_cluster_runs_simulated_ranks_and_the_specs_grids(capsys):
+def test_the_cluster_runs_simulated_ranks(capsys):
     assert cli("mm", "--mesh", "2", "--cluster", "local", "--backend", "gloo") == 2
     assert "--cluster runs the rows on workers of simulated ranks; the gloo backend" in capsys.readouterr().err
-    assert cli("mm", "--cluster", "local", "--opinfo") == 2
-    assert "the --opinfo sweep runs on this machine (leave --cluster out)" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ on a two-node cluster
@@ -207,6 +205,26 @@ def test_a_dtensor_sweep_interrupted_and_resumed_on_the_cluster_stores_and_repor
     assert [resumed["results"][case]["seconds"] for case in first["done"]] == \
            [first["results"][case]["seconds"] for case in first["done"]], "a stored case ran again"
     assert len(resumed["done"]) == len(report["results"]) > 3
+
+
+@pytest.mark.dist
+@pytest.mark.slow   # the module's cluster start-up is paid once: its tests sorted first, together
+@pytest.mark.xdist_group("shardverify-cluster")
+def test_an_opinfo_sweep_on_the_cluster_stores_and_reports_a_sweep_here(cluster, tmp_path, capsys):
+    """relu's and mm's OpInfo entries: the table and each stored entry (but for its seconds) are a
+    sweep here's, and the cluster's results folder holds no lock file."""
+    head, _ = cluster
+    argv = ["relu", "mm", "--opinfo", "--opinfo-samples", "4", "--mesh", "2"]
+    tables, folders = [], []
+    for where, extra in (("here", []), ("there", ["--cluster", head.address, "--jobs", "1"])):
+        folders.append(tmp_path / where)
+        assert cli(*argv, "--opinfo-results", str(folders[-1]), *extra) == 0
+        tables.append([line for line in capsys.readouterr().out.splitlines() if " swept in " not in line])
+    assert tables[0] == tables[1] and "nn.functional.relu" in "\n".join(tables[0])
+    entries = [{path.name: _without_seconds(json.loads(path.read_text())) for path in folder.glob("*.json")}
+               for folder in folders]
+    assert entries[0] == entries[1] and sorted(entries[0]) == ["mm.json", "nn.functional.relu.json"]
+    assert sorted(path.name for path in folders[1].iterdir()) == sorted(entries[1]), "more than results there"
 
 
 @pytest.mark.dist

@@ -55,9 +55,9 @@ def test_an_entry_is_swept_once_its_results_stored_and_read_back_while_current(t
     from shardverify.opinfo.sweep import entry_name, sweep_entry
 
     # var, var_all and var_dim all list torch.var's entries: each entry once, its calls counted once
-    names = [entry_name(entry) for entry, _, _ in _entries([_spec("var"), _spec("var_all"), _spec("var_dim")])[0]]
+    names = [entry_name(entry) for entry, _, _, _ in _entries([_spec("var"), _spec("var_all"), _spec("var_dim")])[0]]
     assert len(names) == len(set(names)) and "var" in names
-    entry, op, targets = next(e for e in _entries([_spec("softmax")])[0] if entry_name(e[0]) == "softmax")
+    entry, op, targets, _ = next(e for e in _entries([_spec("softmax")])[0] if entry_name(e[0]) == "softmax")
     with OnDemandVerifier(cache_dir=tmp_path / "verdicts") as verifier:
         result = sweep_entry(entry, op, targets, meshes=((4,),), captures=("fx",), limit=2, verifier=verifier)
     assert len(result.outcomes) == 2 and {o.served_by for o in result.outcomes} == {("softmax",)}

@@ -19,27 +19,31 @@ from shardverify.files import write_file_atomic
 __all__ = ["run_opinfo"]
 
 
-def _entries(specs: list) -> tuple[list[tuple[object, str, list]], list[str]]:
-    """(entry, the first spec listing it, every listing spec's targets) of each OpInfo entry of the
-    specs' targets, once: a call reaching several specs is swept and counted once; and the specs
-    whose targets have no OpInfo entry (nothing of theirs can be swept)."""
+def _entries(specs: list) -> tuple[list[tuple[object, str, list, list]], list[str]]:
+    """(entry, the first spec listing it, every listing spec's targets, their dotted names) of each
+    OpInfo entry of the specs' targets, once: a call reaching several specs is swept and counted
+    once; and the specs whose targets have no OpInfo entry (nothing of theirs can be swept)."""
     from shardverify.opinfo.samples import entries_for
     from shardverify.opinfo.sweep import entry_name
     from shardverify.spec.names import resolve_dotted
 
-    found: dict[str, tuple[object, str, list]] = {}
+    found: dict[str, tuple[object, str, list, list]] = {}
     without: list[str] = []
     for spec in specs:
-        targets = [resolve_dotted(t.name) for t in spec.targets]
+        names = [t.name for t in spec.targets]
+        targets = [resolve_dotted(name) for name in names]
         listed = entries_for(targets)
         if not listed:
             without.append(spec.name)
         for entry in listed:
             name = entry_name(entry)
             if name in found:
-                found[name][2].extend(t for t in targets if t not in found[name][2])
+                for target, dotted in zip(targets, names):
+                    if target not in found[name][2]:
+                        found[name][2].append(target)
+                        found[name][3].append(dotted)
             else:
-                found[name] = (entry, spec.name, list(targets))
+                found[name] = (entry, spec.name, list(targets), list(names))
     return list(found.values()), without
 
 
@@ -96,7 +100,8 @@ def run_opinfo(args: argparse.Namespace, specs: list) -> int:
 
 def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, captures, tally: _Tally) -> None:
     """Every OpInfo entry of the specs' targets swept (or read from current stored results), each
-    claimed by one process at a time; an entry another live process holds is read after the rest."""
+    claimed by one process at a time; an entry another live process holds is read after the rest.
+    With --cluster the entries to sweep are units on Ray workers and this process stores each."""
     from shardverify.opinfo.store import claim_entry, held, load_entry, release_entry, save_entry, source_commit
     from shardverify.opinfo.sweep import entry_name, sweep_entry
     from shardverify.verify.on_demand import OnDemandVerifier
@@ -106,8 +111,9 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
     entries, without = _entries(specs)
     if args.specs:    # a spec named on the command line with nothing to sweep is no pass
         unswept += [f"spec {op} (its targets have no OpInfo entry)" for op in without]
+    pending: list[tuple[int, str, str, list]] = []   # --cluster: (position, entry, spec, target names) to sweep
     with OnDemandVerifier() as verifier:
-        for i, (entry, op, targets) in enumerate(entries, 1):
+        for i, (entry, op, targets, names) in enumerate(entries, 1):
             name = entry_name(entry)
             stored = None if args.opinfo_fresh else load_entry(folder, name, settings)
             missing = "no current stored results"
@@ -119,6 +125,12 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
                 how = f"stored (swept at {commit or 'an unknown commit'})"
             elif args.opinfo_stored:
                 unswept.append(f"{name} ({held(folder, name) or missing})")
+                continue
+            elif args.cluster is not None:   # the driver alone writes the folder: no lock, unless a process here holds one
+                if why := held(folder, name):
+                    busy.append((op, name, why))
+                else:
+                    pending.append((i, name, op, names))
                 continue
             else:
                 claimed, why = claim_entry(folder, name)
@@ -137,6 +149,18 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
                 unswept.append(f"{name} (no sample of it was called: nothing checked)")
                 continue
             tally.count(name, op, found, commit, how, f"[{i}/{len(entries)}]")
+    if pending:
+        from shardverify.cli.opinfo_cluster import sweep_entries_on_cluster
+
+        swept = sweep_entries_on_cluster(args, [(name, op, names) for _, name, op, names in pending], folder,
+                                         settings, meshes, captures)
+        for (i, name, op, _), found in zip(pending, swept):
+            if isinstance(found, str):
+                unswept.append(f"{name} ({found})")
+            elif not found.outcomes:
+                unswept.append(f"{name} (no sample of it was called: nothing checked)")
+            else:
+                tally.count(name, op, found, source_commit(), "swept on the cluster", f"[{i}/{len(entries)}]")
     for op, name, why in busy:   # swept by another process meanwhile, or not swept at all
         stored = load_entry(folder, name, settings)
         if stored is not None and stored[0].outcomes:

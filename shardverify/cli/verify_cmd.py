@@ -50,7 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "(simulated backend; 'auto': one per CPU; default: 1, this process alone; "
                              "with --cluster: N Ray workers, default one per CPU of the cluster)")
     parser.add_argument("--cluster", default=None, metavar="ADDRESS",
-                        help="run the rows on the Ray cluster at ADDRESS (HOST:PORT as `ray start --head` "
+                        help="run the rows (--opinfo: the entries to sweep) on the Ray cluster at ADDRESS "
+                             "(HOST:PORT as `ray start --head` "
                              "prints it; auto: $RAY_ADDRESS or the cluster started on this machine; local: a Ray "
                              "started for this run on this machine's CPUs); simulated backend; needs "
                              "pip install 'shardverify[cluster]' (docs/cluster.md)")
@@ -266,10 +267,6 @@ def run(args: argparse.Namespace) -> int:
         return USAGE
     specs = checked_op_specs(args, "verify")
     if specs is None:
-        return USAGE
-    if args.opinfo and args.cluster:
-        print("error: --cluster runs the specs' grids; the --opinfo sweep runs on this machine "
-              "(leave --cluster out)", file=sys.stderr)
         return USAGE
     if args.opinfo:
         from shardverify.cli.opinfo_run import run_opinfo
