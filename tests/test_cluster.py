@@ -77,6 +77,13 @@ def test_without_ray_the_cluster_option_says_how_to_install_it(monkeypatch, caps
     assert "pip install 'shardverify[cluster]'" in capsys.readouterr().err
 
 
+def test_audit_jobs_need_a_cluster(capsys):
+    from shardverify.cli.main import main
+
+    assert main(["audit", "relu", "--mesh", "2", "--jobs", "2", "--root", str(REPO)]) == 2
+    assert "--jobs N is the number of Ray workers of --cluster" in capsys.readouterr().err
+
+
 def test_the_cluster_runs_simulated_ranks(capsys):
     assert cli("mm", "--mesh", "2", "--cluster", "local", "--backend", "gloo") == 2
     assert "--cluster runs the rows on workers of simulated ranks; the gloo backend" in capsys.readouterr().err
@@ -225,6 +232,23 @@ def test_an_opinfo_sweep_on_the_cluster_stores_and_reports_a_sweep_here(cluster,
                for folder in folders]
     assert entries[0] == entries[1] and sorted(entries[0]) == ["mm.json", "nn.functional.relu.json"]
     assert sorted(path.name for path in folders[1].iterdir()) == sorted(entries[1]), "more than results there"
+
+
+@pytest.mark.dist
+@pytest.mark.slow   # the module's cluster start-up is paid once: its tests sorted first, together
+@pytest.mark.xdist_group("shardverify-cluster")
+def test_an_audit_on_the_cluster_gives_the_report_of_one_here(cluster, capsys):
+    """The --json document, row for row, but for the timings."""
+    from shardverify.cli.main import main
+
+    head, _ = cluster
+    reports = []
+    for where in ([], ["--cluster", head.address, "--jobs", "2"]):
+        assert main(["audit", "relu", "mm", "--mesh", "2", "--json", "--root", str(REPO), *where]) == 0
+        report = _without_seconds(json.loads(capsys.readouterr().out))
+        report.pop("ms_per_decided_combination")
+        reports.append(report)
+    assert reports[0] == reports[1] and len(reports[0]["rows"]) == 8
 
 
 @pytest.mark.dist

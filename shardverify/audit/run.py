@@ -19,7 +19,7 @@ from shardverify.audit.combinations import (CaseCombinations, combo_key, offered
 from shardverify.audit.offered import offered_combination, own_arguments
 from shardverify.spec.accept import family_gaps
 
-__all__ = ["Finding", "CaseAudit", "audit_spec", "audit_case", "spec_handler", "offered_strategies"]
+__all__ = ["audit_one", "Finding", "CaseAudit", "audit_spec", "audit_case", "spec_handler", "offered_strategies"]
 
 #: the names the DTensor harness and the tests import the combinations by
 _Audit, _outputs_hold = CaseCombinations, outputs_hold
@@ -190,18 +190,19 @@ def audit_spec(spec, meshes: list[tuple[int, ...]] | None = None, *, partial_inp
     results = []
     for case_spec, (case_id, case) in zip(spec.cases(), spec.op_cases()):
         for mesh in meshes or spec.verify.meshes:
-            if spec.audit_skip:     # the op cannot be run on the combinations the audit tries
-                found = CaseAudit(spec.name, case_id, tuple(mesh), note=f"not audited: {spec.audit_skip}")
-                results.append(found)
-                if on_result is not None:
-                    on_result(found)
-                continue
-            try:
-                found = audit_case(spec, case_id, case, tuple(mesh), dict(case_spec.point),
-                                   partial_inputs=partial_inputs)
-            except Exception as exc:  # a case the audit cannot run is reported, never skipped silently
-                found = CaseAudit(spec.name, case_id, tuple(mesh), error=f"{type(exc).__name__}: {exc}")
+            found = audit_one(spec, case_id, case, tuple(mesh), dict(case_spec.point), partial_inputs)
             results.append(found)
             if on_result is not None:
                 on_result(found)
     return results
+
+
+def audit_one(spec, case_id: str, case, mesh: tuple[int, ...], point: dict, partial_inputs: bool = True) -> CaseAudit:
+    """One case on one mesh as :func:`audit_spec` audits it: a spec that skips the audit, or a case
+    the audit cannot run, is a row saying so, never left out."""
+    if spec.audit_skip:     # the op cannot be run on the combinations the audit tries
+        return CaseAudit(spec.name, case_id, mesh, note=f"not audited: {spec.audit_skip}")
+    try:
+        return audit_case(spec, case_id, case, mesh, point, partial_inputs=partial_inputs)
+    except Exception as exc:  # noqa: BLE001 - a case the audit cannot run is reported, never skipped silently
+        return CaseAudit(spec.name, case_id, mesh, error=f"{type(exc).__name__}: {exc}")

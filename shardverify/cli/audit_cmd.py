@@ -21,12 +21,15 @@ import time
 from pathlib import Path
 
 from shardverify.cli import USAGE
+from shardverify.cli.audit_cluster import audit_on_cluster
+from shardverify.cli.catalogue import checked_op_specs
+from shardverify.cli.cluster_option import add_cluster_options, jobs_problem
 from shardverify.cli.html_option import add_html_option, html_problem, write_html
 from shardverify.cli.progress import Progress
 from shardverify.cli.row_warnings import Caught, caught_warnings
 from shardverify.cli.verdict import SHOWN, capped, count, shortened, verdict_line, warnings_detail, warnings_note
 from shardverify.cli.verify_cmd import one_rank_mesh, parse_mesh
-from shardverify.cli.catalogue import checked_op_specs
+from shardverify.errors import ShardVerifyError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -57,6 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="do not enumerate partial (sum) input layouts")
     parser.add_argument("--show", type=int, default=20, metavar="N",
                         help="with -v: missing/incorrect lines printed per case and mesh (default: 20; JSON has all)")
+    add_cluster_options(parser, "cases")
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
     parser.add_argument("--specs-dir", type=Path, default=None, help="folder holding the specs (default: ROOT/specs)")
     parser.set_defaults(func=run)
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if single := one_rank_mesh(args.mesh):
         print(f"error: {single}", file=sys.stderr)
         return USAGE
-    if problem := html_problem(args.html):
+    if problem := html_problem(args.html) or jobs_problem(args):
         print(f"error: {problem}", file=sys.stderr)
         return USAGE
     specs = checked_op_specs(args, "audit")
@@ -121,8 +125,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with progress, caught_warnings() as caught:
-            for spec in specs:
-                audit_spec(spec, args.mesh, partial_inputs=args.partial_inputs, on_result=done)
+            if args.cluster is not None:
+                audit_on_cluster(args, specs, progress, caught, rows.append)
+            else:
+                for spec in specs:
+                    audit_spec(spec, args.mesh, partial_inputs=args.partial_inputs, on_result=done)
+    except ShardVerifyError as exc:   # no cluster to join, workers on other versions
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE
     except KeyboardInterrupt:   # Ctrl-C: the cases audited so far, no traceback
         if rows and not args.json:
             print(format_table(rows))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardverify.backends.units import UnitFailed
+from shardverify.cli.cluster_option import jobs_problem
 from shardverify.cli.progress import Progress
 from shardverify.cli.row_warnings import Caught, caught_warnings
 
@@ -24,8 +25,8 @@ WORKER_PRELOAD = ("shardverify.dtensor.run", "shardverify.dtensor.execute", "tor
 
 def cluster_problem(args: argparse.Namespace) -> str:
     """Why --cluster or --jobs cannot run as given ("" when they can)."""
-    if args.jobs is not None and args.cluster is None:
-        return "--jobs N is the number of Ray workers of --cluster; a run without --cluster runs in this process"
+    if problem := jobs_problem(args):
+        return problem
     if args.cluster is not None and args.custom:
         return ("--cluster runs op specs; a custom-op spec imports its own module, which the cluster's nodes need "
                 "not have: run --custom without --cluster")

@@ -19,12 +19,13 @@ import time
 from pathlib import Path
 
 from shardverify.cli import USAGE
+from shardverify.cli.cluster_option import add_cluster_options
 from shardverify.cli.dtensor_cluster import cluster_problem, sweep_on_cluster
 from shardverify.cli.html_option import add_html_option, html_problem
 from shardverify.cli.progress import Progress
 from shardverify.cli.row_warnings import Caught, caught_warnings
 from shardverify.cli.verdict import count, verdict_line, warnings_detail, warnings_note
-from shardverify.cli.verify_cmd import parse_jobs, parse_mesh
+from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.errors import ShardVerifyError, SpecError
 from shardverify.files import write_file_atomic
 
@@ -68,13 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--results", type=Path, default=None, metavar="DIR",
                         help="store every case's result in DIR (one file per spec, mesh, torch version and limit) "
                              "and continue from what it holds: an interrupted run resumes where it stopped")
-    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
-                        help="run the cases on the workers of the Ray cluster at ADDRESS (HOST:PORT as `ray start "
-                             "--head` prints it; auto: $RAY_ADDRESS or the cluster on this machine; local: a Ray "
-                             "started here), this process storing every result (--results) as a run here does; "
-                             "op specs only; needs pip install 'shardverify[cluster]' (docs/cluster.md)")
-    parser.add_argument("--jobs", "-j", type=parse_jobs, default=None, metavar="N",
-                        help="with --cluster: N Ray workers (default: one per CPU of the cluster)")
+    add_cluster_options(parser, "cases (this process storing every result, --results, as a run here does; op "
+                                "specs only)")
     parser.add_argument("--from-json", type=Path, default=None, metavar="FILE",
                         help="report on the results a --json run saved (a file) or a --results folder holds (a "
                              "folder: the SPECs, --mesh and --limit chosen, saying how much is complete) instead "
