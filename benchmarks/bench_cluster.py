@@ -95,7 +95,7 @@ def dtensor_runs(spec_names: list[str], mesh: tuple[int, ...], limit: int, worke
     """`shardverify dtensor`'s cases: the serial run in this process against the sweep on that many
     Ray workers (dtensor/sweep.py); the same cases, none with an error, or the benchmark fails."""
     from shardverify.backends.ray_units import RayEngine
-    from shardverify.cli.dtensor_cluster import _case_counting_warnings, _start_worker
+    from shardverify.cli.dtensor_cluster import WORKER_SETUP, _case_counting_warnings
     from shardverify.dtensor.run import run_spec
     from shardverify.dtensor.sweep import sweep
     from shardverify.spec.catalogue import load_op_specs
@@ -109,7 +109,7 @@ def dtensor_runs(spec_names: list[str], mesh: tuple[int, ...], limit: int, worke
     rates = {"serial": clock.figures(len(serial))}
     for count in workers:
         clock = _Clock()
-        with RayEngine("local", count, setup=_start_worker) as engine:
+        with RayEngine("local", count, setup=WORKER_SETUP) as engine:
             swept = sweep(specs, [mesh], engine, limit=limit, call=_case_counting_warnings,
                           on_finished=lambda label, value: clock.step())
         if [(r.op, r.case) for r in swept] != expected or any(r.note.startswith("error:") for r in swept):

@@ -77,11 +77,15 @@ def test_without_ray_the_cluster_option_says_how_to_install_it(monkeypatch, caps
     assert "pip install 'shardverify[cluster]'" in capsys.readouterr().err
 
 
-def test_audit_jobs_need_a_cluster(capsys):
+def test_audit_and_sweep_jobs_need_a_cluster_and_one_plan_check_runs_here(capsys):
     from shardverify.cli.main import main
 
     assert main(["audit", "relu", "--mesh", "2", "--jobs", "2", "--root", str(REPO)]) == 2
     assert "--jobs N is the number of Ray workers of --cluster" in capsys.readouterr().err
+    assert main(["parallelize", "--sweep-hf", "--only", "llama", "--jobs", "2"]) == 2
+    assert "--jobs N is the number of Ray workers of --cluster" in capsys.readouterr().err
+    assert main(["parallelize", "hf:llama", "--cluster", "local"]) == 2
+    assert "--cluster runs the rows of --sweep-hf; one check runs here" in capsys.readouterr().err
 
 
 def test_the_cluster_runs_simulated_ranks(capsys):
@@ -176,7 +180,7 @@ def test_a_dtensor_sweep_interrupted_and_resumed_on_the_cluster_stores_and_repor
     stop at the same case: a resumed run may attribute a class again that a run from the start
     attributed once, since the stored findings keep the attribution, not what it replaced.)"""
     from shardverify.backends.ray_units import RayEngine
-    from shardverify.cli.dtensor_cluster import _start_worker
+    from shardverify.cli.dtensor_cluster import WORKER_SETUP
     from shardverify.cli.main import main
     from shardverify.dtensor.run import run_spec
     from shardverify.dtensor.sweep import sweep
@@ -200,7 +204,7 @@ def test_a_dtensor_sweep_interrupted_and_resumed_on_the_cluster_stores_and_repor
     report = without_seconds(json.loads(capsys.readouterr().out))
 
     settled: list = []
-    with pytest.raises(KeyboardInterrupt), RayEngine(head.address, 2, setup=_start_worker) as engine:
+    with pytest.raises(KeyboardInterrupt), RayEngine(head.address, 2, setup=WORKER_SETUP) as engine:
         sweep([spec], [(2, 2)], engine, limit=4, store=there, root=REPO, on_result=stop_after_three(settled))
     (file,) = there.rglob("*.json")
     first = json.loads(file.read_text())
@@ -249,6 +253,27 @@ def test_an_audit_on_the_cluster_gives_the_report_of_one_here(cluster, capsys):
         report.pop("ms_per_decided_combination")
         reports.append(report)
     assert reports[0] == reports[1] and len(reports[0]["rows"]) == 8
+
+
+@pytest.mark.dist
+@pytest.mark.slow   # the module's cluster start-up is paid once: its tests sorted first, together
+@pytest.mark.xdist_group("shardverify-cluster")
+def test_a_shipped_plan_sweep_on_the_cluster_stores_what_a_sweep_here_does(cluster, tmp_path, capsys):
+    """llama's own tp_plan on (2,), inference: the verdict line and the stored rows (but for their
+    CPU seconds) are a sweep here's."""
+    pytest.importorskip("transformers")
+    from shardverify.cli.main import main
+
+    head, _ = cluster
+    argv = ["parallelize", "--sweep-hf", "--only", "llama", "--mesh", "2", "--mode", "inference"]
+    outs, stored = [], []
+    for where, extra in (("here", []), ("there", ["--cluster", head.address, "--jobs", "1"])):
+        assert main([*argv, "--results", str(tmp_path / where), *extra]) == 0
+        outs.append(capsys.readouterr().out)
+        stored.append({p.name: {k: v for k, v in json.loads(p.read_text()).items() if k != "cpu_seconds"}
+                       for p in (tmp_path / where).glob("*.json")})
+    assert outs[0] == outs[1] and outs[0].startswith("PASS: 1 of 1 rows right")
+    assert stored[0] == stored[1] and sorted(stored[0]) == ["llama--2--inference.json", "llama--plan.json"]
 
 
 @pytest.mark.dist

@@ -7,7 +7,7 @@ import argparse
 
 from shardverify.cli.verify_cmd import parse_jobs
 
-__all__ = ["add_cluster_options", "jobs_problem"]
+__all__ = ["add_cluster_options", "jobs_problem", "preload"]
 
 
 def add_cluster_options(parser: argparse.ArgumentParser, units: str) -> None:
@@ -25,3 +25,15 @@ def jobs_problem(args: argparse.Namespace) -> str:
     if args.jobs is not None and args.cluster is None:
         return "--jobs N is the number of Ray workers of --cluster; a run without --cluster runs in this process"
     return ""
+
+
+def preload(*modules: str) -> None:
+    """A Ray worker's set-up (``functools.partial(preload, ...)``): one torch thread, as it holds
+    one CPU, and ``modules`` imported before its first unit (not in that unit's time)."""
+    import importlib
+
+    import torch
+
+    for name in modules:
+        importlib.import_module(name)
+    torch.set_num_threads(1)

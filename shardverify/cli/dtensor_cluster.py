@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from shardverify.backends.units import UnitFailed
-from shardverify.cli.cluster_option import jobs_problem
+from shardverify.cli.cluster_option import jobs_problem, preload
 from shardverify.cli.progress import Progress
 from shardverify.cli.row_warnings import Caught, caught_warnings
 
-__all__ = ["sweep_on_cluster", "cluster_problem"]
+__all__ = ["sweep_on_cluster", "cluster_problem", "WORKER_SETUP"]
 
-#: what a worker imports before its first case (not in that case's time)
-WORKER_PRELOAD = ("shardverify.dtensor.run", "shardverify.dtensor.execute", "torch.distributed.tensor")
+#: a worker's set-up: DTensor imported before its first case (not in that case's time), one torch thread
+WORKER_SETUP = partial(preload, "shardverify.dtensor.run", "shardverify.dtensor.execute", "torch.distributed.tensor")
 
 
 def cluster_problem(args: argparse.Namespace) -> str:
@@ -54,7 +55,7 @@ def sweep_on_cluster(args: argparse.Namespace, specs, limit: int | None, budget:
         with caught.outside():
             progress.show(f"{wrong[0]} with wrong results or an error so far; {label}")
 
-    with RayEngine(args.cluster, args.jobs, setup=_start_worker, local_cpus=args.jobs or len(usable_cpus())) as engine:
+    with RayEngine(args.cluster, args.jobs, setup=WORKER_SETUP, local_cpus=args.jobs or len(usable_cpus())) as engine:
         return sweep(specs, args.mesh, engine, limit=limit, budget=budget, store=args.results, root=args.root,
                      call=_case_counting_warnings, on_result=on_result, on_finished=finished)
 
@@ -66,14 +67,3 @@ def _case_counting_warnings(*args) -> tuple:
     with caught_warnings() as found:
         value = run_case_unit(*args)
     return (*value, dict(found.counts))
-
-
-def _start_worker() -> None:
-    """An actor's set-up, once: one torch thread (its one CPU) and DTensor imported."""
-    import importlib
-
-    import torch
-
-    for name in WORKER_PRELOAD:
-        importlib.import_module(name)
-    torch.set_num_threads(1)

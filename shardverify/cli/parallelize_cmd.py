@@ -12,9 +12,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from shardverify.cli.cluster_option import add_cluster_options, jobs_problem
 from shardverify.cli.html_option import add_html_option, html_problem, write_html
 from shardverify.cli.verify_cmd import parse_mesh
-from shardverify.errors import InvalidArgument, SpecError
+from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -62,6 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="--sweep-hf: report what --results holds without running anything (rows not stored: not run)")
     parser.add_argument("--write", type=Path, default=None, metavar="FILE",
                         help="--sweep-hf: write the Markdown page (docs/parallelize.md) to FILE")
+    add_cluster_options(parser, "--sweep-hf rows (this process storing each in --results)")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every value outside its budget")
     parser.set_defaults(func=run)
 
@@ -75,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
     from shardverify.parallelize.report import as_json, render_runs, summary_line
     from shardverify.plan.inputs import parse_input
 
+    if problem := jobs_problem(args) or (args.cluster is not None and not args.sweep_hf and
+                                         "--cluster runs the rows of --sweep-hf; one check runs here"):
+        print(f"shardverify parallelize: error: {problem}", file=sys.stderr)
+        return 2
     if args.sweep_hf:
         if args.html is not None:
             print("shardverify parallelize: error: --html pages one check; the sweep writes its own page (--write)",
@@ -154,8 +160,23 @@ def _sweep(args: argparse.Namespace) -> int:
         return 2
     meshes = [tuple(m) for m in args.mesh] if args.mesh else [(2,), (4,)]
     modes = ("train", "inference") if args.mode in (None, "both") else (args.mode,)
-    rows = sweep(chosen, meshes, modes, args.results, steps=args.steps,
-                 say=lambda line: print(line, file=sys.stderr, flush=True), run=not args.stored)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if args.cluster is not None and not args.stored:
+        from functools import partial
+
+        from shardverify.backends.cpus import usable_cpus
+        from shardverify.backends.ray_units import RayEngine
+        from shardverify.cli.cluster_option import preload
+
+        try:
+            with RayEngine(args.cluster, args.jobs, setup=partial(preload, "shardverify.parallelize.check"),
+                           local_cpus=args.jobs or len(usable_cpus())) as engine:
+                rows = sweep(chosen, meshes, modes, args.results, steps=args.steps, say=say, engine=engine)
+        except ShardVerifyError as exc:
+            print(f"shardverify parallelize: error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        rows = sweep(chosen, meshes, modes, args.results, steps=args.steps, say=say, run=not args.stored)
     rules = plan_rules(chosen, args.results, run=not args.stored)
     page = render_page(rows, chosen, meshes, modes, rules)
     if args.write is not None:

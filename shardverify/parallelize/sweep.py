@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from shardverify.backends.units import Engine, InProcess, Unit, run_units
 from shardverify.errors import InvalidArgument, SpecError
 from shardverify.files import read_regular_file, write_file_atomic
 from shardverify.parallelize.check import VERDICTS, check_parallelize
@@ -103,11 +104,15 @@ def check_row(architecture: str, mesh: tuple[int, ...], mode: str, steps: int = 
 
 
 def sweep(architectures: Iterable[str], meshes: Sequence[tuple[int, ...]], modes: Sequence[str], folder: Path,
-          steps: int = 2, say: Callable[[str], None] = lambda line: None, run: bool = True) -> list[SweepRow]:
+          steps: int = 2, say: Callable[[str], None] = lambda line: None, run: bool = True,
+          engine: Engine | None = None) -> list[SweepRow]:
     """Every (architecture, mesh, mode) row: read from ``folder`` where stored and valid, else checked
-    and stored there (``run=False``: only what is stored; the page says the rest was not run)."""
+    and stored there (``run=False``: only what is stored; the page says the rest was not run).
+    ``engine`` runs the checks (default: one after another here; a Ray cluster's workers with
+    ``RayEngine``): this process alone stores each row as it comes back."""
     folder.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows: list[SweepRow | None] = []
+    todo: list[tuple[int, Path, Unit]] = []
     for architecture in architectures:
         for mesh in meshes:
             for mode in modes:
@@ -116,12 +121,21 @@ def sweep(architectures: Iterable[str], meshes: Sequence[tuple[int, ...]], modes
                 if row is None and not run:
                     continue
                 if row is None:
-                    row = check_row(architecture, tuple(mesh), mode, steps)
-                    write_file_atomic(path, json.dumps(row.record(), indent=1) + "\n")
-                    say(f"{architecture} {'x'.join(map(str, mesh))} {mode}: {row.outcome}"
-                        + (f" ({row.culprit[:160]})" if row.outcome != "right" else "") + f" [{row.cpu_seconds:.1f} CPU-s]")
+                    todo.append((len(rows), path, Unit(check_row, (architecture, tuple(mesh), mode, steps),
+                                                       f"{architecture} {'x'.join(map(str, mesh))} {mode}")))
                 rows.append(row)
-    return rows
+
+    def done(index: int, value: object) -> None:
+        at, path, unit = todo[index]
+        row = value if isinstance(value, SweepRow) else SweepRow(
+            *unit.args[:3], "error", culprit=f"{getattr(value, 'error', value)}"[:500])   # its worker died twice
+        write_file_atomic(path, json.dumps(row.record(), indent=1) + "\n")
+        say(f"{unit.label}: {row.outcome}" + (f" ({row.culprit[:160]})" if row.outcome != "right" else "")
+            + f" [{row.cpu_seconds:.1f} CPU-s]")
+        rows[at] = row
+
+    run_units([unit for _, _, unit in todo], engine or InProcess(), done)
+    return rows  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
