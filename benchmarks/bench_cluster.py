@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     _start_forkserver()
     forkserver = time.perf_counter() - began
     began = time.perf_counter()
-    ray.init(num_cpus=max(workers), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    ray.init(address="local", num_cpus=max(workers), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     print(f"start-up, once per run of verify: the pool's forkserver {forkserver:.1f} s, a local Ray "
           f"(--cluster local) {time.perf_counter() - began:.1f} s", flush=True)
     try:
