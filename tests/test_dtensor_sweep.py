@@ -14,7 +14,7 @@ from test_cli_verify import _without_seconds as without_seconds
 from shardverify.backends.units import InProcess, UnitFailed
 from shardverify.cli.main import main
 from shardverify.dtensor.run import run_spec
-from shardverify.dtensor.sweep import DIED_ON_WORKER, run_case_unit, settle, sweep
+from shardverify.dtensor.sweep import DIED_ON_WORKER, joined, run_case_unit, settle, sweep
 from shardverify.dtensor.run import CaseResult
 from shardverify.dtensor.verdicts import Finding
 from shardverify.spec.catalogue import load_op_specs
@@ -67,6 +67,43 @@ def test_the_sweep_stores_and_reports_what_the_serial_run_does(tmp_path):
     assert [without_seconds(r.to_json()) for r in serial] == [without_seconds(r.to_json()) for r in swept]
     assert [[(f.culprit, f.runtime, f.repro) for f in r.findings] for r in serial] == \
            [[(f.culprit, f.runtime, f.repro) for f in r.findings] for r in swept]
+
+
+@pytest.mark.slow
+def test_cases_cut_into_chunks_store_and_report_what_the_serial_run_does(tmp_path):
+    """A stored sample (--limit 2) says how many combinations each case has; at --limit 6 each case
+    then runs as two chunks (4 and 2 combinations), joined and settled into the serial run's."""
+    import shutil
+
+    spec, = load_op_specs(ROOT, None, ["cumsum"])
+    run_spec(spec, [(2, 2)], limit=2, store=tmp_path / "serial", root=ROOT)
+    shutil.copytree(tmp_path / "serial", tmp_path / "swept")
+    serial = run_spec(spec, [(2, 2)], limit=6, store=tmp_path / "serial", root=ROOT)
+    spans = []
+
+    def counting(*args):
+        spans.append(args[9] if len(args) > 9 else None)
+        return run_case_unit(*args)
+
+    swept = sweep([spec], [(2, 2)], InProcess(), limit=6, store=tmp_path / "swept", root=ROOT, call=counting, chunk=4)
+    assert spans.count((0, 4)) == spans.count((4, 6)) == len(serial) and len(spans) == 2 * len(serial)
+    assert stored(tmp_path / "serial") == stored(tmp_path / "swept")
+    assert [without_seconds(r.to_json()) for r in serial] == [without_seconds(r.to_json()) for r in swept]
+    assert [[(f.culprit, f.runtime, f.repro) for f in r.findings] for r in serial] == \
+           [[(f.culprit, f.runtime, f.repro) for f in r.findings] for r in swept]
+
+
+def test_a_chunk_after_the_one_the_budget_ended_adds_nothing():
+    ended = CaseResult("cumsum", "a", (4,), combinations=9, executed=3, note="the case's other 5 not executed")
+    ended.counts.update({"agrees": 2, "too-slow": 1})
+    later = CaseResult("cumsum", "a", (4,), combinations=9, executed=4, findings=[_finding("a")])
+    later.counts.update({"silent-wrong": 1, "agrees": 3})
+    first = CaseResult("cumsum", "a", (4,), combinations=9, executed=2, findings=[_finding("a", placements="R")])
+    first.counts.update({"silent-wrong": 1, "agrees": 1})
+    found, attributed, warned = joined([(first, {0: ("", "x")}, {"w": 1}), (ended, {}, {"w": 2}), (later, {0: ("", "y")}, {})])
+    assert found.executed == 5 and found.counts == {"agrees": 3, "silent-wrong": 1, "too-slow": 1}
+    assert len(found.findings) == 1 and attributed == {0: ("", "x")} and found.note == ended.note
+    assert warned == {"w": 3}
 
 
 class _Dies:

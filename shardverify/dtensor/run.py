@@ -36,7 +36,7 @@ from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
 __all__ = ["CaseResult", "run_case", "run_spec", "rebuild_repro", "rebuild_case", "execute_combos",
-           "present_combinations", "DEFAULT_LIMIT", "DEFAULT_BUDGET", "budget_skipped"]
+           "present_combinations", "DEFAULT_LIMIT", "DEFAULT_BUDGET", "budget_skipped", "stored_keys", "stored_runs"]
 
 DEFAULT_LIMIT = 600
 DEFAULT_BUDGET = 20.0   # CPU seconds one combination may take (the machine's load does not count)
@@ -90,11 +90,12 @@ def _sample(items: list, limit: int | None) -> list:
 def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: int | None = DEFAULT_LIMIT,
              partial_inputs: bool = True, budget: float | None = DEFAULT_BUDGET,
              explained: set[str] | None = None, resume: CaseResult | None = None, checkpoint=None,
-             starting=None, died: dict | None = None, attributed: dict | None = None) -> CaseResult:
+             starting=None, died: dict | None = None, attributed: dict | None = None,
+             span: tuple[int, int] | None = None) -> CaseResult:
     """Execute DTensor on the case's input combinations on a mesh of ``mesh_shape``; ``resume``:
     the stored result of an interrupted run of this case, continued at its next combination;
     ``checkpoint(result)`` is called with the result so far every :data:`CHECKPOINT_SECONDS`;
-    ``attributed``: :func:`execute_combos`'s."""
+    ``attributed``, ``span``: :func:`execute_combos`'s."""
     start = time.perf_counter()
     result = CaseResult(spec.name, case_id, tuple(mesh_shape)) if resume is None else resume
     before = result.seconds
@@ -111,7 +112,7 @@ def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: in
             checkpoint(found)
 
     execute_combos(result, audit.problem, audit.operands, combos, audit.decide, limit, budget, explained,
-                   checkpoint=timed, starting=starting, died=died, attributed=attributed)
+                   checkpoint=timed, starting=starting, died=died, attributed=attributed, span=span)
     result.seconds = before + time.perf_counter() - start
     return result
 
@@ -139,7 +140,8 @@ def present_combinations(combos) -> list:
 
 def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_of, limit: int | None,
                    budget: float | None = DEFAULT_BUDGET, explained: set[str] | None = None,
-                   checkpoint=None, starting=None, died: dict | None = None, attributed: dict | None = None) -> None:
+                   checkpoint=None, starting=None, died: dict | None = None, attributed: dict | None = None,
+                   span: tuple[int, int] | None = None) -> None:
     """Execute ``combos`` (or a sample of ``limit``) on DTensor, classifying each against the
     audit's ``outcome_of(combo)`` (whether a local strategy exists), into ``result``. The first
     silent or late finding of each class gets its repro and attribution; ``explained``: the
@@ -150,7 +152,8 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
     ``died``: index -> the stage a process died in (a native crash in torch), each counted as
     raising without running it again; ``attributed``: filled with finding index -> the (culprit,
     runtime) an attribution replaced (a sweep whose cases ran apart undoes those a case before it
-    had made: dtensor/sweep.py)."""
+    had made: dtensor/sweep.py); ``span``: only the chosen combinations from ``span[0]`` to before
+    ``span[1]`` (a chunk of the case; default: from the next one not executed to the last)."""
     died = died or {}
     mesh_shape = result.mesh
     if not operands:   # a factory op (arange, full): no DTensor goes in, a plain tensor comes out
@@ -166,9 +169,12 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
     saved = time.perf_counter()
     with quiet_dtensor(), local_world(tuple(mesh_shape)) as (mesh, mode):
         runner = CaseRunner(problem, operands, mesh, mode, budget=budget)
+        first, end = (result.executed, len(chosen)) if span is None else span
         for done, combo in enumerate(chosen):
-            if done < result.executed:      # executed before the run was interrupted
+            if done < first:      # executed before the run was interrupted, or another chunk's
                 continue
+            if done >= end:
+                break
             if checkpoint is not None and time.perf_counter() - saved > CHECKPOINT_SECONDS:
                 checkpoint(result)
                 saved = time.perf_counter()
@@ -363,7 +369,7 @@ def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = P
     for spec in specs:
         digest = spec_hash(spec, root)
         shapes = meshes or spec.verify.meshes
-        runs = {tuple(m): _stored_runs(store, spec.name, digest, m, torch.__version__, limit) for m in shapes}
+        runs = {tuple(m): stored_runs(store, spec.name, digest, m, torch.__version__, limit) for m in shapes}
         stale += [f"{run.spec} {_shape(run.mesh)} (version {run.harness})" for found in runs.values() for run in found
                   if run.harness != HARNESS]
         runs = {mesh: [run for run in found if run.harness == HARNESS] for mesh, found in runs.items()}
@@ -416,7 +422,7 @@ def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = P
     return results, note
 
 
-def _stored_runs(store: Path, spec_name: str, digest: str, mesh, torch_version: str,
+def stored_runs(store: Path, spec_name: str, digest: str, mesh, torch_version: str,
                  limit: int | None) -> list[StoredRun]:
     """The stored runs of one spec on one mesh to read, best first: the run at ``limit``; with
     ``limit`` None (every combination) also each stored sample, the largest first."""
