@@ -22,8 +22,7 @@ def audit_on_cluster(args: argparse.Namespace, specs, progress: Progress, caught
     """``audit_one`` of every (spec, case, mesh) on ``--jobs`` workers of the cluster at
     ``--cluster``; ``on_result(row)`` in the one-process order."""
     from shardverify.audit.run import CaseAudit
-    from shardverify.backends.cpus import usable_cpus
-    from shardverify.backends.ray_units import RayEngine
+    from shardverify.cli.cluster_option import cluster_engine
     from shardverify.cli.verify_cluster import _start_actor
 
     items = [(spec, case_id, case, tuple(mesh), dict(case_spec.point))
@@ -48,8 +47,7 @@ def audit_on_cluster(args: argparse.Namespace, specs, progress: Progress, caught
             on_result(rows.pop(given[0]))
             given[0] += 1
 
-    with RayEngine(args.cluster, args.jobs, setup=_start_actor,
-                   local_cpus=args.jobs or len(usable_cpus())) as engine:
+    with cluster_engine(args, _start_actor) as engine:
         run_units(units, engine, done)
 
 

@@ -1,13 +1,27 @@
 """`--cluster ADDRESS` and `--jobs N` of the commands whose units run only on a Ray cluster
-(`dtensor`, `audit`): one wording, one check (`verify` has its own --jobs pool; docs/cluster.md)."""
+(`dtensor`, `audit`, `parallelize --sweep-hf`): one wording, one check, one engine; and the
+--jobs count `verify` shares (docs/cluster.md)."""
 
 from __future__ import annotations
 
 import argparse
 
-from shardverify.cli.verify_cmd import parse_jobs
+__all__ = ["add_cluster_options", "jobs_problem", "preload", "cluster_engine", "parse_jobs"]
 
-__all__ = ["add_cluster_options", "jobs_problem", "preload"]
+
+def parse_jobs(text: str) -> int:
+    """``"auto"`` -> the CPUs this process may use; otherwise a positive int."""
+    if text == "auto":
+        from shardverify.backends.cpus import usable_cpus
+
+        return len(usable_cpus())
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs <= 0:
+        raise argparse.ArgumentTypeError(f"jobs {text!r} is not a positive number of processes or 'auto'")
+    return jobs
 
 
 def add_cluster_options(parser: argparse.ArgumentParser, units: str) -> None:
@@ -37,3 +51,12 @@ def preload(*modules: str) -> None:
     for name in modules:
         importlib.import_module(name)
     torch.set_num_threads(1)
+
+
+def cluster_engine(args: argparse.Namespace, setup):
+    """The engine of ``--cluster`` with ``--jobs`` workers, each set up by ``setup`` (``local``: a
+    Ray started here on --jobs CPUs, by default this machine's usable ones)."""
+    from shardverify.backends.cpus import usable_cpus
+    from shardverify.backends.ray_units import RayEngine
+
+    return RayEngine(args.cluster, args.jobs, setup=setup, local_cpus=args.jobs or len(usable_cpus()))

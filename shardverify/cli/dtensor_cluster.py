@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from shardverify.backends.units import UnitFailed
-from shardverify.cli.cluster_option import jobs_problem, preload
+from shardverify.cli.cluster_option import cluster_engine, jobs_problem, preload
 from shardverify.cli.progress import Progress
 from shardverify.cli.row_warnings import Caught, caught_warnings
 
@@ -39,8 +39,6 @@ def sweep_on_cluster(args: argparse.Namespace, specs, limit: int | None, budget:
     """The cases of ``specs`` on ``--jobs`` actors of the Ray cluster at ``--cluster`` (``local``: one
     started here on --jobs CPUs, default this machine's); ``on_result`` as each is settled, in the
     serial run's order."""
-    from shardverify.backends.cpus import usable_cpus
-    from shardverify.backends.ray_units import RayEngine
     from shardverify.dtensor.sweep import sweep
 
     wrong = [0]
@@ -55,7 +53,7 @@ def sweep_on_cluster(args: argparse.Namespace, specs, limit: int | None, budget:
         with caught.outside():
             progress.show(f"{wrong[0]} with wrong results or an error so far; {label}")
 
-    with RayEngine(args.cluster, args.jobs, setup=WORKER_SETUP, local_cpus=args.jobs or len(usable_cpus())) as engine:
+    with cluster_engine(args, WORKER_SETUP) as engine:
         return sweep(specs, args.mesh, engine, limit=limit, budget=budget, store=args.results, root=args.root,
                      call=_case_counting_warnings, on_result=on_result, on_finished=finished)
 

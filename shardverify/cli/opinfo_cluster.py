@@ -46,8 +46,7 @@ def sweep_entries_on_cluster(args: argparse.Namespace, todo: Sequence[tuple[str,
                              settings: dict, meshes, captures) -> list[Any]:
     """Each (entry, spec, target names) of ``todo`` swept on the cluster at ``--cluster`` (``--jobs``
     workers) and stored in ``folder`` as it ends; per entry its SweepResult, or why it has none."""
-    from shardverify.backends.cpus import usable_cpus
-    from shardverify.backends.ray_units import RayEngine
+    from shardverify.cli.cluster_option import cluster_engine
     from shardverify.opinfo.store import save_entry
 
     units = [Unit(sweep_entry_unit, (name, op, list(names), [tuple(m) for m in meshes], tuple(captures),
@@ -62,8 +61,7 @@ def sweep_entries_on_cluster(args: argparse.Namespace, todo: Sequence[tuple[str,
               + (f"not swept: {value.error}" if isinstance(value, UnitFailed) else
                  f"{len(value.outcomes)} calls, {value.seconds:.1f}s on a worker"), file=sys.stderr, flush=True)
 
-    with RayEngine(args.cluster, args.jobs, setup=_start_worker,
-                   local_cpus=args.jobs or len(usable_cpus())) as engine:
+    with cluster_engine(args, _start_worker) as engine:
         found = run_units(units, engine, done)
     return [value.error if isinstance(value, UnitFailed) else value for value in found]
 

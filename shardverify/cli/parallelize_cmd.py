@@ -164,13 +164,10 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.cluster is not None and not args.stored:
         from functools import partial
 
-        from shardverify.backends.cpus import usable_cpus
-        from shardverify.backends.ray_units import RayEngine
-        from shardverify.cli.cluster_option import preload
+        from shardverify.cli.cluster_option import cluster_engine, preload
 
         try:
-            with RayEngine(args.cluster, args.jobs, setup=partial(preload, "shardverify.parallelize.check"),
-                           local_cpus=args.jobs or len(usable_cpus())) as engine:
+            with cluster_engine(args, partial(preload, "shardverify.parallelize.check")) as engine:
                 rows = sweep(chosen, meshes, modes, args.results, steps=args.steps, say=say, engine=engine)
         except ShardVerifyError as exc:
             print(f"shardverify parallelize: error: {exc}", file=sys.stderr)

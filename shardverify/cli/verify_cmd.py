@@ -25,6 +25,7 @@ from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backe
                                           verify_row)
 from shardverify.cli.verify_summary import detail_lines, format_table, outcome, summary_lines
 from shardverify.cli.catalogue import checked_op_specs
+from shardverify.cli.cluster_option import parse_jobs
 from shardverify.errors import ShardVerifyError, SpecError
 
 
@@ -132,21 +133,6 @@ def parse_positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
-
-
-def parse_jobs(text: str) -> int:
-    """``"auto"`` -> the CPUs this process may use; otherwise a positive int."""
-    if text == "auto":
-        from shardverify.backends.cpus import usable_cpus
-
-        return len(usable_cpus())
-    try:
-        jobs = int(text)
-    except ValueError:
-        jobs = 0
-    if jobs <= 0:
-        raise argparse.ArgumentTypeError(f"jobs {text!r} is not a positive number of processes or 'auto'")
-    return jobs
 
 
 def _device_problem(device: str | None, backend: str, ranks: int = 1) -> str:
