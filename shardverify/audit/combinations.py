@@ -110,10 +110,12 @@ class CaseCombinations:
         # ... and only when the op really is additive in it (checked numerically)
         ops = (PARTIAL_INPUTS if extremum_inputs else ("sum",)) if partial_inputs else ()
         self.choices = self._choices(ops, aligned)
-        # (layout, mesh symmetry) -> the layout renamed by it: each operand has few layouts, and
+        # mesh symmetry -> layout -> the layout renamed by it: each operand has few layouts, and
         # every combination is kept once per symmetry (on (2,2), 926,799 renamings of a few
         # hundred layouts took half of an attention case's audit)
-        self._renamed: dict[tuple[Layout, tuple[int, ...]], Layout] = {}
+        self._renamed: dict[tuple[int, ...], dict[Layout, Layout]] = {
+            perm: {} for perm in axis_symmetries(self.mesh.shape)}
+        self._identity = tuple(range(self.mesh.ndim))
         self.note = "; ".join(refused)
         # over the limit, the partial max/min layouts are left out first, then the partial sums:
         # no combination a spec must offer is lost but those, and an offered partial-input
@@ -166,31 +168,35 @@ class CaseCombinations:
 
     def enumerate(self) -> int:
         perms = axis_symmetries(self.mesh.shape)
+        # most combinations are refused by their local input shapes alone, which the first
+        # refusal of those shapes already decided (Problem.known_refusal): no op runs for them
+        known = self.problem.known_refusal
         total = 0
         for combo in self.combinations():
             total += 1
             if combo in self.results:
                 continue
-            outcome = self.decide(combo)
+            outcome = known(combo) or self.decide(combo)
             self._keep(combo, outcome, perms)
         if self.sample:
             self._absent_counterparts(perms)
         return total
 
     def _keep(self, combo, outcome: Outcome, perms) -> None:
+        results = self.results
         for perm in perms:
-            if perm == tuple(range(len(perm))):   # the combination itself (the only one on a mesh of unequal axes)
-                self.results.setdefault(combo, outcome)
-            else:
-                key = tuple(self._renaming(layout, perm) for layout in combo)
-                if key not in self.results:
-                    self.results[key] = outcome if outcome.outputs is None else Outcome(
-                        tuple(self._renaming(layout, perm) for layout in outcome.outputs), outcome.reason)
+            if perm == self._identity:   # the combination itself (the only one on a mesh of unequal axes)
+                results.setdefault(combo, outcome)
+                continue
+            renamed = self._renamed[perm]
+            key = tuple(renamed.get(layout) or self._rename(layout, perm) for layout in combo)
+            if key not in results:
+                results[key] = outcome if outcome.outputs is None else Outcome(
+                    tuple(renamed.get(layout) or self._rename(layout, perm) for layout in outcome.outputs),
+                    outcome.reason)
 
-    def _renaming(self, layout: Layout, perm: tuple[int, ...]) -> Layout:
-        found = self._renamed.get((layout, perm))
-        if found is None:
-            found = self._renamed[layout, perm] = layout.permuted(perm)
+    def _rename(self, layout: Layout, perm: tuple[int, ...]) -> Layout:
+        found = self._renamed[perm][layout] = layout.permuted(perm)
         return found
 
     def _absent_counterparts(self, perms) -> None:

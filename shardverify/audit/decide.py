@@ -87,6 +87,7 @@ class Problem:
     local_choices: list = field(default_factory=list)
     _coords: list = field(default_factory=list)
     _local: dict = field(default_factory=dict)
+    _first: dict = field(default_factory=dict)
     _pieces: dict = field(default_factory=dict)
     _shape_errors: dict = field(default_factory=dict)
     _candidates: dict = field(default_factory=dict)
@@ -156,6 +157,28 @@ class Problem:
                                 for r in self.mesh.ranks]
         return self._local[key]
 
+    def known_refusal(self, combo: Sequence[Layout]) -> Outcome | None:
+        """The outcome of ``combo`` where the op already refused its local input shapes (see
+        :meth:`run`), counted as decided; None where that is not known (or where the ranks pass
+        arguments of their own, which :meth:`decide` tries in turn)."""
+        if self.shape_arg is not None or self.local_choices:
+            return None
+        reason = self._shape_errors.get((tuple(self._first_shape(i, layout) for i, layout in enumerate(combo)),
+                                         (), ()))
+        if reason is None:
+            return None
+        self.decided += 1
+        return Outcome(None, reason)
+
+    def _first_shape(self, position: int, layout: Layout) -> tuple[int, ...]:
+        """Rank 0's local input shape for operand ``position`` in ``layout`` (cached: most
+        combinations are refused by these shapes alone, see :meth:`run`)."""
+        key = (position, layout)
+        found = self._first.get(key)
+        if found is None:
+            found = self._first[key] = tuple(self.local(position, layout)[0].shape)
+        return found
+
     # ---- running the op ---------------------------------------------------------------------
     def run(self, combo: Sequence[Layout], arguments: dict | None = None,
             masked: Sequence[tuple[int, int, int]] = ()) -> list[tuple[torch.Tensor, ...]] | str:
@@ -164,11 +187,13 @@ class Problem:
         (a list: each rank's own);
         ``masked``: (ids operand, table operand, table dim) whose ids each rank shifts into its
         rows of the table, zeroing the first output of the ids it does not hold (IndexShard)."""
-        locals_ = [self.local(i, layout) for i, layout in enumerate(combo)]
         per_rank = arguments if isinstance(arguments, list) else [arguments or {}] * self.mesh.size
-        shapes = (tuple(tuple(t[0].shape) for t in locals_), tuple(per_rank[0].items()), tuple(masked))
-        if shapes in self._shape_errors:
-            return self._shape_errors[shapes]
+        shapes = (tuple(self._first_shape(i, layout) for i, layout in enumerate(combo)),
+                  tuple(per_rank[0].items()), tuple(masked))
+        refused = self._shape_errors.get(shapes)
+        if refused is not None:
+            return refused
+        locals_ = [self.local(i, layout) for i, layout in enumerate(combo)]
         results = []
         for rank in self.mesh.ranks:
             values = {op.locator: t[rank] for op, t in zip(self.operands, locals_)}

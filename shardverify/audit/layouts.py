@@ -33,6 +33,19 @@ class Layout:
     reduce: str = "sum"
     absent: bool = False
 
+    def __hash__(self) -> int:
+        # remembered: an audit looks layouts up hundreds of thousands of times (combinations,
+        # renamings, local inputs), and hashing the nested tuples anew was a tenth of its time
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash((self.dims, self.partial, self.reduce, self.absent))
+            object.__setattr__(self, "_hash", found)
+        return found
+
+    def __getstate__(self) -> dict:
+        # a str's hash differs between processes: a pickled layout hashes anew where it lands
+        return {name: value for name, value in self.__dict__.items() if name != "_hash"}
+
     @property
     def used_axes(self) -> set[int]:
         return {a for axes in self.dims for a in axes}
