@@ -407,35 +407,35 @@ def test_the_audit_report_starts_with_the_verdict_and_lists_every_failing_case(t
 
 
 def test_a_view_told_its_shape_is_judged_with_the_local_shape_of_the_layout_asked_about():
-    from shardverify.audit.run import _Audit, _outputs_hold
+    from shardverify.audit.combinations import CaseCombinations, outputs_hold
     from shardverify.spec.loader import load_yaml_text
     from shardverify.spec.op import parse_op_spec
 
     root = Path(__file__).resolve().parents[1]
     spec = parse_op_spec(load_yaml_text((root / "specs/reshape.yaml").read_text(), "specs/reshape.yaml"))
     case = dict(spec.op_cases())["torch.reshape-shape_32.16"]
-    audit = _Audit(spec, case, (4,), partial_inputs=False)
+    audit = CaseCombinations(spec, case, (4,), partial_inputs=False)
     assert audit.problem.shape_arg is not None
     rows = Layout(((0,), (), ()))                    # input [S0, R, R]
-    assert _outputs_hold(audit.problem, (rows,), (Layout(((0,), ())),))          # -> [S0, R]
-    assert not _outputs_hold(audit.problem, (rows,), (Layout(((), (0,))),))      # not [R, S0]
+    assert outputs_hold(audit.problem, (rows,), (Layout(((0,), ())),))          # -> [S0, R]
+    assert not outputs_hold(audit.problem, (rows,), (Layout(((), (0,))),))      # not [R, S0]
 
 
 def test_an_unflatten_is_judged_with_the_local_sizes_of_its_split_dim():
     """unflatten's sizes are a run of the output shape (dims 2 and 3 when the last of three
     dims splits): the audit passes that run of each candidate's local shape."""
-    from shardverify.audit.run import _Audit, _outputs_hold
+    from shardverify.audit.combinations import CaseCombinations, outputs_hold
     from shardverify.spec.loader import load_yaml_text
     from shardverify.spec.op import parse_op_spec
 
     root = Path(__file__).resolve().parents[1]
     spec = parse_op_spec(load_yaml_text((root / "specs/unflatten.yaml").read_text(), "specs/unflatten.yaml"))
     case = dict(spec.op_cases())["torch.unflatten-dim_-1-sizes_4.4"]
-    audit = _Audit(spec, case, (4,), partial_inputs=False)
+    audit = CaseCombinations(spec, case, (4,), partial_inputs=False)
     assert audit.problem.shape_arg is not None and audit.problem.shape_arg[1] == slice(2, 4)
     last = Layout(((), (), (0,)))                                                   # input [R, R, S0]
-    assert _outputs_hold(audit.problem, (last,), (Layout(((), (), (0,), ())),))       # -> [R, R, S0, R]
-    assert not _outputs_hold(audit.problem, (last,), (Layout(((), (), (), (0,))),))   # not [R, R, R, S0]
+    assert outputs_hold(audit.problem, (last,), (Layout(((), (), (0,), ())),))       # -> [R, R, S0, R]
+    assert not outputs_hold(audit.problem, (last,), (Layout(((), (), (), (0,))),))   # not [R, R, R, S0]
 
 
 def test_a_case_too_large_to_enumerate_is_bounded_and_said(monkeypatch):

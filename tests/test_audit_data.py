@@ -10,7 +10,7 @@ from shardverify.audit.decide import Operand, lone_value_draws, prepare
 from shardverify.audit.layouts import Layout
 from shardverify.audit.offered import offered_combination
 from shardverify.audit.offered import own_arguments
-from shardverify.audit.run import _Audit, _outputs_hold
+from shardverify.audit.combinations import CaseCombinations, outputs_hold
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import InputDecl, OpCase
@@ -41,20 +41,20 @@ def test_a_group_shard_of_native_group_norm_holds_on_its_own_contiguous_blocks()
     # native_group_norm refuses a strided input: with views of the full value the channel
     # shard (one group per rank) was reported incorrect although `verify` passes it
     spec, cid, case, _ = _case("native_group_norm", "torch.ops.aten.native_group_norm.default-N_4-C_6-HxW_6-group_3-eps_1e-05")
-    audit = _Audit(spec, case, (3,), partial_inputs=False)
+    audit = CaseCombinations(spec, case, (3,), partial_inputs=False)
     strategy = next(s for s in audit.strategies if s.name.startswith("RS0RR"))
     offered = offered_combination(strategy)
     combo = tuple(dict(offered.inputs)[o.name] for o in audit.operands)
     outputs = tuple(dict(offered.outputs)[name] for name in audit.output_names)
     own = own_arguments(strategy, audit.problem.shape_arg, audit.mesh)
     assert own[0] == {("kwarg", "C"): 2, ("kwarg", "group"): 1}
-    assert _outputs_hold(audit.problem, combo, outputs, arguments=own)
+    assert outputs_hold(audit.problem, combo, outputs, arguments=own)
 
 
 def test_ranks_whose_outputs_differ_in_dtype_form_no_layout():
     # 6 over 4 ranks leaves rank 3 an empty block, whose mask native_dropout returns as float
     spec, cid, case, _ = _case("native_dropout", "torch.ops.aten.native_dropout.default-p_0.5-train_False")
-    audit = _Audit(spec, case, (4,), partial_inputs=False)
+    audit = CaseCombinations(spec, case, (4,), partial_inputs=False)
     outcome = audit.decide((L((), (), (0,)),))
     assert not outcome.valid and "differ in dtype" in outcome.reason
     assert audit.decide((L((0,), (), ()),)).valid
@@ -64,7 +64,7 @@ def test_a_sharded_reduced_dim_of_a_bool_any_is_not_replicated():
     # half-true data makes any() of every block of 10 elements True: [S1, R, R] looked valid
     # with a replicated output on (2, 3); the lone-True draw tells it apart
     spec, cid, case, _ = _case("any_dims", "torch.ops.aten.any.dims-dim_0.2-keepdim_False")
-    audit = _Audit(spec, case, (2, 3), partial_inputs=False)
+    audit = CaseCombinations(spec, case, (2, 3), partial_inputs=False)
     assert len(lone_value_draws(audit.problem)[0]) == 2 and len(audit.problems) >= 3
     assert not audit.decide((L((1,), (), ()),)).valid
     assert audit.decide((L((), (1,), ()),)).outputs == (L((1,)),)

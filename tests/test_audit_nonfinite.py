@@ -14,7 +14,8 @@ import pytest
 
 from shardverify.audit.decide import Problem
 from shardverify.audit.layouts import Layout
-from shardverify.audit.run import _Audit, audit_spec, offered_strategies
+from shardverify.audit.combinations import CaseCombinations
+from shardverify.audit.run import audit_spec, offered_strategies
 from shardverify.backends import get_backend
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.sharding.mesh import DeviceMesh
@@ -128,7 +129,7 @@ def test_a_strategy_pairing_the_wrong_shards_is_flagged_by_both(tmp_path):
 def _pow_problem(tmp_path) -> Problem:
     spec = _spec(tmp_path, "pow_tt", "rules", "[[2, 2]]")
     _, case = spec.op_cases()[0]
-    return _Audit(spec, case, (2, 2), partial_inputs=False).problem
+    return CaseCombinations(spec, case, (2, 2), partial_inputs=False).problem
 
 
 def test_local_outputs_with_nan_elsewhere_form_no_layout(tmp_path):

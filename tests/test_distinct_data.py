@@ -109,11 +109,11 @@ def test_the_audit_decides_validity_under_every_seed_the_data_needs():
     spec's seed alone, the mask in the other shard order than the input looks valid; under the
     seeds that tell the mask's blocks apart it is not."""
     from shardverify.audit.layouts import Layout
-    from shardverify.audit.run import _Audit
+    from shardverify.audit.combinations import CaseCombinations
 
     spec = parse_op_spec(load_yaml(SPECS / "masked_fill.yaml", display="specs/masked_fill.yaml"))
     case = next(case for case_id, case in spec.op_cases() if case_id.startswith("torch.masked_fill"))
-    audit = _Audit(spec, case, (2, 2), partial_inputs=False)
+    audit = CaseCombinations(spec, case, (2, 2), partial_inputs=False)
     assert len(audit.problems) > 1
     swapped = (Layout(((), (0, 1), ())), Layout(((1, 0), ())))    # input [R, S01, R], mask [S10, R]
     assert audit.problem.decide(swapped).valid                     # seed 0's mask: the swapped blocks are equal

@@ -130,11 +130,13 @@ def test_the_time_budget_counts_cpu_time_not_a_loaded_machine_s_clock(monkeypatc
     from shardverify.dtensor import execute
 
     real = execute.CaseRunner._run
-    waits = iter([0.5])       # the first combination waits half a second for the machine
+    # the first combination waits 2.5 s for the machine, beyond a budget of 2 CPU-s that its work
+    # (milliseconds alone; a combination took over 0.2 CPU-s at load 20) stays far below
+    waits = iter([2.5])
     monkeypatch.setattr(execute.CaseRunner, "_run",
                         lambda self, combo: (clock.sleep(next(waits, 0)), real(self, combo))[1])
     spec, case = _case("mean", "torch.ops.aten.mean.dim-dim_-1-keepdim_False")
-    result = run_case(spec, "torch.ops.aten.mean.dim-dim_-1-keepdim_False", case, (4,), limit=None, budget=0.2)
+    result = run_case(spec, "torch.ops.aten.mean.dim-dim_-1-keepdim_False", case, (4,), limit=None, budget=2.0)
     assert result.executed == result.combinations == 5 and "too-slow" not in result.counts
 
 def test_both_shard_orders_and_uneven_blocks_reach_dtensor_as_the_audit_cut_them():
@@ -231,12 +233,12 @@ def test_a_combination_local_tensor_mode_itself_cannot_run_is_not_simulated_not_
     makes LocalTensorMode combine ranks' results that differ in structure (torch.chunk of uneven
     blocks), which it asserts against; real gloo processes run it (the op returns, its backward
     fails late). Not DTensor raising: nothing is claimed in process."""
-    from shardverify.audit.run import _Audit
+    from shardverify.audit.combinations import CaseCombinations
     from shardverify.dtensor.run import CaseResult, execute_combos, present_combinations
 
     case_id = "torch.select_scatter-dim_1-index_-1"
     spec, case = _case("select_scatter", case_id)
-    audit = _Audit(spec, case, (2, 3), partial_inputs=True, extremum_inputs=False)
+    audit = CaseCombinations(spec, case, (2, 3), partial_inputs=True, extremum_inputs=False)
     want = {"input": "[R, R]", "src": "[S(0), P(sum)]"}
     combo, = [c for c in present_combinations(audit.combinations())
               if {o.role: placements_text(placements_of(layout, (2, 3))) for o, layout in zip(audit.operands, c)} == want]
@@ -252,12 +254,12 @@ def test_the_embedding_mask_on_the_first_mesh_axis_is_a_late_failure_and_its_mir
     uneven ids: even ids on (2, 2) fail when the mask's axis is gathered after the ids' axis."""
     from collections import Counter
 
-    from shardverify.audit.run import _Audit
+    from shardverify.audit.combinations import CaseCombinations
     from shardverify.dtensor.run import CaseResult, execute_combos
 
     case_id = "torch.ops.aten.embedding.default"
     spec, case = _case("embedding", case_id)
-    audit = _Audit(spec, case, (2, 2), partial_inputs=True, extremum_inputs=False)
+    audit = CaseCombinations(spec, case, (2, 2), partial_inputs=True, extremum_inputs=False)
     on = {"0": Layout(((0,), ())), "1": Layout(((1,), ()))}      # dim 0 cut by mesh axis 0, or by axis 1
     combos = [tuple(on[ids] if o.role == "input" else on[rows] for o in audit.operands)
               for ids, rows in (("1", "0"), ("0", "1"))]
@@ -442,7 +444,8 @@ def test_a_combination_a_process_died_on_is_counted_raising_when_the_run_resumes
 
 def test_a_full_report_reads_a_case_the_full_run_has_not_finished_from_its_stored_sample_and_says_so(
         tmp_path, capsys):
-    from shardverify.dtensor.run import run_spec, stored_results
+    from shardverify.dtensor.run import run_spec
+    from shardverify.dtensor.stored_results import stored_results
 
     spec = load_op_specs(ROOT, None, ["neg"])[0]
     run_spec(spec, [(4,)], limit=2, store=tmp_path, root=ROOT)        # every case, a sample of 2
@@ -464,8 +467,9 @@ def test_a_run_stored_by_another_harness_version_is_never_read_as_this_ones(tmp_
     kept a silent class the fix had turned into a late failure)."""
     import json
 
-    from shardverify.dtensor import run as run_module, store
-    from shardverify.dtensor.run import run_spec, stored_results
+    from shardverify.dtensor import store, stored_results as reading
+    from shardverify.dtensor.run import run_spec
+    from shardverify.dtensor.stored_results import stored_results
 
     spec = load_op_specs(ROOT, None, ["neg"])[0]
     first = run_spec(spec, [(4,)], limit=1, store=tmp_path, root=ROOT)
@@ -473,7 +477,7 @@ def test_a_run_stored_by_another_harness_version_is_never_read_as_this_ones(tmp_
     assert json.loads(path.read_text())["harness"] == store.HARNESS
     assert "pairs complete" in stored_results(tmp_path, [spec], [(4,)], 1, ROOT)[1]
     newer = store.HARNESS + 1
-    monkeypatch.setattr(run_module, "HARNESS", newer)     # the harness changed since (read by both)
+    monkeypatch.setattr(reading, "HARNESS", newer)     # the harness changed since (read by both)
     monkeypatch.setattr(store, "HARNESS", newer)
     results, note = stored_results(tmp_path, [spec], [(4,)], 1, ROOT)
     assert results == [] and "0 of 1 (op spec, mesh) pairs complete" in note

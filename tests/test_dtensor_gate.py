@@ -137,7 +137,7 @@ def test_removing_any_root_cause_the_gate_watches_fails_it():
     copy without any one of the root causes found there fails on its classes."""
     from shardverify.cli.catalogue import load_op_specs
     from shardverify.dtensor.accepted import Accepted
-    from shardverify.dtensor.run import stored_results
+    from shardverify.dtensor.stored_results import stored_results
 
     ops = ["cumsum", "select", "flatten", "view"]
     specs = load_op_specs(ROOT, None, ops)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from shardverify.audit.run import _Audit
+from shardverify.audit.combinations import CaseCombinations
 from shardverify.dtensor.execute import CaseRunner, quiet_dtensor
 from shardverify.dtensor.hooks import counting_collectives
 from shardverify.dtensor.placements import placements_of, placements_text
@@ -26,7 +26,7 @@ CASE = "torch.nn.Conv2d-bias_False-groups_1"
 
 def test_a_module_call_under_the_collective_count_is_what_a_plain_call_gives():
     spec = load_op_specs(ROOT, None, ["conv2d"])[0]
-    audit = _Audit(spec, dict(spec.op_cases())[CASE], (4,), partial_inputs=True, extremum_inputs=False)
+    audit = CaseCombinations(spec, dict(spec.op_cases())[CASE], (4,), partial_inputs=True, extremum_inputs=False)
     by_line = {" ".join(f"{o.role}={placements_text(placements_of(layout, (4,)))}"
                         for o, layout in zip(audit.operands, combo)): combo
                for combo in present_combinations(audit.combinations())}

@@ -190,3 +190,70 @@ def test_the_module_map_matches_the_tree():
     assert not (unnamed or unlisted or stale), (
         f"docs/DESIGN.md's module map is out of date: modules it does not name {unnamed}, top-level rooms "
         f"not listed at the top level {unlisted}, files it names that do not exist {stale}")
+
+
+def _private(word: str) -> bool:
+    """A name its module keeps to itself: a leading underscore, dunders (``__version__``) aside."""
+    return word.startswith("_") and not (word.startswith("__") and word.endswith("__"))
+
+
+def private_imports(path: Path, source: str | None = None) -> list[str]:
+    """Each import in ``path`` (at any depth) of a private name, or through a private module, of
+    another room: ``file:line: name``. A room's private names are its own to change; another room
+    that needs one needs it public (renamed at its home) or moved to a module both can use."""
+    own = module_name(path)
+    own_room = room(own)
+    where = path.relative_to(PACKAGE.parent) if path.is_relative_to(PACKAGE.parent) else path
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:      # relative: resolved against the importing module's package
+                package = own.split(".") if path.name == "__init__.py" else own.split(".")[:-1]
+                up = package[:len(package) - node.level + 1] if node.level > 1 else package
+                base = ".".join(up + ([node.module] if node.module else []))
+            found = [(base, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found = [(alias.name, "") for alias in node.names]
+        else:
+            continue
+        for module, name in found:
+            if not (module == "shardverify" or module.startswith("shardverify.")):
+                continue
+            target_room = room(f"{module}.{name}" if module == "shardverify" and name else module)
+            if target_room == own_room:
+                continue
+            private = [part for part in module.split(".") if _private(part)] + ([name] if _private(name) else [])
+            if private:
+                problems.append(f"{where}:{node.lineno}: `{private[-1]}` ({module}"
+                                f"{'.' + name if name else ''}, room {target_room!r}) imported into room "
+                                f"{own_room!r}; give it a public name at its home")
+    return problems
+
+
+def test_no_private_name_is_imported_from_another_room():
+    problems = [line for path in sorted(package_modules().values()) for line in private_imports(path)]
+    assert not problems, "private names imported across rooms:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("source, line, named", [
+    ("from shardverify.audit.report import _by_op, markdown_report\n", 1, "_by_op"),
+    ("def f():\n    from shardverify.verify.engine import _backend_name\n", 2, "_backend_name"),
+    ("from shardverify.verify._hidden import thing\n", 1, "_hidden"),
+    ("import os\nimport shardverify.verify._hidden\n", 2, "_hidden"),
+    ("from shardverify import _private_helper\n", 1, "_private_helper"),
+])
+def test_a_private_import_from_another_room_is_named(source, line, named):
+    (problem,) = private_imports(PACKAGE / "dtensor" / "example.py", source)
+    assert problem.startswith(f"shardverify/dtensor/example.py:{line}: `{named}`")
+
+
+@pytest.mark.parametrize("source", [
+    "from shardverify.dtensor.run import _sample\n",          # its own room
+    "from shardverify.audit.report import markdown_report\n",  # public
+    "from shardverify import __version__\n",                   # a dunder
+    "from collections import _chain\n",                        # not the package's
+])
+def test_what_is_not_a_private_import_across_rooms(source):
+    assert private_imports(PACKAGE / "dtensor" / "example.py", source) == []

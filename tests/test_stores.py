@@ -89,7 +89,7 @@ def mean_all():
 
 
 def _stored(store: Path, spec) -> tuple[list, str]:
-    from shardverify.dtensor.run import stored_results
+    from shardverify.dtensor.stored_results import stored_results
 
     return stored_results(store, [spec], [(4,)], None, ROOT)
 

@@ -6,25 +6,25 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-__all__ = ["markdown_report"]
+__all__ = ["markdown_report", "mesh_text", "by_op", "by_mesh"]
 
 FAMILY = "the '"   # accept reasons of family gaps start "the 'rules' generator family: ..."
 
 
-def _mesh_text(meshes) -> str:
+def mesh_text(meshes) -> str:
     return " ".join("x".join(map(str, mesh)) for mesh in meshes)
 
 
 def _summary_row(op: str, mesh: tuple[int, ...], rows) -> str:
     accepted = [f.accepted for r in rows for f in r.accepted]
     family = sum(1 for reason in accepted if reason.startswith(FAMILY))
-    return (f"| {op} | {_mesh_text([mesh])} | {len({r.case for r in rows})} | {sum(r.offered for r in rows)} | "
+    return (f"| {op} | {mesh_text([mesh])} | {len({r.case for r in rows})} | {sum(r.offered for r in rows)} | "
             f"{sum(r.valid for r in rows)} | {sum(r.covered for r in rows)} | {sum(r.masked for r in rows)} | "
             f"{sum(len(r.missing) for r in rows)} | {family} | {len(accepted) - family} | "
             f"{sum(len(r.incorrect) for r in rows)} |")
 
 
-def _by_op(items) -> dict[str, list]:
+def by_op(items) -> dict[str, list]:
     """Audit rows or DTensor reports by op, in the order the ops first appear."""
     found: dict[str, list] = defaultdict(list)
     for item in items:
@@ -32,7 +32,7 @@ def _by_op(items) -> dict[str, list]:
     return found
 
 
-def _by_mesh(items) -> list[tuple[tuple[int, ...], list]]:
+def by_mesh(items) -> list[tuple[tuple[int, ...], list]]:
     """(mesh, the items on it), in the order the meshes first appear."""
     return [(mesh, [i for i in items if i.mesh == mesh]) for mesh in dict.fromkeys(i.mesh for i in items)]
 
@@ -45,10 +45,10 @@ def markdown_report(rows) -> str:
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     family_reasons: Counter = Counter()
     sections = []
-    for op, rs in _by_op(rows).items():
+    for op, rs in by_op(rows).items():
         accepted = [f.accepted for r in rs for f in r.accepted]
         family_reasons.update(reason for reason in accepted if reason.startswith(FAMILY))
-        out += [_summary_row(op, mesh, on_mesh) for mesh, on_mesh in _by_mesh(rs)]
+        out += [_summary_row(op, mesh, on_mesh) for mesh, on_mesh in by_mesh(rs)]
         section = []
         spec_reasons = Counter(reason for reason in accepted if not reason.startswith(FAMILY))
         if spec_reasons:

@@ -21,9 +21,6 @@ from shardverify.spec.accept import family_gaps
 
 __all__ = ["audit_one", "Finding", "CaseAudit", "audit_spec", "audit_case", "spec_handler", "offered_strategies"]
 
-#: the names the DTensor harness and the tests import the combinations by
-_Audit, _outputs_hold = CaseCombinations, outputs_hold
-
 
 @dataclass(frozen=True)
 class Finding:

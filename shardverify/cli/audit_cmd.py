@@ -99,8 +99,6 @@ def _details(rows, show: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardverify.audit.run import audit_spec
-
     if single := one_rank_mesh(args.mesh):
         print(f"error: {single}", file=sys.stderr)
         return USAGE
@@ -111,33 +109,10 @@ def run(args: argparse.Namespace) -> int:
     if specs is None:
         return USAGE
     start = time.perf_counter()
-    rows: list = []
-    progress = Progress(0 if args.json else sum(len(spec.cases()) * len(args.mesh or spec.verify.meshes)
-                                                for spec in specs))
-
-    caught = Caught()   # the warnings torch gives on the ops' edge cases: counted, not printed (row_warnings)
-
-    def done(found) -> None:
-        rows.append(found)
-        progress.step()
-        with caught.outside():
-            progress.show(f"{found.op} {found.case} on mesh {tuple(found.mesh)}")
-
-    try:
-        with progress, caught_warnings() as caught:
-            if args.cluster is not None:
-                audit_on_cluster(args, specs, progress, caught, rows.append)
-            else:
-                for spec in specs:
-                    audit_spec(spec, args.mesh, partial_inputs=args.partial_inputs, on_result=done)
-    except ShardVerifyError as exc:   # no cluster to join, workers on other versions
-        print(f"error: {exc}", file=sys.stderr)
-        return USAGE
-    except KeyboardInterrupt:   # Ctrl-C: the cases audited so far, no traceback
-        if rows and not args.json:
-            print(format_table(rows))
-        print(f"\nshardverify audit: interrupted after {len(rows)} case(s); exit 130", file=sys.stderr)
-        return 130
+    audited = _audit_rows(args, specs)
+    if isinstance(audited, int):
+        return audited
+    rows, warned = audited
     elapsed = time.perf_counter() - start
     disagreements = []
     if args.dtensor:
@@ -169,16 +144,51 @@ def run(args: argparse.Namespace) -> int:
     lines = summary_lines(rows, elapsed, verbose=args.verbose)
     if args.dtensor and not args.verbose:
         lines.append(_dtensor_line(disagreements))
-    if not args.verbose and (note := warnings_note(caught.counts, "auditing")):
+    if not args.verbose and (note := warnings_note(warned, "auditing")):
         lines.append(note)
     if args.verbose:
-        lines += ["", format_table(rows), *_details(rows, args.show), *warnings_detail(caught.counts, doing="auditing")]
+        lines += ["", format_table(rows), *_details(rows, args.show), *warnings_detail(warned, doing="auditing")]
         if args.dtensor:
             from shardverify.dtensor.propagation import format_disagreements
 
             lines += ["", format_disagreements(disagreements)]
     print("\n".join(lines))
     return _finished(args, rows, elapsed, failed)
+
+
+def _audit_rows(args: argparse.Namespace, specs) -> tuple[list, dict[str, int]] | int:
+    """Every case of ``specs`` audited, here or on --cluster, with progress on stderr: the rows and
+    the warnings torch gave (counted), or the exit status of a run that stopped."""
+    from shardverify.audit.run import audit_spec
+
+    rows: list = []
+    progress = Progress(0 if args.json else sum(len(spec.cases()) * len(args.mesh or spec.verify.meshes)
+                                                for spec in specs))
+
+    caught = Caught()   # the warnings torch gives on the ops' edge cases: counted, not printed (row_warnings)
+
+    def done(found) -> None:
+        rows.append(found)
+        progress.step()
+        with caught.outside():
+            progress.show(f"{found.op} {found.case} on mesh {tuple(found.mesh)}")
+
+    try:
+        with progress, caught_warnings() as caught:
+            if args.cluster is not None:
+                audit_on_cluster(args, specs, progress, caught, rows.append)
+            else:
+                for spec in specs:
+                    audit_spec(spec, args.mesh, partial_inputs=args.partial_inputs, on_result=done)
+    except ShardVerifyError as exc:   # no cluster to join, workers on other versions
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE
+    except KeyboardInterrupt:   # Ctrl-C: the cases audited so far, no traceback
+        if rows and not args.json:
+            print(format_table(rows))
+        print(f"\nshardverify audit: interrupted after {len(rows)} case(s); exit 130", file=sys.stderr)
+        return 130
+    return rows, caught.counts
 
 
 def _finished(args: argparse.Namespace, rows, elapsed: float, failed: bool) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from shardverify.audit.report import _by_mesh, _by_op, _mesh_text
+from shardverify.audit.report import by_mesh, by_op, mesh_text
 from shardverify.dtensor.propagation import STRIDED
 
 __all__ = ["dtensor_markdown"]
@@ -32,7 +32,7 @@ def _dtensor_row(op: str, mesh: tuple[int, ...], reports) -> str:
     strided = counts[STRIDED]
     compared = agree + disagree + refused + strided - kinds["dtensor-strided"]
     notes = "; ".join(dict.fromkeys(r.note.splitlines()[0][:100] for r in reports if r.note))
-    return (f"| {op} | {_mesh_text([mesh])} | {compared} | {agree - invalid} | {invalid} | {disagree} | "
+    return (f"| {op} | {mesh_text([mesh])} | {compared} | {agree - invalid} | {invalid} | {disagree} | "
             f"{refused} | {strided} | {counts['not expressible in DTensor']} | {notes} |")
 
 
@@ -44,8 +44,8 @@ def dtensor_markdown(reports, show: int = 3) -> str:
            "DTensor refuses an invalid one | DTensor output strided | input not expressible | note |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     sections = []
-    for op, rs in _by_op(reports).items():
-        out += [_dtensor_row(op, mesh, on_mesh) for mesh, on_mesh in _by_mesh(rs)]
+    for op, rs in by_op(reports).items():
+        out += [_dtensor_row(op, mesh, on_mesh) for mesh, on_mesh in by_mesh(rs)]
         kinds: dict[str, list] = defaultdict(list)
         for r in rs:
             for d in r.disagreements:
@@ -59,6 +59,6 @@ def dtensor_markdown(reports, show: int = 3) -> str:
             verdict = ", ".join(f"{who} right in {n}" for who, n in right.most_common())
             sections.append(f"- {len(found)} x {SIDES.get(kind, kind)} ({verdict}), e.g.")
             for r, d in found[:show]:
-                sections.append(f"  - {r.case} on {_mesh_text([r.mesh])}: `{d.line}`: shardverify `{d.shardverify}`, "
+                sections.append(f"  - {r.case} on {mesh_text([r.mesh])}: `{d.line}`: shardverify `{d.shardverify}`, "
                                 f"DTensor `{d.dtensor}`")
     return "\n".join(out + sections) + "\n"

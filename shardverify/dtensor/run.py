@@ -6,7 +6,7 @@ strategies are symmetric under them, but DTensor is not (its rules and runtime t
 and 1 differently: an embedding's mask on one axis and its shard on the other fails while the
 mirror is right), so every combination is its own case here.
 
-The combinations are the audit's (:class:`shardverify.audit.run._Audit`): every layout of every
+The combinations are the audit's (:class:`shardverify.audit.combinations.CaseCombinations`): every layout of every
 operand, uneven blocks, both shard orders and partial-sum inputs included. Each one executed is
 also decided numerically as the audit decides it, so a correct DTensor result that communicated
 can be told from one that did not need to. A case with more combinations than ``limit``
@@ -16,7 +16,6 @@ executes an evenly spaced sample of them and says how many it left out.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 import time
 from collections import Counter
@@ -24,19 +23,18 @@ from dataclasses import dataclass, field
 
 from pathlib import Path
 
-from shardverify.audit.run import _Audit
+from shardverify.audit.combinations import CaseCombinations
 from shardverify.dtensor.attribute import backward_raise
 from shardverify.dtensor.execute import CaseRunner, Execution, quiet_dtensor
 from shardverify.dtensor.placements import placements_of, placements_text
 from shardverify.dtensor.repro import render_repro, repro_case
 from shardverify.dtensor.rootcause import fine_key
-from shardverify.dtensor.store import (HARNESS, StoredRun, load_stored, open_run, save_stored, spec_hash,
-                                      store_path, write_running)
+from shardverify.dtensor.store import StoredRun, open_run, save_stored, spec_hash, write_running
 from shardverify.dtensor.verdicts import Finding, classify, runtime_against_rule
 from shardverify.dtensor.world import local_world
 
 __all__ = ["CaseResult", "run_case", "run_spec", "rebuild_repro", "rebuild_case", "execute_combos",
-           "present_combinations", "DEFAULT_LIMIT", "DEFAULT_BUDGET", "budget_skipped", "stored_keys", "stored_runs"]
+           "present_combinations", "DEFAULT_LIMIT", "DEFAULT_BUDGET", "budget_skipped", "stored_keys"]
 
 DEFAULT_LIMIT = 600
 DEFAULT_BUDGET = 20.0   # CPU seconds one combination may take (the machine's load does not count)
@@ -100,7 +98,7 @@ def run_case(spec, case_id: str, case, mesh_shape: tuple[int, ...], *, limit: in
     result = CaseResult(spec.name, case_id, tuple(mesh_shape)) if resume is None else resume
     before = result.seconds
     # partial max/min inputs are left out: DTensor defines no backward for a Partial("max") input
-    audit = _Audit(spec, case, tuple(mesh_shape), partial_inputs=partial_inputs, extremum_inputs=False)
+    audit = CaseCombinations(spec, case, tuple(mesh_shape), partial_inputs=partial_inputs, extremum_inputs=False)
     result.note = audit.note
     # only the combinations executed are decided: a sample of attention's 4 operands on (2, 2)
     # needs a few hundred decisions, not the tens of thousands of the whole audit
@@ -157,14 +155,12 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
     died = died or {}
     mesh_shape = result.mesh
     if not operands:   # a factory op (arange, full): no DTensor goes in, a plain tensor comes out
-        left = "no tensor operand: DTensor is not involved (the op makes a plain tensor), nothing executed"
-        result.note = f"{result.note}; {left}" if result.note else left
+        _add_note(result, "no tensor operand: DTensor is not involved (the op makes a plain tensor), nothing executed")
         return
     result.combinations = len(combos)
     chosen = _sample(combos, limit)
     if len(chosen) < len(combos):
-        left = f"{len(combos) - len(chosen)} of {len(combos)} combinations not executed (limit {limit})"
-        result.note = f"{result.note}; {left}" if result.note else left
+        _add_note(result, f"{len(combos) - len(chosen)} of {len(combos)} combinations not executed (limit {limit})")
     rendered = set() if explained is None else explained     # keys, and fine keys attributed
     saved = time.perf_counter()
     with quiet_dtensor(), local_world(tuple(mesh_shape)) as (mesh, mode):
@@ -193,22 +189,12 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
             result.executed += 1
             result.counts[klass] += 1
             if klass == "too-slow" and len(chosen) > done + 1:
-                left = (f"DTensor took over {budget:g} s of CPU time on {_line(operands, combo, mesh_shape)}; "
-                        + _BUDGET_LEFT.format(len(chosen) - done - 1))
-                result.note = f"{result.note}; {left}" if result.note else left
+                _add_note(result, f"DTensor took over {budget:g} s of CPU time on {_line(operands, combo, mesh_shape)}; "
+                          + _BUDGET_LEFT.format(len(chosen) - done - 1))
                 break
             if klass == "agrees":
                 continue
-            finding = Finding(
-                result.op, result.case, tuple(mesh_shape),
-                tuple((o.role, str(layout)) for o, layout in zip(operands, combo)),
-                tuple((o.role, placements_text(placements_of(layout, mesh_shape))) for o, layout in zip(operands, combo)),
-                klass, phase, execution.detail, str(execution.rule) if execution.rule else "",
-                runtime_against_rule(execution, klass),
-                ("not decided (the process died deciding it)" if outcome is None else ", ".join(map(str, outcome.outputs)) if outcome.valid
-                 else f"none ({outcome.reason})"),
-                _comms(execution),
-                culprit=backward_raise(execution.raised_in, execution.detail) if execution.failed == "backward-raises" else "")
+            finding = _finding(result, operands, combo, klass, phase, execution, outcome)
             # the first finding of each class gets its repro; of each (class, culprit as its rule and
             # error read, severity) its attribution too: a second fault under a known key is named
             if klass == "silent-wrong" and fine_key(finding) not in rendered:
@@ -222,6 +208,26 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 rendered.add(finding.key())
                 finding = dataclasses.replace(finding, repro=_repro(problem, operands, combo, mesh_shape, finding))
             result.findings.append(finding)
+
+
+def _add_note(result: CaseResult, text: str) -> None:
+    result.note = f"{result.note}; {text}" if result.note else text
+
+
+def _finding(result: CaseResult, operands, combo, klass: str, phase: str, execution, outcome) -> Finding:
+    """A combination's finding as executed (``outcome``: the audit's decision, None when the
+    process died making it), before any repro or attribution is added."""
+    mesh_shape = result.mesh
+    return Finding(
+        result.op, result.case, tuple(mesh_shape),
+        tuple((o.role, str(layout)) for o, layout in zip(operands, combo)),
+        tuple((o.role, placements_text(placements_of(layout, mesh_shape))) for o, layout in zip(operands, combo)),
+        klass, phase, execution.detail, str(execution.rule) if execution.rule else "",
+        runtime_against_rule(execution, klass),
+        ("not decided (the process died deciding it)" if outcome is None else ", ".join(map(str, outcome.outputs)) if outcome.valid
+         else f"none ({outcome.reason})"),
+        _comms(execution),
+        culprit=backward_raise(execution.raised_in, execution.detail) if execution.failed == "backward-raises" else "")
 
 
 def _line(operands, combo, mesh_shape) -> str:
@@ -265,7 +271,7 @@ def _stored_combo(spec, finding: Finding):
     cases = dict(spec.op_cases())
     if not isinstance(finding.case, str) or finding.case not in cases:
         return f"{spec.name} has no case {str(finding.case)[:100]!r} any more"
-    audit = _Audit(spec, cases[finding.case], mesh, partial_inputs=True, extremum_inputs=False)
+    audit = CaseCombinations(spec, cases[finding.case], mesh, partial_inputs=True, extremum_inputs=False)
     for combo in present_combinations(audit.combinations()):
         if tuple((o.role, str(layout)) for o, layout in zip(audit.operands, combo)) == layouts:
             return audit, combo
@@ -350,116 +356,3 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
             if on_result is not None:
                 on_result(found)
     return results
-
-
-def stored_results(store: Path, specs, meshes, limit: int | None, root: Path = Path(".")) -> tuple[list[CaseResult], str]:
-    """The results a folder holds for ``specs`` on ``meshes`` (each spec's own meshes when None)
-    at this torch version and ``limit``, and a sentence saying how much of that is complete:
-    (spec, mesh) pairs finished, in progress (their cases so far) and not run, by name.
-
-    With ``limit`` None (every combination), a case the full run has not finished is read from
-    the largest evenly spaced sample stored for it (``--limit N``), and said: every combination
-    of every op on three meshes is more than this machine can run (hours per op spec on the
-    larger grids), and a stated sample says more than "not run"."""
-    import torch
-
-    results: list[CaseResult] = []
-    complete, sampled, partial, missing, unrun = [], [], [], [], []
-    absent, seconds, sample_limits, stale, current = 0, 0.0, set(), [], 0
-    for spec in specs:
-        digest = spec_hash(spec, root)
-        shapes = meshes or spec.verify.meshes
-        runs = {tuple(m): stored_runs(store, spec.name, digest, m, torch.__version__, limit) for m in shapes}
-        stale += [f"{run.spec} {_shape(run.mesh)} (version {run.harness})" for found in runs.values() for run in found
-                  if run.harness != HARNESS]
-        runs = {mesh: [run for run in found if run.harness == HARNESS] for mesh, found in runs.items()}
-        current += sum(len(found) for found in runs.values())
-        if not any(runs.values()):
-            unrun.append(spec.name)      # said by name alone
-            absent += len(shapes)
-            continue
-        for mesh in shapes:
-            mesh = tuple(mesh)
-            found_cases, finished, from_sample = _merged_cases(runs[mesh], sampling=limit is None)
-            name = f"{spec.name} {_shape(mesh)}"
-            if not found_cases:
-                missing.append(name)
-                continue
-            if not finished:
-                partial.append(name)
-            elif from_sample:
-                sampled.append(name)
-                sample_limits |= from_sample
-            else:
-                complete.append(name)
-            for found in found_cases:
-                seconds += found.seconds
-                results.append(found)
-    total = len(complete) + len(sampled) + len(partial) + len(missing) + absent
-    note = (f"the stored results in `{store}` (torch {torch.__version__}, --limit {limit or 0}): {len(complete)} of "
-            f"{total} (op spec, mesh) pairs complete")
-    if sampled:
-        note += (f", {len(sampled)} complete where some cases ran an evenly spaced sample of their combinations "
-                 f"(--limit {', '.join(map(str, sorted(sample_limits)))}; each such case's note says how many of "
-                 "its combinations were not executed)")
-    note += (f", {len(partial)} in progress (their finished cases and the combinations executed so far are counted "
-             f"below), {len(missing) + absent} not run; {sum(r.executed for r in results):,} of the stored cases' "
-             f"{sum(r.combinations for r in results):,} combinations executed, {seconds / 60:.0f} min of execution stored.")
-    if partial:
-        note += " In progress: " + ", ".join(partial) + "."
-    if missing:
-        note += " Not run: " + ", ".join(missing) + "."
-    if unrun:
-        note += f" Not run on any mesh ({len(unrun)} specs): " + ", ".join(unrun) + "."
-    note += (f" Each of the {current} stored file(s) read was made by this version (torch {torch.__version__}, "
-             f"DTensor harness {HARNESS}).")
-    if stale:
-        note += (f" Left out, made by another version of the harness than this one's ({HARNESS}), to be run again: "
-                 + ", ".join(stale) + ".")
-    others = sorted(p.name for p in Path(store).glob("torch-*") if p.name != f"torch-{torch.__version__}")
-    if others:
-        note += " Not read, made by another torch: " + ", ".join(others) + "."
-    return results, note
-
-
-def stored_runs(store: Path, spec_name: str, digest: str, mesh, torch_version: str,
-                 limit: int | None) -> list[StoredRun]:
-    """The stored runs of one spec on one mesh to read, best first: the run at ``limit``; with
-    ``limit`` None (every combination) also each stored sample, the largest first."""
-    wanted = load_stored(store_path(store, spec_name, digest, mesh, torch_version, limit))
-    runs = [wanted] if wanted is not None else []
-    if limit is None:
-        pattern = store_path(store, spec_name, digest, mesh, torch_version, None).name.replace(".limit0.", ".limit*.")
-        samples = [load_stored(path) for path in store.joinpath(f"torch-{torch_version}").glob(pattern)]
-        runs += sorted((run for run in samples if run is not None and run.limit), key=lambda run: -run.limit)
-    return runs
-
-
-def _merged_cases(runs: list[StoredRun], sampling: bool) -> tuple[list[CaseResult], bool, set[int]]:
-    """Each case from the first run (best first) that finished it, else from the first that has
-    it in progress; whether every case finished, and (``sampling``: samples stand in for the
-    full run) the sample limits any finished case came from."""
-    if not runs or not any(run.results for run in runs):
-        return [], False, set()
-    cases = next((run.cases for run in runs if run.cases), [])
-    found, finished, limits = [], True, set()
-    for case_id in cases:
-        done = next((run for run in runs if case_id in run.done), None)
-        run = done or next((run for run in runs if case_id in run.results), None)
-        if run is None:
-            finished = False
-            continue
-        result = CaseResult.from_json(run.results[case_id])
-        if done is None:
-            finished = False
-            left = f"in progress: {result.executed} of {result.combinations} combinations executed so far, the rest not run yet"
-            result.note = f"{result.note}; {left}" if result.note else left
-        elif sampling and run.limit:
-            limits.add(run.limit)
-        result.resumed = True
-        found.append(result)
-    return found, finished, limits
-
-
-def _shape(mesh) -> str:
-    return "(" + ", ".join(map(str, mesh)) + (",)" if len(mesh) == 1 else ")")

@@ -26,7 +26,8 @@ from typing import Any
 
 from shardverify.backends.units import Engine, Unit, UnitFailed, run_units
 from shardverify.dtensor.rootcause import fine_key
-from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT, CaseResult, run_case, stored_keys, stored_runs
+from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT, CaseResult, run_case, stored_keys
+from shardverify.dtensor.stored_results import stored_runs
 from shardverify.dtensor.store import StoredRun, open_run, save_stored, spec_hash
 
 __all__ = ["sweep", "run_case_unit", "settle", "joined", "DIED_ON_WORKER", "CHUNK"]

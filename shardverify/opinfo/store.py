@@ -31,7 +31,7 @@ from shardverify.opinfo.sweep import OUTCOMES, CallOutcome, SweepResult
 from shardverify.spec.limits import MAX_JSON_BYTES
 from shardverify.strategies.handlers.base import HandlerDef, registered_handlers, target_key
 from shardverify.stored import StoreError, items, need, read_json, safe_name, write_json
-from shardverify.verify.on_demand import _rule_text, default_cache_dir, no_cache_reason
+from shardverify.verify.on_demand import default_cache_dir, no_cache_reason, rule_text
 
 __all__ = ["RESULT_FORMAT", "default_results_dir", "settings_key", "load_entry", "save_entry", "source_commit",
            "claim_entry", "release_entry", "rule_digests", "held", "lock_owner", "LockOwner"]
@@ -86,7 +86,7 @@ def target_text(target: object) -> str:
 def rule_digests() -> dict[str, str]:
     """name -> digest of each registered handler's rule text, read once: the rules this process
     loaded, whatever the spec files say by the time an entry is saved."""
-    return {name: hashlib.sha256(_rule_text(h).encode()).hexdigest()[:16] for name, h in registered_handlers().items()}
+    return {name: hashlib.sha256(rule_text(h).encode()).hexdigest()[:16] for name, h in registered_handlers().items()}
 
 
 def _depends_on(outcomes: list[CallOutcome]) -> dict[str, str]:

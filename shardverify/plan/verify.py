@@ -270,9 +270,9 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
     _same_nodes(plan, captured.graph)
     recipe = ModelRecipe(module, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed,
                          captured.capture, captured.graph)
-    from shardverify.verify.engine import _backend_name
+    from shardverify.verify.engine import backend_label
 
-    name = _backend_name(backend)
+    name = backend_label(backend)
     try:
         reports = backend.run(rank_run_plan, recipe, plan, timeout=timeout)
     except BackendError as error:

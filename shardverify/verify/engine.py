@@ -26,12 +26,12 @@ from shardverify.verify.report import CheckResult, Mismatch
 from shardverify.verify.tolerance import Tolerance
 
 __all__ = ["RankReport", "OpCallError", "rank_check", "verify_strategy", "verify_case", "expected_collectives",
-           "strategy_problems", "local_arguments"]
+           "strategy_problems", "local_arguments", "backend_label"]
 
 
 # ------------------------------------------------------------------------- orchestration
 
-def _backend_name(backend) -> str:
+def backend_label(backend) -> str:
     """"simulated", "gloo", "nccl"... plus the device when it is not the CPU."""
     name = getattr(backend, "name", None) or getattr(backend, "backend", None)
     if not isinstance(name, str):
@@ -188,7 +188,7 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     shown_dtype = dtype or _first_dtype(case)
     if needs_isolation(case, backend):   # its kernel may end the process it runs in: checked in a child
         results = verify_isolated(verify_case, backend, case, strategies, shown_dtype=shown_dtype,
-                                  backend_name=_backend_name(backend), dtype=dtype, tol=tol, timeout=timeout)
+                                  backend_name=backend_label(backend), dtype=dtype, tol=tol, timeout=timeout)
         for result in results:
             if on_result is not None:
                 on_result(result)
@@ -216,7 +216,7 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     for variant in checked:
         if id(variant) not in described:
             described[id(variant)] = variant.describe()
-    backend_name, seeds_note = _backend_name(backend), seeds.note()
+    backend_name, seeds_note = backend_label(backend), seeds.note()
     kept = error_maps_kept()
     for i, strategy in enumerate(strategies):
         final, note = _verdict(mismatches[i], budgets.get(i), rechecks.get(i), shown_dtype)

@@ -51,7 +51,7 @@ from shardverify.verify.reference import reference
 from shardverify.verify.report import CheckResult
 
 __all__ = ["CACHE_ENV", "OnDemandRecord", "OnDemandVerifier", "verify_node", "every_strategy", "default_cache_dir",
-           "checkable_case", "code_digest", "record_problem", "no_cache_reason"]
+           "checkable_case", "code_digest", "record_problem", "no_cache_reason", "rule_text"]
 
 CACHE_ENV = "SHARDVERIFY_CACHE_DIR"
 #: bumped whenever what a verdict means changes: older verdicts on disk are then never read
@@ -216,7 +216,7 @@ def _signature(value: object) -> object:
     return repr(value)
 
 
-def _rule_text(handler: HandlerDef) -> str:
+def rule_text(handler: HandlerDef) -> str:
     """What the strategies depend on, stably: the spec's text where it can be read, and the
     handler's declarations (the rule's options, the operands and parameters, the data drawn)."""
     spec_text = ""
@@ -233,7 +233,7 @@ def verdict_key(call: UnverifiedCall) -> str:
     """The disk cache's key of a call's verdict: rule, call signature, mesh, strategies, torch,
     shardverify's generator and engine code (:func:`code_digest`)."""
     node = call.node
-    text = json.dumps([VERDICT_FORMAT, torch.__version__, code_digest(), _rule_text(call.handler),
+    text = json.dumps([VERDICT_FORMAT, torch.__version__, code_digest(), rule_text(call.handler),
                        target_name(node), _module_text(node, call.graph_module), _signature(list(node.args)),
                        _signature(dict(node.kwargs)), _signature(node), list(call.mesh.shape),
                        sorted(s.name for s in call.strategies)], sort_keys=True)
