@@ -149,6 +149,43 @@ def backend_help(names: tuple[str, ...]) -> str:
     return "; ".join(f"{name}: {_KINDS[name].summary}" for name in names)
 
 
+# ---- what a built backend offers beyond ``run`` and ``close`` (the Backend protocol): asked
+# here alone, so a backend of the user's (or a test's stand-in) that lacks one still runs
+
+def backend_label(backend: Any) -> str:
+    """"simulated", "gloo", "nccl"... plus the device when it is not the CPU."""
+    name = getattr(backend, "name", None) or getattr(backend, "backend", None)
+    if not isinstance(name, str):
+        name = type(backend).__name__.removesuffix("Backend").lower() or type(backend).__name__
+    device = str(getattr(backend, "device", "cpu"))
+    return name if device == "cpu" else f"{name}/{device}"
+
+
+def batch_runner(backend: Any) -> Callable[..., list] | None:
+    """The backend's ``run_batch`` (many checks in one hand-over to the ranks), or None."""
+    return getattr(backend, "run_batch", None)
+
+
+def start_backend(backend: Any) -> None:
+    """Start a backend that starts lazily (a process pool) now, so no timed work pays for it."""
+    start = getattr(backend, "start", None)
+    if callable(start):
+        start()
+
+
+def take_notices(backend: Any) -> list[str]:
+    """What happened to the backend outside any check (a worker found dead and replaced)."""
+    take = getattr(backend, "take_notices", None)
+    return take() if callable(take) else []
+
+
+def wires(backend: Any, kind: str) -> tuple[str, str]:
+    """(the torch.distributed backend a built backend of ``kind`` uses, its first rank's device):
+    "process" names the pool, not what its collectives run on."""
+    devices = getattr(backend, "devices", None)
+    return getattr(backend, "backend", None) or kind, str(devices[0]) if devices else "cpu"
+
+
 register(BackendKind("simulated", "all ranks as threads of this process (default)",
                      "shardverify.backends.simulated:SimulatedBackend"))
 register(BackendKind("process", "a pool of torch.distributed worker processes, NCCL when there is a GPU "
@@ -161,5 +198,6 @@ register(BackendKind("torchrun", "this process is one rank of a world started by
                      "shardverify.backends.torchrun:TorchrunBackend", dist="auto", world="environment",
                      reports="rank 0"))
 
-__all__ = ["BackendKind", "DEFAULT_KIND", "DEVICE_POLICIES", "backend_help", "backend_kind", "backend_names", "builds_any_mesh",
-           "choose_dist", "measures", "placed_by_policy", "register", "unregister", "visible_gpus"]
+__all__ = ["BackendKind", "DEFAULT_KIND", "DEVICE_POLICIES", "backend_help", "backend_kind", "backend_label",
+           "backend_names", "batch_runner", "builds_any_mesh", "choose_dist", "measures", "placed_by_policy", "register",
+           "start_backend", "take_notices", "unregister", "visible_gpus", "wires"]

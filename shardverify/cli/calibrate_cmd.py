@@ -90,10 +90,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             samples = measure(backend, payload_sizes(args.max_bytes), repeats=args.repeats)
             fits = fit_mesh(mesh.shape, samples)
-            device = str(backend.devices[0]) if getattr(backend, "devices", None) else "cpu"
-            # the torch.distributed backend measured ("process" names the pool, not the wires)
-            wires = getattr(backend, "backend", None) or args.backend
-            path = save_calibration(mesh.shape, fits, backend=wires, device=device, path=args.out)
+            dist, device = registry.wires(backend, args.backend)   # the collectives measured
+            path = save_calibration(mesh.shape, fits, backend=dist, device=device, path=args.out)
             calibrated = DeviceMesh.calibrated(mesh.shape, path=str(path))
             ranking = None if args.no_rank else rank_linear(backend, calibrated, args.repeats)
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from shardverify.backends.registry import start_backend
 from shardverify.cli.progress import Progress
 from shardverify.errors import ShardVerifyError
 
@@ -97,8 +98,7 @@ def make_backend(kind: str, mesh_shape: tuple[int, ...], device: str | None, tim
 
     options = {"timeout": timeout} if device is None else {"timeout": timeout, "device": device}
     backend = get_backend(kind, DeviceMesh(mesh_shape), **options)
-    if callable(getattr(backend, "start", None)):
-        backend.start()   # a process pool starts now, so no row's time includes it
+    start_backend(backend)   # a process pool starts now, so no row's time includes it
     return backend
 
 

@@ -270,7 +270,7 @@ def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
     _same_nodes(plan, captured.graph)
     recipe = ModelRecipe(module, tuple(as_float64(t.detach().cpu()) for t in example_inputs), seed,
                          captured.capture, captured.graph)
-    from shardverify.verify.engine import backend_label
+    from shardverify.backends.registry import backend_label
 
     name = backend_label(backend)
     try:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardverify.backends.registry import batch_runner
 from shardverify.errors import InvalidArgument, ShardingSpecError
 from shardverify.spec.limits import MAX_RESHARD_PAIRS
 from shardverify.sharding.mesh import DeviceMesh
@@ -203,7 +204,7 @@ def check_reshard(backend, tensor_shape: tuple[int, ...], prune: bool = True, se
     pairs = tuple(layout_pairs(mesh, tuple(tensor_shape), prune))
     chunks = [(ReshardCase(tuple(mesh.shape), tuple(tensor_shape), pairs[first:first + CHUNK_PAIRS], seed, first),)
               for first in range(0, len(pairs), CHUNK_PAIRS)]
-    run_batch = getattr(backend, "run_batch", None)
+    run_batch = batch_runner(backend)
     if run_batch is not None:
         outcomes = run_batch(rank_check_pairs, chunks)
     else:

@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from shardverify.backends.registry import backend_label, batch_runner, take_notices
 from shardverify.errors import BackendError, InvalidArgument, RankError, VerificationError
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.spec.case import OpCase
@@ -26,19 +27,10 @@ from shardverify.verify.report import CheckResult, Mismatch
 from shardverify.verify.tolerance import Tolerance
 
 __all__ = ["RankReport", "OpCallError", "rank_check", "verify_strategy", "verify_case", "expected_collectives",
-           "strategy_problems", "local_arguments", "backend_label"]
+           "strategy_problems", "local_arguments"]
 
 
 # ------------------------------------------------------------------------- orchestration
-
-def backend_label(backend) -> str:
-    """"simulated", "gloo", "nccl"... plus the device when it is not the CPU."""
-    name = getattr(backend, "name", None) or getattr(backend, "backend", None)
-    if not isinstance(name, str):
-        name = type(backend).__name__.removesuffix("Backend").lower() or type(backend).__name__
-    device = str(getattr(backend, "device", "cpu"))
-    return name if device == "cpu" else f"{name}/{device}"
-
 
 def _error_mismatches(error: BackendError, mesh_ranks: Sequence[int] = ()) -> list[Mismatch]:
     """One "error" mismatch per failing rank: every rank the backend names (and each failure
@@ -81,7 +73,7 @@ def _run_checks(backend, case: OpCase, strategies: Sequence[ShardingStrategy], d
     """The mismatches of each strategy: one batch (one hand-over to the ranks) where the
     backend has ``run_batch``, each failure still its own strategy's, each check still under
     its own timeout."""
-    run_batch = getattr(backend, "run_batch", None)
+    run_batch = batch_runner(backend)
     if run_batch is None or len(strategies) < 2:
         return [_run_check(backend, case, s, dtype, tol, timeout) for s in strategies]
     outcomes = run_batch(rank_check, [(case, s, dtype, tol) for s in strategies], timeout=timeout)
@@ -210,7 +202,7 @@ def verify_case(backend, case: OpCase, strategies: Iterable[ShardingStrategy] | 
     seconds = (time.perf_counter() - start) / len(strategies)   # a batch's time, shared evenly
     # what happened to the backend outside any check (a worker found dead and replaced): said,
     # on the first result, without failing anything
-    incidents = getattr(backend, "take_notices", lambda: [])()
+    incidents = take_notices(backend)
     results = []
     described: dict[int, str] = {}   # each seed's case described once, not per strategy
     for variant in checked:
