@@ -12,6 +12,7 @@ import weakref
 import torch
 from torch import fx
 
+from shardverify.capture.meta import output_metas, tensor_meta
 from shardverify.errors import VerificationError
 
 __all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op",
@@ -210,8 +211,7 @@ def tuple_element(node: fx.Node) -> tuple[fx.Node, int] | None:
     producer, index = node.args
     if not isinstance(producer, fx.Node) or not isinstance(index, int) or isinstance(index, bool):
         return None
-    meta = producer.meta.get("tensor_meta")
-    if not isinstance(meta, (list, tuple)) or not all(hasattr(m, "shape") for m in meta) \
-            or not -len(meta) <= index < len(meta):
+    metas = output_metas(producer) if tensor_meta(producer) is None else None
+    if metas is None or None in metas or not -len(metas) <= index < len(metas):
         return None
-    return producer, index % len(meta)
+    return producer, index % len(metas)

@@ -31,6 +31,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx
 
+from shardverify.capture.meta import tensor_meta
 from shardverify.capture.call import target_name
 from shardverify.capture.custom_ops import custom_decomposition
 from shardverify.capture.export import annotate, inplace_as_functional, tuple_views_as_slices
@@ -88,8 +89,8 @@ def _trace(node: fx.Node, table) -> _Traced:
     where = [i for i, v in enumerate(flat) if isinstance(v, fx.Node)]
     examples = []
     for i in where:
-        meta = flat[i].meta.get("tensor_meta")
-        if not hasattr(meta, "shape"):
+        meta = tensor_meta(flat[i])
+        if meta is None:
             return _Traced(None, f"operand {flat[i].name!r} is not a single tensor")
         # a floating operand asks for a gradient, as in the training step a plan checks: a composite
         # kernel picks its differentiable path (embedding_bag's _embedding_bag, not _forward_only)

@@ -19,6 +19,7 @@ import torch
 from torch.fx import GraphModule
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
+from shardverify.capture.meta import tensor_meta
 from shardverify.capture.call import tuple_element
 from shardverify.errors import InvalidArgument
 
@@ -109,7 +110,8 @@ def inplace_as_functional(graph_module: GraphModule) -> GraphModule:
 def _pieces(node: torch.fx.Node) -> list[tuple[int, int]] | None:
     """(start, end) of each piece a split returns along its dim, from the input's shape."""
     source = node.args[0]
-    shape = getattr(source.meta.get("tensor_meta"), "shape", None) if isinstance(source, torch.fx.Node) else None
+    meta = tensor_meta(source) if isinstance(source, torch.fx.Node) else None
+    shape = None if meta is None else meta.shape
     if shape is None:
         return None
     args = list(node.args) + [None] * 3

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from shardverify.capture.meta import output_metas
 from shardverify.sharding.reshard_plan import Layout
 from shardverify.verify.report import Mismatch
 from shardverify.verify.tolerance import SummedTolerance, Tolerance, max_error, tolerance_for
@@ -36,9 +37,7 @@ def _rank(dtype: torch.dtype) -> float:
 
 
 def _dtypes(node: fx.Node) -> list[torch.dtype]:
-    meta = node.meta.get("tensor_meta")
-    metas = [meta] if hasattr(meta, "dtype") else meta if isinstance(meta, (list, tuple)) else []
-    return [m.dtype for m in metas if getattr(m, "dtype", None) is not None and m.dtype.is_floating_point]
+    return [m.dtype for m in output_metas(node) or () if m is not None and m.dtype.is_floating_point]
 
 
 def _tolerance(dtype: torch.dtype) -> Tolerance:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from shardverify.capture.meta import output_metas, tensor_meta
 from shardverify.capture.uninitialised import is_uninitialised
 from shardverify.capture.call import target_name, tuple_element
 from shardverify.capture.decompose import not_decomposed, origin
@@ -80,13 +81,12 @@ class NodeStatus:
 
 def meta_shapes(node: fx.Node) -> tuple[int, ...] | list[tuple[int, ...]] | None:
     """The node's output shape, a list of them for a tuple of tensors, None for a non-tensor."""
-    meta = node.meta.get("tensor_meta")
-    if meta is None:
-        return None
-    if hasattr(meta, "shape"):
-        return tuple(meta.shape)
-    if isinstance(meta, (list, tuple)) and all(hasattr(m, "shape") for m in meta):
-        return [tuple(m.shape) for m in meta]
+    single = tensor_meta(node)
+    if single is not None:
+        return tuple(single.shape)
+    metas = output_metas(node)
+    if metas is not None and None not in metas:
+        return [tuple(m.shape) for m in metas]
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import fx
 
+from shardverify.capture.meta import tensor_meta
 from shardverify.capture.call import tuple_element
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
@@ -99,8 +100,7 @@ def element_layout(node: fx.Node, layouts: dict):
 
 
 def _itemsize(node: fx.Node) -> int:
-    meta = node.meta.get("tensor_meta")
-    dtype = getattr(meta, "dtype", None)
+    dtype = getattr(tensor_meta(node), "dtype", None)
     import torch
 
     return torch.empty((), dtype=dtype).element_size() if dtype is not None else 4
@@ -112,9 +112,10 @@ def metadata_read(node: fx.Node) -> object | None:
     (no metadata read gives None). Every rank reads the global shape, as the single-device
     model does."""
     source = node.args[0] if node.args else None
-    if not isinstance(source, fx.Node) or not hasattr(source.meta.get("tensor_meta"), "shape"):
+    meta = tensor_meta(source) if isinstance(source, fx.Node) else None
+    if meta is None:
         return None
-    shape = source.meta["tensor_meta"].shape
+    shape = meta.shape
     if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
         return {"shape": shape, "ndim": len(shape)}.get(node.args[1])  # type: ignore[call-overload]
     if node.op == "call_method" and node.target == "size" and not node.kwargs:

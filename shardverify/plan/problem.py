@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from torch import fx
 
+from shardverify.capture.meta import tensor_meta
 from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, node_layouts,
                                     node_options)
 from shardverify.plan.model import FLOP_RATE, Reshard
@@ -167,7 +168,7 @@ class PlanProblem:
         total = 0.0
         for operand, index, target in wanted:
             picked = source[index] if index is not None and isinstance(source, list) else source
-            key = (_hashable(picked), target, getattr(producer.meta.get("tensor_meta"), "dtype", None))
+            key = (_hashable(picked), target, getattr(tensor_meta(producer), "dtype", None))
             if key not in self._edge_costs:   # (make_reshard names an output that is no single tensor)
                 self._edge_costs[key] = self.reshard(node, operand, producer, source, target, index).cost
             total += self._edge_costs[key]

@@ -27,6 +27,7 @@ import itertools
 import math
 from typing import NamedTuple
 
+from shardverify.capture.meta import output_metas
 from shardverify.errors import InvalidArgument
 from shardverify.spec.case import OpCase
 
@@ -140,6 +141,4 @@ def _result_size(case: OpCase) -> int:
     """Elements of the op's result(s) as the case builds."""
     graph_module, node_name = case.build()
     node = next(n for n in graph_module.graph.nodes if n.name == node_name)
-    meta = node.meta["tensor_meta"]
-    metas = (meta,) if hasattr(meta, "shape") else meta   # TensorMetadata is a tuple itself
-    return sum(math.prod(m.shape) for m in metas if hasattr(m, "shape"))
+    return sum(math.prod(m.shape) for m in output_metas(node) or () if m is not None)

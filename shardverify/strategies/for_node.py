@@ -15,6 +15,7 @@ from typing import Protocol
 
 from torch.fx import GraphModule, Node
 
+from shardverify.capture.meta import output_metas, tensor_meta
 from shardverify.strategies import generators as _generators  # noqa: F401  (registers the generators)
 from shardverify.strategies import handlers as _handlers  # noqa: F401  (registers the generated handlers)
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
@@ -86,9 +87,9 @@ def strategies_for_node(graph_module: GraphModule, node_name_or_index: str | int
 def _shapes(node: Node) -> tuple:
     """The shapes and dtypes a node's strategies are computed from: its own and its inputs'."""
     def of(n: Node) -> object:
-        meta = n.meta.get("tensor_meta")
-        metas = meta if isinstance(meta, (list, tuple)) and not hasattr(meta, "shape") else (meta,)
-        return tuple((tuple(m.shape), m.dtype) if hasattr(m, "shape") else None for m in metas)
+        metas = output_metas(n)
+        return tuple((tuple(m.shape), m.dtype) if m is not None else None
+                     for m in ((None,) if metas is None else metas))
 
     return (of(node),) + tuple((n.name, of(n)) for n in node.all_input_nodes)
 
@@ -174,8 +175,8 @@ def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh, on_demand: O
         _check_unique(strategies, handler.name, node)
         return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)
     if node.op in _SOURCE_OPS:
-        meta = node.meta.get("tensor_meta")
-        if meta is None or not hasattr(meta, "shape"):
+        meta = tensor_meta(node)
+        if meta is None:
             raise HandlerError(f"node {node.name!r} has no tensor shape; trace the module with shardverify.trace()")
         kind = OperationDataType.ARG if node.op == "placeholder" else OperationDataType.PARAM
         operands = {"output": OperationData(node.name, kind, "output", tuple(meta.shape), meta.dtype,

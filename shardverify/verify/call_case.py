@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from shardverify.capture.meta import tensor_meta
 from shardverify.spec.fields import dtype_from_name
 
 __all__ = ["CallInput", "CallCase", "one_op_graph", "call_case", "describe_call"]
@@ -109,8 +110,8 @@ def one_op_graph(graph_module: fx.GraphModule, node: fx.Node) -> fx.GraphModule:
 
 def _shown_arg(value: object) -> str:
     if isinstance(value, fx.Node):
-        meta = value.meta.get("tensor_meta")
-        if hasattr(meta, "shape"):
+        meta = tensor_meta(value)
+        if meta is not None:
             return f"{str(meta.dtype).removeprefix('torch.')}{list(meta.shape)}"
         return value.name
     if isinstance(value, (list, tuple)):
@@ -144,8 +145,8 @@ def call_case(op: str, graph_module: fx.GraphModule, node: fx.Node,
     for arg in small.graph.nodes:
         if arg.op != "placeholder":
             continue
-        meta = arg.meta.get("tensor_meta")
-        if not hasattr(meta, "shape"):
+        meta = tensor_meta(arg)
+        if meta is None:
             raise TypeError(f"input {arg.name!r} of node {node.name!r} is not a tensor with a known shape")
         values, grad = drawn.get(arg.name, (None, True))
         inputs.append(CallInput(arg.name, tuple(int(s) for s in meta.shape),

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from shardverify.capture.meta import tensor_meta
 from shardverify.capture.call import operand_nodes
 from shardverify.sharding.strategy import ShardingStrategy, TrainCycleItem
 from shardverify.spec.case import OpCase
@@ -240,8 +241,8 @@ def _traced_operands(case: OpCase) -> tuple[dict, list[torch.dtype]]:
 
     traced, node_name = case.build()
     node = next(n for n in traced.graph.nodes if n.name == node_name)
-    found = {loc: (arg.meta["tensor_meta"].dtype, arg.op == "get_attr")
-             for loc, arg in operand_nodes(node).items() if hasattr(arg.meta.get("tensor_meta"), "dtype")}
+    found = {loc: (meta.dtype, arg.op == "get_attr")
+             for loc, arg in operand_nodes(node).items() if (meta := tensor_meta(arg)) is not None}
     if node.op == "call_module":
         module = traced.get_submodule(str(node.target))
         found.update({("param", n): (p.dtype, True) for n, p in module.named_parameters()})

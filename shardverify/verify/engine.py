@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from shardverify.capture.meta import output_metas
 from shardverify.backends.registry import backend_label, batch_runner, take_notices
 from shardverify.errors import BackendError, InvalidArgument, RankError, VerificationError
 from shardverify.sharding.strategy import ShardingStrategy
@@ -98,8 +99,7 @@ def _first_dtype(case) -> str:
     if case.inputs:
         return case.inputs[0].dtype
     graph_module, node_name = case.build()
-    meta = next(n for n in graph_module.graph.nodes if n.name == node_name).meta.get("tensor_meta")
-    meta = meta if hasattr(meta, "dtype") else meta[0]
+    meta = output_metas(next(n for n in graph_module.graph.nodes if n.name == node_name))[0]
     return str(meta.dtype).removeprefix("torch.")
 
 

@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from shardverify.capture.meta import output_metas
 from shardverify.errors import VerificationError
 from shardverify.spec.case import OpCase
 from shardverify.spec.limits import MAX_CASE_BYTES
@@ -33,11 +34,9 @@ def case_tensor_bytes(case: OpCase) -> int:
     for node in graph_module.graph.nodes:
         if node.op == "output":   # the op's node, already counted
             continue
-        meta = node.meta.get("tensor_meta")   # TensorMetadata (a named tuple) or a tuple of them
-        for item in (meta,) if hasattr(meta, "shape") else meta if isinstance(meta, (tuple, list)) else ():
-            shape = getattr(item, "shape", None)
-            if shape is not None:
-                total += math.prod(shape) * _FLOAT64
+        for item in output_metas(node) or ():
+            if item is not None:
+                total += math.prod(item.shape) * _FLOAT64
     for tensor in (*graph_module.parameters(), *graph_module.buffers()):
         if isinstance(tensor, torch.Tensor):
             total += tensor.numel() * _FLOAT64

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import fx
 
+from shardverify.capture.meta import tensor_meta
 from shardverify.backends.simulated import SimulatedBackend
 from shardverify.capture.call import target_name
 from shardverify.errors import HandlerError, InvalidArgument, ShardVerifyError
@@ -207,8 +208,8 @@ def _module_text(node: fx.Node, graph_module: fx.GraphModule) -> str:
 def _signature(value: object) -> object:
     """A call's argument as stable text: a tensor by shape and dtype, a number by its repr."""
     if isinstance(value, fx.Node):
-        meta = value.meta.get("tensor_meta")
-        return ["tensor", list(meta.shape), str(meta.dtype)] if hasattr(meta, "shape") else ["node", value.name]
+        meta = tensor_meta(value)
+        return ["tensor", list(meta.shape), str(meta.dtype)] if meta is not None else ["node", value.name]
     if isinstance(value, (list, tuple)):
         return [_signature(v) for v in value]
     if isinstance(value, Mapping):

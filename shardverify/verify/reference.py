@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from shardverify.capture.meta import output_metas
 from shardverify.capture.call import Locator, as_outputs, call_op, module_tensors, operand_nodes
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.errors import VerificationError
@@ -265,9 +266,8 @@ def _refuse_random(case: OpCase, node: fx.Node, module, values: dict, outputs: S
 def _meta_dtypes(graph_module: fx.GraphModule, node_name: str) -> list[torch.dtype]:
     """The dtype of each tensor the node returns (one, or one per tuple element)."""
     node = next(n for n in graph_module.graph.nodes if n.name == node_name)
-    meta = node.meta.get("tensor_meta")
-    metas = meta if isinstance(meta, (list, tuple)) and not hasattr(meta, "dtype") else [meta]
-    if not metas or any(m is None or not hasattr(m, "dtype") for m in metas):
+    metas = output_metas(node)
+    if not metas or None in metas:
         raise VerificationError(f"node {node_name!r} has no tensor shape metadata for its result(s); "
                                 "the verifier checks ops that return tensors or tuples of tensors")
     return [m.dtype for m in metas]

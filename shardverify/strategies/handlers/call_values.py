@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from shardverify.capture.meta import output_metas, tensor_meta
 from shardverify.errors import HandlerError
 from shardverify.sharding.strategy import OperandLocator, OperationData, OperationDataType
 from shardverify.strategies.handlers.base import Computed, HandlerDef, OperandDecl
@@ -27,7 +28,7 @@ MISSING = object()
 def is_tensor(value: object) -> bool:
     if not isinstance(value, torch.fx.Node):
         return False
-    return hasattr(value.meta.get("tensor_meta"), "shape") or isinstance(value.meta.get("val"), torch.Tensor)
+    return tensor_meta(value) is not None or isinstance(value.meta.get("val"), torch.Tensor)
 
 
 def takes_call(handler: HandlerDef, node: Node) -> bool:
@@ -61,7 +62,7 @@ def _reads_call(handler: HandlerDef, node: Node) -> bool:
     that :func:`flags_apart` and :func:`signature_apart` (by the result) allow."""
     declared = [*handler.operands, *handler.params]
     if any(d.kind == "output" and d.index is not None for d in handler.operands) and \
-            hasattr(node.meta.get("tensor_meta"), "shape"):
+            tensor_meta(node) is not None:
         return False                 # it reads a tuple result's elements; the call returns one tensor
     if not any(getattr(d, "varargs", False) for d in handler.params):
         places = {d.index for d in declared if d.index is not None}
@@ -81,25 +82,25 @@ def _reads_call(handler: HandlerDef, node: Node) -> bool:
 
 def _tensor_metas(node: Node) -> list[tuple[tuple[int, ...], torch.dtype]] | None:
     """(shape, dtype) of each tensor of a tuple result, or None for a single tensor."""
-    meta = node.meta.get("tensor_meta")
-    if isinstance(meta, (list, tuple)) and not hasattr(meta, "shape"):
-        if not all(hasattr(m, "shape") for m in meta):
-            raise HandlerError(f"node {node.name!r} returns a tuple holding non-tensors; only tensors are supported")
-        return [(tuple(m.shape), m.dtype) for m in meta]
-    return None
+    metas = output_metas(node) if tensor_meta(node) is None else None
+    if metas is None:
+        return None
+    if None in metas:
+        raise HandlerError(f"node {node.name!r} returns a tuple holding non-tensors; only tensors are supported")
+    return [(tuple(m.shape), m.dtype) for m in metas]
 
 
 def _tensor_meta(node: Node, index: int | None = None) -> tuple[tuple[int, ...], torch.dtype]:
-    meta = node.meta.get("tensor_meta")
+    meta = tensor_meta(node)
     if index is not None:
         metas = _tensor_metas(node)
-        if metas is None and hasattr(meta, "shape"):
+        if metas is None and meta is not None:
             raise HandlerError(f"node {node.name!r} returns one tensor where the spec reads element {index} of a "
                                f"tuple result: the call is another overload of the op than the spec serves")
         if metas is None or not 0 <= index < len(metas):
             raise HandlerError(f"node {node.name!r} has no tuple result element {index}")
         return metas[index]
-    if meta is None or not hasattr(meta, "shape"):
+    if meta is None:
         raise HandlerError(f"node {node.name!r} has no tensor shape; trace the module with shardverify.trace()")
     return tuple(meta.shape), meta.dtype
 
