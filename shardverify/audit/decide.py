@@ -163,12 +163,16 @@ class Problem:
         arguments of their own, which :meth:`decide` tries in turn)."""
         if self.shape_arg is not None or self.local_choices:
             return None
-        reason = self._shape_errors.get((tuple(self._first_shape(i, layout) for i, layout in enumerate(combo)),
-                                         (), ()))
+        reason = self._shape_errors.get(self._refusal_key(combo, {}, ()))
         if reason is None:
             return None
         self.decided += 1
         return Outcome(None, reason)
+
+    def _refusal_key(self, combo: Sequence[Layout], arguments: dict, masked: Sequence[tuple[int, int, int]]) -> tuple:
+        """What a refusal of the op is remembered by (rank 0's local shapes and arguments, the masking)."""
+        return (tuple(self._first_shape(i, layout) for i, layout in enumerate(combo)),
+                tuple(arguments.items()), tuple(masked))
 
     def _first_shape(self, position: int, layout: Layout) -> tuple[int, ...]:
         """Rank 0's local input shape for operand ``position`` in ``layout`` (cached: most
@@ -188,10 +192,8 @@ class Problem:
         ``masked``: (ids operand, table operand, table dim) whose ids each rank shifts into its
         rows of the table, zeroing the first output of the ids it does not hold (IndexShard)."""
         per_rank = arguments if isinstance(arguments, list) else [arguments or {}] * self.mesh.size
-        shapes = (tuple(self._first_shape(i, layout) for i, layout in enumerate(combo)),
-                  tuple(per_rank[0].items()), tuple(masked))
-        refused = self._shape_errors.get(shapes)
-        if refused is not None:
+        shapes = self._refusal_key(combo, per_rank[0], masked)
+        if (refused := self._shape_errors.get(shapes)) is not None:
             return refused
         locals_ = [self.local(i, layout) for i, layout in enumerate(combo)]
         results = []
