@@ -86,6 +86,17 @@ def child_cpu(args: list[str], cwd: Path, env: dict[str, str]) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def modules_entered(args: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """How many of the package's modules one command imports (``python -X importtime``'s lines
+    naming ``shardverify``): what its start-up reads besides torch."""
+    done = subprocess.run([args[0], "-X", "importtime", *args[1:]], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise Failed(f"{' '.join(args[1:])} exited with status {done.returncode}:\n{done.stderr[-2000:]}")
+    names = [line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    return sum(name == "shardverify" or name.startswith("shardverify.") for name in names)
+
+
 def one_round(root: Path, env: dict[str, str], number: int) -> dict[str, float]:
     (root / "specs" / f"{OP}.yaml").write_text(new_spec(number), encoding="utf-8")
     python = sys.executable
@@ -108,9 +119,11 @@ def measure(rounds: int) -> dict:
             raise Failed(f"the copy does not import its own package: {probe.stdout.strip() or probe.stderr[-2000:]}")
         one_round(root, env, 0)   # warm-up: the copy's bytecode
         found = [one_round(root, env, number) for number in range(1, rounds + 1)]
+        modules = {command: modules_entered([sys.executable, "-m", "shardverify", *argv], root, env)
+                   for command, argv in (("generate", ["generate", OP]), ("verify", ["verify", OP, "--mesh", "2"]))}
     figures = {c: [r[c] for r in found] for c in COLUMNS}
     return {"op": OP, "rounds": rounds, "min": {c: min(v) for c, v in figures.items()},
-            "median": {c: statistics.median(v) for c, v in figures.items()}}
+            "median": {c: statistics.median(v) for c, v in figures.items()}, "modules_entered": modules}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = "" if column == "floor" else f"   {result['over_floor'][column]:.2f}x the floor"
         print(f"  {column:<9} {result['min'][column]:6.2f} / {result['median'][column]:<6.2f}{ratio}".rstrip())
     print("  (floor: python -c 'import torch'; target: generate and verify within 3 CPU s each)")
+    print(f"  modules of shardverify entered: generate {result['modules_entered']['generate']}, "
+          f"verify {result['modules_entered']['verify']}")
     return 0
 
 

@@ -30,32 +30,20 @@ import shardverify.strategies.handlers as handlers
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.spec.fields import lookup
 from shardverify.strategies.handlers import generated
-from shardverify.strategies.handlers.base import (HandlerDef, OperandDecl, ParamDecl, register_handler,
-                                                  registered_handlers, unregister_handler)
+from shardverify.strategies.handlers.base import HandlerDef, register_handler, registered_handlers, unregister_handler
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _operand(o) -> OperandDecl:
-    return OperandDecl(role=o.role, kind=o.kind, index=o.index, keyword=o.keyword, attribute=o.attribute,
-                       optional=o.optional, element=o.element, variadic=o.variadic)
-
-
-def _param(p) -> ParamDecl:
-    return ParamDecl(name=p.name, index=p.index, keyword=p.keyword, default=p.default, varargs=p.varargs)
 
 
 def handler_of(spec) -> HandlerDef:
     """The HandlerDef of an op spec, field by field as templates/op_handler.py.j2 writes it."""
     return HandlerDef(
-        name=spec.name, targets=tuple(lookup(t.name) for t in spec.targets),
-        operands=tuple(_operand(o) for o in spec.operands), params=tuple(_param(p) for p in spec.params),
-        generator=spec.generator, options=spec.options, spec_file=spec.source,
+        name=spec.name, targets=tuple(lookup(t.name) for t in spec.targets), operands=spec.operands,
+        params=spec.params, generator=spec.generator, rule=spec.rule, spec_file=spec.source,
         bindings=tuple((lookup(t.name), tuple(spec.bindings(t))) for t in spec.bound_targets()),
         ignores=tuple(spec.ignores),
         drawn=tuple((i.role, i.values, i.grad) for i in spec.verify.inputs if i.values is not None or not i.grad),
-        overrides=tuple((lookup(t.name), tuple(_operand(o) for o in t.operands), tuple(_param(p) for p in t.params))
-                        for t in spec.targets if t.aten),
+        overrides=tuple((lookup(t.name), t.operands, t.params) for t in spec.targets if t.aten),
         isolate=spec.verify.isolate)
 
 
@@ -118,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio from specs / generated:   {min(specs_s) / min(generated_s):7.1f}x")
     print(f"lines kept: generated handler modules {_lines(modules)} in {len(modules)} files (written by "
           f"`shardverify generate`); the template {_lines([ROOT / 'shardverify/codegen/templates/op_handler.py.j2'])}, "
-          f"this builder {sum(len(inspect.getsource(f).splitlines()) for f in (_operand, _param, handler_of))}")
+          f"this builder {sum(len(inspect.getsource(f).splitlines()) for f in (handler_of,))}")
     return 0
 
 

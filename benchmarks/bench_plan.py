@@ -5,8 +5,9 @@ processes, times one float32 training step (forward + backward, the slowest rank
 warm-up) under the solver's plan and the hand-written plans, and prints each plan's declared
 cost beside it, both relative to the replicated plan measured in the same run. Costs are
 declared twice: with the mesh's default alpha-beta and multiply rate, and with values
-calibrated on the same gloo pool in the same run (a small and a large all-reduce per mesh
-axis, a local matmul); the solver is run under both::
+calibrated on the same gloo pool in the same run (the alpha-beta fit of `shardverify
+calibrate`, backends/calibration.py, over a few payload sizes; a local matmul for the
+multiply rate); the solver is run under both::
 
     .venv/bin/python benchmarks/bench_plan.py              # the spec's sizes, 10 steps
     .venv/bin/python benchmarks/bench_plan.py --quick      # 3 steps
@@ -18,19 +19,64 @@ The last line says whether the declared costs rank the plans as the measurements
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
+import time
 
+import torch
 import yaml
 
+from shardverify.backends.calibration import fit_mesh, measure
 from shardverify.backends.process import ProcessBackend
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.plan.calibrate import calibrated_mesh
-from shardverify.plan.execute import rank_time_plan
-from shardverify.plan.recipe import ModelRecipe
+from shardverify.plan.execute import sharded_forward
+from shardverify.plan.model import Plan
+from shardverify.plan.recipe import TRACE_LOCK, ModelRecipe, traced
 from shardverify.plan.spec import SOLVER, build_spec_model
 from shardverify.plan.verify import make_plan
 
 SPEC = "specs/plans/mlp.yaml"
+#: payloads (bytes per rank) the alpha-beta fit times: latency-bound to bandwidth-bound
+PAYLOADS = (1 << 10, 1 << 16, 1 << 22)
+
+
+def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> float:
+    """Mean seconds of one sharded training step (forward + backward) on this rank, float32."""
+    with TRACE_LOCK:
+        gm = traced(recipe)
+        gm = (copy.deepcopy(gm) if recipe.graph is not None else gm).float()   # the planned graph stays float64
+    recipe = ModelRecipe(recipe.module, tuple(x.float() if x.is_floating_point() else x for x in recipe.inputs),
+                         recipe.seed, recipe.capture, gm)
+    comm.barrier()
+    seconds = []
+    for _ in range(steps + 1):
+        comm.barrier()
+        start = time.perf_counter()
+        *_, result = sharded_forward(comm, gm, recipe, plan)
+        out = result if isinstance(result, torch.Tensor) else result[0]
+        out.backward(torch.ones_like(out))
+        comm.barrier()
+        seconds.append(time.perf_counter() - start)
+    return sum(seconds[1:]) / steps
+
+
+def rank_flop_rate(comm, size: int = 256, repeats: int = 5) -> float:
+    """Multiplies per second of a float32 matmul on this rank."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return repeats * size ** 3 / (time.perf_counter() - start)
+
+
+def calibrated_mesh(backend, repeats: int) -> tuple[DeviceMesh, float]:
+    """The backend's mesh with per-axis alpha and beta fitted as `shardverify calibrate` fits
+    them, and the slowest rank's multiply rate."""
+    mesh = backend.mesh
+    fits = fit_mesh(mesh.shape, measure(backend, PAYLOADS, repeats=repeats))
+    rate = min(backend.run(rank_flop_rate))
+    return DeviceMesh(mesh.shape, alpha=tuple(f.alpha for f in fits), beta=tuple(f.beta for f in fits)), rate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, choices = [], []
     backend = ProcessBackend(mesh, backend="gloo")
     try:
-        calibrated, rate = calibrated_mesh(backend)
+        calibrated, rate = calibrated_mesh(backend, 3 if args.quick else 10)
         print(f"calibrated: alpha {['%.3g' % a for a in calibrated.alpha]} s, beta "
               f"{['%.3g' % b for b in calibrated.beta]} s/B, {rate:.3g} multiplies/s "
               f"(defaults: alpha {mesh.alpha[0]:.3g}, beta {mesh.beta[0]:.3g}, 1e10)")

@@ -43,7 +43,22 @@ from shardverify.sharding.strategy import (
     StrategiesVector,
     TrainCycleItem,
 )
-from shardverify.capture.fx import trace
-from shardverify.strategies.for_node import strategies_for_node
-from shardverify.plan import verify_plan
-from shardverify.verify.on_demand import OnDemandVerifier, verify_node
+#: the public names that pull in the pipeline (torch.fx capture, the strategy registry, the plan
+#: and its solver), imported at first use: a command imports only what it runs
+_LAZY = {"trace": "shardverify.capture.fx", "strategies_for_node": "shardverify.strategies.for_node",
+         "verify_plan": "shardverify.plan", "OnDemandVerifier": "shardverify.verify.on_demand",
+         "verify_node": "shardverify.verify.on_demand"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'shardverify' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -8,14 +8,16 @@ filters; a spec kind building source text (a model's plan) and the DTensor repro
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import math
 import re
+import sys
 from typing import Any
 
 from shardverify.errors import InvalidArgument
 
-__all__ = ["py_literal", "py_identifier", "py_dotted"]
+__all__ = ["py_literal", "py_identifier", "py_dotted", "ModelSource", "py_model"]
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
@@ -53,3 +55,55 @@ def py_dotted(value: Any) -> str:
             keyword.iskeyword(part) for part in value.split(".")):
         raise InvalidArgument(f"refusing to emit {value!r} as a dotted Python name")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """A value of the package's op model as Python source: the expression, and the classes it
+    names as (module, name) pairs, for the generated module to import."""
+
+    text: str
+    imports: tuple[tuple[str, str], ...]
+
+
+def py_model(value: Any, indent: int | None = None) -> ModelSource:
+    """Source of a value of the op model: a frozen dataclass of this package as a call of its
+    class with every field that differs from its default (nested ones alike), or a plain
+    literal (:func:`py_literal`). A class is named only where it is importable as itself from
+    its module (a family's options class, registered in code), so the source rebuilds that very
+    class; anything else is refused. ``indent``: the outer call's arguments one a line, at that indentation."""
+    imports: set[tuple[str, str]] = set()
+    return ModelSource(_model_text(value, imports, indent), tuple(sorted(imports)))
+
+
+def _model_text(value: Any, imports: set[tuple[str, str]], indent: int | None = None) -> str:
+    if isinstance(value, tuple):
+        inner = ", ".join(_model_text(item, imports) for item in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return py_literal(value)
+    cls = type(value)
+    module, name = cls.__module__, cls.__qualname__
+    if not cls.__dataclass_params__.frozen or \
+            getattr(sys.modules.get(module), name, None) is not cls:   # type: ignore[attr-defined]
+        raise InvalidArgument(f"cannot emit {name} {value!r} as source: not a frozen dataclass importable by "
+                              f"its name from its module")
+    imports.add((py_dotted(module), py_identifier(name)))
+    fields = []
+    for f in dataclasses.fields(value):
+        if not f.init:
+            continue
+        held = getattr(value, f.name)
+        if f.default is not dataclasses.MISSING and _same(held, f.default):
+            continue
+        if f.default_factory is not dataclasses.MISSING and _same(held, f.default_factory()):
+            continue
+        fields.append(f"{py_identifier(f.name)}={_model_text(held, imports)}")
+    if indent is None or not fields:
+        return f"{name}({', '.join(fields)})"
+    return f"{name}(\n" + "".join(f"{' ' * (indent + 4)}{f},\n" for f in fields) + " " * indent + ")"
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of one type throughout (True is not 1 here: a default of 1 keeps a True)."""
+    return type(a) is type(b) and a == b and (not isinstance(a, tuple) or all(map(_same, a, b)))

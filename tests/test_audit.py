@@ -4,6 +4,7 @@ cover, accepted gaps, and the CLI failing on a planted generator that omits row-
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import textwrap
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 
 from shardverify.spec.accept import glob_matches
 from shardverify.audit.decide import Operand, prepare
-from shardverify.audit.layouts import Layout, axis_symmetries, tensor_layouts
+from shardverify.audit.layouts import axis_symmetries, tensor_layouts
+from shardverify.sharding.layout import Layout
 from shardverify.audit.offered import offered_combination
 from shardverify.cli.main import main
 from shardverify.errors import SpecError
@@ -50,6 +52,14 @@ def test_symmetries_swap_only_equal_axes():
     assert axis_symmetries((2, 2)) == [(0, 1), (1, 0)]
     assert axis_symmetries((2, 4)) == [(0, 1)]
     assert L((0, 1), ()).permuted((1, 0)) == L((1, 0), ())
+
+
+def test_a_layout_remembers_its_hash_but_hashes_anew_where_it_is_unpickled():
+    layout = L((0,), (), partial=(1,), reduce="max")
+    remembered = hash(layout)
+    assert layout.__dict__["_hash"] == remembered
+    copy = pickle.loads(pickle.dumps(layout))
+    assert "_hash" not in copy.__dict__ and copy == layout and hash(copy) == remembered
 
 
 # ------------------------------------------------------------------ the numerical decision

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardverify.audit.decide import Operand, lone_value_draws, prepare
-from shardverify.audit.layouts import Layout
+from shardverify.sharding.layout import Layout
 from shardverify.audit.offered import offered_combination
 from shardverify.audit.offered import own_arguments
 from shardverify.audit.combinations import CaseCombinations, outputs_hold

@@ -13,7 +13,7 @@ import torch
 import pytest
 
 from shardverify.audit.decide import Problem
-from shardverify.audit.layouts import Layout
+from shardverify.sharding.layout import Layout
 from shardverify.audit.combinations import CaseCombinations
 from shardverify.audit.run import audit_spec, offered_strategies
 from shardverify.backends import get_backend

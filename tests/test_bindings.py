@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from shardverify.strategies.rules.sources import parse_rule
 from shardverify import DeviceMesh, strategies_for_node, trace
 from shardverify.capture.export import annotate
 from shardverify.errors import HandlerError
@@ -71,7 +72,7 @@ def test_a_planted_rule_verified_on_one_value_is_not_served_another():
     triu = HandlerDef(name="triu_pointwise", targets=(torch.triu,),
                       operands=(OperandDecl("input", "input", 0, "input"), OperandDecl("output", "output")),
                       params=(ParamDecl("diagonal", 1, "diagonal", 0),), generator="rules",
-                      options=(("pointwise", True),), bindings=((torch.triu, (("diagonal", (-8,)),)),))
+                      rule=parse_rule({"pointwise": True}), bindings=((torch.triu, (("diagonal", (-8,)),)),))
     graph_module, node = _node(lambda t: torch.triu(t, 1), (8, 8))
     assert "passes diagonal=1; the rule was verified for diagonal in {-8}" in outside_grid(triu, node, graph_module)
     graph_module, node = _node(lambda t: torch.triu(t, -8), (8, 8))
@@ -235,7 +236,7 @@ def test_a_pool_rule_bound_to_its_window_refuses_another():
                               ParamDecl("padding", 3, "padding", 0), ParamDecl("dilation", 4, "dilation", 1),
                               ParamDecl("ceil_mode", 5, "ceil_mode", False),
                               ParamDecl("return_indices", 6, "return_indices", False)),
-                      generator="rules", options=(("pointwise", True),),
+                      generator="rules", rule=parse_rule({"pointwise": True}),
                       bindings=((F.max_pool2d, (("kernel_size", (2,)), ("stride", (2,)), ("padding", (0,)),
                                                 ("dilation", (1,)), ("ceil_mode", (False,)),
                                                 ("return_indices", (False,)))),))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardverify.cli import generate_cmd, list_cmd
+from shardverify.cli.main import main
 from shardverify.cli.catalogue import KINDS
 from shardverify.spec.kinds import spec_kinds
 from shardverify.codegen.generate import HEADER_MARK, generate, is_generated
@@ -23,6 +24,7 @@ from shardverify.spec.op import parse_op_spec
 from shardverify.codegen.render import Renderer, py_dotted, py_identifier, py_literal
 from shardverify.errors import InvalidArgument, SpecError
 from shardverify.strategies.generators.registry import register_generator
+from shardverify.strategies.rules.sources import parse_rule
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = ("generated_tests/test_linear.py", "generated_tests/test_sum.py",
@@ -107,13 +109,13 @@ def test_rendering_twice_gives_the_same_bytes():
 def test_check_catches_a_hand_edited_file(root, capsys):
     generate(root)
     handler = root / "shardverify/strategies/handlers/generated/sum.py"
-    handler.write_text(handler.read_text().replace("generator='rules'", "generator='replicated'"))
+    handler.write_text(handler.read_text().replace("generator='rules'", "generator='whole'"))
     assert run_cli("generate", "--check", "--root", str(root)) == 1
     out, err = capsys.readouterr()
     assert "--- a/shardverify/strategies/handlers/generated/sum.py" in out
-    assert "-    generator='replicated'," in out and "+    generator='rules'," in out
+    assert "-    generator='whole'," in out and "+    generator='rules'," in out
     assert "stale: shardverify/strategies/handlers/generated/sum.py" in err
-    assert "replicated" in handler.read_text()       # --check writes nothing
+    assert "'whole'" in handler.read_text()       # --check writes nothing
     assert run_cli("generate", "--root", str(root)) == 0
     assert run_cli("generate", "--check", "--root", str(root)) == 0
 
@@ -204,12 +206,64 @@ def test_generated_handler_registers_the_spec():
     assert total.targets == (torch.sum, torch.Tensor.sum) and total.spec_file == "specs/sum.yaml"
     assert [(p.name, p.index, p.keyword, p.default) for p in total.params] == [
         ("dim", 1, "dim", None), ("keepdim", 2, "keepdim", False)]
-    assert total.option_dict == {"follow": "input", "reduce_dims_param": "dim", "keepdim_param": "keepdim",
-                                 "linear_in": ("input",), "naming": "colossalai"}
+    assert dataclasses.replace(total.rule, at="") == parse_rule(
+        {"follow": "input", "reduce_dims_param": "dim", "keepdim_param": "keepdim", "linear_in": ["input"],
+         "naming": "colossalai"})
+    assert total.rule.at == f"specs/sum.yaml:{_line_of('specs/sum.yaml', '  options:')}"
     assert linear.targets == (torch.nn.Linear, torch.nn.functional.linear)
     assert [(o.role, o.kind, o.attribute, o.optional) for o in linear.operands] == [
         ("input", "input", None, False), ("other", "param", "weight", False),
         ("bias", "param", "bias", True), ("output", "output", None, False)]
+
+
+def _line_of(path: str, start: str) -> int:
+    lines = (REPO / path).read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if line.startswith(start))
+
+
+def test_every_generated_handler_is_its_parsed_spec():
+    """What runs is what was parsed: each committed handler holds its spec's declarations and rule
+    (the rule's YAML line included) equal to a fresh parse of the spec."""
+    from shardverify.spec.catalogue import load_op_specs
+    from shardverify.strategies.handlers import registered_handlers
+
+    handlers = registered_handlers()
+    specs = load_op_specs(REPO, None, [])
+    assert len(specs) == len(handlers) > 150
+    for spec in specs:
+        handler = handlers[spec.name]
+        assert (handler.operands, handler.params, handler.rule) == (spec.operands, spec.params, spec.rule), spec.name
+        assert handler.rule.at.startswith(spec.source + ":"), spec.name
+        assert [(o, p) for _, o, p in handler.overrides] == [(t.operands, t.params) for t in spec.targets if t.aten]
+
+
+def test_a_rule_is_parsed_once_per_spec_read(monkeypatch):
+    """`verify mm` parses mm's rule once, where it reads the spec; the handler serving the calls
+    holds the parsed rule and parses nothing again."""
+    from shardverify.strategies.generators import registry
+
+    calls = []
+    parse = registry._PARSERS["rules"]
+    monkeypatch.setitem(registry._PARSERS, "rules", lambda options: calls.append(dict(options)) or parse(options))
+    assert main(["verify", "mm", "--mesh", "2", "--root", str(REPO)]) == 0
+    assert calls == [{"einsum": "mk,kn->mn", "linear_in": ("input", "mat2")}]
+
+
+def test_model_source_refuses_what_it_cannot_rebuild():
+    """A generated handler names only frozen dataclasses importable by their name."""
+    from shardverify.pysource import py_model
+    from shardverify.strategies.declarations import OperandDecl
+
+    assert py_model(OperandDecl("x", "input", 0)).text == "OperandDecl(role='x', kind='input', index=0)"
+
+    @dataclasses.dataclass(frozen=True)
+    class Local:
+        x: int = 0
+
+    with pytest.raises(InvalidArgument, match="importable"):   # a class local to a function
+        py_model(Local(1))
+    with pytest.raises(InvalidArgument):
+        py_model(object())
 
 
 def test_every_kind_is_registered_in_catalogue_order():
@@ -300,13 +354,14 @@ FREE_FAMILY = "test_free_options"
 class _FreeOptions:
     """A test-only family's options: any values, naming no parameter or operand."""
 
+    values: tuple = ()
     refs: tuple = ()
 
     def check_operands(self, operands) -> None:
         pass
 
 
-register_generator(FREE_FAMILY, parse=lambda options: _FreeOptions())(lambda ctx: [])
+register_generator(FREE_FAMILY, parse=lambda options: _FreeOptions(tuple(options.items())))(lambda ctx: [])
 
 # Fields whose strings are data: the payload must reach the output only as a string constant.
 LITERAL_FIELDS = {

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
 from torch import nn
 
-from shardverify.ddp import (DDPOptions, LayerDecl, LossDecl, Mismatch, ModelDecl, ModelPlan,
+from shardverify.ddp import (DDPOptions, LayerDecl, LossDecl, ModelDecl, ModelPlan,
                              ModelResult, OptimizerDecl, assert_model_passed, plan_tolerance,
                              reference_trajectory, shard_steps, verify_model)
 from shardverify.ddp.build import build_model, make_batch
-from shardverify.ddp.check import FLOAT32_ATOL, FLOAT32_RTOL
+from shardverify.ddp.check import FLOAT32_ATOL, FLOAT32_RTOL, _Comparer
 from shardverify.ddp.hooks import COMPRESSION_UNIT_ROUNDOFF
+from shardverify.ddp.report import model_mismatch, model_order
 from shardverify.errors import BackendError, InvalidArgument
+from shardverify.verify.report import Mismatch
+from shardverify.verify.tolerance import Tolerance
 
 MLP = ModelDecl(layers=(LayerDecl("torch.nn.Linear", (6, 12)), LayerDecl("torch.nn.ReLU"),
                         LayerDecl("torch.nn.Linear", (12, 3))))
@@ -123,23 +127,55 @@ def test_uneven_reference_trains_only_on_the_shards_still_training():
 # ---- tolerances and reports --------------------------------------------------------------
 
 def test_tolerance_is_float32_tight_and_fp16_looser_growing_with_world_and_steps():
-    assert plan_tolerance(MSE_PLAN, 4) == (FLOAT32_RTOL, FLOAT32_ATOL)
+    assert plan_tolerance(MSE_PLAN, 4) == Tolerance(FLOAT32_RTOL, FLOAT32_ATOL)
     fp16 = with_options(MSE_PLAN, comm_hook="fp16_compress")
-    rtol2, atol2 = plan_tolerance(fp16, 2)
-    assert rtol2 == atol2 == 4 * 3 * COMPRESSION_UNIT_ROUNDOFF["fp16_compress"] * fp16.steps
-    assert plan_tolerance(fp16, 4)[0] > rtol2 > 100 * FLOAT32_RTOL
-    assert plan_tolerance(dataclasses.replace(fp16, rtol=0.5), 2) == (0.5, atol2)
+    tol2 = plan_tolerance(fp16, 2)
+    assert tol2.rtol == tol2.atol == 4 * 3 * COMPRESSION_UNIT_ROUNDOFF["fp16_compress"] * fp16.steps
+    assert plan_tolerance(fp16, 4).rtol > tol2.rtol > 100 * FLOAT32_RTOL
+    assert plan_tolerance(dataclasses.replace(fp16, rtol=0.5), 2) == Tolerance(0.5, tol2.atol)
 
 
 def _mismatch(step, rank=0, quantity="grad", name="0.weight"):
-    return Mismatch(step, rank, quantity, name, 0.5, 1.0, 1e-5, 1e-6, (12, 6))
+    return model_mismatch("values", step, rank, quantity, name, Tolerance(1e-5, 1e-6), actual_shape=(12, 6),
+                          expected_shape=(12, 6), max_abs_err=0.5, max_rel_err=1.0)
 
 
 def test_mismatch_report_names_step_rank_quantity_parameter_and_error():
-    text = _mismatch(1, rank=3).describe()
+    found = _mismatch(1, rank=3)
+    assert isinstance(found, Mismatch)
+    assert (found.when, found.phase, found.tensor) == ("step 1", "grad", "grad of '0.weight'")
+    text = found.describe()
     assert text.startswith("step 1, rank 3: grad of '0.weight' shape (12, 6) differs")
     assert "max abs err 0.5" in text and "atol=1e-06" in text
     assert _mismatch(None, quantity="param").describe().startswith("after join, rank 0: param of '0.weight'")
+    assert model_mismatch("values", 0, 1, "loss", "", Tolerance(1e-5, 1e-6), actual_shape=(), max_abs_err=0.5,
+                          max_rel_err=1.0).describe().startswith("step 0, rank 1: loss differs from the reference")
+
+
+def test_mismatches_sort_by_step_then_quantity_then_name_then_rank():
+    found = [_mismatch(None, 0, "param"), _mismatch(1, 0, "loss", ""), _mismatch(0, 1, "buffer", "a"),
+             _mismatch(0, 1, "grad", "a.b"), _mismatch(0, 0, "grad", "a.b"), _mismatch(0, 0, "grad", "a")]
+    assert [(m.when, m.tensor, m.rank) for m in sorted(found, key=model_order)] == [
+        ("step 0", "grad of 'a'", 0), ("step 0", "grad of 'a.b'", 0), ("step 0", "grad of 'a.b'", 1),
+        ("step 0", "buffer of 'a'", 1), ("step 1", "loss", 0), ("after join", "param of '0.weight'", 0)]
+
+
+def test_values_are_compared_by_verifys_rule_naming_shape_and_non_finite_values():
+    comparer = _Comparer(2, Tolerance(1e-5, 1e-6))
+    comparer.tensor(0, "param", "w", torch.tensor([1.0, float("inf"), float("nan")]),
+                    torch.tensor([1.0, float("inf"), float("nan")]))     # inf and NaN where the reference has them
+    assert not comparer.mismatches
+    comparer.tensor(0, "grad", "w", torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]))
+    comparer.tensor(1, "grad", "w", torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0]))
+    comparer.tensor(1, "param", "w", torch.zeros(3), torch.zeros(2))
+    comparer.tensor(None, "buffer", "b", None, torch.zeros(2))
+    values, nonfinite, shape, missing = comparer.mismatches
+    assert comparer.compared == 5
+    assert values.describe() == ("step 0, rank 2: grad of 'w' shape (2,) differs from the reference: "
+                                 "max abs err 0.5, max rel err 0.2 (tolerance atol=1e-06, rtol=1e-05)")
+    assert "1 non-finite mismatch(es), first at index [1]: got nan, expected 2.0" in nonfinite.describe()
+    assert shape.kind == "shape" and shape.describe().endswith("shape (3,) vs reference (2,)")
+    assert missing.describe() == "after join, rank 2: buffer of 'b' differs from the reference: it is None on DDP only"
 
 
 def test_result_passes_only_when_the_outcome_matches_the_expectation():
@@ -182,12 +218,12 @@ def test_planted_sum_instead_of_average_is_caught_at_step_0_naming_each_paramete
     result = verify_model(sv_backend((world,), "process"), with_options(MSE_PLAN, comm_hook="sum_without_average"))
     assert not result.passed
     first = result.mismatches[0]
-    assert (first.step, first.quantity) == (0, "grad")
-    grads = {(m.name, m.rank): m for m in result.mismatches if m.step == 0 and m.quantity == "grad"}
-    assert set(grads) == {(name, rank) for name in ("0.weight", "0.bias", "2.weight", "2.bias")
+    assert (first.when, first.phase) == ("step 0", "grad")
+    grads = {(m.tensor, m.rank): m for m in result.mismatches if m.when == "step 0" and m.phase == "grad"}
+    assert set(grads) == {(f"grad of {name!r}", rank) for name in ("0.weight", "0.bias", "2.weight", "2.bias")
                           for rank in range(world)}
     # every gradient is world times too large: relative error world - 1
-    assert all(math.isclose(m.max_rel, world - 1, rel_tol=1e-4) for m in grads.values())
+    assert all(math.isclose(m.max_rel_err, world - 1, rel_tol=1e-4) for m in grads.values())
     with pytest.raises(AssertionError) as info:
         assert_model_passed(result)
     message = str(info.value)
@@ -201,8 +237,9 @@ def test_planted_unreduced_bucket_is_caught_with_parameter_and_step(sv_backend):
     result = verify_model(sv_backend((2,), "process"), plan)
     assert not result.passed
     first = result.mismatches[0]
-    assert first.step == 0 and first.quantity == "grad" and first.name in {"0.weight", "0.bias", "2.weight", "2.bias"}
-    with pytest.raises(AssertionError, match=rf"step 0, rank \d: grad of '{first.name}'"):
+    assert first.when == "step 0" and first.phase == "grad" and first.tensor in {
+        f"grad of {name!r}" for name in ("0.weight", "0.bias", "2.weight", "2.bias")}
+    with pytest.raises(AssertionError, match=rf"step 0, rank \d: {re.escape(first.tensor)}"):
         assert_model_passed(result)
 
 
@@ -240,8 +277,9 @@ CONV_BN = ModelPlan("conv_bn", ModelDecl(layers=(
 def test_batchnorm_statistics_are_caught_as_buffer_and_loss_mismatches_unless_synced(sv_backend):
     backend = sv_backend((2,), "process")
     local = verify_model(backend, with_options(CONV_BN, expect="differ"))
-    found = {(m.step, m.quantity, m.name) for m in local.mismatches}
-    assert {(0, "loss", ""), (0, "buffer", "1.running_mean"), (0, "buffer", "1.running_var")} <= found
-    assert (0, "buffer", "1.num_batches_tracked") not in found
+    found = {(m.when, m.tensor) for m in local.mismatches}
+    assert {("step 0", "loss"), ("step 0", "buffer of '1.running_mean'"),
+            ("step 0", "buffer of '1.running_var'")} <= found
+    assert ("step 0", "buffer of '1.num_batches_tracked'") not in found
     assert_model_passed(local)
     assert_model_passed(verify_model(backend, with_options(CONV_BN, sync_batchnorm=True)))

@@ -108,7 +108,7 @@ def test_the_audit_decides_validity_under_every_seed_the_data_needs():
     """The audit finds valid layouts numerically, so equal blocks fool it the same way: with the
     spec's seed alone, the mask in the other shard order than the input looks valid; under the
     seeds that tell the mask's blocks apart it is not."""
-    from shardverify.audit.layouts import Layout
+    from shardverify.sharding.layout import Layout
     from shardverify.audit.combinations import CaseCombinations
 
     spec = parse_op_spec(load_yaml(SPECS / "masked_fill.yaml", display="specs/masked_fill.yaml"))

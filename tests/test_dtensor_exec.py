@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardverify.audit.layouts import Layout
+from shardverify.sharding.layout import Layout
 from shardverify.cli.main import main
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.dtensor.accepted import load_accepted

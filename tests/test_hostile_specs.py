@@ -431,9 +431,9 @@ def test_a_trusted_module_may_hold_targets(root, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("factory, kwargs, needle", [
-    ("os.system", "{command: 'touch x'}", "lies in 'os'"),
-    ("subprocess.run", "{args: [ls]}", "lies in 'subprocess'"),
-    ("torch.hub.load", "{}", "lies in 'torch.hub'"),
+    ("os.system", "{command: 'touch x'}", "in no module the user named"),
+    ("subprocess.run", "{args: [ls]}", "'subprocess'"),
+    ("torch.hub.load", "{}", "is defined in 'torch.hub', in no module the user named"),
     ("trap.make", "{width: 2}", None),           # read, not imported: accepted, nothing ran
     ("trap.make", "{depth: 2}", "does not bind"),
     ("trap.nope", "{}", "has no attribute 'nope'"),

@@ -197,7 +197,8 @@ operands:
 params:
   size: {index: 1, keyword: size}
 generator:
-  family: replicated
+  family: rules
+  options: {whole_tensors: true}
 verify:
   explore: false
   inputs:

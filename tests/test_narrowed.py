@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from shardverify.audit.decide import Operand, prepare
-from shardverify.audit.layouts import Layout
+from shardverify.sharding.layout import Layout
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import CommPattern
 from shardverify.spec.case import InputDecl, OpCase

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 import pytest
 
+from shardverify.strategies.rules.sources import parse_rule
 from shardverify import DeviceMesh, trace
 from shardverify.errors import HandlerError
 from shardverify.plan.coverage import classify_nodes
@@ -63,14 +64,14 @@ def planted():
     triu = register_handler(HandlerDef(
         name="triu_pointwise", targets=(torch.triu,), spec_file="specs/triu_pointwise.yaml",
         operands=(OperandDecl("input", "input", 0, "input"), OperandDecl("output", "output")),
-        params=(ParamDecl("diagonal", 1, "diagonal", 0),), generator="rules", options=(("pointwise", True),),
+        params=(ParamDecl("diagonal", 1, "diagonal", 0),), generator="rules", rule=parse_rule({"pointwise": True}),
         bindings=((torch.triu, (("diagonal", (-8,)),)),)))
     pool = register_handler(HandlerDef(
         name="avg_pool_rows", targets=(F.avg_pool2d,), spec_file="specs/avg_pool_rows.yaml",
         operands=(OperandDecl("input", "input", 0, "input"), OperandDecl("output", "output")),
         params=(ParamDecl("kernel_size", 1, "kernel_size", None), ParamDecl("stride", 2, "stride", None),
                 ParamDecl("padding", 3, "padding", 0)),
-        generator="rules", options=(("pointwise", True),),
+        generator="rules", rule=parse_rule({"pointwise": True}),
         bindings=((F.avg_pool2d, (("kernel_size", (1,)), ("stride", (1,)), ("padding", (0,)))),)))
     yield triu, pool
     unregister_handler(triu.name)

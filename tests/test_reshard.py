@@ -6,15 +6,17 @@ import pytest
 import torch
 
 import shardverify.sharding.reshard_plan as reshard
+from shardverify.errors import ShardingSpecError
+from shardverify.sharding.layout import Layout, ShapedLayout
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.sharding.reshard_plan import Layout, ReshardStep, plan_reshard, reshard_cost
+from shardverify.sharding.reshard_plan import ReshardStep, plan_reshard, reshard_cost
 from shardverify.reshard.check import ReshardCase, check_reshard, enumerate_layouts, layout_pairs, rank_check_pairs
 
 MESH = (2, 2)
 
 
 def L(text, shape=(8, 8)):
-    return Layout.parse(text, shape, MESH)
+    return ShapedLayout.parse(text, shape, MESH)
 
 
 @pytest.mark.parametrize("src, tgt, steps", [
@@ -33,6 +35,18 @@ def test_plan_reshard(src, tgt, steps):
 def test_partial_and_sharded_on_one_axis_is_refused():
     with pytest.raises(Exception, match="both sharded and partial"):
         L("[S0, R] P0")
+
+
+def test_a_shaped_layout_is_the_layout_bound_to_a_tensor_and_mesh_shape():
+    shaped = L("[S0, R] P1", (8, 6))
+    assert shaped.layout == Layout(((0,), ()), (1,)) and shaped.partial == (1,) and shaped.axes == {0: (0,)}
+    assert (str(shaped), str(shaped.layout)) == ("[S0, R] P1", "[S0, R] P(sum:1)")
+    assert shaped == ShapedLayout(Layout(((0,), ()), (1,)), (8, 6), MESH) == ShapedLayout.of_spec(shaped.spec, (1,))
+    assert shaped != L("[S0, R] P1", (8, 8))      # another shape moves other bytes: another edge cost
+    assert shaped.local_shape() == (4, 6)
+    for refused in (Layout(((0,), ()), (1,), "max"), Layout(((0,), ()), absent=True)):
+        with pytest.raises(ShardingSpecError, match="partial sums only"):
+            ShapedLayout(refused, (8, 6), MESH)
 
 
 def test_cost_grows_with_the_communication():

@@ -70,7 +70,7 @@ def test_rule_options_are_validated_eagerly():
 def handler(name: str, target, operands, options, params=()):
     """Register a handler for ``target`` in place of the shipped one, for one test."""
     defn = HandlerDef(name=name, targets=(target,), operands=tuple(operands), params=tuple(params),
-                      generator="rules", options=tuple(options.items()))
+                      generator="rules", rule=parse_rule(options))
     key = target_key(target)
     saved = handlers._REGISTRY.get(key)
     handlers._REGISTRY[key] = (defn,)

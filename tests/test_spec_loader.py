@@ -11,6 +11,7 @@ from shardverify.spec.fields import Fields, as_dtype, as_identifier, as_shape, r
 from shardverify.spec.loader import Node, load_yaml, load_yaml_text
 from shardverify.spec.op import parse_op_spec
 from shardverify.errors import SpecError
+from shardverify.strategies.generators.registry import register_generator
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 
@@ -290,9 +291,12 @@ def test_generator_option_naming_an_undeclared_operand():
     assert_error_at(text, "follow: weight", "names operand 'weight'", "declared: input, output")
 
 
+register_generator("test_no_options")(lambda ctx: [])   # a family registered without an options parser
+
+
 def test_a_family_without_options_takes_none():
-    text = edit("  family: rules\n  options: {follow: input, ", "  family: replicated\n  options: {")
-    assert_error_at(text, "options: {", "generator family 'replicated' takes no options")
+    text = edit("  family: rules\n  options: {follow: input, ", "  family: test_no_options\n  options: {")
+    assert_error_at(text, "options: {", "generator family 'test_no_options' takes no options")
 
 
 BLOCK_OPTIONS = edit("  options: {follow: input, reduce_dims_param: dim, keepdim_param: keepdim}\n",

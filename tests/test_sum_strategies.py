@@ -218,12 +218,13 @@ def test_a_following_op_declared_linear_that_is_not_is_caught_at_its_partial_inp
     from shardverify.backends import SimulatedBackend
     from shardverify.spec.catalogue import load_op_specs
     from shardverify.strategies.handlers import base
+    from shardverify.strategies.rules.sources import parse_rule
     from shardverify.verify.engine import verify_case
 
     spec, = load_op_specs(Path(__file__).resolve().parents[1], None, ["sum"])
     case = dict(spec.op_cases())["torch.sum-dim_1-keepdim_False"]
     planted = dataclasses.replace(base._REGISTRY[torch.sum][0], name="planted_amax", targets=(torch.amax,),
-                                  options=base._REGISTRY[torch.sum][0].options + (("reduce_op", "max"),))
+                                  rule=parse_rule(dict(spec.options) | {"reduce_op": "max"}))
     saved = base._REGISTRY[torch.amax]
     base._REGISTRY[torch.amax] = (planted,)
     try:

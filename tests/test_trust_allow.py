@@ -1,6 +1,7 @@
-"""A spec names only what may run: factories allowed by what they are, never
-denied by name; re-reporting imports nothing; trusted targets matched by object; no module a
-target names imported while specs are read; torch's settings refused as targets."""
+"""A spec names only what may run: factories and targets allowed by what they are, never
+denied by name; re-reporting imports nothing; trusted targets matched by object, the setting
+naming modules of the user's own only; no module a target names imported while specs are read;
+torch's settings refused as targets."""
 
 from __future__ import annotations
 
@@ -92,14 +93,29 @@ def test_re_reporting_a_custom_run_imports_nothing(tmp_path, capsys):
     assert code == 2 and "no Python module in the spec's folder" in text and "antigravity" not in sys.modules, text
 
 
-def test_a_trusted_module_is_matched_by_object(monkeypatch):
-    """Trusting torch.nn trusts what torch.nn defines, not torch.save reached through it."""
-    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "torch.nn")
-    refusal = op_target_refusal("torch.nn.functional.torch.save", torch.save)
-    assert "torch.serialization" in refusal, refusal
+def test_a_trusted_module_is_matched_by_object(tmp_path, monkeypatch):
+    """Trusting a module of the user's trusts what it defines, not torch.save imported into it."""
+    (tmp_path / "svops.py").write_text("import torch\nfrom torch import save\n\n\n"
+                                       "def double(x):\n    return x * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "svops", raising=False)
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "svops")
+    refusal = op_target_refusal("svops.save", torch.save)
+    assert "torch.serialization" in refusal and "SHARDVERIFY_TRUSTED_TARGETS" in refusal, refusal
     with pytest.raises(Exception, match="torch.serialization"):
-        resolve_target(Node("torch.nn.functional.torch.save", "specs/evil.yaml", 3, "targets[0]"))
+        resolve_target(Node("svops.save", "specs/evil.yaml", 3, "targets[0]"))
+    assert resolve_target(Node("svops.double", "specs/ok.yaml", 3, "targets[0]")) == "svops.double"
     assert op_target_refusal("torch.nn.modules.linear.Linear", torch.nn.Linear) == ""
+
+
+@pytest.mark.parametrize("setting", ["torch", "torch.nn", "os", "pickle", "numpy.lib", "shardverify.plan"])
+def test_the_setting_names_only_modules_of_the_users_own(monkeypatch, setting):
+    """Python's own modules, installed packages (torch among them) and shardverify are no module
+    of the user's: the setting cannot name them, so trusting `torch` admits nothing beyond its
+    tensor ops (a target under torch needs no setting)."""
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", setting)
+    with pytest.raises(Exception, match=f"SHARDVERIFY_TRUSTED_TARGETS: '{re.escape(setting)}' cannot be trusted"):
+        resolve_target(Node("torch.sum", "specs/evil.yaml", 3, "targets[0]"))
 
 
 def test_a_target_under_a_main_module_is_not_imported():
@@ -177,20 +193,33 @@ def test_a_command_line_factory_that_runs_a_process_is_refused(tmp_path, capsys,
 
 
 @pytest.mark.parametrize("target, needle", [
-    ("torch.save", "defined in torch.serialization"),
-    ("torch.load", "defined in torch.serialization"),
+    ("torch.save", "'torch.save' (defined in torch.serialization) is not a tensor op"),
+    ("torch.load", "'torch.load' (defined in torch.serialization) is not a tensor op"),
     ("torch.from_file", "takes a file name ('filename')"),
     ("torch.ops.aten.from_file", "takes a file name ('filename')"),
-    ("torch.hub.load", "defined in torch.hub"),
+    ("torch.hub.load", "'torch.hub.load' (defined in torch.hub) is not a tensor op"),
 ])
-def test_trusting_torch_never_trusts_its_file_functions(monkeypatch, target, needle):
-    """SHARDVERIFY_TRUSTED_TARGETS=torch with `targets: [torch.save]` wrote a file: a trusted
-    module admits its tensor ops, never a function of a file, process or serialization module
-    nor an op taking a file name."""
-    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "torch")
+def test_torchs_file_functions_are_no_tensor_op(monkeypatch, target, needle):
+    """SHARDVERIFY_TRUSTED_TARGETS=torch with `targets: [torch.save]` wrote a file: a target
+    under torch is allowed only as a tensor op (what it is, not where it lies), and the setting
+    cannot widen that (it names modules of the user's own only)."""
+    monkeypatch.delenv("SHARDVERIFY_TRUSTED_TARGETS", raising=False)
     with pytest.raises(Exception, match=re.escape(needle)):
         resolve_target(Node(target, "specs/evil.yaml", 3, "targets[0]"))
     assert op_target_refusal("torch.sum", torch.sum) == ""
+    monkeypatch.setenv("SHARDVERIFY_TRUSTED_TARGETS", "torch")
+    with pytest.raises(Exception, match="'torch' cannot be trusted: it lies under torch"):
+        resolve_target(Node(target, "specs/evil.yaml", 3, "targets[0]"))
+
+
+def test_a_module_class_target_is_one_of_torchs_layers():
+    """A torch.nn.Module class is a target where torch.nn (or torch.ao.nn) defines it: a wrapper
+    of torch.distributed (FSDP) is not one, whatever path reaches it."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    refusal = op_target_refusal("torch.distributed.fsdp.FullyShardedDataParallel", FullyShardedDataParallel)
+    assert "not one of torch.nn's layers" in refusal, refusal
+    assert op_target_refusal("torch.nn.Linear", torch.nn.Linear) == ""
 
 
 def test_a_test_folder_is_judged_from_where_its_module_is_imported(tmp_path, monkeypatch):

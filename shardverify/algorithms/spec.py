@@ -32,19 +32,17 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from shardverify.spec.fields import (Fields, as_dtype, as_identifier, as_mesh, as_shape, as_tolerance, check_type, describe,
-                                     finite_number)
-from shardverify.spec.kinds import SpecKind, TemplateRenderer
+from shardverify.spec.fields import (Fields, allowed_definition, as_dtype, as_identifier, as_mesh, as_shape,
+                                     as_tolerance, check_type, describe, finite_number)
+from shardverify.spec.kinds import TemplateRenderer
 from shardverify.spec.limits import MAX_MESH_RANKS
 from shardverify.spec.loader import Node
-from shardverify.spec.allow import name_refusal, project_of
 from shardverify.spec.trust import find_definition
-from shardverify.errors import InvalidArgument
 from shardverify.algorithms.check import CollectiveCase
 from shardverify.algorithms.references import REFERENCES, REQUIRED, get_reference
 
 __all__ = ["MeshSpec", "CollectiveSpec", "parse_collective_spec", "render_collective_spec",
-           "summarize_collective_spec", "case_id", "COLLECTIVE_KIND", "TEST_DIR", "DTYPES"]
+           "summarize_collective_spec", "case_id", "TEST_DIR", "DTYPES"]
 
 TEST_DIR = "generated_tests"
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
@@ -133,13 +131,7 @@ def _implementation(node: Node) -> str:
     name = str(node.value)
     if not _DOTTED.match(name):
         raise node.error(f"expected a dotted name 'package.module.function', got {name!r}")
-    try:   # read from its module's source, not imported: a spec that is read runs nothing
-        definition = find_definition(name)
-        refusal = name_refusal(name, project_of(node.file))   # and only what may run (spec/allow.py)
-    except InvalidArgument as exc:
-        raise node.error(f"implementation: {exc}") from None
-    if refusal:
-        raise node.error(f"implementation: {refusal}")
+    definition = allowed_definition(node, "implementation")   # only what may run, read, not imported
     if definition.kind != "function":
         raise node.error(f"implementation {name!r} is a class; expected a function fn(comm, t, axes, ...)")
     return name
@@ -288,8 +280,3 @@ def summarize_collective_spec(spec: CollectiveSpec) -> dict[str, str]:
         "cases": f"{len(spec.cases())} (+{len(spec.gradcheck_cases())} gradcheck)",
         "meshes": meshes,
     }
-
-
-COLLECTIVE_KIND = SpecKind(
-    name="collective", subdir="collectives", parse=parse_collective_spec,  # type: ignore[arg-type]
-    render=render_collective_spec, summary=summarize_collective_spec)  # type: ignore[arg-type]

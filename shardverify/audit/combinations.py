@@ -17,9 +17,10 @@ from collections.abc import Sequence
 import torch
 
 from shardverify.audit.decide import Operand, Outcome, Problem, prepare, lone_value_draws
-from shardverify.audit.layouts import PARTIAL_INPUTS, Layout, axis_symmetries, is_extremum, tensor_layouts
+from shardverify.audit.layouts import PARTIAL_INPUTS, axis_symmetries, is_extremum, tensor_layouts
 from shardverify.audit.offered import local_argument_choices, output_shape_argument
 from shardverify.audit.sample import AUDIT_SAMPLE, SAMPLE_SEED, counterparts, sampled_combinations
+from shardverify.sharding.layout import Layout
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import OperationDataType
 from shardverify.spec.limits import MAX_AUDIT_COMBINATIONS
@@ -31,20 +32,12 @@ __all__ = ["CaseCombinations", "spec_handler", "offered_strategies", "outputs_ho
 def spec_handler(spec):
     """The HandlerDef a spec's generated module registers, built here without registering,
     so a spec on disk (or a test's planted one) is audited as written."""
-    from shardverify.strategies.handlers.base import HandlerDef, OperandDecl, ParamDecl
-
-    def operands(specs) -> tuple:
-        return tuple(OperandDecl(o.role, o.kind, o.index, o.keyword, o.attribute, o.optional, o.element, o.variadic)
-                     for o in specs)
-
-    def params(specs) -> tuple:
-        return tuple(ParamDecl(p.name, p.index, p.keyword, p.default, p.varargs) for p in specs)
+    from shardverify.strategies.handlers.base import HandlerDef
 
     return HandlerDef(
-        name=spec.name, targets=tuple(t.name for t in spec.targets), operands=operands(spec.operands),
-        params=params(spec.params), generator=spec.generator, options=spec.options, spec_file=spec.source,
-        ignores=tuple(spec.ignores),
-        overrides=tuple((t.name, operands(t.operands), params(t.params)) for t in spec.targets if t.aten))
+        name=spec.name, targets=tuple(t.name for t in spec.targets), operands=spec.operands, params=spec.params,
+        generator=spec.generator, rule=spec.rule, spec_file=spec.source, ignores=tuple(spec.ignores),
+        overrides=tuple((t.name, t.operands, t.params) for t in spec.targets if t.aten))
 
 
 def offered_strategies(spec, graph_module, node, mesh: DeviceMesh) -> tuple[dict, list]:

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shardverify.audit.layouts import REDUCE_OPS, Layout, _shardings, _subsets
+from shardverify.audit.layouts import REDUCE_OPS, _shardings, _subsets
 from shardverify.sharding.blocks import nested_block
 from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
+from shardverify.sharding.layout import Layout
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import OpCase
 from shardverify.audit.local_call import call_with_backward, mixed_dtypes, output_scale, widened

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardverify.audit.layouts import Layout, spec_layout
+from shardverify.sharding.layout import Layout
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperationDataType, ShardingStrategy
 
@@ -63,13 +63,13 @@ def offered_combination(strategy: ShardingStrategy) -> Offered:
     for data in strategy.operands:
         if data.name in out_names or data.type is OperationDataType.OUTPUT:
             continue
-        layout = spec_layout(strategy.get_sharding_spec_by_name(data.name))
+        layout = Layout.of_spec(strategy.get_sharding_spec_by_name(data.name))
         if data.name in post_added:
             layout = Layout(layout.dims, absent=True)
         elif strategy.partial_axes(data.name):
             layout = Layout(layout.dims, strategy.partial_axes(data.name), strategy.partial_input(data.name).op)
         seen[data.name] = layout
-    raw = {o.name: spec_layout(strategy.get_sharding_spec_by_name(o.name)) for o in outputs}
+    raw = {o.name: Layout.of_spec(strategy.get_sharding_spec_by_name(o.name)) for o in outputs}
     problem = ""
 
     for action in strategy.communication_actions:

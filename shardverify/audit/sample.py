@@ -18,7 +18,7 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 
-from shardverify.audit.layouts import Layout
+from shardverify.sharding.layout import Layout
 from shardverify.spec.limits import Limit
 
 __all__ = ["AUDIT_SAMPLE", "SAMPLE_SEED", "counterparts", "sampled_combinations"]

@@ -10,23 +10,46 @@ modules on import: the order then does not depend on which command imported what
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from shardverify.algorithms.spec import COLLECTIVE_KIND
-from shardverify.ddp.spec import MODEL_KIND
 from shardverify.errors import SpecError
-from shardverify.plan.spec import PLAN_KIND
-from shardverify.reshard.spec import RESHARD_KIND
 from shardverify.spec.catalogue import InvalidSpecs, load_op_specs, load_specs, spec_sources
 from shardverify.spec.kinds import SpecKind, register_spec_kind
 from shardverify.spec.op_kind import HANDLER_DIR, OP_KIND
 
 __all__ = ["KINDS", "add_location_options", "located_specs", "load_op_specs", "checked_op_specs", "broken_handlers"]
 
+
+@dataclass(frozen=True)
+class _Deferred:
+    """A kind's function, imported from its feature's module at the first call: a command that
+    reads op specs only (`verify mm`) never imports the plan, model, collective or reshard features."""
+
+    module: str
+    name: str
+
+    def __call__(self, *args: object) -> object:
+        return getattr(importlib.import_module(self.module), self.name)(*args)
+
+
+def _feature_kind(name: str, subdir: str, module: str, noun: str) -> SpecKind:
+    """The kind ``name`` whose specs live in ``subdir`` and whose parse, render and summary are
+    ``parse_<noun>_spec`` ... in ``module``."""
+    return SpecKind(name=name, subdir=subdir, parse=_Deferred(module, f"parse_{noun}_spec"),
+                    render=_Deferred(module, f"render_{noun}_spec"), summary=_Deferred(module, f"summarize_{noun}_spec"))
+
+
 #: every spec kind, in catalogue order (a new kind: its module, and one entry here)
-KINDS: tuple[SpecKind, ...] = tuple(register_spec_kind(kind) for kind in
-                                    (OP_KIND, COLLECTIVE_KIND, MODEL_KIND, RESHARD_KIND, PLAN_KIND))
+KINDS: tuple[SpecKind, ...] = tuple(register_spec_kind(kind) for kind in (
+    OP_KIND,
+    _feature_kind("collective", "collectives", "shardverify.algorithms.spec", "collective"),
+    _feature_kind("model", "models", "shardverify.ddp.spec", "model"),
+    _feature_kind("reshard", "reshard", "shardverify.reshard.spec", "reshard"),
+    _feature_kind("plan", "plans", "shardverify.plan.spec", "plan"),
+))
 
 
 def add_location_options(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from shardverify.cli import parse_int
+
 __all__ = ["add_cluster_options", "jobs_problem", "preload", "cluster_engine", "parse_jobs"]
 
 
@@ -15,13 +17,7 @@ def parse_jobs(text: str) -> int:
         from shardverify.backends.cpus import usable_cpus
 
         return len(usable_cpus())
-    try:
-        jobs = int(text)
-    except ValueError:
-        jobs = 0
-    if jobs <= 0:
-        raise argparse.ArgumentTypeError(f"jobs {text!r} is not a positive number of processes or 'auto'")
-    return jobs
+    return parse_int(text, 1, "jobs {text!r} is not a positive number of processes or 'auto'")
 
 
 def add_cluster_options(parser: argparse.ArgumentParser, units: str) -> None:

@@ -5,11 +5,11 @@ one line and exit status 2, before any case). Apart from the command so its run 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardverify.cli import parse_int, parse_seconds
 from shardverify.cli.cluster_option import add_cluster_options
 from shardverify.cli.dtensor_cluster import cluster_problem
 from shardverify.cli.html_option import add_html_option, html_problem
@@ -135,25 +135,13 @@ def run_problem(args: argparse.Namespace, inputs: Inputs) -> str:
 
 def _count(text: str) -> int:
     """--limit: a non-negative integer (0: all)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+    return parse_int(text, 0, "expected a non-negative integer, got {text!r}")
 
 
 def _seconds(text: str) -> float:
     """--budget: a finite number of seconds >= 0 (0: no limit); inf and nan are refused, a budget
     that stops nothing or everything would make a run that checks nothing look like a pass."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0 (0: no limit), got {text!r}")
-    return value
+    return parse_seconds(text, "expected a finite number of seconds >= 0 (0: no limit), got {text!r}", zero=True)
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from shardverify.cli import USAGE
+from shardverify.cli import USAGE, parse_int
 from shardverify.errors import InvalidArgument, SpecError
 
 
@@ -39,15 +39,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _positive(option: str, most: int | None = None):
+    bound = f" from 1 to {most}" if most is not None else " >= 1"
+
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1 or (most is not None and value > most):
-            bound = f" from 1 to {most}" if most is not None else " >= 1"
-            raise argparse.ArgumentTypeError(f"{option} {text!r} is not an integer{bound}")
-        return value
+        return parse_int(text, 1, f"{option} {{text!r}} is not an integer{bound}", most)
     return parse
 
 

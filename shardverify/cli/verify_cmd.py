@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from shardverify.backends import registry
-from shardverify.cli import USAGE
+from shardverify.cli import USAGE, parse_int, parse_seconds
 from shardverify.cli.html_option import add_html_option, html_problem, write_html
 from shardverify.cli.verify_rows import (Interrupted, Progress, Row, close_backends, quiet_tracing, row_label,
                                           verify_row)
@@ -126,13 +126,7 @@ def one_rank_mesh(meshes) -> str:
 
 def parse_positive_int(text: str) -> int:
     """A positive integer option (bytes, repeats)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return parse_int(text, 1, "expected a positive integer, got {text!r}")
 
 
 def _device_problem(device: str | None, backend: str, ranks: int = 1) -> str:
@@ -154,23 +148,11 @@ def _device_problem(device: str | None, backend: str, ranks: int = 1) -> str:
 
 
 def parse_seed(text: str) -> int:
-    try:
-        seed = int(text)
-    except ValueError:
-        seed = -1
-    if seed < 0:
-        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer >= 0")
-    return seed
+    return parse_int(text, 0, "seed {text!r} is not an integer >= 0")
 
 
 def parse_timeout(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"timeout {text!r} is not a positive number of seconds")
-    return seconds
+    return parse_seconds(text, "timeout {text!r} is not a positive number of seconds", zero=False)
 
 
 # ------------------------------------------------------------------------------ running

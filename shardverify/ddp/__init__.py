@@ -5,8 +5,8 @@ from shardverify.ddp.check import ddp_rank_check, plan_tolerance, reference_traj
 from shardverify.ddp.hooks import HOOKS
 from shardverify.ddp.plan import (DDPOptions, LayerDecl, LossDecl, ModelDecl, ModelPlan, OptimizerDecl,
                                   shard_steps)
-from shardverify.ddp.report import Mismatch, ModelResult, assert_model_passed
+from shardverify.ddp.report import ModelResult, assert_model_passed
 
 __all__ = ["DDPOptions", "LayerDecl", "LossDecl", "ModelDecl", "ModelPlan", "OptimizerDecl",
            "shard_steps", "HOOKS", "ddp_rank_check", "plan_tolerance", "reference_trajectory",
-           "verify_model", "Mismatch", "ModelResult", "assert_model_passed"]
+           "verify_model", "ModelResult", "assert_model_passed"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -40,9 +40,11 @@ from shardverify.ddp.build import (build_model, build_optimizer, elements_per_sa
                                    per_sample_loss)
 from shardverify.ddp.hooks import COMPRESSION_UNIT_ROUNDOFF, register_hook
 from shardverify.ddp.plan import ModelPlan, shard_steps
-from shardverify.ddp.report import Mismatch, ModelResult
+from shardverify.ddp.report import ModelResult, model_mismatch, model_order
 from shardverify.ddp.syncbn import convert_sync_batchnorm
 from shardverify.errors import InvalidArgument
+from shardverify.verify.report import Mismatch
+from shardverify.verify.tolerance import Tolerance, compare
 
 __all__ = ["ddp_rank_check", "verify_model", "plan_tolerance", "reference_trajectory", "Snapshot",
            "FLOAT32_RTOL", "FLOAT32_ATOL"]
@@ -51,8 +53,8 @@ FLOAT32_RTOL = 1e-5
 FLOAT32_ATOL = 1e-6
 
 
-def plan_tolerance(plan: ModelPlan, world: int) -> tuple[float, float]:
-    """(rtol, atol) for comparing DDP with the reference; the plan's overrides win.
+def plan_tolerance(plan: ModelPlan, world: int) -> Tolerance:
+    """The tolerance DDP is compared with the reference within; the plan's overrides win.
 
     Exact float32 arithmetic differs only by summation order (the all-reduce adds W partial
     gradients instead of one sum over the batch): a few ulps, so rtol 1e-5 / atol 1e-6.
@@ -65,14 +67,17 @@ def plan_tolerance(plan: ModelPlan, world: int) -> tuple[float, float]:
     learning rate and feeds back into later gradients, so we allow 4x that per step:
     rtol = atol = 4 * (W + 1) * u * steps. For fp16 on 4 ranks over 2 steps that is ~0.02 (vs 1e-5
     for float32); a missing average (a factor W) or an unreduced bucket is still far outside it.
+
+    It is not a dtype's default (``verify.tolerance.tolerance_for``): those bound one op's
+    rounding, while this bounds W-way summation and compression carried through optimizer steps.
     """
     unit = COMPRESSION_UNIT_ROUNDOFF.get(plan.options.comm_hook)
     if unit is None:
         rtol, atol = FLOAT32_RTOL, FLOAT32_ATOL
     else:
         rtol = atol = 4.0 * (world + 1) * unit * plan.steps
-    return (plan.rtol if plan.rtol is not None else rtol,
-            plan.atol if plan.atol is not None else atol)
+    return Tolerance(plan.rtol if plan.rtol is not None else rtol,
+                     plan.atol if plan.atol is not None else atol)
 
 
 @dataclass(frozen=True)
@@ -133,17 +138,16 @@ _DDP_PARAMETERS = frozenset(inspect.signature(DistributedDataParallel.__init__).
 
 
 class _Comparer:
-    """Compares values of one rank with the reference and collects mismatches."""
+    """Compares values of one rank with the reference by verify's closeness rule
+    (``verify.tolerance.compare``) and collects mismatches."""
 
-    def __init__(self, rank: int, rtol: float, atol: float) -> None:
-        self.rank, self.rtol, self.atol = rank, rtol, atol
+    def __init__(self, rank: int, tol: Tolerance) -> None:
+        self.rank, self.tol = rank, tol
         self.mismatches: list[Mismatch] = []
         self.compared = 0
 
-    def _add(self, step: int | None, quantity: str, name: str, max_abs: float = float("nan"),
-             max_rel: float = float("nan"), shape: Sequence[int] = (), note: str = "") -> None:
-        self.mismatches.append(Mismatch(step, self.rank, quantity, name, max_abs, max_rel,
-                                        self.rtol, self.atol, tuple(shape), note))
+    def _add(self, kind: str, step: int | None, quantity: str, name: str, **found) -> None:
+        self.mismatches.append(model_mismatch(kind, step, self.rank, quantity, name, self.tol, **found))
 
     def tensor(self, step: int | None, quantity: str, name: str,
                actual: torch.Tensor | None, expected: torch.Tensor | None) -> None:
@@ -151,21 +155,19 @@ class _Comparer:
         if actual is None or expected is None:
             if actual is not None or expected is not None:
                 missing = "DDP" if actual is None else "the reference"
-                self._add(step, quantity, name, note=f"it is None on {missing} only")
+                self._add("values", step, quantity, name, detail=f"it is None on {missing} only")
             return
         actual = actual.detach().cpu().double()
         expected = expected.double()
+        shape = tuple(actual.shape)
         if actual.shape != expected.shape:
-            self._add(step, quantity, name, shape=actual.shape,
-                      note=f"shape {tuple(actual.shape)} vs reference {tuple(expected.shape)}")
+            self._add("shape", step, quantity, name, actual_shape=shape, expected_shape=tuple(expected.shape),
+                      detail=f"shape {shape} vs reference {tuple(expected.shape)}")
             return
-        diff = (actual - expected).abs()
-        allowed = self.atol + self.rtol * expected.abs()
-        bad = ~(diff <= allowed)  # NaN counts as bad
-        if diff.numel() and bool(bad.any()):
-            max_abs = float(diff.max()) if torch.isfinite(diff).all() else float("inf")
-            max_rel = float((diff / expected.abs().clamp_min(1e-30)).max())
-            self._add(step, quantity, name, max_abs, max_rel, actual.shape)
+        found = compare(actual, expected, self.tol)
+        if not found.close:
+            self._add("values", step, quantity, name, actual_shape=shape, expected_shape=shape,
+                      max_abs_err=found.max_abs_err, max_rel_err=found.max_rel_err, detail=found.nonfinite)
 
     def loss(self, step: int, actual: float, expected: float) -> None:
         self.tensor(step, "loss", "", torch.tensor(actual, dtype=torch.float64),
@@ -233,7 +235,7 @@ def _rank_check(comm, plan: ModelPlan) -> tuple[tuple[Mismatch, ...], int]:  # n
         module = convert_sync_batchnorm(module, group, device)
     ddp = _wrap(plan, module, group, device)
     optimizer = build_optimizer(plan.optimizer, ddp.parameters())
-    comparer = _Comparer(comm.rank, *plan_tolerance(plan, world))
+    comparer = _Comparer(comm.rank, plan_tolerance(plan, world))
 
     joining = (ddp.join(divide_by_initial_world_size=options.divide_by_initial_world_size)
                if options.join else contextlib.nullcontext())
@@ -305,6 +307,6 @@ def verify_model(backend, plan: ModelPlan, *, timeout: float | None = None) -> M
     plan.check_world(backend.mesh.size)
     dry_run(plan)
     per_rank = backend.run(ddp_rank_check, plan, timeout=timeout)
-    mismatches = tuple(sorted((m for found, _ in per_rank for m in found), key=Mismatch.sort_key))
+    mismatches = tuple(sorted((m for found, _ in per_rank for m in found), key=model_order))
     compared = sum(count for _, count in per_rank)
     return ModelResult(plan, tuple(backend.mesh.shape), mismatches, compared)

@@ -1,45 +1,38 @@
-"""Results of a model check and the readable assertion failure built from them."""
+"""Results of a model check and the readable assertion failure built from them.
+
+What differs is a :class:`~shardverify.verify.report.Mismatch`, as any check's, saying when
+(the step, or after join), on which rank, which quantity of which parameter, its shape, the
+errors and the tolerance they broke."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from shardverify.ddp.plan import ModelPlan
+from shardverify.verify.report import Mismatch
+from shardverify.verify.tolerance import Tolerance
 
-__all__ = ["Mismatch", "ModelResult", "assert_model_passed", "QUANTITIES"]
+__all__ = ["ModelResult", "assert_model_passed", "model_mismatch", "model_order", "QUANTITIES", "AFTER_JOIN"]
 
 QUANTITIES = ("loss", "grad", "param", "buffer")
+AFTER_JOIN = "after join"   # when the final model, which join hands every rank, is compared
 _SHOWN = 8  # mismatches listed in a failure message
+_LAST = 1 << 30   # the order of what differs after join: after every step's
 
 
-@dataclass(frozen=True)
-class Mismatch:
-    """One quantity on one rank after one step that differs from the single-device reference.
+def model_mismatch(kind: str, step: int | None, rank: int, quantity: str, name: str, tol: Tolerance,
+                   **found) -> Mismatch:
+    """What differs in ``quantity`` (one of QUANTITIES) of parameter or buffer ``name`` ("" for
+    the loss) on ``rank`` after optimizer step ``step`` (None: after join), compared within
+    ``tol``; ``found``: the shapes, errors or detail (Mismatch's fields)."""
+    return Mismatch(kind, rank, quantity if not name else f"{quantity} of {name!r}", rtol=tol.rtol, atol=tol.atol,
+                    phase=quantity, when=AFTER_JOIN if step is None else f"step {step}",
+                    order=_LAST if step is None else step, **found)
 
-    step None means after `join` finished (the final model every rank must agree on)."""
 
-    step: int | None
-    rank: int
-    quantity: str             # one of QUANTITIES
-    name: str                 # fully qualified parameter / buffer name; "" for the loss
-    max_abs: float
-    max_rel: float
-    rtol: float
-    atol: float
-    shape: tuple[int, ...] = ()
-    note: str = ""
-
-    def sort_key(self) -> tuple:
-        return (self.step if self.step is not None else 1 << 30, QUANTITIES.index(self.quantity),
-                self.name, self.rank)
-
-    def describe(self) -> str:
-        when = "after join" if self.step is None else f"step {self.step}"
-        what = self.quantity if not self.name else f"{self.quantity} of {self.name!r}"
-        detail = self.note or (f"max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g} "
-                               f"(tolerance atol={self.atol:g}, rtol={self.rtol:g})")
-        shape = f" shape {tuple(self.shape)}" if self.shape else ""
-        return f"{when}, rank {self.rank}: {what}{shape} differs from the reference: {detail}"
+def model_order(mismatch: Mismatch) -> tuple:
+    """Earliest step first, then loss, gradients, parameters, buffers, by name, then rank."""
+    return mismatch.order, QUANTITIES.index(mismatch.phase), mismatch.tensor, mismatch.rank
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 from shardverify.spec.fields import (Fields, as_factory, as_identifier, as_mesh, as_shape, as_tolerance, check_type,
                                         resolve_target)
-from shardverify.spec.kinds import SpecKind, TemplateRenderer
+from shardverify.spec.kinds import TemplateRenderer
 from shardverify.spec.loader import Node
 from shardverify.spec.limits import MAX_STEPS
 from shardverify.pysource import py_identifier, py_literal
@@ -29,7 +29,7 @@ from shardverify.ddp.plan import (EXPECTATIONS, LOSSES, OPTIMIZERS, DDPOptions, 
 from shardverify.errors import InvalidArgument, spec_location
 
 __all__ = ["PlanPoint", "ModelSpec", "parse_model_spec", "render_model_spec", "summarize_model_spec",
-           "plan_source", "plan_arguments", "MODEL_KIND", "TEST_DIR"]
+           "plan_source", "plan_arguments", "TEST_DIR"]
 
 TEST_DIR = "generated_tests"
 _OPTION_FIELDS = {f.name: f for f in dataclasses.fields(DDPOptions)}
@@ -343,7 +343,3 @@ def summarize_model_spec(spec: ModelSpec) -> dict[str, str]:
                  + " ".join(point.id for point in spec.plans),
         "meshes": " ".join(str(list(mesh)) for mesh in spec.meshes),
     }
-
-
-MODEL_KIND = SpecKind(name="model", subdir="models", parse=parse_model_spec,  # type: ignore[arg-type]
-                      render=render_model_spec, summary=summarize_model_spec)  # type: ignore[arg-type]

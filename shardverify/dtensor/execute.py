@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shardverify.audit.layouts import Layout
+from shardverify.sharding.layout import Layout
 from shardverify.backends.signals import deadline
 from shardverify.capture.call import call_op
 from shardverify.dtensor.hooks import (AtenCalls, counting_collectives, entered_nodes, fresh_sharding_cache,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from shardverify.audit.layouts import Layout
+from shardverify.sharding.layout import Layout
 
 __all__ = ["placements_of", "layout_of", "placement_text", "placement_json", "placements_text"]
 

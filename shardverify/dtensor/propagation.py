@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shardverify.audit.layouts import Layout
+from shardverify.sharding.layout import Layout
 from shardverify.audit.combinations import CaseCombinations, outputs_hold
 from shardverify.dtensor.placements import layout_of
 from shardverify.dtensor.world import fake_world

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import fx
 
-from shardverify.audit.layouts import Layout
+from shardverify.sharding.layout import Layout
 from shardverify.capture.call import call_parts
 from shardverify.pysource import py_literal
 from shardverify.dtensor.placements import placement_json, placements_of

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from shardverify.errors import InvalidArgument
 from shardverify.spec.op import OpSpec
 from shardverify.spec.op_model import value_length
-from shardverify.strategies.generators.options import PARAM
+from shardverify.strategies.options import PARAM
 
 __all__ = ["dims_strategy", "ParamDraw", "param_draws", "param_strategies"]
 

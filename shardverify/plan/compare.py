@@ -23,7 +23,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.meta import output_metas
-from shardverify.sharding.reshard_plan import Layout
+from shardverify.sharding.layout import ShapedLayout
 from shardverify.verify.report import Mismatch
 from shardverify.verify.tolerance import SummedTolerance, Tolerance, max_error, tolerance_for
 
@@ -96,6 +96,6 @@ def compare_value(found: list, phase: str, order: int, node: str, what: str, ran
 
 def expected_shard(layout, value, mesh, rank):
     """This rank's share of the single-device ``value`` under ``layout`` (a non-tensor as it is)."""
-    if isinstance(layout, Layout) and isinstance(value, torch.Tensor):
+    if isinstance(layout, ShapedLayout) and isinstance(value, torch.Tensor):
         return layout.spec.local_shard(value, mesh, rank)
     return value

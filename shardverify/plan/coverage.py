@@ -111,7 +111,7 @@ def _describes(handler: HandlerDef, node: fx.Node, graph_module: fx.GraphModule)
         bound_rule(GeneratorContext(node=node, graph_module=graph_module, mesh=DeviceMesh((1,)),
                                     operands=resolve_operands(handler, node, graph_module),
                                     params=resolve_params(handler, node, graph_module),
-                                    options=handler.option_dict, handler_name=handler.name, handler=handler))
+                                    handler_name=handler.name, handler=handler))
     except StrategyError:
         return False
     except ShardVerifyError:

@@ -10,7 +10,6 @@ through the strategy's HOOK actions. Generic nodes run on full (replicated) tens
 
 from __future__ import annotations
 
-import copy
 import functools
 import re
 
@@ -27,18 +26,19 @@ from shardverify.verify.report import Mismatch
 from shardverify.plan.graph import (element_layout, metadata_read, operand_layout, operand_producer, parameter_names,
                                     source_of)
 from shardverify.plan.model import Plan
-from shardverify.plan.recipe import TRACE_LOCK, ModelRecipe, traced
+from shardverify.plan.recipe import ModelRecipe
 from shardverify.plan.reference import grad_seed, loss_output, shared_reference
-from shardverify.sharding.reshard_plan import Layout, plan_reshard
+from shardverify.sharding.layout import ShapedLayout
+from shardverify.sharding.reshard_plan import plan_reshard
 from shardverify.sharding.strategy import CommWhere
 from shardverify.verify.engine import local_arguments
 
-__all__ = ["NodeFailure", "failed_node", "rank_run_plan", "rank_time_plan"]
+__all__ = ["NodeFailure", "failed_node", "sharded_forward", "rank_run_plan"]
 
 
 def _summed(comm, layout, value):
     """A partial local tensor summed over its partial axes (for comparison only)."""
-    if isinstance(layout, Layout) and layout.partial and isinstance(value, torch.Tensor):
+    if isinstance(layout, ShapedLayout) and layout.partial and isinstance(value, torch.Tensor):
         return comm.all_reduce(value.detach().contiguous(), layout.partial, "sum")
     return value
 
@@ -58,8 +58,8 @@ def failed_node(message: str) -> tuple[str, int] | None:
     return (found.group(1), int(found.group(2))) if found else None
 
 
-def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, on_node=None,
-                     unobserved: frozenset[str] = frozenset(), taps: dict | None = None):
+def sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, on_node=None,
+                    unobserved: frozenset[str] = frozenset(), taps: dict | None = None):
     """This rank's forward pass under ``plan``; ``on_node(order, node, out, layout)`` sees each
     op node's local output but those of ``unobserved`` (whose gradients are not kept either);
     ``taps``: (user, producer) edges whose value the user takes as a view of its own, its
@@ -69,7 +69,8 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
     params = parameter_names(gm)
     env: dict[str, object] = {}
     layouts: dict[str, object] = {}
-    leaves: dict[str, tuple[torch.Tensor, Layout | None, int, str]] = {}   # param name -> leaf, layout, order, node
+    # param name -> leaf, layout, order, node
+    leaves: dict[str, tuple[torch.Tensor, ShapedLayout | None, int, str]] = {}
     input_leaves = []
     result = None
     for order, item in enumerate(plan.nodes):
@@ -92,7 +93,7 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
             leaf = recipe.inputs[len(input_leaves)].detach().clone()
             leaf.requires_grad_(leaf.is_floating_point())
             input_leaves.append(leaf)
-            env[node.name], layouts[node.name] = leaf, Layout.replicated(mesh.shape, tuple(leaf.shape))
+            env[node.name], layouts[node.name] = leaf, ShapedLayout.replicated(mesh.shape, tuple(leaf.shape))
             continue
         if node.op == "output":
             def gather(a):
@@ -102,14 +103,15 @@ def _sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, 
         try:
             if strategy is None:
                 out = _run_generic(comm, gm, node, env, fetch, params, leaves, order)
-                layout = (Layout.replicated(mesh.shape, tuple(out.shape)) if isinstance(out, torch.Tensor)
-                          else [Layout.replicated(mesh.shape, tuple(t.shape)) if isinstance(t, torch.Tensor)
+                layout = (ShapedLayout.replicated(mesh.shape, tuple(out.shape)) if isinstance(out, torch.Tensor)
+                          else [ShapedLayout.replicated(mesh.shape, tuple(t.shape)) if isinstance(t, torch.Tensor)
                                 else None for t in out] if isinstance(out, (tuple, list)) else None)
                 element = element_layout(node, layouts)   # a tuple's tensor: as its producer laid it out
                 layout = element if element is not None else layout
             else:
                 out = _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, item.deferred)
-                specs = [Layout(strategy.get_sharding_spec_by_name(d.name), item.deferred) for d in strategy.outputs]
+                specs = [ShapedLayout.of_spec(strategy.get_sharding_spec_by_name(d.name), item.deferred)
+                         for d in strategy.outputs]
                 layout = specs[0] if len(specs) == 1 else specs
         except Exception as exc:  # noqa: BLE001 - any failure is this node's, said with its name
             raise NodeFailure(node.name, order, item.strategy_name, exc) from exc
@@ -147,7 +149,7 @@ def rank_run_plan(comm, recipe: ModelRecipe, plan: Plan) -> list[Mismatch]:
                          expected_shard(lay, expected[i], mesh, rank), tolerances.of(node.name))
 
     taps: dict = dict.fromkeys(tapped_edges(gm, unobserved))
-    env, layouts, leaves, input_leaves, result = _sharded_forward(comm, gm, recipe, plan, check, unobserved, taps)
+    env, layouts, leaves, input_leaves, result = sharded_forward(comm, gm, recipe, plan, check, unobserved, taps)
     # backward would only repeat the forward divergence; every rank skips it or none does (a rank
     # alone in backward would wait in its collectives for the ranks that diverged)
     diverged = comm.all_reduce(torch.tensor([float(bool(found))], dtype=torch.float64), tuple(range(mesh.ndim)))
@@ -211,7 +213,7 @@ def _weight_consumers(gm: fx.GraphModule, plan: Plan) -> dict[str, tuple[int, st
     return found
 
 
-def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: Layout | None, leaves: dict, order: int,
+def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: ShapedLayout | None, leaves: dict, order: int,
                 node: str) -> torch.Tensor:
     """The rank's leaf of parameter ``qualname`` laid out as ``layout`` (None: whole), one per
     parameter however many nodes take it."""
@@ -241,9 +243,10 @@ def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, d
             qualname = f"{node.target}.{data.locator.key}"
             qualname = params.get(qualname, qualname)
             full = gm.get_parameter(qualname) if qualname in params else gm.get_buffer(qualname)
-            whole = Layout(layout.spec)       # a weight is held full; taken as a partial sum, it is zeroed
+            # a weight is held full; taken as a partial sum, it is zeroed on all but one rank of each group
+            whole = ShapedLayout.of_spec(layout.spec)
             tensor = _param_leaf(comm, qualname, full, whole, leaves, order, node.name)
-            if layout.partial:                # on all but one rank of each group
+            if layout.partial:
                 tensor = apply_reshard(comm, plan_reshard(whole, layout), tensor)
         else:
             tensor = fetch(data.name, operand_producer(node, data.locator))
@@ -298,25 +301,3 @@ def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
         tensors[name] = _param_leaf(comm, params.get(qualname, qualname), p, None, leaves, order, node.name)
     tensors.update(dict(module.named_buffers()))
     return torch.func.functional_call(module, tensors, args, kwargs)
-
-
-def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> float:
-    """Mean seconds of one sharded training step (forward + backward) on this rank, float32."""
-    import time
-
-    with TRACE_LOCK:
-        gm = traced(recipe)
-        gm = (copy.deepcopy(gm) if recipe.graph is not None else gm).float()   # the planned graph stays float64
-    recipe = ModelRecipe(recipe.module, tuple(x.float() if x.is_floating_point() else x for x in recipe.inputs),
-                         recipe.seed, recipe.capture, gm)
-    comm.barrier()
-    seconds = []
-    for _ in range(steps + 1):
-        comm.barrier()
-        start = time.perf_counter()
-        *_, result = _sharded_forward(comm, gm, recipe, plan)
-        out = result if isinstance(result, torch.Tensor) else result[0]
-        out.backward(torch.ones_like(out))
-        comm.barrier()
-        seconds.append(time.perf_counter() - start)
-    return sum(seconds[1:]) / steps

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from shardverify.plan.export_facts import EMBEDDING, LINEAR, NORM, NodeFacts
 from shardverify.plan.model import NodePlan, Plan, Reshard
-from shardverify.sharding.reshard_plan import Layout
+from shardverify.sharding.layout import ShapedLayout
 
 __all__ = ["AxisLayout", "ModuleStyle", "Inexpressible", "ParallelizeExport", "export_parallelize"]
 
@@ -77,7 +77,7 @@ class ParallelizeExport:
                 "not_expressible": [{"where": i.where, "reason": i.reason} for i in self.inexpressible]}
 
 
-def axis_layout(layout: Layout, axis: int) -> AxisLayout | None:
+def axis_layout(layout: ShapedLayout, axis: int) -> AxisLayout | None:
     """``layout`` along ``axis``; None when a dim is split over this axis and another together."""
     if axis in layout.partial:
         return AxisLayout("P")
@@ -93,7 +93,7 @@ class _Use:
 
     node: str
     param: str
-    layout: Layout
+    layout: ShapedLayout
 
 
 def _weight_uses(plan: Plan, facts: dict[str, NodeFacts]) -> dict[str, tuple[_Use, ...]]:
@@ -102,14 +102,14 @@ def _weight_uses(plan: Plan, facts: dict[str, NodeFacts]) -> dict[str, tuple[_Us
         fact, strategy = facts[item.node], item.strategy
         if strategy is None or not fact.params:
             continue
-        uses = tuple(_Use(item.node, name, Layout(strategy.get_sharding_spec_by_name(d.name)))
+        uses = tuple(_Use(item.node, name, ShapedLayout.of_spec(strategy.get_sharding_spec_by_name(d.name)))
                      for d in strategy.inputs if (name := fact.param(d.locator.kind, d.locator.key)))
         if uses:
             found[item.node] = uses
     return found
 
 
-def _activation_layouts(plan: Plan, weights: set[str]) -> list[tuple[str, Layout]]:
+def _activation_layouts(plan: Plan, weights: set[str]) -> list[tuple[str, ShapedLayout]]:
     """Every layout an activation takes in the plan: each edge's source and target, weights left out."""
     return [(r.node, layout) for item in plan.nodes for r in item.reshards if r.producer not in weights
             for layout in (r.source, r.target)]
@@ -174,7 +174,7 @@ class _Flow:
         bad = {p.where for p in self.problems}
         return [s for s in self.styles.values() if s.module not in bad], self.problems
 
-    def _along(self, layout: Layout) -> AxisLayout | None:
+    def _along(self, layout: ShapedLayout) -> AxisLayout | None:
         return axis_layout(layout, self.tp)
 
     def _planned(self, item: NodePlan) -> AxisLayout:
@@ -277,7 +277,7 @@ class _Flow:
     def _styled(self, item: NodePlan, fact: NodeFacts, own, weight: _Use, edge: Reshard, colwise: bool) -> None:
         where, strategy = fact.module, item.strategy
         wanted_in = self._along(edge.target)
-        out = self._along(Layout(strategy.get_sharding_spec_by_name(strategy.outputs[0].name)))
+        out = self._along(ShapedLayout.of_spec(strategy.get_sharding_spec_by_name(strategy.outputs[0].name)))
         ndim = len(edge.target.spec.tensor_shape)
         desired = WHOLE if colwise or fact.op == EMBEDDING else AxisLayout("S", ndim - 1)
         out_ndim = len(strategy.get_sharding_spec_by_name(strategy.outputs[0].name).tensor_shape)

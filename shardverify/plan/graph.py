@@ -13,7 +13,8 @@ from shardverify.capture.meta import tensor_meta
 from shardverify.capture.call import tuple_element
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.sharding.reshard_plan import Layout, plan_reshard, reshard_cost
+from shardverify.sharding.layout import ShapedLayout
+from shardverify.sharding.reshard_plan import plan_reshard, reshard_cost
 from shardverify.plan.coverage import classify_nodes, meta_shapes
 from shardverify.plan.model import Reshard
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperandLocator, ShardingStrategy
@@ -70,16 +71,17 @@ def deferred_saving(strategy: ShardingStrategy, axes: tuple[int, ...], mesh: Dev
 
 
 def node_layouts(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceMesh, deferred: tuple[int, ...] = ()):
-    """The node's output layout: a Layout, a list of them for a tuple, or None (not a tensor)."""
+    """The node's output layout: a ShapedLayout, a list of them for a tuple, or None (not a tensor)."""
     if strategy is not None:
-        layouts = [Layout(strategy.get_sharding_spec_by_name(d.name), deferred) for d in strategy.outputs]
+        layouts = [ShapedLayout.of_spec(strategy.get_sharding_spec_by_name(d.name), deferred)
+                   for d in strategy.outputs]
         return layouts[0] if len(layouts) == 1 else layouts
     shapes = meta_shapes(node)
     if shapes is None:
         return None
     if isinstance(shapes, list):
-        return [Layout.replicated(mesh.shape, s) for s in shapes]
-    return Layout.replicated(mesh.shape, shapes)
+        return [ShapedLayout.replicated(mesh.shape, s) for s in shapes]
+    return ShapedLayout.replicated(mesh.shape, shapes)
 
 
 def source_of(producer: fx.Node) -> tuple[fx.Node, int | None]:
@@ -158,32 +160,32 @@ def edge_targets(node: fx.Node, strategy: ShardingStrategy | None, mesh: DeviceM
     for producer in node.all_input_nodes:
         shapes = meta_shapes(producer)
         if tuple_element(producer) is not None:
-            edges.append((producer.name, *source_of(producer), Layout.replicated(mesh.shape, shapes)))
+            edges.append((producer.name, *source_of(producer), ShapedLayout.replicated(mesh.shape, shapes)))
             continue
         if isinstance(shapes, list):
-            edges += [(f"{producer.name}[{i}]", producer, i, Layout.replicated(mesh.shape, shape))
+            edges += [(f"{producer.name}[{i}]", producer, i, ShapedLayout.replicated(mesh.shape, shape))
                       for i, shape in enumerate(shapes)]
         elif shapes is not None:
-            edges.append((producer.name, producer, None, Layout.replicated(mesh.shape, shapes)))
+            edges.append((producer.name, producer, None, ShapedLayout.replicated(mesh.shape, shapes)))
     return edges
 
 
-def operand_layout(strategy: ShardingStrategy, name: str) -> Layout:
+def operand_layout(strategy: ShardingStrategy, name: str) -> ShapedLayout:
     """The layout ``strategy`` takes operand ``name`` in: its spec, partial over the axes of a
     partial-sum input (plans carry no partial max or min)."""
     held = strategy.partial_input(name)
     if held is not None and held.op != "sum":
         raise StrategyError(f"strategy {strategy.name!r} takes {name!r} as a partial {held.op}: plans carry "
                             f"partial sums only")
-    return Layout(strategy.get_sharding_spec_by_name(name), held.axes if held is not None else ())
+    return ShapedLayout.of_spec(strategy.get_sharding_spec_by_name(name), held.axes if held is not None else ())
 
 
-def make_reshard(node: fx.Node, operand: str, producer: fx.Node, source, target: Layout,
+def make_reshard(node: fx.Node, operand: str, producer: fx.Node, source, target: ShapedLayout,
                  mesh: DeviceMesh, index: int | None = None) -> Reshard:
     """The resharding of ``producer``'s output (element ``index`` of a tuple) into ``target``."""
     if index is not None and isinstance(source, list):
         source = source[index]
-    if not isinstance(source, Layout):
+    if not isinstance(source, ShapedLayout):
         raise StrategyError(f"node {node.name!r}: operand {operand!r} comes from {producer.name!r}, whose "
                             f"output is not a single tensor with a layout")
     steps = plan_reshard(source, target)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 
 from shardverify.errors import StrategyError
-from shardverify.sharding.reshard_plan import Layout, ReshardStep
+from shardverify.sharding.layout import ShapedLayout
+from shardverify.sharding.reshard_plan import ReshardStep
 from shardverify.sharding.strategy import ShardingStrategy
 
 __all__ = ["GENERIC", "FLOP_RATE", "Reshard", "NodePlan", "Plan", "PlanCost", "PlanGoals"]
@@ -33,8 +34,8 @@ class Reshard:
     node: str
     operand: str
     producer: str
-    source: Layout
-    target: Layout
+    source: ShapedLayout
+    target: ShapedLayout
     steps: tuple[ReshardStep, ...]
     cost: float
 

@@ -22,7 +22,7 @@ from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, m
                                     node_options)
 from shardverify.plan.model import FLOP_RATE, Reshard
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.sharding.reshard_plan import Layout
+from shardverify.sharding.layout import ShapedLayout
 from shardverify.sharding.strategy import ShardingStrategy
 
 __all__ = ["Option", "OwnCost", "EdgeClasses", "PlanProblem"]
@@ -105,7 +105,7 @@ def _fed_as_partial(graph_module: fx.GraphModule, options: Mapping[str, list[Sha
     from a full value, it zeroes the value on all but one rank and reduces after the op what the
     same layout without the partial input never needed to; left in, such options would multiply
     a solver's choices for nothing. Nodes are taken in graph order (producers first)."""
-    partial_out: dict[str, set[Layout]] = {}
+    partial_out: dict[str, set[ShapedLayout]] = {}
     kept: dict[str, list[ShardingStrategy] | None] = {}
     for node in graph_module.graph.nodes:
         found = options.get(node.name)
@@ -156,7 +156,7 @@ class PlanProblem:
         return OwnCost(strategy.compute_cost.total / self.flop_rate, strategy.communication_cost.total, saving,
                        strategy.memory_cost.total.total)
 
-    def reshard(self, node: fx.Node, operand: str, producer: fx.Node, source, target: Layout,
+    def reshard(self, node: fx.Node, operand: str, producer: fx.Node, source, target: ShapedLayout,
                 index: int | None = None) -> Reshard:
         """The resharding of ``producer``'s output (element ``index`` of a tuple) into ``target``."""
         return make_reshard(node, operand, producer, source, target, self.mesh, index)

@@ -47,12 +47,12 @@ from shardverify.plan.inputs import InputSpec, draw_inputs
 from shardverify.plan.model import PlanGoals
 from shardverify.spec.fields import Fields, as_factory, as_identifier, as_mesh, as_shape
 from shardverify.spec.limits import tensor_size_problems
-from shardverify.spec.kinds import SpecKind, TemplateRenderer
+from shardverify.spec.kinds import TemplateRenderer
 from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
 from shardverify.spec.allow import call_factory, project_of
 
-__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "build_spec_model", "real_spec_model", "spec_cost_size",
+__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "summarize_plan_spec", "build_spec_model", "real_spec_model", "spec_cost_size",
            "spec_plan",
            "SOLVER", "GOALS", "Where"]
 
@@ -371,8 +371,3 @@ def render_plan_spec(spec: PlanSpec, renderer: TemplateRenderer) -> dict[str, st
 def summarize_plan_spec(spec: PlanSpec) -> dict[str, str]:
     return {"model": spec.factory or f"zoo:{spec.zoo}", "meshes": ", ".join(str(list(m)) for m in spec.meshes),
             "plans": ", ".join(k for k, _ in spec.plans)}
-
-
-PLAN_KIND = SpecKind(
-    name="plan", subdir="plans", parse=parse_plan_spec,  # type: ignore[arg-type]
-    render=render_plan_spec, summary=summarize_plan_spec)  # type: ignore[arg-type]

@@ -23,7 +23,8 @@ from shardverify.errors import InvalidArgument, ShardingSpecError
 from shardverify.spec.limits import MAX_RESHARD_PAIRS
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.collectives.reshard import apply_reshard
-from shardverify.sharding.reshard_plan import Layout, plan_reshard
+from shardverify.sharding.layout import ShapedLayout
+from shardverify.sharding.reshard_plan import plan_reshard
 from shardverify.sharding.sharding_spec import ShardingSpec
 
 __all__ = ["enumerate_layouts", "layout_bound", "check_pair_limit", "layout_pairs", "pair_count", "ReshardCase", "rank_check_pairs", "check_reshard"]
@@ -47,11 +48,11 @@ def check_pair_limit(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...])
 
 
 def enumerate_layouts(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...],
-                      partial: bool = True) -> list[Layout]:
+                      partial: bool = True) -> list[ShapedLayout]:
     """Every valid layout, partial ones included when ``partial``; a size that does not divide is
     cut DTensor's way (blocks of ceil(n/k), the last ones smaller or empty)."""
     choices = [None, "P", *range(len(tensor_shape))] if partial else [None, *range(len(tensor_shape))]
-    found: dict[str, Layout] = {}
+    found: dict[str, ShapedLayout] = {}
     for assign in itertools.product(choices, repeat=len(mesh_shape)):
         per_dim = {d: [a for a, c in enumerate(assign) if c == d] for d in range(len(tensor_shape))}
         part = tuple(a for a, c in enumerate(assign) if c == "P")
@@ -61,12 +62,12 @@ def enumerate_layouts(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...]
                                                    {d: axes for d, axes in zip(per_dim, orders) if axes})
             except ShardingSpecError:
                 continue
-            layout = Layout(spec, part)
+            layout = ShapedLayout.of_spec(spec, part)
             found.setdefault(str(layout), layout)
     return list(found.values())
 
 
-def _permute(layout: Layout, axis_perm: tuple[int, ...], dim_perm: tuple[int, ...]) -> str:
+def _permute(layout: ShapedLayout, axis_perm: tuple[int, ...], dim_perm: tuple[int, ...]) -> str:
     """The layout with mesh axis a renamed axis_perm[a] and tensor dim d moved to dim_perm[d]."""
     dims = [()] * len(dim_perm)
     for d, axes in layout.axes.items():
@@ -119,8 +120,8 @@ class _Prepared:
     """What every rank of a pair shares: layouts, steps, the global tensor and gradient, and
     the random addends of a partial source (drawn once per process, not once per rank)."""
 
-    source: Layout
-    target: Layout
+    source: ShapedLayout
+    target: ShapedLayout
     steps: tuple
     full: torch.Tensor
     grad: torch.Tensor
@@ -137,8 +138,8 @@ def _prepare(case: ReshardCase) -> list[_Prepared]:
             mesh = DeviceMesh(case.mesh_shape)
             items = []
             for index, (src_text, tgt_text) in enumerate(case.pairs, start=case.first):
-                src = Layout.parse(src_text, case.tensor_shape, mesh.shape)
-                tgt = Layout.parse(tgt_text, case.tensor_shape, mesh.shape)
+                src = ShapedLayout.parse(src_text, case.tensor_shape, mesh.shape)
+                tgt = ShapedLayout.parse(tgt_text, case.tensor_shape, mesh.shape)
                 gen = torch.Generator().manual_seed(case.seed * 100003 + index)
                 full = torch.randn(case.tensor_shape, generator=gen, dtype=torch.float64)
                 grad = torch.randn(case.tensor_shape, generator=gen, dtype=torch.float64)

@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardverify.spec.fields import Fields, as_identifier, as_mesh, as_shape
-from shardverify.spec.kinds import SpecKind, TemplateRenderer
+from shardverify.spec.kinds import TemplateRenderer
 from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, ShardingSpecError
 from shardverify.reshard.check import check_pair_limit
 from shardverify.spec.limits import tensor_size_problems
 from shardverify.sharding.mesh import DeviceMesh
 
-__all__ = ["ReshardSpec", "parse_reshard_spec", "render_reshard_spec", "RESHARD_KIND"]
+__all__ = ["ReshardSpec", "parse_reshard_spec", "render_reshard_spec", "summarize_reshard_spec"]
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,3 @@ def render_reshard_spec(spec: ReshardSpec, renderer: TemplateRenderer) -> dict[s
 def summarize_reshard_spec(spec: ReshardSpec) -> dict[str, str]:
     return {"mesh": str(list(spec.mesh)),
             "pairs": ", ".join(f"{list(s)}: {n}/{total}" for s, n, total in spec.counts())}
-
-
-RESHARD_KIND = SpecKind(
-    name="reshard", subdir="reshard", parse=parse_reshard_spec,  # type: ignore[arg-type]
-    render=render_reshard_spec, summary=summarize_reshard_spec)  # type: ignore[arg-type]

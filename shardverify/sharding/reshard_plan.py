@@ -1,9 +1,10 @@
 """Resharding maths: the collectives that convert a tensor from one layout on a mesh to another,
 and their alpha-beta price (running them is :mod:`shardverify.collectives.reshard`'s job).
 
-A :class:`Layout` is a :class:`~shardverify.sharding.sharding_spec.ShardingSpec` plus the mesh axes over
-which the local tensors are *partial* (summing them over those axes gives the shard): a
-strategy's output before its AFTER all-reduce, or a contraction's result.
+Source and target are each a :class:`~shardverify.sharding.layout.ShapedLayout`: a layout of a
+tensor of known shape on a mesh of known shape, possibly partial over some mesh axes (summing the
+local tensors over those axes gives the shard): a strategy's output before its AFTER all-reduce,
+or a contraction's result.
 
 :func:`plan_reshard` returns the steps, in order:
 
@@ -27,53 +28,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from shardverify.errors import InvalidArgument, ShardingSpecError
+from shardverify.errors import InvalidArgument
+from shardverify.sharding.layout import ShapedLayout
 from shardverify.sharding.mesh import DeviceMesh
-from shardverify.sharding.sharding_spec import ShardingSpec
 
-__all__ = ["Layout", "ReshardStep", "plan_reshard", "reshard_cost", "STEP_KINDS"]
+__all__ = ["ReshardStep", "plan_reshard", "reshard_cost", "STEP_KINDS"]
 
 STEP_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "split", "zero_partial")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A sharding spec plus the mesh axes the local tensors are partial (sum) over."""
-
-    spec: ShardingSpec
-    partial: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        partial = tuple(sorted(int(a) for a in self.partial))
-        object.__setattr__(self, "partial", partial)
-        if len(set(partial)) != len(partial) or any(not 0 <= a < len(self.spec.mesh_shape) for a in partial):
-            raise ShardingSpecError(f"partial axes {self.partial} are not distinct axes of mesh {self.spec.mesh_shape}")
-        shared = set(partial) & self.spec.sharded_axes()
-        if shared:
-            raise ShardingSpecError(f"layout {self.spec} is both sharded and partial over mesh axes {sorted(shared)}")
-
-    @classmethod
-    def replicated(cls, mesh_shape, tensor_shape) -> Layout:
-        return cls(ShardingSpec.replicated(mesh_shape, tensor_shape))
-
-    @classmethod
-    def parse(cls, text: str, tensor_shape, mesh_shape) -> Layout:
-        """``"[S0, R]"`` or ``"[R, R] P01"`` (partial over axes 0 and 1)."""
-        seq, _, partial = text.strip().partition("]")
-        partial = partial.strip()
-        if partial and not (partial.startswith("P") and partial[1:].isdigit()):
-            raise ShardingSpecError(f"layout {text!r}: expected 'P<axes>' after the sequence, got {partial!r}")
-        return cls(ShardingSpec.parse(seq + "]", tensor_shape, mesh_shape), tuple(int(c) for c in partial[1:]))
-
-    @property
-    def axes(self) -> dict[int, tuple[int, ...]]:
-        return self.spec.partition_dict()
-
-    def local_shape(self) -> tuple[int, ...]:
-        return self.spec.local_shape()
-
-    def __str__(self) -> str:
-        return str(self.spec) + (" P" + "".join(map(str, self.partial)) if self.partial else "")
 
 
 @dataclass(frozen=True)
@@ -109,14 +70,14 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return n
 
 
-def plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
+def plan_reshard(source: ShapedLayout, target: ShapedLayout) -> tuple[ReshardStep, ...]:
     """The steps converting ``source`` into ``target`` (same tensor and mesh shape); memoised,
     since the plan solver asks for every (producer strategy, consumer strategy) pair."""
     return _plan_reshard(source, target)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
+def _plan_reshard(source: ShapedLayout, target: ShapedLayout) -> tuple[ReshardStep, ...]:
     if source.spec.tensor_shape != target.spec.tensor_shape or source.spec.mesh_shape != target.spec.mesh_shape:
         raise InvalidArgument(f"cannot reshard {source} of shape {source.spec.tensor_shape} on mesh "
                               f"{source.spec.mesh_shape} into {target} of shape {target.spec.tensor_shape} on "
@@ -177,7 +138,7 @@ def _plan_reshard(source: Layout, target: Layout) -> tuple[ReshardStep, ...]:
     return tuple(steps)
 
 
-def reshard_cost(mesh: DeviceMesh, source: Layout, steps, itemsize: int) -> float:
+def reshard_cost(mesh: DeviceMesh, source: ShapedLayout, steps, itemsize: int) -> float:
     """Alpha-beta seconds of ``steps`` (forward plus backward) starting from ``source``: the
     largest block's (uneven blocks are padded to it)."""
     shape = list(source.local_shape())

@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import ast
 import importlib
-import site
 import sys
-import sysconfig
 import types
 from pathlib import Path
 
 from shardverify.errors import InvalidArgument, ShardVerifyError
 from shardverify.files import read_regular_file
 from shardverify.spec.names import UnresolvedName, resolve_dotted, resolve_torch
-from shardverify.spec.trust import (TRUSTED_ENV, _source_of, _split, build_checked, trusted_modules, trusted_object,
-                                    under)
+from shardverify.spec.trust import (TRUSTED_ENV, _source_of, _split, build_checked, own_file, trusted_modules,
+                                    trusted_object, under)
 
 __all__ = ["ZOO_MODULES", "MODEL_MODULES", "TEST_FOLDERS", "RULE", "project_of", "name_refusal", "object_refusal",
            "process_refusal", "resolve_allowed", "call_factory"]
@@ -75,21 +73,11 @@ def project_of(spec_file: str | Path | None) -> Path | None:
     return Path.cwd().resolve() if spec_file is None else None
 
 
-def _installed() -> tuple[Path, ...]:
-    """Folders of Python itself, installed packages and shardverify: never the project's."""
-    paths = [*(sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")),
-             *site.getsitepackages(), site.getusersitepackages(), str(Path(__file__).resolve().parents[1])]
-    return tuple(Path(p).resolve() for p in paths if p)
-
-
 def _in_project(file: str | None, project: Path | None) -> bool:
-    if not file or project is None:
+    """Whether ``file`` is a module of the user's own (trust.own_file) under ``project``."""
+    if project is None or not own_file(file):
         return False
-    path = Path(file).resolve()
-    parts = set(path.parts)
-    if "site-packages" in parts or "dist-packages" in parts:
-        return False
-    return path.is_relative_to(project) and not any(path.is_relative_to(p) for p in _installed())
+    return Path(file).resolve().is_relative_to(project)   # type: ignore[arg-type]
 
 
 def _refused(name: str, why: str) -> str:
@@ -189,17 +177,17 @@ def object_refusal(name: str, obj: object, project: Path | None) -> str:
         name, f"{module}.{qualified if isinstance(qualified, str) else ''}")
     if shape:
         return shape
-    if not isinstance(obj, (type, types.FunctionType)):
-        return _refused(name, f"is a {type(obj).__name__}, not a Python function or class")
     if isinstance(obj, type) and issubclass(obj, torch.nn.Module) and under(module, MODEL_MODULES):
         return ""
-    if under(module, ZOO_MODULES):
-        return ""
+    zoo = under(module, ZOO_MODULES)
     file = getattr(sys.modules.get(module), "__file__", None)
-    if trusted_object(obj) or _in_project(file, project):
-        return _named_module_refusal(name, module, file)
-    where = "outside the project" if project is not None else "in no module the user named"
-    return _refused(name, f"is defined in {module or 'no module'!r}, {where}")
+    named = not zoo and (trusted_object(obj) or _in_project(file, project))
+    if not (zoo or named):
+        where = "outside the project" if project is not None else "in no module the user named"
+        return _refused(name, f"is defined in {module or 'no module'!r}, {where}")
+    if not isinstance(obj, (type, types.FunctionType)):
+        return _refused(name, f"is a {type(obj).__name__}, not a Python function or class")
+    return _named_module_refusal(name, module, file) if named else ""
 
 
 def name_refusal(name: str, project: Path | None) -> str:

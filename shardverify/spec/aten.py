@@ -15,7 +15,7 @@ import dataclasses
 
 from shardverify.spec.fields import Fields, check_type, lookup
 from shardverify.spec.loader import Node
-from shardverify.spec.op_model import OperandSpec, ParamSpec
+from shardverify.spec.op_model import OperandDecl, ParamDecl
 from shardverify.spec.values import index_value, names_of
 
 __all__ = ["ATEN_PREFIX", "is_aten", "aten_positions", "parse_target_entry"]
@@ -47,8 +47,8 @@ def _kind(argument) -> str:
     return "value"
 
 
-def aten_positions(node: Node, name: str, args_node: Node | None, operands: list[OperandSpec],
-                   params: list[ParamSpec]) -> tuple[tuple[OperandSpec, ...], tuple[ParamSpec, ...]]:
+def aten_positions(node: Node, name: str, args_node: Node | None, operands: list[OperandDecl],
+                   params: list[ParamDecl]) -> tuple[tuple[OperandDecl, ...], tuple[ParamDecl, ...]]:
     """The spec's operands and parameters as the overload ``name`` takes them: positions from
     ``args:`` (role or parameter -> schema position) or the spec's own, keywords the schema's."""
     schema = _schema(node, name)

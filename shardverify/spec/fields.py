@@ -18,13 +18,14 @@ from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, SpecError, shorten
 from shardverify.spec.limits import MAX_TENSOR_ELEMENTS, mesh_problem
 from shardverify.spec.names import resolve_dotted, resolve_torch
-from shardverify.spec.trust import TRUSTED_ENV, find_definition, op_target_refusal, trusted_modules, under
+from shardverify.spec.trust import (TRUSTED_ENV, Definition, find_definition, op_target_refusal, trusted_modules,
+                                    under)
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "as_factory", "as_mesh", "as_tolerance", "MAX_TOLERANCE",
-           "resolve_target", "type_name",
+__all__ = ["Fields", "as_identifier", "as_shape", "as_dtype", "as_factory", "allowed_definition", "as_mesh",
+           "as_tolerance", "MAX_TOLERANCE", "resolve_target", "type_name",
            "check_type", "describe", "finite_number", "lookup", "MAX_NAME_CHARS"]
 
 _TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
@@ -224,9 +225,9 @@ def resolve_target(node: Node) -> str:
     """A dotted name under `torch` that names a real callable or class; returns the name.
 
     Only `torch.*` is resolved, by attribute (importing a module named by a spec would run its
-    code), and modules the machine trusts; only tensor ops are accepted (spec/trust.py: no file,
-    process or network function, no setting; a trusted one matched by object) and private names
-    are refused (they are not a stable surface to verify)."""
+    code), and modules of the user's own the machine trusts; only what spec/trust.py allows is
+    accepted (a tensor op of torch, or a function or class defined in a trusted module, matched
+    by object) and private names are refused (they are not a stable surface to verify)."""
     check_type(node, str)
     name = str(node.value)
     if len(name) > 200 or not (_DOTTED.match(name) or _ATEN_UNDERSCORED.match(name)):
@@ -266,21 +267,29 @@ def target_form(node: Node, name: str) -> str:
     return "function"
 
 
-def as_factory(node: Node, kwargs_node: Node | None, kwargs: dict[str, object]) -> str:
-    """A factory's dotted name (plan and model specs), found in its module's source without
-    importing or calling anything (spec/trust.py) and allowed by spec/allow.py's rule (the
-    spec's project, a torch.nn.Module class, a zoo, a trusted module), the spec's keyword
-    arguments bound to its parameters; errors name the factory's or the kwargs' line."""
-    name = str(node.value)
+def allowed_definition(node: Node, what: str) -> Definition:
+    """The function or class ``node``'s dotted name names (a factory, a collective's
+    implementation): allowed by spec/allow.py's rule first (a torch.nn.Module class, a zoo, a
+    trusted module of the user's own), then found in its module's source without importing or
+    calling anything (spec/trust.py); an error names ``what`` at the node's line."""
     from shardverify.spec.allow import name_refusal, project_of
 
+    name = str(node.value)
     try:
-        definition = find_definition(name)
         refusal = name_refusal(name, project_of(node.file))
+        if refusal:
+            raise node.error(f"{what}: {refusal}")
+        return find_definition(name)
     except InvalidArgument as error:
-        raise node.error(f"factory: {error}") from None
-    if refusal:
-        raise node.error(f"factory: {refusal}")
+        raise node.error(f"{what}: {error}") from None
+
+
+def as_factory(node: Node, kwargs_node: Node | None, kwargs: dict[str, object]) -> str:
+    """A factory's dotted name (plan and model specs), allowed and found by
+    :func:`allowed_definition`, the spec's keyword arguments bound to its parameters; errors
+    name the factory's or the kwargs' line."""
+    name = str(node.value)
+    definition = allowed_definition(node, "factory")
     if definition.signature is not None:
         try:
             definition.signature.bind(**kwargs)

@@ -20,21 +20,21 @@ from shardverify.spec.fields import Fields, as_identifier, check_type, resolve_t
 from shardverify.spec.limits import MAX_CASES
 from shardverify.spec.loader import Node
 from shardverify.spec.op_model import (
-    CaseSpec, CountSpec, InputSpec, ModuleInit, OperandSpec, OpSpec, ParamSpec, TargetSpec, VerifySpec, case_spec)
+    CaseSpec, CountSpec, InputSpec, ModuleInit, OperandDecl, OpSpec, ParamDecl, TargetSpec, VerifySpec, case_spec)
 from shardverify.spec.op_generator import parse_generator
 from shardverify.spec.op_verify import check_where_lengths, parse_verify
 from shardverify.spec.values import index_value, literal, names_of, parse_where, within
+from shardverify.strategies.declarations import OPERAND_KINDS
 from shardverify.strategies.rules.sources import RuleSpec
 
-__all__ = ["OperandSpec", "ParamSpec", "TargetSpec", "InputSpec", "ModuleInit", "CountSpec",
+__all__ = ["OperandDecl", "ParamDecl", "TargetSpec", "InputSpec", "ModuleInit", "CountSpec",
            "VerifySpec", "OpSpec", "CaseSpec", "parse_op_spec", "parse_where", "case_spec"]
 
-OPERAND_KINDS = ("input", "param", "output")
 
 
 # --------------------------------------------------------------------------------- parsing
 
-def _parse_operand(role: str, node: Node) -> OperandSpec:
+def _parse_operand(role: str, node: Node) -> OperandDecl:
     f = Fields(node)
     kind_node = f.required("kind", str)
     if kind_node.value not in OPERAND_KINDS:
@@ -49,29 +49,28 @@ def _parse_operand(role: str, node: Node) -> OperandSpec:
     if elements_node is not None and (elements_node.value != "all" or element is not None):
         raise elements_node.error("'elements' takes 'all' (every element of the list argument at 'index' is an "
                                   "operand of this role), without 'element'")
-    operand = OperandSpec(role=role, kind=str(kind_node.value), index=index,
-                          keyword=as_identifier(kw_node) if kw_node else None,
-                          attribute=as_identifier(attr_node) if attr_node else None,
-                          optional=bool(opt_node.value) if opt_node else False, element=element,
-                          variadic=elements_node is not None)
-    if operand.variadic and (operand.kind != "input" or index is None or operand.optional):
+    kind, optional, variadic = str(kind_node.value), bool(opt_node.value) if opt_node else False, \
+        elements_node is not None
+    if variadic and (kind != "input" or index is None or optional):
         raise node.error(f"operand '{role}': 'elements: all' needs a required input operand with an 'index' "
                          "(the list argument)")
-    if operand.kind == "output" and (kw_node or attr_node or operand.optional or element is not None):
+    if kind == "output" and (kw_node or attr_node or optional or element is not None):
         raise node.error(f"output operand '{role}' takes no keyword, attribute, element or optional "
                          "(an index picks an element of a tuple result)")
-    if element is not None and (operand.kind != "input" or index is None):
+    if element is not None and (kind != "input" or index is None):
         raise node.error(f"operand '{role}': 'element' needs an input operand with an 'index' (the list argument)")
-    if operand.kind == "input" and index is None and kw_node is None:
+    if kind == "input" and index is None and kw_node is None:
         raise node.error(f"input operand '{role}' needs an 'index' or a 'keyword'")
-    if operand.kind == "input" and attr_node is not None:
+    if kind == "input" and attr_node is not None:
         raise attr_node.error(f"input operand '{role}' cannot have a module attribute; use kind: param")
-    if operand.kind == "param" and index is None and kw_node is None and attr_node is None:
+    if kind == "param" and index is None and kw_node is None and attr_node is None:
         raise node.error(f"param operand '{role}' needs an 'attribute', 'index' or 'keyword'")
-    return operand
+    return OperandDecl(role=role, kind=kind, index=index, keyword=as_identifier(kw_node) if kw_node else None,
+                       attribute=as_identifier(attr_node) if attr_node else None, optional=optional,
+                       element=element, variadic=variadic)
 
 
-def _parse_param(name: str, node: Node) -> ParamSpec:
+def _parse_param(name: str, node: Node) -> ParamDecl:
     f = Fields(node)
     index = index_value(f.optional("index", int))
     kw_node = f.optional("keyword", str)
@@ -92,7 +91,7 @@ def _parse_param(name: str, node: Node) -> ParamSpec:
     if varargs is not None and varargs.value and index is None:
         raise varargs.error(f"parameter '{name}': 'varargs' reads the positional arguments from 'index' on; "
                             "give it an index")
-    return ParamSpec(name=name, index=index, keyword=as_identifier(kw_node) if kw_node else None,
+    return ParamDecl(name=name, index=index, keyword=as_identifier(kw_node) if kw_node else None,
                      default=literal(default) if default is not None else None,
                      varargs=bool(varargs.value) if varargs is not None else False, any_value=serves is not None,
                      choices=literal(choices) if choices is not None else ())
@@ -176,10 +175,10 @@ def parse_op_spec(root: Node) -> OpSpec:
     return OpSpec(name=name, source=root.file, targets=tuple(targets), operands=tuple(operands),
                   params=tuple(params), generator=family, options=options, verify=verify,
                   description=str(desc_node.value) if desc_node else "", audit_accept=accept, ignores=ignores,
-                  audit_meshes=audit_meshes, audit_skip=audit_skip, rule=rule if isinstance(rule, RuleSpec) else None)
+                  audit_meshes=audit_meshes, audit_skip=audit_skip, rule=rule)
 
 
-def _check_slots(operands: list[OperandSpec], params: list[ParamSpec], operands_node: Node,
+def _check_slots(operands: list[OperandDecl], params: list[ParamDecl], operands_node: Node,
                  params_node: Node | None) -> None:
     """Positional indices and keywords are each used once across operands and params."""
     seen_index: dict[int, str] = {}

@@ -6,19 +6,21 @@ declare."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from shardverify.spec.fields import Fields, as_identifier
 from shardverify.spec.loader import Node
-from shardverify.spec.op_model import OperandSpec, ParamSpec
+from shardverify.strategies.declarations import OperandDecl, ParamDecl
 from shardverify.spec.values import Literal, key_node, names_of, option
-from shardverify.strategies.generators.options import OPERAND, At, OptionError, ParsedOptions
+from shardverify.strategies.options import OPERAND, At, OptionError, ParsedOptions
 from shardverify.strategies.generators.registry import get_generator, parse_options
+from shardverify.strategies.rules.sources import RuleSpec
 
 __all__ = ["parse_generator"]
 
 
-def parse_generator(node: Node, params: Sequence[ParamSpec], operands: Sequence[OperandSpec]
+def parse_generator(node: Node, params: Sequence[ParamDecl], operands: Sequence[OperandDecl]
                     ) -> tuple[str, tuple[tuple[str, Literal], ...], ParsedOptions | None]:
     """(family, options as written, options as the family parsed them)."""
     g = Fields(node)
@@ -32,6 +34,9 @@ def parse_generator(node: Node, params: Sequence[ParamSpec], operands: Sequence[
             parsed.check_operands(operands)
     except OptionError as exc:
         raise _at(options_node or node, exc.key, exc.at).error(f"invalid sharding rule: {exc}") from None
+    if isinstance(parsed, RuleSpec):   # where an error at a call points
+        file, line, _ = (options_node or node).where()
+        parsed = dataclasses.replace(parsed, at=f"{file}:{line}")
     declared = {"param": sorted(p.name for p in params), OPERAND: sorted(o.role for o in operands)}
     for ref in parsed.refs if parsed is not None else ():
         if ref.name not in declared[ref.kind]:

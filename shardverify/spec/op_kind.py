@@ -8,11 +8,13 @@ only reads validated values, and `shardverify.codegen` renders the templates.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from shardverify.pysource import ModelSource, py_model
 from shardverify.spec.kinds import SpecKind, TemplateRenderer
 from shardverify.spec.op import CaseSpec, CountSpec, OpSpec, parse_op_spec
 
-__all__ = ["render_op_spec", "process_runs", "simulated_runs", "summarize_op_spec", "audit_meshes", "OP_KIND", "HANDLER_DIR", "TEST_DIR"]
+__all__ = ["render_op_spec", "handler_source", "HandlerSource", "process_runs", "simulated_runs", "summarize_op_spec", "audit_meshes", "OP_KIND", "HANDLER_DIR", "TEST_DIR"]
 
 HANDLER_DIR = "shardverify/strategies/handlers/generated"
 TEST_DIR = "generated_tests"
@@ -87,13 +89,50 @@ def simulated_runs(cases: tuple[CaseSpec, ...], meshes) -> list[tuple[int, tuple
     return runs
 
 
+@dataclass(frozen=True)
+class HandlerSource:
+    """The parsed declarations and rule of a spec as the source its handler holds them in, and
+    the classes that source names ((module, names) to import)."""
+
+    imports: tuple[tuple[str, tuple[str, ...]], ...]
+    operands: str
+    params: str
+    rule: str
+    overrides: tuple[tuple[str, str, str], ...]    # (ATen target, its operands, its params)
+
+
+def handler_source(spec: OpSpec) -> HandlerSource:
+    """The source of what the generated handler registers, built from the parsed spec."""
+    parts: list[ModelSource] = []
+
+    def source(value: object, indent: int = 4) -> str:
+        if isinstance(value, tuple) and value:   # one item a line
+            items = [py_model(item) for item in value]
+            parts.extend(items)
+            pad = " " * (indent + 4)
+            return "(\n" + "".join(f"{pad}{item.text},\n" for item in items) + " " * indent + ")"
+        parts.append(py_model(value, indent))
+        return parts[-1].text
+
+    operands, params, rule = source(spec.operands), source(spec.params), source(spec.rule)
+    parts.append(ModelSource("", (("shardverify.strategies.handlers.base", "HandlerDef"),
+                                  ("shardverify.strategies.handlers.base", "register_handler"))))
+    overrides = tuple((t.name, source(t.operands, 8), source(t.params, 8)) for t in spec.targets if t.aten)
+    modules: dict[str, set[str]] = {}
+    for part in parts:
+        for module, name in part.imports:
+            modules.setdefault(module, set()).add(name)
+    return HandlerSource(tuple((m, tuple(sorted(n))) for m, n in sorted(modules.items())),
+                         operands, params, rule, overrides)
+
+
 def render_op_spec(spec: OpSpec, renderer: TemplateRenderer) -> dict[str, str]:
     """{handler module path: text, test module path: text} for one op spec."""
     cases = spec.cases()
     counts = [(index, count.mesh, count.count, f"{case.id}-{_mesh_id(count.mesh)}")
               for count in spec.verify.counts
               for index, case in enumerate(cases) if _matches(count, case)]
-    handler = renderer.render("op_handler.py.j2", spec=spec)
+    handler = renderer.render("op_handler.py.j2", spec=spec, model=handler_source(spec))
     test = renderer.render("op_test.py.j2", spec=spec, cases=spec.op_cases(), counts=counts,
                            meshes=[(mesh, _mesh_id(mesh)) for mesh in spec.verify.meshes],
                            simulated=simulated_runs(cases, spec.verify.meshes),

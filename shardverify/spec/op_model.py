@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 from shardverify.spec.case import CallArg, InputDecl, ModuleDecl, OpCase
 from shardverify.spec.values import Literal
-from shardverify.strategies.rules.sources import RuleSpec
+from shardverify.strategies.declarations import OperandDecl, ParamDecl
+from shardverify.strategies.options import PARAM, ParsedOptions
 
-__all__ = ["OperandSpec", "ParamSpec", "TargetSpec", "InputSpec", "ModuleInit", "CountSpec",
+__all__ = ["OperandDecl", "ParamDecl", "TargetSpec", "InputSpec", "ModuleInit", "CountSpec",
            "VerifySpec", "OpSpec", "CaseSpec", "case_spec", "value_length"]
 
 
@@ -24,41 +25,14 @@ def value_length(value: Literal) -> int:
 
 
 @dataclass(frozen=True)
-class OperandSpec:
-    """How one operand is read from the call: positional index, keyword, module attribute."""
-
-    role: str
-    kind: str                      # "input" | "param" | "output"
-    index: int | None = None
-    keyword: str | None = None
-    attribute: str | None = None
-    optional: bool = False
-    element: int | None = None     # element of the list argument at `index`
-    variadic: bool = False         # `elements: all`: every element of that list argument (torch.cat)
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """A non-tensor call parameter (dim, keepdim): where it is read from and its default."""
-
-    name: str
-    index: int | None = None
-    keyword: str | None = None
-    default: Literal = None
-    varargs: bool = False          # the positional arguments from index on, when passed unpacked
-    any_value: bool = False        # `serves: any`: the rule holds for every value, not only the grid's
-    choices: tuple[Literal, ...] = ()   # every value the op takes (a string's), for the explorer to draw
-
-
-@dataclass(frozen=True)
 class TargetSpec:
     """A torch target and how it appears in a traced graph; an ATen overload carries the spec's
     operands and parameters at its own schema's positions (``spec.aten``)."""
 
     name: str                      # "torch.sum", "torch.Tensor.sum", "torch.nn.Linear", "torch.ops.aten.sum.dim_IntList"
     form: str                      # "function" | "method" | "module"
-    operands: tuple[OperandSpec, ...] = ()   # empty: the spec's own
-    params: tuple[ParamSpec, ...] = ()
+    operands: tuple[OperandDecl, ...] = ()   # empty: the spec's own
+    params: tuple[ParamDecl, ...] = ()
     aten: bool = False
     where: tuple[tuple[str, Literal], ...] = ()   # the grid points this target takes (empty: all)
 
@@ -142,8 +116,8 @@ class OpSpec:
     name: str
     source: str
     targets: tuple[TargetSpec, ...]
-    operands: tuple[OperandSpec, ...]
-    params: tuple[ParamSpec, ...]
+    operands: tuple[OperandDecl, ...]
+    params: tuple[ParamDecl, ...]
     generator: str
     options: tuple[tuple[str, Literal], ...]
     verify: VerifySpec
@@ -152,12 +126,13 @@ class OpSpec:
     audit_meshes: tuple[tuple[int, ...], ...] | None = None   # None: the 1-D and 2-D meshes
     audit_skip: str = ""           # why the audit cannot run the op at all (never run, always said)
     ignores: tuple[str, ...] = ()  # undeclared keyword arguments that leave the rule unchanged
-    #: the rules family's options, parsed once at load: what the rule reads and names
-    rule: RuleSpec | None = field(default=None, compare=False, repr=False)
+    #: the family's options, parsed once at load (the rules family's RuleSpec): what the rule
+    #: reads and names; the generated handler holds it as parsed
+    rule: ParsedOptions | None = field(default=None, compare=False, repr=False)
 
     def read_params(self) -> frozenset[str]:
         """The parameters the rule reads (derives the layouts from their values)."""
-        return self.rule.params_read() if self.rule is not None else frozenset()
+        return frozenset(r.name for r in self.rule.refs if r.kind == PARAM) if self.rule is not None else frozenset()
 
     def bound_targets(self) -> tuple[TargetSpec, ...]:
         """The targets with a bound parameter (see :meth:`bindings`)."""
@@ -198,11 +173,11 @@ class OpSpec:
         values = {p.name: p.default for p in self.params} | dict(point)
         return all(len({value_length(values[name]) for name in group}) == 1 for group in self.verify.same_length)
 
-    def operands_for(self, target: TargetSpec) -> tuple[OperandSpec, ...]:
+    def operands_for(self, target: TargetSpec) -> tuple[OperandDecl, ...]:
         """The operands as ``target``'s calls take them."""
         return target.operands if target.aten else self.operands
 
-    def params_for(self, target: TargetSpec) -> tuple[ParamSpec, ...]:
+    def params_for(self, target: TargetSpec) -> tuple[ParamDecl, ...]:
         return target.params if target.aten else self.params
 
     def grid_size(self) -> int:
@@ -281,8 +256,8 @@ def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal]
 VARIADIC_COUNT = 2
 
 
-def _elements_expanded(operands: tuple[OperandSpec, ...], verify: VerifySpec, counts: dict[str, int]
-                       ) -> tuple[tuple[OperandSpec, ...], VerifySpec]:
+def _elements_expanded(operands: tuple[OperandDecl, ...], verify: VerifySpec, counts: dict[str, int]
+                       ) -> tuple[tuple[OperandDecl, ...], VerifySpec]:
     """A variadic operand as ``counts[role]`` elements of its list argument, ``<role>_<k>``, each
     an input of the shape the spec declares for the role."""
     if not counts:
@@ -295,7 +270,7 @@ def _elements_expanded(operands: tuple[OperandSpec, ...], verify: VerifySpec, co
     return expanded, dataclasses.replace(verify, inputs=inputs)
 
 
-def _positional(operands: tuple[OperandSpec, ...], params: tuple[ParamSpec, ...], inputs: tuple[InputSpec, ...],
+def _positional(operands: tuple[OperandDecl, ...], params: tuple[ParamDecl, ...], inputs: tuple[InputSpec, ...],
                 point: dict[str, Literal]) -> tuple[tuple[tuple[str, Literal], ...], set[str]]:
     """The positional arguments of a function/method call up to its last tensor, and the
     keywords they take from the keyword arguments; ``()`` when they are just the tensors in

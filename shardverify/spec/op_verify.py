@@ -14,15 +14,15 @@ from shardverify.spec.fields import (Fields, as_dtype, as_identifier, as_shape, 
                                      dtype_from_name, finite_number, resolve_target, target_form)
 from shardverify.spec.limits import mesh_problem, tensor_size_problems
 from shardverify.spec.loader import Node
-from shardverify.spec.op_model import (CountSpec, InputSpec, ModuleInit, OperandSpec, ParamSpec, TargetSpec,
+from shardverify.spec.op_model import (CountSpec, InputSpec, ModuleInit, OperandDecl, ParamDecl, TargetSpec,
                                        VerifySpec, value_length)
 from shardverify.spec.values import Literal, literal, names_of, parse_grid, parse_where, within
 
 __all__ = ["parse_verify", "check_where_lengths"]
 
 
-def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSpec],
-                  params: list[ParamSpec], constant: tuple[str, ...] = ()) -> VerifySpec:
+def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandDecl],
+                  params: list[ParamDecl], constant: tuple[str, ...] = ()) -> VerifySpec:
     """``constant``: the operands the op takes no gradient for (the rule's ``constant_operands``),
     drawn without one."""
     f = Fields(node)
@@ -78,7 +78,7 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandSp
                       same_length=same_length, isolate=bool(isolate_node.value) if isolate_node else False)
 
 
-def _parse_inputs(node: Node, inputs_node: Node | None, operands: list[OperandSpec], forms: set[str],
+def _parse_inputs(node: Node, inputs_node: Node | None, operands: list[OperandDecl], forms: set[str],
                   constant: tuple[str, ...]) -> tuple[list[InputSpec], Node]:
     """Each tensor operand's declared shape, dtype and values (a factory without tensor operands
     may give none: the section itself then stands for ``inputs`` in errors)."""
@@ -115,7 +115,7 @@ def _parse_inputs(node: Node, inputs_node: Node | None, operands: list[OperandSp
 
 
 def _check_grid(grid: tuple[tuple[str, tuple[Literal, ...]], ...], grid_node: Node | None,
-                operands: list[OperandSpec], params: list[ParamSpec], forms: set[str],
+                operands: list[OperandDecl], params: list[ParamDecl], forms: set[str],
                 module: ModuleInit | None) -> None:
     """Every grid key names a parameter, an optional or variadic operand (with values it takes) or,
     for a module target, a constructor keyword the module's own kwargs do not set too."""
@@ -184,7 +184,7 @@ def _parse_tolerance(tol_node: Node | None) -> tuple[float | None, float | None]
     return rtol, atol
 
 
-def _parse_same_length(node: Node, params: list[ParamSpec], grid: tuple[tuple[str, tuple[Literal, ...]], ...],
+def _parse_same_length(node: Node, params: list[ParamDecl], grid: tuple[tuple[str, tuple[Literal, ...]], ...],
                        grid_node: Node | None) -> tuple[tuple[str, ...], ...]:
     """``same_length: [shifts, dims]`` (one group) or ``[[a, b], [c, d]]`` (several): parameters
     whose values have equal lengths in every call (a list its length, any other value one).
@@ -243,7 +243,7 @@ def _shown(value: Literal) -> str:
 
 
 def check_where_lengths(node: Node, target: str, where: dict[str, Literal], verify: VerifySpec,
-                         params: list[ParamSpec]) -> None:
+                         params: list[ParamDecl]) -> None:
     """A target's ``where:`` leaves it some grid point that keeps every same_length group."""
     values = {p.name: (p.default,) for p in params} | dict(verify.grid) | {k: (v,) for k, v in where.items()}
     for group in verify.same_length:
@@ -276,7 +276,7 @@ def _value_range(node: Node, dtype: str) -> tuple[float, float]:
     return low, high
 
 
-def _check_positional(operands: list[OperandSpec], params: list[ParamSpec], inputs: list[InputSpec],
+def _check_positional(operands: list[OperandDecl], params: list[ParamDecl], inputs: list[InputSpec],
                       inputs_node: Node, what: str) -> None:
     """Function targets (``what``) get their arguments positionally up to the last tensor
     (``target(x, *others)``, ``torch.einsum(eq, a, b)``, ``torch.cat([a, b], dim)``): every

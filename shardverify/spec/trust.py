@@ -1,22 +1,28 @@
-"""What a spec may name, decided without running it.
+"""What a spec may name, decided without running it: an allow list, never a deny list.
 
 Reading a spec (`list`, `generate`, `generate --check`) must execute nothing the spec names: CI
-runs `generate --check` on every submitted spec. So:
+runs `generate --check` on every submitted spec. So a name is allowed only where it is one of
+these, and refused otherwise (with what is allowed in the message):
 
-* an op target must be a tensor op: a function of torch's tensor namespaces (``torch.*``,
-  ``torch.nn.functional.*``, ``torch.special.*``, ``torch.linalg.*``, ``torch.fft.*``), a
-  ``torch.Tensor`` method, a ``torch.nn`` module class, or an overload of ``torch.ops`` that
-  returns a tensor; never a serialization, file, process or network function (``torch.save``,
-  ``torch.load``, ``aten.from_file``, ``torch.os.system``), never one of torch's settings
-  (``torch.set_num_threads``: a builtin with no ATen op of its name), never an op on storage
-  rather than values (``torch.ops.inductor.resize_storage_bytes_``, ``Tensor.set_``). A name
-  under torch is reached by attribute, so no module is imported by its name (names.resolve_torch). What the user lists in
-  ``SHARDVERIFY_TRUSTED_TARGETS`` (a setting of the machine, never of a spec) is allowed too,
-  matched as an object (:func:`trusted_object`), never by the path a spec reached it by.
+* an op target is a tensor op (:func:`op_target_refusal`): a function of torch's tensor
+  namespaces (``torch.*``, ``torch.nn.functional.*``, ``torch.special.*``, ``torch.linalg.*``,
+  ``torch.fft.*``) that has an ATen op of its name, a ``torch.Tensor`` method, a module class of
+  ``torch.nn`` (or ``torch.ao.nn``), or an overload under ``torch.ops`` that returns a tensor; a
+  tensor op acts on values, so it takes no file name (``torch.from_file``, ``aten.save``) and
+  does not resize, replace or expose a tensor's storage (``Tensor.set_``,
+  ``torch.ops.inductor.resize_storage_bytes_``). Anything else under torch (``torch.save``,
+  ``torch.hub.load``, ``torch.os.system``, ``torch.compile``, ``torch.set_num_threads``) is none
+  of these. A name under torch is reached by attribute, so no module is imported by its name
+  (names.resolve_torch); the object decides, not the path it was reached by.
+* or a function or class *defined* in a module of the user's own that the machine's setting
+  ``SHARDVERIFY_TRUSTED_TARGETS`` names (never a spec): matched as an object
+  (:func:`trusted_object`). The setting names modules of the user's own only
+  (:func:`trusted_modules`): files outside Python's installation (its standard library and
+  installed packages, torch among them) and outside shardverify; torch's names need no setting.
 * a factory or implementation (plan, model and collective specs) is found by reading its
   module's source: :func:`find_definition` locates the module file without importing it (or
   uses the module already imported) and checks the name is a top-level ``def`` or ``class``.
-  The commands and tests that verify a spec import and call it only as spec/allow.py allows.
+  Whether it may be called is spec/allow.py's allow list, asked before it is read.
 """
 
 from __future__ import annotations
@@ -27,35 +33,37 @@ import importlib.machinery
 import importlib.util
 import inspect
 import os
+import site
 import sys
+import sysconfig
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 from shardverify.errors import InvalidArgument
 from shardverify.spec.limits import MAX_MODEL_BYTES, SettingError
-from shardverify.spec.names import UnresolvedName, resolve_dotted, resolve_torch
+from shardverify.spec.names import UnresolvedName, resolve_dotted
 
-__all__ = ["TRUSTED_ENV", "DENIED_MODULES", "trusted_modules", "trusted_object", "never_trusted", "under",
-           "op_target_refusal", "check_trusted_setting",
-           "Definition", "find_definition", "callable_refusal", "build_checked"]
+__all__ = ["TRUSTED_ENV", "TENSOR_FUNCTION_MODULES", "MODULE_CLASS_MODULES", "own_file", "trusted_modules",
+           "trusted_object", "under", "op_target_refusal", "check_trusted_setting",
+           "Definition", "find_definition", "build_checked"]
 
 TRUSTED_ENV = "SHARDVERIFY_TRUSTED_TARGETS"
 
-#: Modules whose functions read or write files, run processes, reach the network or unpickle:
-#: nothing a spec names may come from them (or from a module below them).
-DENIED_MODULES = ("os", "posix", "nt", "sys", "subprocess", "shutil", "socket", "pickle", "marshal", "shelve",
-                  "builtins", "io", "pathlib", "tempfile", "importlib", "runpy", "code", "ctypes", "signal",
-                  "multiprocessing", "urllib", "http", "ftplib", "smtplib", "webbrowser", "pty", "glob",
-                  "torch.serialization", "torch.hub", "torch.utils", "torch.storage", "torch.package",
-                  "torch.multiprocessing", "torch.distributed", "torch._dynamo", "torch.compiler", "numpy.lib")
-
 #: where torch's tensor functions are defined (builtins report their C namespace)
-_FUNCTION_MODULES = ("torch", "torch.functional", "torch.nn.functional", "torch._C._nn", "torch._C._special",
-                     "torch._C._linalg", "torch._C._fft", "torch.special", "torch.linalg", "torch.fft")
+TENSOR_FUNCTION_MODULES = ("torch", "torch.functional", "torch.nn.functional", "torch._C._nn", "torch._C._special",
+                           "torch._C._linalg", "torch._C._fft", "torch.special", "torch.linalg", "torch.fft")
+#: where the torch.nn.Module classes an op target may name are defined: torch's layers
+MODULE_CLASS_MODULES = ("torch.nn", "torch.ao.nn")
 #: ATen arguments that name a file: an op taking one reads or writes it (aten.save, aten.from_file)
 _FILE_ARGUMENTS = ("filename", "file", "path", "f")
 _TARGET_KINDS = ("a tensor op: a function of torch, torch.nn.functional, torch.special, torch.linalg or torch.fft, "
-                 "a torch.Tensor method, a torch.nn module class or an overload under torch.ops")
+                 "a torch.Tensor method, a torch.nn module class or an overload under torch.ops; or a function "
+                 f"or class of a module of yours named in {TRUSTED_ENV}")
+#: what the setting may name, said in its refusals (which name the setting themselves)
+_SETTING_RULE = ("the setting names modules of your own (files outside Python's standard library, installed "
+                 "packages and shardverify); torch's tensor ops, torch.nn and transformers model classes and "
+                 "shardverify's zoos need no setting")
 
 
 def under(name: str, modules: tuple[str, ...]) -> bool:
@@ -63,54 +71,105 @@ def under(name: str, modules: tuple[str, ...]) -> bool:
     return any(name == m or name.startswith(f"{m}.") for m in modules)
 
 
+def _installed() -> tuple[Path, ...]:
+    """Folders of Python itself, installed packages and shardverify: never the user's own."""
+    paths = [*(sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")),
+             *site.getsitepackages(), site.getusersitepackages(), str(Path(__file__).resolve().parents[1])]
+    return tuple(Path(p).resolve() for p in paths if p)
+
+
+def own_file(file: str | None) -> bool:
+    """Whether ``file`` is a module file of the user's own: it lies outside Python's installation
+    (its standard library, installed packages) and outside shardverify."""
+    if not file:
+        return False
+    path = Path(file).resolve()
+    parts = set(path.parts)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not any(path.is_relative_to(p) for p in _installed())
+
+
+def _module_file(module: str) -> str | None:
+    """The file ``module`` is loaded from (a frozen module's source file), found without importing
+    it: None for a module built into Python or not found."""
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        file = getattr(loaded, "__file__", None)
+        return file if isinstance(file, str) else None
+    spec = _spec_of(module)
+    origin = getattr(spec, "origin", None)
+    if origin == "frozen":
+        origin = getattr(getattr(spec, "loader_state", None), "filename", None)
+    return origin if isinstance(origin, str) and os.path.isabs(origin) else None
+
+
+def _setting_refusal(name: str) -> str:
+    """"" when the setting's entry ``name`` names a module of the user's own (or an object in
+    one); otherwise why not, in words. Found, never imported."""
+    top = name.split(".")[0]
+    if top == "torch":
+        return f"{name!r} cannot be trusted: it lies under torch; {_SETTING_RULE}"
+    pieces = name.split(".")
+    file = next((found for cut in range(len(pieces), 0, -1)
+                 if (found := _module_file(".".join(pieces[:cut]))) is not None), None)
+    if file is None:
+        try:
+            exists = top in sys.modules or importlib.util.find_spec(top) is not None   # top-level: imports nothing
+        except (ImportError, ValueError):
+            exists = False
+        if not exists:
+            return f"{name!r}: no module {top!r} can be found"
+        return (f"{name!r} cannot be trusted: it has no module file (built into Python, or a folder without "
+                f"__init__.py); {_SETTING_RULE}")
+    if not own_file(file):
+        return (f"{name!r} cannot be trusted: it lies in {file}, part of Python or of an installed package; "
+                f"{_SETTING_RULE}")
+    return ""
+
+
 def trusted_modules() -> tuple[str, ...]:
-    """The modules the machine's ``SHARDVERIFY_TRUSTED_TARGETS`` (comma-separated) trusts."""
+    """The modules of the user's own that the machine's ``SHARDVERIFY_TRUSTED_TARGETS``
+    (comma-separated) names; an entry that is not a dotted name or not of the user's own (Python's
+    standard library, an installed package such as torch, shardverify) is an InvalidArgument."""
     text = os.environ.get(TRUSTED_ENV, "")
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     for name in names:
         if not all(piece.isidentifier() for piece in name.split(".")):
             raise InvalidArgument(f"{TRUSTED_ENV}: {name!r} is not a dotted module name")
-        if under(name, DENIED_MODULES):
-            raise InvalidArgument(f"{TRUSTED_ENV}: {name!r} lies in {_denied_root(name)!r}, whose functions "
-                                  "touch files, processes or the network; it cannot be trusted for targets")
+    for name in names:
+        refusal = _setting_refusal(name)
+        if refusal:
+            raise InvalidArgument(f"{TRUSTED_ENV}: {refusal}")
     return names
 
 
 def check_trusted_setting() -> None:
     """The machine's :data:`TRUSTED_ENV` read once, before any spec: a bad entry (not a dotted
-    name, in a denied module, a name under torch that does not resolve, a module of the user's
-    that cannot be found) is one SettingError naming the setting, not one error per spec. Found,
-    never imported: a user's module is imported only when a target defined in it is matched."""
-    place = f"environment variable {TRUSTED_ENV}"
+    name, not a module of the user's own, a module that cannot be found) is one SettingError
+    naming the setting, not one error per spec. Found, never imported: a user's module is
+    imported only when a target defined in it is matched."""
     try:
-        names = trusted_modules()
-        for name in names:
-            if name.split(".")[0] == "torch":
-                resolve_torch(name)
-            elif importlib.util.find_spec(name.split(".")[0]) is None:   # a top-level name: imports nothing
-                raise InvalidArgument(f"{TRUSTED_ENV}: {name!r}: no module {name.split('.')[0]!r} can be found")
-    except UnresolvedName as error:
-        raise SettingError(str(error), file=place) from None
-    except (InvalidArgument, ImportError, ValueError) as error:
-        raise SettingError(str(error).removeprefix(f"{TRUSTED_ENV}: "), file=place) from None
+        trusted_modules()
+    except InvalidArgument as error:
+        raise SettingError(str(error).removeprefix(f"{TRUSTED_ENV}: "),
+                           file=f"environment variable {TRUSTED_ENV}") from None
 
 
 def trusted_object(obj: object) -> bool:
-    """Whether the machine trusts ``obj``: matched as an object, never by the path a spec reached
-    it by. An entry of :data:`TRUSTED_ENV` is resolved to what it names (one under torch by
-    attribute, importing nothing; one of the user's by importing it, as the machine asked) and
-    trusts that object, and every function or class *defined* in it when it is a module:
-    trusting ``torch.nn`` does not trust ``torch.nn.functional.torch.save`` (defined in
-    torch.serialization). A user's module is imported only where ``obj`` is defined under it."""
+    """Whether the machine trusts ``obj``: it is *defined* under an entry of :data:`TRUSTED_ENV`
+    (a module of the user's own), matched as an object, never by the path a spec reached it by.
+    An entry is resolved to what it names (by importing it, as the machine asked) and trusts that
+    object, and every function or class defined in it when it is a module: trusting ``mypkg``
+    does not trust ``mypkg.torch.save`` (defined in torch.serialization). A user's module is
+    imported only where ``obj`` is defined under it."""
     defined_in = getattr(obj, "__module__", None)
     defined_in = defined_in if isinstance(defined_in, str) else ""
-    if never_trusted(obj):
-        return False
     for name in trusted_modules():
-        if name.split(".")[0] != "torch" and not under(defined_in, (name.split(".")[0],)):
+        if not under(defined_in, (name.split(".")[0],)):
             continue   # cannot be where obj is defined: left unimported
         try:
-            entry = resolve_torch(name) if name.split(".")[0] == "torch" else resolve_dotted(name)
+            entry = resolve_dotted(name)
         except UnresolvedName as error:
             raise InvalidArgument(f"{TRUSTED_ENV}: {error}") from None
         if obj is entry:
@@ -121,31 +180,6 @@ def trusted_object(obj: object) -> bool:
                 getattr(obj, "__qualname__", "").startswith(f"{entry.__qualname__}."):
             return True
     return False
-
-
-def never_trusted(obj: object) -> str:
-    """Why no setting may trust ``obj``, or "": a function defined under a module that touches
-    files, processes or the network (``torch.save``, ``torch.load``: torch.serialization), or a
-    torch op taking a file name (``torch.from_file``, ``aten.from_file``). Trusting ``torch``
-    trusts its tensor ops, never these."""
-    import torch
-
-    defined_in = getattr(obj, "__module__", None)
-    if isinstance(defined_in, str) and under(defined_in, DENIED_MODULES):
-        return f"defined in {defined_in}, whose functions touch files, processes or the network"
-    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        aten = obj
-    elif isinstance(obj, types.BuiltinFunctionType) and isinstance(getattr(obj, "__name__", None), str):
-        aten = getattr(torch.ops.aten, obj.__name__, None) if isinstance(defined_in, str) and \
-            under(defined_in, ("torch",)) else None
-    else:
-        aten = None
-    argument = _file_argument(aten) if isinstance(aten, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) else ""
-    return f"takes a file name ({argument!r}): it reads or writes files" if argument else ""
-
-
-def _denied_root(name: str) -> str:
-    return next(m for m in DENIED_MODULES if name == m or name.startswith(f"{m}."))
 
 
 def _file_argument(op: object) -> str:
@@ -173,55 +207,62 @@ def _storage_refusal(name: str, op_name: str, schemas=()) -> str:
     return ""
 
 
+def _values_refusal(name: str, op_name: str, aten: object, schemas=()) -> str:
+    """"" when an op (named ``op_name``, ATen ``aten`` with these schemas) acts on values only:
+    no storage, no file name; otherwise why not."""
+    refusal = _storage_refusal(name, op_name, schemas)
+    if refusal:
+        return refusal
+    argument = _file_argument(aten) if aten is not None else ""
+    return f"{name!r} takes a file name ({argument!r}): it reads or writes files" if argument else ""
+
+
 def _overload_refusal(name: str, op: object) -> str:
-    """Why an overload (or every overload of a packet) under torch.ops is no tensor op, else ""."""
+    """"" when an overload (or every overload of a packet) under torch.ops is a tensor op: it acts
+    on values and returns a tensor; otherwise why not."""
     import torch
 
     overloads = [op] if isinstance(op, torch._ops.OpOverload) else [getattr(op, o) for o in op.overloads()]
     schemas = [overload._schema for overload in overloads]
     op_name = schemas[0].name.split("::")[-1] if schemas else ""
-    refusal = _storage_refusal(name, op_name, schemas)
+    refusal = _values_refusal(name, op_name, op, schemas)
     if refusal:
         return refusal
-    argument = _file_argument(op)
-    if argument:
-        return f"{name!r} takes a file name ({argument!r}): it reads or writes files"
     if not any("Tensor" in str(r.type) for schema in schemas for r in schema.returns):
         return f"{name!r} returns no tensor: not a tensor op"
     return ""
 
 
 def op_target_refusal(name: str, obj: object) -> str:
-    """"" when ``obj`` (what the dotted ``name`` resolved to) is a tensor op a spec may target;
+    """"" when ``obj`` (what the dotted ``name`` resolved to) is what an op target may be: a
+    tensor op of torch, or a function or class defined in a trusted module of the user's own;
     otherwise why not, in words. The object decides, not the path it was reached by
     (``torch.functional.torch.sum`` is ``torch.sum``)."""
     import torch
 
-    never = never_trusted(obj)
-    if never:
-        return f"{name!r} ({never})"
     if trusted_object(obj):
         return ""
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return _overload_refusal(name, obj)
+    module = getattr(obj, "__module__", None)
+    module = module if isinstance(module, str) else ""
     if isinstance(obj, type):
-        return "" if issubclass(obj, torch.nn.Module) else f"{name!r} is a class but not a torch.nn.Module"
-    module = getattr(obj, "__module__", None) or ""
+        if not issubclass(obj, torch.nn.Module):
+            return f"{name!r} is a class but not a torch.nn.Module"
+        if under(module, MODULE_CLASS_MODULES):
+            return ""
+        return f"{name!r} is a module class defined in {module}, not one of torch.nn's layers: not {_TARGET_KINDS}"
     if name.split(".")[:-1] == ["torch", "Tensor"] or getattr(obj, "__objclass__", None) is torch._C.TensorBase:
         if not callable(obj):
             return f"{name!r} is not a torch.Tensor method"
         return _storage_refusal(name, getattr(obj, "__name__", name.rsplit(".", 1)[-1]))
-    if module in _FUNCTION_MODULES and isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+    if module in TENSOR_FUNCTION_MODULES and isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
         if isinstance(obj, types.FunctionType) and module == "torch":
             return f"{name!r} is one of torch's settings or tools, not a tensor op"   # torch.compile, set_default_*
         aten = getattr(torch.ops.aten, obj.__name__, None) if isinstance(obj, types.BuiltinFunctionType) else None
         if isinstance(obj, types.BuiltinFunctionType) and not isinstance(aten, torch._ops.OpOverloadPacket):
             return f"{name!r} is one of torch's settings or tools (no ATen op of that name), not a tensor op"
-        refusal = _storage_refusal(name, obj.__name__)
-        if refusal:
-            return refusal
-        argument = _file_argument(aten) if aten is not None else ""
-        return f"{name!r} takes a file name ({argument!r}): it reads or writes files" if argument else ""
+        return _values_refusal(name, obj.__name__, aten)
     where = f" (defined in {module})" if module else ""
     return f"{name!r}{where} is not {_TARGET_KINDS}"
 
@@ -251,11 +292,11 @@ def _split(name: str) -> list[tuple[str, str]]:
     return [(".".join(parts[:cut]), ".".join(parts[cut:])) for cut in range(len(parts) - 1, 0, -1)]
 
 
-def _source_of(module: str) -> str | None:
-    """The path of ``module``'s Python source, found without importing it or its packages
-    (importing would run their code): a package already imported gives its search path, the
-    top-level name is looked up by the import system's finders (which import nothing), the rest
-    along the package's folders. None where there is no such file."""
+def _spec_of(module: str):
+    """The import spec of ``module``, found without importing it or its packages (importing would
+    run their code): a package already imported gives its search path, the top-level name is
+    looked up by the import system's finders (which import nothing), the rest along the
+    package's folders. None where there is no such module."""
     pieces = module.split(".")
     spec = None
     for depth in range(1, len(pieces) + 1):
@@ -273,7 +314,13 @@ def _source_of(module: str) -> str | None:
             spec = importlib.machinery.PathFinder.find_spec(name, locations) if locations else None
         if spec is None:
             return None
-    origin = getattr(spec, "origin", None)
+    return spec
+
+
+def _source_of(module: str) -> str | None:
+    """The path of ``module``'s Python source, found without importing it (:func:`_spec_of`);
+    None where there is no such file."""
+    origin = getattr(_spec_of(module), "origin", None)
     return origin if isinstance(origin, str) and origin.endswith(".py") else None
 
 
@@ -316,9 +363,8 @@ def _from_loaded(name: str, module: str, attribute: str) -> Definition:
         if piece not in vars(obj):  # vars, not getattr: a module __getattr__ would run code
             raise InvalidArgument(f"{name!r}: {module!r} has no attribute {attribute!r}")
         obj = vars(obj)[piece]
-    refusal = callable_refusal(name, obj)
-    if refusal:
-        raise InvalidArgument(refusal)
+    if not isinstance(obj, (type, types.FunctionType)):
+        raise InvalidArgument(f"{name!r} is a {type(obj).__name__}, not a Python function or class")
     if isinstance(obj, type):
         return Definition(name, module, attribute, "class", None)
     try:
@@ -333,9 +379,6 @@ def find_definition(name: str) -> Definition:
     reading its module's source, or from the module when it is imported already; nothing is
     imported or called. Raises InvalidArgument naming what is wrong."""
     for module, attribute in _split(name):
-        if under(module, DENIED_MODULES):
-            raise InvalidArgument(f"{name!r} lies in {_denied_root(module)!r}, whose functions touch files, "
-                                  "processes or the network; a spec may not name it")
         if module in sys.modules:
             return _from_loaded(name, module, attribute)
         path = _source_of(module)
@@ -343,17 +386,6 @@ def find_definition(name: str) -> Definition:
             return _from_source(name, module, attribute, path)
     raise InvalidArgument(f"{name!r} names no Python module on the path (looked for "
                           f"{', '.join(repr(m) for m, _ in _split(name))})")
-
-
-def callable_refusal(name: str, obj: object) -> str:
-    """"" when ``obj`` is a Python function or class outside :data:`DENIED_MODULES`; otherwise
-    why a spec may not have it called."""
-    module = getattr(obj, "__module__", None) or ""
-    if under(module, DENIED_MODULES):
-        return f"{name!r} is defined in {module!r}, whose functions touch files, processes or the network"
-    if not isinstance(obj, (type, types.FunctionType)):
-        return f"{name!r} is a {type(obj).__name__}, not a Python function or class"
-    return ""
 
 
 def build_checked(build, what: str):

@@ -20,6 +20,7 @@ from shardverify.strategies import generators as _generators  # noqa: F401  (reg
 from shardverify.strategies import handlers as _handlers  # noqa: F401  (registers the generated handlers)
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
 from shardverify.strategies.generators.registry import GeneratorContext, get_generator
+from shardverify.strategies.generators.replicated import source_strategy
 from shardverify.strategies.handlers.base import HandlerDef
 from shardverify.strategies.handlers.call_values import resolve_operands, resolve_params
 from shardverify.strategies.handlers.serving import handler_for_node, outside_grid, refusal
@@ -156,7 +157,7 @@ def handler_strategies(handler: HandlerDef, graph_module: GraphModule, node: Nod
                            f"served only when verified where it is met")
     operands = resolve_operands(handler, node, graph_module)
     ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands,
-                           params=resolve_params(handler, node, graph_module), options=handler.option_dict,
+                           params=resolve_params(handler, node, graph_module),
                            handler_name=handler.name, handler=handler, layouts_only=layouts_only and unverified is None,
                            strategies_of=lambda producer: _strategies(graph_module, producer, mesh, on_demand),
                            layouts_of=lambda producer: _layouts(graph_module, producer, mesh, on_demand))
@@ -181,19 +182,12 @@ def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh, on_demand: O
         kind = OperationDataType.ARG if node.op == "placeholder" else OperationDataType.PARAM
         operands = {"output": OperationData(node.name, kind, "output", tuple(meta.shape), meta.dtype,
                                             locator=OperandLocator("output"))}
-        params, options, name = {}, {"name": _SOURCE_OPS[node.op]}, node.op
-        generate = get_generator("replicated")
-    else:
-        target = getattr(node.target, "__name__", node.target)
-        raise HandlerError(f"no handler for node {node.name!r} ({node.op} {target!r}); write a spec for it "
-                           f"in specs/ and run `shardverify generate`")
-    ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands, params=params,
-                           options=options, handler_name=name, layouts_only=layouts_only,
-                           strategies_of=lambda producer: _strategies(graph_module, producer, mesh, on_demand),
-                           layouts_of=lambda producer: _layouts(graph_module, producer, mesh, on_demand))
-    strategies = generate(ctx)
-    _check_unique(strategies, name, node)
-    return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)
+        ctx = GeneratorContext(node=node, graph_module=graph_module, mesh=mesh, operands=operands,
+                               handler_name=node.op, layouts_only=layouts_only)
+        return StrategiesVector(node, source_strategy(ctx, _SOURCE_OPS[node.op]), predecessor_nodes=node.all_input_nodes)
+    target = getattr(node.target, "__name__", node.target)
+    raise HandlerError(f"no handler for node {node.name!r} ({node.op} {target!r}); write a spec for it "
+                       f"in specs/ and run `shardverify generate`")
 
 
 def _check_unique(strategies: list, name: str, node: Node) -> None:

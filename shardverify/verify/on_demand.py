@@ -219,14 +219,14 @@ def _signature(value: object) -> object:
 
 def rule_text(handler: HandlerDef) -> str:
     """What the strategies depend on, stably: the spec's text where it can be read, and the
-    handler's declarations (the rule's options, the operands and parameters, the data drawn)."""
+    handler's declarations (the parsed rule, the operands and parameters, the data drawn)."""
     spec_text = ""
     for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
         path = base / handler.spec_file
         if handler.spec_file and path.is_file():
             spec_text = path.read_text(encoding="utf-8", errors="replace")
             break
-    return json.dumps([handler.name, handler.generator, repr(handler.options), repr(handler.operands),
+    return json.dumps([handler.name, handler.generator, repr(handler.rule), repr(handler.operands),
                        repr(handler.params), repr(handler.drawn), repr(handler.ignores), spec_text])
 
 

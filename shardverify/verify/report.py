@@ -35,6 +35,11 @@ class Mismatch:
     "backward": its output gradient, "owner": the node passing a wrong gradient back, "grad": an
     input's or a weight's gradient, "error"), the ``node`` and its ``order`` in the graph (of the
     node using the tensor, for "grad").
+
+    A model check (DDP training against single-device training) says when: ``when`` ("step 2",
+    or "after join" for the final model every rank holds), ``order`` the step (the final model
+    after every step), ``phase`` the quantity compared ("loss", "grad", "param", "buffer") and
+    ``tensor`` which one ("grad of '0.weight'").
     """
 
     kind: str
@@ -52,6 +57,7 @@ class Mismatch:
     node: str = ""
     order: int = 0
     error_map: ErrorMap | None = None   # where the values are wrong (kept for a report: error_map.py)
+    when: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -59,6 +65,11 @@ class Mismatch:
 
     def describe(self) -> str:
         who = "all ranks" if self.rank < 0 else f"rank {self.rank}"
+        if self.when:
+            shape = f" shape {self.actual_shape}" if self.actual_shape else ""
+            found = self.detail or (f"max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g} "
+                                    f"(tolerance atol={self.atol:g}, rtol={self.rtol:g})")
+            return f"{self.when}, {who}: {self.tensor}{shape} differs from the reference: {found}"
         if self.phase:
             err = f": max abs error {self.max_abs_err or 0.0:.3g}" if self.kind != "error" else ""
             return f"{who}: {self.phase} {self.tensor} at node {self.node!r}{err}"

@@ -1,6 +1,5 @@
 """Generic strategy generators; importing this package registers them all."""
 
-from shardverify.strategies.generators import replicated  # noqa: F401
 from shardverify.strategies.generators.registry import (  # noqa: F401
     GeneratorContext,
     generator_names,

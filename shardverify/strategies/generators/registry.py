@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardverify.errors import HandlerError
-from shardverify.strategies.generators.options import OptionError, ParsedOptions
+from shardverify.strategies.options import OptionError, ParsedOptions
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
@@ -25,7 +25,7 @@ class GeneratorContext:
 
     ``operands`` maps role -> OperationData in call order with the output last (absent
     optional operands are missing); ``params`` are the call's parameters with defaults
-    filled in; ``options`` come from the handler definition.
+    filled in; the family's parsed options are the serving ``handler``'s ``rule``.
     """
 
     node: Node
@@ -33,7 +33,6 @@ class GeneratorContext:
     mesh: DeviceMesh
     operands: dict[str, OperationData]
     params: dict[str, object] = field(default_factory=dict)
-    options: dict[str, object] = field(default_factory=dict)
     handler_name: str = ""
     handler: object | None = None           # the HandlerDef serving the call (one of several for a target)
     strategies_of: Callable[[Node], StrategiesVector] | None = None
@@ -48,9 +47,6 @@ class GeneratorContext:
         except KeyError:
             raise HandlerError(f"{self.handler_name or 'handler'}: node {self.node.name!r} has no operand "
                                f"with role {role!r}; roles are {list(self.operands)}") from None
-
-    def option(self, name: str, default: object = None) -> object:
-        return self.options.get(name, default)
 
     def predecessor_strategies(self, role: str = "input") -> StrategiesVector:
         """Strategies of the node producing operand ``role`` (built on demand)."""
@@ -93,8 +89,9 @@ class KnownGap:
 def register_generator(name: str, *, known_gaps: tuple[KnownGap, ...] = (),
                        parse: Callable[[dict[str, object]], ParsedOptions] | None = None
                        ) -> Callable[[Generator], Generator]:
-    """Register a family; ``parse`` reads its options once (a spec's at load, a handler's at
-    first use), raising OptionError; a family without one takes no options from a spec."""
+    """Register a family; ``parse`` reads a spec's options once, where the spec is read (the
+    handler generated from it holds what it returned), raising OptionError; a family without
+    one takes no options from a spec."""
     def decorate(fn: Generator) -> Generator:
         if name in _GENERATORS and _GENERATORS[name] is not fn:
             owner = _GENERATORS[name]

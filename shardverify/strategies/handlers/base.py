@@ -11,7 +11,6 @@ serves a call, and whether its grid verified it, :mod:`~shardverify.strategies.h
 from __future__ import annotations
 
 import dataclasses
-import functools
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,71 +19,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from shardverify.errors import HandlerError
-from shardverify.strategies.generators.options import OptionError, ParsedOptions
-from shardverify.strategies.generators.registry import parse_options
+from shardverify.strategies.declarations import OPERAND_KINDS, OperandDecl, ParamDecl
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
+    from shardverify.strategies.options import ParsedOptions
+
 __all__ = [
-    "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
+    "HandlerDef", "OperandDecl", "ParamDecl", "OPERAND_KINDS", "Computed", "register_handler", "unregister_handler",
     "registered_handlers", "candidates", "target_key", "bound_apart", "signature_apart", "comparable", "flags_apart",
 ]
-
-OPERAND_KINDS = ("input", "param", "output")
-
-
-@dataclass(frozen=True)
-class OperandDecl:
-    """Where one operand comes from.
-
-    ``kind="input"``: a call argument at positional ``index`` or ``keyword``.
-    ``kind="param"``: on a ``call_module`` node the module attribute ``attribute``; on a
-    function/method call the argument at ``index``/``keyword`` (F.linear's weight).
-    ``kind="output"``: the node's result; with ``index`` the element ``index`` of a tuple
-    result (``torch.max(x, dim)``: values 0, indices 1); without it a tuple result gives one
-    operand per element (split/chunk), with roles ``<role>.<i>``.
-    ``element``: the operand is element ``element`` of the list argument at ``index``
-    (torch.cat's tensors). ``variadic``: every element of that list argument is an operand of
-    this one role, however many the call passes; they resolve as ``<role>.<i>`` in order, each
-    with its own layout, and a rule option naming the role names them all. For ``call_method``
-    nodes index 0 is ``self``. An optional input
-    that the call fills with a number (``torch.add(x, 2.0)``) is absent, like an omitted one.
-    """
-
-    role: str
-    kind: str
-    index: int | None = None
-    keyword: str | None = None
-    attribute: str | None = None
-    optional: bool = False
-    element: int | None = None
-    variadic: bool = False
-
-    def __post_init__(self) -> None:
-        if self.variadic and (self.kind != "input" or self.element is not None or self.index is None):
-            raise HandlerError(f"operand {self.role!r}: a variadic operand is every element of the list "
-                               f"argument at its index (an input, with an index and no element)")
-        if self.kind not in OPERAND_KINDS:
-            raise HandlerError(f"operand {self.role!r}: kind {self.kind!r} is not one of {OPERAND_KINDS}")
-        if self.kind == "input" and self.index is None and self.keyword is None:
-            raise HandlerError(f"input operand {self.role!r} needs an index or a keyword")
-        if self.kind == "param" and self.index is None and self.keyword is None and self.attribute is None:
-            raise HandlerError(f"param operand {self.role!r} needs an attribute, an index or a keyword")
-
-
-@dataclass(frozen=True)
-class ParamDecl:
-    """A non-tensor call parameter (``dim``, ``keepdim``) read from the call, else ``default``.
-    ``varargs``: the parameter is every positional argument from ``index`` on when the call
-    passes them unpacked (``x.view(8, 16)``), or the one sequence there (``x.view((8, 16))``)."""
-
-    name: str
-    index: int | None = None
-    keyword: str | None = None
-    default: object = None
-    varargs: bool = False
-
 
 @dataclass(frozen=True)
 class Computed:
@@ -107,7 +52,10 @@ class HandlerDef:
     operands: tuple[OperandDecl, ...]
     params: tuple[ParamDecl, ...] = ()
     generator: str = ""
-    options: tuple[tuple[str, object], ...] = ()
+    #: the generator family's options as the spec parsed them (the rules family's
+    #: :class:`~shardverify.strategies.rules.sources.RuleSpec`, with the YAML line it came from);
+    #: a generated handler holds it as a literal, so nothing is parsed again where it serves
+    rule: ParsedOptions | None = None
     spec_file: str = ""
     #: (target, operands, params) for a target that takes them at other positions than the
     #: handler's own (an ATen overload whose schema orders them differently)
@@ -143,18 +91,9 @@ class HandlerDef:
             raise HandlerError(f"handler {self.name!r} names no generator")
 
     @property
-    def option_dict(self) -> dict[str, object]:
-        return dict(self.options)
-
-    @functools.cached_property
-    def rule(self) -> ParsedOptions | None:
-        """The generator family's options parsed once, at the handler's first use (the rules
-        family's :class:`~shardverify.strategies.rules.sources.RuleSpec`)."""
-        try:
-            return parse_options(self.generator, self.options)
-        except OptionError as exc:
-            where = f" ({self.spec_file})" if self.spec_file else ""
-            raise HandlerError(f"handler {self.name!r}{where}: {exc}") from None
+    def where(self) -> str:
+        """Where the handler's rule is written: its ``file:line``, else its spec file."""
+        return str(getattr(self.rule, "at", "") or self.spec_file)
 
     def for_target(self, target: object) -> HandlerDef:
         """The handler as ``target``'s calls are read: its positions overridden where it has them,

@@ -68,14 +68,14 @@ class BoundRule:
 
 
 def bound_rule(ctx: GeneratorContext) -> BoundRule:
-    """The rule the serving handler carries (parsed once), bound to this call."""
+    """The rule the serving handler carries (parsed where its spec was read), bound to this call."""
     handler = serving_handler(ctx)
     elements = {d.role: tuple(r for r in ctx.operands if r.startswith(d.role + ".") and r[len(d.role) + 1:].isdigit())
                 for d in handler.operands if d.variadic}
     declared = [r for d in handler.operands if d.kind != "output" for r in elements.get(d.role, (d.role,))]
     if not isinstance(handler.rule, RuleSpec):
-        raise StrategyError(f"{ctx.handler_name}: generator family {handler.generator!r} runs the rules engine, so it "
-                            f"parses its options into a rule: register it with parse=parse_rule")
+        raise StrategyError(f"{ctx.handler_name}: generator family {handler.generator!r} runs the rules engine, so its "
+                            f"handler needs the parsed rule (HandlerDef.rule: parse_rule of the spec's options)")
     spec = handler.rule.for_elements(elements)
     inputs = [ctx.operands[role] for role in declared if role in ctx.operands]
     outputs = [data for data in ctx.operands.values() if data.type is OperationDataType.OUTPUT]
@@ -90,7 +90,7 @@ def bound_rule(ctx: GeneratorContext) -> BoundRule:
                     default_op=spec.source.reduce_op, unheld_op=spec.source.reduce_unheld,
                     factory=spec.source.factory, names=[f"operand {d.role!r}" for d in inputs + outputs])
     except InvalidArgument as exc:
-        spec_file = handler.spec_file or f"the spec of {ctx.handler_name!r}"
+        spec_file = handler.where or f"the spec of {ctx.handler_name!r}"
         raise StrategyError(f"{ctx.handler_name} ({spec_file}): node {ctx.node.name!r}: {exc}; the rule does not "
                             f"describe this call, so no layout of it is offered (a spec whose rule covers this form "
                             f"of the call serves it: see {spec_file})") from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardverify.strategies.generators.options import DeclaredOperand
+from shardverify.strategies.declarations import OperandDecl
 from shardverify.strategies.rules import derive
 from shardverify.strategies.rules.sources.base import Derived, OptionError, RuleCall, Source, opt, true
 from shardverify.strategies.rules.sources.registry import register_source
@@ -31,7 +31,7 @@ class AdvancedIndex(Source):
         """Element k of the index list holds ids into dim k."""
         return tuple((role, derive.indexed_factor(k)) for k, role in enumerate(declared_roles[1:]))
 
-    def check_operands(self, operands: Sequence[DeclaredOperand]) -> None:
+    def check_operands(self, operands: Sequence[OperandDecl]) -> None:
         """The tensor operands are the indexed input, then the index list's elements in order."""
         tensors = [o for o in operands if o.kind != "output"]
         first, rest = tensors[0], tensors[1:]

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 from shardverify.errors import InvalidArgument
 from shardverify.sharding.strategy import REDUCE_OPS
-from shardverify.strategies.generators.options import OPERAND, PARAM, At, DeclaredOperand, OptionError, Ref
+from shardverify.strategies.declarations import OperandDecl
+from shardverify.strategies.options import OPERAND, PARAM, At, OptionError, Ref
 from shardverify.strategies.rules.notation import Equation
 
 __all__ = ["Shape", "Form", "NAMES", "GROUPS", "KEYS", "MARKED", "Opt", "opt", "declared", "keys_of", "parse_unit",
@@ -267,5 +268,5 @@ class Source:
         """The part of a rank's local output shape it passes for ``shape_param``."""
         return slice(None)
 
-    def check_operands(self, operands: Sequence[DeclaredOperand]) -> None:
+    def check_operands(self, operands: Sequence[OperandDecl]) -> None:
         """Raise OptionError where the declared operands do not fit the source."""

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardverify.errors import HandlerError
-from shardverify.strategies.generators.options import DeclaredOperand, OptionError, Ref
+from shardverify.strategies.declarations import OperandDecl
+from shardverify.strategies.options import OptionError, Ref
 from shardverify.strategies.rules.sources.base import Derived, RuleCall, Source, keys_of, parse_unit, renamed
 from shardverify.strategies.rules.sources.modifiers import Modifiers
 
@@ -47,17 +48,19 @@ def source_keys() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class RuleSpec:
     """A parsed rule: its source, its modifiers, and every parameter and operand its keys name
-    (with where, for the spec's errors; with how explore draws a parameter)."""
+    (with where, for the spec's errors; with how explore draws a parameter); ``at`` the
+    ``file:line`` of the options it was parsed from, which an error at a call names."""
 
     source: Source
     modifiers: Modifiers
     refs: tuple[Ref, ...] = ()
+    at: str = ""
 
     def params_read(self) -> frozenset[str]:
         """The call parameters the rule reads: it derives the layouts from their values."""
         return frozenset(r.name for r in self.refs if r.kind == "param")
 
-    def check_operands(self, operands: Sequence[DeclaredOperand]) -> None:
+    def check_operands(self, operands: Sequence[OperandDecl]) -> None:
         self.source.check_operands(operands)
 
     def for_elements(self, elements: Mapping[str, tuple[str, ...]]) -> RuleSpec:

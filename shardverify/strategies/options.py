@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from shardverify.errors import InvalidArgument
+from shardverify.strategies.declarations import OperandDecl
 
-__all__ = ["PARAM", "OPERAND", "Ref", "OptionError", "DeclaredOperand", "ParsedOptions"]
+__all__ = ["PARAM", "OPERAND", "Ref", "OptionError", "ParsedOptions"]
 
 PARAM, OPERAND = "param", "operand"
 
@@ -44,21 +45,12 @@ class OptionError(InvalidArgument):
         self.key, self.at = key, tuple(at)
 
 
-class DeclaredOperand(Protocol):
-    """An operand as a spec (OperandSpec) or a handler (OperandDecl) declares it."""
-
-    role: str
-    kind: str
-    index: int | None
-    element: int | None
-
-
 class ParsedOptions(Protocol):
     """What a family's parse returns: its names, and a check of how the handler declares its
     operands (advanced indexing reads them in one order)."""
 
     refs: tuple[Ref, ...]
 
-    def check_operands(self, operands: Sequence[DeclaredOperand]) -> None:
+    def check_operands(self, operands: Sequence[OperandDecl]) -> None:
         """Raise OptionError where the declared operands (role, kind, index, element) do not
         fit the options."""
