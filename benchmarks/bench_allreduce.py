@@ -21,7 +21,7 @@ import time
 import torch
 
 from shardverify.backends.process import ProcessBackend
-from shardverify.algorithms.implementations import naive_all_reduce, ring_all_reduce
+from shardverify.features.algorithms.implementations import naive_all_reduce, ring_all_reduce
 from shardverify.sharding.mesh import DeviceMesh
 
 ALGORITHMS = ("builtin", "ring", "naive")

@@ -4,7 +4,7 @@ Runs, in this one process run:
   * DTensor's own validator (``python -m torch.distributed.tensor._ops.strategy_validation
     --op sum,mm,softmax --world-size 4 --device cpu``, needs the ``expecttest`` package: the
     ``bench`` extra), and reads how many combinations it decided and in how long;
-  * the audit's numerical decision (shardverify.audit.decide) on sum, mm and softmax cases over
+  * the audit's numerical decision (shardverify.features.audit.decide) on sum, mm and softmax cases over
     every layout combination, partial inputs included, on the meshes (4,), (2, 2) and (2, 2, 2),
     without the symmetry shortcut (every combination really decided);
 and prints ms per combination for each and their ratio.
@@ -21,8 +21,8 @@ import subprocess
 import sys
 import time
 
-from shardverify.audit.decide import Operand, prepare
-from shardverify.audit.layouts import tensor_layouts
+from shardverify.features.audit.decide import Operand, prepare
+from shardverify.features.audit.layouts import tensor_layouts
 from shardverify.cli.verify_cmd import parse_mesh
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import InputDecl, OpCase

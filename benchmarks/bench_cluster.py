@@ -96,8 +96,8 @@ def dtensor_runs(spec_names: list[str], mesh: tuple[int, ...], limit: int, worke
     Ray workers (dtensor/sweep.py); the same cases, none with an error, or the benchmark fails."""
     from shardverify.backends.ray_units import RayEngine
     from shardverify.cli.dtensor_cluster import WORKER_SETUP, _case_counting_warnings
-    from shardverify.dtensor.run import run_spec
-    from shardverify.dtensor.sweep import sweep
+    from shardverify.features.dtensor.run import run_spec
+    from shardverify.features.dtensor.sweep import sweep
     from shardverify.spec.catalogue import load_op_specs
 
     specs = load_op_specs(REPO, None, spec_names)

@@ -26,10 +26,10 @@ import time
 
 from bench_audit import CASES, dtensor_baseline
 
-from shardverify.audit.decide import Operand, prepare
-from shardverify.audit.layouts import tensor_layouts
+from shardverify.features.audit.decide import Operand, prepare
+from shardverify.features.audit.layouts import tensor_layouts
 from shardverify.cli.verify_cmd import parse_mesh
-from shardverify.dtensor.run import CaseResult, execute_combos, present_combinations
+from shardverify.features.dtensor.run import CaseResult, execute_combos, present_combinations
 from shardverify.sharding.mesh import DeviceMesh
 
 

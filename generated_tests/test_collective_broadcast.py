@@ -6,7 +6,7 @@ builtin on the process backend (forward and backward), and by gradcheck."""
 
 import pytest
 
-from shardverify.algorithms.check import CollectiveCase, check_collective, gradcheck_collective
+from shardverify.features.algorithms.check import CollectiveCase, check_collective, gradcheck_collective
 
 CASES = [
     pytest.param(

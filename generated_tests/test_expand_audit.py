@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shardverify.audit.check import assert_complete, audit_generated_case
+from shardverify.features.audit.check import assert_complete, audit_generated_case
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/expand.yaml'

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from shardverify.ddp import (DDPOptions, LayerDecl, LossDecl, ModelDecl, ModelPlan, OptimizerDecl,  # noqa: F401
+from shardverify.features.ddp import (DDPOptions, LayerDecl, LossDecl, ModelDecl, ModelPlan, OptimizerDecl,  # noqa: F401
                              assert_model_passed, verify_model)
 
 MODEL = ModelDecl(

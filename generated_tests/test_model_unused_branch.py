@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from shardverify.ddp import (DDPOptions, LayerDecl, LossDecl, ModelDecl, ModelPlan, OptimizerDecl,  # noqa: F401
+from shardverify.features.ddp import (DDPOptions, LayerDecl, LossDecl, ModelDecl, ModelPlan, OptimizerDecl,  # noqa: F401
                              assert_model_passed, verify_model)
 
 MODEL = ModelDecl(
-    factory='shardverify.ddp.zoo:unused_branch_model',
+    factory='shardverify.features.ddp.zoo:unused_branch_model',
     factory_kwargs=(('in_features', 6), ('hidden', 8), ('out_features', 3)),
     where="specs/models/unused_branch.yaml:6: field 'model'",
 )

@@ -7,7 +7,7 @@ Tensor (8, 8, 8): 1035 of 30976 pairs run (one per symmetry orbit).
 
 import pytest
 
-from shardverify.reshard.check import check_reshard, pair_count
+from shardverify.features.reshard.check import check_reshard, pair_count
 
 MESH = (2, 2, 2)
 SHAPES = ((8, 8), (8, 8, 8))

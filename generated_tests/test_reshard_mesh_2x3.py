@@ -6,7 +6,7 @@ Tensor (7, 5): 324 of 324 pairs run.
 
 import pytest
 
-from shardverify.reshard.check import check_reshard, pair_count
+from shardverify.features.reshard.check import check_reshard, pair_count
 
 MESH = (2, 3)
 SHAPES = ((7, 5),)

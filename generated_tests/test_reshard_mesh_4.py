@@ -8,7 +8,7 @@ Tensor (6, 5): 16 of 16 pairs run.
 
 import pytest
 
-from shardverify.reshard.check import check_reshard, pair_count
+from shardverify.features.reshard.check import check_reshard, pair_count
 
 MESH = (4,)
 SHAPES = ((8, 8), (8, 8, 8), (6, 5))

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from shardverify.spec.accept import glob_matches
-from shardverify.audit.decide import Operand, prepare
-from shardverify.audit.layouts import axis_symmetries, tensor_layouts
+from shardverify.features.audit.decide import Operand, prepare
+from shardverify.features.audit.layouts import axis_symmetries, tensor_layouts
 from shardverify.sharding.layout import Layout
-from shardverify.audit.offered import offered_combination
+from shardverify.features.audit.offered import offered_combination
 from shardverify.cli.main import main
 from shardverify.errors import SpecError
 from shardverify.strategies.generators.registry import get_generator, register_generator
@@ -243,7 +243,7 @@ def test_an_offered_strategy_with_a_wrong_output_layout_is_incorrect(tmp_path, c
 def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
     import torch.distributed as dist
 
-    from shardverify.dtensor.propagation import compare_case
+    from shardverify.features.dtensor.propagation import compare_case
     from shardverify.spec.catalogue import load_op_specs
 
     spec = load_op_specs(REPO, None, ["linear"])[0]
@@ -257,7 +257,7 @@ def test_dtensor_agrees_on_linear_and_leaves_no_process_group_behind():
 def test_dtensor_gets_integer_operands_as_integers():
     """embedding's indices stay int64 in DTensor (a float cast once made DTensor refuse every
     combination, each reported as a DTensor error on a valid one)."""
-    from shardverify.dtensor.propagation import compare_case
+    from shardverify.features.dtensor.propagation import compare_case
     from shardverify.spec.catalogue import load_op_specs
 
     spec = load_op_specs(REPO, None, ["embedding"])[0]
@@ -271,7 +271,7 @@ def test_a_strided_dtensor_output_is_counted_apart_from_errors():
     """flatten of a tensor sharded on an inner merged dim: DTensor answers with a _StridedShard
     (interleaved slices), which is no block layout of the audit's: neither an error of
     DTensor's nor a disagreement while the audit finds no block output either."""
-    from shardverify.dtensor.propagation import STRIDED, compare_case
+    from shardverify.features.dtensor.propagation import STRIDED, compare_case
     from shardverify.spec.catalogue import load_op_specs
 
     spec = load_op_specs(REPO, None, ["flatten"])[0]
@@ -312,7 +312,7 @@ def _op_spec(name: str):
 
 
 def _audit(name: str, case_id: str, mesh_shape):
-    from shardverify.audit.run import audit_case
+    from shardverify.features.audit.run import audit_case
 
     spec = _op_spec(name)
     point = {cid: dict(cs.point) for cs, (cid, _) in zip(spec.cases(), spec.op_cases())}
@@ -417,7 +417,7 @@ def test_the_audit_report_starts_with_the_verdict_and_lists_every_failing_case(t
 
 
 def test_a_view_told_its_shape_is_judged_with_the_local_shape_of_the_layout_asked_about():
-    from shardverify.audit.combinations import CaseCombinations, outputs_hold
+    from shardverify.features.audit.combinations import CaseCombinations, outputs_hold
     from shardverify.spec.loader import load_yaml_text
     from shardverify.spec.op import parse_op_spec
 
@@ -434,7 +434,7 @@ def test_a_view_told_its_shape_is_judged_with_the_local_shape_of_the_layout_aske
 def test_an_unflatten_is_judged_with_the_local_sizes_of_its_split_dim():
     """unflatten's sizes are a run of the output shape (dims 2 and 3 when the last of three
     dims splits): the audit passes that run of each candidate's local shape."""
-    from shardverify.audit.combinations import CaseCombinations, outputs_hold
+    from shardverify.features.audit.combinations import CaseCombinations, outputs_hold
     from shardverify.spec.loader import load_yaml_text
     from shardverify.spec.op import parse_op_spec
 
@@ -453,7 +453,7 @@ def test_a_case_too_large_to_enumerate_is_bounded_and_said(monkeypatch):
     7 GB. Over the limit it leaves the partial inputs out (an offered partial-input strategy is
     then decided on its own, so no verdict changes) and says so; still over, the case is decided
     on a stated sample (it was an error, and `shardverify audit` failed on the shipped specs)."""
-    from shardverify.audit.run import audit_case
+    from shardverify.features.audit.run import audit_case
     from shardverify.spec.catalogue import load_op_specs
 
     (spec,) = load_op_specs(Path(__file__).resolve().parents[1], None, ["mul"])
@@ -470,7 +470,7 @@ def test_a_case_too_large_to_enumerate_is_bounded_and_said(monkeypatch):
     assert (len(reduced.missing), len(reduced.incorrect)) == (len(full.missing), len(full.incorrect))
     monkeypatch.setenv("SHARDVERIFY_MAX_AUDIT_COMBINATIONS", "3")
     monkeypatch.setenv("SHARDVERIFY_AUDIT_SAMPLE", "7")
-    from shardverify.audit.run import audit_spec
+    from shardverify.features.audit.run import audit_spec
 
     (sampled, *_) = audit_spec(spec, [(2, 2)])
     assert not sampled.error and (sampled.sampled, sampled.combinations) == (7, 7)
@@ -484,7 +484,7 @@ def test_a_sample_finds_an_absent_operand_unneeded_as_the_full_audit_does(monkey
     """addmm's bias may be absent (post-added): such a combination is needed only if no
     combination passing the bias in gives its output. A sample rarely holds that counterpart,
     so the audit decides it where needed, and reports nothing missing that the full run does not."""
-    from shardverify.audit.run import audit_case
+    from shardverify.features.audit.run import audit_case
     from shardverify.spec.catalogue import load_op_specs
 
     (spec,) = load_op_specs(Path(__file__).resolve().parents[1], None, ["addmm"])
@@ -500,7 +500,7 @@ def test_a_sample_finds_an_absent_operand_unneeded_as_the_full_audit_does(monkey
 def test_an_audit_that_cannot_run_the_op_is_skipped_with_its_reason_said(tmp_path):
     """`audit: skip:` for a kernel that reads out of bounds on the mismatched local shapes the
     audit tries: no audit test is generated and every audited case carries the reason."""
-    from shardverify.audit.run import audit_spec
+    from shardverify.features.audit.run import audit_spec
     from shardverify.spec.catalogue import load_op_specs
     spec = load_op_specs(REPO, None, ["avg_pool2d_backward"])[0]
     assert "reads\nout of bounds" not in spec.audit_skip and "out of bounds" in spec.audit_skip

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardverify.audit.decide import Operand, lone_value_draws, prepare
+from shardverify.features.audit.decide import Operand, lone_value_draws, prepare
 from shardverify.sharding.layout import Layout
-from shardverify.audit.offered import offered_combination
-from shardverify.audit.offered import own_arguments
-from shardverify.audit.combinations import CaseCombinations, outputs_hold
+from shardverify.features.audit.offered import offered_combination
+from shardverify.features.audit.offered import own_arguments
+from shardverify.features.audit.combinations import CaseCombinations, outputs_hold
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import InputDecl, OpCase

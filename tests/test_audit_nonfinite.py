@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 import pytest
 
-from shardverify.audit.decide import Problem
+from shardverify.features.audit.decide import Problem
 from shardverify.sharding.layout import Layout
-from shardverify.audit.combinations import CaseCombinations
-from shardverify.audit.run import audit_spec, offered_strategies
+from shardverify.features.audit.combinations import CaseCombinations
+from shardverify.features.audit.run import audit_spec, offered_strategies
 from shardverify.backends import get_backend
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.sharding.mesh import DeviceMesh

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shardverify.dtensor.propagation import Disagreement, DTensorReport
-from shardverify.audit.report import markdown_report
-from shardverify.dtensor.propagation_report import dtensor_markdown
-from shardverify.audit.run import CaseAudit, Finding
+from shardverify.features.dtensor.propagation import Disagreement, DTensorReport
+from shardverify.features.audit.report import markdown_report
+from shardverify.features.dtensor.propagation_report import dtensor_markdown
+from shardverify.features.audit.run import CaseAudit, Finding
 
 
 def _row(case: str, mesh: tuple[int, ...], offered: int, valid: int, accepted: int = 0, masked: int = 0) -> CaseAudit:

@@ -136,7 +136,7 @@ def test_the_vocab_parallel_rule_is_wrong_with_a_padding_row_so_it_is_bound_to_n
     embedding_padded.yaml, which keeps the vocab whole."""
     from pathlib import Path
 
-    from shardverify.audit.run import offered_strategies
+    from shardverify.features.audit.run import offered_strategies
     from shardverify.backends import SimulatedBackend
     from shardverify.spec.loader import load_yaml_text
     from shardverify.spec.op import parse_op_spec
@@ -198,7 +198,7 @@ verify:
 
 def _verify_spec_text(text: str):
     """Every strategy the spec's rule offers for its first case on its first mesh, verified."""
-    from shardverify.audit.run import offered_strategies
+    from shardverify.features.audit.run import offered_strategies
     from shardverify.backends import SimulatedBackend
     from shardverify.spec.loader import load_yaml_text
     from shardverify.spec.op import parse_op_spec

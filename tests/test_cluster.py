@@ -182,8 +182,8 @@ def test_a_dtensor_sweep_interrupted_and_resumed_on_the_cluster_stores_and_repor
     from shardverify.backends.ray_units import RayEngine
     from shardverify.cli.dtensor_cluster import WORKER_SETUP
     from shardverify.cli.main import main
-    from shardverify.dtensor.run import run_spec
-    from shardverify.dtensor.sweep import sweep
+    from shardverify.features.dtensor.run import run_spec
+    from shardverify.features.dtensor.sweep import sweep
     from test_dtensor_sweep import stored, without_seconds
 
     head, _ = cluster

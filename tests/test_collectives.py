@@ -328,7 +328,7 @@ def test_an_error_on_one_rank_fails_the_run_instead_of_hanging(mesh3):
 
 SPEC = """\
 name: demo
-implementation: shardverify.algorithms.implementations.naive_all_reduce
+implementation: shardverify.features.algorithms.implementations.naive_all_reduce
 reference: all_reduce
 group_sizes: [2]
 dtypes: [float32]
@@ -341,12 +341,12 @@ shapes: [[3]]
     ("shapes: [[3]]", "shapes: [[3]]\nparams: {op: [max]}", ["does not bind", "op"]),
     ("reference: all_reduce", "reference: all_to_all", ["needs the parameter 'split_dim'"]),
     ("group_sizes: [2]", "group_sizes: [1]", ["group size >= 2"]),
-    ("implementation: shardverify.algorithms.implementations.naive_all_reduce",
-     "implementation: shardverify.algorithms.implementations.nope", ["has no attribute 'nope'"]),
+    ("implementation: shardverify.features.algorithms.implementations.naive_all_reduce",
+     "implementation: shardverify.features.algorithms.implementations.nope", ["has no attribute 'nope'"]),
 ])
 def test_collective_spec_errors_name_file_line_and_problem(change, line, words):
     from shardverify.spec.loader import load_yaml_text
-    from shardverify.algorithms.spec import parse_collective_spec
+    from shardverify.features.algorithms.spec import parse_collective_spec
     from shardverify.errors import SpecError
 
     text = SPEC.replace(change, line)
@@ -361,7 +361,7 @@ def test_collective_spec_errors_name_file_line_and_problem(change, line, words):
 
 def test_collective_spec_grid_keeps_impossible_points_as_error_cases():
     from shardverify.spec.loader import load_yaml_text
-    from shardverify.algorithms.spec import case_id, parse_collective_spec
+    from shardverify.features.algorithms.spec import case_id, parse_collective_spec
 
     text = SPEC.replace("naive_all_reduce", "ring_all_reduce").replace("shapes: [[3]]", "shapes: [[3], []]")
     text = text.replace("reference: all_reduce", "reference: all_reduce\nmeshes: [{shape: [2, 2], axes: [1, 0]}]")

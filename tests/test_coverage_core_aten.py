@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardverify.cli.main import main
-from shardverify.coverage.core_aten import NO_SPEC, REASON, SERVED, catalogue, core_overloads
+from shardverify.features.coverage.core_aten import NO_SPEC, REASON, SERVED, catalogue, core_overloads
 from shardverify.errors import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent

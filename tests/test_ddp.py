@@ -1,4 +1,4 @@
-"""The model check (shardverify.ddp): plan validation, the single-device reference, tolerances,
+"""The model check (shardverify.features.ddp): plan validation, the single-device reference, tolerances,
 reports, and -- on real gloo processes -- that planted DDP reduction bugs are caught and
 reported with the step, the parameter name and the rank.
 
@@ -16,13 +16,13 @@ import pytest
 import torch
 from torch import nn
 
-from shardverify.ddp import (DDPOptions, LayerDecl, LossDecl, ModelDecl, ModelPlan,
+from shardverify.features.ddp import (DDPOptions, LayerDecl, LossDecl, ModelDecl, ModelPlan,
                              ModelResult, OptimizerDecl, assert_model_passed, plan_tolerance,
                              reference_trajectory, shard_steps, verify_model)
-from shardverify.ddp.build import build_model, make_batch
-from shardverify.ddp.check import FLOAT32_ATOL, FLOAT32_RTOL, _Comparer
-from shardverify.ddp.hooks import COMPRESSION_UNIT_ROUNDOFF
-from shardverify.ddp.report import model_mismatch, model_order
+from shardverify.features.ddp.build import build_model, make_batch
+from shardverify.features.ddp.check import FLOAT32_ATOL, FLOAT32_RTOL, _Comparer
+from shardverify.features.ddp.hooks import COMPRESSION_UNIT_ROUNDOFF
+from shardverify.features.ddp.report import model_mismatch, model_order
 from shardverify.errors import BackendError, InvalidArgument
 from shardverify.verify.report import Mismatch
 from shardverify.verify.tolerance import Tolerance
@@ -252,7 +252,7 @@ def test_a_plan_declared_to_differ_that_matches_fails(sv_backend):
 
 
 def test_cpu_sync_batchnorm_conversion_keeps_names_and_state_and_leaves_no_torch_syncbn():
-    from shardverify.ddp.syncbn import CpuSyncBatchNorm, convert_sync_batchnorm
+    from shardverify.features.ddp.syncbn import CpuSyncBatchNorm, convert_sync_batchnorm
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.BatchNorm2d(4)))

@@ -12,9 +12,9 @@ from shardverify.cli.catalogue import KINDS  # noqa: F401 - registers every kind
 from shardverify.spec.kinds import get_spec_kind
 from shardverify.spec.loader import load_yaml, load_yaml_text
 from shardverify.codegen.render import Renderer
-from shardverify.ddp import DDPOptions
-from shardverify.ddp.spec import parse_model_spec, render_model_spec
-from shardverify.ddp.check import dry_run
+from shardverify.features.ddp import DDPOptions
+from shardverify.features.ddp.spec import parse_model_spec, render_model_spec
+from shardverify.features.ddp.check import dry_run
 from shardverify.errors import InvalidArgument, SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,12 +115,12 @@ def test_reading_a_factory_spec_runs_nothing(tmp_path, monkeypatch):
 
 
 def test_model_needs_exactly_one_of_layers_and_factory():
-    both = edit("model:\n", "model:\n  factory: shardverify.ddp.zoo:unused_branch_model\n")
+    both = edit("model:\n", "model:\n  factory: shardverify.features.ddp.zoo:unused_branch_model\n")
     with pytest.raises(SpecError, match="exactly one of 'layers'"):
         parse(both)
     with pytest.raises(SpecError, match="has no attribute 'nope'"):
         parse(GOOD.replace(GOOD[GOOD.index("  layers:"):GOOD.index("data:")],
-                           "  factory: shardverify.ddp.zoo:nope\n"))
+                           "  factory: shardverify.features.ddp.zoo:nope\n"))
 
 
 def test_rendered_test_module_rebuilds_exactly_the_parsed_plans():

@@ -109,7 +109,7 @@ def test_the_audit_decides_validity_under_every_seed_the_data_needs():
     spec's seed alone, the mask in the other shard order than the input looks valid; under the
     seeds that tell the mask's blocks apart it is not."""
     from shardverify.sharding.layout import Layout
-    from shardverify.audit.combinations import CaseCombinations
+    from shardverify.features.audit.combinations import CaseCombinations
 
     spec = parse_op_spec(load_yaml(SPECS / "masked_fill.yaml", display="specs/masked_fill.yaml"))
     case = next(case for case_id, case in spec.op_cases() if case_id.startswith("torch.masked_fill"))

@@ -1,4 +1,4 @@
-"""`shardverify dtensor --confirm` (shardverify/dtensor/confirm.py): each silent class's repro run
+"""`shardverify dtensor --confirm` (shardverify/features/dtensor/confirm.py): each silent class's repro run
 under torchrun on real gloo processes, its verdict read, stored and shown per class.
 
 The tests that start torchrun are marked dist (run with AUTO_PARALLEL=1)."""
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from shardverify.spec.catalogue import load_op_specs
-from shardverify.dtensor.confirm import (class_examples, confirm_classes, decide, load_confirmations,
+from shardverify.features.dtensor.confirm import (class_examples, confirm_classes, decide, load_confirmations,
                                          run_on_gloo)
-from shardverify.dtensor.report import markdown, summary
-from shardverify.dtensor.run import CaseResult, run_case
-from shardverify.dtensor.verdicts import Finding
+from shardverify.features.dtensor.report import markdown, summary
+from shardverify.features.dtensor.run import CaseResult, run_case
+from shardverify.features.dtensor.verdicts import Finding
 
 pytestmark = pytest.mark.slow   # findings confirmed on gloo processes
 
@@ -139,7 +139,7 @@ def test_a_process_gloo_kills_inside_dtensor_after_the_op_returned_is_a_late_fai
 
 
 def test_one_class_confirmed_on_two_meshes_keeps_both_and_a_store_of_one_file_per_key_is_still_read(tmp_path):
-    from shardverify.dtensor.confirm import Confirmation, _path, save_confirmation
+    from shardverify.features.dtensor.confirm import Confirmation, _path, save_confirmation
 
     key = "conv2d forward input=P(sum) weight=R"        # the same class key on (4,) and (2, 2)
 

@@ -1,4 +1,4 @@
-"""DTensor executed (shardverify/dtensor): real DTensor under LocalTensorMode, forward and
+"""DTensor executed (shardverify/features/dtensor): real DTensor under LocalTensorMode, forward and
 backward, every rank's values against the reference; classes, the rule beside the runtime, the
 repro script, a user's own op and rule, and the accepted-file gate."""
 
@@ -15,11 +15,11 @@ import torch
 from shardverify.sharding.layout import Layout
 from shardverify.cli.main import main
 from shardverify.spec.catalogue import load_op_specs
-from shardverify.dtensor.accepted import load_accepted
-from shardverify.dtensor.confirm import verdicts_of
-from shardverify.dtensor.custom import load_custom, run_custom
-from shardverify.dtensor.placements import placements_of, placements_text
-from shardverify.dtensor.run import run_case
+from shardverify.features.dtensor.accepted import load_accepted
+from shardverify.features.dtensor.confirm import verdicts_of
+from shardverify.features.dtensor.custom import load_custom, run_custom
+from shardverify.features.dtensor.placements import placements_of, placements_text
+from shardverify.features.dtensor.run import run_case
 from shardverify.errors import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ def test_a_combination_over_its_time_budget_is_counted_too_slow_and_ends_the_cas
     the combination is "too-slow" (nothing claimed), said in the case's note with what was left."""
     import time as clock
 
-    from shardverify.dtensor import execute
+    from shardverify.features.dtensor import execute
 
     real = execute.CaseRunner._run
     began: list[float] = []     # when the slow combination started (the case's set-up before it is not timed)
@@ -114,7 +114,7 @@ def test_a_combination_over_its_time_budget_is_counted_too_slow_and_ends_the_cas
     assert clock.monotonic() - began[0] < 4               # the first combination was stopped, not waited for
     assert result.executed == 1 and result.counts == {"too-slow": 1}
     assert "took over 0.2 s of CPU time" in result.note and "other 4 chosen combination(s) not executed" in result.note
-    from shardverify.dtensor.run import budget_skipped
+    from shardverify.features.dtensor.run import budget_skipped
 
     assert budget_skipped(result) == 5           # the slow one and the 4 after it
     with execute.deadline(0.2, execute.TooSlow, cpu=True):   # the timer is gone: nothing fires afterwards
@@ -127,7 +127,7 @@ def test_the_time_budget_counts_cpu_time_not_a_loaded_machine_s_clock(monkeypatc
     (15 sum and 6 linear combinations) that needed little work. Waiting is not work."""
     import time as clock
 
-    from shardverify.dtensor import execute
+    from shardverify.features.dtensor import execute
 
     real = execute.CaseRunner._run
     # the first combination waits 2.5 s for the machine, beyond a budget of 2 CPU-s that its work
@@ -143,8 +143,8 @@ def test_both_shard_orders_and_uneven_blocks_reach_dtensor_as_the_audit_cut_them
     from torch.distributed._local_tensor import LocalTensor
     from torch.distributed.tensor import DTensor
 
-    from shardverify.audit.decide import Operand, prepare
-    from shardverify.dtensor.world import local_world
+    from shardverify.features.audit.decide import Operand, prepare
+    from shardverify.features.dtensor.world import local_world
     from shardverify.sharding.mesh import DeviceMesh
     from shardverify.spec.case import InputDecl, OpCase
 
@@ -233,8 +233,8 @@ def test_a_combination_local_tensor_mode_itself_cannot_run_is_not_simulated_not_
     makes LocalTensorMode combine ranks' results that differ in structure (torch.chunk of uneven
     blocks), which it asserts against; real gloo processes run it (the op returns, its backward
     fails late). Not DTensor raising: nothing is claimed in process."""
-    from shardverify.audit.combinations import CaseCombinations
-    from shardverify.dtensor.run import CaseResult, execute_combos, present_combinations
+    from shardverify.features.audit.combinations import CaseCombinations
+    from shardverify.features.dtensor.run import CaseResult, execute_combos, present_combinations
 
     case_id = "torch.select_scatter-dim_1-index_-1"
     spec, case = _case("select_scatter", case_id)
@@ -254,8 +254,8 @@ def test_the_embedding_mask_on_the_first_mesh_axis_is_a_late_failure_and_its_mir
     uneven ids: even ids on (2, 2) fail when the mask's axis is gathered after the ids' axis."""
     from collections import Counter
 
-    from shardverify.audit.combinations import CaseCombinations
-    from shardverify.dtensor.run import CaseResult, execute_combos
+    from shardverify.features.audit.combinations import CaseCombinations
+    from shardverify.features.dtensor.run import CaseResult, execute_combos
 
     case_id = "torch.ops.aten.embedding.default"
     spec, case = _case("embedding", case_id)
@@ -356,8 +356,8 @@ def test_a_custom_spec_that_cannot_import_its_module_is_a_usage_error(tmp_path, 
 def test_a_class_key_is_the_same_on_every_mesh_and_the_accepted_file_round_trips(tmp_path):
     import dataclasses
 
-    from shardverify.dtensor.accepted import RootCause, render_accepted
-    from shardverify.dtensor.verdicts import class_key
+    from shardverify.features.dtensor.accepted import RootCause, render_accepted
+    from shardverify.features.dtensor.verdicts import class_key
 
     on_4 = class_key("conv2d", "forward", (("input", "[R]"), ("weight", "[S(0)]")))
     on_2x2 = class_key("conv2d", "forward", (("input", "[R, R]"), ("weight", "[R, S(0)]")))
@@ -391,8 +391,8 @@ def test_a_saved_run_is_reported_again_against_another_accepted_file(tmp_path, c
 
 
 def test_a_stored_run_interrupted_mid_case_resumes_at_its_next_combination(tmp_path, monkeypatch, capsys):
-    from shardverify.dtensor import run as run_module
-    from shardverify.dtensor.execute import CaseRunner
+    from shardverify.features.dtensor import run as run_module
+    from shardverify.features.dtensor.execute import CaseRunner
 
     spec = load_op_specs(ROOT, None, ["neg"])[0]
     whole = run_module.run_spec(spec, [(4,)], limit=None)
@@ -426,8 +426,8 @@ def test_a_stored_run_interrupted_mid_case_resumes_at_its_next_combination(tmp_p
 
 
 def test_a_combination_a_process_died_on_is_counted_raising_when_the_run_resumes(tmp_path):
-    from shardverify.dtensor.run import DIED, run_spec
-    from shardverify.dtensor.store import spec_hash, store_path
+    from shardverify.features.dtensor.run import DIED, run_spec
+    from shardverify.features.dtensor.store import spec_hash, store_path
 
     spec = load_op_specs(ROOT, None, ["neg"])[0]
     path = store_path(tmp_path, "neg", spec_hash(spec, ROOT), (4,), torch.__version__, None)
@@ -444,8 +444,8 @@ def test_a_combination_a_process_died_on_is_counted_raising_when_the_run_resumes
 
 def test_a_full_report_reads_a_case_the_full_run_has_not_finished_from_its_stored_sample_and_says_so(
         tmp_path, capsys):
-    from shardverify.dtensor.run import run_spec
-    from shardverify.dtensor.stored_results import stored_results
+    from shardverify.features.dtensor.run import run_spec
+    from shardverify.features.dtensor.stored_results import stored_results
 
     spec = load_op_specs(ROOT, None, ["neg"])[0]
     run_spec(spec, [(4,)], limit=2, store=tmp_path, root=ROOT)        # every case, a sample of 2
@@ -467,9 +467,9 @@ def test_a_run_stored_by_another_harness_version_is_never_read_as_this_ones(tmp_
     kept a silent class the fix had turned into a late failure)."""
     import json
 
-    from shardverify.dtensor import store, stored_results as reading
-    from shardverify.dtensor.run import run_spec
-    from shardverify.dtensor.stored_results import stored_results
+    from shardverify.features.dtensor import store, stored_results as reading
+    from shardverify.features.dtensor.run import run_spec
+    from shardverify.features.dtensor.stored_results import stored_results
 
     spec = load_op_specs(ROOT, None, ["neg"])[0]
     first = run_spec(spec, [(4,)], limit=1, store=tmp_path, root=ROOT)

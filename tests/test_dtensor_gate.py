@@ -1,5 +1,5 @@
 """The accepted file by root cause, each finding's culprit and severity, and the gate that
-watches every known DTensor fault (shardverify/dtensor/accepted.py, rootcause.py, gate.py)."""
+watches every known DTensor fault (shardverify/features/dtensor/accepted.py, rootcause.py, gate.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from shardverify.cli.main import main
-from shardverify.dtensor.accepted import load_accepted
-from shardverify.dtensor.execute import _first_mismatch
-from shardverify.dtensor.gate import gone_causes, run_repros
-from shardverify.dtensor.report import new_classes, silent_restated
-from shardverify.dtensor.rootcause import culprit_of, fine_key, severity_of
-from shardverify.dtensor.run import CaseResult
-from shardverify.dtensor.verdicts import Finding
+from shardverify.features.dtensor.accepted import load_accepted
+from shardverify.features.dtensor.execute import _first_mismatch
+from shardverify.features.dtensor.gate import gone_causes, run_repros
+from shardverify.features.dtensor.report import new_classes, silent_restated
+from shardverify.features.dtensor.rootcause import culprit_of, fine_key, severity_of
+from shardverify.features.dtensor.run import CaseResult
+from shardverify.features.dtensor.verdicts import Finding
 from shardverify.errors import SpecError
 from shardverify.verify.tolerance import Tolerance
 
@@ -136,8 +136,8 @@ def test_removing_any_root_cause_the_gate_watches_fails_it():
     """Over the stored results of the ops CI's gate runs: the project's file passes them, and a
     copy without any one of the root causes found there fails on its classes."""
     from shardverify.cli.catalogue import load_op_specs
-    from shardverify.dtensor.accepted import Accepted
-    from shardverify.dtensor.stored_results import stored_results
+    from shardverify.features.dtensor.accepted import Accepted
+    from shardverify.features.dtensor.stored_results import stored_results
 
     ops = ["cumsum", "select", "flatten", "view"]
     specs = load_op_specs(ROOT, None, ops)

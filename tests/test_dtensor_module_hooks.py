@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from shardverify.audit.combinations import CaseCombinations
-from shardverify.dtensor.execute import CaseRunner, quiet_dtensor
-from shardverify.dtensor.hooks import counting_collectives
-from shardverify.dtensor.placements import placements_of, placements_text
-from shardverify.dtensor.run import present_combinations
-from shardverify.dtensor.world import local_world
+from shardverify.features.audit.combinations import CaseCombinations
+from shardverify.features.dtensor.execute import CaseRunner, quiet_dtensor
+from shardverify.features.dtensor.hooks import counting_collectives
+from shardverify.features.dtensor.placements import placements_of, placements_text
+from shardverify.features.dtensor.run import present_combinations
+from shardverify.features.dtensor.world import local_world
 from shardverify.spec.catalogue import load_op_specs
 
 ROOT = Path(__file__).resolve().parent.parent

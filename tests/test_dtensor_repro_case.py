@@ -1,5 +1,5 @@
-"""A DTensor repro is built from typed values only (shardverify/dtensor/repro.py) and what runs is
-one fixed program reading its case as data (shardverify/dtensor/repro_runner.py): a stored
+"""A DTensor repro is built from typed values only (shardverify/features/dtensor/repro.py) and what runs is
+one fixed program reading its case as data (shardverify/features/dtensor/repro_runner.py): a stored
 finding's words never become code, and a case or a stored finding with a bad field is refused in
 one line. The tests that start torchrun are marked dist (run with AUTO_PARALLEL=1)."""
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from shardverify.dtensor.confirm import confirm_classes, run_on_gloo
-from shardverify.dtensor.repro import RUNNER
-from shardverify.dtensor.run import CaseResult, rebuild_case, rebuild_repro
-from shardverify.dtensor.verdicts import Finding
+from shardverify.features.dtensor.confirm import confirm_classes, run_on_gloo
+from shardverify.features.dtensor.repro import RUNNER
+from shardverify.features.dtensor.run import CaseResult, rebuild_case, rebuild_repro
+from shardverify.features.dtensor.verdicts import Finding
 from shardverify.spec.catalogue import load_op_specs
 
 pytestmark = pytest.mark.slow   # DTensor repros run on gloo processes

@@ -1,5 +1,5 @@
-"""The shrink search (shardverify.dtensor.shrink), the root causes' minimal repros and drop-in
-tests (docs/upstream/), and the in-process fix proofs (shardverify.dtensor.fixes)."""
+"""The shrink search (shardverify.features.dtensor.shrink), the root causes' minimal repros and drop-in
+tests (docs/upstream/), and the in-process fix proofs (shardverify.features.dtensor.fixes)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shardverify.dtensor.root_examples import ROOT_EXAMPLES
-from shardverify.dtensor.shrink import Example, Family, Outcome, neighbours, shrink
-from shardverify.dtensor.upstream import load_reports
+from shardverify.features.dtensor.root_examples import ROOT_EXAMPLES
+from shardverify.features.dtensor.shrink import Example, Family, Outcome, neighbours, shrink
+from shardverify.features.dtensor.upstream import load_reports
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "docs" / "upstream"
@@ -82,7 +82,7 @@ def test_drop_in_tests_are_not_collected_by_this_project():
 
 
 def test_the_cumsum_fix_removes_every_silent_combination_and_breaks_none():
-    from shardverify.dtensor.fixes import FIXES, prove
+    from shardverify.features.dtensor.fixes import FIXES, prove
     from shardverify.spec.catalogue import load_op_specs
 
     spec, = load_op_specs(ROOT, None, ["cumsum"])
@@ -96,10 +96,10 @@ def test_a_multi_output_op_is_held_to_its_reference_and_the_nll_loss_fix_makes_t
     import torch
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    from shardverify.dtensor.attribute import OpTrace
-    from shardverify.dtensor.fixes import FIXES, patched
-    from shardverify.dtensor.shrink import outcome
-    from shardverify.dtensor.world import local_world
+    from shardverify.features.dtensor.attribute import OpTrace
+    from shardverify.features.dtensor.fixes import FIXES, patched
+    from shardverify.features.dtensor.shrink import outcome
+    from shardverify.features.dtensor.world import local_world
 
     x, t, w = torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([0, 1]), torch.tensor([1.0, 3.0])
     with local_world((2,)) as (mesh, mode), mode:

@@ -13,10 +13,10 @@ from test_cli_verify import _without_seconds as without_seconds
 
 from shardverify.backends.units import InProcess, UnitFailed
 from shardverify.cli.main import main
-from shardverify.dtensor.run import run_spec
-from shardverify.dtensor.sweep import DIED_ON_WORKER, joined, run_case_unit, settle, sweep
-from shardverify.dtensor.run import CaseResult
-from shardverify.dtensor.verdicts import Finding
+from shardverify.features.dtensor.run import run_spec
+from shardverify.features.dtensor.sweep import DIED_ON_WORKER, joined, run_case_unit, settle, sweep
+from shardverify.features.dtensor.run import CaseResult
+from shardverify.features.dtensor.verdicts import Finding
 from shardverify.spec.catalogue import load_op_specs
 
 ROOT = Path(__file__).resolve().parents[1]

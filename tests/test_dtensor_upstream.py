@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from shardverify.cli.main import main
-from shardverify.dtensor.upstream import load_reports
+from shardverify.features.dtensor.upstream import load_reports
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""shardverify.explore: strategies derived from a spec, the property check, the CLI search.
+"""shardverify.features.explore: strategies derived from a spec, the property check, the CLI search.
 
 The central test plants a bug that the spec's grid cannot see: a generator registered under a
 test-only family name that forgets to gather a reduced dim when the dim is given as a negative

@@ -74,7 +74,7 @@ def test_plan_mesh_of_many_axes_is_refused(capsys):
 
 
 def test_model_steps_are_bounded():
-    from shardverify.ddp.spec import parse_model_spec
+    from shardverify.features.ddp.spec import parse_model_spec
 
     text = (REPO / "specs/models/mlp.yaml").read_text().replace("steps: 3", "steps: 1000000000")
     with pytest.raises(SpecError, match=r"mlp.yaml:\d+: field 'steps': 1000000000 optimizer steps .* SHARDVERIFY_MAX_STEPS"):
@@ -82,7 +82,7 @@ def test_model_steps_are_bounded():
 
 
 def test_collective_shapes_are_bounded():
-    from shardverify.algorithms.spec import parse_collective_spec
+    from shardverify.features.algorithms.spec import parse_collective_spec
 
     path = sorted((REPO / "specs/collectives").glob("*.yaml"))[0]
     text = path.read_text()

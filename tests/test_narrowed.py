@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from shardverify.audit.decide import Operand, prepare
+from shardverify.features.audit.decide import Operand, prepare
 from shardverify.sharding.layout import Layout
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import CommPattern

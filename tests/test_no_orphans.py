@@ -137,7 +137,7 @@ def test_ctrl_c_prints_the_rows_so_far_and_exits_130(short_tmp, argv):
 
 
 def test_ctrl_c_during_the_audit_prints_the_cases_so_far(monkeypatch, capsys):
-    from shardverify.audit import run as audit_run
+    from shardverify.features.audit import run as audit_run
     from shardverify.cli.main import main
 
     real = audit_run.audit_case

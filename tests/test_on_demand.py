@@ -242,7 +242,7 @@ def test_a_verdict_made_by_other_generator_or_engine_code_is_not_read(monkeypatc
 
 def test_without_a_home_there_is_no_verdict_cache_and_it_is_said(monkeypatch, planted, capsys):
     from shardverify.cli.main import main
-    from shardverify.opinfo.store import default_results_dir
+    from shardverify.features.opinfo.store import default_results_dir
     from shardverify.errors import SpecError
     from shardverify.verify.on_demand import CACHE_ENV, default_cache_dir
 

@@ -1,4 +1,4 @@
-"""The OpInfo sweep (shardverify/opinfo): PyTorch's own samples of a spec's targets, captured and
+"""The OpInfo sweep (shardverify/features/opinfo): PyTorch's own samples of a spec's targets, captured and
 served as a plan serves them, every served strategy verified at the call."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from shardverify.spec.catalogue import load_op_specs
-from shardverify.opinfo.report import markdown, reason_class
-from shardverify.opinfo.samples import entries_for, one_op_module, samples_of
-from shardverify.opinfo.sweep import sweep_spec
+from shardverify.features.opinfo.report import markdown, reason_class
+from shardverify.features.opinfo.samples import entries_for, one_op_module, samples_of
+from shardverify.features.opinfo.sweep import sweep_spec
 from shardverify.verify.on_demand import OnDemandVerifier
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,8 +51,8 @@ def test_refusal_reasons_are_grouped_without_what_varies():
 
 def test_an_entry_is_swept_once_its_results_stored_and_read_back_while_current(tmp_path):
     from shardverify.cli.opinfo_run import _entries
-    from shardverify.opinfo.store import claim_entry, load_entry, release_entry, save_entry, settings_key
-    from shardverify.opinfo.sweep import entry_name, sweep_entry
+    from shardverify.features.opinfo.store import claim_entry, load_entry, release_entry, save_entry, settings_key
+    from shardverify.features.opinfo.sweep import entry_name, sweep_entry
 
     # var, var_all and var_dim all list torch.var's entries: each entry once, its calls counted once
     names = [entry_name(entry) for entry, _, _, _ in _entries([_spec("var"), _spec("var_all"), _spec("var_dim")])[0]]
@@ -88,7 +88,7 @@ def test_a_lock_of_a_dead_sweeper_or_of_a_reused_pid_is_taken_over(tmp_path):
     import os
 
     from shardverify.backends.liveness import process_start
-    from shardverify.opinfo.store import claim_entry, held
+    from shardverify.features.opinfo.store import claim_entry, held
 
     (tmp_path / "softmax.lock").write_text(f"{_dead_pid()} 12345")
     assert held(tmp_path, "softmax") is None
@@ -103,7 +103,7 @@ def test_a_lock_of_a_dead_sweeper_or_of_a_reused_pid_is_taken_over(tmp_path):
 
 @pytest.mark.parametrize("text", ["garbage", "", "-5", "1 2 3", "99999999999999999999999"])
 def test_a_lock_naming_no_process_is_stale_said_and_taken_over(tmp_path, text):
-    from shardverify.opinfo.store import claim_entry
+    from shardverify.features.opinfo.store import claim_entry
 
     (tmp_path / "softmax.lock").write_text(text)
     claimed, why = claim_entry(tmp_path, "softmax")
@@ -111,7 +111,7 @@ def test_a_lock_naming_no_process_is_stale_said_and_taken_over(tmp_path, text):
 
 
 def test_a_lock_that_is_not_a_regular_file_is_stale_and_not_followed(tmp_path):
-    from shardverify.opinfo.store import claim_entry
+    from shardverify.features.opinfo.store import claim_entry
 
     outside = tmp_path / "outside"
     outside.write_text("kept")
@@ -154,8 +154,8 @@ def test_stored_results_only_on_an_empty_folder_fail_naming_every_entry(tmp_path
 
 
 def test_a_stored_entry_of_no_call_is_not_a_pass(tmp_path, capsys):
-    from shardverify.opinfo.store import save_entry, settings_key
-    from shardverify.opinfo.sweep import SweepResult
+    from shardverify.features.opinfo.store import save_entry, settings_key
+    from shardverify.features.opinfo.sweep import SweepResult
 
     settings = settings_key(1, ((4,),), ("fx", "export"), 0)
     for entry in ("softmax", "softmax.with_dtype"):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from shardverify.cli.main import main
-from shardverify.parallelize import check_parallelize
-from shardverify.parallelize.report import render
+from shardverify.features.parallelize import check_parallelize
+from shardverify.features.parallelize.report import render
 
 pytest.importorskip("transformers")
 pytest_plugins = ["pytester"]
@@ -77,8 +77,8 @@ def test_a_dtensor_bug_is_blamed_on_its_op_and_dtensor_not_on_the_plan():
 def test_a_plan_rule_that_names_no_module_is_counted_and_said():
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    from shardverify.parallelize.plans import styles_plan, transformers_unmatched
-    from shardverify.parallelize.names import resolve_model
+    from shardverify.features.parallelize.plans import styles_plan, transformers_unmatched
+    from shardverify.features.parallelize.names import resolve_model
 
     plan = styles_plan({"w1": ColwiseParallel(), "w2": RowwiseParallel(), "layers.*.w3": ColwiseParallel()},
                        "mlp with a stray rule")
@@ -109,7 +109,7 @@ class _KindsInOrder(torch.nn.Module):
 
 
 def test_a_module_called_once_per_kind_is_paired_by_its_kind_not_by_call_order():
-    from shardverify.parallelize.execute import Trace, _Recorder
+    from shardverify.features.parallelize.execute import Trace, _Recorder
 
     x, traces = torch.ones(2), []
     for order in (("sliding", "full"), ("full", "sliding")):
@@ -125,7 +125,7 @@ def test_a_module_called_once_per_kind_is_paired_by_its_kind_not_by_call_order()
 
 
 def test_a_data_parallel_rank_is_read_as_its_block_of_the_batch_dim_or_within_each_expert_group():
-    from shardverify.parallelize.compare import dp_shares
+    from shardverify.features.parallelize.compare import dp_shares
 
     # [batch 2, seq 3, hidden 4]: dp rank 1 holds batch row 1; a tensor-parallel half of the hidden
     # dim is offered too (it halves a dim as the dp split does), and the whole comes last
@@ -140,8 +140,8 @@ def test_a_data_parallel_rank_is_read_as_its_block_of_the_batch_dim_or_within_ea
 
 
 def test_on_a_data_parallel_mesh_an_experts_per_call_values_are_left_out():
-    from shardverify.parallelize.check import _routed
-    from shardverify.parallelize.execute import Trace
+    from shardverify.features.parallelize.check import _routed
+    from shardverify.features.parallelize.execute import Trace
 
     trace = Trace(module_order=["experts.act", "experts.act#2", "norm"],
                   owner={"experts.act": "experts.act", "experts.act#2": "experts.act", "norm": "norm"},
@@ -158,7 +158,7 @@ def test_the_shipped_transformers_plan_of_llama_is_right_in_training_and_inferen
 
 
 def test_a_transformers_override_that_leaves_a_per_head_norm_unreduced_is_caught():
-    from shardverify.parallelize.plans import transformers_plan
+    from shardverify.features.parallelize.plans import transformers_plan
 
     plan = transformers_plan({"model.layers.*.self_attn.q_norm": "replicate", "model.layers.*.self_attn.k_norm": "replicate"})
     result = _check("hf:qwen3", plan, steps=1)
@@ -229,7 +229,7 @@ def test_the_commands_text_puts_the_verdict_and_the_first_culprit_first(capsys):
 
 
 def test_a_transformers_plan_with_overrides_is_text_a_process_can_rebuild(capsys):
-    from shardverify.parallelize.names import overrides_text, resolve_plan
+    from shardverify.features.parallelize.names import overrides_text, resolve_plan
 
     text = overrides_text({"embed_tokens": "embedding_colwise"})
     assert resolve_plan(text).styles == {"embed_tokens": "embedding_colwise"}
@@ -282,7 +282,7 @@ def test_a_users_own_factory_and_parallelize_function_from_their_project(tmp_pat
 def test_the_transformers_sweep_stores_each_row_resumes_and_distrusts_an_edited_row(tmp_path, monkeypatch):
     import json
 
-    from shardverify.parallelize import sweep as sweep_module
+    from shardverify.features.parallelize import sweep as sweep_module
 
     rows = sweep_module.sweep(["llama"], [(2,)], ["inference"], tmp_path)
     assert [(r.architecture, r.mesh, r.mode, r.outcome) for r in rows] == [("llama", (2,), "inference", "right")]
@@ -315,8 +315,8 @@ def test_the_transformers_sweep_stores_each_row_resumes_and_distrusts_an_edited_
 def test_the_sweep_page_is_what_the_stored_results_give():
     from pathlib import Path
 
-    from shardverify.parallelize.sweep import plan_rules, render_page, sweep
-    from shardverify.parallelize.tiny import tp_architectures
+    from shardverify.features.parallelize.sweep import plan_rules, render_page, sweep
+    from shardverify.features.parallelize.tiny import tp_architectures
 
     root = Path(__file__).resolve().parents[1]
     folder, meshes, modes = root / "results" / "parallelize", [(2,), (4,), (2, 2)], ("train", "inference")

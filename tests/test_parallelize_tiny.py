@@ -12,8 +12,8 @@ import torch
 pytest.importorskip("transformers")
 
 from shardverify.errors import InvalidArgument  # noqa: E402
-from shardverify.parallelize import architectures, shrunk_config, tiny  # noqa: E402
-from shardverify.parallelize.tiny import CannotBuild, tiny_config, tiny_model, tp_architectures  # noqa: E402
+from shardverify.features.parallelize import architectures, shrunk_config, tiny  # noqa: E402
+from shardverify.features.parallelize.tiny import CannotBuild, tiny_config, tiny_model, tp_architectures  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -14,10 +14,10 @@ import torch
 
 from shardverify.cli.main import main
 from shardverify.errors import InvalidArgument
-from shardverify.parallelize import check_parallelize
-from shardverify.parallelize.models import from_factory
-from shardverify.parallelize.names import file_plan_name
-from shardverify.parallelize.report import render
+from shardverify.features.parallelize import check_parallelize
+from shardverify.features.parallelize.models import from_factory
+from shardverify.features.parallelize.names import file_plan_name
+from shardverify.features.parallelize.report import render
 from shardverify.plan import verify_plan, zoo
 from shardverify.plan.export import WHOLE, export_parallelize
 from shardverify.plan.export_code import render_parallelize

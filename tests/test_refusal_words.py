@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shardverify.opinfo.samples import entries_for
-from shardverify.opinfo.sweep import sweep_entry
+from shardverify.features.opinfo.samples import entries_for
+from shardverify.features.opinfo.sweep import sweep_entry
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.spec.names import resolve_dotted
 from shardverify.verify.on_demand import OnDemandVerifier

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from shardverify.cli.main import main
-from shardverify.report.draw import rank_colour
+from shardverify.features.report.draw import rank_colour
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = next((found for name in ("chromium", "chromium-browser", "google-chrome")

@@ -11,13 +11,13 @@ from pathlib import Path
 from shardverify import DeviceMesh
 from shardverify.backends import SimulatedBackend
 from shardverify.cli.verify_rows import Row
-from shardverify.dtensor.accepted import Accepted
-from shardverify.dtensor.run import CaseResult
-from shardverify.dtensor.verdicts import Finding
-from shardverify.report.dtensor_page import dtensor_page
-from shardverify.report.markdown import markdown_html
-from shardverify.report.page import render, write
-from shardverify.report.verify_page import verify_page
+from shardverify.features.dtensor.accepted import Accepted
+from shardverify.features.dtensor.run import CaseResult
+from shardverify.features.dtensor.verdicts import Finding
+from shardverify.features.report.dtensor_page import dtensor_page
+from shardverify.features.report.markdown import markdown_html
+from shardverify.features.report.page import render, write
+from shardverify.features.report.verify_page import verify_page
 from shardverify.verify.engine import verify_case
 from shardverify.verify.error_map import keep_error_maps
 
@@ -114,7 +114,7 @@ def test_plan_writes_its_page_and_a_folder_for_a_page_is_refused_before_the_run(
 
 
 def test_a_dtensor_page_shows_each_root_causes_severity_and_a_culprit_it_does_not_list_as_new(tmp_path):
-    from shardverify.dtensor.accepted import load_accepted
+    from shardverify.features.dtensor.accepted import load_accepted
 
     def silent(placement: str, culprit: str) -> Finding:
         return Finding("cumsum", "dim_-1", (4,), (("input", "[S0]"),), (("input", placement),), "silent-wrong",

@@ -10,7 +10,7 @@ from shardverify.errors import ShardingSpecError
 from shardverify.sharding.layout import Layout, ShapedLayout
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.reshard_plan import ReshardStep, plan_reshard, reshard_cost
-from shardverify.reshard.check import ReshardCase, check_reshard, enumerate_layouts, layout_pairs, rank_check_pairs
+from shardverify.features.reshard.check import ReshardCase, check_reshard, enumerate_layouts, layout_pairs, rank_check_pairs
 
 MESH = (2, 2)
 
@@ -74,7 +74,7 @@ def test_pair_check_catches_a_wrong_step(sv_backend, monkeypatch):
     def wrong_axis(source, target):   # gathers over the other mesh axis
         return tuple(ReshardStep(s.kind, tuple(1 - a for a in s.axes), s.dims) for s in original(source, target))
 
-    monkeypatch.setattr("shardverify.reshard.check.plan_reshard", wrong_axis)
+    monkeypatch.setattr("shardverify.features.reshard.check.plan_reshard", wrong_axis)
     planted = ReshardCase(MESH, (8, 8), case.pairs, seed=1)   # a new case: plans are cached per case
     failures = [line for lines in backend.run(rank_check_pairs, planted) for line in lines]
     assert failures and "[S0, R] -> [R, R]" in failures[0]
@@ -91,7 +91,7 @@ def test_check_reshard_checks_chunks_with_each_pairs_own_values(sv_backend, monk
     the per-check timeout); a pair's values are seeded by its place among all the pairs, so a
     chunk checks exactly what one call over every pair would, and a chunk that fails as a
     whole raises the backend's error."""
-    from shardverify.reshard import check as reshard_check
+    from shardverify.features.reshard import check as reshard_check
     from shardverify.errors import RankError
 
     pairs = tuple(layout_pairs(DeviceMesh(MESH), (8, 8)))

@@ -12,10 +12,10 @@ import torch
 
 from shardverify.backends.simulated import SimulatedBackend
 from shardverify.spec.loader import load_yaml
-from shardverify.algorithms import implementations as algorithms
-from shardverify.algorithms.implementations import RingStep, chunk_bounds, naive_all_reduce, ring_all_reduce, ring_schedule
-from shardverify.algorithms.check import check_collective
-from shardverify.algorithms.spec import parse_collective_spec
+from shardverify.features.algorithms import implementations as algorithms
+from shardverify.features.algorithms.implementations import RingStep, chunk_bounds, naive_all_reduce, ring_all_reduce, ring_schedule
+from shardverify.features.algorithms.check import check_collective
+from shardverify.features.algorithms.spec import parse_collective_spec
 from shardverify.errors import CollectiveError
 from shardverify.sharding.mesh import DeviceMesh
 

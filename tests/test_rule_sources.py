@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from rule_source_along import AlongDim
-from shardverify.audit.run import spec_handler
+from shardverify.features.audit.run import spec_handler
 from shardverify.backends.simulated import SimulatedBackend
 from shardverify.errors import SpecError
-from shardverify.explore.params import param_draws
+from shardverify.features.explore.params import param_draws
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.loader import load_yaml_text
 from shardverify.spec.op import parse_op_spec

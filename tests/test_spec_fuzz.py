@@ -12,8 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardverify.algorithms.spec import parse_collective_spec
-from shardverify.ddp.spec import parse_model_spec
+from shardverify.features.algorithms.spec import parse_collective_spec
+from shardverify.features.ddp.spec import parse_model_spec
 from shardverify.errors import ShardVerifyError
 from shardverify.spec.loader import load_yaml_text
 from shardverify.spec.op import parse_op_spec

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from shardverify.cli.main import main
-from shardverify.dtensor.confirm import Confirmation, load_confirmations, save_confirmation
-from shardverify.dtensor.store import StoredRun, load_stored, save_stored, store_path
+from shardverify.features.dtensor.confirm import Confirmation, load_confirmations, save_confirmation
+from shardverify.features.dtensor.store import StoredRun, load_stored, save_stored, store_path
 from shardverify.errors import SpecError
-from shardverify.opinfo.sweep import CallOutcome, SweepResult
+from shardverify.features.opinfo.sweep import CallOutcome, SweepResult
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "results" / "dtensor" / f"torch-{torch.__version__}"
@@ -89,7 +89,7 @@ def mean_all():
 
 
 def _stored(store: Path, spec) -> tuple[list, str]:
-    from shardverify.dtensor.stored_results import stored_results
+    from shardverify.features.dtensor.stored_results import stored_results
 
     return stored_results(store, [spec], [(4,)], None, ROOT)
 
@@ -168,7 +168,7 @@ def test_a_stored_run_says_it_was_made_by_this_version(tmp_path, mean_all):
 
 
 def test_a_saved_json_run_is_checked_and_says_which_version_made_it(tmp_path):
-    from shardverify.dtensor.store import made_by, read_saved_run
+    from shardverify.features.dtensor.store import made_by, read_saved_run
 
     stored = json.loads((SHIPPED / MEAN_ALL).read_text())
     result = stored["results"]["torch.ops.aten.mean.default"]
@@ -190,7 +190,7 @@ def test_a_saved_json_run_is_checked_and_says_which_version_made_it(tmp_path):
 
 
 def test_a_running_marker_that_is_a_fifo_is_refused_and_one_cut_short_skips_nothing(tmp_path):
-    from shardverify.dtensor.store import read_running
+    from shardverify.features.dtensor.store import read_running
     from shardverify.stored import StoreError
 
     marker = tmp_path / "x.json.running"
@@ -206,7 +206,7 @@ def test_a_running_marker_that_is_a_fifo_is_refused_and_one_cut_short_skips_noth
 
 
 def test_names_in_a_store_never_climb_a_folder(tmp_path):
-    from shardverify.opinfo.store import _file
+    from shardverify.features.opinfo.store import _file
 
     path = store_path(tmp_path, "../../escape", "0" * 12, (4,), "../t", 3)
     assert path.parent.parent == tmp_path and ".." not in path.name and "/" not in path.parent.name[6:]
@@ -217,7 +217,7 @@ def test_names_in_a_store_never_climb_a_folder(tmp_path):
 # ---------------------------------------------------------------- OpInfo entries and confirmations
 
 def _entry(tmp_path: Path):
-    from shardverify.opinfo.store import save_entry, settings_key
+    from shardverify.features.opinfo.store import save_entry, settings_key
 
     settings = settings_key(3, ((4,),), ("fx",), 0)
     outcome = CallOutcome("neg", "neg#0((4,))", "fx", (4,), "grid", served_by=("neg",), strategies=2)
@@ -245,7 +245,7 @@ def planted(path, plant: str, document: dict):
 
 @pytest.mark.parametrize("plant", ["dev-zero", "fifo", "deep", "wrong-field", "bad-outcome"])
 def test_an_opinfo_entry_that_does_not_check_is_swept_again(tmp_path, plant):
-    from shardverify.opinfo.store import load_entry
+    from shardverify.features.opinfo.store import load_entry
 
     settings, path = _entry(tmp_path)
     assert load_entry(tmp_path, "neg", settings) is not None
@@ -259,7 +259,7 @@ def test_an_opinfo_entry_that_does_not_check_is_swept_again(tmp_path, plant):
 
 
 def test_an_opinfo_lock_that_is_a_fifo_is_not_blocked_on(tmp_path):
-    from shardverify.opinfo.store import held, lock_owner
+    from shardverify.features.opinfo.store import held, lock_owner
 
     with fifo_guard(tmp_path / "neg.lock"):
         assert held(tmp_path, "neg") is None            # names no live process: stale, the next claim takes it over
@@ -288,8 +288,8 @@ def test_a_confirmation_that_does_not_check_is_left_out(tmp_path, plant):
 
 def _writers(tmp_path: Path):
     """(what writes a store's file, the file, every name a writer has used for its partial file)."""
-    from shardverify.dtensor.confirm import _path
-    from shardverify.opinfo.store import save_entry, settings_key
+    from shardverify.features.dtensor.confirm import _path
+    from shardverify.features.opinfo.store import save_entry, settings_key
     from shardverify.sharding.calibration_file import AxisFit, save_calibration
     from shardverify.verify.on_demand import OnDemandVerifier
 

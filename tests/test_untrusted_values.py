@@ -29,7 +29,7 @@ plans:
 
 
 def _model_spec(accumulate: str):
-    from shardverify.ddp.spec import parse_model_spec
+    from shardverify.features.ddp.spec import parse_model_spec
     from shardverify.spec.loader import load_yaml_text
 
     return parse_model_spec(load_yaml_text(MODEL.replace("ACCUMULATE", accumulate), "specs/models/tiny.yaml"))

@@ -53,7 +53,7 @@ def _case(text: str):
 
 def _offered(text: str, mesh=(2,)):
     """The case and the strategies the spec's own rule offers (no registered handler involved)."""
-    from shardverify.audit.run import offered_strategies
+    from shardverify.features.audit.run import offered_strategies
 
     spec = parse_op_spec(load_yaml_text(text, "probe.yaml"))
     (_, case), *_ = spec.op_cases()

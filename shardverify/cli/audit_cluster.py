@@ -21,7 +21,7 @@ def audit_on_cluster(args: argparse.Namespace, specs, progress: Progress, caught
                      on_result: Callable) -> None:
     """``audit_one`` of every (spec, case, mesh) on ``--jobs`` workers of the cluster at
     ``--cluster``; ``on_result(row)`` in the one-process order."""
-    from shardverify.audit.run import CaseAudit
+    from shardverify.features.audit.run import CaseAudit
     from shardverify.cli.cluster_option import cluster_engine
     from shardverify.cli.verify_cluster import _start_actor
 
@@ -53,7 +53,7 @@ def audit_on_cluster(args: argparse.Namespace, specs, progress: Progress, caught
 
 def _audit_counting_warnings(*args) -> tuple:
     """``audit_one`` on a worker, and the warnings torch gave meanwhile (message -> count)."""
-    from shardverify.audit.run import audit_one
+    from shardverify.features.audit.run import audit_one
 
     with caught_warnings() as found:
         row = audit_one(*args)

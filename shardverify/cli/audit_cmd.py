@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     disagreements = []
     if args.dtensor:
-        from shardverify.dtensor.propagation import compare_specs
+        from shardverify.features.dtensor.propagation import compare_specs
 
         disagreements = compare_specs(specs, args.mesh)
     decided = sum(r.decided for r in rows)
@@ -133,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return _finished(args, rows, elapsed, failed)
     if args.markdown:
-        from shardverify.audit.report import markdown_report
-        from shardverify.dtensor.propagation_report import dtensor_markdown
+        from shardverify.features.audit.report import markdown_report
+        from shardverify.features.dtensor.propagation_report import dtensor_markdown
 
         print(markdown_report(rows))
         if args.dtensor:
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         lines += ["", format_table(rows), *_details(rows, args.show), *warnings_detail(warned, doing="auditing")]
         if args.dtensor:
-            from shardverify.dtensor.propagation import format_disagreements
+            from shardverify.features.dtensor.propagation import format_disagreements
 
             lines += ["", format_disagreements(disagreements)]
     print("\n".join(lines))
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 def _audit_rows(args: argparse.Namespace, specs) -> tuple[list, dict[str, int]] | int:
     """Every case of ``specs`` audited, here or on --cluster, with progress on stderr: the rows and
     the warnings torch gave (counted), or the exit status of a run that stopped."""
-    from shardverify.audit.run import audit_spec
+    from shardverify.features.audit.run import audit_spec
 
     rows: list = []
     progress = Progress(0 if args.json else sum(len(spec.cases()) * len(args.mesh or spec.verify.meshes)
@@ -196,8 +196,8 @@ def _finished(args: argparse.Namespace, rows, elapsed: float, failed: bool) -> i
     sys.stdout.flush()
 
     def page():
-        from shardverify.audit.report import markdown_report
-        from shardverify.report.text_pages import audit_page
+        from shardverify.features.audit.report import markdown_report
+        from shardverify.features.report.text_pages import audit_page
 
         return audit_page(rows, summary_lines(rows, elapsed), markdown_report(rows), not failed)
 

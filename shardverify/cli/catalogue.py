@@ -45,9 +45,9 @@ def _feature_kind(name: str, subdir: str, module: str, noun: str) -> SpecKind:
 #: every spec kind, in catalogue order (a new kind: its module, and one entry here)
 KINDS: tuple[SpecKind, ...] = tuple(register_spec_kind(kind) for kind in (
     OP_KIND,
-    _feature_kind("collective", "collectives", "shardverify.algorithms.spec", "collective"),
-    _feature_kind("model", "models", "shardverify.ddp.spec", "model"),
-    _feature_kind("reshard", "reshard", "shardverify.reshard.spec", "reshard"),
+    _feature_kind("collective", "collectives", "shardverify.features.algorithms.spec", "collective"),
+    _feature_kind("model", "models", "shardverify.features.ddp.spec", "model"),
+    _feature_kind("reshard", "reshard", "shardverify.features.reshard.spec", "reshard"),
     _feature_kind("plan", "plans", "shardverify.plan.spec", "plan"),
 ))
 

@@ -1,6 +1,6 @@
 """`shardverify coverage --core-aten`: every Core ATen overload of the pinned torch with the spec
 that serves it, the stated reason no layout of it can be verified, or "no spec yet"; then the
-totals. The catalogue is shardverify/coverage/core_aten.py; this module only prints it."""
+totals. The catalogue is shardverify/features/coverage/core_aten.py; this module only prints it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 from shardverify.cli import USAGE
 from shardverify.cli.catalogue import add_location_options, located_specs
-from shardverify.coverage.core_aten import NO_SPEC, REASON, REASONS_FILE, SERVED, Catalogue, catalogue
+from shardverify.features.coverage.core_aten import NO_SPEC, REASON, REASONS_FILE, SERVED, Catalogue, catalogue
 from shardverify.errors import SpecError
 
 

@@ -99,9 +99,9 @@ class Inputs:
 def read_inputs(args: argparse.Namespace) -> Inputs | None:
     """The run's inputs, or None when the arguments are a usage error (said on stderr)."""
     from shardverify.cli.catalogue import load_op_specs
-    from shardverify.dtensor.accepted import load_accepted
-    from shardverify.dtensor.custom import load_custom
-    from shardverify.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT
+    from shardverify.features.dtensor.accepted import load_accepted
+    from shardverify.features.dtensor.custom import load_custom
+    from shardverify.features.dtensor.run import DEFAULT_BUDGET, DEFAULT_LIMIT
 
     problem = html_problem(args.html)
     if problem:

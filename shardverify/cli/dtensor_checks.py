@@ -21,7 +21,7 @@ def gloo_confirmations(args: argparse.Namespace, results, specs, folder: Path | 
     same example is kept), or what ``folder`` holds; None without a results folder."""
     import torch
 
-    from shardverify.dtensor.confirm import DEFAULT_TIMEOUT, class_examples, confirm_classes, load_confirmations
+    from shardverify.features.dtensor.confirm import DEFAULT_TIMEOUT, class_examples, confirm_classes, load_confirmations
 
     if folder is None:
         return None
@@ -47,8 +47,8 @@ def gate_lines(args: argparse.Namespace, results, accepted) -> list[str] | None:
     as it ends unless --quiet."""
     if not args.gate:
         return None
-    from shardverify.dtensor.accepted import Accepted
-    from shardverify.dtensor.gate import gate_problems, run_repros
+    from shardverify.features.dtensor.accepted import Accepted
+    from shardverify.features.dtensor.gate import gate_problems, run_repros
 
     accepted = accepted or Accepted({})
     repros = run_repros(accepted, args.root)
@@ -66,7 +66,7 @@ def rerun_upstream(args: argparse.Namespace) -> int:
     """--upstream: each report's repro run here; which still reproduce on this torch, which are fixed."""
     import torch
 
-    from shardverify.dtensor.upstream import load_reports, rerun
+    from shardverify.features.dtensor.upstream import load_reports, rerun
 
     folder = args.upstream if args.upstream.is_absolute() or args.upstream != UPSTREAM else args.root / UPSTREAM
     try:
@@ -75,7 +75,7 @@ def rerun_upstream(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
     counts: dict[str, int] = {}
-    from shardverify.dtensor.execute import quiet_dtensor
+    from shardverify.features.dtensor.execute import quiet_dtensor
 
     for report in reports:
         with quiet_dtensor():

@@ -21,7 +21,7 @@ from shardverify.cli.row_warnings import Caught, caught_warnings
 __all__ = ["sweep_on_cluster", "cluster_problem", "WORKER_SETUP"]
 
 #: a worker's set-up: DTensor imported before its first case (not in that case's time), one torch thread
-WORKER_SETUP = partial(preload, "shardverify.dtensor.run", "shardverify.dtensor.execute", "torch.distributed.tensor")
+WORKER_SETUP = partial(preload, "shardverify.features.dtensor.run", "shardverify.features.dtensor.execute", "torch.distributed.tensor")
 
 
 def cluster_problem(args: argparse.Namespace) -> str:
@@ -39,7 +39,7 @@ def sweep_on_cluster(args: argparse.Namespace, specs, limit: int | None, budget:
     """The cases of ``specs`` on ``--jobs`` actors of the Ray cluster at ``--cluster`` (``local``: one
     started here on --jobs CPUs, default this machine's); ``on_result`` as each is settled, in the
     serial run's order."""
-    from shardverify.dtensor.sweep import sweep
+    from shardverify.features.dtensor.sweep import sweep
 
     wrong = [0]
 
@@ -60,7 +60,7 @@ def sweep_on_cluster(args: argparse.Namespace, specs, limit: int | None, budget:
 
 def _case_counting_warnings(*args) -> tuple:
     """``run_case_unit`` on a worker, and the warnings torch gave meanwhile (message -> count)."""
-    from shardverify.dtensor.sweep import run_case_unit
+    from shardverify.features.dtensor.sweep import run_case_unit
 
     with caught_warnings() as found:
         value = run_case_unit(*args)

@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_cases(args: argparse.Namespace, inputs: Inputs, start: float) -> tuple[list, dict[str, int]] | int:
     """Every case of the specs and custom-op specs, here or on --cluster, with progress on stderr:
     the results and the warnings torch gave (counted), or the exit status of a run that stopped."""
-    from shardverify.dtensor.custom import run_custom
-    from shardverify.dtensor.run import run_spec
+    from shardverify.features.dtensor.custom import run_custom
+    from shardverify.features.dtensor.run import run_spec
 
     specs, customs, limit, budget = inputs.specs, inputs.customs, inputs.limit, inputs.budget
     results: list = []
@@ -120,8 +120,8 @@ def _finish(args: argparse.Namespace, inputs: Inputs, results: list, warned: dic
     """The verdict of a run that ended: its report (or --json) on stdout, then the files asked for."""
     import torch
 
-    from shardverify.dtensor.report import markdown, new_classes
-    from shardverify.dtensor.store import HARNESS
+    from shardverify.features.dtensor.report import markdown, new_classes
+    from shardverify.features.dtensor.store import HARNESS
 
     accepted, command = inputs.accepted, command_line(args)
     fresh = new_classes(results, accepted)

@@ -18,10 +18,10 @@ def write_file(path: Path, text: str) -> None:
 
 def accepted_writer(results, accepted, torch_version: str):
     """--write-accepted: every silent-corruption and late-failure class found, as root causes in
-    the accepted file's format (shardverify.dtensor.rootcause.found_causes)."""
+    the accepted file's format (shardverify.features.dtensor.rootcause.found_causes)."""
     def write(path: Path) -> None:
-        from shardverify.dtensor.accepted import render_accepted
-        from shardverify.dtensor.rootcause import found_causes
+        from shardverify.features.dtensor.accepted import render_accepted
+        from shardverify.features.dtensor.rootcause import found_causes
 
         write_file(path, render_accepted(found_causes(results, accepted), torch_version))
     return write
@@ -30,9 +30,9 @@ def accepted_writer(results, accepted, torch_version: str):
 def page_writer(results, accepted, passed: bool, seconds: float, command: str):
     """What writes the run's HTML page to a path (--html)."""
     def write_page(path: Path) -> None:
-        from shardverify.dtensor.accepted import Accepted
-        from shardverify.report.dtensor_page import dtensor_page
-        from shardverify.report.page import write
+        from shardverify.features.dtensor.accepted import Accepted
+        from shardverify.features.report.dtensor_page import dtensor_page
+        from shardverify.features.report.page import write
 
         write(dtensor_page(results, accepted or Accepted({}), passed, seconds, command), str(path))
         print(f"report: {path}", file=sys.stderr)

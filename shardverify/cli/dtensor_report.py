@@ -18,8 +18,8 @@ def report_lines(args: argparse.Namespace, results, accepted, confirmations, pas
     the results, the classes found (at most --show of each kind), one line for the cases' notes and
     one for the warnings torch gave (``warned``); -v adds the per-case table, the notes and the
     warnings."""
-    from shardverify.dtensor.report import case_notes, case_table, class_lines, new_class_name, new_classes
-    from shardverify.dtensor.rootcause import severity_of
+    from shardverify.features.dtensor.report import case_notes, case_table, class_lines, new_class_name, new_classes
+    from shardverify.features.dtensor.rootcause import severity_of
 
     fresh = new_classes(results, accepted)
     unchecked = unchecked_reasons(results)
@@ -70,7 +70,7 @@ def unchecked_reasons(results) -> list[str]:
 def budget_cut(results) -> tuple[list[str], int]:
     """The cases the time budget cut short, one line each, and how many combinations it left
     unchecked in all (a sample the budget chose is no pass unless --sample-passes says so)."""
-    from shardverify.dtensor.run import budget_skipped
+    from shardverify.features.dtensor.run import budget_skipped
 
     lines, total = [], 0
     for r in results:

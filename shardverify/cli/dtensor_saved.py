@@ -18,9 +18,9 @@ __all__ = ["report_saved", "report_stored"]
 
 def report_saved(args: argparse.Namespace, accepted) -> int:
     """--from-json: the summary, page and verdict of a saved run."""
-    from shardverify.dtensor.report import markdown, new_classes
-    from shardverify.dtensor.run import CaseResult
-    from shardverify.dtensor.store import made_by, read_saved_run
+    from shardverify.features.dtensor.report import markdown, new_classes
+    from shardverify.features.dtensor.run import CaseResult
+    from shardverify.features.dtensor.store import made_by, read_saved_run
 
     try:
         saved = read_saved_run(args.from_json)
@@ -48,8 +48,8 @@ def report_stored(args: argparse.Namespace, accepted, specs, limit) -> int:
     """--from-json DIR: the summary, page and verdict of what a --results folder holds."""
     import torch
 
-    from shardverify.dtensor.report import markdown, new_classes
-    from shardverify.dtensor.stored_results import stored_results
+    from shardverify.features.dtensor.report import markdown, new_classes
+    from shardverify.features.dtensor.stored_results import stored_results
 
     try:
         results, note = stored_results(args.from_json, specs, args.mesh, limit, args.root)

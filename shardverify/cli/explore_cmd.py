@@ -1,6 +1,6 @@
 """`shardverify explore SPEC`: search shapes, parameters and meshes beyond the spec's grid.
 
-The same search as the generated property tests (shardverify.explore), on the simulated
+The same search as the generated property tests (shardverify.features.explore), on the simulated
 backend. On failure it prints the shrunk case, the report and a reproduction; exit 1.
 """
 
@@ -16,7 +16,7 @@ from shardverify.errors import InvalidArgument, SpecError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from shardverify.explore import DEFAULT_MESH_MAX_SIZE, MAX_MESH_SIZE
+    from shardverify.features.explore import DEFAULT_MESH_MAX_SIZE, MAX_MESH_SIZE
 
     parser = subparsers.add_parser(
         "explore", help="search cases beyond an op spec's grid with hypothesis",
@@ -48,7 +48,7 @@ def _positive(option: str, most: int | None = None):
 
 def run(args: argparse.Namespace) -> int:
     from shardverify.cli.catalogue import load_op_specs
-    from shardverify.explore import search
+    from shardverify.features.explore import search
 
     try:
         (spec,) = load_op_specs(args.root, args.specs_dir, [args.spec])

@@ -37,7 +37,7 @@ def write_html(page: Callable[[], object], path: Path | None) -> bool:
     on stderr, when it could not be written."""
     if path is None:
         return True
-    from shardverify.report.page import write
+    from shardverify.features.report.page import write
 
     try:
         write(page(), str(path))

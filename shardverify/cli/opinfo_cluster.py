@@ -27,8 +27,8 @@ _VERIFIER: list = []   # a worker's on-demand verifier, made for its first entry
 def sweep_entry_unit(name: str, op: str, target_names: Sequence[str], meshes: Sequence[tuple[int, ...]],
                      captures: Sequence[str], limit: int):
     """``sweep_entry`` of the OpInfo entry ``name`` on a worker: a SweepResult."""
-    from shardverify.opinfo.samples import entries_for
-    from shardverify.opinfo.sweep import entry_name, sweep_entry
+    from shardverify.features.opinfo.samples import entries_for
+    from shardverify.features.opinfo.sweep import entry_name, sweep_entry
     from shardverify.spec.names import resolve_dotted
     from shardverify.verify.on_demand import OnDemandVerifier
 
@@ -47,7 +47,7 @@ def sweep_entries_on_cluster(args: argparse.Namespace, todo: Sequence[tuple[str,
     """Each (entry, spec, target names) of ``todo`` swept on the cluster at ``--cluster`` (``--jobs``
     workers) and stored in ``folder`` as it ends; per entry its SweepResult, or why it has none."""
     from shardverify.cli.cluster_option import cluster_engine
-    from shardverify.opinfo.store import save_entry
+    from shardverify.features.opinfo.store import save_entry
 
     units = [Unit(sweep_entry_unit, (name, op, list(names), [tuple(m) for m in meshes], tuple(captures),
                                      args.opinfo_samples), name) for name, op, names in todo]
@@ -70,7 +70,7 @@ def _start_worker() -> None:
     """A verify worker's set-up, and PyTorch's OpInfo database read (seconds of imports, not in
     the first entry's time)."""
     from shardverify.cli.verify_cluster import _start_actor
-    from shardverify.opinfo.samples import op_db
+    from shardverify.features.opinfo.samples import op_db
 
     _start_actor()
     op_db()

@@ -23,8 +23,8 @@ def _entries(specs: list) -> tuple[list[tuple[object, str, list, list]], list[st
     """(entry, the first spec listing it, every listing spec's targets, their dotted names) of each
     OpInfo entry of the specs' targets, once: a call reaching several specs is swept and counted
     once; and the specs whose targets have no OpInfo entry (nothing of theirs can be swept)."""
-    from shardverify.opinfo.samples import entries_for
-    from shardverify.opinfo.sweep import entry_name
+    from shardverify.features.opinfo.samples import entries_for
+    from shardverify.features.opinfo.sweep import entry_name
     from shardverify.spec.names import resolve_dotted
 
     found: dict[str, tuple[object, str, list, list]] = {}
@@ -68,8 +68,8 @@ class _Tally:
 def run_opinfo(args: argparse.Namespace, specs: list) -> int:
     import time
 
-    from shardverify.opinfo.store import default_results_dir, rule_digests, settings_key, source_commit
-    from shardverify.opinfo.sweep import SweepResult
+    from shardverify.features.opinfo.store import default_results_dir, rule_digests, settings_key, source_commit
+    from shardverify.features.opinfo.sweep import SweepResult
 
     meshes = args.mesh or [(2, 2), (4,)]
     captures = ("fx", "export")
@@ -102,8 +102,8 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
     """Every OpInfo entry of the specs' targets swept (or read from current stored results), each
     claimed by one process at a time; an entry another live process holds is read after the rest.
     With --cluster the entries to sweep are units on Ray workers and this process stores each."""
-    from shardverify.opinfo.store import claim_entry, held, load_entry, release_entry, save_entry, source_commit
-    from shardverify.opinfo.sweep import entry_name, sweep_entry
+    from shardverify.features.opinfo.store import claim_entry, held, load_entry, release_entry, save_entry, source_commit
+    from shardverify.features.opinfo.sweep import entry_name, sweep_entry
     from shardverify.verify.on_demand import OnDemandVerifier
 
     unswept = tally.unswept
@@ -170,7 +170,7 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
 
 
 def _print_table(total) -> None:
-    from shardverify.opinfo.report import HEADER, table
+    from shardverify.features.opinfo.report import HEADER, table
 
     rows = table(total)
     widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
@@ -180,7 +180,7 @@ def _print_table(total) -> None:
 
 def _write_report(args: argparse.Namespace, tally: _Tally, wall: float) -> bool:
     """The markdown page at --report FILE; False, with the error printed, when it cannot be written."""
-    from shardverify.opinfo.report import markdown
+    from shardverify.features.opinfo.report import markdown
 
     command = " ".join(["shardverify verify --opinfo", *(args.specs or []),
                         f"--opinfo-samples {args.opinfo_samples}",
@@ -199,7 +199,7 @@ def _write_report(args: argparse.Namespace, tally: _Tally, wall: float) -> bool:
 
 def _summary(tally: _Tally, wall: float) -> int:
     """The defects, raw exceptions and wrong strategies, the totals; the exit status."""
-    from shardverify.opinfo.report import totals
+    from shardverify.features.opinfo.report import totals
 
     total, commits, unswept = tally.total, tally.commits, tally.unswept
     for defect in total.defects:

@@ -71,10 +71,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from shardverify.parallelize import check_parallelize
-    from shardverify.parallelize.names import CONFIG_PLAN, overrides_text, resolve_plan
+    from shardverify.features.parallelize import check_parallelize
+    from shardverify.features.parallelize.names import CONFIG_PLAN, overrides_text, resolve_plan
     from shardverify.cli.progress import Progress
-    from shardverify.parallelize.report import as_json, render_runs, summary_line
+    from shardverify.features.parallelize.report import as_json, render_runs, summary_line
     from shardverify.plan.inputs import parse_input
 
     if problem := jobs_problem(args) or (args.cluster is not None and not args.sweep_hf and
@@ -135,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
     passed = all(r.passed for r in results)
 
     def page():
-        from shardverify.parallelize.report import render
-        from shardverify.report.text_pages import parallelize_page
+        from shardverify.features.parallelize.report import render
+        from shardverify.features.report.text_pages import parallelize_page
 
         return parallelize_page([as_json(r) for r in results], passed, render_runs(results).splitlines()[:2],
                                 [(summary_line(r), render(r, verbose=True)) for r in results])
@@ -148,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from shardverify.files import write_file_atomic
-    from shardverify.parallelize.sweep import plan_rules, render_page, sweep
-    from shardverify.parallelize.tiny import tp_architectures
+    from shardverify.features.parallelize.sweep import plan_rules, render_page, sweep
+    from shardverify.features.parallelize.tiny import tp_architectures
 
     shipped = tp_architectures()
     chosen = shipped if args.only is None else [name.strip() for name in args.only.split(",") if name.strip()]
@@ -167,7 +167,7 @@ def _sweep(args: argparse.Namespace) -> int:
         from shardverify.cli.cluster_option import cluster_engine, preload
 
         try:
-            with cluster_engine(args, partial(preload, "shardverify.parallelize.check")) as engine:
+            with cluster_engine(args, partial(preload, "shardverify.features.parallelize.check")) as engine:
                 rows = sweep(chosen, meshes, modes, args.results, steps=args.steps, say=say, engine=engine)
         except ShardVerifyError as exc:
             print(f"shardverify parallelize: error: {exc}", file=sys.stderr)

@@ -236,7 +236,7 @@ def _report(args: argparse.Namespace, result, started: float, exported=None) -> 
     """The verdict (text or --json, and --html); the exit status."""
     from shardverify.plan.phases import cpu_seconds
     from shardverify.plan.report import plan_text, verdict_lines
-    from shardverify.report.plan_page import plan_page
+    from shardverify.features.report.plan_page import plan_page
 
     strict_failure = result.strict and bool(result.strict_failures)
     # no pass without a check: a model without one tensor op ran no plan node

@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()   # the results first: a page that cannot be written loses none of them
 
     def page():
-        from shardverify.report.verify_page import verify_page
+        from shardverify.features.report.verify_page import verify_page
 
         return verify_page(rows, args.backend, elapsed)
 

@@ -1,6 +1,6 @@
 """Collectives over mesh axes: differentiable functional ops (``functional``), the CommPattern
 executors (``patterns``) and the execution of a planned reshard (``reshard``). User-written
-collective algorithms and their verification live in :mod:`shardverify.algorithms`."""
+collective algorithms and their verification live in :mod:`shardverify.features.algorithms`."""
 
 from shardverify.collectives.functional import (
     all_gather,

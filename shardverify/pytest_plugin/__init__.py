@@ -92,7 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # OpenMP team wait on members whose core another worker holds
         torch.set_num_threads(threads)
     if config.getoption("hypothesis_profile", None) is None:
-        from shardverify.explore import load_profile
+        from shardverify.features.explore import load_profile
 
         load_profile()   # $SV_HYPOTHESIS_PROFILE, default "ci": bounded, derandomized, no deadline
     config.pluginmanager.register(_SkipSummary(), "shardverify-skip-summary")
@@ -302,12 +302,12 @@ def sv_backend(request: pytest.FixtureRequest,
 @pytest.fixture
 def parallel_plan(sv_backend_pool: BackendPool) -> Callable[..., object]:
     """`parallel_plan(model, plan, mesh=(2,), **options)`: "my plan equals the single device" as one
-    test. Runs :func:`shardverify.parallelize.check_parallelize` and fails the test with the verdict,
+    test. Runs :func:`shardverify.features.parallelize.check_parallelize` and fails the test with the verdict,
     the first culprit and the values outside their budget unless the run is right; returns the
     result. In-process runs always run; a run on gloo processes (a 2-D mesh, ``backend="gloo"``)
     only with AUTO_PARALLEL=1, as multi-process tests do."""
-    from shardverify.parallelize import check_parallelize
-    from shardverify.parallelize.report import render
+    from shardverify.features.parallelize import check_parallelize
+    from shardverify.features.parallelize.report import render
 
     def check(model, plan, mesh: Sequence[int] = (2,), **options):
         __tracebackhide__ = True

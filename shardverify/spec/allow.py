@@ -43,7 +43,7 @@ __all__ = ["ZOO_MODULES", "MODEL_MODULES", "TEST_FOLDERS", "RULE", "project_of",
            "process_refusal", "resolve_allowed", "call_factory"]
 
 #: shardverify's own modules of models and collectives that specs may name
-ZOO_MODULES = ("shardverify.plan.zoo", "shardverify.ddp.zoo", "shardverify.algorithms.implementations",
+ZOO_MODULES = ("shardverify.plan.zoo", "shardverify.features.ddp.zoo", "shardverify.features.algorithms.implementations",
                "shardverify.collectives.functional")
 #: where the model classes a spec may name without any setting are defined
 MODEL_MODULES = ("torch.nn", "transformers")

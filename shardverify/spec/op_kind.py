@@ -138,11 +138,11 @@ def render_op_spec(spec: OpSpec, renderer: TemplateRenderer) -> dict[str, str]:
                            simulated=simulated_runs(cases, spec.verify.meshes),
                            process=process_runs(cases, spec.verify.meshes))
     outputs = {f"{HANDLER_DIR}/{spec.name}.py": handler, f"{TEST_DIR}/test_{spec.name}.py": test}
-    # --- property tests (shardverify.explore): hypothesis beyond the listed grid ---
+    # --- property tests (shardverify.features.explore): hypothesis beyond the listed grid ---
     if spec.verify.explore:
         outputs[f"{TEST_DIR}/test_{spec.name}_properties.py"] = renderer.render("op_property_test.py.j2", spec=spec)
     # --- end property tests ---
-    # --- completeness audit (shardverify.audit): no valid strategy missing ---
+    # --- completeness audit (shardverify.features.audit): no valid strategy missing ---
     meshes = [] if spec.audit_skip else spec.audit_meshes or audit_meshes(spec.verify.meshes)
     if meshes:
         # the runs of the simulated backend's rule: the capture tells targets apart, the layouts

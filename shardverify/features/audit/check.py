@@ -1,0 +1,52 @@
+"""The audit as a test: generated ``test_<op>_audit.py`` modules call these, so a spec change
+that drops a valid strategy (or a generator that stops offering one) fails CI with the
+combinations it lost."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from shardverify.features.audit.run import CaseAudit, audit_case
+
+__all__ = ["audit_generated_case", "assert_complete"]
+
+_LOCK = threading.Lock()
+_SPECS: dict = {}
+
+
+def _spec(root: Path, spec_path: str):
+    from shardverify.spec.catalogue import load_op_specs
+
+    key = (str(root), spec_path)
+    with _LOCK:
+        if key not in _SPECS:
+            _SPECS[key] = load_op_specs(root, None, [str(root / spec_path)])[0]
+        return _SPECS[key]
+
+
+def audit_generated_case(root: Path | str, spec_path: str, case_id: str, mesh_shape) -> CaseAudit:
+    """Audit case ``case_id`` of the spec at ``root/spec_path`` (read now, so the test checks the
+    spec as it is on disk) on ``mesh_shape``."""
+    spec = _spec(Path(root), spec_path)
+    for case_spec, (cid, case) in zip(spec.cases(), spec.op_cases()):
+        if cid == case_id:
+            return audit_case(spec, cid, case, tuple(mesh_shape), dict(case_spec.point))
+    raise LookupError(f"{spec_path} has no case {case_id!r}; run `shardverify generate`")
+
+
+def assert_complete(result: CaseAudit, show: int = 30) -> None:
+    """AssertionError listing the incorrect strategies and the new missing combinations."""
+    __tracebackhide__ = True
+    if not result.failed:
+        return
+    lines = [f"audit of {result.op} {result.case} on mesh {list(result.mesh)}: {len(result.incorrect)} incorrect, "
+             f"{len(result.missing)} missing outside the spec's `audit: accept:` list"]
+    if result.error:
+        lines.append(f"  error: {result.error}")
+    for finding in (result.incorrect + result.missing)[:show]:
+        lines.append(f"  {finding.kind}: {finding.line}")
+    extra = len(result.incorrect) + len(result.missing) - show
+    if extra > 0:
+        lines.append(f"  ... {extra} more: shardverify audit {result.op} --mesh {','.join(map(str, result.mesh))}")
+    raise AssertionError("\n".join(lines))

@@ -1,0 +1,451 @@
+"""The audit's numerical decision: does an op, run on every rank's local inputs with no
+communication, produce a consistent output layout, and which one?
+
+Everything happens in one thread: one float64 reference per case, every rank's local
+inputs cut from it (partial values split into random pieces that reduce to it), the op called
+once per rank, the local outputs compared with the reference under each candidate output
+layout. No backend, no collectives, no process: deciding a combination costs a few local op
+calls, which is what makes enumerating every layout combination affordable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from shardverify.features.audit.layouts import REDUCE_OPS, _shardings, _subsets
+from shardverify.sharding.blocks import nested_block
+from shardverify.sharding.pieces import partial_pieces
+from shardverify.sharding.indexing import shift_into_shard, zero_outside_shard
+from shardverify.sharding.layout import Layout
+from shardverify.sharding.mesh import DeviceMesh
+from shardverify.spec.case import OpCase
+from shardverify.features.audit.local_call import call_with_backward, mixed_dtypes, output_scale, widened
+from shardverify.capture.call import call_op
+from shardverify.verify.reference import reference
+from shardverify.verify.memory import check_case_memory
+from shardverify.verify.tolerance import Tolerance, is_close
+
+__all__ = ["Operand", "Problem", "Outcome", "prepare", "lone_value_draws"]
+
+# float64 throughout: reordered sums differ by ~1e-15, a wrong layout by O(1).
+RTOL = 1e-9
+ATOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One tensor the op takes: its strategy name, role, call locator and shape."""
+
+    name: str
+    role: str
+    locator: tuple[str, object]
+    shape: tuple[int, ...]
+    floating: bool
+    optional: bool = False
+    complex: bool = False          # a complex tensor: a partial sum, never a partial max or min
+    boolean: bool = False          # a bool tensor: also decided with one True, one False element (lone_value_draws)
+    constant: bool = False         # the op takes no gradient for it (a running statistic: constant_operands)
+
+    @property
+    def differentiable(self) -> bool:
+        """A gradient leaf where the op runs with its backward (the DTensor harness, its repros)."""
+        return self.floating and not self.constant
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The decision for one combination: the output layouts, or why there is none."""
+
+    outputs: tuple[Layout, ...] | None
+    reason: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return self.outputs is not None
+
+
+@dataclass
+class Problem:
+    """One case on one mesh, ready to decide combinations of its operands' layouts."""
+
+    case: OpCase
+    mesh: DeviceMesh
+    operands: tuple[Operand, ...]
+    node: object
+    module: object
+    values: dict
+    outputs: tuple[torch.Tensor, ...]
+    out_index: tuple[int, ...] = (0,)   # the tuple elements audited (the spec's output operands)
+    seed: int = 0
+    # the call argument the ranks set to the first output's local shape (a view's shape) or to
+    # a run of it (unflatten's sizes), and that run; None without one
+    shape_arg: tuple[tuple[str, object], slice] | None = None
+    # other per-rank local arguments the strategies pass (a conv's groups), tried in turn
+    local_choices: list = field(default_factory=list)
+    _coords: list = field(default_factory=list)
+    _local: dict = field(default_factory=dict)
+    _first: dict = field(default_factory=dict)
+    _pieces: dict = field(default_factory=dict)
+    _shape_errors: dict = field(default_factory=dict)
+    _candidates: dict = field(default_factory=dict)
+    _tols: tuple = ()
+    _targets: dict = field(default_factory=dict)
+    _groups: dict = field(default_factory=dict)
+    _finiteness: dict = field(default_factory=dict)
+    decided: int = 0
+
+    def __post_init__(self) -> None:
+        self._coords = [self.mesh.coordinate(r) for r in self.mesh.ranks]
+        self._tols = tuple(Tolerance(RTOL, ATOL * output_scale(y)) for y in self.outputs)
+
+    # ---- local inputs -----------------------------------------------------------------
+    def _index(self, rank: int, axes: Sequence[int]) -> int:
+        coord, index = self._coords[rank], 0
+        for axis in axes:
+            index = index * self.mesh.shape[axis] + coord[axis]
+        return index
+
+    def slices(self, layout: Layout, shape: Sequence[int], rank: int) -> tuple[slice, ...]:
+        """The block ``rank`` holds, cut as DTensor cuts it (uneven blocks, any shard order)."""
+        coord, out = self._coords[rank], []
+        for size, axes in zip(shape, layout.dims):
+            if not axes:
+                out.append(slice(None))
+                continue
+            start, length = nested_block(size, [(self.mesh.shape[a], coord[a]) for a in axes])
+            out.append(slice(start, start + length))
+        return tuple(out)
+
+    def local_shapes(self, layout: Layout, shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """Every rank's block shape under ``layout``."""
+        key = ("blocks", layout.dims, tuple(shape))
+        if key not in self._candidates:
+            self._candidates[key] = tuple(
+                tuple(size if s.start is None else s.stop - s.start
+                      for size, s in zip(shape, self.slices(layout, shape, rank)))
+                for rank in self.mesh.ranks)
+        return self._candidates[key]
+
+    def _piece(self, operand: Operand, layout: Layout, rank: int) -> torch.Tensor:
+        """The full-size value this rank holds before sharding: the value, zeros when absent,
+        or one random piece of a partial value (the pieces of a group reduce to the value)."""
+        value = self.values[operand.locator]
+        if layout.absent:
+            return torch.zeros_like(value)
+        if not layout.partial:
+            return value
+        key = (operand.name, layout.partial, layout.reduce)
+        if key not in self._pieces:
+            n = math.prod(self.mesh.shape[a] for a in layout.partial)
+            self._pieces[key] = partial_pieces(value, n, self.seed + 7919 * len(self._pieces) + 1, layout.reduce)
+        return self._pieces[key][self._index(rank, layout.partial)]
+
+    def local(self, position: int, layout: Layout) -> list[torch.Tensor]:
+        """Every rank's local input for operand ``position`` in ``layout`` (cached): a contiguous
+        tensor with storage of its own, as a rank holds it (and as ``verify`` passes it), not a
+        view of the full value (native_group_norm refuses a strided input, which made a channel
+        shard look invalid here while ``verify`` passed it; as_strided read the whole storage
+        through a view, so a sharded input looked replicated)."""
+        key = (position, layout)
+        if key not in self._local:
+            operand = self.operands[position]
+            self._local[key] = [self._piece(operand, layout, r)[self.slices(layout, operand.shape, r)]
+                                .clone(memory_format=torch.contiguous_format)
+                                for r in self.mesh.ranks]
+        return self._local[key]
+
+    def known_refusal(self, combo: Sequence[Layout]) -> Outcome | None:
+        """The outcome of ``combo`` where the op already refused its local input shapes (see
+        :meth:`run`), counted as decided; None where that is not known (or where the ranks pass
+        arguments of their own, which :meth:`decide` tries in turn)."""
+        if self.shape_arg is not None or self.local_choices:
+            return None
+        reason = self._shape_errors.get(self._refusal_key(combo, {}, ()))
+        if reason is None:
+            return None
+        self.decided += 1
+        return Outcome(None, reason)
+
+    def _refusal_key(self, combo: Sequence[Layout], arguments: dict, masked: Sequence[tuple[int, int, int]]) -> tuple:
+        """What a refusal of the op is remembered by (rank 0's local shapes and arguments, the masking)."""
+        return (tuple(self._first_shape(i, layout) for i, layout in enumerate(combo)),
+                tuple(arguments.items()), tuple(masked))
+
+    def _first_shape(self, position: int, layout: Layout) -> tuple[int, ...]:
+        """Rank 0's local input shape for operand ``position`` in ``layout`` (cached: most
+        combinations are refused by these shapes alone, see :meth:`run`)."""
+        key = (position, layout)
+        found = self._first.get(key)
+        if found is None:
+            found = self._first[key] = tuple(self.local(position, layout)[0].shape)
+        return found
+
+    # ---- running the op ---------------------------------------------------------------------
+    def run(self, combo: Sequence[Layout], arguments: dict | None = None,
+            masked: Sequence[tuple[int, int, int]] = ()) -> list[tuple[torch.Tensor, ...]] | str:
+        """Every rank's local outputs for ``combo`` (one layout per operand), or why the op failed;
+        ``arguments``: non-tensor call arguments every rank passes instead of the recorded ones
+        (a list: each rank's own);
+        ``masked``: (ids operand, table operand, table dim) whose ids each rank shifts into its
+        rows of the table, zeroing the first output of the ids it does not hold (IndexShard)."""
+        per_rank = arguments if isinstance(arguments, list) else [arguments or {}] * self.mesh.size
+        shapes = self._refusal_key(combo, per_rank[0], masked)
+        if (refused := self._shape_errors.get(shapes)) is not None:
+            return refused
+        locals_ = [self.local(i, layout) for i, layout in enumerate(combo)]
+        results = []
+        for rank in self.mesh.ranks:
+            values = {op.locator: t[rank] for op, t in zip(self.operands, locals_)}
+            values.update(per_rank[rank])
+            outside = []
+            for ids, table, dim in masked:
+                rows = self.slices(combo[table], self.operands[table].shape, rank)[dim]
+                size = (rows.stop if rows.stop is not None else self.operands[table].shape[dim]) - (rows.start or 0)
+                loc = self.operands[ids].locator
+                values[loc], mask = shift_into_shard(values[loc], rows.start or 0, size)
+                outside.append(mask)
+            empty = any(t[rank].numel() == 0 for t in locals_)
+            try:
+                if empty:   # a kernel may take an empty block forward and refuse it backward
+                    out = call_with_backward(self.node, self.module, values)
+                else:
+                    with torch.no_grad():
+                        out = call_op(self.node, self.module, values)
+            except Exception as exc:  # the op refuses these local inputs: not a valid combination
+                reason = f"the local op fails: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                # Rank 0 holds the first shard of every layout; what it refuses is a matter of
+                # local shapes (mismatched contraction, broadcast), so every combination with
+                # the same local shapes is refused without running it again.
+                if rank == 0:
+                    self._shape_errors[shapes] = reason
+                return reason
+            out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            for mask in outside:
+                out = (zero_outside_shard(out[0], mask),) + out[1:]
+            results.append(out)
+        return results
+
+    def target(self, combo: Sequence[Layout]) -> tuple[torch.Tensor, ...]:
+        """The full outputs the ranks must form: the reference, or with an absent (post-added)
+        operand the op on the full values with zeros there (the operand is added afterwards)."""
+        absent = tuple(i for i, layout in enumerate(combo) if layout.absent)
+        if not absent:
+            return self.outputs
+        if absent not in self._targets:
+            values = dict(self.values)
+            for i in absent:
+                loc = self.operands[i].locator
+                values[loc] = torch.zeros_like(values[loc])
+            with torch.no_grad():
+                out = call_op(self.node, self.module, values)
+            out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            self._targets[absent] = tuple(widened(o) for o in out)
+        return self._targets[absent]
+
+    def post_addable(self, position: int, dims: Sequence[int] | None = None) -> bool:
+        """Can operand ``position`` be left out of the op (zeros passed) and added to the first
+        output afterwards? Only then is its "absent" layout meaningful: a bias is, ``mul``'s
+        other factor is not (the op with zeros there gives zeros, which any layout "forms").
+        Decided numerically, never taken from the spec: ``dims`` (a strategy's PostAdd) maps
+        operand dim i to output dim dims[i]; without it every alignment is tried (right-aligned
+        broadcasting, or a 1-D operand on any output dim of its size)."""
+        operand, ref = self.operands[position], self.outputs[0]
+        if not operand.floating or not ref.is_floating_point():
+            return False
+        without = self.target([Layout(((),) * len(operand.shape), absent=(i == position))
+                               for i in range(len(self.operands))])[0]
+        value = self.values[operand.locator].to(torch.float64)
+        if dims is not None:
+            options = [tuple(dims)]
+        else:
+            options = [tuple(range(ref.dim() - value.dim(), ref.dim()))] if value.dim() <= ref.dim() else []
+            if value.dim() == 1:
+                options += [(d,) for d in range(ref.dim()) if ref.shape[d] == value.shape[0]]
+        for option in options:
+            if len(option) != value.dim() or any(not 0 <= d < ref.dim() for d in option):
+                continue
+            shape = [1] * ref.dim()
+            for i, d in enumerate(option):
+                shape[d] = value.shape[i]
+            try:
+                if self._close(without + value.reshape(shape), ref, 0, None):
+                    return True
+            except RuntimeError:   # the operand does not broadcast that way
+                continue
+        return False
+
+    def decide(self, combo: Sequence[Layout], masked: Sequence[tuple[int, int, int]] = ()) -> Outcome:
+        self.decided += 1
+        if self.shape_arg is None:
+            outcome = self._decide(combo, None, masked)
+            for arguments in self.local_choices if not outcome.valid else ():
+                found = self._decide(combo, arguments, masked)
+                if found.valid:
+                    return found
+            return outcome
+        # a view told its output shape: each local output shape a layout of the output can have
+        # is passed in turn, and the first that the ranks' outputs form is the combination's
+        outcome = Outcome(None, "no local output shape fits")
+        for arguments in self._shape_arguments():
+            outcome = self._decide(combo, list(arguments), masked)
+            if outcome.valid:
+                return outcome
+        return outcome
+
+    def shape_arguments(self, layout: Layout) -> list[dict]:
+        """Each rank's shape argument when the first output is laid out ``layout``: that part of
+        its own block's shape."""
+        locator, part = self.shape_arg
+        return [{locator: shape[part]} for shape in self.local_shapes(layout, self.outputs[0].shape)]
+
+    def _shape_arguments(self) -> list[tuple[dict, ...]]:
+        """Every distinct per-rank set of shape arguments an output layout gives."""
+        if "shapes" not in self._candidates:
+            ref = self.outputs[0]
+            found: dict = {}
+            for dims in _shardings(tuple(ref.shape), self.mesh.shape):
+                arguments = self.shape_arguments(Layout(dims))
+                found.setdefault(tuple(tuple(a.items()) for a in arguments), tuple(arguments))
+            self._candidates["shapes"] = list(found.values())
+        return self._candidates["shapes"]
+
+    def _decide(self, combo: Sequence[Layout], arguments: dict | None,
+                masked: Sequence[tuple[int, int, int]] = ()) -> Outcome:
+        outs = self.run(combo, arguments, masked)
+        if isinstance(outs, str):
+            return Outcome(None, outs)
+        found = []
+        refs = self.target(combo)
+        for k in self.out_index:
+            mixed = mixed_dtypes([o[k] for o in outs])
+            if mixed:
+                which = "the output" if len(self.outputs) == 1 else f"output {k}"
+                return Outcome(None, f"the ranks' blocks of {which} differ in dtype ({mixed})")
+            layout = self.detect([o[k] for o in outs], k, refs[k])
+            if layout is None:
+                which = "the output" if len(self.outputs) == 1 else f"output {k}"
+                return Outcome(None, f"{which} matches no sharded, replicated or partial layout")
+            found.append(layout)
+        return Outcome(tuple(found))
+
+    # ---- output layouts --------------------------------------------------------------------
+    def _close(self, actual: torch.Tensor, expected: torch.Tensor, k: int, finite: bool | None) -> bool:
+        """verify's rule (``compare``), so both agree on what is correct: finite values within
+        the float64 tolerance, inf and NaN exactly where the reference has them; ``finite``:
+        whether ``expected`` is, when known (checked once per reference, not per rank)."""
+        return is_close(actual, expected, self._tols[k], finite=finite)
+
+    def _finite(self, ref: torch.Tensor) -> bool:
+        """Is the reference ``ref`` all finite? Remembered per tensor (kept alive with its answer,
+        so its id stays its own): each is checked once, not once per layout it is matched in."""
+        known = self._finiteness.get(id(ref))
+        if known is None or known[0] is not ref:
+            known = self._finiteness[id(ref)] = (ref, bool(torch.isfinite(ref).all()))
+        return known[1]
+
+    def holds(self, tensors: Sequence[torch.Tensor], layout: Layout, k: int, ref: torch.Tensor) -> bool:
+        """Do the ranks' local outputs ``tensors`` form ``ref`` (output ``k``) in ``layout``?
+        Never where their dtypes differ: a sharded tensor has one dtype (native_dropout's mask
+        comes back float, not bool, on a rank whose block is empty)."""
+        if len(layout.dims) != ref.dim() or mixed_dtypes(tensors):
+            return False
+        if tuple(tuple(t.shape) for t in tensors) != self.local_shapes(layout, ref.shape):
+            return False
+        finite = self._finite(ref)
+        if not layout.partial:
+            return all(self._close(t, ref[self.slices(layout, ref.shape, r)], k, finite)
+                       for r, t in enumerate(tensors))
+        if layout.partial not in self._groups:
+            self._groups[layout.partial] = self.mesh.groups(layout.partial)
+        for group in self._groups[layout.partial]:
+            stacked = torch.stack([widened(tensors[r]) for r in group])
+            reduced = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
+                       "min": lambda s: s.amin(0)}
+            value = reduced[layout.reduce](stacked)
+            if not self._close(value, ref[self.slices(layout, ref.shape, group[0])], k, finite):
+                return False
+        return True
+
+    def _candidate_dims(self, k: int, shapes: tuple[tuple[int, ...], ...]) -> list[tuple[tuple[int, ...], ...]]:
+        """The output shardings whose every rank's block has the shape that rank's output has."""
+        key = (k, shapes)
+        if key not in self._candidates:
+            ref = self.outputs[k]
+            self._candidates[key] = [dims for dims in _shardings(tuple(ref.shape), self.mesh.shape)
+                                     if self.local_shapes(Layout(dims), ref.shape) == shapes]
+        return self._candidates[key]
+
+    def detect(self, tensors: Sequence[torch.Tensor], k: int, ref: torch.Tensor) -> Layout | None:
+        """The simplest layout the local outputs form: sharded/replicated, else a partial
+        sum, max or min over the fewest free mesh axes."""
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        if any(len(shape) != self.outputs[k].dim() for shape in shapes):
+            return None
+        candidates = self._candidate_dims(k, shapes)
+        for dims in candidates:
+            if self.holds(tensors, Layout(dims), k, ref):
+                return Layout(dims)
+        for dims in candidates:
+            free = [a for a in range(self.mesh.ndim)
+                    if self.mesh.shape[a] > 1 and all(a not in axes for axes in dims)]
+            for reduce in REDUCE_OPS:
+                if reduce != "sum" and not tensors[0].is_floating_point():
+                    continue
+                for axes in _subsets(free):
+                    layout = Layout(dims, axes, reduce)
+                    if self.holds(tensors, layout, k, ref):
+                        return layout
+        return None
+
+
+def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
+            out_index: Sequence[int] = (0,)) -> Problem:
+    """The float64 reference of ``case`` and the op's node, ready for :meth:`Problem.decide`; a
+    case estimated over MAX_CASE_BYTES is refused before its reference is computed."""
+    check_case_memory(case, tuple(mesh.shape))
+    ref = reference(case, torch.float64, torch.device("cpu"))
+    node = ref.node
+    module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
+    values = {loc: v.detach() for loc, v in ref.values.items()}
+    outputs = tuple(widened(o) for o in ref.outputs)
+    return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed)
+
+
+
+def lone_value_draws(problem: Problem) -> tuple[list[Problem], list[str]]:
+    """``problem`` with every bool operand redrawn all False but one True element, and all True
+    but one False (none without a bool operand), and a note for each draw the op refuses.
+
+    Drawn half True, a bool operand saturates a reduction: ``any`` over every block of ten or
+    more elements is True (``all`` False), so each rank's local ``any`` over a sharded reduced
+    dim equals the whole one and the combination looks valid with a replicated output (any_dims
+    on (2, 3)). With one True element, every block without it gives False: such a combination
+    fails, while a valid one holds on any data, so it must hold on these draws too."""
+    flags = [o for o in problem.operands if o.boolean]
+    if not flags:
+        return [], []
+    gen = torch.Generator().manual_seed(problem.seed + 104729)
+    lone = {o.locator: int(torch.randint(0, max(1, math.prod(o.shape)), (1,), generator=gen)) for o in flags}
+    draws: list[Problem] = []
+    notes: list[str] = []
+    for rest in (False, True):
+        values = dict(problem.values)
+        for operand in flags:
+            value = torch.full(operand.shape, rest, dtype=torch.bool)
+            value.view(-1)[lone[operand.locator]] = not rest
+            values[operand.locator] = value
+        try:
+            with torch.no_grad():
+                out = call_op(problem.node, problem.module, values)
+        except Exception as exc:  # the op refuses this data: decided on the others, and said
+            notes.append(f"the op refuses bool operands all {rest} but one element, so combinations are decided "
+                         f"without that draw ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+            continue
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        draws.append(Problem(problem.case, problem.mesh, problem.operands, problem.node, problem.module, values,
+                             tuple(widened(o) for o in out), problem.out_index, seed=problem.seed))
+    return draws, notes
