@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given
 
-from shardverify import explore
+from shardverify.features import explore
 
 SPEC = explore.load_spec(Path(__file__).resolve().parents[1] / 'specs/einsum.yaml', display='specs/einsum.yaml')
 # sv_backend is a per-test factory over session-cached backends: safe to share across examples.

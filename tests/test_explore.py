@@ -16,7 +16,7 @@ import pytest
 from hypothesis import find, given, settings
 from hypothesis.errors import NoSuchExample
 
-from shardverify import explore
+from shardverify.features import explore
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.backends import get_backend
 from shardverify.cli.main import main

@@ -19,7 +19,7 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
-from shardverify import explore
+from shardverify.features import explore
 from shardverify.backends import get_backend
 from shardverify.spec.op_kind import HANDLER_DIR, render_op_spec
 from shardverify.codegen.render import Renderer

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
-from shardverify import explore
+from shardverify.features import explore
 from shardverify.backends import SimulatedBackend
 from shardverify.cli.main import main
 from shardverify.codegen.render import Renderer

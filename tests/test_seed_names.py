@@ -143,6 +143,7 @@ def test_the_rules_engine_offers_exactly_the_layouts_sum_follows(mesh_shape):
     import dataclasses
 
     from shardverify.strategies.handlers import base
+    from shardverify.strategies.rules.sources import parse_rule
 
     def layouts(vector):
         return {(tuple((n, str(spec.sharding_sequence)) for n, spec in s.sharding_specs),
@@ -152,8 +153,8 @@ def test_the_rules_engine_offers_exactly_the_layouts_sum_follows(mesh_shape):
     mesh = DeviceMesh(mesh_shape)
     following = strategies_for_node(seed_graph((0, 2), False), "sum_1", mesh)
     handler, = base._REGISTRY[torch.sum]
-    rules = dataclasses.replace(handler, generator="rules", options=(
-        ("reduce_dims_param", "dim"), ("keepdim_param", "keepdim"), ("reduce_op", "sum"), ("linear_in", ("input",))))
+    rules = dataclasses.replace(handler, generator="rules", rule=parse_rule(
+        {"reduce_dims_param": "dim", "keepdim_param": "keepdim", "reduce_op": "sum", "linear_in": ("input",)}))
     base._REGISTRY[torch.sum] = (rules,)
     try:
         by_rules = strategies_for_node(seed_graph((0, 2), False), "sum_1", mesh)

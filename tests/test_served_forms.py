@@ -11,6 +11,7 @@ import dataclasses
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +20,10 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from shardverify import DeviceMesh
 from shardverify.errors import ShardVerifyError
+from shardverify.spec.catalogue import load_op_specs
 from shardverify.strategies.for_node import strategies_for_node
 from shardverify.strategies.handlers.base import register_handler, registered_handlers, unregister_handler
+from shardverify.strategies.rules.sources import parse_rule
 from shardverify.verify.on_demand import OnDemandVerifier, verify_node
 
 F = torch.nn.functional
@@ -119,10 +122,11 @@ def _planted(name: str, **options: object) -> Iterator[None]:
     """The shipped handler ``name`` replaced by one whose rule has ``options`` in place of its own
     (a value of None drops the option)."""
     shipped = registered_handlers()[name]
-    kept = {key: value for key, value in shipped.options if key not in options}
-    changed = tuple(kept.items()) + tuple((k, v) for k, v in options.items() if v is not None)
+    spec, = load_op_specs(Path(__file__).resolve().parents[1], None, [name])
+    kept = {key: value for key, value in spec.options if key not in options}
+    changed = kept | {k: v for k, v in options.items() if v is not None}
     unregister_handler(name)
-    register_handler(dataclasses.replace(shipped, options=changed, spec_file=f"specs/planted_{name}.yaml"))
+    register_handler(dataclasses.replace(shipped, rule=parse_rule(changed), spec_file=f"specs/planted_{name}.yaml"))
     try:
         yield
     finally:

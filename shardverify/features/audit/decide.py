@@ -1,12 +1,11 @@
 """The audit's numerical decision: does an op, run on every rank's local inputs with no
 communication, produce a consistent output layout, and which one?
 
-Everything happens in one thread: one float64 reference per case, every rank's local
-inputs cut from it (partial values split into random pieces that reduce to it), the op called
-once per rank, the local outputs compared with the reference under each candidate output
-layout. No backend, no collectives, no process: deciding a combination costs a few local op
-calls, which is what makes enumerating every layout combination affordable.
-"""
+Everything happens in one thread: one float64 reference per case, every rank's local inputs cut
+from it (partial values split into random pieces that reduce to it), the op called once per rank,
+the local outputs compared with the reference under each candidate output layout. No backend, no
+collectives, no process: deciding a combination costs a few local op calls, which is what makes
+enumerating every layout combination affordable."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Property-based exploration of an op spec with hypothesis, beyond the grid its author listed:
 ``draw`` derives examples (sizes, with ``params`` and ``meshes``) from the spec under a hypothesis
 ``profiles`` setting, ``search`` verifies what is drawn.
-``from shardverify import explore`` gives both (the generated property tests use it so)."""
+``from shardverify.features import explore`` gives both (the generated property tests use it so)."""
 
 from shardverify.features.explore.draw import SIZES, Example, SizeSlot, examples, load_spec, size_groups
 from shardverify.features.explore.meshes import DEFAULT_MESH_MAX_SIZE, MAX_MESH_SIZE, all_mesh_shapes, mesh_shapes, world_size
