@@ -59,19 +59,20 @@ def py_dotted(value: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSource:
-    """A value of the package's op model as Python source: the expression, and the classes it
-    names as (module, name) pairs, for the generated module to import."""
+    """A value of the op model as Python source: the expression, and the classes it names as
+    (module, name) pairs, for the generated module to import."""
 
     text: str
     imports: tuple[tuple[str, str], ...]
 
 
 def py_model(value: Any, indent: int | None = None) -> ModelSource:
-    """Source of a value of the op model: a frozen dataclass of this package as a call of its
-    class with every field that differs from its default (nested ones alike), or a plain
-    literal (:func:`py_literal`). A class is named only where it is importable as itself from
-    its module (a family's options class, registered in code), so the source rebuilds that very
-    class; anything else is refused. ``indent``: the outer call's arguments one a line, at that indentation."""
+    """Source of a value of the op model (a spec's declarations, its parsed rule): a frozen
+    dataclass as a call of its class with every field that differs from its default (nested ones
+    alike), or a plain literal (:func:`py_literal`). A class is named only where it is importable
+    as itself from its module (the rule's classes, a family's options class registered in code),
+    so the source rebuilds that very class; anything else is refused. ``indent``: the outer
+    call's arguments one a line, at that indentation."""
     imports: set[tuple[str, str]] = set()
     return ModelSource(_model_text(value, imports, indent), tuple(sorted(imports)))
 
