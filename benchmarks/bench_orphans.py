@@ -128,10 +128,11 @@ def stop_and_watch(run: str, sig: str, within: float, ignore_shm: bool,
         if proc.poll() is not None:
             return None, f"the run ended (exit {proc.returncode}) before the stop: choose a longer one"
         (os.killpg if group else os.kill)(proc.pid, signum)
-        try:
-            proc.wait(timeout=120)   # a hang guard: a run that outlives it is reported with what it said
+        ends_within = max(120.0, within)   # a hang guard, as wide as --within: on a loaded machine a run
+        try:                               # stopped while its workers start (xdist's nodes) takes minutes
+            proc.wait(timeout=ends_within)   # a run that outlives it is reported with what it said
         except subprocess.TimeoutExpired:
-            return None, (f"still running 120 s after {sig} (its session's processes: "
+            return None, (f"still running {ends_within:g} s after {sig} (its session's processes: "
                           f"{sorted(session_processes(proc.pid))}): {said()[-1500:]}")
         killed = time.monotonic()
         text = said()
