@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib.machinery
 import importlib.util
 import inspect
@@ -71,8 +72,10 @@ def under(name: str, modules: tuple[str, ...]) -> bool:
     return any(name == m or name.startswith(f"{m}.") for m in modules)
 
 
+@functools.cache
 def _installed() -> tuple[Path, ...]:
-    """Folders of Python itself, installed packages and shardverify: never the user's own."""
+    """Folders of Python itself, installed packages and shardverify: never the user's own (the
+    interpreter's, so found once a process)."""
     paths = [*(sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")),
              *site.getsitepackages(), site.getusersitepackages(), str(Path(__file__).resolve().parents[1])]
     return tuple(Path(p).resolve() for p in paths if p)

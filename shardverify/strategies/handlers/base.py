@@ -3,7 +3,7 @@ sit in the call, and which generic strategy generator builds its strategies; and
 that holds them by target.
 
 Generated handler modules (``handlers/generated/``) only call :func:`register_handler`;
-all op knowledge lives in the :class:`HandlerDef` and the generator options. Reading a call's
+all op knowledge lives in the :class:`HandlerDef` and the rule it holds as parsed. Reading a call's
 operands and parameters is :mod:`~shardverify.strategies.handlers.call_values`; which handler
 serves a call, and whether its grid verified it, :mod:`~shardverify.strategies.handlers.serving`.
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from shardverify.errors import HandlerError
-from shardverify.strategies.declarations import OPERAND_KINDS, OperandDecl, ParamDecl
+from shardverify.strategies.declarations import OperandDecl, ParamDecl
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from shardverify.strategies.options import ParsedOptions
 
 __all__ = [
-    "HandlerDef", "OperandDecl", "ParamDecl", "OPERAND_KINDS", "Computed", "register_handler", "unregister_handler",
+    "HandlerDef", "OperandDecl", "ParamDecl", "Computed", "register_handler", "unregister_handler",
     "registered_handlers", "candidates", "target_key", "bound_apart", "signature_apart", "comparable", "flags_apart",
 ]
 

@@ -56,10 +56,6 @@ class RuleSpec:
     refs: tuple[Ref, ...] = ()
     at: str = ""
 
-    def params_read(self) -> frozenset[str]:
-        """The call parameters the rule reads: it derives the layouts from their values."""
-        return frozenset(r.name for r in self.refs if r.kind == "param")
-
     def check_operands(self, operands: Sequence[OperandDecl]) -> None:
         self.source.check_operands(operands)
 
