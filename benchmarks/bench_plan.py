@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import sys
 import time
 
 import torch
 import yaml
 
-from shardverify.backends.calibration import fit_mesh, measure
+from shardverify.backends.calibration import fit_mesh, measure, measure_rate
 from shardverify.backends.process import ProcessBackend
 from shardverify.sharding.mesh import DeviceMesh
+from shardverify.plan.device import NOMINAL
 from shardverify.plan.execute import sharded_forward
 from shardverify.plan.model import Plan
 from shardverify.plan.recipe import TRACE_LOCK, ModelRecipe, traced
@@ -60,22 +62,12 @@ def rank_time_plan(comm, recipe: ModelRecipe, plan: Plan, steps: int = 5) -> flo
     return sum(seconds[1:]) / steps
 
 
-def rank_flop_rate(comm, size: int = 256, repeats: int = 5) -> float:
-    """Multiplies per second of a float32 matmul on this rank."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return repeats * size ** 3 / (time.perf_counter() - start)
-
-
 def calibrated_mesh(backend, repeats: int) -> tuple[DeviceMesh, float]:
     """The backend's mesh with per-axis alpha and beta fitted as `shardverify calibrate` fits
     them, and the slowest rank's multiply rate."""
     mesh = backend.mesh
     fits = fit_mesh(mesh.shape, measure(backend, PAYLOADS, repeats=repeats))
-    rate = min(backend.run(rank_flop_rate))
+    rate = measure_rate(backend)
     return DeviceMesh(mesh.shape, alpha=tuple(f.alpha for f in fits), beta=tuple(f.beta for f in fits)), rate
 
 
@@ -96,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     backend = ProcessBackend(mesh, backend="gloo")
     try:
         calibrated, rate = calibrated_mesh(backend, 3 if args.quick else 10)
+        # this machine as a device profile: its measured multiply rate (the links are the calibrated mesh's)
+        measured = dataclasses.replace(NOMINAL, name="measured", about="this machine's gloo ranks, measured",
+                                       multiply_adds_per_s=rate)
         print(f"calibrated: alpha {['%.3g' % a for a in calibrated.alpha]} s, beta "
               f"{['%.3g' % b for b in calibrated.beta]} s/B, {rate:.3g} multiplies/s "
               f"(defaults: alpha {mesh.alpha[0]:.3g}, beta {mesh.beta[0]:.3g}, 1e10)")
@@ -103,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         plans.append(("solver_calib", "calibrated"))
         for name, plan in plans:
             if plan == "calibrated":
-                chosen = make_plan(module, example, calibrated, None, flop_rate=rate)
+                chosen = make_plan(module, example, calibrated, None, device=measured)
             else:
                 chosen = make_plan(module, example, mesh, plan)
-            recosted = make_plan(module, example, calibrated, chosen.choices(), flop_rate=rate)
+            recosted = make_plan(module, example, calibrated, chosen.choices(), device=measured)
             same = next((r[0] for r, c in zip(rows, choices) if c == chosen.choices()), None)
             choices.append(chosen.choices())
             name = name if same is None else f"{name}(={same})"

@@ -93,8 +93,9 @@ def test_spearman():
 
 
 @pytest.mark.dist
-def test_calibrate_on_gloo_writes_a_loadable_file(tmp_path, capsys):
+def test_calibrate_on_gloo_writes_a_loadable_file(tmp_path, capsys, monkeypatch):
     from shardverify.cli.main import main
+    from shardverify.plan.device import device_profile
 
     path = tmp_path / "cal.json"
     assert main(["calibrate", "--backend", "gloo", "--mesh", "2,2", "--out", str(path), "--max-bytes", "4096",
@@ -103,5 +104,9 @@ def test_calibrate_on_gloo_writes_a_loadable_file(tmp_path, capsys):
     mesh = DeviceMesh.calibrated((2, 2), path=str(path))
     assert [a["alpha_s"] for a in report["axes"]] == list(mesh.alpha)
     assert all(a >= 0 for a in mesh.alpha + mesh.beta) and any(a > 0 for a in mesh.alpha + mesh.beta)
+    monkeypatch.setenv(ENV_VAR, str(path))      # plan --device calibrated: the links and the arithmetic measured
+    profile = device_profile("calibrated", (2, 2))
+    assert report["multiply_adds_per_s"] > 0 and profile.multiply_adds_per_s == report["multiply_adds_per_s"]
+    assert profile.mesh((2, 2)).beta == mesh.beta and "float32 matmul" in profile.about
     ranking = report["ranking"]
     assert len(ranking["strategies"]) > 10 and -1.0 <= ranking["spearman"] <= 1.0

@@ -24,7 +24,7 @@ from shardverify.sharding.mesh import DeviceMesh
 
 __all__ = ["ENV_VAR", "DEFAULT_PATH", "Sample", "AxisFit", "calibration_path", "fit_axis", "fit_mesh",
            "save_calibration", "load_calibration", "measure", "time_collectives", "time_traffic",
-           "replay_times", "spearman"]
+           "replay_times", "spearman", "rank_multiply_rate", "measure_rate"]
 
 #: collectives timed for the fit
 KINDS = ("all_reduce", "all_gather")
@@ -173,6 +173,23 @@ def measure(backend, payloads: Sequence[int], repeats: int = 10, warmup: int = 2
     per_rank = backend.run(time_collectives, tuple(payloads), repeats, warmup, timeout=600)
     return [Sample(axis, kind, payload, max(rank[i][3] for rank in per_rank))
             for i, (axis, kind, payload, _) in enumerate(per_rank[0])]
+
+
+def rank_multiply_rate(comm, size: int = 512, repeats: int = 5) -> float:
+    """Multiply-adds per second of a float32 matmul on this rank (the median of ``repeats`` runs)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        runs.append(time.perf_counter() - start)
+    return size ** 3 / statistics.median(runs)
+
+
+def measure_rate(backend) -> float:
+    """The slowest rank's multiply-adds per second: a step waits for it."""
+    return min(backend.run(rank_multiply_rate, timeout=600))
 
 
 def replay_times(backend, plans: Sequence[Sequence[tuple[str, tuple[int, ...], int]]], repeats: int = 10,

@@ -76,7 +76,7 @@ def rank_linear(backend, mesh, repeats: int) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from shardverify.backends import get_backend
-    from shardverify.backends.calibration import fit_mesh, measure, save_calibration
+    from shardverify.backends.calibration import fit_mesh, measure, measure_rate, save_calibration
     from shardverify.sharding.mesh import DeviceMesh
 
     if args.repeats < 1 or args.max_bytes < 1024:
@@ -90,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             samples = measure(backend, payload_sizes(args.max_bytes), repeats=args.repeats)
             fits = fit_mesh(mesh.shape, samples)
+            rate = measure_rate(backend)     # the arithmetic the `calibrated` device profile times nodes by
             dist, device = registry.wires(backend, args.backend)   # the collectives measured
-            path = save_calibration(mesh.shape, fits, backend=dist, device=device, path=args.out)
+            path = save_calibration(mesh.shape, fits, backend=dist, device=device, path=args.out,
+                                    multiply_adds_per_s=rate)
             calibrated = DeviceMesh.calibrated(mesh.shape, path=str(path))
             ranking = None if args.no_rank else rank_linear(backend, calibrated, args.repeats)
         finally:
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     except ShardVerifyError as exc:
         print(f"shardverify calibrate: {exc}", file=sys.stderr)
         return 1
-    report = {"mesh": list(mesh.shape), "backend": args.backend, "file": str(path),
+    report = {"mesh": list(mesh.shape), "backend": args.backend, "file": str(path), "multiply_adds_per_s": rate,
               "axes": [{"axis": f.axis, "alpha_s": f.alpha, "beta_s_per_byte": f.beta, "rel_rms": f.rel_rms,
                         "points": f.points} for f in fits],
               "samples": [{"axis": s.axis, "kind": s.kind, "payload_bytes": s.payload, "seconds": s.seconds}
@@ -113,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         bandwidth = f"{1 / f.beta / 1e9:.3g} GB/s" if f.beta else "inf"
         print(f"  axis {f.axis}: alpha {f.alpha * 1e6:.3g} us, beta {f.beta:.3g} s/B ({bandwidth}), "
               f"fit rel. RMS error {f.rel_rms:.2f} over {f.points} timings")
+    print(f"  arithmetic: {rate:.3g} multiply-adds/s (the slowest rank's float32 matmul); "
+          f"plan --device calibrated uses these figures")
     if ranking is not None:
         print(f"Linear strategies, {ranking['case']}: calibrated cost vs measured communication time")
         for row in sorted(ranking["strategies"], key=lambda r: r["predicted_s"]):

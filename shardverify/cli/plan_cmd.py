@@ -54,7 +54,25 @@ def add_parser(sub) -> None:
                              "are used: the model at that size is captured on fake tensors, nothing allocated)")
     names = registry.backend_names(registry.builds_any_mesh)   # refused by argparse, before any capture
     parser.add_argument("--backend", choices=names, default=registry.DEFAULT_KIND, help=registry.backend_help(names))
-    parser.add_argument("--memory-limit", type=parse_positive_int, help="bytes per device for the solver")
+    parser.add_argument("--memory-limit", type=parse_positive_int,
+                        help="bytes per device for the solver (default: the --device's memory; none for nominal)")
+    parser.add_argument("--device", default="nominal", metavar="PROFILE",
+                        help="the device the declared seconds and bytes are for: nominal (the default, not a real "
+                             "device), a100-80gb, h100-80gb, h200-141gb, or calibrated (links measured by "
+                             "'shardverify calibrate' for the mesh)")
+    parser.add_argument("--layers", type=parse_positive_int, default=1, metavar="N",
+                        help="the model runs its repeated block (layers.0, h.0...) N times: the captured copies are "
+                             "costed, run and held N times over (the real size's graph with --cost-size)")
+    parser.add_argument("--optimizer", choices=("adam", "sgd", "none"), default="adam",
+                        help="the optimizer state each weight carries in memory: adam (two float32 moments, the "
+                             "default), sgd (one momentum) or none")
+    parser.add_argument("--master-weights", action="store_true",
+                        help="count a float32 master copy of each weight held in a narrower dtype (mixed precision)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="activations recomputed per repeated block: one layer's held at a time, its forward "
+                             "run again in backward")
+    parser.add_argument("--cost-dtype", choices=("float32", "bfloat16", "float16"),
+                        help="the dtype the real size (--cost-size) trains in (default float32)")
     parser.add_argument("--min-sharded", type=int, default=0, metavar="N",
                         help="the solver's plan shards at least N nodes (on a small model the cheapest plan "
                              "is often all replicated, which checks no sharding)")
@@ -107,7 +125,9 @@ def _shape(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from shardverify.cli.progress import Progress
     from shardverify.plan.phases import PHASES, PhaseClock, cpu_seconds
+    from shardverify.plan.device import device_profile
     from shardverify.plan.verify import verify_plan
+    from shardverify.plan.workload import Workload
 
     started = cpu_seconds()   # the interpreter's start and the imports so far
     problem = html_problem(args.html)
@@ -121,11 +141,14 @@ def run(args: argparse.Namespace) -> int:
     quiet_tracing()   # a model that fails to trace is reported in one line, not torch's printed traceback
     try:
         model = _model(args, clock)
+        device = device_profile(args.device, model.mesh)
+        workload = Workload(args.layers, args.optimizer, args.master_weights, args.recompute)
         result = verify_plan(model.module, model.example, model.mesh, model.plan, backend=args.backend,
                              memory_limit=args.memory_limit, capture=model.capture, min_sharded=args.min_sharded,
                              shard_weights=args.shard_weights, data_parallel=args.data_parallel,
                              timeout=args.timeout, strict=model.strict,
-                             verified_only=args.verified_only, cost_size=model.cost_size, clock=clock)
+                             verified_only=args.verified_only, cost_size=model.cost_size, clock=clock,
+                             device=device, workload=workload)
     except (ShardVerifyError, OSError, KeyError, LookupError) as error:
         status.close()
         if args.debug:
@@ -176,6 +199,8 @@ def _model(args: argparse.Namespace, clock) -> _Model:
     zoo = args.spec.startswith("zoo:")
     capture = args.capture or ("export" if zoo else "auto")
     spec_zoo, strict, cost_size = "", args.strict, None
+    if args.cost_dtype and args.cost_size is None:
+        raise ShardVerifyError("--cost-dtype is the dtype of a zoo model's real size: give --cost-size too")
     if args.cost_size is not None and not zoo:
         raise ShardVerifyError("--cost-size names a zoo model's sizes (zoo:NAME); give a factory's real size "
                                "with --cost-kwarg and --cost-input")
@@ -190,7 +215,7 @@ def _model(args: argparse.Namespace, clock) -> _Model:
         mesh = _shape(args.mesh or "2,2")
         if args.cost_size is not None:
             with clock.phase("build"):
-                cost_size = real_size(args.spec[len("zoo:"):], _sizes(args.cost_size))
+                cost_size = real_size(args.spec[len("zoo:"):], _sizes(args.cost_size), args.cost_dtype)
     elif args.spec.endswith((".yaml", ".yml")):
         spec = parse_plan_spec(load_yaml(args.spec))
         factory, kwargs, inputs, where = spec.factory, spec.kwargs, spec.inputs, dict(spec.where)["factory"]

@@ -10,8 +10,10 @@ from torch import fx
 from shardverify.errors import StrategyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.graph import deferrable, edge_targets, element_layout, node_layouts, replicated_choice
-from shardverify.plan.model import FLOP_RATE, NodePlan, Plan, PlanCost
+from shardverify.plan.device import NOMINAL, DeviceProfile
+from shardverify.plan.model import NodePlan, Plan, PlanCost
 from shardverify.plan.problem import Option, PlanProblem
+from shardverify.plan.workload import Workload
 from shardverify.sharding.strategy import ShardingStrategy
 
 __all__ = ["build_plan", "assemble_plan"]
@@ -30,13 +32,13 @@ def _parse_choice(value, node: str, where: str) -> tuple[str, bool]:
 
 def build_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, choice: Mapping[str, object],
                options: Mapping[str, list[ShardingStrategy] | None] | None = None,
-               flop_rate: float = FLOP_RATE, where: str = "plan",
-               removed: Mapping[str, Mapping[str, str]] | None = None) -> Plan:
+               device: DeviceProfile = NOMINAL, where: str = "plan",
+               removed: Mapping[str, Mapping[str, str]] | None = None, workload: Workload = Workload()) -> Plan:
     """The plan for ``choice`` (node name -> strategy name). A node with strategies that
     ``choice`` omits takes its fully replicated strategy. ``removed``: node -> (strategy -> its first
     mismatch) of the strategies its rule yields that verification at the call took away, so a plan
     naming one is told why it is gone."""
-    problem = PlanProblem.of(graph_module, mesh, options, flop_rate)
+    problem = PlanProblem.of(graph_module, mesh, options, device, workload=workload)
     options = problem.options
     known = set(options)
     unknown = sorted(set(choice) - known)
@@ -81,7 +83,7 @@ def assemble_plan(problem: PlanProblem, chosen: Mapping[str, Option]) -> Plan:
     layouts: dict = {}
     nodes = []
     compute = communication = resharding = 0.0
-    memory = 0
+    memory = weights = 0
     for node in problem.graph.graph.nodes:
         strategy, deferred = chosen[node.name]
         reshards = tuple(problem.reshard(node, operand, producer, layouts[producer.name], target, index)
@@ -89,13 +91,11 @@ def assemble_plan(problem: PlanProblem, chosen: Mapping[str, Option]) -> Plan:
         element = element_layout(node, layouts)
         layouts[node.name] = element if element is not None else node_layouts(node, strategy, mesh, deferred)
         nodes.append(NodePlan(node.name, strategy, reshards, deferred))
-        resharding += sum(r.cost for r in reshards)
-        if strategy is not None:
-            own = problem.own_cost(chosen[node.name])
-            compute += own.compute
-            communication += own.communication
-            if deferred:
-                communication -= own.saving
-            memory += own.memory
-    return Plan(tuple(mesh.shape), tuple(nodes), PlanCost(compute, communication, resharding, memory),
-                problem.flop_rate)
+        resharding += problem.runs(node.name) * sum(r.cost for r in reshards)
+        own = problem.own_cost(node.name, chosen[node.name])
+        compute += own.compute
+        communication += own.communication - own.saving
+        memory += own.memory
+        weights += own.weights
+    return Plan(tuple(mesh.shape), tuple(nodes), PlanCost(compute, communication, resharding, memory, weights),
+                problem.device, problem.workload)

@@ -39,10 +39,9 @@ class CBC:
         for name, options in choices.items():
             program += _equal(((var, 1) for var in x[name]), 1), f"one_{name}"
             for var, option in zip(x[name], options):
-                own = problem.own_cost(option)
+                own = problem.own_cost(name, option)
                 objective.append((var, own.seconds))
-                if option.strategy is not None:
-                    memory.append((var, own.memory))
+                memory.append((var, own.memory))
         for edge in problem.edges:
             if len(edge.sources) == 1 or len(edge.targets) == 1:      # one end's choice decides the cost
                 for i, sps in enumerate(edge.sources):

@@ -23,8 +23,8 @@ from shardverify.errors import VerificationError
 from shardverify.plan.blame import blame_owner, tapped_edges
 from shardverify.plan.compare import compare_value, expected_shard, precisions
 from shardverify.verify.report import Mismatch
-from shardverify.plan.graph import (element_layout, metadata_read, operand_layout, operand_producer, parameter_names,
-                                    source_of)
+from shardverify.plan.graph import (element_layout, metadata_read, node_layouts, operand_layout, operand_producer,
+                                    parameter_names, source_of)
 from shardverify.plan.model import Plan
 from shardverify.plan.recipe import ModelRecipe
 from shardverify.plan.reference import grad_seed, loss_output, shared_reference
@@ -101,7 +101,11 @@ def sharded_forward(comm, gm: fx.GraphModule, recipe: ModelRecipe, plan: Plan, o
             result = fx.node.map_arg(node.args[0], gather)
             continue
         try:
-            if strategy is None:
+            if strategy is not None and node.op == "get_attr":   # a weight held in a layout of its own
+                layout = node_layouts(node, strategy, mesh)
+                name = params[str(node.target)]
+                out = _param_leaf(comm, name, gm.get_parameter(name), layout, leaves, order, node.name)
+            elif strategy is None:
                 out = _run_generic(comm, gm, node, env, fetch, params, leaves, order)
                 layout = (ShapedLayout.replicated(mesh.shape, tuple(out.shape)) if isinstance(out, torch.Tensor)
                           else [ShapedLayout.replicated(mesh.shape, tuple(t.shape)) if isinstance(t, torch.Tensor)

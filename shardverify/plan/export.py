@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from shardverify.plan.coverage import shards
 from shardverify.plan.export_facts import EMBEDDING, LINEAR, NORM, NodeFacts
 from shardverify.plan.model import NodePlan, Plan, Reshard
 from shardverify.sharding.layout import ShapedLayout
@@ -141,6 +142,11 @@ def export_parallelize(plan: Plan, facts: tuple[NodeFacts, ...]) -> ParallelizeE
     weights = {f.name for f in facts if f.kind == "weight"}
     uses = _weight_uses(plan, by_name)
     tp, data, problems = _axes(plan, uses, weights)
+    gathered = {r.producer for item in plan.nodes for r in item.reshards if r.steps}
+    problems += [Inexpressible(item.node, f"the plan holds this weight sharded ({item.strategy.name}) and gathers it "
+                               "where an op takes it otherwise (ZeRO-3); the export writes no fully_shard, which "
+                               "shards a whole module's parameters on dim 0")
+                 for item in plan.nodes if item.node in weights and shards(item.strategy) and item.node in gathered]
     styles: list[ModuleStyle] = []
     if tp is not None:
         flow = _Flow(plan, by_name, uses, weights, tp)

@@ -112,6 +112,11 @@ def _not_data_parallel(problem: PlanProblem) -> dict[str, list[int]]:
     for node, k, data, spec in _operand_options(problem):
         if spec.dim_partition and _weight_of(node, data, params) is not None:
             rule_out(node.name, k)
+    for node in problem.nodes:     # a weight held sharded (FSDP) is not data parallelism either
+        if node.op == "get_attr":
+            for k, (strategy, _) in enumerate(problem.choices[node.name]):
+                if strategy is not None and shards(strategy):
+                    rule_out(node.name, k)
     carrying: set[str] = set()
     for node in problem.nodes:
         if node.op == "placeholder":

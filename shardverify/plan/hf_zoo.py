@@ -257,9 +257,9 @@ REAL_MODELS: dict[str, Callable[[int, int, int], tuple[torch.nn.Module, tuple[to
 }
 
 
-def real_size(name: str, sizes: dict[str, int] | None = None):
+def real_size(name: str, sizes: dict[str, int] | None = None, dtype: str | None = None):
     """The zoo model ``name`` at a real size, as a :class:`~shardverify.plan.real_size.RealSize`:
-    ``sizes`` (hidden, seq, batch) over :data:`REAL_SIZE`."""
+    ``sizes`` (hidden, seq, batch) over :data:`REAL_SIZE`, trained in ``dtype`` (float32 when None)."""
     from shardverify.plan.real_size import RealSize
 
     if name not in REAL_MODELS:
@@ -275,8 +275,9 @@ def real_size(name: str, sizes: dict[str, int] | None = None):
     if dims["hidden"] % HEAD_DIM:
         raise InvalidArgument(f"hidden={dims['hidden']} must be a multiple of {HEAD_DIM} (the real size's heads are "
                               f"{HEAD_DIM} wide)")
-    label = ", ".join(f"{k}={v}" for k, v in dims.items())
-    return RealSize(lambda: REAL_MODELS[name](dims["hidden"], dims["seq"], dims["batch"]), f"zoo:{name} at {label}")
+    label = ", ".join(f"{k}={v}" for k, v in dims.items()) + (f", {dtype}" if dtype else "")
+    return RealSize(lambda: REAL_MODELS[name](dims["hidden"], dims["seq"], dims["batch"]), f"zoo:{name} at {label}",
+                    getattr(torch, dtype or "float32"))
 
 
 def hf_model(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 
 
 from shardverify.errors import StrategyError
+from shardverify.plan.device import NOMINAL, DeviceProfile
+from shardverify.plan.workload import Workload
 from shardverify.sharding.layout import ShapedLayout
 from shardverify.sharding.reshard_plan import ReshardStep
 from shardverify.sharding.strategy import ShardingStrategy
 
-__all__ = ["GENERIC", "FLOP_RATE", "Reshard", "NodePlan", "Plan", "PlanCost", "PlanGoals"]
+__all__ = ["GENERIC", "Reshard", "NodePlan", "Plan", "PlanCost", "PlanGoals"]
 
 GENERIC = "replicated (whole on every device)"
-FLOP_RATE = 1e10   # multiplies per second: turns declared compute (multiply counts) into seconds
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class PlanCost:
     communication: float
     resharding: float
     memory: int
+    weights: int = 0    # of memory: the weights' bytes with their gradients and optimizer state
 
     @property
     def total(self) -> float:
@@ -94,7 +96,8 @@ class Plan:
     mesh_shape: tuple[int, ...]
     nodes: tuple[NodePlan, ...]     # graph order
     cost: PlanCost
-    flop_rate: float = FLOP_RATE
+    device: DeviceProfile = NOMINAL     # what the declared seconds and bytes are measured on
+    workload: Workload = Workload()     # the layers, optimizer state and recompute they count
 
     def node(self, name: str) -> NodePlan:
         for item in self.nodes:

@@ -10,6 +10,7 @@ keeps a program exact with a fraction of the variables (:class:`EdgeClasses`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -17,13 +18,17 @@ from typing import NamedTuple
 
 from torch import fx
 
+from shardverify.capture.call import tuple_element
 from shardverify.capture.meta import tensor_meta
-from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, node_layouts,
-                                    node_options)
-from shardverify.plan.model import FLOP_RATE, Reshard
+from shardverify.plan.coverage import meta_shapes
+from shardverify.plan.device import NOMINAL, DeviceProfile
+from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, metadata_read,
+                                    node_layouts, node_options, parameter_names)
+from shardverify.plan.model import Reshard
+from shardverify.plan.workload import Workload, repeats
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.layout import ShapedLayout
-from shardverify.sharding.strategy import ShardingStrategy
+from shardverify.sharding.strategy import OperationDataType, ShardingStrategy
 
 __all__ = ["Option", "OwnCost", "EdgeClasses", "PlanProblem"]
 
@@ -37,13 +42,15 @@ class Option(NamedTuple):
 
 
 class OwnCost(NamedTuple):
-    """An option's declared seconds (compute at the flop rate, communication, and the deferred
-    all-reduce's seconds that deferring saves) and bytes per device."""
+    """An option's declared seconds (compute on the device, communication, and the deferred
+    all-reduce's seconds that deferring saves) and bytes per device, each counted as many times
+    as the node runs or is held (:mod:`shardverify.plan.workload`)."""
 
     compute: float
     communication: float
     saving: float
     memory: int
+    weights: int = 0     # of memory: the weights', with their gradients and optimizer state
 
     @property
     def seconds(self) -> float:
@@ -126,35 +133,104 @@ def _fed_as_partial(graph_module: fx.GraphModule, options: Mapping[str, list[Sha
     return kept
 
 
+def _is_view(node: fx.Node) -> bool:
+    """Does the node's ATen op return a view of an input (its schema aliases the first return)?"""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    returns = getattr(schema, "returns", ())
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+
+
 @dataclass(frozen=True)
 class PlanProblem:
     """A traced model's planning problem on ``mesh``. ``options``: node name -> the strategies it
     is offered (None: it runs generically; :func:`~shardverify.plan.graph.node_options` when not
-    given); ``defer``: whether an option may leave its AFTER all-reduce to the resharding. The
-    choices, layouts and edge classes are derived once, when first asked for."""
+    given); ``defer``: whether an option may leave its AFTER all-reduce to the resharding;
+    ``device``: what a second and a byte are measured on; ``workload``: how often the repeated block
+    runs and what each weight carries. The choices, layouts and edge classes are derived once,
+    when first asked for."""
 
     graph: fx.GraphModule
     mesh: DeviceMesh
     options: Mapping[str, list[ShardingStrategy] | None]
-    flop_rate: float = FLOP_RATE
+    device: DeviceProfile = NOMINAL
     defer: bool = True
+    workload: Workload = Workload()
     _edge_costs: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, graph: fx.GraphModule, mesh: DeviceMesh,
-           options: Mapping[str, list[ShardingStrategy] | None] | None = None, flop_rate: float = FLOP_RATE,
-           defer: bool = True) -> PlanProblem:
-        return cls(graph, mesh, node_options(graph, mesh) if options is None else options, flop_rate, defer)
+           options: Mapping[str, list[ShardingStrategy] | None] | None = None, device: DeviceProfile = NOMINAL,
+           defer: bool = True, workload: Workload = Workload()) -> PlanProblem:
+        return cls(graph, mesh, node_options(graph, mesh) if options is None else options, device, defer, workload)
 
     # -- the one cost function -------------------------------------------------------------
-    def own_cost(self, option: Option) -> OwnCost:
-        """What an option costs by itself (a generic node: nothing)."""
+    @cached_property
+    def _by_name(self) -> dict[str, fx.Node]:
+        return {n.name: n for n in self.graph.graph.nodes}
+
+    @cached_property
+    def _repeats(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(node -> times it runs per step, node -> copies of it held at once)."""
+        runs, held, _ = repeats(self.graph, self.workload)
+        return runs, held
+
+    @cached_property
+    def _weights(self) -> dict[str, str]:
+        """get_attr node -> the trainable parameter it reads (a weight carries gradient and state)."""
+        params = parameter_names(self.graph)
+        return {n.name: params[str(n.target)] for n in self.graph.graph.nodes
+                if n.op == "get_attr" and str(n.target) in params
+                and self.graph.get_parameter(params[str(n.target)]).requires_grad}
+
+    @cached_property
+    def _second_reads(self) -> frozenset[str]:
+        """get_attr nodes of a parameter another node read first (a tied weight is held once)."""
+        first: dict[str, str] = {}
+        return frozenset(name for name, param in self._weights.items() if first.setdefault(param, name) != name)
+
+    def _held_bytes(self, node: fx.Node, strategy: ShardingStrategy | None) -> tuple[int, int]:
+        """(bytes of weights with their gradients and state, bytes of activations) per device that the
+        node's output holds; a view of another node's output (a transpose) holds none of its own."""
+        if _is_view(node) or node.name in self._second_reads:
+            return 0, 0
+        if strategy is not None:
+            weights = activations = 0
+            for data in strategy.operands:   # a weight fed by its own node is that node's to count
+                numel = strategy.get_sharding_spec_by_name(data.name).local_numel()
+                if node.name in self._weights or data.locator.kind == "param":
+                    weights += self.workload.weight_bytes(numel, data.itemsize)
+                elif data.type is OperationDataType.OUTPUT or data.locator.kind == "buffer":
+                    activations += numel * data.itemsize
+            return weights, activations
+        if node.op == "output" or tuple_element(node) is not None or metadata_read(node) is not None:
+            return 0, 0
+        shapes = meta_shapes(node)
+        meta = tensor_meta(node)
+        if not isinstance(shapes, tuple) or meta is None:
+            return 0, 0
+        if node.name in self._weights:
+            return self.workload.weight_bytes(math.prod(shapes), meta.dtype.itemsize), 0
+        return 0, math.prod(shapes) * meta.dtype.itemsize
+
+    def own_cost(self, name: str, option: Option) -> OwnCost:
+        """What node ``name``'s option costs by itself, per training step (a generic node: its bytes)."""
+        runs, held = self._repeats
         strategy, deferred = option
+        weights, activations = self._held_bytes(self._by_name[name], strategy)
+        copies = held.get(name, 1)
+        memory, weights = (weights + activations) * copies, weights * copies
         if strategy is None:
-            return OwnCost(0.0, 0.0, 0.0, 0)
+            return OwnCost(0.0, 0.0, 0.0, memory, weights)
+        times = runs.get(name, 1)
         saving = deferred_saving(strategy, deferred, self.mesh) if deferred else 0.0
-        return OwnCost(strategy.compute_cost.total / self.flop_rate, strategy.communication_cost.total, saving,
-                       strategy.memory_cost.total.total)
+        traffic = 3 * sum(strategy.get_sharding_spec_by_name(d.name).local_numel() * d.itemsize
+                          for d in strategy.operands)    # read or written once forward, twice backward
+        compute = self.device.seconds(strategy.compute_cost.total, traffic)
+        communication = strategy.communication_cost.total
+        if self.workload.recompute and name in runs:     # the forward again, in the backward pass
+            compute += self.device.seconds(strategy.compute_cost.fwd, traffic / 3)
+            communication += strategy.communication_cost.fwd
+        return OwnCost(compute * times, communication * times, saving * times, memory, weights)
 
     def reshard(self, node: fx.Node, operand: str, producer: fx.Node, source, target: ShapedLayout,
                 index: int | None = None) -> Reshard:
@@ -209,8 +285,9 @@ class PlanProblem:
                 layouts = self.layouts[name]
                 sources = _classes([_hashable(layout) for layout in layouts])
                 targets = _classes(wanted)
-                costs = tuple(tuple(self.edge_cost(node, feeds[name], layouts[sps[0]], t_key) for t_key in targets)
-                              for sps in sources.values())
+                times = self._repeats[0].get(node.name, 1)
+                costs = tuple(tuple(times * self.edge_cost(node, feeds[name], layouts[sps[0]], t_key)
+                                    for t_key in targets) for sps in sources.values())
                 found.append(EdgeClasses(name, node.name, position, slot,
                                          tuple(tuple(s) for s in sources.values()),
                                          tuple(tuple(t) for t in targets.values()), costs))
@@ -218,9 +295,20 @@ class PlanProblem:
 
     def seconds(self, chosen: Mapping[str, int]) -> float:
         """The declared seconds of ``chosen`` (node name -> option index): what a solver minimises."""
-        own = sum(self.own_cost(self.choices[name][k]).seconds for name, k in chosen.items())
+        own = sum(self.own_cost(name, self.choices[name][k]).seconds for name, k in chosen.items())
         return own + sum(edge.cost(chosen[edge.producer], chosen[edge.consumer]) for edge in self.edges)
 
     def memory(self, chosen: Mapping[str, int]) -> int:
         """The declared bytes per device of ``chosen``."""
-        return sum(self.own_cost(self.choices[name][k]).memory for name, k in chosen.items())
+        return sum(self.own_cost(name, self.choices[name][k]).memory for name, k in chosen.items())
+
+    def least_memory(self) -> OwnCost:
+        """The bytes per device of the choice that holds least (memory couples no two nodes, so it is
+        each node's least), with the weights' share of them."""
+        least = [min((self.own_cost(name, option) for option in options), key=lambda c: c.memory)
+                 for name, options in self.choices.items()]
+        return OwnCost(0.0, 0.0, 0.0, sum(c.memory for c in least), sum(c.weights for c in least))
+
+    def runs(self, name: str) -> int:
+        """How many times node ``name`` runs per training step."""
+        return self._repeats[0].get(name, 1)

@@ -39,8 +39,11 @@ from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.plan.build import build_plan
 from shardverify.plan.coverage import classify_nodes, shards
-from shardverify.plan.model import FLOP_RATE, Plan, PlanCost, PlanGoals
+from shardverify.plan.device import NOMINAL, DeviceProfile
+from shardverify.plan.model import Plan, PlanCost, PlanGoals
 from shardverify.plan.solver import Solver, solve_plan
+from shardverify.plan.weights import with_weight_layouts
+from shardverify.plan.workload import Workload
 
 __all__ = ["RealSize", "RealSizePlan", "StructureMismatch", "capture_real", "same_structure", "real_options",
            "solve_real_size", "split_alike"]
@@ -79,8 +82,10 @@ class RealSizePlan:
         c = self.cost
         lines = [f"costed at the real size ({self.label}): predicted {c.total:.4g} s per training step (compute "
                  f"{c.compute:.3g} + communication {c.communication:.3g} + resharding {c.resharding:.3g}), memory "
-                 f"{c.memory / 2 ** 30:.3g} GiB/device; {len(self.sharded)} node(s) sharded; the plan mapped onto "
-                 f"the tiny build node by node and verified there"]
+                 f"{c.memory / 2 ** 30:.3g} GiB/device ({c.weights / 2 ** 30:.3g} GiB of it weights with gradients and "
+                 f"optimizer state) on {self.plan.device.label}, {self.plan.workload.label}; "
+                 f"{len(self.sharded)} node(s) sharded; the plan mapped onto the tiny build node by node and "
+                 f"verified there"]
         if self.left_out:
             nodes = sorted({node for node, _, _ in self.left_out})
             lines.append(f"  left out of the choice: {len(self.left_out)} strategy(ies) of {len(nodes)} node(s), "
@@ -94,7 +99,8 @@ class RealSizePlan:
         c = self.cost
         return {"label": self.label, "sharded": list(self.sharded),
                 "cost": {"compute": c.compute, "communication": c.communication, "resharding": c.resharding,
-                         "total": c.total, "memory_bytes": c.memory},
+                         "total": c.total, "memory_bytes": c.memory, "weight_bytes": c.weights},
+                "device": self.plan.device.name, "workload": self.plan.workload.to_json(),
                 "left_out": [{"node": n, "strategy": s, "why": w} for n, s, w in self.left_out]}
 
 
@@ -213,6 +219,7 @@ def real_options(tiny_options: Mapping[str, list[ShardingStrategy] | None], real
     (:func:`split_alike`); a strategy the tiny build offers and the real size lacks, or that
     splits otherwise, is left out with why."""
     found, statuses = classify_nodes(real, mesh, _CostOnly())
+    found = with_weight_layouts(real, found, mesh)   # offered at the real size where the tiny build offers them
     refused = {s.node: s.reason for s in statuses if s.status == "refused"}
     options: dict[str, list[ShardingStrategy] | None] = {}
     left_out: list[tuple[str, str, str]] = []
@@ -237,15 +244,16 @@ def real_options(tiny_options: Mapping[str, list[ShardingStrategy] | None], real
 
 def solve_real_size(tiny: fx.GraphModule, tiny_options: Mapping[str, list[ShardingStrategy] | None],
                     real_size: RealSize, mesh: DeviceMesh, memory_limit: int | None = None,
-                    flop_rate: float = FLOP_RATE, goals: PlanGoals = PlanGoals(),
-                    solver: Solver | None = None) -> tuple[Plan, RealSizePlan]:
+                    device: DeviceProfile = NOMINAL, goals: PlanGoals = PlanGoals(),
+                    solver: Solver | None = None, workload: Workload = Workload()) -> tuple[Plan, RealSizePlan]:
     """(the plan on the tiny build, what solving at the real size gave): the solver's plan for the
     real-size graph's costs, over the choices both sizes share, mapped onto ``tiny`` by node name.
     ``memory_limit`` bounds the real size's declared memory per device."""
     real = capture_real(real_size)
     same_structure(tiny, real, real_size.label)
     options, left_out = real_options(tiny_options, real, mesh)
-    at_real = solve_plan(real, mesh, memory_limit, flop_rate, options, goals=goals, solver=solver)
-    mapped = build_plan(tiny, mesh, at_real.choices(), tiny_options, flop_rate, where=f"real-size plan ({real_size.label})")
+    at_real = solve_plan(real, mesh, memory_limit, device, options, goals=goals, solver=solver, workload=workload)
+    mapped = build_plan(tiny, mesh, at_real.choices(), tiny_options, device, where=f"real-size plan ({real_size.label})",
+                        workload=workload)
     sharded = tuple(n.node for n in at_real.nodes if shards(n.strategy))
     return mapped, RealSizePlan(real_size.label, at_real, sharded, tuple(left_out))

@@ -121,7 +121,8 @@ def _cost(result: PlanResult) -> str:
     size = f" at {at_real.label}" if at_real is not None else ""
     return (f"predicted cost{size}: {seconds_text(c.total)} per training step (compute {seconds_text(c.compute)}, "
             f"communication {seconds_text(c.communication)}, resharding {seconds_text(c.resharding)}); "
-            f"{bytes_text(c.memory)} per device")
+            f"{bytes_text(c.memory)} per device ({bytes_text(c.weights)} of it weights, gradients and optimizer "
+            f"state) on {result.plan.device.label}, {result.plan.workload.label}")
 
 
 def _coverage(cov: Coverage | None) -> str:

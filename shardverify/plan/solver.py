@@ -17,7 +17,9 @@ from shardverify.errors import StrategyError
 from shardverify.plan.build import assemble_plan
 from shardverify.plan.cbc import CBC
 from shardverify.plan.goals import PlanInfeasible, Requirements, requirements
-from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
+from shardverify.plan.device import NOMINAL, DeviceProfile
+from shardverify.plan.model import Plan, PlanGoals
+from shardverify.plan.workload import Workload
 from shardverify.plan.problem import PlanProblem
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy
@@ -42,6 +44,13 @@ def solve_problem(problem: PlanProblem, memory_limit: int | None = None, goals: 
                   solver: Solver | None = None) -> Plan:
     """``solver``'s plan (CBC's when None) for ``problem`` under ``memory_limit`` and ``goals``."""
     solver = DEFAULT_SOLVER if solver is None else solver
+    if memory_limit is not None and (least := problem.least_memory()).memory > memory_limit:
+        raise PlanInfeasible(f"no plan fits the memory limit of {memory_limit / 2 ** 30:.4g} GiB per device on mesh "
+                             f"{problem.mesh.shape}: the least any choice of layouts holds is "
+                             f"{least.memory / 2 ** 30:.4g} GiB ({least.weights / 2 ** 30:.4g} GiB of it weights with "
+                             f"their gradients and optimizer state, every weight held as split as it divides) "
+                             f"for {problem.workload.label}; more devices, --recompute, a smaller batch or "
+                             f"less optimizer state would lower it")
     picked = solver.solve(problem, requirements(problem, memory_limit, goals))
     missing = [name for name in problem.choices if name not in picked]
     if missing:
@@ -50,12 +59,13 @@ def solve_problem(problem: PlanProblem, memory_limit: int | None = None, goals: 
 
 
 def solve_plan(graph_module: fx.GraphModule, mesh: DeviceMesh, memory_limit: int | None = None,
-               flop_rate: float = FLOP_RATE,
+               device: DeviceProfile = NOMINAL,
                options: Mapping[str, list[ShardingStrategy] | None] | None = None,
-               defer_reductions: bool = True, goals: PlanGoals = PlanGoals(), solver: Solver | None = None) -> Plan:
+               defer_reductions: bool = True, goals: PlanGoals = PlanGoals(), solver: Solver | None = None,
+               workload: Workload = Workload()) -> Plan:
     """The cheapest plan by declared cost; ``memory_limit`` bounds the summed declared memory
     (bytes per device) of the chosen strategies. With ``defer_reductions`` a strategy's AFTER
     all-reduce may be left to the resharding (a reduce-scatter when the consumer shards).
     ``goals``: what the plan must do besides costing least (:class:`PlanGoals`)."""
-    problem = PlanProblem.of(graph_module, mesh, options, flop_rate, defer_reductions)
+    problem = PlanProblem.of(graph_module, mesh, options, device, defer_reductions, workload)
     return solve_problem(problem, memory_limit, goals, solver)

@@ -19,10 +19,13 @@ from shardverify.plan.export_facts import NodeFacts, facts_of
 from shardverify.plan.recipe import ModelRecipe, as_float64
 from shardverify.plan.inputs import with_keywords
 from shardverify.plan.build import build_plan
-from shardverify.plan.model import FLOP_RATE, Plan, PlanGoals
+from shardverify.plan.device import NOMINAL, DeviceProfile
+from shardverify.plan.model import Plan, PlanGoals
 from shardverify.plan.phases import PhaseClock
 from shardverify.plan.real_size import RealSize, RealSizePlan, solve_real_size
 from shardverify.plan.solver import Solver, solve_plan
+from shardverify.plan.weights import held_weights, with_weight_layouts
+from shardverify.plan.workload import Workload
 from shardverify.verify.on_demand import OnDemandVerifier
 from shardverify.verify.report import Mismatch
 
@@ -106,7 +109,8 @@ class PlanResult:
             "strict": self.strict, "strict_failures": list(self.strict_failures), "notes": list(self.notes),
             "cost": {"compute": self.plan.cost.compute, "communication": self.plan.cost.communication,
                      "resharding": self.plan.cost.resharding, "total": self.plan.cost.total,
-                     "memory_bytes": self.plan.cost.memory},
+                     "memory_bytes": self.plan.cost.memory, "weight_bytes": self.plan.cost.weights},
+            "device": self.plan.device.to_json(), "workload": self.plan.workload.to_json(),
             "nodes": [{"node": n.node, "strategy": n.strategy_name,
                        "resharding": [{"operand": r.operand, "from": r.producer, "source": str(r.source),
                                        "target": str(r.target), "steps": [str(s) for s in r.steps]}
@@ -177,40 +181,47 @@ def describe_plan(plan: Plan, coverage: Coverage | None = None) -> str:
             continue
         label = "the model's output, whole on every device" if item.node == last and item.strategy is None \
             and statuses is not None else node_label(item, coverage)
+        if item.strategy is not None and not item.strategy.inputs:    # a weight's own node: how it is held
+            label = f"weight held {label}: each device keeps its block, with its gradient and optimizer state"
         lines.append(f"  {item.node:<16} {label}")
         lines += [f"      reshard {r.operand}: {r.source} -> {r.target} via "
                   f"{', '.join(map(str, r.steps))} ({r.cost:.3g} s)" for r in item.reshards if r.steps]
     c = plan.cost
     lines.append(f"  predicted cost: {c.total:.4g} s per training step (compute {c.compute:.3g} + communication "
-                 f"{c.communication:.3g} + resharding {c.resharding:.3g}); memory {c.memory} B/device")
+                 f"{c.communication:.3g} + resharding {c.resharding:.3g}); memory {c.memory} B/device "
+                 f"({c.weights} B of it weights, gradients and optimizer state) on {plan.device.label}, "
+                 f"{plan.workload.label}")
     return "\n".join(lines)
 
 
-def _as_mesh(mesh) -> DeviceMesh:
-    return mesh if isinstance(mesh, DeviceMesh) else DeviceMesh(tuple(mesh))
+def _as_mesh(mesh, device: DeviceProfile = NOMINAL) -> DeviceMesh:
+    """A mesh as given, or a shape's mesh priced by ``device``'s links."""
+    return mesh if isinstance(mesh, DeviceMesh) else device.mesh(tuple(mesh))
 
 
 def make_plan(module: torch.nn.Module, example_inputs, mesh,
               plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-              flop_rate: float = FLOP_RATE, capture: str = "auto", goals: PlanGoals = PlanGoals(),
-              verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None) -> Plan:
+              device: DeviceProfile = NOMINAL, capture: str = "auto", goals: PlanGoals = PlanGoals(),
+              verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None,
+              workload: Workload = Workload()) -> Plan:
     """The solver's plan (``plan=None``; for the costs at ``cost_size`` when given; ``solver``: CBC when
     None), or the user's ``{node: strategy name}`` completed."""
-    return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
-                              verified_only, cost_size, solver)[0]
+    return plan_with_coverage(module, example_inputs, mesh, plan, memory_limit, device, capture, goals,
+                              verified_only, cost_size, solver, workload)[0]
 
 
 def plan_with_coverage(module: torch.nn.Module, example_inputs, mesh,
                        plan: Mapping[str, str] | Plan | None = None, memory_limit: int | None = None,
-                       flop_rate: float = FLOP_RATE, capture: str = "auto",
+                       device: DeviceProfile = NOMINAL, capture: str = "auto",
                        goals: PlanGoals = PlanGoals(), verified_only: bool = False,
-                       cost_size: RealSize | None = None, solver: Solver | None = None) -> tuple[Plan, Coverage]:
+                       cost_size: RealSize | None = None, solver: Solver | None = None,
+                       workload: Workload = Workload()) -> tuple[Plan, Coverage]:
     """:func:`make_plan` and the account of the model's op nodes under it (from one capture).
     A call outside its spec's grid is verified where it is met (its strategies that pass are
     offered, the verdicts kept on disk), or refused with ``verified_only``."""
     module, inputs = with_keywords(module, example_inputs)
-    found = _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals, verified_only,
-                     cost_size, solver)[:2]
+    found = _planned(module, inputs, mesh, plan, memory_limit, device, capture, goals, verified_only,
+                     cost_size, solver, workload=workload)[:2]
     # the captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
     # export's state): collected now, not whenever the collector next runs, mid-check
     gc.collect()
@@ -231,10 +242,15 @@ def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
     return "export"
 
 
-def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals,
+def _planned(module, inputs, mesh, plan, memory_limit, device, capture, goals,
              verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None,
-             clock: PhaseClock | None = None) -> tuple[Plan, Coverage, Captured, RealSizePlan | None]:
-    mesh = _as_mesh(mesh)
+             clock: PhaseClock | None = None, workload: Workload = Workload()
+             ) -> tuple[Plan, Coverage, Captured, RealSizePlan | None]:
+    """The plan, the coverage, the capture and what solving at the real size gave. The memory limit
+    is ``memory_limit``, else the device's memory; under a limit each weight may be held sharded."""
+    mesh = _as_mesh(mesh, device)
+    if memory_limit is None:
+        memory_limit = device.memory_bytes
     clock = clock or PhaseClock()
     with clock.phase("capture"):
         captured = capture_model(module, tuple(inputs), _capture_for(capture, cost_size, plan))
@@ -243,18 +259,27 @@ def _planned(module, inputs, mesh, plan, memory_limit, flop_rate, capture, goals
     try:
         with clock.phase("strategies"), (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
             options, statuses = classify_nodes(gm, mesh, on_demand)
+            if memory_limit is not None or _names_weight(plan, gm):
+                options = with_weight_layouts(gm, options, mesh)
         with clock.phase("solve"):
             if cost_size is not None:
-                plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, flop_rate, goals, solver)
+                plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, device, goals, solver,
+                                                workload)
             elif plan is None:
-                plan = solve_plan(gm, mesh, memory_limit, flop_rate, options, goals=goals, solver=solver)
+                plan = solve_plan(gm, mesh, memory_limit, device, options, goals=goals, solver=solver,
+                                  workload=workload)
             elif not isinstance(plan, Plan):   # a given choice: a strategy verification at the call removed is said so
                 removed = {} if on_demand is None else {r.node: dict(r.failed) for r in on_demand.records if r.failed}
-                plan = build_plan(gm, mesh, dict(plan), options, flop_rate, removed=removed)
+                plan = build_plan(gm, mesh, dict(plan), options, device, removed=removed, workload=workload)
     except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
         raise as_shardverify_error(error, f"planning {type(module).__name__}") from error
     del options
     return plan, Coverage.of(statuses, plan, on_demand), captured, at_real
+
+
+def _names_weight(plan, graph) -> bool:
+    """Does a given plan (node -> strategy) name the layout a weight's own node holds it in?"""
+    return isinstance(plan, Mapping) and any(node.name in plan for node in held_weights(graph))
 
 
 def run_plan(backend, module, example_inputs, plan: Plan, seed: int = 0,
@@ -303,7 +328,8 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
                 min_sharded: int = 0, shard_weights: bool = False, data_parallel: bool = False,
                 timeout: float | None = None, strict: bool = False,
                 verified_only: bool = False, cost_size: RealSize | None = None,
-                solver: Solver | None = None, clock: PhaseClock | None = None) -> PlanResult:
+                solver: Solver | None = None, clock: PhaseClock | None = None,
+                device: DeviceProfile = NOMINAL, workload: Workload = Workload()) -> PlanResult:
     """Plan ``model`` on ``mesh`` (the solver's plan when ``plan`` is None; else a
     ``{node name: strategy name}`` mapping or a Plan) and verify it on every rank against
     the single-device model, forward and backward. ``example_inputs``: a tensor, a sequence of
@@ -331,11 +357,11 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     if isinstance(backend, str):
         backend_kind(backend)   # an unknown name is refused before the capture and the solver
     model, inputs = with_keywords(model, example_inputs)
-    mesh = _as_mesh(mesh)
+    mesh = _as_mesh(mesh, device)
     goals = PlanGoals(min_sharded, shard_weights, data_parallel)
     clock = clock or PhaseClock()
-    chosen, coverage, captured, at_real = _planned(model, inputs, mesh, plan, memory_limit, FLOP_RATE, capture,
-                                                  goals, verified_only, cost_size, solver, clock)
+    chosen, coverage, captured, at_real = _planned(model, inputs, mesh, plan, memory_limit, device, capture,
+                                                  goals, verified_only, cost_size, solver, clock, workload)
     notes = (captured.note,) if captured.note else ()
     with clock.phase("check"):
         if isinstance(backend, str):

@@ -19,7 +19,8 @@ from pathlib import Path
 from shardverify.errors import MeshError, SpecError
 from shardverify.files import read_regular_file, write_file_atomic
 
-__all__ = ["ENV_VAR", "DEFAULT_PATH", "FORMAT", "AxisFit", "calibration_path", "save_calibration", "load_calibration"]
+__all__ = ["ENV_VAR", "DEFAULT_PATH", "FORMAT", "AxisFit", "calibration_path", "save_calibration", "load_calibration",
+           "load_rate"]
 
 ENV_VAR = "SHARDVERIFY_CALIBRATION"
 DEFAULT_PATH = Path("~/.cache/shardverify/calibration.json")
@@ -47,8 +48,9 @@ def _key(shape: Sequence[int]) -> str:
 
 
 def save_calibration(mesh_shape: Sequence[int], fits: Sequence[AxisFit], *, backend: str, device: str,
-                     path: str | os.PathLike | None = None) -> Path:
-    """Write (or add) the entry of ``mesh_shape``; returns the file written."""
+                     path: str | os.PathLike | None = None, multiply_adds_per_s: float | None = None) -> Path:
+    """Write (or add) the entry of ``mesh_shape`` (with the ranks' measured arithmetic rate when
+    given); returns the file written."""
     target = calibration_path(path)
     document = {"format": FORMAT, "meshes": {}}
     if target.exists():
@@ -56,6 +58,7 @@ def save_calibration(mesh_shape: Sequence[int], fits: Sequence[AxisFit], *, back
     document["meshes"][_key(mesh_shape)] = {
         "alpha": [f.alpha for f in fits], "beta": [f.beta for f in fits], "backend": backend, "device": device,
         "fit": [{"axis": f.axis, "rel_rms": f.rel_rms, "points": f.points} for f in fits],
+        **({"multiply_adds_per_s": multiply_adds_per_s} if multiply_adds_per_s else {}),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +82,31 @@ def _read(target: Path) -> dict:
 def load_calibration(mesh_shape: Sequence[int], path: str | os.PathLike | None = None
                      ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(alpha, beta) per axis of ``mesh_shape`` from the calibration file (see :func:`calibration_path`)."""
+    entry, target = _entry(mesh_shape, path)
+    alpha, beta = entry.get("alpha"), entry.get("beta")
+    ndim = len(tuple(mesh_shape))
+    for name, values in (("alpha", alpha), ("beta", beta)):
+        if not isinstance(values, list) or len(values) != ndim or \
+                not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise MeshError(f"calibration file {target}, mesh {_key(mesh_shape)}: {name} must be a list of "
+                            f"{ndim} numbers, got {values!r}")
+    return tuple(float(v) for v in alpha), tuple(float(v) for v in beta)
+
+
+def load_rate(mesh_shape: Sequence[int], path: str | os.PathLike | None = None) -> float | None:
+    """The ranks' measured multiply-adds per second for ``mesh_shape``; None when not measured."""
+    entry, target = _entry(mesh_shape, path)
+    rate = entry.get("multiply_adds_per_s")
+    if rate is None:
+        return None
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < float("inf"):
+        raise MeshError(f"calibration file {target}, mesh {_key(mesh_shape)}: multiply_adds_per_s must be a "
+                        f"positive number, got {rate!r}")
+    return float(rate)
+
+
+def _entry(mesh_shape: Sequence[int], path: str | os.PathLike | None) -> tuple[dict, Path]:
+    """The calibration file's entry of ``mesh_shape``, and the file."""
     target = calibration_path(path)
     if not target.exists():
         raise MeshError(f"no calibration file at {target}; run `shardverify calibrate --backend gloo "
@@ -88,11 +116,6 @@ def load_calibration(mesh_shape: Sequence[int], path: str | os.PathLike | None =
     if entry is None:
         raise MeshError(f"calibration file {target} has no entry for mesh {_key(mesh_shape)}; it has "
                         f"{sorted(meshes) or 'none'}")
-    alpha, beta = entry.get("alpha"), entry.get("beta")
-    ndim = len(tuple(mesh_shape))
-    for name, values in (("alpha", alpha), ("beta", beta)):
-        if not isinstance(values, list) or len(values) != ndim or \
-                not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise MeshError(f"calibration file {target}, mesh {_key(mesh_shape)}: {name} must be a list of "
-                            f"{ndim} numbers, got {values!r}")
-    return tuple(float(v) for v in alpha), tuple(float(v) for v in beta)
+    if not isinstance(entry, dict):
+        raise MeshError(f"calibration file {target}, mesh {_key(mesh_shape)}: expected an object, got {entry!r}")
+    return entry, target
