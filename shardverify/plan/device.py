@@ -83,7 +83,7 @@ class DeviceProfile:
 
     @property
     def label(self) -> str:
-        if self is NOMINAL or self.name == "nominal":
+        if self.name == "nominal":
             return "nominal (a unit cost model, not a real device)"
         memory = f"{self.memory_bytes / GIB:.4g} GiB" if self.memory_bytes else "no memory limit"
         return f"{self.name} ({2 * self.multiply_adds_per_s / 1e12:.4g} TFLOP/s, {memory})"

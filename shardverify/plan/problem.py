@@ -23,12 +23,14 @@ from shardverify.capture.meta import tensor_meta
 from shardverify.plan.coverage import meta_shapes
 from shardverify.plan.device import NOMINAL, DeviceProfile
 from shardverify.plan.graph import (deferrable, deferred_saving, edge_targets, make_reshard, metadata_read,
-                                    node_layouts, node_options, parameter_names)
+                                    node_layouts, node_options)
 from shardverify.plan.model import Reshard
+from shardverify.plan.weights import trainable_weights
 from shardverify.plan.workload import Workload, repeats
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.layout import ShapedLayout
 from shardverify.sharding.strategy import OperationDataType, ShardingStrategy
+from shardverify.strategies.generators.common import local_bytes
 
 __all__ = ["Option", "OwnCost", "EdgeClasses", "PlanProblem"]
 
@@ -177,10 +179,7 @@ class PlanProblem:
     @cached_property
     def _weights(self) -> dict[str, str]:
         """get_attr node -> the trainable parameter it reads (a weight carries gradient and state)."""
-        params = parameter_names(self.graph)
-        return {n.name: params[str(n.target)] for n in self.graph.graph.nodes
-                if n.op == "get_attr" and str(n.target) in params
-                and self.graph.get_parameter(params[str(n.target)]).requires_grad}
+        return trainable_weights(self.graph)
 
     @cached_property
     def _second_reads(self) -> frozenset[str]:
@@ -223,7 +222,7 @@ class PlanProblem:
             return OwnCost(0.0, 0.0, 0.0, memory, weights)
         times = runs.get(name, 1)
         saving = deferred_saving(strategy, deferred, self.mesh) if deferred else 0.0
-        traffic = 3 * sum(strategy.get_sharding_spec_by_name(d.name).local_numel() * d.itemsize
+        traffic = 3 * sum(local_bytes(d, strategy.get_sharding_spec_by_name(d.name))
                           for d in strategy.operands)    # read or written once forward, twice backward
         compute = self.device.seconds(strategy.compute_cost.total, traffic)
         communication = strategy.communication_cost.total
@@ -285,7 +284,7 @@ class PlanProblem:
                 layouts = self.layouts[name]
                 sources = _classes([_hashable(layout) for layout in layouts])
                 targets = _classes(wanted)
-                times = self._repeats[0].get(node.name, 1)
+                times = self.runs(node.name)
                 costs = tuple(tuple(times * self.edge_cost(node, feeds[name], layouts[sps[0]], t_key)
                                     for t_key in targets) for sps in sources.values())
                 found.append(EdgeClasses(name, node.name, position, slot,

@@ -25,19 +25,10 @@ from shardverify.capture.meta import tensor_meta
 from shardverify.plan.graph import parameter_names
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.sharding_spec import ShardingSpec
-from shardverify.sharding.strategy import (MemoryCost, MemoryCycle, OperandLocator, OperationData,
-                                           OperationDataType, ShardingStrategy, TrainCycleItem)
+from shardverify.sharding.strategy import OperandLocator, OperationData, OperationDataType, ShardingStrategy
+from shardverify.strategies.generators.common import NO_COST
 
-__all__ = ["held_name", "weight_layouts", "with_weight_layouts", "held_weights"]
-
-_ZERO = TrainCycleItem(0.0, 0.0, 0.0)
-_NO_MEMORY = MemoryCycle(MemoryCost(), MemoryCost(), MemoryCost())
-
-
-def held_name(spec: ShardingSpec) -> str:
-    """``S0R``, ``S1S0``, ``RR``: the layout a weight is held in, as a strategy name."""
-    parts = dict(spec.dim_partition)
-    return "".join("S" + "".join(map(str, parts[d])) if d in parts else "R" for d in range(len(spec.tensor_shape)))
+__all__ = ["weight_layouts", "with_weight_layouts", "trainable_weights", "held_weights"]
 
 
 def _partitions(shape: tuple[int, ...], mesh: DeviceMesh):
@@ -62,21 +53,26 @@ def weight_layouts(node: fx.Node, mesh: DeviceMesh) -> list[ShardingStrategy]:
     found = []
     for partition in _partitions(shape, mesh):
         spec = ShardingSpec(tuple(mesh.shape), shape, partition)
-        found.append(ShardingStrategy(held_name(spec), (("weight", spec),), (data,), _ZERO, _NO_MEMORY, _ZERO))
+        name = "".join(map(str, spec.sharding_sequence))      # S0R, S1S0, RR: as strategies name a layout
+        found.append(ShardingStrategy(name, (("weight", spec),), (data,), compute_cost=NO_COST.compute,
+                                      memory_cost=NO_COST.memory, communication_cost=NO_COST.communication))
     return found
+
+
+def trainable_weights(graph: fx.GraphModule) -> dict[str, str]:
+    """get_attr node -> the trainable parameter it reads, by the name ``named_parameters()`` gives
+    it (a tied weight's nodes name the one parameter)."""
+    params = parameter_names(graph)
+    return {n.name: params[str(n.target)] for n in graph.graph.nodes
+            if n.op == "get_attr" and str(n.target) in params and graph.get_parameter(params[str(n.target)]).requires_grad}
 
 
 def held_weights(graph: fx.GraphModule) -> list[fx.Node]:
     """The nodes that alone reach a trainable floating-point parameter of at least one dim."""
-    params = parameter_names(graph)
-    reached = Counter(params[str(n.target)] for n in graph.graph.nodes if n.op == "get_attr" and str(n.target) in params)
-    found = []
-    for node in graph.graph.nodes:
-        meta = tensor_meta(node) if node.op == "get_attr" and str(node.target) in params else None
-        if meta is not None and meta.shape and meta.dtype.is_floating_point \
-                and reached[params[str(node.target)]] == 1 and graph.get_parameter(params[str(node.target)]).requires_grad:
-            found.append(node)
-    return found
+    weights = trainable_weights(graph)
+    reached = Counter(weights.values())
+    return [node for node in graph.graph.nodes if node.name in weights and reached[weights[node.name]] == 1
+            and (meta := tensor_meta(node)) is not None and meta.shape and meta.dtype.is_floating_point]
 
 
 def with_weight_layouts(graph: fx.GraphModule, options: Mapping[str, list[ShardingStrategy] | None],

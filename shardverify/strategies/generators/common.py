@@ -40,7 +40,7 @@ from shardverify.sharding.strategy import (
 )
 
 __all__ = ["grad_sync", "local_bytes", "memory_cost", "communication_cost", "action_traffic", "compute_cost",
-           "op_call_shapes", "local_compute_cost", "make_strategy", "with_declared_costs"]
+           "op_call_shapes", "local_compute_cost", "make_strategy", "with_declared_costs", "NO_COST"]
 
 
 def local_bytes(data: OperationData, spec: ShardingSpec) -> int:
