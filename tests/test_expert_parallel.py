@@ -7,6 +7,7 @@ out as the producer's strategy gives it, with no resharding of its own."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 import yaml
 
 from shardverify import verify_plan
+from shardverify.cli.main import main
 from shardverify.plan import execute
 from shardverify.plan.spec import spec_plan
 from shardverify.plan.zoo import expert_parallel_moe
@@ -126,3 +128,87 @@ def test_a_dropped_reduction_of_the_expert_sharded_matmul_is_caught(monkeypatch)
     result = verify_plan(model, inputs, (4,), plan, capture="export")
     first = result.first_divergence()
     assert first is not None and first.phase == "forward" and first.node == "bmm", result.summary()
+
+
+def _mixtral_pair(capacity: int):
+    """zoo:mixtral-capacity (experts routed into slots: shardverify.plan.hf_experts) and HF's own
+    Mixtral (batched_mm experts) of the same config with the same weights, and 8 sequences."""
+    pytest.importorskip("transformers", reason="the HF model zoo needs the models extra")
+    from shardverify.plan.hf_zoo import hf_model, mixtral, mixtral_capacity
+
+    slots, inputs = hf_model("mixtral-capacity")
+    if capacity != inputs[0].shape[1]:
+        slots = mixtral_capacity(capacity=capacity).eval()
+        slots.load_state_dict(hf_model("mixtral-capacity")[0].state_dict())
+    own = mixtral(heads=8, experts=8).eval()
+    own.load_state_dict(slots.state_dict())
+    return slots, own, inputs
+
+
+def test_experts_in_slots_of_a_whole_sequence_are_transformers_mixtral():
+    """With a capacity of a whole sequence no token is dropped: the function, forward and
+    backward, is transformers' own to rounding; with a capacity of 2 tokens most are dropped."""
+    slots, own, (ids,) = _mixtral_pair(capacity=16)
+    out, ref = slots(ids).logits, own(ids).logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for (name, a), (_, b) in zip(slots.named_parameters(), own.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+    dropping, own, (ids,) = _mixtral_pair(capacity=2)
+    assert (dropping(ids).logits - own(ids).logits).abs().max() > 1e-2
+
+
+def _mixtral_8x7b(device: str, capsys, *extra: str):
+    """Mixtral-8x7B's shapes (hidden 4096, 8 experts of 14336, 32 layers) on a mesh of 8, trained in
+    bfloat16 with float32 master weights and Adam (16 bytes a parameter), recomputed per layer."""
+    code = main(["plan", "zoo:mixtral-capacity", "--mesh", "8", "--cost-size", "hidden=4096,seq=4096,batch=8",
+                 "--layers", "32", "--device", device, "--cost-dtype", "bfloat16", "--master-weights",
+                 "--recompute", "--json", *extra])
+    captured = capsys.readouterr()
+    return code, captured
+
+
+def test_at_mixtral_8x7b_shapes_the_solver_splits_the_experts_over_the_devices(capsys):
+    """The experts' weights alone are 45B parameters: 671 GiB with their state, whole on every
+    device. On 8 H200s the plan holds each device's own expert (expert parallelism), moves tokens to
+    their experts' devices and back with two all-to-alls a layer, and verifies on the tiny build."""
+    pytest.importorskip("transformers", reason="the HF model zoo needs the models extra")
+    code, captured = _mixtral_8x7b("h200-141gb", capsys)
+    report = json.loads(captured.out)
+    assert code == 0 and report["passed"], report["headline"]
+    assert report["real_size"]["cost"]["memory_bytes"] <= report["device"]["memory_bytes"]
+    strategy = {n["node"]: n["strategy"] for n in report["nodes"]}
+    for weight in ("model_layers_0_mlp_experts_gate_up_proj", "model_layers_0_mlp_experts_down_proj"):
+        assert strategy[weight].startswith("S0RR"), (weight, strategy[weight])    # split on the expert dim
+    assert strategy["einsum_1"].startswith("RS0RR") and strategy["einsum_2"].startswith("RS0RR")
+    moved = {(n["node"], r["from"]) for n in report["nodes"] for r in n["resharding"]
+             if any(step.startswith("all_to_all") for step in r["steps"])}
+    assert {("einsum_1", "einsum"), ("einsum_3", "einsum_2")} <= moved, moved
+    # every weight kept whole (data parallelism) would hold 712 GiB a device
+    code, captured = _mixtral_8x7b("h200-141gb", capsys, "--data-parallel")
+    assert code == 2 and "the least any choice of layouts the goals admit holds is 711.9 GiB" in captured.err
+
+
+def test_at_mixtral_8x7b_shapes_8_h100s_are_refused_with_the_least_memory(capsys):
+    pytest.importorskip("transformers", reason="the HF model zoo needs the models extra")
+    code, captured = _mixtral_8x7b("h100-80gb", capsys)
+    assert code == 2
+    assert "no plan fits the memory limit of 80 GiB per device on mesh (8,): the least any choice" in captured.err
+
+
+def test_the_slots_model_runs_in_a_process_that_never_imported_the_project(tmp_path):
+    """A gloo or process worker unpickles the model: that alone registers the experts
+    implementation there (transformers looks it up by name at every forward)."""
+    import pickle
+    import subprocess
+    import sys
+
+    slots, _, (ids,) = _mixtral_pair(capacity=16)
+    path = tmp_path / "model.pt"
+    path.write_bytes(pickle.dumps((slots, ids)))
+    expected = slots(ids).logits
+    code = ("import pickle, sys, torch; model, ids = pickle.load(open(sys.argv[1], 'rb')); "
+            "torch.save(model(ids).logits, sys.argv[2])")
+    subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "out.pt")], check=True, timeout=300)
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected)

@@ -31,6 +31,7 @@ WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8
            "bert": ("aten.linear.default", 6), "vit": ("aten.linear.default", 7), "resnet": ("aten.linear.default", 1),
            "lstm": ("aten.linear.default", 5),   # the head, and the input and three steps' hidden projections of the LSTM
            "mixtral": ("aten.linear.default", 6),   # q, k, v, o, the router, the LM head (the experts': index.Tensor)
+           "mixtral-capacity": ("aten.linear.default", 6),   # the same (the experts': einsum)
            "bart": ("aten.linear.default", 16),   # encoder 4 + 2, decoder self 4, cross 4, MLP 2
            "convnext": ("aten.linear.default", 5),   # two blocks' MLPs (2 each) and the classifier
            "swin": ("aten.linear.default", 13)}   # two blocks' q, k, v, o and MLPs (6 each) and the classifier

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                             description="SPEC is a specs/plans/*.yaml file, a model factory's dotted path "
                                         "(then --input gives the inputs, or the model's own example_inputs "
                                         "attribute does), or zoo:NAME, a tiny HF transformers model (gpt2, llama, "
-                                        "bert, vit, resnet, mixtral, lstm, bart, convnext, swin; the models extra) "
+                                        "bert, vit, resnet, mixtral, mixtral-capacity, lstm, bart, convnext, swin; the models extra) "
                                         "with its own inputs. A factory's "
                                         "model is verified as the factory built it (its own weights, eval mode).")
     parser.add_argument("spec")

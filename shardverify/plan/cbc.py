@@ -76,8 +76,9 @@ class CBC:
         status = _solve(program)
         if pulp.LpStatus[status] != "Optimal":
             if needs.memory_limit is not None:
-                raise PlanInfeasible(f"no plan fits the memory limit of {needs.memory_limit} bytes per device on mesh "
-                                     f"{problem.mesh.shape} (solver status {pulp.LpStatus[status]})")
+                raise PlanInfeasible(f"no plan fits the memory limit of {needs.memory_limit / 2 ** 30:.4g} GiB per "
+                                     f"device on mesh {problem.mesh.shape} and meets the plan's goals as well (the "
+                                     f"solver's status: {pulp.LpStatus[status]})")
             raise StrategyError(f"the plan solver ended with status {pulp.LpStatus[status]}")
         return {name: max(range(len(options)), key=lambda k: x[name][k].value() or 0.0)
                 for name, options in choices.items()}

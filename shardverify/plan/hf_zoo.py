@@ -151,6 +151,30 @@ def mixtral(hidden: int = WIDTH, heads: int = 4, ffn: int = 2 * WIDTH, vocab: in
                                                 use_cache=False))
 
 
+def mixtral_capacity(hidden: int = WIDTH, heads: int = HEADS, ffn: int = 2 * WIDTH, vocab: int = VOCAB,
+                     positions: int = 32, experts: int = 8, groups: int = 16, capacity: int = SEQ) -> torch.nn.Module:
+    """HF Mixtral (top-2 of 8 experts) with its experts run by :mod:`shardverify.plan.hf_experts`:
+    the tokens of each of ``groups`` groups (a sequence each) routed into ``capacity`` slots per
+    expert, the experts' stacked weights applied with the expert dim shared by tokens and weights,
+    so that splitting the experts over a mesh axis (expert parallelism) is a layout. The tiny
+    build's capacity is a whole sequence: no token dropped, transformers' own function to rounding."""
+    from shardverify.plan import hf_experts
+
+    t = _transformers()
+    hf_experts.register()
+    config = t.MixtralConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=1,
+                             num_attention_heads=heads, num_key_value_heads=heads, num_local_experts=experts,
+                             num_experts_per_tok=2, max_position_embeddings=positions, attn_implementation="sdpa",
+                             experts_implementation=hf_experts.NAME, use_cache=False)
+    return hf_experts.add_slots(t.MixtralForCausalLM(config), groups, capacity)
+
+
+def _ids_16(seed: int) -> tuple[torch.Tensor, ...]:
+    """Token ids [16, 16]: 16 sequences, a group each, which splits over 8 or 16 devices evenly as a
+    real batch of 8 or 16 does."""
+    return _ids(seed, batch=16)
+
+
 class _EncoderDecoder(torch.nn.Module):
     """An encoder-decoder model called with the encoder's and the decoder's ids (the decoder's given,
     as in training with teacher forcing, rather than shifted from the encoder's in place)."""
@@ -213,6 +237,7 @@ HF_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[
     "resnet": (resnet, _pixels),
     "lstm": (recurrent_lm, _short_ids),      # a plain torch LSTM language model (shardverify.plan.zoo)
     "mixtral": (mixtral, _ids),
+    "mixtral-capacity": (mixtral_capacity, _ids_16),
     "bart": (bart, _two_ids),
     "convnext": (convnext, _pixels),
     "swin": (swin, _pixels_28),
@@ -226,6 +251,14 @@ def _mixtral_real(hidden: int, seq: int, batch: int):
     # Mixtral-8x7B's 8 experts and its MLP width (3.5h); its keys and values keep every head (the
     # real model shares 8 among 32: grouped-query attention adds ops the tiny build's graph lacks)
     return mixtral(hidden, hidden // HEAD_DIM, 7 * hidden // 2, 32000, 2 * seq, 8), \
+        (torch.zeros(batch, seq, dtype=torch.int64),)
+
+
+def _mixtral_capacity_real(hidden: int, seq: int, batch: int):
+    # Mixtral-8x7B's experts and MLP width; a sequence per group and GShard's capacity: 1.25 times
+    # a group's even share of the top-2 choices (k * seq / experts), tokens past it dropped
+    capacity = -(-5 * 2 * seq // (4 * 8))
+    return mixtral_capacity(hidden, hidden // HEAD_DIM, 7 * hidden // 2, 32000, 2 * seq, 8, batch, capacity), \
         (torch.zeros(batch, seq, dtype=torch.int64),)
 
 
@@ -253,7 +286,7 @@ def _swin_real(hidden: int, seq: int, batch: int):
 
 REAL_MODELS: dict[str, Callable[[int, int, int], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
     "gpt2": _gpt2_real, "llama": _llama_real, "bert": _bert_real, "vit": _vit_real, "resnet": _resnet_real,
-    "mixtral": _mixtral_real, "bart": _bart_real, "convnext": _convnext_real, "swin": _swin_real,
+    "mixtral": _mixtral_real, "mixtral-capacity": _mixtral_capacity_real, "bart": _bart_real, "convnext": _convnext_real, "swin": _swin_real,
 }
 
 

@@ -11,7 +11,7 @@ keeps a program exact with a fraction of the variables (:class:`EdgeClasses`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
@@ -301,10 +301,12 @@ class PlanProblem:
         """The declared bytes per device of ``chosen``."""
         return sum(self.own_cost(name, self.choices[name][k]).memory for name, k in chosen.items())
 
-    def least_memory(self) -> OwnCost:
+    def least_memory(self, ruled_out: Mapping[str, Collection[int]] | None = None) -> OwnCost:
         """The bytes per device of the choice that holds least (memory couples no two nodes, so it is
-        each node's least), with the weights' share of them."""
-        least = [min((self.own_cost(name, option) for option in options), key=lambda c: c.memory)
+        each node's least), with the weights' share of them; ``ruled_out``: node -> option indices
+        it may not choose."""
+        least = [min((self.own_cost(name, option) for k, option in enumerate(options)
+                      if k not in (ruled_out or {}).get(name, ())), key=lambda c: c.memory)
                  for name, options in self.choices.items()]
         return OwnCost(0.0, 0.0, 0.0, sum(c.memory for c in least), sum(c.weights for c in least))
 

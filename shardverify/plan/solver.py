@@ -44,14 +44,20 @@ def solve_problem(problem: PlanProblem, memory_limit: int | None = None, goals: 
                   solver: Solver | None = None) -> Plan:
     """``solver``'s plan (CBC's when None) for ``problem`` under ``memory_limit`` and ``goals``."""
     solver = DEFAULT_SOLVER if solver is None else solver
-    if memory_limit is not None and (least := problem.least_memory()).memory > memory_limit:
+    needs = requirements(problem, memory_limit, goals)
+    ruled_out: dict[str, set[int]] = {}
+    for rule in needs.ruled_out:
+        ruled_out.setdefault(rule.node, set()).update(rule.options)
+    if memory_limit is not None and (least := problem.least_memory(ruled_out)).memory > memory_limit:
+        admitted = " the goals admit" if ruled_out else ""
         raise PlanInfeasible(f"no plan fits the memory limit of {memory_limit / 2 ** 30:.4g} GiB per device on mesh "
-                             f"{problem.mesh.shape}: the least any choice of layouts holds is "
+                             f"{problem.mesh.shape}: the least any choice of layouts{admitted} holds is "
                              f"{least.memory / 2 ** 30:.4g} GiB ({least.weights / 2 ** 30:.4g} GiB of it weights with "
-                             f"their gradients and optimizer state, every weight held as split as it divides) "
+                             f"their gradients and optimizer state, every weight held as split as "
+                             f"{'the goals let it' if ruled_out else 'it divides'}) "
                              f"for {problem.workload.label}; more devices, --recompute, a smaller batch or "
                              f"less optimizer state would lower it")
-    picked = solver.solve(problem, requirements(problem, memory_limit, goals))
+    picked = solver.solve(problem, needs)
     missing = [name for name in problem.choices if name not in picked]
     if missing:
         raise StrategyError(f"solver {solver.name!r} chose no option for node(s) {missing[:5]}")
