@@ -5,7 +5,7 @@ comes back, so the results folder has one writer and no lock file in this path.
 A worker keeps torch imported and one on-demand verifier (its simulated meshes) for all its
 entries, as the sweep in one process does.  OpInfo entries and ATen overloads do not travel
 between processes: a unit carries the entry's name and its specs' dotted target names, and the
-worker finds the entry among those of the targets.
+worker finds the entry among those of the targets (among all of op_db for an entry no spec lists).
 """
 
 from __future__ import annotations
@@ -27,16 +27,17 @@ _VERIFIER: list = []   # a worker's on-demand verifier, made for its first entry
 def sweep_entry_unit(name: str, op: str, target_names: Sequence[str], meshes: Sequence[tuple[int, ...]],
                      captures: Sequence[str], limit: int):
     """``sweep_entry`` of the OpInfo entry ``name`` on a worker: a SweepResult."""
-    from shardverify.features.opinfo.samples import entries_for
+    from shardverify.features.opinfo.samples import entries_for, op_db
     from shardverify.features.opinfo.sweep import entry_name, sweep_entry
     from shardverify.spec.names import resolve_dotted
     from shardverify.verify.on_demand import OnDemandVerifier
 
     targets = [resolve_dotted(dotted) for dotted in target_names]
-    entry = next((e for e in entries_for(targets) if entry_name(e) == name), None)
+    # an entry no spec lists travels with no target names: it is found among all of op_db
+    entry = next((e for e in (entries_for(targets) if targets else op_db()) if entry_name(e) == name), None)
     if entry is None:
-        raise ShardVerifyError(f"the OpInfo entry {name} is not among those of {', '.join(target_names)} on this "
-                               "worker's torch")
+        raise ShardVerifyError(f"the OpInfo entry {name} is not among those of "
+                               f"{', '.join(target_names) or 'op_db'} on this worker's torch")
     if not _VERIFIER:
         _VERIFIER.append(OnDemandVerifier())
     return sweep_entry(entry, op, targets, meshes, captures, limit, _VERIFIER[0])

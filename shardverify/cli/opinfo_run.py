@@ -19,11 +19,13 @@ from shardverify.files import write_file_atomic
 __all__ = ["run_opinfo"]
 
 
-def _entries(specs: list) -> tuple[list[tuple[object, str, list, list]], list[str]]:
+def _entries(specs: list, every: bool = False) -> tuple[list[tuple[object, str, list, list]], list[str]]:
     """(entry, the first spec listing it, every listing spec's targets, their dotted names) of each
     OpInfo entry of the specs' targets, once: a call reaching several specs is swept and counted
-    once; and the specs whose targets have no OpInfo entry (nothing of theirs can be swept)."""
-    from shardverify.features.opinfo.samples import entries_for
+    once; and the specs whose targets have no OpInfo entry (nothing of theirs can be swept).
+    ``every``: then every other entry of op_db, under its own name with no targets (what its
+    samples call decides which specs serve them)."""
+    from shardverify.features.opinfo.samples import entries_for, op_db
     from shardverify.features.opinfo.sweep import entry_name
     from shardverify.spec.names import resolve_dotted
 
@@ -44,6 +46,9 @@ def _entries(specs: list) -> tuple[list[tuple[object, str, list, list]], list[st
                         found[name][3].append(dotted)
             else:
                 found[name] = (entry, spec.name, list(targets), list(names))
+    if every:
+        for entry in op_db():
+            found.setdefault(entry_name(entry), (entry, entry_name(entry), [], []))
     return list(found.values()), without
 
 
@@ -55,6 +60,8 @@ class _Tally:
         self.total = total
         self.commits: dict[str, int] = {}
         self.unswept: list[str] = []
+        self.listed: set[str] | None = None   # with --opinfo-every-entry: the entries the specs' targets list
+        self.skipped: list[str] = []           # entries no spec lists that have no sample to call, each with why
 
     def count(self, name: str, op: str, found, commit: str, how: str, where: str) -> None:
         self.commits[commit] = self.commits.get(commit, 0) + 1
@@ -108,7 +115,10 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
 
     unswept = tally.unswept
     busy: list[tuple[str, str, str]] = []    # entries another live process held when reached
-    entries, without = _entries(specs)
+    every = getattr(args, "opinfo_every_entry", False)
+    entries, without = _entries(specs, every)
+    if every:
+        tally.listed = {entry_name(entry) for entry, _, targets, _ in entries if targets}
     if args.specs:    # a spec named on the command line with nothing to sweep is no pass
         unswept += [f"spec {op} (its targets have no OpInfo entry)" for op in without]
     pending: list[tuple[int, str, str, list]] = []   # --cluster: (position, entry, spec, target names) to sweep
@@ -146,7 +156,10 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
                     release_entry(folder, name)
                 commit, how = source_commit(), "swept"
             if not found.outcomes:
-                unswept.append(f"{name} (no sample of it was called: nothing checked)")
+                if targets:
+                    unswept.append(f"{name} (no sample of it was called: nothing checked)")
+                else:   # an entry no spec lists, with no CPU sample in a dtype the sweep draws
+                    tally.skipped.append(f"{name} ({_no_sample(entry)})")
                 continue
             tally.count(name, op, found, commit, how, f"[{i}/{len(entries)}]")
     if pending:
@@ -154,9 +167,11 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
 
         swept = sweep_entries_on_cluster(args, [(name, op, names) for _, name, op, names in pending], folder,
                                          settings, meshes, captures)
-        for (i, name, op, _), found in zip(pending, swept):
+        for (i, name, op, names), found in zip(pending, swept):
             if isinstance(found, str):
                 unswept.append(f"{name} ({found})")
+            elif not found.outcomes and not names:
+                tally.skipped.append(f"{name} ({_no_sample(entries[i - 1][0])})")
             elif not found.outcomes:
                 unswept.append(f"{name} (no sample of it was called: nothing checked)")
             else:
@@ -167,6 +182,17 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
             tally.count(name, op, stored[0], stored[1], "stored by the process that held it", "[after]")
         else:
             unswept.append(f"{name} ({why})")
+
+
+def _no_sample(entry) -> str:
+    """Why an OpInfo entry gave the sweep no call."""
+    from shardverify.features.opinfo.samples import SWEPT_DTYPES
+
+    supported = entry.supported_dtypes("cpu")
+    if not any(d in supported for d in SWEPT_DTYPES):
+        kinds = ", ".join(sorted(str(d).removeprefix("torch.") for d in supported)) or "none"
+        return f"no CPU sample in {', '.join(str(d).removeprefix('torch.') for d in SWEPT_DTYPES)}: its CPU dtypes are {kinds}"
+    return "its sample_inputs gave no sample on the CPU"
 
 
 def _print_table(total) -> None:
@@ -183,13 +209,15 @@ def _write_report(args: argparse.Namespace, tally: _Tally, wall: float) -> bool:
     from shardverify.features.opinfo.report import markdown
 
     command = " ".join(["shardverify verify --opinfo", *(args.specs or []),
+                        *(["--opinfo-every-entry"] if tally.listed is not None else []),
                         f"--opinfo-samples {args.opinfo_samples}",
                         *([f"--opinfo-results {args.opinfo_results}"] if args.opinfo_results else []),
                         *(["--opinfo-stored"] if args.opinfo_stored else []),
                         *(["--opinfo-fresh"] if args.opinfo_fresh else []), f"--report {args.report}"])
     try:
         write_file_atomic(args.report, markdown(tally.total, command, torch.__version__, commits=tally.commits,
-                                                wall=wall, unswept=tally.unswept))
+                                                wall=wall, unswept=tally.unswept, listed=tally.listed,
+                                                skipped=tally.skipped))
     except OSError as error:
         print(f"error: cannot write {args.report}: {error.strerror or error}", file=sys.stderr)
         return False
@@ -216,7 +244,9 @@ def _summary(tally: _Tally, wall: float) -> int:
     if unswept:
         print(f"\nFAILED: {len(unswept)} of {len(unswept) + sum(commits.values())} requested entries not swept, "
               f"so not checked: {', '.join(unswept)}")
-    print("\n".join(["", *totals(total)]))
+    if tally.skipped:
+        print(f"\n{len(tally.skipped)} OpInfo entries no spec lists gave no call to sweep: {', '.join(tally.skipped)}")
+    print("\n".join(["", *totals(total, tally.listed)]))
     print(f"\n{sum(counts.values())} calls: " + ", ".join(f"{n} {k}" for k, n in counts.most_common())
           + f"; swept in {total.seconds:.0f}s, this run {wall:.0f}s")
     return 1 if total.wrong or raw or unswept else 0

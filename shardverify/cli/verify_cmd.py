@@ -68,6 +68,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "(torch.fx and torch.export captures, --mesh or (2,2) and (4,)) as a plan would, "
                              "calls outside a grid verified on demand, grid-served strategies verified at the "
                              "call; count served / on demand / refused by reason")
+    parser.add_argument("--opinfo-every-entry", action="store_true",
+                        help="with --opinfo: sweep every entry of PyTorch's op_db, not only those of the specs' "
+                             "targets; an entry no spec lists is matched by what its samples call (every op node "
+                             "its captures hold must be served), and the report gives the share over the specs' "
+                             "own entries beside the share over all")
     parser.add_argument("--opinfo-samples", type=parse_seed, default=24, metavar="N",
                         help="with --opinfo: at most N samples per OpInfo entry, a fixed draw (0: every sample)")
     parser.add_argument("--opinfo-results", type=Path, default=None, metavar="DIR",

@@ -48,23 +48,38 @@ def table(result: SweepResult) -> list[list[str]]:
     return [_row(entry, mine) for entry, mine in by_entry.items()]
 
 
-def totals(result: SweepResult) -> list[str]:
+def _capture_totals(outcomes: list) -> list[str]:
     lines = []
-    for capture in sorted({o.capture for o in result.outcomes}):
-        mine = [o for o in result.outcomes if o.capture == capture and o.outcome != "folded"]
+    for capture in sorted({o.capture for o in outcomes}):
+        mine = [o for o in outcomes if o.capture == capture and o.outcome != "folded"]
         served = sum(o.outcome in ("grid", "on-demand") for o in mine)
-        folded = sum(o.capture == capture and o.outcome == "folded" for o in result.outcomes)
-        lines.append(f"- {capture}: {served} of {len(mine)} calls served ({100 * result.served_share(capture):.1f}%)"
+        folded = sum(o.capture == capture and o.outcome == "folded" for o in outcomes)
+        share = f"{100 * served / len(mine):.1f}%" if mine else "no call"
+        lines.append(f"- {capture}: {served} of {len(mine)} calls served ({share})"
                      + (f" ({folded} more the capture folded away: no op left to serve)" if folded else "") + ", "
                      f"{sum(o.outcome == 'on-demand' for o in mine)} of them verified on demand, "
                      f"{sum(o.sharded > 0 for o in mine)} with a strategy that shards")
     return lines
 
 
+def totals(result: SweepResult, listed: set[str] | None = None) -> list[str]:
+    """Served shares per capture; with ``listed`` (a sweep of every op_db entry: the entries the
+    specs' targets list), over every entry, then over those alone."""
+    if listed is None:
+        return _capture_totals(result.outcomes)
+    entries = {entry_of(o) for o in result.outcomes}
+    own = [o for o in result.outcomes if entry_of(o) in listed]
+    return [f"Over every op_db entry swept ({len(entries)}):", *_capture_totals(result.outcomes),
+            f"Over the entries the specs' targets list ({len(entries & listed)} of them):", *_capture_totals(own)]
+
+
 def markdown(result: SweepResult, command: str, torch_version: str, commits: dict[str, int] | None = None,
-             wall: float | None = None, unswept: list[str] | None = None) -> str:
+             wall: float | None = None, unswept: list[str] | None = None, listed: set[str] | None = None,
+             skipped: list[str] | None = None) -> str:
     """The page docs/opinfo.md holds. ``commits``: entries per commit their results were swept at;
-    ``wall``: the seconds the command took (less than the sweep's where stored results were read)."""
+    ``wall``: the seconds the command took (less than the sweep's where stored results were read);
+    ``listed``: a sweep of every op_db entry, these the entries the specs' targets list;
+    ``skipped``: entries that gave no call, each with why."""
     counts = result.counts()
     checked = sum(o.checked for o in result.outcomes)
     lines = ["# PyTorch's OpInfo samples against the op specs", "",
@@ -72,7 +87,10 @@ def markdown(result: SweepResult, command: str, torch_version: str, commits: dic
              + (f", this run {wall:.0f} s" if wall is not None else "") + ")."
              + (" Results swept at commit " + ", ".join(f"{c or 'unknown'} ({n} entries)" for c, n in commits.items())
                 + "." if commits else ""),
-             "Every OpInfo sample of every op spec's targets (CPU, float64; a fixed draw where an entry has many) is captured as a",
+             ("Every OpInfo sample of every entry of PyTorch's op_db (an entry no spec lists matched by the op nodes "
+              "its captures hold; CPU, float64 where the entry has it; a fixed draw where an entry has many) is captured as a"
+              if listed is not None else
+              "Every OpInfo sample of every op spec's targets (CPU, float64; a fixed draw where an entry has many) is captured as a"),
              "one-op module with torch.fx and with torch.export and served on each mesh as a plan would serve",
              "it. A call the spec's grid covers is served by it, and its strategies are verified at the call",
              "too; a call outside the grid is verified on demand, its failing strategies never served.",
@@ -83,7 +101,9 @@ def markdown(result: SweepResult, command: str, torch_version: str, commits: dic
              f"{checked} grid-served strategies checked at their call, "
              f"{sum(len(o.wrong) for o in result.outcomes)} wrong; "
              f"{len(result.defects)} rule defect(s) found on demand (strategies not offered).", "",
-             *totals(result), "",
+             *totals(result, listed), "",
+             *([f"**Skipped: {len(skipped)} OpInfo entries** no spec lists gave no call to sweep: "
+                f"{', '.join(skipped)}.", ""] if skipped else []),
              *([f"**Not swept: {len(unswept)} OpInfo entries** (no current stored results; "
                 f"these calls are in no count above): {', '.join(unswept)}.", ""] if unswept else []), "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table(result)]

@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 
 from shardverify.errors import InvalidArgument
 
-__all__ = ["Sample", "op_db", "entries_for", "samples_of", "OneOp"]
+__all__ = ["Sample", "op_db", "entries_for", "samples_of", "OneOp", "SWEPT_DTYPES"]
 
 
 def op_db() -> list:
@@ -70,12 +70,16 @@ class Sample:
 _TENSOR = object()
 
 
+#: the dtypes a sample is drawn in, the first an entry supports on the CPU
+SWEPT_DTYPES = (torch.float64, torch.float32, torch.int64, torch.bool)
+
+
 def samples_of(entry, dtype: torch.dtype = torch.float64, limit: int = 0, seed: int = 0) -> Iterator[Sample]:
-    """The entry's CPU samples in ``dtype`` (its first supported floating dtype when it lacks
-    ``dtype``); ``limit``: at most that many, drawn with a fixed seed (0: every sample)."""
+    """The entry's CPU samples in ``dtype`` (else the first of :data:`SWEPT_DTYPES` it supports);
+    ``limit``: at most that many, drawn with a fixed seed (0: every sample)."""
     supported = entry.supported_dtypes("cpu")
     if dtype not in supported:
-        dtype = next((d for d in (torch.float64, torch.float32, torch.int64, torch.bool) if d in supported), None)
+        dtype = next((d for d in SWEPT_DTYPES if d in supported), None)
         if dtype is None:
             return
     torch.manual_seed(seed)

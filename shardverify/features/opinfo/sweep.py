@@ -22,11 +22,12 @@ import torch
 from torch import fx
 
 from shardverify.capture.call import target_name
+from shardverify.capture.decompose import decompose_unserved
 from shardverify.capture.export import export_graph
 from shardverify.capture.fx import trace
 from shardverify.errors import ShardVerifyError
 from shardverify.features.opinfo.samples import Sample, entries_for, one_op_module, samples_of
-from shardverify.plan.coverage import shards
+from shardverify.plan.coverage import shards, unserved
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.names import resolve_dotted
 from shardverify.strategies.for_node import strategies_for_node
@@ -78,18 +79,22 @@ class SweepResult:
 
 
 def _capture(sample: Sample, how: str) -> fx.GraphModule:
+    """The sample's one-op module as a plan captures a model: torch.fx, or torch.export with every
+    node no handler serves decomposed by PyTorch's own decompositions (Core ATen)."""
     module = one_op_module(sample)
     if how == "fx":
         return trace(module, {f"x{i}": t for i, t in enumerate(sample.tensors)})
-    return export_graph(module, sample.tensors)
+    graph = export_graph(module, sample.tensors)
+    return decompose_unserved(graph, lambda node: unserved(node, graph))
 
 
 def _op_nodes(graph_module: fx.GraphModule, targets: set) -> list[fx.Node]:
-    """The call nodes of the op under test: those whose target is a spec target, else every
-    call node that returns a tensor (the capture made the call into other ops)."""
+    """The call nodes of the op under test: those whose target is a spec target, else (and for an
+    entry no spec lists: no ``targets``) every call node that returns a tensor (the capture made
+    the call into other ops, or a lambda called several)."""
     calls = [n for n in graph_module.graph.nodes if n.op in ("call_function", "call_method", "call_module")
              and getattr(n.target, "__name__", "") != "getitem"]
-    mine = [n for n in calls if _is_target(n, targets)]
+    mine = [n for n in calls if _is_target(n, targets)] if targets else []
     return mine or [n for n in calls if "tensor_meta" in n.meta]
 
 
@@ -170,7 +175,8 @@ def sweep_entry(entry, op: str, targets: Sequence[object], meshes: Sequence[tupl
                 check_grid: bool = True, seed: int = 0) -> SweepResult:
     """Every sample of one OpInfo entry (at most ``limit``, a fixed draw) under each capture and
     mesh: one outcome per call. ``op`` names the spec that listed the entry (a call no spec served
-    is counted under it); ``targets`` are the targets that make a captured node the op under test."""
+    is counted under it); ``targets`` are the targets that make a captured node the op under test
+    (none, for an entry no spec lists: every op node its captures hold)."""
     start = time.perf_counter()
     keys = {target_key(t) for t in targets} | set(targets)
     own = verifier is None
