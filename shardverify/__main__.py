@@ -2,4 +2,5 @@ import sys
 
 from shardverify.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":   # not in a child process multiprocessing spawns (it imports this module)
+    sys.exit(main())

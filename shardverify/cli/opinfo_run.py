@@ -150,11 +150,20 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
                 if why:
                     print(f"opinfo: {name}: {why}", file=sys.stderr, flush=True)
                 try:
-                    found = sweep_entry(entry, op, targets, meshes, captures, args.opinfo_samples, verifier)
-                    save_entry(folder, name, settings, found)
+                    if why:   # a sweeper died holding it: swept where a crash cannot end this run
+                        failed = _sweep_isolated(name, op, names, meshes, captures, args.opinfo_samples, folder,
+                                                 settings)
+                        stored = None if failed else load_entry(folder, name, settings)
+                        if stored is None:
+                            unswept.append(f"{name} ({failed or 'its child process stored no results'})")
+                            continue
+                        found = stored[0]
+                    else:
+                        found = sweep_entry(entry, op, targets, meshes, captures, args.opinfo_samples, verifier)
+                        save_entry(folder, name, settings, found)
                 finally:
                     release_entry(folder, name)
-                commit, how = source_commit(), "swept"
+                commit, how = source_commit(), "swept" + (" in a child process" if why else "")
             if not found.outcomes:
                 if targets:
                     unswept.append(f"{name} (no sample of it was called: nothing checked)")
@@ -182,6 +191,35 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
             tally.count(name, op, stored[0], stored[1], "stored by the process that held it", "[after]")
         else:
             unswept.append(f"{name} ({why})")
+
+
+def _sweep_isolated(name: str, op: str, names: list, meshes, captures, limit: int, folder, settings) -> str:
+    """Sweep the entry in a child process, which stores its results: '' when it did, else why
+    not (the signal a kernel ended it with). For an entry whose sweeper died holding it: a kernel
+    that corrupts memory on the data drawn for it would end this run too."""
+    import multiprocessing
+    import signal
+
+    child = multiprocessing.get_context("spawn").Process(
+        target=_child_sweep, args=(name, op, list(names), [tuple(m) for m in meshes], tuple(captures), limit,
+                                   str(folder), settings))
+    child.start()
+    child.join()
+    if child.exitcode == 0:
+        return ""
+    if child.exitcode is not None and child.exitcode < 0:
+        return (f"its sweep died of {signal.Signals(-child.exitcode).name} in a child process, as the sweeper "
+                f"before it did: a kernel the sweep calls ends the process it runs in")
+    return f"its sweep's child process exited with status {child.exitcode}"
+
+
+def _child_sweep(name: str, op: str, names: list, meshes, captures, limit: int, folder: str, settings: dict) -> None:
+    from pathlib import Path
+
+    from shardverify.cli.opinfo_cluster import sweep_entry_unit
+    from shardverify.features.opinfo.store import save_entry
+
+    save_entry(Path(folder), name, settings, sweep_entry_unit(name, op, names, meshes, captures, limit))
 
 
 def _no_sample(entry) -> str:
