@@ -1,5 +1,5 @@
 """A node of an exported graph that no spec serves is decomposed with PyTorch's own decompositions
-(that node only), and its pieces are planned and verified like any other node; the report says
+(that node only; an fx graph's torch-level call is traced to ATen ops as it is called), and its pieces are planned and verified like any other node; the report says
 what was decomposed into what; a wrong strategy inside the pieces is caught naming the piece and
 the node it came from; a node that cannot be decomposed keeps the fallback, said why."""
 
@@ -102,13 +102,41 @@ def test_a_node_that_cannot_be_decomposed_keeps_the_fallback_and_says_why():
          "reason": "PyTorch has no decomposition of it"}]
 
 
-def test_an_fx_graph_is_not_decomposed_and_says_so():
+def test_an_fx_graphs_torch_level_call_is_traced_to_aten_and_its_pieces_verified():
+    """Under fx the node is ``torch.addcmul`` itself: traced at the ATen level as it is called, its
+    pieces planned and verified like the export graph's."""
     torch.manual_seed(0)
-    result = verify_plan(Gated(), torch.randn(8, 8), MESH, capture="fx", verified_only=True)
+    result = verify_plan(Gated(), torch.randn(8, 8), MESH, capture="fx", verified_only=True, data_parallel=True,
+                         strict=True)
+    assert result.passed, result.summary()
     coverage = result.coverage
-    assert not coverage.decompositions() and list(coverage.unhandled_targets()) == ["torch._VariableFunctionsClass.addcmul"]
-    assert "a torch-level call (decomposition works on torch.export's ATen graphs: capture with export)" \
-        in "\n".join(coverage.lines())
+    assert coverage.decompositions() == {("addcmul", "torch._VariableFunctionsClass.addcmul"):
+                                         Counter({"aten.mul.Tensor": 2, "aten.add.Tensor": 1})}
+    assert coverage.count("unhandled") == 0
+
+
+class Method(nn.Module):
+    def forward(self, x):
+        return x.deg2rad().sum(dim=-1)      # a tensor method no spec serves
+
+
+class Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.GRU(4, 4, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0].sum(dim=-1)
+
+
+def test_an_fx_method_call_is_decomposed_and_a_modules_call_says_to_capture_with_export():
+    torch.manual_seed(0)
+    result = verify_plan(Method(), torch.randn(8, 4), MESH, capture="fx", verified_only=True)
+    assert result.passed and result.coverage.count("unhandled") == 0, result.summary()
+    assert result.coverage.decompositions() == {("deg2rad", "Tensor.deg2rad"): Counter({"aten.mul.Tensor": 1})}
+    result = verify_plan(Recurrent(), torch.randn(8, 3, 4), MESH, capture="fx", verified_only=True)
+    text = "\n".join(result.coverage.lines())
+    assert "a module's or the user's own call, kept whole" in text, text
 
 
 class LogSigmoid(nn.Module):

@@ -204,14 +204,27 @@ def test_a_dropped_column_parallel_backward_all_reduce_is_blamed_on_that_linear(
     assert "an all-reduce of its gradient over mesh axes [0]" in result.summary()
 
 
+def _users_own(x):
+    """A function of the user's: torch.fx keeps it whole (wrapped), and no spec serves it."""
+    return x.abs() > 0.5
+
+
+torch.fx.wrap("_users_own")
+
+
+class UsersOwn(Positive):
+    def forward(self, x):
+        return _users_own(self.fc(x))
+
+
 def test_strict_is_one_meaning_everywhere():
     """verify_plan(strict=True), the CLI's --strict and a plan spec's strict: true (its generated
     test) all refuse through strict_problems: a fallback, and a plan that shards nothing."""
-    result = verify_plan(Positive(), torch.randn(4, 8), (2,), strict=True)   # fx: operator.gt has no handler
+    result = verify_plan(UsersOwn(), torch.randn(4, 8), (2,), strict=True)   # fx: the wrapped function, no handler
     assert not result.passed and result.summary() == ("FAIL (strict): 1 tensor op(s) ran replicated without "
                                                       "strategies (see coverage); the plan shards nothing")
-    assert verify_plan(Positive(), torch.randn(4, 8), (2,)).passed
-    assert verify_plan(Positive(), torch.randn(4, 8), (2,), capture="export", data_parallel=True, strict=True).passed
+    assert verify_plan(UsersOwn(), torch.randn(4, 8), (2,)).passed
+    assert verify_plan(UsersOwn(), torch.randn(4, 8), (2,), capture="export", data_parallel=True, strict=True).passed
 
 
 class DataDependent(nn.Module):

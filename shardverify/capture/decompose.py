@@ -10,10 +10,11 @@ the node was, each new node named ``<node>_<piece>`` and marked with the node it
 or nothing more decomposes; a node that cannot be decomposed stays, with the reason
 (:data:`NOT_DECOMPOSED`). The caller says what is served (this room knows no handlers).
 
-Only ATen graphs: a torch.fx graph's targets are torch-level calls (``nn.LSTM`` as a module,
-``F.gelu``), for which the table has nothing; decomposing them would need a second capture of
-the node at the ATen level, whose pieces no longer name the model's calls. Capture with
-torch.export to have them decomposed.
+A torch.fx graph's targets are torch-level calls (``torch.addcmul``, ``x.deg2rad()``), for which
+the table has nothing: such a node is traced as it is called, at the ATen level (pre-dispatch, as
+export's training IR), and its ATen pieces spliced in its place (decomposed again where nothing
+serves them). A module called by an fx graph (``nn.LSTM``) is not decomposed: capture with
+torch.export.
 
 The single-device reference runs the decomposed graph too: the check is of the sharding of the
 pieces, against PyTorch's own decomposition of the op (which torch.export, Inductor and DTensor
@@ -36,7 +37,7 @@ from shardverify.capture.call import target_name
 from shardverify.capture.custom_ops import custom_decomposition
 from shardverify.capture.export import annotate, inplace_as_functional, tuple_views_as_slices
 
-__all__ = ["ORIGIN", "NOT_DECOMPOSED", "MAX_DEPTH", "decompose_unserved", "origin", "not_decomposed"]
+__all__ = ["ORIGIN", "NOT_DECOMPOSED", "MAX_DEPTH", "decompose_unserved", "origin", "not_decomposed", "torch_level"]
 
 ORIGIN = "shardverify_decomposed_from"       # node.meta: (node name, target) of the model node it came from
 NOT_DECOMPOSED = "shardverify_not_decomposed"  # node.meta: why a node nothing serves was not decomposed
@@ -76,15 +77,34 @@ def _rule(target: torch._ops.OpOverload, table) -> Callable | None:
     return None
 
 
+def torch_level(node: fx.Node) -> Callable | None:
+    """The callable of an fx graph's torch-level call (a tensor method, a function of torch's own
+    or a Python operator on tensors), which tracing at the ATen level decomposes; None for an
+    ATen op, a module's call, or a function of the user's (one ``torch.fx.wrap`` kept whole:
+    its body is the user's, not torch's, and may do what a trace cannot see)."""
+    if node.op == "call_method" and isinstance(node.target, str):
+        name = node.target
+        return lambda self, *args, **kwargs: getattr(self, name)(*args, **kwargs)
+    target = node.target
+    if node.op != "call_function" or not callable(target) or target is operator.getitem \
+            or isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return None
+    module = getattr(target, "__module__", None) or ""
+    return target if module == "_operator" or module == "torch" or module.startswith("torch.") else None
+
+
 def _trace(node: fx.Node, table) -> _Traced:
     """The decomposition of ``node`` traced on fake tensors of its operands' shapes, its
     placeholders the node's graph inputs in ``pytree`` order."""
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return _Traced(None, "not an ATen op")
-    rule = _rule(target, table)
-    if rule is None:
-        return _Traced(None, "PyTorch has no decomposition of it")
+    if isinstance(target, torch._ops.OpOverload):
+        rule = _rule(target, table)
+        if rule is None:
+            return _Traced(None, "PyTorch has no decomposition of it")
+    else:
+        rule = torch_level(node)
+        if rule is None:
+            return _Traced(None, "not an ATen op nor a torch-level call")
     flat, spec = pytree.tree_flatten((node.args, node.kwargs))
     where = [i for i, v in enumerate(flat) if isinstance(v, fx.Node)]
     examples = []
@@ -212,7 +232,8 @@ def _copy_pieces(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: t
 
 def decompose_unserved(gm: fx.GraphModule, unserved: Callable[[fx.Node], bool]) -> fx.GraphModule:
     """Every node for which ``unserved(node)`` holds decomposed (see the module docstring), in place."""
-    work = [(n, (n.name, target_name(n)), 0) for n in gm.graph.nodes if n.op == "call_function" and unserved(n)]
+    work = [(n, (n.name, target_name(n)), 0) for n in gm.graph.nodes
+            if n.op in ("call_function", "call_method") and unserved(n)]
     table = _table() if work else {}
     changed = False
     while work:

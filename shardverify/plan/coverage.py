@@ -16,7 +16,7 @@ from torch import fx
 from shardverify.capture.meta import output_metas, tensor_meta
 from shardverify.capture.uninitialised import is_uninitialised
 from shardverify.capture.call import target_name, tuple_element
-from shardverify.capture.decompose import not_decomposed, origin
+from shardverify.capture.decompose import not_decomposed, origin, torch_level
 from shardverify.errors import ShardVerifyError, StrategyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import ShardingStrategy, first_of_each_layout
@@ -91,15 +91,17 @@ def meta_shapes(node: fx.Node) -> tuple[int, ...] | list[tuple[int, ...]] | None
 
 
 def unserved(node: fx.Node, graph_module: fx.GraphModule) -> bool:
-    """An ATen op node that returns a tensor and that no handler serves (nor is it a constant or
-    uninitialised memory), or whose handler's rule does not describe the call (``aten.einsum``
-    of a diagonal, ``"bii->bi"``, or of three operands): what
+    """An ATen op node, or an fx graph's torch-level call (a function or a tensor method), that
+    returns a tensor and that no handler serves (nor is it a constant or uninitialised memory),
+    or an ATen op whose handler's rule does not describe the call (``aten.einsum`` of a diagonal,
+    ``"bii->bi"``, or of three operands): what
     :func:`shardverify.capture.decompose.decompose_unserved` decomposes."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
-            or is_uninitialised(node) or meta_shapes(node) in (None, []) or is_constant(node):
+    aten = node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    if not (aten or torch_level(node) is not None) or is_uninitialised(node) or meta_shapes(node) in (None, []) \
+            or is_constant(node):
         return False
     handler = handler_for_node(node, graph_module)
-    return handler is None or not _describes(handler, node, graph_module)
+    return handler is None or (aten and not _describes(handler, node, graph_module))
 
 
 def _describes(handler: HandlerDef, node: fx.Node, graph_module: fx.GraphModule) -> bool:
@@ -121,10 +123,11 @@ def _describes(handler: HandlerDef, node: fx.Node, graph_module: fx.GraphModule)
 
 def _no_handler(node: fx.Node, name: str) -> str:
     """Why a node has no strategies: no spec, and why it was not decomposed."""
-    torch_level = not isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
-        and node.target is not operator.getitem          # a piece of a tuple goes with its producer
-    why = not_decomposed(node) or ("a torch-level call (decomposition works on torch.export's ATen graphs: "
-                                   "capture with export)" if torch_level else "")
+    aten = isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+    opaque = not aten and node.target is not operator.getitem and torch_level(node) is None
+    why = not_decomposed(node) or ("a module's or the user's own call, kept whole (decomposition works on "
+                                   "ATen ops and torch's own calls: capture with export to trace into it)"
+                                   if opaque else "")
     return f"no spec has target {name}" + (f"; not decomposed: {why}" if why else "")
 
 

@@ -97,11 +97,11 @@ def traced(recipe: ModelRecipe) -> fx.GraphModule:
         return recipe.graph
     module = float64_copy(recipe.module)
     inputs = [as_float64(x) for x in recipe.inputs]
-    if recipe.capture == "export":   # a node no handler serves, decomposed into ops that are served
+    if recipe.capture == "export":
         graph = export_graph(module, inputs)
-        graph = decompose_unserved(graph, lambda node: unserved(node, graph))
     else:
         graph = trace(module, dict(zip(forward_names(module, len(inputs)), inputs)))
+    graph = decompose_unserved(graph, lambda node: unserved(node, graph))   # into ops that are served
     names = tuple(node.name for node in graph.graph.nodes)
     if recipe.nodes and names != recipe.nodes:
         other = sorted(set(recipe.nodes) ^ set(names))[:5]

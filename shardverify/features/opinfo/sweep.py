@@ -79,12 +79,13 @@ class SweepResult:
 
 
 def _capture(sample: Sample, how: str) -> fx.GraphModule:
-    """The sample's one-op module as a plan captures a model: torch.fx, or torch.export with every
-    node no handler serves decomposed by PyTorch's own decompositions (Core ATen)."""
+    """The sample's one-op module as a plan captures a model: torch.fx or torch.export, every node
+    no handler serves decomposed into ATen ops that are served (PyTorch's own decompositions)."""
     module = one_op_module(sample)
     if how == "fx":
-        return trace(module, {f"x{i}": t for i, t in enumerate(sample.tensors)})
-    graph = export_graph(module, sample.tensors)
+        graph = trace(module, {f"x{i}": t for i, t in enumerate(sample.tensors)})
+    else:
+        graph = export_graph(module, sample.tensors)
     return decompose_unserved(graph, lambda node: unserved(node, graph))
 
 
