@@ -1,8 +1,8 @@
 """A transformers experts implementation that routes tokens into per-expert slots of a fixed
 capacity (GShard, Switch Transformer, DeepSpeed-MoE), registered under transformers' own extension
-point (``ExpertsInterface``) as :data:`NAME`, for any model whose experts module transformers'
-``use_experts_implementation`` wraps (Mixtral, Qwen-MoE, ...: stacked ``gate_up_proj`` [E, 2F, D]
-and ``down_proj`` [E, D, F]).
+point (``ExpertsInterface``) as :data:`NAME`, for a model whose experts module transformers'
+``use_experts_implementation`` wraps with stacked ``gate_up_proj`` [E, 2F, D] and ``down_proj``
+[E, D, F] weights, as Mixtral's.
 
 Why: transformers' own implementations cannot be split over the experts at a size people train.
 ``batched_mm`` copies each token's expert weights (``[tokens x k, 2F, D]``); ``grouped_mm`` calls a
@@ -23,6 +23,8 @@ With a capacity of a whole group (no token dropped) the function equals transfor
 from __future__ import annotations
 
 import torch
+
+from shardverify.errors import InvalidArgument
 
 __all__ = ["NAME", "register", "add_slots", "slots_experts_forward"]
 
@@ -86,5 +88,5 @@ def add_slots(model: torch.nn.Module, groups: int, capacity: int) -> torch.nn.Mo
             module.slots_registration = _registered()
             found += 1
     if not found:
-        raise ValueError(f"{type(model).__name__} has no experts module with stacked gate_up_proj weights")
+        raise InvalidArgument(f"{type(model).__name__} has no experts module with stacked gate_up_proj weights")
     return model
