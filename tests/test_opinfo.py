@@ -207,3 +207,21 @@ def test_an_entry_whose_sweeper_died_is_swept_again_in_a_child_process(tmp_path,
     assert not list(tmp_path.glob("*.lock"))
     again, text = _opinfo(capsys, "softmax", "--opinfo-results", str(tmp_path), "--opinfo-stored")
     assert again == 0 and text.count("stored (swept at") == 2
+
+
+def test_a_raw_exception_verifying_at_the_call_is_counted_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    """unravel_index's samples once ended a whole sweep: a kernel raising a bare RuntimeError on
+    the data drawn (a remainder by zero) while a grid-served call was verified. It is the call's
+    raw-error, which fails the run by name, and the sweep goes on."""
+    import shardverify.features.opinfo.sweep as sweep
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("ZeroDivisionError")
+
+    monkeypatch.setattr(sweep, "verify_case", raising)
+    with OnDemandVerifier(cache_dir=tmp_path) as verifier:
+        result = sweep_spec(_spec("softmax"), meshes=((4,),), captures=("fx", "export"), limit=2, verifier=verifier)
+    raw = [o for o in result.outcomes if o.outcome == "raw-error"]
+    assert raw and {o.outcome for o in result.outcomes} == {"raw-error", "on-demand"}, result.counts()   # the
+    # grid-served calls (the on-demand ones were verified as they were served)
+    assert all(o.reason == "verifying at the call: RuntimeError: ZeroDivisionError" for o in raw)

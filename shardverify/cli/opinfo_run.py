@@ -127,7 +127,7 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
             name = entry_name(entry)
             stored = None if args.opinfo_fresh else load_entry(folder, name, settings)
             missing = "no current stored results"
-            if stored is not None and not stored[0].outcomes:    # a file of no call checks nothing
+            if stored is not None and not stored[0].outcomes and targets:   # a file of no call checks nothing
                 stored, missing = None, "its stored results hold no call"
                 print(f"opinfo: {name}: {missing}; not taken as swept", file=sys.stderr)
             if stored is not None:

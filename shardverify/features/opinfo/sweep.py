@@ -135,6 +135,9 @@ def _node_outcome(node: fx.Node, graph_module: fx.GraphModule, mesh: DeviceMesh,
         except ShardVerifyError as error:
             said = str(error) if "at this call" in str(error) else f"cannot be verified at this call: {error}"
             return dict(outcome="refused", reason=said[:300], served_by=handler.name)
+        except Exception as error:  # noqa: BLE001 - a raw exception is a bug the sweep reports
+            return dict(outcome="raw-error", reason=f"verifying at the call: {type(error).__name__}: {error}"[:300],
+                        served_by=handler.name)
         failed = {r.strategy for r in results if not r.passed}
         checked = len(results)
         wrong = tuple(st.name for st in served if st.name in failed and not _extremum(st))
