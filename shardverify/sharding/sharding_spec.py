@@ -38,6 +38,12 @@ if TYPE_CHECKING:
 _DIM_RE = re.compile(r"^(R|S(\d+))$")
 
 
+def dim_text(axes: Sequence[int]) -> str:
+    """How a dim split over ``axes`` is written: ``S01``, or ``R`` for none (a layout's text is
+    written from its axes directly, without a DimSpec per dim)."""
+    return "S" + "".join(str(a) for a in axes) if axes else "R"
+
+
 @dataclass(frozen=True)
 class DimSpec:
     """The mesh axes one tensor dim is split over; ``()`` is replicated (R)."""
@@ -58,7 +64,7 @@ class DimSpec:
         return cls(tuple(int(d) for d in match.group(2) or ""))
 
     def __str__(self) -> str:
-        return "S" + "".join(str(a) for a in self.axes) if self.axes else "R"
+        return dim_text(self.axes)
 
     __repr__ = __str__
 
@@ -90,6 +96,11 @@ def parse_sequence(text: str) -> ShardingSequence:
     return ShardingSequence(DimSpec.parse(part) for part in body.split(","))
 
 
+def _where(tensor_shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> str:
+    """The layout an error is about (written only for an error: generators make thousands)."""
+    return f"tensor shape {tensor_shape} on mesh {mesh_shape}"
+
+
 @dataclass(frozen=True)
 class ShardingSpec:
     """The layout of one tensor of ``tensor_shape`` on a mesh of ``mesh_shape``."""
@@ -99,27 +110,28 @@ class ShardingSpec:
     dim_partition: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
-        mesh_shape = tuple(int(s) for s in self.mesh_shape)
-        tensor_shape = tuple(int(s) for s in self.tensor_shape)
+        mesh_shape = tuple(map(int, self.mesh_shape))
+        tensor_shape = tuple(map(int, self.tensor_shape))
         object.__setattr__(self, "mesh_shape", mesh_shape)
         object.__setattr__(self, "tensor_shape", tensor_shape)
-        where = f"tensor shape {tensor_shape} on mesh {mesh_shape}"
+        ndim, mesh_ndim = len(tensor_shape), len(mesh_shape)
         partition: dict[int, tuple[int, ...]] = {}
         used: dict[int, int] = {}
         for dim, axes in self.dim_partition:
-            axes = tuple(int(a) for a in axes)
-            if not -len(tensor_shape) <= dim < len(tensor_shape):
-                raise DimOutOfRangeError(f"dim {dim} is out of range for {where}")
-            dim = dim % len(tensor_shape)
+            axes = tuple(map(int, axes))
+            if not -ndim <= dim < ndim:
+                raise DimOutOfRangeError(f"dim {dim} is out of range for {_where(tensor_shape, mesh_shape)}")
+            dim = dim % ndim
             if dim in partition:
-                raise DimOutOfRangeError(f"dim {dim} is given twice for {where}")
+                raise DimOutOfRangeError(f"dim {dim} is given twice for {_where(tensor_shape, mesh_shape)}")
             if not axes:
                 continue
             for axis in axes:
-                if not 0 <= axis < len(mesh_shape):
-                    raise MeshAxisOutOfRangeError(
-                        f"mesh axis {axis} (sharding dim {dim}) is out of range for {where}")
+                if not 0 <= axis < mesh_ndim:
+                    raise MeshAxisOutOfRangeError(f"mesh axis {axis} (sharding dim {dim}) is out of range for "
+                                                  f"{_where(tensor_shape, mesh_shape)}")
                 if axis in used:
+                    where = _where(tensor_shape, mesh_shape)
                     raise DuplicateMeshAxisError(
                         f"mesh axis {axis} shards both dim {used[axis]} and dim {dim} of {where}"
                         if used[axis] != dim else f"mesh axis {axis} is used twice on dim {dim} of {where}")
@@ -186,7 +198,8 @@ class ShardingSpec:
         once, as every strategy laying a tensor out so asks)."""
         found = self.__dict__.get("_is_even")
         if found is None:
-            found = all(size % count == 0 for size, count in zip(self.tensor_shape, self.shard_counts()))
+            mesh_shape, shape = self.mesh_shape, self.tensor_shape    # an unsplit dim is even
+            found = all(shape[d] % math.prod(mesh_shape[a] for a in axes) == 0 for d, axes in self.dim_partition)
             object.__setattr__(self, "_is_even", found)
         return found
 
@@ -195,9 +208,10 @@ class ShardingSpec:
         shape when ``is_even``; worked out once, as every cost of every strategy reads it)."""
         found = self.__dict__.get("_local_shape")
         if found is None:
-            partition = dict(self.dim_partition)
-            found = tuple(nested_block(size, [(self.mesh_shape[a], 0) for a in partition.get(d, ())])[1]
-                          for d, size in enumerate(self.tensor_shape))
+            shape = list(self.tensor_shape)     # an unsplit dim is whole
+            for d, axes in self.dim_partition:
+                shape[d] = nested_block(shape[d], [(self.mesh_shape[a], 0) for a in axes])[1]
+            found = tuple(shape)
             object.__setattr__(self, "_local_shape", found)
         return found
 
@@ -206,8 +220,23 @@ class ShardingSpec:
 
     def local_shape_on(self, mesh: DeviceMesh, rank: int) -> tuple[int, ...]:
         """The shape of the block ``rank`` holds (smaller than ``local_shape`` or empty on the
-        last ranks of an uneven dim)."""
-        return tuple(s.stop - s.start for s in self.local_slices(mesh, rank))
+        last ranks of an uneven dim). Remembered per rank: a layout's every rank is asked for
+        each strategy laying an operand out so (the block depends on the mesh's shape, which
+        must be this spec's, and the rank alone)."""
+        shapes = self.__dict__.get("_rank_shapes")
+        if shapes is None:
+            shapes = {}
+            object.__setattr__(self, "_rank_shapes", shapes)
+        if tuple(mesh.shape) != self.mesh_shape:
+            raise ShardingSpecError(f"spec for mesh {self.mesh_shape} used with mesh {mesh.shape}")
+        found = shapes.get(rank) if type(rank) is int else None
+        if found is None:
+            coord = mesh.coordinate(rank)     # checks the rank
+            shape = list(self.tensor_shape)   # an unsplit dim is whole: the blocks of the split ones
+            for d, axes in self.dim_partition:
+                shape[d] = nested_block(shape[d], [(self.mesh_shape[a], coord[a]) for a in axes])[1]
+            found = shapes[rank] = tuple(shape)
+        return found
 
     def sharded_axes(self) -> set[int]:
         return {a for _, axes in self.dim_partition for a in axes}
@@ -230,4 +259,9 @@ class ShardingSpec:
         return tensor[self.local_slices(mesh, rank)]
 
     def __str__(self) -> str:
-        return str(self.sharding_sequence)
+        found = self.__dict__.get("_text")
+        if found is None:   # worked out once: strategies are named by it; str(sharding_sequence)
+            partition = dict(self.dim_partition)
+            found = "[" + ", ".join(dim_text(partition.get(d, ())) for d in range(len(self.tensor_shape))) + "]"
+            object.__setattr__(self, "_text", found)
+        return found

@@ -48,18 +48,24 @@ def local_bytes(data: OperationData, spec: ShardingSpec) -> int:
 
 
 def memory_cost(operands: Sequence[OperationData], specs: Mapping[str, ShardingSpec]) -> MemoryCycle:
-    """Forward keeps every operand's shard; backward adds a gradient for every input and parameter."""
-    fwd, bwd = MemoryCost(), MemoryCost()
+    """Forward keeps every operand's shard; backward adds a gradient for every input and parameter.
+    (Summed as plain ints: every strategy of every generator is costed so.)"""
+    activation = parameter = gradient = 0
     for data in operands:
         size = local_bytes(data, specs[data.name])
         if data.is_param:
-            fwd += MemoryCost(parameter=size)
-            bwd += MemoryCost(parameter=size)
+            parameter += size
         else:
-            fwd += MemoryCost(activation=size)
+            activation += size
             if data.type is not OperationDataType.OUTPUT:
-                bwd += MemoryCost(activation=size)
+                gradient += size
+    fwd, bwd = MemoryCost(activation, parameter), MemoryCost(gradient, parameter)
     return MemoryCycle(fwd, bwd, fwd + bwd)
+
+
+#: the patterns that change the local shape an action passes on (an all-reduce changes none); a
+#: tuple: ``in`` finds a member by identity, where a set would hash it (in Python, for an Enum)
+_RESHAPING = (CommPattern.GATHER_FWD_SPLIT_BWD, CommPattern.SPLIT_FWD_GATHER_BWD, CommPattern.ALL2ALL_FWD_ALL2ALL_BWD)
 
 
 def _resized(pattern: CommPattern, shape: list[int], dims: tuple[int, ...], n: int, forward: bool) -> None:
@@ -74,16 +80,25 @@ def _resized(pattern: CommPattern, shape: list[int], dims: tuple[int, ...], n: i
         shape[split], shape[concat] = shape[split] // n, shape[concat] * n
 
 
-def _chain(mesh, spec: ShardingSpec, actions: Sequence[CommAction]):
+def _chain(mesh, spec: ShardingSpec, actions: Sequence[CommAction]) -> list[tuple[CommAction, tuple[int, ...]]]:
     """The actions on one operand in execution order, each with the local shape entering it.
     BEFORE actions start from the operand's layout; AFTER actions end in the output's layout."""
+    if not any(action.pattern in _RESHAPING for action in actions):   # all-reduces: the layout's shape
+        return [(action, spec.local_shape()) for action in actions]
+    return list(_reshaped_chain(mesh, spec, actions))
+
+
+def _reshaped_chain(mesh, spec: ShardingSpec, actions: Sequence[CommAction]):
+    """:func:`_chain` where some action gathers, splits or exchanges a dim."""
     shape = list(spec.local_shape())
     if actions and actions[0].where is CommWhere.AFTER:
         for action in reversed(actions):
-            _resized(action.pattern, shape, _norm(action.dims, len(shape)), mesh.axes_size(action.axes), False)
+            if action.pattern in _RESHAPING:
+                _resized(action.pattern, shape, _norm(action.dims, len(shape)), mesh.axes_size(action.axes), False)
     for action in actions:
         yield action, tuple(shape)
-        _resized(action.pattern, shape, _norm(action.dims, len(shape)), mesh.axes_size(action.axes), True)
+        if action.pattern in _RESHAPING:
+            _resized(action.pattern, shape, _norm(action.dims, len(shape)), mesh.axes_size(action.axes), True)
 
 
 def _norm(dims: tuple[int, ...], ndim: int) -> tuple[int, ...]:
@@ -101,9 +116,9 @@ def action_traffic(mesh, actions: Sequence[CommAction], operands: Mapping[str, O
         by_operand.setdefault((action.operand, action.where), []).append(action)
     for (name, where), chain in by_operand.items():
         data = operands[name]
-        grads = data.dtype.is_floating_point
+        grads, itemsize = data.dtype.is_floating_point, data.itemsize
         for action, shape in _chain(mesh, specs[name], chain):
-            size, n = math.prod(shape) * data.itemsize, mesh.axes_size(action.axes)
+            size, n = math.prod(shape) * itemsize, mesh.axes_size(action.axes)
             pattern, axes = action.pattern, action.axes
             if where is CommWhere.HOOK:
                 if grads:
@@ -132,6 +147,8 @@ def communication_cost(mesh, actions: Sequence[CommAction], operands: Mapping[st
     """Seconds spent in the collectives the declared actions issue, priced per collective by
     ``mesh.collective_cost`` (the figure the verifier checks against the real collectives)."""
     fwd = bwd = 0.0
+    if not actions:
+        return TrainCycleItem(fwd, bwd, fwd + bwd)
     for phase, kind, axes, size in action_traffic(mesh, actions, operands, specs):
         cost = mesh.collective_cost(kind, size, axes)
         if phase == "fwd":
@@ -145,10 +162,14 @@ def op_call_shapes(mesh, operands: Sequence[OperationData], specs: Mapping[str, 
                    actions: Sequence[CommAction], rank: int | None = None) -> dict[str, tuple[int, ...]]:
     """Local shape of each operand at the op call: inputs after their BEFORE actions, outputs
     before their AFTER actions; on ``rank``, or the largest blocks (None)."""
+    reshaping = [a for a in actions if a.pattern in _RESHAPING]     # an all-reduce changes no shape
+    if not reshaping:
+        return {data.name: specs[data.name].local_shape() if rank is None else
+                specs[data.name].local_shape_on(mesh, rank) for data in operands}
     shapes = {}
     for data in operands:
         where = CommWhere.AFTER if data.type is OperationDataType.OUTPUT else CommWhere.BEFORE
-        chain = [a for a in actions if a.operand == data.name and a.where is where]
+        chain = [a for a in reshaping if a.operand == data.name and a.where is where]
         spec = specs[data.name]
         shape = list(spec.local_shape() if rank is None else spec.local_shape_on(mesh, rank))
         steps = reversed(chain) if where is CommWhere.AFTER else chain
@@ -195,9 +216,12 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
 
     shapes = op_call_shapes(ctx.mesh, operands, specs, actions, rank)
     inputs = [d for d in operands if d.type is not OperationDataType.OUTPUT]
-    args = tuple((a.locator, a.value if rank is None else a.value_on(rank)) for a in local_args)
-    key = (tuple((d.locator, shapes[d.name], d.dtype) for d in inputs), args, probe)
-    calls = _META_CALLS.setdefault(ctx.node, {})
+    # plain tuples, not the locators: a key is hashed per strategy and a dataclass hashes in Python
+    args = tuple((a.locator.kind, a.locator.key, a.value if rank is None else a.value_on(rank)) for a in local_args)
+    key = (tuple((d.locator.kind, d.locator.key, shapes[d.name], d.dtype) for d in inputs), args, probe)
+    calls = _META_CALLS.get(ctx.node)
+    if calls is None:
+        calls = _META_CALLS.setdefault(ctx.node, {})
     found = calls.get(key)
     if found is None:   # meta kernels take milliseconds; strategies share few distinct local shapes
         if probe and sum(math.prod(shapes[d.name]) for d in inputs) > PROBE_ELEMENTS:
@@ -251,14 +275,16 @@ def _probe_tensor(shape: tuple[int, ...], dtype: torch.dtype, probe: bool) -> to
 def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[OperationData],
                   specs: Mapping[str, ShardingSpec], actions: Sequence[CommAction],
                   compute: TrainCycleItem | tuple[float, float] | None = None,
-                  local_args: Sequence[LocalArg] = (), **fields: object) -> ShardingStrategy:
+                  local_args: Sequence[LocalArg] = (), memory: MemoryCycle | None = None,
+                  **fields: object) -> ShardingStrategy:
     """Assemble a strategy over ``operands`` (output last) with all three costs filled in.
 
     ``compute``: None (the default) measures :func:`local_compute_cost` on meta tensors; a
     generator with a closed formula passes ``compute_cost(flops, numels)`` of the local call
     (a ``(fwd, bwd)`` pair is taken as is, for nodes that are not ops). ``local_args``: the
     non-tensor arguments the ranks pass instead of the recorded ones (a view's local shape);
-    ``fields``: the strategy's other fields (``partial_inputs``, ``post_add``...). Under
+    ``memory``: :func:`memory_cost` of the layouts, where the generator has it already (None:
+    worked out here); ``fields``: the strategy's other fields (``partial_inputs``, ``post_add``...). Under
     ``ctx.layouts_only`` every cost is left at zero (:data:`NO_COST`): a following op reads
     only the layouts of its producer's strategies.
     """
@@ -273,7 +299,8 @@ def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[Operation
         elif not isinstance(compute, TrainCycleItem):
             fwd, bwd = compute
             compute = TrainCycleItem(float(fwd), float(bwd), float(fwd + bwd))
-        memory = memory_cost(operands, specs)
+        if memory is None:
+            memory = memory_cost(operands, specs)
         communication = communication_cost(ctx.mesh, actions, {d.name: d for d in operands}, specs)
     return ShardingStrategy(
         name=name,

@@ -29,11 +29,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardverify.errors import StrategyError
 from shardverify.sharding.partial import PartialInput
-from shardverify.sharding.sharding_spec import DimSpec
+from shardverify.sharding.sharding_spec import dim_text
 from shardverify.sharding.strategy import OperationData, ShardingStrategy
 from shardverify.strategies.rules.rule import Rule
 
@@ -92,14 +93,15 @@ def every_family(mesh_ndim: int) -> list[tuple[Axes, Axes, Axes]]:
     return list(dict.fromkeys(found))
 
 
-def logical_name(a: Axes, b: Axes, c: Axes, p_in: Axes = (), p_other: Axes = ()) -> str:
-    """``OUT = IN x OTHER`` on the logical views; ``+P<axes>`` after an input held as a partial sum."""
-    def s(axes: Axes) -> str:
-        return str(DimSpec(axes))
-
+def logical_name(a: Axes, b: Axes, c: Axes, p_in: Axes = (), p_other: Axes = (),
+                 text: Callable[[Axes], str] = dim_text) -> str:
+    """``OUT = IN x OTHER`` on the logical views; ``+P<axes>`` after an input held as a partial sum.
+    ``text``: how a dim over some axes is written (``S01``, ``R``): :func:`dim_text`, or one
+    remembering its answers (:func:`offered` names hundreds of strategies from a few axes)."""
     def p(axes: Axes) -> str:
         return f"+P{''.join(map(str, axes))}" if axes else ""
-    return f"{s(a)}{s(c)} = {s(a)}{s(b)}{p(p_in)} x {s(b)}{s(c)}{p(p_other)}"
+    a, b, c = text(a), text(b), text(c)
+    return f"{a}{c} = {a}{b}{p(p_in)} x {b}{c}{p(p_other)}"
 
 
 def logical_views(rule: Rule, inputs: list[OperationData], outputs: list[OperationData]) -> list[OperationData]:
@@ -128,6 +130,14 @@ def offered(layouts, draft, finish, rule: Rule, options, inputs: list[OperationD
     def splits_one(axes: Axes, n: int) -> bool:    # a one-element dim split is no sharding
         return n < 2 and math.prod(mesh_shape[x] for x in axes) > 1
 
+    texts: dict[Axes, str] = {}
+
+    def text(axes: Axes) -> str:      # dim_text, remembered: six per name, from a few axes
+        found = texts.get(axes)
+        if found is None:
+            found = texts[axes] = dim_text(axes)
+        return found
+
     strategies: dict[tuple, ShardingStrategy] = {}     # layouts -> the first strategy laying them so
     biased: dict[tuple, ShardingStrategy] = {}         # the same with an additive operand as a piece
     lead = range(len(con.m))
@@ -148,9 +158,9 @@ def offered(layouts, draft, finish, rule: Rule, options, inputs: list[OperationD
         derived = draft(axes, pieces, "sum", "sum")
         if derived is None:
             continue
-        name = logical_name(a, b, c, p_in, p_other) + _placement_suffix(a, placement)
+        name = logical_name(a, b, c, p_in, p_other, text) + _placement_suffix(a, placement)
         strategy = finish(derived, name)
-        reduced = tuple(sorted(set(b) | set(p_in) | set(p_other)))
+        reduced = tuple(sorted(set(b) | set(p_in) | set(p_other))) if additive else ()
         for bias in additive:
             if reduced:
                 biased[key] = strategy.replace(name=f"{name}, {bias.role}+P{''.join(map(str, reduced))}", post_add=(),

@@ -51,16 +51,18 @@ def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
     linear = options.linear_in == ((data.role,),) and data.dtype.is_floating_point and out.dtype.is_floating_point
     mesh_shape = ctx.mesh.shape
     colossalai = options.naming == "colossalai"
+    sizes, refusal = rule.size, _refusals()
     # (derived strategy, predecessor index, whether it is the gathered one), in offering order
     strategies: list[tuple[ShardingStrategy, int, bool]] = []
     pieces: list[tuple[ShardingStrategy, int, bool]] = []
     gathered_of: dict[tuple, ShardingStrategy] = {}    # layout -> its gathered strategy, derived once
-    for index, produced in enumerate(produced_layouts(ctx, data)):
-        key = tuple(sorted(produced.items()))
+    for index, items in enumerate(_arrivals(ctx, data)):
+        key = tuple(sorted(items))
         if key in gathered_of:     # its partial and piece strategies are the first arrival's: named there
             if colossalai:
                 strategies.append((gathered_of[key], index, True))
             continue
+        produced = dict(items)
         if any(not term[d] for d in produced):
             raise StrategyError(f"node {ctx.node.name!r}: its producer lays mesh axes on a size-1 dim of {data.name!r}")
         axes = {term[d][0]: held for d, held in produced.items()}
@@ -73,7 +75,7 @@ def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
         if linear:
             pieces += _pieces(build, kept, data, index, mesh_shape)
         partial = tuple(sorted(a for f, held in axes.items() if f in reduce_ops for a in held))
-        refused = any(partial_refusal(reduce_ops[f], rule.size[f], [mesh_shape[a] for a in held])
+        refused = any(refusal(reduce_ops[f], sizes[f], tuple(mesh_shape[a] for a in held))
                       for f, held in axes.items() if f in reduce_ops)
         if math.prod(mesh_shape[a] for a in partial) > 1 and out.dtype.is_floating_point and not refused:
             strategy = build(axes, {})
@@ -85,6 +87,20 @@ def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
         return [_named(base, strategy, index) for strategy, index, first in strategies if first] + \
             _first_of_each(base, [entry for entry in strategies + pieces if not entry[2]])
     return _first_of_each(base, strategies + pieces)
+
+
+def _refusals():
+    """:func:`partial_refusal`, remembering its answers: the layouts a producer gives cut the
+    reduced factors the same few ways."""
+    found: dict[tuple, str | None] = {}
+
+    def refusal(op: str, size: int, parts: tuple[int, ...]) -> str | None:
+        key = (op, size, parts)
+        if key not in found:
+            found[key] = partial_refusal(op, size, parts)
+        return found[key]
+
+    return refusal
 
 
 def _derived_once(build):
@@ -112,9 +128,9 @@ def _namer(data: OperationData, out: OperationData):
         if id(strategy) not in names:
             piece = strategy.partial_input(data.name)
             after = [a for a in strategy.communication_actions if a.operand == out.name and a.axes]
-            name = f"{strategy.get_sharding_spec_by_name(data.name).sharding_sequence}"
+            name = str(strategy.get_sharding_spec_by_name(data.name))    # its sharding sequence, remembered
             name += f"+P{''.join(map(str, piece.axes))}" if piece else ""
-            name += f" -> {strategy.get_sharding_spec_by_name(out.name).sharding_sequence}"
+            name += f" -> {strategy.get_sharding_spec_by_name(out.name)}"
             name += "".join(f" | P{''.join(map(str, a.axes))} {a.op}" for a in after)
             names[id(strategy)] = (strategy, name)   # the strategy kept: its id is not reused meanwhile
         return names[id(strategy)][1]
@@ -144,17 +160,21 @@ def _pieces(build, axes: dict, data: OperationData, index: int,
 def produced_layouts(ctx, data: OperationData) -> list[Layout]:
     """The layouts (tensor dim -> mesh axes) the operand can arrive in: those its producer's
     strategies give it, or, for a graph input or attribute, every layout its shape admits."""
+    return [dict(items) for items in _arrivals(ctx, data)]
+
+
+def _arrivals(ctx, data: OperationData) -> list[tuple[tuple[int, tuple[int, ...]], ...]]:
+    """:func:`produced_layouts`, each as its ``(dim, axes)`` items: a producer's layouts are read
+    as its specs hold them (``dim_partition``), not copied into a dict per producer strategy."""
     producer = next((n for n in ctx.node.all_input_nodes if n.name == data.name), None)
     if producer is not None and producer.op in ("placeholder", "get_attr"):
-        return every_layout(data.shape, ctx.mesh.shape)
+        return [tuple(layout.items()) for layout in every_layout(data.shape, ctx.mesh.shape)]
     element = tuple_element(producer) if producer is not None else None
     of = ctx.layouts_of or ctx.strategies_of     # the producer's layouts: its costs are not read here
     if element is not None and of is not None:   # topk's values: as topk's strategies lay them out
         source, index = element
-        return [pred.get_sharding_spec_by_name(pred.outputs[index].name).partition_dict()
-                for pred in of(source)]
-    return [pred.get_sharding_spec_by_name(data.name).partition_dict()
-            for pred in ctx.predecessor_layouts(data.role)]
+        return [pred.get_sharding_spec_by_name(pred.outputs[index].name).dim_partition for pred in of(source)]
+    return [pred.get_sharding_spec_by_name(data.name).dim_partition for pred in ctx.predecessor_layouts(data.role)]
 
 
 def every_layout(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[Layout]:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
-from shardverify.strategies.generators.common import grad_sync, local_output_shapes, make_strategy, op_call_shapes
+from shardverify.strategies.generators.common import (grad_sync, local_compute_cost, local_output_shapes, make_strategy,
+                                                      memory_cost, op_call_shapes)
 from shardverify.strategies.generators.registry import GeneratorContext, register_generator
 from shardverify.strategies.handlers.base import Computed
 from shardverify.strategies.rules import colossal, follow
@@ -38,15 +39,17 @@ from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.sources import RuleCall, RuleSpec, parse_rule
 from shardverify.sharding.blocks import partial_refusal
 from shardverify.sharding.partial import IndexShard, PartialInput, PostAdd
-from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.sharding.sharding_spec import ShardingSpec, dim_text
 from shardverify.sharding.strategy import (
     CommAction,
     CommPattern,
     CommWhere,
+    MemoryCycle,
     OperandLocator,
     OperationData,
     OperationDataType,
     ShardingStrategy,
+    TrainCycleItem,
 )
 
 __all__ = ["generate", "BoundRule", "bound_rule", "assignments"]
@@ -138,14 +141,31 @@ def _orders(axes: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[tuple[in
 
 def _layout(term, axes: dict[str, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
     """Tensor dim -> mesh axes: a compound dim takes its factors' axes in factor order."""
-    layout = {d: tuple(a for f in dim if f in axes for a in axes[f]) for d, dim in enumerate(term)}
-    return {d: held for d, held in layout.items() if held}
+    layout = {}
+    for d, dim in enumerate(term):
+        if len(dim) == 1:        # most dims hold one factor: its axes as they are
+            held = axes.get(dim[0])
+            if held:
+                layout[d] = tuple(held)
+        elif dim:
+            held = tuple(a for f in dim if f in axes for a in axes[f])
+            if held:
+                layout[d] = held
+    return layout
 
 
-def _seq(spec: ShardingSpec, partial: tuple[int, ...] = (), op: str = "sum") -> str:
-    """``S0R``; ``RR+P1`` for a partial sum over mesh axis 1, ``RR+Pmax1`` for a partial max."""
-    text = "".join(str(dim) for dim in spec.sharding_sequence) or "-"
+def _seq(spec: ShardingSpec, partial: tuple[int, ...] = (), op: str = "sum", text: str | None = None) -> str:
+    """``S0R``; ``RR+P1`` for a partial sum over mesh axis 1, ``RR+Pmax1`` for a partial max
+    (``text``: the layout's own part, where the caller has it already)."""
+    if text is None:
+        text = _compact(spec)
     return text + (f"+P{'' if op == 'sum' else op}{''.join(map(str, partial))}" if partial else "")
+
+
+def _compact(spec: ShardingSpec) -> str:
+    """``S0R``: the layout's dims without brackets or commas; ``-`` for a 0-dim tensor."""
+    partition = dict(spec.dim_partition)
+    return "".join(dim_text(partition.get(d, ())) for d in range(len(spec.tensor_shape))) or "-"
 
 
 def _positions(term, out_term) -> tuple[int, ...]:
@@ -221,14 +241,29 @@ class _Call:
         self.results = [o for k, o in enumerate(outputs) if k not in self.undefined]
         # no result carries a gradient (a comparison's bool): no input gets one, so none is synced
         self.carries_gradient = any(o.dtype.is_floating_point or o.dtype.is_complex for o in self.results)
-        # assignment -> whether its layout fits the call: the same for each of its partial-input
-        # variants (they add only all-reduces, which change no local shape)
-        self._fits: dict[tuple, bool] = {}
         # (operand, layout) -> its ShardingSpec: one object per layout, so what a spec works out
         # once (local shape, sequence) serves every strategy laying the operand out alike
         self._specs: dict[tuple, ShardingSpec] = {}
         self._syncs: dict[tuple, tuple[CommAction, ...]] = {}    # (input, axes) -> its gradient's all-reduce
         self._layouts: dict[tuple, tuple[ShardingSpec, ...]] = {}   # assignment -> every operand's layout
+        # what draft reads of the rule and the results on every call, worked out once
+        self._reduce_ops = self.rule.partial_ops()
+        self._reduced = dict(self.rule.reduce)
+        self._additive = frozenset(self.rule.additive)
+        self._held = [frozenset(f for dim in term for f in dim) for term in self.rule.inputs]
+        self._held_out = [frozenset(f for dim in term for f in dim) for term in self.rule.outputs]
+        self._all_floating = all(o.dtype.is_floating_point for o in self.results)
+        self._all_summable = all(o.dtype.is_floating_point or o.dtype.is_complex for o in self.results)
+        self._post_adds: dict[int, PostAdd] = {}     # additive input -> its post-add
+        # per assignment (axes, narrowed inputs): the reduce ops of its sharded factors, what it
+        # fixes for every partial-input variant, and its local arguments and fit
+        self._axis_ops: dict[tuple, frozenset[str]] = {}
+        self._fixed: dict[tuple, _Assignment] = {}
+        self._fitted: dict[tuple, _Fitted] = {}
+        self._reductions: dict[tuple, CommAction] = {}    # (output, axes, op) -> its all-reduce
+        self._partials: dict[tuple, PartialInput] = {}    # (input, axes, op) -> its partial input
+        self._texts: dict[ShardingSpec, str] = {}          # layout -> its part of a strategy's name
+        self._merges: dict[tuple, tuple[int, ...]] = {}    # see _merged
 
     def strategy(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
                  taken: Container[str], in_op: str = "sum", out_op: str = "sum",
@@ -251,67 +286,143 @@ class _Call:
         return found
 
     def _spec(self, data: OperationData, layout: dict[int, tuple[int, ...]]) -> ShardingSpec:
+        """``ShardingSpec.from_partition(mesh, data.shape, layout)``, made once per layout (its
+        items are already the ``(int dim, axes tuple)`` pairs that function would make)."""
         key = (data.name, tuple(layout.items()))
         found = self._specs.get(key)
         if found is None:
-            found = self._specs[key] = ShardingSpec.from_partition(self.ctx.mesh.shape, data.shape, layout)
+            found = self._specs[key] = ShardingSpec(self.ctx.mesh.shape, data.shape, key[1])
         return found
 
     def draft(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
               taken: Container[str], in_op: str = "sum", out_op: str = "sum",
               narrowed: dict[str, dict[str, tuple[int, ...]]] | None = None) -> _Draft | None:
         """:meth:`strategy` up to its name and costs: its layouts, actions and arguments, which
-        tell a duplicate before anything is costed (None as for :meth:`strategy`)."""
-        ctx, rule, inputs, outputs = self.ctx, self.rule, self.inputs, self.outputs
-        source, modifiers = self.spec.source, self.spec.modifiers
-        operands = inputs + outputs
-        reduce_ops = rule.partial_ops()
-        partial_ops = {reduce_ops[f] for f in axes if f in reduce_ops} | ({out_op} if partial else set())
-        if len(partial_ops) > 1 or (partial_ops and any(not (o.dtype.is_floating_point or partial_ops == {"sum"} and
-                                                             o.dtype.is_complex) for o in self.results)):
-            return None
-        terms = rule.inputs + rule.outputs
+        tell a duplicate before anything is costed (None as for :meth:`strategy`). What the
+        assignment alone decides is worked out once per assignment (:meth:`_assignment`); a partial
+        input only adds axes to the gradients' and the output's all-reduces."""
         narrowed = narrowed or {}
-        if narrowed:
-            specs = {data.name: self._spec(data, _layout(term, {**axes, **narrowed.get(data.name, {})}))
-                     for data, term in zip(operands, terms)}
+        key = (tuple(axes.items()),
+               tuple((n, tuple(f.items())) for n, f in sorted(narrowed.items())) if narrowed else ())
+        ops = self._axis_ops.get(key[0])
+        if ops is None:
+            ops = self._axis_ops[key[0]] = frozenset(self._reduce_ops[f] for f in axes if f in self._reduce_ops)
+        partial_ops = ops | {out_op} if partial else ops
+        if len(partial_ops) > 1 or (partial_ops and not (self._all_floating or partial_ops == {"sum"} and
+                                                         self._all_summable)):
+            return None
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            fixed = self._fixed[key] = self._assignment(axes, narrowed)
+        op = next(iter(partial_ops)) if partial_ops else "sum"
+        if partial:
+            pieces = tuple(sorted({a for held in partial.values() for a in held}))
+            actions, per_output, partial_axes = self._with_pieces(fixed, partial, pieces)
         else:
-            specs = dict(zip((data.name for data in operands), self.layouts(axes)))
-        pieces = tuple(sorted({a for held in partial.values() for a in held}))
-        actions: list[CommAction] = []
-        for index, (data, term) in enumerate(zip(inputs, rule.inputs)):
-            held = {f for dim in term for f in dim}
-            # an additive operand is added after the partial output is reduced: the reduced
-            # factors' axes, and those of partial inputs, leave its gradient whole; so do a
-            # partial input's own axes (a partial value's gradient is whole on every rank), but
-            # the other partial inputs' axes leave it partial
-            missing = tuple(sorted(a for f, ax in axes.items() if f not in held for a in ax
-                                   if not (index in rule.additive and f in dict(rule.reduce))))
-            if index not in rule.additive:       # partial over the other groups' axes
-                missing = tuple(sorted(set(missing) | (set(pieces) - set(partial.get(data.name, ())))))
-            # a narrowed factor's trailing axes: the ranks whose output block is empty give zeros
-            trailing = {a for f, prefix in narrowed.get(data.name, {}).items() for a in axes[f][len(prefix):]}
-            missing = tuple(sorted(set(missing) | trailing))
-            if data.role not in modifiers.constant and self.carries_gradient:
-                synced = self._syncs.get((data.name, missing))
-                if synced is None:
-                    synced = self._syncs[(data.name, missing)] = tuple(grad_sync(data, missing))
-                actions += synced
-        # each output is partial over the reduced factors' axes it lacks and the partial inputs' axes
-        per_output = [() if k in self.undefined else tuple(sorted(set(rule.output_partial(axes, k)) | set(pieces)))
-                      for k in range(len(outputs))]
-        partial_axes = tuple(sorted({a for held in per_output for a in held}))
+            actions, per_output, partial_axes = list(fixed.syncs), fixed.per_output, fixed.partial_axes
         post_add: list[PostAdd] = []
-        op = partial_ops.pop() if partial_ops else "sum"
         if partial_axes:
-            actions += [CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, held, out.name, CommWhere.AFTER, op=op)
-                        for out, held in zip(outputs, per_output) if held]
-            for index in rule.additive:     # an additive operand held as a piece is added by each rank
-                if inputs[index].name in partial:
-                    continue
-                post_add.append(PostAdd(inputs[index].name, _positions(rule.inputs[index], rule.outputs[0])))
+            actions += [self._reduction(k, held, op) for k, held in enumerate(per_output) if held]
+            # an additive operand held as a piece is added by each rank
+            post_add = [self._post_add(index) for index in self.rule.additive if self.inputs[index].name not in partial]
+        specs = fixed.specs
         if taken and self._name(specs, partial, in_op, per_output, op, partial_axes) in taken:
             return None
+        fitted = self._fitted.get(key)
+        if fitted is None:
+            fitted = self._fitted[key] = self._local_fit(axes, narrowed, fixed, actions)
+        if not fitted.fits:
+            return None
+        return _Draft(specs, tuple(actions), tuple(post_add), partial, in_op, per_output, op, partial_axes, fixed,
+                      fitted.local_args, fitted.index_shards)
+
+    def _assignment(self, axes: dict[str, tuple[int, ...]],
+                    narrowed: dict[str, dict[str, tuple[int, ...]]]) -> _Assignment:
+        """The layouts, gradient all-reduces and output partial axes of an assignment with no
+        partial input (see :meth:`draft`)."""
+        rule, inputs = self.rule, self.inputs
+        operands = inputs + self.outputs
+        if narrowed:
+            specs = {data.name: self._spec(data, _layout(term, {**axes, **narrowed.get(data.name, {})}))
+                     for data, term in zip(operands, rule.inputs + rule.outputs)}
+        else:
+            specs = dict(zip((data.name for data in operands), self.layouts(axes)))
+        missing = []
+        for index, data in enumerate(inputs):
+            held = self._held[index]
+            # an additive operand is added after the partial output is reduced: the reduced
+            # factors' axes leave its gradient whole
+            lacking = {a for f, ax in axes.items() if f not in held for a in ax
+                       if not (index in self._additive and f in self._reduced)}
+            # a narrowed factor's trailing axes: the ranks whose output block is empty give zeros
+            trailing = {a for f, prefix in narrowed.get(data.name, {}).items() for a in axes[f][len(prefix):]}
+            missing.append(tuple(sorted(lacking | trailing)))
+        syncs = tuple(action for index, held in enumerate(missing) for action in self._sync(index, held))
+        ops, held_out = self._reduce_ops, self._held_out   # rule.output_partial, its sets worked out once
+        per_output = [() if k in self.undefined else
+                      tuple(sorted({a for f, ax in axes.items() if f in ops and f not in held_out[k] for a in ax}))
+                      for k in range(len(self.outputs))]
+        partial_axes = tuple(sorted({a for held in per_output for a in held}))
+        return _Assignment(specs, tuple(missing), syncs, per_output, partial_axes)
+
+    def _with_pieces(self, fixed: _Assignment, partial: dict[str, tuple[int, ...]], pieces: tuple[int, ...]
+                     ) -> tuple[list[CommAction], list[tuple[int, ...]], tuple[int, ...]]:
+        """(gradient all-reduces, each output's partial axes, all of them) of the assignment with
+        inputs ``partial``: a partial input's own axes leave its gradient whole (a partial
+        value's gradient is whole on every rank), the other partial inputs' axes leave it
+        partial, unless it is additive; every output is partial over every piece's axes."""
+        actions: list[CommAction] = []
+        for index, (data, missing) in enumerate(zip(self.inputs, fixed.missing)):
+            if index not in self._additive:       # partial over the other groups' axes
+                missing = self._merged(missing, pieces, partial.get(data.name, ()))
+            actions += self._sync(index, missing)
+        per_output = [() if k in self.undefined else self._merged(held, pieces)
+                      for k, held in enumerate(fixed.per_output)]
+        return actions, per_output, tuple(sorted({a for held in per_output for a in held}))
+
+    def _merged(self, axes: tuple[int, ...], more: tuple[int, ...], less: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """``axes`` and those of ``more`` not in ``less``, sorted: the same few sets recur for
+        every partial-input variant, so each is worked out once."""
+        key = (axes, more, less)
+        found = self._merges.get(key)
+        if found is None:
+            found = self._merges[key] = tuple(sorted(set(axes) | (set(more) - set(less))))
+        return found
+
+    def _sync(self, index: int, missing: tuple[int, ...]) -> tuple[CommAction, ...]:
+        """Input ``index``'s gradient all-reduce over ``missing`` (none for a constant operand,
+        or where no result carries a gradient)."""
+        data = self.inputs[index]
+        if data.role in self.spec.modifiers.constant or not self.carries_gradient:
+            return ()
+        synced = self._syncs.get((data.name, missing))
+        if synced is None:
+            synced = self._syncs[(data.name, missing)] = tuple(grad_sync(data, missing))
+        return synced
+
+    def _post_add(self, index: int) -> PostAdd:
+        """Additive input ``index`` added after the output is reduced, its dims on the output's."""
+        found = self._post_adds.get(index)
+        if found is None:
+            found = self._post_adds[index] = PostAdd(self.inputs[index].name,
+                                                     _positions(self.rule.inputs[index], self.rule.outputs[0]))
+        return found
+
+    def _reduction(self, k: int, held: tuple[int, ...], op: str) -> CommAction:
+        """Output ``k``'s all-reduce over ``held`` by ``op``, after the op (one object per kind)."""
+        key = (k, held, op)
+        found = self._reductions.get(key)
+        if found is None:
+            found = self._reductions[key] = CommAction(CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, held,
+                                                       self.outputs[k].name, CommWhere.AFTER, op=op)
+        return found
+
+    def _local_fit(self, axes: dict[str, tuple[int, ...]], narrowed: dict[str, dict[str, tuple[int, ...]]],
+                   fixed: _Assignment, actions: list[CommAction]) -> _Fitted:
+        """The local arguments and index shards of an assignment, and whether its layout fits the
+        call: the same for each of its partial-input variants (they add only all-reduces, which
+        change no local shape)."""
+        ctx, rule, source, specs, outputs = self.ctx, self.rule, self.spec.source, fixed.specs, self.outputs
         uneven = not all(spec.is_even for spec in specs.values())
         local_args = (shape_argument(ctx, self.shape_at, specs[outputs[0].name], self.shape_part, uneven),) \
             if self.shape_at else ()
@@ -319,43 +430,68 @@ class _Call:
             local_args += range_arguments(ctx, source.range_params, specs[outputs[0].name])
         sized = size_arguments(ctx, rule, source, axes)
         if sized is None:
-            return None       # the call relies on a size parameter's default: no place to pass a rank's own size
+            return _Fitted(False)   # the call relies on a size parameter's default: no place to pass a rank's own size
         local_args += sized
-        index_shards = _index_shards(rule, self.indices, inputs, axes, ctx.handler_name)
+        index_shards = _index_shards(rule, self.indices, self.inputs, axes, ctx.handler_name)
+        fits = True
         if source.probes_local_shapes or self.shape_at or source.range_params or sized or uneven or narrowed:
-            key = (tuple(axes.items()), tuple((n, tuple(f.items())) for n, f in sorted(narrowed.items())))
-            if key not in self._fits:
-                self._fits[key] = _local_view_fits(ctx, operands, outputs, specs, actions, local_args,
-                                                     uneven or bool(narrowed))
-            if not self._fits[key]:
-                return None
-        return _Draft(specs, tuple(actions), tuple(post_add), partial, in_op, per_output, op, partial_axes,
-                      local_args, index_shards)
+            fits = _local_view_fits(ctx, self.inputs + outputs, outputs, specs, actions, local_args,
+                                    uneven or bool(narrowed))
+        return _Fitted(fits, local_args, index_shards)
 
     def _name(self, specs: dict[str, ShardingSpec], partial: dict[str, tuple[int, ...]], in_op: str,
               per_output: list[tuple[int, ...]], op: str, partial_axes: tuple[int, ...]) -> str:
         """``S0R x RS1 -> S0S1``, ``+P<axes>`` after a partial input, ``| P<axes> <op>`` when the
         output is reduced after the op."""
         alike = len(set(per_output)) == 1      # else each output partial on its own axes says so: `R+P0`
-        name = (" x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op) for d in self.inputs) + " -> " +
-                ", ".join(_seq(specs[d.name], () if alike else held, op)
+        text = self._text
+        name = (" x ".join(_seq(specs[d.name], partial.get(d.name, ()), in_op, text(specs[d.name]))
+                           for d in self.inputs) + " -> " +
+                ", ".join(_seq(specs[d.name], () if alike else held, op, text(specs[d.name]))
                           for d, held in zip(self.outputs, per_output))).lstrip()   # a factory's: "-> S0R"
         if partial_axes:
             name += f" | P{''.join(map(str, partial_axes))} {op}"
         return name
+
+    def _text(self, spec: ShardingSpec) -> str:
+        """:func:`_compact` of ``spec``, worked out once per layout (every strategy is named by it)."""
+        found = self._texts.get(spec)
+        if found is None:
+            found = self._texts[spec] = _compact(spec)
+        return found
+
+    def _partial_input(self, name: str, axes: tuple[int, ...], op: str) -> PartialInput:
+        """Input ``name`` held as a partial value over ``axes`` (one object per kind)."""
+        key = (name, axes, op)
+        found = self._partials.get(key)
+        if found is None:
+            found = self._partials[key] = PartialInput(name, axes, op)
+        return found
+
+    def _costs(self, draft: _Draft) -> tuple[TrainCycleItem, MemoryCycle]:
+        """The compute and memory costs of the draft's assignment, worked out once for all its
+        partial-input variants: they add only all-reduces, which change no local shape."""
+        fixed = draft.fixed
+        if fixed.costs is None:
+            operands = self.inputs + self.outputs
+            fixed.costs = (local_compute_cost(self.ctx, operands, draft.specs, draft.actions, draft.local_args),
+                           memory_cost(operands, draft.specs))
+        return fixed.costs
 
     def finish(self, draft: _Draft, name: str | None = None) -> ShardingStrategy:
         """The strategy of ``draft``, named ``name`` (by its layouts if None), costs and all:
         compute by the checked rule, the op measured on meta tensors of the local shapes."""
         if name is None:
             name = self._name(draft.specs, draft.partial, draft.in_op, draft.per_output, draft.op, draft.partial_axes)
-        return make_strategy(self.ctx, name, self.inputs + self.outputs,
-                             draft.specs, draft.actions, local_args=draft.local_args, post_add=draft.post_add,
+        compute, memory = (None, None) if self.ctx.layouts_only else self._costs(draft)
+        return make_strategy(self.ctx, name, self.inputs + self.outputs, draft.specs, draft.actions,
+                             compute=compute, memory=memory, local_args=draft.local_args, post_add=draft.post_add,
                              index_shards=draft.index_shards,
-                             partial_inputs=tuple(PartialInput(n, a, draft.in_op) for n, a in draft.partial.items()))
+                             partial_inputs=tuple(self._partial_input(n, a, draft.in_op)
+                                                  for n, a in draft.partial.items()))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Draft:
     """One strategy of a call before its name and costs: its layouts (operand name -> spec),
     actions and local arguments, and what its name is made of."""
@@ -368,6 +504,31 @@ class _Draft:
     per_output: list[tuple[int, ...]]        # each output's partial axes
     op: str                                  # how the partial output reduces
     partial_axes: tuple[int, ...]
+    fixed: _Assignment                       # what its assignment decides
+    local_args: tuple = ()
+    index_shards: tuple[IndexShard, ...] = ()
+
+
+@dataclass(slots=True)
+class _Assignment:
+    """What an assignment decides for every partial-input variant of it: each operand's layout,
+    each input's gradient partial axes and their all-reduces, each output's partial axes, and
+    (once asked) the compute and memory costs."""
+
+    specs: dict[str, ShardingSpec]
+    missing: tuple[tuple[int, ...], ...]     # per input: the mesh axes its gradient is partial over
+    syncs: tuple[CommAction, ...]            # their all-reduces, in input order
+    per_output: list[tuple[int, ...]]
+    partial_axes: tuple[int, ...]
+    costs: tuple[TrainCycleItem, MemoryCycle] | None = None
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """Whether an assignment's layout fits the call, with the local arguments and index shards
+    its strategies pass."""
+
+    fits: bool
     local_args: tuple = ()
     index_shards: tuple[IndexShard, ...] = ()
 
@@ -397,9 +558,15 @@ def _local_view_fits(ctx: GeneratorContext, operands, outputs, specs, actions, l
     shape argument (each rank's local output shape, ``local_args``): a layout is offered only
     when the op on meta tensors of the local input shapes gives the layout's local output shapes.
     With uneven blocks every rank's shapes are tried (a block of one element squeezes away, an
-    empty one may make the op refuse, forward or backward, or give another dtype)."""
+    empty one may make the op refuse, forward or backward, or give another dtype). Ranks alike
+    in their local shapes and arguments make the same call: each such call is tried once."""
+    tried: list[tuple] = []
     for rank in (ctx.mesh.ranks if uneven else (None,)):
         want = op_call_shapes(ctx.mesh, operands, specs, actions, rank=rank)
+        alike = (tuple(want.values()), tuple(a.value if rank is None else a.value_on(rank) for a in local_args))
+        if alike in tried:
+            continue
+        tried.append(alike)
         empty = rank is not None and any(0 in shape for shape in want.values())
         got = local_output_shapes(ctx, operands, specs, actions, local_args, rank=rank, probe=empty, dtypes=True)
         if got is None or tuple(got[:len(outputs)]) != tuple((want[o.name], o.dtype) for o in outputs):
