@@ -262,3 +262,26 @@ def test_without_a_home_there_is_no_verdict_cache_and_it_is_said(monkeypatch, pl
                                        "$SHARDVERIFY_CACHE_DIR to keep verdicts): give --opinfo-results DIR\n")
     monkeypatch.setenv(CACHE_ENV, "/somewhere")
     assert str(default_cache_dir()) == "/somewhere"
+
+
+class _MaskedStore(torch.nn.Module):
+    def forward(self, x, mask, values):
+        return torch.index_put(x, (mask,), values)
+
+
+def test_a_bool_mask_where_the_grid_drew_ids_is_outside_the_grid(tmp_path):
+    """index_put's grid draws its index as ids below the rows; ``x[mask] = v`` (a bool mask, the
+    values broadcast along the last dim: PyTorch's OpInfo sample) once took the grid's column
+    splits, which are wrong there. Outside the grid, it is verified at the call and those are not
+    served."""
+    x, values = torch.randn(5, 5), torch.randn(5)
+    mask = torch.tensor([True, False, True, True, False])
+    gm = trace(_MaskedStore(), {"x": x, "mask": mask, "values": values})
+    node = next(n for n in gm.graph.nodes if n.target is torch.index_put)
+    assert "passes i0 as a bool mask" in outside_grid(handler_for_node(node, gm), node, gm)
+    with pytest.raises(HandlerError, match="as a bool mask"):
+        strategies_for_node(gm, node.name, DeviceMesh((2, 2)))
+    with OnDemandVerifier(cache_dir=tmp_path) as verifier:
+        served = {s.name for s in strategies_for_node(gm, node.name, DeviceMesh((2, 2)), on_demand=verifier)}
+        assert verifier.records and verifier.records[-1].failed
+    assert served and "RS1 x R x R -> RS1" not in served and "RR x R x R -> RR" in served

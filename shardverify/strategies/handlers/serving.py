@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from shardverify.strategies.handlers.base import Computed, HandlerDef, candidates, comparable
-from shardverify.strategies.handlers.call_values import MISSING, call_value, resolve_params, takes_call
+from shardverify.strategies.handlers.call_values import MISSING, call_value, resolve_operands, resolve_params, takes_call
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
@@ -89,12 +89,30 @@ def outside_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | No
     for name in off_grid(handler, node, graph_module):
         return (f"{handler.name}: node {node.name!r} passes {name}={_show(params.get(name))}; the rule was verified "
                 f"for {name} in {_shown(handler.bound()[name])} only ({handler.spec_file or 'its spec'})")
+    masks = _masks_for_values(handler, node, graph_module)
+    if masks:
+        return (f"{handler.name}: node {node.name!r} passes {', '.join(masks)} as a bool mask, where the rule was "
+                f"verified for numbers drawn from a range (ids below a size) ({handler.spec_file or 'its spec'}): a "
+                f"mask selects by position, ids by value")
     extra = _undeclared_arguments(handler, node) or _undeclared_attributes(handler, node, graph_module)
     if extra:
         return (f"{handler.name}: node {node.name!r} passes {', '.join(extra)}, which "
                 f"{handler.spec_file or 'its spec'} does not declare; the rule may not hold with "
                 f"{'it' if len(extra) == 1 else 'them'} (declare it, or list it under 'ignores' if it does not change the rule)")
     return None
+
+
+def _masks_for_values(handler: HandlerDef, node: Node, graph_module: GraphModule | None) -> list[str]:
+    """The operands the spec's grid draws from a range of numbers (``drawn``: ids below a size)
+    that this call passes as bool tensors: ``x[mask] = v`` is not ``x[ids] = v``."""
+    ranged = {role for role, values, _ in handler.drawn if values is not None}
+    if not ranged or graph_module is None:
+        return []
+    try:
+        operands = resolve_operands(handler, node, graph_module)
+    except Exception:  # noqa: BLE001 - operands that do not resolve are the handler's to refuse, with its reason
+        return []
+    return [role for role in sorted(ranged) if role in operands and operands[role].dtype == torch.bool]
 
 
 def _undeclared_arguments(handler: HandlerDef, node: Node) -> list[str]:
