@@ -552,7 +552,10 @@ import pytest
 
 
 def spmd_signal_then_hang(comm, folder):
-    pathlib.Path(folder, f"rank{comm.rank}").write_text(os.environ.get("SV_LEAK_TAG", "no tag"))
+    # written beside the folder, then moved in whole: the test reads a signal as soon as it appears
+    written = pathlib.Path(folder).parent / f"rank{comm.rank}.written"
+    written.write_text(os.environ.get("SV_LEAK_TAG", "no tag"))
+    os.replace(written, pathlib.Path(folder, f"rank{comm.rank}"))
     time.sleep(60)
 
 
