@@ -110,6 +110,7 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
     claimed by one process at a time; an entry another live process holds is read after the rest.
     With --cluster the entries to sweep are units on Ray workers and this process stores each."""
     from shardverify.features.opinfo.store import claim_entry, held, load_entry, release_entry, save_entry, source_commit
+    from shardverify.features.opinfo.samples import no_sample_reason
     from shardverify.features.opinfo.sweep import entry_name, sweep_entry
     from shardverify.verify.on_demand import OnDemandVerifier
 
@@ -168,7 +169,7 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
                 if targets:
                     unswept.append(f"{name} (no sample of it was called: nothing checked)")
                 else:   # an entry no spec lists, with no CPU sample in a dtype the sweep draws
-                    tally.skipped.append(f"{name} ({_no_sample(entry)})")
+                    tally.skipped.append(f"{name} ({no_sample_reason(entry)})")
                 continue
             tally.count(name, op, found, commit, how, f"[{i}/{len(entries)}]")
     if pending:
@@ -180,7 +181,7 @@ def _sweep(args: argparse.Namespace, specs: list, folder, settings, meshes, capt
             if isinstance(found, str):
                 unswept.append(f"{name} ({found})")
             elif not found.outcomes and not names:
-                tally.skipped.append(f"{name} ({_no_sample(entries[i - 1][0])})")
+                tally.skipped.append(f"{name} ({no_sample_reason(entries[i - 1][0])})")
             elif not found.outcomes:
                 unswept.append(f"{name} (no sample of it was called: nothing checked)")
             else:
@@ -220,17 +221,6 @@ def _child_sweep(name: str, op: str, names: list, meshes, captures, limit: int, 
     from shardverify.features.opinfo.store import save_entry
 
     save_entry(Path(folder), name, settings, sweep_entry_unit(name, op, names, meshes, captures, limit))
-
-
-def _no_sample(entry) -> str:
-    """Why an OpInfo entry gave the sweep no call."""
-    from shardverify.features.opinfo.samples import SWEPT_DTYPES
-
-    supported = entry.supported_dtypes("cpu")
-    if not any(d in supported for d in SWEPT_DTYPES):
-        kinds = ", ".join(sorted(str(d).removeprefix("torch.") for d in supported)) or "none"
-        return f"no CPU sample in {', '.join(str(d).removeprefix('torch.') for d in SWEPT_DTYPES)}: its CPU dtypes are {kinds}"
-    return "its sample_inputs gave no sample on the CPU"
 
 
 def _print_table(total) -> None:

@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 
 from shardverify.errors import InvalidArgument
 
-__all__ = ["Sample", "op_db", "entries_for", "samples_of", "OneOp", "SWEPT_DTYPES"]
+__all__ = ["Sample", "op_db", "entries_for", "samples_of", "OneOp", "SWEPT_DTYPES", "no_sample_reason"]
 
 
 def op_db() -> list:
@@ -94,6 +94,17 @@ def samples_of(entry, dtype: torch.dtype = torch.float64, limit: int = 0, seed: 
         constants = tuple(_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
         name = entry.name + (f".{entry.variant_test_name}" if entry.variant_test_name else "")
         yield Sample(name, index, entry.op, tensors, spec, constants)
+
+
+def no_sample_reason(entry) -> str:
+    """Why :func:`samples_of` gives an entry no sample: no CPU dtype among :data:`SWEPT_DTYPES`,
+    or none from its ``sample_inputs``."""
+    supported = entry.supported_dtypes("cpu")
+    if not any(d in supported for d in SWEPT_DTYPES):
+        kinds = ", ".join(sorted(str(d).removeprefix("torch.") for d in supported)) or "none"
+        swept = ", ".join(str(d).removeprefix("torch.") for d in SWEPT_DTYPES)
+        return f"no CPU sample in {swept}: its CPU dtypes are {kinds}"
+    return "its sample_inputs gave no sample on the CPU"
 
 
 class OneOp(torch.nn.Module):

@@ -73,10 +73,6 @@ class SweepResult:
     def wrong(self) -> list[CallOutcome]:
         return [o for o in self.outcomes if o.wrong]
 
-    def served_share(self, capture: str) -> float:
-        mine = [o for o in self.outcomes if o.capture == capture and o.outcome != "folded"]
-        return sum(o.outcome in ("grid", "on-demand") for o in mine) / len(mine) if mine else 0.0
-
 
 def _capture(sample: Sample, how: str) -> fx.GraphModule:
     """The sample's one-op module as a plan captures a model: torch.fx or torch.export, every node
