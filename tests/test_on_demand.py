@@ -278,10 +278,38 @@ def test_a_bool_mask_where_the_grid_drew_ids_is_outside_the_grid(tmp_path):
     mask = torch.tensor([True, False, True, True, False])
     gm = trace(_MaskedStore(), {"x": x, "mask": mask, "values": values})
     node = next(n for n in gm.graph.nodes if n.target is torch.index_put)
-    assert "passes i0 as a bool mask" in outside_grid(handler_for_node(node, gm), node, gm)
-    with pytest.raises(HandlerError, match="as a bool mask"):
+    assert "passes i0 as bool, where the rule was verified for numbers drawn from a range" in \
+        outside_grid(handler_for_node(node, gm), node, gm)
+    with pytest.raises(HandlerError, match="i0 as bool"):
         strategies_for_node(gm, node.name, DeviceMesh((2, 2)))
     with OnDemandVerifier(cache_dir=tmp_path) as verifier:
         served = {s.name for s in strategies_for_node(gm, node.name, DeviceMesh((2, 2)), on_demand=verifier)}
         assert verifier.records and verifier.records[-1].failed
     assert served and "RS1 x R x R -> RS1" not in served and "RR x R x R -> RR" in served
+
+
+class _Divide(torch.nn.Module):
+    def forward(self, x, count):
+        return torch.div(x, count)
+
+
+def test_an_integer_divisor_where_the_grid_drew_floats_is_outside_the_grid(tmp_path):
+    """div's grid draws its divisor as floats, never zero. nanmean divides by a count of int64,
+    which can be zero: a partial-sum dividend then gives inf on one rank and -inf on another
+    (NaN after the sum) where one device gives inf. The call is verified where it is met and the
+    partial strategies are not served; a float divisor stays on the grid."""
+    x, count = torch.randn(1, 5, dtype=torch.float64), torch.tensor([[3, 0, 2, 1, 0]])
+
+    def traced(divisor):
+        gm = trace(_Divide(), {"x": x, "count": divisor})
+        return gm, next(n for n in gm.graph.nodes if n.op == "call_function")
+
+    gm, node = traced(count.double())
+    assert outside_grid(handler_for_node(node, gm), node, gm) is None
+    gm, node = traced(count)
+    assert "passes other as int64, where the rule was verified for float32 tensors" in \
+        outside_grid(handler_for_node(node, gm), node, gm)
+    with OnDemandVerifier(cache_dir=tmp_path) as verifier:
+        served = {s.name for s in strategies_for_node(gm, node.name, MESH, on_demand=verifier)}
+        assert verifier.records and verifier.records[-1].failed
+    assert served and not any("+P" in name for name in served) and "RS1 x RS1 -> RS1" in served

@@ -103,3 +103,16 @@ def test_a_layout_whose_empty_block_gives_another_dtype_is_not_offered():
         names = [s.name for s in strategies_for_node(graph_module, node, DeviceMesh((4,)))]
         failed, _ = failures(case, (4,))
     assert names == ["S0R -> S0R, S0R", "RR -> RR, RR"] and not failed
+
+
+def test_an_empty_block_the_kernel_refuses_is_not_offered_though_its_decomposition_takes_it():
+    """upsample_nearest3d's CPU kernel refuses an empty channel dim; under a dispatch mode (the
+    flop counter) the op runs its Python decomposition, which takes it. The probe runs the
+    kernel itself: 2 channels over 4 ranks are not offered, 4 are."""
+    def names(channels: int) -> list[str]:
+        case = OpCase(op="upsample_nearest3d", target="torch.ops.aten.upsample_nearest3d.vec",
+                      inputs=(InputDecl("x", (2, channels, 5, 2, 3)),), params=(("output_size", (5, 6, 7)),
+                                                                            ("scale_factors", None)))
+        graph_module, node = case.build()
+        return [s.name for s in strategies_for_node(graph_module, node, DeviceMesh((4,)))]
+    assert "RS0RRR -> RS0RRR" not in names(2) and "RS0RRR -> RS0RRR" in names(4)

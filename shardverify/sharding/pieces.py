@@ -4,8 +4,12 @@ partial input is made.
 A partial value must come from real per-rank contributions: zeros on all ranks but one, or
 equal shares, would let an op that is not linear in the value pass by coincidence (``relu``
 of a zero piece is zero; ``x * x`` of equal shares scales alike everywhere). Every piece here
-is the value's share plus noise of the share's own magnitude, and the noise sums to zero, so
-every piece differs from the value, from its share and from the others.
+is the value's share plus noise that sums to zero, so every piece differs from the value, from
+its share and from the others. The noise's largest piece at an element is the element's own
+magnitude plus a share of the tensor's: at every element some piece has the value's sign and
+some the other sign, so a map that keeps only a sign (``x / 0``: inf or -inf, NaN once summed)
+shows a wrong partial-sum rule at every such element, not at those where the draw happened to
+mix the signs.
 
 A partial max gives each element to one rank picked at random, which holds the value itself;
 every other rank holds the value less a random gap of the value's own magnitude (a partial min:
@@ -44,16 +48,21 @@ def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum",
         raise ValueError(f"noise of shape {tuple(noise.shape)} and dtype {noise.dtype} for {count} pieces of a value "
                          f"of shape {tuple(full.shape)}: float64 of shape {(count, *full.shape)} expected")
     every = bool(finite.all())
-    # noise of one share's magnitude: each piece differs from its share by about the share,
-    # yet the pieces do not cancel by much more than the value itself (rounding stays an op's)
     if every:   # the same elements in the same order as the mask's, without the mask's copy
         scale = float(full.reshape(-1).abs().mean()) / count if full.numel() else 0.0
     else:
         scale = float(full[finite].abs().mean()) / count if finite.any() else 0.0
-    noise = (noise - noise.mean(dim=0, keepdim=True)).mul_(scale if scale > 0 else 1.0)
+    share = full / count if every else torch.where(finite, full, 0.0) / count
+    # the noise at each element, its largest piece scaled to the element's magnitude plus a share:
+    # then some piece has the other sign than the value (with count pieces, the other side's
+    # noise totals at least that largest one), yet the pieces cancel by not much more than the
+    # value itself (rounding stays an op's)
+    noise = noise - noise.mean(dim=0, keepdim=True)
+    largest = noise.abs().amax(dim=0).clamp_min_(torch.finfo(torch.float64).tiny)
+    noise = noise.div_(largest).mul_(share.abs().mul(count).add_(scale if scale > 0 else 1.0))
     if every:
-        return noise.add_(full / count)
-    pieces = noise + torch.where(finite, full, 0.0) / count
+        return noise.add_(share)
+    pieces = noise + share
     # an inf or NaN is no sum of finite pieces: the first piece holds it, the others their noise
     pieces[0] = torch.where(finite, pieces[0], full)
     return pieces

@@ -219,7 +219,8 @@ def _signature(value: object) -> object:
 
 def rule_text(handler: HandlerDef) -> str:
     """What the strategies depend on, stably: the spec's text where it can be read, and the
-    handler's declarations (the parsed rule, the operands and parameters, the data drawn)."""
+    handler's declarations (the parsed rule, the operands and parameters, the data drawn and its
+    dtypes)."""
     spec_text = ""
     for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
         path = base / handler.spec_file
@@ -227,7 +228,8 @@ def rule_text(handler: HandlerDef) -> str:
             spec_text = path.read_text(encoding="utf-8", errors="replace")
             break
     return json.dumps([handler.name, handler.generator, repr(handler.rule), repr(handler.operands),
-                       repr(handler.params), repr(handler.drawn), repr(handler.ignores), spec_text])
+                       repr(handler.params), repr(handler.drawn), repr(handler.dtypes), repr(handler.ignores),
+                       spec_text])
 
 
 def verdict_key(call: UnverifiedCall) -> str:

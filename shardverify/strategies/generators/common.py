@@ -237,6 +237,10 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
             with LocalFlopCounter() as counter:
                 result = call_op(ctx.node, module, values)
             outs = result if isinstance(result, (list, tuple)) else (result,)
+            if probe:   # the kernel itself, outside the counter: under a dispatch mode an op may run its
+                # Python decomposition, which takes an empty block the kernel refuses (upsample_nearest3d)
+                plain = call_op(ctx.node, module, values)
+                outs = plain if isinstance(plain, (list, tuple)) else (plain,)
             if probe and (ungraded := ungraded_inputs(tensors, outs)):
                 raise StrategyError(f"the backward gives input(s) {ungraded} no gradient on these local shapes "
                                     f"(this rank would skip their resharding's backward collectives)")

@@ -69,6 +69,10 @@ class HandlerDef:
     #: operand the spec's grid draws: how a call outside the grid is given data when it is
     #: verified where it is met (ids below a vocabulary, positive variances)
     drawn: tuple[tuple[str, tuple[float, float] | None, bool], ...] = ()
+    #: (role, dtype name) of each tensor the spec's grid draws: a call passing a tensor of another
+    #: kind (an integer or bool where floats were drawn) is outside the grid (integer division by
+    #: zero, a count summed as bools)
+    dtypes: tuple[tuple[str, str], ...] = ()
     #: the spec's ``verify.isolate``: a call verified where it is met is checked in a child
     #: process (the op's kernel can corrupt memory or trap on a wrong layout's local shapes)
     isolate: bool = False

@@ -89,11 +89,11 @@ def outside_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | No
     for name in off_grid(handler, node, graph_module):
         return (f"{handler.name}: node {node.name!r} passes {name}={_show(params.get(name))}; the rule was verified "
                 f"for {name} in {_shown(handler.bound()[name])} only ({handler.spec_file or 'its spec'})")
-    masks = _masks_for_values(handler, node, graph_module)
-    if masks:
-        return (f"{handler.name}: node {node.name!r} passes {', '.join(masks)} as a bool mask, where the rule was "
-                f"verified for numbers drawn from a range (ids below a size) ({handler.spec_file or 'its spec'}): a "
-                f"mask selects by position, ids by value")
+    apart = _kinds_apart(handler, node, graph_module)
+    if apart:
+        return (f"{handler.name}: node {node.name!r} passes {'; '.join(apart)} ({handler.spec_file or 'its spec'}): "
+                f"the rule may not hold for another kind of value (an integer divisor of zero, a mask where ids "
+                f"were drawn)")
     extra = _undeclared_arguments(handler, node) or _undeclared_attributes(handler, node, graph_module)
     if extra:
         return (f"{handler.name}: node {node.name!r} passes {', '.join(extra)}, which "
@@ -102,17 +102,31 @@ def outside_grid(handler: HandlerDef, node: Node, graph_module: GraphModule | No
     return None
 
 
-def _masks_for_values(handler: HandlerDef, node: Node, graph_module: GraphModule | None) -> list[str]:
-    """The operands the spec's grid draws from a range of numbers (``drawn``: ids below a size)
-    that this call passes as bool tensors: ``x[mask] = v`` is not ``x[ids] = v``."""
-    ranged = {role for role, values, _ in handler.drawn if values is not None}
-    if not ranged or graph_module is None:
+def _kinds_apart(handler: HandlerDef, node: Node, graph_module: GraphModule | None) -> list[str]:
+    """The tensor operands this call passes with a dtype of another kind (bool, integer, floating,
+    complex) than the spec's grid drew them with, each said with both: ``x[mask] = v`` is not
+    ``x[ids] = v``, and an integer divisor holds zeros a float one was never drawn with."""
+    drawn = dict(handler.dtypes)
+    if not drawn or graph_module is None:
         return []
     try:
         operands = resolve_operands(handler, node, graph_module)
     except Exception:  # noqa: BLE001 - operands that do not resolve are the handler's to refuse, with its reason
         return []
-    return [role for role in sorted(ranged) if role in operands and operands[role].dtype == torch.bool]
+    ranged = {role for role, values, _ in handler.drawn if values is not None}
+    found = []
+    for role in sorted(set(drawn) & set(operands)):
+        dtype, verified = operands[role].dtype, getattr(torch, drawn[role])
+        if _kind(dtype) != _kind(verified):
+            what = "numbers drawn from a range (ids below a size)" if role in ranged else f"{drawn[role]} tensors"
+            found.append(f"{role} as {str(dtype).removeprefix('torch.')}, where the rule was verified for {what}")
+    return found
+
+
+def _kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    return "complex" if dtype.is_complex else "floating" if dtype.is_floating_point else "integer"
 
 
 def _undeclared_arguments(handler: HandlerDef, node: Node) -> list[str]:

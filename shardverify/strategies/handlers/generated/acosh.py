@@ -29,6 +29,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('input', (1.1, 4.0), True),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.acosh.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

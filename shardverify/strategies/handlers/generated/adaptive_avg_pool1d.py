@@ -42,6 +42,7 @@ HANDLER = register_handler(HandlerDef(
             ('output_size', (3,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.adaptive_avg_pool1d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

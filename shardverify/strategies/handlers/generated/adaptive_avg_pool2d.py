@@ -45,6 +45,7 @@ HANDLER = register_handler(HandlerDef(
             ('output_size', ((1, 1), (2, 3))),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.adaptive_avg_pool2d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

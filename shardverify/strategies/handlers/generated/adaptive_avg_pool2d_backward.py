@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/adaptive_avg_pool2d_backward.yaml',
     isolate=True,
+    dtypes=(('grad_output', 'float32'), ('input', 'float32')),
     overrides=(
         (torch.ops.aten._adaptive_avg_pool2d_backward.default, (
             OperandDecl(role='grad_output', kind='input', index=0, keyword='grad_output'),

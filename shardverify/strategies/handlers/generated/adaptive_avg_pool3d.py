@@ -45,6 +45,7 @@ HANDLER = register_handler(HandlerDef(
             ('output_size', ((2, 3, 2),)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.adaptive_avg_pool3d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -29,6 +29,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/add.yaml:11',
     ),
     spec_file='specs/add.yaml',
+    dtypes=(('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.add.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

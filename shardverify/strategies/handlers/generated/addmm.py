@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/addmm.yaml:14',
     ),
     spec_file='specs/addmm.yaml',
+    dtypes=(('input', 'float32'), ('mat1', 'float32'), ('mat2', 'float32')),
     overrides=(
         (torch.ops.aten.addmm.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/amax.yaml:17',
     ),
     spec_file='specs/amax.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.amax.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/amin.yaml:17',
     ),
     spec_file='specs/amin.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.amin.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/any.yaml:14',
     ),
     spec_file='specs/any.yaml',
+    dtypes=(('input', 'bool'),),
     overrides=(
         (torch.ops.aten.any.dim, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -27,6 +27,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/any_all.yaml:12',
     ),
     spec_file='specs/any_all.yaml',
+    dtypes=(('input', 'bool'),),
     overrides=(
         (torch.ops.aten.any.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/any_dims.yaml:14',
     ),
     spec_file='specs/any_dims.yaml',
+    dtypes=(('input', 'bool'),),
     overrides=(
         (torch.ops.aten.any.dims, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

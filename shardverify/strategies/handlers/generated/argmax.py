@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/argmax.yaml:16',
     ),
     spec_file='specs/argmax.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.argmax.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

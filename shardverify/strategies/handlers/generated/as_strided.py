@@ -47,6 +47,7 @@ HANDLER = register_handler(HandlerDef(
             ('storage_offset', (2,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.as_strided.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -58,6 +58,7 @@ HANDLER = register_handler(HandlerDef(
             ('count_include_pad', (True,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.avg_pool1d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

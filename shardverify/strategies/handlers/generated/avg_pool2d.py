@@ -62,6 +62,7 @@ HANDLER = register_handler(HandlerDef(
             ('divisor_override', (None,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.avg_pool2d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

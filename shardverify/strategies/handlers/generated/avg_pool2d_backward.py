@@ -48,6 +48,7 @@ HANDLER = register_handler(HandlerDef(
         )),
     ),
     isolate=True,
+    dtypes=(('grad_output', 'float32'), ('input', 'float32')),
     overrides=(
         (torch.ops.aten.avg_pool2d_backward.default, (
             OperandDecl(role='grad_output', kind='input', index=0, keyword='grad_output'),

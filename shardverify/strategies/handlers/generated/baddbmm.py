@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/baddbmm.yaml:13',
     ),
     spec_file='specs/baddbmm.yaml',
+    dtypes=(('input', 'float32'), ('batch1', 'float32'), ('batch2', 'float32')),
     overrides=(
         (torch.ops.aten.baddbmm.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

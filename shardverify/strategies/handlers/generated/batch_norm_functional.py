@@ -48,4 +48,5 @@ HANDLER = register_handler(HandlerDef(
         ('running_mean', None, False),
         ('running_var', (0.5, 2.0), False),
     ),
+    dtypes=(('input', 'float32'), ('weight', 'float32'), ('bias', 'float32'), ('running_mean', 'float32'), ('running_var', 'float32')),
 ))

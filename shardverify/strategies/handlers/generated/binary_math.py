@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         ('input', (0.5, 2.0), True),
         ('other', (0.5, 2.0), True),
     ),
+    dtypes=(('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.atan2.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -29,6 +29,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/binary_monotone.yaml:18',
     ),
     spec_file='specs/binary_monotone.yaml',
+    dtypes=(('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.maximum.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

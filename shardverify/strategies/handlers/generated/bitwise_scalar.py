@@ -39,6 +39,7 @@ HANDLER = register_handler(HandlerDef(
             ('other', (5,)),
         )),
     ),
+    dtypes=(('input', 'int64'),),
     overrides=(
         (torch.ops.aten.bitwise_and.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/bmm.yaml:11',
     ),
     spec_file='specs/bmm.yaml',
+    dtypes=(('input', 'float32'), ('mat2', 'float32')),
     overrides=(
         (torch.ops.aten.bmm.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -44,6 +44,7 @@ HANDLER = register_handler(HandlerDef(
             ('tensors', (2, 3)),
         )),
     ),
+    dtypes=(('tensors', 'float32'),),
     overrides=(
         (torch.ops.aten.cat.default, (
             OperandDecl(role='tensors', kind='input', index=0, keyword='tensors', variadic=True),

@@ -37,6 +37,7 @@ HANDLER = register_handler(HandlerDef(
             ('compute_mode', (None,)),
         )),
     ),
+    dtypes=(('x1', 'float32'), ('x2', 'float32')),
     overrides=(
         (torch.ops.aten._cdist_forward.default, (
             OperandDecl(role='x1', kind='input', index=0, keyword='x1'),

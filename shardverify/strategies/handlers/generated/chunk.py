@@ -42,6 +42,7 @@ HANDLER = register_handler(HandlerDef(
             ('chunks', (2,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.chunk.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

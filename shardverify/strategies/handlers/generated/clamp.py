@@ -53,6 +53,7 @@ HANDLER = register_handler(HandlerDef(
             ('max', (0.5, None)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.clamp.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

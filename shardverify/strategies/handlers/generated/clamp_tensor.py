@@ -34,6 +34,7 @@ HANDLER = register_handler(HandlerDef(
         ('min', (-1.0, -0.2), True),
         ('max', (0.2, 1.0), True),
     ),
+    dtypes=(('input', 'float32'), ('min', 'float32'), ('max', 'float32')),
     overrides=(
         (torch.ops.aten.clamp.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -28,6 +28,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/clone.yaml:12',
     ),
     spec_file='specs/clone.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.clone.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

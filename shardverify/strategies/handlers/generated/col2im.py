@@ -51,6 +51,7 @@ HANDLER = register_handler(HandlerDef(
             ('stride', ((1, 1),)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.col2im.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

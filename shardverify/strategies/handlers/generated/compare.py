@@ -27,6 +27,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/compare.yaml:16',
     ),
     spec_file='specs/compare.yaml',
+    dtypes=(('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.ge.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -42,6 +42,7 @@ HANDLER = register_handler(HandlerDef(
             ('other', (0.25,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.ge.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

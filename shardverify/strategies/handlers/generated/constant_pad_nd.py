@@ -39,6 +39,7 @@ HANDLER = register_handler(HandlerDef(
             ('value', (1.5,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.constant_pad_nd.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -34,6 +34,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/conv3d.yaml',
     ignores=('stride', 'padding', 'dilation', 'padding_mode'),
+    dtypes=(('input', 'float32'), ('weight', 'float32'), ('bias', 'float32')),
     overrides=(
         (torch.ops.aten.conv3d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

@@ -47,6 +47,7 @@ HANDLER = register_handler(HandlerDef(
             ('output_padding', ((0, 0),)),
         )),
     ),
+    dtypes=(('input', 'float32'), ('weight', 'float32'), ('bias', 'float32')),
     overrides=(
         (torch.ops.aten.convolution.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

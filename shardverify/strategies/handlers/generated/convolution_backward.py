@@ -58,6 +58,7 @@ HANDLER = register_handler(HandlerDef(
         ('input', None, False),
         ('weight', None, False),
     ),
+    dtypes=(('grad_output', 'float32'), ('input', 'float32'), ('weight', 'float32')),
     overrides=(
         (torch.ops.aten.convolution_backward.default, (
             OperandDecl(role='grad_output', kind='input', index=0, keyword='grad_output'),

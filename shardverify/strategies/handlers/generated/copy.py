@@ -40,6 +40,7 @@ HANDLER = register_handler(HandlerDef(
         ('input', None, False),
         ('src', None, False),
     ),
+    dtypes=(('input', 'float32'), ('src', 'float32')),
     overrides=(
         (torch.ops.aten.copy.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

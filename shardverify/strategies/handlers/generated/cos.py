@@ -26,6 +26,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/cos.yaml:10',
     ),
     spec_file='specs/cos.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.cos.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -41,6 +41,7 @@ HANDLER = register_handler(HandlerDef(
             ('reduction', ('mean',)),
         )),
     ),
+    dtypes=(('input', 'float32'), ('target', 'int64')),
     overrides=(
         (torch.ops.aten.cross_entropy_loss.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -47,6 +47,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('weight', (0.5, 2.0), False),
     ),
+    dtypes=(('input', 'float32'), ('target', 'int64'), ('weight', 'float32')),
     overrides=(
         (torch.ops.aten.cross_entropy_loss.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/cumsum.yaml',
     ignores=('dtype',),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.cumsum.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -43,6 +43,7 @@ HANDLER = register_handler(HandlerDef(
             ('offset', (1,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.diagonal.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

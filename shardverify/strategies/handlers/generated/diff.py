@@ -44,6 +44,7 @@ HANDLER = register_handler(HandlerDef(
             ('n', (2,)),
         )),
     ),
+    dtypes=(('input', 'float32'), ('prepend', 'float32'), ('append', 'float32')),
     overrides=(
         (torch.ops.aten.diff.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

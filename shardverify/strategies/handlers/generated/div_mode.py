@@ -37,6 +37,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('other', (0.5, 2.0), True),
     ),
+    dtypes=(('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.div.Tensor_mode, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('input', (-20.0, 20.0), True),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.div.Scalar_mode, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -38,4 +38,5 @@ HANDLER = register_handler(HandlerDef(
             ('p', (0.0,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
 ))

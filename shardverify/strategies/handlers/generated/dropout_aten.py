@@ -37,6 +37,7 @@ HANDLER = register_handler(HandlerDef(
             ('train', (False,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.dropout.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

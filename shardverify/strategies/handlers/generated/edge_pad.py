@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/edge_pad.yaml:25',
     ),
     spec_file='specs/edge_pad.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.reflection_pad1d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,4 +31,5 @@ HANDLER = register_handler(HandlerDef(
         at='specs/einsum.yaml:18',
     ),
     spec_file='specs/einsum.yaml',
+    dtypes=(('a', 'float32'), ('b', 'float32')),
 ))

@@ -32,6 +32,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/einsum_aten.yaml',
     ignores=('path',),
+    dtypes=(('a', 'float32'), ('b', 'float32')),
     overrides=(
         (torch.ops.aten.einsum.default, (
             OperandDecl(role='a', kind='input', index=1, keyword='tensors', element=0),

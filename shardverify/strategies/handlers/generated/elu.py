@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('alpha', (1.0, 0.5)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.elu.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -46,6 +46,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('input', (0, 16), True),
     ),
+    dtypes=(('input', 'int64'), ('weight', 'float32')),
     overrides=(
         (torch.ops.aten.embedding.default, (
             OperandDecl(role='input', kind='input', index=1, keyword='indices'),

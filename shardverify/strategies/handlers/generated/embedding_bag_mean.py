@@ -50,6 +50,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('indices', (0, 10), True),
     ),
+    dtypes=(('weight', 'float32'), ('indices', 'int64'), ('offsets', 'int64')),
     overrides=(
         (torch.ops.aten._embedding_bag.default, (
             OperandDecl(role='weight', kind='input', index=0, keyword='weight'),

@@ -44,6 +44,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('indices', (0, 7), True),
     ),
+    dtypes=(('grad_output', 'float32'), ('indices', 'int64')),
     overrides=(
         (torch.ops.aten.embedding_dense_backward.default, (
             OperandDecl(role='grad_output', kind='input', index=0, keyword='grad_output'),

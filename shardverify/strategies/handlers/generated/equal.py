@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         ('input', (0, 4), True),
         ('other', (0, 4), True),
     ),
+    dtypes=(('input', 'int64'), ('other', 'int64')),
     overrides=(
         (torch.ops.aten.eq.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -39,6 +39,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('input', (0, 4), True),
     ),
+    dtypes=(('input', 'int64'),),
     overrides=(
         (torch.ops.aten.eq.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/expand.yaml',
     ignores=('implicit',),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.expand.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('last_dim_size', (5,)),
         )),
     ),
+    dtypes=(('input', 'complex64'),),
     overrides=(
         (torch.ops.aten._fft_c2r.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

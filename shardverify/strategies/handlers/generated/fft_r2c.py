@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('onesided', (True, False)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten._fft_r2c.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -36,6 +36,7 @@ HANDLER = register_handler(HandlerDef(
             ('value', (1.5,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.fill.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

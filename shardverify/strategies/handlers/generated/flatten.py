@@ -49,6 +49,7 @@ HANDLER = register_handler(HandlerDef(
             ('end_dim', (-1, 2)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.flatten.using_ints, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

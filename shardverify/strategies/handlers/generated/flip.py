@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/flip.yaml:13',
     ),
     spec_file='specs/flip.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.flip.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         ('input', (-20, 20), True),
         ('other', (1, 4), True),
     ),
+    dtypes=(('input', 'int64'), ('other', 'int64')),
     overrides=(
         (torch.ops.aten.floor_divide.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -40,6 +40,7 @@ HANDLER = register_handler(HandlerDef(
         )),
     ),
     ignores=('layout', 'device', 'pin_memory', 'memory_format', 'requires_grad'),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.full_like.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

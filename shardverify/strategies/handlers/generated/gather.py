@@ -34,6 +34,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('index', (0, 6), True),
     ),
+    dtypes=(('input', 'float32'), ('index', 'int64')),
     overrides=(
         (torch.ops.aten.gather.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

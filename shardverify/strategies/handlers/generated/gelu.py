@@ -39,6 +39,7 @@ HANDLER = register_handler(HandlerDef(
             ('approximate', ('none', 'tanh')),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.gelu.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -49,6 +49,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('grid', (-1.2, 1.2), True),
     ),
+    dtypes=(('input', 'float32'), ('grid', 'float32')),
     overrides=(
         (torch.ops.aten.grid_sampler_2d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

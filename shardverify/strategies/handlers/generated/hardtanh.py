@@ -41,6 +41,7 @@ HANDLER = register_handler(HandlerDef(
             ('max_val', (1.0,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.hardtanh.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

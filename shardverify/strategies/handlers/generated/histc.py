@@ -53,6 +53,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('input', (-1.0, 5.0), False),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.histc.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -28,4 +28,5 @@ HANDLER = register_handler(HandlerDef(
         at='specs/identity.yaml:11',
     ),
     spec_file='specs/identity.yaml',
+    dtypes=(('input', 'float32'),),
 ))

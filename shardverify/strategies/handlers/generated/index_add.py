@@ -51,6 +51,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('index', (0, 8), True),
     ),
+    dtypes=(('input', 'float32'), ('index', 'int64'), ('source', 'float32')),
     overrides=(
         (torch.ops.aten.index_add.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -47,6 +47,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('i0', (0, 8), True),
     ),
+    dtypes=(('input', 'float32'), ('i0', 'int64'), ('values', 'float32')),
     overrides=(
         (torch.ops.aten.index_put.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

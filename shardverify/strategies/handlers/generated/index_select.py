@@ -46,6 +46,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('index', (0, 16), True),
     ),
+    dtypes=(('input', 'float32'), ('index', 'int64')),
     overrides=(
         (torch.ops.aten.index_select.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

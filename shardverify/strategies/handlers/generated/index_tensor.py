@@ -34,6 +34,7 @@ HANDLER = register_handler(HandlerDef(
         ('i0', (0, 8), True),
         ('i1', (0, 6), True),
     ),
+    dtypes=(('input', 'float32'), ('i0', 'int64'), ('i1', 'int64')),
     overrides=(
         (torch.ops.aten.index.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -46,4 +46,5 @@ HANDLER = register_handler(HandlerDef(
             ('antialias', (False,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
 ))

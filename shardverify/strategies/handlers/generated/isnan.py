@@ -29,6 +29,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('input', (-100000.0, 100000.0), True),
     ),
+    dtypes=(('input', 'float16'),),
     overrides=(
         (torch.ops.aten.isnan.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -33,4 +33,5 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/layer_norm.yaml',
     ignores=('eps',),
+    dtypes=(('input', 'float32'),),
 ))

@@ -33,6 +33,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/layer_norm_functional.yaml',
     ignores=('eps', 'cudnn_enable'),
+    dtypes=(('input', 'float32'), ('weight', 'float32'), ('bias', 'float32')),
     overrides=(
         (torch.ops.aten.layer_norm.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('negative_slope', (0.01, 0.2)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.leaky_relu.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

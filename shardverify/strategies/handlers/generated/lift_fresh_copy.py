@@ -28,6 +28,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/lift_fresh_copy.yaml:12',
     ),
     spec_file='specs/lift_fresh_copy.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.lift_fresh_copy.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

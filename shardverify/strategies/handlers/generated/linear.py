@@ -31,4 +31,5 @@ HANDLER = register_handler(HandlerDef(
         at='specs/linear.yaml:30',
     ),
     spec_file='specs/linear.yaml',
+    dtypes=(('input', 'float32'), ('other', 'float32'), ('bias', 'float32')),
 ))

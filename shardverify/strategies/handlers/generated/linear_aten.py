@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/linear_aten.yaml:25',
     ),
     spec_file='specs/linear_aten.yaml',
+    dtypes=(('input', 'float32'), ('other', 'float32'), ('bias', 'float32')),
     overrides=(
         (torch.ops.aten.linear.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

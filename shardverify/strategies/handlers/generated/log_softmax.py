@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/log_softmax.yaml:12',
     ),
     spec_file='specs/log_softmax.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.log_softmax.int, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -27,6 +27,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/logical_and.yaml:13',
     ),
     spec_file='specs/logical_and.yaml',
+    dtypes=(('input', 'bool'), ('other', 'bool')),
     overrides=(
         (torch.ops.aten.logical_and.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

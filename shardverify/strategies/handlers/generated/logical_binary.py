@@ -27,6 +27,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/logical_binary.yaml:15',
     ),
     spec_file='specs/logical_binary.yaml',
+    dtypes=(('input', 'bool'), ('other', 'bool')),
     overrides=(
         (torch.ops.aten.logical_or.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -26,6 +26,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/logical_unary.yaml:11',
     ),
     spec_file='specs/logical_unary.yaml',
+    dtypes=(('input', 'bool'),),
     overrides=(
         (torch.ops.aten.logical_not.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

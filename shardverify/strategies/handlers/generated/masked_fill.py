@@ -42,6 +42,7 @@ HANDLER = register_handler(HandlerDef(
             ('value', (-1.5,)),
         )),
     ),
+    dtypes=(('input', 'float32'), ('mask', 'bool')),
     overrides=(
         (torch.ops.aten.masked_fill.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

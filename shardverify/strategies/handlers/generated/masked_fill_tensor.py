@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/masked_fill_tensor.yaml:16',
     ),
     spec_file='specs/masked_fill_tensor.yaml',
+    dtypes=(('input', 'float32'), ('mask', 'bool'), ('value', 'float32')),
     overrides=(
         (torch.ops.aten.masked_fill.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/masked_scatter.yaml:17',
     ),
     spec_file='specs/masked_scatter.yaml',
+    dtypes=(('input', 'float32'), ('mask', 'bool'), ('source', 'float32')),
     overrides=(
         (torch.ops.aten.masked_scatter.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/matmul.yaml:14',
     ),
     spec_file='specs/matmul.yaml',
+    dtypes=(('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.matmul.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -32,6 +32,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/max.yaml:15',
     ),
     spec_file='specs/max.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.max.dim, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

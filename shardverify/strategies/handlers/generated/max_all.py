@@ -27,6 +27,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/max_all.yaml:15',
     ),
     spec_file='specs/max_all.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.max.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

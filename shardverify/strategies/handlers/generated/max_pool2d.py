@@ -58,6 +58,7 @@ HANDLER = register_handler(HandlerDef(
             ('ceil_mode', (False,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.max_pool2d.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -51,6 +51,7 @@ HANDLER = register_handler(HandlerDef(
         )),
     ),
     ignores=('return_indices',),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.max_pool2d_with_indices.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

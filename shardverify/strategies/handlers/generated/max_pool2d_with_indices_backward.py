@@ -50,6 +50,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('indices', (0, 36), True),
     ),
+    dtypes=(('grad_output', 'float32'), ('input', 'float32'), ('indices', 'int64')),
     overrides=(
         (torch.ops.aten.max_pool2d_with_indices_backward.default, (
             OperandDecl(role='grad_output', kind='input', index=0, keyword='grad_output'),

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/mean.yaml:14',
     ),
     spec_file='specs/mean.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.mean.dim, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

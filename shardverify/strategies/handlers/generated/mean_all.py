@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/mean_all.yaml',
     ignores=('dtype',),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.mean.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

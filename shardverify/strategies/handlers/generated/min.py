@@ -32,6 +32,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/min.yaml:15',
     ),
     spec_file='specs/min.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.min.dim, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/mm.yaml:11',
     ),
     spec_file='specs/mm.yaml',
+    dtypes=(('input', 'float32'), ('mat2', 'float32')),
     overrides=(
         (torch.ops.aten.mm.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -29,6 +29,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/mul.yaml:12',
     ),
     spec_file='specs/mul.yaml',
+    dtypes=(('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.mul.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

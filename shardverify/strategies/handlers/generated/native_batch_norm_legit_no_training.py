@@ -48,6 +48,7 @@ HANDLER = register_handler(HandlerDef(
         ('running_mean', None, False),
         ('running_var', (0.5, 2.0), False),
     ),
+    dtypes=(('input', 'float32'), ('weight', 'float32'), ('bias', 'float32'), ('running_mean', 'float32'), ('running_var', 'float32')),
     overrides=(
         (torch.ops.aten._native_batch_norm_legit_no_training.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

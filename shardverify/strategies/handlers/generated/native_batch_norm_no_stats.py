@@ -42,6 +42,7 @@ HANDLER = register_handler(HandlerDef(
             ('eps', (1e-05,)),
         )),
     ),
+    dtypes=(('input', 'float32'), ('weight', 'float32'), ('bias', 'float32')),
     overrides=(
         (torch.ops.aten._native_batch_norm_legit.no_stats, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

@@ -36,6 +36,7 @@ HANDLER = register_handler(HandlerDef(
             ('train', (False,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.native_dropout.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

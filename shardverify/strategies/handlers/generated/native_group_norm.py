@@ -47,6 +47,7 @@ HANDLER = register_handler(HandlerDef(
             ('eps', (1e-05,)),
         )),
     ),
+    dtypes=(('input', 'float32'), ('weight', 'float32'), ('bias', 'float32')),
     overrides=(
         (torch.ops.aten.native_group_norm.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

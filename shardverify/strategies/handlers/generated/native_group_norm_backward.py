@@ -53,6 +53,7 @@ HANDLER = register_handler(HandlerDef(
         ('rstd', (0.5, 2.0), False),
         ('weight', None, False),
     ),
+    dtypes=(('grad_out', 'float32'), ('input', 'float32'), ('mean', 'float32'), ('rstd', 'float32'), ('weight', 'float32')),
     overrides=(
         (torch.ops.aten.native_group_norm_backward.default, (
             OperandDecl(role='grad_out', kind='input', index=0, keyword='grad_out'),

@@ -28,6 +28,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/neg.yaml:10',
     ),
     spec_file='specs/neg.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.neg.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

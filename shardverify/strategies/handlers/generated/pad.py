@@ -42,6 +42,7 @@ HANDLER = register_handler(HandlerDef(
             ('value', (None,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.pad.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -41,6 +41,7 @@ HANDLER = register_handler(HandlerDef(
         )),
     ),
     isolate=True,
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.pdist.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/permute.yaml:11',
     ),
     spec_file='specs/permute.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.permute.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -33,6 +33,7 @@ HANDLER = register_handler(HandlerDef(
             ('exponent', (2, 3, 0.5, -1)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.pow.Tensor_Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

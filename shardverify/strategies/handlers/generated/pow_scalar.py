@@ -33,6 +33,7 @@ HANDLER = register_handler(HandlerDef(
             ('base', (2.0, 0.5)),
         )),
     ),
+    dtypes=(('exponent', 'float32'),),
     overrides=(
         (torch.ops.aten.pow.Scalar, (
             OperandDecl(role='exponent', kind='input', index=1, keyword='exponent'),

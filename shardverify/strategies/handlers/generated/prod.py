@@ -32,6 +32,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/prod.yaml',
     ignores=('dtype',),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.prod.dim_int, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

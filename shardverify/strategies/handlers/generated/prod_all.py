@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('input', (0.5, 1.5), True),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.prod.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/reduce_all.yaml',
     ignores=('dtype',),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.sum.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

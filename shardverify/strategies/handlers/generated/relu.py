@@ -28,6 +28,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/relu.yaml:10',
     ),
     spec_file='specs/relu.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.relu.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

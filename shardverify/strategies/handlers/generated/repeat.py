@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('repeats', ((2, 1, 1, 3),)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.repeat.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -43,6 +43,7 @@ HANDLER = register_handler(HandlerDef(
             ('repeats', (2, 3)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.repeat_interleave.self_int, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

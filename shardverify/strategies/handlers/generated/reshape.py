@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/reshape.yaml:18',
     ),
     spec_file='specs/reshape.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.reshape.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -32,4 +32,5 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/rms_norm.yaml',
     ignores=('eps',),
+    dtypes=(('input', 'float32'),),
 ))

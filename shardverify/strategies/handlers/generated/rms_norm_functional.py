@@ -32,6 +32,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     spec_file='specs/rms_norm_functional.yaml',
     ignores=('eps', 'cudnn_enable'),
+    dtypes=(('input', 'float32'), ('weight', 'float32')),
     overrides=(
         (torch.ops.aten.rms_norm.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

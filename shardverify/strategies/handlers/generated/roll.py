@@ -39,4 +39,5 @@ HANDLER = register_handler(HandlerDef(
             ('shifts', (3, (1, -2))),
         )),
     ),
+    dtypes=(('input', 'float32'),),
 ))

@@ -36,6 +36,7 @@ HANDLER = register_handler(HandlerDef(
             ('shifts', ((1, -2),)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.roll.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -35,6 +35,7 @@ HANDLER = register_handler(HandlerDef(
             ('decimals', (2,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.round.decimals, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -28,6 +28,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/rsqrt.yaml:10',
     ),
     spec_file='specs/rsqrt.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.rsqrt.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -36,6 +36,7 @@ HANDLER = register_handler(HandlerDef(
             ('other', (0.75,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.remainder.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

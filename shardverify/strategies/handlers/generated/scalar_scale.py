@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('other', (-2.5,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.mul.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

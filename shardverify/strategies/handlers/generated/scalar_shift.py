@@ -41,6 +41,7 @@ HANDLER = register_handler(HandlerDef(
             ('alpha', (1,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.add.Scalar, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -42,6 +42,7 @@ HANDLER = register_handler(HandlerDef(
             ('scale', (None, 0.5)),
         )),
     ),
+    dtypes=(('query', 'float32'), ('key', 'float32'), ('value', 'float32'), ('attn_mask', 'bool')),
     overrides=(
         (torch.ops.aten.scaled_dot_product_attention.default, (
             OperandDecl(role='query', kind='input', index=0, keyword='query'),

@@ -44,4 +44,5 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('index', (0, 6), True),
     ),
+    dtypes=(('input', 'float32'), ('index', 'int64'), ('src', 'float32')),
 ))

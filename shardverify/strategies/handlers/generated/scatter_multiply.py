@@ -49,6 +49,7 @@ HANDLER = register_handler(HandlerDef(
         ('index', (0, 6), True),
         ('src', None, False),
     ),
+    dtypes=(('input', 'float32'), ('index', 'int64'), ('src', 'float32')),
     overrides=(
         (torch.ops.aten.scatter.reduce, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -51,6 +51,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('index', (0, 6), True),
     ),
+    dtypes=(('input', 'float32'), ('index', 'int64'), ('src', 'float32')),
     overrides=(
         (torch.ops.aten.scatter_reduce.two, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

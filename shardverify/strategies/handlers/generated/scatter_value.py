@@ -46,4 +46,5 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('index', (0, 6), True),
     ),
+    dtypes=(('input', 'float32'), ('index', 'int64')),
 ))

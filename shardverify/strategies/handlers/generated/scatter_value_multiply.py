@@ -51,6 +51,7 @@ HANDLER = register_handler(HandlerDef(
         ('input', None, False),
         ('index', (0, 6), True),
     ),
+    dtypes=(('input', 'float32'), ('index', 'int64')),
     overrides=(
         (torch.ops.aten.scatter.value_reduce, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

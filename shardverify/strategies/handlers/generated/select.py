@@ -42,6 +42,7 @@ HANDLER = register_handler(HandlerDef(
             ('index', (-1,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.select.int, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

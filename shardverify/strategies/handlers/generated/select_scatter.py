@@ -40,6 +40,7 @@ HANDLER = register_handler(HandlerDef(
             ('index', (-1,)),
         )),
     ),
+    dtypes=(('input', 'float32'), ('src', 'float32')),
     overrides=(
         (torch.ops.aten.select_scatter.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -28,6 +28,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/sigmoid.yaml:10',
     ),
     spec_file='specs/sigmoid.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.sigmoid.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -26,6 +26,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/silu.yaml:10',
     ),
     spec_file='specs/silu.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.silu.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

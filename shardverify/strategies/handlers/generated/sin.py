@@ -26,6 +26,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/sin.yaml:10',
     ),
     spec_file='specs/sin.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.sin.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -40,6 +40,7 @@ HANDLER = register_handler(HandlerDef(
             ('step', (1, 2)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.slice.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -46,6 +46,7 @@ HANDLER = register_handler(HandlerDef(
             ('step', (2,)),
         )),
     ),
+    dtypes=(('input', 'float32'), ('src', 'float32')),
     overrides=(
         (torch.ops.aten.slice_scatter.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/softmax.yaml:11',
     ),
     spec_file='specs/softmax.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.softmax.int, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

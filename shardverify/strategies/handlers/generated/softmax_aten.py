@@ -39,6 +39,7 @@ HANDLER = register_handler(HandlerDef(
             ('half_to_float', (False,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten._softmax.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

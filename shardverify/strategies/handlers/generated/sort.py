@@ -43,6 +43,7 @@ HANDLER = register_handler(HandlerDef(
             ('descending', (False, True)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.sort.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

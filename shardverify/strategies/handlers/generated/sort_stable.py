@@ -39,6 +39,7 @@ HANDLER = register_handler(HandlerDef(
             ('descending', (False,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.sort.stable, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -39,6 +39,7 @@ HANDLER = register_handler(HandlerDef(
             ('split_size_or_sections', (8,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.split.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

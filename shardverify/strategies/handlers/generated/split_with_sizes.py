@@ -39,6 +39,7 @@ HANDLER = register_handler(HandlerDef(
             ('split_sizes', ((2, 3),)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.split_with_sizes.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -36,4 +36,5 @@ HANDLER = register_handler(HandlerDef(
             ('split_sizes', ((2, 3),)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
 ))

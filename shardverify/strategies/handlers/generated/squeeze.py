@@ -44,6 +44,7 @@ HANDLER = register_handler(HandlerDef(
             ('dim', ((1, 2),)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.squeeze.dim, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

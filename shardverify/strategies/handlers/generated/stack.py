@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('tensors', (2, 3)),
         )),
     ),
+    dtypes=(('tensors', 'float32'),),
     overrides=(
         (torch.ops.aten.stack.default, (
             OperandDecl(role='tensors', kind='input', index=0, keyword='tensors', variadic=True),

@@ -29,6 +29,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/sub.yaml:12',
     ),
     spec_file='specs/sub.yaml',
+    dtypes=(('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.sub.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,4 +31,5 @@ HANDLER = register_handler(HandlerDef(
         at='specs/sum.yaml:33',
     ),
     spec_file='specs/sum.yaml',
+    dtypes=(('input', 'float32'),),
 ))

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/sum_aten.yaml:28',
     ),
     spec_file='specs/sum_aten.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.sum.dim_IntList, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -28,6 +28,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/tanh.yaml:10',
     ),
     spec_file='specs/tanh.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.tanh.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

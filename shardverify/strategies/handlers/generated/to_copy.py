@@ -36,6 +36,7 @@ HANDLER = register_handler(HandlerDef(
         )),
     ),
     ignores=('layout', 'device', 'pin_memory', 'non_blocking', 'memory_format'),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten._to_copy.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
         )),
     ),
     ignores=('non_blocking', 'copy', 'memory_format'),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.to.device, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

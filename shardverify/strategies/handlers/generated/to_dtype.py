@@ -42,6 +42,7 @@ HANDLER = register_handler(HandlerDef(
         )),
     ),
     ignores=('layout', 'device', 'pin_memory', 'non_blocking', 'copy', 'memory_format'),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.to.dtype, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

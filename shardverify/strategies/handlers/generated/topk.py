@@ -51,6 +51,7 @@ HANDLER = register_handler(HandlerDef(
             ('sorted', (True,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.topk.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

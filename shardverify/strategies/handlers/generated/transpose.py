@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/transpose.yaml:12',
     ),
     spec_file='specs/transpose.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.transpose.int, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

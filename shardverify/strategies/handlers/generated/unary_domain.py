@@ -29,6 +29,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('input', (0.1, 0.9), True),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.log.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -29,6 +29,7 @@ HANDLER = register_handler(HandlerDef(
     drawn=(
         ('input', (-1.2, 1.2), True),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.abs.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -28,6 +28,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/unary_monotone.yaml:23',
     ),
     spec_file='specs/unary_monotone.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.exp.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

@@ -31,6 +31,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/unflatten.yaml:16',
     ),
     spec_file='specs/unflatten.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.unflatten.int, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

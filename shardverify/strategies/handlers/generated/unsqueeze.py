@@ -41,6 +41,7 @@ HANDLER = register_handler(HandlerDef(
             ('dim', (1, -1)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.unsqueeze.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

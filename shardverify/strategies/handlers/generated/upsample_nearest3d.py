@@ -38,6 +38,7 @@ HANDLER = register_handler(HandlerDef(
             ('scale_factors', (None,)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.upsample_nearest3d.vec, (
             OperandDecl(role='input', kind='input', index=0, keyword='input'),

@@ -43,6 +43,7 @@ HANDLER = register_handler(HandlerDef(
             ('correction', (1, 0)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.var.correction, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

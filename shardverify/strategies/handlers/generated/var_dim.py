@@ -37,6 +37,7 @@ HANDLER = register_handler(HandlerDef(
             ('unbiased', (True, False)),
         )),
     ),
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.var.dim, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

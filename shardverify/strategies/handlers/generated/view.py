@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/view.yaml:13',
     ),
     spec_file='specs/view.yaml',
+    dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.view.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),

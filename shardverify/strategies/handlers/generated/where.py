@@ -30,6 +30,7 @@ HANDLER = register_handler(HandlerDef(
         at='specs/where.yaml:14',
     ),
     spec_file='specs/where.yaml',
+    dtypes=(('condition', 'bool'), ('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.where.self, (
             OperandDecl(role='condition', kind='input', index=0, keyword='condition'),
