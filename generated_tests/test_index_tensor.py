@@ -50,16 +50,37 @@ CASES = [
             CallArg('list', ('i0',)),
         ),
     ),
+    OpCase(
+        op='index_tensor',
+        target='torch.ops.aten.index.Tensor',
+        inputs=(
+            InputDecl('input', (8, 6, 4), 'float32'),
+            InputDecl('i1', (1, 6), 'int64', values=(0, 6)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('list', ('i1',)),
+        ),
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.ops.aten.index.Tensor-i1_True-mesh4'),
-    pytest.param(1, (4,), id='torch.ops.aten.index.Tensor-i1_False-mesh4'),
-    pytest.param(0, (2, 2), id='torch.ops.aten.index.Tensor-i1_True-mesh2x2'),
-    pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i1_False-mesh2x2'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.index.Tensor-i1_True-mesh2x3'),
-    pytest.param(1, (2, 3), id='torch.ops.aten.index.Tensor-i1_False-mesh2x3'),
+    pytest.param(0, (4,), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh4'),
+    pytest.param(1, (4,), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh4'),
+    pytest.param(2, (4,), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh4'),
+    pytest.param(0, (2, 2), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh2x2'),
+    pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x2'),
+    pytest.param(2, (2, 2), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh2x2'),
+    pytest.param(0, (2, 3), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x3'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh2x3'),
 ]
 
 
@@ -71,9 +92,9 @@ def test_index_tensor_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (2, 3), id='torch.ops.aten.index.Tensor-i1_True-mesh2x3'),
-    pytest.param(0, (4,), id='torch.ops.aten.index.Tensor-i1_True-mesh4'),
-    pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i1_False-mesh2x2'),
+    pytest.param(0, (4,), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh4'),
+    pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x2'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh2x3'),
 ]
 
 
@@ -85,8 +106,8 @@ def test_index_tensor_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 72, id='torch.ops.aten.index.Tensor-i1_True-mesh2x2'),
-    pytest.param(1, (2, 2), 58, id='torch.ops.aten.index.Tensor-i1_False-mesh2x2'),
+    pytest.param(0, (2, 2), 72, id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh2x2'),
+    pytest.param(1, (2, 2), 58, id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x2'),
 ]
 
 

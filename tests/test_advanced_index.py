@@ -1,7 +1,8 @@
 """Advanced indexing (``x[i0, i1]``, ``aten.index.Tensor``) as a derived rule: the equation from
 the call's shapes, the lookup into a sharded indexed dim masked like vocab-parallel embedding (a
 dropped mask is caught, naming exactly those strategies), the spec's operand order checked at
-load, and a call the rule was not verified for refused with its reason."""
+load, ``x[:, ids]`` (None first in the index list) served, and a grid point that is no call
+excluded."""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def test_a_lookup_into_a_sharded_dim_that_forgets_the_mask_is_caught(monkeypatch
 
 def test_the_spec_declares_the_index_list_in_order(tmp_path):
     text = SPEC.read_text()
-    swapped = text.replace("i0: {kind: input, index: 1, element: 0}", "i0: {kind: input, index: 1, element: 1}") \
+    swapped = text.replace("i0: {kind: input, index: 1, element: 0, optional: true}",
+                           "i0: {kind: input, index: 1, element: 1, optional: true}") \
         .replace("i1: {kind: input, index: 1, element: 1, optional: true}",
                  "i1: {kind: input, index: 1, element: 0, optional: true}")
     with pytest.raises(SpecError, match="advanced_index needs the indexed input first, then the index tensors as "
@@ -102,11 +104,28 @@ class _Lookups(torch.nn.Module):
         return x[rows, ids] + x[:, ids]
 
 
-def test_a_model_s_lookups_are_served_or_refused_with_the_reason():
+def test_a_model_s_lookups_are_served_the_column_lookup_too():
+    """``x[:, ids]`` is ``aten.index.Tensor(x, [None, ids])`` (Falcon's and im2col's lookups): the
+    grid verifies an index list whose element 0 is None (generated_tests/test_index_tensor.py), as
+    it verifies ``x[rows, ids]``."""
     x, ids = torch.randn(4, 8), torch.tensor([[1, 3, 5], [0, 2, 7], [6, 6, 1], [4, 0, 3]])
     graph_module = traced(ModelRecipe(_Lookups(), (x, ids), capture="export"))
     _, statuses = classify_nodes(graph_module, DeviceMesh((2, 2)))
     index = {s.node: s for s in statuses if s.target == "aten.index.Tensor"}
-    assert sorted(s.status for s in index.values()) == ["handled", "refused"], statuses
-    refused = next(s for s in index.values() if s.status == "refused")
-    assert "passes None as element 0 of its list argument, where the spec requires a tensor for operand 'i0'" in refused.reason, refused.reason
+    assert sorted(s.status for s in index.values()) == ["handled", "handled"], statuses
+    column = next(n for n in graph_module.graph.nodes if n.name in index and n.args[1][0] is None)
+    names = {s.name for s in strategies_for_node(graph_module, column.name, DeviceMesh((2, 2)))}
+    # rows pass their shard, the ids' dims theirs; the indexed dim stays whole (the ids' block is not in front)
+    assert {"S0R x RR -> S0RR", "RR x S0R -> RS0R", "RR x RR -> RRR"} <= names, names
+    assert not any(name.split(" x ")[0].startswith("RS") for name in names), names
+
+
+def test_a_grid_point_that_is_no_call_is_excluded_and_a_bad_exclusion_is_named():
+    spec = parse_op_spec(load_yaml_text(SPEC.read_text(), "specs/index_tensor.yaml"))
+    points = {tuple(sorted(case.point)) for case in spec.cases()}
+    assert points == {(("i0", True), ("i1", True)), (("i0", True), ("i1", False)), (("i0", False), ("i1", True))}
+    assert spec.grid_size() == 3
+    bad = SPEC.read_text().replace("exclude: [{i0: false, i1: false}]", "exclude: [{i2: false}]")
+    with pytest.raises(SpecError, match="'i2' is not a grid key; grid keys: i0, i1") as info:
+        parse_op_spec(load_yaml_text(bad, "specs/index_tensor.yaml"))
+    assert info.value.field.startswith("verify.exclude")

@@ -288,16 +288,19 @@ def test_attributes_the_spec_ignores_or_that_are_operands_are_served():
 
 def test_a_factory_reading_only_its_arguments_metadata_is_built_from_constants():
     """`mask.new_ones(...)` (HF's mask code) and `zeros_like` read their tensor's dtype, device
-    and shape, never its values: the same on every rank; `empty_like` is not (its values are the
-    memory's) and stays a fallback."""
+    and shape, never its values: their specs serve them; one their rule does not describe (a 0-d
+    `new_ones` of a 2-d mask, OLMoE's and Mixtral's router) is built whole on every rank, the same
+    everywhere; `empty_like` is not (its values are the memory's) and is never compared."""
     from shardverify.capture.export import export_graph
 
     class Masks(torch.nn.Module):
         def forward(self, x):
-            return x.new_ones(4, 4) + torch.zeros_like(x) + torch.empty_like(x) * 0
+            return x.new_ones(()) + x.new_ones(4, 4) + torch.zeros_like(x) + torch.empty_like(x) * 0
 
     graph_module = export_graph(Masks(), (torch.randn(4, 4),))
     _, statuses = classify_nodes(graph_module, MESH)
+    by_node = {s.node: s.status for s in statuses}
     by_target = {s.target: s.status for s in statuses}
-    assert by_target["aten.new_ones.default"] == "constant" and by_target["aten.zeros_like.default"] == "constant"
-    assert by_target["aten.empty_like.default"] != "constant"
+    new_ones = sorted(by_node[s.node] for s in statuses if s.target == "aten.new_ones.default")
+    assert new_ones == ["constant", "handled"] and by_target["aten.zeros_like.default"] == "handled", statuses
+    assert by_target["aten.empty_like.default"] == "not compared"

@@ -278,7 +278,7 @@ def test_a_bool_mask_where_the_grid_drew_ids_is_outside_the_grid(tmp_path):
     mask = torch.tensor([True, False, True, True, False])
     gm = trace(_MaskedStore(), {"x": x, "mask": mask, "values": values})
     node = next(n for n in gm.graph.nodes if n.target is torch.index_put)
-    assert "passes i0 as bool, where the rule was verified for numbers drawn from a range" in \
+    assert "passes i0 as bool, where the rule was verified for ids drawn below a size" in \
         outside_grid(handler_for_node(node, gm), node, gm)
     with pytest.raises(HandlerError, match="i0 as bool"):
         strategies_for_node(gm, node.name, DeviceMesh((2, 2)))

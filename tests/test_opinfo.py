@@ -172,15 +172,16 @@ def test_a_named_spec_without_an_opinfo_entry_is_said_and_no_pass(tmp_path, caps
 def test_every_op_db_entry_is_swept_by_what_its_samples_call(tmp_path, capsys, monkeypatch):
     """--opinfo-every-entry: an entry no spec lists counts every op node its captures hold, what no
     spec serves decomposed as a plan's capture decomposes it (torch.deg2rad: a mul under both
-    captures); one that nothing serves nor decomposes (cummax) is counted unserved with its
-    reason; one with no CPU sample in a swept dtype (view_as_real: complex only) is skipped and
-    named with why; the share over the specs' own entries is given beside the share over all."""
+    captures); one that nothing serves nor decomposes (i0) is counted unserved with its
+    reason; one with no CPU sample in a swept dtype (view_as_real: complex only) and one whose op is
+    a CUDA function (the jiterator's) are skipped and named with why; the share over the specs' own entries is given beside the share over all."""
     import shardverify.features.opinfo.samples as samples
     from shardverify.features.opinfo.sweep import entry_name
 
     every = samples.op_db()
     monkeypatch.setattr(samples, "op_db", lambda: [e for e in every if entry_name(e) in
-                                                   ("softmax", "deg2rad", "cummax", "view_as_real")])
+                                                   ("softmax", "deg2rad", "i0", "view_as_real",
+                                                                        "jiterator_unary")])
     report = tmp_path / "opinfo.md"
     code, text = _opinfo(capsys, "softmax", "--opinfo-every-entry", "--opinfo-results", str(tmp_path / "results"),
                          "--report", str(report))
@@ -188,10 +189,12 @@ def test_every_op_db_entry_is_swept_by_what_its_samples_call(tmp_path, capsys, m
     assert "Over every op_db entry swept (3):" in text and "Over the entries the specs' targets list (1 of them):" \
         in text
     assert "view_as_real (no CPU sample in float64, float32, int64, bool: its CPU dtypes are complex" in text
+    assert "jiterator_unary (its op is a CUDA function (torch.cuda.jiterator._JittedFunction), which no CPU runs)" \
+        in text
     page = report.read_text()
     assert "| deg2rad | mul | 2 | 2 (100%) |" in page, page
-    assert "| cummax | cummax | 2 | 0 (0%) |" in page and "| no-handler | captured as aten.cummax.default | 1 |" in page
-    assert "--opinfo-every-entry" in page and "**Skipped: 1 OpInfo entries**" in page
+    assert "| i0 | i0 | 2 | 0 (0%) |" in page and "| no-handler | captured as aten.iN.default | 2 |" in page
+    assert "--opinfo-every-entry" in page and "**Skipped: 2 OpInfo entries**" in page
 
 
 def test_an_entry_whose_sweeper_died_is_swept_again_in_a_child_process(tmp_path, capsys):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,14 +79,19 @@ def _rule(target: torch._ops.OpOverload, table) -> Callable | None:
 
 
 def torch_level(node: fx.Node) -> Callable | None:
-    """The callable of an fx graph's torch-level call (a tensor method, a function of torch's own
-    or a Python operator on tensors), which tracing at the ATen level decomposes; None for an
+    """The callable of an fx graph's torch-level call (a tensor method, a tensor's computed attribute,
+    a function of torch's own or a Python operator on tensors), which tracing at the ATen level decomposes; None for an
     ATen op, a module's call, or a function of the user's (one ``torch.fx.wrap`` kept whole:
     its body is the user's, not torch's, and may do what a trace cannot see)."""
     if node.op == "call_method" and isinstance(node.target, str):
         name = node.target
         return lambda self, *args, **kwargs: getattr(self, name)(*args, **kwargs)
     target = node.target
+    if node.op == "call_function" and target is getattr:   # a tensor's computed attribute: x.T, x.mH, x.real
+        return target
+    if node.op == "call_function" and target is operator.getitem and node.args \
+            and isinstance(node.args[0], fx.Node) and tensor_meta(node.args[0]) is not None:   # x[:, :2], x[ids]
+        return target
     if node.op != "call_function" or not callable(target) or target is operator.getitem \
             or isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return None
@@ -172,14 +178,16 @@ def _untupled(graph: fx.GraphModule) -> fx.GraphModule:
 
 
 def _splice(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: tuple[str, str]) -> list[fx.Node] | None:
-    """``sub`` in place of ``node`` (its getitem users read the pieces); the new op nodes, or None
+    """``sub`` in place of ``node`` (its getitem users read the pieces, an output returning the whole
+    tuple returns them); the new op nodes, or None
     when a user of the node cannot be rewired (it is left as it was)."""
     graph = gm.graph
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
     result = out_node.args[0]
     single = not isinstance(result, (tuple, list))
-    pieces_read = all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
-                      and u.args[1] < len(result) and isinstance(result[u.args[1]], fx.Node) for u in node.users) \
+    pieces_read = all(u.op == "output" or (u.op == "call_function" and u.target is operator.getitem
+                                            and isinstance(u.args[1], int) and u.args[1] < len(result)
+                                            and isinstance(result[u.args[1]], fx.Node)) for u in node.users) \
         if not single else not any(u.target is operator.getitem for u in node.users)
     inputs = [v for v in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(v, fx.Node)]
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
@@ -198,6 +206,9 @@ def _splice(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: tuple[
         node.replace_all_uses_with(mapped)
     else:
         for user in list(node.users):
+            if user.op == "output":   # the graph returns the whole tuple (torch.linalg.svd's named one): its pieces
+                user.args = (fx.node.map_arg(user.args[0], lambda n: tuple(mapped) if n is node else n),)
+                continue
             user.replace_all_uses_with(mapped[user.args[1]])
             graph.erase_node(user)
     graph.erase_node(node)
@@ -220,7 +231,9 @@ def _copy_pieces(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: t
             if piece.op == "get_attr":     # a constant the decomposition made (torch.tensor(...))
                 name = f"_decomposed_{node.name}_{piece.target}"
                 setattr(gm, name, getattr(sub, str(piece.target)))
-                new = graph.get_attr(name)
+                with warnings.catch_warnings():   # a plain attribute, not a buffer: a plan redraws buffers as weights
+                    warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node with no underlying reference")
+                    new = graph.get_attr(name)
             else:
                 new = graph.create_node(piece.op, piece.target, fx.node.map_arg(piece.args, env.__getitem__),
                                         fx.node.map_arg(piece.kwargs, env.__getitem__), name=f"{node.name}_{piece.name}")

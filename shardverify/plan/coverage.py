@@ -166,7 +166,10 @@ def classify_nodes(graph_module: fx.GraphModule, mesh: DeviceMesh, on_demand: On
             found = list(strategies_for_node(graph_module, node.name, mesh, on_demand=on_demand))
         except ShardVerifyError as error:
             options[node.name] = None
-            statuses.append(NodeStatus(node.name, name, "refused", str(error).splitlines()[0], origin=origin(node)))
+            # a factory of constants its spec's rule does not describe (mask.new_ones(()) of a 4-d mask):
+            # built whole on every rank, as without a spec
+            statuses.append(NodeStatus(node.name, name, "constant", CONSTANT, origin=origin(node)) if is_constant(node)
+                            else NodeStatus(node.name, name, "refused", str(error).splitlines()[0], origin=origin(node)))
             continue
         # a plan carries partial sums between nodes (a deferred reduction, a zeroed copy), not
         # partial max/min: a strategy taking one is verified on its own but left out, and counted

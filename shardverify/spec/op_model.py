@@ -91,6 +91,9 @@ class VerifySpec:
     # groups of parameters whose values have equal lengths in every call (roll's shifts and
     # dims): grid points that break one are no cases, and the property tests draw them so
     same_length: tuple[tuple[str, ...], ...] = ()
+    # grid points that are no call, each as (key, value) pairs (aten.index with no index tensor:
+    # its two optional index operands both left out)
+    exclude: tuple[tuple[tuple[str, Literal], ...], ...] = ()
     # check in a child process (verify/isolated.py): the op's CPU kernel can corrupt memory or trap
     # on the local shapes of a wrong layout, which would end the checking process with it
     isolate: bool = False
@@ -169,9 +172,12 @@ class OpSpec:
 
     def keeps(self, point: tuple[tuple[str, Literal], ...]) -> bool:
         """Does a call with these parameter values (the defaults for the others) keep every
-        ``verify.same_length`` group?"""
+        ``verify.same_length`` group, and is it no point ``verify.exclude`` names?"""
         values = {p.name: p.default for p in self.params} | dict(point)
-        return all(len({value_length(values[name]) for name in group}) == 1 for group in self.verify.same_length)
+        given = dict(point)
+        return all(len({value_length(values[name]) for name in group}) == 1 for group in self.verify.same_length) \
+            and not any(all(key in given and given[key] == value and type(given[key]) is type(value)
+                            for key, value in excluded) for excluded in self.verify.exclude)
 
     def operands_for(self, target: TargetSpec) -> tuple[OperandDecl, ...]:
         """The operands as ``target``'s calls take them."""
@@ -181,8 +187,9 @@ class OpSpec:
         return target.params if target.aten else self.params
 
     def grid_size(self) -> int:
-        """The grid's points: its product, less the points that break a ``same_length`` group."""
-        if self.verify.same_length:
+        """The grid's points: its product, less the points that break a ``same_length`` group or
+        that ``exclude`` names."""
+        if self.verify.same_length or self.verify.exclude:
             keys = [key for key, _ in self.verify.grid]
             return sum(self.keeps(tuple(zip(keys, values)))
                        for values in itertools.product(*(values for _, values in self.verify.grid)))
@@ -193,7 +200,7 @@ class OpSpec:
 
     def cases(self) -> tuple[CaseSpec, ...]:
         """Every (target, grid point) instance, targets in spec order, grid row-major; a point
-        that breaks a ``same_length`` group is no call, so no case."""
+        that breaks a ``same_length`` group, or that ``exclude`` names, is no call, so no case."""
         keys = [key for key, _ in self.verify.grid]
         points = list(itertools.product(*(values for _, values in self.verify.grid)))
         cases = []

@@ -37,6 +37,7 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandDe
     explore_node = f.optional("explore", bool)
     isolate_node = f.optional("isolate", bool)
     same_length_node = f.optional("same_length", list)
+    exclude_node = f.optional("exclude", list)
     f.finish()
     forms = {t.form for t in targets}
 
@@ -59,6 +60,7 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandDe
 
     counts = _parse_counts(counts_node, dict(grid), tuple(meshes), tuple(targets)) if counts_node else ()
     same_length = _parse_same_length(same_length_node, params, grid, grid_node) if same_length_node else ()
+    exclude = _parse_exclude(exclude_node, grid) if exclude_node else ()
 
     rtol, atol = _parse_tolerance(tol_node)
     seed = 0
@@ -75,7 +77,8 @@ def parse_verify(node: Node, targets: list[TargetSpec], operands: list[OperandDe
     return VerifySpec(explore=bool(explore_node.value) if explore_node else True,
                       inputs=tuple(inputs), grid=grid, meshes=tuple(meshes), module=module,
                       predecessor=predecessor, counts=counts, rtol=rtol, atol=atol, seed=seed,
-                      same_length=same_length, isolate=bool(isolate_node.value) if isolate_node else False)
+                      same_length=same_length, exclude=exclude,
+                      isolate=bool(isolate_node.value) if isolate_node else False)
 
 
 def _parse_inputs(node: Node, inputs_node: Node | None, operands: list[OperandDecl], forms: set[str],
@@ -182,6 +185,19 @@ def _parse_tolerance(tol_node: Node | None) -> tuple[float | None, float | None]
         rtol = as_tolerance(rtol_node) if rtol_node else None
         atol = as_tolerance(atol_node) if atol_node else None
     return rtol, atol
+
+
+def _parse_exclude(node: Node, grid: tuple[tuple[str, tuple[Literal, ...]], ...]
+                   ) -> tuple[tuple[tuple[str, Literal], ...], ...]:
+    """``exclude: [{i0: false, i1: false}]``: grid points that are no call, each a ``where:``
+    mapping (grid keys to one of their grid values); a point matching every pair is no case."""
+    found = []
+    for item in node.value:  # type: ignore[union-attr]
+        if not isinstance(item.value, dict) or not item.value:
+            raise item.error("each 'exclude' item maps grid keys to one of their grid values, e.g. "
+                             "{i0: false, i1: false}")
+        found.append(parse_where(item, dict(grid)))
+    return tuple(found)
 
 
 def _parse_same_length(node: Node, params: list[ParamDecl], grid: tuple[tuple[str, tuple[Literal, ...]], ...],

@@ -147,7 +147,10 @@ def _search(case: OpCase, mesh_shape: tuple[int, ...]) -> Seeds:
     for seed in range(case.seed + 1, case.seed + 4 * MAX_SEEDS):
         if not open_pairs or len(seeds) == MAX_SEEDS:
             break
-        found = _open_pairs(dataclasses.replace(case, seed=seed), mesh_shape)
+        try:
+            found = _open_pairs(dataclasses.replace(case, seed=seed), mesh_shape)
+        except Exception:  # noqa: BLE001 - the op refuses this seed's draw (an integer remainder by zero): not one to use
+            continue
         narrowed = {k: pairs & found.get(k, set()) for k, pairs in open_pairs.items()}
         if narrowed != open_pairs:    # this seed separates a pair no earlier one did
             seeds.append(seed)

@@ -156,7 +156,8 @@ def _candidate_highs(case: CallCase, name: str, low: float, high: float) -> list
 
 def _with_working_data(case: CallCase) -> CallCase:
     """The case with integer inputs drawn in the widest range the op accepts at this call: the
-    spec declares ids below its own grid's table; a call's table has its own rows. The
+    spec declares ids below its own grid's table; a call's table has its own rows; a divisor takes
+    no zero. The
     reference is built on the way (HandlerError when the op cannot run on any such data, or is
     random: nothing could be checked)."""
     last: Exception | None = None
@@ -165,9 +166,11 @@ def _with_working_data(case: CallCase) -> CallCase:
     tries = [case]
     for decl in integer:
         low, high = decl.values if decl.values is not None else (0, 8)
-        tries = [dataclasses.replace(t, inputs=tuple(dataclasses.replace(i, values=(low, h)) if i.name == decl.name
+        ranges = [(low, h) for h in _candidate_highs(case, decl.name, low, high)]
+        ranges += [(1, h) for _, h in ranges if low < 1 < h]   # no zero: a divisor, a remainder's modulus
+        tries = [dataclasses.replace(t, inputs=tuple(dataclasses.replace(i, values=r) if i.name == decl.name
                                                      else i for i in t.inputs))
-                 for t in tries for h in _candidate_highs(case, decl.name, low, high)] or tries
+                 for t in tries for r in ranges] or tries
     for attempt in tries[:16]:
         for data in (attempt, _forward_only(attempt)):
             try:

@@ -99,8 +99,8 @@ def as_real(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` in float64, a complex one as its real and imaginary parts (a trailing dim of 2):
     the values every comparison looks at (``.to(float64)`` would drop the imaginary part)."""
     tensor = tensor.detach()
-    if tensor.is_complex():
-        return torch.view_as_real(tensor.to(torch.complex128))
+    if tensor.is_complex():   # a conjugate view (torch.conj's) resolved first: view_as_real refuses it
+        return torch.view_as_real(tensor.to(torch.complex128).resolve_conj())
     return tensor.to(torch.float64)
 
 

@@ -198,12 +198,13 @@ def _wrap(plan: ModelPlan, module: nn.Module, group: dist.ProcessGroup,
 def _exact_float32() -> Iterator[None]:
     """No TF32 on GPUs: it rounds matmul/conv inputs to 10 mantissa bits, differently for the
     global and the shard batch, which would swamp the float32 tolerance."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:   # cudnn's flags through its context manager: torch's test helpers (OpInfo) lock direct setting
+        with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
+            yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def ddp_rank_check(comm, plan: ModelPlan) -> tuple[tuple[Mismatch, ...], int]:  # noqa: ANN001 - Communicator

@@ -7,6 +7,7 @@ does, ready for torch.fx or torch.export."""
 from __future__ import annotations
 
 import random
+import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -77,6 +78,8 @@ SWEPT_DTYPES = (torch.float64, torch.float32, torch.int64, torch.bool)
 def samples_of(entry, dtype: torch.dtype = torch.float64, limit: int = 0, seed: int = 0) -> Iterator[Sample]:
     """The entry's CPU samples in ``dtype`` (else the first of :data:`SWEPT_DTYPES` it supports);
     ``limit``: at most that many, drawn with a fixed seed (0: every sample)."""
+    if _cuda_only(entry):
+        return
     supported = entry.supported_dtypes("cpu")
     if dtype not in supported:
         dtype = next((d for d in SWEPT_DTYPES if d in supported), None)
@@ -99,12 +102,27 @@ def samples_of(entry, dtype: torch.dtype = torch.float64, limit: int = 0, seed: 
 def no_sample_reason(entry) -> str:
     """Why :func:`samples_of` gives an entry no sample: no CPU dtype among :data:`SWEPT_DTYPES`,
     or none from its ``sample_inputs``."""
+    if _cuda_only(entry):
+        return f"its op is a CUDA function ({_qualname(entry.op)}), which no CPU runs"
     supported = entry.supported_dtypes("cpu")
     if not any(d in supported for d in SWEPT_DTYPES):
         kinds = ", ".join(sorted(str(d).removeprefix("torch.") for d in supported)) or "none"
         swept = ", ".join(str(d).removeprefix("torch.") for d in SWEPT_DTYPES)
         return f"no CPU sample in {swept}: its CPU dtypes are {kinds}"
     return "its sample_inputs gave no sample on the CPU"
+
+
+def _cuda_only(entry) -> bool:
+    """An entry whose op torch.cuda defines (the jiterator's compiled functions): its OpInfo lists
+    CPU dtypes, yet every call asks for a GPU."""
+    return any(str(where).startswith("torch.cuda.") for where in (type(entry.op).__module__,
+                                                                   getattr(entry.op, "__module__", "")))
+
+
+def _qualname(op: object) -> str:
+    """Where an op comes from: its class for a callable object, else the function itself."""
+    kind = type(op) if type(op).__module__ != "builtins" else op
+    return f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', repr(kind))}"
 
 
 class OneOp(torch.nn.Module):
@@ -116,7 +134,13 @@ class OneOp(torch.nn.Module):
 
     def call(self, *tensors):
         args, kwargs = self.sample.arguments(tensors)
+        if isinstance(self.sample.call, _DESCRIPTORS) and args:   # Tensor.__radd__ as a method of its first
+            # argument, as a user writes it: torch.fx's proxy is no tensor a C descriptor takes
+            return getattr(args[0], self.sample.call.__name__)(*args[1:], **kwargs)
         return self.sample.call(*args, **kwargs)
+
+
+_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType)
 
 
 def one_op_module(sample: Sample) -> OneOp:

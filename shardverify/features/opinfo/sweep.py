@@ -6,8 +6,10 @@ Outcomes of a call: ``grid`` (its spec's grid covered it), ``on-demand`` (verifi
 met), ``refused`` (with the handler's reason), ``no-handler`` (the capture made it an op no spec
 covers: export's decompositions), ``not-captured`` (the capture itself failed), ``raw-error`` (a
 raw exception where a reason was owed: a bug), ``folded`` (the capture left no op to serve: a factory
-on constants traced to a constant, ``x.contiguous()`` of a contiguous input exported as the input;
-counted, but not among the calls a share is taken of). A strategy served on the grid is verified at the
+on constants traced to a constant, ``x.contiguous()`` of a contiguous input exported as the input,
+or only nodes a plan runs without strategies: uninitialised memory (``torch.empty``, never
+compared), a factory of constants built whole on every rank; counted, but not among the calls a
+share is taken of). A strategy served on the grid is verified at the
 call too, so a wrong one shows as ``wrong``.
 """
 
@@ -21,13 +23,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from shardverify.capture.call import target_name
+from shardverify.capture.call import target_name, tuple_element
 from shardverify.capture.decompose import decompose_unserved
 from shardverify.capture.export import export_graph
 from shardverify.capture.fx import trace
 from shardverify.errors import ShardVerifyError
 from shardverify.features.opinfo.samples import Sample, entries_for, one_op_module, samples_of
-from shardverify.plan.coverage import shards, unserved
+from shardverify.capture.uninitialised import is_uninitialised
+from shardverify.plan.coverage import is_constant, shards, unserved
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.names import resolve_dotted
 from shardverify.strategies.for_node import strategies_for_node
@@ -90,7 +93,7 @@ def _op_nodes(graph_module: fx.GraphModule, targets: set) -> list[fx.Node]:
     entry no spec lists: no ``targets``) every call node that returns a tensor (the capture made
     the call into other ops, or a lambda called several)."""
     calls = [n for n in graph_module.graph.nodes if n.op in ("call_function", "call_method", "call_module")
-             and getattr(n.target, "__name__", "") != "getitem"]
+             and tuple_element(n) is None]   # an element of a tuple result is no op; x[:, :2] is
     mine = [n for n in calls if _is_target(n, targets)] if targets else []
     return mine or [n for n in calls if "tensor_meta" in n.meta]
 
@@ -110,15 +113,22 @@ _RANK = {name: i for i, name in enumerate(OUTCOMES)}
 
 
 def _node_outcome(node: fx.Node, graph_module: fx.GraphModule, mesh: DeviceMesh, verifier: OnDemandVerifier,
-                  check_grid: bool) -> dict:
-    """One op node's outcome (the fields of a :class:`CallOutcome` it decides)."""
+                  check_grid: bool) -> dict | None:
+    """One op node's outcome (the fields of a :class:`CallOutcome` it decides), or None for a node a
+    plan serves without strategies, as :func:`~shardverify.plan.coverage.classify_nodes` does: an
+    allocation of uninitialised memory (never compared), a factory of constants no handler
+    describes (built whole on every rank)."""
+    if is_uninitialised(node):
+        return None
     handler = handler_for_node(node, graph_module)
     if handler is None:
-        return dict(outcome="no-handler", reason=f"captured as {target_name(node)}")
+        return None if is_constant(node) else dict(outcome="no-handler", reason=f"captured as {target_name(node)}")
     before = len(verifier.records)
     try:
         served = list(strategies_for_node(graph_module, node.name, mesh, on_demand=verifier))
     except ShardVerifyError as error:
+        if is_constant(node):
+            return None
         return dict(outcome="refused", reason=str(error).splitlines()[0], served_by=handler.name)
     except Exception as error:  # noqa: BLE001 - a raw exception is a bug the sweep reports
         return dict(outcome="raw-error", reason=f"{type(error).__name__}: {error}"[:300], served_by=handler.name)
@@ -152,9 +162,11 @@ def _classify(op: str, sample: Sample, how: str, mesh: DeviceMesh, verifier: OnD
     except Exception as error:  # noqa: BLE001 - torch's capture refused the sample
         return CallOutcome(**base, outcome="not-captured", reason=f"{type(error).__name__}: "
                                                                  f"{str(error).splitlines()[0][:160] if str(error) else ''}")
-    found = [_node_outcome(node, graph_module, mesh, verifier, check_grid) for node in _op_nodes(graph_module, targets)]
+    found = [f for node in _op_nodes(graph_module, targets)
+             if (f := _node_outcome(node, graph_module, mesh, verifier, check_grid)) is not None]
     if not found:   # torch.arange(5) traced to a constant, x.contiguous() exported as x: no op to serve
-        return CallOutcome(**base, outcome="folded", reason="the capture left no op call (a constant, or the input)")
+        return CallOutcome(**base, outcome="folded", reason="the capture left no op call (a constant, the input, or "
+                                                            "uninitialised memory, never compared)")
     worst = max(found, key=lambda f: _RANK[f["outcome"]])
     by = tuple(dict.fromkeys(f["served_by"] for f in found if f.get("served_by")))
     return CallOutcome(**{**base, "op": by[0] if by else op}, outcome=worst["outcome"], reason=worst.get("reason", ""),

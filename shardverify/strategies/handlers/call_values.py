@@ -180,18 +180,19 @@ def _resolve_one(decl: OperandDecl, handler: HandlerDef, node: Node,
         if not isinstance(value, (list, tuple)) or not 0 <= decl.element < len(value):
             if decl.optional:
                 return None
-            raise HandlerError(f"handler {handler.name!r}: operand {decl.role!r} is element {decl.element} of "
-                               f"a list argument, node {node.name!r} passes {value!r}")
+            raise HandlerError(f"{handler.name} ({handler.spec_file or 'its spec'}): operand {decl.role!r} is "
+                               f"element {decl.element} of a list argument, node {node.name!r} passes {value!r}")
         value, locator = value[decl.element], OperandLocator("item", (locator.key, decl.element))
         if value is None and not decl.optional:
-            raise HandlerError(f"handler {handler.name!r}: node {node.name!r} passes None as element "
-                               f"{decl.element} of its list argument, where the spec requires a tensor for "
-                               f"operand {decl.role!r}")
+            raise HandlerError(f"{handler.name} ({handler.spec_file or 'its spec'}): node {node.name!r} passes "
+                               f"None as element {decl.element} of its list argument, where the spec requires a "
+                               f"tensor for operand {decl.role!r}")
     if value is MISSING or value is None or (decl.optional and isinstance(value, (bool, int, float, complex))):
         if decl.optional:
             return None
-        raise HandlerError(f"handler {handler.name!r}: node {node.name!r} has no argument for operand "
-                           f"{decl.role!r} (index {decl.index}, keyword {decl.keyword!r})")
+        raise HandlerError(f"{handler.name} ({handler.spec_file or 'its spec'}): node {node.name!r} passes no "
+                           f"{decl.role!r} (argument {decl.index}, keyword {decl.keyword!r}), which the spec "
+                           f"requires; a spec for the call without it serves it")
     if not isinstance(value, torch.fx.Node):
         raise HandlerError(f"{handler.name} ({handler.spec_file or 'its spec'}): node {node.name!r} passes "
                            f"{value!r} as {decl.role!r}, where the spec takes a tensor; a spec for the call with a "

@@ -36,14 +36,18 @@ def handler_for_node(node: Node, graph_module: GraphModule) -> HandlerDef | None
     return found[0] if found else None
 
 
-def _distance(handler: HandlerDef, node: Node, graph_module: GraphModule) -> tuple[int, int]:
+def _distance(handler: HandlerDef, node: Node, graph_module: GraphModule) -> tuple[int, int, int]:
     """How far a call is from what a handler verified: (bound parameters at a value the grid
-    never held, those of a type no verified value has); embedding with padding_idx=1 is
-    nearer the rule verified at padding_idx=0 than the one verified without it."""
+    never held that the rule serves only at verified values, all such parameters, those of a
+    type no verified value has); a transposed convolution is nearer the rule verified transposed
+    at another stride than the one verified at its stride but not transposed; embedding with
+    padding_idx=1 is nearer the rule verified at padding_idx=0 than the one verified without it."""
     params = _bound_values(handler, node, graph_module)
     off = [(name, params.get(name), values) for name, values in handler.bound().items()
            if comparable(params.get(name)) not in {comparable(v) for v in values}]
-    return len(off), sum(1 for _, value, values in off if type(value) not in {type(v) for v in values})
+    every = {p.name for p in handler.params if p.any_value}
+    return (sum(1 for name, _, _ in off if name not in every), len(off),
+            sum(1 for _, value, values in off if type(value) not in {type(v) for v in values}))
 
 
 def _bound_values(handler: HandlerDef, node: Node, graph_module: GraphModule | None) -> dict[str, object]:
@@ -118,7 +122,8 @@ def _kinds_apart(handler: HandlerDef, node: Node, graph_module: GraphModule | No
     for role in sorted(set(drawn) & set(operands)):
         dtype, verified = operands[role].dtype, getattr(torch, drawn[role])
         if _kind(dtype) != _kind(verified):
-            what = "numbers drawn from a range (ids below a size)" if role in ranged else f"{drawn[role]} tensors"
+            what = "ids drawn below a size" if role in ranged and _kind(verified) == "integer" else \
+                f"{drawn[role]} tensors"
             found.append(f"{role} as {str(dtype).removeprefix('torch.')}, where the rule was verified for {what}")
     return found
 

@@ -17,7 +17,7 @@ HANDLER = register_handler(HandlerDef(
     targets=(torch.ops.aten.index.Tensor,),
     operands=(
         OperandDecl(role='input', kind='input', index=0),
-        OperandDecl(role='i0', kind='input', index=1, element=0),
+        OperandDecl(role='i0', kind='input', index=1, optional=True, element=0),
         OperandDecl(role='i1', kind='input', index=1, optional=True, element=1),
         OperandDecl(role='output', kind='output'),
     ),
@@ -38,7 +38,7 @@ HANDLER = register_handler(HandlerDef(
     overrides=(
         (torch.ops.aten.index.Tensor, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),
-            OperandDecl(role='i0', kind='input', index=1, keyword='indices', element=0),
+            OperandDecl(role='i0', kind='input', index=1, keyword='indices', optional=True, element=0),
             OperandDecl(role='i1', kind='input', index=1, keyword='indices', optional=True, element=1),
             OperandDecl(role='output', kind='output'),
         ), ()),
