@@ -219,7 +219,7 @@ def test_a_zoo_plan_spec_runs_from_the_plan_command(capsys):
     assert main(["plan", "specs/plans/vit.yaml", "--mesh", "4", "--data-parallel", "--strict"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("PASS: the plan for specs/plans/vit.yaml on mesh [4] matches the single-device model")
-    assert "all 49 ops that compute have verified sharding strategies" in out.splitlines()[3], out
+    assert "all 53 ops that compute have verified sharding strategies" in out.splitlines()[3], out
 
 
 def test_the_simulated_ranks_share_one_single_device_reference(monkeypatch):
