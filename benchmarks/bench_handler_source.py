@@ -43,6 +43,7 @@ def handler_of(spec) -> HandlerDef:
         bindings=tuple((lookup(t.name), tuple(spec.bindings(t))) for t in spec.bound_targets()),
         ignores=tuple(spec.ignores),
         drawn=tuple((i.role, i.values, i.grad) for i in spec.verify.inputs if i.values is not None or not i.grad),
+        dtypes=tuple((i.role, i.dtype) for i in spec.verify.inputs),
         overrides=tuple((lookup(t.name), t.operands, t.params) for t in spec.targets if t.aten),
         isolate=spec.verify.isolate)
 
