@@ -157,9 +157,8 @@ def _candidate_highs(case: CallCase, name: str, low: float, high: float) -> list
 def _with_working_data(case: CallCase) -> CallCase:
     """The case with integer inputs drawn in the widest range the op accepts at this call: the
     spec declares ids below its own grid's table; a call's table has its own rows; a divisor takes
-    no zero. The
-    reference is built on the way (HandlerError when the op cannot run on any such data, or is
-    random: nothing could be checked)."""
+    no zero. The reference is built on the way (HandlerError when the op cannot run on any such
+    data, or is random: nothing could be checked)."""
     last: Exception | None = None
     integer = [i for i in case.inputs if not i.torch_dtype.is_floating_point and i.torch_dtype != torch.bool
                and not i.torch_dtype.is_complex]

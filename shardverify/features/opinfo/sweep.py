@@ -9,8 +9,8 @@ raw exception where a reason was owed: a bug), ``folded`` (the capture left no o
 on constants traced to a constant, ``x.contiguous()`` of a contiguous input exported as the input,
 or only nodes a plan runs without strategies: uninitialised memory (``torch.empty``, never
 compared), a factory of constants built whole on every rank; counted, but not among the calls a
-share is taken of). A strategy served on the grid is verified at the
-call too, so a wrong one shows as ``wrong``.
+share is taken of). A strategy served on the grid is verified at the call too, so a wrong one shows
+as ``wrong``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from shardverify.capture.call import target_name, tuple_element
 from shardverify.capture.decompose import decompose_unserved
 from shardverify.capture.export import export_graph
 from shardverify.capture.fx import trace
+from shardverify.capture.uninitialised import is_uninitialised
 from shardverify.errors import ShardVerifyError
 from shardverify.features.opinfo.samples import Sample, entries_for, one_op_module, samples_of
-from shardverify.capture.uninitialised import is_uninitialised
 from shardverify.plan.coverage import is_constant, shards, unserved
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.names import resolve_dotted
