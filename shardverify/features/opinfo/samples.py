@@ -76,8 +76,9 @@ SWEPT_DTYPES = (torch.float64, torch.float32, torch.int64, torch.bool)
 
 
 def samples_of(entry, dtype: torch.dtype = torch.float64, limit: int = 0, seed: int = 0) -> Iterator[Sample]:
-    """The entry's CPU samples in ``dtype`` (else the first of :data:`SWEPT_DTYPES` it supports);
-    ``limit``: at most that many, drawn with a fixed seed (0: every sample)."""
+    """The entry's CPU samples in ``dtype`` (else the first of :data:`SWEPT_DTYPES` it supports;
+    none for a CUDA function); ``limit``: at most that many, drawn with a fixed seed (0: every
+    sample)."""
     if _cuda_only(entry):
         return
     supported = entry.supported_dtypes("cpu")
@@ -100,8 +101,8 @@ def samples_of(entry, dtype: torch.dtype = torch.float64, limit: int = 0, seed: 
 
 
 def no_sample_reason(entry) -> str:
-    """Why :func:`samples_of` gives an entry no sample: no CPU dtype among :data:`SWEPT_DTYPES`,
-    or none from its ``sample_inputs``."""
+    """Why :func:`samples_of` gives an entry no sample: its op is a CUDA function, no CPU dtype
+    among :data:`SWEPT_DTYPES`, or none from its ``sample_inputs``."""
     if _cuda_only(entry):
         return f"its op is a CUDA function ({_qualname(entry.op)}), which no CPU runs"
     supported = entry.supported_dtypes("cpu")
