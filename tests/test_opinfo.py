@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.features.opinfo.report import markdown, reason_class
@@ -228,3 +229,17 @@ def test_a_raw_exception_verifying_at_the_call_is_counted_and_the_sweep_goes_on(
     assert raw and {o.outcome for o in result.outcomes} == {"raw-error", "on-demand"}, result.counts()   # the
     # grid-served calls (the on-demand ones were verified as they were served)
     assert all(o.reason == "verifying at the call: RuntimeError: ZeroDivisionError" for o in raw)
+
+
+def test_a_call_returning_a_number_computed_from_tensors_is_an_op_never_folded():
+    """``torch.equal`` under fx returns a bool, no tensor: it is still a call a layout changes (each
+    rank compares its own block), so the sweep counts it, not a folded constant; ``x.size()`` is no op."""
+    from shardverify.capture.fx import trace
+    from shardverify.features.opinfo.sweep import _op_nodes
+
+    class Equal(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.equal(x, y), x.size()
+
+    gm = trace(Equal(), {"x": torch.ones(2, 3), "y": torch.ones(2, 3)})
+    assert [n.name for n in _op_nodes(gm, set())] == ["equal"]

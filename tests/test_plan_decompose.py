@@ -110,7 +110,7 @@ def test_an_fx_graphs_torch_level_call_is_traced_to_aten_and_its_pieces_verified
                          strict=True)
     assert result.passed, result.summary()
     coverage = result.coverage
-    assert coverage.decompositions() == {("addcmul", "torch._VariableFunctionsClass.addcmul"):
+    assert coverage.decompositions() == {("addcmul", "torch.addcmul"):
                                          Counter({"aten.mul.Tensor": 2, "aten.add.Tensor": 1})}
     assert coverage.count("unhandled") == 0
 
@@ -154,3 +154,20 @@ def test_a_piece_nothing_serves_is_decomposed_again():
     assert {"aten.exp.default", "aten.log1p.default"} <= {str(n.target) for n in pieces}, pieces
     assert not [n.name for n in pieces if unserved(n, graph)]
     assert not [n for n in graph.graph.nodes if "log_sigmoid" in str(n.target)]
+
+
+class MaskedMean(nn.Module):
+    """``torch.masked.mean`` branches on its mask in Python, which torch.fx cannot trace into."""
+
+    def forward(self, x, mask):
+        return torch.masked.mean(x, -1, mask=mask)
+
+
+def test_a_torch_masked_call_under_fx_is_recorded_whole_then_traced_to_aten():
+    torch.manual_seed(0)
+    x = torch.randn(8, 6)
+    mask = torch.rand(8, 6) > 0.3
+    result = verify_plan(MaskedMean(), (x, mask), MESH, capture="fx", data_parallel=True, strict=True)
+    assert result.passed, result.summary()
+    (root, pieces), = result.coverage.decompositions().items()
+    assert root == ("mean", "torch.masked._ops.mean") and sum(pieces.values()) > 1, pieces

@@ -104,3 +104,34 @@ def test_a_device_given_as_text_and_positional_flags_are_traced_and_served():
     with OnDemandVerifier(cache_dir=None) as verifier:
         served = strategies_for_node(graph_module, node.name, DeviceMesh((2, 2)), on_demand=verifier)
     assert any("S" in s.name for s in served)
+
+
+class Nonzero(torch.nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x).sum(dim=0)
+
+
+def test_a_shape_that_depends_on_the_values_is_propagated_from_real_inputs_given():
+    """Meta tensors cannot say how many elements are nonzero; the real inputs given can (run on a
+    copy: the caller's tensors are left as they were). Meta inputs cannot, and the error says so."""
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 0.0]])
+    gm = trace(Nonzero(), meta_args={"x": x})
+    shapes = {n.name: tuple(n.meta["tensor_meta"].shape) for n in gm.graph.nodes if "tensor_meta" in n.meta}
+    assert shapes["nonzero"] == (2, 2) and shapes["sum_1"] == (2,)
+    assert torch.equal(x, torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 0.0]]))
+    with pytest.raises(Exception, match="nonzero"):
+        trace(Nonzero(), meta_args={"x": torch.empty(3, 2, device="meta")})
+
+
+def test_a_torch_level_call_is_named_as_a_user_writes_it():
+    from torch import fx
+
+    from shardverify.capture.call import target_name
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    names = [target_name(graph.call_function(f, (x,))) for f in
+             (torch.cov, torch.linalg.lstsq, torch.special.erfcx, torch.fft.fft, torch.nn.functional.gelu,
+              torch.ops.aten._batch_norm_with_update, torch.ops.aten.add.Tensor)]
+    assert names == ["torch.cov", "torch.linalg.lstsq", "torch.special.erfcx", "torch.fft.fft",
+                     "torch.nn.functional.gelu", "aten._batch_norm_with_update", "aten.add.Tensor"]

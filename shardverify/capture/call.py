@@ -198,8 +198,20 @@ def target_name(node: fx.Node) -> str:
     if node.op == "call_method":
         return f"Tensor.{node.target}"
     target = node.target
-    return str(target) if not callable(target) or hasattr(target, "_schema") else \
-        f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__qualname__', repr(target))}".lstrip(".")
+    if not callable(target) or hasattr(target, "_schema") or isinstance(target, torch._ops.OpOverloadPacket):
+        return str(target)
+    module, name = getattr(target, "__module__", "") or "", getattr(target, "__qualname__", repr(target))
+    if name.startswith("_VariableFunctionsClass."):       # torch.cov, a builtin of torch's C namespace
+        return f"torch.{name.removeprefix('_VariableFunctionsClass.')}"
+    if module in _C_NAMESPACES:                           # torch._C._linalg.linalg_lstsq: torch.linalg.lstsq
+        public, prefix = _C_NAMESPACES[module]
+        return f"{public}.{name.removeprefix(prefix)}"
+    return f"{module}.{name}".lstrip(".")
+
+
+# torch's C namespaces, by the public module that exposes them and the prefix their names carry
+_C_NAMESPACES = {"torch._C._nn": ("torch.nn.functional", ""), "torch._C._linalg": ("torch.linalg", "linalg_"),
+                 "torch._C._special": ("torch.special", "special_"), "torch._C._fft": ("torch.fft", "fft_")}
 
 
 def tuple_element(node: fx.Node) -> tuple[fx.Node, int] | None:

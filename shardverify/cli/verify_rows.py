@@ -180,16 +180,6 @@ def worker_row(item: tuple, device: str | None, timeout: float, error_maps: bool
         return verify_row(item, WORKER_BACKENDS, "simulated", device, timeout)
 
 
-class _NoPrintedTraceback:
-    """Stands in for the ``traceback`` module inside torch's ShapeProp, which prints the
-    traceback of an op that fails to trace before re-raising it with the cause attached:
-    the CLI reports that cause on the case's row, and prints no traceback."""
-
-    @staticmethod
-    def print_exc(*args, **kwargs) -> None:
-        return None
-
-
 def quiet_tracing() -> None:
     """Tracing that prints no traceback and leaves no semaphore: torch.fx's Interpreter opens a
     (disabled) tqdm bar on every run, and tqdm's first bar creates its global lock with a
@@ -202,8 +192,10 @@ def quiet_tracing() -> None:
 
     from torch.fx.passes import shape_prop
 
+    from shardverify.capture.fx import UnprintedTraceback
+
     if hasattr(shape_prop, "traceback"):
-        shape_prop.traceback = _NoPrintedTraceback   # type: ignore[attr-defined]
+        shape_prop.traceback = UnprintedTraceback()   # type: ignore[attr-defined]
     try:
         from tqdm import tqdm
     except ImportError:    # torch then uses a bar of its own, which makes no lock

@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.export import CaptureError
+from shardverify.capture.fx import unprinted_tracebacks
 from shardverify.errors import InvalidArgument, ShardVerifyError
 from shardverify.plan.inputs import KeywordInputs, diagnose_inputs
 
@@ -81,32 +82,14 @@ def capture_model(module: torch.nn.Module, inputs: tuple, capture: str = "auto")
 @contextlib.contextmanager
 def _quiet():
     """A failed capture is one reason in the error said here, not torch's logged tracebacks."""
-    from torch.fx.passes import shape_prop
-
     logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level, printer = logger.level, getattr(shape_prop, "traceback", None)
+    level = logger.level
     logger.setLevel(logging.CRITICAL)
-    if printer is not None:
-        shape_prop.traceback = _Silent   # type: ignore[attr-defined]
     try:
-        yield
+        with unprinted_tracebacks():
+            yield
     finally:
         logger.setLevel(level)
-        if printer is not None:
-            shape_prop.traceback = printer   # type: ignore[attr-defined]
-
-
-class _Silent:
-    """ShapeProp prints the traceback of a node that fails before raising; the error says it."""
-
-    @staticmethod
-    def print_exc(*args, **kwargs) -> None:
-        return None
-
-    def __getattr__(self, name):
-        import traceback
-
-        return getattr(traceback, name)
 
 
 def random_nodes(graph: fx.GraphModule) -> list[str]:

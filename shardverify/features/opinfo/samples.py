@@ -7,6 +7,7 @@ does, ready for torch.fx or torch.export."""
 from __future__ import annotations
 
 import random
+import sys
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -138,10 +139,18 @@ class OneOp(torch.nn.Module):
         if isinstance(self.sample.call, _DESCRIPTORS) and args:   # Tensor.__radd__ as a method of its first
             # argument, as a user writes it: torch.fx's proxy is no tensor a C descriptor takes
             return getattr(args[0], self.sample.call.__name__)(*args[1:], **kwargs)
-        return self.sample.call(*args, **kwargs)
+        return _by_name(self.sample.call)(*args, **kwargs)
 
 
 _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType)
+
+
+def _by_name(function):
+    """A module's function looked up by its name when it is called, as a user's code names it
+    (``torch.masked.sum``): a tracer that records a module's functions as calls sees it."""
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    found = getattr(module, getattr(function, "__name__", ""), None) if module is not None else None
+    return found if found is not None and getattr(found, "__wrapped__", None) is function else function
 
 
 def one_op_module(sample: Sample) -> OneOp:

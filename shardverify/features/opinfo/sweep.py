@@ -91,11 +91,24 @@ def _capture(sample: Sample, how: str) -> fx.GraphModule:
 def _op_nodes(graph_module: fx.GraphModule, targets: set) -> list[fx.Node]:
     """The call nodes of the op under test: those whose target is a spec target, else (and for an
     entry no spec lists: no ``targets``) every call node that returns a tensor (the capture made
-    the call into other ops, or a lambda called several)."""
+    the call into other ops, or a lambda called several), else every call returning a number
+    computed from tensors."""
     calls = [n for n in graph_module.graph.nodes if n.op in ("call_function", "call_method", "call_module")
              and tuple_element(n) is None]   # an element of a tuple result is no op; x[:, :2] is
     mine = [n for n in calls if _is_target(n, targets)] if targets else []
-    return mine or [n for n in calls if "tensor_meta" in n.meta]
+    return mine or [n for n in calls if "tensor_meta" in n.meta] or [n for n in calls if _value_of_tensors(n)]
+
+
+_METADATA = frozenset({"size", "dim", "ndimension", "numel", "nelement", "stride", "element_size", "is_contiguous",
+                       "is_floating_point", "is_complex", "get_device", "data_ptr"})
+
+
+def _value_of_tensors(node: fx.Node) -> bool:
+    """A call returning a Python number computed from tensors' values (``torch.equal``,
+    ``x.item()``), not their metadata (``x.size()``): a call a layout changes, so never folded."""
+    return node.meta.get("type") in (bool, int, float, complex) and node.target is not getattr \
+        and getattr(node.target, "__name__", node.target) not in _METADATA \
+        and any(isinstance(a, fx.Node) for a in node.all_input_nodes)
 
 
 def _is_target(node: fx.Node, targets: set) -> bool:
