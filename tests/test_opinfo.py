@@ -11,6 +11,7 @@ import torch
 from shardverify.spec.catalogue import load_op_specs
 from shardverify.features.opinfo.report import markdown, reason_class
 from shardverify.features.opinfo.samples import entries_for, one_op_module, samples_of
+from shardverify.features.opinfo.samples import op_db as samples_op_db
 from shardverify.features.opinfo.sweep import sweep_spec
 from shardverify.verify.on_demand import OnDemandVerifier
 
@@ -243,3 +244,13 @@ def test_a_call_returning_a_number_computed_from_tensors_is_an_op_never_folded()
 
     gm = trace(Equal(), {"x": torch.ones(2, 3), "y": torch.ones(2, 3)})
     assert [n.name for n in _op_nodes(gm, set())] == ["equal"]
+
+
+def test_a_random_op_is_unserved_with_why_no_layout_of_it_can_be_compared():
+    from shardverify.features.opinfo.sweep import entry_name, sweep_entry
+
+    entry = next(e for e in samples_op_db() if entry_name(e) == "randn_like")
+    result = sweep_entry(entry, "randn_like", [], meshes=[(4,)], limit=2)
+    assert {o.outcome for o in result.outcomes} == {"no-handler"}
+    assert all("aten.randn_like.default draws random numbers: sharded ranks cannot draw one device's numbers"
+               in o.reason for o in result.outcomes), result.outcomes

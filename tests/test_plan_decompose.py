@@ -171,3 +171,24 @@ def test_a_torch_masked_call_under_fx_is_recorded_whole_then_traced_to_aten():
     assert result.passed, result.summary()
     (root, pieces), = result.coverage.decompositions().items()
     assert root == ("mean", "torch.masked._ops.mean") and sum(pieces.values()) > 1, pieces
+
+
+class SoftMargin(nn.Module):
+    """A loss whose kernel takes no gradient through its target: traced with the target graded,
+    the trace raises; the target is traced without a gradient and the loss decomposes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, x, target):
+        return torch.nn.functional.soft_margin_loss(self.proj(x), target)
+
+
+def test_an_fx_loss_whose_target_takes_no_gradient_is_decomposed():
+    torch.manual_seed(0)
+    target = torch.randn(8, 4).sign()
+    result = verify_plan(SoftMargin(), (torch.randn(8, 8), target), MESH, capture="fx", data_parallel=True, strict=True)
+    assert result.passed, result.summary()
+    (root, pieces), = result.coverage.decompositions().items()
+    assert root == ("soft_margin_loss", "torch.nn.functional.soft_margin_loss") and pieces["aten.log1p.default"] == 1

@@ -24,7 +24,9 @@ rely on), not of the decomposition itself.
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,15 +116,13 @@ def _trace(node: fx.Node, table) -> _Traced:
             return _Traced(None, "not an ATen op nor a torch-level call")
     flat, spec = pytree.tree_flatten((node.args, node.kwargs))
     where = [i for i, v in enumerate(flat) if isinstance(v, fx.Node)]
-    examples = []
-    for i in where:
-        meta = tensor_meta(flat[i])
+    metas = [tensor_meta(flat[i]) for i in where]
+    for i, meta in zip(where, metas):
         if meta is None:
             return _Traced(None, f"operand {flat[i].name!r} is not a single tensor")
-        # a floating operand asks for a gradient, as in the training step a plan checks: a composite
-        # kernel picks its differentiable path (embedding_bag's _embedding_bag, not _forward_only)
-        examples.append(torch.empty(tuple(meta.shape), dtype=meta.dtype,
-                                    requires_grad=meta.dtype.is_floating_point or meta.dtype.is_complex))
+    # a floating operand asks for a gradient, as in the training step a plan checks: a composite
+    # kernel picks its differentiable path (embedding_bag's _embedding_bag, not _forward_only)
+    graded = {i for i, meta in zip(where, metas) if meta.dtype.is_floating_point or meta.dtype.is_complex}
 
     def call(*tensors):
         values = list(flat)
@@ -142,7 +142,17 @@ def _trace(node: fx.Node, table) -> _Traced:
         mkldnn = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)    # the portable decomposition (LSTM's), not oneDNN's kernel
         try:
-            graph = make_fx(call, tracing_mode="fake", pre_dispatch=pre_dispatch)(*examples)
+            while True:
+                examples = [torch.empty(tuple(meta.shape), dtype=meta.dtype, requires_grad=i in graded)
+                            for i, meta in zip(where, metas)]
+                try:
+                    graph = make_fx(call, tracing_mode="fake", pre_dispatch=pre_dispatch)(*examples)
+                    break
+                except RuntimeError as error:   # an operand no gradient flows to (a loss's target)
+                    named = _not_differentiable(error, node, flat, graded)
+                    if not named:
+                        raise
+                    graded -= named
         except Exception as error:  # noqa: BLE001 - any failure of torch's tracing is a reason to say
             text = str(error).strip().splitlines()
             return _Traced(None, f"its decomposition does not trace: {type(error).__name__}: "
@@ -156,6 +166,23 @@ def _trace(node: fx.Node, table) -> _Traced:
         if not (len(ops) == 1 and ops[0].target is target):
             return _Traced(graph)
     return _Traced(None, "it decomposes into itself")
+
+
+def _not_differentiable(error: RuntimeError, node: fx.Node, flat: list, graded: set[int]) -> set[int]:
+    """The operands to trace without a gradient when ``error`` says the kernel takes none through
+    one (``nll_loss``'s ``weight``, ``soft_margin_loss``'s ``target``): the one it names, found by
+    the call's keyword or the torch function's signature, else every one still asking."""
+    found = re.search(r"is not differentiable with respect to argument '(\w+)'", str(error))
+    if found is None or not graded:
+        return set()
+    value = node.kwargs.get(found.group(1))
+    if value is None:
+        try:
+            value = inspect.signature(node.target).bind_partial(*node.args, **node.kwargs).arguments.get(found.group(1))
+        except (TypeError, ValueError):   # a builtin without a signature, or another call form
+            value = None
+    named = {i for i in graded if isinstance(value, fx.Node) and flat[i] is value}
+    return named or set(graded)
 
 
 def _untupled(graph: fx.GraphModule) -> fx.GraphModule:

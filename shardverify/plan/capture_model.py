@@ -93,30 +93,33 @@ def _quiet():
 
 
 def random_nodes(graph: fx.GraphModule) -> list[str]:
-    """The nodes that draw random numbers, described: ATen ops tagged nondeterministic_seeded
-    (``aten.dropout`` with train=True, ``bernoulli``, ``rand``), dropout modules and functions in
-    training mode; a dropout of probability 0 draws nothing that matters and is not listed."""
-    found = []
-    for node in graph.graph.nodes:
-        target, args = node.target, list(node.args)
-        if node.op == "call_module":
-            sub = graph.get_submodule(str(target))
-            if isinstance(sub, torch.nn.modules.dropout._DropoutNd) and sub.training and sub.p > 0:
-                found.append(f"{node.name} ({type(sub).__name__}(p={sub.p}) in training mode)")
-        elif node.op == "call_function" and target in (torch.nn.functional.dropout, torch.dropout):
-            p = args[1] if len(args) > 1 else node.kwargs.get("p", 0.5)
-            train = args[2] if len(args) > 2 else node.kwargs.get("training", node.kwargs.get("train", True))
-            if train and p:
-                found.append(f"{node.name} (dropout p={p}, training)")
-        elif node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
-                and torch.Tag.nondeterministic_seeded in target.tags \
-                and not target.name().startswith(("aten::empty", "aten::new_empty")):
-            given = _schema_values(target, args, node.kwargs)
-            p = next((given[k] for k in ("p", "dropout_p") if k in given), None)
-            if given.get("train", True) is False or p == 0:
-                continue      # a dropout of probability 0, or not training: draws nothing that matters
-            found.append(f"{node.name} ({target.name()}" + (f" p={p}" if p is not None else "") + ", random)")
-    return found
+    """The nodes that draw random numbers, described (see :func:`draws_random`)."""
+    return [found for node in graph.graph.nodes if (found := draws_random(node, graph))]
+
+
+def draws_random(node: fx.Node, graph: fx.GraphModule) -> str:
+    """How ``node`` draws random numbers ("" when it does not): ATen ops tagged
+    nondeterministic_seeded (``aten.dropout`` with train=True, ``bernoulli``, ``rand``), dropout
+    modules and functions in training mode; a dropout of probability 0 draws nothing that
+    matters and is not listed."""
+    target, args = node.target, list(node.args)
+    if node.op == "call_module":
+        sub = graph.get_submodule(str(target))
+        if isinstance(sub, torch.nn.modules.dropout._DropoutNd) and sub.training and sub.p > 0:
+            return f"{node.name} ({type(sub).__name__}(p={sub.p}) in training mode)"
+    elif node.op == "call_function" and target in (torch.nn.functional.dropout, torch.dropout):
+        p = args[1] if len(args) > 1 else node.kwargs.get("p", 0.5)
+        train = args[2] if len(args) > 2 else node.kwargs.get("training", node.kwargs.get("train", True))
+        if train and p:
+            return f"{node.name} (dropout p={p}, training)"
+    elif node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
+            and torch.Tag.nondeterministic_seeded in target.tags \
+            and not target.name().startswith(("aten::empty", "aten::new_empty")):
+        given = _schema_values(target, args, node.kwargs)
+        p = next((given[k] for k in ("p", "dropout_p") if k in given), None)
+        if given.get("train", True) is not False and p != 0:   # else: draws nothing that matters
+            return f"{node.name} ({target.name()}" + (f" p={p}" if p is not None else "") + ", random)"
+    return ""
 
 
 def _schema_values(target, args: list, kwargs: dict) -> dict:

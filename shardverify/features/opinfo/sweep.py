@@ -30,6 +30,7 @@ from shardverify.capture.fx import trace
 from shardverify.capture.uninitialised import is_uninitialised
 from shardverify.errors import ShardVerifyError
 from shardverify.features.opinfo.samples import Sample, entries_for, one_op_module, samples_of
+from shardverify.plan.capture_model import draws_random
 from shardverify.plan.coverage import is_constant, shards, unserved
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.names import resolve_dotted
@@ -135,7 +136,12 @@ def _node_outcome(node: fx.Node, graph_module: fx.GraphModule, mesh: DeviceMesh,
         return None
     handler = handler_for_node(node, graph_module)
     if handler is None:
-        return None if is_constant(node) else dict(outcome="no-handler", reason=f"captured as {target_name(node)}")
+        if is_constant(node):
+            return None
+        if draws_random(node, graph_module):
+            return dict(outcome="no-handler", reason=f"{target_name(node)} draws random numbers: sharded ranks cannot "
+                                                     "draw one device's numbers, so no layout of it can be compared")
+        return dict(outcome="no-handler", reason=f"captured as {target_name(node)}")
     before = len(verifier.records)
     try:
         served = list(strategies_for_node(graph_module, node.name, mesh, on_demand=verifier))
