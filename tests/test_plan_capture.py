@@ -322,6 +322,24 @@ def test_an_inplace_op_becomes_functional_only_where_nothing_observes_the_change
     assert "aten.add.Tensor" in targets(Residual()) and "aten.add_.Tensor" not in targets(Residual())
     assert "aten.add_.Tensor" in targets(Viewed())
 
+    class Reshaped(torch.nn.Module):   # changes of shape only, on a view: no data another view sees
+        def forward(self, x):
+            return torch.relu(x).unsqueeze(0).transpose_(0, -1).squeeze_(-1)
+
+    class ReadAgain(torch.nn.Module):   # the value is read again after its shape changed
+        def forward(self, x):
+            h = torch.relu(x).unsqueeze(0)
+            t = h.transpose_(0, -1)
+            return t.sum(0) + h.sum(0)
+
+    found = targets(Reshaped())
+    assert {"aten.transpose.int", "aten.squeeze.dim"} <= found and not {"aten.transpose_.default",
+                                                                       "aten.squeeze_.dim"} & found, found
+    x = torch.randn(4, 8)
+    for model in (Reshaped(), ReadAgain()):
+        out = export_graph(model, (x,))(x)
+        assert torch.equal(out[0] if isinstance(out, (tuple, list)) else out, model(x))
+
 
 class _Chain(torch.nn.Module):
     """Linear(6, 10) -> ReLU -> Linear(10, 5) on a batch of 7: on 3 ranks no size but 6 divides."""

@@ -68,7 +68,15 @@ def _out_of_place(target: object) -> object | None:
     if not name.endswith("_") or name.startswith("_"):
         return None
     packet = getattr(torch.ops.aten, name[:-1], None)
-    return getattr(packet, target._overloadname, None) if packet is not None else None
+    if packet is None:
+        return None
+    same = getattr(packet, target._overloadname, None)
+    if same is not None:
+        return same
+    # another overload name for the same arguments (transpose_.default, transpose.int)
+    wanted = [(a.name, str(a.type)) for a in arguments]
+    return next((overload for overload in (getattr(packet, o) for o in packet.overloads())
+                 if [(a.name, str(a.type)) for a in overload._schema.arguments] == wanted), None)
 
 
 def _is_view(node: torch.fx.Node) -> bool:
@@ -86,14 +94,21 @@ def inplace_as_functional(graph_module: GraphModule) -> GraphModule:
     ``hidden += residual``: ``aten.add_``) becomes its out-of-place twin (``aten.add``): the same
     values, and no rank's or the reference's recorded tensor is mutated behind the verifier's back.
     An in-place op on a model input, a weight, a view, a value read again later, or a value a
-    view was taken of (the view would see the change) stays as it is."""
+    view was taken of (the view would see the change) stays as it is. An op that changes only a
+    value's shape or strides (``transpose_``, ``squeeze_``: tagged ``inplace_view``) changes no
+    data another view could see: it becomes its twin where nothing reads the value afterwards."""
     graph = graph_module.graph
     order = {node: i for i, node in enumerate(graph.nodes)}
     for node in list(graph.nodes):
         twin = _out_of_place(node.target) if node.op == "call_function" else None
         mutated = node.args[0] if node.args else None
-        if twin is None or not isinstance(mutated, torch.fx.Node) or mutated.op != "call_function" or \
-                _is_view(mutated) or any(order[u] > order[node] or _is_view(u) for u in mutated.users if u is not node):
+        if twin is None or not isinstance(mutated, torch.fx.Node) or mutated.op != "call_function":
+            continue
+        others = [u for u in mutated.users if u is not node]
+        if torch.Tag.inplace_view in node.target.tags:
+            if any(order[u] > order[node] for u in others):
+                continue
+        elif _is_view(mutated) or any(order[u] > order[node] or _is_view(u) for u in others):
             continue
         element = tuple_element(mutated)
         if element is not None and sum(1 for u in element[0].users if tuple_element(u) == element) > 1:

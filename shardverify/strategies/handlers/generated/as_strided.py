@@ -13,7 +13,7 @@ from shardverify.strategies.rules.sources.whole_tensors import WholeTensors
 
 HANDLER = register_handler(HandlerDef(
     name='as_strided',
-    targets=(torch.as_strided, torch.Tensor.as_strided, torch.ops.aten.as_strided.default),
+    targets=(torch.as_strided, torch.Tensor.as_strided, torch.ops.aten.as_strided.default, torch.as_strided_copy, torch.ops.aten.as_strided_copy.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input'),
         OperandDecl(role='output', kind='output'),
@@ -27,7 +27,7 @@ HANDLER = register_handler(HandlerDef(
     rule=RuleSpec(
         source=WholeTensors(),
         modifiers=Modifiers(),
-        at='specs/as_strided.yaml:22',
+        at='specs/as_strided.yaml:25',
     ),
     spec_file='specs/as_strided.yaml',
     bindings=(
@@ -46,10 +46,28 @@ HANDLER = register_handler(HandlerDef(
             ('stride', ((1, 6),)),
             ('storage_offset', (2,)),
         )),
+        (torch.as_strided_copy, (
+            ('size', ((4, 3),)),
+            ('stride', ((1, 6),)),
+            ('storage_offset', (2,)),
+        )),
+        (torch.ops.aten.as_strided_copy.default, (
+            ('size', ((4, 3),)),
+            ('stride', ((1, 6),)),
+            ('storage_offset', (2,)),
+        )),
     ),
     dtypes=(('input', 'float32'),),
     overrides=(
         (torch.ops.aten.as_strided.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self'),
+            OperandDecl(role='output', kind='output'),
+        ), (
+            ParamDecl(name='size', index=1, keyword='size'),
+            ParamDecl(name='stride', index=2, keyword='stride'),
+            ParamDecl(name='storage_offset', index=3, keyword='storage_offset'),
+        )),
+        (torch.ops.aten.as_strided_copy.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),
             OperandDecl(role='output', kind='output'),
         ), (

@@ -28,9 +28,9 @@ HANDLER = register_handler(HandlerDef(
     ),
     generator='rules',
     rule=RuleSpec(
-        source=Einsum(whole=('m', 'n'), einsum=Equation(inputs=((('...',), ('m',), ('n',)), (('...',), ('n',), ('k',))), outputs=((('...',), ('n',), ('k',)), (('...',), ('m',), ('n',)), (('...',), ('r',)), (('...',),)))),
+        source=Einsum(whole=('m', 'n'), einsum=Equation(inputs=((('...',), ('m',), ('n',)), (('...',), ('n',), ('k?',))), outputs=((('...',), ('n',), ('k?',)), (('...',), ('m',), ('n',)), (('...',), ('r',)), (('...',),)))),
         modifiers=Modifiers(),
-        at='specs/linalg_solve_ex.yaml:24',
+        at='specs/linalg_solve_ex.yaml:26',
     ),
     spec_file='specs/linalg_solve_ex.yaml',
     bindings=(

@@ -16,7 +16,7 @@ HANDLER = register_handler(HandlerDef(
     name='sub',
     targets=(torch.sub, torch.Tensor.sub, torch.ops.aten.sub.Tensor, torch.Tensor.__sub__),
     operands=(
-        OperandDecl(role='input', kind='input', index=0, keyword='input'),
+        OperandDecl(role='input', kind='input', index=0, keyword='input', optional=True),
         OperandDecl(role='other', kind='input', index=1, keyword='other', optional=True),
         OperandDecl(role='output', kind='output'),
     ),
@@ -26,13 +26,13 @@ HANDLER = register_handler(HandlerDef(
         source=Pointwise(),
         modifiers=Modifiers(linear_in=(('input', 'other'),), monotone_in=(('input', 'max', 'max'), ('input', 'min', 'min'), ('other', 'max', 'min'), ('other', 'min', 'max'))),
         refs=(Ref(key='linear_in', at=(0, 0), kind='operand', name='input'), Ref(key='linear_in', at=(0, 1), kind='operand', name='other'), Ref(key='monotone_in', at=(0,), kind='operand', name='input'), Ref(key='monotone_in', at=(1,), kind='operand', name='other')),
-        at='specs/sub.yaml:12',
+        at='specs/sub.yaml:21',
     ),
     spec_file='specs/sub.yaml',
     dtypes=(('input', 'float32'), ('other', 'float32')),
     overrides=(
         (torch.ops.aten.sub.Tensor, (
-            OperandDecl(role='input', kind='input', index=0, keyword='self'),
+            OperandDecl(role='input', kind='input', index=0, keyword='self', optional=True),
             OperandDecl(role='other', kind='input', index=1, keyword='other', optional=True),
             OperandDecl(role='output', kind='output'),
         ), ()),
