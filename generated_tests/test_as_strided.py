@@ -52,6 +52,32 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='as_strided',
+        target='torch.as_strided_copy',
+        inputs=(
+            InputDecl('input', (6, 5), 'float32'),
+        ),
+        params=(('size', (4, 3)), ('stride', (1, 6)), ('storage_offset', 2)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
+    OpCase(
+        op='as_strided',
+        target='torch.ops.aten.as_strided_copy.default',
+        inputs=(
+            InputDecl('input', (6, 5), 'float32'),
+        ),
+        params=(('size', (4, 3)), ('stride', (1, 6)), ('storage_offset', 2)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
@@ -59,6 +85,8 @@ SIMULATED_RUNS = [
     pytest.param(0, (4,), id='torch.as_strided-size_4.3-stride_1.6-storage_offset_2-mesh4'),
     pytest.param(1, (4,), id='torch.Tensor.as_strided-size_4.3-stride_1.6-storage_offset_2-mesh4'),
     pytest.param(2, (4,), id='torch.ops.aten.as_strided.default-size_4.3-stride_1.6-storage_offset_2-mesh4'),
+    pytest.param(3, (4,), id='torch.as_strided_copy-size_4.3-stride_1.6-storage_offset_2-mesh4'),
+    pytest.param(4, (4,), id='torch.ops.aten.as_strided_copy.default-size_4.3-stride_1.6-storage_offset_2-mesh4'),
     pytest.param(1, (2, 3), id='torch.Tensor.as_strided-size_4.3-stride_1.6-storage_offset_2-mesh2x3'),
 ]
 

@@ -19,6 +19,8 @@ RUNS = [
     pytest.param('torch.as_strided-size_4.3-stride_1.6-storage_offset_2', (4,), id='torch.as_strided-size_4.3-stride_1.6-storage_offset_2-mesh4'),
     pytest.param('torch.Tensor.as_strided-size_4.3-stride_1.6-storage_offset_2', (4,), id='torch.Tensor.as_strided-size_4.3-stride_1.6-storage_offset_2-mesh4'),
     pytest.param('torch.ops.aten.as_strided.default-size_4.3-stride_1.6-storage_offset_2', (4,), id='torch.ops.aten.as_strided.default-size_4.3-stride_1.6-storage_offset_2-mesh4'),
+    pytest.param('torch.as_strided_copy-size_4.3-stride_1.6-storage_offset_2', (4,), id='torch.as_strided_copy-size_4.3-stride_1.6-storage_offset_2-mesh4'),
+    pytest.param('torch.ops.aten.as_strided_copy.default-size_4.3-stride_1.6-storage_offset_2', (4,), id='torch.ops.aten.as_strided_copy.default-size_4.3-stride_1.6-storage_offset_2-mesh4'),
 ]
 
 

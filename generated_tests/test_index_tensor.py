@@ -18,7 +18,7 @@ CASES = [
         target='torch.ops.aten.index.Tensor',
         inputs=(
             InputDecl('input', (8, 6, 4), 'float32'),
-            InputDecl('i0', (4, 1), 'int64', values=(0, 8)),
+            InputDecl('i0', (4, 1), 'int64', values=(0, 5)),
             InputDecl('i1', (1, 6), 'int64', values=(0, 6)),
         ),
         params=(),
@@ -37,7 +37,7 @@ CASES = [
         target='torch.ops.aten.index.Tensor',
         inputs=(
             InputDecl('input', (8, 6, 4), 'float32'),
-            InputDecl('i0', (4, 1), 'int64', values=(0, 8)),
+            InputDecl('i0', (4, 1), 'int64', values=(0, 5)),
         ),
         params=(),
         module=None,
@@ -68,19 +68,42 @@ CASES = [
             CallArg('list', ('i1',)),
         ),
     ),
+    OpCase(
+        op='index_tensor',
+        target='torch.ops.aten.index.Tensor',
+        inputs=(
+            InputDecl('input', (8, 6, 4), 'float32'),
+            InputDecl('i0', (4, 1), 'int64', values=(0, 5)),
+            InputDecl('i1', (1, 6), 'int64', values=(0, 6)),
+            InputDecl('i2', (4, 1, 1), 'int64', values=(0, 4)),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'input'),
+            CallArg('list', ('i0', 'i1', 'i2')),
+        ),
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh4'),
-    pytest.param(1, (4,), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh4'),
-    pytest.param(2, (4,), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh4'),
-    pytest.param(0, (2, 2), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh2x2'),
-    pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x2'),
-    pytest.param(2, (2, 2), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh2x2'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh2x3'),
-    pytest.param(1, (2, 3), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x3'),
-    pytest.param(2, (2, 3), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh2x3'),
+    pytest.param(0, (4,), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True-mesh4'),
+    pytest.param(1, (4,), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False-mesh4'),
+    pytest.param(2, (4,), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True-mesh4'),
+    pytest.param(3, (4,), id='torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True-mesh4'),
+    pytest.param(0, (2, 2), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True-mesh2x2'),
+    pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False-mesh2x2'),
+    pytest.param(2, (2, 2), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True-mesh2x2'),
+    pytest.param(3, (2, 2), id='torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True-mesh2x2'),
+    pytest.param(0, (2, 3), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False-mesh2x3'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True-mesh2x3'),
+    pytest.param(3, (2, 3), id='torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True-mesh2x3'),
 ]
 
 
@@ -92,9 +115,10 @@ def test_index_tensor_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (4,), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh4'),
-    pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x2'),
-    pytest.param(2, (2, 3), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh2x3'),
+    pytest.param(0, (4,), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True-mesh4'),
+    pytest.param(1, (2, 2), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False-mesh2x2'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True-mesh2x3'),
+    pytest.param(3, (4,), id='torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True-mesh4'),
 ]
 
 
@@ -106,8 +130,9 @@ def test_index_tensor_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 72, id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh2x2'),
-    pytest.param(1, (2, 2), 58, id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x2'),
+    pytest.param(0, (2, 2), 72, id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True-mesh2x2'),
+    pytest.param(1, (2, 2), 58, id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False-mesh2x2'),
+    pytest.param(3, (2, 2), 46, id='torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True-mesh2x2'),
 ]
 
 

@@ -16,15 +16,18 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/index_tensor.yaml'
 # (case id, mesh shape)
 RUNS = [
-    pytest.param('torch.ops.aten.index.Tensor-i0_True-i1_True', (4,), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh4'),
-    pytest.param('torch.ops.aten.index.Tensor-i0_True-i1_False', (4,), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh4'),
-    pytest.param('torch.ops.aten.index.Tensor-i0_False-i1_True', (4,), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh4'),
-    pytest.param('torch.ops.aten.index.Tensor-i0_True-i1_True', (2, 2), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh2x2'),
-    pytest.param('torch.ops.aten.index.Tensor-i0_True-i1_False', (2, 2), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x2'),
-    pytest.param('torch.ops.aten.index.Tensor-i0_False-i1_True', (2, 2), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh2x2'),
-    pytest.param('torch.ops.aten.index.Tensor-i0_True-i1_True', (2, 3), id='torch.ops.aten.index.Tensor-i0_True-i1_True-mesh2x3'),
-    pytest.param('torch.ops.aten.index.Tensor-i0_True-i1_False', (2, 3), id='torch.ops.aten.index.Tensor-i0_True-i1_False-mesh2x3'),
-    pytest.param('torch.ops.aten.index.Tensor-i0_False-i1_True', (2, 3), id='torch.ops.aten.index.Tensor-i0_False-i1_True-mesh2x3'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True', (4,), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True-mesh4'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False', (4,), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False-mesh4'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True', (4,), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True-mesh4'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True', (4,), id='torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True-mesh4'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True', (2, 2), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True-mesh2x2'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False', (2, 2), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False-mesh2x2'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True', (2, 2), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True-mesh2x2'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True', (2, 2), id='torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True-mesh2x2'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True', (2, 3), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_True-mesh2x3'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False', (2, 3), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_True-i1_False-mesh2x3'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True', (2, 3), id='torch.ops.aten.index.Tensor-i2_False-i3_False-i0_False-i1_True-mesh2x3'),
+    pytest.param('torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True', (2, 3), id='torch.ops.aten.index.Tensor-i2_True-i3_False-i0_True-i1_True-mesh2x3'),
 ]
 
 

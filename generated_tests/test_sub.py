@@ -8,7 +8,7 @@ sub` runs every case on every mesh."""
 
 import pytest
 
-from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
+from shardverify.spec.case import CallArg, InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 
@@ -96,6 +96,23 @@ CASES = [
     ),
     OpCase(
         op='sub',
+        target='torch.ops.aten.sub.Tensor',
+        inputs=(
+            InputDecl('other', (4, 1), 'float32'),
+        ),
+        params=(),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('value', 1),
+            CallArg('tensor', 'other'),
+        ),
+    ),
+    OpCase(
+        op='sub',
         target='torch.Tensor.__sub__',
         inputs=(
             InputDecl('input', (8, 4, 16), 'float32'),
@@ -125,18 +142,21 @@ CASES = [
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.sub-other_True-mesh4'),
-    pytest.param(1, (4,), id='torch.sub-other_2.5-mesh4'),
-    pytest.param(2, (4,), id='torch.Tensor.sub-other_True-mesh4'),
-    pytest.param(3, (4,), id='torch.Tensor.sub-other_2.5-mesh4'),
-    pytest.param(4, (4,), id='torch.ops.aten.sub.Tensor-other_True-mesh4'),
-    pytest.param(5, (4,), id='torch.ops.aten.sub.Tensor-other_2.5-mesh4'),
-    pytest.param(6, (4,), id='torch.Tensor.__sub__-other_True-mesh4'),
-    pytest.param(7, (4,), id='torch.Tensor.__sub__-other_2.5-mesh4'),
-    pytest.param(2, (2, 2), id='torch.Tensor.sub-other_True-mesh2x2'),
-    pytest.param(5, (2, 2), id='torch.ops.aten.sub.Tensor-other_2.5-mesh2x2'),
-    pytest.param(4, (2, 3), id='torch.ops.aten.sub.Tensor-other_True-mesh2x3'),
-    pytest.param(7, (2, 3), id='torch.Tensor.__sub__-other_2.5-mesh2x3'),
+    pytest.param(0, (4,), id='torch.sub-input_True-other_True-mesh4'),
+    pytest.param(1, (4,), id='torch.sub-input_True-other_2.5-mesh4'),
+    pytest.param(2, (4,), id='torch.Tensor.sub-input_True-other_True-mesh4'),
+    pytest.param(3, (4,), id='torch.Tensor.sub-input_True-other_2.5-mesh4'),
+    pytest.param(4, (4,), id='torch.ops.aten.sub.Tensor-input_True-other_True-mesh4'),
+    pytest.param(5, (4,), id='torch.ops.aten.sub.Tensor-input_True-other_2.5-mesh4'),
+    pytest.param(6, (4,), id='torch.ops.aten.sub.Tensor-input_1-other_True-mesh4'),
+    pytest.param(7, (4,), id='torch.Tensor.__sub__-input_True-other_True-mesh4'),
+    pytest.param(8, (4,), id='torch.Tensor.__sub__-input_True-other_2.5-mesh4'),
+    pytest.param(2, (2, 2), id='torch.Tensor.sub-input_True-other_True-mesh2x2'),
+    pytest.param(5, (2, 2), id='torch.ops.aten.sub.Tensor-input_True-other_2.5-mesh2x2'),
+    pytest.param(6, (2, 2), id='torch.ops.aten.sub.Tensor-input_1-other_True-mesh2x2'),
+    pytest.param(4, (2, 3), id='torch.ops.aten.sub.Tensor-input_True-other_True-mesh2x3'),
+    pytest.param(8, (2, 3), id='torch.Tensor.__sub__-input_True-other_2.5-mesh2x3'),
+    pytest.param(6, (2, 3), id='torch.ops.aten.sub.Tensor-input_1-other_True-mesh2x3'),
 ]
 
 
@@ -148,9 +168,9 @@ def test_sub_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (4,), id='torch.sub-other_True-mesh4'),
-    pytest.param(1, (2, 2), id='torch.sub-other_2.5-mesh2x2'),
-    pytest.param(2, (2, 3), id='torch.Tensor.sub-other_True-mesh2x3'),
+    pytest.param(0, (4,), id='torch.sub-input_True-other_True-mesh4'),
+    pytest.param(1, (2, 2), id='torch.sub-input_True-other_2.5-mesh2x2'),
+    pytest.param(6, (2, 3), id='torch.ops.aten.sub.Tensor-input_1-other_True-mesh2x3'),
 ]
 
 
@@ -162,14 +182,14 @@ def test_sub_process(sv_backend, case_index, mesh_shape):
 
 # (case index, mesh shape, expected number of strategies) from the spec's verify.strategies
 STRATEGY_COUNTS = [
-    pytest.param(0, (2, 2), 64, id='torch.sub-other_True-mesh2x2'),
-    pytest.param(2, (2, 2), 64, id='torch.Tensor.sub-other_True-mesh2x2'),
-    pytest.param(4, (2, 2), 64, id='torch.ops.aten.sub.Tensor-other_True-mesh2x2'),
-    pytest.param(6, (2, 2), 64, id='torch.Tensor.__sub__-other_True-mesh2x2'),
-    pytest.param(1, (2, 2), 37, id='torch.sub-other_2.5-mesh2x2'),
-    pytest.param(3, (2, 2), 37, id='torch.Tensor.sub-other_2.5-mesh2x2'),
-    pytest.param(5, (2, 2), 37, id='torch.ops.aten.sub.Tensor-other_2.5-mesh2x2'),
-    pytest.param(7, (2, 2), 37, id='torch.Tensor.__sub__-other_2.5-mesh2x2'),
+    pytest.param(0, (2, 2), 64, id='torch.sub-input_True-other_True-mesh2x2'),
+    pytest.param(2, (2, 2), 64, id='torch.Tensor.sub-input_True-other_True-mesh2x2'),
+    pytest.param(4, (2, 2), 64, id='torch.ops.aten.sub.Tensor-input_True-other_True-mesh2x2'),
+    pytest.param(7, (2, 2), 64, id='torch.Tensor.__sub__-input_True-other_True-mesh2x2'),
+    pytest.param(1, (2, 2), 37, id='torch.sub-input_True-other_2.5-mesh2x2'),
+    pytest.param(3, (2, 2), 37, id='torch.Tensor.sub-input_True-other_2.5-mesh2x2'),
+    pytest.param(5, (2, 2), 37, id='torch.ops.aten.sub.Tensor-input_True-other_2.5-mesh2x2'),
+    pytest.param(8, (2, 2), 37, id='torch.Tensor.__sub__-input_True-other_2.5-mesh2x2'),
 ]
 
 

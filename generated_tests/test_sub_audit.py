@@ -16,18 +16,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/sub.yaml'
 # (case id, mesh shape)
 RUNS = [
-    pytest.param('torch.sub-other_True', (4,), id='torch.sub-other_True-mesh4'),
-    pytest.param('torch.sub-other_2.5', (4,), id='torch.sub-other_2.5-mesh4'),
-    pytest.param('torch.Tensor.sub-other_True', (4,), id='torch.Tensor.sub-other_True-mesh4'),
-    pytest.param('torch.Tensor.sub-other_2.5', (4,), id='torch.Tensor.sub-other_2.5-mesh4'),
-    pytest.param('torch.ops.aten.sub.Tensor-other_True', (4,), id='torch.ops.aten.sub.Tensor-other_True-mesh4'),
-    pytest.param('torch.ops.aten.sub.Tensor-other_2.5', (4,), id='torch.ops.aten.sub.Tensor-other_2.5-mesh4'),
-    pytest.param('torch.Tensor.__sub__-other_True', (4,), id='torch.Tensor.__sub__-other_True-mesh4'),
-    pytest.param('torch.Tensor.__sub__-other_2.5', (4,), id='torch.Tensor.__sub__-other_2.5-mesh4'),
-    pytest.param('torch.Tensor.sub-other_True', (2, 2), id='torch.Tensor.sub-other_True-mesh2x2'),
-    pytest.param('torch.ops.aten.sub.Tensor-other_2.5', (2, 2), id='torch.ops.aten.sub.Tensor-other_2.5-mesh2x2'),
-    pytest.param('torch.ops.aten.sub.Tensor-other_True', (2, 3), id='torch.ops.aten.sub.Tensor-other_True-mesh2x3'),
-    pytest.param('torch.Tensor.__sub__-other_2.5', (2, 3), id='torch.Tensor.__sub__-other_2.5-mesh2x3'),
+    pytest.param('torch.sub-input_True-other_True', (4,), id='torch.sub-input_True-other_True-mesh4'),
+    pytest.param('torch.sub-input_True-other_2.5', (4,), id='torch.sub-input_True-other_2.5-mesh4'),
+    pytest.param('torch.Tensor.sub-input_True-other_True', (4,), id='torch.Tensor.sub-input_True-other_True-mesh4'),
+    pytest.param('torch.Tensor.sub-input_True-other_2.5', (4,), id='torch.Tensor.sub-input_True-other_2.5-mesh4'),
+    pytest.param('torch.ops.aten.sub.Tensor-input_True-other_True', (4,), id='torch.ops.aten.sub.Tensor-input_True-other_True-mesh4'),
+    pytest.param('torch.ops.aten.sub.Tensor-input_True-other_2.5', (4,), id='torch.ops.aten.sub.Tensor-input_True-other_2.5-mesh4'),
+    pytest.param('torch.ops.aten.sub.Tensor-input_1-other_True', (4,), id='torch.ops.aten.sub.Tensor-input_1-other_True-mesh4'),
+    pytest.param('torch.Tensor.__sub__-input_True-other_True', (4,), id='torch.Tensor.__sub__-input_True-other_True-mesh4'),
+    pytest.param('torch.Tensor.__sub__-input_True-other_2.5', (4,), id='torch.Tensor.__sub__-input_True-other_2.5-mesh4'),
+    pytest.param('torch.Tensor.sub-input_True-other_True', (2, 2), id='torch.Tensor.sub-input_True-other_True-mesh2x2'),
+    pytest.param('torch.ops.aten.sub.Tensor-input_True-other_2.5', (2, 2), id='torch.ops.aten.sub.Tensor-input_True-other_2.5-mesh2x2'),
+    pytest.param('torch.ops.aten.sub.Tensor-input_1-other_True', (2, 2), id='torch.ops.aten.sub.Tensor-input_1-other_True-mesh2x2'),
+    pytest.param('torch.ops.aten.sub.Tensor-input_True-other_True', (2, 3), id='torch.ops.aten.sub.Tensor-input_True-other_True-mesh2x3'),
+    pytest.param('torch.Tensor.__sub__-input_True-other_2.5', (2, 3), id='torch.Tensor.__sub__-input_True-other_2.5-mesh2x3'),
+    pytest.param('torch.ops.aten.sub.Tensor-input_1-other_True', (2, 3), id='torch.ops.aten.sub.Tensor-input_1-other_True-mesh2x3'),
 ]
 
 

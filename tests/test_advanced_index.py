@@ -123,9 +123,11 @@ def test_a_model_s_lookups_are_served_the_column_lookup_too():
 def test_a_grid_point_that_is_no_call_is_excluded_and_a_bad_exclusion_is_named():
     spec = parse_op_spec(load_yaml_text(SPEC.read_text(), "specs/index_tensor.yaml"))
     points = {tuple(sorted(case.point)) for case in spec.cases()}
-    assert points == {(("i0", True), ("i1", True)), (("i0", True), ("i1", False)), (("i0", False), ("i1", True))}
-    assert spec.grid_size() == 3
-    bad = SPEC.read_text().replace("exclude: [{i0: false, i1: false}]", "exclude: [{i2: false}]")
-    with pytest.raises(SpecError, match="'i2' is not a grid key; grid keys: i0, i1") as info:
+    rest = (("i2", False), ("i3", False))
+    assert points == {(("i0", True), ("i1", True)) + rest, (("i0", True), ("i1", False)) + rest,
+                      (("i0", False), ("i1", True)) + rest, (("i0", True), ("i1", True), ("i2", True), ("i3", False))}
+    assert spec.grid_size() == 4
+    bad = SPEC.read_text().replace("- {i0: false, i1: false}", "- {i4: false}")
+    with pytest.raises(SpecError, match="'i4' is not a grid key; grid keys: i2, i3, i0, i1") as info:
         parse_op_spec(load_yaml_text(bad, "specs/index_tensor.yaml"))
     assert info.value.field.startswith("verify.exclude")

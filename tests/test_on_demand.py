@@ -154,6 +154,16 @@ def test_verify_node_takes_what_a_grid_cannot_say():
     assert results and all(r.passed for r in results)
 
 
+def test_counts_that_cut_a_dim_are_drawn_for_a_keyword_only_tensor():
+    """segment_reduce's keyword-only lengths must add up to the rows they cut: ids drawn in a range
+    never do, so the search goes on to counts that cut a dim of the data; offsets, to bounds."""
+    for keyword in ("lengths", "offsets"):
+        graph_module, node = _graph(lambda x, n, k=keyword: torch.ops.aten.segment_reduce.default(x, "max", **{k: n}),
+                                    (7, 4), (3,), dtypes=[torch.float32, torch.int64])
+        results = verify_node(graph_module, node, MESH)
+        assert len(results) > 1 and all(r.passed for r in results), (keyword, results)
+
+
 def test_a_plan_serves_a_call_outside_the_grid_and_counts_it(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDVERIFY_CACHE_DIR", str(tmp_path))
 

@@ -134,14 +134,16 @@ class ModuleDecl:
         return f"{self.target.rsplit('.', 1)[-1]}({', '.join(parts)})"
 
 
-ARG_KINDS = ("tensor", "list", "value")
+ARG_KINDS = ("tensor", "list", "value", "keyword")
 
 
 @dataclass(frozen=True)
 class CallArg:
-    """One positional argument of the op's call: ``tensor`` (an input by name), ``list`` (a
+    """One argument of the op's call: positionally ``tensor`` (an input by name), ``list`` (a
     tuple of input names, passed as a list: torch.cat's tensors) or ``value`` (a constant:
-    einsum's equation, layer_norm's normalized_shape, None for a dropped optional tensor)."""
+    einsum's equation, layer_norm's normalized_shape, None for a dropped optional tensor); or
+    ``keyword``, a (keyword, input name) pair: a keyword-only tensor (segment_reduce's lengths),
+    passed by its keyword after the positional ones."""
 
     kind: str
     value: object
@@ -154,11 +156,15 @@ class CallArg:
             raise InvalidArgument(f"a tensor argument names an input, got {self.value!r}")
         if self.kind == "list" and not (isinstance(value, tuple) and value and all(isinstance(v, str) for v in value)):
             raise InvalidArgument(f"a list argument names one or more inputs, got {self.value!r}")
+        if self.kind == "keyword" and not (isinstance(value, tuple) and len(value) == 2
+                                           and all(isinstance(v, str) for v in value)):
+            raise InvalidArgument(f"a keyword argument is a (keyword, input name) pair, got {self.value!r}")
         object.__setattr__(self, "value", value)
 
     def names(self) -> tuple[str, ...]:
         """The inputs this argument passes."""
-        return (self.value,) if self.kind == "tensor" else self.value if self.kind == "list" else ()  # type: ignore[return-value]
+        return (self.value,) if self.kind == "tensor" else self.value if self.kind == "list" else \
+            (self.value[1],) if self.kind == "keyword" else ()  # type: ignore[return-value,index]
 
 
 @dataclass(frozen=True)
@@ -251,13 +257,15 @@ class OpCase:
             x = graph.call_module(pred_name, (x,))
         else:
             pred_name = None
+        params = {key: call_value(value) for key, value in self.params}
         if self.positional:
             by_name = {i.name: p for i, p in zip(self.inputs, (x, *others))}
             args = tuple(by_name[a.value] if a.kind == "tensor" else [by_name[n] for n in a.value]
-                         if a.kind == "list" else call_value(a.value) for a in self.positional)  # type: ignore[union-attr]
+                         if a.kind == "list" else call_value(a.value) for a in self.positional
+                         if a.kind != "keyword")  # type: ignore[union-attr]
+            params.update({a.value[0]: by_name[a.value[1]] for a in self.positional if a.kind == "keyword"})  # type: ignore[index]
         else:
             args = (x, *others)
-        params = {key: call_value(value) for key, value in self.params}
         if self.module is not None:
             name = _attribute_name(self.target)
             name = f"{name}_op" if name == pred_name else name
@@ -299,6 +307,7 @@ class OpCase:
         if self.positional:
             inputs = ", ".join(shown[a.value] if a.kind == "tensor" else  # type: ignore[index]
                                f"[{', '.join(shown[n] for n in a.value)}]" if a.kind == "list"  # type: ignore[union-attr]
+                               else f"{a.value[0]}={shown[a.value[1]]}" if a.kind == "keyword"  # type: ignore[index]
                                else repr(a.value) for a in self.positional)
         if self.module is not None:
             head = f"{self.module.describe()}({inputs})"

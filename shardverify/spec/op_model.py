@@ -248,8 +248,9 @@ def case_spec(spec: OpSpec, target: TargetSpec, point: tuple[tuple[str, Literal]
         module = ModuleInit(target.name, verify.module.args, verify.module.kwargs + extra)
         params: tuple[tuple[str, Literal], ...] = ()
     else:
-        inputs = tuple(sorted((i for i in verify.inputs if i.role not in dropped),
-                              key=lambda i: (by_role[i.role].index, by_role[i.role].element or 0)))  # type: ignore[arg-type,return-value]
+        inputs = tuple(sorted((i for i in verify.inputs if i.role not in dropped),   # keyword-only tensors last
+                              key=lambda i: (by_role[i.role].index is None, by_role[i.role].index or 0,
+                                             by_role[i.role].element or 0)))
         module = None
         params = tuple((keywords[key], value) for key, value in point if key in keywords) + scalars  # type: ignore[operator]
         positional, taken = _positional(operands, declared, inputs, dict(point))
@@ -283,9 +284,10 @@ def _positional(operands: tuple[OperandDecl, ...], params: tuple[ParamDecl, ...]
     keywords they take from the keyword arguments; ``()`` when they are just the tensors in
     order (the plain ``target(x, *others)``)."""
     by_role = {o.role: o for o in operands}
-    present = [by_role[i.role] for i in inputs]
+    present = [by_role[i.role] for i in inputs if by_role[i.role].index is not None]
+    keywords = tuple(("keyword", (o.keyword, o.role)) for o in (by_role[i.role] for i in inputs) if o.index is None)
     if not present:             # a factory (torch.full): every parameter by keyword
-        return (), set()
+        return keywords, set()
     last = max(o.index for o in present)  # type: ignore[type-var]
     slots: dict[int, tuple[str, Literal]] = {}
     taken: set[str] = set()
@@ -305,9 +307,10 @@ def _positional(operands: tuple[OperandDecl, ...], params: tuple[ParamDecl, ...]
         if p.index is not None and p.index < last:
             slots[p.index] = ("value", point.get(p.name, p.default))
             taken.add(p.keyword or p.name)
-    if all(slots.get(i) == ("tensor", o.role) for i, o in enumerate(present)) and len(slots) == len(present):
+    if all(slots.get(i) == ("tensor", o.role) for i, o in enumerate(present)) and len(slots) == len(present) \
+            and not keywords:
         return (), set()
-    return tuple(slots[i] for i in range(last + 1)), taken
+    return tuple(slots[i] for i in range(last + 1)) + keywords, taken  # type: ignore[return-value]
 
 
 def _id_token(value: Literal) -> str:

@@ -299,15 +299,16 @@ def _check_positional(operands: list[OperandDecl], params: list[ParamDecl], inpu
     position before a tensor must be an operand or a parameter, and the elements of a list
     argument must be 0, 1, 2, ..."""
     by_role = {o.role: o for o in operands}
-    tensors = [by_role[i.role] for i in inputs if by_role[i.role].kind != "output"]
+    tensors = [by_role[i.role] for i in inputs if by_role[i.role].kind != "output" and by_role[i.role].index is not None]
     last = max(o.index for o in tensors if o.index is not None) if any(o.index is not None for o in tensors) else -1
     held = {o.index for o in operands if o.kind != "output" and o.index is not None}
     held |= {p.index for p in params if p.index is not None}
     for role in (i.role for i in inputs):
         operand = by_role[role]
-        if operand.index is None:
+        if operand.index is None and (operand.keyword is None or operand.kind != "input"):
             raise inputs_node.value[role].error(  # type: ignore[index]
-                f"operand '{role}' is passed positionally to {what}, so it needs an 'index'")
+                f"operand '{role}' is passed positionally to {what}, so it needs an 'index' (or, "
+                "keyword-only, a 'keyword')")
     for position in range(last + 1):
         if position not in held:
             after = min((o for o in tensors if o.index > position), key=lambda o: o.index)  # type: ignore[operator]

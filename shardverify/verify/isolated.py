@@ -47,6 +47,7 @@ child per strategy: the 3 strategies and a crashing one took 0.33 s.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import multiprocessing
 import os
@@ -68,7 +69,7 @@ from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.verify.report import CheckResult, Mismatch
 
 __all__ = ["KERNEL_SIGNALS", "needs_isolation", "remember_crash", "remember_deaths", "crashed_ops",
-           "verify_isolated"]
+           "verify_isolated", "run_isolated", "isolates"]
 
 #: the signals a kernel raises on itself (a bad access, a failed heap check, a division by zero):
 #: a death by SIGKILL or SIGTERM came from outside (the OOM killer, a stop) and says nothing of the op
@@ -105,10 +106,15 @@ def remember_deaths(op: str, error: BackendError) -> None:
 
 
 def needs_isolation(case, backend) -> bool:
-    """Does ``case`` run in a child on ``backend``: an in-process simulated backend, a case whose
-    spec flags it or whose op died before, and not already in such a child."""
-    return (not _in_child and isinstance(backend, SimulatedBackend)
-            and (getattr(case, "isolate", False) is True or case.op in _crashed))
+    """Does ``case`` run in a child on ``backend``: an in-process simulated backend, and
+    :func:`isolates` ``case``."""
+    return isinstance(backend, SimulatedBackend) and isolates(case)
+
+
+def isolates(case) -> bool:
+    """Does what runs ``case``'s op run in a child: its spec flags it or its op died before, and
+    this is not already such a child."""
+    return not _in_child and (getattr(case, "isolate", False) is True or case.op in _crashed)
 
 
 # ------------------------------------------------------------------------- what travels
@@ -307,6 +313,29 @@ def _run(verify: Callable, backend: SimulatedBackend, case, strategies: Sequence
         if reply.signum in KERNEL_SIGNALS:
             remember_crash(case.op)
         return reply
+    kind, value = reply
+    if kind == "error":
+        raise value
+    return value
+
+
+def _call_alone(function: Callable, backend: SimulatedBackend, case, strategies, **options):
+    """``function(case)`` in the child's frame, which hands every call a backend and strategies."""
+    return function(case)
+
+
+def run_isolated(function: Callable, case) -> object:
+    """``function(case)`` in a child (a top-level function, ``case`` picklable), as a check is
+    run there: its return value, its exception raised here, or ShardVerifyError saying how the
+    child died (the op remembered as crashing)."""
+    from shardverify.sharding.mesh import DeviceMesh
+
+    settings = _Settings(DeviceMesh((1,)), "cpu", 60.0, False, False)
+    reply = _in_a_child(_dumps((functools.partial(_call_alone, function), settings, case, [], {})))
+    if isinstance(reply, _Death):
+        if reply.signum in KERNEL_SIGNALS:
+            remember_crash(case.op)
+        raise ShardVerifyError(reply.detail())
     kind, value = reply
     if kind == "error":
         raise value

@@ -27,8 +27,10 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,7 @@ from shardverify.strategies.handlers.base import HandlerDef
 from shardverify.strategies.handlers.serving import handler_for_node
 from shardverify.verify.call_case import CallCase, call_case, describe_call
 from shardverify.verify.engine import verify_case
+from shardverify.verify.isolated import isolates, run_isolated
 from shardverify.verify.reference import reference
 from shardverify.verify.report import CheckResult
 
@@ -154,12 +157,35 @@ def _candidate_highs(case: CallCase, name: str, low: float, high: float) -> list
     return sorted({int(high)} | {s for s in sizes if s > low}, reverse=True)
 
 
+def _partitions(case: CallCase, decl) -> list:
+    """``decl`` as counts that cut a dim of another input into consecutive pieces, row by row along
+    its last dim (``segment_reduce``'s lengths: they add up to the dim), and as the pieces' bounds
+    (its offsets: 0 first, the dim's size last, nondecreasing); one of each per dim size of the
+    call's other tensors, largest first. Drawn with a fixed seed: the same call, the same data."""
+    if not decl.shape or decl.shape[-1] < 1:
+        return []
+    generator = torch.Generator().manual_seed(zlib.crc32(decl.name.encode()))
+    rows, k = math.prod(decl.shape[:-1]), decl.shape[-1]
+    found = []
+    for size in sorted({int(s) for i in case.inputs if i.name != decl.name for s in i.shape}, reverse=True):
+        cuts = torch.randint(0, size + 1, (rows, k - 1), generator=generator).sort(dim=-1).values
+        bounds = torch.cat([torch.zeros(rows, 1, dtype=torch.int64), cuts,
+                            torch.full((rows, 1), size, dtype=torch.int64)], dim=-1)
+        lengths = bounds.diff(dim=-1)                        # k pieces adding up to size
+        offsets = bounds[:, torch.linspace(0, k, k).round().long()] if k > 1 else bounds[:, :1]   # k bounds, 0 to size
+        found += [dataclasses.replace(decl, values=None, data=tuple(float(v) for v in t.flatten().tolist()))
+                  for t in (lengths, offsets)]
+    return found
+
+
 def _with_working_data(case: CallCase) -> CallCase:
     """The case with integer inputs drawn in the widest range the op accepts at this call: the
     spec declares ids below its own grid's table; a call's table has its own rows; a divisor takes
-    no zero. The reference is built on the way (HandlerError when the op cannot run on any such
-    data, or is random: nothing could be checked)."""
+    no zero; last, counts and bounds that cut another input's dim into pieces (see
+    :func:`_partitions`). The reference is built on the way (HandlerError when the op cannot run
+    on any such data, or is random: nothing could be checked)."""
     last: Exception | None = None
+    random: ShardVerifyError | None = None
     integer = [i for i in case.inputs if not i.torch_dtype.is_floating_point and i.torch_dtype != torch.bool
                and not i.torch_dtype.is_complex]
     tries = [case]
@@ -170,17 +196,24 @@ def _with_working_data(case: CallCase) -> CallCase:
         tries = [dataclasses.replace(t, inputs=tuple(dataclasses.replace(i, values=r) if i.name == decl.name
                                                      else i for i in t.inputs))
                  for t in tries for r in ranges] or tries
-    for attempt in tries[:16]:
+    tries = tries[:16] + [dataclasses.replace(case, inputs=tuple(one if i.name == decl.name else i for i in case.inputs))
+                          for decl in integer for one in _partitions(case, decl)]
+    for attempt in tries:
         for data in (attempt, _forward_only(attempt)):
             try:
                 reference(data, None, torch.device("cpu"))
                 return data
             except ShardVerifyError as error:     # the op is random: no layout can be checked against it
-                raise HandlerError(f"cannot be verified at this call: {str(error).splitlines()[0]}") from None
+                if not integer:                   # else perhaps ids out of range read memory: try the next
+                    raise HandlerError(f"cannot be verified at this call: {str(error).splitlines()[0]}") from None
+                random, last = error, error
+                break
             except Exception as error:  # noqa: BLE001 - the op refuses these data; try the next range
                 last = error
                 if not _no_derivative(error):
                     break
+    if random is not None and last is random:
+        raise HandlerError(f"cannot be verified at this call: {str(random).splitlines()[0]}")
     raise HandlerError(f"cannot be verified at this call: the op raised on every drawn input "
                        f"({type(last).__name__}: {str(last).splitlines()[0] if str(last) else ''})")
 
@@ -197,9 +230,18 @@ def _forward_only(case: CallCase) -> CallCase:
 
 
 def checkable_case(handler: HandlerDef, graph_module: fx.GraphModule, node: fx.Node, operands: Mapping) -> CallCase:
-    """The captured call as a case, with data the op accepts there (see :func:`_with_working_data`)."""
-    return _with_working_data(call_case(handler.name, graph_module, node, _drawn(handler, operands),
-                                        isolate=handler.isolate))
+    """The captured call as a case, with data the op accepts there (see :func:`_with_working_data`);
+    searched in a child where the op's kernel can corrupt memory on data it does not take (its
+    spec's ``verify.isolate``, or it crashed before)."""
+    case = call_case(handler.name, graph_module, node, _drawn(handler, operands), isolate=handler.isolate)
+    if not isolates(case):
+        return _with_working_data(case)
+    try:
+        return run_isolated(_with_working_data, case)
+    except HandlerError:
+        raise
+    except ShardVerifyError as error:
+        raise HandlerError(f"cannot be verified at this call: {error} while drawing data the op takes") from None
 
 
 def _module_text(node: fx.Node, graph_module: fx.GraphModule) -> str:

@@ -26,14 +26,25 @@ HANDLER = register_handler(HandlerDef(
     ),
     generator='rules',
     rule=RuleSpec(
-        source=Einsum(indices=(('index', 'v'),), first_dim_param='dim', zero_dim_as_1d=True, einsum=Equation(inputs=((('v',), ('...',)), (('b',),)), outputs=((('b',), ('...',)),))),
+        source=Einsum(indices=(('index', 'v'),), zero_dim_as_1d=True, einsum=Equation(inputs=((('v',), ('e?',)), (('b',),)), outputs=((('b',), ('e?',)),))),
         modifiers=Modifiers(linear_in=(('input',),), monotone_in=(('input', 'max', 'max'), ('input', 'min', 'min'))),
-        refs=(Ref(key='indices', at=('index',), kind='operand', name='index'), Ref(key='first_dim_param', at=(), kind='param', name='dim', draw='dims'), Ref(key='linear_in', at=(0,), kind='operand', name='input'), Ref(key='monotone_in', at=(0,), kind='operand', name='input')),
-        at='specs/index_select.yaml:20',
+        refs=(Ref(key='indices', at=('index',), kind='operand', name='index'), Ref(key='linear_in', at=(0,), kind='operand', name='input'), Ref(key='monotone_in', at=(0,), kind='operand', name='input')),
+        at='specs/index_select.yaml:18',
     ),
     spec_file='specs/index_select.yaml',
+    bindings=(
+        (torch.index_select, (
+            ('dim', (0,)),
+        )),
+        (torch.Tensor.index_select, (
+            ('dim', (0,)),
+        )),
+        (torch.ops.aten.index_select.default, (
+            ('dim', (0,)),
+        )),
+    ),
     drawn=(
-        ('index', (0, 7), True),
+        ('index', (0, 16), True),
     ),
     dtypes=(('input', 'float32'), ('index', 'int64')),
     overrides=(

@@ -33,10 +33,10 @@ HANDLER = register_handler(HandlerDef(
     ),
     generator='rules',
     rule=RuleSpec(
-        source=Einsum(einsum=Equation(inputs=((('n',), ('c',), ('...',)), (('c',),), (('c',),), (('c',),), (('c',),)), outputs=((('n',), ('c',), ('...',)), (('c',),), (('c',),)))),
+        source=Einsum(whole=('z',), einsum=Equation(inputs=((('n',), ('c',), ('...',)), (('c',),), (('c',),), (('c',),), (('c',),)), outputs=((('n',), ('c',), ('...',)), (('z',),), (('z',),)))),
         modifiers=Modifiers(constant=('running_mean', 'running_var'), linear_in=(('input', 'running_mean', 'bias?'), ('weight', 'bias?')), monotone_in=(('bias', 'max', 'max'), ('bias', 'min', 'min'))),
         refs=(Ref(key='constant_operands', at=(0,), kind='operand', name='running_mean'), Ref(key='constant_operands', at=(1,), kind='operand', name='running_var'), Ref(key='linear_in', at=(0, 0), kind='operand', name='input'), Ref(key='linear_in', at=(0, 1), kind='operand', name='running_mean'), Ref(key='linear_in', at=(0, 2), kind='operand', name='bias'), Ref(key='linear_in', at=(1, 0), kind='operand', name='weight'), Ref(key='linear_in', at=(1, 1), kind='operand', name='bias'), Ref(key='monotone_in', at=(0,), kind='operand', name='bias')),
-        at='specs/native_batch_norm_eval.yaml:27',
+        at='specs/native_batch_norm_eval.yaml:29',
     ),
     spec_file='specs/native_batch_norm_eval.yaml',
     bindings=(

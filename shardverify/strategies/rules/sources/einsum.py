@@ -102,6 +102,10 @@ class _Factors(Source):
         if len(call.outputs) > len(eq.outputs) == 1:        # one term for every element of a tuple result
             eq = Equation(eq.inputs, eq.outputs * len(call.outputs))
         whole, reduce, sizes = frozenset(self.whole), self.reduce, {}
+        if written and not all(call.present):   # a factor only an absent operand's term held: nothing to keep
+            kept = set(eq.letters)
+            whole = frozenset(f for f in whole if f == ELLIPSIS or f in kept)
+            reduce = tuple((f, op) for f, op in reduce if f in kept)
         shapes = call.inputs + call.outputs
         if self.first_dim_param:
             eq, after = along_dim(eq, shapes, call.param(self.first_dim_param), self.first_dim_param)
