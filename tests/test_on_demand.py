@@ -164,6 +164,18 @@ def test_counts_that_cut_a_dim_are_drawn_for_a_keyword_only_tensor():
         assert len(results) > 1 and all(r.passed for r in results), (keyword, results)
 
 
+def test_a_scatter_whose_index_is_smaller_than_its_input_keeps_that_dim_whole():
+    """scatter_add of a [3, 4, 5] source into the first 3 of 6 rows along dim 2: the rows' dim is
+    whole in every tensor (a rank holding rows 3-5 would add the source's rows 0-2 into them), the
+    dim all hold alike passes its shard; every strategy offered verifies."""
+    graph_module, node = _graph(lambda x, i, s: torch.scatter_add(x, 2, i, s), (6, 4, 5), (3, 4, 5), (3, 4, 5),
+                                dtypes=[torch.float32, torch.int64, torch.float32])
+    outputs = {s.name.split(" -> ")[1].split(" |")[0] for s in strategies_for_node(graph_module, node.name, MESH)}
+    assert outputs == {"RRR", "RS0R", "RS1R", "RS01R", "RS10R"}, outputs   # the rows' dim never cut
+    results = verify_node(graph_module, node, MESH)
+    assert len(results) > 1 and all(r.passed for r in results)
+
+
 def test_a_plan_serves_a_call_outside_the_grid_and_counts_it(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDVERIFY_CACHE_DIR", str(tmp_path))
 

@@ -82,7 +82,8 @@ def _rule(target: torch._ops.OpOverload, table) -> Callable | None:
 
 def torch_level(node: fx.Node) -> Callable | None:
     """The callable of an fx graph's torch-level call (a tensor method, a tensor's computed
-    attribute or index, a function of torch's own or a Python operator on tensors), which tracing
+    attribute or index, a function of torch's own, an ATen op called as its packet, or a Python
+    operator on tensors), which tracing
     at the ATen level decomposes; None for an ATen op, a module's call, or a function of the
     user's (one ``torch.fx.wrap`` kept whole: its body is the user's, not torch's, and may do
     what a trace cannot see)."""
@@ -95,8 +96,10 @@ def torch_level(node: fx.Node) -> Callable | None:
     if node.op == "call_function" and target is operator.getitem and node.args \
             and isinstance(node.args[0], fx.Node) and tensor_meta(node.args[0]) is not None:   # x[:, :2], x[ids]
         return target
+    if node.op == "call_function" and isinstance(target, torch._ops.OpOverloadPacket):
+        return target        # torch.ops.aten.foo called as a packet: traced, it is the overload it picks
     if node.op != "call_function" or not callable(target) or target is operator.getitem \
-            or isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            or isinstance(target, torch._ops.OpOverload):
         return None
     module = getattr(target, "__module__", None) or ""
     return target if module == "_operator" or module == "torch" or module.startswith("torch.") else None

@@ -27,7 +27,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     generator='rules',
     rule=RuleSpec(
-        source=Pointwise(aligned=True),
+        source=Pointwise(aligned=True, whole_where_differ=True),
         modifiers=Modifiers(whole_dims_param='dim', constant=('input', 'src'), linear_in=(('input', 'src'),), monotone_in=(('input', 'max', 'max'), ('input', 'min', 'min'))),
         refs=(Ref(key='whole_dims_param', at=(), kind='param', name='dim', draw='dims'), Ref(key='constant_operands', at=(0,), kind='operand', name='input'), Ref(key='constant_operands', at=(1,), kind='operand', name='src'), Ref(key='linear_in', at=(0, 0), kind='operand', name='input'), Ref(key='linear_in', at=(0, 1), kind='operand', name='src'), Ref(key='monotone_in', at=(0,), kind='operand', name='input')),
         at='specs/scatter_accumulate.yaml:23',

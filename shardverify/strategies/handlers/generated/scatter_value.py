@@ -27,7 +27,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     generator='rules',
     rule=RuleSpec(
-        source=Pointwise(aligned=True),
+        source=Pointwise(aligned=True, whole_where_differ=True),
         modifiers=Modifiers(whole_dims_param='dim', monotone_in=(('input', 'max', 'max'), ('input', 'min', 'min'))),
         refs=(Ref(key='whole_dims_param', at=(), kind='param', name='dim', draw='dims'), Ref(key='monotone_in', at=(0,), kind='operand', name='input')),
         at='specs/scatter_value.yaml:20',

@@ -27,7 +27,7 @@ HANDLER = register_handler(HandlerDef(
     ),
     generator='rules',
     rule=RuleSpec(
-        source=Pointwise(aligned=True),
+        source=Pointwise(aligned=True, whole_where_differ=True),
         modifiers=Modifiers(whole_dims_param='dim', constant=('input',), linear_in=(('input',),)),
         refs=(Ref(key='whole_dims_param', at=(), kind='param', name='dim', draw='dims'), Ref(key='constant_operands', at=(0,), kind='operand', name='input'), Ref(key='linear_in', at=(0,), kind='operand', name='input')),
         at='specs/scatter_value_multiply.yaml:23',

@@ -1,7 +1,9 @@
 """The pointwise source (``pointwise: true``): every operand broadcast against the output.
 
 With it: ``aligned: true`` (no broadcasting: every operand has the output's sizes outside the
-whole dims, else the call is refused: gather's index and input), ``lacks_dims_param: dim`` with
+whole dims, else the call is refused: gather's index and input; with ``whole_where_sizes_differ:
+true`` such a dim is kept whole in every tensor instead: scatter's index and source smaller than
+its input, which write into the first rows only), ``lacks_dims_param: dim`` with
 ``lacking_operands: [src]`` (those operands lack the output dims the parameter names, as
 select_scatter's src lacks the selected dim: they align as holding those dims at size 1),
 ``shape_param: size`` (the output shape, which each rank passes as its local one: expand), and
@@ -31,6 +33,7 @@ class Pointwise(Source):
     key = "pointwise"
     pointwise: bool = opt("pointwise", true, True)
     aligned: bool = opt("aligned", flag, False)
+    whole_where_differ: bool = opt("whole_where_sizes_differ", flag, False)
     lacks_dims_param: str = opt("lacks_dims_param", text, "", kind=PARAM, draw="dims")
     lacking: tuple[str, ...] = opt("lacking_operands", names, (), kind=OPERAND)
     shape_param: str = opt("shape_param", text, "", kind=PARAM, draw="shape")
@@ -49,6 +52,9 @@ class Pointwise(Source):
             raise OptionError("rule option 'factory' (each rank makes its own block of the output) needs "
                               "shape_param (the parameter each rank passes its local output shape in) or "
                               "range_params (the start, end and step each rank passes for its block)", "factory")
+        if self.whole_where_differ and not self.aligned:
+            raise OptionError("rule option 'whole_where_sizes_differ' (keep whole a dim where an operand's size "
+                              "differs from the output's) goes with aligned: true", "whole_where_sizes_differ")
         if self.range_params and not self.factory:
             raise OptionError("rule option 'range_params' (each rank's own start and end) needs factory: true",
                               "range_params")
@@ -61,7 +67,9 @@ class Pointwise(Source):
                 offset = out_rank - len(term)
                 strange = [j + offset for j, dim in enumerate(term) if dim != (f"d{j + offset}",)
                            and j + offset not in whole_at]
-                if strange:
+                if strange and self.whole_where_differ:   # the operand covers part of the dim: whole everywhere
+                    whole |= {f"d{j}" for j in strange} & set(eq.letters)
+                elif strange:
                     raise InvalidArgument(f"operand {i} of shape {list(call.inputs[i])} and the output of shape "
                                           f"{list(call.outputs[0])} differ in size at dim(s) {strange}, which the "
                                           f"spec does not keep whole: its rule holds only where the two are equal")
