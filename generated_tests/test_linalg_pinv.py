@@ -8,7 +8,7 @@ linalg_pinv` runs every case on every mesh."""
 
 import pytest
 
-from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
+from shardverify.spec.case import CallArg, InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 
@@ -31,6 +31,62 @@ CASES = [
         target='torch.ops.aten.linalg_pinv.atol_rtol_tensor',
         inputs=(
             InputDecl('A', (6, 5, 4, 4), 'float32'),
+            InputDecl('rtol', (5,), 'float32', values=(0.0, 0.4), grad=False),
+        ),
+        params=(('hermitian', False),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'A'),
+            CallArg('keyword', ('rtol', 'rtol')),
+        ),
+    ),
+    OpCase(
+        op='linalg_pinv',
+        target='torch.ops.aten.linalg_pinv.atol_rtol_tensor',
+        inputs=(
+            InputDecl('A', (6, 5, 4, 4), 'float32'),
+            InputDecl('atol', (6, 5), 'float32', values=(0.0, 0.6), grad=False),
+        ),
+        params=(('hermitian', False),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'A'),
+            CallArg('keyword', ('atol', 'atol')),
+        ),
+    ),
+    OpCase(
+        op='linalg_pinv',
+        target='torch.ops.aten.linalg_pinv.atol_rtol_tensor',
+        inputs=(
+            InputDecl('A', (6, 5, 4, 4), 'float32'),
+            InputDecl('atol', (6, 5), 'float32', values=(0.0, 0.6), grad=False),
+            InputDecl('rtol', (5,), 'float32', values=(0.0, 0.4), grad=False),
+        ),
+        params=(('hermitian', False),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'A'),
+            CallArg('keyword', ('atol', 'atol')),
+            CallArg('keyword', ('rtol', 'rtol')),
+        ),
+    ),
+    OpCase(
+        op='linalg_pinv',
+        target='torch.ops.aten.linalg_pinv.atol_rtol_tensor',
+        inputs=(
+            InputDecl('A', (6, 5, 4, 4), 'float32'),
         ),
         params=(('hermitian', True),),
         module=None,
@@ -39,14 +95,82 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='linalg_pinv',
+        target='torch.ops.aten.linalg_pinv.atol_rtol_tensor',
+        inputs=(
+            InputDecl('A', (6, 5, 4, 4), 'float32'),
+            InputDecl('rtol', (5,), 'float32', values=(0.0, 0.4), grad=False),
+        ),
+        params=(('hermitian', True),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'A'),
+            CallArg('keyword', ('rtol', 'rtol')),
+        ),
+    ),
+    OpCase(
+        op='linalg_pinv',
+        target='torch.ops.aten.linalg_pinv.atol_rtol_tensor',
+        inputs=(
+            InputDecl('A', (6, 5, 4, 4), 'float32'),
+            InputDecl('atol', (6, 5), 'float32', values=(0.0, 0.6), grad=False),
+        ),
+        params=(('hermitian', True),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'A'),
+            CallArg('keyword', ('atol', 'atol')),
+        ),
+    ),
+    OpCase(
+        op='linalg_pinv',
+        target='torch.ops.aten.linalg_pinv.atol_rtol_tensor',
+        inputs=(
+            InputDecl('A', (6, 5, 4, 4), 'float32'),
+            InputDecl('atol', (6, 5), 'float32', values=(0.0, 0.6), grad=False),
+            InputDecl('rtol', (5,), 'float32', values=(0.0, 0.4), grad=False),
+        ),
+        params=(('hermitian', True),),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'A'),
+            CallArg('keyword', ('atol', 'atol')),
+            CallArg('keyword', ('rtol', 'rtol')),
+        ),
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-mesh4'),
-    pytest.param(1, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-mesh4'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-mesh2x3'),
-    pytest.param(1, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-mesh2x3'),
+    pytest.param(0, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_False-mesh4'),
+    pytest.param(1, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_True-mesh4'),
+    pytest.param(2, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_False-mesh4'),
+    pytest.param(3, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_True-mesh4'),
+    pytest.param(4, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_False-mesh4'),
+    pytest.param(5, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_True-mesh4'),
+    pytest.param(6, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_False-mesh4'),
+    pytest.param(7, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_True-mesh4'),
+    pytest.param(0, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_False-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_True-mesh2x3'),
+    pytest.param(2, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_False-mesh2x3'),
+    pytest.param(3, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_True-mesh2x3'),
+    pytest.param(4, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_False-mesh2x3'),
+    pytest.param(5, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_True-mesh2x3'),
+    pytest.param(6, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_False-mesh2x3'),
+    pytest.param(7, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_True-mesh2x3'),
 ]
 
 
@@ -58,8 +182,14 @@ def test_linalg_pinv_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-mesh4'),
-    pytest.param(1, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-mesh2x3'),
+    pytest.param(0, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_False-mesh4'),
+    pytest.param(1, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_True-mesh2x3'),
+    pytest.param(2, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_False-mesh4'),
+    pytest.param(3, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_True-mesh2x3'),
+    pytest.param(4, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_False-mesh4'),
+    pytest.param(5, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_True-mesh2x3'),
+    pytest.param(6, (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_False-mesh4'),
+    pytest.param(7, (2, 3), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_True-mesh2x3'),
 ]
 
 

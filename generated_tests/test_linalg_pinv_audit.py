@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/linalg_pinv.yaml'
 # (case id, mesh shape)
 RUNS = [
-    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-mesh4'),
-    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-mesh4'),
+    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_False', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_False-mesh4'),
+    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_True', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_False-rtol_True-mesh4'),
+    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_False', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_False-mesh4'),
+    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_True', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_False-atol_True-rtol_True-mesh4'),
+    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_False', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_False-mesh4'),
+    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_True', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_False-rtol_True-mesh4'),
+    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_False', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_False-mesh4'),
+    pytest.param('torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_True', (4,), id='torch.ops.aten.linalg_pinv.atol_rtol_tensor-hermitian_True-atol_True-rtol_True-mesh4'),
 ]
 
 

@@ -8,7 +8,7 @@ searchsorted` runs every case on every mesh."""
 
 import pytest
 
-from shardverify.spec.case import InputDecl, ModuleDecl, OpCase
+from shardverify.spec.case import CallArg, InputDecl, ModuleDecl, OpCase
 from shardverify.verify.engine import verify_case
 from shardverify.verify.report import assert_passed
 
@@ -71,6 +71,86 @@ CASES = [
     ),
     OpCase(
         op='searchsorted',
+        target='torch.searchsorted',
+        inputs=(
+            InputDecl('sorted_sequence', (7, 6), 'float32', data=(-1.5, -0.8, -0.2, 0.3, 0.9, 1.6, -1.37, -0.67, -0.07, 0.43, 1.03, 1.73, -1.24, -0.54, 0.06, 0.56, 1.16, 1.86, -1.11, -0.41, 0.19, 0.69, 1.29, 1.99, -0.98, -0.28, 0.32, 0.82, 1.42, 2.12, -0.85, -0.15, 0.45, 0.95, 1.55, 2.25, -0.72, -0.02, 0.58, 1.08, 1.68, 2.38)),
+            InputDecl('values', (7, 7), 'float32'),
+            InputDecl('sorter', (7, 6), 'int64', data=(0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5)),
+        ),
+        params=(('right', False), ('out_int32', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'sorted_sequence'),
+            CallArg('tensor', 'values'),
+            CallArg('keyword', ('sorter', 'sorter')),
+        ),
+    ),
+    OpCase(
+        op='searchsorted',
+        target='torch.searchsorted',
+        inputs=(
+            InputDecl('sorted_sequence', (7, 6), 'float32', data=(-1.5, -0.8, -0.2, 0.3, 0.9, 1.6, -1.37, -0.67, -0.07, 0.43, 1.03, 1.73, -1.24, -0.54, 0.06, 0.56, 1.16, 1.86, -1.11, -0.41, 0.19, 0.69, 1.29, 1.99, -0.98, -0.28, 0.32, 0.82, 1.42, 2.12, -0.85, -0.15, 0.45, 0.95, 1.55, 2.25, -0.72, -0.02, 0.58, 1.08, 1.68, 2.38)),
+            InputDecl('values', (7, 7), 'float32'),
+            InputDecl('sorter', (7, 6), 'int64', data=(0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5)),
+        ),
+        params=(('right', False), ('out_int32', True)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'sorted_sequence'),
+            CallArg('tensor', 'values'),
+            CallArg('keyword', ('sorter', 'sorter')),
+        ),
+    ),
+    OpCase(
+        op='searchsorted',
+        target='torch.searchsorted',
+        inputs=(
+            InputDecl('sorted_sequence', (7, 6), 'float32', data=(-1.5, -0.8, -0.2, 0.3, 0.9, 1.6, -1.37, -0.67, -0.07, 0.43, 1.03, 1.73, -1.24, -0.54, 0.06, 0.56, 1.16, 1.86, -1.11, -0.41, 0.19, 0.69, 1.29, 1.99, -0.98, -0.28, 0.32, 0.82, 1.42, 2.12, -0.85, -0.15, 0.45, 0.95, 1.55, 2.25, -0.72, -0.02, 0.58, 1.08, 1.68, 2.38)),
+            InputDecl('values', (7, 7), 'float32'),
+            InputDecl('sorter', (7, 6), 'int64', data=(0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5)),
+        ),
+        params=(('right', True), ('out_int32', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'sorted_sequence'),
+            CallArg('tensor', 'values'),
+            CallArg('keyword', ('sorter', 'sorter')),
+        ),
+    ),
+    OpCase(
+        op='searchsorted',
+        target='torch.searchsorted',
+        inputs=(
+            InputDecl('sorted_sequence', (7, 6), 'float32', data=(-1.5, -0.8, -0.2, 0.3, 0.9, 1.6, -1.37, -0.67, -0.07, 0.43, 1.03, 1.73, -1.24, -0.54, 0.06, 0.56, 1.16, 1.86, -1.11, -0.41, 0.19, 0.69, 1.29, 1.99, -0.98, -0.28, 0.32, 0.82, 1.42, 2.12, -0.85, -0.15, 0.45, 0.95, 1.55, 2.25, -0.72, -0.02, 0.58, 1.08, 1.68, 2.38)),
+            InputDecl('values', (7, 7), 'float32'),
+            InputDecl('sorter', (7, 6), 'int64', data=(0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5)),
+        ),
+        params=(('right', True), ('out_int32', True)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'sorted_sequence'),
+            CallArg('tensor', 'values'),
+            CallArg('keyword', ('sorter', 'sorter')),
+        ),
+    ),
+    OpCase(
+        op='searchsorted',
         target='torch.ops.aten.searchsorted.Tensor',
         inputs=(
             InputDecl('sorted_sequence', (7, 6), 'float32', data=(-1.5, -0.8, -0.2, 0.3, 0.9, 1.6, -1.37, -0.67, -0.07, 0.43, 1.03, 1.73, -1.24, -0.54, 0.06, 0.56, 1.16, 1.86, -1.11, -0.41, 0.19, 0.69, 1.29, 1.99, -0.98, -0.28, 0.32, 0.82, 1.42, 2.12, -0.85, -0.15, 0.45, 0.95, 1.55, 2.25, -0.72, -0.02, 0.58, 1.08, 1.68, 2.38)),
@@ -125,22 +205,114 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='searchsorted',
+        target='torch.ops.aten.searchsorted.Tensor',
+        inputs=(
+            InputDecl('sorted_sequence', (7, 6), 'float32', data=(-1.5, -0.8, -0.2, 0.3, 0.9, 1.6, -1.37, -0.67, -0.07, 0.43, 1.03, 1.73, -1.24, -0.54, 0.06, 0.56, 1.16, 1.86, -1.11, -0.41, 0.19, 0.69, 1.29, 1.99, -0.98, -0.28, 0.32, 0.82, 1.42, 2.12, -0.85, -0.15, 0.45, 0.95, 1.55, 2.25, -0.72, -0.02, 0.58, 1.08, 1.68, 2.38)),
+            InputDecl('values', (7, 7), 'float32'),
+            InputDecl('sorter', (7, 6), 'int64', data=(0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5)),
+        ),
+        params=(('right', False), ('out_int32', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'sorted_sequence'),
+            CallArg('tensor', 'values'),
+            CallArg('keyword', ('sorter', 'sorter')),
+        ),
+    ),
+    OpCase(
+        op='searchsorted',
+        target='torch.ops.aten.searchsorted.Tensor',
+        inputs=(
+            InputDecl('sorted_sequence', (7, 6), 'float32', data=(-1.5, -0.8, -0.2, 0.3, 0.9, 1.6, -1.37, -0.67, -0.07, 0.43, 1.03, 1.73, -1.24, -0.54, 0.06, 0.56, 1.16, 1.86, -1.11, -0.41, 0.19, 0.69, 1.29, 1.99, -0.98, -0.28, 0.32, 0.82, 1.42, 2.12, -0.85, -0.15, 0.45, 0.95, 1.55, 2.25, -0.72, -0.02, 0.58, 1.08, 1.68, 2.38)),
+            InputDecl('values', (7, 7), 'float32'),
+            InputDecl('sorter', (7, 6), 'int64', data=(0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5)),
+        ),
+        params=(('right', False), ('out_int32', True)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'sorted_sequence'),
+            CallArg('tensor', 'values'),
+            CallArg('keyword', ('sorter', 'sorter')),
+        ),
+    ),
+    OpCase(
+        op='searchsorted',
+        target='torch.ops.aten.searchsorted.Tensor',
+        inputs=(
+            InputDecl('sorted_sequence', (7, 6), 'float32', data=(-1.5, -0.8, -0.2, 0.3, 0.9, 1.6, -1.37, -0.67, -0.07, 0.43, 1.03, 1.73, -1.24, -0.54, 0.06, 0.56, 1.16, 1.86, -1.11, -0.41, 0.19, 0.69, 1.29, 1.99, -0.98, -0.28, 0.32, 0.82, 1.42, 2.12, -0.85, -0.15, 0.45, 0.95, 1.55, 2.25, -0.72, -0.02, 0.58, 1.08, 1.68, 2.38)),
+            InputDecl('values', (7, 7), 'float32'),
+            InputDecl('sorter', (7, 6), 'int64', data=(0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5)),
+        ),
+        params=(('right', True), ('out_int32', False)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'sorted_sequence'),
+            CallArg('tensor', 'values'),
+            CallArg('keyword', ('sorter', 'sorter')),
+        ),
+    ),
+    OpCase(
+        op='searchsorted',
+        target='torch.ops.aten.searchsorted.Tensor',
+        inputs=(
+            InputDecl('sorted_sequence', (7, 6), 'float32', data=(-1.5, -0.8, -0.2, 0.3, 0.9, 1.6, -1.37, -0.67, -0.07, 0.43, 1.03, 1.73, -1.24, -0.54, 0.06, 0.56, 1.16, 1.86, -1.11, -0.41, 0.19, 0.69, 1.29, 1.99, -0.98, -0.28, 0.32, 0.82, 1.42, 2.12, -0.85, -0.15, 0.45, 0.95, 1.55, 2.25, -0.72, -0.02, 0.58, 1.08, 1.68, 2.38)),
+            InputDecl('values', (7, 7), 'float32'),
+            InputDecl('sorter', (7, 6), 'int64', data=(0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5)),
+        ),
+        params=(('right', True), ('out_int32', True)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+        positional=(
+            CallArg('tensor', 'sorted_sequence'),
+            CallArg('tensor', 'values'),
+            CallArg('keyword', ('sorter', 'sorter')),
+        ),
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
-    pytest.param(0, (4,), id='torch.searchsorted-right_False-out_int32_False-mesh4'),
-    pytest.param(1, (4,), id='torch.searchsorted-right_False-out_int32_True-mesh4'),
-    pytest.param(2, (4,), id='torch.searchsorted-right_True-out_int32_False-mesh4'),
-    pytest.param(3, (4,), id='torch.searchsorted-right_True-out_int32_True-mesh4'),
-    pytest.param(4, (4,), id='torch.ops.aten.searchsorted.Tensor-right_False-out_int32_False-mesh4'),
-    pytest.param(5, (4,), id='torch.ops.aten.searchsorted.Tensor-right_False-out_int32_True-mesh4'),
-    pytest.param(6, (4,), id='torch.ops.aten.searchsorted.Tensor-right_True-out_int32_False-mesh4'),
-    pytest.param(7, (4,), id='torch.ops.aten.searchsorted.Tensor-right_True-out_int32_True-mesh4'),
-    pytest.param(4, (2, 3), id='torch.ops.aten.searchsorted.Tensor-right_False-out_int32_False-mesh2x3'),
-    pytest.param(1, (2, 3), id='torch.searchsorted-right_False-out_int32_True-mesh2x3'),
-    pytest.param(6, (2, 3), id='torch.ops.aten.searchsorted.Tensor-right_True-out_int32_False-mesh2x3'),
-    pytest.param(3, (2, 3), id='torch.searchsorted-right_True-out_int32_True-mesh2x3'),
+    pytest.param(0, (4,), id='torch.searchsorted-sorter_False-right_False-out_int32_False-mesh4'),
+    pytest.param(1, (4,), id='torch.searchsorted-sorter_False-right_False-out_int32_True-mesh4'),
+    pytest.param(2, (4,), id='torch.searchsorted-sorter_False-right_True-out_int32_False-mesh4'),
+    pytest.param(3, (4,), id='torch.searchsorted-sorter_False-right_True-out_int32_True-mesh4'),
+    pytest.param(4, (4,), id='torch.searchsorted-sorter_True-right_False-out_int32_False-mesh4'),
+    pytest.param(5, (4,), id='torch.searchsorted-sorter_True-right_False-out_int32_True-mesh4'),
+    pytest.param(6, (4,), id='torch.searchsorted-sorter_True-right_True-out_int32_False-mesh4'),
+    pytest.param(7, (4,), id='torch.searchsorted-sorter_True-right_True-out_int32_True-mesh4'),
+    pytest.param(8, (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_False-out_int32_False-mesh4'),
+    pytest.param(9, (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_False-out_int32_True-mesh4'),
+    pytest.param(10, (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_True-out_int32_False-mesh4'),
+    pytest.param(11, (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_True-out_int32_True-mesh4'),
+    pytest.param(12, (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_False-out_int32_False-mesh4'),
+    pytest.param(13, (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_False-out_int32_True-mesh4'),
+    pytest.param(14, (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_True-out_int32_False-mesh4'),
+    pytest.param(15, (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_True-out_int32_True-mesh4'),
+    pytest.param(8, (2, 3), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_False-out_int32_False-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.searchsorted-sorter_False-right_False-out_int32_True-mesh2x3'),
+    pytest.param(10, (2, 3), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_True-out_int32_False-mesh2x3'),
+    pytest.param(3, (2, 3), id='torch.searchsorted-sorter_False-right_True-out_int32_True-mesh2x3'),
+    pytest.param(12, (2, 3), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_False-out_int32_False-mesh2x3'),
+    pytest.param(5, (2, 3), id='torch.searchsorted-sorter_True-right_False-out_int32_True-mesh2x3'),
+    pytest.param(14, (2, 3), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_True-out_int32_False-mesh2x3'),
+    pytest.param(7, (2, 3), id='torch.searchsorted-sorter_True-right_True-out_int32_True-mesh2x3'),
 ]
 
 
@@ -152,10 +324,14 @@ def test_searchsorted_simulated(sv_backend, case_index, mesh_shape):
 # (case index, mesh shape): every mesh of one or two axes and every grid point at least once, the
 # targets taking turns
 PROCESS_RUNS = [
-    pytest.param(0, (4,), id='torch.searchsorted-right_False-out_int32_False-mesh4'),
-    pytest.param(1, (2, 3), id='torch.searchsorted-right_False-out_int32_True-mesh2x3'),
-    pytest.param(2, (4,), id='torch.searchsorted-right_True-out_int32_False-mesh4'),
-    pytest.param(3, (2, 3), id='torch.searchsorted-right_True-out_int32_True-mesh2x3'),
+    pytest.param(0, (4,), id='torch.searchsorted-sorter_False-right_False-out_int32_False-mesh4'),
+    pytest.param(1, (2, 3), id='torch.searchsorted-sorter_False-right_False-out_int32_True-mesh2x3'),
+    pytest.param(2, (4,), id='torch.searchsorted-sorter_False-right_True-out_int32_False-mesh4'),
+    pytest.param(3, (2, 3), id='torch.searchsorted-sorter_False-right_True-out_int32_True-mesh2x3'),
+    pytest.param(4, (4,), id='torch.searchsorted-sorter_True-right_False-out_int32_False-mesh4'),
+    pytest.param(5, (2, 3), id='torch.searchsorted-sorter_True-right_False-out_int32_True-mesh2x3'),
+    pytest.param(6, (4,), id='torch.searchsorted-sorter_True-right_True-out_int32_False-mesh4'),
+    pytest.param(7, (2, 3), id='torch.searchsorted-sorter_True-right_True-out_int32_True-mesh2x3'),
 ]
 
 

@@ -16,14 +16,22 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = 'specs/searchsorted.yaml'
 # (case id, mesh shape)
 RUNS = [
-    pytest.param('torch.searchsorted-right_False-out_int32_False', (4,), id='torch.searchsorted-right_False-out_int32_False-mesh4'),
-    pytest.param('torch.searchsorted-right_False-out_int32_True', (4,), id='torch.searchsorted-right_False-out_int32_True-mesh4'),
-    pytest.param('torch.searchsorted-right_True-out_int32_False', (4,), id='torch.searchsorted-right_True-out_int32_False-mesh4'),
-    pytest.param('torch.searchsorted-right_True-out_int32_True', (4,), id='torch.searchsorted-right_True-out_int32_True-mesh4'),
-    pytest.param('torch.ops.aten.searchsorted.Tensor-right_False-out_int32_False', (4,), id='torch.ops.aten.searchsorted.Tensor-right_False-out_int32_False-mesh4'),
-    pytest.param('torch.ops.aten.searchsorted.Tensor-right_False-out_int32_True', (4,), id='torch.ops.aten.searchsorted.Tensor-right_False-out_int32_True-mesh4'),
-    pytest.param('torch.ops.aten.searchsorted.Tensor-right_True-out_int32_False', (4,), id='torch.ops.aten.searchsorted.Tensor-right_True-out_int32_False-mesh4'),
-    pytest.param('torch.ops.aten.searchsorted.Tensor-right_True-out_int32_True', (4,), id='torch.ops.aten.searchsorted.Tensor-right_True-out_int32_True-mesh4'),
+    pytest.param('torch.searchsorted-sorter_False-right_False-out_int32_False', (4,), id='torch.searchsorted-sorter_False-right_False-out_int32_False-mesh4'),
+    pytest.param('torch.searchsorted-sorter_False-right_False-out_int32_True', (4,), id='torch.searchsorted-sorter_False-right_False-out_int32_True-mesh4'),
+    pytest.param('torch.searchsorted-sorter_False-right_True-out_int32_False', (4,), id='torch.searchsorted-sorter_False-right_True-out_int32_False-mesh4'),
+    pytest.param('torch.searchsorted-sorter_False-right_True-out_int32_True', (4,), id='torch.searchsorted-sorter_False-right_True-out_int32_True-mesh4'),
+    pytest.param('torch.searchsorted-sorter_True-right_False-out_int32_False', (4,), id='torch.searchsorted-sorter_True-right_False-out_int32_False-mesh4'),
+    pytest.param('torch.searchsorted-sorter_True-right_False-out_int32_True', (4,), id='torch.searchsorted-sorter_True-right_False-out_int32_True-mesh4'),
+    pytest.param('torch.searchsorted-sorter_True-right_True-out_int32_False', (4,), id='torch.searchsorted-sorter_True-right_True-out_int32_False-mesh4'),
+    pytest.param('torch.searchsorted-sorter_True-right_True-out_int32_True', (4,), id='torch.searchsorted-sorter_True-right_True-out_int32_True-mesh4'),
+    pytest.param('torch.ops.aten.searchsorted.Tensor-sorter_False-right_False-out_int32_False', (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_False-out_int32_False-mesh4'),
+    pytest.param('torch.ops.aten.searchsorted.Tensor-sorter_False-right_False-out_int32_True', (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_False-out_int32_True-mesh4'),
+    pytest.param('torch.ops.aten.searchsorted.Tensor-sorter_False-right_True-out_int32_False', (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_True-out_int32_False-mesh4'),
+    pytest.param('torch.ops.aten.searchsorted.Tensor-sorter_False-right_True-out_int32_True', (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_False-right_True-out_int32_True-mesh4'),
+    pytest.param('torch.ops.aten.searchsorted.Tensor-sorter_True-right_False-out_int32_False', (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_False-out_int32_False-mesh4'),
+    pytest.param('torch.ops.aten.searchsorted.Tensor-sorter_True-right_False-out_int32_True', (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_False-out_int32_True-mesh4'),
+    pytest.param('torch.ops.aten.searchsorted.Tensor-sorter_True-right_True-out_int32_False', (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_True-out_int32_False-mesh4'),
+    pytest.param('torch.ops.aten.searchsorted.Tensor-sorter_True-right_True-out_int32_True', (4,), id='torch.ops.aten.searchsorted.Tensor-sorter_True-right_True-out_int32_True-mesh4'),
 ]
 
 

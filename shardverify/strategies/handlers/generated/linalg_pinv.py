@@ -7,6 +7,7 @@ import torch
 
 from shardverify.strategies.declarations import OperandDecl, ParamDecl
 from shardverify.strategies.handlers.base import HandlerDef, register_handler
+from shardverify.strategies.options import Ref
 from shardverify.strategies.rules.notation import Equation
 from shardverify.strategies.rules.sources.einsum import Einsum
 from shardverify.strategies.rules.sources.modifiers import Modifiers
@@ -17,6 +18,8 @@ HANDLER = register_handler(HandlerDef(
     targets=(torch.ops.aten.linalg_pinv.atol_rtol_tensor,),
     operands=(
         OperandDecl(role='A', kind='input', index=0, keyword='self'),
+        OperandDecl(role='atol', kind='input', keyword='atol', optional=True),
+        OperandDecl(role='rtol', kind='input', keyword='rtol', optional=True),
         OperandDecl(role='output', kind='output'),
     ),
     params=(
@@ -24,9 +27,10 @@ HANDLER = register_handler(HandlerDef(
     ),
     generator='rules',
     rule=RuleSpec(
-        source=Einsum(whole=('m', 'n'), einsum=Equation(inputs=((('...',), ('m',), ('n',)),), outputs=((('...',), ('n',), ('m',)),))),
-        modifiers=Modifiers(),
-        at='specs/linalg_pinv.yaml:15',
+        source=Einsum(whole=('m', 'n'), einsum=Equation(inputs=((('...',), ('m',), ('n',)), (('...',),), (('...',),)), outputs=((('...',), ('n',), ('m',)),))),
+        modifiers=Modifiers(constant=('atol', 'rtol')),
+        refs=(Ref(key='constant_operands', at=(0,), kind='operand', name='atol'), Ref(key='constant_operands', at=(1,), kind='operand', name='rtol')),
+        at='specs/linalg_pinv.yaml:19',
     ),
     spec_file='specs/linalg_pinv.yaml',
     bindings=(
@@ -34,10 +38,16 @@ HANDLER = register_handler(HandlerDef(
             ('hermitian', (False, True)),
         )),
     ),
-    dtypes=(('A', 'float32'),),
+    drawn=(
+        ('atol', (0.0, 0.6), False),
+        ('rtol', (0.0, 0.4), False),
+    ),
+    dtypes=(('A', 'float32'), ('atol', 'float32'), ('rtol', 'float32')),
     overrides=(
         (torch.ops.aten.linalg_pinv.atol_rtol_tensor, (
             OperandDecl(role='A', kind='input', index=0, keyword='self'),
+            OperandDecl(role='atol', kind='input', keyword='atol', optional=True),
+            OperandDecl(role='rtol', kind='input', keyword='rtol', optional=True),
             OperandDecl(role='output', kind='output'),
         ), (
             ParamDecl(name='hermitian', keyword='hermitian', default=False),

@@ -18,6 +18,7 @@ HANDLER = register_handler(HandlerDef(
     operands=(
         OperandDecl(role='sorted_sequence', kind='input', index=0, keyword='sorted_sequence'),
         OperandDecl(role='values', kind='input', index=1, keyword='input'),
+        OperandDecl(role='sorter', kind='input', keyword='sorter', optional=True),
         OperandDecl(role='output', kind='output'),
     ),
     params=(
@@ -27,9 +28,9 @@ HANDLER = register_handler(HandlerDef(
     ),
     generator='rules',
     rule=RuleSpec(
-        source=Einsum(whole=('m',), einsum=Equation(inputs=((('...',), ('m',)), (('...',), ('k',))), outputs=((('...',), ('k',)),))),
+        source=Einsum(whole=('m',), einsum=Equation(inputs=((('...',), ('m',)), (('...',), ('k',)), (('...',), ('m',))), outputs=((('...',), ('k',)),))),
         modifiers=Modifiers(),
-        at='specs/searchsorted.yaml:21',
+        at='specs/searchsorted.yaml:23',
     ),
     spec_file='specs/searchsorted.yaml',
     bindings=(
@@ -44,11 +45,12 @@ HANDLER = register_handler(HandlerDef(
             ('side', (None,)),
         )),
     ),
-    dtypes=(('sorted_sequence', 'float32'), ('values', 'float32')),
+    dtypes=(('sorted_sequence', 'float32'), ('values', 'float32'), ('sorter', 'int64')),
     overrides=(
         (torch.ops.aten.searchsorted.Tensor, (
             OperandDecl(role='sorted_sequence', kind='input', index=0, keyword='sorted_sequence'),
             OperandDecl(role='values', kind='input', index=1, keyword='self'),
+            OperandDecl(role='sorter', kind='input', keyword='sorter', optional=True),
             OperandDecl(role='output', kind='output'),
         ), (
             ParamDecl(name='out_int32', keyword='out_int32', default=False, any_value=True),
