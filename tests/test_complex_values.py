@@ -43,3 +43,20 @@ def test_complex_partial_pieces_sum_to_the_value_and_differ_from_it():
     assert (pieces.imag.abs() > 0).all()   # the imaginary parts are split too, not left to one piece
     with pytest.raises(ValueError, match="complex"):
         partial_pieces(value, 2, seed=0, op="max")
+
+
+def test_a_copy_to_complex32_is_verified_as_two_float16s():
+    """Tensor.chalf: complex32 has float16's tolerance, and its blocks are compared though torch
+    has no equality kernel for it."""
+    from shardverify import DeviceMesh, trace
+    from shardverify.verify.on_demand import verify_node
+
+    class Chalf(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten._to_copy.default(x, dtype=torch.complex32)
+
+    assert tolerance_for(torch.complex32) == tolerance_for(torch.float16)
+    graph_module = trace(Chalf(), {"x": torch.randn(4, 6, dtype=torch.float64)})
+    node = next(n for n in graph_module.graph.nodes if n.op == "call_function")
+    results = verify_node(graph_module, node, DeviceMesh((2, 2)))
+    assert len(results) > 3 and all(r.passed for r in results), [r.mismatches for r in results if not r.passed]

@@ -103,7 +103,8 @@ def _same_result(entry: Entry, before: Entry) -> bool:
     """Whether ``entry`` holds the same values as ``before`` against the same reference slice."""
     actual, other = entry[1], before[1]
     return (entry[2] is before[2] and entry[3].slices == before[3].slices and actual.dtype == other.dtype
-            and actual.shape == other.shape and torch.equal(actual, other))
+            and actual.shape == other.shape and torch.equal(*(torch.view_as_real(t.resolve_conj()) if t.dtype ==
+                                                               torch.complex32 else t for t in (actual, other))))
 
 
 def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, operand: LocalOperand,

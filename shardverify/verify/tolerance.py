@@ -42,6 +42,7 @@ DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
     # a complex value is two of its real dtype, compared part by part (``as_real``)
     torch.complex128: Tolerance(rtol=1e-7, atol=1e-7),
     torch.complex64: Tolerance(rtol=1.3e-6, atol=1e-5),
+    torch.complex32: Tolerance(rtol=1e-3, atol=1e-5),   # two float16s (Tensor.chalf)
     torch.bfloat16: Tolerance(rtol=1.6e-2, atol=1e-5),
     torch.float16: Tolerance(rtol=1e-3, atol=1e-5),
 }
