@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from shardverify.spec.catalogue import load_op_specs
-from shardverify.features.opinfo.report import markdown, reason_class
+from shardverify.features.opinfo.report import markdown, reason_class, user_words
 from shardverify.features.opinfo.samples import entries_for, one_op_module, samples_of
 from shardverify.features.opinfo.samples import op_db as samples_op_db
 from shardverify.features.opinfo.sweep import sweep_spec
@@ -195,7 +195,8 @@ def test_every_op_db_entry_is_swept_by_what_its_samples_call(tmp_path, capsys, m
         in text
     page = report.read_text()
     assert "| deg2rad | mul | 2 | 2 (100%) |" in page, page
-    assert "| i0 | i0 | 2 | 0 (0%) |" in page and "| no-handler | captured as aten.iN.default | 2 |" in page
+    assert "| i0 | i0 | 2 | 0 (0%) |" in page and \
+        "| no-handler | aten.iN.default: no spec serves it, and it decomposes into no op that is served | 2 |" in page
     assert "--opinfo-every-entry" in page and "**Skipped: 2 OpInfo entries**" in page
 
 
@@ -254,3 +255,14 @@ def test_a_random_op_is_unserved_with_why_no_layout_of_it_can_be_compared():
     assert {o.outcome for o in result.outcomes} == {"no-handler"}
     assert all("aten.randn_like.default draws random numbers: sharded ranks cannot draw one device's numbers"
                in o.reason for o in result.outcomes), result.outcomes
+
+
+def test_a_capture_torch_refused_and_an_op_no_spec_serves_are_said_in_a_readers_words():
+    assert user_words("not-captured", "TraceError: symbolically traced variables cannot be used as inputs to "
+                                      "control flow") == ("torch.fx cannot trace it: the call branches in Python on a "
+                                                          "tensor's value (torch.export can)")
+    assert user_words("not-captured", "CaptureError: torch.export cannot capture OneOp_1: GuardOnDataDependentSymNode: "
+                                      "Could not extract specialized integer").startswith("torch.export cannot capture it")
+    assert user_words("no-handler", "captured as aten.nonzero.default") == \
+        "aten.nonzero.default: its output's shape depends on the input's values; no spec serves it"
+    assert user_words("refused", "sub (specs/sub.yaml): ...") == "sub (specs/sub.yaml): ..."

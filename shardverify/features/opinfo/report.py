@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+import torch
+
 from shardverify.features.opinfo.sweep import OUTCOMES, SweepResult
 
-__all__ = ["reason_class", "table", "totals", "markdown", "entry_of"]
+__all__ = ["reason_class", "user_words", "table", "totals", "markdown", "entry_of"]
 
 
 def reason_class(reason: str) -> str:
@@ -19,6 +21,35 @@ def reason_class(reason: str) -> str:
     text = re.sub(r"=\S+", "=..", text)
     text = re.sub(r"-?\d+", "N", text)
     return text[:140]
+
+
+#: torch's words for a capture it refused, and what they mean to the reader: (pattern, said)
+_CAPTURE_WORDS = (
+    (r"symbolically traced variables cannot be used as inputs to control flow",
+     "torch.fx cannot trace it: the call branches in Python on a tensor's value (torch.export can)"),
+    (r"descriptor '\w+' for 'torch._C.TensorBase' objects doesn't apply to a 'Proxy'",
+     "torch.fx cannot trace it: a tensor's C method is called on the traced value (torch.export can)"),
+    (r"GuardOnDataDependentSymNode|DataDependentOutputException|DynamicOutputShapeException|"
+     r"PendingUnbackedSymbolNotFound|data-dependent",
+     "torch.export cannot capture it: the shape or value of a result depends on the input's values"),
+)
+
+
+def user_words(outcome: str, reason: str) -> str:
+    """A stored reason as the page says it to its reader: a capture torch refused in plain words
+    (the raw error stays in the stored result), an op no spec serves named with why none can where
+    its output's shape depends on the values (``nonzero``, ``unique``: no layout's blocks can say
+    their shapes ahead)."""
+    if outcome == "not-captured":
+        said = next((words for pattern, words in _CAPTURE_WORDS if re.search(pattern, reason)), None)
+        return said or reason
+    found = re.fullmatch(r"captured as aten\.(\w+)\.(\w+)", reason) if outcome == "no-handler" else None
+    if found:
+        op = getattr(getattr(torch.ops.aten, found.group(1), None), found.group(2), None)
+        if op is not None and torch.Tag.dynamic_output_shape in op.tags:
+            return f"{reason[len('captured as '):]}: its output's shape depends on the input's values; no spec serves it"
+        return f"{reason[len('captured as '):]}: no spec serves it, and it decomposes into no op that is served"
+    return reason
 
 
 def entry_of(outcome) -> str:
@@ -107,7 +138,7 @@ def markdown(result: SweepResult, command: str, torch_version: str, commits: dic
              *([f"**Not swept: {len(unswept)} OpInfo entries** (no current stored results; "
                 f"these calls are in no count above): {', '.join(unswept)}.", ""] if unswept else []), "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table(result)]
-    reasons = Counter((o.outcome, reason_class(o.reason)) for o in result.outcomes
+    reasons = Counter((o.outcome, reason_class(user_words(o.outcome, o.reason))) for o in result.outcomes
                       if o.outcome not in ("grid", "on-demand", "folded"))
     if reasons:
         lines += ["", "## What is not served, by reason", "", "| outcome | reason | calls |", "|---|---|---|"]
