@@ -192,3 +192,26 @@ def test_an_fx_loss_whose_target_takes_no_gradient_is_decomposed():
     assert result.passed, result.summary()
     (root, pieces), = result.coverage.decompositions().items()
     assert root == ("soft_margin_loss", "torch.nn.functional.soft_margin_loss") and pieces["aten.log1p.default"] == 1
+
+
+class ChunkedLoss(nn.Module):
+    """A settings object the forward builds from constants and hands the call: traced into the call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Parameter(torch.randn(10, 8))
+
+    def forward(self, x, target):
+        from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+        options = LinearCrossEntropyOptions(batch_chunk_size=2)
+        return torch.nn.functional.linear_cross_entropy(x, self.head, target, reduction="sum", options=options)
+
+
+def test_a_call_taking_a_settings_object_built_in_the_graph_is_decomposed():
+    torch.manual_seed(0)
+    result = verify_plan(ChunkedLoss(), (torch.randn(6, 8), torch.randint(0, 10, (6,))), MESH, capture="fx")
+    text = "\n".join(result.coverage.lines())
+    assert "cannot be spliced" not in text and result.passed, text
+    (root, pieces), = result.coverage.decompositions().items()
+    assert root == ("linear_cross_entropy", "torch.nn.functional.linear_cross_entropy"), root

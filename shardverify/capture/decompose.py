@@ -118,6 +118,7 @@ def _trace(node: fx.Node, table) -> _Traced:
         if rule is None:
             return _Traced(None, "not an ATen op nor a torch-level call")
     flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    flat = [_constant(v) for v in flat]
     where = [i for i, v in enumerate(flat) if isinstance(v, fx.Node)]
     metas = [tensor_meta(flat[i]) for i in where]
     for i, meta in zip(where, metas):
@@ -171,6 +172,20 @@ def _trace(node: fx.Node, table) -> _Traced:
     return _Traced(None, "it decomposes into itself")
 
 
+def _constant(value: object) -> object:
+    """An argument made in the graph from constants alone, as no tensor (a settings object the
+    model builds before the call, ``LinearCrossEntropyOptions(...)``): its value, which tracing
+    the call takes as the call's own; any other argument as it is."""
+    if not isinstance(value, fx.Node) or value.op != "call_function" or value.all_input_nodes \
+            or tensor_meta(value) is not None or value.meta.get("type") is torch.Tensor:
+        return value
+    try:
+        made = value.target(*value.args, **value.kwargs)
+    except Exception:  # noqa: BLE001 - it cannot be made here: it stays a graph value, said so below
+        return value
+    return value if isinstance(made, torch.Tensor) else made
+
+
 def _not_differentiable(error: RuntimeError, node: fx.Node, flat: list, graded: set[int]) -> set[int]:
     """The operands to trace without a gradient when ``error`` says the kernel takes none through
     one (``nll_loss``'s ``weight``, ``soft_margin_loss``'s ``target``): the one it names, found by
@@ -220,7 +235,8 @@ def _splice(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: tuple[
                                             and isinstance(u.args[1], int) and u.args[1] < len(result)
                                             and isinstance(result[u.args[1]], fx.Node)) for u in node.users) \
         if not single else not any(u.target is operator.getitem for u in node.users)
-    inputs = [v for v in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(v, fx.Node)]
+    leaves = [v for v in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(v, fx.Node)]
+    inputs = [v for v in leaves if isinstance(_constant(v), fx.Node)]   # a constant made in the graph: traced in
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     if not pieces_read or len(placeholders) != len(inputs):
         return None
@@ -243,6 +259,9 @@ def _splice(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, root: tuple[
             user.replace_all_uses_with(mapped[user.args[1]])
             graph.erase_node(user)
     graph.erase_node(node)
+    for made_here in set(leaves) - set(inputs):   # the settings object nothing else reads
+        if not made_here.users:
+            graph.erase_node(made_here)
     erased = set()
     for new in reversed(made):         # pieces of results nothing reads (LSTM's final states, unused)
         if not new.users and not new.is_impure():
