@@ -164,6 +164,13 @@ def test_counts_that_cut_a_dim_are_drawn_for_a_keyword_only_tensor():
         assert len(results) > 1 and all(r.passed for r in results), (keyword, results)
 
 
+def test_square_matrices_are_made_positive_definite_where_the_op_needs_it():
+    """cholesky refuses a normal draw (not positive definite): the search ends on matrices that are."""
+    graph_module, node = _graph(lambda a: torch.cholesky(a), (6, 5, 5), dtypes=[torch.float64])
+    results = verify_node(graph_module, node, MESH)
+    assert len(results) > 1 and all(r.passed for r in results)
+
+
 def test_a_scatter_whose_index_is_smaller_than_its_input_keeps_that_dim_whole():
     """scatter_add of a [3, 4, 5] source into the first 3 of 6 rows along dim 2: the rows' dim is
     whole in every tensor (a rank holding rows 3-5 would add the source's rows 0-2 into them), the

@@ -178,11 +178,26 @@ def _partitions(case: CallCase, decl) -> list:
     return found
 
 
+def _square(decl) -> bool:
+    """A floating input of square matrices ([..., n, n])."""
+    return decl.torch_dtype.is_floating_point and len(decl.shape) >= 2 and decl.shape[-1] == decl.shape[-2] > 0
+
+
+def _positive_definite(decl):
+    """``decl`` as symmetric positive definite matrices, each its own (``a @ a.mT + n``), drawn
+    with a fixed seed: the same call, the same data."""
+    generator = torch.Generator().manual_seed(zlib.crc32(decl.name.encode()))
+    a = torch.randn(decl.shape, generator=generator, dtype=torch.float64)
+    n = decl.shape[-1]
+    matrices = a @ a.mT + n * torch.eye(n, dtype=torch.float64)
+    return dataclasses.replace(decl, values=None, data=tuple(matrices.flatten().tolist()))
+
+
 def _with_working_data(case: CallCase) -> CallCase:
     """The case with integer inputs drawn in the widest range the op accepts at this call: the
     spec declares ids below its own grid's table; a call's table has its own rows; a divisor takes
     no zero; last, counts and bounds that cut another input's dim into pieces (see
-    :func:`_partitions`). The reference is built on the way (HandlerError when the op cannot run
+    :func:`_partitions`), and square matrices made positive definite. The reference is built on the way (HandlerError when the op cannot run
     on any such data, or is random: nothing could be checked)."""
     last: Exception | None = None
     random: ShardVerifyError | None = None
@@ -198,6 +213,9 @@ def _with_working_data(case: CallCase) -> CallCase:
                  for t in tries for r in ranges] or tries
     tries = tries[:16] + [dataclasses.replace(case, inputs=tuple(one if i.name == decl.name else i for i in case.inputs))
                           for decl in integer for one in _partitions(case, decl)]
+    if any(_square(i) for i in case.inputs):   # square matrices made symmetric positive definite (cholesky's)
+        tries.append(dataclasses.replace(case, inputs=tuple(_positive_definite(i) if _square(i) else i
+                                                            for i in case.inputs)))
     for attempt in tries:
         for data in (attempt, _forward_only(attempt)):
             try:
