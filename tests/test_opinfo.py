@@ -255,6 +255,10 @@ def test_a_random_op_is_unserved_with_why_no_layout_of_it_can_be_compared():
     assert {o.outcome for o in result.outcomes} == {"no-handler"}
     assert all("aten.randn_like.default draws random numbers: sharded ranks cannot draw one device's numbers"
                in o.reason for o in result.outcomes), result.outcomes
+    from shardverify.features.opinfo.report import totals
+
+    assert all(f"0 of {n} calls served (0.0%)" in line and f"{n} draw random numbers" in line
+               for line in totals(result) for n in [line.split(" of ")[1].split()[0]]), totals(result)
 
 
 def test_a_capture_torch_refused_and_an_op_no_spec_serves_are_said_in_a_readers_words():

@@ -8,7 +8,7 @@ from collections import Counter
 
 import torch
 
-from shardverify.features.opinfo.sweep import OUTCOMES, SweepResult
+from shardverify.features.opinfo.sweep import OUTCOMES, RANDOM, SweepResult
 
 __all__ = ["reason_class", "user_words", "table", "totals", "markdown", "entry_of"]
 
@@ -86,10 +86,14 @@ def _capture_totals(outcomes: list) -> list[str]:
         served = sum(o.outcome in ("grid", "on-demand") for o in mine)
         folded = sum(o.capture == capture and o.outcome == "folded" for o in outcomes)
         share = f"{100 * served / len(mine):.1f}%" if mine else "no call"
+        random = sum(RANDOM in o.reason for o in mine)
+        defined = len(mine) - random
         lines.append(f"- {capture}: {served} of {len(mine)} calls served ({share})"
                      + (f" ({folded} more the capture folded away: no op left to serve)" if folded else "") + ", "
                      f"{sum(o.outcome == 'on-demand' for o in mine)} of them verified on demand, "
-                     f"{sum(o.sharded > 0 for o in mine)} with a strategy that shards")
+                     f"{sum(o.sharded > 0 for o in mine)} with a strategy that shards"
+                     + (f"; {random} draw random numbers, which no layout can be compared on: {served} of the "
+                        f"other {defined} served ({100 * served / defined:.1f}%)" if random and defined else ""))
     return lines
 
 

@@ -44,6 +44,7 @@ from shardverify.verify.on_demand import OnDemandVerifier, checkable_case
 __all__ = ["CallOutcome", "SweepResult", "sweep_spec", "sweep_entry", "entry_name", "OUTCOMES"]
 
 OUTCOMES = ("grid", "on-demand", "refused", "no-handler", "not-captured", "raw-error", "folded")
+RANDOM = "draws random numbers"   # in the reason of a call unserved because it draws them
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,8 @@ def _node_outcome(node: fx.Node, graph_module: fx.GraphModule, mesh: DeviceMesh,
         if is_constant(node):
             return None
         if draws_random(node, graph_module):
-            return dict(outcome="no-handler", reason=f"{target_name(node)} draws random numbers: sharded ranks cannot "
-                                                     "draw one device's numbers, so no layout of it can be compared")
+            return dict(outcome="no-handler", reason=f"{target_name(node)} {RANDOM}: sharded ranks cannot draw one "
+                                                     "device's numbers, so no layout of it can be compared")
         return dict(outcome="no-handler", reason=f"captured as {target_name(node)}")
     before = len(verifier.records)
     try:
