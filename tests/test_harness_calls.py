@@ -29,6 +29,8 @@ def op_node(case: OpCase):
 
 def test_call_args_are_validated_eagerly():
     with pytest.raises(InvalidArgument, match="kind must be one of"):
+        CallArg("starred", 1)
+    with pytest.raises(InvalidArgument, match=r"a keyword argument is a \(keyword, input name\) pair, got 1"):
         CallArg("keyword", 1)
     with pytest.raises(InvalidArgument, match="names an input"):
         CallArg("tensor", 3)
