@@ -186,3 +186,27 @@ def test_a_spec_flag_that_is_no_boolean_names_its_line():
     with pytest.raises(SpecError, match=r"specs/relu\.yaml:12.*isolate"):
         parse_op_spec(load_yaml_text(SPEC.replace("  meshes:", "  isolate: yes please\n  meshes:"),
                                      "specs/relu.yaml"))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stuck:
+    """A call whose kernel never returns (as a kernel deadlocked on memory it corrupted)."""
+
+    op: str = "stuck_op"
+
+
+def _never_returns(case: _Stuck) -> None:
+    import time
+
+    while True:
+        time.sleep(1)
+
+
+def test_a_child_that_makes_no_reply_is_killed_said_to_hang_and_not_run_again(monkeypatch):
+    monkeypatch.setattr(isolated, "CALL_SECONDS", 3.0)
+    monkeypatch.setattr(isolated, "_hung", set())
+    with pytest.raises(isolated.ShardVerifyError, match=r"the op's kernel hung: the checking process made no reply "
+                                                        r"in 3 s and was killed"):
+        isolated.run_isolated(_never_returns, _Stuck())
+    with pytest.raises(isolated.ShardVerifyError, match="hung in this process before"):
+        isolated.run_isolated(_never_returns, _Stuck())

@@ -27,8 +27,10 @@ The child is started by multiprocessing's forkserver (the caller may hold thread
 plain fork would copy in whatever state they were), with torch and the engine preloaded; the
 case, the strategies and the backend's settings travel pickled (an fx graph with its nodes'
 metadata, ATen overloads by name), the results come back as they are. A child's results equal
-the in-process check's in everything but the seconds. A check that hangs in a child is as one
-that hangs in process: each has its timeout, after which the simulated backend gives up its rank.
+the in-process check's in everything but the seconds. A rank that waits in a collective in a child
+is given up after the backend's timeout, as in process; a child that makes no reply at all (a
+kernel deadlocked on memory it corrupted) is killed after a generous hang guard, its check failed
+naming the hang, and the op is not run again in this process.
 A child that ends with no signal failed to run at all (it could not start or import): that is an
 error (ShardVerifyError), not a verdict.
 
@@ -79,10 +81,16 @@ KERNEL_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal
 PRELOAD = (*FORKSERVER_PRELOAD, __name__)
 #: how long a child whose pipe has closed may take to report its exit status through the forkserver
 REAP_SECONDS = 10.0
+#: hang guards, generous: a child that makes no reply in this long is killed and said to hang (a
+#: kernel that corrupted memory can deadlock its threads instead of crashing): a case's check, and
+#: one call run on the data drawn for it
+CHECK_SECONDS = 600.0
+CALL_SECONDS = 120.0
 #: the variable the engine appends its check counts to: the parent counts a child's checks
 CHECK_LOG_ENV = "SHARDVERIFY_CHECK_LOG"
 
 _crashed: set[str] = set()   # ops seen to die of a kernel's signal in this process
+_hung: set[str] = set()      # ops whose kernel hung in a child in this process
 _in_child = False            # this process is a child checking a case: checks run here
 
 
@@ -256,8 +264,14 @@ class _Death:
 
     signum: int | None
     status: int | None
+    hung: float | None = None    # the seconds it made no reply in before it was killed
 
     def detail(self) -> str:
+        if self.hung == 0.0:
+            return "the op's kernel hung in this process before (its checking process was killed): not run again"
+        if self.hung is not None:
+            return (f"the op's kernel hung: the checking process made no reply in {self.hung:.0f} s and was "
+                    f"killed (a kernel that corrupted memory may deadlock instead of crashing)")
         if self.signum is None:
             shown = "no exit status" if self.status is None else f"exit status {self.status}"
             return f"the checking process ended before it reported, with {shown}"
@@ -270,8 +284,8 @@ class _Death:
         return f"the checking process was killed by {name} (signal {self.signum}) from outside it"
 
 
-def _in_a_child(payload: bytes) -> tuple | _Death:
-    """The child's reply to ``payload``, or how it died."""
+def _in_a_child(payload: bytes, limit: float) -> tuple | _Death:
+    """The child's reply to ``payload``, or how it died or that it made none in ``limit`` seconds."""
     ctx = multiprocessing.get_context("forkserver")
     start_forkserver(ctx, PRELOAD)   # deaf to the terminal's Ctrl-C (backends/signals.py)
     parent_end, child_end = ctx.Pipe()
@@ -283,6 +297,8 @@ def _in_a_child(payload: bytes) -> tuple | _Death:
         child_end.close()
         try:
             parent_end.send_bytes(payload)
+            if not parent_end.poll(limit):   # a hang guard: the child is killed below
+                return _Death(None, None, hung=limit)
             reply = pickle.loads(parent_end.recv_bytes())
             replied = True
             return reply
@@ -305,8 +321,11 @@ def _in_a_child(payload: bytes) -> tuple | _Death:
 def _run(verify: Callable, backend: SimulatedBackend, case, strategies: Sequence[ShardingStrategy],
          options: dict) -> list[CheckResult] | _Death:
     settings = _Settings(backend.mesh, str(backend.device), backend.timeout, backend.same_cpu, backend.stacked)
-    reply = _in_a_child(_dumps((verify, settings, case, list(strategies), options)))
+    reply = _in_a_child(_dumps((verify, settings, case, list(strategies), options)), CHECK_SECONDS)
     if isinstance(reply, _Death):
+        if reply.hung is not None:
+            _hung.add(case.op)
+            return reply
         if reply.signum is None:   # no signal: the child failed on its own (it could not start, or import)
             raise ShardVerifyError(f"{case.op}: the isolated check of {case.describe()} could not run: "
                                    f"{reply.detail()}")
@@ -330,9 +349,14 @@ def run_isolated(function: Callable, case) -> object:
     child died (the op remembered as crashing)."""
     from shardverify.sharding.mesh import DeviceMesh
 
+    if case.op in _hung:
+        raise ShardVerifyError("the op's kernel hung in this process before (its checking process was killed), "
+                               "so it is not run again")
     settings = _Settings(DeviceMesh((1,)), "cpu", 60.0, False, False)
-    reply = _in_a_child(_dumps((functools.partial(_call_alone, function), settings, case, [], {})))
+    reply = _in_a_child(_dumps((functools.partial(_call_alone, function), settings, case, [], {})), CALL_SECONDS)
     if isinstance(reply, _Death):
+        if reply.hung is not None:
+            _hung.add(case.op)
         if reply.signum in KERNEL_SIGNALS:
             remember_crash(case.op)
         raise ShardVerifyError(reply.detail())
@@ -349,9 +373,17 @@ def verify_isolated(verify: Callable, backend: SimulatedBackend, case, strategie
     own, and each whose child dies fails naming how (``shown_dtype``, ``backend_name``: the
     dtype and backend its result names, as the in-process check's would)."""
     strategies = list(strategies)
-    together = _run(verify, backend, case, strategies, options)
+    if case.op in _hung:
+        together = _Death(None, None, hung=0.0)
+    else:
+        together = _run(verify, backend, case, strategies, options)
     if not isinstance(together, _Death):
         return together
+    if together.hung is not None:   # not each alone: each could hang as long again
+        return [CheckResult(op=case.op, case=case.describe(), strategy=strategy.name,
+                            mesh_shape=tuple(backend.mesh.shape), backend=backend_name, dtype=shown_dtype,
+                            mismatches=(Mismatch("error", -1, "process", detail=together.detail()),), seconds=0.0)
+                for strategy in strategies]
     results, deaths = [], 0
     for strategy in strategies:
         start = time.perf_counter()
