@@ -269,4 +269,6 @@ def test_a_capture_torch_refused_and_an_op_no_spec_serves_are_said_in_a_readers_
                                       "Could not extract specialized integer").startswith("torch.export cannot capture it")
     assert user_words("no-handler", "captured as aten.nonzero.default") == \
         "aten.nonzero.default: its output's shape depends on the input's values; no spec serves it"
+    assert user_words("no-handler", "captured as torch.cov") == \
+        "torch.cov: no spec serves it, and it traces to no ATen ops that are served"
     assert user_words("refused", "sub (specs/sub.yaml): ...") == "sub (specs/sub.yaml): ..."
