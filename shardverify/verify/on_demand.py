@@ -172,7 +172,8 @@ def _partitions(case: CallCase, decl) -> list:
         bounds = torch.cat([torch.zeros(rows, 1, dtype=torch.int64), cuts,
                             torch.full((rows, 1), size, dtype=torch.int64)], dim=-1)
         lengths = bounds.diff(dim=-1)                        # k pieces adding up to size
-        offsets = bounds[:, torch.linspace(0, k, k).round().long()] if k > 1 else bounds[:, :1]   # k bounds, 0 to size
+        # k bounds from 0 to size, nondecreasing
+        offsets = bounds[:, torch.linspace(0, k, k).round().long()] if k > 1 else bounds[:, :1]
         found += [dataclasses.replace(decl, values=None, data=tuple(float(v) for v in t.flatten().tolist()))
                   for t in (lengths, offsets)]
     return found
@@ -197,8 +198,9 @@ def _with_working_data(case: CallCase) -> CallCase:
     """The case with integer inputs drawn in the widest range the op accepts at this call: the
     spec declares ids below its own grid's table; a call's table has its own rows; a divisor takes
     no zero; last, counts and bounds that cut another input's dim into pieces (see
-    :func:`_partitions`), and square matrices made positive definite. The reference is built on the way (HandlerError when the op cannot run
-    on any such data, or is random: nothing could be checked)."""
+    :func:`_partitions`), and square matrices made positive definite. The reference is built on
+    the way (HandlerError when the op cannot run on any such data, or is random: nothing could be
+    checked)."""
     last: Exception | None = None
     random: ShardVerifyError | None = None
     integer = [i for i in case.inputs if not i.torch_dtype.is_floating_point and i.torch_dtype != torch.bool
@@ -211,7 +213,8 @@ def _with_working_data(case: CallCase) -> CallCase:
         tries = [dataclasses.replace(t, inputs=tuple(dataclasses.replace(i, values=r) if i.name == decl.name
                                                      else i for i in t.inputs))
                  for t in tries for r in ranges] or tries
-    tries = tries[:16] + [dataclasses.replace(case, inputs=tuple(one if i.name == decl.name else i for i in case.inputs))
+    tries = tries[:16] + [dataclasses.replace(case, inputs=tuple(one if i.name == decl.name else i
+                                                                 for i in case.inputs))
                           for decl in integer for one in _partitions(case, decl)]
     if any(_square(i) for i in case.inputs):   # square matrices made symmetric positive definite (cholesky's)
         tries.append(dataclasses.replace(case, inputs=tuple(_positive_definite(i) if _square(i) else i

@@ -47,7 +47,8 @@ def user_words(outcome: str, reason: str) -> str:
     if found:
         op = getattr(getattr(torch.ops.aten, found.group(1), None), found.group(2), None)
         if op is not None and torch.Tag.dynamic_output_shape in op.tags:
-            return f"{reason[len('captured as '):]}: its output's shape depends on the input's values; no spec serves it"
+            return (f"{reason[len('captured as '):]}: its output's shape depends on the input's values; "
+                    "no spec serves it")
         return f"{reason[len('captured as '):]}: no spec serves it, and it decomposes into no op that is served"
     if outcome == "no-handler" and reason.startswith("captured as "):   # a torch-level call under fx
         return f"{reason[len('captured as '):]}: no spec serves it, and it traces to no ATen ops that are served"
