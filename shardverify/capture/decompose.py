@@ -83,10 +83,9 @@ def _rule(target: torch._ops.OpOverload, table) -> Callable | None:
 def torch_level(node: fx.Node) -> Callable | None:
     """The callable of an fx graph's torch-level call (a tensor method, a tensor's computed
     attribute or index, a function of torch's own, an ATen op called as its packet, or a Python
-    operator on tensors), which tracing
-    at the ATen level decomposes; None for an ATen op, a module's call, or a function of the
-    user's (one ``torch.fx.wrap`` kept whole: its body is the user's, not torch's, and may do
-    what a trace cannot see)."""
+    operator on tensors), which tracing at the ATen level decomposes; None for an ATen op, a
+    module's call, or a function of the user's (one ``torch.fx.wrap`` kept whole: its body is the
+    user's, not torch's, and may do what a trace cannot see)."""
     if node.op == "call_method" and isinstance(node.target, str):
         name = node.target
         return lambda self, *args, **kwargs: getattr(self, name)(*args, **kwargs)

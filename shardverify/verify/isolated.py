@@ -267,7 +267,7 @@ class _Death:
     hung: float | None = None    # the seconds it made no reply in before it was killed
 
     def detail(self) -> str:
-        if self.hung == 0.0:
+        if self is HUNG_BEFORE:
             return "the op's kernel hung in this process before (its checking process was killed): not run again"
         if self.hung is not None:
             return (f"the op's kernel hung: the checking process made no reply in {self.hung:.0f} s and was "
@@ -282,6 +282,10 @@ class _Death:
         if self.signum in KERNEL_SIGNALS:
             return f"the op's kernel killed the checking process with {name} (signal {self.signum})"
         return f"the checking process was killed by {name} (signal {self.signum}) from outside it"
+
+
+#: an op whose kernel hung in a child before: not run again in this process
+HUNG_BEFORE = _Death(None, None, hung=0.0)
 
 
 def _in_a_child(payload: bytes, limit: float) -> tuple | _Death:
@@ -350,8 +354,7 @@ def run_isolated(function: Callable, case) -> object:
     from shardverify.sharding.mesh import DeviceMesh
 
     if case.op in _hung:
-        raise ShardVerifyError("the op's kernel hung in this process before (its checking process was killed), "
-                               "so it is not run again")
+        raise ShardVerifyError(HUNG_BEFORE.detail())
     settings = _Settings(DeviceMesh((1,)), "cpu", 60.0, False, False)
     reply = _in_a_child(_dumps((functools.partial(_call_alone, function), settings, case, [], {})), CALL_SECONDS)
     if isinstance(reply, _Death):
@@ -373,27 +376,24 @@ def verify_isolated(verify: Callable, backend: SimulatedBackend, case, strategie
     own, and each whose child dies fails naming how (``shown_dtype``, ``backend_name``: the
     dtype and backend its result names, as the in-process check's would)."""
     strategies = list(strategies)
-    if case.op in _hung:
-        together = _Death(None, None, hung=0.0)
-    else:
-        together = _run(verify, backend, case, strategies, options)
+
+    def failed(strategy: ShardingStrategy, death: _Death, seconds: float) -> CheckResult:
+        return CheckResult(op=case.op, case=case.describe(), strategy=strategy.name,
+                           mesh_shape=tuple(backend.mesh.shape), backend=backend_name, dtype=shown_dtype,
+                           mismatches=(Mismatch("error", -1, "process", detail=death.detail()),), seconds=seconds)
+
+    together = HUNG_BEFORE if case.op in _hung else _run(verify, backend, case, strategies, options)
     if not isinstance(together, _Death):
         return together
     if together.hung is not None:   # not each alone: each could hang as long again
-        return [CheckResult(op=case.op, case=case.describe(), strategy=strategy.name,
-                            mesh_shape=tuple(backend.mesh.shape), backend=backend_name, dtype=shown_dtype,
-                            mismatches=(Mismatch("error", -1, "process", detail=together.detail()),), seconds=0.0)
-                for strategy in strategies]
+        return [failed(strategy, together, 0.0) for strategy in strategies]
     results, deaths = [], 0
     for strategy in strategies:
         start = time.perf_counter()
         alone = _run(verify, backend, case, [strategy], options)
         if isinstance(alone, _Death):
             deaths += 1
-            results.append(CheckResult(op=case.op, case=case.describe(), strategy=strategy.name,
-                                       mesh_shape=tuple(backend.mesh.shape), backend=backend_name, dtype=shown_dtype,
-                                       mismatches=(Mismatch("error", -1, "process", detail=alone.detail()),),
-                                       seconds=time.perf_counter() - start))
+            results.append(failed(strategy, alone, time.perf_counter() - start))
         else:
             results.append(alone[0])
     if not deaths:   # corrupt memory that only some order of checks turns into a crash

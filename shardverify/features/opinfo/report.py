@@ -43,16 +43,16 @@ def user_words(outcome: str, reason: str) -> str:
     if outcome == "not-captured":
         said = next((words for pattern, words in _CAPTURE_WORDS if re.search(pattern, reason)), None)
         return said or reason
-    found = re.fullmatch(r"captured as aten\.(\w+)\.(\w+)", reason) if outcome == "no-handler" else None
-    if found:
-        op = getattr(getattr(torch.ops.aten, found.group(1), None), found.group(2), None)
-        if op is not None and torch.Tag.dynamic_output_shape in op.tags:
-            return (f"{reason[len('captured as '):]}: its output's shape depends on the input's values; "
-                    "no spec serves it")
-        return f"{reason[len('captured as '):]}: no spec serves it, and it decomposes into no op that is served"
-    if outcome == "no-handler" and reason.startswith("captured as "):   # a torch-level call under fx
-        return f"{reason[len('captured as '):]}: no spec serves it, and it traces to no ATen ops that are served"
-    return reason
+    if outcome != "no-handler" or not reason.startswith("captured as "):
+        return reason
+    name = reason.removeprefix("captured as ")
+    found = re.fullmatch(r"aten\.(\w+)\.(\w+)", name)
+    if found is None:   # a torch-level call under fx
+        return f"{name}: no spec serves it, and it traces to no ATen ops that are served"
+    op = getattr(getattr(torch.ops.aten, found.group(1), None), found.group(2), None)
+    if op is not None and torch.Tag.dynamic_output_shape in op.tags:
+        return f"{name}: its output's shape depends on the input's values; no spec serves it"
+    return f"{name}: no spec serves it, and it decomposes into no op that is served"
 
 
 def entry_of(outcome) -> str:
