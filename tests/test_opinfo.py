@@ -13,6 +13,7 @@ from shardverify.features.opinfo.report import markdown, reason_class, user_word
 from shardverify.features.opinfo.samples import entries_for, one_op_module, samples_of
 from shardverify.features.opinfo.samples import op_db as samples_op_db
 from shardverify.features.opinfo.sweep import sweep_spec
+from shardverify.sharding.mesh import DeviceMesh
 from shardverify.verify.on_demand import OnDemandVerifier
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,7 +175,7 @@ def test_a_named_spec_without_an_opinfo_entry_is_said_and_no_pass(tmp_path, caps
 def test_every_op_db_entry_is_swept_by_what_its_samples_call(tmp_path, capsys, monkeypatch):
     """--opinfo-every-entry: an entry no spec lists counts every op node its captures hold, what no
     spec serves decomposed as a plan's capture decomposes it (torch.deg2rad: a mul under both
-    captures); one that nothing serves nor decomposes (i0) is counted unserved with its
+    captures); one that nothing serves nor decomposes (geqrf) is counted unserved with its
     reason; one with no CPU sample in a swept dtype (view_as_real: complex only) and one whose op is
     a CUDA function (the jiterator's) are skipped and named with why; the share over the specs' own entries is given beside the share over all."""
     import shardverify.features.opinfo.samples as samples
@@ -182,7 +183,7 @@ def test_every_op_db_entry_is_swept_by_what_its_samples_call(tmp_path, capsys, m
 
     every = samples.op_db()
     monkeypatch.setattr(samples, "op_db", lambda: [e for e in every if entry_name(e) in
-                                                   ("softmax", "deg2rad", "i0", "view_as_real",
+                                                   ("softmax", "deg2rad", "geqrf", "view_as_real",
                                                                         "jiterator_unary")])
     report = tmp_path / "opinfo.md"
     code, text = _opinfo(capsys, "softmax", "--opinfo-every-entry", "--opinfo-results", str(tmp_path / "results"),
@@ -195,8 +196,8 @@ def test_every_op_db_entry_is_swept_by_what_its_samples_call(tmp_path, capsys, m
         in text
     page = report.read_text()
     assert "| deg2rad | mul | 2 | 2 (100%) |" in page, page
-    assert "| i0 | i0 | 2 | 0 (0%) |" in page and \
-        "| no-handler | aten.iN.default: no spec serves it, and it decomposes into no op that is served | 2 |" in page
+    assert "| geqrf | geqrf | 2 | 0 (0%) |" in page and \
+        "| no-handler | aten.geqrf.default: no spec serves it, and it decomposes into no op that is served | 2 |" in page
     assert "--opinfo-every-entry" in page and "**Skipped: 2 OpInfo entries**" in page
 
 
@@ -247,18 +248,35 @@ def test_a_call_returning_a_number_computed_from_tensors_is_an_op_never_folded()
     assert [n.name for n in _op_nodes(gm, set())] == ["equal"]
 
 
-def test_a_random_op_is_unserved_with_why_no_layout_of_it_can_be_compared():
+def test_a_random_op_is_served_with_every_rank_drawing_the_whole_tensor():
+    """Every call of a drawing op draws from one fixed generator state (capture/randomness.py):
+    randn_like is served where each rank makes the whole tensor, and nowhere sharded."""
     from shardverify.features.opinfo.sweep import entry_name, sweep_entry
 
     entry = next(e for e in samples_op_db() if entry_name(e) == "randn_like")
     result = sweep_entry(entry, "randn_like", [], meshes=[(4,)], limit=2)
-    assert {o.outcome for o in result.outcomes} == {"no-handler"}
-    assert all("aten.randn_like.default draws random numbers: sharded ranks cannot draw one device's numbers"
-               in o.reason for o in result.outcomes), result.outcomes
-    from shardverify.features.opinfo.report import totals
+    assert result.outcomes and {o.outcome for o in result.outcomes} <= {"grid", "on-demand"}, result.outcomes
+    assert all(o.strategies and not o.sharded and not o.wrong for o in result.outcomes), result.outcomes
 
-    assert all(f"0 of {n} calls served (0.0%)" in line and f"{n} draw random numbers" in line
-               for line in totals(result) for n in [line.split(" of ")[1].split()[0]]), totals(result)
+
+def test_a_random_op_no_spec_serves_is_unserved_with_why():
+    from shardverify.features.opinfo.report import totals
+    from shardverify.features.opinfo.sweep import CallOutcome, RANDOM, SweepResult, _node_outcome
+
+    class Counts(torch.nn.Module):
+        def forward(self, x):
+            return torch.poisson(x)
+
+    graph_module = torch.export.export(Counts(), (torch.ones(4, 3),)).module()
+    node = next(n for n in graph_module.graph.nodes if n.target is torch.ops.aten.poisson.default)
+    with OnDemandVerifier() as verifier:
+        found = _node_outcome(node, graph_module, DeviceMesh((4,)), verifier, check_grid=False)
+    assert found["outcome"] == "no-handler"
+    assert found["reason"].startswith(f"aten.poisson.default {RANDOM} and no spec serves it: ")
+    assert "whole_tensors" in found["reason"]
+    result = SweepResult([CallOutcome("poisson", "poisson#0(float64[4, 3])", "export", (4,), **found)])
+    assert all("0 of 1 calls served (0.0%)" in line and "1 draw random numbers" in line for line in totals(result)), \
+        totals(result)
 
 
 def test_a_capture_torch_refused_and_an_op_no_spec_serves_are_said_in_a_readers_words():

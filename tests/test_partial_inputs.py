@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardverify.errors import StrategyError
-from shardverify.sharding.pieces import partial_pieces
+from shardverify.sharding.pieces import partial_pieces, unit_noise
 from shardverify.sharding.partial import PartialInput
 from shardverify.spec.case import InputDecl, OpCase
 from shardverify.strategies.handlers.base import OperandDecl
@@ -30,18 +30,19 @@ def test_pieces_sum_to_the_value_and_each_differs_from_it_and_from_the_others():
     assert pieces.abs().min() > 0                                         # no zero padding
 
 
-def test_pieces_of_a_block_from_its_slice_of_draws_made_for_the_whole_tensor():
+def test_pieces_of_a_block_from_its_slice_of_the_unit_noise_made_for_the_whole_tensor():
     whole = torch.randn(6, 4, dtype=torch.float64)
-    noise = torch.randn((2, 6, 4), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    draws = torch.randn((2, 6, 4), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    unit = unit_noise(draws)
+    assert torch.equal(unit[:, 2:4], unit_noise(draws[:, 2:4]))   # elementwise: the block's own
     block = whole[2:4]
-    pieces = partial_pieces(block, 2, seed=3, noise=noise[:, 2:4])
+    pieces = partial_pieces(block, 2, seed=3, unit=unit[:, 2:4])
     assert torch.allclose(pieces.sum(0), block)
     assert not torch.allclose(pieces[0], pieces[1]) and not torch.allclose(pieces[0], block / 2)
-    assert torch.equal(pieces, partial_pieces(block, 2, seed=3, noise=noise[:, 2:4]))
-    assert torch.equal(noise, torch.randn((2, 6, 4), generator=torch.Generator().manual_seed(3),
-                                          dtype=torch.float64))                    # the draws are read only
+    assert torch.equal(pieces, partial_pieces(block, 2, seed=3, unit=unit[:, 2:4]))
+    assert torch.equal(unit, unit_noise(draws))                                      # read only
     with pytest.raises(ValueError, match="noise of shape"):
-        partial_pieces(block, 2, seed=3, noise=noise)
+        partial_pieces(block, 2, seed=3, unit=unit)
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (3,), (2, 3)])

@@ -76,7 +76,7 @@ def test_integer_inputs_keep_their_dtype(capture):
 
 class Mixed(torch.nn.Module):
     def forward(self, x):
-        y = torch.i0(x)                          # no spec covers i0, and PyTorch has no decomposition of it
+        y = torch.poisson(x.abs())               # no spec covers poisson, and PyTorch has no decomposition of it
         return torch.cat((y, y), dim=-1).mean(dim=-1)
 
 
@@ -88,7 +88,7 @@ class Computed(torch.nn.Module):
 def test_coverage_counts_and_names_what_falls_back():
     x = torch.randn(8, 4)
     plan, coverage = plan_with_coverage(Mixed(), (x,), MESH, capture="export")
-    assert coverage.count("unhandled") == 1 and "aten.i0.default" in coverage.unhandled_targets()
+    assert coverage.count("unhandled") == 1 and "aten.poisson.default" in coverage.unhandled_targets()
     assert "1 no spec covers" in coverage.headline() and coverage.count("refused") == 0
     plan, coverage = plan_with_coverage(Computed(), (x,), MESH, capture="fx")
     refused = [s for s in coverage.statuses if s.status == "refused"]
@@ -177,7 +177,7 @@ def test_plan_report_says_why_a_node_has_no_strategy():
 
     result = verify_plan(Mixed(), torch.randn(8, 4), MESH, capture="export")
     text = describe_plan(result.plan, result.coverage)
-    assert "replicated: no spec covers aten.i0.default" in text
+    assert "replicated: no spec covers aten.poisson.default" in text
     result = verify_plan(Computed(), torch.randn(8, 4), MESH, capture="fx")
     assert "replicated: Tensor.sum refused:" in describe_plan(result.plan, result.coverage)
 

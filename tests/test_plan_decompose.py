@@ -85,20 +85,20 @@ def test_a_wrong_strategy_inside_a_decomposition_is_caught_and_named(sv_backend)
 
 class Undecomposable(nn.Module):
     def forward(self, x):
-        return torch.i0(x).sum(dim=-1)                 # no spec, and PyTorch has no decomposition of it
+        return torch.poisson(x.abs()).sum(dim=-1)      # no spec, and PyTorch has no decomposition of it
 
 
 def test_a_node_that_cannot_be_decomposed_keeps_the_fallback_and_says_why():
     result = verify_plan(Undecomposable(), torch.randn(8, 4), MESH, capture="export", verified_only=True)
     assert result.passed, result.summary()
     coverage = result.coverage
-    assert coverage.unhandled_targets() == Counter({"aten.i0.default": 1})
+    assert coverage.unhandled_targets() == Counter({"aten.poisson.default": 1})
     assert not coverage.decompositions()
     text = "\n".join(coverage.lines())
-    assert "not decomposed: 1 op(s) no spec covers: aten.i0.default x1 " \
+    assert "not decomposed: 1 op(s) no spec covers: aten.poisson.default x1 " \
            "(PyTorch has no decomposition of it)" in text, text
     assert coverage.to_json()["not_decomposed"] == [
-        {"node": "i0", "target": "aten.i0.default",
+        {"node": "poisson", "target": "aten.poisson.default",
          "reason": "PyTorch has no decomposition of it"}]
 
 

@@ -21,7 +21,6 @@ from shardverify import verify_plan
 from shardverify.cli.main import main
 from shardverify.errors import ShardVerifyError
 from shardverify.plan import execute
-from shardverify.plan.capture_model import RandomnessError
 from shardverify.plan.inputs import InputError, InputSpec, parse_input
 from shardverify.plan.spec import build_spec_model
 from shardverify.sharding.strategy import CommPattern
@@ -125,18 +124,30 @@ class DropoutMLP(nn.Module):
 
 
 @pytest.mark.parametrize("capture", ["fx", "export"])
-def test_training_mode_dropout_is_refused_with_its_reason_before_any_strategy_runs(capture, monkeypatch):
-    monkeypatch.setattr("shardverify.plan.verify.classify_nodes", lambda *a: pytest.fail("strategies ran"))
-    with pytest.raises(RandomnessError, match=r"DropoutMLP draws random numbers in training mode at .*drop.*eval"):
-        verify_plan(DropoutMLP().train(), torch.randn(4, 8), (2,), capture=capture)
+def test_training_mode_dropout_is_checked_with_every_rank_drawing_as_the_single_device(capture):
+    result = verify_plan(DropoutMLP().train(), torch.randn(4, 8), (2,), capture=capture, data_parallel=True)
+    assert result.passed, result.mismatches
+    drawing = [s for s in result.coverage.statuses if "ropout" in s.target]
+    assert drawing and all(s.status == "handled" for s in drawing), result.coverage.statuses
+    assert any("draw random numbers" in note and "seed every rank alike" in note for note in result.notes), result.notes
 
 
-def test_the_cli_refuses_training_mode_dropout_with_its_reason(capsys):
+def test_a_check_whose_single_device_drew_other_numbers_fails(monkeypatch):
+    """The check is not vacuous: with the single device drawing from another generator state than
+    the ranks, the dropout node's values differ and the plan fails there."""
+    import shardverify.plan.reference as reference
+
+    monkeypatch.setattr(reference, "may_draw", lambda node, module: False)
+    result = verify_plan(DropoutMLP().train(), torch.randn(4, 8), (2,), capture="fx", seed=5)
+    assert not result.passed and any("drop" in str(m) for m in result.mismatches), result.mismatches
+
+
+def test_the_cli_plans_training_mode_dropout_and_says_the_ranks_draw_alike(capsys):
     factory = ["plan", "torch.nn.TransformerEncoderLayer", "--kwarg", "d_model=8", "--kwarg", "nhead=2",
                "--kwarg", "dim_feedforward=16", "--kwarg", "batch_first=true", "--input", "2,3,8", "--mesh", "2"]
-    assert main([*factory, "--train"]) == 2
-    err = capsys.readouterr().err
-    assert "draws random numbers in training mode" in err and err.count("\n") == 1
+    assert main([*factory, "--train"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "node(s) draw random numbers" in out and "seed every rank alike" in out
 
 
 class GemmaNorm(nn.Module):

@@ -13,6 +13,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.meta import output_metas, tensor_meta
+from shardverify.capture.randomness import drawn_alike, may_draw
 from shardverify.errors import VerificationError
 
 __all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op",
@@ -139,12 +140,21 @@ def call_parts(node: fx.Node, module: torch.nn.Module | None, values: dict) -> t
 def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owned: bool = False) -> object:
     """Run the node's op with ``values`` (Locator -> tensor, or a strategy's local value for a
     non-tensor argument) at its operands; other arguments are passed as recorded in the node.
-    Returns what the op returns (see as_outputs).
+    Returns what the op returns (see as_outputs). A call that draws random numbers draws them
+    from one fixed generator state (:mod:`shardverify.capture.randomness`).
 
     ``owned``: ``module`` is the caller's private copy, so its parameters and buffers are
     replaced in place (cheap) instead of through ``functional_call`` (which restores them).
     """
     args, kwargs, tensors = call_parts(node, module, values)
+    if may_draw(node, module):   # every rank and the reference draw the same numbers
+        with drawn_alike(args, kwargs):
+            return _invoke(node, module, values, args, kwargs, tensors, owned)
+    return _invoke(node, module, values, args, kwargs, tensors, owned)
+
+
+def _invoke(node: fx.Node, module: torch.nn.Module | None, values: dict, args: tuple, kwargs: dict,
+            tensors: dict | None, owned: bool) -> object:
     if node.op == "call_module":
         assert module is not None and tensors is not None
         attrs = {key: value for (kind, key), value in values.items() if kind == "attr"}

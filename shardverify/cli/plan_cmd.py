@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
                              "input_ids=int64[4,8]:0..128 (token ids below 128, passed as input_ids=); "
                              "mask=bool[4,8]; x=float32[2,3]:-1..1")
     parser.add_argument("--train", action="store_true",
-                        help="verify the model in training mode (default: eval mode; a model that draws random "
-                             "numbers in training mode, dropout, is refused)")
+                        help="verify the model in training mode (default: eval mode; a layer that draws random "
+                             "numbers in training mode, dropout, is checked with every rank seeded alike)")
     parser.add_argument("--redraw-weights", action="store_true",
                         help="re-draw every parameter of a factory's model from randn * 0.2 (seeded) instead of "
                              "keeping the factory's own initialisation")

@@ -2,9 +2,10 @@
 ops' strategies as the specs do), torch.export when fx cannot trace the model (HF transformers'
 models, most real ones), said in a note; a model neither captures is one error naming the
 model, both captures' reasons and what to try, or, when the model does not even run on the
-inputs given, the input and what the model wanted (:mod:`shardverify.plan.inputs`). The
-captured graph is refused before any strategy runs if it draws random numbers (dropout in
-training mode): the sharded run and the single device would draw different ones.
+inputs given, the input and what the model wanted (:mod:`shardverify.plan.inputs`). The nodes
+that draw random numbers (dropout in training mode) are listed: each is checked with every rank
+drawing from the generator state the single device draws from (capture/randomness.py), which a
+sharded run must give its ranks, and the plan says so.
 """
 
 from __future__ import annotations
@@ -19,17 +20,14 @@ from torch import fx
 
 from shardverify.capture.export import CaptureError
 from shardverify.capture.fx import unprinted_tracebacks
+from shardverify.capture.randomness import draws_random
 from shardverify.errors import InvalidArgument, ShardVerifyError
 from shardverify.plan.inputs import KeywordInputs, diagnose_inputs
 
-__all__ = ["CAPTURE_CHOICES", "Captured", "capture_model", "RandomnessError", "random_nodes"]
+__all__ = ["CAPTURE_CHOICES", "Captured", "capture_model", "random_nodes", "drawing_note"]
 
 #: what verify_plan's ``capture`` takes: "auto" tries fx, then export
 CAPTURE_CHOICES = ("auto", "fx", "export")
-
-
-class RandomnessError(InvalidArgument):
-    """The model draws random numbers (dropout in training mode): no plan check can compare it."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +35,7 @@ class Captured:
     graph: fx.GraphModule
     capture: str          # "fx" or "export": the one the plan and its check use
     note: str = ""        # why it is not the one asked for
+    drawing: tuple[str, ...] = ()   # the nodes that draw random numbers, described
 
 
 def _one_line(error: BaseException) -> str:
@@ -62,11 +61,10 @@ def capture_model(module: torch.nn.Module, inputs: tuple, capture: str = "auto")
             cause = error.__cause__ if isinstance(error, CaptureError) and error.__cause__ else error
             reasons.append(f"torch.{how}: {_one_line(cause)}")
             continue
-        refuse_randomness(graph, name)
         note = "" if how == capture or (how == "fx" and not reasons) else \
             "captured with torch.export (keyword inputs)" if not reasons else \
             f"captured with torch.export: torch.fx cannot trace {name} ({reasons[0][len('torch.fx: '):][:200]})"
-        return Captured(graph, how, note)
+        return Captured(graph, how, note, tuple(random_nodes(graph)))
     try:
         problem = diagnose_inputs(module, inputs)
     except Exception:  # noqa: BLE001 - the diagnosis is a better message, never a new failure
@@ -97,52 +95,14 @@ def random_nodes(graph: fx.GraphModule) -> list[str]:
     return [found for node in graph.graph.nodes if (found := draws_random(node, graph))]
 
 
-def draws_random(node: fx.Node, graph: fx.GraphModule) -> str:
-    """How ``node`` draws random numbers ("" when it does not): ATen ops tagged
-    nondeterministic_seeded (``aten.dropout`` with train=True, ``bernoulli``, ``rand``), dropout
-    modules and functions in training mode; a dropout of probability 0 draws nothing that
-    matters and is not listed."""
-    target, args = node.target, list(node.args)
-    if node.op == "call_module":
-        sub = graph.get_submodule(str(target))
-        if isinstance(sub, torch.nn.modules.dropout._DropoutNd) and sub.training and sub.p > 0:
-            return f"{node.name} ({type(sub).__name__}(p={sub.p}) in training mode)"
-    elif node.op == "call_function" and target in (torch.nn.functional.dropout, torch.dropout):
-        p = args[1] if len(args) > 1 else node.kwargs.get("p", 0.5)
-        train = args[2] if len(args) > 2 else node.kwargs.get("training", node.kwargs.get("train", True))
-        if train and p:
-            return f"{node.name} (dropout p={p}, training)"
-    elif node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
-            and torch.Tag.nondeterministic_seeded in target.tags \
-            and not target.name().startswith(("aten::empty", "aten::new_empty")):
-        given = _schema_values(target, args, node.kwargs)
-        p = next((given[k] for k in ("p", "dropout_p") if k in given), None)
-        if given.get("train", True) is not False and p != 0:   # else: draws nothing that matters
-            return f"{node.name} ({target.name()}" + (f" p={p}" if p is not None else "") + ", random)"
-    return ""
-
-
-def _schema_values(target, args: list, kwargs: dict) -> dict:
-    """The op's argument values by schema name, defaults included."""
-    values = {}
-    for i, argument in enumerate(target._schema.arguments):
-        if i < len(args):
-            values[argument.name] = args[i]
-        elif argument.name in kwargs:
-            values[argument.name] = kwargs[argument.name]
-        elif argument.has_default_value():
-            values[argument.name] = argument.default_value
-    return values
-
-
-def refuse_randomness(graph: fx.GraphModule, name: str) -> None:
-    found = random_nodes(graph)
-    if found:
-        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
-        raise RandomnessError(
-            f"{name} draws random numbers in training mode at {', '.join(found[:3])}{more}: the sharded ranks "
-            "and the single device cannot draw the same ones, so no plan check can compare them; verify the "
-            "model in eval mode (model.eval(); the CLI's default without --train) or with dropout 0")
+def drawing_note(drawing: tuple[str, ...]) -> str:
+    """What a plan says of its nodes that draw random numbers ("" without one)."""
+    if not drawing:
+        return ""
+    more = f" and {len(drawing) - 3} more" if len(drawing) > 3 else ""
+    return (f"{len(drawing)} node(s) draw random numbers ({', '.join(drawing[:3])}{more}): each was checked with "
+            "every rank drawing from the generator state the single device draws from, so a run of this plan "
+            "must seed every rank alike (one seed for all ranks)")
 
 
 def as_shardverify_error(error: BaseException, what: str) -> ShardVerifyError:

@@ -10,6 +10,7 @@ through the strategy's HOOK actions. Generic nodes run on full (replicated) tens
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 
@@ -17,6 +18,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.call import as_outputs, call_op, operand_nodes
+from shardverify.capture.randomness import drawn_alike, may_draw
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.collectives.reshard import apply_reshard
 from shardverify.errors import VerificationError
@@ -294,14 +296,15 @@ def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
             name = params[node.target]
             return _param_leaf(comm, name, gm.get_parameter(name), None, leaves, order, node.name)
         return functools.reduce(getattr, str(node.target).split("."), gm)
-    if node.op == "call_function":
-        return node.target(*args, **kwargs)
-    if node.op == "call_method":
-        return getattr(args[0], node.target)(*args[1:], **kwargs)
-    module = gm.get_submodule(node.target)
-    tensors = {}
-    for name, p in module.named_parameters():
-        qualname = f"{node.target}.{name}"
-        tensors[name] = _param_leaf(comm, params.get(qualname, qualname), p, None, leaves, order, node.name)
-    tensors.update(dict(module.named_buffers()))
-    return torch.func.functional_call(module, tensors, args, kwargs)
+    module = gm.get_submodule(node.target) if node.op == "call_module" else None
+    with drawn_alike(args, kwargs) if may_draw(node, module) else contextlib.nullcontext():   # as the reference
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        tensors = {}
+        for name, p in module.named_parameters():
+            qualname = f"{node.target}.{name}"
+            tensors[name] = _param_leaf(comm, params.get(qualname, qualname), p, None, leaves, order, node.name)
+        tensors.update(dict(module.named_buffers()))
+        return torch.func.functional_call(module, tensors, args, kwargs)

@@ -8,6 +8,7 @@ import weakref
 import torch
 from torch import fx
 
+from shardverify.capture.randomness import drawn_alike, may_draw
 from shardverify.capture.uninitialised import uninitialised_nodes
 from shardverify.plan.blame import tapped_edges
 from shardverify.plan.recipe import TRACE_LOCK, ModelRecipe, as_float64, traced
@@ -61,7 +62,12 @@ def reference_run(recipe: ModelRecipe):
             return fx.node.map_arg(n.args, get), fx.node.map_arg(n.kwargs, get)
 
         def run_node(self, n):
-            out = super().run_node(n)
+            module = gm.get_submodule(n.target) if n.op == "call_module" else None
+            if may_draw(n, module):   # from the generator state every rank's call draws from
+                with drawn_alike(*fx.node.map_arg((n.args, n.kwargs), lambda a: self.env[a])):
+                    out = super().run_node(n)
+            else:
+                out = super().run_node(n)
             if n.name in skipped:
                 return out
             if isinstance(out, torch.Tensor) and out.requires_grad:

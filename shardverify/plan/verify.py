@@ -13,7 +13,7 @@ import torch
 from shardverify.errors import BackendError, InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
-from shardverify.plan.capture_model import Captured, as_shardverify_error, capture_model
+from shardverify.plan.capture_model import Captured, as_shardverify_error, capture_model, drawing_note
 from shardverify.plan.execute import failed_node, rank_run_plan
 from shardverify.plan.export_facts import NodeFacts, facts_of
 from shardverify.plan.recipe import ModelRecipe, as_float64
@@ -336,8 +336,9 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     them (by position), a mapping of keyword inputs (``{"decoder_input_ids": ...}``) or a
     (positional, keyword) pair; integer and bool inputs keep their dtype. ``capture``: ``"auto"``
     (torch.fx symbolic tracing, torch.export's ATen graph when fx cannot trace the model, said
-    in ``notes``), ``"fx"`` or ``"export"``. The model runs in the mode it is in; one that draws
-    random numbers (dropout in training mode) is refused before any strategy runs.
+    in ``notes``), ``"fx"`` or ``"export"``. The model runs in the mode it is in; a node that draws
+    random numbers (dropout in training mode) is checked with every rank drawing from the single
+    device's generator state, said in ``notes``.
     ``min_sharded``, ``shard_weights``, ``data_parallel``: what the solver's plan must do besides
     costing least (:class:`~shardverify.plan.model.PlanGoals`). ``strict``: a pass also needs
     every tensor op to have strategies and the plan to shard something (:func:`strict_problems`).
@@ -362,7 +363,7 @@ def verify_plan(model: torch.nn.Module, example_inputs, mesh, plan=None, *, back
     clock = clock or PhaseClock()
     chosen, coverage, captured, at_real = _planned(model, inputs, mesh, plan, memory_limit, device, capture,
                                                   goals, verified_only, cost_size, solver, clock, workload)
-    notes = (captured.note,) if captured.note else ()
+    notes = tuple(note for note in (captured.note, drawing_note(captured.drawing)) if note)
     with clock.phase("check"):
         if isinstance(backend, str):
             runner = get_backend(backend, mesh)

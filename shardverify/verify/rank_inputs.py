@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from shardverify.sharding.pieces import partial_pieces
+from shardverify.sharding.pieces import partial_pieces, piece_draws, unit_noise
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.verify.layout import LocalOperand
 from shardverify.verify.memo import recalled, remembered
@@ -69,22 +69,21 @@ def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, ax
 
 
 _NOISE: dict = {}
-#: draws kept for a whole tensor at most (float64: 128 MiB); a larger one's blocks draw their own
+#: unit noise kept for a whole tensor at most (float64: 128 MiB); a larger one's blocks draw their own
 _NOISE_MOST = 1 << 24
 
 
 def _pieces(value: torch.Tensor, full: torch.Tensor, operand: LocalOperand, count: int, seed: int,
             op: str) -> torch.Tensor:
     """``partial_pieces`` of ``value``, the block ``operand`` cuts of ``full``: summed pieces of a
-    real tensor take their noise from draws made once per (tensor, count, seed) for the whole
-    tensor (the block's slice of them), so the layouts of a case, which cut the same tensor into
-    many blocks, draw its noise once, not once per block."""
+    real tensor take their noise from the unit noise made once per (tensor, count, seed) for the
+    whole tensor (the block's slice of it), so the layouts of a case, which cut the same tensor
+    into many blocks, draw and scale its noise once, not once per block."""
     if op != "sum" or full.is_complex() or full.numel() * count > _NOISE_MOST:
         return partial_pieces(value, count, seed, op)
-    noise = remembered(_NOISE, (id(full), count, seed), full,
-                       lambda: torch.randn((count, *full.shape), generator=torch.Generator().manual_seed(seed),
-                                           dtype=torch.float64).to(full.device), limit=256)
-    return partial_pieces(value, count, seed, op, noise=noise[(slice(None), *operand.slices)])
+    unit = remembered(_NOISE, (id(full), count, seed), full,
+                      lambda: unit_noise(piece_draws(count, tuple(full.shape), seed, full.device)), limit=256)
+    return partial_pieces(value, count, seed, op, unit=unit[(slice(None), *operand.slices)])
 
 
 def extremum_holder(strategy: ShardingStrategy, ref: Reference, operand, position: int, mesh,

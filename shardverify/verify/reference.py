@@ -18,6 +18,7 @@ from torch import fx
 
 from shardverify.capture.meta import output_metas
 from shardverify.capture.call import Locator, as_outputs, call_op, module_tensors, operand_nodes
+from shardverify.capture.randomness import may_draw
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.errors import VerificationError
 from shardverify.spec.case import OpCase, cached
@@ -164,7 +165,9 @@ def reference(case: OpCase, override: torch.dtype | None, device: torch.device) 
 def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.device) -> Reference:
     traced, node_name = case.build()
     gen = torch.Generator().manual_seed(case.seed)
-    real = copy.deepcopy(traced)
+    # the graph's own tensors are drawn anew in a copy; a graph holding none is only read
+    real = copy.deepcopy(traced) if any(True for _ in traced.parameters()) or any(True for _ in traced.buffers()) \
+        else traced
     with torch.no_grad():
         buffers = dict(real.named_buffers())
         for name, tensor in [*real.named_parameters(), *buffers.items()]:
@@ -199,11 +202,14 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
     # a placeholder is named by its input's declared name, which fx may rename (``input`` -> ``input_1``)
     constant = frozenset(loc for loc, arg in operand_nodes(node).items()
                          if arg.name in no_grad or (arg.op == "placeholder" and arg.target in no_grad))
-    leaves = {loc: _as_leaf(v.clone(), loc, constant) for loc, v in values.items()}
+    # a call that draws random numbers draws others in float64 than in the check's dtype: its
+    # reference runs in the ranks' dtypes, on the generator state they draw from (capture/randomness.py)
+    drawn = may_draw(node, module)
+    leaves = {loc: _as_leaf(v.to(dtypes[loc]) if drawn else v.clone(), loc, constant) for loc, v in values.items()}
     with torch.random.fork_rng(devices=[]):
         _seed(case.seed, device)
         outputs = as_outputs(node, call_op(node, module, leaves))
-        _refuse_random(case, node, module, values, outputs, device)
+        _refuse_random(case, node, module, {loc: leaf.detach() for loc, leaf in leaves.items()}, outputs, device)
     out_dtypes = [_check_dtype(dtype, override) for dtype in _meta_dtypes(traced, node_name)]
     undefined = undefined_outputs(node)   # no result: no gradient flows back through it
     grad_outputs = tuple(_rounded(_random(out.shape, dtype, gen), dtype).to(device)
@@ -246,10 +252,11 @@ def _seed(seed: int, device: torch.device) -> None:
 
 def _refuse_random(case: OpCase, node: fx.Node, module, values: dict, outputs: Sequence[torch.Tensor],
                    device: torch.device) -> None:
-    """Raise if the op gives another result under another random state (dropout with p > 0 in
-    training): a rank's random numbers are not the reference's, and the gap between two draws
-    would be taken for rounding, so a wrong rule would pass. Verify such an op where it is
-    deterministic (p=0, train=False), which is what the rule is bound to."""
+    """Raise if the op gives another result under another random state: a call that draws runs
+    on one fixed generator state (capture/randomness.py), so this is one that draws where that
+    state does not reach (a generator of its own, an op not known to draw). A rank's numbers would
+    not be the reference's, and the gap between two draws would be taken for rounding, so a wrong
+    rule would pass."""
     _seed(case.seed + 1, device)
     with torch.no_grad():
         again = as_outputs(node, call_op(node, module, {loc: v.clone() for loc, v in values.items()}))
@@ -258,9 +265,9 @@ def _refuse_random(case: OpCase, node: fx.Node, module, values: dict, outputs: S
             if first.is_floating_point() else first.detach() == second
         if not bool(same.all()):
             raise VerificationError(f"{case.describe()}: the op is random (two runs on the same values differ "
-                                    f"at {int((~same).sum())} of {same.numel()} elements), so no layout can be "
-                                    "checked against it; verify it where it is deterministic (dropout: p=0 or "
-                                    "train=False) and bind the rule to those values")
+                                    f"at {int((~same).sum())} of {same.numel()} elements, and not from the "
+                                    "generator state the check fixes), so no layout can be checked against it; "
+                                    "verify it where it is deterministic and bind the rule to those values")
 
 
 def _meta_dtypes(graph_module: fx.GraphModule, node_name: str) -> list[torch.dtype]:

@@ -95,7 +95,7 @@ def _capture_totals(outcomes: list) -> list[str]:
                      + (f" ({folded} more the capture folded away: no op left to serve)" if folded else "") + ", "
                      f"{sum(o.outcome == 'on-demand' for o in mine)} of them verified on demand, "
                      f"{sum(o.sharded > 0 for o in mine)} with a strategy that shards"
-                     + (f"; {random} draw random numbers, which no layout can be compared on" if random else "")
+                     + (f"; {random} draw random numbers and no spec serves them" if random else "")
                      + (f": {served} of the other {defined} served ({100 * served / defined:.1f}%)"
                         if random and defined else ""))
     return lines

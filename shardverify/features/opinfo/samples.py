@@ -6,6 +6,7 @@ does, ready for torch.fx or torch.export."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 import types
@@ -139,10 +140,39 @@ class OneOp(torch.nn.Module):
         if isinstance(self.sample.call, _DESCRIPTORS) and args:   # Tensor.__radd__ as a method of its first
             # argument, as a user writes it: torch.fx's proxy is no tensor a C descriptor takes
             return getattr(args[0], self.sample.call.__name__)(*args[1:], **kwargs)
-        return _by_name(self.sample.call)(*args, **kwargs)
+        with _descriptors_by_name(self.sample.call, tensors):
+            return _by_name(self.sample.call)(*args, **kwargs)
 
 
 _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType)
+
+
+@contextlib.contextmanager
+def _descriptors_by_name(function, tensors: Sequence[object]):
+    """While torch.fx traces ``function`` (a proxy among ``tensors``), each ``torch.Tensor`` C
+    descriptor its code names (``lambda x: wrapper_set_seed(torch.Tensor.cauchy_, x)``) calls the
+    method of that name on a proxy, as ``x.cauchy_()`` in a user's code would; a real tensor
+    still reaches the descriptor. Restored on leaving."""
+    code = getattr(function, "__code__", None)
+    names = [] if code is None or not any(isinstance(t, torch.fx.Proxy) for t in tensors) else \
+        [n for n in code.co_names if n not in vars(torch.Tensor) and isinstance(getattr(torch.Tensor, n, None),
+                                                                                  _DESCRIPTORS)]
+    for name in names:
+        setattr(torch.Tensor, name, _by_method_name(name, getattr(torch.Tensor, name)))
+    try:
+        yield
+    finally:
+        for name in names:
+            delattr(torch.Tensor, name)   # the inherited descriptor shows again
+
+
+def _by_method_name(name: str, descriptor):
+    def call(self, *args, **kwargs):
+        if isinstance(self, torch.fx.Proxy):
+            return getattr(self, name)(*args, **kwargs)
+        return descriptor(self, *args, **kwargs)
+
+    return call
 
 
 def _by_name(function):

@@ -27,10 +27,10 @@ from shardverify.capture.call import target_name, tuple_element
 from shardverify.capture.decompose import decompose_unserved
 from shardverify.capture.export import export_graph
 from shardverify.capture.fx import trace
+from shardverify.capture.randomness import draws_random
 from shardverify.capture.uninitialised import is_uninitialised
 from shardverify.errors import ShardVerifyError
 from shardverify.features.opinfo.samples import Sample, entries_for, one_op_module, samples_of
-from shardverify.plan.capture_model import draws_random
 from shardverify.plan.coverage import is_constant, shards, unserved
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.names import resolve_dotted
@@ -140,8 +140,10 @@ def _node_outcome(node: fx.Node, graph_module: fx.GraphModule, mesh: DeviceMesh,
         if is_constant(node):
             return None
         if draws_random(node, graph_module):
-            return dict(outcome="no-handler", reason=f"{target_name(node)} {RANDOM}: sharded ranks cannot draw one "
-                                                     "device's numbers, so no layout of it can be compared")
+            return dict(outcome="no-handler", reason=f"{target_name(node)} {RANDOM} and no spec serves it: a rank "
+                                                     "drawing its block draws other numbers than one device; write a "
+                                                     "spec whose tensors stay whole (whole_tensors), checked with "
+                                                     "every rank drawing the whole tensor from one generator state")
         return dict(outcome="no-handler", reason=f"captured as {target_name(node)}")
     before = len(verifier.records)
     try:

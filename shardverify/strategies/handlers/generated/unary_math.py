@@ -13,7 +13,7 @@ from shardverify.strategies.rules.sources.registry import RuleSpec
 
 HANDLER = register_handler(HandlerDef(
     name='unary_math',
-    targets=(torch.abs, torch.Tensor.abs, torch.absolute, torch.ops.aten.abs.default, torch.cosh, torch.Tensor.cosh, torch.ops.aten.cosh.default, torch.reciprocal, torch.Tensor.reciprocal, torch.ops.aten.reciprocal.default),
+    targets=(torch.abs, torch.Tensor.abs, torch.absolute, torch.ops.aten.abs.default, torch.cosh, torch.Tensor.cosh, torch.ops.aten.cosh.default, torch.i0, torch.Tensor.i0, torch.special.i0, torch.ops.aten.i0.default, torch.reciprocal, torch.Tensor.reciprocal, torch.ops.aten.reciprocal.default),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input'),
         OperandDecl(role='output', kind='output'),
@@ -23,7 +23,7 @@ HANDLER = register_handler(HandlerDef(
     rule=RuleSpec(
         source=Pointwise(),
         modifiers=Modifiers(),
-        at='specs/unary_math.yaml:14',
+        at='specs/unary_math.yaml:15',
     ),
     spec_file='specs/unary_math.yaml',
     drawn=(
@@ -36,6 +36,10 @@ HANDLER = register_handler(HandlerDef(
             OperandDecl(role='output', kind='output'),
         ), ()),
         (torch.ops.aten.cosh.default, (
+            OperandDecl(role='input', kind='input', index=0, keyword='self'),
+            OperandDecl(role='output', kind='output'),
+        ), ()),
+        (torch.ops.aten.i0.default, (
             OperandDecl(role='input', kind='input', index=0, keyword='self'),
             OperandDecl(role='output', kind='output'),
         ), ()),
