@@ -59,13 +59,14 @@ __all__ = ["CACHE_ENV", "OnDemandRecord", "OnDemandVerifier", "verify_node", "ev
 
 CACHE_ENV = "SHARDVERIFY_CACHE_DIR"
 #: bumped whenever what a verdict means changes: older verdicts on disk are then never read
-VERDICT_FORMAT = 3   # 2: ids below 1 tried last (a 0-d tensor's one element), refusals of format 1 drew none;
-                     # 3: the low-precision budget at the ranks' shapes (long reductions refused for rounding pass)
+VERDICT_FORMAT = 4   # 2: ids below 1 tried last (a 0-d tensor's one element), refusals of format 1 drew none;
+                     # 3: the low-precision budget at the ranks' shapes (long reductions refused for rounding pass);
+                     # 4: a call that draws random numbers runs on one fixed generator state (refused before)
 
 
 #: the packages whose code decides a verdict: the strategy generators and the verification engine
-#: with what it runs on (layouts, simulated collectives and backends)
-CODE_PACKAGES = ("strategies", "verify", "sharding", "collectives", "backends")
+#: with what it runs on (layouts, simulated collectives and backends, the one way an op is called)
+CODE_PACKAGES = ("strategies", "verify", "sharding", "collectives", "backends", "capture")
 #: the most bytes of one cached verdict (a few strategies' names and first mismatches)
 MAX_VERDICT_BYTES = 1 << 20
 
