@@ -30,12 +30,30 @@ CASES = [
         rtol=None,
         atol=None,
     ),
+    OpCase(
+        op='native_batch_norm_eval',
+        target='torch.native_batch_norm',
+        inputs=(
+            InputDecl('input', (5, 6), 'float32'),
+            InputDecl('weight', (6,), 'float32'),
+            InputDecl('bias', (6,), 'float32'),
+            InputDecl('running_mean', (6,), 'float32', grad=False),
+            InputDecl('running_var', (6,), 'float32', values=(0.5, 2.0), grad=False),
+        ),
+        params=(('training', False), ('momentum', 0.1), ('eps', 1e-05)),
+        module=None,
+        predecessor=None,
+        seed=0,
+        rtol=None,
+        atol=None,
+    ),
 ]
 # (case index, mesh shape): every case on the smallest mesh; on every other mesh of one or two
 # axes every grid point once, on a mesh of three one grid point, the targets taking turns
 SIMULATED_RUNS = [
     pytest.param(0, (2,), id='torch.ops.aten.native_batch_norm.default-training_False-momentum_0.1-eps_1e-05-mesh2'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.native_batch_norm.default-training_False-momentum_0.1-eps_1e-05-mesh2x3'),
+    pytest.param(1, (2,), id='torch.native_batch_norm-training_False-momentum_0.1-eps_1e-05-mesh2'),
+    pytest.param(1, (2, 3), id='torch.native_batch_norm-training_False-momentum_0.1-eps_1e-05-mesh2x3'),
 ]
 
 
@@ -48,7 +66,7 @@ def test_native_batch_norm_eval_simulated(sv_backend, case_index, mesh_shape):
 # targets taking turns
 PROCESS_RUNS = [
     pytest.param(0, (2,), id='torch.ops.aten.native_batch_norm.default-training_False-momentum_0.1-eps_1e-05-mesh2'),
-    pytest.param(0, (2, 3), id='torch.ops.aten.native_batch_norm.default-training_False-momentum_0.1-eps_1e-05-mesh2x3'),
+    pytest.param(1, (2, 3), id='torch.native_batch_norm-training_False-momentum_0.1-eps_1e-05-mesh2x3'),
 ]
 
 

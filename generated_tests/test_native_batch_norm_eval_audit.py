@@ -17,6 +17,7 @@ SPEC = 'specs/native_batch_norm_eval.yaml'
 # (case id, mesh shape)
 RUNS = [
     pytest.param('torch.ops.aten.native_batch_norm.default-training_False-momentum_0.1-eps_1e-05', (2,), id='torch.ops.aten.native_batch_norm.default-training_False-momentum_0.1-eps_1e-05-mesh2'),
+    pytest.param('torch.native_batch_norm-training_False-momentum_0.1-eps_1e-05', (2,), id='torch.native_batch_norm-training_False-momentum_0.1-eps_1e-05-mesh2'),
 ]
 
 

@@ -43,6 +43,13 @@ def test_batch_norm_saved_statistics_are_undefined_in_eval_mode_only():
     assert undefined_outputs(_node(aten.topk.default, None, 2)) == set()
 
 
+def test_torch_fxs_builtin_of_batch_norm_is_read_as_its_aten_op():
+    args = (None,) * 5
+    assert undefined_outputs(_node(torch.native_batch_norm, *args, False, 0.1, 1e-5)) == {1, 2}
+    assert undefined_outputs(_node(torch.native_batch_norm, *args, True, 0.1, 1e-5)) == set()
+    assert undefined_outputs(_node(torch.topk, None, 2)) == set()
+
+
 def test_the_cpu_kernel_really_leaves_them_unlike_meta():
     """Why they cannot be compared: the CPU and meta kernels disagree on their shapes."""
     weight, ids, offsets = torch.randn(10, 4), torch.tensor([1, 2, 4, 5, 9]), torch.tensor([0, 3])

@@ -53,9 +53,9 @@ _UNDEFINED_BY_ARGUMENT: dict[str, tuple[str, object, dict]] = {
 }
 
 
-def _argument(node: fx.Node, name: str, default: object) -> object:
+def _argument(node: fx.Node, overload: torch._ops.OpOverload, name: str, default: object) -> object:
     """The value of the schema argument ``name`` in the node's call (its default when not passed)."""
-    for position, argument in enumerate(node.target._schema.arguments):  # type: ignore[union-attr]
+    for position, argument in enumerate(overload._schema.arguments):
         if argument.name == name:
             return node.args[position] if position < len(node.args) else node.kwargs.get(name, default)
     return default
@@ -63,13 +63,28 @@ def _argument(node: fx.Node, name: str, default: object) -> object:
 
 def undefined_outputs(node: fx.Node) -> frozenset[int]:
     """The positions of the node's tuple outputs whose values its op leaves undefined at this call
-    (empty for every other op): a check neither compares them nor takes gradients through them."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    (empty for every other op): a check neither compares them nor takes gradients through them.
+    A torch builtin of an ATen op's name (``torch.native_batch_norm``, as torch.fx records it) is
+    read as that op's default overload, whose positions it takes."""
+    overload = _overload(node)
+    if overload is None:
         return frozenset()
-    name = node.target.name()
+    name = overload.name()
     if name in _UNDEFINED:
         return frozenset(_UNDEFINED[name])
     if name not in _UNDEFINED_BY_ARGUMENT:
         return frozenset()
     argument, default, undefined = _UNDEFINED_BY_ARGUMENT[name]
-    return frozenset(undefined.get(_argument(node, argument, default), ()))
+    return frozenset(undefined.get(_argument(node, overload, argument, default), ()))
+
+
+def _overload(node: fx.Node) -> torch._ops.OpOverload | None:
+    if node.op != "call_function":
+        return None
+    if isinstance(node.target, torch._ops.OpOverload):
+        return node.target
+    name = getattr(node.target, "__name__", None)
+    if not isinstance(name, str) or f"aten::{name}" not in {**_UNDEFINED, **_UNDEFINED_BY_ARGUMENT} \
+            or getattr(torch, name, None) is not node.target:
+        return None
+    return getattr(getattr(torch.ops.aten, name), "default", None)

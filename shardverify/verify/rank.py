@@ -119,9 +119,12 @@ def ranks_check(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | No
     ref = _reference(case, dtype, comms[0].device)
     layouts = rank_layouts(strategy, mesh, tuple(comm.rank for comm in comms))
 
+    narrowest = _narrowest_input(ref)
+
     def tolerance(t: torch.dtype) -> Tolerance:   # integers and bools exactly, whatever a spec or caller says
         exact = not (t.is_floating_point or t.is_complex)
-        return _EXACT if exact else tol if tol is not None else _tolerance_for(t, case.rtol, case.atol)
+        return _EXACT if exact else tol if tol is not None else _tolerance_for(_computed_in(t, narrowest), case.rtol,
+                                                                              case.atol)
 
     traffic_starts = [dict(comm.traffic) if comm.traffic else None for comm in comms]
     leaves, outputs, works = _local_forward(ranks, ref, strategy, layouts)
@@ -294,6 +297,21 @@ def _reference(case: OpCase, dtype: str | None, device: torch.device) -> Referen
     ref = reference(case, dtype_from_name(dtype) if dtype is not None else None, torch.device(device))
     _LAST_REFERENCE.entry = (case, dtype, device, ref)
     return ref
+
+
+def _narrowest_input(ref: Reference) -> torch.dtype | None:
+    """The least precise real floating dtype among the op's inputs (None without one)."""
+    floating = [d for d in ref.dtypes.values() if d.is_floating_point]
+    return max(floating, key=lambda d: torch.finfo(d).eps) if floating else None
+
+
+def _computed_in(result: torch.dtype, narrowest: torch.dtype | None) -> torch.dtype:
+    """The precision a real floating result is computed in: its own, or a less precise input's
+    (torch.cov with float32 weights gives float64 computed partly in float32), whose tolerance
+    its comparison then takes."""
+    if narrowest is None or not result.is_floating_point or torch.finfo(narrowest).eps <= torch.finfo(result).eps:
+        return result
+    return narrowest
 
 
 @functools.lru_cache(maxsize=256)

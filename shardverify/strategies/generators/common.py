@@ -228,27 +228,24 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
             raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: an empty block is offered only when the "
                                 f"op, probed on the CPU, takes it; local shapes {shapes} exceed the probe's "
                                 f"{PROBE_ELEMENTS} elements")
-        values = {(d.locator.kind, d.locator.key): _probe_tensor(shapes[d.name], d.dtype, probe) for d in inputs}
-        tensors = list(values.values())
-        values.update({(a.locator.kind, a.locator.key): a.value if rank is None else a.value_on(rank)
-                       for a in local_args})
+        arguments = {(a.locator.kind, a.locator.key): a.value if rank is None else a.value_on(rank) for a in local_args}
         module = ctx.graph_module.get_submodule(ctx.node.target) if ctx.node.op == "call_module" else None
         try:
-            with LocalFlopCounter() as counter:
-                result = call_op(ctx.node, module, values)
-            outs = result if isinstance(result, (list, tuple)) else (result,)
-            if probe:   # the kernel itself, outside the counter: under a dispatch mode an op may run its
-                # Python decomposition, which takes an empty block the kernel refuses (upsample_nearest3d)
-                plain = call_op(ctx.node, module, values)
-                outs = plain if isinstance(plain, (list, tuple)) else (plain,)
-            if probe and (ungraded := ungraded_inputs(tensors, outs)):
-                raise StrategyError(f"the backward gives input(s) {ungraded} no gradient on these local shapes "
-                                    f"(this rank would skip their resharding's backward collectives)")
+            counter, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, probe, probe)
         except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
-            spec_file = getattr(ctx.handler, "spec_file", "") or "its spec"
-            raise StrategyError(f"{ctx.handler_name} ({spec_file}): node {ctx.node.name!r}: the op raised when called"
-                                f"{' forward and backward' if probe else ''} on the block shapes a layout of the "
-                                f"rule gives one device, {shapes}: {exc}") from exc
+            try:   # or the op has no meta kernel, or reads its input's values (torch.cov): on the CPU, integers
+                # 0 (valid ids) and else 1 (torch.cov's frequency weights)
+                if probe or not _meta_cannot(exc) or sum(math.prod(shapes[d.name]) for d in inputs) > PROBE_ELEMENTS:
+                    raise
+                try:
+                    counter, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, True, False)
+                except Exception:  # noqa: BLE001
+                    counter, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, True, False, 1)
+            except Exception:  # noqa: BLE001 - the meta call's reason is the one to say
+                spec_file = getattr(ctx.handler, "spec_file", "") or "its spec"
+                raise StrategyError(f"{ctx.handler_name} ({spec_file}): node {ctx.node.name!r}: the op raised when "
+                                    f"called{' forward and backward' if probe else ''} on the block shapes a layout "
+                                    f"of the rule gives one device, {shapes}: {exc}") from exc
         numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
         if len(calls) >= 4096:
             calls.clear()
@@ -256,6 +253,34 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
                               tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in outs),
                               tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in outs))
     return found
+
+
+def _meta_cannot(error: Exception) -> bool:
+    """Did the op fail for want of data rather than for the shapes: no meta kernel, or a value read
+    (``Tensor.item() cannot be called on meta tensors``)?"""
+    return isinstance(error, NotImplementedError) or "meta tensor" in str(error).lower()
+
+
+def _counted_call(ctx: GeneratorContext, module, inputs: Sequence[OperationData], shapes: dict, arguments: dict,
+                  real: bool, backward: bool, integer: int = 0) -> tuple:
+    """(FLOP counter, input tensors, outputs) of the node's op on tensors of ``shapes``: meta
+    tensors, or ``real`` CPU ones (floats in [0.5, 1.5), integers ``integer``); ``backward``: a
+    probe of an empty block, whose backward must give every input a gradient."""
+    values = {(d.locator.kind, d.locator.key): _probe_tensor(shapes[d.name], d.dtype, real, backward, integer)
+              for d in inputs}
+    tensors = list(values.values())
+    values.update(arguments)
+    with LocalFlopCounter() as counter:
+        result = call_op(ctx.node, module, values)
+    outs = result if isinstance(result, (list, tuple)) else (result,)
+    if backward:   # the kernel itself, outside the counter: under a dispatch mode an op may run its
+        # Python decomposition, which takes an empty block the kernel refuses (upsample_nearest3d)
+        plain = call_op(ctx.node, module, values)
+        outs = plain if isinstance(plain, (list, tuple)) else (plain,)
+        if ungraded := ungraded_inputs(tensors, outs):
+            raise StrategyError(f"the backward gives input(s) {ungraded} no gradient on these local shapes "
+                                f"(this rank would skip their resharding's backward collectives)")
+    return counter, tensors, outs
 
 
 #: node -> {(local shapes, local arguments, probe): (compute cost, output shapes)}; weakly keyed:
@@ -268,12 +293,13 @@ _META_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 PROBE_ELEMENTS = 1 << 22
 
 
-def _probe_tensor(shape: tuple[int, ...], dtype: torch.dtype, probe: bool) -> torch.Tensor:
-    if not probe:
+def _probe_tensor(shape: tuple[int, ...], dtype: torch.dtype, real: bool, graded: bool = False,
+                  integer: int = 0) -> torch.Tensor:
+    if not real:
         return torch.empty(shape, dtype=dtype, device="meta")
     if dtype.is_floating_point:
-        return torch.rand(shape, dtype=dtype).add_(0.5).requires_grad_()
-    return torch.zeros(shape, dtype=dtype)   # ids and masks: zero is a valid one
+        return torch.rand(shape, dtype=dtype).add_(0.5).requires_grad_(graded)
+    return torch.full(shape, integer, dtype=dtype)   # ids and masks: zero is a valid one
 
 
 def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[OperationData],

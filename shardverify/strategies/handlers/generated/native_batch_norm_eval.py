@@ -15,7 +15,7 @@ from shardverify.strategies.rules.sources.registry import RuleSpec
 
 HANDLER = register_handler(HandlerDef(
     name='native_batch_norm_eval',
-    targets=(torch.ops.aten.native_batch_norm.default,),
+    targets=(torch.ops.aten.native_batch_norm.default, torch.native_batch_norm),
     operands=(
         OperandDecl(role='input', kind='input', index=0, keyword='input'),
         OperandDecl(role='weight', kind='input', index=1, keyword='weight', optional=True),
@@ -41,6 +41,11 @@ HANDLER = register_handler(HandlerDef(
     spec_file='specs/native_batch_norm_eval.yaml',
     bindings=(
         (torch.ops.aten.native_batch_norm.default, (
+            ('training', (False,)),
+            ('momentum', (0.1,)),
+            ('eps', (1e-05,)),
+        )),
+        (torch.native_batch_norm, (
             ('training', (False,)),
             ('momentum', (0.1,)),
             ('eps', (1e-05,)),

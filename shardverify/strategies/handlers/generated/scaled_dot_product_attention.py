@@ -28,10 +28,10 @@ HANDLER = register_handler(HandlerDef(
     ),
     generator='rules',
     rule=RuleSpec(
-        source=Einsum(whole=('d', 't'), einsum=Equation(inputs=((('b',), ('h',), ('s',), ('d',)), (('b',), ('h',), ('t',), ('d',)), (('b',), ('h',), ('t',), ('e',)), (('b',), ('h',), ('s',), ('t',))), outputs=((('b',), ('h',), ('s',), ('e',)),))),
+        source=Einsum(whole=('d', 't'), einsum=Equation(inputs=((('...',), ('s',), ('d',)), (('...',), ('t',), ('d',)), (('...',), ('t',), ('e',)), (('...',), ('s',), ('t',))), outputs=((('...',), ('s',), ('e',)),))),
         modifiers=Modifiers(linear_in=(('value',),)),
         refs=(Ref(key='linear_in', at=(0,), kind='operand', name='value'),),
-        at='specs/scaled_dot_product_attention.yaml:23',
+        at='specs/scaled_dot_product_attention.yaml:28',
     ),
     spec_file='specs/scaled_dot_product_attention.yaml',
     bindings=(
