@@ -166,8 +166,8 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
     traced, node_name = case.build()
     gen = torch.Generator().manual_seed(case.seed)
     # the graph's own tensors are drawn anew in a copy; a graph holding none is only read
-    real = copy.deepcopy(traced) if any(True for _ in traced.parameters()) or any(True for _ in traced.buffers()) \
-        else traced
+    real = copy.deepcopy(traced) if next(traced.parameters(), None) is not None or \
+        next(traced.buffers(), None) is not None else traced
     with torch.no_grad():
         buffers = dict(real.named_buffers())
         for name, tensor in [*real.named_parameters(), *buffers.items()]:

@@ -233,19 +233,14 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
         try:
             counter, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, probe, probe)
         except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
-            try:   # or the op has no meta kernel, or reads its input's values (torch.cov): on the CPU, integers
-                # 0 (valid ids) and else 1 (torch.cov's frequency weights)
-                if probe or not _meta_cannot(exc) or sum(math.prod(shapes[d.name]) for d in inputs) > PROBE_ELEMENTS:
-                    raise
-                try:
-                    counter, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, True, False)
-                except Exception:  # noqa: BLE001
-                    counter, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, True, False, 1)
-            except Exception:  # noqa: BLE001 - the meta call's reason is the one to say
+            # or the op has no meta kernel, or reads its input's values (torch.cov): then on the CPU
+            on_cpu = None if probe or not _meta_cannot(exc) else _cpu_call(ctx, module, inputs, shapes, arguments)
+            if on_cpu is None:
                 spec_file = getattr(ctx.handler, "spec_file", "") or "its spec"
                 raise StrategyError(f"{ctx.handler_name} ({spec_file}): node {ctx.node.name!r}: the op raised when "
                                     f"called{' forward and backward' if probe else ''} on the block shapes a layout "
                                     f"of the rule gives one device, {shapes}: {exc}") from exc
+            counter, tensors, outs = on_cpu
         numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
         if len(calls) >= 4096:
             calls.clear()
@@ -259,6 +254,20 @@ def _meta_cannot(error: Exception) -> bool:
     """Did the op fail for want of data rather than for the shapes: no meta kernel, or a value read
     (``Tensor.item() cannot be called on meta tensors``)?"""
     return isinstance(error, NotImplementedError) or "meta tensor" in str(error).lower()
+
+
+def _cpu_call(ctx: GeneratorContext, module, inputs: Sequence[OperationData], shapes: dict,
+              arguments: dict) -> tuple | None:
+    """:func:`_counted_call` on small CPU tensors, integers 0 (valid ids), else 1 (torch.cov's
+    frequency weights); None where the op raises on both or the blocks are too large to probe."""
+    if sum(math.prod(shapes[d.name]) for d in inputs) > PROBE_ELEMENTS:
+        return None
+    for integer in (0, 1):
+        try:
+            return _counted_call(ctx, module, inputs, shapes, arguments, True, False, integer)
+        except Exception:  # noqa: BLE001 - the next integer, else the meta call's reason is said
+            continue
+    return None
 
 
 def _counted_call(ctx: GeneratorContext, module, inputs: Sequence[OperationData], shapes: dict, arguments: dict,
@@ -299,7 +308,7 @@ def _probe_tensor(shape: tuple[int, ...], dtype: torch.dtype, real: bool, graded
         return torch.empty(shape, dtype=dtype, device="meta")
     if dtype.is_floating_point:
         return torch.rand(shape, dtype=dtype).add_(0.5).requires_grad_(graded)
-    return torch.full(shape, integer, dtype=dtype)   # ids and masks: zero is a valid one
+    return torch.full(shape, integer, dtype=dtype)   # ids and masks: zero is a valid one, and the default
 
 
 def make_strategy(ctx: GeneratorContext, name: str, operands: Sequence[OperationData],
