@@ -112,14 +112,15 @@ def drawn_alike(args: tuple, kwargs: dict):
     restored on leaving: the CPU's always, an accelerator's too where a tensor argument lives on
     one or the call names one (``device=``)."""
     found: list = []
-    fx.node.map_aggregate((args, kwargs), lambda v: found.append(v) if isinstance(v, torch.Tensor) else None)
-    named = kwargs.get("device")
-    devices = {t.device for t in found} | ({torch.device(named)} if named is not None else set())
-    devices = {d for d in devices if d.type not in ("cpu", "meta")}
+    fx.node.map_aggregate((args, kwargs), lambda v: found.append(v.device) if isinstance(v, torch.Tensor) else None)
+    if kwargs.get("device") is not None:
+        found.append(torch.device(kwargs["device"]))
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.random.fork_rng(devices=[]))
         torch.default_generator.manual_seed(SEED)
-        for device in devices:
-            stack.enter_context(torch.random.fork_rng(devices=[device], device_type=device.type))
-            getattr(torch, device.type).manual_seed(SEED)
+        for kind, index in {(d.type, d.index) for d in found if d.type not in ("cpu", "meta")}:
+            backend = getattr(torch, kind)
+            index = backend.current_device() if index is None else index
+            stack.enter_context(torch.random.fork_rng(devices=[index], device_type=kind))
+            backend.default_generators[index].manual_seed(SEED)
         yield
