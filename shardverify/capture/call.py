@@ -13,7 +13,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.meta import output_metas, tensor_meta
-from shardverify.capture.randomness import drawn_alike, may_draw
+from shardverify.capture.randomness import generator_state
 from shardverify.errors import VerificationError
 
 __all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op",
@@ -147,10 +147,8 @@ def call_op(node: fx.Node, module: torch.nn.Module | None, values: dict, *, owne
     replaced in place (cheap) instead of through ``functional_call`` (which restores them).
     """
     args, kwargs, tensors = call_parts(node, module, values)
-    if may_draw(node, module):   # every rank and the reference draw the same numbers
-        with drawn_alike(args, kwargs):
-            return _invoke(node, module, values, args, kwargs, tensors, owned)
-    return _invoke(node, module, values, args, kwargs, tensors, owned)
+    with generator_state(node, module, args, kwargs):   # every rank and the reference draw the same numbers
+        return _invoke(node, module, values, args, kwargs, tensors, owned)
 
 
 def _invoke(node: fx.Node, module: torch.nn.Module | None, values: dict, args: tuple, kwargs: dict,

@@ -17,7 +17,9 @@ import contextlib
 import torch
 from torch import fx
 
-__all__ = ["draws_random", "random_call", "may_draw", "drawn_alike", "SEED"]
+from shardverify.capture.schema import schema_values
+
+__all__ = ["draws_random", "random_call", "may_draw", "drawn_alike", "generator_state", "SEED"]
 
 #: the generator seed every drawing call runs on
 SEED = 20261205
@@ -86,24 +88,11 @@ def _drawing(node: fx.Node) -> str:
     elif node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
             and torch.Tag.nondeterministic_seeded in target.tags \
             and not target.name().startswith(("aten::empty", "aten::new_empty")):
-        given = _schema_values(target, args, node.kwargs)
+        given = schema_values(target, args, node.kwargs)
         p = next((given[k] for k in ("p", "dropout_p") if k in given), None)
         if given.get("train", True) is not False and p != 0:   # else: draws nothing that matters
             return f"{node.name} ({target.name()}" + (f" p={p}" if p is not None else "") + ", random)"
     return ""
-
-
-def _schema_values(target, args: list, kwargs: dict) -> dict:
-    """The op's argument values by schema name, defaults included."""
-    values = {}
-    for i, argument in enumerate(target._schema.arguments):
-        if i < len(args):
-            values[argument.name] = args[i]
-        elif argument.name in kwargs:
-            values[argument.name] = kwargs[argument.name]
-        elif argument.has_default_value():
-            values[argument.name] = argument.default_value
-    return values
 
 
 @contextlib.contextmanager
@@ -124,3 +113,10 @@ def drawn_alike(args: tuple, kwargs: dict):
             stack.enter_context(torch.random.fork_rng(devices=[index], device_type=kind))
             backend.default_generators[index].manual_seed(SEED)
         yield
+
+
+def generator_state(node: fx.Node, module: torch.nn.Module | None, args: tuple, kwargs: dict):
+    """:func:`drawn_alike` for a call of ``node`` that may draw (:func:`may_draw`), else a context
+    that does nothing: the one way every runner of an op (a check, a plan's run, its reference)
+    gives a drawing call its state."""
+    return drawn_alike(args, kwargs) if may_draw(node, module) else contextlib.nullcontext()

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from shardverify.capture.schema import schema_values
+
 __all__ = ["is_uninitialised", "uninitialised_nodes", "undefined_outputs"]
 
 _FUNCTIONS = (torch.empty, torch.empty_like, torch.empty_strided)
@@ -51,14 +53,8 @@ _UNDEFINED_BY_ARGUMENT: dict[str, tuple[str, object, dict]] = {
     **{name: ("mode", 0, {0: (1, 2, 3), 1: (3,)})      # 0 sum, 1 mean, 2 max: every output defined
        for name in ("aten::_embedding_bag", "aten::_embedding_bag_forward_only", "aten::embedding_bag")},
 }
-
-
-def _argument(node: fx.Node, overload: torch._ops.OpOverload, name: str, default: object) -> object:
-    """The value of the schema argument ``name`` in the node's call (its default when not passed)."""
-    for position, argument in enumerate(overload._schema.arguments):
-        if argument.name == name:
-            return node.args[position] if position < len(node.args) else node.kwargs.get(name, default)
-    return default
+#: the ops above by their bare names, which a torch builtin of the same op has (torch.native_batch_norm)
+_NAMED = frozenset(name.removeprefix("aten::") for name in (*_UNDEFINED, *_UNDEFINED_BY_ARGUMENT))
 
 
 def undefined_outputs(node: fx.Node) -> frozenset[int]:
@@ -75,7 +71,7 @@ def undefined_outputs(node: fx.Node) -> frozenset[int]:
     if name not in _UNDEFINED_BY_ARGUMENT:
         return frozenset()
     argument, default, undefined = _UNDEFINED_BY_ARGUMENT[name]
-    return frozenset(undefined.get(_argument(node, overload, argument, default), ()))
+    return frozenset(undefined.get(schema_values(overload, node.args, node.kwargs).get(argument, default), ()))
 
 
 def _overload(node: fx.Node) -> torch._ops.OpOverload | None:
@@ -84,7 +80,6 @@ def _overload(node: fx.Node) -> torch._ops.OpOverload | None:
     if isinstance(node.target, torch._ops.OpOverload):
         return node.target
     name = getattr(node.target, "__name__", None)
-    if not isinstance(name, str) or f"aten::{name}" not in {**_UNDEFINED, **_UNDEFINED_BY_ARGUMENT} \
-            or getattr(torch, name, None) is not node.target:
+    if name not in _NAMED or getattr(torch, name, None) is not node.target:
         return None
     return getattr(getattr(torch.ops.aten, name), "default", None)

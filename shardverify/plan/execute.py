@@ -10,7 +10,6 @@ through the strategy's HOOK actions. Generic nodes run on full (replicated) tens
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 
@@ -18,7 +17,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.call import as_outputs, call_op, operand_nodes
-from shardverify.capture.randomness import drawn_alike, may_draw
+from shardverify.capture.randomness import generator_state
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.collectives.reshard import apply_reshard
 from shardverify.errors import VerificationError
@@ -297,7 +296,7 @@ def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
             return _param_leaf(comm, name, gm.get_parameter(name), None, leaves, order, node.name)
         return functools.reduce(getattr, str(node.target).split("."), gm)
     module = gm.get_submodule(node.target) if node.op == "call_module" else None
-    with drawn_alike(args, kwargs) if may_draw(node, module) else contextlib.nullcontext():   # as the reference
+    with generator_state(node, module, args, kwargs):   # as the reference draws
         if node.op == "call_function":
             return node.target(*args, **kwargs)
         if node.op == "call_method":

@@ -8,7 +8,7 @@ import weakref
 import torch
 from torch import fx
 
-from shardverify.capture.randomness import drawn_alike, may_draw
+from shardverify.capture.randomness import generator_state
 from shardverify.capture.uninitialised import uninitialised_nodes
 from shardverify.plan.blame import tapped_edges
 from shardverify.plan.recipe import TRACE_LOCK, ModelRecipe, as_float64, traced
@@ -63,10 +63,8 @@ def reference_run(recipe: ModelRecipe):
 
         def run_node(self, n):
             module = gm.get_submodule(n.target) if n.op == "call_module" else None
-            if may_draw(n, module):   # from the generator state every rank's call draws from
-                with drawn_alike(*fx.node.map_arg((n.args, n.kwargs), lambda a: self.env[a])):
-                    out = super().run_node(n)
-            else:
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: self.env[a])
+            with generator_state(n, module, args, kwargs):   # the state every rank's call draws from
                 out = super().run_node(n)
             if n.name in skipped:
                 return out
