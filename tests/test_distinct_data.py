@@ -120,3 +120,19 @@ def test_the_audit_decides_validity_under_every_seed_the_data_needs():
     outcome = audit.decide(swapped)
     assert not outcome.valid and "not with seed" in outcome.reason
     assert audit.decide((Layout(((), (0, 1), ())), Layout(((0, 1), ())))).valid
+
+
+def test_a_tensor_of_distinct_values_is_settled_without_cutting_it_and_a_repeat_is_not():
+    """No two blocks of a tensor whose elements all differ can be equal; a tensor repeating a value
+    (NaNs count as equal to each other) is still cut split by split, and its equal blocks found."""
+    from shardverify.verify.distinct import _all_distinct
+
+    drawn = torch.randn(4, 6, dtype=torch.float64)
+    assert _all_distinct(drawn)
+    assert all(not equal_pairs(drawn, split) for split in splits((4, 6), (2, 3)))
+    nans = torch.tensor([[float("nan"), 1.0], [float("nan"), 2.0]])
+    assert not _all_distinct(nans)
+    assert equal_pairs(nans[:, :1], (2, 1)) == {(0, 1)}
+    assert not _all_distinct(torch.tensor([0.0, -0.0]))   # equal values, whatever their sign bit
+    assert not _all_distinct(torch.tensor([1, 2, 1]))
+    assert not _all_distinct(torch.tensor([1 + 1j, 2 + 0j]))   # complex: cut split by split

@@ -73,6 +73,19 @@ def test_the_single_device_error_is_measured_in_the_dtype():
     assert set(grads16) == {("arg", 0), ("param", "weight")}
 
 
+def test_a_budget_in_the_cases_own_dtype_reads_the_checks_reference_and_another_builds_its_own():
+    """A float32 case's float32 budget holds every value as the check does: one reference serves
+    both; a float16 budget changes the values, so it has a reference of its own."""
+    from shardverify.verify.reference import reference
+
+    cpu = torch.device("cpu")
+    assert reference(LINEAR, torch.float32, cpu) is reference(LINEAR, None, cpu)
+    assert reference(LINEAR, torch.float16, cpu) is not reference(LINEAR, None, cpu)
+    assert reference(LINEAR, torch.float16, cpu).values[("arg", 0)].dtype == torch.float64
+    assert not torch.equal(reference(LINEAR, torch.float16, cpu).values[("arg", 0)],
+                           reference(LINEAR, None, cpu).values[("arg", 0)])   # rounded through float16
+
+
 def test_correct_strategy_passes_in_float16_within_the_budget(mesh4):
     strategy = partial_output_strategy(mesh4)
     result = verify_strategy(mesh4, LINEAR, strategy, dtype="float16")

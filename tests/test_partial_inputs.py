@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardverify.errors import StrategyError
-from shardverify.sharding.pieces import partial_pieces, unit_noise
+from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.partial import PartialInput
 from shardverify.spec.case import InputDecl, OpCase
 from shardverify.strategies.handlers.base import OperandDecl
@@ -30,19 +30,29 @@ def test_pieces_sum_to_the_value_and_each_differs_from_it_and_from_the_others():
     assert pieces.abs().min() > 0                                         # no zero padding
 
 
-def test_pieces_of_a_block_from_its_slice_of_the_unit_noise_made_for_the_whole_tensor():
+def test_a_blocks_pieces_are_its_slice_of_the_whole_tensors_pieces():
+    """What every layout of a case reads (verify/rank_inputs.py): the pieces of a whole tensor,
+    sliced to a block, sum to the block, and each differs from the block's share and the others."""
     whole = torch.randn(6, 4, dtype=torch.float64)
-    draws = torch.randn((2, 6, 4), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    unit = unit_noise(draws)
-    assert torch.equal(unit[:, 2:4], unit_noise(draws[:, 2:4]))   # elementwise: the block's own
+    pieces = partial_pieces(whole, 2, seed=3)[:, 2:4]
     block = whole[2:4]
-    pieces = partial_pieces(block, 2, seed=3, unit=unit[:, 2:4])
     assert torch.allclose(pieces.sum(0), block)
     assert not torch.allclose(pieces[0], pieces[1]) and not torch.allclose(pieces[0], block / 2)
-    assert torch.equal(pieces, partial_pieces(block, 2, seed=3, unit=unit[:, 2:4]))
-    assert torch.equal(unit, unit_noise(draws))                                      # read only
-    with pytest.raises(ValueError, match="noise of shape"):
-        partial_pieces(block, 2, seed=3, unit=unit)
+    assert ((pieces > 0).any(0) & (pieces < 0).any(0)).all()   # both signs at every element
+
+
+def test_whole_tensors_pieces_are_made_once_and_kept_within_their_byte_budget(monkeypatch):
+    from shardverify.verify import rank_inputs
+
+    monkeypatch.setattr(rank_inputs, "_WHOLE_PIECES", {})
+    first, second = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
+    made = rank_inputs._whole_pieces(first, 2, seed=1)
+    assert rank_inputs._whole_pieces(first, 2, seed=1) is made                 # once per tensor, count, seed
+    monkeypatch.setattr(rank_inputs, "_WHOLE_BYTES", made.nbytes * 3 // 2)    # room for one set alone
+    rank_inputs._whole_pieces(second, 2, seed=1)
+    assert [owner for owner, _ in rank_inputs._WHOLE_PIECES.values()] == [second]
+    monkeypatch.setattr(rank_inputs, "_WHOLE_MOST", 8 * 4 * 2 - 1)
+    assert rank_inputs._whole_pieces(first, 2, seed=1) is None                 # too large: its blocks make their own
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (3,), (2, 3)])

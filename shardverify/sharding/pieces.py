@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["partial_pieces", "unit_noise", "piece_draws"]
+__all__ = ["partial_pieces"]
 
 
 def piece_draws(count: int, shape: tuple[int, ...], seed: int, device: torch.device) -> torch.Tensor:
@@ -40,13 +40,12 @@ def unit_noise(draws: torch.Tensor) -> torch.Tensor:
     return noise.div_(noise.abs().amax(dim=0).clamp_min_(torch.finfo(torch.float64).tiny))
 
 
-def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum",
-                   unit: torch.Tensor | None = None) -> torch.Tensor:
+def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum") -> torch.Tensor:
     """``count`` pieces of ``value`` (stacked on a new dim 0, in float64 or complex128) that reduce to it by
     ``op`` (sum, max or min); the same ``seed`` and value give the same pieces in every process,
-    so each rank of a group can make all of them and keep its own.  ``unit``: for a real value
-    summed, the :func:`unit_noise` to use (float64, of shape ``(count, *value.shape)``; read only)
-    in place of that of the draws ``seed`` gives: a block's slice of a whole tensor's."""
+    so each rank of a group can make all of them and keep its own.  Summed pieces of a real value
+    are elementwise in the value and its draws but for one scale (a share of the value's mean
+    magnitude), so the pieces of a whole tensor, sliced, are pieces of each of its blocks."""
     if value.is_complex():   # pieces of its real and imaginary parts (no max or min of complex numbers)
         if op != "sum":
             raise ValueError(f"a complex value's partial pieces combine by sum, not {op!r}")
@@ -58,11 +57,7 @@ def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum",
         raise ValueError(f"partial pieces combine by sum, max or min, not {op!r}")
     full = value.detach().to(torch.float64)
     finite = torch.isfinite(full)
-    if unit is None:
-        unit = unit_noise(piece_draws(count, tuple(full.shape), seed, full.device))
-    elif tuple(unit.shape) != (count, *full.shape) or unit.dtype != torch.float64:
-        raise ValueError(f"noise of shape {tuple(unit.shape)} and dtype {unit.dtype} for {count} pieces of a value "
-                         f"of shape {tuple(full.shape)}: float64 of shape {(count, *full.shape)} expected")
+    unit = unit_noise(piece_draws(count, tuple(full.shape), seed, full.device))
     every = bool(finite.all())
     if every:   # the same elements in the same order as the mask's, without the mask's copy
         scale = float(full.reshape(-1).abs().mean()) / count if full.numel() else 0.0
@@ -73,7 +68,7 @@ def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum",
     # then some piece has the other sign than the value (with count pieces, the other side's
     # noise totals at least that largest one), yet the pieces cancel by not much more than the
     # value itself (rounding stays an op's)
-    noise = unit * share.abs().mul_(count).add_(scale if scale > 0 else 1.0)
+    noise = unit.mul_(share.abs().mul_(count).add_(scale if scale > 0 else 1.0))
     if every:
         return noise.add_(share)
     pieces = noise + share

@@ -5,10 +5,11 @@ and shared by every strategy laying the input out alike (read only: callers copy
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
-from shardverify.sharding.pieces import partial_pieces, piece_draws, unit_noise
+from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.verify.layout import LocalOperand
 from shardverify.verify.memo import recalled, remembered
@@ -54,36 +55,50 @@ def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, ax
                   op: str) -> torch.Tensor:
     """This rank's piece of its block of the reference tensor ``full`` held as a partial value
     over mesh ``axes`` (the pieces reduce by ``op``; every rank of the group makes the same
-    pieces from the same block and seed and keeps the one at its position).  The group's pieces
-    are made once per (tensor, block, mesh, axes, seed, op) and shared by every rank of the group
-    and every strategy of the case laying the tensor out alike (the same pieces each would make;
-    read only: callers copy)."""
+    pieces from the same block and seed and keeps the one at its position), read only: callers
+    copy.  Summed pieces of a real tensor are made once per (tensor, count, seed) for the whole
+    tensor and each block takes its slice of them (:func:`_whole_pieces`); other pieces once
+    per (tensor, block, mesh, axes, seed, op), shared by every rank of the group and every
+    strategy of the case laying the tensor out alike."""
+    count = math.prod(mesh.shape[a] for a in axes)
+    whole = _whole_pieces(full, count, seed) if op == "sum" else None
+    if whole is not None:
+        return whole[(mesh.group_index(rank, axes), *operand.slices)]
     block = tuple((s.start, s.stop, s.step) for s in operand.slices)
     pieces = recalled(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full)
     if pieces is None:
-        count = math.prod(mesh.shape[a] for a in axes)
         pieces = remembered(_PIECES, (id(full), block, tuple(mesh.shape), axes, seed, op), full,
-                            lambda: _pieces(operand.shard(full, mesh, rank), full, operand, count, seed, op),
-                            limit=1024)
+                            lambda: partial_pieces(operand.shard(full, mesh, rank), count, seed, op), limit=1024)
     return pieces[mesh.group_index(rank, axes)]
 
 
-_NOISE: dict = {}
-#: unit noise kept for a whole tensor at most (float64: 128 MiB); a larger one's blocks draw their own
-_NOISE_MOST = 1 << 24
+#: elements of a whole tensor's pieces made at once at most (float64: 32 MiB); a larger one's blocks make their own
+_WHOLE_MOST = 1 << 22
+#: bytes of whole tensors' pieces kept at most (the table is emptied before it would hold more)
+_WHOLE_BYTES = 1 << 28
+_WHOLE_PIECES: dict = {}
+_WHOLE_LOCK = threading.Lock()
 
 
-def _pieces(value: torch.Tensor, full: torch.Tensor, operand: LocalOperand, count: int, seed: int,
-            op: str) -> torch.Tensor:
-    """``partial_pieces`` of ``value``, the block ``operand`` cuts of ``full``: summed pieces of a
-    real tensor take their noise from the unit noise made once per (tensor, count, seed) for the
-    whole tensor (the block's slice of it), so the layouts of a case, which cut the same tensor
-    into many blocks, draw and scale its noise once, not once per block."""
-    if op != "sum" or full.is_complex() or full.numel() * count > _NOISE_MOST:
-        return partial_pieces(value, count, seed, op)
-    unit = remembered(_NOISE, (id(full), count, seed), full,
-                      lambda: unit_noise(piece_draws(count, tuple(full.shape), seed, full.device)), limit=256)
-    return partial_pieces(value, count, seed, op, unit=unit[(slice(None), *operand.slices)])
+def _whole_pieces(full: torch.Tensor, count: int, seed: int) -> torch.Tensor | None:
+    """``partial_pieces(full, count, seed)`` of a real tensor, made once per (tensor, count,
+    seed), or None for a complex or too large one.  Summed pieces are elementwise in the value
+    and its noise (their scale, a share of the tensor's mean magnitude, is the whole tensor's),
+    so a block's pieces are the block's slice of the whole's: the layouts of a case, which cut
+    the same tensor into many blocks, make its pieces once, not once per block."""
+    if full.is_complex() or full.numel() * count > _WHOLE_MOST:
+        return None
+    key = (id(full), count, seed)
+    found = recalled(_WHOLE_PIECES, key, full)
+    if found is None:
+        with _WHOLE_LOCK:   # rank threads ask at once: one makes them, and the table is summed unchanged
+            found = recalled(_WHOLE_PIECES, key, full)
+            if found is None:
+                found = partial_pieces(full, count, seed)
+                if sum(pieces.nbytes for _, pieces in _WHOLE_PIECES.values()) + found.nbytes > _WHOLE_BYTES:
+                    _WHOLE_PIECES.clear()
+                _WHOLE_PIECES[key] = (full, found)   # as memo.remembered keeps it: the owner with its value
+    return found
 
 
 def extremum_holder(strategy: ShardingStrategy, ref: Reference, operand, position: int, mesh,
