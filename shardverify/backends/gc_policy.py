@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gc
 
-from shardverify.backends.allocator import return_large_frees
+from shardverify.backends.allocator import huge_pages_for_large_tensors, return_large_frees
 
 __all__ = ["CHECKING_THRESHOLDS", "freeze_what_is_loaded", "tune_for_checking"]
 
@@ -29,9 +29,10 @@ CHECKING_THRESHOLDS = (50_000, 20, 10)
 
 def tune_for_checking() -> None:
     """Give this process the collector thresholds of a checking process, and its allocator's
-    (large blocks returned to the OS when freed: see allocator)."""
+    (large blocks returned to the OS when freed, and laid on huge pages: see allocator)."""
     gc.set_threshold(*CHECKING_THRESHOLDS)
     return_large_frees()
+    huge_pages_for_large_tensors()
 
 
 def freeze_what_is_loaded() -> None:
