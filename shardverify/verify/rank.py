@@ -119,7 +119,7 @@ def ranks_check(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | No
     ref = _reference(case, dtype, comms[0].device)
     layouts = rank_layouts(strategy, mesh, tuple(comm.rank for comm in comms))
 
-    narrowest = _narrowest_input(ref)
+    narrowest = ref.narrowest_input
 
     def tolerance(t: torch.dtype) -> Tolerance:   # integers and bools exactly, whatever a spec or caller says
         exact = not (t.is_floating_point or t.is_complex)
@@ -297,12 +297,6 @@ def _reference(case: OpCase, dtype: str | None, device: torch.device) -> Referen
     ref = reference(case, dtype_from_name(dtype) if dtype is not None else None, torch.device(device))
     _LAST_REFERENCE.entry = (case, dtype, device, ref)
     return ref
-
-
-def _narrowest_input(ref: Reference) -> torch.dtype | None:
-    """The least precise real floating dtype among the op's inputs (None without one)."""
-    floating = [d for d in ref.dtypes.values() if d.is_floating_point]
-    return max(floating, key=lambda d: torch.finfo(d).eps) if floating else None
 
 
 def _computed_in(result: torch.dtype, narrowest: torch.dtype | None) -> torch.dtype:

@@ -9,6 +9,7 @@ itself is computed in float64. One reference per (case, dtype, device) is kept p
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,14 @@ class Reference:
     def leaves(self, loc: Locator, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """:meth:`leaf` of each of ``tensors`` (every rank's block of one operand)."""
         return [_as_leaf(tensor, loc, self.constant) for tensor in tensors]
+
+    @functools.cached_property
+    def narrowest_input(self) -> torch.dtype | None:
+        """The least precise real floating dtype among the op's inputs (None without one), whose
+        precision a result computed from them is compared at (verify/rank.py): worked out once,
+        not at every check of the case."""
+        floating = [d for d in self.dtypes.values() if d.is_floating_point]
+        return max(floating, key=lambda d: torch.finfo(d).eps) if floating else None
 
     @property
     def output(self) -> torch.Tensor:
@@ -158,9 +167,16 @@ def reference(case: OpCase, override: torch.dtype | None, device: torch.device) 
     """The case's reference for a check run in ``override`` (None: the traced dtypes) on
     ``device``; built once per process, under a lock so simulated ranks share one."""
     with _REFERENCE_LOCK:
-        if override is not None and _keeps_dtypes(case, override):
-            override = None   # the same reference: the check's in the traced dtypes serves both
-        return cached(_REFERENCES, (case, override, str(device)), lambda: _buildreference(case, override, device))
+        return cached(_REFERENCES, (case, override, str(device)), lambda: _built(case, override, device))
+
+
+def _built(case: OpCase, override: torch.dtype | None, device: torch.device) -> Reference:
+    """The reference :func:`reference` has not kept yet: for a check run in ``override`` that
+    keeps every traced dtype, the traced dtypes' own (built once for both; asked only on a miss,
+    not at every lookup)."""
+    if override is not None and _keeps_dtypes(case, override):
+        return cached(_REFERENCES, (case, None, str(device)), lambda: _buildreference(case, None, device))
+    return _buildreference(case, override, device)
 
 
 def _keeps_dtypes(case: OpCase, override: torch.dtype) -> bool:
