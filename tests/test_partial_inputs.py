@@ -45,12 +45,19 @@ def test_whole_tensors_pieces_are_made_once_and_kept_within_their_byte_budget(mo
     from shardverify.verify import rank_inputs
 
     monkeypatch.setattr(rank_inputs, "_WHOLE_PIECES", {})
+    monkeypatch.setattr(rank_inputs, "_WHOLE_HELD", 0)
     first, second = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
     made = rank_inputs._whole_pieces(first, 2, seed=1)
-    assert rank_inputs._whole_pieces(first, 2, seed=1) is made                 # once per tensor, count, seed
+    assert rank_inputs._whole_pieces(first, 2, seed=1) is made                 # once per tensor, count, seed, op
+    assert torch.equal(rank_inputs._whole_pieces(first, 2, seed=1, op="max").amax(0), first)
+    assert rank_inputs._WHOLE_HELD == 2 * made.nbytes
     monkeypatch.setattr(rank_inputs, "_WHOLE_BYTES", made.nbytes * 3 // 2)    # room for one set alone
     rank_inputs._whole_pieces(second, 2, seed=1)
     assert [owner for owner, _ in rank_inputs._WHOLE_PIECES.values()] == [second]
+    assert rank_inputs._WHOLE_HELD == made.nbytes
+    rank_inputs._WHOLE_PIECES.clear()                                          # as a benchmark empties the tables
+    rank_inputs._whole_pieces(first, 2, seed=1)
+    assert rank_inputs._WHOLE_HELD == made.nbytes                              # counted afresh, not on top
     monkeypatch.setattr(rank_inputs, "_WHOLE_MOST", 8 * 4 * 2 - 1)
     assert rank_inputs._whole_pieces(first, 2, seed=1) is None                 # too large: its blocks make their own
 
@@ -130,6 +137,19 @@ def test_extremum_pieces_reduce_to_the_value_with_one_holder_and_no_near_tie(op)
     gaps = (pieces - value).abs()[pieces != value]
     assert gaps.min() >= 0.1 * value.abs().mean()                          # no two pieces near a tie
     assert len({int(h) for h in (pieces == value).int().argmax(0).flatten()}) == 3   # every rank holds some
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_a_blocks_extremum_pieces_are_its_slice_of_the_whole_tensors_pieces(op):
+    """What every layout of a case reads: the whole tensor's max or min pieces, sliced to a block,
+    reduce to the block, one piece holds each element, and the far gaps pass the block's spread."""
+    whole = torch.randn(6, 4, dtype=torch.float64) * torch.arange(1, 7, dtype=torch.float64)[:, None]
+    pieces, block = partial_pieces(whole, 2, seed=3, op=op)[:, 2:4], whole[2:4]
+    assert torch.equal(pieces.amax(0) if op == "max" else pieces.amin(0), block)
+    holders = (pieces == block).sum(0)
+    assert torch.equal(holders, torch.ones_like(holders))
+    gaps = (pieces - block).abs()[pieces != block]
+    assert gaps.min() >= 0.1 * whole.abs().mean() and gaps.max() > block.max() - block.min()
 
 
 TANH = OpCase(op="tanh", target="torch.tanh", inputs=(InputDecl("x", (6, 5)),))

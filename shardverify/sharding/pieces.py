@@ -43,9 +43,10 @@ def unit_noise(draws: torch.Tensor) -> torch.Tensor:
 def partial_pieces(value: torch.Tensor, count: int, seed: int, op: str = "sum") -> torch.Tensor:
     """``count`` pieces of ``value`` (stacked on a new dim 0, in float64 or complex128) that reduce to it by
     ``op`` (sum, max or min); the same ``seed`` and value give the same pieces in every process,
-    so each rank of a group can make all of them and keep its own.  Summed pieces of a real value
-    are elementwise in the value and its draws but for one scale (a share of the value's mean
-    magnitude), so the pieces of a whole tensor, sliced, are pieces of each of its blocks."""
+    so each rank of a group can make all of them and keep its own.  Pieces of a real value are
+    elementwise in the value and its draws but for a scale or two of the whole value (a sum's
+    share of its mean magnitude; a max's or min's gaps, from its mean magnitude and its spread),
+    so the pieces of a whole tensor, sliced, are pieces of each of its blocks."""
     if value.is_complex():   # pieces of its real and imaginary parts (no max or min of complex numbers)
         if op != "sum":
             raise ValueError(f"a complex value's partial pieces combine by sum, not {op!r}")

@@ -56,12 +56,12 @@ def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, ax
     """This rank's piece of its block of the reference tensor ``full`` held as a partial value
     over mesh ``axes`` (the pieces reduce by ``op``; every rank of the group makes the same
     pieces from the same block and seed and keeps the one at its position), read only: callers
-    copy.  Summed pieces of a real tensor are made once per (tensor, count, seed) for the whole
-    tensor and each block takes its slice of them (:func:`_whole_pieces`); other pieces once
-    per (tensor, block, mesh, axes, seed, op), shared by every rank of the group and every
-    strategy of the case laying the tensor out alike."""
+    copy.  The pieces of a real tensor are made once per (tensor, count, seed, op) for the whole
+    tensor and each block takes its slice of them (:func:`_whole_pieces`); a complex or too
+    large tensor's once per (tensor, block, mesh, axes, seed, op), shared by every rank of the
+    group and every strategy of the case laying the tensor out alike."""
     count = math.prod(mesh.shape[a] for a in axes)
-    whole = _whole_pieces(full, count, seed) if op == "sum" else None
+    whole = _whole_pieces(full, count, seed, op)
     if whole is not None:
         return whole[(mesh.group_index(rank, axes), *operand.slices)]
     block = tuple((s.start, s.stop, s.step) for s in operand.slices)
@@ -77,27 +77,37 @@ _WHOLE_MOST = 1 << 22
 #: bytes of whole tensors' pieces kept at most (the table is emptied before it would hold more)
 _WHOLE_BYTES = 1 << 28
 _WHOLE_PIECES: dict = {}
+_WHOLE_HELD = 0          # bytes of the pieces in _WHOLE_PIECES (0 again whenever it is found empty)
 _WHOLE_LOCK = threading.Lock()
 
 
-def _whole_pieces(full: torch.Tensor, count: int, seed: int) -> torch.Tensor | None:
-    """``partial_pieces(full, count, seed)`` of a real tensor, made once per (tensor, count,
-    seed), or None for a complex or too large one.  Summed pieces are elementwise in the value
-    and its noise (their scale, a share of the tensor's mean magnitude, is the whole tensor's),
-    so a block's pieces are the block's slice of the whole's: the layouts of a case, which cut
-    the same tensor into many blocks, make its pieces once, not once per block."""
+def _whole_pieces(full: torch.Tensor, count: int, seed: int, op: str = "sum") -> torch.Tensor | None:
+    """``partial_pieces(full, count, seed, op)`` of a real tensor, made once per (tensor, count,
+    seed, op), or None for a complex or too large one.  Pieces are elementwise in the value and
+    their draws but for a scale or two of the whole tensor (a sum's share of its mean magnitude;
+    a max's or min's gaps, a tenth of its mean magnitude and more than its spread), so a block's
+    pieces are the block's slice of the whole's: the layouts of a case, which cut the same tensor
+    into many blocks, make its pieces once, not once per block."""
+    global _WHOLE_HELD
     if full.is_complex() or full.numel() * count > _WHOLE_MOST:
         return None
-    key = (id(full), count, seed)
+    key = (id(full), count, seed, op)
     found = recalled(_WHOLE_PIECES, key, full)
     if found is None:
-        with _WHOLE_LOCK:   # rank threads ask at once: one makes them, and the table is summed unchanged
+        with _WHOLE_LOCK:   # rank threads ask at once: one makes them, and the bytes kept are counted once
             found = recalled(_WHOLE_PIECES, key, full)
             if found is None:
-                found = partial_pieces(full, count, seed)
-                if sum(pieces.nbytes for _, pieces in _WHOLE_PIECES.values()) + found.nbytes > _WHOLE_BYTES:
+                found = partial_pieces(full, count, seed, op)
+                stale = _WHOLE_PIECES.pop(key, None)   # another tensor's, which had the same id
+                if not _WHOLE_PIECES:   # emptied, here or by whoever empties the engine's tables
+                    _WHOLE_HELD = 0
+                elif stale is not None:
+                    _WHOLE_HELD -= stale[1].nbytes
+                if _WHOLE_HELD + found.nbytes > _WHOLE_BYTES:
                     _WHOLE_PIECES.clear()
+                    _WHOLE_HELD = 0
                 _WHOLE_PIECES[key] = (full, found)   # as memo.remembered keeps it: the owner with its value
+                _WHOLE_HELD += found.nbytes
     return found
 
 
