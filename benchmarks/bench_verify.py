@@ -279,13 +279,13 @@ def plain_calls(case, strategy, mesh) -> FloorLayout:
     Which outputs carry a gradient is settled by :func:`settle` (a call, so it may raise)."""
     import torch
 
-    from shardverify.capture.call import call_parts
+    from shardverify.capture.call import call_parts, called_module
     from shardverify.verify.rank import local_arguments
     from shardverify.verify.reference import reference
 
     ref = reference(case, None, torch.device("cpu"))
     node = ref.node
-    module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
+    module = called_module(ref.graph_module, node)
     fn, tensor_names = plain_target(case, node, module)
     calls, shards = [], []
     for rank in range(mesh.size):
@@ -550,7 +550,7 @@ def dtensor_row(simulated, mesh_shape, layouts: list[tuple], seconds: float, rou
     from torch.distributed.tensor import DeviceMesh, distribute_tensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from shardverify.capture.call import as_outputs, call_op
+    from shardverify.capture.call import as_outputs, call_op, called_module
     from shardverify.verify.engine import verify_case
     from shardverify.verify.reference import reference
     from shardverify.verify.report import assert_passed
@@ -567,7 +567,7 @@ def dtensor_row(simulated, mesh_shape, layouts: list[tuple], seconds: float, rou
 
         def check(case, strategy) -> None:
             ref = reference(case, None, torch.device("cpu"))
-            module = (ref.graph_module.get_submodule(ref.node.target) if ref.node.op == "call_module" else None)
+            module = called_module(ref.graph_module, ref.node)
             with LocalTensorMode(frozenset(range(world))):
                 leaves = {}
                 for data in strategy.inputs:

@@ -16,7 +16,7 @@ from shardverify.capture.meta import output_metas, tensor_meta
 from shardverify.capture.randomness import generator_state
 from shardverify.errors import VerificationError
 
-__all__ = ["Locator", "target_name", "operand_nodes", "module_tensors", "as_outputs", "call_parts", "call_op",
+__all__ = ["Locator", "target_name", "operand_nodes", "called_module", "module_tensors", "as_outputs", "call_parts", "call_op",
            "meta_devices", "backward_from_ones", "tuple_element", "ungraded_inputs"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
@@ -33,6 +33,11 @@ def operand_nodes(node: fx.Node) -> dict:
             found.update({("item", (i, j)): e for j, e in enumerate(a) if isinstance(e, fx.Node)})
     found.update({("kwarg", k): a for k, a in node.kwargs.items() if isinstance(a, fx.Node)})
     return found
+
+
+def called_module(graph_module: torch.nn.Module, node: fx.Node) -> torch.nn.Module | None:
+    """The module a ``call_module`` node calls in ``graph_module``; None for any other node."""
+    return graph_module.get_submodule(str(node.target)) if node.op == "call_module" else None
 
 
 def module_tensors(module: torch.nn.Module | None) -> dict:

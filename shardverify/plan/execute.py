@@ -16,7 +16,7 @@ import re
 import torch
 from torch import fx
 
-from shardverify.capture.call import as_outputs, call_op, operand_nodes
+from shardverify.capture.call import as_outputs, call_op, called_module, operand_nodes
 from shardverify.capture.randomness import generator_state
 from shardverify.collectives.patterns import after_op, apply_grad_hook, before_op
 from shardverify.collectives.reshard import apply_reshard
@@ -239,7 +239,7 @@ def _param_leaf(comm, qualname: str, full: torch.Tensor, layout: ShapedLayout | 
 
 
 def _run_strategy(comm, gm, node, strategy, env, fetch, params, leaves, order, deferred=()):
-    module = gm.get_submodule(node.target) if node.op == "call_module" else None
+    module = called_module(gm, node)
     values, late = {}, {}
     for data in strategy.inputs:
         loc = (data.locator.kind, data.locator.key)
@@ -295,7 +295,7 @@ def _run_generic(comm, gm, node, env, fetch, params, leaves, order):
             name = params[node.target]
             return _param_leaf(comm, name, gm.get_parameter(name), None, leaves, order, node.name)
         return functools.reduce(getattr, str(node.target).split("."), gm)
-    module = gm.get_submodule(node.target) if node.op == "call_module" else None
+    module = called_module(gm, node)
     with generator_state(node, module, args, kwargs):   # as the reference draws
         if node.op == "call_function":
             return node.target(*args, **kwargs)

@@ -8,6 +8,7 @@ import weakref
 import torch
 from torch import fx
 
+from shardverify.capture.call import called_module
 from shardverify.capture.randomness import generator_state
 from shardverify.capture.uninitialised import uninitialised_nodes
 from shardverify.plan.blame import tapped_edges
@@ -62,7 +63,7 @@ def reference_run(recipe: ModelRecipe):
             return fx.node.map_arg(n.args, get), fx.node.map_arg(n.kwargs, get)
 
         def run_node(self, n):
-            module = gm.get_submodule(n.target) if n.op == "call_module" else None
+            module = called_module(gm, n)
             args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: self.env[a])
             with generator_state(n, module, args, kwargs):   # the state every rank's call draws from
                 out = super().run_node(n)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 from shardverify.backends.stacked import AllRanks
-from shardverify.capture.call import as_outputs, call_op
+from shardverify.capture.call import as_outputs, call_op, called_module
 from shardverify.capture.randomness import may_draw
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.collectives.patterns import before_op_on_ranks, zero_outside_index_shards
@@ -129,7 +129,7 @@ def _masked(strategy: ShardingStrategy, outputs: tuple, late: dict) -> list:
 def _measure(ref: Reference, strategy: ShardingStrategy, layout: RankLayout,
              labels: frozenset[str] | None, views: dict) -> dict[str, float] | None:
     node = ref.node
-    module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
+    module = called_module(ref.graph_module, node)
     if may_draw(node, module):   # float64 draws other numbers: no rounding of its own to measure
         return None
     try:

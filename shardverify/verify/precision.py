@@ -33,7 +33,7 @@ import torch
 
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.spec.case import OpCase, cached
-from shardverify.capture.call import as_outputs, call_op
+from shardverify.capture.call import as_outputs, call_op, called_module
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.verify.reference import Reference, reference
 from shardverify.verify.local_errors import rank_local_errors
@@ -59,7 +59,7 @@ def single_device_errors(case: OpCase, dtype: torch.dtype) -> tuple[tuple[float,
 
 def _measure(ref: Reference) -> tuple[tuple[float, ...], dict]:
     node = ref.node
-    module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
+    module = called_module(ref.graph_module, node)
     leaves = {}
     for loc, value in ref.values.items():
         leaf = value.to(ref.dtypes[loc])

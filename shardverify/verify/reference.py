@@ -18,7 +18,7 @@ import torch
 from torch import fx
 
 from shardverify.capture.meta import output_metas
-from shardverify.capture.call import Locator, as_outputs, call_op, module_tensors, operand_nodes
+from shardverify.capture.call import Locator, as_outputs, call_op, called_module, module_tensors, operand_nodes
 from shardverify.capture.randomness import may_draw
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.errors import VerificationError
@@ -212,13 +212,13 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
     with torch.no_grad():
         interpreter.run(*inputs)
     node = next(n for n in real.graph.nodes if n.name == node_name)
-    module = real.get_submodule(node.target) if node.op == "call_module" else None
+    module = called_module(real, node)
 
     values, dtypes = {}, {}
     for loc, arg in operand_nodes(node).items():
         dtypes[loc] = _check_dtype(_meta_dtype(traced, arg.name), override)
         values[loc] = _rounded(interpreter.env[arg], dtypes[loc])
-    traced_module = traced.get_submodule(node.target) if node.op == "call_module" else None
+    traced_module = called_module(traced, node)
     for loc, tensor in module_tensors(module).items():
         dtypes[loc] = _check_dtype(module_tensors(traced_module)[loc].dtype, override)
         values[loc] = tensor.detach()

@@ -23,7 +23,7 @@ from shardverify.sharding.layout import Layout
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.spec.case import OpCase
 from shardverify.features.audit.local_call import call_with_backward, mixed_dtypes, output_scale, widened
-from shardverify.capture.call import call_op
+from shardverify.capture.call import call_op, called_module
 from shardverify.verify.reference import reference
 from shardverify.verify.memory import check_case_memory
 from shardverify.verify.tolerance import Tolerance, is_close
@@ -411,7 +411,7 @@ def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
     check_case_memory(case, tuple(mesh.shape))
     ref = reference(case, torch.float64, torch.device("cpu"))
     node = ref.node
-    module = ref.graph_module.get_submodule(node.target) if node.op == "call_module" else None
+    module = called_module(ref.graph_module, node)
     values = {loc: v.detach() for loc, v in ref.values.items()}
     outputs = tuple(widened(o) for o in ref.outputs)
     return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from shardverify.capture.call import call_op, ungraded_inputs
+from shardverify.capture.call import call_op, called_module, ungraded_inputs
 from shardverify.errors import StrategyError
 from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
 from shardverify.strategies.generators.registry import GeneratorContext
@@ -229,7 +229,7 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
                                 f"op, probed on the CPU, takes it; local shapes {shapes} exceed the probe's "
                                 f"{PROBE_ELEMENTS} elements")
         arguments = {(a.locator.kind, a.locator.key): a.value if rank is None else a.value_on(rank) for a in local_args}
-        module = ctx.graph_module.get_submodule(ctx.node.target) if ctx.node.op == "call_module" else None
+        module = called_module(ctx.graph_module, ctx.node)
         try:
             counter, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, probe, probe)
         except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op

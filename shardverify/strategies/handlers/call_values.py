@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from shardverify.capture.call import called_module
 from shardverify.capture.meta import output_metas, tensor_meta
 from shardverify.errors import HandlerError
 from shardverify.sharding.strategy import OperandLocator, OperationData, OperationDataType
@@ -238,8 +239,7 @@ def resolve_params(handler: HandlerDef, node: Node, graph_module: GraphModule | 
     module call, a parameter the call does not pass is read from the module's attribute of
     the same name. A parameter computed by graph nodes is a :class:`Computed`."""
     params: dict[str, object] = {}
-    module = graph_module.get_submodule(str(node.target)) if graph_module is not None and \
-        node.op == "call_module" else None
+    module = called_module(graph_module, node) if graph_module is not None else None
     for decl in handler.params:
         value, _ = call_value(node, decl.index, decl.keyword, decl.varargs)
         if value is MISSING and module is not None and hasattr(module, decl.name):
