@@ -179,8 +179,8 @@ def _fresh(value):
 
 def engine_tables() -> list[tuple[str, dict]]:
     """("module.NAME", table) of every table the verify engine remembers in: each module-level
-    dict a module of shardverify/verify/ starts empty (``_BLOCKS: dict = {}``), found in the
-    source, so a table added later is emptied too."""
+    dict a module of shardverify/verify/ starts empty (``_LAYOUTS: dict = {}``, or a case table:
+    ``_BLOCKS: dict = case_table()``), found in the source, so a table added later is emptied too."""
     import shardverify.verify as package
 
     found = []
@@ -192,7 +192,9 @@ def engine_tables() -> list[tuple[str, dict]]:
                 target, value = stmt.targets[0], stmt.value
             else:
                 continue
-            if isinstance(target, ast.Name) and isinstance(value, ast.Dict) and not value.keys:
+            empty = isinstance(value, ast.Dict) and not value.keys or \
+                isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "case_table"
+            if isinstance(target, ast.Name) and empty:
                 table = getattr(importlib.import_module(f"{package.__name__}.{path.stem}"), target.id)
                 if isinstance(table, dict):
                     found.append((f"{path.stem}.{target.id}", table))

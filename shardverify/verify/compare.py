@@ -30,7 +30,7 @@ import torch
 
 from shardverify.verify.error_map import error_map, error_maps_kept
 from shardverify.verify.layout import LocalOperand
-from shardverify.verify.memo import recalled, remembered
+from shardverify.verify.memo import case_table, recalled, remembered
 from shardverify.verify.report import Mismatch
 from shardverify.verify.tolerance import Comparison, Tolerance, compare
 
@@ -176,7 +176,7 @@ def _out_of_bound(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, 
     return Comparison(close, max_abs, max_rel)
 
 
-_SLICES: dict = {}
+_SLICES: dict = case_table()
 
 
 def _reference_slice(full: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> tuple[torch.Tensor, dict]:
@@ -190,7 +190,7 @@ def _reference_slice(full: torch.Tensor, operand: LocalOperand, mesh, rank: int)
     return found
 
 
-_WHOLE: dict = {}
+_WHOLE: dict = case_table()
 
 
 def _slice_bound(full: torch.Tensor, slices: tuple[slice, ...], expected: torch.Tensor, tol: Tolerance,

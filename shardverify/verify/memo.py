@@ -5,14 +5,21 @@ tensors every strategy compares against) and keeps what it works out about them.
 frozen case or strategy costs more than the work saved, so tables are keyed by ``id``; each
 entry holds its object, so while remembered the object stays alive and no other object can
 take its id.  A table is emptied when it reaches its limit.
+
+A table of values made from one case's reference tensors (their blocks, slices, bounds and
+pieces) is a *case table* (:func:`case_table`): every case table is emptied whenever a reference
+is built (``verify/reference.py``), which is before any value of its case is made. Else a table
+holding a tensor of each case it has seen keeps every such case alive up to its count limit:
+at large shapes, gigabytes a case.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Hashable
 from typing import TypeVar
 
-__all__ = ["remembered", "recalled"]
+__all__ = ["remembered", "recalled", "case_table", "forget_cases"]
 
 T = TypeVar("T")
 
@@ -36,3 +43,27 @@ def recalled(table: dict, key: Hashable, owner: object) -> object | None:
     closure ``remembered`` builds with (values are never None)."""
     hit = table.get(key)
     return hit[1] if hit is not None and hit[0] is owner else None
+
+
+
+class _CaseTable(dict):
+    """A case table: a dict that a weak reference can name (one a thread made goes with it)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_CASE_TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id -> table
+
+
+def case_table() -> dict:
+    """A new, empty case table (module docstring), emptied by :func:`forget_cases` from now on
+    (a module's, or a thread's own: kept while the thread holds it)."""
+    table = _CaseTable()
+    _CASE_TABLES[id(table)] = table
+    return table
+
+
+def forget_cases() -> None:
+    """Empty every case table: what they held is made again, from the tensors asked about."""
+    for table in list(_CASE_TABLES.values()):
+        table.clear()

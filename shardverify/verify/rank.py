@@ -30,7 +30,7 @@ from shardverify.verify.costs import (OpMeter, OpWork, communication_mismatches,
                                       memory_mismatches)
 from shardverify.verify.layout import LocalOperand, RankLayout, rank_layouts
 from shardverify.verify.rank_inputs import extremum_holder, rank_blocks
-from shardverify.verify.memo import recalled, remembered
+from shardverify.verify.memo import case_table, recalled, remembered
 from shardverify.verify.op_error import OpCallError, op_context
 from shardverify.capture.call import as_outputs, call_op
 from shardverify.capture.uninitialised import undefined_outputs
@@ -399,10 +399,10 @@ _OWN = threading.local()
 def _private_module(ref: Reference, rank: int) -> torch.nn.Module:
     """This thread's own copy of the op's module for ``rank`` (one per reference, thread and
     rank, reused by every strategy): ``call_op`` swaps the rank's shards into it, so no two
-    ranks may share one."""
+    ranks may share one.  A case table of this thread's (memo.py), emptied when the others are."""
     cache = getattr(_OWN, "modules", None)
     if cache is None:
-        cache = _OWN.modules = {}
+        cache = _OWN.modules = case_table()
     return remembered(cache, (id(ref), rank), ref,
                       lambda: copy.deepcopy(ref.graph_module.get_submodule(ref.node.target)), limit=64)
 
@@ -441,7 +441,7 @@ def _local_backward(ranks, ref: Reference, strategy: ShardingStrategy, layouts: 
     return grads
 
 
-_GRAD_OUTPUTS: dict = {}
+_GRAD_OUTPUTS: dict = case_table()
 
 
 def _grad_output(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, dtype: torch.dtype) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.strategy import ShardingStrategy
 from shardverify.verify.layout import LocalOperand
-from shardverify.verify.memo import recalled, remembered
+from shardverify.verify.memo import case_table, recalled, remembered
 from shardverify.verify.reference import Reference
 
 __all__ = ["rank_blocks", "extremum_holder"]
@@ -37,7 +37,7 @@ def rank_blocks(ref: Reference, strategy: ShardingStrategy, operands: list[Local
             for operand, rank in zip(operands, ranks)]
 
 
-_BLOCKS: dict = {}
+_BLOCKS: dict = case_table()
 
 
 def _block(tensor: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> torch.Tensor:
@@ -48,7 +48,7 @@ def _block(tensor: torch.Tensor, operand: LocalOperand, mesh, rank: int) -> torc
                       limit=8192)
 
 
-_PIECES: dict = {}
+_PIECES: dict = case_table()
 
 
 def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, axes: tuple[int, ...], seed: int,
@@ -76,7 +76,7 @@ def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, ax
 _WHOLE_MOST = 1 << 22
 #: bytes of whole tensors' pieces kept at most (the table is emptied before it would hold more)
 _WHOLE_BYTES = 1 << 28
-_WHOLE_PIECES: dict = {}
+_WHOLE_PIECES: dict = case_table()
 _WHOLE_HELD = 0          # bytes of the pieces in _WHOLE_PIECES (0 again whenever it is found empty)
 _WHOLE_LOCK = threading.Lock()
 

@@ -3,7 +3,9 @@
 Every rank builds the same reference (same seed, CPU generator, same graph), so no rank
 needs another's data. Values are drawn in float64 and rounded through the dtype the check
 runs in, so the reference and the sharded run start from identical numbers; the reference
-itself is computed in float64. One reference per (case, dtype, device) is kept per process.
+itself is computed in float64. One reference per (case, dtype, device) is kept per process,
+the most recent ones within :data:`REFERENCE_BYTES`; building one empties the engine's case
+tables (verify/memo.py), so no value made from an earlier case's tensors outlives its use.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from shardverify.capture.randomness import may_draw
 from shardverify.capture.uninitialised import undefined_outputs
 from shardverify.errors import VerificationError
 from shardverify.spec.case import OpCase, cached
+from shardverify.verify.memo import forget_cases
 
 __all__ = ["Reference", "reference"]
 
@@ -73,6 +76,14 @@ class Reference:
         floating = [d for d in self.dtypes.values() if d.is_floating_point]
         return max(floating, key=lambda d: torch.finfo(d).eps) if floating else None
 
+    def held_bytes(self) -> int:
+        """Bytes of the tensors this reference holds now (its values in every dtype asked for so
+        far, its results, gradients and module tensors), storage shared between them counted twice."""
+        tensors = [*self.values.values(), *self._typed.values(), *self.outputs, *self.grads.values(),
+                   *(g for g in self.grad_outputs if g is not None), *self.graph_module.parameters(),
+                   *self.graph_module.buffers()]
+        return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+
     @property
     def output(self) -> torch.Tensor:
         return self.outputs[0]
@@ -84,6 +95,10 @@ class Reference:
 
 _REFERENCE_LOCK = threading.Lock()
 _REFERENCES: dict = {}
+#: bytes of the references kept at most: before one is kept, the oldest are let go until it fits
+#: beside the others (the newest is kept whatever its size): at large shapes a reference is
+#: hundreds of megabytes, and 64 of them (spec/case.py's count limit) would not fit in memory
+REFERENCE_BYTES = 1 << 30
 
 
 def _rounded(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -175,8 +190,27 @@ def _built(case: OpCase, override: torch.dtype | None, device: torch.device) -> 
     keeps every traced dtype, the traced dtypes' own (built once for both; asked only on a miss,
     not at every lookup)."""
     if override is not None and _keeps_dtypes(case, override):
-        return cached(_REFERENCES, (case, None, str(device)), lambda: _buildreference(case, None, device))
-    return _buildreference(case, override, device)
+        return cached(_REFERENCES, (case, None, str(device)), lambda: _new(case, None, device))
+    return _new(case, override, device)
+
+
+def _new(case: OpCase, override: torch.dtype | None, device: torch.device) -> Reference:
+    """:func:`_buildreference`, after emptying the case tables (what they hold was made from the
+    tensors of references built before), with room made for it among those kept."""
+    forget_cases()
+    ref = _buildreference(case, override, device)
+    _make_room(ref.held_bytes())
+    return ref
+
+
+def _make_room(size: int) -> None:
+    """Let the oldest references go until those left and one of ``size`` bytes fit
+    :data:`REFERENCE_BYTES` (a reference kept under two keys counts once)."""
+    def held() -> int:
+        return sum(ref.held_bytes() for ref in {id(ref): ref for ref in _REFERENCES.values()}.values())
+
+    while _REFERENCES and held() + size > REFERENCE_BYTES:
+        _REFERENCES.pop(next(iter(_REFERENCES)))
 
 
 def _keeps_dtypes(case: OpCase, override: torch.dtype) -> bool:
