@@ -16,8 +16,8 @@ from shardverify.capture.meta import output_metas, tensor_meta
 from shardverify.capture.randomness import generator_state
 from shardverify.errors import VerificationError
 
-__all__ = ["Locator", "target_name", "operand_nodes", "called_module", "module_tensors", "as_outputs", "call_parts", "call_op",
-           "meta_devices", "backward_from_ones", "tuple_element", "ungraded_inputs"]
+__all__ = ["Locator", "target_name", "operand_nodes", "called_module", "module_tensors", "as_outputs", "call_parts",
+           "call_op", "meta_devices", "backward_from_ones", "tuple_element", "ungraded_inputs"]
 
 Locator = tuple[str, object]   # (OperandLocator.kind, OperandLocator.key)
 

@@ -45,7 +45,6 @@ def recalled(table: dict, key: Hashable, owner: object) -> object | None:
     return hit[1] if hit is not None and hit[0] is owner else None
 
 
-
 class _CaseTable(dict):
     """A case table: a dict that a weak reference can name (one a thread made goes with it)."""
 
