@@ -8,11 +8,11 @@ the process keeps and the case's CPU seconds. The figures are in bytes, never th
 
   * first case: the resident memory after the first case, the run's working set;
   * kept per case: the median growth of resident memory from one case to the next, after the
-    first, against the bytes of the first case's reference (the floor: the values, results and
-    gradients one case is checked against, made by the reference alone). Before verify/memo.py's
-    case tables, each case kept everything made from its tensors: 1.85 GB a case of sum at 16x
-    on (2,2), about 23 references' worth; now a case keeps no more than its reference while the
-    references fit their budget, and nothing once they are full;
+    first, against the bytes of the references the first case left (the floor: the values,
+    results and gradients a case is checked against, in each dtype it is checked in, made by
+    the references alone). Before verify/memo.py's case tables, each case kept everything made
+    from its tensors: 1.85 GB a case of sum at 16x on (2,2), about 12 times its references; now
+    a case keeps about its references while they fit their budget, and nothing once it is full;
   * references kept at the end, against ``REFERENCE_BYTES``.
 
     .venv/bin/python benchmarks/bench_verify_memory.py                    # sum x16 on (2,2), 8 cases
@@ -50,8 +50,6 @@ def _kept_references() -> tuple[int, int]:
 def run(spec_name: str, mesh_shape: tuple[int, ...], scale: int, cases: int) -> dict:
     """Check the first ``cases`` cases of ``spec_name`` grown ``scale`` times on ``mesh_shape``,
     one after another: the figures of the module docstring."""
-    import torch
-
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_verify import scaled_case
 
@@ -61,7 +59,7 @@ def run(spec_name: str, mesh_shape: tuple[int, ...], scale: int, cases: int) -> 
     from shardverify.spec.catalogue import load_op_specs
     from shardverify.strategies.for_node import strategies_for_node
     from shardverify.verify.engine import verify_case
-    from shardverify.verify.reference import REFERENCE_BYTES, reference
+    from shardverify.verify.reference import REFERENCE_BYTES
 
     tune_for_checking()
     spec = load_op_specs(REPO, None, [spec_name])[0]
@@ -83,11 +81,10 @@ def run(spec_name: str, mesh_shape: tuple[int, ...], scale: int, cases: int) -> 
                 raise SystemExit(f"{grown.describe()}: {len(failed)} of {len(results)} strategies failed: {failed[:3]}")
             kept, count = _kept_references()
             rows.append({"case": grown.describe(), "strategies": len(results), "cpu_s": seconds, "rss": _rss_bytes(),
-                         "references": kept, "kept": count,
-                         "reference": reference(grown, None, torch.device("cpu")).held_bytes()})
+                         "references": kept, "kept": count})
     growth = [b["rss"] - a["rss"] for a, b in zip(rows, rows[1:])]
     return {"rows": rows, "first_rss": rows[0]["rss"], "per_case": statistics.median(growth) if growth else None,
-            "floor": rows[0]["reference"], "budget": REFERENCE_BYTES}
+            "floor": rows[0]["references"], "budget": REFERENCE_BYTES}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['references'] / mib:>12.0f}{row['kept']:>6}")
     per_case, floor = found["per_case"], found["floor"]
     print(f"first case: {found['first_rss'] / mib:.0f} MiB resident; kept per case after it (median): "
-          f"{per_case / mib:.1f} MiB, {per_case / floor:.2f}x one case's reference ({floor / mib:.1f} MiB)")
+          f"{per_case / mib:.1f} MiB, {per_case / floor:.2f}x the first case's references ({floor / mib:.1f} MiB)")
     last = found["rows"][-1]
     print(f"references kept at the end: {last['references'] / mib:.0f} MiB in {last['kept']} "
           f"(budget {found['budget'] / mib:.0f} MiB)")

@@ -72,8 +72,10 @@ def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, ax
     return pieces[mesh.group_index(rank, axes)]
 
 
-#: elements of a whole tensor's pieces made at once at most (float64: 32 MiB); a larger one's blocks make their own
-_WHOLE_MOST = 1 << 22
+#: elements of a whole tensor's pieces made at once at most (float64: 256 MiB, all the table keeps); a larger
+#: one's blocks make their own. The blocks of a layout's partial input are as large together as the whole, and a
+#: case's layouts cut it into several, so the whole's pieces take less time and memory than its blocks' do
+_WHOLE_MOST = 1 << 25
 #: bytes of whole tensors' pieces kept at most (the table is emptied before it would hold more)
 _WHOLE_BYTES = 1 << 28
 _WHOLE_PIECES: dict = case_table()
