@@ -62,6 +62,14 @@ def test_whole_tensors_pieces_are_made_once_and_kept_within_their_byte_budget(mo
     assert rank_inputs._whole_pieces(first, 2, seed=1) is None                 # too large: its blocks make their own
 
 
+def test_two_of_the_largest_whole_tensor_pieces_fit_the_budget_together():
+    """A case asks for a tensor's pieces over one mesh axis and over two, layout after layout: if
+    the two did not fit together, each would empty the table of the other at every layout."""
+    from shardverify.verify import rank_inputs
+
+    assert 2 * rank_inputs._WHOLE_MOST * torch.finfo(torch.float64).bits // 8 <= rank_inputs._WHOLE_BYTES
+
+
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (3,), (2, 3)])
 def test_a_product_takes_either_factor_as_a_partial_sum_and_every_such_strategy_passes(mesh_shape):
     with handler("mm_rule", torch.mm, [IN0, MAT2, OUT], {"einsum": "mk,kn->mn", "linear_in": ["input", "mat2"]}):

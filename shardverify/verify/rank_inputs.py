@@ -72,10 +72,11 @@ def _shared_piece(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, ax
     return pieces[mesh.group_index(rank, axes)]
 
 
-#: elements of a whole tensor's pieces made at once at most (float64: 256 MiB, all the table keeps); a larger
-#: one's blocks make their own. The blocks of a layout's partial input are as large together as the whole, and a
-#: case's layouts cut it into several, so the whole's pieces take less time and memory than its blocks' do
-_WHOLE_MOST = 1 << 25
+#: elements of a whole tensor's pieces made at once at most (float64: 128 MiB, half of what the table keeps, so
+#: a tensor's pieces over one mesh axis and over two fit together: at the whole budget they evicted each other at
+#: every layout); a larger one's blocks make their own. The blocks of a layout's partial input are as large
+#: together as the whole, and a case's layouts cut it into several: the whole's pieces take less time and memory
+_WHOLE_MOST = 1 << 24
 #: bytes of whole tensors' pieces kept at most (the table is emptied before it would hold more)
 _WHOLE_BYTES = 1 << 28
 _WHOLE_PIECES: dict = case_table()
