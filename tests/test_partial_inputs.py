@@ -45,19 +45,18 @@ def test_whole_tensors_pieces_are_made_once_and_kept_within_their_byte_budget(mo
     from shardverify.verify import rank_inputs
 
     monkeypatch.setattr(rank_inputs, "_WHOLE_PIECES", {})
-    monkeypatch.setattr(rank_inputs, "_WHOLE_HELD", 0)
     first, second = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
     made = rank_inputs._whole_pieces(first, 2, seed=1)
     assert rank_inputs._whole_pieces(first, 2, seed=1) is made                 # once per tensor, count, seed, op
     assert torch.equal(rank_inputs._whole_pieces(first, 2, seed=1, op="max").amax(0), first)
-    assert rank_inputs._WHOLE_HELD == 2 * made.nbytes
+    assert rank_inputs._whole_bytes() == 2 * made.nbytes
     monkeypatch.setattr(rank_inputs, "_WHOLE_BYTES", made.nbytes * 3 // 2)    # room for one set alone
     rank_inputs._whole_pieces(second, 2, seed=1)
     assert [owner for owner, _ in rank_inputs._WHOLE_PIECES.values()] == [second]
-    assert rank_inputs._WHOLE_HELD == made.nbytes
+    assert rank_inputs._whole_bytes() == made.nbytes
     rank_inputs._WHOLE_PIECES.clear()                                          # as a benchmark empties the tables
     rank_inputs._whole_pieces(first, 2, seed=1)
-    assert rank_inputs._WHOLE_HELD == made.nbytes                              # counted afresh, not on top
+    assert rank_inputs._whole_bytes() == made.nbytes                           # counted afresh, not on top
     monkeypatch.setattr(rank_inputs, "_WHOLE_MOST", 8 * 4 * 2 - 1)
     assert rank_inputs._whole_pieces(first, 2, seed=1) is None                 # too large: its blocks make their own
 

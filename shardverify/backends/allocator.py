@@ -23,8 +23,9 @@ in the kernel, on this process's CPU time.  At large shapes that was most of a c
 of system time against 10.2 s of user time, 5.9 M page faults.  torch lays a tensor of 2 MiB or
 more on transparent huge pages when ``THP_MEM_ALLOC_ENABLE`` is set (where the kernel offers them
 on request): a 32 MiB copy then faults 529 times, not 8,194, and that check took 40% less CPU
-time (85 ms a layout, warm, to 51; linear's at 16x, 26% less).  Its peak memory did not grow (benchmarks/bench_plan_memory.py: the same bytes per
-parameter), since such a block is at most one huge page larger.  torch reads the setting once,
+time (85 ms a layout, warm, to 51; linear's at 16x, 26% less).  Its peak memory did not grow
+(benchmarks/bench_plan_memory.py: the same bytes per parameter), since such a block is at most
+one huge page larger.  torch reads the setting once,
 at the first tensor that large, so a checking process sets it before making one; the processes
 it starts inherit it.
 

@@ -80,8 +80,12 @@ _WHOLE_MOST = 1 << 24
 #: bytes of whole tensors' pieces kept at most (the table is emptied before it would hold more)
 _WHOLE_BYTES = 1 << 28
 _WHOLE_PIECES: dict = case_table()
-_WHOLE_HELD = 0          # bytes of the pieces in _WHOLE_PIECES (0 again whenever it is found empty)
 _WHOLE_LOCK = threading.Lock()
+
+
+def _whole_bytes() -> int:
+    """Bytes of the whole tensors' pieces kept: one case's at most (a case table), a few entries."""
+    return sum(pieces.nbytes for _, pieces in _WHOLE_PIECES.values())
 
 
 def _whole_pieces(full: torch.Tensor, count: int, seed: int, op: str = "sum") -> torch.Tensor | None:
@@ -91,26 +95,19 @@ def _whole_pieces(full: torch.Tensor, count: int, seed: int, op: str = "sum") ->
     a max's or min's gaps, a tenth of its mean magnitude and more than its spread), so a block's
     pieces are the block's slice of the whole's: the layouts of a case, which cut the same tensor
     into many blocks, make its pieces once, not once per block."""
-    global _WHOLE_HELD
     if full.is_complex() or full.numel() * count > _WHOLE_MOST:
         return None
     key = (id(full), count, seed, op)
     found = recalled(_WHOLE_PIECES, key, full)
     if found is None:
-        with _WHOLE_LOCK:   # rank threads ask at once: one makes them, and the bytes kept are counted once
+        with _WHOLE_LOCK:   # rank threads ask at once: one makes them, and the table is summed unchanged
             found = recalled(_WHOLE_PIECES, key, full)
             if found is None:
                 found = partial_pieces(full, count, seed, op)
-                stale = _WHOLE_PIECES.pop(key, None)   # another tensor's, which had the same id
-                if not _WHOLE_PIECES:   # emptied, here or by whoever empties the engine's tables
-                    _WHOLE_HELD = 0
-                elif stale is not None:
-                    _WHOLE_HELD -= stale[1].nbytes
-                if _WHOLE_HELD + found.nbytes > _WHOLE_BYTES:
+                _WHOLE_PIECES.pop(key, None)   # another tensor's, which had the same id
+                if _whole_bytes() + found.nbytes > _WHOLE_BYTES:
                     _WHOLE_PIECES.clear()
-                    _WHOLE_HELD = 0
                 _WHOLE_PIECES[key] = (full, found)   # as memo.remembered keeps it: the owner with its value
-                _WHOLE_HELD += found.nbytes
     return found
 
 
