@@ -2,8 +2,8 @@
 
 For each op (linear, sum: the first cases of their specs) and mesh ((2,2), (2,2,2)), over every
 distinct layout the op offers there, it measures in CPU time of this process (every thread's),
-in alternating rounds (floor, cold check, warm check; one pass of each over every layout per
-round, so a burst of other load falls on all three alike):
+in alternating rounds (floor, least check, cold check, warm check; one pass of each over every
+layout per round, so a burst of other load falls on all four alike):
 
   * the floor: plain torch on each rank's own shards.  Before the clock, each rank's block of
     every input and parameter is sliced by the strategy's layouts and made a leaf, and its block
@@ -21,6 +21,16 @@ round, so a burst of other load falls on all three alike):
     as the check's arithmetic less its collectives); a partial input, run as the rank's block
     (the piece the check gives it has that block's shape); index masks and post-added operands
     (run as an ordinary operand of the call),
+  * the least check: the floor's calls and, still in plain torch with everything made before
+    the clock, the least any check of a rank's own call must add to them: the layout's
+    all-reduces (a partial output summed over its rank groups, a gradient over its groups) and
+    one comparison of each rank's output and each gradient with its block of the reference's
+    bounds, ``expected -/+ (atol + rtol * |expected|)`` at the engine's tolerance (a clamp and
+    an equality, the engine's passing comparison).  It leaves out all a real check also does (the
+    reference, the blocks, the costs, the dtypes, the seeds, any collective but an all-reduce
+    summing: a layout needing another is refused).  Untimed, every layout without a partial input
+    (whose rank the floor gives its block, not its piece) must pass it; so the floor -> least ->
+    check columns split the check's cost into the op, what a check cannot avoid, and the rest,
   * the check, cold: ``verify_case`` on the simulated backend (every rank in one thread,
     backends/stacked.py) as ``shardverify verify`` runs it, each layout once on fresh caches: a
     new copy of the case and of the strategies per pass, and every table the verify engine
@@ -32,7 +42,8 @@ round, so a burst of other load falls on all three alike):
     strategy objects, every table filled): what a second check of each layout costs,
 
 on the same layouts (those the floor runs), each reported as ms per layout (min and median
-over the rounds) with cold/floor and warm/floor (the ratio of the minima and of the medians).
+over the rounds) with least/floor, cold/floor, warm/floor and cold/least (the ratio of the
+minima and of the medians).
 Besides, on the same layouts:
 
   * strategy generation: CPU seconds to list the row's strategies on a newly traced graph (the
@@ -355,6 +366,140 @@ def floor_layouts(mesh, cases_and_strategies) -> tuple[list[FloorLayout], int]:
     return runnable, left_out
 
 
+# ------------------------------------------- the least check: what any per-rank check must do
+class LeastLayout(NamedTuple):
+    """One layout's least check, everything made before the clock: the floor's calls; per output
+    carrying a gradient, the rank groups its forward all-reduce sums over (None: none); per leaf
+    (the floor's leaves, in order), the groups its gradient's all-reduce sums over; each rank's
+    bounds ``(low, high)`` of those outputs and gradients; whether its verdict is judged (no
+    partial input: the floor gives a partial input's rank its block, not its piece)."""
+
+    calls: tuple
+    out_groups: tuple
+    leaf_groups: tuple
+    out_bounds: tuple
+    grad_bounds: tuple
+    judged: bool
+
+
+def _groups_of(mesh, actions, pattern, name: str):
+    """The rank groups of the all-reduces of ``pattern`` on operand ``name`` (their mesh axes
+    together), None without one; raises for a reduction other than a sum."""
+    axes = []
+    for action in actions:
+        if action.pattern is pattern and action.operand == name:
+            if action.op != "sum":
+                raise Unmeasured(f"the least check sums its all-reduces; {name!r} is reduced by {action.op}")
+            axes += action.axes
+    return mesh.groups(tuple(sorted(set(axes)))) if axes else None
+
+
+def _bounds(full, spec, mesh, rank: int, dtype, tol) -> tuple:
+    """``rank``'s block of the float64 reference ``full`` as bounds ``expected -/+ (atol + rtol *
+    |expected|)`` in ``dtype`` (the engine's rule; its float32 rounding inward is left out)."""
+    expected = spec.local_shard(full, mesh, rank)
+    allowed = expected.abs() * tol.rtol + tol.atol
+    return (expected - allowed).to(dtype), (expected + allowed).to(dtype)
+
+
+def least_layouts(mesh, runnable: list[FloorLayout]) -> list[LeastLayout]:
+    """The least check of each floor layout: its forward all-reduces (``ALLREDUCE_FWD_IDENTITY_BWD``
+    on an output) and gradient all-reduces (``IDENTITY_FWD_ALLREDUCE_BWD`` on an input), as sums
+    over their rank groups, and one bounds comparison per output and per gradient of each rank,
+    at the engine's tolerance.  A layout with any other collective is refused (Unmeasured)."""
+    import torch
+
+    from shardverify.sharding.strategy import CommPattern
+    from shardverify.verify.reference import reference
+    from shardverify.verify.tolerance import tolerance_for
+
+    made = []
+    for layout in runnable:
+        strategy, case = layout.strategy, layout.case
+        other = {a.pattern.name for a in strategy.communication_actions} - \
+            {CommPattern.ALLREDUCE_FWD_IDENTITY_BWD.name, CommPattern.IDENTITY_FWD_ALLREDUCE_BWD.name}
+        if other:
+            raise Unmeasured(f"{case.op}: the least check runs all-reduces only; {strategy.name!r} needs {sorted(other)}")
+        ref = reference(case, None, torch.device("cpu"))
+        actions = strategy.communication_actions
+        pick = layout.calls[0].pick
+        outputs = [(i, strategy.outputs[i]) for i in (pick if pick is not None else (0,))]
+        by_block = {id(block): data for data in strategy.inputs
+                    for block in (layout.shards[0].get((data.locator.kind, data.locator.key)),) if block is not None}
+        leaves = [by_block[id(leaf)] for leaf in layout.calls[0].leaves]
+        out_groups = tuple(_groups_of(mesh, actions, CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, d.name)
+                           for _, d in outputs)
+        leaf_groups = tuple(_groups_of(mesh, actions, CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, d.name) for d in leaves)
+        out_bounds, grad_bounds = [], []
+        for rank, call in enumerate(layout.calls):
+            dtypes = [g.dtype for g in call.grads]
+            out_bounds.append(tuple(
+                _bounds(ref.outputs[i], strategy.get_sharding_spec_by_name(d.name), mesh, rank, dtype,
+                        tolerance_for(dtype, case.rtol, case.atol)) for (i, d), dtype in zip(outputs, dtypes)))
+            grad_bounds.append(tuple(
+                _bounds(ref.grads[(d.locator.kind, d.locator.key)], strategy.get_sharding_spec_by_name(d.name), mesh,
+                        rank, leaf.dtype, tolerance_for(leaf.dtype, case.rtol, case.atol))
+                for d, leaf in zip(leaves, call.leaves)))
+        made.append(LeastLayout(layout.calls, out_groups, leaf_groups, tuple(out_bounds), tuple(grad_bounds),
+                                not strategy.partial_inputs))
+    return made
+
+
+def _summed(per_rank: list[list], position: int, groups) -> None:
+    """Each rank's tensor at ``position`` replaced by the sum over its group (in group order)."""
+    for group in groups:
+        total = per_rank[group[0]][position]
+        for rank in group[1:]:
+            total = total + per_rank[rank][position]
+        for rank in group:
+            per_rank[rank][position] = total
+
+
+def least_body(layouts) -> list[bool]:
+    """The least check's timed work, plain torch: each rank's op (the floor's call), the
+    layout's forward all-reduces, one comparison of each rank's output with its bounds (a clamp
+    and an equality), the backward of each rank, the gradients' all-reduces and one comparison
+    of each gradient.  Whether each layout's comparisons all passed."""
+    import torch
+
+    grad, equal = torch.autograd.grad, torch.equal
+    verdicts = []
+    for calls, out_groups, leaf_groups, out_bounds, grad_bounds, _ in layouts:
+        results, passed = [], True
+        for fn, args, kwargs, pick, leaves, grads in calls:
+            out = fn(*args, **kwargs)
+            results.append([out[i] for i in pick] if pick is not None else [out])
+        values = [[t.detach() for t in outs] for outs in results]
+        for position, groups in enumerate(out_groups):
+            if groups is not None:
+                _summed(values, position, groups)
+        for outs, bounds in zip(values, out_bounds):
+            for t, (low, high) in zip(outs, bounds):
+                passed = equal(t.clamp(low, high), t) and passed
+        gradients = [list(grad(outs, call.leaves, call.grads, allow_unused=True)) if call.leaves else []
+                     for outs, call in zip(results, calls)]
+        for position, groups in enumerate(leaf_groups):
+            if groups is not None:
+                _summed(gradients, position, groups)
+        for grads, bounds in zip(gradients, grad_bounds):
+            for g, (low, high) in zip(grads, bounds):
+                if g is not None:
+                    passed = equal(g.clamp(low, high), g) and passed
+        verdicts.append(passed)
+    return verdicts
+
+
+def check_least(op: str, layouts: list[LeastLayout]) -> int:
+    """The number of judged layouts, each of which must pass its least check (its collectives
+    and bounds are the engine's, so a layout the engine passes passes here)."""
+    verdicts = least_body(layouts)
+    failed = [i for i, (layout, ok) in enumerate(zip(layouts, verdicts)) if layout.judged and not ok]
+    if failed:
+        raise Disagreement(f"{op}: the least check fails {len(failed)} layout(s) the engine passes "
+                           f"(first: layout {failed[0]})")
+    return sum(layout.judged for layout in layouts)
+
+
 # --------------------------------------------------------- the A/B: a loop written out by hand
 def _hand_loop(op: str, case):
     """A plain torch loop for ``op`` written out here, sharing nothing with the floor but the
@@ -427,14 +572,16 @@ def check_agreement(op: str, ab: dict) -> None:
 
 # ----------------------------------------------------------------------- floor, cold, warm
 def measure_row(simulated, mesh, cases_and_strategies, seconds: float, rounds: int) -> dict:
-    """Floor, cold check and warm check (module docstring) in alternating rounds on the layouts
-    the floor runs, until ``seconds`` CPU seconds and ``rounds`` rounds are spent: ms per layout
-    (min, median) of each, the ratios, and how many layouts the floor left out."""
+    """Floor, least check, cold check and warm check (module docstring) in alternating rounds on
+    the layouts the floor runs, until ``seconds`` CPU seconds and ``rounds`` rounds are spent: ms
+    per layout (min, median) of each, the ratios, and how many layouts the floor left out."""
     from shardverify.verify.engine import verify_case
     from shardverify.verify.report import assert_passed
 
     runnable, left_out = floor_layouts(mesh, cases_and_strategies)
     calls = [call for layout in runnable for call in layout.calls]
+    least = least_layouts(mesh, runnable)
+    judged = check_least(runnable[0].case.op, least)
     by_case: dict[int, tuple] = {}
     for layout in runnable:
         by_case.setdefault(id(layout.case), (layout.case, []))[1].append(layout.strategy)
@@ -442,12 +589,15 @@ def measure_row(simulated, mesh, cases_and_strategies, seconds: float, rounds: i
     for case, strategies in checked:   # untimed: every check must pass, and torch's own first-call costs go
         assert_passed(verify_case(simulated, case, _fresh(strategies)))
     tables = engine_tables()
-    timed: dict[str, list[float]] = {"floor": [], "cold": [], "warm": []}
+    timed: dict[str, list[float]] = {"floor": [], "least": [], "cold": [], "warm": []}
     start = time.process_time()
     while time.process_time() - start < seconds or len(timed["warm"]) < rounds:
         began = time.process_time()
         floor_body(calls)
         timed["floor"].append(time.process_time() - began)
+        began = time.process_time()
+        least_body(least)
+        timed["least"].append(time.process_time() - began)
         fresh = [(_fresh(case), _fresh(strategies), _fresh(strategies)) for case, strategies in checked]
         for _, table in tables:
             table.clear()
@@ -460,11 +610,14 @@ def measure_row(simulated, mesh, cases_and_strategies, seconds: float, rounds: i
                 assert_passed(found)
     layouts = len(runnable)
     row = {"layouts": layouts, "floor_left_out": left_out, "rounds": len(timed["warm"]),
-           "tables_emptied": [name for name, _ in tables]}
+           "least_judged": judged, "tables_emptied": [name for name, _ in tables]}
     for phase, seconds_list in timed.items():
         row[f"{phase}_ms"] = _spread(seconds_list, layouts)
     row["cold_over_floor"] = _ratio(row["cold_ms"], row["floor_ms"])
     row["warm_over_floor"] = _ratio(row["warm_ms"], row["floor_ms"])
+    row["least_over_floor"] = _ratio(row["least_ms"], row["floor_ms"])
+    row["cold_over_least"] = _ratio(row["cold_ms"], row["least_ms"])
+    row["warm_over_least"] = _ratio(row["warm_ms"], row["least_ms"])
     row["cold_over_warm"] = _ratio(row["cold_ms"], row["warm_ms"])
     row["runnable"] = [(layout.case, layout.strategy) for layout in runnable]
     return row
@@ -739,7 +892,9 @@ def generation(cases_and_strategies, mesh, rounds: int) -> dict:
 # ---------------------------------------------------------------------------------- output
 def _row_note(row: dict) -> str:
     return (f"{row['floor_left_out']} of {row['layouts'] + row['floor_left_out']} layouts left out of every column "
-            f"(the floor cannot run them bare); cold/warm {_pair(row['cold_over_warm'], 2)}; {row['rounds']} rounds")
+            f"(the floor cannot run them bare); cold/warm {_pair(row['cold_over_warm'], 2)}; the least check's "
+            f"verdicts judged on {row['least_judged']} of {row['layouts']} layouts, all passed (the others hold a "
+            f"partial input, which the floor's shards give as the rank's block); {row['rounds']} rounds")
 
 
 def _pair(figures: dict, digits: int) -> str:
@@ -748,14 +903,16 @@ def _pair(figures: dict, digits: int) -> str:
 
 def table(rows: list[dict]) -> str:
     """The rows as a text table: ms per layout and ratios, each as min / median."""
-    head = (f"{'op':10s} {'mesh':10s} {'layouts':>7s}  {'floor ms':>15s}  {'cold check ms':>15s}  "
-            f"{'warm check ms':>15s}  {'cold/floor':>13s}  {'warm/floor':>13s}  {'left out':>8s}")
+    head = (f"{'op':10s} {'mesh':10s} {'layouts':>7s}  {'floor ms':>15s}  {'least check ms':>15s}  "
+            f"{'cold check ms':>15s}  {'warm check ms':>15s}  {'least/floor':>13s}  {'cold/floor':>13s}  "
+            f"{'warm/floor':>13s}  {'cold/least':>13s}  {'left out':>8s}")
     lines = [head, f"{'':30s}{'(min / median)':>15s}", "-" * len(head)]
     for row in rows:
         lines.append(f"{row['op']:10s} {str(tuple(row['mesh'])):10s} {row['layouts']:7d}  {_pair(row['floor_ms'], 3):>15s}  "
-                     f"{_pair(row['cold_ms'], 3):>15s}  {_pair(row['warm_ms'], 3):>15s}  "
+                     f"{_pair(row['least_ms'], 3):>15s}  {_pair(row['cold_ms'], 3):>15s}  "
+                     f"{_pair(row['warm_ms'], 3):>15s}  {_pair(row['least_over_floor'], 2):>13s}  "
                      f"{_pair(row['cold_over_floor'], 2):>13s}  {_pair(row['warm_over_floor'], 2):>13s}  "
-                     f"{row['floor_left_out']:8d}")
+                     f"{_pair(row['cold_over_least'], 2):>13s}  {row['floor_left_out']:8d}")
     return "\n".join(lines)
 
 

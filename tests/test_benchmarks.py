@@ -105,6 +105,41 @@ def test_bench_verify_floor_body_runs_no_project_code(monkeypatch):
     assert entered and not [path for path in entered if path.startswith(package)]
 
 
+def test_bench_verify_least_check_runs_no_project_code(monkeypatch):
+    """The least check's timed body is plain torch too: its all-reduces and comparisons included."""
+    bench_verify = _bench_verify(monkeypatch)
+    mesh, case, strategies = _first_layouts("linear", (2, 2))
+    layouts, _ = bench_verify.floor_layouts(mesh, [(case, strategies)])
+    least = bench_verify.least_layouts(mesh, layouts)
+    assert any(layout.out_groups[0] for layout in least) and any(any(layout.leaf_groups) for layout in least)
+    entered = set()
+    sys.setprofile(lambda frame, event, arg: entered.add(frame.f_code.co_filename) if event == "call" else None)
+    try:
+        bench_verify.least_body(least)
+    finally:
+        sys.setprofile(None)
+    package = str(ROOT / "shardverify")
+    assert entered and not [path for path in entered if path.startswith(package)]
+
+
+@pytest.mark.parametrize("spec_name, collective", [("sum", "out_groups"), ("linear", "leaf_groups")])
+def test_bench_verify_least_check_fails_a_layout_without_its_all_reduce(monkeypatch, spec_name, collective):
+    """Every layout without a partial input passes the least check as the engine lays it out;
+    dropped, a partial output's all-reduce (sum) or a weight gradient's (linear) fails it: the
+    least check compares what a check must, so its collectives are real work, not decoration."""
+    bench_verify = _bench_verify(monkeypatch)
+    mesh, case, strategies = _first_layouts(spec_name, (2, 2))
+    layouts, _ = bench_verify.floor_layouts(mesh, [(case, strategies)])
+    least = bench_verify.least_layouts(mesh, layouts)
+    assert bench_verify.check_least(spec_name, least) == sum(not s.partial_inputs for s in strategies) > 0
+    reduced = [layout for layout in least if layout.judged and any(g is not None for g in getattr(layout, collective))]
+    assert reduced
+    dropped = [layout._replace(**{collective: (None,) * len(getattr(layout, collective))}) for layout in reduced]
+    assert not any(bench_verify.least_body(dropped))
+    with pytest.raises(bench_verify.Disagreement, match="the least check fails"):
+        bench_verify.check_least(spec_name, dropped)
+
+
 def test_bench_verify_cold_check_empties_the_engines_tables(monkeypatch):
     """The cold check empties every per-case and per-layout table of the verify engine."""
     bench_verify = _bench_verify(monkeypatch)
