@@ -158,7 +158,8 @@ class Unmeasured(Exception):
 
 
 class Disagreement(Exception):
-    """The A/B found the floor's body and a hand-written torch loop apart by more than AB_LIMIT."""
+    """The A/B found the floor's body and a hand-written torch loop apart by more than AB_LIMIT,
+    or the least check failed a layout the engine passes."""
 
 
 def _spread(pass_seconds: list[float], layouts: int) -> dict:
@@ -419,7 +420,8 @@ def least_layouts(mesh, runnable: list[FloorLayout]) -> list[LeastLayout]:
         other = {a.pattern.name for a in strategy.communication_actions} - \
             {CommPattern.ALLREDUCE_FWD_IDENTITY_BWD.name, CommPattern.IDENTITY_FWD_ALLREDUCE_BWD.name}
         if other:
-            raise Unmeasured(f"{case.op}: the least check runs all-reduces only; {strategy.name!r} needs {sorted(other)}")
+            raise Unmeasured(f"{case.op}: the least check runs all-reduces only; {strategy.name!r} needs "
+                             f"{sorted(other)}")
         ref = reference(case, None, torch.device("cpu"))
         actions = strategy.communication_actions
         pick = layout.calls[0].pick
@@ -1107,4 +1109,4 @@ if __name__ == "__main__":
     except Unmeasured as exc:
         sys.exit(f"bench_verify: a figure could not be measured: {exc}")
     except Disagreement as exc:
-        sys.exit(f"bench_verify: the A/B failed: {exc}")
+        sys.exit(f"bench_verify: a plain torch loop disagrees with the floor or the engine: {exc}")
