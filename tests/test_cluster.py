@@ -285,10 +285,20 @@ def test_a_node_removed_mid_sweep_loses_no_unit(cluster, tmp_path):
     head, worker = cluster
     from shardverify.backends.ray_units import RayEngine
 
-    def marked_row(folder: str, index: int, item: tuple):   # says where it runs, then takes a while
+    def marked_row(folder: str, index: int, item: tuple, worker_node: str):
+        """Says where it runs, then takes a while. A unit elsewhere than the worker node waits
+        until the worker node has taken one: at load 25 its actor started after the head node's
+        worker had run every unit (a hang guard of 600 s only)."""
         import ray
 
-        Path(folder, f"{index}.{os.getpid()}").write_text(ray.get_runtime_context().get_node_id())
+        here = ray.get_runtime_context().get_node_id()
+        marker = Path(folder, f"{index}.{os.getpid()}.tmp")
+        marker.write_text(here)
+        marker.rename(marker.with_suffix(""))     # whole, for the watcher to read
+        deadline = time.monotonic() + 600
+        while here != worker_node and time.monotonic() < deadline and \
+                not any(m.suffix != ".tmp" and m.read_text() == worker_node for m in Path(folder).iterdir()):
+            time.sleep(0.05)
         time.sleep(1.5)
         return worker_row(item, None, 60.0, False)
 
@@ -298,14 +308,15 @@ def test_a_node_removed_mid_sweep_loses_no_unit(cluster, tmp_path):
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not removed:
             for marker in tmp_path.iterdir():
-                if marker.read_text() == worker.node_id:
+                if marker.suffix != ".tmp" and marker.read_text() == worker.node_id:
                     head.remove_node(worker)
                     removed.append(marker.name)
                     return
             time.sleep(0.05)
 
     plan = _mm_plan()
-    units = [Unit(marked_row, (str(tmp_path), i, item), row_label(item)) for i, item in enumerate(plan)]
+    units = [Unit(marked_row, (str(tmp_path), i, item, worker.node_id), row_label(item))
+             for i, item in enumerate(plan)]
     watcher = threading.Thread(target=remove_when_busy, daemon=True)
     watcher.start()
     counts = [0] * len(units)
