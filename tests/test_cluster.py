@@ -305,7 +305,7 @@ def test_a_node_removed_mid_sweep_loses_no_unit(cluster, tmp_path):
     removed: list[str] = []
 
     def remove_when_busy() -> None:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 900    # a hang guard, past a unit's wait for the worker node
         while time.monotonic() < deadline and not removed:
             for marker in tmp_path.iterdir():
                 if marker.suffix != ".tmp" and marker.read_text() == worker.node_id:
