@@ -426,9 +426,8 @@ def least_layouts(mesh, runnable: list[FloorLayout]) -> list[LeastLayout]:
         actions = strategy.communication_actions
         pick = layout.calls[0].pick
         outputs = [(i, strategy.outputs[i]) for i in (pick if pick is not None else (0,))]
-        by_block = {id(block): data for data in strategy.inputs
-                    for block in (layout.shards[0].get((data.locator.kind, data.locator.key)),) if block is not None}
-        leaves = [by_block[id(leaf)] for leaf in layout.calls[0].leaves]
+        leaf_ids = {id(leaf) for leaf in layout.calls[0].leaves}   # plain_calls makes them in input order
+        leaves = [d for d in strategy.inputs if id(layout.shards[0].get((d.locator.kind, d.locator.key))) in leaf_ids]
         out_groups = tuple(_groups_of(mesh, actions, CommPattern.ALLREDUCE_FWD_IDENTITY_BWD, d.name)
                            for _, d in outputs)
         leaf_groups = tuple(_groups_of(mesh, actions, CommPattern.IDENTITY_FWD_ALLREDUCE_BWD, d.name) for d in leaves)

@@ -88,6 +88,20 @@ def test_bench_verify_floor_calls_the_targets_plain_torch_function(monkeypatch):
         assert call.args[0] is shards[("arg", 0)] and call.args[1] is shards[("param", "weight")]
 
 
+def _project_files_entered(body) -> list[str]:
+    """The files of shardverify that any Python frame entered while ``body()`` ran came from
+    (some frame must be entered: the op and autograd.grad are torch's Python)."""
+    entered = set()
+    sys.setprofile(lambda frame, event, arg: entered.add(frame.f_code.co_filename) if event == "call" else None)
+    try:
+        body()
+    finally:
+        sys.setprofile(None)
+    assert entered, "the body entered no Python frame at all"
+    package = str(ROOT / "shardverify")
+    return sorted(path for path in entered if path.startswith(package))
+
+
 def test_bench_verify_floor_body_runs_no_project_code(monkeypatch):
     """Nothing of shardverify runs while the floor's clock runs: every Python frame entered in
     its timed body is torch's (the op itself and autograd.grad) or the body's own."""
@@ -95,14 +109,7 @@ def test_bench_verify_floor_body_runs_no_project_code(monkeypatch):
     mesh, case, strategies = _first_layouts("linear", (2, 2))
     layouts, _ = bench_verify.floor_layouts(mesh, [(case, strategies[:4])])
     calls = [call for layout in layouts for call in layout.calls]
-    entered = set()
-    sys.setprofile(lambda frame, event, arg: entered.add(frame.f_code.co_filename) if event == "call" else None)
-    try:
-        bench_verify.floor_body(calls)
-    finally:
-        sys.setprofile(None)
-    package = str(ROOT / "shardverify")
-    assert entered and not [path for path in entered if path.startswith(package)]
+    assert _project_files_entered(lambda: bench_verify.floor_body(calls)) == []
 
 
 def test_bench_verify_least_check_runs_no_project_code(monkeypatch):
@@ -112,14 +119,7 @@ def test_bench_verify_least_check_runs_no_project_code(monkeypatch):
     layouts, _ = bench_verify.floor_layouts(mesh, [(case, strategies)])
     least = bench_verify.least_layouts(mesh, layouts)
     assert any(layout.out_groups[0] for layout in least) and any(any(layout.leaf_groups) for layout in least)
-    entered = set()
-    sys.setprofile(lambda frame, event, arg: entered.add(frame.f_code.co_filename) if event == "call" else None)
-    try:
-        bench_verify.least_body(least)
-    finally:
-        sys.setprofile(None)
-    package = str(ROOT / "shardverify")
-    assert entered and not [path for path in entered if path.startswith(package)]
+    assert _project_files_entered(lambda: bench_verify.least_body(least)) == []
 
 
 @pytest.mark.parametrize("spec_name, collective", [("sum", "out_groups"), ("linear", "leaf_groups")])
