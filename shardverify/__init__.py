@@ -16,7 +16,10 @@ def _quiet_start() -> None:
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         return
 
+    from shardverify import stops
+
     def starting(signum, frame):  # noqa: ANN001
+        stops.record(lambda: SystemExit(128 + signum))   # raised again where the run's loops ask (stops.py)
         print(f"shardverify: interrupted while starting; exit {128 + signum}", file=sys.stderr)
         raise SystemExit(128 + signum)
 

@@ -431,3 +431,70 @@ def test_a_run_stopped_with_its_group_then_killed_leaves_no_folder(short_tmp):
     finally:
         for pid in session_processes(proc.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------- a stop whose exception is lost
+@pytest.fixture
+def stop_handler():
+    """`shardverify`'s own SIGTERM handler, as cli.main installs it; the stops it records are
+    forgotten after the test."""
+    from shardverify import stops
+    from shardverify.backends.signals import exit_on_sigterm
+
+    previous = exit_on_sigterm()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stops.clear()
+
+
+def _stop_lost() -> None:
+    """SIGTERM, its exception cleared as C code that called Python clears a failed lookup's."""
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        for _ in range(1000):   # the handler runs at the next bytecode
+            pass
+    except SystemExit:
+        pass
+    else:
+        raise AssertionError("the handler never raised")
+
+
+def test_a_dtensor_run_whose_stop_was_lost_stops_at_the_next_combination(stop_handler, monkeypatch):
+    """A `dtensor` run under a loaded suite went on for 600 s after SIGTERM: the stop's exception
+    was lost inside torch. It is raised again before the combination's result is counted."""
+    from shardverify.cli.catalogue import load_op_specs
+    from shardverify.features.dtensor import run
+    from shardverify.features.dtensor.execute import CaseRunner
+
+    executed = []
+    real = CaseRunner.run
+
+    def run_losing_the_stop(self, combo):  # noqa: ANN001
+        executed.append(combo)
+        found = real(self, combo)
+        if len(executed) == 2:
+            _stop_lost()
+        return found
+
+    monkeypatch.setattr(CaseRunner, "run", run_losing_the_stop)
+    counted = []
+    spec, = load_op_specs(REPO, None, ["cumsum"])
+    with pytest.raises(SystemExit) as stopped:
+        run.run_spec(spec, [(2, 2)], limit=4, root=REPO, on_result=counted.append)
+    assert stopped.value.code == 143 and len(executed) == 2 and counted == []
+
+
+def test_a_verify_row_whose_stop_came_back_as_another_error_is_stopped_not_failed(stop_handler):
+    """A stop that torch turned into another exception is not the row's error: the run stops."""
+    from shardverify.cli.verify_rows import verify_row
+
+    class StoppedInsideTorch:
+        def build(self):
+            _stop_lost()
+            raise RuntimeError("what torch raised in its place")
+
+    with pytest.raises(SystemExit) as stopped:
+        verify_row(("relu", "c", StoppedInsideTorch(), (2,)), {}, "simulated", None, 10.0)
+    assert stopped.value.code == 143

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+from shardverify import stops
 from shardverify.backends import forkserver_exit
 from shardverify.backends.liveness import process_start
 
@@ -32,6 +33,7 @@ def exit_on_sigterm():
         return None
 
     def terminate(signum, frame):  # noqa: ANN001
+        stops.record(lambda: SystemExit(128 + signum))   # raised again where the run's loops ask (stops.py)
         raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, terminate)
@@ -55,6 +57,7 @@ def interrupt_on_sigterm():
 
     def terminate(signum, frame):  # noqa: ANN001
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stops.record(Terminated)
         raise Terminated()
 
     return signal.signal(signal.SIGTERM, terminate)

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 
+from shardverify import stops
 from shardverify.backends.signals import exit_on_sigterm, keep_interrupts
 
 # Subcommand modules, in the order `--help` lists them.
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = exit_on_sigterm()   # a `kill` cleans up like Ctrl-C (backends/signals.py)
     hook = keep_interrupts()   # ... and neither is lost in a finalizer
     try:
+        stops.raise_if_stopped()   # a stop while torch was imported whose exception the import lost
         return int(args.func(args) or 0)
     except KeyboardInterrupt:   # outside a subcommand's own handler (its imports, reading specs)
         print(f"shardverify {args.command}: interrupted; exit 130", file=sys.stderr)
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     finally:
+        stops.clear()   # the stop was this command's: a next one in this process starts clean
         sys.unraisablehook = hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from shardverify import stops
 from shardverify.backends.registry import start_backend
 from shardverify.cli.progress import Progress
 from shardverify.errors import ShardVerifyError
@@ -113,6 +114,7 @@ def verify_row(item: tuple, backends: dict, backend_kind: str, device: str | Non
     warnings torch gives meanwhile are counted on the row, not printed (row_warnings)."""
     from shardverify.cli.row_warnings import caught_warnings
 
+    stops.raise_if_stopped()   # a stop whose exception was lost inside torch (stops.py)
     op, case_id, case, mesh = item
     row = Row(op, case_id, mesh)
     start = time.perf_counter()
@@ -145,6 +147,7 @@ def _verify_into(row: Row, item: tuple, backends: dict, backend_kind: str, devic
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 - one case that cannot run fails its row, not the run
+        stops.raise_if_stopped()   # unless it was a stop, come back as another exception
         row.error = describe_error(exc)
 
 

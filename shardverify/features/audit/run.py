@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from shardverify import stops
 from shardverify.features.audit.combinations import (CaseCombinations, combo_key, offered_strategies, outputs_hold,
                                             outputs_text, spec_handler)
 from shardverify.features.audit.offered import offered_combination, own_arguments
@@ -187,6 +188,7 @@ def audit_spec(spec, meshes: list[tuple[int, ...]] | None = None, *, partial_inp
     results = []
     for case_spec, (case_id, case) in zip(spec.cases(), spec.op_cases()):
         for mesh in meshes or spec.verify.meshes:
+            stops.raise_if_stopped()   # a stop whose exception was lost inside torch (stops.py)
             found = audit_one(spec, case_id, case, tuple(mesh), dict(case_spec.point), partial_inputs)
             results.append(found)
             if on_result is not None:

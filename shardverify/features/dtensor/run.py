@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from pathlib import Path
 
+from shardverify import stops
 from shardverify.features.audit.combinations import CaseCombinations
 from shardverify.features.dtensor.attribute import backward_raise
 from shardverify.features.dtensor.execute import CaseRunner, Execution, quiet_dtensor
@@ -167,6 +168,7 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
         runner = CaseRunner(problem, operands, mesh, mode, budget=budget)
         first, end = (result.executed, len(chosen)) if span is None else span
         for done, combo in enumerate(chosen):
+            stops.raise_if_stopped()   # a stop whose exception was lost inside torch (stops.py)
             if done < first:      # executed before the run was interrupted, or another chunk's
                 continue
             if done >= end:
@@ -185,6 +187,7 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
                 if starting is not None:
                     starting(done, "DTensor's execution")
                 execution = runner.run(combo)
+                stops.raise_if_stopped()   # not counted as the combination's result: what raised was the stop
             klass, phase = classify(execution, bool(outcome is not None and outcome.valid))
             result.executed += 1
             result.counts[klass] += 1
@@ -344,6 +347,7 @@ def run_spec(spec, meshes, *, limit: int | None = DEFAULT_LIMIT, budget: float |
                     found = run_case(spec, case_id, case, mesh, limit=limit, budget=budget, explained=explained,
                                      resume=resume, checkpoint=keep, starting=starting, died=died)
                 except Exception as exc:  # noqa: BLE001 - reported with the case, not skipped
+                    stops.raise_if_stopped()   # unless it was a stop, come back as another exception
                     found = CaseResult(spec.name, case_id, mesh, note=f"error: {type(exc).__name__}: {exc}")
                 except BaseException:     # stopped (Ctrl-C, SIGTERM): the combination did not kill it
                     if running is not None:
