@@ -1,10 +1,10 @@
-"""The stop signals (SIGINT, SIGTERM) this process received, kept apart from the exception their
-handler raises.
+"""The stops this process received through shardverify's own handlers (SIGTERM; SIGINT too while
+the command starts), kept apart from the exception the handler raises.
 
 That exception can be lost: a handler runs inside whatever Python code was running, and where
 that code was called from C (an import's module set-up, a lookup torch makes on a Python object)
-the C code may clear the error as a failed lookup and go on. A `dtensor` run stopped with SIGTERM
-under a loaded test suite went on for another 600 s so. Long loops ask
+the C code may clear the error as a failed lookup and go on. A `dtensor` run sent SIGTERM under
+a loaded test suite was still working 600 s later (not reproduced alone). Long loops ask
 :func:`raise_if_stopped` before each step, so a lost stop is raised again there.
 
 No imports beyond the standard library: the package's own start-up handler records here.
