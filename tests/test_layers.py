@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shardverify"
 FEATURES = ("algorithms", "audit", "coverage", "ddp", "dtensor", "explore", "opinfo", "parallelize", "report", "reshard")
 FLOORS: dict[str, int] = {
     "errors": 0, "files": 0, "pysource": 0,
-    "stored": 0,
+    "stored": 0, "stops": 0,
     "sharding": 1, "capture": 1,
     "collectives": 2, "backends": 2,
     "strategies": 3,
