@@ -462,8 +462,8 @@ def _stop_lost() -> None:
 
 
 def test_a_dtensor_run_whose_stop_was_lost_stops_at_the_next_combination(stop_handler, monkeypatch):
-    """A `dtensor` run under a loaded suite went on for 600 s after SIGTERM: the stop's exception
-    was lost inside torch. It is raised again before the combination's result is counted."""
+    """A `dtensor` run under a loaded suite went on for 600 s after SIGTERM, its stop's exception
+    lost (where was not found). It is raised again before the combination's result is counted."""
     from shardverify.cli.catalogue import load_op_specs
     from shardverify.features.dtensor import run
     from shardverify.features.dtensor.execute import CaseRunner

@@ -114,7 +114,7 @@ def verify_row(item: tuple, backends: dict, backend_kind: str, device: str | Non
     warnings torch gives meanwhile are counted on the row, not printed (row_warnings)."""
     from shardverify.cli.row_warnings import caught_warnings
 
-    stops.raise_if_stopped()   # a stop whose exception was lost inside torch (stops.py)
+    stops.raise_if_stopped()   # a stop whose exception was lost on the way (stops.py)
     op, case_id, case, mesh = item
     row = Row(op, case_id, mesh)
     start = time.perf_counter()

@@ -188,7 +188,7 @@ def audit_spec(spec, meshes: list[tuple[int, ...]] | None = None, *, partial_inp
     results = []
     for case_spec, (case_id, case) in zip(spec.cases(), spec.op_cases()):
         for mesh in meshes or spec.verify.meshes:
-            stops.raise_if_stopped()   # a stop whose exception was lost inside torch (stops.py)
+            stops.raise_if_stopped()   # a stop whose exception was lost on the way (stops.py)
             found = audit_one(spec, case_id, case, tuple(mesh), dict(case_spec.point), partial_inputs)
             results.append(found)
             if on_result is not None:

@@ -168,7 +168,7 @@ def execute_combos(result: CaseResult, problem, operands, combos: list, outcome_
         runner = CaseRunner(problem, operands, mesh, mode, budget=budget)
         first, end = (result.executed, len(chosen)) if span is None else span
         for done, combo in enumerate(chosen):
-            stops.raise_if_stopped()   # a stop whose exception was lost inside torch (stops.py)
+            stops.raise_if_stopped()   # a stop whose exception was lost on the way (stops.py)
             if done < first:      # executed before the run was interrupted, or another chunk's
                 continue
             if done >= end:
