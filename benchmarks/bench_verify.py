@@ -48,7 +48,7 @@ Besides, on the same layouts:
 
   * strategy generation: CPU seconds to list the row's strategies on a newly traced graph (the
     op's, and its predecessor's, which a following op reads), against the cold check of the
-    row's layouts,
+    row's layouts (on the larger-shape rows too: the strategies are the same at any shape),
   * PyTorch DTensor under LocalTensorMode (torch.distributed.tensor on a fake process group):
     the op on the same reference values, each strategy's input and parameter layouts given as
     DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else Replicate), forward
@@ -64,7 +64,9 @@ Besides, on the same layouts:
     row of its own (scaled_case: the first input's leading dims and the dims of other inputs that
     must match them, never a contracted or feature dim): the grid cases are small, so their ratio
     is mostly what the check costs per call; the larger shape shows what grows with the
-    arithmetic (--scaled-only SPEC ...: specs measured in that row alone),
+    arithmetic (--scaled-only SPEC ...: specs measured in that row alone); a row whose blocks,
+    made before the clocks, hold more than --memory-gib is measured in chunks of its layouts
+    within it (16x linear's on (2, 2) took over 24 GB at once), counted on the row,
   * on the first mesh, the fresh-processes-per-case baselines (each of the first --fresh-cases
     cases on new gloo processes, spawned per case, and a forkserver pool started per case)
     against one warm pool running the same checks, and the pool start-up against a bare spawn of
@@ -100,12 +102,16 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Container
 from pathlib import Path
 from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 #: the A/B's limit: the hand-written loop and the floor's body may differ by this fraction (of the minima)
 AB_LIMIT = 0.10
+#: bytes the floor's and the least check's blocks of a row's layouts may hold at once (--memory-gib):
+#: every grid row fits; a larger shape is measured in chunks within it (measure_row)
+MEMORY_BYTES = 4 << 30
 
 
 # ---------------------------------------------------------------------- bare gloo spawn
@@ -346,9 +352,10 @@ def settle(layout: FloorLayout) -> FloorLayout:
     return layout._replace(calls=tuple(settled))
 
 
-def floor_layouts(mesh, cases_and_strategies) -> tuple[list[FloorLayout], int]:
+def floor_layouts(mesh, cases_and_strategies, none_is_refused: bool = True) -> tuple[list[FloorLayout], int]:
     """The layouts the floor runs (each one run once, forward and backward) and how many it
-    cannot (their op needs the layout's collectives)."""
+    cannot (their op needs the layout's collectives; none at all is refused, Unmeasured, unless
+    ``none_is_refused`` is False)."""
     runnable, left_out = [], 0
     for case, strategies in cases_and_strategies:
         for strategy in strategies:
@@ -362,7 +369,7 @@ def floor_layouts(mesh, cases_and_strategies) -> tuple[list[FloorLayout], int]:
                 left_out += 1
             else:
                 runnable.append(prepared)
-    if not runnable:
+    if not runnable and none_is_refused:
         raise Unmeasured(f"the floor ran none of the {left_out} layouts (BENCH_DEBUG=1 says why)")
     return runnable, left_out
 
@@ -373,7 +380,8 @@ class LeastLayout(NamedTuple):
     carrying a gradient, the rank groups its forward all-reduce sums over (None: none); per leaf
     (the floor's leaves, in order), the groups its gradient's all-reduce sums over; each rank's
     bounds ``(low, high)`` of those outputs and gradients; whether its verdict is judged (no
-    partial input: the floor gives a partial input's rank its block, not its piece)."""
+    partial input: the floor gives a partial input's rank its block, not its piece; and not one
+    the engine passes only by its low-precision budget, whose values leave these bounds)."""
 
     calls: tuple
     out_groups: tuple
@@ -403,11 +411,13 @@ def _bounds(full, spec, mesh, rank: int, dtype, tol) -> tuple:
     return (expected - allowed).to(dtype), (expected + allowed).to(dtype)
 
 
-def least_layouts(mesh, runnable: list[FloorLayout]) -> list[LeastLayout]:
+def least_layouts(mesh, runnable: list[FloorLayout], budgeted: Container[tuple[int, str]] = ()) -> list[LeastLayout]:
     """The least check of each floor layout: its forward all-reduces (``ALLREDUCE_FWD_IDENTITY_BWD``
     on an output) and gradient all-reduces (``IDENTITY_FWD_ALLREDUCE_BWD`` on an input), as sums
     over their rank groups, and one bounds comparison per output and per gradient of each rank,
-    at the engine's tolerance.  A layout with any other collective is refused (Unmeasured)."""
+    at the engine's tolerance.  A layout with any other collective is refused (Unmeasured).
+    ``budgeted``: ``(id(case), strategy name)`` of the layouts the engine passes only by its
+    low-precision budget (:func:`budget_passes`): timed like the others, never judged."""
     import torch
 
     from shardverify.sharding.strategy import CommPattern
@@ -442,8 +452,17 @@ def least_layouts(mesh, runnable: list[FloorLayout]) -> list[LeastLayout]:
                         rank, leaf.dtype, tolerance_for(leaf.dtype, case.rtol, case.atol))
                 for d, leaf in zip(leaves, call.leaves)))
         made.append(LeastLayout(layout.calls, out_groups, leaf_groups, tuple(out_bounds), tuple(grad_bounds),
-                                not strategy.partial_inputs))
+                                not strategy.partial_inputs and (id(case), strategy.name) not in budgeted))
     return made
+
+
+def budget_passes(results) -> set[tuple[int, str]]:
+    """``(id(case), strategy name)`` of each passed check whose note says how it passed: only
+    by the engine's low-precision budget (verify/engine.py ``_verdict``), its values outside
+    the default tolerance.  At 4x the grid's leading dims most of linear's float32 layouts do;
+    the least check compares at the default tolerance, so it cannot judge them."""
+    return {(id(case), result.strategy) for case, found in results for result in found
+            if result.passed and result.note}
 
 
 def _summed(per_rank: list[list], position: int, groups) -> None:
@@ -572,46 +591,134 @@ def check_agreement(op: str, ab: dict) -> None:
 
 
 # ----------------------------------------------------------------------- floor, cold, warm
-def measure_row(simulated, mesh, cases_and_strategies, seconds: float, rounds: int) -> dict:
+def held_bytes(values, besides: set[int] = frozenset()) -> int:
+    """Bytes of the distinct tensor storages in ``values`` (tuples, lists, dicts and NamedTuples
+    of them, anything else ignored), leaving out those whose data pointer is in ``besides``."""
+    import torch
+
+    seen, total, left = set(besides), 0, [values]
+    while left:
+        value = left.pop()
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(value, dict):
+            left.extend(value.values())
+        elif isinstance(value, (tuple, list)):
+            left.extend(value)
+    return total
+
+
+def _reference_storages(case) -> set[int]:
+    """The data pointers of the tensors the case's reference holds (kept for the whole run)."""
+    import torch
+
+    from shardverify.verify.reference import reference
+
+    ref = reference(case, None, torch.device("cpu"))
+    tensors = [*ref.values.values(), *ref._typed.values(), *ref.outputs, *ref.grads.values(),
+               *(g for g in ref.grad_outputs if g is not None)]
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
+
+
+def sized_layouts(mesh, cases_and_strategies) -> tuple[list[tuple], int, list[int]]:
+    """``(case, strategy)`` of each layout the floor runs, how many it cannot run, and the bytes
+    each runnable layout's floor and least check hold besides the case's reference: each is made
+    alone and let go, so sizing a row never holds more than one layout's blocks."""
+    pairs, sizes, left_out = [], [], 0
+    for case, strategies in cases_and_strategies:
+        for strategy in strategies:
+            runnable, missed = floor_layouts(mesh, [(case, [strategy])], none_is_refused=False)
+            left_out += missed
+            for layout in runnable:
+                least = least_layouts(mesh, [layout])
+                pairs.append((case, strategy))
+                sizes.append(held_bytes((layout.calls, layout.shards, least), _reference_storages(case)))
+    if not pairs:
+        raise Unmeasured(f"the floor ran none of the {left_out} layouts (BENCH_DEBUG=1 says why)")
+    return pairs, left_out, sizes
+
+
+def chunked(sizes: list[int], budget: int) -> list[list[int]]:
+    """The layouts' indices in order, cut into runs whose bytes stay within ``budget`` (a layout
+    over it alone in its run)."""
+    chunks: list[list[int]] = []
+    held = budget + 1
+    for index, size in enumerate(sizes):
+        if held + size > budget:
+            chunks.append([])
+            held = 0
+        chunks[-1].append(index)
+        held += size
+    return chunks
+
+
+def measure_row(simulated, mesh, cases_and_strategies, seconds: float, rounds: int,
+                memory: int = MEMORY_BYTES) -> dict:
     """Floor, least check, cold check and warm check (module docstring) in alternating rounds on
     the layouts the floor runs, until ``seconds`` CPU seconds and ``rounds`` rounds are spent: ms
-    per layout (min, median) of each, the ratios, and how many layouts the floor left out."""
+    per layout (min, median) of each, the ratios, and how many layouts the floor left out.
+
+    The floor's and the least check's blocks of every layout are made before the clock, and at
+    larger shapes they do not all fit in memory (16x linear's leading dims on (2, 2): over 24 GB):
+    layouts whose blocks hold more than ``memory`` bytes are measured in chunks within it, each
+    round passing over every chunk in turn (its blocks made before, and let go after, its clocks),
+    the engine's tables emptied once per round on one copy of each case, so the cold pass builds
+    each case's reference once and meets each layout once, as ``verify`` does."""
     from shardverify.verify.engine import verify_case
     from shardverify.verify.report import assert_passed
 
-    runnable, left_out = floor_layouts(mesh, cases_and_strategies)
-    calls = [call for layout in runnable for call in layout.calls]
-    least = least_layouts(mesh, runnable)
-    judged = check_least(runnable[0].case.op, least)
-    by_case: dict[int, tuple] = {}
-    for layout in runnable:
-        by_case.setdefault(id(layout.case), (layout.case, []))[1].append(layout.strategy)
-    checked = list(by_case.values())
-    for case, strategies in checked:   # untimed: every check must pass, and torch's own first-call costs go
-        assert_passed(verify_case(simulated, case, _fresh(strategies)))
+    pairs, left_out, sizes = sized_layouts(mesh, cases_and_strategies)
+    chunks = chunked(sizes, memory)
+    cases = {id(case): case for case, _ in pairs}
+    untimed = []
+    for key, case in cases.items():   # untimed: every check must pass, and torch's own first-call costs go
+        untimed.append((case, verify_case(simulated, case, _fresh([s for c, s in pairs if id(c) == key]))))
+        assert_passed(untimed[-1][1])
+    budgeted = budget_passes(untimed)
+    made_once = _made(mesh, pairs, budgeted) if len(chunks) == 1 else None   # one chunk: made for every round
+    judged = unjudged = 0
+    for chunk in chunks:   # every judged verdict once, chunk by chunk
+        _, least = made_once or _made(mesh, [pairs[i] for i in chunk], budgeted)
+        judged += check_least(pairs[0][0].op, least)
+        unjudged += sum(not layout.judged and not pairs[i][1].partial_inputs for i, layout in zip(chunk, least))
+        del least
     tables = engine_tables()
     timed: dict[str, list[float]] = {"floor": [], "least": [], "cold": [], "warm": []}
     start = time.process_time()
     while time.process_time() - start < seconds or len(timed["warm"]) < rounds:
-        began = time.process_time()
-        floor_body(calls)
-        timed["floor"].append(time.process_time() - began)
-        began = time.process_time()
-        least_body(least)
-        timed["least"].append(time.process_time() - began)
-        fresh = [(_fresh(case), _fresh(strategies), _fresh(strategies)) for case, strategies in checked]
+        copies = {key: _fresh(case) for key, case in cases.items()}   # the round's cases: one reference a pass
+        for spent in timed.values():
+            spent.append(0.0)
         for _, table in tables:
             table.clear()
-        for phase, index in (("cold", 1), ("warm", 2)):   # warm: the cold pass's case copy, every table filled
-            results, began = [], time.process_time()
-            for made in fresh:
-                results.append(verify_case(simulated, made[0], made[index]))
-            timed[phase].append(time.process_time() - began)
-            for found in results:
-                assert_passed(found)
-    layouts = len(runnable)
-    row = {"layouts": layouts, "floor_left_out": left_out, "rounds": len(timed["warm"]),
-           "least_judged": judged, "tables_emptied": [name for name, _ in tables]}
+        for chunk in chunks:
+            floor, least = made_once or _made(mesh, [pairs[i] for i in chunk], budgeted)
+            calls = [call for layout in floor for call in layout.calls]
+            by_case: dict[int, list] = {}
+            for i in chunk:
+                by_case.setdefault(id(pairs[i][0]), []).append(pairs[i][1])
+            checks = [(copies[key], _fresh(strategies), _fresh(strategies)) for key, strategies in by_case.items()]
+            began = time.process_time()
+            floor_body(calls)
+            timed["floor"][-1] += time.process_time() - began
+            began = time.process_time()
+            least_body(least)
+            timed["least"][-1] += time.process_time() - began
+            for phase, index in (("cold", 1), ("warm", 2)):   # warm: the cold pass's case copy, its tables filled
+                results, began = [], time.process_time()
+                for made in checks:
+                    results.append(verify_case(simulated, made[0], made[index]))
+                timed[phase][-1] += time.process_time() - began
+                for found in results:
+                    assert_passed(found)
+            del floor, least, calls
+    layouts = len(pairs)
+    row = {"layouts": layouts, "floor_left_out": left_out, "rounds": len(timed["warm"]), "least_judged": judged,
+           "least_budgeted": unjudged, "chunks": len(chunks), "memory_gib": memory / 2**30,
+           "held_gib": sum(sizes) / 2**30, "tables_emptied": [name for name, _ in tables]}
     for phase, seconds_list in timed.items():
         row[f"{phase}_ms"] = _spread(seconds_list, layouts)
     row["cold_over_floor"] = _ratio(row["cold_ms"], row["floor_ms"])
@@ -620,8 +727,14 @@ def measure_row(simulated, mesh, cases_and_strategies, seconds: float, rounds: i
     row["cold_over_least"] = _ratio(row["cold_ms"], row["least_ms"])
     row["warm_over_least"] = _ratio(row["warm_ms"], row["least_ms"])
     row["cold_over_warm"] = _ratio(row["cold_ms"], row["warm_ms"])
-    row["runnable"] = [(layout.case, layout.strategy) for layout in runnable]
+    row["runnable"] = pairs
     return row
+
+
+def _made(mesh, pairs: list[tuple], budgeted) -> tuple[list[FloorLayout], list[LeastLayout]]:
+    """The floor's and the least check's layouts of ``pairs`` (each known to run on the floor)."""
+    floor = [settle(plain_calls(case, strategy, mesh)) for case, strategy in pairs]
+    return floor, least_layouts(mesh, floor, budgeted)
 
 
 # --------------------------------------------------------------------------------- DTensor
@@ -857,7 +970,7 @@ def scaled_case(case, factor: int):
         raise Unmeasured(f"{case.op}: its first case cannot be grown x{factor}: {exc}") from exc
 
 
-def scaled_row(simulated, spec, mesh, factor: int, seconds: float, rounds: int) -> dict:
+def scaled_row(simulated, spec, mesh, factor: int, seconds: float, rounds: int, memory: int = MEMORY_BYTES) -> dict:
     """:func:`measure_row` on the spec's first case scaled by ``factor`` (:func:`scaled_case`),
     every distinct layout of it."""
     from shardverify.strategies.for_node import strategies_for_node
@@ -867,11 +980,11 @@ def scaled_row(simulated, spec, mesh, factor: int, seconds: float, rounds: int) 
     case = grown.case
     graph_module, node_name = case.build()
     chosen = [(case, distinct_layouts(strategies_for_node(graph_module, node_name, mesh)))]
-    row = measure_row(simulated, mesh, chosen, seconds, rounds)
+    row = measure_row(simulated, mesh, chosen, seconds, rounds, memory)
     shapes = [list(decl.shape) for decl in case.inputs]
     row.update({"op": f"{spec.name} x{factor}", "mesh": list(mesh.shape), "factor": factor, "dims": grown.describe(),
                 "shapes": shapes, "notes": [f"the first case x{factor} on {grown.describe()} {shapes}; "
-                                            f"{_row_note(row)}"]})
+                                            f"{_row_note(row)}", generation_note(row, chosen, mesh, rounds)]})
     return row
 
 
@@ -890,12 +1003,27 @@ def generation(cases_and_strategies, mesh, rounds: int) -> dict:
     return {"strategies": count, "min_s": min(passes), "median_s": statistics.median(passes)}
 
 
+def generation_note(row: dict, cases_and_strategies, mesh, rounds: int) -> str:
+    """:func:`generation` of the row's cases, set on the row against its cold check (the same
+    strategies at any shape, while the check grows with it), and said in a line."""
+    made = row["generation"] = generation(cases_and_strategies, mesh, rounds)
+    checked = {k: row["cold_ms"][k] * row["layouts"] / 1e3 for k in ("min", "median")}
+    made["over_cold_check"] = {"min": made["min_s"] / checked["min"], "median": made["median_s"] / checked["median"]}
+    return (f"generating its {made['strategies']} strategies (its predecessor's generated too) {made['min_s']:.3f} / "
+            f"{made['median_s']:.3f} CPU s (min / median over fresh graphs), {_pair(made['over_cold_check'], 2)} of "
+            f"the cold check of its {row['layouts']} layouts")
+
+
 # ---------------------------------------------------------------------------------- output
 def _row_note(row: dict) -> str:
     return (f"{row['floor_left_out']} of {row['layouts'] + row['floor_left_out']} layouts left out of every column "
             f"(the floor cannot run them bare); cold/warm {_pair(row['cold_over_warm'], 2)}; the least check's "
-            f"verdicts judged on {row['least_judged']} of {row['layouts']} layouts, all passed (the others hold a "
-            f"partial input, which the floor's shards give as the rank's block); {row['rounds']} rounds")
+            f"verdicts judged on {row['least_judged']} of {row['layouts']} layouts, all passed (of the others, "
+            f"{row['least_budgeted']} pass the engine only by its low-precision budget, their values outside the "
+            f"default tolerance the least check compares at, and the rest hold a partial input, which the floor's "
+            f"shards give as the rank's block); {row['rounds']} rounds" +
+            (f", each over {row['chunks']} chunks of layouts (their blocks hold {row['held_gib']:.1f} GiB, over "
+             f"--memory-gib {row['memory_gib']:g})" if row["chunks"] > 1 else ""))
 
 
 def _pair(figures: dict, digits: int) -> str:
@@ -951,6 +1079,9 @@ def main() -> None:
     parser.add_argument("--dtensor-layouts", type=int, default=72,
                         help="layouts DTensor tries per row at most, spread evenly over the row's; the rest are "
                              "counted as not tried (default 72: every layout of linear and sum on (2, 2))")
+    parser.add_argument("--memory-gib", type=float, default=MEMORY_BYTES / 2**30,
+                        help="GiB the floor's and the least check's blocks of a row may hold at once; a row over "
+                             "it is measured in chunks of layouts within it, counted on the row (default 4)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
     parser.add_argument("--quick", action="store_true",
                         help="CI's smoke run: every figure once, briefly (mesh 2,2 only, the sum spec's first case, "
@@ -968,6 +1099,9 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.seconds < 0:
         parser.error(f"--seconds must be 0 or more, got {args.seconds}")
+    if not args.memory_gib > 0:
+        parser.error(f"--memory-gib must be more than 0, got {args.memory_gib}")
+    memory = int(args.memory_gib * 2**30)
     if args.scaled_only and args.scale < 2:
         parser.error("--scaled-only needs --scale of 2 or more")
     if args.fresh_cases < 0:
@@ -1042,16 +1176,9 @@ def main() -> None:
         with SimulatedBackend(mesh, timeout=120) as simulated:
             for spec in specs:
                 chosen, offered = chosen_for(spec, mesh, args.cases)
-                row = measure_row(simulated, mesh, chosen, args.seconds, args.rounds)
+                row = measure_row(simulated, mesh, chosen, args.seconds, args.rounds, memory)
                 row.update({"op": spec.name, "mesh": list(mesh.shape), "cases": len(chosen), "offered": offered})
-                made = row["generation"] = generation(chosen, mesh, args.rounds)
-                checked = {k: row["cold_ms"][k] * row["layouts"] / 1e3 for k in ("min", "median")}
-                made["over_cold_check"] = {"min": made["min_s"] / checked["min"],
-                                           "median": made["median_s"] / checked["median"]}
-                notes = [_row_note(row),
-                         f"generating its {made['strategies']} strategies (its predecessor's generated too) "
-                         f"{made['min_s']:.3f} / {made['median_s']:.3f} CPU s (min / median over fresh graphs), "
-                         f"{_pair(made['over_cold_check'], 2)} of the cold check of its {row['layouts']} layouts"]
+                notes = [_row_note(row), generation_note(row, chosen, mesh, args.rounds)]
                 if not args.skip_dtensor:
                     dt = row["dtensor"] = dtensor_row(simulated, mesh.shape, row["runnable"], args.seconds,
                                                       args.rounds, args.dtensor_budget, args.dtensor_layouts)
@@ -1070,11 +1197,13 @@ def main() -> None:
                 row["notes"] = notes
                 report["rows"].append(row)
                 if args.scale > 1:
-                    report["rows"].append(scaled_row(simulated, spec, mesh, args.scale, args.seconds, args.rounds))
+                    report["rows"].append(scaled_row(simulated, spec, mesh, args.scale, args.seconds, args.rounds,
+                                                     memory))
                 say(f"measured {spec.name} on {mesh.shape}")
             if mesh is meshes[0]:
                 for spec in load_op_specs(REPO, None, args.scaled_only) if args.scaled_only else []:
-                    report["rows"].append(scaled_row(simulated, spec, mesh, args.scale, args.seconds, args.rounds))
+                    report["rows"].append(scaled_row(simulated, spec, mesh, args.scale, args.seconds, args.rounds,
+                                                     memory))
 
     if not args.skip_gloo and args.fresh_cases:
         mesh = meshes[0]

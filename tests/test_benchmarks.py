@@ -140,6 +140,54 @@ def test_bench_verify_least_check_fails_a_layout_without_its_all_reduce(monkeypa
         bench_verify.check_least(spec_name, dropped)
 
 
+def test_bench_verify_least_check_leaves_the_layouts_the_engine_passes_by_its_budget_unjudged(monkeypatch):
+    """At 4x linear's leading dims every float32 layout leaves the default tolerance and passes the
+    engine only by its low-precision budget: the least check, which compares at the default
+    tolerance, failed them all and ended the bench's default run. Now the engine's notes say which
+    layouts passed that way, and the least check judges only the others."""
+    from shardverify.backends import SimulatedBackend
+    from shardverify.strategies.for_node import strategies_for_node
+    from shardverify.verify.engine import verify_case
+
+    bench_verify = _bench_verify(monkeypatch)
+    mesh, case, _ = _first_layouts("linear", (2, 2))
+    grown = bench_verify.scaled_case(case, 4).case
+    graph_module, node_name = grown.build()
+    strategies = bench_verify.distinct_layouts(strategies_for_node(graph_module, node_name, mesh))
+    layouts, _ = bench_verify.floor_layouts(mesh, [(grown, strategies)])
+    with pytest.raises(bench_verify.Disagreement, match="the least check fails"):
+        bench_verify.check_least("linear", bench_verify.least_layouts(mesh, layouts))
+    with SimulatedBackend(mesh, timeout=120) as simulated:
+        results = verify_case(simulated, grown, [layout.strategy for layout in layouts])
+    assert all(result.passed for result in results)
+    budgeted = bench_verify.budget_passes([(grown, results)])
+    assert budgeted and budgeted == {(id(grown), r.strategy) for r in results if "within" in r.note}
+    least = bench_verify.least_layouts(mesh, layouts, budgeted)
+    assert bench_verify.check_least("linear", least) == \
+        sum(not layout.strategy.partial_inputs and (id(grown), layout.strategy.name) not in budgeted
+            for layout in layouts)
+
+
+def test_bench_verify_measures_a_row_over_its_memory_budget_in_chunks(monkeypatch):
+    """At 16x linear's leading dims on (2, 2) the blocks the floor and the least check make before
+    their clocks took over 24 GB and the process was killed. A row whose blocks hold more than
+    the budget is measured chunk by chunk within it, every layout still measured and judged."""
+    from shardverify.backends import SimulatedBackend
+
+    bench_verify = _bench_verify(monkeypatch)
+    assert bench_verify.chunked([3, 3, 3, 10, 1], 6) == [[0, 1], [2], [3], [4]]
+    mesh, case, strategies = _first_layouts("sum", (2, 2))
+    chosen = [(case, bench_verify.distinct_layouts(strategies))]
+    with SimulatedBackend(mesh, timeout=120) as simulated:
+        whole = bench_verify.measure_row(simulated, mesh, chosen, 0.0, 1)
+        budget = int(whole["held_gib"] * 2**30 / 3)
+        cut = bench_verify.measure_row(simulated, mesh, chosen, 0.0, 1, memory=budget)
+    assert whole["chunks"] == 1 and cut["chunks"] >= 3
+    for key in ("layouts", "floor_left_out", "least_judged", "least_budgeted", "runnable"):
+        assert cut[key] == whole[key], key
+    assert all(cut[f"{phase}_ms"]["min"] > 0 for phase in ("floor", "least", "cold", "warm"))
+
+
 def test_bench_verify_cold_check_empties_the_engines_tables(monkeypatch):
     """The cold check empties every per-case and per-layout table of the verify engine."""
     bench_verify = _bench_verify(monkeypatch)
