@@ -102,6 +102,36 @@ def test_a_run_killed_as_its_forkserver_starts_leaves_no_folder(short_tmp):
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_program_importing_the_library_can_still_be_stopped():
+    """Importing any module of shardverify leaves SIGTERM and SIGINT as the program had them, and
+    a SIGTERM ends it. Before, importing the verify engine imported backends/forkserver_exit.py,
+    whose set-up for the forkserver (ignore SIGTERM, outliving a group stop) ran in the importing
+    process too: a benchmark went on checking 20 minutes past two SIGTERMs, and ``timeout``,
+    ``docker stop`` or a job scheduler could not stop a script that checks its plan."""
+    code = (
+        "import importlib, pkgutil, signal, sys, time\n"
+        "import shardverify\n"
+        "before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))\n"
+        "for module in pkgutil.walk_packages(shardverify.__path__, 'shardverify.'):\n"
+        "    if not module.name.endswith('__main__'):\n"
+        "        importlib.import_module(module.name)\n"
+        "        now = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))\n"
+        "        if now != before:\n"
+        "            print('changed by', module.name, now, flush=True)\n"
+        "            sys.exit(3)\n"
+        "print('imported', flush=True)\n"
+        "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()   # the program's own readiness line; the sleep is a hang guard
+        assert line == "imported\n", line + proc.stdout.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_the_forkserver_reads_its_starter_as_untrusted_data():
     from shardverify.backends.forkserver_exit import owner_value, parse_owner
 

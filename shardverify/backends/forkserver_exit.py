@@ -19,9 +19,11 @@ starter is gone, never through a link.
 from __future__ import annotations
 
 import atexit
+import multiprocessing.forkserver
 import os
 import shutil
 import signal
+import sys
 
 from shardverify.backends.liveness import process_alive, process_ended
 
@@ -56,6 +58,20 @@ def _remove_if_gone(pid: int, started: int | None, folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def _in_forkserver() -> bool:
+    """Whether this module is being imported as the forkserver's preload (inside
+    ``multiprocessing.forkserver.main``), not by a process that only reads its names: importing
+    the verify engine imports this module (backends/signals.py), and its set-up below, run there,
+    made every program importing the library ignore SIGTERM (a benchmark went on 20 minutes past
+    two SIGTERMs)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is multiprocessing.forkserver.main.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _register() -> None:
     owner = parse_owner(os.environ.pop(OWNER, ""))   # popped: the processes it forks never see it
     if owner is not None:   # (the starter may be gone already: killed while torch was imported here)
@@ -75,4 +91,5 @@ def _outlive_a_group_stop() -> None:
     os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 
 
-_register()
+if _in_forkserver():
+    _register()
