@@ -29,7 +29,9 @@ layout per round, so a burst of other load falls on all four alike):
     an equality, the engine's passing comparison).  It leaves out all a real check also does (the
     reference, the blocks, the costs, the dtypes, the seeds, any collective but an all-reduce
     summing: a layout needing another is refused).  Untimed, every layout without a partial input
-    (whose rank the floor gives its block, not its piece) must pass it; so the floor -> least ->
+    (whose rank the floor gives its block, not its piece) must pass it, but for those the engine
+    passes only by its low-precision budget (their values leave the default tolerance: at 4x
+    linear's shapes, every float32 one), which are counted instead; so the floor -> least ->
     check columns split the check's cost into the op, what a check cannot avoid, and the rest,
   * the check, cold: ``verify_case`` on the simulated backend (every rank in one thread,
     backends/stacked.py) as ``shardverify verify`` runs it, each layout once on fresh caches: a
