@@ -354,25 +354,37 @@ def settle(layout: FloorLayout) -> FloorLayout:
     return layout._replace(calls=tuple(settled))
 
 
-def floor_layouts(mesh, cases_and_strategies, none_is_refused: bool = True) -> tuple[list[FloorLayout], int]:
-    """The layouts the floor runs (each one run once, forward and backward) and how many it
-    cannot (their op needs the layout's collectives; none at all is refused, Unmeasured, unless
-    ``none_is_refused`` is False)."""
+def floor_layout(case, strategy, mesh) -> FloorLayout | None:
+    """``strategy``'s layout on the floor, run once (forward and backward); None where it cannot
+    run (its op needs the layout's collectives)."""
+    prepared = plain_calls(case, strategy, mesh)   # outside the try: a change of the engine's API fails
+    try:
+        prepared = settle(prepared)
+        floor_body(prepared.calls)
+    except Exception as exc:  # noqa: BLE001 - a layout whose op needs its collectives
+        if os.environ.get("BENCH_DEBUG"):
+            print("floor:", strategy.name, type(exc).__name__, str(exc).splitlines()[0][:200], file=sys.stderr)
+        return None
+    return prepared
+
+
+def _none_ran(left_out: int) -> Unmeasured:
+    return Unmeasured(f"the floor ran none of the {left_out} layouts (BENCH_DEBUG=1 says why)")
+
+
+def floor_layouts(mesh, cases_and_strategies) -> tuple[list[FloorLayout], int]:
+    """The layouts the floor runs (:func:`floor_layout`) and how many it cannot; none at all is
+    refused (Unmeasured)."""
     runnable, left_out = [], 0
     for case, strategies in cases_and_strategies:
         for strategy in strategies:
-            prepared = plain_calls(case, strategy, mesh)   # outside the try: a change of the engine's API fails
-            try:
-                prepared = settle(prepared)
-                floor_body(prepared.calls)
-            except Exception as exc:  # noqa: BLE001 - a layout whose op needs its collectives
-                if os.environ.get("BENCH_DEBUG"):
-                    print("floor:", strategy.name, type(exc).__name__, str(exc).splitlines()[0][:200], file=sys.stderr)
+            made = floor_layout(case, strategy, mesh)
+            if made is None:
                 left_out += 1
             else:
-                runnable.append(prepared)
-    if not runnable and none_is_refused:
-        raise Unmeasured(f"the floor ran none of the {left_out} layouts (BENCH_DEBUG=1 says why)")
+                runnable.append(made)
+    if not runnable:
+        raise _none_ran(left_out)
     return runnable, left_out
 
 
@@ -459,12 +471,16 @@ def least_layouts(mesh, runnable: list[FloorLayout], budgeted: Container[tuple[i
 
 
 def budget_passes(results) -> set[tuple[int, str]]:
-    """``(id(case), strategy name)`` of each passed check whose note says how it passed: only
-    by the engine's low-precision budget (verify/engine.py ``_verdict``), its values outside
-    the default tolerance.  At 4x the grid's leading dims most of linear's float32 layouts do;
-    the least check compares at the default tolerance, so it cannot judge them."""
+    """``(id(case), strategy name)`` of each passed check whose note says it passed only by the
+    engine's low-precision budget (verify/engine.py ``_verdict``: "... differences are within 8 x
+    the ..."), its values outside the default tolerance; a note may say other things (the seeds a
+    case needed, a worker replaced).  At 4x the grid's leading dims most of linear's float32
+    layouts pass so; the least check compares at the default tolerance, so it cannot judge them."""
+    from shardverify.verify.precision import BUDGET_FACTOR
+
+    said = f"differences are within {BUDGET_FACTOR:g} x the"
     return {(id(case), result.strategy) for case, found in results for result in found
-            if result.passed and result.note}
+            if result.passed and said in result.note}
 
 
 def _summed(per_rank: list[list], position: int, groups) -> None:
@@ -619,10 +635,7 @@ def _reference_storages(case) -> set[int]:
 
     from shardverify.verify.reference import reference
 
-    ref = reference(case, None, torch.device("cpu"))
-    tensors = [*ref.values.values(), *ref._typed.values(), *ref.outputs, *ref.grads.values(),
-               *(g for g in ref.grad_outputs if g is not None)]
-    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
+    return {t.untyped_storage().data_ptr() for t in reference(case, None, torch.device("cpu")).tensors()}
 
 
 def sized_layouts(mesh, cases_and_strategies) -> tuple[list[tuple], int, list[int]]:
@@ -632,14 +645,15 @@ def sized_layouts(mesh, cases_and_strategies) -> tuple[list[tuple], int, list[in
     pairs, sizes, left_out = [], [], 0
     for case, strategies in cases_and_strategies:
         for strategy in strategies:
-            runnable, missed = floor_layouts(mesh, [(case, [strategy])], none_is_refused=False)
-            left_out += missed
-            for layout in runnable:
-                least = least_layouts(mesh, [layout])
-                pairs.append((case, strategy))
-                sizes.append(held_bytes((layout.calls, layout.shards, least), _reference_storages(case)))
+            layout = floor_layout(case, strategy, mesh)
+            if layout is None:
+                left_out += 1
+                continue
+            least = least_layouts(mesh, [layout])
+            pairs.append((case, strategy))
+            sizes.append(held_bytes((layout.calls, layout.shards, least), _reference_storages(case)))
     if not pairs:
-        raise Unmeasured(f"the floor ran none of the {left_out} layouts (BENCH_DEBUG=1 says why)")
+        raise _none_ran(left_out)
     return pairs, left_out, sizes
 
 

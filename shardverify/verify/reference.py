@@ -76,13 +76,17 @@ class Reference:
         floating = [d for d in self.dtypes.values() if d.is_floating_point]
         return max(floating, key=lambda d: torch.finfo(d).eps) if floating else None
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors this reference holds now: its values in every dtype asked for so far, its
+        results, gradients and module tensors."""
+        held = [*self.values.values(), *self._typed.values(), *self.outputs, *self.grads.values(),
+                *(g for g in self.grad_outputs if g is not None), *self.graph_module.parameters(),
+                *self.graph_module.buffers()]
+        return [t for t in held if isinstance(t, torch.Tensor)]
+
     def held_bytes(self) -> int:
-        """Bytes of the tensors this reference holds now (its values in every dtype asked for so
-        far, its results, gradients and module tensors), storage shared between them counted twice."""
-        tensors = [*self.values.values(), *self._typed.values(), *self.outputs, *self.grads.values(),
-                   *(g for g in self.grad_outputs if g is not None), *self.graph_module.parameters(),
-                   *self.graph_module.buffers()]
-        return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+        """Bytes of :meth:`tensors`, storage shared between them counted twice."""
+        return sum(t.nbytes for t in self.tensors())
 
     @property
     def output(self) -> torch.Tensor:
