@@ -515,3 +515,32 @@ def test_an_audit_that_cannot_run_the_op_is_skipped_with_its_reason_said(tmp_pat
     _write(tmp_path, base + "\naudit:\n  skip: why\n  meshes: [[2, 2]]\n")
     with pytest.raises(SpecError, match="takes no 'accept' or 'meshes'"):
         load_op_specs(tmp_path, tmp_path, [])
+
+
+# ------------------------------------------------------------------ the generated audit tests' reads
+def test_generated_audits_read_the_spec_folder_once_and_a_bad_spec_fails_only_its_own(tmp_path, monkeypatch):
+    """Reading one named spec checks it against the whole folder (every spec file opened): the
+    audit tests of a process read the folder once, not once per spec. A spec the folder's read
+    cannot give fails its own audit naming it; the folder's other specs are still audited."""
+    from shardverify.features.audit import check
+    from shardverify.spec import catalogue
+
+    (tmp_path / "specs").mkdir()
+    for name in ("relu.yaml", "acosh.yaml"):
+        (tmp_path / "specs" / name).write_text((REPO / "specs" / name).read_text())
+    folder_reads = []
+    real = catalogue.spec_folder_sources
+    monkeypatch.setattr(catalogue, "spec_folder_sources", lambda *a, **k: folder_reads.append(a) or real(*a, **k))
+    for spec, case_id in (("specs/relu.yaml", "torch.relu"), ("specs/acosh.yaml", "torch.acosh"),
+                          ("specs/relu.yaml", "torch.Tensor.relu")):
+        check.assert_complete(check.audit_generated_case(tmp_path, spec, case_id, (4,)))
+    assert len(folder_reads) == 1, f"the spec folder was read {len(folder_reads)} times for three audits"
+
+    broken = tmp_path / "broken"
+    (broken / "specs").mkdir(parents=True)
+    (broken / "specs" / "relu.yaml").write_text((REPO / "specs" / "relu.yaml").read_text())
+    (broken / "specs" / "acosh.yaml").write_text((REPO / "specs" / "acosh.yaml").read_text().replace(
+        "op: acosh", "op: acosh\nnot_a_field: 1", 1))
+    check.assert_complete(check.audit_generated_case(broken, "specs/relu.yaml", "torch.relu", (4,)))
+    with pytest.raises(SpecError, match=r"acosh\.yaml.*not_a_field"):
+        check.audit_generated_case(broken, "specs/acosh.yaml", "torch.acosh", (4,))

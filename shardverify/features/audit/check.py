@@ -13,21 +13,35 @@ __all__ = ["audit_generated_case", "assert_complete"]
 
 _LOCK = threading.Lock()
 _SPECS: dict = {}
+_FOLDERS_READ: set = set()
 
 
 def _spec(root: Path, spec_path: str):
-    from shardverify.spec.catalogue import load_op_specs
+    """The op spec at ``root/spec_path``, read once per process. The first audit of a process
+    reads every op spec of the folder together: reading one named spec checks it against the
+    whole folder's claims (each spec file opened), so an audit test per spec read the folder
+    once per spec. A spec that read does not give (the folder holds an invalid spec: the error
+    names that one) is read alone, so an audit fails only for a fault its own spec's read finds."""
+    from shardverify.errors import SpecError
+    from shardverify.spec.catalogue import load_op_specs, load_specs, spec_folder_sources
 
     key = (str(root), spec_path)
     with _LOCK:
+        if str(root) not in _FOLDERS_READ:
+            _FOLDERS_READ.add(str(root))
+            try:
+                sources = [s for s in spec_folder_sources(root) if s.kind.name == "op"]
+                _SPECS.update(((str(root), source.display), spec) for source, spec in load_specs(sources))
+            except SpecError:
+                pass   # each spec read alone below: its own fault said, none of another's
         if key not in _SPECS:
             _SPECS[key] = load_op_specs(root, None, [str(root / spec_path)])[0]
         return _SPECS[key]
 
 
 def audit_generated_case(root: Path | str, spec_path: str, case_id: str, mesh_shape) -> CaseAudit:
-    """Audit case ``case_id`` of the spec at ``root/spec_path`` (read now, so the test checks the
-    spec as it is on disk) on ``mesh_shape``."""
+    """Audit case ``case_id`` of the spec at ``root/spec_path`` (read from disk, not from the
+    generated test, so the test checks the spec as it is there: :func:`_spec`) on ``mesh_shape``."""
     spec = _spec(Path(root), spec_path)
     for case_spec, (cid, case) in zip(spec.cases(), spec.op_cases()):
         if cid == case_id:
