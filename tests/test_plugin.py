@@ -354,6 +354,35 @@ def test_pool_bounds_live_process_pools_closing_the_least_recent(clean_env):
     assert newest.closed == 1 and built[0].closed == 1
 
 
+def test_a_process_pool_no_test_held_for_a_while_is_closed_before_the_next_test(clean_env):
+    """An idle gloo rank polls (a transport thread per process group wakes every 10 ms): a pool
+    no test has held for IDLE_SECONDS is closed as the next test begins, never while a test that
+    held it runs, however long; the simulated backend (threads of this process) is kept."""
+    from shardverify.pytest_plugin import pool as pool_module
+
+    clock = [1000.0]
+    clean_env.setattr(pool_module.time, "monotonic", lambda: clock[0])
+    pool = BackendPool(SETTINGS, factory=FakeBackend)
+    pool.test_began()
+    long_held = pool.get(DeviceMesh((2, 2)), "process")
+    simulated = pool.get(DeviceMesh((2, 2)), "simulated")
+    clock[0] += 10 * pool_module.IDLE_SECONDS      # a long test: its pool stays its own
+    assert pool.get(DeviceMesh((4,)), "process") is not long_held and long_held.closed == 0
+    pool.test_ended()
+    clock[0] += pool_module.IDLE_SECONDS / 2
+    pool.test_began()                                # held until the last test ended: kept
+    assert long_held.closed == 0
+    assert pool.get(DeviceMesh((4,)), "process").closed == 0
+    pool.test_ended()
+    clock[0] += pool_module.IDLE_SECONDS / 2 + 1     # (2, 2)'s pool idle for longer than the limit
+    pool.test_began()
+    assert long_held.closed == 1 and simulated.closed == 0
+    again = pool.get(DeviceMesh((2, 2)), "process")
+    assert again is not long_held and again.closed == 0
+    pool.test_ended()
+    pool.close_all()
+
+
 def test_close_all_closes_everything_even_when_one_close_fails():
     def factory(kind, mesh, **options):
         return FakeBackend(kind, mesh, fail_close=mesh.shape == (2,), **options)

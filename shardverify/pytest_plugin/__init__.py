@@ -278,12 +278,13 @@ def sv_backend_pool(pytestconfig: pytest.Config) -> Iterator[BackendPool]:
 
 @pytest.fixture
 def sv_backend(request: pytest.FixtureRequest,
-               sv_backend_pool: BackendPool) -> Callable[..., Backend]:
+               sv_backend_pool: BackendPool) -> Iterator[Callable[..., Backend]]:
     """`sv_backend(mesh_shape, kind=None) -> Backend`: a cached backend for this mesh.
 
     kind None means processes for a test marked dist, else --sv-backend (default simulated).
-    The factory is per test (it needs the test's markers); the backends behind it live for the
-    session. The backend's default per-check timeout is --sv-timeout."""
+    The factory is per test (it needs the test's markers); the backends behind it are kept for
+    later tests, but a process pool no test has held for ``pool.IDLE_SECONDS`` is closed before
+    the next test begins. The backend's default per-check timeout is --sv-timeout."""
     is_dist = request.node.get_closest_marker("dist") is not None
     settings = sv_backend_pool.settings
 
@@ -296,7 +297,9 @@ def sv_backend(request: pytest.FixtureRequest,
         except NotEnoughDevices as exc:
             pytest.skip(str(exc))
 
-    return factory
+    sv_backend_pool.test_began()   # pools idle too long are closed between tests, never during one
+    yield factory
+    sv_backend_pool.test_ended()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -18,7 +19,7 @@ from shardverify.sharding.mesh import DeviceMesh
 if TYPE_CHECKING:
     from shardverify.backends.base import Backend
 
-__all__ = ["MAX_PROCESS_POOLS", "BackendPool", "resolve_kind"]
+__all__ = ["MAX_PROCESS_POOLS", "IDLE_SECONDS", "BackendPool", "resolve_kind"]
 
 # Process pools kept alive per xdist worker; the least recently used is closed beyond this,
 # so a suite touching many mesh shapes holds a bounded number of processes (one per rank,
@@ -26,6 +27,14 @@ __all__ = ["MAX_PROCESS_POOLS", "BackendPool", "resolve_kind"]
 # (2,)): with four, the process tests restarted 56 pools (3-5 s each, 4 min 51 s wall); with
 # six, 23 (4 min 7 s), at a peak of 8.8 GB used on the 24 GB machine with four workers.
 MAX_PROCESS_POOLS = 6
+
+# A process pool unused this long is closed when the next backend is asked for. An idle gloo
+# rank is not idle: each of its process groups has a transport thread that wakes every 10 ms,
+# 1-2.5 ms of CPU a second per group (a (2, 2, 2) pool, 7 groups a rank: 50 ms a second; (2, 3):
+# 19; (4,): 11), while starting and closing a pool from the forkserver costs 0.1-0.5 CPU-s. So
+# a pool idle for 20 s has cost about what starting it again does; the suite's pools held for
+# the whole session, most of it idle, by the tests that made them first.
+IDLE_SECONDS = 20.0
 
 
 class BackendPool:
@@ -38,12 +47,15 @@ class BackendPool:
         self.settings = settings
         self._factory = factory
         self._backends: OrderedDict[tuple[str, tuple[int, ...]], Backend] = OrderedDict()
+        self._used: dict[tuple[str, tuple[int, ...]], float] = {}   # key -> when last in a test's hands
+        self._in_test: set[tuple[str, tuple[int, ...]]] = set()   # handed out since the test began
         atexit.register(self.close_all)
 
     def get(self, mesh: DeviceMesh, kind: str) -> Backend:
         """The cached backend of this kind for `mesh.shape`, built on first use."""
         __tracebackhide__ = True
         key = (kind, mesh.shape)
+        self._in_test.add(key)
         if key in self._backends:
             self._backends.move_to_end(key)
             return self._backends[key]
@@ -76,6 +88,20 @@ class BackendPool:
         process_keys = [k for k in self._backends if registry.backend_kind(k[0]).processes]
         for key in process_keys[:-MAX_PROCESS_POOLS]:
             self._backends.pop(key).close()
+
+    def test_began(self) -> None:
+        """Close the process pools no test has held for :data:`IDLE_SECONDS` (between tests:
+        none is in use)."""
+        now = time.monotonic()
+        for key in [k for k in self._backends if registry.backend_kind(k[0]).processes
+                    and now - self._used.setdefault(k, now) > IDLE_SECONDS]:
+            self._backends.pop(key).close()
+
+    def test_ended(self) -> None:
+        """The backends handed out in the test that ended were in use until now."""
+        now = time.monotonic()
+        self._used.update(dict.fromkeys(self._in_test, now))
+        self._in_test.clear()
 
     def close_all(self) -> None:
         """Close every backend; idempotent, and one failing close does not stop the rest."""
