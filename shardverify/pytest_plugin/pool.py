@@ -28,12 +28,12 @@ __all__ = ["MAX_PROCESS_POOLS", "IDLE_SECONDS", "BackendPool", "resolve_kind"]
 # six, 23 (4 min 7 s), at a peak of 8.8 GB used on the 24 GB machine with four workers.
 MAX_PROCESS_POOLS = 6
 
-# A process pool unused this long is closed when the next backend is asked for. An idle gloo
+# A process pool no test has held this long is closed as the next test begins. An idle gloo
 # rank is not idle: each of its process groups has a transport thread that wakes every 10 ms,
 # 1-2.5 ms of CPU a second per group (a (2, 2, 2) pool, 7 groups a rank: 50 ms a second; (2, 3):
 # 19; (4,): 11), while starting and closing a pool from the forkserver costs 0.1-0.5 CPU-s. So
-# a pool idle for 20 s has cost about what starting it again does; the suite's pools held for
-# the whole session, most of it idle, by the tests that made them first.
+# a pool idle for 20 s has cost about what starting it again does. Kept for the session, the
+# pools of the first (slow) tests polled for the rest of it.
 IDLE_SECONDS = 20.0
 
 
