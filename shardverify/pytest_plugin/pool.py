@@ -47,7 +47,7 @@ class BackendPool:
         self.settings = settings
         self._factory = factory
         self._backends: OrderedDict[tuple[str, tuple[int, ...]], Backend] = OrderedDict()
-        self._used: dict[tuple[str, tuple[int, ...]], float] = {}   # key -> when last in a test's hands
+        self._used: dict[tuple[str, tuple[int, ...]], float] = {}   # key -> when last handed out or held
         self._in_test: set[tuple[str, tuple[int, ...]]] = set()   # handed out since the test began
         atexit.register(self.close_all)
 
@@ -56,6 +56,7 @@ class BackendPool:
         __tracebackhide__ = True
         key = (kind, mesh.shape)
         self._in_test.add(key)
+        self._used[key] = time.monotonic()
         if key in self._backends:
             self._backends.move_to_end(key)
             return self._backends[key]
@@ -94,7 +95,7 @@ class BackendPool:
         none is in use)."""
         now = time.monotonic()
         for key in [k for k in self._backends if registry.backend_kind(k[0]).processes
-                    and now - self._used.setdefault(k, now) > IDLE_SECONDS]:
+                    and now - self._used[k] > IDLE_SECONDS]:
             self._backends.pop(key).close()
 
     def test_ended(self) -> None:

@@ -23,15 +23,14 @@ def _spec(root: Path, spec_path: str):
     once per spec. A spec that read does not give (the folder holds an invalid spec: the error
     names that one) is read alone, so an audit fails only for a fault its own spec's read finds."""
     from shardverify.errors import SpecError
-    from shardverify.spec.catalogue import load_op_specs, load_specs, spec_folder_sources
+    from shardverify.spec.catalogue import load_op_specs
 
     key = (str(root), spec_path)
     with _LOCK:
         if str(root) not in _FOLDERS_READ:
             _FOLDERS_READ.add(str(root))
             try:
-                sources = [s for s in spec_folder_sources(root) if s.kind.name == "op"]
-                _SPECS.update(((str(root), source.display), spec) for source, spec in load_specs(sources))
+                _SPECS.update(((str(root), spec.source), spec) for spec in load_op_specs(root, None, []))
             except SpecError:
                 pass   # each spec read alone below: its own fault said, none of another's
         if key not in _SPECS:
