@@ -59,6 +59,14 @@ Besides, on the same layouts:
     over, is left out and counted on its line, as are the layouts past --dtensor-layouts (a
     count; those it tries are spread evenly over the row's), and the DTensor figure is set
     against the warm check timed on exactly the layouts DTensor ran (alternating rounds),
+  * the ranks batched: on the layouts whose ranks' calls are alike (blocks of one shape, the same
+    other arguments), the floor's calls of every rank as one call, the op under
+    ``torch.func.vmap`` on the ranks' blocks stacked on a new leading dim (stacked before the
+    clock, checked untimed to give each rank's output and gradients), against the floor on the
+    same layouts (alternating rounds).  At the grid's shapes the floor is mostly the cost of a
+    call, paid once per rank; this says what the same arithmetic costs paid once per layout, the
+    least a check that ran an even layout's ranks together would start from.  Layouts with
+    ragged blocks, and those vmap refuses or computes otherwise, are left out and counted,
   * the gloo pool, warm (persistent worker processes, a case's strategies as one batch): wall
     ms per check, the median of --gloo-passes passes (its work runs in other processes, so this
     process's CPU time does not see it; its budget is the count),
@@ -572,6 +580,20 @@ def _hand_loop(op: str, case):
     return None
 
 
+def alternating(bodies: dict, seconds: float, rounds: int) -> dict[str, list[float]]:
+    """CPU seconds of each body, one run of each a round (which goes first swaps every round, so a
+    burst of other load falls on both alike), until ``seconds`` are spent and ``rounds`` rounds run."""
+    timed: dict[str, list[float]] = {name: [] for name in bodies}
+    order, start = list(bodies), time.process_time()
+    while time.process_time() - start < seconds or len(timed[order[-1]]) < rounds:
+        for name in order:
+            began = time.process_time()
+            bodies[name]()
+            timed[name].append(time.process_time() - began)
+        order.reverse()
+    return timed
+
+
 def ab_check(op: str, layouts: list[FloorLayout], seconds: float, rounds: int) -> dict | None:
     """The hand-written loop of ``op`` against the floor's body on the floor's shards, alternating
     (which goes first swaps every round), in CPU time: ms per layout of each (min, median) and
@@ -586,15 +608,7 @@ def ab_check(op: str, layouts: list[FloorLayout], seconds: float, rounds: int) -
     for (fn, args, kwargs, *_), out in zip(calls, hand(work)):
         if not torch.equal(fn(*args, **kwargs), out):
             raise Disagreement(f"{op}: the hand-written loop's output differs from the floor's call's")
-    timed: dict[str, list[float]] = {"floor": [], "hand": []}
-    bodies = {"floor": lambda: floor_body(calls), "hand": lambda: hand(work)}
-    order, start = ["floor", "hand"], time.process_time()
-    while time.process_time() - start < seconds or len(timed["hand"]) < rounds:
-        for name in order:
-            began = time.process_time()
-            bodies[name]()
-            timed[name].append(time.process_time() - began)
-        order.reverse()
+    timed = alternating({"floor": lambda: floor_body(calls), "hand": lambda: hand(work)}, seconds, rounds)
     floor, hand_ms = _spread(timed["floor"], len(layouts)), _spread(timed["hand"], len(layouts))
     return {"layouts": len(layouts), "rounds": len(timed["hand"]), "floor_ms": floor, "hand_ms": hand_ms,
             "floor_over_hand": _ratio(floor, hand_ms)}
@@ -606,6 +620,147 @@ def check_agreement(op: str, ab: dict) -> None:
     if apart > AB_LIMIT:
         raise Disagreement(f"{op}: the floor's body and the hand-written loop differ by {apart:.0%} (over "
                            f"{AB_LIMIT:.0%}) on the same shards")
+
+
+# --------------------------------------------- ranks batched: every rank's call in one call
+class BatchedLayout(NamedTuple):
+    """A layout whose ranks' calls are alike (the same shapes, dtypes and other arguments), as one
+    call over the stacked blocks: ``fn(*args)`` (the op under ``torch.func.vmap``), the outputs
+    carrying a gradient (``pick``), the stacked leaves and the stacked output gradient blocks."""
+
+    fn: object
+    args: tuple
+    pick: tuple | None
+    leaves: tuple
+    grads: tuple
+
+
+def _alike(calls) -> bool:
+    """Whether every rank's call takes tensors of one shape and dtype at each position, and the
+    same other arguments (an even layout: the ranks' blocks stack)."""
+    import torch
+
+    first = calls[0]
+    if any(isinstance(v, torch.Tensor) for v in first.kwargs.values()):
+        return False
+    for call in calls[1:]:
+        if call.kwargs != first.kwargs or call.pick != first.pick or len(call.args) != len(first.args) or \
+                len(call.grads) != len(first.grads):
+            return False
+        for mine, theirs in zip(call.args, first.args):
+            if isinstance(mine, torch.Tensor) != isinstance(theirs, torch.Tensor):
+                return False
+            if isinstance(mine, torch.Tensor):
+                if mine.shape != theirs.shape or mine.dtype != theirs.dtype or \
+                        mine.requires_grad != theirs.requires_grad:
+                    return False
+            elif mine != theirs:
+                return False
+        if any(g.shape != h.shape for g, h in zip(call.grads, first.grads)):
+            return False
+    return True
+
+
+def batched_layout(layout: FloorLayout) -> BatchedLayout | None:
+    """The floor's calls of ``layout`` as one vmapped call on the ranks' stacked blocks (made now,
+    before any clock), checked to give every rank's output and gradients; None where the ranks'
+    calls are not alike (ragged blocks), or where vmap refuses the op or gives other values."""
+    import torch
+
+    calls = layout.calls
+    if not _alike(calls):
+        return None
+    first = calls[0]
+    tensor_at = [i for i, a in enumerate(first.args) if isinstance(a, torch.Tensor)]
+    args, leaves = list(first.args), []
+    for i in tensor_at:
+        stacked = torch.stack([call.args[i].detach() for call in calls])
+        if first.leaves and first.args[i].requires_grad:   # a leaf where the rank's block is one
+            leaves.append(stacked.requires_grad_())
+        args[i] = stacked
+    fn, kwargs = first.fn, first.kwargs
+    mapped = torch.func.vmap(lambda *a: fn(*a, **kwargs),
+                             in_dims=tuple(0 if i in tensor_at else None for i in range(len(args))))
+    grads = tuple(torch.stack([call.grads[k] for call in calls]) for k in range(len(first.grads)))
+    made = BatchedLayout(mapped, tuple(args), first.pick, tuple(leaves), grads)
+    try:   # the same values as the ranks' own calls, or it is no floor of them
+        out, found = _batched_run(made)
+        for rank, call in enumerate(calls):
+            own = call.fn(*call.args, **call.kwargs)
+            own = [own[i] for i in call.pick] if call.pick is not None else [own]
+            own_grads = torch.autograd.grad(own, call.leaves, call.grads, allow_unused=True) if call.leaves else ()
+            for mine, theirs in zip(own, out):
+                torch.testing.assert_close(mine, theirs[rank])
+            for mine, theirs in zip(own_grads, found):
+                if mine is not None:
+                    torch.testing.assert_close(mine, theirs[rank])
+    except Exception as exc:  # noqa: BLE001 - vmap refuses the op, or gives other values
+        if os.environ.get("BENCH_DEBUG"):
+            print("batched:", layout.strategy.name, type(exc).__name__, str(exc).splitlines()[0][:200],
+                  file=sys.stderr)
+        return None
+    return made
+
+
+def _batched_run(made: BatchedLayout) -> tuple[list, tuple]:
+    import torch
+
+    out = made.fn(*made.args)
+    out = [out[i] for i in made.pick] if made.pick is not None else [out]
+    found = torch.autograd.grad(out, made.leaves, made.grads, allow_unused=True) if made.leaves else ()
+    return out, found
+
+
+def batched_body(layouts: list[BatchedLayout]) -> None:
+    """The batched floor's timed work: each layout's one call and the gradient of its output."""
+    import torch
+
+    grad = torch.autograd.grad
+    for fn, args, pick, leaves, grads in layouts:
+        out = fn(*args)
+        if pick is not None:
+            out = [out[i] for i in pick]
+        if leaves:
+            grad(out, leaves, grads, allow_unused=True)
+
+
+def batched_ab(mesh, pairs: list[tuple], seconds: float, rounds: int) -> dict:
+    """The floor against the ranks batched (:func:`batched_layout`) on the layouts both run,
+    alternating (which goes first swaps every round), in CPU time: ms per layout of each (min,
+    median), batched/floor, and how many layouts were left out, and why."""
+    floors, batched, ragged, refused = [], [], 0, 0
+    for case, strategy in pairs:
+        floor = settle(plain_calls(case, strategy, mesh))
+        if not _alike(floor.calls):
+            ragged += 1
+            continue
+        made = batched_layout(floor)
+        if made is None:
+            refused += 1
+            continue
+        floors.append(floor)
+        batched.append(made)
+    row = {"layouts": len(batched), "ragged": ragged, "refused": refused}
+    if not batched:
+        return row
+    calls = [call for layout in floors for call in layout.calls]
+    timed = alternating({"floor": lambda: floor_body(calls), "batched": lambda: batched_body(batched)}, seconds,
+                        rounds)
+    row.update({"rounds": len(timed["batched"]), "floor_ms": _spread(timed["floor"], len(batched)),
+                "batched_ms": _spread(timed["batched"], len(batched))})
+    row["batched_over_floor"] = _ratio(row["batched_ms"], row["floor_ms"])
+    return row
+
+
+def batched_note(found: dict) -> str:
+    left = f"left out: {found['ragged']} whose ranks' blocks differ in shape, {found['refused']} vmap refuses " \
+           f"or computes otherwise"
+    if not found["layouts"]:
+        return f"ranks batched: no layout measured ({left})"
+    return (f"ranks batched: {found['layouts']} layouts, every rank's call as one torch.func.vmap call on the "
+            f"stacked blocks, {_pair(found['batched_ms'], 3)} ms per layout against the floor's "
+            f"{_pair(found['floor_ms'], 3)} on the same layouts ({found['rounds']} alternating rounds): "
+            f"batched/floor {_pair(found['batched_over_floor'], 2)}; {left}")
 
 
 # ----------------------------------------------------------------------- floor, cold, warm
@@ -1195,6 +1350,8 @@ def main() -> None:
                 row = measure_row(simulated, mesh, chosen, args.seconds, args.rounds, memory)
                 row.update({"op": spec.name, "mesh": list(mesh.shape), "cases": len(chosen), "offered": offered})
                 notes = [_row_note(row), generation_note(row, chosen, mesh, args.rounds)]
+                row["batched"] = batched_ab(mesh, row["runnable"], args.seconds, args.rounds)
+                notes.append(batched_note(row["batched"]))
                 if not args.skip_dtensor:
                     dt = row["dtensor"] = dtensor_row(simulated, mesh.shape, row["runnable"], args.seconds,
                                                       args.rounds, args.dtensor_budget, args.dtensor_layouts)

@@ -123,6 +123,35 @@ def test_bench_verify_least_check_runs_no_project_code(monkeypatch):
     assert _project_files_entered(lambda: bench_verify.least_body(least)) == []
 
 
+@pytest.mark.parametrize("spec_name", ["sum", "linear"])
+def test_bench_verify_ranks_batched_give_each_ranks_values_and_run_no_project_code(monkeypatch, spec_name):
+    """The batched floor is every rank's call at once: the vmapped call on the stacked blocks
+    gives each rank's output and gradients of its own call, and its timed body is torch's alone;
+    on a mesh whose axis of 3 cuts a dim of 4 into ragged blocks those layouts are left out,
+    counted, not measured."""
+    import torch
+
+    bench_verify = _bench_verify(monkeypatch)
+    mesh, case, strategies = _first_layouts(spec_name, (2, 2))
+    floors, _ = bench_verify.floor_layouts(mesh, [(case, strategies)])
+    made = [bench_verify.batched_layout(layout) for layout in floors]
+    assert all(made), [layout.strategy.name for layout, m in zip(floors, made) if m is None]
+    for layout, batched in zip(floors[:6], made):
+        out, grads = bench_verify._batched_run(batched)
+        for rank, call in enumerate(layout.calls):
+            own = call.fn(*call.args, **call.kwargs)
+            torch.testing.assert_close(out[0][rank], own)
+            if call.leaves:
+                for mine, theirs in zip(torch.autograd.grad(own, call.leaves, call.grads), grads):
+                    torch.testing.assert_close(theirs[rank], mine)
+    assert _project_files_entered(lambda: bench_verify.batched_body(made)) == []
+    mesh, case, strategies = _first_layouts(spec_name, (2, 3))
+    found = bench_verify.batched_ab(mesh, [(case, s) for s in strategies], seconds=0.0, rounds=1)
+    assert found["ragged"] > 0 and found["layouts"] > 0 and found["refused"] == 0
+    assert found["layouts"] + found["ragged"] == len(strategies)
+    assert "left out: %d whose ranks' blocks differ in shape" % found["ragged"] in bench_verify.batched_note(found)
+
+
 @pytest.mark.parametrize("spec_name, collective", [("sum", "out_groups"), ("linear", "leaf_groups")])
 def test_bench_verify_least_check_fails_a_layout_without_its_all_reduce(monkeypatch, spec_name, collective):
     """Every layout without a partial input passes the least check as the engine lays it out;
