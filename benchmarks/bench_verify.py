@@ -66,7 +66,8 @@ Besides, on the same layouts:
     same layouts (alternating rounds).  At the grid's shapes the floor is mostly the cost of a
     call, paid once per rank; this says what the same arithmetic costs paid once per layout, the
     least a check that ran an even layout's ranks together would start from.  Layouts with
-    ragged blocks, and those vmap refuses or computes otherwise, are left out and counted,
+    blocks of other shapes or other arguments per rank, and those vmap refuses or computes
+    otherwise, are left out and counted,
   * the gloo pool, warm (persistent worker processes, a case's strategies as one batch): wall
     ms per check, the median of --gloo-passes passes (its work runs in other processes, so this
     process's CPU time does not see it; its budget is the count),
@@ -664,7 +665,8 @@ def _alike(calls) -> bool:
 def batched_layout(layout: FloorLayout) -> BatchedLayout | None:
     """The floor's calls of ``layout`` as one vmapped call on the ranks' stacked blocks (made now,
     before any clock), checked to give every rank's output and gradients; None where the ranks'
-    calls are not alike (ragged blocks), or where vmap refuses the op or gives other values."""
+    calls are not alike (ragged blocks, other arguments per rank), or where vmap refuses the op
+    or gives other values."""
     import torch
 
     calls = layout.calls
@@ -728,11 +730,11 @@ def batched_ab(mesh, pairs: list[tuple], seconds: float, rounds: int) -> dict:
     """The floor against the ranks batched (:func:`batched_layout`) on the layouts both run,
     alternating (which goes first swaps every round), in CPU time: ms per layout of each (min,
     median), batched/floor, and how many layouts were left out, and why."""
-    floors, batched, ragged, refused = [], [], 0, 0
+    floors, batched, unlike, refused = [], [], 0, 0
     for case, strategy in pairs:
         floor = settle(plain_calls(case, strategy, mesh))
         if not _alike(floor.calls):
-            ragged += 1
+            unlike += 1
             continue
         made = batched_layout(floor)
         if made is None:
@@ -740,7 +742,7 @@ def batched_ab(mesh, pairs: list[tuple], seconds: float, rounds: int) -> dict:
             continue
         floors.append(floor)
         batched.append(made)
-    row = {"layouts": len(batched), "ragged": ragged, "refused": refused}
+    row = {"layouts": len(batched), "unlike": unlike, "refused": refused}
     if not batched:
         return row
     calls = [call for layout in floors for call in layout.calls]
@@ -753,8 +755,8 @@ def batched_ab(mesh, pairs: list[tuple], seconds: float, rounds: int) -> dict:
 
 
 def batched_note(found: dict) -> str:
-    left = f"left out: {found['ragged']} whose ranks' blocks differ in shape, {found['refused']} vmap refuses " \
-           f"or computes otherwise"
+    left = f"left out: {found['unlike']} whose ranks' calls differ (ragged blocks, or other arguments per rank), " \
+           f"{found['refused']} vmap refuses or computes otherwise"
     if not found["layouts"]:
         return f"ranks batched: no layout measured ({left})"
     return (f"ranks batched: {found['layouts']} layouts, every rank's call as one torch.func.vmap call on the "

@@ -147,9 +147,9 @@ def test_bench_verify_ranks_batched_give_each_ranks_values_and_run_no_project_co
     assert _project_files_entered(lambda: bench_verify.batched_body(made)) == []
     mesh, case, strategies = _first_layouts(spec_name, (2, 3))
     found = bench_verify.batched_ab(mesh, [(case, s) for s in strategies], seconds=0.0, rounds=1)
-    assert found["ragged"] > 0 and found["layouts"] > 0 and found["refused"] == 0
-    assert found["layouts"] + found["ragged"] == len(strategies)
-    assert "left out: %d whose ranks' blocks differ in shape" % found["ragged"] in bench_verify.batched_note(found)
+    assert found["unlike"] > 0 and found["layouts"] > 0 and found["refused"] == 0
+    assert found["layouts"] + found["unlike"] == len(strategies)
+    assert "left out: %d whose ranks' calls differ" % found["unlike"] in bench_verify.batched_note(found)
 
 
 @pytest.mark.parametrize("spec_name, collective", [("sum", "out_groups"), ("linear", "leaf_groups")])
