@@ -123,3 +123,121 @@ def test_a_failure_in_the_all_ranks_form_names_its_rank_and_a_hang_times_out():
         assert backend.run(fn, "again") == ["again"] * 4   # a new thread took the hung one's place
     with SimulatedBackend(DeviceMesh((2,)), stacked=False) as threaded:
         assert threaded.run(_plain, 7) == [7, 7]
+
+
+def _costed_wrong(strategy):
+    """The strategy declaring one more all-reduce's worth of forward communication than it issues."""
+    cost = strategy.communication_cost
+    return dataclasses.replace(strategy, name=f"{strategy.name} costed wrong",
+                               communication_cost=dataclasses.replace(cost, fwd=cost.fwd + 1.0))
+
+
+@pytest.mark.parametrize("case, shape", [(LINEAR, (2, 2)), (SUM, (2, 2)), (SUM, (2, 2, 2)), (EMBEDDING, (2, 2))],
+                         ids=["linear-2x2", "sum-2x2", "sum-2x2x2", "embedding-2x2"])
+def test_an_even_layout_checked_at_once_reports_and_counts_what_the_rank_by_rank_check_does(case, shape,
+                                                                                            monkeypatch):
+    """verify/together.py: every rank of an even layout in one batch.  It passes a strategy only where
+    the rank-by-rank check passes it, with the same collectives counted on every rank's communicator
+    (calls and bytes); everything else (a wrong action, a wrong cost, ragged blocks) goes to the
+    rank-by-rank check, which reports as it always does."""
+    from shardverify.verify import rank, together
+
+    mesh = DeviceMesh(shape)
+    graph_module, node_name = case.build()
+    firsts: dict = {}
+    for strategy in strategies_for_node(graph_module, node_name, mesh):
+        firsts.setdefault(strategy.layout_key(), strategy)
+    chosen = list(firsts.values())
+    chosen += [dataclasses.replace(s, name=f"{s.name} without its actions", communication_actions=())
+               for s in chosen if s.communication_actions][:8]
+    chosen += [_costed_wrong(s) for s in chosen if s.communication_actions][:4]
+    taken = []
+    at_once = together._together
+    monkeypatch.setattr(together, "_together", lambda *a: taken.append(at_once(*a)) or taken[-1])
+    for strategy in chosen * 2:   # the second time every kind of call is counted: the batch takes it
+        both = []
+        for check in (together.ranks_check, rank.ranks_check):
+            ranks = AllRanks(mesh)
+            reports = check(ranks, case, strategy)
+            both.append((reports, [(dict(c.counts), dict(c.traffic)) for c in ranks.comms]))
+        assert both[0] == both[1], strategy.name
+    batched = [found for found in taken if found is not None]
+    assert len(batched) >= len(firsts) // 2, f"{len(batched)} of {len(taken)} checks ran every rank at once"
+    assert all(not any(r.mismatches for r in found) for found in batched)
+    assert any(any(r.mismatches for r in rank.ranks_check(AllRanks(mesh), case, s)) for s in chosen)
+
+
+@pytest.mark.parametrize("mesh_shape", [(2,), (4,), (2, 2), (3, 2), (2, 2, 2)], ids=str)
+def test_every_ranks_block_stacked_is_its_own_slice(mesh_shape):
+    """verify/layout.py's stacked_shards: row r is rank r's block (``ShardingSpec.local_shard``), for
+    every even layout of a few tensors, dims split over one axis or several in either order, mesh
+    axes splitting nothing repeating it; and a tensor of its own, never a view of the whole."""
+    import itertools
+
+    from shardverify.sharding.sharding_spec import ShardingSpec
+    from shardverify.verify.layout import stacked_shards
+
+    mesh, checked = DeviceMesh(mesh_shape), 0
+    for shape in [(12, 6), (4, 6, 12), (24,), ()]:
+        whole = torch.randn(shape)
+        for owners in itertools.product(range(-1, len(shape)), repeat=len(mesh_shape)):
+            split: dict = {}
+            for axis, dim in enumerate(owners):
+                if dim >= 0:
+                    split.setdefault(dim, []).append(axis)
+            for orders in itertools.product(*(itertools.permutations(axes) for axes in split.values())):
+                spec = ShardingSpec(mesh_shape, shape, tuple(zip(split, orders)))
+                blocks = [spec.local_shard(whole, mesh, rank) for rank in range(mesh.size)]
+                if len({tuple(b.shape) for b in blocks}) != 1:
+                    with pytest.raises(ValueError, match="does not split evenly"):
+                        stacked_shards(whole, spec)
+                    continue
+                stacked = stacked_shards(whole, spec)
+                assert all(torch.equal(stacked[rank], block) for rank, block in enumerate(blocks)), spec
+                assert stacked.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr()
+                checked += 1
+    assert checked >= 8
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (2, 2, 2)], ids=str)
+def test_every_ranks_piece_of_a_partial_input_stacked_is_the_piece_it_takes(shape):
+    """verify/rank_inputs.py's stacked_pieces: row r is what rank r takes of a partial input (its
+    piece of its block, ``rank_blocks``), for every even layout of sum's partial inputs."""
+    from shardverify.verify.layout import rank_layouts
+    from shardverify.verify.rank import _reference
+    from shardverify.verify.rank_inputs import rank_blocks, stacked_pieces
+
+    mesh = DeviceMesh(shape)
+    ref = _reference(SUM, None, torch.device("cpu"))
+    graph_module, node_name = SUM.build()
+    checked = 0
+    for strategy in strategies_for_node(graph_module, node_name, mesh):
+        layouts = rank_layouts(strategy, mesh, tuple(range(mesh.size)))
+        partial = strategy.partial_input(layouts[0].inputs[0].data.name)
+        if partial is None or not all(layout.holds_largest for layout in layouts):
+            continue
+        stacked = stacked_pieces(ref, layouts[0].inputs[0], 0, mesh, partial.axes, partial.op)
+        blocks = rank_blocks(ref, strategy, [layout.inputs[0] for layout in layouts], 0, mesh, list(range(mesh.size)))
+        assert stacked is not None and torch.equal(stacked, torch.stack(blocks)), strategy.name
+        checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("axes", [(0,), (1,), (2,), (0, 2), (2, 0), (0, 1, 2)], ids=str)
+def test_an_all_reduce_of_every_rank_at_once_is_each_ranks_own_bit_for_bit(op, axes):
+    """backends/stacked.py's RanksAtOnce: every rank's row reduced over its group, bit-identical to
+    AllRanks' all-reduce of the same tensors, and every communicator counting the same call and bytes."""
+    from shardverify.backends.stacked import RanksAtOnce
+
+    mesh = DeviceMesh((2, 2, 2))
+    torch.manual_seed(1)
+    rows = [torch.randn(3, 5) * 10 ** r for r in range(mesh.size)]   # magnitudes apart: the order of the adds shows
+    each, together = AllRanks(mesh), AllRanks(mesh)
+    want = each.all_reduce(rows, axes, op)
+    got = RanksAtOnce(together).all_reduce([torch.stack(rows)], axes, op)[0]
+    assert all(torch.equal(got[rank], want[rank]) for rank in range(mesh.size))
+    assert [(dict(c.counts), dict(c.traffic)) for c in together.comms] == \
+        [(dict(c.counts), dict(c.traffic)) for c in each.comms]
+    with pytest.raises(CollectiveError, match="only the all-reduce"):
+        RanksAtOnce(together).all_gather([torch.stack(rows)], axes)

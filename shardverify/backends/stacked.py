@@ -15,6 +15,7 @@ other rank holds.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import torch
@@ -24,7 +25,7 @@ from shardverify.backends.base import (CommunicatorBase, _check_chunks, _check_o
 from shardverify.errors import CollectiveError
 from shardverify.sharding.mesh import DeviceMesh
 
-__all__ = ["AllRanks", "StackedCommunicator"]
+__all__ = ["AllRanks", "RanksAtOnce", "StackedCommunicator"]
 
 
 class StackedCommunicator(CommunicatorBase):
@@ -104,6 +105,46 @@ class AllRanks:
             for position, r in enumerate(group):
                 out[r] = [chunk_lists[m][position].detach().clone() for m in group]
         return out
+
+
+class RanksAtOnce:
+    """Every rank of an :class:`AllRanks` as one holder of one tensor: each tensor passed in holds
+    every rank's, stacked on a new leading dim in rank order (the strategy check of an even
+    layout, ``verify/together.py``), so a pattern of ``collectives.patterns`` runs once for all
+    ranks.  Only the all-reduce is offered: each rank's row is reduced over its group in group
+    order, as :func:`reduce_tensors` reduces (bit-identical results), and every rank's
+    communicator counts the call and the bytes of its row, as its own collective would."""
+
+    def __init__(self, ranks: AllRanks) -> None:
+        self.mesh = ranks.mesh
+        self.ranks = ranks
+        self.comms = ranks.comms[:1]   # a pattern asks the first for its group's size: every rank's is alike
+
+    def all_reduce(self, ts: list, axes: Sequence[int], op: str = "sum") -> list[torch.Tensor]:
+        _check_op(op, "all_reduce")
+        if len(ts) != 1 or not isinstance(ts[0], torch.Tensor) or ts[0].dim() == 0 or \
+                ts[0].shape[0] != len(self.ranks.comms):
+            raise CollectiveError(f"an all-reduce over every rank at once takes one tensor of the "
+                                  f"{len(self.ranks.comms)} ranks' stacked, got "
+                                  f"{[describe(t) if isinstance(t, torch.Tensor) else type(t).__name__ for t in ts]}")
+        t = ts[0].detach()
+        shape, local = tuple(self.mesh.shape), tuple(t.shape[1:])
+        checked, _ = _partition(self.mesh, tuple(axes))
+        row = _nbytes(t[0])
+        for comm in self.ranks.comms:
+            comm.counts[("all_reduce", checked)] += 1
+            comm.traffic[("all_reduce", checked, row)] += 1
+        others = [a for a in range(len(shape)) if a not in checked]
+        moved = t.reshape(shape + local).permute(list(checked) + others + list(range(len(shape), len(shape) + len(local))))
+        members = moved.reshape((math.prod(shape[a] for a in checked), -1)).unbind(0)   # each group's rows in group order
+        total = reduce_tensors(members, op)
+        kept = [1 if a in checked else shape[a] for a in range(len(shape))]
+        return [total.reshape(kept + list(local)).expand(shape + local).reshape(t.shape)]
+
+    def _refuse(self, *args) -> None:
+        raise CollectiveError("only the all-reduce runs over every rank at once; check this layout rank by rank")
+
+    all_gather = all_to_all = _refuse
 
 
 def _alike(one, other) -> bool:

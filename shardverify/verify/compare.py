@@ -29,12 +29,12 @@ from collections.abc import Callable
 import torch
 
 from shardverify.verify.error_map import error_map, error_maps_kept
-from shardverify.verify.layout import LocalOperand
+from shardverify.verify.layout import LocalOperand, stacked_shards
 from shardverify.verify.memo import case_table, recalled, remembered
 from shardverify.verify.report import Mismatch
 from shardverify.verify.tolerance import Comparison, Tolerance, compare
 
-__all__ = ["kind_mismatch", "compare_all", "compare_ranks"]
+__all__ = ["kind_mismatch", "compare_all", "compare_ranks", "rows_within_bounds"]
 
 Entry = tuple   # (label, actual, full reference tensor, LocalOperand, holds or None)
 
@@ -136,6 +136,63 @@ def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, op
     return [Mismatch("values", rank, label, actual_shape=tuple(actual.shape), expected_shape=tuple(expected.shape),
                      max_abs_err=found.max_abs_err, max_rel_err=found.max_rel_err, rtol=tol.rtol, atol=tol.atol,
                      dtype=str(actual.dtype).removeprefix("torch."), detail=found.nonfinite, error_map=drawn)]
+
+
+def rows_within_bounds(actual: torch.Tensor, full: torch.Tensor, operands: list[LocalOperand], mesh,
+                       tol: Tolerance) -> bool:
+    """Whether row i of ``actual`` (every rank's result stacked on a new leading dim, rank i's
+    slice of the reference ``full`` laid out as ``operands[i]``, one layout for all) lies within
+    its bounds for ``tol``: :func:`_compare`'s cheap passing comparison for every rank at once,
+    against the same bounds, stacked once per (tensor, layout, tolerance, width).  False where
+    a row does not, or a slice has no cheap bounds: the ranks are then compared one by one
+    (:func:`compare_ranks`), which decides and reports."""
+    if not actual.is_floating_point() or not actual.numel():
+        return False
+    narrow = actual.dtype.itemsize <= 4
+    if actual.numel() > _STACKED_MOST:   # made for this check alone: a case's would hold several times its tensors
+        found = _stacked_bounds(full, operands, mesh, tol, narrow)
+    else:
+        key = (id(full), operands[0].spec.key, len(operands), tol.rtol, tol.atol, narrow)
+        found = recalled(_STACKED, key, full)
+        if found is None:
+            found = remembered(_STACKED, key, full, lambda: _stacked_bounds(full, operands, mesh, tol, narrow),
+                               limit=512)
+    if found[0] is None or found[0].shape != actual.shape:
+        return False
+    with torch.no_grad():
+        got = actual if actual.dtype == found[0].dtype else actual.to(found[0].dtype)
+        return torch.equal(got.clamp(*found), got)
+
+
+_STACKED: dict = case_table()
+#: elements of the stacked bounds of one result kept for the case's other checks at most (at most 512 MiB
+#: in all: unlike the slices' views, these are copies)
+_STACKED_MOST = 1 << 16
+
+
+def _stacked_bounds(full: torch.Tensor, operands: list[LocalOperand], mesh, tol: Tolerance,
+                    narrow: bool) -> tuple:
+    """(low, high) of each rank's slice (the bounds :func:`_compare` takes), stacked, or (None,)
+    where some slice has none: the whole tensor's bounds laid out as the ranks hold it, or where
+    the whole has none (a slice of it not finite), each slice's own."""
+    whole = recalled(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full)
+    if whole is None:
+        whole = remembered(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full,
+                           lambda: _whole_bound(full, tol, narrow), limit=1024)
+    if whole[0] is not None:
+        return stacked_shards(whole[0][0], operands[0].spec), stacked_shards(whole[0][1], operands[0].spec)
+    lows, highs = [], []
+    for rank, operand in enumerate(operands):
+        expected, bounds = _reference_slice(full, operand, mesh, rank)
+        bound = bounds.get((tol.rtol, tol.atol, narrow), False)
+        if bound is False:
+            bound = bounds[(tol.rtol, tol.atol, narrow)] = _slice_bound(full, operand.slices, expected, tol, narrow,
+                                                                        bounds)
+        if bound is None:
+            return (None,)
+        lows.append(bound[0])
+        highs.append(bound[1])
+    return torch.stack(lows), torch.stack(highs)
 
 
 _TINY = torch.finfo(torch.float64).tiny

@@ -23,7 +23,8 @@ from shardverify.verify.memory import check_case_memory
 from shardverify.verify.op_error import EVERY_RANK, OP_FAILED, OpCallError
 from shardverify.verify.precision import BUDGET_FACTOR, Judged, judge
 from shardverify.verify.rank import (  # noqa: F401  (re-exported: the engine's API)
-    RankReport, local_arguments, rank_check, strategy_problems)
+    RankReport, local_arguments, strategy_problems)
+from shardverify.verify.together import rank_check
 from shardverify.verify.report import CheckResult, Mismatch
 from shardverify.verify.tolerance import Tolerance
 

@@ -10,6 +10,7 @@ or process), and built once for all ranks where one thread holds them all.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -21,7 +22,7 @@ from shardverify.verify.memo import remembered
 from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import CommPattern, CommWhere, OperationData, ShardingStrategy
 
-__all__ = ["LocalOperand", "RankLayout", "rank_layout", "rank_layouts", "expected_collectives"]
+__all__ = ["LocalOperand", "RankLayout", "rank_layout", "rank_layouts", "expected_collectives", "stacked_shards"]
 
 # Collectives each pattern issues in the forward pass and in the backward pass.
 _FWD = {CommPattern.ALLREDUCE_FWD_IDENTITY_BWD: "all_reduce", CommPattern.GATHER_FWD_SPLIT_BWD: "all_gather",
@@ -179,3 +180,46 @@ def _dim_slices(mesh: DeviceMesh, size: int, axes: tuple[int, ...]) -> tuple[sli
             _DIM_SLICES.clear()
         found = _DIM_SLICES[key] = tuple(found)
     return found
+
+
+def stacked_shards(tensor: torch.Tensor, spec: ShardingSpec) -> torch.Tensor:
+    """Every rank's block of ``tensor`` laid out as ``spec``, stacked on a new leading dim in rank
+    order, a tensor of its own: for a layout whose blocks are all of one shape (every rank holds
+    the largest), one reshape, permute and expand instead of a slice per rank.  A dim split over
+    mesh axes ``(a, b)`` is viewed as ``(size a, size b, block)``, ``a`` most significant, as
+    ``ShardingSpec.local_slices`` cuts it; a mesh axis splitting nothing repeats the block."""
+    found = _STACKING.get(spec.key)
+    if found is None:
+        if len(_STACKING) >= 4096:
+            _STACKING.clear()
+        found = _STACKING[spec.key] = _stacking(spec.key)
+    view, order, grid, stacked = found
+    found = tensor.reshape(view).permute(order).expand(grid).reshape(stacked)
+    return found.clone() if found._is_view() else found
+
+
+_STACKING: dict = {}
+
+
+def _stacking(key: tuple) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(view, permutation, expanded shape, stacked shape) of :func:`stacked_shards` for a layout's key
+    (remembered per key in ``_STACKING``, as ``_GEOMETRIES``)."""
+    mesh_shape, tensor_shape, partition = key
+    split = dict(partition)
+    view, labels, block = [], [], []
+    for dim, size in enumerate(tensor_shape):
+        axes = split.get(dim, ())
+        parts = math.prod(mesh_shape[a] for a in axes)
+        if size % parts:
+            raise ValueError(f"dim {dim} of size {size} does not split evenly over mesh axes {axes} of {mesh_shape}")
+        view += [mesh_shape[a] for a in axes] + [size // parts]
+        labels += [("mesh", a) for a in axes] + [("dim", dim)]
+        block.append(size // parts)
+    for axis in range(len(mesh_shape)):
+        if ("mesh", axis) not in labels:
+            view.append(1)
+            labels.append(("mesh", axis))
+    order = [labels.index(("mesh", a)) for a in range(len(mesh_shape))] + \
+        [labels.index(("dim", d)) for d in range(len(tensor_shape))]
+    return (tuple(view), tuple(order), tuple(mesh_shape) + tuple(block),
+            (math.prod(mesh_shape),) + tuple(block))

@@ -11,18 +11,20 @@ import torch
 
 from shardverify.sharding.pieces import partial_pieces
 from shardverify.sharding.strategy import ShardingStrategy
-from shardverify.verify.layout import LocalOperand
+from shardverify.sharding.sharding_spec import ShardingSpec
+from shardverify.verify.layout import LocalOperand, stacked_shards
 from shardverify.verify.memo import case_table, recalled, remembered
 from shardverify.verify.reference import Reference
 
-__all__ = ["rank_blocks", "extremum_holder"]
+__all__ = ["rank_blocks", "stacked_pieces", "extremum_holder"]
 
 
 def rank_blocks(ref: Reference, strategy: ShardingStrategy, operands: list[LocalOperand], position: int, mesh,
-                ranks: list[int]) -> list[torch.Tensor]:
+                ranks: list[int], copies: bool = True) -> list[torch.Tensor]:
     """Each of ``ranks``' own copy of what it holds of input ``position``, ``ranks[i]`` laying it
     out as ``operands[i]``: its block of the reference in the check's dtype, or of a partial
-    input its piece of that block (:func:`_shared_piece`)."""
+    input its piece of that block (:func:`_shared_piece`).  ``copies`` False: the shared blocks
+    themselves (read only), for a caller that copies them all at once."""
     data = operands[0].data
     loc = (data.locator.kind, data.locator.key)
     partial = strategy.partial_input(data.name)
@@ -30,13 +32,39 @@ def rank_blocks(ref: Reference, strategy: ShardingStrategy, operands: list[Local
         typed, blocks = ref.typed(loc), []
         for operand, rank in zip(operands, ranks):
             view = recalled(_BLOCKS, (id(typed), operand.spec.key, rank), typed)
-            blocks.append((_block(typed, operand, mesh, rank) if view is None else view).clone())
+            view = _block(typed, operand, mesh, rank) if view is None else view
+            blocks.append(view.clone() if copies else view)
         return blocks
     full, dtype = ref.values[loc], ref.dtypes[loc]
-    return [_shared_piece(full, operand, mesh, rank, partial.axes, position, partial.op).to(dtype, copy=True)
+    return [_shared_piece(full, operand, mesh, rank, partial.axes, position, partial.op).to(dtype, copy=copies)
             for operand, rank in zip(operands, ranks)]
 
 
+def stacked_pieces(ref: Reference, operand: LocalOperand, position: int, mesh, axes: tuple[int, ...],
+                   op: str) -> torch.Tensor | None:
+    """Every rank's piece of its block of partial input ``position`` (what :func:`rank_blocks`
+    gives each rank), stacked in rank order in the check's dtype, for a layout whose blocks are
+    all of one shape: the whole tensor's pieces laid out with their count split over the partial
+    ``axes`` (a rank keeps the piece at its position in its group).  None where the whole's pieces
+    are not made (a complex or too large tensor: each block makes its own)."""
+    data = operand.data
+    loc = (data.locator.kind, data.locator.key)
+    full = ref.values[loc]
+    whole = _whole_pieces(full, math.prod(mesh.shape[a] for a in axes), position, op)
+    if whole is None or any(a in held for _, held in operand.spec.dim_partition for a in axes):
+        return None
+    key = (tuple(mesh.shape), tuple(whole.shape), axes, operand.spec.dim_partition)
+    spec = _PIECE_SPECS.get(key)
+    if spec is None:
+        if len(_PIECE_SPECS) >= 1024:
+            _PIECE_SPECS.clear()
+        spec = _PIECE_SPECS[key] = ShardingSpec(tuple(mesh.shape), tuple(whole.shape), ((0, axes),) + tuple(
+            (dim + 1, held) for dim, held in operand.spec.dim_partition))
+    return stacked_shards(whole, spec).squeeze(1).to(ref.dtypes[loc])
+
+
+#: (mesh shape, pieces' shape, partial axes, the block's partition) -> the layout of the whole's pieces
+_PIECE_SPECS: dict = {}
 _BLOCKS: dict = case_table()
 
 
