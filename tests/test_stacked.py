@@ -132,16 +132,20 @@ def _costed_wrong(strategy):
                                communication_cost=dataclasses.replace(cost, fwd=cost.fwd + 1.0))
 
 
-@pytest.mark.parametrize("case, shape", [(LINEAR, (2, 2)), (SUM, (2, 2)), (SUM, (2, 2, 2)), (EMBEDDING, (2, 2))],
-                         ids=["linear-2x2", "sum-2x2", "sum-2x2x2", "embedding-2x2"])
-def test_an_even_layout_checked_at_once_reports_and_counts_what_the_rank_by_rank_check_does(case, shape,
+@pytest.mark.parametrize("case, shape, rows", [(LINEAR, (2, 2), False), (SUM, (2, 2), False), (SUM, (2, 2, 2), False),
+                                               (EMBEDDING, (2, 2), False), (LINEAR, (2, 2), True)],
+                         ids=["linear-2x2", "sum-2x2", "sum-2x2x2", "embedding-2x2", "linear-2x2-row-by-row"])
+def test_an_even_layout_checked_at_once_reports_and_counts_what_the_rank_by_rank_check_does(case, shape, rows,
                                                                                             monkeypatch):
     """verify/together.py: every rank of an even layout in one batch.  It passes a strategy only where
     the rank-by-rank check passes it, with the same collectives counted on every rank's communicator
     (calls and bytes); everything else (a wrong action, a wrong cost, ragged blocks) goes to the
-    rank-by-rank check, which reports as it always does."""
-    from shardverify.verify import rank, together
+    rank-by-rank check, which reports as it always does.  ``rows``: every result compared against its
+    bounds row by row, as a large one is."""
+    from shardverify.verify import compare, rank, together
 
+    if rows:
+        monkeypatch.setattr(compare, "_STACKED_MOST", 0)
     mesh = DeviceMesh(shape)
     graph_module, node_name = case.build()
     firsts: dict = {}

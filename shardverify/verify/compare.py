@@ -149,24 +149,45 @@ def rows_within_bounds(actual: torch.Tensor, full: torch.Tensor, operands: list[
     if not actual.is_floating_point() or not actual.numel():
         return False
     narrow = actual.dtype.itemsize <= 4
-    if actual.numel() > _STACKED_MOST:   # made for this check alone: a case's would hold several times its tensors
-        found = _stacked_bounds(full, operands, mesh, tol, narrow)
-    else:
+    with torch.no_grad():
+        if actual.numel() > _STACKED_MOST:   # each row against its own bounds' views: stacked, they would be copies
+            return all(_row_within(row, full, operand, mesh, rank, tol, narrow)
+                       for rank, (row, operand) in enumerate(zip(actual, operands)))
         key = (id(full), operands[0].spec.key, len(operands), tol.rtol, tol.atol, narrow)
         found = recalled(_STACKED, key, full)
         if found is None:
             found = remembered(_STACKED, key, full, lambda: _stacked_bounds(full, operands, mesh, tol, narrow),
                                limit=512)
-    if found[0] is None or found[0].shape != actual.shape:
-        return False
-    with torch.no_grad():
+        if found[0] is None or found[0].shape != actual.shape:
+            return False
         got = actual if actual.dtype == found[0].dtype else actual.to(found[0].dtype)
         return torch.equal(got.clamp(*found), got)
 
 
+def _row_within(row: torch.Tensor, full: torch.Tensor, operand: LocalOperand, mesh, rank: int, tol: Tolerance,
+                narrow: bool) -> bool:
+    """Whether one rank's result lies within the bounds :func:`_compare` holds it to (False where
+    its slice has none)."""
+    bound = _rank_bound(full, operand, mesh, rank, tol, narrow)
+    if bound is None or bound[0].shape != row.shape:
+        return False
+    got = row if row.dtype == bound[0].dtype else row.to(bound[0].dtype)
+    return torch.equal(got.clamp(*bound), got)
+
+
+def _rank_bound(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, tol: Tolerance,
+                narrow: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The bounds of this rank's slice of ``full`` for ``tol`` (:func:`_compare`'s), remembered with the slice."""
+    expected, bounds = _reference_slice(full, operand, mesh, rank)
+    bound = bounds.get((tol.rtol, tol.atol, narrow), False)
+    if bound is False:
+        bound = bounds[(tol.rtol, tol.atol, narrow)] = _slice_bound(full, operand.slices, expected, tol, narrow, bounds)
+    return bound
+
+
 _STACKED: dict = case_table()
-#: elements of the stacked bounds of one result kept for the case's other checks at most (at most 512 MiB
-#: in all: unlike the slices' views, these are copies)
+#: elements of a stacked result compared against stacked bounds at most (kept for the case's other checks:
+#: at most 512 MiB in all, as these are copies, unlike the slices' views); a larger one row by row
 _STACKED_MOST = 1 << 16
 
 
@@ -181,18 +202,10 @@ def _stacked_bounds(full: torch.Tensor, operands: list[LocalOperand], mesh, tol:
                            lambda: _whole_bound(full, tol, narrow), limit=1024)
     if whole[0] is not None:
         return stacked_shards(whole[0][0], operands[0].spec), stacked_shards(whole[0][1], operands[0].spec)
-    lows, highs = [], []
-    for rank, operand in enumerate(operands):
-        expected, bounds = _reference_slice(full, operand, mesh, rank)
-        bound = bounds.get((tol.rtol, tol.atol, narrow), False)
-        if bound is False:
-            bound = bounds[(tol.rtol, tol.atol, narrow)] = _slice_bound(full, operand.slices, expected, tol, narrow,
-                                                                        bounds)
-        if bound is None:
-            return (None,)
-        lows.append(bound[0])
-        highs.append(bound[1])
-    return torch.stack(lows), torch.stack(highs)
+    found = [_rank_bound(full, operand, mesh, rank, tol, narrow) for rank, operand in enumerate(operands)]
+    if any(bound is None for bound in found):
+        return (None,)
+    return torch.stack([low for low, _ in found]), torch.stack([high for _, high in found])
 
 
 _TINY = torch.finfo(torch.float64).tiny
