@@ -129,11 +129,8 @@ class RanksAtOnce:
                                   f"{[describe(t) if isinstance(t, torch.Tensor) else type(t).__name__ for t in ts]}")
         t = ts[0].detach()
         shape, local = tuple(self.mesh.shape), tuple(t.shape[1:])
+        self.ranks._groups("all_reduce", axes, list(t), _nbytes)   # each rank counts its row, as its own call
         checked, _ = _partition(self.mesh, tuple(axes))
-        row = _nbytes(t[0])
-        for comm in self.ranks.comms:
-            comm.counts[("all_reduce", checked)] += 1
-            comm.traffic[("all_reduce", checked, row)] += 1
         others = [a for a in range(len(shape)) if a not in checked]
         moved = t.reshape(shape + local).permute(list(checked) + others + list(range(len(shape), len(shape) + len(local))))
         members = moved.reshape((math.prod(shape[a] for a in checked), -1)).unbind(0)   # each group's rows in group order

@@ -119,11 +119,7 @@ def _compare(rank: int, label: str, actual: torch.Tensor, full: torch.Tensor, op
     bound = None
     if actual.is_floating_point() and actual.numel():   # the cheap path of the common passing comparison
         narrow = actual.dtype.itemsize <= 4
-        bound = bounds.get((tol.rtol, tol.atol, narrow), False)
-        if bound is False:
-            bound = bounds[(tol.rtol, tol.atol, narrow)] = \
-                _bound(expected, tol, narrow, bounds) if holds is not None else \
-                _slice_bound(full, operand.slices, expected, tol, narrow, bounds)
+        bound = _kept_bound(full, operand.slices, expected, bounds, tol, narrow, holds is None)
         if bound is not None:
             got = actual if actual.dtype == bound[0].dtype else actual.to(bound[0].dtype)
             if torch.equal(got.clamp(*bound), got):   # every value within its bounds
@@ -179,9 +175,18 @@ def _rank_bound(full: torch.Tensor, operand: LocalOperand, mesh, rank: int, tol:
                 narrow: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The bounds of this rank's slice of ``full`` for ``tol`` (:func:`_compare`'s), remembered with the slice."""
     expected, bounds = _reference_slice(full, operand, mesh, rank)
+    return _kept_bound(full, operand.slices, expected, bounds, tol, narrow, True)
+
+
+def _kept_bound(full: torch.Tensor, slices: tuple[slice, ...], expected: torch.Tensor, bounds: dict, tol: Tolerance,
+                narrow: bool, sliced: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The bounds of ``expected`` for ``tol`` kept in ``bounds`` (its slice's), worked out on first
+    ask: views of the whole's (:func:`_slice_bound`) where ``expected`` is ``full[slices]``, else its
+    own (:func:`_bound`)."""
     bound = bounds.get((tol.rtol, tol.atol, narrow), False)
     if bound is False:
-        bound = bounds[(tol.rtol, tol.atol, narrow)] = _slice_bound(full, operand.slices, expected, tol, narrow, bounds)
+        bound = bounds[(tol.rtol, tol.atol, narrow)] = \
+            _slice_bound(full, slices, expected, tol, narrow, bounds) if sliced else _bound(expected, tol, narrow, bounds)
     return bound
 
 
@@ -196,10 +201,7 @@ def _stacked_bounds(full: torch.Tensor, operands: list[LocalOperand], mesh, tol:
     """(low, high) of each rank's slice (the bounds :func:`_compare` takes), stacked, or (None,)
     where some slice has none: the whole tensor's bounds laid out as the ranks hold it, or where
     the whole has none (a slice of it not finite), each slice's own."""
-    whole = recalled(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full)
-    if whole is None:
-        whole = remembered(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full,
-                           lambda: _whole_bound(full, tol, narrow), limit=1024)
+    whole = _whole_of(full, tol, narrow)
     if whole[0] is not None:
         return stacked_shards(whole[0][0], operands[0].spec), stacked_shards(whole[0][1], operands[0].spec)
     found = [_rank_bound(full, operand, mesh, rank, tol, narrow) for rank, operand in enumerate(operands)]
@@ -271,14 +273,20 @@ def _slice_bound(full: torch.Tensor, slices: tuple[slice, ...], expected: torch.
     a whole that is not finite leaves each slice to its own, so a finite slice keeps its cheap
     comparison).  The whole's allowed difference and magnitude go into ``bounds``, for
     :func:`_out_of_bound` to slice when a result leaves its bounds."""
-    whole = recalled(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full)
-    if whole is None:
-        whole = remembered(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full,
-                           lambda: _whole_bound(full, tol, narrow), limit=1024)
+    whole = _whole_of(full, tol, narrow)
     if whole[0] is None:
         return _bound(expected, tol, narrow, bounds)
     bounds[("whole", tol.rtol, tol.atol)] = (whole[1], whole[2], slices)   # sliced when out of bound
     return whole[0][0][slices], whole[0][1][slices]
+
+
+def _whole_of(full: torch.Tensor, tol: Tolerance, narrow: bool) -> tuple:
+    """:func:`_whole_bound` of ``full``, remembered per (tensor, tolerance, width)."""
+    whole = recalled(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full)
+    if whole is None:
+        whole = remembered(_WHOLE, (id(full), tol.rtol, tol.atol, narrow), full,
+                           lambda: _whole_bound(full, tol, narrow), limit=1024)
+    return whole
 
 
 def _whole_bound(full: torch.Tensor, tol: Tolerance, narrow: bool) -> tuple:

@@ -39,7 +39,8 @@ from shardverify.verify.report import Mismatch, output_label
 from shardverify.spec.fields import dtype_from_name
 from shardverify.verify.tolerance import Tolerance, tolerance_for
 
-__all__ = ["RankReport", "rank_check", "ranks_check", "rank_blocks", "strategy_problems", "local_arguments"]
+__all__ = ["RankReport", "rank_check", "ranks_check", "rank_blocks", "strategy_problems", "local_arguments",
+           "check_tolerance"]
 
 _EXACT = Tolerance(0.0, 0.0)
 _COUNTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
@@ -119,12 +120,7 @@ def ranks_check(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | No
     ref = _reference(case, dtype, comms[0].device)
     layouts = rank_layouts(strategy, mesh, tuple(comm.rank for comm in comms))
 
-    narrowest = ref.narrowest_input
-
-    def tolerance(t: torch.dtype) -> Tolerance:   # integers and bools exactly, whatever a spec or caller says
-        exact = not (t.is_floating_point or t.is_complex)
-        return _EXACT if exact else tol if tol is not None else _tolerance_for(_computed_in(t, narrowest), case.rtol,
-                                                                              case.atol)
+    tolerance = functools.partial(check_tolerance, case=case, tol=tol, narrowest=ref.narrowest_input)
 
     traffic_starts = [dict(comm.traffic) if comm.traffic else None for comm in comms]
     leaves, outputs, works = _local_forward(ranks, ref, strategy, layouts)
@@ -297,6 +293,15 @@ def _reference(case: OpCase, dtype: str | None, device: torch.device) -> Referen
     ref = reference(case, dtype_from_name(dtype) if dtype is not None else None, torch.device(device))
     _LAST_REFERENCE.entry = (case, dtype, device, ref)
     return ref
+
+
+def check_tolerance(t: torch.dtype, case: OpCase, tol: Tolerance | None, narrowest: torch.dtype | None) -> Tolerance:
+    """The tolerance a result of dtype ``t`` is compared at: integers and bools exactly, whatever a
+    spec or caller says; else ``tol``, or the case's, or the default for the precision it is
+    computed in (:func:`_computed_in`, ``narrowest``: the case's least precise real input)."""
+    if not (t.is_floating_point or t.is_complex):
+        return _EXACT
+    return tol if tol is not None else _tolerance_for(_computed_in(t, narrowest), case.rtol, case.atol)
 
 
 def _computed_in(result: torch.dtype, narrowest: torch.dtype | None) -> torch.dtype:

@@ -22,6 +22,8 @@ fresh counts, and decides, naming the rank, the tensor and the error.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.autograd.graph import _engine_run_backward
 
@@ -34,9 +36,9 @@ from shardverify.verify import rank as _rank
 from shardverify.verify.compare import rows_within_bounds
 from shardverify.verify.costs import OpMeter
 from shardverify.verify.layout import rank_layouts, stacked_shards
-from shardverify.verify.memo import case_table, recalled, remembered
-from shardverify.verify.rank import (_EXACT, RankReport, _call_signature, _computed_in, _counted, _declared_mismatches,
-                                     _OutputsState, _private_module, _reference, _tolerance_for, rank_blocks)
+from shardverify.verify.memo import case_table, remembered
+from shardverify.verify.rank import (RankReport, _call_signature, _counted, _declared_mismatches, _OutputsState,
+                                     _private_module, _reference, check_tolerance, rank_blocks)
 from shardverify.verify.rank_inputs import stacked_pieces
 from shardverify.verify.tolerance import Tolerance
 
@@ -92,7 +94,7 @@ def _together(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | None
         return None
     ref = _reference(case, dtype, comms[0].device)
     node = ref.node
-    tally = recalled(_TALLY, id(ref), ref) or remembered(_TALLY, id(ref), ref, lambda: [0, 0], limit=64)
+    tally = remembered(_TALLY, id(ref), ref, lambda: [0, 0], limit=64)
     if undefined_outputs(node) or (tally[1] >= 3 and tally[1] > tally[0]):
         return None   # (a case whose results mostly leave their bounds, as float32 ones at larger shapes: each
         #             rank's comparison decides them, so computing them at once first is wasted)
@@ -143,17 +145,11 @@ def _together(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | None
     differentiable = [name for name, leaf in leaves.items() if leaf.requires_grad] if carrying else []
     state = _OutputsState([], [], rows, True, [(data, row) for data, _, row in carrying], differentiable,
                           bool(differentiable))
-    narrowest = ref.narrowest_input
-
-    def tolerance(t: torch.dtype) -> Tolerance:   # as rank.ranks_check's
-        exact = not (t.is_floating_point or t.is_complex)
-        return _EXACT if exact else tol if tol is not None else _tolerance_for(_computed_in(t, narrowest), case.rtol,
-                                                                              case.atol)
-
-    device = comms[0].device
+    tolerance = functools.partial(check_tolerance, case=case, tol=tol, narrowest=ref.narrowest_input)
+    device = torch.device(comms[0].device).type
     for index, (operand, out) in enumerate(zip(first.outputs, outputs)):
         want = ref.out_dtypes[index]
-        if out.dtype != want or out.device.type != torch.device(device).type or not rows_within_bounds(
+        if out.dtype != want or out.device.type != device or not rows_within_bounds(
                 out, ref.outputs[index], [layout.outputs[index] for layout in layouts], mesh, tolerance(out.dtype)):
             tally[1] += 1
             return None
@@ -175,7 +171,7 @@ def _together(ranks, case: OpCase, strategy: ShardingStrategy, dtype: str | None
                 continue
             loc = (data.locator.kind, data.locator.key)
             full = ref.grads.get(loc)
-            if full is None or grad.dtype != ref.dtypes[loc] or grad.device.type != torch.device(device).type or \
+            if full is None or grad.dtype != ref.dtypes[loc] or grad.device.type != device or \
                     not rows_within_bounds(grad, full, [layout.inputs[position] for layout in layouts], mesh,
                                            tolerance(grad.dtype)):
                 tally[1] += 1
