@@ -19,6 +19,7 @@ from shardverify.capture.meta import output_metas, tensor_meta
 from shardverify.strategies import generators as _generators  # noqa: F401  (registers the generators)
 from shardverify.strategies import handlers as _handlers  # noqa: F401  (registers the generated handlers)
 from shardverify.errors import HandlerError, InvalidArgument, StrategyError
+from shardverify.strategies.by_value import shared, value_key
 from shardverify.strategies.generators.registry import GeneratorContext, get_generator
 from shardverify.strategies.generators.replicated import source_strategy
 from shardverify.strategies.handlers.base import HandlerDef
@@ -172,9 +173,15 @@ def _build(graph_module: GraphModule, node: Node, mesh: DeviceMesh, on_demand: O
            layouts_only: bool = False) -> StrategiesVector:
     handler = handler_for_node(node, graph_module)
     if handler is not None:
-        _, strategies = handler_strategies(handler, graph_module, node, mesh, on_demand, layouts_only=layouts_only)
-        _check_unique(strategies, handler.name, node)
-        return StrategiesVector(node, strategies, predecessor_nodes=node.all_input_nodes)
+        def derive() -> list:
+            _, strategies = handler_strategies(handler, graph_module, node, mesh, on_demand, layouts_only=layouts_only)
+            _check_unique(strategies, handler.name, node)
+            return strategies
+
+        # a producer read for its layouts alone, with no verifier to count its calls: the same in
+        # every graph that calls the same thing on the same shapes (a spec case's predecessor)
+        key = value_key(graph_module, node, handler, (mesh,)) if layouts_only and on_demand is None else None
+        return StrategiesVector(node, shared(key, handler, derive), predecessor_nodes=node.all_input_nodes)
     if node.op in _SOURCE_OPS:
         meta = tensor_meta(node)
         if meta is None:
