@@ -50,7 +50,8 @@ Besides, on the same layouts:
 
   * strategy generation: CPU seconds to list the row's strategies on a newly traced graph (the
     op's, and its predecessor's, which a following op reads), against the cold check of the
-    row's layouts (on the larger-shape rows too: the strategies are the same at any shape),
+    row's layouts (on the larger-shape rows too: the strategies are the same at any shape); and
+    again as a run's later cases pay it, the predecessor's layouts shared from its first,
   * PyTorch DTensor under LocalTensorMode (torch.distributed.tensor on a fake process group):
     the op on the same reference values, each strategy's input and parameter layouts given as
     DTensor placements (mesh axis m sharding tensor dim d -> Shard(d), else Replicate), forward
@@ -1164,16 +1165,26 @@ def scaled_row(simulated, spec, mesh, factor: int, seconds: float, rounds: int, 
 def generation(cases_and_strategies, mesh, rounds: int) -> dict:
     """CPU seconds to generate the strategies of the row's cases (the op's and its predecessor's,
     every strategy a run lists, duplicates included), each round on a newly traced graph (so no
-    table of strategies, meta calls or names is warm), min and median over ``rounds``."""
+    table of strategies, meta calls or names is warm), min and median over ``rounds``; and again
+    as every case of a run after its spec's first pays it ("in_run"): a predecessor whose
+    layouts are keyed by value in full (strategies/by_value.py) is then derived already."""
+    from shardverify.strategies import by_value
     from shardverify.strategies.for_node import strategies_for_node
 
-    passes, count = [], 0
-    for _ in range(max(rounds, 1)):
-        graphs = [case._trace() for case, _ in cases_and_strategies]   # new graphs: nothing remembered
+    def timed() -> tuple[float, int]:
+        graphs = [case._trace() for case, _ in cases_and_strategies]   # new graphs
         began = time.process_time()
         count = sum(len(strategies_for_node(graph, node, mesh)) for graph, node in graphs)
-        passes.append(time.process_time() - began)
-    return {"strategies": count, "min_s": min(passes), "median_s": statistics.median(passes)}
+        return time.process_time() - began, count
+
+    passes, in_run, count = [], [], 0
+    for _ in range(max(rounds, 1)):
+        by_value.forget()                 # nothing remembered
+        spent, count = timed()
+        passes.append(spent)
+        in_run.append(timed()[0])         # the predecessor's layouts as the first pass left them
+    return {"strategies": count, "min_s": min(passes), "median_s": statistics.median(passes),
+            "in_run": {"min_s": min(in_run), "median_s": statistics.median(in_run)}}
 
 
 def generation_note(row: dict, cases_and_strategies, mesh, rounds: int) -> str:
@@ -1181,10 +1192,13 @@ def generation_note(row: dict, cases_and_strategies, mesh, rounds: int) -> str:
     strategies at any shape, while the check grows with it), and said in a line."""
     made = row["generation"] = generation(cases_and_strategies, mesh, rounds)
     checked = {k: row["cold_ms"][k] * row["layouts"] / 1e3 for k in ("min", "median")}
-    made["over_cold_check"] = {"min": made["min_s"] / checked["min"], "median": made["median_s"] / checked["median"]}
+    for part in (made, made["in_run"]):
+        part["over_cold_check"] = {k: part[f"{k}_s"] / checked[k] for k in ("min", "median")}
     return (f"generating its {made['strategies']} strategies (its predecessor's generated too) {made['min_s']:.3f} / "
             f"{made['median_s']:.3f} CPU s (min / median over fresh graphs), {_pair(made['over_cold_check'], 2)} of "
-            f"the cold check of its {row['layouts']} layouts")
+            f"the cold check of its {row['layouts']} layouts; in a run, with the predecessor's layouts derived for an "
+            f"earlier case, {made['in_run']['min_s']:.3f} / {made['in_run']['median_s']:.3f} CPU s, "
+            f"{_pair(made['in_run']['over_cold_check'], 2)}")
 
 
 # ---------------------------------------------------------------------------------- output

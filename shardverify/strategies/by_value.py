@@ -24,7 +24,7 @@ from shardverify.capture.call import called_module
 from shardverify.capture.meta import output_metas
 from shardverify.sharding.strategy import ShardingStrategy
 
-__all__ = ["value_key", "shared"]
+__all__ = ["value_key", "shared", "forget"]
 
 #: key -> (what the key holds by id, the strategies); oldest evicted first
 _SHARED: OrderedDict = OrderedDict()
@@ -66,6 +66,11 @@ def shared(key: tuple | None, holds: object, derive: Callable[[], Sequence[Shard
     if len(_SHARED) > _MOST:
         _SHARED.popitem(last=False)
     return strategies
+
+
+def forget() -> None:
+    """Let every shared derivation go (a measurement that must derive them again)."""
+    _SHARED.clear()
 
 
 def _target(graph_module: GraphModule, node: Node) -> object:
