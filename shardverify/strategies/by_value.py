@@ -4,8 +4,9 @@ A node whose every input is a graph input or an attribute has strategies that de
 what the node calls, with which arguments, on which shapes, on which mesh: not on the graph it
 sits in. A spec's following op is checked in one graph per case, each with its own copy of the
 same predecessor (a Linear of the same shapes), whose hundreds of layouts would be derived again
-for every case. Such a node's strategies are derived once per process and handed to every graph
-calling the same thing on the same shapes.
+for every case. The layouts a following op reads of such a node are derived once per process
+and handed to every graph calling the same thing on the same shapes (``for_node`` asks only for
+those: a node's own, costed strategies are derived in each graph).
 
 Only what can be keyed completely is shared: a call whose arguments are numbers, strings, dtypes
 and the like, or a torch.nn module with no submodules and no hooks (its public attributes and the
@@ -40,7 +41,7 @@ class _Unkeyable(Exception):
 def value_key(graph_module: GraphModule, node: Node, handler: object, extra: tuple) -> tuple | None:
     """Everything ``node``'s strategies are derived from, or None when that is not known in full
     (an input computed in the graph, an argument or a module the key cannot hold). ``handler``
-    is keyed by identity; ``extra`` is the caller's part (the mesh, the verifier, layouts only)."""
+    is keyed by identity; ``extra`` is the caller's part (the mesh)."""
     if node.op not in ("call_function", "call_method", "call_module"):
         return None
     if any(n.op not in _SOURCES for n in node.all_input_nodes):
