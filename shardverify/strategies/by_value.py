@@ -47,8 +47,8 @@ def value_key(graph_module: GraphModule, node: Node, handler: object, extra: tup
     if any(n.op not in _SOURCES for n in node.all_input_nodes):
         return None
     try:
-        return (id(handler), node.op, node.name, _target(graph_module, node), _frozen(node.args),
-                _frozen(node.kwargs), _metas(node), *(_metas(n) for n in node.all_input_nodes), extra)
+        return (id(handler), _metas(node), _target(graph_module, node), _frozen(node.args), _frozen(node.kwargs),
+                *(_metas(n) for n in node.all_input_nodes), extra)
     except _Unkeyable:
         return None
 
