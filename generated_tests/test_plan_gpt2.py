@@ -28,9 +28,11 @@ PROCESS = [((2, 2), 'solver'), ((4,), 'data_parallel')]   # every mesh once, the
 
 def _made(mesh, name):
     """The plan and its coverage, made once a session (shared by the xdist workers): the simulated
-    and the process test (and the cost comparison) of one plan on one mesh check the same plan."""
+    and the process test (and the cost comparison) of one plan on one mesh check the same plan.
+    The mesh's other plans are made with it, from the same capture and strategies."""
     return session_plan(FACTORY, KWARGS, INPUTS, mesh, PLANS[name], zoo=ZOO, capture=CAPTURE,
-                        where_factory=WHERE["factory"], where_plan=WHERE[name])
+                        where_factory=WHERE["factory"], where_plan=WHERE[name],
+                        together=[PLANS[other] for shape, other in SIMULATED if shape == mesh])
 
 
 def _plan(mesh, name):

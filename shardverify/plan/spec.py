@@ -52,7 +52,7 @@ from shardverify.spec.loader import Node
 from shardverify.errors import InvalidArgument, ShardVerifyError, SpecError
 from shardverify.spec.allow import call_factory, project_of
 
-__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "summarize_plan_spec", "build_spec_model", "real_spec_model", "spec_cost_size",
+__all__ = ["PlanSpec", "parse_plan_spec", "render_plan_spec", "summarize_plan_spec", "build_spec_model", "real_spec_model", "spec_cost_size", "spec_plans",
            "spec_plan",
            "SOLVER", "GOALS", "Where"]
 
@@ -208,6 +208,23 @@ def spec_plan(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tup
                                   cost_size=cost_size if solved else None)
     except ShardVerifyError as error:
         raise _error(where, str(error)) from None
+
+
+def spec_plans(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tuple[int, ...],
+               plans: Sequence[str | Mapping[str, str]], wheres: Sequence[Where | None], capture: str = "fx") -> list:
+    """:func:`spec_plan` of several plans of one model on one mesh, made from one capture and one
+    account of its nodes (:func:`~shardverify.plan.verify.plans_with_coverage`): each place holds
+    (plan, coverage), or the error naming its ``wheres`` entry."""
+    from shardverify.plan.verify import plans_with_coverage
+
+    asked = [(None, GOALS.get(plan, PlanGoals())) if isinstance(plan, str) else (dict(plan), PlanGoals())
+             for plan in plans]
+    try:
+        made = plans_with_coverage(module, inputs, mesh, asked, capture=capture)
+    except ShardVerifyError as error:   # the capture or the strategies: every plan's error
+        made = [error] * len(asked)
+    return [_error(where, str(found)) if isinstance(found, ShardVerifyError) else found
+            for found, where in zip(made, wheres)]
 
 
 def parse_plan_spec(root: Node) -> PlanSpec:

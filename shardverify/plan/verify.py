@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from shardverify.errors import BackendError, InvalidArgument
+from shardverify.errors import BackendError, InvalidArgument, ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.plan.coverage import Coverage, classify_nodes
 from shardverify.plan.capture_model import Captured, as_shardverify_error, capture_model, drawing_note
@@ -23,13 +23,14 @@ from shardverify.plan.device import NOMINAL, DeviceProfile
 from shardverify.plan.model import Plan, PlanGoals
 from shardverify.plan.phases import PhaseClock
 from shardverify.plan.real_size import RealSize, RealSizePlan, solve_real_size
-from shardverify.plan.solver import Solver, solve_plan
+from shardverify.plan.problem import PlanProblem
+from shardverify.plan.solver import Solver, solve_problem
 from shardverify.plan.weights import held_weights, with_weight_layouts
 from shardverify.plan.workload import Workload
 from shardverify.verify.on_demand import OnDemandVerifier
 from shardverify.verify.report import Mismatch
 
-__all__ = ["PlanResult", "make_plan", "plan_with_coverage", "verify_plan", "run_plan", "strict_problems"]
+__all__ = ["PlanResult", "make_plan", "plan_with_coverage", "plans_with_coverage", "verify_plan", "run_plan", "strict_problems"]
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,23 @@ def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
     return "export"
 
 
+def plans_with_coverage(module: torch.nn.Module, example_inputs, mesh,
+                        asked: Sequence[tuple[Mapping[str, str] | None, PlanGoals]], capture: str = "auto"
+                        ) -> list[tuple[Plan, Coverage] | ShardVerifyError]:
+    """:func:`plan_with_coverage` of several plans of one model on one mesh, each ``(None, goals)``
+    (the solver's under ``goals``) or ``(node -> strategy, PlanGoals())``: one capture, one account
+    of the nodes' strategies and one cost problem serve them all, where making each alone would
+    derive them again. Each place holds its (plan, coverage), or the error making that plan raised
+    (the others are still made)."""
+    module, inputs = with_keywords(module, example_inputs)
+    mesh = _as_mesh(mesh)
+    captured = capture_model(module, tuple(inputs), capture)
+    made = _made_on(captured, module, mesh, [(None if plan is None else dict(plan), goals) for plan, goals in asked],
+                    None, NOMINAL, False, None, None, PhaseClock(), Workload())
+    gc.collect()   # as plan_with_coverage: the capture's float64 weights, collected now
+    return [found if isinstance(found, ShardVerifyError) else found[:2] for found in made]
+
+
 def _planned(module, inputs, mesh, plan, memory_limit, device, capture, goals,
              verified_only: bool = False, cost_size: RealSize | None = None, solver: Solver | None = None,
              clock: PhaseClock | None = None, workload: Workload = Workload()
@@ -254,27 +272,55 @@ def _planned(module, inputs, mesh, plan, memory_limit, device, capture, goals,
     clock = clock or PhaseClock()
     with clock.phase("capture"):
         captured = capture_model(module, tuple(inputs), _capture_for(capture, cost_size, plan))
-    at_real = None
+    made = _made_on(captured, module, mesh, [(plan, goals)], memory_limit, device, verified_only, cost_size, solver,
+                    clock, workload)[0]
+    if isinstance(made, ShardVerifyError):
+        raise made
+    chosen, coverage, at_real = made
+    return chosen, coverage, captured, at_real
+
+
+def _made_on(captured: Captured, module: torch.nn.Module, mesh: DeviceMesh, asked: list[tuple[object, PlanGoals]],
+             memory_limit: int | None, device: DeviceProfile, verified_only: bool, cost_size: RealSize | None,
+             solver: Solver | None, clock: PhaseClock, workload: Workload
+             ) -> list[tuple[Plan, Coverage, RealSizePlan | None] | ShardVerifyError]:
+    """Each asked (plan, goals) made on one capture: the nodes' strategies derived once (a call
+    outside its spec's grid verified once), the solver's cost problem posed once for every goal."""
     gm = captured.graph
+    where = f"planning {type(module).__name__}"
     try:
         with clock.phase("strategies"), (nullcontext() if verified_only else OnDemandVerifier()) as on_demand:
-            options, statuses = classify_nodes(gm, mesh, on_demand)
-            if memory_limit is not None or _names_weight(plan, gm):
-                options = with_weight_layouts(gm, options, mesh)
-        with clock.phase("solve"):
-            if cost_size is not None:
-                plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, device, goals, solver,
-                                                workload)
-            elif plan is None:
-                plan = solve_plan(gm, mesh, memory_limit, device, options, goals=goals, solver=solver,
-                                  workload=workload)
-            elif not isinstance(plan, Plan):   # a given choice: a strategy verification at the call removed is said so
-                removed = {} if on_demand is None else {r.node: dict(r.failed) for r in on_demand.records if r.failed}
-                plan = build_plan(gm, mesh, dict(plan), options, device, removed=removed, workload=workload)
+            plain, statuses = classify_nodes(gm, mesh, on_demand)
+            # under a limit each weight may be held sharded, and a given plan may name how
+            weighted = with_weight_layouts(gm, plain, mesh) \
+                if memory_limit is not None or any(_names_weight(plan, gm) for plan, _ in asked) else plain
     except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
-        raise as_shardverify_error(error, f"planning {type(module).__name__}") from error
-    del options
-    return plan, Coverage.of(statuses, plan, on_demand), captured, at_real
+        raise as_shardverify_error(error, where) from error
+    problem: PlanProblem | None = None
+    made: list = []
+    for plan, goals in asked:
+        options = weighted if memory_limit is not None or _names_weight(plan, gm) else plain
+        at_real = None
+        try:
+            with clock.phase("solve"):
+                if cost_size is not None:
+                    plan, at_real = solve_real_size(gm, options, cost_size, mesh, memory_limit, device, goals, solver,
+                                                    workload)
+                elif plan is None:
+                    if problem is None or problem.options is not options:
+                        problem = PlanProblem.of(gm, mesh, options, device, workload=workload)
+                    plan = solve_problem(problem, memory_limit, goals, solver)
+                elif not isinstance(plan, Plan):   # a given choice: a strategy verification at the call removed is said so
+                    removed = {} if on_demand is None else {r.node: dict(r.failed) for r in on_demand.records if r.failed}
+                    plan = build_plan(gm, mesh, dict(plan), options, device, removed=removed, workload=workload)
+        except Exception as error:  # noqa: BLE001 - never a raw exception out of a plan's making
+            found = as_shardverify_error(error, where)
+            if found is not error:
+                found.__cause__ = error
+            made.append(found)
+            continue
+        made.append((plan, Coverage.of(statuses, plan, on_demand), at_real))
+    return made
 
 
 def _names_weight(plan, graph) -> bool:
