@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("transformers", reason="the HF model zoo needs the models extra: pip install -e '.[models]'")
 
 from collections import Counter  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from shardverify import DeviceMesh, verify_plan  # noqa: E402
 from shardverify.plan.coverage import classify_nodes  # noqa: E402
@@ -37,11 +38,21 @@ WEIGHTS = {"gpt2": ("aten.addmm.default", 4), "llama": ("aten.linear.default", 8
            "swin": ("aten.linear.default", 13)}   # two blocks' q, k, v, o and MLPs (6 each) and the classifier
 
 
+#: the plans every zoo spec makes on each mesh (made together with the one a test asks for first)
+ZOO_PLANS = ("solver", "data_parallel", "shard_weights")
+SPECS = Path(__file__).resolve().parents[1] / "specs" / "plans"
+
+
+def _together(name: str) -> tuple[str, ...]:
+    """The plans a zoo model's spec makes beside the one asked (none for a model without a spec)."""
+    return ZOO_PLANS if (SPECS / f"{name}.yaml").is_file() else ()
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_the_solvers_plan_of_a_language_model_shards_attention_and_the_mlp(name):
     """At this size the cheapest plan is not all replicated: attention and the MLP shard (the plan
     itself is verified by specs/plans/{gpt2,llama}.yaml: the same plan, made once a session)."""
-    _, coverage = session_plan("", (), (), (2, 2), "solver", zoo=name, capture="export")
+    _, coverage = session_plan("", (), (), (2, 2), "solver", zoo=name, capture="export", together=_together(name))
     assert not coverage.fallbacks, coverage.lines()
     by_node = {s.node: s.target for s in coverage.statuses}
     sharded = Counter(by_node[node] for node in coverage.sharded)
@@ -54,7 +65,8 @@ def test_a_data_parallel_resnet_takes_the_batch_shard_through_its_batch_norms():
     """Weights replicated, the batch split over every mesh axis along its whole path: ResNet's
     eval-mode batch norm takes the batch shard as it comes, no resharding around it."""
     # the plan specs/plans/resnet.yaml's data_parallel verifies on (2,2), made once a session
-    plan, coverage = session_plan("", (), (), (2, 2), "data_parallel", zoo="resnet", capture="export")
+    plan, coverage = session_plan("", (), (), (2, 2), "data_parallel", zoo="resnet", capture="export",
+                                  together=_together("resnet"))
     norms = [item for item in plan.nodes if item.node.startswith("batch_norm")]
     assert norms and all(item.node in coverage.sharded for item in norms)
     around = [r for item in plan.nodes for r in item.reshards
@@ -68,7 +80,7 @@ def test_a_plan_sharding_every_weight_of_a_real_model_shards_every_weight(name):
     saves); asked to shard every weight it can, the solver makes every projection tensor
     parallel (the plan the zoo specs' tensor_parallel verifies: the same plan, made once a session)."""
     mesh = (4,) if name == "mixtral" else (2, 2)   # the mesh the spec's suite runs (specs/plans/mixtral.yaml: (4,))
-    _, coverage = session_plan("", (), (), mesh, "shard_weights", zoo=name, capture="export")
+    _, coverage = session_plan("", (), (), mesh, "shard_weights", zoo=name, capture="export", together=_together(name))
     target, count = WEIGHTS[name]
     by_node = {s.node: s.target for s in coverage.statuses}
     assert sum(by_node[node] == target for node in coverage.sharded) == count, coverage.lines()
