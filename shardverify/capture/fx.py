@@ -151,7 +151,11 @@ def trace(module: torch.nn.Module, meta_args: Mapping[str, torch.Tensor] | None 
         else:
             raise InvalidArgument(f"meta_args is missing forward argument {name!r}; given {sorted(meta_args)}")
 
-    meta_module = copy.deepcopy(graph_module, _meta_memo(graph_module))
+    # the shapes come from a copy whose weights are meta twins; a module holding no weight is run
+    # on meta tensors as it is (a GraphModule's copy generates and compiles its code again: most
+    # of tracing a one-op harness)
+    weighted = next(graph_module.parameters(), None) is not None or next(graph_module.buffers(), None) is not None
+    meta_module = copy.deepcopy(graph_module, _meta_memo(graph_module)) if weighted else graph_module
     try:
         with unprinted_tracebacks():
             _MetaShapeProp(meta_module).propagate(*args)
@@ -162,6 +166,8 @@ def trace(module: torch.nn.Module, meta_args: Mapping[str, torch.Tensor] | None 
         # offset): the real inputs given are run, on copies, so the caller's stay as they were
         meta_module = copy.deepcopy(graph_module)
         ShapeProp(meta_module).propagate(*[a.clone() if isinstance(a, torch.Tensor) else a for a in given])
+    if meta_module is graph_module:
+        return graph_module
     by_name = {n.name: n for n in meta_module.graph.nodes}
     for node in graph_module.graph.nodes:
         for key in ("tensor_meta", "type"):

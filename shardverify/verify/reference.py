@@ -85,8 +85,14 @@ class Reference:
         return [t for t in held if isinstance(t, torch.Tensor)]
 
     def held_bytes(self) -> int:
-        """Bytes of :meth:`tensors`, storage shared between them counted twice."""
-        return sum(t.nbytes for t in self.tensors())
+        """Bytes of :meth:`tensors`, storage shared between them counted twice: what the reference
+        was built with, counted once (a process keeps up to 64 references and weighs them all
+        before keeping another), and the values converted since."""
+        return self._built_bytes + sum(t.nbytes for t in self._typed.values())
+
+    @functools.cached_property
+    def _built_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors()) - sum(t.nbytes for t in self._typed.values())
 
     @property
     def output(self) -> torch.Tensor:
