@@ -79,3 +79,14 @@ def test_references_are_kept_within_their_bytes_the_newest_whatever_its_size(mon
     big = OpCase(op="mm", target="torch.mm", inputs=(InputDecl("a", (64, 64)), InputDecl("b", (64, 64))))
     made = reference(big, None, CPU)
     assert list(reference_module._REFERENCES.values()) == [made]   # kept alone, over the budget
+
+
+def test_a_references_bytes_count_the_values_converted_after_it_was_built(monkeypatch):
+    monkeypatch.setattr(reference_module, "_REFERENCES", {})
+    ref = reference(OpCase(op="mm", target="torch.mm", inputs=(InputDecl("a", (8, 5)), InputDecl("b", (5, 8)))),
+                    None, CPU)
+    built = ref.held_bytes()
+    assert built == sum(t.nbytes for t in ref.tensors())
+    loc = next(iter(ref.values))
+    converted = ref.typed(loc)   # float32 from the float64 value: held beside it from now on
+    assert ref.held_bytes() == built + converted.nbytes == sum(t.nbytes for t in ref.tensors())
