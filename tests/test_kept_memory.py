@@ -90,3 +90,20 @@ def test_a_references_bytes_count_the_values_converted_after_it_was_built(monkey
     loc = next(iter(ref.values))
     converted = ref.typed(loc)   # float32 from the float64 value: held beside it from now on
     assert ref.held_bytes() == built + converted.nbytes == sum(t.nbytes for t in ref.tensors())
+
+
+def test_the_dtypes_a_ranks_outputs_must_have_come_from_the_trace_in_the_traced_dtypes(monkeypatch):
+    """In the traced dtypes the shapes' propagation ran the op on meta tensors of those dtypes
+    already; in another check dtype the op runs on meta tensors of that one."""
+    monkeypatch.setattr(reference_module, "_REFERENCES", {})
+    case = OpCase(op="mm", target="torch.mm", inputs=(InputDecl("a", (4, 3)), InputDecl("b", (3, 5))))
+    real = reference_module._result_dtypes
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reference_module, "_result_dtypes", counted)
+    assert reference(case, None, CPU).out_dtypes == (torch.float32,) and not calls
+    assert reference(case, torch.float16, CPU).out_dtypes == (torch.float16,) and len(calls) == 1

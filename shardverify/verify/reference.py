@@ -294,8 +294,11 @@ def _buildreference(case: OpCase, override: torch.dtype | None, device: torch.de
                                     [g.to(out.dtype) for out, g in carrying], allow_unused=True)
         grads = {loc: (torch.zeros_like(leaves[loc]) if g is None else g.detach())
                  for loc, g in zip(differentiable, found)}
+    # in the traced dtypes the ranks' outputs have the traced ones: the shapes' propagation ran
+    # the op on meta tensors of those dtypes already
+    result_dtypes = tuple(out_dtypes) if override is None else _result_dtypes(node, module, values, dtypes, out_dtypes)
     return Reference(real, node, values, dtypes, tuple(out.detach() for out in outputs), grad_outputs, grads,
-                     constant, _result_dtypes(node, module, values, dtypes, out_dtypes))
+                     constant, result_dtypes)
 
 
 def _result_dtypes(node: fx.Node, module, values: dict, dtypes: dict,
