@@ -5,9 +5,10 @@ branch on their arguments' layout and values, which torch.fx cannot trace into; 
 recorded as calls, as ``torch.fx.wrap`` would record them, and decomposed to ATen where nothing
 serves them (:mod:`shardverify.capture.decompose`), as torch.export decomposes them.
 
-Shapes are propagated with torch's own ``ShapeProp`` on a meta copy of the module, so no
-real memory is allocated for activations however large the inputs are described to be.
-The returned graph module keeps the original (real) parameters for later verification.
+Shapes are propagated with torch's own ``ShapeProp`` on meta tensors (a module's weights on a
+meta copy of it; a module without weights runs as it is), so no real memory is allocated for
+activations however large the inputs are described to be. The returned graph module keeps the
+original (real) parameters for later verification.
 """
 
 from __future__ import annotations
