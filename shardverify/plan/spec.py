@@ -201,13 +201,20 @@ def spec_plan(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tup
     ``where`` (the plan's field)."""
     from shardverify.plan.verify import plan_with_coverage
 
-    solved = isinstance(plan, str)      # "solver" or a goal; parse_plan_spec allows no other word
+    given, goals = _asked(plan)
     try:
-        return plan_with_coverage(module, inputs, mesh, None if solved else dict(plan),  # type: ignore[arg-type]
-                                  capture=capture, goals=GOALS.get(plan, PlanGoals()) if solved else PlanGoals(),  # type: ignore[arg-type]
-                                  cost_size=cost_size if solved else None)
+        return plan_with_coverage(module, inputs, mesh, given, capture=capture, goals=goals,
+                                  cost_size=cost_size if given is None else None)
     except ShardVerifyError as error:
         raise _error(where, str(error)) from None
+
+
+def _asked(plan: str | Mapping[str, str]) -> tuple[dict[str, str] | None, PlanGoals]:
+    """A spec's plan as the plan maker takes it: (None, the goals) for the solver's (``"solver"``
+    or a goal; parse_plan_spec allows no other word), (node -> strategy, no goals) for a given one."""
+    if isinstance(plan, str):
+        return None, GOALS.get(plan, PlanGoals())
+    return dict(plan), PlanGoals()
 
 
 def spec_plans(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tuple[int, ...],
@@ -217,8 +224,7 @@ def spec_plans(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mesh: tu
     (plan, coverage), or the error naming its ``wheres`` entry."""
     from shardverify.plan.verify import plans_with_coverage
 
-    asked = [(None, GOALS.get(plan, PlanGoals())) if isinstance(plan, str) else (dict(plan), PlanGoals())
-             for plan in plans]
+    asked = [_asked(plan) for plan in plans]
     try:
         made = plans_with_coverage(module, inputs, mesh, asked, capture=capture)
     except ShardVerifyError as error:   # the capture or the strategies: every plan's error

@@ -46,15 +46,15 @@ def session_plan(factory: str, kwargs, inputs, mesh, plan, *, zoo: str = "", cap
     key = _key(factory, kwargs, inputs, zoo, mesh, plan, capture, cost_size)
     if key in _MADE:
         return _MADE[key]
-    others: list = []
-    for other in map(_frozen, () if cost_size is not None else together):   # a plan may hold dicts: no set
-        if other != _frozen(plan) and other not in others and \
-                _key(factory, kwargs, inputs, zoo, mesh, other, capture, cost_size) not in _MADE:
-            others.append(other)
+    others: dict[str, object] = {}   # key -> plan, of the others not made yet in this process
+    for other in () if cost_size is not None else together:
+        found = _key(factory, kwargs, inputs, zoo, mesh, other, capture, cost_size)
+        if found != key and found not in _MADE:
+            others.setdefault(found, other)
     folder = os.environ.get(PLANS_ENV)
     if not folder or not Path(folder).is_dir():
-        return _made_now(factory, kwargs, inputs, mesh, plan, others, zoo, capture, cost_size, where_factory,
-                         where_plan, None)
+        return _made_now(factory, kwargs, inputs, mesh, {key: plan, **others}, zoo, capture, cost_size,
+                         where_factory, where_plan, None)
     saved = Path(folder) / f"{key}.pickle"
     # one lock per model and mesh: its plans are made together, and a worker asking for any of them
     # meanwhile waits for them instead of making it too
@@ -64,11 +64,9 @@ def session_plan(factory: str, kwargs, inputs, mesh, plan, *, zoo: str = "", cap
         if saved.exists():
             _MADE[key] = pickle.loads(saved.read_bytes())
             return _MADE[key]
-        others = [other for other in others
-                  if not (Path(folder) / f"{_key(factory, kwargs, inputs, zoo, mesh, other, capture, cost_size)}.pickle"
-                          ).exists()]
-        return _made_now(factory, kwargs, inputs, mesh, plan, others, zoo, capture, cost_size, where_factory,
-                         where_plan, Path(folder))
+        others = {other: asked for other, asked in others.items() if not (Path(folder) / f"{other}.pickle").exists()}
+        return _made_now(factory, kwargs, inputs, mesh, {key: plan, **others}, zoo, capture, cost_size,
+                         where_factory, where_plan, Path(folder))
 
 
 def _key(factory, kwargs, inputs, zoo, mesh, plan, capture, cost_size) -> str:
@@ -81,17 +79,15 @@ def _frozen(plan):
     return plan if isinstance(plan, str) or plan is None else tuple(dict(plan).items())
 
 
-def _made_now(factory, kwargs, inputs, mesh, plan, others, zoo, capture, cost_size, where_factory, where_plan,
+def _made_now(factory, kwargs, inputs, mesh, wanted: dict, zoo, capture, cost_size, where_factory, where_plan,
               folder: Path | None) -> tuple:
-    """Make ``plan`` and ``others``; keep (and save in ``folder``) each one made; ``plan``'s
-    (plan, coverage), or its error raised."""
-    wanted = [plan, *others]
-    made = _make(factory, kwargs, inputs, mesh, wanted, zoo, capture, cost_size, where_factory,
-                 [where_plan] + [None] * len(others))
-    for asked, found in zip(wanted, made):
+    """Make ``wanted`` (key -> plan, the plan asked first); keep (and save in ``folder``) each one
+    made; the first's (plan, coverage), or its error raised."""
+    made = _make(factory, kwargs, inputs, mesh, list(wanted.values()), zoo, capture, cost_size, where_factory,
+                 [where_plan] + [None] * (len(wanted) - 1))
+    for key, found in zip(wanted, made):
         if isinstance(found, BaseException):
             continue
-        key = _key(factory, kwargs, inputs, zoo, mesh, asked, capture, cost_size)
         if folder is not None:
             write_file_atomic(folder / f"{key}.pickle", pickle.dumps(found))     # whole or absent
         _MADE[key] = found

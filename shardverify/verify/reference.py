@@ -79,7 +79,11 @@ class Reference:
     def tensors(self) -> list[torch.Tensor]:
         """The tensors this reference holds now: its values in every dtype asked for so far, its
         results, gradients and module tensors."""
-        held = [*self.values.values(), *self._typed.values(), *self.outputs, *self.grads.values(),
+        return [*self._built_with(), *self._typed.values()]
+
+    def _built_with(self) -> list[torch.Tensor]:
+        """The tensors it was built with: all but the values converted since."""
+        held = [*self.values.values(), *self.outputs, *self.grads.values(),
                 *(g for g in self.grad_outputs if g is not None), *self.graph_module.parameters(),
                 *self.graph_module.buffers()]
         return [t for t in held if isinstance(t, torch.Tensor)]
@@ -92,7 +96,7 @@ class Reference:
 
     @functools.cached_property
     def _built_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors()) - sum(t.nbytes for t in self._typed.values())
+        return sum(t.nbytes for t in self._built_with())
 
     @property
     def output(self) -> torch.Tensor:
