@@ -232,3 +232,31 @@ def test_counting_flops_imports_no_compiler():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(theirs.get_total_flops()), "False"] == ["1024", "False"]
+
+
+def test_a_threads_counter_is_made_once_and_counts_each_call_alone():
+    """A generator's meta calls share one counter per thread, cleared as each call is counted; a
+    call counted within a counted call gets a counter of its own, and so does another thread."""
+    import threading
+
+    from shardverify.strategies.generators.flops import thread_counter
+
+    a, b = torch.empty(8, 16, device="meta"), torch.empty(16, 4, device="meta")
+    first = thread_counter()
+    with first as counter:
+        torch.mm(a, b)
+        inner = thread_counter()
+        assert inner is not first
+        with inner:
+            torch.mm(a, a.T)
+        assert inner.get_total_flops() == 2 * 8 * 16 * 8
+    assert counter.get_total_flops() == 1024 + 2 * 8 * 16 * 8    # the outer mode saw the inner call too
+    assert thread_counter() is first
+    with thread_counter() as again:
+        torch.mm(a, b)
+    assert again is first and again.get_total_flops() == 1024    # not the last call's count added
+    elsewhere = []
+    worker = threading.Thread(target=lambda: elsewhere.append(thread_counter()))
+    worker.start()
+    worker.join()
+    assert elsewhere[0] is not first

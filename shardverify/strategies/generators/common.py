@@ -23,7 +23,7 @@ import torch
 
 from shardverify.capture.call import call_op, called_module, ungraded_inputs
 from shardverify.errors import StrategyError
-from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
+from shardverify.strategies.generators.flops import compute_cost, thread_counter
 from shardverify.strategies.generators.registry import GeneratorContext
 from shardverify.sharding.sharding_spec import ShardingSpec
 from shardverify.sharding.strategy import (
@@ -231,7 +231,7 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
         arguments = {(a.locator.kind, a.locator.key): a.value if rank is None else a.value_on(rank) for a in local_args}
         module = called_module(ctx.graph_module, ctx.node)
         try:
-            counter, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, probe, probe)
+            flops, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, probe, probe)
         except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
             # or the op has no meta kernel, or reads its input's values (torch.cov): then on the CPU
             on_cpu = None if probe or not _meta_cannot(exc) else _cpu_call(ctx, module, inputs, shapes, arguments)
@@ -240,11 +240,11 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
                 raise StrategyError(f"{ctx.handler_name} ({spec_file}): node {ctx.node.name!r}: the op raised when "
                                     f"called{' forward and backward' if probe else ''} on the block shapes a layout "
                                     f"of the rule gives one device, {shapes}: {exc}") from exc
-            counter, tensors, outs = on_cpu
+            flops, tensors, outs = on_cpu
         numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
         if len(calls) >= 4096:
             calls.clear()
-        found = calls[key] = (compute_cost(counter.get_total_flops(), numels),
+        found = calls[key] = (compute_cost(flops, numels),
                               tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in outs),
                               tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in outs))
     return found
@@ -272,15 +272,16 @@ def _cpu_call(ctx: GeneratorContext, module, inputs: Sequence[OperationData], sh
 
 def _counted_call(ctx: GeneratorContext, module, inputs: Sequence[OperationData], shapes: dict, arguments: dict,
                   real: bool, backward: bool, integer: int = 0) -> tuple:
-    """(FLOP counter, input tensors, outputs) of the node's op on tensors of ``shapes``: meta
+    """(FLOPs counted, input tensors, outputs) of the node's op on tensors of ``shapes``: meta
     tensors, or ``real`` CPU ones (floats in [0.5, 1.5), integers ``integer``); ``backward``: a
     probe of an empty block, whose backward must give every input a gradient."""
     values = {(d.locator.kind, d.locator.key): _probe_tensor(shapes[d.name], d.dtype, real, backward, integer)
               for d in inputs}
     tensors = list(values.values())
     values.update(arguments)
-    with LocalFlopCounter() as counter:
+    with thread_counter() as counter:
         result = call_op(ctx.node, module, values)
+    flops = counter.get_total_flops()
     outs = result if isinstance(result, (list, tuple)) else (result,)
     if backward:   # the kernel itself, outside the counter: under a dispatch mode an op may run its
         # Python decomposition, which takes an empty block the kernel refuses (upsample_nearest3d)
@@ -289,7 +290,7 @@ def _counted_call(ctx: GeneratorContext, module, inputs: Sequence[OperationData]
         if ungraded := ungraded_inputs(tensors, outs):
             raise StrategyError(f"the backward gives input(s) {ungraded} no gradient on these local shapes "
                                 f"(this rank would skip their resharding's backward collectives)")
-    return counter, tensors, outs
+    return flops, tensors, outs
 
 
 #: node -> {(local shapes, local arguments, probe): (compute cost, output shapes)}; weakly keyed:

@@ -4,6 +4,7 @@ checks (:func:`compute_cost`)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 import torch
@@ -11,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
 from shardverify.sharding.strategy import TrainCycleItem
 
-__all__ = ["LocalFlopCounter", "compute_cost"]
+__all__ = ["LocalFlopCounter", "compute_cost", "thread_counter"]
 
 
 def _cpu_flash_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -57,6 +58,20 @@ class LocalFlopCounter(FlopCounterMode):
         done = self.mode.__exit__(*args)
         self.mode = None
         return done
+
+
+_THREAD = threading.local()
+
+
+def thread_counter() -> LocalFlopCounter:
+    """A counter of this thread's, not counting now (its count is cleared as it is entered): made
+    once per thread, since making one builds torch's registry of formulas and a module tracker
+    again, a fifth of a strategy generator's meta call. One already counting (a call counted
+    within a counted call) is left to its caller, and a new one made."""
+    counter = getattr(_THREAD, "counter", None)
+    if counter is None:
+        counter = _THREAD.counter = LocalFlopCounter()
+    return counter if counter.mode is None else LocalFlopCounter()
 
 
 

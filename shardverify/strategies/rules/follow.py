@@ -35,18 +35,18 @@ Layout = dict[int, tuple[int, ...]]
 
 def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
             outputs: list[OperationData]) -> list[ShardingStrategy]:
-    """The strategies in the producer's order; ``build(axes, partial)`` is the engine's derivation.
+    """The strategies in the producer's order; ``build(axes, partial, name)`` is the engine's
+    derivation, the strategy named by ``name(specs, partial, actions)`` (:func:`_namer`).
     Many producer strategies give one layout (a following op is offered one strategy per
     predecessor strategy): each distinct layout's strategies are derived once, at its first
     arrival, and a strategy is named per index only where it is offered (a layout arriving
     again brings its gathered strategy under ``naming: colossalai``, and nothing new else)."""
-    build = _derived_once(build)
     roles = [d.role for d in inputs]
     if options.follow not in roles or len(inputs) != 1 or len(outputs) != 1:
         raise StrategyError(f"option follow: {options.follow!r} must name the one tensor operand of a one-output "
                             f"call; this call has {roles}")
     data, term, out = inputs[0], rule.inputs[0], outputs[0]
-    base = _namer(data, out)
+    build = _derived_once(build, _namer(data.name, out.name))
     reduce_ops = dict(rule.reduce)
     linear = options.linear_in == ((data.role,),) and data.dtype.is_floating_point and out.dtype.is_floating_point
     mesh_shape = ctx.mesh.shape
@@ -84,9 +84,9 @@ def offered(build, ctx, rule: Rule, options, inputs: list[OperationData],
                 if linear and set(reduce_ops[f] for f in axes if f in reduce_ops) == {"sum"}:
                     pieces += _pieces(build, axes, data, index, mesh_shape)
     if colossalai:   # every gathered one, then the others not among them, each once
-        return [_named(base, strategy, index) for strategy, index, first in strategies if first] + \
-            _first_of_each(base, [entry for entry in strategies + pieces if not entry[2]])
-    return _first_of_each(base, strategies + pieces)
+        return [_named(strategy, index) for strategy, index, first in strategies if first] + \
+            _first_of_each([entry for entry in strategies + pieces if not entry[2]])
+    return _first_of_each(strategies + pieces)
 
 
 def _refusals():
@@ -103,44 +103,39 @@ def _refusals():
     return refusal
 
 
-def _derived_once(build):
+def _derived_once(build, name):
     """``build`` remembering each (axes, partial) it derived (None included: a layout that does
-    not fit the call does not fit it the second time either)."""
+    not fit the call does not fit it the second time either), each strategy named by ``name``."""
     found: dict[tuple, ShardingStrategy | None] = {}
 
     def once(axes: dict, partial: dict) -> ShardingStrategy | None:
         key = (tuple(sorted(axes.items())), tuple(sorted(partial.items())))
         if key not in found:
-            found[key] = build(axes, partial)
+            found[key] = build(axes, partial, name)
         return found[key]
 
     return once
 
 
-def _namer(data: OperationData, out: OperationData):
-    """``base(strategy)``: ``[S0, R]+P1 -> [R] | P01 sum``, the layouts, the partial input, the
-    output's reduce, which the index follows. A derived strategy comes back once per
-    predecessor strategy giving its layout (the derivation is remembered): its name is worked
-    out once."""
-    names: dict[int, tuple[ShardingStrategy, str]] = {}
+def _namer(data: str, out: str):
+    """``name(specs, partial, actions)``: ``[S0, R]+P1 -> [R] | P01 sum``, the layouts of operand
+    ``data`` and output ``out``, the partial input, the output's reduce, which a predecessor's
+    index follows (:func:`_named`). A derived strategy carries it as its name: it is named per
+    predecessor strategy giving its layout from there, without working it out again."""
+    def name(specs: dict, partial: dict, actions) -> str:
+        piece = partial.get(data)
+        text = str(specs[data])    # its sharding sequence, remembered
+        text += f"+P{''.join(map(str, piece))}" if piece else ""
+        text += f" -> {specs[out]}"
+        return text + "".join(f" | P{''.join(map(str, a.axes))} {a.op}" for a in actions
+                              if a.operand == out and a.axes)
 
-    def base(strategy: ShardingStrategy) -> str:
-        if id(strategy) not in names:
-            piece = strategy.partial_input(data.name)
-            after = [a for a in strategy.communication_actions if a.operand == out.name and a.axes]
-            name = str(strategy.get_sharding_spec_by_name(data.name))    # its sharding sequence, remembered
-            name += f"+P{''.join(map(str, piece.axes))}" if piece else ""
-            name += f" -> {strategy.get_sharding_spec_by_name(out.name)}"
-            name += "".join(f" | P{''.join(map(str, a.axes))} {a.op}" for a in after)
-            names[id(strategy)] = (strategy, name)   # the strategy kept: its id is not reused meanwhile
-        return names[id(strategy)][1]
-
-    return base
+    return name
 
 
-def _named(base, strategy: ShardingStrategy, index: int) -> ShardingStrategy:
-    """The derived strategy named for predecessor strategy ``index``: ``<base>_<index>``."""
-    return strategy.renamed(f"{base(strategy)}_{index}")
+def _named(strategy: ShardingStrategy, index: int) -> ShardingStrategy:
+    """The derived strategy named for predecessor strategy ``index``: ``<its layout name>_<index>``."""
+    return strategy.renamed(f"{strategy.name}_{index}")
 
 
 def _pieces(build, axes: dict, data: OperationData, index: int,
@@ -193,12 +188,11 @@ def every_layout(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> list[La
     return found
 
 
-def _first_of_each(base, entries: list[tuple[ShardingStrategy, int, bool]]) -> list[ShardingStrategy]:
-    """The first strategy of each layout, named by its index: its name without the producer's
-    index says every layout and action (several producer strategies produce the same layout)."""
+def _first_of_each(entries: list[tuple[ShardingStrategy, int, bool]]) -> list[ShardingStrategy]:
+    """The first strategy of each layout, named by its index: its layout name (:func:`_namer`)
+    says every layout and action (several producer strategies produce the same layout)."""
     found: dict[str, ShardingStrategy] = {}
     for strategy, index, _ in entries:
-        name = base(strategy)
-        if name not in found:
-            found[name] = _named(base, strategy, index)
+        if strategy.name not in found:
+            found[strategy.name] = _named(strategy, index)
     return list(found.values())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from shardverify.capture.uninitialised import undefined_outputs
@@ -200,8 +200,8 @@ def generate(ctx: GeneratorContext) -> list[ShardingStrategy]:
     call = _Call(ctx, bound, inputs, outputs, shape_at, shape_part)
     if modifiers.follow:
         try:
-            return follow.offered(lambda axes, partial: call.strategy(axes, partial, ()), ctx, rule, modifiers,
-                                  inputs, outputs)
+            return follow.offered(lambda axes, partial, name: call.strategy(axes, partial, (), name=name), ctx,
+                                  rule, modifiers, inputs, outputs)
         except StrategyError as exc:
             raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: {exc}") from None
     results = call.results   # the outputs the call defines: an undefined one is no partial result
@@ -267,13 +267,18 @@ class _Call:
 
     def strategy(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
                  taken: Container[str], in_op: str = "sum", out_op: str = "sum",
-                 narrowed: dict[str, dict[str, tuple[int, ...]]] | None = None) -> ShardingStrategy | None:
+                 narrowed: dict[str, dict[str, tuple[int, ...]]] | None = None,
+                 name: Callable[[dict, dict, tuple], str] | None = None) -> ShardingStrategy | None:
         """The strategy sharding each factor over ``axes`` with inputs ``partial`` (name ->
         mesh axes of their partial value, whose pieces reduce by ``in_op``; the output's by
         ``out_op``), and the ``narrowed`` inputs holding a factor over a prefix of its axes
-        (narrowed.py); None where the layout does not fit the call or its name is ``taken``."""
+        (narrowed.py); None where the layout does not fit the call or its name is ``taken``.
+        ``name(specs, partial, actions)``: its name, where the caller names strategies its own
+        way (by their layouts, else :meth:`_name`)."""
         draft = self.draft(axes, partial, taken, in_op, out_op, narrowed)
-        return None if draft is None else self.finish(draft)
+        if draft is None:
+            return None
+        return self.finish(draft, None if name is None else name(draft.specs, draft.partial, draft.actions))
 
     def layouts(self, axes: dict[str, tuple[int, ...]]) -> tuple[ShardingSpec, ...]:
         """Every operand's layout under ``axes``, in operand order (those of its strategies)."""
