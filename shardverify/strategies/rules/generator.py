@@ -264,6 +264,7 @@ class _Call:
         self._partials: dict[tuple, PartialInput] = {}    # (input, axes, op) -> its partial input
         self._texts: dict[ShardingSpec, str] = {}          # layout -> its part of a strategy's name
         self._merges: dict[tuple, tuple[int, ...]] = {}    # see _merged
+        self._costs_of: dict[tuple, tuple[TrainCycleItem, MemoryCycle]] = {}   # local shapes and arguments -> costs
 
     def strategy(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
                  taken: Container[str], in_op: str = "sum", out_op: str = "sum",
@@ -475,12 +476,21 @@ class _Call:
 
     def _costs(self, draft: _Draft) -> tuple[TrainCycleItem, MemoryCycle]:
         """The compute and memory costs of the draft's assignment, worked out once for all its
-        partial-input variants: they add only all-reduces, which change no local shape."""
+        partial-input variants: they add only all-reduces, which change no local shape. Both read
+        nothing but the operands' local shapes at the call and the local arguments, and a call's
+        every action is an all-reduce: assignments alike in their local shapes (the same dims
+        split over other mesh axes of the same size) share them."""
         fixed = draft.fixed
         if fixed.costs is None:
             operands = self.inputs + self.outputs
-            fixed.costs = (local_compute_cost(self.ctx, operands, draft.specs, draft.actions, draft.local_args),
-                           memory_cost(operands, draft.specs))
+            key = (tuple(draft.specs[d.name].local_shape() for d in operands),
+                   tuple((a.locator.kind, a.locator.key, a.value) for a in draft.local_args))
+            found = self._costs_of.get(key)
+            if found is None:
+                found = self._costs_of[key] = (
+                    local_compute_cost(self.ctx, operands, draft.specs, draft.actions, draft.local_args),
+                    memory_cost(operands, draft.specs))
+            fixed.costs = found
         return fixed.costs
 
     def finish(self, draft: _Draft, name: str | None = None) -> ShardingStrategy:
