@@ -66,13 +66,12 @@ _THREAD = threading.local()
 def thread_counter() -> LocalFlopCounter:
     """A counter of this thread's, not counting now (its count is cleared as it is entered): made
     once per thread, since making one builds torch's registry of formulas and a module tracker
-    again, a fifth of a strategy generator's meta call. One already counting (a call counted
+    again, about a tenth of a strategy generator's meta call. One already counting (a call counted
     within a counted call) is left to its caller, and a new one made."""
     counter = getattr(_THREAD, "counter", None)
     if counter is None:
         counter = _THREAD.counter = LocalFlopCounter()
     return counter if counter.mode is None else LocalFlopCounter()
-
 
 
 def compute_cost(flops: float, operand_numels: Iterable[int]) -> TrainCycleItem:
