@@ -29,7 +29,7 @@ from shardverify.capture.meta import tensor_meta
 from shardverify.capture.call import operand_nodes
 from shardverify.sharding.strategy import ShardingStrategy, TrainCycleItem
 from shardverify.spec.case import OpCase
-from shardverify.strategies.generators.flops import LocalFlopCounter, compute_cost
+from shardverify.strategies.generators.flops import compute_cost, thread_counter
 from shardverify.verify.layout import RankLayout
 from shardverify.verify.memo import remembered
 from shardverify.verify.report import Mismatch
@@ -77,7 +77,7 @@ class OpMeter:
         known = self._known if signature is not None else None
         seen = known.get(signature) if known is not None else None
         if seen is None:
-            with LocalFlopCounter() as counter:
+            with thread_counter() as counter:   # the rank's own: made once per thread
                 result = fn(*args, **kwargs)
             seen = (int(counter.get_total_flops()), _largest_numel((args, kwargs)))
             if known is not None:

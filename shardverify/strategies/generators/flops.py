@@ -66,8 +66,9 @@ _THREAD = threading.local()
 def thread_counter() -> LocalFlopCounter:
     """A counter of this thread's, not counting now (its count is cleared as it is entered): made
     once per thread, since making one builds torch's registry of formulas and a module tracker
-    again, about a tenth of a strategy generator's meta call. One already counting (a call counted
-    within a counted call) is left to its caller, and a new one made."""
+    again, about a tenth of a small op's counted call (a generator's meta call, a rank's first call
+    of a layout). One already counting (a call counted within a counted call) is left to its
+    caller, and a new one made."""
     counter = getattr(_THREAD, "counter", None)
     if counter is None:
         counter = _THREAD.counter = LocalFlopCounter()
