@@ -339,7 +339,7 @@ class _Call:
             fitted = self._fitted[key] = self._local_fit(axes, narrowed, fixed, actions)
         if not fitted.fits:
             return None
-        return _Draft(specs, tuple(actions), tuple(post_add), partial, in_op, per_output, op, partial_axes, fixed,
+        return _Draft(specs, tuple(actions), tuple(post_add), partial, in_op, per_output, op, partial_axes,
                       fitted.local_args, fitted.index_shards)
 
     def _assignment(self, axes: dict[str, tuple[int, ...]],
@@ -475,23 +475,20 @@ class _Call:
         return found
 
     def _costs(self, draft: _Draft) -> tuple[TrainCycleItem, MemoryCycle]:
-        """The compute and memory costs of the draft's assignment, worked out once for all its
-        partial-input variants: they add only all-reduces, which change no local shape. Both read
-        nothing but the operands' local shapes at the call and the local arguments, and a call's
-        every action is an all-reduce: assignments alike in their local shapes (the same dims
-        split over other mesh axes of the same size) share them."""
-        fixed = draft.fixed
-        if fixed.costs is None:
-            operands = self.inputs + self.outputs
-            key = (tuple(draft.specs[d.name].local_shape() for d in operands),
-                   tuple((a.locator.kind, a.locator.key, a.value) for a in draft.local_args))
-            found = self._costs_of.get(key)
-            if found is None:
-                found = self._costs_of[key] = (
-                    local_compute_cost(self.ctx, operands, draft.specs, draft.actions, draft.local_args),
-                    memory_cost(operands, draft.specs))
-            fixed.costs = found
-        return fixed.costs
+        """The compute and memory costs of the draft's layouts, worked out once per set of local
+        shapes: both read nothing but the operands' local shapes at the call and the local
+        arguments, and a call's every action is an all-reduce, which changes none. So an
+        assignment's partial-input variants share them, and so do assignments splitting the same
+        dims over other mesh axes of the same size."""
+        operands = self.inputs + self.outputs
+        key = (tuple(draft.specs[d.name].local_shape() for d in operands),
+               tuple((a.locator.kind, a.locator.key, a.value) for a in draft.local_args))
+        found = self._costs_of.get(key)
+        if found is None:
+            found = self._costs_of[key] = (
+                local_compute_cost(self.ctx, operands, draft.specs, draft.actions, draft.local_args),
+                memory_cost(operands, draft.specs))
+        return found
 
     def finish(self, draft: _Draft, name: str | None = None) -> ShardingStrategy:
         """The strategy of ``draft``, named ``name`` (by its layouts if None), costs and all:
@@ -519,7 +516,6 @@ class _Draft:
     per_output: list[tuple[int, ...]]        # each output's partial axes
     op: str                                  # how the partial output reduces
     partial_axes: tuple[int, ...]
-    fixed: _Assignment                       # what its assignment decides
     local_args: tuple = ()
     index_shards: tuple[IndexShard, ...] = ()
 
@@ -527,15 +523,13 @@ class _Draft:
 @dataclass(slots=True)
 class _Assignment:
     """What an assignment decides for every partial-input variant of it: each operand's layout,
-    each input's gradient partial axes and their all-reduces, each output's partial axes, and
-    (once asked) the compute and memory costs."""
+    each input's gradient partial axes and their all-reduces, and each output's partial axes."""
 
     specs: dict[str, ShardingSpec]
     missing: tuple[tuple[int, ...], ...]     # per input: the mesh axes its gradient is partial over
     syncs: tuple[CommAction, ...]            # their all-reduces, in input order
     per_output: list[tuple[int, ...]]
     partial_axes: tuple[int, ...]
-    costs: tuple[TrainCycleItem, MemoryCycle] | None = None
 
 
 @dataclass(frozen=True)
