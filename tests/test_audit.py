@@ -112,6 +112,52 @@ def test_max_over_a_sharded_dim_is_a_partial_max():
     assert problem.decide((L((0,), ()),)).outputs == (L((), partial=(0,), reduce="max"),)
 
 
+@pytest.mark.parametrize("combo, layout", [
+    ((L((0,), ()), L((1,), ())), L((0,), (1,))),                                # sharded
+    ((L((), (), partial=(1,)), L((0,), ())), L((), (0,), partial=(1,))),         # a partial sum
+])
+def test_the_last_element_rules_a_layout_out_only_where_the_comparison_does(combo, layout):
+    """detect's shortcut (each block's last element beyond twice the tolerance) never rejects a
+    layout the full comparison accepts: the last element of rank 0's output moved by a fraction
+    of the tolerance still holds, moved past it or to NaN or inf it does not, with or without."""
+    problem = _mm_problem((2, 2))
+    tensors = [out[0] for out in problem.run(combo)]
+    ref = problem.outputs[0]
+    block = ref[problem.slices(layout, ref.shape, 0)]
+    tol = problem._tols[0]
+    bound = tol.atol + tol.rtol * float(block[-1, -1].abs())
+    for moved, holds in ((0.0, True), (0.9 * bound, True), (1.5 * bound, False), (3 * bound, False),
+                         (float("nan"), False), (float("inf"), False)):
+        ranks = [t.clone() for t in tensors]
+        ranks[0][-1, -1] = moved if moved != moved or moved == float("inf") else ranks[0][-1, -1] + moved
+        lasts = [float(t[-1, -1]) for t in ranks]
+        assert problem.holds(ranks, layout, 0, ref) is holds, moved
+        assert problem.holds(ranks, layout, 0, ref, lasts) is holds, moved
+
+
+def test_the_audit_leaves_the_reference_module_as_it_was():
+    """A module op is run on the audit's own copy of its module, each rank's blocks swapped in:
+    the reference's module, which verification reads too, keeps its own parameters."""
+    import torch
+
+    from shardverify.capture.call import called_module
+    from shardverify.verify.reference import reference
+
+    case = OpCase(op="linear", target="torch.nn.Linear", inputs=(InputDecl("x", (4, 16)),),
+                  module=ModuleDecl("torch.nn.Linear", args=(16, 32), kwargs=(("bias", True),)))
+    ref = reference(case, torch.float64, torch.device("cpu"))
+    module = called_module(ref.graph_module, ref.node)
+    weight, bias = module.weight, module.bias
+    before = weight.detach().clone()
+    operands = [Operand("x", "input", ("arg", 0), (4, 16), True),
+                Operand("weight", "weight", ("param", "weight"), (32, 16), True),
+                Operand("bias", "bias", ("param", "bias"), (32,), True)]
+    problem = prepare(case, DeviceMesh((2,)), operands)
+    assert problem.module is not module
+    assert problem.decide((L((), ()), L((0,), ()), L((0,),))).outputs == (L((), (0,)),)
+    assert module.weight is weight and module.bias is bias and torch.equal(module.weight.detach(), before)
+
+
 # ------------------------------------------------------------------ offered strategies
 
 def _linear_strategies(mesh_shape, bias):

@@ -13,13 +13,14 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
+from operator import getitem
 
 import torch
 
 from shardverify.features.audit.decide import Operand, Outcome, Problem, prepare, lone_value_draws
 from shardverify.features.audit.layouts import PARTIAL_INPUTS, axis_symmetries, is_extremum, tensor_layouts
 from shardverify.features.audit.offered import local_argument_choices, output_shape_argument
-from shardverify.features.audit.sample import AUDIT_SAMPLE, SAMPLE_SEED, counterparts, sampled_combinations
+from shardverify.features.audit.sample import AUDIT_SAMPLE, SAMPLE_SEED, counterparts, sampled_indices
 from shardverify.sharding.layout import Layout
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.sharding.strategy import OperationDataType
@@ -151,40 +152,71 @@ class CaseCombinations:
         a pointwise op is monotone in one operand with the others fixed, never in two at once
         (``max(a_i) + max(b_i)`` is no ``max(a_i + b_i)``), so two are not enumerated. Over the
         combination limit, the stated sample of them."""
-        if self.sample:
-            yield from (combo for combo in sampled_combinations(self.choices, self.sample)
-                        if sum(map(is_extremum, combo)) <= 1)
+        choices = self.choices
+        for index in self._indices():
+            yield tuple(map(getitem, choices, index))
+
+    def _indices(self):
+        """:meth:`combinations`, each as its layouts' indices in ``choices``."""
+        lengths = [len(c) for c in self.choices]
+        indices = sampled_indices(lengths, self.sample) if self.sample else itertools.product(*map(range, lengths))
+        extrema = [tuple(map(is_extremum, c)) for c in self.choices]
+        if sum(map(any, extrema)) <= 1:   # at most one operand has any: every combination has at most one
+            yield from indices
             return
-        for combo in itertools.product(*self.choices):
-            if sum(map(is_extremum, combo)) <= 1:
-                yield combo
+        for index in indices:
+            if sum(map(getitem, extrema, index)) <= 1:
+                yield index
 
     def enumerate(self) -> int:
-        perms = axis_symmetries(self.mesh.shape)
-        # most combinations are refused by their local input shapes alone, which the first
-        # refusal of those shapes already decided (Problem.known_refusal): no op runs for them
-        known = self.problem.known_refusal
+        """Decide every combination, once per orbit of the mesh's axis symmetries (the others
+        take its outcome, renamed), into ``results``; how many combinations there are.
+
+        Combinations are handled as their layouts' indices in ``choices``, a symmetry as the
+        index each layout goes to: a case has hundreds of thousands of combinations (an attention
+        case on (2, 2): 231,696) and few layouts, and hashing and renaming tuples of layouts
+        per combination and symmetry was half of its audit."""
+        choices, problem = self.choices, self.problem
+        at = [{layout: i for i, layout in enumerate(c)} for c in choices]
+        # each symmetry: None for the identity, else per operand the index each layout goes to
+        # (tensor_layouts gives every renaming of a layout it gives)
+        moves = [(perm, None if perm == self._identity else
+                  [tuple(at[k][self._rename(layout, perm)] for layout in c) for k, c in enumerate(choices)])
+                 for perm in axis_symmetries(self.mesh.shape)]
+        # most combinations are refused by rank 0's local input shapes alone, which the first
+        # refusal of those shapes already decided (Problem.refused_shapes): no op runs for them
+        shapes = [[problem.first_shape(k, layout) for layout in c] for k, c in enumerate(choices)] \
+            if problem.knows_refusals else None
+        seen: dict[tuple[int, ...], Outcome] = {}
+        refusals: dict[str, Outcome] = {}
         total = 0
-        for combo in self.combinations():
+        for index in self._indices():
             total += 1
-            if combo in self.results:
+            if index in seen:
                 continue
-            outcome = known(combo) or self.decide(combo)
-            self._keep(combo, outcome, perms)
+            reason = None if shapes is None else problem.refused_shapes(tuple(map(getitem, shapes, index)))
+            if reason is not None:
+                outcome = refusals.get(reason) or refusals.setdefault(reason, Outcome(None, reason))
+            else:
+                outcome = self.decide(tuple(map(getitem, choices, index)))
+            self._keep(seen, moves, index, outcome)
+        self.results = {tuple(map(getitem, choices, index)): outcome for index, outcome in seen.items()}
         if self.sample:
-            self._absent_counterparts(perms)
+            self._absent_counterparts(seen, at, moves)
+            self.results = {tuple(map(getitem, choices, index)): outcome for index, outcome in seen.items()}
         return total
 
-    def _keep(self, combo, outcome: Outcome, perms) -> None:
-        results = self.results
-        for perm in perms:
-            if perm == self._identity:   # the combination itself (the only one on a mesh of unequal axes)
-                results.setdefault(combo, outcome)
+    def _keep(self, seen: dict, moves: list, index: tuple[int, ...], outcome: Outcome) -> None:
+        """The outcome of the combination at ``index``, and of each renaming of it (``moves``:
+        :meth:`enumerate`) the outcome renamed, where not decided already."""
+        for perm, move in moves:
+            if move is None:   # the combination itself (the only one on a mesh of unequal axes)
+                seen.setdefault(index, outcome)
                 continue
-            renamed = self._renamed[perm]
-            key = tuple(renamed.get(layout) or self._rename(layout, perm) for layout in combo)
-            if key not in results:
-                results[key] = outcome if outcome.outputs is None else Outcome(
+            key = tuple(map(getitem, move, index))
+            if key not in seen:
+                renamed = self._renamed[perm]
+                seen[key] = outcome if outcome.outputs is None else Outcome(
                     tuple(renamed.get(layout) or self._rename(layout, perm) for layout in outcome.outputs),
                     outcome.reason)
 
@@ -192,15 +224,16 @@ class CaseCombinations:
         found = self._renamed[perm][layout] = layout.permuted(perm)
         return found
 
-    def _absent_counterparts(self, perms) -> None:
+    def _absent_counterparts(self, seen: dict, at: list[dict], moves: list) -> None:
         """In a sample, each valid combination with an absent operand that looks needed has its
         counterparts decided (operand passed in as a full value) until one gives its output:
         the full enumeration has them all, and without them the sample reports it missing."""
         for key, (combo, outputs) in self.needed(self.valid()).items():
             for candidate in counterparts(self.choices, combo):
-                if candidate not in self.results:
-                    self._keep(candidate, self.decide(candidate), perms)
-                if self.results[candidate].outputs == outputs:
+                index = tuple(found[layout] for found, layout in zip(at, candidate))
+                if index not in seen:
+                    self._keep(seen, moves, index, self.decide(candidate))
+                if seen[index].outputs == outputs:
                     break
 
     def decide(self, combo, masked=()) -> Outcome:

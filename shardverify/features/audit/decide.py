@@ -9,6 +9,7 @@ enumerating every layout combination affordable."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ class Problem:
     mesh: DeviceMesh
     operands: tuple[Operand, ...]
     node: object
-    module: object
+    module: object       # a module op's module, the audit's own copy (prepare): calls swap blocks into it
     values: dict
     outputs: tuple[torch.Tensor, ...]
     out_index: tuple[int, ...] = (0,)   # the tuple elements audited (the spec's output operands)
@@ -87,7 +88,6 @@ class Problem:
     local_choices: list = field(default_factory=list)
     _coords: list = field(default_factory=list)
     _local: dict = field(default_factory=dict)
-    _first: dict = field(default_factory=dict)
     _pieces: dict = field(default_factory=dict)
     _shape_errors: dict = field(default_factory=dict)
     _candidates: dict = field(default_factory=dict)
@@ -95,6 +95,7 @@ class Problem:
     _targets: dict = field(default_factory=dict)
     _groups: dict = field(default_factory=dict)
     _finiteness: dict = field(default_factory=dict)
+    _blocks: dict = field(default_factory=dict)
     decided: int = 0
 
     def __post_init__(self) -> None:
@@ -157,31 +158,31 @@ class Problem:
                                 for r in self.mesh.ranks]
         return self._local[key]
 
-    def known_refusal(self, combo: Sequence[Layout]) -> Outcome | None:
-        """The outcome of ``combo`` where the op already refused its local input shapes (see
-        :meth:`run`), counted as decided; None where that is not known (or where the ranks pass
-        arguments of their own, which :meth:`decide` tries in turn)."""
-        if self.shape_arg is not None or self.local_choices:
-            return None
-        reason = self._shape_errors.get(self._refusal_key(combo, {}, ()))
-        if reason is None:
-            return None
-        self.decided += 1
-        return Outcome(None, reason)
+    @property
+    def knows_refusals(self) -> bool:
+        """Whether a refusal of rank 0's local input shapes (see :meth:`run`) decides every
+        combination with those shapes: not where the ranks pass arguments of their own, which
+        :meth:`decide` tries in turn."""
+        return self.shape_arg is None and not self.local_choices
+
+    def refused_shapes(self, shapes: tuple[tuple[int, ...], ...]) -> str | None:
+        """Why the op refused rank 0's local input ``shapes`` (:meth:`first_shape` of each
+        operand), counted as a decision; None where it has not (yet)."""
+        reason = self._shape_errors.get((shapes, (), ()))
+        if reason is not None:
+            self.decided += 1
+        return reason
 
     def _refusal_key(self, combo: Sequence[Layout], arguments: dict, masked: Sequence[tuple[int, int, int]]) -> tuple:
         """What a refusal of the op is remembered by (rank 0's local shapes and arguments, the masking)."""
-        return (tuple(self._first_shape(i, layout) for i, layout in enumerate(combo)),
+        return (tuple(self.first_shape(i, layout) for i, layout in enumerate(combo)),
                 tuple(arguments.items()), tuple(masked))
 
-    def _first_shape(self, position: int, layout: Layout) -> tuple[int, ...]:
-        """Rank 0's local input shape for operand ``position`` in ``layout`` (cached: most
-        combinations are refused by these shapes alone, see :meth:`run`)."""
-        key = (position, layout)
-        found = self._first.get(key)
-        if found is None:
-            found = self._first[key] = tuple(self.local(position, layout)[0].shape)
-        return found
+    def first_shape(self, position: int, layout: Layout) -> tuple[int, ...]:
+        """Rank 0's local input shape for operand ``position`` in ``layout`` (most combinations
+        are refused by these shapes alone, see :meth:`run`), from the layout alone: no block is
+        cut for it."""
+        return self.local_shapes(layout, self.operands[position].shape)[0]
 
     # ---- running the op ---------------------------------------------------------------------
     def run(self, combo: Sequence[Layout], arguments: dict | None = None,
@@ -210,10 +211,10 @@ class Problem:
             empty = any(t[rank].numel() == 0 for t in locals_)
             try:
                 if empty:   # a kernel may take an empty block forward and refuse it backward
-                    out = call_with_backward(self.node, self.module, values)
+                    out = call_with_backward(self.node, self.module, values, owned=self.module is not None)
                 else:
                     with torch.no_grad():
-                        out = call_op(self.node, self.module, values)
+                        out = call_op(self.node, self.module, values, owned=self.module is not None)
             except Exception as exc:  # the op refuses these local inputs: not a valid combination
                 reason = f"the local op fails: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 # Rank 0 holds the first shard of every layout; what it refuses is a matter of
@@ -240,7 +241,7 @@ class Problem:
                 loc = self.operands[i].locator
                 values[loc] = torch.zeros_like(values[loc])
             with torch.no_grad():
-                out = call_op(self.node, self.module, values)
+                out = call_op(self.node, self.module, values, owned=self.module is not None)
             out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             self._targets[absent] = tuple(widened(o) for o in out)
         return self._targets[absent]
@@ -349,26 +350,48 @@ class Problem:
             known = self._finiteness[id(ref)] = (ref, bool(torch.isfinite(ref).all()))
         return known[1]
 
-    def holds(self, tensors: Sequence[torch.Tensor], layout: Layout, k: int, ref: torch.Tensor) -> bool:
+    def _block(self, ref: torch.Tensor, layout: Layout, rank: int) -> tuple[torch.Tensor, float | None]:
+        """``rank``'s block of the reference ``ref`` under ``layout``'s sharding (a view) and its
+        :func:`_last` element, remembered per reference (kept alive with its blocks, so its id
+        stays its own): every combination's outputs are matched against the same few candidate
+        layouts."""
+        known = self._blocks.get(id(ref))
+        if known is None or known[0] is not ref:
+            known = self._blocks[id(ref)] = (ref, {})
+        key = (layout.dims, rank)
+        found = known[1].get(key)
+        if found is None:
+            block = ref[self.slices(layout, ref.shape, rank)]
+            found = known[1][key] = (block, _last(block))
+        return found
+
+    def holds(self, tensors: Sequence[torch.Tensor], layout: Layout, k: int, ref: torch.Tensor,
+              lasts: Sequence[float | None] | None = None) -> bool:
         """Do the ranks' local outputs ``tensors`` form ``ref`` (output ``k``) in ``layout``?
         Never where their dtypes differ: a sharded tensor has one dtype (native_dropout's mask
-        comes back float, not bool, on a rank whose block is empty)."""
+        comes back float, not bool, on a rank whose block is empty). ``lasts``: each tensor's
+        :func:`_last` element, which rules most wrong layouts out without comparing the blocks."""
         if len(layout.dims) != ref.dim() or mixed_dtypes(tensors):
             return False
         if tuple(tuple(t.shape) for t in tensors) != self.local_shapes(layout, ref.shape):
             return False
         finite = self._finite(ref)
         if not layout.partial:
-            return all(self._close(t, ref[self.slices(layout, ref.shape, r)], k, finite)
-                       for r, t in enumerate(tensors))
+            if lasts is not None and finite and any(
+                    _far(last, self._block(ref, layout, r)[1], self._tols[k]) for r, last in enumerate(lasts)):
+                return False
+            return all(self._close(t, self._block(ref, layout, r)[0], k, finite) for r, t in enumerate(tensors))
         if layout.partial not in self._groups:
             self._groups[layout.partial] = self.mesh.groups(layout.partial)
-        for group in self._groups[layout.partial]:
+        groups = self._groups[layout.partial]
+        if lasts is not None and finite and any(
+                _far(_REDUCE_FLOATS[layout.reduce]([lasts[r] for r in group]), self._block(ref, layout, group[0])[1],
+                     self._tols[k]) for group in groups):
+            return False
+        for group in groups:
             stacked = torch.stack([widened(tensors[r]) for r in group])
-            reduced = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
-                       "min": lambda s: s.amin(0)}
-            value = reduced[layout.reduce](stacked)
-            if not self._close(value, ref[self.slices(layout, ref.shape, group[0])], k, finite):
+            value = _REDUCE_STACKED[layout.reduce](stacked)
+            if not self._close(value, self._block(ref, layout, group[0])[0], k, finite):
                 return False
         return True
 
@@ -388,8 +411,9 @@ class Problem:
         if any(len(shape) != self.outputs[k].dim() for shape in shapes):
             return None
         candidates = self._candidate_dims(k, shapes)
+        lasts = [_last(t) for t in tensors]
         for dims in candidates:
-            if self.holds(tensors, Layout(dims), k, ref):
+            if self.holds(tensors, Layout(dims), k, ref, lasts):
                 return Layout(dims)
         for dims in candidates:
             free = [a for a in range(self.mesh.ndim)
@@ -399,9 +423,33 @@ class Problem:
                     continue
                 for axes in _subsets(free):
                     layout = Layout(dims, axes, reduce)
-                    if self.holds(tensors, layout, k, ref):
+                    if self.holds(tensors, layout, k, ref, lasts):
                         return layout
         return None
+
+
+#: how a partial layout's group of blocks reduces to the value, as stacked tensors and as floats
+_REDUCE_STACKED = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
+                   "min": lambda s: s.amin(0)}
+_REDUCE_FLOATS = {"sum": lambda v: None if None in v else sum(v),
+                  "avg": lambda v: None if None in v else sum(v) / len(v),
+                  "max": lambda v: None if None in v else max(v), "min": lambda v: None if None in v else min(v)}
+
+
+def _last(tensor: torch.Tensor) -> float | None:
+    """The last element of ``tensor`` as a float; None where it has none or is complex."""
+    if not tensor.numel() or tensor.is_complex():
+        return None
+    return float(tensor[(-1,) * tensor.dim()])
+
+
+def _far(actual: float | None, expected: float | None, tol: Tolerance) -> bool:
+    """Is ``actual`` beyond twice ``tol`` of a finite ``expected``? Then the blocks they end are not
+    close (:func:`is_close`): twice, so the few ulps by which a reduction of floats may differ
+    from the tensors' reduction cannot decide it. A NaN is never far: the comparison decides it."""
+    if actual is None or expected is None:
+        return False
+    return abs(actual - expected) > 2 * (tol.atol + tol.rtol * abs(expected))
 
 
 def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
@@ -411,7 +459,11 @@ def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
     check_case_memory(case, tuple(mesh.shape))
     ref = reference(case, torch.float64, torch.device("cpu"))
     node = ref.node
+    # the audit's own copy of a module op's module: each call swaps a rank's blocks into it
+    # (call_op's ``owned``) instead of functional_call's swap and restore, which was a third
+    # of deciding a Linear combination
     module = called_module(ref.graph_module, node)
+    module = None if module is None else copy.deepcopy(module)
     values = {loc: v.detach() for loc, v in ref.values.items()}
     outputs = tuple(widened(o) for o in ref.outputs)
     return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed)
@@ -442,7 +494,7 @@ def lone_value_draws(problem: Problem) -> tuple[list[Problem], list[str]]:
             values[operand.locator] = value
         try:
             with torch.no_grad():
-                out = call_op(problem.node, problem.module, values)
+                out = call_op(problem.node, problem.module, values, owned=problem.module is not None)
         except Exception as exc:  # the op refuses this data: decided on the others, and said
             notes.append(f"the op refuses bool operands all {rest} but one element, so combinations are decided "
                          f"without that draw ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")

@@ -24,15 +24,16 @@ def widened(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to(torch.complex128 if tensor.is_complex() else torch.float64)
 
 
-def call_with_backward(node, module, values: dict):
+def call_with_backward(node, module, values: dict, *, owned: bool = False):
     """The op on ``values`` with its backward run from gradients of ones (what a training step
     does with a rank's empty block); the outputs, detached. Every floating operand is asked for
     a gradient, constants too, as the strategy generator's probe of an empty block asks
-    (strategies/generators/common.py): the two must agree on which empty blocks an op takes."""
+    (strategies/generators/common.py): the two must agree on which empty blocks an op takes.
+    ``owned``: as :func:`~shardverify.capture.call.call_op` takes it."""
     values = {k: v.detach().requires_grad_() if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
               else v
               for k, v in values.items()}
-    out = call_op(node, module, values)
+    out = call_op(node, module, values, owned=owned)
     backward_from_ones(list(values.values()), out if isinstance(out, (tuple, list)) else (out,))
     if isinstance(out, (tuple, list)):
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in out)

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from shardverify.sharding.layout import Layout
 from shardverify.spec.limits import Limit
 
-__all__ = ["AUDIT_SAMPLE", "SAMPLE_SEED", "counterparts", "sampled_combinations"]
+__all__ = ["AUDIT_SAMPLE", "SAMPLE_SEED", "counterparts", "sampled_indices"]
 
 #: combinations drawn from a case over MAX_AUDIT_COMBINATIONS (before the counterparts of absent operands)
 AUDIT_SAMPLE = Limit("layout combinations sampled from a case over the combination limit", 4_000,
@@ -29,17 +29,21 @@ AUDIT_SAMPLE = Limit("layout combinations sampled from a case over the combinati
 SAMPLE_SEED = 0
 
 
-def sampled_combinations(choices: Sequence[Sequence[Layout]], size: int,
-                         seed: int = SAMPLE_SEED) -> Iterator[tuple[Layout, ...]]:
-    """``size`` distinct combinations drawn uniformly from the product of ``choices`` (each
-    operand's layouts), in index order."""
-    total = math.prod(len(c) for c in choices)
+def sampled_indices(lengths: Sequence[int], size: int, seed: int = SAMPLE_SEED) -> Iterator[tuple[int, ...]]:
+    """``size`` distinct combinations drawn uniformly from the product of operands with
+    ``lengths`` layouts each, in index order, each as its layouts' indices (the last operand
+    varying fastest)."""
+    total = math.prod(lengths)
     rng = random.Random(seed)
     picked: set[int] = set()
     while len(picked) < min(size, total):
         picked.add(rng.randrange(total))
     for index in sorted(picked):
-        yield _decode(choices, index)
+        combo = []
+        for length in reversed(lengths):
+            index, at = divmod(index, length)
+            combo.append(at)
+        yield tuple(reversed(combo))
 
 
 def counterparts(choices: Sequence[Sequence[Layout]], combo: tuple[Layout, ...]) -> Iterator[tuple[Layout, ...]]:
@@ -53,12 +57,3 @@ def counterparts(choices: Sequence[Sequence[Layout]], combo: tuple[Layout, ...])
         for i, layout in zip(absent, replacement):
             candidate[i] = layout
         yield tuple(candidate)
-
-
-def _decode(choices: Sequence[Sequence[Layout]], index: int) -> tuple[Layout, ...]:
-    """The ``index``-th combination of the product, the last operand varying fastest."""
-    combo = []
-    for layouts in reversed(choices):
-        index, at = divmod(index, len(layouts))
-        combo.append(layouts[at])
-    return tuple(reversed(combo))
