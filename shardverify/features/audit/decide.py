@@ -76,7 +76,7 @@ class Problem:
     mesh: DeviceMesh
     operands: tuple[Operand, ...]
     node: object
-    module: object       # a module op's module, the audit's own copy (prepare): calls swap blocks into it
+    module: object       # a module op's module, the audit's own copy (prepare): calls swap blocks into it (owned)
     values: dict
     outputs: tuple[torch.Tensor, ...]
     out_index: tuple[int, ...] = (0,)   # the tuple elements audited (the spec's output operands)
@@ -211,10 +211,10 @@ class Problem:
             empty = any(t[rank].numel() == 0 for t in locals_)
             try:
                 if empty:   # a kernel may take an empty block forward and refuse it backward
-                    out = call_with_backward(self.node, self.module, values, owned=self.module is not None)
+                    out = call_with_backward(self.node, self.module, values, owned=True)
                 else:
                     with torch.no_grad():
-                        out = call_op(self.node, self.module, values, owned=self.module is not None)
+                        out = call_op(self.node, self.module, values, owned=True)
             except Exception as exc:  # the op refuses these local inputs: not a valid combination
                 reason = f"the local op fails: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 # Rank 0 holds the first shard of every layout; what it refuses is a matter of
@@ -241,7 +241,7 @@ class Problem:
                 loc = self.operands[i].locator
                 values[loc] = torch.zeros_like(values[loc])
             with torch.no_grad():
-                out = call_op(self.node, self.module, values, owned=self.module is not None)
+                out = call_op(self.node, self.module, values, owned=True)
             out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             self._targets[absent] = tuple(widened(o) for o in out)
         return self._targets[absent]
@@ -385,8 +385,8 @@ class Problem:
             self._groups[layout.partial] = self.mesh.groups(layout.partial)
         groups = self._groups[layout.partial]
         if lasts is not None and finite and any(
-                _far(_REDUCE_FLOATS[layout.reduce]([lasts[r] for r in group]), self._block(ref, layout, group[0])[1],
-                     self._tols[k]) for group in groups):
+                _far(_reduced_last(lasts, group, layout.reduce), self._block(ref, layout, group[0])[1], self._tols[k])
+                for group in groups):
             return False
         for group in groups:
             stacked = torch.stack([widened(tensors[r]) for r in group])
@@ -431,9 +431,7 @@ class Problem:
 #: how a partial layout's group of blocks reduces to the value, as stacked tensors and as floats
 _REDUCE_STACKED = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "max": lambda s: s.amax(0),
                    "min": lambda s: s.amin(0)}
-_REDUCE_FLOATS = {"sum": lambda v: None if None in v else sum(v),
-                  "avg": lambda v: None if None in v else sum(v) / len(v),
-                  "max": lambda v: None if None in v else max(v), "min": lambda v: None if None in v else min(v)}
+_REDUCE_FLOATS = {"sum": sum, "avg": lambda v: sum(v) / len(v), "max": max, "min": min}
 
 
 def _last(tensor: torch.Tensor) -> float | None:
@@ -441,6 +439,13 @@ def _last(tensor: torch.Tensor) -> float | None:
     if not tensor.numel() or tensor.is_complex():
         return None
     return float(tensor[(-1,) * tensor.dim()])
+
+
+def _reduced_last(lasts: Sequence[float | None], group: Sequence[int], reduce: str) -> float | None:
+    """The :func:`_last` elements of ``group``'s blocks reduced as a partial layout reduces them;
+    None where a block has none."""
+    values = [lasts[r] for r in group]
+    return None if None in values else _REDUCE_FLOATS[reduce](values)
 
 
 def _far(actual: float | None, expected: float | None, tol: Tolerance) -> bool:
@@ -494,7 +499,7 @@ def lone_value_draws(problem: Problem) -> tuple[list[Problem], list[str]]:
             values[operand.locator] = value
         try:
             with torch.no_grad():
-                out = call_op(problem.node, problem.module, values, owned=problem.module is not None)
+                out = call_op(problem.node, problem.module, values, owned=True)
         except Exception as exc:  # the op refuses this data: decided on the others, and said
             notes.append(f"the op refuses bool operands all {rest} but one element, so combinations are decided "
                          f"without that draw ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
