@@ -351,6 +351,25 @@ def test_post_added_bias_covers_row_parallel_linear_with_bias(tmp_path, capsys):
 
 # ------------------------------------------------------------------ absent operands, family gaps
 
+def test_a_kernel_that_takes_an_undersized_operand_is_refused_by_its_meta_kernel():
+    """On the CPU, ``_native_batch_norm_legit.no_stats`` takes a bias of 3 for 6 channels and reads
+    past it, so an absent bias sharded in two gave outputs of whatever memory followed: a valid
+    combination in some runs, not in others. Its meta kernel refuses those shapes, and so does the
+    audit, every time, saying so; a bias of the full 6 channels is still decided by its values."""
+    case = OpCase(op="bn", target="torch.ops.aten._native_batch_norm_legit.no_stats",
+                  inputs=(InputDecl("x", (4, 6, 3, 3)), InputDecl("w", (6,)), InputDecl("b", (6,))),
+                  params=(("training", True), ("momentum", 0.1), ("eps", 1e-5)))
+    operands = [Operand("x", "input", ("arg", 0), (4, 6, 3, 3), True),
+                Operand("w", "weight", ("arg", 1), (6,), True, optional=True),
+                Operand("b", "bias", ("arg", 2), (6,), True, optional=True)]
+    problem = prepare(case, DeviceMesh((2,)), operands)
+    whole = (L((), (), (), ()), L(()))
+    for _ in range(3):
+        outcome = problem.decide(whole + (L((0,), absent=True),))
+        assert not outcome.valid and "meta kernel refuses these local shapes" in outcome.reason, outcome
+    assert problem.decide(whole + (L((), absent=True),)).outputs[0] == L((), (), (), ())
+
+
 def _op_spec(name: str):
     from shardverify.spec.catalogue import load_op_specs
 

@@ -90,6 +90,8 @@ class Problem:
     _local: dict = field(default_factory=dict)
     _pieces: dict = field(default_factory=dict)
     _shape_errors: dict = field(default_factory=dict)
+    _meta_verdicts: dict = field(default_factory=dict)
+    meta_module: object = None   # a module op's module on meta tensors (prepare): what _meta_refusal calls
     _candidates: dict = field(default_factory=dict)
     _tols: tuple = ()
     _targets: dict = field(default_factory=dict)
@@ -223,11 +225,40 @@ class Problem:
                 if rank == 0:
                     self._shape_errors[shapes] = reason
                 return reason
+            if (refused := self._meta_refusal(values)) is not None:
+                if rank == 0:
+                    self._shape_errors[shapes] = refused
+                return refused
             out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             for mask in outside:
                 out = (zero_outside_shard(out[0], mask),) + out[1:]
             results.append(out)
         return results
+
+    def _meta_refusal(self, values: dict) -> str | None:
+        """Why the op's meta kernel refuses a rank's local inputs that its CPU kernel took, None
+        where it takes them too or cannot tell (no meta kernel, a value read). A CPU kernel may
+        check less than its meta kernel: ``_native_batch_norm_legit`` takes a bias of 3 for 6
+        channels and reads past it, so its outputs, and the combination's outcome, are whatever
+        memory follows the bias. Asked once per set of local shapes and arguments."""
+        key = tuple((loc, (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v))
+                    for loc, v in values.items())
+        if key not in self._meta_verdicts:
+            meta = {loc: torch.empty_like(v, device="meta") if isinstance(v, torch.Tensor) else v
+                    for loc, v in values.items()}
+            verdict = None
+            try:
+                if self.module is None or self.meta_module is not None:
+                    with torch.no_grad():
+                        call_op(self.node, self.meta_module, meta, owned=True)
+            except Exception as exc:  # noqa: BLE001 - a shape check fails with a RuntimeError; a meta
+                # decomposition's own error (instance_norm's ZeroDivisionError on an empty block) is no verdict
+                if isinstance(exc, RuntimeError) and not (isinstance(exc, NotImplementedError) or
+                                                          "meta" in str(exc).lower()):
+                    verdict = (f"the local op's meta kernel refuses these local shapes (its CPU kernel, checking "
+                               f"less, took them): {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+            self._meta_verdicts[key] = verdict
+        return self._meta_verdicts[key]
 
     def target(self, combo: Sequence[Layout]) -> tuple[torch.Tensor, ...]:
         """The full outputs the ranks must form: the reference, or with an absent (post-added)
@@ -468,10 +499,12 @@ def prepare(case: OpCase, mesh: DeviceMesh, operands: Sequence[Operand],
     # (call_op's ``owned``) instead of functional_call's swap and restore, which was a third
     # of deciding a Linear combination
     module = called_module(ref.graph_module, node)
+    meta_module = None if module is None else copy.deepcopy(module).to("meta")
     module = None if module is None else copy.deepcopy(module)
     values = {loc: v.detach() for loc, v in ref.values.items()}
     outputs = tuple(widened(o) for o in ref.outputs)
-    return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed)
+    return Problem(case, mesh, tuple(operands), node, module, values, outputs, tuple(out_index), seed=case.seed,
+                   meta_module=meta_module)
 
 
 
