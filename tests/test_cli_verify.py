@@ -249,6 +249,61 @@ def test_a_row_that_kills_its_worker_fails_alone(tmp_path, monkeypatch):
         assert row.error == "" and row.failures == 0 and row.verified > 0, row
 
 
+WITNESS = """
+import os
+
+
+class Witnessed:
+    \"\"\"A case that writes which process builds it, and is otherwise the case it wraps.\"\"\"
+
+    def __init__(self, case, log):
+        self.case, self.log = case, log
+
+    def __getattr__(self, name):   # never for dunders: unpickling probes them before __dict__ is set
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["case"], name)
+
+    def build(self):
+        with open(self.log, "a") as out:
+            out.write(f"{os.getpid()}\\n")
+        return self.case.build()
+"""
+
+
+def test_a_cases_rows_go_to_one_worker(tmp_path, monkeypatch):
+    """Each case's rows on its meshes are verified by one worker process (which builds the
+    case's trace, reference and seeds once for all of them), and still come back in plan order."""
+    from shardverify.cli.verify_jobs import verify_rows_in_workers
+
+    (tmp_path / "witness_case.py").write_text(WITNESS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from witness_case import Witnessed
+
+    spec, = load_op_specs(REPO, None, ["sum"])
+    logs = {case_id: tmp_path / f"{case_id}.log" for case_id, _ in spec.op_cases()[:2]}
+    plan = [("sum", case_id, Witnessed(case, logs[case_id]), mesh)
+            for case_id, case in spec.op_cases()[:2] for mesh in ((2,), (4,), (2, 2))]
+    rows = verify_rows_in_workers(plan, 2, device=None, timeout=60.0, progress=verify_cmd.Progress(0))
+    assert [(r.case, r.mesh) for r in rows] == [(case_id, mesh) for _, case_id, _, mesh in plan]
+    assert all(r.error == "" and r.verified > 0 for r in rows), rows
+    for case_id, log in logs.items():
+        builders = log.read_text().split()
+        assert builders and len(set(builders)) == 1, (case_id, builders)
+
+
+def test_a_case_group_is_the_run_of_its_rows_at_the_queues_front():
+    from shardverify.cli.verify_jobs import _next_group
+
+    plan = [("sum", "a", None, (2,)), ("sum", "a", None, (4,)), ("sum", "b", None, (2,)), ("mean", "a", None, (2,)),
+            ("mean", "a", None, (4,)), ("sum", "a", None, (2, 2))]
+    queue = list(range(len(plan)))
+    groups = []
+    while queue:
+        groups.append(_next_group(plan, queue, {4}))
+    assert groups == [[0, 1], [2], [3], [4], [5]]
+
+
 def test_jobs_are_for_the_simulated_backend(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli("--jobs", "0")

@@ -2,11 +2,14 @@
 
 A simulated check runs one rank at a time (the GIL), so one process keeps one core busy;
 rows are independent, so N processes keep N cores busy.  Each worker keeps one simulated
-backend per mesh shape for all its rows, on a CPU of its own while there are enough.  At
-most N rows are in flight.  A worker that dies (an op that crashes the interpreter) loses
+backend per mesh shape for all its rows, on a CPU of its own while there are enough.  A
+case's rows on its meshes go to one worker together: a process builds a case's trace,
+reference and distinguishing seeds once, and makes the op's meta calls once for the local
+shapes its meshes share (rows sent apart would each build them again in another worker).  At
+most N cases are in flight.  A worker that dies (an op that crashes the interpreter) loses
 only the rows it was running: each of them runs again by itself, and a row that kills its
-worker even alone fails with that error while every other row is still verified.  Rows
-come back in plan order, as the sequential run gives them.
+worker even alone fails with that error while every other row is still verified.  Rows come
+back in plan order, as the sequential run gives them.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardverify.cli.verify_rows import (WORKER_BACKENDS, WORKER_PRELOAD, Interrupted, Progress, Row, close_backends,
-                                          describe_error, row_label, worker_row)
+                                          describe_error, row_label, worker_rows)
 from shardverify.backends.cpus import keep_to_cpu, thread_share, usable_cpus
 from shardverify.backends.process_worker import clean_up_after, process_start, watch_parent
 from shardverify.backends.signals import signals_held, start_forkserver
@@ -57,9 +60,10 @@ def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | No
 
 def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | None], counter: Any, jobs: int,
          device: str | None, timeout: float, progress: Progress, error_maps: bool = False) -> list[tuple[int, str]]:
-    """Run ``queue``'s rows (taken from its front) with at most ``width`` in flight, until it is
-    empty or a worker dies; the rows in flight then are returned as (index, error) pairs (their
-    rows left unset), every other finished row is set in ``rows``."""
+    """Run ``queue``'s rows (taken from its front, a case's rows together: :func:`_next_group`) with
+    at most ``width`` cases in flight, until it is empty or a worker dies; the rows in flight then
+    are returned as (index, error) pairs (their rows left unset), every other finished row is set
+    in ``rows``."""
     ctx = multiprocessing.get_context("forkserver")
     start_forkserver(ctx, WORKER_PRELOAD)   # imported once in the forkserver, not by each worker   # deaf to the terminal's Ctrl-C: the workers are terminated below (backends/signals.py)
     cpus = usable_cpus()
@@ -67,29 +71,36 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
                                   initargs=(counter, cpus if jobs <= len(cpus) else [], thread_share(jobs),
                                             os.getpid(), (multiprocessing.util.get_temp_dir(),),
                                             process_start(os.getpid())))
-    running: dict[cf.Future, int] = {}
+    running: dict[cf.Future, list[int]] = {}
     lost: list[tuple[int, str]] = []
+    singles: set[int] = set()   # rows of a group that raised: each is sent again on its own
     try:
         while (queue or running) and not lost:
             while queue and len(running) < width:
-                index = queue.pop(0)
+                group = _next_group(plan, queue, singles)
                 with signals_held():   # a submit may start a worker: never cut in two (backends/signals.py)
-                    running[pool.submit(worker_row, plan[index], device, timeout, error_maps)] = index
+                    running[pool.submit(worker_rows, [plan[i] for i in group], device, timeout, error_maps)] = group
             done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in done:
-                index = running.pop(future)
+                group = running.pop(future)
                 try:
-                    rows[index] = future.result()
+                    found = future.result()
                 except cf.process.BrokenProcessPool as exc:
-                    lost.append((index, describe_error(exc)))
+                    lost += [(index, describe_error(exc)) for index in group]
                     continue
                 except Exception as exc:  # noqa: BLE001 - e.g. a row that cannot travel back: fails alone
-                    op, case_id, _, mesh = plan[index]
-                    rows[index] = Row(op, case_id, mesh, error=describe_error(exc), failures=1)
-                progress.step()
-                progress.show(row_label(plan[index]))
-        for future, index in running.items():   # the pool is broken: these were lost with it
-            lost.append((index, "the worker pool broke while it ran"))
+                    if len(group) > 1:
+                        singles.update(group)
+                        queue[:0] = group
+                        continue
+                    op, case_id, _, mesh = plan[group[0]]
+                    found = [Row(op, case_id, mesh, error=describe_error(exc), failures=1)]
+                for index, row in zip(group, found):
+                    rows[index] = row
+                    progress.step()
+                progress.show(row_label(plan[group[-1]]))
+        for future, group in running.items():   # the pool is broken: these were lost with it
+            lost += [(index, "the worker pool broke while it ran") for index in group]
         return lost
     except BaseException:   # Ctrl-C: stop the workers now, not after their rows
         for process in list(getattr(pool, "_processes", {}).values()):
@@ -97,6 +108,18 @@ def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | N
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _next_group(plan: Sequence[tuple], queue: list[int], singles: set[int]) -> list[int]:
+    """The rows at the front of ``queue`` (taken from it) that verify one case, on its meshes in
+    plan order; a row in ``singles`` goes alone."""
+    group = [queue.pop(0)]
+    if group[0] in singles:
+        return group
+    op, case_id = plan[group[0]][:2]
+    while queue and queue[0] not in singles and plan[queue[0]][:2] == (op, case_id):
+        group.append(queue.pop(0))
+    return group
 
 
 def _start_worker(counter: Any, cpus: list[int], threads: int, parent_pid: int, leftovers: tuple[str, ...],

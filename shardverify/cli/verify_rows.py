@@ -6,6 +6,7 @@ sequential run (`verify_cmd`) and the worker processes of `--jobs` (`verify_jobs
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shardverify import stops
@@ -175,12 +176,19 @@ WORKER_BACKENDS: dict = {}
 def worker_row(item: tuple, device: str | None, timeout: float, error_maps: bool) -> Row:
     """``verify_row`` of one plan item in a worker process, on its backends kept between rows
     (``error_maps``: failing checks keep where they are wrong, verify/error_map.py)."""
+    return worker_rows((item,), device, timeout, error_maps)[0]
+
+
+def worker_rows(items: Sequence[tuple], device: str | None, timeout: float, error_maps: bool) -> list[Row]:
+    """:func:`worker_row` of each item, in order: one case's rows on its meshes, which share
+    what a process keeps per case (its trace, reference, distinguishing seeds and the op's meta
+    calls)."""
     if not error_maps:
-        return verify_row(item, WORKER_BACKENDS, "simulated", device, timeout)
+        return [verify_row(item, WORKER_BACKENDS, "simulated", device, timeout) for item in items]
     from shardverify.verify.error_map import keep_error_maps
 
     with keep_error_maps():
-        return verify_row(item, WORKER_BACKENDS, "simulated", device, timeout)
+        return [verify_row(item, WORKER_BACKENDS, "simulated", device, timeout) for item in items]
 
 
 def quiet_tracing() -> None:

@@ -90,8 +90,8 @@ def load_yaml_text(text: str, file: str) -> Node:
     text = text.removeprefix("\ufeff")
     _check_characters(text, file)
     try:
-        _check_depth(text, file)
-        loader = _Loader(text)
+        fast = _check_depth(text, file)
+        loader = _FAST_EVENTS(text) if fast else _Loader(text)
     except yaml.MarkedYAMLError as exc:
         raise _syntax_error(exc, file) from None
     except yaml.YAMLError as exc:
@@ -132,18 +132,21 @@ def _check_characters(text: str, file: str) -> None:
 _FAST_EVENTS = getattr(yaml, "CSafeLoader", None)
 
 
-def _check_depth(text: str, file: str) -> None:
+def _check_depth(text: str, file: str) -> bool:
     """Nesting deeper than MAX_DEPTH is an error found from the event stream (which, unlike
     composing the tree, does not recurse), so no spec can exhaust the stack. libyaml's events
     clear a spec that has neither; on anything it finds wrong (a YAML error, an alias, too deep)
-    the pure-Python parser reads the text again and the refusal is PyYAML's own, as before."""
+    the pure-Python parser reads the text again and the refusal is PyYAML's own, as before.
+    True where libyaml cleared the text: it then composes the tree too (the same nodes, tags and
+    marks; no alias is left for the pure-Python loader to refuse)."""
     if _FAST_EVENTS is not None:
         try:
             _check_events(yaml.parse(text, Loader=_FAST_EVENTS), file)
-            return
+            return True
         except (yaml.YAMLError, SpecError):
             pass
     _check_events(yaml.parse(text, Loader=_Loader), file)
+    return False
 
 
 def _check_events(events, file: str) -> None:
@@ -185,7 +188,8 @@ _PLAIN_TAGS = {
 }
 
 
-def _convert(loader: _Loader, node: yaml.Node, file: str, path: str, key_line: int | None) -> Node:
+def _convert(loader: _Loader | yaml.CSafeLoader, node: yaml.Node, file: str, path: str,
+             key_line: int | None) -> Node:
     line = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         if node.tag != "tag:yaml.org,2002:map":

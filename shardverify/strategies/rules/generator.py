@@ -332,15 +332,18 @@ class _Call:
             # an additive operand held as a piece is added by each rank
             post_add = [self._post_add(index) for index in self.rule.additive if self.inputs[index].name not in partial]
         specs = fixed.specs
-        if taken and self._name(specs, partial, in_op, per_output, op, partial_axes) in taken:
-            return None
+        name = None
+        if taken:   # a duplicate is told by its name, which the strategy then keeps
+            name = self._name(specs, partial, in_op, per_output, op, partial_axes)
+            if name in taken:
+                return None
         fitted = self._fitted.get(key)
         if fitted is None:
             fitted = self._fitted[key] = self._local_fit(axes, narrowed, fixed, actions)
         if not fitted.fits:
             return None
         return _Draft(specs, tuple(actions), tuple(post_add), partial, in_op, per_output, op, partial_axes,
-                      fitted.local_args, fitted.index_shards)
+                      fitted.local_args, fitted.index_shards, name)
 
     def _assignment(self, axes: dict[str, tuple[int, ...]],
                     narrowed: dict[str, dict[str, tuple[int, ...]]]) -> _Assignment:
@@ -494,7 +497,8 @@ class _Call:
         """The strategy of ``draft``, named ``name`` (by its layouts if None), costs and all:
         compute by the checked rule, the op measured on meta tensors of the local shapes."""
         if name is None:
-            name = self._name(draft.specs, draft.partial, draft.in_op, draft.per_output, draft.op, draft.partial_axes)
+            name = draft.name or self._name(draft.specs, draft.partial, draft.in_op, draft.per_output, draft.op,
+                                            draft.partial_axes)
         compute, memory = (None, None) if self.ctx.layouts_only else self._costs(draft)
         return make_strategy(self.ctx, name, self.inputs + self.outputs, draft.specs, draft.actions,
                              compute=compute, memory=memory, local_args=draft.local_args, post_add=draft.post_add,
@@ -518,6 +522,7 @@ class _Draft:
     partial_axes: tuple[int, ...]
     local_args: tuple = ()
     index_shards: tuple[IndexShard, ...] = ()
+    name: str | None = None                  # its name by its layouts, where the duplicate check made it
 
 
 @dataclass(slots=True)
