@@ -5,6 +5,7 @@ sequential run (`verify_cmd`) and the worker processes of `--jobs` (`verify_jobs
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -183,11 +184,9 @@ def worker_rows(items: Sequence[tuple], device: str | None, timeout: float, erro
     """:func:`worker_row` of each item, in order: one case's rows on its meshes, which share
     what a process keeps per case (its trace, reference, distinguishing seeds and the op's meta
     calls)."""
-    if not error_maps:
-        return [verify_row(item, WORKER_BACKENDS, "simulated", device, timeout) for item in items]
     from shardverify.verify.error_map import keep_error_maps
 
-    with keep_error_maps():
+    with keep_error_maps() if error_maps else contextlib.nullcontext():
         return [verify_row(item, WORKER_BACKENDS, "simulated", device, timeout) for item in items]
 
 
