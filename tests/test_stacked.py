@@ -175,7 +175,9 @@ def test_an_even_layout_checked_at_once_reports_and_counts_what_the_rank_by_rank
 def test_every_ranks_block_stacked_is_its_own_slice(mesh_shape):
     """verify/layout.py's stacked_shards: row r is rank r's block (``ShardingSpec.local_shard``), for
     every even layout of a few tensors, dims split over one axis or several in either order, mesh
-    axes splitting nothing repeating it; and a tensor of its own, never a view of the whole."""
+    axes splitting nothing repeating it; and a contiguous tensor of its own, never a view of the
+    whole: each row has the strides of a rank's own copy of its block, on which a kernel (a
+    matmul's weight gradient) may sum in another order than on a row of other strides."""
     import itertools
 
     from shardverify.sharding.sharding_spec import ShardingSpec
@@ -199,6 +201,7 @@ def test_every_ranks_block_stacked_is_its_own_slice(mesh_shape):
                 stacked = stacked_shards(whole, spec)
                 assert all(torch.equal(stacked[rank], block) for rank, block in enumerate(blocks)), spec
                 assert stacked.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr()
+                assert stacked.is_contiguous(), (spec, stacked.stride())
                 checked += 1
     assert checked >= 8
 

@@ -88,6 +88,40 @@ def test_float32_results_at_the_edge_of_their_bounds_get_the_float64_rule_s_verd
                     assert (found[0].max_abs_err, found[0].max_rel_err) == (want.max_abs_err, want.max_rel_err)
 
 
+def test_a_partial_extremum_s_gradient_gets_the_float64_rule_s_verdict_against_its_masked_reference():
+    """A piece of a partial max/min input is checked against ``where(holds, expected, 0)``; the
+    cheap path takes those bounds elementwise from the slice's and zero's.  At one float32 step
+    either side of each bound, inside and outside what the piece holds, every verdict (and
+    figure) is the one ``compare`` gives the masked reference in float64; the unmasked gradient
+    fails."""
+    from shardverify.sharding.sharding_spec import ShardingSpec
+    from shardverify.verify.layout import LocalOperand
+    from shardverify.verify.tolerance import Tolerance, compare
+
+    expected = torch.randn(2, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 10
+    holds = torch.tensor([[True, False, True, False, True, False], [False, True, False, True, False, True]])
+    operand = LocalOperand(None, ShardingSpec((1,), (2, 6)), (slice(0, 2), slice(0, 6)), (2, 6))
+    mesh = DeviceMesh((1,))
+    for tol in (tolerance_for(torch.float32), Tolerance(0.0, 0.0)):
+        masked = torch.where(holds, expected, torch.zeros((), dtype=torch.float64))
+        allowed = masked.abs() * tol.rtol + tol.atol
+        for edge in (masked - allowed, masked + allowed):
+            near = edge.to(torch.float32)
+            for step in (float("-inf"), float("inf")):
+                for probe in (near, torch.nextafter(near, torch.full_like(near, step))):
+                    for i in range(masked.numel()):   # one element moved to the probe, the rest exact
+                        actual = masked.to(torch.float32).flatten()
+                        actual[i] = probe.flatten()[i]
+                        actual = actual.reshape(masked.shape)
+                        found = C._compare(0, "x", actual, expected.clone(), operand, holds, mesh, tol)
+                        want = compare(actual, masked, tol)
+                        assert (found == []) == want.close, (i, float(actual.flatten()[i]), tol)
+                        if found:
+                            assert (found[0].max_abs_err, found[0].max_rel_err) == (want.max_abs_err,
+                                                                                    want.max_rel_err)
+        # the whole gradient on a piece that holds half of it: wrong wherever it does not hold
+        assert C._compare(0, "x", expected.to(torch.float32), expected.clone(), operand, holds, mesh, tol)
+
 
 def test_a_large_result_out_of_bound_is_measured_in_pieces_with_compare_s_figures():
     """Out of bound, a result of over 65,536 elements is measured a piece of its leading dim at a

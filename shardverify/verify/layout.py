@@ -187,7 +187,9 @@ def stacked_shards(tensor: torch.Tensor, spec: ShardingSpec) -> torch.Tensor:
     order, a tensor of its own: for a layout whose blocks are all of one shape (every rank holds
     the largest), one reshape, permute and expand instead of a slice per rank.  A dim split over
     mesh axes ``(a, b)`` is viewed as ``(size a, size b, block)``, ``a`` most significant, as
-    ``ShardingSpec.local_slices`` cuts it; a mesh axis splitting nothing repeats the block."""
+    ``ShardingSpec.local_slices`` cuts it; a mesh axis splitting nothing repeats the block.
+    Contiguous, as each rank's own copy of its block is: a kernel may sum in another order on
+    other strides (a matmul's weight gradient), and each row must compute what the rank does."""
     found = _STACKING.get(spec.key)
     if found is None:
         if len(_STACKING) >= 4096:
@@ -195,7 +197,7 @@ def stacked_shards(tensor: torch.Tensor, spec: ShardingSpec) -> torch.Tensor:
         found = _STACKING[spec.key] = _stacking(spec.key)
     view, order, grid, stacked = found
     found = tensor.reshape(view).permute(order).expand(grid).reshape(stacked)
-    return found.clone() if found._is_view() else found
+    return found.clone(memory_format=torch.contiguous_format) if found._is_view() else found
 
 
 _STACKING: dict = {}
