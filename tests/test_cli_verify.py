@@ -215,6 +215,21 @@ def test_jobs_give_the_report_of_one_process(capsys):
     assert reports[0] == reports[1] and reports[0]["strategies"] > 0
 
 
+@pytest.mark.parametrize("argv, early", [(("--jobs", "2"), True), (("--jobs", "1"), False),
+                                         (("--jobs", "2", "--backend", "gloo"), False)])
+def test_jobs_start_their_workers_forkserver_before_the_specs_are_read(monkeypatch, argv, early):
+    """The workers' forkserver imports torch and the engine (seconds, before any worker can
+    start): started before the specs are read, that runs on another CPU meanwhile. Only a run
+    that shares its rows among workers starts it."""
+    from shardverify.cli import verify_jobs
+
+    events = []
+    monkeypatch.setattr(verify_jobs, "start_forkserver", lambda ctx, preload: events.append(("forkserver", preload)))
+    monkeypatch.setattr(verify_cmd, "checked_op_specs", lambda args, what: events.append(("specs", what)))
+    assert cli("sum", *argv, "--root", str(REPO)) == 2    # no specs: a usage error once they are read
+    assert events == ([("forkserver", verify_jobs.WORKER_PRELOAD)] if early else []) + [("specs", "verify")]
+
+
 KILLER = """
 import os
 

@@ -238,6 +238,10 @@ def run(args: argparse.Namespace) -> int:
     if single := one_rank_mesh(args.mesh):
         print(f"error: {single}", file=sys.stderr)
         return USAGE
+    if (args.jobs or 1) > 1 and args.cluster is None and args.backend == "simulated" and not args.opinfo:
+        from shardverify.cli.verify_jobs import start_workers_early
+
+        start_workers_early()   # its imports run while the specs are read (verify_specs shares the rows)
     specs = checked_op_specs(args, "verify")
     if specs is None:
         return USAGE

@@ -58,6 +58,16 @@ def verify_rows_in_workers(plan: Sequence[tuple], jobs: int, *, device: str | No
     return rows  # type: ignore[return-value]
 
 
+def start_workers_early() -> None:
+    """Start the workers' forkserver before the specs are read: its imports (torch, the engine,
+    torch._dynamo: several CPU-seconds, before any worker can start) then run on another CPU
+    while this process reads the specs and builds the plan, instead of after them while every
+    CPU but one waits. A run that ends before its rows (a spec error) leaves it to end when its
+    imports are done and it finds this process gone, as any stop before the first worker does
+    (backends/forkserver_exit.py)."""
+    start_forkserver(multiprocessing.get_context("forkserver"), WORKER_PRELOAD)
+
+
 def _run(plan: Sequence[tuple], queue: list[int], width: int, rows: list[Row | None], counter: Any, jobs: int,
          device: str | None, timeout: float, progress: Progress, error_maps: bool = False) -> list[tuple[int, str]]:
     """Run ``queue``'s rows (taken from its front, a case's rows together: :func:`_next_group`) with
@@ -158,4 +168,4 @@ def _start_worker(counter: Any, cpus: list[int], threads: int, parent_pid: int, 
                                   exitpriority=0)
 
 
-__all__ = ["verify_rows_in_workers"]
+__all__ = ["verify_rows_in_workers", "start_workers_early"]
