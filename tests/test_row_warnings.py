@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import torch
 
 from shardverify.cli.row_warnings import caught_warnings
 
+REPO = Path(__file__).resolve().parents[1]
 DOF = "var(): degrees of freedom is <= 0. Correction should be strictly less than the reduction factor " \
       "(input numel divided by output numel)."
 
@@ -26,6 +31,28 @@ def test_python_and_cpp_warnings_are_counted_and_other_output_passes(capfd):
     assert dict(found.counts) == {DOF: 3, "DeprecationWarning: planted": 1, "RuntimeWarning: from a child process": 1}
     out, err = capfd.readouterr()
     assert err == "a line that is no warning\n" and out == ""
+
+
+def test_a_cpp_warning_of_several_lines_is_counted_whole_and_prints_nothing():
+    """torch.cholesky's deprecation, given once per process from C++, shows over eight lines the
+    code to write instead; every line of it is the one warning's, none reaches stderr (a `verify
+    --jobs` worker printed them under its report)."""
+    script = (
+        "import json, torch\n"
+        "from shardverify.cli.row_warnings import caught_warnings\n"
+        "a = torch.eye(3) * 2\n"
+        "with caught_warnings() as found:\n"
+        "    torch.ops.aten.cholesky(a)\n"
+        "    torch.ops.aten.var.correction(torch.ones(1), correction=1)\n"
+        "print(json.dumps(dict(found.counts)))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    counts = json.loads(done.stdout)
+    cholesky = [key for key in counts if key.startswith("torch.cholesky is deprecated")]
+    assert len(cholesky) == 1 and counts[cholesky[0]] == 1 and counts[DOF] == 1, counts
+    text = cholesky[0]
+    assert "should be replaced with" in text and text.endswith("(symmetric positive definite) inputs.")
 
 
 def test_without_the_descriptor_only_python_warnings_are_caught(capfd):

@@ -31,7 +31,13 @@ __all__ = ["Caught", "caught_warnings"]
 
 #: a warning line of torch's C++ logging, e.g. "[W1202 20:36:35.556572433 ReduceOps.cpp:1861]
 #: Warning: var(): degrees of freedom is <= 0. ... (function warn_invalid_degrees_of_freedom)"
-_CPP_WARNING = re.compile(r"^(?:\[rank\d+\]:)?\[W\d{4} [\d:.]+ [^\]]*\] Warning: (?P<message>.*?)(?: \(function [^)]*\))?$")
+_CPP_WARNING = re.compile(r"^(?:\[rank\d+\]:)?\[W\d{4} [\d:.]+ [^\]]*\] Warning: (?P<message>.*?)(?: \(function (?:[^()]|\(\))*\))?$")
+#: how torch ends a C++ warning's text: the function that gave it. A message of several lines
+#: (torch.cholesky's deprecation shows the code to write instead) runs on to the line ending so,
+#: and is counted as one line (a report's note quotes it)
+_FUNCTION = re.compile(r" \(function (?:[^()]|\(\))*\)$")
+#: the most lines one C++ warning's message is read over before its first line is taken alone
+_MOST_LINES = 64
 #: a Python warning as a child process started during a row prints it (an isolated check's), then
 #: the line of source it names, indented: "FILE:LINE: UserWarning: MESSAGE"
 _PY_WARNING = re.compile(r"^\S.*:\d+: (?P<category>\w*Warning): (?P<message>.*)$")
@@ -120,6 +126,18 @@ def _capture_file() -> int:
     return _FILE[0]
 
 
+def _last_line(lines: list[str], start: int) -> int | None:
+    """The index of the line, from ``start`` on, that ends a C++ warning begun on the line before
+    (naming torch's function); None where another warning, or the end of what is read, comes first."""
+    for index in range(start, min(len(lines), start + _MOST_LINES)):
+        line = lines[index].rstrip("\n")
+        if _CPP_WARNING.match(line):
+            return None
+        if _FUNCTION.search(line):
+            return index
+    return None
+
+
 def _sort_out(capture: int, found: Counter) -> None:
     """Count the captured warning lines into ``found``, write every other line to stderr, and empty
     the file for the next row."""
@@ -129,13 +147,24 @@ def _sort_out(capture: int, found: Counter) -> None:
     os.lseek(capture, 0, os.SEEK_SET)
     passed: list[str] = []
     source = False   # the line after a Python warning: its source line
-    for line in text.splitlines(keepends=True):
+    lines = text.splitlines(keepends=True)
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        index += 1
         if source and line.startswith("  "):
             source = False
             continue
         source = False
         if match := _CPP_WARNING.match(line.rstrip("\n")):
-            found[_key("UserWarning", match["message"])] += 1
+            message = match["message"]
+            if not _FUNCTION.search(line.rstrip("\n")):   # its message goes on to the line naming the function
+                last = _last_line(lines, index)
+                if last is not None:
+                    message = " ".join([message, *(item.rstrip("\n") for item in lines[index:last]),
+                                         _FUNCTION.sub("", lines[last].rstrip("\n"))])
+                    index = last + 1
+            found[_key("UserWarning", message)] += 1
         elif match := _PY_WARNING.match(line.rstrip("\n")):
             found[_key(match["category"], match["message"])] += 1
             source = True
