@@ -29,13 +29,14 @@ from collections.abc import Iterator
 
 __all__ = ["Caught", "caught_warnings"]
 
+#: how torch ends a C++ warning's text: the function that gave it (``operator()`` included)
+_FUNCTION_NAMED = r" \(function (?:[^()]|\(\))*\)"
 #: a warning line of torch's C++ logging, e.g. "[W1202 20:36:35.556572433 ReduceOps.cpp:1861]
 #: Warning: var(): degrees of freedom is <= 0. ... (function warn_invalid_degrees_of_freedom)"
-_CPP_WARNING = re.compile(r"^(?:\[rank\d+\]:)?\[W\d{4} [\d:.]+ [^\]]*\] Warning: (?P<message>.*?)(?: \(function (?:[^()]|\(\))*\))?$")
-#: how torch ends a C++ warning's text: the function that gave it. A message of several lines
-#: (torch.cholesky's deprecation shows the code to write instead) runs on to the line ending so,
-#: and is counted as one line (a report's note quotes it)
-_FUNCTION = re.compile(r" \(function (?:[^()]|\(\))*\)$")
+_CPP_WARNING = re.compile(r"^(?:\[rank\d+\]:)?\[W\d{4} [\d:.]+ [^\]]*\] Warning: (?P<message>.*?)(?:" + _FUNCTION_NAMED + r")?$")
+#: a message of several lines (torch.cholesky's deprecation shows the code to write instead) runs on
+#: to the line naming the function, and is counted as one line (a report's note quotes it)
+_FUNCTION = re.compile(_FUNCTION_NAMED + "$")
 #: the most lines one C++ warning's message is read over before its first line is taken alone
 _MOST_LINES = 64
 #: a Python warning as a child process started during a row prints it (an isolated check's), then
