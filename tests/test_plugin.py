@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shardverify.backends.cpus import can_keep
 from shardverify.errors import InvalidArgument
 from shardverify.sharding.mesh import DeviceMesh
 from shardverify.pytest_plugin.placement import (
@@ -274,6 +275,42 @@ def test_pytest_n_gives_each_worker_its_share_of_torch_threads_and_of_the_slow_t
     assert threads == {thread_share(2)}, threads
     slow = {path.name: len(path.read_text().split()) for path in pytester.path.glob("slow_gw*")}
     assert sorted(slow) == ["slow_gw0", "slow_gw1"] and min(slow.values()) >= 5, slow
+
+
+def test_auto_workers_are_one_per_usable_cpu_unless_xdist_is_told_a_count(monkeypatch):
+    from shardverify.pytest_plugin import placement
+
+    monkeypatch.setattr(placement, "usable_cpus", lambda: [0, 3, 5])
+    assert placement.auto_workers({}) == 3
+    assert placement.auto_workers({"PYTEST_XDIST_AUTO_NUM_WORKERS": "5"}) is None   # xdist reads it
+    assert placement.auto_workers({"PYTEST_XDIST_AUTO_NUM_WORKERS": ""}) == 3
+
+
+@pytest.mark.skipif(not can_keep(), reason="this platform cannot keep a process on chosen CPUs")
+def test_pytest_n_auto_starts_one_worker_per_cpu_this_process_may_use(pytester, clean_env):
+    for name in THREAD_VARIABLES + ("PYTEST_XDIST_AUTO_NUM_WORKERS",):
+        clean_env.delenv(name, raising=False)
+    # pytest-xdist's own count asks psutil, where it is installed, for the machine's cores; this
+    # stand-in answers 7, so a run that asked it would start 7 workers
+    pytester.makepyfile(psutil="def cpu_count(logical=True):\n    return 7\n")
+    pytester.makepyfile(test_auto="""
+        import os
+
+        import torch
+
+
+        def test_worker():
+            assert os.environ['PYTEST_XDIST_WORKER_COUNT'] == '1'
+            assert torch.get_num_threads() == 1
+    """)
+    kept = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(kept)})     # the run, and the workers it starts, get one CPU
+    try:
+        result = pytester.runpytest_subprocess("-n", "auto", "-p", "no:cacheprovider", timeout=300)
+    finally:
+        os.sched_setaffinity(0, kept)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*created: 1/1 worker*"])
 
 
 def test_process_plan_uses_nccl_only_when_the_slice_fits_the_mesh():

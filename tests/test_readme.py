@@ -32,7 +32,7 @@ VENV_BIN = ".venv/bin/"
 #: the first block as it must stay: CI and newcomers run exactly these two lines
 CI_BLOCK = (
     "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e '.[models,cluster]' && .venv/bin/shardverify verify --jobs auto",
-    "AUTO_PARALLEL=1 .venv/bin/pytest -n 4",
+    "AUTO_PARALLEL=1 .venv/bin/pytest -n auto",
 )
 
 #: commands that must fail, and how: the failing-strategy example of the tour

@@ -3,8 +3,8 @@
 Why a plugin rather than conftest code: generated tests, the harness's own tests and users'
 suites must all obey the same rules -- multi-process tests run only when asked for
 (AUTO_PARALLEL=1), a hung collective fails one test instead of blocking CI, every worker
-process is gone when the session ends, and `pytest -n 4` never shares a port or a GPU, nor
-runs more torch threads than the workers have CPUs.
+process is gone when the session ends, and `pytest -n auto` starts a worker per CPU, never
+shares a port or a GPU, nor runs more torch threads than the workers have CPUs.
 
 Loaded through the `pytest11` entry point when shardverify is installed, and by the
 repository's top-level conftest.py from a plain checkout (same plugin name, so never twice).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from shardverify.errors import BackendError, RankError, RankTimeout
-from shardverify.pytest_plugin.placement import NotEnoughDevices, worker_threads
+from shardverify.pytest_plugin.placement import NotEnoughDevices, auto_workers, worker_threads
 from shardverify.pytest_plugin.pool import BackendPool, resolve_kind
 from shardverify.pytest_plugin.settings import (BACKEND_KINDS, DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_TIMEOUT,
                                                 DEVICE_POLICIES, ENABLE_HINT, ENV_FLAG, SKIP_REASON, Settings,
@@ -66,6 +66,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 SCHEDULE_CHUNK = 8
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``pytest -n auto``: one worker per CPU this process may use (:func:`auto_workers`), before
+    pytest-xdist's own count, which takes psutil's count of the machine's cores where psutil is
+    installed, whatever CPUs this process may use. None leaves the count to pytest-xdist: for
+    ``-n logical``, or where its own PYTEST_XDIST_AUTO_NUM_WORKERS sets it."""
+    if config.option.numprocesses == "logical":
+        return None
+    return auto_workers(os.environ)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"dist: needs real process groups (worker processes); skipped unless "
@@ -76,7 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SETTINGS] = resolve_settings(config)
     if getattr(config.option, "maxschedchunk", False) is None:   # pytest -n, no --maxschedchunk given
         config.option.maxschedchunk = SCHEDULE_CHUNK
-    # SIGTERM to the run (a CI timeout, `kill` of pytest -n 4's group) ends each process as an
+    # SIGTERM to the run (a CI timeout, `kill` of pytest -n auto's group) ends each process as an
     # interrupt: the session's teardown runs, its pools close and their folders go
     # (backends/signals.py), and the run exits 143 (Ctrl-C: 130; pytest_sessionfinish below)
     from shardverify.backends.signals import interrupt_on_sigterm, keep_interrupts

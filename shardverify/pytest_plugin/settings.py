@@ -48,7 +48,7 @@ def parse_auto_parallel(value: str | None) -> bool:
         return True
     raise pytest.UsageError(
         f"{ENV_FLAG}={value!r} is not a valid value: expected it unset, '0' (skip multi-process "
-        f"tests) or '1' (run them), e.g. {ENV_FLAG}=1 pytest -n 4")
+        f"tests) or '1' (run them), e.g. {ENV_FLAG}=1 pytest -n auto")
 
 
 def parse_timeout(value: object, source: str) -> float:
