@@ -163,6 +163,11 @@ def parse_timeout(text: str) -> float:
 # ------------------------------------------------------------------------------ running
 
 
+def rows_in_workers(jobs: int | None, cluster: str | None, backend_kind: str) -> bool:
+    """Whether :func:`verify_specs` shares its rows among ``verify_jobs``' worker processes."""
+    return cluster is None and (jobs or 1) > 1 and backend_kind == "simulated"
+
+
 def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] | None, *,
                  device: str | None = None, timeout: float = 60.0, progress: Progress | None = None,
                  jobs: int | None = 1, seed: int | None = None, error_maps: bool = False,
@@ -179,12 +184,11 @@ def verify_specs(specs: list, backend_kind: str, meshes: list[tuple[int, ...]] |
     if cluster is not None:
         return _verify_on_cluster(plan, cluster, jobs, backend_kind, device=device, timeout=timeout,
                                   progress=progress, error_maps=error_maps)
-    if jobs > 1:
+    if jobs > 1 and backend_kind != "simulated":
+        raise ShardVerifyError(f"--jobs {jobs} shares rows among processes of simulated ranks; the "
+                               f"{backend_kind} backend runs its ranks as processes already (leave --jobs out)")
+    if rows_in_workers(jobs, cluster, backend_kind):
         from shardverify.cli.verify_jobs import verify_rows_in_workers
-
-        if backend_kind != "simulated":
-            raise ShardVerifyError(f"--jobs {jobs} shares rows among processes of simulated ranks; the "
-                                   f"{backend_kind} backend runs its ranks as processes already (leave --jobs out)")
 
         try:
             return verify_rows_in_workers(plan, jobs, device=device, timeout=timeout, progress=progress,
@@ -238,10 +242,10 @@ def run(args: argparse.Namespace) -> int:
     if single := one_rank_mesh(args.mesh):
         print(f"error: {single}", file=sys.stderr)
         return USAGE
-    if (args.jobs or 1) > 1 and args.cluster is None and args.backend == "simulated" and not args.opinfo:
+    if rows_in_workers(args.jobs, args.cluster, args.backend) and not args.opinfo:
         from shardverify.cli.verify_jobs import start_workers_early
 
-        start_workers_early()   # its imports run while the specs are read (verify_specs shares the rows)
+        start_workers_early()   # its imports run while the specs are read
     specs = checked_op_specs(args, "verify")
     if specs is None:
         return USAGE
