@@ -157,16 +157,17 @@ def _sort_out(capture: int, found: Counter) -> None:
             source = False
             continue
         source = False
-        if match := _CPP_WARNING.match(line.rstrip("\n")):
+        bare = line.rstrip("\n")
+        if match := _CPP_WARNING.match(bare):
             message = match["message"]
-            if not _FUNCTION.search(line.rstrip("\n")):   # its message goes on to the line naming the function
+            if not _FUNCTION.search(bare):   # its message goes on to the line naming the function
                 last = _last_line(lines, index)
                 if last is not None:
                     message = " ".join([message, *(item.rstrip("\n") for item in lines[index:last]),
                                          _FUNCTION.sub("", lines[last].rstrip("\n"))])
                     index = last + 1
             found[_key("UserWarning", message)] += 1
-        elif match := _PY_WARNING.match(line.rstrip("\n")):
+        elif match := _PY_WARNING.match(bare):
             found[_key(match["category"], match["message"])] += 1
             source = True
         else:
