@@ -242,3 +242,28 @@ def test_bench_verify_ab_fails_past_ten_percent(monkeypatch):
     for ratio in (1.11, 0.89):
         with pytest.raises(bench_verify.Disagreement, match="differ by 11%"):
             bench_verify.check_agreement("sum", ab(ratio))
+
+
+def test_bench_floor_round_runs_no_project_code(monkeypatch):
+    """The floor that CI sets the suite's CPU time against is torch and the interpreter alone: no
+    Python frame of shardverify is entered in its in-process parts, and its start part is a bare
+    interpreter importing torch."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_floor
+
+    assert _project_files_entered(lambda: (bench_floor.python_part(1000), bench_floor.torch_part(3))) == []
+    started = []
+    monkeypatch.setattr(bench_floor.subprocess, "run", lambda argv, **kwargs: started.append(argv))
+    bench_floor.start_part()
+    assert started == [[sys.executable, "-c", "import torch"]]
+
+
+def test_bench_floor_total_is_one_positive_figure_for_ci():
+    """.ci/run reads ``--total``'s line as a number of CPU seconds (the suite's CPU time is given in
+    floor rounds), so it prints that number alone."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "benchmarks/bench_floor.py --rounds 3 --total" in ci
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_floor.py"), "--rounds", "1", "--total"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) > 0 and len(done.stdout.splitlines()) == 1, done.stdout
