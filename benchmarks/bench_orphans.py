@@ -45,7 +45,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from shardverify.backends.liveness import session_processes
+from shardverify.backends.liveness import session_cpu_seconds, session_processes
 
 REPO = Path(__file__).resolve().parents[1]
 SHM = Path("/dev/shm")
@@ -80,19 +80,6 @@ def unmapped_semaphores() -> set[str]:
             except OSError:
                 continue
     return {p.name for p in SHM.iterdir() if p.name.startswith("sem.mp-")} - mapped if SHM.is_dir() else set()
-
-
-def session_cpu_seconds(sid: int) -> float:
-    """CPU seconds the processes of session ``sid`` have used (a run in process is under way
-    once it has imported and started working)."""
-    ticks = 0
-    for pid in session_processes(sid):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            continue
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _terminal_sigint() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from shardverify.backends.liveness import session_processes
+from shardverify.backends.liveness import session_cpu_seconds, session_processes
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="Linux /proc layout")]
@@ -147,6 +147,33 @@ def test_the_forkserver_reads_its_starter_as_untrusted_data():
 SPECS = ["relu", "neg", "sigmoid", "einsum", "conv2d", "scaled_dot_product_attention"]
 
 
+def _until_rows(proc: subprocess.Popen, checks: Path, rows: int, still_for: float = 180.0,
+                at_most: float = 3600.0) -> None:
+    """Wait for ``rows`` lines in the run's check log, its own word that rows are verified, for as
+    long as the run works: alone the third row comes within 5 s, in the suite `--jobs 2` took
+    55-137 s to start its workers, and beside another `pytest -n 4` (load 15-25 on 2 cores) over
+    300 s to verify its first rows. Fails, the run killed, when it ends first, when its processes
+    spend no CPU and verify nothing for ``still_for`` seconds (hung), or past ``at_most`` in all."""
+    began = moved = time.monotonic()
+    cpu, seen = session_cpu_seconds(proc.pid), 0
+    while seen < rows:
+        now = time.monotonic()
+        problem = ("the run ended" if proc.poll() is not None else
+                   f"the run spent no CPU and verified nothing for {still_for:.0f} s" if now - moved > still_for else
+                   f"the run was still working after {at_most:.0f} s" if now - began > at_most else None)
+        if problem is not None:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+            pytest.fail(f"{problem}, after {seen} of the {rows} check lines waited for:\n{(err or '')[-3000:]}")
+        time.sleep(0.2)
+        spent = session_cpu_seconds(proc.pid)
+        lines = len(checks.read_text().splitlines()) if checks.exists() else 0
+        if spent > cpu or lines > seen:
+            moved = time.monotonic()
+        cpu, seen = spent, lines
+
+
 @pytest.mark.parametrize("argv", [["verify", *SPECS], ["verify", *SPECS, "--jobs", "2"]], ids=["verify", "jobs"])
 def test_ctrl_c_prints_the_rows_so_far_and_exits_130(short_tmp, argv):
     checks = short_tmp / "checks.log"      # each strategy batch verified appends a line (SHARDVERIFY_CHECK_LOG)
@@ -154,14 +181,9 @@ def test_ctrl_c_prints_the_rows_so_far_and_exits_130(short_tmp, argv):
                             env={**os.environ, "TMPDIR": str(short_tmp), "SHARDVERIFY_CHECK_LOG": str(checks)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_sigint,
                             cwd=Path(__file__).resolve().parents[1])
-    # alone, the third row comes within 5 s; in the suite, the workers' start took 55-137 s, once over 120
-    deadline = time.monotonic() + 300
     # --jobs 2 sends each case's rows together (relu's, on 3 meshes): the rows of the two cases in
     # flight are 6 lines, so a 7th means a case came back
-    done = 3 if "--jobs" not in argv else 2 * 3 + 1
-    while not checks.exists() or len(checks.read_text().splitlines()) < done:   # some rows done, most to run
-        assert proc.poll() is None and time.monotonic() < deadline, "the run never verified anything"
-        time.sleep(0.2)
+    _until_rows(proc, checks, 3 if "--jobs" not in argv else 2 * 3 + 1)   # some rows done, most to run
     proc.send_signal(signal.SIGINT)
     # a hang guard: the check under way finishes first, which at load 25 on 2 cores took over 60 s
     out, err = proc.communicate(timeout=600)
@@ -169,6 +191,26 @@ def test_ctrl_c_prints_the_rows_so_far_and_exits_130(short_tmp, argv):
     assert "Traceback" not in out + err
     assert re.search(r"interrupted after \d+ of \d+ row\(s\); exit 130", err), err
     assert out.splitlines()[0].split()[:2] == ["op", "case"], out[:300]
+
+
+def test_the_wait_for_rows_lasts_while_the_run_works_and_not_when_it_hangs_or_ends(tmp_path):
+    checks = tmp_path / "checks.log"
+    working = subprocess.Popen([sys.executable, "-c", "import sys, time\nend = time.process_time() + 3\n"
+                                "while time.process_time() < end: pass\nopen(sys.argv[1], 'w').write('1\\n')\n"
+                                "time.sleep(120)", str(checks)], start_new_session=True)
+    try:   # 3 CPU-seconds before its line: longer than the stillness bound, but never still
+        _until_rows(working, checks, 1, still_for=2.0)
+    finally:
+        os.killpg(working.pid, signal.SIGKILL)
+        working.wait()
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    with pytest.raises(pytest.fail.Exception, match="spent no CPU and verified nothing for 2 s, after 0 of the 1"):
+        _until_rows(hung, tmp_path / "none.log", 1, still_for=2.0)
+    assert hung.poll() == -signal.SIGKILL
+    ended = subprocess.Popen([sys.executable, "-c", "import sys; sys.stderr.write('gone')"], start_new_session=True,
+                             stderr=subprocess.PIPE, text=True)
+    with pytest.raises(pytest.fail.Exception, match="(?s)the run ended, after 0 of the 1 .*gone"):
+        _until_rows(ended, tmp_path / "none.log", 1)
 
 
 def test_ctrl_c_during_the_audit_prints_the_cases_so_far(monkeypatch, capsys):

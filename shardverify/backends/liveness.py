@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_start", "process_alive", "process_ended", "session_processes"]
+__all__ = ["process_start", "process_alive", "process_ended", "session_processes", "session_cpu_seconds"]
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:
@@ -64,6 +64,20 @@ def session_processes(sid: int) -> set[int]:
         except (IndexError, ValueError):
             continue
     return found
+
+
+def session_cpu_seconds(sid: int) -> float:
+    """CPU seconds the live processes of session ``sid`` have used (a process that ended takes its
+    share with it): whether a run started in a session of its own is still working, on a machine
+    too loaded to say so by the clock."""
+    ticks = 0
+    for pid in session_processes(sid):
+        fields = _stat_fields(pid)
+        try:
+            ticks += 0 if fields is None else int(fields[11]) + int(fields[12])
+        except (IndexError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def process_ended(pid: int) -> bool:
