@@ -223,10 +223,24 @@ def plan_with_coverage(module: torch.nn.Module, example_inputs, mesh,
     module, inputs = with_keywords(module, example_inputs)
     found = _planned(module, inputs, mesh, plan, memory_limit, device, capture, goals, verified_only,
                      cost_size, solver, workload=workload)[:2]
-    # the captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
-    # export's state): collected now, not whenever the collector next runs, mid-check
-    gc.collect()
+    _collect_capture(module)
     return found
+
+
+#: the float64 copies of a model's weights (8 B per element) from which a plan collects its capture
+#: at once: 2 M elements and up (the 4.2 M-parameter MLP of benchmarks/bench_plan_memory.py)
+COLLECT_FROM_BYTES = 16 * 2**20
+
+
+def _collect_capture(module: torch.nn.Module) -> None:
+    """The captured graph holds a float64 copy of every weight in reference cycles (fx nodes, the
+    export's state): where those copies are large, collected now, not whenever the collector next
+    runs, mid-check (the check's peak memory). A smaller capture is left to the collector: a full
+    collection walks every live object (60-400 ms in a test session), which for a small model cost
+    more than making its plan (half of tests/test_varargs_calls.py's CPU time)."""
+    held = 8 * sum(t.numel() for t in (*module.parameters(), *module.buffers()))
+    if held >= COLLECT_FROM_BYTES:
+        gc.collect()
 
 
 def _capture_for(capture: str, cost_size: RealSize | None, plan) -> str:
@@ -256,7 +270,7 @@ def plans_with_coverage(module: torch.nn.Module, example_inputs, mesh,
     captured = capture_model(module, tuple(inputs), capture)
     made = _made_on(captured, module, mesh, [(None if plan is None else dict(plan), goals) for plan, goals in asked],
                     None, NOMINAL, False, None, None, PhaseClock(), Workload())
-    gc.collect()   # as plan_with_coverage: the capture's float64 weights, collected now
+    _collect_capture(module)   # as plan_with_coverage: the capture's float64 weights
     return [found if isinstance(found, ShardVerifyError) else found[:2] for found in made]
 
 

@@ -100,21 +100,13 @@ class DeviceMesh:
 
     def coordinate(self, rank: int) -> tuple[int, ...]:
         """Row-major coordinate of ``rank``."""
-        rest = self._check_rank(rank)
-        coord = []
-        for extent in reversed(self.shape):
-            coord.append(rest % extent)
-            rest //= extent
-        return tuple(reversed(coord))
+        return _coordinate(self.shape, self._check_rank(rank))
 
     def rank_at(self, coord: Sequence[int]) -> int:
         coord = _as_int_tuple(coord, "mesh coordinate")
         if len(coord) != self.ndim or any(not 0 <= c < s for c, s in zip(coord, self.shape)):
             raise MeshError(f"coordinate {coord} is outside mesh shape {self.shape}")
-        rank = 0
-        for c, extent in zip(coord, self.shape):
-            rank = rank * extent + c
-        return rank
+        return _row_major(coord, self.shape)
 
     def axes_size(self, axes: Sequence[int]) -> int:
         """Number of devices spanned by ``axes`` (1 for no axes)."""
@@ -123,14 +115,7 @@ class DeviceMesh:
     def group_ranks(self, rank: int, axes: Sequence[int]) -> tuple[int, ...]:
         """Ranks differing from ``rank`` only on ``axes``, ordered by the flattened
         coordinate over ``axes`` with ``axes[0]`` most significant."""
-        axes = self.check_axes(axes)
-        base = list(self.coordinate(rank))
-        members = []
-        for sub in itertools.product(*(range(self.shape[a]) for a in axes)):
-            for axis, value in zip(axes, sub):
-                base[axis] = value
-            members.append(self.rank_at(base))
-        return tuple(members)
+        return _group_ranks(self.shape, self._check_rank(rank), self.check_axes(axes))
 
     def group_index(self, rank: int, axes: Sequence[int]) -> int:
         """Position of ``rank`` in its group over ``axes`` (the shard index of S<axes>)."""
@@ -218,6 +203,35 @@ class DeviceMesh:
 def _plain_axes(axes: object) -> bool:
     """A tuple of ints (not bools, which hash like 0 and 1): safe as a cache key of axes."""
     return type(axes) is tuple and all(type(a) is int for a in axes)
+
+
+# A rank's coordinate and group depend on the mesh's shape alone, and the collectives of every
+# simulated or real rank ask for them on each call: the answers are remembered.
+@functools.lru_cache(maxsize=4096)
+def _coordinate(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    coord = []
+    for extent in reversed(shape):
+        coord.append(rank % extent)
+        rank //= extent
+    return tuple(reversed(coord))
+
+
+@functools.lru_cache(maxsize=8192)
+def _group_ranks(shape: tuple[int, ...], rank: int, axes: tuple[int, ...]) -> tuple[int, ...]:
+    base = list(_coordinate(shape, rank))
+    members = []
+    for sub in itertools.product(*(range(shape[a]) for a in axes)):
+        for axis, value in zip(axes, sub):
+            base[axis] = value
+        members.append(_row_major(base, shape))
+    return tuple(members)
+
+
+def _row_major(coord: Sequence[int], shape: tuple[int, ...]) -> int:
+    rank = 0
+    for c, extent in zip(coord, shape):
+        rank = rank * extent + c
+    return rank
 
 
 @functools.lru_cache(maxsize=1024)
