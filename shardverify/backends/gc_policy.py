@@ -40,8 +40,8 @@ def freeze_what_is_loaded() -> None:
 
     For a long-lived process that has imported what it will use (a test session once its tests
     are collected): torch, torch._dynamo, transformers and the test modules are some 300k-1M
-    objects that live to the end, and every full collection walked them all again.  A plan's
-    explicit collection (plan/verify.py, after each capture) took 0.2-0.9 s in a pytest worker,
-    a third of tests/test_varargs_calls.py's CPU time; frozen, it walks only what the tests made."""
+    objects that live to the end, and every full collection walked them all again.  A full collection
+    (the collector's own, or a plan's after capturing large weights: plan/verify.py) took 0.2-0.9 s in
+    a pytest worker; frozen, it walks only what the tests made."""
     gc.collect()
     gc.freeze()
