@@ -9,6 +9,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from shardverify.errors import BackendError, InvalidArgument, ShardVerifyError
 from shardverify.sharding.mesh import DeviceMesh
@@ -238,7 +239,7 @@ def _collect_capture(module: torch.nn.Module) -> None:
     runs, mid-check (the check's peak memory). A smaller capture is left to the collector: a full
     collection walks every live object (60-400 ms in a test session), which for a small model cost
     more than making its plan (half of tests/test_varargs_calls.py's CPU time)."""
-    held = 8 * sum(t.numel() for t in (*module.parameters(), *module.buffers()))
+    held = 8 * sum(t.numel() for t in (*module.parameters(), *module.buffers()) if not is_lazy(t))
     if held >= COLLECT_FROM_BYTES:
         gc.collect()
 
