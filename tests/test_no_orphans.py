@@ -102,6 +102,44 @@ def test_a_run_killed_as_its_forkserver_starts_leaves_no_folder(short_tmp):
             os.kill(pid, signal.SIGKILL)
 
 
+_KILLED_WHILE_ITS_FORKSERVER_ENDS = """
+import multiprocessing, os, signal, time
+import multiprocessing.forkserver as forkserver
+import multiprocessing.util as util
+from shardverify.backends.signals import start_forkserver
+
+start_forkserver(multiprocessing.get_context("forkserver"), [])
+print(util.get_temp_dir(), flush=True)
+time.sleep(float(os.environ["SV_SETTLE"]))               # the server has imported what it preloads
+os.close(forkserver._forkserver._forkserver_alive_fd)    # its pipe closes, as when this process is killed
+time.sleep(1.0)                                          # and this process is still there as the server ends
+os.kill(os.getpid(), signal.SIGKILL)                     # then killed: no exit handler of its own runs
+"""
+
+
+def test_a_starter_killed_while_its_forkserver_ends_leaves_no_folder(short_tmp):
+    """A killed process's files close before it shows as ended, and its forkserver ends as soon as
+    its pipe closes: it found its starter still there, left the folder to it, and the starter,
+    killed, removed nothing (test_a_stopped_run_leaves_nothing_behind's pytest:GTERM, an xdist
+    worker killed by its controller after a group SIGTERM, left its ``pymp-*`` folder so, with no
+    process left). The forkserver now waits for its starter's end before deciding."""
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WHILE_ITS_FORKSERVER_ENDS], cwd=REPO,
+                            start_new_session=True, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(short_tmp), "SV_SETTLE": "3"})
+    try:
+        folder = Path(proc.stdout.readline().strip())   # the starter's own word that its folder exists
+        assert folder.name.startswith("pymp-") and folder.is_dir(), folder
+        assert proc.wait(timeout=600) == -signal.SIGKILL
+        deadline = time.monotonic() + 600    # a hang guard: what is waited for is the server's end
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not session_processes(proc.pid), "the forkserver outlived its starter"
+        assert not folder.exists(), f"the killed starter's folder is left: {sorted(p.name for p in folder.iterdir())}"
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_program_importing_the_library_can_still_be_stopped():
     """Importing any module of shardverify leaves SIGTERM and SIGINT as the program had them, and
     a SIGTERM ends it. Before, importing the verify engine imported backends/forkserver_exit.py,

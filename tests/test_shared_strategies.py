@@ -104,3 +104,70 @@ def test_the_store_is_bounded(monkeypatch):
     made = []
     assert by_value.shared(None, None, lambda: made.append(1) or ["x"]) == ["x"]
     assert by_value.shared(None, None, lambda: made.append(1) or ["x"]) == ["x"] and made == [1, 1]
+
+
+def _call_key(gm, name):
+    return by_value.call_key(gm, for_node.find_node(gm, name))
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """The local shapes each meta call measured, in order, with an empty store of calls."""
+    from shardverify.strategies.generators import common
+
+    monkeypatch.setattr(by_value, "_CALLS", OrderedDict())
+    shapes = []
+    real = common._counted_call
+
+    def counted(ctx, module, inputs, sizes, *args, **kwargs):
+        shapes.append((ctx.node.name, tuple(sizes[d.name] for d in inputs)))
+        return real(ctx, module, inputs, sizes, *args, **kwargs)
+
+    monkeypatch.setattr(common, "_counted_call", counted)
+    return shapes
+
+
+def test_a_call_another_graph_made_on_the_same_local_shapes_is_measured_once(measured, monkeypatch):
+    mesh = DeviceMesh((2, 2, 2))
+    first = strategies_for_node(*_graph(lambda x: torch.sum(x, 0)), mesh)
+    made = len(measured)
+    assert made and any(name.startswith("sum") for name, _ in measured)
+    again = strategies_for_node(*_graph(lambda x: torch.sum(x, 0)), mesh)
+    assert len(measured) == made             # the second graph's sum measured nothing
+    other = strategies_for_node(*_graph(lambda x: torch.sum(x, 1)), mesh)
+    assert len(measured) > made              # another call: measured
+    # what a graph is offered is what it is offered with nothing shared
+    monkeypatch.setattr(by_value, "call_key", lambda *args: None)
+    alone = strategies_for_node(*_graph(lambda x: torch.sum(x, 0)), mesh)
+    assert [(s.name, s.compute_cost, s.memory_cost, s.communication_cost) for s in again] == \
+        [(s.name, s.compute_cost, s.memory_cost, s.communication_cost) for s in alone] == \
+        [(s.name, s.compute_cost, s.memory_cost, s.communication_cost) for s in first]
+    assert other.names != first.names
+
+
+def test_the_call_key_holds_the_call_not_the_graph():
+    sum0 = _call_key(*_graph(lambda x: torch.sum(x, 0)))
+    assert sum0 is not None and sum0 == _call_key(*_graph(lambda x: torch.sum(x, 0), shape=(2, 4, 16)))
+    assert sum0 != _call_key(*_graph(lambda x: torch.sum(x, 1)))                      # another argument
+    assert sum0 != _call_key(*_graph(lambda x: torch.sum(x, 0, keepdim=True)))
+    assert _call_key(*_graph(lambda x: x.pow(2))) != _call_key(*_graph(lambda x: x.pow(2.0)))   # 2 and 2.0
+    gm, _ = _graph(torch.sum)
+    linear = _call_key(gm, "linear")
+    assert linear is not None and linear == _call_key(_graph(torch.sum)[0], "linear")
+    assert linear != _call_key(_graph(torch.sum, torch.nn.Linear(16, 8, bias=False))[0], "linear")
+    hooked = torch.nn.Linear(16, 32, bias=False)
+    hooked.register_forward_hook(lambda module, args, out: out * 2)
+    assert _call_key(_graph(torch.sum, hooked)[0], "linear") is None     # a hook may read anything
+    assert by_value.call_key(gm, next(n for n in gm.graph.nodes if n.op == "placeholder")) is None
+
+
+def test_layouts_are_one_object_each_and_forget_lets_them_and_the_calls_go(measured):
+    from shardverify.sharding.sharding_spec import ShardingSpec, interned
+
+    spec = interned((2, 2), (4, 8), ((0, (0,)),))
+    assert spec is interned((2, 2), (4, 8), ((0, (0,)),)) and spec == ShardingSpec((2, 2), (4, 8), ((0, (0,)),))
+    assert spec is not interned((2, 2), (4, 8), ((1, (0,)),))
+    strategies_for_node(*_graph(lambda x: torch.sum(x, 0)), DeviceMesh((2, 2)))
+    assert by_value._CALLS
+    by_value.forget()
+    assert not by_value._CALLS and spec is not interned((2, 2), (4, 8), ((0, (0,)),))

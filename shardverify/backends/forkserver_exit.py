@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 from shardverify.backends.liveness import process_alive, process_ended
 
@@ -51,11 +52,23 @@ def parse_owner(value: str) -> tuple[int, int | None, str] | None:
     return int(pid), int(started) if started else None, folder
 
 
+#: how long the forkserver, ending, waits for its starter to show as ended (see _remove_if_gone)
+STARTER_END_SECONDS = 10.0
+
+
 def _remove_if_gone(pid: int, started: int | None, folder: str) -> None:
-    # a zombie is gone: the forkserver sees its starter's pipe close as the starter ends
-    if (process_alive(pid, started) and not process_ended(pid)) or os.path.islink(folder):
-        return
-    shutil.rmtree(folder, ignore_errors=True)
+    """Remove the starter's folder once the starter has ended (a zombie counts). The forkserver
+    ends as its starter's end of the pipe closes, and a process's files close as it exits, before
+    it shows as ended: a starter killed then (an xdist worker its controller kills after a group
+    SIGTERM) was found still there, its folder left to it, and it removed nothing. So the end is
+    waited for; a starter still there after ``STARTER_END_SECONDS`` lives on, its folder its own."""
+    deadline = time.monotonic() + STARTER_END_SECONDS
+    while process_alive(pid, started) and not process_ended(pid):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
+    if not os.path.islink(folder):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _in_forkserver() -> bool:

@@ -265,3 +265,28 @@ class ShardingSpec:
             found = "[" + ", ".join(dim_text(partition.get(d, ())) for d in range(len(self.tensor_shape))) + "]"
             object.__setattr__(self, "_text", found)
         return found
+
+
+#: (mesh shape, tensor shape, partition as given) -> its spec; see :func:`interned`
+_INTERNED: dict[tuple, ShardingSpec] = {}
+_MOST_INTERNED = 1 << 14
+
+
+def interned(mesh_shape: tuple[int, ...], tensor_shape: tuple[int, ...],
+             partition: tuple[tuple[int, tuple[int, ...]], ...]) -> ShardingSpec:
+    """``ShardingSpec(mesh_shape, tensor_shape, partition)``, one object per distinct layout in a
+    process: a generator lays the same operands out the same few hundred ways in every graph
+    (each case of a spec, each layer of a model), and what a spec works out once (its local
+    shapes, sequence and text) then serves all of them. A spec is frozen, so sharing it is safe."""
+    key = (mesh_shape, tensor_shape, partition)
+    found = _INTERNED.get(key)
+    if found is None:
+        if len(_INTERNED) >= _MOST_INTERNED:
+            _INTERNED.clear()
+        found = _INTERNED[key] = ShardingSpec(mesh_shape, tensor_shape, partition)
+    return found
+
+
+def forget_interned() -> None:
+    """Let every interned spec go (a measurement that must make them again)."""
+    _INTERNED.clear()

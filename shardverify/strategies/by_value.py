@@ -8,6 +8,12 @@ for every case. The layouts a following op reads of such a node are derived once
 and handed to every graph calling the same thing on the same shapes (``for_node`` asks only for
 those: a node's own, costed strategies are derived in each graph).
 
+The same holds one level down, for what a generator measures of a call on meta tensors of a
+layout's local shapes (its FLOPs and output shapes: generators/common.py): the answer depends on
+the call and the shapes, not on the graph. A spec's every case, and a model's every layer, make
+the same calls on the same local shapes; each is measured once per process (:func:`call_key`,
+:func:`shared_call`).
+
 Only what can be keyed completely is shared: a call whose arguments are numbers, strings, dtypes
 and the like, or a torch.nn module with no submodules and no hooks (its public attributes and the
 shapes of its parameters and buffers in the key). Anything else is derived per graph, as before.
@@ -15,21 +21,31 @@ shapes of its parameters and buffers in the key). Anything else is derived per g
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 from torch.fx import GraphModule, Node
 
 from shardverify.capture.call import called_module
 from shardverify.capture.meta import output_metas
+from shardverify.sharding.sharding_spec import forget_interned
 from shardverify.sharding.strategy import ShardingStrategy
 
-__all__ = ["value_key", "shared", "forget"]
+__all__ = ["value_key", "shared", "call_key", "shared_call", "forget"]
+
+T = TypeVar("T")
 
 #: key -> (what the key holds by id, the strategies); oldest evicted first
 _SHARED: OrderedDict = OrderedDict()
 _MOST = 256
+#: (call key, the caller's part) -> what the caller measured of that call; oldest evicted first
+_CALLS: OrderedDict = OrderedDict()
+_MOST_CALLS = 8192
+#: node -> its call key (None: not keyable), worked out once per node
+_CALL_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SOURCES = ("placeholder", "get_attr")
 _PLAIN = (int, float, bool, str, complex, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -69,9 +85,47 @@ def shared(key: tuple | None, holds: object, derive: Callable[[], Sequence[Shard
     return strategies
 
 
+def call_key(graph_module: GraphModule, node: Node) -> tuple | None:
+    """The call ``node`` makes, as a key a node of another graph making the same call shares: its
+    kind, its target (a module by its kind, public attributes and tensor shapes) and its recorded
+    arguments, each fx node in them a bare place, since the caller gives every operand a value of
+    its own; None where that is not known in full (see the module docstring)."""
+    if node.op not in ("call_function", "call_method", "call_module"):
+        return None
+    try:
+        return _CALL_KEYS[node]
+    except KeyError:
+        pass
+    try:
+        key = (node.op, _target(graph_module, node), _frozen(node.args, places=True),
+               _frozen(node.kwargs, places=True))
+    except _Unkeyable:
+        key = None
+    _CALL_KEYS[node] = key
+    return key
+
+
+def shared_call(key: tuple | None, part: tuple, measure: Callable[[], T]) -> T:
+    """``measure()``, once per (``key``, ``part``) (every time when ``key`` is None): ``part`` is
+    what the caller's answer depends on besides the call (the operands' local shapes and dtypes,
+    the local arguments). What ``measure`` raises is not kept."""
+    if key is None:
+        return measure()
+    full = (key, part)
+    found = _CALLS.get(full)
+    if found is None:
+        found = _CALLS[full] = measure()
+        if len(_CALLS) > _MOST_CALLS:
+            _CALLS.popitem(last=False)
+    return found
+
+
 def forget() -> None:
-    """Let every shared derivation go (a measurement that must derive them again)."""
+    """Let every shared derivation, measured call and interned layout go (a measurement that must
+    derive them again)."""
     _SHARED.clear()
+    _CALLS.clear()
+    forget_interned()
 
 
 def _target(graph_module: GraphModule, node: Node) -> object:
@@ -92,19 +146,20 @@ def _target(graph_module: GraphModule, node: Node) -> object:
     return kind, tuple(public), tuple(tensors)
 
 
-def _frozen(value: object) -> object:
-    """``value`` as a hashable key: a node by its name, a number with its type (1, 1.0 and True
-    are one dict key otherwise), sequences and dicts item by item; anything else is unkeyable."""
+def _frozen(value: object, places: bool = False) -> object:
+    """``value`` as a hashable key: a node by its name (``places``: as a bare place), a number with
+    its type (1, 1.0 and True are one dict key otherwise), sequences and dicts item by item;
+    anything else is unkeyable."""
     if isinstance(value, Node):
-        return ("node", value.name)
+        return ("node",) if places else ("node", value.name)
     if isinstance(value, _PLAIN):
         return type(value), value
     if isinstance(value, (tuple, list)):
-        return type(value), tuple(_frozen(v) for v in value)
+        return type(value), tuple(_frozen(v, places) for v in value)
     if isinstance(value, dict):
-        return dict, tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+        return dict, tuple(sorted((str(k), _frozen(v, places)) for k, v in value.items()))
     if isinstance(value, slice):
-        return slice, _frozen((value.start, value.stop, value.step))
+        return slice, _frozen((value.start, value.stop, value.step), places)
     if value is Ellipsis:
         return Ellipsis
     raise _Unkeyable

@@ -13,6 +13,7 @@ __all__ = ["audit_generated_case", "assert_complete"]
 
 _LOCK = threading.Lock()
 _SPECS: dict = {}
+_CASES: dict = {}
 _FOLDERS_READ: set = set()
 
 
@@ -38,14 +39,27 @@ def _spec(root: Path, spec_path: str):
         return _SPECS[key]
 
 
+def _cases(root: Path, spec_path: str, spec) -> dict:
+    """Case id -> (its OpCase, its grid point) of ``spec``, made once per process: a spec's
+    audit tests ask for one case each, and making every case of a spec took a few milliseconds
+    a test."""
+    key = (str(root), spec_path)
+    with _LOCK:
+        if key not in _CASES:
+            _CASES[key] = {cid: (case, dict(case_spec.point))
+                           for case_spec, (cid, case) in zip(spec.cases(), spec.op_cases())}
+        return _CASES[key]
+
+
 def audit_generated_case(root: Path | str, spec_path: str, case_id: str, mesh_shape) -> CaseAudit:
     """Audit case ``case_id`` of the spec at ``root/spec_path`` (read from disk, not from the
     generated test, so the test checks the spec as it is there: :func:`_spec`) on ``mesh_shape``."""
     spec = _spec(Path(root), spec_path)
-    for case_spec, (cid, case) in zip(spec.cases(), spec.op_cases()):
-        if cid == case_id:
-            return audit_case(spec, cid, case, tuple(mesh_shape), dict(case_spec.point))
-    raise LookupError(f"{spec_path} has no case {case_id!r}; run `shardverify generate`")
+    found = _cases(Path(root), spec_path, spec).get(case_id)
+    if found is None:
+        raise LookupError(f"{spec_path} has no case {case_id!r}; run `shardverify generate`")
+    case, point = found
+    return audit_case(spec, case_id, case, tuple(mesh_shape), dict(point))
 
 
 def assert_complete(result: CaseAudit, show: int = 30) -> None:

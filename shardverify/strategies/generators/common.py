@@ -23,6 +23,7 @@ import torch
 
 from shardverify.capture.call import call_op, called_module, ungraded_inputs
 from shardverify.errors import StrategyError
+from shardverify.strategies.by_value import call_key, shared_call
 from shardverify.strategies.generators.flops import compute_cost, thread_counter
 from shardverify.strategies.generators.registry import GeneratorContext
 from shardverify.sharding.sharding_spec import ShardingSpec
@@ -223,31 +224,40 @@ def _meta_call(ctx: GeneratorContext, operands: Sequence[OperationData], specs: 
     if calls is None:
         calls = _META_CALLS.setdefault(ctx.node, {})
     found = calls.get(key)
-    if found is None:   # meta kernels take milliseconds; strategies share few distinct local shapes
-        if probe and sum(math.prod(shapes[d.name]) for d in inputs) > PROBE_ELEMENTS:
-            raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: an empty block is offered only when the "
-                                f"op, probed on the CPU, takes it; local shapes {shapes} exceed the probe's "
-                                f"{PROBE_ELEMENTS} elements")
-        arguments = {(a.locator.kind, a.locator.key): a.value if rank is None else a.value_on(rank) for a in local_args}
-        module = called_module(ctx.graph_module, ctx.node)
-        try:
-            flops, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, probe, probe)
-        except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
-            # or the op has no meta kernel, or reads its input's values (torch.cov): then on the CPU
-            on_cpu = None if probe or not _meta_cannot(exc) else _cpu_call(ctx, module, inputs, shapes, arguments)
-            if on_cpu is None:
-                spec_file = getattr(ctx.handler, "spec_file", "") or "its spec"
-                raise StrategyError(f"{ctx.handler_name} ({spec_file}): node {ctx.node.name!r}: the op raised when "
-                                    f"called{' forward and backward' if probe else ''} on the block shapes a layout "
-                                    f"of the rule gives one device, {shapes}: {exc}") from exc
-            flops, tensors, outs = on_cpu
-        numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
+    if found is None:   # meta kernels take milliseconds; strategies share few distinct local shapes, and
+        # a spec's cases and a model's layers make the same calls on them (by_value.shared_call)
+        found = shared_call(call_key(ctx.graph_module, ctx.node), key,
+                            lambda: _measured(ctx, inputs, shapes, local_args, rank, probe))
         if len(calls) >= 4096:
             calls.clear()
-        found = calls[key] = (compute_cost(flops, numels),
-                              tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in outs),
-                              tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in outs))
+        calls[key] = found
     return found
+
+
+def _measured(ctx: GeneratorContext, inputs: Sequence[OperationData], shapes: dict, local_args: Sequence[LocalArg],
+              rank: int | None, probe: bool) -> tuple[TrainCycleItem, tuple, tuple]:
+    """What :func:`_meta_call` gives, measured: the op called on tensors of ``shapes``."""
+    if probe and sum(math.prod(shapes[d.name]) for d in inputs) > PROBE_ELEMENTS:
+        raise StrategyError(f"{ctx.handler_name}: node {ctx.node.name!r}: an empty block is offered only when the "
+                            f"op, probed on the CPU, takes it; local shapes {shapes} exceed the probe's "
+                            f"{PROBE_ELEMENTS} elements")
+    arguments = {(a.locator.kind, a.locator.key): a.value if rank is None else a.value_on(rank) for a in local_args}
+    module = called_module(ctx.graph_module, ctx.node)
+    try:
+        flops, tensors, outs = _counted_call(ctx, module, inputs, shapes, arguments, probe, probe)
+    except Exception as exc:  # noqa: BLE001 - the generator's layouts do not fit the op
+        # or the op has no meta kernel, or reads its input's values (torch.cov): then on the CPU
+        on_cpu = None if probe or not _meta_cannot(exc) else _cpu_call(ctx, module, inputs, shapes, arguments)
+        if on_cpu is None:
+            spec_file = getattr(ctx.handler, "spec_file", "") or "its spec"
+            raise StrategyError(f"{ctx.handler_name} ({spec_file}): node {ctx.node.name!r}: the op raised when "
+                                f"called{' forward and backward' if probe else ''} on the block shapes a layout "
+                                f"of the rule gives one device, {shapes}: {exc}") from exc
+        flops, tensors, outs = on_cpu
+    numels = [v.numel() for v in tensors] + [t.numel() for t in outs if isinstance(t, torch.Tensor)]
+    return (compute_cost(flops, numels),
+            tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in outs),
+            tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in outs))
 
 
 def _meta_cannot(error: Exception) -> bool:

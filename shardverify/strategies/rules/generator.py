@@ -39,7 +39,7 @@ from shardverify.strategies.rules.rule import Rule, bind
 from shardverify.strategies.rules.sources import RuleCall, RuleSpec, parse_rule
 from shardverify.sharding.blocks import partial_refusal
 from shardverify.sharding.partial import IndexShard, PartialInput, PostAdd
-from shardverify.sharding.sharding_spec import ShardingSpec, dim_text
+from shardverify.sharding.sharding_spec import ShardingSpec, dim_text, interned
 from shardverify.sharding.strategy import (
     CommAction,
     CommPattern,
@@ -292,12 +292,13 @@ class _Call:
         return found
 
     def _spec(self, data: OperationData, layout: dict[int, tuple[int, ...]]) -> ShardingSpec:
-        """``ShardingSpec.from_partition(mesh, data.shape, layout)``, made once per layout (its
-        items are already the ``(int dim, axes tuple)`` pairs that function would make)."""
+        """``ShardingSpec.from_partition(mesh, data.shape, layout)``, looked up once per layout (its
+        items are already the ``(int dim, axes tuple)`` pairs that function would make) among the
+        specs every graph shares (:func:`~shardverify.sharding.sharding_spec.interned`)."""
         key = (data.name, tuple(layout.items()))
         found = self._specs.get(key)
         if found is None:
-            found = self._specs[key] = ShardingSpec(self.ctx.mesh.shape, data.shape, key[1])
+            found = self._specs[key] = interned(self.ctx.mesh.shape, tuple(data.shape), key[1])
         return found
 
     def draft(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
