@@ -241,9 +241,6 @@ class _Call:
         self.results = [o for k, o in enumerate(outputs) if k not in self.undefined]
         # no result carries a gradient (a comparison's bool): no input gets one, so none is synced
         self.carries_gradient = any(o.dtype.is_floating_point or o.dtype.is_complex for o in self.results)
-        # (operand, layout) -> its ShardingSpec: one object per layout, so what a spec works out
-        # once (local shape, sequence) serves every strategy laying the operand out alike
-        self._specs: dict[tuple, ShardingSpec] = {}
         self._syncs: dict[tuple, tuple[CommAction, ...]] = {}    # (input, axes) -> its gradient's all-reduce
         self._layouts: dict[tuple, tuple[ShardingSpec, ...]] = {}   # assignment -> every operand's layout
         # what draft reads of the rule and the results on every call, worked out once
@@ -292,14 +289,11 @@ class _Call:
         return found
 
     def _spec(self, data: OperationData, layout: dict[int, tuple[int, ...]]) -> ShardingSpec:
-        """``ShardingSpec.from_partition(mesh, data.shape, layout)``, looked up once per layout (its
-        items are already the ``(int dim, axes tuple)`` pairs that function would make) among the
-        specs every graph shares (:func:`~shardverify.sharding.sharding_spec.interned`)."""
-        key = (data.name, tuple(layout.items()))
-        found = self._specs.get(key)
-        if found is None:
-            found = self._specs[key] = interned(self.ctx.mesh.shape, tuple(data.shape), key[1])
-        return found
+        """``ShardingSpec.from_partition(mesh, data.shape, layout)`` (its items are already the
+        ``(int dim, axes tuple)`` pairs that function would make), one object per layout shared by
+        every strategy and graph laying an operand out alike, so what a spec works out once (local
+        shape, sequence) serves them all (:func:`~shardverify.sharding.sharding_spec.interned`)."""
+        return interned(self.ctx.mesh.shape, data.shape, tuple(layout.items()))
 
     def draft(self, axes: dict[str, tuple[int, ...]], partial: dict[str, tuple[int, ...]],
               taken: Container[str], in_op: str = "sum", out_op: str = "sum",
